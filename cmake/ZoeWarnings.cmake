@@ -1,0 +1,7 @@
+# Compiler warnings shared by every zoe target.
+add_library(zoe_warnings INTERFACE)
+target_compile_options(zoe_warnings INTERFACE
+  $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Wno-unused-parameter -Wshadow=local>)
+if(ZOE_WERROR)
+  target_compile_options(zoe_warnings INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-Werror>)
+endif()

@@ -1,0 +1,44 @@
+// FaultInjector: rule matching and result rewriting.
+#include "io/fault_injector.h"
+
+#include <cerrno>
+
+namespace zoe::io {
+
+void FaultInjector::add(FaultKind kind, uint64_t nth, uint64_t count, std::optional<IoOp> only) {
+  std::lock_guard<std::mutex> lock(mu_);
+  rules_.push_back(Rule{kind, nth, count, only});
+}
+
+void FaultInjector::clear() {
+  std::lock_guard<std::mutex> lock(mu_);
+  rules_.clear();
+  seen_[0] = seen_[1] = seen_any_ = 0;
+}
+
+int FaultInjector::apply(IoOp op, uint32_t len, uint32_t align, int res) {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t n_op = ++seen_[static_cast<int>(op)];
+  uint64_t n_any = ++seen_any_;
+  for (const Rule& r : rules_) {
+    uint64_t n = r.only ? (*r.only == op ? n_op : 0) : n_any;
+    if (n == 0 || n < r.nth || n - r.nth >= r.count) continue;
+    switch (r.kind) {
+      case FaultKind::kEio: injected_++; return -EIO;
+      case FaultKind::kEnospc: injected_++; return -ENOSPC;
+      case FaultKind::kEagain: injected_++; return -EAGAIN;
+      case FaultKind::kShort: {
+        if (res <= 0) return res;
+        uint32_t a = align ? align : 1;
+        uint32_t half = (static_cast<uint32_t>(res) / 2) / a * a;
+        if (half == 0 || half >= static_cast<uint32_t>(res)) return res;
+        injected_++;
+        return static_cast<int>(half);
+      }
+    }
+  }
+  (void)len;
+  return res;
+}
+
+}  // namespace zoe::io

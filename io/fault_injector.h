@@ -1,0 +1,45 @@
+// FaultInjector: makes an IoEngine fail or shorten chosen transfers, for tests of error paths.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include "io/io_engine.h"
+
+namespace zoe::io {
+
+enum class FaultKind : uint8_t {
+  kEio,     // the transfer fails with EIO
+  kEnospc,  // the transfer fails with ENOSPC
+  kShort,   // the transfer moves only part of its bytes (the engine must continue it)
+  kEagain,  // the kernel asks to try again (the engine must retry)
+};
+
+// Rules count kernel answers (chunks) that match their op filter, from 1. A rule fires on the
+// nth..nth+count-1 matching answers. Thread-safe.
+class FaultInjector {
+ public:
+  void add(FaultKind kind, uint64_t nth, uint64_t count = 1, std::optional<IoOp> only = std::nullopt);
+  void clear();
+  uint64_t injected() const { return injected_.load(); }
+
+  // Called by the engine for every kernel answer: returns the result the engine should see.
+  int apply(IoOp op, uint32_t len, uint32_t align, int res);
+
+ private:
+  struct Rule {
+    FaultKind kind;
+    uint64_t nth, count;
+    std::optional<IoOp> only;
+  };
+  std::mutex mu_;
+  std::vector<Rule> rules_;
+  uint64_t seen_[2] = {0, 0};  // per op
+  uint64_t seen_any_ = 0;
+  std::atomic<uint64_t> injected_{0};
+};
+
+}  // namespace zoe::io

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs the Debian packages zoe needs to build, test and benchmark; idempotent.
+set -euo pipefail
+
+PKGS=(
+  build-essential cmake pkg-config git
+  liburing-dev libhwloc-dev libtbb-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  nlohmann-json3-dev libcli11-dev libxxhash-dev
+  libopenmpi-dev openmpi-bin
+  libopenblas-dev
+  fio
+)
+
+missing=()
+for p in "${PKGS[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#PKGS[@]} packages already installed" >&2
+  exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}" >&2
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "install-deps: done" >&2

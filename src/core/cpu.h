@@ -1,0 +1,41 @@
+// CPU features (the SIMD level zoe's kernels dispatch on) and host facts for `zoe info`.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace zoe {
+
+enum class SimdLevel : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+
+struct CpuFeatures {
+  bool avx2 = false;
+  bool fma = false;
+  bool f16c = false;
+  bool avx512f = false;
+  bool avx512bw = false;
+  bool avx512vl = false;
+  bool avx512dq = false;
+  bool avx512_bf16 = false;  // vcvtne2ps2bf16
+  bool avx512_fp16 = false;
+};
+
+// Detected once with cpuid/xgetbv (OS support for the wider registers included).
+const CpuFeatures& cpu_features();
+// The best level this CPU and OS support: AVX-512 needs F+BW+VL+DQ, AVX2 needs FMA+F16C too.
+SimdLevel detected_simd_level();
+const char* simd_level_name(SimdLevel level);
+
+struct HostMemory {
+  uint64_t total_bytes = 0;
+  uint64_t available_bytes = 0;
+  // RLIMIT_MEMLOCK soft limit; UINT64_MAX when unlimited.
+  uint64_t memlock_limit_bytes = 0;
+  bool can_lock_unlimited = false;  // root or CAP_IPC_LOCK
+};
+HostMemory host_memory();
+
+// From /proc/cpuinfo "model name", or "unknown".
+std::string cpu_model_name();
+
+}  // namespace zoe

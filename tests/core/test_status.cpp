@@ -1,0 +1,61 @@
+// Tests of Status/Result and the syscall-error messages.
+#include <gtest/gtest.h>
+
+#include <cerrno>
+
+#include "zoe/status.h"
+
+namespace zoe {
+namespace {
+
+Result<int> half(int x) {
+  if (x % 2) return invalid_argument("%d is odd", x);
+  return x / 2;
+}
+
+Status quarter(int x, int* out) {
+  ZOE_ASSIGN_OR_RETURN(int h, half(x));
+  ZOE_ASSIGN_OR_RETURN(int q, half(h));
+  *out = q;
+  return Status::ok();
+}
+
+TEST(Status, OkAndErrors) {
+  EXPECT_TRUE(Status::ok().is_ok());
+  Status s = invalid_argument("key %s: expected %d", "stage", 3);
+  EXPECT_FALSE(s.is_ok());
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "key stage: expected 3");
+  EXPECT_EQ(s.to_string(), "invalid argument: key stage: expected 3");
+}
+
+TEST(Status, ContextAddsLines) {
+  Status s = io_error("disk broke").with_context("reading the swap file").with_context("step 3");
+  EXPECT_EQ(s.message(), "disk broke\n  while reading the swap file\n  while step 3");
+  EXPECT_TRUE(Status::ok().with_context("x").is_ok());
+}
+
+TEST(Status, SysErrorNamesEverything) {
+  Status s = sys_error("pread", "/nvme/x", 8192, 4096, EIO);
+  EXPECT_EQ(s.code(), StatusCode::kIoError);
+  EXPECT_EQ(s.sys_errno(), EIO);
+  EXPECT_NE(s.message().find("pread 4096 bytes at offset 8192 of /nvme/x"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("Input/output error"), std::string::npos);
+  EXPECT_EQ(sys_error("pwrite", "/p", 0, 1, ENOSPC).code(), StatusCode::kNoSpace);
+  EXPECT_EQ(sys_error("open", "/p", EACCES).code(), StatusCode::kPermissionDenied);
+}
+
+TEST(Result, ValueAndPropagation) {
+  int out = 0;
+  EXPECT_TRUE(quarter(12, &out).is_ok());
+  EXPECT_EQ(out, 3);
+  Status s = quarter(6, &out);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "3 is odd");
+  Result<int> bad = Status::ok();  // a Result may not be built from OK
+  EXPECT_FALSE(bad.is_ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInternal);
+}
+
+}  // namespace
+}  // namespace zoe

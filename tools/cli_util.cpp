@@ -1,0 +1,72 @@
+// CLI helpers: JSON printing, tables and progress.
+#include "tools/cli_util.h"
+
+#include <unistd.h>
+
+#include <cstdarg>
+
+namespace zoe::cli {
+
+void print_json(const nlohmann::json& j) {
+  std::string s = j.dump(2);
+  fwrite(s.data(), 1, s.size(), stdout);
+  fputc('\n', stdout);
+  fflush(stdout);
+}
+
+void Table::print_header(FILE* out) const {
+  for (size_t i = 0; i < cols_.size(); ++i) {
+    const auto& c = cols_[i];
+    fprintf(out, c.left ? "%-*s" : "%*s", c.width, c.name.c_str());
+    fputc(i + 1 < cols_.size() ? ' ' : '\n', out);
+  }
+  for (size_t i = 0; i < cols_.size(); ++i) {
+    const auto& c = cols_[i];
+    fprintf(out, c.left ? "%-*s" : "%*s", c.width, c.unit.c_str());
+    fputc(i + 1 < cols_.size() ? ' ' : '\n', out);
+  }
+}
+
+void Table::print_row(FILE* out, const std::vector<std::string>& cells) const {
+  for (size_t i = 0; i < cols_.size(); ++i) {
+    const auto& c = cols_[i];
+    const char* v = i < cells.size() ? cells[i].c_str() : "";
+    fprintf(out, c.left ? "%-*s" : "%*s", c.width, v);
+    fputc(i + 1 < cols_.size() ? ' ' : '\n', out);
+  }
+  fflush(out);
+}
+
+std::string fmt(const char* f, ...) {
+  char buf[512];
+  va_list ap;
+  va_start(ap, f);
+  vsnprintf(buf, sizeof(buf), f, ap);
+  va_end(ap);
+  return buf;
+}
+
+Progress::Progress(bool enabled) : enabled_(enabled), tty_(isatty(STDERR_FILENO)) {}
+
+Progress::~Progress() { done(); }
+
+void Progress::update(const std::string& line) {
+  if (!enabled_) return;
+  if (tty_) {
+    fprintf(stderr, "\r%s", line.c_str());
+    if (line.size() < last_len_) fprintf(stderr, "%*s", static_cast<int>(last_len_ - line.size()), "");
+    last_len_ = line.size();
+  } else {
+    fprintf(stderr, "%s\n", line.c_str());
+  }
+  fflush(stderr);
+}
+
+void Progress::done() {
+  if (enabled_ && tty_ && last_len_) {
+    fprintf(stderr, "\n");
+    last_len_ = 0;
+  }
+}
+
+}  // namespace zoe::cli

@@ -1,0 +1,12 @@
+// Registration of the zoe CLI's subcommands; each lives in its own cmd_*.cpp file.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace zoe::cli {
+
+// Each adds its subcommand to `app` (or to the `bench` group) with its options and callback.
+void add_info_command(CLI::App& app);
+void add_bench_io_command(CLI::App& bench);
+
+}  // namespace zoe::cli
