@@ -106,14 +106,14 @@ Status File::preallocate(uint64_t bytes) {
   if (bytes == 0) return Status::ok();
   int rc = posix_fallocate(fd_, 0, static_cast<off_t>(bytes));
   if (rc == 0) return Status::ok();
-  if (rc == ENOSPC || rc == EFBIG) {
+  if (rc == ENOSPC || rc == EFBIG || rc == EDQUOT) {
     uint64_t free_b = 0;
     auto fb = free_bytes_at(path_);
     if (fb.is_ok()) free_b = fb.value();
     return Status(StatusCode::kNoSpace,
                   "While preallocating " + std::to_string(bytes) + " bytes (" + format_bytes(bytes) +
-                      ") for " + path_ + ": no space left on device (" + std::to_string(free_b) +
-                      " bytes, " + format_bytes(free_b) + ", free there)",
+                      ") for " + path_ + ": " + strerror(rc) + " (errno " + std::to_string(rc) + "); " +
+                      std::to_string(free_b) + " bytes (" + format_bytes(free_b) + ") are free there",
                   rc);
   }
   return sys_error("fallocate", path_, 0, bytes, rc);

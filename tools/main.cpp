@@ -31,7 +31,7 @@ int main(int argc, char** argv) {
   zoe::cli::add_info_command(app);
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks: swap bandwidth of drives (io), ...");
   bench->require_subcommand(1);
-  //BENCHIO zoe::cli::add_bench_io_command(*bench);
+  zoe::cli::add_bench_io_command(*bench);
 
   try {
     app.parse(argc, argv);
