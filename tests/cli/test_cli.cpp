@@ -1,0 +1,138 @@
+// End-to-end tests of the zoe CLI: JSON output shapes, validation runs, and errors on bad input.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "tests/util/test_util.h"
+
+namespace {
+
+using nlohmann::json;
+
+struct CmdResult {
+  int rc = -1;
+  std::string out;  // stdout
+  std::string err;  // stderr
+};
+
+CmdResult zoe(const std::string& args) {
+  zoe::test::ScratchDir d("cli");
+  std::string err_path = d.file("stderr");
+  std::string cmd = std::string(ZOE_BIN) + " " + args + " 2>" + err_path;
+  CmdResult r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
+  int st = pclose(p);
+  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  FILE* e = fopen(err_path.c_str(), "r");
+  if (e) {
+    while ((n = fread(buf, 1, sizeof(buf), e)) > 0) r.err.append(buf, n);
+    fclose(e);
+  }
+  return r;
+}
+
+TEST(Cli, HelpExplainsCommands) {
+  CmdResult r = zoe("--help");
+  EXPECT_EQ(r.rc, 0);
+  EXPECT_NE(r.out.find("info"), std::string::npos);
+  EXPECT_NE(r.out.find("bench"), std::string::npos);
+  r = zoe("bench io --help");
+  EXPECT_EQ(r.rc, 0);
+  EXPECT_NE(r.out.find("--qd"), std::string::npos);
+  EXPECT_NE(r.out.find("--validate"), std::string::npos);
+}
+
+TEST(Cli, InfoJson) {
+  zoe::test::ScratchDir d("info");
+  CmdResult r = zoe("info --json --path " + d.path());
+  ASSERT_EQ(r.rc, 0) << r.err;
+  json j = json::parse(r.out);
+  EXPECT_FALSE(j["cpu"]["model"].get<std::string>().empty());
+  EXPECT_GE(j["cpu"]["cores"].get<int>(), 1);
+  EXPECT_GE(j["cpu"]["numa_nodes"].size(), 1u);
+  std::string simd = j["cpu"]["simd"];
+  EXPECT_TRUE(simd == "avx512" || simd == "avx2" || simd == "scalar") << simd;
+  EXPECT_GT(j["memory"]["total_bytes"].get<uint64_t>(), 0u);
+  EXPECT_TRUE(j["io_uring"].contains("works"));
+  EXPECT_TRUE(j["mpi"].contains("built"));
+  EXPECT_TRUE(j["nccl"].contains("built"));
+  EXPECT_TRUE(j["cuda"]["devices"].is_array());
+  if (j["cuda"]["devices"].empty()) {
+    EXPECT_FALSE(j["cuda"]["error"].get<std::string>().empty());
+  }
+  ASSERT_EQ(j["paths"].size(), 1u);
+  EXPECT_EQ(j["paths"][0]["path"], d.path());
+  EXPECT_TRUE(j["paths"][0]["o_direct"].is_boolean());
+  EXPECT_GT(j["paths"][0]["free_bytes"].get<uint64_t>(), 0u);
+}
+
+TEST(Cli, BenchIoJsonValidates) {
+  zoe::test::ScratchDir d("bench");
+  CmdResult r = zoe("bench io --json --validate --path " + d.path() +
+              " --size 8MiB --bs 256KiB,1MiB --qd 1,4 --engine uring,threads --loops 1 --warmup 0");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  json j = json::parse(r.out);
+  ASSERT_EQ(j["rows"].size(), 2u * 2u * 2u * 2u);
+  for (const auto& row : j["rows"]) {
+    for (const char* k : {"engine", "bs", "qd", "rw", "gbps", "iops", "p50_us", "p99_us", "wrong_bytes"}) {
+      EXPECT_TRUE(row.contains(k)) << k;
+    }
+    EXPECT_EQ(row["wrong_bytes"].get<uint64_t>(), 0u);
+    EXPECT_GT(row["gbps"].get<double>(), 0.0);
+    EXPECT_GE(row["p99_us"].get<double>(), row["p50_us"].get<double>());
+  }
+  EXPECT_TRUE(j["ok"].get<bool>());
+  EXPECT_EQ(j["best"]["read"]["rw"], "read");
+  EXPECT_EQ(j["best"]["write"]["rw"], "write");
+  EXPECT_NE(r.err.find("pass"), std::string::npos) << "progress goes to stderr";
+  // The file is removed afterwards (no --keep).
+  EXPECT_FALSE(std::filesystem::exists(d.file("zoe-bench.0.swap")));
+}
+
+TEST(Cli, BenchIoStripesOverPaths) {
+  zoe::test::ScratchDir a("b0"), b("b1");
+  CmdResult r = zoe("bench io --json --validate --keep --path " + a.path() + " --path " + b.path() +
+              " --size 4MiB --stripe 256KiB --qd 8 --loops 1 --warmup 0");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(std::filesystem::file_size(a.file("zoe-bench.0.swap")), 2u << 20);
+  EXPECT_EQ(std::filesystem::file_size(b.file("zoe-bench.1.swap")), 2u << 20);
+}
+
+TEST(Cli, BadInputGetsClearErrors) {
+  CmdResult r = zoe("bench io --path /nonexistent/dir --size 4MiB");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("/nonexistent/dir"), std::string::npos) << r.err;
+  r = zoe("bench io --bs 1000");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("--bs"), std::string::npos) << r.err;
+  r = zoe("bench io --size 12XB");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("12XB"), std::string::npos) << r.err;
+  r = zoe("bench io --engine libaio");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("libaio"), std::string::npos) << r.err;
+  r = zoe("bench io --no-such-flag");
+  EXPECT_NE(r.rc, 0);
+  r = zoe("frobnicate");
+  EXPECT_NE(r.rc, 0);
+}
+
+TEST(Cli, BenchIoFullDisk) {
+  zoe::test::ScratchMount m("tmpfs", "size=2m");
+  if (!m.ok()) GTEST_SKIP() << "cannot mount tmpfs";
+  CmdResult r = zoe("bench io --path " + m.path() + " --size 16MiB");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("No space left on device"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(m.path()), std::string::npos) << r.err;
+}
+
+}  // namespace

@@ -1,0 +1,339 @@
+// IoEngine tests, parameterized over backend (uring, threads) x O_DIRECT (on, off) x queue depth.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <thread>
+
+#include "io/buffer.h"
+#include "io/fault_injector.h"
+#include "io/io_engine.h"
+#include "tests/util/test_util.h"
+
+namespace zoe::io {
+namespace {
+
+using test::first_mismatch;
+using test::random_bytes;
+using test::ScratchDir;
+
+struct Param {
+  IoBackend backend;
+  bool direct;
+  uint32_t qd;
+};
+
+std::string param_name(const testing::TestParamInfo<Param>& p) {
+  return std::string(io_backend_name(p.param.backend)) + (p.param.direct ? "_direct" : "_buffered") + "_qd" +
+         std::to_string(p.param.qd);
+}
+
+class IoEngineTest : public testing::TestWithParam<Param> {
+ protected:
+  void SetUp() override {
+    if (GetParam().backend == IoBackend::kUring) {
+      std::string why = probe_uring();
+      if (!why.empty()) GTEST_SKIP() << "io_uring unavailable: " << why;
+    }
+    opts_.backend = GetParam().backend;
+    opts_.queue_depth = GetParam().qd;
+    opts_.block_size = 256 * 1024;  // small, so requests get split
+    opts_.faults = &faults_;
+    auto e = IoEngine::create(opts_);
+    ASSERT_TRUE(e.is_ok()) << e.status().to_string();
+    engine_ = std::move(e).value();
+    OpenOptions oo;
+    oo.create = true;
+    oo.direct = GetParam().direct ? DirectMode::kRequire : DirectMode::kOff;
+    auto f = File::open(dir_.file("data"), oo);
+    ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+    file_ = std::move(f).value();
+  }
+
+  AlignedBuffer buffer(size_t n) {
+    auto b = AlignedBuffer::allocate(n);
+    EXPECT_TRUE(b.is_ok());
+    return std::move(b).value();
+  }
+
+  // Writes `n` random bytes at `offset`, reads them back into a second buffer, compares.
+  void roundtrip(uint64_t offset, size_t n, uint64_t seed) {
+    auto data = random_bytes(n, seed);
+    AlignedBuffer w = buffer(n), r = buffer(n);
+    memcpy(w.data(), data.data(), n);
+    memset(r.data(), 0xAB, n);
+    Status s = engine_->write(*file_, offset, w.data(), n);
+    ASSERT_TRUE(s.is_ok()) << s.to_string();
+    s = engine_->read(*file_, offset, r.data(), n);
+    ASSERT_TRUE(s.is_ok()) << s.to_string();
+    EXPECT_EQ(first_mismatch(r.data(), data.data(), n), -1) << "at offset " << offset << " size " << n;
+  }
+
+  ScratchDir dir_{"io"};
+  FaultInjector faults_;
+  IoEngineOptions opts_;
+  std::unique_ptr<IoEngine> engine_;
+  std::unique_ptr<File> file_;
+};
+
+TEST_P(IoEngineTest, RoundTripSizes) {
+  // Whole blocks, a split request, and sizes that are not multiples of the block size.
+  const size_t sizes[] = {4096, 256 * 1024, 3 * 256 * 1024 + 8192, (2 << 20) + 4096};
+  uint64_t off = 0;
+  for (size_t n : sizes) {
+    roundtrip(off, n, n);
+    off += n;
+  }
+  if (!GetParam().direct) {
+    roundtrip(12345, 777, 1);  // buffered I/O takes any size and offset
+    roundtrip(1, 300000, 2);
+  }
+  EXPECT_GT(engine_->stats().chunks, 8u);
+}
+
+TEST_P(IoEngineTest, OffsetsAboveFourGiB) {
+  roundtrip((5ull << 30) + 8192, 512 * 1024 + 4096, 7);
+  roundtrip((4ull << 30) - 4096, 3 * 4096, 8);  // straddles 4 GiB
+}
+
+TEST_P(IoEngineTest, BatchIsOneCompletion) {
+  const size_t n = 64, each = 16384;
+  AlignedBuffer w = buffer(n * each), r = buffer(n * each);
+  auto data = random_bytes(n * each, 3);
+  memcpy(w.data(), data.data(), n * each);
+  std::vector<IoRequest> reqs;
+  // Written in a scattered order: request i goes to slot (i * 37) % n.
+  for (size_t i = 0; i < n; ++i) {
+    reqs.push_back({IoOp::kWrite, file_.get(), ((i * 37) % n) * each, w.bytes() + i * each, each});
+  }
+  std::atomic<int> called{0};
+  IoHandle h = engine_->submit(reqs, [&](IoCompletion& c) { called++; });
+  ASSERT_TRUE(h->wait().is_ok()) << h->status().to_string();
+  EXPECT_EQ(h->bytes(), n * each);
+  for (auto& q : reqs) {
+    q.op = IoOp::kRead;
+    q.buf = r.bytes() + (static_cast<char*>(q.buf) - w.bytes());
+  }
+  h = engine_->submit(reqs);
+  ASSERT_TRUE(h->wait().is_ok());
+  EXPECT_TRUE(engine_->drain().is_ok());
+  EXPECT_EQ(called.load(), 1);
+  EXPECT_EQ(first_mismatch(r.data(), data.data(), n * each), -1);
+}
+
+TEST_P(IoEngineTest, ManyConcurrentSubmitters) {
+  const int threads = 8, per_thread = 24;
+  const size_t each = 64 * 1024;
+  AlignedBuffer w = buffer(threads * per_thread * each), r = buffer(threads * per_thread * each);
+  auto data = random_bytes(w.size(), 11);
+  memcpy(w.data(), data.data(), w.size());
+  std::atomic<int> callbacks{0};
+  auto run = [&](IoOp op, AlignedBuffer& b) {
+    std::vector<std::thread> ts;
+    for (int t = 0; t < threads; ++t) {
+      ts.emplace_back([&, t] {
+        std::vector<IoHandle> hs;
+        for (int i = 0; i < per_thread; ++i) {
+          size_t k = static_cast<size_t>(t * per_thread + i);
+          hs.push_back(engine_->submit(IoRequest{op, file_.get(), k * each, b.bytes() + k * each, each},
+                                       [&](IoCompletion&) { callbacks++; }));
+        }
+        for (auto& h : hs) EXPECT_TRUE(h->wait().is_ok()) << h->status().to_string();
+      });
+    }
+    for (auto& t : ts) t.join();
+  };
+  run(IoOp::kWrite, w);
+  run(IoOp::kRead, r);
+  EXPECT_TRUE(engine_->drain().is_ok());
+  EXPECT_EQ(engine_->outstanding(), 0u);
+  EXPECT_EQ(callbacks.load(), 2 * threads * per_thread);
+  EXPECT_EQ(first_mismatch(r.data(), data.data(), r.size()), -1);
+}
+
+TEST_P(IoEngineTest, CallbacksMaySubmit) {
+  // A chain: each completion submits the next request, as the prefetcher and the bench do.
+  const size_t each = 32 * 1024, n = 40;
+  AlignedBuffer w = buffer(n * each);
+  auto data = random_bytes(w.size(), 5);
+  memcpy(w.data(), data.data(), w.size());
+  std::atomic<size_t> next{0};
+  std::function<void()> issue = [&] {
+    size_t k = next.fetch_add(1);
+    if (k >= n) return;
+    engine_->submit(IoRequest{IoOp::kWrite, file_.get(), k * each, w.bytes() + k * each, each},
+                    [&](IoCompletion& c) {
+                      EXPECT_TRUE(c.status().is_ok());
+                      issue();
+                    });
+  };
+  issue();
+  ASSERT_TRUE(engine_->drain().is_ok());
+  EXPECT_GE(next.load(), n);
+  AlignedBuffer r = buffer(n * each);
+  ASSERT_TRUE(engine_->read(*file_, 0, r.data(), r.size()).is_ok());
+  EXPECT_EQ(first_mismatch(r.data(), data.data(), r.size()), -1);
+}
+
+TEST_P(IoEngineTest, ShutdownWithRequestsInFlight) {
+  const size_t each = 128 * 1024, n = 64;
+  AlignedBuffer w = buffer(n * each);
+  memset(w.data(), 0x5A, w.size());
+  std::vector<IoHandle> hs;
+  for (size_t k = 0; k < n; ++k) {
+    hs.push_back(engine_->submit(IoRequest{IoOp::kWrite, file_.get(), k * each, w.bytes() + k * each, each}));
+  }
+  engine_.reset();  // must wait for everything in flight, then stop cleanly
+  for (auto& h : hs) {
+    ASSERT_TRUE(h->ready());
+    EXPECT_TRUE(h->status().is_ok()) << h->status().to_string();
+  }
+}
+
+TEST_P(IoEngineTest, ReadPastEndOfFileIsAClearError) {
+  roundtrip(0, 8192, 9);
+  AlignedBuffer r = buffer(65536);
+  Status s = engine_->read(*file_, 0, r.data(), 65536);
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_EQ(s.code(), StatusCode::kIoError);
+  EXPECT_NE(s.message().find("Short read: end of file"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find(file_->path()), std::string::npos) << s.message();
+}
+
+TEST_P(IoEngineTest, InjectedEioFailsOnlyItsRequest) {
+  const size_t each = 64 * 1024, n = 16;
+  AlignedBuffer w = buffer(n * each);
+  memset(w.data(), 1, w.size());
+  faults_.add(FaultKind::kEio, 5, 1, IoOp::kWrite);
+  std::vector<IoHandle> hs;
+  for (size_t k = 0; k < n; ++k) {
+    hs.push_back(engine_->submit(IoRequest{IoOp::kWrite, file_.get(), k * each, w.bytes() + k * each, each}));
+  }
+  int failed = 0;
+  for (auto& h : hs) {
+    Status s = h->wait();
+    if (s.is_ok()) continue;
+    ++failed;
+    EXPECT_EQ(s.code(), StatusCode::kIoError);
+    EXPECT_EQ(s.sys_errno(), EIO);
+    EXPECT_NE(s.message().find("pwrite 65536 bytes at offset"), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find(file_->path()), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("Input/output error"), std::string::npos) << s.message();
+  }
+  EXPECT_EQ(failed, 1);
+  Status d = engine_->drain();
+  EXPECT_EQ(d.code(), StatusCode::kIoError);  // drain reports the first error since the last drain
+  EXPECT_TRUE(engine_->drain().is_ok());
+  EXPECT_EQ(engine_->stats().errors, 1u);
+}
+
+TEST_P(IoEngineTest, InjectedEnospcOnWrite) {
+  faults_.add(FaultKind::kEnospc, 1, 1, IoOp::kWrite);
+  AlignedBuffer w = buffer(8192);
+  Status s = engine_->write(*file_, 0, w.data(), 8192);
+  EXPECT_EQ(s.code(), StatusCode::kNoSpace);
+  EXPECT_NE(s.message().find("No space left on device"), std::string::npos) << s.message();
+  EXPECT_TRUE(engine_->write(*file_, 0, w.data(), 8192).is_ok());  // the next one goes through
+}
+
+TEST_P(IoEngineTest, ShortTransfersAreContinued) {
+  // Every other kernel answer is cut in half: the engine must resubmit the rest, exactly.
+  const size_t n = 2 * 256 * 1024 + 3 * 4096;
+  faults_.add(FaultKind::kShort, 1, 1000);
+  roundtrip(4096, n, 21);
+  EXPECT_GT(faults_.injected(), 0u);
+  EXPECT_GT(engine_->stats().resubmits, 0u);
+}
+
+TEST_P(IoEngineTest, EagainIsRetried) {
+  faults_.add(FaultKind::kEagain, 1, 3);
+  roundtrip(0, 3 * 256 * 1024, 4);
+  EXPECT_EQ(faults_.injected(), 3u);
+  EXPECT_EQ(engine_->stats().retries, 3u);
+}
+
+TEST_P(IoEngineTest, PersistentEioNeverHangs) {
+  // A dead disk: every answer fails. Every submission must still complete, with an error.
+  faults_.add(FaultKind::kEio, 1, UINT64_MAX);
+  AlignedBuffer w = buffer(1 << 20);
+  std::vector<IoHandle> hs;
+  for (int k = 0; k < 20; ++k) hs.push_back(engine_->submit(IoRequest{IoOp::kWrite, file_.get(), 0, w.data(), w.size()}));
+  for (auto& h : hs) EXPECT_EQ(h->wait().code(), StatusCode::kIoError);
+  EXPECT_EQ(engine_->drain().code(), StatusCode::kIoError);
+}
+
+INSTANTIATE_TEST_SUITE_P(All, IoEngineTest,
+                         testing::Values(Param{IoBackend::kUring, true, 1}, Param{IoBackend::kUring, true, 8},
+                                         Param{IoBackend::kUring, true, 64}, Param{IoBackend::kUring, false, 1},
+                                         Param{IoBackend::kUring, false, 8}, Param{IoBackend::kUring, false, 64},
+                                         Param{IoBackend::kThreads, true, 1}, Param{IoBackend::kThreads, true, 8},
+                                         Param{IoBackend::kThreads, true, 64}, Param{IoBackend::kThreads, false, 1},
+                                         Param{IoBackend::kThreads, false, 8}, Param{IoBackend::kThreads, false, 64}),
+                         param_name);
+
+// ---------------------------------------------------------------------------------------------
+
+TEST(IoEngine, UnalignedDirectBufferIsAClearError) {
+  ScratchDir dir("io");
+  OpenOptions oo;
+  oo.create = true;
+  oo.direct = DirectMode::kRequire;
+  auto f = File::open(dir.file("d"), oo);
+  ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+  auto e = IoEngine::create({});
+  ASSERT_TRUE(e.is_ok());
+  auto b = AlignedBuffer::allocate(1 << 16);
+  ASSERT_TRUE(b.is_ok());
+  char* unaligned = b->bytes() + 1;
+  Status s = e.value()->write(*f.value(), 0, unaligned, 4096);
+  ASSERT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("O_DIRECT write of 4096 bytes at offset 0"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("not aligned"), std::string::npos) << s.message();
+  // An unaligned offset or length is refused the same way.
+  EXPECT_EQ(e.value()->write(*f.value(), 100, b->data(), 4096).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(e.value()->write(*f.value(), 0, b->data(), 1000).code(), StatusCode::kInvalidArgument);
+}
+
+TEST(IoEngine, BadOptionsAreRejected) {
+  IoEngineOptions o;
+  o.queue_depth = 0;
+  EXPECT_EQ(IoEngine::create(o).status().code(), StatusCode::kInvalidArgument);
+  o.queue_depth = 8;
+  o.block_size = 1000;
+  EXPECT_EQ(IoEngine::create(o).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(parse_io_backend("libaio").status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(IoEngine, AutoPicksAWorkingBackend) {
+  auto e = IoEngine::create({});
+  ASSERT_TRUE(e.is_ok());
+  EXPECT_STREQ(e.value()->name(), probe_uring().empty() ? "uring" : "threads");
+}
+
+TEST(IoEngine, FixedBuffersAndFiles) {
+  if (!probe_uring().empty()) GTEST_SKIP() << "no io_uring";
+  ScratchDir dir("io");
+  OpenOptions oo;
+  oo.create = true;
+  auto f = File::open(dir.file("fixed"), oo);
+  ASSERT_TRUE(f.is_ok());
+  IoEngineOptions eo;
+  eo.backend = IoBackend::kUring;
+  auto e = IoEngine::create(eo);
+  ASSERT_TRUE(e.is_ok());
+  auto pool = BufferPool::create(1 << 20, 4, PinMode::kLock);
+  ASSERT_TRUE(pool.is_ok()) << pool.status().to_string();
+  iovec v{pool.value()->base(), pool.value()->total_bytes()};
+  ASSERT_TRUE(e.value()->register_buffers({&v, 1}).is_ok());
+  ASSERT_TRUE(e.value()->register_file(*f.value()).is_ok());
+  auto data = random_bytes(4 << 20, 77);
+  memcpy(pool.value()->base(), data.data(), data.size());
+  ASSERT_TRUE(e.value()->write(*f.value(), 0, pool.value()->base(), data.size()).is_ok());
+  memset(pool.value()->base(), 0, data.size());
+  ASSERT_TRUE(e.value()->read(*f.value(), 0, pool.value()->base(), data.size()).is_ok());
+  EXPECT_EQ(first_mismatch(pool.value()->base(), data.data(), data.size()), -1);
+  e.value()->unregister_file(*f.value());
+}
+
+}  // namespace
+}  // namespace zoe::io
