@@ -1,6 +1,16 @@
 // IoEngine tests, parameterized over backend (uring, threads) x O_DIRECT (on, off) x queue depth.
 #include <gtest/gtest.h>
 
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstddef>
+#include <functional>
+
 #include <atomic>
 #include <cstring>
 #include <thread>
@@ -333,6 +343,100 @@ TEST(IoEngine, FixedBuffersAndFiles) {
   ASSERT_TRUE(e.value()->read(*f.value(), 0, pool.value()->base(), data.size()).is_ok());
   EXPECT_EQ(first_mismatch(pool.value()->base(), data.data(), data.size()), -1);
   e.value()->unregister_file(*f.value());
+}
+
+}  // namespace
+}  // namespace zoe::io
+
+namespace zoe::io {
+namespace {
+
+// Runs fn in a child process under a seccomp filter that refuses io_uring_setup with EPERM, as
+// container runtimes do; returns what fn wrote, or "SKIP" when seccomp is unavailable.
+std::string under_uring_seccomp(const std::function<std::string()>& fn) {
+  int pipefd[2];
+  if (pipe(pipefd) != 0) return "pipe failed";
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(pipefd[0]);
+    sock_filter filter[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_io_uring_setup, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    sock_fprog prog = {static_cast<unsigned short>(sizeof(filter) / sizeof(filter[0])), filter};
+    std::string out;
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0) {
+      out = "SKIP";
+    } else {
+      out = fn();
+    }
+    ssize_t w = write(pipefd[1], out.data(), out.size());
+    (void)w;
+    _exit(0);
+  }
+  close(pipefd[1]);
+  std::string got;
+  char buf[1024];
+  ssize_t n;
+  while ((n = read(pipefd[0], buf, sizeof(buf))) > 0) got.append(buf, static_cast<size_t>(n));
+  close(pipefd[0]);
+  int st;
+  waitpid(pid, &st, 0);
+  return got;
+}
+
+TEST(IoEngine, FallsBackToThreadsUnderSeccomp) {
+  ScratchDir dir("seccomp");
+  std::string path = dir.file("f");
+  std::string got = under_uring_seccomp([&]() -> std::string {
+    if (probe_uring().empty()) return "probe says io_uring works";
+    auto e = IoEngine::create({});
+    if (!e.is_ok()) return "create failed: " + e.status().to_string();
+    std::string name = e.value()->name();
+    IoEngineOptions forced;
+    forced.backend = IoBackend::kUring;
+    auto u = IoEngine::create(forced);
+    if (u.is_ok()) return "forced uring unexpectedly worked";
+    OpenOptions oo;
+    oo.create = true;
+    auto f = File::open(path, oo);
+    if (!f.is_ok()) return f.status().to_string();
+    auto data = random_bytes(1 << 20, 1);
+    auto b = AlignedBuffer::allocate(1 << 20).value();
+    memcpy(b.data(), data.data(), data.size());
+    Status ws = e.value()->write(*f.value(), 0, b.data(), data.size());
+    if (!ws.is_ok()) return "write failed: " + ws.to_string();
+    memset(b.data(), 0, b.size());
+    if (!e.value()->read(*f.value(), 0, b.data(), b.size()).is_ok()) return "read failed";
+    if (first_mismatch(b.data(), data.data(), data.size()) != -1) return "data mismatch";
+    return name + "|" + u.status().message();
+  });
+  if (got == "SKIP") GTEST_SKIP() << "seccomp filters unavailable";
+  EXPECT_EQ(got.substr(0, got.find('|')), "threads") << "child said: " << got;
+  EXPECT_NE(got.find("io_uring_queue_init"), std::string::npos) << got;
+}
+
+TEST(IoEngine, SqpollRoundTrip) {
+  if (!probe_uring().empty()) GTEST_SKIP() << "no io_uring";
+  ScratchDir dir("sqpoll");
+  IoEngineOptions eo;
+  eo.backend = IoBackend::kUring;
+  eo.sqpoll = true;
+  eo.queue_depth = 16;
+  auto e = IoEngine::create(eo);
+  if (!e.is_ok()) GTEST_SKIP() << "SQPOLL unavailable: " << e.status().to_string();
+  OpenOptions oo;
+  oo.create = true;
+  auto f = File::open(dir.file("f"), oo).value();
+  auto data = random_bytes(4 << 20, 2);
+  auto b = AlignedBuffer::allocate(4 << 20).value();
+  memcpy(b.data(), data.data(), data.size());
+  ASSERT_TRUE(e.value()->write(*f, 0, b.data(), b.size()).is_ok());
+  memset(b.data(), 0, b.size());
+  ASSERT_TRUE(e.value()->read(*f, 0, b.data(), b.size()).is_ok());
+  EXPECT_EQ(first_mismatch(b.data(), data.data(), data.size()), -1);
 }
 
 }  // namespace
