@@ -1,0 +1,90 @@
+// TraceRecorder: event storage and Chrome-trace JSON output.
+#include "core/trace.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+
+namespace zoe {
+
+uint32_t trace_thread_id() {
+  static std::atomic<uint32_t> next{0};
+  thread_local uint32_t id = next.fetch_add(1);
+  return id;
+}
+
+void TraceRecorder::record(std::string name, const char* category, uint64_t begin_ns, uint64_t end_ns,
+                           uint64_t bytes, uint32_t lane) {
+  if (!enabled_) return;
+  uint32_t tid = lane == UINT32_MAX ? trace_thread_id() : lane;
+  std::lock_guard<std::mutex> lock(mu_);
+  events_.push_back(TraceEvent{std::move(name), category, begin_ns, end_ns, tid, bytes});
+}
+
+std::vector<TraceEvent> TraceRecorder::events() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return events_;
+}
+
+size_t TraceRecorder::size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return events_.size();
+}
+
+void TraceRecorder::clear() {
+  std::lock_guard<std::mutex> lock(mu_);
+  events_.clear();
+}
+
+static void append_escaped(std::string* out, const std::string& s) {
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      out->push_back('\\');
+      out->push_back(c);
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      snprintf(buf, sizeof(buf), "\\u%04x", c);
+      out->append(buf);
+    } else {
+      out->push_back(c);
+    }
+  }
+}
+
+std::string TraceRecorder::chrome_json() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string out = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[";
+  char buf[256];
+  uint64_t origin = UINT64_MAX;
+  for (const auto& e : events_) origin = std::min(origin, e.begin_ns);
+  bool first = true;
+  for (const auto& e : events_) {
+    if (!first) out += ",";
+    first = false;
+    out += "{\"name\":\"";
+    append_escaped(&out, e.name);
+    snprintf(buf, sizeof(buf),
+             "\",\"cat\":\"%s\",\"ph\":\"X\",\"ts\":%.3f,\"dur\":%.3f,\"pid\":1,\"tid\":%u,\"args\":{\"bytes\":%llu}}",
+             e.category, static_cast<double>(e.begin_ns - origin) / 1000.0,
+             static_cast<double>(e.end_ns >= e.begin_ns ? e.end_ns - e.begin_ns : 0) / 1000.0, e.tid,
+             static_cast<unsigned long long>(e.bytes));
+    out += buf;
+  }
+  out += "]}\n";
+  return out;
+}
+
+Status TraceRecorder::write_chrome_json(const std::string& path) const {
+  std::string s = chrome_json();
+  std::string tmp = path + ".tmp";
+  FILE* f = fopen(tmp.c_str(), "w");
+  if (!f) return sys_error("open trace file", tmp, errno);
+  size_t n = fwrite(s.data(), 1, s.size(), f);
+  int err = errno;
+  if (fclose(f) != 0 || n != s.size()) return sys_error("write trace file", tmp, 0, s.size(), err ? err : EIO);
+  if (rename(tmp.c_str(), path.c_str()) != 0) return sys_error("rename trace file to", path, errno);
+  return Status::ok();
+}
+
+}  // namespace zoe

@@ -1,0 +1,50 @@
+// TraceRecorder: begin/end events of transfers and compute, written as Chrome-trace JSON
+// (opens in Perfetto UI or chrome://tracing).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "zoe/status.h"
+
+namespace zoe {
+
+struct TraceEvent {
+  std::string name;
+  const char* category;  // a string literal: "nvme->host", "host->device", "compute", ...
+  uint64_t begin_ns;
+  uint64_t end_ns;
+  uint32_t tid;          // a small id of the recording thread (or lane)
+  uint64_t bytes;        // bytes moved, 0 for compute
+};
+
+// Thread-safe. Disabled recorders cost one relaxed load per event.
+class TraceRecorder {
+ public:
+  explicit TraceRecorder(bool enabled = false) : enabled_(enabled) {}
+  void set_enabled(bool on) { enabled_ = on; }
+  bool enabled() const { return enabled_; }
+
+  void record(std::string name, const char* category, uint64_t begin_ns, uint64_t end_ns, uint64_t bytes = 0,
+              uint32_t lane = UINT32_MAX);
+  std::vector<TraceEvent> events() const;
+  size_t size() const;
+  void clear();
+
+  // {"traceEvents":[{"name","cat","ph":"X","ts","dur","pid","tid","args":{"bytes"}}...]}
+  std::string chrome_json() const;
+  Status write_chrome_json(const std::string& path) const;
+
+ private:
+  std::atomic<bool> enabled_;
+  mutable std::mutex mu_;
+  std::vector<TraceEvent> events_;
+};
+
+// A small, stable id for the calling thread (0, 1, 2, ... in order of first use).
+uint32_t trace_thread_id();
+
+}  // namespace zoe
