@@ -1,0 +1,7 @@
+// Non-x86 builds: only the scalar path exists.
+#include "optim/kernels.h"
+
+namespace zoe::optim::kern {
+const Table* avx2_table() { return nullptr; }
+const Table* avx512_table() { return nullptr; }
+}  // namespace zoe::optim::kern

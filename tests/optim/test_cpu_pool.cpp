@@ -1,0 +1,71 @@
+// CpuPool: every index exactly once on both backends, NUMA binding, argument errors.
+#include <gtest/gtest.h>
+#include <sched.h>
+
+#include <atomic>
+#include <vector>
+
+#include "core/topology.h"
+#include "optim/cpu_pool.h"
+#include "zoe/features.h"
+
+namespace zoe::optim {
+namespace {
+
+std::vector<CpuPool::Backend> backends() {
+  std::vector<CpuPool::Backend> b = {CpuPool::Backend::kStdThread};
+  if (ZOE_HAVE_TBB) b.push_back(CpuPool::Backend::kTbb);
+  return b;
+}
+
+TEST(CpuPool, EveryIndexOnce) {
+  for (auto be : backends()) {
+    for (int t : {1, 2, 4}) {
+      auto pool = CpuPool::create({t, -1, be});
+      ASSERT_TRUE(pool.is_ok()) << pool.status().to_string();
+      EXPECT_EQ((*pool)->threads(), t);
+      for (size_t n : {size_t(0), size_t(1), size_t(7), size_t(1000)}) {
+        for (int rep = 0; rep < 3; ++rep) {
+          std::vector<std::atomic<int>> hits(n);
+          (*pool)->for_each(n, [&](size_t i) { hits[i].fetch_add(1); });
+          for (size_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << (*pool)->backend_name() << " t=" << t << " i=" << i;
+        }
+      }
+    }
+  }
+}
+
+TEST(CpuPool, NumaBindingKeepsCallerAffinity) {
+  const Topology& topo = topology();
+  ASSERT_FALSE(topo.numa_nodes.empty());
+  int node = topo.numa_nodes[0].os_index;
+  cpu_set_t before;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(before), &before), 0);
+  for (auto be : backends()) {
+    auto pool = CpuPool::create({0, node, be});
+    ASSERT_TRUE(pool.is_ok()) << pool.status().to_string();
+    EXPECT_EQ((*pool)->threads(), static_cast<int>(topo.numa_nodes[0].cpus.size()));
+    std::atomic<int> bad{0};
+    (*pool)->for_each(64, [&](size_t) {
+      int cpu = sched_getcpu();
+      bool in_node = false;
+      for (int c : topo.numa_nodes[0].cpus) in_node |= c == cpu;
+      if (!in_node) bad.fetch_add(1);
+    });
+    EXPECT_EQ(bad.load(), 0);
+    cpu_set_t after;
+    ASSERT_EQ(sched_getaffinity(0, sizeof(after), &after), 0);
+    EXPECT_TRUE(CPU_EQUAL(&before, &after)) << (*pool)->backend_name();
+  }
+}
+
+TEST(CpuPool, Errors) {
+  EXPECT_EQ(CpuPool::create({-1, -1, CpuPool::Backend::kAuto}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(CpuPool::create({1, 9999, CpuPool::Backend::kAuto}).status().code(), StatusCode::kInvalidArgument);
+  if (!ZOE_HAVE_TBB) {
+    EXPECT_EQ(CpuPool::create({1, -1, CpuPool::Backend::kTbb}).status().code(), StatusCode::kUnsupported);
+  }
+}
+
+}  // namespace
+}  // namespace zoe::optim
