@@ -1,0 +1,313 @@
+// TierManager tests: moves between tiers, budgets and eviction, coherence, faults, trace policy.
+#include <nlohmann/json.hpp>
+
+#include "tests/offload/offload_fixture.h"
+
+namespace zoe::offload {
+namespace {
+
+using test::first_mismatch;
+using test::random_bytes;
+
+constexpr uint64_t KiB = 1024, MiB = 1024 * 1024;
+
+TEST(TierManager, RoundTripsThroughEveryTier) {
+  Rig r;
+  TierManagerOptions o;
+  o.staging_bytes = 64 * KiB;  // items below are larger than every staging buffer
+  ASSERT_TRUE(r.init(8 * MiB, 16 * MiB, o));
+  TierManager& tm = *r.tm;
+  const size_t n = MiB + 12 * KiB + 100;  // not a multiple of 4096 either
+  auto data = random_bytes(n, 1);
+  ASSERT_TRUE(tm.add_item(1, n, Tier::kNvme).is_ok());
+  ASSERT_TRUE(tm.write(1, data.data()).is_ok());
+  // NVMe -> device, streamed through 64 KiB staging buffers.
+  auto h = tm.fetch(1, Tier::kDevice);
+  auto p = h.wait();
+  ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+  std::vector<unsigned char> back(n);
+  ASSERT_TRUE(r.device->copy_to_host(back.data(), p.value(), n).is_ok());
+  EXPECT_EQ(first_mismatch(back.data(), data.data(), n), -1);
+  // Change it on the device, evict: the dirty copy is written back to NVMe in pieces.
+  for (size_t i = 0; i < n; i += 4096) back[i] ^= 0xFF;
+  ASSERT_TRUE(r.device->copy_to_device(p.value(), back.data(), n).is_ok());
+  tm.unpin(1, Tier::kDevice, /*dirty=*/true);
+  EXPECT_EQ(tm.residency(1, Tier::kDevice), Residency::kDirty);
+  ASSERT_TRUE(tm.evict(1, Tier::kDevice).wait().is_ok());
+  EXPECT_EQ(tm.residency(1, Tier::kDevice), Residency::kAbsent);
+  // NVMe -> host: sees the device's change.
+  auto hp = tm.fetch(1, Tier::kHost).wait();
+  ASSERT_TRUE(hp.is_ok());
+  EXPECT_EQ(first_mismatch(hp.value(), back.data(), n), -1);
+  tm.unpin(1, Tier::kHost);
+  std::vector<unsigned char> latest(n);
+  ASSERT_TRUE(tm.read(1, latest.data()).is_ok());
+  EXPECT_EQ(first_mismatch(latest.data(), back.data(), n), -1);
+  TierStats s = tm.stats();
+  EXPECT_GE(s.links[4].bytes, n);  // nvme->device
+  EXPECT_GE(s.links[5].bytes, n);  // device->nvme
+  EXPECT_GE(s.links[0].bytes, n);  // nvme->host
+  EXPECT_EQ(s.used[0], 0u);
+}
+
+TEST(TierManager, HostHomeToDeviceAndBack) {
+  Rig r;
+  ASSERT_TRUE(r.init(4 * MiB, 16 * MiB));
+  TierManager& tm = *r.tm;
+  auto data = random_bytes(300 * KiB, 2);
+  ASSERT_TRUE(tm.add_item(7, data.size(), Tier::kHost).is_ok());
+  ASSERT_TRUE(tm.write(7, data.data()).is_ok());
+  auto p = tm.fetch(7, Tier::kDevice).wait();
+  ASSERT_TRUE(p.is_ok());
+  std::vector<unsigned char> v(data.size());
+  ASSERT_TRUE(r.device->copy_to_host(v.data(), p.value(), v.size()).is_ok());
+  EXPECT_EQ(first_mismatch(v.data(), data.data(), v.size()), -1);
+  v[5] = static_cast<unsigned char>(v[5] + 1);
+  ASSERT_TRUE(r.device->copy_to_device(p.value(), v.data(), v.size()).is_ok());
+  tm.unpin(7, Tier::kDevice, true);
+  ASSERT_TRUE(tm.flush().is_ok());
+  EXPECT_EQ(tm.residency(7, Tier::kDevice), Residency::kResident);  // flush keeps clean copies
+  ASSERT_TRUE(tm.evict(7, Tier::kDevice).wait().is_ok());
+  std::vector<unsigned char> back(data.size());
+  ASSERT_TRUE(tm.read(7, back.data()).is_ok());
+  EXPECT_EQ(first_mismatch(back.data(), v.data(), v.size()), -1);
+}
+
+TEST(TierManager, BudgetsAreHardAndErrorsSayWhy) {
+  Rig r;
+  ASSERT_TRUE(r.init(MiB, 8 * MiB));
+  TierManager& tm = *r.tm;
+  for (ItemId i = 0; i < 8; ++i) ASSERT_TRUE(tm.add_item(i, 256 * KiB, Tier::kNvme).is_ok());
+  // Four fit; the fifth needs an eviction, which happens once one is unpinned.
+  std::vector<void*> ptrs;
+  for (ItemId i = 0; i < 4; ++i) {
+    auto p = tm.fetch(i, Tier::kDevice).wait();
+    ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+  }
+  auto full = tm.fetch(4, Tier::kDevice).wait();
+  ASSERT_FALSE(full.is_ok());
+  const Status& s = full.status();
+  EXPECT_EQ(s.code(), StatusCode::kOutOfBudget);
+  EXPECT_NE(s.message().find("device tier"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("262144 bytes requested"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("1048576 bytes in use"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("budget 1048576"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("pinned"), std::string::npos) << s.message();
+  tm.unpin(0, Tier::kDevice);
+  ASSERT_TRUE(tm.fetch(4, Tier::kDevice).wait().is_ok());
+  EXPECT_EQ(tm.residency(0, Tier::kDevice), Residency::kAbsent);  // the evicted one
+  for (ItemId i = 1; i <= 4; ++i) tm.unpin(i, Tier::kDevice);
+  // A request larger than the whole budget fails at once.
+  ASSERT_TRUE(tm.add_item(99, 2 * MiB, Tier::kNvme).is_ok());
+  auto big = tm.fetch(99, Tier::kDevice).wait();
+  EXPECT_EQ(big.status().code(), StatusCode::kOutOfBudget);
+  EXPECT_NE(big.status().message().find("alone exceeds"), std::string::npos);
+  TierStats st = tm.stats();
+  EXPECT_LE(st.high_water[0], MiB);
+  EXPECT_EQ(r.device->high_water_bytes() <= MiB, true);
+}
+
+TEST(TierManager, WaitsForPinsWhenAskedTo) {
+  Rig r;
+  TierManagerOptions o;
+  o.wait_for_unpin_ms = 5000;
+  ASSERT_TRUE(r.init(512 * KiB, 8 * MiB, o));
+  TierManager& tm = *r.tm;
+  ASSERT_TRUE(tm.add_item(1, 512 * KiB, Tier::kNvme).is_ok());
+  ASSERT_TRUE(tm.add_item(2, 512 * KiB, Tier::kNvme).is_ok());
+  ASSERT_TRUE(tm.fetch(1, Tier::kDevice).wait().is_ok());
+  std::thread t([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    tm.unpin(1, Tier::kDevice);
+  });
+  EXPECT_TRUE(tm.fetch(2, Tier::kDevice).wait().is_ok());  // blocks until the unpin
+  t.join();
+  tm.unpin(2, Tier::kDevice);
+}
+
+TEST(TierManager, DirtyCopiesAreWrittenBeforeEviction) {
+  Rig r;
+  ASSERT_TRUE(r.init(MiB, 8 * MiB));
+  TierManager& tm = *r.tm;
+  const size_t n = 200 * KiB;
+  std::vector<std::vector<unsigned char>> want;
+  for (ItemId i = 0; i < 20; ++i) {
+    ASSERT_TRUE(tm.add_item(i, n, Tier::kNvme).is_ok());
+    want.push_back(random_bytes(n, 100 + i));
+  }
+  // Each item is written on the device; the budget holds 5, so evictions write back as we go.
+  for (ItemId i = 0; i < 20; ++i) {
+    auto p = tm.fetch(i, Tier::kDevice).wait();
+    ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+    ASSERT_TRUE(r.device->copy_to_device(p.value(), want[i].data(), n).is_ok());
+    tm.unpin(i, Tier::kDevice, true);
+  }
+  EXPECT_GT(tm.stats().writebacks, 10u);
+  for (ItemId i = 0; i < 20; ++i) {
+    std::vector<unsigned char> got(n);
+    ASSERT_TRUE(tm.read(i, got.data()).is_ok());
+    EXPECT_EQ(first_mismatch(got.data(), want[i].data(), n), -1) << "item " << i;
+  }
+  EXPECT_LE(tm.stats().high_water[0], MiB);
+}
+
+TEST(TierManager, CoherenceAcrossHostAndDevice) {
+  Rig r;
+  ASSERT_TRUE(r.init(4 * MiB, 16 * MiB));
+  TierManager& tm = *r.tm;
+  const size_t n = 64 * KiB;
+  ASSERT_TRUE(tm.add_item(1, n, Tier::kNvme).is_ok());
+  auto a = random_bytes(n, 1), b = random_bytes(n, 2);
+  // Host changes it; the device copy made afterwards sees the change.
+  auto hp = tm.fetch(1, Tier::kHost).wait();
+  ASSERT_TRUE(hp.is_ok());
+  memcpy(hp.value(), a.data(), n);
+  tm.unpin(1, Tier::kHost, true);
+  auto dp = tm.fetch(1, Tier::kDevice).wait();
+  ASSERT_TRUE(dp.is_ok());
+  std::vector<unsigned char> v(n);
+  ASSERT_TRUE(r.device->copy_to_host(v.data(), dp.value(), n).is_ok());
+  EXPECT_EQ(first_mismatch(v.data(), a.data(), n), -1);
+  // Device changes it: the host copy (now older) is dropped; a new host copy comes from the device.
+  ASSERT_TRUE(r.device->copy_to_device(dp.value(), b.data(), n).is_ok());
+  tm.unpin(1, Tier::kDevice, true);
+  EXPECT_EQ(tm.residency(1, Tier::kHost), Residency::kAbsent);
+  hp = tm.fetch(1, Tier::kHost).wait();
+  ASSERT_TRUE(hp.is_ok());
+  EXPECT_EQ(first_mismatch(hp.value(), b.data(), n), -1);
+  EXPECT_EQ(tm.residency(1, Tier::kHost), Residency::kDirty);  // it carries the change to NVMe now
+  tm.unpin(1, Tier::kHost);
+  ASSERT_TRUE(tm.evict(1, Tier::kDevice).wait().is_ok());
+  ASSERT_TRUE(tm.evict(1, Tier::kHost).wait().is_ok());
+  std::vector<unsigned char> got(n);
+  ASSERT_TRUE(tm.read(1, got.data()).is_ok());
+  EXPECT_EQ(first_mismatch(got.data(), b.data(), n), -1);
+}
+
+TEST(TierManager, WriteErrorKeepsTheDirtyCopy) {
+  Rig r;
+  ASSERT_TRUE(r.init(4 * MiB, 16 * MiB));
+  TierManager& tm = *r.tm;
+  const size_t n = 128 * KiB;
+  ASSERT_TRUE(tm.add_item(3, n, Tier::kNvme).is_ok());
+  auto data = random_bytes(n, 3);
+  auto hp = tm.fetch(3, Tier::kHost).wait();
+  ASSERT_TRUE(hp.is_ok());
+  memcpy(hp.value(), data.data(), n);
+  tm.unpin(3, Tier::kHost, true);
+  r.faults.add(io::FaultKind::kEio, 1, 1, io::IoOp::kWrite);
+  auto ev = tm.evict(3, Tier::kHost).wait();
+  ASSERT_FALSE(ev.is_ok());
+  EXPECT_EQ(ev.status().code(), StatusCode::kIoError);
+  EXPECT_NE(ev.status().message().find("writing back item 3 from the host tier"), std::string::npos)
+      << ev.status().message();
+  EXPECT_EQ(tm.residency(3, Tier::kHost), Residency::kDirty);  // nothing lost
+  EXPECT_EQ(tm.drain().code(), StatusCode::kIoError);
+  ASSERT_TRUE(tm.evict(3, Tier::kHost).wait().is_ok());  // the next try goes through
+  std::vector<unsigned char> got(n);
+  ASSERT_TRUE(tm.read(3, got.data()).is_ok());
+  EXPECT_EQ(first_mismatch(got.data(), data.data(), n), -1);
+}
+
+TEST(TierManager, ReadErrorReachesTheFetcher) {
+  Rig r;
+  TierManagerOptions o;
+  o.staging_bytes = 64 * KiB;
+  ASSERT_TRUE(r.init(4 * MiB, 16 * MiB, o));
+  TierManager& tm = *r.tm;
+  ASSERT_TRUE(tm.add_item(5, 512 * KiB, Tier::kNvme).is_ok());
+  r.faults.add(io::FaultKind::kEio, 3, 1, io::IoOp::kRead);  // the third of eight pieces
+  auto p = tm.fetch(5, Tier::kDevice).wait();
+  ASSERT_FALSE(p.is_ok());
+  EXPECT_NE(p.status().message().find("loading item 5 into the device tier"), std::string::npos)
+      << p.status().message();
+  EXPECT_EQ(tm.residency(5, Tier::kDevice), Residency::kAbsent);
+  EXPECT_EQ(tm.stats().used[0], 0u);  // the reservation was given back
+  EXPECT_EQ(tm.drain().code(), StatusCode::kIoError);
+  EXPECT_TRUE(tm.fetch(5, Tier::kDevice).wait().is_ok());
+  tm.unpin(5, Tier::kDevice);
+}
+
+// A cyclic access pattern over one more item than fits: LRU evicts exactly the next one needed
+// every time; the trace policy (Belady) keeps most of them.
+uint64_t cyclic_loads(EvictionPolicy policy) {
+  Rig r;
+  TierManagerOptions o;
+  o.policy = policy;
+  if (!r.init(4 * 64 * KiB, 16 * MiB, o)) return 0;
+  TierManager& tm = *r.tm;
+  for (ItemId i = 0; i < 5; ++i) EXPECT_TRUE(tm.add_item(i, 64 * KiB, Tier::kNvme).is_ok());
+  auto pass = [&] {
+    for (ItemId i = 0; i < 5; ++i) {
+      EXPECT_TRUE(tm.fetch(i, Tier::kDevice).wait().is_ok());
+      tm.unpin(i, Tier::kDevice);
+    }
+  };
+  tm.begin_trace();
+  pass();
+  tm.end_trace();
+  uint64_t before = tm.stats().links[4].transfers;
+  for (int k = 0; k < 10; ++k) pass();
+  return tm.stats().links[4].transfers - before;
+}
+
+TEST(TierManager, TracePolicyBeatsLruOnCyclicAccess) {
+  uint64_t lru = cyclic_loads(EvictionPolicy::kLru);
+  uint64_t belady = cyclic_loads(EvictionPolicy::kTrace);
+  EXPECT_EQ(lru, 50u);  // every access misses
+  EXPECT_LE(belady, 15u) << "Belady should miss about once per pass";
+}
+
+TEST(TierManager, PrefetchLoadsAheadWithoutPinning) {
+  Rig r;
+  ASSERT_TRUE(r.init(MiB, 16 * MiB));
+  TierManager& tm = *r.tm;
+  ASSERT_TRUE(tm.add_item(1, 256 * KiB, Tier::kNvme).is_ok());
+  tm.prefetch(1, Tier::kDevice);
+  ASSERT_TRUE(tm.drain().is_ok());
+  EXPECT_EQ(tm.residency(1, Tier::kDevice), Residency::kResident);
+  EXPECT_EQ(tm.pins(1, Tier::kDevice), 0u);
+  ASSERT_TRUE(tm.add_item(2, 2 * MiB, Tier::kNvme).is_ok());
+  tm.prefetch(2, Tier::kDevice);  // cannot fit: skipped, not an error
+  EXPECT_EQ(tm.stats().prefetch_skipped, 1u);
+  EXPECT_TRUE(tm.drain().is_ok());
+}
+
+TEST(TierManager, PinnedCopiesAreNotEvictable) {
+  Rig r;
+  ASSERT_TRUE(r.init(MiB, 16 * MiB));
+  TierManager& tm = *r.tm;
+  ASSERT_TRUE(tm.add_item(1, 4096, Tier::kNvme).is_ok());
+  ASSERT_TRUE(tm.fetch(1, Tier::kDevice).wait().is_ok());
+  auto e = tm.evict(1, Tier::kDevice).wait();
+  EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(e.status().message().find("pinned 1 time"), std::string::npos);
+  EXPECT_EQ(tm.evict(1, Tier::kNvme).wait().status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(tm.fetch(1, Tier::kNvme).wait().status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(tm.fetch(42, Tier::kDevice).wait().status().code(), StatusCode::kNotFound);
+  tm.unpin(1, Tier::kDevice);
+}
+
+TEST(TierManager, ChromeTraceOfTransfers) {
+  Rig r;
+  TraceRecorder rec(true);
+  TierManagerOptions o;
+  o.trace = &rec;
+  ASSERT_TRUE(r.init(MiB, 16 * MiB, o));
+  TierManager& tm = *r.tm;
+  ASSERT_TRUE(tm.add_item(1, 64 * KiB, Tier::kNvme).is_ok());
+  ASSERT_TRUE(tm.fetch(1, Tier::kDevice).wait().is_ok());
+  tm.unpin(1, Tier::kDevice, true);
+  ASSERT_TRUE(tm.flush().is_ok());
+  auto j = nlohmann::json::parse(rec.chrome_json());
+  ASSERT_EQ(j["traceEvents"].size(), 2u);
+  EXPECT_EQ(j["traceEvents"][0]["cat"], "nvme->device");
+  EXPECT_EQ(j["traceEvents"][0]["ph"], "X");
+  EXPECT_EQ(j["traceEvents"][1]["cat"], "device->nvme");
+  EXPECT_EQ(j["traceEvents"][1]["args"]["bytes"], 65536);
+  test::ScratchDir d("trace");
+  ASSERT_TRUE(rec.write_chrome_json(d.file("t.json")).is_ok());
+}
+
+}  // namespace
+}  // namespace zoe::offload
