@@ -17,6 +17,8 @@
 
 namespace zoe::offload {
 
+constexpr uint64_t MiB() { return 1024 * 1024; }
+
 struct Rig {
   test::ScratchDir dir{"offload"};
   io::FaultInjector faults;

@@ -1,0 +1,293 @@
+// OptimizerSwapper: slot-based read-ahead / update / write-behind pipeline over SwapStore chunks.
+#include "offload/optimizer_swapper.h"
+
+#include <algorithm>
+#include <cstring>
+#include <deque>
+
+#include "core/clock.h"
+#include "core/log.h"
+#include "core/units.h"
+
+namespace zoe::offload {
+
+Result<std::unique_ptr<OptimizerSwapper>> OptimizerSwapper::create(SwapStore* store, const SwapperOptions& opts) {
+  if (opts.states.empty()) return invalid_argument("optimizer swapper: no states to swap");
+  size_t max_elem = 0;
+  for (const auto& s : opts.states) {
+    if (s.elem_bytes == 0 || s.elem_bytes > 8) return invalid_argument("optimizer swapper: element size %u", s.elem_bytes);
+    max_elem = std::max<size_t>(max_elem, s.elem_bytes);
+  }
+  std::unique_ptr<OptimizerSwapper> sw(new OptimizerSwapper(store, opts));
+  if (opts.buffer_bytes < 4096 || opts.buffer_bytes % 4096) {
+    return invalid_argument("optimizer swapper: buffer size %zu is not a positive multiple of 4096", opts.buffer_bytes);
+  }
+  sw->slots_ = opts.buffer_count / opts.states.size();
+  if (sw->slots_ == 0) {
+    return invalid_argument("optimizer swapper: buffer_count %zu is smaller than the %zu optimizer states it must hold "
+                            "at once (set buffer_count >= %zu; 3x that overlaps reads, updates and writes)",
+                            opts.buffer_count, opts.states.size(), opts.states.size());
+  }
+  // Chunks hold a whole number of 4096-byte blocks of every state.
+  sw->chunk_elems_ = opts.buffer_bytes / max_elem / 4096 * 4096;
+  if (sw->chunk_elems_ == 0) sw->chunk_elems_ = 4096;
+  if (sw->chunk_elems_ * max_elem > opts.buffer_bytes) {
+    return invalid_argument("optimizer swapper: buffers of %zu bytes are too small for one chunk of %zu-byte elements",
+                            opts.buffer_bytes, max_elem);
+  }
+  if (!store) return sw;  // host mode: same chunks, no buffers, no I/O
+  ZOE_ASSIGN_OR_RETURN(sw->pool_, io::BufferPool::create(opts.buffer_bytes, sw->slots_ * opts.states.size(), opts.pin));
+  iovec v{sw->pool_->base(), sw->pool_->total_bytes()};
+  (void)store->engine().register_buffers({&v, 1});  // optional: fixed buffers
+  for (size_t s = 0; s < sw->slots_; ++s) sw->free_.push_back(s);
+  return sw;
+}
+
+OptimizerSwapper::~OptimizerSwapper() {
+  if (!store_) return;
+  for (const auto& g : groups_) {
+    for (const auto& s : opts_.states) store_->free(StateKey{g.id, s.kind});
+  }
+}
+
+OptimizerSwapper::Group* OptimizerSwapper::find(uint64_t id) {
+  for (auto& g : groups_) {
+    if (g.id == id) return &g;
+  }
+  return nullptr;
+}
+
+char* OptimizerSwapper::slot_buffer(size_t slot, size_t state) const {
+  return pool_->buffer(slot * opts_.states.size() + state);
+}
+
+size_t OptimizerSwapper::span_bytes(size_t n, size_t state) const {
+  return (n * opts_.states[state].elem_bytes + 4095) & ~size_t{4095};
+}
+
+void OptimizerSwapper::release_slot(size_t slot, Status error) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!error.is_ok() && write_err_.is_ok()) write_err_ = std::move(error);
+  free_.push_back(slot);
+  cv_.notify_all();  // under the lock: the waiter cannot return before this call is done
+}
+
+size_t OptimizerSwapper::free_slots() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return free_.size();
+}
+
+Status OptimizerSwapper::add_group(uint64_t id, size_t elems) {
+  if (elems == 0) return invalid_argument("optimizer swapper: group %llu has no elements", static_cast<unsigned long long>(id));
+  if (find(id)) return invalid_argument("optimizer swapper: group %llu is already registered", static_cast<unsigned long long>(id));
+  Group g{id, elems, {}};
+  for (size_t k = 0; k < opts_.states.size(); ++k) {
+    uint64_t bytes = static_cast<uint64_t>(elems) * opts_.states[k].elem_bytes;
+    if (store_) {
+      auto e = store_->allocate(StateKey{id, opts_.states[k].kind}, bytes);
+      if (!e.is_ok()) {
+        for (size_t j = 0; j < k; ++j) store_->free(StateKey{id, opts_.states[j].kind});
+        return e.status().with_context("registering optimizer sub-group " + std::to_string(id));
+      }
+    } else {
+      ZOE_ASSIGN_OR_RETURN(io::AlignedBuffer b, io::AlignedBuffer::allocate(bytes, io::PinMode::kNone));
+      memset(b.data(), 0, bytes);
+      g.host.push_back(std::move(b));
+    }
+  }
+  groups_.push_back(std::move(g));
+  return Status::ok();
+}
+
+Status OptimizerSwapper::sync_transfer(uint64_t id, size_t state, char* data, bool write) {
+  Group* g = find(id);
+  if (!g) return not_found("optimizer swapper: no group %llu", static_cast<unsigned long long>(id));
+  if (state >= opts_.states.size()) return invalid_argument("optimizer swapper: no state %zu", state);
+  const size_t eb = opts_.states[state].elem_bytes;
+  if (!store_) {
+    if (write) memcpy(g->host[state].data(), data, g->elems * eb);
+    else memcpy(data, g->host[state].data(), g->elems * eb);
+    return Status::ok();
+  }
+  size_t slot;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return !free_.empty(); });
+    slot = free_.back();
+    free_.pop_back();
+  }
+  char* buf = slot_buffer(slot, state);
+  StateKey key{id, opts_.states[state].kind};
+  Status s;
+  for (size_t begin = 0; begin < g->elems && s.is_ok(); begin += chunk_elems_) {
+    size_t n = std::min(chunk_elems_, g->elems - begin);
+    size_t bytes = n * eb, span = span_bytes(n, state);
+    uint64_t off = static_cast<uint64_t>(begin) * eb;
+    if (write) {
+      memcpy(buf, data + off, bytes);
+      memset(buf + bytes, 0, span - bytes);
+      s = store_->write(key, off, buf, span)->wait();
+    } else {
+      s = store_->read(key, off, buf, span)->wait();
+      if (s.is_ok()) memcpy(data + off, buf, bytes);
+    }
+  }
+  release_slot(slot, Status::ok());
+  return s;
+}
+
+Status OptimizerSwapper::write_state(uint64_t id, size_t state, const void* src) {
+  return sync_transfer(id, state, static_cast<char*>(const_cast<void*>(src)), true);
+}
+
+Status OptimizerSwapper::read_state(uint64_t id, size_t state, void* dst) {
+  return sync_transfer(id, state, static_cast<char*>(dst), false);
+}
+
+Status OptimizerSwapper::step_host(const ChunkUpdate& update) {
+  // The same chunking as the NVMe path, so an update sees identical ChunkViews either way.
+  const size_t K = opts_.states.size();
+  std::vector<void*> ptrs(K);
+  const size_t chunk = chunk_elems_;
+  for (auto& g : groups_) {
+    for (size_t begin = 0; begin < g.elems; begin += chunk) {
+      size_t n = std::min(chunk, g.elems - begin);
+      for (size_t k = 0; k < K; ++k) ptrs[k] = g.host[k].bytes() + begin * opts_.states[k].elem_bytes;
+      uint64_t t0 = now_ns();
+      Status s = update(ChunkView{g.id, begin, n, ptrs.data()});
+      uint64_t t1 = now_ns();
+      stats_.compute_ns += t1 - t0;
+      stats_.chunks++;
+      if (opts_.trace) opts_.trace->record("update " + std::to_string(g.id) + "@" + std::to_string(begin), "compute", t0, t1);
+      if (!s.is_ok()) {
+        return std::move(s).with_context("updating optimizer sub-group " + std::to_string(g.id) + " at element " +
+                                         std::to_string(begin));
+      }
+    }
+  }
+  return Status::ok();
+}
+
+Status OptimizerSwapper::step(const ChunkUpdate& update) {
+  stats_ = SwapperStats{};
+  const uint64_t t_begin = now_ns();
+  if (!store_) {
+    Status s = step_host(update);
+    stats_.step_ns = now_ns() - t_begin;
+    return s;
+  }
+  struct Chunk {
+    const Group* g;
+    size_t begin, n;
+  };
+  std::vector<Chunk> chunks;
+  for (const auto& g : groups_) {
+    for (size_t b = 0; b < g.elems; b += chunk_elems_) chunks.push_back({&g, b, std::min(chunk_elems_, g.elems - b)});
+  }
+  const size_t K = opts_.states.size();
+  struct Read {
+    size_t slot;
+    io::IoHandle h;
+    uint64_t t0;
+  };
+  std::deque<Read> reads;
+  size_t next_read = 0;
+  Status err;  // first error of this thread (reads, updates)
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    write_err_ = Status::ok();
+  }
+
+  auto take_slot = [&](bool wait, size_t* slot) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (wait && free_.empty()) {
+      uint64_t t0 = now_ns();
+      cv_.wait(lock, [&] { return !free_.empty(); });
+      stats_.io_wait_ns += now_ns() - t0;
+    }
+    if (free_.empty()) return false;
+    *slot = free_.back();
+    free_.pop_back();
+    return true;
+  };
+  auto give_slot = [this](size_t slot) { release_slot(slot, Status::ok()); };
+  auto issue_read = [&](size_t slot) {
+    const Chunk& c = chunks[next_read++];
+    std::vector<io::IoRequest> reqs;
+    for (size_t k = 0; k < K; ++k) {
+      auto e = store_->extent(StateKey{c.g->id, opts_.states[k].kind});
+      uint64_t off = static_cast<uint64_t>(c.begin) * opts_.states[k].elem_bytes;
+      store_->file().map(io::IoOp::kRead, e.value().offset + off, slot_buffer(slot, k), span_bytes(c.n, k), &reqs);
+      stats_.bytes_read += span_bytes(c.n, k);
+    }
+    reads.push_back(Read{slot, store_->engine().submit(reqs), now_ns()});
+  };
+
+  std::vector<void*> ptrs(K);
+  for (size_t ci = 0; ci < chunks.size(); ++ci) {
+    // Read ahead as far as free slots allow; chunk ci itself must be on its way.
+    size_t slot;
+    while (next_read < chunks.size() && take_slot(/*wait=*/reads.empty(), &slot)) issue_read(slot);
+    Read r = reads.front();
+    reads.pop_front();
+    const Chunk& c = chunks[ci];
+    uint64_t tw = now_ns();
+    Status s = r.h->wait();
+    uint64_t tr = now_ns();
+    stats_.io_wait_ns += tr - tw;
+    if (opts_.trace) opts_.trace->record("read " + std::to_string(c.g->id) + "@" + std::to_string(c.begin), "nvme->host", r.t0, tr);
+    if (!s.is_ok()) {
+      err = std::move(s).with_context("reading optimizer sub-group " + std::to_string(c.g->id) + " at element " +
+                                      std::to_string(c.begin));
+      give_slot(r.slot);
+      break;
+    }
+    for (size_t k = 0; k < K; ++k) ptrs[k] = slot_buffer(r.slot, k);
+    uint64_t t0 = now_ns();
+    s = update(ChunkView{c.g->id, c.begin, c.n, ptrs.data()});
+    uint64_t t1 = now_ns();
+    stats_.compute_ns += t1 - t0;
+    stats_.chunks++;
+    if (opts_.trace) opts_.trace->record("update " + std::to_string(c.g->id) + "@" + std::to_string(c.begin), "compute", t0, t1);
+    if (!s.is_ok()) {
+      err = std::move(s).with_context("updating optimizer sub-group " + std::to_string(c.g->id) + " at element " +
+                                      std::to_string(c.begin));
+      give_slot(r.slot);
+      break;
+    }
+    std::vector<io::IoRequest> reqs;
+    for (size_t k = 0; k < K; ++k) {
+      if (!opts_.states[k].write_back) continue;
+      auto e = store_->extent(StateKey{c.g->id, opts_.states[k].kind});
+      uint64_t off = static_cast<uint64_t>(c.begin) * opts_.states[k].elem_bytes;
+      store_->file().map(io::IoOp::kWrite, e.value().offset + off, slot_buffer(r.slot, k), span_bytes(c.n, k), &reqs);
+      stats_.bytes_written += span_bytes(c.n, k);
+    }
+    if (reqs.empty()) {
+      give_slot(r.slot);
+      continue;
+    }
+    uint64_t tws = now_ns();
+    std::string what = std::to_string(c.g->id) + "@" + std::to_string(c.begin);
+    // The callback touches only members: step() may return as soon as the slot is back.
+    store_->engine().submit(reqs, [this, slot = r.slot, tws, what](io::IoCompletion& done) {
+      if (opts_.trace) opts_.trace->record("write " + what, "host->nvme", tws, now_ns());
+      release_slot(slot, done.status().is_ok() ? Status::ok()
+                                               : done.status().with_context("writing back optimizer sub-group chunk " + what));
+    });
+  }
+  // Nothing stays in flight: wait for the reads issued ahead and for every write-back.
+  for (auto& r : reads) {
+    (void)r.h->wait();
+    give_slot(r.slot);
+  }
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return free_.size() == slots_; });
+    if (err.is_ok()) err = write_err_;
+  }
+  stats_.step_ns = now_ns() - t_begin;
+  return err;
+}
+
+}  // namespace zoe::offload

@@ -1,0 +1,103 @@
+// OptimizerSwapper: the optimizer step as a pipeline over chunks of sub-groups whose states live
+// on NVMe: read chunk i+1 while chunk i is updated while chunk i-1 is written back. Host memory
+// is bounded by buffer_count buffers, whatever the model size; a sub-group larger than a buffer
+// is streamed through in chunks. With no SwapStore, states live in host memory and the same
+// step() runs with no I/O.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "core/trace.h"
+#include "io/buffer.h"
+#include "offload/swap_store.h"
+
+namespace zoe::offload {
+
+struct SwappedState {
+  StateKind kind = StateKind::kOther;
+  uint32_t elem_bytes = 4;  // 4 for fp32, 2 for bf16/fp16
+  bool write_back = true;   // false: read-only (gradients)
+};
+
+struct SwapperOptions {
+  std::vector<SwappedState> states;  // e.g. master params, m, v (written back) and gradients (read)
+  size_t buffer_count = 12;          // buffers in all; a pipeline slot takes one per state
+  size_t buffer_bytes = 16u << 20;   // each; a multiple of 4096
+  io::PinMode pin = io::PinMode::kLock;
+  TraceRecorder* trace = nullptr;
+};
+
+// One chunk handed to the update: elements [begin, begin + n) of group `group`; data[k] points
+// at the chunk of state k (n elements of states[k].elem_bytes each).
+struct ChunkView {
+  uint64_t group = 0;
+  size_t begin = 0;
+  size_t n = 0;
+  void* const* data = nullptr;
+};
+using ChunkUpdate = std::function<Status(const ChunkView&)>;
+
+struct SwapperStats {
+  uint64_t chunks = 0;
+  uint64_t bytes_read = 0, bytes_written = 0;
+  uint64_t step_ns = 0;
+  uint64_t compute_ns = 0;  // inside the update callback
+  uint64_t io_wait_ns = 0;  // blocked on a read or on a free slot
+};
+
+class OptimizerSwapper {
+ public:
+  // store == nullptr: states live in host memory. Errors: no states, buffer_count smaller than
+  // the number of states, buffer_bytes not a multiple of 4096, buffers that cannot be pinned.
+  static Result<std::unique_ptr<OptimizerSwapper>> create(SwapStore* store, const SwapperOptions& opts);
+  ~OptimizerSwapper();
+
+  // Registers sub-group `id` of `elems` elements: swap space (or host memory) for each state.
+  Status add_group(uint64_t id, size_t elems);
+  // Whole-state transfers for setup and checks (caller memory needs no alignment).
+  Status write_state(uint64_t id, size_t state, const void* src);
+  Status read_state(uint64_t id, size_t state, void* dst);
+
+  // One pass over every group in registration order. The first error (I/O or from `update`)
+  // stops the pass; it returns once nothing is in flight, with every buffer back in the pool.
+  Status step(const ChunkUpdate& update);
+
+  const SwapperStats& last_stats() const { return stats_; }
+  size_t slots() const { return slots_; }
+  size_t free_slots();
+  size_t chunk_elems() const { return chunk_elems_; }
+  uint64_t buffer_bytes_total() const { return pool_ ? pool_->total_bytes() : 0; }
+
+ private:
+  struct Group {
+    uint64_t id;
+    size_t elems;
+    std::vector<io::AlignedBuffer> host;  // host mode: one per state
+  };
+  OptimizerSwapper(SwapStore* store, const SwapperOptions& opts) : store_(store), opts_(opts) {}
+  Group* find(uint64_t id);
+  char* slot_buffer(size_t slot, size_t state) const;
+  size_t span_bytes(size_t n, size_t state) const;  // chunk bytes rounded up to 4096
+  Status sync_transfer(uint64_t id, size_t state, char* data, bool write);
+  Status step_host(const ChunkUpdate& update);
+  void release_slot(size_t slot, Status error);
+
+  SwapStore* store_;
+  SwapperOptions opts_;
+  std::unique_ptr<io::BufferPool> pool_;  // slots_ x states buffers
+  size_t slots_ = 0;
+  size_t chunk_elems_ = 0;
+  std::vector<Group> groups_;
+  SwapperStats stats_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<size_t> free_;  // free slots, guarded by mu_
+  Status write_err_;          // first write-back error of the current step, guarded by mu_
+};
+
+}  // namespace zoe::offload

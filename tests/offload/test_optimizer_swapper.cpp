@@ -1,0 +1,154 @@
+// OptimizerSwapper tests: bit-identical to the in-memory update, bounded buffers, faults mid-pipeline.
+#include <cmath>
+
+#include "offload/optimizer_swapper.h"
+#include "tests/offload/offload_fixture.h"
+
+namespace zoe::offload {
+namespace {
+
+// An Adam-shaped elementwise update on fp32 p, m, v with a read-only fp32 gradient. Any
+// deterministic per-element function will do: the swapper must not change a single bit.
+void adamish(float* p, float* m, float* v, const float* g, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    m[i] = 0.9f * m[i] + 0.1f * g[i];
+    v[i] = 0.999f * v[i] + 0.001f * g[i] * g[i];
+    p[i] -= 1e-3f * m[i] / (std::sqrt(v[i]) + 1e-8f);
+  }
+}
+
+std::vector<float> series(size_t n, uint32_t seed) {
+  std::vector<float> v(n);
+  uint32_t x = seed * 2654435761u + 1;
+  for (auto& f : v) {
+    x = x * 1664525u + 1013904223u;
+    f = static_cast<float>(static_cast<int32_t>(x >> 8) - (1 << 23)) / static_cast<float>(1 << 23);
+  }
+  return v;
+}
+
+SwapperOptions adam_options(size_t buffers, size_t buffer_bytes) {
+  SwapperOptions o;
+  o.states = {{StateKind::kMaster, 4, true}, {StateKind::kAdamM, 4, true}, {StateKind::kAdamV, 4, true},
+              {StateKind::kGrad, 4, false}};
+  o.buffer_count = buffers;
+  o.buffer_bytes = buffer_bytes;
+  o.pin = io::PinMode::kNone;
+  return o;
+}
+
+ChunkUpdate adam_update() {
+  return [](const ChunkView& c) {
+    adamish(static_cast<float*>(c.data[0]), static_cast<float*>(c.data[1]), static_cast<float*>(c.data[2]),
+            static_cast<const float*>(c.data[3]), c.n);
+    return Status::ok();
+  };
+}
+
+struct Case {
+  std::vector<size_t> sizes = {100003, 5000, 1, 65536};  // larger than a buffer, odd, tiny, exact
+};
+
+class SwapperTest : public testing::TestWithParam<size_t> {};  // buffer_count
+
+TEST_P(SwapperTest, BitIdenticalToInMemoryUpdate) {
+  Rig r;
+  ASSERT_TRUE(r.init(MiB(), 64 * MiB()));
+  auto sw = OptimizerSwapper::create(r.store.get(), adam_options(GetParam(), 64 * 1024));
+  ASSERT_TRUE(sw.is_ok()) << sw.status().to_string();
+  auto host = OptimizerSwapper::create(nullptr, adam_options(GetParam(), 64 * 1024));
+  ASSERT_TRUE(host.is_ok());
+  Case c;
+  std::vector<std::vector<float>> ref[4];
+  for (size_t g = 0; g < c.sizes.size(); ++g) {
+    size_t n = c.sizes[g];
+    ASSERT_TRUE(sw.value()->add_group(g, n).is_ok());
+    ASSERT_TRUE(host.value()->add_group(g, n).is_ok());
+    for (size_t k = 0; k < 4; ++k) {
+      auto v = series(n, static_cast<uint32_t>(g * 10 + k));
+      if (k == 2) {
+        for (auto& f : v) f = f * f;  // v >= 0
+      }
+      ASSERT_TRUE(sw.value()->write_state(g, k, v.data()).is_ok());
+      ASSERT_TRUE(host.value()->write_state(g, k, v.data()).is_ok());
+      ref[k].push_back(std::move(v));
+    }
+  }
+  for (int step = 0; step < 3; ++step) {
+    ASSERT_TRUE(sw.value()->step(adam_update()).is_ok());
+    ASSERT_TRUE(host.value()->step(adam_update()).is_ok());
+    for (size_t g = 0; g < c.sizes.size(); ++g) adamish(ref[0][g].data(), ref[1][g].data(), ref[2][g].data(), ref[3][g].data(), c.sizes[g]);
+  }
+  EXPECT_EQ(sw.value()->free_slots(), sw.value()->slots());
+  for (size_t g = 0; g < c.sizes.size(); ++g) {
+    for (size_t k = 0; k < 4; ++k) {
+      std::vector<float> a(c.sizes[g]), b(c.sizes[g]);
+      ASSERT_TRUE(sw.value()->read_state(g, k, a.data()).is_ok());
+      ASSERT_TRUE(host.value()->read_state(g, k, b.data()).is_ok());
+      EXPECT_EQ(test::first_mismatch(a.data(), ref[k][g].data(), a.size() * 4), -1) << "nvme group " << g << " state " << k;
+      EXPECT_EQ(test::first_mismatch(b.data(), ref[k][g].data(), b.size() * 4), -1) << "host group " << g << " state " << k;
+    }
+  }
+  const SwapperStats& st = sw.value()->last_stats();
+  EXPECT_GT(st.chunks, 8u);
+  EXPECT_GT(st.bytes_read, st.bytes_written);  // gradients are read, not written
+}
+
+INSTANTIATE_TEST_SUITE_P(BufferCounts, SwapperTest, testing::Values(4, 8, 12, 24));
+
+TEST(Swapper, TooFewBuffersIsAClearError) {
+  auto sw = OptimizerSwapper::create(nullptr, adam_options(3, 64 * 1024));
+  ASSERT_FALSE(sw.is_ok());
+  EXPECT_NE(sw.status().message().find("buffer_count 3 is smaller than the 4 optimizer states"), std::string::npos)
+      << sw.status().message();
+}
+
+void run_fault(io::FaultKind kind, io::IoOp op, uint64_t nth) {
+  Rig r;
+  ASSERT_TRUE(r.init(MiB(), 64 * MiB()));
+  auto sw = OptimizerSwapper::create(r.store.get(), adam_options(12, 64 * 1024));
+  ASSERT_TRUE(sw.is_ok());
+  ASSERT_TRUE(sw.value()->add_group(1, 300000).is_ok());
+  r.faults.add(kind, nth, 1, op);
+  Status s = sw.value()->step(adam_update());
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("optimizer sub-group"), std::string::npos) << s.message();
+  EXPECT_EQ(sw.value()->free_slots(), sw.value()->slots()) << "a buffer leaked";
+  EXPECT_EQ(r.engine->outstanding(), 0u);
+  r.faults.clear();
+  EXPECT_TRUE(sw.value()->step(adam_update()).is_ok());  // usable afterwards
+}
+
+TEST(Swapper, ReadErrorMidPipeline) { run_fault(io::FaultKind::kEio, io::IoOp::kRead, 9); }
+TEST(Swapper, WriteErrorMidPipeline) { run_fault(io::FaultKind::kEio, io::IoOp::kWrite, 7); }
+TEST(Swapper, EnospcOnWrite) { run_fault(io::FaultKind::kEnospc, io::IoOp::kWrite, 3); }
+
+TEST(Swapper, UpdateErrorStopsThePass) {
+  Rig r;
+  ASSERT_TRUE(r.init(MiB(), 64 * MiB()));
+  auto sw = OptimizerSwapper::create(r.store.get(), adam_options(12, 64 * 1024));
+  ASSERT_TRUE(sw.is_ok());
+  ASSERT_TRUE(sw.value()->add_group(1, 300000).is_ok());
+  int calls = 0;
+  Status s = sw.value()->step([&](const ChunkView& c) {
+    return ++calls == 4 ? invalid_argument("non-finite gradients") : Status::ok();
+  });
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("updating optimizer sub-group 1 at element"), std::string::npos) << s.message();
+  EXPECT_EQ(calls, 4);
+  EXPECT_EQ(sw.value()->free_slots(), sw.value()->slots());
+}
+
+TEST(Swapper, NvmeBudgetIsEnforced) {
+  Rig r;
+  ASSERT_TRUE(r.init(MiB(), 64 * MiB(), {}, /*nvme_budget=*/MiB()));
+  auto sw = OptimizerSwapper::create(r.store.get(), adam_options(12, 64 * 1024));
+  ASSERT_TRUE(sw.is_ok());
+  Status s = sw.value()->add_group(1, 100000);  // 4 states x 400 KB > 1 MiB
+  EXPECT_EQ(s.code(), StatusCode::kOutOfBudget);
+  EXPECT_NE(s.message().find("nvme tier"), std::string::npos) << s.message();
+  EXPECT_EQ(r.store->used_bytes(), 0u);  // nothing half-registered
+}
+
+}  // namespace
+}  // namespace zoe::offload
