@@ -32,6 +32,8 @@ int main(int argc, char** argv) {
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks: swap bandwidth of drives (io), ...");
   bench->require_subcommand(1);
   zoe::cli::add_bench_io_command(*bench);
+  zoe::cli::add_bench_adam_command(*bench);
+  zoe::cli::add_bench_swap_command(*bench);
 
   try {
     app.parse(argc, argv);

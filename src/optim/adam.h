@@ -150,8 +150,9 @@ Result<AdamResult> adam_full_step(AdamGroup& group, const AdamBuffers& buf, floa
                                   float max_grad_norm, const Exec& exec = {});
 
 // Memory-bound yardstick with adam_step's exact access pattern for `buf` (reads p, g, m, v;
-// writes p, m, v and param_out when set) and trivial integer arithmetic. It scrambles the
-// buffers' contents. For benchmarks (the roofline a fused kernel is measured against).
+// writes p, m, v and param_out when set) and trivial integer arithmetic (it adds a zero the
+// compiler cannot see, so p, g, m, v keep their values; param_out gets p's low 16 bits).
+// For benchmarks: the roofline a fused kernel is measured against.
 Status roofline_pass(const AdamBuffers& buf, const Exec& exec = {});
 
 }  // namespace zoe::optim

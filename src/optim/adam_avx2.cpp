@@ -96,6 +96,7 @@ struct V {
                      _mm_packus_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1)));
   }
   static R add_raw(R a, R b) { return _mm256_add_epi32(a, b); }
+  static R and_raw(R a, R b) { return _mm256_and_si256(a, b); }
   static R set1_raw(int a) { return _mm256_set1_epi32(a); }
 };
 

@@ -104,6 +104,7 @@ struct V {
     _mm256_storeu_si256(static_cast<__m256i*>(p), _mm512_cvtepi32_epi16(x));
   }
   static R add_raw(R a, R b) { return _mm512_add_epi32(a, b); }
+  static R and_raw(R a, R b) { return _mm512_and_si512(a, b); }
   static R set1_raw(int a) { return _mm512_set1_epi32(a); }
 };
 

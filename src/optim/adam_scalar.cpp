@@ -69,6 +69,7 @@ struct V {
     __builtin_memcpy(p, &y, 2);
   }
   static R add_raw(R a, R b) { return a + b; }
+  static R and_raw(R a, R b) { return a & b; }
   static R set1_raw(int a) { return static_cast<uint32_t>(a); }
 };
 
