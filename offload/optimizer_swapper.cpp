@@ -168,7 +168,7 @@ Status OptimizerSwapper::step_host(const ChunkUpdate& update) {
   return Status::ok();
 }
 
-Status OptimizerSwapper::step(const ChunkUpdate& update) {
+Status OptimizerSwapper::step(const ChunkUpdate& update, bool write_all) {
   stats_ = SwapperStats{};
   const uint64_t t_begin = now_ns();
   if (!store_) {
@@ -257,7 +257,7 @@ Status OptimizerSwapper::step(const ChunkUpdate& update) {
     }
     std::vector<io::IoRequest> reqs;
     for (size_t k = 0; k < K; ++k) {
-      if (!opts_.states[k].write_back) continue;
+      if (!opts_.states[k].write_back && !write_all) continue;
       auto e = store_->extent(StateKey{c.g->id, opts_.states[k].kind});
       uint64_t off = static_cast<uint64_t>(c.begin) * opts_.states[k].elem_bytes;
       store_->file().map(io::IoOp::kWrite, e.value().offset + off, slot_buffer(r.slot, k), span_bytes(c.n, k), &reqs);

@@ -65,7 +65,8 @@ class OptimizerSwapper {
 
   // One pass over every group in registration order. The first error (I/O or from `update`)
   // stops the pass; it returns once nothing is in flight, with every buffer back in the pool.
-  Status step(const ChunkUpdate& update);
+  // write_all: also write back the read-only states (to initialise them chunk by chunk).
+  Status step(const ChunkUpdate& update, bool write_all = false);
 
   const SwapperStats& last_stats() const { return stats_; }
   size_t slots() const { return slots_; }

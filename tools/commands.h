@@ -9,5 +9,6 @@ namespace zoe::cli {
 void add_info_command(CLI::App& app);
 void add_bench_io_command(CLI::App& bench);
 void add_bench_adam_command(CLI::App& bench);
+void add_bench_swap_command(CLI::App& bench);
 
 }  // namespace zoe::cli

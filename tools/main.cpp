@@ -33,6 +33,7 @@ int main(int argc, char** argv) {
   bench->require_subcommand(1);
   zoe::cli::add_bench_io_command(*bench);
   zoe::cli::add_bench_adam_command(*bench);
+  zoe::cli::add_bench_swap_command(*bench);
 
   try {
     app.parse(argc, argv);
