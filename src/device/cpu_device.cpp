@@ -104,7 +104,7 @@ class CpuStream final : public Stream {
   uint64_t enqueued_ = 0;
   uint64_t finished_ = 0;
   bool stopping_ = false;
-  Status error_;  // first error of enqueued work since the last synchronize()
+  Status error_;        // first error of enqueued work since the last synchronize()
   std::thread worker_;  // last: starts once everything above exists
 };
 
@@ -121,8 +121,8 @@ class CpuDevice final : public Device {
         bytes += n;
         std::free(p);
       }
-      ZOE_LOG_WARN("cpu device destroyed with %zu allocations (%s) not freed; releasing them",
-                   left.size(), format_bytes(bytes).c_str());
+      ZOE_LOG_WARN("cpu device destroyed with %zu allocations (%s) not freed; releasing them", left.size(),
+                   format_bytes(bytes).c_str());
     }
   }
 
@@ -173,9 +173,7 @@ class CpuDevice final : public Device {
   Result<std::unique_ptr<Stream>> create_stream() override {
     return std::unique_ptr<Stream>(new CpuStream(this));
   }
-  Result<std::unique_ptr<Event>> create_event() override {
-    return std::unique_ptr<Event>(new CpuEvent());
-  }
+  Result<std::unique_ptr<Event>> create_event() override { return std::unique_ptr<Event>(new CpuEvent()); }
 
   Status copy_to_device(void* dst_device, const void* src_host, size_t bytes) override {
     if (bytes == 0) return Status::ok();
@@ -196,8 +194,10 @@ class CpuDevice final : public Device {
   // pointers passed as device pointers and copies running off the end, as a GPU would.
   Status check_device_range(const char* what, const void* p, size_t bytes) const {
     if (ledger_.contains(p, bytes)) return Status::ok();
-    return invalid_argument("cpu device: %s [%p, +%zu bytes) is not inside a live allocation of "
-                            "this device", what, p, bytes);
+    return invalid_argument(
+        "cpu device: %s [%p, +%zu bytes) is not inside a live allocation of "
+        "this device",
+        what, p, bytes);
   }
   static Status check_host_pointer(const char* what, const void* p, size_t bytes) {
     if (p != nullptr) return Status::ok();
@@ -225,7 +225,8 @@ CpuStream::~CpuStream() {
   }
   work_cv_.notify_one();
   worker_.join();
-  if (!error_.is_ok()) ZOE_LOG_WARN("cpu stream destroyed with an unreported error: %s", error_.to_string().c_str());
+  if (!error_.is_ok())
+    ZOE_LOG_WARN("cpu stream destroyed with an unreported error: %s", error_.to_string().c_str());
   dev_->stream_destroyed();
 }
 
@@ -266,8 +267,8 @@ void CpuStream::run() {
   }
 }
 
-Status CpuStream::copy(const char* op, void* dst, const void* src, size_t bytes,
-                       bool dst_on_device, bool src_on_device) {
+Status CpuStream::copy(const char* op, void* dst, const void* src, size_t bytes, bool dst_on_device,
+                       bool src_on_device) {
   if (bytes == 0) return Status::ok();
   ZOE_RETURN_IF_ERROR_CTX(dst_on_device ? dev_->check_device_range("destination", dst, bytes)
                                         : CpuDevice::check_host_pointer("destination", dst, bytes),
@@ -304,7 +305,8 @@ Status CpuStream::record(Event& e) {
 
 Status CpuStream::wait_event(Event& e) {
   auto* ce = dynamic_cast<CpuEvent*>(&e);
-  if (ce == nullptr) return invalid_argument("cpu stream: wait_event on an event from another kind of device");
+  if (ce == nullptr)
+    return invalid_argument("cpu stream: wait_event on an event from another kind of device");
   std::shared_ptr<Marker> m = ce->latest();
   if (!m || m->is_set()) return Status::ok();
   push([m = std::move(m)] { m->wait(); });

@@ -23,12 +23,13 @@ namespace {
 // (invalid argument)". Running out of device memory is kOutOfBudget, the rest kIoError.
 Status cuda_error(const char* call, cudaError_t err) {
   StatusCode code = err == cudaErrorMemoryAllocation ? StatusCode::kOutOfBudget : StatusCode::kIoError;
-  return Status(code, std::string(call) + ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
+  return Status(code,
+                std::string(call) + ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
 }
 
-#define ZOE_CUDA_TRY(call)                                    \
-  do {                                                        \
-    cudaError_t zoe_cuda_err_ = (call);                       \
+#define ZOE_CUDA_TRY(call)                                                     \
+  do {                                                                         \
+    cudaError_t zoe_cuda_err_ = (call);                                        \
     if (zoe_cuda_err_ != cudaSuccess) return cuda_error(#call, zoe_cuda_err_); \
   } while (0)
 
@@ -63,7 +64,8 @@ class CudaEvent final : public Event {
     CurrentDevice cur(ordinal_);
     cudaError_t err = cudaEventQuery(ev_);
     if (err == cudaErrorNotReady) return false;
-    if (err != cudaSuccess) ZOE_LOG_WARN("cudaEventQuery: %s (%s)", cudaGetErrorName(err), cudaGetErrorString(err));
+    if (err != cudaSuccess)
+      ZOE_LOG_WARN("cudaEventQuery: %s (%s)", cudaGetErrorName(err), cudaGetErrorString(err));
     return true;
   }
   Status synchronize() override {
@@ -92,7 +94,8 @@ class CudaStream final : public Stream {
     return copy("cudaMemcpyAsync (device to host)", dst_host, src_device, bytes, cudaMemcpyDeviceToHost);
   }
   Status copy_d2d(void* dst_device, const void* src_device, size_t bytes) override {
-    return copy("cudaMemcpyAsync (device to device)", dst_device, src_device, bytes, cudaMemcpyDeviceToDevice);
+    return copy("cudaMemcpyAsync (device to device)", dst_device, src_device, bytes,
+                cudaMemcpyDeviceToDevice);
   }
   Status enqueue_host(std::function<void()> fn) override;
   Status record(Event& e) override;
@@ -171,8 +174,9 @@ class CudaDevice final : public Device {
     Result<void*> p = allocate_reserved(bytes);
     if (!p.is_ok()) {
       ledger_.release(bytes);
-      return p.status().with_context("allocating " + std::to_string(bytes) + " bytes (" + format_bytes(bytes) +
-                                     ") on device " + name_ + " with " + std::to_string(ledger_.used()) + " of " +
+      return p.status().with_context("allocating " + std::to_string(bytes) + " bytes (" +
+                                     format_bytes(bytes) + ") on device " + name_ + " with " +
+                                     std::to_string(ledger_.used()) + " of " +
                                      std::to_string(ledger_.budget()) + " budget bytes in use");
     }
     ledger_.insert(*p, bytes);
@@ -185,7 +189,9 @@ class CudaDevice final : public Device {
     ZOE_CHECK_MSG(bytes.has_value(), "%s: free(%p) of memory it did not allocate", name_.c_str(), p);
     CurrentDevice cur(ordinal_);
     cudaError_t err = cudaFreeAsync(p, internal_);
-    if (err != cudaSuccess) ZOE_LOG_WARN("%s: cudaFreeAsync: %s (%s)", name_.c_str(), cudaGetErrorName(err), cudaGetErrorString(err));
+    if (err != cudaSuccess)
+      ZOE_LOG_WARN("%s: cudaFreeAsync: %s (%s)", name_.c_str(), cudaGetErrorName(err),
+                   cudaGetErrorString(err));
     ledger_.release(*bytes);
   }
 
@@ -258,10 +264,13 @@ CudaStream::~CudaStream() {
   {
     CurrentDevice cur(ordinal_);
     cudaError_t err = cudaStreamSynchronize(s_);
-    if (err != cudaSuccess) ZOE_LOG_WARN("cuda stream destroyed after an error: cudaStreamSynchronize: %s (%s)", cudaGetErrorName(err), cudaGetErrorString(err));
+    if (err != cudaSuccess)
+      ZOE_LOG_WARN("cuda stream destroyed after an error: cudaStreamSynchronize: %s (%s)",
+                   cudaGetErrorName(err), cudaGetErrorString(err));
     (void)cudaStreamDestroy(s_);
   }
-  if (!error_.is_ok()) ZOE_LOG_WARN("cuda stream destroyed with an unreported error: %s", error_.to_string().c_str());
+  if (!error_.is_ok())
+    ZOE_LOG_WARN("cuda stream destroyed with an unreported error: %s", error_.to_string().c_str());
   dev_->stream_destroyed();
 }
 
@@ -269,7 +278,8 @@ Status CudaStream::copy(const char* call, void* dst, const void* src, size_t byt
   if (bytes == 0) return Status::ok();
   CurrentDevice cur(ordinal_);
   cudaError_t err = cudaMemcpyAsync(dst, src, bytes, kind, s_);
-  if (err != cudaSuccess) return cuda_error(call, err).with_context("copying " + std::to_string(bytes) + " bytes");
+  if (err != cudaSuccess)
+    return cuda_error(call, err).with_context("copying " + std::to_string(bytes) + " bytes");
   return Status::ok();
 }
 
@@ -316,7 +326,8 @@ Status CudaStream::record(Event& e) {
 
 Status CudaStream::wait_event(Event& e) {
   auto* ce = dynamic_cast<CudaEvent*>(&e);
-  if (ce == nullptr) return invalid_argument("cuda stream: wait_event on an event from another kind of device");
+  if (ce == nullptr)
+    return invalid_argument("cuda stream: wait_event on an event from another kind of device");
   CurrentDevice cur(ordinal_);
   ZOE_CUDA_TRY(cudaStreamWaitEvent(s_, ce->handle(), 0));
   return Status::ok();
@@ -364,7 +375,9 @@ int cuda_device_count(std::string* why) {
   int n = 0;
   cudaError_t err = cudaGetDeviceCount(&n);
   if (err != cudaSuccess) {
-    if (why) *why = std::string("cudaGetDeviceCount: ") + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")";
+    if (why)
+      *why =
+          std::string("cudaGetDeviceCount: ") + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")";
     (void)cudaGetLastError();
     return 0;
   }

@@ -39,8 +39,10 @@ class Event {
 // In-order queue of work. Methods are thread-safe; work runs in the order it was enqueued
 // (from one thread; across threads, in the order the calls returned).
 // Pointers handed to copies must stay valid until the stream has run the copy. Copies of 0 bytes
-// are no-ops. Errors of enqueued work (a failed copy, an exception escaping a host function)
-// surface at the next synchronize() of this stream.
+// are no-ops. Host memory should be pinned (io::PinMode::kDevice) for copies to be asynchronous
+// on CUDA: with pageable memory the call may wait until the stream reaches the copy, so never
+// enqueue a pageable copy behind a host function that waits for the caller. Errors of enqueued work (a failed
+// copy, an exception escaping a host function) surface at the next synchronize() of this stream.
 class Stream {
  public:
   virtual ~Stream() = default;  // waits for queued work, then releases the stream

@@ -57,7 +57,7 @@ std::vector<std::pair<void*, uint64_t>> MemoryLedger::take_all() {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<std::pair<void*, uint64_t>> all;
   for (auto& [addr, bytes] : live_) {
-    all.emplace_back(reinterpret_cast<void*>(addr), bytes);
+    all.emplace_back(reinterpret_cast<void*>(addr), bytes);  // NOLINT(performance-no-int-to-ptr)
     used_ -= bytes;
   }
   live_.clear();

@@ -20,15 +20,15 @@ namespace {
 using test::first_mismatch;
 using test::random_bytes;
 
-#define ASSERT_OK(expr)                                  \
-  do {                                                   \
-    ::zoe::Status zoe_s_ = (expr);                       \
-    ASSERT_TRUE(zoe_s_.is_ok()) << zoe_s_.to_string();   \
+#define ASSERT_OK(expr)                                \
+  do {                                                 \
+    ::zoe::Status zoe_s_ = (expr);                     \
+    ASSERT_TRUE(zoe_s_.is_ok()) << zoe_s_.to_string(); \
   } while (0)
-#define EXPECT_OK(expr)                                  \
-  do {                                                   \
-    ::zoe::Status zoe_s_ = (expr);                       \
-    EXPECT_TRUE(zoe_s_.is_ok()) << zoe_s_.to_string();   \
+#define EXPECT_OK(expr)                                \
+  do {                                                 \
+    ::zoe::Status zoe_s_ = (expr);                     \
+    EXPECT_TRUE(zoe_s_.is_ok()) << zoe_s_.to_string(); \
   } while (0)
 
 constexpr uint64_t kBudget = 4ull << 20;
@@ -69,7 +69,8 @@ class DeviceTest : public testing::TestWithParam<Backend> {
   void SetUp() override {
     if (GetParam() == Backend::kCuda) {
       std::string why;
-      if (cuda_device_count(&why) == 0) GTEST_SKIP() << "no CUDA device to compare with the CPU device: " << why;
+      if (cuda_device_count(&why) == 0)
+        GTEST_SKIP() << "no CUDA device to compare with the CPU device: " << why;
     }
     dev_ = make_device(kBudget);
     ASSERT_NE(dev_, nullptr);
@@ -121,8 +122,10 @@ TEST_P(DeviceTest, BudgetFillsExactlyAndOneByteOverFailsWithAClearMessage) {
   EXPECT_EQ(over.status().code(), StatusCode::kOutOfBudget) << msg;
   EXPECT_NE(msg.find("device"), std::string::npos) << msg;
   EXPECT_NE(msg.find("1001 bytes"), std::string::npos) << "names the request: " << msg;
-  EXPECT_NE(msg.find(std::to_string(kBudget - 1000) + " bytes"), std::string::npos) << "names the bytes in use: " << msg;
-  EXPECT_NE(msg.find(std::to_string(kBudget) + "-byte budget"), std::string::npos) << "names the budget: " << msg;
+  EXPECT_NE(msg.find(std::to_string(kBudget - 1000) + " bytes"), std::string::npos)
+      << "names the bytes in use: " << msg;
+  EXPECT_NE(msg.find(std::to_string(kBudget) + "-byte budget"), std::string::npos)
+      << "names the budget: " << msg;
   EXPECT_EQ(dev_->used_bytes(), kBudget - 1000) << "a failed allocation takes nothing";
 
   void* c = alloc(1000);  // free returned the capacity
@@ -304,7 +307,7 @@ TEST_P(DeviceTest, ThreadsEnqueueingOnOneStreamKeepTheirOwnOrder) {
   }
   for (auto& t : threads) t.join();
   ASSERT_OK(s->synchronize());
-  ASSERT_EQ(seq.size(), size_t{kThreads * kPer});
+  ASSERT_EQ(seq.size(), size_t{kThreads} * kPer);
   std::vector<int> next(kThreads, 0);
   for (auto [t, k] : seq) ASSERT_EQ(k, next[t]++) << "thread " << t;
 }
@@ -391,7 +394,7 @@ TEST_P(DeviceTest, DestroyingAStreamDrainsQueuedWork) {
   std::atomic<int> ran{0};
   std::vector<uint64_t> src(kN), out(kN, 0);
   for (int i = 0; i < kN; ++i) src[i] = 0x1234567800000000ull + static_cast<uint64_t>(i);
-  auto* d = static_cast<uint64_t*>(alloc(kN * 8));
+  auto* d = static_cast<uint64_t*>(alloc(size_t{kN} * 8));
   {
     auto s = stream();
     for (int i = 0; i < kN; ++i) {
@@ -404,7 +407,7 @@ TEST_P(DeviceTest, DestroyingAStreamDrainsQueuedWork) {
     }
   }  // destroyed with most of the work still queued
   EXPECT_EQ(ran.load(), kN);
-  EXPECT_EQ(first_mismatch(out.data(), src.data(), kN * 8), -1);
+  EXPECT_EQ(first_mismatch(out.data(), src.data(), size_t{kN} * 8), -1);
   dev_->free(d);
 }
 
@@ -418,23 +421,27 @@ TEST_P(DeviceTest, DestroyingTheDeviceReleasesForgottenAllocations) {
 
 TEST_P(DeviceTest, FreeAfterReturnsTheBudgetWhenTheStreamPassesIt) {
   auto s = stream();
-  void* p = alloc(kBudget);
-  ASSERT_NE(p, nullptr);
-  std::vector<unsigned char> out(4096);
+  const size_t kKeep = 4096;
+  void* p = alloc(kBudget - kKeep);
+  void* q = alloc(kKeep);
+  ASSERT_TRUE(p && q);
   auto gate = std::make_shared<Gate>();
   GateOpener opener{gate};
   ASSERT_OK(s->enqueue_host([gate] { gate->wait(); }));
-  ASSERT_OK(s->copy_d2h(out.data(), p, out.size()));
+  // Device to device: with pageable host memory a CUDA copy may wait for the (blocked) stream.
+  ASSERT_OK(s->copy_d2d(q, p, kKeep));
   ASSERT_OK(dev_->free_after(*s, p));
   std::this_thread::sleep_for(std::chrono::milliseconds(10));
   EXPECT_EQ(dev_->used_bytes(), kBudget) << "the bytes stay counted while queued work may use them";
   EXPECT_FALSE(dev_->allocate(1).is_ok());
   gate->open();
   ASSERT_OK(s->synchronize());
-  EXPECT_EQ(dev_->used_bytes(), 0u);
-  auto again = dev_->allocate(kBudget);
+  EXPECT_EQ(dev_->used_bytes(), kKeep);
+  EXPECT_EQ(dev_->high_water_bytes(), kBudget);
+  auto again = dev_->allocate(kBudget - kKeep);
   ASSERT_TRUE(again.is_ok()) << again.status().to_string();
   dev_->free(*again);
+  dev_->free(q);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, DeviceTest, testing::Values(Backend::kCpu, Backend::kCuda),
@@ -464,6 +471,25 @@ TEST(CpuDevice, CopiesOutsideDeviceMemoryAreRejected) {
   EXPECT_OK((*s)->synchronize());
   (*dev)->free(*p);
   s->reset();
+}
+
+TEST(CpuDevice, ProgrammingErrorsAbortWithTheReason) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        auto dev = create_cpu_device(kBudget);
+        int not_device_memory = 0;
+        (*dev)->free(&not_device_memory);
+      },
+      "did not allocate");
+  EXPECT_DEATH(
+      {
+        auto dev = create_cpu_device(kBudget);
+        auto s = (*dev)->create_stream();
+        (void)std::move(s).value().release();  // the stream outlives its device
+        dev->reset();
+      },
+      "streams are alive");
 }
 
 TEST(CpuDevice, ZeroBudgetIsRejected) {
