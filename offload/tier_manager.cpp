@@ -126,7 +126,36 @@ Result<std::unique_ptr<TierManager>> TierManager::create(const TierManagerOption
   return m;
 }
 
+// Stream host functions may not call the device API (CUDA forbids it), yet finishing a move
+// frees device memory and starts the next copy. They hand the work to this thread instead.
+Status TierManager::after(device::Stream& s, std::function<void()> fn) {
+  return s.enqueue_host([this, fn = std::move(fn)]() mutable { post(std::move(fn)); });
+}
+
+void TierManager::post(std::function<void()> fn) {
+  {
+    std::lock_guard<std::mutex> lock(post_mu_);
+    posted_.push_back(std::move(fn));
+  }
+  post_cv_.notify_one();
+}
+
+void TierManager::run_posted() {
+  for (;;) {
+    std::function<void()> fn;
+    {
+      std::unique_lock<std::mutex> lock(post_mu_);
+      post_cv_.wait(lock, [&] { return post_stop_ || !posted_.empty(); });
+      if (posted_.empty()) return;
+      fn = std::move(posted_.front());
+      posted_.pop_front();
+    }
+    fn();
+  }
+}
+
 Status TierManager::init() {
+  poster_ = std::thread([this] { run_posted(); });
   if (opts_.staging_bytes == 0 || opts_.staging_bytes % 4096) {
     return invalid_argument("tier manager: staging buffer size %zu is not a positive multiple of 4096", opts_.staging_bytes);
   }
@@ -158,6 +187,12 @@ Status TierManager::init() {
 
 TierManager::~TierManager() {
   (void)drain();
+  {
+    std::lock_guard<std::mutex> lock(post_mu_);
+    post_stop_ = true;
+  }
+  post_cv_.notify_all();
+  if (poster_.joinable()) poster_.join();
   if (h2d_) (void)h2d_->synchronize();
   if (d2h_) (void)d2h_->synchronize();
   std::lock_guard<std::mutex> lock(mu_);
@@ -446,7 +481,7 @@ void TierManager::start_writeback_locked(Item* it, Tier tier, bool drop) {
   if (it->home == Tier::kHost) {
     Status s = d2h_->copy_d2h(it->c[T(Tier::kHost)].ptr, c.ptr, it->alloc);
     if (s.is_ok()) {
-      s = d2h_->enqueue_host([this, it, kind, t0] { finish_move(it, Tier::kDevice, Status::ok(), kind, -1, kDeviceHost, t0); });
+      s = after(*d2h_, [this, it, kind, t0] { finish_move(it, Tier::kDevice, Status::ok(), kind, -1, kDeviceHost, t0); });
     }
     if (!s.is_ok()) fail_async(it, Tier::kDevice, s, kind, -1, kDeviceHost, t0);
     return;
@@ -463,7 +498,7 @@ void TierManager::start_writeback_locked(Item* it, Tier tier, bool drop) {
     with_staging([this, it, dev, off, len, pieces](char* buf) {
       Status s = d2h_->copy_d2h(buf, dev + off, len);
       if (s.is_ok()) {
-        s = d2h_->enqueue_host([this, it, off, len, buf, pieces] {
+        s = after(*d2h_, [this, it, off, len, buf, pieces] {
           opts_.nvme->write(it->key(), off, buf, len, [this, buf, pieces](io::IoCompletion& done) {
             release_staging(buf);
             pieces->finish(done.status());
@@ -499,7 +534,7 @@ bool TierManager::start_load_locked(std::unique_lock<std::mutex>& lock, Item* it
         d.pins++;
         Status s = d2h_->copy_d2h(c.ptr, d.ptr, it->alloc);
         if (s.is_ok()) {
-          s = d2h_->enqueue_host([this, it, t0] {
+          s = after(*d2h_, [this, it, t0] {
             finish_move(it, Tier::kHost, Status::ok(), MoveKind::kLoad, T(Tier::kDevice), kDeviceHost, t0);
           });
         }
@@ -522,7 +557,7 @@ bool TierManager::start_load_locked(std::unique_lock<std::mutex>& lock, Item* it
       h.pins++;
       Status s = h2d_->copy_h2d(c.ptr, h.ptr, it->alloc);
       if (s.is_ok()) {
-        s = h2d_->enqueue_host([this, it, t0] {
+        s = after(*h2d_, [this, it, t0] {
           finish_move(it, Tier::kDevice, Status::ok(), MoveKind::kLoad, T(Tier::kHost), kHostDevice, t0);
         });
       }
@@ -543,7 +578,7 @@ bool TierManager::start_load_locked(std::unique_lock<std::mutex>& lock, Item* it
           Status s = done.status();
           if (s.is_ok()) s = h2d_->copy_h2d(dev + off, buf, len);
           if (s.is_ok()) {
-            s = h2d_->enqueue_host([this, buf, pieces] {
+            s = after(*h2d_, [this, buf, pieces] {
               release_staging(buf);
               pieces->finish(Status::ok());
             });

@@ -20,6 +20,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -154,6 +155,11 @@ class TierManager {
   // Synchronous copy between caller memory and the item's nvme home through a staging buffer.
   Status nvme_sync_locked(Item* it, char* data, bool write);
 
+  // Runs fn on the poster thread once the stream reaches this point.
+  Status after(device::Stream& s, std::function<void()> fn);
+  void post(std::function<void()> fn);
+  void run_posted();
+
   // Staging buffers: jobs wait in a queue for a free buffer.
   void with_staging(std::function<void(char*)> job);
   void release_staging(char* buf);
@@ -164,6 +170,12 @@ class TierManager {
   std::mutex staging_mu_;
   std::vector<char*> staging_free_;
   std::deque<std::function<void(char*)>> staging_wait_;
+
+  std::thread poster_;
+  std::mutex post_mu_;
+  std::condition_variable post_cv_;
+  std::deque<std::function<void()>> posted_;
+  bool post_stop_ = false;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
