@@ -33,7 +33,7 @@ struct BenchSwapOpts {
   std::string buffer_size = "16MiB";
   std::string grad_dtype = "bf16";
   int threads = 0;
-  int repeats = 3;
+  int repeats = 5;
   uint32_t qd = 32;
   std::string trace;
   bool json = false;
@@ -159,15 +159,25 @@ void run(const BenchSwapOpts& o) {
   };
   auto noop = [](const offload::ChunkView&) { return Status::ok(); };
 
-  // Compute alone: the same chunks from memory (one chunk's worth of states, reused).
+  // Compute alone: the same chunks from memory. Four chunk-sized sets of states, used in turn,
+  // are far larger than any cache, so this streams from DRAM as a real in-memory step would,
+  // while host memory stays independent of --params.
   const size_t ce = sw->chunk_elems();
-  std::vector<float> mp(ce, 0.01f), mm(ce, 0.0f), mv(ce, 0.0f);
-  std::vector<char> mg(ce * dtype_size(gdt), 0);
+  constexpr int kSets = 4;
+  std::vector<std::vector<float>> mp(kSets), mm(kSets), mv(kSets);
+  std::vector<std::vector<char>> mg(kSets);
+  for (int k = 0; k < kSets; ++k) {
+    mp[k].assign(ce, 0.01f);
+    mm[k].assign(ce, 0.0f);
+    mv[k].assign(ce, 0.0f);
+    mg[k].assign(ce * dtype_size(gdt), 1);
+  }
   auto compute_only = [&]() {
     uint64_t t0 = now_ns();
+    int k = 0;
     for (size_t gs : group_sizes) {
-      for (size_t b = 0; b < gs; b += ce) {
-        void* data[4] = {mp.data(), mm.data(), mv.data(), mg.data()};
+      for (size_t b = 0; b < gs; b += ce, k = (k + 1) % kSets) {
+        void* data[4] = {mp[k].data(), mm[k].data(), mv[k].data(), mg[k].data()};
         Status s = adam(offload::ChunkView{0, b, std::min(ce, gs - b), data});
         if (!s.is_ok()) fail(s);
       }
@@ -175,7 +185,7 @@ void run(const BenchSwapOpts& o) {
     return static_cast<double>(now_ns() - t0) * 1e-9;
   };
 
-  std::vector<double> t_step, t_io, t_comp;
+  std::vector<double> t_step, t_io, t_comp, overlaps;
   offload::SwapperStats last{};
   for (int r = 0; r < o.repeats; ++r) {
     progress.update(fmt("repeat %d/%d: optimizer step (states on NVMe)", r + 1, o.repeats));
@@ -195,10 +205,12 @@ void run(const BenchSwapOpts& o) {
     t_io.push_back(static_cast<double>(sw->last_stats().step_ns) * 1e-9);
     progress.update(fmt("repeat %d/%d: compute only", r + 1, o.repeats));
     t_comp.push_back(compute_only());
+    // The disk's speed drifts: compare each step with the I/O pass measured right after it.
+    overlaps.push_back(std::max(t_io.back(), t_comp.back()) / t_step.back());
   }
   progress.done();
   double ts = median(t_step), ti = median(t_io), tc = median(t_comp);
-  double overlap = ts > 0 ? std::max(ti, tc) / ts : 0;
+  double overlap = median(overlaps);
   uint64_t rss = peak_rss_bytes();
   double io_gbps = ts > 0 ? static_cast<double>(last.bytes_read + last.bytes_written) / ts * 1e-9 : 0;
   json j = {{"params", n},
@@ -215,6 +227,7 @@ void run(const BenchSwapOpts& o) {
             {"t_io_only", ti},
             {"t_compute_only", tc},
             {"overlap", overlap},
+            {"overlap_all", overlaps},
             {"target_overlap", 0.90},
             {"bytes_read", last.bytes_read},
             {"bytes_written", last.bytes_written},
@@ -236,7 +249,7 @@ void run(const BenchSwapOpts& o) {
          format_bytes(last.bytes_read).c_str(), format_bytes(last.bytes_written).c_str(), io_gbps);
   printf("t_io_only       %8.3f s\n", ti);
   printf("t_compute_only  %8.3f s\n", tc);
-  printf("overlap         %8.3f     max(t_io_only, t_compute_only) / t_step; target >= 0.90: %s\n", overlap,
+  printf("overlap         %8.3f     median over repeats of max(t_io_only, t_compute_only) / t_step; target >= 0.90: %s\n", overlap,
          overlap >= 0.90 ? "OK" : "BELOW");
   printf("peak RSS        %s  (buffers %s)\n", format_bytes(rss).c_str(), format_bytes(sw->buffer_bytes_total()).c_str());
 }

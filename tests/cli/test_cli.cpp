@@ -126,6 +126,28 @@ TEST(Cli, BadInputGetsClearErrors) {
   EXPECT_NE(r.rc, 0);
 }
 
+TEST(Cli, BenchSwapJson) {
+  zoe::test::ScratchDir d("swap");
+  CmdResult r = zoe("bench swap --json --params 3M --sub-group 1M --buffer-size 1MiB --buffers 8 --repeats 1 --path " +
+                    d.path());
+  ASSERT_EQ(r.rc, 0) << r.err;
+  json j = json::parse(r.out);
+  for (const char* k : {"t_step", "t_io_only", "t_compute_only", "overlap", "peak_rss_bytes", "bytes_read", "bytes_written"}) {
+    EXPECT_TRUE(j.contains(k)) << k;
+  }
+  EXPECT_EQ(j["params"], 3000000);
+  EXPECT_EQ(j["groups"], 3);
+  // p, m, v and bf16 gradients are read; p, m, v written (rounded up to whole 4 KiB blocks).
+  EXPECT_GE(j["bytes_read"].get<uint64_t>(), 3000000ull * 14);
+  EXPECT_GE(j["bytes_written"].get<uint64_t>(), 3000000ull * 12);
+  EXPECT_LT(j["bytes_written"].get<uint64_t>(), j["bytes_read"].get<uint64_t>());
+  EXPECT_GT(j["t_step"].get<double>(), 0.0);
+  EXPECT_FALSE(std::filesystem::exists(d.file("zoe-bench-swap.0.swap")));  // removed afterwards
+  r = zoe("bench swap --params 1M --buffers 3 --path " + d.path());
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("buffer_count 3"), std::string::npos) << r.err;
+}
+
 TEST(Cli, BenchIoFullDisk) {
   zoe::test::ScratchMount m("tmpfs", "size=2m");
   if (!m.ok()) GTEST_SKIP() << "cannot mount tmpfs";
