@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "io/buffer.h"
+#include "tests/util/test_util.h"
 
 namespace zoe::io {
 namespace {
@@ -48,31 +49,12 @@ TEST(AlignedBuffer, MemlockLimitMessageExplainsWhatToDo) {
 #if defined(__SANITIZE_ADDRESS__)
   GTEST_SKIP() << "AddressSanitizer turns mlock into a no-op";
 #endif
-  int pipefd[2];
-  ASSERT_EQ(pipe(pipefd), 0);
-  pid_t pid = fork();
-  if (pid == 0) {
-    close(pipefd[0]);
+  std::string got = test::run_in_child([] {
     struct rlimit lim = {64 * 1024, 64 * 1024};
-    std::string out;
-    if (!drop_ipc_lock() || setrlimit(RLIMIT_MEMLOCK, &lim) != 0) {
-      out = "SKIP";
-    } else {
-      auto b = AlignedBuffer::allocate(16 << 20, PinMode::kLock);
-      out = b.is_ok() ? "OK" : b.status().to_string();
-    }
-    ssize_t w = write(pipefd[1], out.data(), out.size());
-    (void)w;
-    _exit(0);
-  }
-  close(pipefd[1]);
-  std::string got;
-  char buf[4096];
-  ssize_t n;
-  while ((n = read(pipefd[0], buf, sizeof(buf))) > 0) got.append(buf, static_cast<size_t>(n));
-  close(pipefd[0]);
-  int st;
-  waitpid(pid, &st, 0);
+    if (!drop_ipc_lock() || setrlimit(RLIMIT_MEMLOCK, &lim) != 0) return std::string("SKIP");
+    auto b = AlignedBuffer::allocate(16 << 20, PinMode::kLock);
+    return b.is_ok() ? std::string("OK") : b.status().to_string();
+  });
   if (got == "SKIP") GTEST_SKIP() << "cannot drop CAP_IPC_LOCK here";
   EXPECT_NE(got.find("permission denied"), std::string::npos) << got;
   EXPECT_NE(got.find("ulimit -l"), std::string::npos) << got;

@@ -354,11 +354,7 @@ namespace {
 // Runs fn in a child process under a seccomp filter that refuses io_uring_setup with EPERM, as
 // container runtimes do; returns what fn wrote, or "SKIP" when seccomp is unavailable.
 std::string under_uring_seccomp(const std::function<std::string()>& fn) {
-  int pipefd[2];
-  if (pipe(pipefd) != 0) return "pipe failed";
-  pid_t pid = fork();
-  if (pid == 0) {
-    close(pipefd[0]);
+  return test::run_in_child([&] {
     sock_filter filter[] = {
         BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
         BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_io_uring_setup, 0, 1),
@@ -366,25 +362,11 @@ std::string under_uring_seccomp(const std::function<std::string()>& fn) {
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
     };
     sock_fprog prog = {static_cast<unsigned short>(sizeof(filter) / sizeof(filter[0])), filter};
-    std::string out;
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0) {
-      out = "SKIP";
-    } else {
-      out = fn();
+      return std::string("SKIP");
     }
-    ssize_t w = write(pipefd[1], out.data(), out.size());
-    (void)w;
-    _exit(0);
-  }
-  close(pipefd[1]);
-  std::string got;
-  char buf[1024];
-  ssize_t n;
-  while ((n = read(pipefd[0], buf, sizeof(buf))) > 0) got.append(buf, static_cast<size_t>(n));
-  close(pipefd[0]);
-  int st;
-  waitpid(pid, &st, 0);
-  return got;
+    return fn();
+  });
 }
 
 TEST(IoEngine, FallsBackToThreadsUnderSeccomp) {

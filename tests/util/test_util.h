@@ -2,12 +2,14 @@
 #pragma once
 
 #include <sys/mount.h>
+#include <sys/wait.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <cstring>
 #include <random>
 #include <string>
@@ -64,6 +66,30 @@ inline std::vector<unsigned char> random_bytes(size_t n, uint64_t seed) {
   }
   for (; i < n; ++i) v[i] = static_cast<unsigned char>(rng());
   return v;
+}
+
+// Runs fn in a forked child (for tests that drop capabilities or install seccomp filters, which
+// cannot be undone) and returns the string it produced.
+inline std::string run_in_child(const std::function<std::string()>& fn) {
+  int pipefd[2];
+  if (pipe(pipefd) != 0) return "pipe failed";
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(pipefd[0]);
+    std::string out = fn();
+    ssize_t w = write(pipefd[1], out.data(), out.size());
+    (void)w;
+    _exit(0);
+  }
+  close(pipefd[1]);
+  std::string got;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(pipefd[0], buf, sizeof(buf))) > 0) got.append(buf, static_cast<size_t>(n));
+  close(pipefd[0]);
+  int st;
+  waitpid(pid, &st, 0);
+  return got;
 }
 
 // Index of the first differing byte, or -1.
