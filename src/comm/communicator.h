@@ -1,0 +1,69 @@
+// Communicator: the collectives ZeRO needs (all_gather, reduce_scatter, all_reduce, broadcast,
+// barrier), asynchronous to the caller and run in submission order on the communicator's own
+// stream (a worker thread for LocalComm and MpiComm, a CUDA stream for NcclComm).
+//
+// Buffers: LocalComm and MpiComm take host memory (CpuDevice memory is host memory); NcclComm
+// takes device memory. Every buffer must stay valid until the handle is ready.
+// Counts are in elements. For all_gather and reduce_scatter, `count` is the per-rank part:
+//   all_gather:     send[count]             -> recv[count * size]   (rank r's part at r*count)
+//   reduce_scatter: send[count * size]      -> recv[count]          (rank r gets part r)
+// Sums of bf16/fp16 are accumulated in fp32 and rounded once (round to nearest even).
+// Results are deterministic for a given world size: the same inputs give the same bits.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "zoe/status.h"
+
+namespace zoe::comm {
+
+enum class CommType : uint8_t { kF32, kF16, kBF16, kF64, kU8, kI64 };
+enum class ReduceOp : uint8_t { kSum, kMax };
+size_t comm_type_size(CommType t);
+const char* comm_type_name(CommType t);
+
+// Completion of one collective. Copyable; wait() may be called from any thread, many times.
+class CommHandle {
+ public:
+  struct State;
+  CommHandle() = default;
+  explicit CommHandle(std::shared_ptr<State> s) : s_(std::move(s)) {}
+  Status wait() const;  // an empty handle is ready and OK
+  bool ready() const;
+  const std::shared_ptr<State>& state() const { return s_; }
+
+ private:
+  std::shared_ptr<State> s_;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;  // waits for queued collectives
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual int local_rank() const = 0;  // rank among the processes of this node (GPU choice)
+  virtual const char* backend() const = 0;  // "local", "mpi", "nccl"
+
+  virtual CommHandle all_gather(const void* send, void* recv, size_t count, CommType type) = 0;
+  virtual CommHandle reduce_scatter(const void* send, void* recv, size_t count, CommType type, ReduceOp op) = 0;
+  virtual CommHandle all_reduce(const void* send, void* recv, size_t count, CommType type, ReduceOp op) = 0;
+  virtual CommHandle broadcast(void* buf, size_t count, CommType type, int root) = 0;
+  // Blocking; also waits for everything queued before it on this communicator.
+  virtual Status barrier() = 0;
+};
+
+// One rank: copies (send -> recv) where the collective needs it; in place is allowed.
+std::unique_ptr<Communicator> create_local_comm();
+// Rank and size from MPI (mpirun / srun). Initialises MPI if nobody has; finalises it at exit
+// if it did. Fails with kUnsupported when zoe was built without MPI.
+Result<std::unique_ptr<Communicator>> create_mpi_comm();
+// NCCL over device buffers on CUDA device `device_ordinal`; the unique id travels over `bootstrap`
+// (an MpiComm). Fails with kUnsupported without CUDA/NCCL or without a GPU.
+Result<std::unique_ptr<Communicator>> create_nccl_comm(Communicator& bootstrap, int device_ordinal);
+// True when this process runs under an MPI launcher (OMPI_COMM_WORLD_SIZE, PMI_SIZE, ...).
+bool launched_by_mpi();
+
+}  // namespace zoe::comm

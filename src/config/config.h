@@ -1,0 +1,127 @@
+// Config: zoe's training configuration, read from DeepSpeed-compatible JSON. DeepSpeed's keys
+// mean what they mean in DeepSpeed (defaults are the ones its code applies); keys zoe adds live
+// under "zoe". Unknown keys are errors naming their JSON path; recognised DeepSpeed keys that
+// zoe does not implement yet are accepted with one warning that lists them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "zoe/status.h"
+
+namespace zoe::config {
+
+enum class OffloadDevice : uint8_t { kNone, kCpu, kNvme };
+const char* offload_device_name(OffloadDevice d);
+
+// zero_optimization.offload_optimizer / offload_param.
+struct OffloadConfig {
+  OffloadDevice device = OffloadDevice::kNone;
+  std::vector<std::string> nvme_path;  // one or several directories (a string or a list)
+  bool pin_memory = true;
+  int64_t buffer_count = 4;            // offload_optimizer: 4; offload_param: 5
+  int64_t buffer_size = 100000000;     // elements (offload_param)
+  int64_t max_in_cpu = 1000000000;     // elements (offload_param with nvme)
+  bool pipeline_read = false;          // offload_optimizer
+  bool pipeline_write = false;
+  bool fast_init = false;
+  double ratio = 1.0;                  // offload_optimizer: fraction of the step on the CPU
+};
+
+struct AioConfig {
+  int64_t block_size = 1048576;
+  int64_t queue_depth = 8;
+  int64_t intra_op_parallelism = 1;  // "thread_count" in older files
+  bool single_submit = false;
+  bool overlap_events = true;
+  bool use_gds = false;
+};
+
+struct ZeroConfig {
+  int stage = 0;
+  bool contiguous_gradients = true;
+  bool reduce_scatter = true;
+  int64_t reduce_bucket_size = 500000000;  // elements
+  bool allgather_partitions = true;
+  int64_t allgather_bucket_size = 500000000;
+  bool overlap_comm = false;  // DeepSpeed: true for stage 3 unless set
+  bool round_robin_gradients = false;
+  int64_t sub_group_size = 1000000000;
+  int64_t stage3_prefetch_bucket_size = 50000000;
+  int64_t stage3_param_persistence_threshold = 100000;
+  int64_t stage3_model_persistence_threshold = INT64_MAX;
+  int64_t stage3_max_live_parameters = 1000000000;
+  int64_t stage3_max_reuse_distance = 1000000000;
+  bool stage3_gather_16bit_weights_on_model_save = false;
+  OffloadConfig offload_optimizer;
+  OffloadConfig offload_param;  // buffer_count defaults to 5 here
+};
+
+struct Fp16Config {
+  bool enabled = false;
+  double loss_scale = 0;  // 0: dynamic
+  int initial_scale_power = 16;
+  int loss_scale_window = 1000;
+  int hysteresis = 2;
+  bool consecutive_hysteresis = false;
+  double min_loss_scale = 1;
+};
+
+struct OptimizerConfig {
+  std::string type = "AdamW";  // "Adam" (L2 decay) or "AdamW" (decoupled)
+  double lr = 1e-3;
+  double beta1 = 0.9, beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+};
+
+struct SchedulerConfig {
+  std::string type;  // "", "WarmupLR" or "WarmupDecayLR"
+  double warmup_min_lr = 0.0;
+  double warmup_max_lr = 0.001;
+  int64_t warmup_num_steps = 1000;
+  std::string warmup_type = "log";  // "log" or "linear"
+  int64_t total_num_steps = 0;      // WarmupDecayLR
+};
+
+// Keys under "zoe".
+struct ZoeConfig {
+  int64_t device_budget_bytes = 0;     // 0: the whole device; accepts "256MiB"-style strings
+  double offload_ratio = 1.0;          // partial offload: fraction of optimizer states on host/NVMe
+  bool bf16_optimizer_states = false;  // keep Adam m and v in bf16
+  std::string device = "auto";         // "auto", "cpu" or "cuda"
+  int64_t host_budget_bytes = 0;       // 0: no limit beyond the machine
+  int64_t optimizer_threads = 0;       // 0: all cores
+};
+
+struct Config {
+  int64_t train_batch_size = 0;  // 0: micro x accumulation x world size
+  int64_t train_micro_batch_size_per_gpu = 1;
+  int64_t gradient_accumulation_steps = 1;
+  double gradient_clipping = 0.0;  // 0: off
+  Fp16Config fp16;
+  bool bf16 = false;
+  ZeroConfig zero;
+  AioConfig aio;
+  OptimizerConfig optimizer;
+  SchedulerConfig scheduler;
+  ZoeConfig zoe;
+  // Recognised DeepSpeed keys without effect in zoe yet (their JSON paths); parse() also logs
+  // one warning listing them.
+  std::vector<std::string> unimplemented;
+
+  // Parses and validates. world_size checks train_batch_size = micro x accumulation x world.
+  // Errors name the key's JSON path (e.g. "zero_optimization.offload_param.device"), the value
+  // given and what is allowed; contradictions (nvme offload without nvme_path, a path that does
+  // not exist or is not writable, fp16 and bf16 both on, param offload below stage 3) too.
+  static Result<Config> parse(const std::string& json_text, int world_size = 1);
+  static Result<Config> load(const std::string& path, int world_size = 1);
+
+  // The learning rate at optimizer step `step` (1-based) under the scheduler.
+  double lr_at(int64_t step) const;
+  // A JSON text that parse() reads back to an equal Config (for `zoe tune`).
+  std::string to_json() const;
+};
+
+}  // namespace zoe::config
