@@ -22,6 +22,7 @@ struct Opts {
   std::string out_dtype = "bf16";
   std::string state_dtype = "fp32";
   std::string simd;
+  bool stochastic_rounding = false;
   int repeats = 5;
   bool json = false;
 };
@@ -45,6 +46,10 @@ optim::bench::Config config_from(const Opts& o) {
   c.state_dtype = dtype_or_fail(o.state_dtype, "--state-dtype");
   if (c.state_dtype == DType::kF16) fail(invalid_argument("--state-dtype fp16: expected fp32 or bf16"));
   c.repeats = o.repeats;
+  c.stochastic_rounding = o.stochastic_rounding;
+  if (c.stochastic_rounding && c.state_dtype != DType::kBF16) {
+    fail(invalid_argument("--stochastic-rounding applies to --state-dtype bf16 only"));
+  }
   if (!o.simd.empty()) {
     if (o.simd == "scalar") c.simd = SimdLevel::kScalar;
     else if (o.simd == "avx2") c.simd = SimdLevel::kAvx2;
@@ -73,6 +78,7 @@ json to_json(const optim::bench::Report& r) {
               {"grad_dtype", dtype_name(c.grad_dtype)},
               {"out_dtype", c.out_dtype ? dtype_name(*c.out_dtype) : "none"},
               {"state_dtype", dtype_name(c.state_dtype)},
+              {"state_rounding", c.state_dtype == DType::kF32 ? "none" : c.stochastic_rounding ? "stochastic" : "rne"},
               {"simd", r.simd_path},
               {"pool", r.pool_backend},
               {"repeats", c.repeats},
@@ -110,8 +116,10 @@ void print_human(const optim::bench::Report& r) {
   Targets t = targets_for(c);
   printf("# zoe bench adam: %zu params, %d thread(s) (%s), path %s\n", c.params, r.threads, r.pool_backend.c_str(),
          r.simd_path.c_str());
-  printf("#   grad %s, m/v %s, param copy %s; medians of %d rounds run alternately\n", dtype_name(c.grad_dtype),
-         dtype_name(c.state_dtype), c.out_dtype ? dtype_name(*c.out_dtype) : "none", c.repeats);
+  printf("#   grad %s, m/v %s%s, param copy %s; medians of %d rounds run alternately\n", dtype_name(c.grad_dtype),
+         dtype_name(c.state_dtype),
+         c.state_dtype == DType::kF32 ? "" : c.stochastic_rounding ? " (stochastic rounding)" : " (RNE)",
+         c.out_dtype ? dtype_name(*c.out_dtype) : "none", c.repeats);
   printf("#\n");
   Table tab({{"kernel", "", 28, true},
              {"bytes", "B/param", 8},
@@ -160,6 +168,7 @@ void add_bench_adam_command(CLI::App& bench) {
   cmd->add_option("--grad-dtype", o->grad_dtype, "fp32|bf16|fp16 (default fp32)");
   cmd->add_option("--out-dtype", o->out_dtype, "none|bf16|fp16: the param copy for the device (default bf16)");
   cmd->add_option("--state-dtype", o->state_dtype, "fp32|bf16: Adam's m and v (default fp32)");
+  cmd->add_flag("--stochastic-rounding", o->stochastic_rounding, "bf16 m/v: round stochastically (default RNE)");
   cmd->add_option("--simd", o->simd, "scalar|avx2|avx512 (default: the best this CPU has, or $ZOE_SIMD)");
   cmd->add_option("--repeats", o->repeats, "Measured rounds after one warm-up (default 5)");
   cmd->add_flag("--json", o->json, "Print one JSON object");

@@ -1,5 +1,6 @@
 // Google Benchmark cases for the fused CPU Adam step (issue 3): 64M and 256M params, 1 thread
-// and all threads, fp32 and bf16 grads, with and without a bf16 param copy, bf16 m/v.
+// and all threads, fp32 and bf16 grads, with and without a bf16 param copy, bf16 m/v (RNE and
+// stochastic rounding).
 //
 // Each case runs rounds of (roofline, fused, norm, full step, separate passes) alternately on the
 // same buffers and reports the fused pass's time as the benchmark's time, with counters:
@@ -29,7 +30,8 @@ double median(std::vector<double> v) {
 void run_case(benchmark::State& state, ob::Config c) {
   auto pool = zoe::optim::CpuPool::create({c.threads, -1, zoe::optim::CpuPool::Backend::kAuto});
   if (!pool.is_ok()) return state.SkipWithError(pool.status().to_string().c_str());
-  zoe::optim::Exec e{pool.value().get(), std::nullopt, true};
+  zoe::optim::Exec e;
+  e.pool = pool.value().get();
   auto bufs = ob::Buffers::create(c, e.pool);
   if (!bufs.is_ok()) return state.SkipWithError(bufs.status().to_string().c_str());
   const ob::Buffers& b = *bufs.value();
@@ -67,12 +69,14 @@ void register_cases() {
     DType grad;
     bool out;
     DType state;
+    bool sr = false;
   };
   const Variant variants[] = {{"g_fp32", DType::kF32, false, DType::kF32},
                               {"g_bf16", DType::kBF16, false, DType::kF32},
                               {"g_fp32/out_bf16", DType::kF32, true, DType::kF32},
                               {"g_bf16/out_bf16", DType::kBF16, true, DType::kF32},
-                              {"g_bf16/out_bf16/mv_bf16", DType::kBF16, true, DType::kBF16}};
+                              {"g_bf16/out_bf16/mv_bf16", DType::kBF16, true, DType::kBF16},
+                              {"g_bf16/out_bf16/mv_bf16_sr", DType::kBF16, true, DType::kBF16, true}};
   for (size_t mparams : {64, 256}) {
     for (int threads : {1, all}) {
       for (const Variant& v : variants) {
@@ -81,6 +85,7 @@ void register_cases() {
         c.threads = threads;
         c.grad_dtype = v.grad;
         c.state_dtype = v.state;
+        c.stochastic_rounding = v.sr;
         if (v.out) c.out_dtype = DType::kBF16;
         std::string name = "adam/" + std::to_string(mparams) + "M/threads:" + std::to_string(threads) + "/" + v.name;
         benchmark::RegisterBenchmark(name.c_str(), run_case, c)

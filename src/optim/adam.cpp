@@ -2,6 +2,7 @@
 #include "optim/adam.h"
 
 #include <atomic>
+#include <cstdint>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -69,6 +70,11 @@ Result<Dispatch> dispatch(const Exec& exec) {
   d.table = table_for(level);
   d.hw_bf16 = level == SimdLevel::kAvx512 && exec.hw_bf16 && cpu_features().avx512_bf16;
   return d;
+}
+
+bool stream_out(const AdamBuffers& b, const Exec& exec) {
+  if (b.param_out == nullptr || reinterpret_cast<uintptr_t>(b.param_out) % 32 != 0) return false;
+  return exec.stream_param_out.value_or(b.n >= kStreamOutMinElems);
 }
 
 size_t chunk_count(size_t n) { return (n + kChunkElems - 1) / kChunkElems; }
@@ -182,7 +188,7 @@ Status adam_step(const AdamArgs& args, const Exec& exec) {
   if (b.n == 0) return Status::ok();
   ZOE_ASSIGN_OR_RETURN(Dispatch d, dispatch(exec));
   int state = b.state_dtype == DType::kF32 ? 0 : (args.params.stochastic_rounding ? 3 : 2);
-  int out = b.param_out == nullptr ? 0 : code(b.param_out_dtype);
+  int out = b.param_out == nullptr ? 0 : code(b.param_out_dtype) + (stream_out(b, exec) ? 3 : 0);
   kern::AdamFn fn = d.table->adam(code(b.grad_dtype), state, out, d.hw_bf16);
   ZOE_CHECK(fn != nullptr);
   for_each_chunk(exec, b.n, [&](size_t, size_t lo, size_t hi) {
@@ -262,7 +268,7 @@ Status roofline_pass(const AdamBuffers& b, const Exec& exec) {
   ZOE_ASSIGN_OR_RETURN(Dispatch d, dispatch(exec));
   kern::RooflineFn fn = d.table->roofline(static_cast<int>(dtype_size(b.grad_dtype)),
                                           static_cast<int>(dtype_size(b.state_dtype)),
-                                          b.param_out ? 2 : 0);
+                                          b.param_out ? (stream_out(b, exec) ? 3 : 2) : 0);
   for_each_chunk(exec, b.n, [&](size_t, size_t lo, size_t hi) {
     fn(b.param, b.grad, b.exp_avg, b.exp_avg_sq, b.param_out, lo, hi);
   });

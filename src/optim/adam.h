@@ -82,7 +82,13 @@ struct Exec {
   CpuPool* pool = nullptr;          // null: the calling thread only
   std::optional<SimdLevel> simd;    // force a level (tests, benchmarks); must be supported here
   bool hw_bf16 = true;              // AVX-512: use AVX512-BF16 instructions when the CPU has them
+  // Write param_out with non-temporal (streaming) stores, which skip the read-for-ownership of
+  // a write-only stream. Unset: when param_out is 32-byte aligned and at least
+  // kStreamOutMinElems long (a copy that size leaves the caches anyway). true: whenever it is
+  // aligned. false: never.
+  std::optional<bool> stream_param_out;
 };
+inline constexpr size_t kStreamOutMinElems = size_t(1) << 21;
 
 // The level kernels use when Exec::simd is unset: detected_simd_level(), lowered by the
 // environment variable ZOE_SIMD=scalar|avx2|avx512 (read once) or set_simd_override().

@@ -28,25 +28,32 @@ struct V {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
   static void store_f32(float* p, F x) { _mm256_storeu_ps(p, x); }
+  template <bool kNt>
+  static void store_h(uint16_t* p, __m128i h) {
+    if constexpr (kNt) _mm_stream_si128(reinterpret_cast<__m128i*>(p), h);
+    else _mm_storeu_si128(reinterpret_cast<__m128i*>(p), h);
+  }
+  static void fence() { _mm_sfence(); }
+  template <bool kNt = false>
   static void store_f16(uint16_t* p, F x) {
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
-                     _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    store_h<kNt>(p, _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   }
   // r holds 8 values < 2^16 in 32-bit lanes; NaN lanes get the top half with the quiet bit.
+  template <bool kNt = false>
   static void store_narrow(uint16_t* p, F x, __m256i r) {
     __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
     __m256i q = _mm256_or_si256(_mm256_srli_epi32(_mm256_castps_si256(x), 16), _mm256_set1_epi32(0x40));
     r = _mm256_blendv_epi8(r, q, nan);
-    __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
+    store_h<kNt>(p, _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
   }
-  template <bool kHw>
+  template <bool kHw, bool kNt = false>
   static void store_bf16(uint16_t* p, F x) {
     __m256i u = _mm256_castps_si256(x);
     __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
     __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
-    store_narrow(p, x, r);
+    store_narrow<kNt>(p, x, r);
   }
+  template <bool kHw>
   static void store_bf16_sr(uint16_t* p, F x, I rnd16) {
     store_narrow(p, x, _mm256_srli_epi32(_mm256_add_epi32(_mm256_castps_si256(x), rnd16), 16));
   }
@@ -59,14 +66,12 @@ struct V {
   static F fnmadd(F a, F b, F c) { return _mm256_fnmadd_ps(a, b, c); }
 
   static I hash(uint32_t seed, uint32_t index) {
-    __m256i idx = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(index)),
-                                   _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    __m256i x = _mm256_add_epi32(_mm256_mullo_epi32(idx, _mm256_set1_epi32(static_cast<int>(0x9e3779b1u))),
-                                 _mm256_set1_epi32(static_cast<int>(seed)));
+    __m256i x = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(index + seed)),
+                                 _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
-    x = _mm256_mullo_epi32(x, _mm256_set1_epi32(static_cast<int>(0x85ebca6bu)));
-    x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 13));
-    x = _mm256_mullo_epi32(x, _mm256_set1_epi32(static_cast<int>(0xc2b2ae35u)));
+    x = _mm256_mullo_epi32(x, _mm256_set1_epi32(static_cast<int>(0x7feb352du)));
+    x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 15));
+    x = _mm256_mullo_epi32(x, _mm256_set1_epi32(static_cast<int>(0x846ca68bu)));
     return _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
   }
   static I lo16(I h) { return _mm256_and_si256(h, _mm256_set1_epi32(0xffff)); }
@@ -90,10 +95,10 @@ struct V {
     return _mm256_cvtepu16_epi32(_mm_loadu_si128(static_cast<const __m128i*>(p)));
   }
   static void store_raw32(void* p, R x) { _mm256_storeu_si256(static_cast<__m256i*>(p), x); }
+  template <bool kNt>
   static void store_raw16(void* p, R x) {
     x = _mm256_and_si256(x, _mm256_set1_epi32(0xffff));
-    _mm_storeu_si128(static_cast<__m128i*>(p),
-                     _mm_packus_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1)));
+    store_h<kNt>(static_cast<uint16_t*>(p), _mm_packus_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1)));
   }
   static R add_raw(R a, R b) { return _mm256_add_epi32(a, b); }
   static R and_raw(R a, R b) { return _mm256_and_si256(a, b); }

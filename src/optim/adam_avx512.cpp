@@ -29,9 +29,15 @@ struct V {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   }
   static void store_f32(float* p, F x) { _mm512_storeu_ps(p, x); }
+  template <bool kNt>
+  static void store_h(uint16_t* p, __m256i h) {
+    if constexpr (kNt) _mm256_stream_si256(reinterpret_cast<__m256i*>(p), h);
+    else _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), h);
+  }
+  static void fence() { _mm_sfence(); }
+  template <bool kNt = false>
   static void store_f16(uint16_t* p, F x) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
-                        _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    store_h<kNt>(p, _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   }
   // NaN lanes: keep the top half, set the quiet bit (what vcvtneps2bf16 does).
   static __m512i bf16_nan_fix(F x, __m512i r) {
@@ -39,22 +45,33 @@ struct V {
     __m512i q = _mm512_or_si512(_mm512_srli_epi32(_mm512_castps_si512(x), 16), _mm512_set1_epi32(0x40));
     return _mm512_mask_mov_epi32(r, nan, q);
   }
-  template <bool kHw>
+  template <bool kHw, bool kNt = false>
   static void store_bf16(uint16_t* p, F x) {
     if constexpr (kHw) {
       __m256bh h = _mm512_cvtneps_pbh(x);
       __m256i hi;
       __builtin_memcpy(&hi, &h, sizeof(hi));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), hi);
+      store_h<kNt>(p, hi);
     } else {
       __m512i u = _mm512_castps_si512(x);
       __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
       __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
       r = bf16_nan_fix(x, r);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+      store_h<kNt>(p, _mm512_cvtepi32_epi16(r));
     }
   }
+  // kHw: add the random bits, clear the dropped ones, and let vcvtneps2bf16 narrow the now exact
+  // value (NaN lanes pass through unchanged so the instruction quiets them; like every use of it,
+  // results below 2^-126 flush to zero).
+  template <bool kHw>
   static void store_bf16_sr(uint16_t* p, F x, I rnd16) {
+    if constexpr (kHw) {
+      __m512i y = _mm512_and_si512(_mm512_add_epi32(_mm512_castps_si512(x), rnd16),
+                                   _mm512_set1_epi32(static_cast<int>(0xffff0000u)));
+      __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+      store_bf16<true>(p, _mm512_mask_mov_ps(_mm512_castsi512_ps(y), nan, x));
+      return;
+    }
     __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_castps_si512(x), rnd16), 16);
     r = bf16_nan_fix(x, r);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
@@ -67,16 +84,14 @@ struct V {
   static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
   static F fnmadd(F a, F b, F c) { return _mm512_fnmadd_ps(a, b, c); }
 
-  // murmur3's 32-bit finalizer over (seed + golden-ratio multiple of the element index).
+  // lowbias32 (two multiplies) of seed + element index.
   static I hash(uint32_t seed, uint32_t index) {
-    __m512i idx = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(index)),
-                                   _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
-    __m512i x = _mm512_add_epi32(_mm512_mullo_epi32(idx, _mm512_set1_epi32(static_cast<int>(0x9e3779b1u))),
-                                 _mm512_set1_epi32(static_cast<int>(seed)));
+    __m512i x = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(index + seed)),
+                                 _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
     x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
-    x = _mm512_mullo_epi32(x, _mm512_set1_epi32(static_cast<int>(0x85ebca6bu)));
-    x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 13));
-    x = _mm512_mullo_epi32(x, _mm512_set1_epi32(static_cast<int>(0xc2b2ae35u)));
+    x = _mm512_mullo_epi32(x, _mm512_set1_epi32(static_cast<int>(0x7feb352du)));
+    x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 15));
+    x = _mm512_mullo_epi32(x, _mm512_set1_epi32(static_cast<int>(0x846ca68bu)));
     return _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
   }
   static I lo16(I h) { return _mm512_and_si512(h, _mm512_set1_epi32(0xffff)); }
@@ -100,8 +115,9 @@ struct V {
     return _mm512_cvtepu16_epi32(_mm256_loadu_si256(static_cast<const __m256i*>(p)));
   }
   static void store_raw32(void* p, R x) { _mm512_storeu_si512(p, x); }
+  template <bool kNt>
   static void store_raw16(void* p, R x) {
-    _mm256_storeu_si256(static_cast<__m256i*>(p), _mm512_cvtepi32_epi16(x));
+    store_h<kNt>(static_cast<uint16_t*>(p), _mm512_cvtepi32_epi16(x));
   }
   static R add_raw(R a, R b) { return _mm512_add_epi32(a, b); }
   static R and_raw(R a, R b) { return _mm512_and_si512(a, b); }

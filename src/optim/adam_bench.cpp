@@ -141,7 +141,7 @@ Result<double> time_roofline(const Buffers& b, const Exec& e) {
 
 Result<double> time_fused(const Buffers& b, const Config& c, const Exec& e) {
   AdamArgs a{b.fused(), bench_params(), AdamStep{10, 1.0f / 1024.0f}};
-  a.params.stochastic_rounding = c.state_dtype == DType::kBF16;
+  a.params.stochastic_rounding = c.stochastic_rounding;
   return timed([&] { return adam_step(a, e); });
 }
 
@@ -155,7 +155,7 @@ Result<double> time_norm(const Buffers& b, const Config& c, const Exec& e) {
 Result<double> time_full(const Buffers& b, const Config& c, const Exec& e) {
   AdamGroup group;
   group.params = bench_params();
-  group.params.stochastic_rounding = c.state_dtype == DType::kBF16;
+  group.params.stochastic_rounding = c.stochastic_rounding;
   group.step = 9;
   return timed([&]() -> Status {
     auto r = adam_full_step(group, b.fused(), 1024.0f, 1e9f, e);
@@ -188,7 +188,9 @@ Result<Report> run(const Config& c, const std::function<void(int, int)>& progres
   }
   if (c.out_dtype && *c.out_dtype == DType::kF32) return invalid_argument("adam bench: --out-dtype must be none, bf16 or fp16");
   ZOE_ASSIGN_OR_RETURN(auto pool, CpuPool::create({c.threads, c.numa_node, CpuPool::Backend::kAuto}));
-  Exec e{pool.get(), c.simd, true};
+  Exec e;
+  e.pool = pool.get();
+  e.simd = c.simd;
   if (c.simd && !simd_level_supported(*c.simd)) {
     return unsupported("adam bench: SIMD level %s not supported here", simd_level_name(*c.simd));
   }

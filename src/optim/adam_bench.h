@@ -29,6 +29,7 @@ struct Config {
   DType grad_dtype = DType::kF32;
   std::optional<DType> out_dtype;  // bf16/fp16 param copy, none when unset
   DType state_dtype = DType::kF32;
+  bool stochastic_rounding = false;  // bf16 m/v only
   int repeats = 5;
   std::optional<SimdLevel> simd;
 };

@@ -9,11 +9,12 @@ namespace zoe::optim::ref {
 
 uint32_t sr_hash(uint32_t seed, uint64_t index) {
   uint32_t s = seed ^ static_cast<uint32_t>(index >> 32) * 0x27d4eb2fu;
-  uint32_t x = static_cast<uint32_t>(index) * 0x9e3779b1u + s;
+  // lowbias32 (C. Wellons' hash-prospector) of seed + index: low-bias, two multiplies.
+  uint32_t x = static_cast<uint32_t>(index) + s;
   x ^= x >> 16;
-  x *= 0x85ebca6bu;
-  x ^= x >> 13;
-  x *= 0xc2b2ae35u;
+  x *= 0x7feb352du;
+  x ^= x >> 15;
+  x *= 0x846ca68bu;
   return x ^ (x >> 16);
 }
 

@@ -22,11 +22,14 @@ struct V {
   static F load_bf16(const uint16_t* p) { return bf16_to_f32(*p); }
   static F load_f16(const uint16_t* p) { return f16_to_f32(*p); }
   static void store_f32(float* p, F x) { *p = x; }
+  static void fence() {}
+  template <bool kNt = false>
   static void store_f16(uint16_t* p, F x) { *p = f32_to_f16(x); }
-  template <bool kHw>
+  template <bool kHw, bool kNt = false>
   static void store_bf16(uint16_t* p, F x) {
     *p = f32_to_bf16(x);
   }
+  template <bool kHw>
   static void store_bf16_sr(uint16_t* p, F x, I rnd16) {
     *p = f32_to_bf16_stochastic(x, static_cast<uint16_t>(rnd16));
   }
@@ -39,11 +42,11 @@ struct V {
   static F fnmadd(F a, F b, F c) { return c - a * b; }
 
   static I hash(uint32_t seed, uint32_t index) {
-    uint32_t x = index * 0x9e3779b1u + seed;
+    uint32_t x = index + seed;
     x ^= x >> 16;
-    x *= 0x85ebca6bu;
-    x ^= x >> 13;
-    x *= 0xc2b2ae35u;
+    x *= 0x7feb352du;
+    x ^= x >> 15;
+    x *= 0x846ca68bu;
     return x ^ (x >> 16);
   }
   static I lo16(I h) { return h & 0xffffu; }
@@ -64,6 +67,7 @@ struct V {
     return x;
   }
   static void store_raw32(void* p, R x) { __builtin_memcpy(p, &x, 4); }
+  template <bool kNt>
   static void store_raw16(void* p, R x) {
     uint16_t y = static_cast<uint16_t>(x);
     __builtin_memcpy(p, &y, 2);

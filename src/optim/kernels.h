@@ -28,7 +28,8 @@ struct Constants {
   uint32_t sr_seed;  // stochastic rounding: hash of (sr_seed, step)
 };
 
-// Output of adam: 0 none, 1 fp16, 2 bf16. State: 0 fp32, 2 bf16 (RNE), 3 bf16 (stochastic).
+// Output of adam: 0 none, 1 fp16, 2 bf16, 4 fp16 and 5 bf16 written with non-temporal stores
+// (out must then be 32-byte aligned). State: 0 fp32, 2 bf16 (RNE), 3 bf16 (stochastic).
 using AdamFn = void (*)(const Constants& c, float* p, const void* g, void* m, void* v,
                         void* out, size_t begin, size_t end);
 // Sum of squares in double of src[begin, end).
@@ -47,6 +48,7 @@ struct Table {
   NormFn (*norm)(int dtype);
   ConvertFn (*convert)(int src, int dst, bool norm, bool hw_bf16);
   ScaleFn (*scale)(int dtype, bool hw_bf16);
+  // out_bytes: 0 none, 2 a 16-bit copy, 3 that copy with non-temporal stores.
   RooflineFn (*roofline)(int grad_bytes, int state_bytes, int out_bytes);
 };
 

@@ -6,7 +6,10 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -35,27 +38,27 @@ inline std::string path_unavailable(const Path& p) {
   if (p.hw_bf16 && !cpu_features().avx512_bf16) return std::string(p.name) + ": CPU lacks AVX512-BF16";
   return "";
 }
-inline Exec exec_for(const Path& p, CpuPool* pool = nullptr) {
+inline Exec exec_for(const Path& p, CpuPool* pool = nullptr, std::optional<bool> stream_out = std::nullopt) {
   Exec e;
   e.pool = pool;
   e.simd = p.level;
   e.hw_bf16 = p.hw_bf16;
+  e.stream_param_out = stream_out;
   return e;
 }
 
-// n elements of `dtype` starting `offset` elements into an owned allocation (offset 1 makes the
-// pointer misaligned for every vector width).
+// n elements of `dtype` starting `offset` elements into an owned 64-byte aligned allocation
+// (offset 0: aligned for every vector width and for streaming stores; offset 1: misaligned).
 class Buf {
  public:
   Buf() = default;
   Buf(DType dtype, size_t n, size_t offset = 0)
       : dtype_(dtype), n_(n), off_(offset), bytes_((n + offset) * dtype_size(dtype) + 64) {
-    mem_.resize(bytes_ / 4 + 1);
+    mem_.reset(static_cast<unsigned char*>(std::aligned_alloc(64, (bytes_ + 63) / 64 * 64)));
+    std::memset(mem_.get(), 0, bytes_);
   }
-  void* data() { return reinterpret_cast<unsigned char*>(mem_.data()) + off_ * dtype_size(dtype_); }
-  const void* data() const {
-    return reinterpret_cast<const unsigned char*>(mem_.data()) + off_ * dtype_size(dtype_);
-  }
+  void* data() { return mem_.get() + off_ * dtype_size(dtype_); }
+  const void* data() const { return mem_.get() + off_ * dtype_size(dtype_); }
   float* f32() { return static_cast<float*>(data()); }
   const uint16_t* u16() const { return static_cast<const uint16_t*>(data()); }
   uint16_t* u16() { return static_cast<uint16_t*>(data()); }
@@ -77,7 +80,10 @@ class Buf {
  private:
   DType dtype_ = DType::kF32;
   size_t n_ = 0, off_ = 0, bytes_ = 0;
-  std::vector<uint32_t> mem_;
+  struct Free {
+    void operator()(unsigned char* p) const { std::free(p); }
+  };
+  std::unique_ptr<unsigned char[], Free> mem_;
 };
 
 // Compares fp32 arrays: |got - want| <= bound(i) (NaN matches NaN). Reports the first bad index.

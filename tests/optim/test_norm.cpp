@@ -141,7 +141,7 @@ TEST(Norm, DeterministicAcrossThreads) {
   for (auto be : {CpuPool::Backend::kAuto, CpuPool::Backend::kStdThread}) {
     for (int t : {1, 2, 3}) {
       auto pool = CpuPool::create({t, -1, be}).value();
-      Exec e{pool.get(), std::nullopt, true};
+      Exec e{pool.get(), std::nullopt, true, std::nullopt};
       EXPECT_EQ(grad_norm_sq(g.data(), DType::kF32, n, e).value().sum_sq, serial.sum_sq) << t;
       EXPECT_EQ(convert_with_norm(g.data(), DType::kF32, dst.data(), DType::kBF16, n, true, e).value().sum_sq,
                 serial_c.sum_sq) << t;
