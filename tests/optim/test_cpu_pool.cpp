@@ -3,6 +3,8 @@
 #include <sched.h>
 
 #include <atomic>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "core/topology.h"
@@ -64,6 +66,39 @@ TEST(CpuPool, Errors) {
   EXPECT_EQ(CpuPool::create({1, 9999, CpuPool::Backend::kAuto}).status().code(), StatusCode::kInvalidArgument);
   if (!ZOE_HAVE_TBB) {
     EXPECT_EQ(CpuPool::create({1, -1, CpuPool::Backend::kTbb}).status().code(), StatusCode::kUnsupported);
+  }
+}
+
+}  // namespace
+}  // namespace zoe::optim
+
+// ZOE_SIMD lowers the default level (ctest runs this suite once more with ZOE_SIMD=scalar);
+// set_simd_override changes it for the process and refuses levels this CPU lacks.
+#include "optim/adam.h"
+
+namespace zoe::optim {
+namespace {
+
+TEST(SimdDispatch, EnvAndOverride) {
+  const char* env = std::getenv("ZOE_SIMD");
+  if (env != nullptr && std::string(env) == "scalar") {
+    EXPECT_EQ(active_simd_level(), SimdLevel::kScalar);
+    EXPECT_STREQ(kernel_path_name(), "scalar");
+  } else if (env == nullptr) {
+    EXPECT_EQ(active_simd_level(), detected_simd_level());
+  }
+  ASSERT_TRUE(set_simd_override(SimdLevel::kScalar).is_ok());
+  EXPECT_EQ(active_simd_level(), SimdLevel::kScalar);
+  EXPECT_STREQ(kernel_path_name(), "scalar");
+  ASSERT_TRUE(set_simd_override(std::nullopt).is_ok());
+  if (detected_simd_level() != SimdLevel::kAvx512) {
+    EXPECT_EQ(set_simd_override(SimdLevel::kAvx512).code(), StatusCode::kUnsupported);
+  }
+  Exec e;
+  e.simd = SimdLevel::kAvx512;
+  if (!simd_level_supported(SimdLevel::kAvx512)) {
+    float x = 0;
+    EXPECT_EQ(grad_norm_sq(&x, DType::kF32, 1, e).status().code(), StatusCode::kUnsupported);
   }
 }
 
