@@ -1,0 +1,123 @@
+// The zoe engine: a data-parallel ZeRO (stages 0-3) trainer that decides where every byte of
+// model state lives (device, pinned host RAM, NVMe). The training loop stays the caller's:
+//
+//   auto rt = zoe::Runtime::init();                  // ranks from MPI when under mpirun
+//   auto cfg = zoe::config::Config::load("ds_config.json", rt->world_size());
+//   auto eng = zoe::Engine::create(*rt, cfg.value());
+//   eng->add_module("block.0", {{"w", {d, d}}, {"b", {d}}});   ...
+//   eng->initialize(init_fn);
+//   for each step: for each micro-batch:
+//       forward:  for m in order:    p = eng->fetch(m);  compute;  eng->release(m);
+//       backward: for m in reverse:  p = eng->fetch(m);  g = eng->grads(m); write g;
+//                                    eng->reduce_grads(m);  eng->release(m);
+//     stats = eng->step();
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "zoe/status.h"
+
+namespace zoe {
+
+namespace config {
+struct Config;
+}
+namespace comm {
+class Communicator;
+}
+namespace device {
+class Device;
+}
+
+// Process-wide setup: the communicator (MPI under a launcher, else one local rank).
+class Runtime {
+ public:
+  // Under mpirun/srun: MpiComm; otherwise LocalComm. force_local ignores the launcher.
+  static Result<std::unique_ptr<Runtime>> init(bool force_local = false);
+  ~Runtime();
+  int rank() const;
+  int world_size() const;
+  comm::Communicator& comm() const { return *comm_; }
+
+ private:
+  Runtime() = default;
+  std::unique_ptr<comm::Communicator> comm_;
+};
+
+enum class ComputeDType : uint8_t { kF32, kBF16, kF16 };
+
+struct ParamSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+
+// A module's parameters as the compute sees them: full (gathered) tensors on the device, in
+// the compute dtype (fp32, or bf16/fp16 with mixed precision).
+struct ModuleParams {
+  ComputeDType dtype = ComputeDType::kF32;
+  std::vector<void*> data;      // one per ParamSpec, in registration order
+  std::vector<size_t> numel;
+};
+
+struct StepStats {
+  int64_t step = 0;             // optimizer steps taken so far
+  bool skipped = false;         // fp16 overflow: no update, loss scale lowered
+  double grad_norm = 0.0;       // of the averaged, unscaled gradients (before clipping)
+  double loss_scale = 1.0;      // the scale for the next step
+  double lr = 0.0;              // used by this step
+  // Seconds since the previous step() (or initialize()): time in each part of the engine.
+  double t_compute = 0.0;       // outside engine calls (the caller's forward/backward)
+  double t_comm = 0.0;          // waiting for collectives
+  double t_io_stall = 0.0;      // waiting for parameters to arrive from host/NVMe
+  double t_optimizer = 0.0;     // the step itself (norm, Adam, parameter write-back)
+  // High-water marks, bytes: device, host, nvme.
+  uint64_t high_water[3] = {0, 0, 0};
+};
+
+class Engine {
+ public:
+  // Builds the device (CPU backend, or CUDA when asked and present), tiers and I/O from cfg.
+  static Result<std::unique_ptr<Engine>> create(Runtime& rt, const config::Config& cfg);
+  ~Engine();
+
+  // Modules in forward order; each becomes one flat group, partitioned over the ranks.
+  Status add_module(const std::string& name, const std::vector<ParamSpec>& params);
+  // Fills every parameter (fp32; the same on every rank), places all states in their tiers.
+  // init(module_index, param_index, data, numel).
+  Status initialize(const std::function<void(size_t, size_t, float*, size_t)>& init);
+
+  size_t num_modules() const;
+  const std::string& module_name(size_t m) const;
+  ComputeDType compute_dtype() const;
+  // The current loss scale (fp16; 1 otherwise): multiply the loss gradient by it.
+  double loss_scale() const;
+
+  // Gathers module m's parameters on the device (stage 3: from wherever they live; prefetching
+  // the next modules of the recorded order). Valid until release(m).
+  Result<ModuleParams> fetch(size_t m);
+  Status release(size_t m);
+  // A zeroed device buffer per parameter, in the compute dtype, for module m's gradients of
+  // this micro-batch (loss scale included). Valid until reduce_grads(m).
+  Result<ModuleParams> grads(size_t m);
+  // Reduces module m's gradients over the ranks into this rank's partition (reduce-scatter at
+  // stage 2/3, all-reduce at 0/1), accumulating over micro-batches, and frees the buffer.
+  Status reduce_grads(size_t m);
+  // Norm, loss scaling, clipping and AdamW over this rank's partitions wherever they live,
+  // then the new parameters back to their home (and gathered at stage 1/2).
+  Result<StepStats> step();
+
+  // The full fp32 master values of parameter p of module m (gathered from every rank).
+  Status read_master(size_t m, size_t p, float* out);
+
+ private:
+  struct Impl;
+  explicit Engine(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace zoe

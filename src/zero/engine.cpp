@@ -1,0 +1,694 @@
+// Engine: flat groups partitioned over ranks, ZeRO stages 0-3, placement of every state in its
+// tier, gradient reduction and accumulation, and the step (norm, loss scale, clip, AdamW).
+#include "zoe/engine.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <deque>
+
+#include "comm/communicator.h"
+#include "config/config.h"
+#include "core/clock.h"
+#include "core/dtype.h"
+#include "core/log.h"
+#include "core/units.h"
+#include "device/device.h"
+#include "io/io_engine.h"
+#include "io/swap_file.h"
+#include "offload/optimizer_swapper.h"
+#include "offload/swap_store.h"
+#include "offload/tier_manager.h"
+#include "optim/adam.h"
+#include "zero/loss_scaler.h"
+
+namespace zoe {
+
+using config::OffloadDevice;
+using offload::Tier;
+
+// ---------------------------------------------------------------------------------------------
+// Runtime
+
+Result<std::unique_ptr<Runtime>> Runtime::init(bool force_local) {
+  std::unique_ptr<Runtime> rt(new Runtime());
+  if (!force_local && comm::launched_by_mpi()) {
+    ZOE_ASSIGN_OR_RETURN(rt->comm_, comm::create_mpi_comm());
+  } else {
+    rt->comm_ = comm::create_local_comm();
+  }
+  return rt;
+}
+
+Runtime::~Runtime() = default;
+int Runtime::rank() const { return comm_->rank(); }
+int Runtime::world_size() const { return comm_->size(); }
+
+// ---------------------------------------------------------------------------------------------
+// Engine internals
+
+namespace {
+
+// Partitions hold a whole number of 4 KiB blocks in every dtype (O_DIRECT swapping).
+constexpr size_t kPartAlign = 2048;
+
+DType to_dtype(ComputeDType d) {
+  return d == ComputeDType::kF32 ? DType::kF32 : d == ComputeDType::kBF16 ? DType::kBF16 : DType::kF16;
+}
+
+comm::CommType to_comm(DType d) {
+  return d == DType::kF32 ? comm::CommType::kF32 : d == DType::kBF16 ? comm::CommType::kBF16 : comm::CommType::kF16;
+}
+
+// acc[i] += float(g[i]) for a gradient in the compute dtype.
+void accumulate(float* acc, const void* g, DType dt, size_t n) {
+  switch (dt) {
+    case DType::kF32: {
+      const auto* s = static_cast<const float*>(g);
+      for (size_t i = 0; i < n; ++i) acc[i] += s[i];
+      break;
+    }
+    case DType::kBF16: {
+      const auto* s = static_cast<const uint16_t*>(g);
+      for (size_t i = 0; i < n; ++i) acc[i] += bf16_to_f32(s[i]);
+      break;
+    }
+    case DType::kF16: {
+      const auto* s = static_cast<const uint16_t*>(g);
+      for (size_t i = 0; i < n; ++i) acc[i] += f16_to_f32(s[i]);
+      break;
+    }
+  }
+}
+
+// dst (compute dtype) = src (fp32), round to nearest even.
+void store_compute(void* dst, const float* src, DType dt, size_t n) {
+  if (dt == DType::kF32) {
+    memcpy(dst, src, n * 4);
+    return;
+  }
+  auto* d = static_cast<uint16_t*>(dst);
+  for (size_t i = 0; i < n; ++i) d[i] = dt == DType::kBF16 ? f32_to_bf16(src[i]) : f32_to_f16(src[i]);
+}
+
+struct Timer {
+  explicit Timer(double* acc) : acc_(acc), t0_(now_ns()) {}
+  ~Timer() { *acc_ += static_cast<double>(now_ns() - t0_) * 1e-9; }
+  double* acc_;
+  uint64_t t0_;
+};
+
+}  // namespace
+
+struct Engine::Impl {
+  struct Module {
+    std::string name;
+    std::vector<ParamSpec> specs;
+    std::vector<size_t> numel, offset;
+    size_t total = 0, padded = 0, part = 0;
+    bool partitioned_params = false;  // stage 3 and not persistent
+    void* full = nullptr;             // device: full compute params (stage 0-2, persistent) or the gather
+    bool fetched = false;
+    void* grad_buf = nullptr;         // device, padded elements, compute dtype
+    size_t opt_begin = 0, opt_n = 0;  // the flat range this rank's optimizer owns
+    void* master = nullptr;           // fp32; device or host (none / cpu offload)
+    void* exp_avg = nullptr;
+    void* exp_avg_sq = nullptr;
+    float* grad_acc = nullptr;        // fp32, opt_n elements, device or host
+  };
+  struct Pending {
+    size_t m;
+    comm::CommHandle h;
+    void* recv;  // the reduced gradients (device), freed after accumulation
+    size_t recv_offset;  // first element of this rank's range inside recv
+  };
+
+  Runtime* rt = nullptr;
+  comm::Communicator* comm = nullptr;
+  int rank = 0, world = 1;
+  std::unique_ptr<config::Config> cfg;
+  DType cdt = DType::kF32;
+  int stage = 0;
+  OffloadDevice opt_off = OffloadDevice::kNone, param_off = OffloadDevice::kNone;
+
+  std::unique_ptr<device::Device> dev;
+  std::unique_ptr<io::IoEngine> io;
+  std::unique_ptr<io::SwapFile> swap;
+  std::unique_ptr<offload::SwapStore> store;
+  std::unique_ptr<offload::TierManager> tm;
+  std::unique_ptr<offload::OptimizerSwapper> swapper;
+  std::unique_ptr<optim::CpuPool> pool;
+  std::vector<io::AlignedBuffer> host_bufs;  // cpu-offloaded optimizer states and gradients
+  uint64_t host_bytes = 0;
+
+  std::vector<Module> modules;
+  bool initialized = false;
+  std::deque<Pending> pending;
+  zero::LossScaler scaler;
+  int64_t steps = 0;
+  std::vector<size_t> order;  // fetch order recorded in the first iteration
+  bool recording = true;
+  size_t cursor = 0;
+  size_t live_elems = 0;
+
+  // Per-step timing.
+  double t_comm = 0, t_io = 0, t_opt = 0, t_engine = 0;
+  uint64_t last_step_ns = 0;
+
+  size_t esize() const { return dtype_size(cdt); }
+
+  Result<void*> dalloc(size_t bytes) {
+    auto r = dev->allocate(bytes);
+    if (!r.is_ok()) return r.status().with_context("allocating device memory");
+    memset(r.value(), 0, bytes);  // CpuDevice memory is host memory
+    return r.value();
+  }
+
+  Result<void*> halloc(size_t bytes) {
+    auto pin = cfg->zero.offload_optimizer.pin_memory ? io::PinMode::kDevice : io::PinMode::kNone;
+    ZOE_ASSIGN_OR_RETURN(io::AlignedBuffer b, io::AlignedBuffer::allocate(bytes, pin));
+    memset(b.data(), 0, bytes);
+    host_bytes += bytes;
+    void* p = b.data();
+    host_bufs.push_back(std::move(b));
+    return p;
+  }
+
+  Status setup_io() {
+    std::vector<std::string> dirs;
+    auto add_dirs = [&](const config::OffloadConfig& o) {
+      if (o.device != OffloadDevice::kNvme) return;
+      for (const auto& d : o.nvme_path) {
+        if (std::find(dirs.begin(), dirs.end(), d) == dirs.end()) dirs.push_back(d);
+      }
+    };
+    add_dirs(cfg->zero.offload_optimizer);
+    add_dirs(cfg->zero.offload_param);
+    if (dirs.empty()) return Status::ok();
+    io::IoEngineOptions eo;
+    eo.queue_depth = static_cast<uint32_t>(std::max<int64_t>(1, cfg->aio.queue_depth));
+    eo.block_size = static_cast<size_t>(std::max<int64_t>(4096, cfg->aio.block_size / 4096 * 4096));
+    ZOE_ASSIGN_OR_RETURN(io, io::IoEngine::create(eo));
+    io::SwapFileOptions so;
+    so.dirs = dirs;
+    so.name = "zoe-swap-r" + std::to_string(rank) + "-" + std::to_string(getpid());
+    ZOE_ASSIGN_OR_RETURN(swap, io::SwapFile::create(so));
+    (void)swap->register_files(*io);
+    store = std::make_unique<offload::SwapStore>(swap.get(), io.get(), 0);
+    return Status::ok();
+  }
+
+  // The flat range [begin, begin+n) of module m this rank's optimizer owns.
+  void owned_range(const Module& mod, size_t* begin, size_t* n) const {
+    if (stage == 0) {
+      *begin = 0;
+      *n = mod.padded;
+    } else {
+      *begin = static_cast<size_t>(rank) * mod.part;
+      *n = mod.part;
+    }
+  }
+
+  // Where the compute params of module m's owned range are written after the update.
+  // Stage 3 partitions: pinned in the tier manager until unpin_owned().
+  Result<void*> owned_compute(size_t m) {
+    Module& mod = modules[m];
+    if (!mod.partitioned_params) return static_cast<char*>(mod.full) + mod.opt_begin * esize();
+    Tier t = param_off == OffloadDevice::kNone ? Tier::kDevice : Tier::kHost;
+    uint64_t t0 = now_ns();
+    auto p = tm->fetch(m, t).wait();
+    t_io += static_cast<double>(now_ns() - t0) * 1e-9;
+    return p;
+  }
+  void unpin_owned(size_t m) {
+    Module& mod = modules[m];
+    if (!mod.partitioned_params) return;
+    Tier t = param_off == OffloadDevice::kNone ? Tier::kDevice : Tier::kHost;
+    tm->unpin(m, t, /*dirty=*/true);
+    if (param_off == OffloadDevice::kNvme) (void)tm->evict(m, Tier::kHost);  // write back, free RAM
+  }
+
+  Status complete_pending(bool all) {
+    while (!pending.empty()) {
+      Pending& p = pending.front();
+      if (!all && !p.h.ready()) break;
+      {
+        Timer t(&t_comm);
+        ZOE_RETURN_IF_ERROR_CTX(p.h.wait(), "reducing the gradients of module " + modules[p.m].name);
+      }
+      Module& mod = modules[p.m];
+      accumulate(mod.grad_acc, static_cast<char*>(p.recv) + p.recv_offset * esize(), cdt, mod.opt_n);
+      dev->free(p.recv);
+      pending.pop_front();
+    }
+    return Status::ok();
+  }
+
+  void prefetch_after(size_t m) {
+    if (recording || order.empty() || !tm) return;
+    // Follow the recorded order from the current position, up to the prefetch bucket size.
+    int64_t budget = cfg->zero.stage3_prefetch_bucket_size;
+    for (size_t k = 1; k < order.size() && budget > 0; ++k) {
+      size_t next = order[(cursor + k) % order.size()];
+      if (next == m) continue;
+      const Module& nm = modules[next];
+      if (!nm.partitioned_params) continue;
+      tm->prefetch(next, Tier::kDevice);
+      budget -= static_cast<int64_t>(nm.part);
+    }
+  }
+};
+
+Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Engine::~Engine() {
+  if (!impl_) return;
+  (void)impl_->complete_pending(true);
+  impl_->swapper.reset();
+  impl_->tm.reset();
+}
+
+Result<std::unique_ptr<Engine>> Engine::create(Runtime& rt, const config::Config& cfg) {
+  auto impl = std::make_unique<Impl>();
+  impl->rt = &rt;
+  impl->comm = &rt.comm();
+  impl->rank = rt.rank();
+  impl->world = rt.world_size();
+  impl->cfg = std::make_unique<config::Config>(cfg);
+  impl->stage = cfg.zero.stage;
+  impl->opt_off = cfg.zero.offload_optimizer.device;
+  impl->param_off = cfg.zero.offload_param.device;
+  impl->cdt = cfg.bf16 ? DType::kBF16 : cfg.fp16.enabled ? DType::kF16 : DType::kF32;
+  if (impl->stage < 0 || impl->stage > 3) return invalid_argument("zero_optimization.stage %d is not 0-3", impl->stage);
+  if (impl->param_off != OffloadDevice::kNone && impl->stage != 3) {
+    return invalid_argument("zero_optimization.offload_param needs stage 3 (stage is %d)", impl->stage);
+  }
+  if (impl->opt_off != OffloadDevice::kNone && impl->stage == 0) {
+    return invalid_argument("zero_optimization.offload_optimizer needs stage 1, 2 or 3");
+  }
+  if (cfg.zoe.device == "cuda") {
+    return unsupported("zoe.device \"cuda\": the engine's device kernels (GPU Adam, gradient conversion) are not built "
+                       "yet; use \"cpu\"");
+  }
+  uint64_t budget = static_cast<uint64_t>(cfg.zoe.device_budget_bytes);
+  if (budget == 0) budget = 64ull << 30;
+  ZOE_ASSIGN_OR_RETURN(impl->dev, device::create_cpu_device(budget));
+  zero::LossScaler::Options lo;
+  lo.static_scale = cfg.fp16.enabled ? cfg.fp16.loss_scale : 1.0;
+  lo.initial_scale_power = cfg.fp16.initial_scale_power;
+  lo.window = std::max(1, cfg.fp16.loss_scale_window);
+  lo.hysteresis = cfg.fp16.hysteresis;
+  lo.consecutive_hysteresis = cfg.fp16.consecutive_hysteresis;
+  lo.min_scale = cfg.fp16.min_loss_scale;
+  impl->scaler = zero::LossScaler(lo);
+  optim::CpuPool::Options po;
+  po.threads = static_cast<int>(cfg.zoe.optimizer_threads);
+  ZOE_ASSIGN_OR_RETURN(impl->pool, optim::CpuPool::create(po));
+  ZOE_RETURN_IF_ERROR(impl->setup_io());
+  return std::unique_ptr<Engine>(new Engine(std::move(impl)));
+}
+
+size_t Engine::num_modules() const { return impl_->modules.size(); }
+const std::string& Engine::module_name(size_t m) const { return impl_->modules.at(m).name; }
+ComputeDType Engine::compute_dtype() const {
+  return impl_->cdt == DType::kF32 ? ComputeDType::kF32 : impl_->cdt == DType::kBF16 ? ComputeDType::kBF16 : ComputeDType::kF16;
+}
+double Engine::loss_scale() const { return impl_->cdt == DType::kF16 ? impl_->scaler.scale() : 1.0; }
+
+Status Engine::add_module(const std::string& name, const std::vector<ParamSpec>& params) {
+  Impl& I = *impl_;
+  if (I.initialized) return invalid_argument("add_module(%s) after initialize()", name.c_str());
+  if (params.empty()) return invalid_argument("module %s has no parameters", name.c_str());
+  Impl::Module mod;
+  mod.name = name;
+  mod.specs = params;
+  for (const auto& p : params) {
+    size_t n = 1;
+    for (int64_t d : p.shape) {
+      if (d <= 0) return invalid_argument("module %s parameter %s: dimension %lld", name.c_str(), p.name.c_str(), static_cast<long long>(d));
+      n *= static_cast<size_t>(d);
+    }
+    mod.offset.push_back(mod.total);
+    mod.numel.push_back(n);
+    mod.total += n;
+  }
+  size_t unit = kPartAlign * static_cast<size_t>(I.world);
+  mod.padded = (mod.total + unit - 1) / unit * unit;
+  mod.part = mod.padded / static_cast<size_t>(I.world);
+  mod.partitioned_params =
+      I.stage == 3 && static_cast<int64_t>(mod.total) >= I.cfg->zero.stage3_param_persistence_threshold;
+  I.modules.push_back(std::move(mod));
+  return Status::ok();
+}
+
+Status Engine::initialize(const std::function<void(size_t, size_t, float*, size_t)>& init) {
+  Impl& I = *impl_;
+  if (I.initialized) return invalid_argument("initialize() called twice");
+  if (I.modules.empty()) return invalid_argument("initialize(): no modules registered");
+  const size_t es = I.esize();
+  // Tiers for stage-3 parameter partitions.
+  bool any_partitioned = std::any_of(I.modules.begin(), I.modules.end(), [](const Impl::Module& m) { return m.partitioned_params; });
+  if (any_partitioned) {
+    offload::TierManagerOptions to;
+    to.device = I.dev.get();
+    size_t biggest = 0;
+    for (const auto& m : I.modules) biggest = std::max(biggest, m.padded);
+    // Leave room on the device for a gathered module, its gradients and their reduction.
+    uint64_t reserve = 4ull * biggest * es;
+    uint64_t db = I.dev->budget_bytes();
+    to.device_budget = db > reserve * 2 ? db - reserve : db / 2;
+    to.nvme = I.store.get();
+    to.pin = I.cfg->zero.offload_param.pin_memory ? io::PinMode::kDevice : io::PinMode::kNone;
+    to.staging_bytes = 1u << 20;
+    to.staging_count = 4;
+    to.policy = offload::EvictionPolicy::kTrace;
+    ZOE_ASSIGN_OR_RETURN(I.tm, offload::TierManager::create(to));
+  }
+  if (I.opt_off == OffloadDevice::kNvme) {
+    offload::SwapperOptions so;
+    uint32_t sb = I.cfg->zoe.bf16_optimizer_states ? 2 : 4;
+    so.states = {{offload::StateKind::kMaster, 4, true}, {offload::StateKind::kAdamM, sb, true}, {offload::StateKind::kAdamV, sb, true}};
+    so.buffer_count = static_cast<size_t>(std::max<int64_t>(I.cfg->zero.offload_optimizer.buffer_count, 3));
+    so.buffer_bytes = 4u << 20;
+    so.pin = I.cfg->zero.offload_optimizer.pin_memory ? io::PinMode::kDevice : io::PinMode::kNone;
+    ZOE_ASSIGN_OR_RETURN(I.swapper, offload::OptimizerSwapper::create(I.store.get(), so));
+  }
+  std::vector<float> full;
+  for (size_t m = 0; m < I.modules.size(); ++m) {
+    Impl::Module& mod = I.modules[m];
+    full.assign(mod.padded, 0.0f);
+    for (size_t p = 0; p < mod.specs.size(); ++p) init(m, p, full.data() + mod.offset[p], mod.numel[p]);
+    I.owned_range(mod, &mod.opt_begin, &mod.opt_n);
+    const float* own = full.data() + mod.opt_begin;
+    // Compute parameters.
+    std::vector<char> cbuf(mod.padded * es);
+    store_compute(cbuf.data(), full.data(), I.cdt, mod.padded);
+    if (!mod.partitioned_params) {
+      ZOE_ASSIGN_OR_RETURN(mod.full, I.dalloc(mod.padded * es));
+      memcpy(mod.full, cbuf.data(), cbuf.size());
+    } else {
+      Tier home = I.param_off == OffloadDevice::kNone ? Tier::kDevice : I.param_off == OffloadDevice::kCpu ? Tier::kHost : Tier::kNvme;
+      ZOE_RETURN_IF_ERROR_CTX(I.tm->add_item(m, mod.part * es, home), "placing the parameters of module " + mod.name);
+      ZOE_RETURN_IF_ERROR(I.tm->write(m, cbuf.data() + static_cast<size_t>(I.rank) * mod.part * es));
+    }
+    // Optimizer states and gradient accumulator of the owned range.
+    size_t sbytes = mod.opt_n * (I.cfg->zoe.bf16_optimizer_states ? 2 : 4);
+    switch (I.opt_off) {
+      case OffloadDevice::kNone:
+        ZOE_ASSIGN_OR_RETURN(mod.master, I.dalloc(mod.opt_n * 4));
+        ZOE_ASSIGN_OR_RETURN(mod.exp_avg, I.dalloc(sbytes));
+        ZOE_ASSIGN_OR_RETURN(mod.exp_avg_sq, I.dalloc(sbytes));
+        ZOE_ASSIGN_OR_RETURN(void* g, I.dalloc(mod.opt_n * 4));
+        mod.grad_acc = static_cast<float*>(g);
+        memcpy(mod.master, own, mod.opt_n * 4);
+        break;
+      case OffloadDevice::kCpu: {
+        ZOE_ASSIGN_OR_RETURN(mod.master, I.halloc(mod.opt_n * 4));
+        ZOE_ASSIGN_OR_RETURN(mod.exp_avg, I.halloc(sbytes));
+        ZOE_ASSIGN_OR_RETURN(mod.exp_avg_sq, I.halloc(sbytes));
+        ZOE_ASSIGN_OR_RETURN(void* g, I.halloc(mod.opt_n * 4));
+        mod.grad_acc = static_cast<float*>(g);
+        memcpy(mod.master, own, mod.opt_n * 4);
+        break;
+      }
+      case OffloadDevice::kNvme: {
+        ZOE_RETURN_IF_ERROR_CTX(I.swapper->add_group(m, mod.opt_n), "placing the optimizer states of module " + mod.name);
+        ZOE_RETURN_IF_ERROR(I.swapper->write_state(m, 0, own));
+        std::vector<char> zeros(sbytes, 0);
+        ZOE_RETURN_IF_ERROR(I.swapper->write_state(m, 1, zeros.data()));
+        ZOE_RETURN_IF_ERROR(I.swapper->write_state(m, 2, zeros.data()));
+        ZOE_ASSIGN_OR_RETURN(void* g, I.halloc(mod.opt_n * 4));
+        mod.grad_acc = static_cast<float*>(g);
+        break;
+      }
+    }
+  }
+  I.initialized = true;
+  I.last_step_ns = now_ns();
+  if (I.tm) I.tm->begin_trace();
+  return Status::ok();
+}
+
+Result<ModuleParams> Engine::fetch(size_t m) {
+  Impl& I = *impl_;
+  Timer te(&I.t_engine);
+  if (!I.initialized) return invalid_argument("fetch() before initialize()");
+  if (m >= I.modules.size()) return invalid_argument("fetch(%zu): there are %zu modules", m, I.modules.size());
+  Impl::Module& mod = I.modules[m];
+  if (I.recording) I.order.push_back(m);
+  if (mod.partitioned_params && !mod.fetched) {
+    int64_t cap = I.cfg->zero.stage3_max_live_parameters;
+    if (static_cast<int64_t>(I.live_elems + mod.padded) > cap) {
+      return invalid_argument("fetching module %s would gather %zu parameters, above stage3_max_live_parameters %lld: "
+                              "release modules before fetching more", mod.name.c_str(), I.live_elems + mod.padded,
+                              static_cast<long long>(cap));
+    }
+    void* part;
+    {
+      Timer t(&I.t_io);
+      ZOE_ASSIGN_OR_RETURN(part, I.tm->fetch(m, Tier::kDevice).wait());
+    }
+    ZOE_ASSIGN_OR_RETURN(mod.full, I.dalloc(mod.padded * I.esize()));
+    {
+      Timer t(&I.t_comm);
+      Status s = I.comm->all_gather(part, mod.full, mod.part, to_comm(I.cdt)).wait();
+      I.tm->unpin(m, Tier::kDevice);
+      if (!s.is_ok()) return s.with_context("gathering the parameters of module " + mod.name);
+    }
+    I.live_elems += mod.padded;
+    I.prefetch_after(m);
+  }
+  if (!I.recording && !I.order.empty()) I.cursor = (I.cursor + 1) % I.order.size();
+  mod.fetched = true;
+  ModuleParams out;
+  out.dtype = compute_dtype();
+  for (size_t p = 0; p < mod.specs.size(); ++p) {
+    out.data.push_back(static_cast<char*>(mod.full) + mod.offset[p] * I.esize());
+    out.numel.push_back(mod.numel[p]);
+  }
+  return out;
+}
+
+Status Engine::release(size_t m) {
+  Impl& I = *impl_;
+  Timer te(&I.t_engine);
+  if (m >= I.modules.size()) return invalid_argument("release(%zu): there are %zu modules", m, I.modules.size());
+  Impl::Module& mod = I.modules[m];
+  if (!mod.fetched) return invalid_argument("release(%s) of a module that is not fetched", mod.name.c_str());
+  mod.fetched = false;
+  if (mod.partitioned_params) {
+    I.dev->free(mod.full);
+    mod.full = nullptr;
+    I.live_elems -= mod.padded;
+  }
+  return Status::ok();
+}
+
+Result<ModuleParams> Engine::grads(size_t m) {
+  Impl& I = *impl_;
+  Timer te(&I.t_engine);
+  if (m >= I.modules.size()) return invalid_argument("grads(%zu): there are %zu modules", m, I.modules.size());
+  Impl::Module& mod = I.modules[m];
+  if (!mod.grad_buf) {
+    ZOE_ASSIGN_OR_RETURN(mod.grad_buf, I.dalloc(mod.padded * I.esize()));
+  }
+  ModuleParams out;
+  out.dtype = compute_dtype();
+  for (size_t p = 0; p < mod.specs.size(); ++p) {
+    out.data.push_back(static_cast<char*>(mod.grad_buf) + mod.offset[p] * I.esize());
+    out.numel.push_back(mod.numel[p]);
+  }
+  return out;
+}
+
+Status Engine::reduce_grads(size_t m) {
+  Impl& I = *impl_;
+  Timer te(&I.t_engine);
+  if (m >= I.modules.size()) return invalid_argument("reduce_grads(%zu): there are %zu modules", m, I.modules.size());
+  Impl::Module& mod = I.modules[m];
+  if (!mod.grad_buf) return invalid_argument("reduce_grads(%s) without grads()", mod.name.c_str());
+  ZOE_RETURN_IF_ERROR(I.complete_pending(false));
+  Impl::Pending p;
+  p.m = m;
+  comm::CommType ct = to_comm(I.cdt);
+  if (I.stage >= 2) {
+    ZOE_ASSIGN_OR_RETURN(p.recv, I.dalloc(mod.part * I.esize()));
+    p.recv_offset = 0;
+    p.h = I.comm->reduce_scatter(mod.grad_buf, p.recv, mod.part, ct, comm::ReduceOp::kSum);
+  } else {
+    ZOE_ASSIGN_OR_RETURN(p.recv, I.dalloc(mod.padded * I.esize()));
+    p.recv_offset = mod.opt_begin;
+    p.h = I.comm->all_reduce(mod.grad_buf, p.recv, mod.padded, ct, comm::ReduceOp::kSum);
+  }
+  // The send buffer must outlive the collective: free it once this one completes.
+  {
+    Timer t(&I.t_comm);
+    ZOE_RETURN_IF_ERROR_CTX(p.h.wait(), "reducing the gradients of module " + mod.name);
+  }
+  I.dev->free(mod.grad_buf);
+  mod.grad_buf = nullptr;
+  I.pending.push_back(p);
+  return I.complete_pending(false);
+}
+
+Result<StepStats> Engine::step() {
+  Impl& I = *impl_;
+  uint64_t t_enter = now_ns();
+  if (!I.initialized) return invalid_argument("step() before initialize()");
+  ZOE_RETURN_IF_ERROR(I.complete_pending(true));
+  for (const auto& mod : I.modules) {
+    if (mod.grad_buf) return invalid_argument("step(): module %s has gradients that were not reduced", mod.name.c_str());
+    if (mod.fetched && mod.partitioned_params) return invalid_argument("step(): module %s is still fetched", mod.name.c_str());
+  }
+  if (I.recording) {
+    I.recording = false;
+    I.cursor = 0;
+    if (I.tm) I.tm->end_trace();
+  }
+  uint64_t t_opt0 = now_ns();
+  optim::Exec exec;
+  exec.pool = I.pool.get();
+  // 1. Global gradient norm: this rank's owned ranges, summed over ranks (stage 0 owns all).
+  optim::NormResult local;
+  for (auto& mod : I.modules) {
+    ZOE_ASSIGN_OR_RETURN(optim::NormResult r, optim::grad_norm_sq(mod.grad_acc, DType::kF32, mod.opt_n, exec));
+    local.sum_sq += r.sum_sq;
+    local.finite = local.finite && r.finite;
+  }
+  double sums[1] = {local.finite ? local.sum_sq : INFINITY};
+  if (I.stage >= 1 && I.world > 1) {
+    Timer t(&I.t_comm);
+    double out[1];
+    ZOE_RETURN_IF_ERROR_CTX(I.comm->all_reduce(sums, out, 1, comm::CommType::kF64, comm::ReduceOp::kSum).wait(),
+                            "all-reducing the gradient norm");
+    sums[0] = out[0];
+  }
+  optim::NormResult global;
+  global.sum_sq = sums[0];
+  global.finite = std::isfinite(sums[0]);
+  // Gradients were summed over ranks and micro-batches with the loss scale: average and unscale.
+  const double micro = static_cast<double>(std::max<int64_t>(1, I.cfg->gradient_accumulation_steps));
+  double divisor = static_cast<double>(I.world) * micro * (I.cdt == DType::kF16 ? I.scaler.scale() : 1.0);
+  optim::StepScale sc = optim::compute_step_scale(global, static_cast<float>(divisor),
+                                                  static_cast<float>(I.cfg->gradient_clipping));
+  StepStats st;
+  st.grad_norm = sc.grad_norm;
+  st.lr = I.cfg->lr_at(I.steps + 1);
+  if (sc.overflow) {
+    st.skipped = true;
+  } else {
+    I.steps++;
+    optim::AdamParams ap;
+    ap.lr = static_cast<float>(st.lr);
+    ap.beta1 = static_cast<float>(I.cfg->optimizer.beta1);
+    ap.beta2 = static_cast<float>(I.cfg->optimizer.beta2);
+    ap.eps = static_cast<float>(I.cfg->optimizer.eps);
+    ap.weight_decay = static_cast<float>(I.cfg->optimizer.weight_decay);
+    std::string type = I.cfg->optimizer.type;
+    std::transform(type.begin(), type.end(), type.begin(), ::tolower);
+    ap.adamw = type != "adam";
+    optim::AdamStep as;
+    as.step = I.steps;
+    as.grad_scale = sc.grad_scale;
+    const DType sdt = I.cfg->zoe.bf16_optimizer_states ? DType::kBF16 : DType::kF32;
+    // The chunk update: fp32 master, m, v at [begin, begin+n) of module m's owned range.
+    auto update = [&](size_t m, size_t begin, size_t n, float* master, void* ea, void* eas, void* out) -> Status {
+      Impl::Module& mod = I.modules[m];
+      optim::AdamArgs a;
+      a.buf.n = n;
+      a.buf.param = master;
+      a.buf.grad = mod.grad_acc + begin;
+      a.buf.grad_dtype = DType::kF32;
+      a.buf.exp_avg = ea;
+      a.buf.exp_avg_sq = eas;
+      a.buf.state_dtype = sdt;
+      if (I.cdt != DType::kF32) {
+        a.buf.param_out = static_cast<char*>(out) + begin * I.esize();
+        a.buf.param_out_dtype = I.cdt;
+      }
+      a.params = ap;
+      a.step = as;
+      ZOE_RETURN_IF_ERROR(optim::adam_step(a, exec));
+      if (I.cdt == DType::kF32) memcpy(static_cast<char*>(out) + begin * 4, master, n * 4);
+      return Status::ok();
+    };
+    std::vector<void*> outs(I.modules.size());
+    for (size_t m = 0; m < I.modules.size(); ++m) {
+      ZOE_ASSIGN_OR_RETURN(outs[m], I.owned_compute(m));
+    }
+    Status s;
+    if (I.swapper) {
+      s = I.swapper->step([&](const offload::ChunkView& c) {
+        return update(c.group, c.begin, c.n, static_cast<float*>(c.data[0]), c.data[1], c.data[2], outs[c.group]);
+      });
+    } else {
+      for (size_t m = 0; m < I.modules.size() && s.is_ok(); ++m) {
+        Impl::Module& mod = I.modules[m];
+        s = update(m, 0, mod.opt_n, static_cast<float*>(mod.master), mod.exp_avg, mod.exp_avg_sq, outs[m]);
+      }
+    }
+    for (size_t m = 0; m < I.modules.size(); ++m) I.unpin_owned(m);
+    if (I.tm) {
+      Status ds = I.tm->drain();
+      if (s.is_ok()) s = ds;
+    }
+    if (!s.is_ok()) return s.with_context("optimizer step " + std::to_string(I.steps));
+    // Stage 1/2 (and persistent stage-3 modules): gather the updated partitions.
+    if (I.stage >= 1) {
+      Timer t(&I.t_comm);
+      for (auto& mod : I.modules) {
+        if (mod.partitioned_params) continue;
+        ZOE_ASSIGN_OR_RETURN(void* tmp, I.dalloc(mod.part * I.esize()));
+        memcpy(tmp, static_cast<char*>(mod.full) + mod.opt_begin * I.esize(), mod.part * I.esize());
+        Status gs = I.comm->all_gather(tmp, mod.full, mod.part, to_comm(I.cdt)).wait();
+        I.dev->free(tmp);
+        if (!gs.is_ok()) return gs.with_context("gathering the updated parameters of module " + mod.name);
+      }
+    }
+  }
+  if (I.cdt == DType::kF16) I.scaler.update(sc.overflow);
+  for (auto& mod : I.modules) memset(mod.grad_acc, 0, mod.opt_n * 4);
+  I.t_opt += static_cast<double>(now_ns() - t_opt0) * 1e-9;
+  uint64_t now = now_ns();
+  double wall = static_cast<double>(now - I.last_step_ns) * 1e-9;
+  double in_engine = I.t_engine + static_cast<double>(now - t_enter) * 1e-9;
+  st.step = I.steps;
+  st.loss_scale = loss_scale();
+  st.t_comm = I.t_comm;
+  st.t_io_stall = I.t_io;
+  st.t_optimizer = I.t_opt;
+  st.t_compute = std::max(0.0, wall - in_engine);
+  st.high_water[0] = I.dev->high_water_bytes();
+  uint64_t host = I.host_bytes + (I.swapper ? I.swapper->buffer_bytes_total() : 0);
+  if (I.tm) host += I.tm->stats().high_water[1];
+  st.high_water[1] = host;
+  st.high_water[2] = I.store ? I.store->high_water_bytes() : 0;
+  I.t_comm = I.t_io = I.t_opt = I.t_engine = 0;
+  I.last_step_ns = now;
+  return st;
+}
+
+Status Engine::read_master(size_t m, size_t p, float* out) {
+  Impl& I = *impl_;
+  if (m >= I.modules.size() || p >= I.modules[m].specs.size()) return invalid_argument("read_master(%zu, %zu): no such parameter", m, p);
+  Impl::Module& mod = I.modules[m];
+  std::vector<float> own(mod.opt_n);
+  if (I.swapper) {
+    ZOE_RETURN_IF_ERROR(I.swapper->read_state(m, 0, own.data()));
+  } else {
+    memcpy(own.data(), mod.master, mod.opt_n * 4);
+  }
+  std::vector<float> full(mod.padded);
+  if (I.stage == 0) {
+    full = own;
+  } else {
+    ZOE_RETURN_IF_ERROR(I.comm->all_gather(own.data(), full.data(), mod.part, comm::CommType::kF32).wait());
+  }
+  memcpy(out, full.data() + mod.offset[p], mod.numel[p] * 4);
+  return Status::ok();
+}
+
+}  // namespace zoe

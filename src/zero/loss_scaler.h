@@ -1,0 +1,35 @@
+// LossScaler: fp16 loss scaling, static or dynamic with DeepSpeed's rules (window, hysteresis).
+#pragma once
+
+#include <cstdint>
+
+namespace zoe::zero {
+
+class LossScaler {
+ public:
+  struct Options {
+    double static_scale = 0;  // > 0: a fixed scale; 0: dynamic
+    int initial_scale_power = 16;
+    int window = 1000;
+    int hysteresis = 2;
+    bool consecutive_hysteresis = false;
+    double min_scale = 1;
+  };
+  LossScaler() = default;
+  explicit LossScaler(const Options& o);
+
+  double scale() const { return scale_; }
+  // After each step: overflow lowers the scale (once hysteresis is used up); `window` steps
+  // without overflow double it.
+  void update(bool overflow);
+
+ private:
+  Options o_;
+  bool dynamic_ = false;
+  double scale_ = 1.0;
+  int64_t iter_ = 0;
+  int64_t last_overflow_ = -1;
+  int delayed_shift_ = 1;
+};
+
+}  // namespace zoe::zero

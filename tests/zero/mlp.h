@@ -1,0 +1,217 @@
+// A small MLP trained through the engine, and the same MLP trained densely (one process, fp32
+// AdamW over the global batch) as the reference the engine's results are compared with.
+#pragma once
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "zoe/engine.h"
+
+namespace zoe::test {
+
+struct MlpSpec {
+  int layers = 3;
+  int d = 24;
+  int batch = 4;  // samples per rank per step
+  float lr = 1e-2f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, wd = 0.01f;
+  double clip = 0.0;
+};
+
+// Deterministic data: sample s of the global batch at step k.
+inline float input_value(int k, int s, int i) { return std::sin(0.37f * static_cast<float>(i + 1) + 0.11f * static_cast<float>(s) + 0.05f * static_cast<float>(k)); }
+inline float target_value(int k, int s, int i) { return 0.5f * std::cos(0.23f * static_cast<float>(i) - 0.07f * static_cast<float>(s + k)); }
+inline float init_value(size_t m, size_t p, size_t i) {
+  return 0.2f * std::sin(static_cast<float>(i) * 0.731f + static_cast<float>(m) * 1.3f + static_cast<float>(p) * 0.17f);
+}
+
+inline float load(const void* data, ComputeDType dt, size_t i) {
+  if (dt == ComputeDType::kF32) return static_cast<const float*>(data)[i];
+  uint16_t h = static_cast<const uint16_t*>(data)[i];
+  return dt == ComputeDType::kBF16 ? bf16_to_f32(h) : f16_to_f32(h);
+}
+inline void store(void* data, ComputeDType dt, size_t i, float v) {
+  if (dt == ComputeDType::kF32) {
+    static_cast<float*>(data)[i] = v;
+    return;
+  }
+  static_cast<uint16_t*>(data)[i] = dt == ComputeDType::kBF16 ? f32_to_bf16(v) : f32_to_f16(v);
+}
+
+// Forward and backward of one layer y = act(W x + b) for a batch; act = tanh except the last.
+// Gradients of loss = sum over samples 0.5 |y - t|^2 / batch_global ... (per-rank mean).
+struct Layer {
+  std::vector<float> w, b;  // w[o * d + i]
+};
+
+// Gradients of the mean loss over `samples` for all layers given weights (fp32 math).
+inline void mlp_grads(const MlpSpec& s, const std::vector<Layer>& L, const std::vector<std::vector<float>>& xs,
+                      const std::vector<std::vector<float>>& ts, std::vector<Layer>* g) {
+  const int d = s.d, n = static_cast<int>(L.size());
+  g->assign(L.size(), Layer{});
+  for (auto& gl : *g) {
+    gl.w.assign(static_cast<size_t>(d * d), 0.0f);
+    gl.b.assign(static_cast<size_t>(d), 0.0f);
+  }
+  const float inv = 1.0f / static_cast<float>(xs.size());
+  for (size_t smp = 0; smp < xs.size(); ++smp) {
+    std::vector<std::vector<float>> act(static_cast<size_t>(n + 1));
+    act[0] = xs[smp];
+    for (int l = 0; l < n; ++l) {
+      act[l + 1].assign(static_cast<size_t>(d), 0.0f);
+      for (int o = 0; o < d; ++o) {
+        float z = L[l].b[o];
+        for (int i = 0; i < d; ++i) z += L[l].w[o * d + i] * act[l][i];
+        act[l + 1][o] = l + 1 < n ? std::tanh(z) : z;
+      }
+    }
+    std::vector<float> delta(static_cast<size_t>(d));
+    for (int o = 0; o < d; ++o) delta[o] = (act[n][o] - ts[smp][o]) * inv;
+    for (int l = n - 1; l >= 0; --l) {
+      std::vector<float> prev(static_cast<size_t>(d), 0.0f);
+      for (int o = 0; o < d; ++o) {
+        (*g)[l].b[o] += delta[o];
+        for (int i = 0; i < d; ++i) {
+          (*g)[l].w[o * d + i] += delta[o] * act[l][i];
+          prev[i] += L[l].w[o * d + i] * delta[o];
+        }
+      }
+      if (l > 0) {
+        for (int i = 0; i < d; ++i) prev[i] *= 1.0f - act[l][i] * act[l][i];
+      }
+      delta = prev;
+    }
+  }
+}
+
+inline std::vector<std::vector<float>> batch_inputs(const MlpSpec& s, int k, int first, int count) {
+  std::vector<std::vector<float>> v;
+  for (int smp = first; smp < first + count; ++smp) {
+    std::vector<float> x(static_cast<size_t>(s.d));
+    for (int i = 0; i < s.d; ++i) x[i] = input_value(k, smp, i);
+    v.push_back(x);
+  }
+  return v;
+}
+inline std::vector<std::vector<float>> batch_targets(const MlpSpec& s, int k, int first, int count) {
+  std::vector<std::vector<float>> v;
+  for (int smp = first; smp < first + count; ++smp) {
+    std::vector<float> t(static_cast<size_t>(s.d));
+    for (int i = 0; i < s.d; ++i) t[i] = target_value(k, smp, i);
+    v.push_back(t);
+  }
+  return v;
+}
+
+inline std::vector<Layer> init_layers(const MlpSpec& s) {
+  std::vector<Layer> L(static_cast<size_t>(s.layers));
+  for (int l = 0; l < s.layers; ++l) {
+    L[l].w.resize(static_cast<size_t>(s.d * s.d));
+    L[l].b.resize(static_cast<size_t>(s.d));
+    for (size_t i = 0; i < L[l].w.size(); ++i) L[l].w[i] = init_value(static_cast<size_t>(l), 0, i);
+    for (size_t i = 0; i < L[l].b.size(); ++i) L[l].b[i] = init_value(static_cast<size_t>(l), 1, i);
+  }
+  return L;
+}
+
+// Dense reference: `steps` AdamW steps on the global batch of world * batch samples.
+inline std::vector<Layer> reference_train(const MlpSpec& s, int world, int steps, int micro = 1) {
+  std::vector<Layer> L = init_layers(s), m = L, v = L;
+  for (auto* st : {&m, &v}) {
+    for (auto& l : *st) {
+      std::fill(l.w.begin(), l.w.end(), 0.0f);
+      std::fill(l.b.begin(), l.b.end(), 0.0f);
+    }
+  }
+  for (int k = 0; k < steps; ++k) {
+    std::vector<Layer> g;
+    mlp_grads(s, L, batch_inputs(s, k, 0, micro * world * s.batch), batch_targets(s, k, 0, micro * world * s.batch), &g);
+    double sq = 0;
+    for (auto& gl : g) {
+      for (float x : gl.w) sq += static_cast<double>(x) * x;
+      for (float x : gl.b) sq += static_cast<double>(x) * x;
+    }
+    float coef = 1.0f;
+    if (s.clip > 0 && std::sqrt(sq) > s.clip) coef = static_cast<float>(s.clip / (std::sqrt(sq) + 1e-6));
+    int t = k + 1;
+    double bc1 = 1.0 - std::pow(s.beta1, t), bc2 = 1.0 - std::pow(s.beta2, t);
+    auto upd = [&](std::vector<float>& p, std::vector<float>& mm, std::vector<float>& vv, const std::vector<float>& gg) {
+      for (size_t i = 0; i < p.size(); ++i) {
+        float gi = gg[i] * coef;
+        mm[i] = s.beta1 * mm[i] + (1 - s.beta1) * gi;
+        vv[i] = s.beta2 * vv[i] + (1 - s.beta2) * gi * gi;
+        p[i] *= 1.0f - s.lr * s.wd;
+        p[i] -= static_cast<float>(s.lr / bc1) * mm[i] / (std::sqrt(vv[i]) / static_cast<float>(std::sqrt(bc2)) + s.eps);
+      }
+    };
+    for (size_t l = 0; l < L.size(); ++l) {
+      upd(L[l].w, m[l].w, v[l].w, g[l].w);
+      upd(L[l].b, m[l].b, v[l].b, g[l].b);
+    }
+  }
+  return L;
+}
+
+// Trains `steps` steps through the engine (this rank's share of the global batch) and returns
+// the final fp32 master parameters. inject_inf_at: a step whose first gradient becomes inf.
+inline Status engine_train(Engine& e, const MlpSpec& s, int rank, int world, int steps, std::vector<Layer>* out,
+                           std::vector<StepStats>* stats = nullptr, int inject_inf_at = -1, int micro = 1) {
+  const int d = s.d;
+  for (int k = 0; k < steps; ++k) {
+   for (int j = 0; j < micro; ++j) {
+    const int first = (j * world + rank) * s.batch;
+    auto xs = batch_inputs(s, k, first, s.batch);
+    auto ts = batch_targets(s, k, first, s.batch);
+    // Forward: gather each module, keep an fp32 copy of its weights for backward.
+    std::vector<Layer> L(static_cast<size_t>(s.layers));
+    for (int l = 0; l < s.layers; ++l) {
+      auto p = e.fetch(static_cast<size_t>(l));
+      if (!p.is_ok()) return p.status();
+      L[l].w.resize(static_cast<size_t>(d * d));
+      L[l].b.resize(static_cast<size_t>(d));
+      for (int i = 0; i < d * d; ++i) L[l].w[i] = load(p->data[0], p->dtype, static_cast<size_t>(i));
+      for (int i = 0; i < d; ++i) L[l].b[i] = load(p->data[1], p->dtype, static_cast<size_t>(i));
+      ZOE_RETURN_IF_ERROR(e.release(static_cast<size_t>(l)));
+    }
+    std::vector<Layer> g;
+    mlp_grads(s, L, xs, ts, &g);
+    const float scale = static_cast<float>(e.loss_scale());
+    for (int l = s.layers - 1; l >= 0; --l) {
+      auto p = e.fetch(static_cast<size_t>(l));
+      if (!p.is_ok()) return p.status();
+      auto gb = e.grads(static_cast<size_t>(l));
+      if (!gb.is_ok()) return gb.status();
+      for (int i = 0; i < d * d; ++i) store(gb->data[0], gb->dtype, static_cast<size_t>(i), g[l].w[i] * scale);
+      for (int i = 0; i < d; ++i) store(gb->data[1], gb->dtype, static_cast<size_t>(i), g[l].b[i] * scale);
+      if (k == inject_inf_at && l == 0) store(gb->data[0], gb->dtype, 0, INFINITY);
+      ZOE_RETURN_IF_ERROR(e.reduce_grads(static_cast<size_t>(l)));
+      ZOE_RETURN_IF_ERROR(e.release(static_cast<size_t>(l)));
+    }
+   }
+    auto st = e.step();
+    if (!st.is_ok()) return st.status();
+    if (stats) stats->push_back(st.value());
+  }
+  out->assign(static_cast<size_t>(s.layers), Layer{});
+  for (int l = 0; l < s.layers; ++l) {
+    (*out)[l].w.resize(static_cast<size_t>(d * d));
+    (*out)[l].b.resize(static_cast<size_t>(d));
+    ZOE_RETURN_IF_ERROR(e.read_master(static_cast<size_t>(l), 0, (*out)[l].w.data()));
+    ZOE_RETURN_IF_ERROR(e.read_master(static_cast<size_t>(l), 1, (*out)[l].b.data()));
+  }
+  return Status::ok();
+}
+
+inline Status register_mlp(Engine& e, const MlpSpec& s) {
+  for (int l = 0; l < s.layers; ++l) {
+    ZOE_RETURN_IF_ERROR(e.add_module("layer." + std::to_string(l),
+                                     {{"w", {s.d, s.d}}, {"b", {s.d}}}));
+  }
+  return e.initialize([](size_t m, size_t p, float* data, size_t n) {
+    for (size_t i = 0; i < n; ++i) data[i] = init_value(m, p, i);
+  });
+}
+
+}  // namespace zoe::test
