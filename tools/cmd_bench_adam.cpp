@@ -121,7 +121,7 @@ void print_human(const optim::bench::Report& r) {
          c.state_dtype == DType::kF32 ? "" : c.stochastic_rounding ? " (stochastic rounding)" : " (RNE)",
          c.out_dtype ? dtype_name(*c.out_dtype) : "none", c.repeats);
   printf("#\n");
-  Table tab({{"kernel", "", 28, true},
+  Table tab({{"kernel", "", 32, true},
              {"bytes", "B/param", 8},
              {"time", "ms", 9},
              {"min", "ms", 9},
