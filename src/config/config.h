@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,8 @@ struct OffloadConfig {
   bool pipeline_write = false;
   bool fast_init = false;
   double ratio = 1.0;                  // offload_optimizer: fraction of the step on the CPU
+
+  bool operator==(const OffloadConfig&) const = default;
 };
 
 struct AioConfig {
@@ -36,6 +39,8 @@ struct AioConfig {
   bool single_submit = false;
   bool overlap_events = true;
   bool use_gds = false;
+
+  bool operator==(const AioConfig&) const = default;
 };
 
 struct ZeroConfig {
@@ -50,12 +55,18 @@ struct ZeroConfig {
   int64_t sub_group_size = 1000000000;
   int64_t stage3_prefetch_bucket_size = 50000000;
   int64_t stage3_param_persistence_threshold = 100000;
-  int64_t stage3_model_persistence_threshold = INT64_MAX;
+  int64_t stage3_model_persistence_threshold = std::numeric_limits<int64_t>::max();
   int64_t stage3_max_live_parameters = 1000000000;
   int64_t stage3_max_reuse_distance = 1000000000;
   bool stage3_gather_16bit_weights_on_model_save = false;
   OffloadConfig offload_optimizer;
-  OffloadConfig offload_param;  // buffer_count defaults to 5 here
+  OffloadConfig offload_param = [] {  // buffer_count defaults to 5 here
+    OffloadConfig o;
+    o.buffer_count = 5;
+    return o;
+  }();
+
+  bool operator==(const ZeroConfig&) const = default;
 };
 
 struct Fp16Config {
@@ -66,14 +77,22 @@ struct Fp16Config {
   int hysteresis = 2;
   bool consecutive_hysteresis = false;
   double min_loss_scale = 1;
+
+  bool operator==(const Fp16Config&) const = default;
 };
 
 struct OptimizerConfig {
-  std::string type = "AdamW";  // "Adam" (L2 decay) or "AdamW" (decoupled)
+  std::string type = "AdamW";  // "Adam" or "AdamW", as written (any case in the file)
   double lr = 1e-3;
   double beta1 = 0.9, beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 0.0;
+  // The decay the step must use: true = decoupled (AdamW), false = L2 added to the gradient.
+  // As in DeepSpeed, "Adam" means decoupled decay unless params.adam_w_mode is false; "AdamW"
+  // is always decoupled. Use this, not `type`.
+  bool adam_w_mode = true;
+
+  bool operator==(const OptimizerConfig&) const = default;
 };
 
 struct SchedulerConfig {
@@ -83,6 +102,8 @@ struct SchedulerConfig {
   int64_t warmup_num_steps = 1000;
   std::string warmup_type = "log";  // "log" or "linear"
   int64_t total_num_steps = 0;      // WarmupDecayLR
+
+  bool operator==(const SchedulerConfig&) const = default;
 };
 
 // Keys under "zoe".
@@ -93,10 +114,14 @@ struct ZoeConfig {
   std::string device = "auto";         // "auto", "cpu" or "cuda"
   int64_t host_budget_bytes = 0;       // 0: no limit beyond the machine
   int64_t optimizer_threads = 0;       // 0: all cores
+
+  bool operator==(const ZoeConfig&) const = default;
 };
 
 struct Config {
-  int64_t train_batch_size = 0;  // 0: micro x accumulation x world size
+  // parse() fills the three batch keys the way DeepSpeed does (any two give the third; one alone
+  // means accumulation 1), so after parse train_batch_size = micro x accumulation x world size.
+  int64_t train_batch_size = 0;
   int64_t train_micro_batch_size_per_gpu = 1;
   int64_t gradient_accumulation_steps = 1;
   double gradient_clipping = 0.0;  // 0: off
@@ -118,10 +143,21 @@ struct Config {
   static Result<Config> parse(const std::string& json_text, int world_size = 1);
   static Result<Config> load(const std::string& path, int world_size = 1);
 
-  // The learning rate at optimizer step `step` (1-based) under the scheduler.
+  // The learning rate of optimizer update `step` (1-based; updates skipped for fp16 overflow do
+  // not count) — the same value DeepSpeed's scheduler gives that update. DeepSpeed sets the
+  // schedule's iteration -1 value (warmup_min_lr) at start and advances the scheduler after each
+  // update, so update k uses the schedule at iteration k-2: updates 1 and 2 both run at
+  // warmup_min_lr. No scheduler: optimizer.lr.
   double lr_at(int64_t step) const;
-  // A JSON text that parse() reads back to an equal Config (for `zoe tune`).
+  // The schedule at DeepSpeed's last_batch_iteration `iteration` (>= 0; below 0: warmup_min_lr).
+  double lr_at_iteration(int64_t iteration) const;
+  // A JSON text (real JSON booleans and numbers, every field) that parse() with the same
+  // world_size reads back to an equal Config (for `zoe tune`). `unimplemented` keys are not
+  // written: they had no effect.
   std::string to_json() const;
+
+  // Every field but `unimplemented`.
+  bool operator==(const Config& o) const;
 };
 
 }  // namespace zoe::config

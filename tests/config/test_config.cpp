@@ -1,0 +1,586 @@
+// Config tests: real DeepSpeed files, defaults, every kind of bad input, round trip, LR schedules.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <fstream>
+#include <string>
+
+#include "config/config.h"
+#include "tests/util/test_util.h"
+
+namespace zoe::config {
+namespace {
+
+using test::ScratchDir;
+
+std::string replace_all(std::string s, const std::string& from, const std::string& to) {
+  for (size_t pos = 0; (pos = s.find(from, pos)) != std::string::npos; pos += to.size()) s.replace(pos, from.size(), to);
+  return s;
+}
+
+// The error message of a parse that must fail.
+std::string parse_error(const std::string& json, int world_size = 1) {
+  auto c = Config::parse(json, world_size);
+  EXPECT_FALSE(c.is_ok()) << "parsed although it should not: " << json;
+  return c.is_ok() ? "" : c.status().message();
+}
+
+#define EXPECT_HAS(haystack, needle) EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
+
+// A ZeRO-3 NVMe config as users write them (DeepSpeed's ZeRO-Infinity tutorial shape);
+// NVME_DIR is replaced by a scratch directory.
+const char* kZero3Nvme = R"({
+  "train_batch_size": 16,
+  "train_micro_batch_size_per_gpu": 2,
+  "gradient_accumulation_steps": 8,
+  "steps_per_print": 100,
+  "wall_clock_breakdown": false,
+  "gradient_clipping": 1.0,
+  "fp16": {
+    "enabled": true,
+    "auto_cast": false,
+    "loss_scale": 0,
+    "loss_scale_window": 1000,
+    "initial_scale_power": 16,
+    "hysteresis": 2,
+    "min_loss_scale": 1
+  },
+  "optimizer": {
+    "type": "AdamW",
+    "params": {"lr": 3e-5, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.01}
+  },
+  "scheduler": {
+    "type": "WarmupLR",
+    "params": {"warmup_min_lr": 0, "warmup_max_lr": 3e-5, "warmup_num_steps": 500}
+  },
+  "zero_optimization": {
+    "stage": 3,
+    "contiguous_gradients": true,
+    "stage3_max_live_parameters": 1e9,
+    "stage3_max_reuse_distance": 1e9,
+    "stage3_prefetch_bucket_size": 1e7,
+    "stage3_param_persistence_threshold": 1e5,
+    "reduce_bucket_size": 1e7,
+    "sub_group_size": 1e8,
+    "offload_optimizer": {
+      "device": "nvme",
+      "nvme_path": "NVME_DIR",
+      "pin_memory": true,
+      "buffer_count": 4,
+      "fast_init": false
+    },
+    "offload_param": {
+      "device": "nvme",
+      "nvme_path": "NVME_DIR",
+      "pin_memory": true,
+      "buffer_count": 5,
+      "buffer_size": 1e8,
+      "max_in_cpu": 1e9
+    },
+    "stage3_gather_16bit_weights_on_model_save": true
+  },
+  "aio": {
+    "block_size": 262144,
+    "queue_depth": 32,
+    "thread_count": 1,
+    "single_submit": false,
+    "overlap_events": true
+  },
+  "flops_profiler": {"enabled": false, "profile_step": 1},
+  "tensorboard": {"enabled": false, "output_path": "logs/"}
+})";
+
+// A ZeRO-2 CPU-offload config for 4 ranks, bf16, "Adam" type (DeepSpeed reads it as AdamW).
+const char* kZero2Cpu = R"({
+  "bf16": {"enabled": true},
+  "fp16": {"enabled": false},
+  "optimizer": {"type": "adam", "params": {"lr": 2e-5, "betas": [0.9, 0.98], "eps": 1e-6, "weight_decay": 0.1}},
+  "scheduler": {
+    "type": "WarmupDecayLR",
+    "params": {"warmup_min_lr": 0, "warmup_max_lr": 2e-5, "warmup_num_steps": 100,
+               "total_num_steps": 1000, "warmup_type": "linear"}
+  },
+  "zero_optimization": {
+    "stage": 2,
+    "offload_optimizer": {"device": "cpu", "pin_memory": true},
+    "allgather_partitions": true,
+    "allgather_bucket_size": 2e8,
+    "overlap_comm": true,
+    "reduce_scatter": true,
+    "reduce_bucket_size": 2e8,
+    "contiguous_gradients": true,
+    "round_robin_gradients": true
+  },
+  "gradient_accumulation_steps": 4,
+  "gradient_clipping": 1.0,
+  "steps_per_print": 2000,
+  "train_batch_size": 64,
+  "train_micro_batch_size_per_gpu": 4,
+  "wall_clock_breakdown": false,
+  "zero_allow_untested_optimizer": true
+})";
+
+TEST(Config, RealZero3NvmeConfig) {
+  ScratchDir dir("cfg");
+  auto r = Config::parse(replace_all(kZero3Nvme, "NVME_DIR", dir.path()));
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  const Config& c = r.value();
+  EXPECT_EQ(c.train_batch_size, 16);
+  EXPECT_EQ(c.train_micro_batch_size_per_gpu, 2);
+  EXPECT_EQ(c.gradient_accumulation_steps, 8);
+  EXPECT_EQ(c.gradient_clipping, 1.0);
+  EXPECT_TRUE(c.fp16.enabled);
+  EXPECT_EQ(c.fp16.loss_scale, 0.0);
+  EXPECT_EQ(c.fp16.initial_scale_power, 16);
+  EXPECT_FALSE(c.bf16);
+  EXPECT_EQ(c.zero.stage, 3);
+  EXPECT_TRUE(c.zero.overlap_comm);  // stage 3 default
+  EXPECT_EQ(c.zero.stage3_max_live_parameters, 1000000000);
+  EXPECT_EQ(c.zero.stage3_prefetch_bucket_size, 10000000);
+  EXPECT_EQ(c.zero.stage3_param_persistence_threshold, 100000);
+  EXPECT_EQ(c.zero.reduce_bucket_size, 10000000);
+  EXPECT_EQ(c.zero.sub_group_size, 100000000);
+  EXPECT_TRUE(c.zero.stage3_gather_16bit_weights_on_model_save);
+  EXPECT_EQ(c.zero.offload_optimizer.device, OffloadDevice::kNvme);
+  EXPECT_EQ(c.zero.offload_optimizer.nvme_path, std::vector<std::string>{dir.path()});
+  EXPECT_EQ(c.zero.offload_optimizer.buffer_count, 4);
+  EXPECT_EQ(c.zero.offload_param.device, OffloadDevice::kNvme);
+  EXPECT_EQ(c.zero.offload_param.buffer_count, 5);
+  EXPECT_EQ(c.zero.offload_param.buffer_size, 100000000);
+  EXPECT_EQ(c.zero.offload_param.max_in_cpu, 1000000000);
+  EXPECT_EQ(c.aio.block_size, 262144);
+  EXPECT_EQ(c.aio.queue_depth, 32);
+  EXPECT_EQ(c.aio.intra_op_parallelism, 1);
+  EXPECT_TRUE(c.aio.overlap_events);
+  EXPECT_EQ(c.optimizer.type, "AdamW");
+  EXPECT_TRUE(c.optimizer.adam_w_mode);
+  EXPECT_EQ(c.optimizer.lr, 3e-5);
+  EXPECT_EQ(c.optimizer.beta2, 0.999);
+  EXPECT_EQ(c.optimizer.weight_decay, 0.01);
+  EXPECT_EQ(c.scheduler.type, "WarmupLR");
+  EXPECT_EQ(c.scheduler.warmup_num_steps, 500);
+  EXPECT_EQ(c.scheduler.warmup_type, "log");
+  EXPECT_TRUE(c.unimplemented.empty());
+}
+
+TEST(Config, RealZero2CpuConfig) {
+  auto r = Config::parse(kZero2Cpu, /*world_size=*/4);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  const Config& c = r.value();
+  EXPECT_EQ(c.train_batch_size, 64);
+  EXPECT_TRUE(c.bf16);
+  EXPECT_FALSE(c.fp16.enabled);
+  EXPECT_EQ(c.zero.stage, 2);
+  EXPECT_TRUE(c.zero.overlap_comm);
+  EXPECT_EQ(c.zero.allgather_bucket_size, 200000000);
+  EXPECT_EQ(c.zero.offload_optimizer.device, OffloadDevice::kCpu);
+  EXPECT_EQ(c.zero.offload_param.device, OffloadDevice::kNone);
+  EXPECT_EQ(c.optimizer.type, "Adam");      // canonical spelling of "adam"
+  EXPECT_TRUE(c.optimizer.adam_w_mode);      // DeepSpeed: Adam means decoupled decay by default
+  EXPECT_EQ(c.optimizer.beta2, 0.98);
+  EXPECT_EQ(c.scheduler.type, "WarmupDecayLR");
+  EXPECT_EQ(c.scheduler.warmup_type, "linear");
+  EXPECT_EQ(c.scheduler.total_num_steps, 1000);
+  ASSERT_EQ(c.unimplemented.size(), 1u);
+  EXPECT_HAS(c.unimplemented[0], "zero_optimization.round_robin_gradients");
+  // The same file on 2 ranks contradicts itself.
+  EXPECT_HAS(parse_error(kZero2Cpu, 2), "train_batch_size: 64 does not equal");
+}
+
+TEST(Config, DefaultsAreDeepSpeeds) {
+  auto r = Config::parse("{}");
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  const Config& c = r.value();
+  EXPECT_EQ(c.train_batch_size, 1);
+  EXPECT_EQ(c.zero.stage, 0);
+  EXPECT_FALSE(c.zero.overlap_comm);
+  EXPECT_TRUE(c.zero.contiguous_gradients);
+  EXPECT_TRUE(c.zero.reduce_scatter);
+  EXPECT_EQ(c.zero.reduce_bucket_size, 500000000);
+  EXPECT_EQ(c.zero.allgather_bucket_size, 500000000);
+  EXPECT_EQ(c.zero.sub_group_size, 1000000000);
+  EXPECT_EQ(c.zero.stage3_prefetch_bucket_size, 50000000);  // code's 5e7, not the docs' 5e8
+  EXPECT_EQ(c.zero.stage3_param_persistence_threshold, 100000);
+  EXPECT_EQ(c.zero.stage3_model_persistence_threshold, INT64_MAX);
+  EXPECT_EQ(c.zero.stage3_max_live_parameters, 1000000000);
+  EXPECT_EQ(c.zero.stage3_max_reuse_distance, 1000000000);
+  EXPECT_FALSE(c.zero.stage3_gather_16bit_weights_on_model_save);
+  EXPECT_EQ(c.zero.offload_optimizer.buffer_count, 4);
+  EXPECT_EQ(c.zero.offload_param.buffer_count, 5);
+  EXPECT_EQ(c.zero.offload_param.buffer_size, 100000000);
+  EXPECT_EQ(c.zero.offload_param.max_in_cpu, 1000000000);
+  EXPECT_TRUE(c.zero.offload_optimizer.pin_memory);
+  EXPECT_EQ(c.zero.offload_optimizer.ratio, 1.0);
+  EXPECT_EQ(c.aio.block_size, 1048576);
+  EXPECT_EQ(c.aio.queue_depth, 8);
+  EXPECT_EQ(c.aio.intra_op_parallelism, 1);
+  EXPECT_FALSE(c.aio.single_submit);
+  EXPECT_TRUE(c.aio.overlap_events);
+  EXPECT_FALSE(c.aio.use_gds);
+  EXPECT_EQ(c.fp16.initial_scale_power, 16);
+  EXPECT_EQ(c.fp16.loss_scale_window, 1000);
+  EXPECT_EQ(c.fp16.hysteresis, 2);
+  EXPECT_EQ(c.fp16.min_loss_scale, 1.0);
+  EXPECT_EQ(c.scheduler.type, "");
+  Config d;
+  d.train_batch_size = 1;
+  EXPECT_TRUE(c == d);
+  // Stage 3 turns overlap_comm on unless the key says otherwise.
+  EXPECT_TRUE(Config::parse(R"({"zero_optimization": {"stage": 3}})")->zero.overlap_comm);
+  EXPECT_FALSE(Config::parse(R"({"zero_optimization": {"stage": 3, "overlap_comm": false}})")->zero.overlap_comm);
+}
+
+TEST(Config, BatchKeysResolvedLikeDeepSpeed) {
+  auto a = Config::parse(R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 2})", 4);
+  ASSERT_TRUE(a.is_ok()) << a.status().to_string();
+  EXPECT_EQ(a->gradient_accumulation_steps, 4);
+  auto b = Config::parse(R"({"train_batch_size": 32, "gradient_accumulation_steps": 2})", 4);
+  ASSERT_TRUE(b.is_ok());
+  EXPECT_EQ(b->train_micro_batch_size_per_gpu, 4);
+  auto c = Config::parse(R"({"train_batch_size": 8})", 4);
+  ASSERT_TRUE(c.is_ok());
+  EXPECT_EQ(c->train_micro_batch_size_per_gpu, 2);
+  EXPECT_EQ(c->gradient_accumulation_steps, 1);
+  auto d = Config::parse(R"({"train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 5})", 2);
+  ASSERT_TRUE(d.is_ok());
+  EXPECT_EQ(d->train_batch_size, 30);
+  std::string e = parse_error(R"({"train_batch_size": 10, "train_micro_batch_size_per_gpu": 2,
+                                  "gradient_accumulation_steps": 2})", 2);
+  EXPECT_HAS(e, "train_batch_size: 10 does not equal train_micro_batch_size_per_gpu 2 x gradient_accumulation_steps 2 "
+                "x world size 2 = 8");
+  EXPECT_HAS(parse_error(R"({"train_batch_size": 10})", 4), "train_batch_size: 10 is not divisible");
+}
+
+TEST(Config, IntegersMayBeWrittenAsWholeDoubles) {
+  auto r = Config::parse(R"({"zero_optimization": {"reduce_bucket_size": 5e8, "sub_group_size": 1.0e9}})");
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(r->zero.reduce_bucket_size, 500000000);
+  std::string e = parse_error(R"({"zero_optimization": {"reduce_bucket_size": 1.5}})");
+  EXPECT_HAS(e, "zero_optimization.reduce_bucket_size: 1.5 is not an integer");
+  EXPECT_HAS(parse_error(R"({"zero_optimization": {"sub_group_size": 1e30}})"), "1e+30 is out of range");
+  EXPECT_HAS(parse_error(R"({"aio": {"queue_depth": "8"}})"), "aio.queue_depth: \"8\" is not a number");
+}
+
+TEST(Config, StringBooleansAreReadAsWhatTheySpell) {
+  // DeepSpeed's tuner writes these; "false" must never become true.
+  auto r = Config::parse(R"({"aio": {"single_submit": "false", "overlap_events": "true"},
+                            "zero_optimization": {"contiguous_gradients": "false"}})");
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_FALSE(r->aio.single_submit);
+  EXPECT_TRUE(r->aio.overlap_events);
+  EXPECT_FALSE(r->zero.contiguous_gradients);
+  EXPECT_HAS(parse_error(R"({"fp16": {"enabled": "yes"}})"), "fp16.enabled: \"yes\" is not a boolean (expected true or false)");
+  EXPECT_HAS(parse_error(R"({"fp16": {"enabled": 1}})"), "fp16.enabled: 1 is not a boolean");
+}
+
+TEST(Config, UnknownKeysNamePathAndSuggest) {
+  std::string e = parse_error(R"({"zero_optimization": {"stage": 3, "stage3_prefetch_bucket_sise": 5e7}})");
+  EXPECT_HAS(e, "unknown key 'zero_optimization.stage3_prefetch_bucket_sise'");
+  EXPECT_HAS(e, "did you mean 'stage3_prefetch_bucket_size'?");
+  e = parse_error(R"({"zero_optimization": {"offload_optimiser": {"device": "cpu"}}})");
+  EXPECT_HAS(e, "did you mean 'offload_optimizer'?");
+  // A key of another section at the wrong level.
+  e = parse_error(R"({"offload_optimizer": {"device": "cpu"}})");
+  EXPECT_HAS(e, "unknown key 'offload_optimizer' (it belongs under 'zero_optimization')");
+  e = parse_error(R"({"completely_made_up": 1})");
+  EXPECT_HAS(e, "unknown key 'completely_made_up'");
+  e = parse_error(R"({"optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "betas1": 0.9}}})");
+  EXPECT_HAS(e, "unknown key 'optimizer.params.betas1' (did you mean 'betas'?)");
+  e = parse_error(R"({"aio": {"num_threads": 4}})");  // what DeepSpeed's tuner writes
+  EXPECT_HAS(e, "unknown key 'aio.num_threads'");
+}
+
+TEST(Config, WrongValuesNameKeyValueAndAllowed) {
+  EXPECT_HAS(parse_error(R"({"zero_optimization": {"stage": 4}})"), "zero_optimization.stage: 4 is not one of 0, 1, 2, 3");
+  EXPECT_HAS(parse_error(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "gpu"}}})"),
+             "zero_optimization.offload_param.device: \"gpu\" is not one of \"none\", \"cpu\", \"nvme\"");
+  EXPECT_HAS(parse_error(R"({"optimizer": {"type": "Lamb"}})"), "optimizer.type: \"Lamb\" is not one of \"Adam\", \"AdamW\"");
+  EXPECT_HAS(parse_error(R"({"scheduler": {"type": "OneCycle"}})"),
+             "scheduler.type: \"OneCycle\" is not one of \"WarmupLR\", \"WarmupDecayLR\"");
+  EXPECT_HAS(parse_error(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_type": "cosine"}}})"),
+             "scheduler.params.warmup_type: \"cosine\" is not one of \"log\", \"linear\"");
+  EXPECT_HAS(parse_error(R"({"optimizer": {"params": {"betas": [0.9, 1.5]}}})"),
+             "optimizer.params.betas[1]: 1.5 is out of range (expected [0, 1))");
+  EXPECT_HAS(parse_error(R"({"optimizer": {"params": {"betas": 0.9}}})"), "optimizer.params.betas: 0.9 is not a pair");
+  EXPECT_HAS(parse_error(R"({"zoe": {"device": "tpu"}})"), "zoe.device: \"tpu\" is not one of \"auto\", \"cpu\", \"cuda\"");
+  EXPECT_HAS(parse_error(R"({"zero_optimization": 3})"), "zero_optimization: 3 is not an object");
+  EXPECT_HAS(parse_error(R"({"train_batch_size": "auto"})"), "placeholder the Hugging Face Trainer fills in");
+  EXPECT_HAS(parse_error("[1, 2]"), "not a JSON object");
+}
+
+TEST(Config, ZeroAndNegativeSizesAreErrors) {
+  EXPECT_HAS(parse_error(R"({"train_micro_batch_size_per_gpu": 0})"),
+             "train_micro_batch_size_per_gpu: 0 is out of range (expected an integer >= 1)");
+  EXPECT_HAS(parse_error(R"({"gradient_accumulation_steps": -2})"), "gradient_accumulation_steps: -2 is out of range");
+  EXPECT_HAS(parse_error(R"({"zero_optimization": {"reduce_bucket_size": 0}})"), "zero_optimization.reduce_bucket_size: 0");
+  EXPECT_HAS(parse_error(R"({"aio": {"block_size": -4096}})"), "aio.block_size: -4096 is out of range");
+  EXPECT_HAS(parse_error(R"({"zero_optimization": {"offload_optimizer": {"buffer_count": 0}}})"),
+             "zero_optimization.offload_optimizer.buffer_count: 0 is out of range");
+  EXPECT_HAS(parse_error(R"({"gradient_clipping": -1.0})"), "gradient_clipping: -1.0 is out of range (expected >= 0)");
+  EXPECT_HAS(parse_error(R"({"optimizer": {"params": {"eps": 0}}})"), "optimizer.params.eps: 0 is out of range (expected > 0)");
+  EXPECT_HAS(parse_error(R"({"zoe": {"host_budget": -5}})"), "zoe.host_budget: -5 is out of range");
+  EXPECT_HAS(parse_error(R"({"zoe": {"device_budget": "lots"}})"), "zoe.device_budget: \"lots\" is not a byte size");
+  EXPECT_HAS(parse_error(R"({"zoe": {"offload_ratio": 1.5}})"), "zoe.offload_ratio: 1.5 is out of range (expected [0, 1])");
+  // 0 is meaningful where DeepSpeed gives it a meaning (no prefetch).
+  EXPECT_TRUE(Config::parse(R"({"zero_optimization": {"stage3_prefetch_bucket_size": 0}})").is_ok());
+}
+
+TEST(Config, NvmeWithoutPathOrWithABadPath) {
+  EXPECT_HAS(parse_error(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}})"),
+             "zero_optimization.offload_param.device: \"nvme\" needs zero_optimization.offload_param.nvme_path");
+  auto missing = Config::parse(R"({"zero_optimization": {"stage": 2, "offload_optimizer":
+                                  {"device": "nvme", "nvme_path": "/no/such/zoe/dir"}}})");
+  ASSERT_FALSE(missing.is_ok());
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  EXPECT_HAS(missing.status().message(), "zero_optimization.offload_optimizer.nvme_path: '/no/such/zoe/dir' does not exist");
+
+  ScratchDir dir("cfg");
+  std::string file = dir.file("plain_file");
+  std::ofstream(file) << "x";
+  EXPECT_HAS(parse_error(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": ")" +
+                         file + R"("}}})"),
+             "zero_optimization.offload_param.nvme_path: '" + file + "' is not a directory");
+  // A list: every entry is checked.
+  EXPECT_HAS(parse_error(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": [")" +
+                         dir.path() + R"(", "/no/such/zoe/dir2"]}}})"),
+             "'/no/such/zoe/dir2' does not exist");
+  EXPECT_HAS(parse_error(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": [")" +
+                         dir.path() + R"(", ")" + dir.path() + R"("]}}})"),
+             "is listed twice");
+  auto two = Config::parse(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": [")" +
+                           dir.path() + R"(", "/tmp"]}}})");
+  ASSERT_TRUE(two.is_ok()) << two.status().to_string();
+  EXPECT_EQ(two->zero.offload_param.nvme_path.size(), 2u);
+  // A path is not checked when the device is not nvme.
+  EXPECT_TRUE(Config::parse(R"({"zero_optimization": {"stage": 2, "offload_optimizer":
+                               {"device": "cpu", "nvme_path": "/no/such/zoe/dir"}}})").is_ok());
+}
+
+TEST(Config, UnwritableNvmePath) {
+  if (geteuid() == 0) GTEST_SKIP() << "root can write anywhere; access(W_OK) cannot fail";
+  ScratchDir dir("cfg");
+  std::string ro = dir.file("ro");
+  ASSERT_EQ(mkdir(ro.c_str(), 0555), 0);
+  auto r = Config::parse(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": ")" + ro +
+                         R"("}}})");
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kPermissionDenied);
+  EXPECT_HAS(r.status().message(), "zero_optimization.offload_param.nvme_path: '" + ro + "' is not writable");
+  chmod(ro.c_str(), 0755);
+}
+
+TEST(Config, Contradictions) {
+  EXPECT_HAS(parse_error(R"({"fp16": {"enabled": true}, "bf16": {"enabled": true}})"),
+             "fp16.enabled and bf16.enabled are both true");
+  EXPECT_HAS(parse_error(R"({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}})"),
+             "zero_optimization.offload_param.device: \"cpu\" needs zero_optimization.stage 3 (stage is 2");
+  EXPECT_HAS(parse_error(R"({"zero_optimization": {"offload_optimizer": {"device": "cpu"}}})"),
+             "zero_optimization.offload_optimizer.device: \"cpu\" needs zero_optimization.stage 1, 2 or 3 (stage is 0)");
+  // device "none" is fine at any stage.
+  EXPECT_TRUE(Config::parse(R"({"zero_optimization": {"stage": 1, "offload_param": {"device": "none"}}})").is_ok());
+  EXPECT_HAS(parse_error(R"({"aio": {"intra_op_parallelism": 2, "thread_count": 4}})"),
+             "aio.intra_op_parallelism and aio.thread_count (its older name) are both given, with different values");
+}
+
+TEST(Config, InvalidJsonGivesLineAndColumn) {
+  std::string e = parse_error("{\n  \"zero_optimization\": {\n    \"stage\" 3\n  }\n}");
+  EXPECT_HAS(e, "invalid JSON: parse error at line 3, column");
+  EXPECT_EQ(e.find("json.exception"), std::string::npos) << e;
+  EXPECT_HAS(parse_error(R"({"zero_optimization": {"stage": 2, "stage": 3}})"),
+             "duplicate key 'zero_optimization.stage'");
+  // Comments are allowed.
+  auto r = Config::parse("{\n // ZeRO-2\n \"zero_optimization\": {\"stage\": 2} /* end */\n}");
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(r->zero.stage, 2);
+}
+
+TEST(Config, LoadNamesThePath) {
+  auto missing = Config::load("/no/such/zoe/ds_config.json");
+  ASSERT_FALSE(missing.is_ok());
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  EXPECT_HAS(missing.status().to_string(), "/no/such/zoe/ds_config.json");
+  ScratchDir dir("cfg");
+  std::ofstream(dir.file("bad.json")) << R"({"zero_optimization": {"stage": 9}})";
+  auto bad = Config::load(dir.file("bad.json"));
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_HAS(bad.status().to_string(), "zero_optimization.stage: 9");
+  EXPECT_HAS(bad.status().to_string(), dir.file("bad.json"));
+  std::ofstream(dir.file("ok.json")) << kZero2Cpu;
+  auto ok = Config::load(dir.file("ok.json"), 4);
+  ASSERT_TRUE(ok.is_ok()) << ok.status().to_string();
+  EXPECT_EQ(ok->zero.stage, 2);
+}
+
+TEST(Config, OptimizerSemantics) {
+  // DeepSpeed: "Adam" is decoupled unless adam_w_mode is false; "AdamW" always is.
+  EXPECT_FALSE(Config::parse(R"({"optimizer": {"type": "Adam", "params": {"adam_w_mode": false}}})")->optimizer.adam_w_mode);
+  EXPECT_TRUE(Config::parse(R"({"optimizer": {"type": "AdamW", "params": {"adam_w_mode": false}}})")->optimizer.adam_w_mode);
+  EXPECT_EQ(Config::parse(R"({"optimizer": {"type": "ADAMW"}})")->optimizer.type, "AdamW");
+  // Torch-style extras with their default values are fine; the others would change results.
+  EXPECT_TRUE(Config::parse(R"({"optimizer": {"type": "AdamW", "params": {"amsgrad": false, "bias_correction": true,
+                               "torch_adam": true}}})").is_ok());
+  auto ams = Config::parse(R"({"optimizer": {"type": "AdamW", "params": {"amsgrad": true}}})");
+  ASSERT_FALSE(ams.is_ok());
+  EXPECT_EQ(ams.status().code(), StatusCode::kUnsupported);
+  EXPECT_HAS(ams.status().message(), "optimizer.params.amsgrad: true is not supported");
+  EXPECT_HAS(parse_error(R"({"optimizer": {"params": {"bias_correction": false}}})"),
+             "optimizer.params.bias_correction: false is not supported");
+  EXPECT_HAS(parse_error(R"({"optimizer": {"params": {"max_grad_norm": 1.0}}})"), "gradient_clipping");
+}
+
+TEST(Config, UnimplementedKeysAreListed) {
+  auto r = Config::parse(R"({"prescale_gradients": true, "gradient_predivide_factor": 2.0,
+                            "communication_data_type": "fp32", "zero_optimization": {"stage": 3,
+                            "offload_optimizer": {"device": "cpu", "ratio": 0.3}}})");
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  std::string all;
+  for (const auto& u : r->unimplemented) all += u + "\n";
+  EXPECT_EQ(r->unimplemented.size(), 4u) << all;
+  EXPECT_HAS(all, "prescale_gradients");
+  EXPECT_HAS(all, "gradient_predivide_factor");
+  EXPECT_HAS(all, "communication_data_type");
+  EXPECT_HAS(all, "zero_optimization.offload_optimizer.ratio (partial offload is zoe.offload_ratio");
+  EXPECT_EQ(r->zero.offload_optimizer.ratio, 0.3);
+  // Default values of those keys are not "unimplemented".
+  auto d = Config::parse(R"({"prescale_gradients": false, "gradient_predivide_factor": 1.0,
+                            "zero_optimization": {"round_robin_gradients": false}})");
+  ASSERT_TRUE(d.is_ok());
+  EXPECT_TRUE(d->unimplemented.empty());
+  // Features that would change what is trained are errors.
+  EXPECT_HAS(parse_error(R"({"progressive_layer_drop": {"enabled": true, "theta": 0.5}})"),
+             "progressive_layer_drop.enabled: true is not supported");
+  EXPECT_TRUE(Config::parse(R"({"progressive_layer_drop": {"enabled": false}})").is_ok());
+}
+
+TEST(Config, DeprecatedSpellings) {
+  auto r = Config::parse(R"({"zero_optimization": {"stage": 2, "cpu_offload": true},
+                            "bfloat16": {"enabled": true}})");
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(r->zero.offload_optimizer.device, OffloadDevice::kCpu);
+  EXPECT_TRUE(r->bf16);
+  auto s = Config::parse(R"({"zero_optimization": {"stage": 3, "prefetch_bucket_size": 1234,
+                            "stage3_gather_fp16_weights_on_model_save": true}})");
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  EXPECT_EQ(s->zero.stage3_prefetch_bucket_size, 1234);
+  EXPECT_TRUE(s->zero.stage3_gather_16bit_weights_on_model_save);
+}
+
+TEST(Config, ZoeSection) {
+  auto r = Config::parse(R"({"zoe": {"device_budget": "256MiB", "host_budget": 1e9, "offload_ratio": 0.5,
+                            "bf16_optimizer_states": true, "device": "cpu", "optimizer_threads": 8}})");
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(r->zoe.device_budget_bytes, 256ll << 20);
+  EXPECT_EQ(r->zoe.host_budget_bytes, 1000000000);
+  EXPECT_EQ(r->zoe.offload_ratio, 0.5);
+  EXPECT_TRUE(r->zoe.bf16_optimizer_states);
+  EXPECT_EQ(r->zoe.device, "cpu");
+  EXPECT_EQ(r->zoe.optimizer_threads, 8);
+}
+
+void expect_round_trip(const Config& c, int world_size) {
+  std::string text = c.to_json();
+  EXPECT_EQ(text.find("\"true\""), std::string::npos) << text;  // real JSON booleans
+  EXPECT_EQ(text.find("\"false\""), std::string::npos) << text;
+  auto back = Config::parse(text, world_size);
+  ASSERT_TRUE(back.is_ok()) << back.status().to_string() << "\n" << text;
+  EXPECT_TRUE(back.value() == c) << text << "\nread back as\n" << back->to_json();
+  EXPECT_EQ(back->to_json(), text);
+}
+
+TEST(Config, RoundTripThroughToJson) {
+  ScratchDir dir("cfg");
+  auto z3 = Config::parse(replace_all(kZero3Nvme, "NVME_DIR", dir.path()));
+  ASSERT_TRUE(z3.is_ok());
+  expect_round_trip(z3.value(), 1);
+  auto z2 = Config::parse(kZero2Cpu, 4);
+  ASSERT_TRUE(z2.is_ok());
+  expect_round_trip(z2.value(), 4);
+  expect_round_trip(Config::parse("{}").value(), 1);
+
+  // Every field away from its default.
+  Config c;
+  c.train_micro_batch_size_per_gpu = 3;
+  c.gradient_accumulation_steps = 7;
+  c.train_batch_size = 42;
+  c.gradient_clipping = 0.7;
+  c.fp16 = {true, 128.0, 12, 500, 3, true, 0.25};
+  c.zero.stage = 3;
+  c.zero.contiguous_gradients = false;
+  c.zero.reduce_scatter = false;
+  c.zero.reduce_bucket_size = 123;
+  c.zero.allgather_partitions = false;
+  c.zero.allgather_bucket_size = 456;
+  c.zero.overlap_comm = false;
+  c.zero.sub_group_size = 789;
+  c.zero.stage3_prefetch_bucket_size = 0;
+  c.zero.stage3_param_persistence_threshold = 11;
+  c.zero.stage3_model_persistence_threshold = 12;
+  c.zero.stage3_max_live_parameters = 13;
+  c.zero.stage3_max_reuse_distance = 14;
+  c.zero.stage3_gather_16bit_weights_on_model_save = true;
+  c.zero.offload_optimizer = {OffloadDevice::kNvme, {dir.path(), "/tmp"}, false, 6, 100000000, 1000000000,
+                              true, true, true, 1.0};
+  c.zero.offload_param = {OffloadDevice::kNvme, {dir.path()}, false, 9, 777, 888, false, false, false, 1.0};
+  c.aio = {4096, 64, 4, true, false, true};
+  c.optimizer = {"Adam", 0.1 + 0.2, 0.8, 0.95, 1e-12, 0.05, false};
+  c.scheduler = {"WarmupDecayLR", 1e-6, 3e-4, 2000, "linear", 100000};
+  c.zoe = {1ll << 40, 0.25, true, "cuda", 3ll << 30, 16};
+  expect_round_trip(c, 2);
+}
+
+TEST(Config, LrSchedules) {
+  Config none;
+  none.optimizer.lr = 0.02;
+  EXPECT_EQ(none.lr_at(1), 0.02);
+  EXPECT_EQ(none.lr_at(1000), 0.02);
+
+  // WarmupLR, log: min + (max - min) * log(it + 1) / log(W), update k at iteration k - 2.
+  auto w = Config::parse(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0.001,
+                            "warmup_max_lr": 0.011, "warmup_num_steps": 100}}})").value();
+  EXPECT_DOUBLE_EQ(w.lr_at(1), 0.001);  // before the scheduler's first step
+  EXPECT_DOUBLE_EQ(w.lr_at(2), 0.001);  // iteration 0: log(1) = 0
+  EXPECT_DOUBLE_EQ(w.lr_at(3), 0.001 + 0.01 * std::log(2.0) / std::log(100.0));
+  EXPECT_DOUBLE_EQ(w.lr_at(51), 0.001 + 0.01 * std::log(50.0) / std::log(100.0));
+  EXPECT_DOUBLE_EQ(w.lr_at(101), 0.011);  // iteration 99: log(100)/log(100)
+  EXPECT_DOUBLE_EQ(w.lr_at(102), 0.011);
+  EXPECT_DOUBLE_EQ(w.lr_at(100000), 0.011);
+  EXPECT_DOUBLE_EQ(w.lr_at_iteration(9), 0.001 + 0.01 * std::log(10.0) / std::log(100.0));
+
+  // WarmupLR, linear: min + (max - min) * it / W.
+  auto l = Config::parse(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": 1.0,
+                            "warmup_num_steps": 10, "warmup_type": "linear"}}})").value();
+  EXPECT_DOUBLE_EQ(l.lr_at(1), 0.0);
+  EXPECT_DOUBLE_EQ(l.lr_at(2), 0.0);
+  EXPECT_DOUBLE_EQ(l.lr_at(7), 0.5);
+  EXPECT_DOUBLE_EQ(l.lr_at(11), 0.9);
+  EXPECT_DOUBLE_EQ(l.lr_at(12), 1.0);
+
+  // WarmupDecayLR: after warmup, max * (T - it) / (T - W), down to 0.
+  auto d = Config::parse(R"({"scheduler": {"type": "WarmupDecayLR", "params": {"warmup_max_lr": 1.0,
+                            "warmup_num_steps": 10, "warmup_type": "linear", "total_num_steps": 110}}})").value();
+  EXPECT_DOUBLE_EQ(d.lr_at(7), 0.5);
+  EXPECT_DOUBLE_EQ(d.lr_at(12), 1.0);   // iteration 10
+  EXPECT_DOUBLE_EQ(d.lr_at(37), 0.75);  // iteration 35: 75/100
+  EXPECT_DOUBLE_EQ(d.lr_at(62), 0.5);
+  EXPECT_DOUBLE_EQ(d.lr_at(112), 0.0);  // iteration 110 = total
+  EXPECT_DOUBLE_EQ(d.lr_at(500), 0.0);
+  // Log warmup then decay, with a non-zero floor: min + (max - min) * gamma.
+  auto dl = Config::parse(R"({"scheduler": {"type": "WarmupDecayLR", "params": {"warmup_min_lr": 0.5,
+                             "warmup_max_lr": 1.5, "warmup_num_steps": 4, "total_num_steps": 8}}})").value();
+  EXPECT_DOUBLE_EQ(dl.lr_at_iteration(1), 0.5 + std::log(2.0) / std::log(4.0));
+  EXPECT_DOUBLE_EQ(dl.lr_at_iteration(6), 0.5 + 2.0 / 4.0);
+  EXPECT_DOUBLE_EQ(dl.lr_at_iteration(8), 0.5);
+  // DeepSpeed warms up over at least 2 steps.
+  auto w0 = Config::parse(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": 1.0,
+                             "warmup_num_steps": 0, "warmup_type": "linear"}}})").value();
+  EXPECT_DOUBLE_EQ(w0.lr_at_iteration(1), 0.5);
+  EXPECT_DOUBLE_EQ(w0.lr_at_iteration(2), 1.0);
+  // WarmupDecayLR needs its end.
+  EXPECT_HAS(parse_error(R"({"scheduler": {"type": "WarmupDecayLR", "params": {"warmup_num_steps": 10}}})"),
+             "scheduler.params.total_num_steps is missing");
+}
+
+}  // namespace
+}  // namespace zoe::config
