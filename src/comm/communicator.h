@@ -9,10 +9,23 @@
 //   reduce_scatter: send[count * size]      -> recv[count]          (rank r gets part r)
 // Sums of bf16/fp16 are accumulated in fp32 and rounded once (round to nearest even).
 // Results are deterministic for a given world size: the same inputs give the same bits.
+// (LocalComm and MpiComm reduce every element in rank order 0..size-1, see comm/reduce.h; NcclComm
+// uses NCCL's own arithmetic: half-precision sums round at each step of NCCL's ring/tree, and the
+// bits depend on the algorithm NCCL picks, which is fixed for a given size, topology and NCCL_ALGO.)
+// In place: all_reduce with send == recv; all_gather with send == recv + rank * count;
+// reduce_scatter with recv == send + rank * count. Other overlaps are undefined.
+// Ordering: a handle is ready only after every collective queued before it on the same
+// communicator is ready. Arguments that cannot be right (null buffer with count > 0, root out of
+// range) give a handle that is already failed with kInvalidArgument and queue nothing.
+// After a collective fails, the ones queued after it fail with kCancelled (the ranks may be out of
+// step); the communicator should be dropped.
+// Thread safety: every method may be called from any thread; the submission order on one
+// communicator is the order of the calls (callers on several threads must agree on it across ranks).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -53,15 +66,32 @@ class Communicator {
   virtual CommHandle broadcast(void* buf, size_t count, CommType type, int root) = 0;
   // Blocking; also waits for everything queued before it on this communicator.
   virtual Status barrier() = 0;
+
+  // Optional: runs `fn` on the communicator's stream after everything queued before it (bucket
+  // packing and unpacking use it). Host streams (LocalComm, MpiComm) run it on their worker thread;
+  // the default answers a failed handle with kUnsupported (NcclComm).
+  virtual CommHandle enqueue_host_task(std::function<Status()> fn);
+};
+
+// Options of an MpiComm. chunk_bytes bounds the scratch the reductions use per round (two buffers of
+// chunk_bytes); all_gather also goes through chunks when its per-rank part is larger. 0: default
+// (8 MiB). Tests set it small to run the chunked paths.
+struct MpiCommOptions {
+  size_t chunk_bytes = 0;
 };
 
 // One rank: copies (send -> recv) where the collective needs it; in place is allowed.
 std::unique_ptr<Communicator> create_local_comm();
 // Rank and size from MPI (mpirun / srun). Initialises MPI if nobody has; finalises it at exit
 // if it did. Fails with kUnsupported when zoe was built without MPI.
+// Each MpiComm works on its own duplicate of MPI_COMM_WORLD. Several may live at once where MPI gives
+// MPI_THREAD_MULTIPLE (zoe asks for it); otherwise a second one fails with kUnsupported.
 Result<std::unique_ptr<Communicator>> create_mpi_comm();
+Result<std::unique_ptr<Communicator>> create_mpi_comm(const MpiCommOptions& options);
 // NCCL over device buffers on CUDA device `device_ordinal`; the unique id travels over `bootstrap`
-// (an MpiComm). Fails with kUnsupported without CUDA/NCCL or without a GPU.
+// (an MpiComm, or a LocalComm for one rank). device_ordinal < 0 picks bootstrap.local_rank() modulo
+// the number of visible GPUs. Collective over the bootstrap: every rank must call it; if any rank
+// has no usable GPU, every rank gets kUnsupported. Fails with kUnsupported without CUDA/NCCL.
 Result<std::unique_ptr<Communicator>> create_nccl_comm(Communicator& bootstrap, int device_ordinal);
 // True when this process runs under an MPI launcher (OMPI_COMM_WORLD_SIZE, PMI_SIZE, ...).
 bool launched_by_mpi();

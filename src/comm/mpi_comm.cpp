@@ -1,0 +1,326 @@
+// MpiComm: host collectives over MPI, run in order by one worker thread per communicator.
+//
+// Reductions are fixed-order: each rank owns one slice of the result; an MPI_Alltoall brings every
+// rank's copy of that slice to its owner, which sums them in rank order 0..size-1 (reduce_rows) and,
+// for all_reduce, an MPI_Allgather spreads the owners' slices. Only data movement goes through MPI,
+// so the bits never depend on arrival order or on MPI's algorithm choice, and bf16/fp16 are summed in
+// fp32 and rounded once. The traffic per rank is that of a ring: (size-1)/size of the buffer for
+// reduce_scatter, twice that for all_reduce. Large collectives run in rounds bounded by chunk_bytes.
+#include "zoe/features.h"
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "comm/comm_internal.h"
+#include "comm/reduce.h"
+#include "core/log.h"
+
+#if ZOE_HAVE_MPI
+#include <mpi.h>
+#endif
+
+namespace zoe::comm {
+
+#if ZOE_HAVE_MPI
+namespace {
+
+constexpr size_t kDefaultChunkBytes = 8u << 20;
+
+// "MPI_Alltoall: MPI_ERR_TRUNCATE: message truncated (error 15)".
+Status mpi_error(const char* call, int err) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(err, text, &len) != MPI_SUCCESS) len = 0;
+  text[len] = '\0';
+  return make_status(StatusCode::kIoError, "%s: %s (MPI error %d)", call, len > 0 ? text : "unknown error", err);
+}
+
+#define ZOE_MPI_TRY(call)                                           \
+  do {                                                              \
+    int zoe_mpi_err_ = (call);                                      \
+    if (zoe_mpi_err_ != MPI_SUCCESS) return mpi_error(#call, zoe_mpi_err_); \
+  } while (0)
+
+// Process-wide MPI state: whether zoe initialised MPI (and so finalises it at exit), the thread level
+// and how many MpiComms are alive.
+struct MpiProcess {
+  std::mutex mu;
+  bool we_initialised = false;
+  int thread_level = MPI_THREAD_SINGLE;
+  int live_comms = 0;
+};
+
+MpiProcess& mpi_process() {
+  static MpiProcess* p = new MpiProcess();  // never destroyed: used from atexit and late destructors
+  return *p;
+}
+
+void finalize_at_exit() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+const char* thread_level_name(int level) {
+  switch (level) {
+    case MPI_THREAD_SINGLE: return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED: return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED: return "MPI_THREAD_SERIALIZED";
+    case MPI_THREAD_MULTIPLE: return "MPI_THREAD_MULTIPLE";
+  }
+  return "unknown thread level";
+}
+
+// Initialises MPI when nobody has, and admits one more communicator. Called with mu held.
+Status ensure_mpi_locked(MpiProcess& p) {
+  int initialised = 0, finalized = 0;
+  MPI_Initialized(&initialised);
+  MPI_Finalized(&finalized);
+  if (finalized) return unsupported("create_mpi_comm: MPI has already been finalised in this process");
+  if (!initialised) {
+    int provided = MPI_THREAD_SINGLE;
+    ZOE_MPI_TRY(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided));
+    p.we_initialised = true;
+    p.thread_level = provided;
+    std::atexit(finalize_at_exit);
+  } else if (!p.we_initialised) {
+    ZOE_MPI_TRY(MPI_Query_thread(&p.thread_level));
+  }
+  // Our worker threads call MPI, never the thread that initialised it: FUNNELED is not enough.
+  if (p.thread_level < MPI_THREAD_SERIALIZED)
+    return unsupported("create_mpi_comm: MPI runs at %s; zoe's communicator thread needs MPI_THREAD_SERIALIZED",
+                       thread_level_name(p.thread_level));
+  if (p.thread_level < MPI_THREAD_MULTIPLE && p.live_comms > 0)
+    return unsupported("create_mpi_comm: MPI runs at %s, so only one MpiComm may live at a time",
+                       thread_level_name(p.thread_level));
+  return Status::ok();
+}
+
+bool mpi_finalized() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  return finalized != 0;
+}
+
+class MpiComm final : public Communicator {
+ public:
+  MpiComm(MPI_Comm comm, int rank, int size, int local_rank, size_t chunk_bytes)
+      : comm_(comm), rank_(rank), size_(size), local_rank_(local_rank), chunk_bytes_(chunk_bytes),
+        direct_limit_(chunk_bytes == kDefaultChunkBytes ? static_cast<size_t>(INT_MAX) : chunk_bytes),
+        queue_(std::make_unique<HostQueue>("zoe-comm-mpi")) {}
+
+  ~MpiComm() override {
+    queue_.reset();  // drains the queued collectives and joins the worker
+    MpiProcess& p = mpi_process();
+    std::lock_guard<std::mutex> lock(p.mu);
+    if (!mpi_finalized()) MPI_Comm_free(&comm_);
+    --p.live_comms;
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  int local_rank() const override { return local_rank_; }
+  const char* backend() const override { return "mpi"; }
+
+  CommHandle all_gather(const void* send, void* recv, size_t count, CommType type) override {
+    Status s = check_buffers("all_gather", send, recv, count);
+    if (!s.is_ok()) return completed_handle(std::move(s));
+    return queue_->push([=, this] { return run_all_gather(send, recv, count, type); });
+  }
+  CommHandle reduce_scatter(const void* send, void* recv, size_t count, CommType type, ReduceOp op) override {
+    Status s = check_buffers("reduce_scatter", send, recv, count);
+    if (!s.is_ok()) return completed_handle(std::move(s));
+    return queue_->push([=, this] { return run_reduce_scatter(send, recv, count, type, op); });
+  }
+  CommHandle all_reduce(const void* send, void* recv, size_t count, CommType type, ReduceOp op) override {
+    Status s = check_buffers("all_reduce", send, recv, count);
+    if (!s.is_ok()) return completed_handle(std::move(s));
+    return queue_->push([=, this] { return run_all_reduce(send, recv, count, type, op); });
+  }
+  CommHandle broadcast(void* buf, size_t count, CommType type, int root) override {
+    Status s = check_buffers("broadcast", buf, buf, count);
+    if (s.is_ok()) s = check_root("broadcast", root, size_);
+    if (!s.is_ok()) return completed_handle(std::move(s));
+    return queue_->push([=, this] { return run_broadcast(buf, count, type, root); });
+  }
+  Status barrier() override {
+    return queue_->push([this]() -> Status {
+                    ZOE_MPI_TRY(MPI_Barrier(comm_));
+                    return Status::ok();
+                  })
+        .wait();
+  }
+  CommHandle enqueue_host_task(std::function<Status()> fn) override { return queue_->push(std::move(fn)); }
+
+ private:
+  // Elements per peer and round: two scratch buffers of size_ rows of that many elements.
+  size_t chunk_elems(size_t esize) const {
+    size_t per_peer = chunk_bytes_ / (static_cast<size_t>(size_) * esize);
+    per_peer = std::max<size_t>(per_peer, 1);
+    return std::min(per_peer, static_cast<size_t>(INT_MAX) / esize);
+  }
+  void ensure_scratch(size_t bytes) {
+    if (scratch_a_.size() < bytes) {
+      scratch_a_.resize(bytes);
+      scratch_b_.resize(bytes);
+    }
+  }
+
+  Status run_all_gather(const void* send, void* recv, size_t count, CommType type) {
+    const size_t es = comm_type_size(type);
+    const size_t nb = count * es;
+    if (nb == 0) return Status::ok();
+    auto* out = static_cast<unsigned char*>(recv);
+    const bool in_place = send == out + rank_ * nb;
+    if (size_ == 1) {
+      if (!in_place) std::memmove(recv, send, nb);
+      return Status::ok();
+    }
+    if (nb <= direct_limit_) {
+      ZOE_MPI_TRY(MPI_Allgather(in_place ? MPI_IN_PLACE : send, static_cast<int>(nb), MPI_BYTE, recv,
+                                static_cast<int>(nb), MPI_BYTE, comm_));
+      return Status::ok();
+    }
+    // Rounds: each rank's [off, off + c) of its part, gathered into scratch rows, then spread out.
+    const size_t per = chunk_elems(es);
+    ensure_scratch(per * es * size_);
+    for (size_t off = 0; off < count; off += per) {
+      size_t c = std::min(per, count - off);
+      size_t cb = c * es;
+      std::memcpy(scratch_a_.data() + rank_ * cb, static_cast<const unsigned char*>(send) + off * es, cb);
+      ZOE_MPI_TRY(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, scratch_a_.data(), static_cast<int>(cb),
+                                MPI_BYTE, comm_));
+      for (int j = 0; j < size_; ++j)
+        std::memcpy(out + (j * count + off) * es, scratch_a_.data() + j * cb, cb);
+    }
+    return Status::ok();
+  }
+
+  Status run_reduce_scatter(const void* send, void* recv, size_t count, CommType type, ReduceOp op) {
+    const size_t es = comm_type_size(type);
+    if (count == 0) return Status::ok();
+    const auto* in = static_cast<const unsigned char*>(send);
+    auto* out = static_cast<unsigned char*>(recv);
+    if (size_ == 1) {
+      if (send != recv) std::memmove(recv, send, count * es);
+      return Status::ok();
+    }
+    const size_t per = chunk_elems(es);
+    ensure_scratch(per * es * size_);
+    std::vector<const void*> rows(size_);
+    for (size_t off = 0; off < count; off += per) {
+      size_t c = std::min(per, count - off);
+      size_t cb = c * es;
+      for (int j = 0; j < size_; ++j) std::memcpy(scratch_a_.data() + j * cb, in + (j * count + off) * es, cb);
+      ZOE_MPI_TRY(MPI_Alltoall(scratch_a_.data(), static_cast<int>(cb), MPI_BYTE, scratch_b_.data(),
+                               static_cast<int>(cb), MPI_BYTE, comm_));
+      for (int i = 0; i < size_; ++i) rows[i] = scratch_b_.data() + i * cb;
+      reduce_rows(rows.data(), size_, c, out + off * es, type, op);
+    }
+    return Status::ok();
+  }
+
+  Status run_all_reduce(const void* send, void* recv, size_t count, CommType type, ReduceOp op) {
+    const size_t es = comm_type_size(type);
+    if (count == 0) return Status::ok();
+    const auto* in = static_cast<const unsigned char*>(send);
+    auto* out = static_cast<unsigned char*>(recv);
+    if (size_ == 1) {
+      if (send != recv) std::memmove(recv, send, count * es);
+      return Status::ok();
+    }
+    // Rank j owns block j = [j*B, min(count, (j+1)*B)); the last blocks may be short or empty.
+    const size_t block = (count + size_ - 1) / size_;
+    auto block_len = [&](int j) {
+      size_t begin = std::min(count, j * block);
+      return std::min(count, begin + block) - begin;
+    };
+    const size_t per = chunk_elems(es);
+    ensure_scratch(per * es * size_);
+    std::vector<const void*> rows(size_);
+    for (size_t off = 0; off < block; off += per) {
+      size_t c = std::min(per, block - off);
+      size_t cb = c * es;
+      auto valid = [&](int j) {
+        size_t len = block_len(j);
+        return len > off ? std::min(c, len - off) : 0;
+      };
+      for (int j = 0; j < size_; ++j)
+        std::memcpy(scratch_a_.data() + j * cb, in + (j * block + off) * es, valid(j) * es);
+      ZOE_MPI_TRY(MPI_Alltoall(scratch_a_.data(), static_cast<int>(cb), MPI_BYTE, scratch_b_.data(),
+                               static_cast<int>(cb), MPI_BYTE, comm_));
+      for (int i = 0; i < size_; ++i) rows[i] = scratch_b_.data() + i * cb;
+      reduce_rows(rows.data(), size_, valid(rank_), scratch_a_.data() + rank_ * cb, type, op);
+      ZOE_MPI_TRY(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, scratch_a_.data(), static_cast<int>(cb),
+                                MPI_BYTE, comm_));
+      for (int j = 0; j < size_; ++j)
+        std::memcpy(out + (j * block + off) * es, scratch_a_.data() + j * cb, valid(j) * es);
+    }
+    return Status::ok();
+  }
+
+  Status run_broadcast(void* buf, size_t count, CommType type, int root) {
+    size_t nb = count * comm_type_size(type);
+    auto* p = static_cast<unsigned char*>(buf);
+    const size_t kMax = 1u << 30;
+    for (size_t off = 0; off < nb; off += kMax) {
+      int n = static_cast<int>(std::min(kMax, nb - off));
+      ZOE_MPI_TRY(MPI_Bcast(p + off, n, MPI_BYTE, root, comm_));
+    }
+    return Status::ok();
+  }
+
+  MPI_Comm comm_;
+  const int rank_, size_, local_rank_;
+  const size_t chunk_bytes_;
+  const size_t direct_limit_;  // all_gather parts up to this many bytes go to MPI directly
+  std::vector<unsigned char> scratch_a_, scratch_b_;  // worker thread only
+  std::unique_ptr<HostQueue> queue_;                  // last: its worker uses the members above
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Communicator>> create_mpi_comm(const MpiCommOptions& options) {
+  MpiProcess& p = mpi_process();
+  std::lock_guard<std::mutex> lock(p.mu);
+  ZOE_RETURN_IF_ERROR(ensure_mpi_locked(p));
+  MPI_Comm comm = MPI_COMM_NULL;
+  ZOE_MPI_TRY(MPI_Comm_dup(MPI_COMM_WORLD, &comm));
+  Status s = [&]() -> Status {
+    ZOE_MPI_TRY(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));
+    return Status::ok();
+  }();
+  int rank = 0, size = 1, local_rank = 0;
+  MPI_Comm node = MPI_COMM_NULL;
+  if (s.is_ok()) s = [&]() -> Status {
+      ZOE_MPI_TRY(MPI_Comm_rank(comm, &rank));
+      ZOE_MPI_TRY(MPI_Comm_size(comm, &size));
+      ZOE_MPI_TRY(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node));
+      ZOE_MPI_TRY(MPI_Comm_rank(node, &local_rank));
+      return Status::ok();
+    }();
+  if (node != MPI_COMM_NULL) MPI_Comm_free(&node);
+  if (!s.is_ok()) {
+    MPI_Comm_free(&comm);
+    return s.with_context("while creating an MPI communicator");
+  }
+  ++p.live_comms;
+  size_t chunk = options.chunk_bytes > 0 ? options.chunk_bytes : kDefaultChunkBytes;
+  return std::unique_ptr<Communicator>(std::make_unique<MpiComm>(comm, rank, size, local_rank, chunk));
+}
+
+#else  // !ZOE_HAVE_MPI
+
+Result<std::unique_ptr<Communicator>> create_mpi_comm(const MpiCommOptions& /*options*/) {
+  return unsupported("create_mpi_comm: zoe was built without MPI (configure with -DZOE_MPI=ON)");
+}
+
+#endif
+
+Result<std::unique_ptr<Communicator>> create_mpi_comm() { return create_mpi_comm(MpiCommOptions{}); }
+
+}  // namespace zoe::comm
