@@ -1,40 +1,30 @@
 // Config: reading, validating and writing zoe's DeepSpeed-compatible JSON configuration.
 //
-// How keys zoe does not implement are treated:
+// DeepSpeed keys zoe does not implement, by what they would change (kind -> what parse() does):
 //
-// | kind                                  | keys                                                  | effect |
-// |---------------------------------------|-------------------------------------------------------|--------|
-// | no effect on results (logging,        | steps_per_print, wall_clock_breakdown, dump_state,    | accepted silently, |
-// | profiling, checkpoint I/O, model-side | memory_breakdown, flops_profiler, tensorboard, wandb, | contents unchecked |
-// | helpers, launcher options)            | csv_monitor, comet, comms_logger, timers, autotuning, |        |
-// |                                       | activation_checkpointing, checkpoint, nebula,         |        |
-// |                                       | pipeline, dataloader_drop_last,                       |        |
-// |                                       | zero_allow_untested_optimizer,                        |        |
-// |                                       | zero_force_ds_cpu_optimizer; zero_optimization.       |        |
-// |                                       | {ignore_unused_parameters, memory_efficient_linear,   |        |
-// |                                       | elastic_checkpoint, load_from_fp32_weights};          |        |
-// |                                       | bf16.immediate_grad_update; optimizer.params.         |        |
-// |                                       | {torch_adam, fused, foreach, capturable,              |        |
-// |                                       | differentiable}                                       |        |
-// | changes placement, speed or           | zero_optimization.round_robin_gradients true,         | accepted, listed in |
-// | communication but not the math of     | offload_optimizer.ratio != 1 (zoe.offload_ratio is    | `unimplemented`, one |
-// | the update (or makes it less exact)   | zoe's spelling), zero_hpz_partition_size > 1,         | warning |
-// |                                       | mics_shard_size > 0, zero_quantized_weights /         |        |
-// |                                       | _gradients / _nontrainable_weights true,              |        |
-// |                                       | legacy_stage1 true, prescale_gradients true,          |        |
-// |                                       | gradient_predivide_factor != 1,                       |        |
-// |                                       | communication_data_type, data_types.grad_accum_dtype, |        |
-// |                                       | sparse_gradients true, fp16.auto_cast true,           |        |
-// |                                       | fp16.fp16_master_weights_and_grads true,              |        |
-// |                                       | bf16.check_grad_overflow true,                        |        |
-// |                                       | scheduler.params.last_batch_iteration != -1           |        |
-// | would change what is trained and zoe  | optimizer types other than Adam/AdamW, amsgrad true,  | error (unsupported) |
-// | cannot do it                          | bias_correction false, maximize true, max_grad_norm   |        |
-// |                                       | (DeepSpeed rejects it too: use gradient_clipping),    |        |
-// |                                       | schedulers other than WarmupLR/WarmupDecayLR,         |        |
-// |                                       | amp.enabled, elasticity.enabled, curriculum_learning, |        |
-// |                                       | progressive_layer_drop, data_efficiency, eigenvalue,  |        |
-// |                                       | quantize_training, hybrid_engine with enabled true    |        |
+// 1. Nothing in the results (logging, profiling, checkpoint I/O, model-side helpers, launcher
+//    options) -> accepted silently, contents unchecked:
+//      steps_per_print, wall_clock_breakdown, dump_state, memory_breakdown, flops_profiler,
+//      tensorboard, wandb, csv_monitor, comet, comms_logger, timers, autotuning,
+//      activation_checkpointing, checkpoint, nebula, pipeline, dataloader_drop_last,
+//      zero_allow_untested_optimizer, zero_force_ds_cpu_optimizer,
+//      zero_optimization.{ignore_unused_parameters, memory_efficient_linear, elastic_checkpoint,
+//      load_from_fp32_weights}, bf16.immediate_grad_update,
+//      optimizer.params.{torch_adam, fused, foreach, capturable, differentiable}.
+// 2. Placement, speed or communication, not the math of the update (or it would only make the
+//    update less exact) -> accepted, listed in Config::unimplemented, one warning:
+//      zero_optimization.round_robin_gradients true, offload_optimizer.ratio != 1 (zoe's
+//      spelling is zoe.offload_ratio), zero_hpz_partition_size > 1, mics_shard_size > 0,
+//      zero_quantized_{weights, gradients, nontrainable_weights} true, legacy_stage1 true,
+//      prescale_gradients true, gradient_predivide_factor != 1, communication_data_type,
+//      data_types.grad_accum_dtype, sparse_gradients true, fp16.auto_cast true,
+//      fp16.fp16_master_weights_and_grads true, bf16.check_grad_overflow true,
+//      scheduler.params.last_batch_iteration != -1.
+// 3. What is trained, and zoe cannot do it -> error (unsupported or invalid argument):
+//      optimizer types other than Adam/AdamW, amsgrad true, bias_correction false, maximize true,
+//      max_grad_norm (DeepSpeed rejects it too: use gradient_clipping), schedulers other than
+//      WarmupLR/WarmupDecayLR, {amp, elasticity, curriculum_learning, progressive_layer_drop,
+//      data_efficiency, eigenvalue, quantize_training, hybrid_engine}.enabled true.
 //
 // Other decisions:
 // - Booleans written as the strings "true"/"false" (DeepSpeed's NVMe tuner does this) are read as
@@ -74,9 +64,12 @@ using detail::ReadContext;
 
 const char* offload_device_name(OffloadDevice d) {
   switch (d) {
-    case OffloadDevice::kNone: return "none";
-    case OffloadDevice::kCpu: return "cpu";
-    case OffloadDevice::kNvme: return "nvme";
+    case OffloadDevice::kNone:
+      return "none";
+    case OffloadDevice::kCpu:
+      return "cpu";
+    case OffloadDevice::kNvme:
+      return "nvme";
   }
   return "?";
 }
@@ -146,7 +139,9 @@ Status read_aliased(JsonSection& s, const char* name, const char* alias, T* out,
 Status read_offload(JsonSection& s, OffloadConfig* o, bool is_param, Parser& p) {
   std::string dev = offload_device_name(o->device);
   ZOE_RETURN_IF_ERROR(s.read_choice("device", &dev, {"none", "cpu", "nvme"}, false));
-  o->device = dev == "cpu" ? OffloadDevice::kCpu : dev == "nvme" ? OffloadDevice::kNvme : OffloadDevice::kNone;
+  o->device = dev == "cpu"    ? OffloadDevice::kCpu
+              : dev == "nvme" ? OffloadDevice::kNvme
+                              : OffloadDevice::kNone;
   if (const Json* v = s.find("nvme_path")) {
     const std::string path = s.key_path("nvme_path");
     std::vector<std::string> paths;
@@ -167,7 +162,8 @@ Status read_offload(JsonSection& s, OffloadConfig* o, bool is_param, Parser& p) 
     std::set<std::string> seen;
     for (const auto& d : paths) {
       if (d.empty()) return invalid_argument("%s: an empty string is not a directory", path.c_str());
-      if (!seen.insert(d).second) return invalid_argument("%s: '%s' is listed twice", path.c_str(), d.c_str());
+      if (!seen.insert(d).second)
+        return invalid_argument("%s: '%s' is listed twice", path.c_str(), d.c_str());
     }
     if (paths.empty()) return invalid_argument("%s: [] (expected at least one directory)", path.c_str());
     o->nvme_path = paths;
@@ -236,7 +232,8 @@ Status read_zero(JsonSection& top, ZeroConfig* z, Parser& p) {
   ZOE_RETURN_IF_ERROR(s.read("cpu_offload", &cpu_offload));
   ZOE_RETURN_IF_ERROR(s.read("cpu_offload_params", &cpu_offload_params));
   ZOE_RETURN_IF_ERROR(s.read("cpu_offload_use_pin_memory", &cpu_pin));
-  auto apply_old = [&](bool on, const char* old_key, const char* new_key, OffloadConfig* o, JsonSection& sec) {
+  auto apply_old = [&](bool on, const char* old_key, const char* new_key, OffloadConfig* o,
+                       JsonSection& sec) {
     if (!on) return Status::ok();
     if (sec.has("device") && o->device != OffloadDevice::kCpu) {
       return invalid_argument("%s: true contradicts %s.device \"%s\"", s.key_path(old_key).c_str(),
@@ -249,7 +246,8 @@ Status read_zero(JsonSection& top, ZeroConfig* z, Parser& p) {
     return Status::ok();
   };
   ZOE_RETURN_IF_ERROR(apply_old(cpu_offload, "cpu_offload", "offload_optimizer", &z->offload_optimizer, oo));
-  ZOE_RETURN_IF_ERROR(apply_old(cpu_offload_params, "cpu_offload_params", "offload_param", &z->offload_param, op));
+  ZOE_RETURN_IF_ERROR(
+      apply_old(cpu_offload_params, "cpu_offload_params", "offload_param", &z->offload_param, op));
 
   for (const char* k : {"ignore_unused_parameters", "memory_efficient_linear", "elastic_checkpoint",
                         "load_from_fp32_weights"}) {
@@ -325,8 +323,8 @@ Status read_optimizer(JsonSection& top, OptimizerConfig* o) {
   if (const Json* b = pr.find("betas")) {
     const std::string path = pr.key_path("betas");
     if (!b->is_array() || b->size() != 2) {
-      return invalid_argument("%s: %s is not a pair (expected [beta1, beta2], e.g. [0.9, 0.999])", path.c_str(),
-                              detail::describe(*b).c_str());
+      return invalid_argument("%s: %s is not a pair (expected [beta1, beta2], e.g. [0.9, 0.999])",
+                              path.c_str(), detail::describe(*b).c_str());
     }
     Range r{0.0, 1.0, false, true};
     ZOE_ASSIGN_OR_RETURN(o->beta1, detail::to_double((*b)[0], path + "[0]", r));
@@ -349,7 +347,8 @@ Status read_optimizer(JsonSection& top, OptimizerConfig* o) {
   ZOE_RETURN_IF_ERROR(pr.read("maximize", &maximize));
   if (maximize) return unsupported_key(pr.key_path("maximize"), true, "zoe's Adam minimises");
   if (const Json* m = pr.find("max_grad_norm")) {
-    return unsupported_key(pr.key_path("max_grad_norm"), *m, "use the top-level gradient_clipping, as DeepSpeed asks");
+    return unsupported_key(pr.key_path("max_grad_norm"), *m,
+                           "use the top-level gradient_clipping, as DeepSpeed asks");
   }
   for (const char* k : {"torch_adam", "fused", "foreach", "capturable", "differentiable"}) pr.accept(k);
   pr.finish();
@@ -392,8 +391,9 @@ Status read_bytes(JsonSection& s, const char* key, int64_t* out) {
   if (v->is_string()) {
     auto b = parse_bytes(v->get<std::string>());
     if (!b.is_ok() || b.value() > static_cast<uint64_t>(kMaxInt)) {
-      return invalid_argument("%s: %s is not a byte size (expected bytes >= 0 or a string like \"256MiB\", \"64GiB\")",
-                              path.c_str(), detail::describe(*v).c_str());
+      return invalid_argument(
+          "%s: %s is not a byte size (expected bytes >= 0 or a string like \"256MiB\", \"64GiB\")",
+          path.c_str(), detail::describe(*v).c_str());
     }
     *out = static_cast<int64_t>(b.value());
     return Status::ok();
@@ -426,7 +426,7 @@ Status resolve_batch(JsonSection& top, Config* c, int world_size) {
     int64_t per_rank_steps = has_gas ? gas * w : w;
     if (tbs % per_rank_steps != 0) {
       return invalid_argument(
-          "train_batch_size: %lld is not divisible by gradient_accumulation_steps %lld x world size %lld", 
+          "train_batch_size: %lld is not divisible by gradient_accumulation_steps %lld x world size %lld",
           static_cast<long long>(tbs), static_cast<long long>(has_gas ? gas : 1), static_cast<long long>(w));
     }
     micro = tbs / per_rank_steps;
@@ -440,12 +440,14 @@ Status resolve_batch(JsonSection& top, Config* c, int world_size) {
   }
   // Overflow-safe product check.
   if (micro > kMaxInt / gas || micro * gas > kMaxInt / w) {
-    return invalid_argument("train_micro_batch_size_per_gpu x gradient_accumulation_steps x world size overflows");
+    return invalid_argument(
+        "train_micro_batch_size_per_gpu x gradient_accumulation_steps x world size overflows");
   }
   const int64_t product = micro * gas * w;
   if (has_tbs && tbs != product) {
     return invalid_argument(
-        "train_batch_size: %lld does not equal train_micro_batch_size_per_gpu %lld x gradient_accumulation_steps "
+        "train_batch_size: %lld does not equal train_micro_batch_size_per_gpu %lld x "
+        "gradient_accumulation_steps "
         "%lld x world size %lld = %lld",
         static_cast<long long>(tbs), static_cast<long long>(micro), static_cast<long long>(gas),
         static_cast<long long>(w), static_cast<long long>(product));
@@ -457,17 +459,20 @@ Status resolve_batch(JsonSection& top, Config* c, int world_size) {
 Status check_nvme_paths(const OffloadConfig& o, const char* section) {
   if (o.device != OffloadDevice::kNvme) return Status::ok();
   if (o.nvme_path.empty()) {
-    return invalid_argument("zero_optimization.%s.device: \"nvme\" needs zero_optimization.%s.nvme_path "
-                            "(a directory on the NVMe drive, or a list of them)", section, section);
+    return invalid_argument(
+        "zero_optimization.%s.device: \"nvme\" needs zero_optimization.%s.nvme_path "
+        "(a directory on the NVMe drive, or a list of them)",
+        section, section);
   }
   for (const auto& d : o.nvme_path) {
     struct stat st {};
     if (stat(d.c_str(), &st) != 0) {
       int err = errno;
-      return Status(err == ENOENT ? StatusCode::kNotFound : StatusCode::kInvalidArgument,
-                    "zero_optimization." + std::string(section) + ".nvme_path: '" + d + "' " +
-                        (err == ENOENT ? "does not exist" : "cannot be examined: " + std::string(strerror(err))),
-                    err);
+      return Status(
+          err == ENOENT ? StatusCode::kNotFound : StatusCode::kInvalidArgument,
+          "zero_optimization." + std::string(section) + ".nvme_path: '" + d + "' " +
+              (err == ENOENT ? "does not exist" : "cannot be examined: " + std::string(strerror(err))),
+          err);
     }
     if (!S_ISDIR(st.st_mode)) {
       return invalid_argument("zero_optimization.%s.nvme_path: '%s' is not a directory", section, d.c_str());
@@ -489,13 +494,16 @@ Status check_contradictions(const Config& c) {
   }
   const ZeroConfig& z = c.zero;
   if (z.offload_param.device != OffloadDevice::kNone && z.stage < 3) {
-    return invalid_argument("zero_optimization.offload_param.device: \"%s\" needs zero_optimization.stage 3 "
-                            "(stage is %d; parameters are partitioned only at stage 3)",
-                            offload_device_name(z.offload_param.device), z.stage);
+    return invalid_argument(
+        "zero_optimization.offload_param.device: \"%s\" needs zero_optimization.stage 3 "
+        "(stage is %d; parameters are partitioned only at stage 3)",
+        offload_device_name(z.offload_param.device), z.stage);
   }
   if (z.offload_optimizer.device != OffloadDevice::kNone && z.stage < 1) {
-    return invalid_argument("zero_optimization.offload_optimizer.device: \"%s\" needs zero_optimization.stage 1, "
-                            "2 or 3 (stage is 0)", offload_device_name(z.offload_optimizer.device));
+    return invalid_argument(
+        "zero_optimization.offload_optimizer.device: \"%s\" needs zero_optimization.stage 1, "
+        "2 or 3 (stage is 0)",
+        offload_device_name(z.offload_optimizer.device));
   }
   ZOE_RETURN_IF_ERROR(check_nvme_paths(z.offload_optimizer, "offload_optimizer"));
   ZOE_RETURN_IF_ERROR(check_nvme_paths(z.offload_param, "offload_param"));
@@ -517,10 +525,11 @@ Status read_top(JsonSection& top, Config* c, Parser& p, int world_size) {
   ZOE_RETURN_IF_ERROR(read_scheduler(top, &c->scheduler, p));
   ZOE_RETURN_IF_ERROR(read_zoe(top, &c->zoe));
 
-  for (const char* k : {"steps_per_print", "wall_clock_breakdown", "dump_state", "memory_breakdown",
-                        "flops_profiler", "tensorboard", "wandb", "csv_monitor", "comet", "comms_logger", "timers",
-                        "autotuning", "activation_checkpointing", "checkpoint", "nebula", "pipeline",
-                        "dataloader_drop_last", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer"}) {
+  for (const char* k :
+       {"steps_per_print", "wall_clock_breakdown", "dump_state", "memory_breakdown", "flops_profiler",
+        "tensorboard", "wandb", "csv_monitor", "comet", "comms_logger", "timers", "autotuning",
+        "activation_checkpointing", "checkpoint", "nebula", "pipeline", "dataloader_drop_last",
+        "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer"}) {
     top.accept(k);
   }
   ZOE_RETURN_IF_ERROR(note_if_true(top, p, "prescale_gradients", ""));
@@ -559,8 +568,12 @@ Result<Json> parse_json(const std::string& text) {
   std::string duplicate;
   auto cb = [&](int /*depth*/, Json::parse_event_t ev, Json& parsed) -> bool {
     switch (ev) {
-      case Json::parse_event_t::object_start: stack.push_back({true, {}, {}}); break;
-      case Json::parse_event_t::array_start: stack.push_back({false, {}, "[]"}); break;
+      case Json::parse_event_t::object_start:
+        stack.push_back({true, {}, {}});
+        break;
+      case Json::parse_event_t::array_start:
+        stack.push_back({false, {}, "[]"});
+        break;
       case Json::parse_event_t::object_end:
       case Json::parse_event_t::array_end:
         if (!stack.empty()) stack.pop_back();
@@ -581,7 +594,8 @@ Result<Json> parse_json(const std::string& text) {
         }
         break;
       }
-      case Json::parse_event_t::value: break;
+      case Json::parse_event_t::value:
+        break;
     }
     return true;
   };
@@ -621,8 +635,10 @@ Result<Config> Config::parse(const std::string& json_text, int world_size) {
   if (!p.ctx.string_booleans.empty()) {
     std::string list;
     for (const auto& k : p.ctx.string_booleans) list += (list.empty() ? "" : ", ") + k;
-    ZOE_LOG_WARN("config: booleans written as strings, read as the booleans they spell: %s (write true/false "
-                 "without quotes; DeepSpeed's runtime may read \"false\" as true)", list.c_str());
+    ZOE_LOG_WARN(
+        "config: booleans written as strings, read as the booleans they spell: %s (write true/false "
+        "without quotes; DeepSpeed's runtime may read \"false\" as true)",
+        list.c_str());
   }
   c.unimplemented = std::move(p.unimplemented);
   if (!c.unimplemented.empty()) {
@@ -656,8 +672,9 @@ double Config::lr_at_iteration(int64_t iteration) const {
   const int64_t warmup = std::max<int64_t>(2, s.warmup_num_steps);
   double gamma = 1.0;
   if (iteration < warmup) {
-    gamma = s.warmup_type == "linear" ? static_cast<double>(iteration) / static_cast<double>(warmup)
-                                      : std::log(static_cast<double>(iteration + 1)) / std::log(static_cast<double>(warmup));
+    gamma = s.warmup_type == "linear"
+                ? static_cast<double>(iteration) / static_cast<double>(warmup)
+                : std::log(static_cast<double>(iteration + 1)) / std::log(static_cast<double>(warmup));
   } else if (s.type == "WarmupDecayLR") {
     double left = static_cast<double>(s.total_num_steps - iteration);
     double span = std::max(1.0, static_cast<double>(s.total_num_steps - warmup));
@@ -721,9 +738,12 @@ std::string Config::to_json() const {
   z["offload_optimizer"] = offload_json(zero.offload_optimizer, false);
   z["offload_param"] = offload_json(zero.offload_param, true);
 
-  j["aio"] = {{"block_size", aio.block_size},       {"queue_depth", aio.queue_depth},
-              {"intra_op_parallelism", aio.intra_op_parallelism}, {"single_submit", aio.single_submit},
-              {"overlap_events", aio.overlap_events}, {"use_gds", aio.use_gds}};
+  j["aio"] = {{"block_size", aio.block_size},
+              {"queue_depth", aio.queue_depth},
+              {"intra_op_parallelism", aio.intra_op_parallelism},
+              {"single_submit", aio.single_submit},
+              {"overlap_events", aio.overlap_events},
+              {"use_gds", aio.use_gds}};
   j["fp16"] = {{"enabled", fp16.enabled},
                {"loss_scale", fp16.loss_scale},
                {"initial_scale_power", fp16.initial_scale_power},
@@ -748,9 +768,12 @@ std::string Config::to_json() const {
     if (scheduler.total_num_steps != 0) params["total_num_steps"] = scheduler.total_num_steps;
     j["scheduler"] = {{"type", scheduler.type}, {"params", params}};
   }
-  j["zoe"] = {{"device_budget", zoe.device_budget_bytes}, {"host_budget", zoe.host_budget_bytes},
-              {"offload_ratio", zoe.offload_ratio},       {"bf16_optimizer_states", zoe.bf16_optimizer_states},
-              {"device", zoe.device},                     {"optimizer_threads", zoe.optimizer_threads}};
+  j["zoe"] = {{"device_budget", zoe.device_budget_bytes},
+              {"host_budget", zoe.host_budget_bytes},
+              {"offload_ratio", zoe.offload_ratio},
+              {"bf16_optimizer_states", zoe.bf16_optimizer_states},
+              {"device", zoe.device},
+              {"optimizer_threads", zoe.optimizer_threads}};
   return j.dump(2) + "\n";
 }
 

@@ -1,7 +1,10 @@
 // Config: zoe's training configuration, read from DeepSpeed-compatible JSON. DeepSpeed's keys
 // mean what they mean in DeepSpeed (defaults are the ones its code applies); keys zoe adds live
 // under "zoe". Unknown keys are errors naming their JSON path; recognised DeepSpeed keys that
-// zoe does not implement yet are accepted with one warning that lists them.
+// zoe does not implement are accepted silently when they cannot change results (logging,
+// profiling), accepted with one warning listing them when they would change only placement or
+// speed, and errors when they would change what is trained (amsgrad, other optimizers); the
+// table is atop config.cpp.
 #pragma once
 
 #include <cstdint>
@@ -21,13 +24,13 @@ struct OffloadConfig {
   OffloadDevice device = OffloadDevice::kNone;
   std::vector<std::string> nvme_path;  // one or several directories (a string or a list)
   bool pin_memory = true;
-  int64_t buffer_count = 4;            // offload_optimizer: 4; offload_param: 5
-  int64_t buffer_size = 100000000;     // elements (offload_param)
-  int64_t max_in_cpu = 1000000000;     // elements (offload_param with nvme)
-  bool pipeline_read = false;          // offload_optimizer
+  int64_t buffer_count = 4;         // offload_optimizer: 4; offload_param: 5
+  int64_t buffer_size = 100000000;  // elements (offload_param)
+  int64_t max_in_cpu = 1000000000;  // elements (offload_param with nvme)
+  bool pipeline_read = false;       // offload_optimizer
   bool pipeline_write = false;
   bool fast_init = false;
-  double ratio = 1.0;                  // offload_optimizer: fraction of the step on the CPU
+  double ratio = 1.0;  // offload_optimizer: fraction of the step on the CPU
 
   bool operator==(const OffloadConfig&) const = default;
 };

@@ -67,7 +67,8 @@ size_t edit_distance(std::string_view a, std::string_view b) {
   for (size_t i = 1; i <= a.size(); ++i) {
     cur[0] = i;
     for (size_t j = 1; j <= b.size(); ++j) {
-      bool same = tolower(static_cast<unsigned char>(a[i - 1])) == tolower(static_cast<unsigned char>(b[j - 1]));
+      bool same =
+          tolower(static_cast<unsigned char>(a[i - 1])) == tolower(static_cast<unsigned char>(b[j - 1]));
       cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (same ? 0 : 1)});
     }
     std::swap(prev, cur);
@@ -190,8 +191,8 @@ Status JsonSection::read(std::string_view key, double* out, const Range& range) 
   return Status::ok();
 }
 
-Status JsonSection::read_choice(std::string_view key, std::string* out, const std::vector<std::string>& allowed,
-                                bool fold_case) {
+Status JsonSection::read_choice(std::string_view key, std::string* out,
+                                const std::vector<std::string>& allowed, bool fold_case) {
   const Json* v = find(key);
   if (!v) return Status::ok();
   std::string list;
@@ -205,8 +206,8 @@ Status JsonSection::read_choice(std::string_view key, std::string* out, const st
       }
     }
   }
-  return invalid_argument("%s: %s is not one of %s%s", key_path(key).c_str(), describe(*v).c_str(), list.c_str(),
-                          fold_case ? " (case-insensitive)" : "");
+  return invalid_argument("%s: %s is not one of %s%s", key_path(key).c_str(), describe(*v).c_str(),
+                          list.c_str(), fold_case ? " (case-insensitive)" : "");
 }
 
 Status JsonSection::read_choice(std::string_view key, int* out, const std::vector<int>& allowed) {
@@ -223,13 +224,15 @@ Status JsonSection::read_choice(std::string_view key, int* out, const std::vecto
       }
     }
   }
-  return invalid_argument("%s: %s is not one of %s", key_path(key).c_str(), describe(*v).c_str(), list.c_str());
+  return invalid_argument("%s: %s is not one of %s", key_path(key).c_str(), describe(*v).c_str(),
+                          list.c_str());
 }
 
 Result<JsonSection> JsonSection::section(std::string_view key) {
   const Json* v = find(key);
   if (v && !v->is_object()) {
-    return invalid_argument("%s: %s is not an object (expected {...})", key_path(key).c_str(), describe(*v).c_str());
+    return invalid_argument("%s: %s is not an object (expected {...})", key_path(key).c_str(),
+                            describe(*v).c_str());
   }
   return JsonSection(v, key_path(key), ctx_);
 }

@@ -18,7 +18,7 @@ using Json = nlohmann::json;
 // Shared by every section of one parse.
 struct ReadContext {
   struct Unknown {
-    std::string section;            // JSON path of the object holding it ("" = top level)
+    std::string section;  // JSON path of the object holding it ("" = top level)
     std::string key;
     std::vector<std::string> known;  // the keys that object does know, for "did you mean"
   };
@@ -56,7 +56,8 @@ Result<double> to_double(const Json& v, const std::string& path, const Range& ra
 // known; finish() records the keys nobody read as unknown.
 class JsonSection {
  public:
-  JsonSection(const Json* obj, std::string path, ReadContext* ctx) : obj_(obj), path_(std::move(path)), ctx_(ctx) {}
+  JsonSection(const Json* obj, std::string path, ReadContext* ctx)
+      : obj_(obj), path_(std::move(path)), ctx_(ctx) {}
 
   const std::string& path() const { return path_; }
   std::string key_path(std::string_view key) const { return join_path(path_, key); }

@@ -16,7 +16,8 @@ namespace {
 using test::ScratchDir;
 
 std::string replace_all(std::string s, const std::string& from, const std::string& to) {
-  for (size_t pos = 0; (pos = s.find(from, pos)) != std::string::npos; pos += to.size()) s.replace(pos, from.size(), to);
+  for (size_t pos = 0; (pos = s.find(from, pos)) != std::string::npos; pos += to.size())
+    s.replace(pos, from.size(), to);
   return s;
 }
 
@@ -27,7 +28,8 @@ std::string parse_error(const std::string& json, int world_size = 1) {
   return c.is_ok() ? "" : c.status().message();
 }
 
-#define EXPECT_HAS(haystack, needle) EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
+#define EXPECT_HAS(haystack, needle) \
+  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
 
 // A ZeRO-3 NVMe config as users write them (DeepSpeed's ZeRO-Infinity tutorial shape);
 // NVME_DIR is replaced by a scratch directory.
@@ -177,8 +179,8 @@ TEST(Config, RealZero2CpuConfig) {
   EXPECT_EQ(c.zero.allgather_bucket_size, 200000000);
   EXPECT_EQ(c.zero.offload_optimizer.device, OffloadDevice::kCpu);
   EXPECT_EQ(c.zero.offload_param.device, OffloadDevice::kNone);
-  EXPECT_EQ(c.optimizer.type, "Adam");      // canonical spelling of "adam"
-  EXPECT_TRUE(c.optimizer.adam_w_mode);      // DeepSpeed: Adam means decoupled decay by default
+  EXPECT_EQ(c.optimizer.type, "Adam");   // canonical spelling of "adam"
+  EXPECT_TRUE(c.optimizer.adam_w_mode);  // DeepSpeed: Adam means decoupled decay by default
   EXPECT_EQ(c.optimizer.beta2, 0.98);
   EXPECT_EQ(c.scheduler.type, "WarmupDecayLR");
   EXPECT_EQ(c.scheduler.warmup_type, "linear");
@@ -229,7 +231,8 @@ TEST(Config, DefaultsAreDeepSpeeds) {
   EXPECT_TRUE(c == d);
   // Stage 3 turns overlap_comm on unless the key says otherwise.
   EXPECT_TRUE(Config::parse(R"({"zero_optimization": {"stage": 3}})")->zero.overlap_comm);
-  EXPECT_FALSE(Config::parse(R"({"zero_optimization": {"stage": 3, "overlap_comm": false}})")->zero.overlap_comm);
+  EXPECT_FALSE(
+      Config::parse(R"({"zero_optimization": {"stage": 3, "overlap_comm": false}})")->zero.overlap_comm);
 }
 
 TEST(Config, BatchKeysResolvedLikeDeepSpeed) {
@@ -247,9 +250,12 @@ TEST(Config, BatchKeysResolvedLikeDeepSpeed) {
   ASSERT_TRUE(d.is_ok());
   EXPECT_EQ(d->train_batch_size, 30);
   std::string e = parse_error(R"({"train_batch_size": 10, "train_micro_batch_size_per_gpu": 2,
-                                  "gradient_accumulation_steps": 2})", 2);
-  EXPECT_HAS(e, "train_batch_size: 10 does not equal train_micro_batch_size_per_gpu 2 x gradient_accumulation_steps 2 "
-                "x world size 2 = 8");
+                                  "gradient_accumulation_steps": 2})",
+                              2);
+  EXPECT_HAS(
+      e,
+      "train_batch_size: 10 does not equal train_micro_batch_size_per_gpu 2 x gradient_accumulation_steps 2 "
+      "x world size 2 = 8");
   EXPECT_HAS(parse_error(R"({"train_batch_size": 10})", 4), "train_batch_size: 10 is not divisible");
 }
 
@@ -271,7 +277,8 @@ TEST(Config, StringBooleansAreReadAsWhatTheySpell) {
   EXPECT_FALSE(r->aio.single_submit);
   EXPECT_TRUE(r->aio.overlap_events);
   EXPECT_FALSE(r->zero.contiguous_gradients);
-  EXPECT_HAS(parse_error(R"({"fp16": {"enabled": "yes"}})"), "fp16.enabled: \"yes\" is not a boolean (expected true or false)");
+  EXPECT_HAS(parse_error(R"({"fp16": {"enabled": "yes"}})"),
+             "fp16.enabled: \"yes\" is not a boolean (expected true or false)");
   EXPECT_HAS(parse_error(R"({"fp16": {"enabled": 1}})"), "fp16.enabled: 1 is not a boolean");
 }
 
@@ -293,18 +300,22 @@ TEST(Config, UnknownKeysNamePathAndSuggest) {
 }
 
 TEST(Config, WrongValuesNameKeyValueAndAllowed) {
-  EXPECT_HAS(parse_error(R"({"zero_optimization": {"stage": 4}})"), "zero_optimization.stage: 4 is not one of 0, 1, 2, 3");
+  EXPECT_HAS(parse_error(R"({"zero_optimization": {"stage": 4}})"),
+             "zero_optimization.stage: 4 is not one of 0, 1, 2, 3");
   EXPECT_HAS(parse_error(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "gpu"}}})"),
              "zero_optimization.offload_param.device: \"gpu\" is not one of \"none\", \"cpu\", \"nvme\"");
-  EXPECT_HAS(parse_error(R"({"optimizer": {"type": "Lamb"}})"), "optimizer.type: \"Lamb\" is not one of \"Adam\", \"AdamW\"");
+  EXPECT_HAS(parse_error(R"({"optimizer": {"type": "Lamb"}})"),
+             "optimizer.type: \"Lamb\" is not one of \"Adam\", \"AdamW\"");
   EXPECT_HAS(parse_error(R"({"scheduler": {"type": "OneCycle"}})"),
              "scheduler.type: \"OneCycle\" is not one of \"WarmupLR\", \"WarmupDecayLR\"");
   EXPECT_HAS(parse_error(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_type": "cosine"}}})"),
              "scheduler.params.warmup_type: \"cosine\" is not one of \"log\", \"linear\"");
   EXPECT_HAS(parse_error(R"({"optimizer": {"params": {"betas": [0.9, 1.5]}}})"),
              "optimizer.params.betas[1]: 1.5 is out of range (expected [0, 1))");
-  EXPECT_HAS(parse_error(R"({"optimizer": {"params": {"betas": 0.9}}})"), "optimizer.params.betas: 0.9 is not a pair");
-  EXPECT_HAS(parse_error(R"({"zoe": {"device": "tpu"}})"), "zoe.device: \"tpu\" is not one of \"auto\", \"cpu\", \"cuda\"");
+  EXPECT_HAS(parse_error(R"({"optimizer": {"params": {"betas": 0.9}}})"),
+             "optimizer.params.betas: 0.9 is not a pair");
+  EXPECT_HAS(parse_error(R"({"zoe": {"device": "tpu"}})"),
+             "zoe.device: \"tpu\" is not one of \"auto\", \"cpu\", \"cuda\"");
   EXPECT_HAS(parse_error(R"({"zero_optimization": 3})"), "zero_optimization: 3 is not an object");
   EXPECT_HAS(parse_error(R"({"train_batch_size": "auto"})"), "placeholder the Hugging Face Trainer fills in");
   EXPECT_HAS(parse_error("[1, 2]"), "not a JSON object");
@@ -313,62 +324,92 @@ TEST(Config, WrongValuesNameKeyValueAndAllowed) {
 TEST(Config, ZeroAndNegativeSizesAreErrors) {
   EXPECT_HAS(parse_error(R"({"train_micro_batch_size_per_gpu": 0})"),
              "train_micro_batch_size_per_gpu: 0 is out of range (expected an integer >= 1)");
-  EXPECT_HAS(parse_error(R"({"gradient_accumulation_steps": -2})"), "gradient_accumulation_steps: -2 is out of range");
-  EXPECT_HAS(parse_error(R"({"zero_optimization": {"reduce_bucket_size": 0}})"), "zero_optimization.reduce_bucket_size: 0");
+  EXPECT_HAS(parse_error(R"({"gradient_accumulation_steps": -2})"),
+             "gradient_accumulation_steps: -2 is out of range");
+  EXPECT_HAS(parse_error(R"({"zero_optimization": {"reduce_bucket_size": 0}})"),
+             "zero_optimization.reduce_bucket_size: 0");
   EXPECT_HAS(parse_error(R"({"aio": {"block_size": -4096}})"), "aio.block_size: -4096 is out of range");
   EXPECT_HAS(parse_error(R"({"zero_optimization": {"offload_optimizer": {"buffer_count": 0}}})"),
              "zero_optimization.offload_optimizer.buffer_count: 0 is out of range");
-  EXPECT_HAS(parse_error(R"({"gradient_clipping": -1.0})"), "gradient_clipping: -1.0 is out of range (expected >= 0)");
-  EXPECT_HAS(parse_error(R"({"optimizer": {"params": {"eps": 0}}})"), "optimizer.params.eps: 0 is out of range (expected > 0)");
+  EXPECT_HAS(parse_error(R"({"gradient_clipping": -1.0})"),
+             "gradient_clipping: -1.0 is out of range (expected >= 0)");
+  EXPECT_HAS(parse_error(R"({"optimizer": {"params": {"eps": 0}}})"),
+             "optimizer.params.eps: 0 is out of range (expected > 0)");
   EXPECT_HAS(parse_error(R"({"zoe": {"host_budget": -5}})"), "zoe.host_budget: -5 is out of range");
-  EXPECT_HAS(parse_error(R"({"zoe": {"device_budget": "lots"}})"), "zoe.device_budget: \"lots\" is not a byte size");
-  EXPECT_HAS(parse_error(R"({"zoe": {"offload_ratio": 1.5}})"), "zoe.offload_ratio: 1.5 is out of range (expected [0, 1])");
+  EXPECT_HAS(parse_error(R"({"zoe": {"device_budget": "lots"}})"),
+             "zoe.device_budget: \"lots\" is not a byte size");
+  EXPECT_HAS(parse_error(R"({"zoe": {"offload_ratio": 1.5}})"),
+             "zoe.offload_ratio: 1.5 is out of range (expected [0, 1])");
   // 0 is meaningful where DeepSpeed gives it a meaning (no prefetch).
   EXPECT_TRUE(Config::parse(R"({"zero_optimization": {"stage3_prefetch_bucket_size": 0}})").is_ok());
 }
 
 TEST(Config, NvmeWithoutPathOrWithABadPath) {
-  EXPECT_HAS(parse_error(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}})"),
-             "zero_optimization.offload_param.device: \"nvme\" needs zero_optimization.offload_param.nvme_path");
+  EXPECT_HAS(
+      parse_error(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}})"),
+      "zero_optimization.offload_param.device: \"nvme\" needs zero_optimization.offload_param.nvme_path");
   auto missing = Config::parse(R"({"zero_optimization": {"stage": 2, "offload_optimizer":
                                   {"device": "nvme", "nvme_path": "/no/such/zoe/dir"}}})");
   ASSERT_FALSE(missing.is_ok());
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
-  EXPECT_HAS(missing.status().message(), "zero_optimization.offload_optimizer.nvme_path: '/no/such/zoe/dir' does not exist");
+  EXPECT_HAS(missing.status().message(),
+             "zero_optimization.offload_optimizer.nvme_path: '/no/such/zoe/dir' does not exist");
 
   ScratchDir dir("cfg");
   std::string file = dir.file("plain_file");
   std::ofstream(file) << "x";
-  EXPECT_HAS(parse_error(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": ")" +
-                         file + R"("}}})"),
-             "zero_optimization.offload_param.nvme_path: '" + file + "' is not a directory");
+  EXPECT_HAS(
+      parse_error(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": ")" +
+                  file + R"("}}})"),
+      "zero_optimization.offload_param.nvme_path: '" + file + "' is not a directory");
   // A list: every entry is checked.
-  EXPECT_HAS(parse_error(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": [")" +
-                         dir.path() + R"(", "/no/such/zoe/dir2"]}}})"),
+  EXPECT_HAS(parse_error(
+                 R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": [")" +
+                 dir.path() + R"(", "/no/such/zoe/dir2"]}}})"),
              "'/no/such/zoe/dir2' does not exist");
-  EXPECT_HAS(parse_error(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": [")" +
-                         dir.path() + R"(", ")" + dir.path() + R"("]}}})"),
+  EXPECT_HAS(parse_error(
+                 R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": [")" +
+                 dir.path() + R"(", ")" + dir.path() + R"("]}}})"),
              "is listed twice");
-  auto two = Config::parse(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": [")" +
-                           dir.path() + R"(", "/tmp"]}}})");
+  auto two = Config::parse(
+      R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": [")" +
+      dir.path() + R"(", "/tmp"]}}})");
   ASSERT_TRUE(two.is_ok()) << two.status().to_string();
   EXPECT_EQ(two->zero.offload_param.nvme_path.size(), 2u);
   // A path is not checked when the device is not nvme.
   EXPECT_TRUE(Config::parse(R"({"zero_optimization": {"stage": 2, "offload_optimizer":
-                               {"device": "cpu", "nvme_path": "/no/such/zoe/dir"}}})").is_ok());
+                               {"device": "cpu", "nvme_path": "/no/such/zoe/dir"}}})")
+                  .is_ok());
 }
 
 TEST(Config, UnwritableNvmePath) {
-  if (geteuid() == 0) GTEST_SKIP() << "root can write anywhere; access(W_OK) cannot fail";
-  ScratchDir dir("cfg");
-  std::string ro = dir.file("ro");
-  ASSERT_EQ(mkdir(ro.c_str(), 0555), 0);
-  auto r = Config::parse(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": ")" + ro +
-                         R"("}}})");
-  ASSERT_FALSE(r.is_ok());
-  EXPECT_EQ(r.status().code(), StatusCode::kPermissionDenied);
-  EXPECT_HAS(r.status().message(), "zero_optimization.offload_param.nvme_path: '" + ro + "' is not writable");
-  chmod(ro.c_str(), 0755);
+  // A directory only its owner may write; root checks it from a child that dropped to nobody
+  // (root passes access(W_OK) everywhere). /tmp so that nobody can reach it.
+  char tmpl[] = "/tmp/zoe-cfg-ro-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string ro = tmpl;
+  ASSERT_EQ(chmod(ro.c_str(), 0555), 0);
+  const std::string json =
+      R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": ")" + ro +
+      R"("}}})";
+  auto check = [&json]() -> std::string {
+    auto r = Config::parse(json);
+    if (r.is_ok()) return "parsed";
+    return std::string(status_code_name(r.status().code())) + "|" + r.status().message();
+  };
+  std::string got;
+  if (geteuid() == 0) {
+    got = test::run_in_child([&]() -> std::string {
+      if (setgid(65534) != 0 || setuid(65534) != 0) return "SKIP";
+      return check();
+    });
+  } else {
+    got = check();
+  }
+  rmdir(ro.c_str());
+  if (got == "SKIP") GTEST_SKIP() << "cannot drop to uid 65534";
+  EXPECT_HAS(got, std::string(status_code_name(StatusCode::kPermissionDenied)) + "|");
+  EXPECT_HAS(got, "zero_optimization.offload_param.nvme_path: '" + ro + "' is not writable");
 }
 
 TEST(Config, Contradictions) {
@@ -377,11 +418,14 @@ TEST(Config, Contradictions) {
   EXPECT_HAS(parse_error(R"({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}})"),
              "zero_optimization.offload_param.device: \"cpu\" needs zero_optimization.stage 3 (stage is 2");
   EXPECT_HAS(parse_error(R"({"zero_optimization": {"offload_optimizer": {"device": "cpu"}}})"),
-             "zero_optimization.offload_optimizer.device: \"cpu\" needs zero_optimization.stage 1, 2 or 3 (stage is 0)");
+             "zero_optimization.offload_optimizer.device: \"cpu\" needs zero_optimization.stage 1, 2 or 3 "
+             "(stage is 0)");
   // device "none" is fine at any stage.
-  EXPECT_TRUE(Config::parse(R"({"zero_optimization": {"stage": 1, "offload_param": {"device": "none"}}})").is_ok());
-  EXPECT_HAS(parse_error(R"({"aio": {"intra_op_parallelism": 2, "thread_count": 4}})"),
-             "aio.intra_op_parallelism and aio.thread_count (its older name) are both given, with different values");
+  EXPECT_TRUE(
+      Config::parse(R"({"zero_optimization": {"stage": 1, "offload_param": {"device": "none"}}})").is_ok());
+  EXPECT_HAS(
+      parse_error(R"({"aio": {"intra_op_parallelism": 2, "thread_count": 4}})"),
+      "aio.intra_op_parallelism and aio.thread_count (its older name) are both given, with different values");
 }
 
 TEST(Config, InvalidJsonGivesLineAndColumn) {
@@ -415,12 +459,16 @@ TEST(Config, LoadNamesThePath) {
 
 TEST(Config, OptimizerSemantics) {
   // DeepSpeed: "Adam" is decoupled unless adam_w_mode is false; "AdamW" always is.
-  EXPECT_FALSE(Config::parse(R"({"optimizer": {"type": "Adam", "params": {"adam_w_mode": false}}})")->optimizer.adam_w_mode);
-  EXPECT_TRUE(Config::parse(R"({"optimizer": {"type": "AdamW", "params": {"adam_w_mode": false}}})")->optimizer.adam_w_mode);
+  EXPECT_FALSE(Config::parse(R"({"optimizer": {"type": "Adam", "params": {"adam_w_mode": false}}})")
+                   ->optimizer.adam_w_mode);
+  EXPECT_TRUE(Config::parse(R"({"optimizer": {"type": "AdamW", "params": {"adam_w_mode": false}}})")
+                  ->optimizer.adam_w_mode);
   EXPECT_EQ(Config::parse(R"({"optimizer": {"type": "ADAMW"}})")->optimizer.type, "AdamW");
   // Torch-style extras with their default values are fine; the others would change results.
-  EXPECT_TRUE(Config::parse(R"({"optimizer": {"type": "AdamW", "params": {"amsgrad": false, "bias_correction": true,
-                               "torch_adam": true}}})").is_ok());
+  EXPECT_TRUE(
+      Config::parse(R"({"optimizer": {"type": "AdamW", "params": {"amsgrad": false, "bias_correction": true,
+                               "torch_adam": true}}})")
+          .is_ok());
   auto ams = Config::parse(R"({"optimizer": {"type": "AdamW", "params": {"amsgrad": true}}})");
   ASSERT_FALSE(ams.is_ok());
   EXPECT_EQ(ams.status().code(), StatusCode::kUnsupported);
@@ -520,8 +568,8 @@ TEST(Config, RoundTripThroughToJson) {
   c.zero.stage3_max_live_parameters = 13;
   c.zero.stage3_max_reuse_distance = 14;
   c.zero.stage3_gather_16bit_weights_on_model_save = true;
-  c.zero.offload_optimizer = {OffloadDevice::kNvme, {dir.path(), "/tmp"}, false, 6, 100000000, 1000000000,
-                              true, true, true, 1.0};
+  c.zero.offload_optimizer = {
+      OffloadDevice::kNvme, {dir.path(), "/tmp"}, false, 6, 100000000, 1000000000, true, true, true, 1.0};
   c.zero.offload_param = {OffloadDevice::kNvme, {dir.path()}, false, 9, 777, 888, false, false, false, 1.0};
   c.aio = {4096, 64, 4, true, false, true};
   c.optimizer = {"Adam", 0.1 + 0.2, 0.8, 0.95, 1e-12, 0.05, false};
@@ -538,7 +586,8 @@ TEST(Config, LrSchedules) {
 
   // WarmupLR, log: min + (max - min) * log(it + 1) / log(W), update k at iteration k - 2.
   auto w = Config::parse(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0.001,
-                            "warmup_max_lr": 0.011, "warmup_num_steps": 100}}})").value();
+                            "warmup_max_lr": 0.011, "warmup_num_steps": 100}}})")
+               .value();
   EXPECT_DOUBLE_EQ(w.lr_at(1), 0.001);  // before the scheduler's first step
   EXPECT_DOUBLE_EQ(w.lr_at(2), 0.001);  // iteration 0: log(1) = 0
   EXPECT_DOUBLE_EQ(w.lr_at(3), 0.001 + 0.01 * std::log(2.0) / std::log(100.0));
@@ -550,7 +599,8 @@ TEST(Config, LrSchedules) {
 
   // WarmupLR, linear: min + (max - min) * it / W.
   auto l = Config::parse(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": 1.0,
-                            "warmup_num_steps": 10, "warmup_type": "linear"}}})").value();
+                            "warmup_num_steps": 10, "warmup_type": "linear"}}})")
+               .value();
   EXPECT_DOUBLE_EQ(l.lr_at(1), 0.0);
   EXPECT_DOUBLE_EQ(l.lr_at(2), 0.0);
   EXPECT_DOUBLE_EQ(l.lr_at(7), 0.5);
@@ -559,7 +609,8 @@ TEST(Config, LrSchedules) {
 
   // WarmupDecayLR: after warmup, max * (T - it) / (T - W), down to 0.
   auto d = Config::parse(R"({"scheduler": {"type": "WarmupDecayLR", "params": {"warmup_max_lr": 1.0,
-                            "warmup_num_steps": 10, "warmup_type": "linear", "total_num_steps": 110}}})").value();
+                            "warmup_num_steps": 10, "warmup_type": "linear", "total_num_steps": 110}}})")
+               .value();
   EXPECT_DOUBLE_EQ(d.lr_at(7), 0.5);
   EXPECT_DOUBLE_EQ(d.lr_at(12), 1.0);   // iteration 10
   EXPECT_DOUBLE_EQ(d.lr_at(37), 0.75);  // iteration 35: 75/100
@@ -568,13 +619,15 @@ TEST(Config, LrSchedules) {
   EXPECT_DOUBLE_EQ(d.lr_at(500), 0.0);
   // Log warmup then decay, with a non-zero floor: min + (max - min) * gamma.
   auto dl = Config::parse(R"({"scheduler": {"type": "WarmupDecayLR", "params": {"warmup_min_lr": 0.5,
-                             "warmup_max_lr": 1.5, "warmup_num_steps": 4, "total_num_steps": 8}}})").value();
+                             "warmup_max_lr": 1.5, "warmup_num_steps": 4, "total_num_steps": 8}}})")
+                .value();
   EXPECT_DOUBLE_EQ(dl.lr_at_iteration(1), 0.5 + std::log(2.0) / std::log(4.0));
   EXPECT_DOUBLE_EQ(dl.lr_at_iteration(6), 0.5 + 2.0 / 4.0);
   EXPECT_DOUBLE_EQ(dl.lr_at_iteration(8), 0.5);
   // DeepSpeed warms up over at least 2 steps.
   auto w0 = Config::parse(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": 1.0,
-                             "warmup_num_steps": 0, "warmup_type": "linear"}}})").value();
+                             "warmup_num_steps": 0, "warmup_type": "linear"}}})")
+                .value();
   EXPECT_DOUBLE_EQ(w0.lr_at_iteration(1), 0.5);
   EXPECT_DOUBLE_EQ(w0.lr_at_iteration(2), 1.0);
   // WarmupDecayLR needs its end.
