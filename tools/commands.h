@@ -10,5 +10,6 @@ void add_info_command(CLI::App& app);
 void add_bench_io_command(CLI::App& bench);
 void add_bench_adam_command(CLI::App& bench);
 void add_bench_swap_command(CLI::App& bench);
+void add_bench_engine_command(CLI::App& bench);
 
 }  // namespace zoe::cli

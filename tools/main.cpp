@@ -34,6 +34,7 @@ int main(int argc, char** argv) {
   zoe::cli::add_bench_io_command(*bench);
   zoe::cli::add_bench_adam_command(*bench);
   zoe::cli::add_bench_swap_command(*bench);
+  zoe::cli::add_bench_engine_command(*bench);
 
   try {
     app.parse(argc, argv);

@@ -55,10 +55,6 @@ namespace {
 // Partitions hold a whole number of 4 KiB blocks in every dtype (O_DIRECT swapping).
 constexpr size_t kPartAlign = 2048;
 
-DType to_dtype(ComputeDType d) {
-  return d == ComputeDType::kF32 ? DType::kF32 : d == ComputeDType::kBF16 ? DType::kBF16 : DType::kF16;
-}
-
 comm::CommType to_comm(DType d) {
   return d == DType::kF32 ? comm::CommType::kF32 : d == DType::kBF16 ? comm::CommType::kBF16 : comm::CommType::kF16;
 }
@@ -167,6 +163,25 @@ struct Engine::Impl {
     return r.value();
   }
 
+  // Frees every device allocation the engine still holds (before the device goes away).
+  void free_device_memory() {
+    for (auto& p : pending) dev->free(p.recv);
+    pending.clear();
+    for (auto& mod : modules) {
+      for (void** p : {&mod.full, &mod.grad_buf}) {
+        if (*p) dev->free(*p);
+        *p = nullptr;
+      }
+      if (opt_off == OffloadDevice::kNone) {
+        for (void* p : {mod.master, mod.exp_avg, mod.exp_avg_sq, static_cast<void*>(mod.grad_acc)}) {
+          if (p) dev->free(p);
+        }
+        mod.master = mod.exp_avg = mod.exp_avg_sq = nullptr;
+        mod.grad_acc = nullptr;
+      }
+    }
+  }
+
   Result<void*> halloc(size_t bytes) {
     auto pin = cfg->zero.offload_optimizer.pin_memory ? io::PinMode::kDevice : io::PinMode::kNone;
     ZOE_ASSIGN_OR_RETURN(io::AlignedBuffer b, io::AlignedBuffer::allocate(bytes, pin));
@@ -266,9 +281,10 @@ Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Engine::~Engine() {
   if (!impl_) return;
-  (void)impl_->complete_pending(true);
+  for (auto& p : impl_->pending) (void)p.h.wait();
   impl_->swapper.reset();
   impl_->tm.reset();
+  impl_->free_device_memory();
 }
 
 Result<std::unique_ptr<Engine>> Engine::create(Runtime& rt, const config::Config& cfg) {
@@ -356,10 +372,13 @@ Status Engine::initialize(const std::function<void(size_t, size_t, float*, size_
     to.device = I.dev.get();
     size_t biggest = 0;
     for (const auto& m : I.modules) biggest = std::max(biggest, m.padded);
-    // Leave room on the device for a gathered module, its gradients and their reduction.
+    // The device holds partitions for the prefetch window (plus the one in use); the rest of
+    // the budget is for a gathered module, its gradients and their reduction.
     uint64_t reserve = 4ull * biggest * es;
     uint64_t db = I.dev->budget_bytes();
-    to.device_budget = db > reserve * 2 ? db - reserve : db / 2;
+    uint64_t window = static_cast<uint64_t>(std::max<int64_t>(0, I.cfg->zero.stage3_prefetch_bucket_size)) * es / I.world +
+                      2ull * (biggest / I.world) * es;
+    to.device_budget = std::min<uint64_t>(window, db > reserve * 2 ? db - reserve : db / 2);
     to.nvme = I.store.get();
     to.pin = I.cfg->zero.offload_param.pin_memory ? io::PinMode::kDevice : io::PinMode::kNone;
     to.staging_bytes = 1u << 20;
@@ -397,7 +416,7 @@ Status Engine::initialize(const std::function<void(size_t, size_t, float*, size_
     // Optimizer states and gradient accumulator of the owned range.
     size_t sbytes = mod.opt_n * (I.cfg->zoe.bf16_optimizer_states ? 2 : 4);
     switch (I.opt_off) {
-      case OffloadDevice::kNone:
+      case OffloadDevice::kNone: {
         ZOE_ASSIGN_OR_RETURN(mod.master, I.dalloc(mod.opt_n * 4));
         ZOE_ASSIGN_OR_RETURN(mod.exp_avg, I.dalloc(sbytes));
         ZOE_ASSIGN_OR_RETURN(mod.exp_avg_sq, I.dalloc(sbytes));
@@ -405,6 +424,7 @@ Status Engine::initialize(const std::function<void(size_t, size_t, float*, size_
         mod.grad_acc = static_cast<float*>(g);
         memcpy(mod.master, own, mod.opt_n * 4);
         break;
+      }
       case OffloadDevice::kCpu: {
         ZOE_ASSIGN_OR_RETURN(mod.master, I.halloc(mod.opt_n * 4));
         ZOE_ASSIGN_OR_RETURN(mod.exp_avg, I.halloc(sbytes));
@@ -587,9 +607,7 @@ Result<StepStats> Engine::step() {
     ap.beta2 = static_cast<float>(I.cfg->optimizer.beta2);
     ap.eps = static_cast<float>(I.cfg->optimizer.eps);
     ap.weight_decay = static_cast<float>(I.cfg->optimizer.weight_decay);
-    std::string type = I.cfg->optimizer.type;
-    std::transform(type.begin(), type.end(), type.begin(), ::tolower);
-    ap.adamw = type != "adam";
+    ap.adamw = I.cfg->optimizer.adam_w_mode;
     optim::AdamStep as;
     as.step = I.steps;
     as.grad_scale = sc.grad_scale;
