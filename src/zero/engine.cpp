@@ -118,6 +118,7 @@ struct Engine::Impl {
   struct Pending {
     size_t m;
     comm::CommHandle h;
+    void* send;  // the module's gradient buffer, freed once the collective is done
     void* recv;  // the reduced gradients (device), freed after accumulation
     size_t recv_offset;  // first element of this rank's range inside recv
   };
@@ -165,7 +166,10 @@ struct Engine::Impl {
 
   // Frees every device allocation the engine still holds (before the device goes away).
   void free_device_memory() {
-    for (auto& p : pending) dev->free(p.recv);
+    for (auto& p : pending) {
+      dev->free(p.send);
+      dev->free(p.recv);
+    }
     pending.clear();
     for (auto& mod : modules) {
       for (void** p : {&mod.full, &mod.grad_buf}) {
@@ -256,6 +260,7 @@ struct Engine::Impl {
       }
       Module& mod = modules[p.m];
       accumulate(mod.grad_acc, static_cast<char*>(p.recv) + p.recv_offset * esize(), cdt, mod.opt_n);
+      dev->free(p.send);
       dev->free(p.recv);
       pending.pop_front();
     }
@@ -304,6 +309,10 @@ Result<std::unique_ptr<Engine>> Engine::create(Runtime& rt, const config::Config
   }
   if (impl->opt_off != OffloadDevice::kNone && impl->stage == 0) {
     return invalid_argument("zero_optimization.offload_optimizer needs stage 1, 2 or 3");
+  }
+  if (cfg.zoe.offload_ratio != 1.0) {
+    return unsupported("zoe.offload_ratio %g: partial optimizer offload is not implemented yet (use 1.0)",
+                       cfg.zoe.offload_ratio);
   }
   if (cfg.zoe.device == "cuda") {
     return unsupported("zoe.device \"cuda\": the engine's device kernels (GPU Adam, gradient conversion) are not built "
@@ -543,15 +552,12 @@ Status Engine::reduce_grads(size_t m) {
     p.recv_offset = mod.opt_begin;
     p.h = I.comm->all_reduce(mod.grad_buf, p.recv, mod.padded, ct, comm::ReduceOp::kSum);
   }
-  // The send buffer must outlive the collective: free it once this one completes.
-  {
-    Timer t(&I.t_comm);
-    ZOE_RETURN_IF_ERROR_CTX(p.h.wait(), "reducing the gradients of module " + mod.name);
-  }
-  I.dev->free(mod.grad_buf);
+  // The reduction runs on the communicator's stream while the caller computes the next module;
+  // its buffers are freed when it is accumulated (at the latest in step()).
+  p.send = mod.grad_buf;
   mod.grad_buf = nullptr;
   I.pending.push_back(p);
-  return I.complete_pending(false);
+  return Status::ok();
 }
 
 Result<StepStats> Engine::step() {

@@ -50,7 +50,7 @@ std::vector<Placement> placements() {
 }
 
 std::string make_config(const Placement& pl, const std::string& precision, const std::string& nvme, int micro = 1,
-                        const std::string& extra_fp16 = "") {
+                        const std::string& extra_fp16 = "", const std::string& extra_top = "") {
   char buf[2048];
   std::string prec;
   if (precision == "bf16") prec = "\"bf16\": {\"enabled\": true},";
@@ -61,22 +61,22 @@ std::string make_config(const Placement& pl, const std::string& precision, const
     return s + "}";
   };
   snprintf(buf, sizeof(buf),
-           "{\"train_micro_batch_size_per_gpu\": 4, \"gradient_accumulation_steps\": %d, %s"
+           "{%s \"train_micro_batch_size_per_gpu\": 4, \"gradient_accumulation_steps\": %d, %s"
            " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.01, \"betas\": [0.9, 0.999], \"eps\": 1e-8,"
            " \"weight_decay\": 0.01}},"
            " \"zero_optimization\": {\"stage\": %d, \"stage3_param_persistence_threshold\": 0,"
            " \"offload_optimizer\": %s, \"offload_param\": %s},"
            " \"zoe\": {\"device_budget\": \"64MiB\", \"optimizer_threads\": 1}}",
-           micro, prec.c_str(), pl.stage, off(pl.opt).c_str(), pl.stage == 3 ? off(pl.param).c_str() : "{\"device\": \"none\"}");
+           extra_top.c_str(), micro, prec.c_str(), pl.stage, off(pl.opt).c_str(), pl.stage == 3 ? off(pl.param).c_str() : "{\"device\": \"none\"}");
   return buf;
 }
 
 Result<std::vector<Layer>> run(const Placement& pl, const std::string& precision, const MlpSpec& s, int steps,
                                std::vector<StepStats>* stats = nullptr, int inject = -1, int micro = 1,
-                               const std::string& extra_fp16 = "") {
+                               const std::string& extra_fp16 = "", const std::string& extra_top = "") {
   Runtime& rt = runtime();
   test::ScratchDir nvme("nvme");
-  auto cfg = config::Config::parse(make_config(pl, precision, nvme.path(), micro, extra_fp16), rt.world_size());
+  auto cfg = config::Config::parse(make_config(pl, precision, nvme.path(), micro, extra_fp16, extra_top), rt.world_size());
   if (!cfg.is_ok()) return cfg.status();
   ZOE_ASSIGN_OR_RETURN(auto e, Engine::create(rt, cfg.value()));
   ZOE_RETURN_IF_ERROR(test::register_mlp(*e, s));
@@ -161,6 +161,58 @@ TEST(Engine, GradientAccumulation) {
     ASSERT_TRUE(r.is_ok()) << r.status().to_string();
     Diff d = compare(r.value(), ref);
     EXPECT_LE(d.max_abs, 2e-4) << "stage " << pl.stage;
+  }
+}
+
+TEST(Engine, GradientClipping) {
+  Runtime& rt = runtime();
+  MlpSpec s;
+  s.clip = 0.05;
+  auto ref = test::reference_train(s, rt.world_size(), 3);
+  MlpSpec unclipped;
+  auto ref_free = test::reference_train(unclipped, rt.world_size(), 3);
+  ASSERT_GT(compare(ref, ref_free).max_abs, 1e-3) << "the clip must bite for this test to mean anything";
+  std::vector<Layer> first;
+  for (const Placement& pl : {Placement{2, "none", "none"}, Placement{3, "nvme", "cpu"}}) {
+    std::vector<StepStats> stats;
+    auto r = run(pl, "fp32", s, 3, &stats, -1, 1, "", "\"gradient_clipping\": 0.05,");
+    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    EXPECT_LE(compare(r.value(), ref).max_abs, 2e-4) << "stage " << pl.stage;
+    EXPECT_GT(stats[0].grad_norm, 0.05);
+    if (first.empty()) first = r.value();
+    else EXPECT_TRUE(compare(r.value(), first).identical) << "stage " << pl.stage;
+  }
+}
+
+TEST(Engine, Bf16OptimizerStates) {
+  // Adam m and v kept in bf16: close to the fp32-state reference, identical across placements.
+  Runtime& rt = runtime();
+  MlpSpec s;
+  auto ref = test::reference_train(s, rt.world_size(), 3);
+  std::map<int, std::vector<Layer>> base;
+  for (const Placement& pl : {Placement{1, "none", "none"}, Placement{1, "nvme", "none"}, Placement{3, "none", "none"},
+                              Placement{3, "nvme", "nvme"}, Placement{3, "cpu", "cpu"}}) {
+    std::string cfg_extra;
+    auto r = run(pl, "bf16", s, 3, nullptr, -1, 1, "", "");
+    ASSERT_TRUE(r.is_ok());
+    Runtime& rt2 = runtime();
+    test::ScratchDir nvme("nvme");
+    std::string text = make_config(pl, "bf16", nvme.path());
+    text.replace(text.find("\"optimizer_threads\""), 0, "\"bf16_optimizer_states\": true, ");
+    auto cfg = config::Config::parse(text, rt2.world_size());
+    ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
+    auto e = Engine::create(rt2, cfg.value());
+    ASSERT_TRUE(e.is_ok()) << e.status().to_string();
+    ASSERT_TRUE(test::register_mlp(*e.value(), s).is_ok());
+    std::vector<Layer> out;
+    Status st = test::engine_train(*e.value(), s, rt2.rank(), rt2.world_size(), 3, &out);
+    ASSERT_TRUE(st.is_ok()) << st.to_string();
+    Diff d = compare(out, ref);
+    Tolerance tol = tolerance("bf16");
+    EXPECT_LE(d.max_abs, tol.max_abs);
+    EXPECT_LE(d.mean_abs, tol.mean_abs);
+    if (!base.count(pl.stage)) base[pl.stage] = out;
+    else EXPECT_TRUE(compare(out, base[pl.stage]).identical) << "stage " << pl.stage << " " << pl.opt << "/" << pl.param;
   }
 }
 
