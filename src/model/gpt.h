@@ -1,0 +1,89 @@
+// The reference GPT (decoder-only transformer) that `zoe train` runs through the engine, and
+// its CPU forward/backward kernels.
+//
+// Architecture: token + position embeddings; `layers` pre-LayerNorm blocks, each
+//   x = x + proj(attn(ln1(x)))   causal multi-head self-attention, heads = d_model / head_dim
+//   x = x + fc2(gelu(fc1(ln2(x)))) MLP of width 4 * d_model, tanh-approximated GELU
+// a final LayerNorm, and a head tied to the token embedding (logits = lnf(x) . wte^T), with
+// the mean cross-entropy over every position as the loss.
+//
+// Engine modules, in forward order (the parameter order inside each module is fixed):
+//   0          "embed":   wte [vocab, d], wpe [seq, d]
+//   1..layers  "block.i": ln1_g [d], ln1_b [d], qkv_w [3d, d], qkv_b [3d], proj_w [d, d],
+//                         proj_b [d], ln2_g [d], ln2_b [d], fc1_w [4d, d], fc1_b [4d],
+//                         fc2_w [d, 4d], fc2_b [d]
+//   layers+1   "final":   lnf_g [d], lnf_b [d]
+// Weights are row-major [out, in]: y = x W^T + b. The embed module is used twice per step
+// (embedding lookup and the tied head); its gradients from both are summed.
+//
+// GptCpu keeps the activations of one micro-batch (batch x seq tokens) on the host between the
+// forward and the backward pass. Parameters and gradients are passed as fp32 pointers, one per
+// parameter in the order above. Matrix products go through BLAS (cblas_sgemm); the other kernels
+// are parallel over rows. Backward functions *add* into the gradient buffers (the caller zeroes).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "zoe/status.h"
+
+namespace zoe::model {
+
+struct GptConfig {
+  int vocab = 256;
+  int seq = 64;  // the longest sequence the model handles (wpe rows)
+  int d_model = 128;
+  int heads = 4;
+  int layers = 4;
+
+  Status validate() const;  // d_model % heads == 0, all positive, ...
+  // Parameters in all.
+  uint64_t num_params() const;
+};
+
+struct TensorSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  size_t numel() const;
+};
+struct ModuleSpec {
+  std::string name;
+  std::vector<TensorSpec> params;
+};
+// The engine modules of the model, in forward order.
+std::vector<ModuleSpec> gpt_modules(const GptConfig& c);
+
+// Deterministic initial value of every element (GPT-2 style: N(0, 0.02) weights, residual
+// projections scaled by 1/sqrt(2 * layers), zero biases, unit LayerNorm gains), from `seed`.
+void gpt_init(const GptConfig& c, uint64_t seed, size_t module, size_t param, float* data, size_t n);
+
+class GptCpu {
+ public:
+  // batch sequences of `tokens_per_seq` (<= c.seq) tokens per micro-batch; threads 0: all cores.
+  static Result<std::unique_ptr<GptCpu>> create(const GptConfig& c, int batch, int tokens_per_seq, int threads = 0);
+  virtual ~GptCpu() = default;
+
+  // Forward. tokens: batch x T token ids (< vocab). params: the module's parameter pointers.
+  virtual void embed_forward(const int32_t* tokens, const float* const* embed_params) = 0;
+  virtual void block_forward(int layer, const float* const* block_params) = 0;
+  // Final LayerNorm and the tied head; returns the mean cross-entropy against targets
+  // (batch x T ids; a target < 0 is ignored). embed_params supplies wte.
+  virtual float head_forward(const float* const* final_params, const float* const* embed_params,
+                             const int32_t* targets) = 0;
+  // The logits of the last head_forward (batch x T x vocab), for evaluation and generation.
+  virtual const float* logits() const = 0;
+
+  // Backward, in reverse order: head (grads of final, and wte of embed), blocks, embedding.
+  virtual void head_backward(const float* const* final_params, const float* const* embed_params,
+                             float* const* final_grads, float* const* embed_grads) = 0;
+  virtual void block_backward(int layer, const float* const* block_params, float* const* block_grads) = 0;
+  virtual void embed_backward(float* const* embed_grads) = 0;
+
+  // Host bytes of activations kept for one micro-batch.
+  virtual size_t activation_bytes() const = 0;
+};
+
+}  // namespace zoe::model
