@@ -77,6 +77,9 @@ struct StepStats {
   double t_optimizer = 0.0;     // the step itself (norm, Adam, parameter write-back)
   // High-water marks, bytes: device, host, nvme.
   uint64_t high_water[3] = {0, 0, 0};
+  // Bytes moved since initialize(): NVMe reads and writes (every tier's), host -> device and
+  // device -> host (parameter partitions, including those streamed from/to NVMe).
+  uint64_t bytes_nvme_read = 0, bytes_nvme_write = 0, bytes_host_to_device = 0, bytes_device_to_host = 0;
 };
 
 class Engine {
@@ -113,6 +116,16 @@ class Engine {
 
   // The full fp32 master values of parameter p of module m (gathered from every rank).
   Status read_master(size_t m, size_t p, float* out);
+
+  // Bytes of model state per rank: compute parameters, gradients and optimizer states.
+  uint64_t model_state_bytes() const;
+  uint64_t device_budget_bytes() const;
+  uint64_t num_params() const;
+  // Writes the Chrome-trace timeline of transfers and optimizer chunks recorded so far.
+  Status write_trace(const std::string& path) const;
+  void enable_trace(bool on);
+  // Adds a compute span (the caller's kernels) to the same timeline.
+  void record_compute(const std::string& name, uint64_t begin_ns, uint64_t end_ns);
 
  private:
   struct Impl;

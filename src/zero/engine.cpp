@@ -15,6 +15,7 @@
 #include "core/clock.h"
 #include "core/dtype.h"
 #include "core/log.h"
+#include "core/trace.h"
 #include "core/units.h"
 #include "device/device.h"
 #include "io/io_engine.h"
@@ -106,6 +107,7 @@ struct Engine::Impl {
     std::vector<size_t> numel, offset;
     size_t total = 0, padded = 0, part = 0;
     bool partitioned_params = false;  // stage 3 and not persistent
+    size_t stage_opt_n(int st) const { return st == 0 ? padded : part; }
     void* full = nullptr;             // device: full compute params (stage 0-2, persistent) or the gather
     bool fetched = false;
     void* grad_buf = nullptr;         // device, padded elements, compute dtype
@@ -138,6 +140,7 @@ struct Engine::Impl {
   std::unique_ptr<offload::TierManager> tm;
   std::unique_ptr<offload::OptimizerSwapper> swapper;
   std::unique_ptr<optim::CpuPool> pool;
+  TraceRecorder trace;
   std::vector<io::AlignedBuffer> host_bufs;  // cpu-offloaded optimizer states and gradients
   uint64_t host_bytes = 0;
 
@@ -374,6 +377,38 @@ Status Engine::initialize(const std::function<void(size_t, size_t, float*, size_
   if (I.initialized) return invalid_argument("initialize() called twice");
   if (I.modules.empty()) return invalid_argument("initialize(): no modules registered");
   const size_t es = I.esize();
+  // The device must hold one gathered module with its gradients and their reduction.
+  for (const auto& mod : I.modules) {
+    uint64_t need = static_cast<uint64_t>(mod.padded) * es * 2 + static_cast<uint64_t>(mod.part) * es;
+    if (need > I.dev->budget_bytes()) {
+      return out_of_budget("module %s has %zu parameters and needs %llu bytes (%s) on the device (gathered parameters, "
+                           "gradients and their reduction), more than the device budget of %llu bytes (%s); raise "
+                           "zoe.device_budget or split the module",
+                           mod.name.c_str(), mod.total, static_cast<unsigned long long>(need), format_bytes(need).c_str(),
+                           static_cast<unsigned long long>(I.dev->budget_bytes()), format_bytes(I.dev->budget_bytes()).c_str());
+    }
+  }
+  // NVMe space for everything that lives there, checked before anything is written.
+  if (I.swap) {
+    uint64_t need = 0;
+    const uint64_t sb = I.cfg->zoe.bf16_optimizer_states ? 2 : 4;
+    for (const auto& mod : I.modules) {
+      if (I.opt_off == OffloadDevice::kNvme) need += static_cast<uint64_t>(mod.stage_opt_n(I.stage)) * (4 + 2 * sb);
+      if (I.param_off == OffloadDevice::kNvme) need += static_cast<uint64_t>(mod.part) * es;
+    }
+    uint64_t free_b = 0;
+    std::string where;
+    for (const auto& f : I.swap->files()) {
+      auto fb = io::free_bytes_at(f->path());
+      if (fb.is_ok()) free_b += fb.value() / I.swap->files().size();  // files may share a file system
+      where += (where.empty() ? "" : ", ") + f->path();
+    }
+    if (need > free_b) {
+      return no_space("the model needs %llu bytes (%s) of NVMe swap space on this rank but only %llu bytes (%s) are free "
+                      "at %s", static_cast<unsigned long long>(need), format_bytes(need).c_str(),
+                      static_cast<unsigned long long>(free_b), format_bytes(free_b).c_str(), where.c_str());
+    }
+  }
   // Tiers for stage-3 parameter partitions.
   bool any_partitioned = std::any_of(I.modules.begin(), I.modules.end(), [](const Impl::Module& m) { return m.partitioned_params; });
   if (any_partitioned) {
@@ -393,6 +428,7 @@ Status Engine::initialize(const std::function<void(size_t, size_t, float*, size_
     to.staging_bytes = 1u << 20;
     to.staging_count = 4;
     to.policy = offload::EvictionPolicy::kTrace;
+    to.trace = &I.trace;
     ZOE_ASSIGN_OR_RETURN(I.tm, offload::TierManager::create(to));
   }
   if (I.opt_off == OffloadDevice::kNvme) {
@@ -402,6 +438,7 @@ Status Engine::initialize(const std::function<void(size_t, size_t, float*, size_
     so.buffer_count = static_cast<size_t>(std::max<int64_t>(I.cfg->zero.offload_optimizer.buffer_count, 3));
     so.buffer_bytes = 4u << 20;
     so.pin = I.cfg->zero.offload_optimizer.pin_memory ? io::PinMode::kDevice : io::PinMode::kNone;
+    so.trace = &I.trace;
     ZOE_ASSIGN_OR_RETURN(I.swapper, offload::OptimizerSwapper::create(I.store.get(), so));
   }
   std::vector<float> full;
@@ -690,9 +727,42 @@ Result<StepStats> Engine::step() {
   if (I.tm) host += I.tm->stats().high_water[1];
   st.high_water[1] = host;
   st.high_water[2] = I.store ? I.store->high_water_bytes() : 0;
+  if (I.io) {
+    io::IoStatsSnapshot ios = I.io->stats();
+    st.bytes_nvme_read = ios.read_bytes;
+    st.bytes_nvme_write = ios.write_bytes;
+  }
+  if (I.tm) {
+    offload::TierStats ts = I.tm->stats();
+    st.bytes_host_to_device = ts.links[2].bytes + ts.links[4].bytes;
+    st.bytes_device_to_host = ts.links[3].bytes + ts.links[5].bytes;
+  }
   I.t_comm = I.t_io = I.t_opt = I.t_engine = 0;
   I.last_step_ns = now;
   return st;
+}
+
+uint64_t Engine::num_params() const {
+  uint64_t n = 0;
+  for (const auto& mod : impl_->modules) n += mod.total;
+  return n;
+}
+
+uint64_t Engine::model_state_bytes() const {
+  const Impl& I = *impl_;
+  uint64_t n = num_params(), w = static_cast<uint64_t>(I.world);
+  uint64_t params = (I.stage == 3 ? n / w : n) * I.esize();
+  uint64_t grads = (I.stage >= 2 ? n / w : n) * 4;
+  uint64_t optim = (I.stage >= 1 ? n / w : n) * (4 + 2 * (I.cfg->zoe.bf16_optimizer_states ? 2 : 4));
+  return params + grads + optim;
+}
+
+uint64_t Engine::device_budget_bytes() const { return impl_->dev->budget_bytes(); }
+
+Status Engine::write_trace(const std::string& path) const { return impl_->trace.write_chrome_json(path); }
+void Engine::enable_trace(bool on) { impl_->trace.set_enabled(on); }
+void Engine::record_compute(const std::string& name, uint64_t begin_ns, uint64_t end_ns) {
+  impl_->trace.record(name, "compute", begin_ns, end_ns);
 }
 
 Status Engine::read_master(size_t m, size_t p, float* out) {
