@@ -1,12 +1,23 @@
 #!/usr/bin/env bash
-# Builds zoe (Release) and runs its main job: `zoe bench io`, the swap-bandwidth profile of the
-# drive holding $ZOE_SCRATCH (default /var/tmp). Extra arguments go to `zoe bench io`.
+# Builds zoe (Release) and runs its main job: training a GPT whose model states are several
+# times the device budget, with parameters and optimizer states offloaded to NVMe in a scratch
+# folder under $ZOE_SCRATCH (default /var/tmp) that is removed afterwards. Extra arguments go to
+# `zoe train` (e.g. --steps 50). ZOE_DEMO=io runs `zoe bench io` instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/install-deps.sh
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$(nproc)"
-./build/bin/zoe info --path "${ZOE_SCRATCH:-/var/tmp}"
+
+base="${ZOE_SCRATCH:-/var/tmp}"
+if [ "${ZOE_DEMO:-train}" = io ]; then
+  exec ./build/bin/zoe bench io --path "$base" "$@"
+fi
+scratch=$(mktemp -d "$base/zoe-demo.XXXXXX")
+trap 'rm -rf "$scratch"' EXIT
+./build/bin/zoe info --path "$scratch"
 echo
-./build/bin/zoe bench io --path "${ZOE_SCRATCH:-/var/tmp}" "$@"
+# 4.8M parameters: 87 MB of model state per rank against a 16 MiB device budget (5x).
+./build/bin/zoe train --preset demo --offload nvme --nvme-path "$scratch" --device-budget 16MiB \
+  --steps 200 --micro-batch 8 --lr 0.002 --eval-every 50 "$@"
