@@ -20,6 +20,12 @@
 // forward and the backward pass. Parameters and gradients are passed as fp32 pointers, one per
 // parameter in the order above. Matrix products go through BLAS (cblas_sgemm); the other kernels
 // are parallel over rows. Backward functions *add* into the gradient buffers (the caller zeroes).
+//
+// Determinism: every result is bit-identical whatever `threads` is. Work is cut into pieces whose
+// boundaries depend only on the shapes (never on the thread count), each piece is computed by one
+// thread, and no sum is split across threads. OpenBLAS is set to one thread for the process
+// (openblas_set_num_threads(1)) when a GptCpu is created: our own loops supply the parallelism.
+// Not thread-safe: one caller at a time per GptCpu.
 #pragma once
 
 #include <cstddef>
@@ -58,7 +64,12 @@ std::vector<ModuleSpec> gpt_modules(const GptConfig& c);
 
 // Deterministic initial value of every element (GPT-2 style: N(0, 0.02) weights, residual
 // projections scaled by 1/sqrt(2 * layers), zero biases, unit LayerNorm gains), from `seed`.
+// Element i of the tensor depends only on (seed, module, param, i): a splitmix64 counter hash
+// turned into a normal by Box-Muller, so any shard can be initialised on its own.
 void gpt_init(const GptConfig& c, uint64_t seed, size_t module, size_t param, float* data, size_t n);
+// Elements [first, first + n) of the same tensor (for a shard); gpt_init is first = 0.
+void gpt_init_range(const GptConfig& c, uint64_t seed, size_t module, size_t param, uint64_t first,
+                    float* data, size_t n);
 
 class GptCpu {
  public:
@@ -82,8 +93,10 @@ class GptCpu {
   virtual void block_backward(int layer, const float* const* block_params, float* const* block_grads) = 0;
   virtual void embed_backward(float* const* embed_grads) = 0;
 
-  // Host bytes of activations kept for one micro-batch.
+  // Host bytes of activations kept for one micro-batch (with the backward scratch buffers).
   virtual size_t activation_bytes() const = 0;
+  // Threads the kernels run on: the one asked for, at most the host's cores.
+  virtual int threads() const = 0;
 };
 
 }  // namespace zoe::model
