@@ -89,6 +89,11 @@ class RankWriter {
   Status end_tensor();                            // checks the byte count matches count x dtype
   // fsyncs and closes; returns this rank's records and file info. ENOSPC names path and bytes.
   Status finish(std::vector<TensorRecord>* records, FileInfo* file);
+
+ private:
+  struct Impl;
+  explicit RankWriter(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
 };
 
 // Save protocol (every rank calls in this order; rank 0 also writes the manifest):
@@ -117,6 +122,13 @@ class Reader {
   Status read_range(uint32_t module, const std::string& kind, uint64_t begin, uint64_t count,
                     const std::string& dtype_out, void* out) const;
   bool has_kind(const std::string& kind) const;
+  // Re-reads manifest().files[index] and compares its xxh64 (what verify() does for each file).
+  Status verify_file(size_t index) const;
+
+ private:
+  struct Impl;
+  explicit Reader(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
 };
 
 // Writes a safetensors file of full, unpartitioned parameters (from "master", or "param" when

@@ -1,0 +1,278 @@
+// Reading checkpoints: open with size checks, checksum verification, reshardable range reads.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cinttypes>
+#include <cstring>
+#include <map>
+#include <utility>
+
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/file_util.h"
+#include "checkpoint/xxh64.h"
+#include "core/dtype.h"
+
+namespace zoe::ckpt {
+
+namespace {
+
+constexpr size_t kReadPiece = 1u << 20;    // read_range's conversion buffer, at most
+constexpr size_t kVerifyPiece = 4u << 20;  // verify's read size
+
+bool is_dir(const std::string& p) {
+  struct stat st;
+  return stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+bool exists(const std::string& p) {
+  struct stat st;
+  return stat(p.c_str(), &st) == 0;
+}
+
+// Converts n elements between the stored dtypes (exact when widening; RNE when narrowing).
+void convert(const std::string& from, const void* src, const std::string& to, void* dst, size_t n) {
+  if (from == to) {
+    std::memcpy(dst, src, n * dtype_bytes(from));
+    return;
+  }
+  auto load = [&](size_t i) -> float {
+    if (from == "f32") {
+      float f;
+      std::memcpy(&f, static_cast<const char*>(src) + 4 * i, 4);
+      return f;
+    }
+    uint16_t h;
+    std::memcpy(&h, static_cast<const char*>(src) + 2 * i, 2);
+    return from == "bf16" ? bf16_to_f32(h) : f16_to_f32(h);
+  };
+  if (to == "f32") {
+    auto* d = static_cast<float*>(dst);
+    for (size_t i = 0; i < n; ++i) d[i] = load(i);
+  } else if (to == "bf16") {
+    auto* d = static_cast<uint16_t*>(dst);
+    for (size_t i = 0; i < n; ++i) d[i] = f32_to_bf16(load(i));
+  } else {
+    auto* d = static_cast<uint16_t*>(dst);
+    for (size_t i = 0; i < n; ++i) d[i] = f32_to_f16(load(i));
+  }
+}
+
+}  // namespace
+
+struct Reader::Impl {
+  std::string dir;
+  Manifest manifest;
+  std::vector<int> fds;                // per manifest.files entry
+  std::vector<size_t> file_of_rank;    // rank -> index in manifest.files
+  // (module, kind) -> indices of manifest.tensors, sorted by begin.
+  std::map<std::pair<uint32_t, std::string>, std::vector<size_t>> index;
+
+  ~Impl() {
+    for (int fd : fds) {
+      if (fd >= 0) close(fd);
+    }
+  }
+  std::string file_path(size_t i) const { return dir + "/" + manifest.files[i].name; }
+};
+
+Reader::Reader(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Reader::~Reader() = default;
+const Manifest& Reader::manifest() const { return impl_->manifest; }
+const std::string& Reader::path() const { return impl_->dir; }
+
+namespace {
+
+// dir is a checkpoint (has manifest.json) or a save directory whose `latest` names one.
+Result<std::string> resolve_dir(std::string dir) {
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  if (!exists(dir)) return not_found("checkpoint %s does not exist", dir.c_str());
+  if (!is_dir(dir)) return invalid_argument("checkpoint %s is not a directory", dir.c_str());
+  if (exists(dir + "/manifest.json")) return dir;
+  std::string latest = dir + "/latest";
+  if (!exists(latest)) {
+    return not_found("%s is not a checkpoint (no manifest.json) nor a save directory (no 'latest' file)",
+                     dir.c_str());
+  }
+  ZOE_ASSIGN_OR_RETURN(std::string tag, detail::read_small_file(latest));
+  while (!tag.empty() && (tag.back() == '\n' || tag.back() == ' ' || tag.back() == '\r')) tag.pop_back();
+  if (tag.empty() || tag.find('/') != std::string::npos || tag == "." || tag == "..") {
+    return corruption("%s: expected the tag of a checkpoint, found '%s'", latest.c_str(), tag.c_str());
+  }
+  std::string ck = dir + "/" + tag;
+  if (!exists(ck + "/manifest.json")) {
+    return not_found("%s names checkpoint '%s', but %s/manifest.json does not exist", latest.c_str(), tag.c_str(),
+                     ck.c_str());
+  }
+  return ck;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Reader>> Reader::open(const std::string& dir_arg) {
+  auto impl = std::make_unique<Impl>();
+  ZOE_ASSIGN_OR_RETURN(impl->dir, resolve_dir(dir_arg));
+  std::string mpath = impl->dir + "/manifest.json";
+  ZOE_ASSIGN_OR_RETURN(std::string text, detail::read_small_file(mpath));
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    return corruption("%s is not valid JSON (truncated or corrupted?): %s", mpath.c_str(), e.what());
+  }
+  ZOE_ASSIGN_OR_RETURN(impl->manifest, Manifest::from_json(j, mpath));
+  const Manifest& m = impl->manifest;
+
+  impl->file_of_rank.assign(static_cast<size_t>(m.world_size), SIZE_MAX);
+  impl->fds.assign(m.files.size(), -1);
+  for (size_t i = 0; i < m.files.size(); ++i) {
+    const FileInfo& f = m.files[i];
+    std::string p = impl->file_path(i);
+    int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      if (errno == ENOENT) {
+        return not_found("checkpoint file %s is missing (the manifest lists it with %" PRIu64 " bytes)", p.c_str(),
+                         f.bytes);
+      }
+      return sys_error("open checkpoint file", p, errno);
+    }
+    impl->fds[i] = fd;
+    struct stat st;
+    if (fstat(fd, &st) != 0) return sys_error("fstat", p, errno);
+    if (static_cast<uint64_t>(st.st_size) != f.bytes) {
+      return corruption("checkpoint file %s has %" PRIu64 " bytes, the manifest says %" PRIu64 " (%s)", p.c_str(),
+                        static_cast<uint64_t>(st.st_size), f.bytes,
+                        static_cast<uint64_t>(st.st_size) < f.bytes ? "truncated" : "overwritten or appended to");
+    }
+    int rank = -1;
+    if (sscanf(f.name.c_str(), "rank-%d.bin", &rank) == 1 && rank >= 0 && rank < m.world_size) {
+      impl->file_of_rank[static_cast<size_t>(rank)] = i;
+    }
+  }
+  for (size_t t = 0; t < m.tensors.size(); ++t) {
+    const TensorRecord& r = m.tensors[t];
+    size_t fi = impl->file_of_rank[static_cast<size_t>(r.rank)];
+    if (fi == SIZE_MAX) {
+      return corruption("%s: tensors[%zu] is in rank %d's file, which 'files' does not list", mpath.c_str(), t,
+                        r.rank);
+    }
+    if (r.offset + r.bytes > m.files[fi].bytes) {
+      return corruption("%s: tensors[%zu] ends at byte %" PRIu64 " of %s, which has %" PRIu64 " bytes",
+                        mpath.c_str(), t, r.offset + r.bytes, m.files[fi].name.c_str(), m.files[fi].bytes);
+    }
+    impl->index[{r.module, r.kind}].push_back(t);
+  }
+  for (auto& [key, v] : impl->index) {
+    std::stable_sort(v.begin(), v.end(), [&](size_t a, size_t b) { return m.tensors[a].begin < m.tensors[b].begin; });
+  }
+  return std::unique_ptr<Reader>(new Reader(std::move(impl)));
+}
+
+bool Reader::has_kind(const std::string& kind) const {
+  for (const auto& [key, v] : impl_->index) {
+    if (key.second == kind && !v.empty()) return true;
+  }
+  return false;
+}
+
+Status Reader::verify_file(size_t i) const {
+  const Manifest& m = impl_->manifest;
+  if (i >= m.files.size()) return invalid_argument("verify_file: index %zu of %zu files", i, m.files.size());
+  const FileInfo& f = m.files[i];
+  std::string p = impl_->file_path(i);
+  detail::Xxh64 hash;
+  std::vector<char> buf(static_cast<size_t>(std::min<uint64_t>(kVerifyPiece, std::max<uint64_t>(f.bytes, 1))));
+  Status s;
+  for (uint64_t off = 0; off < f.bytes && s.is_ok();) {
+    size_t n = static_cast<size_t>(std::min<uint64_t>(buf.size(), f.bytes - off));
+    s = detail::pread_all(impl_->fds[i], p, buf.data(), n, off);
+    if (s.is_ok()) hash.update(buf.data(), n);
+    off += n;
+  }
+  uint64_t h = hash.digest();
+  ZOE_RETURN_IF_ERROR(s);
+  std::string got = detail::hex64(h);
+  if (got != f.xxh64) {
+    return corruption("checksum mismatch in %s: the manifest says xxh64 %s, the file has %s (corrupted)", p.c_str(),
+                      f.xxh64.c_str(), got.c_str());
+  }
+  return Status::ok();
+}
+
+Status Reader::verify() const {
+  for (size_t i = 0; i < impl_->manifest.files.size(); ++i) ZOE_RETURN_IF_ERROR(verify_file(i));
+  return Status::ok();
+}
+
+Status Reader::read_range(uint32_t module, const std::string& kind, uint64_t begin, uint64_t count,
+                          const std::string& dtype_out, void* out) const {
+  const Manifest& m = impl_->manifest;
+  if (module >= m.modules.size()) {
+    return invalid_argument("read_range: module %u, the checkpoint has %zu modules", module, m.modules.size());
+  }
+  size_t ob = dtype_bytes(dtype_out);
+  if (ob == 0) return invalid_argument("read_range: dtype '%s': expected f32, bf16 or f16", dtype_out.c_str());
+  const std::string& mname = m.modules[module].name;
+  if (begin + count > m.modules[module].padded) {
+    return invalid_argument("read_range: elements [%" PRIu64 ", %" PRIu64 ") of module '%s', which has %" PRIu64,
+                            begin, begin + count, mname.c_str(), m.modules[module].padded);
+  }
+  auto it = impl_->index.find({module, kind});
+  if (count > 0 && it == impl_->index.end()) {
+    return not_found("checkpoint %s has no '%s' state for module '%s'", impl_->dir.c_str(), kind.c_str(),
+                     mname.c_str());
+  }
+  std::vector<char> scratch;
+  char* dst = static_cast<char*>(out);
+  const uint64_t end = begin + count;
+  for (uint64_t pos = begin; pos < end;) {
+    const auto& recs = it->second;
+    // The last record starting at or before pos that still covers it (records may overlap when
+    // ranks saved replicated state; any covering one will do).
+    auto ub = std::upper_bound(recs.begin(), recs.end(), pos,
+                               [&](uint64_t p, size_t t) { return p < m.tensors[t].begin; });
+    const TensorRecord* rec = nullptr;
+    for (auto r = ub; r != recs.begin();) {
+      --r;
+      const TensorRecord& c = m.tensors[*r];
+      if (c.begin + c.count > pos) {
+        rec = &c;
+        break;
+      }
+    }
+    if (!rec) {
+      return not_found("checkpoint %s: element %" PRIu64 " of module '%s' '%s' state is in no rank's file "
+                       "(the checkpoint does not cover [%" PRIu64 ", %" PRIu64 "))",
+                       impl_->dir.c_str(), pos, mname.c_str(), kind.c_str(), begin, end);
+    }
+    const size_t fi = impl_->file_of_rank[static_cast<size_t>(rec->rank)];
+    const std::string path = impl_->file_path(fi);
+    const size_t ib = dtype_bytes(rec->dtype);
+    const uint64_t n = std::min(end, rec->begin + rec->count) - pos;
+    const uint64_t src_off = rec->offset + (pos - rec->begin) * ib;
+    if (rec->dtype == dtype_out) {
+      ZOE_RETURN_IF_ERROR(detail::pread_all(impl_->fds[fi], path, dst, n * ib, src_off));
+      dst += n * ib;
+    } else {
+      // Bounded pieces: a conversion never holds more than kReadPiece bytes of the source.
+      const uint64_t per = kReadPiece / ib;
+      if (scratch.empty()) scratch.resize(static_cast<size_t>(std::min<uint64_t>(n, per) * ib));
+      for (uint64_t done = 0; done < n;) {
+        uint64_t k = std::min<uint64_t>({n - done, per, scratch.size() / ib});
+        if (k == 0) {  // scratch sized for a shorter earlier record
+          scratch.resize(static_cast<size_t>(std::min<uint64_t>(n - done, per) * ib));
+          continue;
+        }
+        ZOE_RETURN_IF_ERROR(detail::pread_all(impl_->fds[fi], path, scratch.data(), k * ib, src_off + done * ib));
+        convert(rec->dtype, scratch.data(), dtype_out, dst, k);
+        dst += k * ob;
+        done += k;
+      }
+    }
+    pos += n;
+  }
+  return Status::ok();
+}
+
+}  // namespace zoe::ckpt
