@@ -23,6 +23,20 @@ class LossScaler {
   // without overflow double it.
   void update(bool overflow);
 
+  // The dynamic state, for checkpoints.
+  struct State {
+    double scale;
+    int64_t iter, last_overflow;
+    int delayed_shift;
+  };
+  State state() const { return {scale_, iter_, last_overflow_, delayed_shift_}; }
+  void set_state(const State& s) {
+    scale_ = s.scale;
+    iter_ = s.iter;
+    last_overflow_ = s.last_overflow;
+    delayed_shift_ = s.delayed_shift;
+  }
+
  private:
   Options o_;
   bool dynamic_ = false;

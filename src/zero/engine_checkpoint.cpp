@@ -1,0 +1,256 @@
+// Engine::save / Engine::load: every rank streams its states from their tiers into a checkpoint,
+// and restores them into any world size and placement.
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/checkpoint.h"
+#include "zero/engine_impl.h"
+
+namespace zoe {
+namespace {
+
+const char* ckpt_dtype(DType d) { return d == DType::kF32 ? "f32" : d == DType::kBF16 ? "bf16" : "f16"; }
+
+// Rank 0's string on every rank.
+Result<std::string> broadcast_string(comm::Communicator& c, std::string s) {
+  int64_t n = static_cast<int64_t>(s.size());
+  ZOE_RETURN_IF_ERROR(c.broadcast(&n, 1, comm::CommType::kI64, 0).wait());
+  s.resize(static_cast<size_t>(n));
+  if (n > 0) ZOE_RETURN_IF_ERROR(c.broadcast(s.data(), static_cast<size_t>(n), comm::CommType::kU8, 0).wait());
+  return s;
+}
+
+// Every rank's string, on every rank.
+Result<std::vector<std::string>> all_gather_strings(comm::Communicator& c, const std::string& s) {
+  int64_t n = static_cast<int64_t>(s.size());
+  std::vector<int64_t> lens(static_cast<size_t>(c.size()));
+  ZOE_RETURN_IF_ERROR(c.all_gather(&n, lens.data(), 1, comm::CommType::kI64).wait());
+  int64_t maxn = *std::max_element(lens.begin(), lens.end());
+  std::string mine = s;
+  mine.resize(static_cast<size_t>(maxn));
+  std::string all(static_cast<size_t>(maxn) * static_cast<size_t>(c.size()), '\0');
+  if (maxn > 0) {
+    ZOE_RETURN_IF_ERROR(c.all_gather(mine.data(), all.data(), static_cast<size_t>(maxn), comm::CommType::kU8).wait());
+  }
+  std::vector<std::string> out;
+  for (int r = 0; r < c.size(); ++r) {
+    out.push_back(all.substr(static_cast<size_t>(r) * static_cast<size_t>(maxn), static_cast<size_t>(lens[static_cast<size_t>(r)])));
+  }
+  return out;
+}
+
+// The first error of any rank, on every rank, so that no rank waits for the others forever.
+Status agree(comm::Communicator& c, Status local, const std::string& what) {
+  std::string msg = local.is_ok() ? "" : local.to_string();
+  auto all = all_gather_strings(c, msg);
+  if (!all.is_ok()) return all.status();
+  for (int r = 0; r < c.size(); ++r) {
+    const std::string& m = all.value()[static_cast<size_t>(r)];
+    if (m.empty()) continue;
+    if (!local.is_ok()) return std::move(local).with_context(what);
+    return io_error("rank %d: %s", r, m.c_str()).with_context(what);
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+int64_t Engine::steps_taken() const { return impl_->steps; }
+
+Status Engine::save(const std::string& save_dir, const std::string& tag, const std::string& trainer_state_json) {
+  Impl& I = *impl_;
+  if (!I.initialized) return invalid_argument("save() before initialize()");
+  ZOE_RETURN_IF_ERROR(I.complete_pending(true));
+  for (const auto& mod : I.modules) {
+    if (mod.grad_buf || (mod.fetched && mod.partitioned_params)) {
+      return invalid_argument("save(): call it between steps (module %s is in use)", mod.name.c_str());
+    }
+  }
+  comm::Communicator& c = *I.comm;
+  // Rank 0 creates the temporary directory; every rank writes its own file into it.
+  std::string tmp;
+  Status s;
+  if (I.rank == 0) {
+    auto t = ckpt::begin_checkpoint(save_dir, tag);
+    if (t.is_ok()) tmp = t.value();
+    else s = t.status();
+  }
+  ZOE_RETURN_IF_ERROR(agree(c, s, "starting checkpoint " + tag + " in " + save_dir));
+  ZOE_ASSIGN_OR_RETURN(tmp, broadcast_string(c, tmp));
+
+  std::vector<ckpt::TensorRecord> records;
+  ckpt::FileInfo file;
+  auto write_rank = [&]() -> Status {
+    ZOE_ASSIGN_OR_RETURN(auto w, ckpt::RankWriter::create(tmp, I.rank));
+    const size_t es = I.esize();
+    const bool sbf16 = I.cfg->zoe.bf16_optimizer_states;
+    const size_t sb = sbf16 ? 2 : 4;
+    const char* sdt = sbf16 ? "bf16" : "f32";
+    std::vector<char> buf;
+    auto put = [&](uint32_t m, const char* kind, const char* dt, uint64_t begin, uint64_t count, const void* data,
+                   size_t bytes) {
+      ZOE_RETURN_IF_ERROR(w->begin_tensor(m, kind, dt, begin, count));
+      ZOE_RETURN_IF_ERROR(w->append(data, bytes));
+      return w->end_tensor();
+    };
+    for (uint32_t m = 0; m < I.modules.size(); ++m) {
+      Impl::Module& mod = I.modules[m];
+      if (I.stage == 0 && I.rank != 0) continue;  // at stage 0 every rank holds everything: rank 0 writes it
+      // Compute parameters of the owned range, from wherever they live.
+      if (mod.partitioned_params) {
+        buf.resize(mod.part * es);
+        ZOE_RETURN_IF_ERROR(I.tm->read(m, buf.data()));
+        ZOE_RETURN_IF_ERROR(put(m, "param", ckpt_dtype(I.cdt), mod.opt_begin, mod.opt_n, buf.data(), buf.size()));
+      } else {
+        ZOE_RETURN_IF_ERROR(put(m, "param", ckpt_dtype(I.cdt), mod.opt_begin, mod.opt_n,
+                                static_cast<char*>(mod.full) + mod.opt_begin * es, mod.opt_n * es));
+      }
+      // fp32 master, m and v.
+      if (I.swapper) {
+        buf.resize(mod.opt_n * 4);
+        ZOE_RETURN_IF_ERROR(I.swapper->read_state(m, 0, buf.data()));
+        ZOE_RETURN_IF_ERROR(put(m, "master", "f32", mod.opt_begin, mod.opt_n, buf.data(), mod.opt_n * 4));
+        ZOE_RETURN_IF_ERROR(I.swapper->read_state(m, 1, buf.data()));
+        ZOE_RETURN_IF_ERROR(put(m, "exp_avg", sdt, mod.opt_begin, mod.opt_n, buf.data(), mod.opt_n * sb));
+        ZOE_RETURN_IF_ERROR(I.swapper->read_state(m, 2, buf.data()));
+        ZOE_RETURN_IF_ERROR(put(m, "exp_avg_sq", sdt, mod.opt_begin, mod.opt_n, buf.data(), mod.opt_n * sb));
+      } else {
+        ZOE_RETURN_IF_ERROR(put(m, "master", "f32", mod.opt_begin, mod.opt_n, mod.master, mod.opt_n * 4));
+        ZOE_RETURN_IF_ERROR(put(m, "exp_avg", sdt, mod.opt_begin, mod.opt_n, mod.exp_avg, mod.opt_n * sb));
+        ZOE_RETURN_IF_ERROR(put(m, "exp_avg_sq", sdt, mod.opt_begin, mod.opt_n, mod.exp_avg_sq, mod.opt_n * sb));
+      }
+    }
+    return w->finish(&records, &file);
+  };
+  s = agree(c, write_rank(), "writing checkpoint " + tag);
+  if (!s.is_ok()) {
+    if (I.rank == 0) ckpt::abort_checkpoint(tmp);
+    return s;
+  }
+  // Rank 0 gathers every rank's records and file, writes the manifest and commits.
+  nlohmann::json mine = {{"file", {{"name", file.name}, {"bytes", file.bytes}, {"xxh64", file.xxh64}}},
+                         {"tensors", nlohmann::json::array()}};
+  for (const auto& r : records) {
+    mine["tensors"].push_back({{"rank", r.rank}, {"module", r.module}, {"kind", r.kind}, {"dtype", r.dtype},
+                               {"begin", r.begin}, {"count", r.count}, {"offset", r.offset}, {"bytes", r.bytes}});
+  }
+  ZOE_ASSIGN_OR_RETURN(auto gathered, all_gather_strings(c, mine.dump()));
+  Status commit;
+  if (I.rank == 0) {
+    ckpt::Manifest man;
+    man.world_size = I.world;
+    man.stage = I.stage;
+    man.step = I.steps;
+    for (const auto& mod : I.modules) {
+      ckpt::ModuleInfo mi;
+      mi.name = mod.name;
+      mi.padded = mod.padded;
+      for (size_t p = 0; p < mod.specs.size(); ++p) {
+        mi.params.push_back({mod.specs[p].name, mod.specs[p].shape, mod.offset[p], mod.numel[p]});
+      }
+      man.modules.push_back(std::move(mi));
+    }
+    for (const auto& g : gathered) {
+      auto j = nlohmann::json::parse(g);
+      if (!j["file"]["name"].get<std::string>().empty()) {
+        man.files.push_back({j["file"]["name"], j["file"]["bytes"], j["file"]["xxh64"]});
+      }
+      for (const auto& t : j["tensors"]) {
+        man.tensors.push_back({t["rank"], t["module"], t["kind"], t["dtype"], t["begin"], t["count"], t["offset"], t["bytes"]});
+      }
+    }
+    zero::LossScaler::State ls = I.scaler.state();
+    man.engine = {{"steps", I.steps},
+                  {"precision", ckpt_dtype(I.cdt)},
+                  {"bf16_optimizer_states", I.cfg->zoe.bf16_optimizer_states},
+                  {"loss_scaler",
+                   {{"scale", ls.scale}, {"iter", ls.iter}, {"last_overflow", ls.last_overflow}, {"delayed_shift", ls.delayed_shift}}}};
+    man.trainer = nlohmann::json::parse(trainer_state_json.empty() ? "{}" : trainer_state_json, nullptr, false);
+    if (man.trainer.is_discarded()) man.trainer = nlohmann::json::object();
+    commit = ckpt::commit_checkpoint(save_dir, tag, tmp, man);
+    if (!commit.is_ok()) ckpt::abort_checkpoint(tmp);
+  }
+  return agree(c, commit, "committing checkpoint " + tag);
+}
+
+Result<std::string> Engine::load(const std::string& dir) {
+  Impl& I = *impl_;
+  if (!I.initialized) return invalid_argument("load() before initialize()");
+  ZOE_RETURN_IF_ERROR(I.complete_pending(true));
+  comm::Communicator& c = *I.comm;
+  std::unique_ptr<ckpt::Reader> rd;
+  Status s;
+  {
+    auto r = ckpt::Reader::open(dir);
+    if (r.is_ok()) rd = std::move(r).value();
+    else s = r.status();
+  }
+  if (s.is_ok() && I.rank == 0) s = rd->verify();
+  ZOE_RETURN_IF_ERROR(agree(c, s, "loading checkpoint " + dir));
+  const ckpt::Manifest& man = rd->manifest();
+  // The model must be the same one; world size, stage and placement may differ.
+  if (man.modules.size() != I.modules.size()) {
+    return invalid_argument("checkpoint %s has %zu modules, the model has %zu", rd->path().c_str(), man.modules.size(),
+                            I.modules.size());
+  }
+  for (size_t m = 0; m < I.modules.size(); ++m) {
+    const auto& a = man.modules[m];
+    const auto& b = I.modules[m];
+    bool same = a.name == b.name && a.params.size() == b.specs.size();
+    for (size_t p = 0; same && p < b.specs.size(); ++p) {
+      same = a.params[p].shape == b.specs[p].shape && a.params[p].offset == b.offset[p];
+    }
+    if (!same) {
+      return invalid_argument("checkpoint %s: module %zu (%s) does not match the model's %s (names or shapes differ)",
+                              rd->path().c_str(), m, a.name.c_str(), b.name.c_str());
+    }
+  }
+  const size_t es = I.esize();
+  const std::string sdt = I.cfg->zoe.bf16_optimizer_states ? "bf16" : "f32";
+  const size_t sb = I.cfg->zoe.bf16_optimizer_states ? 2 : 4;
+  auto load_all = [&]() -> Status {
+    std::vector<char> buf;
+    for (uint32_t m = 0; m < I.modules.size(); ++m) {
+      Impl::Module& mod = I.modules[m];
+      // The checkpoint holds [0, its padded size); padding beyond it (another world size) is zero.
+      const uint64_t saved = man.modules[m].padded;
+      auto read = [&](const char* kind, const std::string& dt, uint64_t begin, uint64_t count, size_t esz, void* out) -> Status {
+        memset(out, 0, count * esz);
+        if (begin >= saved) return Status::ok();
+        return rd->read_range(m, kind, begin, std::min<uint64_t>(count, saved - begin), dt, out);
+      };
+      if (mod.partitioned_params) {
+        buf.resize(mod.part * es);
+        ZOE_RETURN_IF_ERROR(read("param", ckpt_dtype(I.cdt), mod.opt_begin, mod.part, es, buf.data()));
+        ZOE_RETURN_IF_ERROR(I.tm->write(m, buf.data()));
+      } else {
+        ZOE_RETURN_IF_ERROR(read("param", ckpt_dtype(I.cdt), 0, mod.padded, es, mod.full));
+      }
+      if (I.swapper) {
+        buf.resize(mod.opt_n * 4);
+        ZOE_RETURN_IF_ERROR(read("master", "f32", mod.opt_begin, mod.opt_n, 4, buf.data()));
+        ZOE_RETURN_IF_ERROR(I.swapper->write_state(m, 0, buf.data()));
+        ZOE_RETURN_IF_ERROR(read("exp_avg", sdt, mod.opt_begin, mod.opt_n, sb, buf.data()));
+        ZOE_RETURN_IF_ERROR(I.swapper->write_state(m, 1, buf.data()));
+        ZOE_RETURN_IF_ERROR(read("exp_avg_sq", sdt, mod.opt_begin, mod.opt_n, sb, buf.data()));
+        ZOE_RETURN_IF_ERROR(I.swapper->write_state(m, 2, buf.data()));
+      } else {
+        ZOE_RETURN_IF_ERROR(read("master", "f32", mod.opt_begin, mod.opt_n, 4, mod.master));
+        ZOE_RETURN_IF_ERROR(read("exp_avg", sdt, mod.opt_begin, mod.opt_n, sb, mod.exp_avg));
+        ZOE_RETURN_IF_ERROR(read("exp_avg_sq", sdt, mod.opt_begin, mod.opt_n, sb, mod.exp_avg_sq));
+      }
+      memset(mod.grad_acc, 0, mod.opt_n * 4);
+    }
+    return Status::ok();
+  };
+  ZOE_RETURN_IF_ERROR(agree(c, load_all(), "restoring the states of checkpoint " + rd->path()));
+  const auto& e = man.engine;
+  I.steps = e.value("steps", man.step);
+  if (e.contains("loss_scaler")) {
+    const auto& l = e["loss_scaler"];
+    I.scaler.set_state({l.value("scale", 1.0), l.value("iter", int64_t{0}), l.value("last_overflow", int64_t{-1}),
+                        l.value("delayed_shift", 1)});
+  }
+  return man.trainer.dump();
+}
+
+}  // namespace zoe

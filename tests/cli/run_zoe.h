@@ -1,0 +1,39 @@
+// Runs the zoe binary for end-to-end tests: exit code, stdout and stderr.
+#pragma once
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <string>
+
+#include "tests/util/test_util.h"
+
+namespace {
+
+struct CmdResult {
+  int rc = -1;
+  std::string out;  // stdout
+  std::string err;  // stderr
+};
+
+inline CmdResult zoe(const std::string& args) {
+  zoe::test::ScratchDir d("cli");
+  std::string err_path = d.file("stderr");
+  std::string cmd = std::string(ZOE_BIN) + " " + args + " 2>" + err_path;
+  CmdResult r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
+  int st = pclose(p);
+  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  FILE* e = fopen(err_path.c_str(), "r");
+  if (e) {
+    while ((n = fread(buf, 1, sizeof(buf), e)) > 0) r.err.append(buf, n);
+    fclose(e);
+  }
+  return r;
+}
+
+}  // namespace

@@ -1,0 +1,534 @@
+// `zoe train`: trains the reference GPT through the engine on a text file or the built-in
+// arithmetic corpus, with the engine's placement from a DeepSpeed-style config (or flags).
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "config/config.h"
+#include "core/clock.h"
+#include "core/dtype.h"
+#include "core/units.h"
+#include "data/corpus.h"
+#include "model/gpt.h"
+#include "tools/cli_util.h"
+#include "tools/commands.h"
+#include "zoe/engine.h"
+
+namespace zoe::cli {
+namespace {
+
+using nlohmann::json;
+
+struct TrainOpts {
+  std::string config;
+  std::string preset = "small";
+  int layers = 0, d_model = 0, heads = 0, context = 0;
+  int seq = 0;  // tokens per training sequence (default: the model's context)
+  int micro_batch = 8;
+  int steps = 100;
+  double lr = 0;  // 0: the config's (or 1e-3)
+  uint64_t seed = 1;
+  int eval_every = 0;
+  int eval_batches = 4;
+  std::string device_budget;
+  std::string offload;  // none|cpu|nvme: both parameter (stage 3) and optimizer offload, when no --config
+  std::vector<std::string> nvme_path;
+  std::string precision = "bf16";
+  std::string data;
+  std::string trace;
+  int threads = 0;
+  int save_every = 0;
+  std::string save_dir;
+  std::string resume;  // a save directory or checkpoint; "-" for --resume without a value
+  bool json = false;
+  bool quiet = false;
+};
+
+struct Preset {
+  const char* name;
+  int layers, d, heads, context;
+};
+constexpr Preset kPresets[] = {
+    {"tiny", 2, 64, 4, 64},      {"small", 4, 128, 4, 64},    {"demo", 6, 256, 8, 64},
+    {"medium", 12, 512, 8, 128}, {"large", 24, 1024, 16, 128}, {"2b", 26, 2560, 20, 64},
+};
+
+model::GptConfig model_config(const TrainOpts& o) {
+  model::GptConfig c;
+  const Preset* p = nullptr;
+  for (const auto& k : kPresets) {
+    if (o.preset == k.name) p = &k;
+  }
+  if (!p) {
+    std::string names;
+    for (const auto& k : kPresets) names += std::string(names.empty() ? "" : ", ") + k.name;
+    fail(invalid_argument("--preset %s is not one of %s", o.preset.c_str(), names.c_str()));
+  }
+  c.layers = o.layers ? o.layers : p->layers;
+  c.d_model = o.d_model ? o.d_model : p->d;
+  c.heads = o.heads ? o.heads : p->heads;
+  c.seq = o.context ? o.context : p->context;
+  c.vocab = 256;
+  Status s = c.validate();
+  if (!s.is_ok()) fail(s);
+  return c;
+}
+
+std::string default_config(const TrainOpts& o, const std::string& nvme) {
+  std::string off = o.offload.empty() ? "none" : o.offload;
+  if (off != "none" && off != "cpu" && off != "nvme") fail(invalid_argument("--offload %s is not none, cpu or nvme", off.c_str()));
+  auto block = [&](const std::string& dev) {
+    std::string s = "{\"device\": \"" + dev + "\"";
+    if (dev == "nvme") s += ", \"nvme_path\": \"" + nvme + "\"";
+    return s + "}";
+  };
+  std::string prec = o.precision == "bf16" ? "\"bf16\": {\"enabled\": true}," : o.precision == "fp16" ? "\"fp16\": {\"enabled\": true}," : "";
+  return "{" + prec + "\"train_micro_batch_size_per_gpu\": " + std::to_string(o.micro_batch) +
+         ", \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.001, \"weight_decay\": 0.0}},"
+         " \"zero_optimization\": {\"stage\": 3, \"stage3_param_persistence_threshold\": 0, \"offload_optimizer\": " +
+         block(off) + ", \"offload_param\": " + block(off) + "}}";
+}
+
+// fp32 views of a module's parameters: the fetched buffers themselves (fp32 compute) or a
+// converted copy in `scratch`.
+std::vector<const float*> as_f32(const ModuleParams& p, std::vector<float>* scratch) {
+  std::vector<const float*> out;
+  if (p.dtype == ComputeDType::kF32) {
+    for (void* d : p.data) out.push_back(static_cast<const float*>(d));
+    return out;
+  }
+  size_t total = 0;
+  for (size_t n : p.numel) total += n;
+  scratch->resize(total);
+  size_t off = 0;
+  for (size_t i = 0; i < p.data.size(); ++i) {
+    const auto* h = static_cast<const uint16_t*>(p.data[i]);
+    float* dst = scratch->data() + off;
+    if (p.dtype == ComputeDType::kBF16) {
+      for (size_t k = 0; k < p.numel[i]; ++k) dst[k] = bf16_to_f32(h[k]);
+    } else {
+      for (size_t k = 0; k < p.numel[i]; ++k) dst[k] = f16_to_f32(h[k]);
+    }
+    out.push_back(dst);
+    off += p.numel[i];
+  }
+  return out;
+}
+
+// fp32 gradient buffers for a module (zeroed).
+struct GradScratch {
+  std::vector<float> data;
+  std::vector<float*> ptrs;
+  void reset(const model::ModuleSpec& m) {
+    size_t total = 0;
+    for (const auto& t : m.params) total += t.numel();
+    data.assign(total, 0.0f);
+    ptrs.clear();
+    size_t off = 0;
+    for (const auto& t : m.params) {
+      ptrs.push_back(data.data() + off);
+      off += t.numel();
+    }
+  }
+};
+
+// Writes fp32 gradients (x loss scale) into the engine's buffers in the compute dtype.
+void store_grads(const GradScratch& g, const ModuleParams& dst, double scale) {
+  for (size_t i = 0; i < dst.data.size(); ++i) {
+    const float* s = g.ptrs[i];
+    const auto f = static_cast<float>(scale);
+    if (dst.dtype == ComputeDType::kF32) {
+      auto* d = static_cast<float*>(dst.data[i]);
+      for (size_t k = 0; k < dst.numel[i]; ++k) d[k] = s[k] * f;
+    } else if (dst.dtype == ComputeDType::kBF16) {
+      auto* d = static_cast<uint16_t*>(dst.data[i]);
+      for (size_t k = 0; k < dst.numel[i]; ++k) d[k] = f32_to_bf16(s[k] * f);
+    } else {
+      auto* d = static_cast<uint16_t*>(dst.data[i]);
+      for (size_t k = 0; k < dst.numel[i]; ++k) d[k] = f32_to_f16(s[k] * f);
+    }
+  }
+}
+
+class Trainer {
+ public:
+  Trainer(Engine& e, model::GptCpu& m, const model::GptConfig& c, int T) : e_(e), m_(m), c_(c), T_(T) {
+    specs_ = model::gpt_modules(c);
+  }
+
+  // One forward pass; returns the mean loss. Fetches and releases every module.
+  Result<float> forward(const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets) {
+    const size_t L = static_cast<size_t>(c_.layers);
+    {
+      ZOE_ASSIGN_OR_RETURN(ModuleParams p, e_.fetch(0));
+      auto f = as_f32(p, &scratch_);
+      uint64_t t0 = now_ns();
+      m_.embed_forward(tokens.data(), f.data());
+      e_.record_compute("embed fwd", t0, now_ns());
+      ZOE_RETURN_IF_ERROR(e_.release(0));
+    }
+    for (size_t l = 0; l < L; ++l) {
+      ZOE_ASSIGN_OR_RETURN(ModuleParams p, e_.fetch(1 + l));
+      auto f = as_f32(p, &scratch_);
+      uint64_t t0 = now_ns();
+      m_.block_forward(static_cast<int>(l), f.data());
+      e_.record_compute("block " + std::to_string(l) + " fwd", t0, now_ns());
+      ZOE_RETURN_IF_ERROR(e_.release(1 + l));
+    }
+    ZOE_ASSIGN_OR_RETURN(ModuleParams pf, e_.fetch(L + 1));
+    ZOE_ASSIGN_OR_RETURN(ModuleParams pe, e_.fetch(0));
+    auto ff = as_f32(pf, &scratch_);
+    auto fe = as_f32(pe, &scratch2_);
+    uint64_t t0 = now_ns();
+    float loss = m_.head_forward(ff.data(), fe.data(), targets.data());
+    e_.record_compute("head fwd", t0, now_ns());
+    ZOE_RETURN_IF_ERROR(e_.release(0));
+    ZOE_RETURN_IF_ERROR(e_.release(L + 1));
+    return loss;
+  }
+
+  // Forward and backward of one micro-batch, gradients reduced into the engine.
+  Result<float> forward_backward(const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets) {
+    ZOE_ASSIGN_OR_RETURN(float loss, forward(tokens, targets));
+    const size_t L = static_cast<size_t>(c_.layers);
+    const double scale = e_.loss_scale();
+    GradScratch g_embed, g;
+    g_embed.reset(specs_[0]);
+    {
+      ZOE_ASSIGN_OR_RETURN(ModuleParams pf, e_.fetch(L + 1));
+      ZOE_ASSIGN_OR_RETURN(ModuleParams pe, e_.fetch(0));
+      auto ff = as_f32(pf, &scratch_);
+      auto fe = as_f32(pe, &scratch2_);
+      g.reset(specs_[L + 1]);
+      uint64_t t0 = now_ns();
+      m_.head_backward(ff.data(), fe.data(), g.ptrs.data(), g_embed.ptrs.data());
+      e_.record_compute("head bwd", t0, now_ns());
+      ZOE_ASSIGN_OR_RETURN(ModuleParams gb, e_.grads(L + 1));
+      store_grads(g, gb, scale);
+      ZOE_RETURN_IF_ERROR(e_.reduce_grads(L + 1));
+      ZOE_RETURN_IF_ERROR(e_.release(0));
+      ZOE_RETURN_IF_ERROR(e_.release(L + 1));
+    }
+    for (size_t i = L; i-- > 0;) {
+      ZOE_ASSIGN_OR_RETURN(ModuleParams p, e_.fetch(1 + i));
+      auto f = as_f32(p, &scratch_);
+      g.reset(specs_[1 + i]);
+      uint64_t t0 = now_ns();
+      m_.block_backward(static_cast<int>(i), f.data(), g.ptrs.data());
+      e_.record_compute("block " + std::to_string(i) + " bwd", t0, now_ns());
+      ZOE_ASSIGN_OR_RETURN(ModuleParams gb, e_.grads(1 + i));
+      store_grads(g, gb, scale);
+      ZOE_RETURN_IF_ERROR(e_.reduce_grads(1 + i));
+      ZOE_RETURN_IF_ERROR(e_.release(1 + i));
+    }
+    {
+      ZOE_ASSIGN_OR_RETURN(ModuleParams p, e_.fetch(0));
+      uint64_t t0 = now_ns();
+      m_.embed_backward(g_embed.ptrs.data());
+      e_.record_compute("embed bwd", t0, now_ns());
+      ZOE_ASSIGN_OR_RETURN(ModuleParams gb, e_.grads(0));
+      store_grads(g_embed, gb, scale);
+      ZOE_RETURN_IF_ERROR(e_.reduce_grads(0));
+      ZOE_RETURN_IF_ERROR(e_.release(0));
+    }
+    return loss;
+  }
+
+ private:
+  Engine& e_;
+  model::GptCpu& m_;
+  model::GptConfig c_;
+  int T_;
+  std::vector<model::ModuleSpec> specs_;
+  std::vector<float> scratch_, scratch2_;
+};
+
+double mean_over_ranks(Runtime& rt, double v) {
+  if (rt.world_size() == 1) return v;
+  double in[1] = {v}, out[1] = {0};
+  Status s = rt.comm().all_reduce(in, out, 1, comm::CommType::kF64, comm::ReduceOp::kSum).wait();
+  if (!s.is_ok()) fail(s.with_context("averaging the loss over ranks"));
+  return out[0] / rt.world_size();
+}
+
+std::string fmt_eta(double s) {
+  if (s < 60) return fmt("%.0fs", s);
+  if (s < 3600) return fmt("%dm%02ds", static_cast<int>(s) / 60, static_cast<int>(s) % 60);
+  return fmt("%dh%02dm", static_cast<int>(s) / 3600, (static_cast<int>(s) / 60) % 60);
+}
+
+void run(const TrainOpts& o) {
+  model::GptConfig mc = model_config(o);
+  const int T = o.seq ? o.seq : mc.seq;
+  if (T > mc.seq) {
+    fail(invalid_argument("--seq %d is longer than the model allows: it has %d positions (set --context, or a "
+                          "smaller --seq)", T, mc.seq));
+  }
+  if (T < 2) fail(invalid_argument("--seq %d is too short", T));
+  if (o.steps < 1 || o.micro_batch < 1) fail(invalid_argument("--steps and --micro-batch must be >= 1"));
+  auto rt = value_or_fail(Runtime::init());
+  const bool lead = rt->rank() == 0;
+
+  // Data first: a missing file is reported before anything is allocated.
+  data::Corpus corpus;
+  if (!o.data.empty()) {
+    corpus = value_or_fail(data::load_text_file(o.data, static_cast<size_t>(T)));
+  } else {
+    corpus = data::make_arithmetic(o.seed, 200000);
+  }
+
+  // The engine's config: a file, or the flags.
+  std::string scratch_dir;
+  if (!o.nvme_path.empty()) scratch_dir = o.nvme_path[0];
+  else scratch_dir = getenv("ZOE_SCRATCH") && *getenv("ZOE_SCRATCH") ? getenv("ZOE_SCRATCH") : "/var/tmp";
+  config::Config cfg;
+  if (!o.config.empty()) {
+    cfg = value_or_fail(config::Config::load(o.config, rt->world_size()));
+  } else {
+    cfg = value_or_fail(config::Config::parse(default_config(o, scratch_dir), rt->world_size()));
+  }
+  if (!o.device_budget.empty()) cfg.zoe.device_budget_bytes = static_cast<int64_t>(value_or_fail(parse_bytes(o.device_budget)));
+  if (o.lr > 0) cfg.optimizer.lr = o.lr;
+  if (o.threads) cfg.zoe.optimizer_threads = o.threads;
+  cfg.train_micro_batch_size_per_gpu = o.micro_batch;
+
+  auto eng = value_or_fail(Engine::create(*rt, cfg));
+  if (!o.trace.empty()) eng->enable_trace(true);
+  std::vector<model::ModuleSpec> specs = model::gpt_modules(mc);
+  for (const auto& m : specs) {
+    std::vector<ParamSpec> ps;
+    for (const auto& t : m.params) ps.push_back({t.name, t.shape});
+    Status s = eng->add_module(m.name, ps);
+    if (!s.is_ok()) fail(s);
+  }
+  Progress progress(lead && !o.quiet);
+  progress.update(fmt("initialising %llu parameters (%s of model state per rank)",
+                      static_cast<unsigned long long>(mc.num_params()), format_bytes(eng->model_state_bytes()).c_str()));
+  Status s = eng->initialize([&](size_t m, size_t p, float* x, size_t n) { model::gpt_init(mc, o.seed, m, p, x, n); });
+  if (!s.is_ok()) fail(s.with_context("initialising the model"));
+  // Resume: restore every state, continue at the saved step (--steps counts the whole run).
+  int start_step = 0;
+  if (!o.resume.empty()) {
+    std::string from = o.resume == "-" ? o.save_dir : o.resume;
+    if (from.empty()) fail(invalid_argument("--resume needs a directory, or --save-dir"));
+    progress.update("resuming from " + from);
+    std::string ts = value_or_fail(eng->load(from));
+    auto tj = json::parse(ts, nullptr, false);
+    if (tj.is_discarded() || !tj.contains("step")) fail(corruption("checkpoint %s has no trainer state", from.c_str()));
+    start_step = tj["step"].get<int>();
+    if (tj.value("seed", o.seed) != o.seed) {
+      fail(invalid_argument("checkpoint %s was trained with --seed %llu, not %llu: the data order would differ",
+                            from.c_str(), static_cast<unsigned long long>(tj["seed"].get<uint64_t>()),
+                            static_cast<unsigned long long>(o.seed)));
+    }
+    if (start_step >= o.steps) {
+      fail(invalid_argument("checkpoint %s is at step %d; --steps %d leaves nothing to train (--steps counts the whole run)",
+                            from.c_str(), start_step, o.steps));
+    }
+  }
+  if (o.save_every > 0 && o.save_dir.empty()) fail(invalid_argument("--save-every needs --save-dir"));
+  auto model = value_or_fail(model::GptCpu::create(mc, o.micro_batch, T, o.threads));
+  Trainer trainer(*eng, *model, mc, T);
+
+  const int accum = static_cast<int>(std::max<int64_t>(1, cfg.gradient_accumulation_steps));
+  std::vector<int32_t> tokens, targets;
+  std::vector<double> losses;
+  json evals = json::array();
+  double t_compute = 0, t_comm = 0, t_io = 0, t_opt = 0;
+  StepStats last;
+  const uint64_t t_start = now_ns();
+  uint64_t last_nvme = 0;
+  double eval_loss = NAN, accuracy = NAN;
+
+  auto evaluate = [&]() {
+    double sum = 0;
+    int n = 0;
+    int correct = 0, total = 0;
+    for (int b = 0; b < o.eval_batches; ++b) {
+      std::vector<int32_t> tk, tg, line;
+      if (corpus.arithmetic) {
+        data::arithmetic_eval_batch(corpus.eval, o.micro_batch, T, static_cast<size_t>(b * o.micro_batch * 4), &tk, &tg, &line);
+      } else {
+        data::sample_batch(corpus.eval, o.micro_batch, T, o.seed ^ 0xe7a1, static_cast<uint64_t>(b), 0, 0, &tk, &tg);
+      }
+      float l = value_or_fail(trainer.forward(tk, tg));
+      sum += l;
+      ++n;
+      if (corpus.arithmetic) {
+        const float* logits = model->logits();
+        std::vector<int> ok(tk.size(), 1);
+        int lines = 0;
+        for (size_t i = 0; i < line.size(); ++i) {
+          if (line[i] < 0) continue;
+          lines = std::max(lines, line[i] + 1);
+          const float* row = logits + i * static_cast<size_t>(mc.vocab);
+          int arg = static_cast<int>(std::max_element(row, row + mc.vocab) - row);
+          if (arg != tg[i]) ok[static_cast<size_t>(line[i])] = 0;
+        }
+        for (int k = 0; k < lines; ++k) correct += ok[static_cast<size_t>(k)];
+        total += lines;
+      }
+    }
+    eval_loss = mean_over_ranks(*rt, sum / std::max(1, n));
+    if (corpus.arithmetic && total > 0) accuracy = mean_over_ranks(*rt, static_cast<double>(correct) / total);
+  };
+
+  for (int step = start_step; step < o.steps; ++step) {
+    double loss_sum = 0;
+    for (int micro = 0; micro < accum; ++micro) {
+      data::sample_batch(corpus.train, o.micro_batch, T, o.seed, static_cast<uint64_t>(step), rt->rank(), micro, &tokens, &targets);
+      auto l = trainer.forward_backward(tokens, targets);
+      if (!l.is_ok()) {
+        progress.done();
+        fail(l.status().with_context("training step " + std::to_string(step + 1)));
+      }
+      loss_sum += l.value();
+    }
+    auto st = eng->step();
+    if (!st.is_ok()) {
+      progress.done();
+      fail(st.status().with_context("optimizer step " + std::to_string(step + 1)));
+    }
+    last = st.value();
+    double loss = mean_over_ranks(*rt, loss_sum / accum);
+    losses.push_back(loss);
+    t_compute += last.t_compute;
+    t_comm += last.t_comm;
+    t_io += last.t_io_stall;
+    t_opt += last.t_optimizer;
+    if (o.eval_every > 0 && ((step + 1) % o.eval_every == 0 || step + 1 == o.steps)) {
+      evaluate();
+      json ev = {{"step", step + 1}, {"eval_loss", eval_loss}};
+      if (!std::isnan(accuracy)) ev["accuracy"] = accuracy;
+      evals.push_back(ev);
+    }
+    if (o.save_every > 0 && (step + 1) % o.save_every == 0) {
+      json ts = {{"step", step + 1}, {"seed", o.seed}, {"data", corpus.name}, {"preset", o.preset}};
+      char tag[32];
+      snprintf(tag, sizeof(tag), "step-%06d", step + 1);
+      progress.update(std::string("saving ") + tag + " to " + o.save_dir);
+      Status ss = eng->save(o.save_dir, tag, ts.dump());
+      if (!ss.is_ok()) {
+        progress.done();
+        fail(ss.with_context("saving a checkpoint after step " + std::to_string(step + 1)));
+      }
+    }
+    double elapsed = static_cast<double>(now_ns() - t_start) * 1e-9;
+    double step_time = elapsed / (step + 1 - start_step);
+    double tokens_s = static_cast<double>(o.micro_batch) * T * accum * rt->world_size() / std::max(step_time, 1e-9);
+    uint64_t nvme = last.bytes_nvme_read + last.bytes_nvme_write;
+    double nvme_gbps = static_cast<double>(nvme - last_nvme) / std::max(step_time, 1e-9) * 1e-9;
+    last_nvme = nvme;
+    double wall_step = last.t_compute + last.t_comm + last.t_io_stall + last.t_optimizer;
+    double stall = wall_step > 0 ? 100.0 * last.t_io_stall / wall_step : 0;
+    std::string line = fmt("step %d/%d  loss %.4f  %.0f tok/s  nvme %.2f GB/s  stall %.0f%%  eta %s", step + 1, o.steps, loss,
+                           tokens_s, nvme_gbps, stall, fmt_eta(step_time * (o.steps - step - 1)).c_str());
+    if (!std::isnan(eval_loss)) line += fmt("  eval %.4f", eval_loss);
+    if (!std::isnan(accuracy)) line += fmt(" acc %.1f%%", 100 * accuracy);
+    progress.update(line);
+  }
+  progress.done();
+  if (o.eval_every <= 0) evaluate();
+  if (!o.trace.empty()) {
+    Status ts = eng->write_trace(o.trace + (rt->world_size() > 1 ? "." + std::to_string(rt->rank()) : ""));
+    if (!ts.is_ok()) fail(ts);
+  }
+  if (!lead) return;
+  double total_s = static_cast<double>(now_ns() - t_start) * 1e-9;
+  json j;
+  j["params"] = mc.num_params();
+  j["model"] = {{"layers", mc.layers}, {"d_model", mc.d_model}, {"heads", mc.heads}, {"context", mc.seq}, {"seq", T}};
+  j["world_size"] = rt->world_size();
+  j["stage"] = cfg.zero.stage;
+  j["offload"] = {{"optimizer", config::offload_device_name(cfg.zero.offload_optimizer.device)},
+                  {"param", config::offload_device_name(cfg.zero.offload_param.device)}};
+  j["precision"] = cfg.bf16 ? "bf16" : cfg.fp16.enabled ? "fp16" : "fp32";
+  j["data"] = corpus.name;
+  j["model_state_bytes"] = eng->model_state_bytes();
+  j["device_budget_bytes"] = eng->device_budget_bytes();
+  j["state_to_budget"] = static_cast<double>(eng->model_state_bytes()) / static_cast<double>(eng->device_budget_bytes());
+  j["high_water_bytes"] = {{"device", last.high_water[0]}, {"host", last.high_water[1]}, {"nvme", last.high_water[2]}};
+  j["bytes_moved"] = {{"nvme->host", last.bytes_nvme_read}, {"host->nvme", last.bytes_nvme_write},
+                      {"host->device", last.bytes_host_to_device}, {"device->host", last.bytes_device_to_host}};
+  j["time_s"] = {{"compute", t_compute}, {"comm", t_comm}, {"io_stall", t_io}, {"optimizer", t_opt}, {"total", total_s}};
+  j["losses"] = losses;
+  j["eval_loss"] = eval_loss;
+  if (!std::isnan(accuracy)) j["accuracy"] = accuracy;
+  j["evals"] = evals;
+  j["steps"] = o.steps;
+  j["start_step"] = start_step;
+  j["tokens_per_s"] = static_cast<double>(o.steps - start_step) * o.micro_batch * T * accum * rt->world_size() / total_s;
+  if (o.json) {
+    print_json(j);
+    return;
+  }
+  printf("# zoe train: %s, %llu parameters (%d layers, d %d, %d heads), seq %d, %s, world %d\n", corpus.name.c_str(),
+         static_cast<unsigned long long>(mc.num_params()), mc.layers, mc.d_model, mc.heads, T, j["precision"].get<std::string>().c_str(),
+         rt->world_size());
+  printf("loss            %.4f -> %.4f over %d steps; eval loss %.4f", losses.front(), losses.back(), o.steps, eval_loss);
+  if (!std::isnan(accuracy)) printf("; exact-match accuracy %.1f%%", 100 * accuracy);
+  printf("\n\n");
+  Table t({{"", "", 22, true}, {"bytes", "", 14}, {"", "", 10}});
+  t.print_header(stdout);
+  auto row = [&](const std::string& name, uint64_t v) {
+    t.print_row(stdout, {name, std::to_string(v), format_bytes(v)});
+  };
+  row("model state / rank", eng->model_state_bytes());
+  row("device budget", eng->device_budget_bytes());
+  row("device high water", last.high_water[0]);
+  row("host high water", last.high_water[1]);
+  row("nvme high water", last.high_water[2]);
+  row("moved nvme->host", last.bytes_nvme_read);
+  row("moved host->nvme", last.bytes_nvme_write);
+  row("moved host->device", last.bytes_host_to_device);
+  printf("\nstate / device budget = %.1fx; time: compute %.1fs, comm %.1fs, I/O stall %.1fs, optimizer %.1fs, total %.1fs\n",
+         j["state_to_budget"].get<double>(), t_compute, t_comm, t_io, t_opt, total_s);
+}
+
+}  // namespace
+
+void add_train_command(CLI::App& app) {
+  auto o = std::make_shared<TrainOpts>();
+  CLI::App* cmd = app.add_subcommand(
+      "train",
+      "Train the reference GPT (byte-level) through the engine. Without --data it trains on a built-in\n"
+      "corpus of additions (\"4821+377=5198\") generated from --seed and reports exact-match accuracy.\n"
+      "Placement comes from --config (DeepSpeed-style JSON) or from --offload/--nvme-path (ZeRO-3).\n"
+      "Progress goes to stderr; the summary (or --json) to stdout. Runs under mpirun -np N too.");
+  cmd->add_option("--config", o->config, "Engine config (DeepSpeed-compatible JSON)");
+  cmd->add_option("--preset", o->preset, "Model size: tiny, small, demo, medium, large, 2b")->capture_default_str();
+  cmd->add_option("--layers", o->layers, "Transformer blocks (overrides the preset)");
+  cmd->add_option("--d-model", o->d_model, "Width (overrides the preset)");
+  cmd->add_option("--heads", o->heads, "Attention heads (overrides the preset)");
+  cmd->add_option("--context", o->context, "Positions the model has (overrides the preset)");
+  cmd->add_option("--seq", o->seq, "Tokens per training sequence (default: the model's context)");
+  cmd->add_option("--micro-batch", o->micro_batch, "Sequences per micro-batch per rank")->capture_default_str();
+  cmd->add_option("--steps", o->steps, "Optimizer steps")->capture_default_str();
+  cmd->add_option("--lr", o->lr, "Learning rate (default: the config's)");
+  cmd->add_option("--seed", o->seed, "Seed of the initial weights, the data and the sampling")->capture_default_str();
+  cmd->add_option("--eval-every", o->eval_every, "Evaluate on the held-out part every N steps (0: at the end)");
+  cmd->add_option("--eval-batches", o->eval_batches, "Batches per evaluation")->capture_default_str();
+  cmd->add_option("--device-budget", o->device_budget, "Device memory budget, e.g. 256MiB (overrides the config)");
+  cmd->add_option("--offload", o->offload, "Without --config: none, cpu or nvme for parameters and optimizer states");
+  cmd->add_option("--nvme-path", o->nvme_path, "Without --config: directory for NVMe offload (default $ZOE_SCRATCH or /var/tmp)");
+  cmd->add_option("--precision", o->precision, "Without --config: fp32, bf16 or fp16")->capture_default_str();
+  cmd->add_option("--data", o->data, "Train on this text file (bytes are tokens)");
+  cmd->add_option("--trace", o->trace, "Write a Chrome-trace timeline of every transfer and kernel here");
+  cmd->add_option("--threads", o->threads, "CPU threads for the optimizer and the model (0: all)");
+  cmd->add_option("--save-every", o->save_every, "Save a checkpoint every N steps (needs --save-dir)");
+  cmd->add_option("--save-dir", o->save_dir, "Directory for checkpoints (D/step-NNNNNN, D/latest)");
+  cmd->add_option("--resume", o->resume, "Resume from this save directory or checkpoint (no value: --save-dir)")
+      ->expected(0, 1)
+      ->default_str("-");
+  cmd->add_flag("--quiet", o->quiet, "No progress on stderr");
+  cmd->add_flag("--json", o->json, "Print one JSON object");
+  cmd->callback([o] { run(*o); });
+}
+
+}  // namespace zoe::cli
