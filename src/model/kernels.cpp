@@ -1,7 +1,9 @@
 // The GPT's row kernels; see kernels.h. Written as plain loops over 16 lanes that g++ vectorizes.
 #include "model/kernels.h"
 
+#include <bit>
 #include <cmath>
+#include <cstdint>
 
 namespace zoe::model::kernels {
 namespace {
@@ -26,18 +28,46 @@ inline float lane_sum(int n, F f) {
   return acc[0] + tail;
 }
 
+// fmax without the NaN rules, so it vectorizes to maxps.
+inline float max2(float a, float b) { return a > b ? a : b; }
+
 template <typename F>
 inline float lane_max(int n, F f) {
   float acc[kLanes];
   for (int j = 0; j < kLanes; ++j) acc[j] = -INFINITY;
   int i = 0;
   for (; i + kLanes <= n; i += kLanes) {
-    for (int j = 0; j < kLanes; ++j) acc[j] = std::fmax(acc[j], f(i + j));
+    for (int j = 0; j < kLanes; ++j) acc[j] = max2(acc[j], f(i + j));
   }
   float m = -INFINITY;
-  for (; i < n; ++i) m = std::fmax(m, f(i));
-  for (int j = 0; j < kLanes; ++j) m = std::fmax(m, acc[j]);
+  for (; i < n; ++i) m = max2(m, f(i));
+  for (int j = 0; j < kLanes; ++j) m = max2(m, acc[j]);
   return m;
+}
+
+// exp(x) for x in [-88, 88] (Cephes' expf: 2^k times a degree-7 polynomial on [-ln2/2, ln2/2]),
+// about 2 ulp, branch-free so a loop of it vectorizes (the libm call does not).
+inline float exp_approx(float x) {
+  const float k = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest
+  const float r = x - k * 0.693359375f - k * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  return p * std::bit_cast<float>((static_cast<int32_t>(k) + 127) << 23);
+}
+
+// GELU through the logistic form: 0.5 (1 + tanh(u)) = e / (1 + e) with e = exp(2u), which has no
+// cancellation at either end. u is clamped to +-40 (e stays a normal float), where the terms that
+// depend on it are exactly 0 or 1 in fp32 anyway.
+inline float gelu_exp2u(float v) {
+  float u = kGeluC * (v + kGeluK * v * v * v);
+  u = max2(u, -40.0f);
+  u = u < 40.0f ? u : 40.0f;
+  return exp_approx(2.0f * u);
 }
 
 }  // namespace
@@ -93,18 +123,23 @@ void fill_row(float* y, const float* b, int n) {
 
 void gelu_forward(const float* x, float* y, size_t n) {
   for (size_t i = 0; i < n; ++i) {
-    const float v = x[i];
-    const float u = kGeluC * (v + kGeluK * v * v * v);
-    y[i] = 0.5f * v * (1.0f + std::tanh(u));
+    const float e = gelu_exp2u(x[i]);
+    y[i] = x[i] * (e / (1.0f + e));
   }
 }
 
 void gelu_backward(const float* x, float* dy, size_t n) {
+  // gelu' = s + 2 v s (1 - s) u' with s = e / (1 + e); beyond |v| = 20 the second term is 0 in fp32,
+  // and clamping v there keeps v^2 finite (so 0 * inf never happens).
   for (size_t i = 0; i < n; ++i) {
-    const float v = x[i];
-    const float t = std::tanh(kGeluC * (v + kGeluK * v * v * v));
+    float v = x[i];
+    v = max2(v, -20.0f);
+    v = v < 20.0f ? v : 20.0f;
+    const float e = gelu_exp2u(v);
+    const float q = 1.0f / (1.0f + e);
+    const float s = e * q;
     const float du = kGeluC * (1.0f + 3.0f * kGeluK * v * v);
-    dy[i] *= 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du;
+    dy[i] *= s + 2.0f * v * s * q * du;
   }
 }
 

@@ -27,7 +27,8 @@ void column_sum(int rows, int ld, int c0, int c1, const float* y, float* out);
 // y[i] = b[i] for one row of n.
 void fill_row(float* y, const float* b, int n);
 
-// y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+// y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), computed as x e / (1 + e), e = exp(2u), with an
+// inlined exp so the loop vectorizes (about 2 ulp; tested against the double formula).
 void gelu_forward(const float* x, float* y, size_t n);
 // dy *= gelu'(x).
 void gelu_backward(const float* x, float* dy, size_t n);

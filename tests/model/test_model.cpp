@@ -13,6 +13,7 @@
 
 #include "gpt_reference.h"
 #include "model/gpt.h"
+#include "model/kernels.h"
 
 namespace zoe::model {
 namespace {
@@ -201,6 +202,37 @@ TEST(GptInit, DeterministicShardableGpt2Style) {
         EXPECT_TRUE(std::all_of(v.begin(), v.end(), [](float x) { return x == 0.0f; })) << name;
       }
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The vectorized GELU (its own exp/tanh) against the double formula, value and derivative.
+// Tolerance, for both: 4e-7 * max(1, |x|) absolute (the rounding of 1 + tanh in fp32, times x).
+TEST(GptKernels, GeluMatchesDouble) {
+  std::vector<float> x;
+  for (int i = -30000; i <= 30000; ++i) x.push_back(static_cast<float>(i) * 1e-3f);
+  for (float v : {1e-30f, -1e-30f, 0.0f, 50.0f, -50.0f, 1e4f, -1e4f, 3e38f, -3e38f}) x.push_back(v);
+  std::vector<float> y(x.size()), dy(x.size(), 1.0f);
+  kernels::gelu_forward(x.data(), y.data(), x.size());
+  kernels::gelu_backward(x.data(), dy.data(), x.size());
+  const double c = std::sqrt(2.0 / M_PI);
+  int wrong = 0;
+  double worst = 0, worst_d = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double v = x[i];
+    const double t = std::tanh(c * (v + 0.044715 * v * v * v));
+    const double ref = 0.5 * v * (1.0 + t);
+    const double dref = 0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * c * (1.0 + 3 * 0.044715 * v * v);
+    const double tol = 4e-7 * std::max(1.0, std::fabs(v));
+    worst = std::max(worst, std::fabs(y[i] - ref) / tol);
+    worst_d = std::max(worst_d, std::fabs(dy[i] - dref) / tol);
+    if (!(std::fabs(y[i] - ref) <= tol) || !(std::fabs(dy[i] - dref) <= tol)) {
+      if (wrong++ == 0)
+        ADD_FAILURE() << "first wrong at x = " << v << ": gelu " << y[i] << " vs " << ref << ", gelu' " << dy[i]
+                      << " vs " << dref;
+    }
+  }
+  EXPECT_EQ(wrong, 0);
+  std::printf("gelu: worst error / tolerance %.2f (value), %.2f (derivative)\n", worst, worst_d);
 }
 
 // ---------------------------------------------------------------------------------------------
