@@ -30,6 +30,7 @@ int main(int argc, char** argv) {
 
   zoe::cli::add_info_command(app);
   zoe::cli::add_train_command(app);
+  zoe::cli::add_ckpt_command(app);
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks: swap bandwidth of drives (io), ...");
   bench->require_subcommand(1);
   zoe::cli::add_bench_io_command(*bench);

@@ -1,0 +1,134 @@
+// Deterministic checkpoints for the checkpoint tests: a few modules, partitioned over W ranks.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "checkpoint/checkpoint.h"
+#include "core/dtype.h"
+
+namespace zoe::ckpt::test {
+
+// Module layout: padded sizes are deliberately not multiples of the world sizes used.
+inline std::vector<ModuleInfo> small_modules() {
+  std::vector<ModuleInfo> m(3);
+  m[0].name = "embed";
+  m[0].params = {{"weight", {50, 8}, 0, 400}};
+  m[0].padded = 403;
+  m[1].name = "block0";
+  m[1].params = {{"attn.w", {8, 24}, 0, 192}, {"attn.b", {24}, 192, 24}, {"mlp.w", {8, 32}, 216, 256}};
+  m[1].padded = 475;
+  m[2].name = "head";
+  m[2].params = {{"weight", {8, 50}, 0, 400}};
+  m[2].padded = 400;
+  return m;
+}
+
+// The exact value of element i of a module's state ("master" and "exp_avg" are stored in f32,
+// "param" in bf16 as the rounding of master).
+inline float master_value(uint32_t module, uint64_t i) {
+  uint64_t h = (i + 1) * 0x9E3779B97F4A7C15ull ^ (static_cast<uint64_t>(module) << 56);
+  h ^= h >> 31;
+  h *= 0xBF58476D1CE4E5B9ull;
+  h ^= h >> 29;
+  return (static_cast<float>(h >> 40) / static_cast<float>(1 << 24) - 0.5f) * 4.0f;
+}
+inline float exp_avg_value(uint32_t module, uint64_t i) { return master_value(module + 17, i) * 0.01f; }
+
+inline std::string stored_dtype(const std::string& kind) { return kind == "param" ? "bf16" : "f32"; }
+
+// Stored bytes of element i in the stored dtype.
+inline void stored_bytes(uint32_t module, const std::string& kind, uint64_t i, void* out) {
+  if (kind == "param") {
+    uint16_t b = f32_to_bf16(master_value(module, i));
+    std::memcpy(out, &b, 2);
+  } else {
+    float f = kind == "master" ? master_value(module, i) : exp_avg_value(module, i);
+    std::memcpy(out, &f, 4);
+  }
+}
+
+// Element i as f32 after a conversion from the stored dtype to `out` dtype.
+inline void expected_bytes(uint32_t module, const std::string& kind, uint64_t i, const std::string& out_dtype,
+                           void* out) {
+  float f = kind == "master" ? master_value(module, i)
+            : kind == "exp_avg" ? exp_avg_value(module, i)
+                                : bf16_to_f32(f32_to_bf16(master_value(module, i)));
+  if (out_dtype == "f32") {
+    std::memcpy(out, &f, 4);
+  } else {
+    uint16_t h = out_dtype == "bf16" ? f32_to_bf16(f) : f32_to_f16(f);
+    std::memcpy(out, &h, 2);
+  }
+}
+
+// [begin, end) of rank r's partition of n elements over w ranks (the last ones may be shorter).
+inline std::pair<uint64_t, uint64_t> partition(uint64_t n, int w, int r) {
+  uint64_t per = (n + static_cast<uint64_t>(w) - 1) / static_cast<uint64_t>(w);
+  uint64_t b = std::min<uint64_t>(n, per * static_cast<uint64_t>(r));
+  return {b, std::min<uint64_t>(n, b + per)};
+}
+
+inline const std::vector<std::string>& kinds() {
+  static const std::vector<std::string> k = {"master", "exp_avg", "param"};
+  return k;
+}
+
+// Writes one rank's partitions of every module and kind, appending in odd-sized pieces.
+inline Status write_rank(RankWriter& w, const std::vector<ModuleInfo>& modules, int world, int rank) {
+  std::vector<unsigned char> piece;
+  for (uint32_t m = 0; m < modules.size(); ++m) {
+    auto [b, e] = partition(modules[m].padded, world, rank);
+    if (b == e) continue;
+    for (const auto& kind : kinds()) {
+      const std::string dt = stored_dtype(kind);
+      const size_t eb = dtype_bytes(dt);
+      ZOE_RETURN_IF_ERROR(w.begin_tensor(m, kind, dt, b, e - b));
+      const uint64_t kPiece = 4093;  // elements; odd so that pieces straddle everything
+      for (uint64_t i = b; i < e;) {
+        uint64_t k = std::min(kPiece, e - i);
+        piece.resize(k * eb);
+        for (uint64_t j = 0; j < k; ++j) stored_bytes(m, kind, i + j, &piece[j * eb]);
+        ZOE_RETURN_IF_ERROR(w.append(piece.data(), piece.size()));
+        i += k;
+      }
+      ZOE_RETURN_IF_ERROR(w.end_tensor());
+    }
+  }
+  return Status::ok();
+}
+
+// A whole save, as the engine does it (all ranks in this process). On failure the temporary
+// directory is removed (abort_checkpoint), as a caller must.
+inline Status save(const std::string& dir, const std::string& tag, int world, int64_t step,
+                   const std::vector<ModuleInfo>& modules = small_modules()) {
+  ZOE_ASSIGN_OR_RETURN(std::string tmp, begin_checkpoint(dir, tag));
+  Manifest man;
+  man.world_size = world;
+  man.stage = 2;
+  man.step = step;
+  man.modules = modules;
+  man.engine = {{"loss_scale", 65536.0}, {"precision", "bf16"}};
+  man.trainer = {{"data_position", 1234}, {"seed", 42}};
+  for (int r = 0; r < world; ++r) {
+    auto w = RankWriter::create(tmp, r);
+    if (!w.is_ok()) {
+      abort_checkpoint(tmp);
+      return w.status();
+    }
+    Status s = write_rank(*w.value(), modules, world, r);
+    FileInfo fi;
+    if (s.is_ok()) s = w.value()->finish(&man.tensors, &fi);
+    if (!s.is_ok()) {
+      abort_checkpoint(tmp);
+      return s;
+    }
+    man.files.push_back(fi);
+  }
+  return commit_checkpoint(dir, tag, tmp, man);
+}
+
+}  // namespace zoe::ckpt::test
