@@ -25,7 +25,10 @@
 // boundaries depend only on the shapes (never on the thread count), each piece is computed by one
 // thread, and no sum is split across threads. OpenBLAS is set to one thread for the process
 // (openblas_set_num_threads(1)) when a GptCpu is created: our own loops supply the parallelism.
-// Not thread-safe: one caller at a time per GptCpu.
+// Not thread-safe: one caller at a time per GptCpu. Calls go in order (embed, blocks 0..L-1, head,
+// then head, blocks L-1..0, embed backward; a new embed_forward may start over at any point, e.g.
+// for evaluation); a call out of order aborts through ZOE_CHECK, since the backward keeps one
+// running residual gradient between calls.
 #pragma once
 
 #include <cstddef>

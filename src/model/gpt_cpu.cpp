@@ -153,11 +153,13 @@ class GptCpuImpl final : public GptCpu {
       for (int i = 0; i < d_; ++i) o[i] = e[i] + q[i];
     });
     stage_ = Stage::kEmbedded;
+    next_layer_ = 0;
   }
 
   void block_forward(int layer, const float* const* p) override {
     ZOE_CHECK_MSG(layer >= 0 && layer < c_.layers, "layer %d of %d", layer, c_.layers);
-    ZOE_CHECK_MSG(stage_ != Stage::kNone, "block_forward before embed_forward");
+    ZOE_CHECK_MSG(stage_ == Stage::kEmbedded && layer == next_layer_,
+                  "block_forward(%d): expected layer %d, in order after embed_forward", layer, next_layer_);
     LayerActs& a = acts_[static_cast<size_t>(layer)];
     const float* x = residual_[static_cast<size_t>(layer)].data();
     float* y = residual_[static_cast<size_t>(layer) + 1].data();
@@ -177,10 +179,12 @@ class GptCpuImpl final : public GptCpu {
     });
     linear_forward(a.gelu.data(), 4 * d, p[kFc2W], p[kFc2B], d, y);
     add_rows(y, a.x_mid.data());
+    ++next_layer_;
   }
 
   float head_forward(const float* const* fp, const float* const* ep, const int32_t* targets) override {
-    ZOE_CHECK_MSG(stage_ != Stage::kNone, "head_forward before embed_forward");
+    ZOE_CHECK_MSG(stage_ != Stage::kNone && next_layer_ == c_.layers,
+                  "head_forward after %d of %d blocks", next_layer_, c_.layers);
     count_ = 0;
     for (int r = 0; r < N_; ++r) {
       ZOE_CHECK_MSG(targets[r] < V_, "target %d at position %d: vocab is %d", targets[r], r, V_);
@@ -226,11 +230,13 @@ class GptCpuImpl final : public GptCpu {
     layernorm_backward(dln_.data(), residual_.back().data(), fp[0], lnf_mean_.data(), lnf_rstd_.data(),
                        dres_.data(), fg[0], fg[1]);
     stage_ = Stage::kBackward;
+    next_layer_ = c_.layers - 1;
   }
 
   void block_backward(int layer, const float* const* p, float* const* g) override {
     ZOE_CHECK_MSG(layer >= 0 && layer < c_.layers, "layer %d of %d", layer, c_.layers);
-    ZOE_CHECK_MSG(stage_ == Stage::kBackward, "block_backward before head_backward");
+    ZOE_CHECK_MSG(stage_ == Stage::kBackward && layer == next_layer_,
+                  "block_backward(%d): expected layer %d, in reverse order after head_backward", layer, next_layer_);
     LayerActs& a = acts_[static_cast<size_t>(layer)];
     const int d = d_;
     // dres holds d(block output). MLP branch: y = x_mid + fc2(gelu(fc1(ln2(x_mid)))).
@@ -249,10 +255,12 @@ class GptCpuImpl final : public GptCpu {
     linear_backward(dqkv_.data(), 3 * d, a.ln1_out.data(), d, p[kQkvW], dln_.data(), g[kQkvW], g[kQkvB]);
     layernorm_backward(dln_.data(), residual_[static_cast<size_t>(layer)].data(), p[kLn1G], a.ln1_mean.data(),
                        a.ln1_rstd.data(), dres_.data(), g[kLn1G], g[kLn1B]);
+    --next_layer_;
   }
 
   void embed_backward(float* const* eg) override {
-    ZOE_CHECK_MSG(stage_ == Stage::kBackward, "embed_backward before head_backward");
+    ZOE_CHECK_MSG(stage_ == Stage::kBackward && next_layer_ == -1,
+                  "embed_backward before the backward of block %d", next_layer_);
     float* dwte = eg[0];
     float* dwpe = eg[1];
     // Serial over rows: several rows may share a token, and the order of their sums must be fixed.
@@ -381,6 +389,7 @@ class GptCpuImpl final : public GptCpu {
   int B_, T_, N_, d_, H_, hd_, V_;
   Parallel par_;
   Stage stage_ = Stage::kNone;
+  int next_layer_ = 0;  // the block the next block_forward / block_backward must be
   size_t bytes_ = 0;
   int count_ = 0;
 

@@ -158,6 +158,26 @@ TEST(GptCpu, CreateRefusesBadShapes) {
   EXPECT_GT((*ok)->activation_bytes(), 0u);
 }
 
+// Calls out of order abort with a message that names the expected call.
+TEST(GptCpuDeathTest, CallsOutOfOrderAbort) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  GptConfig c{.vocab = 16, .seq = 4, .d_model = 8, .heads = 2, .layers = 2};
+  Model m(c);
+  m.init(1);
+  std::vector<int32_t> ids(4, 1);
+  auto gpt = make_gpt(c, 1, 4, 1);
+  ASSERT_TRUE(gpt);
+  EXPECT_DEATH(gpt->block_forward(0, m.pp[1].data()), "expected layer 0, in order after embed_forward");
+  gpt->embed_forward(ids.data(), m.pp[0].data());
+  EXPECT_DEATH(gpt->block_forward(1, m.pp[2].data()), "block_forward\\(1\\): expected layer 0");
+  EXPECT_DEATH(gpt->head_forward(m.pp[3].data(), m.pp[0].data(), ids.data()), "head_forward after 0 of 2 blocks");
+  m.forward(*gpt, ids.data(), ids.data());
+  EXPECT_DEATH(gpt->block_backward(1, m.pp[2].data(), m.gp[2].data()), "after head_backward");
+  gpt->head_backward(m.pp[3].data(), m.pp[0].data(), m.gp[3].data(), m.gp[0].data());
+  EXPECT_DEATH(gpt->block_backward(0, m.pp[1].data(), m.gp[1].data()), "expected layer 1, in reverse order");
+  EXPECT_DEATH(gpt->embed_backward(m.gp[0].data()), "before the backward of block 1");
+}
+
 // ---------------------------------------------------------------------------------------------
 TEST(GptInit, DeterministicShardableGpt2Style) {
   GptConfig c{.vocab = 512, .seq = 64, .d_model = 64, .heads = 4, .layers = 8};
