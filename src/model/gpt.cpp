@@ -10,11 +10,23 @@ namespace {
 
 // Block parameters, in module order (see gpt.h).
 enum BlockParam : size_t {
-  kLn1G, kLn1B, kQkvW, kQkvB, kProjW, kProjB, kLn2G, kLn2B, kFc1W, kFc1B, kFc2W, kFc2B, kBlockParams
+  kLn1G,
+  kLn1B,
+  kQkvW,
+  kQkvB,
+  kProjW,
+  kProjB,
+  kLn2G,
+  kLn2B,
+  kFc1W,
+  kFc1B,
+  kFc2W,
+  kFc2B,
+  kBlockParams
 };
 
-constexpr int kMaxVocab = 65536;    // token ids are stored as uint16 by the data pipeline
-constexpr int kMaxDim = 1 << 16;    // keeps every index of one tensor well inside int64
+constexpr int kMaxVocab = 65536;  // token ids are stored as uint16 by the data pipeline
+constexpr int kMaxDim = 1 << 16;  // keeps every index of one tensor well inside int64
 
 uint64_t splitmix64(uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;
@@ -26,8 +38,8 @@ uint64_t splitmix64(uint64_t x) {
 // A standard normal that depends only on (key, index).
 double hashed_normal(uint64_t key, uint64_t index) {
   const uint64_t h = splitmix64(key + index * 0x9E3779B97F4A7C15ull);
-  const double u1 = (static_cast<double>(h >> 32) + 1.0) * 0x1p-32;          // (0, 1]
-  const double u2 = static_cast<double>(h & 0xFFFFFFFFull) * 0x1p-32;        // [0, 1)
+  const double u1 = (static_cast<double>(h >> 32) + 1.0) * 0x1p-32;    // (0, 1]
+  const double u2 = static_cast<double>(h & 0xFFFFFFFFull) * 0x1p-32;  // [0, 1)
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
 }
 
@@ -99,13 +111,22 @@ void gpt_init_range(const GptConfig& c, uint64_t seed, size_t module, size_t par
   } else {
     ZOE_CHECK_MSG(param < kBlockParams, "block param %zu", param);
     switch (param) {
-      case kLn1G: case kLn2G: kind = Kind::kOne; break;
-      case kQkvW: case kFc1W: kind = Kind::kNormal; break;
-      case kProjW: case kFc2W:  // residual projections (GPT-2): scaled by 1/sqrt(2 * layers)
+      case kLn1G:
+      case kLn2G:
+        kind = Kind::kOne;
+        break;
+      case kQkvW:
+      case kFc1W:
+        kind = Kind::kNormal;
+        break;
+      case kProjW:
+      case kFc2W:  // residual projections (GPT-2): scaled by 1/sqrt(2 * layers)
         kind = Kind::kNormal;
         std_dev = 0.02 / std::sqrt(2.0 * c.layers);
         break;
-      default: kind = Kind::kZero; break;
+      default:
+        kind = Kind::kZero;
+        break;
     }
   }
   const size_t numel = gpt_modules(c)[module].params[param].numel();
@@ -116,7 +137,8 @@ void gpt_init_range(const GptConfig& c, uint64_t seed, size_t module, size_t par
     for (size_t i = 0; i < n; ++i) data[i] = v;
     return;
   }
-  const uint64_t key = splitmix64(splitmix64(splitmix64(seed) ^ module) ^ (param + 1) * 0xD1B54A32D192ED03ull);
+  const uint64_t key =
+      splitmix64(splitmix64(splitmix64(seed) ^ module) ^ (param + 1) * 0xD1B54A32D192ED03ull);
   for (size_t i = 0; i < n; ++i) data[i] = static_cast<float>(std_dev * hashed_normal(key, first + i));
 }
 

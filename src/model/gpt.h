@@ -77,7 +77,8 @@ void gpt_init_range(const GptConfig& c, uint64_t seed, size_t module, size_t par
 class GptCpu {
  public:
   // batch sequences of `tokens_per_seq` (<= c.seq) tokens per micro-batch; threads 0: all cores.
-  static Result<std::unique_ptr<GptCpu>> create(const GptConfig& c, int batch, int tokens_per_seq, int threads = 0);
+  static Result<std::unique_ptr<GptCpu>> create(const GptConfig& c, int batch, int tokens_per_seq,
+                                                int threads = 0);
   virtual ~GptCpu() = default;
 
   // Forward. tokens: batch x T token ids (< vocab). params: the module's parameter pointers.

@@ -30,7 +30,18 @@ constexpr int kRowGrain = 8;
 constexpr int kColChunk = 64;
 
 enum BlockParam : size_t {
-  kLn1G, kLn1B, kQkvW, kQkvB, kProjW, kProjB, kLn2G, kLn2B, kFc1W, kFc1B, kFc2W, kFc2B
+  kLn1G,
+  kLn1B,
+  kQkvW,
+  kQkvB,
+  kProjW,
+  kProjB,
+  kLn2G,
+  kLn2B,
+  kFc1W,
+  kFc1B,
+  kFc2W,
+  kFc2B
 };
 
 // CPUs this process may run on (its affinity mask), at least 1.
@@ -110,8 +121,15 @@ struct LayerActs {
 class GptCpuImpl final : public GptCpu {
  public:
   GptCpuImpl(const GptConfig& c, int batch, int tokens, int threads)
-      : c_(c), B_(batch), T_(tokens), N_(batch * tokens), d_(c.d_model), H_(c.heads),
-        hd_(c.d_model / c.heads), V_(c.vocab), par_(threads) {
+      : c_(c),
+        B_(batch),
+        T_(tokens),
+        N_(batch * tokens),
+        d_(c.d_model),
+        H_(c.heads),
+        hd_(c.d_model / c.heads),
+        V_(c.vocab),
+        par_(threads) {
     const size_t nd = static_cast<size_t>(N_) * d_;
     const size_t n = static_cast<size_t>(N_);
     const size_t att = static_cast<size_t>(B_) * H_ * T_ * T_;
@@ -140,7 +158,8 @@ class GptCpuImpl final : public GptCpu {
 
   void embed_forward(const int32_t* tokens, const float* const* p) override {
     for (int r = 0; r < N_; ++r) {
-      ZOE_CHECK_MSG(tokens[r] >= 0 && tokens[r] < V_, "token %d at position %d: vocab is %d", tokens[r], r, V_);
+      ZOE_CHECK_MSG(tokens[r] >= 0 && tokens[r] < V_, "token %d at position %d: vocab is %d", tokens[r], r,
+                    V_);
       tokens_[static_cast<size_t>(r)] = tokens[r];
     }
     const float* wte = p[0];
@@ -170,7 +189,8 @@ class GptCpuImpl final : public GptCpu {
     attention_forward(a);
     linear_forward(a.att_out.data(), d, p[kProjW], p[kProjB], d, a.x_mid.data());
     add_rows(a.x_mid.data(), x);
-    layernorm_rows(a.x_mid.data(), p[kLn2G], p[kLn2B], a.ln2_out.data(), a.ln2_mean.data(), a.ln2_rstd.data());
+    layernorm_rows(a.x_mid.data(), p[kLn2G], p[kLn2B], a.ln2_out.data(), a.ln2_mean.data(),
+                   a.ln2_rstd.data());
     linear_forward(a.ln2_out.data(), d, p[kFc1W], p[kFc1B], 4 * d, a.fc1.data());
     const size_t row4 = static_cast<size_t>(4) * d;
     par_.for_rows(N_, [&](int r) {
@@ -183,8 +203,8 @@ class GptCpuImpl final : public GptCpu {
   }
 
   float head_forward(const float* const* fp, const float* const* ep, const int32_t* targets) override {
-    ZOE_CHECK_MSG(stage_ != Stage::kNone && next_layer_ == c_.layers,
-                  "head_forward after %d of %d blocks", next_layer_, c_.layers);
+    ZOE_CHECK_MSG(stage_ != Stage::kNone && next_layer_ == c_.layers, "head_forward after %d of %d blocks",
+                  next_layer_, c_.layers);
     count_ = 0;
     for (int r = 0; r < N_; ++r) {
       ZOE_CHECK_MSG(targets[r] < V_, "target %d at position %d: vocab is %d", targets[r], r, V_);
@@ -236,7 +256,8 @@ class GptCpuImpl final : public GptCpu {
   void block_backward(int layer, const float* const* p, float* const* g) override {
     ZOE_CHECK_MSG(layer >= 0 && layer < c_.layers, "layer %d of %d", layer, c_.layers);
     ZOE_CHECK_MSG(stage_ == Stage::kBackward && layer == next_layer_,
-                  "block_backward(%d): expected layer %d, in reverse order after head_backward", layer, next_layer_);
+                  "block_backward(%d): expected layer %d, in reverse order after head_backward", layer,
+                  next_layer_);
     LayerActs& a = acts_[static_cast<size_t>(layer)];
     const int d = d_;
     // dres holds d(block output). MLP branch: y = x_mid + fc2(gelu(fc1(ln2(x_mid)))).
@@ -247,8 +268,8 @@ class GptCpuImpl final : public GptCpu {
       kernels::gelu_backward(a.fc1.data() + o, dfc_.data() + o, row4);
     });
     linear_backward(dfc_.data(), 4 * d, a.ln2_out.data(), d, p[kFc1W], dln_.data(), g[kFc1W], g[kFc1B]);
-    layernorm_backward(dln_.data(), a.x_mid.data(), p[kLn2G], a.ln2_mean.data(), a.ln2_rstd.data(), dres_.data(),
-                       g[kLn2G], g[kLn2B]);
+    layernorm_backward(dln_.data(), a.x_mid.data(), p[kLn2G], a.ln2_mean.data(), a.ln2_rstd.data(),
+                       dres_.data(), g[kLn2G], g[kLn2B]);
     // dres holds d(x_mid). Attention branch: x_mid = x + proj(attn(ln1(x))).
     linear_backward(dres_.data(), d, a.att_out.data(), d, p[kProjW], datt_out_.data(), g[kProjW], g[kProjB]);
     attention_backward(a);
@@ -282,8 +303,8 @@ class GptCpuImpl final : public GptCpu {
   }
 
   // C[M, N] = op(A) op(B) + beta C (+ bias per row when given), split over M in fixed chunks.
-  void gemm(bool ta, bool tb, int M, int N, int K, const float* A, int lda, const float* B, int ldb, float beta,
-            float* C, int ldc, const float* bias = nullptr) {
+  void gemm(bool ta, bool tb, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
+            float beta, float* C, int ldc, const float* bias = nullptr) {
     const size_t chunks = (static_cast<size_t>(M) + kGemmChunk - 1) / kGemmChunk;
     par_.for_each(chunks, [&](size_t ci) {
       const int m0 = static_cast<int>(ci) * kGemmChunk;
@@ -295,8 +316,8 @@ class GptCpuImpl final : public GptCpu {
         for (int r = 0; r < m; ++r) kernels::fill_row(c + static_cast<size_t>(r) * ldc, bias, N);
         b = 1.0f;
       }
-      cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, N, K, 1.0f, a,
-                  lda, B, ldb, b, c, ldc);
+      cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, N, K,
+                  1.0f, a, lda, B, ldb, b, c, ldc);
     });
   }
 
@@ -319,8 +340,8 @@ class GptCpuImpl final : public GptCpu {
     });
   }
   // dx += LayerNorm backward of dy; dg, db += parameter gradients.
-  void layernorm_backward(const float* dy, const float* x, const float* g, const float* mean, const float* rstd,
-                          float* dx, float* dg, float* db) {
+  void layernorm_backward(const float* dy, const float* x, const float* g, const float* mean,
+                          const float* rstd, float* dx, float* dg, float* db) {
     par_.for_rows(N_, [&](int r) {
       const size_t o = static_cast<size_t>(r) * d_;
       kernels::layernorm_backward_input(dy + o, x + o, g, mean[r], rstd[r], d_, dx + o);
@@ -402,11 +423,13 @@ class GptCpuImpl final : public GptCpu {
 
 }  // namespace
 
-Result<std::unique_ptr<GptCpu>> GptCpu::create(const GptConfig& c, int batch, int tokens_per_seq, int threads) {
+Result<std::unique_ptr<GptCpu>> GptCpu::create(const GptConfig& c, int batch, int tokens_per_seq,
+                                               int threads) {
   ZOE_RETURN_IF_ERROR(c.validate());
   if (batch < 1) return invalid_argument("GptCpu: batch %d: expected a positive number of sequences", batch);
   if (tokens_per_seq < 1 || tokens_per_seq > c.seq)
-    return invalid_argument("GptCpu: tokens_per_seq %d: expected 1..%d (the model's seq)", tokens_per_seq, c.seq);
+    return invalid_argument("GptCpu: tokens_per_seq %d: expected 1..%d (the model's seq)", tokens_per_seq,
+                            c.seq);
   if (static_cast<int64_t>(batch) * tokens_per_seq > (int64_t{1} << 24))
     return invalid_argument("GptCpu: batch %d x tokens %d: more than 2^24 tokens per micro-batch", batch,
                             tokens_per_seq);

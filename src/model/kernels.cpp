@@ -88,16 +88,15 @@ void layernorm_backward_input(const float* dy, const float* x, const float* g, f
   const float inv_d = 1.0f / static_cast<float>(d);
   // dxhat = dy * g; dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)).
   const float m1 = lane_sum(d, [dy, g](int i) { return dy[i] * g[i]; }) * inv_d;
-  const float m2 =
-      lane_sum(d, [=](int i) { return dy[i] * g[i] * ((x[i] - mean) * rstd); }) * inv_d;
+  const float m2 = lane_sum(d, [=](int i) { return dy[i] * g[i] * ((x[i] - mean) * rstd); }) * inv_d;
   for (int i = 0; i < d; ++i) {
     const float xhat = (x[i] - mean) * rstd;
     dx[i] += rstd * (dy[i] * g[i] - m1 - xhat * m2);
   }
 }
 
-void layernorm_backward_params(int rows, int d, int c0, int c1, const float* dy, const float* x, const float* mean,
-                               const float* rstd, float* dg, float* db) {
+void layernorm_backward_params(int rows, int d, int c0, int c1, const float* dy, const float* x,
+                               const float* mean, const float* rstd, float* dg, float* db) {
   for (int r = 0; r < rows; ++r) {
     const float* dyr = dy + static_cast<size_t>(r) * d;
     const float* xr = x + static_cast<size_t>(r) * d;

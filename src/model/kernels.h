@@ -19,8 +19,8 @@ void layernorm_forward(const float* x, const float* g, const float* b, int d, fl
 void layernorm_backward_input(const float* dy, const float* x, const float* g, float mean, float rstd, int d,
                               float* dx);
 // dg[c] += sum_r dy[r, c] * xhat[r, c] and db[c] += sum_r dy[r, c] for c in [c0, c1), rows in order.
-void layernorm_backward_params(int rows, int d, int c0, int c1, const float* dy, const float* x, const float* mean,
-                               const float* rstd, float* dg, float* db);
+void layernorm_backward_params(int rows, int d, int c0, int c1, const float* dy, const float* x,
+                               const float* mean, const float* rstd, float* dg, float* db);
 
 // out[c] += sum_r y[r * ld + c] for c in [c0, c1), rows in order.
 void column_sum(int rows, int ld, int c0, int c1, const float* y, float* out);

@@ -170,7 +170,8 @@ TEST(GptCpuDeathTest, CallsOutOfOrderAbort) {
   EXPECT_DEATH(gpt->block_forward(0, m.pp[1].data()), "expected layer 0, in order after embed_forward");
   gpt->embed_forward(ids.data(), m.pp[0].data());
   EXPECT_DEATH(gpt->block_forward(1, m.pp[2].data()), "block_forward\\(1\\): expected layer 0");
-  EXPECT_DEATH(gpt->head_forward(m.pp[3].data(), m.pp[0].data(), ids.data()), "head_forward after 0 of 2 blocks");
+  EXPECT_DEATH(gpt->head_forward(m.pp[3].data(), m.pp[0].data(), ids.data()),
+               "head_forward after 0 of 2 blocks");
   m.forward(*gpt, ids.data(), ids.data());
   EXPECT_DEATH(gpt->block_backward(1, m.pp[2].data(), m.gp[2].data()), "after head_backward");
   gpt->head_backward(m.pp[3].data(), m.pp[0].data(), m.gp[3].data(), m.gp[0].data());
@@ -247,8 +248,8 @@ TEST(GptKernels, GeluMatchesDouble) {
     worst_d = std::max(worst_d, std::fabs(dy[i] - dref) / tol);
     if (!(std::fabs(y[i] - ref) <= tol) || !(std::fabs(dy[i] - dref) <= tol)) {
       if (wrong++ == 0)
-        ADD_FAILURE() << "first wrong at x = " << v << ": gelu " << y[i] << " vs " << ref << ", gelu' " << dy[i]
-                      << " vs " << dref;
+        ADD_FAILURE() << "first wrong at x = " << v << ": gelu " << y[i] << " vs " << ref << ", gelu' "
+                      << dy[i] << " vs " << dref;
     }
   }
   EXPECT_EQ(wrong, 0);
@@ -282,8 +283,8 @@ TEST(GptCpu, ForwardMatchesDoubleReference) {
     }
   }
   EXPECT_EQ(wrong, 0) << "first wrong logit " << first << ": " << (first >= 0 ? gpt->logits()[first] : 0.f)
-                      << " vs " << (first >= 0 ? ref.logits[static_cast<size_t>(first)] : 0.0) << " (tol " << tol
-                      << ")";
+                      << " vs " << (first >= 0 ? ref.logits[static_cast<size_t>(first)] : 0.0) << " (tol "
+                      << tol << ")";
 }
 
 // Every element of every parameter tensor: analytic fp32 gradient vs central differences of the
@@ -327,10 +328,11 @@ TEST(GptCpu, GradientsMatchFiniteDifferences) {
       EXPECT_GT(scale, 1e-4) << name << ": a gradient this small checks nothing";
       for (size_t i = 0; i < w.size(); ++i) {
         const double err = std::fabs(m.g[mod][t][i] - fd[i]);
-        if (err / (scale + 1e-12) > worst) worst = err / (scale + 1e-12), worst_at = name + "[" + std::to_string(i) + "]";
+        if (err / (scale + 1e-12) > worst)
+          worst = err / (scale + 1e-12), worst_at = name + "[" + std::to_string(i) + "]";
         if (err > tol) {
-          ADD_FAILURE() << name << "[" << i << "]: analytic " << m.g[mod][t][i] << " vs finite difference " << fd[i]
-                        << " (tol " << tol << ", tensor scale " << scale << ")";
+          ADD_FAILURE() << name << "[" << i << "]: analytic " << m.g[mod][t][i] << " vs finite difference "
+                        << fd[i] << " (tol " << tol << ", tensor scale " << scale << ")";
           break;  // the first bad index of each tensor
         }
       }
@@ -424,7 +426,9 @@ TEST(GptCpu, DeterministicAcrossThreadCounts) {
     EXPECT_EQ(std::memcmp(r.logits.data(), ref.logits.data(), r.logits.size() * sizeof(float)), 0) << threads;
     for (size_t i = 0; i < r.grads.size(); ++i)
       for (size_t j = 0; j < r.grads[i].size(); ++j)
-        EXPECT_EQ(std::memcmp(r.grads[i][j].data(), ref.grads[i][j].data(), r.grads[i][j].size() * sizeof(float)), 0)
+        EXPECT_EQ(
+            std::memcmp(r.grads[i][j].data(), ref.grads[i][j].data(), r.grads[i][j].size() * sizeof(float)),
+            0)
             << "threads " << threads << ": gradient " << i << "." << j << " differs";
   }
 }
@@ -463,9 +467,10 @@ TEST(GptCpu, TimingD256L6) {
     best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   const double flops = 6.0 * static_cast<double>(c.num_params()) * B * T;  // ignoring attention
-  std::printf("d=256 L=6 B=8 T=64, %d threads: forward+backward %.1f ms (%.1f GFLOP/s of 6*N*tokens), "
-              "activations %.1f MiB\n",
-              gpt->threads(), best * 1e3, flops / best * 1e-9, gpt->activation_bytes() / 1048576.0);
+  std::printf(
+      "d=256 L=6 B=8 T=64, %d threads: forward+backward %.1f ms (%.1f GFLOP/s of 6*N*tokens), "
+      "activations %.1f MiB\n",
+      gpt->threads(), best * 1e3, flops / best * 1e-9, gpt->activation_bytes() / 1048576.0);
   EXPECT_LT(best, 10.0);
 }
 
