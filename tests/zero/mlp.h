@@ -157,9 +157,10 @@ inline std::vector<Layer> reference_train(const MlpSpec& s, int world, int steps
 // Trains `steps` steps through the engine (this rank's share of the global batch) and returns
 // the final fp32 master parameters. inject_inf_at: a step whose first gradient becomes inf.
 inline Status engine_train(Engine& e, const MlpSpec& s, int rank, int world, int steps, std::vector<Layer>* out,
-                           std::vector<StepStats>* stats = nullptr, int inject_inf_at = -1, int micro = 1) {
+                           std::vector<StepStats>* stats = nullptr, int inject_inf_at = -1, int micro = 1,
+                           int first_step = 0) {
   const int d = s.d;
-  for (int k = 0; k < steps; ++k) {
+  for (int k = first_step; k < steps; ++k) {
    for (int j = 0; j < micro; ++j) {
     const int first = (j * world + rank) * s.batch;
     auto xs = batch_inputs(s, k, first, s.batch);
