@@ -29,7 +29,7 @@ namespace zoe::ckpt {
 
 inline constexpr int kFormatVersion = 1;
 
-// Element types stored: "f32", "bf16", "f16".
+// Element types stored: "f32", "bf16", "f16". 0 for anything else.
 size_t dtype_bytes(const std::string& dtype);
 
 struct ParamInfo {
@@ -77,7 +77,9 @@ struct Manifest {
 };
 
 // Writes one rank's file inside a checkpoint being written. Tensors are streamed in pieces, so
-// nothing needs the whole tensor in memory. Not thread-safe.
+// nothing needs the whole tensor in memory (a 1 MiB write buffer gathers small appends); each
+// tensor starts at a 4096-byte aligned offset (zero padding). Not thread-safe. After a failed
+// write every call returns the same error; a writer destroyed before finish() deletes its file.
 class RankWriter {
  public:
   // dir: the temporary checkpoint directory (created by the caller with begin_checkpoint).
@@ -100,15 +102,24 @@ class RankWriter {
 //   tmp = begin_checkpoint(D, tag)  (rank 0 creates it; others wait on a barrier the caller runs)
 //   RankWriter per rank ...; finish()
 //   rank 0: commit_checkpoint(D, tag, tmp, manifest)  after gathering every rank's records/files
+// begin_checkpoint: save_dir must exist and be writable (clear not_found / permission errors);
+// tag is a plain name (no '/', not "latest"). One writer per save directory: it removes the
+// "*.tmp-*" leftovers of earlier saves that crashed.
+// commit_checkpoint: checks the manifest reads back (Manifest::from_json) and that every listed
+// file has its size, writes manifest.json, fsyncs, renames tmp_dir to save_dir/tag (an existing
+// tag is swapped atomically with renameat2(RENAME_EXCHANGE) and then removed), fsyncs save_dir,
+// and replaces `latest` last. A failure before the rename removes tmp_dir itself.
 Result<std::string> begin_checkpoint(const std::string& save_dir, const std::string& tag);
 Status commit_checkpoint(const std::string& save_dir, const std::string& tag, const std::string& tmp_dir,
                          const Manifest& manifest);
-// Removes a temporary directory left by a failed save (best effort).
+// Removes a temporary directory left by a failed save (best effort; idempotent; refuses any path
+// without ".tmp-" so that it never removes a finished checkpoint).
 void abort_checkpoint(const std::string& tmp_dir);
 
 // A complete checkpoint, opened for reading. dir: a save directory (uses `latest`) or a
 // checkpoint directory itself. Errors name the file: missing manifest or rank file, sizes that
-// do not match (truncated), format too new.
+// do not match (truncated), format too new. Files stay open; every const method is thread-safe
+// (pread on shared descriptors, no shared buffers).
 class Reader {
  public:
   static Result<std::unique_ptr<Reader>> open(const std::string& dir);
@@ -119,6 +130,7 @@ class Reader {
   Status verify() const;
   // Elements [begin, begin + count) of module's `kind` state, from whichever records cover
   // them, converted to dtype_out ("f32", "bf16", "f16"). Fails when the range is not covered.
+  // Same dtype: pread straight into `out`. Converting: through a scratch of at most 1 MiB.
   Status read_range(uint32_t module, const std::string& kind, uint64_t begin, uint64_t count,
                     const std::string& dtype_out, void* out) const;
   bool has_kind(const std::string& kind) const;
@@ -132,8 +144,11 @@ class Reader {
 };
 
 // Writes a safetensors file of full, unpartitioned parameters (from "master", or "param" when
-// there is no master) named "<module>.<param>", streaming one piece at a time: peak memory is
-// bounded by `piece_bytes` (plus the header), whatever the model size.
+// there is no master) named "<module>.<param>", streaming one piece at a time. dtype: "fp32"/"f32",
+// "bf16", "fp16"/"f16". Peak memory, whatever the model size: one output piece of piece_bytes,
+// plus read_range's conversion scratch (min(2 x piece_bytes, 1 MiB), only when the stored dtype
+// differs), plus the JSON header (~100 bytes per parameter). Written to out_path.tmp-<pid>,
+// fsynced, renamed; on failure the temporary file is removed and out_path is untouched.
 Status consolidate(const Reader& r, const std::string& out_path, const std::string& dtype, size_t piece_bytes = 64u << 20);
 
 }  // namespace zoe::ckpt
