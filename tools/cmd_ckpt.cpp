@@ -37,7 +37,8 @@ json describe(const ckpt::Reader& r) {
     for (const auto& p : mod.params) e += p.numel;
     params += mod.params.size();
     elements += e;
-    mods.push_back({{"name", mod.name}, {"params", mod.params.size()}, {"elements", e}, {"padded", mod.padded}});
+    mods.push_back(
+        {{"name", mod.name}, {"params", mod.params.size()}, {"elements", e}, {"padded", mod.padded}});
   }
   j["modules"] = mods;
   j["params"] = params;
@@ -71,8 +72,9 @@ json describe(const ckpt::Reader& r) {
 
 void print_inspect(const json& j) {
   printf("checkpoint  %s\n", j["path"].get<std::string>().c_str());
-  printf("format      version %d, world size %d, ZeRO stage %d, step %" PRId64 "\n", j["format_version"].get<int>(),
-         j["world_size"].get<int>(), j["stage"].get<int>(), j["step"].get<int64_t>());
+  printf("format      version %d, world size %d, ZeRO stage %d, step %" PRId64 "\n",
+         j["format_version"].get<int>(), j["world_size"].get<int>(), j["stage"].get<int>(),
+         j["step"].get<int64_t>());
   printf("modules     %zu (%" PRIu64 " parameters, %" PRIu64 " elements)\n", j["modules"].size(),
          j["params"].get<uint64_t>(), j["elements"].get<uint64_t>());
   std::string kinds;
@@ -88,8 +90,9 @@ void print_inspect(const json& j) {
   Table ranks({{"rank", "", 6}, {"tensors", "", 9}, {"size", "bytes", 14}});
   ranks.print_header(stdout);
   for (const auto& r : j["ranks"]) {
-    ranks.print_row(stdout, {std::to_string(r["rank"].get<int>()), std::to_string(r["tensors"].get<uint64_t>()),
-                             format_bytes(r["bytes"].get<uint64_t>())});
+    ranks.print_row(stdout,
+                    {std::to_string(r["rank"].get<int>()), std::to_string(r["tensors"].get<uint64_t>()),
+                     format_bytes(r["bytes"].get<uint64_t>())});
   }
 }
 
@@ -99,15 +102,18 @@ void add_inspect(CLI::App& ckpt) {
     bool json = false;
   };
   auto o = std::make_shared<Opts>();
-  CLI::App* cmd = ckpt.add_subcommand("inspect", "Show a checkpoint: files and sizes, world size, stage, step, "
-                                                 "modules and parameters, tensors per rank");
+  CLI::App* cmd = ckpt.add_subcommand("inspect",
+                                      "Show a checkpoint: files and sizes, world size, stage, step, "
+                                      "modules and parameters, tensors per rank");
   cmd->add_option("dir", o->dir, "A save directory (its `latest`) or a checkpoint directory")->required();
   cmd->add_flag("--json", o->json, "Print one JSON object");
   cmd->callback([o] {
     auto r = value_or_fail(ckpt::Reader::open(o->dir));
     json j = describe(*r);
-    if (o->json) print_json(j);
-    else print_inspect(j);
+    if (o->json)
+      print_json(j);
+    else
+      print_inspect(j);
   });
 }
 
@@ -117,8 +123,9 @@ void add_verify(CLI::App& ckpt) {
     bool json = false;
   };
   auto o = std::make_shared<Opts>();
-  CLI::App* cmd = ckpt.add_subcommand("verify", "Re-read every file of a checkpoint and check its xxh64; exit 1 "
-                                                "naming the first file that does not match");
+  CLI::App* cmd = ckpt.add_subcommand("verify",
+                                      "Re-read every file of a checkpoint and check its xxh64; exit 1 "
+                                      "naming the first file that does not match");
   cmd->add_option("dir", o->dir, "A save directory (its `latest`) or a checkpoint directory")->required();
   cmd->add_flag("--json", o->json, "Print one JSON object");
   cmd->callback([o] {
@@ -129,7 +136,8 @@ void add_verify(CLI::App& ckpt) {
     uint64_t bytes = 0;
     for (size_t i = 0; i < files.size(); ++i) {
       Status s = r->verify_file(i);
-      json e = {{"name", files[i].name}, {"bytes", files[i].bytes}, {"xxh64", files[i].xxh64}, {"ok", s.is_ok()}};
+      json e = {
+          {"name", files[i].name}, {"bytes", files[i].bytes}, {"xxh64", files[i].xxh64}, {"ok", s.is_ok()}};
       if (!s.is_ok()) e["error"] = s.message();
       jf.push_back(e);
       bytes += files[i].bytes;
@@ -154,8 +162,9 @@ void add_consolidate(CLI::App& ckpt) {
     bool json = false;
   };
   auto o = std::make_shared<Opts>();
-  CLI::App* cmd = ckpt.add_subcommand("consolidate", "Write the full parameters (master weights, else the "
-                                                     "compute copy) as one safetensors file, streaming");
+  CLI::App* cmd = ckpt.add_subcommand("consolidate",
+                                      "Write the full parameters (master weights, else the "
+                                      "compute copy) as one safetensors file, streaming");
   cmd->add_option("dir", o->dir, "A save directory (its `latest`) or a checkpoint directory")->required();
   cmd->add_option("--out", o->out, "The .safetensors file to write (replaced atomically)")->required();
   cmd->add_option("--dtype", o->dtype, "fp32|bf16|fp16 (default fp32)");
@@ -168,10 +177,11 @@ void add_consolidate(CLI::App& ckpt) {
     for (const auto& m : r->manifest().modules) params += m.params.size();
     uint64_t bytes = file_bytes(o->out);
     if (o->json) {
-      print_json({{"path", r->path()}, {"out", o->out}, {"dtype", o->dtype}, {"tensors", params}, {"bytes", bytes}});
+      print_json(
+          {{"path", r->path()}, {"out", o->out}, {"dtype", o->dtype}, {"tensors", params}, {"bytes", bytes}});
     } else {
-      printf("wrote %s: %" PRIu64 " tensors, %s (%s) from %s\n", o->out.c_str(), params, format_bytes(bytes).c_str(),
-             o->dtype.c_str(), r->path().c_str());
+      printf("wrote %s: %" PRIu64 " tensors, %s (%s) from %s\n", o->out.c_str(), params,
+             format_bytes(bytes).c_str(), o->dtype.c_str(), r->path().c_str());
     }
   });
 }

@@ -149,6 +149,7 @@ class Reader {
 // plus read_range's conversion scratch (min(2 x piece_bytes, 1 MiB), only when the stored dtype
 // differs), plus the JSON header (~100 bytes per parameter). Written to out_path.tmp-<pid>,
 // fsynced, renamed; on failure the temporary file is removed and out_path is untouched.
-Status consolidate(const Reader& r, const std::string& out_path, const std::string& dtype, size_t piece_bytes = 64u << 20);
+Status consolidate(const Reader& r, const std::string& out_path, const std::string& dtype,
+                   size_t piece_bytes = 64u << 20);
 
 }  // namespace zoe::ckpt

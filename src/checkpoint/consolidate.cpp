@@ -12,7 +12,8 @@
 
 namespace zoe::ckpt {
 
-Status consolidate(const Reader& r, const std::string& out_path, const std::string& dtype_arg, size_t piece_bytes) {
+Status consolidate(const Reader& r, const std::string& out_path, const std::string& dtype_arg,
+                   size_t piece_bytes) {
   DType dt;
   if (!parse_dtype(dtype_arg, &dt)) {
     return invalid_argument("consolidate: dtype '%s': expected fp32, bf16 or fp16", dtype_arg.c_str());
@@ -34,9 +35,11 @@ Status consolidate(const Reader& r, const std::string& out_path, const std::stri
     for (const auto& p : mod.params) {
       std::string name = mod.name + "." + p.name;
       if (header.contains(name)) {
-        return invalid_argument("consolidate: two parameters are named '%s' in %s", name.c_str(), r.path().c_str());
+        return invalid_argument("consolidate: two parameters are named '%s' in %s", name.c_str(),
+                                r.path().c_str());
       }
-      header[name] = {{"dtype", st_dtype}, {"shape", p.shape}, {"data_offsets", {data_bytes, data_bytes + p.numel * eb}}};
+      header[name] = {
+          {"dtype", st_dtype}, {"shape", p.shape}, {"data_offsets", {data_bytes, data_bytes + p.numel * eb}}};
       data_bytes += p.numel * eb;
     }
   }

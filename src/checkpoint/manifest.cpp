@@ -55,7 +55,8 @@ namespace {
 // Typed access to one key of a JSON object; errors say "<where>: key <path>: expected ...".
 class Fields {
  public:
-  Fields(const json& j, std::string where, std::string path) : j_(j), where_(std::move(where)), path_(std::move(path)) {}
+  Fields(const json& j, std::string where, std::string path)
+      : j_(j), where_(std::move(where)), path_(std::move(path)) {}
 
   Status check_object() const {
     if (!j_.is_object()) return bad("", "an object");
@@ -105,9 +106,10 @@ Result<Manifest> Manifest::from_json(const json& j, const std::string& where) {
   // The version first: a newer writer may have changed everything else.
   ZOE_RETURN_IF_ERROR(top.get("format_version", &m.format_version));
   if (m.format_version > kFormatVersion) {
-    return unsupported("%s: format_version %d was written by a newer zoe (this zoe reads up to %d); "
-                            "upgrade zoe to load it",
-                            where.c_str(), m.format_version, kFormatVersion);
+    return unsupported(
+        "%s: format_version %d was written by a newer zoe (this zoe reads up to %d); "
+        "upgrade zoe to load it",
+        where.c_str(), m.format_version, kFormatVersion);
   }
   if (m.format_version < 1) return top.bad("format_version", "a version >= 1");
   if (auto it = j.find("format"); it != j.end() && *it != "zoe-checkpoint") {
@@ -136,7 +138,8 @@ Result<Manifest> Manifest::from_json(const json& j, const std::string& where) {
       ZOE_ASSIGN_OR_RETURN(const json* js, g.array("shape"));
       uint64_t prod = 1;
       for (const auto& d : *js) {
-        if (!d.is_number_integer() || d.get<int64_t>() < 0) return g.bad("shape", "an array of non-negative integers");
+        if (!d.is_number_integer() || d.get<int64_t>() < 0)
+          return g.bad("shape", "an array of non-negative integers");
         p.shape.push_back(d.get<int64_t>());
         prod *= static_cast<uint64_t>(d.get<int64_t>());
       }

@@ -64,8 +64,8 @@ void convert(const std::string& from, const void* src, const std::string& to, vo
 struct Reader::Impl {
   std::string dir;
   Manifest manifest;
-  std::vector<int> fds;                // per manifest.files entry
-  std::vector<size_t> file_of_rank;    // rank -> index in manifest.files
+  std::vector<int> fds;              // per manifest.files entry
+  std::vector<size_t> file_of_rank;  // rank -> index in manifest.files
   // (module, kind) -> indices of manifest.tensors, sorted by begin.
   std::map<std::pair<uint32_t, std::string>, std::vector<size_t>> index;
 
@@ -102,8 +102,8 @@ Result<std::string> resolve_dir(std::string dir) {
   }
   std::string ck = dir + "/" + tag;
   if (!exists(ck + "/manifest.json")) {
-    return not_found("%s names checkpoint '%s', but %s/manifest.json does not exist", latest.c_str(), tag.c_str(),
-                     ck.c_str());
+    return not_found("%s names checkpoint '%s', but %s/manifest.json does not exist", latest.c_str(),
+                     tag.c_str(), ck.c_str());
   }
   return ck;
 }
@@ -132,8 +132,8 @@ Result<std::unique_ptr<Reader>> Reader::open(const std::string& dir_arg) {
     int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
       if (errno == ENOENT) {
-        return not_found("checkpoint file %s is missing (the manifest lists it with %" PRIu64 " bytes)", p.c_str(),
-                         f.bytes);
+        return not_found("checkpoint file %s is missing (the manifest lists it with %" PRIu64 " bytes)",
+                         p.c_str(), f.bytes);
       }
       return sys_error("open checkpoint file", p, errno);
     }
@@ -141,9 +141,10 @@ Result<std::unique_ptr<Reader>> Reader::open(const std::string& dir_arg) {
     struct stat st;
     if (fstat(fd, &st) != 0) return sys_error("fstat", p, errno);
     if (static_cast<uint64_t>(st.st_size) != f.bytes) {
-      return corruption("checkpoint file %s has %" PRIu64 " bytes, the manifest says %" PRIu64 " (%s)", p.c_str(),
-                        static_cast<uint64_t>(st.st_size), f.bytes,
-                        static_cast<uint64_t>(st.st_size) < f.bytes ? "truncated" : "overwritten or appended to");
+      return corruption(
+          "checkpoint file %s has %" PRIu64 " bytes, the manifest says %" PRIu64 " (%s)", p.c_str(),
+          static_cast<uint64_t>(st.st_size), f.bytes,
+          static_cast<uint64_t>(st.st_size) < f.bytes ? "truncated" : "overwritten or appended to");
     }
     int rank = -1;
     if (sscanf(f.name.c_str(), "rank-%d.bin", &rank) == 1 && rank >= 0 && rank < m.world_size) {
@@ -154,8 +155,8 @@ Result<std::unique_ptr<Reader>> Reader::open(const std::string& dir_arg) {
     const TensorRecord& r = m.tensors[t];
     size_t fi = impl->file_of_rank[static_cast<size_t>(r.rank)];
     if (fi == SIZE_MAX) {
-      return corruption("%s: tensors[%zu] is in rank %d's file, which 'files' does not list", mpath.c_str(), t,
-                        r.rank);
+      return corruption("%s: tensors[%zu] is in rank %d's file, which 'files' does not list", mpath.c_str(),
+                        t, r.rank);
     }
     if (r.offset + r.bytes > m.files[fi].bytes) {
       return corruption("%s: tensors[%zu] ends at byte %" PRIu64 " of %s, which has %" PRIu64 " bytes",
@@ -164,7 +165,8 @@ Result<std::unique_ptr<Reader>> Reader::open(const std::string& dir_arg) {
     impl->index[{r.module, r.kind}].push_back(t);
   }
   for (auto& [key, v] : impl->index) {
-    std::stable_sort(v.begin(), v.end(), [&](size_t a, size_t b) { return m.tensors[a].begin < m.tensors[b].begin; });
+    std::stable_sort(v.begin(), v.end(),
+                     [&](size_t a, size_t b) { return m.tensors[a].begin < m.tensors[b].begin; });
   }
   return std::unique_ptr<Reader>(new Reader(std::move(impl)));
 }
@@ -182,7 +184,8 @@ Status Reader::verify_file(size_t i) const {
   const FileInfo& f = m.files[i];
   std::string p = impl_->file_path(i);
   detail::Xxh64 hash;
-  std::vector<char> buf(static_cast<size_t>(std::min<uint64_t>(kVerifyPiece, std::max<uint64_t>(f.bytes, 1))));
+  std::vector<char> buf(
+      static_cast<size_t>(std::min<uint64_t>(kVerifyPiece, std::max<uint64_t>(f.bytes, 1))));
   Status s;
   for (uint64_t off = 0; off < f.bytes && s.is_ok();) {
     size_t n = static_cast<size_t>(std::min<uint64_t>(buf.size(), f.bytes - off));
@@ -194,8 +197,8 @@ Status Reader::verify_file(size_t i) const {
   ZOE_RETURN_IF_ERROR(s);
   std::string got = detail::hex64(h);
   if (got != f.xxh64) {
-    return corruption("checksum mismatch in %s: the manifest says xxh64 %s, the file has %s (corrupted)", p.c_str(),
-                      f.xxh64.c_str(), got.c_str());
+    return corruption("checksum mismatch in %s: the manifest says xxh64 %s, the file has %s (corrupted)",
+                      p.c_str(), f.xxh64.c_str(), got.c_str());
   }
   return Status::ok();
 }
@@ -209,13 +212,16 @@ Status Reader::read_range(uint32_t module, const std::string& kind, uint64_t beg
                           const std::string& dtype_out, void* out) const {
   const Manifest& m = impl_->manifest;
   if (module >= m.modules.size()) {
-    return invalid_argument("read_range: module %u, the checkpoint has %zu modules", module, m.modules.size());
+    return invalid_argument("read_range: module %u, the checkpoint has %zu modules", module,
+                            m.modules.size());
   }
   size_t ob = dtype_bytes(dtype_out);
-  if (ob == 0) return invalid_argument("read_range: dtype '%s': expected f32, bf16 or f16", dtype_out.c_str());
+  if (ob == 0)
+    return invalid_argument("read_range: dtype '%s': expected f32, bf16 or f16", dtype_out.c_str());
   const std::string& mname = m.modules[module].name;
   if (begin + count > m.modules[module].padded) {
-    return invalid_argument("read_range: elements [%" PRIu64 ", %" PRIu64 ") of module '%s', which has %" PRIu64,
+    return invalid_argument("read_range: elements [%" PRIu64 ", %" PRIu64
+                            ") of module '%s', which has %" PRIu64,
                             begin, begin + count, mname.c_str(), m.modules[module].padded);
   }
   auto it = impl_->index.find({module, kind});
@@ -242,7 +248,8 @@ Status Reader::read_range(uint32_t module, const std::string& kind, uint64_t beg
       }
     }
     if (!rec) {
-      return not_found("checkpoint %s: element %" PRIu64 " of module '%s' '%s' state is in no rank's file "
+      return not_found("checkpoint %s: element %" PRIu64
+                       " of module '%s' '%s' state is in no rank's file "
                        "(the checkpoint does not cover [%" PRIu64 ", %" PRIu64 "))",
                        impl_->dir.c_str(), pos, mname.c_str(), kind.c_str(), begin, end);
     }
@@ -264,7 +271,8 @@ Status Reader::read_range(uint32_t module, const std::string& kind, uint64_t beg
           scratch.resize(static_cast<size_t>(std::min<uint64_t>(n - done, per) * ib));
           continue;
         }
-        ZOE_RETURN_IF_ERROR(detail::pread_all(impl_->fds[fi], path, scratch.data(), k * ib, src_off + done * ib));
+        ZOE_RETURN_IF_ERROR(
+            detail::pread_all(impl_->fds[fi], path, scratch.data(), k * ib, src_off + done * ib));
         convert(rec->dtype, scratch.data(), dtype_out, dst, k);
         dst += k * ob;
         done += k;

@@ -38,9 +38,9 @@ struct RankWriter::Impl {
   int rank = 0;
   int fd = -1;
   detail::Xxh64 hash;
-  std::vector<char> buf;   // bytes not yet written, at file offset `flushed`
-  uint64_t flushed = 0;    // bytes written to the file
-  uint64_t size = 0;       // bytes emitted: flushed + buf.size()
+  std::vector<char> buf;  // bytes not yet written, at file offset `flushed`
+  uint64_t flushed = 0;   // bytes written to the file
+  uint64_t size = 0;      // bytes emitted: flushed + buf.size()
   bool in_tensor = false;
   bool finished = false;
   TensorRecord cur;
@@ -113,14 +113,15 @@ Result<std::unique_ptr<RankWriter>> RankWriter::create(const std::string& dir, i
   return std::unique_ptr<RankWriter>(new RankWriter(std::move(impl)));
 }
 
-Status RankWriter::begin_tensor(uint32_t module, const std::string& kind, const std::string& dtype, uint64_t begin,
-                                uint64_t count) {
+Status RankWriter::begin_tensor(uint32_t module, const std::string& kind, const std::string& dtype,
+                                uint64_t begin, uint64_t count) {
   Impl& w = *impl_;
   if (!w.error.is_ok()) return w.error;
   if (w.finished) return invalid_argument("RankWriter %s: begin_tensor after finish", w.path.c_str());
   if (w.in_tensor) {
-    return invalid_argument("RankWriter %s: begin_tensor while module %u '%s' is still open (call end_tensor)",
-                            w.path.c_str(), w.cur.module, w.cur.kind.c_str());
+    return invalid_argument(
+        "RankWriter %s: begin_tensor while module %u '%s' is still open (call end_tensor)", w.path.c_str(),
+        w.cur.module, w.cur.kind.c_str());
   }
   size_t eb = dtype_bytes(dtype);
   if (eb == 0) return invalid_argument("RankWriter: dtype '%s': expected f32, bf16 or f16", dtype.c_str());
@@ -143,7 +144,8 @@ Status RankWriter::begin_tensor(uint32_t module, const std::string& kind, const 
 Status RankWriter::append(const void* data, size_t bytes) {
   Impl& w = *impl_;
   if (!w.error.is_ok()) return w.error;
-  if (!w.in_tensor) return invalid_argument("RankWriter %s: append outside begin_tensor/end_tensor", w.path.c_str());
+  if (!w.in_tensor)
+    return invalid_argument("RankWriter %s: append outside begin_tensor/end_tensor", w.path.c_str());
   if (w.cur_got + bytes > w.cur.bytes) {
     return invalid_argument("RankWriter %s: module %u '%s' [%" PRIu64 ", +%" PRIu64 "): %" PRIu64
                             " bytes appended, more than the %" PRIu64 " expected",
@@ -162,8 +164,8 @@ Status RankWriter::end_tensor() {
   if (w.cur_got != w.cur.bytes) {
     return invalid_argument("RankWriter %s: module %u '%s' [%" PRIu64 ", +%" PRIu64 "): %" PRIu64
                             " bytes appended, %" PRIu64 " expected (count x dtype size)",
-                            w.path.c_str(), w.cur.module, w.cur.kind.c_str(), w.cur.begin, w.cur.count, w.cur_got,
-                            w.cur.bytes);
+                            w.path.c_str(), w.cur.module, w.cur.kind.c_str(), w.cur.begin, w.cur.count,
+                            w.cur_got, w.cur.bytes);
   }
   w.records.push_back(w.cur);
   w.in_tensor = false;
@@ -199,7 +201,8 @@ namespace {
 Status check_save_dir(const std::string& save_dir) {
   struct stat st;
   if (stat(save_dir.c_str(), &st) != 0) {
-    if (errno == ENOENT) return not_found("save directory %s does not exist (create it first)", save_dir.c_str());
+    if (errno == ENOENT)
+      return not_found("save directory %s does not exist (create it first)", save_dir.c_str());
     return sys_error("stat save directory", save_dir, errno);
   }
   if (!S_ISDIR(st.st_mode)) return invalid_argument("save directory %s is not a directory", save_dir.c_str());
@@ -266,8 +269,8 @@ Status commit_inner(const std::string& save_dir, const std::string& tag, const s
     struct stat st;
     if (stat(p.c_str(), &st) != 0) return sys_error("stat checkpoint file", p, errno);
     if (static_cast<uint64_t>(st.st_size) != f.bytes) {
-      return invalid_argument("commit_checkpoint: %s has %" PRIu64 " bytes, the manifest says %" PRIu64, p.c_str(),
-                              static_cast<uint64_t>(st.st_size), f.bytes);
+      return invalid_argument("commit_checkpoint: %s has %" PRIu64 " bytes, the manifest says %" PRIu64,
+                              p.c_str(), static_cast<uint64_t>(st.st_size), f.bytes);
     }
   }
   ZOE_RETURN_IF_ERROR(detail::write_file_atomic(manifest_path, j.dump(1) + "\n"));

@@ -85,7 +85,6 @@ class PortableXxh64 {
   uint64_t total_ = 0;
 };
 
-
 #if ZOE_HAVE_XXHASH
 class LibXxh64 {
  public:

@@ -54,7 +54,7 @@ inline void stored_bytes(uint32_t module, const std::string& kind, uint64_t i, v
 // Element i as f32 after a conversion from the stored dtype to `out` dtype.
 inline void expected_bytes(uint32_t module, const std::string& kind, uint64_t i, const std::string& out_dtype,
                            void* out) {
-  float f = kind == "master" ? master_value(module, i)
+  float f = kind == "master"    ? master_value(module, i)
             : kind == "exp_avg" ? exp_avg_value(module, i)
                                 : bf16_to_f32(f32_to_bf16(master_value(module, i)));
   if (out_dtype == "f32") {

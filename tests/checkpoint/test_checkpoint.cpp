@@ -60,7 +60,8 @@ long long check_range(const Reader& r, uint32_t m, const std::string& kind, uint
 
 size_t count_tmp(const std::string& dir) {
   size_t n = 0;
-  for (const auto& e : fs::directory_iterator(dir)) n += e.path().filename().string().find(".tmp-") != std::string::npos;
+  for (const auto& e : fs::directory_iterator(dir))
+    n += e.path().filename().string().find(".tmp-") != std::string::npos;
   return n;
 }
 
@@ -121,8 +122,8 @@ TEST(Checkpoint, RoundTripTwoRanks) {
         for (int k = 0; k < 20; ++k) {
           uint64_t b = rng() % padded;
           uint64_t n = 1 + rng() % (padded - b);
-          EXPECT_EQ(check_range(*r, mi, kind, b, n, dt), -1) << mi << " " << kind << " " << dt << " [" << b << ", +"
-                                                             << n << ")";
+          EXPECT_EQ(check_range(*r, mi, kind, b, n, dt), -1)
+              << mi << " " << kind << " " << dt << " [" << b << ", +" << n << ")";
         }
       }
     }
@@ -158,7 +159,8 @@ TEST(Checkpoint, ReshardAcrossWorldSizes) {
         std::vector<float> a(n), c(n);
         ASSERT_TRUE(r1->read_range(mi, kind, b, n, "f32", a.data()).is_ok());
         ASSERT_TRUE(rw->read_range(mi, kind, b, n, "f32", c.data()).is_ok());
-        ASSERT_EQ(first_mismatch(a.data(), c.data(), n * 4), -1) << "w" << w << " module " << mi << " " << kind;
+        ASSERT_EQ(first_mismatch(a.data(), c.data(), n * 4), -1)
+            << "w" << w << " module " << mi << " " << kind;
       }
     }
   }
@@ -246,7 +248,9 @@ TEST(Checkpoint, KilledSaveLeavesPreviousIntact) {
       _exit(s.is_ok() ? 0 : 1);
     }
     // Kill moments spread over the whole save, commit included (some land after it ends).
-    int64_t delay_us = trial == 0 ? -1 : trial == 1 ? 0 : static_cast<int64_t>(rng() % (full_us * 11 / 10 + 1));
+    int64_t delay_us = trial == 0   ? -1
+                       : trial == 1 ? 0
+                                    : static_cast<int64_t>(rng() % (full_us * 11 / 10 + 1));
     if (delay_us >= 0) {
       std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
       kill(pid, SIGKILL);
@@ -255,7 +259,8 @@ TEST(Checkpoint, KilledSaveLeavesPreviousIntact) {
     ASSERT_EQ(waitpid(pid, &st, 0), pid);
     if (trial == 0) {
       ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "the uninterrupted save failed";
-      full_us = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
+      full_us = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0)
+                    .count();
     } else if (WIFEXITED(st) && WEXITSTATUS(st) == 0) {
       ++completed;
     }
@@ -490,7 +495,8 @@ TEST(Checkpoint, ConsolidateSafetensors) {
         std::vector<unsigned char> got(b - a), want(b - a);
         f.seekg(static_cast<std::streamoff>(st.data_start + a));
         ASSERT_TRUE(f.read(reinterpret_cast<char*>(got.data()), static_cast<std::streamsize>(got.size())));
-        for (uint64_t i = 0; i < p.numel; ++i) test::expected_bytes(mi, "master", p.offset + i, dt_short, &want[i * eb]);
+        for (uint64_t i = 0; i < p.numel; ++i)
+          test::expected_bytes(mi, "master", p.offset + i, dt_short, &want[i * eb]);
         EXPECT_EQ(first_mismatch(got.data(), want.data(), got.size()), -1) << mods[mi].name << "." << p.name;
       }
     }
@@ -566,7 +572,8 @@ TEST(Checkpoint, ConsolidateBoundedMemory) {
     // Bound: piece (1 MiB) + read scratch (<= 1 MiB) + header; allow slack for the allocator.
     printf("consolidate %s of a 64 MiB tensor, 1 MiB pieces: peak RSS +%llu KiB\n", dt,
            static_cast<unsigned long long>(growth_kib));
-    EXPECT_LT(growth_kib, 8u * 1024) << dt << ": peak RSS grew by " << growth_kib << " KiB for a 64 MiB tensor";
+    EXPECT_LT(growth_kib, 8u * 1024) << dt << ": peak RSS grew by " << growth_kib
+                                     << " KiB for a 64 MiB tensor";
     // Spot-check the data.
     Safetensors st = read_safetensors_header(out);
     ASSERT_EQ(st.error, "");
