@@ -44,6 +44,7 @@ struct TrainOpts {
   std::string trace;
   int threads = 0;
   int save_every = 0;
+  bool save_async = false;
   std::string save_dir;
   std::string resume;  // a save directory or checkpoint; "-" for --resume without a value
   bool json = false;
@@ -413,7 +414,7 @@ void run(const TrainOpts& o) {
       char tag[32];
       snprintf(tag, sizeof(tag), "step-%06d", step + 1);
       progress.update(std::string("saving ") + tag + " to " + o.save_dir);
-      Status ss = eng->save(o.save_dir, tag, ts.dump());
+      Status ss = eng->save(o.save_dir, tag, ts.dump(), o.save_async);
       if (!ss.is_ok()) {
         progress.done();
         fail(ss.with_context("saving a checkpoint after step " + std::to_string(step + 1)));
@@ -433,6 +434,8 @@ void run(const TrainOpts& o) {
     if (!std::isnan(accuracy)) line += fmt(" acc %.1f%%", 100 * accuracy);
     progress.update(line);
   }
+  Status fs = eng->finish_save();
+  if (!fs.is_ok()) fail(fs.with_context("the last checkpoint"));
   progress.done();
   if (o.eval_every <= 0) evaluate();
   if (!o.trace.empty()) {
@@ -522,6 +525,8 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--trace", o->trace, "Write a Chrome-trace timeline of every transfer and kernel here");
   cmd->add_option("--threads", o->threads, "CPU threads for the optimizer and the model (0: all)");
   cmd->add_option("--save-every", o->save_every, "Save a checkpoint every N steps (needs --save-dir)");
+  cmd->add_flag("--save-async", o->save_async, "Write checkpoints in the background, overlapping the next step's "
+                                              "forward and backward");
   cmd->add_option("--save-dir", o->save_dir, "Directory for checkpoints (D/step-NNNNNN, D/latest)");
   cmd->add_option("--resume", o->resume, "Resume from this save directory or checkpoint (no value: --save-dir)")
       ->expected(0, 1)

@@ -117,6 +117,23 @@ class Engine {
   // The full fp32 master values of parameter p of module m (gathered from every rank).
   Status read_master(size_t m, size_t p, float* out);
 
+  // Checkpoints (call between steps, on every rank). save() streams every state from the tier
+  // it lives on into save_dir/<tag> (atomic, checksummed; save_dir/latest names it) with the
+  // caller's `trainer_state`. load() verifies the checksums and restores every state into this
+  // engine's placement and world size (resharding as needed); it returns the trainer state.
+  // dir: a save directory (its latest checkpoint) or one checkpoint directory.
+  //
+  // async: the states are written by a background thread while the caller runs the next
+  // forward/backward (which only reads them); the next step(), save(), load() or
+  // finish_save() waits for it first, and returns its error if it failed. Collectives of the
+  // save run on the caller's thread only (at the call and when it finishes).
+  Status save(const std::string& save_dir, const std::string& tag, const std::string& trainer_state_json,
+              bool async = false);
+  // Waits for an asynchronous save, commits it; its Status (OK when none was running).
+  Status finish_save();
+  Result<std::string> load(const std::string& dir);
+  int64_t steps_taken() const;
+
   // Bytes of model state per rank: compute parameters, gradients and optimizer states.
   uint64_t model_state_bytes() const;
   uint64_t device_budget_bytes() const;
@@ -127,8 +144,9 @@ class Engine {
   // Adds a compute span (the caller's kernels) to the same timeline.
   void record_compute(const std::string& name, uint64_t begin_ns, uint64_t end_ns);
 
+  struct Impl;  // internal (src/zero/engine_impl.h)
+
  private:
-  struct Impl;
   explicit Engine(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

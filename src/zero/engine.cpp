@@ -56,6 +56,8 @@ Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Engine::~Engine() {
   if (!impl_) return;
+  Status s = finish_save();
+  if (!s.is_ok()) ZOE_LOG_ERROR("asynchronous checkpoint: %s", s.to_string().c_str());
   for (auto& p : impl_->pending) (void)p.h.wait();
   impl_->swapper.reset();
   impl_->tm.reset();
@@ -368,6 +370,8 @@ Result<StepStats> Engine::step() {
   Impl& I = *impl_;
   uint64_t t_enter = now_ns();
   if (!I.initialized) return invalid_argument("step() before initialize()");
+  // An asynchronous checkpoint still reading the states must finish before they change.
+  ZOE_RETURN_IF_ERROR_CTX(finish_save(), "finishing the asynchronous checkpoint");
   ZOE_RETURN_IF_ERROR(I.complete_pending(true));
   for (const auto& mod : I.modules) {
     if (mod.grad_buf) return invalid_argument("step(): module %s has gradients that were not reduced", mod.name.c_str());

@@ -56,90 +56,80 @@ Status agree(comm::Communicator& c, Status local, const std::string& what) {
 
 int64_t Engine::steps_taken() const { return impl_->steps; }
 
-Status Engine::save(const std::string& save_dir, const std::string& tag, const std::string& trainer_state_json) {
-  Impl& I = *impl_;
-  if (!I.initialized) return invalid_argument("save() before initialize()");
-  ZOE_RETURN_IF_ERROR(I.complete_pending(true));
-  for (const auto& mod : I.modules) {
-    if (mod.grad_buf || (mod.fetched && mod.partitioned_params)) {
-      return invalid_argument("save(): call it between steps (module %s is in use)", mod.name.c_str());
-    }
-  }
-  comm::Communicator& c = *I.comm;
-  // Rank 0 creates the temporary directory; every rank writes its own file into it.
-  std::string tmp;
-  Status s;
-  if (I.rank == 0) {
-    auto t = ckpt::begin_checkpoint(save_dir, tag);
-    if (t.is_ok()) tmp = t.value();
-    else s = t.status();
-  }
-  ZOE_RETURN_IF_ERROR(agree(c, s, "starting checkpoint " + tag + " in " + save_dir));
-  ZOE_ASSIGN_OR_RETURN(tmp, broadcast_string(c, tmp));
+namespace {
 
-  std::vector<ckpt::TensorRecord> records;
-  ckpt::FileInfo file;
-  auto write_rank = [&]() -> Status {
-    ZOE_ASSIGN_OR_RETURN(auto w, ckpt::RankWriter::create(tmp, I.rank));
-    const size_t es = I.esize();
-    const bool sbf16 = I.cfg->zoe.bf16_optimizer_states;
-    const size_t sb = sbf16 ? 2 : 4;
-    const char* sdt = sbf16 ? "bf16" : "f32";
-    std::vector<char> buf;
-    auto put = [&](uint32_t m, const char* kind, const char* dt, uint64_t begin, uint64_t count, const void* data,
-                   size_t bytes) {
-      ZOE_RETURN_IF_ERROR(w->begin_tensor(m, kind, dt, begin, count));
-      ZOE_RETURN_IF_ERROR(w->append(data, bytes));
-      return w->end_tensor();
-    };
-    for (uint32_t m = 0; m < I.modules.size(); ++m) {
-      Impl::Module& mod = I.modules[m];
-      if (I.stage == 0 && I.rank != 0) continue;  // at stage 0 every rank holds everything: rank 0 writes it
-      // Compute parameters of the owned range, from wherever they live.
-      if (mod.partitioned_params) {
-        buf.resize(mod.part * es);
-        ZOE_RETURN_IF_ERROR(I.tm->read(m, buf.data()));
-        ZOE_RETURN_IF_ERROR(put(m, "param", ckpt_dtype(I.cdt), mod.opt_begin, mod.opt_n, buf.data(), buf.size()));
-      } else {
-        ZOE_RETURN_IF_ERROR(put(m, "param", ckpt_dtype(I.cdt), mod.opt_begin, mod.opt_n,
-                                static_cast<char*>(mod.full) + mod.opt_begin * es, mod.opt_n * es));
-      }
-      // fp32 master, m and v.
-      if (I.swapper) {
-        buf.resize(mod.opt_n * 4);
-        ZOE_RETURN_IF_ERROR(I.swapper->read_state(m, 0, buf.data()));
-        ZOE_RETURN_IF_ERROR(put(m, "master", "f32", mod.opt_begin, mod.opt_n, buf.data(), mod.opt_n * 4));
-        ZOE_RETURN_IF_ERROR(I.swapper->read_state(m, 1, buf.data()));
-        ZOE_RETURN_IF_ERROR(put(m, "exp_avg", sdt, mod.opt_begin, mod.opt_n, buf.data(), mod.opt_n * sb));
-        ZOE_RETURN_IF_ERROR(I.swapper->read_state(m, 2, buf.data()));
-        ZOE_RETURN_IF_ERROR(put(m, "exp_avg_sq", sdt, mod.opt_begin, mod.opt_n, buf.data(), mod.opt_n * sb));
-      } else {
-        ZOE_RETURN_IF_ERROR(put(m, "master", "f32", mod.opt_begin, mod.opt_n, mod.master, mod.opt_n * 4));
-        ZOE_RETURN_IF_ERROR(put(m, "exp_avg", sdt, mod.opt_begin, mod.opt_n, mod.exp_avg, mod.opt_n * sb));
-        ZOE_RETURN_IF_ERROR(put(m, "exp_avg_sq", sdt, mod.opt_begin, mod.opt_n, mod.exp_avg_sq, mod.opt_n * sb));
-      }
-    }
-    return w->finish(&records, &file);
+// Writes this rank's states into the checkpoint's temporary directory; only reads the states.
+Status write_rank_file(Engine::Impl& I, const std::string& tmp, std::vector<ckpt::TensorRecord>* records,
+                       ckpt::FileInfo* file) {
+  ZOE_ASSIGN_OR_RETURN(auto w, ckpt::RankWriter::create(tmp, I.rank));
+  const size_t es = I.esize();
+  const bool sbf16 = I.cfg->zoe.bf16_optimizer_states;
+  const size_t sb = sbf16 ? 2 : 4;
+  const char* sdt = sbf16 ? "bf16" : "f32";
+  std::vector<char> buf;
+  auto put = [&](uint32_t m, const char* kind, const char* dt, uint64_t begin, uint64_t count, const void* data,
+                 size_t bytes) {
+    ZOE_RETURN_IF_ERROR(w->begin_tensor(m, kind, dt, begin, count));
+    ZOE_RETURN_IF_ERROR(w->append(data, bytes));
+    return w->end_tensor();
   };
-  s = agree(c, write_rank(), "writing checkpoint " + tag);
-  if (!s.is_ok()) {
-    if (I.rank == 0) ckpt::abort_checkpoint(tmp);
-    return s;
+  for (uint32_t m = 0; m < I.modules.size(); ++m) {
+    Engine::Impl::Module& mod = I.modules[m];
+    if (I.stage == 0 && I.rank != 0) continue;  // at stage 0 every rank holds everything: rank 0 writes it
+    // Compute parameters of the owned range, from wherever they live.
+    if (mod.partitioned_params) {
+      buf.resize(mod.part * es);
+      ZOE_RETURN_IF_ERROR(I.tm->read(m, buf.data()));
+      ZOE_RETURN_IF_ERROR(put(m, "param", ckpt_dtype(I.cdt), mod.opt_begin, mod.opt_n, buf.data(), buf.size()));
+    } else {
+      ZOE_RETURN_IF_ERROR(put(m, "param", ckpt_dtype(I.cdt), mod.opt_begin, mod.opt_n,
+                              static_cast<char*>(mod.full) + mod.opt_begin * es, mod.opt_n * es));
+    }
+    // fp32 master, m and v.
+    if (I.swapper) {
+      buf.resize(mod.opt_n * 4);
+      ZOE_RETURN_IF_ERROR(I.swapper->read_state(m, 0, buf.data()));
+      ZOE_RETURN_IF_ERROR(put(m, "master", "f32", mod.opt_begin, mod.opt_n, buf.data(), mod.opt_n * 4));
+      ZOE_RETURN_IF_ERROR(I.swapper->read_state(m, 1, buf.data()));
+      ZOE_RETURN_IF_ERROR(put(m, "exp_avg", sdt, mod.opt_begin, mod.opt_n, buf.data(), mod.opt_n * sb));
+      ZOE_RETURN_IF_ERROR(I.swapper->read_state(m, 2, buf.data()));
+      ZOE_RETURN_IF_ERROR(put(m, "exp_avg_sq", sdt, mod.opt_begin, mod.opt_n, buf.data(), mod.opt_n * sb));
+    } else {
+      ZOE_RETURN_IF_ERROR(put(m, "master", "f32", mod.opt_begin, mod.opt_n, mod.master, mod.opt_n * 4));
+      ZOE_RETURN_IF_ERROR(put(m, "exp_avg", sdt, mod.opt_begin, mod.opt_n, mod.exp_avg, mod.opt_n * sb));
+      ZOE_RETURN_IF_ERROR(put(m, "exp_avg_sq", sdt, mod.opt_begin, mod.opt_n, mod.exp_avg_sq, mod.opt_n * sb));
+    }
   }
-  // Rank 0 gathers every rank's records and file, writes the manifest and commits.
+  return w->finish(records, file);
+}
+
+std::string records_to_json(const std::vector<ckpt::TensorRecord>& records, const ckpt::FileInfo& file) {
   nlohmann::json mine = {{"file", {{"name", file.name}, {"bytes", file.bytes}, {"xxh64", file.xxh64}}},
                          {"tensors", nlohmann::json::array()}};
   for (const auto& r : records) {
     mine["tensors"].push_back({{"rank", r.rank}, {"module", r.module}, {"kind", r.kind}, {"dtype", r.dtype},
                                {"begin", r.begin}, {"count", r.count}, {"offset", r.offset}, {"bytes", r.bytes}});
   }
-  ZOE_ASSIGN_OR_RETURN(auto gathered, all_gather_strings(c, mine.dump()));
+  return mine.dump();
+}
+
+// After every rank has written its file: rank 0 gathers the records, writes the manifest and
+// commits. Runs on the caller's thread (it uses collectives).
+Status commit_save(Engine::Impl& I, const std::string& save_dir, const std::string& tag, const std::string& tmp,
+                   int64_t steps, const std::string& trainer, Status written, const std::string& records_json) {
+  comm::Communicator& c = *I.comm;
+  Status s = agree(c, written, "writing checkpoint " + tag);
+  if (!s.is_ok()) {
+    if (I.rank == 0) ckpt::abort_checkpoint(tmp);
+    return s;
+  }
+  ZOE_ASSIGN_OR_RETURN(auto gathered, all_gather_strings(c, records_json));
   Status commit;
   if (I.rank == 0) {
     ckpt::Manifest man;
     man.world_size = I.world;
     man.stage = I.stage;
-    man.step = I.steps;
+    man.step = steps;
     for (const auto& mod : I.modules) {
       ckpt::ModuleInfo mi;
       mi.name = mod.name;
@@ -159,12 +149,12 @@ Status Engine::save(const std::string& save_dir, const std::string& tag, const s
       }
     }
     zero::LossScaler::State ls = I.scaler.state();
-    man.engine = {{"steps", I.steps},
+    man.engine = {{"steps", steps},
                   {"precision", ckpt_dtype(I.cdt)},
                   {"bf16_optimizer_states", I.cfg->zoe.bf16_optimizer_states},
                   {"loss_scaler",
                    {{"scale", ls.scale}, {"iter", ls.iter}, {"last_overflow", ls.last_overflow}, {"delayed_shift", ls.delayed_shift}}}};
-    man.trainer = nlohmann::json::parse(trainer_state_json.empty() ? "{}" : trainer_state_json, nullptr, false);
+    man.trainer = nlohmann::json::parse(trainer.empty() ? "{}" : trainer, nullptr, false);
     if (man.trainer.is_discarded()) man.trainer = nlohmann::json::object();
     commit = ckpt::commit_checkpoint(save_dir, tag, tmp, man);
     if (!commit.is_ok()) ckpt::abort_checkpoint(tmp);
@@ -172,9 +162,69 @@ Status Engine::save(const std::string& save_dir, const std::string& tag, const s
   return agree(c, commit, "committing checkpoint " + tag);
 }
 
+}  // namespace
+
+Status Engine::finish_save() {
+  Impl& I = *impl_;
+  if (!I.async_save) return Status::ok();
+  std::unique_ptr<Impl::AsyncSave> a = std::move(I.async_save);
+  a->thread.join();
+  return commit_save(I, a->save_dir, a->tag, a->tmp, a->steps, a->trainer, a->status,
+                     std::string(a->records_json.begin(), a->records_json.end()));
+}
+
+Status Engine::save(const std::string& save_dir, const std::string& tag, const std::string& trainer_state_json,
+                    bool async) {
+  Impl& I = *impl_;
+  if (!I.initialized) return invalid_argument("save() before initialize()");
+  ZOE_RETURN_IF_ERROR(finish_save());
+  ZOE_RETURN_IF_ERROR(I.complete_pending(true));
+  for (const auto& mod : I.modules) {
+    if (mod.grad_buf || (mod.fetched && mod.partitioned_params)) {
+      return invalid_argument("save(): call it between steps (module %s is in use)", mod.name.c_str());
+    }
+  }
+  comm::Communicator& c = *I.comm;
+  // Rank 0 creates the temporary directory; every rank writes its own file into it.
+  std::string tmp;
+  Status s;
+  if (I.rank == 0) {
+    auto t = ckpt::begin_checkpoint(save_dir, tag);
+    if (t.is_ok()) tmp = t.value();
+    else s = t.status();
+  }
+  ZOE_RETURN_IF_ERROR(agree(c, s, "starting checkpoint " + tag + " in " + save_dir));
+  ZOE_ASSIGN_OR_RETURN(tmp, broadcast_string(c, tmp));
+  if (!async) {
+    std::vector<ckpt::TensorRecord> records;
+    ckpt::FileInfo file;
+    Status w = write_rank_file(I, tmp, &records, &file);
+    return commit_save(I, save_dir, tag, tmp, I.steps, trainer_state_json, w, w.is_ok() ? records_to_json(records, file) : "");
+  }
+  auto a = std::make_unique<Impl::AsyncSave>();
+  a->save_dir = save_dir;
+  a->tag = tag;
+  a->tmp = tmp;
+  a->trainer = trainer_state_json;
+  a->steps = I.steps;
+  Impl::AsyncSave* ap = a.get();
+  a->thread = std::thread([&I, ap] {
+    std::vector<ckpt::TensorRecord> records;
+    ckpt::FileInfo file;
+    ap->status = write_rank_file(I, ap->tmp, &records, &file);
+    if (ap->status.is_ok()) {
+      std::string j = records_to_json(records, file);
+      ap->records_json.assign(j.begin(), j.end());
+    }
+  });
+  I.async_save = std::move(a);
+  return Status::ok();
+}
+
 Result<std::string> Engine::load(const std::string& dir) {
   Impl& I = *impl_;
   if (!I.initialized) return invalid_argument("load() before initialize()");
+  ZOE_RETURN_IF_ERROR(finish_save());
   ZOE_RETURN_IF_ERROR(I.complete_pending(true));
   comm::Communicator& c = *I.comm;
   std::unique_ptr<ckpt::Reader> rd;

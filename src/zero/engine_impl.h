@@ -7,6 +7,7 @@
 #include <deque>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -135,6 +136,16 @@ struct Engine::Impl {
   bool recording = true;
   size_t cursor = 0;
   size_t live_elems = 0;
+
+  // An asynchronous checkpoint: written by save_thread, committed by finish_save().
+  struct AsyncSave {
+    std::thread thread;
+    std::string save_dir, tag, tmp, trainer;
+    int64_t steps = 0;
+    Status status;  // of the background write
+    std::vector<char> records_json;
+  };
+  std::unique_ptr<AsyncSave> async_save;
 
   // Per-step timing.
   double t_comm = 0, t_io = 0, t_opt = 0, t_engine = 0;
