@@ -99,14 +99,22 @@ Status OptimizerSwapper::add_group(uint64_t id, size_t elems) {
   return Status::ok();
 }
 
-Status OptimizerSwapper::sync_transfer(uint64_t id, size_t state, char* data, bool write) {
+Status OptimizerSwapper::sync_transfer(uint64_t id, size_t state, char* data, bool write, size_t first, size_t count) {
   Group* g = find(id);
   if (!g) return not_found("optimizer swapper: no group %llu", static_cast<unsigned long long>(id));
   if (state >= opts_.states.size()) return invalid_argument("optimizer swapper: no state %zu", state);
+  if (first > g->elems) return invalid_argument("optimizer swapper: element %zu is beyond group %llu's %zu", first,
+                                                static_cast<unsigned long long>(id), g->elems);
+  const size_t last = count == SIZE_MAX ? g->elems : std::min(g->elems, first + count);
+  if (first % chunk_elems_ != 0 || (last != g->elems && last % chunk_elems_ != 0)) {
+    return invalid_argument("optimizer swapper: range [%zu, %zu) is not on %zu-element chunk boundaries", first, last,
+                            chunk_elems_);
+  }
   const size_t eb = opts_.states[state].elem_bytes;
   if (!store_) {
-    if (write) memcpy(g->host[state].data(), data, g->elems * eb);
-    else memcpy(data, g->host[state].data(), g->elems * eb);
+    char* home = g->host[state].bytes() + first * eb;
+    if (write) memcpy(home, data, (last - first) * eb);
+    else memcpy(data, home, (last - first) * eb);
     return Status::ok();
   }
   size_t slot;
@@ -119,29 +127,30 @@ Status OptimizerSwapper::sync_transfer(uint64_t id, size_t state, char* data, bo
   char* buf = slot_buffer(slot, state);
   StateKey key{id, opts_.states[state].kind};
   Status s;
-  for (size_t begin = 0; begin < g->elems && s.is_ok(); begin += chunk_elems_) {
-    size_t n = std::min(chunk_elems_, g->elems - begin);
+  for (size_t begin = first; begin < last && s.is_ok(); begin += chunk_elems_) {
+    size_t n = std::min(chunk_elems_, last - begin);
     size_t bytes = n * eb, span = span_bytes(n, state);
     uint64_t off = static_cast<uint64_t>(begin) * eb;
+    char* mine = data + (begin - first) * eb;
     if (write) {
-      memcpy(buf, data + off, bytes);
+      memcpy(buf, mine, bytes);
       memset(buf + bytes, 0, span - bytes);
       s = store_->write(key, off, buf, span)->wait();
     } else {
       s = store_->read(key, off, buf, span)->wait();
-      if (s.is_ok()) memcpy(data + off, buf, bytes);
+      if (s.is_ok()) memcpy(mine, buf, bytes);
     }
   }
   release_slot(slot, Status::ok());
   return s;
 }
 
-Status OptimizerSwapper::write_state(uint64_t id, size_t state, const void* src) {
-  return sync_transfer(id, state, static_cast<char*>(const_cast<void*>(src)), true);
+Status OptimizerSwapper::write_state(uint64_t id, size_t state, const void* src, size_t begin, size_t n) {
+  return sync_transfer(id, state, static_cast<char*>(const_cast<void*>(src)), true, begin, n);
 }
 
-Status OptimizerSwapper::read_state(uint64_t id, size_t state, void* dst) {
-  return sync_transfer(id, state, static_cast<char*>(dst), false);
+Status OptimizerSwapper::read_state(uint64_t id, size_t state, void* dst, size_t begin, size_t n) {
+  return sync_transfer(id, state, static_cast<char*>(dst), false, begin, n);
 }
 
 Status OptimizerSwapper::step_host(const ChunkUpdate& update) {

@@ -59,9 +59,12 @@ class OptimizerSwapper {
 
   // Registers sub-group `id` of `elems` elements: swap space (or host memory) for each state.
   Status add_group(uint64_t id, size_t elems);
-  // Whole-state transfers for setup and checks (caller memory needs no alignment).
-  Status write_state(uint64_t id, size_t state, const void* src);
-  Status read_state(uint64_t id, size_t state, void* dst);
+  // State transfers for setup, checks and checkpoints (caller memory needs no alignment):
+  // elements [begin, begin + n) of the state; n = SIZE_MAX means to the end. begin must be a
+  // multiple of chunk_elems(), and so must n unless the range reaches the end. Host memory
+  // used: one buffer, whatever the size.
+  Status write_state(uint64_t id, size_t state, const void* src, size_t begin = 0, size_t n = SIZE_MAX);
+  Status read_state(uint64_t id, size_t state, void* dst, size_t begin = 0, size_t n = SIZE_MAX);
 
   // One pass over every group in registration order. The first error (I/O or from `update`)
   // stops the pass; it returns once nothing is in flight, with every buffer back in the pool.
@@ -84,7 +87,7 @@ class OptimizerSwapper {
   Group* find(uint64_t id);
   char* slot_buffer(size_t slot, size_t state) const;
   size_t span_bytes(size_t n, size_t state) const;  // chunk bytes rounded up to 4096
-  Status sync_transfer(uint64_t id, size_t state, char* data, bool write);
+  Status sync_transfer(uint64_t id, size_t state, char* data, bool write, size_t begin, size_t n);
   Status step_host(const ChunkUpdate& update);
   void release_slot(size_t slot, Status error);
 

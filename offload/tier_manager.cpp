@@ -847,7 +847,7 @@ Status TierManager::remove_item(ItemId id) {
   return Status::ok();
 }
 
-Status TierManager::nvme_sync_locked(Item* it, char* data, bool write) {
+Status TierManager::nvme_sync_locked(Item* it, char* data, bool write, uint64_t first, uint64_t len) {
   // Through one staging buffer at a time: the caller's memory need not be aligned.
   std::mutex m;
   std::condition_variable cv;
@@ -863,61 +863,97 @@ Status TierManager::nvme_sync_locked(Item* it, char* data, bool write) {
   }
   Status s;
   const size_t piece = opts_.staging_bytes;
-  for (uint64_t off = 0; off < it->alloc && s.is_ok(); off += piece) {
-    size_t len = static_cast<size_t>(std::min<uint64_t>(piece, it->alloc - off));
-    size_t data_len = off < it->bytes ? static_cast<size_t>(std::min<uint64_t>(len, it->bytes - off)) : 0;
+  const uint64_t last = first + len;  // bytes [first, last) of the item; the disk sees whole blocks
+  const uint64_t span_end = std::min<uint64_t>(it->alloc, (last + 4095) & ~uint64_t{4095});
+  for (uint64_t off = first; off < span_end && s.is_ok(); off += piece) {
+    size_t n = static_cast<size_t>(std::min<uint64_t>(piece, span_end - off));
+    size_t data_len = off < last ? static_cast<size_t>(std::min<uint64_t>(n, last - off)) : 0;
     if (write) {
-      memcpy(got, data + off, data_len);
-      memset(got + data_len, 0, len - data_len);
-      s = opts_.nvme->write(it->key(), off, got, len)->wait();
+      memcpy(got, data + (off - first), data_len);
+      memset(got + data_len, 0, n - data_len);
+      s = opts_.nvme->write(it->key(), off, got, n)->wait();
     } else {
-      s = opts_.nvme->read(it->key(), off, got, len)->wait();
-      if (s.is_ok()) memcpy(data + off, got, data_len);
+      s = opts_.nvme->read(it->key(), off, got, n)->wait();
+      if (s.is_ok()) memcpy(data + (off - first), got, data_len);
     }
   }
   release_staging(got);
   return s;
 }
 
-Status TierManager::write(ItemId id, const void* src) {
+// The byte range [*offset, *offset + *len) of an item, checked and clamped (len UINT64_MAX: to the end).
+static Status check_range(ItemId id, uint64_t bytes, uint64_t* offset, uint64_t* len) {
+  if (*offset > bytes) {
+    return invalid_argument("item %llu: offset %llu is beyond its %llu bytes", static_cast<unsigned long long>(id),
+                            static_cast<unsigned long long>(*offset), static_cast<unsigned long long>(bytes));
+  }
+  *len = std::min<uint64_t>(*len, bytes - *offset);
+  uint64_t end = *offset + *len;
+  if (*offset % 4096 != 0 || (end != bytes && end % 4096 != 0)) {
+    return invalid_argument("item %llu: range [%llu, %llu) is not on 4096-byte boundaries", static_cast<unsigned long long>(id),
+                            static_cast<unsigned long long>(*offset), static_cast<unsigned long long>(end));
+  }
+  return Status::ok();
+}
+
+Status TierManager::write(ItemId id, const void* src, uint64_t offset, uint64_t len) {
   std::unique_lock<std::mutex> lock(mu_);
   Item* it = find_locked(id);
   if (!it) return not_found("tier manager: no item %llu", static_cast<unsigned long long>(id));
+  ZOE_RETURN_IF_ERROR(check_range(id, it->bytes, &offset, &len));
   while (!it->idle()) wait_locked(lock);
   for (const auto& c : it->c) {
     if (c.pins) return invalid_argument("item %llu is pinned; unpin it before writing", static_cast<unsigned long long>(id));
   }
+  // A part of the item is replaced: the rest must be current at home first.
+  const bool whole = offset == 0 && len == it->bytes;
   for (Tier t : {Tier::kDevice, Tier::kHost}) {
-    if (t != it->home && it->c[T(t)].state != Residency::kAbsent) drop_copy_locked(it, t);
+    Copy& c = it->c[T(t)];
+    if (t == it->home || c.state == Residency::kAbsent) continue;
+    if (c.state == Residency::kDirty && !whole) {
+      start_writeback_locked(it, t, /*drop=*/true);
+      while (!it->idle()) wait_locked(lock);
+      if (it->c[T(t)].state == Residency::kDirty) {  // the write-back failed; nothing was lost
+        Status e = first_error_;
+        first_error_ = Status::ok();
+        return e;
+      }
+    } else {
+      drop_copy_locked(it, t);
+    }
   }
   Copy& h = it->c[T(it->home)];
   switch (it->home) {
     case Tier::kHost:
-      memcpy(h.ptr, src, it->bytes);
+      memcpy(static_cast<char*>(h.ptr) + offset, src, len);
       return Status::ok();
     case Tier::kDevice:
-      return opts_.device->copy_to_device(h.ptr, src, it->bytes);
+      return opts_.device->copy_to_device(static_cast<char*>(h.ptr) + offset, src, len);
     case Tier::kNvme:
-      return nvme_sync_locked(it, static_cast<char*>(const_cast<void*>(src)), true)
+      return nvme_sync_locked(it, static_cast<char*>(const_cast<void*>(src)), true, offset, len)
           .with_context("writing item " + std::to_string(id) + " to its nvme home");
   }
   return internal_error("bad tier");
 }
 
-Status TierManager::read(ItemId id, void* dst) {
+Status TierManager::read(ItemId id, void* dst, uint64_t offset, uint64_t len) {
   std::unique_lock<std::mutex> lock(mu_);
   Item* it = find_locked(id);
   if (!it) return not_found("tier manager: no item %llu", static_cast<unsigned long long>(id));
+  ZOE_RETURN_IF_ERROR(check_range(id, it->bytes, &offset, &len));
   while (!it->idle()) wait_locked(lock);
   // Any present copy holds the newest bytes: stale copies are dropped when another is dirtied.
   const Copy& h = it->c[T(Tier::kHost)];
   if (h.state == Residency::kResident || h.state == Residency::kDirty) {
-    memcpy(dst, h.ptr, it->bytes);
+    memcpy(dst, static_cast<const char*>(h.ptr) + offset, len);
     return Status::ok();
   }
   const Copy& d = it->c[T(Tier::kDevice)];
-  if (d.state == Residency::kResident || d.state == Residency::kDirty) return opts_.device->copy_to_host(dst, d.ptr, it->bytes);
-  return nvme_sync_locked(it, static_cast<char*>(dst), false).with_context("reading item " + std::to_string(id) + " from nvme");
+  if (d.state == Residency::kResident || d.state == Residency::kDirty) {
+    return opts_.device->copy_to_host(dst, static_cast<const char*>(d.ptr) + offset, len);
+  }
+  return nvme_sync_locked(it, static_cast<char*>(dst), false, offset, len)
+      .with_context("reading item " + std::to_string(id) + " from nvme");
 }
 
 // ---------------------------------------------------------------------------------------------

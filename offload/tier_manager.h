@@ -98,10 +98,13 @@ class TierManager {
   // Drops every copy; the item must be unpinned and idle.
   Status remove_item(ItemId id);
 
-  // Sets the item's content (all copies become that content). The item must be unpinned.
-  Status write(ItemId id, const void* src);
-  // Copies the item's latest content (a dirty copy if any, else home) to dst.
-  Status read(ItemId id, void* dst);
+  // Sets bytes [offset, offset + len) of the item (len UINT64_MAX: to the end) in its home;
+  // other copies are written back first if dirty, then dropped. The item must be unpinned.
+  // offset must be a multiple of 4096, and so must offset + len unless it is the item's end.
+  Status write(ItemId id, const void* src, uint64_t offset = 0, uint64_t len = UINT64_MAX);
+  // Copies bytes [offset, offset + len) of the item's latest content (a present copy, else
+  // home) to dst; the same alignment rule. Host memory used: one staging buffer.
+  Status read(ItemId id, void* dst, uint64_t offset = 0, uint64_t len = UINT64_MAX);
 
   // Makes the item resident in `tier` (kDevice or kHost) and pins it there. The handle gives
   // the address. Blocks only while the tier is full and evictions are being written back.
@@ -153,7 +156,7 @@ class TierManager {
   void fail_async(Item* it, Tier tier, Status s, MoveKind kind, int src_tier, int link, uint64_t begin_ns);
   void wait_locked(std::unique_lock<std::mutex>& lock);
   // Synchronous copy between caller memory and the item's nvme home through a staging buffer.
-  Status nvme_sync_locked(Item* it, char* data, bool write);
+  Status nvme_sync_locked(Item* it, char* data, bool write, uint64_t offset, uint64_t len);
 
   // Runs fn on the poster thread once the stream reaches this point.
   Status after(device::Stream& s, std::function<void()> fn);

@@ -52,6 +52,10 @@ Status agree(comm::Communicator& c, Status local, const std::string& what) {
   return Status::ok();
 }
 
+// Elements per piece of a checkpoint transfer: the swapper's chunk (whose I/O alignment it
+// needs), else 4 Mi elements; a multiple of 2048, so every piece is whole 4 KiB blocks.
+size_t save_chunk_elems(const Engine::Impl& I) { return I.swapper ? I.swapper->chunk_elems() : (size_t{4} << 20); }
+
 }  // namespace
 
 int64_t Engine::steps_taken() const { return impl_->steps; }
@@ -67,37 +71,41 @@ Status write_rank_file(Engine::Impl& I, const std::string& tmp, std::vector<ckpt
   const size_t sb = sbf16 ? 2 : 4;
   const char* sdt = sbf16 ? "bf16" : "f32";
   std::vector<char> buf;
-  auto put = [&](uint32_t m, const char* kind, const char* dt, uint64_t begin, uint64_t count, const void* data,
-                 size_t bytes) {
-    ZOE_RETURN_IF_ERROR(w->begin_tensor(m, kind, dt, begin, count));
-    ZOE_RETURN_IF_ERROR(w->append(data, bytes));
-    return w->end_tensor();
-  };
+  // States stream through one chunk-sized buffer: host memory stays bounded whatever the model.
+  const size_t chunk = save_chunk_elems(I);
   for (uint32_t m = 0; m < I.modules.size(); ++m) {
     Engine::Impl::Module& mod = I.modules[m];
     if (I.stage == 0 && I.rank != 0) continue;  // at stage 0 every rank holds everything: rank 0 writes it
     // Compute parameters of the owned range, from wherever they live.
-    if (mod.partitioned_params) {
-      buf.resize(mod.part * es);
-      ZOE_RETURN_IF_ERROR(I.tm->read(m, buf.data()));
-      ZOE_RETURN_IF_ERROR(put(m, "param", ckpt_dtype(I.cdt), mod.opt_begin, mod.opt_n, buf.data(), buf.size()));
-    } else {
-      ZOE_RETURN_IF_ERROR(put(m, "param", ckpt_dtype(I.cdt), mod.opt_begin, mod.opt_n,
-                              static_cast<char*>(mod.full) + mod.opt_begin * es, mod.opt_n * es));
+    ZOE_RETURN_IF_ERROR(w->begin_tensor(m, "param", ckpt_dtype(I.cdt), mod.opt_begin, mod.opt_n));
+    for (size_t b = 0; b < mod.opt_n; b += chunk) {
+      size_t n = std::min(chunk, mod.opt_n - b);
+      if (mod.partitioned_params) {
+        buf.resize(n * es);
+        ZOE_RETURN_IF_ERROR(I.tm->read(m, buf.data(), b * es, n * es));
+        ZOE_RETURN_IF_ERROR(w->append(buf.data(), n * es));
+      } else {
+        ZOE_RETURN_IF_ERROR(w->append(static_cast<char*>(mod.full) + (mod.opt_begin + b) * es, n * es));
+      }
     }
+    ZOE_RETURN_IF_ERROR(w->end_tensor());
     // fp32 master, m and v.
-    if (I.swapper) {
-      buf.resize(mod.opt_n * 4);
-      ZOE_RETURN_IF_ERROR(I.swapper->read_state(m, 0, buf.data()));
-      ZOE_RETURN_IF_ERROR(put(m, "master", "f32", mod.opt_begin, mod.opt_n, buf.data(), mod.opt_n * 4));
-      ZOE_RETURN_IF_ERROR(I.swapper->read_state(m, 1, buf.data()));
-      ZOE_RETURN_IF_ERROR(put(m, "exp_avg", sdt, mod.opt_begin, mod.opt_n, buf.data(), mod.opt_n * sb));
-      ZOE_RETURN_IF_ERROR(I.swapper->read_state(m, 2, buf.data()));
-      ZOE_RETURN_IF_ERROR(put(m, "exp_avg_sq", sdt, mod.opt_begin, mod.opt_n, buf.data(), mod.opt_n * sb));
-    } else {
-      ZOE_RETURN_IF_ERROR(put(m, "master", "f32", mod.opt_begin, mod.opt_n, mod.master, mod.opt_n * 4));
-      ZOE_RETURN_IF_ERROR(put(m, "exp_avg", sdt, mod.opt_begin, mod.opt_n, mod.exp_avg, mod.opt_n * sb));
-      ZOE_RETURN_IF_ERROR(put(m, "exp_avg_sq", sdt, mod.opt_begin, mod.opt_n, mod.exp_avg_sq, mod.opt_n * sb));
+    const char* kinds[3] = {"master", "exp_avg", "exp_avg_sq"};
+    void* homes[3] = {mod.master, mod.exp_avg, mod.exp_avg_sq};
+    for (int k = 0; k < 3; ++k) {
+      const size_t eb = k == 0 ? 4 : sb;
+      ZOE_RETURN_IF_ERROR(w->begin_tensor(m, kinds[k], k == 0 ? "f32" : sdt, mod.opt_begin, mod.opt_n));
+      for (size_t b = 0; b < mod.opt_n; b += chunk) {
+        size_t n = std::min(chunk, mod.opt_n - b);
+        if (I.swapper) {
+          buf.resize(n * eb);
+          ZOE_RETURN_IF_ERROR(I.swapper->read_state(m, static_cast<size_t>(k), buf.data(), b, n));
+          ZOE_RETURN_IF_ERROR(w->append(buf.data(), n * eb));
+        } else {
+          ZOE_RETURN_IF_ERROR(w->append(static_cast<char*>(homes[k]) + b * eb, n * eb));
+        }
+      }
+      ZOE_RETURN_IF_ERROR(w->end_tensor());
     }
   }
   return w->finish(records, file);
@@ -257,6 +265,7 @@ Result<std::string> Engine::load(const std::string& dir) {
   const size_t es = I.esize();
   const std::string sdt = I.cfg->zoe.bf16_optimizer_states ? "bf16" : "f32";
   const size_t sb = I.cfg->zoe.bf16_optimizer_states ? 2 : 4;
+  const size_t chunk = save_chunk_elems(I);
   auto load_all = [&]() -> Status {
     std::vector<char> buf;
     for (uint32_t m = 0; m < I.modules.size(); ++m) {
@@ -268,25 +277,32 @@ Result<std::string> Engine::load(const std::string& dir) {
         if (begin >= saved) return Status::ok();
         return rd->read_range(m, kind, begin, std::min<uint64_t>(count, saved - begin), dt, out);
       };
+      // Compute parameters: the owned range (stage 3), a piece at a time, or the whole module.
       if (mod.partitioned_params) {
-        buf.resize(mod.part * es);
-        ZOE_RETURN_IF_ERROR(read("param", ckpt_dtype(I.cdt), mod.opt_begin, mod.part, es, buf.data()));
-        ZOE_RETURN_IF_ERROR(I.tm->write(m, buf.data()));
+        for (size_t b = 0; b < mod.part; b += chunk) {
+          size_t n = std::min(chunk, mod.part - b);
+          buf.resize(n * es);
+          ZOE_RETURN_IF_ERROR(read("param", ckpt_dtype(I.cdt), mod.opt_begin + b, n, es, buf.data()));
+          ZOE_RETURN_IF_ERROR(I.tm->write(m, buf.data(), b * es, n * es));
+        }
       } else {
         ZOE_RETURN_IF_ERROR(read("param", ckpt_dtype(I.cdt), 0, mod.padded, es, mod.full));
       }
-      if (I.swapper) {
-        buf.resize(mod.opt_n * 4);
-        ZOE_RETURN_IF_ERROR(read("master", "f32", mod.opt_begin, mod.opt_n, 4, buf.data()));
-        ZOE_RETURN_IF_ERROR(I.swapper->write_state(m, 0, buf.data()));
-        ZOE_RETURN_IF_ERROR(read("exp_avg", sdt, mod.opt_begin, mod.opt_n, sb, buf.data()));
-        ZOE_RETURN_IF_ERROR(I.swapper->write_state(m, 1, buf.data()));
-        ZOE_RETURN_IF_ERROR(read("exp_avg_sq", sdt, mod.opt_begin, mod.opt_n, sb, buf.data()));
-        ZOE_RETURN_IF_ERROR(I.swapper->write_state(m, 2, buf.data()));
-      } else {
-        ZOE_RETURN_IF_ERROR(read("master", "f32", mod.opt_begin, mod.opt_n, 4, mod.master));
-        ZOE_RETURN_IF_ERROR(read("exp_avg", sdt, mod.opt_begin, mod.opt_n, sb, mod.exp_avg));
-        ZOE_RETURN_IF_ERROR(read("exp_avg_sq", sdt, mod.opt_begin, mod.opt_n, sb, mod.exp_avg_sq));
+      const char* kinds[3] = {"master", "exp_avg", "exp_avg_sq"};
+      void* homes[3] = {mod.master, mod.exp_avg, mod.exp_avg_sq};
+      for (int k = 0; k < 3; ++k) {
+        const size_t eb = k == 0 ? 4 : sb;
+        const std::string dt = k == 0 ? std::string("f32") : sdt;
+        if (!I.swapper) {
+          ZOE_RETURN_IF_ERROR(read(kinds[k], dt, mod.opt_begin, mod.opt_n, eb, homes[k]));
+          continue;
+        }
+        for (size_t b = 0; b < mod.opt_n; b += chunk) {
+          size_t n = std::min(chunk, mod.opt_n - b);
+          buf.resize(n * eb);
+          ZOE_RETURN_IF_ERROR(read(kinds[k], dt, mod.opt_begin + b, n, eb, buf.data()));
+          ZOE_RETURN_IF_ERROR(I.swapper->write_state(m, static_cast<size_t>(k), buf.data(), b, n));
+        }
       }
       memset(mod.grad_acc, 0, mod.opt_n * 4);
     }

@@ -96,6 +96,26 @@ TEST_P(SwapperTest, BitIdenticalToInMemoryUpdate) {
 
 INSTANTIATE_TEST_SUITE_P(BufferCounts, SwapperTest, testing::Values(4, 8, 12, 24));
 
+TEST(Swapper, RangedStateTransfers) {
+  Rig r;
+  ASSERT_TRUE(r.init(MiB(), 64 * MiB()));
+  for (bool nvme : {true, false}) {
+    auto sw = OptimizerSwapper::create(nvme ? r.store.get() : nullptr, adam_options(8, 64 * 1024));
+    ASSERT_TRUE(sw.is_ok());
+    const size_t n = 100003, c = sw.value()->chunk_elems();
+    ASSERT_TRUE(sw.value()->add_group(1, n).is_ok());
+    auto v = series(n, 9);
+    // Written in chunk-aligned pieces, read back whole and in pieces.
+    for (size_t b = 0; b < n; b += 2 * c) ASSERT_TRUE(sw.value()->write_state(1, 0, v.data() + b, b, 2 * c).is_ok());
+    std::vector<float> whole(n), part(n);
+    ASSERT_TRUE(sw.value()->read_state(1, 0, whole.data()).is_ok());
+    for (size_t b = 0; b < n; b += c) ASSERT_TRUE(sw.value()->read_state(1, 0, part.data() + b, b, c).is_ok());
+    EXPECT_EQ(test::first_mismatch(whole.data(), v.data(), n * 4), -1);
+    EXPECT_EQ(test::first_mismatch(part.data(), v.data(), n * 4), -1);
+    EXPECT_EQ(sw.value()->read_state(1, 0, part.data(), 5, c).code(), StatusCode::kInvalidArgument);
+  }
+}
+
 TEST(Swapper, TooFewBuffersIsAClearError) {
   auto sw = OptimizerSwapper::create(nullptr, adam_options(3, 64 * 1024));
   ASSERT_FALSE(sw.is_ok());

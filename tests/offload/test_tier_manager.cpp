@@ -288,6 +288,40 @@ TEST(TierManager, PinnedCopiesAreNotEvictable) {
   tm.unpin(1, Tier::kDevice);
 }
 
+TEST(TierManager, RangedReadAndWrite) {
+  Rig r;
+  TierManagerOptions o;
+  o.staging_bytes = 64 * KiB;
+  ASSERT_TRUE(r.init(4 * MiB, 16 * MiB, o));
+  TierManager& tm = *r.tm;
+  const size_t n = MiB + 5000;  // the last range ends at the item's end, not on a block
+  for (Tier home : {Tier::kNvme, Tier::kHost, Tier::kDevice}) {
+    ItemId id = 10 + static_cast<ItemId>(home);
+    ASSERT_TRUE(tm.add_item(id, n, home).is_ok());
+    auto data = random_bytes(n, 40 + static_cast<uint64_t>(home));
+    ASSERT_TRUE(tm.write(id, data.data(), 0, 256 * KiB).is_ok());
+    ASSERT_TRUE(tm.write(id, data.data() + 256 * KiB, 256 * KiB).is_ok());  // to the end
+    std::vector<unsigned char> back(n);
+    ASSERT_TRUE(tm.read(id, back.data(), 0, 512 * KiB).is_ok());
+    ASSERT_TRUE(tm.read(id, back.data() + 512 * KiB, 512 * KiB).is_ok());
+    EXPECT_EQ(first_mismatch(back.data(), data.data(), n), -1) << tier_name(home);
+    EXPECT_EQ(tm.write(id, data.data(), 100, 4096).code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(tm.read(id, back.data(), 4096, 100).code(), StatusCode::kInvalidArgument);
+  }
+  // A dirty host copy is written back before part of the item is replaced: nothing is lost.
+  ASSERT_TRUE(tm.add_item(20, 512 * KiB, Tier::kNvme).is_ok());
+  auto a = random_bytes(512 * KiB, 1), b = random_bytes(256 * KiB, 2);
+  auto hp = tm.fetch(20, Tier::kHost).wait();
+  ASSERT_TRUE(hp.is_ok());
+  memcpy(hp.value(), a.data(), a.size());
+  tm.unpin(20, Tier::kHost, true);
+  ASSERT_TRUE(tm.write(20, b.data(), 256 * KiB, 256 * KiB).is_ok());
+  memcpy(a.data() + 256 * KiB, b.data(), b.size());
+  std::vector<unsigned char> got(512 * KiB);
+  ASSERT_TRUE(tm.read(20, got.data()).is_ok());
+  EXPECT_EQ(first_mismatch(got.data(), a.data(), a.size()), -1);
+}
+
 TEST(TierManager, ChromeTraceOfTransfers) {
   Rig r;
   TraceRecorder rec(true);
