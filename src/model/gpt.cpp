@@ -8,23 +8,6 @@
 namespace zoe::model {
 namespace {
 
-// Block parameters, in module order (see gpt.h).
-enum BlockParam : size_t {
-  kLn1G,
-  kLn1B,
-  kQkvW,
-  kQkvB,
-  kProjW,
-  kProjB,
-  kLn2G,
-  kLn2B,
-  kFc1W,
-  kFc1B,
-  kFc2W,
-  kFc2B,
-  kBlockParams
-};
-
 constexpr int kMaxVocab = 65536;  // token ids are stored as uint16 by the data pipeline
 constexpr int kMaxDim = 1 << 16;  // keeps every index of one tensor well inside int64
 

@@ -41,6 +41,12 @@
 
 namespace zoe::model {
 
+// Index of each parameter inside a "block.i" module (the order documented above).
+enum BlockParam : size_t {
+  kLn1G, kLn1B, kQkvW, kQkvB, kProjW, kProjB, kLn2G, kLn2B, kFc1W, kFc1B, kFc2W, kFc2B,
+  kBlockParams  // how many
+};
+
 struct GptConfig {
   int vocab = 256;
   int seq = 64;  // the longest sequence the model handles (wpe rows)

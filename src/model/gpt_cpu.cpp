@@ -29,21 +29,6 @@ constexpr int kGemmChunk = 64;
 constexpr int kRowGrain = 8;
 constexpr int kColChunk = 64;
 
-enum BlockParam : size_t {
-  kLn1G,
-  kLn1B,
-  kQkvW,
-  kQkvB,
-  kProjW,
-  kProjB,
-  kLn2G,
-  kLn2B,
-  kFc1W,
-  kFc1B,
-  kFc2W,
-  kFc2B
-};
-
 // CPUs this process may run on (its affinity mask), at least 1.
 int usable_cpus() {
   cpu_set_t set;

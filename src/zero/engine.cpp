@@ -298,13 +298,7 @@ Result<ModuleParams> Engine::fetch(size_t m) {
   }
   if (!I.recording && !I.order.empty()) I.cursor = (I.cursor + 1) % I.order.size();
   mod.fetched = true;
-  ModuleParams out;
-  out.dtype = compute_dtype();
-  for (size_t p = 0; p < mod.specs.size(); ++p) {
-    out.data.push_back(static_cast<char*>(mod.full) + mod.offset[p] * I.esize());
-    out.numel.push_back(mod.numel[p]);
-  }
-  return out;
+  return I.views(mod, mod.full);
 }
 
 Status Engine::release(size_t m) {
@@ -330,13 +324,7 @@ Result<ModuleParams> Engine::grads(size_t m) {
   if (!mod.grad_buf) {
     ZOE_ASSIGN_OR_RETURN(mod.grad_buf, I.dalloc(mod.padded * I.esize()));
   }
-  ModuleParams out;
-  out.dtype = compute_dtype();
-  for (size_t p = 0; p < mod.specs.size(); ++p) {
-    out.data.push_back(static_cast<char*>(mod.grad_buf) + mod.offset[p] * I.esize());
-    out.numel.push_back(mod.numel[p]);
-  }
-  return out;
+  return I.views(mod, mod.grad_buf);
 }
 
 Status Engine::reduce_grads(size_t m) {

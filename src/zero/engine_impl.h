@@ -153,6 +153,17 @@ struct Engine::Impl {
 
   size_t esize() const { return dtype_size(cdt); }
 
+  // Per-parameter views of a module-sized flat buffer (parameters or gradients).
+  ModuleParams views(const Module& mod, void* flat) const {
+    ModuleParams out;
+    out.dtype = cdt == DType::kF32 ? ComputeDType::kF32 : cdt == DType::kBF16 ? ComputeDType::kBF16 : ComputeDType::kF16;
+    for (size_t p = 0; p < mod.specs.size(); ++p) {
+      out.data.push_back(static_cast<char*>(flat) + mod.offset[p] * esize());
+      out.numel.push_back(mod.numel[p]);
+    }
+    return out;
+  }
+
   Result<void*> dalloc(size_t bytes) {
     auto r = dev->allocate(bytes);
     if (!r.is_ok()) return r.status().with_context("allocating device memory");
