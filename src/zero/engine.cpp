@@ -336,20 +336,46 @@ Status Engine::reduce_grads(size_t m) {
   ZOE_RETURN_IF_ERROR(I.complete_pending(false));
   Impl::Pending p;
   p.m = m;
-  comm::CommType ct = to_comm(I.cdt);
+  p.send = mod.grad_buf;
+  mod.grad_buf = nullptr;
+  const comm::CommType ct = to_comm(I.cdt);
+  const size_t es = I.esize();
+  // Buckets of at most reduce_bucket_size elements; the communicator runs them in order, so the
+  // last handle completes after all of them.
+  const size_t bucket = static_cast<size_t>(std::max<int64_t>(I.world, I.cfg->zero.reduce_bucket_size));
   if (I.stage >= 2) {
-    ZOE_ASSIGN_OR_RETURN(p.recv, I.dalloc(mod.part * I.esize()));
+    ZOE_ASSIGN_OR_RETURN(p.recv, I.dalloc(mod.part * es));
     p.recv_offset = 0;
-    p.h = I.comm->reduce_scatter(mod.grad_buf, p.recv, mod.part, ct, comm::ReduceOp::kSum);
+    const size_t per_rank = std::max<size_t>(1, bucket / static_cast<size_t>(I.world));
+    if (per_rank >= mod.part) {
+      p.h = I.comm->reduce_scatter(p.send, p.recv, mod.part, ct, comm::ReduceOp::kSum);
+    } else {
+      // A bucket holds the same slice of every rank's part: pack each bucket rank-major.
+      ZOE_ASSIGN_OR_RETURN(void* packed, I.dalloc(mod.padded * es));
+      auto* src = static_cast<char*>(p.send);
+      auto* dst = static_cast<char*>(packed);
+      for (size_t b = 0; b < mod.part; b += per_rank) {
+        const size_t n = std::min(per_rank, mod.part - b);
+        char* pack = dst + b * es * static_cast<size_t>(I.world);
+        for (int r = 0; r < I.world; ++r) {
+          memcpy(pack + static_cast<size_t>(r) * n * es, src + (static_cast<size_t>(r) * mod.part + b) * es, n * es);
+        }
+        p.h = I.comm->reduce_scatter(pack, static_cast<char*>(p.recv) + b * es, n, ct, comm::ReduceOp::kSum);
+      }
+      I.dev->free(p.send);
+      p.send = packed;
+    }
   } else {
-    ZOE_ASSIGN_OR_RETURN(p.recv, I.dalloc(mod.padded * I.esize()));
+    ZOE_ASSIGN_OR_RETURN(p.recv, I.dalloc(mod.padded * es));
     p.recv_offset = mod.opt_begin;
-    p.h = I.comm->all_reduce(mod.grad_buf, p.recv, mod.padded, ct, comm::ReduceOp::kSum);
+    for (size_t b = 0; b < mod.padded; b += bucket) {
+      const size_t n = std::min(bucket, mod.padded - b);
+      p.h = I.comm->all_reduce(static_cast<char*>(p.send) + b * es, static_cast<char*>(p.recv) + b * es, n, ct,
+                               comm::ReduceOp::kSum);
+    }
   }
   // The reduction runs on the communicator's stream while the caller computes the next module;
   // its buffers are freed when it is accumulated (at the latest in step()).
-  p.send = mod.grad_buf;
-  mod.grad_buf = nullptr;
   I.pending.push_back(p);
   return Status::ok();
 }
