@@ -310,6 +310,45 @@ TEST(Checkpoint, ResumeIsBitIdentical) {
   }
 }
 
+// A checkpoint loads into another stage and placement: the master values come back exactly.
+TEST(Checkpoint, LoadsIntoAnotherPlacement) {
+  Runtime& rt = runtime();
+  MlpSpec s;
+  test::ScratchDir nvme("nvme"), ck("ckpt");
+  std::string dir = ck.path();
+  int64_t n = static_cast<int64_t>(dir.size());
+  ASSERT_TRUE(rt.comm().broadcast(&n, 1, comm::CommType::kI64, 0).wait().is_ok());
+  dir.resize(static_cast<size_t>(n));
+  ASSERT_TRUE(rt.comm().broadcast(dir.data(), dir.size(), comm::CommType::kU8, 0).wait().is_ok());
+  std::vector<Layer> saved;
+  {
+    auto cfg = config::Config::parse(make_config({3, "nvme", "nvme"}, "bf16", nvme.path()), rt.world_size());
+    ASSERT_TRUE(cfg.is_ok());
+    auto e = Engine::create(rt, cfg.value());
+    ASSERT_TRUE(e.is_ok());
+    ASSERT_TRUE(test::register_mlp(*e.value(), s).is_ok());
+    ASSERT_TRUE(test::engine_train(*e.value(), s, rt.rank(), rt.world_size(), 2, &saved).is_ok());
+    ASSERT_TRUE(e.value()->save(dir, "step-2", "{}").is_ok());
+  }
+  for (const Placement& pl : {Placement{1, "cpu", "none"}, Placement{2, "none", "none"}, Placement{3, "none", "cpu"}}) {
+    auto cfg = config::Config::parse(make_config(pl, "bf16", nvme.path()), rt.world_size());
+    ASSERT_TRUE(cfg.is_ok());
+    auto e = Engine::create(rt, cfg.value());
+    ASSERT_TRUE(e.is_ok());
+    ASSERT_TRUE(test::register_mlp(*e.value(), s).is_ok());
+    auto ts = e.value()->load(dir);
+    ASSERT_TRUE(ts.is_ok()) << ts.status().to_string();
+    for (int l = 0; l < s.layers; ++l) {
+      std::vector<float> w(static_cast<size_t>(s.d * s.d)), b(static_cast<size_t>(s.d));
+      ASSERT_TRUE(e.value()->read_master(static_cast<size_t>(l), 0, w.data()).is_ok());
+      ASSERT_TRUE(e.value()->read_master(static_cast<size_t>(l), 1, b.data()).is_ok());
+      EXPECT_EQ(memcmp(w.data(), saved[static_cast<size_t>(l)].w.data(), w.size() * 4), 0) << "stage " << pl.stage;
+      EXPECT_EQ(memcmp(b.data(), saved[static_cast<size_t>(l)].b.data(), b.size() * 4), 0) << "stage " << pl.stage;
+    }
+  }
+  ASSERT_TRUE(rt.comm().barrier().is_ok());
+}
+
 // Resharding, across two ctest runs of different world sizes: ZOE_RESHARD_DIR names a shared
 // directory; role "save" trains 2 steps and saves (with the master values beside it), role
 // "load" loads into this world size and checks every master value.
