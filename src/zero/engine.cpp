@@ -231,20 +231,14 @@ Status Engine::initialize(const std::function<void(size_t, size_t, float*, size_
     // Optimizer states and gradient accumulator of the owned range.
     size_t sbytes = mod.opt_n * (I.cfg->zoe.bf16_optimizer_states ? 2 : 4);
     switch (I.opt_off) {
-      case OffloadDevice::kNone: {
-        ZOE_ASSIGN_OR_RETURN(mod.master, I.dalloc(mod.opt_n * 4));
-        ZOE_ASSIGN_OR_RETURN(mod.exp_avg, I.dalloc(sbytes));
-        ZOE_ASSIGN_OR_RETURN(mod.exp_avg_sq, I.dalloc(sbytes));
-        ZOE_ASSIGN_OR_RETURN(void* g, I.dalloc(mod.opt_n * 4));
-        mod.grad_acc = static_cast<float*>(g);
-        memcpy(mod.master, own, mod.opt_n * 4);
-        break;
-      }
+      case OffloadDevice::kNone:
       case OffloadDevice::kCpu: {
-        ZOE_ASSIGN_OR_RETURN(mod.master, I.halloc(mod.opt_n * 4));
-        ZOE_ASSIGN_OR_RETURN(mod.exp_avg, I.halloc(sbytes));
-        ZOE_ASSIGN_OR_RETURN(mod.exp_avg_sq, I.halloc(sbytes));
-        ZOE_ASSIGN_OR_RETURN(void* g, I.halloc(mod.opt_n * 4));
+        // Device memory, or host memory with cpu offload; the same update runs on either.
+        auto alloc = [&](size_t bytes) { return I.opt_off == OffloadDevice::kNone ? I.dalloc(bytes) : I.halloc(bytes); };
+        ZOE_ASSIGN_OR_RETURN(mod.master, alloc(mod.opt_n * 4));
+        ZOE_ASSIGN_OR_RETURN(mod.exp_avg, alloc(sbytes));
+        ZOE_ASSIGN_OR_RETURN(mod.exp_avg_sq, alloc(sbytes));
+        ZOE_ASSIGN_OR_RETURN(void* g, alloc(mod.opt_n * 4));
         mod.grad_acc = static_cast<float*>(g);
         memcpy(mod.master, own, mod.opt_n * 4);
         break;
