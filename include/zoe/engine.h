@@ -80,6 +80,9 @@ struct StepStats {
   // Bytes moved since initialize(): NVMe reads and writes (every tier's), host -> device and
   // device -> host (parameter partitions, including those streamed from/to NVMe).
   uint64_t bytes_nvme_read = 0, bytes_nvme_write = 0, bytes_host_to_device = 0, bytes_device_to_host = 0;
+  // Stage 3, since the previous step(): fetches whose all-gather prefetch had already queued
+  // (following the recorded fetch order), and fetches that had to gather on the spot.
+  uint64_t gathers_prefetched = 0, gathers_on_demand = 0;
 };
 
 class Engine {

@@ -13,8 +13,7 @@
 //      optimizer.params.{torch_adam, fused, foreach, capturable, differentiable}.
 // 2. Placement, speed or communication, not the math of the update (or it would only make the
 //    update less exact) -> accepted, listed in Config::unimplemented, one warning:
-//      zero_optimization.round_robin_gradients true, offload_optimizer.ratio != 1 (zoe's
-//      spelling is zoe.offload_ratio), zero_hpz_partition_size > 1, mics_shard_size > 0,
+//      zero_optimization.round_robin_gradients true, zero_hpz_partition_size > 1, mics_shard_size > 0,
 //      zero_quantized_{weights, gradients, nontrainable_weights} true, legacy_stage1 true,
 //      prescale_gradients true, gradient_predivide_factor != 1, communication_data_type,
 //      data_types.grad_accum_dtype, sparse_gradients true, fp16.auto_cast true,
@@ -178,9 +177,6 @@ Status read_offload(JsonSection& s, OffloadConfig* o, bool is_param, Parser& p) 
     ZOE_RETURN_IF_ERROR(s.read("pipeline_write", &o->pipeline_write));
     ZOE_RETURN_IF_ERROR(s.read("fast_init", &o->fast_init));
     ZOE_RETURN_IF_ERROR(s.read("ratio", &o->ratio, Range{0.0, 1.0, true, false}));
-    if (o->ratio != 1.0) {
-      p.note(s.key_path("ratio"), "partial offload is zoe.offload_ratio; this one is ignored");
-    }
   }
   s.finish();
   return Status::ok();
@@ -524,6 +520,16 @@ Status read_top(JsonSection& top, Config* c, Parser& p, int world_size) {
   ZOE_RETURN_IF_ERROR(read_optimizer(top, &c->optimizer));
   ZOE_RETURN_IF_ERROR(read_scheduler(top, &c->scheduler, p));
   ZOE_RETURN_IF_ERROR(read_zoe(top, &c->zoe));
+  // Partial offload: DeepSpeed's offload_optimizer.ratio and zoe.offload_ratio mean the same.
+  {
+    const double ds = c->zero.offload_optimizer.ratio, zr = c->zoe.offload_ratio;
+    if (ds != 1.0 && zr != 1.0 && ds != zr) {
+      return invalid_argument("zero_optimization.offload_optimizer.ratio %g and zoe.offload_ratio %g disagree "
+                              "(they are the same setting: give one)", ds, zr);
+    }
+    if (ds != 1.0) c->zoe.offload_ratio = ds;
+    c->zero.offload_optimizer.ratio = c->zoe.offload_ratio;
+  }
 
   for (const char* k :
        {"steps_per_print", "wall_clock_breakdown", "dump_state", "memory_breakdown", "flops_profiler",

@@ -215,6 +215,40 @@ Result<NormResult> convert_with_norm(const void* src, DType src_dtype, void* dst
   return chunked_norm(exec, n, [&](size_t lo, size_t hi) { return fn(src, dst, lo, hi); });
 }
 
+Status accumulate_with_norm(float* acc, const void* src, DType src_dtype, size_t n, bool first,
+                            double* partials, const Exec& exec) {
+  if (n == 0) return Status::ok();
+  if (acc == nullptr || src == nullptr || partials == nullptr) {
+    return invalid_argument("accumulate_with_norm: null buffer for n=%zu", n);
+  }
+  if (static_cast<const void*>(acc) == src) return invalid_argument("accumulate_with_norm: acc and src must differ");
+  ZOE_ASSIGN_OR_RETURN(Dispatch d, dispatch(exec));
+  if (first) {
+    // float(src) is exact, so the norm of src is the norm of the new acc.
+    kern::ConvertFn fn = d.table->convert(code(src_dtype), code(DType::kF32), true, d.hw_bf16);
+    for_each_chunk(exec, n, [&](size_t c, size_t lo, size_t hi) { partials[c] = fn(src, acc, lo, hi); });
+    return Status::ok();
+  }
+  kern::ConvertFn to_f32 = d.table->convert(code(src_dtype), code(DType::kF32), false, d.hw_bf16);
+  kern::NormFn norm = d.table->norm(code(DType::kF32));
+  for_each_chunk(exec, n, [&](size_t c, size_t lo, size_t hi) {
+    float* a = acc + lo;
+    const size_t len = hi - lo;
+    if (src_dtype == DType::kF32) {
+      const float* s = static_cast<const float*>(src) + lo;
+      for (size_t i = 0; i < len; ++i) a[i] += s[i];
+    } else {
+      // Widen the chunk into a cache-resident scratch buffer first (the vectorized conversion).
+      thread_local std::vector<float> tmp;
+      tmp.resize(kChunkElems);
+      to_f32(static_cast<const char*>(src) + lo * 2, tmp.data(), 0, len);
+      for (size_t i = 0; i < len; ++i) a[i] += tmp[i];
+    }
+    partials[c] = norm(acc, lo, hi);
+  });
+  return Status::ok();
+}
+
 Status scale_in_place(void* data, DType dtype, size_t n, float scale, const Exec& exec) {
   if (n == 0) return Status::ok();
   if (data == nullptr) return invalid_argument("scale_in_place: null buffer for n=%zu", n);

@@ -132,6 +132,17 @@ Result<NormResult> grad_norm_sq(const void* grad, DType dtype, size_t n, const E
 Result<NormResult> convert_with_norm(const void* src, DType src_dtype, void* dst, DType dst_dtype,
                                      size_t n, bool compute_norm = true, const Exec& exec = {});
 
+// Gradient accumulation that also yields the norm: acc[i] = (first ? 0 : acc[i]) + float(src[i])
+// over [0, n), and for every kChunkElems chunk c of [0, n) the sum of squares (double) of the
+// new acc values in partials[c] (partials holds ceil(n / kChunkElems) entries). The caller sums
+// the partials of all its chunks in one fixed order, so the norm of a buffer accumulated in
+// pieces (whose starts are multiples of kChunkElems) has the same bits as one accumulated
+// whole: no pass over the gradients is needed just for the norm. An inf/NaN shows as a
+// non-finite partial. acc and src must not overlap.
+Status accumulate_with_norm(float* acc, const void* src, DType src_dtype, size_t n, bool first,
+                            double* partials, const Exec& exec = {});
+inline size_t norm_chunks(size_t n) { return (n + kChunkElems - 1) / kChunkElems; }
+
 // data[i] *= scale in place (the "scale" pass of an unfused step; kept for comparison).
 Status scale_in_place(void* data, DType dtype, size_t n, float scale, const Exec& exec = {});
 

@@ -59,6 +59,9 @@ Engine::~Engine() {
   Status s = finish_save();
   if (!s.is_ok()) ZOE_LOG_ERROR("asynchronous checkpoint: %s", s.to_string().c_str());
   for (auto& p : impl_->pending) (void)p.h.wait();
+  for (auto& mod : impl_->modules) {
+    if (mod.gather_pending) (void)mod.gather.wait();
+  }
   impl_->swapper.reset();
   impl_->tm.reset();
   impl_->free_device_memory();
@@ -81,10 +84,6 @@ Result<std::unique_ptr<Engine>> Engine::create(Runtime& rt, const config::Config
   }
   if (impl->opt_off != OffloadDevice::kNone && impl->stage == 0) {
     return invalid_argument("zero_optimization.offload_optimizer needs stage 1, 2 or 3");
-  }
-  if (cfg.zoe.offload_ratio != 1.0) {
-    return unsupported("zoe.offload_ratio %g: partial optimizer offload is not implemented yet (use 1.0)",
-                       cfg.zoe.offload_ratio);
   }
   if (cfg.zoe.device == "cuda") {
     return unsupported("zoe.device \"cuda\": the engine's device kernels (GPU Adam, gradient conversion) are not built "
@@ -157,12 +156,31 @@ Status Engine::initialize(const std::function<void(size_t, size_t, float*, size_
                            static_cast<unsigned long long>(I.dev->budget_bytes()), format_bytes(I.dev->budget_bytes()).c_str());
     }
   }
+  // Where each module's optimizer states live. Partial offload (zoe.offload_ratio r < 1): the
+  // first modules, in registration order, up to the fraction r of this rank's optimizer
+  // elements, go to the offload device; the others stay on the device. The split depends only
+  // on the model and the config, so every rank makes the same one.
+  {
+    uint64_t total = 0, off = 0;
+    for (auto& mod : I.modules) {
+      I.owned_range(mod, &mod.opt_begin, &mod.opt_n);
+      total += mod.opt_n;
+    }
+    const double want = I.cfg->zoe.offload_ratio * static_cast<double>(total);
+    for (auto& mod : I.modules) {
+      const bool offload = I.opt_off != OffloadDevice::kNone &&
+                           static_cast<double>(off) + static_cast<double>(mod.opt_n) / 2.0 < want;
+      mod.opt_home = offload ? I.opt_off : OffloadDevice::kNone;
+      if (offload) off += mod.opt_n;
+    }
+  }
   // NVMe space for everything that lives there, checked before anything is written.
   if (I.swap) {
     uint64_t need = 0;
     const uint64_t sb = I.cfg->zoe.bf16_optimizer_states ? 2 : 4;
     for (const auto& mod : I.modules) {
-      if (I.opt_off == OffloadDevice::kNvme) need += static_cast<uint64_t>(mod.stage_opt_n(I.stage)) * (4 + 2 * sb);
+      // fp32 master, m and v, and the fp32 gradient accumulator.
+      if (mod.opt_home == OffloadDevice::kNvme) need += static_cast<uint64_t>(mod.opt_n) * (4 + 2 * sb + 4);
       if (I.param_off == OffloadDevice::kNvme) need += static_cast<uint64_t>(mod.part) * es;
     }
     uint64_t free_b = 0;
@@ -189,9 +207,20 @@ Status Engine::initialize(const std::function<void(size_t, size_t, float*, size_
     // the budget is for a gathered module, its gradients and their reduction.
     uint64_t reserve = 4ull * biggest * es;
     uint64_t db = I.dev->budget_bytes();
-    uint64_t window = static_cast<uint64_t>(std::max<int64_t>(0, I.cfg->zero.stage3_prefetch_bucket_size)) * es / I.world +
-                      2ull * (biggest / I.world) * es;
-    to.device_budget = std::min<uint64_t>(window, db > reserve * 2 ? db - reserve : db / 2);
+    const uint64_t bucket = static_cast<uint64_t>(std::max<int64_t>(0, I.cfg->zero.stage3_prefetch_bucket_size));
+    const uint64_t avail = db > reserve * 2 ? db - reserve : db / 2;
+    // Gathered modules queued ahead of use (each costs the gathered module and a copy of the
+    // partition): up to stage3_prefetch_bucket_size elements, in at most half of what is left.
+    const uint64_t per_elem = es + (es + static_cast<uint64_t>(I.world) - 1) / static_cast<uint64_t>(I.world);
+    const uint64_t gather_bytes = std::min<uint64_t>(bucket * per_elem, avail / 2);
+    I.gather_window = static_cast<size_t>(gather_bytes / per_elem);  // lowered below to what is left
+    // The rest holds partitions moving towards the device (their window and the one in use).
+    uint64_t window = bucket * es / I.world + 2ull * (biggest / I.world) * es;
+    to.device_budget = std::min<uint64_t>(window, avail - gather_bytes);
+    if (I.param_off == OffloadDevice::kNone) {
+      // The partitions live on the device: all of them count in the tier's budget.
+      for (const auto& m : I.modules) to.device_budget += m.partitioned_params ? m.part * es : 0;
+    }
     to.nvme = I.store.get();
     to.pin = I.cfg->zero.offload_param.pin_memory ? io::PinMode::kDevice : io::PinMode::kNone;
     to.staging_bytes = 1u << 20;
@@ -200,12 +229,20 @@ Status Engine::initialize(const std::function<void(size_t, size_t, float*, size_
     to.trace = &I.trace;
     ZOE_ASSIGN_OR_RETURN(I.tm, offload::TierManager::create(to));
   }
-  if (I.opt_off == OffloadDevice::kNvme) {
+  if (std::any_of(I.modules.begin(), I.modules.end(), [](const Impl::Module& m) { return m.opt_home == OffloadDevice::kNvme; })) {
     offload::SwapperOptions so;
     uint32_t sb = I.cfg->zoe.bf16_optimizer_states ? 2 : 4;
-    so.states = {{offload::StateKind::kMaster, 4, true}, {offload::StateKind::kAdamM, sb, true}, {offload::StateKind::kAdamV, sb, true}};
-    so.buffer_count = static_cast<size_t>(std::max<int64_t>(I.cfg->zero.offload_optimizer.buffer_count, 3));
-    so.buffer_bytes = 4u << 20;
+    // Order: Impl::kMasterState, kAvgState, kAvgSqState, kGradState (read-only in the step).
+    so.states = {{offload::StateKind::kMaster, 4, true}, {offload::StateKind::kAdamM, sb, true},
+                 {offload::StateKind::kAdamV, sb, true}, {offload::StateKind::kGrad, 4, false}};
+    // At least three pipeline slots (read ahead, update, write back) of one buffer per state.
+    so.buffer_count = std::max<size_t>(static_cast<size_t>(std::max<int64_t>(1, I.cfg->zero.offload_optimizer.buffer_count)),
+                                       3 * so.states.size());
+    // A chunk of the pipeline: sub_group_size elements (DeepSpeed's unit of the optimizer step),
+    // a multiple of optim::kChunkElems, at most 1 Mi elements (4 MiB buffers).
+    const int64_t sub = std::clamp<int64_t>(I.cfg->zero.sub_group_size, 1, int64_t{1} << 20);
+    const size_t chunk = (static_cast<size_t>(sub) + optim::kChunkElems - 1) / optim::kChunkElems * optim::kChunkElems;
+    so.buffer_bytes = chunk * 4;
     so.pin = I.cfg->zero.offload_optimizer.pin_memory ? io::PinMode::kDevice : io::PinMode::kNone;
     so.trace = &I.trace;
     ZOE_ASSIGN_OR_RETURN(I.swapper, offload::OptimizerSwapper::create(I.store.get(), so));
@@ -215,7 +252,6 @@ Status Engine::initialize(const std::function<void(size_t, size_t, float*, size_
     Impl::Module& mod = I.modules[m];
     full.assign(mod.padded, 0.0f);
     for (size_t p = 0; p < mod.specs.size(); ++p) init(m, p, full.data() + mod.offset[p], mod.numel[p]);
-    I.owned_range(mod, &mod.opt_begin, &mod.opt_n);
     const float* own = full.data() + mod.opt_begin;
     // Compute parameters.
     std::vector<char> cbuf(mod.padded * es);
@@ -230,11 +266,11 @@ Status Engine::initialize(const std::function<void(size_t, size_t, float*, size_
     }
     // Optimizer states and gradient accumulator of the owned range.
     size_t sbytes = mod.opt_n * (I.cfg->zoe.bf16_optimizer_states ? 2 : 4);
-    switch (I.opt_off) {
+    switch (mod.opt_home) {
       case OffloadDevice::kNone:
       case OffloadDevice::kCpu: {
         // Device memory, or host memory with cpu offload; the same update runs on either.
-        auto alloc = [&](size_t bytes) { return I.opt_off == OffloadDevice::kNone ? I.dalloc(bytes) : I.halloc(bytes); };
+        auto alloc = [&](size_t bytes) { return mod.opt_home == OffloadDevice::kNone ? I.dalloc(bytes) : I.halloc(bytes); };
         ZOE_ASSIGN_OR_RETURN(mod.master, alloc(mod.opt_n * 4));
         ZOE_ASSIGN_OR_RETURN(mod.exp_avg, alloc(sbytes));
         ZOE_ASSIGN_OR_RETURN(mod.exp_avg_sq, alloc(sbytes));
@@ -245,15 +281,25 @@ Status Engine::initialize(const std::function<void(size_t, size_t, float*, size_
       }
       case OffloadDevice::kNvme: {
         ZOE_RETURN_IF_ERROR_CTX(I.swapper->add_group(m, mod.opt_n), "placing the optimizer states of module " + mod.name);
-        ZOE_RETURN_IF_ERROR(I.swapper->write_state(m, 0, own));
+        ZOE_RETURN_IF_ERROR(I.swapper->write_state(m, Impl::kMasterState, own));
         std::vector<char> zeros(sbytes, 0);
-        ZOE_RETURN_IF_ERROR(I.swapper->write_state(m, 1, zeros.data()));
-        ZOE_RETURN_IF_ERROR(I.swapper->write_state(m, 2, zeros.data()));
-        ZOE_ASSIGN_OR_RETURN(void* g, I.halloc(mod.opt_n * 4));
-        mod.grad_acc = static_cast<float*>(g);
+        ZOE_RETURN_IF_ERROR(I.swapper->write_state(m, Impl::kAvgState, zeros.data()));
+        ZOE_RETURN_IF_ERROR(I.swapper->write_state(m, Impl::kAvgSqState, zeros.data()));
+        // The gradient accumulator lives on NVMe too (written by the first reduction of a step).
         break;
       }
     }
+  }
+  if (I.tm) {
+    // Device memory the states took (persistent modules, device-resident optimizer states)
+    // comes out of the gather window too: keep the tier's budget and the reserve free.
+    const uint64_t db = I.dev->budget_bytes(), used = I.dev->used_bytes() + I.tm->stats().budget[0];
+    size_t biggest = 0;
+    for (const auto& m : I.modules) biggest = std::max(biggest, m.padded);
+    const uint64_t reserve = 4ull * biggest * es;
+    const uint64_t per_elem = es + (es + static_cast<uint64_t>(I.world) - 1) / static_cast<uint64_t>(I.world);
+    const uint64_t room = db > used + reserve ? (db - used - reserve) / per_elem : 0;
+    I.gather_window = std::min<size_t>(I.gather_window, static_cast<size_t>(room));
   }
   I.initialized = true;
   I.last_step_ns = now_ns();
@@ -268,8 +314,15 @@ Result<ModuleParams> Engine::fetch(size_t m) {
   if (m >= I.modules.size()) return invalid_argument("fetch(%zu): there are %zu modules", m, I.modules.size());
   Impl::Module& mod = I.modules[m];
   if (I.recording) I.order.push_back(m);
-  if (mod.partitioned_params && !mod.fetched) {
+  ZOE_RETURN_IF_ERROR(I.follow_order(m));
+  if (mod.partitioned_params && !mod.fetched && mod.gather_pending) {
+    // Prefetched: the gather was queued when an earlier module was fetched.
+    ZOE_RETURN_IF_ERROR(I.finish_gather(m));
+    I.gathers_prefetched++;
+    ZOE_RETURN_IF_ERROR(I.prefetch_after(m));
+  } else if (mod.partitioned_params && !mod.fetched) {
     int64_t cap = I.cfg->zero.stage3_max_live_parameters;
+    if (static_cast<int64_t>(I.live_elems + mod.padded) > cap) ZOE_RETURN_IF_ERROR(I.discard_gathers());
     if (static_cast<int64_t>(I.live_elems + mod.padded) > cap) {
       return invalid_argument("fetching module %s would gather %zu parameters, above stage3_max_live_parameters %lld: "
                               "release modules before fetching more", mod.name.c_str(), I.live_elems + mod.padded,
@@ -288,7 +341,8 @@ Result<ModuleParams> Engine::fetch(size_t m) {
       if (!s.is_ok()) return s.with_context("gathering the parameters of module " + mod.name);
     }
     I.live_elems += mod.padded;
-    I.prefetch_after(m);
+    I.gathers_on_demand++;
+    ZOE_RETURN_IF_ERROR(I.prefetch_after(m));
   }
   if (!I.recording && !I.order.empty()) I.cursor = (I.cursor + 1) % I.order.size();
   mod.fetched = true;
@@ -381,6 +435,7 @@ Result<StepStats> Engine::step() {
   // An asynchronous checkpoint still reading the states must finish before they change.
   ZOE_RETURN_IF_ERROR_CTX(finish_save(), "finishing the asynchronous checkpoint");
   ZOE_RETURN_IF_ERROR(I.complete_pending(true));
+  ZOE_RETURN_IF_ERROR(I.discard_gathers());  // none in a regular loop: prefetch stops at the order's end
   for (const auto& mod : I.modules) {
     if (mod.grad_buf) return invalid_argument("step(): module %s has gradients that were not reduced", mod.name.c_str());
     if (mod.fetched && mod.partitioned_params) return invalid_argument("step(): module %s is still fetched", mod.name.c_str());
@@ -394,11 +449,15 @@ Result<StepStats> Engine::step() {
   optim::Exec exec;
   exec.pool = I.pool.get();
   // 1. Global gradient norm: this rank's owned ranges, summed over ranks (stage 0 owns all).
+  // The accumulation pass left a sum of squares per chunk; they are added in one fixed order.
   optim::NormResult local;
-  for (auto& mod : I.modules) {
-    ZOE_ASSIGN_OR_RETURN(optim::NormResult r, optim::grad_norm_sq(mod.grad_acc, DType::kF32, mod.opt_n, exec));
-    local.sum_sq += r.sum_sq;
-    local.finite = local.finite && r.finite;
+  for (size_t m = 0; m < I.modules.size(); ++m) {
+    Impl::Module& mod = I.modules[m];
+    if (mod.acc_count == 0) ZOE_RETURN_IF_ERROR_CTX(I.zero_grads(m), "zeroing the gradients of module " + mod.name);
+    double sum = 0.0;
+    for (double p : mod.norm_parts) sum += p;
+    local.sum_sq += sum;
+    local.finite = local.finite && std::isfinite(sum);
   }
   double sums[1] = {local.finite ? local.sum_sq : INFINITY};
   if (I.stage >= 1 && I.world > 1) {
@@ -435,12 +494,12 @@ Result<StepStats> Engine::step() {
     as.grad_scale = sc.grad_scale;
     const DType sdt = I.cfg->zoe.bf16_optimizer_states ? DType::kBF16 : DType::kF32;
     // The chunk update: fp32 master, m, v at [begin, begin+n) of module m's owned range.
-    auto update = [&](size_t m, size_t begin, size_t n, float* master, void* ea, void* eas, void* out) -> Status {
-      Impl::Module& mod = I.modules[m];
+    auto update = [&](size_t m, size_t begin, size_t n, float* master, void* ea, void* eas, const float* grad,
+                      void* out) -> Status {
       optim::AdamArgs a;
       a.buf.n = n;
       a.buf.param = master;
-      a.buf.grad = mod.grad_acc + begin;
+      a.buf.grad = grad;
       a.buf.grad_dtype = DType::kF32;
       a.buf.exp_avg = ea;
       a.buf.exp_avg_sq = eas;
@@ -462,13 +521,15 @@ Result<StepStats> Engine::step() {
     Status s;
     if (I.swapper) {
       s = I.swapper->step([&](const offload::ChunkView& c) {
-        return update(c.group, c.begin, c.n, static_cast<float*>(c.data[0]), c.data[1], c.data[2], outs[c.group]);
+        return update(c.group, c.begin, c.n, static_cast<float*>(c.data[Impl::kMasterState]), c.data[Impl::kAvgState],
+                      c.data[Impl::kAvgSqState], static_cast<const float*>(c.data[Impl::kGradState]), outs[c.group]);
       });
-    } else {
-      for (size_t m = 0; m < I.modules.size() && s.is_ok(); ++m) {
-        Impl::Module& mod = I.modules[m];
-        s = update(m, 0, mod.opt_n, static_cast<float*>(mod.master), mod.exp_avg, mod.exp_avg_sq, outs[m]);
-      }
+    }
+    // Modules whose states live on the device or in host RAM.
+    for (size_t m = 0; m < I.modules.size() && s.is_ok(); ++m) {
+      Impl::Module& mod = I.modules[m];
+      if (mod.opt_home == OffloadDevice::kNvme) continue;
+      s = update(m, 0, mod.opt_n, static_cast<float*>(mod.master), mod.exp_avg, mod.exp_avg_sq, mod.grad_acc, outs[m]);
     }
     for (size_t m = 0; m < I.modules.size(); ++m) I.unpin_owned(m);
     if (I.tm) {
@@ -490,7 +551,7 @@ Result<StepStats> Engine::step() {
     }
   }
   if (I.cdt == DType::kF16) I.scaler.update(sc.overflow);
-  for (auto& mod : I.modules) memset(mod.grad_acc, 0, mod.opt_n * 4);
+  for (auto& mod : I.modules) mod.acc_count = 0;  // the next reduction overwrites the accumulator
   I.t_opt += static_cast<double>(now_ns() - t_opt0) * 1e-9;
   uint64_t now = now_ns();
   double wall = static_cast<double>(now - I.last_step_ns) * 1e-9;
@@ -516,6 +577,9 @@ Result<StepStats> Engine::step() {
     st.bytes_host_to_device = ts.links[2].bytes + ts.links[4].bytes;
     st.bytes_device_to_host = ts.links[3].bytes + ts.links[5].bytes;
   }
+  st.gathers_prefetched = I.gathers_prefetched;
+  st.gathers_on_demand = I.gathers_on_demand;
+  I.gathers_prefetched = I.gathers_on_demand = 0;
   I.t_comm = I.t_io = I.t_opt = I.t_engine = 0;
   I.last_step_ns = now;
   return st;
@@ -549,8 +613,8 @@ Status Engine::read_master(size_t m, size_t p, float* out) {
   if (m >= I.modules.size() || p >= I.modules[m].specs.size()) return invalid_argument("read_master(%zu, %zu): no such parameter", m, p);
   Impl::Module& mod = I.modules[m];
   std::vector<float> own(mod.opt_n);
-  if (I.swapper) {
-    ZOE_RETURN_IF_ERROR(I.swapper->read_state(m, 0, own.data()));
+  if (mod.opt_home == OffloadDevice::kNvme) {
+    ZOE_RETURN_IF_ERROR(I.swapper->read_state(m, Impl::kMasterState, own.data()));
   } else {
     memcpy(own.data(), mod.master, mod.opt_n * 4);
   }

@@ -97,7 +97,7 @@ Status write_rank_file(Engine::Impl& I, const std::string& tmp, std::vector<ckpt
       ZOE_RETURN_IF_ERROR(w->begin_tensor(m, kinds[k], k == 0 ? "f32" : sdt, mod.opt_begin, mod.opt_n));
       for (size_t b = 0; b < mod.opt_n; b += chunk) {
         size_t n = std::min(chunk, mod.opt_n - b);
-        if (I.swapper) {
+        if (mod.opt_home == OffloadDevice::kNvme) {
           buf.resize(n * eb);
           ZOE_RETURN_IF_ERROR(I.swapper->read_state(m, static_cast<size_t>(k), buf.data(), b, n));
           ZOE_RETURN_IF_ERROR(w->append(buf.data(), n * eb));
@@ -234,6 +234,7 @@ Result<std::string> Engine::load(const std::string& dir) {
   if (!I.initialized) return invalid_argument("load() before initialize()");
   ZOE_RETURN_IF_ERROR(finish_save());
   ZOE_RETURN_IF_ERROR(I.complete_pending(true));
+  ZOE_RETURN_IF_ERROR(I.discard_gathers());  // they hold the parameters being replaced
   comm::Communicator& c = *I.comm;
   std::unique_ptr<ckpt::Reader> rd;
   Status s;
@@ -293,7 +294,7 @@ Result<std::string> Engine::load(const std::string& dir) {
       for (int k = 0; k < 3; ++k) {
         const size_t eb = k == 0 ? 4 : sb;
         const std::string dt = k == 0 ? std::string("f32") : sdt;
-        if (!I.swapper) {
+        if (mod.opt_home != OffloadDevice::kNvme) {
           ZOE_RETURN_IF_ERROR(read(kinds[k], dt, mod.opt_begin, mod.opt_n, eb, homes[k]));
           continue;
         }
@@ -304,7 +305,7 @@ Result<std::string> Engine::load(const std::string& dir) {
           ZOE_RETURN_IF_ERROR(I.swapper->write_state(m, static_cast<size_t>(k), buf.data(), b, n));
         }
       }
-      memset(mod.grad_acc, 0, mod.opt_n * 4);
+      mod.acc_count = 0;  // gradients of a step in progress are not part of a checkpoint
     }
     return Status::ok();
   };

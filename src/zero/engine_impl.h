@@ -41,27 +41,6 @@ inline comm::CommType to_comm(DType d) {
   return d == DType::kF32 ? comm::CommType::kF32 : d == DType::kBF16 ? comm::CommType::kBF16 : comm::CommType::kF16;
 }
 
-// acc[i] += float(g[i]) for a gradient in the compute dtype.
-inline void accumulate(float* acc, const void* g, DType dt, size_t n) {
-  switch (dt) {
-    case DType::kF32: {
-      const auto* s = static_cast<const float*>(g);
-      for (size_t i = 0; i < n; ++i) acc[i] += s[i];
-      break;
-    }
-    case DType::kBF16: {
-      const auto* s = static_cast<const uint16_t*>(g);
-      for (size_t i = 0; i < n; ++i) acc[i] += bf16_to_f32(s[i]);
-      break;
-    }
-    case DType::kF16: {
-      const auto* s = static_cast<const uint16_t*>(g);
-      for (size_t i = 0; i < n; ++i) acc[i] += f16_to_f32(s[i]);
-      break;
-    }
-  }
-}
-
 // dst (compute dtype) = src (fp32), round to nearest even.
 inline void store_compute(void* dst, const float* src, DType dt, size_t n) {
   if (dt == DType::kF32) {
@@ -93,13 +72,28 @@ struct Engine::Impl {
     size_t stage_opt_n(int st) const { return st == 0 ? padded : part; }
     void* full = nullptr;             // device: full compute params (stage 0-2, persistent) or the gather
     bool fetched = false;
+    // Stage 3: a gather queued ahead of fetch() (prefetch), into `full` from `gather_send`.
+    bool gather_pending = false;
+    comm::CommHandle gather;
+    void* gather_send = nullptr;      // device: this rank's partition, copied for the gather
+    Status gather_error;              // set on the communicator's thread if the partition could not be read
     void* grad_buf = nullptr;         // device, padded elements, compute dtype
     size_t opt_begin = 0, opt_n = 0;  // the flat range this rank's optimizer owns
+    // Where this module's optimizer states and accumulated gradients live: the device (kNone),
+    // host RAM (kCpu) or NVMe (kNvme, as swapper group `module index`). With a partial
+    // offload ratio some modules stay on the device while others are offloaded.
+    OffloadDevice opt_home = OffloadDevice::kNone;
     void* master = nullptr;           // fp32; device or host (none / cpu offload)
     void* exp_avg = nullptr;
     void* exp_avg_sq = nullptr;
-    float* grad_acc = nullptr;        // fp32, opt_n elements, device or host
+    float* grad_acc = nullptr;        // fp32, opt_n elements, device or host; NVMe: swapper state kGradState
+    int acc_count = 0;                // micro-batch reductions accumulated since the last step
+    // Sum of squares of the accumulated gradients per optim::kChunkElems chunk of the owned
+    // range, computed by the pass that accumulates them (the step makes no norm pass).
+    std::vector<double> norm_parts;
   };
+  // Swapper state indices of an NVMe-offloaded module.
+  static constexpr size_t kMasterState = 0, kAvgState = 1, kAvgSqState = 2, kGradState = 3;
   struct Pending {
     size_t m;
     comm::CommHandle h;
@@ -126,6 +120,7 @@ struct Engine::Impl {
   TraceRecorder trace;
   std::vector<io::AlignedBuffer> host_bufs;  // cpu-offloaded optimizer states and gradients
   uint64_t host_bytes = 0;
+  std::vector<float> grad_stage;  // one swapper chunk: NVMe gradient accumulation goes through it
 
   std::vector<Module> modules;
   bool initialized = false;
@@ -136,6 +131,7 @@ struct Engine::Impl {
   bool recording = true;
   size_t cursor = 0;
   size_t live_elems = 0;
+  size_t gather_window = 0;   // elements of gathered modules prefetch may queue ahead of use
 
   // An asynchronous checkpoint: written by save_thread, committed by finish_save().
   struct AsyncSave {
@@ -149,6 +145,7 @@ struct Engine::Impl {
 
   // Per-step timing.
   double t_comm = 0, t_io = 0, t_opt = 0, t_engine = 0;
+  uint64_t gathers_prefetched = 0, gathers_on_demand = 0;
   uint64_t last_step_ns = 0;
 
   size_t esize() const { return dtype_size(cdt); }
@@ -179,11 +176,11 @@ struct Engine::Impl {
     }
     pending.clear();
     for (auto& mod : modules) {
-      for (void** p : {&mod.full, &mod.grad_buf}) {
+      for (void** p : {&mod.full, &mod.grad_buf, &mod.gather_send}) {
         if (*p) dev->free(*p);
         *p = nullptr;
       }
-      if (opt_off == OffloadDevice::kNone) {
+      if (mod.opt_home == OffloadDevice::kNone) {
         for (void* p : {mod.master, mod.exp_avg, mod.exp_avg_sq, static_cast<void*>(mod.grad_acc)}) {
           if (p) dev->free(p);
         }
@@ -266,7 +263,8 @@ struct Engine::Impl {
         ZOE_RETURN_IF_ERROR_CTX(p.h.wait(), "reducing the gradients of module " + modules[p.m].name);
       }
       Module& mod = modules[p.m];
-      accumulate(mod.grad_acc, static_cast<char*>(p.recv) + p.recv_offset * esize(), cdt, mod.opt_n);
+      Status s = accumulate_grads(p.m, static_cast<char*>(p.recv) + p.recv_offset * esize());
+      if (!s.is_ok()) return s.with_context("accumulating the gradients of module " + mod.name);
       dev->free(p.send);
       dev->free(p.recv);
       pending.pop_front();
@@ -274,18 +272,176 @@ struct Engine::Impl {
     return Status::ok();
   }
 
-  void prefetch_after(size_t m) {
-    if (recording || order.empty() || !tm) return;
-    // Follow the recorded order from the current position, up to the prefetch bucket size.
+  // Adds this micro-batch's reduced gradients of the owned range (compute dtype) to module m's
+  // accumulator wherever it lives, computing the norm of the sum in the same pass. NVMe: one
+  // swapper chunk at a time (read the sum so far unless this is the first micro-batch, add,
+  // write back), so host memory stays one chunk whatever the model size.
+  Status accumulate_grads(size_t m, const void* src) {
+    Module& mod = modules[m];
+    optim::Exec exec;
+    exec.pool = pool.get();
+    const bool first = mod.acc_count == 0;
+    mod.norm_parts.resize(optim::norm_chunks(mod.opt_n));
+    if (mod.opt_home != OffloadDevice::kNvme) {
+      ZOE_RETURN_IF_ERROR(
+          optim::accumulate_with_norm(mod.grad_acc, src, cdt, mod.opt_n, first, mod.norm_parts.data(), exec));
+    } else {
+      Timer t(&t_io);
+      const size_t chunk = swapper->chunk_elems();
+      ZOE_CHECK(chunk % optim::kChunkElems == 0);
+      grad_stage.resize(chunk);
+      for (size_t b = 0; b < mod.opt_n; b += chunk) {
+        const size_t n = std::min(chunk, mod.opt_n - b);
+        if (!first) ZOE_RETURN_IF_ERROR(swapper->read_state(m, kGradState, grad_stage.data(), b, n));
+        ZOE_RETURN_IF_ERROR(optim::accumulate_with_norm(grad_stage.data(), static_cast<const char*>(src) + b * esize(),
+                                                        cdt, n, first, mod.norm_parts.data() + b / optim::kChunkElems,
+                                                        exec));
+        ZOE_RETURN_IF_ERROR(swapper->write_state(m, kGradState, grad_stage.data(), b, n));
+      }
+    }
+    mod.acc_count++;
+    return Status::ok();
+  }
+
+  // A module no micro-batch reduced gradients for this step: zero gradients, zero norm.
+  Status zero_grads(size_t m) {
+    Module& mod = modules[m];
+    mod.norm_parts.assign(optim::norm_chunks(mod.opt_n), 0.0);
+    if (mod.opt_home != OffloadDevice::kNvme) {
+      memset(mod.grad_acc, 0, mod.opt_n * 4);
+      return Status::ok();
+    }
+    const size_t chunk = swapper->chunk_elems();
+    grad_stage.assign(chunk, 0.0f);
+    for (size_t b = 0; b < mod.opt_n; b += chunk) {
+      ZOE_RETURN_IF_ERROR(swapper->write_state(m, kGradState, grad_stage.data(), b, std::min(chunk, mod.opt_n - b)));
+    }
+    return Status::ok();
+  }
+
+  // Queues the gather of module m's parameters ahead of its fetch: device buffers for the
+  // gathered module and a copy of this rank's partition; on the communicator's stream, a host
+  // task brings the partition to the device (from wherever it lives) and copies it, then the
+  // all-gather runs. Every rank queues the same gathers in the same order (the decisions depend
+  // only on the recorded fetch order and the config), so the collectives line up.
+  Status start_gather(size_t m) {
+    Module& mod = modules[m];
+    const size_t es = esize();
+    ZOE_ASSIGN_OR_RETURN(mod.full, dalloc(mod.padded * es));
+    auto send = dalloc(mod.part * es);
+    if (!send.is_ok()) {
+      dev->free(mod.full);
+      mod.full = nullptr;
+      return send.status();
+    }
+    mod.gather_send = send.value();
+    mod.gather_error = Status::ok();
+    const size_t bytes = mod.part * es;
+    comm->enqueue_host_task([this, m, bytes]() -> Status {
+      Module& md = modules[m];
+      auto part = tm->fetch(m, Tier::kDevice).wait();
+      Status s;
+      if (part.is_ok()) {
+        memcpy(md.gather_send, part.value(), bytes);
+        tm->unpin(m, Tier::kDevice);
+      } else {
+        s = tm->read(m, md.gather_send);  // the device tier is full of pinned copies: read directly
+      }
+      // The gather after this task runs anyway, so this rank stays in step with the others;
+      // fetch() reports the error.
+      if (!s.is_ok()) md.gather_error = s.with_context("reading the partition of module " + md.name);
+      return Status::ok();
+    });
+    mod.gather = comm->all_gather(mod.gather_send, mod.full, mod.part, to_comm(cdt));
+    mod.gather_pending = true;
+    live_elems += mod.padded;
+    return Status::ok();
+  }
+
+  // Waits for module m's queued gather; its parameters are then in mod.full.
+  Status finish_gather(size_t m) {
+    Module& mod = modules[m];
+    Status s;
+    {
+      Timer t(&t_comm);
+      s = mod.gather.wait();
+    }
+    dev->free(mod.gather_send);
+    mod.gather_send = nullptr;
+    mod.gather_pending = false;
+    mod.gather = comm::CommHandle();
+    if (s.is_ok()) s = mod.gather_error;
+    return s.is_ok() ? s : s.with_context("gathering the parameters of module " + mod.name);
+  }
+
+  // Drops every queued gather (the fetch order changed, or the parameters are about to).
+  Status discard_gathers() {
+    Status first;
+    for (size_t m = 0; m < modules.size(); ++m) {
+      Module& mod = modules[m];
+      if (!mod.gather_pending) continue;
+      Status s = finish_gather(m);
+      if (first.is_ok()) first = s;
+      dev->free(mod.full);
+      mod.full = nullptr;
+      live_elems -= mod.padded;
+    }
+    return first;
+  }
+
+  // At fetch(m) after the first iteration: the recorded order predicts m. When it does not (an
+  // evaluation pass, a changed loop), move the cursor to m's next occurrence and drop the
+  // gathers queued for the old prediction.
+  Status follow_order(size_t m) {
+    if (recording || order.empty() || order[cursor] == m) return Status::ok();
+    for (size_t k = 1; k < order.size(); ++k) {
+      size_t at = (cursor + k) % order.size();
+      if (order[at] == m) {
+        cursor = at;
+        break;
+      }
+    }
+    return discard_gathers();
+  }
+
+  Status prefetch_after(size_t m) {
+    if (recording || order.empty() || !tm) return Status::ok();
+    // 1. Gathers of the next partitioned modules in the recorded order, within the gather window
+    //    and stage3_max_live_parameters; never past the end of the order (the step changes the
+    //    parameters).
+    size_t queued = 0;
+    for (const auto& md : modules) queued += md.gather_pending ? md.padded : 0;
+    const int64_t cap = cfg->zero.stage3_max_live_parameters;
+    for (size_t k = cursor + 1; k < order.size(); ++k) {
+      const size_t next = order[k];
+      const Module& nm = modules[next];
+      if (!nm.partitioned_params || nm.full != nullptr) continue;  // persistent, fetched, or queued
+      if (queued + nm.padded > gather_window || static_cast<int64_t>(live_elems + nm.padded) > cap) break;
+      Status s = start_gather(next);
+      if (!s.is_ok()) {
+        // The window was sized to fit the budget; reductions still holding buffers are the only
+        // other users. A rank that skipped a gather the others run would fall out of step, so
+        // there is no skipping: wait for them, retry, else fail.
+        ZOE_RETURN_IF_ERROR(complete_pending(true));
+        s = start_gather(next);
+        if (!s.is_ok()) {
+          return s.with_context("prefetching the parameters of module " + nm.name +
+                                " (lower zero_optimization.stage3_prefetch_bucket_size or raise zoe.device_budget)");
+        }
+      }
+      queued += nm.padded;
+    }
+    // 2. Partitions further ahead move towards the device, up to the prefetch bucket size.
     int64_t budget = cfg->zero.stage3_prefetch_bucket_size;
     for (size_t k = 1; k < order.size() && budget > 0; ++k) {
       size_t next = order[(cursor + k) % order.size()];
       if (next == m) continue;
       const Module& nm = modules[next];
-      if (!nm.partitioned_params) continue;
+      if (!nm.partitioned_params || nm.full != nullptr) continue;
       tm->prefetch(next, Tier::kDevice);
       budget -= static_cast<int64_t>(nm.part);
     }
+    return Status::ok();
   }
 };
 

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "optim/adam.h"
@@ -147,6 +148,58 @@ TEST(Norm, DeterministicAcrossThreads) {
                 serial_c.sum_sq) << t;
     }
   }
+}
+
+// accumulate_with_norm: acc = (first ? 0 : acc) + float(src) exactly as a plain loop does, the
+// per-chunk sums of squares of the new acc, and the same bits when done in chunk-aligned pieces.
+TEST(Norm, AccumulateWithNorm) {
+  for (const Path& path : all_paths()) {
+    if (!path_unavailable(path).empty()) continue;
+    for (DType d : {DType::kF32, DType::kF16, DType::kBF16}) {
+      for (size_t n : {size_t(0), size_t(1), size_t(17), 3 * kChunkElems + 5}) {
+        SCOPED_TRACE(::testing::Message() << path.name << " " << dtype_name(d) << " n=" << n);
+        Buf g1 = random_buf(d, n, 1, 7), g2 = random_buf(d, n, 0, 8);
+        std::vector<float> acc(n + 1, 123.0f), want(n);
+        std::vector<double> parts(norm_chunks(n) + 1, -1.0);
+        ASSERT_TRUE(accumulate_with_norm(acc.data(), g1.data(), d, n, true, parts.data(), exec_for(path)).is_ok());
+        ASSERT_TRUE(accumulate_with_norm(acc.data(), g2.data(), d, n, false, parts.data(), exec_for(path)).is_ok());
+        for (size_t i = 0; i < n; ++i) {
+          want[i] = g1.get(i) + g2.get(i);
+          ASSERT_EQ(acc[i], want[i]) << "first bad index " << i;
+        }
+        EXPECT_EQ(acc[n], 123.0f) << "wrote past the end";
+        for (size_t c = 0; c < norm_chunks(n); ++c) {
+          double w = 0;
+          for (size_t i = c * kChunkElems; i < std::min(n, (c + 1) * kChunkElems); ++i) w += double(want[i]) * want[i];
+          EXPECT_NEAR(parts[c], w, 1e-12 * w) << "chunk " << c;
+        }
+        EXPECT_EQ(parts[norm_chunks(n)], -1.0) << "wrote a partial past the end";
+        // In two pieces split at a chunk boundary: the same accumulator and partials, bit for bit.
+        if (n > 2 * kChunkElems) {
+          std::vector<float> acc2(n);
+          std::vector<double> parts2(norm_chunks(n));
+          const size_t cut = 2 * kChunkElems, es = dtype_size(d);
+          for (bool first : {true, false}) {
+            const Buf& g = first ? g1 : g2;
+            ASSERT_TRUE(accumulate_with_norm(acc2.data(), g.data(), d, cut, first, parts2.data(), exec_for(path)).is_ok());
+            ASSERT_TRUE(accumulate_with_norm(acc2.data() + cut, static_cast<const char*>(g.data()) + cut * es, d, n - cut,
+                                             first, parts2.data() + cut / kChunkElems, exec_for(path)).is_ok());
+          }
+          EXPECT_EQ(0, memcmp(acc2.data(), acc.data(), n * 4));
+          for (size_t c = 0; c < parts2.size(); ++c) EXPECT_EQ(parts2[c], parts[c]) << "chunk " << c;
+        }
+      }
+    }
+  }
+  // Overflow shows as a non-finite partial; bad arguments are errors.
+  Buf g = random_buf(DType::kBF16, 100, 0, 9);
+  g.set(50, INFINITY);
+  std::vector<float> acc(100, 0.0f);
+  double part = 0;
+  ASSERT_TRUE(accumulate_with_norm(acc.data(), g.data(), DType::kBF16, 100, false, &part).is_ok());
+  EXPECT_FALSE(std::isfinite(part));
+  EXPECT_FALSE(accumulate_with_norm(nullptr, g.data(), DType::kBF16, 100, false, &part).is_ok());
+  EXPECT_FALSE(accumulate_with_norm(acc.data(), acc.data(), DType::kF32, 100, false, &part).is_ok());
 }
 
 TEST(Norm, ScaleInPlace) {

@@ -158,9 +158,16 @@ inline std::vector<Layer> reference_train(const MlpSpec& s, int world, int steps
 // the final fp32 master parameters. inject_inf_at: a step whose first gradient becomes inf.
 inline Status engine_train(Engine& e, const MlpSpec& s, int rank, int world, int steps, std::vector<Layer>* out,
                            std::vector<StepStats>* stats = nullptr, int inject_inf_at = -1, int micro = 1,
-                           int first_step = 0) {
+                           int first_step = 0, bool eval_passes = false) {
   const int d = s.d;
   for (int k = first_step; k < steps; ++k) {
+    // eval_passes: from the second step on, a forward-only pass over the modules before the
+    // training micro-batches (a fetch order the engine did not record in the first step).
+    for (int l = 0; eval_passes && k > first_step && l < s.layers; ++l) {
+      auto p = e.fetch(static_cast<size_t>(l));
+      if (!p.is_ok()) return p.status();
+      ZOE_RETURN_IF_ERROR(e.release(static_cast<size_t>(l)));
+    }
    for (int j = 0; j < micro; ++j) {
     const int first = (j * world + rank) * s.batch;
     auto xs = batch_inputs(s, k, first, s.batch);

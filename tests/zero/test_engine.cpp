@@ -8,6 +8,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <map>
 
 #include "comm/communicator.h"
@@ -235,6 +236,116 @@ TEST(Engine, Bf16OptimizerStates) {
     EXPECT_LE(d.mean_abs, tol.mean_abs);
     if (!base.count(pl.stage)) base[pl.stage] = out;
     else EXPECT_TRUE(compare(out, base[pl.stage]).identical) << "stage " << pl.stage << " " << pl.opt << "/" << pl.param;
+  }
+}
+
+// Runs the MLP with make_config's text edited by `edit` (keys inserted into its sections).
+Result<std::vector<Layer>> run_edited(const Placement& pl, const std::string& precision, const MlpSpec& s, int steps,
+                                      const std::function<void(std::string&)>& edit, std::vector<StepStats>* stats,
+                                      int micro = 1) {
+  Runtime& rt = runtime();
+  test::ScratchDir nvme("nvme");
+  std::string text = make_config(pl, precision, nvme.path(), micro);
+  edit(text);
+  ZOE_ASSIGN_OR_RETURN(auto cfg, config::Config::parse(text, rt.world_size()));
+  ZOE_ASSIGN_OR_RETURN(auto e, Engine::create(rt, cfg));
+  ZOE_RETURN_IF_ERROR(test::register_mlp(*e, s));
+  std::vector<Layer> out;
+  ZOE_RETURN_IF_ERROR(test::engine_train(*e, s, rt.rank(), rt.world_size(), steps, &out, stats, -1, micro));
+  return out;
+}
+
+void insert_before(std::string& text, const std::string& key, const std::string& what) {
+  size_t at = text.find("\"" + key + "\"");
+  ASSERT_NE(at, std::string::npos) << key;
+  text.insert(at, what);
+}
+
+TEST(Engine, PartialOffloadAndNvmeGradientsMatchNoOffloadBitForBit) {
+  // zoe.offload_ratio 0.5 keeps some modules' optimizer states on the device and offloads the
+  // others. Layers of 200x200 with sub_group_size 16384 stream each NVMe module's states and
+  // gradients (accumulated over 2 micro-batches on NVMe) through the pipeline in several chunks.
+  MlpSpec s;
+  s.d = 200;
+  s.clip = 0.05;  // the clip must bite: the norm, accumulated in pieces, must have the same bits
+  const int steps = 2, micro = 2;
+  for (const std::string precision : {"fp32", "bf16"}) {
+    std::map<int, std::vector<Layer>> base;
+    for (int st : {2, 3}) {
+      auto r = run_edited({st, "none", "none"}, precision, s, steps, [](std::string& t) {
+        insert_before(t, "train_micro_batch_size_per_gpu", "\"gradient_clipping\": 0.05, ");
+      }, nullptr, micro);
+      ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+      base[st] = r.value();
+    }
+    for (const Placement& pl : {Placement{2, "cpu", "none"}, Placement{2, "nvme", "none"}, Placement{3, "nvme", "nvme"},
+                                Placement{3, "cpu", "nvme"}}) {
+      std::map<std::string, uint64_t> nvme_hw;
+      for (const char* ratio : {"0.5", "1", "0"}) {
+        std::string what = precision + " stage " + std::to_string(pl.stage) + " optimizer " + pl.opt + " params " +
+                           pl.param + " ratio " + ratio;
+        std::vector<StepStats> stats;
+        auto r = run_edited(pl, precision, s, steps, [&](std::string& t) {
+          insert_before(t, "train_micro_batch_size_per_gpu", "\"gradient_clipping\": 0.05, ");
+          insert_before(t, "stage3_param_persistence_threshold", "\"sub_group_size\": 16384, ");
+          insert_before(t, "optimizer_threads", std::string("\"offload_ratio\": ") + ratio + ", ");
+        }, &stats, micro);
+        ASSERT_TRUE(r.is_ok()) << what << ": " << r.status().to_string();
+        EXPECT_TRUE(compare(r.value(), base[pl.stage]).identical) << what << " differs from the no-offload run";
+        nvme_hw[ratio] = stats.back().high_water[2];
+      }
+      if (std::string(pl.opt) == "nvme" && std::string(pl.param) == "none") {
+        // NVMe holds the offloaded share only: all of it at ratio 1, some at 0.5, none at 0.
+        EXPECT_EQ(nvme_hw["0"], 0u) << precision << " stage " << pl.stage;
+        EXPECT_GT(nvme_hw["0.5"], 0u) << precision << " stage " << pl.stage;
+        EXPECT_LT(nvme_hw["0.5"], nvme_hw["1"]) << precision << " stage " << pl.stage;
+      }
+    }
+  }
+}
+
+TEST(Engine, GathersArePrefetchedInTheRecordedOrder) {
+  // Stage 3: after the first step recorded the fetch order, each fetch queues the all-gathers of
+  // the next modules. Results equal those with prefetching off, and with an unrecorded forward
+  // pass between steps (the engine follows the change and drops what it queued).
+  Runtime& rt = runtime();
+  MlpSpec s;
+  s.layers = 4;
+  const int steps = 3;
+  for (const Placement& pl : {Placement{3, "nvme", "nvme"}, Placement{3, "none", "cpu"}, Placement{3, "cpu", "none"}}) {
+    std::string what = std::string("optimizer ") + pl.opt + " params " + pl.param;
+    std::vector<Layer> results[3];
+    for (int variant = 0; variant < 3; ++variant) {  // prefetch on, off, on with eval passes
+      test::ScratchDir nvme("nvme");
+      std::string text = make_config(pl, "bf16", nvme.path());
+      if (variant == 1) insert_before(text, "stage3_param_persistence_threshold", "\"stage3_prefetch_bucket_size\": 0, ");
+      auto cfg = config::Config::parse(text, rt.world_size());
+      ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
+      auto e = Engine::create(rt, cfg.value());
+      ASSERT_TRUE(e.is_ok()) << e.status().to_string();
+      Status reg = test::register_mlp(*e.value(), s);
+      ASSERT_TRUE(reg.is_ok()) << what << ": " << reg.to_string();
+      std::vector<StepStats> stats;
+      Status st = test::engine_train(*e.value(), s, rt.rank(), rt.world_size(), steps, &results[variant], &stats, -1, 1,
+                                     0, variant == 2);
+      ASSERT_TRUE(st.is_ok()) << what << ": " << st.to_string();
+      // The first step records the order: every gather is on demand (4 forward + 4 backward).
+      EXPECT_EQ(stats[0].gathers_prefetched, 0u) << what;
+      EXPECT_EQ(stats[0].gathers_on_demand, 8u) << what;
+      for (int k = 1; k < steps; ++k) {
+        const uint64_t fetches = variant == 2 ? 12u : 8u;
+        EXPECT_EQ(stats[k].gathers_prefetched + stats[k].gathers_on_demand, fetches) << what << " step " << k;
+        if (variant == 1) {
+          EXPECT_EQ(stats[k].gathers_prefetched, 0u) << what << " step " << k;
+        } else {
+          // All but the step's first fetch and the backward re-fetch of the last module (it was
+          // still fetched when the next modules were queued).
+          EXPECT_GE(stats[k].gathers_prefetched, 6u) << what << " variant " << variant << " step " << k;
+        }
+      }
+    }
+    EXPECT_TRUE(compare(results[0], results[1]).identical) << what << ": prefetch on vs off";
+    EXPECT_TRUE(compare(results[0], results[2]).identical) << what << ": with unrecorded forward passes";
   }
 }
 
