@@ -76,7 +76,11 @@ class DevBuf {
   float* f32() const { return static_cast<float*>(data()); }
   size_t bytes() const { return n_ * dtype_size(dtype_); }
   bool ok() const { return base_ != nullptr; }
-  cudaError_t upload(const Buf& h) const { return cudaMemcpy(data(), h.data(), bytes(), cudaMemcpyHostToDevice); }
+  // Waits for the device too: a copy from pageable memory may still be in flight when cudaMemcpy returns.
+  cudaError_t upload(const Buf& h) const {
+    cudaError_t e = cudaMemcpy(data(), h.data(), bytes(), cudaMemcpyHostToDevice);
+    return e != cudaSuccess ? e : cudaDeviceSynchronize();
+  }
   cudaError_t download(Buf& h) const { return cudaMemcpy(h.data(), data(), bytes(), cudaMemcpyDeviceToHost); }
 
  private:

@@ -1,0 +1,773 @@
+// GptCuda: the GPT's forward and backward on a GPU; cuBLAS for matrix products, plain kernels
+// for the rest (see gpt_cuda.h). Layouts are GptCpu's: row-major activations [rows, features].
+#include "model/gpt_cuda.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "core/log.h"
+#include "model/kernels.h"
+
+namespace zoe::model {
+namespace {
+
+// ---- errors ------------------------------------------------------------------------------------
+
+Status cuda_error(const char* call, cudaError_t err) {
+  (void)cudaGetLastError();
+  StatusCode code = StatusCode::kIoError;
+  if (err == cudaErrorMemoryAllocation) code = StatusCode::kOutOfBudget;
+  if (err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver) code = StatusCode::kUnsupported;
+  return Status(code, std::string(call) + ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
+}
+
+Status cublas_error(const char* call, cublasStatus_t st) {
+  StatusCode code = st == CUBLAS_STATUS_ALLOC_FAILED ? StatusCode::kOutOfBudget : StatusCode::kIoError;
+  return Status(code, std::string(call) + ": " + cublasGetStatusName(st) + " (" + cublasGetStatusString(st) + ")");
+}
+
+#define ZOE_CUDA_TRY(call)                                                     \
+  do {                                                                         \
+    cudaError_t zoe_cuda_err_ = (call);                                        \
+    if (zoe_cuda_err_ != cudaSuccess) return cuda_error(#call, zoe_cuda_err_); \
+  } while (0)
+
+// ---- kernels -----------------------------------------------------------------------------------
+
+constexpr int kThreads = 256;     // element-wise kernels and column kernels
+constexpr int kRowThreads = 128;  // one block per row: LayerNorm, softmax, log-sum-exp
+constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluK = 0.044715f;
+
+unsigned grid_for(size_t n, int threads) {
+  const size_t b = (n + static_cast<size_t>(threads) - 1) / static_cast<size_t>(threads);
+  return static_cast<unsigned>(b < (size_t(1) << 20) ? (b == 0 ? 1 : b) : (size_t(1) << 20));
+}
+unsigned grid_rows(size_t rows) { return static_cast<unsigned>(rows < (size_t(1) << 20) ? (rows == 0 ? 1 : rows) : (size_t(1) << 20)); }
+
+// Grid-stride loop over [0, n).
+#define ZOE_FOR_EACH(i, n)                                                                    \
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n);         \
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+// One block per row, striding over the rows.
+#define ZOE_FOR_EACH_ROW(r, rows) for (size_t r = blockIdx.x; r < (rows); r += gridDim.x)
+
+struct SumOp {
+  __device__ float operator()(float a, float b) const { return a + b; }
+};
+struct MaxOp {
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+// Reduces v over the block (blockDim.x == kRowThreads) in a fixed tree; every thread gets the
+// result. Every thread of the block must call it; sh is kRowThreads floats of shared memory.
+template <typename Op>
+__device__ float block_reduce(float v, float* sh, Op op) {
+  const unsigned t = threadIdx.x;
+  sh[t] = v;
+  __syncthreads();
+  for (unsigned w = kRowThreads / 2; w > 0; w >>= 1) {
+    if (t < w) sh[t] = op(sh[t], sh[t + w]);
+    __syncthreads();
+  }
+  const float r = sh[0];
+  __syncthreads();  // sh may be reused right after
+  return r;
+}
+
+__global__ void embed_kernel(const int32_t* __restrict__ tokens, const float* __restrict__ wte,
+                             const float* __restrict__ wpe, float* __restrict__ x, size_t rows, int T, int d) {
+  ZOE_FOR_EACH(idx, rows * d) {
+    const size_t r = idx / d, i = idx % d;
+    x[idx] = wte[static_cast<size_t>(tokens[r]) * d + i] + wpe[(r % T) * d + i];
+  }
+}
+
+__global__ void fill_rows_kernel(float* __restrict__ y, const float* __restrict__ b, size_t rows, int n) {
+  ZOE_FOR_EACH(idx, rows * n) y[idx] = b[idx % n];
+}
+
+__global__ void add_kernel(float* __restrict__ y, const float* __restrict__ x, size_t n) {
+  ZOE_FOR_EACH(i, n) y[i] += x[i];
+}
+
+__global__ void __launch_bounds__(kRowThreads)
+    layernorm_forward_kernel(const float* __restrict__ x, const float* __restrict__ g, const float* __restrict__ b,
+                             float* __restrict__ out, float* __restrict__ mean, float* __restrict__ rstd,
+                             size_t rows, int d) {
+  __shared__ float sh[kRowThreads];
+  const float inv_d = 1.0f / static_cast<float>(d);
+  ZOE_FOR_EACH_ROW(r, rows) {
+    const float* xr = x + r * d;
+    float s = 0.0f;
+    for (int i = threadIdx.x; i < d; i += kRowThreads) s += xr[i];
+    const float m = block_reduce(s, sh, SumOp()) * inv_d;
+    float s2 = 0.0f;
+    for (int i = threadIdx.x; i < d; i += kRowThreads) {
+      const float c = xr[i] - m;
+      s2 += c * c;
+    }
+    const float var = block_reduce(s2, sh, SumOp()) * inv_d;
+    const float rs = 1.0f / sqrtf(var + kernels::kLayerNormEps);
+    float* o = out + r * d;
+    for (int i = threadIdx.x; i < d; i += kRowThreads) o[i] = (xr[i] - m) * rs * g[i] + b[i];
+    if (threadIdx.x == 0) {
+      mean[r] = m;
+      rstd[r] = rs;
+    }
+  }
+}
+
+// dx += d(LayerNorm)/dx applied to dy, per row.
+__global__ void __launch_bounds__(kRowThreads)
+    layernorm_backward_input_kernel(const float* __restrict__ dy, const float* __restrict__ x,
+                                    const float* __restrict__ g, const float* __restrict__ mean,
+                                    const float* __restrict__ rstd, float* __restrict__ dx, size_t rows, int d) {
+  __shared__ float sh[kRowThreads];
+  const float inv_d = 1.0f / static_cast<float>(d);
+  ZOE_FOR_EACH_ROW(r, rows) {
+    const float* dyr = dy + r * d;
+    const float* xr = x + r * d;
+    const float m = mean[r], rs = rstd[r];
+    float a = 0.0f, c = 0.0f;
+    for (int i = threadIdx.x; i < d; i += kRowThreads) {
+      const float dg = dyr[i] * g[i];
+      a += dg;
+      c += dg * ((xr[i] - m) * rs);
+    }
+    const float m1 = block_reduce(a, sh, SumOp()) * inv_d;
+    const float m2 = block_reduce(c, sh, SumOp()) * inv_d;
+    float* dxr = dx + r * d;
+    for (int i = threadIdx.x; i < d; i += kRowThreads) {
+      const float xhat = (xr[i] - m) * rs;
+      dxr[i] += rs * (dyr[i] * g[i] - m1 - xhat * m2);
+    }
+  }
+}
+
+// dg[c] += sum_r dy[r, c] * xhat[r, c], db[c] += sum_r dy[r, c]: one thread per column, rows in order.
+__global__ void layernorm_backward_params_kernel(const float* __restrict__ dy, const float* __restrict__ x,
+                                                 const float* __restrict__ mean, const float* __restrict__ rstd,
+                                                 float* __restrict__ dg, float* __restrict__ db, size_t rows, int d) {
+  ZOE_FOR_EACH(c, static_cast<size_t>(d)) {
+    float sg = dg[c], sb = db[c];
+    for (size_t r = 0; r < rows; ++r) {
+      const float v = dy[r * d + c];
+      sg += v * ((x[r * d + c] - mean[r]) * rstd[r]);
+      sb += v;
+    }
+    dg[c] = sg;
+    db[c] = sb;
+  }
+}
+
+// out[c] += sum_r y[r * ld + c]: one thread per column, rows in order.
+__global__ void column_sum_kernel(const float* __restrict__ y, float* __restrict__ out, size_t rows, int ld) {
+  ZOE_FOR_EACH(c, static_cast<size_t>(ld)) {
+    float s = out[c];
+    for (size_t r = 0; r < rows; ++r) s += y[r * ld + c];
+    out[c] = s;
+  }
+}
+
+// e = exp(2u), u = sqrt(2/pi) (v + 0.044715 v^3) clamped to +-40 (as kernels.cpp does).
+__device__ __forceinline__ float gelu_exp2u(float v) {
+  float u = kGeluC * (v + kGeluK * v * v * v);
+  u = fminf(fmaxf(u, -40.0f), 40.0f);
+  return expf(2.0f * u);
+}
+
+__global__ void gelu_forward_kernel(const float* __restrict__ x, float* __restrict__ y, size_t n) {
+  ZOE_FOR_EACH(i, n) {
+    const float e = gelu_exp2u(x[i]);
+    y[i] = x[i] * (e / (1.0f + e));
+  }
+}
+
+// dy *= gelu'(x) = s + 2 v s (1 - s) u', s = e / (1 + e); v clamped to +-20 as in kernels.cpp.
+__global__ void gelu_backward_kernel(const float* __restrict__ x, float* __restrict__ dy, size_t n) {
+  ZOE_FOR_EACH(i, n) {
+    const float v = fminf(fmaxf(x[i], -20.0f), 20.0f);
+    const float e = gelu_exp2u(v);
+    const float q = 1.0f / (1.0f + e);
+    const float s = e * q;
+    const float du = kGeluC * (1.0f + 3.0f * kGeluK * v * v);
+    dy[i] *= s + 2.0f * v * s * q * du;
+  }
+}
+
+// Rows of [B, H, T, T]: row r is query position r % T. Softmax over [0, t], zeros after.
+__global__ void __launch_bounds__(kRowThreads) causal_softmax_kernel(float* __restrict__ att, size_t rows, int T) {
+  __shared__ float sh[kRowThreads];
+  ZOE_FOR_EACH_ROW(r, rows) {
+    float* s = att + r * T;
+    const int n = static_cast<int>(r % T) + 1;
+    float mx = -INFINITY;
+    for (int i = threadIdx.x; i < n; i += kRowThreads) mx = fmaxf(mx, s[i]);
+    mx = block_reduce(mx, sh, MaxOp());
+    float sum = 0.0f;
+    for (int i = threadIdx.x; i < n; i += kRowThreads) {
+      const float e = expf(s[i] - mx);
+      s[i] = e;
+      sum += e;
+    }
+    const float inv = 1.0f / block_reduce(sum, sh, SumOp());
+    for (int i = threadIdx.x; i < n; i += kRowThreads) s[i] *= inv;
+    for (int i = n + threadIdx.x; i < T; i += kRowThreads) s[i] = 0.0f;
+  }
+}
+
+// dp = scale * p * (dp - sum(p * dp)) over [0, t], zeros after.
+__global__ void __launch_bounds__(kRowThreads)
+    causal_softmax_backward_kernel(const float* __restrict__ p, float* __restrict__ dp, size_t rows, int T,
+                                   float scale) {
+  __shared__ float sh[kRowThreads];
+  ZOE_FOR_EACH_ROW(r, rows) {
+    const float* pr = p + r * T;
+    float* dr = dp + r * T;
+    const int n = static_cast<int>(r % T) + 1;
+    float dot = 0.0f;
+    for (int i = threadIdx.x; i < n; i += kRowThreads) dot += pr[i] * dr[i];
+    dot = block_reduce(dot, sh, SumOp());
+    for (int i = threadIdx.x; i < n; i += kRowThreads) dr[i] = scale * pr[i] * (dr[i] - dot);
+    for (int i = n + threadIdx.x; i < T; i += kRowThreads) dr[i] = 0.0f;
+  }
+}
+
+__global__ void __launch_bounds__(kRowThreads)
+    logsumexp_kernel(const float* __restrict__ logits, float* __restrict__ lse, size_t rows, int V) {
+  __shared__ float sh[kRowThreads];
+  ZOE_FOR_EACH_ROW(r, rows) {
+    const float* x = logits + r * V;
+    float mx = -INFINITY;
+    for (int i = threadIdx.x; i < V; i += kRowThreads) mx = fmaxf(mx, x[i]);
+    mx = block_reduce(mx, sh, MaxOp());
+    float sum = 0.0f;
+    for (int i = threadIdx.x; i < V; i += kRowThreads) sum += expf(x[i] - mx);
+    sum = block_reduce(sum, sh, SumOp());
+    if (threadIdx.x == 0) lse[r] = mx + logf(sum);
+  }
+}
+
+// *loss_sum = sum over rows with a target of (lse - logit[target]), in double: one block of
+// kThreads, thread t taking rows t, t + kThreads, ..., then a fixed tree.
+__global__ void __launch_bounds__(kThreads)
+    loss_kernel(const float* __restrict__ logits, const float* __restrict__ lse, const int32_t* __restrict__ targets,
+                size_t rows, int V, double* __restrict__ loss_sum) {
+  __shared__ double sh[kThreads];
+  double acc = 0.0;
+  for (size_t r = threadIdx.x; r < rows; r += kThreads) {
+    const int t = targets[r];
+    if (t >= 0) acc += static_cast<double>(lse[r]) - static_cast<double>(logits[r * V + t]);
+  }
+  sh[threadIdx.x] = acc;
+  __syncthreads();
+  for (unsigned w = kThreads / 2; w > 0; w >>= 1) {
+    if (threadIdx.x < w) sh[threadIdx.x] += sh[threadIdx.x + w];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) *loss_sum = sh[0];
+}
+
+// dlogits = scale * (softmax(logits) - onehot(target)); zero rows where the target is < 0.
+__global__ void cross_entropy_backward_kernel(const float* __restrict__ logits, const float* __restrict__ lse,
+                                              const int32_t* __restrict__ targets, float* __restrict__ dlogits,
+                                              size_t rows, int V, float scale) {
+  ZOE_FOR_EACH(idx, rows * V) {
+    const size_t r = idx / V;
+    const int c = static_cast<int>(idx % V);
+    const int t = targets[r];
+    float v = 0.0f;
+    if (t >= 0) {
+      v = scale * expf(logits[idx] - lse[r]);
+      if (c == t) v -= scale;
+    }
+    dlogits[idx] = v;
+  }
+}
+
+// dwpe[t, i] += dres[b, t, i] for b in order: one thread per (t, i).
+__global__ void wpe_backward_kernel(const float* __restrict__ dres, float* __restrict__ dwpe, int B, int T, int d) {
+  ZOE_FOR_EACH(idx, static_cast<size_t>(T) * d) {
+    float s = dwpe[idx];
+    for (int b = 0; b < B; ++b) s += dres[static_cast<size_t>(b) * T * d + idx];
+    dwpe[idx] = s;
+  }
+}
+
+// dwte[token[r], i] += dres[r, i] for rows in order: one thread per column i, so rows that share
+// a token never race and every sum has the row order.
+__global__ void wte_backward_kernel(const float* __restrict__ dres, const int32_t* __restrict__ tokens,
+                                    float* __restrict__ dwte, size_t rows, int d) {
+  ZOE_FOR_EACH(i, static_cast<size_t>(d)) {
+    for (size_t r = 0; r < rows; ++r) dwte[static_cast<size_t>(tokens[r]) * d + i] += dres[r * d + i];
+  }
+}
+
+// ---- the model -----------------------------------------------------------------------------------
+
+// Makes `ordinal` the calling thread's current device for a scope, restoring the previous one.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int ordinal) {
+    if (cudaGetDevice(&prev_) != cudaSuccess) {
+      (void)cudaGetLastError();
+      prev_ = -1;
+    }
+    if (prev_ != ordinal) {
+      err_ = cudaSetDevice(ordinal);
+      changed_ = err_ == cudaSuccess;
+    }
+  }
+  ~DeviceScope() {
+    if (changed_ && prev_ >= 0) (void)cudaSetDevice(prev_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+  cudaError_t error() const { return err_; }
+
+ private:
+  int prev_ = -1;
+  bool changed_ = false;
+  cudaError_t err_ = cudaSuccess;
+};
+
+struct LayerActs {
+  float *ln1_out, *ln1_mean, *ln1_rstd;
+  float* qkv;      // [N, 3d]: q | k | v, head h at columns h * hd of each
+  float* att;      // [B, H, T, T] softmax probabilities, zero above the diagonal
+  float* att_out;  // [N, d]
+  float* x_mid;    // [N, d] residual after attention
+  float *ln2_out, *ln2_mean, *ln2_rstd;
+  float* fc1;   // [N, 4d] before GELU
+  float* gelu;  // [N, 4d]
+};
+
+class GptCudaImpl final : public GptCuda {
+ public:
+  GptCudaImpl(const GptConfig& c, int batch, int tokens, int ordinal)
+      : c_(c),
+        B_(batch),
+        T_(tokens),
+        N_(batch * tokens),
+        d_(c.d_model),
+        H_(c.heads),
+        hd_(c.d_model / c.heads),
+        V_(c.vocab),
+        ordinal_(ordinal) {}
+
+  ~GptCudaImpl() override {
+    DeviceScope dev(ordinal_);
+    if (stream_ != nullptr) (void)cudaStreamSynchronize(stream_);
+    if (cublas_ != nullptr) (void)cublasDestroy(cublas_);
+    if (arena_ != nullptr) (void)cudaFree(arena_);
+    if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
+  }
+
+  // Stream, cuBLAS handle and the one device allocation that holds every activation.
+  Status init() {
+    DeviceScope dev(ordinal_);
+    if (dev.error() != cudaSuccess) return cuda_error("cudaSetDevice", dev.error());
+    // A blocking stream: it waits for work on the legacy default stream (e.g. a cudaMemcpy of the
+    // parameters, whose DMA may still run when the call returns) and that stream waits for it.
+    ZOE_CUDA_TRY(cudaStreamCreate(&stream_));
+    cublasStatus_t st = cublasCreate(&cublas_);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+      cublas_ = nullptr;
+      return cublas_error("cublasCreate", st);
+    }
+    st = cublasSetStream(cublas_, stream_);
+    if (st != CUBLAS_STATUS_SUCCESS) return cublas_error("cublasSetStream", st);
+    st = cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH);  // fp32 products, no TF32
+    if (st != CUBLAS_STATUS_SUCCESS) return cublas_error("cublasSetMathMode", st);
+
+    const size_t n = static_cast<size_t>(N_);
+    const size_t nd = n * d_;
+    const size_t att = static_cast<size_t>(B_) * H_ * T_ * T_;
+    std::vector<std::pair<void**, size_t>> plan;  // (where the pointer goes, bytes)
+    auto f = [&](float** p, size_t count) { plan.emplace_back(reinterpret_cast<void**>(p), count * sizeof(float)); };
+    residual_.resize(static_cast<size_t>(c_.layers) + 1);
+    for (float*& r : residual_) f(&r, nd);
+    acts_.resize(static_cast<size_t>(c_.layers));
+    for (LayerActs& a : acts_) {
+      f(&a.ln1_out, nd), f(&a.ln1_mean, n), f(&a.ln1_rstd, n);
+      f(&a.qkv, 3 * nd), f(&a.att, att), f(&a.att_out, nd), f(&a.x_mid, nd);
+      f(&a.ln2_out, nd), f(&a.ln2_mean, n), f(&a.ln2_rstd, n);
+      f(&a.fc1, 4 * nd), f(&a.gelu, 4 * nd);
+    }
+    f(&lnf_out_, nd), f(&lnf_mean_, n), f(&lnf_rstd_, n);
+    f(&logits_, n * V_), f(&lse_, n);
+    f(&dres_, nd), f(&dln_, nd), f(&datt_out_, nd), f(&dqkv_, 3 * nd);
+    f(&dfc_, 4 * nd), f(&datt_, att), f(&dlogits_, n * V_);
+    plan.emplace_back(reinterpret_cast<void**>(&tokens_dev_), n * sizeof(int32_t));
+    plan.emplace_back(reinterpret_cast<void**>(&targets_dev_), n * sizeof(int32_t));
+    plan.emplace_back(reinterpret_cast<void**>(&loss_dev_), sizeof(double));
+    constexpr size_t kAlign = 256;
+    size_t total = 0;
+    for (const auto& p : plan) total += (p.second + kAlign - 1) / kAlign * kAlign;
+    void* base = nullptr;
+    ZOE_CUDA_TRY(cudaMalloc(&base, total));
+    arena_ = base;
+    bytes_ = total;
+    size_t off = 0;
+    for (const auto& p : plan) {
+      *p.first = static_cast<unsigned char*>(base) + off;
+      off += (p.second + kAlign - 1) / kAlign * kAlign;
+    }
+    ZOE_CUDA_TRY(cudaMemsetAsync(arena_, 0, total, stream_));
+    ZOE_CUDA_TRY(cudaStreamSynchronize(stream_));
+    tokens_.assign(n, 0);
+    targets_.assign(n, -1);
+    logits_host_.assign(n * V_, 0.0f);
+    return Status::ok();
+  }
+
+  size_t activation_bytes() const override { return bytes_; }
+  int device_ordinal() const override { return ordinal_; }
+  void* stream() const override { return stream_; }
+  Status status() const override { return err_; }
+
+  Status synchronize() override {
+    if (!err_.is_ok()) return err_;
+    DeviceScope dev(ordinal_);
+    if (dev.error() != cudaSuccess) fail(cuda_error("cudaSetDevice", dev.error()));
+    else check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    return err_;
+  }
+
+  const float* logits() const override {
+    if (err_.is_ok()) {
+      DeviceScope dev(ordinal_);
+      if (dev.error() != cudaSuccess) {
+        fail(cuda_error("cudaSetDevice", dev.error()));
+      } else {
+        check(cudaMemcpyAsync(logits_host_.data(), logits_, logits_host_.size() * sizeof(float),
+                              cudaMemcpyDeviceToHost, stream_),
+              "cudaMemcpyAsync (logits to host)");
+        check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+      }
+    }
+    if (!err_.is_ok()) std::fill(logits_host_.begin(), logits_host_.end(), std::numeric_limits<float>::quiet_NaN());
+    return logits_host_.data();
+  }
+
+  void embed_forward(const int32_t* tokens, const float* const* p) override {
+    for (int r = 0; r < N_; ++r) {
+      ZOE_CHECK_MSG(tokens[r] >= 0 && tokens[r] < V_, "token %d at position %d: vocab is %d", tokens[r], r, V_);
+      tokens_[static_cast<size_t>(r)] = tokens[r];
+    }
+    stage_ = Stage::kEmbedded;
+    next_layer_ = 0;
+    DeviceScope dev(ordinal_);
+    if (!begin(dev)) return;
+    // Pageable source: the call returns once the bytes are staged, so tokens_ may change after.
+    check(cudaMemcpyAsync(tokens_dev_, tokens_.data(), tokens_.size() * sizeof(int32_t), cudaMemcpyHostToDevice,
+                          stream_),
+          "cudaMemcpyAsync (tokens to device)");
+    const size_t n = static_cast<size_t>(N_) * d_;
+    embed_kernel<<<grid_for(n, kThreads), kThreads, 0, stream_>>>(tokens_dev_, p[0], p[1], residual_[0], N_, T_, d_);
+    launched("embed_kernel");
+  }
+
+  void block_forward(int layer, const float* const* p) override {
+    ZOE_CHECK_MSG(layer >= 0 && layer < c_.layers, "layer %d of %d", layer, c_.layers);
+    ZOE_CHECK_MSG(stage_ == Stage::kEmbedded && layer == next_layer_,
+                  "block_forward(%d): expected layer %d, in order after embed_forward", layer, next_layer_);
+    ++next_layer_;
+    DeviceScope dev(ordinal_);
+    if (!begin(dev)) return;
+    LayerActs& a = acts_[static_cast<size_t>(layer)];
+    const float* x = residual_[static_cast<size_t>(layer)];
+    float* y = residual_[static_cast<size_t>(layer) + 1];
+    const int d = d_;
+    const size_t nd = static_cast<size_t>(N_) * d;
+
+    layernorm_rows(x, p[kLn1G], p[kLn1B], a.ln1_out, a.ln1_mean, a.ln1_rstd);
+    linear_forward(a.ln1_out, d, p[kQkvW], p[kQkvB], 3 * d, a.qkv);
+    attention_forward(a);
+    linear_forward(a.att_out, d, p[kProjW], p[kProjB], d, a.x_mid);
+    add(a.x_mid, x, nd);
+    layernorm_rows(a.x_mid, p[kLn2G], p[kLn2B], a.ln2_out, a.ln2_mean, a.ln2_rstd);
+    linear_forward(a.ln2_out, d, p[kFc1W], p[kFc1B], 4 * d, a.fc1);
+    gelu_forward_kernel<<<grid_for(4 * nd, kThreads), kThreads, 0, stream_>>>(a.fc1, a.gelu, 4 * nd);
+    launched("gelu_forward_kernel");
+    linear_forward(a.gelu, 4 * d, p[kFc2W], p[kFc2B], d, y);
+    add(y, a.x_mid, nd);
+  }
+
+  float head_forward(const float* const* fp, const float* const* ep, const int32_t* targets) override {
+    ZOE_CHECK_MSG(stage_ != Stage::kNone && next_layer_ == c_.layers, "head_forward after %d of %d blocks",
+                  next_layer_, c_.layers);
+    count_ = 0;
+    for (int r = 0; r < N_; ++r) {
+      ZOE_CHECK_MSG(targets[r] < V_, "target %d at position %d: vocab is %d", targets[r], r, V_);
+      targets_[static_cast<size_t>(r)] = targets[r];
+      if (targets[r] >= 0) ++count_;
+    }
+    stage_ = Stage::kHead;
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    DeviceScope dev(ordinal_);
+    if (!begin(dev)) return nan;
+    check(cudaMemcpyAsync(targets_dev_, targets_.data(), targets_.size() * sizeof(int32_t), cudaMemcpyHostToDevice,
+                          stream_),
+          "cudaMemcpyAsync (targets to device)");
+    layernorm_rows(residual_.back(), fp[0], fp[1], lnf_out_, lnf_mean_, lnf_rstd_);
+    // logits = lnf_out . wte^T
+    gemm(false, true, N_, V_, d_, 1.0f, lnf_out_, d_, ep[0], d_, 0.0f, logits_, V_);
+    logsumexp_kernel<<<grid_rows(N_), kRowThreads, 0, stream_>>>(logits_, lse_, N_, V_);
+    launched("logsumexp_kernel");
+    loss_kernel<<<1, kThreads, 0, stream_>>>(logits_, lse_, targets_dev_, N_, V_, loss_dev_);
+    launched("loss_kernel");
+    double sum = 0.0;
+    check(cudaMemcpyAsync(&sum, loss_dev_, sizeof(double), cudaMemcpyDeviceToHost, stream_),
+          "cudaMemcpyAsync (loss to host)");
+    check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    if (!err_.is_ok()) return nan;
+    return count_ > 0 ? static_cast<float>(sum / count_) : 0.0f;
+  }
+
+  void head_backward(const float* const* fp, const float* const* ep, float* const* fg, float* const* eg) override {
+    ZOE_CHECK_MSG(stage_ == Stage::kHead, "head_backward without head_forward");
+    stage_ = Stage::kBackward;
+    next_layer_ = c_.layers - 1;
+    DeviceScope dev(ordinal_);
+    if (!begin(dev)) return;
+    const float scale = count_ > 0 ? 1.0f / static_cast<float>(count_) : 0.0f;
+    const size_t nv = static_cast<size_t>(N_) * V_;
+    cross_entropy_backward_kernel<<<grid_for(nv, kThreads), kThreads, 0, stream_>>>(logits_, lse_, targets_dev_,
+                                                                                    dlogits_, N_, V_, scale);
+    launched("cross_entropy_backward_kernel");
+    // dlnf = dlogits . wte; dwte += dlogits^T . lnf_out
+    gemm(false, false, N_, d_, V_, 1.0f, dlogits_, V_, ep[0], d_, 0.0f, dln_, d_);
+    gemm(true, false, V_, d_, N_, 1.0f, dlogits_, V_, lnf_out_, d_, 1.0f, eg[0], d_);
+    check(cudaMemsetAsync(dres_, 0, static_cast<size_t>(N_) * d_ * sizeof(float), stream_), "cudaMemsetAsync");
+    layernorm_backward(dln_, residual_.back(), fp[0], lnf_mean_, lnf_rstd_, dres_, fg[0], fg[1]);
+  }
+
+  void block_backward(int layer, const float* const* p, float* const* g) override {
+    ZOE_CHECK_MSG(layer >= 0 && layer < c_.layers, "layer %d of %d", layer, c_.layers);
+    ZOE_CHECK_MSG(stage_ == Stage::kBackward && layer == next_layer_,
+                  "block_backward(%d): expected layer %d, in reverse order after head_backward", layer, next_layer_);
+    --next_layer_;
+    DeviceScope dev(ordinal_);
+    if (!begin(dev)) return;
+    LayerActs& a = acts_[static_cast<size_t>(layer)];
+    const int d = d_;
+    const size_t n4 = static_cast<size_t>(N_) * 4 * d;
+    // dres holds d(block output). MLP branch: y = x_mid + fc2(gelu(fc1(ln2(x_mid)))).
+    linear_backward(dres_, d, a.gelu, 4 * d, p[kFc2W], dfc_, g[kFc2W], g[kFc2B]);
+    gelu_backward_kernel<<<grid_for(n4, kThreads), kThreads, 0, stream_>>>(a.fc1, dfc_, n4);
+    launched("gelu_backward_kernel");
+    linear_backward(dfc_, 4 * d, a.ln2_out, d, p[kFc1W], dln_, g[kFc1W], g[kFc1B]);
+    layernorm_backward(dln_, a.x_mid, p[kLn2G], a.ln2_mean, a.ln2_rstd, dres_, g[kLn2G], g[kLn2B]);
+    // dres holds d(x_mid). Attention branch: x_mid = x + proj(attn(ln1(x))).
+    linear_backward(dres_, d, a.att_out, d, p[kProjW], datt_out_, g[kProjW], g[kProjB]);
+    attention_backward(a);
+    linear_backward(dqkv_, 3 * d, a.ln1_out, d, p[kQkvW], dln_, g[kQkvW], g[kQkvB]);
+    layernorm_backward(dln_, residual_[static_cast<size_t>(layer)], p[kLn1G], a.ln1_mean, a.ln1_rstd, dres_,
+                       g[kLn1G], g[kLn1B]);
+  }
+
+  void embed_backward(float* const* eg) override {
+    ZOE_CHECK_MSG(stage_ == Stage::kBackward && next_layer_ == -1, "embed_backward before the backward of block %d",
+                  next_layer_);
+    DeviceScope dev(ordinal_);
+    if (!begin(dev)) return;
+    wte_backward_kernel<<<grid_for(d_, kThreads), kThreads, 0, stream_>>>(dres_, tokens_dev_, eg[0], N_, d_);
+    launched("wte_backward_kernel");
+    wpe_backward_kernel<<<grid_for(static_cast<size_t>(T_) * d_, kThreads), kThreads, 0, stream_>>>(dres_, eg[1], B_,
+                                                                                                    T_, d_);
+    launched("wpe_backward_kernel");
+  }
+
+ private:
+  enum class Stage { kNone, kEmbedded, kHead, kBackward };
+
+  // ---- error bookkeeping: the first failure sticks, later work is skipped ----
+  void fail(Status s) const {
+    // (void): nvcc's front end counts Status& from operator= as a [[nodiscard]] Status.
+    if (err_.is_ok()) (void)(err_ = std::move(s));
+  }
+  void check(cudaError_t e, const char* what) const {
+    if (e != cudaSuccess) fail(cuda_error(what, e));
+  }
+  void launched(const char* kernel) const {
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) fail(cuda_error((std::string("launch of ") + kernel).c_str(), e));
+  }
+  void check_cublas(cublasStatus_t st, const char* what) const {
+    if (st != CUBLAS_STATUS_SUCCESS) fail(cublas_error(what, st));
+  }
+  // Whether the call should enqueue work: no earlier error and the device is current.
+  bool begin(const DeviceScope& dev) const {
+    if (!err_.is_ok()) return false;
+    if (dev.error() != cudaSuccess) {
+      fail(cuda_error("cudaSetDevice", dev.error()));
+      return false;
+    }
+    return true;
+  }
+
+  // ---- matrix products: row-major C[M, N] = alpha op(A) op(B) + beta C ----
+  // cuBLAS is column-major, where a row-major X reads as X^T: so compute C^T = op(B)^T op(A)^T,
+  // i.e. swap the operands and M/N and keep each operand's transpose flag.
+  void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B, int ldb,
+            float beta, float* C, int ldc) {
+    if (!err_.is_ok()) return;
+    check_cublas(cublasSgemm(cublas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K,
+                             &alpha, B, ldb, A, lda, &beta, C, ldc),
+                 "cublasSgemm");
+  }
+  // The same over `batch` products whose operands sit stride_a/stride_b/stride_c floats apart.
+  void gemm_batched(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, long long stride_a,
+                    const float* B, int ldb, long long stride_b, float beta, float* C, int ldc, long long stride_c,
+                    int batch) {
+    if (!err_.is_ok()) return;
+    check_cublas(cublasSgemmStridedBatched(cublas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                           N, M, K, &alpha, B, ldb, stride_b, A, lda, stride_a, &beta, C, ldc,
+                                           stride_c, batch),
+                 "cublasSgemmStridedBatched");
+  }
+
+  // y[N, out] = x[N, in] . W^T + b
+  void linear_forward(const float* x, int in, const float* w, const float* b, int out, float* y) {
+    const size_t n = static_cast<size_t>(N_) * out;
+    fill_rows_kernel<<<grid_for(n, kThreads), kThreads, 0, stream_>>>(y, b, N_, out);
+    launched("fill_rows_kernel");
+    gemm(false, true, N_, out, in, 1.0f, x, in, w, in, 1.0f, y, out);
+  }
+  // dx = dy . W (overwritten); dW += dy^T . x; db += column sums of dy.
+  void linear_backward(const float* dy, int out, const float* x, int in, const float* w, float* dx, float* dw,
+                       float* db) {
+    gemm(false, false, N_, in, out, 1.0f, dy, out, w, in, 0.0f, dx, in);
+    gemm(true, false, out, in, N_, 1.0f, dy, out, x, in, 1.0f, dw, in);
+    column_sum_kernel<<<grid_for(out, kThreads), kThreads, 0, stream_>>>(dy, db, N_, out);
+    launched("column_sum_kernel");
+  }
+
+  void layernorm_rows(const float* x, const float* g, const float* b, float* out, float* mean, float* rstd) {
+    layernorm_forward_kernel<<<grid_rows(N_), kRowThreads, 0, stream_>>>(x, g, b, out, mean, rstd, N_, d_);
+    launched("layernorm_forward_kernel");
+  }
+  // dx += LayerNorm backward of dy; dg, db += parameter gradients.
+  void layernorm_backward(const float* dy, const float* x, const float* g, const float* mean, const float* rstd,
+                          float* dx, float* dg, float* db) {
+    layernorm_backward_input_kernel<<<grid_rows(N_), kRowThreads, 0, stream_>>>(dy, x, g, mean, rstd, dx, N_, d_);
+    launched("layernorm_backward_input_kernel");
+    layernorm_backward_params_kernel<<<grid_for(d_, kThreads), kThreads, 0, stream_>>>(dy, x, mean, rstd, dg, db,
+                                                                                      N_, d_);
+    launched("layernorm_backward_params_kernel");
+  }
+  void add(float* y, const float* x, size_t n) {
+    add_kernel<<<grid_for(n, kThreads), kThreads, 0, stream_>>>(y, x, n);
+    launched("add_kernel");
+  }
+
+  // Per sequence b, the H heads as one strided batch (head h's q/k/v start h * hd columns in):
+  // S = scale Q K^T, causal softmax (all rows at once), out = P V.
+  void attention_forward(LayerActs& a) {
+    const int ld = 3 * d_;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd_));
+    const long long tt = static_cast<long long>(T_) * T_;
+    for (int b = 0; b < B_; ++b) {
+      const float* q = a.qkv + static_cast<size_t>(b) * T_ * ld;
+      float* p = a.att + static_cast<size_t>(b) * H_ * tt;
+      gemm_batched(false, true, T_, T_, hd_, scale, q, ld, hd_, q + d_, ld, hd_, 0.0f, p, T_, tt, H_);
+    }
+    const size_t rows = static_cast<size_t>(B_) * H_ * T_;
+    causal_softmax_kernel<<<grid_rows(rows), kRowThreads, 0, stream_>>>(a.att, rows, T_);
+    launched("causal_softmax_kernel");
+    for (int b = 0; b < B_; ++b) {
+      const float* v = a.qkv + static_cast<size_t>(b) * T_ * ld + 2 * d_;
+      const float* p = a.att + static_cast<size_t>(b) * H_ * tt;
+      float* o = a.att_out + static_cast<size_t>(b) * T_ * d_;
+      gemm_batched(false, false, T_, hd_, T_, 1.0f, p, T_, tt, v, ld, hd_, 0.0f, o, d_, hd_, H_);
+    }
+  }
+  // From datt_out_ to dqkv_ (overwritten): dP = dout V^T, dV = P^T dout, softmax backward,
+  // dQ = dS K, dK = dS^T Q.
+  void attention_backward(const LayerActs& a) {
+    const int ld = 3 * d_;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd_));
+    const long long tt = static_cast<long long>(T_) * T_;
+    for (int b = 0; b < B_; ++b) {
+      const float* q = a.qkv + static_cast<size_t>(b) * T_ * ld;
+      const float* v = q + 2 * d_;
+      const float* p = a.att + static_cast<size_t>(b) * H_ * tt;
+      float* dp = datt_ + static_cast<size_t>(b) * H_ * tt;
+      float* dv = dqkv_ + static_cast<size_t>(b) * T_ * ld + 2 * d_;
+      const float* dout = datt_out_ + static_cast<size_t>(b) * T_ * d_;
+      gemm_batched(false, true, T_, T_, hd_, 1.0f, dout, d_, hd_, v, ld, hd_, 0.0f, dp, T_, tt, H_);
+      gemm_batched(true, false, T_, hd_, T_, 1.0f, p, T_, tt, dout, d_, hd_, 0.0f, dv, ld, hd_, H_);
+    }
+    const size_t rows = static_cast<size_t>(B_) * H_ * T_;
+    causal_softmax_backward_kernel<<<grid_rows(rows), kRowThreads, 0, stream_>>>(a.att, datt_, rows, T_, scale);
+    launched("causal_softmax_backward_kernel");
+    for (int b = 0; b < B_; ++b) {
+      const float* q = a.qkv + static_cast<size_t>(b) * T_ * ld;
+      const float* k = q + d_;
+      const float* dp = datt_ + static_cast<size_t>(b) * H_ * tt;
+      float* dq = dqkv_ + static_cast<size_t>(b) * T_ * ld;
+      float* dk = dq + d_;
+      gemm_batched(false, false, T_, hd_, T_, 1.0f, dp, T_, tt, k, ld, hd_, 0.0f, dq, ld, hd_, H_);
+      gemm_batched(true, false, T_, hd_, T_, 1.0f, dp, T_, tt, q, ld, hd_, 0.0f, dk, ld, hd_, H_);
+    }
+  }
+
+  GptConfig c_;
+  int B_, T_, N_, d_, H_, hd_, V_;
+  int ordinal_;
+  Stage stage_ = Stage::kNone;
+  int next_layer_ = 0;
+  int count_ = 0;
+  size_t bytes_ = 0;
+  mutable Status err_;
+
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  void* arena_ = nullptr;
+  std::vector<float*> residual_;  // layers + 1 of [N, d]
+  std::vector<LayerActs> acts_;
+  float *lnf_out_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr, *logits_ = nullptr, *lse_ = nullptr;
+  float *dres_ = nullptr, *dln_ = nullptr, *datt_out_ = nullptr, *dqkv_ = nullptr, *dfc_ = nullptr,
+        *datt_ = nullptr, *dlogits_ = nullptr;
+  int32_t* tokens_dev_ = nullptr;
+  int32_t* targets_dev_ = nullptr;
+  double* loss_dev_ = nullptr;
+  std::vector<int32_t> tokens_, targets_;
+  mutable std::vector<float> logits_host_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<GptCuda>> GptCuda::create(const GptConfig& c, int batch, int tokens_per_seq,
+                                                 int device_ordinal) {
+  ZOE_RETURN_IF_ERROR(c.validate());
+  if (batch < 1) return invalid_argument("GptCuda: batch %d: expected a positive number of sequences", batch);
+  if (tokens_per_seq < 1 || tokens_per_seq > c.seq)
+    return invalid_argument("GptCuda: tokens_per_seq %d: expected 1..%d (the model's seq)", tokens_per_seq, c.seq);
+  if (static_cast<int64_t>(batch) * tokens_per_seq > (int64_t{1} << 24))
+    return invalid_argument("GptCuda: batch %d x tokens %d: more than 2^24 tokens per micro-batch", batch,
+                            tokens_per_seq);
+  int count = 0;
+  cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    return unsupported("GptCuda: no CUDA device: cudaGetDeviceCount: %s (%s)", cudaGetErrorName(err),
+                       cudaGetErrorString(err));
+  }
+  if (count == 0) return unsupported("GptCuda: no CUDA device: the CUDA runtime reports none");
+  if (device_ordinal < 0 || device_ordinal >= count)
+    return invalid_argument("GptCuda: CUDA device %d does not exist (%d present)", device_ordinal, count);
+  auto m = std::make_unique<GptCudaImpl>(c, batch, tokens_per_seq, device_ordinal);
+  ZOE_RETURN_IF_ERROR_CTX(m->init(), "creating GptCuda");
+  return std::unique_ptr<GptCuda>(std::move(m));
+}
+
+}  // namespace zoe::model
