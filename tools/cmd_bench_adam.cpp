@@ -93,16 +93,24 @@ json to_json(const optim::bench::Report& r) {
                {{"params_per_s", p / r.full.median_s},
                 {"gbps_minimal_bytes", r.full_gbps_minimal()},
                 {"fraction_of_roofline", r.full_fraction()},
-                {"bytes_per_param_moved", r.bytes.full}}},
+                {"bytes_per_param_moved", r.bytes.full},
+                // counting the norm pass's bytes too (what this step, as two passes, moves)
+                {"gbps", r.gbps(r.full, r.bytes.full)},
+                {"fraction_of_roofline_own_bytes", r.full_fraction_own_bytes()}}},
               {"separate_pass",
                {{"params_per_s", p / r.separate.median_s},
                 {"gbps", r.gbps(r.separate, r.bytes.separate)},
                 {"bytes_per_param", r.bytes.separate}}},
               {"separate_pass_speedup", r.separate_speedup()},
+              {"separate_pass_fp32_grads",
+               {{"params_per_s", p / r.separate_fp32.median_s},
+                {"gbps", r.gbps(r.separate_fp32, r.bytes.separate_fp32)},
+                {"bytes_per_param", r.bytes.separate_fp32}}},
+              {"separate_pass_fp32_grads_speedup", r.separate_fp32_speedup()},
               {"norm_gbps", r.gbps(r.norm, r.bytes.norm)},
               {"time_ms",
                {{"roofline", ms(r.roofline)}, {"fused", ms(r.fused)}, {"norm", ms(r.norm)},
-                {"full", ms(r.full)}, {"separate", ms(r.separate)}}},
+                {"full", ms(r.full)}, {"separate", ms(r.separate)}, {"separate_fp32_grads", ms(r.separate_fp32)}}},
               {"targets",
                {{"fraction_of_roofline", t.fused},
                 {"full_step_fraction_of_roofline", t.full},
@@ -142,6 +150,7 @@ void print_human(const optim::bench::Report& r) {
   row("norm", r.bytes.norm, r.norm, r.bytes.norm);
   row("full = norm + fused *", r.bytes.full, r.full, r.bytes.fused);
   row("separate: norm,scale,adam,cast", r.bytes.separate, r.separate, r.bytes.separate);
+  if (c.grad_dtype != DType::kF32) row("separate, fp32 grads", r.bytes.separate_fp32, r.separate_fp32, r.bytes.separate_fp32);
   printf("#  * GB/s of the full step counts its minimal bytes (%.0f B/param), as if the norm came from\n",
          r.bytes.fused);
   printf("#    the pass that receives the gradients.\n#\n");
@@ -150,8 +159,12 @@ void print_human(const optim::bench::Report& r) {
          verdict(r.fused_fraction() >= t.fused));
   printf("# full step / roofline           %6.3f  (target >= %.2f)  %s\n", r.full_fraction(), t.full,
          verdict(r.full_fraction() >= t.full));
+  printf("#   counting the norm pass's bytes  %6.3f\n", r.full_fraction_own_bytes());
   printf("# separate passes / full step    %6.3fx (target >= %.1fx) %s\n", r.separate_speedup(), t.speedup,
          verdict(r.separate_speedup() >= t.speedup));
+  if (c.grad_dtype != DType::kF32) {
+    printf("#   vs separate passes on fp32 gradients (DeepSpeed's flow)  %6.3fx\n", r.separate_fp32_speedup());
+  }
 }
 
 }  // namespace

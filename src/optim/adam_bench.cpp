@@ -40,6 +40,7 @@ Bytes bytes_per_param(const Config& c) {
   b.norm = gb;
   b.full = b.norm + b.fused;
   b.separate = gb + 2 * gb + (8 + gb + 16) + (c.out_dtype ? 4 + ob : 0);
+  b.separate_fp32 = 4 + 2 * 4 + (8 + 4 + 16) + (c.out_dtype ? 4 + ob : 0);
   return b;
 }
 
@@ -69,7 +70,8 @@ Result<std::unique_ptr<Buffers>> Buffers::create(const Config& c, CpuPool* pool)
     b->v32_ = alloc(n * 4);
   }
   b->out_ = alloc(n * 2);
-  if (!b->p_ || !b->g_ || !b->m_ || !b->v_ || !b->m32_ || !b->v32_ || !b->out_) {
+  b->g32_ = gs == 4 ? b->g_ : alloc(n * 4);
+  if (!b->g32_ || !b->p_ || !b->g_ || !b->m_ || !b->v_ || !b->m32_ || !b->v32_ || !b->out_) {
     return make_status(StatusCode::kOutOfBudget, "adam bench: cannot allocate %s for %zu params",
                        format_bytes(uint64_t(n) * (4 + gs + 2 * ss + 2 + (ss == 2 ? 8 : 0))).c_str(), n);
   }
@@ -83,6 +85,7 @@ Result<std::unique_ptr<Buffers>> Buffers::create(const Config& c, CpuPool* pool)
       b->p_[i] = up(rng);
       if (gs == 4) static_cast<float*>(b->g_)[i] = g;
       else static_cast<uint16_t*>(b->g_)[i] = c.grad_dtype == DType::kF16 ? f32_to_f16(g) : f32_to_bf16(g);
+      if (gs != 4) static_cast<float*>(b->g32_)[i] = g;
       float m = up(rng) * 1e-2f, v = uv(rng);
       static_cast<float*>(b->m32_)[i] = m;
       static_cast<float*>(b->v32_)[i] = v;
@@ -165,12 +168,17 @@ Result<double> time_full(const Buffers& b, const Config& c, const Exec& e) {
   });
 }
 
-Result<double> time_separate(const Buffers& b, const Config& c, const Exec& e, float scale) {
+Result<double> time_separate(const Buffers& b, const Config& c, const Exec& e, float scale, bool fp32_grads) {
+  void* g = fp32_grads ? b.grad32() : b.grad();
+  const DType gd = fp32_grads ? DType::kF32 : c.grad_dtype;
   return timed([&]() -> Status {
-    auto norm = grad_norm_sq(b.grad(), c.grad_dtype, c.params, e);
+    auto norm = grad_norm_sq(g, gd, c.params, e);
     if (!norm.is_ok()) return norm.status();
-    ZOE_RETURN_IF_ERROR(scale_in_place(b.grad(), c.grad_dtype, c.params, scale, e));
-    AdamArgs a{b.separate(), bench_params(), AdamStep{10, 1.0f}};
+    ZOE_RETURN_IF_ERROR(scale_in_place(g, gd, c.params, scale, e));
+    AdamBuffers ab = b.separate();
+    ab.grad = g;
+    ab.grad_dtype = gd;
+    AdamArgs a{ab, bench_params(), AdamStep{10, 1.0f}};
     ZOE_RETURN_IF_ERROR(adam_step(a, e));
     if (c.out_dtype) {
       auto r = convert_with_norm(b.fused().param, DType::kF32, b.param_out(), *c.out_dtype, c.params, false, e);
@@ -201,7 +209,8 @@ Result<Report> run(const Config& c, const std::function<void(int, int)>& progres
   r.pool_backend = pool->backend_name();
   r.threads = pool->threads();
   r.bytes = bytes_per_param(c);
-  std::vector<double> tr, tf, tn, tu, ts;
+  std::vector<double> tr, tf, tn, tu, ts, ts32;
+  const bool fp32_baseline = c.grad_dtype != DType::kF32;
   const int rounds = c.repeats + 1;  // the first round warms up and is dropped
   for (int i = 0; i < rounds; ++i) {
     ZOE_ASSIGN_OR_RETURN(double a, time_roofline(*bufs, e));
@@ -209,8 +218,12 @@ Result<Report> run(const Config& c, const std::function<void(int, int)>& progres
     ZOE_ASSIGN_OR_RETURN(double nm, time_norm(*bufs, c, e));
     ZOE_ASSIGN_OR_RETURN(double u, time_full(*bufs, c, e));
     ZOE_ASSIGN_OR_RETURN(double s, time_separate(*bufs, c, e, i % 2 ? 0.5f : 2.0f));
+    double s32 = s;
+    if (fp32_baseline) {
+      ZOE_ASSIGN_OR_RETURN(s32, time_separate(*bufs, c, e, i % 2 ? 0.5f : 2.0f, true));
+    }
     if (i > 0) {
-      tr.push_back(a), tf.push_back(f), tn.push_back(nm), tu.push_back(u), ts.push_back(s);
+      tr.push_back(a), tf.push_back(f), tn.push_back(nm), tu.push_back(u), ts.push_back(s), ts32.push_back(s32);
     }
     if (progress) progress(i + 1, rounds);
   }
@@ -220,6 +233,7 @@ Result<Report> run(const Config& c, const std::function<void(int, int)>& progres
   r.norm = stat(tn);
   r.full = stat(tu);
   r.separate = stat(ts);
+  r.separate_fp32 = stat(ts32);
   return r;
 }
 

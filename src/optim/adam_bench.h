@@ -7,6 +7,8 @@
 //   full      grad_norm_sq() + adam_step(): the whole step on a shard
 //   separate  norm; scale grads in place; Adam with fp32 m/v; cast p to param_out: the
 //             unfused step (DeepSpeed's CPU-offload flow), always with fp32 m/v
+//   separate_fp32  the same with fp32 gradients (DeepSpeed's gradients reach the host as
+//             fp32); only measured when --grad-dtype is not fp32 (else it is `separate`)
 #pragma once
 
 #include <cstddef>
@@ -40,6 +42,7 @@ struct Bytes {
   double norm;
   double full;      // norm + fused
   double separate;  // norm + scale + Adam(fp32 m/v) + cast
+  double separate_fp32;  // the same with fp32 gradients
 };
 Bytes bytes_per_param(const Config& c);
 
@@ -56,13 +59,14 @@ class Buffers {
   AdamBuffers separate() const;  // fp32 m/v, no param_out (cast is its own pass)
   void* param_out() const { return out_; }
   void* grad() const { return g_; }
+  void* grad32() const { return g32_; }  // fp32 copy of the gradients (g_ itself when fp32)
 
  private:
   Buffers() = default;
   Config c_;
   std::vector<std::pair<void*, size_t>> allocs_;
   float* p_ = nullptr;
-  void *g_ = nullptr, *m_ = nullptr, *v_ = nullptr, *m32_ = nullptr, *v32_ = nullptr, *out_ = nullptr;
+  void *g_ = nullptr, *m_ = nullptr, *v_ = nullptr, *m32_ = nullptr, *v32_ = nullptr, *out_ = nullptr, *g32_ = nullptr;
 };
 
 // One timed call of each variant, in seconds.
@@ -71,7 +75,8 @@ Result<double> time_fused(const Buffers& b, const Config& c, const Exec& e);
 Result<double> time_norm(const Buffers& b, const Config& c, const Exec& e);
 Result<double> time_full(const Buffers& b, const Config& c, const Exec& e);
 // scale alternates between 2 and 0.5 so repeated runs keep the gradients' magnitudes.
-Result<double> time_separate(const Buffers& b, const Config& c, const Exec& e, float scale);
+Result<double> time_separate(const Buffers& b, const Config& c, const Exec& e, float scale,
+                             bool fp32_grads = false);
 
 struct Stat {
   double median_s = 0, min_s = 0;
@@ -81,7 +86,7 @@ struct Report {
   std::string simd_path, pool_backend;
   int threads = 0;
   Bytes bytes{};
-  Stat roofline, fused, norm, full, separate;
+  Stat roofline, fused, norm, full, separate, separate_fp32;
   double gbps(const Stat& s, double bytes_per_param) const {
     return s.median_s > 0 ? bytes_per_param * double(config.params) / s.median_s / 1e9 : 0;
   }
@@ -92,6 +97,10 @@ struct Report {
   double full_gbps_minimal() const { return gbps(full, bytes.fused); }
   double full_fraction() const { return full_gbps_minimal() / roofline_gbps(); }
   double separate_speedup() const { return separate.median_s / full.median_s; }
+  // The full step's own bytes (norm pass + fused pass) over its time, against the roofline.
+  double full_fraction_own_bytes() const { return gbps(full, bytes.full) / roofline_gbps(); }
+  // Against the separate passes with fp32 gradients (DeepSpeed's flow), whatever grad_dtype is.
+  double separate_fp32_speedup() const { return separate_fp32.median_s / full.median_s; }
 };
 
 // Runs `repeats` rounds after one warm-up round; progress(round, rounds) after each.
