@@ -390,8 +390,15 @@ class GptCudaImpl final : public GptCuda {
     const size_t n = static_cast<size_t>(N_);
     const size_t nd = n * d_;
     const size_t att = static_cast<size_t>(B_) * H_ * T_ * T_;
-    std::vector<std::pair<void**, size_t>> plan;  // (where the pointer goes, bytes)
-    auto f = [&](float** p, size_t count) { plan.emplace_back(reinterpret_cast<void**>(p), count * sizeof(float)); };
+    // Each buffer's place in the one allocation: (where its pointer goes, bytes).
+    struct Slot {
+      float** f;
+      int32_t** i;
+      double** d;
+      size_t bytes;
+    };
+    std::vector<Slot> plan;
+    auto f = [&](float** p, size_t count) { plan.push_back({p, nullptr, nullptr, count * sizeof(float)}); };
     residual_.resize(static_cast<size_t>(c_.layers) + 1);
     for (float*& r : residual_) f(&r, nd);
     acts_.resize(static_cast<size_t>(c_.layers));
@@ -405,20 +412,23 @@ class GptCudaImpl final : public GptCuda {
     f(&logits_, n * V_), f(&lse_, n);
     f(&dres_, nd), f(&dln_, nd), f(&datt_out_, nd), f(&dqkv_, 3 * nd);
     f(&dfc_, 4 * nd), f(&datt_, att), f(&dlogits_, n * V_);
-    plan.emplace_back(reinterpret_cast<void**>(&tokens_dev_), n * sizeof(int32_t));
-    plan.emplace_back(reinterpret_cast<void**>(&targets_dev_), n * sizeof(int32_t));
-    plan.emplace_back(reinterpret_cast<void**>(&loss_dev_), sizeof(double));
+    plan.push_back({nullptr, &tokens_dev_, nullptr, n * sizeof(int32_t)});
+    plan.push_back({nullptr, &targets_dev_, nullptr, n * sizeof(int32_t)});
+    plan.push_back({nullptr, nullptr, &loss_dev_, sizeof(double)});
     constexpr size_t kAlign = 256;
     size_t total = 0;
-    for (const auto& p : plan) total += (p.second + kAlign - 1) / kAlign * kAlign;
+    for (const Slot& p : plan) total += (p.bytes + kAlign - 1) / kAlign * kAlign;
     void* base = nullptr;
     ZOE_CUDA_TRY(cudaMalloc(&base, total));
     arena_ = base;
     bytes_ = total;
     size_t off = 0;
-    for (const auto& p : plan) {
-      *p.first = static_cast<unsigned char*>(base) + off;
-      off += (p.second + kAlign - 1) / kAlign * kAlign;
+    for (const Slot& p : plan) {
+      unsigned char* at = static_cast<unsigned char*>(base) + off;
+      if (p.f != nullptr) *p.f = reinterpret_cast<float*>(at);
+      if (p.i != nullptr) *p.i = reinterpret_cast<int32_t*>(at);
+      if (p.d != nullptr) *p.d = reinterpret_cast<double*>(at);
+      off += (p.bytes + kAlign - 1) / kAlign * kAlign;
     }
     ZOE_CUDA_TRY(cudaMemsetAsync(arena_, 0, total, stream_));
     ZOE_CUDA_TRY(cudaStreamSynchronize(stream_));
