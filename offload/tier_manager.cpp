@@ -169,14 +169,17 @@ Status TierManager::init() {
   }
   if (opts_.nvme) budget_[T(Tier::kNvme)] = opts_.nvme->budget_bytes();
   if (opts_.nvme) {
-    uint64_t staging = static_cast<uint64_t>(opts_.staging_bytes) * opts_.staging_count;
+    // One more buffer than the moves share: the synchronous transfers' own (read()/write() hold
+    // the lock; waiting for a shared buffer there would wait for moves whose completion takes it).
+    uint64_t staging = static_cast<uint64_t>(opts_.staging_bytes) * (opts_.staging_count + 1);
     if (budget_[T(Tier::kHost)] && staging > budget_[T(Tier::kHost)]) {
       return out_of_budget("host tier: the %zu staging buffers of %s need %s, more than the host budget %s",
                            opts_.staging_count, format_bytes(opts_.staging_bytes).c_str(), format_bytes(staging).c_str(),
                            format_bytes(budget_[T(Tier::kHost)]).c_str());
     }
-    ZOE_ASSIGN_OR_RETURN(staging_, io::BufferPool::create(opts_.staging_bytes, opts_.staging_count, opts_.pin));
+    ZOE_ASSIGN_OR_RETURN(staging_, io::BufferPool::create(opts_.staging_bytes, opts_.staging_count + 1, opts_.pin));
     for (size_t i = 0; i < opts_.staging_count; ++i) staging_free_.push_back(staging_->buffer(i));
+    sync_staging_ = staging_->buffer(opts_.staging_count);
     iovec v{staging_->base(), staging_->total_bytes()};
     (void)opts_.nvme->engine().register_buffers({&v, 1});  // optional speed-up
     used_[T(Tier::kHost)] += staging;
@@ -848,19 +851,9 @@ Status TierManager::remove_item(ItemId id) {
 }
 
 Status TierManager::nvme_sync_locked(Item* it, char* data, bool write, uint64_t first, uint64_t len) {
-  // Through one staging buffer at a time: the caller's memory need not be aligned.
-  std::mutex m;
-  std::condition_variable cv;
-  char* got = nullptr;
-  with_staging([&](char* b) {
-    std::lock_guard<std::mutex> g(m);
-    got = b;
-    cv.notify_all();
-  });
-  {
-    std::unique_lock<std::mutex> g(m);
-    cv.wait(g, [&] { return got != nullptr; });
-  }
+  // Through the synchronous transfers' own staging buffer (mu_ is held: one user at a time):
+  // the caller's memory need not be aligned.
+  char* got = sync_staging_;
   Status s;
   const size_t piece = opts_.staging_bytes;
   const uint64_t last = first + len;  // bytes [first, last) of the item; the disk sees whole blocks
@@ -877,7 +870,6 @@ Status TierManager::nvme_sync_locked(Item* it, char* data, bool write, uint64_t 
       if (s.is_ok()) memcpy(data + (off - first), got, data_len);
     }
   }
-  release_staging(got);
   return s;
 }
 

@@ -173,6 +173,7 @@ class TierManager {
   std::mutex staging_mu_;
   std::vector<char*> staging_free_;
   std::deque<std::function<void(char*)>> staging_wait_;
+  char* sync_staging_ = nullptr;  // read()/write() to NVMe, under mu_
 
   std::thread poster_;
   std::mutex post_mu_;

@@ -85,13 +85,29 @@ Result<std::unique_ptr<Engine>> Engine::create(Runtime& rt, const config::Config
   if (impl->opt_off != OffloadDevice::kNone && impl->stage == 0) {
     return invalid_argument("zero_optimization.offload_optimizer needs stage 1, 2 or 3");
   }
-  if (cfg.zoe.device == "cuda") {
-    return unsupported("zoe.device \"cuda\": the engine's device kernels (GPU Adam, gradient conversion) are not built "
-                       "yet; use \"cpu\"");
-  }
   uint64_t budget = static_cast<uint64_t>(cfg.zoe.device_budget_bytes);
   if (budget == 0) budget = 64ull << 30;
-  ZOE_ASSIGN_OR_RETURN(impl->dev, device::create_cpu_device(budget));
+  optim::CpuPool::Options po;
+  po.threads = static_cast<int>(cfg.zoe.optimizer_threads);
+  ZOE_ASSIGN_OR_RETURN(impl->pool, optim::CpuPool::create(po));
+  if (cfg.zoe.device == "cuda") {
+    // The GPU of this rank's local rank; device-buffer collectives over NCCL (bootstrapped
+    // through the runtime's communicator), host ones over the runtime's.
+    std::string why;
+    const int count = device::cuda_device_count(&why);
+    if (count <= 0) {
+      return unsupported("zoe.device \"cuda\": no usable GPU (%s); use \"cpu\"", why.empty() ? "none found" : why.c_str());
+    }
+    const int ordinal = rt.comm().local_rank() % count;
+    ZOE_ASSIGN_OR_RETURN(impl->dev, device::create_cuda_device(ordinal, budget));
+    ZOE_ASSIGN_OR_RETURN(impl->ops, zero::make_cuda_ops(ordinal));
+    ZOE_ASSIGN_OR_RETURN(impl->own_dcomm, comm::create_nccl_comm(rt.comm(), ordinal));
+    impl->dcomm = impl->own_dcomm.get();
+  } else {
+    ZOE_ASSIGN_OR_RETURN(impl->dev, device::create_cpu_device(budget));
+    impl->ops = zero::make_cpu_ops(impl->pool.get());
+    impl->dcomm = impl->comm;
+  }
   zero::LossScaler::Options lo;
   lo.static_scale = cfg.fp16.enabled ? cfg.fp16.loss_scale : 1.0;
   lo.initial_scale_power = cfg.fp16.initial_scale_power;
@@ -100,9 +116,6 @@ Result<std::unique_ptr<Engine>> Engine::create(Runtime& rt, const config::Config
   lo.consecutive_hysteresis = cfg.fp16.consecutive_hysteresis;
   lo.min_scale = cfg.fp16.min_loss_scale;
   impl->scaler = zero::LossScaler(lo);
-  optim::CpuPool::Options po;
-  po.threads = static_cast<int>(cfg.zoe.optimizer_threads);
-  ZOE_ASSIGN_OR_RETURN(impl->pool, optim::CpuPool::create(po));
   ZOE_RETURN_IF_ERROR(impl->setup_io());
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
@@ -226,6 +239,9 @@ Status Engine::initialize(const std::function<void(size_t, size_t, float*, size_
     to.staging_bytes = 1u << 20;
     to.staging_count = 4;
     to.policy = offload::EvictionPolicy::kTrace;
+    // A fetch that finds the device tier full of prefetches still loading waits for them to
+    // land (then evicts) instead of failing; pins are only ever held for one fetch's gather.
+    to.wait_for_unpin_ms = 60000;
     to.trace = &I.trace;
     ZOE_ASSIGN_OR_RETURN(I.tm, offload::TierManager::create(to));
   }
@@ -258,7 +274,7 @@ Status Engine::initialize(const std::function<void(size_t, size_t, float*, size_
     store_compute(cbuf.data(), full.data(), I.cdt, mod.padded);
     if (!mod.partitioned_params) {
       ZOE_ASSIGN_OR_RETURN(mod.full, I.dalloc(mod.padded * es));
-      memcpy(mod.full, cbuf.data(), cbuf.size());
+      ZOE_RETURN_IF_ERROR(I.ops->to_device(mod.full, cbuf.data(), cbuf.size()));
     } else {
       Tier home = I.param_off == OffloadDevice::kNone ? Tier::kDevice : I.param_off == OffloadDevice::kCpu ? Tier::kHost : Tier::kNvme;
       ZOE_RETURN_IF_ERROR_CTX(I.tm->add_item(m, mod.part * es, home), "placing the parameters of module " + mod.name);
@@ -276,7 +292,7 @@ Status Engine::initialize(const std::function<void(size_t, size_t, float*, size_
         ZOE_ASSIGN_OR_RETURN(mod.exp_avg_sq, alloc(sbytes));
         ZOE_ASSIGN_OR_RETURN(void* g, alloc(mod.opt_n * 4));
         mod.grad_acc = static_cast<float*>(g);
-        memcpy(mod.master, own, mod.opt_n * 4);
+        ZOE_RETURN_IF_ERROR(I.ops->put(mod.master, mod.opt_home == OffloadDevice::kNone, own, false, mod.opt_n * 4));
         break;
       }
       case OffloadDevice::kNvme: {
@@ -300,6 +316,8 @@ Status Engine::initialize(const std::function<void(size_t, size_t, float*, size_
     const uint64_t per_elem = es + (es + static_cast<uint64_t>(I.world) - 1) / static_cast<uint64_t>(I.world);
     const uint64_t room = db > used + reserve ? (db - used - reserve) / per_elem : 0;
     I.gather_window = std::min<size_t>(I.gather_window, static_cast<size_t>(room));
+    // Queued gathers run a host task on the communicator's stream: host-memory devices only.
+    if (!I.ops->host_addressable() || I.dcomm != I.comm) I.gather_window = 0;
   }
   I.initialized = true;
   I.last_step_ns = now_ns();
@@ -336,7 +354,7 @@ Result<ModuleParams> Engine::fetch(size_t m) {
     ZOE_ASSIGN_OR_RETURN(mod.full, I.dalloc(mod.padded * I.esize()));
     {
       Timer t(&I.t_comm);
-      Status s = I.comm->all_gather(part, mod.full, mod.part, to_comm(I.cdt)).wait();
+      Status s = I.dcomm->all_gather(part, mod.full, mod.part, to_comm(I.cdt)).wait();
       I.tm->unpin(m, Tier::kDevice);
       if (!s.is_ok()) return s.with_context("gathering the parameters of module " + mod.name);
     }
@@ -396,7 +414,7 @@ Status Engine::reduce_grads(size_t m) {
     p.recv_offset = 0;
     const size_t per_rank = std::max<size_t>(1, bucket / static_cast<size_t>(I.world));
     if (per_rank >= mod.part) {
-      p.h = I.comm->reduce_scatter(p.send, p.recv, mod.part, ct, comm::ReduceOp::kSum);
+      p.h = I.dcomm->reduce_scatter(p.send, p.recv, mod.part, ct, comm::ReduceOp::kSum);
     } else {
       // A bucket holds the same slice of every rank's part: pack each bucket rank-major.
       ZOE_ASSIGN_OR_RETURN(void* packed, I.dalloc(mod.padded * es));
@@ -406,9 +424,10 @@ Status Engine::reduce_grads(size_t m) {
         const size_t n = std::min(per_rank, mod.part - b);
         char* pack = dst + b * es * static_cast<size_t>(I.world);
         for (int r = 0; r < I.world; ++r) {
-          memcpy(pack + static_cast<size_t>(r) * n * es, src + (static_cast<size_t>(r) * mod.part + b) * es, n * es);
+          ZOE_RETURN_IF_ERROR(
+              I.ops->copy(pack + static_cast<size_t>(r) * n * es, src + (static_cast<size_t>(r) * mod.part + b) * es, n * es));
         }
-        p.h = I.comm->reduce_scatter(pack, static_cast<char*>(p.recv) + b * es, n, ct, comm::ReduceOp::kSum);
+        p.h = I.dcomm->reduce_scatter(pack, static_cast<char*>(p.recv) + b * es, n, ct, comm::ReduceOp::kSum);
       }
       I.dev->free(p.send);
       p.send = packed;
@@ -418,7 +437,7 @@ Status Engine::reduce_grads(size_t m) {
     p.recv_offset = mod.opt_begin;
     for (size_t b = 0; b < mod.padded; b += bucket) {
       const size_t n = std::min(bucket, mod.padded - b);
-      p.h = I.comm->all_reduce(static_cast<char*>(p.send) + b * es, static_cast<char*>(p.recv) + b * es, n, ct,
+      p.h = I.dcomm->all_reduce(static_cast<char*>(p.send) + b * es, static_cast<char*>(p.recv) + b * es, n, ct,
                                comm::ReduceOp::kSum);
     }
   }
@@ -494,8 +513,17 @@ Result<StepStats> Engine::step() {
     as.grad_scale = sc.grad_scale;
     const DType sdt = I.cfg->zoe.bf16_optimizer_states ? DType::kBF16 : DType::kF32;
     // The chunk update: fp32 master, m, v at [begin, begin+n) of module m's owned range.
+    // States on the device (opt_home none) run the device's kernel; offloaded ones the CPU's.
+    // The new compute parameters go to `out` (device memory, or the host tier's copy of a stage-3
+    // partition), through a staging buffer where the kernel's memory and out's differ.
+    std::vector<char> out_stage;
     auto update = [&](size_t m, size_t begin, size_t n, float* master, void* ea, void* eas, const float* grad,
                       void* out) -> Status {
+      const bool kernel_dev = I.modules[m].opt_home == OffloadDevice::kNone;
+      const bool out_dev = I.owned_on_device(m);
+      const bool direct = I.ops->host_addressable() || kernel_dev == out_dev;
+      char* dst = static_cast<char*>(out) + begin * I.esize();
+      void* dev_stage = nullptr;
       optim::AdamArgs a;
       a.buf.n = n;
       a.buf.param = master;
@@ -505,14 +533,27 @@ Result<StepStats> Engine::step() {
       a.buf.exp_avg_sq = eas;
       a.buf.state_dtype = sdt;
       if (I.cdt != DType::kF32) {
-        a.buf.param_out = static_cast<char*>(out) + begin * I.esize();
+        if (direct) {
+          a.buf.param_out = dst;
+        } else if (kernel_dev) {
+          ZOE_ASSIGN_OR_RETURN(dev_stage, I.dalloc(n * I.esize()));
+          a.buf.param_out = dev_stage;
+        } else {
+          out_stage.resize(n * I.esize());
+          a.buf.param_out = out_stage.data();
+        }
         a.buf.param_out_dtype = I.cdt;
       }
       a.params = ap;
       a.step = as;
-      ZOE_RETURN_IF_ERROR(optim::adam_step(a, exec));
-      if (I.cdt == DType::kF32) memcpy(static_cast<char*>(out) + begin * 4, master, n * 4);
-      return Status::ok();
+      Status us = kernel_dev ? I.ops->adam_step(a) : optim::adam_step(a, exec);
+      if (us.is_ok() && I.cdt == DType::kF32) {
+        us = I.ops->put(dst, out_dev, master, kernel_dev, n * 4);
+      } else if (us.is_ok() && !direct) {
+        us = I.ops->put(dst, out_dev, a.buf.param_out, kernel_dev, n * I.esize());
+      }
+      if (dev_stage) I.dev->free(dev_stage);
+      return us;
     };
     std::vector<void*> outs(I.modules.size());
     for (size_t m = 0; m < I.modules.size(); ++m) {
@@ -543,8 +584,8 @@ Result<StepStats> Engine::step() {
       for (auto& mod : I.modules) {
         if (mod.partitioned_params) continue;
         ZOE_ASSIGN_OR_RETURN(void* tmp, I.dalloc(mod.part * I.esize()));
-        memcpy(tmp, static_cast<char*>(mod.full) + mod.opt_begin * I.esize(), mod.part * I.esize());
-        Status gs = I.comm->all_gather(tmp, mod.full, mod.part, to_comm(I.cdt)).wait();
+        Status gs = I.ops->copy(tmp, static_cast<char*>(mod.full) + mod.opt_begin * I.esize(), mod.part * I.esize());
+        if (gs.is_ok()) gs = I.dcomm->all_gather(tmp, mod.full, mod.part, to_comm(I.cdt)).wait();
         I.dev->free(tmp);
         if (!gs.is_ok()) return gs.with_context("gathering the updated parameters of module " + mod.name);
       }
@@ -616,7 +657,7 @@ Status Engine::read_master(size_t m, size_t p, float* out) {
   if (mod.opt_home == OffloadDevice::kNvme) {
     ZOE_RETURN_IF_ERROR(I.swapper->read_state(m, Impl::kMasterState, own.data()));
   } else {
-    memcpy(own.data(), mod.master, mod.opt_n * 4);
+    ZOE_RETURN_IF_ERROR(I.ops->put(own.data(), false, mod.master, mod.opt_home == OffloadDevice::kNone, mod.opt_n * 4));
   }
   std::vector<float> full(mod.padded);
   if (I.stage == 0) {

@@ -70,7 +70,14 @@ Status write_rank_file(Engine::Impl& I, const std::string& tmp, std::vector<ckpt
   const bool sbf16 = I.cfg->zoe.bf16_optimizer_states;
   const size_t sb = sbf16 ? 2 : 4;
   const char* sdt = sbf16 ? "bf16" : "f32";
-  std::vector<char> buf;
+  std::vector<char> buf, dstage;
+  // Device memory read through a buffer of this function's own (it may run on the save thread).
+  auto view = [&](const void* dsrc, size_t bytes) -> Result<const void*> {
+    if (I.ops->host_addressable()) return dsrc;
+    dstage.resize(bytes);
+    ZOE_RETURN_IF_ERROR(I.ops->to_host(dstage.data(), dsrc, bytes));
+    return static_cast<const void*>(dstage.data());
+  };
   // States stream through one chunk-sized buffer: host memory stays bounded whatever the model.
   const size_t chunk = save_chunk_elems(I);
   for (uint32_t m = 0; m < I.modules.size(); ++m) {
@@ -85,7 +92,8 @@ Status write_rank_file(Engine::Impl& I, const std::string& tmp, std::vector<ckpt
         ZOE_RETURN_IF_ERROR(I.tm->read(m, buf.data(), b * es, n * es));
         ZOE_RETURN_IF_ERROR(w->append(buf.data(), n * es));
       } else {
-        ZOE_RETURN_IF_ERROR(w->append(static_cast<char*>(mod.full) + (mod.opt_begin + b) * es, n * es));
+        ZOE_ASSIGN_OR_RETURN(const void* h, view(static_cast<char*>(mod.full) + (mod.opt_begin + b) * es, n * es));
+        ZOE_RETURN_IF_ERROR(w->append(h, n * es));
       }
     }
     ZOE_RETURN_IF_ERROR(w->end_tensor());
@@ -101,6 +109,9 @@ Status write_rank_file(Engine::Impl& I, const std::string& tmp, std::vector<ckpt
           buf.resize(n * eb);
           ZOE_RETURN_IF_ERROR(I.swapper->read_state(m, static_cast<size_t>(k), buf.data(), b, n));
           ZOE_RETURN_IF_ERROR(w->append(buf.data(), n * eb));
+        } else if (mod.opt_home == OffloadDevice::kNone) {
+          ZOE_ASSIGN_OR_RETURN(const void* h, view(static_cast<char*>(homes[k]) + b * eb, n * eb));
+          ZOE_RETURN_IF_ERROR(w->append(h, n * eb));
         } else {
           ZOE_RETURN_IF_ERROR(w->append(static_cast<char*>(homes[k]) + b * eb, n * eb));
         }
@@ -286,16 +297,26 @@ Result<std::string> Engine::load(const std::string& dir) {
           ZOE_RETURN_IF_ERROR(read("param", ckpt_dtype(I.cdt), mod.opt_begin + b, n, es, buf.data()));
           ZOE_RETURN_IF_ERROR(I.tm->write(m, buf.data(), b * es, n * es));
         }
-      } else {
+      } else if (I.ops->host_addressable()) {
         ZOE_RETURN_IF_ERROR(read("param", ckpt_dtype(I.cdt), 0, mod.padded, es, mod.full));
+      } else {
+        buf.resize(mod.padded * es);
+        ZOE_RETURN_IF_ERROR(read("param", ckpt_dtype(I.cdt), 0, mod.padded, es, buf.data()));
+        ZOE_RETURN_IF_ERROR(I.ops->to_device(mod.full, buf.data(), buf.size()));
       }
       const char* kinds[3] = {"master", "exp_avg", "exp_avg_sq"};
       void* homes[3] = {mod.master, mod.exp_avg, mod.exp_avg_sq};
       for (int k = 0; k < 3; ++k) {
         const size_t eb = k == 0 ? 4 : sb;
         const std::string dt = k == 0 ? std::string("f32") : sdt;
-        if (mod.opt_home != OffloadDevice::kNvme) {
+        if (mod.opt_home == OffloadDevice::kCpu || (mod.opt_home == OffloadDevice::kNone && I.ops->host_addressable())) {
           ZOE_RETURN_IF_ERROR(read(kinds[k], dt, mod.opt_begin, mod.opt_n, eb, homes[k]));
+          continue;
+        }
+        if (mod.opt_home == OffloadDevice::kNone) {
+          buf.resize(mod.opt_n * eb);
+          ZOE_RETURN_IF_ERROR(read(kinds[k], dt, mod.opt_begin, mod.opt_n, eb, buf.data()));
+          ZOE_RETURN_IF_ERROR(I.ops->to_device(homes[k], buf.data(), buf.size()));
           continue;
         }
         for (size_t b = 0; b < mod.opt_n; b += chunk) {

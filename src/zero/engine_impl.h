@@ -24,6 +24,7 @@
 #include "offload/swap_store.h"
 #include "offload/tier_manager.h"
 #include "optim/adam.h"
+#include "zero/device_ops.h"
 #include "zero/loss_scaler.h"
 #include "zoe/engine.h"
 
@@ -103,7 +104,9 @@ struct Engine::Impl {
   };
 
   Runtime* rt = nullptr;
-  comm::Communicator* comm = nullptr;
+  comm::Communicator* comm = nullptr;   // host buffers (the runtime's: MPI or local)
+  comm::Communicator* dcomm = nullptr;  // device buffers: `comm` on the CPU device, NCCL on CUDA
+  std::unique_ptr<comm::Communicator> own_dcomm;
   int rank = 0, world = 1;
   std::unique_ptr<config::Config> cfg;
   DType cdt = DType::kF32;
@@ -111,6 +114,8 @@ struct Engine::Impl {
   OffloadDevice opt_off = OffloadDevice::kNone, param_off = OffloadDevice::kNone;
 
   std::unique_ptr<device::Device> dev;
+  std::unique_ptr<zero::DeviceOps> ops;  // copies and kernels on device memory
+  std::vector<char> host_stage;          // device -> host staging (when device memory is not host memory)
   std::unique_ptr<io::IoEngine> io;
   std::unique_ptr<io::SwapFile> swap;
   std::unique_ptr<offload::SwapStore> store;
@@ -164,7 +169,11 @@ struct Engine::Impl {
   Result<void*> dalloc(size_t bytes) {
     auto r = dev->allocate(bytes);
     if (!r.is_ok()) return r.status().with_context("allocating device memory");
-    memset(r.value(), 0, bytes);  // CpuDevice memory is host memory
+    Status z = ops->zero(r.value(), bytes);
+    if (!z.is_ok()) {
+      dev->free(r.value());
+      return z;
+    }
     return r.value();
   }
 
@@ -246,6 +255,16 @@ struct Engine::Impl {
     t_io += static_cast<double>(now_ns() - t0) * 1e-9;
     return p;
   }
+  // Whether owned_compute(m) is device memory (else pinned host memory of the host tier).
+  bool owned_on_device(size_t m) const { return !modules[m].partitioned_params || param_off == OffloadDevice::kNone; }
+  // Host-readable view of `bytes` of device memory: the memory itself on the CPU device, else
+  // a copy in host_stage (valid until the next call).
+  Result<const void*> host_view(const void* dsrc, size_t bytes) {
+    if (ops->host_addressable()) return dsrc;
+    host_stage.resize(bytes);
+    ZOE_RETURN_IF_ERROR(ops->to_host(host_stage.data(), dsrc, bytes));
+    return static_cast<const void*>(host_stage.data());
+  }
   void unpin_owned(size_t m) {
     Module& mod = modules[m];
     if (!mod.partitioned_params) return;
@@ -282,9 +301,13 @@ struct Engine::Impl {
     exec.pool = pool.get();
     const bool first = mod.acc_count == 0;
     mod.norm_parts.resize(optim::norm_chunks(mod.opt_n));
-    if (mod.opt_home != OffloadDevice::kNvme) {
+    if (mod.opt_home == OffloadDevice::kNone) {
+      // The accumulator lives on the device too: the device's kernel.
+      ZOE_RETURN_IF_ERROR(ops->accumulate_with_norm(mod.grad_acc, src, cdt, mod.opt_n, first, mod.norm_parts.data()));
+    } else if (mod.opt_home == OffloadDevice::kCpu) {
+      ZOE_ASSIGN_OR_RETURN(const void* h, host_view(src, mod.opt_n * esize()));
       ZOE_RETURN_IF_ERROR(
-          optim::accumulate_with_norm(mod.grad_acc, src, cdt, mod.opt_n, first, mod.norm_parts.data(), exec));
+          optim::accumulate_with_norm(mod.grad_acc, h, cdt, mod.opt_n, first, mod.norm_parts.data(), exec));
     } else {
       Timer t(&t_io);
       const size_t chunk = swapper->chunk_elems();
@@ -293,9 +316,9 @@ struct Engine::Impl {
       for (size_t b = 0; b < mod.opt_n; b += chunk) {
         const size_t n = std::min(chunk, mod.opt_n - b);
         if (!first) ZOE_RETURN_IF_ERROR(swapper->read_state(m, kGradState, grad_stage.data(), b, n));
-        ZOE_RETURN_IF_ERROR(optim::accumulate_with_norm(grad_stage.data(), static_cast<const char*>(src) + b * esize(),
-                                                        cdt, n, first, mod.norm_parts.data() + b / optim::kChunkElems,
-                                                        exec));
+        ZOE_ASSIGN_OR_RETURN(const void* h, host_view(static_cast<const char*>(src) + b * esize(), n * esize()));
+        ZOE_RETURN_IF_ERROR(optim::accumulate_with_norm(grad_stage.data(), h, cdt, n, first,
+                                                        mod.norm_parts.data() + b / optim::kChunkElems, exec));
         ZOE_RETURN_IF_ERROR(swapper->write_state(m, kGradState, grad_stage.data(), b, n));
       }
     }
@@ -307,7 +330,8 @@ struct Engine::Impl {
   Status zero_grads(size_t m) {
     Module& mod = modules[m];
     mod.norm_parts.assign(optim::norm_chunks(mod.opt_n), 0.0);
-    if (mod.opt_home != OffloadDevice::kNvme) {
+    if (mod.opt_home == OffloadDevice::kNone) return ops->zero(mod.grad_acc, mod.opt_n * 4);
+    if (mod.opt_home == OffloadDevice::kCpu) {
       memset(mod.grad_acc, 0, mod.opt_n * 4);
       return Status::ok();
     }
@@ -336,23 +360,18 @@ struct Engine::Impl {
     }
     mod.gather_send = send.value();
     mod.gather_error = Status::ok();
-    const size_t bytes = mod.part * es;
-    comm->enqueue_host_task([this, m, bytes]() -> Status {
+    // (Only on host-memory devices with a host communicator: gather_window is 0 otherwise.)
+    dcomm->enqueue_host_task([this, m]() -> Status {
       Module& md = modules[m];
-      auto part = tm->fetch(m, Tier::kDevice).wait();
-      Status s;
-      if (part.is_ok()) {
-        memcpy(md.gather_send, part.value(), bytes);
-        tm->unpin(m, Tier::kDevice);
-      } else {
-        s = tm->read(m, md.gather_send);  // the device tier is full of pinned copies: read directly
-      }
+      // A read, not a pinning fetch: a pin held here could wait for room in the device tier
+      // while the caller holds that room for a gather queued behind this task.
+      Status s = tm->read(m, md.gather_send);
       // The gather after this task runs anyway, so this rank stays in step with the others;
       // fetch() reports the error.
       if (!s.is_ok()) md.gather_error = s.with_context("reading the partition of module " + md.name);
       return Status::ok();
     });
-    mod.gather = comm->all_gather(mod.gather_send, mod.full, mod.part, to_comm(cdt));
+    mod.gather = dcomm->all_gather(mod.gather_send, mod.full, mod.part, to_comm(cdt));
     mod.gather_pending = true;
     live_elems += mod.padded;
     return Status::ok();

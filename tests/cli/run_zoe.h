@@ -19,7 +19,8 @@ struct CmdResult {
 inline CmdResult zoe(const std::string& args) {
   zoe::test::ScratchDir d("cli");
   std::string err_path = d.file("stderr");
-  std::string cmd = std::string(ZOE_BIN) + " " + args + " 2>" + err_path;
+  // A hang fails the test in minutes (exit 124) instead of running into ctest's timeout.
+  std::string cmd = "timeout -k 5 300 " + std::string(ZOE_BIN) + " " + args + " 2>" + err_path;
   CmdResult r;
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return r;

@@ -42,6 +42,20 @@ TEST(Train, NvmeOffloadGivesBitIdenticalLosses) {
   }
 }
 
+TEST(Train, DemoShapeWithEvaluationFinishes) {
+  // The README demo's shape (many modules streamed through a 16 MiB device, parameters and
+  // optimizer states on NVMe, evaluation between steps): queued gathers read partitions while
+  // the tier manager's prefetches stream others. This once deadlocked; the ctest timeout is
+  // the guard, and losses must equal those with no offload.
+  zoe::test::ScratchDir d("train");
+  const std::string common = "--preset demo --steps 4 --micro-batch 8 --lr 0.002 --eval-every 2 --eval-batches 1 ";
+  json nvme = train(common + "--offload nvme --nvme-path " + d.path() + " --device-budget 16MiB");
+  json none = train(common + "--offload none");
+  ASSERT_FALSE(nvme.is_null());
+  ASSERT_FALSE(none.is_null());
+  EXPECT_EQ(none["losses"].dump(), nvme["losses"].dump());
+}
+
 TEST(Train, ResumeContinuesBitIdentically) {
   for (const char* off : {"none", "nvme"}) {
     zoe::test::ScratchDir nvme("nvme"), ck("ckpt");

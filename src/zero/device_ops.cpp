@@ -1,0 +1,136 @@
+// The CPU DeviceOps (CpuDevice: device memory is host memory), and the CUDA ones when built.
+#include "zero/device_ops.h"
+
+#include <cstring>
+
+#include "zoe/features.h"
+
+#if ZOE_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "optim/adam_cuda.h"
+#endif
+
+namespace zoe::zero {
+
+namespace {
+
+class CpuOps final : public DeviceOps {
+ public:
+  explicit CpuOps(optim::CpuPool* pool) { exec_.pool = pool; }
+  bool host_addressable() const override { return true; }
+  Status zero(void* dev, size_t bytes) override {
+    memset(dev, 0, bytes);
+    return Status::ok();
+  }
+  Status to_device(void* dev, const void* host, size_t bytes) override {
+    memcpy(dev, host, bytes);
+    return Status::ok();
+  }
+  Status to_host(void* host, const void* dev, size_t bytes) override {
+    memcpy(host, dev, bytes);
+    return Status::ok();
+  }
+  Status copy(void* dst, const void* src, size_t bytes) override {
+    memcpy(dst, src, bytes);
+    return Status::ok();
+  }
+  Status accumulate_with_norm(float* acc, const void* g, DType gd, size_t n, bool first, double* partials) override {
+    return optim::accumulate_with_norm(acc, g, gd, n, first, partials, exec_);
+  }
+  Status adam_step(const optim::AdamArgs& args) override { return optim::adam_step(args, exec_); }
+
+ private:
+  optim::Exec exec_;
+};
+
+#if ZOE_HAVE_CUDA
+Status cuda_status(const char* call, cudaError_t err) {
+  StatusCode code = err == cudaErrorMemoryAllocation ? StatusCode::kOutOfBudget : StatusCode::kIoError;
+  return Status(code, std::string(call) + ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
+}
+#define ZOE_CUDA_OK(call)                                                 \
+  do {                                                                    \
+    cudaError_t zoe_err_ = (call);                                        \
+    if (zoe_err_ != cudaSuccess) return cuda_status(#call, zoe_err_);     \
+  } while (0)
+
+class CudaOps final : public DeviceOps {
+ public:
+  static Result<std::unique_ptr<DeviceOps>> create(int ordinal) {
+    auto ops = std::unique_ptr<CudaOps>(new CudaOps());
+    ops->ordinal_ = ordinal;
+    ZOE_CUDA_OK(cudaSetDevice(ordinal));
+    ZOE_CUDA_OK(cudaStreamCreateWithFlags(&ops->stream_, cudaStreamNonBlocking));
+    return std::unique_ptr<DeviceOps>(std::move(ops));
+  }
+  ~CudaOps() override {
+    if (stream_) {
+      (void)cudaStreamSynchronize(stream_);
+      (void)cudaStreamDestroy(stream_);
+    }
+  }
+  bool host_addressable() const override { return false; }
+  Status zero(void* dev, size_t bytes) override {
+    ZOE_RETURN_IF_ERROR(current());
+    ZOE_CUDA_OK(cudaMemsetAsync(dev, 0, bytes, stream_));
+    return sync();
+  }
+  Status to_device(void* dev, const void* host, size_t bytes) override {
+    ZOE_RETURN_IF_ERROR(current());
+    ZOE_CUDA_OK(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, stream_));
+    return sync();
+  }
+  Status to_host(void* host, const void* dev, size_t bytes) override {
+    ZOE_RETURN_IF_ERROR(current());
+    ZOE_CUDA_OK(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, stream_));
+    return sync();
+  }
+  Status copy(void* dst, const void* src, size_t bytes) override {
+    ZOE_RETURN_IF_ERROR(current());
+    ZOE_CUDA_OK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+    return sync();
+  }
+  Status accumulate_with_norm(float* acc, const void* g, DType gd, size_t n, bool first, double* partials) override {
+    ZOE_RETURN_IF_ERROR(current());
+    ZOE_ASSIGN_OR_RETURN(optim::NormResult r, optim::cuda::accumulate_with_norm(acc, g, gd, n, first, stream_));
+    const size_t chunks = optim::norm_chunks(n);
+    for (size_t c = 0; c < chunks; ++c) partials[c] = 0.0;
+    if (chunks > 0) partials[0] = r.sum_sq;
+    return Status::ok();
+  }
+  Status adam_step(const optim::AdamArgs& args) override {
+    ZOE_RETURN_IF_ERROR(current());
+    ZOE_RETURN_IF_ERROR(optim::cuda::adam_step(args, stream_));
+    return sync();
+  }
+
+ private:
+  CudaOps() = default;
+  Status current() {
+    ZOE_CUDA_OK(cudaSetDevice(ordinal_));
+    return Status::ok();
+  }
+  Status sync() {
+    ZOE_CUDA_OK(cudaStreamSynchronize(stream_));
+    return Status::ok();
+  }
+  int ordinal_ = 0;
+  cudaStream_t stream_ = nullptr;
+};
+#endif
+
+}  // namespace
+
+std::unique_ptr<DeviceOps> make_cpu_ops(optim::CpuPool* pool) { return std::make_unique<CpuOps>(pool); }
+
+Result<std::unique_ptr<DeviceOps>> make_cuda_ops(int ordinal) {
+#if ZOE_HAVE_CUDA
+  return CudaOps::create(ordinal);
+#else
+  (void)ordinal;
+  return unsupported("the engine's CUDA kernels: zoe was built without CUDA");
+#endif
+}
+
+}  // namespace zoe::zero
