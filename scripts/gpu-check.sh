@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU checks, for a machine with an NVIDIA GPU and the CUDA toolkit (no network needed): builds
-# the CUDA test suites (ctest label `cuda`: test_adam_cuda, test_gpt_cuda) and test_device in
-# build-gpu, runs them, and ends with a summary. About 3 minutes on 16 cores; meant to fit 8.
+# the CUDA test suites (ctest label `cuda`: test_adam_cuda, test_gpt_cuda), test_device and the engine on
+# the GPU (test_engine EngineCuda.*) in build-gpu, runs them, and ends with a summary. About 3-4 minutes on
+# 16 cores; meant to fit 8.
 #
 # Usage: bash scripts/gpu-check.sh
 # Environment (all optional):
@@ -28,7 +29,7 @@ section() { printf '\n== %s  [%ds]\n' "$1" $(($(date +%s) - start)); }
 
 main() {
   local jobs=${ZOE_JOBS:-$(nproc)}
-  local targets=(test_adam_cuda test_gpt_cuda test_device)
+  local targets=(test_adam_cuda test_gpt_cuda test_device test_engine)
   local cmake_args=(-DCMAKE_BUILD_TYPE=Release -DZOE_CUDA=ON -DZOE_BUILD_BENCH=OFF -DZOE_BUILD_TESTS=ON
                     "-DZOE_CUDA_ARCHS=${ZOE_CUDA_ARCHS:-90}")
 
@@ -111,7 +112,7 @@ main() {
   local xml_dir
   xml_dir=$(cd "$build/gtest-xml" && pwd)
   export GTEST_OUTPUT="xml:$xml_dir/"
-  local rc_cuda=0 rc_device=0
+  local rc_cuda=0 rc_device=0 rc_engine=0
   # -V shows every test's output (skip reasons, the printed losses and notes); the per-test
   # RUN/OK lines are left out of the console (they stay in $build/ctest-*.log).
   ctest --test-dir "$build" -L cuda --output-on-failure -V --timeout 300 >"$build/ctest-cuda.log" 2>&1 || rc_cuda=$?
@@ -119,6 +120,9 @@ main() {
   ctest --test-dir "$build" -R '^test_device$' --output-on-failure -V --timeout 120 >"$build/ctest-device.log" 2>&1 ||
     rc_device=$?
   grep -v -E '^[0-9]+: \[( RUN      |       OK )\]' "$build/ctest-device.log" || true
+  # The engine on the GPU (zoe.device "cuda"), against the dense reference and the CPU device.
+  "$build/bin/test_engine" --gtest_filter='EngineCuda.*' >"$build/ctest-engine.log" 2>&1 || rc_engine=$?
+  grep -v -E '^\[( RUN      |       OK )\]' "$build/ctest-engine.log" || true
 
   section "summary"
   if command -v nvidia-smi >/dev/null; then
@@ -136,9 +140,9 @@ main() {
     total_fail=$((total_fail + fails))
     if grep -q -E 'no usable GPU|no GPU: cudaGetDeviceCount|no CUDA device to compare' "$x"; then no_gpu=1; fi
   done
-  echo "ctest: label cuda exit $rc_cuda, test_device exit $rc_device; logs: $build/ctest-cuda.log, $build/ctest-device.log, $log"
+  echo "ctest: label cuda exit $rc_cuda, test_device exit $rc_device, EngineCuda exit $rc_engine; logs: $build/ctest-*.log, $log"
   echo "time: $(($(date +%s) - start)) s"
-  if [ "$rc_cuda" -ne 0 ] || [ "$rc_device" -ne 0 ] || [ "$total_fail" -ne 0 ]; then
+  if [ "$rc_cuda" -ne 0 ] || [ "$rc_device" -ne 0 ] || [ "$rc_engine" -ne 0 ] || [ "$total_fail" -ne 0 ]; then
     echo "RESULT: FAILED (see the failures above and in $build/ctest-*.log)"
     return 1
   fi

@@ -154,6 +154,33 @@ inline std::vector<Layer> reference_train(const MlpSpec& s, int world, int steps
   return L;
 }
 
+// How the harness reaches the engine's device memory: null (CpuDevice: host memory, read and
+// written in place), or a copy function (a GPU: cudaMemcpy) set by the test.
+using DeviceCopy = void (*)(void* dst, const void* src, size_t bytes, bool to_device);
+inline DeviceCopy& device_copy() {
+  static DeviceCopy f = nullptr;
+  return f;
+}
+// Host view of a module's parameters or gradient buffers (copied in/out when device_copy() is set).
+struct HostView {
+  ModuleParams dev;
+  std::vector<std::vector<char>> host;
+  explicit HostView(const ModuleParams& p, bool read) : dev(p) {
+    if (!device_copy()) return;
+    const size_t es = p.dtype == ComputeDType::kF32 ? 4 : 2;
+    host.resize(p.data.size());
+    for (size_t i = 0; i < p.data.size(); ++i) {
+      host[i].resize(p.numel[i] * es);
+      if (read) device_copy()(host[i].data(), p.data[i], host[i].size(), false);
+    }
+  }
+  void* data(size_t i) { return device_copy() ? host[i].data() : dev.data[i]; }
+  void write_back() {
+    if (!device_copy()) return;
+    for (size_t i = 0; i < host.size(); ++i) device_copy()(dev.data[i], host[i].data(), host[i].size(), true);
+  }
+};
+
 // Trains `steps` steps through the engine (this rank's share of the global batch) and returns
 // the final fp32 master parameters. inject_inf_at: a step whose first gradient becomes inf.
 inline Status engine_train(Engine& e, const MlpSpec& s, int rank, int world, int steps, std::vector<Layer>* out,
@@ -179,8 +206,9 @@ inline Status engine_train(Engine& e, const MlpSpec& s, int rank, int world, int
       if (!p.is_ok()) return p.status();
       L[l].w.resize(static_cast<size_t>(d * d));
       L[l].b.resize(static_cast<size_t>(d));
-      for (int i = 0; i < d * d; ++i) L[l].w[i] = load(p->data[0], p->dtype, static_cast<size_t>(i));
-      for (int i = 0; i < d; ++i) L[l].b[i] = load(p->data[1], p->dtype, static_cast<size_t>(i));
+      HostView hv(p.value(), /*read=*/true);
+      for (int i = 0; i < d * d; ++i) L[l].w[i] = load(hv.data(0), p->dtype, static_cast<size_t>(i));
+      for (int i = 0; i < d; ++i) L[l].b[i] = load(hv.data(1), p->dtype, static_cast<size_t>(i));
       ZOE_RETURN_IF_ERROR(e.release(static_cast<size_t>(l)));
     }
     std::vector<Layer> g;
@@ -191,9 +219,11 @@ inline Status engine_train(Engine& e, const MlpSpec& s, int rank, int world, int
       if (!p.is_ok()) return p.status();
       auto gb = e.grads(static_cast<size_t>(l));
       if (!gb.is_ok()) return gb.status();
-      for (int i = 0; i < d * d; ++i) store(gb->data[0], gb->dtype, static_cast<size_t>(i), g[l].w[i] * scale);
-      for (int i = 0; i < d; ++i) store(gb->data[1], gb->dtype, static_cast<size_t>(i), g[l].b[i] * scale);
-      if (k == inject_inf_at && l == 0) store(gb->data[0], gb->dtype, 0, INFINITY);
+      HostView hg(gb.value(), /*read=*/false);
+      for (int i = 0; i < d * d; ++i) store(hg.data(0), gb->dtype, static_cast<size_t>(i), g[l].w[i] * scale);
+      for (int i = 0; i < d; ++i) store(hg.data(1), gb->dtype, static_cast<size_t>(i), g[l].b[i] * scale);
+      if (k == inject_inf_at && l == 0) store(hg.data(0), gb->dtype, 0, INFINITY);
+      hg.write_back();
       ZOE_RETURN_IF_ERROR(e.reduce_grads(static_cast<size_t>(l)));
       ZOE_RETURN_IF_ERROR(e.release(static_cast<size_t>(l)));
     }

@@ -13,6 +13,7 @@
 
 #include "comm/communicator.h"
 #include "config/config.h"
+#include "device/device.h"
 #include "tests/util/test_util.h"
 #include "tests/zero/mlp.h"
 
@@ -346,6 +347,60 @@ TEST(Engine, GathersArePrefetchedInTheRecordedOrder) {
     }
     EXPECT_TRUE(compare(results[0], results[1]).identical) << what << ": prefetch on vs off";
     EXPECT_TRUE(compare(results[0], results[2]).identical) << what << ": with unrecorded forward passes";
+  }
+}
+
+// The engine on a GPU (zoe.device "cuda"): device-resident states updated by the GPU Adam,
+// offloaded ones by the CPU's, NCCL for the device collectives. Skips where no GPU is present.
+// Compared with the dense reference (same tolerances as the matrix) and with the CPU device's
+// run of the same config (the GPU Adam rounds like the reference, the CPU's fuses multiply-adds:
+// a few ulps per step).
+TEST(EngineCuda, PlacementsMatchTheReferenceAndTheCpuDevice) {
+  std::string why;
+  if (device::cuda_device_count(&why) <= 0) GTEST_SKIP() << "no GPU: " << why;
+  static std::unique_ptr<device::Device> copier = [] {
+    auto d = device::create_cuda_device(0, 1ull << 20);
+    return d.is_ok() ? std::move(d).value() : nullptr;
+  }();
+  ASSERT_NE(copier, nullptr);
+  const test::DeviceCopy gpu_copy = [](void* dst, const void* src, size_t bytes, bool to_device) {
+    Status s = to_device ? copier->copy_to_device(dst, src, bytes) : copier->copy_to_host(dst, src, bytes);
+    if (!s.is_ok()) {
+      fprintf(stderr, "device copy: %s\n", s.to_string().c_str());
+      abort();
+    }
+  };
+  struct Reset {
+    ~Reset() { test::device_copy() = nullptr; }
+  } reset;  // whatever way the test ends, later tests see host memory again
+  Runtime& rt = runtime();
+  MlpSpec s;
+  auto ref = test::reference_train(s, rt.world_size(), 3);
+  for (const std::string precision : {"fp32", "bf16"}) {
+    for (const Placement& pl : {Placement{0, "none", "none"}, Placement{1, "none", "none"}, Placement{2, "cpu", "none"},
+                                Placement{3, "none", "none"}, Placement{3, "nvme", "nvme"}, Placement{3, "cpu", "cpu"}}) {
+      for (const char* ratio : {"1", "0.5"}) {
+        if (std::string(ratio) == "0.5" && std::string(pl.opt) == "none") continue;
+        std::string what = precision + " stage " + std::to_string(pl.stage) + " optimizer " + pl.opt + " params " +
+                           pl.param + " ratio " + ratio;
+        std::vector<Layer> got[2];
+        for (int gpu = 0; gpu < 2; ++gpu) {
+          test::device_copy() = gpu ? gpu_copy : nullptr;  // the CPU device's memory is host memory
+          auto r = run_edited(pl, precision, s, 3, [&](std::string& t) {
+            insert_before(t, "optimizer_threads", std::string("\"offload_ratio\": ") + ratio + ", ");
+            if (gpu) insert_before(t, "optimizer_threads", "\"device\": \"cuda\", ");
+          }, nullptr);
+          ASSERT_TRUE(r.is_ok()) << what << (gpu ? " on the GPU: " : " on the CPU: ") << r.status().to_string();
+          got[gpu] = r.value();
+        }
+        Tolerance tol = tolerance(precision);
+        Diff dr = compare(got[1], ref), dc = compare(got[1], got[0]);
+        EXPECT_LE(dr.max_abs, tol.max_abs) << what << " vs the dense reference";
+        EXPECT_LE(dr.mean_abs, tol.mean_abs) << what << " vs the dense reference";
+        EXPECT_LE(dc.max_abs, precision == "fp32" ? 1e-5 : tol.max_abs) << what << " vs the CPU device";
+        printf("[cuda] %-50s max %.2e vs reference, %.2e vs CPU device\n", what.c_str(), dr.max_abs, dc.max_abs);
+      }
+    }
   }
 }
 
