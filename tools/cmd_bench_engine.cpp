@@ -100,7 +100,9 @@ json run_depth(Runtime& rt, const config::Config& cfg, const BenchEngineOpts& o,
                      {"t_compute", last.t_compute},
                      {"t_comm", last.t_comm},
                      {"t_io_stall", last.t_io_stall},
-                     {"t_optimizer", last.t_optimizer}});
+                     {"t_optimizer", last.t_optimizer},
+                     {"gathers_prefetched", last.gathers_prefetched},
+                     {"gathers_on_demand", last.gathers_on_demand}});
   }
   uint64_t n = static_cast<uint64_t>(depth) * (d * d + d);
   uint64_t world = static_cast<uint64_t>(rt.world_size());
@@ -155,7 +157,7 @@ void run(const BenchEngineOpts& o) {
          static_cast<long long>(o.d), o.device_budget.c_str());
   Table t({{"modules", "", 8}, {"params", "", 11}, {"state", "(B/rank)", 12}, {"dev hwm", "(B)", 12}, {"hwm", "(modules)", 10},
            {"host hwm", "(B)", 12}, {"nvme hwm", "(B)", 12}, {"compute", "(s)", 8}, {"comm", "(s)", 8}, {"io stall", "(s)", 8},
-           {"optim", "(s)", 8}});
+           {"optim", "(s)", 8}, {"gathers", "prefetched", 11}});
   t.print_header(stdout);
   for (const auto& r : rows) {
     const auto& s = r["steps"].back();
@@ -166,7 +168,10 @@ void run(const BenchEngineOpts& o) {
                          std::to_string(r["high_water_bytes"]["host"].get<uint64_t>()),
                          std::to_string(r["high_water_bytes"]["nvme"].get<uint64_t>()), fmt("%.3f", s["t_compute"].get<double>()),
                          fmt("%.3f", s["t_comm"].get<double>()), fmt("%.3f", s["t_io_stall"].get<double>()),
-                         fmt("%.3f", s["t_optimizer"].get<double>())});
+                         fmt("%.3f", s["t_optimizer"].get<double>()),
+                         fmt("%llu/%llu", static_cast<unsigned long long>(s["gathers_prefetched"].get<uint64_t>()),
+                             static_cast<unsigned long long>(s["gathers_prefetched"].get<uint64_t>() +
+                                                             s["gathers_on_demand"].get<uint64_t>()))});
   }
 }
 

@@ -555,24 +555,46 @@ Result<StepStats> Engine::step() {
       if (dev_stage) I.dev->free(dev_stage);
       return us;
     };
-    std::vector<void*> outs(I.modules.size());
-    for (size_t m = 0; m < I.modules.size(); ++m) {
-      ZOE_ASSIGN_OR_RETURN(outs[m], I.owned_compute(m));
-    }
+    // Where each module's new compute parameters go, fetched when its first chunk is updated and
+    // given back (written home, host copy dropped) when the update moves on: a stage-3 partition
+    // offloaded to NVMe is in host memory one module at a time, whatever the model size.
+    std::vector<void*> outs(I.modules.size(), nullptr);
+    auto open_out = [&](size_t m) -> Result<void*> {
+      if (!outs[m]) {
+        ZOE_ASSIGN_OR_RETURN(outs[m], I.owned_compute(m));
+      }
+      return outs[m];
+    };
+    auto close_out = [&](size_t m) {
+      if (!outs[m]) return;
+      I.unpin_owned(m);
+      outs[m] = nullptr;
+    };
     Status s;
     if (I.swapper) {
-      s = I.swapper->step([&](const offload::ChunkView& c) {
+      size_t open = SIZE_MAX;  // the module whose chunks are being updated (groups come in order)
+      s = I.swapper->step([&](const offload::ChunkView& c) -> Status {
+        if (c.group != open) {
+          if (open != SIZE_MAX) close_out(open);
+          open = c.group;
+        }
+        ZOE_ASSIGN_OR_RETURN(void* out, open_out(c.group));
         return update(c.group, c.begin, c.n, static_cast<float*>(c.data[Impl::kMasterState]), c.data[Impl::kAvgState],
-                      c.data[Impl::kAvgSqState], static_cast<const float*>(c.data[Impl::kGradState]), outs[c.group]);
+                      c.data[Impl::kAvgSqState], static_cast<const float*>(c.data[Impl::kGradState]), out);
       });
+      if (open != SIZE_MAX) close_out(open);
     }
     // Modules whose states live on the device or in host RAM.
     for (size_t m = 0; m < I.modules.size() && s.is_ok(); ++m) {
       Impl::Module& mod = I.modules[m];
       if (mod.opt_home == OffloadDevice::kNvme) continue;
-      s = update(m, 0, mod.opt_n, static_cast<float*>(mod.master), mod.exp_avg, mod.exp_avg_sq, mod.grad_acc, outs[m]);
+      auto out = open_out(m);
+      s = out.is_ok() ? update(m, 0, mod.opt_n, static_cast<float*>(mod.master), mod.exp_avg, mod.exp_avg_sq,
+                               mod.grad_acc, out.value())
+                      : out.status();
+      close_out(m);
     }
-    for (size_t m = 0; m < I.modules.size(); ++m) I.unpin_owned(m);
+    for (size_t m = 0; m < I.modules.size(); ++m) close_out(m);  // after an error
     if (I.tm) {
       Status ds = I.tm->drain();
       if (s.is_ok()) s = ds;
