@@ -455,6 +455,8 @@ Result<StepStats> Engine::step() {
   ZOE_RETURN_IF_ERROR_CTX(finish_save(), "finishing the asynchronous checkpoint");
   ZOE_RETURN_IF_ERROR(I.complete_pending(true));
   ZOE_RETURN_IF_ERROR(I.discard_gathers());  // none in a regular loop: prefetch stops at the order's end
+  // Moves still in flight (prefetches) finish before the update rewrites the partitions they read.
+  if (I.tm) ZOE_RETURN_IF_ERROR_CTX(I.tm->drain(), "finishing the parameter moves before the step");
   for (const auto& mod : I.modules) {
     if (mod.grad_buf) return invalid_argument("step(): module %s has gradients that were not reduced", mod.name.c_str());
     if (mod.fetched && mod.partitioned_params) return invalid_argument("step(): module %s is still fetched", mod.name.c_str());

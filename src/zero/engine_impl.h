@@ -450,10 +450,11 @@ struct Engine::Impl {
       }
       queued += nm.padded;
     }
-    // 2. Partitions further ahead move towards the device, up to the prefetch bucket size.
+    // 2. Partitions further ahead move towards the device, up to the prefetch bucket size; not
+    //    past the order's end either (the step rewrites every partition).
     int64_t budget = cfg->zero.stage3_prefetch_bucket_size;
-    for (size_t k = 1; k < order.size() && budget > 0; ++k) {
-      size_t next = order[(cursor + k) % order.size()];
+    for (size_t k = cursor + 1; k < order.size() && budget > 0; ++k) {
+      size_t next = order[k];
       if (next == m) continue;
       const Module& nm = modules[next];
       if (!nm.partitioned_params || nm.full != nullptr) continue;
