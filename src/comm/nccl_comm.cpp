@@ -12,6 +12,8 @@
 #if ZOE_HAVE_NCCL
 #include <cuda_runtime_api.h>
 #include <nccl.h>
+
+#include "core/cuda_util.h"
 #endif
 
 namespace zoe::comm {
@@ -19,38 +21,11 @@ namespace zoe::comm {
 #if ZOE_HAVE_NCCL
 namespace {
 
-Status cuda_error(const char* call, cudaError_t err) {
-  return make_status(StatusCode::kIoError, "%s: %s (%s)", call, cudaGetErrorName(err), cudaGetErrorString(err));
-}
 Status nccl_error(const char* call, ncclResult_t r, ncclComm_t comm) {
   const char* last = comm != nullptr ? ncclGetLastError(comm) : nullptr;
   return make_status(StatusCode::kIoError, "%s: %s%s%s", call, ncclGetErrorString(r),
                      last != nullptr && *last ? ": " : "", last != nullptr ? last : "");
 }
-
-#define ZOE_CUDA_TRY(call)                                                     \
-  do {                                                                         \
-    cudaError_t zoe_cuda_err_ = (call);                                        \
-    if (zoe_cuda_err_ != cudaSuccess) return cuda_error(#call, zoe_cuda_err_); \
-  } while (0)
-
-// Makes `ordinal` current for a scope, restoring the previous device.
-class CurrentDevice {
- public:
-  explicit CurrentDevice(int ordinal) {
-    if (cudaGetDevice(&prev_) != cudaSuccess) prev_ = -1;
-    if (prev_ != ordinal) changed_ = cudaSetDevice(ordinal) == cudaSuccess;
-  }
-  ~CurrentDevice() {
-    if (changed_ && prev_ >= 0) (void)cudaSetDevice(prev_);
-  }
-  CurrentDevice(const CurrentDevice&) = delete;
-  CurrentDevice& operator=(const CurrentDevice&) = delete;
-
- private:
-  int prev_ = -1;
-  bool changed_ = false;
-};
 
 ncclDataType_t nccl_type(CommType t) {
   switch (t) {

@@ -12,46 +12,14 @@
 
 #if ZOE_HAVE_CUDA
 #include <cuda_runtime_api.h>
+
+#include "core/cuda_util.h"
 #endif
 
 namespace zoe::device {
 
 #if ZOE_HAVE_CUDA
 namespace {
-
-// Every CUDA error becomes a Status naming the call: "cudaMemcpyAsync: cudaErrorInvalidValue
-// (invalid argument)". Running out of device memory is kOutOfBudget, the rest kIoError.
-Status cuda_error(const char* call, cudaError_t err) {
-  StatusCode code = err == cudaErrorMemoryAllocation ? StatusCode::kOutOfBudget : StatusCode::kIoError;
-  return Status(code,
-                std::string(call) + ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
-}
-
-#define ZOE_CUDA_TRY(call)                                                     \
-  do {                                                                         \
-    cudaError_t zoe_cuda_err_ = (call);                                        \
-    if (zoe_cuda_err_ != cudaSuccess) return cuda_error(#call, zoe_cuda_err_); \
-  } while (0)
-
-// Makes `ordinal` the calling thread's current device for a scope, restoring the previous one.
-class CurrentDevice {
- public:
-  explicit CurrentDevice(int ordinal) {
-    if (cudaGetDevice(&prev_) != cudaSuccess) prev_ = -1;
-    if (prev_ != ordinal) {
-      changed_ = cudaSetDevice(ordinal) == cudaSuccess;
-    }
-  }
-  ~CurrentDevice() {
-    if (changed_ && prev_ >= 0) (void)cudaSetDevice(prev_);
-  }
-  CurrentDevice(const CurrentDevice&) = delete;
-  CurrentDevice& operator=(const CurrentDevice&) = delete;
-
- private:
-  int prev_ = -1;
-  bool changed_ = false;
-};
 
 class CudaEvent final : public Event {
  public:

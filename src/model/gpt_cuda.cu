@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "core/cuda_util.h"
 #include "core/log.h"
 #include "model/kernels.h"
 
@@ -19,24 +20,11 @@ namespace {
 
 // ---- errors ------------------------------------------------------------------------------------
 
-Status cuda_error(const char* call, cudaError_t err) {
-  (void)cudaGetLastError();
-  StatusCode code = StatusCode::kIoError;
-  if (err == cudaErrorMemoryAllocation) code = StatusCode::kOutOfBudget;
-  if (err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver) code = StatusCode::kUnsupported;
-  return Status(code, std::string(call) + ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
-}
-
 Status cublas_error(const char* call, cublasStatus_t st) {
   StatusCode code = st == CUBLAS_STATUS_ALLOC_FAILED ? StatusCode::kOutOfBudget : StatusCode::kIoError;
   return Status(code, std::string(call) + ": " + cublasGetStatusName(st) + " (" + cublasGetStatusString(st) + ")");
 }
 
-#define ZOE_CUDA_TRY(call)                                                     \
-  do {                                                                         \
-    cudaError_t zoe_cuda_err_ = (call);                                        \
-    if (zoe_cuda_err_ != cudaSuccess) return cuda_error(#call, zoe_cuda_err_); \
-  } while (0)
 
 // ---- kernels -----------------------------------------------------------------------------------
 

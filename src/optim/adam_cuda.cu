@@ -10,26 +10,12 @@
 #include <cstdint>
 #include <string>
 
+#include "core/cuda_util.h"
+
 namespace zoe::optim::cuda {
 namespace {
 
 // ---- errors ------------------------------------------------------------------------------------
-
-// "cudaMallocAsync: cudaErrorMemoryAllocation (out of memory)". Clears the thread's last error so
-// that a later unrelated check does not report it again (sticky errors stay, as CUDA keeps them).
-Status cuda_error(const char* call, cudaError_t err) {
-  (void)cudaGetLastError();
-  StatusCode code = StatusCode::kIoError;
-  if (err == cudaErrorMemoryAllocation) code = StatusCode::kOutOfBudget;
-  if (err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver) code = StatusCode::kUnsupported;
-  return Status(code, std::string(call) + ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
-}
-
-#define ZOE_CUDA_TRY(call)                                                     \
-  do {                                                                         \
-    cudaError_t zoe_cuda_err_ = (call);                                        \
-    if (zoe_cuda_err_ != cudaSuccess) return cuda_error(#call, zoe_cuda_err_); \
-  } while (0)
 
 // After a <<<...>>> launch: a bad configuration or a missing kernel image shows up here.
 #define ZOE_CUDA_LAUNCHED(what)                                                        \

@@ -8,6 +8,7 @@
 #if ZOE_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
+#include "core/cuda_util.h"
 #include "optim/adam_cuda.h"
 #endif
 
@@ -45,23 +46,13 @@ class CpuOps final : public DeviceOps {
 };
 
 #if ZOE_HAVE_CUDA
-Status cuda_status(const char* call, cudaError_t err) {
-  StatusCode code = err == cudaErrorMemoryAllocation ? StatusCode::kOutOfBudget : StatusCode::kIoError;
-  return Status(code, std::string(call) + ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
-}
-#define ZOE_CUDA_OK(call)                                                 \
-  do {                                                                    \
-    cudaError_t zoe_err_ = (call);                                        \
-    if (zoe_err_ != cudaSuccess) return cuda_status(#call, zoe_err_);     \
-  } while (0)
-
 class CudaOps final : public DeviceOps {
  public:
   static Result<std::unique_ptr<DeviceOps>> create(int ordinal) {
     auto ops = std::unique_ptr<CudaOps>(new CudaOps());
     ops->ordinal_ = ordinal;
-    ZOE_CUDA_OK(cudaSetDevice(ordinal));
-    ZOE_CUDA_OK(cudaStreamCreateWithFlags(&ops->stream_, cudaStreamNonBlocking));
+    ZOE_CUDA_TRY(cudaSetDevice(ordinal));
+    ZOE_CUDA_TRY(cudaStreamCreateWithFlags(&ops->stream_, cudaStreamNonBlocking));
     return std::unique_ptr<DeviceOps>(std::move(ops));
   }
   ~CudaOps() override {
@@ -73,22 +64,22 @@ class CudaOps final : public DeviceOps {
   bool host_addressable() const override { return false; }
   Status zero(void* dev, size_t bytes) override {
     ZOE_RETURN_IF_ERROR(current());
-    ZOE_CUDA_OK(cudaMemsetAsync(dev, 0, bytes, stream_));
+    ZOE_CUDA_TRY(cudaMemsetAsync(dev, 0, bytes, stream_));
     return sync();
   }
   Status to_device(void* dev, const void* host, size_t bytes) override {
     ZOE_RETURN_IF_ERROR(current());
-    ZOE_CUDA_OK(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, stream_));
+    ZOE_CUDA_TRY(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, stream_));
     return sync();
   }
   Status to_host(void* host, const void* dev, size_t bytes) override {
     ZOE_RETURN_IF_ERROR(current());
-    ZOE_CUDA_OK(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, stream_));
+    ZOE_CUDA_TRY(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, stream_));
     return sync();
   }
   Status copy(void* dst, const void* src, size_t bytes) override {
     ZOE_RETURN_IF_ERROR(current());
-    ZOE_CUDA_OK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+    ZOE_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
     return sync();
   }
   Status accumulate_with_norm(float* acc, const void* g, DType gd, size_t n, bool first, double* partials) override {
@@ -108,11 +99,11 @@ class CudaOps final : public DeviceOps {
  private:
   CudaOps() = default;
   Status current() {
-    ZOE_CUDA_OK(cudaSetDevice(ordinal_));
+    ZOE_CUDA_TRY(cudaSetDevice(ordinal_));
     return Status::ok();
   }
   Status sync() {
-    ZOE_CUDA_OK(cudaStreamSynchronize(stream_));
+    ZOE_CUDA_TRY(cudaStreamSynchronize(stream_));
     return Status::ok();
   }
   int ordinal_ = 0;
