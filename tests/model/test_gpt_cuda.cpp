@@ -17,27 +17,10 @@
 
 #include "model/gpt.h"
 #include "model/gpt_cuda.h"
+#include "tests/util/gpu_test_util.h"
 
 namespace zoe::model {
 namespace {
-
-std::string gpu_unavailable() {
-  int n = 0;
-  cudaError_t err = cudaGetDeviceCount(&n);
-  if (err != cudaSuccess) {
-    (void)cudaGetLastError();
-    return std::string("no usable GPU: cudaGetDeviceCount: ") + cudaGetErrorName(err) + " (" +
-           cudaGetErrorString(err) + ")";
-  }
-  if (n == 0) return "no GPU: cudaGetDeviceCount reports 0 devices";
-  return "";
-}
-
-#define ZOE_SKIP_WITHOUT_GPU()                  \
-  do {                                          \
-    const std::string why_ = gpu_unavailable(); \
-    if (!why_.empty()) GTEST_SKIP() << why_;    \
-  } while (0)
 
 // Host parameters and gradients of one model, laid out as gpt_modules() says, with device copies.
 struct Model {
@@ -299,7 +282,7 @@ TEST(GptCuda, BadArgumentsAreRejected) {
   r = GptCuda::create(c, 2, 16, 0);
   ASSERT_FALSE(r.is_ok());
   EXPECT_NE(r.status().message().find("not a multiple of heads"), std::string::npos) << r.status().message();
-  if (gpu_unavailable().empty()) {
+  if (::zoe::test::gpu_unavailable().empty()) {
     r = GptCuda::create(config(256, 16, 32, 4, 2), 2, 16, 1000);
     ASSERT_FALSE(r.is_ok());
     EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
@@ -309,7 +292,7 @@ TEST(GptCuda, BadArgumentsAreRejected) {
 
 // Runs here too: without a GPU, create() says so and why.
 TEST(GptCuda, WithoutAGpuCreationSaysWhy) {
-  if (gpu_unavailable().empty()) GTEST_SKIP() << "a GPU is present";
+  if (::zoe::test::gpu_unavailable().empty()) GTEST_SKIP() << "a GPU is present";
   auto r = GptCuda::create(config(256, 16, 32, 4, 2), 2, 16, 0);
   ASSERT_FALSE(r.is_ok());
   EXPECT_EQ(r.status().code(), StatusCode::kUnsupported) << r.status().to_string();

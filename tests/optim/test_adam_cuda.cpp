@@ -27,28 +27,11 @@
 #include "optim/adam_cuda.h"
 #include "optim/adam_reference.h"
 #include "optim_test_util.h"
+#include "tests/util/gpu_test_util.h"
 
 namespace zoe::optim::test {
 namespace {
 
-// Empty when a GPU is usable, else why not.
-std::string gpu_unavailable() {
-  int n = 0;
-  cudaError_t err = cudaGetDeviceCount(&n);
-  if (err != cudaSuccess) {
-    (void)cudaGetLastError();
-    return std::string("no usable GPU: cudaGetDeviceCount: ") + cudaGetErrorName(err) + " (" +
-           cudaGetErrorString(err) + ")";
-  }
-  if (n == 0) return "no GPU: cudaGetDeviceCount reports 0 devices";
-  return "";
-}
-
-#define ZOE_SKIP_WITHOUT_GPU()                     \
-  do {                                             \
-    const std::string why_ = gpu_unavailable();    \
-    if (!why_.empty()) GTEST_SKIP() << why_;       \
-  } while (0)
 
 #define ZOE_ASSERT_CUDA(call)                                                                     \
   do {                                                                                            \
@@ -334,7 +317,7 @@ TEST(AdamCudaErrors, BadArgumentsAreRejectedWithTheReason) {
 // Runs here too: without a GPU, calls that need one fail with the runtime's reason; calls that do
 // not (n = 0, bad hyperparameters) behave as with one.
 TEST(AdamCudaErrors, WithoutAGpuCallsSayWhy) {
-  if (gpu_unavailable().empty()) GTEST_SKIP() << "a GPU is present";
+  if (::zoe::test::gpu_unavailable().empty()) GTEST_SKIP() << "a GPU is present";
   float fake[4] = {};
   auto r = cuda::grad_norm_sq(fake, DType::kF32, 4, nullptr);
   ASSERT_FALSE(r.is_ok());
