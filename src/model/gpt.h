@@ -80,12 +80,12 @@ void gpt_init(const GptConfig& c, uint64_t seed, size_t module, size_t param, fl
 void gpt_init_range(const GptConfig& c, uint64_t seed, size_t module, size_t param, uint64_t first,
                     float* data, size_t n);
 
-class GptCpu {
+// The model's forward and backward kernels, whatever runs them (GptCpu: host memory; GptCuda in
+// model/gpt_cuda.h: device memory). Parameters and gradients are fp32, one pointer per parameter
+// in the order above, in the implementation's memory; tokens and targets are host arrays.
+class GptKernels {
  public:
-  // batch sequences of `tokens_per_seq` (<= c.seq) tokens per micro-batch; threads 0: all cores.
-  static Result<std::unique_ptr<GptCpu>> create(const GptConfig& c, int batch, int tokens_per_seq,
-                                                int threads = 0);
-  virtual ~GptCpu() = default;
+  virtual ~GptKernels() = default;
 
   // Forward. tokens: batch x T token ids (< vocab). params: the module's parameter pointers.
   virtual void embed_forward(const int32_t* tokens, const float* const* embed_params) = 0;
@@ -94,17 +94,27 @@ class GptCpu {
   // (batch x T ids; a target < 0 is ignored). embed_params supplies wte.
   virtual float head_forward(const float* const* final_params, const float* const* embed_params,
                              const int32_t* targets) = 0;
-  // The logits of the last head_forward (batch x T x vocab), for evaluation and generation.
+  // The logits of the last head_forward (batch x T x vocab, host memory), for evaluation and
+  // generation.
   virtual const float* logits() const = 0;
 
   // Backward, in reverse order: head (grads of final, and wte of embed), blocks, embedding.
+  // Gradients are added to.
   virtual void head_backward(const float* const* final_params, const float* const* embed_params,
                              float* const* final_grads, float* const* embed_grads) = 0;
   virtual void block_backward(int layer, const float* const* block_params, float* const* block_grads) = 0;
   virtual void embed_backward(float* const* embed_grads) = 0;
 
-  // Host bytes of activations kept for one micro-batch (with the backward scratch buffers).
+  // Bytes of activations kept for one micro-batch (with the backward scratch buffers), in the
+  // implementation's memory.
   virtual size_t activation_bytes() const = 0;
+};
+
+class GptCpu : public GptKernels {
+ public:
+  // batch sequences of `tokens_per_seq` (<= c.seq) tokens per micro-batch; threads 0: all cores.
+  static Result<std::unique_ptr<GptCpu>> create(const GptConfig& c, int batch, int tokens_per_seq,
+                                                int threads = 0);
   // Threads the kernels run on: the one asked for, at most the host's cores.
   virtual int threads() const = 0;
 };

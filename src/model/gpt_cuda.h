@@ -31,7 +31,10 @@
 
 namespace zoe::model {
 
-class GptCuda {
+// The GptKernels of model/gpt.h on a GPU: parameters, gradients and activations in device
+// memory; head_forward waits for the stream (it returns the loss, NaN once status() is an error);
+// logits() is a host copy, valid until the next call, and waits for the stream too.
+class GptCuda : public GptKernels {
  public:
   // batch sequences of tokens_per_seq (<= c.seq) tokens per micro-batch, on GPU device_ordinal.
   // Errors: the config's and the shape's as GptCpu::create; kUnsupported when no GPU is present
@@ -39,27 +42,7 @@ class GptCuda {
   // the activations do not fit in device memory; other CUDA/cuBLAS failures name the call.
   static Result<std::unique_ptr<GptCuda>> create(const GptConfig& c, int batch, int tokens_per_seq,
                                                  int device_ordinal = 0);
-  virtual ~GptCuda() = default;
 
-  // Forward. tokens: host, batch x T ids (< vocab). Params: device pointers.
-  virtual void embed_forward(const int32_t* tokens, const float* const* embed_params) = 0;
-  virtual void block_forward(int layer, const float* const* block_params) = 0;
-  // Final LayerNorm, the tied head and the mean cross-entropy against targets (host, batch x T;
-  // < 0 ignored). Waits for the stream. NaN once status() is an error.
-  virtual float head_forward(const float* const* final_params, const float* const* embed_params,
-                             const int32_t* targets) = 0;
-  // A host copy of the logits of the last head_forward (batch x T x vocab); waits for the stream.
-  // Valid until the next call.
-  virtual const float* logits() const = 0;
-
-  // Backward, in reverse order; gradients (device pointers) are added to.
-  virtual void head_backward(const float* const* final_params, const float* const* embed_params,
-                             float* const* final_grads, float* const* embed_grads) = 0;
-  virtual void block_backward(int layer, const float* const* block_params, float* const* block_grads) = 0;
-  virtual void embed_backward(float* const* embed_grads) = 0;
-
-  // Device bytes of activations and backward scratch kept for one micro-batch.
-  virtual size_t activation_bytes() const = 0;
   virtual int device_ordinal() const = 0;
   // The cudaStream_t every call enqueues on.
   virtual void* stream() const = 0;
