@@ -174,7 +174,7 @@ Status TierManager::init() {
     uint64_t staging = static_cast<uint64_t>(opts_.staging_bytes) * (opts_.staging_count + 1);
     if (budget_[T(Tier::kHost)] && staging > budget_[T(Tier::kHost)]) {
       return out_of_budget("host tier: the %zu staging buffers of %s need %s, more than the host budget %s",
-                           opts_.staging_count, format_bytes(opts_.staging_bytes).c_str(), format_bytes(staging).c_str(),
+                           opts_.staging_count + 1, format_bytes(opts_.staging_bytes).c_str(), format_bytes(staging).c_str(),
                            format_bytes(budget_[T(Tier::kHost)]).c_str());
     }
     ZOE_ASSIGN_OR_RETURN(staging_, io::BufferPool::create(opts_.staging_bytes, opts_.staging_count + 1, opts_.pin));

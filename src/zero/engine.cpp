@@ -209,22 +209,24 @@ Status Engine::initialize(const std::function<void(size_t, size_t, float*, size_
                       static_cast<unsigned long long>(free_b), format_bytes(free_b).c_str(), where.c_str());
     }
   }
+  // Device memory kept free for a gathered module, its gradients and their reduction, and the cost
+  // per element of a gathered module queued ahead of use (the module and a copy of the partition).
+  size_t biggest = 0;
+  for (const auto& m : I.modules) biggest = std::max(biggest, m.padded);
+  const uint64_t reserve = 4ull * biggest * es;
+  const uint64_t per_elem = es + (es + static_cast<uint64_t>(I.world) - 1) / static_cast<uint64_t>(I.world);
   // Tiers for stage-3 parameter partitions.
   bool any_partitioned = std::any_of(I.modules.begin(), I.modules.end(), [](const Impl::Module& m) { return m.partitioned_params; });
   if (any_partitioned) {
     offload::TierManagerOptions to;
     to.device = I.dev.get();
-    size_t biggest = 0;
-    for (const auto& m : I.modules) biggest = std::max(biggest, m.padded);
     // The device holds partitions for the prefetch window (plus the one in use); the rest of
     // the budget is for a gathered module, its gradients and their reduction.
-    uint64_t reserve = 4ull * biggest * es;
     uint64_t db = I.dev->budget_bytes();
     const uint64_t bucket = static_cast<uint64_t>(std::max<int64_t>(0, I.cfg->zero.stage3_prefetch_bucket_size));
     const uint64_t avail = db > reserve * 2 ? db - reserve : db / 2;
-    // Gathered modules queued ahead of use (each costs the gathered module and a copy of the
-    // partition): up to stage3_prefetch_bucket_size elements, in at most half of what is left.
-    const uint64_t per_elem = es + (es + static_cast<uint64_t>(I.world) - 1) / static_cast<uint64_t>(I.world);
+    // Gathered modules queued ahead of use: up to stage3_prefetch_bucket_size elements, in at
+    // most half of what is left.
     const uint64_t gather_bytes = std::min<uint64_t>(bucket * per_elem, avail / 2);
     I.gather_window = static_cast<size_t>(gather_bytes / per_elem);  // lowered below to what is left
     // The rest holds partitions moving towards the device (their window and the one in use).
@@ -310,10 +312,6 @@ Status Engine::initialize(const std::function<void(size_t, size_t, float*, size_
     // Device memory the states took (persistent modules, device-resident optimizer states)
     // comes out of the gather window too: keep the tier's budget and the reserve free.
     const uint64_t db = I.dev->budget_bytes(), used = I.dev->used_bytes() + I.tm->stats().budget[0];
-    size_t biggest = 0;
-    for (const auto& m : I.modules) biggest = std::max(biggest, m.padded);
-    const uint64_t reserve = 4ull * biggest * es;
-    const uint64_t per_elem = es + (es + static_cast<uint64_t>(I.world) - 1) / static_cast<uint64_t>(I.world);
     const uint64_t room = db > used + reserve ? (db - used - reserve) / per_elem : 0;
     I.gather_window = std::min<size_t>(I.gather_window, static_cast<size_t>(room));
     // Queued gathers run a host task on the communicator's stream: host-memory devices only.

@@ -345,8 +345,8 @@ struct Engine::Impl {
 
   // Queues the gather of module m's parameters ahead of its fetch: device buffers for the
   // gathered module and a copy of this rank's partition; on the communicator's stream, a host
-  // task brings the partition to the device (from wherever it lives) and copies it, then the
-  // all-gather runs. Every rank queues the same gathers in the same order (the decisions depend
+  // task reads the partition's latest bytes into that copy (from whichever tier holds them),
+  // then the all-gather runs. Every rank queues the same gathers in the same order (the decisions depend
   // only on the recorded fetch order and the config), so the collectives line up.
   Status start_gather(size_t m) {
     Module& mod = modules[m];

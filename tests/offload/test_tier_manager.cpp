@@ -1,9 +1,6 @@
 // TierManager tests: moves between tiers, budgets and eviction, coherence, faults, trace policy.
 #include <nlohmann/json.hpp>
 
-#include <chrono>
-#include <future>
-
 #include "tests/offload/offload_fixture.h"
 
 namespace zoe::offload {
@@ -274,37 +271,6 @@ TEST(TierManager, PrefetchLoadsAheadWithoutPinning) {
   tm.prefetch(2, Tier::kDevice);  // cannot fit: skipped, not an error
   EXPECT_EQ(tm.stats().prefetch_skipped, 1u);
   EXPECT_TRUE(tm.drain().is_ok());
-}
-
-TEST(TierManager, ReadAndWriteDoNotWaitForTheMovesStagingBuffers) {
-  // Loads NVMe -> device hold the shared staging buffers piece by piece; a synchronous read or
-  // write of another item meanwhile (the engine's gather prefetch reads from another thread)
-  // must finish, not wait for a buffer whose release needs the lock read() holds.
-  Rig r;
-  TierManagerOptions o;
-  o.staging_bytes = 64 * KiB;
-  o.staging_count = 1;
-  ASSERT_TRUE(r.init(16 * MiB, 64 * MiB, o));
-  TierManager& tm = *r.tm;
-  auto a = random_bytes(64 * KiB, 2), b = random_bytes(256 * KiB, 3);  // a: one piece
-  ASSERT_TRUE(tm.add_item(1, a.size(), Tier::kNvme).is_ok());
-  ASSERT_TRUE(tm.add_item(2, b.size(), Tier::kNvme).is_ok());
-  ASSERT_TRUE(tm.write(1, a.data()).is_ok());
-  ASSERT_TRUE(tm.write(2, b.data()).is_ok());
-  for (int round = 0; round < 200; ++round) {
-    tm.prefetch(1, Tier::kDevice);  // its piece holds the one shared buffer until the move finishes
-    auto done = std::async(std::launch::async, [&] {
-      std::vector<unsigned char> back(b.size());
-      Status s = tm.read(2, back.data());
-      if (s.is_ok() && first_mismatch(back.data(), b.data(), b.size()) != -1) s = internal_error("read wrong bytes");
-      if (s.is_ok()) s = tm.write(2, b.data());
-      return s;
-    });
-    ASSERT_EQ(done.wait_for(std::chrono::seconds(30)), std::future_status::ready) << "read() deadlocked, round " << round;
-    ASSERT_TRUE(done.get().is_ok());
-    ASSERT_TRUE(tm.drain().is_ok());
-    ASSERT_TRUE(tm.evict(1, Tier::kDevice).wait().is_ok());
-  }
 }
 
 TEST(TierManager, PinnedCopiesAreNotEvictable) {

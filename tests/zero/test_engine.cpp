@@ -88,6 +88,29 @@ Result<std::vector<Layer>> run(const Placement& pl, const std::string& precision
   return out;
 }
 
+// Runs the MLP with make_config's text edited by `edit` (keys inserted into its sections).
+Result<std::vector<Layer>> run_edited(const Placement& pl, const std::string& precision, const MlpSpec& s, int steps,
+                                      const std::function<void(std::string&)>& edit, std::vector<StepStats>* stats,
+                                      int micro = 1, bool eval_passes = false) {
+  Runtime& rt = runtime();
+  test::ScratchDir nvme("nvme");
+  std::string text = make_config(pl, precision, nvme.path(), micro);
+  edit(text);
+  ZOE_ASSIGN_OR_RETURN(auto cfg, config::Config::parse(text, rt.world_size()));
+  ZOE_ASSIGN_OR_RETURN(auto e, Engine::create(rt, cfg));
+  ZOE_RETURN_IF_ERROR(test::register_mlp(*e, s));
+  std::vector<Layer> out;
+  ZOE_RETURN_IF_ERROR(
+      test::engine_train(*e, s, rt.rank(), rt.world_size(), steps, &out, stats, -1, micro, 0, eval_passes));
+  return out;
+}
+
+void insert_before(std::string& text, const std::string& key, const std::string& what) {
+  size_t at = text.find("\"" + key + "\"");
+  ASSERT_NE(at, std::string::npos) << key;
+  text.insert(at, what);
+}
+
 struct Diff {
   double max_abs = 0, mean_abs = 0;
   bool identical = true;
@@ -173,18 +196,11 @@ TEST(Engine, ReduceBucketsDoNotChangeResults) {
   for (const Placement& pl : {Placement{1, "cpu", "none"}, Placement{2, "none", "none"}, Placement{3, "nvme", "cpu"}}) {
     auto whole = run(pl, "bf16", s, 2);
     ASSERT_TRUE(whole.is_ok());
-    Runtime& rt = runtime();
-    test::ScratchDir nvme("nvme");
-    std::string text = make_config(pl, "bf16", nvme.path());
-    text.replace(text.find("\"stage3_param_persistence_threshold\""), 0, "\"reduce_bucket_size\": 1000, ");
-    auto cfg = config::Config::parse(text, rt.world_size());
-    ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
-    auto e = Engine::create(rt, cfg.value());
-    ASSERT_TRUE(e.is_ok());
-    ASSERT_TRUE(test::register_mlp(*e.value(), s).is_ok());
-    std::vector<Layer> out;
-    ASSERT_TRUE(test::engine_train(*e.value(), s, rt.rank(), rt.world_size(), 2, &out).is_ok());
-    EXPECT_TRUE(compare(out, whole.value()).identical) << "stage " << pl.stage;
+    auto out = run_edited(pl, "bf16", s, 2, [](std::string& t) {
+      insert_before(t, "stage3_param_persistence_threshold", "\"reduce_bucket_size\": 1000, ");
+    }, nullptr);
+    ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+    EXPECT_TRUE(compare(out.value(), whole.value()).identical) << "stage " << pl.stage;
   }
 }
 
@@ -216,21 +232,13 @@ TEST(Engine, Bf16OptimizerStates) {
   std::map<int, std::vector<Layer>> base;
   for (const Placement& pl : {Placement{1, "none", "none"}, Placement{1, "nvme", "none"}, Placement{3, "none", "none"},
                               Placement{3, "nvme", "nvme"}, Placement{3, "cpu", "cpu"}}) {
-    std::string cfg_extra;
     auto r = run(pl, "bf16", s, 3, nullptr, -1, 1, "", "");
     ASSERT_TRUE(r.is_ok());
-    Runtime& rt2 = runtime();
-    test::ScratchDir nvme("nvme");
-    std::string text = make_config(pl, "bf16", nvme.path());
-    text.replace(text.find("\"optimizer_threads\""), 0, "\"bf16_optimizer_states\": true, ");
-    auto cfg = config::Config::parse(text, rt2.world_size());
-    ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
-    auto e = Engine::create(rt2, cfg.value());
-    ASSERT_TRUE(e.is_ok()) << e.status().to_string();
-    ASSERT_TRUE(test::register_mlp(*e.value(), s).is_ok());
-    std::vector<Layer> out;
-    Status st = test::engine_train(*e.value(), s, rt2.rank(), rt2.world_size(), 3, &out);
-    ASSERT_TRUE(st.is_ok()) << st.to_string();
+    auto bf = run_edited(pl, "bf16", s, 3, [](std::string& t) {
+      insert_before(t, "optimizer_threads", "\"bf16_optimizer_states\": true, ");
+    }, nullptr);
+    ASSERT_TRUE(bf.is_ok()) << bf.status().to_string();
+    const std::vector<Layer>& out = bf.value();
     Diff d = compare(out, ref);
     Tolerance tol = tolerance("bf16");
     EXPECT_LE(d.max_abs, tol.max_abs);
@@ -238,28 +246,6 @@ TEST(Engine, Bf16OptimizerStates) {
     if (!base.count(pl.stage)) base[pl.stage] = out;
     else EXPECT_TRUE(compare(out, base[pl.stage]).identical) << "stage " << pl.stage << " " << pl.opt << "/" << pl.param;
   }
-}
-
-// Runs the MLP with make_config's text edited by `edit` (keys inserted into its sections).
-Result<std::vector<Layer>> run_edited(const Placement& pl, const std::string& precision, const MlpSpec& s, int steps,
-                                      const std::function<void(std::string&)>& edit, std::vector<StepStats>* stats,
-                                      int micro = 1) {
-  Runtime& rt = runtime();
-  test::ScratchDir nvme("nvme");
-  std::string text = make_config(pl, precision, nvme.path(), micro);
-  edit(text);
-  ZOE_ASSIGN_OR_RETURN(auto cfg, config::Config::parse(text, rt.world_size()));
-  ZOE_ASSIGN_OR_RETURN(auto e, Engine::create(rt, cfg));
-  ZOE_RETURN_IF_ERROR(test::register_mlp(*e, s));
-  std::vector<Layer> out;
-  ZOE_RETURN_IF_ERROR(test::engine_train(*e, s, rt.rank(), rt.world_size(), steps, &out, stats, -1, micro));
-  return out;
-}
-
-void insert_before(std::string& text, const std::string& key, const std::string& what) {
-  size_t at = text.find("\"" + key + "\"");
-  ASSERT_NE(at, std::string::npos) << key;
-  text.insert(at, what);
 }
 
 TEST(Engine, PartialOffloadAndNvmeGradientsMatchNoOffloadBitForBit) {
@@ -309,7 +295,6 @@ TEST(Engine, GathersArePrefetchedInTheRecordedOrder) {
   // Stage 3: after the first step recorded the fetch order, each fetch queues the all-gathers of
   // the next modules. Results equal those with prefetching off, and with an unrecorded forward
   // pass between steps (the engine follows the change and drops what it queued).
-  Runtime& rt = runtime();
   MlpSpec s;
   s.layers = 4;
   const int steps = 3;
@@ -317,19 +302,12 @@ TEST(Engine, GathersArePrefetchedInTheRecordedOrder) {
     std::string what = std::string("optimizer ") + pl.opt + " params " + pl.param;
     std::vector<Layer> results[3];
     for (int variant = 0; variant < 3; ++variant) {  // prefetch on, off, on with eval passes
-      test::ScratchDir nvme("nvme");
-      std::string text = make_config(pl, "bf16", nvme.path());
-      if (variant == 1) insert_before(text, "stage3_param_persistence_threshold", "\"stage3_prefetch_bucket_size\": 0, ");
-      auto cfg = config::Config::parse(text, rt.world_size());
-      ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
-      auto e = Engine::create(rt, cfg.value());
-      ASSERT_TRUE(e.is_ok()) << e.status().to_string();
-      Status reg = test::register_mlp(*e.value(), s);
-      ASSERT_TRUE(reg.is_ok()) << what << ": " << reg.to_string();
       std::vector<StepStats> stats;
-      Status st = test::engine_train(*e.value(), s, rt.rank(), rt.world_size(), steps, &results[variant], &stats, -1, 1,
-                                     0, variant == 2);
-      ASSERT_TRUE(st.is_ok()) << what << ": " << st.to_string();
+      auto r = run_edited(pl, "bf16", s, steps, [&](std::string& t) {
+        if (variant == 1) insert_before(t, "stage3_param_persistence_threshold", "\"stage3_prefetch_bucket_size\": 0, ");
+      }, &stats, 1, /*eval_passes=*/variant == 2);
+      ASSERT_TRUE(r.is_ok()) << what << ": " << r.status().to_string();
+      results[variant] = r.value();
       // The first step records the order: every gather is on demand (4 forward + 4 backward).
       EXPECT_EQ(stats[0].gathers_prefetched, 0u) << what;
       EXPECT_EQ(stats[0].gathers_on_demand, 8u) << what;
