@@ -111,6 +111,15 @@ void insert_before(std::string& text, const std::string& key, const std::string&
   text.insert(at, what);
 }
 
+// Rank 0's `mine`, on every rank (e.g. one checkpoint directory for all).
+std::string rank0_string(Runtime& rt, std::string mine) {
+  int64_t n = static_cast<int64_t>(mine.size());
+  EXPECT_TRUE(rt.comm().broadcast(&n, 1, comm::CommType::kI64, 0).wait().is_ok());
+  mine.resize(static_cast<size_t>(n));
+  EXPECT_TRUE(rt.comm().broadcast(mine.data(), mine.size(), comm::CommType::kU8, 0).wait().is_ok());
+  return mine;
+}
+
 struct Diff {
   double max_abs = 0, mean_abs = 0;
   bool identical = true;
@@ -423,11 +432,7 @@ TEST(Checkpoint, ResumeIsBitIdentical) {
       ASSERT_TRUE(whole.is_ok()) << what << ": " << whole.status().to_string();
       test::ScratchDir nvme("nvme"), ck("ckpt");
       // Every rank must use the same checkpoint directory: rank 0's name.
-      std::string dir = ck.path();
-      int64_t n = static_cast<int64_t>(dir.size());
-      ASSERT_TRUE(rt.comm().broadcast(&n, 1, comm::CommType::kI64, 0).wait().is_ok());
-      dir.resize(static_cast<size_t>(n));
-      ASSERT_TRUE(rt.comm().broadcast(dir.data(), dir.size(), comm::CommType::kU8, 0).wait().is_ok());
+      const std::string dir = rank0_string(rt, ck.path());
       auto cfg = config::Config::parse(make_config(pl, "bf16", nvme.path()), rt.world_size());
       ASSERT_TRUE(cfg.is_ok());
       {
@@ -459,11 +464,7 @@ TEST(Checkpoint, LoadsIntoAnotherPlacement) {
   Runtime& rt = runtime();
   MlpSpec s;
   test::ScratchDir nvme("nvme"), ck("ckpt");
-  std::string dir = ck.path();
-  int64_t n = static_cast<int64_t>(dir.size());
-  ASSERT_TRUE(rt.comm().broadcast(&n, 1, comm::CommType::kI64, 0).wait().is_ok());
-  dir.resize(static_cast<size_t>(n));
-  ASSERT_TRUE(rt.comm().broadcast(dir.data(), dir.size(), comm::CommType::kU8, 0).wait().is_ok());
+  const std::string dir = rank0_string(rt, ck.path());
   std::vector<Layer> saved;
   {
     auto cfg = config::Config::parse(make_config({3, "nvme", "nvme"}, "bf16", nvme.path()), rt.world_size());
