@@ -16,6 +16,20 @@ void FaultInjector::clear() {
   seen_[0] = seen_[1] = seen_any_ = 0;
 }
 
+void FaultInjector::set_completion_hook(std::function<void(IoOp)> hook) {
+  std::lock_guard<std::mutex> lock(mu_);
+  hook_ = std::move(hook);
+}
+
+void FaultInjector::before_completion(IoOp op) {
+  std::function<void(IoOp)> hook;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    hook = hook_;
+  }
+  if (hook) hook(op);
+}
+
 int FaultInjector::apply(IoOp op, uint32_t len, uint32_t align, int res) {
   std::lock_guard<std::mutex> lock(mu_);
   uint64_t n_op = ++seen_[static_cast<int>(op)];

@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <vector>
@@ -26,6 +27,11 @@ class FaultInjector {
   void clear();
   uint64_t injected() const { return injected_.load(); }
 
+  // Runs `hook` on the engine's completion thread before each kernel answer is processed, so a
+  // test can hold a completion back and force an interleaving. Empty: none.
+  void set_completion_hook(std::function<void(IoOp)> hook);
+  // Called by the engine for every kernel answer, before apply().
+  void before_completion(IoOp op);
   // Called by the engine for every kernel answer: returns the result the engine should see.
   int apply(IoOp op, uint32_t len, uint32_t align, int res);
 
@@ -40,6 +46,7 @@ class FaultInjector {
   uint64_t seen_[2] = {0, 0};  // per op
   uint64_t seen_any_ = 0;
   std::atomic<uint64_t> injected_{0};
+  std::function<void(IoOp)> hook_;
 };
 
 }  // namespace zoe::io

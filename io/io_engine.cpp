@@ -124,7 +124,10 @@ IoHandle IoEngine::submit(std::span<const IoRequest> reqs, IoCallback cb) {
 }
 
 void IoEngine::complete_chunk(Chunk* c, int res) {
-  if (opts_.faults) res = opts_.faults->apply(c->op, c->len, c->file->offset_align(), res);
+  if (opts_.faults) {
+    opts_.faults->before_completion(c->op);
+    res = opts_.faults->apply(c->op, c->len, c->file->offset_align(), res);
+  }
   IoCompletion* g = c->group.get();
   const char* opname = c->op == IoOp::kRead ? "pread" : "pwrite";
   Status err;

@@ -99,8 +99,12 @@ struct TierManager::Item {
   uint64_t alloc = 0;  // bytes rounded up to 4096: what copies hold and transfers move
   Tier home = Tier::kHost;
   Copy c[3];
+  // Synchronous read()/write() transfers of the NVMe home in progress. They run without mu_, so
+  // while one is running nothing else may start a move of this item.
+  uint32_t sync_ops = 0;
   StateKey key() const { return StateKey{id, StateKind::kOther}; }
   bool idle() const {
+    if (sync_ops) return false;
     for (const auto& x : c) {
       if (x.state == Residency::kLoading || x.state == Residency::kWriting) return false;
     }
@@ -460,9 +464,8 @@ void TierManager::finish_move(Item* it, Tier tier, Status st, MoveKind kind, int
 }
 
 void TierManager::fail_async(Item* it, Tier tier, Status s, MoveKind kind, int src_tier, int link, uint64_t t0) {
-  // Called with mu_ held: finish on another thread, which takes the lock once this one lets go.
-  std::thread([this, it, tier, s, kind, src_tier, link, t0] { finish_move(it, tier, s, kind, src_tier, link, t0); })
-      .detach();
+  // Called with mu_ held: the poster finishes it once this thread lets go of the lock.
+  post([this, it, tier, s, kind, src_tier, link, t0] { finish_move(it, tier, s, kind, src_tier, link, t0); });
 }
 
 void TierManager::start_writeback_locked(Item* it, Tier tier, bool drop) {
@@ -476,7 +479,8 @@ void TierManager::start_writeback_locked(Item* it, Tier tier, bool drop) {
   const uint64_t t0 = now_ns();
   if (tier == Tier::kHost) {  // home is nvme
     opts_.nvme->write(it->key(), 0, c.ptr, it->alloc, [this, it, kind, t0](io::IoCompletion& done) {
-      finish_move(it, Tier::kHost, done.status(), kind, -1, kHostNvme, t0);
+      Status s = done.status();
+      post([this, it, kind, t0, s] { finish_move(it, Tier::kHost, s, kind, -1, kHostNvme, t0); });
     });
     return;
   }
@@ -503,8 +507,10 @@ void TierManager::start_writeback_locked(Item* it, Tier tier, bool drop) {
       if (s.is_ok()) {
         s = after(*d2h_, [this, it, off, len, buf, pieces] {
           opts_.nvme->write(it->key(), off, buf, len, [this, buf, pieces](io::IoCompletion& done) {
-            release_staging(buf);
-            pieces->finish(done.status());
+            post([this, buf, pieces, st = done.status()] {
+              release_staging(buf);
+              pieces->finish(st);
+            });
           });
         });
       }
@@ -545,7 +551,8 @@ bool TierManager::start_load_locked(std::unique_lock<std::mutex>& lock, Item* it
         return true;
       }
       opts_.nvme->read(it->key(), 0, c.ptr, it->alloc, [this, it, t0](io::IoCompletion& done) {
-        finish_move(it, Tier::kHost, done.status(), MoveKind::kLoad, -1, kNvmeHost, t0);
+        Status s = done.status();
+        post([this, it, t0, s] { finish_move(it, Tier::kHost, s, MoveKind::kLoad, -1, kNvmeHost, t0); });
       });
       return true;
     }
@@ -578,18 +585,19 @@ bool TierManager::start_load_locked(std::unique_lock<std::mutex>& lock, Item* it
       size_t len = static_cast<size_t>(std::min<uint64_t>(piece, it->alloc - off));
       with_staging([this, it, dev, off, len, pieces](char* buf) {
         opts_.nvme->read(it->key(), off, buf, len, [this, dev, off, len, buf, pieces](io::IoCompletion& done) {
-          Status s = done.status();
-          if (s.is_ok()) s = h2d_->copy_h2d(dev + off, buf, len);
-          if (s.is_ok()) {
-            s = after(*h2d_, [this, buf, pieces] {
+          post([this, dev, off, len, buf, pieces, s = done.status()]() mutable {
+            if (s.is_ok()) s = h2d_->copy_h2d(dev + off, buf, len);
+            if (s.is_ok()) {
+              s = after(*h2d_, [this, buf, pieces] {
+                release_staging(buf);
+                pieces->finish(Status::ok());
+              });
+            }
+            if (!s.is_ok()) {
               release_staging(buf);
-              pieces->finish(Status::ok());
-            });
-          }
-          if (!s.is_ok()) {
-            release_staging(buf);
-            pieces->finish(s);
-          }
+              pieces->finish(s);
+            }
+          });
         });
       });
     }
@@ -687,6 +695,10 @@ MoveHandle TierManager::fetch(ItemId id, Tier tier) {
         wait_locked(lock);
         continue;
       case Residency::kAbsent: {
+        if (it->sync_ops) {  // a synchronous write of the home is running: load what it leaves
+          wait_locked(lock);
+          continue;
+        }
         MoveHandle h = load_locked(lock, it, tier, /*pin=*/true, /*may_wait=*/true);
         advance();
         return h;
@@ -716,7 +728,7 @@ void TierManager::prefetch(ItemId id, Tier tier) {
   std::unique_lock<std::mutex> lock(mu_);
   Item* it = find_locked(id);
   if (!it || !check_fetch_tier(opts_, id, it->home, tier).is_ok()) return;
-  if (it->c[T(tier)].state != Residency::kAbsent) return;
+  if (it->c[T(tier)].state != Residency::kAbsent || it->sync_ops) return;
   stats_.prefetches++;
   MoveHandle h = load_locked(lock, it, tier, /*pin=*/false, /*may_wait=*/false);
   if (h.ready() && !h.wait().is_ok()) stats_.prefetch_skipped++;
@@ -850,9 +862,24 @@ Status TierManager::remove_item(ItemId id) {
   return Status::ok();
 }
 
-Status TierManager::nvme_sync_locked(Item* it, char* data, bool write, uint64_t first, uint64_t len) {
-  // Through the synchronous transfers' own staging buffer (mu_ is held: one user at a time):
-  // the caller's memory need not be aligned.
+Status TierManager::nvme_sync(std::unique_lock<std::mutex>& lock, Item* it, char* data, bool write,
+                              uint64_t first, uint64_t len) {
+  // The I/O runs without mu_: completions are finished by the poster, which takes mu_, and a
+  // thread that waits for I/O under mu_ would wait for them (see the header). The item is marked
+  // busy instead, so no move of it starts meanwhile and remove_item() waits.
+  it->sync_ops++;
+  lock.unlock();
+  Status s = nvme_sync_unlocked(it, data, write, first, len);
+  lock.lock();
+  it->sync_ops--;
+  cv_.notify_all();
+  return s;
+}
+
+Status TierManager::nvme_sync_unlocked(Item* it, char* data, bool write, uint64_t first, uint64_t len) {
+  // Through the synchronous transfers' own staging buffer, one user at a time (sync_mu_, never
+  // taken with mu_ held): the caller's memory need not be aligned.
+  std::lock_guard<std::mutex> sync_lock(sync_mu_);
   char* got = sync_staging_;
   Status s;
   const size_t piece = opts_.staging_bytes;
@@ -922,7 +949,7 @@ Status TierManager::write(ItemId id, const void* src, uint64_t offset, uint64_t 
     case Tier::kDevice:
       return opts_.device->copy_to_device(static_cast<char*>(h.ptr) + offset, src, len);
     case Tier::kNvme:
-      return nvme_sync_locked(it, static_cast<char*>(const_cast<void*>(src)), true, offset, len)
+      return nvme_sync(lock, it, static_cast<char*>(const_cast<void*>(src)), true, offset, len)
           .with_context("writing item " + std::to_string(id) + " to its nvme home");
   }
   return internal_error("bad tier");
@@ -944,7 +971,7 @@ Status TierManager::read(ItemId id, void* dst, uint64_t offset, uint64_t len) {
   if (d.state == Residency::kResident || d.state == Residency::kDirty) {
     return opts_.device->copy_to_host(dst, static_cast<const char*>(d.ptr) + offset, len);
   }
-  return nvme_sync_locked(it, static_cast<char*>(dst), false, offset, len)
+  return nvme_sync(lock, it, static_cast<char*>(dst), false, offset, len)
       .with_context("reading item " + std::to_string(id) + " from nvme");
 }
 

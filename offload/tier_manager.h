@@ -11,6 +11,13 @@
 //    (which must then be unpinned), and a fetch copies from the dirty copy when there is one;
 //  - NVMe <-> device moves are streamed through fixed staging buffers in pieces, so an item larger
 //    than every buffer works.
+// Locking, by construction free of waits on completions:
+//  - mu_ guards the items, budgets and statistics. No thread waits for I/O or for a device stream
+//    while holding it (condition waits release it); synchronous read()/write() mark the item busy
+//    and let go of mu_ for their transfers.
+//  - Completion paths (the I/O engine's reaper, device stream callbacks) never take mu_: they only
+//    post the work to the manager's poster thread (post_mu_ is a leaf lock), which finishes moves.
+//    So a completion can never wait for a thread that waits for that completion.
 #pragma once
 
 #include <condition_variable>
@@ -155,8 +162,11 @@ class TierManager {
   void finish_move(Item* it, Tier tier, Status st, MoveKind kind, int src_tier, int link, uint64_t begin_ns);
   void fail_async(Item* it, Tier tier, Status s, MoveKind kind, int src_tier, int link, uint64_t begin_ns);
   void wait_locked(std::unique_lock<std::mutex>& lock);
-  // Synchronous copy between caller memory and the item's nvme home through a staging buffer.
-  Status nvme_sync_locked(Item* it, char* data, bool write, uint64_t offset, uint64_t len);
+  // Synchronous copy between caller memory and the item's nvme home through the sync staging
+  // buffer. Called with mu_ held; lets go of it while the I/O runs (the item is marked busy).
+  Status nvme_sync(std::unique_lock<std::mutex>& lock, Item* it, char* data, bool write, uint64_t offset,
+                   uint64_t len);
+  Status nvme_sync_unlocked(Item* it, char* data, bool write, uint64_t offset, uint64_t len);
 
   // Runs fn on the poster thread once the stream reaches this point.
   Status after(device::Stream& s, std::function<void()> fn);
@@ -173,7 +183,8 @@ class TierManager {
   std::mutex staging_mu_;
   std::vector<char*> staging_free_;
   std::deque<std::function<void(char*)>> staging_wait_;
-  char* sync_staging_ = nullptr;  // read()/write() to NVMe, under mu_
+  std::mutex sync_mu_;            // guards sync_staging_; never taken with mu_ held
+  char* sync_staging_ = nullptr;  // read()/write() to NVMe
 
   std::thread poster_;
   std::mutex post_mu_;
