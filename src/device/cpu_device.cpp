@@ -16,6 +16,23 @@
 namespace zoe::device {
 namespace {
 
+std::mutex g_fault_mu;
+std::atomic<bool> g_fault_set{false};  // the allocation path takes the mutex only when a hook is set
+std::function<bool(size_t)>& fault_hook() {
+  static std::function<bool(size_t)> f;
+  return f;
+}
+
+bool injected_allocation_failure(size_t bytes) {
+  if (!g_fault_set.load(std::memory_order_acquire)) return false;
+  std::function<bool(size_t)> f;
+  {
+    std::lock_guard<std::mutex> lock(g_fault_mu);
+    f = fault_hook();
+  }
+  return f && f(bytes);
+}
+
 // Device memory is 4 KiB aligned so NVMe reads can land in it with O_DIRECT.
 constexpr size_t kCpuAlignment = 4096;
 
@@ -131,6 +148,9 @@ class CpuDevice final : public Device {
 
   Result<void*> allocate(size_t bytes) override {
     if (bytes == 0) return invalid_argument("%s: allocate(0)", ledger_.tier().c_str());
+    if (injected_allocation_failure(bytes)) {
+      return out_of_budget("%s: injected allocation failure of %zu bytes", ledger_.tier().c_str(), bytes);
+    }
     ZOE_RETURN_IF_ERROR(ledger_.reserve(bytes));
     size_t rounded = (bytes + kCpuAlignment - 1) / kCpuAlignment * kCpuAlignment;
     void* p = std::aligned_alloc(kCpuAlignment, rounded);
@@ -323,6 +343,12 @@ Status CpuStream::synchronize() {
 }
 
 }  // namespace
+
+void set_cpu_allocation_fault(std::function<bool(size_t bytes)> fail) {
+  std::lock_guard<std::mutex> lock(g_fault_mu);
+  g_fault_set.store(static_cast<bool>(fail), std::memory_order_release);
+  fault_hook() = std::move(fail);
+}
 
 Result<std::unique_ptr<Device>> create_cpu_device(uint64_t budget_bytes) {
   if (budget_bytes == 0) return invalid_argument("cpu device: the budget must be above 0 bytes");

@@ -106,6 +106,11 @@ class Device {
   virtual Status copy_to_host(void* dst_host, const void* src_device, size_t bytes) = 0;
 };
 
+// Fault injection for tests of error paths: when set, every CpuDevice::allocate() first asks
+// fail(bytes); true makes it fail with kOutOfBudget ("injected allocation failure"). Process-wide;
+// pass an empty function to clear. Thread-safe.
+void set_cpu_allocation_fault(std::function<bool(size_t bytes)> fail);
+
 // Host RAM posing as device memory under a hard budget; streams run on worker threads (one per
 // stream). kInvalidArgument when budget_bytes is 0.
 Result<std::unique_ptr<Device>> create_cpu_device(uint64_t budget_bytes);

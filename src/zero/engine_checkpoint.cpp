@@ -2,10 +2,15 @@
 // and restores them into any world size and placement.
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+
 #include "checkpoint/checkpoint.h"
 #include "zero/engine_impl.h"
 
 namespace zoe {
+
+using config::OffloadDevice;
+
 namespace {
 
 const char* ckpt_dtype(DType d) { return d == DType::kF32 ? "f32" : d == DType::kBF16 ? "bf16" : "f16"; }
@@ -92,7 +97,7 @@ Status write_rank_file(Engine::Impl& I, const std::string& tmp, std::vector<ckpt
         ZOE_RETURN_IF_ERROR(I.tm->read(m, buf.data(), b * es, n * es));
         ZOE_RETURN_IF_ERROR(w->append(buf.data(), n * es));
       } else {
-        ZOE_ASSIGN_OR_RETURN(const void* h, view(static_cast<char*>(mod.full) + (mod.opt_begin + b) * es, n * es));
+        ZOE_ASSIGN_OR_RETURN(const void* h, view(mod.full.bytes_ptr() + (mod.opt_begin + b) * es, n * es));
         ZOE_RETURN_IF_ERROR(w->append(h, n * es));
       }
     }
@@ -298,11 +303,11 @@ Result<std::string> Engine::load(const std::string& dir) {
           ZOE_RETURN_IF_ERROR(I.tm->write(m, buf.data(), b * es, n * es));
         }
       } else if (I.ops->host_addressable()) {
-        ZOE_RETURN_IF_ERROR(read("param", ckpt_dtype(I.cdt), 0, mod.padded, es, mod.full));
+        ZOE_RETURN_IF_ERROR(read("param", ckpt_dtype(I.cdt), 0, mod.padded, es, mod.full.get()));
       } else {
         buf.resize(mod.padded * es);
         ZOE_RETURN_IF_ERROR(read("param", ckpt_dtype(I.cdt), 0, mod.padded, es, buf.data()));
-        ZOE_RETURN_IF_ERROR(I.ops->to_device(mod.full, buf.data(), buf.size()));
+        ZOE_RETURN_IF_ERROR(I.ops->to_device(mod.full.get(), buf.data(), buf.size()));
       }
       const char* kinds[3] = {"master", "exp_avg", "exp_avg_sq"};
       void* homes[3] = {mod.master, mod.exp_avg, mod.exp_avg_sq};

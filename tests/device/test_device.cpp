@@ -194,7 +194,9 @@ TEST_P(DeviceTest, ConcurrentAllocatorsNeverPassTheBudget) {
       std::mt19937_64 rng(1234 + t);
       std::vector<std::pair<void*, size_t>> mine;
       for (int i = 0; i < kIters; ++i) {
-        if (mine.size() < 3 && rng() % 3 != 0) {
+        // Up to six allocations of up to a third of the budget each: one thread alone reaches
+        // the budget, whatever the scheduler does with the others.
+        if (mine.size() < 6 && rng() % 3 != 0) {
           size_t n = 1 + rng() % (kBudget / 3);
           auto p = dev_->allocate(n);
           if (p.is_ok()) {

@@ -1,0 +1,264 @@
+// Engine, the optimizer step: the global gradient norm (from the per-chunk sums the accumulation
+// left), loss scaling and clipping folded into one scale, AdamW over this rank's states wherever
+// they live (NVMe states through the swapper's pipeline, device states with the device's kernel,
+// host states with the CPU's), the new compute parameters written to their home, and at stage
+// 1/2 the all-gather of the updated partitions. Then the step's statistics.
+//
+// Contract: step() needs every gradient buffer reduced and, at stage 3, every module released.
+// It waits for an asynchronous checkpoint and for the reductions and moves still in flight
+// first. After an error the engine is destructible; its states may be half-updated.
+#include <algorithm>
+#include <cmath>
+
+#include "zero/engine_impl.h"
+
+namespace zoe {
+
+using config::OffloadDevice;
+using zero::Timer;
+using zero::to_comm;
+
+namespace {
+
+// The update of one range of module m's owned elements: fp32 master, m, v at [begin, begin+n).
+// States on the device (opt_home none) run the device's kernel; offloaded ones the CPU's. The
+// new compute parameters go to `out` (device memory, or the host tier's copy of a stage-3
+// partition), through a staging buffer where the kernel's memory and out's differ.
+struct ChunkUpdater {
+  Engine::Impl& I;
+  optim::AdamParams ap;
+  optim::AdamStep as;
+  DType sdt;
+  optim::Exec exec;
+  std::vector<char> out_stage;
+
+  Status operator()(size_t m, size_t begin, size_t n, float* master, void* ea, void* eas, const float* grad,
+                    void* out) {
+    const bool kernel_dev = I.modules[m].opt_home == OffloadDevice::kNone;
+    const bool out_dev = I.owned_on_device(m);
+    const bool direct = I.ops->host_addressable() || kernel_dev == out_dev;
+    char* dst = static_cast<char*>(out) + begin * I.esize();
+    device::DeviceBuffer dev_stage;
+    optim::AdamArgs a;
+    a.buf.n = n;
+    a.buf.param = master;
+    a.buf.grad = grad;
+    a.buf.grad_dtype = DType::kF32;
+    a.buf.exp_avg = ea;
+    a.buf.exp_avg_sq = eas;
+    a.buf.state_dtype = sdt;
+    if (I.cdt != DType::kF32) {
+      if (direct) {
+        a.buf.param_out = dst;
+      } else if (kernel_dev) {
+        ZOE_ASSIGN_OR_RETURN(dev_stage, I.dalloc(n * I.esize()));
+        a.buf.param_out = dev_stage.get();
+      } else {
+        out_stage.resize(n * I.esize());
+        a.buf.param_out = out_stage.data();
+      }
+      a.buf.param_out_dtype = I.cdt;
+    }
+    a.params = ap;
+    a.step = as;
+    ZOE_RETURN_IF_ERROR(kernel_dev ? I.ops->adam_step(a) : optim::adam_step(a, exec));
+    if (I.cdt == DType::kF32) return I.ops->put(dst, out_dev, master, kernel_dev, n * 4);
+    if (!direct) return I.ops->put(dst, out_dev, a.buf.param_out, kernel_dev, n * I.esize());
+    return Status::ok();
+  }
+};
+
+}  // namespace
+
+Result<StepStats> Engine::step() {
+  Impl& I = *impl_;
+  uint64_t t_enter = now_ns();
+  if (!I.initialized) return invalid_argument("step() before initialize()");
+  // An asynchronous checkpoint still reading the states must finish before they change.
+  ZOE_RETURN_IF_ERROR_CTX(finish_save(), "finishing the asynchronous checkpoint");
+  ZOE_RETURN_IF_ERROR(I.complete_pending(true));
+  ZOE_RETURN_IF_ERROR(I.discard_gathers());  // none in a regular loop: prefetch stops at the order's end
+  // Moves still in flight (prefetches) finish before the update rewrites the partitions they read.
+  if (I.tm) ZOE_RETURN_IF_ERROR_CTX(I.tm->drain(), "finishing the parameter moves before the step");
+  for (const auto& mod : I.modules) {
+    if (mod.grad_buf) return invalid_argument("step(): module %s has gradients that were not reduced", mod.name.c_str());
+    if (mod.fetched && mod.partitioned_params) {
+      return invalid_argument("step(): module %s is still fetched", mod.name.c_str());
+    }
+  }
+  if (I.recording) {
+    I.recording = false;
+    I.cursor = 0;
+    if (I.tm) I.tm->end_trace();
+  }
+  uint64_t t_opt0 = now_ns();
+  // 1. Global gradient norm: this rank's owned ranges, summed over ranks (stage 0 owns all).
+  // The accumulation pass left a sum of squares per chunk; they are added in one fixed order.
+  optim::NormResult local;
+  for (size_t m = 0; m < I.modules.size(); ++m) {
+    Impl::Module& mod = I.modules[m];
+    if (mod.acc_count == 0) ZOE_RETURN_IF_ERROR_CTX(I.zero_grads(m), "zeroing the gradients of module " + mod.name);
+    double sum = 0.0;
+    for (double p : mod.norm_parts) sum += p;
+    local.sum_sq += sum;
+    local.finite = local.finite && std::isfinite(sum);
+  }
+  double sums[1] = {local.finite ? local.sum_sq : INFINITY};
+  if (I.stage >= 1 && I.world > 1) {
+    Timer t(&I.t_comm);
+    double out[1];
+    ZOE_RETURN_IF_ERROR_CTX(I.comm->all_reduce(sums, out, 1, comm::CommType::kF64, comm::ReduceOp::kSum).wait(),
+                            "all-reducing the gradient norm");
+    sums[0] = out[0];
+  }
+  optim::NormResult global;
+  global.sum_sq = sums[0];
+  global.finite = std::isfinite(sums[0]);
+  // 2. Gradients were summed over ranks and micro-batches with the loss scale: average, unscale
+  //    and clip in one scale.
+  const double micro = static_cast<double>(std::max<int64_t>(1, I.cfg->gradient_accumulation_steps));
+  double divisor = static_cast<double>(I.world) * micro * (I.cdt == DType::kF16 ? I.scaler.scale() : 1.0);
+  optim::StepScale sc = optim::compute_step_scale(global, static_cast<float>(divisor),
+                                                  static_cast<float>(I.cfg->gradient_clipping));
+  StepStats st;
+  st.grad_norm = sc.grad_norm;
+  st.lr = I.cfg->lr_at(I.steps + 1);
+  if (sc.overflow) {
+    st.skipped = true;
+  } else {
+    I.steps++;
+    // 3. AdamW over every module's owned range.
+    ChunkUpdater update{I, {}, {}, I.cfg->zoe.bf16_optimizer_states ? DType::kBF16 : DType::kF32, {}, {}};
+    update.exec.pool = I.pool.get();
+    update.ap.lr = static_cast<float>(st.lr);
+    update.ap.beta1 = static_cast<float>(I.cfg->optimizer.beta1);
+    update.ap.beta2 = static_cast<float>(I.cfg->optimizer.beta2);
+    update.ap.eps = static_cast<float>(I.cfg->optimizer.eps);
+    update.ap.weight_decay = static_cast<float>(I.cfg->optimizer.weight_decay);
+    update.ap.adamw = I.cfg->optimizer.adam_w_mode;
+    update.as.step = I.steps;
+    update.as.grad_scale = sc.grad_scale;
+    // Where each module's new compute parameters go, fetched when its first chunk is updated and
+    // given back (written home, host copy dropped) when the update moves on: a stage-3 partition
+    // offloaded to NVMe is in host memory one module at a time, whatever the model size.
+    std::vector<void*> outs(I.modules.size(), nullptr);
+    auto open_out = [&](size_t m) -> Result<void*> {
+      if (!outs[m]) {
+        ZOE_ASSIGN_OR_RETURN(outs[m], I.owned_compute(m));
+      }
+      return outs[m];
+    };
+    auto close_out = [&](size_t m) -> Status {
+      if (!outs[m]) return Status::ok();
+      outs[m] = nullptr;
+      return I.unpin_owned(m);
+    };
+    Status s;
+    if (I.swapper) {
+      size_t open = SIZE_MAX;  // the module whose chunks are being updated (groups come in order)
+      s = I.swapper->step([&](const offload::ChunkView& c) -> Status {
+        if (c.group != open) {
+          if (open != SIZE_MAX) ZOE_RETURN_IF_ERROR(close_out(open));
+          open = c.group;
+        }
+        ZOE_ASSIGN_OR_RETURN(void* out, open_out(c.group));
+        return update(c.group, c.begin, c.n, static_cast<float*>(c.data[Impl::kMasterState]), c.data[Impl::kAvgState],
+                      c.data[Impl::kAvgSqState], static_cast<const float*>(c.data[Impl::kGradState]), out);
+      });
+      if (open != SIZE_MAX) {
+        Status cs = close_out(open);
+        if (s.is_ok()) s = cs;
+      }
+    }
+    // Modules whose states live on the device or in host RAM.
+    for (size_t m = 0; m < I.modules.size() && s.is_ok(); ++m) {
+      Impl::Module& mod = I.modules[m];
+      if (mod.opt_home == OffloadDevice::kNvme) continue;
+      auto out = open_out(m);
+      s = out.is_ok() ? update(m, 0, mod.opt_n, static_cast<float*>(mod.master), mod.exp_avg, mod.exp_avg_sq,
+                               mod.grad_acc, out.value())
+                      : out.status();
+      Status cs = close_out(m);
+      if (s.is_ok()) s = cs;
+    }
+    for (size_t m = 0; m < I.modules.size(); ++m) (void)close_out(m);  // after an error
+    if (I.writeback_pending) {
+      (void)I.last_writeback.wait();
+      I.writeback_pending = false;
+    }
+    if (I.tm) {
+      Status ds = I.tm->drain();
+      if (s.is_ok()) s = ds;
+    }
+    if (!s.is_ok()) return s.with_context("optimizer step " + std::to_string(I.steps));
+    // 4. Stage 1/2 (and persistent stage-3 modules): gather the updated partitions.
+    if (I.stage >= 1) {
+      Timer t(&I.t_comm);
+      for (auto& mod : I.modules) {
+        if (mod.partitioned_params) continue;
+        ZOE_ASSIGN_OR_RETURN(device::DeviceBuffer tmp, I.dalloc(mod.part * I.esize()));
+        Status gs = I.ops->copy(tmp.get(), mod.full.bytes_ptr() + mod.opt_begin * I.esize(), mod.part * I.esize());
+        if (gs.is_ok()) gs = I.dcomm->all_gather(tmp.get(), mod.full.get(), mod.part, to_comm(I.cdt)).wait();
+        if (!gs.is_ok()) return gs.with_context("gathering the updated parameters of module " + mod.name);
+      }
+    }
+  }
+  if (I.cdt == DType::kF16) I.scaler.update(sc.overflow);
+  for (auto& mod : I.modules) mod.acc_count = 0;  // the next reduction overwrites the accumulator
+  I.t_opt += static_cast<double>(now_ns() - t_opt0) * 1e-9;
+
+  // 5. Statistics.
+  uint64_t now = now_ns();
+  double wall = static_cast<double>(now - I.last_step_ns) * 1e-9;
+  double in_engine = I.t_engine + static_cast<double>(now - t_enter) * 1e-9;
+  st.step = I.steps;
+  st.loss_scale = loss_scale();
+  st.t_comm = I.t_comm;
+  st.t_io_stall = I.t_io;
+  st.t_optimizer = I.t_opt;
+  st.t_compute = std::max(0.0, wall - in_engine);
+  st.high_water[0] = I.dev->high_water_bytes();
+  uint64_t host = I.host_bytes + (I.swapper ? I.swapper->buffer_bytes_total() : 0);
+  if (I.tm) host += I.tm->stats().high_water[1];
+  st.high_water[1] = host;
+  st.high_water[2] = I.store ? I.store->high_water_bytes() : 0;
+  if (I.io) {
+    io::IoStatsSnapshot ios = I.io->stats();
+    st.bytes_nvme_read = ios.read_bytes;
+    st.bytes_nvme_write = ios.write_bytes;
+  }
+  if (I.tm) {
+    offload::TierStats ts = I.tm->stats();
+    st.bytes_host_to_device = ts.links[2].bytes + ts.links[4].bytes;
+    st.bytes_device_to_host = ts.links[3].bytes + ts.links[5].bytes;
+  }
+  st.gathers_prefetched = I.gathers_prefetched;
+  st.gathers_on_demand = I.gathers_on_demand;
+  I.gathers_prefetched = I.gathers_on_demand = 0;
+  I.t_comm = I.t_io = I.t_opt = I.t_engine = 0;
+  I.last_step_ns = now;
+  return st;
+}
+
+Status Engine::read_master(size_t m, size_t p, float* out) {
+  Impl& I = *impl_;
+  if (m >= I.modules.size() || p >= I.modules[m].specs.size()) return invalid_argument("read_master(%zu, %zu): no such parameter", m, p);
+  Impl::Module& mod = I.modules[m];
+  std::vector<float> own(mod.opt_n);
+  if (mod.opt_home == OffloadDevice::kNvme) {
+    ZOE_RETURN_IF_ERROR(I.swapper->read_state(m, Impl::kMasterState, own.data()));
+  } else {
+    ZOE_RETURN_IF_ERROR(I.ops->put(own.data(), false, mod.master, mod.opt_home == OffloadDevice::kNone, mod.opt_n * 4));
+  }
+  std::vector<float> full(mod.padded);
+  if (I.stage == 0) {
+    full = own;
+  } else {
+    ZOE_RETURN_IF_ERROR(I.comm->all_gather(own.data(), full.data(), mod.part, comm::CommType::kF32).wait());
+  }
+  memcpy(out, full.data() + mod.offset[p], mod.numel[p] * 4);
+  return Status::ok();
+}
+
+}  // namespace zoe
+

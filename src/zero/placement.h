@@ -1,0 +1,107 @@
+// The placement planner: from the config and the modules' shapes, every decision the engine makes
+// about where bytes live, computed before anything is allocated. Pure: no I/O, no allocation,
+// no device, so it can be unit-tested and called by a planning tool on a machine without the
+// model (`zoe plan` calls exactly this). Engine::initialize() executes a Placement.
+//
+// What it decides, per rank:
+//  - each module's flat layout: padded size, partition, the range this rank's optimizer owns;
+//  - the home of each state: stage-3 parameter partitions (device, host or NVMe tier), the
+//    optimizer states and fp32 gradient accumulators (device, host RAM or NVMe), with the
+//    partial-offload split (zoe.offload_ratio);
+//  - the tier manager's device budget and staging buffers, and the gather/prefetch window;
+//  - the optimizer swapper's chunk, buffer size and buffer count;
+//  - the bytes each tier needs: exact for what is allocated once (states, buffers), an upper
+//    bound for what moves (gathers, gradient buffers, reductions, prefetched partitions).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "zoe/status.h"
+
+namespace zoe::zero {
+
+// Partitions hold a whole number of 4 KiB blocks in every dtype (O_DIRECT swapping).
+inline constexpr size_t kPartAlign = 2048;
+// The optimizer swapper's chunk is at most this many elements (4 MiB fp32 buffers).
+inline constexpr size_t kMaxSwapChunkElems = size_t{1} << 20;
+
+// Gradient reductions in flight at once (each holds its send and receive buffers on the device).
+inline constexpr size_t kMaxPendingReductions = 2;
+
+enum class Home : uint8_t { kDevice = 0, kHost = 1, kNvme = 2 };
+const char* home_name(Home h);
+
+// What the planner needs to know of a module: its name and the element count of each parameter.
+struct ModuleShape {
+  std::string name;
+  std::vector<size_t> param_numel;
+};
+
+// What the planner needs to know of the device it plans for. The defaults describe zoe's CPU
+// device with the config's budget.
+struct PlanTarget {
+  uint64_t device_budget = 0;      // 0: the config's zoe.device_budget (64 GiB when unset)
+  bool queued_gathers = true;      // gathers may be queued ahead of use (host-memory devices with a
+                                   // host communicator; false on CUDA)
+};
+
+struct ModulePlacement {
+  std::string name;
+  std::vector<size_t> numel, offset;  // per parameter, in the flat group
+  size_t total = 0;                   // parameters
+  size_t padded = 0;                  // the flat group, padded to kPartAlign x world
+  size_t part = 0;                    // one rank's partition: padded / world
+  bool partitioned_params = false;    // stage 3 and at least stage3_param_persistence_threshold
+  Home param_home = Home::kDevice;    // of the partition (partitioned_params only)
+  size_t opt_begin = 0, opt_n = 0;    // the flat range this rank's optimizer owns
+  // Where the fp32 master, Adam m/v and the fp32 gradient accumulator of [opt_begin, +opt_n) live.
+  Home opt_home = Home::kDevice;
+};
+
+// Bytes per tier on this rank.
+struct TierBytes {
+  uint64_t device = 0, host = 0, nvme = 0;
+};
+
+struct Placement {
+  int stage = 0;
+  int world = 1, rank = 0;
+  size_t compute_bytes = 4;  // bytes per compute-parameter element (fp32 4, bf16/fp16 2)
+  size_t state_bytes = 4;    // bytes per Adam m/v element (4, or 2 with zoe.bf16_optimizer_states)
+  uint64_t device_budget = 0;
+  std::vector<ModulePlacement> modules;
+
+  // Stage-3 parameter partitions go through the tier manager.
+  bool tier_manager = false;
+  uint64_t tm_device_budget = 0;  // the device tier's share: partitions in flight (and homes)
+  size_t tm_staging_bytes = 1u << 20, tm_staging_count = 4;
+  // Elements of gathered modules prefetch may queue ahead of their fetch.
+  size_t gather_window = 0;
+
+  // Modules whose optimizer states live on NVMe go through the optimizer swapper.
+  bool swapper = false;
+  size_t swap_chunk_elems = 0;  // sub_group_size rounded to the norm chunk, at most 1 Mi
+  size_t swap_buffer_bytes = 0;
+  size_t swap_buffer_count = 0;
+
+  // What the run allocates once (exact): optimizer states, accumulators, persistent parameters,
+  // homes of partitions, the swapper's and tier manager's buffers.
+  TierBytes resident;
+  // The most each tier holds at once (an upper bound, with one module fetched at a time): resident
+  // plus what moves. The engine's measured high-water marks stay at or below these.
+  TierBytes peak;
+  // NVMe bytes the swap files need (equals resident.nvme).
+  uint64_t nvme_bytes() const { return resident.nvme; }
+};
+
+// Plans the placement of `modules` (in forward order) on rank `rank` of `world`. Errors: a module
+// that cannot fit the device (it must hold one gathered module, its gradients and their
+// reduction), a zoe.host_budget below what the plan needs, bad shapes.
+Result<Placement> plan_placement(const config::Config& cfg, const std::vector<ModuleShape>& modules, int world,
+                                 int rank, const PlanTarget& target = {});
+
+}  // namespace zoe::zero

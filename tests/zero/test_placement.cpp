@@ -1,0 +1,258 @@
+// The placement planner: its decisions on their own (no engine, no I/O), and its per-tier byte
+// totals against the engine's measured high-water marks for every placement of the engine matrix.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+
+#include "config/config.h"
+#include "optim/adam.h"
+#include "tests/util/test_util.h"
+#include "tests/zero/mlp.h"
+#include "zero/placement.h"
+
+namespace zoe {
+namespace {
+
+using zero::Home;
+using zero::ModuleShape;
+using zero::Placement;
+
+config::Config parse(const std::string& text) {
+  auto c = config::Config::parse(text, 1);
+  EXPECT_TRUE(c.is_ok()) << c.status().to_string() << "\n" << text;
+  return c.is_ok() ? c.value() : config::Config{};
+}
+
+std::string cfg_text(int stage, const char* opt, const char* param, const std::string& zoe_extra = "",
+                     const std::string& zero_extra = "", bool bf16 = false) {
+  auto off = [](const char* dev) {
+    std::string s = std::string("{\"device\": \"") + dev + "\"";
+    if (std::string(dev) == "nvme") s += ", \"nvme_path\": \"/tmp\"";
+    return s + "}";
+  };
+  return std::string("{") + (bf16 ? "\"bf16\": {\"enabled\": true}, " : "") +
+         "\"train_micro_batch_size_per_gpu\": 1, \"zero_optimization\": {\"stage\": " + std::to_string(stage) +
+         ", \"stage3_param_persistence_threshold\": 0, " + zero_extra + "\"offload_optimizer\": " + off(opt) +
+         ", \"offload_param\": " + off(param) + "}, \"zoe\": {\"device_budget\": \"64MiB\"" + zoe_extra + "}}";
+}
+
+std::vector<ModuleShape> shapes(int layers, size_t d) {
+  std::vector<ModuleShape> v;
+  for (int l = 0; l < layers; ++l) v.push_back({"layer." + std::to_string(l), {d * d, d}});
+  return v;
+}
+
+TEST(Placement, FlatGroupsPartitionsAndOwnedRanges) {
+  config::Config c = parse(cfg_text(3, "none", "none"));
+  auto p = zero::plan_placement(c, shapes(2, 100), /*world=*/4, /*rank=*/2);
+  ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+  const auto& m = p->modules[0];
+  EXPECT_EQ(m.total, 10100u);
+  EXPECT_EQ(m.padded % (zero::kPartAlign * 4), 0u);
+  EXPECT_GE(m.padded, m.total);
+  EXPECT_LT(m.padded - m.total, zero::kPartAlign * 4);
+  EXPECT_EQ(m.part * 4, m.padded);
+  EXPECT_EQ(m.opt_begin, 2 * m.part);
+  EXPECT_EQ(m.opt_n, m.part);
+  EXPECT_EQ(m.offset[1], 10000u);
+  EXPECT_TRUE(m.partitioned_params);
+  EXPECT_EQ(m.param_home, Home::kDevice);
+  EXPECT_TRUE(p->tier_manager);
+  EXPECT_FALSE(p->swapper);
+
+  config::Config c0 = parse(cfg_text(0, "none", "none"));
+  auto p0 = zero::plan_placement(c0, shapes(2, 100), 4, 2);
+  ASSERT_TRUE(p0.is_ok());
+  EXPECT_EQ(p0->modules[0].opt_begin, 0u);
+  EXPECT_EQ(p0->modules[0].opt_n, p0->modules[0].padded);  // stage 0 owns everything
+  EXPECT_FALSE(p0->tier_manager);
+}
+
+TEST(Placement, HomesFollowTheOffloadDevices) {
+  for (const char* opt : {"none", "cpu", "nvme"}) {
+    for (const char* param : {"none", "cpu", "nvme"}) {
+      config::Config c = parse(cfg_text(3, opt, param));
+      auto p = zero::plan_placement(c, shapes(3, 64), 1, 0);
+      ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+      const Home want_opt = std::string(opt) == "none" ? Home::kDevice : std::string(opt) == "cpu" ? Home::kHost : Home::kNvme;
+      const Home want_param =
+          std::string(param) == "none" ? Home::kDevice : std::string(param) == "cpu" ? Home::kHost : Home::kNvme;
+      for (const auto& m : p->modules) {
+        EXPECT_EQ(m.opt_home, want_opt) << opt << "/" << param;
+        EXPECT_EQ(m.param_home, want_param) << opt << "/" << param;
+      }
+      EXPECT_EQ(p->swapper, std::string(opt) == "nvme");
+      // NVMe bytes: states (master, m, v, gradient accumulator) and partitions, exactly.
+      uint64_t nvme = 0;
+      for (const auto& m : p->modules) {
+        if (m.opt_home == Home::kNvme) nvme += m.opt_n * (4 + 4 + 4 + 4);
+        if (m.param_home == Home::kNvme) nvme += m.part * 4;
+      }
+      EXPECT_EQ(p->nvme_bytes(), nvme) << opt << "/" << param;
+    }
+  }
+}
+
+TEST(Placement, PartialOffloadSplitsByElementsInRegistrationOrder) {
+  config::Config c = parse(cfg_text(2, "cpu", "none", ", \"offload_ratio\": 0.5"));
+  auto p = zero::plan_placement(c, shapes(4, 64), 1, 0);
+  ASSERT_TRUE(p.is_ok());
+  // Four equal modules, half of the elements: the first two are offloaded.
+  EXPECT_EQ(p->modules[0].opt_home, Home::kHost);
+  EXPECT_EQ(p->modules[1].opt_home, Home::kHost);
+  EXPECT_EQ(p->modules[2].opt_home, Home::kDevice);
+  EXPECT_EQ(p->modules[3].opt_home, Home::kDevice);
+  config::Config c0 = parse(cfg_text(2, "cpu", "none", ", \"offload_ratio\": 0"));
+  auto p0 = zero::plan_placement(c0, shapes(4, 64), 1, 0);
+  ASSERT_TRUE(p0.is_ok());
+  for (const auto& m : p0->modules) EXPECT_EQ(m.opt_home, Home::kDevice);
+}
+
+TEST(Placement, SwapperSizing) {
+  config::Config c = parse(cfg_text(3, "nvme", "nvme", "", "\"sub_group_size\": 100000, "));
+  c.zero.offload_optimizer.buffer_count = 5;
+  auto p = zero::plan_placement(c, shapes(2, 64), 1, 0);
+  ASSERT_TRUE(p.is_ok());
+  EXPECT_TRUE(p->swapper);
+  EXPECT_EQ(p->swap_chunk_elems % optim::kChunkElems, 0u);
+  EXPECT_GE(p->swap_chunk_elems, 100000u);
+  EXPECT_LT(p->swap_chunk_elems, 100000u + optim::kChunkElems);
+  EXPECT_EQ(p->swap_buffer_bytes, p->swap_chunk_elems * 4);
+  EXPECT_EQ(p->swap_buffer_count, 12u);  // at least three slots of four states
+  c.zero.sub_group_size = 1000000000;
+  auto big = zero::plan_placement(c, shapes(2, 64), 1, 0);
+  ASSERT_TRUE(big.is_ok());
+  EXPECT_EQ(big->swap_chunk_elems, zero::kMaxSwapChunkElems);
+}
+
+TEST(Placement, GatherWindowFollowsTheBucketAndTheBudget) {
+  config::Config c = parse(cfg_text(3, "none", "nvme", "", "\"stage3_prefetch_bucket_size\": 20000, "));
+  auto p = zero::plan_placement(c, shapes(8, 64), 1, 0);
+  ASSERT_TRUE(p.is_ok());
+  EXPECT_EQ(p->gather_window, 20000u);  // bucket-bound: the budget has room
+  EXPECT_GT(p->tm_device_budget, 0u);
+  zero::PlanTarget gpu;
+  gpu.queued_gathers = false;
+  auto pg = zero::plan_placement(c, shapes(8, 64), 1, 0, gpu);
+  ASSERT_TRUE(pg.is_ok());
+  EXPECT_EQ(pg->gather_window, 0u);
+  // A device budget just above one module's needs leaves no room for queued gathers.
+  config::Config off = parse(cfg_text(3, "nvme", "nvme", "", "\"stage3_prefetch_bucket_size\": 20000, "));
+  zero::PlanTarget tight;
+  tight.device_budget = 64 * 64 * 4 * 8;
+  auto pt = zero::plan_placement(off, shapes(8, 64), 1, 0, tight);
+  ASSERT_TRUE(pt.is_ok()) << pt.status().to_string();
+  EXPECT_EQ(pt->gather_window, 0u);
+  EXPECT_LE(pt->peak.device, tight.device_budget);
+}
+
+TEST(Placement, ErrorsNameWhatDoesNotFit) {
+  config::Config c = parse(cfg_text(3, "nvme", "nvme"));
+  zero::PlanTarget small;
+  small.device_budget = 100000;
+  auto p = zero::plan_placement(c, shapes(2, 256), 1, 0, small);
+  ASSERT_FALSE(p.is_ok());
+  EXPECT_EQ(p.status().code(), StatusCode::kOutOfBudget);
+  EXPECT_NE(p.status().message().find("module layer.0"), std::string::npos) << p.status().message();
+  EXPECT_NE(p.status().message().find("zoe.device_budget"), std::string::npos);
+
+  config::Config h = parse(cfg_text(2, "cpu", "none", ", \"host_budget\": \"1MiB\""));
+  auto ph = zero::plan_placement(h, shapes(4, 256), 1, 0);
+  ASSERT_FALSE(ph.is_ok());
+  EXPECT_NE(ph.status().message().find("zoe.host_budget"), std::string::npos) << ph.status().message();
+
+  // Optimizer states kept on the device that do not fit it.
+  config::Config dev = parse(cfg_text(2, "none", "none"));
+  zero::PlanTarget two;
+  two.device_budget = 2 << 20;
+  auto pd = zero::plan_placement(dev, shapes(8, 256), 1, 0, two);
+  ASSERT_FALSE(pd.is_ok());
+  EXPECT_NE(pd.status().message().find("offload_optimizer"), std::string::npos) << pd.status().message();
+
+  EXPECT_FALSE(zero::plan_placement(c, shapes(2, 8), 2, 2).is_ok());  // rank out of range
+  EXPECT_FALSE(zero::plan_placement(c, {}, 1, 0).is_ok());
+  EXPECT_FALSE(zero::plan_placement(c, {{"empty", {}}}, 1, 0).is_ok());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Against the engine: for every placement of the matrix and two device budgets, the measured
+// high-water marks stay within the plan's peaks, the host's is at least what the plan allocates
+// once, and NVMe holds exactly what the plan says.
+
+Runtime& runtime() {
+  static std::unique_ptr<Runtime> rt = [] {
+    auto r = Runtime::init();
+    if (!r.is_ok()) {
+      fprintf(stderr, "runtime: %s\n", r.status().to_string().c_str());
+      abort();
+    }
+    return std::move(r).value();
+  }();
+  return *rt;
+}
+
+TEST(PlacementVsEngine, HighWaterMarksWithinThePlanForEveryPlacement) {
+  Runtime& rt = runtime();
+  struct Case {
+    int stage;
+    const char* opt;
+    const char* param;
+  };
+  std::vector<Case> cases = {{0, "none", "none"}};
+  for (int st : {1, 2}) {
+    for (const char* o : {"none", "cpu", "nvme"}) cases.push_back({st, o, "none"});
+  }
+  for (const char* p : {"none", "cpu", "nvme"}) {
+    for (const char* o : {"none", "cpu", "nvme"}) cases.push_back({3, o, p});
+  }
+  test::MlpSpec s;
+  s.layers = 4;
+  s.d = 48;
+  int ran = 0;
+  for (const bool bf16 : {false, true}) {
+    for (const char* budget : {"64MiB", "192KiB"}) {
+      for (const Case& k : cases) {
+        test::ScratchDir nvme("placement");
+        std::string text = cfg_text(k.stage, k.opt, k.param, "", "\"stage3_prefetch_bucket_size\": 6000, ", bf16);
+        for (size_t at = text.find("\"/tmp\""); at != std::string::npos; at = text.find("\"/tmp\"")) {
+          text.replace(at, 6, "\"" + nvme.path() + "\"");
+        }
+        text.replace(text.find("64MiB"), 5, budget);
+        const std::string what = std::string(bf16 ? "bf16" : "fp32") + " budget " + budget + " stage " +
+                                 std::to_string(k.stage) + " optimizer " + k.opt + " params " + k.param;
+        auto cfg = config::Config::parse(text, rt.world_size());
+        ASSERT_TRUE(cfg.is_ok()) << what << ": " << cfg.status().to_string();
+        std::vector<ModuleShape> sh;
+        for (int l = 0; l < s.layers; ++l) {
+          sh.push_back({"layer." + std::to_string(l), {static_cast<size_t>(s.d * s.d), static_cast<size_t>(s.d)}});
+        }
+        auto plan = zero::plan_placement(cfg.value(), sh, rt.world_size(), rt.rank());
+        auto e = Engine::create(rt, cfg.value());
+        ASSERT_TRUE(e.is_ok()) << what << ": " << e.status().to_string();
+        Status reg = test::register_mlp(*e.value(), s);
+        if (!plan.is_ok()) {  // does not fit: the engine refuses it the same way
+          EXPECT_EQ(plan.status().code(), StatusCode::kOutOfBudget) << what << ": " << plan.status().to_string();
+          EXPECT_EQ(reg.code(), plan.status().code()) << what << ": " << reg.to_string();
+          continue;
+        }
+        ran++;
+        ASSERT_TRUE(reg.is_ok()) << what << ": " << reg.to_string();
+        std::vector<test::Layer> out;
+        std::vector<StepStats> stats;
+        Status st = test::engine_train(*e.value(), s, rt.rank(), rt.world_size(), 3, &out, &stats);
+        ASSERT_TRUE(st.is_ok()) << what << ": " << st.to_string();
+        const StepStats& last = stats.back();
+        EXPECT_LE(last.high_water[0], plan->peak.device) << what;
+        EXPECT_LE(last.high_water[0], plan->device_budget) << what;
+        EXPECT_GE(last.high_water[0], plan->resident.device) << what;
+        EXPECT_LE(last.high_water[1], plan->peak.host) << what;
+        EXPECT_GE(last.high_water[1], plan->resident.host) << what;
+        EXPECT_EQ(last.high_water[2], plan->resident.nvme) << what;
+      }
+    }
+  }
+  EXPECT_GE(ran, 2 * 13 + 2 * 8) << "placements that fit: every one at 64 MiB, the offloaded ones at 192 KiB";
+}
+
+}  // namespace
+}  // namespace zoe
