@@ -85,6 +85,15 @@ struct StepStats {
   uint64_t gathers_prefetched = 0, gathers_on_demand = 0;
 };
 
+// Bytes in use now, per tier (not high-water marks).
+struct MemoryUse {
+  uint64_t device = 0;             // all device memory the engine holds
+  uint64_t device_partitions = 0;  // of which the tier manager's stage-3 partitions (homes and cached copies)
+  uint64_t host = 0;               // offloaded states, swapper and staging buffers, partitions in host RAM
+  uint64_t nvme = 0;               // swap space allocated
+  uint64_t partition_pins = 0;     // stage-3 partitions pinned: 0 between the caller's calls
+};
+
 class Engine {
  public:
   // Builds the device (CPU backend, or CUDA when asked and present), tiers and I/O from cfg.
@@ -140,6 +149,7 @@ class Engine {
   // Bytes of model state per rank: compute parameters, gradients and optimizer states.
   uint64_t model_state_bytes() const;
   uint64_t device_budget_bytes() const;
+  MemoryUse memory_in_use() const;
   uint64_t num_params() const;
   // Writes the Chrome-trace timeline of transfers and optimizer chunks recorded so far.
   Status write_trace(const std::string& path) const;

@@ -11,8 +11,17 @@
 #include "core/log.h"
 #include "core/units.h"
 #include "zero/engine_impl.h"
+#include "zero/test_hooks.h"
 
 namespace zoe {
+
+namespace zero {
+namespace {
+io::FaultInjector* g_io_faults = nullptr;
+}
+void set_engine_io_faults(io::FaultInjector* f) { g_io_faults = f; }
+io::FaultInjector* engine_io_faults() { return g_io_faults; }
+}  // namespace zero
 
 using config::OffloadDevice;
 using offload::Tier;
@@ -93,6 +102,7 @@ Status Engine::Impl::setup_io() {
   io::IoEngineOptions eo;
   eo.queue_depth = static_cast<uint32_t>(std::clamp<int64_t>(cfg->aio.queue_depth, 1, 65536));
   eo.block_size = static_cast<size_t>(std::max<int64_t>(4096, cfg->aio.block_size / 4096 * 4096));
+  eo.faults = zero::engine_io_faults();
   ZOE_ASSIGN_OR_RETURN(io, io::IoEngine::create(eo));
   io::SwapFileOptions so;
   so.dirs = dirs;
@@ -373,6 +383,24 @@ uint64_t Engine::model_state_bytes() const {
 }
 
 uint64_t Engine::device_budget_bytes() const { return impl_->dev->budget_bytes(); }
+
+MemoryUse Engine::memory_in_use() const {
+  const Impl& I = *impl_;
+  MemoryUse u;
+  u.device = I.dev->used_bytes();
+  u.host = I.host_bytes + (I.swapper ? I.swapper->buffer_bytes_total() : 0);
+  u.nvme = I.store ? I.store->used_bytes() : 0;
+  if (I.tm) {
+    const offload::TierStats ts = I.tm->stats();
+    u.device_partitions = ts.used[0];
+    u.host += ts.used[1];
+    for (size_t m = 0; m < I.modules.size(); ++m) {
+      if (!I.modules[m].partitioned_params) continue;
+      u.partition_pins += I.tm->pins(m, Tier::kDevice) + I.tm->pins(m, Tier::kHost);
+    }
+  }
+  return u;
+}
 
 Status Engine::write_trace(const std::string& path) const { return impl_->trace.write_chrome_json(path); }
 void Engine::enable_trace(bool on) { impl_->trace.set_enabled(on); }
