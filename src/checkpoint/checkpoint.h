@@ -146,9 +146,7 @@ class JsonFields {
     static_assert(std::is_integral_v<T>, "JsonFields reads strings, bools, doubles and integers");
     constexpr auto lo = std::numeric_limits<T>::min();
     constexpr auto hi = std::numeric_limits<T>::max();
-    auto range = [&] {
-      return "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
-    };
+    auto range = [&] { return "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]"; };
     if (v.is_number_unsigned()) {
       const uint64_t u = v.get<uint64_t>();
       if (u > static_cast<uint64_t>(hi)) return bad(key, range());

@@ -121,8 +121,10 @@ Status consolidate(const Reader& r, const std::string& out_path, const std::stri
             for (uint64_t k = a; k < b;) {
               const uint64_t c = std::min(b - k, per);
               scratch.resize(static_cast<size_t>(c * eb));
-              detail::convert_elements(t->dtype, src + (k - a) * ib, dtype, scratch.data(), static_cast<size_t>(c));
-              ZOE_RETURN_IF_ERROR(detail::pwrite_all(fd, tmp, scratch.data(), scratch.size(), dst + (k - a) * eb));
+              detail::convert_elements(t->dtype, src + (k - a) * ib, dtype, scratch.data(),
+                                       static_cast<size_t>(c));
+              ZOE_RETURN_IF_ERROR(
+                  detail::pwrite_all(fd, tmp, scratch.data(), scratch.size(), dst + (k - a) * eb));
               k += c;
             }
           }

@@ -24,7 +24,7 @@ Status write_file_atomic(const std::string& path, const std::string& text);
 // The whole file; one larger than max_bytes is kCorruption (naming its size and the cap) and is
 // not read.
 Result<std::string> read_small_file(const std::string& path, uint64_t max_bytes);
-std::string hex64(uint64_t v);  // 16 lower-case hex digits
+std::string hex64(uint64_t v);        // 16 lower-case hex digits
 bool is_hex64(const std::string& s);  // 16 lower-case hex digits?
 std::string parent_dir(const std::string& path);
 // Untrusted bytes for a message: quoted, at most max_bytes shown, every byte outside printable

@@ -38,8 +38,8 @@ json Manifest::to_json() const {
   j["modules"] = jm;
   json jt = json::array();
   for (const auto& t : tensors) {
-    json r = {{"rank", t.rank},     {"module", t.module}, {"kind", t.kind},     {"dtype", t.dtype},
-              {"begin", t.begin},   {"count", t.count},   {"offset", t.offset}, {"bytes", t.bytes}};
+    json r = {{"rank", t.rank},   {"module", t.module}, {"kind", t.kind},     {"dtype", t.dtype},
+              {"begin", t.begin}, {"count", t.count},   {"offset", t.offset}, {"bytes", t.bytes}};
     if (!t.xxh64.empty()) r["xxh64"] = t.xxh64;
     jt.push_back(std::move(r));
   }
@@ -83,8 +83,8 @@ Result<const json*> JsonFields::array(const char* key) const {
 Status JsonFields::bad(const char* key, const std::string& expected) const {
   const json* v = &j_;
   if (*key && j_.is_object() && j_.contains(key)) v = &j_.at(key);
-  return corruption("%s: key '%s': expected %s, found %s", where_.c_str(), full(key).c_str(), expected.c_str(),
-                    shown(*v).c_str());
+  return corruption("%s: key '%s': expected %s, found %s", where_.c_str(), full(key).c_str(),
+                    expected.c_str(), shown(*v).c_str());
 }
 
 Status JsonFields::missing(const char* key) const {
@@ -157,7 +157,8 @@ Status check_modules(const json& j, const std::string& where, Manifest* m) {
       uint64_t prod = 1;
       for (size_t d = 0; d < js->size(); ++d) {
         const json& v = (*js)[d];
-        if (!v.is_number_integer() || v.get<int64_t>() < 0 || static_cast<uint64_t>(v.get<int64_t>()) >= kMaxCount) {
+        if (!v.is_number_integer() || v.get<int64_t>() < 0 ||
+            static_cast<uint64_t>(v.get<int64_t>()) >= kMaxCount) {
           return corruption("%s: key '%s[%zu]': expected a dimension in [0, 2^56), found %s", where.c_str(),
                             g.full("shape").c_str(), d, shown(v).c_str());
         }
@@ -179,18 +180,17 @@ Status check_modules(const json& j, const std::string& where, Manifest* m) {
     // Parameters are disjoint ranges of the flat group.
     std::vector<size_t> order(mi.params.size());
     for (size_t k = 0; k < order.size(); ++k) order[k] = k;
-    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-      return mi.params[a].offset < mi.params[b].offset;
-    });
+    std::sort(order.begin(), order.end(),
+              [&](size_t a, size_t b) { return mi.params[a].offset < mi.params[b].offset; });
     for (size_t k = 1; k < order.size(); ++k) {
       const ParamInfo& a = mi.params[order[k - 1]];
       const ParamInfo& b = mi.params[order[k]];
       if (a.numel > 0 && b.numel > 0 && b.offset < a.offset + a.numel) {
-        return corruption("%s: key '%s': elements [%" PRIu64 ", %" PRIu64 ") overlap %s's [%" PRIu64 ", %" PRIu64
-                          ")",
-                          where.c_str(), (item(item("modules", i) + ".params", order[k]) + ".offset").c_str(),
-                          b.offset, b.offset + b.numel, item(item("modules", i) + ".params", order[k - 1]).c_str(),
-                          a.offset, a.offset + a.numel);
+        return corruption(
+            "%s: key '%s': elements [%" PRIu64 ", %" PRIu64 ") overlap %s's [%" PRIu64 ", %" PRIu64 ")",
+            where.c_str(), (item(item("modules", i) + ".params", order[k]) + ".offset").c_str(), b.offset,
+            b.offset + b.numel, item(item("modules", i) + ".params", order[k - 1]).c_str(), a.offset,
+            a.offset + a.numel);
       }
     }
     m->modules.push_back(std::move(mi));
@@ -198,7 +198,8 @@ Status check_modules(const json& j, const std::string& where, Manifest* m) {
   return Status::ok();
 }
 
-Status check_files(const json& j, const std::string& where, Manifest* m, std::map<int, size_t>* file_of_rank) {
+Status check_files(const json& j, const std::string& where, Manifest* m,
+                   std::map<int, size_t>* file_of_rank) {
   JsonFields top(j, where, "");
   ZOE_ASSIGN_OR_RETURN(const json* jf, top.array("files"));
   for (size_t i = 0; i < jf->size(); ++i) {
@@ -216,7 +217,8 @@ Status check_files(const json& j, const std::string& where, Manifest* m, std::ma
     }
     if (!detail::is_hex64(fi.xxh64)) return f.bad("xxh64", "16 lower-case hex digits");
     if (!file_of_rank->emplace(rank, i).second) {
-      return f.bad("name", "a file that 'files' lists once (it is also " + item("files", file_of_rank->at(rank)) + ")");
+      return f.bad("name", "a file that 'files' lists once (it is also " +
+                               item("files", file_of_rank->at(rank)) + ")");
     }
     m->files.push_back(std::move(fi));
   }
@@ -281,11 +283,11 @@ Status check_tensors(const json& j, const std::string& where, Manifest* m,
     const TensorRecord& a = m->tensors[order[k - 1]];
     const TensorRecord& b = m->tensors[order[k]];
     if (a.rank == b.rank && a.bytes > 0 && b.bytes > 0 && b.offset < a.offset + a.bytes) {
-      return corruption("%s: key '%s': bytes [%" PRIu64 ", %" PRIu64 ") of %s overlap %s's [%" PRIu64 ", %" PRIu64
-                        ")",
+      return corruption("%s: key '%s': bytes [%" PRIu64 ", %" PRIu64 ") of %s overlap %s's [%" PRIu64
+                        ", %" PRIu64 ")",
                         where.c_str(), (item("tensors", order[k]) + ".offset").c_str(), b.offset,
-                        b.offset + b.bytes, rank_file_name(b.rank).c_str(), item("tensors", order[k - 1]).c_str(),
-                        a.offset, a.offset + a.bytes);
+                        b.offset + b.bytes, rank_file_name(b.rank).c_str(),
+                        item("tensors", order[k - 1]).c_str(), a.offset, a.offset + a.bytes);
     }
   }
   return Status::ok();
@@ -308,8 +310,8 @@ Status check_sections(const json& j, const std::string& where, Manifest* m) {
     int64_t step = m->step;
     ZOE_RETURN_IF_ERROR(t.get_optional("step", &step));
     if (step < m->step) {
-      return t.bad("step", "a count of iterations >= the optimizer steps taken (step " + std::to_string(m->step) +
-                               ")");
+      return t.bad("step", "a count of iterations >= the optimizer steps taken (step " +
+                               std::to_string(m->step) + ")");
     }
     m->trainer = j.at("trainer");
   }
@@ -363,9 +365,12 @@ Status check_depth(const std::string& text, const std::string& path) {
   for (size_t i = 0; i < text.size(); ++i) {
     const char c = text[i];
     if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
+      if (escaped)
+        escaped = false;
+      else if (c == '\\')
+        escaped = true;
+      else if (c == '"')
+        in_string = false;
     } else if (c == '"') {
       in_string = true;
     } else if (c == '[' || c == '{') {
@@ -388,8 +393,8 @@ Result<std::string> read_checksum_file(const std::string& path) {
   if (!line.empty() && line.back() == '\n') line.pop_back();
   if (line.size() != 16 + want_tail.size() || line.compare(16, std::string::npos, want_tail) != 0 ||
       !detail::is_hex64(line.substr(0, 16))) {
-    return corruption("%s is corrupt: expected \"<16 hex digits>  %s\", found %s", path.c_str(), kManifestName,
-                      detail::printable(text).c_str());
+    return corruption("%s is corrupt: expected \"<16 hex digits>  %s\", found %s", path.c_str(),
+                      kManifestName, detail::printable(text).c_str());
   }
   return line.substr(0, 16);
 }
@@ -415,9 +420,10 @@ Result<Manifest> load_manifest(const std::string& dir, std::string* checksum) {
     h.update(text.data(), text.size());
     const std::string got = detail::hex64(h.digest());
     if (got != want) {
-      return corruption("checksum mismatch in %s: %s says xxh64 %s, its %zu bytes have %s: the manifest was "
-                        "modified or damaged after checkpoint %s was written",
-                        mpath.c_str(), kManifestChecksumName, want.c_str(), text.size(), got.c_str(), dir.c_str());
+      return corruption(
+          "checksum mismatch in %s: %s says xxh64 %s, its %zu bytes have %s: the manifest was "
+          "modified or damaged after checkpoint %s was written",
+          mpath.c_str(), kManifestChecksumName, want.c_str(), text.size(), got.c_str(), dir.c_str());
     }
   }
   ZOE_RETURN_IF_ERROR(check_depth(text, mpath));
@@ -430,13 +436,15 @@ Result<Manifest> load_manifest(const std::string& dir, std::string* checksum) {
   ZOE_ASSIGN_OR_RETURN(Manifest m, Manifest::from_json(j, mpath));
   if (!has_checksum) {
     if (m.format_version >= 2) {
-      return corruption("%s is missing: format %d manifests are checksummed, so %s cannot be trusted (checkpoint "
-                        "%s is damaged)",
-                        cpath.c_str(), m.format_version, mpath.c_str(), dir.c_str());
+      return corruption(
+          "%s is missing: format %d manifests are checksummed, so %s cannot be trusted (checkpoint "
+          "%s is damaged)",
+          cpath.c_str(), m.format_version, mpath.c_str(), dir.c_str());
     }
-    ZOE_LOG_WARN("%s was written by an older zoe (format %d) without %s: its manifest cannot be verified "
-                 "(re-save the checkpoint to protect it)",
-                 mpath.c_str(), m.format_version, kManifestChecksumName);
+    ZOE_LOG_WARN(
+        "%s was written by an older zoe (format %d) without %s: its manifest cannot be verified "
+        "(re-save the checkpoint to protect it)",
+        mpath.c_str(), m.format_version, kManifestChecksumName);
   }
   if (checksum) *checksum = want;
   return m;

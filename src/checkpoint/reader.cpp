@@ -76,9 +76,10 @@ Result<std::string> resolve_dir(std::string dir) {
   bool ok = !tag.empty() && tag != "." && tag != ".." && tag.find('/') == std::string::npos;
   for (char c : tag) ok = ok && static_cast<unsigned char>(c) >= 0x20 && c != 0x7f;
   if (!ok) {
-    return corruption("%s is corrupt: expected the tag of a checkpoint (a name without '/' or control "
-                      "characters), found %s",
-                      latest.c_str(), detail::printable(raw).c_str());
+    return corruption(
+        "%s is corrupt: expected the tag of a checkpoint (a name without '/' or control "
+        "characters), found %s",
+        latest.c_str(), detail::printable(raw).c_str());
   }
   std::string ck = dir + "/" + tag;
   if (!exists(ck + "/manifest.json")) {
@@ -160,7 +161,8 @@ Status Reader::scan_file(size_t i, size_t piece_bytes, const PieceFn& on_piece) 
   const FileInfo& f = m.files[i];
   const std::string p = impl_->file_path(i);
   const std::vector<size_t>& recs = impl_->tensors_of_file[i];
-  const uint64_t piece = std::max<uint64_t>(kTensorAlign, (piece_bytes + kTensorAlign - 1) / kTensorAlign * kTensorAlign);
+  const uint64_t piece =
+      std::max<uint64_t>(kTensorAlign, (piece_bytes + kTensorAlign - 1) / kTensorAlign * kTensorAlign);
   std::vector<char> buf(static_cast<size_t>(std::min<uint64_t>(piece, std::max<uint64_t>(f.bytes, 1))));
   detail::Xxh64 file_hash, tensor_hash;
   size_t next = 0;  // the first tensor of recs whose checksum is not checked yet
@@ -198,8 +200,9 @@ Status Reader::scan_file(size_t i, size_t piece_bytes, const PieceFn& on_piece) 
     const bool per_tensor = m.format_version >= 2;
     return corruption("checksum mismatch in %s: the manifest says xxh64 %s, the file has %s (corrupted; %s)",
                       p.c_str(), f.xxh64.c_str(), got.c_str(),
-                      per_tensor ? "every tensor's own checksum matches: the damage is in the padding between them"
-                                 : "a format 1 checkpoint has no per-tensor checksums to say which tensor");
+                      per_tensor
+                          ? "every tensor's own checksum matches: the damage is in the padding between them"
+                          : "a format 1 checkpoint has no per-tensor checksums to say which tensor");
   }
   return Status::ok();
 }

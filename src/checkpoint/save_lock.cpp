@@ -46,14 +46,16 @@ Result<std::unique_ptr<SaveDirLock>> SaveDirLock::acquire(const std::string& sav
       while (!who.empty() && who.back() == '\n') who.pop_back();
       return Status(StatusCode::kAlreadyExists,
                     "save directory " + save_dir + " is in use by another writer (" +
-                        (who.empty() ? std::string("its pid and host are not known yet") : detail::printable(who, 200)) +
+                        (who.empty() ? std::string("its pid and host are not known yet")
+                                     : detail::printable(who, 200)) +
                         " holds " + path +
                         "): two jobs must not save into one directory; wait for the other to end or choose "
                         "another save directory");
     }
     if (err == ENOLCK || err == EOPNOTSUPP || err == ENOSYS) {
       return Status(StatusCode::kUnsupported,
-                    "cannot lock " + path + ": the file system has no flock(2) locks (" + strerror(err) + ")", err);
+                    "cannot lock " + path + ": the file system has no flock(2) locks (" + strerror(err) + ")",
+                    err);
     }
     return sys_error("flock", path, err);
   }
@@ -110,9 +112,10 @@ Status hold_save_dir(const std::string& save_dir) {
   auto lock = SaveDirLock::acquire(save_dir);
   if (!lock.is_ok()) {
     if (lock.status().code() == StatusCode::kUnsupported) {
-      ZOE_LOG_WARN("%s; saving into %s without a lock: make sure no other job saves there (leftover "
-                   "temporary directories are not removed)",
-                   lock.status().message().c_str(), save_dir.c_str());
+      ZOE_LOG_WARN(
+          "%s; saving into %s without a lock: make sure no other job saves there (leftover "
+          "temporary directories are not removed)",
+          lock.status().message().c_str(), save_dir.c_str());
       h.by_dir.emplace(key, nullptr);
     }
     return lock.status();

@@ -38,9 +38,9 @@ struct RankWriter::Impl {
   int fd = -1;
   detail::Xxh64 hash;         // of the whole file
   detail::Xxh64 tensor_hash;  // of the open tensor's bytes
-  std::vector<char> buf;  // bytes not yet written, at file offset `flushed`
-  uint64_t flushed = 0;   // bytes written to the file
-  uint64_t size = 0;      // bytes emitted: flushed + buf.size()
+  std::vector<char> buf;      // bytes not yet written, at file offset `flushed`
+  uint64_t flushed = 0;       // bytes written to the file
+  uint64_t size = 0;          // bytes emitted: flushed + buf.size()
   bool in_tensor = false;
   bool finished = false;
   TensorRecord cur;
@@ -250,7 +250,7 @@ Result<std::string> begin_checkpoint(const std::string& save_dir, const std::str
   if (lock.code() == StatusCode::kUnsupported) {
     // hold_save_dir warned once; without a lock, a leftover may be another job's live save.
   } else if (!lock.is_ok()) {
-    return std::move(lock).with_context("starting checkpoint " + tag + " in " + save_dir);
+    return lock;
   } else {
     remove_stale_temporaries(save_dir);
   }

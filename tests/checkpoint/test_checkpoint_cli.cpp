@@ -104,7 +104,6 @@ TEST(CkptCli, Consolidate) {
   EXPECT_NE(r.rc, 0);  // --out is required
 }
 
-
 // A flipped byte in a rank file: consolidate fails naming the file and the tensor, writes nothing.
 TEST(CkptCli, ConsolidateChecksRankFiles) {
   ScratchDir d("ckpt-cli");
@@ -120,8 +119,9 @@ TEST(CkptCli, ConsolidateChecksRankFiles) {
   const std::string out = d.file("m.safetensors");
   CmdResult r = zoe("ckpt consolidate " + d.path() + " --out " + out);
   EXPECT_EQ(r.rc, 1);
-  EXPECT_HAS(r.err, "zoe: error: corruption: checksum mismatch in " + f + ": tensors[1] (module 0 'embed', "
-                    "'exp_avg' f32 elements [0, 202) at bytes [4096, 4904))");
+  EXPECT_HAS(r.err, "zoe: error: corruption: checksum mismatch in " + f +
+                        ": tensors[1] (module 0 'embed', "
+                        "'exp_avg' f32 elements [0, 202) at bytes [4096, 4904))");
   EXPECT_FALSE(std::filesystem::exists(out));
 }
 
@@ -135,9 +135,10 @@ TEST(CkptCli, EditedManifestRefused) {
   EXPECT_EQ(j["files"][0]["name"], "manifest.json");
   EXPECT_EQ(j["files"][0]["xxh64"].get<std::string>().size(), 16u);
   const std::string ck = d.path() + "/s";
-  zoe::ckpt::test::edit_manifest(ck, [](nlohmann::json& m) { m["trainer"]["step"] = 1; }, false);
-  for (const std::string cmd : {"inspect " + d.path(), "verify " + d.path(),
-                                "consolidate " + d.path() + " --out " + d.file("m.safetensors")}) {
+  zoe::ckpt::test::edit_manifest(
+      ck, [](nlohmann::json& m) { m["trainer"]["step"] = 1; }, false);
+  for (const std::string& cmd : {"inspect " + d.path(), "verify " + d.path(),
+                                 "consolidate " + d.path() + " --out " + d.file("m.safetensors")}) {
     r = zoe("ckpt " + cmd);
     EXPECT_EQ(r.rc, 1) << cmd;
     EXPECT_HAS(r.err, "zoe: error: corruption: checksum mismatch in " + ck + "/manifest.json");
@@ -146,8 +147,9 @@ TEST(CkptCli, EditedManifestRefused) {
   zoe::ckpt::test::reseal(ck);
   r = zoe("ckpt verify " + d.path());
   EXPECT_EQ(r.rc, 1);
-  EXPECT_HAS(r.err, ck + "/manifest.json: key 'trainer.step': expected a count of iterations >= the optimizer "
-                    "steps taken (step 3), found number 1");
+  EXPECT_HAS(r.err, ck +
+                        "/manifest.json: key 'trainer.step': expected a count of iterations >= the optimizer "
+                        "steps taken (step 3), found number 1");
   // `latest` with a NUL byte: said to be corrupt, its content shown escaped.
   zoe::ckpt::test::write_file(d.path() + "/latest", std::string("s\0", 2));
   r = zoe("ckpt inspect " + d.path());
