@@ -1,5 +1,7 @@
 // The checkpoint manifest: JSON form, typed parsing with errors that name the JSON path,
 // structural checks, and loading with its checksum, size and nesting guards.
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cinttypes>
 #include <map>
@@ -400,10 +402,8 @@ Result<std::string> read_checksum_file(const std::string& path) {
 }
 
 bool file_exists(const std::string& p) {
-  FILE* f = fopen(p.c_str(), "r");
-  if (!f) return false;
-  fclose(f);
-  return true;
+  struct stat st;
+  return stat(p.c_str(), &st) == 0;
 }
 
 }  // namespace
