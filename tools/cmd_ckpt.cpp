@@ -44,7 +44,9 @@ json describe(const ckpt::Reader& r) {
   j["params"] = params;
   j["elements"] = elements;
   json files = json::array();
-  files.push_back({{"name", "manifest.json"}, {"bytes", file_bytes(r.path() + "/manifest.json")}});
+  json mf = {{"name", ckpt::kManifestName}, {"bytes", file_bytes(r.path() + "/" + ckpt::kManifestName)}};
+  if (!r.manifest_xxh64().empty()) mf["xxh64"] = r.manifest_xxh64();  // checked by Reader::open
+  files.push_back(mf);
   uint64_t total = 0;
   for (const auto& f : m.files) {
     files.push_back({{"name", f.name}, {"bytes", f.bytes}, {"xxh64", f.xxh64}});

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/checkpoint.h"
 #include "comm/communicator.h"
 #include "config/config.h"
 #include "core/clock.h"
@@ -321,12 +322,16 @@ void run(const TrainOpts& o) {
     progress.update("resuming from " + from);
     std::string ts = value_or_fail(eng->load(from));
     auto tj = json::parse(ts, nullptr, false);
-    if (tj.is_discarded() || !tj.contains("step")) fail(corruption("checkpoint %s has no trainer state", from.c_str()));
-    start_step = tj["step"].get<int>();
-    if (tj.value("seed", o.seed) != o.seed) {
+    if (tj.is_discarded() || !tj.is_object() || !tj.contains("step")) fail(corruption("checkpoint %s has no trainer state", from.c_str()));
+    // Typed reads: a field of the wrong type is an error naming it (trainer.step), not an exception.
+    ckpt::JsonFields tf(tj, "checkpoint " + from, "trainer");
+    uint64_t seed = o.seed;
+    Status ts_ok = tf.get("step", &start_step);
+    if (ts_ok.is_ok()) ts_ok = tf.get_optional("seed", &seed);
+    if (!ts_ok.is_ok()) fail(ts_ok);
+    if (seed != o.seed) {
       fail(invalid_argument("checkpoint %s was trained with --seed %llu, not %llu: the data order would differ",
-                            from.c_str(), static_cast<unsigned long long>(tj["seed"].get<uint64_t>()),
-                            static_cast<unsigned long long>(o.seed)));
+                            from.c_str(), static_cast<unsigned long long>(seed), static_cast<unsigned long long>(o.seed)));
     }
     if (start_step >= o.steps) {
       fail(invalid_argument("checkpoint %s is at step %d; --steps %d leaves nothing to train (--steps counts the whole run)",

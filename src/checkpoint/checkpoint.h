@@ -2,8 +2,12 @@
 //
 // Layout of a save directory D:
 //   D/latest                   the tag of the newest complete checkpoint (replaced atomically, last)
+//   D/.zoe-lock                flock(2)ed by the one process that saves into D (SaveDirLock)
 //   D/<tag>/manifest.json      format version, world size, stage, step, modules, every tensor
-//                              record, every file with its size and xxh64, the trainer's state
+//                              record (with its own xxh64), every file with its size and xxh64,
+//                              the engine's and the trainer's state
+//   D/<tag>/manifest.xxh64     "<xxh64 of manifest.json's exact bytes>  manifest.json\n" (the
+//                              format `xxh64sum -c` reads): the manifest's own checksum
 //   D/<tag>/rank-00000.bin     rank 0's tensors, concatenated at 4096-byte aligned offsets
 //   D/<tag>/rank-00001.bin     ...
 // A checkpoint is written into D/<tag>.tmp-<nonce>/, fsynced, renamed to D/<tag>, then `latest`
@@ -14,11 +18,17 @@
 // a record (module, kind, dtype, begin, count) says that elements [begin, begin + count) of that
 // module's `kind` state are at `offset` in the rank's file. Readers assemble any range from
 // whichever files hold it, so a checkpoint saved with W ranks loads into any world size.
+//
+// Format versions: 2 added manifest.xxh64 and the per-tensor xxh64. Format 1 checkpoints (no
+// manifest checksum) still load, with a warning that their manifest cannot be verified.
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <limits>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -27,7 +37,15 @@
 
 namespace zoe::ckpt {
 
-inline constexpr int kFormatVersion = 1;
+inline constexpr int kFormatVersion = 2;
+inline constexpr uint64_t kTensorAlign = 4096;  // every tensor starts at a multiple of this
+// Guards on reading a manifest: its size, and how deeply its JSON may nest (the engine and
+// trainer sections are free-form; the rest is 4 levels deep).
+inline constexpr uint64_t kManifestMaxBytes = 256ull << 20;
+inline constexpr int kManifestMaxDepth = 64;
+inline constexpr char kManifestName[] = "manifest.json";
+inline constexpr char kManifestChecksumName[] = "manifest.xxh64";
+inline constexpr char kLockName[] = ".zoe-lock";
 
 // Element types stored: "f32", "bf16", "f16". 0 for anything else.
 size_t dtype_bytes(const std::string& dtype);
@@ -52,6 +70,7 @@ struct TensorRecord {
   std::string dtype;  // "f32", "bf16", "f16"
   uint64_t begin = 0, count = 0;
   uint64_t offset = 0, bytes = 0;  // in rank-<rank>.bin
+  std::string xxh64;               // of the tensor's bytes, 16 hex digits (empty in format 1)
 };
 
 struct FileInfo {
@@ -72,8 +91,82 @@ struct Manifest {
   nlohmann::json trainer;  // the caller's state: data position, seed, config of the run, ...
 
   nlohmann::json to_json() const;
-  // Errors: malformed manifest; format_version newer than kFormatVersion ("written by a newer zoe").
+  // Every field is read with its type and range checked, and the whole is checked for
+  // consistency; any failure is kCorruption naming `where` and the JSON path of the field:
+  // step >= 0; engine and trainer are objects; engine.steps (when present) equals step;
+  // trainer.step (when present, the caller's count of iterations, which skipped steps make
+  // larger) is >= step; shapes multiply to numel; parameters lie inside their module and do not
+  // overlap; one file per rank, named rank-NNNNN.bin; a tensor's bytes are count x its dtype's
+  // size, start at a multiple of kTensorAlign, lie inside its rank's file and overlap no other
+  // tensor of that file. format_version newer than kFormatVersion is kUnsupported ("written by
+  // a newer zoe").
   static Result<Manifest> from_json(const nlohmann::json& j, const std::string& where);
+};
+
+// A checkpoint directory's manifest, checked: its size (kManifestMaxBytes), its xxh64 against
+// manifest.xxh64 (a format >= 2 manifest without one is kCorruption; a format 1 one loads with a
+// warning), its nesting depth, its JSON, then Manifest::from_json. *checksum (when given)
+// receives the manifest's xxh64 ("" for a format 1 checkpoint without one).
+Result<Manifest> load_manifest(const std::string& checkpoint_dir, std::string* checksum = nullptr);
+
+// Typed reads of one JSON object of a manifest, for the checks above and for the sections that
+// only their writer understands (engine, trainer). Errors are kCorruption:
+//   "<where>: key '<path>.<key>': expected <what>, found <the value, shortened and printable>".
+// Integers must fit T exactly (no rounding, no wrap-around); doubles accept any number.
+class JsonFields {
+ public:
+  JsonFields(const nlohmann::json& j, std::string where, std::string path)
+      : j_(j), where_(std::move(where)), path_(std::move(path)) {}
+  JsonFields(const nlohmann::json&& j, std::string where, std::string path) = delete;  // j_ would dangle
+
+  Status check_object() const;
+  bool has(const char* key) const { return j_.is_object() && j_.contains(key); }
+  template <typename T>
+  Status get(const char* key, T* out) const {  // a required key
+    if (!has(key)) return missing(key);
+    return convert(key, j_.at(key), out);
+  }
+  template <typename T>
+  Status get_optional(const char* key, T* out) const {  // *out is left alone when key is absent
+    if (!has(key)) return Status::ok();
+    return convert(key, j_.at(key), out);
+  }
+  Result<const nlohmann::json*> array(const char* key) const;
+  Status bad(const char* key, const std::string& expected) const;
+  Status missing(const char* key) const;
+  std::string full(const char* key) const;  // "path.key" ("(top level)" for the root)
+  const std::string& where() const { return where_; }
+
+ private:
+  Status convert(const char* key, const nlohmann::json& v, std::string* out) const;
+  Status convert(const char* key, const nlohmann::json& v, bool* out) const;
+  Status convert(const char* key, const nlohmann::json& v, double* out) const;
+  template <typename T>
+  Status convert(const char* key, const nlohmann::json& v, T* out) const {
+    static_assert(std::is_integral_v<T>, "JsonFields reads strings, bools, doubles and integers");
+    constexpr auto lo = std::numeric_limits<T>::min();
+    constexpr auto hi = std::numeric_limits<T>::max();
+    auto range = [&] { return "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]"; };
+    if (v.is_number_unsigned()) {
+      const uint64_t u = v.get<uint64_t>();
+      if (u > static_cast<uint64_t>(hi)) return bad(key, range());
+      *out = static_cast<T>(u);
+    } else if (v.is_number_integer()) {
+      const int64_t x = v.get<int64_t>();
+      if constexpr (std::is_unsigned_v<T>) {
+        if (x < 0 || static_cast<uint64_t>(x) > static_cast<uint64_t>(hi)) return bad(key, range());
+      } else {
+        if (x < static_cast<int64_t>(lo) || x > static_cast<int64_t>(hi)) return bad(key, range());
+      }
+      *out = static_cast<T>(x);
+    } else {
+      return bad(key, range());
+    }
+    return Status::ok();
+  }
+
+  const nlohmann::json& j_;
+  std::string where_, path_;
 };
 
 // Writes one rank's file inside a checkpoint being written. Tensors are streamed in pieces, so
@@ -98,35 +191,71 @@ class RankWriter {
   std::unique_ptr<Impl> impl_;
 };
 
+// One writer per save directory: an exclusive flock(2) on D/.zoe-lock, held while the object
+// lives (flock locks belong to the open file description: a fork()ed child shares its parent's,
+// a second open() of the file, even in the same process, does not). The file holds the holder's
+// "pid <pid> host <host> since <time>", quoted to a second writer. Thread-safe.
+class SaveDirLock {
+ public:
+  // kAlreadyExists when another writer holds it, naming D and that holder; kUnsupported when the
+  // file system has no locks (ENOLCK, EOPNOTSUPP); other failures name the syscall and path.
+  static Result<std::unique_ptr<SaveDirLock>> acquire(const std::string& save_dir);
+  ~SaveDirLock();  // releases the lock (the file stays: removing it would race a new holder)
+  SaveDirLock(const SaveDirLock&) = delete;
+  SaveDirLock& operator=(const SaveDirLock&) = delete;
+  const std::string& path() const { return path_; }  // D/.zoe-lock
+  // Whether this object still holds the lock of `path()` (false once D was removed or replaced).
+  bool still_held() const;
+
+ private:
+  SaveDirLock(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  std::string path_;
+  int fd_ = -1;
+};
+
 // Save protocol (every rank calls in this order; rank 0 also writes the manifest):
 //   tmp = begin_checkpoint(D, tag)  (rank 0 creates it; others wait on a barrier the caller runs)
 //   RankWriter per rank ...; finish()
 //   rank 0: commit_checkpoint(D, tag, tmp, manifest)  after gathering every rank's records/files
 // begin_checkpoint: save_dir must exist and be writable (clear not_found / permission errors);
-// tag is a plain name (no '/', not "latest"). One writer per save directory: it removes the
-// "*.tmp-*" leftovers of earlier saves that crashed.
+// tag is a plain name (no '/', no control characters, not "latest" nor ".zoe-lock"). One writer
+// per save directory: the first begin_checkpoint of a process takes save_dir's SaveDirLock and
+// keeps it until the process exits (hold_save_dir), so a second job saving into the same
+// directory is refused (kAlreadyExists, naming the holder) instead of interleaving its saves.
+// Holding the lock, it removes the "*.tmp-*" leftovers of earlier saves (their writers are dead).
+// Where the file system has no locks it warns, saves, and leaves the leftovers alone.
 // commit_checkpoint: checks the manifest reads back (Manifest::from_json) and that every listed
-// file has its size, writes manifest.json, fsyncs, renames tmp_dir to save_dir/tag (an existing
-// tag is swapped atomically with renameat2(RENAME_EXCHANGE) and then removed), fsyncs save_dir,
-// and replaces `latest` last. A failure before the rename removes tmp_dir itself.
+// file has its size, writes manifest.json and manifest.xxh64, fsyncs, renames tmp_dir to
+// save_dir/tag (an existing tag is swapped atomically with renameat2(RENAME_EXCHANGE) and then
+// removed), fsyncs save_dir, and replaces `latest` last. A failure before the rename removes
+// tmp_dir itself.
 Result<std::string> begin_checkpoint(const std::string& save_dir, const std::string& tag);
 Status commit_checkpoint(const std::string& save_dir, const std::string& tag, const std::string& tmp_dir,
                          const Manifest& manifest);
 // Removes a temporary directory left by a failed save (best effort; idempotent; refuses any path
 // without ".tmp-" so that it never removes a finished checkpoint).
 void abort_checkpoint(const std::string& tmp_dir);
+// Takes save_dir's SaveDirLock for the rest of this process's life (a no-op when this process
+// holds it already). Callers may call it up front, so that a second job fails at its start
+// rather than at its first save. Errors as SaveDirLock::acquire.
+Status hold_save_dir(const std::string& save_dir);
+// Drops this process's lock on save_dir, if it holds one (for tests and long-lived processes
+// that are done saving there).
+void release_save_dir(const std::string& save_dir);
 
 // A complete checkpoint, opened for reading. dir: a save directory (uses `latest`) or a
-// checkpoint directory itself. Errors name the file: missing manifest or rank file, sizes that
-// do not match (truncated), format too new. Files stay open; every const method is thread-safe
-// (pread on shared descriptors, no shared buffers).
+// checkpoint directory itself. Errors name the file: a corrupt `latest` (its content shown
+// escaped), a manifest that fails load_manifest, missing rank files, sizes that do not match
+// (truncated). Files stay open; every const method is thread-safe (pread on shared
+// descriptors, no shared buffers).
 class Reader {
  public:
   static Result<std::unique_ptr<Reader>> open(const std::string& dir);
   ~Reader();
   const Manifest& manifest() const;
   const std::string& path() const;  // the checkpoint directory
-  // Re-reads every file and compares its xxh64 with the manifest (streaming, bounded memory).
+  // Re-reads every file and compares its xxh64, and each tensor's, with the manifest
+  // (streaming, bounded memory). A mismatch names the file and the first damaged tensor.
   Status verify() const;
   // Elements [begin, begin + count) of module's `kind` state, from whichever records cover
   // them, converted to dtype_out ("f32", "bf16", "f16"). Fails when the range is not covered.
@@ -136,6 +265,15 @@ class Reader {
   bool has_kind(const std::string& kind) const;
   // Re-reads manifest().files[index] and compares its xxh64 (what verify() does for each file).
   Status verify_file(size_t index) const;
+  // Streams manifest().files[index] from its start to its end in pieces of at most piece_bytes
+  // (rounded up to a multiple of kTensorAlign; every piece but the last is that long), calling
+  // on_piece(offset, data, bytes) for each, while checking every tensor's xxh64 as its last byte
+  // goes by and the file's at the end. A consumer may use the pieces as they come but must trust
+  // them only once scan_file returns OK. Memory: one buffer of min(piece_bytes, file size).
+  using PieceFn = std::function<Status(uint64_t offset, const void* data, size_t bytes)>;
+  Status scan_file(size_t index, size_t piece_bytes, const PieceFn& on_piece) const;
+  // The manifest's xxh64 from manifest.xxh64 ("" for a format 1 checkpoint without one).
+  const std::string& manifest_xxh64() const;
 
  private:
   struct Impl;
@@ -144,11 +282,15 @@ class Reader {
 };
 
 // Writes a safetensors file of full, unpartitioned parameters (from "master", or "param" when
-// there is no master) named "<module>.<param>", streaming one piece at a time. dtype: "fp32"/"f32",
-// "bf16", "fp16"/"f16". Peak memory, whatever the model size: one output piece of piece_bytes,
-// plus read_range's conversion scratch (min(2 x piece_bytes, 1 MiB), only when the stored dtype
-// differs), plus the JSON header (~100 bytes per parameter). Written to out_path.tmp-<pid>,
-// fsynced, renamed; on failure the temporary file is removed and out_path is untouched.
+// there is no master) named "<module>.<param>". dtype: "fp32"/"f32", "bf16", "fp16"/"f16".
+// Every rank file is streamed once, start to end, through Reader::scan_file: the parameters'
+// bytes are written out as they pass and every byte is checksummed on the way (each tensor and
+// each file, as verify() does), so a damaged checkpoint fails (kCorruption naming the file and
+// the tensor) instead of producing a corrupt model. Peak memory, whatever the model size: one
+// read piece of piece_bytes, plus a conversion scratch of at most 1 MiB (only when the stored
+// dtype differs), plus the JSON header (~100 bytes per parameter). Written to
+// out_path.tmp-<pid>, fsynced, renamed; on failure the temporary file is removed and out_path
+// is untouched.
 Status consolidate(const Reader& r, const std::string& out_path, const std::string& dtype,
                    size_t piece_bytes = 64u << 20);
 

@@ -1,13 +1,18 @@
-// POSIX helpers for the checkpoint code: whole writes/reads, fsyncs, atomic small files.
+// Helpers for the checkpoint code: whole writes/reads, fsyncs, atomic small files, conversions.
 #include "checkpoint/file_util.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cinttypes>
 #include <cstdio>
+#include <cstring>
+
+#include "checkpoint/checkpoint.h"
+#include "core/dtype.h"
 
 namespace zoe::ckpt::detail {
 
@@ -82,10 +87,17 @@ Status write_file_atomic(const std::string& path, const std::string& text) {
   return fsync_dir(parent_dir(path));
 }
 
-Result<std::string> read_small_file(const std::string& path) {
+Result<std::string> read_small_file(const std::string& path, uint64_t max_bytes) {
   int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return sys_error("open", path, errno);
   FdGuard g(fd);
+  struct stat st;
+  if (fstat(fd, &st) != 0) return sys_error("fstat", path, errno);
+  if (S_ISDIR(st.st_mode)) return corruption("%s is a directory, not a file", path.c_str());
+  if (static_cast<uint64_t>(st.st_size) > max_bytes) {
+    return corruption("%s has %" PRIu64 " bytes, more than the %" PRIu64 " such a file may have (corrupted?)",
+                      path.c_str(), static_cast<uint64_t>(st.st_size), max_bytes);
+  }
   std::string out;
   char buf[65536];
   for (;;) {
@@ -96,8 +108,65 @@ Result<std::string> read_small_file(const std::string& path) {
     }
     if (n == 0) break;
     out.append(buf, static_cast<size_t>(n));
+    if (out.size() > max_bytes) {  // grew while being read
+      return corruption("%s has more than the %" PRIu64 " bytes such a file may have (corrupted?)",
+                        path.c_str(), max_bytes);
+    }
   }
   return out;
+}
+
+bool is_hex64(const std::string& s) {
+  if (s.size() != 16) return false;
+  for (char c : s) {
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  }
+  return true;
+}
+
+std::string printable(const std::string& bytes, size_t max_bytes) {
+  std::string out = "\"";
+  const size_t n = std::min(bytes.size(), max_bytes);
+  for (size_t i = 0; i < n; ++i) {
+    const auto c = static_cast<unsigned char>(bytes[i]);
+    if (c >= 0x20 && c < 0x7f && c != '"' && c != '\\') {
+      out += static_cast<char>(c);
+    } else {
+      char esc[8];
+      snprintf(esc, sizeof(esc), "\\x%02x", c);
+      out += esc;
+    }
+  }
+  out += n < bytes.size() ? "...\"" : "\"";
+  if (n < bytes.size()) out += " (" + std::to_string(bytes.size()) + " bytes)";
+  return out;
+}
+
+void convert_elements(const std::string& from, const void* src, const std::string& to, void* dst, size_t n) {
+  if (from == to) {
+    std::memcpy(dst, src, n * dtype_bytes(from));
+    return;
+  }
+  auto load = [&](size_t i) -> float {
+    if (from == "f32") {
+      float f;
+      std::memcpy(&f, static_cast<const char*>(src) + 4 * i, 4);
+      return f;
+    }
+    uint16_t h;
+    std::memcpy(&h, static_cast<const char*>(src) + 2 * i, 2);
+    return from == "bf16" ? bf16_to_f32(h) : f16_to_f32(h);
+  };
+  if (to == "f32") {
+    auto* d = static_cast<float*>(dst);
+    for (size_t i = 0; i < n; ++i) d[i] = load(i);
+  } else if (to == "bf16") {
+    auto* d = static_cast<uint16_t*>(dst);
+    for (size_t i = 0; i < n; ++i) d[i] = f32_to_bf16(load(i));
+  } else {
+    auto* d = static_cast<uint16_t*>(dst);
+    for (size_t i = 0; i < n; ++i) d[i] = f32_to_f16(load(i));
+  }
 }
 
 std::string hex64(uint64_t v) {

@@ -1,5 +1,6 @@
-// Small POSIX helpers the checkpoint code shares: whole writes/reads with errno-naming errors,
-// directory fsync, xxh64 in hex. Private to src/checkpoint.
+// Small helpers the checkpoint code shares: whole writes/reads with errno-naming errors,
+// directory fsync, xxh64 in hex, safe display of untrusted bytes, dtype conversion. Private to
+// src/checkpoint.
 #pragma once
 
 #include <cstddef>
@@ -20,9 +21,18 @@ Status fsync_fd(int fd, const std::string& path);
 Status fsync_dir(const std::string& dir);
 // Writes `text` to `path` through `path`.tmp-<pid>: write, fsync, rename, fsync the parent.
 Status write_file_atomic(const std::string& path, const std::string& text);
-Result<std::string> read_small_file(const std::string& path);
-std::string hex64(uint64_t v);  // 16 lower-case hex digits
+// The whole file; one larger than max_bytes is kCorruption (naming its size and the cap) and is
+// not read.
+Result<std::string> read_small_file(const std::string& path, uint64_t max_bytes);
+std::string hex64(uint64_t v);        // 16 lower-case hex digits
+bool is_hex64(const std::string& s);  // 16 lower-case hex digits?
 std::string parent_dir(const std::string& path);
+// Untrusted bytes for a message: quoted, at most max_bytes shown, every byte outside printable
+// ASCII (and '"', '\\') escaped as \xNN, the length added when it was cut: "ab\x00c" or
+// "abc..." (1000 bytes).
+std::string printable(const std::string& bytes, size_t max_bytes = 64);
+// Converts n elements between "f32", "bf16", "f16" (exact when widening, RNE when narrowing).
+void convert_elements(const std::string& from, const void* src, const std::string& to, void* dst, size_t n);
 
 // Closes the descriptor on scope exit.
 struct FdGuard {

@@ -31,34 +31,6 @@ bool exists(const std::string& p) {
   return stat(p.c_str(), &st) == 0;
 }
 
-// Converts n elements between the stored dtypes (exact when widening; RNE when narrowing).
-void convert(const std::string& from, const void* src, const std::string& to, void* dst, size_t n) {
-  if (from == to) {
-    std::memcpy(dst, src, n * dtype_bytes(from));
-    return;
-  }
-  auto load = [&](size_t i) -> float {
-    if (from == "f32") {
-      float f;
-      std::memcpy(&f, static_cast<const char*>(src) + 4 * i, 4);
-      return f;
-    }
-    uint16_t h;
-    std::memcpy(&h, static_cast<const char*>(src) + 2 * i, 2);
-    return from == "bf16" ? bf16_to_f32(h) : f16_to_f32(h);
-  };
-  if (to == "f32") {
-    auto* d = static_cast<float*>(dst);
-    for (size_t i = 0; i < n; ++i) d[i] = load(i);
-  } else if (to == "bf16") {
-    auto* d = static_cast<uint16_t*>(dst);
-    for (size_t i = 0; i < n; ++i) d[i] = f32_to_bf16(load(i));
-  } else {
-    auto* d = static_cast<uint16_t*>(dst);
-    for (size_t i = 0; i < n; ++i) d[i] = f32_to_f16(load(i));
-  }
-}
-
 }  // namespace
 
 struct Reader::Impl {
@@ -68,6 +40,8 @@ struct Reader::Impl {
   std::vector<size_t> file_of_rank;  // rank -> index in manifest.files
   // (module, kind) -> indices of manifest.tensors, sorted by begin.
   std::map<std::pair<uint32_t, std::string>, std::vector<size_t>> index;
+  std::vector<std::vector<size_t>> tensors_of_file;  // per file: indices of manifest.tensors, by offset
+  std::string manifest_xxh64;
 
   ~Impl() {
     for (int fd : fds) {
@@ -81,6 +55,7 @@ Reader::Reader(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Reader::~Reader() = default;
 const Manifest& Reader::manifest() const { return impl_->manifest; }
 const std::string& Reader::path() const { return impl_->dir; }
+const std::string& Reader::manifest_xxh64() const { return impl_->manifest_xxh64; }
 
 namespace {
 
@@ -95,10 +70,16 @@ Result<std::string> resolve_dir(std::string dir) {
     return not_found("%s is not a checkpoint (no manifest.json) nor a save directory (no 'latest' file)",
                      dir.c_str());
   }
-  ZOE_ASSIGN_OR_RETURN(std::string tag, detail::read_small_file(latest));
+  ZOE_ASSIGN_OR_RETURN(std::string raw, detail::read_small_file(latest, 4096));
+  std::string tag = raw;
   while (!tag.empty() && (tag.back() == '\n' || tag.back() == ' ' || tag.back() == '\r')) tag.pop_back();
-  if (tag.empty() || tag.find('/') != std::string::npos || tag == "." || tag == "..") {
-    return corruption("%s: expected the tag of a checkpoint, found '%s'", latest.c_str(), tag.c_str());
+  bool ok = !tag.empty() && tag != "." && tag != ".." && tag.find('/') == std::string::npos;
+  for (char c : tag) ok = ok && static_cast<unsigned char>(c) >= 0x20 && c != 0x7f;
+  if (!ok) {
+    return corruption(
+        "%s is corrupt: expected the tag of a checkpoint (a name without '/' or control "
+        "characters), found %s",
+        latest.c_str(), detail::printable(raw).c_str());
   }
   std::string ck = dir + "/" + tag;
   if (!exists(ck + "/manifest.json")) {
@@ -113,15 +94,8 @@ Result<std::string> resolve_dir(std::string dir) {
 Result<std::unique_ptr<Reader>> Reader::open(const std::string& dir_arg) {
   auto impl = std::make_unique<Impl>();
   ZOE_ASSIGN_OR_RETURN(impl->dir, resolve_dir(dir_arg));
-  std::string mpath = impl->dir + "/manifest.json";
-  ZOE_ASSIGN_OR_RETURN(std::string text, detail::read_small_file(mpath));
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
-    return corruption("%s is not valid JSON (truncated or corrupted?): %s", mpath.c_str(), e.what());
-  }
-  ZOE_ASSIGN_OR_RETURN(impl->manifest, Manifest::from_json(j, mpath));
+  const std::string mpath = impl->dir + "/" + kManifestName;
+  ZOE_ASSIGN_OR_RETURN(impl->manifest, load_manifest(impl->dir, &impl->manifest_xxh64));
   const Manifest& m = impl->manifest;
 
   impl->file_of_rank.assign(static_cast<size_t>(m.world_size), SIZE_MAX);
@@ -151,6 +125,8 @@ Result<std::unique_ptr<Reader>> Reader::open(const std::string& dir_arg) {
       impl->file_of_rank[static_cast<size_t>(rank)] = i;
     }
   }
+  // load_manifest checked that every tensor lies inside its file and that they do not overlap.
+  impl->tensors_of_file.resize(m.files.size());
   for (size_t t = 0; t < m.tensors.size(); ++t) {
     const TensorRecord& r = m.tensors[t];
     size_t fi = impl->file_of_rank[static_cast<size_t>(r.rank)];
@@ -158,11 +134,12 @@ Result<std::unique_ptr<Reader>> Reader::open(const std::string& dir_arg) {
       return corruption("%s: tensors[%zu] is in rank %d's file, which 'files' does not list", mpath.c_str(),
                         t, r.rank);
     }
-    if (r.offset + r.bytes > m.files[fi].bytes) {
-      return corruption("%s: tensors[%zu] ends at byte %" PRIu64 " of %s, which has %" PRIu64 " bytes",
-                        mpath.c_str(), t, r.offset + r.bytes, m.files[fi].name.c_str(), m.files[fi].bytes);
-    }
+    impl->tensors_of_file[fi].push_back(t);
     impl->index[{r.module, r.kind}].push_back(t);
+  }
+  for (auto& v : impl->tensors_of_file) {
+    std::stable_sort(v.begin(), v.end(),
+                     [&](size_t a, size_t b) { return m.tensors[a].offset < m.tensors[b].offset; });
   }
   for (auto& [key, v] : impl->index) {
     std::stable_sort(v.begin(), v.end(),
@@ -178,30 +155,59 @@ bool Reader::has_kind(const std::string& kind) const {
   return false;
 }
 
-Status Reader::verify_file(size_t i) const {
+Status Reader::scan_file(size_t i, size_t piece_bytes, const PieceFn& on_piece) const {
   const Manifest& m = impl_->manifest;
-  if (i >= m.files.size()) return invalid_argument("verify_file: index %zu of %zu files", i, m.files.size());
+  if (i >= m.files.size()) return invalid_argument("scan_file: index %zu of %zu files", i, m.files.size());
   const FileInfo& f = m.files[i];
-  std::string p = impl_->file_path(i);
-  detail::Xxh64 hash;
-  std::vector<char> buf(
-      static_cast<size_t>(std::min<uint64_t>(kVerifyPiece, std::max<uint64_t>(f.bytes, 1))));
-  Status s;
-  for (uint64_t off = 0; off < f.bytes && s.is_ok();) {
-    size_t n = static_cast<size_t>(std::min<uint64_t>(buf.size(), f.bytes - off));
-    s = detail::pread_all(impl_->fds[i], p, buf.data(), n, off);
-    if (s.is_ok()) hash.update(buf.data(), n);
+  const std::string p = impl_->file_path(i);
+  const std::vector<size_t>& recs = impl_->tensors_of_file[i];
+  const uint64_t piece =
+      std::max<uint64_t>(kTensorAlign, (piece_bytes + kTensorAlign - 1) / kTensorAlign * kTensorAlign);
+  std::vector<char> buf(static_cast<size_t>(std::min<uint64_t>(piece, std::max<uint64_t>(f.bytes, 1))));
+  detail::Xxh64 file_hash, tensor_hash;
+  size_t next = 0;  // the first tensor of recs whose checksum is not checked yet
+  // Checks every tensor that ends at or before `upto`, hashing its bytes inside [lo, upto).
+  auto advance = [&](const char* data, uint64_t lo, uint64_t upto) -> Status {
+    for (; next < recs.size(); ++next) {
+      const TensorRecord& t = m.tensors[recs[next]];
+      const uint64_t b = std::max(t.offset, lo), e = std::min(t.offset + t.bytes, upto);
+      if (b < e) tensor_hash.update(data + (b - lo), static_cast<size_t>(e - b));
+      if (t.offset + t.bytes > upto) break;  // continues in the next piece
+      const std::string got = detail::hex64(tensor_hash.digest());
+      tensor_hash.reset();
+      if (!t.xxh64.empty() && got != t.xxh64) {
+        return corruption("checksum mismatch in %s: tensors[%zu] (module %u '%s', '%s' %s elements [%" PRIu64
+                          ", %" PRIu64 ") at bytes [%" PRIu64 ", %" PRIu64
+                          ")): the manifest says xxh64 %s, the file has %s (corrupted)",
+                          p.c_str(), recs[next], t.module, m.modules[t.module].name.c_str(), t.kind.c_str(),
+                          t.dtype.c_str(), t.begin, t.begin + t.count, t.offset, t.offset + t.bytes,
+                          t.xxh64.c_str(), got.c_str());
+      }
+    }
+    return Status::ok();
+  };
+  for (uint64_t off = 0; off < f.bytes;) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(buf.size(), f.bytes - off));
+    ZOE_RETURN_IF_ERROR(detail::pread_all(impl_->fds[i], p, buf.data(), n, off));
+    file_hash.update(buf.data(), n);
+    ZOE_RETURN_IF_ERROR(advance(buf.data(), off, off + n));
+    if (on_piece) ZOE_RETURN_IF_ERROR(on_piece(off, buf.data(), n));
     off += n;
   }
-  uint64_t h = hash.digest();
-  ZOE_RETURN_IF_ERROR(s);
-  std::string got = detail::hex64(h);
+  ZOE_RETURN_IF_ERROR(advance(buf.data(), f.bytes, f.bytes));  // empty tensors at the very end
+  const std::string got = detail::hex64(file_hash.digest());
   if (got != f.xxh64) {
-    return corruption("checksum mismatch in %s: the manifest says xxh64 %s, the file has %s (corrupted)",
-                      p.c_str(), f.xxh64.c_str(), got.c_str());
+    const bool per_tensor = m.format_version >= 2;
+    return corruption("checksum mismatch in %s: the manifest says xxh64 %s, the file has %s (corrupted; %s)",
+                      p.c_str(), f.xxh64.c_str(), got.c_str(),
+                      per_tensor
+                          ? "every tensor's own checksum matches: the damage is in the padding between them"
+                          : "a format 1 checkpoint has no per-tensor checksums to say which tensor");
   }
   return Status::ok();
 }
+
+Status Reader::verify_file(size_t i) const { return scan_file(i, kVerifyPiece, nullptr); }
 
 Status Reader::verify() const {
   for (size_t i = 0; i < impl_->manifest.files.size(); ++i) ZOE_RETURN_IF_ERROR(verify_file(i));
@@ -273,7 +279,7 @@ Status Reader::read_range(uint32_t module, const std::string& kind, uint64_t beg
         }
         ZOE_RETURN_IF_ERROR(
             detail::pread_all(impl_->fds[fi], path, scratch.data(), k * ib, src_off + done * ib));
-        convert(rec->dtype, scratch.data(), dtype_out, dst, k);
+        detail::convert_elements(rec->dtype, scratch.data(), dtype_out, dst, k);
         dst += k * ob;
         done += k;
       }

@@ -22,7 +22,6 @@ using detail::FdGuard;
 
 namespace {
 
-constexpr uint64_t kTensorAlign = 4096;
 constexpr size_t kWriteBuffer = 1u << 20;  // small appends are gathered into writes of this size
 
 std::string rank_file_name(int rank) {
@@ -37,10 +36,11 @@ struct RankWriter::Impl {
   std::string path;
   int rank = 0;
   int fd = -1;
-  detail::Xxh64 hash;
-  std::vector<char> buf;  // bytes not yet written, at file offset `flushed`
-  uint64_t flushed = 0;   // bytes written to the file
-  uint64_t size = 0;      // bytes emitted: flushed + buf.size()
+  detail::Xxh64 hash;         // of the whole file
+  detail::Xxh64 tensor_hash;  // of the open tensor's bytes
+  std::vector<char> buf;      // bytes not yet written, at file offset `flushed`
+  uint64_t flushed = 0;       // bytes written to the file
+  uint64_t size = 0;          // bytes emitted: flushed + buf.size()
   bool in_tensor = false;
   bool finished = false;
   TensorRecord cur;
@@ -137,6 +137,7 @@ Status RankWriter::begin_tensor(uint32_t module, const std::string& kind, const 
   w.cur.offset = w.size;
   w.cur.bytes = count * eb;
   w.cur_got = 0;
+  w.tensor_hash.reset();
   w.in_tensor = true;
   return Status::ok();
 }
@@ -153,6 +154,7 @@ Status RankWriter::append(const void* data, size_t bytes) {
                             w.cur_got + bytes, w.cur.bytes);
   }
   ZOE_RETURN_IF_ERROR(w.emit(data, bytes));
+  w.tensor_hash.update(data, bytes);
   w.cur_got += bytes;
   return Status::ok();
 }
@@ -167,6 +169,7 @@ Status RankWriter::end_tensor() {
                             w.path.c_str(), w.cur.module, w.cur.kind.c_str(), w.cur.begin, w.cur.count,
                             w.cur_got, w.cur.bytes);
   }
+  w.cur.xxh64 = detail::hex64(w.tensor_hash.digest());
   w.records.push_back(w.cur);
   w.in_tensor = false;
   return Status::ok();
@@ -213,15 +216,20 @@ Status check_save_dir(const std::string& save_dir) {
 }
 
 Status check_tag(const std::string& tag) {
-  if (tag.empty() || tag == "." || tag == ".." || tag == "latest" || tag.find('/') != std::string::npos ||
-      tag.find(".tmp-") != std::string::npos) {
-    return invalid_argument("checkpoint tag '%s': expected a plain name (no '/', not 'latest', no '.tmp-')",
-                            tag.c_str());
+  bool ok = !tag.empty() && tag != "." && tag != ".." && tag != "latest" && tag != kLockName &&
+            tag.find('/') == std::string::npos && tag.find(".tmp-") == std::string::npos;
+  for (char c : tag) ok = ok && static_cast<unsigned char>(c) >= 0x20 && c != 0x7f;
+  if (!ok) {
+    return invalid_argument(
+        "checkpoint tag %s: expected a plain name (no '/', no control characters, not 'latest' nor '%s', "
+        "no '.tmp-')",
+        detail::printable(tag).c_str(), kLockName);
   }
   return Status::ok();
 }
 
 // Leftovers of saves that crashed: "<tag>.tmp-XXXXXX" directories and "latest.tmp-<pid>" files.
+// Only called holding save_dir's lock: whoever wrote them is gone.
 void remove_stale_temporaries(const std::string& save_dir) {
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator(save_dir, ec)) {
@@ -238,7 +246,14 @@ void remove_stale_temporaries(const std::string& save_dir) {
 Result<std::string> begin_checkpoint(const std::string& save_dir, const std::string& tag) {
   ZOE_RETURN_IF_ERROR(check_tag(tag));
   ZOE_RETURN_IF_ERROR(check_save_dir(save_dir));
-  remove_stale_temporaries(save_dir);
+  Status lock = hold_save_dir(save_dir);
+  if (lock.code() == StatusCode::kUnsupported) {
+    // hold_save_dir warned once; without a lock, a leftover may be another job's live save.
+  } else if (!lock.is_ok()) {
+    return lock;
+  } else {
+    remove_stale_temporaries(save_dir);
+  }
   std::string tmpl = save_dir + "/" + tag + ".tmp-XXXXXX";
   if (!mkdtemp(tmpl.data())) return sys_error("create temporary checkpoint directory", tmpl, errno);
   return tmpl;
@@ -273,7 +288,14 @@ Status commit_inner(const std::string& save_dir, const std::string& tag, const s
                               p.c_str(), static_cast<uint64_t>(st.st_size), f.bytes);
     }
   }
-  ZOE_RETURN_IF_ERROR(detail::write_file_atomic(manifest_path, j.dump(1) + "\n"));
+  // The manifest's own checksum, of its exact bytes, beside it: both become visible together with
+  // the rename of tmp_dir below.
+  const std::string text = j.dump(1) + "\n";
+  detail::Xxh64 h;
+  h.update(text.data(), text.size());
+  ZOE_RETURN_IF_ERROR(detail::write_file_atomic(manifest_path, text));
+  ZOE_RETURN_IF_ERROR(detail::write_file_atomic(tmp_dir + "/" + kManifestChecksumName,
+                                                detail::hex64(h.digest()) + "  " + kManifestName + "\n"));
   ZOE_RETURN_IF_ERROR(detail::fsync_dir(tmp_dir));
   return Status::ok();
 }

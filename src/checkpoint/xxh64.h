@@ -16,6 +16,7 @@ namespace zoe::ckpt::detail {
 
 class PortableXxh64 {
  public:
+  void reset() { *this = PortableXxh64(); }
   void update(const void* data, size_t n) {
     auto* p = static_cast<const unsigned char*>(data);
     total_ += n;
@@ -92,6 +93,7 @@ class LibXxh64 {
   ~LibXxh64() { XXH64_freeState(st_); }
   LibXxh64(const LibXxh64&) = delete;
   LibXxh64& operator=(const LibXxh64&) = delete;
+  void reset() { XXH64_reset(st_, 0); }
   void update(const void* data, size_t n) { XXH64_update(st_, data, n); }
   uint64_t digest() const { return XXH64_digest(st_); }
 

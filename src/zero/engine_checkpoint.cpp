@@ -1,5 +1,7 @@
 // Engine::save / Engine::load: every rank streams its states from their tiers into a checkpoint,
 // and restores them into any world size and placement.
+#include <cmath>
+
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -132,7 +134,8 @@ std::string records_to_json(const std::vector<ckpt::TensorRecord>& records, cons
                          {"tensors", nlohmann::json::array()}};
   for (const auto& r : records) {
     mine["tensors"].push_back({{"rank", r.rank}, {"module", r.module}, {"kind", r.kind}, {"dtype", r.dtype},
-                               {"begin", r.begin}, {"count", r.count}, {"offset", r.offset}, {"bytes", r.bytes}});
+                               {"begin", r.begin}, {"count", r.count}, {"offset", r.offset}, {"bytes", r.bytes},
+                               {"xxh64", r.xxh64}});
   }
   return mine.dump();
 }
@@ -169,7 +172,8 @@ Status commit_save(Engine::Impl& I, const std::string& save_dir, const std::stri
         man.files.push_back({j["file"]["name"], j["file"]["bytes"], j["file"]["xxh64"]});
       }
       for (const auto& t : j["tensors"]) {
-        man.tensors.push_back({t["rank"], t["module"], t["kind"], t["dtype"], t["begin"], t["count"], t["offset"], t["bytes"]});
+        man.tensors.push_back({t["rank"], t["module"], t["kind"], t["dtype"], t["begin"], t["count"], t["offset"], t["bytes"],
+                               t["xxh64"]});
       }
     }
     zero::LossScaler::State ls = I.scaler.state();
@@ -272,12 +276,31 @@ Result<std::string> Engine::load(const std::string& dir) {
     const auto& b = I.modules[m];
     bool same = a.name == b.name && a.params.size() == b.specs.size();
     for (size_t p = 0; same && p < b.specs.size(); ++p) {
-      same = a.params[p].shape == b.specs[p].shape && a.params[p].offset == b.offset[p];
+      same = a.params[p].name == b.specs[p].name && a.params[p].shape == b.specs[p].shape &&
+             a.params[p].offset == b.offset[p];
     }
     if (!same) {
       return invalid_argument("checkpoint %s: module %zu (%s) does not match the model's %s (names or shapes differ)",
                               rd->path().c_str(), m, a.name.c_str(), b.name.c_str());
     }
+  }
+  // Typed reads: a field of the wrong type is a corruption error naming it, never an exception.
+  // (load_manifest already checked that engine is an object and engine.steps equals step.)
+  const std::string mpath = rd->path() + "/" + ckpt::kManifestName;
+  const nlohmann::json engine = man.engine.is_null() ? nlohmann::json::object() : man.engine;
+  ckpt::JsonFields e(engine, mpath, "engine");
+  int64_t steps = man.step;
+  ZOE_RETURN_IF_ERROR(e.get_optional("steps", &steps));
+  zero::LossScaler::State ls{1.0, 0, -1, 1};
+  const bool has_scaler = e.has("loss_scaler");
+  if (has_scaler) {
+    ckpt::JsonFields l(man.engine.at("loss_scaler"), mpath, "engine.loss_scaler");
+    ZOE_RETURN_IF_ERROR(l.check_object());
+    ZOE_RETURN_IF_ERROR(l.get_optional("scale", &ls.scale));
+    ZOE_RETURN_IF_ERROR(l.get_optional("iter", &ls.iter));
+    ZOE_RETURN_IF_ERROR(l.get_optional("last_overflow", &ls.last_overflow));
+    ZOE_RETURN_IF_ERROR(l.get_optional("delayed_shift", &ls.delayed_shift));
+    if (!(ls.scale > 0) || !std::isfinite(ls.scale)) return l.bad("scale", "a positive finite loss scale");
   }
   const size_t es = I.esize();
   const std::string sdt = I.cfg->zoe.bf16_optimizer_states ? "bf16" : "f32";
@@ -336,13 +359,8 @@ Result<std::string> Engine::load(const std::string& dir) {
     return Status::ok();
   };
   ZOE_RETURN_IF_ERROR(agree(c, load_all(), "restoring the states of checkpoint " + rd->path()));
-  const auto& e = man.engine;
-  I.steps = e.value("steps", man.step);
-  if (e.contains("loss_scaler")) {
-    const auto& l = e["loss_scaler"];
-    I.scaler.set_state({l.value("scale", 1.0), l.value("iter", int64_t{0}), l.value("last_overflow", int64_t{-1}),
-                        l.value("delayed_shift", 1)});
-  }
+  I.steps = steps;
+  if (has_scaler) I.scaler.set_state(ls);
   return man.trainer.dump();
 }
 

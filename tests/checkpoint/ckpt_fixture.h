@@ -4,10 +4,15 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
+#include <functional>
+#include <iterator>
 #include <string>
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/file_util.h"
+#include "checkpoint/xxh64.h"
 #include "core/dtype.h"
 
 namespace zoe::ckpt::test {
@@ -111,8 +116,8 @@ inline Status save(const std::string& dir, const std::string& tag, int world, in
   man.stage = 2;
   man.step = step;
   man.modules = modules;
-  man.engine = {{"loss_scale", 65536.0}, {"precision", "bf16"}};
-  man.trainer = {{"data_position", 1234}, {"seed", 42}};
+  man.engine = {{"steps", step}, {"loss_scale", 65536.0}, {"precision", "bf16"}};
+  man.trainer = {{"step", step}, {"data_position", 1234}, {"seed", 42}};
   for (int r = 0; r < world; ++r) {
     auto w = RankWriter::create(tmp, r);
     if (!w.is_ok()) {
@@ -129,6 +134,35 @@ inline Status save(const std::string& dir, const std::string& tag, int world, in
     man.files.push_back(fi);
   }
   return commit_checkpoint(dir, tag, tmp, man);
+}
+
+inline std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+inline void write_file(const std::string& path, const std::string& text) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f << text;
+}
+
+// Rewrites checkpoint ck's manifest.xxh64 to match manifest.json as it is now: what an edit of
+// the manifest needs to get past the checksum and reach the structural checks behind it.
+inline void reseal(const std::string& ck) {
+  const std::string text = read_file(ck + "/" + kManifestName);
+  detail::Xxh64 h;
+  h.update(text.data(), text.size());
+  write_file(ck + "/" + kManifestChecksumName, detail::hex64(h.digest()) + "  " + kManifestName + "\n");
+}
+
+// Parses ck's manifest, applies `edit`, writes it back (dump(1), as the writer does); resealed
+// or not.
+inline void edit_manifest(const std::string& ck, const std::function<void(nlohmann::json&)>& edit,
+                          bool resealed) {
+  nlohmann::json j = nlohmann::json::parse(read_file(ck + "/" + kManifestName));
+  edit(j);
+  write_file(ck + "/" + kManifestName, j.dump(1) + "\n");
+  if (resealed) reseal(ck);
 }
 
 }  // namespace zoe::ckpt::test

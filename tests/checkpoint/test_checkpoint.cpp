@@ -334,23 +334,25 @@ TEST(Checkpoint, Corruption) {
   EXPECT_HAS(e, "not found");
   EXPECT_HAS(e, ck + "/rank-00001.bin is missing");
 
-  // A manifest from a newer zoe, and a damaged one.
+  // A manifest from a newer zoe, and a damaged one (resealed: past the checksum, for the checks
+  // behind it; ManifestEdits checks the checksum itself).
   ASSERT_TRUE(save(d.path(), "v", 1, 5).is_ok());
-  const std::string mp = d.path() + "/v/manifest.json";
-  nlohmann::json j = nlohmann::json::parse(read_text(mp));
-  j["format_version"] = 99;
-  std::ofstream(mp) << j.dump();
+  const std::string vk = d.path() + "/v";
+  const std::string mp = vk + "/manifest.json";
+  test::edit_manifest(
+      vk, [](nlohmann::json& j) { j["format_version"] = 99; }, true);
   e = open_error(d.path());
   EXPECT_HAS(e, mp + ": format_version 99 was written by a newer zoe");
-  j["format_version"] = 1;
-  j["tensors"][0]["dtype"] = "f64";
-  std::ofstream(mp) << j.dump();
-  EXPECT_HAS(open_error(d.path()), mp + ": key 'tensors[0].dtype': expected \"f32\", \"bf16\" or \"f16\"");
-  j["tensors"][0].erase("dtype");
-  std::ofstream(mp) << j.dump();
+  test::edit_manifest(
+      vk, [](nlohmann::json& j) { j["format_version"] = 2, j["tensors"][0]["dtype"] = "f64"; }, true);
+  EXPECT_HAS(open_error(d.path()),
+             mp + ": key 'tensors[0].dtype': expected \"f32\", \"bf16\" or \"f16\", found string \"f64\"");
+  test::edit_manifest(
+      vk, [](nlohmann::json& j) { j["tensors"][0].erase("dtype"); }, true);
   EXPECT_HAS(open_error(d.path()), "key 'tensors[0].dtype' is missing");
-  std::string text = j.dump();
-  std::ofstream(mp) << text.substr(0, text.size() / 2);
+  std::string text = read_text(mp);
+  test::write_file(mp, text.substr(0, text.size() / 2));
+  test::reseal(vk);
   e = open_error(d.path());
   EXPECT_HAS(e, mp + " is not valid JSON");
 
@@ -606,6 +608,390 @@ TEST(Checkpoint, PortableXxh64MatchesLibxxhash) {
 #else
   GTEST_SKIP() << "built without libxxhash";
 #endif
+}
+
+// ---- consolidate checks every byte it streams ----
+
+// 25 flips: one inside each of the 18 tensors (every kind, both files) and 7 in the padding
+// between them. Each fails consolidate with kCorruption naming the file (and the tensor, for
+// those inside one); nothing is left behind; the undamaged checkpoint then consolidates.
+TEST(Checkpoint, ConsolidateCatchesEveryByteFlip) {
+  ScratchDir d("ckpt");
+  ASSERT_TRUE(save(d.path(), "s", 2, 4).is_ok());
+  const std::string ck = d.path() + "/s";
+  const std::string out = d.file("m.safetensors");
+  struct Flip {
+    std::string file;
+    uint64_t offset;
+    long long tensor;  // index in manifest().tensors, -1 for padding
+  };
+  std::vector<Flip> flips;
+  {
+    auto r = open_ok(d.path());
+    ASSERT_TRUE(r);
+    const Manifest& m = r->manifest();
+    std::mt19937_64 rng(11);
+    for (size_t t = 0; t < m.tensors.size(); ++t) {
+      const TensorRecord& rec = m.tensors[t];
+      char name[32];
+      snprintf(name, sizeof(name), "rank-%05d.bin", rec.rank);
+      flips.push_back({ck + "/" + name, rec.offset + rng() % rec.bytes, static_cast<long long>(t)});
+    }
+    for (size_t t = 0; t < m.tensors.size() && flips.size() < 25; ++t) {
+      const TensorRecord& rec = m.tensors[t];
+      const uint64_t end = rec.offset + rec.bytes;
+      if (end % 4096 == 0) continue;  // no padding after this one
+      bool last = true;               // nothing follows in this file: no padding either
+      for (const auto& o : m.tensors) last = last && !(o.rank == rec.rank && o.offset > rec.offset);
+      if (last) continue;
+      char name[32];
+      snprintf(name, sizeof(name), "rank-%05d.bin", rec.rank);
+      flips.push_back({ck + "/" + name, end + rng() % (4096 - end % 4096), -1});
+    }
+  }
+  ASSERT_EQ(flips.size(), 25u);
+  int caught = 0;
+  for (const Flip& f : flips) {
+    flip_byte(f.file, f.offset);
+    auto r = open_ok(d.path());  // sizes match: only the checksums can tell
+    ASSERT_TRUE(r);
+    Status s = consolidate(*r, out, "bf16", 1000);  // odd piece size: rounded up to 4096
+    EXPECT_EQ(s.code(), StatusCode::kCorruption) << f.file << " byte " << f.offset << ": " << s.to_string();
+    EXPECT_HAS(s.message(), "checksum mismatch in " + f.file);
+    if (f.tensor >= 0) {
+      EXPECT_HAS(s.message(), "tensors[" + std::to_string(f.tensor) + "] (module");
+    } else {
+      EXPECT_HAS(s.message(), "the damage is in the padding");
+    }
+    EXPECT_HAS(s.message(), "writing " + out);
+    caught += s.code() == StatusCode::kCorruption;
+    EXPECT_FALSE(fs::exists(out));
+    EXPECT_EQ(count_tmp(d.path()), 0u);
+    flip_byte(f.file, f.offset);  // back
+  }
+  EXPECT_EQ(caught, 25);
+  auto r = open_ok(d.path());
+  ASSERT_TRUE(r);
+  Status s = consolidate(*r, out, "bf16", 1000);
+  EXPECT_TRUE(s.is_ok()) << s.to_string();
+}
+
+// ---- the manifest is checksummed and checked ----
+
+struct ManifestEdit {
+  const char* what;
+  std::function<void(nlohmann::json&)> edit;
+  // With the checksum resealed: the structural error open() gives ("" when the edit is
+  // structurally valid), else the error verify() gives.
+  std::string open_error, verify_error;
+};
+
+// Index of the tensor record of (rank, module, kind).
+size_t find_tensor(const nlohmann::json& j, int rank, int module, const std::string& kind) {
+  for (size_t i = 0; i < j["tensors"].size(); ++i) {
+    const auto& t = j["tensors"][i];
+    if (t["rank"] == rank && t["module"] == module && t["kind"] == kind) return i;
+  }
+  ADD_FAILURE() << "no tensor " << rank << " " << module << " " << kind;
+  return 0;
+}
+
+std::vector<ManifestEdit> manifest_edits() {
+  std::vector<ManifestEdit> e;
+  e.push_back({"a tensor's offset - 4096",
+               [](nlohmann::json& j) {
+                 j["tensors"][find_tensor(j, 1, 1, "exp_avg")]["offset"] =
+                     j["tensors"][find_tensor(j, 1, 1, "exp_avg")]["offset"].get<uint64_t>() - 4096;
+               },
+               "overlap", ""});
+  e.push_back({"a parameter tensor's offset + 4",
+               [](nlohmann::json& j) {
+                 j["tensors"][find_tensor(j, 0, 2, "param")]["offset"] =
+                     j["tensors"][find_tensor(j, 0, 2, "param")]["offset"].get<uint64_t>() + 4;
+               },
+               "expected a multiple of 4096", ""});
+  // The fixture stores no exp_avg_sq: master and exp_avg are the same size and dtype, the same case.
+  e.push_back({"two states' offsets swapped",
+               [](nlohmann::json& j) {
+                 auto& a = j["tensors"][find_tensor(j, 0, 1, "master")];
+                 auto& b = j["tensors"][find_tensor(j, 0, 1, "exp_avg")];
+                 std::swap(a["offset"], b["offset"]);
+               },
+               "", "checksum mismatch in "});
+  e.push_back(
+      {"trainer.step 3 -> 1", [](nlohmann::json& j) { j["trainer"]["step"] = 1; },
+       "key 'trainer.step': expected a count of iterations >= the optimizer steps taken (step 3), found "
+       "number 1",
+       ""});
+  e.push_back({"trainer.step 3 -> -5", [](nlohmann::json& j) { j["trainer"]["step"] = -5; },
+               "key 'trainer.step'", ""});
+  e.push_back({"engine.steps 3 -> 100", [](nlohmann::json& j) { j["engine"]["steps"] = 100; },
+               "key 'engine.steps': expected the top-level step (3), found number 100", ""});
+  e.push_back(
+      {"step 3 -> -1 everywhere",
+       [](nlohmann::json& j) { j["step"] = -1, j["engine"]["steps"] = -1, j["trainer"]["step"] = -1; },
+       "key 'step': expected a non-negative step count, found number -1", ""});
+  e.push_back({"a parameter renamed",
+               [](nlohmann::json& j) { j["modules"][1]["params"][0]["name"] = "attn.q"; }, "", ""});
+  e.push_back({"a parameter's numel", [](nlohmann::json& j) { j["modules"][1]["params"][1]["numel"] = 25; },
+               "key 'modules[1].params[1].numel': shape has 24 elements but numel is 25", ""});
+  e.push_back(
+      {"parameters overlapping", [](nlohmann::json& j) { j["modules"][1]["params"][1]["offset"] = 190; },
+       "key 'modules[1].params[1].offset': elements [190, 214) overlap modules[1].params[0]'s [0, 192)", ""});
+  e.push_back({"a tensor's bytes", [](nlohmann::json& j) { j["tensors"][0]["bytes"] = 8; },
+               "key 'tensors[0].bytes': expected count x the dtype's size", ""});
+  e.push_back({"a tensor past its file's end",
+               [](nlohmann::json& j) { j["tensors"][find_tensor(j, 1, 2, "param")]["offset"] = 1u << 20; },
+               "inside rank-00001.bin", ""});
+  return e;
+}
+
+TEST(Checkpoint, ManifestEditsCaught) {
+  ScratchDir d("ckpt");
+  const std::string ck = d.path() + "/s";
+  const std::string mp = ck + "/manifest.json";
+  for (const ManifestEdit& e : manifest_edits()) {
+    SCOPED_TRACE(e.what);
+    ASSERT_TRUE(save(d.path(), "s", 2, 3).is_ok());
+    const std::string pristine = read_text(mp);
+    // As it is: the checksum catches every edit, on open (load, verify, inspect, consolidate).
+    test::edit_manifest(ck, e.edit, false);
+    ASSERT_NE(read_text(mp), pristine) << "the edit changed nothing";
+    std::string err = open_error(d.path());
+    EXPECT_HAS(err, "corruption: checksum mismatch in " + mp + ": manifest.xxh64 says xxh64");
+    EXPECT_HAS(err, "the manifest was modified or damaged after checkpoint " + ck + " was written");
+    // Resealed: the structural checks behind the checksum, or the per-tensor checksums.
+    test::reseal(ck);
+    auto r = Reader::open(d.path());
+    if (!e.open_error.empty()) {
+      ASSERT_FALSE(r.is_ok());
+      EXPECT_EQ(r.status().code(), StatusCode::kCorruption);
+      EXPECT_HAS(r.status().message(), mp + ": ");
+      EXPECT_HAS(r.status().message(), e.open_error);
+      continue;
+    }
+    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    Status v = r.value()->verify();
+    if (e.verify_error.empty()) {
+      EXPECT_TRUE(v.is_ok()) << v.to_string();
+    } else {
+      EXPECT_EQ(v.code(), StatusCode::kCorruption);
+      EXPECT_HAS(v.message(), e.verify_error);
+      EXPECT_HAS(v.message(), "tensors[");
+    }
+  }
+}
+
+TEST(Checkpoint, ManifestWrongTypesAndLimits) {
+  ScratchDir d("ckpt");
+  const std::string ck = d.path() + "/s";
+  const std::string mp = ck + "/manifest.json";
+  struct Case {
+    const char* what;
+    std::function<void(nlohmann::json&)> edit;
+    std::string error;
+  };
+  const std::vector<Case> cases = {
+      {"trainer.step a string", [](nlohmann::json& j) { j["trainer"]["step"] = "3"; },
+       "key 'trainer.step': expected an integer in [-9223372036854775808, 9223372036854775807], found string "
+       "\"3\""},
+      {"engine.steps a string", [](nlohmann::json& j) { j["engine"]["steps"] = "3"; },
+       "key 'engine.steps': expected an integer"},
+      {"engine a number", [](nlohmann::json& j) { j["engine"] = 7; },
+       "key 'engine': expected an object, found number 7"},
+      {"trainer an array",
+       [](nlohmann::json& j) {
+         j["trainer"] = {1, 2};
+       },
+       "key 'trainer': expected an object"},
+      {"step a float", [](nlohmann::json& j) { j["step"] = 3.5; }, "key 'step': expected an integer"},
+      {"world_size past int", [](nlohmann::json& j) { j["world_size"] = 4294967298ull; },
+       "key 'world_size': expected an integer in [-2147483648, 2147483647], found number 4294967298"},
+      {"module index negative", [](nlohmann::json& j) { j["tensors"][0]["module"] = -1; },
+       "key 'tensors[0].module': expected an integer in [0, 4294967295], found number -1"},
+      {"offset near 2^64", [](nlohmann::json& j) { j["tensors"][0]["offset"] = 18446744073709547520ull; },
+       "key 'tensors[0].offset': expected a count below 2^56"},
+      {"shape with a string", [](nlohmann::json& j) { j["modules"][0]["params"][0]["shape"][1] = "8"; },
+       "key 'modules[0].params[0].shape[1]': expected a dimension in [0, 2^56), found string \"8\""},
+      {"modules an object", [](nlohmann::json& j) { j["modules"] = nlohmann::json::object(); },
+       "key 'modules': expected an array"},
+      {"a file listed twice", [](nlohmann::json& j) { j["files"].push_back(j["files"][0]); },
+       "key 'files[2].name': expected a file that 'files' lists once (it is also files[0])"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    ASSERT_TRUE(save(d.path(), "s", 2, 3).is_ok());
+    test::edit_manifest(ck, c.edit, true);
+    std::string err = open_error(d.path());
+    EXPECT_HAS(err, "corruption: " + mp + ": " + c.error);
+  }
+
+  // Raw text the JSON library would throw on, or that is too deep or too big.
+  ASSERT_TRUE(save(d.path(), "s", 2, 3).is_ok());
+  const std::string pristine = read_text(mp);
+  auto with_text = [&](const std::string& text) {
+    test::write_file(mp, text);
+    test::reseal(ck);
+    return open_error(d.path());
+  };
+  std::string text = pristine;
+  text.replace(text.find("\"world_size\": 2"), 15, "\"world_size\": 1e400");
+  std::string err = with_text(text);
+  EXPECT_HAS(err, "corruption: " + mp + " is not valid JSON");
+  EXPECT_HAS(err, "1e400");
+  text = pristine;
+  text.replace(text.find("\"trainer\": {"), 12,
+               "\"trainer\": {\"deep\": " + std::string(100, '[') + std::string(100, ']') + ",");
+  err = with_text(text);
+  EXPECT_HAS(err, "corruption: " + mp + " nests deeper than 64 levels at byte");
+  ASSERT_EQ(truncate(mp.c_str(), static_cast<off_t>(kManifestMaxBytes + 1)), 0);  // sparse: cheap
+  err = open_error(d.path());
+  EXPECT_HAS(err, "corruption: " + mp + " has 268435457 bytes, more than the 268435456");
+
+  // The checksum file itself: garbage, missing.
+  test::write_file(mp, pristine);
+  test::write_file(ck + "/manifest.xxh64", "hello\x01\n");
+  EXPECT_HAS(open_error(d.path()),
+             ck + "/manifest.xxh64 is corrupt: expected \"<16 hex digits>  manifest.json\", "
+                  "found \"hello\\x01\\x0a\"");
+  ASSERT_EQ(unlink((ck + "/manifest.xxh64").c_str()), 0);
+  EXPECT_HAS(open_error(d.path()), ck + "/manifest.xxh64 is missing: format 2 manifests are checksummed");
+  // A format 1 manifest (older zoe: no checksums at all) still opens, with a warning.
+  test::edit_manifest(
+      ck,
+      [](nlohmann::json& j) {
+        j["format_version"] = 1;
+        for (auto& t : j["tensors"]) t.erase("xxh64");
+      },
+      false);
+  auto r = open_ok(d.path());
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->manifest().format_version, 1);
+  EXPECT_EQ(r->manifest_xxh64(), "");
+  EXPECT_TRUE(r->verify().is_ok());
+  flip_byte(ck + "/rank-00000.bin", 10);
+  Status s = r->verify();
+  EXPECT_HAS(s.message(), "a format 1 checkpoint has no per-tensor checksums");
+}
+
+TEST(Checkpoint, LatestCorrupt) {
+  ScratchDir d("ckpt");
+  ASSERT_TRUE(save(d.path(), "step-1", 1, 1).is_ok());
+  test::write_file(d.file("latest"), std::string("step-1\0\x07x", 9) + "\n");
+  std::string err = open_error(d.path());
+  EXPECT_HAS(err, "corruption: " + d.file("latest") + " is corrupt: expected the tag of a checkpoint");
+  EXPECT_HAS(err, "found \"step-1\\x00\\x07x\\x0a\"");
+  test::write_file(d.file("latest"), std::string(5000, 'a'));
+  EXPECT_HAS(open_error(d.path()), d.file("latest") + " has 5000 bytes, more than the 4096");
+  test::write_file(d.file("latest"), "../etc\n");
+  EXPECT_HAS(open_error(d.path()), "found \"../etc\\x0a\"");
+  // Tags with control characters are refused when saving, too.
+  EXPECT_EQ(begin_checkpoint(d.path(), std::string("a\0b", 3)).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(begin_checkpoint(d.path(), ".zoe-lock").status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(Checkpoint, JsonFieldsTypes) {
+  nlohmann::json j = {{"i", 1ll << 40}, {"neg", -1}, {"d", 2.5}, {"b", true}, {"s", "x"}, {"u", 7u}};
+  JsonFields f(j, "M", "engine");
+  int i = 0;
+  EXPECT_HAS(f.get("i", &i).message(),
+             "M: key 'engine.i': expected an integer in [-2147483648, 2147483647], "
+             "found number 1099511627776");
+  int64_t i64 = 0;
+  EXPECT_TRUE(f.get("i", &i64).is_ok());
+  EXPECT_EQ(i64, 1ll << 40);
+  uint64_t u = 0;
+  EXPECT_EQ(f.get("neg", &u).code(), StatusCode::kCorruption);
+  EXPECT_TRUE(f.get("u", &u).is_ok());
+  EXPECT_EQ(u, 7u);
+  double dv = 0;
+  EXPECT_TRUE(f.get("d", &dv).is_ok());
+  EXPECT_EQ(dv, 2.5);
+  EXPECT_TRUE(f.get("u", &dv).is_ok());  // an integer is a number
+  EXPECT_HAS(f.get("d", &i64).message(), "found number 2.5");
+  bool b = false;
+  EXPECT_TRUE(f.get("b", &b).is_ok());
+  EXPECT_TRUE(b);
+  EXPECT_HAS(f.get("s", &b).message(), "expected true or false, found string \"x\"");
+  std::string s;
+  EXPECT_HAS(f.get("b", &s).message(), "expected a string, found boolean true");
+  EXPECT_HAS(f.get("nope", &s).message(), "M: key 'engine.nope' is missing");
+  s = "kept";
+  EXPECT_TRUE(f.get_optional("nope", &s).is_ok());
+  EXPECT_EQ(s, "kept");
+  EXPECT_EQ(f.get_optional("d", &s).code(), StatusCode::kCorruption);
+}
+
+// ---- one writer per save directory ----
+
+TEST(Checkpoint, SaveDirLockRefusesSecondWriter) {
+  ScratchDir d("ckpt");
+  ASSERT_TRUE(save(d.path(), "a", 1, 1).is_ok());  // this process now holds d's lock
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  // A second open file description, in this same process: refused, naming the holder.
+  auto second = SaveDirLock::acquire(d.path());
+  ASSERT_FALSE(second.is_ok());
+  EXPECT_EQ(second.status().code(), StatusCode::kAlreadyExists);
+  EXPECT_HAS(second.status().message(), "save directory " + d.path() +
+                                            " is in use by another writer (\"pid " +
+                                            std::to_string(getpid()) + " host " + host + " since ");
+  EXPECT_HAS(second.status().message(), "holds " + d.path() + "/.zoe-lock");
+  // Saving again from this process is fine; once it lets go, another writer may take it, and
+  // then this process is the one refused.
+  ASSERT_TRUE(save(d.path(), "b", 1, 2).is_ok());
+  release_save_dir(d.path());
+  auto other = SaveDirLock::acquire(d.path());
+  ASSERT_TRUE(other.is_ok()) << other.status().to_string();
+  auto t = begin_checkpoint(d.path(), "c");
+  EXPECT_EQ(t.status().code(), StatusCode::kAlreadyExists) << t.status().to_string();
+  EXPECT_HAS(t.status().message(), "save directory " + d.path() + " is in use by another writer");
+  other.value().reset();  // the other writer lets go
+  Status s = save(d.path(), "c", 1, 3);
+  EXPECT_TRUE(s.is_ok()) << s.to_string();
+  release_save_dir(d.path());
+}
+
+// Another process saving into the directory: its live temporary survives our attempt to save
+// (which is refused, naming its pid); once it is dead, the leftover is removed by our next save.
+TEST(Checkpoint, SaveDirLockProtectsLiveTemporary) {
+  ScratchDir d("ckpt");
+  int ready[2], stop[2];
+  ASSERT_EQ(pipe(ready), 0);
+  ASSERT_EQ(pipe(stop), 0);
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    close(ready[0]);
+    close(stop[1]);
+    auto lock = SaveDirLock::acquire(d.path());
+    char ok = lock.is_ok() && mkdir((d.path() + "/step-9.tmp-live").c_str(), 0755) == 0 ? 'y' : 'n';
+    if (write(ready[1], &ok, 1) != 1) _exit(2);
+    char c;
+    (void)!read(stop[0], &c, 1);  // until the parent says so (or dies)
+    _exit(0);
+  }
+  close(ready[1]);
+  close(stop[0]);
+  char ok = 0;
+  ASSERT_EQ(read(ready[0], &ok, 1), 1);
+  ASSERT_EQ(ok, 'y');
+  auto t = begin_checkpoint(d.path(), "step-10");
+  EXPECT_EQ(t.status().code(), StatusCode::kAlreadyExists) << t.status().to_string();
+  EXPECT_HAS(t.status().message(), "in use by another writer (\"pid " + std::to_string(pid) + " host ");
+  EXPECT_TRUE(fs::exists(d.path() + "/step-9.tmp-live")) << "a live writer's temporary was removed";
+  EXPECT_EQ(count_tmp(d.path()), 1u);
+  // The other writer ends without cleaning up (as if killed): its temporary is now a leftover.
+  kill(pid, SIGKILL);
+  int st = 0;
+  ASSERT_EQ(waitpid(pid, &st, 0), pid);
+  close(ready[0]);
+  close(stop[1]);
+  Status s = save(d.path(), "step-10", 1, 10);
+  ASSERT_TRUE(s.is_ok()) << s.to_string();
+  EXPECT_FALSE(fs::exists(d.path() + "/step-9.tmp-live"));
+  EXPECT_EQ(count_tmp(d.path()), 0u);
+  release_save_dir(d.path());
 }
 
 }  // namespace

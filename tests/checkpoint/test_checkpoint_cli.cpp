@@ -104,4 +104,58 @@ TEST(CkptCli, Consolidate) {
   EXPECT_NE(r.rc, 0);  // --out is required
 }
 
+// A flipped byte in a rank file: consolidate fails naming the file and the tensor, writes nothing.
+TEST(CkptCli, ConsolidateChecksRankFiles) {
+  ScratchDir d("ckpt-cli");
+  ASSERT_TRUE(zoe::ckpt::test::save(d.path(), "s", 2, 1).is_ok());
+  const std::string f = d.path() + "/s/rank-00000.bin";
+  int fd = open(f.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  unsigned char c = 0;
+  ASSERT_EQ(pread(fd, &c, 1, 4096 + 10), 1);  // inside rank 0's second tensor
+  c ^= 0x80;
+  ASSERT_EQ(pwrite(fd, &c, 1, 4096 + 10), 1);
+  close(fd);
+  const std::string out = d.file("m.safetensors");
+  CmdResult r = zoe("ckpt consolidate " + d.path() + " --out " + out);
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_HAS(r.err, "zoe: error: corruption: checksum mismatch in " + f +
+                        ": tensors[1] (module 0 'embed', "
+                        "'exp_avg' f32 elements [0, 202) at bytes [4096, 4904))");
+  EXPECT_FALSE(std::filesystem::exists(out));
+}
+
+// Every command checks the manifest's own checksum before trusting a byte of it.
+TEST(CkptCli, EditedManifestRefused) {
+  ScratchDir d("ckpt-cli");
+  ASSERT_TRUE(zoe::ckpt::test::save(d.path(), "s", 2, 3).is_ok());
+  CmdResult r = zoe("ckpt inspect " + d.path() + " --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["files"][0]["name"], "manifest.json");
+  EXPECT_EQ(j["files"][0]["xxh64"].get<std::string>().size(), 16u);
+  const std::string ck = d.path() + "/s";
+  zoe::ckpt::test::edit_manifest(
+      ck, [](nlohmann::json& m) { m["trainer"]["step"] = 1; }, false);
+  for (const std::string& cmd : {"inspect " + d.path(), "verify " + d.path(),
+                                 "consolidate " + d.path() + " --out " + d.file("m.safetensors")}) {
+    r = zoe("ckpt " + cmd);
+    EXPECT_EQ(r.rc, 1) << cmd;
+    EXPECT_HAS(r.err, "zoe: error: corruption: checksum mismatch in " + ck + "/manifest.json");
+  }
+  // Resealed, the structural check names the field.
+  zoe::ckpt::test::reseal(ck);
+  r = zoe("ckpt verify " + d.path());
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_HAS(r.err, ck +
+                        "/manifest.json: key 'trainer.step': expected a count of iterations >= the optimizer "
+                        "steps taken (step 3), found number 1");
+  // `latest` with a NUL byte: said to be corrupt, its content shown escaped.
+  zoe::ckpt::test::write_file(d.path() + "/latest", std::string("s\0", 2));
+  r = zoe("ckpt inspect " + d.path());
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_HAS(r.err, d.path() + "/latest is corrupt: expected the tag of a checkpoint");
+  EXPECT_HAS(r.err, "found \"s\\x00\"");
+}
+
 }  // namespace
