@@ -18,6 +18,7 @@ namespace {
 
 std::mutex g_fault_mu;
 std::atomic<bool> g_fault_set{false};  // the allocation path takes the mutex only when a hook is set
+std::atomic<uint64_t> g_leaked_bytes{0};
 std::function<bool(size_t)>& fault_hook() {
   static std::function<bool(size_t)> f;
   return f;
@@ -140,6 +141,7 @@ class CpuDevice final : public Device {
       }
       ZOE_LOG_WARN("cpu device destroyed with %zu allocations (%s) not freed; releasing them", left.size(),
                    format_bytes(bytes).c_str());
+      g_leaked_bytes.fetch_add(bytes);
     }
   }
 
@@ -343,6 +345,8 @@ Status CpuStream::synchronize() {
 }
 
 }  // namespace
+
+uint64_t cpu_device_leaked_bytes() { return g_leaked_bytes.load(); }
 
 void set_cpu_allocation_fault(std::function<bool(size_t bytes)> fail) {
   std::lock_guard<std::mutex> lock(g_fault_mu);

@@ -110,6 +110,8 @@ class Device {
 // fail(bytes); true makes it fail with kOutOfBudget ("injected allocation failure"). Process-wide;
 // pass an empty function to clear. Thread-safe.
 void set_cpu_allocation_fault(std::function<bool(size_t bytes)> fail);
+// Bytes CpuDevices of this process still held when destroyed (memory nobody freed): a leak.
+uint64_t cpu_device_leaked_bytes();
 
 // Host RAM posing as device memory under a hard budget; streams run on worker threads (one per
 // stream). kInvalidArgument when budget_bytes is 0.
