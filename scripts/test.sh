@@ -8,6 +8,9 @@ cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 jobs=$(nproc)
 
+echo "== layer map and format checks" >&2
+/usr/bin/python3 scripts/check-layers.py
+
 echo "== Release build and tests (build/)" >&2
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
 cmake --build build -j"$jobs"
