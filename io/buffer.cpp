@@ -13,9 +13,7 @@
 #include "core/log.h"
 #include "core/units.h"
 #include "zoe/features.h"
-#if ZOE_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#endif
+#include "core/host_pinner.h"
 
 namespace zoe::io {
 namespace {
@@ -60,9 +58,7 @@ AlignedBuffer& AlignedBuffer::operator=(AlignedBuffer&& o) noexcept {
 
 void AlignedBuffer::release() {
   if (!data_) return;
-#if ZOE_HAVE_CUDA
-  if (pinned_ == PinMode::kDevice) cudaHostUnregister(data_);
-#endif
+  if (pinned_ == PinMode::kDevice) host_pinner()->unpin(data_);
   if (mapped_) {
     munmap(data_, mapped_);  // also drops any mlock
   } else {
@@ -101,16 +97,12 @@ Result<AlignedBuffer> AlignedBuffer::allocate(size_t bytes, PinMode pin) {
   }
   b.size_ = bytes;
   if (pin == PinMode::kNone) return b;
-#if ZOE_HAVE_CUDA
-  if (pin == PinMode::kDevice) {
-    cudaError_t e = cudaHostRegister(b.data_, b.mapped_ ? b.mapped_ : rounded, cudaHostRegisterDefault);
-    if (e == cudaSuccess) {
-      b.pinned_ = PinMode::kDevice;
-      return b;
-    }
-    cudaGetLastError();  // clear; no usable GPU: lock the pages instead
+  // Pinned for the device's DMA by the device layer's pinner (CUDA: cudaHostRegister) once a
+  // device that needs it exists; otherwise, or when that fails, the pages are locked.
+  if (pin == PinMode::kDevice && host_pinner() && host_pinner()->pin(b.data_, b.mapped_ ? b.mapped_ : rounded).is_ok()) {
+    b.pinned_ = PinMode::kDevice;
+    return b;
   }
-#endif
   size_t lock_len = b.mapped_ ? b.mapped_ : rounded;
   if (mlock(b.data_, lock_len) != 0) {
     int err = errno;

@@ -1,4 +1,5 @@
-// Aligned host buffers for O_DIRECT, optionally pinned (mlock, or cudaHostRegister with CUDA).
+// Aligned host buffers for O_DIRECT, optionally pinned (mlock, or the device layer's pinner:
+// cudaHostRegister once a CUDA device exists; io/ itself never calls a device API).
 #pragma once
 
 #include <cstddef>
@@ -15,7 +16,7 @@ namespace zoe::io {
 enum class PinMode : uint8_t {
   kNone,     // pageable memory
   kLock,     // mlock: stays resident, DMA-able by the kernel without faults
-  kDevice,   // registered with the CUDA driver (cudaHostRegister) when present, else mlock
+  kDevice,   // pinned by the process's HostPinner (core/host_pinner.h: CUDA) when set, else mlock
 };
 
 // One 4 KiB-aligned allocation. Sizes of 2 MiB and more are mmap'ed 2 MiB-aligned with

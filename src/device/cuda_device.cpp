@@ -5,6 +5,7 @@
 #include <exception>
 #include <mutex>
 
+#include "core/host_pinner.h"
 #include "core/log.h"
 #include "core/units.h"
 #include "device/device.h"
@@ -353,6 +354,18 @@ int cuda_device_count(std::string* why) {
   return n;
 }
 
+// Pins host buffers for DMA (io's PinMode::kDevice) once a CUDA device exists.
+class CudaHostPinner final : public HostPinner {
+ public:
+  Status pin(void* p, size_t bytes) override {
+    cudaError_t e = cudaHostRegister(p, bytes, cudaHostRegisterDefault);
+    if (e == cudaSuccess) return Status::ok();
+    cudaGetLastError();  // clear it: the caller locks the pages instead
+    return cuda_error("cudaHostRegister", e);
+  }
+  void unpin(void* p) override { (void)cudaHostUnregister(p); }
+};
+
 Result<std::unique_ptr<Device>> create_cuda_device(int ordinal, uint64_t budget_bytes) {
   std::string why;
   int n = cuda_device_count(&why);
@@ -373,6 +386,8 @@ Result<std::unique_ptr<Device>> create_cuda_device(int ordinal, uint64_t budget_
   }
   auto dev = std::make_unique<CudaDevice>(ordinal, budget_bytes, std::move(name));
   ZOE_RETURN_IF_ERROR_CTX(dev->init(), "creating the CUDA device");
+  static CudaHostPinner pinner;  // lives as long as the process: buffers unpin through it
+  set_host_pinner(&pinner);
   return std::unique_ptr<Device>(std::move(dev));
 }
 
