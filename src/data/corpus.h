@@ -19,9 +19,12 @@ struct Corpus {
 };
 
 // The text of `path`; the last eval_fraction of it (at a line break when there is one) is held
-// out. Errors: a missing or unreadable file (named), or one too short for a window of
-// `min_tokens` tokens in both parts.
-Result<Corpus> load_text_file(const std::string& path, size_t min_tokens, double eval_fraction = 0.05);
+// out. Errors: a missing or unreadable file (named), one too short for a window of `min_tokens`
+// tokens in both parts, or one holding more than max_bytes (checked before reading a regular
+// file; a device or pipe such as /dev/zero is read no further than that). The corpus takes about
+// twice the file's size while it loads.
+Result<Corpus> load_text_file(const std::string& path, size_t min_tokens, double eval_fraction = 0.05,
+                              size_t max_bytes = size_t{1} << 30);
 
 // `lines` additions of numbers below 10^digits, generated from seed; the eval part uses
 // different random problems (its own stream), not a suffix of the same ones.

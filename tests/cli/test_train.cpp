@@ -103,7 +103,7 @@ TEST(Train, BadInputGetsClearErrors) {
   EXPECT_NE(r.err.find("missing.txt does not exist"), std::string::npos) << r.err;
 
   r = zoe("train --preset tiny --steps 1 --seq 500");
-  EXPECT_EQ(r.rc, 1);
+  EXPECT_EQ(r.rc, 2);  // a usage error
   EXPECT_NE(r.err.find("--seq 500 is longer than the model allows"), std::string::npos) << r.err;
 
   r = zoe("train --preset small --steps 1 --device-budget 512KiB");  // embed fits, a block does not
@@ -116,7 +116,7 @@ TEST(Train, BadInputGetsClearErrors) {
   EXPECT_NE(r.err.find("nope"), std::string::npos) << r.err;
 
   r = zoe("train --preset huge");
-  EXPECT_EQ(r.rc, 1);
+  EXPECT_EQ(r.rc, 2);
   EXPECT_NE(r.err.find("--preset huge"), std::string::npos) << r.err;
 }
 
