@@ -52,8 +52,8 @@ uint64_t parse_uint_flag(const char* flag, const std::string& text) {
   errno = 0;
   unsigned long long v = digits ? strtoull(text.c_str(), nullptr, 10) : 0;
   if (!digits || errno == ERANGE) {
-    usage_fail(invalid_argument("%s %s is not an unsigned integer (expected one in [0, %llu])", flag, text.c_str(),
-                                static_cast<unsigned long long>(UINT64_MAX)));
+    usage_fail(invalid_argument("%s %s is not an unsigned integer (expected one in [0, %llu])", flag,
+                                text.c_str(), static_cast<unsigned long long>(UINT64_MAX)));
   }
   return v;
 }

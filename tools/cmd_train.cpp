@@ -35,7 +35,7 @@ struct TrainOpts {
   std::string config;
   std::string preset = "small";
   int layers = 0, d_model = 0, heads = 0, context = 0;  // 0 when not given: the preset's
-  int seq = 0;  // tokens per training sequence (default: the model's context)
+  int seq = 0;          // tokens per training sequence (default: the model's context)
   int micro_batch = 8;  // without --config, or given: train_micro_batch_size_per_gpu
   int steps = 100;
   double lr = 1e-3;  // without --config, or given: optimizer.params.lr
@@ -70,7 +70,7 @@ struct Preset {
   int layers, d, heads, context;
 };
 constexpr Preset kPresets[] = {
-    {"tiny", 2, 64, 4, 64},      {"small", 4, 128, 4, 64},    {"demo", 6, 256, 8, 64},
+    {"tiny", 2, 64, 4, 64},      {"small", 4, 128, 4, 64},     {"demo", 6, 256, 8, 64},
     {"medium", 12, 512, 8, 128}, {"large", 24, 1024, 16, 128}, {"2b", 26, 2560, 20, 64},
 };
 
@@ -98,7 +98,8 @@ model::GptConfig model_config(const TrainOpts& o) {
   c.vocab = 256;
   Status s = c.validate();
   if (!s.is_ok()) {
-    usage_fail(s.with_context("the model shape of --preset " + o.preset + " with --layers/--d-model/--heads/--context"));
+    usage_fail(s.with_context("the model shape of --preset " + o.preset +
+                              " with --layers/--d-model/--heads/--context"));
   }
   return c;
 }
@@ -112,7 +113,9 @@ json flags_config(const TrainOpts& o, const std::vector<std::string>& nvme_dirs)
   json j = {{"train_micro_batch_size_per_gpu", o.micro_batch},
             {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", o.lr}, {"weight_decay", 0.0}}}}},
             {"zero_optimization",
-             {{"stage", 3}, {"stage3_param_persistence_threshold", 0}, {"offload_optimizer", block},
+             {{"stage", 3},
+              {"stage3_param_persistence_threshold", 0},
+              {"offload_optimizer", block},
               {"offload_param", block}}}};
   if (o.precision == "bf16") j["bf16"] = {{"enabled", true}};
   if (o.precision == "fp16") j["fp16"] = {{"enabled", true}};
@@ -154,9 +157,10 @@ void check_flags(TrainOpts& o) {
     // Placement comes from the config file: these flags would be silently ignored.
     for (const char* f : {"--offload", "--nvme-path"}) {
       if (o.has(f)) {
-        usage_fail(invalid_argument("%s cannot be combined with --config %s: set zero_optimization."
-                                    "offload_optimizer / offload_param in the config instead",
-                                    f, o.config.c_str()));
+        usage_fail(
+            invalid_argument("%s cannot be combined with --config %s: set zero_optimization."
+                             "offload_optimizer / offload_param in the config instead",
+                             f, o.config.c_str()));
       }
     }
   }
@@ -178,13 +182,15 @@ void apply_overrides(const TrainOpts& o, config::Config* cfg, int world_size, bo
     say(fmt("--micro-batch %d", o.micro_batch), "train_micro_batch_size_per_gpu",
         std::to_string(cfg->train_micro_batch_size_per_gpu));
     cfg->train_micro_batch_size_per_gpu = o.micro_batch;
-    cfg->train_batch_size = cfg->train_micro_batch_size_per_gpu * cfg->gradient_accumulation_steps * world_size;
+    cfg->train_batch_size =
+        cfg->train_micro_batch_size_per_gpu * cfg->gradient_accumulation_steps * world_size;
   }
   if (o.has("--lr")) {
     if (!cfg->scheduler.type.empty()) {
-      usage_fail(invalid_argument("--lr %g has no effect with --config %s: its scheduler %s sets the learning "
-                                  "rate (scheduler.params.warmup_max_lr); remove --lr or the scheduler",
-                                  o.lr, o.config.c_str(), cfg->scheduler.type.c_str()));
+      usage_fail(
+          invalid_argument("--lr %g has no effect with --config %s: its scheduler %s sets the learning "
+                           "rate (scheduler.params.warmup_max_lr); remove --lr or the scheduler",
+                           o.lr, o.config.c_str(), cfg->scheduler.type.c_str()));
     }
     say(fmt("--lr %g", o.lr), "optimizer.params.lr", fmt("%g", cfg->optimizer.lr));
     cfg->optimizer.lr = o.lr;
@@ -211,7 +217,8 @@ void apply_overrides(const TrainOpts& o, config::Config* cfg, int world_size, bo
 double activation_bytes_estimate(const model::GptConfig& c, int batch, int T) {
   const double n = static_cast<double>(batch) * T, nd = n * c.d_model;
   const double att = static_cast<double>(batch) * c.heads * T * T, L = c.layers;
-  const double floats = (L + 1) * nd + L * (15 * nd + 4 * n + att) + nd + 3 * n + 2 * n * c.vocab + 10 * nd + att;
+  const double floats =
+      (L + 1) * nd + L * (15 * nd + 4 * n + att) + nd + 3 * n + 2 * n * c.vocab + 10 * nd + att;
   return 4 * floats + 8 * n;
 }
 
@@ -232,8 +239,9 @@ void check_host_memory(const config::Config& cfg, const model::GptConfig& mc, in
   auto bytes = [](double b) {
     return b >= 1.8e19 ? fmt("%.3g bytes", b) : format_bytes(static_cast<uint64_t>(b));
   };
-  std::string what = fmt("activations of %d layers x --micro-batch %d x --seq %d (context %d, d_model %d, %d heads): %s",
-                         mc.layers, micro, T, mc.seq, mc.d_model, mc.heads, bytes(act).c_str());
+  std::string what =
+      fmt("activations of %d layers x --micro-batch %d x --seq %d (context %d, d_model %d, %d heads): %s",
+          mc.layers, micro, T, mc.seq, mc.d_model, mc.heads, bytes(act).c_str());
   if (swap > 0) {
     what += fmt("; optimizer swap buffers (zero_optimization.offload_optimizer.buffer_count %lld): %s",
                 static_cast<long long>(oo.buffer_count), bytes(swap).c_str());
@@ -248,10 +256,12 @@ void prepare_save_dir(const std::string& dir) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) fail(sys_error("mkdir -p --save-dir", dir, ec.value()));
-  if (!std::filesystem::is_directory(dir, ec)) fail(invalid_argument("--save-dir %s is not a directory", dir.c_str()));
+  if (!std::filesystem::is_directory(dir, ec))
+    fail(invalid_argument("--save-dir %s is not a directory", dir.c_str()));
   std::string probe = dir + "/.zoe-write-test-XXXXXX";
   int fd = mkstemp(probe.data());
-  if (fd < 0) fail(sys_error("create a file in --save-dir", dir, errno).with_context("--save-dir is not writable"));
+  if (fd < 0)
+    fail(sys_error("create a file in --save-dir", dir, errno).with_context("--save-dir is not writable"));
   close(fd);
   unlink(probe.c_str());
 }
@@ -429,8 +439,10 @@ void run(TrainOpts o) {
   model::GptConfig mc = model_config(o);
   const int T = o.seq ? o.seq : mc.seq;
   if (T > mc.seq) {
-    usage_fail(invalid_argument("--seq %d is longer than the model allows: it has %d positions (set --context, or a "
-                                "smaller --seq)", T, mc.seq));
+    usage_fail(
+        invalid_argument("--seq %d is longer than the model allows: it has %d positions (set --context, or a "
+                         "smaller --seq)",
+                         T, mc.seq));
   }
   auto rt = value_or_fail(Runtime::init());
   const bool lead = rt->rank() == 0;
@@ -463,11 +475,13 @@ void run(TrainOpts o) {
   if (!o.data.empty()) {
     // The corpus is held twice while it loads: at most a quarter of the available memory, 1 GiB.
     const uint64_t avail = host_memory().available_bytes;
-    const size_t cap = static_cast<size_t>(std::min<uint64_t>(uint64_t{1} << 30, avail ? avail / 4 : uint64_t{1} << 30));
+    const size_t cap =
+        static_cast<size_t>(std::min<uint64_t>(uint64_t{1} << 30, avail ? avail / 4 : uint64_t{1} << 30));
     auto c = data::load_text_file(o.data, static_cast<size_t>(T), 0.05, cap);
     if (!c.is_ok()) {
-      fail(c.status().with_context(fmt("--data: the limit is a quarter of the host's available memory (%s), at most 1 GiB",
-                                       format_bytes(avail).c_str())));
+      fail(c.status().with_context(
+          fmt("--data: the limit is a quarter of the host's available memory (%s), at most 1 GiB",
+              format_bytes(avail).c_str())));
     }
     corpus = std::move(c).value();
   } else {
@@ -485,8 +499,10 @@ void run(TrainOpts o) {
   }
   Progress progress(lead && !o.quiet);
   progress.update(fmt("initialising %llu parameters (%s of model state per rank)",
-                      static_cast<unsigned long long>(mc.num_params()), format_bytes(eng->model_state_bytes()).c_str()));
-  Status s = eng->initialize([&](size_t m, size_t p, float* x, size_t n) { model::gpt_init(mc, o.seed, m, p, x, n); });
+                      static_cast<unsigned long long>(mc.num_params()),
+                      format_bytes(eng->model_state_bytes()).c_str()));
+  Status s = eng->initialize(
+      [&](size_t m, size_t p, float* x, size_t n) { model::gpt_init(mc, o.seed, m, p, x, n); });
   if (!s.is_ok()) fail(s.with_context("initialising the model"));
   // Resume: restore every state, continue at the saved step (--steps counts the whole run).
   int start_step = 0;
@@ -504,13 +520,15 @@ void run(TrainOpts o) {
     }
     start_step = tj["step"].get<int>();
     if (tj.value("seed", o.seed) != o.seed) {
-      fail(invalid_argument("checkpoint %s was trained with --seed %llu, not %llu: the data order would differ",
-                            from.c_str(), static_cast<unsigned long long>(tj["seed"].get<uint64_t>()),
-                            static_cast<unsigned long long>(o.seed)));
+      fail(invalid_argument(
+          "checkpoint %s was trained with --seed %llu, not %llu: the data order would differ", from.c_str(),
+          static_cast<unsigned long long>(tj["seed"].get<uint64_t>()),
+          static_cast<unsigned long long>(o.seed)));
     }
     if (start_step >= o.steps) {
-      fail(invalid_argument("checkpoint %s is at step %d; --steps %d leaves nothing to train (--steps counts the whole run)",
-                            from.c_str(), start_step, o.steps));
+      fail(invalid_argument(
+          "checkpoint %s is at step %d; --steps %d leaves nothing to train (--steps counts the whole run)",
+          from.c_str(), start_step, o.steps));
     }
   }
   auto model = value_or_fail(model::GptCpu::create(mc, o.micro_batch, T, o.threads));
@@ -533,9 +551,11 @@ void run(TrainOpts o) {
     for (int b = 0; b < o.eval_batches; ++b) {
       std::vector<int32_t> tk, tg, line;
       if (corpus.arithmetic) {
-        data::arithmetic_eval_batch(corpus.eval, o.micro_batch, T, static_cast<size_t>(b * o.micro_batch * 4), &tk, &tg, &line);
+        data::arithmetic_eval_batch(corpus.eval, o.micro_batch, T, static_cast<size_t>(b * o.micro_batch * 4),
+                                    &tk, &tg, &line);
       } else {
-        data::sample_batch(corpus.eval, o.micro_batch, T, o.seed ^ 0xe7a1, static_cast<uint64_t>(b), 0, 0, &tk, &tg);
+        data::sample_batch(corpus.eval, o.micro_batch, T, o.seed ^ 0xe7a1, static_cast<uint64_t>(b), 0, 0,
+                           &tk, &tg);
       }
       float l = value_or_fail(trainer.forward(tk, tg));
       sum += l;
@@ -562,7 +582,8 @@ void run(TrainOpts o) {
   for (int step = start_step; step < o.steps; ++step) {
     double loss_sum = 0;
     for (int micro = 0; micro < accum; ++micro) {
-      data::sample_batch(corpus.train, o.micro_batch, T, o.seed, static_cast<uint64_t>(step), rt->rank(), micro, &tokens, &targets);
+      data::sample_batch(corpus.train, o.micro_batch, T, o.seed, static_cast<uint64_t>(step), rt->rank(),
+                         micro, &tokens, &targets);
       auto l = trainer.forward_backward(tokens, targets);
       if (!l.is_ok()) {
         progress.done();
@@ -601,14 +622,16 @@ void run(TrainOpts o) {
     }
     double elapsed = static_cast<double>(now_ns() - t_start) * 1e-9;
     double step_time = elapsed / (step + 1 - start_step);
-    double tokens_s = static_cast<double>(o.micro_batch) * T * accum * rt->world_size() / std::max(step_time, 1e-9);
+    double tokens_s =
+        static_cast<double>(o.micro_batch) * T * accum * rt->world_size() / std::max(step_time, 1e-9);
     uint64_t nvme = last.bytes_nvme_read + last.bytes_nvme_write;
     double nvme_gbps = static_cast<double>(nvme - last_nvme) / std::max(step_time, 1e-9) * 1e-9;
     last_nvme = nvme;
     double wall_step = last.t_compute + last.t_comm + last.t_io_stall + last.t_optimizer;
     double stall = wall_step > 0 ? 100.0 * last.t_io_stall / wall_step : 0;
-    std::string line = fmt("step %d/%d  loss %.4f  %.0f tok/s  nvme %.2f GB/s  stall %.0f%%  eta %s", step + 1, o.steps, loss,
-                           tokens_s, nvme_gbps, stall, fmt_eta(step_time * (o.steps - step - 1)).c_str());
+    std::string line =
+        fmt("step %d/%d  loss %.4f  %.0f tok/s  nvme %.2f GB/s  stall %.0f%%  eta %s", step + 1, o.steps,
+            loss, tokens_s, nvme_gbps, stall, fmt_eta(step_time * (o.steps - step - 1)).c_str());
     if (!std::isnan(eval_loss)) line += fmt("  eval %.4f", eval_loss);
     if (!std::isnan(accuracy)) line += fmt(" acc %.1f%%", 100 * accuracy);
     progress.update(line);
@@ -625,7 +648,8 @@ void run(TrainOpts o) {
   double total_s = static_cast<double>(now_ns() - t_start) * 1e-9;
   json j;
   j["params"] = mc.num_params();
-  j["model"] = {{"layers", mc.layers}, {"d_model", mc.d_model}, {"heads", mc.heads}, {"context", mc.seq}, {"seq", T}};
+  j["model"] = {
+      {"layers", mc.layers}, {"d_model", mc.d_model}, {"heads", mc.heads}, {"context", mc.seq}, {"seq", T}};
   j["world_size"] = rt->world_size();
   j["stage"] = cfg.zero.stage;
   j["offload"] = {{"optimizer", config::offload_device_name(cfg.zero.offload_optimizer.device)},
@@ -637,26 +661,33 @@ void run(TrainOpts o) {
   j["data"] = corpus.name;
   j["model_state_bytes"] = eng->model_state_bytes();
   j["device_budget_bytes"] = eng->device_budget_bytes();
-  j["state_to_budget"] = static_cast<double>(eng->model_state_bytes()) / static_cast<double>(eng->device_budget_bytes());
-  j["high_water_bytes"] = {{"device", last.high_water[0]}, {"host", last.high_water[1]}, {"nvme", last.high_water[2]}};
-  j["bytes_moved"] = {{"nvme->host", last.bytes_nvme_read}, {"host->nvme", last.bytes_nvme_write},
-                      {"host->device", last.bytes_host_to_device}, {"device->host", last.bytes_device_to_host}};
-  j["time_s"] = {{"compute", t_compute}, {"comm", t_comm}, {"io_stall", t_io}, {"optimizer", t_opt}, {"total", total_s}};
+  j["state_to_budget"] =
+      static_cast<double>(eng->model_state_bytes()) / static_cast<double>(eng->device_budget_bytes());
+  j["high_water_bytes"] = {
+      {"device", last.high_water[0]}, {"host", last.high_water[1]}, {"nvme", last.high_water[2]}};
+  j["bytes_moved"] = {{"nvme->host", last.bytes_nvme_read},
+                      {"host->nvme", last.bytes_nvme_write},
+                      {"host->device", last.bytes_host_to_device},
+                      {"device->host", last.bytes_device_to_host}};
+  j["time_s"] = {
+      {"compute", t_compute}, {"comm", t_comm}, {"io_stall", t_io}, {"optimizer", t_opt}, {"total", total_s}};
   j["losses"] = losses;
   j["eval_loss"] = eval_loss;
   if (!std::isnan(accuracy)) j["accuracy"] = accuracy;
   j["evals"] = evals;
   j["steps"] = o.steps;
   j["start_step"] = start_step;
-  j["tokens_per_s"] = static_cast<double>(o.steps - start_step) * o.micro_batch * T * accum * rt->world_size() / total_s;
+  j["tokens_per_s"] =
+      static_cast<double>(o.steps - start_step) * o.micro_batch * T * accum * rt->world_size() / total_s;
   if (o.json) {
     print_json(j);
     return;
   }
-  printf("# zoe train: %s, %llu parameters (%d layers, d %d, %d heads), seq %d, %s, world %d\n", corpus.name.c_str(),
-         static_cast<unsigned long long>(mc.num_params()), mc.layers, mc.d_model, mc.heads, T, j["precision"].get<std::string>().c_str(),
-         rt->world_size());
-  printf("loss            %.4f -> %.4f over %d steps; eval loss %.4f", losses.front(), losses.back(), o.steps, eval_loss);
+  printf("# zoe train: %s, %llu parameters (%d layers, d %d, %d heads), seq %d, %s, world %d\n",
+         corpus.name.c_str(), static_cast<unsigned long long>(mc.num_params()), mc.layers, mc.d_model,
+         mc.heads, T, j["precision"].get<std::string>().c_str(), rt->world_size());
+  printf("loss            %.4f -> %.4f over %d steps; eval loss %.4f", losses.front(), losses.back(), o.steps,
+         eval_loss);
   if (!std::isnan(accuracy)) printf("; exact-match accuracy %.1f%%", 100 * accuracy);
   printf("\n\n");
   Table t({{"", "", 22, true}, {"bytes", "", 14}, {"", "", 10}});
@@ -672,8 +703,10 @@ void run(TrainOpts o) {
   row("moved nvme->host", last.bytes_nvme_read);
   row("moved host->nvme", last.bytes_nvme_write);
   row("moved host->device", last.bytes_host_to_device);
-  printf("\nstate / device budget = %.1fx; time: compute %.1fs, comm %.1fs, I/O stall %.1fs, optimizer %.1fs, total %.1fs\n",
-         j["state_to_budget"].get<double>(), t_compute, t_comm, t_io, t_opt, total_s);
+  printf(
+      "\nstate / device budget = %.1fx; time: compute %.1fs, comm %.1fs, I/O stall %.1fs, optimizer %.1fs, "
+      "total %.1fs\n",
+      j["state_to_budget"].get<double>(), t_compute, t_comm, t_io, t_opt, total_s);
 }
 
 }  // namespace
@@ -687,34 +720,42 @@ void add_train_command(CLI::App& app) {
       "Placement comes from --config (DeepSpeed-style JSON) or from --offload/--nvme-path (ZeRO-3).\n"
       "Progress goes to stderr; the summary (or --json) to stdout. Runs under mpirun -np N too.");
   cmd->add_option("--config", o->config, "Engine config (DeepSpeed-compatible JSON)");
-  cmd->add_option("--preset", o->preset, "Model size: tiny, small, demo, medium, large, 2b")->capture_default_str();
+  cmd->add_option("--preset", o->preset, "Model size: tiny, small, demo, medium, large, 2b")
+      ->capture_default_str();
   cmd->add_option("--layers", o->layers, "Transformer blocks (overrides the preset)");
   cmd->add_option("--d-model", o->d_model, "Width (overrides the preset)");
   cmd->add_option("--heads", o->heads, "Attention heads (overrides the preset)");
   cmd->add_option("--context", o->context, "Positions the model has (overrides the preset)");
   cmd->add_option("--seq", o->seq, "Tokens per training sequence (default: the model's context)");
-  cmd->add_option("--micro-batch", o->micro_batch,
-                  "Sequences per micro-batch per rank (default 8, or the config's train_micro_batch_size_per_gpu)");
+  cmd->add_option(
+      "--micro-batch", o->micro_batch,
+      "Sequences per micro-batch per rank (default 8, or the config's train_micro_batch_size_per_gpu)");
   cmd->add_option("--steps", o->steps, "Optimizer steps")->capture_default_str();
   cmd->add_option("--lr", o->lr, "Learning rate (default: the config's, or 1e-3; 0 is legal)");
   cmd->add_option("--seed", o->seed_text, "Seed of the initial weights, the data and the sampling")
       ->capture_default_str();
-  cmd->add_option("--eval-every", o->eval_every, "Evaluate on the held-out part every N steps (0: at the end)");
+  cmd->add_option("--eval-every", o->eval_every,
+                  "Evaluate on the held-out part every N steps (0: at the end)");
   cmd->add_option("--eval-batches", o->eval_batches, "Batches per evaluation")->capture_default_str();
-  cmd->add_option("--device-budget", o->device_budget, "Device memory budget, e.g. 256MiB (overrides the config)");
-  cmd->add_option("--offload", o->offload, "Without --config: none, cpu or nvme for parameters and optimizer states");
-  cmd->add_option("--nvme-path", o->nvme_path,
-                  "Without --config: directory for NVMe offload, repeatable (default $ZOE_SCRATCH or /var/tmp)");
+  cmd->add_option("--device-budget", o->device_budget,
+                  "Device memory budget, e.g. 256MiB (overrides the config)");
+  cmd->add_option("--offload", o->offload,
+                  "Without --config: none, cpu or nvme for parameters and optimizer states");
+  cmd->add_option(
+      "--nvme-path", o->nvme_path,
+      "Without --config: directory for NVMe offload, repeatable (default $ZOE_SCRATCH or /var/tmp)");
   cmd->add_option("--precision", o->precision, "fp32, bf16 or fp16 (default bf16, or the config's)");
   cmd->add_option("--data", o->data, "Train on this text file (bytes are tokens)");
   cmd->add_option("--trace", o->trace, "Write a Chrome-trace timeline of every transfer and kernel here");
   cmd->add_option("--threads", o->threads, "CPU threads for the optimizer and the model (0: all)");
   cmd->add_option("--save-every", o->save_every, "Save a checkpoint every N steps (needs --save-dir)");
-  cmd->add_flag("--save-async", o->save_async, "Write checkpoints in the background, overlapping the next step's "
-                                              "forward and backward");
+  cmd->add_flag("--save-async", o->save_async,
+                "Write checkpoints in the background, overlapping the next step's "
+                "forward and backward");
   cmd->add_option("--save-dir", o->save_dir,
                   "Directory for checkpoints (D/step-NNNNNN, D/latest); created if missing");
-  cmd->add_option("--resume", o->resume, "Resume from this save directory or checkpoint (no value: --save-dir)")
+  cmd->add_option("--resume", o->resume,
+                  "Resume from this save directory or checkpoint (no value: --save-dir)")
       ->expected(0, 1)
       ->default_str("-");
   cmd->add_flag("--quiet", o->quiet, "No progress on stderr");

@@ -37,7 +37,9 @@ int main(int argc, char** argv) {
   zoe::cli::add_info_command(app);
   zoe::cli::add_train_command(app);
   zoe::cli::add_ckpt_command(app);
-  CLI::App* bench = app.add_subcommand("bench", "Benchmarks: drive swap bandwidth (io), CPU Adam (adam), NVMe optimizer step (swap), engine (engine)");
+  CLI::App* bench = app.add_subcommand(
+      "bench",
+      "Benchmarks: drive swap bandwidth (io), CPU Adam (adam), NVMe optimizer step (swap), engine (engine)");
   bench->require_subcommand(1);
   zoe::cli::add_bench_io_command(*bench);
   zoe::cli::add_bench_adam_command(*bench);
@@ -56,8 +58,9 @@ int main(int argc, char** argv) {
     return e.exit_code;
   } catch (const std::bad_alloc&) {
     fflush(stdout);
-    fprintf(stderr, "zoe: error: out of memory (an allocation failed; a size from a flag or the config may be "
-                    "too large for this host)\n");
+    fprintf(stderr,
+            "zoe: error: out of memory (an allocation failed; a size from a flag or the config may be "
+            "too large for this host)\n");
     return zoe::cli::kExitFailure;
   } catch (const std::exception& e) {
     fflush(stdout);

@@ -414,9 +414,10 @@ Status read_zoe(JsonSection& top, ZoeConfig* z) {
   // The engine does not pass a host budget to its tiers yet: accepting one would promise a limit
   // that nothing keeps. 0 (no limit) is what happens anyway.
   if (z->host_budget_bytes != 0) {
-    return unsupported("zoe.host_budget: %s is not enforced yet (zoe's host memory is not limited by it); "
-                       "remove the key",
-                       detail::describe(*s.find("host_budget")).c_str());
+    return unsupported(
+        "zoe.host_budget: %s is not enforced yet (zoe's host memory is not limited by it); "
+        "remove the key",
+        detail::describe(*s.find("host_budget")).c_str());
   }
   ZOE_RETURN_IF_ERROR(s.read("offload_ratio", &z->offload_ratio, Range{0.0, 1.0}));
   ZOE_RETURN_IF_ERROR(s.read("bf16_optimizer_states", &z->bf16_optimizer_states));
@@ -529,7 +530,8 @@ Status read_top(JsonSection& top, Config* c, Parser& p, int world_size) {
       top.read("train_micro_batch_size_per_gpu", &c->train_micro_batch_size_per_gpu, 1, kMaxBatch));
   ZOE_RETURN_IF_ERROR(top.read("gradient_accumulation_steps", &c->gradient_accumulation_steps, 1, kMaxBatch));
   ZOE_RETURN_IF_ERROR(resolve_batch(top, c, world_size));
-  ZOE_RETURN_IF_ERROR(top.read("gradient_clipping", &c->gradient_clipping, Range::at_least(0), /*fp32=*/true));
+  ZOE_RETURN_IF_ERROR(
+      top.read("gradient_clipping", &c->gradient_clipping, Range::at_least(0), /*fp32=*/true));
 
   ZOE_RETURN_IF_ERROR(read_zero(top, &c->zero, p));
   ZOE_RETURN_IF_ERROR(read_aio(top, &c->aio));
@@ -541,8 +543,10 @@ Status read_top(JsonSection& top, Config* c, Parser& p, int world_size) {
   {
     const double ds = c->zero.offload_optimizer.ratio, zr = c->zoe.offload_ratio;
     if (ds != 1.0 && zr != 1.0 && ds != zr) {
-      return invalid_argument("zero_optimization.offload_optimizer.ratio %g and zoe.offload_ratio %g disagree "
-                              "(they are the same setting: give one)", ds, zr);
+      return invalid_argument(
+          "zero_optimization.offload_optimizer.ratio %g and zoe.offload_ratio %g disagree "
+          "(they are the same setting: give one)",
+          ds, zr);
     }
     if (ds != 1.0) c->zoe.offload_ratio = ds;
     c->zero.offload_optimizer.ratio = c->zoe.offload_ratio;

@@ -114,10 +114,10 @@ struct ZoeConfig {
   int64_t device_budget_bytes = 0;     // 0: the whole device; accepts "256MiB"-style strings
   double offload_ratio = 1.0;          // partial offload: fraction of optimizer states on host/NVMe
   bool bf16_optimizer_states = false;  // keep Adam m and v in bf16
-  std::string device = "auto";         // "auto" (= "cpu" for now) or "cpu"; "cuda": the engine on this rank's GPU
+  std::string device = "auto";  // "auto" (= "cpu" for now) or "cpu"; "cuda": the engine on this rank's GPU
   // Not enforced yet: parse() refuses any value but 0 (the engine gives its tiers no host budget).
   int64_t host_budget_bytes = 0;
-  int64_t optimizer_threads = 0;       // 0: all cores
+  int64_t optimizer_threads = 0;  // 0: all cores
 
   bool operator==(const ZoeConfig&) const = default;
 };

@@ -142,9 +142,11 @@ Result<std::string> read_file_capped(const std::string& path, size_t max_bytes, 
   struct stat st {};
   if (fstat(fd, &st) != 0) return sys_error("fstat " + what, path, errno);
   if (S_ISDIR(st.st_mode)) return invalid_argument("%s '%s' is a directory", what.c_str(), path.c_str());
+  // size: "" when unknown (a device or pipe read past the cap).
   auto too_big = [&](const std::string& size) {
-    return invalid_argument("%s '%s' holds %s: more than the %zu bytes (%s) zoe reads from it", what.c_str(),
-                            path.c_str(), size.c_str(), max_bytes, format_bytes(max_bytes).c_str());
+    return invalid_argument("%s '%s' holds %s%smore than the %zu bytes (%s) zoe reads from it", what.c_str(),
+                            path.c_str(), size.c_str(), size.empty() ? "" : ": ", max_bytes,
+                            format_bytes(max_bytes).c_str());
   };
   if (S_ISREG(st.st_mode) && static_cast<uint64_t>(st.st_size) > max_bytes) {
     const auto n = static_cast<uint64_t>(st.st_size);
@@ -160,7 +162,7 @@ Result<std::string> read_file_capped(const std::string& path, size_t max_bytes, 
       return sys_error("read " + what, path, out.size(), sizeof buf, errno);
     }
     if (n == 0) break;
-    if (out.size() + static_cast<size_t>(n) > max_bytes) return too_big("more bytes than that");
+    if (out.size() + static_cast<size_t>(n) > max_bytes) return too_big("");
     out.append(buf, static_cast<size_t>(n));
   }
   return out;

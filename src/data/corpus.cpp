@@ -5,11 +5,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
-#include <algorithm>
 
 #include "core/units.h"
 
@@ -54,7 +54,8 @@ Result<Corpus> load_text_file(const std::string& path, size_t min_tokens, double
   // size: "" when unknown (a device or pipe read past the cap).
   auto too_big = [&](const std::string& size) {
     return invalid_argument("data file %s holds %s%smore than the %zu bytes (%s) zoe loads", path.c_str(),
-                            size.c_str(), size.empty() ? "" : ": ", max_bytes, format_bytes(max_bytes).c_str());
+                            size.c_str(), size.empty() ? "" : ": ", max_bytes,
+                            format_bytes(max_bytes).c_str());
   };
   std::vector<uint8_t> all;
   if (S_ISREG(st.st_mode)) {
@@ -81,10 +82,13 @@ Result<Corpus> load_text_file(const std::string& path, size_t min_tokens, double
   c.train.assign(all.begin(), all.begin() + static_cast<ptrdiff_t>(cut));
   c.eval.assign(all.begin() + static_cast<ptrdiff_t>(cut), all.end());
   if (c.train.size() < min_tokens + 1 || c.eval.size() < min_tokens + 1) {
-    return invalid_argument("data file %s has %zu bytes: too short for windows of %zu tokens in both the training part "
-                            "and the held-out %.0f%% (need at least %zu bytes)",
-                            path.c_str(), all.size(), min_tokens + 1, eval_fraction * 100,
-                            static_cast<size_t>(static_cast<double>(min_tokens + 1) / std::min(eval_fraction, 1 - eval_fraction)) + 1);
+    return invalid_argument(
+        "data file %s has %zu bytes: too short for windows of %zu tokens in both the training part "
+        "and the held-out %.0f%% (need at least %zu bytes)",
+        path.c_str(), all.size(), min_tokens + 1, eval_fraction * 100,
+        static_cast<size_t>(static_cast<double>(min_tokens + 1) /
+                            std::min(eval_fraction, 1 - eval_fraction)) +
+            1);
   }
   return c;
 }
@@ -98,14 +102,14 @@ Corpus make_arithmetic(uint64_t seed, size_t lines, int digits, size_t eval_line
   return c;
 }
 
-void sample_batch(const std::vector<uint8_t>& data, int batch, int T, uint64_t seed, uint64_t step, int rank, int micro,
-                  std::vector<int32_t>* tokens, std::vector<int32_t>* targets) {
+void sample_batch(const std::vector<uint8_t>& data, int batch, int T, uint64_t seed, uint64_t step, int rank,
+                  int micro, std::vector<int32_t>* tokens, std::vector<int32_t>* targets) {
   tokens->resize(static_cast<size_t>(batch * T));
   targets->resize(static_cast<size_t>(batch * T));
   const size_t span = data.size() - static_cast<size_t>(T) - 1;
   for (int b = 0; b < batch; ++b) {
-    uint64_t h = mix(seed ^ mix(step * 1000003 + static_cast<uint64_t>(rank) * 10007 + static_cast<uint64_t>(micro) * 101 +
-                                static_cast<uint64_t>(b)));
+    uint64_t h = mix(seed ^ mix(step * 1000003 + static_cast<uint64_t>(rank) * 10007 +
+                                static_cast<uint64_t>(micro) * 101 + static_cast<uint64_t>(b)));
     size_t start = static_cast<size_t>(h % (span + 1));
     for (int t = 0; t < T; ++t) {
       (*tokens)[static_cast<size_t>(b * T + t)] = data[start + static_cast<size_t>(t)];
@@ -115,7 +119,8 @@ void sample_batch(const std::vector<uint8_t>& data, int batch, int T, uint64_t s
 }
 
 void arithmetic_eval_batch(const std::vector<uint8_t>& data, int batch, int T, size_t first_window,
-                           std::vector<int32_t>* tokens, std::vector<int32_t>* targets, std::vector<int32_t>* line_id) {
+                           std::vector<int32_t>* tokens, std::vector<int32_t>* targets,
+                           std::vector<int32_t>* line_id) {
   std::vector<size_t> starts{0};
   for (size_t i = 0; i + 1 < data.size(); ++i) {
     if (data[i] == '\n') starts.push_back(i + 1);

@@ -111,7 +111,7 @@ TEST(TrainInput, BadFlagValuesAreUsageErrors) {
       {"--offload disk", "--offload disk is not none, cpu or nvme"},
       {"--device-budget lots", "--device-budget lots is not a byte size"},
       {"--preset huge", "--preset huge is not one of"},
-      {"--heads 5", "--heads"},  // d_model 128 is not a multiple of 5: the model's check, named
+      {"--heads 5", "--heads"},    // d_model 128 is not a multiple of 5: the model's check, named
       {"--layers x", "--layers"},  // CLI11's own parse errors share the exit code
   };
   for (const auto& [args, message] : cases) {
@@ -157,7 +157,8 @@ TEST(TrainInput, BadConfigFilesAreErrorsNotCrashes) {
       {R"({"gradient_accumulation_steps": 1073741824})", "(expected an integer in [1, 1048576])"},
       {R"({"aio": {"queue_depth": 4294967296}})", "aio.queue_depth: 4294967296 is out of range"},
       {R"({"zoe": {"optimizer_threads": 4294967297}})", "zoe.optimizer_threads: 4294967297 is out of range"},
-      {R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "buffer_count": 4398046511104}}})",
+      {R"({"zero_optimization": {"stage": 2,
+           "offload_optimizer": {"device": "cpu", "buffer_count": 4398046511104}}})",
        "buffer_count: 4398046511104 is out of range (expected an integer in [1, 1024])"},
       {R"({"optimizer": {"params": {"eps": 1e-300}}})", "optimizer.params.eps: 1e-300 is out of range"},
       {R"({"optimizer": {"params": {"lr": 1e308}}})", "optimizer.params.lr: 1e+308 is out of range"},
@@ -206,7 +207,8 @@ TEST(TrainInput, SaveDirIsCreatedAndChecked) {
   EXPECT_TRUE(std::filesystem::exists(dir + "/step-000001/manifest.json"));
   // A path under a regular file cannot be created: refused before the first step.
   write_file(d, "plain", "x");
-  r = zoe("train --preset tiny --steps 1 --seq 16 --eval-batches 1 --save-every 1 --save-dir " + d.file("plain/sub"));
+  r = zoe("train --preset tiny --steps 1 --seq 16 --eval-batches 1 --save-every 1 --save-dir " +
+          d.file("plain/sub"));
   EXPECT_EQ(r.rc, 1) << r.err;
   EXPECT_HAS(r.err, "--save-dir " + d.file("plain/sub") + ": Not a directory");
   EXPECT_EQ(r.err.find("step 1/1"), std::string::npos) << "no step before the check: " << r.err;

@@ -493,9 +493,10 @@ TEST(Config, UnimplementedKeysAreListed) {
   // DeepSpeed's partial-offload ratio is implemented: it is zoe.offload_ratio.
   EXPECT_EQ(r->zero.offload_optimizer.ratio, 0.3);
   EXPECT_EQ(r->zoe.offload_ratio, 0.3);
-  EXPECT_HAS(parse_error(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.3}},
+  EXPECT_HAS(
+      parse_error(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.3}},
                             "zoe": {"offload_ratio": 0.5}})"),
-             "zero_optimization.offload_optimizer.ratio 0.3 and zoe.offload_ratio 0.5 disagree");
+      "zero_optimization.offload_optimizer.ratio 0.3 and zoe.offload_ratio 0.5 disagree");
   // Default values of those keys are not "unimplemented".
   auto d = Config::parse(R"({"prescale_gradients": false, "gradient_predivide_factor": 1.0,
                             "zero_optimization": {"round_robin_gradients": false}})");
@@ -573,8 +574,16 @@ TEST(Config, RoundTripThroughToJson) {
   c.zero.stage3_max_live_parameters = 13;
   c.zero.stage3_max_reuse_distance = 14;
   c.zero.stage3_gather_16bit_weights_on_model_save = true;
-  c.zero.offload_optimizer = {
-      OffloadDevice::kNvme, {dir.path(), "/tmp"}, false, 6, 100000000, 1000000000, true, true, true, 0.25};  // ratio = zoe.offload_ratio
+  c.zero.offload_optimizer = {OffloadDevice::kNvme,
+                              {dir.path(), "/tmp"},
+                              false,
+                              6,
+                              100000000,
+                              1000000000,
+                              true,
+                              true,
+                              true,
+                              0.25};  // ratio = zoe.offload_ratio
   c.zero.offload_param = {OffloadDevice::kNvme, {dir.path()}, false, 9, 777, 888, false, false, false, 1.0};
   c.aio = {4096, 64, 4, true, false, true};
   c.optimizer = {"Adam", 0.1 + 0.2, 0.8, 0.95, 1e-12, 0.05, false};
@@ -649,18 +658,22 @@ TEST(Config, IntegersAreRangeCheckedIntoTheirType) {
   }
   EXPECT_HAS(parse_error(R"({"gradient_accumulation_steps": 4294967297})"),
              "gradient_accumulation_steps: 4294967297 is out of range");
-  EXPECT_HAS(parse_error(R"({"train_micro_batch_size_per_gpu": 1099511627776})"),
-             "train_micro_batch_size_per_gpu: 1099511627776 is out of range (expected an integer in [1, 1048576])");
+  EXPECT_HAS(
+      parse_error(R"({"train_micro_batch_size_per_gpu": 1099511627776})"),
+      "train_micro_batch_size_per_gpu: 1099511627776 is out of range (expected an integer in [1, 1048576])");
   EXPECT_HAS(parse_error(R"({"aio": {"queue_depth": 4294967297}})"),
              "aio.queue_depth: 4294967297 is out of range (expected an integer in [1, 4096])");
-  EXPECT_HAS(parse_error(R"({"aio": {"queue_depth": 4294967296}})"), "aio.queue_depth: 4294967296 is out of range");
+  EXPECT_HAS(parse_error(R"({"aio": {"queue_depth": 4294967296}})"),
+             "aio.queue_depth: 4294967296 is out of range");
   EXPECT_HAS(parse_error(R"({"aio": {"block_size": 4294967297}})"),
              "aio.block_size: 4294967297 is out of range (expected an integer in [1, 1073741824])");
-  EXPECT_HAS(parse_error(R"({"aio": {"thread_count": 4294967297}})"), "aio.thread_count: 4294967297 is out of range");
+  EXPECT_HAS(parse_error(R"({"aio": {"thread_count": 4294967297}})"),
+             "aio.thread_count: 4294967297 is out of range");
   EXPECT_HAS(parse_error(R"({"zoe": {"optimizer_threads": 4294967297}})"),
              "zoe.optimizer_threads: 4294967297 is out of range (expected an integer in [0, 4096])");
   EXPECT_HAS(parse_error(R"({"zero_optimization": {"offload_optimizer": {"buffer_count": 4398046511104}}})"),
-             "zero_optimization.offload_optimizer.buffer_count: 4398046511104 is out of range (expected an integer in "
+             "zero_optimization.offload_optimizer.buffer_count: 4398046511104 is out of range (expected an "
+             "integer in "
              "[1, 1024])");
   EXPECT_HAS(parse_error(R"({"fp16": {"loss_scale_window": 4294967297}})"),
              "fp16.loss_scale_window: 4294967297 is out of range (expected an integer in [1, 2147483647])");
@@ -669,7 +682,8 @@ TEST(Config, IntegersAreRangeCheckedIntoTheirType) {
   EXPECT_HAS(parse_error(R"({"gradient_accumulation_steps": 18446744073709551617})"),
              "gradient_accumulation_steps: 1.8446744073709552e+19 is out of range");
   // The bounds themselves are accepted, with their exact value.
-  auto r = Config::parse(R"({"gradient_accumulation_steps": 1048576, "train_micro_batch_size_per_gpu": 1048576,
+  auto r =
+      Config::parse(R"({"gradient_accumulation_steps": 1048576, "train_micro_batch_size_per_gpu": 1048576,
                             "aio": {"queue_depth": 4096}, "zoe": {"optimizer_threads": 4096},
                             "zero_optimization": {"offload_optimizer": {"buffer_count": 1024}}})");
   ASSERT_TRUE(r.is_ok()) << r.status().to_string();
@@ -689,9 +703,10 @@ TEST(Config, Fp32HyperparametersNameTheValueAsGiven) {
   e = parse_error(R"({"optimizer": {"params": {"lr": 1e308}}})");
   EXPECT_HAS(e, "optimizer.params.lr: 1e+308 is out of range");
   EXPECT_HAS(e, "3.40282e+38");
-  EXPECT_HAS(parse_error(R"({"optimizer": {"params": {"betas": [0.9, 0.99999999999]}}})"),
-             "optimizer.params.betas[1]: 0.99999999999 is out of range (expected [0, 1); in fp32, as zoe computes "
-             "it, it is 1)");
+  EXPECT_HAS(
+      parse_error(R"({"optimizer": {"params": {"betas": [0.9, 0.99999999999]}}})"),
+      "optimizer.params.betas[1]: 0.99999999999 is out of range (expected [0, 1); in fp32, as zoe computes "
+      "it, it is 1)");
   EXPECT_HAS(parse_error(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": 1e39}}})"),
              "scheduler.params.warmup_max_lr: 1e+39 is out of range");
   EXPECT_HAS(parse_error(R"({"gradient_clipping": 1e39})"), "gradient_clipping: 1e+39 is out of range");
@@ -742,7 +757,8 @@ TEST(Config, DeepNestingIsAnErrorNotACrash) {
     EXPECT_LT(e.size(), 400u) << "the path is shortened";
     std::string objects;
     for (int i = 0; i < depth; ++i) objects += R"({"a": )";
-    objects += "1" + std::string(static_cast<size_t>(depth), '}');
+    objects += '1';
+    objects.append(static_cast<size_t>(depth), '}');
     EXPECT_HAS(parse_error(objects), "nested more than 64 deep at a.a.a");
   }
   // 64 levels are fine (the config itself is one).
@@ -768,7 +784,8 @@ TEST(JsonReader, ParseJsonChecked) {
   EXPECT_FALSE(parse_json_checked("{} // no", "manifest", strict).is_ok());
   strict.max_depth = 2;
   EXPECT_TRUE(parse_json_checked("[[1]]", "m", strict).is_ok());
-  EXPECT_HAS(parse_json_checked("[[[1]]]", "m", strict).status().message(), "nested more than 2 deep at [0][0]");
+  EXPECT_HAS(parse_json_checked("[[[1]]]", "m", strict).status().message(),
+             "nested more than 2 deep at [0][0]");
 }
 
 TEST(JsonReader, ReadFileCapped) {
@@ -784,7 +801,7 @@ TEST(JsonReader, ReadFileCapped) {
   // A device without a size: refused after the cap, not read forever.
   auto zero = read_file_capped("/dev/zero", 1 << 20, "config file");
   ASSERT_FALSE(zero.is_ok());
-  EXPECT_HAS(zero.status().message(), "config file '/dev/zero' holds more bytes than that");
+  EXPECT_HAS(zero.status().message(), "config file '/dev/zero' holds more than the 1048576 bytes (1 MiB)");
   auto d = read_file_capped(dir.path(), 100, "config file");
   ASSERT_FALSE(d.is_ok());
   EXPECT_HAS(d.status().message(), "is a directory");
