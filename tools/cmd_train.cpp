@@ -3,15 +3,20 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <pthread.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cfloat>
 #include <cmath>
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <limits>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -211,6 +216,52 @@ void apply_overrides(const TrainOpts& o, config::Config* cfg, int world_size, bo
     cfg->zoe.device_budget_bytes = static_cast<int64_t>(parse_bytes(o.device_budget).value());
   }
 }
+
+// SIGINT and SIGTERM during a run. The first one asks the loop to stop at the next step
+// boundary; a second SIGINT ends the process at once (exit 130). They are blocked in the threads
+// created from here on (the engine's: no syscall of theirs fails with EINTR) and taken by one
+// thread of their own in sigwait; threads that existed before (a BLAS pool started at load time)
+// may still receive them, so a handler (SA_RESTART) does the same there.
+class StopSignals {
+ public:
+  StopSignals() {
+    struct sigaction sa {};
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGINT, &sa, nullptr);
+    sigaction(SIGTERM, &sa, nullptr);
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set, nullptr);
+    // Detached: it waits for the process's life; a signal after the run finds nobody asking.
+    std::thread([set] {
+      for (;;) {
+        int sig = 0;
+        if (sigwait(&set, &sig) == 0) on_signal(sig);
+      }
+    }).detach();
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+  // The signal asked for (SIGINT or SIGTERM), or 0.
+  int requested() const { return requested_.load(); }
+
+ private:
+  // Async-signal-safe: a lock-free atomic, write(2) and _exit(2).
+  static void on_signal(int sig) {
+    if (sig == SIGINT && requested_.load() != 0) {
+      static const char kMsg[] = "zoe: second SIGINT: exiting at once\n";
+      (void)!write(STDERR_FILENO, kMsg, sizeof kMsg - 1);
+      _exit(128 + SIGINT);
+    }
+    int none = 0;
+    requested_.compare_exchange_strong(none, sig);  // the first one decides
+  }
+  static inline std::atomic<int> requested_{0};
+};
 
 // Host bytes GptCpu allocates for one micro-batch (activations and backward scratch, the sizes
 // of its constructor), in double so that an absurd shape cannot wrap.
@@ -436,6 +487,7 @@ std::string fmt_eta(double s) {
 
 void run(TrainOpts o) {
   check_flags(o);
+  StopSignals stop;
   model::GptConfig mc = model_config(o);
   const int T = o.seq ? o.seq : mc.seq;
   if (T > mc.seq) {
@@ -579,7 +631,40 @@ void run(TrainOpts o) {
     if (corpus.arithmetic && total > 0) accuracy = mean_over_ranks(*rt, static_cast<double>(correct) / total);
   };
 
+  int saved_step = -1;
+  auto save_after = [&](int done, bool async) {
+    json ts = {{"step", done}, {"seed", o.seed}, {"data", corpus.name}, {"preset", o.preset}};
+    char tag[32];
+    snprintf(tag, sizeof(tag), "step-%06d", done);
+    progress.update(std::string("saving ") + tag + " to " + o.save_dir);
+    Status ss = eng->save(o.save_dir, tag, ts.dump(), async);
+    if (!ss.is_ok()) {
+      progress.done();
+      fail(ss.with_context("saving a checkpoint after step " + std::to_string(done)));
+    }
+    saved_step = done;
+  };
+  // SIGINT/SIGTERM stop the run at the next step boundary; SIGTERM saves a final checkpoint
+  // first when there is a --save-dir. Unwinding destroys the engine, which removes swap files.
+  auto stop_if_asked = [&](int done) {
+    const int sig = stop.requested();
+    if (sig == 0) return;
+    std::string saved;
+    if (sig == SIGTERM && !o.save_dir.empty() && done > start_step && saved_step != done) {
+      save_after(done, false);
+      saved = fmt("; checkpoint step-%06d saved in %s", done, o.save_dir.c_str());
+    }
+    Status fs = eng->finish_save();
+    progress.done();
+    if (!fs.is_ok()) fail(fs.with_context("the last checkpoint, while stopping"));
+    eng.reset();
+    throw CommandError{Status(StatusCode::kCancelled,
+                              fmt("stopped by %s after step %d of %d%s", sig == SIGINT ? "SIGINT" : "SIGTERM",
+                                  done, o.steps, saved.c_str())),
+                       128 + sig};
+  };
   for (int step = start_step; step < o.steps; ++step) {
+    stop_if_asked(step);
     double loss_sum = 0;
     for (int micro = 0; micro < accum; ++micro) {
       data::sample_batch(corpus.train, o.micro_batch, T, o.seed, static_cast<uint64_t>(step), rt->rank(),
@@ -609,17 +694,7 @@ void run(TrainOpts o) {
       if (!std::isnan(accuracy)) ev["accuracy"] = accuracy;
       evals.push_back(ev);
     }
-    if (o.save_every > 0 && (step + 1) % o.save_every == 0) {
-      json ts = {{"step", step + 1}, {"seed", o.seed}, {"data", corpus.name}, {"preset", o.preset}};
-      char tag[32];
-      snprintf(tag, sizeof(tag), "step-%06d", step + 1);
-      progress.update(std::string("saving ") + tag + " to " + o.save_dir);
-      Status ss = eng->save(o.save_dir, tag, ts.dump(), o.save_async);
-      if (!ss.is_ok()) {
-        progress.done();
-        fail(ss.with_context("saving a checkpoint after step " + std::to_string(step + 1)));
-      }
-    }
+    if (o.save_every > 0 && (step + 1) % o.save_every == 0) save_after(step + 1, o.save_async);
     double elapsed = static_cast<double>(now_ns() - t_start) * 1e-9;
     double step_time = elapsed / (step + 1 - start_step);
     double tokens_s =

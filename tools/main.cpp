@@ -54,7 +54,11 @@ int main(int argc, char** argv) {
     return rc == 0 ? 0 : zoe::cli::kExitUsage;
   } catch (const zoe::cli::CommandError& e) {
     fflush(stdout);
-    fprintf(stderr, "zoe: error: %s\n", e.status.to_string().c_str());
+    if (e.status.code() == zoe::StatusCode::kCancelled) {
+      fprintf(stderr, "zoe: %s\n", e.status.message().c_str());  // stopped by a signal, as asked
+    } else {
+      fprintf(stderr, "zoe: error: %s\n", e.status.to_string().c_str());
+    }
     return e.exit_code;
   } catch (const std::bad_alloc&) {
     fflush(stdout);

@@ -3,8 +3,14 @@
 // sizes beyond the host are clear errors (exit 1), never a crash or a silently different run.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -221,6 +227,102 @@ TEST(TrainInput, FileSizeLimitReachesTheErrorMessage) {
   CmdResult r = zoe(kTiny1 + "--save-every 1 --save-dir " + d.path(), "ulimit -f 64;");
   EXPECT_EQ(r.rc, 1) << r.err;
   EXPECT_HAS(r.err, "File too large");
+}
+
+// A `zoe train` in the background whose stderr goes to a file, to be sent signals.
+class BackgroundRun {
+ public:
+  BackgroundRun(const std::vector<std::string>& args, const std::string& err_path) : err_path_(err_path) {
+    pid_ = fork();
+    if (pid_ == 0) {
+      int fd = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      dup2(fd, STDERR_FILENO);
+      int null = open("/dev/null", O_WRONLY);
+      dup2(null, STDOUT_FILENO);
+      std::vector<char*> argv{const_cast<char*>(ZOE_BIN)};
+      for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      execv(ZOE_BIN, argv.data());
+      _exit(127);
+    }
+  }
+  ~BackgroundRun() {
+    if (pid_ > 0 && !reaped_) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  std::string err() const {
+    std::ifstream in(err_path_);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  }
+  // Waits (up to 120 s) until stderr contains `text`.
+  bool wait_for(const std::string& text) const {
+    for (int i = 0; i < 1200; ++i) {
+      if (err().find(text) != std::string::npos) return true;
+      usleep(100000);
+    }
+    return false;
+  }
+  void signal(int sig) const { kill(pid_, sig); }
+  // The exit code (128 + signal when killed by one), waiting up to 120 s; -1 on timeout.
+  int wait_exit() {
+    for (int i = 0; i < 1200; ++i) {
+      int st = 0;
+      if (waitpid(pid_, &st, WNOHANG) == pid_) {
+        reaped_ = true;
+        return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st) + 1000;  // +1000: killed
+      }
+      usleep(100000);
+    }
+    return -1;
+  }
+
+ private:
+  std::string err_path_;
+  pid_t pid_ = -1;
+  bool reaped_ = false;
+};
+
+TEST(TrainInput, SigtermSavesAndStopsAtAStepBoundary) {
+  zoe::test::ScratchDir d("sig"), nvme("sig-nvme");
+  BackgroundRun run({"train", "--preset", "tiny", "--seq", "16", "--eval-batches", "1", "--steps", "1000000",
+                     "--offload", "nvme", "--nvme-path", nvme.path(), "--save-dir", d.file("ck")},
+                    d.file("stderr"));
+  ASSERT_TRUE(run.wait_for("step 3/")) << run.err();
+  EXPECT_FALSE(std::filesystem::is_empty(nvme.path())) << "the swap file is there while training";
+  run.signal(SIGTERM);
+  EXPECT_EQ(run.wait_exit(), 143) << run.err();
+  const std::string err = run.err();
+  EXPECT_HAS(err, "zoe: stopped by SIGTERM after step ");
+  EXPECT_HAS(err, "saved in " + d.file("ck"));
+  EXPECT_TRUE(std::filesystem::exists(d.file("ck/latest"))) << err;
+  EXPECT_TRUE(std::filesystem::is_empty(nvme.path())) << "swap files are removed";
+}
+
+TEST(TrainInput, SigintStopsAndASecondOneExitsAtOnce) {
+  zoe::test::ScratchDir d("sig");
+  {
+    BackgroundRun run({"train", "--preset", "tiny", "--seq", "16", "--eval-batches", "1", "--steps",
+                       "1000000", "--save-dir", d.file("ck")},
+                      d.file("stderr"));
+    ASSERT_TRUE(run.wait_for("step 2/")) << run.err();
+    run.signal(SIGINT);
+    EXPECT_EQ(run.wait_exit(), 130) << run.err();
+    EXPECT_HAS(run.err(), "zoe: stopped by SIGINT after step ");
+    EXPECT_FALSE(std::filesystem::exists(d.file("ck/latest"))) << "SIGINT does not save";
+  }
+  {
+    // A second SIGINT while the first waits for a step boundary (initialising the medium preset's
+    // 38M parameters takes seconds).
+    BackgroundRun run({"train", "--preset", "medium", "--steps", "1000000"}, d.file("stderr2"));
+    ASSERT_TRUE(run.wait_for("initialising")) << run.err();
+    run.signal(SIGINT);
+    usleep(200000);
+    run.signal(SIGINT);
+    EXPECT_EQ(run.wait_exit(), 130) << run.err();
+    EXPECT_HAS(run.err(), "second SIGINT: exiting at once");
+  }
 }
 
 }  // namespace
