@@ -3,7 +3,9 @@
 
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdarg>
+#include <cstdlib>
 
 namespace zoe::cli {
 
@@ -35,6 +37,25 @@ void Table::print_row(FILE* out, const std::vector<std::string>& cells) const {
     fputc(i + 1 < cols_.size() ? ' ' : '\n', out);
   }
   fflush(out);
+}
+
+void check_flag_range(const char* flag, int64_t value, int64_t min, int64_t max) {
+  if (value >= min && value <= max) return;
+  usage_fail(invalid_argument("%s %lld is out of range (expected an integer in [%lld, %lld])", flag,
+                              static_cast<long long>(value), static_cast<long long>(min),
+                              static_cast<long long>(max)));
+}
+
+uint64_t parse_uint_flag(const char* flag, const std::string& text) {
+  bool digits = !text.empty() && text.size() <= 20;
+  for (char c : text) digits = digits && c >= '0' && c <= '9';
+  errno = 0;
+  unsigned long long v = digits ? strtoull(text.c_str(), nullptr, 10) : 0;
+  if (!digits || errno == ERANGE) {
+    usage_fail(invalid_argument("%s %s is not an unsigned integer (expected one in [0, %llu])", flag,
+                                text.c_str(), static_cast<unsigned long long>(UINT64_MAX)));
+  }
+  return v;
 }
 
 std::string fmt(const char* f, ...) {

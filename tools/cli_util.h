@@ -1,6 +1,7 @@
 // Helpers shared by the CLI's commands: JSON output, tables, progress lines, exit codes.
 #pragma once
 
+#include <cstdint>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -11,11 +12,25 @@
 
 namespace zoe::cli {
 
-// Thrown by a command to end with a clear message and exit code 1 (caught in main).
+// Exit codes: a command that failed, and a usage error (a bad flag or flag value, also CLI11's
+// parse errors).
+constexpr int kExitFailure = 1;
+constexpr int kExitUsage = 2;
+
+// Thrown by a command to end with a clear message and its exit code (caught in main).
 struct CommandError {
   Status status;
+  int exit_code = kExitFailure;
 };
-[[noreturn]] inline void fail(Status s) { throw CommandError{std::move(s)}; }
+[[noreturn]] inline void fail(Status s) { throw CommandError{std::move(s), kExitFailure}; }
+// A flag's value is wrong: the message names the flag and the value.
+[[noreturn]] inline void usage_fail(Status s) { throw CommandError{std::move(s), kExitUsage}; }
+
+// Checks an integer flag's value: "--eval-batches 0 is out of range (expected an integer in
+// [1, 1000000])" as a usage error otherwise.
+void check_flag_range(const char* flag, int64_t value, int64_t min, int64_t max);
+// An unsigned integer flag given as text (CLI11 wraps "-1" into an unsigned): digits only.
+uint64_t parse_uint_flag(const char* flag, const std::string& text);
 template <typename T>
 T value_or_fail(Result<T> r) {
   if (!r.is_ok()) fail(r.status());

@@ -3,16 +3,27 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <pthread.h>
+
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cfloat>
 #include <cmath>
+#include <csignal>
 #include <cstring>
+#include <filesystem>
+#include <limits>
+#include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
 #include "comm/communicator.h"
 #include "config/config.h"
 #include "core/clock.h"
+#include "core/cpu.h"
 #include "core/dtype.h"
 #include "core/units.h"
 #include "data/corpus.h"
@@ -29,12 +40,13 @@ using nlohmann::json;
 struct TrainOpts {
   std::string config;
   std::string preset = "small";
-  int layers = 0, d_model = 0, heads = 0, context = 0;
-  int seq = 0;  // tokens per training sequence (default: the model's context)
-  int micro_batch = 8;
+  int layers = 0, d_model = 0, heads = 0, context = 0;  // 0 when not given: the preset's
+  int seq = 0;          // tokens per training sequence (default: the model's context)
+  int micro_batch = 8;  // without --config, or given: train_micro_batch_size_per_gpu
   int steps = 100;
-  double lr = 0;  // 0: the config's (or 1e-3)
-  uint64_t seed = 1;
+  double lr = 1e-3;  // without --config, or given: optimizer.params.lr
+  std::string seed_text = "1";
+  uint64_t seed = 1;  // parsed from seed_text
   int eval_every = 0;
   int eval_batches = 4;
   std::string device_budget;
@@ -50,14 +62,21 @@ struct TrainOpts {
   std::string resume;  // a save directory or checkpoint; "-" for --resume without a value
   bool json = false;
   bool quiet = false;
+  // The flags given on the command line ("--micro-batch"): a flag overrides the config only then.
+  std::set<std::string> given;
+  bool has(const char* flag) const { return given.count(flag) != 0; }
 };
+
+// Sane bounds of the flags (the messages give them).
+constexpr int kMaxLayers = 4096, kMaxWidth = 1 << 16, kMaxContext = 1 << 20, kMaxMicroBatch = 1 << 20;
+constexpr int kMaxThreads = 4096, kMaxEvalBatches = 1 << 20;
 
 struct Preset {
   const char* name;
   int layers, d, heads, context;
 };
 constexpr Preset kPresets[] = {
-    {"tiny", 2, 64, 4, 64},      {"small", 4, 128, 4, 64},    {"demo", 6, 256, 8, 64},
+    {"tiny", 2, 64, 4, 64},      {"small", 4, 128, 4, 64},     {"demo", 6, 256, 8, 64},
     {"medium", 12, 512, 8, 128}, {"large", 24, 1024, 16, 128}, {"2b", 26, 2560, 20, 64},
 };
 
@@ -70,31 +89,233 @@ model::GptConfig model_config(const TrainOpts& o) {
   if (!p) {
     std::string names;
     for (const auto& k : kPresets) names += std::string(names.empty() ? "" : ", ") + k.name;
-    fail(invalid_argument("--preset %s is not one of %s", o.preset.c_str(), names.c_str()));
+    usage_fail(invalid_argument("--preset %s is not one of %s", o.preset.c_str(), names.c_str()));
   }
-  c.layers = o.layers ? o.layers : p->layers;
-  c.d_model = o.d_model ? o.d_model : p->d;
-  c.heads = o.heads ? o.heads : p->heads;
-  c.seq = o.context ? o.context : p->context;
+  // A flag given replaces the preset's value, 0 included (refused here, never ignored).
+  auto shape = [&](const char* flag, int v, int preset, int max) {
+    if (!o.has(flag)) return preset;
+    check_flag_range(flag, v, 1, max);
+    return v;
+  };
+  c.layers = shape("--layers", o.layers, p->layers, kMaxLayers);
+  c.d_model = shape("--d-model", o.d_model, p->d, kMaxWidth);
+  c.heads = shape("--heads", o.heads, p->heads, kMaxWidth);
+  c.seq = shape("--context", o.context, p->context, kMaxContext);
   c.vocab = 256;
   Status s = c.validate();
-  if (!s.is_ok()) fail(s);
+  if (!s.is_ok()) {
+    usage_fail(s.with_context("the model shape of --preset " + o.preset +
+                              " with --layers/--d-model/--heads/--context"));
+  }
   return c;
 }
 
-std::string default_config(const TrainOpts& o, const std::string& nvme) {
-  std::string off = o.offload.empty() ? "none" : o.offload;
-  if (off != "none" && off != "cpu" && off != "nvme") fail(invalid_argument("--offload %s is not none, cpu or nvme", off.c_str()));
-  auto block = [&](const std::string& dev) {
-    std::string s = "{\"device\": \"" + dev + "\"";
-    if (dev == "nvme") s += ", \"nvme_path\": \"" + nvme + "\"";
-    return s + "}";
+// The engine's config when there is no --config, built from the flags as JSON values (a path
+// with quotes or backslashes stays what it is).
+json flags_config(const TrainOpts& o, const std::vector<std::string>& nvme_dirs) {
+  const std::string off = o.offload.empty() ? "none" : o.offload;
+  json block = {{"device", off}};
+  if (off == "nvme") block["nvme_path"] = nvme_dirs;
+  json j = {{"train_micro_batch_size_per_gpu", o.micro_batch},
+            {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", o.lr}, {"weight_decay", 0.0}}}}},
+            {"zero_optimization",
+             {{"stage", 3},
+              {"stage3_param_persistence_threshold", 0},
+              {"offload_optimizer", block},
+              {"offload_param", block}}}};
+  if (o.precision == "bf16") j["bf16"] = {{"enabled", true}};
+  if (o.precision == "fp16") j["fp16"] = {{"enabled", true}};
+  if (o.has("--threads")) j["zoe"]["optimizer_threads"] = o.threads;
+  if (o.has("--device-budget")) j["zoe"]["device_budget"] = o.device_budget;
+  return j;
+}
+
+// Checks every flag's value on its own (before anything is read or allocated): an error names the
+// flag and the value, exit code 2.
+void check_flags(TrainOpts& o) {
+  o.seed = parse_uint_flag("--seed", o.seed_text);
+  check_flag_range("--micro-batch", o.micro_batch, 1, kMaxMicroBatch);
+  check_flag_range("--steps", o.steps, 1, std::numeric_limits<int>::max());
+  check_flag_range("--eval-every", o.eval_every, 0, std::numeric_limits<int>::max());
+  check_flag_range("--eval-batches", o.eval_batches, 1, kMaxEvalBatches);
+  check_flag_range("--threads", o.threads, 0, kMaxThreads);
+  check_flag_range("--save-every", o.save_every, 0, std::numeric_limits<int>::max());
+  if (o.has("--seq")) check_flag_range("--seq", o.seq, 2, kMaxContext);
+  // Adam computes in fp32: the rate must be a finite float; 0 is legal (nothing moves).
+  if (!std::isfinite(o.lr) || o.lr < 0 || o.lr > FLT_MAX || (o.lr != 0 && o.lr < FLT_MIN)) {
+    usage_fail(invalid_argument("--lr %g is not a learning rate (expected 0 or a number in [%g, %g])", o.lr,
+                                static_cast<double>(FLT_MIN), static_cast<double>(FLT_MAX)));
+  }
+  if (o.precision != "fp32" && o.precision != "bf16" && o.precision != "fp16") {
+    usage_fail(invalid_argument("--precision %s is not fp32, bf16 or fp16", o.precision.c_str()));
+  }
+  if (o.has("--offload") && o.offload != "none" && o.offload != "cpu" && o.offload != "nvme") {
+    usage_fail(invalid_argument("--offload %s is not none, cpu or nvme", o.offload.c_str()));
+  }
+  if (o.has("--device-budget")) {
+    auto b = parse_bytes(o.device_budget);
+    if (!b.is_ok() || b.value() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      usage_fail(invalid_argument("--device-budget %s is not a byte size (expected e.g. 256MiB, 4GiB)",
+                                  o.device_budget.c_str()));
+    }
+  }
+  if (!o.config.empty()) {
+    // Placement comes from the config file: these flags would be silently ignored.
+    for (const char* f : {"--offload", "--nvme-path"}) {
+      if (o.has(f)) {
+        usage_fail(
+            invalid_argument("%s cannot be combined with --config %s: set zero_optimization."
+                             "offload_optimizer / offload_param in the config instead",
+                             f, o.config.c_str()));
+      }
+    }
+  }
+  if (o.save_every > 0 && o.save_dir.empty()) {
+    usage_fail(invalid_argument("--save-every %d needs --save-dir", o.save_every));
+  }
+}
+
+// The config file's values that flags given on the command line replace, each said in one line
+// on stderr (rank 0); flags not given leave the file's values alone.
+void apply_overrides(const TrainOpts& o, config::Config* cfg, int world_size, bool lead) {
+  auto say = [&](const std::string& flag, const std::string& key, const std::string& was) {
+    if (lead) {
+      fprintf(stderr, "zoe: %s overrides %s (%s in %s)\n", flag.c_str(), key.c_str(), was.c_str(),
+              o.config.c_str());
+    }
   };
-  std::string prec = o.precision == "bf16" ? "\"bf16\": {\"enabled\": true}," : o.precision == "fp16" ? "\"fp16\": {\"enabled\": true}," : "";
-  return "{" + prec + "\"train_micro_batch_size_per_gpu\": " + std::to_string(o.micro_batch) +
-         ", \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.001, \"weight_decay\": 0.0}},"
-         " \"zero_optimization\": {\"stage\": 3, \"stage3_param_persistence_threshold\": 0, \"offload_optimizer\": " +
-         block(off) + ", \"offload_param\": " + block(off) + "}}";
+  if (o.has("--micro-batch")) {
+    say(fmt("--micro-batch %d", o.micro_batch), "train_micro_batch_size_per_gpu",
+        std::to_string(cfg->train_micro_batch_size_per_gpu));
+    cfg->train_micro_batch_size_per_gpu = o.micro_batch;
+    cfg->train_batch_size =
+        cfg->train_micro_batch_size_per_gpu * cfg->gradient_accumulation_steps * world_size;
+  }
+  if (o.has("--lr")) {
+    if (!cfg->scheduler.type.empty()) {
+      usage_fail(
+          invalid_argument("--lr %g has no effect with --config %s: its scheduler %s sets the learning "
+                           "rate (scheduler.params.warmup_max_lr); remove --lr or the scheduler",
+                           o.lr, o.config.c_str(), cfg->scheduler.type.c_str()));
+    }
+    say(fmt("--lr %g", o.lr), "optimizer.params.lr", fmt("%g", cfg->optimizer.lr));
+    cfg->optimizer.lr = o.lr;
+  }
+  if (o.has("--precision")) {
+    const char* was = cfg->bf16 ? "bf16" : cfg->fp16.enabled ? "fp16" : "fp32";
+    say("--precision " + o.precision, "bf16.enabled / fp16.enabled", was);
+    cfg->bf16 = o.precision == "bf16";
+    cfg->fp16.enabled = o.precision == "fp16";
+  }
+  if (o.has("--threads")) {
+    say(fmt("--threads %d", o.threads), "zoe.optimizer_threads", std::to_string(cfg->zoe.optimizer_threads));
+    cfg->zoe.optimizer_threads = o.threads;
+  }
+  if (o.has("--device-budget")) {
+    say("--device-budget " + o.device_budget, "zoe.device_budget",
+        std::to_string(cfg->zoe.device_budget_bytes) + " bytes");
+    cfg->zoe.device_budget_bytes = static_cast<int64_t>(parse_bytes(o.device_budget).value());
+  }
+}
+
+// SIGINT and SIGTERM during a run. The first one asks the loop to stop at the next step
+// boundary; a second SIGINT ends the process at once (exit 130). They are blocked in the threads
+// created from here on (the engine's: no syscall of theirs fails with EINTR) and taken by one
+// thread of their own in sigwait; threads that existed before (a BLAS pool started at load time)
+// may still receive them, so a handler (SA_RESTART) does the same there.
+class StopSignals {
+ public:
+  StopSignals() {
+    struct sigaction sa {};
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGINT, &sa, nullptr);
+    sigaction(SIGTERM, &sa, nullptr);
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set, nullptr);
+    // Detached: it waits for the process's life; a signal after the run finds nobody asking.
+    std::thread([set] {
+      for (;;) {
+        int sig = 0;
+        if (sigwait(&set, &sig) == 0) on_signal(sig);
+      }
+    }).detach();
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+  // The signal asked for (SIGINT or SIGTERM), or 0.
+  int requested() const { return requested_.load(); }
+
+ private:
+  // Async-signal-safe: a lock-free atomic, write(2) and _exit(2).
+  static void on_signal(int sig) {
+    if (sig == SIGINT && requested_.load() != 0) {
+      static const char kMsg[] = "zoe: second SIGINT: exiting at once\n";
+      (void)!write(STDERR_FILENO, kMsg, sizeof kMsg - 1);
+      _exit(128 + SIGINT);
+    }
+    int none = 0;
+    requested_.compare_exchange_strong(none, sig);  // the first one decides
+  }
+  static inline std::atomic<int> requested_{0};
+};
+
+// Host bytes GptCpu allocates for one micro-batch (activations and backward scratch, the sizes
+// of its constructor), in double so that an absurd shape cannot wrap.
+double activation_bytes_estimate(const model::GptConfig& c, int batch, int T) {
+  const double n = static_cast<double>(batch) * T, nd = n * c.d_model;
+  const double att = static_cast<double>(batch) * c.heads * T * T, L = c.layers;
+  const double floats =
+      (L + 1) * nd + L * (15 * nd + 4 * n + att) + nd + 3 * n + 2 * n * c.vocab + 10 * nd + att;
+  return 4 * floats + 8 * n;
+}
+
+// Refuses a run whose host allocations cannot fit before making them: the activations, and the
+// optimizer swapper's pinned buffers with NVMe optimizer offload (the engine's sizing:
+// max(buffer_count, 12) buffers of min(sub_group_size, 1Mi) fp32 elements).
+void check_host_memory(const config::Config& cfg, const model::GptConfig& mc, int micro, int T) {
+  const uint64_t avail = host_memory().available_bytes;
+  if (avail == 0) return;  // unknown
+  const double act = activation_bytes_estimate(mc, micro, T);
+  double swap = 0;
+  const auto& oo = cfg.zero.offload_optimizer;
+  if (oo.device == config::OffloadDevice::kNvme) {
+    const double chunk = static_cast<double>(std::min<int64_t>(cfg.zero.sub_group_size, int64_t{1} << 20));
+    swap = static_cast<double>(std::max<int64_t>(oo.buffer_count, 12)) * chunk * 4;
+  }
+  if (act + swap <= static_cast<double>(avail)) return;
+  auto bytes = [](double b) {
+    return b >= 1.8e19 ? fmt("%.3g bytes", b) : format_bytes(static_cast<uint64_t>(b));
+  };
+  std::string what =
+      fmt("activations of %d layers x --micro-batch %d x --seq %d (context %d, d_model %d, %d heads): %s",
+          mc.layers, micro, T, mc.seq, mc.d_model, mc.heads, bytes(act).c_str());
+  if (swap > 0) {
+    what += fmt("; optimizer swap buffers (zero_optimization.offload_optimizer.buffer_count %lld): %s",
+                static_cast<long long>(oo.buffer_count), bytes(swap).c_str());
+  }
+  fail(out_of_budget("the run needs about %s of host memory (%s) but the host has %s available",
+                     bytes(act + swap).c_str(), what.c_str(), format_bytes(avail).c_str()));
+}
+
+// Creates --save-dir (and its parents) and proves it writable with a probe file, so that the
+// first checkpoint cannot fail after hours of training.
+void prepare_save_dir(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) fail(sys_error("mkdir -p --save-dir", dir, ec.value()));
+  if (!std::filesystem::is_directory(dir, ec))
+    fail(invalid_argument("--save-dir %s is not a directory", dir.c_str()));
+  std::string probe = dir + "/.zoe-write-test-XXXXXX";
+  int fd = mkstemp(probe.data());
+  if (fd < 0)
+    fail(sys_error("create a file in --save-dir", dir, errno).with_context("--save-dir is not writable"));
+  close(fd);
+  unlink(probe.c_str());
 }
 
 // fp32 views of a module's parameters: the fetched buffers themselves (fp32 compute) or a
@@ -265,40 +486,60 @@ std::string fmt_eta(double s) {
   return fmt("%dh%02dm", static_cast<int>(s) / 3600, (static_cast<int>(s) / 60) % 60);
 }
 
-void run(const TrainOpts& o) {
+void run(TrainOpts o) {
+  check_flags(o);
+  StopSignals stop;
   model::GptConfig mc = model_config(o);
   const int T = o.seq ? o.seq : mc.seq;
   if (T > mc.seq) {
-    fail(invalid_argument("--seq %d is longer than the model allows: it has %d positions (set --context, or a "
-                          "smaller --seq)", T, mc.seq));
+    usage_fail(
+        invalid_argument("--seq %d is longer than the model allows: it has %d positions (set --context, or a "
+                         "smaller --seq)",
+                         T, mc.seq));
   }
-  if (T < 2) fail(invalid_argument("--seq %d is too short", T));
-  if (o.steps < 1 || o.micro_batch < 1) fail(invalid_argument("--steps and --micro-batch must be >= 1"));
   auto rt = value_or_fail(Runtime::init());
   const bool lead = rt->rank() == 0;
 
-  // Data first: a missing file is reported before anything is allocated.
-  data::Corpus corpus;
-  if (!o.data.empty()) {
-    corpus = value_or_fail(data::load_text_file(o.data, static_cast<size_t>(T)));
-  } else {
-    corpus = data::make_arithmetic(o.seed, 200000);
-  }
-
-  // The engine's config: a file, or the flags.
-  std::string scratch_dir;
-  if (!o.nvme_path.empty()) scratch_dir = o.nvme_path[0];
-  else scratch_dir = getenv("ZOE_SCRATCH") && *getenv("ZOE_SCRATCH") ? getenv("ZOE_SCRATCH") : "/var/tmp";
+  // The engine's config: a file (flags given override its keys, and say so), or the flags.
   config::Config cfg;
   if (!o.config.empty()) {
     cfg = value_or_fail(config::Config::load(o.config, rt->world_size()));
+    apply_overrides(o, &cfg, rt->world_size(), lead);
   } else {
-    cfg = value_or_fail(config::Config::parse(default_config(o, scratch_dir), rt->world_size()));
+    std::vector<std::string> dirs = o.nvme_path;
+    if (dirs.empty()) {
+      const char* env = getenv("ZOE_SCRATCH");
+      dirs.push_back(env && *env ? env : "/var/tmp");
+    }
+    if (!o.nvme_path.empty() && o.offload != "nvme" && lead) {
+      fprintf(stderr, "zoe: --nvme-path has no effect without --offload nvme\n");
+    }
+    auto c = config::Config::parse(flags_config(o, dirs).dump(), rt->world_size());
+    if (!c.is_ok()) fail(c.status().with_context("the config built from the flags"));
+    cfg = std::move(c).value();
   }
-  if (!o.device_budget.empty()) cfg.zoe.device_budget_bytes = static_cast<int64_t>(value_or_fail(parse_bytes(o.device_budget)));
-  if (o.lr > 0) cfg.optimizer.lr = o.lr;
-  if (o.threads) cfg.zoe.optimizer_threads = o.threads;
-  cfg.train_micro_batch_size_per_gpu = o.micro_batch;
+  // From here on the config's values are the run's (bounded by Config::parse).
+  o.micro_batch = static_cast<int>(cfg.train_micro_batch_size_per_gpu);
+  check_host_memory(cfg, mc, o.micro_batch, T);
+  if (!o.save_dir.empty()) prepare_save_dir(o.save_dir);
+
+  // Data next: a missing file is reported before the engine allocates anything.
+  data::Corpus corpus;
+  if (!o.data.empty()) {
+    // The corpus is held twice while it loads: at most a quarter of the available memory, 1 GiB.
+    const uint64_t avail = host_memory().available_bytes;
+    const size_t cap =
+        static_cast<size_t>(std::min<uint64_t>(uint64_t{1} << 30, avail ? avail / 4 : uint64_t{1} << 30));
+    auto c = data::load_text_file(o.data, static_cast<size_t>(T), 0.05, cap);
+    if (!c.is_ok()) {
+      fail(c.status().with_context(
+          fmt("--data: the limit is a quarter of the host's available memory (%s), at most 1 GiB",
+              format_bytes(avail).c_str())));
+    }
+    corpus = std::move(c).value();
+  } else {
+    corpus = data::make_arithmetic(o.seed, 200000);
+  }
 
   auto eng = value_or_fail(Engine::create(*rt, cfg));
   if (!o.trace.empty()) eng->enable_trace(true);
@@ -311,8 +552,10 @@ void run(const TrainOpts& o) {
   }
   Progress progress(lead && !o.quiet);
   progress.update(fmt("initialising %llu parameters (%s of model state per rank)",
-                      static_cast<unsigned long long>(mc.num_params()), format_bytes(eng->model_state_bytes()).c_str()));
-  Status s = eng->initialize([&](size_t m, size_t p, float* x, size_t n) { model::gpt_init(mc, o.seed, m, p, x, n); });
+                      static_cast<unsigned long long>(mc.num_params()),
+                      format_bytes(eng->model_state_bytes()).c_str()));
+  Status s = eng->initialize(
+      [&](size_t m, size_t p, float* x, size_t n) { model::gpt_init(mc, o.seed, m, p, x, n); });
   if (!s.is_ok()) fail(s.with_context("initialising the model"));
   // Resume: restore every state, continue at the saved step (--steps counts the whole run).
   int start_step = 0;
@@ -334,11 +577,11 @@ void run(const TrainOpts& o) {
                             from.c_str(), static_cast<unsigned long long>(seed), static_cast<unsigned long long>(o.seed)));
     }
     if (start_step >= o.steps) {
-      fail(invalid_argument("checkpoint %s is at step %d; --steps %d leaves nothing to train (--steps counts the whole run)",
-                            from.c_str(), start_step, o.steps));
+      fail(invalid_argument(
+          "checkpoint %s is at step %d; --steps %d leaves nothing to train (--steps counts the whole run)",
+          from.c_str(), start_step, o.steps));
     }
   }
-  if (o.save_every > 0 && o.save_dir.empty()) fail(invalid_argument("--save-every needs --save-dir"));
   auto model = value_or_fail(model::GptCpu::create(mc, o.micro_batch, T, o.threads));
   Trainer trainer(*eng, *model, mc, T);
 
@@ -359,9 +602,11 @@ void run(const TrainOpts& o) {
     for (int b = 0; b < o.eval_batches; ++b) {
       std::vector<int32_t> tk, tg, line;
       if (corpus.arithmetic) {
-        data::arithmetic_eval_batch(corpus.eval, o.micro_batch, T, static_cast<size_t>(b * o.micro_batch * 4), &tk, &tg, &line);
+        data::arithmetic_eval_batch(corpus.eval, o.micro_batch, T, static_cast<size_t>(b * o.micro_batch * 4),
+                                    &tk, &tg, &line);
       } else {
-        data::sample_batch(corpus.eval, o.micro_batch, T, o.seed ^ 0xe7a1, static_cast<uint64_t>(b), 0, 0, &tk, &tg);
+        data::sample_batch(corpus.eval, o.micro_batch, T, o.seed ^ 0xe7a1, static_cast<uint64_t>(b), 0, 0,
+                           &tk, &tg);
       }
       float l = value_or_fail(trainer.forward(tk, tg));
       sum += l;
@@ -385,10 +630,44 @@ void run(const TrainOpts& o) {
     if (corpus.arithmetic && total > 0) accuracy = mean_over_ranks(*rt, static_cast<double>(correct) / total);
   };
 
+  int saved_step = -1;
+  auto save_after = [&](int done, bool async) {
+    json ts = {{"step", done}, {"seed", o.seed}, {"data", corpus.name}, {"preset", o.preset}};
+    char tag[32];
+    snprintf(tag, sizeof(tag), "step-%06d", done);
+    progress.update(std::string("saving ") + tag + " to " + o.save_dir);
+    Status ss = eng->save(o.save_dir, tag, ts.dump(), async);
+    if (!ss.is_ok()) {
+      progress.done();
+      fail(ss.with_context("saving a checkpoint after step " + std::to_string(done)));
+    }
+    saved_step = done;
+  };
+  // SIGINT/SIGTERM stop the run at the next step boundary; SIGTERM saves a final checkpoint
+  // first when there is a --save-dir. Unwinding destroys the engine, which removes swap files.
+  auto stop_if_asked = [&](int done) {
+    const int sig = stop.requested();
+    if (sig == 0) return;
+    std::string saved;
+    if (sig == SIGTERM && !o.save_dir.empty() && done > start_step && saved_step != done) {
+      save_after(done, false);
+      saved = fmt("; checkpoint step-%06d saved in %s", done, o.save_dir.c_str());
+    }
+    Status fs = eng->finish_save();
+    progress.done();
+    if (!fs.is_ok()) fail(fs.with_context("the last checkpoint, while stopping"));
+    eng.reset();
+    throw CommandError{Status(StatusCode::kCancelled,
+                              fmt("stopped by %s after step %d of %d%s", sig == SIGINT ? "SIGINT" : "SIGTERM",
+                                  done, o.steps, saved.c_str())),
+                       128 + sig};
+  };
   for (int step = start_step; step < o.steps; ++step) {
+    stop_if_asked(step);
     double loss_sum = 0;
     for (int micro = 0; micro < accum; ++micro) {
-      data::sample_batch(corpus.train, o.micro_batch, T, o.seed, static_cast<uint64_t>(step), rt->rank(), micro, &tokens, &targets);
+      data::sample_batch(corpus.train, o.micro_batch, T, o.seed, static_cast<uint64_t>(step), rt->rank(),
+                         micro, &tokens, &targets);
       auto l = trainer.forward_backward(tokens, targets);
       if (!l.is_ok()) {
         progress.done();
@@ -414,27 +693,19 @@ void run(const TrainOpts& o) {
       if (!std::isnan(accuracy)) ev["accuracy"] = accuracy;
       evals.push_back(ev);
     }
-    if (o.save_every > 0 && (step + 1) % o.save_every == 0) {
-      json ts = {{"step", step + 1}, {"seed", o.seed}, {"data", corpus.name}, {"preset", o.preset}};
-      char tag[32];
-      snprintf(tag, sizeof(tag), "step-%06d", step + 1);
-      progress.update(std::string("saving ") + tag + " to " + o.save_dir);
-      Status ss = eng->save(o.save_dir, tag, ts.dump(), o.save_async);
-      if (!ss.is_ok()) {
-        progress.done();
-        fail(ss.with_context("saving a checkpoint after step " + std::to_string(step + 1)));
-      }
-    }
+    if (o.save_every > 0 && (step + 1) % o.save_every == 0) save_after(step + 1, o.save_async);
     double elapsed = static_cast<double>(now_ns() - t_start) * 1e-9;
     double step_time = elapsed / (step + 1 - start_step);
-    double tokens_s = static_cast<double>(o.micro_batch) * T * accum * rt->world_size() / std::max(step_time, 1e-9);
+    double tokens_s =
+        static_cast<double>(o.micro_batch) * T * accum * rt->world_size() / std::max(step_time, 1e-9);
     uint64_t nvme = last.bytes_nvme_read + last.bytes_nvme_write;
     double nvme_gbps = static_cast<double>(nvme - last_nvme) / std::max(step_time, 1e-9) * 1e-9;
     last_nvme = nvme;
     double wall_step = last.t_compute + last.t_comm + last.t_io_stall + last.t_optimizer;
     double stall = wall_step > 0 ? 100.0 * last.t_io_stall / wall_step : 0;
-    std::string line = fmt("step %d/%d  loss %.4f  %.0f tok/s  nvme %.2f GB/s  stall %.0f%%  eta %s", step + 1, o.steps, loss,
-                           tokens_s, nvme_gbps, stall, fmt_eta(step_time * (o.steps - step - 1)).c_str());
+    std::string line =
+        fmt("step %d/%d  loss %.4f  %.0f tok/s  nvme %.2f GB/s  stall %.0f%%  eta %s", step + 1, o.steps,
+            loss, tokens_s, nvme_gbps, stall, fmt_eta(step_time * (o.steps - step - 1)).c_str());
     if (!std::isnan(eval_loss)) line += fmt("  eval %.4f", eval_loss);
     if (!std::isnan(accuracy)) line += fmt(" acc %.1f%%", 100 * accuracy);
     progress.update(line);
@@ -451,35 +722,46 @@ void run(const TrainOpts& o) {
   double total_s = static_cast<double>(now_ns() - t_start) * 1e-9;
   json j;
   j["params"] = mc.num_params();
-  j["model"] = {{"layers", mc.layers}, {"d_model", mc.d_model}, {"heads", mc.heads}, {"context", mc.seq}, {"seq", T}};
+  j["model"] = {
+      {"layers", mc.layers}, {"d_model", mc.d_model}, {"heads", mc.heads}, {"context", mc.seq}, {"seq", T}};
   j["world_size"] = rt->world_size();
   j["stage"] = cfg.zero.stage;
   j["offload"] = {{"optimizer", config::offload_device_name(cfg.zero.offload_optimizer.device)},
                   {"param", config::offload_device_name(cfg.zero.offload_param.device)}};
   j["precision"] = cfg.bf16 ? "bf16" : cfg.fp16.enabled ? "fp16" : "fp32";
+  j["micro_batch"] = o.micro_batch;
+  j["gradient_accumulation_steps"] = accum;
+  j["lr"] = cfg.optimizer.lr;
   j["data"] = corpus.name;
   j["model_state_bytes"] = eng->model_state_bytes();
   j["device_budget_bytes"] = eng->device_budget_bytes();
-  j["state_to_budget"] = static_cast<double>(eng->model_state_bytes()) / static_cast<double>(eng->device_budget_bytes());
-  j["high_water_bytes"] = {{"device", last.high_water[0]}, {"host", last.high_water[1]}, {"nvme", last.high_water[2]}};
-  j["bytes_moved"] = {{"nvme->host", last.bytes_nvme_read}, {"host->nvme", last.bytes_nvme_write},
-                      {"host->device", last.bytes_host_to_device}, {"device->host", last.bytes_device_to_host}};
-  j["time_s"] = {{"compute", t_compute}, {"comm", t_comm}, {"io_stall", t_io}, {"optimizer", t_opt}, {"total", total_s}};
+  j["state_to_budget"] =
+      static_cast<double>(eng->model_state_bytes()) / static_cast<double>(eng->device_budget_bytes());
+  j["high_water_bytes"] = {
+      {"device", last.high_water[0]}, {"host", last.high_water[1]}, {"nvme", last.high_water[2]}};
+  j["bytes_moved"] = {{"nvme->host", last.bytes_nvme_read},
+                      {"host->nvme", last.bytes_nvme_write},
+                      {"host->device", last.bytes_host_to_device},
+                      {"device->host", last.bytes_device_to_host}};
+  j["time_s"] = {
+      {"compute", t_compute}, {"comm", t_comm}, {"io_stall", t_io}, {"optimizer", t_opt}, {"total", total_s}};
   j["losses"] = losses;
   j["eval_loss"] = eval_loss;
   if (!std::isnan(accuracy)) j["accuracy"] = accuracy;
   j["evals"] = evals;
   j["steps"] = o.steps;
   j["start_step"] = start_step;
-  j["tokens_per_s"] = static_cast<double>(o.steps - start_step) * o.micro_batch * T * accum * rt->world_size() / total_s;
+  j["tokens_per_s"] =
+      static_cast<double>(o.steps - start_step) * o.micro_batch * T * accum * rt->world_size() / total_s;
   if (o.json) {
     print_json(j);
     return;
   }
-  printf("# zoe train: %s, %llu parameters (%d layers, d %d, %d heads), seq %d, %s, world %d\n", corpus.name.c_str(),
-         static_cast<unsigned long long>(mc.num_params()), mc.layers, mc.d_model, mc.heads, T, j["precision"].get<std::string>().c_str(),
-         rt->world_size());
-  printf("loss            %.4f -> %.4f over %d steps; eval loss %.4f", losses.front(), losses.back(), o.steps, eval_loss);
+  printf("# zoe train: %s, %llu parameters (%d layers, d %d, %d heads), seq %d, %s, world %d\n",
+         corpus.name.c_str(), static_cast<unsigned long long>(mc.num_params()), mc.layers, mc.d_model,
+         mc.heads, T, j["precision"].get<std::string>().c_str(), rt->world_size());
+  printf("loss            %.4f -> %.4f over %d steps; eval loss %.4f", losses.front(), losses.back(), o.steps,
+         eval_loss);
   if (!std::isnan(accuracy)) printf("; exact-match accuracy %.1f%%", 100 * accuracy);
   printf("\n\n");
   Table t({{"", "", 22, true}, {"bytes", "", 14}, {"", "", 10}});
@@ -495,8 +777,10 @@ void run(const TrainOpts& o) {
   row("moved nvme->host", last.bytes_nvme_read);
   row("moved host->nvme", last.bytes_nvme_write);
   row("moved host->device", last.bytes_host_to_device);
-  printf("\nstate / device budget = %.1fx; time: compute %.1fs, comm %.1fs, I/O stall %.1fs, optimizer %.1fs, total %.1fs\n",
-         j["state_to_budget"].get<double>(), t_compute, t_comm, t_io, t_opt, total_s);
+  printf(
+      "\nstate / device budget = %.1fx; time: compute %.1fs, comm %.1fs, I/O stall %.1fs, optimizer %.1fs, "
+      "total %.1fs\n",
+      j["state_to_budget"].get<double>(), t_compute, t_comm, t_io, t_opt, total_s);
 }
 
 }  // namespace
@@ -510,35 +794,52 @@ void add_train_command(CLI::App& app) {
       "Placement comes from --config (DeepSpeed-style JSON) or from --offload/--nvme-path (ZeRO-3).\n"
       "Progress goes to stderr; the summary (or --json) to stdout. Runs under mpirun -np N too.");
   cmd->add_option("--config", o->config, "Engine config (DeepSpeed-compatible JSON)");
-  cmd->add_option("--preset", o->preset, "Model size: tiny, small, demo, medium, large, 2b")->capture_default_str();
+  cmd->add_option("--preset", o->preset, "Model size: tiny, small, demo, medium, large, 2b")
+      ->capture_default_str();
   cmd->add_option("--layers", o->layers, "Transformer blocks (overrides the preset)");
   cmd->add_option("--d-model", o->d_model, "Width (overrides the preset)");
   cmd->add_option("--heads", o->heads, "Attention heads (overrides the preset)");
   cmd->add_option("--context", o->context, "Positions the model has (overrides the preset)");
   cmd->add_option("--seq", o->seq, "Tokens per training sequence (default: the model's context)");
-  cmd->add_option("--micro-batch", o->micro_batch, "Sequences per micro-batch per rank")->capture_default_str();
+  cmd->add_option(
+      "--micro-batch", o->micro_batch,
+      "Sequences per micro-batch per rank (default 8, or the config's train_micro_batch_size_per_gpu)");
   cmd->add_option("--steps", o->steps, "Optimizer steps")->capture_default_str();
-  cmd->add_option("--lr", o->lr, "Learning rate (default: the config's)");
-  cmd->add_option("--seed", o->seed, "Seed of the initial weights, the data and the sampling")->capture_default_str();
-  cmd->add_option("--eval-every", o->eval_every, "Evaluate on the held-out part every N steps (0: at the end)");
+  cmd->add_option("--lr", o->lr, "Learning rate (default: the config's, or 1e-3; 0 is legal)");
+  cmd->add_option("--seed", o->seed_text, "Seed of the initial weights, the data and the sampling")
+      ->capture_default_str();
+  cmd->add_option("--eval-every", o->eval_every,
+                  "Evaluate on the held-out part every N steps (0: at the end)");
   cmd->add_option("--eval-batches", o->eval_batches, "Batches per evaluation")->capture_default_str();
-  cmd->add_option("--device-budget", o->device_budget, "Device memory budget, e.g. 256MiB (overrides the config)");
-  cmd->add_option("--offload", o->offload, "Without --config: none, cpu or nvme for parameters and optimizer states");
-  cmd->add_option("--nvme-path", o->nvme_path, "Without --config: directory for NVMe offload (default $ZOE_SCRATCH or /var/tmp)");
-  cmd->add_option("--precision", o->precision, "Without --config: fp32, bf16 or fp16")->capture_default_str();
+  cmd->add_option("--device-budget", o->device_budget,
+                  "Device memory budget, e.g. 256MiB (overrides the config)");
+  cmd->add_option("--offload", o->offload,
+                  "Without --config: none, cpu or nvme for parameters and optimizer states");
+  cmd->add_option(
+      "--nvme-path", o->nvme_path,
+      "Without --config: directory for NVMe offload, repeatable (default $ZOE_SCRATCH or /var/tmp)");
+  cmd->add_option("--precision", o->precision, "fp32, bf16 or fp16 (default bf16, or the config's)");
   cmd->add_option("--data", o->data, "Train on this text file (bytes are tokens)");
   cmd->add_option("--trace", o->trace, "Write a Chrome-trace timeline of every transfer and kernel here");
   cmd->add_option("--threads", o->threads, "CPU threads for the optimizer and the model (0: all)");
   cmd->add_option("--save-every", o->save_every, "Save a checkpoint every N steps (needs --save-dir)");
-  cmd->add_flag("--save-async", o->save_async, "Write checkpoints in the background, overlapping the next step's "
-                                              "forward and backward");
-  cmd->add_option("--save-dir", o->save_dir, "Directory for checkpoints (D/step-NNNNNN, D/latest)");
-  cmd->add_option("--resume", o->resume, "Resume from this save directory or checkpoint (no value: --save-dir)")
+  cmd->add_flag("--save-async", o->save_async,
+                "Write checkpoints in the background, overlapping the next step's "
+                "forward and backward");
+  cmd->add_option("--save-dir", o->save_dir,
+                  "Directory for checkpoints (D/step-NNNNNN, D/latest); created if missing");
+  cmd->add_option("--resume", o->resume,
+                  "Resume from this save directory or checkpoint (no value: --save-dir)")
       ->expected(0, 1)
       ->default_str("-");
   cmd->add_flag("--quiet", o->quiet, "No progress on stderr");
   cmd->add_flag("--json", o->json, "Print one JSON object");
-  cmd->callback([o] { run(*o); });
+  cmd->callback([o, cmd] {
+    for (const CLI::Option* opt : cmd->get_options()) {
+      if (opt->count() > 0) o->given.insert(opt->get_name());
+    }
+    run(*o);
+  });
 }
 
 }  // namespace zoe::cli

@@ -1,5 +1,8 @@
 // zoe: the command-line front end (info, bench, ...).
+#include <csignal>
 #include <cstdio>
+#include <exception>
+#include <new>
 
 #include <CLI/CLI.hpp>
 
@@ -9,6 +12,9 @@
 #include "zoe/features.h"
 
 int main(int argc, char** argv) {
+  // Under `ulimit -f` a write past the limit raises SIGXFSZ, which would kill zoe (rc 153) before
+  // the write's EFBIG reaches the error message that names the file.
+  signal(SIGXFSZ, SIG_IGN);
   CLI::App app{
       "zoe: train models larger than accelerator memory (ZeRO stages 1-3 with offload of\n"
       "parameters, gradients and optimizer states to pinned host RAM and NVMe).\n"
@@ -31,21 +37,43 @@ int main(int argc, char** argv) {
   zoe::cli::add_info_command(app);
   zoe::cli::add_train_command(app);
   zoe::cli::add_ckpt_command(app);
-  CLI::App* bench = app.add_subcommand("bench", "Benchmarks: drive swap bandwidth (io), CPU Adam (adam), NVMe optimizer step (swap), engine (engine)");
+  CLI::App* bench = app.add_subcommand(
+      "bench",
+      "Benchmarks: drive swap bandwidth (io), CPU Adam (adam), NVMe optimizer step (swap), engine (engine)");
   bench->require_subcommand(1);
   zoe::cli::add_bench_io_command(*bench);
   zoe::cli::add_bench_adam_command(*bench);
   zoe::cli::add_bench_swap_command(*bench);
   zoe::cli::add_bench_engine_command(*bench);
 
+  // No exception ends zoe with abort(): the last resort prints what it was and exits 1.
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : zoe::cli::kExitUsage;
   } catch (const zoe::cli::CommandError& e) {
     fflush(stdout);
-    fprintf(stderr, "zoe: error: %s\n", e.status.to_string().c_str());
-    return 1;
+    if (e.status.code() == zoe::StatusCode::kCancelled) {
+      fprintf(stderr, "zoe: %s\n", e.status.message().c_str());  // stopped by a signal, as asked
+    } else {
+      fprintf(stderr, "zoe: error: %s\n", e.status.to_string().c_str());
+    }
+    return e.exit_code;
+  } catch (const std::bad_alloc&) {
+    fflush(stdout);
+    fprintf(stderr,
+            "zoe: error: out of memory (an allocation failed; a size from a flag or the config may be "
+            "too large for this host)\n");
+    return zoe::cli::kExitFailure;
+  } catch (const std::exception& e) {
+    fflush(stdout);
+    fprintf(stderr, "zoe: error: %s\n", e.what());
+    return zoe::cli::kExitFailure;
+  } catch (...) {
+    fflush(stdout);
+    fprintf(stderr, "zoe: error: an unknown exception ended the command\n");
+    return zoe::cli::kExitFailure;
   }
   return 0;
 }

@@ -44,9 +44,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
-#include <fstream>
 #include <set>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -84,6 +82,16 @@ bool Config::operator==(const Config& o) const {
 namespace {
 
 constexpr int64_t kMaxInt = std::numeric_limits<int64_t>::max();
+// Sane bounds (far above any real run, far below overflow of the products they enter; the
+// error message gives the bound): batch sizes and accumulation steps, element counts (buffers,
+// buckets, sub-groups: x 16 bytes stays far inside int64), pipeline buffers, threads.
+constexpr int64_t kMaxBatch = int64_t{1} << 20;
+constexpr int64_t kMaxElems = int64_t{1} << 50;
+constexpr int64_t kMaxBufferCount = 1024;
+constexpr int64_t kMaxThreads = 4096;
+// io::IoEngine's range of the io_uring queue depth, and the largest I/O block.
+constexpr int64_t kMaxQueueDepth = 4096;
+constexpr int64_t kMaxBlockSize = int64_t{1} << 30;
 
 // State of one parse beyond the JSON reader's.
 struct Parser {
@@ -168,10 +176,10 @@ Status read_offload(JsonSection& s, OffloadConfig* o, bool is_param, Parser& p) 
     o->nvme_path = paths;
   }
   ZOE_RETURN_IF_ERROR(s.read("pin_memory", &o->pin_memory));
-  ZOE_RETURN_IF_ERROR(s.read("buffer_count", &o->buffer_count, 1));
+  ZOE_RETURN_IF_ERROR(s.read("buffer_count", &o->buffer_count, 1, kMaxBufferCount));
   if (is_param) {
-    ZOE_RETURN_IF_ERROR(s.read("buffer_size", &o->buffer_size, 1));
-    ZOE_RETURN_IF_ERROR(s.read("max_in_cpu", &o->max_in_cpu, 0));
+    ZOE_RETURN_IF_ERROR(s.read("buffer_size", &o->buffer_size, 1, kMaxElems));
+    ZOE_RETURN_IF_ERROR(s.read("max_in_cpu", &o->max_in_cpu, 0, kMaxElems));
   } else {
     ZOE_RETURN_IF_ERROR(s.read("pipeline_read", &o->pipeline_read));
     ZOE_RETURN_IF_ERROR(s.read("pipeline_write", &o->pipeline_write));
@@ -188,16 +196,16 @@ Status read_zero(JsonSection& top, ZeroConfig* z, Parser& p) {
   z->overlap_comm = z->stage == 3;  // DeepSpeed's default, unless the key says otherwise
   ZOE_RETURN_IF_ERROR(s.read("contiguous_gradients", &z->contiguous_gradients));
   ZOE_RETURN_IF_ERROR(s.read("reduce_scatter", &z->reduce_scatter));
-  ZOE_RETURN_IF_ERROR(s.read("reduce_bucket_size", &z->reduce_bucket_size, 1));
+  ZOE_RETURN_IF_ERROR(s.read("reduce_bucket_size", &z->reduce_bucket_size, 1, kMaxElems));
   ZOE_RETURN_IF_ERROR(s.read("allgather_partitions", &z->allgather_partitions));
-  ZOE_RETURN_IF_ERROR(s.read("allgather_bucket_size", &z->allgather_bucket_size, 1));
+  ZOE_RETURN_IF_ERROR(s.read("allgather_bucket_size", &z->allgather_bucket_size, 1, kMaxElems));
   ZOE_RETURN_IF_ERROR(s.read("overlap_comm", &z->overlap_comm));
   ZOE_RETURN_IF_ERROR(s.read("round_robin_gradients", &z->round_robin_gradients));
   if (z->round_robin_gradients) p.note(s.key_path("round_robin_gradients"), "");
-  ZOE_RETURN_IF_ERROR(s.read("sub_group_size", &z->sub_group_size, 1));
+  ZOE_RETURN_IF_ERROR(s.read("sub_group_size", &z->sub_group_size, 1, kMaxElems));
 
-  auto int_reader = [&s](int64_t min) {
-    return [&s, min](const char* k, int64_t* out) { return s.read(k, out, min); };
+  auto int_reader = [&s](int64_t min, int64_t max = kMaxElems) {
+    return [&s, min, max](const char* k, int64_t* out) { return s.read(k, out, min, max); };
   };
   // 0 is meaningful for these (no prefetch, nothing persistent, release at once).
   ZOE_RETURN_IF_ERROR(read_aliased(s, "stage3_prefetch_bucket_size", "prefetch_bucket_size",
@@ -205,7 +213,7 @@ Status read_zero(JsonSection& top, ZeroConfig* z, Parser& p) {
   ZOE_RETURN_IF_ERROR(read_aliased(s, "stage3_param_persistence_threshold", "param_persistence_threshold",
                                    &z->stage3_param_persistence_threshold, int_reader(0)));
   ZOE_RETURN_IF_ERROR(read_aliased(s, "stage3_model_persistence_threshold", "model_persistence_threshold",
-                                   &z->stage3_model_persistence_threshold, int_reader(0)));
+                                   &z->stage3_model_persistence_threshold, int_reader(0, kMaxInt)));
   ZOE_RETURN_IF_ERROR(read_aliased(s, "stage3_max_live_parameters", "max_live_parameters",
                                    &z->stage3_max_live_parameters, int_reader(0)));
   ZOE_RETURN_IF_ERROR(read_aliased(s, "stage3_max_reuse_distance", "max_reuse_distance",
@@ -254,9 +262,9 @@ Status read_zero(JsonSection& top, ZeroConfig* z, Parser& p) {
   ZOE_RETURN_IF_ERROR(note_if_true(s, p, "zero_quantized_nontrainable_weights", ""));
   ZOE_RETURN_IF_ERROR(note_if_true(s, p, "legacy_stage1", ""));
   int64_t hpz = 1, mics = -1;
-  ZOE_RETURN_IF_ERROR(s.read("zero_hpz_partition_size", &hpz, 1));
+  ZOE_RETURN_IF_ERROR(s.read("zero_hpz_partition_size", &hpz, 1, std::numeric_limits<int>::max()));
   if (hpz > 1) p.note(s.key_path("zero_hpz_partition_size"), "hierarchical partitioning");
-  ZOE_RETURN_IF_ERROR(s.read("mics_shard_size", &mics, -1));
+  ZOE_RETURN_IF_ERROR(s.read("mics_shard_size", &mics, -1, std::numeric_limits<int>::max()));
   if (mics > 0) p.note(s.key_path("mics_shard_size"), "MiCS sharding");
   s.finish();
   return Status::ok();
@@ -264,10 +272,11 @@ Status read_zero(JsonSection& top, ZeroConfig* z, Parser& p) {
 
 Status read_aio(JsonSection& top, AioConfig* a) {
   ZOE_ASSIGN_OR_RETURN(JsonSection s, top.section("aio"));
-  ZOE_RETURN_IF_ERROR(s.read("block_size", &a->block_size, 1));
-  ZOE_RETURN_IF_ERROR(s.read("queue_depth", &a->queue_depth, 1));
-  ZOE_RETURN_IF_ERROR(read_aliased(s, "intra_op_parallelism", "thread_count", &a->intra_op_parallelism,
-                                   [&s](const char* k, int64_t* out) { return s.read(k, out, 1); }));
+  ZOE_RETURN_IF_ERROR(s.read("block_size", &a->block_size, 1, kMaxBlockSize));
+  ZOE_RETURN_IF_ERROR(s.read("queue_depth", &a->queue_depth, 1, kMaxQueueDepth));
+  ZOE_RETURN_IF_ERROR(
+      read_aliased(s, "intra_op_parallelism", "thread_count", &a->intra_op_parallelism,
+                   [&s](const char* k, int64_t* out) { return s.read(k, out, 1, kMaxThreads); }));
   ZOE_RETURN_IF_ERROR(s.read("single_submit", &a->single_submit));
   ZOE_RETURN_IF_ERROR(s.read("overlap_events", &a->overlap_events));
   ZOE_RETURN_IF_ERROR(s.read("use_gds", &a->use_gds));
@@ -315,7 +324,7 @@ Status read_optimizer(JsonSection& top, OptimizerConfig* o) {
     ZOE_RETURN_IF_ERROR(s.read_choice("type", &o->type, {"Adam", "AdamW"}, true));
   }
   ZOE_ASSIGN_OR_RETURN(JsonSection pr, s.section("params"));
-  ZOE_RETURN_IF_ERROR(pr.read("lr", &o->lr, Range::at_least(0)));
+  ZOE_RETURN_IF_ERROR(pr.read("lr", &o->lr, Range::at_least(0), /*fp32=*/true));
   if (const Json* b = pr.find("betas")) {
     const std::string path = pr.key_path("betas");
     if (!b->is_array() || b->size() != 2) {
@@ -323,11 +332,11 @@ Status read_optimizer(JsonSection& top, OptimizerConfig* o) {
                               path.c_str(), detail::describe(*b).c_str());
     }
     Range r{0.0, 1.0, false, true};
-    ZOE_ASSIGN_OR_RETURN(o->beta1, detail::to_double((*b)[0], path + "[0]", r));
-    ZOE_ASSIGN_OR_RETURN(o->beta2, detail::to_double((*b)[1], path + "[1]", r));
+    ZOE_ASSIGN_OR_RETURN(o->beta1, detail::to_double((*b)[0], path + "[0]", r, /*fp32=*/true));
+    ZOE_ASSIGN_OR_RETURN(o->beta2, detail::to_double((*b)[1], path + "[1]", r, /*fp32=*/true));
   }
-  ZOE_RETURN_IF_ERROR(pr.read("eps", &o->eps, Range::above(0)));
-  ZOE_RETURN_IF_ERROR(pr.read("weight_decay", &o->weight_decay, Range::at_least(0)));
+  ZOE_RETURN_IF_ERROR(pr.read("eps", &o->eps, Range::above(0), /*fp32=*/true));
+  ZOE_RETURN_IF_ERROR(pr.read("weight_decay", &o->weight_decay, Range::at_least(0), /*fp32=*/true));
   bool w_mode = true;
   ZOE_RETURN_IF_ERROR(pr.read("adam_w_mode", &w_mode));
   // DeepSpeed: decoupled decay if the type is AdamW or adam_w_mode (default true).
@@ -359,8 +368,8 @@ Status read_scheduler(JsonSection& top, SchedulerConfig* sc, Parser& p) {
   }
   ZOE_RETURN_IF_ERROR(s.read_choice("type", &sc->type, {"WarmupLR", "WarmupDecayLR"}, false));
   ZOE_ASSIGN_OR_RETURN(JsonSection pr, s.section("params"));
-  ZOE_RETURN_IF_ERROR(pr.read("warmup_min_lr", &sc->warmup_min_lr, Range::at_least(0)));
-  ZOE_RETURN_IF_ERROR(pr.read("warmup_max_lr", &sc->warmup_max_lr, Range::at_least(0)));
+  ZOE_RETURN_IF_ERROR(pr.read("warmup_min_lr", &sc->warmup_min_lr, Range::at_least(0), /*fp32=*/true));
+  ZOE_RETURN_IF_ERROR(pr.read("warmup_max_lr", &sc->warmup_max_lr, Range::at_least(0), /*fp32=*/true));
   ZOE_RETURN_IF_ERROR(pr.read("warmup_num_steps", &sc->warmup_num_steps, 0));
   ZOE_RETURN_IF_ERROR(pr.read_choice("warmup_type", &sc->warmup_type, {"log", "linear"}, false));
   ZOE_RETURN_IF_ERROR(pr.read("total_num_steps", &sc->total_num_steps, 1));
@@ -402,10 +411,13 @@ Status read_zoe(JsonSection& top, ZoeConfig* z) {
   ZOE_ASSIGN_OR_RETURN(JsonSection s, top.section("zoe"));
   ZOE_RETURN_IF_ERROR(read_bytes(s, "device_budget", &z->device_budget_bytes));
   ZOE_RETURN_IF_ERROR(read_bytes(s, "host_budget", &z->host_budget_bytes));
+  // Enforced by the placement planner (src/zero/placement.cpp): a placement whose host memory
+  // (offloaded states, partitions, swapper and staging buffers) exceeds it is refused at
+  // initialize(), naming the key.
   ZOE_RETURN_IF_ERROR(s.read("offload_ratio", &z->offload_ratio, Range{0.0, 1.0}));
   ZOE_RETURN_IF_ERROR(s.read("bf16_optimizer_states", &z->bf16_optimizer_states));
   ZOE_RETURN_IF_ERROR(s.read_choice("device", &z->device, {"auto", "cpu", "cuda"}, false));
-  ZOE_RETURN_IF_ERROR(s.read("optimizer_threads", &z->optimizer_threads, 0));
+  ZOE_RETURN_IF_ERROR(s.read("optimizer_threads", &z->optimizer_threads, 0, kMaxThreads));
   s.finish();
   return Status::ok();
 }
@@ -509,10 +521,12 @@ Status check_contradictions(const Config& c) {
 // The top-level keys: everything but the sections.
 Status read_top(JsonSection& top, Config* c, Parser& p, int world_size) {
   ZOE_RETURN_IF_ERROR(top.read("train_batch_size", &c->train_batch_size, 1));
-  ZOE_RETURN_IF_ERROR(top.read("train_micro_batch_size_per_gpu", &c->train_micro_batch_size_per_gpu, 1));
-  ZOE_RETURN_IF_ERROR(top.read("gradient_accumulation_steps", &c->gradient_accumulation_steps, 1));
+  ZOE_RETURN_IF_ERROR(
+      top.read("train_micro_batch_size_per_gpu", &c->train_micro_batch_size_per_gpu, 1, kMaxBatch));
+  ZOE_RETURN_IF_ERROR(top.read("gradient_accumulation_steps", &c->gradient_accumulation_steps, 1, kMaxBatch));
   ZOE_RETURN_IF_ERROR(resolve_batch(top, c, world_size));
-  ZOE_RETURN_IF_ERROR(top.read("gradient_clipping", &c->gradient_clipping, Range::at_least(0)));
+  ZOE_RETURN_IF_ERROR(
+      top.read("gradient_clipping", &c->gradient_clipping, Range::at_least(0), /*fp32=*/true));
 
   ZOE_RETURN_IF_ERROR(read_zero(top, &c->zero, p));
   ZOE_RETURN_IF_ERROR(read_aio(top, &c->aio));
@@ -524,8 +538,10 @@ Status read_top(JsonSection& top, Config* c, Parser& p, int world_size) {
   {
     const double ds = c->zero.offload_optimizer.ratio, zr = c->zoe.offload_ratio;
     if (ds != 1.0 && zr != 1.0 && ds != zr) {
-      return invalid_argument("zero_optimization.offload_optimizer.ratio %g and zoe.offload_ratio %g disagree "
-                              "(they are the same setting: give one)", ds, zr);
+      return invalid_argument(
+          "zero_optimization.offload_optimizer.ratio %g and zoe.offload_ratio %g disagree "
+          "(they are the same setting: give one)",
+          ds, zr);
     }
     if (ds != 1.0) c->zoe.offload_ratio = ds;
     c->zero.offload_optimizer.ratio = c->zoe.offload_ratio;
@@ -563,70 +579,11 @@ Status read_top(JsonSection& top, Config* c, Parser& p, int world_size) {
   return Status::ok();
 }
 
-// Parses with comments allowed, rejecting duplicate keys (nlohmann keeps one of them silently).
-Result<Json> parse_json(const std::string& text) {
-  struct Frame {
-    bool is_object;
-    std::set<std::string> keys;
-    std::string current;
-  };
-  std::vector<Frame> stack;
-  std::string duplicate;
-  auto cb = [&](int /*depth*/, Json::parse_event_t ev, Json& parsed) -> bool {
-    switch (ev) {
-      case Json::parse_event_t::object_start:
-        stack.push_back({true, {}, {}});
-        break;
-      case Json::parse_event_t::array_start:
-        stack.push_back({false, {}, "[]"});
-        break;
-      case Json::parse_event_t::object_end:
-      case Json::parse_event_t::array_end:
-        if (!stack.empty()) stack.pop_back();
-        break;
-      case Json::parse_event_t::key: {
-        if (stack.empty()) break;
-        Frame& f = stack.back();
-        f.current = parsed.get<std::string>();
-        if (!f.keys.insert(f.current).second && duplicate.empty()) {
-          for (const auto& fr : stack) {
-            if (!fr.is_object) {
-              duplicate += "[]";
-            } else {
-              if (!duplicate.empty()) duplicate += '.';
-              duplicate += fr.current;
-            }
-          }
-        }
-        break;
-      }
-      case Json::parse_event_t::value:
-        break;
-    }
-    return true;
-  };
-  Json j;
-  try {
-    j = Json::parse(text, cb, /*allow_exceptions=*/true, /*ignore_comments=*/true);
-  } catch (const Json::parse_error& e) {
-    // "[json.exception.parse_error.101] parse error at line 3, column 5: ..." without the tag.
-    std::string what = e.what();
-    auto pos = what.find("] ");
-    if (pos != std::string::npos) what = what.substr(pos + 2);
-    return invalid_argument("invalid JSON: %s", what.c_str());
-  }
-  if (!duplicate.empty()) {
-    return invalid_argument("duplicate key '%s' (a JSON reader would silently keep only one of them)",
-                            duplicate.c_str());
-  }
-  return j;
-}
-
 }  // namespace
 
 Result<Config> Config::parse(const std::string& json_text, int world_size) {
   if (world_size < 1) return invalid_argument("world size %d: expected >= 1", world_size);
-  ZOE_ASSIGN_OR_RETURN(Json j, parse_json(json_text));
+  ZOE_ASSIGN_OR_RETURN(Json j, parse_json_checked(json_text, "config"));
   if (!j.is_object()) {
     return invalid_argument("the config is %s, not a JSON object ({...})", detail::describe(j).c_str());
   }
@@ -656,16 +613,8 @@ Result<Config> Config::parse(const std::string& json_text, int world_size) {
 }
 
 Result<Config> Config::load(const std::string& path, int world_size) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    int err = errno;
-    return Status(err == ENOENT ? StatusCode::kNotFound : StatusCode::kIoError,
-                  "cannot open config file '" + path + "': " + strerror(err), err);
-  }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return io_error("cannot read config file '%s'", path.c_str());
-  auto c = parse(ss.str(), world_size);
+  ZOE_ASSIGN_OR_RETURN(std::string text, read_file_capped(path, JsonLimits{}.max_bytes, "config file"));
+  auto c = parse(text, world_size);
   if (!c.is_ok()) return c.status().with_context("while reading config file " + path);
   return c;
 }

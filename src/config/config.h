@@ -114,9 +114,10 @@ struct ZoeConfig {
   int64_t device_budget_bytes = 0;     // 0: the whole device; accepts "256MiB"-style strings
   double offload_ratio = 1.0;          // partial offload: fraction of optimizer states on host/NVMe
   bool bf16_optimizer_states = false;  // keep Adam m and v in bf16
-  std::string device = "auto";         // "auto" (= "cpu" for now) or "cpu"; "cuda": the engine on this rank's GPU
-  int64_t host_budget_bytes = 0;       // 0: no limit beyond the machine
-  int64_t optimizer_threads = 0;       // 0: all cores
+  std::string device = "auto";  // "auto" (= "cpu" for now) or "cpu"; "cuda": the engine on this rank's GPU
+  // Not enforced yet: parse() refuses any value but 0 (the engine gives its tiers no host budget).
+  int64_t host_budget_bytes = 0;
+  int64_t optimizer_threads = 0;  // 0: all cores
 
   bool operator==(const ZoeConfig&) const = default;
 };
@@ -144,6 +145,8 @@ struct Config {
   // given and what is allowed; contradictions (nvme offload without nvme_path, a path that does
   // not exist or is not writable, fp16 and bf16 both on, param offload below stage 3) too.
   static Result<Config> parse(const std::string& json_text, int world_size = 1);
+  // Reads the file through read_file_capped and parse_json_checked (json_reader.h): at most
+  // JsonLimits::max_bytes (16 MiB), nesting at most 64 deep, no NUL bytes.
   static Result<Config> load(const std::string& path, int world_size = 1);
 
   // The learning rate of optimizer update `step` (1-based; updates skipped for fp16 overflow do

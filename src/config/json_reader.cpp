@@ -1,10 +1,174 @@
-// Typed, path-aware reads of JSON objects and the unknown-key report for Config::parse.
+// The validating JSON reader, typed path-aware reads of JSON objects, and the unknown-key report
+// for Config::parse.
 #include "config/json_reader.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
+#include <cfloat>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <set>
+
+#include "core/units.h"
+
+namespace zoe::config {
+
+namespace {
+
+using Json = nlohmann::json;
+
+// Thrown from the parser's callback to stop at the first nesting level over the limit.
+struct TooDeep {};
+
+// Where the parser is: one frame per open object or array.
+struct Frame {
+  bool is_object;
+  std::set<std::string> keys;
+  std::string key;   // objects: the key being read
+  size_t index = 0;  // arrays: the element being read
+};
+
+std::string frames_path(const std::vector<Frame>& stack) {
+  std::string path;
+  for (const auto& f : stack) {
+    if (f.is_object) {
+      if (f.key.empty() && f.keys.empty()) continue;  // no key read yet: the object itself
+      if (!path.empty()) path += '.';
+      path += f.key;
+    } else {
+      path += '[';
+      path += std::to_string(f.index);
+      path += ']';
+    }
+  }
+  if (path.empty()) return "the top level";
+  if (path.size() > 120) path = path.substr(0, 117) + "...";
+  return path;
+}
+
+}  // namespace
+
+Result<nlohmann::json> parse_json_checked(std::string_view bytes, const std::string& what,
+                                          const JsonLimits& limits) {
+  if (bytes.size() > limits.max_bytes) {
+    return invalid_argument("%s: %zu bytes (%s) is more than the %zu bytes (%s) a JSON text may have here",
+                            what.c_str(), bytes.size(), format_bytes(bytes.size()).c_str(), limits.max_bytes,
+                            format_bytes(limits.max_bytes).c_str());
+  }
+  if (size_t nul = bytes.find('\0'); nul != std::string_view::npos) {
+    const size_t line = 1 + static_cast<size_t>(std::count(bytes.begin(), bytes.begin() + nul, '\n'));
+    const size_t line_start = bytes.rfind('\n', nul == 0 ? 0 : nul - 1);
+    const size_t column = line_start == std::string_view::npos || nul == 0 ? nul + 1 : nul - line_start;
+    return invalid_argument(
+        "%s: a NUL byte at offset %zu (line %zu, column %zu): JSON text cannot contain one (a binary or "
+        "truncated file?)",
+        what.c_str(), nul, line, column);
+  }
+  std::vector<Frame> stack;
+  std::string duplicate;
+  auto cb = [&](int /*depth*/, Json::parse_event_t ev, Json& parsed) -> bool {
+    switch (ev) {
+      case Json::parse_event_t::object_start:
+      case Json::parse_event_t::array_start:
+        if (static_cast<int>(stack.size()) >= limits.max_depth) throw TooDeep{};
+        stack.push_back({ev == Json::parse_event_t::object_start, {}, {}, 0});
+        break;
+      case Json::parse_event_t::object_end:
+      case Json::parse_event_t::array_end:
+        if (!stack.empty()) stack.pop_back();
+        if (!stack.empty() && !stack.back().is_object) ++stack.back().index;
+        break;
+      case Json::parse_event_t::key: {
+        if (stack.empty()) break;
+        Frame& f = stack.back();
+        f.key = parsed.get<std::string>();
+        if (!f.keys.insert(f.key).second && duplicate.empty()) duplicate = frames_path(stack);
+        break;
+      }
+      case Json::parse_event_t::value:
+        if (!stack.empty() && !stack.back().is_object) ++stack.back().index;
+        break;
+    }
+    return true;
+  };
+  Json j;
+  try {
+    j = Json::parse(bytes.begin(), bytes.end(), cb, /*allow_exceptions=*/true, limits.allow_comments);
+  } catch (const TooDeep&) {
+    return invalid_argument("%s: arrays and objects nested more than %d deep at %s (the limit is %d)",
+                            what.c_str(), limits.max_depth, frames_path(stack).c_str(), limits.max_depth);
+  } catch (const Json::parse_error& e) {
+    // "[json.exception.parse_error.101] parse error at line 3, column 5: ..." without the tag.
+    std::string msg = e.what();
+    auto pos = msg.find("] ");
+    if (pos != std::string::npos) msg = msg.substr(pos + 2);
+    return invalid_argument("%s: invalid JSON: %s", what.c_str(), msg.c_str());
+  } catch (const Json::out_of_range& e) {
+    // 406: a number beyond a double (1e400); the callback's frames say where.
+    std::string msg = e.what();
+    auto pos = msg.find("] ");
+    if (pos != std::string::npos) msg = msg.substr(pos + 2);
+    return invalid_argument("%s: invalid JSON at %s: %s (numbers must lie within +-%g)", what.c_str(),
+                            frames_path(stack).c_str(), msg.c_str(), DBL_MAX);
+  } catch (const std::exception& e) {
+    return invalid_argument("%s: invalid JSON at %s: %s", what.c_str(), frames_path(stack).c_str(), e.what());
+  }
+  if (!duplicate.empty()) {
+    return invalid_argument("%s: duplicate key '%s' (a JSON reader would silently keep only one of them)",
+                            what.c_str(), duplicate.c_str());
+  }
+  return j;
+}
+
+Result<std::string> read_file_capped(const std::string& path, size_t max_bytes, const std::string& what) {
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    int err = errno;
+    if (err == ENOENT) {
+      return Status(StatusCode::kNotFound, what + " '" + path + "' does not exist", err);
+    }
+    return sys_error("open " + what, path, err);
+  }
+  struct Closer {
+    int fd;
+    ~Closer() { close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (fstat(fd, &st) != 0) return sys_error("fstat " + what, path, errno);
+  if (S_ISDIR(st.st_mode)) return invalid_argument("%s '%s' is a directory", what.c_str(), path.c_str());
+  // size: "" when unknown (a device or pipe read past the cap).
+  auto too_big = [&](const std::string& size) {
+    return invalid_argument("%s '%s' holds %s%smore than the %zu bytes (%s) zoe reads from it", what.c_str(),
+                            path.c_str(), size.c_str(), size.empty() ? "" : ": ", max_bytes,
+                            format_bytes(max_bytes).c_str());
+  };
+  if (S_ISREG(st.st_mode) && static_cast<uint64_t>(st.st_size) > max_bytes) {
+    const auto n = static_cast<uint64_t>(st.st_size);
+    return too_big(std::to_string(n) + " bytes (" + format_bytes(n) + ")");
+  }
+  // Devices and pipes have no size: read at most one byte past the cap.
+  std::string out;
+  char buf[65536];
+  for (;;) {
+    ssize_t n = read(fd, buf, sizeof buf);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return sys_error("read " + what, path, out.size(), sizeof buf, errno);
+    }
+    if (n == 0) break;
+    if (out.size() + static_cast<size_t>(n) > max_bytes) return too_big("");
+    out.append(buf, static_cast<size_t>(n));
+  }
+  return out;
+}
+
+}  // namespace zoe::config
 
 namespace zoe::config::detail {
 
@@ -137,7 +301,7 @@ Result<int64_t> to_int(const Json& v, const std::string& path, int64_t min, int6
   return x;
 }
 
-Result<double> to_double(const Json& v, const std::string& path, const Range& range) {
+Result<double> to_double(const Json& v, const std::string& path, const Range& range, bool fp32) {
   if (!v.is_number()) {
     return invalid_argument("%s: %s is not a number (expected %s)%s", path.c_str(), describe(v).c_str(),
                             range.describe().c_str(), auto_hint(v).c_str());
@@ -146,6 +310,24 @@ Result<double> to_double(const Json& v, const std::string& path, const Range& ra
   if (!std::isfinite(d) || !range.contains(d)) {
     return invalid_argument("%s: %s is out of range (expected %s)", path.c_str(), describe(v).c_str(),
                             range.describe().c_str());
+  }
+  if (fp32) {
+    const auto f = static_cast<float>(d);
+    if (std::isinf(f)) {
+      return invalid_argument("%s: %s is out of range (zoe computes it in fp32: expected a magnitude <= %g)",
+                              path.c_str(), describe(v).c_str(), static_cast<double>(FLT_MAX));
+    }
+    if (d != 0 && std::fabs(d) < FLT_MIN) {
+      return invalid_argument(
+          "%s: %s is out of range (zoe computes it in fp32, where it would be denormal or 0: expected 0 or a "
+          "magnitude >= %g)",
+          path.c_str(), describe(v).c_str(), static_cast<double>(FLT_MIN));
+    }
+    if (!range.contains(static_cast<double>(f))) {
+      return invalid_argument("%s: %s is out of range (expected %s; in fp32, as zoe computes it, it is %.9g)",
+                              path.c_str(), describe(v).c_str(), range.describe().c_str(),
+                              static_cast<double>(f));
+    }
   }
   return d;
 }
@@ -184,10 +366,10 @@ Status JsonSection::read(std::string_view key, int* out, int min, int max) {
   return Status::ok();
 }
 
-Status JsonSection::read(std::string_view key, double* out, const Range& range) {
+Status JsonSection::read(std::string_view key, double* out, const Range& range, bool fp32) {
   const Json* v = find(key);
   if (!v) return Status::ok();
-  ZOE_ASSIGN_OR_RETURN(*out, to_double(*v, key_path(key), range));
+  ZOE_ASSIGN_OR_RETURN(*out, to_double(*v, key_path(key), range, fp32));
   return Status::ok();
 }
 

@@ -1,15 +1,45 @@
-// JsonSection: typed reads of one JSON object for Config::parse, with errors that name the key's
-// JSON path, the value given and what is allowed, and unknown keys collected with suggestions.
+// The validating reader of external JSON bytes (config files, and any other JSON zoe reads from
+// outside: size cap, nesting limit, NUL bytes, number overflow, duplicate keys, all as Status
+// errors), and JsonSection: typed reads of one JSON object for Config::parse, with errors that
+// name the key's JSON path, the value given and what is allowed, and unknown keys collected with
+// suggestions.
 #pragma once
 
 #include <nlohmann/json.hpp>
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "zoe/status.h"
+
+namespace zoe::config {
+
+// Limits of parse_json_checked. The defaults suit configs and manifests: far above any real
+// file, far below what would exhaust memory or the stack.
+struct JsonLimits {
+  size_t max_bytes = size_t{16} << 20;  // a larger text is refused before parsing
+  int max_depth = 64;                   // nesting of arrays and objects
+  bool allow_comments = true;           // // and /* */ (DeepSpeed configs carry them)
+};
+
+// Parses bytes that came from outside zoe. Never throws; every failure is an invalid-argument
+// Status that starts with `what` (e.g. "config file /x/ds.json") and says where: a NUL byte
+// (offset, line, column), a text over limits.max_bytes, nesting deeper than limits.max_depth (the
+// JSON path), a number outside the range of a double such as 1e400 (the JSON path), a syntax
+// error (line and column), a key given twice in one object (the JSON path).
+Result<nlohmann::json> parse_json_checked(std::string_view bytes, const std::string& what,
+                                          const JsonLimits& limits = {});
+
+// The whole content of `path`, refused (never read past) when it holds more than max_bytes: a
+// huge file, /dev/zero or an endless pipe give a clear error instead of exhausting memory.
+// Errors name `what` ("config file"), the path, the size and the cap.
+Result<std::string> read_file_capped(const std::string& path, size_t max_bytes,
+                                     const std::string& what = "file");
+
+}  // namespace zoe::config
 
 namespace zoe::config::detail {
 
@@ -50,7 +80,9 @@ std::string join_path(std::string_view section, std::string_view key);
 Result<bool> to_bool(const Json& v, const std::string& path, ReadContext* ctx);
 // Integers may be written as integral doubles (5e8); 1.5 is an error.
 Result<int64_t> to_int(const Json& v, const std::string& path, int64_t min, int64_t max);
-Result<double> to_double(const Json& v, const std::string& path, const Range& range);
+// fp32: the value is used as a float (Adam's hyperparameters): refused when the float it becomes
+// differs in kind (a non-zero value that rounds to 0, a finite one that rounds to infinity).
+Result<double> to_double(const Json& v, const std::string& path, const Range& range, bool fp32 = false);
 
 // One JSON object (or an absent one: every read leaves its default). Each read marks its key as
 // known; finish() records the keys nobody read as unknown.
@@ -69,7 +101,7 @@ class JsonSection {
   Status read(std::string_view key, bool* out);
   Status read(std::string_view key, int64_t* out, int64_t min, int64_t max = INT64_MAX);
   Status read(std::string_view key, int* out, int min, int max);
-  Status read(std::string_view key, double* out, const Range& range);
+  Status read(std::string_view key, double* out, const Range& range, bool fp32 = false);
   // A string from `allowed`; stores the allowed spelling (so fold_case canonicalises "adamw").
   Status read_choice(std::string_view key, std::string* out, const std::vector<std::string>& allowed,
                      bool fold_case);

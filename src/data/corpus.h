@@ -15,13 +15,16 @@ struct Corpus {
   std::string name;            // the file path, or "arithmetic(seed=N)"
   std::vector<uint8_t> train;  // token ids (bytes)
   std::vector<uint8_t> eval;
-  bool arithmetic = false;     // lines "a+b=c\n": exact-match accuracy applies
+  bool arithmetic = false;  // lines "a+b=c\n": exact-match accuracy applies
 };
 
 // The text of `path`; the last eval_fraction of it (at a line break when there is one) is held
-// out. Errors: a missing or unreadable file (named), or one too short for a window of
-// `min_tokens` tokens in both parts.
-Result<Corpus> load_text_file(const std::string& path, size_t min_tokens, double eval_fraction = 0.05);
+// out. Errors: a missing or unreadable file (named), one too short for a window of `min_tokens`
+// tokens in both parts, or one holding more than max_bytes (checked before reading a regular
+// file; a device or pipe such as /dev/zero is read no further than that). The corpus takes about
+// twice the file's size while it loads.
+Result<Corpus> load_text_file(const std::string& path, size_t min_tokens, double eval_fraction = 0.05,
+                              size_t max_bytes = size_t{1} << 30);
 
 // `lines` additions of numbers below 10^digits, generated from seed; the eval part uses
 // different random problems (its own stream), not a suffix of the same ones.
@@ -30,13 +33,14 @@ Corpus make_arithmetic(uint64_t seed, size_t lines, int digits = 3, size_t eval_
 // batch windows of T + 1 tokens: tokens = window[0..T), targets = window[1..T+1). The windows'
 // starting points depend only on (seed, step, rank, micro): runs are reproducible and the same
 // whatever the placement of the model's states.
-void sample_batch(const std::vector<uint8_t>& data, int batch, int T, uint64_t seed, uint64_t step, int rank, int micro,
-                  std::vector<int32_t>* tokens, std::vector<int32_t>* targets);
+void sample_batch(const std::vector<uint8_t>& data, int batch, int T, uint64_t seed, uint64_t step, int rank,
+                  int micro, std::vector<int32_t>* tokens, std::vector<int32_t>* targets);
 
 // Evaluation windows for arithmetic: each starts at a line start. answer_mask[i] is 1 where
 // targets[i] is a character of an answer (after '=' up to and including '\n') whose whole line
 // lies inside the window; line_id[i] numbers those lines (-1 elsewhere).
 void arithmetic_eval_batch(const std::vector<uint8_t>& data, int batch, int T, size_t first_window,
-                           std::vector<int32_t>* tokens, std::vector<int32_t>* targets, std::vector<int32_t>* line_id);
+                           std::vector<int32_t>* tokens, std::vector<int32_t>* targets,
+                           std::vector<int32_t>* line_id);
 
 }  // namespace zoe::data

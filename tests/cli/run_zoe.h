@@ -16,11 +16,12 @@ struct CmdResult {
   std::string err;  // stderr
 };
 
-inline CmdResult zoe(const std::string& args) {
+// `shell` runs first in the same shell (e.g. "ulimit -f 64;").
+inline CmdResult zoe(const std::string& args, const std::string& shell = "") {
   zoe::test::ScratchDir d("cli");
   std::string err_path = d.file("stderr");
   // A hang fails the test in minutes (exit 124) instead of running into ctest's timeout.
-  std::string cmd = "timeout -k 5 300 " + std::string(ZOE_BIN) + " " + args + " 2>" + err_path;
+  std::string cmd = shell + " timeout -k 5 300 " + std::string(ZOE_BIN) + " " + args + " 2>" + err_path;
   CmdResult r;
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return r;

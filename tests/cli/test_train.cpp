@@ -22,7 +22,8 @@ json train(const std::string& args, CmdResult* raw = nullptr) {
 
 TEST(Train, NvmeOffloadGivesBitIdenticalLosses) {
   zoe::test::ScratchDir d("train");
-  const std::string common = "--preset tiny --steps 6 --micro-batch 4 --seq 32 --seed 7 --eval-batches 1 --threads 1 ";
+  const std::string common =
+      "--preset tiny --steps 6 --micro-batch 4 --seq 32 --seed 7 --eval-batches 1 --threads 1 ";
   json none = train(common + "--offload none");
   json cpu = train(common + "--offload cpu");
   json nvme = train(common + "--offload nvme --nvme-path " + d.path() + " --device-budget 2MiB");
@@ -36,8 +37,8 @@ TEST(Train, NvmeOffloadGivesBitIdenticalLosses) {
   EXPECT_GT(nvme["bytes_moved"]["host->nvme"].get<uint64_t>(), 0u);
   EXPECT_GT(nvme["high_water_bytes"]["nvme"].get<uint64_t>(), 0u);
   EXPECT_LE(nvme["high_water_bytes"]["device"].get<uint64_t>(), 2u << 20);
-  for (const char* k : {"params", "model_state_bytes", "device_budget_bytes", "high_water_bytes", "bytes_moved", "time_s",
-                        "losses", "eval_loss"}) {
+  for (const char* k : {"params", "model_state_bytes", "device_budget_bytes", "high_water_bytes",
+                        "bytes_moved", "time_s", "losses", "eval_loss"}) {
     EXPECT_TRUE(nvme.contains(k)) << k;
   }
 }
@@ -48,7 +49,8 @@ TEST(Train, DemoShapeWithEvaluationFinishes) {
   // the tier manager's prefetches stream others. This once deadlocked; the ctest timeout is
   // the guard, and losses must equal those with no offload.
   zoe::test::ScratchDir d("train");
-  const std::string common = "--preset demo --steps 4 --micro-batch 8 --lr 0.002 --eval-every 2 --eval-batches 1 ";
+  const std::string common =
+      "--preset demo --steps 4 --micro-batch 8 --lr 0.002 --eval-every 2 --eval-batches 1 ";
   json nvme = train(common + "--offload nvme --nvme-path " + d.path() + " --device-budget 16MiB");
   json none = train(common + "--offload none");
   ASSERT_FALSE(nvme.is_null());
@@ -59,8 +61,9 @@ TEST(Train, DemoShapeWithEvaluationFinishes) {
 TEST(Train, ResumeContinuesBitIdentically) {
   for (const char* off : {"none", "nvme"}) {
     zoe::test::ScratchDir nvme("nvme"), ck("ckpt");
-    const std::string common = std::string("--preset tiny --micro-batch 4 --seq 32 --seed 11 --eval-batches 1 --threads 1 ") +
-                               "--offload " + off + " --nvme-path " + nvme.path() + " ";
+    const std::string common =
+        std::string("--preset tiny --micro-batch 4 --seq 32 --seed 11 --eval-batches 1 --threads 1 ") +
+        "--offload " + off + " --nvme-path " + nvme.path() + " ";
     json whole = train(common + "--steps 12");
     // The NVMe run saves asynchronously, overlapping the next steps.
     json first = train(common + "--steps 6 --save-every 3 --save-dir " + ck.path() +
@@ -89,7 +92,8 @@ TEST(Train, ResumeContinuesBitIdentically) {
 TEST(Train, LossFallsOnArithmetic) {
   // Convergence with a generous bound: the held-out loss starts at ln(256) = 5.5 and the tiny
   // model reaches about 2.3 in 300 steps (measured); the bound is 2.6.
-  json j = train("--preset tiny --steps 300 --micro-batch 16 --seq 64 --lr 0.003 --seed 3 --eval-batches 4 --threads 2");
+  json j = train(
+      "--preset tiny --steps 300 --micro-batch 16 --seq 64 --lr 0.003 --seed 3 --eval-batches 4 --threads 2");
   ASSERT_FALSE(j.is_null());
   EXPECT_GT(j["losses"][0].get<double>(), 5.0);
   EXPECT_LT(j["eval_loss"].get<double>(), 2.6) << j.dump();
@@ -103,7 +107,7 @@ TEST(Train, BadInputGetsClearErrors) {
   EXPECT_NE(r.err.find("missing.txt does not exist"), std::string::npos) << r.err;
 
   r = zoe("train --preset tiny --steps 1 --seq 500");
-  EXPECT_EQ(r.rc, 1);
+  EXPECT_EQ(r.rc, 2);  // a usage error
   EXPECT_NE(r.err.find("--seq 500 is longer than the model allows"), std::string::npos) << r.err;
 
   r = zoe("train --preset small --steps 1 --device-budget 512KiB");  // embed fits, a block does not
@@ -116,7 +120,7 @@ TEST(Train, BadInputGetsClearErrors) {
   EXPECT_NE(r.err.find("nope"), std::string::npos) << r.err;
 
   r = zoe("train --preset huge");
-  EXPECT_EQ(r.rc, 1);
+  EXPECT_EQ(r.rc, 2);
   EXPECT_NE(r.err.find("--preset huge"), std::string::npos) << r.err;
 }
 

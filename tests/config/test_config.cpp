@@ -8,6 +8,7 @@
 #include <string>
 
 #include "config/config.h"
+#include "config/json_reader.h"
 #include "tests/util/test_util.h"
 
 namespace zoe::config {
@@ -323,7 +324,7 @@ TEST(Config, WrongValuesNameKeyValueAndAllowed) {
 
 TEST(Config, ZeroAndNegativeSizesAreErrors) {
   EXPECT_HAS(parse_error(R"({"train_micro_batch_size_per_gpu": 0})"),
-             "train_micro_batch_size_per_gpu: 0 is out of range (expected an integer >= 1)");
+             "train_micro_batch_size_per_gpu: 0 is out of range (expected an integer in [1, 1048576])");
   EXPECT_HAS(parse_error(R"({"gradient_accumulation_steps": -2})"),
              "gradient_accumulation_steps: -2 is out of range");
   EXPECT_HAS(parse_error(R"({"zero_optimization": {"reduce_bucket_size": 0}})"),
@@ -492,9 +493,10 @@ TEST(Config, UnimplementedKeysAreListed) {
   // DeepSpeed's partial-offload ratio is implemented: it is zoe.offload_ratio.
   EXPECT_EQ(r->zero.offload_optimizer.ratio, 0.3);
   EXPECT_EQ(r->zoe.offload_ratio, 0.3);
-  EXPECT_HAS(parse_error(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.3}},
+  EXPECT_HAS(
+      parse_error(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.3}},
                             "zoe": {"offload_ratio": 0.5}})"),
-             "zero_optimization.offload_optimizer.ratio 0.3 and zoe.offload_ratio 0.5 disagree");
+      "zero_optimization.offload_optimizer.ratio 0.3 and zoe.offload_ratio 0.5 disagree");
   // Default values of those keys are not "unimplemented".
   auto d = Config::parse(R"({"prescale_gradients": false, "gradient_predivide_factor": 1.0,
                             "zero_optimization": {"round_robin_gradients": false}})");
@@ -520,11 +522,11 @@ TEST(Config, DeprecatedSpellings) {
 }
 
 TEST(Config, ZoeSection) {
-  auto r = Config::parse(R"({"zoe": {"device_budget": "256MiB", "host_budget": 1e9, "offload_ratio": 0.5,
+  auto r = Config::parse(R"({"zoe": {"device_budget": "256MiB", "host_budget": 0, "offload_ratio": 0.5,
                             "bf16_optimizer_states": true, "device": "cpu", "optimizer_threads": 8}})");
   ASSERT_TRUE(r.is_ok()) << r.status().to_string();
   EXPECT_EQ(r->zoe.device_budget_bytes, 256ll << 20);
-  EXPECT_EQ(r->zoe.host_budget_bytes, 1000000000);
+  EXPECT_EQ(r->zoe.host_budget_bytes, 0);
   EXPECT_EQ(r->zoe.offload_ratio, 0.5);
   EXPECT_TRUE(r->zoe.bf16_optimizer_states);
   EXPECT_EQ(r->zoe.device, "cpu");
@@ -572,8 +574,16 @@ TEST(Config, RoundTripThroughToJson) {
   c.zero.stage3_max_live_parameters = 13;
   c.zero.stage3_max_reuse_distance = 14;
   c.zero.stage3_gather_16bit_weights_on_model_save = true;
-  c.zero.offload_optimizer = {
-      OffloadDevice::kNvme, {dir.path(), "/tmp"}, false, 6, 100000000, 1000000000, true, true, true, 0.25};  // ratio = zoe.offload_ratio
+  c.zero.offload_optimizer = {OffloadDevice::kNvme,
+                              {dir.path(), "/tmp"},
+                              false,
+                              6,
+                              100000000,
+                              1000000000,
+                              true,
+                              true,
+                              true,
+                              0.25};  // ratio = zoe.offload_ratio
   c.zero.offload_param = {OffloadDevice::kNvme, {dir.path()}, false, 9, 777, 888, false, false, false, 1.0};
   c.aio = {4096, 64, 4, true, false, true};
   c.optimizer = {"Adam", 0.1 + 0.2, 0.8, 0.95, 1e-12, 0.05, false};
@@ -637,6 +647,173 @@ TEST(Config, LrSchedules) {
   // WarmupDecayLR needs its end.
   EXPECT_HAS(parse_error(R"({"scheduler": {"type": "WarmupDecayLR", "params": {"warmup_num_steps": 10}}})"),
              "scheduler.params.total_num_steps is missing");
+}
+
+TEST(Config, IntegersAreRangeCheckedIntoTheirType) {
+  // Values that a cast to int or uint32 would turn into 0, 1 or a negative number.
+  for (const char* v : {"2147483648", "4294967296", "4294967297", "1073741824", "1e12"}) {
+    std::string e = parse_error(std::string(R"({"gradient_accumulation_steps": )") + v + "}");
+    EXPECT_HAS(e, "gradient_accumulation_steps: ");
+    EXPECT_HAS(e, "is out of range (expected an integer in [1, 1048576])");
+  }
+  EXPECT_HAS(parse_error(R"({"gradient_accumulation_steps": 4294967297})"),
+             "gradient_accumulation_steps: 4294967297 is out of range");
+  EXPECT_HAS(
+      parse_error(R"({"train_micro_batch_size_per_gpu": 1099511627776})"),
+      "train_micro_batch_size_per_gpu: 1099511627776 is out of range (expected an integer in [1, 1048576])");
+  EXPECT_HAS(parse_error(R"({"aio": {"queue_depth": 4294967297}})"),
+             "aio.queue_depth: 4294967297 is out of range (expected an integer in [1, 4096])");
+  EXPECT_HAS(parse_error(R"({"aio": {"queue_depth": 4294967296}})"),
+             "aio.queue_depth: 4294967296 is out of range");
+  EXPECT_HAS(parse_error(R"({"aio": {"block_size": 4294967297}})"),
+             "aio.block_size: 4294967297 is out of range (expected an integer in [1, 1073741824])");
+  EXPECT_HAS(parse_error(R"({"aio": {"thread_count": 4294967297}})"),
+             "aio.thread_count: 4294967297 is out of range");
+  EXPECT_HAS(parse_error(R"({"zoe": {"optimizer_threads": 4294967297}})"),
+             "zoe.optimizer_threads: 4294967297 is out of range (expected an integer in [0, 4096])");
+  EXPECT_HAS(parse_error(R"({"zero_optimization": {"offload_optimizer": {"buffer_count": 4398046511104}}})"),
+             "zero_optimization.offload_optimizer.buffer_count: 4398046511104 is out of range (expected an "
+             "integer in "
+             "[1, 1024])");
+  EXPECT_HAS(parse_error(R"({"fp16": {"loss_scale_window": 4294967297}})"),
+             "fp16.loss_scale_window: 4294967297 is out of range (expected an integer in [1, 2147483647])");
+  EXPECT_HAS(parse_error(R"({"zero_optimization": {"sub_group_size": 1e300}})"),
+             "zero_optimization.sub_group_size: 1e+300 is out of range");
+  EXPECT_HAS(parse_error(R"({"gradient_accumulation_steps": 18446744073709551617})"),
+             "gradient_accumulation_steps: 1.8446744073709552e+19 is out of range");
+  // The bounds themselves are accepted, with their exact value.
+  auto r =
+      Config::parse(R"({"gradient_accumulation_steps": 1048576, "train_micro_batch_size_per_gpu": 1048576,
+                            "aio": {"queue_depth": 4096}, "zoe": {"optimizer_threads": 4096},
+                            "zero_optimization": {"offload_optimizer": {"buffer_count": 1024}}})");
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(r->gradient_accumulation_steps, 1048576);
+  EXPECT_EQ(r->train_batch_size, int64_t{1} << 40);
+  EXPECT_EQ(r->aio.queue_depth, 4096);
+  EXPECT_EQ(r->zoe.optimizer_threads, 4096);
+  EXPECT_EQ(r->zero.offload_optimizer.buffer_count, 1024);
+}
+
+TEST(Config, Fp32HyperparametersNameTheValueAsGiven) {
+  // eps 1e-300 is 0 as a float, lr 1e308 infinity: the message shows the value written.
+  std::string e = parse_error(R"({"optimizer": {"params": {"eps": 1e-300}}})");
+  EXPECT_HAS(e, "optimizer.params.eps: 1e-300 is out of range");
+  EXPECT_HAS(e, "fp32");
+  EXPECT_HAS(e, "1.17549e-38");
+  e = parse_error(R"({"optimizer": {"params": {"lr": 1e308}}})");
+  EXPECT_HAS(e, "optimizer.params.lr: 1e+308 is out of range");
+  EXPECT_HAS(e, "3.40282e+38");
+  EXPECT_HAS(
+      parse_error(R"({"optimizer": {"params": {"betas": [0.9, 0.99999999999]}}})"),
+      "optimizer.params.betas[1]: 0.99999999999 is out of range (expected [0, 1); in fp32, as zoe computes "
+      "it, it is 1)");
+  EXPECT_HAS(parse_error(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": 1e39}}})"),
+             "scheduler.params.warmup_max_lr: 1e+39 is out of range");
+  EXPECT_HAS(parse_error(R"({"gradient_clipping": 1e39})"), "gradient_clipping: 1e+39 is out of range");
+  // 0 stays legal where it is (lr 0, no weight decay), and small normal floats pass.
+  auto r = Config::parse(R"({"optimizer": {"params": {"lr": 0, "eps": 1e-30, "weight_decay": 0}}})");
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(r->optimizer.lr, 0.0);
+  EXPECT_EQ(r->optimizer.eps, 1e-30);
+}
+
+// The engine enforces it (tests/zero/test_placement.cpp, tests/cli/test_train_input.cpp): the
+// config reads it as bytes and round-trips it.
+TEST(Config, HostBudgetIsReadAsBytes) {
+  auto r = Config::parse(R"({"zoe": {"host_budget": "1MiB"}})");
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(r->zoe.host_budget_bytes, 1 << 20);
+  auto back = Config::parse(r->to_json());
+  ASSERT_TRUE(back.is_ok()) << back.status().to_string();
+  EXPECT_EQ(back->zoe.host_budget_bytes, 1 << 20);
+}
+
+TEST(Config, NulByteIsAnError) {
+  const std::string text("{\"zoe\":{}}\0{\"zero_optimization\": {\"stage\": 9}}", 45);
+  ASSERT_EQ(text.size(), 45u);
+  EXPECT_HAS(parse_error(text), "a NUL byte at offset 10 (line 1, column 11)");
+  EXPECT_HAS(parse_error(std::string("{\n  \"a\": 1\0}", 12)), "offset 10 (line 2, column 9)");
+  ScratchDir dir("cfg");
+  std::ofstream(dir.file("nul.json"), std::ios::binary) << text;
+  auto l = Config::load(dir.file("nul.json"));
+  ASSERT_FALSE(l.is_ok());
+  EXPECT_HAS(l.status().to_string(), "NUL byte");
+  EXPECT_HAS(l.status().to_string(), dir.file("nul.json"));
+}
+
+TEST(Config, NumbersBeyondDoubleNameTheirPath) {
+  EXPECT_HAS(parse_error(R"({"optimizer": {"params": {"lr": 1e400}}})"),
+             "invalid JSON at optimizer.params.lr: number overflow parsing '1e400'");
+  EXPECT_HAS(parse_error(R"({"optimizer": {"params": {"betas": [0.9, -1e400]}}})"),
+             "invalid JSON at optimizer.params.betas[1]: number overflow parsing '-1e400'");
+  EXPECT_HAS(parse_error(R"({"steps_per_print": 1e400})"), "at steps_per_print:");
+  EXPECT_HAS(parse_error("1e400"), "at the top level");
+}
+
+TEST(Config, DeepNestingIsAnErrorNotACrash) {
+  for (int depth : {65, 100000}) {
+    std::string arrays = R"({"tensorboard": )" + std::string(static_cast<size_t>(depth), '[') +
+                         std::string(static_cast<size_t>(depth), ']') + "}";
+    std::string e = parse_error(arrays);
+    EXPECT_HAS(e, "nested more than 64 deep at tensorboard[0][0]");
+    EXPECT_LT(e.size(), 400u) << "the path is shortened";
+    std::string objects;
+    for (int i = 0; i < depth; ++i) objects += R"({"a": )";
+    objects += '1';
+    objects.append(static_cast<size_t>(depth), '}');
+    EXPECT_HAS(parse_error(objects), "nested more than 64 deep at a.a.a");
+  }
+  // 64 levels are fine (the config itself is one).
+  std::string ok = R"({"tensorboard": )" + std::string(63, '[') + std::string(63, ']') + "}";
+  EXPECT_TRUE(Config::parse(ok).is_ok()) << Config::parse(ok).status().to_string();
+}
+
+TEST(JsonReader, ParseJsonChecked) {
+  auto ok = parse_json_checked(R"({"a": [1, {"b": 2}]} // trailing comment)", "manifest");
+  ASSERT_TRUE(ok.is_ok()) << ok.status().to_string();
+  EXPECT_EQ((*ok)["a"][1]["b"], 2);
+  auto dup = parse_json_checked(R"({"a": [1, {"b": 2, "b": 3}]})", "manifest");
+  ASSERT_FALSE(dup.is_ok());
+  EXPECT_HAS(dup.status().message(), "manifest: duplicate key 'a[1].b'");
+  JsonLimits small;
+  small.max_bytes = 10;
+  auto big = parse_json_checked(R"({"a": 12345})", "manifest", small);
+  ASSERT_FALSE(big.is_ok());
+  EXPECT_HAS(big.status().message(), "manifest: 12 bytes");
+  EXPECT_HAS(big.status().message(), "more than the 10 bytes");
+  JsonLimits strict;
+  strict.allow_comments = false;
+  EXPECT_FALSE(parse_json_checked("{} // no", "manifest", strict).is_ok());
+  strict.max_depth = 2;
+  EXPECT_TRUE(parse_json_checked("[[1]]", "m", strict).is_ok());
+  EXPECT_HAS(parse_json_checked("[[[1]]]", "m", strict).status().message(),
+             "nested more than 2 deep at [0][0]");
+}
+
+TEST(JsonReader, ReadFileCapped) {
+  ScratchDir dir("cfg");
+  std::ofstream(dir.file("f.json")) << "0123456789";
+  auto exact = read_file_capped(dir.file("f.json"), 10, "config file");
+  ASSERT_TRUE(exact.is_ok()) << exact.status().to_string();
+  EXPECT_EQ(*exact, "0123456789");
+  auto over = read_file_capped(dir.file("f.json"), 9, "config file");
+  ASSERT_FALSE(over.is_ok());
+  EXPECT_HAS(over.status().message(), "config file '" + dir.file("f.json") + "' holds 10 bytes");
+  EXPECT_HAS(over.status().message(), "more than the 9 bytes");
+  // A device without a size: refused after the cap, not read forever.
+  auto zero = read_file_capped("/dev/zero", 1 << 20, "config file");
+  ASSERT_FALSE(zero.is_ok());
+  EXPECT_HAS(zero.status().message(), "config file '/dev/zero' holds more than the 1048576 bytes (1 MiB)");
+  auto d = read_file_capped(dir.path(), 100, "config file");
+  ASSERT_FALSE(d.is_ok());
+  EXPECT_HAS(d.status().message(), "is a directory");
+  auto missing = read_file_capped(dir.file("none"), 100, "config file");
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  // Config::load applies the 16 MiB cap.
+  auto l = Config::load("/dev/zero");
+  ASSERT_FALSE(l.is_ok());
+  EXPECT_HAS(l.status().to_string(), "/dev/zero");
+  EXPECT_HAS(l.status().to_string(), "16777216 bytes");
 }
 
 }  // namespace

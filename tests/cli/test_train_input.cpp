@@ -1,0 +1,342 @@
+// End-to-end tests of `zoe train`'s input handling: flags override config keys only when given
+// (and say so), bad flag values are usage errors (exit 2) naming the flag, bad config files and
+// sizes beyond the host are clear errors (exit 1), never a crash or a silently different run.
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "tests/cli/run_zoe.h"
+
+namespace {
+
+using nlohmann::json;
+
+#define EXPECT_HAS(haystack, needle) \
+  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
+
+// The smallest run: the tiny model on short sequences (add --steps).
+const std::string kTiny = "train --preset tiny --seq 16 --eval-batches 1 --quiet ";
+// One step of it.
+const std::string kTiny1 = kTiny + "--steps 1 ";
+
+json run_json(const std::string& args, int steps = 1, CmdResult* raw = nullptr) {
+  CmdResult r = zoe(kTiny + "--json --steps " + std::to_string(steps) + " " + args);
+  if (raw) *raw = r;
+  EXPECT_EQ(r.rc, 0) << args << "\n" << r.err;
+  if (r.rc != 0) return json();
+  return json::parse(r.out);
+}
+
+std::string write_file(const zoe::test::ScratchDir& d, const std::string& name, const std::string& text) {
+  std::ofstream(d.file(name), std::ios::binary) << text;
+  return d.file(name);
+}
+
+TEST(TrainInput, ConfigKeysHoldUnlessAFlagIsGiven) {
+  zoe::test::ScratchDir d("cfg");
+  const std::string cfg = write_file(d, "ds.json", R"({
+    "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 3, "bf16": {"enabled": true},
+    "optimizer": {"type": "AdamW", "params": {"lr": 0.002}}, "zero_optimization": {"stage": 2}})");
+  CmdResult raw;
+  json j = run_json("--config " + cfg, 1, &raw);
+  ASSERT_FALSE(j.is_null());
+  EXPECT_EQ(j["micro_batch"], 2) << "the --micro-batch default must not replace the config's value";
+  EXPECT_EQ(j["gradient_accumulation_steps"], 3);
+  EXPECT_EQ(j["lr"], 0.002);
+  EXPECT_EQ(j["precision"], "bf16");
+  EXPECT_EQ(raw.err.find("overrides"), std::string::npos) << raw.err;
+
+  j = run_json("--config " + cfg + " --micro-batch 3 --precision fp32 --lr 0.01", 1, &raw);
+  ASSERT_FALSE(j.is_null());
+  EXPECT_EQ(j["micro_batch"], 3);
+  EXPECT_EQ(j["precision"], "fp32");
+  EXPECT_EQ(j["lr"], 0.01);
+  EXPECT_HAS(raw.err, "zoe: --micro-batch 3 overrides train_micro_batch_size_per_gpu (2 in " + cfg + ")");
+  EXPECT_HAS(raw.err, "zoe: --precision fp32 overrides bf16.enabled / fp16.enabled (bf16 in " + cfg + ")");
+  EXPECT_HAS(raw.err, "zoe: --lr 0.01 overrides optimizer.params.lr (0.002 in " + cfg + ")");
+}
+
+TEST(TrainInput, FlagsThatCannotTakeEffectWithAConfigAreRefused) {
+  zoe::test::ScratchDir d("cfg");
+  const std::string sched = write_file(d, "s.json", R"({"zero_optimization": {"stage": 2},
+    "scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": 0.001}}})");
+  CmdResult r = zoe(kTiny1 + "--config " + sched + " --lr 0.01");
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_HAS(r.err, "--lr 0.01 has no effect with --config " + sched + ": its scheduler WarmupLR");
+  r = zoe(kTiny1 + "--config " + sched + " --offload cpu");
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_HAS(r.err, "--offload cannot be combined with --config");
+  r = zoe(kTiny1 + "--config " + sched + " --nvme-path " + d.path());
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_HAS(r.err, "--nvme-path cannot be combined with --config");
+}
+
+TEST(TrainInput, LrZeroTakesEffect) {
+  // With lr 0 nothing moves: the held-out loss after three steps is the one after one step.
+  json one = run_json("--lr 0 --eval-every 1");
+  json three = run_json("--lr 0 --eval-every 1", 3);
+  json moving = run_json("--lr 0.01 --eval-every 1", 3);
+  ASSERT_FALSE(one.is_null());
+  ASSERT_FALSE(three.is_null());
+  ASSERT_FALSE(moving.is_null());
+  EXPECT_EQ(three["lr"], 0.0);
+  EXPECT_EQ(one["eval_loss"].dump(), three["eval_loss"].dump());
+  EXPECT_NE(one["eval_loss"].dump(), moving["eval_loss"].dump());
+}
+
+TEST(TrainInput, BadFlagValuesAreUsageErrors) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--eval-batches 0", "--eval-batches 0 is out of range (expected an integer in [1, 1048576])"},
+      {"--precision bogus", "--precision bogus is not fp32, bf16 or fp16"},
+      {"--lr -1", "--lr -1 is not a learning rate"},
+      {"--lr nan", "--lr nan is not a learning rate"},
+      {"--lr 1e308", "--lr 1e+308 is not a learning rate"},
+      {"--save-every -1", "--save-every -1 is out of range"},
+      {"--save-every 2", "--save-every 2 needs --save-dir"},
+      {"--layers 0", "--layers 0 is out of range (expected an integer in [1, 4096])"},
+      {"--layers 5000", "--layers 5000 is out of range (expected an integer in [1, 4096])"},
+      {"--heads 0", "--heads 0 is out of range"},
+      {"--d-model 0", "--d-model 0 is out of range"},
+      {"--context 0", "--context 0 is out of range"},
+      {"--seq 0", "--seq 0 is out of range (expected an integer in [2, 1048576])"},
+      {"--seq 500", "--seq 500 is longer than the model allows"},
+      {"--threads -1", "--threads -1 is out of range (expected an integer in [0, 4096])"},
+      {"--micro-batch 0", "--micro-batch 0 is out of range"},
+      {"--seed -1", "--seed -1 is not an unsigned integer"},
+      {"--seed 18446744073709551616", "--seed 18446744073709551616 is not an unsigned integer"},
+      {"--offload disk", "--offload disk is not none, cpu or nvme"},
+      {"--device-budget lots", "--device-budget lots is not a byte size"},
+      {"--preset huge", "--preset huge is not one of"},
+      {"--heads 5", "--heads"},    // d_model 128 is not a multiple of 5: the model's check, named
+      {"--layers x", "--layers"},  // CLI11's own parse errors share the exit code
+  };
+  for (const auto& [args, message] : cases) {
+    // The preset "small" (d_model 128, context 64); every case fails before training.
+    CmdResult r = zoe("train --steps 1 --quiet " + args);
+    EXPECT_EQ(r.rc, 2) << args << "\n" << r.err;
+    EXPECT_HAS(r.err, message);
+    EXPECT_EQ(r.out, "") << args;
+  }
+}
+
+TEST(TrainInput, NvmePathsAreJsonValuesAndAllAreUsed) {
+  zoe::test::ScratchDir d("nvme");
+  // A quote and a backslash: pasted into JSON text these broke the config or became "t/sub".
+  const std::string odd = d.file("q\"uote\\sub");
+  ASSERT_TRUE(std::filesystem::create_directories(odd));
+  CmdResult raw;
+  json j = run_json("--offload nvme --nvme-path '" + odd + "'", 1, &raw);
+  ASSERT_FALSE(j.is_null());
+  EXPECT_EQ(j["offload"]["optimizer"], "nvme");
+  EXPECT_GT(j["bytes_moved"]["host->nvme"].get<uint64_t>(), 0u);
+  // The second --nvme-path is used too (it was ignored): a missing one is named.
+  CmdResult r = zoe(kTiny1 + "--offload nvme --nvme-path " + d.path() + " --nvme-path " + d.file("missing"));
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_HAS(r.err, d.file("missing") + "' does not exist");
+  r = zoe(kTiny1 + "--offload none --nvme-path " + d.path());
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_HAS(r.err, "--nvme-path has no effect without --offload nvme");
+}
+
+TEST(TrainInput, BadConfigFilesAreErrorsNotCrashes) {
+  zoe::test::ScratchDir d("cfg");
+  std::string deep = "{\"tensorboard\": ";
+  deep.append(100000, '[');
+  deep.append(100000, ']');
+  deep += '}';
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {std::string("{\"zoe\":{}}\0{\"zero_optimization\": {\"stage\": 9}}", 45), "a NUL byte at offset 10"},
+      {R"({"optimizer": {"params": {"lr": 1e400}}})", "invalid JSON at optimizer.params.lr: number overflow"},
+      {deep, "nested more than 64 deep at tensorboard[0]"},
+      {R"({"gradient_accumulation_steps": 4294967297})",
+       "gradient_accumulation_steps: 4294967297 is out of range (expected an integer in [1, 1048576])"},
+      {R"({"gradient_accumulation_steps": 1073741824})", "(expected an integer in [1, 1048576])"},
+      {R"({"aio": {"queue_depth": 4294967296}})", "aio.queue_depth: 4294967296 is out of range"},
+      {R"({"zoe": {"optimizer_threads": 4294967297}})", "zoe.optimizer_threads: 4294967297 is out of range"},
+      {R"({"zero_optimization": {"stage": 2,
+           "offload_optimizer": {"device": "cpu", "buffer_count": 4398046511104}}})",
+       "buffer_count: 4398046511104 is out of range (expected an integer in [1, 1024])"},
+      {R"({"optimizer": {"params": {"eps": 1e-300}}})", "optimizer.params.eps: 1e-300 is out of range"},
+      {R"({"optimizer": {"params": {"lr": 1e308}}})", "optimizer.params.lr: 1e+308 is out of range"},
+  };
+  int i = 0;
+  for (const auto& [text, message] : cases) {
+    std::string name = "c";
+    name += std::to_string(i++);
+    const std::string path = write_file(d, name, text);
+    CmdResult r = zoe(kTiny1 + "--config " + path);
+    EXPECT_EQ(r.rc, 1) << message << "\n" << r.err;
+    EXPECT_HAS(r.err, "zoe: error: ");
+    EXPECT_HAS(r.err, message);
+    EXPECT_HAS(r.err, path);
+  }
+  CmdResult r = zoe(kTiny1 + "--config /dev/zero");
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_HAS(r.err, "config file '/dev/zero' holds more than the 16777216 bytes (16 MiB)");
+}
+
+// zoe.host_budget is enforced: a placement that needs more host memory is refused before training.
+TEST(TrainInput, HostBudgetIsEnforced) {
+  zoe::test::ScratchDir d("cfg");
+  const std::string path = write_file(
+      d, "hb", R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}, "zoe": {"host_budget": "64KiB"}})");
+  CmdResult r = zoe(kTiny1 + "--config " + path);
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_HAS(r.err, "zoe.host_budget: this placement needs up to");
+  EXPECT_HAS(r.err, "more than the budget of 65536 bytes");
+  const std::string ok = write_file(
+      d, "hb2", R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}, "zoe": {"host_budget": "1GiB"}})");
+  r = zoe(kTiny1 + "--config " + ok);
+  EXPECT_EQ(r.rc, 0) << r.err;
+}
+
+TEST(TrainInput, HostSizedAllocationsAreCheckedFirst) {
+  CmdResult r = zoe("train --preset tiny --steps 1 --quiet --context 65536");
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_HAS(r.err, "of host memory (activations of 2 layers x --micro-batch 8 x --seq 65536");
+  EXPECT_HAS(r.err, "available");
+  r = zoe(kTiny1 + "--data /dev/zero");
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_HAS(r.err, "data file /dev/zero holds more than the");
+  EXPECT_HAS(r.err, "a quarter of the host's available memory");
+}
+
+TEST(TrainInput, AllocationFailureIsAnErrorNotAnAbort) {
+  // Activations of 4096 sequences (about 2 GiB) under a 1 GB address-space limit: the failed
+  // allocation ends in the last-resort handler (exit 1), not in abort() (134).
+  CmdResult r = zoe(kTiny1 + "--micro-batch 4096", "ulimit -v 1000000;");
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_HAS(r.err, "zoe: error: out of memory");
+}
+
+TEST(TrainInput, SaveDirIsCreatedAndChecked) {
+  zoe::test::ScratchDir d("save");
+  const std::string dir = d.file("a/b/c");
+  CmdResult r = zoe(kTiny1 + "--save-every 1 --save-dir " + dir);
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_TRUE(std::filesystem::exists(dir + "/step-000001/manifest.json"));
+  // A path under a regular file cannot be created: refused before the first step.
+  write_file(d, "plain", "x");
+  r = zoe("train --preset tiny --steps 1 --seq 16 --eval-batches 1 --save-every 1 --save-dir " +
+          d.file("plain/sub"));
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_HAS(r.err, "--save-dir " + d.file("plain/sub") + ": Not a directory");
+  EXPECT_EQ(r.err.find("step 1/1"), std::string::npos) << "no step before the check: " << r.err;
+}
+
+TEST(TrainInput, FileSizeLimitReachesTheErrorMessage) {
+  // Under `ulimit -f` a write past the limit must fail with EFBIG and a message, not kill zoe
+  // with SIGXFSZ (exit 153).
+  zoe::test::ScratchDir d("fsize");
+  CmdResult r = zoe(kTiny1 + "--save-every 1 --save-dir " + d.path(), "ulimit -f 64;");
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_HAS(r.err, "File too large");
+}
+
+// A `zoe train` in the background whose stderr goes to a file, to be sent signals.
+class BackgroundRun {
+ public:
+  BackgroundRun(const std::vector<std::string>& args, const std::string& err_path) : err_path_(err_path) {
+    pid_ = fork();
+    if (pid_ == 0) {
+      int fd = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      dup2(fd, STDERR_FILENO);
+      int null = open("/dev/null", O_WRONLY);
+      dup2(null, STDOUT_FILENO);
+      std::vector<char*> argv{const_cast<char*>(ZOE_BIN)};
+      for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      execv(ZOE_BIN, argv.data());
+      _exit(127);
+    }
+  }
+  ~BackgroundRun() {
+    if (pid_ > 0 && !reaped_) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  std::string err() const {
+    std::ifstream in(err_path_);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  }
+  // Waits (up to 120 s) until stderr contains `text`.
+  bool wait_for(const std::string& text) const {
+    for (int i = 0; i < 1200; ++i) {
+      if (err().find(text) != std::string::npos) return true;
+      usleep(100000);
+    }
+    return false;
+  }
+  void signal(int sig) const { kill(pid_, sig); }
+  // The exit code (128 + signal when killed by one), waiting up to 120 s; -1 on timeout.
+  int wait_exit() {
+    for (int i = 0; i < 1200; ++i) {
+      int st = 0;
+      if (waitpid(pid_, &st, WNOHANG) == pid_) {
+        reaped_ = true;
+        return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st) + 1000;  // +1000: killed
+      }
+      usleep(100000);
+    }
+    return -1;
+  }
+
+ private:
+  std::string err_path_;
+  pid_t pid_ = -1;
+  bool reaped_ = false;
+};
+
+TEST(TrainInput, SigtermSavesAndStopsAtAStepBoundary) {
+  zoe::test::ScratchDir d("sig"), nvme("sig-nvme");
+  BackgroundRun run({"train", "--preset", "tiny", "--seq", "16", "--eval-batches", "1", "--steps", "1000000",
+                     "--offload", "nvme", "--nvme-path", nvme.path(), "--save-dir", d.file("ck")},
+                    d.file("stderr"));
+  ASSERT_TRUE(run.wait_for("step 3/")) << run.err();
+  EXPECT_FALSE(std::filesystem::is_empty(nvme.path())) << "the swap file is there while training";
+  run.signal(SIGTERM);
+  EXPECT_EQ(run.wait_exit(), 143) << run.err();
+  const std::string err = run.err();
+  EXPECT_HAS(err, "zoe: stopped by SIGTERM after step ");
+  EXPECT_HAS(err, "saved in " + d.file("ck"));
+  EXPECT_TRUE(std::filesystem::exists(d.file("ck/latest"))) << err;
+  EXPECT_TRUE(std::filesystem::is_empty(nvme.path())) << "swap files are removed";
+}
+
+TEST(TrainInput, SigintStopsAndASecondOneExitsAtOnce) {
+  zoe::test::ScratchDir d("sig");
+  {
+    BackgroundRun run({"train", "--preset", "tiny", "--seq", "16", "--eval-batches", "1", "--steps",
+                       "1000000", "--save-dir", d.file("ck")},
+                      d.file("stderr"));
+    ASSERT_TRUE(run.wait_for("step 2/")) << run.err();
+    run.signal(SIGINT);
+    EXPECT_EQ(run.wait_exit(), 130) << run.err();
+    EXPECT_HAS(run.err(), "zoe: stopped by SIGINT after step ");
+    EXPECT_FALSE(std::filesystem::exists(d.file("ck/latest"))) << "SIGINT does not save";
+  }
+  {
+    // A second SIGINT while the first waits for a step boundary (initialising the medium preset's
+    // 38M parameters takes seconds).
+    BackgroundRun run({"train", "--preset", "medium", "--steps", "1000000"}, d.file("stderr2"));
+    ASSERT_TRUE(run.wait_for("initialising")) << run.err();
+    run.signal(SIGINT);
+    usleep(200000);
+    run.signal(SIGINT);
+    EXPECT_EQ(run.wait_exit(), 130) << run.err();
+    EXPECT_HAS(run.err(), "second SIGINT: exiting at once");
+  }
+}
+
+}  // namespace
