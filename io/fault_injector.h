@@ -1,4 +1,4 @@
-// FaultInjector: makes an IoEngine fail or shorten chosen transfers, for tests of error paths.
+// FaultInjector: makes an IoEngine fail, shorten or corrupt chosen transfers, for tests of error paths.
 #pragma once
 
 #include <atomic>
@@ -16,6 +16,7 @@ enum class FaultKind : uint8_t {
   kEnospc,  // the transfer fails with ENOSPC
   kShort,   // the transfer moves only part of its bytes (the engine must continue it)
   kEagain,  // the kernel asks to try again (the engine must retry)
+  kCorruptRead,  // a read succeeds but one byte of its buffer is flipped (counts only reads)
 };
 
 // Rules count kernel answers (chunks) that match their op filter, from 1. A rule fires on the
@@ -26,8 +27,9 @@ class FaultInjector {
   void clear();
   uint64_t injected() const { return injected_.load(); }
 
-  // Called by the engine for every kernel answer: returns the result the engine should see.
-  int apply(IoOp op, uint32_t len, uint32_t align, int res);
+  // Called by the engine for every kernel answer about the len bytes at buf: returns the result
+  // the engine should see (and may change the bytes a read brought in).
+  int apply(IoOp op, char* buf, uint32_t len, uint32_t align, int res);
 
  private:
   struct Rule {

@@ -86,8 +86,13 @@ Status IoEngine::validate(const IoRequest& r) const {
 }
 
 IoHandle IoEngine::submit(std::span<const IoRequest> reqs, IoCallback cb) {
+  return submit(reqs, std::move(cb), IoFinish{});
+}
+
+IoHandle IoEngine::submit(std::span<const IoRequest> reqs, IoCallback cb, IoFinish finish) {
   auto g = std::make_shared<IoCompletion>();
   g->callback_ = std::move(cb);
+  g->finish_ = std::move(finish);
   g->submit_ns_ = now_ns();
   outstanding_.fetch_add(1);
   auto fail_now = [&](Status s) {
@@ -124,7 +129,7 @@ IoHandle IoEngine::submit(std::span<const IoRequest> reqs, IoCallback cb) {
 }
 
 void IoEngine::complete_chunk(Chunk* c, int res) {
-  if (opts_.faults) res = opts_.faults->apply(c->op, c->len, c->file->offset_align(), res);
+  if (opts_.faults) res = opts_.faults->apply(c->op, c->buf, c->len, c->file->offset_align(), res);
   IoCompletion* g = c->group.get();
   const char* opname = c->op == IoOp::kRead ? "pread" : "pwrite";
   Status err;
@@ -181,6 +186,11 @@ void IoEngine::complete_chunk(Chunk* c, int res) {
 }
 
 void IoEngine::finish_group(IoCompletion* g) {
+  if (g->finish_) {
+    // Every chunk is done: nothing else touches status_ now.
+    IoFinish finish = std::move(g->finish_);
+    if (g->status_.is_ok()) g->status_ = finish();
+  }
   g->complete_ns_ = now_ns();
   {
     std::lock_guard<std::mutex> lock(g->mu_);

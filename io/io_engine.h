@@ -41,6 +41,10 @@ class IoCompletion;
 using IoHandle = std::shared_ptr<IoCompletion>;
 // Runs on an engine thread once the whole submission is done. Keep it short; it may submit.
 using IoCallback = std::function<void(IoCompletion&)>;
+// Runs once every request of a submission succeeded, before the completion is marked ready, so
+// a waiter sees its result (swap checksums: recording a write, verifying a read). A non-OK
+// return becomes the completion's status. Runs on an engine thread; keep it short.
+using IoFinish = std::function<Status()>;
 
 // The completion of one submit() call (one or several requests). Thread-safe.
 class IoCompletion {
@@ -66,6 +70,7 @@ class IoCompletion {
   std::condition_variable cv_;
   Status status_;
   IoCallback callback_;
+  IoFinish finish_;
 };
 
 enum class IoBackend : uint8_t { kAuto, kUring, kThreads };
@@ -105,6 +110,8 @@ class IoEngine {
   // the backend can. Thread-safe. Never blocks on I/O (it may wait for the submission queue).
   // Bad requests (null file, unaligned O_DIRECT buffer) complete at once with a clear error.
   IoHandle submit(std::span<const IoRequest> reqs, IoCallback cb = {});
+  // The same, with a hook that runs after a successful transfer and before the completion.
+  IoHandle submit(std::span<const IoRequest> reqs, IoCallback cb, IoFinish finish);
   IoHandle submit(const IoRequest& req, IoCallback cb = {}) { return submit({&req, 1}, std::move(cb)); }
   // Synchronous helpers.
   Status read(const File& f, uint64_t offset, void* buf, size_t len);
