@@ -12,11 +12,13 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "io/file.h"
@@ -43,7 +45,9 @@ using IoHandle = std::shared_ptr<IoCompletion>;
 using IoCallback = std::function<void(IoCompletion&)>;
 // Runs once every request of a submission succeeded, before the completion is marked ready, so
 // a waiter sees its result (swap checksums: recording a write, verifying a read). A non-OK
-// return becomes the completion's status. Runs on an engine thread; keep it short.
+// return becomes the completion's status. Runs on the engine's hook threads (up to 4, started at
+// the first hook), never on the thread that reaps completions, so long hooks (hashing MiBs) hold
+// up no other transfer; the submission's callback then runs on the same hook thread.
 using IoFinish = std::function<Status()>;
 
 // The completion of one submit() call (one or several requests). Thread-safe.
@@ -156,8 +160,16 @@ class IoEngine {
   IoEngineOptions opts_;
 
  private:
-  void finish_group(IoCompletion* g);
+  void finish_group(const IoHandle& g);
+  void complete_group(IoCompletion* g);
+  void hook_loop();
   Status validate(const IoRequest& r) const;
+
+  std::mutex hook_mu_;
+  std::condition_variable hook_cv_;
+  std::deque<IoHandle> hook_queue_;  // completions whose finish hook is still to run
+  std::vector<std::thread> hook_threads_;
+  bool hook_stop_ = false;
 
   std::atomic<bool> accepting_{true};
   std::atomic<uint64_t> outstanding_{0};  // submissions not yet complete
