@@ -12,10 +12,10 @@
 namespace zoe::io {
 
 enum class FaultKind : uint8_t {
-  kEio,     // the transfer fails with EIO
-  kEnospc,  // the transfer fails with ENOSPC
-  kShort,   // the transfer moves only part of its bytes (the engine must continue it)
-  kEagain,  // the kernel asks to try again (the engine must retry)
+  kEio,          // the transfer fails with EIO
+  kEnospc,       // the transfer fails with ENOSPC
+  kShort,        // the transfer moves only part of its bytes (the engine must continue it)
+  kEagain,       // the kernel asks to try again (the engine must retry)
   kCorruptRead,  // a read succeeds but one byte of its buffer is flipped (counts only reads)
 };
 

@@ -131,8 +131,8 @@ Status File::preallocate(uint64_t bytes) {
     std::string free_s = fb.is_ok() ? std::to_string(fb.value()) + " bytes (" + format_bytes(fb.value()) + ")"
                                     : "an unknown number of bytes (" + fb.status().message() + ")";
     return Status(StatusCode::kNoSpace,
-                  "While preallocating " + std::to_string(bytes) + " bytes (" + format_bytes(bytes) + ") for " +
-                      path_ + " (growing it from " + std::to_string(old_size) + " bytes, " +
+                  "While preallocating " + std::to_string(bytes) + " bytes (" + format_bytes(bytes) +
+                      ") for " + path_ + " (growing it from " + std::to_string(old_size) + " bytes, " +
                       std::to_string(bytes - old_size) + " more): " + strerror(rc) + " (errno " +
                       std::to_string(rc) + "); " + free_s + " were free there before the attempt",
                   rc);
@@ -145,7 +145,8 @@ Status File::try_lock() {
     if (errno == EINTR) continue;
     if (errno == EWOULDBLOCK) {
       return Status(StatusCode::kAlreadyExists,
-                    path_ + " is locked by another open file (flock LOCK_EX): another job is using it", errno);
+                    path_ + " is locked by another open file (flock LOCK_EX): another job is using it",
+                    errno);
     }
     return sys_error("flock LOCK_EX", path_, errno);
   }

@@ -41,7 +41,8 @@ std::string hex16(uint64_t v) {
 class DirLock {
  public:
   DirLock() = default;
-  DirLock(DirLock&& o) noexcept : fd_(std::exchange(o.fd_, -1)), locked_(o.locked_), dev_(o.dev_), ino_(o.ino_) {}
+  DirLock(DirLock&& o) noexcept
+      : fd_(std::exchange(o.fd_, -1)), locked_(o.locked_), dev_(o.dev_), ino_(o.ino_) {}
   DirLock& operator=(DirLock&&) = delete;
   ~DirLock() {
     if (fd_ >= 0) close(fd_);  // releases the lock
@@ -56,7 +57,8 @@ class DirLock {
       if (err == ENOENT) {
         return not_found("swap directory %s does not exist (create it, or fix nvme_path)", dir.c_str());
       }
-      if (err == ENOTDIR) return invalid_argument("swap directory %s is not a directory (nvme_path)", dir.c_str());
+      if (err == ENOTDIR)
+        return invalid_argument("swap directory %s is not a directory (nvme_path)", dir.c_str());
       return sys_error("open swap directory", dir, err);
     }
     struct stat st;
@@ -76,8 +78,8 @@ class DirLock {
     }
     locked_ = rc == 0;
     if (!locked_) {
-      ZOE_LOG_DEBUG("%s: flock on the directory failed (%s); stale swap files are not reclaimed here", dir.c_str(),
-                    strerror(errno));
+      ZOE_LOG_DEBUG("%s: flock on the directory failed (%s); stale swap files are not reclaimed here",
+                    dir.c_str(), strerror(errno));
     }
   }
 
@@ -109,7 +111,8 @@ ReclaimStats reclaim_locked(const std::string& dir, const DirLock& lock) {
     if (de->d_type != DT_REG && de->d_type != DT_UNKNOWN) continue;
     int fd = openat(lock.fd(), name.c_str(), O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) {
-      if (errno != ENOENT) ZOE_LOG_DEBUG("%s/%s: cannot open to check its lock: %s", dir.c_str(), name.c_str(), strerror(errno));
+      if (errno != ENOENT)
+        ZOE_LOG_DEBUG("%s/%s: cannot open to check its lock: %s", dir.c_str(), name.c_str(), strerror(errno));
       continue;
     }
     struct stat st;
@@ -119,8 +122,8 @@ ReclaimStats reclaim_locked(const std::string& dir, const DirLock& lock) {
         r.files++;
         r.bytes += static_cast<uint64_t>(st.st_blocks) * 512;
       } else {
-        ZOE_LOG_WARN("%s/%s is a stale swap file (no process holds its lock) but cannot be removed: %s", dir.c_str(),
-                     name.c_str(), strerror(errno));
+        ZOE_LOG_WARN("%s/%s is a stale swap file (no process holds its lock) but cannot be removed: %s",
+                     dir.c_str(), name.c_str(), strerror(errno));
       }
     }
     close(fd);
@@ -133,8 +136,8 @@ void log_reclaimed(const std::vector<std::string>& dirs, const ReclaimStats& r) 
   if (r.files == 0) return;
   std::string where;
   for (const auto& d : dirs) where += (where.empty() ? "" : ", ") + d;
-  ZOE_LOG_WARN("removed %zu stale swap file(s) of dead processes from %s, reclaiming %" PRIu64 " bytes (%s)", r.files,
-               where.c_str(), r.bytes, format_bytes(r.bytes).c_str());
+  ZOE_LOG_WARN("removed %zu stale swap file(s) of dead processes from %s, reclaiming %" PRIu64 " bytes (%s)",
+               r.files, where.c_str(), r.bytes, format_bytes(r.bytes).c_str());
 }
 
 }  // namespace
@@ -142,7 +145,8 @@ void log_reclaimed(const std::vector<std::string>& dirs, const ReclaimStats& r) 
 bool is_unique_swap_file_name(const std::string& name) {
   // <prefix>-<16 hex>.<digits>.swap
   constexpr std::string_view kExt = ".swap";
-  if (name.size() < kExt.size() || name.compare(name.size() - kExt.size(), kExt.size(), kExt) != 0) return false;
+  if (name.size() < kExt.size() || name.compare(name.size() - kExt.size(), kExt.size(), kExt) != 0)
+    return false;
   size_t end = name.size() - kExt.size();
   if (end == 0) return false;
   size_t dot = name.rfind('.', end - 1);
@@ -265,9 +269,9 @@ Status SwapFile::open_files() {
     for (const auto& f : files_) unlink(f->path().c_str());
     files_.clear();
   }
-  return Status(StatusCode::kAlreadyExists,
-                "swap file: " + std::to_string(kNameAttempts) + " random names in a row already existed (last " +
-                    tried + "); is the random source broken?");
+  return Status(StatusCode::kAlreadyExists, "swap file: " + std::to_string(kNameAttempts) +
+                                                " random names in a row already existed (last " + tried +
+                                                "); is the random source broken?");
 }
 
 Result<uint64_t> SwapFile::headroom_per_file() const {
@@ -295,8 +299,9 @@ Status SwapFile::grow_locked(uint64_t min_capacity, bool allow_step) {
   const uint64_t need = round_up(std::max(min_capacity, capacity_));
   if (need > limit) {
     return no_space("swap space limit reached: %llu bytes needed, limit %llu bytes (%s) over %zu file(s)",
-                    static_cast<unsigned long long>(min_capacity), static_cast<unsigned long long>(opts_.max_bytes),
-                    format_bytes(opts_.max_bytes).c_str(), files_.size());
+                    static_cast<unsigned long long>(min_capacity),
+                    static_cast<unsigned long long>(opts_.max_bytes), format_bytes(opts_.max_bytes).c_str(),
+                    files_.size());
   }
   uint64_t target = need;
   if (allow_step && opts_.grow_bytes) {
@@ -304,7 +309,8 @@ Status SwapFile::grow_locked(uint64_t min_capacity, bool allow_step) {
     // (metadata, other users); else just what this allocation needs.
     uint64_t step = std::min(limit, round_up(capacity_ + opts_.grow_bytes));
     auto room = headroom_per_file();
-    if (step > need && room.is_ok() && (step - capacity_) / n <= room.value() - room.value() / 8) target = step;
+    if (step > need && room.is_ok() && (step - capacity_) / n <= room.value() - room.value() / 8)
+      target = step;
   }
   std::vector<uint64_t> old_size(n);
   for (size_t i = 0; i < n; ++i) {
@@ -428,7 +434,8 @@ void SwapFile::forget_sums_locked(uint64_t begin, uint64_t end) const {
   while (it != sums_.end() && it->first < end) it = sums_.erase(it);
 }
 
-IoHandle SwapFile::transfer(IoEngine& eng, std::span<const SwapIo> ios, IoCallback cb, SwapIoNamer name) const {
+IoHandle SwapFile::transfer(IoEngine& eng, std::span<const SwapIo> ios, IoCallback cb,
+                            SwapIoNamer name) const {
   std::vector<IoRequest> reqs;
   for (const SwapIo& io : ios) {
     ZOE_CHECK_MSG(io.at + io.len <= io.extent.bytes, "%s beyond the swap extent", io_op_name(io.op));
@@ -448,7 +455,8 @@ IoHandle SwapFile::transfer(IoEngine& eng, std::span<const SwapIo> ios, IoCallba
       if (io.op == IoOp::kWrite) {
         forget_sums_locked(begin, end);
         for (uint64_t p = begin; p < end;) {
-          uint64_t cut = io.extent.offset + ((p - io.extent.offset) / kChecksumPieceBytes + 1) * kChecksumPieceBytes;
+          uint64_t cut =
+              io.extent.offset + ((p - io.extent.offset) / kChecksumPieceBytes + 1) * kChecksumPieceBytes;
           uint64_t q = std::min(end, cut);
           fresh.push_back(Piece{p, q - p, 0, io.extent.offset, buf + (p - begin), i});
           p = q;
@@ -456,13 +464,15 @@ IoHandle SwapFile::transfer(IoEngine& eng, std::span<const SwapIo> ios, IoCallba
       } else {
         for (auto it = sums_.lower_bound(begin); it != sums_.end() && it->first < end; ++it) {
           if (it->first + it->second.len > end) break;
-          expect.push_back(Piece{it->first, it->second.len, it->second.hash, io.extent.offset, buf + (it->first - begin), i});
+          expect.push_back(Piece{it->first, it->second.len, it->second.hash, io.extent.offset,
+                                 buf + (it->first - begin), i});
         }
       }
     }
   }
   if (expect.empty() && fresh.empty()) return eng.submit(reqs, std::move(cb));
-  IoFinish finish = [this, expect = std::move(expect), fresh = std::move(fresh), name = std::move(name)]() mutable {
+  IoFinish finish = [this, expect = std::move(expect), fresh = std::move(fresh),
+                     name = std::move(name)]() mutable {
     Status s = verify(expect, name);
     if (s.is_ok()) record(fresh);
     return s;
@@ -482,8 +492,8 @@ Status SwapFile::verify(const std::vector<Piece>& expect, const SwapIoNamer& nam
     map(IoOp::kRead, p.offset, p.buf, p.len, &where);
     std::string in;
     for (const IoRequest& r : where) {
-      in += (in.empty() ? "" : " and ") + std::to_string(r.len) + " bytes at offset " + std::to_string(r.offset) +
-            " of " + r.file->path();
+      in += (in.empty() ? "" : " and ") + std::to_string(r.len) + " bytes at offset " +
+            std::to_string(r.offset) + " of " + r.file->path();
     }
     std::string what = name ? name(p.io) : "the extent at logical swap offset " + std::to_string(p.extent);
     verified_bytes_.fetch_add(verified, std::memory_order_relaxed);
@@ -491,7 +501,8 @@ Status SwapFile::verify(const std::vector<Piece>& expect, const SwapIoNamer& nam
                       " of its extent (%s): %s 0x%016" PRIx64 " when written, 0x%016" PRIx64
                       " as read. The data changed on disk or in transit after it was written; it is not used "
                       "(check the drive: dmesg, smartctl)",
-                      what.c_str(), p.len, p.offset - p.extent, in.c_str(), swap_checksum_name(), p.hash, got);
+                      what.c_str(), p.len, p.offset - p.extent, in.c_str(), swap_checksum_name(), p.hash,
+                      got);
   }
   verified_bytes_.fetch_add(verified, std::memory_order_relaxed);
   return Status::ok();

@@ -5,9 +5,9 @@
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <span>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -110,7 +110,8 @@ class SwapFile {
                  IoCallback cb = {}, SwapIoNamer name = {}) const;
   // Several transfers as one submission and one completion, with checksums recorded (writes) and
   // verified (reads) before the completion is ready. Hashing runs on the engine's threads.
-  IoHandle transfer(IoEngine& eng, std::span<const SwapIo> ios, IoCallback cb = {}, SwapIoNamer name = {}) const;
+  IoHandle transfer(IoEngine& eng, std::span<const SwapIo> ios, IoCallback cb = {},
+                    SwapIoNamer name = {}) const;
 
   // Registers the files as io_uring fixed files (optional; speeds up submission).
   Status register_files(IoEngine& eng) const;
@@ -133,7 +134,7 @@ class SwapFile {
     uint64_t hash;
     uint64_t extent;  // logical offset of the extent, for messages
     char* buf;
-    size_t io;        // index in the submission
+    size_t io;  // index in the submission
   };
   struct Sum {
     uint64_t len;

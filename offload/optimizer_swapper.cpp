@@ -225,8 +225,8 @@ Status OptimizerSwapper::step(const ChunkUpdate& update, bool write_all) {
     std::vector<StoreIo> ios;
     for (size_t k = 0; k < K; ++k) {
       uint64_t off = static_cast<uint64_t>(c.begin) * opts_.states[k].elem_bytes;
-      ios.push_back(StoreIo{io::IoOp::kRead, StateKey{c.g->id, opts_.states[k].kind}, off, slot_buffer(slot, k),
-                            span_bytes(c.n, k)});
+      ios.push_back(StoreIo{io::IoOp::kRead, StateKey{c.g->id, opts_.states[k].kind}, off,
+                            slot_buffer(slot, k), span_bytes(c.n, k)});
       stats_.bytes_read += span_bytes(c.n, k);
     }
     reads.push_back(Read{slot, store_->transfer(ios), now_ns()});
@@ -268,8 +268,8 @@ Status OptimizerSwapper::step(const ChunkUpdate& update, bool write_all) {
     for (size_t k = 0; k < K; ++k) {
       if (!opts_.states[k].write_back && !write_all) continue;
       uint64_t off = static_cast<uint64_t>(c.begin) * opts_.states[k].elem_bytes;
-      ios.push_back(StoreIo{io::IoOp::kWrite, StateKey{c.g->id, opts_.states[k].kind}, off, slot_buffer(r.slot, k),
-                            span_bytes(c.n, k)});
+      ios.push_back(StoreIo{io::IoOp::kWrite, StateKey{c.g->id, opts_.states[k].kind}, off,
+                            slot_buffer(r.slot, k), span_bytes(c.n, k)});
       stats_.bytes_written += span_bytes(c.n, k);
     }
     if (ios.empty()) {

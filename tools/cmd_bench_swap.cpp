@@ -281,7 +281,8 @@ void add_bench_swap_command(CLI::App& bench) {
   cmd->add_option("--qd", o->qd, "I/O queue depth")->capture_default_str();
   cmd->add_option("--trace", o->trace, "Write a Chrome-trace timeline of the last step to this file");
   cmd->add_flag("--json", o->json, "Print one JSON object");
-  cmd->add_flag("--no-checksum", o->no_checksum, "Do not checksum the swap data (to measure what checksums cost)");
+  cmd->add_flag("--no-checksum", o->no_checksum,
+                "Do not checksum the swap data (to measure what checksums cost)");
   cmd->callback([o] { run(*o); });
 }
 

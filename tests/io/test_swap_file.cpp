@@ -388,7 +388,8 @@ TEST(SwapFileNames, AnExistingNameIsNeverOpenedTwice) {
   auto d = SwapFile::create(o);
   ASSERT_FALSE(d.is_ok());
   EXPECT_EQ(d.status().code(), StatusCode::kAlreadyExists);
-  EXPECT_NE(d.status().message().find("zoe-swap-0000000000abcdef.0.swap"), std::string::npos) << d.status().message();
+  EXPECT_NE(d.status().message().find("zoe-swap-0000000000abcdef.0.swap"), std::string::npos)
+      << d.status().message();
 }
 
 TEST(SwapFileNames, KeptFilesRefuseASecondUser) {
@@ -404,7 +405,8 @@ TEST(SwapFileNames, KeptFilesRefuseASecondUser) {
   auto b = SwapFile::create(o);
   ASSERT_FALSE(b.is_ok());
   EXPECT_EQ(b.status().code(), StatusCode::kAlreadyExists);
-  EXPECT_NE(b.status().message().find(dir.file("zoe-bench.0.swap")), std::string::npos) << b.status().message();
+  EXPECT_NE(b.status().message().find(dir.file("zoe-bench.0.swap")), std::string::npos)
+      << b.status().message();
   a.value().reset();
   EXPECT_TRUE(SwapFile::create(o).is_ok());  // free again once the first user closed it
 }
@@ -412,8 +414,8 @@ TEST(SwapFileNames, KeptFilesRefuseASecondUser) {
 TEST(SwapFileNames, WhatCountsAsAReclaimableName) {
   EXPECT_TRUE(is_unique_swap_file_name("zoe-swap-0123456789abcdef.0.swap"));
   EXPECT_TRUE(is_unique_swap_file_name("zoe-swap-r3-77-0123456789abcdef.12.swap"));
-  EXPECT_FALSE(is_unique_swap_file_name("zoe-swap.0.swap"));            // kept
-  EXPECT_FALSE(is_unique_swap_file_name("zoe-swap-r0-1234.0.swap"));     // old PID names
+  EXPECT_FALSE(is_unique_swap_file_name("zoe-swap.0.swap"));          // kept
+  EXPECT_FALSE(is_unique_swap_file_name("zoe-swap-r0-1234.0.swap"));  // old PID names
   EXPECT_FALSE(is_unique_swap_file_name("zoe-swap-0123456789ABCDEF.0.swap"));
   EXPECT_FALSE(is_unique_swap_file_name("zoe-swap-0123456789abcdef.swap"));
   EXPECT_FALSE(is_unique_swap_file_name("zoe-swap-0123456789abcdef.0.swap.tmp"));
@@ -448,7 +450,8 @@ std::vector<std::string> orphan_files(const SwapFileOptions& o) {
   waitpid(pid, &st, 0);
   EXPECT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
   std::vector<std::string> paths;
-  for (size_t p = 0, q; (q = got.find('\n', p)) != std::string::npos; p = q + 1) paths.push_back(got.substr(p, q - p));
+  for (size_t p = 0, q; (q = got.find('\n', p)) != std::string::npos; p = q + 1)
+    paths.push_back(got.substr(p, q - p));
   return paths;
 }
 
@@ -575,7 +578,9 @@ TEST_P(SwapChecksum, WithoutChecksumsTheSameFlipGoesUnnoticed) {
 }
 
 INSTANTIATE_TEST_SUITE_P(DirectModes, SwapChecksum, ::testing::Values(DirectMode::kPrefer, DirectMode::kOff),
-                         [](const ::testing::TestParamInfo<DirectMode>& p) { return std::string(direct_mode_name(p.param)); });
+                         [](const ::testing::TestParamInfo<DirectMode>& p) {
+                           return std::string(direct_mode_name(p.param));
+                         });
 
 TEST(SwapChecksumShapes, ReadsVerifyTheRecordedPiecesTheyCoverWhole) {
   ScratchDir dir("swap");

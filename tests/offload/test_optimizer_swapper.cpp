@@ -168,15 +168,18 @@ TEST(Swapper, CorruptReadIsACorruptionErrorNamingItemAndState) {
   Status s = sw.value()->step(adam_update());
   EXPECT_EQ(r.faults.injected(), 1u);
   ASSERT_EQ(s.code(), StatusCode::kCorruption) << s.to_string();
-  EXPECT_NE(s.message().find("checksum mismatch reading nvme tier item 1 state "), std::string::npos) << s.message();
-  EXPECT_NE(s.message().find("while reading optimizer sub-group 1 at element "), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("checksum mismatch reading nvme tier item 1 state "), std::string::npos)
+      << s.message();
+  EXPECT_NE(s.message().find("while reading optimizer sub-group 1 at element "), std::string::npos)
+      << s.message();
   EXPECT_NE(s.message().find(r.swap->files()[0]->path()), std::string::npos) << s.message();
   EXPECT_EQ(sw.value()->free_slots(), sw.value()->slots()) << "a buffer leaked";
   (void)r.engine->drain();
   // The bad bytes never reached the disk: every state reads back clean, and a step works.
   r.faults.clear();
   std::vector<float> got(n);
-  for (size_t k = 0; k < 4; ++k) EXPECT_TRUE(sw.value()->read_state(1, k, got.data()).is_ok()) << "state " << k;
+  for (size_t k = 0; k < 4; ++k)
+    EXPECT_TRUE(sw.value()->read_state(1, k, got.data()).is_ok()) << "state " << k;
   EXPECT_TRUE(sw.value()->step(adam_update()).is_ok());
   EXPECT_GT(r.swap->verified_bytes(), 0u);
 }
