@@ -43,7 +43,13 @@ class DirLock {
   DirLock() = default;
   DirLock(DirLock&& o) noexcept
       : fd_(std::exchange(o.fd_, -1)), locked_(o.locked_), dev_(o.dev_), ino_(o.ino_) {}
-  DirLock& operator=(DirLock&&) = delete;
+  DirLock& operator=(DirLock&& o) noexcept {
+    std::swap(fd_, o.fd_);
+    std::swap(locked_, o.locked_);
+    std::swap(dev_, o.dev_);
+    std::swap(ino_, o.ino_);
+    return *this;
+  }
   ~DirLock() {
     if (fd_ >= 0) close(fd_);  // releases the lock
   }
@@ -86,6 +92,7 @@ class DirLock {
   int fd() const { return fd_; }
   bool locked() const { return locked_; }
   bool same_dir(const DirLock& o) const { return dev_ == o.dev_ && ino_ == o.ino_; }
+  bool before(const DirLock& o) const { return dev_ != o.dev_ ? dev_ < o.dev_ : ino_ < o.ino_; }
 
  private:
   int fd_ = -1;
@@ -184,21 +191,23 @@ Result<std::unique_ptr<SwapFile>> SwapFile::create(const SwapFileOptions& opts) 
   if (opts.reuse && !opts.keep) return invalid_argument("swap file: reuse needs keep");
   std::unique_ptr<SwapFile> sf(new SwapFile(opts));
   {
-    // One lock per distinct directory: a second flock on a directory this process already
-    // locked through another descriptor would wait forever.
-    std::vector<DirLock> locks;
+    // One lock per distinct directory (a second flock on a directory this process already locked
+    // through another descriptor would wait forever), taken in (device, inode) order so that two
+    // jobs naming the same directories in different orders cannot deadlock.
+    std::vector<std::pair<DirLock, const std::string*>> locks;
     for (const auto& d : opts.dirs) {
       ZOE_ASSIGN_OR_RETURN(DirLock l, DirLock::open(d));
       bool held = false;
-      for (const auto& h : locks) held = held || h.same_dir(l);
-      if (held) continue;
-      l.lock(d);
-      if (opts.reclaim_stale) {
-        ReclaimStats r = reclaim_locked(d, l);
-        sf->reclaimed_.files += r.files;
-        sf->reclaimed_.bytes += r.bytes;
-      }
-      locks.push_back(std::move(l));
+      for (const auto& h : locks) held = held || h.first.same_dir(l);
+      if (!held) locks.emplace_back(std::move(l), &d);
+    }
+    std::sort(locks.begin(), locks.end(), [](const auto& a, const auto& b) { return a.first.before(b.first); });
+    for (auto& [l, d] : locks) {
+      l.lock(*d);
+      if (!opts.reclaim_stale) continue;
+      ReclaimStats r = reclaim_locked(*d, l);
+      sf->reclaimed_.files += r.files;
+      sf->reclaimed_.bytes += r.bytes;
     }
     log_reclaimed(opts.dirs, sf->reclaimed_);
     ZOE_RETURN_IF_ERROR(sf->open_files());

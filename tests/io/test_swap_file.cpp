@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "io/buffer.h"
 #include "io/fault_injector.h"
@@ -489,6 +490,28 @@ TEST(SwapFileReclaim, FilesOfDeadProcessesGoFilesOfLiveOnesStay) {
   ASSERT_EQ(more.size(), 2u);
   ASSERT_TRUE(SwapFile::create(o).is_ok());
   EXPECT_TRUE(std::filesystem::exists(more[0])) << "reclaim_stale = false still removed " << more[0];
+}
+
+TEST(SwapFileReclaim, DirectoryLocksNeitherSelfDeadlockNorCrossDeadlock) {
+  ScratchDir a("sa"), b("sb");
+  // One directory under two spellings: locked once.
+  SwapFileOptions o;
+  o.dirs = {a.path(), a.path() + "/.", b.path()};
+  auto sf = SwapFile::create(o);
+  ASSERT_TRUE(sf.is_ok()) << sf.status().to_string();
+  EXPECT_EQ(sf.value()->files().size(), 3u);
+  // Two jobs naming the same directories in opposite orders, over and over.
+  std::atomic<int> failures{0};
+  auto churn = [&](std::vector<std::string> dirs) {
+    SwapFileOptions so;
+    so.dirs = std::move(dirs);
+    for (int i = 0; i < 200; ++i) failures += SwapFile::create(so).is_ok() ? 0 : 1;
+  };
+  std::thread t1(churn, std::vector<std::string>{a.path(), b.path()});
+  std::thread t2(churn, std::vector<std::string>{b.path(), a.path()});
+  t1.join();
+  t2.join();
+  EXPECT_EQ(failures.load(), 0);
 }
 
 // Flips one bit of the byte at logical offset `logical` on disk, through the file system (an
