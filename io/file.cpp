@@ -10,6 +10,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdlib>
@@ -116,14 +117,13 @@ Result<uint64_t> File::size() const {
 Status File::preallocate(uint64_t bytes) {
   if (bytes == 0) return Status::ok();
   ZOE_ASSIGN_OR_RETURN(uint64_t old_size, size());
-  if (bytes <= old_size) return Status::ok();
   // Measured first: a failed fallocate may hold blocks until it is undone below, and the free
   // space it leaves says nothing about what the request met.
   auto fb = free_bytes_at(path_);
   int rc = posix_fallocate(fd_, 0, static_cast<off_t>(bytes));
   if (rc == 0) return Status::ok();
   // Some file systems (ext4) keep the blocks a failed fallocate reserved past the old end of file.
-  if (ftruncate(fd_, static_cast<off_t>(old_size)) == 0) {
+  if (bytes > old_size && ftruncate(fd_, static_cast<off_t>(old_size)) == 0) {
     (void)fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(old_size),
                     static_cast<off_t>(bytes - old_size));
   }
@@ -133,7 +133,7 @@ Status File::preallocate(uint64_t bytes) {
     return Status(StatusCode::kNoSpace,
                   "While preallocating " + std::to_string(bytes) + " bytes (" + format_bytes(bytes) +
                       ") for " + path_ + " (growing it from " + std::to_string(old_size) + " bytes, " +
-                      std::to_string(bytes - old_size) + " more): " + strerror(rc) + " (errno " +
+                      std::to_string(bytes - std::min(bytes, old_size)) + " more): " + strerror(rc) + " (errno " +
                       std::to_string(rc) + "); " + free_s + " were free there before the attempt",
                   rc);
   }
