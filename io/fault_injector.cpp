@@ -30,17 +30,25 @@ void FaultInjector::before_completion(IoOp op) {
   if (hook) hook(op);
 }
 
-int FaultInjector::apply(IoOp op, uint32_t len, uint32_t align, int res) {
+int FaultInjector::apply(IoOp op, char* buf, uint32_t len, uint32_t align, int res) {
   std::lock_guard<std::mutex> lock(mu_);
   uint64_t n_op = ++seen_[static_cast<int>(op)];
   uint64_t n_any = ++seen_any_;
   for (const Rule& r : rules_) {
-    uint64_t n = r.only ? (*r.only == op ? n_op : 0) : n_any;
+    // Corrupt-read rules count reads only, whatever their filter says.
+    std::optional<IoOp> only = r.kind == FaultKind::kCorruptRead ? std::optional<IoOp>(IoOp::kRead) : r.only;
+    uint64_t n = only ? (*only == op ? n_op : 0) : n_any;
     if (n == 0 || n < r.nth || n - r.nth >= r.count) continue;
     switch (r.kind) {
       case FaultKind::kEio: injected_++; return -EIO;
       case FaultKind::kEnospc: injected_++; return -ENOSPC;
       case FaultKind::kEagain: injected_++; return -EAGAIN;
+      case FaultKind::kCorruptRead: {
+        if (res <= 0) return res;
+        buf[static_cast<uint32_t>(res) / 2] ^= 0x20;  // one flipped bit in the middle of the bytes read
+        injected_++;
+        return res;
+      }
       case FaultKind::kShort: {
         if (res <= 0) return res;
         uint32_t a = align ? align : 1;

@@ -1,4 +1,4 @@
-// FaultInjector: makes an IoEngine fail or shorten chosen transfers, for tests of error paths.
+// FaultInjector: makes an IoEngine fail, shorten or corrupt chosen transfers, for tests of error paths.
 #pragma once
 
 #include <atomic>
@@ -13,10 +13,11 @@
 namespace zoe::io {
 
 enum class FaultKind : uint8_t {
-  kEio,     // the transfer fails with EIO
-  kEnospc,  // the transfer fails with ENOSPC
-  kShort,   // the transfer moves only part of its bytes (the engine must continue it)
-  kEagain,  // the kernel asks to try again (the engine must retry)
+  kEio,          // the transfer fails with EIO
+  kEnospc,       // the transfer fails with ENOSPC
+  kShort,        // the transfer moves only part of its bytes (the engine must continue it)
+  kEagain,       // the kernel asks to try again (the engine must retry)
+  kCorruptRead,  // a read succeeds but one byte of its buffer is flipped (counts only reads)
 };
 
 // Rules count kernel answers (chunks) that match their op filter, from 1. A rule fires on the
@@ -32,8 +33,9 @@ class FaultInjector {
   void set_completion_hook(std::function<void(IoOp)> hook);
   // Called by the engine for every kernel answer, before apply().
   void before_completion(IoOp op);
-  // Called by the engine for every kernel answer: returns the result the engine should see.
-  int apply(IoOp op, uint32_t len, uint32_t align, int res);
+  // Called by the engine for every kernel answer about the len bytes at buf: returns the result
+  // the engine should see (and may change the bytes a read brought in).
+  int apply(IoOp op, char* buf, uint32_t len, uint32_t align, int res);
 
  private:
   struct Rule {

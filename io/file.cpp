@@ -2,12 +2,15 @@
 #include "io/file.h"
 
 #include <fcntl.h>
+#include <linux/falloc.h>
 #include <linux/magic.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdlib>
@@ -74,11 +77,17 @@ Result<std::unique_ptr<File>> File::open(const std::string& path, const OpenOpti
   flags |= (opts.write || opts.create) ? O_RDWR : O_RDONLY;
   if (opts.create) flags |= O_CREAT;
   if (opts.truncate) flags |= O_TRUNC;
+  if (opts.create && opts.exclusive) flags |= O_EXCL;
   bool want_direct = opts.direct != DirectMode::kOff;
   int fd = ::open(path.c_str(), flags | (want_direct ? O_DIRECT : 0), 0644);
   bool direct = want_direct;
   if (fd < 0 && want_direct && errno == EINVAL) {
-    // EINVAL on open with O_DIRECT: the file system does not support it.
+    // EINVAL on open with O_DIRECT: the file system does not support it. The kernel checks this
+    // after creating the file, so with O_EXCL (which passed) the file is new and ours.
+    if (flags & O_EXCL) {
+      flags &= ~O_EXCL;
+      if (opts.direct == DirectMode::kRequire) unlink(path.c_str());
+    }
     if (opts.direct == DirectMode::kRequire) {
       return unsupported(
           "%s: this file system does not support O_DIRECT (open returned EINVAL). Put swap files "
@@ -89,6 +98,9 @@ Result<std::unique_ptr<File>> File::open(const std::string& path, const OpenOpti
                  "(slower, and uses host RAM for caching)", path.c_str());
     direct = false;
     fd = ::open(path.c_str(), flags, 0644);
+  }
+  if (fd < 0 && errno == EEXIST && (flags & O_EXCL)) {
+    return Status(StatusCode::kAlreadyExists, path + " already exists (open with O_CREAT | O_EXCL)", EEXIST);
   }
   if (fd < 0) return sys_error("open", path, errno);
   uint32_t mem_align = 1, offset_align = 1;
@@ -104,19 +116,41 @@ Result<uint64_t> File::size() const {
 
 Status File::preallocate(uint64_t bytes) {
   if (bytes == 0) return Status::ok();
+  ZOE_ASSIGN_OR_RETURN(uint64_t old_size, size());
+  // Measured first: a failed fallocate may hold blocks until it is undone below, and the free
+  // space it leaves says nothing about what the request met.
+  auto fb = free_bytes_at(path_);
   int rc = posix_fallocate(fd_, 0, static_cast<off_t>(bytes));
   if (rc == 0) return Status::ok();
+  // Some file systems (ext4) keep the blocks a failed fallocate reserved past the old end of file.
+  if (bytes > old_size && ftruncate(fd_, static_cast<off_t>(old_size)) == 0) {
+    (void)fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(old_size),
+                    static_cast<off_t>(bytes - old_size));
+  }
   if (rc == ENOSPC || rc == EFBIG || rc == EDQUOT) {
-    uint64_t free_b = 0;
-    auto fb = free_bytes_at(path_);
-    if (fb.is_ok()) free_b = fb.value();
+    std::string free_s = fb.is_ok() ? std::to_string(fb.value()) + " bytes (" + format_bytes(fb.value()) + ")"
+                                    : "an unknown number of bytes (" + fb.status().message() + ")";
     return Status(StatusCode::kNoSpace,
                   "While preallocating " + std::to_string(bytes) + " bytes (" + format_bytes(bytes) +
-                      ") for " + path_ + ": " + strerror(rc) + " (errno " + std::to_string(rc) + "); " +
-                      std::to_string(free_b) + " bytes (" + format_bytes(free_b) + ") are free there",
+                      ") for " + path_ + " (growing it from " + std::to_string(old_size) + " bytes, " +
+                      std::to_string(bytes - std::min(bytes, old_size)) + " more): " + strerror(rc) + " (errno " +
+                      std::to_string(rc) + "); " + free_s + " were free there before the attempt",
                   rc);
   }
   return sys_error("fallocate", path_, 0, bytes, rc);
+}
+
+Status File::try_lock() {
+  while (flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EINTR) continue;
+    if (errno == EWOULDBLOCK) {
+      return Status(StatusCode::kAlreadyExists,
+                    path_ + " is locked by another open file (flock LOCK_EX): another job is using it",
+                    errno);
+    }
+    return sys_error("flock LOCK_EX", path_, errno);
+  }
+  return Status::ok();
 }
 
 Status File::truncate(uint64_t bytes) {

@@ -21,6 +21,7 @@ struct OpenOptions {
   bool write = false;   // open read-write (else read-only)
   bool create = false;  // create if missing (implies write)
   bool truncate = false;
+  bool exclusive = false;  // with create: fail with kAlreadyExists (errno EEXIST) if the path exists
   DirectMode direct = DirectMode::kPrefer;
 };
 
@@ -44,8 +45,13 @@ class File {
   uint32_t offset_align() const { return offset_align_; }
 
   Result<uint64_t> size() const;
-  // Reserves [0, bytes) on disk (fallocate); ENOSPC names the path, the bytes and the free space.
+  // Reserves [0, bytes) on disk (fallocate). ENOSPC names the path, the bytes and the space that
+  // was free before the attempt; a failed attempt gives back what it reserved (best effort).
   Status preallocate(uint64_t bytes);
+  // Advisory whole-file lock (flock LOCK_EX | LOCK_NB), held until the file is closed. Another
+  // holder: kAlreadyExists with errno EWOULDBLOCK. Locks are per open file, so a second File on
+  // the same path in the same process conflicts too.
+  Status try_lock();
   Status truncate(uint64_t bytes);
   Status sync();
 

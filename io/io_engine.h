@@ -12,11 +12,13 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "io/file.h"
@@ -41,6 +43,12 @@ class IoCompletion;
 using IoHandle = std::shared_ptr<IoCompletion>;
 // Runs on an engine thread once the whole submission is done. Keep it short; it may submit.
 using IoCallback = std::function<void(IoCompletion&)>;
+// Runs once every request of a submission succeeded, before the completion is marked ready, so
+// a waiter sees its result (swap checksums: recording a write, verifying a read). A non-OK
+// return becomes the completion's status. Runs on the engine's hook threads (up to 4, started at
+// the first hook), never on the thread that reaps completions, so long hooks (hashing MiBs) hold
+// up no other transfer; the submission's callback then runs on the same hook thread.
+using IoFinish = std::function<Status()>;
 
 // The completion of one submit() call (one or several requests). Thread-safe.
 class IoCompletion {
@@ -66,6 +74,7 @@ class IoCompletion {
   std::condition_variable cv_;
   Status status_;
   IoCallback callback_;
+  IoFinish finish_;
 };
 
 enum class IoBackend : uint8_t { kAuto, kUring, kThreads };
@@ -105,6 +114,8 @@ class IoEngine {
   // the backend can. Thread-safe. Never blocks on I/O (it may wait for the submission queue).
   // Bad requests (null file, unaligned O_DIRECT buffer) complete at once with a clear error.
   IoHandle submit(std::span<const IoRequest> reqs, IoCallback cb = {});
+  // The same, with a hook that runs after a successful transfer and before the completion.
+  IoHandle submit(std::span<const IoRequest> reqs, IoCallback cb, IoFinish finish);
   IoHandle submit(const IoRequest& req, IoCallback cb = {}) { return submit({&req, 1}, std::move(cb)); }
   // Synchronous helpers.
   Status read(const File& f, uint64_t offset, void* buf, size_t len);
@@ -149,8 +160,16 @@ class IoEngine {
   IoEngineOptions opts_;
 
  private:
-  void finish_group(IoCompletion* g);
+  void finish_group(const IoHandle& g);
+  void complete_group(IoCompletion* g);
+  void hook_loop();
   Status validate(const IoRequest& r) const;
+
+  std::mutex hook_mu_;
+  std::condition_variable hook_cv_;
+  std::deque<IoHandle> hook_queue_;  // completions whose finish hook is still to run
+  std::vector<std::thread> hook_threads_;
+  bool hook_stop_ = false;
 
   std::atomic<bool> accepting_{true};
   std::atomic<uint64_t> outstanding_{0};  // submissions not yet complete

@@ -1,17 +1,184 @@
-// SwapFile: extent allocation (first fit, coalescing), growth with fallocate, stripe mapping.
+// SwapFile: unique locked files, stale-file reclaim, extent allocation (first fit, coalescing),
+// growth with fallocate, stripe mapping, per-piece checksums.
 #include "io/swap_file.h"
 
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cinttypes>
+#include <cstring>
+#include <random>
+#include <utility>
 
 #include "core/log.h"
 #include "core/units.h"
+#include "io/checksum.h"
 
 namespace zoe::io {
+namespace {
+
+constexpr int kNameAttempts = 16;
+
+uint64_t default_random() {
+  std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32) ^ rd();
+}
+
+std::string hex16(uint64_t v) {
+  char b[17];
+  snprintf(b, sizeof(b), "%016" PRIx64, v);
+  return b;
+}
+
+// flock(LOCK_EX) on a directory, held while create() scans it and creates and locks its own files,
+// so that a scan never meets a file between its creation and its lock. Not every file system
+// supports it (some network ones); then locked() is false and nothing is reclaimed there.
+class DirLock {
+ public:
+  DirLock() = default;
+  DirLock(DirLock&& o) noexcept
+      : fd_(std::exchange(o.fd_, -1)), locked_(o.locked_), dev_(o.dev_), ino_(o.ino_) {}
+  DirLock& operator=(DirLock&& o) noexcept {
+    std::swap(fd_, o.fd_);
+    std::swap(locked_, o.locked_);
+    std::swap(dev_, o.dev_);
+    std::swap(ino_, o.ino_);
+    return *this;
+  }
+  ~DirLock() {
+    if (fd_ >= 0) close(fd_);  // releases the lock
+  }
+
+  // Opens dir; lock() takes the lock (separately, so that callers can skip a directory they hold).
+  static Result<DirLock> open(const std::string& dir) {
+    DirLock l;
+    l.fd_ = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (l.fd_ < 0) {
+      int err = errno;
+      if (err == ENOENT) {
+        return not_found("swap directory %s does not exist (create it, or fix nvme_path)", dir.c_str());
+      }
+      if (err == ENOTDIR)
+        return invalid_argument("swap directory %s is not a directory (nvme_path)", dir.c_str());
+      return sys_error("open swap directory", dir, err);
+    }
+    struct stat st;
+    if (fstat(l.fd_, &st) != 0) return sys_error("fstat", dir, errno);
+    l.dev_ = st.st_dev;
+    l.ino_ = st.st_ino;
+    return l;
+  }
+  static Result<DirLock> take(const std::string& dir) {
+    ZOE_ASSIGN_OR_RETURN(DirLock l, open(dir));
+    l.lock(dir);
+    return l;
+  }
+  void lock(const std::string& dir) {
+    int rc;
+    while ((rc = flock(fd_, LOCK_EX)) != 0 && errno == EINTR) {
+    }
+    locked_ = rc == 0;
+    if (!locked_) {
+      ZOE_LOG_DEBUG("%s: flock on the directory failed (%s); stale swap files are not reclaimed here",
+                    dir.c_str(), strerror(errno));
+    }
+  }
+
+  int fd() const { return fd_; }
+  bool locked() const { return locked_; }
+  bool same_dir(const DirLock& o) const { return dev_ == o.dev_ && ino_ == o.ino_; }
+  bool before(const DirLock& o) const { return dev_ != o.dev_ ? dev_ < o.dev_ : ino_ < o.ino_; }
+
+ private:
+  int fd_ = -1;
+  bool locked_ = false;
+  dev_t dev_ = 0;
+  ino_t ino_ = 0;
+};
+
+// Removes the stale swap files of a directory whose DirLock is held.
+ReclaimStats reclaim_locked(const std::string& dir, const DirLock& lock) {
+  ReclaimStats r;
+  if (!lock.locked()) return r;
+  int dfd = dup(lock.fd());
+  if (dfd < 0) return r;
+  DIR* d = fdopendir(dfd);
+  if (!d) {
+    close(dfd);
+    return r;
+  }
+  while (dirent* de = readdir(d)) {
+    std::string name = de->d_name;
+    if (!is_unique_swap_file_name(name)) continue;
+    if (de->d_type != DT_REG && de->d_type != DT_UNKNOWN) continue;
+    int fd = openat(lock.fd(), name.c_str(), O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+      if (errno != ENOENT)
+        ZOE_LOG_DEBUG("%s/%s: cannot open to check its lock: %s", dir.c_str(), name.c_str(), strerror(errno));
+      continue;
+    }
+    struct stat st;
+    // Lock taken: no live process holds the file; its owner died without removing it.
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && flock(fd, LOCK_EX | LOCK_NB) == 0) {
+      if (unlinkat(lock.fd(), name.c_str(), 0) == 0) {
+        r.files++;
+        r.bytes += static_cast<uint64_t>(st.st_blocks) * 512;
+      } else {
+        ZOE_LOG_WARN("%s/%s is a stale swap file (no process holds its lock) but cannot be removed: %s",
+                     dir.c_str(), name.c_str(), strerror(errno));
+      }
+    }
+    close(fd);
+  }
+  closedir(d);
+  return r;
+}
+
+void log_reclaimed(const std::vector<std::string>& dirs, const ReclaimStats& r) {
+  if (r.files == 0) return;
+  std::string where;
+  for (const auto& d : dirs) where += (where.empty() ? "" : ", ") + d;
+  ZOE_LOG_WARN("removed %zu stale swap file(s) of dead processes from %s, reclaiming %" PRIu64 " bytes (%s)",
+               r.files, where.c_str(), r.bytes, format_bytes(r.bytes).c_str());
+}
+
+}  // namespace
+
+bool is_unique_swap_file_name(const std::string& name) {
+  // <prefix>-<16 hex>.<digits>.swap
+  constexpr std::string_view kExt = ".swap";
+  if (name.size() < kExt.size() || name.compare(name.size() - kExt.size(), kExt.size(), kExt) != 0)
+    return false;
+  size_t end = name.size() - kExt.size();
+  if (end == 0) return false;
+  size_t dot = name.rfind('.', end - 1);
+  if (dot == std::string::npos || dot + 1 >= end) return false;
+  for (size_t i = dot + 1; i < end; ++i) {
+    if (name[i] < '0' || name[i] > '9') return false;
+  }
+  if (dot < 18 || name[dot - 17] != '-') return false;
+  for (size_t i = dot - 16; i < dot; ++i) {
+    char c = name[i];
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  }
+  return true;
+}
+
+Result<ReclaimStats> reclaim_stale_swap_files(const std::string& dir) {
+  ZOE_ASSIGN_OR_RETURN(DirLock lock, DirLock::take(dir));
+  ReclaimStats r = reclaim_locked(dir, lock);
+  log_reclaimed({dir}, r);
+  return r;
+}
 
 SwapFile::~SwapFile() {
   if (opts_.keep) return;
+  // Removed while still locked; the descriptors (and locks) go with files_.
   for (const auto& f : files_) unlink(f->path().c_str());
 }
 
@@ -23,21 +190,27 @@ Result<std::unique_ptr<SwapFile>> SwapFile::create(const SwapFileOptions& opts) 
   }
   if (opts.reuse && !opts.keep) return invalid_argument("swap file: reuse needs keep");
   std::unique_ptr<SwapFile> sf(new SwapFile(opts));
-  for (size_t i = 0; i < opts.dirs.size(); ++i) {
-    std::string path = opts.dirs[i] + "/" + opts.name + "." + std::to_string(i) + ".swap";
-    OpenOptions oo;
-    oo.create = true;
-    oo.write = true;
-    oo.truncate = !opts.reuse;
-    oo.direct = opts.direct;
-    auto f = File::open(path, oo);
-    if (!f.is_ok()) {
-      if (f.status().code() == StatusCode::kNotFound) {
-        return not_found("swap directory %s does not exist (create it, or fix nvme_path)", opts.dirs[i].c_str());
-      }
-      return f.status().with_context("creating swap file " + path);
+  {
+    // One lock per distinct directory (a second flock on a directory this process already locked
+    // through another descriptor would wait forever), taken in (device, inode) order so that two
+    // jobs naming the same directories in different orders cannot deadlock.
+    std::vector<std::pair<DirLock, const std::string*>> locks;
+    for (const auto& d : opts.dirs) {
+      ZOE_ASSIGN_OR_RETURN(DirLock l, DirLock::open(d));
+      bool held = false;
+      for (const auto& h : locks) held = held || h.first.same_dir(l);
+      if (!held) locks.emplace_back(std::move(l), &d);
     }
-    sf->files_.push_back(std::move(f).value());
+    std::sort(locks.begin(), locks.end(), [](const auto& a, const auto& b) { return a.first.before(b.first); });
+    for (auto& [l, d] : locks) {
+      l.lock(*d);
+      if (!opts.reclaim_stale) continue;
+      ReclaimStats r = reclaim_locked(*d, l);
+      sf->reclaimed_.files += r.files;
+      sf->reclaimed_.bytes += r.bytes;
+    }
+    log_reclaimed(opts.dirs, sf->reclaimed_);
+    ZOE_RETURN_IF_ERROR(sf->open_files());
   }
   uint64_t existing = 0;
   if (opts.reuse) {
@@ -54,30 +227,122 @@ Result<std::unique_ptr<SwapFile>> SwapFile::create(const SwapFileOptions& opts) 
   }
   if (opts.initial_bytes > existing) {
     std::lock_guard<std::mutex> lock(sf->mu_);
-    ZOE_RETURN_IF_ERROR(sf->grow_locked(opts.initial_bytes));
+    ZOE_RETURN_IF_ERROR(sf->grow_locked(opts.initial_bytes, /*allow_step=*/false));
   }
   return sf;
 }
 
-Status SwapFile::grow_locked(uint64_t min_capacity) {
-  uint64_t unit = opts_.stripe_bytes * files_.size();
-  uint64_t target = std::max(min_capacity, capacity_ + opts_.grow_bytes);
-  target = (target + unit - 1) / unit * unit;
-  if (opts_.max_bytes && target > opts_.max_bytes) {
-    target = opts_.max_bytes / unit * unit;
-    if (target < min_capacity) {
-      return no_space("swap space limit reached: %llu bytes needed, limit %llu bytes (%s) over %zu file(s)",
-                      static_cast<unsigned long long>(min_capacity), static_cast<unsigned long long>(opts_.max_bytes),
-                      format_bytes(opts_.max_bytes).c_str(), files_.size());
+Status SwapFile::open_files() {
+  OpenOptions oo;
+  oo.create = true;
+  oo.write = true;
+  oo.direct = opts_.direct;
+  if (opts_.keep) {
+    // Stable names, found again by reuse; the lock refuses a second live user.
+    oo.truncate = !opts_.reuse;
+    for (size_t i = 0; i < opts_.dirs.size(); ++i) {
+      std::string path = opts_.dirs[i] + "/" + opts_.name + "." + std::to_string(i) + ".swap";
+      auto f = File::open(path, oo);
+      if (!f.is_ok()) return f.status().with_context("creating swap file " + path);
+      Status s = f.value()->try_lock();
+      if (!s.is_ok()) {
+        return std::move(s).with_context("opening kept swap file " + path +
+                                         " (another job uses this name and path; choose another)");
+      }
+      files_.push_back(std::move(f).value());
     }
+    return Status::ok();
   }
-  uint64_t per_file = target / files_.size();
-  for (const auto& f : files_) {
-    Status s = f->preallocate(per_file);
-    if (!s.is_ok()) {
-      return std::move(s).with_context("growing the swap space to " + format_bytes(target) + " over " +
-                                       std::to_string(files_.size()) + " file(s)");
+  oo.exclusive = true;
+  uint64_t (*rnd)() = opts_.random_source ? opts_.random_source : default_random;
+  std::string tried;
+  for (int attempt = 0; attempt < kNameAttempts; ++attempt) {
+    std::string suffix = hex16(rnd());
+    bool taken = false;
+    for (size_t i = 0; i < opts_.dirs.size() && !taken; ++i) {
+      std::string path = opts_.dirs[i] + "/" + opts_.name + "-" + suffix + "." + std::to_string(i) + ".swap";
+      auto f = File::open(path, oo);
+      if (!f.is_ok() && f.status().code() == StatusCode::kAlreadyExists) {
+        taken = true;
+        tried = path;
+        break;
+      }
+      Status s = f.is_ok() ? f.value()->try_lock() : f.status();
+      if (!s.is_ok()) {
+        if (f.is_ok()) files_.push_back(std::move(f).value());  // removed by the destructor
+        return std::move(s).with_context("creating swap file " + path);
+      }
+      files_.push_back(std::move(f).value());
     }
+    if (!taken) return Status::ok();
+    for (const auto& f : files_) unlink(f->path().c_str());
+    files_.clear();
+  }
+  return Status(StatusCode::kAlreadyExists, "swap file: " + std::to_string(kNameAttempts) +
+                                                " random names in a row already existed (last " + tried +
+                                                "); is the random source broken?");
+}
+
+Result<uint64_t> SwapFile::headroom_per_file() const {
+  // Files sharing a file system share its free space.
+  std::vector<dev_t> devs(files_.size());
+  for (size_t i = 0; i < files_.size(); ++i) {
+    struct stat st;
+    if (fstat(files_[i]->fd(), &st) != 0) return sys_error("fstat", files_[i]->path(), errno);
+    devs[i] = st.st_dev;
+  }
+  uint64_t room = UINT64_MAX;
+  for (size_t i = 0; i < files_.size(); ++i) {
+    ZOE_ASSIGN_OR_RETURN(uint64_t free_b, free_bytes_at(files_[i]->path()));
+    uint64_t sharing = static_cast<uint64_t>(std::count(devs.begin(), devs.end(), devs[i]));
+    room = std::min(room, free_b / sharing);
+  }
+  return room;
+}
+
+Status SwapFile::grow_locked(uint64_t min_capacity, bool allow_step) {
+  const uint64_t n = files_.size();
+  const uint64_t unit = opts_.stripe_bytes * n;
+  auto round_up = [unit](uint64_t v) { return (v + unit - 1) / unit * unit; };
+  const uint64_t limit = opts_.max_bytes ? opts_.max_bytes / unit * unit : UINT64_MAX;
+  const uint64_t need = round_up(std::max(min_capacity, capacity_));
+  if (need > limit) {
+    return no_space("swap space limit reached: %llu bytes needed, limit %llu bytes (%s) over %zu file(s)",
+                    static_cast<unsigned long long>(min_capacity),
+                    static_cast<unsigned long long>(opts_.max_bytes), format_bytes(opts_.max_bytes).c_str(),
+                    files_.size());
+  }
+  uint64_t target = need;
+  if (allow_step && opts_.grow_bytes) {
+    // The whole step only where the disks hold it with an eighth of their free space to spare
+    // (metadata, other users); else just what this allocation needs.
+    uint64_t step = std::min(limit, round_up(capacity_ + opts_.grow_bytes));
+    auto room = headroom_per_file();
+    if (step > need && room.is_ok() && (step - capacity_) / n <= room.value() - room.value() / 8)
+      target = step;
+  }
+  std::vector<uint64_t> old_size(n);
+  for (size_t i = 0; i < n; ++i) {
+    ZOE_ASSIGN_OR_RETURN(old_size[i], files_[i]->size());
+  }
+  for (;;) {
+    Status s;
+    for (size_t i = 0; i < n && s.is_ok(); ++i) {
+      s = files_[i]->preallocate(target / n);
+      // Give back what the files grown so far took beyond the old capacity.
+      if (!s.is_ok()) {
+        for (size_t j = 0; j < i; ++j) (void)files_[j]->truncate(old_size[j]);
+      }
+    }
+    if (s.is_ok()) break;
+    // The step did not fit after all (another job took the space): try just what is needed.
+    if (s.code() == StatusCode::kNoSpace && target > need) {
+      target = need;
+      continue;
+    }
+    return std::move(s).with_context("growing the swap space from " + format_bytes(capacity_) + " to " +
+                                     format_bytes(target) + " over " + std::to_string(n) + " file(s) (" +
+                                     std::to_string(need - capacity_) + " more bytes needed)");
   }
   uint64_t old = capacity_;
   capacity_ = target;
@@ -129,17 +394,21 @@ Result<Extent> SwapFile::allocate(uint64_t bytes) {
       auto last = std::prev(free_.end());
       if (last->first + last->second == capacity_) tail_free = last->second;
     }
-    ZOE_RETURN_IF_ERROR(grow_locked(capacity_ + need - tail_free));
+    ZOE_RETURN_IF_ERROR(grow_locked(capacity_ + need - tail_free, /*allow_step=*/true));
   }
   return internal_error("swap file: allocation of %llu bytes failed after growing", static_cast<unsigned long long>(need));
 }
 
 void SwapFile::free(const Extent& e) {
   if (e.bytes == 0) return;
-  std::lock_guard<std::mutex> lock(mu_);
-  ZOE_CHECK_MSG(e.offset + e.bytes <= capacity_, "swap extent out of range");
-  used_ -= e.bytes;
-  add_free_locked(e.offset, e.bytes);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ZOE_CHECK_MSG(e.offset + e.bytes <= capacity_, "swap extent out of range");
+    used_ -= e.bytes;
+    add_free_locked(e.offset, e.bytes);
+  }
+  std::lock_guard<std::mutex> lock(sum_mu_);
+  forget_sums_locked(e.offset, e.offset + e.bytes);
 }
 
 void SwapFile::map(IoOp op, uint64_t offset, void* buf, size_t len, std::vector<IoRequest>* out) const {
@@ -165,19 +434,110 @@ void SwapFile::map(IoOp op, uint64_t offset, void* buf, size_t len, std::vector<
   }
 }
 
-IoHandle SwapFile::read(IoEngine& eng, const Extent& e, void* buf, size_t len, uint64_t at, IoCallback cb) const {
-  ZOE_CHECK_MSG(at + len <= e.bytes, "read beyond the swap extent");
+void SwapFile::forget_sums_locked(uint64_t begin, uint64_t end) const {
+  auto it = sums_.lower_bound(begin);
+  if (it != sums_.begin()) {
+    auto prev = std::prev(it);
+    if (prev->first + prev->second.len > begin) it = prev;
+  }
+  while (it != sums_.end() && it->first < end) it = sums_.erase(it);
+}
+
+IoHandle SwapFile::transfer(IoEngine& eng, std::span<const SwapIo> ios, IoCallback cb,
+                            SwapIoNamer name) const {
   std::vector<IoRequest> reqs;
-  map(IoOp::kRead, e.offset + at, buf, len, &reqs);
-  return eng.submit(reqs, std::move(cb));
+  for (const SwapIo& io : ios) {
+    ZOE_CHECK_MSG(io.at + io.len <= io.extent.bytes, "%s beyond the swap extent", io_op_name(io.op));
+    map(io.op, io.extent.offset + io.at, io.buf, io.len, &reqs);
+  }
+  if (!opts_.checksum) return eng.submit(reqs, std::move(cb));
+  // Writes forget what their range held at once (a failed write leaves it unverified, never
+  // verified against older data) and record their pieces once the data is on disk. Reads take
+  // the records of the pieces they cover whole now and check them once the data is in.
+  std::vector<Piece> expect, fresh;
+  {
+    std::lock_guard<std::mutex> lock(sum_mu_);
+    for (size_t i = 0; i < ios.size(); ++i) {
+      const SwapIo& io = ios[i];
+      const uint64_t begin = io.extent.offset + io.at, end = begin + io.len;
+      char* buf = static_cast<char*>(io.buf);
+      if (io.op == IoOp::kWrite) {
+        forget_sums_locked(begin, end);
+        for (uint64_t p = begin; p < end;) {
+          uint64_t cut =
+              io.extent.offset + ((p - io.extent.offset) / kChecksumPieceBytes + 1) * kChecksumPieceBytes;
+          uint64_t q = std::min(end, cut);
+          fresh.push_back(Piece{p, q - p, 0, io.extent.offset, buf + (p - begin), i});
+          p = q;
+        }
+      } else {
+        for (auto it = sums_.lower_bound(begin); it != sums_.end() && it->first < end; ++it) {
+          if (it->first + it->second.len > end) break;
+          expect.push_back(Piece{it->first, it->second.len, it->second.hash, io.extent.offset,
+                                 buf + (it->first - begin), i});
+        }
+      }
+    }
+  }
+  if (expect.empty() && fresh.empty()) return eng.submit(reqs, std::move(cb));
+  IoFinish finish = [this, expect = std::move(expect), fresh = std::move(fresh),
+                     name = std::move(name)]() mutable {
+    Status s = verify(expect, name);
+    if (s.is_ok()) record(fresh);
+    return s;
+  };
+  return eng.submit(reqs, std::move(cb), std::move(finish));
+}
+
+Status SwapFile::verify(const std::vector<Piece>& expect, const SwapIoNamer& name) const {
+  uint64_t verified = 0;
+  for (const Piece& p : expect) {
+    uint64_t got = swap_checksum(p.buf, p.len);
+    if (got == p.hash) {
+      verified += p.len;
+      continue;
+    }
+    std::vector<IoRequest> where;
+    map(IoOp::kRead, p.offset, p.buf, p.len, &where);
+    std::string in;
+    for (const IoRequest& r : where) {
+      in += (in.empty() ? "" : " and ") + std::to_string(r.len) + " bytes at offset " +
+            std::to_string(r.offset) + " of " + r.file->path();
+    }
+    std::string what = name ? name(p.io) : "the extent at logical swap offset " + std::to_string(p.extent);
+    verified_bytes_.fetch_add(verified, std::memory_order_relaxed);
+    return corruption("swap data checksum mismatch reading %s: %" PRIu64 " bytes at byte %" PRIu64
+                      " of its extent (%s): %s 0x%016" PRIx64 " when written, 0x%016" PRIx64
+                      " as read. The data changed on disk or in transit after it was written; it is not used "
+                      "(check the drive: dmesg, smartctl)",
+                      what.c_str(), p.len, p.offset - p.extent, in.c_str(), swap_checksum_name(), p.hash,
+                      got);
+  }
+  verified_bytes_.fetch_add(verified, std::memory_order_relaxed);
+  return Status::ok();
+}
+
+void SwapFile::record(std::vector<Piece>& pieces) const {
+  for (Piece& p : pieces) p.hash = swap_checksum(p.buf, p.len);
+  std::lock_guard<std::mutex> lock(sum_mu_);
+  for (const Piece& p : pieces) {
+    forget_sums_locked(p.offset, p.offset + p.len);
+    sums_.emplace(p.offset, Sum{p.len, p.hash});
+  }
+}
+
+IoHandle SwapFile::read(IoEngine& eng, const Extent& e, void* buf, size_t len, uint64_t at, IoCallback cb,
+                        SwapIoNamer name) const {
+  ZOE_CHECK_MSG(at + len <= e.bytes, "read beyond the swap extent");
+  SwapIo io{IoOp::kRead, e, at, buf, len};
+  return transfer(eng, {&io, 1}, std::move(cb), std::move(name));
 }
 
 IoHandle SwapFile::write(IoEngine& eng, const Extent& e, const void* buf, size_t len, uint64_t at,
-                         IoCallback cb) const {
+                         IoCallback cb, SwapIoNamer name) const {
   ZOE_CHECK_MSG(at + len <= e.bytes, "write beyond the swap extent");
-  std::vector<IoRequest> reqs;
-  map(IoOp::kWrite, e.offset + at, const_cast<void*>(buf), len, &reqs);
-  return eng.submit(reqs, std::move(cb));
+  SwapIo io{IoOp::kWrite, e, at, const_cast<void*>(buf), len};
+  return transfer(eng, {&io, 1}, std::move(cb), std::move(name));
 }
 
 Status SwapFile::register_files(IoEngine& eng) const {

@@ -222,14 +222,14 @@ Status OptimizerSwapper::step(const ChunkUpdate& update, bool write_all) {
   auto give_slot = [this](size_t slot) { release_slot(slot, Status::ok()); };
   auto issue_read = [&](size_t slot) {
     const Chunk& c = chunks[next_read++];
-    std::vector<io::IoRequest> reqs;
+    std::vector<StoreIo> ios;
     for (size_t k = 0; k < K; ++k) {
-      auto e = store_->extent(StateKey{c.g->id, opts_.states[k].kind});
       uint64_t off = static_cast<uint64_t>(c.begin) * opts_.states[k].elem_bytes;
-      store_->file().map(io::IoOp::kRead, e.value().offset + off, slot_buffer(slot, k), span_bytes(c.n, k), &reqs);
+      ios.push_back(StoreIo{io::IoOp::kRead, StateKey{c.g->id, opts_.states[k].kind}, off,
+                            slot_buffer(slot, k), span_bytes(c.n, k)});
       stats_.bytes_read += span_bytes(c.n, k);
     }
-    reads.push_back(Read{slot, store_->engine().submit(reqs), now_ns()});
+    reads.push_back(Read{slot, store_->transfer(ios), now_ns()});
   };
 
   std::vector<void*> ptrs(K);
@@ -264,22 +264,22 @@ Status OptimizerSwapper::step(const ChunkUpdate& update, bool write_all) {
       give_slot(r.slot);
       break;
     }
-    std::vector<io::IoRequest> reqs;
+    std::vector<StoreIo> ios;
     for (size_t k = 0; k < K; ++k) {
       if (!opts_.states[k].write_back && !write_all) continue;
-      auto e = store_->extent(StateKey{c.g->id, opts_.states[k].kind});
       uint64_t off = static_cast<uint64_t>(c.begin) * opts_.states[k].elem_bytes;
-      store_->file().map(io::IoOp::kWrite, e.value().offset + off, slot_buffer(r.slot, k), span_bytes(c.n, k), &reqs);
+      ios.push_back(StoreIo{io::IoOp::kWrite, StateKey{c.g->id, opts_.states[k].kind}, off,
+                            slot_buffer(r.slot, k), span_bytes(c.n, k)});
       stats_.bytes_written += span_bytes(c.n, k);
     }
-    if (reqs.empty()) {
+    if (ios.empty()) {
       give_slot(r.slot);
       continue;
     }
     uint64_t tws = now_ns();
     std::string what = std::to_string(c.g->id) + "@" + std::to_string(c.begin);
     // The callback touches only members: step() may return as soon as the slot is back.
-    store_->engine().submit(reqs, [this, slot = r.slot, tws, what](io::IoCompletion& done) {
+    store_->transfer(ios, [this, slot = r.slot, tws, what](io::IoCompletion& done) {
       if (opts_.trace) opts_.trace->record("write " + what, "host->nvme", tws, now_ns());
       release_slot(slot, done.status().is_ok() ? Status::ok()
                                                : done.status().with_context("writing back optimizer sub-group chunk " + what));

@@ -18,6 +18,10 @@ const char* state_kind_name(StateKind k) {
   return "?";
 }
 
+std::string describe(const StateKey& key) {
+  return "nvme tier item " + std::to_string(key.item) + " state " + state_kind_name(key.kind);
+}
+
 SwapStore::SwapStore(io::SwapFile* file, io::IoEngine* engine, uint64_t budget_bytes)
     : file_(file), engine_(engine), budget_(budget_bytes) {}
 
@@ -71,15 +75,32 @@ bool SwapStore::contains(const StateKey& key) const {
 }
 
 io::IoHandle SwapStore::read(const StateKey& key, uint64_t offset, void* buf, size_t len, io::IoCallback cb) {
-  auto e = extent(key);
-  ZOE_CHECK_MSG(e.is_ok(), "%s", e.status().message().c_str());
-  return file_->read(*engine_, e.value(), buf, len, offset, std::move(cb));
+  StoreIo io{io::IoOp::kRead, key, offset, buf, len};
+  return transfer({&io, 1}, std::move(cb));
 }
 
 io::IoHandle SwapStore::write(const StateKey& key, uint64_t offset, const void* buf, size_t len, io::IoCallback cb) {
-  auto e = extent(key);
-  ZOE_CHECK_MSG(e.is_ok(), "%s", e.status().message().c_str());
-  return file_->write(*engine_, e.value(), buf, len, offset, std::move(cb));
+  StoreIo io{io::IoOp::kWrite, key, offset, const_cast<void*>(buf), len};
+  return transfer({&io, 1}, std::move(cb));
+}
+
+io::IoHandle SwapStore::transfer(std::span<const StoreIo> ios, io::IoCallback cb) {
+  std::vector<io::SwapIo> sios;
+  std::vector<StateKey> keys;
+  sios.reserve(ios.size());
+  keys.reserve(ios.size());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const StoreIo& io : ios) {
+      auto it = extents_.find(io.key);
+      ZOE_CHECK_MSG(it != extents_.end(), "nvme tier: item %llu state %s has no swap space",
+                    static_cast<unsigned long long>(io.key.item), state_kind_name(io.key.kind));
+      sios.push_back(io::SwapIo{io.op, it->second, io.offset, io.buf, io.len});
+      keys.push_back(io.key);
+    }
+  }
+  return file_->transfer(*engine_, sios, std::move(cb),
+                         [keys = std::move(keys)](size_t i) { return describe(keys[i]); });
 }
 
 uint64_t SwapStore::used_bytes() const {

@@ -3,6 +3,8 @@
 
 #include <cstdint>
 #include <mutex>
+#include <span>
+#include <string>
 #include <unordered_map>
 
 #include "io/io_engine.h"
@@ -21,7 +23,21 @@ struct StateKey {
   bool operator==(const StateKey& o) const { return item == o.item && kind == o.kind; }
 };
 
-// Thread-safe. The engine and file are not owned and must outlive the store.
+// "item 3 state adam_m", for messages.
+std::string describe(const StateKey& key);
+
+// One transfer of SwapStore::transfer(): [offset, offset + len) of the key's extent.
+struct StoreIo {
+  io::IoOp op = io::IoOp::kRead;
+  StateKey key;
+  uint64_t offset = 0;
+  void* buf = nullptr;
+  size_t len = 0;
+};
+
+// Thread-safe. The engine and file are not owned and must outlive the store. Transfers carry the
+// file's checksums (io::SwapFileOptions::checksum): a read whose data changed since it was
+// written completes with kCorruption naming the item, the state, the file and the offset.
 class SwapStore {
  public:
   // budget_bytes 0 = no limit beyond the disks.
@@ -38,6 +54,8 @@ class SwapStore {
   // Async transfer of [offset, offset+len) of the key's extent. O_DIRECT rules apply to buf.
   io::IoHandle read(const StateKey& key, uint64_t offset, void* buf, size_t len, io::IoCallback cb = {});
   io::IoHandle write(const StateKey& key, uint64_t offset, const void* buf, size_t len, io::IoCallback cb = {});
+  // Several transfers (any keys) as one submission and one completion.
+  io::IoHandle transfer(std::span<const StoreIo> ios, io::IoCallback cb = {});
 
   uint64_t budget_bytes() const { return budget_; }
   uint64_t used_bytes() const;

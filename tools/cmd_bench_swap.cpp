@@ -12,6 +12,7 @@
 
 #include "core/clock.h"
 #include "core/units.h"
+#include "io/checksum.h"
 #include "io/io_engine.h"
 #include "io/swap_file.h"
 #include "offload/optimizer_swapper.h"
@@ -37,6 +38,7 @@ struct BenchSwapOpts {
   uint32_t qd = 32;
   std::string trace;
   bool json = false;
+  bool checksum = false;
 };
 
 uint64_t parse_count(const std::string& s, const char* flag) {
@@ -98,6 +100,7 @@ void run(const BenchSwapOpts& o) {
   so.dirs = paths;
   so.name = "zoe-bench-swap";
   so.grow_bytes = 1u << 30;
+  so.checksum = o.checksum;
   auto swap = value_or_fail(io::SwapFile::create(so));
   (void)swap->register_files(*engine);
   offload::SwapStore store(swap.get(), engine.get(), 0);
@@ -223,6 +226,7 @@ void run(const BenchSwapOpts& o) {
             {"threads", pool->threads()},
             {"kernel", optim::kernel_path_name(exec)},
             {"repeats", o.repeats},
+            {"checksum", o.checksum ? io::swap_checksum_name() : "off"},
             {"t_step", ts},
             {"t_io_only", ti},
             {"t_compute_only", tc},
@@ -245,6 +249,7 @@ void run(const BenchSwapOpts& o) {
          static_cast<unsigned long long>(n), group_sizes.size(), paths[0].c_str(),
          format_bytes(store.used_bytes()).c_str(), o.buffers, format_bytes(buf_bytes).c_str(), o.grad_dtype.c_str(),
          pool->threads(), optim::kernel_path_name(exec));
+  printf("checksums       %s\n", o.checksum ? io::swap_checksum_name() : "off");
   printf("t_step          %8.3f s   (median of %d; read %s, write %s, %.2f GB/s)\n", ts, o.repeats,
          format_bytes(last.bytes_read).c_str(), format_bytes(last.bytes_written).c_str(), io_gbps);
   printf("t_io_only       %8.3f s\n", ti);
@@ -276,6 +281,9 @@ void add_bench_swap_command(CLI::App& bench) {
   cmd->add_option("--qd", o->qd, "I/O queue depth")->capture_default_str();
   cmd->add_option("--trace", o->trace, "Write a Chrome-trace timeline of the last step to this file");
   cmd->add_flag("--json", o->json, "Print one JSON object");
+  cmd->add_flag("--checksum", o->checksum,
+                "Checksum every swap write and verify every read (xxh3 per 1 MiB piece; off by default: "
+                "run with and without to see what it costs)");
   cmd->callback([o] { run(*o); });
 }
 

@@ -262,6 +262,47 @@ TEST_P(IoEngineTest, EagainIsRetried) {
   EXPECT_EQ(engine_->stats().retries, 3u);
 }
 
+TEST_P(IoEngineTest, CorruptReadFlipsOneByteOfAReadOnly) {
+  // Counts reads only: the write before it is untouched, the read gets one flipped bit.
+  faults_.add(FaultKind::kCorruptRead, 1);
+  const size_t n = 64 * 1024;
+  AlignedBuffer w = buffer(n), r = buffer(n);
+  memset(w.data(), 0x33, n);
+  ASSERT_TRUE(engine_->write(*file_, 0, w.data(), n).is_ok());
+  EXPECT_EQ(faults_.injected(), 0u);
+  ASSERT_TRUE(engine_->read(*file_, 0, r.data(), n).is_ok());  // the engine cannot tell
+  EXPECT_EQ(faults_.injected(), 1u);
+  EXPECT_EQ(first_mismatch(r.data(), w.data(), n), static_cast<long long>(n / 2));
+  EXPECT_EQ(r.bytes()[n / 2], 0x33 ^ 0x20);
+}
+
+TEST_P(IoEngineTest, FinishHookRunsBeforeTheCompletionIsReady) {
+  const size_t n = 3 * 256 * 1024;
+  AlignedBuffer w = buffer(n);
+  memset(w.data(), 7, n);
+  std::atomic<int> ran{0};
+  IoRequest req{IoOp::kWrite, file_.get(), 0, w.data(), n};
+  IoHandle h = engine_->submit({&req, 1}, {}, [&] {
+    ran++;
+    return Status::ok();
+  });
+  ASSERT_TRUE(h->wait().is_ok());
+  EXPECT_EQ(ran.load(), 1);
+  // Its error becomes the completion's, seen by wait() and drain().
+  ASSERT_TRUE(engine_->drain().is_ok());
+  h = engine_->submit({&req, 1}, {}, [] { return corruption("hook says no"); });
+  EXPECT_EQ(h->wait().code(), StatusCode::kCorruption);
+  EXPECT_EQ(engine_->drain().code(), StatusCode::kCorruption);
+  // A failed transfer does not run it.
+  faults_.add(FaultKind::kEio, 1, UINT64_MAX);
+  h = engine_->submit({&req, 1}, {}, [&] {
+    ran++;
+    return Status::ok();
+  });
+  EXPECT_EQ(h->wait().code(), StatusCode::kIoError);
+  EXPECT_EQ(ran.load(), 1);
+}
+
 TEST_P(IoEngineTest, PersistentEioNeverHangs) {
   // A dead disk: every answer fails. Every submission must still complete, with an error.
   faults_.add(FaultKind::kEio, 1, UINT64_MAX);

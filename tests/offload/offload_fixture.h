@@ -40,6 +40,7 @@ struct Rig {
     io::SwapFileOptions so;
     so.dirs = {dir.path()};
     so.grow_bytes = 4 << 20;
+    so.checksum = true;  // the tier and swapper tests run with swap checksums on
     auto s = io::SwapFile::create(so);
     EXPECT_TRUE(s.is_ok()) << s.status().to_string();
     if (!s.is_ok()) return false;
