@@ -74,7 +74,10 @@ struct StepStats {
   double t_compute = 0.0;       // outside engine calls (the caller's forward/backward)
   double t_comm = 0.0;          // waiting for collectives
   double t_io_stall = 0.0;      // waiting for parameters to arrive from host/NVMe
-  double t_optimizer = 0.0;     // the step itself (norm, Adam, parameter write-back)
+  double t_optimizer = 0.0;     // the caller waiting for the optimizer: the step itself (norm, and the
+                                // update unless it is overlapped) and fetches waiting for an update
+  double t_update_overlapped = 0.0;  // the previous step's update on its own thread, behind this
+                                     // step's forward (zoe.overlap_step); 0 when serial
   // High-water marks, bytes: device, host, nvme.
   uint64_t high_water[3] = {0, 0, 0};
   // Bytes moved since initialize(): NVMe reads and writes (every tier's), host -> device and

@@ -115,9 +115,14 @@ struct ZoeConfig {
   double offload_ratio = 1.0;          // partial offload: fraction of optimizer states on host/NVMe
   bool bf16_optimizer_states = false;  // keep Adam m and v in bf16
   std::string device = "auto";  // "auto" (= "cpu" for now) or "cpu"; "cuda": the engine on this rank's GPU
-  // Not enforced yet: parse() refuses any value but 0 (the engine gives its tiers no host budget).
+  // Host memory the placement may use (offloaded states, partitions, swapper and staging
+  // buffers); 0: no limit. Enforced by the placement planner at initialize().
   int64_t host_budget_bytes = 0;
   int64_t optimizer_threads = 0;  // 0: all cores
+  // The optimizer update runs behind the next forward (each fetch waits only for its module's
+  // update); false: step() returns after the whole update. Results are the same bits either way.
+  bool overlap_step = true;
+  bool swap_checksum = false;  // checksum every swap write, verify every read (io::SwapFileOptions)
 
   bool operator==(const ZoeConfig&) const = default;
 };

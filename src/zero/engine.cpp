@@ -215,6 +215,7 @@ Engine::~Engine() {
   if (!impl_) return;
   Status s = finish_save();
   if (!s.is_ok()) ZOE_LOG_ERROR("asynchronous checkpoint: %s", s.to_string().c_str());
+  (void)impl_->join_update();  // an overlapped update still running behind (no collectives here)
   for (auto& p : impl_->pending) (void)p.h.wait();
   for (auto& mod : impl_->modules) {
     if (mod.gather_pending) (void)mod.gather.wait();

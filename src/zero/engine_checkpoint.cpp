@@ -203,6 +203,7 @@ Status Engine::finish_save() {
 
 Status Engine::save(const std::string& save_dir, const std::string& tag, const std::string& trainer_state_json,
                     bool async) {
+  ZOE_RETURN_IF_ERROR_CTX(impl_->finish_update(), "finishing the optimizer step before saving");
   Impl& I = *impl_;
   if (!I.initialized) return invalid_argument("save() before initialize()");
   ZOE_RETURN_IF_ERROR(finish_save());
@@ -250,6 +251,7 @@ Status Engine::save(const std::string& save_dir, const std::string& tag, const s
 }
 
 Result<std::string> Engine::load(const std::string& dir) {
+  ZOE_RETURN_IF_ERROR_CTX(impl_->finish_update(), "finishing the optimizer step before loading");
   Impl& I = *impl_;
   if (!I.initialized) return invalid_argument("load() before initialize()");
   ZOE_RETURN_IF_ERROR(finish_save());

@@ -28,13 +28,13 @@ void Engine::Impl::owned_range(const Module& mod, size_t* begin, size_t* n) cons
   }
 }
 
-Result<void*> Engine::Impl::owned_compute(size_t m) {
+Result<void*> Engine::Impl::owned_compute(size_t m, double* t_io_acc) {
   Module& mod = modules[m];
   if (!mod.partitioned_params) return mod.full.bytes_ptr() + mod.opt_begin * esize();
   Tier t = param_off == OffloadDevice::kNone ? Tier::kDevice : Tier::kHost;
   uint64_t t0 = now_ns();
   auto p = tm->fetch(m, t).wait();
-  t_io += static_cast<double>(now_ns() - t0) * 1e-9;
+  *t_io_acc += static_cast<double>(now_ns() - t0) * 1e-9;
   return p;
 }
 
@@ -42,7 +42,7 @@ bool Engine::Impl::owned_on_device(size_t m) const {
   return !modules[m].partitioned_params || param_off == OffloadDevice::kNone;
 }
 
-Status Engine::Impl::unpin_owned(size_t m) {
+Status Engine::Impl::unpin_owned(size_t m, double* t_io_acc) {
   Module& mod = modules[m];
   if (!mod.partitioned_params) return Status::ok();
   Tier t = param_off == OffloadDevice::kNone ? Tier::kDevice : Tier::kHost;
@@ -54,11 +54,20 @@ Status Engine::Impl::unpin_owned(size_t m) {
   if (writeback_pending) {
     uint64_t t0 = now_ns();
     (void)last_writeback.wait();
-    t_io += static_cast<double>(now_ns() - t0) * 1e-9;
+    *t_io_acc += static_cast<double>(now_ns() - t0) * 1e-9;
   }
   last_writeback = tm->evict(m, Tier::kHost);
   writeback_pending = true;
   return Status::ok();
+}
+
+Status Engine::Impl::gather_updated(size_t m) {
+  Module& mod = modules[m];
+  Timer t(&t_comm);
+  ZOE_ASSIGN_OR_RETURN(device::DeviceBuffer tmp, dalloc(mod.part * esize()));
+  Status gs = ops->copy(tmp.get(), mod.full.bytes_ptr() + mod.opt_begin * esize(), mod.part * esize());
+  if (gs.is_ok()) gs = dcomm->all_gather(tmp.get(), mod.full.get(), mod.part, to_comm(cdt)).wait();
+  return gs.is_ok() ? gs : gs.with_context("gathering the updated parameters of module " + mod.name);
 }
 
 // Queues the gather of module m's parameters ahead of its fetch: device buffers for the
@@ -77,9 +86,14 @@ Status Engine::Impl::start_gather(size_t m) {
   // (Only on host-memory devices with a host communicator: gather_window is 0 otherwise.)
   dcomm->enqueue_host_task([this, m]() -> Status {
     Module& md = modules[m];
+    // The partition must be updated first (an overlapped step may still be writing it). This
+    // waits on the communicator's thread, not the caller's, so the decision to queue the gather
+    // stays the same on every rank whatever each rank's update speed; the update's thread never
+    // needs the communicator, so the wait always ends.
+    Status s = wait_module_updated(m);
     // A read, not a pinning fetch: a pin held here could wait for room in the device tier
     // while the caller holds that room for a gather queued behind this task.
-    Status s = tm->read(m, md.gather_send.get());
+    if (s.is_ok()) s = tm->read(m, md.gather_send.get());
     // The gather after this task runs anyway, so this rank stays in step with the others;
     // fetch() reports the error.
     if (!s.is_ok()) md.gather_error = s.with_context("reading the partition of module " + md.name);
@@ -170,6 +184,7 @@ Status Engine::Impl::prefetch_after(size_t m) {
     if (next == m) continue;
     const Module& nm = modules[next];
     if (!nm.partitioned_params || nm.full) continue;
+    if (!update_done(next)) continue;  // a local decision: partition moves are not collective
     tm->prefetch(next, Tier::kDevice);
     budget -= static_cast<int64_t>(nm.part);
   }
@@ -182,6 +197,15 @@ Result<ModuleParams> Engine::fetch(size_t m) {
   if (!I.initialized) return invalid_argument("fetch() before initialize()");
   if (m >= I.modules.size()) return invalid_argument("fetch(%zu): there are %zu modules", m, I.modules.size());
   Impl::Module& mod = I.modules[m];
+  // Behind an overlapped step: this module's update first (only this one's).
+  {
+    Timer t(&I.t_opt);
+    ZOE_RETURN_IF_ERROR(I.wait_module_updated(m));
+  }
+  if (!I.gather_owed.empty() && I.gather_owed[m]) {
+    I.gather_owed[m] = 0;
+    ZOE_RETURN_IF_ERROR(I.gather_updated(m));
+  }
   if (I.recording) I.order.push_back(m);
   ZOE_RETURN_IF_ERROR(I.follow_order(m));
   if (mod.partitioned_params && !mod.fetched && mod.gather_pending) {

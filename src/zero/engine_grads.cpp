@@ -48,6 +48,9 @@ Status Engine::Impl::complete_pending(bool all, size_t keep) {
 // swapper chunk at a time (read the sum so far unless this is the first micro-batch, add,
 // write back), so host memory stays one chunk whatever the model size.
 Status Engine::Impl::accumulate_grads(size_t m, const void* src) {
+  // The overlapped update reads the accumulators (and owns the swapper) until it ends. Joining
+  // it runs no collective: this point's timing differs across ranks.
+  ZOE_RETURN_IF_ERROR(join_update());
   Module& mod = modules[m];
   optim::Exec exec;
   exec.pool = pool.get();

@@ -7,8 +7,10 @@
 //   engine_checkpoint.cpp  save/load glue to src/checkpoint
 #pragma once
 
+#include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <mutex>
 #include <functional>
 #include <memory>
 #include <string>
@@ -158,6 +160,26 @@ struct Engine::Impl {
   };
   std::unique_ptr<AsyncSave> async_save;
 
+  // The optimizer update of the last step, running behind the caller's next forward (zoe.overlap_step).
+  // Its thread updates the modules in forward order and marks each one done once its compute
+  // parameters are home; fetch(m) waits for done[m] only. The thread touches no collective: the
+  // all-gather of an updated persistent module's partition (stage 1/2) is run by the caller's
+  // thread at the module's next fetch (or at the next sync point), in the same order on every rank.
+  struct Update {
+    std::thread thread;
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<uint8_t> done;  // per module, guarded by mu
+    bool running = false;       // a thread was started and not joined (caller's thread only)
+    Status status;              // of the update (guarded by mu)
+    double t_opt = 0, t_io = 0; // seconds on the update's thread (read after join)
+  };
+  Update update;
+  std::vector<uint8_t> gather_owed;          // persistent modules whose updated partitions are not gathered yet
+  std::unique_ptr<optim::CpuPool> update_pool;  // the update's own threads (CpuPool is one call at a time)
+  std::unique_ptr<zero::DeviceOps> update_ops;  // kernels and copies of the update's thread
+  double t_opt_overlapped = 0;                  // the previous update's time on its thread
+
   // Per-step timing.
   double t_comm = 0, t_io = 0, t_opt = 0, t_engine = 0;
   uint64_t gathers_prefetched = 0, gathers_on_demand = 0;
@@ -177,11 +199,23 @@ struct Engine::Impl {
   // engine_fetch.cpp: parameters.
   void owned_range(const Module& mod, size_t* begin, size_t* n) const;
   // Where the compute params of module m's owned range are written after the update. Stage-3
-  // partitions: pinned in the tier manager until unpin_owned().
-  Result<void*> owned_compute(size_t m);
+  // partitions: pinned in the tier manager until unpin_owned(). t_io_acc: the caller's stall clock.
+  Result<void*> owned_compute(size_t m, double* t_io_acc);
   // Whether owned_compute(m) is device memory (else pinned host memory of the host tier).
   bool owned_on_device(size_t m) const;
-  Status unpin_owned(size_t m);
+  Status unpin_owned(size_t m, double* t_io_acc);
+  // Stage 1/2 (and persistent stage-3 modules): all-gathers the updated partition into mod.full.
+  Status gather_updated(size_t m);
+
+  // engine_step.cpp: the update.
+  bool update_done(size_t m);          // module m's update (if one runs) is done; never blocks
+  Status wait_module_updated(size_t m);  // blocks until it is; the update's error if it failed
+  // Joins the update and runs the gathers it left owed (in module order): a sync point (step,
+  // save, load, read_master, destruction). Returns the update's error.
+  Status finish_update();
+  // Joins the update without any collective (safe at points whose timing differs across ranks).
+  Status join_update();
+  Status update_error;  // a failed overlapped update: every later sync point returns it
   Status start_gather(size_t m);
   Status finish_gather(size_t m);
   Status discard_gathers();

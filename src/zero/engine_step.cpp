@@ -23,9 +23,11 @@ namespace {
 // The update of one range of module m's owned elements: fp32 master, m, v at [begin, begin+n).
 // States on the device (opt_home none) run the device's kernel; offloaded ones the CPU's. The
 // new compute parameters go to `out` (device memory, or the host tier's copy of a stage-3
-// partition), through a staging buffer where the kernel's memory and out's differ.
+// partition), through a staging buffer where the kernel's memory and out's differ. `ops` and
+// `exec.pool` are the running thread's own (the caller's, or the overlapped update's).
 struct ChunkUpdater {
   Engine::Impl& I;
+  zero::DeviceOps* ops;
   optim::AdamParams ap;
   optim::AdamStep as;
   DType sdt;
@@ -36,7 +38,7 @@ struct ChunkUpdater {
                     void* out) {
     const bool kernel_dev = I.modules[m].opt_home == OffloadDevice::kNone;
     const bool out_dev = I.owned_on_device(m);
-    const bool direct = I.ops->host_addressable() || kernel_dev == out_dev;
+    const bool direct = ops->host_addressable() || kernel_dev == out_dev;
     char* dst = static_cast<char*>(out) + begin * I.esize();
     device::DeviceBuffer dev_stage;
     optim::AdamArgs a;
@@ -51,7 +53,8 @@ struct ChunkUpdater {
       if (direct) {
         a.buf.param_out = dst;
       } else if (kernel_dev) {
-        ZOE_ASSIGN_OR_RETURN(dev_stage, I.dalloc(n * I.esize()));
+        // The kernel writes every element: no zeroing (and no use of the caller's ops).
+        ZOE_ASSIGN_OR_RETURN(dev_stage, device::DeviceBuffer::allocate(*I.dev, n * I.esize()));
         a.buf.param_out = dev_stage.get();
       } else {
         out_stage.resize(n * I.esize());
@@ -61,14 +64,121 @@ struct ChunkUpdater {
     }
     a.params = ap;
     a.step = as;
-    ZOE_RETURN_IF_ERROR(kernel_dev ? I.ops->adam_step(a) : optim::adam_step(a, exec));
-    if (I.cdt == DType::kF32) return I.ops->put(dst, out_dev, master, kernel_dev, n * 4);
-    if (!direct) return I.ops->put(dst, out_dev, a.buf.param_out, kernel_dev, n * I.esize());
+    ZOE_RETURN_IF_ERROR(kernel_dev ? ops->adam_step(a) : optim::adam_step(a, exec));
+    if (I.cdt == DType::kF32) return ops->put(dst, out_dev, master, kernel_dev, n * 4);
+    if (!direct) return ops->put(dst, out_dev, a.buf.param_out, kernel_dev, n * I.esize());
     return Status::ok();
   }
 };
 
+// Marks module m's update done (no-op for a serial step).
+void mark_done(Engine::Impl& I, size_t m) {
+  {
+    std::lock_guard<std::mutex> lock(I.update.mu);
+    if (I.update.done.empty()) return;
+    I.update.done[m] = 1;
+  }
+  I.update.cv.notify_all();
+}
+
+// AdamW over every module's owned range, in forward order: NVMe-resident modules through the
+// swapper's pipeline, then those on the device or in host RAM (with partial offload the
+// offloaded ones are the first modules, so this is forward order). Each module is marked done
+// once its new compute parameters are home. No collective runs here.
+Status run_update(Engine::Impl& I, ChunkUpdater& update, double* t_io) {
+  // Where each module's new compute parameters go, fetched when its first chunk is updated and
+  // given back (written home, host copy dropped) when the update moves on: a stage-3 partition
+  // offloaded to NVMe is in host memory one module at a time, whatever the model size.
+  std::vector<void*> outs(I.modules.size(), nullptr);
+  auto open_out = [&](size_t m) -> Result<void*> {
+    if (!outs[m]) {
+      ZOE_ASSIGN_OR_RETURN(outs[m], I.owned_compute(m, t_io));
+    }
+    return outs[m];
+  };
+  auto close_out = [&](size_t m) -> Status {
+    if (!outs[m]) return Status::ok();
+    outs[m] = nullptr;
+    Status s = I.unpin_owned(m, t_io);
+    mark_done(I, m);
+    return s;
+  };
+  Status s;
+  if (I.swapper) {
+    size_t open = SIZE_MAX;  // the module whose chunks are being updated (groups come in order)
+    s = I.swapper->step([&](const offload::ChunkView& c) -> Status {
+      if (c.group != open) {
+        if (open != SIZE_MAX) ZOE_RETURN_IF_ERROR(close_out(open));
+        open = c.group;
+      }
+      ZOE_ASSIGN_OR_RETURN(void* out, open_out(c.group));
+      return update(c.group, c.begin, c.n, static_cast<float*>(c.data[Engine::Impl::kMasterState]),
+                    c.data[Engine::Impl::kAvgState], c.data[Engine::Impl::kAvgSqState],
+                    static_cast<const float*>(c.data[Engine::Impl::kGradState]), out);
+    });
+    if (open != SIZE_MAX) {
+      Status cs = close_out(open);
+      if (s.is_ok()) s = cs;
+    }
+  }
+  for (size_t m = 0; m < I.modules.size() && s.is_ok(); ++m) {
+    Engine::Impl::Module& mod = I.modules[m];
+    if (mod.opt_home == OffloadDevice::kNvme) continue;
+    auto out = open_out(m);
+    s = out.is_ok() ? update(m, 0, mod.opt_n, static_cast<float*>(mod.master), mod.exp_avg, mod.exp_avg_sq,
+                             mod.grad_acc, out.value())
+                    : out.status();
+    Status cs = close_out(m);
+    if (s.is_ok()) s = cs;
+  }
+  for (size_t m = 0; m < I.modules.size(); ++m) (void)close_out(m);  // after an error
+  if (I.writeback_pending) {
+    (void)I.last_writeback.wait();
+    I.writeback_pending = false;
+  }
+  if (I.tm) {
+    Status ds = I.tm->drain();
+    if (s.is_ok()) s = ds;
+  }
+  return s;
+}
+
 }  // namespace
+
+bool Engine::Impl::update_done(size_t m) {
+  std::lock_guard<std::mutex> lock(update.mu);
+  return update.done.empty() || update.done[m] != 0;
+}
+
+Status Engine::Impl::wait_module_updated(size_t m) {
+  std::unique_lock<std::mutex> lock(update.mu);
+  update.cv.wait(lock, [&] { return update.done.empty() || update.done[m] != 0; });
+  if (!update.status.is_ok()) return update.status;
+  return Status::ok();
+}
+
+Status Engine::Impl::join_update() {
+  if (!update.running) return Status::ok();
+  update.thread.join();
+  update.running = false;
+  t_opt_overlapped += update.t_opt;
+  std::lock_guard<std::mutex> lock(update.mu);
+  update.done.clear();
+  Status s = std::move(update.status);
+  update.status = Status::ok();
+  if (!s.is_ok()) update_error = s;
+  return update_error;
+}
+
+Status Engine::Impl::finish_update() {
+  ZOE_RETURN_IF_ERROR(join_update());
+  for (size_t m = 0; m < gather_owed.size(); ++m) {
+    if (!gather_owed[m]) continue;
+    gather_owed[m] = 0;
+    ZOE_RETURN_IF_ERROR(gather_updated(m));
+  }
+  return Status::ok();
+}
 
 Result<StepStats> Engine::step() {
   Impl& I = *impl_;
@@ -78,6 +188,11 @@ Result<StepStats> Engine::step() {
   ZOE_RETURN_IF_ERROR_CTX(finish_save(), "finishing the asynchronous checkpoint");
   ZOE_RETURN_IF_ERROR(I.complete_pending(true));
   ZOE_RETURN_IF_ERROR(I.discard_gathers());  // none in a regular loop: prefetch stops at the order's end
+  // The previous step's update (if it still runs behind) and the gathers it left owed.
+  {
+    zero::Timer t(&I.t_opt);
+    ZOE_RETURN_IF_ERROR_CTX(I.finish_update(), "the previous optimizer step");
+  }
   // Moves still in flight (prefetches) finish before the update rewrites the partitions they read.
   if (I.tm) ZOE_RETURN_IF_ERROR_CTX(I.tm->drain(), "finishing the parameter moves before the step");
   for (const auto& mod : I.modules) {
@@ -127,79 +242,61 @@ Result<StepStats> Engine::step() {
     st.skipped = true;
   } else {
     I.steps++;
-    // 3. AdamW over every module's owned range.
-    ChunkUpdater update{I, {}, {}, I.cfg->zoe.bf16_optimizer_states ? DType::kBF16 : DType::kF32, {}, {}};
-    update.exec.pool = I.pool.get();
-    update.ap.lr = static_cast<float>(st.lr);
-    update.ap.beta1 = static_cast<float>(I.cfg->optimizer.beta1);
-    update.ap.beta2 = static_cast<float>(I.cfg->optimizer.beta2);
-    update.ap.eps = static_cast<float>(I.cfg->optimizer.eps);
-    update.ap.weight_decay = static_cast<float>(I.cfg->optimizer.weight_decay);
-    update.ap.adamw = I.cfg->optimizer.adam_w_mode;
-    update.as.step = I.steps;
-    update.as.grad_scale = sc.grad_scale;
-    // Where each module's new compute parameters go, fetched when its first chunk is updated and
-    // given back (written home, host copy dropped) when the update moves on: a stage-3 partition
-    // offloaded to NVMe is in host memory one module at a time, whatever the model size.
-    std::vector<void*> outs(I.modules.size(), nullptr);
-    auto open_out = [&](size_t m) -> Result<void*> {
-      if (!outs[m]) {
-        ZOE_ASSIGN_OR_RETURN(outs[m], I.owned_compute(m));
+    // 3. AdamW over every module's owned range: behind the caller's next forward when the
+    //    device's memory is host memory (zoe.overlap_step), else here.
+    const bool overlap = I.cfg->zoe.overlap_step && I.ops->host_addressable();
+    if (overlap && !I.update_pool) {
+      optim::CpuPool::Options po;
+      po.threads = static_cast<int>(I.cfg->zoe.optimizer_threads);
+      ZOE_ASSIGN_OR_RETURN(I.update_pool, optim::CpuPool::create(po));
+      I.update_ops = zero::make_cpu_ops(I.update_pool.get());
+    }
+    ChunkUpdater up{I, overlap ? I.update_ops.get() : I.ops.get(), {}, {},
+                    I.cfg->zoe.bf16_optimizer_states ? DType::kBF16 : DType::kF32, {}, {}};
+    up.exec.pool = overlap ? I.update_pool.get() : I.pool.get();
+    up.ap.lr = static_cast<float>(st.lr);
+    up.ap.beta1 = static_cast<float>(I.cfg->optimizer.beta1);
+    up.ap.beta2 = static_cast<float>(I.cfg->optimizer.beta2);
+    up.ap.eps = static_cast<float>(I.cfg->optimizer.eps);
+    up.ap.weight_decay = static_cast<float>(I.cfg->optimizer.weight_decay);
+    up.ap.adamw = I.cfg->optimizer.adam_w_mode;
+    up.as.step = I.steps;
+    up.as.grad_scale = sc.grad_scale;
+    if (overlap) {
+      {
+        std::lock_guard<std::mutex> lock(I.update.mu);
+        I.update.done.assign(I.modules.size(), 0);
+        I.update.status = Status::ok();
       }
-      return outs[m];
-    };
-    auto close_out = [&](size_t m) -> Status {
-      if (!outs[m]) return Status::ok();
-      outs[m] = nullptr;
-      return I.unpin_owned(m);
-    };
-    Status s;
-    if (I.swapper) {
-      size_t open = SIZE_MAX;  // the module whose chunks are being updated (groups come in order)
-      s = I.swapper->step([&](const offload::ChunkView& c) -> Status {
-        if (c.group != open) {
-          if (open != SIZE_MAX) ZOE_RETURN_IF_ERROR(close_out(open));
-          open = c.group;
+      I.update.t_opt = I.update.t_io = 0;
+      // Stage 1/2 (and persistent stage-3 modules): the updated partitions are gathered by the
+      // caller's thread at each module's next fetch (or the next sync point).
+      I.gather_owed.assign(I.modules.size(), 0);
+      for (size_t m = 0; m < I.modules.size(); ++m) {
+        if (I.stage >= 1 && !I.modules[m].partitioned_params) I.gather_owed[m] = 1;
+      }
+      const int64_t step_no = I.steps;
+      I.update.running = true;
+      I.update.thread = std::thread([&I, up, step_no]() mutable {
+        const uint64_t t0 = now_ns();
+        Status s = run_update(I, up, &I.update.t_io);
+        if (!s.is_ok()) s = s.with_context("optimizer step " + std::to_string(step_no));
+        I.update.t_opt = static_cast<double>(now_ns() - t0) * 1e-9;
+        {
+          std::lock_guard<std::mutex> lock(I.update.mu);
+          I.update.status = s;
+          std::fill(I.update.done.begin(), I.update.done.end(), 1);  // wake every waiter, also on error
         }
-        ZOE_ASSIGN_OR_RETURN(void* out, open_out(c.group));
-        return update(c.group, c.begin, c.n, static_cast<float*>(c.data[Impl::kMasterState]), c.data[Impl::kAvgState],
-                      c.data[Impl::kAvgSqState], static_cast<const float*>(c.data[Impl::kGradState]), out);
+        I.update.cv.notify_all();
       });
-      if (open != SIZE_MAX) {
-        Status cs = close_out(open);
-        if (s.is_ok()) s = cs;
-      }
-    }
-    // Modules whose states live on the device or in host RAM.
-    for (size_t m = 0; m < I.modules.size() && s.is_ok(); ++m) {
-      Impl::Module& mod = I.modules[m];
-      if (mod.opt_home == OffloadDevice::kNvme) continue;
-      auto out = open_out(m);
-      s = out.is_ok() ? update(m, 0, mod.opt_n, static_cast<float*>(mod.master), mod.exp_avg, mod.exp_avg_sq,
-                               mod.grad_acc, out.value())
-                      : out.status();
-      Status cs = close_out(m);
-      if (s.is_ok()) s = cs;
-    }
-    for (size_t m = 0; m < I.modules.size(); ++m) (void)close_out(m);  // after an error
-    if (I.writeback_pending) {
-      (void)I.last_writeback.wait();
-      I.writeback_pending = false;
-    }
-    if (I.tm) {
-      Status ds = I.tm->drain();
-      if (s.is_ok()) s = ds;
-    }
-    if (!s.is_ok()) return s.with_context("optimizer step " + std::to_string(I.steps));
-    // 4. Stage 1/2 (and persistent stage-3 modules): gather the updated partitions.
-    if (I.stage >= 1) {
-      Timer t(&I.t_comm);
-      for (auto& mod : I.modules) {
-        if (mod.partitioned_params) continue;
-        ZOE_ASSIGN_OR_RETURN(device::DeviceBuffer tmp, I.dalloc(mod.part * I.esize()));
-        Status gs = I.ops->copy(tmp.get(), mod.full.bytes_ptr() + mod.opt_begin * I.esize(), mod.part * I.esize());
-        if (gs.is_ok()) gs = I.dcomm->all_gather(tmp.get(), mod.full.get(), mod.part, to_comm(I.cdt)).wait();
-        if (!gs.is_ok()) return gs.with_context("gathering the updated parameters of module " + mod.name);
+    } else {
+      Status s = run_update(I, up, &I.t_io);
+      if (!s.is_ok()) return s.with_context("optimizer step " + std::to_string(I.steps));
+      // 4. Stage 1/2 (and persistent stage-3 modules): gather the updated partitions.
+      if (I.stage >= 1) {
+        for (size_t m = 0; m < I.modules.size(); ++m) {
+          if (!I.modules[m].partitioned_params) ZOE_RETURN_IF_ERROR(I.gather_updated(m));
+        }
       }
     }
   }
@@ -207,7 +304,7 @@ Result<StepStats> Engine::step() {
   for (auto& mod : I.modules) mod.acc_count = 0;  // the next reduction overwrites the accumulator
   I.t_opt += static_cast<double>(now_ns() - t_opt0) * 1e-9;
 
-  // 5. Statistics.
+  // 5. Statistics (an overlapped update's bytes and time count at the next step).
   uint64_t now = now_ns();
   double wall = static_cast<double>(now - I.last_step_ns) * 1e-9;
   double in_engine = I.t_engine + static_cast<double>(now - t_enter) * 1e-9;
@@ -216,6 +313,7 @@ Result<StepStats> Engine::step() {
   st.t_comm = I.t_comm;
   st.t_io_stall = I.t_io;
   st.t_optimizer = I.t_opt;
+  st.t_update_overlapped = I.t_opt_overlapped;
   st.t_compute = std::max(0.0, wall - in_engine);
   st.high_water[0] = I.dev->high_water_bytes();
   uint64_t host = I.host_bytes + (I.swapper ? I.swapper->buffer_bytes_total() : 0);
@@ -235,13 +333,14 @@ Result<StepStats> Engine::step() {
   st.gathers_prefetched = I.gathers_prefetched;
   st.gathers_on_demand = I.gathers_on_demand;
   I.gathers_prefetched = I.gathers_on_demand = 0;
-  I.t_comm = I.t_io = I.t_opt = I.t_engine = 0;
+  I.t_comm = I.t_io = I.t_opt = I.t_engine = I.t_opt_overlapped = 0;
   I.last_step_ns = now;
   return st;
 }
 
 Status Engine::read_master(size_t m, size_t p, float* out) {
   Impl& I = *impl_;
+  ZOE_RETURN_IF_ERROR(I.finish_update());
   if (m >= I.modules.size() || p >= I.modules[m].specs.size()) return invalid_argument("read_master(%zu, %zu): no such parameter", m, p);
   Impl::Module& mod = I.modules[m];
   std::vector<float> own(mod.opt_n);
