@@ -240,7 +240,7 @@ Status Engine::initialize(const std::function<void(size_t, size_t, float*, size_
     to.pin = I.cfg->zero.offload_param.pin_memory ? io::PinMode::kDevice : io::PinMode::kNone;
     to.staging_bytes = 1u << 20;
     to.staging_count = 4;
-    to.policy = offload::EvictionPolicy::kTrace;
+    to.policy = offload::EvictionPolicyKind::kTrace;
     // A fetch that finds the device tier full of prefetches still loading waits for them to
     // land (then evicts) instead of failing; pins are only ever held for one fetch's gather.
     to.wait_for_unpin_ms = 60000;
@@ -637,8 +637,8 @@ Result<StepStats> Engine::step() {
   }
   if (I.tm) {
     offload::TierStats ts = I.tm->stats();
-    st.bytes_host_to_device = ts.links[2].bytes + ts.links[4].bytes;
-    st.bytes_device_to_host = ts.links[3].bytes + ts.links[5].bytes;
+    st.bytes_host_to_device = ts.host_to_device.bytes + ts.nvme_to_device.bytes;
+    st.bytes_device_to_host = ts.device_to_host.bytes + ts.device_to_nvme.bytes;
   }
   st.gathers_prefetched = I.gathers_prefetched;
   st.gathers_on_demand = I.gathers_on_demand;
