@@ -8,10 +8,11 @@ Poster::Poster() : thread_([this] { run(); }) {}
 Poster::~Poster() { stop(); }
 
 void Poster::post(std::function<void()> fn) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back(std::move(fn));
-  }
+  // Notified under the lock: once fn may run, this thread no longer touches the poster. fn may be
+  // the move whose end lets the owner stop and destroy the poster (a completion on the reaper
+  // thread, say); notifying after unlocking raced with that destruction.
+  std::lock_guard<std::mutex> lock(mu_);
+  queue_.push_back(std::move(fn));
   cv_.notify_one();
 }
 

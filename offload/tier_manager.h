@@ -22,6 +22,8 @@
 //  - Completion paths (the I/O engine's reaper, device stream callbacks) never take mu_: they only
 //    post the work to the manager's poster thread (the poster's lock is a leaf), which finishes
 //    moves. So a completion can never wait for a thread that waits for that completion.
+//  - A move ends only in finish_move(), on the poster thread: Transfers reports every completion
+//    and every failure there, also one that happens while the move is being started under mu_.
 #pragma once
 
 #include <condition_variable>
@@ -125,7 +127,8 @@ class TierManager {
   void start_writeback_locked(Item* it, Tier tier, bool drop);
   // Frees the copy's memory, clears it and gives its bytes back to the budget.
   void drop_copy_locked(Item* it, Tier tier);
-  // Starts the move's transfer; counted in flight until finish_move() runs on the poster.
+  // Pins the move's source copy, if any, and starts its transfer, which never waits; finish_move()
+  // ends it on the poster. The caller has counted it in in_flight_.
   void start_move_locked(Move m, const Places& at);
   // Starts loading the copy of `it` in `tier` (state kLoading, reserved, allocated by the caller).
   // Returns false when a source is busy and may_wait is false.

@@ -327,12 +327,20 @@ TEST(TierManager, FetchWaitsForASynchronousWriteOfTheSameItem) {
       fetched++;
       tm.unpin(1, Tier::kHost);
       (void)tm.evict(1, Tier::kHost).wait();
+      // Unpinned a moment, so that writes get a turn: otherwise a slow reader (TSan) holds the
+      // pin nearly always (a fetch pins from the start of its load) and every write refuses.
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
   });
   int writes = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   for (int k = 0; k < 40; ++k) {
-    Status s = tm.write(1, (k % 2 ? a : b).data());
-    if (s.is_ok()) writes++;
+    // A write refuses while the reader holds its pin: try again until the reader lets go.
+    while (!tm.write(1, (k % 2 ? a : b).data()).is_ok() && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    if (std::chrono::steady_clock::now() >= deadline) break;
+    writes++;
   }
   stop = true;
   reader.join();
