@@ -1,6 +1,10 @@
 // TierManager: where every item (a partition's state) lives — device, pinned host, NVMe — under
 // hard per-tier byte budgets, with asynchronous moves, pins, eviction (LRU or trace/Belady) and
-// statistics. It moves bytes and knows nothing of models or ZeRO stages.
+// statistics. It moves bytes and knows nothing of models or ZeRO stages. The facade over:
+//  - ResidencyTable (residency.h): per item and tier, the copy's state, pins, the LRU clock;
+//  - Budget (budget.h) and EvictionPolicy (eviction_policy.h): room in a full tier, and victims;
+//  - Transfers (transfer.h) with StagingPool (staging.h): moving bytes on every link;
+//  - Poster (poster.h): the one thread that finishes moves.
 //
 // Residency of each (item, tier) copy: absent -> loading -> resident -> (dirty) -> writing -> absent.
 // Rules the manager keeps:
@@ -16,35 +20,32 @@
 //    while holding it (condition waits release it); synchronous read()/write() mark the item busy
 //    and let go of mu_ for their transfers.
 //  - Completion paths (the I/O engine's reaper, device stream callbacks) never take mu_: they only
-//    post the work to the manager's poster thread (post_mu_ is a leaf lock), which finishes moves.
-//    So a completion can never wait for a thread that waits for that completion.
+//    post the work to the manager's poster thread (the poster's lock is a leaf), which finishes
+//    moves. So a completion can never wait for a thread that waits for that completion.
+//  - A move ends only in finish_move(), on the poster thread: Transfers reports every completion
+//    and every failure there, also one that happens while the move is being started under mu_.
 #pragma once
 
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
-#include <functional>
 #include <memory>
 #include <mutex>
-#include <string>
-#include <thread>
-#include <unordered_map>
+#include <optional>
 #include <vector>
 
 #include "core/trace.h"
 #include "device/device.h"
 #include "io/buffer.h"
+#include "offload/budget.h"
+#include "offload/eviction_policy.h"
+#include "offload/move_handle.h"
+#include "offload/poster.h"
+#include "offload/residency.h"
 #include "offload/swap_store.h"
+#include "offload/tier.h"
+#include "offload/transfer.h"
 
 namespace zoe::offload {
-
-enum class Tier : uint8_t { kDevice = 0, kHost = 1, kNvme = 2 };
-const char* tier_name(Tier t);
-enum class Residency : uint8_t { kAbsent, kLoading, kResident, kDirty, kWriting };
-const char* residency_name(Residency r);
-enum class EvictionPolicy : uint8_t { kLru, kTrace };
-
-using ItemId = uint64_t;
 
 struct TierManagerOptions {
   device::Device* device = nullptr;  // the device tier; nullptr: none
@@ -54,43 +55,9 @@ struct TierManagerOptions {
   size_t staging_bytes = 4u << 20;   // staging buffers for NVMe <-> device pieces
   size_t staging_count = 4;
   io::PinMode pin = io::PinMode::kNone;  // pinning of host copies and staging buffers
-  EvictionPolicy policy = EvictionPolicy::kLru;
-  uint32_t wait_for_unpin_ms = 0;    // how long a full tier waits for pins to drop before failing
-  TraceRecorder* trace = nullptr;    // records every transfer when set
-};
-
-// The completion of a fetch or an eviction. Thread-safe, copyable.
-class MoveHandle {
- public:
-  MoveHandle() = default;
-  // The copy's address (device or host) once the move is done, or the error.
-  Result<void*> wait() const;
-  bool ready() const;
-
- private:
-  friend class TierManager;
-  struct State;
-  std::shared_ptr<State> s_;
-};
-
-struct LinkStats {
-  uint64_t bytes = 0;
-  uint64_t transfers = 0;
-  uint64_t busy_ns = 0;  // sum of transfer durations
-  double gbps() const { return busy_ns ? static_cast<double>(bytes) / static_cast<double>(busy_ns) : 0.0; }
-};
-
-struct TierStats {
-  uint64_t budget[3] = {0, 0, 0};
-  uint64_t used[3] = {0, 0, 0};
-  uint64_t high_water[3] = {0, 0, 0};
-  // Indexed by link(): nvme->host, host->nvme, host->device, device->host, nvme->device, device->nvme.
-  LinkStats links[6];
-  uint64_t wait_ns = 0;        // time callers spent blocked (full tiers, fetch waits)
-  uint64_t evictions = 0;
-  uint64_t writebacks = 0;
-  uint64_t prefetches = 0, prefetch_skipped = 0;
-  static const char* link_name(int i);
+  EvictionPolicyKind policy = EvictionPolicyKind::kLru;
+  uint32_t wait_for_unpin_ms = 0;  // how long a full tier waits for pins to drop before failing
+  TraceRecorder* trace = nullptr;  // records every transfer when set
 };
 
 class TierManager {
@@ -138,76 +105,56 @@ class TierManager {
   size_t item_count() const;
 
  private:
-  struct Copy;
-  struct Item;
+  enum class MoveKind : uint8_t { kLoad, kWriteDrop, kWriteKeep };
+  // One move of item `it`'s copy in `tier` on `link`.
+  struct Move {
+    Item* it = nullptr;
+    Tier tier = Tier::kHost;
+    MoveKind kind = MoveKind::kLoad;
+    Link link = Link::kNvmeToHost;
+    uint64_t begin_ns = 0;
+    // A load from a cached copy: that copy's tier, pinned for the move's duration.
+    std::optional<Tier> src = std::nullopt;
+  };
+
   explicit TierManager(const TierManagerOptions& opts);
   Status init();
 
   // All *_locked run with mu_ held.
-  Item* find_locked(ItemId id);
-  const Item* find_locked(ItemId id) const;
-  Status reserve_locked(std::unique_lock<std::mutex>& lock, Tier tier, uint64_t bytes, bool may_wait);
-  void release_locked(Tier tier, uint64_t bytes);
-  enum class MoveKind : uint8_t { kLoad, kWriteDrop, kWriteKeep };
-  static MoveHandle ready_handle(Status s, void* p);
-  bool evict_one_locked(Tier tier, uint64_t* freed_now, bool allow_dirty);
+  Item* find_locked(ItemId id) { return table_.find(id); }
+  const Item* find_locked(ItemId id) const { return table_.find(id); }
+  bool evict_one_locked(Tier tier, bool allow_dirty);
   void start_writeback_locked(Item* it, Tier tier, bool drop);
+  // Frees the copy's memory, clears it and gives its bytes back to the budget.
   void drop_copy_locked(Item* it, Tier tier);
-  void invalidate_others_locked(Item* it, Tier keep);
-  uint64_t next_use_locked(ItemId id) const;
+  // Pins the move's source copy, if any, and starts its transfer, which never waits; finish_move()
+  // ends it on the poster. The caller has counted it in in_flight_.
+  void start_move_locked(Move m, const Places& at);
   // Starts loading the copy of `it` in `tier` (state kLoading, reserved, allocated by the caller).
   // Returns false when a source is busy and may_wait is false.
   bool start_load_locked(std::unique_lock<std::mutex>& lock, Item* it, Tier tier, bool may_wait);
   MoveHandle load_locked(std::unique_lock<std::mutex>& lock, Item* it, Tier tier, bool pin, bool may_wait);
-  void finish_move(Item* it, Tier tier, Status st, MoveKind kind, int src_tier, int link, uint64_t begin_ns);
-  void fail_async(Item* it, Tier tier, Status s, MoveKind kind, int src_tier, int link, uint64_t begin_ns);
+  // On the poster thread: takes mu_, records the move's end in the table, budget and statistics.
+  void finish_move(const Move& m, Status st);
   void wait_locked(std::unique_lock<std::mutex>& lock);
   // Synchronous copy between caller memory and the item's nvme home through the sync staging
   // buffer. Called with mu_ held; lets go of it while the I/O runs (the item is marked busy).
   Status nvme_sync(std::unique_lock<std::mutex>& lock, Item* it, char* data, bool write, uint64_t offset,
                    uint64_t len);
-  Status nvme_sync_unlocked(Item* it, char* data, bool write, uint64_t offset, uint64_t len);
-
-  // Runs fn on the poster thread once the stream reaches this point.
-  Status after(device::Stream& s, std::function<void()> fn);
-  void post(std::function<void()> fn);
-  void run_posted();
-
-  // Staging buffers: jobs wait in a queue for a free buffer.
-  void with_staging(std::function<void(char*)> job);
-  void release_staging(char* buf);
 
   TierManagerOptions opts_;
-  std::unique_ptr<device::Stream> h2d_, d2h_;
-  std::unique_ptr<io::BufferPool> staging_;
-  std::mutex staging_mu_;
-  std::vector<char*> staging_free_;
-  std::deque<std::function<void(char*)>> staging_wait_;
-  std::mutex sync_mu_;            // guards sync_staging_; never taken with mu_ held
-  char* sync_staging_ = nullptr;  // read()/write() to NVMe
-
-  std::thread poster_;
-  std::mutex post_mu_;
-  std::condition_variable post_cv_;
-  std::deque<std::function<void()>> posted_;
-  bool post_stop_ = false;
+  Poster poster_;
+  std::unique_ptr<Transfers> transfers_;  // after poster_: destroyed before it
 
   mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::unordered_map<ItemId, std::unique_ptr<Item>> items_;
-  uint64_t budget_[3] = {0, 0, 0};
-  uint64_t used_[3] = {0, 0, 0};
-  uint64_t high_water_[3] = {0, 0, 0};
-  uint64_t pending_free_[3] = {0, 0, 0};  // bytes being written back, to be freed
+  std::condition_variable cv_;  // something changed: a move ended, a pin dropped, bytes freed
+  ResidencyTable table_;
+  Budget budget_;
+  std::unique_ptr<EvictionPolicy> policy_;
+  std::vector<EvictionCandidate> candidates_;  // evict_one_locked's scratch
   uint64_t in_flight_ = 0;
-  uint64_t clock_ = 0;  // LRU clock
   Status first_error_;
   TierStats stats_;
-
-  bool tracing_ = false;
-  std::vector<ItemId> trace_;
-  std::unordered_map<ItemId, std::vector<uint64_t>> trace_pos_;
-  uint64_t cursor_ = 0;
 };
 
 }  // namespace zoe::offload

@@ -125,7 +125,7 @@ Status Engine::Impl::setup_tiers(uint64_t device_budget) {
     to.pin = cfg->zero.offload_param.pin_memory ? io::PinMode::kDevice : io::PinMode::kNone;
     to.staging_bytes = pl.tm_staging_bytes;
     to.staging_count = pl.tm_staging_count;
-    to.policy = offload::EvictionPolicy::kTrace;
+    to.policy = offload::EvictionPolicyKind::kTrace;
     // A fetch that finds the device tier full of prefetches still loading waits for them to
     // land (then evicts) instead of failing; pins are only ever held for one fetch's gather.
     to.wait_for_unpin_ms = 60000;

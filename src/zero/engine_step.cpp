@@ -327,8 +327,8 @@ Result<StepStats> Engine::step() {
   }
   if (I.tm) {
     offload::TierStats ts = I.tm->stats();
-    st.bytes_host_to_device = ts.links[2].bytes + ts.links[4].bytes;
-    st.bytes_device_to_host = ts.links[3].bytes + ts.links[5].bytes;
+    st.bytes_host_to_device = ts.host_to_device.bytes + ts.nvme_to_device.bytes;
+    st.bytes_device_to_host = ts.device_to_host.bytes + ts.device_to_nvme.bytes;
   }
   st.gathers_prefetched = I.gathers_prefetched;
   st.gathers_on_demand = I.gathers_on_demand;
