@@ -2,14 +2,15 @@
 the file needs is not installed (Debian: python3-pytest, python3-torch, python3-numpy,
 python3-matplotlib; scripts/install-deps.sh installs them).
 
-usage: run_pytest.py REQUIRED_MODULES(comma separated) TEST_FILE [pytest args...]"""
+usage: run_pytest.py REQUIRED_MODULES(comma separated; - for none) TEST_FILE [pytest args...]"""
 import importlib.util
 import sys
 
 
 def main():
     required, test_file, rest = sys.argv[1], sys.argv[2], sys.argv[3:]
-    missing = [m for m in ["pytest", *required.split(",")] if m and importlib.util.find_spec(m) is None]
+    wanted = ["pytest"] + [m for m in required.split(",") if m and m != "-"]
+    missing = [m for m in wanted if importlib.util.find_spec(m) is None]
     if missing:
         print(f"skipping {test_file}: Python module(s) {', '.join(missing)} not installed for {sys.executable}")
         return 77
