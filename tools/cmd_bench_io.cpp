@@ -156,7 +156,8 @@ void run(const BenchIoOpts& o) {
                                   format_bytes(b).c_str(), static_cast<unsigned long long>(q));
           cfg.on_pass = [&](int pass, int passes) {
             const double el = static_cast<double>(now_ns() - t_start) * 1e-9;
-            progress.update(label + fmt(" pass %d/%d%s  %.0fs", pass + 1, passes, pass < o.warmup ? " (warmup)" : "", el));
+            progress.update(label + fmt(" pass %d/%d%s  %.0fs", pass + 1, passes,
+                                        pass < o.warmup ? " (warmup)" : "", el));
           };
           io::IoBenchCase c{be, static_cast<size_t>(b), static_cast<uint32_t>(q), op};
           auto r = io::run_io_bench(cfg, c);

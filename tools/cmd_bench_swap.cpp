@@ -211,7 +211,8 @@ void run(const BenchSwapOpts& o) {
   for (int r = 0; r < o.repeats; ++r) {
     ++step_no;
     trace.clear();
-    st = sw->step(with_progress(fmt("repeat %d/%d: optimizer step (states on NVMe)", r + 1, o.repeats), adam));
+    const std::string what = fmt("repeat %d/%d: optimizer step (states on NVMe)", r + 1, o.repeats);
+    st = sw->step(with_progress(what, adam));
     if (!st.is_ok()) fail(st.with_context("optimizer step"));
     last = sw->last_stats();
     t_step.push_back(static_cast<double>(last.step_ns) * 1e-9);

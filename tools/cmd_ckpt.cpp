@@ -190,18 +190,20 @@ int resolve_heads(const ckpt::Reader& r, const ckpt::GptDims& dims, int flag) {
     return heads;
   }
   std::string preset;
-  if (t.is_object() && t.contains("preset") && t["preset"].is_string()) preset = t["preset"].get<std::string>();
+  if (t.is_object() && t.contains("preset") && t["preset"].is_string())
+    preset = t["preset"].get<std::string>();
   for (const auto& p : kTrainPresets) {
     if (preset != p.name) continue;
     if (p.layers == dims.n_layer && p.d == dims.n_embd && p.context == dims.n_positions) return p.heads;
-    fail(invalid_argument("%s: its trainer state says preset '%s' (%d layers, d %d, %d positions), but the model "
-                          "has %d layers, d %d, %d positions (overridden when training): pass --n-head",
-                          where.c_str(), p.name, p.layers, p.d, p.context, dims.n_layer, dims.n_embd,
-                          dims.n_positions));
+    fail(invalid_argument(
+        "%s: its trainer state says preset '%s' (%d layers, d %d, %d positions), but the model "
+        "has %d layers, d %d, %d positions (overridden when training): pass --n-head",
+        where.c_str(), p.name, p.layers, p.d, p.context, dims.n_layer, dims.n_embd, dims.n_positions));
   }
-  fail(invalid_argument("%s: the number of attention heads is in neither trainer.model.heads nor a known "
-                        "trainer.preset ('%s'): pass --n-head",
-                        where.c_str(), preset.c_str()));
+  fail(
+      invalid_argument("%s: the number of attention heads is in neither trainer.model.heads nor a known "
+                       "trainer.preset ('%s'): pass --n-head",
+                       where.c_str(), preset.c_str()));
 }
 
 void add_consolidate(CLI::App& ckpt) {
@@ -217,8 +219,9 @@ void add_consolidate(CLI::App& ckpt) {
                                       "(--format hf-gpt2: model.safetensors + config.json), streaming and "
                                       "checking every checksum");
   cmd->add_option("dir", o->dir, "A save directory (its `latest`) or a checkpoint directory")->required();
-  cmd->add_option("--out", o->out,
-                  "The .safetensors file to write (replaced atomically); with --format hf-gpt2, the directory")
+  cmd->add_option(
+         "--out", o->out,
+         "The .safetensors file to write (replaced atomically); with --format hf-gpt2, the directory")
       ->required();
   cmd->add_option("--dtype", o->dtype, "fp32|bf16|fp16 (default fp32)");
   cmd->add_option("--format", o->format,
@@ -285,13 +288,14 @@ void read_token_rows(const std::string& path, int vocab, int positions, std::vec
   *T = static_cast<int>(len - 1);
   for (size_t b = 0; b < j.size(); ++b) {
     if (!j[b].is_array() || j[b].size() != len) {
-      fail(invalid_argument("--tokens %s: row %zu is not an array of %zu ids like row 0", path.c_str(), b, len));
+      fail(invalid_argument("--tokens %s: row %zu is not an array of %zu ids like row 0", path.c_str(), b,
+                            len));
     }
     for (size_t t = 0; t < len; ++t) {
       const json& v = j[b][t];
       if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= vocab) {
-        fail(invalid_argument("--tokens %s: row %zu, position %zu: %s is not a token id in [0, %d)", path.c_str(),
-                              b, t, v.dump().c_str(), vocab));
+        fail(invalid_argument("--tokens %s: row %zu, position %zu: %s is not a token id in [0, %d)",
+                              path.c_str(), b, t, v.dump().c_str(), vocab));
       }
       const auto id = static_cast<int32_t>(v.get<int64_t>());
       if (t + 1 < len) tokens->push_back(id);
@@ -314,10 +318,12 @@ void add_eval(CLI::App& ckpt) {
       "on the batch `zoe train --data FILE` draws at a step (--data FILE --train-batch N); every checksum "
       "is checked first");
   cmd->add_option("dir", o->dir, "A save directory (its `latest`) or a checkpoint directory")->required();
-  cmd->add_option("--tokens", o->tokens, "JSON file: rows of T + 1 token ids (inputs row[:-1], targets row[1:])");
+  cmd->add_option("--tokens", o->tokens,
+                  "JSON file: rows of T + 1 token ids (inputs row[:-1], targets row[1:])");
   cmd->add_option("--data", o->data, "The text file `zoe train --data` trained on");
-  cmd->add_option("--train-batch", o->train_batch,
-                  "With --data: the batch of training step N (1-based, as zoe train counts; rank 0, micro-batch 0)");
+  cmd->add_option(
+      "--train-batch", o->train_batch,
+      "With --data: the batch of training step N (1-based, as zoe train counts; rank 0, micro-batch 0)");
   cmd->add_option("--micro-batch", o->micro_batch, "With --data: sequences per batch, as zoe train's")
       ->capture_default_str();
   cmd->add_option("--seq", o->seq, "With --data: tokens per sequence (default: the model's positions)");
@@ -327,9 +333,11 @@ void add_eval(CLI::App& ckpt) {
   cmd->add_option("--threads", o->threads, "CPU threads (0: all)");
   cmd->add_flag("--json", o->json, "Print one JSON object (with the tokens and targets evaluated)");
   cmd->callback([o] {
-    if (o->tokens.empty() == o->data.empty()) fail(invalid_argument("zoe ckpt eval: give --tokens or --data"));
+    if (o->tokens.empty() == o->data.empty())
+      fail(invalid_argument("zoe ckpt eval: give --tokens or --data"));
     if (!o->data.empty() && o->train_batch < 1) {
-      fail(invalid_argument("--data needs --train-batch N (N >= 1: the training step whose batch to evaluate)"));
+      fail(invalid_argument(
+          "--data needs --train-batch N (N >= 1: the training step whose batch to evaluate)"));
     }
     auto r = value_or_fail(ckpt::Reader::open(o->dir));
     const ckpt::Manifest& m = r->manifest();
@@ -343,7 +351,8 @@ void add_eval(CLI::App& ckpt) {
     Status cs = c.validate();
     if (!cs.is_ok()) fail(cs);
     const std::string state = o->state.empty() ? (r->has_kind("master") ? "master" : "param") : o->state;
-    if (state != "master" && state != "param") fail(invalid_argument("--state %s: expected master or param", state.c_str()));
+    if (state != "master" && state != "param")
+      fail(invalid_argument("--state %s: expected master or param", state.c_str()));
 
     std::vector<int32_t> tokens, targets;
     int batch = 0, T = 0;
@@ -361,8 +370,8 @@ void add_eval(CLI::App& ckpt) {
         if (!s.is_ok()) fail(s.with_context("reading the seed of the run (or pass --seed)"));
       }
       data::Corpus corpus = value_or_fail(data::load_text_file(o->data, static_cast<size_t>(T)));
-      data::sample_batch(corpus.train, batch, T, seed, static_cast<uint64_t>(o->train_batch - 1), 0, 0, &tokens,
-                         &targets);
+      data::sample_batch(corpus.train, batch, T, seed, static_cast<uint64_t>(o->train_batch - 1), 0, 0,
+                         &tokens, &targets);
     }
 
     // Every byte checked before it is used; then each parameter as fp32.
@@ -399,8 +408,8 @@ void add_eval(CLI::App& ckpt) {
                   {"tokens", jt},
                   {"targets", jg}});
     } else {
-      printf("loss %.6f over %d x %d tokens (%s of %s, step %" PRId64 ")\n", static_cast<double>(loss), batch, T,
-             state.c_str(), r->path().c_str(), m.step);
+      printf("loss %.6f over %d x %d tokens (%s of %s, step %" PRId64 ")\n", static_cast<double>(loss), batch,
+             T, state.c_str(), r->path().c_str(), m.step);
     }
   });
 }

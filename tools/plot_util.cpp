@@ -53,9 +53,10 @@ Status run_script(const std::vector<std::string>& script_args, const std::string
   const char* py_env = getenv("ZOE_PYTHON");
   const std::string python = py_env && *py_env ? py_env : "/usr/bin/python3";
   if (access(python.c_str(), X_OK) != 0) {
-    return not_found("%s needs python3 with matplotlib: %s is not an executable (%s); Debian: apt-get "
-                     "install python3 python3-matplotlib, or set $ZOE_PYTHON",
-                     what.c_str(), python.c_str(), strerror(errno));
+    return not_found(
+        "%s needs python3 with matplotlib: %s is not an executable (%s); Debian: apt-get "
+        "install python3 python3-matplotlib, or set $ZOE_PYTHON",
+        what.c_str(), python.c_str(), strerror(errno));
   }
   ZOE_ASSIGN_OR_RETURN(std::string script, find_script());
   int pipefd[2];
@@ -93,9 +94,10 @@ Status run_script(const std::vector<std::string>& script_args, const std::string
   while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
   if (WIFEXITED(st) && WEXITSTATUS(st) == 0) return Status::ok();
   if (WIFEXITED(st) && WEXITSTATUS(st) == kExitNoMatplotlib) {
-    return unsupported("%s needs matplotlib, which %s cannot import; Debian: apt-get install "
-                       "python3-matplotlib (%s)",
-                       what.c_str(), python.c_str(), out.c_str());
+    return unsupported(
+        "%s needs matplotlib, which %s cannot import; Debian: apt-get install "
+        "python3-matplotlib (%s)",
+        what.c_str(), python.c_str(), out.c_str());
   }
   const std::string how = WIFEXITED(st) ? "exited " + std::to_string(WEXITSTATUS(st))
                                         : "was killed by signal " + std::to_string(WTERMSIG(st));

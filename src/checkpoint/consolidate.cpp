@@ -24,7 +24,7 @@ constexpr size_t kScratchBytes = 1u << 20;
 struct OutSlot {
   const ExportTensor* t;
   const ParamInfo* p;
-  uint64_t at = 0;  // offset in the data section
+  uint64_t at = 0;              // offset in the data section
   uint64_t rows = 0, cols = 0;  // transposed: the source matrix's shape
 };
 
@@ -111,8 +111,9 @@ Status write_safetensors(const Reader& r, const std::string& out_path, const std
   std::vector<std::vector<size_t>> slots_of_module(m.modules.size());
   for (const ExportTensor& t : tensors) {
     if (t.module >= m.modules.size() || t.param >= m.modules[t.module].params.size()) {
-      return invalid_argument("consolidate: tensor '%s' asks for parameter %zu of module %u, which %s has not",
-                              t.name.c_str(), t.param, t.module, r.path().c_str());
+      return invalid_argument(
+          "consolidate: tensor '%s' asks for parameter %zu of module %u, which %s has not", t.name.c_str(),
+          t.param, t.module, r.path().c_str());
     }
     const ParamInfo& p = m.modules[t.module].params[t.param];
     if (t.name.empty() || t.name == "__metadata__" || header.contains(t.name)) {

@@ -27,8 +27,8 @@ std::pair<std::string, bool> hf_block_name(int layer, size_t param) {
       "ln_1.weight",        "ln_1.bias",        "attn.c_attn.weight", "attn.c_attn.bias",
       "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight",        "ln_2.bias",
       "mlp.c_fc.weight",    "mlp.c_fc.bias",    "mlp.c_proj.weight",  "mlp.c_proj.bias"};
-  const bool conv = param == model::kQkvW || param == model::kProjW || param == model::kFc1W ||
-                    param == model::kFc2W;
+  const bool conv =
+      param == model::kQkvW || param == model::kProjW || param == model::kFc1W || param == model::kFc2W;
   return {"transformer.h." + std::to_string(layer) + "." + kNames[param], conv};
 }
 
@@ -68,10 +68,11 @@ Result<GptDims> gpt_dims(const Manifest& m, const std::string& where) {
       const ParamInfo& p = got.params[pi];
       const model::TensorSpec& w = want[mi].params[pi];
       if (p.name != w.name || p.shape != w.shape) {
-        return invalid_argument("%s: parameter %zu of module '%s' is %s %s; zoe's GPT (d %d, vocab %d, %d "
-                                "positions) has %s %s there",
-                                where.c_str(), pi, got.name.c_str(), p.name.c_str(), shape_str(p.shape).c_str(),
-                                c.d_model, c.vocab, c.seq, w.name.c_str(), shape_str(w.shape).c_str());
+        return invalid_argument(
+            "%s: parameter %zu of module '%s' is %s %s; zoe's GPT (d %d, vocab %d, %d "
+            "positions) has %s %s there",
+            where.c_str(), pi, got.name.c_str(), p.name.c_str(), shape_str(p.shape).c_str(), c.d_model,
+            c.vocab, c.seq, w.name.c_str(), shape_str(w.shape).c_str());
       }
     }
   }
@@ -79,8 +80,9 @@ Result<GptDims> gpt_dims(const Manifest& m, const std::string& where) {
 }
 
 nlohmann::json hf_gpt2_config(const GptDims& d, int n_head, const std::string& dtype) {
-  const char* torch_dtype = dtype == "bf16" ? "bfloat16" : (dtype == "fp16" || dtype == "f16") ? "float16"
-                                                                                                 : "float32";
+  const char* torch_dtype = dtype == "bf16"                       ? "bfloat16"
+                            : (dtype == "fp16" || dtype == "f16") ? "float16"
+                                                                  : "float32";
   return {{"architectures", {"GPT2LMHeadModel"}},
           {"model_type", "gpt2"},
           {"vocab_size", d.vocab},
@@ -106,8 +108,8 @@ nlohmann::json hf_gpt2_config(const GptDims& d, int n_head, const std::string& d
 Status export_hf_gpt2(const Reader& r, const std::string& out_dir, const HfGpt2Options& o) {
   ZOE_ASSIGN_OR_RETURN(GptDims dims, gpt_dims(r.manifest(), "checkpoint " + r.path()));
   if (o.n_head < 1 || dims.n_embd % o.n_head != 0) {
-    return invalid_argument("hf-gpt2 export of %s: n_head %d: expected a divisor of n_embd %d", r.path().c_str(),
-                            o.n_head, dims.n_embd);
+    return invalid_argument("hf-gpt2 export of %s: n_head %d: expected a divisor of n_embd %d",
+                            r.path().c_str(), o.n_head, dims.n_embd);
   }
   const std::string dtype = o.dtype == "f32" ? "fp32" : o.dtype == "f16" ? "fp16" : o.dtype;
   if (dtype != "fp32" && dtype != "bf16" && dtype != "fp16") {

@@ -48,7 +48,7 @@ Result<GptDims> gpt_dims(const Manifest& m, const std::string& where);
 nlohmann::json hf_gpt2_config(const GptDims& dims, int n_head, const std::string& dtype);
 
 struct HfGpt2Options {
-  int n_head = 0;             // required: attention heads (must divide n_embd)
+  int n_head = 0;              // required: attention heads (must divide n_embd)
   std::string dtype = "fp32";  // fp32 | bf16 | fp16
   size_t piece_bytes = 64u << 20;
 };

@@ -71,9 +71,9 @@ std::map<std::string, std::tuple<uint32_t, size_t, bool>> expected_names(int lay
   std::map<std::string, std::tuple<uint32_t, size_t, bool>> m;
   m["transformer.wte.weight"] = {0, 0, false};
   m["transformer.wpe.weight"] = {0, 1, false};
-  const char* names[] = {"ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
-                         "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias",
-                         "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias"};
+  const char* names[] = {"ln_1.weight",        "ln_1.bias",        "attn.c_attn.weight", "attn.c_attn.bias",
+                         "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight",        "ln_2.bias",
+                         "mlp.c_fc.weight",    "mlp.c_fc.bias",    "mlp.c_proj.weight",  "mlp.c_proj.bias"};
   for (int l = 0; l < layers; ++l) {
     for (size_t p = 0; p < 12; ++p) {
       const bool t = p == 2 || p == 4 || p == 8 || p == 10;

@@ -12,7 +12,8 @@ def main():
     wanted = ["pytest"] + [m for m in required.split(",") if m and m != "-"]
     missing = [m for m in wanted if importlib.util.find_spec(m) is None]
     if missing:
-        print(f"skipping {test_file}: Python module(s) {', '.join(missing)} not installed for {sys.executable}")
+        names = ", ".join(missing)
+        print(f"skipping {test_file}: Python module(s) {names} not installed for {sys.executable}")
         return 77
     import pytest
 

@@ -76,7 +76,8 @@ def export(trained, name, dtype="fp32"):
 def test_config_and_names(trained):
     w, meta, cfg = export(trained, "hf")
     assert cfg["model_type"] == "gpt2" and cfg["activation_function"] == "gelu_new"
-    assert (cfg["vocab_size"], cfg["n_positions"], cfg["n_embd"], cfg["n_layer"], cfg["n_head"]) == (256, 64, 64, 2, 4)
+    dims = (cfg["vocab_size"], cfg["n_positions"], cfg["n_embd"], cfg["n_layer"], cfg["n_head"])
+    assert dims == (256, 64, 64, 2, 4)
     assert cfg["tie_word_embeddings"] is True
     assert cfg["layer_norm_epsilon"] == pytest.approx(1e-5)
     assert meta["zoe_step"] == "3" and meta["zoe_export"] == "hf-gpt2"
@@ -85,7 +86,8 @@ def test_config_and_names(trained):
             "transformer.ln_f.weight": (d,), "transformer.ln_f.bias": (d,)}
     for i in range(2):
         p = f"transformer.h.{i}."
-        want.update({p + "ln_1.weight": (d,), p + "ln_1.bias": (d,), p + "ln_2.weight": (d,), p + "ln_2.bias": (d,),
+        want.update({p + "ln_1.weight": (d,), p + "ln_1.bias": (d,),
+                     p + "ln_2.weight": (d,), p + "ln_2.bias": (d,),
                      p + "attn.c_attn.weight": (d, 3 * d), p + "attn.c_attn.bias": (3 * d,),
                      p + "attn.c_proj.weight": (d, d), p + "attn.c_proj.bias": (d,),
                      p + "mlp.c_fc.weight": (d, 4 * d), p + "mlp.c_fc.bias": (4 * d,),

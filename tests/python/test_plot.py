@@ -46,8 +46,9 @@ def test_train_with_per_step_times_and_stdin(tmp_path):
          "evals": [{"step": 4, "eval_loss": 4.9}, {"step": 6, "eval_loss": 4.1}],
          "step_time_s": [{"compute": 0.1, "comm": 0.01, "io_stall": 0.02, "optimizer": 0.03}] * 4}
     out = tmp_path / "t.png"
-    p = subprocess.run([sys.executable, str(SCRIPT), "--kind", "train", "--width", "333", "--height", "222", "-",
-                        str(out)], input=json.dumps(j), capture_output=True, text=True, timeout=120)
+    args = [sys.executable, str(SCRIPT), "--kind", "train", "--width", "333", "--height", "222", "-",
+            str(out)]
+    p = subprocess.run(args, input=json.dumps(j), capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert png_size(out) == (333, 222)
 

@@ -21,8 +21,8 @@ def test_bench_swap_progress_is_throttled(tmp_path):
 
 
 def test_bench_io_progress_is_throttled(tmp_path):
-    p = run_zoe("bench", "io", "--path", tmp_path, "--size", "4MiB", "--bs", "64KiB,128KiB,1MiB", "--qd", "1,2,4",
-                "--loops", 2, "--warmup", 1, "--json", json_out=False)
+    p = run_zoe("bench", "io", "--path", tmp_path, "--size", "4MiB", "--bs", "64KiB,128KiB,1MiB",
+                "--qd", "1,2,4", "--loops", 2, "--warmup", 1, "--json", json_out=False)
     assert p.returncode == 0, p.stderr
     lines = stderr_lines(p)
     assert 1 <= len(lines) <= 3, p.stderr  # 18 rows x 3 passes would be 54 lines unthrottled
