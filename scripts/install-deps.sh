@@ -10,6 +10,8 @@ PKGS=(
   libopenmpi-dev openmpi-bin
   libopenblas-dev
   fio
+  # Python tests (tests/python, pytest) and plots (scripts/zoe_plot.py): Debian's CPU PyTorch.
+  python3 python3-pytest python3-numpy python3-torch python3-matplotlib
 )
 
 missing=()

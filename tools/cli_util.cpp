@@ -7,6 +7,8 @@
 #include <cstdarg>
 #include <cstdlib>
 
+#include "core/clock.h"
+
 namespace zoe::cli {
 
 void print_json(const nlohmann::json& j) {
@@ -67,7 +69,8 @@ std::string fmt(const char* f, ...) {
   return buf;
 }
 
-Progress::Progress(bool enabled) : enabled_(enabled), tty_(isatty(STDERR_FILENO)) {}
+Progress::Progress(bool enabled, double every_s)
+    : enabled_(enabled), tty_(isatty(STDERR_FILENO)), every_s_(every_s) {}
 
 Progress::~Progress() { done(); }
 
@@ -78,6 +81,9 @@ void Progress::update(const std::string& line) {
     if (line.size() < last_len_) fprintf(stderr, "%*s", static_cast<int>(last_len_ - line.size()), "");
     last_len_ = line.size();
   } else {
+    const uint64_t now = now_ns();
+    if (last_line_ns_ != 0 && static_cast<double>(now - last_line_ns_) * 1e-9 < every_s_) return;
+    last_line_ns_ = now;
     fprintf(stderr, "%s\n", line.c_str());
   }
   fflush(stderr);

@@ -59,10 +59,11 @@ class Table {
 
 std::string fmt(const char* f, ...) __attribute__((format(printf, 1, 2)));
 
-// A progress line on stderr, rewritten in place when stderr is a terminal.
+// A progress line on stderr, rewritten in place when stderr is a terminal. When it is not (a log
+// file, a pipe), each update is its own line, at most one per every_s seconds (0: every update).
 class Progress {
  public:
-  explicit Progress(bool enabled);
+  explicit Progress(bool enabled, double every_s = 0);
   ~Progress();
   void update(const std::string& line);
   void done();
@@ -70,7 +71,9 @@ class Progress {
  private:
   bool enabled_;
   bool tty_;
+  double every_s_;
   size_t last_len_ = 0;
+  uint64_t last_line_ns_ = 0;  // when the last line was printed (not a terminal)
 };
 
 }  // namespace zoe::cli

@@ -7,12 +7,14 @@
 #include <string>
 #include <vector>
 
+#include "core/clock.h"
 #include "core/log.h"
 #include "core/units.h"
 #include "io/io_bench.h"
 #include "io/swap_file.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
+#include "tools/plot_util.h"
 
 namespace zoe::cli {
 namespace {
@@ -39,7 +41,11 @@ struct BenchIoOpts {
   bool no_fixed = false;
   bool json = false;
   bool csv = false;
+  std::string plot;  // a PNG of GB/s against block size and queue depth
 };
+
+// Progress when stderr is not a terminal: one line per this many seconds.
+constexpr double kProgressEvery = 5.0;
 
 std::string default_scratch() {
   const char* env = getenv("ZOE_SCRATCH");
@@ -86,6 +92,10 @@ void run(const BenchIoOpts& o) {
       fail(not_found("--path %s is not an existing directory", p.c_str()));
     }
   }
+  if (!o.plot.empty()) {
+    Status ps = plot_available();
+    if (!ps.is_ok()) fail(ps.with_context("checking for --plot " + o.plot + " before the benchmark"));
+  }
 
   struct sigaction sa {};
   sa.sa_handler = on_signal;
@@ -103,7 +113,8 @@ void run(const BenchIoOpts& o) {
   auto sf = value_or_fail(io::SwapFile::create(so));
   bool fresh = sf->capacity() < size;
   auto ext = value_or_fail(sf->allocate(size));
-  Progress progress(true);
+  Progress progress(true, kProgressEvery);
+  const uint64_t t_start = now_ns();
   if (fresh || o.validate) {
     progress.update("laying out " + format_bytes(size) + " over " + std::to_string(paths.size()) + " file(s)" +
                     (sf->direct() ? "" : " (buffered: no O_DIRECT)"));
@@ -144,7 +155,9 @@ void run(const BenchIoOpts& o) {
           std::string label = fmt("[%zu/%zu] %s %s bs=%s qd=%llu", k, total, io::io_backend_name(be), io::io_op_name(op),
                                   format_bytes(b).c_str(), static_cast<unsigned long long>(q));
           cfg.on_pass = [&](int pass, int passes) {
-            progress.update(label + fmt(" pass %d/%d%s", pass + 1, passes, pass < o.warmup ? " (warmup)" : ""));
+            const double el = static_cast<double>(now_ns() - t_start) * 1e-9;
+            progress.update(label + fmt(" pass %d/%d%s  %.0fs", pass + 1, passes,
+                                        pass < o.warmup ? " (warmup)" : "", el));
           };
           io::IoBenchCase c{be, static_cast<size_t>(b), static_cast<uint32_t>(q), op};
           auto r = io::run_io_bench(cfg, c);
@@ -179,17 +192,24 @@ void run(const BenchIoOpts& o) {
     if (!best[i] || r.gbps > best[i]->gbps) best[i] = &r;
     wrong_total += r.wrong_bytes;
   }
+  json j;
+  j["config"] = {{"paths", paths},       {"size", size},         {"stripe", stripe},
+                 {"direct", sf->direct()}, {"loops", o.loops},     {"warmup", o.warmup},
+                 {"validate", o.validate}, {"fixed_buffers", !o.no_fixed}, {"sqpoll", o.sqpoll}};
+  json jr = json::array();
+  for (const auto& r : rows) jr.push_back(row_json(r));
+  j["rows"] = jr;
+  j["best"] = {{"read", best[0] ? row_json(*best[0]) : json(nullptr)},
+               {"write", best[1] ? row_json(*best[1]) : json(nullptr)}};
+  j["ok"] = wrong_total == 0;
+  if (!o.plot.empty()) {
+    progress.update("plotting " + o.plot);
+    Status ps = write_plot("bench-io", j.dump(), o.plot);
+    progress.done();
+    if (!ps.is_ok()) fail(ps);
+    if (!o.json && !o.csv) printf("# plot: %s\n", o.plot.c_str());
+  }
   if (o.json) {
-    json j;
-    j["config"] = {{"paths", paths},       {"size", size},         {"stripe", stripe},
-                   {"direct", sf->direct()}, {"loops", o.loops},     {"warmup", o.warmup},
-                   {"validate", o.validate}, {"fixed_buffers", !o.no_fixed}, {"sqpoll", o.sqpoll}};
-    json jr = json::array();
-    for (const auto& r : rows) jr.push_back(row_json(r));
-    j["rows"] = jr;
-    j["best"] = {{"read", best[0] ? row_json(*best[0]) : json(nullptr)},
-                 {"write", best[1] ? row_json(*best[1]) : json(nullptr)}};
-    j["ok"] = wrong_total == 0;
     print_json(j);
   } else if (!o.csv) {
     for (int i = 0; i < 2; ++i) {
@@ -233,6 +253,8 @@ void add_bench_io_command(CLI::App& bench) {
   cmd->add_flag("--json", o->json, "Print one JSON object (rows with engine, bs, qd, rw, gbps, iops, p50_us, "
                                    "p99_us, wrong_bytes)");
   cmd->add_flag("--csv", o->csv, "Print CSV rows");
+  cmd->add_option("--plot", o->plot, "Also draw GB/s against block size and queue depth into this PNG "
+                                     "(python3 + matplotlib, scripts/zoe_plot.py)");
   cmd->callback([o] { run(*o); });
 }
 

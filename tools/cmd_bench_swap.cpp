@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -120,7 +121,28 @@ void run(const BenchSwapOpts& o) {
   optim::Exec exec;
   exec.pool = pool.get();
 
-  Progress progress(true);
+  Progress progress(true, 5.0);  // not a terminal: one line per 5 s
+  // A pass with its share done so far on the progress line (the update runs chunk after chunk).
+  const double total_elems = static_cast<double>(n);
+  auto with_progress = [&](const std::string& what, const offload::ChunkUpdate& fn) {
+    struct Count {
+      uint64_t elems = 0;
+      int pct = -1;
+    };
+    auto done = std::make_shared<Count>();
+    const uint64_t t0 = now_ns();
+    return offload::ChunkUpdate([&progress, what, fn, done, t0, total_elems](const offload::ChunkView& c) {
+      Status s = fn(c);
+      done->elems += c.n;
+      // At most 100 lines a pass: the printing stays out of the timed update.
+      const int pct = static_cast<int>(100.0 * static_cast<double>(done->elems) / total_elems);
+      if (pct != done->pct) {
+        done->pct = pct;
+        progress.update(fmt("%s %3d%%  %.1fs", what.c_str(), pct, static_cast<double>(now_ns() - t0) * 1e-9));
+      }
+      return s;
+    });
+  };
   progress.update("registering " + std::to_string(n) + " parameters (" + format_bytes(n * (12 + dtype_size(gdt))) +
                   " of states) on " + std::to_string(paths.size()) + " path(s)");
   std::vector<size_t> group_sizes;
@@ -132,8 +154,7 @@ void run(const BenchSwapOpts& o) {
     done += s;
   }
   // Initial states, written through the pipeline itself (no N-sized host array).
-  progress.update("writing initial states");
-  Status st = sw->step([&](const offload::ChunkView& c) {
+  Status st = sw->step(with_progress("writing initial states", [&](const offload::ChunkView& c) {
     auto* p = static_cast<float*>(c.data[0]);
     for (size_t i = 0; i < c.n; ++i) p[i] = 0.02f * std::sin(static_cast<float>(c.begin + i));
     memset(c.data[1], 0, c.n * 4);
@@ -142,7 +163,7 @@ void run(const BenchSwapOpts& o) {
     for (size_t i = 0; i < c.n; ++i) g[i] = 1e-3f * std::cos(0.37f * static_cast<float>(c.begin + i));
     auto r = optim::convert_with_norm(g.data(), DType::kF32, c.data[3], gdt, c.n, false);
     return r.is_ok() ? Status::ok() : r.status();
-  }, /*write_all=*/true);
+  }), /*write_all=*/true);
   if (!st.is_ok()) fail(st.with_context("writing the initial optimizer states"));
   optim::AdamParams ap;
   ap.lr = 1e-4f;
@@ -191,10 +212,10 @@ void run(const BenchSwapOpts& o) {
   std::vector<double> t_step, t_io, t_comp, overlaps;
   offload::SwapperStats last{};
   for (int r = 0; r < o.repeats; ++r) {
-    progress.update(fmt("repeat %d/%d: optimizer step (states on NVMe)", r + 1, o.repeats));
     ++step_no;
     trace.clear();
-    st = sw->step(adam);
+    const std::string what = fmt("repeat %d/%d: optimizer step (states on NVMe)", r + 1, o.repeats);
+    st = sw->step(with_progress(what, adam));
     if (!st.is_ok()) fail(st.with_context("optimizer step"));
     last = sw->last_stats();
     t_step.push_back(static_cast<double>(last.step_ns) * 1e-9);
@@ -202,8 +223,7 @@ void run(const BenchSwapOpts& o) {
       Status ts = trace.write_chrome_json(o.trace);
       if (!ts.is_ok()) fail(ts);
     }
-    progress.update(fmt("repeat %d/%d: I/O only", r + 1, o.repeats));
-    st = sw->step(noop);
+    st = sw->step(with_progress(fmt("repeat %d/%d: I/O only", r + 1, o.repeats), noop));
     if (!st.is_ok()) fail(st.with_context("I/O-only pass"));
     t_io.push_back(static_cast<double>(sw->last_stats().step_ns) * 1e-9);
     progress.update(fmt("repeat %d/%d: compute only", r + 1, o.repeats));

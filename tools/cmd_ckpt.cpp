@@ -1,14 +1,21 @@
-// `zoe ckpt`: inspect, verify and consolidate checkpoints written by Engine::save.
+// `zoe ckpt`: inspect, verify, consolidate (safetensors, Hugging Face GPT-2) and evaluate
+// checkpoints written by Engine::save.
 #include <sys/stat.h>
 
 #include <cinttypes>
 #include <cstdio>
+#include <fstream>
 #include <map>
 #include <memory>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/hf_gpt2.h"
 #include "core/units.h"
+#include "data/corpus.h"
+#include "model/gpt.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
 
@@ -158,32 +165,251 @@ void add_verify(CLI::App& ckpt) {
   });
 }
 
+// The presets of `zoe train` (tools/cmd_train.cpp; keep in step), for the number of heads,
+// which the parameter shapes do not tell.
+struct PresetDims {
+  const char* name;
+  int layers, d, heads, context;
+};
+constexpr PresetDims kTrainPresets[] = {
+    {"tiny", 2, 64, 4, 64},      {"small", 4, 128, 4, 64},     {"demo", 6, 256, 8, 64},
+    {"medium", 12, 512, 8, 128}, {"large", 24, 1024, 16, 128}, {"2b", 26, 2560, 20, 64},
+};
+
+// The model's attention heads: --n-head when given, else the trainer state's model.heads, else
+// its preset's (when the preset's dimensions are the model's: a run that overrode them needs
+// --n-head).
+int resolve_heads(const ckpt::Reader& r, const ckpt::GptDims& dims, int flag) {
+  if (flag > 0) return flag;
+  const json& t = r.manifest().trainer;
+  const std::string where = "checkpoint " + r.path();
+  if (t.is_object() && t.contains("model") && t["model"].is_object() && t["model"].contains("heads")) {
+    int heads = 0;
+    Status s = ckpt::JsonFields(t["model"], where, "trainer.model").get("heads", &heads);
+    if (!s.is_ok()) fail(s);
+    return heads;
+  }
+  std::string preset;
+  if (t.is_object() && t.contains("preset") && t["preset"].is_string())
+    preset = t["preset"].get<std::string>();
+  for (const auto& p : kTrainPresets) {
+    if (preset != p.name) continue;
+    if (p.layers == dims.n_layer && p.d == dims.n_embd && p.context == dims.n_positions) return p.heads;
+    fail(invalid_argument(
+        "%s: its trainer state says preset '%s' (%d layers, d %d, %d positions), but the model "
+        "has %d layers, d %d, %d positions (overridden when training): pass --n-head",
+        where.c_str(), p.name, p.layers, p.d, p.context, dims.n_layer, dims.n_embd, dims.n_positions));
+  }
+  fail(
+      invalid_argument("%s: the number of attention heads is in neither trainer.model.heads nor a known "
+                       "trainer.preset ('%s'): pass --n-head",
+                       where.c_str(), preset.c_str()));
+}
+
 void add_consolidate(CLI::App& ckpt) {
   struct Opts {
-    std::string dir, out, dtype = "fp32";
+    std::string dir, out, dtype = "fp32", format = "safetensors";
+    int n_head = 0;
     bool json = false;
   };
   auto o = std::make_shared<Opts>();
   CLI::App* cmd = ckpt.add_subcommand("consolidate",
-                                      "Write the full parameters (master weights, else the "
-                                      "compute copy) as one safetensors file, streaming");
+                                      "Write the full parameters (master weights, else the compute copy) as "
+                                      "one safetensors file, or as a Hugging Face GPT-2 directory "
+                                      "(--format hf-gpt2: model.safetensors + config.json), streaming and "
+                                      "checking every checksum");
   cmd->add_option("dir", o->dir, "A save directory (its `latest`) or a checkpoint directory")->required();
-  cmd->add_option("--out", o->out, "The .safetensors file to write (replaced atomically)")->required();
+  cmd->add_option(
+         "--out", o->out,
+         "The .safetensors file to write (replaced atomically); with --format hf-gpt2, the directory")
+      ->required();
   cmd->add_option("--dtype", o->dtype, "fp32|bf16|fp16 (default fp32)");
+  cmd->add_option("--format", o->format,
+                  "safetensors (zoe's names: <module>.<param>) or hf-gpt2 (GPT2LMHeadModel's names and "
+                  "layouts)")
+      ->capture_default_str();
+  cmd->add_option("--n-head", o->n_head,
+                  "hf-gpt2: attention heads (default: from the checkpoint's trainer state)");
   cmd->add_flag("--json", o->json, "Print one JSON object");
   cmd->callback([o] {
+    if (o->format != "safetensors" && o->format != "hf-gpt2") {
+      fail(invalid_argument("--format %s: expected safetensors or hf-gpt2", o->format.c_str()));
+    }
     auto r = value_or_fail(ckpt::Reader::open(o->dir));
-    Status s = ckpt::consolidate(*r, o->out, o->dtype);
-    if (!s.is_ok()) fail(s);
     uint64_t params = 0;
     for (const auto& m : r->manifest().modules) params += m.params.size();
-    uint64_t bytes = file_bytes(o->out);
-    if (o->json) {
-      print_json(
-          {{"path", r->path()}, {"out", o->out}, {"dtype", o->dtype}, {"tensors", params}, {"bytes", bytes}});
+    std::string file = o->out;
+    json extra = json::object();
+    if (o->format == "hf-gpt2") {
+      const ckpt::GptDims dims = value_or_fail(ckpt::gpt_dims(r->manifest(), "checkpoint " + r->path()));
+      ckpt::HfGpt2Options ho;
+      ho.n_head = resolve_heads(*r, dims, o->n_head);
+      ho.dtype = o->dtype;
+      Status s = ckpt::export_hf_gpt2(*r, o->out, ho);
+      if (!s.is_ok()) fail(s);
+      file = o->out + "/model.safetensors";
+      extra = ckpt::hf_gpt2_config(dims, ho.n_head, o->dtype);
     } else {
-      printf("wrote %s: %" PRIu64 " tensors, %s (%s) from %s\n", o->out.c_str(), params,
-             format_bytes(bytes).c_str(), o->dtype.c_str(), r->path().c_str());
+      Status s = ckpt::consolidate(*r, o->out, o->dtype);
+      if (!s.is_ok()) fail(s);
+    }
+    uint64_t bytes = file_bytes(file);
+    if (o->json) {
+      json j = {{"path", r->path()}, {"out", o->out},     {"format", o->format},
+                {"dtype", o->dtype}, {"tensors", params}, {"bytes", bytes}};
+      if (o->format == "hf-gpt2") j["config"] = extra;
+      print_json(j);
+    } else {
+      printf("wrote %s: %" PRIu64 " tensors, %s (%s, %s) from %s\n", o->out.c_str(), params,
+             format_bytes(bytes).c_str(), o->format.c_str(), o->dtype.c_str(), r->path().c_str());
+    }
+  });
+}
+
+// Token ids from a JSON file: an array of equally long rows of ids; each row of T + 1 ids gives
+// the inputs row[0..T) and the targets row[1..T].
+void read_token_rows(const std::string& path, int vocab, int positions, std::vector<int32_t>* tokens,
+                     std::vector<int32_t>* targets, int* batch, int* T) {
+  std::ifstream in(path);
+  if (!in) fail(not_found("--tokens %s cannot be read", path.c_str()));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  json j = json::parse(ss.str(), nullptr, false);
+  if (j.is_discarded() || !j.is_array() || j.empty() || !j[0].is_array()) {
+    fail(invalid_argument("--tokens %s: expected a JSON array of rows of token ids, e.g. [[72, 105, 10]]",
+                          path.c_str()));
+  }
+  const size_t len = j[0].size();
+  if (len < 2 || len > static_cast<size_t>(positions) + 1) {
+    fail(invalid_argument("--tokens %s: row 0 has %zu ids; expected 2 .. %d (the model's positions + 1)",
+                          path.c_str(), len, positions + 1));
+  }
+  *batch = static_cast<int>(j.size());
+  *T = static_cast<int>(len - 1);
+  for (size_t b = 0; b < j.size(); ++b) {
+    if (!j[b].is_array() || j[b].size() != len) {
+      fail(invalid_argument("--tokens %s: row %zu is not an array of %zu ids like row 0", path.c_str(), b,
+                            len));
+    }
+    for (size_t t = 0; t < len; ++t) {
+      const json& v = j[b][t];
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= vocab) {
+        fail(invalid_argument("--tokens %s: row %zu, position %zu: %s is not a token id in [0, %d)",
+                              path.c_str(), b, t, v.dump().c_str(), vocab));
+      }
+      const auto id = static_cast<int32_t>(v.get<int64_t>());
+      if (t + 1 < len) tokens->push_back(id);
+      if (t > 0) targets->push_back(id);
+    }
+  }
+}
+
+void add_eval(CLI::App& ckpt) {
+  struct Opts {
+    std::string dir, tokens, data, state;
+    int train_batch = 0, micro_batch = 8, seq = 0, n_head = 0, threads = 0;
+    uint64_t seed = 0;
+    bool json = false;
+  };
+  auto o = std::make_shared<Opts>();
+  CLI::App* cmd = ckpt.add_subcommand(
+      "eval",
+      "The reference GPT's mean cross-entropy, with a checkpoint's weights, on given token ids (--tokens) or "
+      "on the batch `zoe train --data FILE` draws at a step (--data FILE --train-batch N); every checksum "
+      "is checked first");
+  cmd->add_option("dir", o->dir, "A save directory (its `latest`) or a checkpoint directory")->required();
+  cmd->add_option("--tokens", o->tokens,
+                  "JSON file: rows of T + 1 token ids (inputs row[:-1], targets row[1:])");
+  cmd->add_option("--data", o->data, "The text file `zoe train --data` trained on");
+  cmd->add_option(
+      "--train-batch", o->train_batch,
+      "With --data: the batch of training step N (1-based, as zoe train counts; rank 0, micro-batch 0)");
+  cmd->add_option("--micro-batch", o->micro_batch, "With --data: sequences per batch, as zoe train's")
+      ->capture_default_str();
+  cmd->add_option("--seq", o->seq, "With --data: tokens per sequence (default: the model's positions)");
+  cmd->add_option("--seed", o->seed, "With --data: zoe train's --seed (default: the checkpoint's)");
+  cmd->add_option("--state", o->state, "master or param (default: master when saved, as consolidate)");
+  cmd->add_option("--n-head", o->n_head, "Attention heads (default: from the checkpoint's trainer state)");
+  cmd->add_option("--threads", o->threads, "CPU threads (0: all)");
+  cmd->add_flag("--json", o->json, "Print one JSON object (with the tokens and targets evaluated)");
+  cmd->callback([o] {
+    if (o->tokens.empty() == o->data.empty())
+      fail(invalid_argument("zoe ckpt eval: give --tokens or --data"));
+    if (!o->data.empty() && o->train_batch < 1) {
+      fail(invalid_argument(
+          "--data needs --train-batch N (N >= 1: the training step whose batch to evaluate)"));
+    }
+    auto r = value_or_fail(ckpt::Reader::open(o->dir));
+    const ckpt::Manifest& m = r->manifest();
+    const ckpt::GptDims dims = value_or_fail(ckpt::gpt_dims(m, "checkpoint " + r->path()));
+    model::GptConfig c;
+    c.vocab = dims.vocab;
+    c.seq = dims.n_positions;
+    c.d_model = dims.n_embd;
+    c.layers = dims.n_layer;
+    c.heads = resolve_heads(*r, dims, o->n_head);
+    Status cs = c.validate();
+    if (!cs.is_ok()) fail(cs);
+    const std::string state = o->state.empty() ? (r->has_kind("master") ? "master" : "param") : o->state;
+    if (state != "master" && state != "param")
+      fail(invalid_argument("--state %s: expected master or param", state.c_str()));
+
+    std::vector<int32_t> tokens, targets;
+    int batch = 0, T = 0;
+    if (!o->tokens.empty()) {
+      read_token_rows(o->tokens, c.vocab, c.seq, &tokens, &targets, &batch, &T);
+    } else {
+      batch = o->micro_batch;
+      T = o->seq ? o->seq : c.seq;
+      if (batch < 1 || T < 2 || T > c.seq) {
+        fail(invalid_argument("--micro-batch %d, --seq %d: expected >= 1 and 2 .. %d", batch, T, c.seq));
+      }
+      uint64_t seed = o->seed;
+      if (seed == 0) {
+        Status s = ckpt::JsonFields(m.trainer, "checkpoint " + r->path(), "trainer").get("seed", &seed);
+        if (!s.is_ok()) fail(s.with_context("reading the seed of the run (or pass --seed)"));
+      }
+      data::Corpus corpus = value_or_fail(data::load_text_file(o->data, static_cast<size_t>(T)));
+      data::sample_batch(corpus.train, batch, T, seed, static_cast<uint64_t>(o->train_batch - 1), 0, 0,
+                         &tokens, &targets);
+    }
+
+    // Every byte checked before it is used; then each parameter as fp32.
+    Status vs = r->verify();
+    if (!vs.is_ok()) fail(vs);
+    std::vector<std::vector<float>> w;
+    std::vector<std::vector<const float*>> ptrs(m.modules.size());
+    for (uint32_t mi = 0; mi < m.modules.size(); ++mi) {
+      for (const auto& p : m.modules[mi].params) {
+        w.emplace_back(p.numel);
+        Status s = r->read_range(mi, state, p.offset, p.numel, "f32", w.back().data());
+        if (!s.is_ok()) fail(s.with_context("reading " + m.modules[mi].name + "." + p.name));
+        ptrs[mi].push_back(w.back().data());
+      }
+    }
+    auto gpt = value_or_fail(model::GptCpu::create(c, batch, T, o->threads));
+    gpt->embed_forward(tokens.data(), ptrs[0].data());
+    for (int l = 0; l < c.layers; ++l) gpt->block_forward(l, ptrs[static_cast<size_t>(l) + 1].data());
+    const float loss = gpt->head_forward(ptrs.back().data(), ptrs[0].data(), targets.data());
+    if (o->json) {
+      json jt = json::array(), jg = json::array();
+      for (int b = 0; b < batch; ++b) {
+        const auto at = static_cast<size_t>(b) * static_cast<size_t>(T);
+        jt.push_back(std::vector<int32_t>(tokens.begin() + at, tokens.begin() + at + T));
+        jg.push_back(std::vector<int32_t>(targets.begin() + at, targets.begin() + at + T));
+      }
+      print_json({{"path", r->path()},
+                  {"step", m.step},
+                  {"state", state},
+                  {"heads", c.heads},
+                  {"batch", batch},
+                  {"seq", T},
+                  {"loss", loss},
+                  {"tokens", jt},
+                  {"targets", jg}});
+    } else {
+      printf("loss %.6f over %d x %d tokens (%s of %s, step %" PRId64 ")\n", static_cast<double>(loss), batch,
+             T, state.c_str(), r->path().c_str(), m.step);
     }
   });
 }
@@ -191,11 +417,12 @@ void add_consolidate(CLI::App& ckpt) {
 }  // namespace
 
 void add_ckpt_command(CLI::App& app) {
-  CLI::App* ckpt = app.add_subcommand("ckpt", "Checkpoints: inspect, verify, consolidate");
+  CLI::App* ckpt = app.add_subcommand("ckpt", "Checkpoints: inspect, verify, consolidate, eval");
   ckpt->require_subcommand(1);
   add_inspect(*ckpt);
   add_verify(*ckpt);
   add_consolidate(*ckpt);
+  add_eval(*ckpt);
 }
 
 }  // namespace zoe::cli

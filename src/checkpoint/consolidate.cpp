@@ -1,5 +1,6 @@
 // consolidate: a checkpoint's full parameters as one safetensors file, streamed in bounded pieces
-// from every rank file in turn, checksummed on the way.
+// from every rank file in turn, checksummed on the way (write_safetensors, for any selection of
+// parameters, renamed and transposed as an exporter asks).
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -10,12 +11,85 @@
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/file_util.h"
+#include "checkpoint/safetensors_export.h"
 #include "core/dtype.h"
 
 namespace zoe::ckpt {
+namespace detail {
+namespace {
 
-Status consolidate(const Reader& r, const std::string& out_path, const std::string& dtype_arg,
-                   size_t piece_bytes) {
+constexpr size_t kScratchBytes = 1u << 20;
+
+// Where one output tensor's bytes go, and how.
+struct OutSlot {
+  const ExportTensor* t;
+  const ParamInfo* p;
+  uint64_t at = 0;              // offset in the data section
+  uint64_t rows = 0, cols = 0;  // transposed: the source matrix's shape
+};
+
+// Writes source elements [la, lb) of slot s (local to its parameter), whose bytes start at src
+// (element la), converted from sdt to dt, at their places in the output file.
+class SlotWriter {
+ public:
+  SlotWriter(int fd, const std::string& path, uint64_t data_start, const std::string& dt)
+      : fd_(fd), path_(path), data_start_(data_start), dt_(dt), eb_(dtype_bytes(dt)) {}
+
+  Status write(const OutSlot& s, const std::string& sdt, const char* src, uint64_t la, uint64_t lb) {
+    const size_t ib = dtype_bytes(sdt);
+    const uint64_t per = kScratchBytes / std::max(eb_, ib) / 2;  // gather and conversion halves
+    if (!s.t->transpose) {
+      const uint64_t dst = data_start_ + s.at + la * eb_;
+      if (sdt == dt_) return pwrite_all(fd_, path_, src, static_cast<size_t>((lb - la) * eb_), dst);
+      for (uint64_t k = la; k < lb;) {
+        const uint64_t c = std::min(lb - k, per);
+        conv_.resize(static_cast<size_t>(c * eb_));
+        convert_elements(sdt, src + (k - la) * ib, dt_, conv_.data(), static_cast<size_t>(c));
+        ZOE_RETURN_IF_ERROR(pwrite_all(fd_, path_, conv_.data(), conv_.size(), dst + (k - la) * eb_));
+        k += c;
+      }
+      return Status::ok();
+    }
+    // Source [rows, cols] row-major, output [cols, rows]: the elements of one source column j
+    // inside [la, lb) are the rows [i0, i1) of it, one contiguous run of the output.
+    const uint64_t R = s.rows, C = s.cols;
+    const uint64_t ra = la / C, ca = la % C, rb = (lb - 1) / C, cb = (lb - 1) % C + 1;
+    for (uint64_t j = 0; j < C; ++j) {
+      const uint64_t i0 = j >= ca ? ra : ra + 1, i1 = j < cb ? rb + 1 : rb;
+      for (uint64_t i = i0; i < i1;) {
+        const uint64_t c = std::min(i1 - i, per);
+        gather_.resize(static_cast<size_t>(c * ib));
+        for (uint64_t k = 0; k < c; ++k) {
+          std::memcpy(gather_.data() + k * ib, src + ((i + k) * C + j - la) * ib, ib);
+        }
+        const char* out = gather_.data();
+        if (sdt != dt_) {
+          conv_.resize(static_cast<size_t>(c * eb_));
+          convert_elements(sdt, gather_.data(), dt_, conv_.data(), static_cast<size_t>(c));
+          out = conv_.data();
+        }
+        ZOE_RETURN_IF_ERROR(pwrite_all(fd_, path_, out, static_cast<size_t>(c * eb_),
+                                       data_start_ + s.at + (j * R + i) * eb_));
+        i += c;
+      }
+    }
+    return Status::ok();
+  }
+
+ private:
+  int fd_;
+  const std::string& path_;
+  uint64_t data_start_;
+  std::string dt_;
+  size_t eb_;
+  std::vector<char> gather_, conv_;
+};
+
+}  // namespace
+
+Status write_safetensors(const Reader& r, const std::string& out_path, const std::string& dtype_arg,
+                         const std::vector<ExportTensor>& tensors, const nlohmann::json& metadata,
+                         size_t piece_bytes) {
   DType dt;
   if (!parse_dtype(dtype_arg, &dt)) {
     return invalid_argument("consolidate: dtype '%s': expected fp32, bf16 or fp16", dtype_arg.c_str());
@@ -30,36 +104,54 @@ Status consolidate(const Reader& r, const std::string& out_path, const std::stri
   }
   const Manifest& m = r.manifest();
 
-  // Header: every parameter, in module order, laid out back to back.
+  // Header: every output tensor, in the order given, laid out back to back.
   nlohmann::json header = nlohmann::json::object();
   uint64_t data_bytes = 0;
-  std::vector<std::vector<uint64_t>> out_at(m.modules.size());  // [module][param]: offset in the data
-  for (size_t mi = 0; mi < m.modules.size(); ++mi) {
-    const auto& mod = m.modules[mi];
-    for (const auto& p : mod.params) {
-      out_at[mi].push_back(data_bytes);
-      std::string name = mod.name + "." + p.name;
-      if (header.contains(name)) {
-        return invalid_argument("consolidate: two parameters are named '%s' in %s", name.c_str(),
-                                r.path().c_str());
-      }
-      header[name] = {
-          {"dtype", st_dtype}, {"shape", p.shape}, {"data_offsets", {data_bytes, data_bytes + p.numel * eb}}};
-      data_bytes += p.numel * eb;
+  std::vector<OutSlot> slots;
+  std::vector<std::vector<size_t>> slots_of_module(m.modules.size());
+  for (const ExportTensor& t : tensors) {
+    if (t.module >= m.modules.size() || t.param >= m.modules[t.module].params.size()) {
+      return invalid_argument(
+          "consolidate: tensor '%s' asks for parameter %zu of module %u, which %s has not", t.name.c_str(),
+          t.param, t.module, r.path().c_str());
     }
+    const ParamInfo& p = m.modules[t.module].params[t.param];
+    if (t.name.empty() || t.name == "__metadata__" || header.contains(t.name)) {
+      return invalid_argument("consolidate: tensor name '%s' (from %s.%s) is empty, reserved or used twice",
+                              t.name.c_str(), m.modules[t.module].name.c_str(), p.name.c_str());
+    }
+    OutSlot s{&t, &p, data_bytes};
+    std::vector<int64_t> shape = p.shape;
+    if (t.transpose) {
+      if (p.shape.size() != 2) {
+        return invalid_argument("consolidate: %s.%s has %zu dimensions; only a matrix can be transposed",
+                                m.modules[t.module].name.c_str(), p.name.c_str(), p.shape.size());
+      }
+      s.rows = static_cast<uint64_t>(p.shape[0]);
+      s.cols = static_cast<uint64_t>(p.shape[1]);
+      shape = {p.shape[1], p.shape[0]};
+    }
+    header[t.name] = {
+        {"dtype", st_dtype}, {"shape", shape}, {"data_offsets", {data_bytes, data_bytes + p.numel * eb}}};
+    data_bytes += p.numel * eb;
+    slots_of_module[t.module].push_back(slots.size());
+    slots.push_back(s);
   }
-  header["__metadata__"] = {{"format", "pt"},
-                            {"zoe_checkpoint", r.path()},
-                            {"zoe_step", std::to_string(m.step)},
-                            {"zoe_source_state", kind}};
-  // Every parameter element must be in some rank's file: check before writing anything.
+  nlohmann::json meta = {{"format", "pt"},
+                         {"zoe_checkpoint", r.path()},
+                         {"zoe_step", std::to_string(m.step)},
+                         {"zoe_source_state", kind}};
+  for (const auto& [k, v] : metadata.items()) meta[k] = v.is_string() ? v.get<std::string>() : v.dump();
+  header["__metadata__"] = meta;
+  // Every exported element must be in some rank's file: check before writing anything.
   for (uint32_t mi = 0; mi < m.modules.size(); ++mi) {
     std::vector<std::pair<uint64_t, uint64_t>> have;  // [begin, end) of the records of `kind`
     for (const auto& t : m.tensors) {
       if (t.module == mi && t.kind == kind && t.count > 0) have.emplace_back(t.begin, t.begin + t.count);
     }
     std::sort(have.begin(), have.end());
-    for (const auto& p : m.modules[mi].params) {
+    for (size_t si : slots_of_module[mi]) {
+      const ParamInfo& p = *slots[si].p;
       uint64_t pos = p.offset;  // the first element not yet known to be covered
       for (const auto& [b, e] : have) {
         if (b > pos) break;
@@ -84,14 +176,13 @@ Status consolidate(const Reader& r, const std::string& out_path, const std::stri
   if (fd < 0) return sys_error("create", tmp, errno);
   auto body = [&]() -> Status {
     uint64_t off = 0;
-    ZOE_RETURN_IF_ERROR(detail::pwrite_all(fd, tmp, len_le, 8, off));
+    ZOE_RETURN_IF_ERROR(pwrite_all(fd, tmp, len_le, 8, off));
     off += 8;
-    ZOE_RETURN_IF_ERROR(detail::pwrite_all(fd, tmp, htext.data(), htext.size(), off));
+    ZOE_RETURN_IF_ERROR(pwrite_all(fd, tmp, htext.data(), htext.size(), off));
     off += htext.size();
-    const uint64_t data_start = off;
+    SlotWriter out(fd, tmp, off, dtype);
     // Each rank file once, start to end: scan_file checks every tensor's and the file's xxh64
-    // while the pieces of `kind` records are converted and written where their parameters go.
-    std::vector<char> scratch;  // conversions only, at most 1 MiB
+    // while the pieces of `kind` records are converted and written where their tensors go.
     for (size_t fi = 0; fi < m.files.size(); ++fi) {
       std::vector<const TensorRecord*> recs;  // the `kind` records in this file
       for (const auto& t : m.tensors) {
@@ -106,39 +197,24 @@ Status consolidate(const Reader& r, const std::string& out_path, const std::stri
           const size_t ib = dtype_bytes(t->dtype);
           // Pieces and tensors start at multiples of kTensorAlign: no element straddles two pieces.
           const uint64_t e0 = t->begin + (lo - t->offset) / ib, e1 = t->begin + (hi - t->offset) / ib;
-          const auto& params = m.modules[t->module].params;
-          for (size_t pi = 0; pi < params.size(); ++pi) {
-            const ParamInfo& p = params[pi];
-            const uint64_t a = std::max(e0, p.offset), b = std::min(e1, p.offset + p.numel);
+          for (size_t si : slots_of_module[t->module]) {
+            const OutSlot& s = slots[si];
+            const uint64_t a = std::max(e0, s.p->offset), b = std::min(e1, s.p->offset + s.p->numel);
             if (a >= b) continue;
             const char* src = static_cast<const char*>(data) + (t->offset + (a - t->begin) * ib - at);
-            uint64_t dst = data_start + out_at[t->module][pi] + (a - p.offset) * eb;
-            if (t->dtype == dtype) {
-              ZOE_RETURN_IF_ERROR(detail::pwrite_all(fd, tmp, src, static_cast<size_t>((b - a) * eb), dst));
-              continue;
-            }
-            const uint64_t per = (1u << 20) / std::max(eb, ib);
-            for (uint64_t k = a; k < b;) {
-              const uint64_t c = std::min(b - k, per);
-              scratch.resize(static_cast<size_t>(c * eb));
-              detail::convert_elements(t->dtype, src + (k - a) * ib, dtype, scratch.data(),
-                                       static_cast<size_t>(c));
-              ZOE_RETURN_IF_ERROR(
-                  detail::pwrite_all(fd, tmp, scratch.data(), scratch.size(), dst + (k - a) * eb));
-              k += c;
-            }
+            ZOE_RETURN_IF_ERROR(out.write(s, t->dtype, src, a - s.p->offset, b - s.p->offset));
           }
         }
         return Status::ok();
       };
       ZOE_RETURN_IF_ERROR(r.scan_file(fi, piece_bytes, on_piece));
     }
-    ZOE_RETURN_IF_ERROR(detail::fsync_fd(fd, tmp));
+    ZOE_RETURN_IF_ERROR(fsync_fd(fd, tmp));
     int f = fd;
     fd = -1;
     if (close(f) != 0) return sys_error("close", tmp, errno);
     if (rename(tmp.c_str(), out_path.c_str()) != 0) return sys_error("rename to " + out_path, tmp, errno);
-    return detail::fsync_dir(detail::parent_dir(out_path));
+    return fsync_dir(parent_dir(out_path));
   };
   Status s = body();
   if (fd >= 0) close(fd);
@@ -147,6 +223,20 @@ Status consolidate(const Reader& r, const std::string& out_path, const std::stri
     return std::move(s).with_context("writing " + out_path + " from checkpoint " + r.path());
   }
   return Status::ok();
+}
+
+}  // namespace detail
+
+Status consolidate(const Reader& r, const std::string& out_path, const std::string& dtype,
+                   size_t piece_bytes) {
+  const Manifest& m = r.manifest();
+  std::vector<detail::ExportTensor> tensors;
+  for (uint32_t mi = 0; mi < m.modules.size(); ++mi) {
+    for (size_t pi = 0; pi < m.modules[mi].params.size(); ++pi) {
+      tensors.push_back({m.modules[mi].name + "." + m.modules[mi].params[pi].name, mi, pi, false});
+    }
+  }
+  return detail::write_safetensors(r, out_path, dtype, tensors, nlohmann::json::object(), piece_bytes);
 }
 
 }  // namespace zoe::ckpt
