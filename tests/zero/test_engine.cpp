@@ -74,6 +74,9 @@ std::string make_config(const Placement& pl, const std::string& precision, const
   return buf;
 }
 
+// zoe.overlap_step for the runs below (the default: on); the overlap test turns it off.
+bool g_overlap = true;
+
 Result<std::vector<Layer>> run(const Placement& pl, const std::string& precision, const MlpSpec& s, int steps,
                                std::vector<StepStats>* stats = nullptr, int inject = -1, int micro = 1,
                                const std::string& extra_fp16 = "", const std::string& extra_top = "") {
@@ -81,6 +84,7 @@ Result<std::vector<Layer>> run(const Placement& pl, const std::string& precision
   test::ScratchDir nvme("nvme");
   auto cfg = config::Config::parse(make_config(pl, precision, nvme.path(), micro, extra_fp16, extra_top), rt.world_size());
   if (!cfg.is_ok()) return cfg.status();
+  cfg.value().zoe.overlap_step = g_overlap;
   ZOE_ASSIGN_OR_RETURN(auto e, Engine::create(rt, cfg.value()));
   ZOE_RETURN_IF_ERROR(test::register_mlp(*e, s));
   std::vector<Layer> out;
@@ -97,6 +101,7 @@ Result<std::vector<Layer>> run_edited(const Placement& pl, const std::string& pr
   std::string text = make_config(pl, precision, nvme.path(), micro);
   edit(text);
   ZOE_ASSIGN_OR_RETURN(auto cfg, config::Config::parse(text, rt.world_size()));
+  cfg.zoe.overlap_step = g_overlap;
   ZOE_ASSIGN_OR_RETURN(auto e, Engine::create(rt, cfg));
   ZOE_RETURN_IF_ERROR(test::register_mlp(*e, s));
   std::vector<Layer> out;
@@ -184,6 +189,59 @@ TEST(EngineMatrix, EveryPlacementMatchesReferenceAndNoOffloadBitForBit) {
         printf("[matrix] %-60s max %.2e mean %.2e vs reference\n", what.c_str(), dr.max_abs, dr.mean_abs);
       }
     }
+  }
+}
+
+// The overlapped step (the update behind the next forward) gives the serial step's bits for every
+// placement and precision, with evaluation passes that reach modules before their update is done,
+// gradient accumulation, and an fp16 overflow (a skipped step) while the pipeline is in flight.
+TEST(EngineOverlap, OverlappedStepGivesTheSerialBitsForEveryPlacement) {
+  Runtime& rt = runtime();
+  MlpSpec s;
+  const int steps = 4;
+  for (const std::string precision : {"fp32", "bf16", "fp16"}) {
+    for (const Placement& pl : placements()) {
+      const std::string what = "world " + std::to_string(rt.world_size()) + " " + precision + " stage " +
+                               std::to_string(pl.stage) + " optimizer " + pl.opt + " params " + pl.param;
+      auto edit = [](std::string&) {};
+      const int inject = precision == "fp16" ? 2 : -1;  // an overflow at step 2: skipped, scale halved
+      std::vector<StepStats> st_serial, st_overlap;
+      g_overlap = false;
+      auto serial = pl.stage == 3 ? run_edited(pl, precision, s, steps, edit, &st_serial, 1, /*eval_passes=*/true)
+                                  : run(pl, precision, s, steps, &st_serial, inject);
+      g_overlap = true;
+      auto overlap = pl.stage == 3 ? run_edited(pl, precision, s, steps, edit, &st_overlap, 1, true)
+                                   : run(pl, precision, s, steps, &st_overlap, inject);
+      ASSERT_TRUE(serial.is_ok()) << what << ": " << serial.status().to_string();
+      ASSERT_TRUE(overlap.is_ok()) << what << ": " << overlap.status().to_string();
+      Diff d = compare(serial.value(), overlap.value());
+      EXPECT_TRUE(d.identical) << what << ": overlapped differs from serial (max " << d.max_abs << ")";
+      ASSERT_EQ(st_serial.size(), st_overlap.size());
+      for (size_t k = 0; k < st_serial.size(); ++k) {
+        EXPECT_EQ(st_serial[k].grad_norm, st_overlap[k].grad_norm) << what << " step " << k;
+        EXPECT_EQ(st_serial[k].skipped, st_overlap[k].skipped) << what << " step " << k;
+        EXPECT_EQ(st_serial[k].loss_scale, st_overlap[k].loss_scale) << what << " step " << k;
+        EXPECT_EQ(st_serial[k].t_update_overlapped, 0.0) << what;
+      }
+      if (inject >= 0 && pl.stage != 3) EXPECT_TRUE(st_overlap[inject].skipped) << what;
+      double behind = 0;
+      for (const auto& st : st_overlap) behind += st.t_update_overlapped;
+      EXPECT_GT(behind, 0.0) << what << ": no update ran behind a forward";
+    }
+  }
+  g_overlap = true;
+}
+
+// Gradient accumulation over two micro-batches with the pipeline in flight.
+TEST(EngineOverlap, AccumulationWithTheUpdateBehind) {
+  MlpSpec s;
+  for (const Placement& pl : {Placement{2, "cpu", "none"}, Placement{3, "nvme", "nvme"}, Placement{1, "none", "none"}}) {
+    g_overlap = false;
+    auto serial = run(pl, "bf16", s, 3, nullptr, -1, /*micro=*/2);
+    g_overlap = true;
+    auto overlap = run(pl, "bf16", s, 3, nullptr, -1, /*micro=*/2);
+    ASSERT_TRUE(serial.is_ok() && overlap.is_ok());
+    EXPECT_TRUE(compare(serial.value(), overlap.value()).identical) << "stage " << pl.stage << " " << pl.opt;
   }
 }
 
