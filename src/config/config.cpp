@@ -418,6 +418,8 @@ Status read_zoe(JsonSection& top, ZoeConfig* z) {
   ZOE_RETURN_IF_ERROR(s.read("bf16_optimizer_states", &z->bf16_optimizer_states));
   ZOE_RETURN_IF_ERROR(s.read_choice("device", &z->device, {"auto", "cpu", "cuda"}, false));
   ZOE_RETURN_IF_ERROR(s.read("optimizer_threads", &z->optimizer_threads, 0, kMaxThreads));
+  ZOE_RETURN_IF_ERROR(s.read("overlap_step", &z->overlap_step));
+  ZOE_RETURN_IF_ERROR(s.read("swap_checksum", &z->swap_checksum));
   s.finish();
   return Status::ok();
 }
@@ -728,7 +730,9 @@ std::string Config::to_json() const {
               {"offload_ratio", zoe.offload_ratio},
               {"bf16_optimizer_states", zoe.bf16_optimizer_states},
               {"device", zoe.device},
-              {"optimizer_threads", zoe.optimizer_threads}};
+              {"optimizer_threads", zoe.optimizer_threads},
+              {"overlap_step", zoe.overlap_step},
+              {"swap_checksum", zoe.swap_checksum}};
   return j.dump(2) + "\n";
 }
 

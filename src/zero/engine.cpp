@@ -107,6 +107,7 @@ Status Engine::Impl::setup_io() {
   io::SwapFileOptions so;
   so.dirs = dirs;
   so.name = "zoe-swap-r" + std::to_string(rank) + "-" + std::to_string(getpid());
+  so.checksum = cfg->zoe.swap_checksum;
   ZOE_ASSIGN_OR_RETURN(swap, io::SwapFile::create(so));
   (void)swap->register_files(*io);
   store = std::make_unique<offload::SwapStore>(swap.get(), io.get(), 0);

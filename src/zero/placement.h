@@ -29,8 +29,10 @@ inline constexpr size_t kPartAlign = 2048;
 // The optimizer swapper's chunk is at most this many elements (4 MiB fp32 buffers).
 inline constexpr size_t kMaxSwapChunkElems = size_t{1} << 20;
 
-// Gradient reductions in flight at once (each holds its send and receive buffers on the device).
-inline constexpr size_t kMaxPendingReductions = 2;
+// Gradient reductions in flight at once (each holds its send and receive buffers on the device):
+// one, overlapping the next module's backward, so a module in use, its gradients and one reduction
+// fit the reserve the planner keeps (4 x the largest gathered module).
+inline constexpr size_t kMaxPendingReductions = 1;
 
 enum class Home : uint8_t { kDevice = 0, kHost = 1, kNvme = 2 };
 const char* home_name(Home h);

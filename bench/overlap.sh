@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The offloaded step against the no-offload step, measured alternately in one run: zoe train on
+# the demo preset (bf16, stage 3) with no offload, with parameters and optimizer states on NVMe
+# and a serial step (zoe.overlap_step false), and the same with the update overlapped behind the
+# next forward (the default). Prints each run's seconds per step and the ratios to the no-offload
+# run of the same round; the losses of the two NVMe runs must be equal (they are checked).
+# Usage: bench/overlap.sh [build dir] [rounds] [steps] [preset] [device budget]
+set -euo pipefail
+build=${1:-build}
+rounds=${2:-3}
+steps=${3:-30}
+preset=${4:-demo}
+budget=${5:-16MiB}
+zoe="$build/bin/zoe"
+[ -x "$zoe" ] || { echo "overlap.sh: $zoe not found (build first)" >&2; exit 1; }
+scratch=$(mktemp -d "${ZOE_SCRATCH:-/var/tmp}/zoe-overlap.XXXXXX")
+trap 'rm -rf "$scratch"' EXIT
+cat > "$scratch/none.json" <<JSON
+{"zero_optimization": {"stage": 3}, "bf16": {"enabled": true}}
+JSON
+for ov in false true; do
+  cat > "$scratch/nvme-$ov.json" <<JSON
+{"zero_optimization": {"stage": 3,
+  "offload_optimizer": {"device": "nvme", "nvme_path": "$scratch"},
+  "offload_param": {"device": "nvme", "nvme_path": "$scratch"}},
+ "bf16": {"enabled": true}, "zoe": {"device_budget": "$budget", "overlap_step": $ov}}
+JSON
+done
+run() {  # config -> seconds per step (wall time of the steps, from the JSON), and the losses
+  "$zoe" train --config "$1" --preset "$preset" --steps "$steps" --quiet --json > "$scratch/out.json"
+  /usr/bin/python3 - "$scratch/out.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+t = d["time_s"]
+print(f'{t["total"] / len(d["losses"]):.6f} {json.dumps(d["losses"])} {t["compute"]:.3f} {t["io_stall"]:.3f} {t["optimizer"]:.3f} {t["comm"]:.3f}')
+PY
+}
+printf "%-6s %-14s %10s %8s   %s\n" round run s/step ratio "compute / io_stall / optimizer / comm (s)"
+declare -a r_serial r_overlap
+for ((k = 1; k <= rounds; ++k)); do
+  read -r base _ bc bi bo bm < <(run "$scratch/none.json")
+  read -r ser ls sc si so sm < <(run "$scratch/nvme-false.json")
+  read -r ovl lo oc oi oo om < <(run "$scratch/nvme-true.json")
+  if [ "$ls" != "$lo" ]; then echo "overlap.sh: the overlapped run's losses differ from the serial run's" >&2; exit 1; fi
+  rs=$(/usr/bin/python3 -c "print(f'{$ser/$base:.3f}')")
+  ro=$(/usr/bin/python3 -c "print(f'{$ovl/$base:.3f}')")
+  r_serial+=("$rs"); r_overlap+=("$ro")
+  printf "%-6s %-14s %10s %8s   %s\n" "$k" "no offload" "$base" "1.000" "$bc / $bi / $bo / $bm"
+  printf "%-6s %-14s %10s %8s   %s\n" "$k" "nvme serial" "$ser" "$rs" "$sc / $si / $so / $sm"
+  printf "%-6s %-14s %10s %8s   %s\n" "$k" "nvme overlap" "$ovl" "$ro" "$oc / $oi / $oo / $om"
+done
+med() { printf "%s\n" "$@" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+echo "median ratio to no offload: nvme serial $(med "${r_serial[@]}"), nvme overlapped $(med "${r_overlap[@]}") (target <= 1.10); losses equal"
