@@ -80,8 +80,8 @@ class TableReader {
     }
     if (!value) return Status::ok();
     given_.present.insert(f.path);
-    const bool effect = f.has_effect ? f.has_effect(*value)
-                                     : f.kind == detail::Kind::kAny || *value != f.default_value;
+    const bool effect =
+        f.has_effect ? f.has_effect(*value) : f.kind == detail::Kind::kAny || *value != f.default_value;
     switch (f.disposition) {
       case detail::Disposition::kImplemented:
         detail::store_value(f, *value, c);
@@ -93,8 +93,8 @@ class TableReader {
       case detail::Disposition::kRefuse:
         if (effect) {
           const std::string at = f.kind == detail::Kind::kFeatureBlock ? value_path + ".enabled" : value_path;
-          return unsupported("%s: %s is not supported by zoe (%s)", at.c_str(), detail::describe(*value).c_str(),
-                             f.why.c_str());
+          return unsupported("%s: %s is not supported by zoe (%s)", at.c_str(),
+                             detail::describe(*value).c_str(), f.why.c_str());
         }
         break;
       case detail::Disposition::kIgnore:

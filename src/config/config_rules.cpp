@@ -59,8 +59,8 @@ Status apply_old_offload(const GivenKeys& g, const std::string& old_key, const s
   const Json* on = g.value(z + old_key);
   if (!on || !on->get<bool>()) return Status::ok();
   if (g.has(z + block + ".device") && o->device != OffloadDevice::kCpu) {
-    return invalid_argument("%s%s: true contradicts %s%s.device \"%s\"", z.c_str(), old_key.c_str(), z.c_str(),
-                            block.c_str(), offload_device_name(o->device));
+    return invalid_argument("%s%s: true contradicts %s%s.device \"%s\"", z.c_str(), old_key.c_str(),
+                            z.c_str(), block.c_str(), offload_device_name(o->device));
   }
   ZOE_LOG_WARN("config: %s%s is deprecated; reading it as %s%s.device \"cpu\"", z.c_str(), old_key.c_str(),
                z.c_str(), block.c_str());
@@ -114,8 +114,8 @@ Status check_contradictions(const Config& c) {
         "2 or 3 (stage is 0)",
         offload_device_name(z.offload_optimizer.device));
   }
-  for (auto [o, block] : {std::pair{&z.offload_optimizer, "offload_optimizer"},
-                          std::pair{&z.offload_param, "offload_param"}}) {
+  for (auto [o, block] :
+       {std::pair{&z.offload_optimizer, "offload_optimizer"}, std::pair{&z.offload_param, "offload_param"}}) {
     if (o->device == OffloadDevice::kNvme && o->nvme_path.empty()) {
       return invalid_argument(
           "zero_optimization.%s.device: \"nvme\" needs zero_optimization.%s.nvme_path "

@@ -155,8 +155,8 @@ std::vector<Field> build_table() {
 
   // The batch triple (resolved by the batch rule) and clipping.
   t.push_back(integer("train_batch_size", ZOE_MEMBER(train_batch_size), 0, 1));
-  t.push_back(integer("train_micro_batch_size_per_gpu", ZOE_MEMBER(train_micro_batch_size_per_gpu), 1, 1,
-                      kMaxBatch));
+  t.push_back(
+      integer("train_micro_batch_size_per_gpu", ZOE_MEMBER(train_micro_batch_size_per_gpu), 1, 1, kMaxBatch));
   t.push_back(
       integer("gradient_accumulation_steps", ZOE_MEMBER(gradient_accumulation_steps), 1, 1, kMaxBatch));
   t.push_back(number("gradient_clipping", ZOE_MEMBER(gradient_clipping), 0.0, kAtLeast0).as_fp32());
@@ -167,7 +167,8 @@ std::vector<Field> build_table() {
   t.push_back(int_choice(z + "stage", ZOE_MEMBER(zero.stage), 0, {0, 1, 2, 3}));
   t.push_back(boolean(z + "contiguous_gradients", ZOE_MEMBER(zero.contiguous_gradients), true));
   t.push_back(boolean(z + "reduce_scatter", ZOE_MEMBER(zero.reduce_scatter), true));
-  t.push_back(integer(z + "reduce_bucket_size", ZOE_MEMBER(zero.reduce_bucket_size), 500000000, 1, kMaxElems));
+  t.push_back(
+      integer(z + "reduce_bucket_size", ZOE_MEMBER(zero.reduce_bucket_size), 500000000, 1, kMaxElems));
   t.push_back(boolean(z + "allgather_partitions", ZOE_MEMBER(zero.allgather_partitions), true));
   t.push_back(
       integer(z + "allgather_bucket_size", ZOE_MEMBER(zero.allgather_bucket_size), 500000000, 1, kMaxElems));
@@ -186,8 +187,8 @@ std::vector<Field> build_table() {
   t.push_back(integer(z + "stage3_max_live_parameters", ZOE_MEMBER(zero.stage3_max_live_parameters),
                       1000000000, 0, kMaxElems)
                   .alias(z + "max_live_parameters"));
-  t.push_back(integer(z + "stage3_max_reuse_distance", ZOE_MEMBER(zero.stage3_max_reuse_distance),
-                      1000000000, 0, kMaxElems)
+  t.push_back(integer(z + "stage3_max_reuse_distance", ZOE_MEMBER(zero.stage3_max_reuse_distance), 1000000000,
+                      0, kMaxElems)
                   .alias(z + "max_reuse_distance"));
   t.push_back(boolean(z + "stage3_gather_16bit_weights_on_model_save",
                       ZOE_MEMBER(zero.stage3_gather_16bit_weights_on_model_save), false)
@@ -198,13 +199,14 @@ std::vector<Field> build_table() {
   t.push_back(device(oo + "device", ZOE_MEMBER(zero.offload_optimizer.device)));
   t.push_back(paths(oo + "nvme_path", ZOE_MEMBER(zero.offload_optimizer.nvme_path)));
   t.push_back(boolean(oo + "pin_memory", ZOE_MEMBER(zero.offload_optimizer.pin_memory), true));
-  t.push_back(integer(oo + "buffer_count", ZOE_MEMBER(zero.offload_optimizer.buffer_count), 4, 1,
-                      kMaxBufferCount));
+  t.push_back(
+      integer(oo + "buffer_count", ZOE_MEMBER(zero.offload_optimizer.buffer_count), 4, 1, kMaxBufferCount));
   t.push_back(boolean(oo + "pipeline_read", ZOE_MEMBER(zero.offload_optimizer.pipeline_read), false));
   t.push_back(boolean(oo + "pipeline_write", ZOE_MEMBER(zero.offload_optimizer.pipeline_write), false));
   t.push_back(boolean(oo + "fast_init", ZOE_MEMBER(zero.offload_optimizer.fast_init), false));
   // The same setting as zoe.offload_ratio (the ratio rule); (0, 1].
-  t.push_back(number(oo + "ratio", ZOE_MEMBER(zero.offload_optimizer.ratio), 1.0, Range{0.0, 1.0, true, false}));
+  t.push_back(
+      number(oo + "ratio", ZOE_MEMBER(zero.offload_optimizer.ratio), 1.0, Range{0.0, 1.0, true, false}));
 
   const std::string op = z + "offload_param.";
   t.push_back(device(op + "device", ZOE_MEMBER(zero.offload_param.device)));
@@ -229,7 +231,8 @@ std::vector<Field> build_table() {
   t.push_back(boolean(z + "zero_quantized_gradients", none, false).warn("quantized reduce-scatter"));
   t.push_back(boolean(z + "zero_quantized_nontrainable_weights", none, false).warn());
   t.push_back(boolean(z + "legacy_stage1", none, false).warn());
-  t.push_back(integer(z + "zero_hpz_partition_size", none, 1, 1, kMaxInt32).warn("hierarchical partitioning"));
+  t.push_back(
+      integer(z + "zero_hpz_partition_size", none, 1, 1, kMaxInt32).warn("hierarchical partitioning"));
   t.push_back(integer(z + "mics_shard_size", none, -1, -1, kMaxInt32).warn("MiCS sharding", positive));
 
   // Asynchronous I/O.
@@ -250,7 +253,8 @@ std::vector<Field> build_table() {
   t.push_back(boolean("fp16.consecutive_hysteresis", ZOE_MEMBER(fp16.consecutive_hysteresis), false));
   t.push_back(number("fp16.min_loss_scale", ZOE_MEMBER(fp16.min_loss_scale), 1.0, kAbove0));
   t.push_back(boolean("fp16.auto_cast", none, false).warn("casting the model's inputs is the caller's"));
-  t.push_back(boolean("fp16.fp16_master_weights_and_grads", none, false).warn("zoe keeps fp32 master weights"));
+  t.push_back(
+      boolean("fp16.fp16_master_weights_and_grads", none, false).warn("zoe keeps fp32 master weights"));
   t.push_back(boolean("bf16.enabled", ZOE_MEMBER(bf16), false).alias("bfloat16.enabled"));
   for (const char* b : {"bf16.", "bfloat16."}) {
     t.push_back(any(std::string(b) + "immediate_grad_update").ignore());
@@ -263,19 +267,24 @@ std::vector<Field> build_table() {
   type.string_type_message = true;
   t.push_back(std::move(type));
   t.push_back(number("optimizer.params.lr", ZOE_MEMBER(optimizer.lr), 1e-3, kAtLeast0).as_fp32());
-  t.push_back(pair("optimizer.params.betas",
-                   +[](Config& c) { return DoublePair{c.optimizer.beta1, c.optimizer.beta2}; }, 0.9, 0.999,
-                   fraction_open, "[beta1, beta2], e.g. [0.9, 0.999]")
+  t.push_back(pair(
+                  "optimizer.params.betas",
+                  +[](Config& c) {
+                    return DoublePair{c.optimizer.beta1, c.optimizer.beta2};
+                  },
+                  0.9, 0.999, fraction_open, "[beta1, beta2], e.g. [0.9, 0.999]")
                   .as_fp32());
   t.push_back(number("optimizer.params.eps", ZOE_MEMBER(optimizer.eps), 1e-8, kAbove0).as_fp32());
-  t.push_back(number("optimizer.params.weight_decay", ZOE_MEMBER(optimizer.weight_decay), 0.0, kAtLeast0)
-                  .as_fp32());
+  t.push_back(
+      number("optimizer.params.weight_decay", ZOE_MEMBER(optimizer.weight_decay), 0.0, kAtLeast0).as_fp32());
   t.push_back(boolean("optimizer.params.adam_w_mode", ZOE_MEMBER(optimizer.adam_w_mode), true));
   t.push_back(boolean("optimizer.params.amsgrad", none, false).refuse("AMSGrad is not implemented"));
-  t.push_back(boolean("optimizer.params.bias_correction", none, true).refuse("zoe's Adam always corrects the bias"));
+  t.push_back(
+      boolean("optimizer.params.bias_correction", none, true).refuse("zoe's Adam always corrects the bias"));
   t.push_back(boolean("optimizer.params.maximize", none, false).refuse("zoe's Adam minimises"));
   // DeepSpeed rejects it too.
-  t.push_back(any("optimizer.params.max_grad_norm").refuse("use the top-level gradient_clipping, as DeepSpeed asks"));
+  t.push_back(
+      any("optimizer.params.max_grad_norm").refuse("use the top-level gradient_clipping, as DeepSpeed asks"));
   for (const char* k : {"torch_adam", "fused", "foreach", "capturable", "differentiable"}) {
     t.push_back(any(std::string("optimizer.params.") + k).ignore());
   }
@@ -296,8 +305,8 @@ std::vector<Field> build_table() {
                   .written_if(has_scheduler));
   t.push_back(integer(sp + "total_num_steps", ZOE_MEMBER(scheduler.total_num_steps), 0, 1)
                   .written_if(has_total_steps));
-  t.push_back(integer(sp + "last_batch_iteration", none, -1, -1)
-                  .warn("resume position comes from the checkpoint"));
+  t.push_back(
+      integer(sp + "last_batch_iteration", none, -1, -1).warn("resume position comes from the checkpoint"));
 
   // zoe's own keys. host_budget is enforced by the placement planner (src/zero/placement.cpp).
   t.push_back(bytes("zoe.device_budget", ZOE_MEMBER(zoe.device_budget_bytes)));

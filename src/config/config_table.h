@@ -43,10 +43,9 @@ struct DoublePair {
 };
 
 // Where a key's value lives in Config; monostate: nowhere (a rule reads it, or it has no effect).
-using Member =
-    std::variant<std::monostate, bool& (*)(Config&), int& (*)(Config&), int64_t& (*)(Config&),
-                 double& (*)(Config&), std::string& (*)(Config&), OffloadDevice& (*)(Config&),
-                 std::vector<std::string>& (*)(Config&), DoublePair (*)(Config&)>;
+using Member = std::variant<std::monostate, bool& (*)(Config&), int& (*)(Config&), int64_t& (*)(Config&),
+                            double& (*)(Config&), std::string& (*)(Config&), OffloadDevice& (*)(Config&),
+                            std::vector<std::string>& (*)(Config&), DoublePair (*)(Config&)>;
 
 // One key. Built by the helpers below and refined by the chained setters, e.g.
 //   integer("aio.intra_op_parallelism", ZOE_MEMBER(aio.intra_op_parallelism), 1, 1, 4096)
@@ -65,7 +64,7 @@ struct Field {
   bool fold_case = false;                    // kChoice
   // kChoice: a value that is no string is "not a string (expected A or B)", not "not one of".
   bool string_type_message = false;
-  std::string expected;              // kPair: the shape, as the error says it ("[beta1, beta2]")
+  std::string expected;  // kPair: the shape, as the error says it ("[beta1, beta2]")
   // Older spellings (full JSON paths). The value is the first spelling given; two given with
   // different values is an error.
   std::vector<std::string> aliases;
@@ -107,7 +106,7 @@ struct Field {
 };
 
 // The accessor of a Config member, as a Member: ZOE_MEMBER(zero.offload_param.pin_memory).
-#define ZOE_MEMBER(expr) (+[](::zoe::config::Config& c) -> auto& { return c.expr; })
+#define ZOE_MEMBER(expr) (+[](::zoe::config::Config & c) -> auto& { return c.expr; })
 
 // Row builders, one per kind.
 Field boolean(std::string path, Member m, bool def);

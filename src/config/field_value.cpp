@@ -58,8 +58,8 @@ Result<Json> read_bytes(const Json& v, const std::string& path) {
     auto b = parse_bytes(v.get<std::string>());
     if (!b.is_ok() || b.value() > static_cast<uint64_t>(kMaxInt)) {
       return invalid_argument(
-          "%s: %s is not a byte size (expected bytes >= 0 or a string like \"256MiB\", \"64GiB\")", path.c_str(),
-          describe(v).c_str());
+          "%s: %s is not a byte size (expected bytes >= 0 or a string like \"256MiB\", \"64GiB\")",
+          path.c_str(), describe(v).c_str());
     }
     return Json(static_cast<int64_t>(b.value()));
   }
@@ -137,7 +137,8 @@ Result<Json> read_value(const Field& f, const Json& v, const std::string& path, 
       return v;
     case Kind::kFeatureBlock: {
       if (!v.is_object()) {
-        return invalid_argument("%s: %s is not an object (expected {...})", path.c_str(), describe(v).c_str());
+        return invalid_argument("%s: %s is not an object (expected {...})", path.c_str(),
+                                describe(v).c_str());
       }
       auto e = v.find("enabled");
       if (e == v.end() || e->is_null()) return Json(false);

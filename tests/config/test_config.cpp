@@ -367,7 +367,8 @@ TEST(Config, NvmeWithoutPathOrWithABadPath) {
                                   {"device": "nvme", "nvme_path": "/no/such/zoe/dir"}}})");
   ASSERT_FALSE(missing.is_ok());
   EXPECT_EQ(missing.code(), StatusCode::kNotFound);
-  EXPECT_HAS(missing.message(), "zero_optimization.offload_optimizer.nvme_path: '/no/such/zoe/dir' does not exist");
+  EXPECT_HAS(missing.message(),
+             "zero_optimization.offload_optimizer.nvme_path: '/no/such/zoe/dir' does not exist");
 
   ScratchDir dir("cfg");
   std::string file = dir.file("plain_file");
@@ -403,8 +404,10 @@ TEST(Config, NvmeWithoutPathOrWithABadPath) {
 TEST(Config, ParseTouchesNoFile) {
   ScratchDir dir("cfg");
   const std::string later = dir.file("created_later");
-  auto c = Config::parse(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme",
-                            "nvme_path": ")" + later + R"("}}})");
+  const std::string json =
+      R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": ")" + later +
+      R"("}}})";
+  auto c = Config::parse(json);
   ASSERT_TRUE(c.is_ok()) << c.status().to_string();
   EXPECT_EQ(check_paths(c.value()).code(), StatusCode::kNotFound);
   ASSERT_EQ(mkdir(later.c_str(), 0755), 0);

@@ -126,8 +126,8 @@ TEST(ConfigTable, RefuseRowsAreUnsupportedErrors) {
     EXPECT_HAS(r.status().message(), at);
     EXPECT_HAS(r.status().message(), "is not supported by zoe (" + f.why + ")");
     if (f.kind != Kind::kAny) {
-      auto d = Config::parse(config_with(f.path, f.kind == Kind::kFeatureBlock ? json{{"enabled", false}}
-                                                                                 : f.default_value));
+      auto d = Config::parse(
+          config_with(f.path, f.kind == Kind::kFeatureBlock ? json{{"enabled", false}} : f.default_value));
       EXPECT_TRUE(d.is_ok()) << f.path << ": " << d.status().to_string();
     }
     ++checked;
