@@ -82,14 +82,22 @@ void Progress::update(const std::string& line) {
     last_len_ = line.size();
   } else {
     const uint64_t now = now_ns();
-    if (last_line_ns_ != 0 && static_cast<double>(now - last_line_ns_) * 1e-9 < every_s_) return;
+    if (last_line_ns_ != 0 && static_cast<double>(now - last_line_ns_) * 1e-9 < every_s_) {
+      held_ = line;
+      return;
+    }
     last_line_ns_ = now;
+    held_.clear();
     fprintf(stderr, "%s\n", line.c_str());
   }
   fflush(stderr);
 }
 
 void Progress::done() {
+  if (enabled_ && !tty_ && !held_.empty()) {  // the final state, even if it came soon after the last line
+    fprintf(stderr, "%s\n", held_.c_str());
+    held_.clear();
+  }
   if (enabled_ && tty_ && last_len_) {
     fprintf(stderr, "\n");
     last_len_ = 0;

@@ -74,6 +74,7 @@ class Progress {
   double every_s_;
   size_t last_len_ = 0;
   uint64_t last_line_ns_ = 0;  // when the last line was printed (not a terminal)
+  std::string held_;           // the latest line not printed yet (not a terminal): done() prints it
 };
 
 }  // namespace zoe::cli

@@ -3,8 +3,9 @@
 // under "zoe". Unknown keys are errors naming their JSON path; recognised DeepSpeed keys that
 // zoe does not implement are accepted silently when they cannot change results (logging,
 // profiling), accepted with one warning listing them when they would change only placement or
-// speed, and errors when they would change what is trained (amsgrad, other optimizers); the
-// table is atop config.cpp.
+// speed, and errors when they would change what is trained (amsgrad, other optimizers). Every
+// key, with its default, range, older spellings and that disposition, is one row of the table in
+// config_table.cpp; the rules between keys are in config_rules.cpp.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "config/lr_schedule.h"
 #include "zoe/status.h"
 
 namespace zoe::config {
@@ -98,25 +100,13 @@ struct OptimizerConfig {
   bool operator==(const OptimizerConfig&) const = default;
 };
 
-struct SchedulerConfig {
-  std::string type;  // "", "WarmupLR" or "WarmupDecayLR"
-  double warmup_min_lr = 0.0;
-  double warmup_max_lr = 0.001;
-  int64_t warmup_num_steps = 1000;
-  std::string warmup_type = "log";  // "log" or "linear"
-  int64_t total_num_steps = 0;      // WarmupDecayLR
-
-  bool operator==(const SchedulerConfig&) const = default;
-};
-
 // Keys under "zoe".
 struct ZoeConfig {
   int64_t device_budget_bytes = 0;     // 0: the whole device; accepts "256MiB"-style strings
   double offload_ratio = 1.0;          // partial offload: fraction of optimizer states on host/NVMe
   bool bf16_optimizer_states = false;  // keep Adam m and v in bf16
   std::string device = "auto";  // "auto" (= "cpu" for now) or "cpu"; "cuda": the engine on this rank's GPU
-  // Host memory the placement may use (offloaded states, partitions, swapper and staging
-  // buffers); 0: no limit. Enforced by the placement planner at initialize().
+  // 0: no limit. Enforced by the placement planner (src/zero/placement.cpp) at initialize().
   int64_t host_budget_bytes = 0;
   int64_t optimizer_threads = 0;  // 0: all cores
   // The optimizer update runs behind the next forward (each fetch waits only for its module's
@@ -147,21 +137,21 @@ struct Config {
 
   // Parses and validates. world_size checks train_batch_size = micro x accumulation x world.
   // Errors name the key's JSON path (e.g. "zero_optimization.offload_param.device"), the value
-  // given and what is allowed; contradictions (nvme offload without nvme_path, a path that does
-  // not exist or is not writable, fp16 and bf16 both on, param offload below stage 3) too.
+  // given and what is allowed; contradictions (nvme offload without nvme_path, fp16 and bf16 both
+  // on, param offload below stage 3) too. It touches no file: whether the nvme_path directories
+  // exist and are writable is check_paths' question (config/paths.h), asked at engine creation.
   static Result<Config> parse(const std::string& json_text, int world_size = 1);
   // Reads the file through read_file_capped and parse_json_checked (json_reader.h): at most
   // JsonLimits::max_bytes (16 MiB), nesting at most 64 deep, no NUL bytes.
   static Result<Config> load(const std::string& path, int world_size = 1);
 
-  // The learning rate of optimizer update `step` (1-based; updates skipped for fp16 overflow do
-  // not count) — the same value DeepSpeed's scheduler gives that update. DeepSpeed sets the
-  // schedule's iteration -1 value (warmup_min_lr) at start and advances the scheduler after each
-  // update, so update k uses the schedule at iteration k-2: updates 1 and 2 both run at
-  // warmup_min_lr. No scheduler: optimizer.lr.
-  double lr_at(int64_t step) const;
+  // The learning rate of optimizer update `step` (1-based): lr_at_step (lr_schedule.h) of the
+  // scheduler section, optimizer.lr without a scheduler.
+  double lr_at(int64_t step) const { return lr_at_step(scheduler, optimizer.lr, step); }
   // The schedule at DeepSpeed's last_batch_iteration `iteration` (>= 0; below 0: warmup_min_lr).
-  double lr_at_iteration(int64_t iteration) const;
+  double lr_at_iteration(int64_t iteration) const {
+    return config::lr_at_iteration(scheduler, optimizer.lr, iteration);
+  }
   // A JSON text (real JSON booleans and numbers, every field) that parse() with the same
   // world_size reads back to an equal Config (for `zoe tune`). `unimplemented` keys are not
   // written: they had no effect.

@@ -10,6 +10,7 @@
 
 #include "core/log.h"
 #include "core/units.h"
+#include "config/paths.h"
 #include "zero/engine_impl.h"
 #include "zero/test_hooks.h"
 
@@ -227,6 +228,8 @@ Engine::~Engine() {
   impl_->free_device_memory();
 }
 Result<std::unique_ptr<Engine>> Engine::create(Runtime& rt, const config::Config& cfg) {
+  // The file system, checked here rather than while parsing: NVMe directories exist and are writable.
+  ZOE_RETURN_IF_ERROR(config::check_paths(cfg));
   auto impl = std::make_unique<Impl>();
   impl->rt = &rt;
   impl->comm = &rt.comm();

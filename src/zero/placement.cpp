@@ -190,11 +190,10 @@ Result<Placement> plan_placement(const config::Config& cfg, const std::vector<Mo
   }
 
   // 6. Peaks. Device: what is resident, the tier manager's share beyond the homes it already
-  //    counts, queued gathers, and what one module in use moves: its gathered parameters (stage
-  //    3), its gradient buffer and the bucket-packed copy, kMaxPendingReductions reductions in
-  //    flight (send and receive buffers), the stage-1/2 gather of the updated partition; never
-  //    above the budget. Host: the step writes each NVMe-homed partition through a host copy, one
-  //    module at a time with the previous one's write-back in flight.
+  //    counts, queued gathers, and what one module in use moves; a placement whose peak is above
+  //    the budget is refused here rather than failing in the middle of a step. Host: the step
+  //    writes each NVMe-homed partition through a host copy, one module at a time with the
+  //    previous one's write-back in flight.
   pl.peak = pl.resident;
   if (pl.tier_manager) {
     uint64_t device_homes = 0;
@@ -204,14 +203,30 @@ Result<Placement> plan_placement(const config::Config& cfg, const std::vector<Mo
     pl.peak.device += (tm_budget > device_homes ? tm_budget - device_homes : 0) + u64(pl.gather_window) * per_elem;
     pl.peak.host += 2ull * biggest_part_nvme * es;
   }
+  // One module in use: (stage 3) its gathered parameters, its gradient buffer, and either the
+  // reduction it starts (receive buffer and the bucket-packed send copy) or the previous module's
+  // reduction still in flight (its send and receive buffers): kMaxPendingReductions is 1, and a
+  // reduction starts only after the previous one was accumulated.
   uint64_t moving = 0;
   for (const auto& m : pl.modules) {
     const uint64_t full = u64(m.padded) * es, recv = (pl.stage >= 2 ? u64(m.part) : u64(m.padded)) * es;
-    const uint64_t v = (m.partitioned_params ? full : 0) + 2 * full + kMaxPendingReductions * (full + recv) +
-                       u64(m.part) * es;
-    moving = std::max(moving, v);
+    const uint64_t v = (m.partitioned_params ? full : 0) + full + kMaxPendingReductions * (full + recv);
+    moving = std::max(moving, std::max(v, u64(m.part) * es));  // (the step's gather of an updated partition)
   }
-  pl.peak.device = std::min(db, pl.peak.device + moving);
+  const uint64_t fixed = pl.peak.device;
+  pl.peak.device += moving;
+  if (pl.peak.device > db) {
+    return out_of_budget(
+        "this placement needs up to %llu bytes (%s) of device memory at once on rank %d: %llu (%s) for the "
+        "states, partitions and queued gathers it keeps there and %llu (%s) for the module in use (its "
+        "parameters, gradients and reduction buffers), more than the device budget of %llu bytes (%s); "
+        "raise zoe.device_budget, offload more (zero_optimization.offload_optimizer / offload_param) or "
+        "use a higher zero_optimization.stage",
+        static_cast<unsigned long long>(pl.peak.device), format_bytes(pl.peak.device).c_str(), rank,
+        static_cast<unsigned long long>(fixed), format_bytes(fixed).c_str(),
+        static_cast<unsigned long long>(moving), format_bytes(moving).c_str(),
+        static_cast<unsigned long long>(db), format_bytes(db).c_str());
+  }
 
   const int64_t host_budget = cfg.zoe.host_budget_bytes;
   if (host_budget > 0 && pl.peak.host > static_cast<uint64_t>(host_budget)) {

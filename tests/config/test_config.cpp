@@ -1,6 +1,7 @@
 // Config tests: real DeepSpeed files, defaults, every kind of bad input, round trip, LR schedules.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -9,6 +10,7 @@
 
 #include "config/config.h"
 #include "config/json_reader.h"
+#include "config/paths.h"
 #include "tests/util/test_util.h"
 
 namespace zoe::config {
@@ -345,26 +347,38 @@ TEST(Config, ZeroAndNegativeSizesAreErrors) {
   EXPECT_TRUE(Config::parse(R"({"zero_optimization": {"stage3_prefetch_bucket_size": 0}})").is_ok());
 }
 
+// The error of check_paths on a config that parses (parse itself touches no file).
+Status paths_status(const std::string& json) {
+  auto c = Config::parse(json);
+  EXPECT_TRUE(c.is_ok()) << c.status().to_string() << "\n" << json;
+  if (!c.is_ok()) return c.status();
+  Status st = check_paths(c.value());
+  EXPECT_FALSE(st.is_ok()) << "check_paths passed although it should not: " << json;
+  return st;
+}
+
+std::string paths_error(const std::string& json) { return paths_status(json).message(); }
+
 TEST(Config, NvmeWithoutPathOrWithABadPath) {
   EXPECT_HAS(
       parse_error(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}})"),
       "zero_optimization.offload_param.device: \"nvme\" needs zero_optimization.offload_param.nvme_path");
-  auto missing = Config::parse(R"({"zero_optimization": {"stage": 2, "offload_optimizer":
+  Status missing = paths_status(R"({"zero_optimization": {"stage": 2, "offload_optimizer":
                                   {"device": "nvme", "nvme_path": "/no/such/zoe/dir"}}})");
   ASSERT_FALSE(missing.is_ok());
-  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
-  EXPECT_HAS(missing.status().message(),
+  EXPECT_EQ(missing.code(), StatusCode::kNotFound);
+  EXPECT_HAS(missing.message(),
              "zero_optimization.offload_optimizer.nvme_path: '/no/such/zoe/dir' does not exist");
 
   ScratchDir dir("cfg");
   std::string file = dir.file("plain_file");
   std::ofstream(file) << "x";
   EXPECT_HAS(
-      parse_error(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": ")" +
+      paths_error(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": ")" +
                   file + R"("}}})"),
       "zero_optimization.offload_param.nvme_path: '" + file + "' is not a directory");
   // A list: every entry is checked.
-  EXPECT_HAS(parse_error(
+  EXPECT_HAS(paths_error(
                  R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": [")" +
                  dir.path() + R"(", "/no/such/zoe/dir2"]}}})"),
              "'/no/such/zoe/dir2' does not exist");
@@ -377,10 +391,34 @@ TEST(Config, NvmeWithoutPathOrWithABadPath) {
       dir.path() + R"(", "/tmp"]}}})");
   ASSERT_TRUE(two.is_ok()) << two.status().to_string();
   EXPECT_EQ(two->zero.offload_param.nvme_path.size(), 2u);
+  EXPECT_TRUE(check_paths(two.value()).is_ok()) << check_paths(two.value()).to_string();
   // A path is not checked when the device is not nvme.
-  EXPECT_TRUE(Config::parse(R"({"zero_optimization": {"stage": 2, "offload_optimizer":
-                               {"device": "cpu", "nvme_path": "/no/such/zoe/dir"}}})")
-                  .is_ok());
+  auto cpu = Config::parse(R"({"zero_optimization": {"stage": 2, "offload_optimizer":
+                               {"device": "cpu", "nvme_path": "/no/such/zoe/dir"}}})");
+  ASSERT_TRUE(cpu.is_ok()) << cpu.status().to_string();
+  EXPECT_TRUE(check_paths(cpu.value()).is_ok());
+}
+
+// Config::parse reads text only: a directory that does not exist (yet) is check_paths' error,
+// and one created after parsing passes.
+TEST(Config, ParseTouchesNoFile) {
+  ScratchDir dir("cfg");
+  const std::string later = dir.file("created_later");
+  const std::string json =
+      R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": ")" + later +
+      R"("}}})";
+  auto c = Config::parse(json);
+  ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+  EXPECT_EQ(check_paths(c.value()).code(), StatusCode::kNotFound);
+  ASSERT_EQ(mkdir(later.c_str(), 0755), 0);
+  EXPECT_TRUE(check_paths(c.value()).is_ok()) << check_paths(c.value()).to_string();
+  // A Config built in code is checked the same way.
+  Config made;
+  made.zero.stage = 3;
+  made.zero.offload_param.device = OffloadDevice::kNvme;
+  EXPECT_HAS(check_paths(made).message(), "zero_optimization.offload_param.device: \"nvme\" needs");
+  made.zero.offload_param.nvme_path = {std::string("/tmp\0x", 6)};
+  EXPECT_HAS(check_paths(made).message(), "contains a NUL byte");
 }
 
 TEST(Config, UnwritableNvmePath) {
@@ -395,8 +433,10 @@ TEST(Config, UnwritableNvmePath) {
       R"("}}})";
   auto check = [&json]() -> std::string {
     auto r = Config::parse(json);
-    if (r.is_ok()) return "parsed";
-    return std::string(status_code_name(r.status().code())) + "|" + r.status().message();
+    if (!r.is_ok()) return "parse: " + r.status().to_string();
+    Status st = check_paths(r.value());
+    if (st.is_ok()) return "passed";
+    return std::string(status_code_name(st.code())) + "|" + st.message();
   };
   std::string got;
   if (geteuid() == 0) {

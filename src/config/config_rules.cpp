@@ -1,0 +1,145 @@
+// The rules between config keys (config_rules.h): what no single row of the table can say.
+#include "config/config_rules.h"
+
+#include <limits>
+
+#include "core/log.h"
+
+namespace zoe::config::detail {
+
+namespace {
+
+constexpr int64_t kMaxInt = std::numeric_limits<int64_t>::max();
+
+// DeepSpeed's rule: any two of the three give the third; one alone means accumulation 1.
+Status resolve_batch(const GivenKeys& g, Config* c, int world_size) {
+  const bool has_tbs = g.has("train_batch_size"), has_micro = g.has("train_micro_batch_size_per_gpu"),
+             has_gas = g.has("gradient_accumulation_steps");
+  int64_t& tbs = c->train_batch_size;
+  int64_t& micro = c->train_micro_batch_size_per_gpu;
+  int64_t& gas = c->gradient_accumulation_steps;
+  const int64_t w = world_size;
+  if (has_tbs && !has_micro) {
+    const int64_t per_rank_steps = has_gas ? gas * w : w;
+    if (tbs % per_rank_steps != 0) {
+      return invalid_argument(
+          "train_batch_size: %lld is not divisible by gradient_accumulation_steps %lld x world size %lld",
+          static_cast<long long>(tbs), static_cast<long long>(has_gas ? gas : 1), static_cast<long long>(w));
+    }
+    micro = tbs / per_rank_steps;
+  } else if (has_tbs && has_micro && !has_gas) {
+    if (tbs % (micro * w) != 0) {
+      return invalid_argument(
+          "train_batch_size: %lld is not divisible by train_micro_batch_size_per_gpu %lld x world size %lld",
+          static_cast<long long>(tbs), static_cast<long long>(micro), static_cast<long long>(w));
+    }
+    gas = tbs / (micro * w);
+  }
+  // Overflow-safe product check.
+  if (micro > kMaxInt / gas || micro * gas > kMaxInt / w) {
+    return invalid_argument(
+        "train_micro_batch_size_per_gpu x gradient_accumulation_steps x world size overflows");
+  }
+  const int64_t product = micro * gas * w;
+  if (has_tbs && tbs != product) {
+    return invalid_argument(
+        "train_batch_size: %lld does not equal train_micro_batch_size_per_gpu %lld x "
+        "gradient_accumulation_steps %lld x world size %lld = %lld",
+        static_cast<long long>(tbs), static_cast<long long>(micro), static_cast<long long>(gas),
+        static_cast<long long>(w), static_cast<long long>(product));
+  }
+  tbs = product;
+  return Status::ok();
+}
+
+// zero_optimization.cpu_offload / cpu_offload_params: true means the block's device "cpu".
+Status apply_old_offload(const GivenKeys& g, const std::string& old_key, const std::string& block,
+                         OffloadConfig* o) {
+  const std::string z = "zero_optimization.";
+  const Json* on = g.value(z + old_key);
+  if (!on || !on->get<bool>()) return Status::ok();
+  if (g.has(z + block + ".device") && o->device != OffloadDevice::kCpu) {
+    return invalid_argument("%s%s: true contradicts %s%s.device \"%s\"", z.c_str(), old_key.c_str(),
+                            z.c_str(), block.c_str(), offload_device_name(o->device));
+  }
+  ZOE_LOG_WARN("config: %s%s is deprecated; reading it as %s%s.device \"cpu\"", z.c_str(), old_key.c_str(),
+               z.c_str(), block.c_str());
+  o->device = OffloadDevice::kCpu;
+  if (const Json* pin = g.value(z + "cpu_offload_use_pin_memory")) o->pin_memory = pin->get<bool>();
+  return Status::ok();
+}
+
+Status check_scheduler(const GivenKeys& g, const SchedulerConfig& sc) {
+  if (g.has("scheduler") && !g.has("scheduler.type")) {
+    return invalid_argument("scheduler.type is missing (expected \"WarmupLR\" or \"WarmupDecayLR\")");
+  }
+  if (sc.type == "WarmupDecayLR" && !g.has("scheduler.params.total_num_steps")) {
+    return invalid_argument("scheduler.params.total_num_steps is missing (WarmupDecayLR decays to 0 there)");
+  }
+  if (sc.type == "WarmupDecayLR" && sc.total_num_steps < sc.warmup_num_steps) {
+    ZOE_LOG_WARN("config: scheduler.params.total_num_steps %lld is less than warmup_num_steps %lld",
+                 static_cast<long long>(sc.total_num_steps), static_cast<long long>(sc.warmup_num_steps));
+  }
+  return Status::ok();
+}
+
+// Partial offload: DeepSpeed's offload_optimizer.ratio and zoe.offload_ratio mean the same.
+Status merge_offload_ratio(Config* c) {
+  const double ds = c->zero.offload_optimizer.ratio, zr = c->zoe.offload_ratio;
+  if (ds != 1.0 && zr != 1.0 && ds != zr) {
+    return invalid_argument(
+        "zero_optimization.offload_optimizer.ratio %g and zoe.offload_ratio %g disagree "
+        "(they are the same setting: give one)",
+        ds, zr);
+  }
+  if (ds != 1.0) c->zoe.offload_ratio = ds;
+  c->zero.offload_optimizer.ratio = c->zoe.offload_ratio;
+  return Status::ok();
+}
+
+Status check_contradictions(const Config& c) {
+  if (c.fp16.enabled && c.bf16) {
+    return invalid_argument("fp16.enabled and bf16.enabled are both true (choose one precision)");
+  }
+  const ZeroConfig& z = c.zero;
+  if (z.offload_param.device != OffloadDevice::kNone && z.stage < 3) {
+    return invalid_argument(
+        "zero_optimization.offload_param.device: \"%s\" needs zero_optimization.stage 3 "
+        "(stage is %d; parameters are partitioned only at stage 3)",
+        offload_device_name(z.offload_param.device), z.stage);
+  }
+  if (z.offload_optimizer.device != OffloadDevice::kNone && z.stage < 1) {
+    return invalid_argument(
+        "zero_optimization.offload_optimizer.device: \"%s\" needs zero_optimization.stage 1, "
+        "2 or 3 (stage is 0)",
+        offload_device_name(z.offload_optimizer.device));
+  }
+  for (auto [o, block] :
+       {std::pair{&z.offload_optimizer, "offload_optimizer"}, std::pair{&z.offload_param, "offload_param"}}) {
+    if (o->device == OffloadDevice::kNvme && o->nvme_path.empty()) {
+      return invalid_argument(
+          "zero_optimization.%s.device: \"nvme\" needs zero_optimization.%s.nvme_path "
+          "(a directory on the NVMe drive, or a list of them)",
+          block, block);
+    }
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+Status apply_rules(const GivenKeys& g, int world_size, Config* c) {
+  ZOE_RETURN_IF_ERROR(resolve_batch(g, c, world_size));
+  // DeepSpeed turns overlap_comm on at stage 3 unless the key says otherwise.
+  if (!g.has("zero_optimization.overlap_comm")) c->zero.overlap_comm = c->zero.stage == 3;
+  ZOE_RETURN_IF_ERROR(apply_old_offload(g, "cpu_offload", "offload_optimizer", &c->zero.offload_optimizer));
+  ZOE_RETURN_IF_ERROR(apply_old_offload(g, "cpu_offload_params", "offload_param", &c->zero.offload_param));
+  // As in DeepSpeed, "Adam" means decoupled decay unless params.adam_w_mode is false; "AdamW" is
+  // always decoupled.
+  if (c->optimizer.type == "AdamW") c->optimizer.adam_w_mode = true;
+  ZOE_RETURN_IF_ERROR(check_scheduler(g, c->scheduler));
+  ZOE_RETURN_IF_ERROR(merge_offload_ratio(c));
+  return check_contradictions(*c);
+}
+
+}  // namespace zoe::config::detail
