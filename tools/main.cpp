@@ -31,6 +31,7 @@ int main(int argc, char** argv) {
   zoe::cli::add_info_command(app);
   zoe::cli::add_train_command(app);
   zoe::cli::add_ckpt_command(app);
+  zoe::cli::add_plan_command(app);
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks: drive swap bandwidth (io), CPU Adam (adam), NVMe optimizer step (swap), engine (engine)");
   bench->require_subcommand(1);
   zoe::cli::add_bench_io_command(*bench);
