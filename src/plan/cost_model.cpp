@@ -55,17 +55,14 @@ struct Path {
 // evicts the copy used furthest ahead in the recorded order (Belady). The step's update drops
 // every device copy (the new values are written to the home), so each step starts cold.
 struct CacheSim {
-  // Bytes loaded per fetch position of one step: [micro][0 forward / 1 backward], and the
-  // partitions still on the device when the step starts (their update reads the device copy).
+    // Bytes loaded into the device per micro-batch: [micro][0 forward / 1 backward].
   std::vector<std::array<uint64_t, 2>> loaded;
-  std::vector<bool> cached_at_step;
 };
 
 CacheSim simulate_cache(const zero::Placement& pl, int64_t micro) {
   const size_t n = pl.modules.size();
   CacheSim sim;
   sim.loaded.assign(static_cast<size_t>(micro), {0, 0});
-  sim.cached_at_step.assign(n, false);
   std::vector<size_t> order;  // positions: (module), phases delimited below
   std::vector<int> phase;     // 0 forward, 1 backward
   std::vector<int64_t> mb;
@@ -106,7 +103,6 @@ CacheSim simulate_cache(const zero::Placement& pl, int64_t micro) {
     used += b;
     sim.loaded[static_cast<size_t>(mb[t])][static_cast<size_t>(phase[t])] += b;
   }
-  sim.cached_at_step = in;
   return sim;
 }
 
@@ -143,7 +139,7 @@ StepCost estimate_step(const config::Config& cfg, const zero::Placement& pl, con
   for (const auto& m : pl.modules) {
     if (m.partitioned_params) part_home = m.param_home;
   }
-  auto load_res = part_home == Home::kNvme ? Resource::kNvme : Resource::kPcie;
+  const Resource load_res = part_home == Home::kNvme ? Resource::kNvme : Resource::kPcie;
   auto load_s = [&](uint64_t bytes) { return static_cast<double>(bytes) / (part_home == Home::kNvme ? nvme_r : pcie); };
   uint64_t first_part = 0;  // the first partitioned module's partition: fetched on demand
   for (const auto& m : pl.modules) {
@@ -152,6 +148,17 @@ StepCost estimate_step(const config::Config& cfg, const zero::Placement& pl, con
       break;
     }
   }
+
+  // A partition moving to the device: NVMe -> staging -> device (both links busy, pipelined in
+  // staging pieces), or host -> device.
+  auto add_loads = [&](Path::Group* g, uint64_t bytes) {
+    g->add(Resource::kPcie, static_cast<double>(bytes) / pcie);
+    if (part_home == Home::kNvme) g->add(Resource::kNvme, static_cast<double>(bytes) / nvme_r);
+  };
+  auto count_loads = [&](uint64_t bytes) {
+    B.host_to_device += bytes;
+    if (part_home == Home::kNvme) B.nvme_read += bytes;
+  };
 
   Path path;
   const double f_fwd = 2.0 * static_cast<double>(w.params) * tokens;
@@ -163,9 +170,10 @@ StepCost estimate_step(const config::Config& cfg, const zero::Placement& pl, con
       g.add(Resource::kCompute, f_fwd / rates.flops);
       const uint64_t loads = any_off && stage3 ? sim.loaded[static_cast<size_t>(j)][0] : 0;
       if (loads) {
-        g.add(load_res, load_s(loads - std::min(loads, first_part)));
-        path.serial(load_res, load_s(std::min(loads, first_part)));  // the first fetch of the pass
-        (part_home == Home::kNvme ? B.nvme_read : B.host_to_device) += loads;
+        const uint64_t first = std::min(loads, first_part);  // the first fetch of the pass waits
+        add_loads(&g, loads - first);
+        path.serial(load_res, load_s(first));
+        count_loads(loads);
       }
       const uint64_t gb_bytes = static_cast<uint64_t>(ring * static_cast<double>(gather_elems * es));
       B.network += gb_bytes;
@@ -180,8 +188,8 @@ StepCost estimate_step(const config::Config& cfg, const zero::Placement& pl, con
       g.add(Resource::kCompute, 2.0 * f_fwd / rates.flops);
       const uint64_t loads = any_off && stage3 ? sim.loaded[static_cast<size_t>(j)][1] : 0;
       if (loads) {
-        g.add(load_res, load_s(loads));
-        (part_home == Home::kNvme ? B.nvme_read : B.host_to_device) += loads;
+        add_loads(&g, loads);
+        count_loads(loads);
       }
       const uint64_t gb_bytes = static_cast<uint64_t>(ring * static_cast<double>(gather_elems * es));
       B.network += gb_bytes;
@@ -222,7 +230,7 @@ StepCost estimate_step(const config::Config& cfg, const zero::Placement& pl, con
   const uint64_t adam_elem = 8 + 4 * sb + 4 + (es == 2 ? 2 : 0);
   // Where the new compute parameters of module m go, and what that moves. out on the device and
   // the kernel elsewhere: a host-to-device copy (and the reverse).
-  auto write_out = [&](const zero::ModulePlacement& m, size_t mi, Path::Group* g) {
+  auto write_out = [&](const zero::ModulePlacement& m, Path::Group* g) {
     const uint64_t bytes = static_cast<uint64_t>(m.opt_n) * es;
     const bool out_dev = !m.partitioned_params || m.param_home == Home::kDevice;
     const bool kernel_dev = m.opt_home == Home::kDevice;
@@ -231,16 +239,11 @@ StepCost estimate_step(const config::Config& cfg, const zero::Placement& pl, con
       path.serial(Resource::kPcie, static_cast<double>(bytes) / pcie);
     }
     if (m.partitioned_params && m.param_home == Home::kNvme) {
-      // The partition comes to the host (from its device copy if one is left, else NVMe), is
-      // updated, and written back behind the next module's update.
+      // The partition comes to the host from NVMe (a clean device copy is not used), is updated,
+      // and is written back behind the next module's update.
       const uint64_t part = static_cast<uint64_t>(m.part) * es;
-      if (mi < sim.cached_at_step.size() && sim.cached_at_step[mi]) {
-        B.device_to_host += part;
-        path.serial(Resource::kPcie, static_cast<double>(part) / pcie);
-      } else {
-        B.nvme_read += part;
-        g->add(Resource::kNvme, static_cast<double>(part) / nvme_r);
-      }
+      B.nvme_read += part;
+      g->add(Resource::kNvme, static_cast<double>(part) / nvme_r);
       B.nvme_write += part;
       g->add(Resource::kNvme, static_cast<double>(part) / nvme_w);
     }
@@ -256,7 +259,7 @@ StepCost estimate_step(const config::Config& cfg, const zero::Placement& pl, con
       wr += m.opt_n * (4 + 2 * sb);
       B.cpu_optimizer += m.opt_n * adam_elem;
       g.add(Resource::kCpu, static_cast<double>(m.opt_n * adam_elem) / cpu);
-      write_out(m, mi, &g);
+      write_out(m, &g);
     }
     if (rd) {
       B.nvme_read += rd;
@@ -281,7 +284,7 @@ StepCost estimate_step(const config::Config& cfg, const zero::Placement& pl, con
       B.cpu_optimizer += bytes;
       g.add(Resource::kCpu, static_cast<double>(bytes) / cpu);
     }
-    write_out(m, mi, &g);
+    write_out(m, &g);
     path.overlap(g);
   }
   // 3. Stage 1/2 (and persistent stage-3 modules): the all-gather of the updated partitions.
