@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <array>
 #include <limits>
-#include <map>
 #include <vector>
 
 namespace zoe::plan {
@@ -59,41 +58,43 @@ struct CacheSim {
   std::vector<std::array<uint64_t, 2>> loaded;
 };
 
+// Simulates min(micro, 4) micro-batches; longer steps repeat the third (the cache's steady
+// state) up to the last one.
 CacheSim simulate_cache(const zero::Placement& pl, int64_t micro) {
   const size_t n = pl.modules.size();
+  const int64_t sim_micro = std::min<int64_t>(micro, 4);
   CacheSim sim;
-  sim.loaded.assign(static_cast<size_t>(micro), {0, 0});
-  std::vector<size_t> order;  // positions: (module), phases delimited below
-  std::vector<int> phase;     // 0 forward, 1 backward
+  std::vector<std::array<uint64_t, 2>> loaded(static_cast<size_t>(sim_micro), {0, 0});
+  std::vector<size_t> order;
+  std::vector<uint8_t> phase;  // 0 forward, 1 backward
   std::vector<int64_t> mb;
-  for (int64_t j = 0; j < micro; ++j) {
+  for (int64_t j = 0; j < sim_micro; ++j) {
     for (size_t m = 0; m < n; ++m) order.push_back(m), phase.push_back(0), mb.push_back(j);
     for (size_t m = n; m-- > 0;) order.push_back(m), phase.push_back(1), mb.push_back(j);
   }
+  // next[t]: the next position of order[t]'s module after t (SIZE_MAX: none).
+  constexpr size_t kNever = std::numeric_limits<size_t>::max();
+  std::vector<size_t> next(order.size(), kNever), seen(n, kNever);
+  for (size_t t = order.size(); t-- > 0;) {
+    next[t] = seen[order[t]];
+    seen[order[t]] = t;
+  }
   const uint64_t capacity = pl.tm_device_budget ? pl.tm_device_budget : pl.device_budget;
   std::vector<bool> in(n, false);
+  std::vector<size_t> next_use(n, kNever);
   uint64_t used = 0;
   auto bytes_of = [&](size_t m) { return static_cast<uint64_t>(pl.modules[m].part) * pl.compute_bytes; };
-  auto tracked = [&](size_t m) {
-    return pl.modules[m].partitioned_params && pl.modules[m].param_home != Home::kDevice;
-  };
   for (size_t t = 0; t < order.size(); ++t) {
     const size_t m = order[t];
-    if (!tracked(m) || in[m]) continue;
+    const zero::ModulePlacement& mp = pl.modules[m];
+    if (!mp.partitioned_params || mp.param_home == Home::kDevice) continue;
+    next_use[m] = next[t];
+    if (in[m]) continue;
     const uint64_t b = bytes_of(m);
-    while (used + b > capacity) {
-      // Evict the resident copy whose next use is furthest (never used again: first).
-      size_t victim = n, far = 0;
+    while (used + b > capacity) {  // evict the copy used furthest ahead
+      size_t victim = n;
       for (size_t c = 0; c < n; ++c) {
-        if (!in[c]) continue;
-        size_t next = std::numeric_limits<size_t>::max();
-        for (size_t u = t + 1; u < order.size(); ++u) {
-          if (order[u] == c) {
-            next = u;
-            break;
-          }
-        }
-        if (victim == n || next > far) victim = c, far = next;
+        if (in[c] && (victim == n || next_use[c] > next_use[victim])) victim = c;
       }
       if (victim == n) break;
       in[victim] = false;
@@ -101,7 +102,11 @@ CacheSim simulate_cache(const zero::Placement& pl, int64_t micro) {
     }
     in[m] = true;
     used += b;
-    sim.loaded[static_cast<size_t>(mb[t])][static_cast<size_t>(phase[t])] += b;
+    loaded[static_cast<size_t>(mb[t])][phase[t]] += b;
+  }
+  for (int64_t j = 0; j < micro; ++j) {
+    const int64_t k = j < 3 || sim_micro < 4 ? j : j == micro - 1 ? 3 : 2;
+    sim.loaded.push_back(loaded[static_cast<size_t>(k)]);
   }
   return sim;
 }
@@ -195,12 +200,16 @@ StepCost estimate_step(const config::Config& cfg, const zero::Placement& pl, con
       B.network += gb_bytes;
       if (queued) g.add(Resource::kNetwork, static_cast<double>(gb_bytes) / net);
       else path.serial(Resource::kNetwork, static_cast<double>(gb_bytes) / net);
+      // Each module's reduction runs under the backward of the modules before it; the last one
+      // (the first module's) has nothing left to hide under.
       uint64_t red = 0;
       for (const auto& m : pl.modules) {
-        red += static_cast<uint64_t>((pl.stage >= 2 ? 1.0 : 2.0) * ring * static_cast<double>(m.padded * es));
+        const uint64_t r = static_cast<uint64_t>((pl.stage >= 2 ? 1.0 : 2.0) * ring * static_cast<double>(m.padded * es));
+        red += r;
+        if (&m == &pl.modules.front()) path.serial(Resource::kNetwork, static_cast<double>(r) / net);
+        else g.add(Resource::kNetwork, static_cast<double>(r) / net);
       }
       B.network += red;
-      g.add(Resource::kNetwork, static_cast<double>(red) / net);
       path.overlap(g);
       for (const auto& m : pl.modules) {
         const uint64_t n = m.opt_n, touched = n * (es + 8);  // read the gradient, read/write the fp32 sum
@@ -251,10 +260,11 @@ StepCost estimate_step(const config::Config& cfg, const zero::Placement& pl, con
   // 1. NVMe-resident states: the swapper's pipeline (read chunk i+1, update i, write i-1).
   {
     Path::Group g;
-    uint64_t rd = 0, wr = 0;
+    uint64_t rd = 0, wr = 0, elems = 0;
     for (size_t mi = 0; mi < pl.modules.size(); ++mi) {
       const auto& m = pl.modules[mi];
       if (m.opt_home != Home::kNvme) continue;
+      elems += m.opt_n;
       rd += m.opt_n * (4 + 2 * sb + 4);
       wr += m.opt_n * (4 + 2 * sb);
       B.cpu_optimizer += m.opt_n * adam_elem;
@@ -266,7 +276,7 @@ StepCost estimate_step(const config::Config& cfg, const zero::Placement& pl, con
       B.nvme_write += wr;
       g.add(Resource::kNvme, static_cast<double>(rd) / nvme_r + static_cast<double>(wr) / nvme_w);
       // Filling the pipeline: the first chunk is read before any update starts.
-      const double chunk = static_cast<double>(std::min<uint64_t>(pl.swap_chunk_elems, rd)) * (4 + 2 * sb + 4);
+      const double chunk = static_cast<double>(std::min<uint64_t>(pl.swap_chunk_elems, elems)) * (4 + 2 * sb + 4);
       path.serial(Resource::kNvme, chunk / nvme_r);
       path.overlap(g);
     }
