@@ -17,10 +17,14 @@ using nlohmann::json;
 namespace {
 
 std::vector<std::pair<const char*, double LinkRates::*>> rate_keys() {
-  return {{"nvme_read_gbps", &LinkRates::nvme_read_gbps}, {"nvme_write_gbps", &LinkRates::nvme_write_gbps},
-          {"h2d_gbps", &LinkRates::h2d_gbps},             {"cpu_adam_gbps", &LinkRates::cpu_adam_gbps},
-          {"flops", &LinkRates::flops},                   {"net_gbps", &LinkRates::net_gbps},
-          {"intra_gbps", &LinkRates::intra_gbps},         {"device_mem_gbps", &LinkRates::device_mem_gbps}};
+  return {{"nvme_read_gbps", &LinkRates::nvme_read_gbps},
+          {"nvme_write_gbps", &LinkRates::nvme_write_gbps},
+          {"h2d_gbps", &LinkRates::h2d_gbps},
+          {"cpu_adam_gbps", &LinkRates::cpu_adam_gbps},
+          {"flops", &LinkRates::flops},
+          {"net_gbps", &LinkRates::net_gbps},
+          {"intra_gbps", &LinkRates::intra_gbps},
+          {"device_mem_gbps", &LinkRates::device_mem_gbps}};
 }
 
 }  // namespace
@@ -28,7 +32,8 @@ std::vector<std::pair<const char*, double LinkRates::*>> rate_keys() {
 Status LinkRates::validate() const {
   for (const auto& [key, field] : rate_keys()) {
     const double v = this->*field;
-    if (!std::isfinite(v) || v <= 0) return invalid_argument("rate %s is %g: expected a positive number", key, v);
+    if (!std::isfinite(v) || v <= 0)
+      return invalid_argument("rate %s is %g: expected a positive number", key, v);
   }
   return Status::ok();
 }
@@ -69,16 +74,16 @@ Status apply_calibration_json(const std::string& text, const std::string& where,
       if (k != key) continue;
       known = true;
       if (!it->is_number() || !(it->get<double>() > 0) || !std::isfinite(it->get<double>())) {
-        return invalid_argument("calibration file %s: \"%s\" is %s, expected a positive number", where.c_str(), key,
-                                it->dump().c_str());
+        return invalid_argument("calibration file %s: \"%s\" is %s, expected a positive number",
+                                where.c_str(), key, it->dump().c_str());
       }
       r.*field = it->get<double>();
     }
     if (!known) {
       std::string names = "version, host";
       for (const auto& kv : keys) names += std::string(", ") + kv.first;
-      return invalid_argument("calibration file %s: unknown key \"%s\" (expected %s)", where.c_str(), k.c_str(),
-                              names.c_str());
+      return invalid_argument("calibration file %s: unknown key \"%s\" (expected %s)", where.c_str(),
+                              k.c_str(), names.c_str());
     }
   }
   *rates = r;

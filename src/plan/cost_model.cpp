@@ -12,12 +12,18 @@ using zero::Home;
 
 const char* resource_name(Resource r) {
   switch (r) {
-    case Resource::kCompute: return "compute";
-    case Resource::kNvme: return "nvme";
-    case Resource::kPcie: return "pcie";
-    case Resource::kNetwork: return "network";
-    case Resource::kCpu: return "cpu_adam";
-    case Resource::kDeviceMem: return "device_mem";
+    case Resource::kCompute:
+      return "compute";
+    case Resource::kNvme:
+      return "nvme";
+    case Resource::kPcie:
+      return "pcie";
+    case Resource::kNetwork:
+      return "network";
+    case Resource::kCpu:
+      return "cpu_adam";
+    case Resource::kDeviceMem:
+      return "device_mem";
   }
   return "?";
 }
@@ -54,7 +60,7 @@ struct Path {
 // evicts the copy used furthest ahead in the recorded order (Belady). The step's update drops
 // every device copy (the new values are written to the home), so each step starts cold.
 struct CacheSim {
-    // Bytes loaded into the device per micro-batch: [micro][0 forward / 1 backward].
+  // Bytes loaded into the device per micro-batch: [micro][0 forward / 1 backward].
   std::vector<std::array<uint64_t, 2>> loaded;
 };
 
@@ -145,7 +151,9 @@ StepCost estimate_step(const config::Config& cfg, const zero::Placement& pl, con
     if (m.partitioned_params) part_home = m.param_home;
   }
   const Resource load_res = part_home == Home::kNvme ? Resource::kNvme : Resource::kPcie;
-  auto load_s = [&](uint64_t bytes) { return static_cast<double>(bytes) / (part_home == Home::kNvme ? nvme_r : pcie); };
+  auto load_s = [&](uint64_t bytes) {
+    return static_cast<double>(bytes) / (part_home == Home::kNvme ? nvme_r : pcie);
+  };
   uint64_t first_part = 0;  // the first partitioned module's partition: fetched on demand
   for (const auto& m : pl.modules) {
     if (m.partitioned_params) {
@@ -182,8 +190,10 @@ StepCost estimate_step(const config::Config& cfg, const zero::Placement& pl, con
       }
       const uint64_t gb_bytes = static_cast<uint64_t>(ring * static_cast<double>(gather_elems * es));
       B.network += gb_bytes;
-      if (queued) g.add(Resource::kNetwork, static_cast<double>(gb_bytes) / net);
-      else path.serial(Resource::kNetwork, static_cast<double>(gb_bytes) / net);
+      if (queued)
+        g.add(Resource::kNetwork, static_cast<double>(gb_bytes) / net);
+      else
+        path.serial(Resource::kNetwork, static_cast<double>(gb_bytes) / net);
       path.overlap(g);
     }
     // Backward: compute with loads, reductions (the communicator's stream) under it; the
@@ -198,16 +208,21 @@ StepCost estimate_step(const config::Config& cfg, const zero::Placement& pl, con
       }
       const uint64_t gb_bytes = static_cast<uint64_t>(ring * static_cast<double>(gather_elems * es));
       B.network += gb_bytes;
-      if (queued) g.add(Resource::kNetwork, static_cast<double>(gb_bytes) / net);
-      else path.serial(Resource::kNetwork, static_cast<double>(gb_bytes) / net);
+      if (queued)
+        g.add(Resource::kNetwork, static_cast<double>(gb_bytes) / net);
+      else
+        path.serial(Resource::kNetwork, static_cast<double>(gb_bytes) / net);
       // Each module's reduction runs under the backward of the modules before it; the last one
       // (the first module's) has nothing left to hide under.
       uint64_t red = 0;
       for (const auto& m : pl.modules) {
-        const uint64_t r = static_cast<uint64_t>((pl.stage >= 2 ? 1.0 : 2.0) * ring * static_cast<double>(m.padded * es));
+        const uint64_t r =
+            static_cast<uint64_t>((pl.stage >= 2 ? 1.0 : 2.0) * ring * static_cast<double>(m.padded * es));
         red += r;
-        if (&m == &pl.modules.front()) path.serial(Resource::kNetwork, static_cast<double>(r) / net);
-        else g.add(Resource::kNetwork, static_cast<double>(r) / net);
+        if (&m == &pl.modules.front())
+          path.serial(Resource::kNetwork, static_cast<double>(r) / net);
+        else
+          g.add(Resource::kNetwork, static_cast<double>(r) / net);
       }
       B.network += red;
       path.overlap(g);
@@ -276,7 +291,8 @@ StepCost estimate_step(const config::Config& cfg, const zero::Placement& pl, con
       B.nvme_write += wr;
       g.add(Resource::kNvme, static_cast<double>(rd) / nvme_r + static_cast<double>(wr) / nvme_w);
       // Filling the pipeline: the first chunk is read before any update starts.
-      const double chunk = static_cast<double>(std::min<uint64_t>(pl.swap_chunk_elems, elems)) * (4 + 2 * sb + 4);
+      const double chunk =
+          static_cast<double>(std::min<uint64_t>(pl.swap_chunk_elems, elems)) * (4 + 2 * sb + 4);
       path.serial(Resource::kNvme, chunk / nvme_r);
       path.overlap(g);
     }

@@ -18,7 +18,7 @@ inline constexpr int kResources = 6;
 const char* resource_name(Resource r);  // "compute", "nvme", "pcie", "network", "cpu_adam", "device_mem"
 
 struct Workload {
-  uint64_t params = 0;     // for FLOPs: 6 x params x tokens per step
+  uint64_t params = 0;      // for FLOPs: 6 x params x tokens per step
   int64_t micro_batch = 1;  // sequences per micro-batch per rank
   int64_t seq = 1024;       // tokens per sequence
   int64_t grad_accum = 1;   // micro-batches per step

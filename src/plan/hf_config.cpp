@@ -39,21 +39,21 @@ struct Reader {
       auto it = j.find(k);
       if (it == j.end() || it->is_null()) continue;
       if (!it->is_number_integer() || it->get<int64_t>() <= 0) {
-        return invalid_argument("%s: key \"%s\" of a %s config is %s, expected a positive integer", where.c_str(), k,
-                                type.c_str(), it->dump().c_str());
+        return invalid_argument("%s: key \"%s\" of a %s config is %s, expected a positive integer",
+                                where.c_str(), k, type.c_str(), it->dump().c_str());
       }
       return it->get<int64_t>();
     }
     if (def > 0) return def;
-    return invalid_argument("%s: a %s config needs the key \"%s\" (a positive integer)", where.c_str(), type.c_str(),
-                            *keys.begin());
+    return invalid_argument("%s: a %s config needs the key \"%s\" (a positive integer)", where.c_str(),
+                            type.c_str(), *keys.begin());
   }
   Result<bool> flag(const char* key, bool def) const {
     auto it = j.find(key);
     if (it == j.end() || it->is_null()) return def;
     if (!it->is_boolean()) {
-      return invalid_argument("%s: key \"%s\" of a %s config is %s, expected true or false", where.c_str(), key,
-                              type.c_str(), it->dump().c_str());
+      return invalid_argument("%s: key \"%s\" of a %s config is %s, expected true or false", where.c_str(),
+                              key, type.c_str(), it->dump().c_str());
     }
     return it->get<bool>();
   }
@@ -77,8 +77,8 @@ Result<ModelDesc> gpt2(const Reader& r) {
   m.modules.push_back({"embed", {sz(vocab * d), sz(pos * d)}});
   for (int64_t l = 0; l < layers; ++l) {
     m.modules.push_back({"block." + std::to_string(l),
-                         {sz(d), sz(d), sz(d * 3 * d), sz(3 * d), sz(d * d), sz(d), sz(d), sz(d), sz(d * inner),
-                          sz(inner), sz(inner * d), sz(d)}});
+                         {sz(d), sz(d), sz(d * 3 * d), sz(3 * d), sz(d * d), sz(d), sz(d), sz(d),
+                          sz(d * inner), sz(inner), sz(inner * d), sz(d)}});
   }
   m.modules.push_back({"final", {sz(d), sz(d)}});
   if (!tied) m.modules.push_back({"head", {sz(vocab * d)}});
@@ -99,8 +99,9 @@ Result<ModelDesc> llama_like(const Reader& r) {
   ZOE_ASSIGN_OR_RETURN(int64_t heads, r.dim({"num_attention_heads"}));
   ZOE_ASSIGN_OR_RETURN(int64_t kv, r.dim({"num_key_value_heads"}, heads));
   if (!r.j.contains("head_dim") && d % heads != 0) {
-    return invalid_argument("%s: hidden_size %lld is not a multiple of num_attention_heads %lld (and no head_dim)",
-                            r.where.c_str(), static_cast<long long>(d), static_cast<long long>(heads));
+    return invalid_argument(
+        "%s: hidden_size %lld is not a multiple of num_attention_heads %lld (and no head_dim)",
+        r.where.c_str(), static_cast<long long>(d), static_cast<long long>(heads));
   }
   ZOE_ASSIGN_OR_RETURN(int64_t hd, r.dim({"head_dim"}, d / heads));
   ZOE_ASSIGN_OR_RETURN(int64_t ctx, r.dim({"max_position_embeddings"}, 2048));
@@ -151,8 +152,8 @@ Result<ModelDesc> gpt_neox(const Reader& r) {
   ZOE_ASSIGN_OR_RETURN(bool tied, r.flag("tie_word_embeddings", false));
   ZOE_ASSIGN_OR_RETURN(bool bias, r.flag("attention_bias", true));
   if (d % heads != 0) {
-    return invalid_argument("%s: hidden_size %lld is not a multiple of num_attention_heads %lld", r.where.c_str(),
-                            static_cast<long long>(d), static_cast<long long>(heads));
+    return invalid_argument("%s: hidden_size %lld is not a multiple of num_attention_heads %lld",
+                            r.where.c_str(), static_cast<long long>(d), static_cast<long long>(heads));
   }
   ModelDesc m;
   m.modules.push_back({"embed", {sz(vocab * d)}});
@@ -179,7 +180,8 @@ Result<ModelDesc> gpt_neox(const Reader& r) {
 Result<ModelDesc> hf_model_from_json(const std::string& text, const std::string& where) {
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return invalid_argument("%s: not valid JSON", where.c_str());
-  if (!j.is_object()) return invalid_argument("%s: expected a JSON object (a Hugging Face config.json)", where.c_str());
+  if (!j.is_object())
+    return invalid_argument("%s: expected a JSON object (a Hugging Face config.json)", where.c_str());
   std::string supported;
   for (const auto& t : hf_model_types()) supported += (supported.empty() ? "" : ", ") + t;
   auto it = j.find("model_type");
@@ -190,9 +192,12 @@ Result<ModelDesc> hf_model_from_json(const std::string& text, const std::string&
   Reader r{j, where, it->get<std::string>()};
   Result<ModelDesc> m = invalid_argument("%s: model_type \"%s\" is not supported; supported model_types: %s",
                                          where.c_str(), r.type.c_str(), supported.c_str());
-  if (r.type == "gpt2") m = gpt2(r);
-  else if (r.type == "llama" || r.type == "mistral" || r.type == "qwen2") m = llama_like(r);
-  else if (r.type == "gpt_neox") m = gpt_neox(r);
+  if (r.type == "gpt2")
+    m = gpt2(r);
+  else if (r.type == "llama" || r.type == "mistral" || r.type == "qwen2")
+    m = llama_like(r);
+  else if (r.type == "gpt_neox")
+    m = gpt_neox(r);
   if (!m.is_ok()) return m.status();
   ModelDesc d = std::move(m).value();
   d.params = count_params(d.modules);

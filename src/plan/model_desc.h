@@ -14,8 +14,8 @@
 namespace zoe::plan {
 
 struct ModelDesc {
-  std::string name;         // "zoe-gpt small", "llama (config.json)", "a model of 32 equal modules"
-  uint64_t params = 0;      // exact: the sum over modules
+  std::string name;     // "zoe-gpt small", "llama (config.json)", "a model of 32 equal modules"
+  uint64_t params = 0;  // exact: the sum over modules
   std::vector<zero::ModuleShape> modules;
   // Dimensions for FLOPs and activations; 0 where unknown (a bare parameter count).
   int layers = 0, d_model = 0, heads = 0, vocab = 0, context = 0;

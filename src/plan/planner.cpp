@@ -56,7 +56,8 @@ config::Config config_for(const config::Config& base, const RowPlacement& p, con
   c.zoe.offload_ratio = p.optimizer == OffloadDevice::kNone ? 1.0 : p.ratio;
   c.zoe.bf16_optimizer_states = p.bf16_states;
   for (config::OffloadConfig* o : {&c.zero.offload_param, &c.zero.offload_optimizer}) {
-    if (o->device == OffloadDevice::kNvme && o->nvme_path.empty() && !nvme_path.empty()) o->nvme_path = {nvme_path};
+    if (o->device == OffloadDevice::kNvme && o->nvme_path.empty() && !nvme_path.empty())
+      o->nvme_path = {nvme_path};
   }
   return c;
 }
@@ -147,9 +148,10 @@ Status nothing_fits(const PlanResult& r, const PlanInputs& in) {
     if (x.bytes.device == 0 && x.bytes.host == 0 && x.bytes.nvme == 0) continue;  // could not be planned
     if (!best || total(x) < total(*best)) best = &x;
   }
-  std::string where = std::to_string(in.topo.nodes) + " node(s) x " + std::to_string(in.topo.gpus_per_node) +
-                      " GPU(s)";
-  if (!best) return out_of_budget("no placement of %s can be planned on %s", in.model.name.c_str(), where.c_str());
+  std::string where =
+      std::to_string(in.topo.nodes) + " node(s) x " + std::to_string(in.topo.gpus_per_node) + " GPU(s)";
+  if (!best)
+    return out_of_budget("no placement of %s can be planned on %s", in.model.name.c_str(), where.c_str());
   std::string what;
   auto add = [&](const char* tier, uint64_t lack, uint64_t need, uint64_t have) {
     if (!lack) return;
@@ -157,7 +159,8 @@ Status nothing_fits(const PlanResult& r, const PlanInputs& in) {
             format_bytes(need) + ", a rank has " + format_bytes(have) + ")";
   };
   add("device memory", best->lacks.device, best->bytes.device, r.per_rank.device);
-  add("host memory", best->lacks.host, best->bytes.host + (in.cuda ? 0 : best->bytes.device), r.per_rank.host);
+  add("host memory", best->lacks.host, best->bytes.host + (in.cuda ? 0 : best->bytes.device),
+      r.per_rank.host);
   add("NVMe space", best->lacks.nvme, best->bytes.nvme, r.per_rank.nvme);
   const std::string why = best->refused.empty() ? "" : " (the engine's planner: " + best->refused + ")";
   return out_of_budget("no placement of %s (%llu parameters) fits on %s: the closest, %s, lacks %s%s",

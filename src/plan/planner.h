@@ -23,10 +23,10 @@ struct PlanInputs {
   // Memory of one node; a rank gets its share (divided by gpus_per_node).
   uint64_t device_mem = 0, host_mem = 0, nvme_space = 0;
   LinkRates rates;
-  Workload work;               // work.params is set from the model
+  Workload work;                   // work.params is set from the model
   bool count_activations = false;  // add the activation estimate to the device's bytes
-  bool cuda = true;            // plan for CUDA devices (false: zoe's CPU device)
-  config::Config base;         // knobs the rows inherit (buckets, sub_group_size, precision, ...)
+  bool cuda = true;                // plan for CUDA devices (false: zoe's CPU device)
+  config::Config base;             // knobs the rows inherit (buckets, sub_group_size, precision, ...)
 };
 
 // One placement: what a row varies.
@@ -44,15 +44,15 @@ struct PlanRow {
   zero::TierBytes bytes;  // per rank: plan_placement's peak (device: plus activations when counted)
   zero::TierBytes lacks;  // per rank: what is missing on each tier (all 0 when it fits)
   uint64_t activation_bytes = 0;
-  bool exact = true;     // false: the engine's planner refused the per-rank budget; bytes are its
-                         // plan with an unbounded device (what the placement would need)
-  std::string refused;   // the planner's message when it refused
+  bool exact = true;    // false: the engine's planner refused the per-rank budget; bytes are its
+                        // plan with an unbounded device (what the placement would need)
+  std::string refused;  // the planner's message when it refused
   StepCost cost;
 };
 
 struct PlanResult {
   uint64_t params = 0;
-  zero::TierBytes per_rank;  // capacities a rank gets
+  zero::TierBytes per_rank;   // capacities a rank gets
   std::vector<PlanRow> rows;  // fitting rows first, then by predicted step time
   bool any_fits() const;
 };
@@ -61,7 +61,8 @@ struct PlanResult {
 std::vector<RowPlacement> all_placements();
 // The engine's config for a row: `base` with the row's stage, offload devices, ratio and state
 // dtype (nvme_path: `nvme_path` where a device is nvme and base has none).
-config::Config config_for(const config::Config& base, const RowPlacement& p, const std::string& nvme_path = "");
+config::Config config_for(const config::Config& base, const RowPlacement& p,
+                          const std::string& nvme_path = "");
 // Activations of one micro-batch kept for the backward pass (an estimate; 0 when the model's
 // dimensions are unknown). See docs/cost-model.md.
 uint64_t activation_bytes(const ModelDesc& m, const Workload& w, size_t compute_bytes);

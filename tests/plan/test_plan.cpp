@@ -42,11 +42,11 @@ TEST(HfConfig, ExactParameterCounts) {
     const char* last_module;  // "head" when the output projection is untied
   };
   const Case cases[] = {
-      {"gpt2.json", 124439808ull, "final"},           // tied head
-      {"llama-2-7b.json", 6738415616ull, "head"},     // Llama-2-7B
+      {"gpt2.json", 124439808ull, "final"},             // tied head
+      {"llama-2-7b.json", 6738415616ull, "head"},       // Llama-2-7B
       {"mistral-7b-v0.1.json", 7241732096ull, "head"},  // grouped-query attention
-      {"qwen2-0.5b.json", 494032768ull, "final"},     // q/k/v biases, tied
-      {"pythia-160m.json", 162322944ull, "head"},     // gpt_neox
+      {"qwen2-0.5b.json", 494032768ull, "final"},       // q/k/v biases, tied
+      {"pythia-160m.json", 162322944ull, "head"},       // gpt_neox
   };
   for (const Case& c : cases) {
     auto m = plan::hf_model(fixture(c.file));
@@ -55,7 +55,8 @@ TEST(HfConfig, ExactParameterCounts) {
     EXPECT_EQ(plan::count_params(m->modules), c.params) << c.file;
     EXPECT_EQ(m->modules.front().name, "embed") << c.file;
     EXPECT_EQ(m->modules.back().name, c.last_module) << c.file;
-    EXPECT_EQ(static_cast<int>(m->modules.size()), m->layers + (std::string(c.last_module) == "head" ? 3 : 2));
+    EXPECT_EQ(static_cast<int>(m->modules.size()),
+              m->layers + (std::string(c.last_module) == "head" ? 3 : 2));
   }
   // gpt2 with an untied head adds exactly one vocab x d matrix.
   std::string text = read_text(fixture("gpt2.json"));
@@ -304,7 +305,8 @@ std::string engine_cfg(int stage, const char* opt, const char* param, const std:
          "\"train_micro_batch_size_per_gpu\": 1, \"gradient_accumulation_steps\": " + std::to_string(micro) +
          ", \"zero_optimization\": {\"stage\": " + std::to_string(stage) +
          ", \"stage3_param_persistence_threshold\": 0, \"stage3_prefetch_bucket_size\": 6000, "
-         "\"sub_group_size\": 20000, \"offload_optimizer\": " + off(opt) + ", \"offload_param\": " + off(param) +
+         "\"sub_group_size\": 20000, \"offload_optimizer\": " +
+         off(opt) + ", \"offload_param\": " + off(param) +
          "}, \"zoe\": {\"device_budget\": \"64MiB\", \"offload_ratio\": " + r +
          ", \"bf16_optimizer_states\": " + (bf16_states ? "true" : "false") + "}}";
 }
@@ -333,7 +335,8 @@ TEST(CostModelVsEngine, NvmeBytesPerStepForEveryPlacement) {
         const bool states16 = bf16 && k.stage >= 1;
         const double ratio = std::string(k.opt) == "none" ? 1.0 : micro == 2 ? 0.5 : 1.0;
         test::ScratchDir nvme("plan-engine");
-        const std::string text = engine_cfg(k.stage, k.opt, k.param, nvme.path(), bf16, states16, ratio, micro);
+        const std::string text =
+            engine_cfg(k.stage, k.opt, k.param, nvme.path(), bf16, states16, ratio, micro);
         const std::string what = std::string(bf16 ? "bf16" : "fp32") + " micro " + std::to_string(micro) +
                                  " stage " + std::to_string(k.stage) + " optimizer " + k.opt + " x" +
                                  std::to_string(ratio) + " params " + k.param;
@@ -341,7 +344,8 @@ TEST(CostModelVsEngine, NvmeBytesPerStepForEveryPlacement) {
         ASSERT_TRUE(cfg.is_ok()) << what << ": " << cfg.status().to_string();
         std::vector<zero::ModuleShape> sh;
         for (int l = 0; l < s.layers; ++l) {
-          sh.push_back({"layer." + std::to_string(l), {static_cast<size_t>(s.d * s.d), static_cast<size_t>(s.d)}});
+          sh.push_back(
+              {"layer." + std::to_string(l), {static_cast<size_t>(s.d * s.d), static_cast<size_t>(s.d)}});
         }
         auto plan = zero::plan_placement(cfg.value(), sh, rt.world_size(), rt.rank());
         ASSERT_TRUE(plan.is_ok()) << what << ": " << plan.status().to_string();
@@ -350,8 +354,8 @@ TEST(CostModelVsEngine, NvmeBytesPerStepForEveryPlacement) {
         w.micro_batch = s.batch;
         w.seq = 1;
         w.grad_accum = micro;
-        const plan::StepCost cost =
-            plan::estimate_step(cfg.value(), plan.value(), w, {1, 1}, plan::LinkRates{}, plan::DeviceKind{true});
+        const plan::StepCost cost = plan::estimate_step(cfg.value(), plan.value(), w, {1, 1},
+                                                        plan::LinkRates{}, plan::DeviceKind{true});
 
         auto e = Engine::create(rt, cfg.value());
         ASSERT_TRUE(e.is_ok()) << what << ": " << e.status().to_string();
@@ -364,7 +368,8 @@ TEST(CostModelVsEngine, NvmeBytesPerStepForEveryPlacement) {
         // Steady state: the bytes of the last step (counters run from initialize()).
         const StepStats& a = stats[stats.size() - 2];
         const StepStats& b = stats.back();
-        const uint64_t rd = b.bytes_nvme_read - a.bytes_nvme_read, wr = b.bytes_nvme_write - a.bytes_nvme_write;
+        const uint64_t rd = b.bytes_nvme_read - a.bytes_nvme_read,
+                       wr = b.bytes_nvme_write - a.bytes_nvme_write;
         const uint64_t h2d = b.bytes_host_to_device - a.bytes_host_to_device;
         const uint64_t d2h = b.bytes_device_to_host - a.bytes_device_to_host;
         // Optimizer states (swapper step, NVMe gradient accumulation) and stage-3 partition

@@ -60,7 +60,8 @@ TEST(PlanCli, JsonHasExactlyParamsAndRows) {
 }
 
 TEST(PlanCli, TableOnStdoutProgressOnStderr) {
-  CmdResult r = zoe("plan --preset small --nodes 2 --gpus-per-node 4" + kMem + " --micro-batch 4 --seq 64 --top 5");
+  CmdResult r =
+      zoe("plan --preset small --nodes 2 --gpus-per-node 4" + kMem + " --micro-batch 4 --seq 64 --top 5");
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.out.find("# zoe plan: zoe-gpt small"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("2 node(s) x 4"), std::string::npos) << r.out;
@@ -120,10 +121,12 @@ TEST(PlanCli, BadInputGivesClearErrors) {
 TEST(PlanCli, HelpExplainsEveryOption) {
   CmdResult r = zoe("plan --help");
   ASSERT_EQ(r.rc, 0);
-  for (const char* opt : {"--preset", "--layers", "--d-model", "--heads", "--context", "--params", "--hf-config",
-                          "--nodes", "--gpus-per-node", "--device-mem", "--host-mem", "--nvme-space", "--nvme-path",
-                          "--calibration", "--nvme-read-gbps", "--nvme-write-gbps", "--h2d-gbps", "--cpu-adam-gbps",
-                          "--flops", "--net-gbps", "--micro-batch", "--seq", "--grad-accum", "--json"}) {
+  for (const char* opt :
+       {"--preset",          "--layers",     "--d-model",       "--heads",         "--context",
+        "--params",          "--hf-config",  "--nodes",         "--gpus-per-node", "--device-mem",
+        "--host-mem",        "--nvme-space", "--nvme-path",     "--calibration",   "--nvme-read-gbps",
+        "--nvme-write-gbps", "--h2d-gbps",   "--cpu-adam-gbps", "--flops",         "--net-gbps",
+        "--micro-batch",     "--seq",        "--grad-accum",    "--json"}) {
     EXPECT_NE(r.out.find(opt), std::string::npos) << opt;
   }
 }
