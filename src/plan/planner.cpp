@@ -80,6 +80,51 @@ uint64_t sat_sub(uint64_t a, uint64_t b) { return a > b ? a - b : 0; }
 
 }  // namespace
 
+zero::TierBytes per_rank_memory(const PlanInputs& in) {
+  const uint64_t g = static_cast<uint64_t>(std::max(1, in.topo.gpus_per_node));
+  return {in.device_mem / g, in.host_mem / g, in.nvme_space / g};
+}
+
+Result<PlanRow> plan_row(const PlanInputs& in, const RowPlacement& p) {
+  const int world = in.topo.world();
+  const zero::TierBytes have = per_rank_memory(in);
+  Workload w = in.work;
+  w.params = in.model.params;
+  PlanRow row;
+  row.placement = p;
+  const config::Config cfg = config_for(in.base, p);
+  const size_t es = cfg.bf16 || cfg.fp16.enabled ? 2 : 4;
+  row.activation_bytes = in.count_activations ? activation_bytes(in.model, w, es) : 0;
+  zero::PlanTarget target;
+  target.queued_gathers = !in.cuda;
+  // The engine's device budget is what the activations leave; the CPU device shares the
+  // host's memory with the host tier.
+  target.device_budget = sat_sub(have.device, row.activation_bytes);
+  auto pl = target.device_budget > 0 ? zero::plan_placement(cfg, in.model.modules, world, 0, target)
+                                     : Result<zero::Placement>(out_of_budget("no device memory left"));
+  if (!pl.is_ok()) {
+    if (pl.status().code() != StatusCode::kOutOfBudget) return pl.status().with_context(p.label());
+    row.refused = pl.status().message();
+    row.exact = false;
+    zero::PlanTarget unbounded;
+    unbounded.device_budget = uint64_t{1} << 60;
+    unbounded.queued_gathers = false;
+    pl = zero::plan_placement(cfg, in.model.modules, world, 0, unbounded);
+    if (!pl.is_ok()) return row;  // a limit of the base config (zoe.host_budget): the row cannot run at all
+  }
+  const zero::Placement& plan = pl.value();
+  row.bytes = plan.peak;
+  row.bytes.device += row.activation_bytes;
+  const uint64_t host_need = row.bytes.host + (in.cuda ? 0 : row.bytes.device);
+  row.lacks.device = sat_sub(row.bytes.device, have.device);
+  row.lacks.host = sat_sub(host_need, have.host);
+  row.lacks.nvme = sat_sub(row.bytes.nvme, have.nvme);
+  row.fits = row.exact && !row.lacks.device && !row.lacks.host && !row.lacks.nvme;
+  if (!row.exact && !row.lacks.device) row.lacks.device = 1;  // refused: it lacks at least something
+  row.cost = estimate_step(cfg, plan, w, in.topo, in.rates, DeviceKind{!in.cuda});
+  return row;
+}
+
 Result<PlanResult> make_plan(const PlanInputs& in) {
   if (in.topo.nodes < 1 || in.topo.gpus_per_node < 1) {
     return invalid_argument("--nodes %d --gpus-per-node %d: both must be at least 1", in.topo.nodes,
@@ -87,51 +132,11 @@ Result<PlanResult> make_plan(const PlanInputs& in) {
   }
   if (in.model.modules.empty()) return invalid_argument("the model has no modules");
   ZOE_RETURN_IF_ERROR_CTX(in.rates.validate(), "link rates");
-  const uint64_t g = static_cast<uint64_t>(in.topo.gpus_per_node);
-  const int world = in.topo.world();
   PlanResult res;
   res.params = in.model.params;
-  res.per_rank = {in.device_mem / g, in.host_mem / g, in.nvme_space / g};
-  Workload w = in.work;
-  w.params = in.model.params;
+  res.per_rank = per_rank_memory(in);
   for (const RowPlacement& p : all_placements()) {
-    PlanRow row;
-    row.placement = p;
-    const config::Config cfg = config_for(in.base, p);
-    const size_t es = cfg.bf16 || cfg.fp16.enabled ? 2 : 4;
-    row.activation_bytes = in.count_activations ? activation_bytes(in.model, w, es) : 0;
-    zero::PlanTarget target;
-    target.queued_gathers = !in.cuda;
-    // The engine's device budget is what the activations leave; the CPU device shares the
-    // host's memory with the host tier.
-    target.device_budget = sat_sub(res.per_rank.device, row.activation_bytes);
-    auto pl = target.device_budget > 0 ? zero::plan_placement(cfg, in.model.modules, world, 0, target)
-                                       : Result<zero::Placement>(out_of_budget("no device memory left"));
-    if (!pl.is_ok()) {
-      if (pl.status().code() != StatusCode::kOutOfBudget) return pl.status().with_context(p.label());
-      row.refused = pl.status().message();
-      row.exact = false;
-      zero::PlanTarget unbounded;
-      unbounded.device_budget = uint64_t{1} << 60;
-      unbounded.queued_gathers = false;
-      pl = zero::plan_placement(cfg, in.model.modules, world, 0, unbounded);
-      if (!pl.is_ok()) {  // a limit of the base config (zoe.host_budget): the row cannot run at all
-        row.bytes = {};
-        row.cost = {};
-        res.rows.push_back(std::move(row));
-        continue;
-      }
-    }
-    const zero::Placement& plan = pl.value();
-    row.bytes = plan.peak;
-    row.bytes.device += row.activation_bytes;
-    const uint64_t host_need = row.bytes.host + (in.cuda ? 0 : row.bytes.device);
-    row.lacks.device = sat_sub(row.bytes.device, res.per_rank.device);
-    row.lacks.host = sat_sub(host_need, res.per_rank.host);
-    row.lacks.nvme = sat_sub(row.bytes.nvme, res.per_rank.nvme);
-    row.fits = row.exact && !row.lacks.device && !row.lacks.host && !row.lacks.nvme;
-    if (!row.exact && !row.lacks.device) row.lacks.device = 1;  // refused: it lacks at least something
-    row.cost = estimate_step(cfg, plan, w, in.topo, in.rates, DeviceKind{!in.cuda});
+    ZOE_ASSIGN_OR_RETURN(PlanRow row, plan_row(in, p));
     res.rows.push_back(std::move(row));
   }
   std::stable_sort(res.rows.begin(), res.rows.end(), [](const PlanRow& a, const PlanRow& b) {

@@ -68,6 +68,10 @@ config::Config config_for(const config::Config& base, const RowPlacement& p,
 uint64_t activation_bytes(const ModelDesc& m, const Workload& w, size_t compute_bytes);
 
 Result<PlanResult> make_plan(const PlanInputs& in);
+// One row of the matrix (make_plan's rows are these, sorted).
+Result<PlanRow> plan_row(const PlanInputs& in, const RowPlacement& p);
+// What one rank gets of a node's memory.
+zero::TierBytes per_rank_memory(const PlanInputs& in);
 // The error when no row fits: names the placement that lacks least and what it lacks where.
 Status nothing_fits(const PlanResult& r, const PlanInputs& in);
 
