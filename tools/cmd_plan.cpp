@@ -127,6 +127,8 @@ void run(const PlanOpts& o) {
 
 }  // namespace
 
+void add_tune_command(CLI::App& app);  // tools/cmd_tune.cpp, registered with `plan`
+
 void add_plan_command(CLI::App& app) {
   auto o = std::make_shared<PlanOpts>();
   CLI::App* cmd = app.add_subcommand(
@@ -140,6 +142,7 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--top", o->top, "Show only the first N rows of the table (0: all)");
   cmd->add_flag("--json", o->json, "Print one JSON object {\"params\": N, \"rows\": [...]}");
   cmd->callback([o] { run(*o); });
+  add_tune_command(app);
 }
 
 }  // namespace zoe::cli

@@ -80,6 +80,34 @@ uint64_t sat_sub(uint64_t a, uint64_t b) { return a > b ? a - b : 0; }
 
 }  // namespace
 
+uint64_t device_need(const zero::Placement& pl) {
+  // plan_placement's device peak before it is capped at the budget (src/zero/placement.cpp,
+  // step 6): what is resident, the tier manager's share beyond the device homes, the queued
+  // gathers, and the most one module in use moves. Capped, a placement whose peak is above the
+  // budget looks like one that fits; the engine then fails an allocation mid-step.
+  const uint64_t es = pl.compute_bytes, w = static_cast<uint64_t>(pl.world);
+  uint64_t need = pl.resident.device;
+  if (pl.tier_manager) {
+    const uint64_t db = pl.device_budget;
+    const uint64_t tm = pl.tm_device_budget ? std::min(pl.tm_device_budget, db) : db;
+    uint64_t homes = 0;
+    for (const auto& m : pl.modules) {
+      if (m.partitioned_params && m.param_home == zero::Home::kDevice) homes += static_cast<uint64_t>(m.part) * es;
+    }
+    const uint64_t per_elem = es + (es + w - 1) / w;
+    need += (tm > homes ? tm - homes : 0) + static_cast<uint64_t>(pl.gather_window) * per_elem;
+  }
+  uint64_t moving = 0;
+  for (const auto& m : pl.modules) {
+    const uint64_t full = static_cast<uint64_t>(m.padded) * es;
+    const uint64_t recv = (pl.stage >= 2 ? static_cast<uint64_t>(m.part) : static_cast<uint64_t>(m.padded)) * es;
+    const uint64_t v = (m.partitioned_params ? full : 0) + 2 * full + zero::kMaxPendingReductions * (full + recv) +
+                       static_cast<uint64_t>(m.part) * es;
+    moving = std::max(moving, v);
+  }
+  return need + moving;
+}
+
 zero::TierBytes per_rank_memory(const PlanInputs& in) {
   const uint64_t g = static_cast<uint64_t>(std::max(1, in.topo.gpus_per_node));
   return {in.device_mem / g, in.host_mem / g, in.nvme_space / g};
@@ -114,7 +142,8 @@ Result<PlanRow> plan_row(const PlanInputs& in, const RowPlacement& p) {
   }
   const zero::Placement& plan = pl.value();
   row.bytes = plan.peak;
-  row.bytes.device += row.activation_bytes;
+  // Above the budget, the planner's peak is capped at it: the row needs the uncapped bytes.
+  row.bytes.device = std::max(plan.peak.device, device_need(plan)) + row.activation_bytes;
   const uint64_t host_need = row.bytes.host + (in.cuda ? 0 : row.bytes.device);
   row.lacks.device = sat_sub(row.bytes.device, have.device);
   row.lacks.host = sat_sub(host_need, have.host);

@@ -41,7 +41,9 @@ struct RowPlacement {
 struct PlanRow {
   RowPlacement placement;
   bool fits = false;
-  zero::TierBytes bytes;  // per rank: plan_placement's peak (device: plus activations when counted)
+  // Per rank: plan_placement's peak (device: before the planner caps it at the budget, plus the
+  // activations when counted; equal to the planner's peak for every row that fits).
+  zero::TierBytes bytes;
   zero::TierBytes lacks;  // per rank: what is missing on each tier (all 0 when it fits)
   uint64_t activation_bytes = 0;
   bool exact = true;    // false: the engine's planner refused the per-rank budget; bytes are its
@@ -70,6 +72,9 @@ uint64_t activation_bytes(const ModelDesc& m, const Workload& w, size_t compute_
 Result<PlanResult> make_plan(const PlanInputs& in);
 // One row of the matrix (make_plan's rows are these, sorted).
 Result<PlanRow> plan_row(const PlanInputs& in, const RowPlacement& p);
+// plan_placement's device peak without its cap at the device budget (equal to peak.device
+// whenever that is below the budget).
+uint64_t device_need(const zero::Placement& pl);
 // What one rank gets of a node's memory.
 zero::TierBytes per_rank_memory(const PlanInputs& in);
 // The error when no row fits: names the placement that lacks least and what it lacks where.

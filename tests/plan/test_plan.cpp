@@ -277,6 +277,50 @@ TEST(Plan, ActivationsComeOutOfTheDeviceBudget) {
   EXPECT_NE(s.message().find("of device memory per rank"), std::string::npos) << s.message();
 }
 
+std::vector<zero::ModuleShape> mlp_shapes(int layers, size_t d) {
+  std::vector<zero::ModuleShape> sh;
+  for (int l = 0; l < layers; ++l) sh.push_back({"layer." + std::to_string(l), {d * d, d}});
+  return sh;
+}
+
+TEST(Plan, DeviceNeedIsThePlannersPeakBeforeItsCap) {
+  // Below the budget: the planner's own peak, for every stage and offload.
+  plan::PlanInputs in = inputs(plan::ModelDesc{}, 1, 1);
+  for (const plan::RowPlacement& p : plan::all_placements()) {
+    for (bool queued : {false, true}) {
+      zero::PlanTarget t;
+      t.device_budget = 64ull << 20;
+      t.queued_gathers = queued;
+      auto pl = zero::plan_placement(plan::config_for(in.base, p), mlp_shapes(4, 48), 1, 0, t);
+      ASSERT_TRUE(pl.is_ok()) << p.label() << ": " << pl.status().to_string();
+      ASSERT_LT(pl->peak.device, t.device_budget) << p.label();
+      EXPECT_EQ(plan::device_need(pl.value()), pl->peak.device) << p.label();
+    }
+  }
+  // 4 modules of 2352 bf16 parameters (4096 padded) with bf16 Adam states on the device: 224 KiB
+  // resident (12 bytes of states and 2 of parameters per element), up to 56 KiB more while a
+  // module's gradients are reduced. With 240 KiB the planner accepts it and reports its peak
+  // capped at the budget; the plan's row needs 280 KiB and does not fit.
+  plan::ModelDesc m;
+  m.modules = mlp_shapes(4, 48);
+  m.params = plan::count_params(m.modules);
+  in = inputs(m, 1, 1);
+  in.device_mem = 240 << 10;
+  const plan::RowPlacement stage1{1, OffloadDevice::kNone, OffloadDevice::kNone, 1.0, true};
+  zero::PlanTarget t;
+  t.device_budget = in.device_mem;
+  t.queued_gathers = false;
+  auto pl = zero::plan_placement(plan::config_for(in.base, stage1), m.modules, 1, 0, t);
+  ASSERT_TRUE(pl.is_ok()) << pl.status().to_string();
+  EXPECT_EQ(pl->peak.device, in.device_mem);  // capped
+  EXPECT_EQ(plan::device_need(pl.value()), 280u << 10);
+  auto row = plan::plan_row(in, stage1);
+  ASSERT_TRUE(row.is_ok());
+  EXPECT_FALSE(row->fits);
+  EXPECT_EQ(row->bytes.device, 280u << 10);
+  EXPECT_EQ(row->lacks.device, 40u << 10);
+}
+
 // ---------------------------------------------------------------------------------------------
 // The cost model's NVMe bytes against the engine's, for every placement of the engine matrix
 

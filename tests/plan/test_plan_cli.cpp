@@ -132,3 +132,42 @@ TEST(PlanCli, HelpExplainsEveryOption) {
 }
 
 }  // namespace
+
+namespace {
+
+// `zoe tune`: calibrate this host (small), pick a placement, write a config that zoe train runs,
+// verify it for two steps.
+TEST(TuneCli, CalibrateSearchWriteAndVerify) {
+  zoe::test::ScratchDir d("tune-cli");
+  const std::string cal = d.file("cal.json"), cfg = d.file("tuned.json");
+  CmdResult r =
+      zoe("tune --preset tiny --device cpu --device-mem 64MiB --host-mem 4GiB --nvme-space 1GiB "
+          "--nvme-path " +
+          d.path() + " --calibrate --calibrate-bytes 16MiB --calibration-out " + cal + " --out " + cfg +
+          " --verify 2 --json");
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  json j = json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  for (const char* k : {"nvme_read_gbps", "nvme_write_gbps", "cpu_adam_gbps", "flops", "h2d_gbps"}) {
+    EXPECT_GT(j["calibration"][k].get<double>(), 0.0) << k;
+  }
+  EXPECT_GT(j["best"]["predicted_step_s"].get<double>(), 0.0);
+  EXPECT_EQ(j["verify"]["steps"], 2);
+  EXPECT_LE(j["verify"]["high_water"]["device"].get<uint64_t>(),
+            j["best"]["bytes"]["device"].get<uint64_t>());
+  // The saved calibration is what zoe plan reads.
+  CmdResult p = zoe("plan --preset tiny" + kMem + " --calibration " + cal);
+  EXPECT_EQ(p.rc, 0) << p.err;
+  // The tuned config is one zoe train runs.
+  CmdResult t = zoe("train --config " + cfg + " --preset tiny --steps 2 --micro-batch 1 --quiet --json");
+  EXPECT_EQ(t.rc, 0) << t.out << t.err;
+}
+
+TEST(TuneCli, NothingFitsExitsOne) {
+  CmdResult r = zoe("tune --hf-config " + fixture("llama-2-7b.json") +
+                    " --device-mem 8GiB --host-mem 16GiB --nvme-space 20GiB");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("the closest"), std::string::npos) << r.err;
+}
+
+}  // namespace
