@@ -71,17 +71,20 @@ rows = []
 for i in range(n):
     m = json.load(open(f"{work}/row{i}.meta"))
     t = min(step_s(f"{work}/row{i}.run1"), step_s(f"{work}/row{i}.run2"))
-    rows.append({"placement": m["placement"], "predicted_step_s": m["predicted_step_s"], "measured_step_s": t})
+    rows.append({"placement": m["placement"], "predicted_step_s": m["predicted_step_s"],
+                 "measured_step_s": t})
 tuned = step_s(f"{work}/tuned.run")
 best = min(r["measured_step_s"] for r in rows)
 rank = 1 + sum(r["measured_step_s"] < tuned for r in rows)
-print(f"{'stage':>5} {'params':>6} {'optim':>5} {'ratio':>5} {'bf16st':>6} {'predicted':>10} {'measured':>10}")
+print(f"{'stage':>5} {'params':>6} {'optim':>5} {'ratio':>5} {'bf16st':>6} {'predicted':>10} "
+      f"{'measured':>10}")
 print(f"{'':>5} {'':>6} {'':>5} {'':>5} {'':>6} {'(s)':>10} {'(s)':>10}")
 for r in sorted(rows, key=lambda r: r["measured_step_s"]):
     p = r["placement"]
     ratio = "-" if p["offload_ratio"] is None else f"{p['offload_ratio']:g}"
     print(f"{p['stage']:>5} {p['offload_param']:>6} {p['offload_optimizer']:>5} {ratio:>5} "
-          f"{'on' if p['bf16_optimizer_states'] else 'off':>6} {r['predicted_step_s']:>10.4g} {r['measured_step_s']:>10.4g}")
+          f"{'on' if p['bf16_optimizer_states'] else 'off':>6} {r['predicted_step_s']:>10.4g} "
+          f"{r['measured_step_s']:>10.4g}")
 ok = rank == 1 or tuned <= 1.10 * best
 print(f"# tune's pick: {tuned:.4g} s/step, rank {rank} of {n + 1}, {tuned / best:.3f}x the grid's best: "
       f"{'OK' if ok else 'FAILED'}")

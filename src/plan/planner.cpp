@@ -92,7 +92,8 @@ uint64_t device_need(const zero::Placement& pl) {
     const uint64_t tm = pl.tm_device_budget ? std::min(pl.tm_device_budget, db) : db;
     uint64_t homes = 0;
     for (const auto& m : pl.modules) {
-      if (m.partitioned_params && m.param_home == zero::Home::kDevice) homes += static_cast<uint64_t>(m.part) * es;
+      if (m.partitioned_params && m.param_home == zero::Home::kDevice)
+        homes += static_cast<uint64_t>(m.part) * es;
     }
     const uint64_t per_elem = es + (es + w - 1) / w;
     need += (tm > homes ? tm - homes : 0) + static_cast<uint64_t>(pl.gather_window) * per_elem;
@@ -100,9 +101,10 @@ uint64_t device_need(const zero::Placement& pl) {
   uint64_t moving = 0;
   for (const auto& m : pl.modules) {
     const uint64_t full = static_cast<uint64_t>(m.padded) * es;
-    const uint64_t recv = (pl.stage >= 2 ? static_cast<uint64_t>(m.part) : static_cast<uint64_t>(m.padded)) * es;
-    const uint64_t v = (m.partitioned_params ? full : 0) + 2 * full + zero::kMaxPendingReductions * (full + recv) +
-                       static_cast<uint64_t>(m.part) * es;
+    const uint64_t recv =
+        (pl.stage >= 2 ? static_cast<uint64_t>(m.part) : static_cast<uint64_t>(m.padded)) * es;
+    const uint64_t v = (m.partitioned_params ? full : 0) + 2 * full +
+                       zero::kMaxPendingReductions * (full + recv) + static_cast<uint64_t>(m.part) * es;
     moving = std::max(moving, v);
   }
   return need + moving;
