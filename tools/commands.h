@@ -9,6 +9,7 @@ namespace zoe::cli {
 void add_info_command(CLI::App& app);
 void add_train_command(CLI::App& app);
 void add_ckpt_command(CLI::App& app);
+void add_plan_command(CLI::App& app);  // and `tune`
 void add_bench_io_command(CLI::App& bench);
 void add_bench_adam_command(CLI::App& bench);
 void add_bench_swap_command(CLI::App& bench);

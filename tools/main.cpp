@@ -37,6 +37,7 @@ int main(int argc, char** argv) {
   zoe::cli::add_info_command(app);
   zoe::cli::add_train_command(app);
   zoe::cli::add_ckpt_command(app);
+  zoe::cli::add_plan_command(app);
   CLI::App* bench = app.add_subcommand(
       "bench",
       "Benchmarks: drive swap bandwidth (io), CPU Adam (adam), NVMe optimizer step (swap), engine (engine)");

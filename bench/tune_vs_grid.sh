@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# zoe tune's pick against a grid of real runs: every placement `zoe plan` says fits (the top N by
+# predicted time) is trained for a few steps with `zoe train`, and the measured step times are
+# ranked. Prints, per placement, predicted and measured seconds per step, then the rank of
+# tune's pick among the measured times and the ratio of its time to the grid's best (target:
+# rank 1, ratio <= 1.10). Rows alternate order between rounds, since a shared machine drifts.
+#
+# Usage: bench/tune_vs_grid.sh [PRESET] [STEPS] [DIR] [TOP]     (defaults: small 5 /var/tmp 12)
+# Env:   ZOE=path/to/zoe (default build/bin/zoe), MICRO=8 (sequences per micro-batch),
+#        JSON=out.json to also write the results as JSON.
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+preset=${1:-small}
+steps=${2:-5}
+dir=${3:-/var/tmp}
+top=${4:-12}
+zoe=${ZOE:-$here/build/bin/zoe}
+micro=${MICRO:-8}
+py=/usr/bin/python3
+[ -x "$zoe" ] || { echo "no zoe binary at $zoe (build first, or set ZOE=)" >&2; exit 1; }
+work=$(mktemp -d "$dir/zoe-tune-grid.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+
+common=(--preset "$preset" --device cpu --nvme-path "$work" --micro-batch "$micro")
+echo "# calibrating and tuning ($preset, micro-batch $micro)" >&2
+"$zoe" tune "${common[@]}" --calibrate --calibration-out "$work/cal.json" --out "$work/tuned.json" --json \
+  > "$work/tune.json"
+"$zoe" plan "${common[@]}" --calibration "$work/cal.json" --json > "$work/plan.json"
+
+# One config per fitting row: the tuned config with the row's placement.
+$py - "$work" "$top" <<'PY'
+import json, sys
+work, top = sys.argv[1], int(sys.argv[2])
+base = json.load(open(f"{work}/tuned.json"))
+rows = [r for r in json.load(open(f"{work}/plan.json"))["rows"] if r["fits"]][:top]
+for i, r in enumerate(rows):
+    p, c = r["placement"], json.loads(json.dumps(base))
+    z = c["zero_optimization"]
+    z["stage"] = p["stage"]
+    for key, dev in (("offload_param", p["offload_param"]), ("offload_optimizer", p["offload_optimizer"])):
+        z[key]["device"] = dev
+        if dev == "nvme":
+            z[key]["nvme_path"] = [work]
+    c["zoe"]["offload_ratio"] = p["offload_ratio"] if p["offload_ratio"] is not None else 1.0
+    c["zoe"]["bf16_optimizer_states"] = p["bf16_optimizer_states"]
+    json.dump(c, open(f"{work}/row{i}.json", "w"))
+    json.dump({"placement": p, "predicted_step_s": r["predicted_step_s"]}, open(f"{work}/row{i}.meta", "w"))
+PY
+
+n=$(ls "$work"/row*.json 2>/dev/null | wc -l)
+[ "$n" -gt 0 ] || { echo "no placement fits" >&2; exit 1; }
+for round in 1 2; do
+  order=$(seq 0 $((n - 1)))
+  [ "$round" = 2 ] && order=$(seq $((n - 1)) -1 0)
+  for i in $order; do
+    echo "# round $round: row $i of $n" >&2
+    "$zoe" train --config "$work/row$i.json" --preset "$preset" --steps "$steps" --micro-batch "$micro" \
+      --quiet --json > "$work/row$i.run$round"
+  done
+done
+"$zoe" train --config "$work/tuned.json" --preset "$preset" --steps "$steps" --micro-batch "$micro" \
+  --quiet --json > "$work/tuned.run"
+
+$py - "$work" "$n" "$steps" "${JSON:-}" <<'PY'
+import json, sys
+work, n, steps, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+def step_s(path):
+    j = json.load(open(path))
+    return j["time_s"]["total"] / max(1, j["steps"] - j["start_step"])
+rows = []
+for i in range(n):
+    m = json.load(open(f"{work}/row{i}.meta"))
+    t = min(step_s(f"{work}/row{i}.run1"), step_s(f"{work}/row{i}.run2"))
+    rows.append({"placement": m["placement"], "predicted_step_s": m["predicted_step_s"],
+                 "measured_step_s": t})
+tuned = step_s(f"{work}/tuned.run")
+best = min(r["measured_step_s"] for r in rows)
+rank = 1 + sum(r["measured_step_s"] < tuned for r in rows)
+print(f"{'stage':>5} {'params':>6} {'optim':>5} {'ratio':>5} {'bf16st':>6} {'predicted':>10} "
+      f"{'measured':>10}")
+print(f"{'':>5} {'':>6} {'':>5} {'':>5} {'':>6} {'(s)':>10} {'(s)':>10}")
+for r in sorted(rows, key=lambda r: r["measured_step_s"]):
+    p = r["placement"]
+    ratio = "-" if p["offload_ratio"] is None else f"{p['offload_ratio']:g}"
+    print(f"{p['stage']:>5} {p['offload_param']:>6} {p['offload_optimizer']:>5} {ratio:>5} "
+          f"{'on' if p['bf16_optimizer_states'] else 'off':>6} {r['predicted_step_s']:>10.4g} "
+          f"{r['measured_step_s']:>10.4g}")
+ok = rank == 1 or tuned <= 1.10 * best
+print(f"# tune's pick: {tuned:.4g} s/step, rank {rank} of {n + 1}, {tuned / best:.3f}x the grid's best: "
+      f"{'OK' if ok else 'FAILED'}")
+if out:
+    json.dump({"rows": rows, "tuned_step_s": tuned, "rank": rank, "ratio_to_best": tuned / best, "ok": ok},
+              open(out, "w"), indent=2)
+sys.exit(0 if ok else 1)
+PY

@@ -1,0 +1,101 @@
+// The calibration file: read, validated, written.
+#include "plan/calibration.h"
+
+#include <cerrno>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace zoe::plan {
+
+using nlohmann::json;
+
+namespace {
+
+std::vector<std::pair<const char*, double LinkRates::*>> rate_keys() {
+  return {{"nvme_read_gbps", &LinkRates::nvme_read_gbps},
+          {"nvme_write_gbps", &LinkRates::nvme_write_gbps},
+          {"h2d_gbps", &LinkRates::h2d_gbps},
+          {"cpu_adam_gbps", &LinkRates::cpu_adam_gbps},
+          {"flops", &LinkRates::flops},
+          {"net_gbps", &LinkRates::net_gbps},
+          {"intra_gbps", &LinkRates::intra_gbps},
+          {"device_mem_gbps", &LinkRates::device_mem_gbps}};
+}
+
+}  // namespace
+
+Status LinkRates::validate() const {
+  for (const auto& [key, field] : rate_keys()) {
+    const double v = this->*field;
+    if (!std::isfinite(v) || v <= 0)
+      return invalid_argument("rate %s is %g: expected a positive number", key, v);
+  }
+  return Status::ok();
+}
+
+std::string LinkRates::to_json() const {
+  json j;
+  j["version"] = 1;
+  if (!host.empty()) j["host"] = host;
+  for (const auto& [key, field] : rate_keys()) j[key] = this->*field;
+  return j.dump(2) + "\n";
+}
+
+Status apply_calibration_json(const std::string& text, const std::string& where, LinkRates* rates) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return invalid_argument("calibration file %s: not valid JSON", where.c_str());
+  if (!j.is_object()) return invalid_argument("calibration file %s: expected a JSON object", where.c_str());
+  LinkRates r = *rates;
+  const auto keys = rate_keys();
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& k = it.key();
+    if (k == "version") {
+      if (!it->is_number_integer() || it->get<int64_t>() != 1) {
+        return invalid_argument("calibration file %s: \"version\" is %s, expected 1", where.c_str(),
+                                it->dump().c_str());
+      }
+      continue;
+    }
+    if (k == "host") {
+      if (!it->is_string()) {
+        return invalid_argument("calibration file %s: \"host\" is %s, expected a string", where.c_str(),
+                                it->dump().c_str());
+      }
+      r.host = it->get<std::string>();
+      continue;
+    }
+    bool known = false;
+    for (const auto& [key, field] : keys) {
+      if (k != key) continue;
+      known = true;
+      if (!it->is_number() || !(it->get<double>() > 0) || !std::isfinite(it->get<double>())) {
+        return invalid_argument("calibration file %s: \"%s\" is %s, expected a positive number",
+                                where.c_str(), key, it->dump().c_str());
+      }
+      r.*field = it->get<double>();
+    }
+    if (!known) {
+      std::string names = "version, host";
+      for (const auto& kv : keys) names += std::string(", ") + kv.first;
+      return invalid_argument("calibration file %s: unknown key \"%s\" (expected %s)", where.c_str(),
+                              k.c_str(), names.c_str());
+    }
+  }
+  *rates = r;
+  return Status::ok();
+}
+
+Status apply_calibration_file(const std::string& path, LinkRates* rates) {
+  std::ifstream f(path);
+  if (!f) return sys_error("open", path, errno).with_context("reading the calibration file");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return apply_calibration_json(ss.str(), path, rates);
+}
+
+}  // namespace zoe::plan

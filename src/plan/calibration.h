@@ -1,0 +1,44 @@
+// Link and compute rates the cost model runs on: defaults, a calibration JSON file (written by
+// `zoe tune --calibrate`, or by hand), and flags on top.
+//
+// The file is one JSON object; every key is optional (absent: the default), unknown keys are
+// errors naming the key:
+//   {"version": 1, "host": "node-a",
+//    "nvme_read_gbps": 3.0, "nvme_write_gbps": 2.0,   GB/s (1e9 bytes/s) of one node's drives
+//    "h2d_gbps": 25.0,                                host <-> device, per rank (one PCIe link)
+//    "cpu_adam_gbps": 20.0,                           CPU Adam, one node (all its cores)
+//    "flops": 1e14,                                   sustained FLOP/s of one rank's device
+//    "net_gbps": 12.5, "intra_gbps": 150.0,           collectives per rank: across nodes, inside one
+//    "device_mem_gbps": 1500.0}                       device memory (device-resident Adam)
+#pragma once
+
+#include <string>
+
+#include "zoe/status.h"
+
+namespace zoe::plan {
+
+struct LinkRates {
+  double nvme_read_gbps = 3.0;
+  double nvme_write_gbps = 2.0;
+  double h2d_gbps = 25.0;
+  double cpu_adam_gbps = 20.0;
+  double flops = 100e12;
+  double net_gbps = 12.5;
+  double intra_gbps = 150.0;
+  double device_mem_gbps = 1500.0;
+  std::string host;  // where the numbers were measured (informational)
+
+  // Every rate positive and finite; errors name the key and the value.
+  Status validate() const;
+  // The calibration file's text (every key).
+  std::string to_json() const;
+};
+
+// Overlays the keys of a calibration file's text on `rates`. Errors: not JSON, not an object, an
+// unknown key, a value that is not a positive number; each names `where`, the key and the value.
+Status apply_calibration_json(const std::string& text, const std::string& where, LinkRates* rates);
+// Reads the file first: a missing or unreadable file is an error naming the path and errno.
+Status apply_calibration_file(const std::string& path, LinkRates* rates);
+
+}  // namespace zoe::plan

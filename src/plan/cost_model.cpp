@@ -1,0 +1,337 @@
+// The cost model's arithmetic (docs/cost-model.md is its specification).
+#include "plan/cost_model.h"
+
+#include <algorithm>
+#include <array>
+#include <limits>
+#include <vector>
+
+namespace zoe::plan {
+
+using zero::Home;
+
+const char* resource_name(Resource r) {
+  switch (r) {
+    case Resource::kCompute:
+      return "compute";
+    case Resource::kNvme:
+      return "nvme";
+    case Resource::kPcie:
+      return "pcie";
+    case Resource::kNetwork:
+      return "network";
+    case Resource::kCpu:
+      return "cpu_adam";
+    case Resource::kDeviceMem:
+      return "device_mem";
+  }
+  return "?";
+}
+
+namespace {
+
+constexpr int idx(Resource r) { return static_cast<int>(r); }
+
+// The critical path, resource by resource: serial work adds its time; a group of work that
+// overlaps adds the time of its slowest resource (to that resource), the others hide under it.
+struct Path {
+  double crit[kResources] = {};
+  double busy[kResources] = {};
+  void serial(Resource r, double s) {
+    crit[idx(r)] += s;
+    busy[idx(r)] += s;
+  }
+  struct Group {
+    double t[kResources] = {};
+    void add(Resource r, double s) { t[idx(r)] += s; }
+  };
+  void overlap(const Group& g) {
+    int win = 0;
+    for (int r = 0; r < kResources; ++r) {
+      busy[r] += g.t[r];
+      if (g.t[r] > g.t[win]) win = r;
+    }
+    crit[win] += g.t[win];
+  }
+};
+
+// Which fetches of stage-3 partitions homed off the device move bytes: the tier manager keeps
+// fetched partitions in its device tier (budget `capacity`) and, after the first iteration,
+// evicts the copy used furthest ahead in the recorded order (Belady). The step's update drops
+// every device copy (the new values are written to the home), so each step starts cold.
+struct CacheSim {
+  // Bytes loaded into the device per micro-batch: [micro][0 forward / 1 backward].
+  std::vector<std::array<uint64_t, 2>> loaded;
+};
+
+// Simulates min(micro, 4) micro-batches; longer steps repeat the third (the cache's steady
+// state) up to the last one.
+CacheSim simulate_cache(const zero::Placement& pl, int64_t micro) {
+  const size_t n = pl.modules.size();
+  const int64_t sim_micro = std::min<int64_t>(micro, 4);
+  CacheSim sim;
+  std::vector<std::array<uint64_t, 2>> loaded(static_cast<size_t>(sim_micro), {0, 0});
+  std::vector<size_t> order;
+  std::vector<uint8_t> phase;  // 0 forward, 1 backward
+  std::vector<int64_t> mb;
+  for (int64_t j = 0; j < sim_micro; ++j) {
+    for (size_t m = 0; m < n; ++m) order.push_back(m), phase.push_back(0), mb.push_back(j);
+    for (size_t m = n; m-- > 0;) order.push_back(m), phase.push_back(1), mb.push_back(j);
+  }
+  // next[t]: the next position of order[t]'s module after t (SIZE_MAX: none).
+  constexpr size_t kNever = std::numeric_limits<size_t>::max();
+  std::vector<size_t> next(order.size(), kNever), seen(n, kNever);
+  for (size_t t = order.size(); t-- > 0;) {
+    next[t] = seen[order[t]];
+    seen[order[t]] = t;
+  }
+  const uint64_t capacity = pl.tm_device_budget ? pl.tm_device_budget : pl.device_budget;
+  std::vector<bool> in(n, false);
+  std::vector<size_t> next_use(n, kNever);
+  uint64_t used = 0;
+  auto bytes_of = [&](size_t m) { return static_cast<uint64_t>(pl.modules[m].part) * pl.compute_bytes; };
+  for (size_t t = 0; t < order.size(); ++t) {
+    const size_t m = order[t];
+    const zero::ModulePlacement& mp = pl.modules[m];
+    if (!mp.partitioned_params || mp.param_home == Home::kDevice) continue;
+    next_use[m] = next[t];
+    if (in[m]) continue;
+    const uint64_t b = bytes_of(m);
+    while (used + b > capacity) {  // evict the copy used furthest ahead
+      size_t victim = n;
+      for (size_t c = 0; c < n; ++c) {
+        if (in[c] && (victim == n || next_use[c] > next_use[victim])) victim = c;
+      }
+      if (victim == n) break;
+      in[victim] = false;
+      used -= bytes_of(victim);
+    }
+    in[m] = true;
+    used += b;
+    loaded[static_cast<size_t>(mb[t])][phase[t]] += b;
+  }
+  for (int64_t j = 0; j < micro; ++j) {
+    const int64_t k = j < 3 || sim_micro < 4 ? j : j == micro - 1 ? 3 : 2;
+    sim.loaded.push_back(loaded[static_cast<size_t>(k)]);
+  }
+  return sim;
+}
+
+}  // namespace
+
+StepCost estimate_step(const config::Config& cfg, const zero::Placement& pl, const Workload& w,
+                       const Topology& topo, const LinkRates& rates, const DeviceKind& dev) {
+  StepCost c;
+  LinkBytes& B = c.bytes;
+  const int world = pl.world;
+  const double gb = 1e9;
+  const double per_node = std::max(1, topo.gpus_per_node);
+  // Per-rank rates, bytes/s: drives and CPU cores are shared by the ranks of a node.
+  const double nvme_r = rates.nvme_read_gbps * gb / per_node, nvme_w = rates.nvme_write_gbps * gb / per_node;
+  const double pcie = rates.h2d_gbps * gb, cpu = rates.cpu_adam_gbps * gb / per_node;
+  const double net = (topo.nodes > 1 ? rates.net_gbps : rates.intra_gbps) * gb;
+  const double hbm = rates.device_mem_gbps * gb;
+  const uint64_t es = pl.compute_bytes, sb = pl.state_bytes;
+  const int64_t micro = std::max<int64_t>(1, w.grad_accum);
+  const double tokens = static_cast<double>(w.micro_batch) * static_cast<double>(w.seq);
+  const double ring = world > 1 ? static_cast<double>(world - 1) / world : 0.0;  // ring: bytes sent / size
+  const bool stage3 = pl.stage == 3;
+  const bool copies = !dev.host_addressable;  // device memory is not host memory: staging copies
+
+  uint64_t gather_elems = 0;  // stage 3: partitioned modules, gathered at each fetch
+  for (const auto& m : pl.modules) gather_elems += m.partitioned_params ? m.padded : 0;
+  const bool queued = pl.gather_window > 0;
+
+  CacheSim sim;
+  bool any_off = false;
+  for (const auto& m : pl.modules) any_off |= m.partitioned_params && m.param_home != Home::kDevice;
+  if (stage3 && any_off) sim = simulate_cache(pl, micro);
+  Home part_home = Home::kDevice;  // the offload device of stage-3 partitions (one for the model)
+  for (const auto& m : pl.modules) {
+    if (m.partitioned_params) part_home = m.param_home;
+  }
+  const Resource load_res = part_home == Home::kNvme ? Resource::kNvme : Resource::kPcie;
+  auto load_s = [&](uint64_t bytes) {
+    return static_cast<double>(bytes) / (part_home == Home::kNvme ? nvme_r : pcie);
+  };
+  uint64_t first_part = 0;  // the first partitioned module's partition: fetched on demand
+  for (const auto& m : pl.modules) {
+    if (m.partitioned_params) {
+      first_part = static_cast<uint64_t>(m.part) * es;
+      break;
+    }
+  }
+
+  // A partition moving to the device: NVMe -> staging -> device (both links busy, pipelined in
+  // staging pieces), or host -> device.
+  auto add_loads = [&](Path::Group* g, uint64_t bytes) {
+    g->add(Resource::kPcie, static_cast<double>(bytes) / pcie);
+    if (part_home == Home::kNvme) g->add(Resource::kNvme, static_cast<double>(bytes) / nvme_r);
+  };
+  auto count_loads = [&](uint64_t bytes) {
+    B.host_to_device += bytes;
+    if (part_home == Home::kNvme) B.nvme_read += bytes;
+  };
+
+  Path path;
+  const double f_fwd = 2.0 * static_cast<double>(w.params) * tokens;
+  for (int64_t j = 0; j < micro; ++j) {
+    // Forward: compute, with partition loads prefetched under it and the gathers queued under it
+    // (host-memory devices) or on demand (otherwise).
+    {
+      Path::Group g;
+      g.add(Resource::kCompute, f_fwd / rates.flops);
+      const uint64_t loads = any_off && stage3 ? sim.loaded[static_cast<size_t>(j)][0] : 0;
+      if (loads) {
+        const uint64_t first = std::min(loads, first_part);  // the first fetch of the pass waits
+        add_loads(&g, loads - first);
+        path.serial(load_res, load_s(first));
+        count_loads(loads);
+      }
+      const uint64_t gb_bytes = static_cast<uint64_t>(ring * static_cast<double>(gather_elems * es));
+      B.network += gb_bytes;
+      if (queued)
+        g.add(Resource::kNetwork, static_cast<double>(gb_bytes) / net);
+      else
+        path.serial(Resource::kNetwork, static_cast<double>(gb_bytes) / net);
+      path.overlap(g);
+    }
+    // Backward: compute with loads, reductions (the communicator's stream) under it; the
+    // accumulation of each reduced gradient runs on the caller's thread.
+    {
+      Path::Group g;
+      g.add(Resource::kCompute, 2.0 * f_fwd / rates.flops);
+      const uint64_t loads = any_off && stage3 ? sim.loaded[static_cast<size_t>(j)][1] : 0;
+      if (loads) {
+        add_loads(&g, loads);
+        count_loads(loads);
+      }
+      const uint64_t gb_bytes = static_cast<uint64_t>(ring * static_cast<double>(gather_elems * es));
+      B.network += gb_bytes;
+      if (queued)
+        g.add(Resource::kNetwork, static_cast<double>(gb_bytes) / net);
+      else
+        path.serial(Resource::kNetwork, static_cast<double>(gb_bytes) / net);
+      // Each module's reduction runs under the backward of the modules before it; the last one
+      // (the first module's) has nothing left to hide under.
+      uint64_t red = 0;
+      for (const auto& m : pl.modules) {
+        const uint64_t r =
+            static_cast<uint64_t>((pl.stage >= 2 ? 1.0 : 2.0) * ring * static_cast<double>(m.padded * es));
+        red += r;
+        if (&m == &pl.modules.front())
+          path.serial(Resource::kNetwork, static_cast<double>(r) / net);
+        else
+          g.add(Resource::kNetwork, static_cast<double>(r) / net);
+      }
+      B.network += red;
+      path.overlap(g);
+      for (const auto& m : pl.modules) {
+        const uint64_t n = m.opt_n, touched = n * (es + 8);  // read the gradient, read/write the fp32 sum
+        if (m.opt_home == Home::kDevice) {
+          B.device_optimizer += touched;
+          path.serial(Resource::kDeviceMem, static_cast<double>(touched) / hbm);
+          continue;
+        }
+        if (copies) {
+          B.device_to_host += n * es;
+          path.serial(Resource::kPcie, static_cast<double>(n * es) / pcie);
+        }
+        B.cpu_optimizer += touched;
+        path.serial(Resource::kCpu, static_cast<double>(touched) / cpu);
+        if (m.opt_home == Home::kNvme) {  // the running sum on NVMe: read it back (not the first), write it
+          const uint64_t rd = j > 0 ? n * 4 : 0, wr = n * 4;
+          B.nvme_read += rd;
+          B.nvme_write += wr;
+          path.serial(Resource::kNvme, static_cast<double>(rd) / nvme_r + static_cast<double>(wr) / nvme_w);
+        }
+      }
+    }
+  }
+  B.flops = 3.0 * f_fwd * static_cast<double>(micro);
+
+  // The step. Adam touches master (r/w), m and v (r/w), the gradient (r), the compute copy (w).
+  const uint64_t adam_elem = 8 + 4 * sb + 4 + (es == 2 ? 2 : 0);
+  // Where the new compute parameters of module m go, and what that moves. out on the device and
+  // the kernel elsewhere: a host-to-device copy (and the reverse).
+  auto write_out = [&](const zero::ModulePlacement& m, Path::Group* g) {
+    const uint64_t bytes = static_cast<uint64_t>(m.opt_n) * es;
+    const bool out_dev = !m.partitioned_params || m.param_home == Home::kDevice;
+    const bool kernel_dev = m.opt_home == Home::kDevice;
+    if (copies && out_dev != kernel_dev) {
+      (out_dev ? B.host_to_device : B.device_to_host) += bytes;
+      path.serial(Resource::kPcie, static_cast<double>(bytes) / pcie);
+    }
+    if (m.partitioned_params && m.param_home == Home::kNvme) {
+      // The partition comes to the host from NVMe (a clean device copy is not used), is updated,
+      // and is written back behind the next module's update.
+      const uint64_t part = static_cast<uint64_t>(m.part) * es;
+      B.nvme_read += part;
+      g->add(Resource::kNvme, static_cast<double>(part) / nvme_r);
+      B.nvme_write += part;
+      g->add(Resource::kNvme, static_cast<double>(part) / nvme_w);
+    }
+  };
+  // 1. NVMe-resident states: the swapper's pipeline (read chunk i+1, update i, write i-1).
+  {
+    Path::Group g;
+    uint64_t rd = 0, wr = 0, elems = 0;
+    for (size_t mi = 0; mi < pl.modules.size(); ++mi) {
+      const auto& m = pl.modules[mi];
+      if (m.opt_home != Home::kNvme) continue;
+      elems += m.opt_n;
+      rd += m.opt_n * (4 + 2 * sb + 4);
+      wr += m.opt_n * (4 + 2 * sb);
+      B.cpu_optimizer += m.opt_n * adam_elem;
+      g.add(Resource::kCpu, static_cast<double>(m.opt_n * adam_elem) / cpu);
+      write_out(m, &g);
+    }
+    if (rd) {
+      B.nvme_read += rd;
+      B.nvme_write += wr;
+      g.add(Resource::kNvme, static_cast<double>(rd) / nvme_r + static_cast<double>(wr) / nvme_w);
+      // Filling the pipeline: the first chunk is read before any update starts.
+      const double chunk =
+          static_cast<double>(std::min<uint64_t>(pl.swap_chunk_elems, elems)) * (4 + 2 * sb + 4);
+      path.serial(Resource::kNvme, chunk / nvme_r);
+      path.overlap(g);
+    }
+  }
+  // 2. States in host RAM (CPU Adam) or on the device (the device's kernel), module by module.
+  for (size_t mi = 0; mi < pl.modules.size(); ++mi) {
+    const auto& m = pl.modules[mi];
+    if (m.opt_home == Home::kNvme) continue;
+    Path::Group g;
+    const uint64_t bytes = m.opt_n * adam_elem;
+    if (m.opt_home == Home::kDevice) {
+      B.device_optimizer += bytes;
+      g.add(Resource::kDeviceMem, static_cast<double>(bytes) / hbm);
+    } else {
+      B.cpu_optimizer += bytes;
+      g.add(Resource::kCpu, static_cast<double>(bytes) / cpu);
+    }
+    write_out(m, &g);
+    path.overlap(g);
+  }
+  // 3. Stage 1/2 (and persistent stage-3 modules): the all-gather of the updated partitions.
+  if (pl.stage >= 1) {
+    uint64_t gather = 0;
+    for (const auto& m : pl.modules) {
+      if (!m.partitioned_params) gather += static_cast<uint64_t>(ring * static_cast<double>(m.padded * es));
+    }
+    B.network += gather;
+    path.serial(Resource::kNetwork, static_cast<double>(gather) / net);
+  }
+  (void)cfg;
+
+  for (int r = 0; r < kResources; ++r) {
+    c.busy_s[r] = path.busy[r];
+    c.critical_s[r] = path.crit[r];
+    c.step_s += path.crit[r];
+    if (path.crit[r] > path.crit[idx(c.bottleneck)]) c.bottleneck = static_cast<Resource>(r);
+  }
+  c.bottleneck_share = c.step_s > 0 ? c.critical_s[idx(c.bottleneck)] / c.step_s : 0;
+  return c;
+}
+
+}  // namespace zoe::plan

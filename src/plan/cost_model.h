@@ -1,0 +1,63 @@
+// The cost model: for one placement, the bytes each link moves per optimizer step on one rank and
+// the predicted step time as the critical path of the pipeline the engine runs (not a plain sum
+// of transfers, nor their max). docs/cost-model.md derives every term and the overlap rules.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "config/config.h"
+#include "plan/calibration.h"
+#include "zero/placement.h"
+
+namespace zoe::plan {
+
+// What a step is busy with. NVMe reads and writes share one resource (the same drives).
+enum class Resource : uint8_t { kCompute, kNvme, kPcie, kNetwork, kCpu, kDeviceMem };
+inline constexpr int kResources = 6;
+const char* resource_name(Resource r);  // "compute", "nvme", "pcie", "network", "cpu_adam", "device_mem"
+
+struct Workload {
+  uint64_t params = 0;      // for FLOPs: 6 x params x tokens per step
+  int64_t micro_batch = 1;  // sequences per micro-batch per rank
+  int64_t seq = 1024;       // tokens per sequence
+  int64_t grad_accum = 1;   // micro-batches per step
+};
+
+struct Topology {
+  int nodes = 1, gpus_per_node = 1;
+  int world() const { return nodes * gpus_per_node; }
+};
+
+// The device the engine runs on, as far as the model cares.
+struct DeviceKind {
+  bool host_addressable = false;  // the CPU device: device memory is host memory (no staging copies)
+};
+
+// Bytes per step on one rank (steady state: every step after the first).
+struct LinkBytes {
+  uint64_t nvme_read = 0, nvme_write = 0;
+  uint64_t host_to_device = 0, device_to_host = 0;  // parameter partitions and staging copies
+  uint64_t network = 0;                             // sent by this rank in collectives (ring)
+  uint64_t cpu_optimizer = 0;                       // bytes the CPU's Adam and accumulation touch
+  uint64_t device_optimizer = 0;                    // the same on the device
+  double flops = 0;
+};
+
+struct StepCost {
+  LinkBytes bytes;
+  double busy_s[kResources] = {};      // seconds each resource works per step
+  double critical_s[kResources] = {};  // seconds of the critical path each resource accounts for
+  double step_s = 0;                   // the sum of critical_s
+  Resource bottleneck = Resource::kCompute;
+  double bottleneck_share = 0;  // critical_s[bottleneck] / step_s
+};
+
+// The per-step cost of `pl` (planned from `cfg` for rank 0 of topo.world()). Stage-3 partitions
+// offloaded from the device are followed through the tier manager's device cache (its budget
+// pl.tm_device_budget, Belady eviction over the recorded fetch order) to count which fetches
+// move bytes.
+StepCost estimate_step(const config::Config& cfg, const zero::Placement& pl, const Workload& w,
+                       const Topology& topo, const LinkRates& rates, const DeviceKind& dev = {});
+
+}  // namespace zoe::plan

@@ -1,0 +1,216 @@
+// Parameter counts of Hugging Face decoders, tensor by tensor, as transformers builds them:
+//   gpt2      wte, wpe; per block ln_1 (w, b), attn.c_attn (w, b), attn.c_proj (w, b), ln_2,
+//             mlp.c_fc, mlp.c_proj; ln_f; lm_head tied unless tie_word_embeddings is false.
+//   llama     embed_tokens; per block input_layernorm, q/k/v/o_proj (biases with
+//   mistral   attention_bias), gate/up/down_proj (biases with mlp_bias), post_attention_layernorm;
+//   qwen2     norm; lm_head unless tied. qwen2: q/k/v always have biases, o_proj none.
+//   gpt_neox  embed_in; per block input_layernorm and post_attention_layernorm (w, b),
+//             attention.query_key_value and attention.dense (biases with attention_bias, default
+//             true), mlp.dense_h_to_4h and dense_4h_to_h (w, b); final_layer_norm (w, b);
+//             embed_out unless tied.
+// Buffers (rotary inv_freq, causal masks) are not parameters and are not counted.
+#include "plan/hf_config.h"
+
+#include <cerrno>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+namespace zoe::plan {
+
+using nlohmann::json;
+
+const std::vector<std::string>& hf_model_types() {
+  static const std::vector<std::string> kTypes = {"gpt2", "llama", "mistral", "qwen2", "gpt_neox"};
+  return kTypes;
+}
+
+namespace {
+
+// Reads keys of one config with errors naming the file, the model_type and the key.
+struct Reader {
+  const json& j;
+  std::string where, type;
+
+  // A positive integer under the first of `keys` present; `def` (> 0) when none is and def is set.
+  Result<int64_t> dim(std::initializer_list<const char*> keys, int64_t def = 0) const {
+    for (const char* k : keys) {
+      auto it = j.find(k);
+      if (it == j.end() || it->is_null()) continue;
+      if (!it->is_number_integer() || it->get<int64_t>() <= 0) {
+        return invalid_argument("%s: key \"%s\" of a %s config is %s, expected a positive integer",
+                                where.c_str(), k, type.c_str(), it->dump().c_str());
+      }
+      return it->get<int64_t>();
+    }
+    if (def > 0) return def;
+    return invalid_argument("%s: a %s config needs the key \"%s\" (a positive integer)", where.c_str(),
+                            type.c_str(), *keys.begin());
+  }
+  Result<bool> flag(const char* key, bool def) const {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) return def;
+    if (!it->is_boolean()) {
+      return invalid_argument("%s: key \"%s\" of a %s config is %s, expected true or false", where.c_str(),
+                              key, type.c_str(), it->dump().c_str());
+    }
+    return it->get<bool>();
+  }
+};
+
+size_t sz(int64_t v) { return static_cast<size_t>(v); }
+
+Result<ModelDesc> gpt2(const Reader& r) {
+  ZOE_ASSIGN_OR_RETURN(int64_t vocab, r.dim({"vocab_size"}));
+  ZOE_ASSIGN_OR_RETURN(int64_t pos, r.dim({"n_positions", "n_ctx"}));
+  ZOE_ASSIGN_OR_RETURN(int64_t d, r.dim({"n_embd"}));
+  ZOE_ASSIGN_OR_RETURN(int64_t layers, r.dim({"n_layer"}));
+  ZOE_ASSIGN_OR_RETURN(int64_t heads, r.dim({"n_head"}));
+  ZOE_ASSIGN_OR_RETURN(int64_t inner, r.dim({"n_inner"}, 4 * d));
+  ZOE_ASSIGN_OR_RETURN(bool tied, r.flag("tie_word_embeddings", true));
+  if (d % heads != 0) {
+    return invalid_argument("%s: n_embd %lld is not a multiple of n_head %lld", r.where.c_str(),
+                            static_cast<long long>(d), static_cast<long long>(heads));
+  }
+  ModelDesc m;
+  m.modules.push_back({"embed", {sz(vocab * d), sz(pos * d)}});
+  for (int64_t l = 0; l < layers; ++l) {
+    m.modules.push_back({"block." + std::to_string(l),
+                         {sz(d), sz(d), sz(d * 3 * d), sz(3 * d), sz(d * d), sz(d), sz(d), sz(d),
+                          sz(d * inner), sz(inner), sz(inner * d), sz(d)}});
+  }
+  m.modules.push_back({"final", {sz(d), sz(d)}});
+  if (!tied) m.modules.push_back({"head", {sz(vocab * d)}});
+  m.layers = static_cast<int>(layers);
+  m.d_model = static_cast<int>(d);
+  m.heads = static_cast<int>(heads);
+  m.vocab = static_cast<int>(vocab);
+  m.context = static_cast<int>(pos);
+  return m;
+}
+
+// llama, mistral, qwen2: the same layout; qwen2 has q/k/v biases.
+Result<ModelDesc> llama_like(const Reader& r) {
+  ZOE_ASSIGN_OR_RETURN(int64_t vocab, r.dim({"vocab_size"}));
+  ZOE_ASSIGN_OR_RETURN(int64_t d, r.dim({"hidden_size"}));
+  ZOE_ASSIGN_OR_RETURN(int64_t inter, r.dim({"intermediate_size"}));
+  ZOE_ASSIGN_OR_RETURN(int64_t layers, r.dim({"num_hidden_layers"}));
+  ZOE_ASSIGN_OR_RETURN(int64_t heads, r.dim({"num_attention_heads"}));
+  ZOE_ASSIGN_OR_RETURN(int64_t kv, r.dim({"num_key_value_heads"}, heads));
+  if (!r.j.contains("head_dim") && d % heads != 0) {
+    return invalid_argument(
+        "%s: hidden_size %lld is not a multiple of num_attention_heads %lld (and no head_dim)",
+        r.where.c_str(), static_cast<long long>(d), static_cast<long long>(heads));
+  }
+  ZOE_ASSIGN_OR_RETURN(int64_t hd, r.dim({"head_dim"}, d / heads));
+  ZOE_ASSIGN_OR_RETURN(int64_t ctx, r.dim({"max_position_embeddings"}, 2048));
+  ZOE_ASSIGN_OR_RETURN(bool tied, r.flag("tie_word_embeddings", false));
+  const bool qwen = r.type == "qwen2";
+  ZOE_ASSIGN_OR_RETURN(bool attn_bias, r.flag("attention_bias", false));
+  ZOE_ASSIGN_OR_RETURN(bool mlp_bias, r.flag("mlp_bias", false));
+  const bool qkv_bias = qwen || attn_bias, o_bias = !qwen && attn_bias;
+  ModelDesc m;
+  m.modules.push_back({"embed", {sz(vocab * d)}});
+  for (int64_t l = 0; l < layers; ++l) {
+    std::vector<size_t> p;
+    p.push_back(sz(d));  // input_layernorm
+    p.push_back(sz(d * heads * hd));
+    if (qkv_bias) p.push_back(sz(heads * hd));
+    p.push_back(sz(d * kv * hd));
+    if (qkv_bias) p.push_back(sz(kv * hd));
+    p.push_back(sz(d * kv * hd));
+    if (qkv_bias) p.push_back(sz(kv * hd));
+    p.push_back(sz(heads * hd * d));
+    if (o_bias) p.push_back(sz(d));
+    for (int k = 0; k < 2; ++k) {  // gate_proj, up_proj
+      p.push_back(sz(d * inter));
+      if (mlp_bias) p.push_back(sz(inter));
+    }
+    p.push_back(sz(inter * d));  // down_proj
+    if (mlp_bias) p.push_back(sz(d));
+    p.push_back(sz(d));  // post_attention_layernorm
+    m.modules.push_back({"block." + std::to_string(l), std::move(p)});
+  }
+  m.modules.push_back({"final", {sz(d)}});
+  if (!tied) m.modules.push_back({"head", {sz(vocab * d)}});
+  m.layers = static_cast<int>(layers);
+  m.d_model = static_cast<int>(d);
+  m.heads = static_cast<int>(heads);
+  m.vocab = static_cast<int>(vocab);
+  m.context = static_cast<int>(ctx);
+  return m;
+}
+
+Result<ModelDesc> gpt_neox(const Reader& r) {
+  ZOE_ASSIGN_OR_RETURN(int64_t vocab, r.dim({"vocab_size"}));
+  ZOE_ASSIGN_OR_RETURN(int64_t d, r.dim({"hidden_size"}));
+  ZOE_ASSIGN_OR_RETURN(int64_t layers, r.dim({"num_hidden_layers"}));
+  ZOE_ASSIGN_OR_RETURN(int64_t heads, r.dim({"num_attention_heads"}));
+  ZOE_ASSIGN_OR_RETURN(int64_t inter, r.dim({"intermediate_size"}, 4 * d));
+  ZOE_ASSIGN_OR_RETURN(int64_t ctx, r.dim({"max_position_embeddings"}, 2048));
+  ZOE_ASSIGN_OR_RETURN(bool tied, r.flag("tie_word_embeddings", false));
+  ZOE_ASSIGN_OR_RETURN(bool bias, r.flag("attention_bias", true));
+  if (d % heads != 0) {
+    return invalid_argument("%s: hidden_size %lld is not a multiple of num_attention_heads %lld",
+                            r.where.c_str(), static_cast<long long>(d), static_cast<long long>(heads));
+  }
+  ModelDesc m;
+  m.modules.push_back({"embed", {sz(vocab * d)}});
+  for (int64_t l = 0; l < layers; ++l) {
+    std::vector<size_t> p = {sz(d), sz(d), sz(d), sz(d), sz(d * 3 * d)};  // two LayerNorms, qkv weight
+    if (bias) p.push_back(sz(3 * d));
+    p.push_back(sz(d * d));
+    if (bias) p.push_back(sz(d));
+    for (size_t v : {sz(d * inter), sz(inter), sz(inter * d), sz(d)}) p.push_back(v);
+    m.modules.push_back({"block." + std::to_string(l), std::move(p)});
+  }
+  m.modules.push_back({"final", {sz(d), sz(d)}});
+  if (!tied) m.modules.push_back({"head", {sz(vocab * d)}});
+  m.layers = static_cast<int>(layers);
+  m.d_model = static_cast<int>(d);
+  m.heads = static_cast<int>(heads);
+  m.vocab = static_cast<int>(vocab);
+  m.context = static_cast<int>(ctx);
+  return m;
+}
+
+}  // namespace
+
+Result<ModelDesc> hf_model_from_json(const std::string& text, const std::string& where) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return invalid_argument("%s: not valid JSON", where.c_str());
+  if (!j.is_object())
+    return invalid_argument("%s: expected a JSON object (a Hugging Face config.json)", where.c_str());
+  std::string supported;
+  for (const auto& t : hf_model_types()) supported += (supported.empty() ? "" : ", ") + t;
+  auto it = j.find("model_type");
+  if (it == j.end() || !it->is_string()) {
+    return invalid_argument("%s: no string key \"model_type\" (supported model_types: %s)", where.c_str(),
+                            supported.c_str());
+  }
+  Reader r{j, where, it->get<std::string>()};
+  Result<ModelDesc> m = invalid_argument("%s: model_type \"%s\" is not supported; supported model_types: %s",
+                                         where.c_str(), r.type.c_str(), supported.c_str());
+  if (r.type == "gpt2")
+    m = gpt2(r);
+  else if (r.type == "llama" || r.type == "mistral" || r.type == "qwen2")
+    m = llama_like(r);
+  else if (r.type == "gpt_neox")
+    m = gpt_neox(r);
+  if (!m.is_ok()) return m.status();
+  ModelDesc d = std::move(m).value();
+  d.params = count_params(d.modules);
+  d.name = r.type + " (" + where + ")";
+  return d;
+}
+
+Result<ModelDesc> hf_model(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) return sys_error("open", path, errno).with_context("reading the Hugging Face config");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return hf_model_from_json(ss.str(), path);
+}
+
+}  // namespace zoe::plan

@@ -1,0 +1,46 @@
+// What `zoe plan` knows of a model: its exact parameter count and its engine modules (the shapes
+// the engine would register, in forward order), from zoe's GPT, a bare parameter count, or a
+// Hugging Face config.json.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/gpt.h"
+#include "zero/placement.h"
+#include "zoe/status.h"
+
+namespace zoe::plan {
+
+struct ModelDesc {
+  std::string name;     // "zoe-gpt small", "llama (config.json)", "a model of 32 equal modules"
+  uint64_t params = 0;  // exact: the sum over modules
+  std::vector<zero::ModuleShape> modules;
+  // Dimensions for FLOPs and activations; 0 where unknown (a bare parameter count).
+  int layers = 0, d_model = 0, heads = 0, vocab = 0, context = 0;
+};
+
+// zoe's GPT presets (the same as `zoe train --preset`).
+struct GptPreset {
+  const char* name;
+  int layers, d_model, heads, context;
+};
+const std::vector<GptPreset>& gpt_presets();
+
+// zoe's GPT: the preset, with any non-zero override. Modules as model::gpt_modules() gives them
+// (`zoe train` registers exactly these). Errors: an unknown preset (listing the presets), bad
+// dimensions.
+Result<ModelDesc> gpt_model(const std::string& preset, int layers = 0, int d_model = 0, int heads = 0,
+                            int context = 0);
+// Any GPT config (vocab included).
+Result<ModelDesc> gpt_model(const model::GptConfig& c, const std::string& name);
+
+// A model of exactly `params` parameters in `modules` modules of (nearly) equal size, named
+// "block.i" (the first ones take the remainder). Errors: params 0, modules 0 or > params.
+Result<ModelDesc> params_model(uint64_t params, int modules);
+
+// Sum of a module list's parameters.
+uint64_t count_params(const std::vector<zero::ModuleShape>& modules);
+
+}  // namespace zoe::plan

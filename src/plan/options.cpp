@@ -1,0 +1,149 @@
+// The shared options of `zoe plan` and `zoe tune`, parsed and validated.
+#include "plan/options.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+
+#include "config/config.h"
+#include "core/units.h"
+#include "io/file.h"
+#include "plan/calibration.h"
+#include "plan/hf_config.h"
+
+namespace zoe::plan {
+
+namespace {
+
+Result<uint64_t> bytes_of(const std::string& s, const char* flag) {
+  auto r = parse_bytes(s);
+  if (!r.is_ok()) return r.status().with_context(flag);
+  return r.value();
+}
+
+}  // namespace
+
+Result<uint64_t> parse_count(const std::string& s, const char* flag) {
+  char* end = nullptr;
+  errno = 0;
+  const double v = strtod(s.c_str(), &end);
+  double mul = 1;
+  std::string suffix = end ? end : "";
+  if (suffix == "K" || suffix == "k")
+    mul = 1e3;
+  else if (suffix == "M" || suffix == "m")
+    mul = 1e6;
+  else if (suffix == "B" || suffix == "b" || suffix == "G" || suffix == "g")
+    mul = 1e9;
+  else if (suffix == "T" || suffix == "t")
+    mul = 1e12;
+  else if (!suffix.empty())
+    mul = 0;
+  const double n = v * mul;
+  if (s.empty() || errno || !(n >= 1) || n > 1e15 || std::floor(n) != n) {
+    return invalid_argument("%s %s: expected a whole number of parameters (e.g. 124439808, 7e9, 1.5B, 350M)",
+                            flag, s.c_str());
+  }
+  return static_cast<uint64_t>(n);
+}
+
+Result<ModelDesc> model_from(const PlanOptions& o) {
+  const int sources = (!o.hf_config.empty()) + (!o.params.empty()) + (!o.preset.empty());
+  if (sources > 1) return invalid_argument("give one model: --preset, --params or --hf-config");
+  if ((!o.hf_config.empty() || !o.params.empty()) &&
+      (o.d_model || o.heads || o.context || (o.layers && o.params.empty()))) {
+    return invalid_argument(
+        "--layers, --d-model, --heads and --context shape zoe's GPT (--preset); with --params only "
+        "--layers applies, with --hf-config none");
+  }
+  if (!o.hf_config.empty()) return hf_model(o.hf_config);
+  if (!o.params.empty()) {
+    ZOE_ASSIGN_OR_RETURN(const uint64_t n, parse_count(o.params, "--params"));
+    return params_model(n, o.layers ? o.layers : static_cast<int>(std::min<uint64_t>(32, n)));
+  }
+  return gpt_model(o.preset.empty() ? "small" : o.preset, o.layers, o.d_model, o.heads, o.context);
+}
+
+std::string nvme_dir(const PlanOptions& o) {
+  if (!o.nvme_path.empty()) return o.nvme_path;
+  const char* s = getenv("ZOE_SCRATCH");
+  return s && *s ? s : "/var/tmp";
+}
+
+Result<PlanInputs> plan_inputs(const PlanOptions& o) {
+  PlanInputs in;
+  ZOE_ASSIGN_OR_RETURN(in.model, model_from(o));
+  in.topo = {o.nodes, o.gpus_per_node};
+  if (o.nodes < 1 || o.gpus_per_node < 1) {
+    return invalid_argument("--nodes %d --gpus-per-node %d: both must be at least 1", o.nodes,
+                            o.gpus_per_node);
+  }
+  if (o.device != "cuda" && o.device != "cpu")
+    return invalid_argument("--device %s: expected cuda or cpu", o.device.c_str());
+  in.cuda = o.device == "cuda";
+  const uint64_t g = static_cast<uint64_t>(o.gpus_per_node);
+  if (o.device_mem.empty()) {
+    in.device_mem = (64ull << 30) * g;
+  } else {
+    ZOE_ASSIGN_OR_RETURN(in.device_mem, bytes_of(o.device_mem, "--device-mem"));
+  }
+  if (o.host_mem.empty()) {
+    ZOE_ASSIGN_OR_RETURN(in.host_mem, host_memory_bytes());
+  } else {
+    ZOE_ASSIGN_OR_RETURN(in.host_mem, bytes_of(o.host_mem, "--host-mem"));
+  }
+  if (!o.nvme_space.empty()) {
+    ZOE_ASSIGN_OR_RETURN(in.nvme_space, bytes_of(o.nvme_space, "--nvme-space"));
+  } else {
+    const std::string dir = nvme_dir(o);
+    auto fb = io::free_bytes_at(dir);
+    if (!fb.is_ok())
+      return fb.status().with_context("free space of the NVMe path " + dir + " (set --nvme-space)");
+    in.nvme_space = fb.value();
+  }
+  if (!o.calibration.empty()) {
+    Status s = apply_calibration_file(o.calibration, &in.rates);
+    if (!s.is_ok()) return s.with_context("--calibration");
+  }
+  const std::pair<double, double LinkRates::*> flags[] = {{o.nvme_read_gbps, &LinkRates::nvme_read_gbps},
+                                                          {o.nvme_write_gbps, &LinkRates::nvme_write_gbps},
+                                                          {o.h2d_gbps, &LinkRates::h2d_gbps},
+                                                          {o.cpu_adam_gbps, &LinkRates::cpu_adam_gbps},
+                                                          {o.flops, &LinkRates::flops},
+                                                          {o.net_gbps, &LinkRates::net_gbps},
+                                                          {o.intra_gbps, &LinkRates::intra_gbps},
+                                                          {o.device_mem_gbps, &LinkRates::device_mem_gbps}};
+  for (const auto& [v, field] : flags) {
+    if (v < 0) return invalid_argument("a rate flag is %g: rates are positive", v);
+    if (v > 0) in.rates.*field = v;
+  }
+  if (!o.config.empty()) {
+    ZOE_ASSIGN_OR_RETURN(in.base, config::Config::load(o.config, in.topo.world()));
+  } else {
+    in.base.bf16 = true;
+  }
+  if (!o.precision.empty()) {
+    if (o.precision != "bf16" && o.precision != "fp16" && o.precision != "fp32") {
+      return invalid_argument("--precision %s: expected bf16, fp16 or fp32", o.precision.c_str());
+    }
+    in.base.bf16 = o.precision == "bf16";
+    in.base.fp16.enabled = o.precision == "fp16";
+  }
+  if (o.micro_batch < 0 || o.seq < 0 || o.grad_accum < 1) {
+    return invalid_argument("--micro-batch %lld --seq %lld --grad-accum %lld: expected positive values",
+                            static_cast<long long>(o.micro_batch), static_cast<long long>(o.seq),
+                            static_cast<long long>(o.grad_accum));
+  }
+  in.count_activations = o.micro_batch > 0 || o.seq > 0;
+  in.work.micro_batch = o.micro_batch > 0  ? o.micro_batch
+                        : o.config.empty() ? 1
+                                           : in.base.train_micro_batch_size_per_gpu;
+  in.work.seq = o.seq > 0 ? o.seq : in.model.context > 0 ? in.model.context : 1024;
+  in.work.grad_accum =
+      o.grad_accum > 1 || o.config.empty() ? o.grad_accum : in.base.gradient_accumulation_steps;
+  in.base.gradient_accumulation_steps = in.work.grad_accum;
+  return in;
+}
+
+}  // namespace zoe::plan

@@ -1,0 +1,99 @@
+// The options `zoe plan` and `zoe tune` share (model, cluster, memory, link rates, workload),
+// turned into PlanInputs. The CLI registration is a template over the CLI library's App, so this
+// library does not depend on it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "plan/planner.h"
+#include "zoe/status.h"
+
+namespace zoe::plan {
+
+struct PlanOptions {
+  std::string preset;
+  int layers = 0, d_model = 0, heads = 0, context = 0;
+  std::string params;
+  std::string hf_config;
+  int nodes = 1, gpus_per_node = 1;
+  std::string device_mem, host_mem, nvme_space, nvme_path;
+  std::string calibration;
+  double nvme_read_gbps = 0, nvme_write_gbps = 0, h2d_gbps = 0, cpu_adam_gbps = 0, flops = 0;
+  double net_gbps = 0, intra_gbps = 0, device_mem_gbps = 0;
+  int64_t micro_batch = 0, seq = 0, grad_accum = 1;
+  std::string precision;
+  std::string device = "cuda";
+  std::string config;
+};
+
+// "124439808", "7e9", "1.5B", "350M", "20K" (powers of 1000: parameter counts, not bytes).
+Result<uint64_t> parse_count(const std::string& s, const char* flag);
+// The model the options name (one of --preset/--layers..., --params, --hf-config).
+Result<ModelDesc> model_from(const PlanOptions& o);
+// --nvme-path, else $ZOE_SCRATCH, else /var/tmp.
+std::string nvme_dir(const PlanOptions& o);
+// Everything make_plan() needs; errors name the flag and the bad value.
+Result<PlanInputs> plan_inputs(const PlanOptions& o);
+
+// Registers the shared options on a CLI11 (sub)command.
+template <class App>
+void add_plan_options(App& cmd, PlanOptions* o) {
+  cmd.add_option("--preset", o->preset, "zoe's GPT: tiny, small, demo, medium, large, 2b (default: small)");
+  cmd.add_option("--layers", o->layers,
+                 "zoe's GPT: transformer blocks (overrides the preset); with --params: modules (default 32)");
+  cmd.add_option("--d-model", o->d_model, "zoe's GPT: width (overrides the preset)");
+  cmd.add_option("--heads", o->heads, "zoe's GPT: attention heads (overrides the preset)");
+  cmd.add_option("--context", o->context, "zoe's GPT: positions (overrides the preset)");
+  cmd.add_option("--params", o->params,
+                 "A model of exactly N parameters (124439808, 7e9, 1.5B) in --layers "
+                 "equal modules");
+  cmd.add_option("--hf-config", o->hf_config,
+                 "A Hugging Face config.json (model_type gpt2, llama, mistral, "
+                 "qwen2, gpt_neox)");
+  cmd.add_option("--nodes", o->nodes, "Nodes")->capture_default_str();
+  cmd.add_option("--gpus-per-node", o->gpus_per_node, "Ranks (devices) per node")->capture_default_str();
+  cmd.add_option("--device-mem", o->device_mem,
+                 "Device memory of one node, all its devices together, e.g. "
+                 "640GiB (default: 64 GiB per device, the engine's default budget)");
+  cmd.add_option("--host-mem", o->host_mem, "Host RAM of one node (default: this host's MemTotal)");
+  cmd.add_option("--nvme-space", o->nvme_space,
+                 "NVMe space of one node (default: free space of the NVMe path)");
+  cmd.add_option("--nvme-path", o->nvme_path,
+                 "Directory whose free space is the default --nvme-space (default "
+                 "$ZOE_SCRATCH or /var/tmp)");
+  cmd.add_option("--calibration", o->calibration,
+                 "Link rates from this JSON file (zoe tune --calibrate writes "
+                 "one); the flags below override it");
+  cmd.add_option("--nvme-read-gbps", o->nvme_read_gbps, "NVMe read GB/s of one node (default 3.0)");
+  cmd.add_option("--nvme-write-gbps", o->nvme_write_gbps, "NVMe write GB/s of one node (default 2.0)");
+  cmd.add_option("--h2d-gbps", o->h2d_gbps, "Host <-> device GB/s of one rank (default 25)");
+  cmd.add_option("--cpu-adam-gbps", o->cpu_adam_gbps,
+                 "CPU Adam GB/s of one node, bytes of state touched "
+                 "(default 20)");
+  cmd.add_option("--flops", o->flops, "Sustained FLOP/s of one device (default 1e14)");
+  cmd.add_option("--net-gbps", o->net_gbps, "Collective GB/s per rank across nodes (default 12.5)");
+  cmd.add_option("--intra-gbps", o->intra_gbps, "Collective GB/s per rank inside a node (default 150)");
+  cmd.add_option("--device-mem-gbps", o->device_mem_gbps,
+                 "Device memory GB/s, for device-resident Adam "
+                 "(default 1500)");
+  cmd.add_option("--micro-batch", o->micro_batch,
+                 "Sequences per micro-batch per rank (default 1); given, "
+                 "activations count against device memory");
+  cmd.add_option("--seq", o->seq,
+                 "Tokens per sequence (default: the model's context); given, activations "
+                 "count against device memory");
+  cmd.add_option("--grad-accum", o->grad_accum, "Micro-batches per optimizer step")->capture_default_str();
+  cmd.add_option("--precision", o->precision,
+                 "Compute precision: bf16, fp16 or fp32 (default bf16, or the "
+                 "--config's)");
+  cmd.add_option("--device", o->device,
+                 "The engine's device: cuda (gathers on demand) or cpu (zoe's CPU "
+                 "device: queued gathers, device memory is host RAM)")
+      ->capture_default_str();
+  cmd.add_option("--config", o->config,
+                 "A DeepSpeed-style config whose other knobs every row keeps (buckets, "
+                 "sub_group_size, precision, batch)");
+}
+
+}  // namespace zoe::plan

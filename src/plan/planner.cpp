@@ -1,0 +1,188 @@
+// The placement matrix, planned and costed.
+#include "plan/planner.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "core/units.h"
+
+namespace zoe::plan {
+
+using config::OffloadDevice;
+
+std::string RowPlacement::label() const {
+  std::string s = "stage " + std::to_string(stage);
+  if (stage == 3) s += std::string(", params ") + config::offload_device_name(param);
+  s += std::string(", optimizer ") + config::offload_device_name(optimizer);
+  if (optimizer != OffloadDevice::kNone) {
+    char r[32];
+    snprintf(r, sizeof(r), " x%g", ratio);
+    s += r;
+  }
+  if (bf16_states) s += ", bf16 states";
+  return s;
+}
+
+bool PlanResult::any_fits() const {
+  return std::any_of(rows.begin(), rows.end(), [](const PlanRow& r) { return r.fits; });
+}
+
+std::vector<RowPlacement> all_placements() {
+  std::vector<RowPlacement> v;
+  const OffloadDevice devs[] = {OffloadDevice::kNone, OffloadDevice::kCpu, OffloadDevice::kNvme};
+  for (int stage = 1; stage <= 3; ++stage) {
+    for (OffloadDevice param : devs) {
+      if (stage != 3 && param != OffloadDevice::kNone) continue;
+      for (OffloadDevice opt : devs) {
+        for (double ratio : {0.25, 0.5, 1.0}) {
+          if (opt == OffloadDevice::kNone && ratio != 1.0) continue;
+          for (bool bf16 : {false, true}) v.push_back({stage, param, opt, ratio, bf16});
+        }
+      }
+    }
+  }
+  return v;
+}
+
+config::Config config_for(const config::Config& base, const RowPlacement& p, const std::string& nvme_path) {
+  config::Config c = base;
+  c.zero.stage = p.stage;
+  c.zero.offload_param.device = p.param;
+  c.zero.offload_optimizer.device = p.optimizer;
+  c.zoe.offload_ratio = p.optimizer == OffloadDevice::kNone ? 1.0 : p.ratio;
+  c.zoe.bf16_optimizer_states = p.bf16_states;
+  for (config::OffloadConfig* o : {&c.zero.offload_param, &c.zero.offload_optimizer}) {
+    if (o->device == OffloadDevice::kNvme && o->nvme_path.empty() && !nvme_path.empty())
+      o->nvme_path = {nvme_path};
+  }
+  return c;
+}
+
+uint64_t activation_bytes(const ModelDesc& m, const Workload& w, size_t compute_bytes) {
+  if (!m.layers || !m.d_model || !m.heads) return 0;
+  // Per layer, bytes per token in 16-bit (Korthikanti et al., no recomputation): 34 d for the
+  // block's inputs and intermediates, 5 a s for the attention scores, softmax and its mask.
+  const double s = static_cast<double>(w.seq), b = static_cast<double>(w.micro_batch);
+  const double d = m.d_model, a = m.heads;
+  const double per_layer = s * b * d * (34.0 + 5.0 * a * s / d) * static_cast<double>(compute_bytes) / 2.0;
+  // The logits and their gradient (fp32) at the head.
+  const double head = s * b * static_cast<double>(m.vocab) * 4.0 * 2.0;
+  return static_cast<uint64_t>(per_layer * m.layers + head);
+}
+
+namespace {
+
+uint64_t sat_sub(uint64_t a, uint64_t b) { return a > b ? a - b : 0; }
+
+}  // namespace
+
+zero::TierBytes per_rank_memory(const PlanInputs& in) {
+  const uint64_t g = static_cast<uint64_t>(std::max(1, in.topo.gpus_per_node));
+  return {in.device_mem / g, in.host_mem / g, in.nvme_space / g};
+}
+
+Result<PlanRow> plan_row(const PlanInputs& in, const RowPlacement& p) {
+  const int world = in.topo.world();
+  const zero::TierBytes have = per_rank_memory(in);
+  Workload w = in.work;
+  w.params = in.model.params;
+  PlanRow row;
+  row.placement = p;
+  const config::Config cfg = config_for(in.base, p);
+  const size_t es = cfg.bf16 || cfg.fp16.enabled ? 2 : 4;
+  row.activation_bytes = in.count_activations ? activation_bytes(in.model, w, es) : 0;
+  zero::PlanTarget target;
+  target.queued_gathers = !in.cuda;
+  // The engine's device budget is what the activations leave; the CPU device shares the
+  // host's memory with the host tier.
+  target.device_budget = sat_sub(have.device, row.activation_bytes);
+  auto pl = target.device_budget > 0 ? zero::plan_placement(cfg, in.model.modules, world, 0, target)
+                                     : Result<zero::Placement>(out_of_budget("no device memory left"));
+  if (!pl.is_ok()) {
+    if (pl.status().code() != StatusCode::kOutOfBudget) return pl.status().with_context(p.label());
+    row.refused = pl.status().message();
+    row.exact = false;
+    zero::PlanTarget unbounded;
+    unbounded.device_budget = uint64_t{1} << 60;
+    unbounded.queued_gathers = false;
+    pl = zero::plan_placement(cfg, in.model.modules, world, 0, unbounded);
+    if (!pl.is_ok()) return row;  // a limit of the base config (zoe.host_budget): the row cannot run at all
+  }
+  const zero::Placement& plan = pl.value();
+  row.bytes = plan.peak;
+  // A row above the budget was planned again without one: its peak is what it needs.
+  row.bytes.device = plan.peak.device + row.activation_bytes;
+  const uint64_t host_need = row.bytes.host + (in.cuda ? 0 : row.bytes.device);
+  row.lacks.device = sat_sub(row.bytes.device, have.device);
+  row.lacks.host = sat_sub(host_need, have.host);
+  row.lacks.nvme = sat_sub(row.bytes.nvme, have.nvme);
+  row.fits = row.exact && !row.lacks.device && !row.lacks.host && !row.lacks.nvme;
+  if (!row.exact && !row.lacks.device) row.lacks.device = 1;  // refused: it lacks at least something
+  row.cost = estimate_step(cfg, plan, w, in.topo, in.rates, DeviceKind{!in.cuda});
+  return row;
+}
+
+Result<PlanResult> make_plan(const PlanInputs& in) {
+  if (in.topo.nodes < 1 || in.topo.gpus_per_node < 1) {
+    return invalid_argument("--nodes %d --gpus-per-node %d: both must be at least 1", in.topo.nodes,
+                            in.topo.gpus_per_node);
+  }
+  if (in.model.modules.empty()) return invalid_argument("the model has no modules");
+  ZOE_RETURN_IF_ERROR_CTX(in.rates.validate(), "link rates");
+  PlanResult res;
+  res.params = in.model.params;
+  res.per_rank = per_rank_memory(in);
+  for (const RowPlacement& p : all_placements()) {
+    ZOE_ASSIGN_OR_RETURN(PlanRow row, plan_row(in, p));
+    res.rows.push_back(std::move(row));
+  }
+  std::stable_sort(res.rows.begin(), res.rows.end(), [](const PlanRow& a, const PlanRow& b) {
+    if (a.fits != b.fits) return a.fits;
+    return a.cost.step_s < b.cost.step_s;
+  });
+  return res;
+}
+
+Status nothing_fits(const PlanResult& r, const PlanInputs& in) {
+  const PlanRow* best = nullptr;
+  auto total = [](const PlanRow& x) { return x.lacks.device + x.lacks.host + x.lacks.nvme; };
+  for (const PlanRow& x : r.rows) {
+    if (x.bytes.device == 0 && x.bytes.host == 0 && x.bytes.nvme == 0) continue;  // could not be planned
+    if (!best || total(x) < total(*best)) best = &x;
+  }
+  std::string where =
+      std::to_string(in.topo.nodes) + " node(s) x " + std::to_string(in.topo.gpus_per_node) + " GPU(s)";
+  if (!best)
+    return out_of_budget("no placement of %s can be planned on %s", in.model.name.c_str(), where.c_str());
+  std::string what;
+  auto add = [&](const char* tier, uint64_t lack, uint64_t need, uint64_t have) {
+    if (!lack) return;
+    what += (what.empty() ? "" : "; ") + format_bytes(lack) + " of " + tier + " per rank (needs " +
+            format_bytes(need) + ", a rank has " + format_bytes(have) + ")";
+  };
+  add("device memory", best->lacks.device, best->bytes.device, r.per_rank.device);
+  add("host memory", best->lacks.host, best->bytes.host + (in.cuda ? 0 : best->bytes.device),
+      r.per_rank.host);
+  add("NVMe space", best->lacks.nvme, best->bytes.nvme, r.per_rank.nvme);
+  const std::string why = best->refused.empty() ? "" : " (the engine's planner: " + best->refused + ")";
+  return out_of_budget("no placement of %s (%llu parameters) fits on %s: the closest, %s, lacks %s%s",
+                       in.model.name.c_str(), static_cast<unsigned long long>(r.params), where.c_str(),
+                       best->placement.label().c_str(), what.c_str(), why.c_str());
+}
+
+Result<uint64_t> host_memory_bytes() {
+  std::ifstream f("/proc/meminfo");
+  if (!f) return sys_error("open", "/proc/meminfo", errno);
+  std::string line;
+  while (std::getline(f, line)) {
+    unsigned long long kb = 0;
+    if (sscanf(line.c_str(), "MemTotal: %llu kB", &kb) == 1) return static_cast<uint64_t>(kb) * 1024;
+  }
+  return not_found("/proc/meminfo has no MemTotal line");
+}
+
+}  // namespace zoe::plan

@@ -1,0 +1,173 @@
+// `zoe plan` through the binary: the JSON shape, the exit code and message when nothing fits, and
+// clear errors for bad input (unknown model_type, missing or corrupt calibration file).
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/cli/run_zoe.h"
+
+namespace {
+
+using nlohmann::json;
+
+std::string fixture(const std::string& name) { return std::string(ZOE_PLAN_FIXTURES) + "/" + name; }
+
+// Memory given explicitly: the test does not depend on this host's RAM or disk.
+const std::string kMem = " --device-mem 80GiB --host-mem 256GiB --nvme-space 2TiB";
+
+TEST(PlanCli, JsonHasExactlyParamsAndRows) {
+  CmdResult r = zoe("plan --hf-config " + fixture("gpt2.json") + kMem + " --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  json j = json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  std::set<std::string> keys;
+  for (auto it = j.begin(); it != j.end(); ++it) keys.insert(it.key());
+  EXPECT_EQ(keys, (std::set<std::string>{"params", "rows"}));
+  EXPECT_EQ(j["params"].get<uint64_t>(), 124439808u);
+  ASSERT_EQ(j["rows"].size(), 70u);  // 14 at stage 1, 14 at stage 2, 42 at stage 3
+  double last = 0;
+  bool fitting = true;
+  std::set<std::string> placements;
+  for (const json& row : j["rows"]) {
+    for (const char* k : {"placement", "fits", "bytes", "predicted_step_s", "bottleneck"}) {
+      ASSERT_TRUE(row.contains(k)) << k << " in " << row.dump();
+    }
+    for (const char* k : {"device", "host", "nvme"}) ASSERT_TRUE(row["bytes"][k].is_number_unsigned()) << k;
+    const json& p = row["placement"];
+    placements.insert(p.dump());
+    const bool fits = row["fits"].get<bool>();
+    EXPECT_FALSE(fits && !fitting) << "a fitting row after one that does not fit";
+    if (fitting && fits) {
+      EXPECT_GE(row["predicted_step_s"].get<double>(), last);
+      last = row["predicted_step_s"].get<double>();
+    }
+    fitting = fitting && fits;
+    EXPECT_GT(row["predicted_step_s"].get<double>(), 0.0);
+    if (p["offload_optimizer"] == "none") {
+      EXPECT_TRUE(p["offload_ratio"].is_null());
+    }
+    if (p["stage"].get<int>() < 3) {
+      EXPECT_EQ(p["offload_param"], "none");
+    }
+    if (p["offload_param"] == "none" && p["offload_optimizer"] == "none") {
+      EXPECT_EQ(row["bytes"]["nvme"], 0u);
+    }
+  }
+  EXPECT_EQ(placements.size(), 70u);  // every placement once
+}
+
+TEST(PlanCli, TableOnStdoutProgressOnStderr) {
+  CmdResult r =
+      zoe("plan --preset small --nodes 2 --gpus-per-node 4" + kMem + " --micro-batch 4 --seq 64 --top 5");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("# zoe plan: zoe-gpt small"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("2 node(s) x 4"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("stage params optim"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("70 placements fit"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("planning 70 placements"), std::string::npos) << r.err;
+}
+
+TEST(PlanCli, NothingFitsExitsOneNamingTheClosest) {
+  CmdResult r = zoe("plan --hf-config " + fixture("llama-2-7b.json") +
+                    " --device-mem 8GiB --host-mem 16GiB --nvme-space 20GiB --json");
+  EXPECT_EQ(r.rc, 1) << r.out << r.err;
+  EXPECT_NE(r.err.find("fits on 1 node(s)"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("the closest, stage 3"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("NVMe space per rank"), std::string::npos) << r.err;
+  json j = json::parse(r.out, nullptr, false);  // the rows are still printed
+  ASSERT_FALSE(j.is_discarded());
+  for (const json& row : j["rows"]) EXPECT_FALSE(row["fits"].get<bool>());
+}
+
+TEST(PlanCli, BadInputGivesClearErrors) {
+  CmdResult bert = zoe("plan --hf-config " + fixture("bert.json") + kMem);
+  EXPECT_EQ(bert.rc, 1);
+  EXPECT_NE(bert.err.find("model_type \"bert\" is not supported"), std::string::npos) << bert.err;
+  EXPECT_NE(bert.err.find("gpt2, llama, mistral, qwen2, gpt_neox"), std::string::npos) << bert.err;
+
+  zoe::test::ScratchDir d("plan-cli");
+  CmdResult missing = zoe("plan --preset tiny" + kMem + " --calibration " + d.file("none.json"));
+  EXPECT_EQ(missing.rc, 1);
+  EXPECT_NE(missing.err.find(d.file("none.json")), std::string::npos) << missing.err;
+  EXPECT_NE(missing.err.find("calibration"), std::string::npos) << missing.err;
+
+  {
+    std::ofstream f(d.file("corrupt.json"));
+    f << "{\"nvme_read_gbps\": 3.0, \"h2d_gbps\": ";
+  }
+  CmdResult corrupt = zoe("plan --preset tiny" + kMem + " --calibration " + d.file("corrupt.json"));
+  EXPECT_EQ(corrupt.rc, 1);
+  EXPECT_NE(corrupt.err.find("not valid JSON"), std::string::npos) << corrupt.err;
+
+  {
+    std::ofstream f(d.file("good.json"));
+    f << "{\"version\": 1, \"nvme_read_gbps\": 0.5, \"nvme_write_gbps\": 0.5}";
+  }
+  CmdResult good = zoe("plan --preset tiny" + kMem + " --calibration " + d.file("good.json"));
+  EXPECT_EQ(good.rc, 0) << good.err;
+  EXPECT_NE(good.out.find("nvme read 0.50 / write 0.50"), std::string::npos) << good.out;
+
+  CmdResult two = zoe("plan --preset tiny --params 1e6" + kMem);
+  EXPECT_EQ(two.rc, 1);
+  EXPECT_NE(two.err.find("give one model"), std::string::npos) << two.err;
+  CmdResult bad_params = zoe("plan --params 12x" + kMem);
+  EXPECT_EQ(bad_params.rc, 1);
+  EXPECT_NE(bad_params.err.find("--params 12x"), std::string::npos) << bad_params.err;
+}
+
+TEST(PlanCli, HelpExplainsEveryOption) {
+  CmdResult r = zoe("plan --help");
+  ASSERT_EQ(r.rc, 0);
+  for (const char* opt :
+       {"--preset",          "--layers",     "--d-model",       "--heads",         "--context",
+        "--params",          "--hf-config",  "--nodes",         "--gpus-per-node", "--device-mem",
+        "--host-mem",        "--nvme-space", "--nvme-path",     "--calibration",   "--nvme-read-gbps",
+        "--nvme-write-gbps", "--h2d-gbps",   "--cpu-adam-gbps", "--flops",         "--net-gbps",
+        "--micro-batch",     "--seq",        "--grad-accum",    "--json"}) {
+    EXPECT_NE(r.out.find(opt), std::string::npos) << opt;
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// `zoe tune`: calibrate this host (small), pick a placement, write a config that zoe train runs,
+// verify it for two steps.
+TEST(TuneCli, CalibrateSearchWriteAndVerify) {
+  zoe::test::ScratchDir d("tune-cli");
+  const std::string cal = d.file("cal.json"), cfg = d.file("tuned.json");
+  CmdResult r =
+      zoe("tune --preset tiny --device cpu --device-mem 64MiB --host-mem 4GiB --nvme-space 1GiB "
+          "--nvme-path " +
+          d.path() + " --calibrate --calibrate-bytes 16MiB --calibration-out " + cal + " --out " + cfg +
+          " --verify 2 --json");
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  json j = json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  for (const char* k : {"nvme_read_gbps", "nvme_write_gbps", "cpu_adam_gbps", "flops", "h2d_gbps"}) {
+    EXPECT_GT(j["calibration"][k].get<double>(), 0.0) << k;
+  }
+  EXPECT_GT(j["best"]["predicted_step_s"].get<double>(), 0.0);
+  EXPECT_EQ(j["verify"]["steps"], 2);
+  EXPECT_LE(j["verify"]["high_water"]["device"].get<uint64_t>(),
+            j["best"]["bytes"]["device"].get<uint64_t>());
+  // The saved calibration is what zoe plan reads.
+  CmdResult p = zoe("plan --preset tiny" + kMem + " --calibration " + cal);
+  EXPECT_EQ(p.rc, 0) << p.err;
+  // The tuned config is one zoe train runs.
+  CmdResult t = zoe("train --config " + cfg + " --preset tiny --steps 2 --micro-batch 1 --quiet --json");
+  EXPECT_EQ(t.rc, 0) << t.out << t.err;
+}
+
+TEST(TuneCli, NothingFitsExitsOne) {
+  CmdResult r = zoe("tune --hf-config " + fixture("llama-2-7b.json") +
+                    " --device-mem 8GiB --host-mem 16GiB --nvme-space 20GiB");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("the closest"), std::string::npos) << r.err;
+}
+
+}  // namespace

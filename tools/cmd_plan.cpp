@@ -1,0 +1,148 @@
+// `zoe plan`: memory and predicted step time of every placement of a model on a cluster, before
+// anything runs (the engine's own placement planner, and the cost model of docs/cost-model.md).
+#include <memory>
+#include <string>
+
+#include "config/config.h"
+#include "core/units.h"
+#include "plan/options.h"
+#include "plan/planner.h"
+#include "tools/cli_util.h"
+#include "tools/commands.h"
+
+namespace zoe::cli {
+namespace {
+
+using nlohmann::json;
+using plan::Resource;
+
+struct PlanOpts {
+  plan::PlanOptions plan;
+  int top = 0;
+  bool json = false;
+};
+
+json placement_json(const plan::RowPlacement& p) {
+  const bool off = p.optimizer != config::OffloadDevice::kNone;
+  return {{"stage", p.stage},
+          {"offload_param", config::offload_device_name(p.param)},
+          {"offload_optimizer", config::offload_device_name(p.optimizer)},
+          {"offload_ratio", off ? json(p.ratio) : json(nullptr)},
+          {"bf16_optimizer_states", p.bf16_states}};
+}
+
+json row_json(const plan::PlanRow& r) {
+  json j;
+  j["placement"] = placement_json(r.placement);
+  j["fits"] = r.fits;
+  j["bytes"] = {{"device", r.bytes.device}, {"host", r.bytes.host}, {"nvme", r.bytes.nvme}};
+  j["predicted_step_s"] = r.cost.step_s;
+  j["bottleneck"] = plan::resource_name(r.cost.bottleneck);
+  j["bottleneck_share"] = r.cost.bottleneck_share;
+  j["lacks"] = {{"device", r.lacks.device}, {"host", r.lacks.host}, {"nvme", r.lacks.nvme}};
+  j["activation_bytes"] = r.activation_bytes;
+  j["exact"] = r.exact;
+  if (!r.refused.empty()) j["refused"] = r.refused;
+  const plan::LinkBytes& b = r.cost.bytes;
+  j["link_bytes"] = {{"nvme_read", b.nvme_read},
+                     {"nvme_write", b.nvme_write},
+                     {"host_to_device", b.host_to_device},
+                     {"device_to_host", b.device_to_host},
+                     {"network", b.network},
+                     {"cpu_optimizer", b.cpu_optimizer},
+                     {"device_optimizer", b.device_optimizer},
+                     {"flops", b.flops}};
+  json crit = json::object();
+  for (int k = 0; k < plan::kResources; ++k)
+    crit[plan::resource_name(static_cast<Resource>(k))] = r.cost.critical_s[k];
+  j["critical_s"] = crit;
+  return j;
+}
+
+void print_table(const plan::PlanResult& res, const plan::PlanInputs& in, const PlanOpts& o) {
+  const plan::LinkRates& R = in.rates;
+  printf("# zoe plan: %s, %llu parameters, %d node(s) x %d %s rank(s), precision %s\n", in.model.name.c_str(),
+         static_cast<unsigned long long>(res.params), in.topo.nodes, in.topo.gpus_per_node,
+         in.cuda ? "cuda" : "cpu",
+         in.base.bf16           ? "bf16"
+         : in.base.fp16.enabled ? "fp16"
+                                : "fp32");
+  printf("# per rank: device %s, host %s, nvme %s; micro-batch %lld x seq %lld x accumulation %lld%s\n",
+         format_bytes(res.per_rank.device).c_str(), format_bytes(res.per_rank.host).c_str(),
+         format_bytes(res.per_rank.nvme).c_str(), static_cast<long long>(in.work.micro_batch),
+         static_cast<long long>(in.work.seq), static_cast<long long>(in.work.grad_accum),
+         in.count_activations ? " (activations counted)"
+                              : " (activations not counted: give --micro-batch/--seq)");
+  printf(
+      "# rates%s: nvme read %.2f / write %.2f GB/s per node, h2d %.1f GB/s, cpu adam %.1f GB/s per node, "
+      "%.3g FLOP/s, network %.1f GB/s (%s)\n",
+      o.plan.calibration.empty() ? " (defaults and flags)" : (" (" + o.plan.calibration + ")").c_str(),
+      R.nvme_read_gbps, R.nvme_write_gbps, R.h2d_gbps, R.cpu_adam_gbps, R.flops,
+      in.topo.nodes > 1 ? R.net_gbps : R.intra_gbps, in.topo.nodes > 1 ? "across nodes" : "inside the node");
+  Table t({{"stage", "", 5},
+           {"params", "", 6},
+           {"optim", "", 5},
+           {"ratio", "", 5},
+           {"bf16st", "", 6},
+           {"device", "GiB", 9},
+           {"host", "GiB", 9},
+           {"nvme", "GiB", 9},
+           {"fits", "", 4},
+           {"step", "s", 10},
+           {"bottleneck", "(share)", 17, true}});
+  t.print_header(stdout);
+  int shown = 0;
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  for (const plan::PlanRow& r : res.rows) {
+    if (o.top > 0 && shown++ >= o.top) break;
+    const bool off = r.placement.optimizer != config::OffloadDevice::kNone;
+    t.print_row(stdout,
+                {std::to_string(r.placement.stage), config::offload_device_name(r.placement.param),
+                 config::offload_device_name(r.placement.optimizer), off ? fmt("%g", r.placement.ratio) : "-",
+                 r.placement.bf16_states ? "on" : "off", fmt("%.3f", r.bytes.device / gib),
+                 fmt("%.3f", r.bytes.host / gib), fmt("%.3f", r.bytes.nvme / gib), r.fits ? "yes" : "no",
+                 fmt("%.4g", r.cost.step_s),
+                 fmt("%s (%.0f%%)", plan::resource_name(r.cost.bottleneck), 100 * r.cost.bottleneck_share)});
+  }
+  size_t fit = 0;
+  for (const auto& r : res.rows) fit += r.fits;
+  printf("# %zu of %zu placements fit%s\n", fit, res.rows.size(),
+         fit ? "; the first row is the fastest predicted" : "");
+}
+
+void run(const PlanOpts& o) {
+  plan::PlanInputs in = value_or_fail(plan::plan_inputs(o.plan));
+  fprintf(stderr, "zoe plan: planning %zu placements of %s\n", plan::all_placements().size(),
+          in.model.name.c_str());
+  plan::PlanResult res = value_or_fail(plan::make_plan(in));
+  if (o.json) {
+    json rows = json::array();
+    for (const auto& r : res.rows) rows.push_back(row_json(r));
+    print_json({{"params", res.params}, {"rows", rows}});
+  } else {
+    print_table(res, in, o);
+  }
+  if (!res.any_fits()) fail(plan::nothing_fits(res, in));
+}
+
+}  // namespace
+
+void add_tune_command(CLI::App& app);  // tools/cmd_tune.cpp, registered with `plan`
+
+void add_plan_command(CLI::App& app) {
+  auto o = std::make_shared<PlanOpts>();
+  CLI::App* cmd = app.add_subcommand(
+      "plan",
+      "Memory and predicted step time of every placement (ZeRO stage 1-3 x parameter offload x optimizer\n"
+      "offload x offload ratio x bf16 optimizer states) of a model on a cluster, before anything runs.\n"
+      "Bytes per rank are the engine's own placement plan; the step time is the critical path of the\n"
+      "engine's pipeline over the link rates (docs/cost-model.md). Rows that fit come first, fastest\n"
+      "first. Exit code 1 when nothing fits, naming the closest placement and what it lacks.");
+  plan::add_plan_options(*cmd, &o->plan);
+  cmd->add_option("--top", o->top, "Show only the first N rows of the table (0: all)");
+  cmd->add_flag("--json", o->json, "Print one JSON object {\"params\": N, \"rows\": [...]}");
+  cmd->callback([o] { run(*o); });
+  add_tune_command(app);
+}
+
+}  // namespace zoe::cli

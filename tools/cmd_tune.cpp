@@ -1,0 +1,422 @@
+// `zoe tune`: measures this host's link rates (--calibrate: NVMe through zoe's I/O benchmark, CPU
+// Adam through zoe's Adam benchmark, FLOP/s of zoe's GPT kernels), searches the plan's rows and a
+// few knobs with the cost model, writes the best as a DeepSpeed-compatible config that `zoe train
+// --config` runs (--out), and runs it for K steps to check the plan (--verify K).
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "core/clock.h"
+#include "core/units.h"
+#include "io/buffer.h"
+#include "io/io_bench.h"
+#include "io/swap_file.h"
+#include "model/gpt.h"
+#include "optim/adam_bench.h"
+#include "plan/calibration.h"
+#include "plan/options.h"
+#include "plan/planner.h"
+#include "tools/cli_util.h"
+#include "tools/commands.h"
+#include "zoe/engine.h"
+
+namespace zoe::cli {
+namespace {
+
+using nlohmann::json;
+
+struct TuneOpts {
+  plan::PlanOptions plan;
+  bool calibrate = false;
+  std::string calibration_out = "zoe-calibration.json";
+  std::string calibrate_bytes = "256MiB";
+  std::string out;
+  int verify = 0;
+  bool json = false;
+};
+
+// --- Calibration ----------------------------------------------------------------------------
+
+Result<double> measure_nvme(const std::string& dir, uint64_t bytes, io::IoOp op, Progress* progress) {
+  io::SwapFileOptions so;
+  so.dirs = {dir};
+  so.name = "zoe-tune-calibrate";
+  so.grow_bytes = 0;
+  ZOE_ASSIGN_OR_RETURN(auto sf, io::SwapFile::create(so));
+  ZOE_ASSIGN_OR_RETURN(io::Extent ext, sf->allocate(bytes));
+  if (op == io::IoOp::kRead)
+    ZOE_RETURN_IF_ERROR_CTX(io::write_pattern(*sf, ext, 0x5eed), "laying out " + dir);
+  io::IoBenchConfig cfg;
+  cfg.file = sf.get();
+  cfg.extent = ext;
+  cfg.loops = 2;
+  cfg.warmup = 1;
+  cfg.on_pass = [&](int pass, int passes) {
+    progress->update(fmt("calibrate: NVMe %s at %s, pass %d/%d", op == io::IoOp::kRead ? "read" : "write",
+                         dir.c_str(), pass + 1, passes));
+  };
+  // The engine's defaults: 1 MiB blocks (aio.block_size), queue depth 8 (aio.queue_depth).
+  io::IoBenchCase c{io::IoBackend::kAuto, 1u << 20, 8, op};
+  ZOE_ASSIGN_OR_RETURN(io::IoBenchRow row, io::run_io_bench(cfg, c));
+  return row.gbps;
+}
+
+// FLOP/s of zoe's GPT kernels on this host (what zoe's CPU device computes with): forward and
+// backward of the "small" preset, 6 N tokens per pass.
+Result<double> measure_flops(Progress* progress) {
+  model::GptConfig c;
+  c.layers = 4;
+  c.d_model = 128;
+  c.heads = 4;
+  c.seq = 64;
+  c.vocab = 256;
+  const int batch = 8, T = 64;
+  ZOE_ASSIGN_OR_RETURN(auto k, model::GptCpu::create(c, batch, T));
+  const auto mods = model::gpt_modules(c);
+  std::vector<std::vector<std::vector<float>>> p(mods.size()), g(mods.size());
+  std::vector<std::vector<const float*>> pp(mods.size());
+  std::vector<std::vector<float*>> gp(mods.size());
+  for (size_t m = 0; m < mods.size(); ++m) {
+    for (size_t t = 0; t < mods[m].params.size(); ++t) {
+      p[m].emplace_back(mods[m].params[t].numel());
+      g[m].emplace_back(mods[m].params[t].numel(), 0.0f);
+      model::gpt_init(c, 1, m, t, p[m].back().data(), p[m].back().size());
+    }
+    for (auto& v : p[m]) pp[m].push_back(v.data());
+    for (auto& v : g[m]) gp[m].push_back(v.data());
+  }
+  std::vector<int32_t> tokens(static_cast<size_t>(batch * T)), targets(tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] = static_cast<int32_t>((i * 7) % 256);
+    targets[i] = static_cast<int32_t>((i * 7 + 1) % 256);
+  }
+  const size_t L = static_cast<size_t>(c.layers);
+  auto pass = [&] {
+    k->embed_forward(tokens.data(), pp[0].data());
+    for (size_t l = 0; l < L; ++l) k->block_forward(static_cast<int>(l), pp[l + 1].data());
+    (void)k->head_forward(pp[L + 1].data(), pp[0].data(), targets.data());
+    k->head_backward(pp[L + 1].data(), pp[0].data(), gp[L + 1].data(), gp[0].data());
+    for (size_t l = L; l-- > 0;) k->block_backward(static_cast<int>(l), pp[l + 1].data(), gp[l + 1].data());
+    k->embed_backward(gp[0].data());
+  };
+  progress->update("calibrate: FLOP/s of zoe's GPT kernels");
+  pass();  // warm-up
+  double best = 1e30;
+  for (int r = 0; r < 3; ++r) {
+    const uint64_t t0 = now_ns();
+    pass();
+    best = std::min(best, static_cast<double>(now_ns() - t0) * 1e-9);
+  }
+  return 6.0 * static_cast<double>(c.num_params()) * batch * T / best;
+}
+
+// Host memory copy GB/s: zoe's CPU device's "host <-> device" and device-memory rate.
+double measure_memcpy() {
+  const size_t n = 64u << 20;
+  std::vector<char> a(n, 1), b(n, 0);
+  double best = 1e30;
+  for (int r = 0; r < 4; ++r) {
+    const uint64_t t0 = now_ns();
+    memcpy(b.data(), a.data(), n);
+    best = std::min(best, static_cast<double>(now_ns() - t0) * 1e-9);
+  }
+  return 2.0 * static_cast<double>(n) / best / 1e9;  // read + write
+}
+
+plan::LinkRates calibrate(const TuneOpts& o) {
+  Progress progress(true);
+  plan::LinkRates r;
+  const std::string dir = plan::nvme_dir(o.plan);
+  const uint64_t bytes = value_or_fail(parse_bytes(o.calibrate_bytes)) / 4096 * 4096;
+  if (bytes < (16u << 20))
+    fail(invalid_argument("--calibrate-bytes %s: at least 16MiB", o.calibrate_bytes.c_str()));
+  auto rd = measure_nvme(dir, bytes, io::IoOp::kRead, &progress);
+  if (!rd.is_ok()) fail(rd.status().with_context("calibrating NVMe reads"));
+  auto wr = measure_nvme(dir, bytes, io::IoOp::kWrite, &progress);
+  if (!wr.is_ok()) fail(wr.status().with_context("calibrating NVMe writes"));
+  r.nvme_read_gbps = rd.value();
+  r.nvme_write_gbps = wr.value();
+  progress.update("calibrate: CPU Adam");
+  optim::bench::Config ac;
+  ac.params = size_t{16} << 20;
+  ac.out_dtype = DType::kBF16;
+  ac.repeats = 3;
+  auto adam = optim::bench::run(ac);
+  if (!adam.is_ok()) fail(adam.status().with_context("calibrating CPU Adam"));
+  r.cpu_adam_gbps = adam->fused_gbps();
+  r.flops = value_or_fail(measure_flops(&progress));
+  r.h2d_gbps = r.device_mem_gbps = measure_memcpy();
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  r.host = host;
+  progress.done();
+  return r;
+}
+
+// --- Search ---------------------------------------------------------------------------------
+
+struct Candidate {
+  plan::PlanRow row;
+  int64_t prefetch_bucket = 0, sub_group = 0;
+};
+
+// Every fitting row, with the knobs the model sees: the stage-3 prefetch bucket (the device
+// cache and gather window) and the swapper's sub-group (its pipeline fill).
+std::vector<Candidate> search(const plan::PlanInputs& in, const plan::PlanResult& res) {
+  std::vector<Candidate> out;
+  for (const plan::PlanRow& r : res.rows) {
+    if (!r.fits) continue;
+    std::vector<int64_t> buckets = {in.base.zero.stage3_prefetch_bucket_size};
+    if (r.placement.stage == 3) buckets.insert(buckets.end(), {10000000, 200000000});
+    std::vector<int64_t> subs = {in.base.zero.sub_group_size};
+    if (r.placement.optimizer == config::OffloadDevice::kNvme) subs.push_back(100000000);
+    for (int64_t b : buckets) {
+      for (int64_t s : subs) {
+        plan::PlanInputs k = in;
+        k.base.zero.stage3_prefetch_bucket_size = b;
+        k.base.zero.sub_group_size = s;
+        auto row = plan::plan_row(k, r.placement);
+        if (!row.is_ok() || !row->fits) continue;
+        out.push_back({row.value(), b, s});
+      }
+    }
+  }
+  std::stable_sort(out.begin(), out.end(), [](const Candidate& a, const Candidate& b) {
+    return a.row.cost.step_s < b.row.cost.step_s;
+  });
+  return out;
+}
+
+config::Config tuned_config(const plan::PlanInputs& in, const Candidate& c, const std::string& nvme) {
+  config::Config base = in.base;
+  base.zero.stage3_prefetch_bucket_size = c.prefetch_bucket;
+  base.zero.sub_group_size = c.sub_group;
+  config::Config cfg = plan::config_for(base, c.row.placement, nvme);
+  const uint64_t dev = plan::per_rank_memory(in).device;
+  cfg.zoe.device_budget_bytes =
+      static_cast<int64_t>(dev > c.row.activation_bytes ? dev - c.row.activation_bytes : dev);
+  cfg.zoe.device = in.cuda ? "cuda" : "cpu";
+  cfg.train_micro_batch_size_per_gpu = in.work.micro_batch;
+  cfg.gradient_accumulation_steps = in.work.grad_accum;
+  cfg.train_batch_size = in.work.micro_batch * in.work.grad_accum * in.topo.world();
+  return cfg;
+}
+
+// --- Verification ---------------------------------------------------------------------------
+
+struct Verified {
+  double step_s = 0;
+  uint64_t nvme_read = 0, nvme_write = 0;
+  uint64_t high_water[3] = {0, 0, 0};
+};
+
+// K steps of the tuned config on the model's modules, with the caller's compute left out (zero
+// gradients): the engine's I/O, collectives and optimizer as the plan placed them.
+Verified verify(const config::Config& cfg, const plan::ModelDesc& m, int steps, int world) {
+  auto rt = value_or_fail(Runtime::init());
+  if (rt->world_size() != world) {
+    fail(invalid_argument(
+        "--verify runs the plan's world of %d rank(s) but this process has %d: launch it under "
+        "mpirun -np %d, or plan one node with one rank",
+        world, rt->world_size(), world));
+  }
+  auto eng = value_or_fail(Engine::create(*rt, cfg));
+  for (const auto& mod : m.modules) {
+    std::vector<ParamSpec> ps;
+    for (size_t i = 0; i < mod.param_numel.size(); ++i) {
+      ps.push_back({"p" + std::to_string(i), {static_cast<int64_t>(mod.param_numel[i])}});
+    }
+    Status s = eng->add_module(mod.name, ps);
+    if (!s.is_ok()) fail(s);
+  }
+  Status s = eng->initialize([](size_t, size_t, float* x, size_t n) {
+    for (size_t i = 0; i < n; ++i) x[i] = 0.01f * std::sin(0.37f * static_cast<float>(i));
+  });
+  if (!s.is_ok()) fail(s.with_context("--verify: initialising the engine with the tuned config"));
+  Progress progress(true);
+  std::vector<StepStats> stats;
+  std::vector<double> times;
+  const size_t n = eng->num_modules();
+  for (int k = 0; k < steps + 1; ++k) {  // the first step records the fetch order: not timed
+    progress.update(fmt("verify: step %d/%d", k + 1, steps + 1));
+    const uint64_t t0 = now_ns();
+    for (int64_t j = 0; j < std::max<int64_t>(1, cfg.gradient_accumulation_steps); ++j) {
+      for (size_t i = 0; i < n; ++i) {
+        (void)value_or_fail(eng->fetch(i));
+        if (Status r = eng->release(i); !r.is_ok()) fail(r);
+      }
+      for (size_t i = n; i-- > 0;) {
+        (void)value_or_fail(eng->fetch(i));
+        (void)value_or_fail(eng->grads(i));
+        if (Status r = eng->reduce_grads(i); !r.is_ok()) fail(r);
+        if (Status r = eng->release(i); !r.is_ok()) fail(r);
+      }
+    }
+    stats.push_back(value_or_fail(eng->step()));
+    if (k > 0) times.push_back(static_cast<double>(now_ns() - t0) * 1e-9);
+  }
+  progress.done();
+  Verified v;
+  std::sort(times.begin(), times.end());
+  v.step_s = times[times.size() / 2];
+  const StepStats& a = stats[stats.size() - 2];
+  const StepStats& b = stats.back();
+  v.nvme_read = b.bytes_nvme_read - a.bytes_nvme_read;
+  v.nvme_write = b.bytes_nvme_write - a.bytes_nvme_write;
+  for (int t = 0; t < 3; ++t) v.high_water[t] = b.high_water[t];
+  return v;
+}
+
+// --- The command ----------------------------------------------------------------------------
+
+json candidate_json(const Candidate& c) {
+  const plan::RowPlacement& p = c.row.placement;
+  return {{"placement",
+           {{"stage", p.stage},
+            {"offload_param", config::offload_device_name(p.param)},
+            {"offload_optimizer", config::offload_device_name(p.optimizer)},
+            {"offload_ratio", p.optimizer != config::OffloadDevice::kNone ? json(p.ratio) : json(nullptr)},
+            {"bf16_optimizer_states", p.bf16_states}}},
+          {"stage3_prefetch_bucket_size", c.prefetch_bucket},
+          {"sub_group_size", c.sub_group},
+          {"bytes", {{"device", c.row.bytes.device}, {"host", c.row.bytes.host}, {"nvme", c.row.bytes.nvme}}},
+          {"predicted_step_s", c.row.cost.step_s},
+          {"bottleneck", plan::resource_name(c.row.cost.bottleneck)},
+          {"bottleneck_share", c.row.cost.bottleneck_share}};
+}
+
+void run(const TuneOpts& o) {
+  if (o.verify < 0) fail(invalid_argument("--verify %d: expected a number of steps >= 1", o.verify));
+  json j;
+  plan::PlanOptions po = o.plan;
+  if (o.calibrate) {
+    plan::LinkRates r = calibrate(o);
+    std::ofstream f(o.calibration_out);
+    f << r.to_json();
+    f.close();
+    if (!f) fail(sys_error("write", o.calibration_out, errno).with_context("saving the calibration"));
+    fprintf(stderr, "zoe tune: calibration saved to %s\n", o.calibration_out.c_str());
+    po.calibration = o.calibration_out;
+    j["calibration"] = json::parse(r.to_json());
+  }
+  plan::PlanInputs in = value_or_fail(plan::plan_inputs(po));
+  plan::PlanResult res = value_or_fail(plan::make_plan(in));
+  if (!res.any_fits()) fail(plan::nothing_fits(res, in));
+  std::vector<Candidate> cands = search(in, res);
+  if (cands.empty()) fail(internal_error("no candidate fits after the knob search"));
+  const Candidate& best = cands.front();
+  const config::Config cfg = tuned_config(in, best, plan::nvme_dir(po));
+  if (!o.out.empty()) {
+    const std::string text = cfg.to_json();
+    // What zoe train --config will read must parse back to the same config.
+    auto back = config::Config::parse(text, in.topo.world());
+    if (!back.is_ok()) fail(back.status().with_context("the tuned config does not parse back"));
+    std::ofstream f(o.out);
+    f << text;
+    f.close();
+    if (!f) fail(sys_error("write", o.out, errno).with_context("writing the tuned config"));
+    fprintf(stderr, "zoe tune: config written to %s\n", o.out.c_str());
+  }
+  Verified v;
+  if (o.verify > 0) v = verify(cfg, in.model, o.verify, in.topo.world());
+  // The prediction without the caller's compute, which --verify leaves out.
+  const double no_compute =
+      best.row.cost.step_s - best.row.cost.critical_s[static_cast<int>(plan::Resource::kCompute)];
+  if (o.json) {
+    j["params"] = res.params;
+    j["best"] = candidate_json(best);
+    json alt = json::array();
+    for (size_t i = 1; i < cands.size() && i < 6; ++i) alt.push_back(candidate_json(cands[i]));
+    j["alternatives"] = alt;
+    if (!o.out.empty()) j["out"] = o.out;
+    if (o.verify > 0) {
+      j["verify"] = {{"steps", o.verify},
+                     {"measured_step_s", v.step_s},
+                     {"predicted_step_s_without_compute", no_compute},
+                     {"nvme_read", v.nvme_read},
+                     {"nvme_write", v.nvme_write},
+                     {"predicted_nvme_read", best.row.cost.bytes.nvme_read},
+                     {"predicted_nvme_write", best.row.cost.bytes.nvme_write},
+                     {"high_water",
+                      {{"device", v.high_water[0]}, {"host", v.high_water[1]}, {"nvme", v.high_water[2]}}}};
+    }
+    print_json(j);
+  } else {
+    printf("# zoe tune: %s, %llu parameters, %d node(s) x %d rank(s); %zu fitting candidates\n",
+           in.model.name.c_str(), static_cast<unsigned long long>(res.params), in.topo.nodes,
+           in.topo.gpus_per_node, cands.size());
+    Table t({{"placement", "", 56, true},
+             {"bucket", "elems", 10},
+             {"subgroup", "elems", 10},
+             {"step", "s", 10},
+             {"bottleneck", "(share)", 17, true}});
+    t.print_header(stdout);
+    for (size_t i = 0; i < cands.size() && i < 6; ++i) {
+      const Candidate& c = cands[i];
+      t.print_row(stdout,
+                  {(i == 0 ? "* " : "  ") + c.row.placement.label(), std::to_string(c.prefetch_bucket),
+                   std::to_string(c.sub_group), fmt("%.4g", c.row.cost.step_s),
+                   fmt("%s (%.0f%%)", plan::resource_name(c.row.cost.bottleneck),
+                       100 * c.row.cost.bottleneck_share)});
+    }
+    if (!o.out.empty()) printf("# config: %s (zoe train --config %s)\n", o.out.c_str(), o.out.c_str());
+    if (o.verify > 0) {
+      printf(
+          "# verify, %d steps without compute: step %.4g s (model %.4g s), nvme read %s (model %s), write %s "
+          "(model %s); high-water device %s host %s nvme %s (plan %s, %s, %s)\n",
+          o.verify, v.step_s, no_compute, format_bytes(v.nvme_read).c_str(),
+          format_bytes(best.row.cost.bytes.nvme_read).c_str(), format_bytes(v.nvme_write).c_str(),
+          format_bytes(best.row.cost.bytes.nvme_write).c_str(), format_bytes(v.high_water[0]).c_str(),
+          format_bytes(v.high_water[1]).c_str(), format_bytes(v.high_water[2]).c_str(),
+          format_bytes(best.row.bytes.device).c_str(), format_bytes(best.row.bytes.host).c_str(),
+          format_bytes(best.row.bytes.nvme).c_str());
+    }
+  }
+  if (o.verify > 0 && (v.high_water[0] > best.row.bytes.device || v.high_water[1] > best.row.bytes.host ||
+                       v.high_water[2] > best.row.bytes.nvme)) {
+    fail(internal_error(
+        "--verify: a tier's high-water mark exceeded the plan (device %llu > %llu, host %llu > "
+        "%llu or nvme %llu > %llu)",
+        static_cast<unsigned long long>(v.high_water[0]),
+        static_cast<unsigned long long>(best.row.bytes.device),
+        static_cast<unsigned long long>(v.high_water[1]),
+        static_cast<unsigned long long>(best.row.bytes.host),
+        static_cast<unsigned long long>(v.high_water[2]),
+        static_cast<unsigned long long>(best.row.bytes.nvme)));
+  }
+}
+
+}  // namespace
+
+void add_tune_command(CLI::App& app) {
+  auto o = std::make_shared<TuneOpts>();
+  CLI::App* cmd = app.add_subcommand(
+      "tune",
+      "Pick the fastest placement that fits: the rows of `zoe plan` and a few knobs (stage-3 prefetch\n"
+      "bucket, swapper sub-group) searched with the cost model (docs/cost-model.md). --calibrate first\n"
+      "measures this host (NVMe read/write, CPU Adam, FLOP/s of zoe's GPT kernels, memory copies) and\n"
+      "saves the rates; --out writes the choice as a config for zoe train --config; --verify K runs it.\n"
+      "The network rate is not measured: give --net-gbps/--intra-gbps.");
+  plan::add_plan_options(*cmd, &o->plan);
+  cmd->add_flag("--calibrate", o->calibrate, "Measure this host's rates first and use them");
+  cmd->add_option("--calibration-out", o->calibration_out, "Where --calibrate saves the rates (JSON)")
+      ->capture_default_str();
+  cmd->add_option("--calibrate-bytes", o->calibrate_bytes, "Bytes of the NVMe calibration file")
+      ->capture_default_str();
+  cmd->add_option("--out", o->out, "Write the chosen placement as a DeepSpeed-compatible config here");
+  cmd->add_option("--verify", o->verify,
+                  "Run K engine steps of the choice on the model's modules (no model compute) and compare "
+                  "with the plan; exit 1 if a tier's high-water mark exceeds it");
+  cmd->add_flag("--json", o->json, "Print one JSON object");
+  cmd->callback([o] { run(*o); });
+}
+
+}  // namespace zoe::cli
