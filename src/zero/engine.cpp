@@ -228,6 +228,10 @@ Status Engine::Impl::place_module(size_t m, const std::function<void(size_t, siz
 
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
+std::unique_ptr<Engine> EngineAccess::make(std::unique_ptr<Engine::Impl> impl) {
+  return std::unique_ptr<Engine>(new Engine(std::move(impl)));
+}
+
 Engine::~Engine() {
   if (!impl_) return;
   Status s = finish_save();

@@ -33,9 +33,7 @@ struct ConfigAccess {
 };
 
 struct EngineAccess {
-  static std::unique_ptr<Engine> make(std::unique_ptr<Engine::Impl> impl) {
-    return std::unique_ptr<Engine>(new Engine(std::move(impl)));
-  }
+  static std::unique_ptr<Engine> make(std::unique_ptr<Engine::Impl> impl);  // engine.cpp
 };
 
 namespace zero {
