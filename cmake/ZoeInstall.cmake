@@ -32,6 +32,9 @@ target_include_directories(zoe_lib INTERFACE $<BUILD_INTERFACE:${PROJECT_SOURCE_
                                              $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
 target_compile_features(zoe_lib INTERFACE cxx_std_17)
 add_library(zoe::zoe ALIAS zoe_lib)
+# Installed binaries keep the directories of their dependencies outside the system's default
+# search path (OpenMPI's lib directory on Debian) in their RUNPATH.
+set_target_properties(zoe_lib zoe PROPERTIES INSTALL_RPATH_USE_LINK_PATH TRUE)
 
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/zoe DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
         FILES_MATCHING PATTERN "*.h")
