@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "data/corpus.h"
 #include "model/gpt_trainer.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"

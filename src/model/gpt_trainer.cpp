@@ -1,9 +1,9 @@
 // GptTrainer: the reference GPT's glue to the engine, over zoe's public API only.
 #include "model/gpt_trainer.h"
 
-#include <nlohmann/json.hpp>
+#include <limits>
 
-#include "checkpoint/checkpoint.h"
+#include <nlohmann/json.hpp>
 
 namespace zoe::model {
 
@@ -135,15 +135,48 @@ Result<float> GptTrainer::forward_backward(const std::vector<int32_t>& tokens,
   return loss;
 }
 
+namespace {
+// "number 3", "string \"x\"": a JSON value in an error message, shortened (as checkpoint
+// manifests show theirs).
+std::string shown(const nlohmann::json& v) {
+  constexpr size_t kMax = 48;
+  std::string text = v.dump(-1, ' ', true, nlohmann::json::error_handler_t::replace);
+  if (text.size() > kMax) text = text.substr(0, kMax) + "... (" + std::to_string(text.size()) + " bytes)";
+  return (v.is_number() ? std::string("number") : std::string(v.type_name())) + " " + text;
+}
+
+// An integer field of the trainer state, in [lo, hi]; the error names the checkpoint and the key.
+template <typename T>
+Status read_integer(const nlohmann::json& tj, const char* key, const std::string& from, T* out) {
+  const nlohmann::json& v = tj.at(key);
+  const auto lo = std::numeric_limits<T>::min(), hi = std::numeric_limits<T>::max();
+  bool ok = false;
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    ok = u <= static_cast<uint64_t>(hi);
+    if (ok) *out = static_cast<T>(u);
+  } else if (v.is_number_integer()) {
+    const int64_t x = v.get<int64_t>();
+    ok = x >= 0 || std::numeric_limits<T>::is_signed;
+    ok = ok && (std::numeric_limits<T>::is_signed ? x >= static_cast<int64_t>(lo) && x <= static_cast<int64_t>(hi)
+                                                  : static_cast<uint64_t>(x) <= static_cast<uint64_t>(hi));
+    if (ok) *out = static_cast<T>(x);
+  }
+  if (ok) return Status::ok();
+  return corruption("checkpoint %s: key 'trainer.%s': expected an integer in [%s, %s], found %s", from.c_str(), key,
+                    std::to_string(lo).c_str(), std::to_string(hi).c_str(), shown(v).c_str());
+}
+}  // namespace
+
 Status parse_trainer_state(const std::string& json_text, const std::string& from, int* step, uint64_t* seed) {
   auto tj = nlohmann::json::parse(json_text, nullptr, false);
   if (tj.is_discarded() || !tj.is_object() || !tj.contains("step")) {
     return corruption("checkpoint %s has no trainer state", from.c_str());
   }
   // Typed reads: a field of the wrong type is an error naming it (trainer.step), not an exception.
-  ckpt::JsonFields tf(tj, "checkpoint " + from, "trainer");
-  ZOE_RETURN_IF_ERROR(tf.get("step", step));
-  return tf.get_optional("seed", seed);
+  ZOE_RETURN_IF_ERROR(read_integer(tj, "step", from, step));
+  if (tj.contains("seed")) ZOE_RETURN_IF_ERROR(read_integer(tj, "seed", from, seed));
+  return Status::ok();
 }
 
 }  // namespace zoe::model

@@ -2,14 +2,13 @@
 // micro-batch at a time: every module gathered for its forward and backward (scoped), its fp32
 // gradients written in the compute dtype with the loss scale and reduced. `zoe train` is a thin
 // CLI over it; it is written only against include/zoe/ (it needs no engine internals), as a
-// user's own trainer would be. The trainer's data (data/corpus.h) comes with it.
+// user's own trainer would be.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "data/corpus.h"
 #include "model/gpt.h"
 #include "zoe/zoe.h"
 
