@@ -18,11 +18,17 @@ using Vec = std::vector<float>;
 
 template <typename T>
 T check(zoe::Result<T> r, const char* what) {
-  if (!r.is_ok()) { fprintf(stderr, "train_mlp: %s: %s\n", what, r.status().to_string().c_str()); exit(2); }
+  if (!r.is_ok()) {
+    fprintf(stderr, "train_mlp: %s: %s\n", what, r.status().to_string().c_str());
+    exit(2);
+  }
   return std::move(r).value();
 }
 void check(const zoe::Status& s, const char* what) {
-  if (!s.is_ok()) { fprintf(stderr, "train_mlp: %s: %s\n", what, s.to_string().c_str()); exit(2); }
+  if (!s.is_ok()) {
+    fprintf(stderr, "train_mlp: %s: %s\n", what, s.to_string().c_str());
+    exit(2);
+  }
 }
 
 // A block's parameters as fp32 host copies (the engine hands out bf16, maybe in device memory).
@@ -35,11 +41,17 @@ std::vector<Vec> to_host(zoe::Engine& eng, const zoe::ModuleParams& p) {
   return out;
 }
 
-struct Acts { Vec x, xhat, rstd, h, u; };  // what a block's backward needs, per block
+struct Acts {
+  Vec x, xhat, rstd, h, u;
+};  // what a block's backward needs, per block
 
 void block_forward(const std::vector<Vec>& w, const Vec& x, Acts* a, Vec* y) {
-  a->x = x; a->xhat.assign(kBatch * kDim, 0); a->rstd.assign(kBatch, 0);
-  a->h.assign(kBatch * kDim, 0); a->u.assign(kBatch * kHidden, 0); *y = x;
+  a->x = x;
+  a->xhat.assign(kBatch * kDim, 0);
+  a->rstd.assign(kBatch, 0);
+  a->h.assign(kBatch * kDim, 0);
+  a->u.assign(kBatch * kHidden, 0);
+  *y = x;
   for (int b = 0; b < kBatch; ++b) {
     const float* xb = &a->x[b * kDim];
     float mean = 0, var = 0;
@@ -111,7 +123,10 @@ int main(int argc, char** argv) {
   auto rt = check(zoe::Runtime::init(), "starting the runtime");
   const uint64_t budget = 1 << 20;  // 1 MiB of device memory for ~4.8 MB of model states
   auto cfg = check(zoe::Config::Builder()
-                       .stage(3).micro_batch(kBatch).precision(zoe::ComputeDType::kBF16).lr(1e-3)
+                       .stage(3)
+                       .micro_batch(kBatch)
+                       .precision(zoe::ComputeDType::kBF16)
+                       .lr(1e-3)
                        .param_persistence_threshold(0)
                        .offload_param(zoe::Offload::kNvme, {nvme})
                        .offload_optimizer(zoe::Offload::kNvme, {nvme})
@@ -120,17 +135,20 @@ int main(int argc, char** argv) {
                    "building the config");
   auto eng = check(zoe::Engine::create(*rt, cfg), "creating the engine");
   for (int l = 0; l < kBlocks; ++l) {
-    check(eng->add_module("block." + std::to_string(l),
-                          {{"ln_g", {kDim}}, {"ln_b", {kDim}}, {"w1", {kHidden, kDim}}, {"b1", {kHidden}},
-                           {"w2", {kDim, kHidden}}, {"b2", {kDim}}}),
+    check(eng->add_module("block." + std::to_string(l), {{"ln_g", {kDim}},
+                                                         {"ln_b", {kDim}},
+                                                         {"w1", {kHidden, kDim}},
+                                                         {"b1", {kHidden}},
+                                                         {"w2", {kDim, kHidden}},
+                                                         {"b2", {kDim}}}),
           "adding a block");
   }
   // The same values on every rank: a generator seeded by the parameter.
   check(eng->initialize([](size_t m, size_t p, float* x, size_t n) {
-          std::mt19937 gen(static_cast<unsigned>(1000 * m + p));
-          std::normal_distribution<float> nd(0.0f, p == kW1 ? 1.0f / 8 : p == kW2 ? 0.02f : 0.0f);
-          for (size_t i = 0; i < n; ++i) x[i] = p == kLnG ? 1.0f : nd(gen);
-        }),
+    std::mt19937 gen(static_cast<unsigned>(1000 * m + p));
+    std::normal_distribution<float> nd(0.0f, p == kW1 ? 1.0f / 8 : p == kW2 ? 0.02f : 0.0f);
+    for (size_t i = 0; i < n; ++i) x[i] = p == kLnG ? 1.0f : nd(gen);
+  }),
         "initialising");
   printf("train_mlp: %llu parameters, model states %llu bytes, device budget %llu bytes (%.1fx smaller)\n",
          static_cast<unsigned long long>(eng->num_params()),

@@ -111,7 +111,9 @@ ComputeDType precision_flag(const std::string& p) {
 // The engine's config when there is no --config, from the flags: ZeRO-3, every module
 // partitioned, parameters and optimizer states where --offload says.
 Result<Config> flags_config(const TrainOpts& o, const std::vector<std::string>& nvme_dirs, int world_size) {
-  const Offload off = o.offload == "cpu" ? Offload::kCpu : o.offload == "nvme" ? Offload::kNvme : Offload::kNone;
+  const Offload off = o.offload == "cpu"    ? Offload::kCpu
+                      : o.offload == "nvme" ? Offload::kNvme
+                                            : Offload::kNone;
   Config::Builder b;
   b.micro_batch(o.micro_batch)
       .lr(o.lr)
@@ -207,7 +209,8 @@ void apply_overrides(const TrainOpts& o, Config* cfg, bool lead) {
     check("--threads", cfg->set_optimizer_threads(o.threads));
   }
   if (o.has("--device-budget")) {
-    say("--device-budget " + o.device_budget, "zoe.device_budget", std::to_string(cfg->device_budget()) + " bytes");
+    say("--device-budget " + o.device_budget, "zoe.device_budget",
+        std::to_string(cfg->device_budget()) + " bytes");
     check("--device-budget", cfg->set_device_budget(parse_bytes(o.device_budget).value()));
   }
 }
@@ -546,7 +549,8 @@ void run(TrainOpts o) {
       {"layers", mc.layers}, {"d_model", mc.d_model}, {"heads", mc.heads}, {"context", mc.seq}, {"seq", T}};
   j["world_size"] = rt->world_size();
   j["stage"] = cfg.stage();
-  j["offload"] = {{"optimizer", offload_name(cfg.offload_optimizer())}, {"param", offload_name(cfg.offload_param())}};
+  j["offload"] = {{"optimizer", offload_name(cfg.offload_optimizer())},
+                  {"param", offload_name(cfg.offload_param())}};
   j["precision"] = dtype_name(cfg.precision());
   j["micro_batch"] = o.micro_batch;
   j["gradient_accumulation_steps"] = accum;

@@ -41,11 +41,12 @@ class Config {
 
   // Setters: each replaces one key (its JSON path in the comment) and re-validates the whole
   // config; on an error nothing changes.
-  Status set_micro_batch(int64_t n);             // train_micro_batch_size_per_gpu (train_batch_size follows)
-  Status set_gradient_accumulation_steps(int64_t n);  // gradient_accumulation_steps (train_batch_size follows)
-  Status set_precision(ComputeDType d);          // bf16.enabled / fp16.enabled
-  Status set_lr(double lr);                      // optimizer.params.lr
-  Status set_stage(int stage);                   // zero_optimization.stage
+  Status set_micro_batch(int64_t n);  // train_micro_batch_size_per_gpu (train_batch_size follows)
+  Status set_gradient_accumulation_steps(
+      int64_t n);                        // gradient_accumulation_steps (train_batch_size follows)
+  Status set_precision(ComputeDType d);  // bf16.enabled / fp16.enabled
+  Status set_lr(double lr);              // optimizer.params.lr
+  Status set_stage(int stage);           // zero_optimization.stage
   Status set_offload_optimizer(Offload where, const std::vector<std::string>& nvme_paths = {});
   Status set_offload_param(Offload where, const std::vector<std::string>& nvme_paths = {});
   Status set_device_budget(uint64_t bytes);      // zoe.device_budget (0: the whole device)
@@ -99,7 +100,7 @@ class Config::Builder {
   Builder& precision(ComputeDType d);
   Builder& stage(int stage);
   Builder& lr(double lr);
-  Builder& weight_decay(double wd);       // optimizer.params.weight_decay (AdamW)
+  Builder& weight_decay(double wd);  // optimizer.params.weight_decay (AdamW)
   Builder& gradient_clipping(double max_norm);
   // zero_optimization.offload_optimizer / offload_param: device and, for kNvme, its directories.
   Builder& offload_optimizer(Offload where, const std::vector<std::string>& nvme_paths = {});

@@ -52,18 +52,20 @@ struct ParamSpec {
 
 // One parameter (or its gradient) as the engine hands it out.
 struct TensorView {
-  std::string_view name;            // as registered (valid for the engine's life)
+  std::string_view name;                        // as registered (valid for the engine's life)
   const std::vector<int64_t>* shape = nullptr;  // as registered (valid for the engine's life)
   ComputeDType dtype = ComputeDType::kF32;
   void* data = nullptr;
   size_t numel = 0;
-  size_t bytes = 0;                 // numel x dtype_size(dtype)
+  size_t bytes = 0;  // numel x dtype_size(dtype)
   // True when host code may read and write `data` directly (the CPU device: its device memory
   // is host memory). False: device memory (CUDA); use Engine::read_f32/write_f32 or kernels.
   bool host_addressable = true;
 
   template <typename T>
-  T* as() const { return static_cast<T*>(data); }
+  T* as() const {
+    return static_cast<T*>(data);
+  }
 };
 
 // A module's parameters as the compute sees them: full (gathered) tensors on the device, in
@@ -80,16 +82,16 @@ struct ModuleParams {
 };
 
 struct StepStats {
-  int64_t step = 0;             // optimizer steps taken so far
-  bool skipped = false;         // fp16 overflow: no update, loss scale lowered
-  double grad_norm = 0.0;       // of the averaged, unscaled gradients (before clipping)
-  double loss_scale = 1.0;      // the scale for the next step
-  double lr = 0.0;              // used by this step
+  int64_t step = 0;         // optimizer steps taken so far
+  bool skipped = false;     // fp16 overflow: no update, loss scale lowered
+  double grad_norm = 0.0;   // of the averaged, unscaled gradients (before clipping)
+  double loss_scale = 1.0;  // the scale for the next step
+  double lr = 0.0;          // used by this step
   // Seconds since the previous step() (or initialize()): time in each part of the engine.
-  double t_compute = 0.0;       // outside engine calls (the caller's forward/backward)
-  double t_comm = 0.0;          // waiting for collectives
-  double t_io_stall = 0.0;      // waiting for parameters to arrive from host/NVMe
-  double t_optimizer = 0.0;     // the step itself (norm, Adam, parameter write-back)
+  double t_compute = 0.0;    // outside engine calls (the caller's forward/backward)
+  double t_comm = 0.0;       // waiting for collectives
+  double t_io_stall = 0.0;   // waiting for parameters to arrive from host/NVMe
+  double t_optimizer = 0.0;  // the step itself (norm, Adam, parameter write-back)
   // High-water marks, bytes: device, host, nvme.
   uint64_t high_water[3] = {0, 0, 0};
   // Bytes moved since initialize(): NVMe reads and writes (every tier's), host -> device and

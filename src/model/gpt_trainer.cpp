@@ -61,7 +61,8 @@ void GptTrainer::reset_grads(size_t m, std::vector<float>* data, std::vector<flo
 
 Status GptTrainer::store_and_reduce(size_t m, const std::vector<float*>& g, double scale) {
   ZOE_ASSIGN_OR_RETURN(ModuleParams gb, e_.grads(m));
-  for (size_t i = 0; i < gb.size(); ++i) ZOE_RETURN_IF_ERROR(e_.write_f32(gb[i], g[i], static_cast<float>(scale)));
+  for (size_t i = 0; i < gb.size(); ++i)
+    ZOE_RETURN_IF_ERROR(e_.write_f32(gb[i], g[i], static_cast<float>(scale)));
   return e_.reduce_grads(m);
 }
 
@@ -158,13 +159,15 @@ Status read_integer(const nlohmann::json& tj, const char* key, const std::string
   } else if (v.is_number_integer()) {
     const int64_t x = v.get<int64_t>();
     ok = x >= 0 || std::numeric_limits<T>::is_signed;
-    ok = ok && (std::numeric_limits<T>::is_signed ? x >= static_cast<int64_t>(lo) && x <= static_cast<int64_t>(hi)
-                                                  : static_cast<uint64_t>(x) <= static_cast<uint64_t>(hi));
+    ok = ok &&
+         (std::numeric_limits<T>::is_signed ? x >= static_cast<int64_t>(lo) && x <= static_cast<int64_t>(hi)
+                                            : static_cast<uint64_t>(x) <= static_cast<uint64_t>(hi));
     if (ok) *out = static_cast<T>(x);
   }
   if (ok) return Status::ok();
-  return corruption("checkpoint %s: key 'trainer.%s': expected an integer in [%s, %s], found %s", from.c_str(), key,
-                    std::to_string(lo).c_str(), std::to_string(hi).c_str(), shown(v).c_str());
+  return corruption("checkpoint %s: key 'trainer.%s': expected an integer in [%s, %s], found %s",
+                    from.c_str(), key, std::to_string(lo).c_str(), std::to_string(hi).c_str(),
+                    shown(v).c_str());
 }
 }  // namespace
 

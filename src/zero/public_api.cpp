@@ -27,7 +27,9 @@ float to_f32(uint16_t half, ComputeDType d) {
   return d == ComputeDType::kBF16 ? bf16_to_f32(half) : f16_to_f32(half);
 }
 
-uint16_t from_f32(float x, ComputeDType d) { return d == ComputeDType::kBF16 ? f32_to_bf16(x) : f32_to_f16(x); }
+uint16_t from_f32(float x, ComputeDType d) {
+  return d == ComputeDType::kBF16 ? f32_to_bf16(x) : f32_to_f16(x);
+}
 
 void to_f32(const void* src, ComputeDType d, float* dst, size_t n) {
   if (d == ComputeDType::kF32) {
@@ -72,7 +74,8 @@ Result<double> Runtime::average(double value) {
 Status Runtime::sum(double* values, size_t n) {
   if (world_size() == 1 || n == 0) return Status::ok();
   std::vector<double> out(n);
-  Status s = impl_->comm->all_reduce(values, out.data(), n, comm::CommType::kF64, comm::ReduceOp::kSum).wait();
+  Status s =
+      impl_->comm->all_reduce(values, out.data(), n, comm::CommType::kF64, comm::ReduceOp::kSum).wait();
   if (!s.is_ok()) return s.with_context("summing " + std::to_string(n) + " values over the ranks");
   memcpy(values, out.data(), n * sizeof(double));
   return Status::ok();
@@ -84,8 +87,9 @@ Status Runtime::broadcast(void* data, size_t bytes, int root) {
   }
   if (world_size() == 1 || bytes == 0) return Status::ok();
   Status s = impl_->comm->broadcast(data, bytes, comm::CommType::kU8, root).wait();
-  if (!s.is_ok()) return s.with_context("broadcasting " + std::to_string(bytes) + " bytes from rank " +
-                                        std::to_string(root));
+  if (!s.is_ok())
+    return s.with_context("broadcasting " + std::to_string(bytes) + " bytes from rank " +
+                          std::to_string(root));
   return Status::ok();
 }
 
@@ -103,7 +107,7 @@ const char* offload_name(Offload o) {
 
 namespace {
 Offload public_offload(config::OffloadDevice d) {
-  return d == config::OffloadDevice::kNone ? Offload::kNone
+  return d == config::OffloadDevice::kNone  ? Offload::kNone
          : d == config::OffloadDevice::kCpu ? Offload::kCpu
                                             : Offload::kNvme;
 }
@@ -164,8 +168,7 @@ Status edit_config(config::Config* cfg, int world_size, const char* what, Edit e
 }
 }  // namespace
 
-#define ZOE_EDIT(what, body) \
-  edit_config(&impl_->cfg, impl_->world_size, what, [&](json & j) { body; })
+#define ZOE_EDIT(what, body) edit_config(&impl_->cfg, impl_->world_size, what, [&](json& j) { body; })
 
 Status Config::set_micro_batch(int64_t n) {
   const int64_t accum = impl_->cfg.gradient_accumulation_steps;
@@ -181,9 +184,15 @@ Status Config::set_gradient_accumulation_steps(int64_t n) {
     j["train_batch_size"] = micro * n * impl_->world_size;
   });
 }
-Status Config::set_precision(ComputeDType d) { return ZOE_EDIT("bf16.enabled / fp16.enabled", set_precision_json(&j, d)); }
-Status Config::set_lr(double lr) { return ZOE_EDIT("optimizer.params.lr", j["optimizer"]["params"]["lr"] = lr); }
-Status Config::set_stage(int stage) { return ZOE_EDIT("zero_optimization.stage", j["zero_optimization"]["stage"] = stage); }
+Status Config::set_precision(ComputeDType d) {
+  return ZOE_EDIT("bf16.enabled / fp16.enabled", set_precision_json(&j, d));
+}
+Status Config::set_lr(double lr) {
+  return ZOE_EDIT("optimizer.params.lr", j["optimizer"]["params"]["lr"] = lr);
+}
+Status Config::set_stage(int stage) {
+  return ZOE_EDIT("zero_optimization.stage", j["zero_optimization"]["stage"] = stage);
+}
 Status Config::set_offload_optimizer(Offload where, const std::vector<std::string>& paths) {
   return ZOE_EDIT("zero_optimization.offload_optimizer", {
     json& b = j["zero_optimization"]["offload_optimizer"];
@@ -204,7 +213,9 @@ Status Config::set_device_budget(uint64_t bytes) {
 Status Config::set_optimizer_threads(int threads) {
   return ZOE_EDIT("zoe.optimizer_threads", j["zoe"]["optimizer_threads"] = threads);
 }
-Status Config::set_device(const std::string& device) { return ZOE_EDIT("zoe.device", j["zoe"]["device"] = device); }
+Status Config::set_device(const std::string& device) {
+  return ZOE_EDIT("zoe.device", j["zoe"]["device"] = device);
+}
 #undef ZOE_EDIT
 
 int Config::world_size() const { return impl_->world_size; }
@@ -212,7 +223,9 @@ int64_t Config::micro_batch() const { return impl_->cfg.train_micro_batch_size_p
 int64_t Config::gradient_accumulation_steps() const { return impl_->cfg.gradient_accumulation_steps; }
 int64_t Config::train_batch_size() const { return impl_->cfg.train_batch_size; }
 ComputeDType Config::precision() const {
-  return impl_->cfg.bf16 ? ComputeDType::kBF16 : impl_->cfg.fp16.enabled ? ComputeDType::kF16 : ComputeDType::kF32;
+  return impl_->cfg.bf16           ? ComputeDType::kBF16
+         : impl_->cfg.fp16.enabled ? ComputeDType::kF16
+                                   : ComputeDType::kF32;
 }
 double Config::lr() const { return impl_->cfg.optimizer.lr; }
 double Config::lr_at(int64_t step) const { return impl_->cfg.lr_at(step); }
@@ -223,8 +236,12 @@ Offload Config::offload_param() const { return public_offload(impl_->cfg.zero.of
 std::vector<std::string> Config::offload_optimizer_nvme_paths() const {
   return impl_->cfg.zero.offload_optimizer.nvme_path;
 }
-std::vector<std::string> Config::offload_param_nvme_paths() const { return impl_->cfg.zero.offload_param.nvme_path; }
-int64_t Config::offload_optimizer_buffer_count() const { return impl_->cfg.zero.offload_optimizer.buffer_count; }
+std::vector<std::string> Config::offload_param_nvme_paths() const {
+  return impl_->cfg.zero.offload_param.nvme_path;
+}
+int64_t Config::offload_optimizer_buffer_count() const {
+  return impl_->cfg.zero.offload_optimizer.buffer_count;
+}
 int64_t Config::sub_group_size() const { return impl_->cfg.zero.sub_group_size; }
 uint64_t Config::device_budget() const { return static_cast<uint64_t>(impl_->cfg.zoe.device_budget_bytes); }
 int Config::optimizer_threads() const { return static_cast<int>(impl_->cfg.zoe.optimizer_threads); }

@@ -42,7 +42,8 @@ float from_bits(uint32_t u) {
 
 // The initial value of element i of parameter p of module m.
 float init_value(size_t m, size_t p, size_t i) {
-  return 0.01f * static_cast<float>(i % 97) - 0.3f + 0.125f * static_cast<float>(m) + 0.5f * static_cast<float>(p);
+  return 0.01f * static_cast<float>(i % 97) - 0.3f + 0.125f * static_cast<float>(m) +
+         0.5f * static_cast<float>(p);
 }
 
 const std::vector<zoe::ParamSpec> kSpecs = {{"w", {3, 5}}, {"b", {5}}, {"t", {2, 3, 4}}};
@@ -143,7 +144,7 @@ TEST_F(ScopedFetch, ExplicitReleaseOnceAndMoves) {
   zoe::Gathered g = std::move(p).value();
   EXPECT_EQ(g.size(), kSpecs.size());
   EXPECT_TRUE(g.release().is_ok());
-  EXPECT_EQ(g.size(), 0u);            // the views are gone
+  EXPECT_EQ(g.size(), 0u);           // the views are gone
   EXPECT_TRUE(g.release().is_ok());  // a second release does nothing
   expect_released(0);
   // Moving a Gathered over another releases the one it replaces; the moved-from one owns nothing.
@@ -244,7 +245,8 @@ TEST_P(TypedViews, ShapesDtypesAndValues) {
 
 INSTANTIATE_TEST_SUITE_P(AllStagesAndPrecisions, TypedViews,
                          ::testing::Combine(::testing::Values(0, 1, 2, 3),
-                                            ::testing::Values(zoe::ComputeDType::kF32, zoe::ComputeDType::kBF16,
+                                            ::testing::Values(zoe::ComputeDType::kF32,
+                                                              zoe::ComputeDType::kBF16,
                                                               zoe::ComputeDType::kF16)));
 
 // ---------------------------------------------------------------------------------------------
@@ -261,10 +263,10 @@ TEST(DType, KnownBitPatterns) {
   EXPECT_EQ(zoe::from_f32(NAN, ComputeDType::kBF16) & 0x7fc0, 0x7fc0);  // a quiet NaN
   EXPECT_EQ(zoe::from_f32(1.0f, ComputeDType::kF16), 0x3c00);
   EXPECT_EQ(zoe::from_f32(65504.0f, ComputeDType::kF16), 0x7bff);
-  EXPECT_EQ(zoe::from_f32(65520.0f, ComputeDType::kF16), 0x7c00);    // rounds to inf
-  EXPECT_EQ(zoe::from_f32(0x1p-24f, ComputeDType::kF16), 0x0001);    // smallest subnormal
-  EXPECT_EQ(zoe::from_f32(0x1p-25f, ComputeDType::kF16), 0x0000);    // tie to even: zero
-  EXPECT_EQ(zoe::from_f32(0x3p-25f, ComputeDType::kF16), 0x0002);    // tie to even: up
+  EXPECT_EQ(zoe::from_f32(65520.0f, ComputeDType::kF16), 0x7c00);  // rounds to inf
+  EXPECT_EQ(zoe::from_f32(0x1p-24f, ComputeDType::kF16), 0x0001);  // smallest subnormal
+  EXPECT_EQ(zoe::from_f32(0x1p-25f, ComputeDType::kF16), 0x0000);  // tie to even: zero
+  EXPECT_EQ(zoe::from_f32(0x3p-25f, ComputeDType::kF16), 0x0002);  // tie to even: up
   EXPECT_EQ(zoe::from_f32(-2.0f, ComputeDType::kF16), 0xc000);
   EXPECT_EQ(zoe::to_f32(0x3f80, ComputeDType::kBF16), 1.0f);
   EXPECT_EQ(zoe::to_f32(0x0001, ComputeDType::kF16), 0x1p-24f);
@@ -308,11 +310,13 @@ TEST_P(DTypeVsEngine, BitEqualToTheEnginesConversion) {
     auto cfg = zoe::Config::Builder().precision(dt).device(GetParam()).build();
     ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
     auto e = zoe::Engine::create(runtime(), cfg.value());
-    if (!e.is_ok() && e.status().code() == zoe::StatusCode::kUnsupported) GTEST_SKIP() << e.status().to_string();
+    if (!e.is_ok() && e.status().code() == zoe::StatusCode::kUnsupported)
+      GTEST_SKIP() << e.status().to_string();
     ASSERT_TRUE(e.is_ok()) << e.status().to_string();
     auto eng = std::move(e).value();
     ASSERT_TRUE(eng->add_module("m", {{"x", {static_cast<int64_t>(vals.size())}}}).is_ok());
-    ASSERT_TRUE(eng->initialize([&](size_t, size_t, float* x, size_t n) { memcpy(x, vals.data(), n * 4); }).is_ok());
+    ASSERT_TRUE(
+        eng->initialize([&](size_t, size_t, float* x, size_t n) { memcpy(x, vals.data(), n * 4); }).is_ok());
     auto p = eng->gather(0);
     ASSERT_TRUE(p.is_ok());
     const zoe::TensorView& v = (*p)[0];
@@ -347,7 +351,8 @@ INSTANTIATE_TEST_SUITE_P(Devices, DTypeVsEngine, ::testing::Values("cpu", "cuda"
 // Config and Runtime
 
 TEST(Config, ErrorsNameTheJsonPath) {
-  auto bad = zoe::Config::parse(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "disk"}}})");
+  auto bad =
+      zoe::Config::parse(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "disk"}}})");
   ASSERT_FALSE(bad.is_ok());
   EXPECT_EQ(bad.status().code(), zoe::StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().to_string().find("zero_optimization.offload_param.device"), std::string::npos)
@@ -358,7 +363,8 @@ TEST(Config, ErrorsNameTheJsonPath) {
 }
 
 TEST(Config, SettersValidateAndLeaveTheConfigAloneOnError) {
-  auto c = zoe::Config::parse(R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 3})", 1);
+  auto c =
+      zoe::Config::parse(R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 3})", 1);
   ASSERT_TRUE(c.is_ok()) << c.status().to_string();
   zoe::Config cfg = c.value();
   ASSERT_TRUE(cfg.set_micro_batch(4).is_ok());
