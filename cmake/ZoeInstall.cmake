@@ -26,8 +26,10 @@ set_target_properties(zoe_lib PROPERTIES OUTPUT_NAME zoe EXPORT_NAME zoe VERSION
 # (the archives themselves add nothing: every symbol in them is already defined).
 target_link_libraries(zoe_lib PRIVATE ${_zoe_layers})
 # Every symbol resolved inside the library or its dependencies: a missing one fails here, not in a
-# user's link.
-target_link_options(zoe_lib PRIVATE "LINKER:--no-undefined")
+# user's link (not under sanitizers, whose runtimes the executable brings).
+if(NOT ZOE_SANITIZE)
+  target_link_options(zoe_lib PRIVATE "LINKER:--no-undefined")
+endif()
 target_include_directories(zoe_lib INTERFACE $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include>
                                              $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
 target_compile_features(zoe_lib INTERFACE cxx_std_17)
