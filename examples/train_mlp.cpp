@@ -134,22 +134,18 @@ int main(int argc, char** argv) {
                        .build(rt->world_size()),
                    "building the config");
   auto eng = check(zoe::Engine::create(*rt, cfg), "creating the engine");
-  for (int l = 0; l < kBlocks; ++l) {
-    check(eng->add_module("block." + std::to_string(l), {{"ln_g", {kDim}},
-                                                         {"ln_b", {kDim}},
-                                                         {"w1", {kHidden, kDim}},
-                                                         {"b1", {kHidden}},
-                                                         {"w2", {kDim, kHidden}},
-                                                         {"b2", {kDim}}}),
-          "adding a block");
-  }
+  const std::vector<zoe::ParamSpec> block = {{"ln_g", {kDim}},        {"ln_b", {kDim}},
+                                             {"w1", {kHidden, kDim}}, {"b1", {kHidden}},
+                                             {"w2", {kDim, kHidden}}, {"b2", {kDim}}};
+  for (int l = 0; l < kBlocks; ++l)
+    check(eng->add_module("block." + std::to_string(l), block), "adding a block");
   // The same values on every rank: a generator seeded by the parameter.
-  check(eng->initialize([](size_t m, size_t p, float* x, size_t n) {
+  auto init = [](size_t m, size_t p, float* x, size_t n) {
     std::mt19937 gen(static_cast<unsigned>(1000 * m + p));
     std::normal_distribution<float> nd(0.0f, p == kW1 ? 1.0f / 8 : p == kW2 ? 0.02f : 0.0f);
     for (size_t i = 0; i < n; ++i) x[i] = p == kLnG ? 1.0f : nd(gen);
-  }),
-        "initialising");
+  };
+  check(eng->initialize(init), "initialising");
   printf("train_mlp: %llu parameters, model states %llu bytes, device budget %llu bytes (%.1fx smaller)\n",
          static_cast<unsigned long long>(eng->num_params()),
          static_cast<unsigned long long>(eng->model_state_bytes()), static_cast<unsigned long long>(budget),
