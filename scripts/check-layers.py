@@ -25,8 +25,9 @@ ALLOWED = {
     "src/model": CORE,
     "offload": CORE + ["io", "src/device"],
     "src/zero": CORE + ["io", "src/device", "src/comm", "src/optim", "src/config", "src/checkpoint", "offload"],
+    "src/export": CORE + ["src/checkpoint", "src/model"],
     "src/plan": CORE + ["io", "src/device", "src/comm", "src/optim", "src/config", "src/checkpoint", "offload",
-                        "src/zero"],
+                        "src/zero", "src/model"],
     "python": CORE + ["src/model", "src/zero", "src/config"],
     "examples": ["include/zoe"],
     "tools": None,   # the CLI: every library below it

@@ -16,6 +16,22 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
 cmake --build build -j"$jobs"
 ctest --test-dir build --output-on-failure -j"$jobs"
 
+# The install path: zoe installed into a temporary prefix; the public API tests and the example
+# built as separate CMake projects that see only that prefix (find_package(zoe)), then run.
+echo "== install, public API tests and examples against the installed zoe" >&2
+prefix=$(mktemp -d /tmp/zoe-install.XXXXXX)
+scratch=$(mktemp -d "${ZOE_SCRATCH:-/var/tmp}/zoe-example.XXXXXX")
+trap 'rm -rf "$prefix" "$scratch"' EXIT
+cmake --install build --prefix "$prefix" > /dev/null
+cmake -S tests/api -B "$prefix/build-api" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix"
+cmake --build "$prefix/build-api" -j"$jobs"
+ZOE_TEST_TMPDIR="$scratch" ctest --test-dir "$prefix/build-api" --output-on-failure
+cmake -S examples -B "$prefix/build-examples" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix"
+cmake --build "$prefix/build-examples" -j"$jobs"
+# train_mlp exits 1 unless its loss fell over the steps.
+timeout 300 "$prefix/build-examples/train_mlp" 12 "$scratch"
+PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --exists --print-errors zoe
+
 if [ "${ZOE_SKIP_SANITIZE:-0}" != "1" ]; then
   echo "== ASan+UBSan build and tests (build-san/)" >&2
   # CUDA off: the CUDA runtime and ASan's shadow memory do not mix; GPU code is checked on GPUs.

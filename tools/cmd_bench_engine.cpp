@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "config/config.h"
+#include "zero/engine_internal.h"
 #include "core/clock.h"
 #include "core/dtype.h"
 #include "core/units.h"
@@ -49,7 +50,7 @@ std::string make_config(const BenchEngineOpts& o, const std::string& nvme) {
 }
 
 json run_depth(Runtime& rt, const config::Config& cfg, const BenchEngineOpts& o, int depth) {
-  auto eng = value_or_fail(Engine::create(rt, cfg));
+  auto eng = value_or_fail(zero::create_engine(rt, cfg));
   for (int l = 0; l < depth; ++l) {
     Status s = eng->add_module("block." + std::to_string(l), {{"w", {o.d, o.d}}, {"b", {o.d}}});
     if (!s.is_ok()) fail(s);

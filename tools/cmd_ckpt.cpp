@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
-#include "checkpoint/hf_gpt2.h"
+#include "export/hf_gpt2.h"
 #include "core/units.h"
 #include "data/corpus.h"
 #include "model/gpt.h"

@@ -1,5 +1,6 @@
 // `zoe train`: trains the reference GPT through the engine on a text file or the built-in
-// arithmetic corpus, with the engine's placement from a DeepSpeed-style config (or flags).
+// arithmetic corpus, with the engine's placement from a DeepSpeed-style config (or flags). A thin
+// CLI over model::GptTrainer and the public API: flags -> zoe::Config (its Builder and setters).
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -19,18 +20,11 @@
 #include <thread>
 #include <vector>
 
-#include "checkpoint/checkpoint.h"
-#include "comm/communicator.h"
-#include "config/config.h"
-#include "core/clock.h"
-#include "core/cpu.h"
-#include "core/dtype.h"
-#include "core/units.h"
 #include "data/corpus.h"
-#include "model/gpt.h"
+#include "model/gpt_trainer.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
-#include "zoe/engine.h"
+#include "zoe/zoe.h"
 
 namespace zoe::cli {
 namespace {
@@ -110,24 +104,28 @@ model::GptConfig model_config(const TrainOpts& o) {
   return c;
 }
 
-// The engine's config when there is no --config, built from the flags as JSON values (a path
-// with quotes or backslashes stays what it is).
-json flags_config(const TrainOpts& o, const std::vector<std::string>& nvme_dirs) {
-  const std::string off = o.offload.empty() ? "none" : o.offload;
-  json block = {{"device", off}};
-  if (off == "nvme") block["nvme_path"] = nvme_dirs;
-  json j = {{"train_micro_batch_size_per_gpu", o.micro_batch},
-            {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", o.lr}, {"weight_decay", 0.0}}}}},
-            {"zero_optimization",
-             {{"stage", 3},
-              {"stage3_param_persistence_threshold", 0},
-              {"offload_optimizer", block},
-              {"offload_param", block}}}};
-  if (o.precision == "bf16") j["bf16"] = {{"enabled", true}};
-  if (o.precision == "fp16") j["fp16"] = {{"enabled", true}};
-  if (o.has("--threads")) j["zoe"]["optimizer_threads"] = o.threads;
-  if (o.has("--device-budget")) j["zoe"]["device_budget"] = o.device_budget;
-  return j;
+ComputeDType precision_flag(const std::string& p) {
+  return p == "bf16" ? ComputeDType::kBF16 : p == "fp16" ? ComputeDType::kF16 : ComputeDType::kF32;
+}
+
+// The engine's config when there is no --config, from the flags: ZeRO-3, every module
+// partitioned, parameters and optimizer states where --offload says.
+Result<Config> flags_config(const TrainOpts& o, const std::vector<std::string>& nvme_dirs, int world_size) {
+  const Offload off = o.offload == "cpu"    ? Offload::kCpu
+                      : o.offload == "nvme" ? Offload::kNvme
+                                            : Offload::kNone;
+  Config::Builder b;
+  b.micro_batch(o.micro_batch)
+      .lr(o.lr)
+      .weight_decay(0.0)
+      .stage(3)
+      .param_persistence_threshold(0)
+      .offload_optimizer(off, nvme_dirs)
+      .offload_param(off, nvme_dirs)
+      .precision(precision_flag(o.precision));
+  if (o.has("--threads")) b.optimizer_threads(o.threads);
+  if (o.has("--device-budget")) b.device_budget(parse_bytes(o.device_budget).value());
+  return b.build(world_size);
 }
 
 // Checks every flag's value on its own (before anything is read or allocated): an error names the
@@ -177,44 +175,43 @@ void check_flags(TrainOpts& o) {
 
 // The config file's values that flags given on the command line replace, each said in one line
 // on stderr (rank 0); flags not given leave the file's values alone.
-void apply_overrides(const TrainOpts& o, config::Config* cfg, int world_size, bool lead) {
+void apply_overrides(const TrainOpts& o, Config* cfg, bool lead) {
   auto say = [&](const std::string& flag, const std::string& key, const std::string& was) {
     if (lead) {
       fprintf(stderr, "zoe: %s overrides %s (%s in %s)\n", flag.c_str(), key.c_str(), was.c_str(),
               o.config.c_str());
     }
   };
+  auto check = [&](const std::string& flag, Status s) {
+    if (!s.is_ok()) usage_fail(s.with_context(flag + " with --config " + o.config));
+  };
   if (o.has("--micro-batch")) {
     say(fmt("--micro-batch %d", o.micro_batch), "train_micro_batch_size_per_gpu",
-        std::to_string(cfg->train_micro_batch_size_per_gpu));
-    cfg->train_micro_batch_size_per_gpu = o.micro_batch;
-    cfg->train_batch_size =
-        cfg->train_micro_batch_size_per_gpu * cfg->gradient_accumulation_steps * world_size;
+        std::to_string(cfg->micro_batch()));
+    check("--micro-batch", cfg->set_micro_batch(o.micro_batch));
   }
   if (o.has("--lr")) {
-    if (!cfg->scheduler.type.empty()) {
+    if (!cfg->scheduler_type().empty()) {
       usage_fail(
           invalid_argument("--lr %g has no effect with --config %s: its scheduler %s sets the learning "
                            "rate (scheduler.params.warmup_max_lr); remove --lr or the scheduler",
-                           o.lr, o.config.c_str(), cfg->scheduler.type.c_str()));
+                           o.lr, o.config.c_str(), cfg->scheduler_type().c_str()));
     }
-    say(fmt("--lr %g", o.lr), "optimizer.params.lr", fmt("%g", cfg->optimizer.lr));
-    cfg->optimizer.lr = o.lr;
+    say(fmt("--lr %g", o.lr), "optimizer.params.lr", fmt("%g", cfg->lr()));
+    check("--lr", cfg->set_lr(o.lr));
   }
   if (o.has("--precision")) {
-    const char* was = cfg->bf16 ? "bf16" : cfg->fp16.enabled ? "fp16" : "fp32";
-    say("--precision " + o.precision, "bf16.enabled / fp16.enabled", was);
-    cfg->bf16 = o.precision == "bf16";
-    cfg->fp16.enabled = o.precision == "fp16";
+    say("--precision " + o.precision, "bf16.enabled / fp16.enabled", dtype_name(cfg->precision()));
+    check("--precision", cfg->set_precision(precision_flag(o.precision)));
   }
   if (o.has("--threads")) {
-    say(fmt("--threads %d", o.threads), "zoe.optimizer_threads", std::to_string(cfg->zoe.optimizer_threads));
-    cfg->zoe.optimizer_threads = o.threads;
+    say(fmt("--threads %d", o.threads), "zoe.optimizer_threads", std::to_string(cfg->optimizer_threads()));
+    check("--threads", cfg->set_optimizer_threads(o.threads));
   }
   if (o.has("--device-budget")) {
     say("--device-budget " + o.device_budget, "zoe.device_budget",
-        std::to_string(cfg->zoe.device_budget_bytes) + " bytes");
-    cfg->zoe.device_budget_bytes = static_cast<int64_t>(parse_bytes(o.device_budget).value());
+        std::to_string(cfg->device_budget()) + " bytes");
+    check("--device-budget", cfg->set_device_budget(parse_bytes(o.device_budget).value()));
   }
 }
 
@@ -264,28 +261,17 @@ class StopSignals {
   static inline std::atomic<int> requested_{0};
 };
 
-// Host bytes GptCpu allocates for one micro-batch (activations and backward scratch, the sizes
-// of its constructor), in double so that an absurd shape cannot wrap.
-double activation_bytes_estimate(const model::GptConfig& c, int batch, int T) {
-  const double n = static_cast<double>(batch) * T, nd = n * c.d_model;
-  const double att = static_cast<double>(batch) * c.heads * T * T, L = c.layers;
-  const double floats =
-      (L + 1) * nd + L * (15 * nd + 4 * n + att) + nd + 3 * n + 2 * n * c.vocab + 10 * nd + att;
-  return 4 * floats + 8 * n;
-}
-
 // Refuses a run whose host allocations cannot fit before making them: the activations, and the
 // optimizer swapper's pinned buffers with NVMe optimizer offload (the engine's sizing:
 // max(buffer_count, 12) buffers of min(sub_group_size, 1Mi) fp32 elements).
-void check_host_memory(const config::Config& cfg, const model::GptConfig& mc, int micro, int T) {
-  const uint64_t avail = host_memory().available_bytes;
+void check_host_memory(const Config& cfg, const model::GptConfig& mc, int micro, int T) {
+  const uint64_t avail = host_memory_available();
   if (avail == 0) return;  // unknown
-  const double act = activation_bytes_estimate(mc, micro, T);
+  const double act = model::activation_bytes_estimate(mc, micro, T);
   double swap = 0;
-  const auto& oo = cfg.zero.offload_optimizer;
-  if (oo.device == config::OffloadDevice::kNvme) {
-    const double chunk = static_cast<double>(std::min<int64_t>(cfg.zero.sub_group_size, int64_t{1} << 20));
-    swap = static_cast<double>(std::max<int64_t>(oo.buffer_count, 12)) * chunk * 4;
+  if (cfg.offload_optimizer() == Offload::kNvme) {
+    const double chunk = static_cast<double>(std::min<int64_t>(cfg.sub_group_size(), int64_t{1} << 20));
+    swap = static_cast<double>(std::max<int64_t>(cfg.offload_optimizer_buffer_count(), 12)) * chunk * 4;
   }
   if (act + swap <= static_cast<double>(avail)) return;
   auto bytes = [](double b) {
@@ -296,7 +282,7 @@ void check_host_memory(const config::Config& cfg, const model::GptConfig& mc, in
           mc.layers, micro, T, mc.seq, mc.d_model, mc.heads, bytes(act).c_str());
   if (swap > 0) {
     what += fmt("; optimizer swap buffers (zero_optimization.offload_optimizer.buffer_count %lld): %s",
-                static_cast<long long>(oo.buffer_count), bytes(swap).c_str());
+                static_cast<long long>(cfg.offload_optimizer_buffer_count()), bytes(swap).c_str());
   }
   fail(out_of_budget("the run needs about %s of host memory (%s) but the host has %s available",
                      bytes(act + swap).c_str(), what.c_str(), format_bytes(avail).c_str()));
@@ -318,166 +304,11 @@ void prepare_save_dir(const std::string& dir) {
   unlink(probe.c_str());
 }
 
-// fp32 views of a module's parameters: the fetched buffers themselves (fp32 compute) or a
-// converted copy in `scratch`.
-std::vector<const float*> as_f32(const ModuleParams& p, std::vector<float>* scratch) {
-  std::vector<const float*> out;
-  if (p.dtype == ComputeDType::kF32) {
-    for (void* d : p.data) out.push_back(static_cast<const float*>(d));
-    return out;
-  }
-  size_t total = 0;
-  for (size_t n : p.numel) total += n;
-  scratch->resize(total);
-  size_t off = 0;
-  for (size_t i = 0; i < p.data.size(); ++i) {
-    const auto* h = static_cast<const uint16_t*>(p.data[i]);
-    float* dst = scratch->data() + off;
-    if (p.dtype == ComputeDType::kBF16) {
-      for (size_t k = 0; k < p.numel[i]; ++k) dst[k] = bf16_to_f32(h[k]);
-    } else {
-      for (size_t k = 0; k < p.numel[i]; ++k) dst[k] = f16_to_f32(h[k]);
-    }
-    out.push_back(dst);
-    off += p.numel[i];
-  }
-  return out;
-}
-
-// fp32 gradient buffers for a module (zeroed).
-struct GradScratch {
-  std::vector<float> data;
-  std::vector<float*> ptrs;
-  void reset(const model::ModuleSpec& m) {
-    size_t total = 0;
-    for (const auto& t : m.params) total += t.numel();
-    data.assign(total, 0.0f);
-    ptrs.clear();
-    size_t off = 0;
-    for (const auto& t : m.params) {
-      ptrs.push_back(data.data() + off);
-      off += t.numel();
-    }
-  }
-};
-
-// Writes fp32 gradients (x loss scale) into the engine's buffers in the compute dtype.
-void store_grads(const GradScratch& g, const ModuleParams& dst, double scale) {
-  for (size_t i = 0; i < dst.data.size(); ++i) {
-    const float* s = g.ptrs[i];
-    const auto f = static_cast<float>(scale);
-    if (dst.dtype == ComputeDType::kF32) {
-      auto* d = static_cast<float*>(dst.data[i]);
-      for (size_t k = 0; k < dst.numel[i]; ++k) d[k] = s[k] * f;
-    } else if (dst.dtype == ComputeDType::kBF16) {
-      auto* d = static_cast<uint16_t*>(dst.data[i]);
-      for (size_t k = 0; k < dst.numel[i]; ++k) d[k] = f32_to_bf16(s[k] * f);
-    } else {
-      auto* d = static_cast<uint16_t*>(dst.data[i]);
-      for (size_t k = 0; k < dst.numel[i]; ++k) d[k] = f32_to_f16(s[k] * f);
-    }
-  }
-}
-
-class Trainer {
- public:
-  Trainer(Engine& e, model::GptCpu& m, const model::GptConfig& c, int T) : e_(e), m_(m), c_(c), T_(T) {
-    specs_ = model::gpt_modules(c);
-  }
-
-  // One forward pass; returns the mean loss. Fetches and releases every module.
-  Result<float> forward(const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets) {
-    const size_t L = static_cast<size_t>(c_.layers);
-    {
-      ZOE_ASSIGN_OR_RETURN(ModuleParams p, e_.fetch(0));
-      auto f = as_f32(p, &scratch_);
-      uint64_t t0 = now_ns();
-      m_.embed_forward(tokens.data(), f.data());
-      e_.record_compute("embed fwd", t0, now_ns());
-      ZOE_RETURN_IF_ERROR(e_.release(0));
-    }
-    for (size_t l = 0; l < L; ++l) {
-      ZOE_ASSIGN_OR_RETURN(ModuleParams p, e_.fetch(1 + l));
-      auto f = as_f32(p, &scratch_);
-      uint64_t t0 = now_ns();
-      m_.block_forward(static_cast<int>(l), f.data());
-      e_.record_compute("block " + std::to_string(l) + " fwd", t0, now_ns());
-      ZOE_RETURN_IF_ERROR(e_.release(1 + l));
-    }
-    ZOE_ASSIGN_OR_RETURN(ModuleParams pf, e_.fetch(L + 1));
-    ZOE_ASSIGN_OR_RETURN(ModuleParams pe, e_.fetch(0));
-    auto ff = as_f32(pf, &scratch_);
-    auto fe = as_f32(pe, &scratch2_);
-    uint64_t t0 = now_ns();
-    float loss = m_.head_forward(ff.data(), fe.data(), targets.data());
-    e_.record_compute("head fwd", t0, now_ns());
-    ZOE_RETURN_IF_ERROR(e_.release(0));
-    ZOE_RETURN_IF_ERROR(e_.release(L + 1));
-    return loss;
-  }
-
-  // Forward and backward of one micro-batch, gradients reduced into the engine.
-  Result<float> forward_backward(const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets) {
-    ZOE_ASSIGN_OR_RETURN(float loss, forward(tokens, targets));
-    const size_t L = static_cast<size_t>(c_.layers);
-    const double scale = e_.loss_scale();
-    GradScratch g_embed, g;
-    g_embed.reset(specs_[0]);
-    {
-      ZOE_ASSIGN_OR_RETURN(ModuleParams pf, e_.fetch(L + 1));
-      ZOE_ASSIGN_OR_RETURN(ModuleParams pe, e_.fetch(0));
-      auto ff = as_f32(pf, &scratch_);
-      auto fe = as_f32(pe, &scratch2_);
-      g.reset(specs_[L + 1]);
-      uint64_t t0 = now_ns();
-      m_.head_backward(ff.data(), fe.data(), g.ptrs.data(), g_embed.ptrs.data());
-      e_.record_compute("head bwd", t0, now_ns());
-      ZOE_ASSIGN_OR_RETURN(ModuleParams gb, e_.grads(L + 1));
-      store_grads(g, gb, scale);
-      ZOE_RETURN_IF_ERROR(e_.reduce_grads(L + 1));
-      ZOE_RETURN_IF_ERROR(e_.release(0));
-      ZOE_RETURN_IF_ERROR(e_.release(L + 1));
-    }
-    for (size_t i = L; i-- > 0;) {
-      ZOE_ASSIGN_OR_RETURN(ModuleParams p, e_.fetch(1 + i));
-      auto f = as_f32(p, &scratch_);
-      g.reset(specs_[1 + i]);
-      uint64_t t0 = now_ns();
-      m_.block_backward(static_cast<int>(i), f.data(), g.ptrs.data());
-      e_.record_compute("block " + std::to_string(i) + " bwd", t0, now_ns());
-      ZOE_ASSIGN_OR_RETURN(ModuleParams gb, e_.grads(1 + i));
-      store_grads(g, gb, scale);
-      ZOE_RETURN_IF_ERROR(e_.reduce_grads(1 + i));
-      ZOE_RETURN_IF_ERROR(e_.release(1 + i));
-    }
-    {
-      ZOE_ASSIGN_OR_RETURN(ModuleParams p, e_.fetch(0));
-      uint64_t t0 = now_ns();
-      m_.embed_backward(g_embed.ptrs.data());
-      e_.record_compute("embed bwd", t0, now_ns());
-      ZOE_ASSIGN_OR_RETURN(ModuleParams gb, e_.grads(0));
-      store_grads(g_embed, gb, scale);
-      ZOE_RETURN_IF_ERROR(e_.reduce_grads(0));
-      ZOE_RETURN_IF_ERROR(e_.release(0));
-    }
-    return loss;
-  }
-
- private:
-  Engine& e_;
-  model::GptCpu& m_;
-  model::GptConfig c_;
-  int T_;
-  std::vector<model::ModuleSpec> specs_;
-  std::vector<float> scratch_, scratch2_;
-};
-
+// The loss (or any value) averaged over the ranks.
 double mean_over_ranks(Runtime& rt, double v) {
-  if (rt.world_size() == 1) return v;
-  double in[1] = {v}, out[1] = {0};
-  Status s = rt.comm().all_reduce(in, out, 1, comm::CommType::kF64, comm::ReduceOp::kSum).wait();
-  if (!s.is_ok()) fail(s.with_context("averaging the loss over ranks"));
-  return out[0] / rt.world_size();
+  auto r = rt.average(v);
+  if (!r.is_ok()) fail(r.status().with_context("averaging the loss over ranks"));
+  return r.value();
 }
 
 std::string fmt_eta(double s) {
@@ -501,10 +332,10 @@ void run(TrainOpts o) {
   const bool lead = rt->rank() == 0;
 
   // The engine's config: a file (flags given override its keys, and say so), or the flags.
-  config::Config cfg;
+  Config cfg;
   if (!o.config.empty()) {
-    cfg = value_or_fail(config::Config::load(o.config, rt->world_size()));
-    apply_overrides(o, &cfg, rt->world_size(), lead);
+    cfg = value_or_fail(Config::load(o.config, rt->world_size()));
+    apply_overrides(o, &cfg, lead);
   } else {
     std::vector<std::string> dirs = o.nvme_path;
     if (dirs.empty()) {
@@ -514,12 +345,12 @@ void run(TrainOpts o) {
     if (!o.nvme_path.empty() && o.offload != "nvme" && lead) {
       fprintf(stderr, "zoe: --nvme-path has no effect without --offload nvme\n");
     }
-    auto c = config::Config::parse(flags_config(o, dirs).dump(), rt->world_size());
+    auto c = flags_config(o, dirs, rt->world_size());
     if (!c.is_ok()) fail(c.status().with_context("the config built from the flags"));
     cfg = std::move(c).value();
   }
   // From here on the config's values are the run's (bounded by Config::parse).
-  o.micro_batch = static_cast<int>(cfg.train_micro_batch_size_per_gpu);
+  o.micro_batch = static_cast<int>(cfg.micro_batch());
   check_host_memory(cfg, mc, o.micro_batch, T);
   if (!o.save_dir.empty()) prepare_save_dir(o.save_dir);
 
@@ -527,7 +358,7 @@ void run(TrainOpts o) {
   data::Corpus corpus;
   if (!o.data.empty()) {
     // The corpus is held twice while it loads: at most a quarter of the available memory, 1 GiB.
-    const uint64_t avail = host_memory().available_bytes;
+    const uint64_t avail = host_memory_available();
     const size_t cap =
         static_cast<size_t>(std::min<uint64_t>(uint64_t{1} << 30, avail ? avail / 4 : uint64_t{1} << 30));
     auto c = data::load_text_file(o.data, static_cast<size_t>(T), 0.05, cap);
@@ -543,11 +374,8 @@ void run(TrainOpts o) {
 
   auto eng = value_or_fail(Engine::create(*rt, cfg));
   if (!o.trace.empty()) eng->enable_trace(true);
-  std::vector<model::ModuleSpec> specs = model::gpt_modules(mc);
-  for (const auto& m : specs) {
-    std::vector<ParamSpec> ps;
-    for (const auto& t : m.params) ps.push_back({t.name, t.shape});
-    Status s = eng->add_module(m.name, ps);
+  {
+    Status s = model::add_gpt_modules(*eng, mc);
     if (!s.is_ok()) fail(s);
   }
   Progress progress(lead && !o.quiet);
@@ -564,13 +392,8 @@ void run(TrainOpts o) {
     if (from.empty()) fail(invalid_argument("--resume needs a directory, or --save-dir"));
     progress.update("resuming from " + from);
     std::string ts = value_or_fail(eng->load(from));
-    auto tj = json::parse(ts, nullptr, false);
-    if (tj.is_discarded() || !tj.is_object() || !tj.contains("step")) fail(corruption("checkpoint %s has no trainer state", from.c_str()));
-    // Typed reads: a field of the wrong type is an error naming it (trainer.step), not an exception.
-    ckpt::JsonFields tf(tj, "checkpoint " + from, "trainer");
     uint64_t seed = o.seed;
-    Status ts_ok = tf.get("step", &start_step);
-    if (ts_ok.is_ok()) ts_ok = tf.get_optional("seed", &seed);
+    Status ts_ok = model::parse_trainer_state(ts, from, &start_step, &seed);
     if (!ts_ok.is_ok()) fail(ts_ok);
     if (seed != o.seed) {
       fail(invalid_argument("checkpoint %s was trained with --seed %llu, not %llu: the data order would differ",
@@ -583,15 +406,15 @@ void run(TrainOpts o) {
     }
   }
   auto model = value_or_fail(model::GptCpu::create(mc, o.micro_batch, T, o.threads));
-  Trainer trainer(*eng, *model, mc, T);
+  model::GptTrainer trainer(*eng, *model, mc, T);
 
-  const int accum = static_cast<int>(std::max<int64_t>(1, cfg.gradient_accumulation_steps));
+  const int accum = static_cast<int>(std::max<int64_t>(1, cfg.gradient_accumulation_steps()));
   std::vector<int32_t> tokens, targets;
   std::vector<double> losses;
   json evals = json::array();
   double t_compute = 0, t_comm = 0, t_io = 0, t_opt = 0;
   StepStats last;
-  const uint64_t t_start = now_ns();
+  const uint64_t t_start = clock_ns();
   uint64_t last_nvme = 0;
   double eval_loss = NAN, accuracy = NAN;
 
@@ -694,7 +517,7 @@ void run(TrainOpts o) {
       evals.push_back(ev);
     }
     if (o.save_every > 0 && (step + 1) % o.save_every == 0) save_after(step + 1, o.save_async);
-    double elapsed = static_cast<double>(now_ns() - t_start) * 1e-9;
+    double elapsed = static_cast<double>(clock_ns() - t_start) * 1e-9;
     double step_time = elapsed / (step + 1 - start_step);
     double tokens_s =
         static_cast<double>(o.micro_batch) * T * accum * rt->world_size() / std::max(step_time, 1e-9);
@@ -719,19 +542,19 @@ void run(TrainOpts o) {
     if (!ts.is_ok()) fail(ts);
   }
   if (!lead) return;
-  double total_s = static_cast<double>(now_ns() - t_start) * 1e-9;
+  double total_s = static_cast<double>(clock_ns() - t_start) * 1e-9;
   json j;
   j["params"] = mc.num_params();
   j["model"] = {
       {"layers", mc.layers}, {"d_model", mc.d_model}, {"heads", mc.heads}, {"context", mc.seq}, {"seq", T}};
   j["world_size"] = rt->world_size();
-  j["stage"] = cfg.zero.stage;
-  j["offload"] = {{"optimizer", config::offload_device_name(cfg.zero.offload_optimizer.device)},
-                  {"param", config::offload_device_name(cfg.zero.offload_param.device)}};
-  j["precision"] = cfg.bf16 ? "bf16" : cfg.fp16.enabled ? "fp16" : "fp32";
+  j["stage"] = cfg.stage();
+  j["offload"] = {{"optimizer", offload_name(cfg.offload_optimizer())},
+                  {"param", offload_name(cfg.offload_param())}};
+  j["precision"] = dtype_name(cfg.precision());
   j["micro_batch"] = o.micro_batch;
   j["gradient_accumulation_steps"] = accum;
-  j["lr"] = cfg.optimizer.lr;
+  j["lr"] = cfg.lr();
   j["data"] = corpus.name;
   j["model_state_bytes"] = eng->model_state_bytes();
   j["device_budget_bytes"] = eng->device_budget_bytes();

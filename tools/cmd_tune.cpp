@@ -26,6 +26,7 @@
 #include "plan/planner.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
+#include "zero/engine_internal.h"
 #include "zoe/engine.h"
 
 namespace zoe::cli {
@@ -228,7 +229,7 @@ Verified verify(const config::Config& cfg, const plan::ModelDesc& m, int steps, 
         "mpirun -np %d, or plan one node with one rank",
         world, rt->world_size(), world));
   }
-  auto eng = value_or_fail(Engine::create(*rt, cfg));
+  auto eng = value_or_fail(zero::create_engine(*rt, cfg));
   for (const auto& mod : m.modules) {
     std::vector<ParamSpec> ps;
     for (size_t i = 0; i < mod.param_numel.size(); ++i) {

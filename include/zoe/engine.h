@@ -1,16 +1,32 @@
 // The zoe engine: a data-parallel ZeRO (stages 0-3) trainer that decides where every byte of
 // model state lives (device, pinned host RAM, NVMe). The training loop stays the caller's:
 //
-//   auto rt = zoe::Runtime::init();                  // ranks from MPI when under mpirun
-//   auto cfg = zoe::config::Config::load("ds_config.json", rt->world_size());
-//   auto eng = zoe::Engine::create(*rt, cfg.value());
+//   auto rt = zoe::Runtime::init().value();          // ranks from MPI when under mpirun
+//   auto cfg = zoe::Config::load("ds_config.json", rt->world_size()).value();
+//   auto eng = zoe::Engine::create(*rt, cfg).value();
 //   eng->add_module("block.0", {{"w", {d, d}}, {"b", {d}}});   ...
 //   eng->initialize(init_fn);
 //   for each step: for each micro-batch:
-//       forward:  for m in order:    p = eng->fetch(m);  compute;  eng->release(m);
-//       backward: for m in reverse:  p = eng->fetch(m);  g = eng->grads(m); write g;
-//                                    eng->reduce_grads(m);  eng->release(m);
+//       forward:  for m in order:    auto p = eng->gather(m);  compute with p->params();
+//       backward: for m in reverse:  auto p = eng->gather(m);  auto g = eng->grads(m);  write g;
+//                                    eng->reduce_grads(m);     (p releases at scope exit)
 //     stats = eng->step();
+//
+// Contracts
+//   Thread-safety: an Engine is not thread-safe. One thread (the one that drives the training
+//     loop) makes every call on it; distinct Engines may be driven by distinct threads. The
+//     engine's own threads (I/O, prefetch, an asynchronous save) never call back into user code.
+//     The dtype helpers (zoe/dtype.h) are safe from any thread.
+//   After an error: a call that returns kInvalidArgument for a precondition (a module index out of
+//     range, release() of a module not fetched, add_module() after initialize(), a second
+//     initialize()) changed nothing: the engine stays usable. After any other error (I/O, out of
+//     budget, a collective, a corrupt checkpoint on load) the engine is only destructible:
+//     destroy it (it frees its device memory, pins and swap files) and restart from a checkpoint.
+//   Buffer validity: the views fetch()/gather() return stay valid until release(m) (for gather():
+//     until the Gathered is destroyed or released); those of grads(m) until reduce_grads(m). Any
+//     pointer is invalid after step(), load() and the engine's destruction. On a device that is
+//     not host-addressable (CUDA) the caller's kernels must have finished with a buffer (stream
+//     synchronized) before it hands the buffer back (release, reduce_grads).
 #pragma once
 
 #include <cstddef>
@@ -18,58 +34,59 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
+#include "zoe/config.h"
+#include "zoe/dtype.h"
+#include "zoe/runtime.h"
 #include "zoe/status.h"
 
 namespace zoe {
-
-namespace config {
-struct Config;
-}
-namespace comm {
-class Communicator;
-}
-namespace device {
-class Device;
-}
-
-// Process-wide setup: the communicator (MPI under a launcher, else one local rank).
-class Runtime {
- public:
-  // Under mpirun/srun: MpiComm; otherwise LocalComm. force_local ignores the launcher.
-  static Result<std::unique_ptr<Runtime>> init(bool force_local = false);
-  ~Runtime();
-  int rank() const;
-  int world_size() const;
-  comm::Communicator& comm() const { return *comm_; }
-
- private:
-  Runtime() = default;
-  std::unique_ptr<comm::Communicator> comm_;
-};
-
-enum class ComputeDType : uint8_t { kF32, kBF16, kF16 };
 
 struct ParamSpec {
   std::string name;
   std::vector<int64_t> shape;
 };
 
+// One parameter (or its gradient) as the engine hands it out.
+struct TensorView {
+  std::string_view name;                        // as registered (valid for the engine's life)
+  const std::vector<int64_t>* shape = nullptr;  // as registered (valid for the engine's life)
+  ComputeDType dtype = ComputeDType::kF32;
+  void* data = nullptr;
+  size_t numel = 0;
+  size_t bytes = 0;  // numel x dtype_size(dtype)
+  // True when host code may read and write `data` directly (the CPU device: its device memory
+  // is host memory). False: device memory (CUDA); use Engine::read_f32/write_f32 or kernels.
+  bool host_addressable = true;
+
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(data);
+  }
+};
+
 // A module's parameters as the compute sees them: full (gathered) tensors on the device, in
-// the compute dtype (fp32, or bf16/fp16 with mixed precision).
+// the compute dtype (fp32, or bf16/fp16 with mixed precision); or its gradient buffers.
 struct ModuleParams {
   ComputeDType dtype = ComputeDType::kF32;
-  std::vector<void*> data;      // one per ParamSpec, in registration order
+  std::vector<TensorView> tensors;  // one per ParamSpec, in registration order
+  // The same pointers and element counts as `tensors`, for loops over raw buffers.
+  std::vector<void*> data;
   std::vector<size_t> numel;
+
+  size_t size() const { return tensors.size(); }
+  const TensorView& operator[](size_t i) const { return tensors[i]; }
 };
 
 struct StepStats {
-  int64_t step = 0;             // optimizer steps taken so far
-  bool skipped = false;         // fp16 overflow: no update, loss scale lowered
-  double grad_norm = 0.0;       // of the averaged, unscaled gradients (before clipping)
-  double loss_scale = 1.0;      // the scale for the next step
-  double lr = 0.0;              // used by this step
+  int64_t step = 0;         // optimizer steps taken so far
+  bool skipped = false;     // fp16 overflow: no update, loss scale lowered
+  double grad_norm = 0.0;   // of the averaged, unscaled gradients (before clipping)
+  double loss_scale = 1.0;  // the scale for the next step
+  double lr = 0.0;          // used by this step
   // Seconds since the previous step() (or initialize()): time in each part of the engine.
   double t_compute = 0.0;       // outside engine calls (the caller's forward/backward)
   double t_comm = 0.0;          // waiting for collectives
@@ -97,10 +114,41 @@ struct MemoryUse {
   uint64_t partition_pins = 0;     // stage-3 partitions pinned: 0 between the caller's calls
 };
 
+class Engine;
+
+// A scoped fetch (like DeepSpeed's GatheredParameters): module m's parameters, released when it
+// is destroyed (scope exit, an exception, an early return) or by release(). Move-only; it must
+// not outlive its Engine.
+class Gathered {
+ public:
+  Gathered(Gathered&& o) noexcept { *this = std::move(o); }
+  Gathered& operator=(Gathered&& o) noexcept;
+  Gathered(const Gathered&) = delete;
+  Gathered& operator=(const Gathered&) = delete;
+  // Releases (an error is logged: use release() to see it).
+  ~Gathered();
+
+  size_t module() const { return m_; }
+  const ModuleParams& params() const { return params_; }
+  const ModuleParams* operator->() const { return &params_; }
+  const TensorView& operator[](size_t i) const { return params_.tensors[i]; }
+  size_t size() const { return params_.tensors.size(); }
+  // Releases now; the views are invalid afterwards. A second call does nothing.
+  Status release();
+
+ private:
+  friend class Engine;
+  Gathered(Engine* e, size_t m, ModuleParams p) : engine_(e), m_(m), params_(std::move(p)) {}
+  Engine* engine_ = nullptr;
+  size_t m_ = 0;
+  ModuleParams params_;
+};
+
 class Engine {
  public:
-  // Builds the device (CPU backend, or CUDA when asked and present), tiers and I/O from cfg.
-  static Result<std::unique_ptr<Engine>> create(Runtime& rt, const config::Config& cfg);
+  // Builds the device (CPU backend, or CUDA when zoe.device is "cuda"), tiers and I/O from cfg.
+  // rt must outlive the engine.
+  static Result<std::unique_ptr<Engine>> create(Runtime& rt, const Config& cfg);
   ~Engine();
 
   // Modules in forward order; each becomes one flat group, partitioned over the ranks.
@@ -119,6 +167,8 @@ class Engine {
   // the next modules of the recorded order). Valid until release(m).
   Result<ModuleParams> fetch(size_t m);
   Status release(size_t m);
+  // fetch(m) as a scoped object: released when the Gathered goes away.
+  Result<Gathered> gather(size_t m);
   // A zeroed device buffer per parameter, in the compute dtype, for module m's gradients of
   // this micro-batch (loss scale included). Valid until reduce_grads(m).
   Result<ModuleParams> grads(size_t m);
@@ -128,6 +178,12 @@ class Engine {
   // Norm, loss scaling, clipping and AdamW over this rank's partitions wherever they live,
   // then the new parameters back to their home (and gathered at stage 1/2).
   Result<StepStats> step();
+
+  // fp32 copies of a view (parameters or gradients), wherever it lives (host-addressable or device
+  // memory): dst gets view.numel floats. write_f32 stores src x scale in the view's dtype (the
+  // loss scale for gradients), rounding as zoe/dtype.h says.
+  Status read_f32(const TensorView& view, float* dst);
+  Status write_f32(const TensorView& view, const float* src, float scale = 1.0f);
 
   // The full fp32 master values of parameter p of module m (gathered from every rank).
   Status read_master(size_t m, size_t p, float* out);
@@ -163,6 +219,7 @@ class Engine {
   struct Impl;  // internal (src/zero/engine_impl.h)
 
  private:
+  friend struct EngineAccess;
   explicit Engine(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

@@ -12,6 +12,7 @@
 #include "core/units.h"
 #include "config/paths.h"
 #include "zero/engine_impl.h"
+#include "zero/engine_internal.h"
 #include "zero/test_hooks.h"
 
 namespace zoe {
@@ -30,29 +31,45 @@ using offload::Tier;
 // ---------------------------------------------------------------------------------------------
 // Runtime
 
+Runtime::Runtime() : impl_(std::make_unique<Impl>()) {}
+
 Result<std::unique_ptr<Runtime>> Runtime::init(bool force_local) {
   std::unique_ptr<Runtime> rt(new Runtime());
   if (!force_local && comm::launched_by_mpi()) {
-    ZOE_ASSIGN_OR_RETURN(rt->comm_, comm::create_mpi_comm());
+    ZOE_ASSIGN_OR_RETURN(rt->impl_->comm, comm::create_mpi_comm());
   } else {
-    rt->comm_ = comm::create_local_comm();
+    rt->impl_->comm = comm::create_local_comm();
   }
   return rt;
 }
 
 Runtime::~Runtime() = default;
-int Runtime::rank() const { return comm_->rank(); }
-int Runtime::world_size() const { return comm_->size(); }
+int Runtime::rank() const { return impl_->comm->rank(); }
+int Runtime::world_size() const { return impl_->comm->size(); }
+int Runtime::local_rank() const { return impl_->comm->local_rank(); }
 
 // ---------------------------------------------------------------------------------------------
 // Memory and setup
 
 ModuleParams Engine::Impl::views(const Module& mod, void* flat) const {
   ModuleParams out;
-  out.dtype = cdt == DType::kF32 ? ComputeDType::kF32 : cdt == DType::kBF16 ? ComputeDType::kBF16 : ComputeDType::kF16;
+  out.dtype = zero::public_dtype(cdt);
+  const bool host = ops->host_addressable();
+  out.tensors.reserve(mod.specs.size());
+  out.data.reserve(mod.specs.size());
+  out.numel.reserve(mod.specs.size());
   for (size_t p = 0; p < mod.specs.size(); ++p) {
-    out.data.push_back(static_cast<char*>(flat) + mod.offset[p] * esize());
-    out.numel.push_back(mod.numel[p]);
+    TensorView v;
+    v.name = mod.specs[p].name;
+    v.shape = &mod.specs[p].shape;
+    v.dtype = out.dtype;
+    v.data = static_cast<char*>(flat) + mod.offset[p] * esize();
+    v.numel = mod.numel[p];
+    v.bytes = mod.numel[p] * esize();
+    v.host_addressable = host;
+    out.tensors.push_back(v);
+    out.data.push_back(v.data);
+    out.numel.push_back(v.numel);
   }
   return out;
 }
@@ -213,6 +230,10 @@ Status Engine::Impl::place_module(size_t m, const std::function<void(size_t, siz
 
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
+std::unique_ptr<Engine> EngineAccess::make(std::unique_ptr<Engine::Impl> impl) {
+  return std::unique_ptr<Engine>(new Engine(std::move(impl)));
+}
+
 Engine::~Engine() {
   if (!impl_) return;
   Status s = finish_save();
@@ -227,12 +248,17 @@ Engine::~Engine() {
   impl_->tm.reset();
   impl_->free_device_memory();
 }
-Result<std::unique_ptr<Engine>> Engine::create(Runtime& rt, const config::Config& cfg) {
+Result<std::unique_ptr<Engine>> Engine::create(Runtime& rt, const Config& cfg) {
+  return zero::create_engine(rt, ConfigAccess::get(cfg));
+}
+
+Result<std::unique_ptr<Engine>> zero::create_engine(Runtime& rt, const config::Config& cfg) {
+  using Impl = Engine::Impl;
   // The file system, checked here rather than while parsing: NVMe directories exist and are writable.
   ZOE_RETURN_IF_ERROR(config::check_paths(cfg));
   auto impl = std::make_unique<Impl>();
   impl->rt = &rt;
-  impl->comm = &rt.comm();
+  impl->comm = &zero::runtime_comm(rt);
   impl->rank = rt.rank();
   impl->world = rt.world_size();
   impl->cfg = std::make_unique<config::Config>(cfg);
@@ -260,10 +286,10 @@ Result<std::unique_ptr<Engine>> Engine::create(Runtime& rt, const config::Config
     if (count <= 0) {
       return unsupported("zoe.device \"cuda\": no usable GPU (%s); use \"cpu\"", why.empty() ? "none found" : why.c_str());
     }
-    const int ordinal = rt.comm().local_rank() % count;
+    const int ordinal = impl->comm->local_rank() % count;
     ZOE_ASSIGN_OR_RETURN(impl->dev, device::create_cuda_device(ordinal, budget));
     ZOE_ASSIGN_OR_RETURN(impl->ops, zero::make_cuda_ops(ordinal));
-    ZOE_ASSIGN_OR_RETURN(impl->own_dcomm, comm::create_nccl_comm(rt.comm(), ordinal));
+    ZOE_ASSIGN_OR_RETURN(impl->own_dcomm, comm::create_nccl_comm(*impl->comm, ordinal));
     impl->dcomm = impl->own_dcomm.get();
   } else {
     ZOE_ASSIGN_OR_RETURN(impl->dev, device::create_cpu_device(budget));
@@ -279,7 +305,7 @@ Result<std::unique_ptr<Engine>> Engine::create(Runtime& rt, const config::Config
   lo.min_scale = cfg.fp16.min_loss_scale;
   impl->scaler = zero::LossScaler(lo);
   ZOE_RETURN_IF_ERROR(impl->setup_io());
-  return std::unique_ptr<Engine>(new Engine(std::move(impl)));
+  return EngineAccess::make(std::move(impl));
 }
 
 
@@ -365,11 +391,7 @@ Status Engine::initialize(const std::function<void(size_t, size_t, float*, size_
 
 size_t Engine::num_modules() const { return impl_->modules.size(); }
 const std::string& Engine::module_name(size_t m) const { return impl_->modules.at(m).name; }
-ComputeDType Engine::compute_dtype() const {
-  return impl_->cdt == DType::kF32    ? ComputeDType::kF32
-         : impl_->cdt == DType::kBF16 ? ComputeDType::kBF16
-                                      : ComputeDType::kF16;
-}
+ComputeDType Engine::compute_dtype() const { return zero::public_dtype(impl_->cdt); }
 double Engine::loss_scale() const { return impl_->cdt == DType::kF16 ? impl_->scaler.scale() : 1.0; }
 
 uint64_t Engine::num_params() const {

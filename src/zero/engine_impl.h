@@ -39,6 +39,15 @@
 
 namespace zoe::zero {
 
+// The one place the public ComputeDType (zoe/dtype.h) and the internal DType (core/dtype.h) meet:
+// the same numeric values, so the mapping is a cast.
+static_assert(static_cast<int>(ComputeDType::kF32) == static_cast<int>(DType::kF32) &&
+                  static_cast<int>(ComputeDType::kF16) == static_cast<int>(DType::kF16) &&
+                  static_cast<int>(ComputeDType::kBF16) == static_cast<int>(DType::kBF16),
+              "ComputeDType and DType must keep the same values");
+constexpr ComputeDType public_dtype(DType d) { return static_cast<ComputeDType>(d); }
+constexpr DType internal_dtype(ComputeDType d) { return static_cast<DType>(d); }
+
 inline comm::CommType to_comm(DType d) {
   return d == DType::kF32    ? comm::CommType::kF32
          : d == DType::kBF16 ? comm::CommType::kBF16

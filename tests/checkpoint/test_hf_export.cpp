@@ -8,7 +8,7 @@
 #include <map>
 
 #include "checkpoint/checkpoint.h"
-#include "checkpoint/hf_gpt2.h"
+#include "export/hf_gpt2.h"
 #include "model/gpt.h"
 #include "tests/checkpoint/ckpt_fixture.h"
 #include "tests/util/test_util.h"

@@ -10,6 +10,7 @@
 #include "config/config.h"
 #include "model/gpt.h"
 #include "plan/calibration.h"
+#include "zero/engine_internal.h"
 #include "plan/cost_model.h"
 #include "plan/hf_config.h"
 #include "plan/model_desc.h"
@@ -397,7 +398,7 @@ TEST(CostModelVsEngine, NvmeBytesPerStepForEveryPlacement) {
         // a partition reaches the device by a prefetch or by a queued gather's read depends on how
         // far the update has come, so the per-link counts below are checked on the serial schedule.
         cfg.value().zoe.overlap_step = false;
-        auto e = Engine::create(rt, cfg.value());
+        auto e = zero::create_engine(rt, cfg.value());
         ASSERT_TRUE(e.is_ok()) << what << ": " << e.status().to_string();
         ASSERT_TRUE(test::register_mlp(*e.value(), s).is_ok()) << what;
         std::vector<test::Layer> out;

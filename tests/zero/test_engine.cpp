@@ -13,6 +13,7 @@
 
 #include "comm/communicator.h"
 #include "config/config.h"
+#include "zero/engine_internal.h"
 #include "device/device.h"
 #include "tests/util/test_util.h"
 #include "tests/zero/mlp.h"
@@ -85,7 +86,7 @@ Result<std::vector<Layer>> run(const Placement& pl, const std::string& precision
   auto cfg = config::Config::parse(make_config(pl, precision, nvme.path(), micro, extra_fp16, extra_top), rt.world_size());
   if (!cfg.is_ok()) return cfg.status();
   cfg.value().zoe.overlap_step = g_overlap;
-  ZOE_ASSIGN_OR_RETURN(auto e, Engine::create(rt, cfg.value()));
+  ZOE_ASSIGN_OR_RETURN(auto e, zero::create_engine(rt, cfg.value()));
   ZOE_RETURN_IF_ERROR(test::register_mlp(*e, s));
   std::vector<Layer> out;
   ZOE_RETURN_IF_ERROR(test::engine_train(*e, s, rt.rank(), rt.world_size(), steps, &out, stats, inject, micro));
@@ -102,7 +103,7 @@ Result<std::vector<Layer>> run_edited(const Placement& pl, const std::string& pr
   edit(text);
   ZOE_ASSIGN_OR_RETURN(auto cfg, config::Config::parse(text, rt.world_size()));
   cfg.zoe.overlap_step = g_overlap;
-  ZOE_ASSIGN_OR_RETURN(auto e, Engine::create(rt, cfg));
+  ZOE_ASSIGN_OR_RETURN(auto e, zero::create_engine(rt, cfg));
   ZOE_RETURN_IF_ERROR(test::register_mlp(*e, s));
   std::vector<Layer> out;
   ZOE_RETURN_IF_ERROR(
@@ -119,9 +120,9 @@ void insert_before(std::string& text, const std::string& key, const std::string&
 // Rank 0's `mine`, on every rank (e.g. one checkpoint directory for all).
 std::string rank0_string(Runtime& rt, std::string mine) {
   int64_t n = static_cast<int64_t>(mine.size());
-  EXPECT_TRUE(rt.comm().broadcast(&n, 1, comm::CommType::kI64, 0).wait().is_ok());
+  EXPECT_TRUE(zero::runtime_comm(rt).broadcast(&n, 1, comm::CommType::kI64, 0).wait().is_ok());
   mine.resize(static_cast<size_t>(n));
-  EXPECT_TRUE(rt.comm().broadcast(mine.data(), mine.size(), comm::CommType::kU8, 0).wait().is_ok());
+  EXPECT_TRUE(zero::runtime_comm(rt).broadcast(mine.data(), mine.size(), comm::CommType::kU8, 0).wait().is_ok());
   return mine;
 }
 
@@ -494,7 +495,7 @@ TEST(Checkpoint, ResumeIsBitIdentical) {
       auto cfg = config::Config::parse(make_config(pl, "bf16", nvme.path()), rt.world_size());
       ASSERT_TRUE(cfg.is_ok());
       {
-        auto e = Engine::create(rt, cfg.value());
+        auto e = zero::create_engine(rt, cfg.value());
         ASSERT_TRUE(e.is_ok());
         ASSERT_TRUE(test::register_mlp(*e.value(), s).is_ok());
         std::vector<Layer> out;
@@ -502,7 +503,7 @@ TEST(Checkpoint, ResumeIsBitIdentical) {
         Status sv = e.value()->save(dir, "step-2", "{\"step\": 2}");
         ASSERT_TRUE(sv.is_ok()) << what << ": " << sv.to_string();
       }
-      auto e = Engine::create(rt, cfg.value());
+      auto e = zero::create_engine(rt, cfg.value());
       ASSERT_TRUE(e.is_ok());
       ASSERT_TRUE(test::register_mlp(*e.value(), s).is_ok());
       auto ts = e.value()->load(dir);
@@ -512,7 +513,7 @@ TEST(Checkpoint, ResumeIsBitIdentical) {
       std::vector<Layer> out;
       ASSERT_TRUE(test::engine_train(*e.value(), s, rt.rank(), rt.world_size(), 3, &out, nullptr, -1, 1, 2).is_ok());
       EXPECT_TRUE(compare(out, whole.value()).identical) << what << ": resumed run differs (max " << compare(out, whole.value()).max_abs << ")";
-      ASSERT_TRUE(rt.comm().barrier().is_ok());  // rank 0 removes the directory only after everyone is done
+      ASSERT_TRUE(zero::runtime_comm(rt).barrier().is_ok());  // rank 0 removes the directory only after everyone is done
     }
   }
 }
@@ -527,7 +528,7 @@ TEST(Checkpoint, LoadsIntoAnotherPlacement) {
   {
     auto cfg = config::Config::parse(make_config({3, "nvme", "nvme"}, "bf16", nvme.path()), rt.world_size());
     ASSERT_TRUE(cfg.is_ok());
-    auto e = Engine::create(rt, cfg.value());
+    auto e = zero::create_engine(rt, cfg.value());
     ASSERT_TRUE(e.is_ok());
     ASSERT_TRUE(test::register_mlp(*e.value(), s).is_ok());
     ASSERT_TRUE(test::engine_train(*e.value(), s, rt.rank(), rt.world_size(), 2, &saved).is_ok());
@@ -536,7 +537,7 @@ TEST(Checkpoint, LoadsIntoAnotherPlacement) {
   for (const Placement& pl : {Placement{1, "cpu", "none"}, Placement{2, "none", "none"}, Placement{3, "none", "cpu"}}) {
     auto cfg = config::Config::parse(make_config(pl, "bf16", nvme.path()), rt.world_size());
     ASSERT_TRUE(cfg.is_ok());
-    auto e = Engine::create(rt, cfg.value());
+    auto e = zero::create_engine(rt, cfg.value());
     ASSERT_TRUE(e.is_ok());
     ASSERT_TRUE(test::register_mlp(*e.value(), s).is_ok());
     auto ts = e.value()->load(dir);
@@ -549,7 +550,7 @@ TEST(Checkpoint, LoadsIntoAnotherPlacement) {
       EXPECT_EQ(memcmp(b.data(), saved[static_cast<size_t>(l)].b.data(), b.size() * 4), 0) << "stage " << pl.stage;
     }
   }
-  ASSERT_TRUE(rt.comm().barrier().is_ok());
+  ASSERT_TRUE(zero::runtime_comm(rt).barrier().is_ok());
 }
 
 // Resharding, across two ctest runs of different world sizes: ZOE_RESHARD_DIR names a shared
@@ -565,7 +566,7 @@ TEST(Checkpoint, Reshard) {
   test::ScratchDir nvme("nvme");
   auto cfg = config::Config::parse(make_config(pl, "bf16", nvme.path()), rt.world_size());
   ASSERT_TRUE(cfg.is_ok());
-  auto e = Engine::create(rt, cfg.value());
+  auto e = zero::create_engine(rt, cfg.value());
   ASSERT_TRUE(e.is_ok());
   ASSERT_TRUE(test::register_mlp(*e.value(), s).is_ok());
   std::string values = std::string(dir) + "/master-values.bin";
@@ -611,7 +612,7 @@ TEST(Engine, MisuseIsAClearError) {
   auto cfg = config::Config::parse("{\"zero_optimization\": {\"stage\": 3, \"stage3_param_persistence_threshold\": 0}}",
                                    rt.world_size());
   ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
-  auto e = Engine::create(rt, cfg.value());
+  auto e = zero::create_engine(rt, cfg.value());
   ASSERT_TRUE(e.is_ok());
   EXPECT_EQ(e.value()->fetch(0).status().code(), StatusCode::kInvalidArgument);  // before initialize
   MlpSpec s;

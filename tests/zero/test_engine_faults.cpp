@@ -14,6 +14,7 @@
 #include <string>
 
 #include "config/config.h"
+#include "zero/engine_internal.h"
 #include "device/device.h"
 #include "io/fault_injector.h"
 #include "tests/util/test_util.h"
@@ -67,7 +68,7 @@ Result<std::unique_ptr<Engine>> make_engine(const Case& c, const std::string& nv
   Runtime& rt = runtime();
   ZOE_ASSIGN_OR_RETURN(config::Config cfg, config::Config::parse(config_text(c, nvme), rt.world_size()));
   cfg.zoe.overlap_step = g_overlap;
-  ZOE_ASSIGN_OR_RETURN(auto e, Engine::create(rt, cfg));
+  ZOE_ASSIGN_OR_RETURN(auto e, zero::create_engine(rt, cfg));
   for (int l = 0; l < kLayers; ++l) {
     ZOE_RETURN_IF_ERROR(e->add_module("layer." + std::to_string(l), {{"w", {kD, kD}}, {"b", {kD}}}));
   }

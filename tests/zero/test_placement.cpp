@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "config/config.h"
+#include "zero/engine_internal.h"
 #include "optim/adam.h"
 #include "tests/util/test_util.h"
 #include "tests/zero/mlp.h"
@@ -227,7 +228,7 @@ TEST(PlacementVsEngine, HighWaterMarksWithinThePlanForEveryPlacement) {
           sh.push_back({"layer." + std::to_string(l), {static_cast<size_t>(s.d * s.d), static_cast<size_t>(s.d)}});
         }
         auto plan = zero::plan_placement(cfg.value(), sh, rt.world_size(), rt.rank());
-        auto e = Engine::create(rt, cfg.value());
+        auto e = zero::create_engine(rt, cfg.value());
         ASSERT_TRUE(e.is_ok()) << what << ": " << e.status().to_string();
         Status reg = test::register_mlp(*e.value(), s);
         if (!plan.is_ok()) {  // does not fit: the engine refuses it the same way

@@ -1,5 +1,5 @@
 // export_hf_gpt2: a checkpoint of zoe's reference GPT as a Hugging Face GPT-2 directory.
-#include "checkpoint/hf_gpt2.h"
+#include "export/hf_gpt2.h"
 
 #include <sys/stat.h>
 

@@ -1,0 +1,122 @@
+// zoe::Config: a training configuration (DeepSpeed-compatible JSON, keys zoe adds under "zoe"),
+// read from a file or a text, built from code with Config::Builder, and changed with setters.
+//
+// Every way of making or changing a Config validates it the way a JSON file is validated: an
+// error names the key's JSON path ("zero_optimization.offload_param.device"), the value given and
+// what is allowed, and the Config it came from is left as it was.
+// Thread-safety: a Config is a value; distinct Configs may be used from distinct threads, and
+// const methods of one Config from several.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "zoe/dtype.h"
+#include "zoe/status.h"
+
+namespace zoe {
+
+// Where a kind of model state lives when it is not on the device.
+enum class Offload : uint8_t { kNone, kCpu, kNvme };
+const char* offload_name(Offload o);  // "none", "cpu", "nvme"
+
+class Config {
+ public:
+  class Builder;
+
+  // DeepSpeed's defaults (stage 0, fp32, micro-batch 1), for one rank.
+  Config();
+  Config(const Config& o);
+  Config(Config&& o) noexcept;
+  Config& operator=(const Config& o);
+  Config& operator=(Config&& o) noexcept;
+  ~Config();
+
+  // world_size: the ranks that will train (Runtime::world_size()); it checks
+  // train_batch_size = micro-batch x accumulation x world size.
+  static Result<Config> load(const std::string& path, int world_size = 1);
+  static Result<Config> parse(const std::string& json_text, int world_size = 1);
+
+  // Setters: each replaces one key (its JSON path in the comment) and re-validates the whole
+  // config; on an error nothing changes.
+  Status set_micro_batch(int64_t n);  // train_micro_batch_size_per_gpu (train_batch_size follows)
+  Status set_gradient_accumulation_steps(
+      int64_t n);                        // gradient_accumulation_steps (train_batch_size follows)
+  Status set_precision(ComputeDType d);  // bf16.enabled / fp16.enabled
+  Status set_lr(double lr);              // optimizer.params.lr
+  Status set_stage(int stage);           // zero_optimization.stage
+  Status set_offload_optimizer(Offload where, const std::vector<std::string>& nvme_paths = {});
+  Status set_offload_param(Offload where, const std::vector<std::string>& nvme_paths = {});
+  Status set_device_budget(uint64_t bytes);      // zoe.device_budget (0: the whole device)
+  Status set_optimizer_threads(int threads);     // zoe.optimizer_threads (0: all cores)
+  Status set_device(const std::string& device);  // zoe.device: "auto", "cpu" or "cuda"
+
+  int world_size() const;
+  int64_t micro_batch() const;
+  int64_t gradient_accumulation_steps() const;
+  int64_t train_batch_size() const;
+  ComputeDType precision() const;
+  double lr() const;
+  // The learning rate of optimizer update `step` (1-based), the scheduler's if there is one.
+  double lr_at(int64_t step) const;
+  std::string scheduler_type() const;  // "" when there is none
+  int stage() const;
+  Offload offload_optimizer() const;
+  Offload offload_param() const;
+  std::vector<std::string> offload_optimizer_nvme_paths() const;
+  std::vector<std::string> offload_param_nvme_paths() const;
+  int64_t offload_optimizer_buffer_count() const;  // zero_optimization.offload_optimizer.buffer_count
+  int64_t sub_group_size() const;                  // zero_optimization.sub_group_size (elements)
+  uint64_t device_budget() const;
+  int optimizer_threads() const;
+  std::string device() const;
+  // Every field as JSON that parse() reads back to an equal Config.
+  std::string to_json() const;
+
+  struct Impl;  // internal: the validated configuration (src/zero/public_api.cpp)
+
+ private:
+  friend struct ConfigAccess;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Builds a Config from code, without JSON text:
+//   auto cfg = zoe::Config::Builder().stage(3).micro_batch(8).precision(zoe::ComputeDType::kBF16)
+//                  .offload_optimizer(zoe::Offload::kNvme, {"/nvme"}).device_budget(256 << 20)
+//                  .build(rt->world_size());
+// Keys not set keep DeepSpeed's defaults. build() validates like Config::parse (the same errors,
+// naming the JSON path of the key).
+class Config::Builder {
+ public:
+  Builder();
+  Builder(const Builder& o);
+  Builder& operator=(const Builder& o);
+  ~Builder();
+
+  Builder& micro_batch(int64_t n);
+  Builder& gradient_accumulation_steps(int64_t n);
+  Builder& precision(ComputeDType d);
+  Builder& stage(int stage);
+  Builder& lr(double lr);
+  Builder& weight_decay(double wd);  // optimizer.params.weight_decay (AdamW)
+  Builder& gradient_clipping(double max_norm);
+  // zero_optimization.offload_optimizer / offload_param: device and, for kNvme, its directories.
+  Builder& offload_optimizer(Offload where, const std::vector<std::string>& nvme_paths = {});
+  Builder& offload_param(Offload where, const std::vector<std::string>& nvme_paths = {});
+  // zero_optimization.stage3_param_persistence_threshold: modules smaller stay whole on the device.
+  Builder& param_persistence_threshold(int64_t elements);
+  Builder& device_budget(uint64_t bytes);
+  Builder& optimizer_threads(int threads);
+  Builder& device(const std::string& device);  // "auto", "cpu" or "cuda"
+
+  Result<Config> build(int world_size = 1) const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace zoe

@@ -1,0 +1,185 @@
+// GptTrainer: the reference GPT's glue to the engine, over zoe's public API only.
+#include "model/gpt_trainer.h"
+
+#include <limits>
+
+#include <nlohmann/json.hpp>
+
+namespace zoe::model {
+
+Status add_gpt_modules(Engine& e, const GptConfig& c) {
+  for (const auto& m : gpt_modules(c)) {
+    std::vector<ParamSpec> ps;
+    for (const auto& t : m.params) ps.push_back({t.name, t.shape});
+    ZOE_RETURN_IF_ERROR(e.add_module(m.name, ps));
+  }
+  return Status::ok();
+}
+
+double activation_bytes_estimate(const GptConfig& c, int batch, int T) {
+  const double n = static_cast<double>(batch) * T, nd = n * c.d_model;
+  const double att = static_cast<double>(batch) * c.heads * T * T, L = c.layers;
+  const double floats =
+      (L + 1) * nd + L * (15 * nd + 4 * n + att) + nd + 3 * n + 2 * n * c.vocab + 10 * nd + att;
+  return 4 * floats + 8 * n;
+}
+
+GptTrainer::GptTrainer(Engine& e, GptCpu& m, const GptConfig& c, int T)
+    : e_(e), m_(m), c_(c), T_(T), specs_(gpt_modules(c)) {}
+
+Result<std::vector<const float*>> GptTrainer::as_f32(const ModuleParams& p, std::vector<float>* scratch) {
+  std::vector<const float*> out;
+  bool direct = p.dtype == ComputeDType::kF32;
+  for (const TensorView& v : p.tensors) direct = direct && v.host_addressable;
+  if (direct) {
+    for (const TensorView& v : p.tensors) out.push_back(v.as<const float>());
+    return out;
+  }
+  size_t total = 0;
+  for (const TensorView& v : p.tensors) total += v.numel;
+  scratch->resize(total);
+  size_t off = 0;
+  for (const TensorView& v : p.tensors) {
+    ZOE_RETURN_IF_ERROR(e_.read_f32(v, scratch->data() + off));
+    out.push_back(scratch->data() + off);
+    off += v.numel;
+  }
+  return out;
+}
+
+void GptTrainer::reset_grads(size_t m, std::vector<float>* data, std::vector<float*>* ptrs) const {
+  size_t total = 0;
+  for (const auto& t : specs_[m].params) total += t.numel();
+  data->assign(total, 0.0f);
+  ptrs->clear();
+  size_t off = 0;
+  for (const auto& t : specs_[m].params) {
+    ptrs->push_back(data->data() + off);
+    off += t.numel();
+  }
+}
+
+Status GptTrainer::store_and_reduce(size_t m, const std::vector<float*>& g, double scale) {
+  ZOE_ASSIGN_OR_RETURN(ModuleParams gb, e_.grads(m));
+  for (size_t i = 0; i < gb.size(); ++i)
+    ZOE_RETURN_IF_ERROR(e_.write_f32(gb[i], g[i], static_cast<float>(scale)));
+  return e_.reduce_grads(m);
+}
+
+Result<float> GptTrainer::forward(const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets) {
+  const size_t L = static_cast<size_t>(c_.layers);
+  {
+    ZOE_ASSIGN_OR_RETURN(Gathered p, e_.gather(0));
+    ZOE_ASSIGN_OR_RETURN(auto f, as_f32(p.params(), &scratch_));
+    uint64_t t0 = clock_ns();
+    m_.embed_forward(tokens.data(), f.data());
+    e_.record_compute("embed fwd", t0, clock_ns());
+    ZOE_RETURN_IF_ERROR(p.release());
+  }
+  for (size_t l = 0; l < L; ++l) {
+    ZOE_ASSIGN_OR_RETURN(Gathered p, e_.gather(1 + l));
+    ZOE_ASSIGN_OR_RETURN(auto f, as_f32(p.params(), &scratch_));
+    uint64_t t0 = clock_ns();
+    m_.block_forward(static_cast<int>(l), f.data());
+    e_.record_compute("block " + std::to_string(l) + " fwd", t0, clock_ns());
+    ZOE_RETURN_IF_ERROR(p.release());
+  }
+  ZOE_ASSIGN_OR_RETURN(Gathered pf, e_.gather(L + 1));
+  ZOE_ASSIGN_OR_RETURN(Gathered pe, e_.gather(0));
+  ZOE_ASSIGN_OR_RETURN(auto ff, as_f32(pf.params(), &scratch_));
+  ZOE_ASSIGN_OR_RETURN(auto fe, as_f32(pe.params(), &scratch2_));
+  uint64_t t0 = clock_ns();
+  float loss = m_.head_forward(ff.data(), fe.data(), targets.data());
+  e_.record_compute("head fwd", t0, clock_ns());
+  ZOE_RETURN_IF_ERROR(pe.release());
+  ZOE_RETURN_IF_ERROR(pf.release());
+  return loss;
+}
+
+Result<float> GptTrainer::forward_backward(const std::vector<int32_t>& tokens,
+                                           const std::vector<int32_t>& targets) {
+  ZOE_ASSIGN_OR_RETURN(float loss, forward(tokens, targets));
+  const size_t L = static_cast<size_t>(c_.layers);
+  const double scale = e_.loss_scale();
+  reset_grads(0, &g_embed_, &g_embed_ptrs_);
+  {
+    ZOE_ASSIGN_OR_RETURN(Gathered pf, e_.gather(L + 1));
+    ZOE_ASSIGN_OR_RETURN(Gathered pe, e_.gather(0));
+    ZOE_ASSIGN_OR_RETURN(auto ff, as_f32(pf.params(), &scratch_));
+    ZOE_ASSIGN_OR_RETURN(auto fe, as_f32(pe.params(), &scratch2_));
+    reset_grads(L + 1, &g_, &g_ptrs_);
+    uint64_t t0 = clock_ns();
+    m_.head_backward(ff.data(), fe.data(), g_ptrs_.data(), g_embed_ptrs_.data());
+    e_.record_compute("head bwd", t0, clock_ns());
+    ZOE_RETURN_IF_ERROR(store_and_reduce(L + 1, g_ptrs_, scale));
+    ZOE_RETURN_IF_ERROR(pe.release());
+    ZOE_RETURN_IF_ERROR(pf.release());
+  }
+  for (size_t i = L; i-- > 0;) {
+    ZOE_ASSIGN_OR_RETURN(Gathered p, e_.gather(1 + i));
+    ZOE_ASSIGN_OR_RETURN(auto f, as_f32(p.params(), &scratch_));
+    reset_grads(1 + i, &g_, &g_ptrs_);
+    uint64_t t0 = clock_ns();
+    m_.block_backward(static_cast<int>(i), f.data(), g_ptrs_.data());
+    e_.record_compute("block " + std::to_string(i) + " bwd", t0, clock_ns());
+    ZOE_RETURN_IF_ERROR(store_and_reduce(1 + i, g_ptrs_, scale));
+    ZOE_RETURN_IF_ERROR(p.release());
+  }
+  {
+    ZOE_ASSIGN_OR_RETURN(Gathered p, e_.gather(0));
+    uint64_t t0 = clock_ns();
+    m_.embed_backward(g_embed_ptrs_.data());
+    e_.record_compute("embed bwd", t0, clock_ns());
+    ZOE_RETURN_IF_ERROR(store_and_reduce(0, g_embed_ptrs_, scale));
+    ZOE_RETURN_IF_ERROR(p.release());
+  }
+  return loss;
+}
+
+namespace {
+// "number 3", "string \"x\"": a JSON value in an error message, shortened (as checkpoint
+// manifests show theirs).
+std::string shown(const nlohmann::json& v) {
+  constexpr size_t kMax = 48;
+  std::string text = v.dump(-1, ' ', true, nlohmann::json::error_handler_t::replace);
+  if (text.size() > kMax) text = text.substr(0, kMax) + "... (" + std::to_string(text.size()) + " bytes)";
+  return (v.is_number() ? std::string("number") : std::string(v.type_name())) + " " + text;
+}
+
+// An integer field of the trainer state, in [lo, hi]; the error names the checkpoint and the key.
+template <typename T>
+Status read_integer(const nlohmann::json& tj, const char* key, const std::string& from, T* out) {
+  const nlohmann::json& v = tj.at(key);
+  const auto lo = std::numeric_limits<T>::min(), hi = std::numeric_limits<T>::max();
+  bool ok = false;
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    ok = u <= static_cast<uint64_t>(hi);
+    if (ok) *out = static_cast<T>(u);
+  } else if (v.is_number_integer()) {
+    const int64_t x = v.get<int64_t>();
+    ok = x >= 0 || std::numeric_limits<T>::is_signed;
+    ok = ok &&
+         (std::numeric_limits<T>::is_signed ? x >= static_cast<int64_t>(lo) && x <= static_cast<int64_t>(hi)
+                                            : static_cast<uint64_t>(x) <= static_cast<uint64_t>(hi));
+    if (ok) *out = static_cast<T>(x);
+  }
+  if (ok) return Status::ok();
+  return corruption("checkpoint %s: key 'trainer.%s': expected an integer in [%s, %s], found %s",
+                    from.c_str(), key, std::to_string(lo).c_str(), std::to_string(hi).c_str(),
+                    shown(v).c_str());
+}
+}  // namespace
+
+Status parse_trainer_state(const std::string& json_text, const std::string& from, int* step, uint64_t* seed) {
+  auto tj = nlohmann::json::parse(json_text, nullptr, false);
+  if (tj.is_discarded() || !tj.is_object() || !tj.contains("step")) {
+    return corruption("checkpoint %s has no trainer state", from.c_str());
+  }
+  // Typed reads: a field of the wrong type is an error naming it (trainer.step), not an exception.
+  ZOE_RETURN_IF_ERROR(read_integer(tj, "step", from, step));
+  if (tj.contains("seed")) ZOE_RETURN_IF_ERROR(read_integer(tj, "seed", from, seed));
+  return Status::ok();
+}
+
+}  // namespace zoe::model

@@ -1,0 +1,58 @@
+// GptTrainer: the reference GPT (model/gpt.h) trained through zoe's public engine API, one
+// micro-batch at a time: every module gathered for its forward and backward (scoped), its fp32
+// gradients written in the compute dtype with the loss scale and reduced. `zoe train` is a thin
+// CLI over it; it is written only against include/zoe/ (it needs no engine internals), as a
+// user's own trainer would be.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/gpt.h"
+#include "zoe/zoe.h"
+
+namespace zoe::model {
+
+// Registers the GPT's modules (gpt_modules(c), in forward order) with the engine.
+Status add_gpt_modules(Engine& e, const GptConfig& c);
+
+// Host bytes GptCpu allocates for one micro-batch (activations and backward scratch, the sizes of
+// its constructor), in double so that an absurd shape cannot wrap.
+double activation_bytes_estimate(const GptConfig& c, int batch, int T);
+
+// Not thread-safe (like the Engine and GptCpu it drives). The engine must hold gpt_modules(c) in
+// that order, initialized; the model was created for micro-batches of T tokens.
+class GptTrainer {
+ public:
+  GptTrainer(Engine& e, GptCpu& m, const GptConfig& c, int T);
+
+  // One forward pass; returns the mean loss. Gathers and releases every module.
+  Result<float> forward(const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets);
+  // Forward and backward of one micro-batch, gradients (x the loss scale) reduced into the engine.
+  Result<float> forward_backward(const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets);
+
+ private:
+  // fp32 views of a module's parameters: the buffers themselves (fp32 and host-addressable) or a
+  // converted copy in `scratch`.
+  Result<std::vector<const float*>> as_f32(const ModuleParams& p, std::vector<float>* scratch);
+  // fp32 gradient buffers for module m (zeroed).
+  void reset_grads(size_t m, std::vector<float>* data, std::vector<float*>* ptrs) const;
+  // Writes fp32 gradients (x scale) into module m's engine gradient buffers and reduces them.
+  Status store_and_reduce(size_t m, const std::vector<float*>& g, double scale);
+
+  Engine& e_;
+  GptCpu& m_;
+  GptConfig c_;
+  int T_;
+  std::vector<ModuleSpec> specs_;
+  std::vector<float> scratch_, scratch2_;
+  std::vector<float> g_embed_, g_;
+  std::vector<float*> g_embed_ptrs_, g_ptrs_;
+};
+
+// The trainer state `zoe train` saves with a checkpoint: {"step", "seed", ...}. Reads step and
+// seed (seed left alone when absent); an error names the checkpoint `from` and the field.
+Status parse_trainer_state(const std::string& json_text, const std::string& from, int* step, uint64_t* seed);
+
+}  // namespace zoe::model

@@ -1,0 +1,386 @@
+// The public types of include/zoe/ over the internal ones: Config (over config::Config) and its
+// Builder, the dtype helpers (over core/dtype.h), the Runtime's host collectives, the scoped
+// fetch (Gathered) and the engine's fp32 read/write of a view.
+#include <cstring>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+#include "core/clock.h"
+#include "core/cpu.h"
+#include "core/dtype.h"
+#include "core/log.h"
+#include "zero/engine_impl.h"
+#include "zero/engine_internal.h"
+#include "zoe/zoe.h"
+
+namespace zoe {
+
+using nlohmann::json;
+
+// ---------------------------------------------------------------------------------------------
+// dtype helpers: loops over core/dtype.h's scalar conversions (the engine's own).
+
+const char* dtype_name(ComputeDType d) { return zoe::dtype_name(zero::internal_dtype(d)); }
+
+float to_f32(uint16_t half, ComputeDType d) {
+  return d == ComputeDType::kBF16 ? bf16_to_f32(half) : f16_to_f32(half);
+}
+
+uint16_t from_f32(float x, ComputeDType d) {
+  return d == ComputeDType::kBF16 ? f32_to_bf16(x) : f32_to_f16(x);
+}
+
+void to_f32(const void* src, ComputeDType d, float* dst, size_t n) {
+  if (d == ComputeDType::kF32) {
+    if (n) memcpy(dst, src, n * 4);
+    return;
+  }
+  const auto* h = static_cast<const uint16_t*>(src);
+  if (d == ComputeDType::kBF16) {
+    for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(h[i]);
+  } else {
+    for (size_t i = 0; i < n; ++i) dst[i] = f16_to_f32(h[i]);
+  }
+}
+
+void from_f32(const float* src, ComputeDType d, void* dst, size_t n, float scale) {
+  if (d == ComputeDType::kF32) {
+    auto* f = static_cast<float*>(dst);
+    if (scale == 1.0f) {
+      if (n) memcpy(f, src, n * 4);
+    } else {
+      for (size_t i = 0; i < n; ++i) f[i] = src[i] * scale;
+    }
+    return;
+  }
+  auto* h = static_cast<uint16_t*>(dst);
+  if (d == ComputeDType::kBF16) {
+    for (size_t i = 0; i < n; ++i) h[i] = f32_to_bf16(src[i] * scale);
+  } else {
+    for (size_t i = 0; i < n; ++i) h[i] = f32_to_f16(src[i] * scale);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Runtime collectives and process helpers
+
+Result<double> Runtime::average(double value) {
+  double v = value;
+  ZOE_RETURN_IF_ERROR_CTX(sum(&v, 1), "averaging a value over the ranks");
+  return v / world_size();
+}
+
+Status Runtime::sum(double* values, size_t n) {
+  if (world_size() == 1 || n == 0) return Status::ok();
+  std::vector<double> out(n);
+  Status s =
+      impl_->comm->all_reduce(values, out.data(), n, comm::CommType::kF64, comm::ReduceOp::kSum).wait();
+  if (!s.is_ok()) return s.with_context("summing " + std::to_string(n) + " values over the ranks");
+  memcpy(values, out.data(), n * sizeof(double));
+  return Status::ok();
+}
+
+Status Runtime::broadcast(void* data, size_t bytes, int root) {
+  if (root < 0 || root >= world_size()) {
+    return invalid_argument("broadcast: root %d is not a rank (world size %d)", root, world_size());
+  }
+  if (world_size() == 1 || bytes == 0) return Status::ok();
+  Status s = impl_->comm->broadcast(data, bytes, comm::CommType::kU8, root).wait();
+  if (!s.is_ok())
+    return s.with_context("broadcasting " + std::to_string(bytes) + " bytes from rank " +
+                          std::to_string(root));
+  return Status::ok();
+}
+
+Status Runtime::barrier() { return impl_->comm->barrier(); }
+
+uint64_t host_memory_available() { return host_memory().available_bytes; }
+uint64_t clock_ns() { return now_ns(); }
+
+// ---------------------------------------------------------------------------------------------
+// Config
+
+const char* offload_name(Offload o) {
+  return o == Offload::kNone ? "none" : o == Offload::kCpu ? "cpu" : "nvme";
+}
+
+namespace {
+Offload public_offload(config::OffloadDevice d) {
+  return d == config::OffloadDevice::kNone  ? Offload::kNone
+         : d == config::OffloadDevice::kCpu ? Offload::kCpu
+                                            : Offload::kNvme;
+}
+
+void set_precision_json(json* j, ComputeDType d) {
+  (*j)["bf16"]["enabled"] = d == ComputeDType::kBF16;
+  (*j)["fp16"]["enabled"] = d == ComputeDType::kF16;
+}
+
+json offload_block(Offload where, const std::vector<std::string>& paths) {
+  json b = {{"device", offload_name(where)}};
+  if (where == Offload::kNvme) b["nvme_path"] = paths;
+  return b;
+}
+}  // namespace
+
+Config ConfigAccess::wrap(config::Config cfg, int world_size) {
+  Config c;
+  c.impl_->cfg = std::move(cfg);
+  c.impl_->world_size = world_size;
+  return c;
+}
+
+Config::Config() : impl_(std::make_unique<Impl>()) {}
+Config::Config(const Config& o) : impl_(std::make_unique<Impl>(*o.impl_)) {}
+Config::Config(Config&& o) noexcept : impl_(std::move(o.impl_)) {}
+Config& Config::operator=(const Config& o) {
+  if (this != &o) impl_ = std::make_unique<Impl>(*o.impl_);
+  return *this;
+}
+Config& Config::operator=(Config&& o) noexcept {
+  impl_ = std::move(o.impl_);
+  return *this;
+}
+Config::~Config() = default;
+
+Result<Config> Config::load(const std::string& path, int world_size) {
+  ZOE_ASSIGN_OR_RETURN(config::Config c, config::Config::load(path, world_size));
+  return ConfigAccess::wrap(std::move(c), world_size);
+}
+
+Result<Config> Config::parse(const std::string& json_text, int world_size) {
+  ZOE_ASSIGN_OR_RETURN(config::Config c, config::Config::parse(json_text, world_size));
+  return ConfigAccess::wrap(std::move(c), world_size);
+}
+
+namespace {
+// Applies `edit` to the config's JSON and parses it back: the same validation (and errors) as a
+// file; *cfg changes only when that succeeds.
+template <typename Edit>
+Status edit_config(config::Config* cfg, int world_size, const char* what, Edit edit) {
+  json j = json::parse(cfg->to_json());
+  edit(j);
+  auto r = config::Config::parse(j.dump(), world_size);
+  if (!r.is_ok()) return r.status().with_context(std::string("setting ") + what);
+  *cfg = std::move(r).value();
+  return Status::ok();
+}
+}  // namespace
+
+#define ZOE_EDIT(what, body) edit_config(&impl_->cfg, impl_->world_size, what, [&](json& j) { body; })
+
+Status Config::set_micro_batch(int64_t n) {
+  const int64_t accum = impl_->cfg.gradient_accumulation_steps;
+  return ZOE_EDIT("train_micro_batch_size_per_gpu", {
+    j["train_micro_batch_size_per_gpu"] = n;
+    j["train_batch_size"] = n * accum * impl_->world_size;
+  });
+}
+Status Config::set_gradient_accumulation_steps(int64_t n) {
+  const int64_t micro = impl_->cfg.train_micro_batch_size_per_gpu;
+  return ZOE_EDIT("gradient_accumulation_steps", {
+    j["gradient_accumulation_steps"] = n;
+    j["train_batch_size"] = micro * n * impl_->world_size;
+  });
+}
+Status Config::set_precision(ComputeDType d) {
+  return ZOE_EDIT("bf16.enabled / fp16.enabled", set_precision_json(&j, d));
+}
+Status Config::set_lr(double lr) {
+  return ZOE_EDIT("optimizer.params.lr", j["optimizer"]["params"]["lr"] = lr);
+}
+Status Config::set_stage(int stage) {
+  return ZOE_EDIT("zero_optimization.stage", j["zero_optimization"]["stage"] = stage);
+}
+Status Config::set_offload_optimizer(Offload where, const std::vector<std::string>& paths) {
+  return ZOE_EDIT("zero_optimization.offload_optimizer", {
+    json& b = j["zero_optimization"]["offload_optimizer"];
+    b["device"] = offload_name(where);
+    if (where == Offload::kNvme) b["nvme_path"] = paths;
+  });
+}
+Status Config::set_offload_param(Offload where, const std::vector<std::string>& paths) {
+  return ZOE_EDIT("zero_optimization.offload_param", {
+    json& b = j["zero_optimization"]["offload_param"];
+    b["device"] = offload_name(where);
+    if (where == Offload::kNvme) b["nvme_path"] = paths;
+  });
+}
+Status Config::set_device_budget(uint64_t bytes) {
+  return ZOE_EDIT("zoe.device_budget", j["zoe"]["device_budget"] = bytes);
+}
+Status Config::set_optimizer_threads(int threads) {
+  return ZOE_EDIT("zoe.optimizer_threads", j["zoe"]["optimizer_threads"] = threads);
+}
+Status Config::set_device(const std::string& device) {
+  return ZOE_EDIT("zoe.device", j["zoe"]["device"] = device);
+}
+#undef ZOE_EDIT
+
+int Config::world_size() const { return impl_->world_size; }
+int64_t Config::micro_batch() const { return impl_->cfg.train_micro_batch_size_per_gpu; }
+int64_t Config::gradient_accumulation_steps() const { return impl_->cfg.gradient_accumulation_steps; }
+int64_t Config::train_batch_size() const { return impl_->cfg.train_batch_size; }
+ComputeDType Config::precision() const {
+  return impl_->cfg.bf16           ? ComputeDType::kBF16
+         : impl_->cfg.fp16.enabled ? ComputeDType::kF16
+                                   : ComputeDType::kF32;
+}
+double Config::lr() const { return impl_->cfg.optimizer.lr; }
+double Config::lr_at(int64_t step) const { return impl_->cfg.lr_at(step); }
+std::string Config::scheduler_type() const { return impl_->cfg.scheduler.type; }
+int Config::stage() const { return impl_->cfg.zero.stage; }
+Offload Config::offload_optimizer() const { return public_offload(impl_->cfg.zero.offload_optimizer.device); }
+Offload Config::offload_param() const { return public_offload(impl_->cfg.zero.offload_param.device); }
+std::vector<std::string> Config::offload_optimizer_nvme_paths() const {
+  return impl_->cfg.zero.offload_optimizer.nvme_path;
+}
+std::vector<std::string> Config::offload_param_nvme_paths() const {
+  return impl_->cfg.zero.offload_param.nvme_path;
+}
+int64_t Config::offload_optimizer_buffer_count() const {
+  return impl_->cfg.zero.offload_optimizer.buffer_count;
+}
+int64_t Config::sub_group_size() const { return impl_->cfg.zero.sub_group_size; }
+uint64_t Config::device_budget() const { return static_cast<uint64_t>(impl_->cfg.zoe.device_budget_bytes); }
+int Config::optimizer_threads() const { return static_cast<int>(impl_->cfg.zoe.optimizer_threads); }
+std::string Config::device() const { return impl_->cfg.zoe.device; }
+std::string Config::to_json() const { return impl_->cfg.to_json(); }
+
+// ---------------------------------------------------------------------------------------------
+// Config::Builder: the keys set so far, as JSON values (never text), parsed by build().
+
+struct Config::Builder::Impl {
+  json j = json::object();
+};
+
+Config::Builder::Builder() : impl_(std::make_unique<Impl>()) {}
+Config::Builder::Builder(const Builder& o) : impl_(std::make_unique<Impl>(*o.impl_)) {}
+Config::Builder& Config::Builder::operator=(const Builder& o) {
+  if (this != &o) impl_ = std::make_unique<Impl>(*o.impl_);
+  return *this;
+}
+Config::Builder::~Builder() = default;
+
+Config::Builder& Config::Builder::micro_batch(int64_t n) {
+  impl_->j["train_micro_batch_size_per_gpu"] = n;
+  return *this;
+}
+Config::Builder& Config::Builder::gradient_accumulation_steps(int64_t n) {
+  impl_->j["gradient_accumulation_steps"] = n;
+  return *this;
+}
+Config::Builder& Config::Builder::precision(ComputeDType d) {
+  // Only the format in use is written (fp32: neither), as a file would say it.
+  impl_->j.erase("bf16");
+  impl_->j.erase("fp16");
+  if (d == ComputeDType::kBF16) impl_->j["bf16"] = {{"enabled", true}};
+  if (d == ComputeDType::kF16) impl_->j["fp16"] = {{"enabled", true}};
+  return *this;
+}
+Config::Builder& Config::Builder::stage(int stage) {
+  impl_->j["zero_optimization"]["stage"] = stage;
+  return *this;
+}
+Config::Builder& Config::Builder::lr(double lr) {
+  impl_->j["optimizer"]["type"] = "AdamW";
+  impl_->j["optimizer"]["params"]["lr"] = lr;
+  return *this;
+}
+Config::Builder& Config::Builder::weight_decay(double wd) {
+  impl_->j["optimizer"]["type"] = "AdamW";
+  impl_->j["optimizer"]["params"]["weight_decay"] = wd;
+  return *this;
+}
+Config::Builder& Config::Builder::gradient_clipping(double max_norm) {
+  impl_->j["gradient_clipping"] = max_norm;
+  return *this;
+}
+Config::Builder& Config::Builder::offload_optimizer(Offload where, const std::vector<std::string>& paths) {
+  impl_->j["zero_optimization"]["offload_optimizer"] = offload_block(where, paths);
+  return *this;
+}
+Config::Builder& Config::Builder::offload_param(Offload where, const std::vector<std::string>& paths) {
+  impl_->j["zero_optimization"]["offload_param"] = offload_block(where, paths);
+  return *this;
+}
+Config::Builder& Config::Builder::param_persistence_threshold(int64_t elements) {
+  impl_->j["zero_optimization"]["stage3_param_persistence_threshold"] = elements;
+  return *this;
+}
+Config::Builder& Config::Builder::device_budget(uint64_t bytes) {
+  impl_->j["zoe"]["device_budget"] = bytes;
+  return *this;
+}
+Config::Builder& Config::Builder::optimizer_threads(int threads) {
+  impl_->j["zoe"]["optimizer_threads"] = threads;
+  return *this;
+}
+Config::Builder& Config::Builder::device(const std::string& device) {
+  impl_->j["zoe"]["device"] = device;
+  return *this;
+}
+
+Result<Config> Config::Builder::build(int world_size) const {
+  auto r = Config::parse(impl_->j.dump(), world_size);
+  if (!r.is_ok()) return r.status().with_context("building a Config");
+  return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Engine: the scoped fetch, fp32 access to views
+
+Gathered& Gathered::operator=(Gathered&& o) noexcept {
+  if (this != &o) {
+    Status s = release();
+    if (!s.is_ok()) ZOE_LOG_ERROR("releasing module %zu: %s", m_, s.to_string().c_str());
+    engine_ = std::exchange(o.engine_, nullptr);
+    m_ = o.m_;
+    params_ = std::move(o.params_);
+  }
+  return *this;
+}
+
+Gathered::~Gathered() {
+  Status s = release();
+  if (!s.is_ok()) ZOE_LOG_ERROR("releasing module %zu at scope exit: %s", m_, s.to_string().c_str());
+}
+
+Status Gathered::release() {
+  if (!engine_) return Status::ok();
+  Engine* e = std::exchange(engine_, nullptr);
+  params_ = ModuleParams();
+  return e->release(m_);
+}
+
+Result<Gathered> Engine::gather(size_t m) {
+  ZOE_ASSIGN_OR_RETURN(ModuleParams p, fetch(m));
+  return Gathered(this, m, std::move(p));
+}
+
+Status Engine::read_f32(const TensorView& view, float* dst) {
+  if (view.host_addressable || impl_->ops->host_addressable()) {
+    to_f32(view.data, view.dtype, dst, view.numel);
+    return Status::ok();
+  }
+  std::vector<char> host(view.bytes);
+  Status s = impl_->ops->to_host(host.data(), view.data, view.bytes);
+  if (!s.is_ok()) return s.with_context("reading " + std::string(view.name) + " from the device");
+  to_f32(host.data(), view.dtype, dst, view.numel);
+  return Status::ok();
+}
+
+Status Engine::write_f32(const TensorView& view, const float* src, float scale) {
+  if (view.host_addressable || impl_->ops->host_addressable()) {
+    from_f32(src, view.dtype, view.data, view.numel, scale);
+    return Status::ok();
+  }
+  std::vector<char> host(view.bytes);
+  from_f32(src, view.dtype, host.data(), view.numel, scale);
+  Status s = impl_->ops->to_device(view.data, host.data(), view.bytes);
+  if (!s.is_ok()) return s.with_context("writing " + std::string(view.name) + " to the device");
+  return Status::ok();
+}
+
+}  // namespace zoe

@@ -1,0 +1,418 @@
+// The public API through the installed headers only: the scoped fetch releases on every path,
+// typed views at every stage and precision, the dtype helpers bit for bit against the engine's own
+// conversions, Config's errors and setters, the Runtime's collectives.
+#include <gtest/gtest.h>
+#include <zoe/zoe.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace {
+
+zoe::Runtime& runtime() {
+  static std::unique_ptr<zoe::Runtime> rt = [] {
+    auto r = zoe::Runtime::init();
+    if (!r.is_ok()) abort();
+    return std::move(r).value();
+  }();
+  return *rt;
+}
+
+std::string scratch_dir() {
+  const char* t = getenv("ZOE_TEST_TMPDIR");
+  return t && *t ? t : "/tmp";
+}
+
+uint32_t bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return u;
+}
+float from_bits(uint32_t u) {
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+// The initial value of element i of parameter p of module m.
+float init_value(size_t m, size_t p, size_t i) {
+  return 0.01f * static_cast<float>(i % 97) - 0.3f + 0.125f * static_cast<float>(m) +
+         0.5f * static_cast<float>(p);
+}
+
+const std::vector<zoe::ParamSpec> kSpecs = {{"w", {3, 5}}, {"b", {5}}, {"t", {2, 3, 4}}};
+
+std::unique_ptr<zoe::Engine> make_engine(const zoe::Config& cfg, size_t modules) {
+  auto e = zoe::Engine::create(runtime(), cfg);
+  EXPECT_TRUE(e.is_ok()) << e.status().to_string();
+  if (!e.is_ok()) return nullptr;
+  auto eng = std::move(e).value();
+  for (size_t m = 0; m < modules; ++m) {
+    EXPECT_TRUE(eng->add_module("mod." + std::to_string(m), kSpecs).is_ok());
+  }
+  zoe::Status s = eng->initialize([](size_t m, size_t p, float* x, size_t n) {
+    for (size_t i = 0; i < n; ++i) x[i] = init_value(m, p, i);
+  });
+  EXPECT_TRUE(s.is_ok()) << s.to_string();
+  return s.is_ok() ? std::move(eng) : nullptr;
+}
+
+zoe::Config stage3_nvme(uint64_t budget) {
+  const std::string dir = scratch_dir();
+  auto c = zoe::Config::Builder()
+               .stage(3)
+               .precision(zoe::ComputeDType::kBF16)
+               .param_persistence_threshold(0)
+               .offload_param(zoe::Offload::kNvme, {dir})
+               .offload_optimizer(zoe::Offload::kNvme, {dir})
+               .device_budget(budget)
+               .build();
+  EXPECT_TRUE(c.is_ok()) << c.status().to_string();
+  return c.value();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scoped fetch
+
+class ScopedFetch : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    eng_ = make_engine(stage3_nvme(1 << 20), 3);
+    ASSERT_TRUE(eng_);
+    idle_ = eng_->memory_in_use();
+    ASSERT_EQ(idle_.partition_pins, 0u);
+  }
+  // Released: device memory back to what it was between calls, nothing pinned, and module m can
+  // be fetched again (a module still fetched would refuse release() twice).
+  void expect_released(size_t m) {
+    const zoe::MemoryUse u = eng_->memory_in_use();
+    EXPECT_EQ(u.device - u.device_partitions, idle_.device - idle_.device_partitions);
+    EXPECT_EQ(u.partition_pins, 0u);
+    zoe::Status s = eng_->release(m);
+    EXPECT_EQ(s.code(), zoe::StatusCode::kInvalidArgument) << "module " << m << " was still fetched";
+  }
+  size_t gathered_device_bytes() {
+    const zoe::MemoryUse u = eng_->memory_in_use();
+    return u.device - u.device_partitions;
+  }
+  std::unique_ptr<zoe::Engine> eng_;
+  zoe::MemoryUse idle_;
+};
+
+TEST_F(ScopedFetch, ReleasesAtScopeExit) {
+  {
+    auto p = eng_->gather(1);
+    ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+    EXPECT_EQ(p->module(), 1u);
+    EXPECT_GT(gathered_device_bytes(), idle_.device - idle_.device_partitions);  // the gathered copy
+  }
+  expect_released(1);
+}
+
+TEST_F(ScopedFetch, ReleasesOnEarlyReturn) {
+  auto use = [&](bool leave_early) -> int {
+    auto p = eng_->gather(0);
+    if (!p.is_ok()) return -1;
+    if (leave_early) return 1;
+    return 2;
+  };
+  EXPECT_EQ(use(true), 1);
+  expect_released(0);
+  EXPECT_EQ(use(false), 2);
+  expect_released(0);
+}
+
+TEST_F(ScopedFetch, ReleasesOnException) {
+  try {
+    auto p = eng_->gather(2);
+    ASSERT_TRUE(p.is_ok());
+    throw std::runtime_error("the caller's forward failed");
+  } catch (const std::runtime_error&) {
+  }
+  expect_released(2);
+}
+
+TEST_F(ScopedFetch, ExplicitReleaseOnceAndMoves) {
+  auto p = eng_->gather(0);
+  ASSERT_TRUE(p.is_ok());
+  zoe::Gathered g = std::move(p).value();
+  EXPECT_EQ(g.size(), kSpecs.size());
+  EXPECT_TRUE(g.release().is_ok());
+  EXPECT_EQ(g.size(), 0u);           // the views are gone
+  EXPECT_TRUE(g.release().is_ok());  // a second release does nothing
+  expect_released(0);
+  // Moving a Gathered over another releases the one it replaces; the moved-from one owns nothing.
+  auto a = eng_->gather(0);
+  auto b = eng_->gather(1);
+  ASSERT_TRUE(a.is_ok() && b.is_ok());
+  zoe::Gathered ga = std::move(a).value(), gb = std::move(b).value();
+  ga = std::move(gb);
+  EXPECT_EQ(ga.module(), 1u);
+  EXPECT_EQ(eng_->release(0).code(), zoe::StatusCode::kInvalidArgument);  // 0 went with the move
+  EXPECT_TRUE(ga.release().is_ok());
+  expect_released(1);
+}
+
+TEST_F(ScopedFetch, HighWaterReturnsToIdleOverAStep) {
+  for (int step = 0; step < 2; ++step) {
+    for (size_t m = 0; m < 3; ++m) {
+      auto p = eng_->gather(m);
+      ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+    }
+    for (size_t m = 3; m-- > 0;) {
+      auto p = eng_->gather(m);
+      ASSERT_TRUE(p.is_ok());
+      auto g = eng_->grads(m);
+      ASSERT_TRUE(g.is_ok());
+      for (const zoe::TensorView& v : g->tensors) {
+        std::vector<float> ones(v.numel, 1.0f);
+        ASSERT_TRUE(eng_->write_f32(v, ones.data()).is_ok());
+      }
+      ASSERT_TRUE(eng_->reduce_grads(m).is_ok());
+    }
+    auto st = eng_->step();
+    ASSERT_TRUE(st.is_ok()) << st.status().to_string();
+    EXPECT_LE(st->high_water[0], eng_->device_budget_bytes());
+    const zoe::MemoryUse u = eng_->memory_in_use();
+    EXPECT_EQ(u.partition_pins, 0u);
+    EXPECT_EQ(u.device - u.device_partitions, idle_.device - idle_.device_partitions) << "step " << step;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Typed views: every stage, every precision
+
+class TypedViews : public ::testing::TestWithParam<std::tuple<int, zoe::ComputeDType>> {};
+
+TEST_P(TypedViews, ShapesDtypesAndValues) {
+  const auto [stage, dt] = GetParam();
+  zoe::Config::Builder b;
+  b.stage(stage).precision(dt).param_persistence_threshold(0);
+  auto cfg = b.build();
+  ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
+  auto eng = make_engine(cfg.value(), 2);
+  ASSERT_TRUE(eng);
+  EXPECT_EQ(eng->compute_dtype(), dt);
+  for (size_t m = 0; m < 2; ++m) {
+    auto p = eng->gather(m);
+    ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+    ASSERT_EQ(p->size(), kSpecs.size());
+    EXPECT_EQ(p->params().dtype, dt);
+    for (size_t i = 0; i < kSpecs.size(); ++i) {
+      const zoe::TensorView& v = (*p)[i];
+      size_t n = 1;
+      for (int64_t d : kSpecs[i].shape) n *= static_cast<size_t>(d);
+      EXPECT_EQ(v.name, kSpecs[i].name);
+      ASSERT_NE(v.shape, nullptr);
+      EXPECT_EQ(*v.shape, kSpecs[i].shape);
+      EXPECT_EQ(v.dtype, dt);
+      EXPECT_EQ(v.numel, n);
+      EXPECT_EQ(v.bytes, n * zoe::dtype_size(dt));
+      EXPECT_TRUE(v.host_addressable);  // the CPU device
+      EXPECT_EQ(p->params().data[i], v.data);
+      EXPECT_EQ(p->params().numel[i], v.numel);
+      // The values: the initial fp32 ones in the compute dtype.
+      std::vector<float> got(n);
+      ASSERT_TRUE(eng->read_f32(v, got.data()).is_ok());
+      for (size_t k = 0; k < n; ++k) {
+        const float x = init_value(m, i, k);
+        const float want = dt == zoe::ComputeDType::kF32 ? x : zoe::to_f32(zoe::from_f32(x, dt), dt);
+        ASSERT_EQ(bits(got[k]), bits(want)) << "module " << m << " " << v.name << "[" << k << "]";
+      }
+    }
+    auto g = eng->grads(m);
+    ASSERT_TRUE(g.is_ok()) << g.status().to_string();
+    ASSERT_EQ(g->size(), kSpecs.size());
+    for (size_t i = 0; i < kSpecs.size(); ++i) {
+      const zoe::TensorView& v = (*g)[i];
+      EXPECT_EQ(v.name, kSpecs[i].name);
+      EXPECT_EQ(*v.shape, kSpecs[i].shape);
+      EXPECT_EQ(v.dtype, dt);
+      EXPECT_EQ(v.bytes, v.numel * zoe::dtype_size(dt));
+      std::vector<float> z(v.numel, 1.0f);
+      ASSERT_TRUE(eng->read_f32(v, z.data()).is_ok());
+      for (float f : z) ASSERT_EQ(f, 0.0f);  // zeroed
+    }
+    ASSERT_TRUE(eng->reduce_grads(m).is_ok());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllStagesAndPrecisions, TypedViews,
+                         ::testing::Combine(::testing::Values(0, 1, 2, 3),
+                                            ::testing::Values(zoe::ComputeDType::kF32,
+                                                              zoe::ComputeDType::kBF16,
+                                                              zoe::ComputeDType::kF16)));
+
+// ---------------------------------------------------------------------------------------------
+// dtype helpers
+
+TEST(DType, KnownBitPatterns) {
+  using zoe::ComputeDType;
+  EXPECT_EQ(zoe::from_f32(1.0f, ComputeDType::kBF16), 0x3f80);
+  EXPECT_EQ(zoe::from_f32(from_bits(0x3f808000u), ComputeDType::kBF16), 0x3f80);  // tie: to even
+  EXPECT_EQ(zoe::from_f32(from_bits(0x3f818000u), ComputeDType::kBF16), 0x3f82);  // tie: to even (up)
+  EXPECT_EQ(zoe::from_f32(from_bits(0x3f808001u), ComputeDType::kBF16), 0x3f81);  // above the tie
+  EXPECT_EQ(zoe::from_f32(INFINITY, ComputeDType::kBF16), 0x7f80);
+  EXPECT_EQ(zoe::from_f32(-0.0f, ComputeDType::kBF16), 0x8000);
+  EXPECT_EQ(zoe::from_f32(NAN, ComputeDType::kBF16) & 0x7fc0, 0x7fc0);  // a quiet NaN
+  EXPECT_EQ(zoe::from_f32(1.0f, ComputeDType::kF16), 0x3c00);
+  EXPECT_EQ(zoe::from_f32(65504.0f, ComputeDType::kF16), 0x7bff);
+  EXPECT_EQ(zoe::from_f32(65520.0f, ComputeDType::kF16), 0x7c00);  // rounds to inf
+  EXPECT_EQ(zoe::from_f32(0x1p-24f, ComputeDType::kF16), 0x0001);  // smallest subnormal
+  EXPECT_EQ(zoe::from_f32(0x1p-25f, ComputeDType::kF16), 0x0000);  // tie to even: zero
+  EXPECT_EQ(zoe::from_f32(0x3p-25f, ComputeDType::kF16), 0x0002);  // tie to even: up
+  EXPECT_EQ(zoe::from_f32(-2.0f, ComputeDType::kF16), 0xc000);
+  EXPECT_EQ(zoe::to_f32(0x3f80, ComputeDType::kBF16), 1.0f);
+  EXPECT_EQ(zoe::to_f32(0x0001, ComputeDType::kF16), 0x1p-24f);
+  EXPECT_EQ(zoe::to_f32(0x7bff, ComputeDType::kF16), 65504.0f);
+  EXPECT_TRUE(std::isinf(zoe::to_f32(0xfc00, ComputeDType::kF16)));
+  EXPECT_STREQ(zoe::dtype_name(ComputeDType::kBF16), "bf16");
+}
+
+TEST(DType, ArraysMatchScalarsAndScale) {
+  std::mt19937 gen(5);
+  std::vector<float> x(4096);
+  for (float& v : x) v = from_bits(gen() & 0xbfffffffu);  // finite and infinite, every exponent below 2^1
+  for (auto dt : {zoe::ComputeDType::kBF16, zoe::ComputeDType::kF16}) {
+    std::vector<uint16_t> h(x.size()), hs(x.size());
+    zoe::from_f32(x.data(), dt, h.data(), x.size());
+    zoe::from_f32(x.data(), dt, hs.data(), x.size(), 4.0f);
+    std::vector<float> back(x.size());
+    zoe::to_f32(h.data(), dt, back.data(), x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+      ASSERT_EQ(h[i], zoe::from_f32(x[i], dt)) << i;
+      ASSERT_EQ(hs[i], zoe::from_f32(x[i] * 4.0f, dt)) << i;
+      ASSERT_EQ(bits(back[i]), bits(zoe::to_f32(h[i], dt))) << i;
+    }
+  }
+}
+
+// The engine stores initial values in the compute dtype with its internal conversion: the public
+// helper must give the same bits, on every device this host has (CPU; CUDA where a GPU is).
+class DTypeVsEngine : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(DTypeVsEngine, BitEqualToTheEnginesConversion) {
+  std::mt19937 gen(11);
+  std::vector<float> vals(8192);
+  for (float& v : vals) {
+    uint32_t u = gen();
+    if ((u & 0x7f800000u) == 0x7f800000u) u &= 0xbfffffffu;  // no inf/NaN as initial values
+    v = from_bits(u);
+  }
+  vals[0] = 65520.0f, vals[1] = 0x1p-25f, vals[2] = 0x3p-25f, vals[3] = from_bits(0x3f808000u);
+  for (auto dt : {zoe::ComputeDType::kBF16, zoe::ComputeDType::kF16}) {
+    auto cfg = zoe::Config::Builder().precision(dt).device(GetParam()).build();
+    ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
+    auto e = zoe::Engine::create(runtime(), cfg.value());
+    if (!e.is_ok() && e.status().code() == zoe::StatusCode::kUnsupported)
+      GTEST_SKIP() << e.status().to_string();
+    ASSERT_TRUE(e.is_ok()) << e.status().to_string();
+    auto eng = std::move(e).value();
+    ASSERT_TRUE(eng->add_module("m", {{"x", {static_cast<int64_t>(vals.size())}}}).is_ok());
+    ASSERT_TRUE(
+        eng->initialize([&](size_t, size_t, float* x, size_t n) { memcpy(x, vals.data(), n * 4); }).is_ok());
+    auto p = eng->gather(0);
+    ASSERT_TRUE(p.is_ok());
+    const zoe::TensorView& v = (*p)[0];
+    std::vector<uint16_t> engine_bits(vals.size());
+    if (v.host_addressable) {
+      memcpy(engine_bits.data(), v.data, v.bytes);
+    } else {  // device memory: read back as fp32 (exact), then to the dtype (exact for these)
+      std::vector<float> f(vals.size());
+      ASSERT_TRUE(eng->read_f32(v, f.data()).is_ok());
+      zoe::from_f32(f.data(), dt, engine_bits.data(), f.size());
+    }
+    for (size_t i = 0; i < vals.size(); ++i) {
+      ASSERT_EQ(engine_bits[i], zoe::from_f32(vals[i], dt)) << zoe::dtype_name(dt) << " value " << vals[i];
+    }
+    // write_f32 then read_f32 through the device: the public conversion, scale included.
+    std::vector<float> src(vals.size()), back(vals.size());
+    for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<float>(i % 251) * 0.37f - 40.0f;
+    auto g = eng->grads(0);
+    ASSERT_TRUE(g.is_ok());
+    ASSERT_TRUE(eng->write_f32((*g)[0], src.data(), 8.0f).is_ok());
+    ASSERT_TRUE(eng->read_f32((*g)[0], back.data()).is_ok());
+    for (size_t i = 0; i < src.size(); ++i) {
+      ASSERT_EQ(bits(back[i]), bits(zoe::to_f32(zoe::from_f32(src[i] * 8.0f, dt), dt))) << i;
+    }
+    ASSERT_TRUE(eng->reduce_grads(0).is_ok());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, DTypeVsEngine, ::testing::Values("cpu", "cuda"));
+
+// ---------------------------------------------------------------------------------------------
+// Config and Runtime
+
+TEST(Config, ErrorsNameTheJsonPath) {
+  auto bad =
+      zoe::Config::parse(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "disk"}}})");
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_EQ(bad.status().code(), zoe::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().to_string().find("zero_optimization.offload_param.device"), std::string::npos)
+      << bad.status().to_string();
+  auto missing = zoe::Config::load("/nonexistent/ds_config.json");
+  ASSERT_FALSE(missing.is_ok());
+  EXPECT_NE(missing.status().to_string().find("/nonexistent/ds_config.json"), std::string::npos);
+}
+
+TEST(Config, SettersValidateAndLeaveTheConfigAloneOnError) {
+  auto c =
+      zoe::Config::parse(R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 3})", 1);
+  ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+  zoe::Config cfg = c.value();
+  ASSERT_TRUE(cfg.set_micro_batch(4).is_ok());
+  EXPECT_EQ(cfg.micro_batch(), 4);
+  EXPECT_EQ(cfg.train_batch_size(), 12);
+  ASSERT_TRUE(cfg.set_precision(zoe::ComputeDType::kF16).is_ok());
+  EXPECT_EQ(cfg.precision(), zoe::ComputeDType::kF16);
+  ASSERT_TRUE(cfg.set_lr(2e-3).is_ok());
+  EXPECT_EQ(cfg.lr(), 2e-3);
+  const std::string before = cfg.to_json();
+  zoe::Status s = cfg.set_stage(7);
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.to_string().find("zero_optimization.stage"), std::string::npos) << s.to_string();
+  EXPECT_EQ(cfg.to_json(), before);
+  // Parameter offload needs stage 3: refused at stage 0, accepted after set_stage(3).
+  EXPECT_FALSE(cfg.set_offload_param(zoe::Offload::kCpu).is_ok());
+  EXPECT_EQ(cfg.offload_param(), zoe::Offload::kNone);
+  ASSERT_TRUE(cfg.set_stage(3).is_ok());
+  ASSERT_TRUE(cfg.set_offload_param(zoe::Offload::kCpu).is_ok());
+  EXPECT_EQ(cfg.offload_param(), zoe::Offload::kCpu);
+  ASSERT_TRUE(cfg.set_device_budget(64u << 20).is_ok());
+  EXPECT_EQ(cfg.device_budget(), 64u << 20);
+  auto again = zoe::Config::parse(cfg.to_json());
+  ASSERT_TRUE(again.is_ok());
+  EXPECT_EQ(again->to_json(), cfg.to_json());
+}
+
+TEST(Config, BuilderErrors) {
+  auto c = zoe::Config::Builder().stage(2).offload_optimizer(zoe::Offload::kNvme, {}).build();
+  ASSERT_FALSE(c.is_ok());
+  EXPECT_NE(c.status().to_string().find("offload_optimizer"), std::string::npos) << c.status().to_string();
+  auto d = zoe::Config::Builder().micro_batch(0).build();
+  ASSERT_FALSE(d.is_ok());
+  EXPECT_NE(d.status().to_string().find("train_micro_batch_size_per_gpu"), std::string::npos);
+}
+
+TEST(Runtime, Collectives) {
+  zoe::Runtime& rt = runtime();
+  ASSERT_GE(rt.world_size(), 1);
+  auto avg = rt.average(static_cast<double>(rt.rank()));
+  ASSERT_TRUE(avg.is_ok());
+  EXPECT_DOUBLE_EQ(avg.value(), (rt.world_size() - 1) / 2.0);
+  int64_t v = rt.rank() == 0 ? 42 : -1;
+  ASSERT_TRUE(rt.broadcast(&v, sizeof v, 0).is_ok());
+  EXPECT_EQ(v, 42);
+  EXPECT_EQ(rt.broadcast(&v, sizeof v, rt.world_size()).code(), zoe::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(rt.barrier().is_ok());
+  EXPECT_EQ(zoe::parse_bytes("4KiB").value(), 4096u);
+}
+
+}  // namespace
