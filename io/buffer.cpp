@@ -10,10 +10,10 @@
 #include <cstring>
 
 #include "core/cpu.h"
+#include "core/host_pinner.h"
 #include "core/log.h"
 #include "core/units.h"
 #include "zoe/features.h"
-#include "core/host_pinner.h"
 
 namespace zoe::io {
 namespace {
@@ -22,7 +22,8 @@ constexpr size_t kHuge = 2u << 20;
 
 Status memlock_error(size_t bytes, int err) {
   HostMemory hm = host_memory();
-  std::string limit = hm.memlock_limit_bytes == UINT64_MAX ? "unlimited" : format_bytes(hm.memlock_limit_bytes);
+  std::string limit =
+      hm.memlock_limit_bytes == UINT64_MAX ? "unlimited" : format_bytes(hm.memlock_limit_bytes);
   return Status(StatusCode::kPermissionDenied,
                 "While pinning " + std::to_string(bytes) + " bytes (" + format_bytes(bytes) +
                     ") of host memory with mlock: " + strerror(err) +
@@ -93,13 +94,16 @@ Result<AlignedBuffer> AlignedBuffer::allocate(size_t bytes, PinMode pin) {
     madvise(b.data_, len, MADV_HUGEPAGE);
   } else {
     b.data_ = aligned_alloc(4096, rounded);
-    if (!b.data_) return Status(StatusCode::kOutOfBudget, "While allocating " + format_bytes(bytes) + " of host memory: out of memory");
+    if (!b.data_)
+      return Status(StatusCode::kOutOfBudget,
+                    "While allocating " + format_bytes(bytes) + " of host memory: out of memory");
   }
   b.size_ = bytes;
   if (pin == PinMode::kNone) return b;
   // Pinned for the device's DMA by the device layer's pinner (CUDA: cudaHostRegister) once a
   // device that needs it exists; otherwise, or when that fails, the pages are locked.
-  if (pin == PinMode::kDevice && host_pinner() && host_pinner()->pin(b.data_, b.mapped_ ? b.mapped_ : rounded).is_ok()) {
+  if (pin == PinMode::kDevice && host_pinner() &&
+      host_pinner()->pin(b.data_, b.mapped_ ? b.mapped_ : rounded).is_ok()) {
     b.pinned_ = PinMode::kDevice;
     return b;
   }

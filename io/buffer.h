@@ -2,10 +2,10 @@
 // cudaHostRegister once a CUDA device exists; io/ itself never calls a device API).
 #pragma once
 
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <condition_variable>
 #include <mutex>
 #include <vector>
 
@@ -14,9 +14,9 @@
 namespace zoe::io {
 
 enum class PinMode : uint8_t {
-  kNone,     // pageable memory
-  kLock,     // mlock: stays resident, DMA-able by the kernel without faults
-  kDevice,   // pinned by the process's HostPinner (core/host_pinner.h: CUDA) when set, else mlock
+  kNone,    // pageable memory
+  kLock,    // mlock: stays resident, DMA-able by the kernel without faults
+  kDevice,  // pinned by the process's HostPinner (core/host_pinner.h: CUDA) when set, else mlock
 };
 
 // One 4 KiB-aligned allocation. Sizes of 2 MiB and more are mmap'ed 2 MiB-aligned with

@@ -40,9 +40,15 @@ int FaultInjector::apply(IoOp op, char* buf, uint32_t len, uint32_t align, int r
     uint64_t n = only ? (*only == op ? n_op : 0) : n_any;
     if (n == 0 || n < r.nth || n - r.nth >= r.count) continue;
     switch (r.kind) {
-      case FaultKind::kEio: injected_++; return -EIO;
-      case FaultKind::kEnospc: injected_++; return -ENOSPC;
-      case FaultKind::kEagain: injected_++; return -EAGAIN;
+      case FaultKind::kEio:
+        injected_++;
+        return -EIO;
+      case FaultKind::kEnospc:
+        injected_++;
+        return -ENOSPC;
+      case FaultKind::kEagain:
+        injected_++;
+        return -EAGAIN;
       case FaultKind::kCorruptRead: {
         if (res <= 0) return res;
         buf[static_cast<uint32_t>(res) / 2] ^= 0x20;  // one flipped bit in the middle of the bytes read

@@ -39,17 +39,28 @@ void dio_alignment(int fd, uint32_t* mem_align, uint32_t* offset_align) {
 
 const char* fs_name(unsigned long magic) {
   switch (magic) {
-    case EXT4_SUPER_MAGIC: return "ext4";  // also ext2/ext3
-    case 0x58465342: return "xfs";
-    case BTRFS_SUPER_MAGIC: return "btrfs";
-    case TMPFS_MAGIC: return "tmpfs";
-    case NFS_SUPER_MAGIC: return "nfs";
-    case OVERLAYFS_SUPER_MAGIC: return "overlay";
-    case 0x2fc12fc1: return "zfs";
-    case 0x65735546: return "fuse";
-    case 0xFF534D42: return "cifs";
-    case 0xF2F52010: return "f2fs";
-    default: return nullptr;
+    case EXT4_SUPER_MAGIC:
+      return "ext4";  // also ext2/ext3
+    case 0x58465342:
+      return "xfs";
+    case BTRFS_SUPER_MAGIC:
+      return "btrfs";
+    case TMPFS_MAGIC:
+      return "tmpfs";
+    case NFS_SUPER_MAGIC:
+      return "nfs";
+    case OVERLAYFS_SUPER_MAGIC:
+      return "overlay";
+    case 0x2fc12fc1:
+      return "zfs";
+    case 0x65735546:
+      return "fuse";
+    case 0xFF534D42:
+      return "cifs";
+    case 0xF2F52010:
+      return "f2fs";
+    default:
+      return nullptr;
   }
 }
 
@@ -57,16 +68,23 @@ const char* fs_name(unsigned long magic) {
 
 const char* direct_mode_name(DirectMode m) {
   switch (m) {
-    case DirectMode::kOff: return "off";
-    case DirectMode::kRequire: return "require";
-    case DirectMode::kPrefer: return "prefer";
+    case DirectMode::kOff:
+      return "off";
+    case DirectMode::kRequire:
+      return "require";
+    case DirectMode::kPrefer:
+      return "prefer";
   }
   return "?";
 }
 
 File::File(int fd, std::string path, bool direct, uint32_t mem_align, uint32_t offset_align)
-    : fd_(fd), path_(std::move(path)), id_(g_next_file_id.fetch_add(1)), direct_(direct),
-      mem_align_(mem_align), offset_align_(offset_align) {}
+    : fd_(fd),
+      path_(std::move(path)),
+      id_(g_next_file_id.fetch_add(1)),
+      direct_(direct),
+      mem_align_(mem_align),
+      offset_align_(offset_align) {}
 
 File::~File() {
   if (fd_ >= 0) close(fd_);
@@ -94,8 +112,10 @@ Result<std::unique_ptr<File>> File::open(const std::string& path, const OpenOpti
           "on a local disk file system (ext4, xfs), or set direct I/O off to use the page cache.",
           path.c_str());
     }
-    ZOE_LOG_WARN("%s: O_DIRECT is not supported here; using buffered I/O through the page cache "
-                 "(slower, and uses host RAM for caching)", path.c_str());
+    ZOE_LOG_WARN(
+        "%s: O_DIRECT is not supported here; using buffered I/O through the page cache "
+        "(slower, and uses host RAM for caching)",
+        path.c_str());
     direct = false;
     fd = ::open(path.c_str(), flags, 0644);
   }
@@ -133,8 +153,9 @@ Status File::preallocate(uint64_t bytes) {
     return Status(StatusCode::kNoSpace,
                   "While preallocating " + std::to_string(bytes) + " bytes (" + format_bytes(bytes) +
                       ") for " + path_ + " (growing it from " + std::to_string(old_size) + " bytes, " +
-                      std::to_string(bytes - std::min(bytes, old_size)) + " more): " + strerror(rc) + " (errno " +
-                      std::to_string(rc) + "); " + free_s + " were free there before the attempt",
+                      std::to_string(bytes - std::min(bytes, old_size)) + " more): " + strerror(rc) +
+                      " (errno " + std::to_string(rc) + "); " + free_s +
+                      " were free there before the attempt",
                   rc);
   }
   return sys_error("fallocate", path_, 0, bytes, rc);
@@ -224,14 +245,14 @@ Result<FsInfo> probe_fs(const std::string& dir) {
   for (int i = 0; i < 4096; ++i) b[i] = static_cast<unsigned char>(i * 7 + 3);
   ssize_t w = pwrite(fd, b, 4096, 0);
   if (w != 4096) {
-    info.direct_io_error = w < 0 ? sys_error("pwrite O_DIRECT", path, 0, 4096, errno).message()
-                                 : "short O_DIRECT write";
+    info.direct_io_error =
+        w < 0 ? sys_error("pwrite O_DIRECT", path, 0, 4096, errno).message() : "short O_DIRECT write";
   } else {
     memset(b + 4096, 0, 4096);
     ssize_t r = pread(fd, b + 4096, 4096, 0);
     if (r != 4096) {
-      info.direct_io_error = r < 0 ? sys_error("pread O_DIRECT", path, 0, 4096, errno).message()
-                                   : "short O_DIRECT read";
+      info.direct_io_error =
+          r < 0 ? sys_error("pread O_DIRECT", path, 0, 4096, errno).message() : "short O_DIRECT read";
     } else if (memcmp(b, b + 4096, 4096) != 0) {
       info.direct_io_error = "O_DIRECT read returned different bytes than were written";
     } else {

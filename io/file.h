@@ -69,10 +69,10 @@ class File {
 struct FsInfo {
   std::string fs_type;  // "ext4", "xfs", "tmpfs", ... or "0x<magic>"
   uint64_t total_bytes = 0;
-  uint64_t free_bytes = 0;  // available to this user
-  bool direct_io = false;   // O_DIRECT write+read of one block worked here
+  uint64_t free_bytes = 0;      // available to this user
+  bool direct_io = false;       // O_DIRECT write+read of one block worked here
   std::string direct_io_error;  // why not, when it did not
-  uint32_t dio_mem_align = 0;     // from statx, 0 when the kernel does not say
+  uint32_t dio_mem_align = 0;   // from statx, 0 when the kernel does not say
   uint32_t dio_offset_align = 0;
 };
 

@@ -71,7 +71,8 @@ Status write_pattern(const SwapFile& file, const Extent& e, uint64_t seed) {
 
 Result<IoBenchRow> run_io_bench(const IoBenchConfig& cfg, const IoBenchCase& c) {
   if (!cfg.file) return invalid_argument("io bench: no file");
-  if (c.bs == 0 || c.bs % 4096 != 0) return invalid_argument("io bench: block size %zu is not a multiple of 4096", c.bs);
+  if (c.bs == 0 || c.bs % 4096 != 0)
+    return invalid_argument("io bench: block size %zu is not a multiple of 4096", c.bs);
   IoEngineOptions eo;
   eo.backend = c.backend;
   eo.queue_depth = c.qd;
@@ -88,7 +89,8 @@ Result<IoBenchRow> run_io_bench(const IoBenchConfig& cfg, const IoBenchCase& c) 
   }
   if (c.op == IoOp::kWrite) {
     // Writes carry the pattern of their first pass position; with validate, of every position.
-    for (size_t i = 0; i < c.qd; ++i) fill_pattern(pool->buffer(i), cfg.extent.offset + i * c.bs, c.bs, cfg.seed);
+    for (size_t i = 0; i < c.qd; ++i)
+      fill_pattern(pool->buffer(i), cfg.extent.offset + i * c.bs, c.bs, cfg.seed);
   }
 
   const uint64_t total = cfg.extent.bytes;
@@ -128,7 +130,8 @@ Result<IoBenchRow> run_io_bench(const IoBenchConfig& cfg, const IoBenchCase& c) 
         return;
       }
       if (c.op == IoOp::kRead && cfg.validate) {
-        st.wrong.fetch_add(count_wrong_bytes(buf, cfg.extent.offset + off, len, cfg.seed), std::memory_order_relaxed);
+        st.wrong.fetch_add(count_wrong_bytes(buf, cfg.extent.offset + off, len, cfg.seed),
+                           std::memory_order_relaxed);
       }
       issue(buf);
     });

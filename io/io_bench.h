@@ -28,8 +28,8 @@ struct IoBenchConfig {
   bool fixed = true;      // register buffers and files with io_uring
   bool sqpoll = false;
   uint64_t seed = 0x5eed;
-  const std::atomic<bool>* stop = nullptr;             // set to abandon the run (Ctrl-C)
-  std::function<void(int pass, int passes)> on_pass;   // progress
+  const std::atomic<bool>* stop = nullptr;            // set to abandon the run (Ctrl-C)
+  std::function<void(int pass, int passes)> on_pass;  // progress
 };
 
 struct IoBenchRow {
@@ -39,7 +39,7 @@ struct IoBenchRow {
   IoOp op = IoOp::kRead;
   uint64_t bytes = 0;  // moved in the timed passes
   double seconds = 0;
-  double gbps = 0;     // 1e9 bytes per second
+  double gbps = 0;  // 1e9 bytes per second
   double iops = 0;
   double p50_us = 0, p99_us = 0;
   uint64_t wrong_bytes = 0;

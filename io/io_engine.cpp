@@ -18,9 +18,12 @@ constexpr uint32_t kMaxRetries = 64;
 
 const char* io_backend_name(IoBackend b) {
   switch (b) {
-    case IoBackend::kAuto: return "auto";
-    case IoBackend::kUring: return "uring";
-    case IoBackend::kThreads: return "threads";
+    case IoBackend::kAuto:
+      return "auto";
+    case IoBackend::kUring:
+      return "uring";
+    case IoBackend::kThreads:
+      return "threads";
   }
   return "?";
 }
@@ -61,8 +64,10 @@ Result<std::unique_ptr<IoEngine>> IoEngine::create(const IoEngineOptions& opts) 
                             opts.block_size);
   }
   switch (opts.backend) {
-    case IoBackend::kThreads: return make_thread_engine(opts);
-    case IoBackend::kUring: return make_uring_engine(opts);
+    case IoBackend::kThreads:
+      return make_thread_engine(opts);
+    case IoBackend::kUring:
+      return make_uring_engine(opts);
     case IoBackend::kAuto: {
       auto e = make_uring_engine(opts);
       if (e.is_ok()) return e;
@@ -77,8 +82,9 @@ Result<std::unique_ptr<IoEngine>> IoEngine::create(const IoEngineOptions& opts) 
 Status IoEngine::validate(const IoRequest& r) const {
   if (!r.file) return invalid_argument("I/O request without a file");
   if (r.len == 0) return Status::ok();
-  if (!r.buf) return invalid_argument("%s of %zu bytes at offset %llu of %s: null buffer", io_op_name(r.op),
-                                      r.len, static_cast<unsigned long long>(r.offset), r.file->path().c_str());
+  if (!r.buf)
+    return invalid_argument("%s of %zu bytes at offset %llu of %s: null buffer", io_op_name(r.op), r.len,
+                            static_cast<unsigned long long>(r.offset), r.file->path().c_str());
   if (r.file->direct()) {
     auto addr = reinterpret_cast<uintptr_t>(r.buf);
     uint32_t ma = r.file->mem_align(), oa = r.file->offset_align();
@@ -87,8 +93,8 @@ Status IoEngine::validate(const IoRequest& r) const {
           "O_DIRECT %s of %zu bytes at offset %llu of %s into buffer %p is not aligned: O_DIRECT "
           "needs the buffer address aligned to %u bytes and the offset and length to %u bytes. "
           "Use zoe's aligned buffers, or open the file without O_DIRECT.",
-          io_op_name(r.op), r.len, static_cast<unsigned long long>(r.offset), r.file->path().c_str(),
-          r.buf, ma, oa);
+          io_op_name(r.op), r.len, static_cast<unsigned long long>(r.offset), r.file->path().c_str(), r.buf,
+          ma, oa);
     }
   }
   return Status::ok();
@@ -156,12 +162,13 @@ void IoEngine::complete_chunk(Chunk* c, int res) {
     err = sys_error(opname, c->file->path(), c->offset, c->len, -res);
   } else if (res == 0) {
     if (c->op == IoOp::kRead) {
-      err = io_error("Short read: end of file at offset %llu of %s with %u bytes still to read "
-                     "(the file is shorter than expected; truncated?)",
-                     static_cast<unsigned long long>(c->offset), c->file->path().c_str(), c->len);
+      err = io_error(
+          "Short read: end of file at offset %llu of %s with %u bytes still to read "
+          "(the file is shorter than expected; truncated?)",
+          static_cast<unsigned long long>(c->offset), c->file->path().c_str(), c->len);
     } else {
-      err = io_error("While pwrite %u bytes at offset %llu of %s: the kernel wrote nothing",
-                     c->len, static_cast<unsigned long long>(c->offset), c->file->path().c_str());
+      err = io_error("While pwrite %u bytes at offset %llu of %s: the kernel wrote nothing", c->len,
+                     static_cast<unsigned long long>(c->offset), c->file->path().c_str());
     }
   } else {
     auto n = static_cast<uint32_t>(res);
@@ -174,9 +181,10 @@ void IoEngine::complete_chunk(Chunk* c, int res) {
     if (n < c->len) {
       if (c->file->direct() && n % c->file->offset_align() != 0) {
         // O_DIRECT transfers stop short of a block boundary only at end of file.
-        err = io_error("Short read: end of file at offset %llu of %s with %u bytes still to read "
-                       "(the file is shorter than expected; truncated?)",
-                       static_cast<unsigned long long>(c->offset + n), c->file->path().c_str(), c->len - n);
+        err = io_error(
+            "Short read: end of file at offset %llu of %s with %u bytes still to read "
+            "(the file is shorter than expected; truncated?)",
+            static_cast<unsigned long long>(c->offset + n), c->file->path().c_str(), c->len - n);
       } else {
         c->offset += n;
         c->buf += n;

@@ -85,9 +85,9 @@ class FaultInjector;
 
 struct IoEngineOptions {
   IoBackend backend = IoBackend::kAuto;
-  uint32_t queue_depth = 32;        // chunks in flight at once
-  size_t block_size = 1u << 20;     // largest single transfer; bigger requests are split
-  bool sqpoll = false;              // io_uring kernel submission thread
+  uint32_t queue_depth = 32;     // chunks in flight at once
+  size_t block_size = 1u << 20;  // largest single transfer; bigger requests are split
+  bool sqpoll = false;           // io_uring kernel submission thread
   uint32_t sqpoll_idle_ms = 100;
   uint32_t threads = 0;             // thread backend: workers (0 = queue_depth, at most 128)
   FaultInjector* faults = nullptr;  // tests: inject errors and short transfers (not owned)
@@ -96,10 +96,10 @@ struct IoEngineOptions {
 struct IoStatsSnapshot {
   uint64_t read_requests = 0, write_requests = 0;
   uint64_t read_bytes = 0, write_bytes = 0;
-  uint64_t chunks = 0;       // transfers issued to the kernel (after splitting)
-  uint64_t resubmits = 0;    // short transfers continued
-  uint64_t retries = 0;      // EINTR/EAGAIN
-  uint64_t errors = 0;       // submissions that ended in an error
+  uint64_t chunks = 0;     // transfers issued to the kernel (after splitting)
+  uint64_t resubmits = 0;  // short transfers continued
+  uint64_t retries = 0;    // EINTR/EAGAIN
+  uint64_t errors = 0;     // submissions that ended in an error
 };
 
 class IoEngine {
@@ -178,8 +178,8 @@ class IoEngine {
   Status first_error_;  // guarded by drain_mu_
 
   struct Counters {
-    std::atomic<uint64_t> read_requests{0}, write_requests{0}, read_bytes{0}, write_bytes{0},
-        chunks{0}, resubmits{0}, retries{0}, errors{0};
+    std::atomic<uint64_t> read_requests{0}, write_requests{0}, read_bytes{0}, write_bytes{0}, chunks{0},
+        resubmits{0}, retries{0}, errors{0};
   } counters_;
 };
 

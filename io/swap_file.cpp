@@ -201,7 +201,8 @@ Result<std::unique_ptr<SwapFile>> SwapFile::create(const SwapFileOptions& opts) 
       for (const auto& h : locks) held = held || h.first.same_dir(l);
       if (!held) locks.emplace_back(std::move(l), &d);
     }
-    std::sort(locks.begin(), locks.end(), [](const auto& a, const auto& b) { return a.first.before(b.first); });
+    std::sort(locks.begin(), locks.end(),
+              [](const auto& a, const auto& b) { return a.first.before(b.first); });
     for (auto& [l, d] : locks) {
       l.lock(*d);
       if (!opts.reclaim_stale) continue;
@@ -396,7 +397,8 @@ Result<Extent> SwapFile::allocate(uint64_t bytes) {
     }
     ZOE_RETURN_IF_ERROR(grow_locked(capacity_ + need - tail_free, /*allow_step=*/true));
   }
-  return internal_error("swap file: allocation of %llu bytes failed after growing", static_cast<unsigned long long>(need));
+  return internal_error("swap file: allocation of %llu bytes failed after growing",
+                        static_cast<unsigned long long>(need));
 }
 
 void SwapFile::free(const Extent& e) {
@@ -423,7 +425,8 @@ void SwapFile::map(IoOp op, uint64_t offset, void* buf, size_t len, std::vector<
     uint64_t foff = (s / n) * stripe + in;
     // Merge with the previous request when it continues in the same file (n == 1).
     if (!out->empty() && out->back().file == f && out->back().op == op &&
-        out->back().offset + out->back().len == foff && static_cast<char*>(out->back().buf) + out->back().len == p) {
+        out->back().offset + out->back().len == foff &&
+        static_cast<char*>(out->back().buf) + out->back().len == p) {
       out->back().len += take;
     } else {
       out->push_back(IoRequest{op, f, foff, p, take});

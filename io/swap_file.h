@@ -43,11 +43,11 @@ struct SwapFileOptions {
   // Capacity added when an allocation does not fit: this step when the disks have room for it,
   // else only what the allocation needs (so a nearly full disk still serves what fits).
   uint64_t grow_bytes = 256u << 20;
-  uint64_t max_bytes = 0;            // capacity limit (0: only the disks limit it)
+  uint64_t max_bytes = 0;  // capacity limit (0: only the disks limit it)
   DirectMode direct = DirectMode::kPrefer;
-  bool keep = false;                 // keep the files at close (default: removed)
-  bool reuse = false;                // open existing files instead of truncating them (needs keep)
-  bool reclaim_stale = true;         // remove the swap files of dead processes in dirs at create()
+  bool keep = false;          // keep the files at close (default: removed)
+  bool reuse = false;         // open existing files instead of truncating them (needs keep)
+  bool reclaim_stale = true;  // remove the swap files of dead processes in dirs at create()
   // Swap-data integrity: every write through read()/write()/transfer() records an xxh3_64 per
   // piece (see kChecksumPieceBytes) and every read verifies the recorded pieces it covers whole;
   // a mismatch is kCorruption naming the file, offset, length and the item (never wrong data).

@@ -36,8 +36,10 @@ class ThreadEngine final : public IoEngine {
       std::lock_guard<std::mutex> lock(mu_);
       for (Chunk* c : chunks) queue_.push_back(c);
     }
-    if (chunks.size() == 1) cv_.notify_one();
-    else cv_.notify_all();
+    if (chunks.size() == 1)
+      cv_.notify_one();
+    else
+      cv_.notify_all();
   }
 
  private:

@@ -26,7 +26,8 @@ thread_local bool tl_in_reaper = false;
 Status uring_error(const char* what, int neg_errno) {
   int err = -neg_errno;
   std::string hint;
-  if (err == EPERM || err == ENOSYS) hint = " (io_uring disabled: seccomp, container policy or kernel.io_uring_disabled)";
+  if (err == EPERM || err == ENOSYS)
+    hint = " (io_uring disabled: seccomp, container policy or kernel.io_uring_disabled)";
   if (err == ENOMEM) hint = " (locked-memory limit too low for the ring? see ulimit -l)";
   return Status(err == ENOSYS || err == EPERM ? StatusCode::kUnsupported : StatusCode::kIoError,
                 std::string(what) + ": " + strerror(err) + hint, err);
@@ -91,7 +92,8 @@ class UringEngine final : public IoEngine {
         all.push_back(Registered{base + off, std::min<size_t>(1u << 30, v.iov_len - off), 0});
       }
     }
-    std::sort(all.begin(), all.end(), [](const Registered& a, const Registered& b) { return a.base < b.base; });
+    std::sort(all.begin(), all.end(),
+              [](const Registered& a, const Registered& b) { return a.base < b.base; });
     std::vector<iovec> iov;
     for (size_t i = 0; i < all.size(); ++i) {
       all[i].index = static_cast<int>(i);
@@ -177,11 +179,15 @@ class UringEngine final : public IoEngine {
       }
       int bi = find_registered(c->buf, c->len);
       if (c->op == IoOp::kRead) {
-        if (bi >= 0) io_uring_prep_read_fixed(sqe, fd, c->buf, c->len, c->offset, bi);
-        else io_uring_prep_read(sqe, fd, c->buf, c->len, c->offset);
+        if (bi >= 0)
+          io_uring_prep_read_fixed(sqe, fd, c->buf, c->len, c->offset, bi);
+        else
+          io_uring_prep_read(sqe, fd, c->buf, c->len, c->offset);
       } else {
-        if (bi >= 0) io_uring_prep_write_fixed(sqe, fd, c->buf, c->len, c->offset, bi);
-        else io_uring_prep_write(sqe, fd, c->buf, c->len, c->offset);
+        if (bi >= 0)
+          io_uring_prep_write_fixed(sqe, fd, c->buf, c->len, c->offset, bi);
+        else
+          io_uring_prep_write(sqe, fd, c->buf, c->len, c->offset);
       }
       if (fixed_file) sqe->flags |= IOSQE_FIXED_FILE;
       io_uring_sqe_set_data(sqe, c);
@@ -266,7 +272,8 @@ std::string probe_uring() {
   if (!probe) {
     why = "io_uring_get_probe failed (kernel older than 5.6)";
   } else {
-    if (!io_uring_opcode_supported(probe, IORING_OP_READ) || !io_uring_opcode_supported(probe, IORING_OP_WRITE)) {
+    if (!io_uring_opcode_supported(probe, IORING_OP_READ) ||
+        !io_uring_opcode_supported(probe, IORING_OP_WRITE)) {
       why = "the kernel's io_uring lacks IORING_OP_READ/WRITE (older than 5.6)";
     }
     io_uring_free_probe(probe);

@@ -11,32 +11,38 @@
 
 namespace zoe::offload {
 
-Result<std::unique_ptr<OptimizerSwapper>> OptimizerSwapper::create(SwapStore* store, const SwapperOptions& opts) {
+Result<std::unique_ptr<OptimizerSwapper>> OptimizerSwapper::create(SwapStore* store,
+                                                                   const SwapperOptions& opts) {
   if (opts.states.empty()) return invalid_argument("optimizer swapper: no states to swap");
   size_t max_elem = 0;
   for (const auto& s : opts.states) {
-    if (s.elem_bytes == 0 || s.elem_bytes > 8) return invalid_argument("optimizer swapper: element size %u", s.elem_bytes);
+    if (s.elem_bytes == 0 || s.elem_bytes > 8)
+      return invalid_argument("optimizer swapper: element size %u", s.elem_bytes);
     max_elem = std::max<size_t>(max_elem, s.elem_bytes);
   }
   std::unique_ptr<OptimizerSwapper> sw(new OptimizerSwapper(store, opts));
   if (opts.buffer_bytes < 4096 || opts.buffer_bytes % 4096) {
-    return invalid_argument("optimizer swapper: buffer size %zu is not a positive multiple of 4096", opts.buffer_bytes);
+    return invalid_argument("optimizer swapper: buffer size %zu is not a positive multiple of 4096",
+                            opts.buffer_bytes);
   }
   sw->slots_ = opts.buffer_count / opts.states.size();
   if (sw->slots_ == 0) {
-    return invalid_argument("optimizer swapper: buffer_count %zu is smaller than the %zu optimizer states it must hold "
-                            "at once (set buffer_count >= %zu; 3x that overlaps reads, updates and writes)",
-                            opts.buffer_count, opts.states.size(), opts.states.size());
+    return invalid_argument(
+        "optimizer swapper: buffer_count %zu is smaller than the %zu optimizer states it must hold "
+        "at once (set buffer_count >= %zu; 3x that overlaps reads, updates and writes)",
+        opts.buffer_count, opts.states.size(), opts.states.size());
   }
   // Chunks hold a whole number of 4096-byte blocks of every state.
   sw->chunk_elems_ = opts.buffer_bytes / max_elem / 4096 * 4096;
   if (sw->chunk_elems_ == 0) sw->chunk_elems_ = 4096;
   if (sw->chunk_elems_ * max_elem > opts.buffer_bytes) {
-    return invalid_argument("optimizer swapper: buffers of %zu bytes are too small for one chunk of %zu-byte elements",
-                            opts.buffer_bytes, max_elem);
+    return invalid_argument(
+        "optimizer swapper: buffers of %zu bytes are too small for one chunk of %zu-byte elements",
+        opts.buffer_bytes, max_elem);
   }
   if (!store) return sw;  // host mode: same chunks, no buffers, no I/O
-  ZOE_ASSIGN_OR_RETURN(sw->pool_, io::BufferPool::create(opts.buffer_bytes, sw->slots_ * opts.states.size(), opts.pin));
+  ZOE_ASSIGN_OR_RETURN(sw->pool_,
+                       io::BufferPool::create(opts.buffer_bytes, sw->slots_ * opts.states.size(), opts.pin));
   iovec v{sw->pool_->base(), sw->pool_->total_bytes()};
   (void)store->engine().register_buffers({&v, 1});  // optional: fixed buffers
   for (size_t s = 0; s < sw->slots_; ++s) sw->free_.push_back(s);
@@ -78,8 +84,12 @@ size_t OptimizerSwapper::free_slots() {
 }
 
 Status OptimizerSwapper::add_group(uint64_t id, size_t elems) {
-  if (elems == 0) return invalid_argument("optimizer swapper: group %llu has no elements", static_cast<unsigned long long>(id));
-  if (find(id)) return invalid_argument("optimizer swapper: group %llu is already registered", static_cast<unsigned long long>(id));
+  if (elems == 0)
+    return invalid_argument("optimizer swapper: group %llu has no elements",
+                            static_cast<unsigned long long>(id));
+  if (find(id))
+    return invalid_argument("optimizer swapper: group %llu is already registered",
+                            static_cast<unsigned long long>(id));
   Group g{id, elems, {}};
   for (size_t k = 0; k < opts_.states.size(); ++k) {
     uint64_t bytes = static_cast<uint64_t>(elems) * opts_.states[k].elem_bytes;
@@ -99,22 +109,26 @@ Status OptimizerSwapper::add_group(uint64_t id, size_t elems) {
   return Status::ok();
 }
 
-Status OptimizerSwapper::sync_transfer(uint64_t id, size_t state, char* data, bool write, size_t first, size_t count) {
+Status OptimizerSwapper::sync_transfer(uint64_t id, size_t state, char* data, bool write, size_t first,
+                                       size_t count) {
   Group* g = find(id);
   if (!g) return not_found("optimizer swapper: no group %llu", static_cast<unsigned long long>(id));
   if (state >= opts_.states.size()) return invalid_argument("optimizer swapper: no state %zu", state);
-  if (first > g->elems) return invalid_argument("optimizer swapper: element %zu is beyond group %llu's %zu", first,
-                                                static_cast<unsigned long long>(id), g->elems);
+  if (first > g->elems)
+    return invalid_argument("optimizer swapper: element %zu is beyond group %llu's %zu", first,
+                            static_cast<unsigned long long>(id), g->elems);
   const size_t last = count == SIZE_MAX ? g->elems : std::min(g->elems, first + count);
   if (first % chunk_elems_ != 0 || (last != g->elems && last % chunk_elems_ != 0)) {
-    return invalid_argument("optimizer swapper: range [%zu, %zu) is not on %zu-element chunk boundaries", first, last,
-                            chunk_elems_);
+    return invalid_argument("optimizer swapper: range [%zu, %zu) is not on %zu-element chunk boundaries",
+                            first, last, chunk_elems_);
   }
   const size_t eb = opts_.states[state].elem_bytes;
   if (!store_) {
     char* home = g->host[state].bytes() + first * eb;
-    if (write) memcpy(home, data, (last - first) * eb);
-    else memcpy(data, home, (last - first) * eb);
+    if (write)
+      memcpy(home, data, (last - first) * eb);
+    else
+      memcpy(data, home, (last - first) * eb);
     return Status::ok();
   }
   size_t slot;
@@ -167,10 +181,12 @@ Status OptimizerSwapper::step_host(const ChunkUpdate& update) {
       uint64_t t1 = now_ns();
       stats_.compute_ns += t1 - t0;
       stats_.chunks++;
-      if (opts_.trace) opts_.trace->record("update " + std::to_string(g.id) + "@" + std::to_string(begin), "compute", t0, t1);
+      if (opts_.trace)
+        opts_.trace->record("update " + std::to_string(g.id) + "@" + std::to_string(begin), "compute", t0,
+                            t1);
       if (!s.is_ok()) {
-        return std::move(s).with_context("updating optimizer sub-group " + std::to_string(g.id) + " at element " +
-                                         std::to_string(begin));
+        return std::move(s).with_context("updating optimizer sub-group " + std::to_string(g.id) +
+                                         " at element " + std::to_string(begin));
       }
     }
   }
@@ -191,7 +207,8 @@ Status OptimizerSwapper::step(const ChunkUpdate& update, bool write_all) {
   };
   std::vector<Chunk> chunks;
   for (const auto& g : groups_) {
-    for (size_t b = 0; b < g.elems; b += chunk_elems_) chunks.push_back({&g, b, std::min(chunk_elems_, g.elems - b)});
+    for (size_t b = 0; b < g.elems; b += chunk_elems_)
+      chunks.push_back({&g, b, std::min(chunk_elems_, g.elems - b)});
   }
   const size_t K = opts_.states.size();
   struct Read {
@@ -244,10 +261,12 @@ Status OptimizerSwapper::step(const ChunkUpdate& update, bool write_all) {
     Status s = r.h->wait();
     uint64_t tr = now_ns();
     stats_.io_wait_ns += tr - tw;
-    if (opts_.trace) opts_.trace->record("read " + std::to_string(c.g->id) + "@" + std::to_string(c.begin), "nvme->host", r.t0, tr);
+    if (opts_.trace)
+      opts_.trace->record("read " + std::to_string(c.g->id) + "@" + std::to_string(c.begin), "nvme->host",
+                          r.t0, tr);
     if (!s.is_ok()) {
-      err = std::move(s).with_context("reading optimizer sub-group " + std::to_string(c.g->id) + " at element " +
-                                      std::to_string(c.begin));
+      err = std::move(s).with_context("reading optimizer sub-group " + std::to_string(c.g->id) +
+                                      " at element " + std::to_string(c.begin));
       give_slot(r.slot);
       break;
     }
@@ -257,10 +276,12 @@ Status OptimizerSwapper::step(const ChunkUpdate& update, bool write_all) {
     uint64_t t1 = now_ns();
     stats_.compute_ns += t1 - t0;
     stats_.chunks++;
-    if (opts_.trace) opts_.trace->record("update " + std::to_string(c.g->id) + "@" + std::to_string(c.begin), "compute", t0, t1);
+    if (opts_.trace)
+      opts_.trace->record("update " + std::to_string(c.g->id) + "@" + std::to_string(c.begin), "compute", t0,
+                          t1);
     if (!s.is_ok()) {
-      err = std::move(s).with_context("updating optimizer sub-group " + std::to_string(c.g->id) + " at element " +
-                                      std::to_string(c.begin));
+      err = std::move(s).with_context("updating optimizer sub-group " + std::to_string(c.g->id) +
+                                      " at element " + std::to_string(c.begin));
       give_slot(r.slot);
       break;
     }
@@ -281,8 +302,9 @@ Status OptimizerSwapper::step(const ChunkUpdate& update, bool write_all) {
     // The callback touches only members: step() may return as soon as the slot is back.
     store_->transfer(ios, [this, slot = r.slot, tws, what](io::IoCompletion& done) {
       if (opts_.trace) opts_.trace->record("write " + what, "host->nvme", tws, now_ns());
-      release_slot(slot, done.status().is_ok() ? Status::ok()
-                                               : done.status().with_context("writing back optimizer sub-group chunk " + what));
+      release_slot(slot, done.status().is_ok()
+                             ? Status::ok()
+                             : done.status().with_context("writing back optimizer sub-group chunk " + what));
     });
   }
   // Nothing stays in flight: wait for the reads issued ahead and for every write-back.

@@ -8,12 +8,18 @@ namespace zoe::offload {
 
 const char* state_kind_name(StateKind k) {
   switch (k) {
-    case StateKind::kParam: return "param";
-    case StateKind::kGrad: return "grad";
-    case StateKind::kMaster: return "master";
-    case StateKind::kAdamM: return "adam_m";
-    case StateKind::kAdamV: return "adam_v";
-    case StateKind::kOther: return "other";
+    case StateKind::kParam:
+      return "param";
+    case StateKind::kGrad:
+      return "grad";
+    case StateKind::kMaster:
+      return "master";
+    case StateKind::kAdamM:
+      return "adam_m";
+    case StateKind::kAdamV:
+      return "adam_v";
+    case StateKind::kOther:
+      return "other";
   }
   return "?";
 }
@@ -63,8 +69,8 @@ Result<io::Extent> SwapStore::extent(const StateKey& key) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = extents_.find(key);
   if (it == extents_.end()) {
-    return not_found("nvme tier: item %llu state %s has no swap space", static_cast<unsigned long long>(key.item),
-                     state_kind_name(key.kind));
+    return not_found("nvme tier: item %llu state %s has no swap space",
+                     static_cast<unsigned long long>(key.item), state_kind_name(key.kind));
   }
   return it->second;
 }
@@ -79,7 +85,8 @@ io::IoHandle SwapStore::read(const StateKey& key, uint64_t offset, void* buf, si
   return transfer({&io, 1}, std::move(cb));
 }
 
-io::IoHandle SwapStore::write(const StateKey& key, uint64_t offset, const void* buf, size_t len, io::IoCallback cb) {
+io::IoHandle SwapStore::write(const StateKey& key, uint64_t offset, const void* buf, size_t len,
+                              io::IoCallback cb) {
   StoreIo io{io::IoOp::kWrite, key, offset, const_cast<void*>(buf), len};
   return transfer({&io, 1}, std::move(cb));
 }

@@ -53,7 +53,8 @@ class SwapStore {
 
   // Async transfer of [offset, offset+len) of the key's extent. O_DIRECT rules apply to buf.
   io::IoHandle read(const StateKey& key, uint64_t offset, void* buf, size_t len, io::IoCallback cb = {});
-  io::IoHandle write(const StateKey& key, uint64_t offset, const void* buf, size_t len, io::IoCallback cb = {});
+  io::IoHandle write(const StateKey& key, uint64_t offset, const void* buf, size_t len,
+                     io::IoCallback cb = {});
   // Several transfers (any keys) as one submission and one completion.
   io::IoHandle transfer(std::span<const StoreIo> ios, io::IoCallback cb = {});
 
@@ -65,7 +66,9 @@ class SwapStore {
 
  private:
   struct KeyHash {
-    size_t operator()(const StateKey& k) const { return std::hash<uint64_t>()(k.item * 8 + static_cast<uint64_t>(k.kind)); }
+    size_t operator()(const StateKey& k) const {
+      return std::hash<uint64_t>()(k.item * 8 + static_cast<uint64_t>(k.kind));
+    }
   };
   io::SwapFile* file_;
   io::IoEngine* engine_;

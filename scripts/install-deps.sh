@@ -9,7 +9,7 @@ PKGS=(
   nlohmann-json3-dev libcli11-dev libxxhash-dev
   libopenmpi-dev openmpi-bin
   libopenblas-dev
-  fio
+  fio clang-format
   # Python tests (tests/python, pytest) and plots (scripts/zoe_plot.py): Debian's CPU PyTorch.
   python3 python3-pytest python3-numpy python3-torch python3-matplotlib
 )

@@ -51,10 +51,14 @@ optim::bench::Config config_from(const Opts& o) {
     fail(invalid_argument("--stochastic-rounding applies to --state-dtype bf16 only"));
   }
   if (!o.simd.empty()) {
-    if (o.simd == "scalar") c.simd = SimdLevel::kScalar;
-    else if (o.simd == "avx2") c.simd = SimdLevel::kAvx2;
-    else if (o.simd == "avx512") c.simd = SimdLevel::kAvx512;
-    else fail(invalid_argument("--simd %s: expected scalar, avx2 or avx512", o.simd.c_str()));
+    if (o.simd == "scalar")
+      c.simd = SimdLevel::kScalar;
+    else if (o.simd == "avx2")
+      c.simd = SimdLevel::kAvx2;
+    else if (o.simd == "avx512")
+      c.simd = SimdLevel::kAvx512;
+    else
+      fail(invalid_argument("--simd %s: expected scalar, avx2 or avx512", o.simd.c_str()));
   }
   return c;
 }
@@ -71,14 +75,18 @@ Targets targets_for(const optim::bench::Config& c) {
 json to_json(const optim::bench::Report& r) {
   const auto& c = r.config;
   Targets t = targets_for(c);
-  auto ms = [](const optim::bench::Stat& s) { return json{{"median", s.median_s * 1e3}, {"min", s.min_s * 1e3}}; };
+  auto ms = [](const optim::bench::Stat& s) {
+    return json{{"median", s.median_s * 1e3}, {"min", s.min_s * 1e3}};
+  };
   double p = double(c.params);
   return json{{"params", c.params},
               {"threads", r.threads},
               {"grad_dtype", dtype_name(c.grad_dtype)},
               {"out_dtype", c.out_dtype ? dtype_name(*c.out_dtype) : "none"},
               {"state_dtype", dtype_name(c.state_dtype)},
-              {"state_rounding", c.state_dtype == DType::kF32 ? "none" : c.stochastic_rounding ? "stochastic" : "rne"},
+              {"state_rounding", c.state_dtype == DType::kF32 ? "none"
+                                 : c.stochastic_rounding      ? "stochastic"
+                                                              : "rne"},
               {"simd", r.simd_path},
               {"pool", r.pool_backend},
               {"repeats", c.repeats},
@@ -109,24 +117,30 @@ json to_json(const optim::bench::Report& r) {
               {"separate_pass_fp32_grads_speedup", r.separate_fp32_speedup()},
               {"norm_gbps", r.gbps(r.norm, r.bytes.norm)},
               {"time_ms",
-               {{"roofline", ms(r.roofline)}, {"fused", ms(r.fused)}, {"norm", ms(r.norm)},
-                {"full", ms(r.full)}, {"separate", ms(r.separate)}, {"separate_fp32_grads", ms(r.separate_fp32)}}},
+               {{"roofline", ms(r.roofline)},
+                {"fused", ms(r.fused)},
+                {"norm", ms(r.norm)},
+                {"full", ms(r.full)},
+                {"separate", ms(r.separate)},
+                {"separate_fp32_grads", ms(r.separate_fp32)}}},
               {"targets",
                {{"fraction_of_roofline", t.fused},
                 {"full_step_fraction_of_roofline", t.full},
                 {"separate_pass_speedup", t.speedup}}},
-              {"ok",
-               r.fused_fraction() >= t.fused && r.full_fraction() >= t.full && r.separate_speedup() >= t.speedup}};
+              {"ok", r.fused_fraction() >= t.fused && r.full_fraction() >= t.full &&
+                         r.separate_speedup() >= t.speedup}};
 }
 
 void print_human(const optim::bench::Report& r) {
   const auto& c = r.config;
   Targets t = targets_for(c);
-  printf("# zoe bench adam: %zu params, %d thread(s) (%s), path %s\n", c.params, r.threads, r.pool_backend.c_str(),
-         r.simd_path.c_str());
-  printf("#   grad %s, m/v %s%s, param copy %s; medians of %d rounds run alternately\n", dtype_name(c.grad_dtype),
-         dtype_name(c.state_dtype),
-         c.state_dtype == DType::kF32 ? "" : c.stochastic_rounding ? " (stochastic rounding)" : " (RNE)",
+  printf("# zoe bench adam: %zu params, %d thread(s) (%s), path %s\n", c.params, r.threads,
+         r.pool_backend.c_str(), r.simd_path.c_str());
+  printf("#   grad %s, m/v %s%s, param copy %s; medians of %d rounds run alternately\n",
+         dtype_name(c.grad_dtype), dtype_name(c.state_dtype),
+         c.state_dtype == DType::kF32 ? ""
+         : c.stochastic_rounding      ? " (stochastic rounding)"
+                                      : " (RNE)",
          c.out_dtype ? dtype_name(*c.out_dtype) : "none", c.repeats);
   printf("#\n");
   Table tab({{"kernel", "", 32, true},
@@ -150,7 +164,8 @@ void print_human(const optim::bench::Report& r) {
   row("norm", r.bytes.norm, r.norm, r.bytes.norm);
   row("full = norm + fused *", r.bytes.full, r.full, r.bytes.fused);
   row("separate: norm,scale,adam,cast", r.bytes.separate, r.separate, r.bytes.separate);
-  if (c.grad_dtype != DType::kF32) row("separate, fp32 grads", r.bytes.separate_fp32, r.separate_fp32, r.bytes.separate_fp32);
+  if (c.grad_dtype != DType::kF32)
+    row("separate, fp32 grads", r.bytes.separate_fp32, r.separate_fp32, r.bytes.separate_fp32);
   printf("#  * GB/s of the full step counts its minimal bytes (%.0f B/param), as if the norm came from\n",
          r.bytes.fused);
   printf("#    the pass that receives the gradients.\n#\n");
@@ -163,7 +178,8 @@ void print_human(const optim::bench::Report& r) {
   printf("# separate passes / full step    %6.3fx (target >= %.1fx) %s\n", r.separate_speedup(), t.speedup,
          verdict(r.separate_speedup() >= t.speedup));
   if (c.grad_dtype != DType::kF32) {
-    printf("#   vs separate passes on fp32 gradients (DeepSpeed's flow)  %6.3fx\n", r.separate_fp32_speedup());
+    printf("#   vs separate passes on fp32 gradients (DeepSpeed's flow)  %6.3fx\n",
+           r.separate_fp32_speedup());
   }
 }
 
@@ -172,28 +188,32 @@ void print_human(const optim::bench::Report& r) {
 void add_bench_adam_command(CLI::App& bench) {
   auto o = std::make_shared<Opts>();
   CLI::App* cmd = bench.add_subcommand(
-      "adam", "CPU optimizer step: the fused Adam pass against a roofline kernel with its exact memory\n"
-              "streams, the full step (norm + fused pass), and the unfused step (norm; scale; Adam; cast),\n"
-              "all measured alternately in one run");
+      "adam",
+      "CPU optimizer step: the fused Adam pass against a roofline kernel with its exact memory\n"
+      "streams, the full step (norm + fused pass), and the unfused step (norm; scale; Adam; cast),\n"
+      "all measured alternately in one run");
   cmd->add_option("--params", o->params, "Parameters in the shard, e.g. 64M, 256M, 1e8 (default 64M)");
   cmd->add_option("--threads", o->threads, "Threads (default: all)");
   cmd->add_option("--numa-node", o->numa_node, "Bind the threads to this NUMA node's cores");
   cmd->add_option("--grad-dtype", o->grad_dtype, "fp32|bf16|fp16 (default fp32)");
-  cmd->add_option("--out-dtype", o->out_dtype, "none|bf16|fp16: the param copy for the device (default bf16)");
+  cmd->add_option("--out-dtype", o->out_dtype,
+                  "none|bf16|fp16: the param copy for the device (default bf16)");
   cmd->add_option("--state-dtype", o->state_dtype, "fp32|bf16: Adam's m and v (default fp32)");
-  cmd->add_flag("--stochastic-rounding", o->stochastic_rounding, "bf16 m/v: round stochastically (default RNE)");
+  cmd->add_flag("--stochastic-rounding", o->stochastic_rounding,
+                "bf16 m/v: round stochastically (default RNE)");
   cmd->add_option("--simd", o->simd, "scalar|avx2|avx512 (default: the best this CPU has, or $ZOE_SIMD)");
   cmd->add_option("--repeats", o->repeats, "Measured rounds after one warm-up (default 5)");
   cmd->add_flag("--json", o->json, "Print one JSON object");
   cmd->callback([o] {
     optim::bench::Config c = config_from(*o);
     Progress prog(true);
-    auto r = value_or_fail(optim::bench::run(c, [&](int i, int n) {
-      prog.update(fmt("bench adam: round %d/%d (%zu params)", i, n, c.params));
-    }));
+    auto r = value_or_fail(optim::bench::run(
+        c, [&](int i, int n) { prog.update(fmt("bench adam: round %d/%d (%zu params)", i, n, c.params)); }));
     prog.done();
-    if (o->json) print_json(to_json(r));
-    else print_human(r);
+    if (o->json)
+      print_json(to_json(r));
+    else
+      print_human(r);
   });
 }
 

@@ -7,12 +7,12 @@
 #include <vector>
 
 #include "config/config.h"
-#include "zero/engine_internal.h"
 #include "core/clock.h"
 #include "core/dtype.h"
 #include "core/units.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
+#include "zero/engine_internal.h"
 #include "zoe/engine.h"
 
 namespace zoe::cli {
@@ -40,13 +40,16 @@ std::string make_config(const BenchEngineOpts& o, const std::string& nvme) {
     if (o.offload == "nvme") s += ", \"nvme_path\": \"" + nvme + "\"";
     return s + "}";
   };
-  std::string prec = o.precision == "bf16" ? "\"bf16\": {\"enabled\": true}," : o.precision == "fp16" ? "\"fp16\": {\"enabled\": true}," : "";
+  std::string prec = o.precision == "bf16"   ? "\"bf16\": {\"enabled\": true},"
+                     : o.precision == "fp16" ? "\"fp16\": {\"enabled\": true},"
+                                             : "";
   // A prefetch window of two modules, so that deeper models exceed it.
   std::string window = std::to_string(2 * (o.d * o.d + o.d));
   return "{" + prec + "\"zero_optimization\": {\"stage\": " + std::to_string(o.stage) +
          ", \"stage3_param_persistence_threshold\": 0, \"stage3_prefetch_bucket_size\": " + window +
          ", \"offload_optimizer\": " + (o.stage == 0 ? std::string("{\"device\": \"none\"}") : off(false)) +
-         ", \"offload_param\": " + off(true) + "}, \"zoe\": {\"device_budget\": \"" + o.device_budget + "\"}}";
+         ", \"offload_param\": " + off(true) + "}, \"zoe\": {\"device_budget\": \"" + o.device_budget +
+         "\"}}";
 }
 
 json run_depth(Runtime& rt, const config::Config& cfg, const BenchEngineOpts& o, int depth) {
@@ -56,7 +59,8 @@ json run_depth(Runtime& rt, const config::Config& cfg, const BenchEngineOpts& o,
     if (!s.is_ok()) fail(s);
   }
   Status s = eng->initialize([&](size_t m, size_t p, float* x, size_t n) {
-    for (size_t i = 0; i < n; ++i) x[i] = 0.02f * std::sin(0.001f * static_cast<float>(i) + static_cast<float>(m + p));
+    for (size_t i = 0; i < n; ++i)
+      x[i] = 0.02f * std::sin(0.001f * static_cast<float>(i) + static_cast<float>(m + p));
   });
   if (!s.is_ok()) fail(s.with_context("initialising a " + std::to_string(depth) + "-module model"));
   const size_t d = static_cast<size_t>(o.d);
@@ -73,8 +77,9 @@ json run_depth(Runtime& rt, const config::Config& cfg, const BenchEngineOpts& o,
           float acc = 0;
           for (size_t c = 0; c < d; c += 8) {
             const void* w = p.data[0];
-            float wv = p.dtype == ComputeDType::kF32 ? static_cast<const float*>(w)[r * d + c]
-                                                     : bf16_to_f32(static_cast<const uint16_t*>(w)[r * d + c]);
+            float wv = p.dtype == ComputeDType::kF32
+                           ? static_cast<const float*>(w)[r * d + c]
+                           : bf16_to_f32(static_cast<const uint16_t*>(w)[r * d + c]);
             acc += wv * x[c];
           }
           y[r] = acc;
@@ -84,9 +89,12 @@ json run_depth(Runtime& rt, const config::Config& cfg, const BenchEngineOpts& o,
           for (size_t i2 = 0; i2 < g.data.size(); ++i2) {
             for (size_t e = 0; e < g.numel[i2]; ++e) {
               float v = 1e-3f * y[e % d] * static_cast<float>(eng->loss_scale());
-              if (g.dtype == ComputeDType::kF32) static_cast<float*>(g.data[i2])[e] = v;
-              else if (g.dtype == ComputeDType::kBF16) static_cast<uint16_t*>(g.data[i2])[e] = f32_to_bf16(v);
-              else static_cast<uint16_t*>(g.data[i2])[e] = f32_to_f16(v);
+              if (g.dtype == ComputeDType::kF32)
+                static_cast<float*>(g.data[i2])[e] = v;
+              else if (g.dtype == ComputeDType::kBF16)
+                static_cast<uint16_t*>(g.data[i2])[e] = f32_to_bf16(v);
+              else
+                static_cast<uint16_t*>(g.data[i2])[e] = f32_to_f16(v);
             }
           }
           Status rs = eng->reduce_grads(m);
@@ -117,8 +125,10 @@ json run_depth(Runtime& rt, const config::Config& cfg, const BenchEngineOpts& o,
           {"params", n},
           {"state_bytes_per_rank", params_b + grads_b + optim_b},
           {"largest_module_bytes", module_b},
-          {"high_water_bytes", {{"device", last.high_water[0]}, {"host", last.high_water[1]}, {"nvme", last.high_water[2]}}},
-          {"device_high_water_in_modules", static_cast<double>(last.high_water[0]) / static_cast<double>(module_b)},
+          {"high_water_bytes",
+           {{"device", last.high_water[0]}, {"host", last.high_water[1]}, {"nvme", last.high_water[2]}}},
+          {"device_high_water_in_modules",
+           static_cast<double>(last.high_water[0]) / static_cast<double>(module_b)},
           {"steps", steps}};
 }
 
@@ -141,38 +151,48 @@ void run(const BenchEngineOpts& o) {
   json rows = json::array();
   Progress progress(rt->rank() == 0);
   for (uint64_t depth : depths) {
-    progress.update("zoe bench engine: " + std::to_string(depth) + " modules of " + std::to_string(o.d) + "x" +
-                    std::to_string(o.d));
+    progress.update("zoe bench engine: " + std::to_string(depth) + " modules of " + std::to_string(o.d) +
+                    "x" + std::to_string(o.d));
     rows.push_back(run_depth(*rt, cfg, o, static_cast<int>(depth)));
   }
   progress.done();
   if (rt->rank() != 0) return;
-  json j = {{"world_size", rt->world_size()}, {"stage", cfg.zero.stage}, {"precision", o.precision},
-            {"offload", o.offload}, {"device_budget", o.device_budget}, {"rows", rows}};
+  json j = {{"world_size", rt->world_size()}, {"stage", cfg.zero.stage},          {"precision", o.precision},
+            {"offload", o.offload},           {"device_budget", o.device_budget}, {"rows", rows}};
   if (o.json) {
     print_json(j);
     return;
   }
   printf("# zoe bench engine: stage %d, offload %s, %s, world %d, modules of %lldx%lld, device budget %s\n",
-         cfg.zero.stage, o.offload.c_str(), o.precision.c_str(), rt->world_size(), static_cast<long long>(o.d),
-         static_cast<long long>(o.d), o.device_budget.c_str());
-  Table t({{"modules", "", 8}, {"params", "", 11}, {"state", "(B/rank)", 12}, {"dev hwm", "(B)", 12}, {"hwm", "(modules)", 10},
-           {"host hwm", "(B)", 12}, {"nvme hwm", "(B)", 12}, {"compute", "(s)", 8}, {"comm", "(s)", 8}, {"io stall", "(s)", 8},
-           {"optim", "(s)", 8}, {"gathers", "prefetched", 11}});
+         cfg.zero.stage, o.offload.c_str(), o.precision.c_str(), rt->world_size(),
+         static_cast<long long>(o.d), static_cast<long long>(o.d), o.device_budget.c_str());
+  Table t({{"modules", "", 8},
+           {"params", "", 11},
+           {"state", "(B/rank)", 12},
+           {"dev hwm", "(B)", 12},
+           {"hwm", "(modules)", 10},
+           {"host hwm", "(B)", 12},
+           {"nvme hwm", "(B)", 12},
+           {"compute", "(s)", 8},
+           {"comm", "(s)", 8},
+           {"io stall", "(s)", 8},
+           {"optim", "(s)", 8},
+           {"gathers", "prefetched", 11}});
   t.print_header(stdout);
   for (const auto& r : rows) {
     const auto& s = r["steps"].back();
-    t.print_row(stdout, {std::to_string(r["modules"].get<int>()), std::to_string(r["params"].get<uint64_t>()),
-                         std::to_string(r["state_bytes_per_rank"].get<uint64_t>()),
-                         std::to_string(r["high_water_bytes"]["device"].get<uint64_t>()),
-                         fmt("%.1f", r["device_high_water_in_modules"].get<double>()),
-                         std::to_string(r["high_water_bytes"]["host"].get<uint64_t>()),
-                         std::to_string(r["high_water_bytes"]["nvme"].get<uint64_t>()), fmt("%.3f", s["t_compute"].get<double>()),
-                         fmt("%.3f", s["t_comm"].get<double>()), fmt("%.3f", s["t_io_stall"].get<double>()),
-                         fmt("%.3f", s["t_optimizer"].get<double>()),
-                         fmt("%llu/%llu", static_cast<unsigned long long>(s["gathers_prefetched"].get<uint64_t>()),
-                             static_cast<unsigned long long>(s["gathers_prefetched"].get<uint64_t>() +
-                                                             s["gathers_on_demand"].get<uint64_t>()))});
+    t.print_row(stdout,
+                {std::to_string(r["modules"].get<int>()), std::to_string(r["params"].get<uint64_t>()),
+                 std::to_string(r["state_bytes_per_rank"].get<uint64_t>()),
+                 std::to_string(r["high_water_bytes"]["device"].get<uint64_t>()),
+                 fmt("%.1f", r["device_high_water_in_modules"].get<double>()),
+                 std::to_string(r["high_water_bytes"]["host"].get<uint64_t>()),
+                 std::to_string(r["high_water_bytes"]["nvme"].get<uint64_t>()),
+                 fmt("%.3f", s["t_compute"].get<double>()), fmt("%.3f", s["t_comm"].get<double>()),
+                 fmt("%.3f", s["t_io_stall"].get<double>()), fmt("%.3f", s["t_optimizer"].get<double>()),
+                 fmt("%llu/%llu", static_cast<unsigned long long>(s["gathers_prefetched"].get<uint64_t>()),
+                     static_cast<unsigned long long>(s["gathers_prefetched"].get<uint64_t>() +
+                                                     s["gathers_on_demand"].get<uint64_t>()))});
   }
 }
 
@@ -190,7 +210,8 @@ void add_bench_engine_command(CLI::App& bench) {
   cmd->add_option("--d", o->d, "Width: each module holds a d x d weight and a bias")->capture_default_str();
   cmd->add_option("--steps", o->steps, "Steps per depth")->capture_default_str();
   cmd->add_option("--stage", o->stage, "ZeRO stage")->capture_default_str();
-  cmd->add_option("--offload", o->offload, "none, cpu or nvme (parameters at stage 3, and optimizer states)")->capture_default_str();
+  cmd->add_option("--offload", o->offload, "none, cpu or nvme (parameters at stage 3, and optimizer states)")
+      ->capture_default_str();
   cmd->add_option("--path", o->paths, "NVMe directory (default $ZOE_SCRATCH or /var/tmp)");
   cmd->add_option("--device-budget", o->device_budget, "Device memory budget")->capture_default_str();
   cmd->add_option("--precision", o->precision, "fp32, bf16 or fp16")->capture_default_str();

@@ -53,10 +53,17 @@ std::string default_scratch() {
 }
 
 json row_json(const io::IoBenchRow& r) {
-  return {{"engine", r.engine},   {"bs", r.bs},         {"qd", r.qd},
-          {"rw", io::io_op_name(r.op)}, {"gbps", r.gbps}, {"iops", r.iops},
-          {"p50_us", r.p50_us},   {"p99_us", r.p99_us}, {"wrong_bytes", r.validated ? json(r.wrong_bytes) : json(nullptr)},
-          {"bytes", r.bytes},     {"seconds", r.seconds}};
+  return {{"engine", r.engine},
+          {"bs", r.bs},
+          {"qd", r.qd},
+          {"rw", io::io_op_name(r.op)},
+          {"gbps", r.gbps},
+          {"iops", r.iops},
+          {"p50_us", r.p50_us},
+          {"p99_us", r.p99_us},
+          {"wrong_bytes", r.validated ? json(r.wrong_bytes) : json(nullptr)},
+          {"bytes", r.bytes},
+          {"seconds", r.seconds}};
 }
 
 void run(const BenchIoOpts& o) {
@@ -69,18 +76,27 @@ void run(const BenchIoOpts& o) {
   for (const auto& e : split_list(o.engines)) engines.push_back(value_or_fail(io::parse_io_backend(e)));
   std::vector<io::IoOp> ops;
   for (const auto& r : split_list(o.rw)) {
-    if (r == "read") ops.push_back(io::IoOp::kRead);
-    else if (r == "write") ops.push_back(io::IoOp::kWrite);
-    else fail(invalid_argument("--rw: '%s' is not read or write", r.c_str()));
+    if (r == "read")
+      ops.push_back(io::IoOp::kRead);
+    else if (r == "write")
+      ops.push_back(io::IoOp::kWrite);
+    else
+      fail(invalid_argument("--rw: '%s' is not read or write", r.c_str()));
   }
   io::DirectMode dm;
-  if (o.direct == "prefer" || o.direct == "on") dm = io::DirectMode::kPrefer;
-  else if (o.direct == "require") dm = io::DirectMode::kRequire;
-  else if (o.direct == "off") dm = io::DirectMode::kOff;
-  else fail(invalid_argument("--direct: '%s' is not prefer, require or off", o.direct.c_str()));
-  if (size < 4096 || size % 4096) fail(invalid_argument("--size %s must be a multiple of 4096 bytes", o.size.c_str()));
+  if (o.direct == "prefer" || o.direct == "on")
+    dm = io::DirectMode::kPrefer;
+  else if (o.direct == "require")
+    dm = io::DirectMode::kRequire;
+  else if (o.direct == "off")
+    dm = io::DirectMode::kOff;
+  else
+    fail(invalid_argument("--direct: '%s' is not prefer, require or off", o.direct.c_str()));
+  if (size < 4096 || size % 4096)
+    fail(invalid_argument("--size %s must be a multiple of 4096 bytes", o.size.c_str()));
   for (uint64_t b : bss) {
-    if (b < 4096 || b % 4096) fail(invalid_argument("--bs %s: each block size must be a multiple of 4096", o.bs.c_str()));
+    if (b < 4096 || b % 4096)
+      fail(invalid_argument("--bs %s: each block size must be a multiple of 4096", o.bs.c_str()));
   }
   for (uint64_t q : qds) {
     if (q > 4096) fail(invalid_argument("--qd %llu is above 4096", static_cast<unsigned long long>(q)));
@@ -116,8 +132,8 @@ void run(const BenchIoOpts& o) {
   Progress progress(true, kProgressEvery);
   const uint64_t t_start = now_ns();
   if (fresh || o.validate) {
-    progress.update("laying out " + format_bytes(size) + " over " + std::to_string(paths.size()) + " file(s)" +
-                    (sf->direct() ? "" : " (buffered: no O_DIRECT)"));
+    progress.update("laying out " + format_bytes(size) + " over " + std::to_string(paths.size()) +
+                    " file(s)" + (sf->direct() ? "" : " (buffered: no O_DIRECT)"));
     Status s = io::write_pattern(*sf, ext, 0x5eed);
     if (!s.is_ok()) fail(s.with_context("laying out the benchmark file"));
     for (const auto& f : sf->files()) {
@@ -128,12 +144,19 @@ void run(const BenchIoOpts& o) {
 
   std::vector<io::IoBenchRow> rows;
   size_t total = engines.size() * bss.size() * qds.size() * ops.size(), k = 0;
-  Table table({{"engine", "", 8, true}, {"rw", "", 6, true}, {"bs", "(B)", 9}, {"qd", "", 5},
-               {"bw", "(GB/s)", 8}, {"iops", "", 9}, {"p50", "(us)", 9}, {"p99", "(us)", 9}, {"#wrong", "(B)", 8}});
+  Table table({{"engine", "", 8, true},
+               {"rw", "", 6, true},
+               {"bs", "(B)", 9},
+               {"qd", "", 5},
+               {"bw", "(GB/s)", 8},
+               {"iops", "", 9},
+               {"p50", "(us)", 9},
+               {"p99", "(us)", 9},
+               {"#wrong", "(B)", 8}});
   if (!o.json && !o.csv) {
-    printf("# zoe bench io: %s over %zu path(s) (%s), O_DIRECT %s, loops %d, warmup %d%s\n", format_bytes(size).c_str(),
-           paths.size(), paths[0].c_str(), sf->direct() ? "on" : "off", o.loops, o.warmup,
-           o.validate ? ", validating" : "");
+    printf("# zoe bench io: %s over %zu path(s) (%s), O_DIRECT %s, loops %d, warmup %d%s\n",
+           format_bytes(size).c_str(), paths.size(), paths[0].c_str(), sf->direct() ? "on" : "off", o.loops,
+           o.warmup, o.validate ? ", validating" : "");
     table.print_header(stdout);
   } else if (o.csv) {
     printf("engine,rw,bs,qd,gbps,iops,p50_us,p99_us,wrong_bytes\n");
@@ -152,8 +175,9 @@ void run(const BenchIoOpts& o) {
           cfg.fixed = !o.no_fixed;
           cfg.sqpoll = o.sqpoll;
           cfg.stop = &g_stop;
-          std::string label = fmt("[%zu/%zu] %s %s bs=%s qd=%llu", k, total, io::io_backend_name(be), io::io_op_name(op),
-                                  format_bytes(b).c_str(), static_cast<unsigned long long>(q));
+          std::string label =
+              fmt("[%zu/%zu] %s %s bs=%s qd=%llu", k, total, io::io_backend_name(be), io::io_op_name(op),
+                  format_bytes(b).c_str(), static_cast<unsigned long long>(q));
           cfg.on_pass = [&](int pass, int passes) {
             const double el = static_cast<double>(now_ns() - t_start) * 1e-9;
             progress.update(label + fmt(" pass %d/%d%s  %.0fs", pass + 1, passes,
@@ -163,7 +187,8 @@ void run(const BenchIoOpts& o) {
           auto r = io::run_io_bench(cfg, c);
           if (!r.is_ok()) {
             progress.done();
-            if (r.status().code() == StatusCode::kCancelled) fail(r.status().with_context("zoe bench io (Ctrl-C)"));
+            if (r.status().code() == StatusCode::kCancelled)
+              fail(r.status().with_context("zoe bench io (Ctrl-C)"));
             fail(r.status().with_context(label));
           }
           const auto& row = r.value();
@@ -172,13 +197,14 @@ void run(const BenchIoOpts& o) {
           progress.done();
           std::string wrong = row.validated ? std::to_string(row.wrong_bytes) : "-";
           if (o.csv) {
-            printf("%s,%s,%zu,%u,%.4f,%.1f,%.1f,%.1f,%s\n", row.engine.c_str(), io::io_op_name(row.op), row.bs, row.qd,
-                   row.gbps, row.iops, row.p50_us, row.p99_us, row.validated ? wrong.c_str() : "");
+            printf("%s,%s,%zu,%u,%.4f,%.1f,%.1f,%.1f,%s\n", row.engine.c_str(), io::io_op_name(row.op),
+                   row.bs, row.qd, row.gbps, row.iops, row.p50_us, row.p99_us,
+                   row.validated ? wrong.c_str() : "");
             fflush(stdout);
           } else {
-            table.print_row(stdout, {row.engine, io::io_op_name(row.op), std::to_string(row.bs), std::to_string(row.qd),
-                                     fmt("%.3f", row.gbps), fmt("%.0f", row.iops), fmt("%.0f", row.p50_us),
-                                     fmt("%.0f", row.p99_us), wrong});
+            table.print_row(stdout, {row.engine, io::io_op_name(row.op), std::to_string(row.bs),
+                                     std::to_string(row.qd), fmt("%.3f", row.gbps), fmt("%.0f", row.iops),
+                                     fmt("%.0f", row.p50_us), fmt("%.0f", row.p99_us), wrong});
           }
         }
       }
@@ -193,9 +219,10 @@ void run(const BenchIoOpts& o) {
     wrong_total += r.wrong_bytes;
   }
   json j;
-  j["config"] = {{"paths", paths},       {"size", size},         {"stripe", stripe},
-                 {"direct", sf->direct()}, {"loops", o.loops},     {"warmup", o.warmup},
-                 {"validate", o.validate}, {"fixed_buffers", !o.no_fixed}, {"sqpoll", o.sqpoll}};
+  j["config"] = {
+      {"paths", paths},    {"size", size},       {"stripe", stripe},       {"direct", sf->direct()},
+      {"loops", o.loops},  {"warmup", o.warmup}, {"validate", o.validate}, {"fixed_buffers", !o.no_fixed},
+      {"sqpoll", o.sqpoll}};
   json jr = json::array();
   for (const auto& r : rows) jr.push_back(row_json(r));
   j["rows"] = jr;
@@ -214,14 +241,17 @@ void run(const BenchIoOpts& o) {
   } else if (!o.csv) {
     for (int i = 0; i < 2; ++i) {
       if (!best[i]) continue;
-      printf("# best %-5s: %.3f GB/s  (%s, bs %s, qd %u, p99 %.0f us)\n", i == 0 ? "read" : "write", best[i]->gbps,
-             best[i]->engine.c_str(), format_bytes(best[i]->bs).c_str(), best[i]->qd, best[i]->p99_us);
+      printf("# best %-5s: %.3f GB/s  (%s, bs %s, qd %u, p99 %.0f us)\n", i == 0 ? "read" : "write",
+             best[i]->gbps, best[i]->engine.c_str(), format_bytes(best[i]->bs).c_str(), best[i]->qd,
+             best[i]->p99_us);
     }
-    if (o.validate) printf("# validation: %s (%llu wrong bytes)\n", wrong_total ? "FAILED" : "OK",
-                           static_cast<unsigned long long>(wrong_total));
+    if (o.validate)
+      printf("# validation: %s (%llu wrong bytes)\n", wrong_total ? "FAILED" : "OK",
+             static_cast<unsigned long long>(wrong_total));
   }
-  if (wrong_total) fail(corruption("%llu bytes read back differ from what was written",
-                                   static_cast<unsigned long long>(wrong_total)));
+  if (wrong_total)
+    fail(corruption("%llu bytes read back differ from what was written",
+                    static_cast<unsigned long long>(wrong_total)));
 }
 
 }  // namespace
@@ -234,27 +264,32 @@ void add_bench_io_command(CLI::App& bench) {
       "(striped over every --path), for each engine x block size x queue depth x read/write.\n"
       "Prints a table (or --json / --csv) with GB/s, IOPS and p50/p99 latency; the file is removed\n"
       "afterwards unless --keep. Compare with fio using bench/io_vs_fio.sh.");
-  cmd->add_option("--path", o->paths, "Directory for the benchmark file; repeat to stripe over drives "
-                                      "(default: $ZOE_SCRATCH or /var/tmp)");
+  cmd->add_option("--path", o->paths,
+                  "Directory for the benchmark file; repeat to stripe over drives "
+                  "(default: $ZOE_SCRATCH or /var/tmp)");
   cmd->add_option("--size", o->size, "Bytes per file pass, e.g. 4GiB")->capture_default_str();
   cmd->add_option("--bs", o->bs, "Block size(s), comma separated, e.g. 128KiB,1MiB")->capture_default_str();
   cmd->add_option("--qd", o->qd, "Queue depth(s), comma separated")->capture_default_str();
-  cmd->add_option("--engine", o->engines, "I/O engine(s): uring, threads (comma separated)")->capture_default_str();
+  cmd->add_option("--engine", o->engines, "I/O engine(s): uring, threads (comma separated)")
+      ->capture_default_str();
   cmd->add_option("--rw", o->rw, "read, write, or both (comma separated)")->capture_default_str();
   cmd->add_option("--loops", o->loops, "Timed passes per row")->capture_default_str();
   cmd->add_option("--warmup", o->warmup, "Untimed passes before them")->capture_default_str();
-  cmd->add_option("--direct", o->direct, "O_DIRECT: prefer (fall back to buffered with a warning), require, off")
+  cmd->add_option("--direct", o->direct,
+                  "O_DIRECT: prefer (fall back to buffered with a warning), require, off")
       ->capture_default_str();
   cmd->add_option("--stripe", o->stripe, "Striping unit across several --path")->capture_default_str();
   cmd->add_flag("--validate", o->validate, "Write a known pattern, check every byte read, count wrong bytes");
   cmd->add_flag("--keep", o->keep, "Keep <path>/zoe-bench.<i>.swap (and reuse it next time)");
   cmd->add_flag("--sqpoll", o->sqpoll, "io_uring: use a kernel submission-polling thread");
   cmd->add_flag("--no-fixed", o->no_fixed, "io_uring: do not register buffers and files");
-  cmd->add_flag("--json", o->json, "Print one JSON object (rows with engine, bs, qd, rw, gbps, iops, p50_us, "
-                                   "p99_us, wrong_bytes)");
+  cmd->add_flag("--json", o->json,
+                "Print one JSON object (rows with engine, bs, qd, rw, gbps, iops, p50_us, "
+                "p99_us, wrong_bytes)");
   cmd->add_flag("--csv", o->csv, "Print CSV rows");
-  cmd->add_option("--plot", o->plot, "Also draw GB/s against block size and queue depth into this PNG "
-                                     "(python3 + matplotlib, scripts/zoe_plot.py)");
+  cmd->add_option("--plot", o->plot,
+                  "Also draw GB/s against block size and queue depth into this PNG "
+                  "(python3 + matplotlib, scripts/zoe_plot.py)");
   cmd->callback([o] { run(*o); });
 }
 

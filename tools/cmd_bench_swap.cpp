@@ -50,11 +50,13 @@ uint64_t parse_count(const std::string& s, const char* flag) {
     t.pop_back();
     char* end = nullptr;
     double v = strtod(t.c_str(), &end);
-    if (end == t.c_str() || *end || v <= 0) fail(invalid_argument("%s %s is not a count (e.g. 256M, 1G, 5e8)", flag, s.c_str()));
+    if (end == t.c_str() || *end || v <= 0)
+      fail(invalid_argument("%s %s is not a count (e.g. 256M, 1G, 5e8)", flag, s.c_str()));
     return static_cast<uint64_t>(v * mul);
   }
   auto r = parse_bytes(s);  // ...and plain numbers or 1e9 work as they do for sizes
-  if (!r.is_ok() || r.value() == 0) fail(invalid_argument("%s %s is not a count (e.g. 256M, 1G, 5e8)", flag, s.c_str()));
+  if (!r.is_ok() || r.value() == 0)
+    fail(invalid_argument("%s %s is not a count (e.g. 256M, 1G, 5e8)", flag, s.c_str()));
   return r.value();
 }
 
@@ -79,10 +81,14 @@ void run(const BenchSwapOpts& o) {
   const uint64_t sub = parse_count(o.sub_group, "--sub-group");
   const uint64_t buf_bytes = value_or_fail(parse_bytes(o.buffer_size));
   DType gdt;
-  if (o.grad_dtype == "bf16") gdt = DType::kBF16;
-  else if (o.grad_dtype == "fp16") gdt = DType::kF16;
-  else if (o.grad_dtype == "fp32") gdt = DType::kF32;
-  else fail(invalid_argument("--grad-dtype %s: expected bf16, fp16 or fp32", o.grad_dtype.c_str()));
+  if (o.grad_dtype == "bf16")
+    gdt = DType::kBF16;
+  else if (o.grad_dtype == "fp16")
+    gdt = DType::kF16;
+  else if (o.grad_dtype == "fp32")
+    gdt = DType::kF32;
+  else
+    fail(invalid_argument("--grad-dtype %s: expected bf16, fp16 or fp32", o.grad_dtype.c_str()));
   if (o.repeats < 1) fail(invalid_argument("--repeats must be >= 1"));
   std::vector<std::string> paths = o.paths;
   if (paths.empty()) {
@@ -91,7 +97,8 @@ void run(const BenchSwapOpts& o) {
   }
   for (const auto& p : paths) {
     struct stat st;
-    if (stat(p.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) fail(not_found("--path %s is not an existing directory", p.c_str()));
+    if (stat(p.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+      fail(not_found("--path %s is not an existing directory", p.c_str()));
   }
 
   io::IoEngineOptions eo;
@@ -143,8 +150,9 @@ void run(const BenchSwapOpts& o) {
       return s;
     });
   };
-  progress.update("registering " + std::to_string(n) + " parameters (" + format_bytes(n * (12 + dtype_size(gdt))) +
-                  " of states) on " + std::to_string(paths.size()) + " path(s)");
+  progress.update("registering " + std::to_string(n) + " parameters (" +
+                  format_bytes(n * (12 + dtype_size(gdt))) + " of states) on " +
+                  std::to_string(paths.size()) + " path(s)");
   std::vector<size_t> group_sizes;
   for (uint64_t g = 0, done = 0; done < n; ++g) {
     size_t s = static_cast<size_t>(std::min<uint64_t>(sub, n - done));
@@ -154,16 +162,21 @@ void run(const BenchSwapOpts& o) {
     done += s;
   }
   // Initial states, written through the pipeline itself (no N-sized host array).
-  Status st = sw->step(with_progress("writing initial states", [&](const offload::ChunkView& c) {
-    auto* p = static_cast<float*>(c.data[0]);
-    for (size_t i = 0; i < c.n; ++i) p[i] = 0.02f * std::sin(static_cast<float>(c.begin + i));
-    memset(c.data[1], 0, c.n * 4);
-    memset(c.data[2], 0, c.n * 4);
-    std::vector<float> g(c.n);
-    for (size_t i = 0; i < c.n; ++i) g[i] = 1e-3f * std::cos(0.37f * static_cast<float>(c.begin + i));
-    auto r = optim::convert_with_norm(g.data(), DType::kF32, c.data[3], gdt, c.n, false);
-    return r.is_ok() ? Status::ok() : r.status();
-  }), /*write_all=*/true);
+  Status st = sw->step(with_progress("writing initial states",
+                                     [&](const offload::ChunkView& c) {
+                                       auto* p = static_cast<float*>(c.data[0]);
+                                       for (size_t i = 0; i < c.n; ++i)
+                                         p[i] = 0.02f * std::sin(static_cast<float>(c.begin + i));
+                                       memset(c.data[1], 0, c.n * 4);
+                                       memset(c.data[2], 0, c.n * 4);
+                                       std::vector<float> g(c.n);
+                                       for (size_t i = 0; i < c.n; ++i)
+                                         g[i] = 1e-3f * std::cos(0.37f * static_cast<float>(c.begin + i));
+                                       auto r = optim::convert_with_norm(g.data(), DType::kF32, c.data[3],
+                                                                         gdt, c.n, false);
+                                       return r.is_ok() ? Status::ok() : r.status();
+                                     }),
+                       /*write_all=*/true);
   if (!st.is_ok()) fail(st.with_context("writing the initial optimizer states"));
   optim::AdamParams ap;
   ap.lr = 1e-4f;
@@ -265,18 +278,23 @@ void run(const BenchSwapOpts& o) {
     print_json(j);
     return;
   }
-  printf("# zoe bench swap: %llu params in %zu sub-group(s), states on %s (%s), %zu buffers of %s, grads %s, %d thread(s) (%s)\n",
-         static_cast<unsigned long long>(n), group_sizes.size(), paths[0].c_str(),
-         format_bytes(store.used_bytes()).c_str(), o.buffers, format_bytes(buf_bytes).c_str(), o.grad_dtype.c_str(),
-         pool->threads(), optim::kernel_path_name(exec));
+  printf(
+      "# zoe bench swap: %llu params in %zu sub-group(s), states on %s (%s), %zu buffers of %s, grads %s, %d "
+      "thread(s) (%s)\n",
+      static_cast<unsigned long long>(n), group_sizes.size(), paths[0].c_str(),
+      format_bytes(store.used_bytes()).c_str(), o.buffers, format_bytes(buf_bytes).c_str(),
+      o.grad_dtype.c_str(), pool->threads(), optim::kernel_path_name(exec));
   printf("checksums       %s\n", o.checksum ? io::swap_checksum_name() : "off");
   printf("t_step          %8.3f s   (median of %d; read %s, write %s, %.2f GB/s)\n", ts, o.repeats,
          format_bytes(last.bytes_read).c_str(), format_bytes(last.bytes_written).c_str(), io_gbps);
   printf("t_io_only       %8.3f s\n", ti);
   printf("t_compute_only  %8.3f s\n", tc);
-  printf("overlap         %8.3f     median over repeats of max(t_io_only, t_compute_only) / t_step; target >= 0.90: %s\n", overlap,
-         overlap >= 0.90 ? "OK" : "BELOW");
-  printf("peak RSS        %s  (buffers %s)\n", format_bytes(rss).c_str(), format_bytes(sw->buffer_bytes_total()).c_str());
+  printf(
+      "overlap         %8.3f     median over repeats of max(t_io_only, t_compute_only) / t_step; target >= "
+      "0.90: %s\n",
+      overlap, overlap >= 0.90 ? "OK" : "BELOW");
+  printf("peak RSS        %s  (buffers %s)\n", format_bytes(rss).c_str(),
+         format_bytes(sw->buffer_bytes_total()).c_str());
 }
 
 }  // namespace
@@ -291,13 +309,17 @@ void add_bench_swap_command(CLI::App& bench) {
       "in memory), overlap = max(t_io_only, t_compute_only) / t_step, and peak RSS, which stays flat\n"
       "as --params grows. The swap files are removed afterwards.");
   cmd->add_option("--params", o->params, "Parameters, e.g. 256M, 1G, 5e8")->capture_default_str();
-  cmd->add_option("--path", o->paths, "Directory for the swap files; repeat to stripe (default $ZOE_SCRATCH or /var/tmp)");
-  cmd->add_option("--sub-group", o->sub_group, "Elements per optimizer sub-group (sub_group_size)")->capture_default_str();
-  cmd->add_option("--buffers", o->buffers, "Pinned buffers in all (4 per pipeline slot)")->capture_default_str();
+  cmd->add_option("--path", o->paths,
+                  "Directory for the swap files; repeat to stripe (default $ZOE_SCRATCH or /var/tmp)");
+  cmd->add_option("--sub-group", o->sub_group, "Elements per optimizer sub-group (sub_group_size)")
+      ->capture_default_str();
+  cmd->add_option("--buffers", o->buffers, "Pinned buffers in all (4 per pipeline slot)")
+      ->capture_default_str();
   cmd->add_option("--buffer-size", o->buffer_size, "Bytes per buffer")->capture_default_str();
   cmd->add_option("--grad-dtype", o->grad_dtype, "bf16, fp16 or fp32")->capture_default_str();
   cmd->add_option("--threads", o->threads, "Optimizer threads (0: all)")->capture_default_str();
-  cmd->add_option("--repeats", o->repeats, "Repeats of each measurement (medians reported)")->capture_default_str();
+  cmd->add_option("--repeats", o->repeats, "Repeats of each measurement (medians reported)")
+      ->capture_default_str();
   cmd->add_option("--qd", o->qd, "I/O queue depth")->capture_default_str();
   cmd->add_option("--trace", o->trace, "Write a Chrome-trace timeline of the last step to this file");
   cmd->add_flag("--json", o->json, "Print one JSON object");

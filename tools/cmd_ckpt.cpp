@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
-#include "export/hf_gpt2.h"
 #include "core/units.h"
 #include "data/corpus.h"
+#include "export/hf_gpt2.h"
 #include "model/gpt.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"

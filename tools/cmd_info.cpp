@@ -43,13 +43,19 @@ json gather(const std::vector<std::string>& paths) {
               {"topology_source", t.source},
               {"simd", simd_level_name(detected_simd_level())},
               {"features",
-               {{"avx2", f.avx2}, {"fma", f.fma}, {"f16c", f.f16c}, {"avx512f", f.avx512f},
-                {"avx512bw", f.avx512bw}, {"avx512vl", f.avx512vl}, {"avx512_bf16", f.avx512_bf16},
+               {{"avx2", f.avx2},
+                {"fma", f.fma},
+                {"f16c", f.f16c},
+                {"avx512f", f.avx512f},
+                {"avx512bw", f.avx512bw},
+                {"avx512vl", f.avx512vl},
+                {"avx512_bf16", f.avx512_bf16},
                 {"avx512_fp16", f.avx512_fp16}}}};
   HostMemory hm = host_memory();
   j["memory"] = {{"total_bytes", hm.total_bytes},
                  {"available_bytes", hm.available_bytes},
-                 {"memlock_limit_bytes", hm.memlock_limit_bytes == UINT64_MAX ? json(nullptr) : json(hm.memlock_limit_bytes)},
+                 {"memlock_limit_bytes",
+                  hm.memlock_limit_bytes == UINT64_MAX ? json(nullptr) : json(hm.memlock_limit_bytes)},
                  {"memlock_unlimited", hm.memlock_limit_bytes == UINT64_MAX},
                  {"can_lock_beyond_limit", hm.can_lock_unlimited}};
   std::string why = io::probe_uring();
@@ -71,7 +77,8 @@ json gather(const std::vector<std::string>& paths) {
 #if ZOE_HAVE_NCCL
   int nv = 0;
   if (ncclGetVersion(&nv) == ncclSuccess) {
-    nccl["version"] = std::to_string(nv / 10000) + "." + std::to_string((nv / 100) % 100) + "." + std::to_string(nv % 100);
+    nccl["version"] =
+        std::to_string(nv / 10000) + "." + std::to_string((nv / 100) % 100) + "." + std::to_string(nv % 100);
   }
 #endif
   j["nccl"] = nccl;
@@ -86,10 +93,11 @@ json gather(const std::vector<std::string>& paths) {
     for (int i = 0; i < count; ++i) {
       cudaDeviceProp p;
       if (cudaGetDeviceProperties(&p, i) != cudaSuccess) continue;
-      cuda["devices"].push_back({{"index", i},
-                                 {"name", p.name},
-                                 {"memory_bytes", p.totalGlobalMem},
-                                 {"compute_capability", std::to_string(p.major) + "." + std::to_string(p.minor)}});
+      cuda["devices"].push_back(
+          {{"index", i},
+           {"name", p.name},
+           {"memory_bytes", p.totalGlobalMem},
+           {"compute_capability", std::to_string(p.major) + "." + std::to_string(p.minor)}});
     }
   }
 #else
@@ -106,10 +114,10 @@ json gather(const std::vector<std::string>& paths) {
     }
     const io::FsInfo& fi = r.value();
     json entry = {{"path", p},
-              {"fs_type", fi.fs_type},
-              {"total_bytes", fi.total_bytes},
-              {"free_bytes", fi.free_bytes},
-              {"o_direct", fi.direct_io}};
+                  {"fs_type", fi.fs_type},
+                  {"total_bytes", fi.total_bytes},
+                  {"free_bytes", fi.free_bytes},
+                  {"o_direct", fi.direct_io}};
     if (!fi.direct_io) entry["o_direct_error"] = fi.direct_io_error;
     if (fi.dio_offset_align) {
       entry["dio_mem_align"] = fi.dio_mem_align;
@@ -137,34 +145,45 @@ void print_human(const json& j) {
   const json& m = j["memory"];
   printf("RAM        %s total, %s available\n", format_bytes(m["total_bytes"].get<uint64_t>()).c_str(),
          format_bytes(m["available_bytes"].get<uint64_t>()).c_str());
-  std::string lim = m["memlock_unlimited"].get<bool>() ? "unlimited" : format_bytes(m["memlock_limit_bytes"].get<uint64_t>());
+  std::string lim = m["memlock_unlimited"].get<bool>()
+                        ? "unlimited"
+                        : format_bytes(m["memlock_limit_bytes"].get<uint64_t>());
   printf("memlock    ulimit -l: %s%s\n", lim.c_str(),
          m["can_lock_beyond_limit"].get<bool>() ? " (root/CAP_IPC_LOCK: larger pins allowed)" : "");
   const json& u = j["io_uring"];
-  if (u["works"].get<bool>()) printf("io_uring   works\n");
-  else printf("io_uring   unavailable: %s (the thread-pool engine is used)\n", u["error"].get<std::string>().c_str());
+  if (u["works"].get<bool>())
+    printf("io_uring   works\n");
+  else
+    printf("io_uring   unavailable: %s (the thread-pool engine is used)\n",
+           u["error"].get<std::string>().c_str());
   const json& mpi = j["mpi"];
-  printf("MPI        %s\n", mpi["built"].get<bool>() ? mpi.value("library", std::string("yes")).c_str() : "not built in");
+  printf("MPI        %s\n",
+         mpi["built"].get<bool>() ? mpi.value("library", std::string("yes")).c_str() : "not built in");
   const json& nccl = j["nccl"];
-  printf("NCCL       %s\n", nccl["built"].get<bool>() ? ("yes, " + nccl.value("version", std::string("?"))).c_str() : "not built in");
+  printf("NCCL       %s\n", nccl["built"].get<bool>()
+                                ? ("yes, " + nccl.value("version", std::string("?"))).c_str()
+                                : "not built in");
   const json& cu = j["cuda"];
   if (!cu["devices"].empty()) {
     for (const auto& d : cu["devices"]) {
       printf("CUDA       [%d] %s, %s, sm_%s\n", d["index"].get<int>(), d["name"].get<std::string>().c_str(),
-             format_bytes(d["memory_bytes"].get<uint64_t>()).c_str(), d["compute_capability"].get<std::string>().c_str());
+             format_bytes(d["memory_bytes"].get<uint64_t>()).c_str(),
+             d["compute_capability"].get<std::string>().c_str());
     }
   } else {
     printf("CUDA       none, CUDA runtime says: %s\n", cu.value("error", std::string("no devices")).c_str());
   }
   for (const auto& p : j["paths"]) {
     if (p.contains("error")) {
-      printf("path       %s: %s\n", p["path"].get<std::string>().c_str(), p["error"].get<std::string>().c_str());
+      printf("path       %s: %s\n", p["path"].get<std::string>().c_str(),
+             p["error"].get<std::string>().c_str());
       continue;
     }
     printf("path       %s: %s, %s free of %s, O_DIRECT %s\n", p["path"].get<std::string>().c_str(),
            p["fs_type"].get<std::string>().c_str(), format_bytes(p["free_bytes"].get<uint64_t>()).c_str(),
            format_bytes(p["total_bytes"].get<uint64_t>()).c_str(),
-           p["o_direct"].get<bool>() ? "works" : ("no (" + p["o_direct_error"].get<std::string>() + ")").c_str());
+           p["o_direct"].get<bool>() ? "works"
+                                     : ("no (" + p["o_direct_error"].get<std::string>() + ")").c_str());
   }
 }
 
@@ -176,15 +195,18 @@ void add_info_command(CLI::App& app) {
     bool json = false;
   };
   auto o = std::make_shared<Opts>();
-  CLI::App* cmd = app.add_subcommand("info", "Show what this host offers zoe: CPU, SIMD, memory, io_uring, "
-                                              "MPI/NCCL/CUDA, and for each --path its file system, free "
-                                              "space and whether O_DIRECT works there");
+  CLI::App* cmd = app.add_subcommand("info",
+                                     "Show what this host offers zoe: CPU, SIMD, memory, io_uring, "
+                                     "MPI/NCCL/CUDA, and for each --path its file system, free "
+                                     "space and whether O_DIRECT works there");
   cmd->add_option("--path", o->paths, "A directory to check (repeatable)");
   cmd->add_flag("--json", o->json, "Print one JSON object");
   cmd->callback([o] {
     json j = gather(o->paths);
-    if (o->json) print_json(j);
-    else print_human(j);
+    if (o->json)
+      print_json(j);
+    else
+      print_human(j);
   });
 }
 

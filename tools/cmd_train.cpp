@@ -396,8 +396,9 @@ void run(TrainOpts o) {
     Status ts_ok = model::parse_trainer_state(ts, from, &start_step, &seed);
     if (!ts_ok.is_ok()) fail(ts_ok);
     if (seed != o.seed) {
-      fail(invalid_argument("checkpoint %s was trained with --seed %llu, not %llu: the data order would differ",
-                            from.c_str(), static_cast<unsigned long long>(seed), static_cast<unsigned long long>(o.seed)));
+      fail(invalid_argument(
+          "checkpoint %s was trained with --seed %llu, not %llu: the data order would differ", from.c_str(),
+          static_cast<unsigned long long>(seed), static_cast<unsigned long long>(o.seed)));
     }
     if (start_step >= o.steps) {
       fail(invalid_argument(

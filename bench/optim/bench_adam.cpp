@@ -87,7 +87,8 @@ void register_cases() {
         c.state_dtype = v.state;
         c.stochastic_rounding = v.sr;
         if (v.out) c.out_dtype = DType::kBF16;
-        std::string name = "adam/" + std::to_string(mparams) + "M/threads:" + std::to_string(threads) + "/" + v.name;
+        std::string name =
+            "adam/" + std::to_string(mparams) + "M/threads:" + std::to_string(threads) + "/" + v.name;
         benchmark::RegisterBenchmark(name.c_str(), run_case, c)
             ->UseManualTime()
             ->Iterations(6)

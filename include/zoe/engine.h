@@ -88,11 +88,11 @@ struct StepStats {
   double loss_scale = 1.0;  // the scale for the next step
   double lr = 0.0;          // used by this step
   // Seconds since the previous step() (or initialize()): time in each part of the engine.
-  double t_compute = 0.0;       // outside engine calls (the caller's forward/backward)
-  double t_comm = 0.0;          // waiting for collectives
-  double t_io_stall = 0.0;      // waiting for parameters to arrive from host/NVMe
-  double t_optimizer = 0.0;     // the caller waiting for the optimizer: the step itself (norm, and the
-                                // update unless it is overlapped) and fetches waiting for an update
+  double t_compute = 0.0;            // outside engine calls (the caller's forward/backward)
+  double t_comm = 0.0;               // waiting for collectives
+  double t_io_stall = 0.0;           // waiting for parameters to arrive from host/NVMe
+  double t_optimizer = 0.0;          // the caller waiting for the optimizer: the step itself (norm, and the
+                                     // update unless it is overlapped) and fetches waiting for an update
   double t_update_overlapped = 0.0;  // the previous step's update on its own thread, behind this
                                      // step's forward (zoe.overlap_step); 0 when serial
   // High-water marks, bytes: device, host, nvme.

@@ -12,8 +12,8 @@ namespace zoe {
 
 enum class StatusCode : uint8_t {
   kOk = 0,
-  kInvalidArgument,   // bad input from the user: config key, CLI flag, argument
-  kNotFound,          // a path, key or item that does not exist
+  kInvalidArgument,  // bad input from the user: config key, CLI flag, argument
+  kNotFound,         // a path, key or item that does not exist
   kAlreadyExists,
   kIoError,           // a syscall or device reported an error (EIO, short read, ...)
   kNoSpace,           // ENOSPC, or a file system too small for the request
@@ -58,11 +58,13 @@ class [[nodiscard]] Status {
 
 // printf-style constructors: Status err = invalid_argument("key %s: expected a number", k);
 Status make_status(StatusCode code, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
-#define ZOE_STATUS_CTOR(fn, code)                                                   \
-  template <typename... Args>                                                       \
-  Status fn(const char* fmt, Args... args) {                                        \
-    if constexpr (sizeof...(Args) == 0) return make_status(code, "%s", fmt);        \
-    else return make_status(code, fmt, args...);                                    \
+#define ZOE_STATUS_CTOR(fn, code)             \
+  template <typename... Args>                 \
+  Status fn(const char* fmt, Args... args) {  \
+    if constexpr (sizeof...(Args) == 0)       \
+      return make_status(code, "%s", fmt);    \
+    else                                      \
+      return make_status(code, fmt, args...); \
   }
 ZOE_STATUS_CTOR(invalid_argument, StatusCode::kInvalidArgument)
 ZOE_STATUS_CTOR(not_found, StatusCode::kNotFound)
@@ -78,15 +80,14 @@ ZOE_STATUS_CTOR(internal_error, StatusCode::kInternal)
 // sys_error("pread", "/nvme/x", 8192, 4096, EIO) ->
 //   "While pread 4096 bytes at offset 8192 of /nvme/x: Input/output error (errno 5)".
 // ENOSPC maps to kNoSpace, EPERM/EACCES to kPermissionDenied, the rest to kIoError.
-Status sys_error(std::string_view op, std::string_view path, uint64_t offset, uint64_t length,
-                 int err);
+Status sys_error(std::string_view op, std::string_view path, uint64_t offset, uint64_t length, int err);
 // A failed syscall that has no offset/length (open, fallocate of a whole file, statfs...).
 Status sys_error(std::string_view op, std::string_view path, int err);
 
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
+  Result(T value) : v_(std::move(value)) {}        // NOLINT(google-explicit-constructor)
   Result(Status status) : v_(std::move(status)) {  // NOLINT(google-explicit-constructor)
     if (std::get<Status>(v_).is_ok()) v_ = Status(StatusCode::kInternal, "Result built from OK");
   }
@@ -113,16 +114,16 @@ class [[nodiscard]] Result {
 #define ZOE_CONCAT_(a, b) ZOE_CONCAT_INNER_(a, b)
 
 // Returns the Status from the enclosing function when expr fails.
-#define ZOE_RETURN_IF_ERROR(expr)                  \
-  do {                                             \
-    ::zoe::Status zoe_status_ = (expr);            \
-    if (!zoe_status_.is_ok()) return zoe_status_;  \
+#define ZOE_RETURN_IF_ERROR(expr)                 \
+  do {                                            \
+    ::zoe::Status zoe_status_ = (expr);           \
+    if (!zoe_status_.is_ok()) return zoe_status_; \
   } while (0)
 
 // Same, adding a line of context ("while loading the swap file") to the error.
-#define ZOE_RETURN_IF_ERROR_CTX(expr, ctx)                                \
-  do {                                                                    \
-    ::zoe::Status zoe_status_ = (expr);                                   \
+#define ZOE_RETURN_IF_ERROR_CTX(expr, ctx)                                     \
+  do {                                                                         \
+    ::zoe::Status zoe_status_ = (expr);                                        \
     if (!zoe_status_.is_ok()) return std::move(zoe_status_).with_context(ctx); \
   } while (0)
 

@@ -45,8 +45,8 @@ CommHandle CommBucket::flush() {
       if (t.count == 0) continue;
       if (op == BucketOp::kReduceScatter) {
         for (int r = 0; r < size; ++r)
-          std::memcpy(b + (r * n + t.offset) * es, static_cast<const unsigned char*>(t.send) + r * t.count * es,
-                      t.count * es);
+          std::memcpy(b + (r * n + t.offset) * es,
+                      static_cast<const unsigned char*>(t.send) + r * t.count * es, t.count * es);
       } else {
         size_t row = op == BucketOp::kAllGather ? rank * n : 0;
         std::memcpy(b + (row + t.offset) * es, t.send, t.count * es);
@@ -59,9 +59,15 @@ CommHandle CommBucket::flush() {
   unsigned char* b = buf->data.get();
   CommHandle coll;
   switch (op_) {
-    case BucketOp::kAllReduce: coll = comm_.all_reduce(b, b, n, type_, reduce_); break;
-    case BucketOp::kReduceScatter: coll = comm_.reduce_scatter(b, b + rank * n * es, n, type_, reduce_); break;
-    case BucketOp::kAllGather: coll = comm_.all_gather(b + rank * n * es, b, n, type_); break;
+    case BucketOp::kAllReduce:
+      coll = comm_.all_reduce(b, b, n, type_, reduce_);
+      break;
+    case BucketOp::kReduceScatter:
+      coll = comm_.reduce_scatter(b, b + rank * n * es, n, type_, reduce_);
+      break;
+    case BucketOp::kAllGather:
+      coll = comm_.all_gather(b + rank * n * es, b, n, type_);
+      break;
   }
   return comm_.enqueue_host_task([buf, tensors, coll, n, es, size, rank, op]() -> Status {
     ZOE_RETURN_IF_ERROR(coll.wait());  // already complete: it ran before this task

@@ -7,24 +7,36 @@ namespace zoe::comm {
 
 size_t comm_type_size(CommType t) {
   switch (t) {
-    case CommType::kF32: return 4;
-    case CommType::kF16: return 2;
-    case CommType::kBF16: return 2;
-    case CommType::kF64: return 8;
-    case CommType::kU8: return 1;
-    case CommType::kI64: return 8;
+    case CommType::kF32:
+      return 4;
+    case CommType::kF16:
+      return 2;
+    case CommType::kBF16:
+      return 2;
+    case CommType::kF64:
+      return 8;
+    case CommType::kU8:
+      return 1;
+    case CommType::kI64:
+      return 8;
   }
   return 0;
 }
 
 const char* comm_type_name(CommType t) {
   switch (t) {
-    case CommType::kF32: return "f32";
-    case CommType::kF16: return "f16";
-    case CommType::kBF16: return "bf16";
-    case CommType::kF64: return "f64";
-    case CommType::kU8: return "u8";
-    case CommType::kI64: return "i64";
+    case CommType::kF32:
+      return "f32";
+    case CommType::kF16:
+      return "f16";
+    case CommType::kBF16:
+      return "bf16";
+    case CommType::kF64:
+      return "f64";
+    case CommType::kU8:
+      return "u8";
+    case CommType::kI64:
+      return "i64";
   }
   return "?";
 }
@@ -33,12 +45,14 @@ Status CommHandle::wait() const { return s_ ? s_->wait() : Status::ok(); }
 bool CommHandle::ready() const { return s_ ? s_->ready() : true; }
 
 CommHandle Communicator::enqueue_host_task(std::function<Status()> /*fn*/) {
-  return completed_handle(unsupported("enqueue_host_task: the %s communicator has no host stream", backend()));
+  return completed_handle(
+      unsupported("enqueue_host_task: the %s communicator has no host stream", backend()));
 }
 
 Status check_buffers(const char* op, const void* send, const void* recv, size_t count) {
   if (count > 0 && (send == nullptr || recv == nullptr))
-    return invalid_argument("%s: null %s buffer with count %zu", op, send == nullptr ? "send" : "recv", count);
+    return invalid_argument("%s: null %s buffer with count %zu", op, send == nullptr ? "send" : "recv",
+                            count);
   return Status::ok();
 }
 

@@ -57,11 +57,12 @@ class Communicator {
   virtual ~Communicator() = default;  // waits for queued collectives
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  virtual int local_rank() const = 0;  // rank among the processes of this node (GPU choice)
+  virtual int local_rank() const = 0;       // rank among the processes of this node (GPU choice)
   virtual const char* backend() const = 0;  // "local", "mpi", "nccl"
 
   virtual CommHandle all_gather(const void* send, void* recv, size_t count, CommType type) = 0;
-  virtual CommHandle reduce_scatter(const void* send, void* recv, size_t count, CommType type, ReduceOp op) = 0;
+  virtual CommHandle reduce_scatter(const void* send, void* recv, size_t count, CommType type,
+                                    ReduceOp op) = 0;
   virtual CommHandle all_reduce(const void* send, void* recv, size_t count, CommType type, ReduceOp op) = 0;
   virtual CommHandle broadcast(void* buf, size_t count, CommType type, int root) = 0;
   // Blocking; also waits for everything queued before it on this communicator.

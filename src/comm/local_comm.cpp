@@ -18,7 +18,8 @@ class LocalComm final : public Communicator {
   CommHandle all_gather(const void* send, void* recv, size_t count, CommType type) override {
     return copy("all_gather", send, recv, count, type);
   }
-  CommHandle reduce_scatter(const void* send, void* recv, size_t count, CommType type, ReduceOp /*op*/) override {
+  CommHandle reduce_scatter(const void* send, void* recv, size_t count, CommType type,
+                            ReduceOp /*op*/) override {
     return copy("reduce_scatter", send, recv, count, type);
   }
   CommHandle all_reduce(const void* send, void* recv, size_t count, CommType type, ReduceOp /*op*/) override {

@@ -36,12 +36,13 @@ Status mpi_error(const char* call, int err) {
   int len = 0;
   if (MPI_Error_string(err, text, &len) != MPI_SUCCESS) len = 0;
   text[len] = '\0';
-  return make_status(StatusCode::kIoError, "%s: %s (MPI error %d)", call, len > 0 ? text : "unknown error", err);
+  return make_status(StatusCode::kIoError, "%s: %s (MPI error %d)", call, len > 0 ? text : "unknown error",
+                     err);
 }
 
-#define ZOE_MPI_TRY(call)                                           \
-  do {                                                              \
-    int zoe_mpi_err_ = (call);                                      \
+#define ZOE_MPI_TRY(call)                                                   \
+  do {                                                                      \
+    int zoe_mpi_err_ = (call);                                              \
     if (zoe_mpi_err_ != MPI_SUCCESS) return mpi_error(#call, zoe_mpi_err_); \
   } while (0)
 
@@ -67,10 +68,14 @@ void finalize_at_exit() {
 
 const char* thread_level_name(int level) {
   switch (level) {
-    case MPI_THREAD_SINGLE: return "MPI_THREAD_SINGLE";
-    case MPI_THREAD_FUNNELED: return "MPI_THREAD_FUNNELED";
-    case MPI_THREAD_SERIALIZED: return "MPI_THREAD_SERIALIZED";
-    case MPI_THREAD_MULTIPLE: return "MPI_THREAD_MULTIPLE";
+    case MPI_THREAD_SINGLE:
+      return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED:
+      return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED:
+      return "MPI_THREAD_SERIALIZED";
+    case MPI_THREAD_MULTIPLE:
+      return "MPI_THREAD_MULTIPLE";
   }
   return "unknown thread level";
 }
@@ -92,8 +97,9 @@ Status ensure_mpi_locked(MpiProcess& p) {
   }
   // Our worker threads call MPI, never the thread that initialised it: FUNNELED is not enough.
   if (p.thread_level < MPI_THREAD_SERIALIZED)
-    return unsupported("create_mpi_comm: MPI runs at %s; zoe's communicator thread needs MPI_THREAD_SERIALIZED",
-                       thread_level_name(p.thread_level));
+    return unsupported(
+        "create_mpi_comm: MPI runs at %s; zoe's communicator thread needs MPI_THREAD_SERIALIZED",
+        thread_level_name(p.thread_level));
   if (p.thread_level < MPI_THREAD_MULTIPLE && p.live_comms > 0)
     return unsupported("create_mpi_comm: MPI runs at %s, so only one MpiComm may live at a time",
                        thread_level_name(p.thread_level));
@@ -109,7 +115,11 @@ bool mpi_finalized() {
 class MpiComm final : public Communicator {
  public:
   MpiComm(MPI_Comm comm, int rank, int size, int local_rank, size_t chunk_bytes)
-      : comm_(comm), rank_(rank), size_(size), local_rank_(local_rank), chunk_bytes_(chunk_bytes),
+      : comm_(comm),
+        rank_(rank),
+        size_(size),
+        local_rank_(local_rank),
+        chunk_bytes_(chunk_bytes),
         direct_limit_(chunk_bytes == kDefaultChunkBytes ? static_cast<size_t>(INT_MAX) : chunk_bytes),
         queue_(std::make_unique<HostQueue>("zoe-comm-mpi")) {}
 
@@ -148,10 +158,11 @@ class MpiComm final : public Communicator {
     return queue_->push([=, this] { return run_broadcast(buf, count, type, root); });
   }
   Status barrier() override {
-    return queue_->push([this]() -> Status {
-                    ZOE_MPI_TRY(MPI_Barrier(comm_));
-                    return Status::ok();
-                  })
+    return queue_
+        ->push([this]() -> Status {
+          ZOE_MPI_TRY(MPI_Barrier(comm_));
+          return Status::ok();
+        })
         .wait();
   }
   CommHandle enqueue_host_task(std::function<Status()> fn) override { return queue_->push(std::move(fn)); }
@@ -215,7 +226,8 @@ class MpiComm final : public Communicator {
     for (size_t off = 0; off < count; off += per) {
       size_t c = std::min(per, count - off);
       size_t cb = c * es;
-      for (int j = 0; j < size_; ++j) std::memcpy(scratch_a_.data() + j * cb, in + (j * count + off) * es, cb);
+      for (int j = 0; j < size_; ++j)
+        std::memcpy(scratch_a_.data() + j * cb, in + (j * count + off) * es, cb);
       ZOE_MPI_TRY(MPI_Alltoall(scratch_a_.data(), static_cast<int>(cb), MPI_BYTE, scratch_b_.data(),
                                static_cast<int>(cb), MPI_BYTE, comm_));
       for (int i = 0; i < size_; ++i) rows[i] = scratch_b_.data() + i * cb;
@@ -296,7 +308,8 @@ Result<std::unique_ptr<Communicator>> create_mpi_comm(const MpiCommOptions& opti
   }();
   int rank = 0, size = 1, local_rank = 0;
   MPI_Comm node = MPI_COMM_NULL;
-  if (s.is_ok()) s = [&]() -> Status {
+  if (s.is_ok())
+    s = [&]() -> Status {
       ZOE_MPI_TRY(MPI_Comm_rank(comm, &rank));
       ZOE_MPI_TRY(MPI_Comm_size(comm, &size));
       ZOE_MPI_TRY(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node));

@@ -29,12 +29,18 @@ Status nccl_error(const char* call, ncclResult_t r, ncclComm_t comm) {
 
 ncclDataType_t nccl_type(CommType t) {
   switch (t) {
-    case CommType::kF32: return ncclFloat32;
-    case CommType::kF16: return ncclFloat16;
-    case CommType::kBF16: return ncclBfloat16;
-    case CommType::kF64: return ncclFloat64;
-    case CommType::kU8: return ncclUint8;
-    case CommType::kI64: return ncclInt64;
+    case CommType::kF32:
+      return ncclFloat32;
+    case CommType::kF16:
+      return ncclFloat16;
+    case CommType::kBF16:
+      return ncclBfloat16;
+    case CommType::kF64:
+      return ncclFloat64;
+    case CommType::kU8:
+      return ncclUint8;
+    case CommType::kI64:
+      return ncclInt64;
   }
   return ncclFloat32;
 }
@@ -120,7 +126,8 @@ class NcclComm final : public Communicator {
     Status s = check_buffers("all_reduce", send, recv, count);
     if (!s.is_ok()) return completed_handle(std::move(s));
     return launch([&]() -> Status {
-      ncclResult_t r = ncclAllReduce(send, recv, count, nccl_type(type), nccl_op(op), core_->comm, core_->stream);
+      ncclResult_t r =
+          ncclAllReduce(send, recv, count, nccl_type(type), nccl_op(op), core_->comm, core_->stream);
       return r == ncclSuccess ? Status::ok() : nccl_error("ncclAllReduce", r, core_->comm);
     });
   }
@@ -136,8 +143,8 @@ class NcclComm final : public Communicator {
   // NCCL has no barrier: a one-element all_reduce on the stream, waited for.
   Status barrier() override {
     return launch([&]() -> Status {
-             ncclResult_t r = ncclAllReduce(core_->scratch, core_->scratch, 1, ncclInt64, ncclSum, core_->comm,
-                                            core_->stream);
+             ncclResult_t r = ncclAllReduce(core_->scratch, core_->scratch, 1, ncclInt64, ncclSum,
+                                            core_->comm, core_->stream);
              return r == ncclSuccess ? Status::ok() : nccl_error("ncclAllReduce (barrier)", r, core_->comm);
            })
         .wait();
@@ -173,7 +180,8 @@ Status pick_device(int requested, int local_rank, int* ordinal) {
   int n = 0;
   cudaError_t err = cudaGetDeviceCount(&n);
   if (err != cudaSuccess)
-    return unsupported("no CUDA device: cudaGetDeviceCount: %s (%s)", cudaGetErrorName(err), cudaGetErrorString(err));
+    return unsupported("no CUDA device: cudaGetDeviceCount: %s (%s)", cudaGetErrorName(err),
+                       cudaGetErrorString(err));
   if (n == 0) return unsupported("no CUDA device visible");
   if (requested >= n) return invalid_argument("create_nccl_comm: device %d, but %d visible", requested, n);
   *ordinal = requested >= 0 ? requested : local_rank % n;
@@ -212,7 +220,8 @@ Result<std::unique_ptr<Communicator>> create_nccl_comm(Communicator& bootstrap, 
     core->comm = nullptr;
     return nccl_error("ncclCommInitRank", r, nullptr);
   }
-  return std::unique_ptr<Communicator>(std::make_unique<NcclComm>(std::move(core), rank, size, bootstrap.local_rank()));
+  return std::unique_ptr<Communicator>(
+      std::make_unique<NcclComm>(std::move(core), rank, size, bootstrap.local_rank()));
 }
 
 #else  // !ZOE_HAVE_NCCL

@@ -36,7 +36,8 @@ void reduce_native(const void* const* rows, int nrows, size_t count, void* out, 
       } else if constexpr (std::is_floating_point_v<T>) {
         for (size_t i = 0; i < n; ++i) acc[i] = max_nan(acc[i], src[i]);
       } else {
-        for (size_t i = 0; i < n; ++i) acc[i] = src[i] > static_cast<T>(acc[i]) ? static_cast<Acc>(src[i]) : acc[i];
+        for (size_t i = 0; i < n; ++i)
+          acc[i] = src[i] > static_cast<T>(acc[i]) ? static_cast<Acc>(src[i]) : acc[i];
       }
     }
     for (size_t i = 0; i < n; ++i) dst[base + i] = static_cast<T>(acc[i]);
@@ -70,14 +71,19 @@ void reduce_rows(const void* const* rows, int nrows, size_t count, void* out, Co
   ZOE_CHECK(nrows >= 1);
   if (count == 0) return;
   switch (type) {
-    case CommType::kF32: return reduce_native<float, float>(rows, nrows, count, out, op);
-    case CommType::kF64: return reduce_native<double, double>(rows, nrows, count, out, op);
+    case CommType::kF32:
+      return reduce_native<float, float>(rows, nrows, count, out, op);
+    case CommType::kF64:
+      return reduce_native<double, double>(rows, nrows, count, out, op);
     case CommType::kI64:
       if (op == ReduceOp::kSum) return reduce_native<uint64_t, uint64_t>(rows, nrows, count, out, op);
       return reduce_native<int64_t, int64_t>(rows, nrows, count, out, op);
-    case CommType::kU8: return reduce_native<uint8_t, uint8_t>(rows, nrows, count, out, op);
-    case CommType::kBF16: return reduce_half<bf16_to_f32, f32_to_bf16>(rows, nrows, count, out, op);
-    case CommType::kF16: return reduce_half<f16_to_f32, f32_to_f16>(rows, nrows, count, out, op);
+    case CommType::kU8:
+      return reduce_native<uint8_t, uint8_t>(rows, nrows, count, out, op);
+    case CommType::kBF16:
+      return reduce_half<bf16_to_f32, f32_to_bf16>(rows, nrows, count, out, op);
+    case CommType::kF16:
+      return reduce_half<f16_to_f32, f32_to_f16>(rows, nrows, count, out, op);
   }
   ZOE_CHECK_MSG(false, "reduce_rows: unknown CommType %d", static_cast<int>(type));
 }

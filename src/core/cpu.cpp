@@ -67,9 +67,12 @@ SimdLevel detected_simd_level() {
 
 const char* simd_level_name(SimdLevel level) {
   switch (level) {
-    case SimdLevel::kAvx512: return "avx512";
-    case SimdLevel::kAvx2: return "avx2";
-    case SimdLevel::kScalar: return "scalar";
+    case SimdLevel::kAvx512:
+      return "avx512";
+    case SimdLevel::kAvx2:
+      return "avx2";
+    case SimdLevel::kScalar:
+      return "scalar";
   }
   return "?";
 }
@@ -87,8 +90,7 @@ HostMemory host_memory() {
   }
   struct rlimit rl;
   if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0) {
-    m.memlock_limit_bytes =
-        rl.rlim_cur == RLIM_INFINITY ? std::numeric_limits<uint64_t>::max() : rl.rlim_cur;
+    m.memlock_limit_bytes = rl.rlim_cur == RLIM_INFINITY ? std::numeric_limits<uint64_t>::max() : rl.rlim_cur;
   }
   m.can_lock_unlimited = geteuid() == 0;
   // CAP_IPC_LOCK (bit 14) in the effective set also lifts the limit.

@@ -19,7 +19,8 @@ inline Status cuda_error(const char* call, cudaError_t err) {
   StatusCode code = StatusCode::kIoError;
   if (err == cudaErrorMemoryAllocation) code = StatusCode::kOutOfBudget;
   if (err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver) code = StatusCode::kUnsupported;
-  return Status(code, std::string(call) + ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
+  return Status(code,
+                std::string(call) + ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
 }
 
 // Makes `ordinal` the calling thread's current device for a scope, restoring the previous one.
@@ -43,8 +44,8 @@ class CurrentDevice {
 }  // namespace zoe
 
 // Returns the CUDA error of `call` as a Status from the enclosing function.
-#define ZOE_CUDA_TRY(call)                                                             \
-  do {                                                                                 \
-    cudaError_t zoe_cuda_err_ = (call);                                                \
+#define ZOE_CUDA_TRY(call)                                                            \
+  do {                                                                                \
+    cudaError_t zoe_cuda_err_ = (call);                                               \
     if (zoe_cuda_err_ != cudaSuccess) return ::zoe::cuda_error(#call, zoe_cuda_err_); \
   } while (0)

@@ -90,8 +90,8 @@ inline uint16_t f32_to_f16(float f) {
   uint32_t a = u & 0x7fffffffu;
   if (a > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
   if (a >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // >= 65520: inf
-  if (a >= 0x38800000u) {                                               // fp16 normal range
-    uint32_t r = a - 0x38000000u;                                       // rebias 127 -> 15
+  if (a >= 0x38800000u) {                                              // fp16 normal range
+    uint32_t r = a - 0x38000000u;                                      // rebias 127 -> 15
     r += 0xfffu + ((r >> 13) & 1u);
     return static_cast<uint16_t>(sign | (r >> 13));
   }

@@ -14,11 +14,16 @@ std::mutex g_log_mu;
 
 const char* level_tag(LogLevel l) {
   switch (l) {
-    case LogLevel::kError: return "error";
-    case LogLevel::kWarn: return "warning";
-    case LogLevel::kInfo: return "info";
-    case LogLevel::kDebug: return "debug";
-    case LogLevel::kTrace: return "trace";
+    case LogLevel::kError:
+      return "error";
+    case LogLevel::kWarn:
+      return "warning";
+    case LogLevel::kInfo:
+      return "info";
+    case LogLevel::kDebug:
+      return "debug";
+    case LogLevel::kTrace:
+      return "trace";
   }
   return "?";
 }
@@ -26,9 +31,11 @@ const char* level_tag(LogLevel l) {
 }  // namespace
 
 bool parse_log_level(const char* name, LogLevel* out) {
-  static const struct { const char* n; LogLevel l; } kNames[] = {
-      {"error", LogLevel::kError}, {"warn", LogLevel::kWarn},   {"warning", LogLevel::kWarn},
-      {"info", LogLevel::kInfo},   {"debug", LogLevel::kDebug}, {"trace", LogLevel::kTrace}};
+  static const struct {
+    const char* n;
+    LogLevel l;
+  } kNames[] = {{"error", LogLevel::kError}, {"warn", LogLevel::kWarn},   {"warning", LogLevel::kWarn},
+                {"info", LogLevel::kInfo},   {"debug", LogLevel::kDebug}, {"trace", LogLevel::kTrace}};
   for (const auto& e : kNames) {
     if (strcasecmp(name, e.n) == 0) {
       *out = e.l;

@@ -22,10 +22,10 @@ void log_message(LogLevel level, const char* file, int line, const char* fmt, ..
 
 }  // namespace zoe
 
-#define ZOE_LOG(level, ...)                                                     \
-  do {                                                                          \
+#define ZOE_LOG(level, ...)                                                               \
+  do {                                                                                    \
     if (static_cast<int>(::zoe::LogLevel::level) <= static_cast<int>(::zoe::log_level())) \
-      ::zoe::log_message(::zoe::LogLevel::level, __FILE__, __LINE__, __VA_ARGS__); \
+      ::zoe::log_message(::zoe::LogLevel::level, __FILE__, __LINE__, __VA_ARGS__);        \
   } while (0)
 #define ZOE_LOG_ERROR(...) ZOE_LOG(kError, __VA_ARGS__)
 #define ZOE_LOG_WARN(...) ZOE_LOG(kWarn, __VA_ARGS__)
@@ -33,13 +33,11 @@ void log_message(LogLevel level, const char* file, int line, const char* fmt, ..
 #define ZOE_LOG_DEBUG(...) ZOE_LOG(kDebug, __VA_ARGS__)
 
 // Aborts with file:line and the condition when a programming invariant is broken.
-#define ZOE_CHECK(cond)                                                \
-  do {                                                                 \
-    if (__builtin_expect(!(cond), 0))                                  \
-      ::zoe::check_failed(__FILE__, __LINE__, #cond, "%s", "");        \
+#define ZOE_CHECK(cond)                                                                         \
+  do {                                                                                          \
+    if (__builtin_expect(!(cond), 0)) ::zoe::check_failed(__FILE__, __LINE__, #cond, "%s", ""); \
   } while (0)
-#define ZOE_CHECK_MSG(cond, ...)                                       \
-  do {                                                                 \
-    if (__builtin_expect(!(cond), 0))                                  \
-      ::zoe::check_failed(__FILE__, __LINE__, #cond, __VA_ARGS__);     \
+#define ZOE_CHECK_MSG(cond, ...)                                                                   \
+  do {                                                                                             \
+    if (__builtin_expect(!(cond), 0)) ::zoe::check_failed(__FILE__, __LINE__, #cond, __VA_ARGS__); \
   } while (0)

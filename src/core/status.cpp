@@ -10,18 +10,30 @@ namespace zoe {
 
 const char* status_code_name(StatusCode code) {
   switch (code) {
-    case StatusCode::kOk: return "ok";
-    case StatusCode::kInvalidArgument: return "invalid argument";
-    case StatusCode::kNotFound: return "not found";
-    case StatusCode::kAlreadyExists: return "already exists";
-    case StatusCode::kIoError: return "io error";
-    case StatusCode::kNoSpace: return "no space";
-    case StatusCode::kOutOfBudget: return "out of budget";
-    case StatusCode::kUnsupported: return "unsupported";
-    case StatusCode::kCorruption: return "corruption";
-    case StatusCode::kPermissionDenied: return "permission denied";
-    case StatusCode::kCancelled: return "cancelled";
-    case StatusCode::kInternal: return "internal error";
+    case StatusCode::kOk:
+      return "ok";
+    case StatusCode::kInvalidArgument:
+      return "invalid argument";
+    case StatusCode::kNotFound:
+      return "not found";
+    case StatusCode::kAlreadyExists:
+      return "already exists";
+    case StatusCode::kIoError:
+      return "io error";
+    case StatusCode::kNoSpace:
+      return "no space";
+    case StatusCode::kOutOfBudget:
+      return "out of budget";
+    case StatusCode::kUnsupported:
+      return "unsupported";
+    case StatusCode::kCorruption:
+      return "corruption";
+    case StatusCode::kPermissionDenied:
+      return "permission denied";
+    case StatusCode::kCancelled:
+      return "cancelled";
+    case StatusCode::kInternal:
+      return "internal error";
   }
   return "unknown";
 }
@@ -68,20 +80,26 @@ static StatusCode code_for_errno(int err) {
   switch (err) {
     case ENOSPC:
     case EDQUOT:
-    case EFBIG: return StatusCode::kNoSpace;
+    case EFBIG:
+      return StatusCode::kNoSpace;
     case EPERM:
-    case EACCES: return StatusCode::kPermissionDenied;
-    case ENOENT: return StatusCode::kNotFound;
-    case EEXIST: return StatusCode::kAlreadyExists;
+    case EACCES:
+      return StatusCode::kPermissionDenied;
+    case ENOENT:
+      return StatusCode::kNotFound;
+    case EEXIST:
+      return StatusCode::kAlreadyExists;
     case EOPNOTSUPP:
-    case ENOSYS: return StatusCode::kUnsupported;
-    case ECANCELED: return StatusCode::kCancelled;
-    default: return StatusCode::kIoError;
+    case ENOSYS:
+      return StatusCode::kUnsupported;
+    case ECANCELED:
+      return StatusCode::kCancelled;
+    default:
+      return StatusCode::kIoError;
   }
 }
 
-Status sys_error(std::string_view op, std::string_view path, uint64_t offset, uint64_t length,
-                 int err) {
+Status sys_error(std::string_view op, std::string_view path, uint64_t offset, uint64_t length, int err) {
   char buf[256];
   snprintf(buf, sizeof(buf), "While %.*s %llu bytes at offset %llu of ", static_cast<int>(op.size()),
            op.data(), static_cast<unsigned long long>(length), static_cast<unsigned long long>(offset));

@@ -44,7 +44,8 @@ Topology discover() {
   t.packages = 1;
   NumaNode n;
   n.os_index = 0;
-  n.memory_bytes = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  n.memory_bytes =
+      static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   for (int i = 0; i < t.pus; ++i) n.cpus.push_back(i);
   t.numa_nodes.push_back(n);
   return t;

@@ -65,7 +65,8 @@ std::string TraceRecorder::chrome_json() const {
     out += "{\"name\":\"";
     append_escaped(&out, e.name);
     snprintf(buf, sizeof(buf),
-             "\",\"cat\":\"%s\",\"ph\":\"X\",\"ts\":%.3f,\"dur\":%.3f,\"pid\":1,\"tid\":%u,\"args\":{\"bytes\":%llu}}",
+             "\",\"cat\":\"%s\",\"ph\":\"X\",\"ts\":%.3f,\"dur\":%.3f,\"pid\":1,\"tid\":%u,\"args\":{"
+             "\"bytes\":%llu}}",
              e.category, static_cast<double>(e.begin_ns - origin) / 1000.0,
              static_cast<double>(e.end_ns >= e.begin_ns ? e.end_ns - e.begin_ns : 0) / 1000.0, e.tid,
              static_cast<unsigned long long>(e.bytes));
@@ -82,7 +83,8 @@ Status TraceRecorder::write_chrome_json(const std::string& path) const {
   if (!f) return sys_error("open trace file", tmp, errno);
   size_t n = fwrite(s.data(), 1, s.size(), f);
   int err = errno;
-  if (fclose(f) != 0 || n != s.size()) return sys_error("write trace file", tmp, 0, s.size(), err ? err : EIO);
+  if (fclose(f) != 0 || n != s.size())
+    return sys_error("write trace file", tmp, 0, s.size(), err ? err : EIO);
   if (rename(tmp.c_str(), path.c_str()) != 0) return sys_error("rename trace file to", path, errno);
   return Status::ok();
 }

@@ -17,8 +17,8 @@ struct TraceEvent {
   const char* category;  // a string literal: "nvme->host", "host->device", "compute", ...
   uint64_t begin_ns;
   uint64_t end_ns;
-  uint32_t tid;          // a small id of the recording thread (or lane)
-  uint64_t bytes;        // bytes moved, 0 for compute
+  uint32_t tid;    // a small id of the recording thread (or lane)
+  uint64_t bytes;  // bytes moved, 0 for compute
 };
 
 // Thread-safe. Disabled recorders cost one relaxed load per event.

@@ -29,12 +29,23 @@ Result<uint64_t> parse_bytes(std::string_view text) {
   while (!suffix.empty() && isspace(static_cast<unsigned char>(suffix[0]))) suffix.erase(0, 1);
   for (auto& c : suffix) c = static_cast<char>(toupper(static_cast<unsigned char>(c)));
   double mul = 1;
-  static const struct { const char* s; double m; } kSuffixes[] = {
-      {"", 1},           {"B", 1},
-      {"K", 1024.0},     {"KIB", 1024.0},     {"KB", 1e3},
-      {"M", 1048576.0},  {"MIB", 1048576.0},  {"MB", 1e6},
-      {"G", 1073741824.0}, {"GIB", 1073741824.0}, {"GB", 1e9},
-      {"T", 1099511627776.0}, {"TIB", 1099511627776.0}, {"TB", 1e12}};
+  static const struct {
+    const char* s;
+    double m;
+  } kSuffixes[] = {{"", 1},
+                   {"B", 1},
+                   {"K", 1024.0},
+                   {"KIB", 1024.0},
+                   {"KB", 1e3},
+                   {"M", 1048576.0},
+                   {"MIB", 1048576.0},
+                   {"MB", 1e6},
+                   {"G", 1073741824.0},
+                   {"GIB", 1073741824.0},
+                   {"GB", 1e9},
+                   {"T", 1099511627776.0},
+                   {"TIB", 1099511627776.0},
+                   {"TB", 1e12}};
   bool known = false;
   for (const auto& e : kSuffixes) {
     if (suffix == e.s) {

@@ -43,7 +43,18 @@ namespace zoe::model {
 
 // Index of each parameter inside a "block.i" module (the order documented above).
 enum BlockParam : size_t {
-  kLn1G, kLn1B, kQkvW, kQkvB, kProjW, kProjB, kLn2G, kLn2B, kFc1W, kFc1B, kFc2W, kFc2B,
+  kLn1G,
+  kLn1B,
+  kQkvW,
+  kQkvB,
+  kProjW,
+  kProjB,
+  kLn2G,
+  kLn2B,
+  kFc1W,
+  kFc1B,
+  kFc2W,
+  kFc2B,
   kBlockParams  // how many
 };
 

@@ -22,14 +22,14 @@ namespace {
 
 Status cublas_error(const char* call, cublasStatus_t st) {
   StatusCode code = st == CUBLAS_STATUS_ALLOC_FAILED ? StatusCode::kOutOfBudget : StatusCode::kIoError;
-  return Status(code, std::string(call) + ": " + cublasGetStatusName(st) + " (" + cublasGetStatusString(st) + ")");
+  return Status(code,
+                std::string(call) + ": " + cublasGetStatusName(st) + " (" + cublasGetStatusString(st) + ")");
 }
-
 
 // ---- kernels -----------------------------------------------------------------------------------
 
-constexpr int kThreads = 256;     // element-wise kernels and column kernels
-constexpr int kRowThreads = 128;  // one block per row: LayerNorm, softmax, log-sum-exp
+constexpr int kThreads = 256;                  // element-wise kernels and column kernels
+constexpr int kRowThreads = 128;               // one block per row: LayerNorm, softmax, log-sum-exp
 constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluK = 0.044715f;
 
@@ -37,11 +37,13 @@ unsigned grid_for(size_t n, int threads) {
   const size_t b = (n + static_cast<size_t>(threads) - 1) / static_cast<size_t>(threads);
   return static_cast<unsigned>(b < (size_t(1) << 20) ? (b == 0 ? 1 : b) : (size_t(1) << 20));
 }
-unsigned grid_rows(size_t rows) { return static_cast<unsigned>(rows < (size_t(1) << 20) ? (rows == 0 ? 1 : rows) : (size_t(1) << 20)); }
+unsigned grid_rows(size_t rows) {
+  return static_cast<unsigned>(rows < (size_t(1) << 20) ? (rows == 0 ? 1 : rows) : (size_t(1) << 20));
+}
 
 // Grid-stride loop over [0, n).
-#define ZOE_FOR_EACH(i, n)                                                                    \
-  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n);         \
+#define ZOE_FOR_EACH(i, n)                                                             \
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
        i += static_cast<size_t>(gridDim.x) * blockDim.x)
 // One block per row, striding over the rows.
 #define ZOE_FOR_EACH_ROW(r, rows) for (size_t r = blockIdx.x; r < (rows); r += gridDim.x)
@@ -70,7 +72,8 @@ __device__ float block_reduce(float v, float* sh, Op op) {
 }
 
 __global__ void embed_kernel(const int32_t* __restrict__ tokens, const float* __restrict__ wte,
-                             const float* __restrict__ wpe, float* __restrict__ x, size_t rows, int T, int d) {
+                             const float* __restrict__ wpe, float* __restrict__ x, size_t rows, int T,
+                             int d) {
   ZOE_FOR_EACH(idx, rows * d) {
     const size_t r = idx / d, i = idx % d;
     x[idx] = wte[static_cast<size_t>(tokens[r]) * d + i] + wpe[(r % T) * d + i];
@@ -86,9 +89,9 @@ __global__ void add_kernel(float* __restrict__ y, const float* __restrict__ x, s
 }
 
 __global__ void __launch_bounds__(kRowThreads)
-    layernorm_forward_kernel(const float* __restrict__ x, const float* __restrict__ g, const float* __restrict__ b,
-                             float* __restrict__ out, float* __restrict__ mean, float* __restrict__ rstd,
-                             size_t rows, int d) {
+    layernorm_forward_kernel(const float* __restrict__ x, const float* __restrict__ g,
+                             const float* __restrict__ b, float* __restrict__ out, float* __restrict__ mean,
+                             float* __restrict__ rstd, size_t rows, int d) {
   __shared__ float sh[kRowThreads];
   const float inv_d = 1.0f / static_cast<float>(d);
   ZOE_FOR_EACH_ROW(r, rows) {
@@ -116,7 +119,8 @@ __global__ void __launch_bounds__(kRowThreads)
 __global__ void __launch_bounds__(kRowThreads)
     layernorm_backward_input_kernel(const float* __restrict__ dy, const float* __restrict__ x,
                                     const float* __restrict__ g, const float* __restrict__ mean,
-                                    const float* __restrict__ rstd, float* __restrict__ dx, size_t rows, int d) {
+                                    const float* __restrict__ rstd, float* __restrict__ dx, size_t rows,
+                                    int d) {
   __shared__ float sh[kRowThreads];
   const float inv_d = 1.0f / static_cast<float>(d);
   ZOE_FOR_EACH_ROW(r, rows) {
@@ -141,8 +145,9 @@ __global__ void __launch_bounds__(kRowThreads)
 
 // dg[c] += sum_r dy[r, c] * xhat[r, c], db[c] += sum_r dy[r, c]: one thread per column, rows in order.
 __global__ void layernorm_backward_params_kernel(const float* __restrict__ dy, const float* __restrict__ x,
-                                                 const float* __restrict__ mean, const float* __restrict__ rstd,
-                                                 float* __restrict__ dg, float* __restrict__ db, size_t rows, int d) {
+                                                 const float* __restrict__ mean,
+                                                 const float* __restrict__ rstd, float* __restrict__ dg,
+                                                 float* __restrict__ db, size_t rows, int d) {
   ZOE_FOR_EACH(c, static_cast<size_t>(d)) {
     float sg = dg[c], sb = db[c];
     for (size_t r = 0; r < rows; ++r) {
@@ -191,7 +196,8 @@ __global__ void gelu_backward_kernel(const float* __restrict__ x, float* __restr
 }
 
 // Rows of [B, H, T, T]: row r is query position r % T. Softmax over [0, t], zeros after.
-__global__ void __launch_bounds__(kRowThreads) causal_softmax_kernel(float* __restrict__ att, size_t rows, int T) {
+__global__ void __launch_bounds__(kRowThreads)
+    causal_softmax_kernel(float* __restrict__ att, size_t rows, int T) {
   __shared__ float sh[kRowThreads];
   ZOE_FOR_EACH_ROW(r, rows) {
     float* s = att + r * T;
@@ -246,8 +252,8 @@ __global__ void __launch_bounds__(kRowThreads)
 // *loss_sum = sum over rows with a target of (lse - logit[target]), in double: one block of
 // kThreads, thread t taking rows t, t + kThreads, ..., then a fixed tree.
 __global__ void __launch_bounds__(kThreads)
-    loss_kernel(const float* __restrict__ logits, const float* __restrict__ lse, const int32_t* __restrict__ targets,
-                size_t rows, int V, double* __restrict__ loss_sum) {
+    loss_kernel(const float* __restrict__ logits, const float* __restrict__ lse,
+                const int32_t* __restrict__ targets, size_t rows, int V, double* __restrict__ loss_sum) {
   __shared__ double sh[kThreads];
   double acc = 0.0;
   for (size_t r = threadIdx.x; r < rows; r += kThreads) {
@@ -265,8 +271,8 @@ __global__ void __launch_bounds__(kThreads)
 
 // dlogits = scale * (softmax(logits) - onehot(target)); zero rows where the target is < 0.
 __global__ void cross_entropy_backward_kernel(const float* __restrict__ logits, const float* __restrict__ lse,
-                                              const int32_t* __restrict__ targets, float* __restrict__ dlogits,
-                                              size_t rows, int V, float scale) {
+                                              const int32_t* __restrict__ targets,
+                                              float* __restrict__ dlogits, size_t rows, int V, float scale) {
   ZOE_FOR_EACH(idx, rows * V) {
     const size_t r = idx / V;
     const int c = static_cast<int>(idx % V);
@@ -281,7 +287,8 @@ __global__ void cross_entropy_backward_kernel(const float* __restrict__ logits, 
 }
 
 // dwpe[t, i] += dres[b, t, i] for b in order: one thread per (t, i).
-__global__ void wpe_backward_kernel(const float* __restrict__ dres, float* __restrict__ dwpe, int B, int T, int d) {
+__global__ void wpe_backward_kernel(const float* __restrict__ dres, float* __restrict__ dwpe, int B, int T,
+                                    int d) {
   ZOE_FOR_EACH(idx, static_cast<size_t>(T) * d) {
     float s = dwpe[idx];
     for (int b = 0; b < B; ++b) s += dres[static_cast<size_t>(b) * T * d + idx];
@@ -434,8 +441,10 @@ class GptCudaImpl final : public GptCuda {
   Status synchronize() override {
     if (!err_.is_ok()) return err_;
     DeviceScope dev(ordinal_);
-    if (dev.error() != cudaSuccess) fail(cuda_error("cudaSetDevice", dev.error()));
-    else check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    if (dev.error() != cudaSuccess)
+      fail(cuda_error("cudaSetDevice", dev.error()));
+    else
+      check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
     return err_;
   }
 
@@ -451,13 +460,15 @@ class GptCudaImpl final : public GptCuda {
         check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
       }
     }
-    if (!err_.is_ok()) std::fill(logits_host_.begin(), logits_host_.end(), std::numeric_limits<float>::quiet_NaN());
+    if (!err_.is_ok())
+      std::fill(logits_host_.begin(), logits_host_.end(), std::numeric_limits<float>::quiet_NaN());
     return logits_host_.data();
   }
 
   void embed_forward(const int32_t* tokens, const float* const* p) override {
     for (int r = 0; r < N_; ++r) {
-      ZOE_CHECK_MSG(tokens[r] >= 0 && tokens[r] < V_, "token %d at position %d: vocab is %d", tokens[r], r, V_);
+      ZOE_CHECK_MSG(tokens[r] >= 0 && tokens[r] < V_, "token %d at position %d: vocab is %d", tokens[r], r,
+                    V_);
       tokens_[static_cast<size_t>(r)] = tokens[r];
     }
     stage_ = Stage::kEmbedded;
@@ -465,11 +476,12 @@ class GptCudaImpl final : public GptCuda {
     DeviceScope dev(ordinal_);
     if (!begin(dev)) return;
     // Pageable source: the call returns once the bytes are staged, so tokens_ may change after.
-    check(cudaMemcpyAsync(tokens_dev_, tokens_.data(), tokens_.size() * sizeof(int32_t), cudaMemcpyHostToDevice,
-                          stream_),
+    check(cudaMemcpyAsync(tokens_dev_, tokens_.data(), tokens_.size() * sizeof(int32_t),
+                          cudaMemcpyHostToDevice, stream_),
           "cudaMemcpyAsync (tokens to device)");
     const size_t n = static_cast<size_t>(N_) * d_;
-    embed_kernel<<<grid_for(n, kThreads), kThreads, 0, stream_>>>(tokens_dev_, p[0], p[1], residual_[0], N_, T_, d_);
+    embed_kernel<<<grid_for(n, kThreads), kThreads, 0, stream_>>>(tokens_dev_, p[0], p[1], residual_[0], N_,
+                                                                  T_, d_);
     launched("embed_kernel");
   }
 
@@ -512,8 +524,8 @@ class GptCudaImpl final : public GptCuda {
     const float nan = std::numeric_limits<float>::quiet_NaN();
     DeviceScope dev(ordinal_);
     if (!begin(dev)) return nan;
-    check(cudaMemcpyAsync(targets_dev_, targets_.data(), targets_.size() * sizeof(int32_t), cudaMemcpyHostToDevice,
-                          stream_),
+    check(cudaMemcpyAsync(targets_dev_, targets_.data(), targets_.size() * sizeof(int32_t),
+                          cudaMemcpyHostToDevice, stream_),
           "cudaMemcpyAsync (targets to device)");
     layernorm_rows(residual_.back(), fp[0], fp[1], lnf_out_, lnf_mean_, lnf_rstd_);
     // logits = lnf_out . wte^T
@@ -530,7 +542,8 @@ class GptCudaImpl final : public GptCuda {
     return count_ > 0 ? static_cast<float>(sum / count_) : 0.0f;
   }
 
-  void head_backward(const float* const* fp, const float* const* ep, float* const* fg, float* const* eg) override {
+  void head_backward(const float* const* fp, const float* const* ep, float* const* fg,
+                     float* const* eg) override {
     ZOE_CHECK_MSG(stage_ == Stage::kHead, "head_backward without head_forward");
     stage_ = Stage::kBackward;
     next_layer_ = c_.layers - 1;
@@ -538,20 +551,22 @@ class GptCudaImpl final : public GptCuda {
     if (!begin(dev)) return;
     const float scale = count_ > 0 ? 1.0f / static_cast<float>(count_) : 0.0f;
     const size_t nv = static_cast<size_t>(N_) * V_;
-    cross_entropy_backward_kernel<<<grid_for(nv, kThreads), kThreads, 0, stream_>>>(logits_, lse_, targets_dev_,
-                                                                                    dlogits_, N_, V_, scale);
+    cross_entropy_backward_kernel<<<grid_for(nv, kThreads), kThreads, 0, stream_>>>(
+        logits_, lse_, targets_dev_, dlogits_, N_, V_, scale);
     launched("cross_entropy_backward_kernel");
     // dlnf = dlogits . wte; dwte += dlogits^T . lnf_out
     gemm(false, false, N_, d_, V_, 1.0f, dlogits_, V_, ep[0], d_, 0.0f, dln_, d_);
     gemm(true, false, V_, d_, N_, 1.0f, dlogits_, V_, lnf_out_, d_, 1.0f, eg[0], d_);
-    check(cudaMemsetAsync(dres_, 0, static_cast<size_t>(N_) * d_ * sizeof(float), stream_), "cudaMemsetAsync");
+    check(cudaMemsetAsync(dres_, 0, static_cast<size_t>(N_) * d_ * sizeof(float), stream_),
+          "cudaMemsetAsync");
     layernorm_backward(dln_, residual_.back(), fp[0], lnf_mean_, lnf_rstd_, dres_, fg[0], fg[1]);
   }
 
   void block_backward(int layer, const float* const* p, float* const* g) override {
     ZOE_CHECK_MSG(layer >= 0 && layer < c_.layers, "layer %d of %d", layer, c_.layers);
     ZOE_CHECK_MSG(stage_ == Stage::kBackward && layer == next_layer_,
-                  "block_backward(%d): expected layer %d, in reverse order after head_backward", layer, next_layer_);
+                  "block_backward(%d): expected layer %d, in reverse order after head_backward", layer,
+                  next_layer_);
     --next_layer_;
     DeviceScope dev(ordinal_);
     if (!begin(dev)) return;
@@ -573,14 +588,14 @@ class GptCudaImpl final : public GptCuda {
   }
 
   void embed_backward(float* const* eg) override {
-    ZOE_CHECK_MSG(stage_ == Stage::kBackward && next_layer_ == -1, "embed_backward before the backward of block %d",
-                  next_layer_);
+    ZOE_CHECK_MSG(stage_ == Stage::kBackward && next_layer_ == -1,
+                  "embed_backward before the backward of block %d", next_layer_);
     DeviceScope dev(ordinal_);
     if (!begin(dev)) return;
     wte_backward_kernel<<<grid_for(d_, kThreads), kThreads, 0, stream_>>>(dres_, tokens_dev_, eg[0], N_, d_);
     launched("wte_backward_kernel");
-    wpe_backward_kernel<<<grid_for(static_cast<size_t>(T_) * d_, kThreads), kThreads, 0, stream_>>>(dres_, eg[1], B_,
-                                                                                                    T_, d_);
+    wpe_backward_kernel<<<grid_for(static_cast<size_t>(T_) * d_, kThreads), kThreads, 0, stream_>>>(
+        dres_, eg[1], B_, T_, d_);
     launched("wpe_backward_kernel");
   }
 
@@ -615,21 +630,21 @@ class GptCudaImpl final : public GptCuda {
   // ---- matrix products: row-major C[M, N] = alpha op(A) op(B) + beta C ----
   // cuBLAS is column-major, where a row-major X reads as X^T: so compute C^T = op(B)^T op(A)^T,
   // i.e. swap the operands and M/N and keep each operand's transpose flag.
-  void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B, int ldb,
-            float beta, float* C, int ldc) {
+  void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
+            int ldb, float beta, float* C, int ldc) {
     if (!err_.is_ok()) return;
     check_cublas(cublasSgemm(cublas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K,
                              &alpha, B, ldb, A, lda, &beta, C, ldc),
                  "cublasSgemm");
   }
   // The same over `batch` products whose operands sit stride_a/stride_b/stride_c floats apart.
-  void gemm_batched(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, long long stride_a,
-                    const float* B, int ldb, long long stride_b, float beta, float* C, int ldc, long long stride_c,
-                    int batch) {
+  void gemm_batched(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
+                    long long stride_a, const float* B, int ldb, long long stride_b, float beta, float* C,
+                    int ldc, long long stride_c, int batch) {
     if (!err_.is_ok()) return;
-    check_cublas(cublasSgemmStridedBatched(cublas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                           N, M, K, &alpha, B, ldb, stride_b, A, lda, stride_a, &beta, C, ldc,
-                                           stride_c, batch),
+    check_cublas(cublasSgemmStridedBatched(cublas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                           ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B, ldb, stride_b,
+                                           A, lda, stride_a, &beta, C, ldc, stride_c, batch),
                  "cublasSgemmStridedBatched");
   }
 
@@ -654,12 +669,13 @@ class GptCudaImpl final : public GptCuda {
     launched("layernorm_forward_kernel");
   }
   // dx += LayerNorm backward of dy; dg, db += parameter gradients.
-  void layernorm_backward(const float* dy, const float* x, const float* g, const float* mean, const float* rstd,
-                          float* dx, float* dg, float* db) {
-    layernorm_backward_input_kernel<<<grid_rows(N_), kRowThreads, 0, stream_>>>(dy, x, g, mean, rstd, dx, N_, d_);
+  void layernorm_backward(const float* dy, const float* x, const float* g, const float* mean,
+                          const float* rstd, float* dx, float* dg, float* db) {
+    layernorm_backward_input_kernel<<<grid_rows(N_), kRowThreads, 0, stream_>>>(dy, x, g, mean, rstd, dx, N_,
+                                                                                d_);
     launched("layernorm_backward_input_kernel");
-    layernorm_backward_params_kernel<<<grid_for(d_, kThreads), kThreads, 0, stream_>>>(dy, x, mean, rstd, dg, db,
-                                                                                      N_, d_);
+    layernorm_backward_params_kernel<<<grid_for(d_, kThreads), kThreads, 0, stream_>>>(dy, x, mean, rstd, dg,
+                                                                                       db, N_, d_);
     launched("layernorm_backward_params_kernel");
   }
   void add(float* y, const float* x, size_t n) {
@@ -705,7 +721,8 @@ class GptCudaImpl final : public GptCuda {
       gemm_batched(true, false, T_, hd_, T_, 1.0f, p, T_, tt, dout, d_, hd_, 0.0f, dv, ld, hd_, H_);
     }
     const size_t rows = static_cast<size_t>(B_) * H_ * T_;
-    causal_softmax_backward_kernel<<<grid_rows(rows), kRowThreads, 0, stream_>>>(a.att, datt_, rows, T_, scale);
+    causal_softmax_backward_kernel<<<grid_rows(rows), kRowThreads, 0, stream_>>>(a.att, datt_, rows, T_,
+                                                                                 scale);
     launched("causal_softmax_backward_kernel");
     for (int b = 0; b < B_; ++b) {
       const float* q = a.qkv + static_cast<size_t>(b) * T_ * ld;
@@ -749,7 +766,8 @@ Result<std::unique_ptr<GptCuda>> GptCuda::create(const GptConfig& c, int batch, 
   ZOE_RETURN_IF_ERROR(c.validate());
   if (batch < 1) return invalid_argument("GptCuda: batch %d: expected a positive number of sequences", batch);
   if (tokens_per_seq < 1 || tokens_per_seq > c.seq)
-    return invalid_argument("GptCuda: tokens_per_seq %d: expected 1..%d (the model's seq)", tokens_per_seq, c.seq);
+    return invalid_argument("GptCuda: tokens_per_seq %d: expected 1..%d (the model's seq)", tokens_per_seq,
+                            c.seq);
   if (static_cast<int64_t>(batch) * tokens_per_seq > (int64_t{1} << 24))
     return invalid_argument("GptCuda: batch %d x tokens %d: more than 2^24 tokens per micro-batch", batch,
                             tokens_per_seq);

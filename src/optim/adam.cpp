@@ -2,8 +2,8 @@
 #include "optim/adam.h"
 
 #include <atomic>
-#include <cstdint>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -18,10 +18,14 @@ namespace {
 int code(DType d) { return static_cast<int>(d); }
 
 bool parse_simd(const char* s, SimdLevel* out) {
-  if (std::strcmp(s, "scalar") == 0) *out = SimdLevel::kScalar;
-  else if (std::strcmp(s, "avx2") == 0) *out = SimdLevel::kAvx2;
-  else if (std::strcmp(s, "avx512") == 0) *out = SimdLevel::kAvx512;
-  else return false;
+  if (std::strcmp(s, "scalar") == 0)
+    *out = SimdLevel::kScalar;
+  else if (std::strcmp(s, "avx2") == 0)
+    *out = SimdLevel::kAvx2;
+  else if (std::strcmp(s, "avx512") == 0)
+    *out = SimdLevel::kAvx512;
+  else
+    return false;
   return true;
 }
 
@@ -49,9 +53,12 @@ SimdLevel env_level() {
 
 const kern::Table* table_for(SimdLevel level) {
   switch (level) {
-    case SimdLevel::kAvx512: return kern::avx512_table();
-    case SimdLevel::kAvx2: return kern::avx2_table();
-    case SimdLevel::kScalar: return &kern::scalar_table();
+    case SimdLevel::kAvx512:
+      return kern::avx512_table();
+    case SimdLevel::kAvx2:
+      return kern::avx2_table();
+    case SimdLevel::kScalar:
+      return &kern::scalar_table();
   }
   return nullptr;
 }
@@ -149,7 +156,8 @@ const char* kernel_path_name(const Exec& exec) {
 }
 
 Result<AdamConstants> make_adam_constants(const AdamParams& p, const AdamStep& s) {
-  if (s.step < 1) return invalid_argument("adam: step must be >= 1 (got %lld)", static_cast<long long>(s.step));
+  if (s.step < 1)
+    return invalid_argument("adam: step must be >= 1 (got %lld)", static_cast<long long>(s.step));
   if (!(p.beta1 >= 0.0f && p.beta1 < 1.0f) || !(p.beta2 >= 0.0f && p.beta2 < 1.0f)) {
     return invalid_argument("adam: betas must lie in [0, 1) (got %g, %g)", p.beta1, p.beta2);
   }
@@ -158,7 +166,8 @@ Result<AdamConstants> make_adam_constants(const AdamParams& p, const AdamStep& s
   if (!(p.weight_decay >= 0.0f) || !finite(p.weight_decay)) {
     return invalid_argument("adam: weight_decay must be >= 0 (got %g)", p.weight_decay);
   }
-  if (!finite(s.grad_scale)) return invalid_argument("adam: grad_scale must be finite (got %g)", s.grad_scale);
+  if (!finite(s.grad_scale))
+    return invalid_argument("adam: grad_scale must be finite (got %g)", s.grad_scale);
   const double t = static_cast<double>(s.step);
   const double bc1 = 1.0 - std::pow(static_cast<double>(p.beta1), t);
   const double bc2 = 1.0 - std::pow(static_cast<double>(p.beta2), t);
@@ -205,10 +214,11 @@ Result<NormResult> grad_norm_sq(const void* grad, DType dtype, size_t n, const E
   return chunked_norm(exec, n, [&](size_t lo, size_t hi) { return fn(grad, lo, hi); });
 }
 
-Result<NormResult> convert_with_norm(const void* src, DType src_dtype, void* dst, DType dst_dtype,
-                                     size_t n, bool compute_norm, const Exec& exec) {
+Result<NormResult> convert_with_norm(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n,
+                                     bool compute_norm, const Exec& exec) {
   if (n == 0) return NormResult{};
-  if (src == nullptr || dst == nullptr) return invalid_argument("convert_with_norm: null buffer for n=%zu", n);
+  if (src == nullptr || dst == nullptr)
+    return invalid_argument("convert_with_norm: null buffer for n=%zu", n);
   if (src == dst) return invalid_argument("convert_with_norm: src and dst must differ");
   ZOE_ASSIGN_OR_RETURN(Dispatch d, dispatch(exec));
   kern::ConvertFn fn = d.table->convert(code(src_dtype), code(dst_dtype), compute_norm, d.hw_bf16);
@@ -221,7 +231,8 @@ Status accumulate_with_norm(float* acc, const void* src, DType src_dtype, size_t
   if (acc == nullptr || src == nullptr || partials == nullptr) {
     return invalid_argument("accumulate_with_norm: null buffer for n=%zu", n);
   }
-  if (static_cast<const void*>(acc) == src) return invalid_argument("accumulate_with_norm: acc and src must differ");
+  if (static_cast<const void*>(acc) == src)
+    return invalid_argument("accumulate_with_norm: acc and src must differ");
   ZOE_ASSIGN_OR_RETURN(Dispatch d, dispatch(exec));
   if (first) {
     // float(src) is exact, so the norm of src is the norm of the new acc.

@@ -64,10 +64,10 @@ struct AdamBuffers {
   float* param = nullptr;  // fp32 master parameters, updated in place
   const void* grad = nullptr;
   DType grad_dtype = DType::kF32;
-  void* exp_avg = nullptr;     // m
-  void* exp_avg_sq = nullptr;  // v
-  DType state_dtype = DType::kF32;  // kF32 or kBF16 (m and v rounded to bf16 after each update)
-  void* param_out = nullptr;        // optional: updated params also written here ...
+  void* exp_avg = nullptr;               // m
+  void* exp_avg_sq = nullptr;            // v
+  DType state_dtype = DType::kF32;       // kF32 or kBF16 (m and v rounded to bf16 after each update)
+  void* param_out = nullptr;             // optional: updated params also written here ...
   DType param_out_dtype = DType::kBF16;  // ... as kBF16 or kF16 (RNE)
 };
 
@@ -79,9 +79,9 @@ struct AdamArgs {
 
 // How to run a kernel. The default runs on the calling thread at active_simd_level().
 struct Exec {
-  CpuPool* pool = nullptr;          // null: the calling thread only
-  std::optional<SimdLevel> simd;    // force a level (tests, benchmarks); must be supported here
-  bool hw_bf16 = true;              // AVX-512: use AVX512-BF16 instructions when the CPU has them
+  CpuPool* pool = nullptr;        // null: the calling thread only
+  std::optional<SimdLevel> simd;  // force a level (tests, benchmarks); must be supported here
+  bool hw_bf16 = true;            // AVX-512: use AVX512-BF16 instructions when the CPU has them
   // Write param_out with non-temporal (streaming) stores, which skip the read-for-ownership of
   // a write-only stream. Unset: when param_out is 32-byte aligned and at least
   // kStreamOutMinElems long (a copy that size leaves the caches anyway). true: whenever it is
@@ -129,8 +129,8 @@ Result<NormResult> grad_norm_sq(const void* grad, DType dtype, size_t n, const E
 // allowed), returning the sum of squares of the src values in the same pass: the pass that
 // receives gradients (e.g. bf16 from the device into an fp32 accumulation buffer) also yields
 // their norm, so the step needs no separate norm pass. compute_norm=false skips the sum.
-Result<NormResult> convert_with_norm(const void* src, DType src_dtype, void* dst, DType dst_dtype,
-                                     size_t n, bool compute_norm = true, const Exec& exec = {});
+Result<NormResult> convert_with_norm(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n,
+                                     bool compute_norm = true, const Exec& exec = {});
 
 // Gradient accumulation that also yields the norm: acc[i] = (first ? 0 : acc[i]) + float(src[i])
 // over [0, n), and for every kChunkElems chunk c of [0, n) the sum of squares (double) of the

@@ -30,8 +30,10 @@ struct V {
   static void store_f32(float* p, F x) { _mm256_storeu_ps(p, x); }
   template <bool kNt>
   static void store_h(uint16_t* p, __m128i h) {
-    if constexpr (kNt) _mm_stream_si128(reinterpret_cast<__m128i*>(p), h);
-    else _mm_storeu_si128(reinterpret_cast<__m128i*>(p), h);
+    if constexpr (kNt)
+      _mm_stream_si128(reinterpret_cast<__m128i*>(p), h);
+    else
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(p), h);
   }
   static void fence() { _mm_sfence(); }
   template <bool kNt = false>
@@ -98,7 +100,8 @@ struct V {
   template <bool kNt>
   static void store_raw16(void* p, R x) {
     x = _mm256_and_si256(x, _mm256_set1_epi32(0xffff));
-    store_h<kNt>(static_cast<uint16_t*>(p), _mm_packus_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1)));
+    store_h<kNt>(static_cast<uint16_t*>(p),
+                 _mm_packus_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1)));
   }
   static R add_raw(R a, R b) { return _mm256_add_epi32(a, b); }
   static R and_raw(R a, R b) { return _mm256_and_si256(a, b); }

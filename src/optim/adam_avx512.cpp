@@ -31,8 +31,10 @@ struct V {
   static void store_f32(float* p, F x) { _mm512_storeu_ps(p, x); }
   template <bool kNt>
   static void store_h(uint16_t* p, __m256i h) {
-    if constexpr (kNt) _mm256_stream_si256(reinterpret_cast<__m256i*>(p), h);
-    else _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), h);
+    if constexpr (kNt)
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(p), h);
+    else
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), h);
   }
   static void fence() { _mm_sfence(); }
   template <bool kNt = false>
@@ -55,7 +57,8 @@ struct V {
     } else {
       __m512i u = _mm512_castps_si512(x);
       __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-      __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+      __m512i r =
+          _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
       r = bf16_nan_fix(x, r);
       store_h<kNt>(p, _mm512_cvtepi32_epi16(r));
     }

@@ -83,8 +83,10 @@ Result<std::unique_ptr<Buffers>> Buffers::create(const Config& c, CpuPool* pool)
     for (size_t i = lo; i < hi; ++i) {
       float g = up(rng) * 8.0f;
       b->p_[i] = up(rng);
-      if (gs == 4) static_cast<float*>(b->g_)[i] = g;
-      else static_cast<uint16_t*>(b->g_)[i] = c.grad_dtype == DType::kF16 ? f32_to_f16(g) : f32_to_bf16(g);
+      if (gs == 4)
+        static_cast<float*>(b->g_)[i] = g;
+      else
+        static_cast<uint16_t*>(b->g_)[i] = c.grad_dtype == DType::kF16 ? f32_to_f16(g) : f32_to_bf16(g);
       if (gs != 4) static_cast<float*>(b->g32_)[i] = g;
       float m = up(rng) * 1e-2f, v = uv(rng);
       static_cast<float*>(b->m32_)[i] = m;
@@ -97,8 +99,10 @@ Result<std::unique_ptr<Buffers>> Buffers::create(const Config& c, CpuPool* pool)
     }
   };
   size_t chunks = (n + kChunkElems - 1) / kChunkElems;
-  if (pool) pool->for_each(chunks, fill);
-  else for (size_t i = 0; i < chunks; ++i) fill(i);
+  if (pool)
+    pool->for_each(chunks, fill);
+  else
+    for (size_t i = 0; i < chunks; ++i) fill(i);
   return b;
 }
 
@@ -181,7 +185,8 @@ Result<double> time_separate(const Buffers& b, const Config& c, const Exec& e, f
     AdamArgs a{ab, bench_params(), AdamStep{10, 1.0f}};
     ZOE_RETURN_IF_ERROR(adam_step(a, e));
     if (c.out_dtype) {
-      auto r = convert_with_norm(b.fused().param, DType::kF32, b.param_out(), *c.out_dtype, c.params, false, e);
+      auto r =
+          convert_with_norm(b.fused().param, DType::kF32, b.param_out(), *c.out_dtype, c.params, false, e);
       if (!r.is_ok()) return r.status();
     }
     return Status::ok();
@@ -194,7 +199,8 @@ Result<Report> run(const Config& c, const std::function<void(int, int)>& progres
   if (c.state_dtype != DType::kF32 && c.state_dtype != DType::kBF16) {
     return invalid_argument("adam bench: --state-dtype must be fp32 or bf16");
   }
-  if (c.out_dtype && *c.out_dtype == DType::kF32) return invalid_argument("adam bench: --out-dtype must be none, bf16 or fp16");
+  if (c.out_dtype && *c.out_dtype == DType::kF32)
+    return invalid_argument("adam bench: --out-dtype must be none, bf16 or fp16");
   ZOE_ASSIGN_OR_RETURN(auto pool, CpuPool::create({c.threads, c.numa_node, CpuPool::Backend::kAuto}));
   Exec e;
   e.pool = pool.get();
@@ -223,11 +229,14 @@ Result<Report> run(const Config& c, const std::function<void(int, int)>& progres
       ZOE_ASSIGN_OR_RETURN(s32, time_separate(*bufs, c, e, i % 2 ? 0.5f : 2.0f, true));
     }
     if (i > 0) {
-      tr.push_back(a), tf.push_back(f), tn.push_back(nm), tu.push_back(u), ts.push_back(s), ts32.push_back(s32);
+      tr.push_back(a), tf.push_back(f), tn.push_back(nm), tu.push_back(u), ts.push_back(s),
+          ts32.push_back(s32);
     }
     if (progress) progress(i + 1, rounds);
   }
-  auto stat = [](const std::vector<double>& v) { return Stat{median(v), *std::min_element(v.begin(), v.end())}; };
+  auto stat = [](const std::vector<double>& v) {
+    return Stat{median(v), *std::min_element(v.begin(), v.end())};
+  };
   r.roofline = stat(tr);
   r.fused = stat(tf);
   r.norm = stat(tn);

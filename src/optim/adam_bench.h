@@ -26,7 +26,7 @@ namespace zoe::optim::bench {
 
 struct Config {
   size_t params = size_t(64) << 20;
-  int threads = 0;                 // 0: all PUs
+  int threads = 0;  // 0: all PUs
   int numa_node = -1;
   DType grad_dtype = DType::kF32;
   std::optional<DType> out_dtype;  // bf16/fp16 param copy, none when unset
@@ -38,10 +38,10 @@ struct Config {
 
 // Bytes per parameter each variant must move (reads + writes, no read-for-ownership counted).
 struct Bytes {
-  double fused;     // = roofline = the full step's minimum (norm fused into the receive pass)
+  double fused;  // = roofline = the full step's minimum (norm fused into the receive pass)
   double norm;
-  double full;      // norm + fused
-  double separate;  // norm + scale + Adam(fp32 m/v) + cast
+  double full;           // norm + fused
+  double separate;       // norm + scale + Adam(fp32 m/v) + cast
   double separate_fp32;  // the same with fp32 gradients
 };
 Bytes bytes_per_param(const Config& c);
@@ -66,7 +66,8 @@ class Buffers {
   Config c_;
   std::vector<std::pair<void*, size_t>> allocs_;
   float* p_ = nullptr;
-  void *g_ = nullptr, *m_ = nullptr, *v_ = nullptr, *m32_ = nullptr, *v32_ = nullptr, *out_ = nullptr, *g32_ = nullptr;
+  void *g_ = nullptr, *m_ = nullptr, *v_ = nullptr, *m32_ = nullptr, *v32_ = nullptr, *out_ = nullptr,
+       *g32_ = nullptr;
 };
 
 // One timed call of each variant, in seconds.

@@ -18,9 +18,9 @@ namespace {
 // ---- errors ------------------------------------------------------------------------------------
 
 // After a <<<...>>> launch: a bad configuration or a missing kernel image shows up here.
-#define ZOE_CUDA_LAUNCHED(what)                                                        \
-  do {                                                                                 \
-    cudaError_t zoe_cuda_err_ = cudaGetLastError();                                    \
+#define ZOE_CUDA_LAUNCHED(what)                                                            \
+  do {                                                                                     \
+    cudaError_t zoe_cuda_err_ = cudaGetLastError();                                        \
     if (zoe_cuda_err_ != cudaSuccess) return cuda_error("launch of " what, zoe_cuda_err_); \
   } while (0)
 
@@ -34,9 +34,10 @@ Status check_ptr(const char* fn, const char* what, const void* p, size_t align) 
   if (err != cudaSuccess)
     return cuda_error("cudaPointerGetAttributes", err).with_context(std::string(fn) + ": checking " + what);
   if (a.type == cudaMemoryTypeUnregistered)
-    return invalid_argument("%s: %s (%p) is not memory the GPU can address (pageable host memory?): pass "
-                            "device, managed or pinned host memory",
-                            fn, what, p);
+    return invalid_argument(
+        "%s: %s (%p) is not memory the GPU can address (pageable host memory?): pass "
+        "device, managed or pinned host memory",
+        fn, what, p);
   if (a.type == cudaMemoryTypeDevice) {
     int cur = -1;
     ZOE_CUDA_TRY(cudaGetDevice(&cur));
@@ -95,7 +96,7 @@ __device__ __forceinline__ uint16_t f32_to_f16_dev(float f) {
   uint32_t a = u & 0x7fffffffu;
   if (a > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
   if (a >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // >= 65520: inf
-  if (a >= 0x38800000u) {                                               // fp16 normal range
+  if (a >= 0x38800000u) {                                              // fp16 normal range
     uint32_t r = a - 0x38000000u;
     r += 0xfffu + ((r >> 13) & 1u);
     return static_cast<uint16_t>(sign | (r >> 13));
@@ -109,16 +110,22 @@ __device__ __forceinline__ uint16_t f32_to_f16_dev(float f) {
 // D: DType's value (0 fp32, 1 fp16, 2 bf16).
 template <int D>
 __device__ __forceinline__ float load_f32(const void* base, size_t i) {
-  if constexpr (D == 0) return static_cast<const float*>(base)[i];
-  else if constexpr (D == 1) return f16_to_f32_dev(static_cast<const uint16_t*>(base)[i]);
-  else return bf16_to_f32_dev(static_cast<const uint16_t*>(base)[i]);
+  if constexpr (D == 0)
+    return static_cast<const float*>(base)[i];
+  else if constexpr (D == 1)
+    return f16_to_f32_dev(static_cast<const uint16_t*>(base)[i]);
+  else
+    return bf16_to_f32_dev(static_cast<const uint16_t*>(base)[i]);
 }
 
 template <int D>
 __device__ __forceinline__ void store_f32(void* base, size_t i, float x) {
-  if constexpr (D == 0) static_cast<float*>(base)[i] = x;
-  else if constexpr (D == 1) static_cast<uint16_t*>(base)[i] = f32_to_f16_dev(x);
-  else static_cast<uint16_t*>(base)[i] = f32_to_bf16_dev(x);
+  if constexpr (D == 0)
+    static_cast<float*>(base)[i] = x;
+  else if constexpr (D == 1)
+    static_cast<uint16_t*>(base)[i] = f32_to_f16_dev(x);
+  else
+    static_cast<uint16_t*>(base)[i] = f32_to_bf16_dev(x);
 }
 
 // ref::sr_hash: lowbias32 of (seed mixed with the index's high word) + the index's low word.
@@ -139,8 +146,8 @@ __device__ __forceinline__ uint32_t sr_hash_dev(uint32_t seed, uint64_t index) {
 template <int G, int S>
 __global__ void __launch_bounds__(kThreads)
     adam_kernel(AdamConstants c, bool adamw, bool sr, int out, float* __restrict__ p,
-                const void* __restrict__ g, void* __restrict__ m, void* __restrict__ v,
-                void* __restrict__ po, size_t n) {
+                const void* __restrict__ g, void* __restrict__ m, void* __restrict__ v, void* __restrict__ po,
+                size_t n) {
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
   for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     float pi = p[i];
@@ -162,8 +169,10 @@ __global__ void __launch_bounds__(kThreads)
       store_f32<S>(m, i, mi);
       store_f32<S>(v, i, vi);
     }
-    if (out == 1) store_f32<1>(po, i, pi);
-    else if (out == 2) store_f32<2>(po, i, pi);
+    if (out == 1)
+      store_f32<1>(po, i, pi);
+    else if (out == 2)
+      store_f32<2>(po, i, pi);
   }
 }
 
@@ -175,9 +184,12 @@ AdamKernel pick_adam_s(DType s) {
 }
 AdamKernel pick_adam(DType g, DType s) {
   switch (g) {
-    case DType::kF32: return pick_adam_s<0>(s);
-    case DType::kF16: return pick_adam_s<1>(s);
-    case DType::kBF16: return pick_adam_s<2>(s);
+    case DType::kF32:
+      return pick_adam_s<0>(s);
+    case DType::kF16:
+      return pick_adam_s<1>(s);
+    case DType::kBF16:
+      return pick_adam_s<2>(s);
   }
   return nullptr;
 }
@@ -204,8 +216,8 @@ __device__ __forceinline__ double add_sq(double acc, float x) {
 }
 
 template <int S>
-__global__ void __launch_bounds__(kNormThreads) norm_kernel(const void* __restrict__ src, size_t n,
-                                                            double* __restrict__ partial) {
+__global__ void __launch_bounds__(kNormThreads)
+    norm_kernel(const void* __restrict__ src, size_t n, double* __restrict__ partial) {
   const size_t stride = static_cast<size_t>(gridDim.x) * kNormThreads;
   double acc = 0.0;
   for (size_t i = static_cast<size_t>(blockIdx.x) * kNormThreads + threadIdx.x; i < n; i += stride)
@@ -215,9 +227,9 @@ __global__ void __launch_bounds__(kNormThreads) norm_kernel(const void* __restri
 }
 
 template <int S, int D>
-__global__ void __launch_bounds__(kNormThreads) convert_kernel(const void* __restrict__ src,
-                                                               void* __restrict__ dst, size_t n,
-                                                               double* __restrict__ partial) {
+__global__ void __launch_bounds__(kNormThreads)
+    convert_kernel(const void* __restrict__ src, void* __restrict__ dst, size_t n,
+                   double* __restrict__ partial) {
   const size_t stride = static_cast<size_t>(gridDim.x) * kNormThreads;
   double acc = 0.0;
   for (size_t i = static_cast<size_t>(blockIdx.x) * kNormThreads + threadIdx.x; i < n; i += stride) {
@@ -232,9 +244,9 @@ __global__ void __launch_bounds__(kNormThreads) convert_kernel(const void* __res
 }
 
 template <int S>
-__global__ void __launch_bounds__(kNormThreads) accumulate_kernel(float* __restrict__ acc_buf,
-                                                                  const void* __restrict__ g, size_t n,
-                                                                  bool first, double* __restrict__ partial) {
+__global__ void __launch_bounds__(kNormThreads)
+    accumulate_kernel(float* __restrict__ acc_buf, const void* __restrict__ g, size_t n, bool first,
+                      double* __restrict__ partial) {
   const size_t stride = static_cast<size_t>(gridDim.x) * kNormThreads;
   double acc = 0.0;
   for (size_t i = static_cast<size_t>(blockIdx.x) * kNormThreads + threadIdx.x; i < n; i += stride) {
@@ -249,8 +261,8 @@ __global__ void __launch_bounds__(kNormThreads) accumulate_kernel(float* __restr
 
 // Second level: one block sums the `count` block partials (thread t takes t, t + 256, ... in
 // order, then the tree) into *out.
-__global__ void __launch_bounds__(kNormThreads) finish_norm_kernel(const double* __restrict__ partial,
-                                                                   int count, double* __restrict__ out) {
+__global__ void __launch_bounds__(kNormThreads)
+    finish_norm_kernel(const double* __restrict__ partial, int count, double* __restrict__ out) {
   double acc = 0.0;
   for (int i = static_cast<int>(threadIdx.x); i < count; i += kNormThreads) acc = __dadd_rn(acc, partial[i]);
   const double s = block_sum(acc);
@@ -268,8 +280,8 @@ class NormScratch {
   NormScratch& operator=(const NormScratch&) = delete;
 
   Status allocate(int blocks) {
-    ZOE_CUDA_TRY(cudaMallocAsync(reinterpret_cast<void**>(&mem_), (static_cast<size_t>(blocks) + 1) * sizeof(double),
-                                 stream_));
+    ZOE_CUDA_TRY(cudaMallocAsync(reinterpret_cast<void**>(&mem_),
+                                 (static_cast<size_t>(blocks) + 1) * sizeof(double), stream_));
     blocks_ = blocks;
     return Status::ok();
   }
@@ -302,11 +314,18 @@ void launch_convert(int blocks, cudaStream_t s, const void* src, void* dst, size
   convert_kernel<S, D><<<blocks, kNormThreads, 0, s>>>(src, dst, n, partial);
 }
 template <int S>
-void launch_convert_d(DType d, int blocks, cudaStream_t s, const void* src, void* dst, size_t n, double* partial) {
+void launch_convert_d(DType d, int blocks, cudaStream_t s, const void* src, void* dst, size_t n,
+                      double* partial) {
   switch (d) {
-    case DType::kF32: launch_convert<S, 0>(blocks, s, src, dst, n, partial); break;
-    case DType::kF16: launch_convert<S, 1>(blocks, s, src, dst, n, partial); break;
-    case DType::kBF16: launch_convert<S, 2>(blocks, s, src, dst, n, partial); break;
+    case DType::kF32:
+      launch_convert<S, 0>(blocks, s, src, dst, n, partial);
+      break;
+    case DType::kF16:
+      launch_convert<S, 1>(blocks, s, src, dst, n, partial);
+      break;
+    case DType::kBF16:
+      launch_convert<S, 2>(blocks, s, src, dst, n, partial);
+      break;
   }
 }
 
@@ -341,8 +360,8 @@ Status adam_step(const AdamArgs& args, void* stream) {
   }
   const bool sr = args.params.stochastic_rounding && b.state_dtype == DType::kBF16;
   AdamKernel k = pick_adam(b.grad_dtype, b.state_dtype);
-  k<<<elementwise_blocks(b.n), kThreads, 0, as_stream(stream)>>>(c, args.params.adamw, sr, out, b.param, b.grad,
-                                                                  b.exp_avg, b.exp_avg_sq, b.param_out, b.n);
+  k<<<elementwise_blocks(b.n), kThreads, 0, as_stream(stream)>>>(
+      c, args.params.adamw, sr, out, b.param, b.grad, b.exp_avg, b.exp_avg_sq, b.param_out, b.n);
   ZOE_CUDA_LAUNCHED("adam_kernel");
   return Status::ok();
 }
@@ -357,9 +376,15 @@ Result<NormResult> grad_norm_sq(const void* grad, DType dtype, size_t n, void* s
   NormScratch scratch(s);
   ZOE_RETURN_IF_ERROR(scratch.allocate(blocks));
   switch (dtype) {
-    case DType::kF32: launch_norm<0>(blocks, s, grad, n, scratch.partial()); break;
-    case DType::kF16: launch_norm<1>(blocks, s, grad, n, scratch.partial()); break;
-    case DType::kBF16: launch_norm<2>(blocks, s, grad, n, scratch.partial()); break;
+    case DType::kF32:
+      launch_norm<0>(blocks, s, grad, n, scratch.partial());
+      break;
+    case DType::kF16:
+      launch_norm<1>(blocks, s, grad, n, scratch.partial());
+      break;
+    case DType::kBF16:
+      launch_norm<2>(blocks, s, grad, n, scratch.partial());
+      break;
   }
   ZOE_CUDA_LAUNCHED("norm_kernel");
   return scratch.finish();
@@ -380,9 +405,15 @@ Result<NormResult> convert_with_norm(const void* src, DType src_dtype, void* dst
   if (compute_norm) ZOE_RETURN_IF_ERROR(scratch.allocate(blocks));
   double* partial = compute_norm ? scratch.partial() : nullptr;
   switch (src_dtype) {
-    case DType::kF32: launch_convert_d<0>(dst_dtype, blocks, s, src, dst, n, partial); break;
-    case DType::kF16: launch_convert_d<1>(dst_dtype, blocks, s, src, dst, n, partial); break;
-    case DType::kBF16: launch_convert_d<2>(dst_dtype, blocks, s, src, dst, n, partial); break;
+    case DType::kF32:
+      launch_convert_d<0>(dst_dtype, blocks, s, src, dst, n, partial);
+      break;
+    case DType::kF16:
+      launch_convert_d<1>(dst_dtype, blocks, s, src, dst, n, partial);
+      break;
+    case DType::kBF16:
+      launch_convert_d<2>(dst_dtype, blocks, s, src, dst, n, partial);
+      break;
   }
   ZOE_CUDA_LAUNCHED("convert_kernel");
   if (compute_norm) return scratch.finish();
@@ -403,9 +434,15 @@ Result<NormResult> accumulate_with_norm(float* acc, const void* g, DType g_dtype
   NormScratch scratch(s);
   ZOE_RETURN_IF_ERROR(scratch.allocate(blocks));
   switch (g_dtype) {
-    case DType::kF32: launch_accumulate<0>(blocks, s, acc, g, n, first, scratch.partial()); break;
-    case DType::kF16: launch_accumulate<1>(blocks, s, acc, g, n, first, scratch.partial()); break;
-    case DType::kBF16: launch_accumulate<2>(blocks, s, acc, g, n, first, scratch.partial()); break;
+    case DType::kF32:
+      launch_accumulate<0>(blocks, s, acc, g, n, first, scratch.partial());
+      break;
+    case DType::kF16:
+      launch_accumulate<1>(blocks, s, acc, g, n, first, scratch.partial());
+      break;
+    case DType::kBF16:
+      launch_accumulate<2>(blocks, s, acc, g, n, first, scratch.partial());
+      break;
   }
   ZOE_CUDA_LAUNCHED("accumulate_kernel");
   return scratch.finish();

@@ -58,15 +58,15 @@ Result<NormResult> grad_norm_sq(const void* grad, DType dtype, size_t n, void* s
 
 // dst[i] = convert(src[i]) (RNE when narrowing), returning the sum of squares of the src values
 // when compute_norm (as optim::convert_with_norm; src != dst). Waits for `stream`.
-Result<NormResult> convert_with_norm(const void* src, DType src_dtype, void* dst, DType dst_dtype,
-                                     size_t n, bool compute_norm, void* stream);
+Result<NormResult> convert_with_norm(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n,
+                                     bool compute_norm, void* stream);
 
 // Gradient accumulation over micro-batches, fused with the norm:
 //   acc[i] = (first ? 0 : acc[i]) + float(g[i])
 // (first: acc[i] = float(g[i]) exactly; acc's old contents are never read, so it may hold garbage)
 // returning the sum of squares of the new acc values (fp32 values, summed in double).
 // Waits for `stream`.
-Result<NormResult> accumulate_with_norm(float* acc, const void* g, DType g_dtype, size_t n,
-                                        bool first, void* stream);
+Result<NormResult> accumulate_with_norm(float* acc, const void* g, DType g_dtype, size_t n, bool first,
+                                        void* stream);
 
 }  // namespace zoe::optim::cuda

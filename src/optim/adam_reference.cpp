@@ -20,9 +20,12 @@ uint32_t sr_hash(uint32_t seed, uint64_t index) {
 
 float load(const void* base, DType dtype, size_t i) {
   switch (dtype) {
-    case DType::kF32: return static_cast<const float*>(base)[i];
-    case DType::kF16: return f16_to_f32(static_cast<const uint16_t*>(base)[i]);
-    case DType::kBF16: return bf16_to_f32(static_cast<const uint16_t*>(base)[i]);
+    case DType::kF32:
+      return static_cast<const float*>(base)[i];
+    case DType::kF16:
+      return f16_to_f32(static_cast<const uint16_t*>(base)[i]);
+    case DType::kBF16:
+      return bf16_to_f32(static_cast<const uint16_t*>(base)[i]);
   }
   return 0.0f;
 }
@@ -31,9 +34,15 @@ namespace {
 
 void store(void* base, DType dtype, size_t i, float x) {
   switch (dtype) {
-    case DType::kF32: static_cast<float*>(base)[i] = x; break;
-    case DType::kF16: static_cast<uint16_t*>(base)[i] = f32_to_f16(x); break;
-    case DType::kBF16: static_cast<uint16_t*>(base)[i] = f32_to_bf16(x); break;
+    case DType::kF32:
+      static_cast<float*>(base)[i] = x;
+      break;
+    case DType::kF16:
+      static_cast<uint16_t*>(base)[i] = f32_to_f16(x);
+      break;
+    case DType::kBF16:
+      static_cast<uint16_t*>(base)[i] = f32_to_bf16(x);
+      break;
   }
 }
 

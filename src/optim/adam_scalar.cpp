@@ -24,7 +24,9 @@ struct V {
   static void store_f32(float* p, F x) { *p = x; }
   static void fence() {}
   template <bool kNt = false>
-  static void store_f16(uint16_t* p, F x) { *p = f32_to_f16(x); }
+  static void store_f16(uint16_t* p, F x) {
+    *p = f32_to_f16(x);
+  }
   template <bool kHw, bool kNt = false>
   static void store_bf16(uint16_t* p, F x) {
     *p = f32_to_bf16(x);

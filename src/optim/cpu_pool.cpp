@@ -134,7 +134,9 @@ class NumaObserver final : public tbb::task_scheduler_observer {
     observe(true);
   }
   ~NumaObserver() override { observe(false); }
-  void on_scheduler_entry(bool) override { binding().emplace_back(std::make_unique<ScopedNumaBinding>(node_)); }
+  void on_scheduler_entry(bool) override {
+    binding().emplace_back(std::make_unique<ScopedNumaBinding>(node_));
+  }
   void on_scheduler_exit(bool) override {
     if (!binding().empty()) binding().pop_back();
   }

@@ -23,15 +23,15 @@ struct Constants {
   float step_size;     // lr / (1 - beta1^t)
   float inv_sqrt_bc2;  // 1 / sqrt(1 - beta2^t)
   float eps;
-  float decay;  // AdamW: 1 - lr*wd; Adam: 1
-  float l2;     // Adam: wd; AdamW: 0
+  float decay;       // AdamW: 1 - lr*wd; Adam: 1
+  float l2;          // Adam: wd; AdamW: 0
   uint32_t sr_seed;  // stochastic rounding: hash of (sr_seed, step)
 };
 
 // Output of adam: 0 none, 1 fp16, 2 bf16, 4 fp16 and 5 bf16 written with non-temporal stores
 // (out must then be 32-byte aligned). State: 0 fp32, 2 bf16 (RNE), 3 bf16 (stochastic).
-using AdamFn = void (*)(const Constants& c, float* p, const void* g, void* m, void* v,
-                        void* out, size_t begin, size_t end);
+using AdamFn = void (*)(const Constants& c, float* p, const void* g, void* m, void* v, void* out,
+                        size_t begin, size_t end);
 // Sum of squares in double of src[begin, end).
 using NormFn = double (*)(const void* src, size_t begin, size_t end);
 // dst = convert(src) over [begin, end); returns the sum of squares of src when the kernel was
@@ -39,8 +39,7 @@ using NormFn = double (*)(const void* src, size_t begin, size_t end);
 using ConvertFn = double (*)(const void* src, void* dst, size_t begin, size_t end);
 using ScaleFn = void (*)(void* data, float scale, size_t begin, size_t end);
 // The memory yardstick: same streams as AdamFn, trivial integer arithmetic.
-using RooflineFn = void (*)(float* p, const void* g, void* m, void* v, void* out, size_t begin,
-                            size_t end);
+using RooflineFn = void (*)(float* p, const void* g, void* m, void* v, void* out, size_t begin, size_t end);
 
 struct Table {
   const char* name;

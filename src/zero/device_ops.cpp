@@ -36,7 +36,8 @@ class CpuOps final : public DeviceOps {
     memcpy(dst, src, bytes);
     return Status::ok();
   }
-  Status accumulate_with_norm(float* acc, const void* g, DType gd, size_t n, bool first, double* partials) override {
+  Status accumulate_with_norm(float* acc, const void* g, DType gd, size_t n, bool first,
+                              double* partials) override {
     return optim::accumulate_with_norm(acc, g, gd, n, first, partials, exec_);
   }
   Status adam_step(const optim::AdamArgs& args) override { return optim::adam_step(args, exec_); }
@@ -82,9 +83,11 @@ class CudaOps final : public DeviceOps {
     ZOE_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
     return sync();
   }
-  Status accumulate_with_norm(float* acc, const void* g, DType gd, size_t n, bool first, double* partials) override {
+  Status accumulate_with_norm(float* acc, const void* g, DType gd, size_t n, bool first,
+                              double* partials) override {
     ZOE_RETURN_IF_ERROR(current());
-    ZOE_ASSIGN_OR_RETURN(optim::NormResult r, optim::cuda::accumulate_with_norm(acc, g, gd, n, first, stream_));
+    ZOE_ASSIGN_OR_RETURN(optim::NormResult r,
+                         optim::cuda::accumulate_with_norm(acc, g, gd, n, first, stream_));
     const size_t chunks = optim::norm_chunks(n);
     for (size_t c = 0; c < chunks; ++c) partials[c] = 0.0;
     if (chunks > 0) partials[0] = r.sum_sq;

@@ -8,9 +8,9 @@
 #include <algorithm>
 #include <cstring>
 
+#include "config/paths.h"
 #include "core/log.h"
 #include "core/units.h"
-#include "config/paths.h"
 #include "zero/engine_impl.h"
 #include "zero/engine_internal.h"
 #include "zero/test_hooks.h"
@@ -184,8 +184,11 @@ Status Engine::Impl::place_module(size_t m, const std::function<void(size_t, siz
     ZOE_RETURN_IF_ERROR(ops->to_device(mod.full.get(), cbuf.data(), cbuf.size()));
   } else {
     const zero::Home h = placement.modules[m].param_home;
-    const Tier home = h == zero::Home::kDevice ? Tier::kDevice : h == zero::Home::kHost ? Tier::kHost : Tier::kNvme;
-    ZOE_RETURN_IF_ERROR_CTX(tm->add_item(m, mod.part * es, home), "placing the parameters of module " + mod.name);
+    const Tier home = h == zero::Home::kDevice ? Tier::kDevice
+                      : h == zero::Home::kHost ? Tier::kHost
+                                               : Tier::kNvme;
+    ZOE_RETURN_IF_ERROR_CTX(tm->add_item(m, mod.part * es, home),
+                            "placing the parameters of module " + mod.name);
     ZOE_RETURN_IF_ERROR(tm->write(m, cbuf.data() + static_cast<size_t>(rank) * mod.part * es));
   }
   // Optimizer states and gradient accumulator of the owned range.
@@ -213,7 +216,8 @@ Status Engine::Impl::place_module(size_t m, const std::function<void(size_t, siz
       break;
     }
     case OffloadDevice::kNvme: {
-      ZOE_RETURN_IF_ERROR_CTX(swapper->add_group(m, mod.opt_n), "placing the optimizer states of module " + mod.name);
+      ZOE_RETURN_IF_ERROR_CTX(swapper->add_group(m, mod.opt_n),
+                              "placing the optimizer states of module " + mod.name);
       ZOE_RETURN_IF_ERROR(swapper->write_state(m, kMasterState, own));
       std::vector<char> zeros(sbytes, 0);
       ZOE_RETURN_IF_ERROR(swapper->write_state(m, kAvgState, zeros.data()));
@@ -266,7 +270,8 @@ Result<std::unique_ptr<Engine>> zero::create_engine(Runtime& rt, const config::C
   impl->opt_off = cfg.zero.offload_optimizer.device;
   impl->param_off = cfg.zero.offload_param.device;
   impl->cdt = cfg.bf16 ? DType::kBF16 : cfg.fp16.enabled ? DType::kF16 : DType::kF32;
-  if (impl->stage < 0 || impl->stage > 3) return invalid_argument("zero_optimization.stage %d is not 0-3", impl->stage);
+  if (impl->stage < 0 || impl->stage > 3)
+    return invalid_argument("zero_optimization.stage %d is not 0-3", impl->stage);
   if (impl->param_off != OffloadDevice::kNone && impl->stage != 3) {
     return invalid_argument("zero_optimization.offload_param needs stage 3 (stage is %d)", impl->stage);
   }
@@ -284,7 +289,8 @@ Result<std::unique_ptr<Engine>> zero::create_engine(Runtime& rt, const config::C
     std::string why;
     const int count = device::cuda_device_count(&why);
     if (count <= 0) {
-      return unsupported("zoe.device \"cuda\": no usable GPU (%s); use \"cpu\"", why.empty() ? "none found" : why.c_str());
+      return unsupported("zoe.device \"cuda\": no usable GPU (%s); use \"cpu\"",
+                         why.empty() ? "none found" : why.c_str());
     }
     const int ordinal = impl->comm->local_rank() % count;
     ZOE_ASSIGN_OR_RETURN(impl->dev, device::create_cuda_device(ordinal, budget));
@@ -308,7 +314,6 @@ Result<std::unique_ptr<Engine>> zero::create_engine(Runtime& rt, const config::C
   return EngineAccess::make(std::move(impl));
 }
 
-
 Status Engine::add_module(const std::string& name, const std::vector<ParamSpec>& params) {
   Impl& I = *impl_;
   if (I.initialized) return invalid_argument("add_module(%s) after initialize()", name.c_str());
@@ -320,8 +325,9 @@ Status Engine::add_module(const std::string& name, const std::vector<ParamSpec>&
     size_t n = 1;
     for (int64_t d : p.shape) {
       if (d <= 0 || static_cast<uint64_t>(d) > (uint64_t{1} << 40) / n) {
-        return invalid_argument("module %s parameter %s: dimension %lld (a parameter holds 1 to 2^40 elements)",
-                                name.c_str(), p.name.c_str(), static_cast<long long>(d));
+        return invalid_argument(
+            "module %s parameter %s: dimension %lld (a parameter holds 1 to 2^40 elements)", name.c_str(),
+            p.name.c_str(), static_cast<long long>(d));
       }
       n *= static_cast<size_t>(d);
     }
@@ -332,7 +338,6 @@ Status Engine::add_module(const std::string& name, const std::vector<ParamSpec>&
   I.modules.push_back(std::move(mod));
   return Status::ok();
 }
-
 
 Status Engine::initialize(const std::function<void(size_t, size_t, float*, size_t)>& init) {
   Impl& I = *impl_;
@@ -369,10 +374,11 @@ Status Engine::initialize(const std::function<void(size_t, size_t, float*, size_
       where += (where.empty() ? "" : ", ") + f->path();
     }
     if (need > free_b) {
-      return no_space("the model needs %llu bytes (%s) of NVMe swap space on this rank but only %llu bytes (%s) are "
-                      "free at %s",
-                      static_cast<unsigned long long>(need), format_bytes(need).c_str(),
-                      static_cast<unsigned long long>(free_b), format_bytes(free_b).c_str(), where.c_str());
+      return no_space(
+          "the model needs %llu bytes (%s) of NVMe swap space on this rank but only %llu bytes (%s) are "
+          "free at %s",
+          static_cast<unsigned long long>(need), format_bytes(need).c_str(),
+          static_cast<unsigned long long>(free_b), format_bytes(free_b).c_str(), where.c_str());
     }
   }
   // 3. Tiers and swapper, then every state in its home.

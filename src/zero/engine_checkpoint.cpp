@@ -22,7 +22,8 @@ Result<std::string> broadcast_string(comm::Communicator& c, std::string s) {
   int64_t n = static_cast<int64_t>(s.size());
   ZOE_RETURN_IF_ERROR(c.broadcast(&n, 1, comm::CommType::kI64, 0).wait());
   s.resize(static_cast<size_t>(n));
-  if (n > 0) ZOE_RETURN_IF_ERROR(c.broadcast(s.data(), static_cast<size_t>(n), comm::CommType::kU8, 0).wait());
+  if (n > 0)
+    ZOE_RETURN_IF_ERROR(c.broadcast(s.data(), static_cast<size_t>(n), comm::CommType::kU8, 0).wait());
   return s;
 }
 
@@ -36,11 +37,13 @@ Result<std::vector<std::string>> all_gather_strings(comm::Communicator& c, const
   mine.resize(static_cast<size_t>(maxn));
   std::string all(static_cast<size_t>(maxn) * static_cast<size_t>(c.size()), '\0');
   if (maxn > 0) {
-    ZOE_RETURN_IF_ERROR(c.all_gather(mine.data(), all.data(), static_cast<size_t>(maxn), comm::CommType::kU8).wait());
+    ZOE_RETURN_IF_ERROR(
+        c.all_gather(mine.data(), all.data(), static_cast<size_t>(maxn), comm::CommType::kU8).wait());
   }
   std::vector<std::string> out;
   for (int r = 0; r < c.size(); ++r) {
-    out.push_back(all.substr(static_cast<size_t>(r) * static_cast<size_t>(maxn), static_cast<size_t>(lens[static_cast<size_t>(r)])));
+    out.push_back(all.substr(static_cast<size_t>(r) * static_cast<size_t>(maxn),
+                             static_cast<size_t>(lens[static_cast<size_t>(r)])));
   }
   return out;
 }
@@ -61,7 +64,9 @@ Status agree(comm::Communicator& c, Status local, const std::string& what) {
 
 // Elements per piece of a checkpoint transfer: the swapper's chunk (whose I/O alignment it
 // needs), else 4 Mi elements; a multiple of 2048, so every piece is whole 4 KiB blocks.
-size_t save_chunk_elems(const Engine::Impl& I) { return I.swapper ? I.swapper->chunk_elems() : (size_t{4} << 20); }
+size_t save_chunk_elems(const Engine::Impl& I) {
+  return I.swapper ? I.swapper->chunk_elems() : (size_t{4} << 20);
+}
 
 }  // namespace
 
@@ -133,8 +138,14 @@ std::string records_to_json(const std::vector<ckpt::TensorRecord>& records, cons
   nlohmann::json mine = {{"file", {{"name", file.name}, {"bytes", file.bytes}, {"xxh64", file.xxh64}}},
                          {"tensors", nlohmann::json::array()}};
   for (const auto& r : records) {
-    mine["tensors"].push_back({{"rank", r.rank}, {"module", r.module}, {"kind", r.kind}, {"dtype", r.dtype},
-                               {"begin", r.begin}, {"count", r.count}, {"offset", r.offset}, {"bytes", r.bytes},
+    mine["tensors"].push_back({{"rank", r.rank},
+                               {"module", r.module},
+                               {"kind", r.kind},
+                               {"dtype", r.dtype},
+                               {"begin", r.begin},
+                               {"count", r.count},
+                               {"offset", r.offset},
+                               {"bytes", r.bytes},
                                {"xxh64", r.xxh64}});
   }
   return mine.dump();
@@ -142,8 +153,9 @@ std::string records_to_json(const std::vector<ckpt::TensorRecord>& records, cons
 
 // After every rank has written its file: rank 0 gathers the records, writes the manifest and
 // commits. Runs on the caller's thread (it uses collectives).
-Status commit_save(Engine::Impl& I, const std::string& save_dir, const std::string& tag, const std::string& tmp,
-                   int64_t steps, const std::string& trainer, Status written, const std::string& records_json) {
+Status commit_save(Engine::Impl& I, const std::string& save_dir, const std::string& tag,
+                   const std::string& tmp, int64_t steps, const std::string& trainer, Status written,
+                   const std::string& records_json) {
   comm::Communicator& c = *I.comm;
   Status s = agree(c, written, "writing checkpoint " + tag);
   if (!s.is_ok()) {
@@ -172,8 +184,8 @@ Status commit_save(Engine::Impl& I, const std::string& save_dir, const std::stri
         man.files.push_back({j["file"]["name"], j["file"]["bytes"], j["file"]["xxh64"]});
       }
       for (const auto& t : j["tensors"]) {
-        man.tensors.push_back({t["rank"], t["module"], t["kind"], t["dtype"], t["begin"], t["count"], t["offset"], t["bytes"],
-                               t["xxh64"]});
+        man.tensors.push_back({t["rank"], t["module"], t["kind"], t["dtype"], t["begin"], t["count"],
+                               t["offset"], t["bytes"], t["xxh64"]});
       }
     }
     zero::LossScaler::State ls = I.scaler.state();
@@ -181,7 +193,10 @@ Status commit_save(Engine::Impl& I, const std::string& save_dir, const std::stri
                   {"precision", ckpt_dtype(I.cdt)},
                   {"bf16_optimizer_states", I.cfg->zoe.bf16_optimizer_states},
                   {"loss_scaler",
-                   {{"scale", ls.scale}, {"iter", ls.iter}, {"last_overflow", ls.last_overflow}, {"delayed_shift", ls.delayed_shift}}}};
+                   {{"scale", ls.scale},
+                    {"iter", ls.iter},
+                    {"last_overflow", ls.last_overflow},
+                    {"delayed_shift", ls.delayed_shift}}}};
     man.trainer = nlohmann::json::parse(trainer.empty() ? "{}" : trainer, nullptr, false);
     if (man.trainer.is_discarded()) man.trainer = nlohmann::json::object();
     commit = ckpt::commit_checkpoint(save_dir, tag, tmp, man);
@@ -201,8 +216,8 @@ Status Engine::finish_save() {
                      std::string(a->records_json.begin(), a->records_json.end()));
 }
 
-Status Engine::save(const std::string& save_dir, const std::string& tag, const std::string& trainer_state_json,
-                    bool async) {
+Status Engine::save(const std::string& save_dir, const std::string& tag,
+                    const std::string& trainer_state_json, bool async) {
   ZOE_RETURN_IF_ERROR_CTX(impl_->finish_update(), "finishing the optimizer step before saving");
   Impl& I = *impl_;
   if (!I.initialized) return invalid_argument("save() before initialize()");
@@ -219,8 +234,10 @@ Status Engine::save(const std::string& save_dir, const std::string& tag, const s
   Status s;
   if (I.rank == 0) {
     auto t = ckpt::begin_checkpoint(save_dir, tag);
-    if (t.is_ok()) tmp = t.value();
-    else s = t.status();
+    if (t.is_ok())
+      tmp = t.value();
+    else
+      s = t.status();
   }
   ZOE_RETURN_IF_ERROR(agree(c, s, "starting checkpoint " + tag + " in " + save_dir));
   ZOE_ASSIGN_OR_RETURN(tmp, broadcast_string(c, tmp));
@@ -228,7 +245,8 @@ Status Engine::save(const std::string& save_dir, const std::string& tag, const s
     std::vector<ckpt::TensorRecord> records;
     ckpt::FileInfo file;
     Status w = write_rank_file(I, tmp, &records, &file);
-    return commit_save(I, save_dir, tag, tmp, I.steps, trainer_state_json, w, w.is_ok() ? records_to_json(records, file) : "");
+    return commit_save(I, save_dir, tag, tmp, I.steps, trainer_state_json, w,
+                       w.is_ok() ? records_to_json(records, file) : "");
   }
   auto a = std::make_unique<Impl::AsyncSave>();
   a->save_dir = save_dir;
@@ -262,16 +280,18 @@ Result<std::string> Engine::load(const std::string& dir) {
   Status s;
   {
     auto r = ckpt::Reader::open(dir);
-    if (r.is_ok()) rd = std::move(r).value();
-    else s = r.status();
+    if (r.is_ok())
+      rd = std::move(r).value();
+    else
+      s = r.status();
   }
   if (s.is_ok() && I.rank == 0) s = rd->verify();
   ZOE_RETURN_IF_ERROR(agree(c, s, "loading checkpoint " + dir));
   const ckpt::Manifest& man = rd->manifest();
   // The model must be the same one; world size, stage and placement may differ.
   if (man.modules.size() != I.modules.size()) {
-    return invalid_argument("checkpoint %s has %zu modules, the model has %zu", rd->path().c_str(), man.modules.size(),
-                            I.modules.size());
+    return invalid_argument("checkpoint %s has %zu modules, the model has %zu", rd->path().c_str(),
+                            man.modules.size(), I.modules.size());
   }
   for (size_t m = 0; m < I.modules.size(); ++m) {
     const auto& a = man.modules[m];
@@ -282,8 +302,9 @@ Result<std::string> Engine::load(const std::string& dir) {
              a.params[p].offset == b.offset[p];
     }
     if (!same) {
-      return invalid_argument("checkpoint %s: module %zu (%s) does not match the model's %s (names or shapes differ)",
-                              rd->path().c_str(), m, a.name.c_str(), b.name.c_str());
+      return invalid_argument(
+          "checkpoint %s: module %zu (%s) does not match the model's %s (names or shapes differ)",
+          rd->path().c_str(), m, a.name.c_str(), b.name.c_str());
     }
   }
   // Typed reads: a field of the wrong type is a corruption error naming it, never an exception.
@@ -314,7 +335,8 @@ Result<std::string> Engine::load(const std::string& dir) {
       Impl::Module& mod = I.modules[m];
       // The checkpoint holds [0, its padded size); padding beyond it (another world size) is zero.
       const uint64_t saved = man.modules[m].padded;
-      auto read = [&](const char* kind, const std::string& dt, uint64_t begin, uint64_t count, size_t esz, void* out) -> Status {
+      auto read = [&](const char* kind, const std::string& dt, uint64_t begin, uint64_t count, size_t esz,
+                      void* out) -> Status {
         memset(out, 0, count * esz);
         if (begin >= saved) return Status::ok();
         return rd->read_range(m, kind, begin, std::min<uint64_t>(count, saved - begin), dt, out);
@@ -339,7 +361,8 @@ Result<std::string> Engine::load(const std::string& dir) {
       for (int k = 0; k < 3; ++k) {
         const size_t eb = k == 0 ? 4 : sb;
         const std::string dt = k == 0 ? std::string("f32") : sdt;
-        if (mod.opt_home == OffloadDevice::kCpu || (mod.opt_home == OffloadDevice::kNone && I.ops->host_addressable())) {
+        if (mod.opt_home == OffloadDevice::kCpu ||
+            (mod.opt_home == OffloadDevice::kNone && I.ops->host_addressable())) {
           ZOE_RETURN_IF_ERROR(read(kinds[k], dt, mod.opt_begin, mod.opt_n, eb, homes[k]));
           continue;
         }

@@ -170,8 +170,9 @@ Status Engine::Impl::prefetch_after(size_t m) {
       ZOE_RETURN_IF_ERROR(complete_pending(true));
       s = start_gather(next);
       if (!s.is_ok()) {
-        return s.with_context("prefetching the parameters of module " + nm.name +
-                              " (lower zero_optimization.stage3_prefetch_bucket_size or raise zoe.device_budget)");
+        return s.with_context(
+            "prefetching the parameters of module " + nm.name +
+            " (lower zero_optimization.stage3_prefetch_bucket_size or raise zoe.device_budget)");
       }
     }
     queued += nm.padded;
@@ -195,7 +196,8 @@ Result<ModuleParams> Engine::fetch(size_t m) {
   Impl& I = *impl_;
   Timer te(&I.t_engine);
   if (!I.initialized) return invalid_argument("fetch() before initialize()");
-  if (m >= I.modules.size()) return invalid_argument("fetch(%zu): there are %zu modules", m, I.modules.size());
+  if (m >= I.modules.size())
+    return invalid_argument("fetch(%zu): there are %zu modules", m, I.modules.size());
   Impl::Module& mod = I.modules[m];
   // Behind an overlapped step: this module's update first (only this one's).
   {
@@ -257,7 +259,8 @@ Result<ModuleParams> Engine::fetch(size_t m) {
 Status Engine::release(size_t m) {
   Impl& I = *impl_;
   Timer te(&I.t_engine);
-  if (m >= I.modules.size()) return invalid_argument("release(%zu): there are %zu modules", m, I.modules.size());
+  if (m >= I.modules.size())
+    return invalid_argument("release(%zu): there are %zu modules", m, I.modules.size());
   Impl::Module& mod = I.modules[m];
   if (!mod.fetched) return invalid_argument("release(%s) of a module that is not fetched", mod.name.c_str());
   mod.fetched = false;

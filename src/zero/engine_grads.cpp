@@ -38,7 +38,8 @@ Status Engine::Impl::complete_pending(bool all, size_t keep) {
     const size_t m = p.m;
     if (s.is_ok()) s = accumulate_grads(m, p.recv.bytes_ptr() + p.recv_offset * esize());
     pending.pop_front();  // its buffers go back to the device either way
-    if (!s.is_ok()) return s.with_context("reducing and accumulating the gradients of module " + modules[m].name);
+    if (!s.is_ok())
+      return s.with_context("reducing and accumulating the gradients of module " + modules[m].name);
   }
   return Status::ok();
 }
@@ -58,7 +59,8 @@ Status Engine::Impl::accumulate_grads(size_t m, const void* src) {
   mod.norm_parts.resize(optim::norm_chunks(mod.opt_n));
   if (mod.opt_home == OffloadDevice::kNone) {
     // The accumulator lives on the device too: the device's kernel.
-    ZOE_RETURN_IF_ERROR(ops->accumulate_with_norm(mod.grad_acc, src, cdt, mod.opt_n, first, mod.norm_parts.data()));
+    ZOE_RETURN_IF_ERROR(
+        ops->accumulate_with_norm(mod.grad_acc, src, cdt, mod.opt_n, first, mod.norm_parts.data()));
   } else if (mod.opt_home == OffloadDevice::kCpu) {
     ZOE_ASSIGN_OR_RETURN(const void* h, host_view(src, mod.opt_n * esize()));
     ZOE_RETURN_IF_ERROR(
@@ -71,7 +73,8 @@ Status Engine::Impl::accumulate_grads(size_t m, const void* src) {
     for (size_t b = 0; b < mod.opt_n; b += chunk) {
       const size_t n = std::min(chunk, mod.opt_n - b);
       if (!first) ZOE_RETURN_IF_ERROR(swapper->read_state(m, kGradState, grad_stage.data(), b, n));
-      ZOE_ASSIGN_OR_RETURN(const void* h, host_view(static_cast<const char*>(src) + b * esize(), n * esize()));
+      ZOE_ASSIGN_OR_RETURN(const void* h,
+                           host_view(static_cast<const char*>(src) + b * esize(), n * esize()));
       ZOE_RETURN_IF_ERROR(optim::accumulate_with_norm(grad_stage.data(), h, cdt, n, first,
                                                       mod.norm_parts.data() + b / optim::kChunkElems, exec));
       ZOE_RETURN_IF_ERROR(swapper->write_state(m, kGradState, grad_stage.data(), b, n));
@@ -93,7 +96,8 @@ Status Engine::Impl::zero_grads(size_t m) {
   const size_t chunk = swapper->chunk_elems();
   grad_stage.assign(chunk, 0.0f);
   for (size_t b = 0; b < mod.opt_n; b += chunk) {
-    ZOE_RETURN_IF_ERROR(swapper->write_state(m, kGradState, grad_stage.data(), b, std::min(chunk, mod.opt_n - b)));
+    ZOE_RETURN_IF_ERROR(
+        swapper->write_state(m, kGradState, grad_stage.data(), b, std::min(chunk, mod.opt_n - b)));
   }
   return Status::ok();
 }
@@ -102,7 +106,8 @@ Result<ModuleParams> Engine::grads(size_t m) {
   Impl& I = *impl_;
   Timer te(&I.t_engine);
   if (!I.initialized) return invalid_argument("grads() before initialize()");
-  if (m >= I.modules.size()) return invalid_argument("grads(%zu): there are %zu modules", m, I.modules.size());
+  if (m >= I.modules.size())
+    return invalid_argument("grads(%zu): there are %zu modules", m, I.modules.size());
   Impl::Module& mod = I.modules[m];
   if (!mod.grad_buf) {
     ZOE_ASSIGN_OR_RETURN(mod.grad_buf, I.dalloc(mod.padded * I.esize()));
@@ -113,7 +118,8 @@ Result<ModuleParams> Engine::grads(size_t m) {
 Status Engine::reduce_grads(size_t m) {
   Impl& I = *impl_;
   Timer te(&I.t_engine);
-  if (m >= I.modules.size()) return invalid_argument("reduce_grads(%zu): there are %zu modules", m, I.modules.size());
+  if (m >= I.modules.size())
+    return invalid_argument("reduce_grads(%zu): there are %zu modules", m, I.modules.size());
   Impl::Module& mod = I.modules[m];
   if (!mod.grad_buf) return invalid_argument("reduce_grads(%s) without grads()", mod.name.c_str());
   // Reductions that finished are accumulated; at most kMaxPendingReductions stay in flight (the

@@ -10,9 +10,9 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
-#include <mutex>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -155,7 +155,7 @@ struct Engine::Impl {
   bool recording = true;
   size_t cursor = 0;
   size_t live_elems = 0;
-  size_t gather_window = 0;          // elements of gathered modules prefetch may queue ahead of use
+  size_t gather_window = 0;            // elements of gathered modules prefetch may queue ahead of use
   offload::MoveHandle last_writeback;  // the step's previous NVMe partition write-back
   bool writeback_pending = false;
 
@@ -178,13 +178,13 @@ struct Engine::Impl {
     std::thread thread;
     std::mutex mu;
     std::condition_variable cv;
-    std::vector<uint8_t> done;  // per module, guarded by mu
-    bool running = false;       // a thread was started and not joined (caller's thread only)
-    Status status;              // of the update (guarded by mu)
-    double t_opt = 0, t_io = 0; // seconds on the update's thread (read after join)
+    std::vector<uint8_t> done;   // per module, guarded by mu
+    bool running = false;        // a thread was started and not joined (caller's thread only)
+    Status status;               // of the update (guarded by mu)
+    double t_opt = 0, t_io = 0;  // seconds on the update's thread (read after join)
   };
   Update update;
-  std::vector<uint8_t> gather_owed;          // persistent modules whose updated partitions are not gathered yet
+  std::vector<uint8_t> gather_owed;  // persistent modules whose updated partitions are not gathered yet
   std::unique_ptr<optim::CpuPool> update_pool;  // the update's own threads (CpuPool is one call at a time)
   std::unique_ptr<zero::DeviceOps> update_ops;  // kernels and copies of the update's thread
   double t_opt_overlapped = 0;                  // the previous update's time on its thread
@@ -217,7 +217,7 @@ struct Engine::Impl {
   Status gather_updated(size_t m);
 
   // engine_step.cpp: the update.
-  bool update_done(size_t m);          // module m's update (if one runs) is done; never blocks
+  bool update_done(size_t m);            // module m's update (if one runs) is done; never blocks
   Status wait_module_updated(size_t m);  // blocks until it is; the update's error if it failed
   // Joins the update and runs the gathers it left owed (in module order): a sync point (step,
   // save, load, read_master, destruction). Returns the update's error.

@@ -196,7 +196,8 @@ Result<StepStats> Engine::step() {
   // Moves still in flight (prefetches) finish before the update rewrites the partitions they read.
   if (I.tm) ZOE_RETURN_IF_ERROR_CTX(I.tm->drain(), "finishing the parameter moves before the step");
   for (const auto& mod : I.modules) {
-    if (mod.grad_buf) return invalid_argument("step(): module %s has gradients that were not reduced", mod.name.c_str());
+    if (mod.grad_buf)
+      return invalid_argument("step(): module %s has gradients that were not reduced", mod.name.c_str());
     if (mod.fetched && mod.partitioned_params) {
       return invalid_argument("step(): module %s is still fetched", mod.name.c_str());
     }
@@ -212,7 +213,8 @@ Result<StepStats> Engine::step() {
   optim::NormResult local;
   for (size_t m = 0; m < I.modules.size(); ++m) {
     Impl::Module& mod = I.modules[m];
-    if (mod.acc_count == 0) ZOE_RETURN_IF_ERROR_CTX(I.zero_grads(m), "zeroing the gradients of module " + mod.name);
+    if (mod.acc_count == 0)
+      ZOE_RETURN_IF_ERROR_CTX(I.zero_grads(m), "zeroing the gradients of module " + mod.name);
     double sum = 0.0;
     for (double p : mod.norm_parts) sum += p;
     local.sum_sq += sum;
@@ -222,8 +224,9 @@ Result<StepStats> Engine::step() {
   if (I.stage >= 1 && I.world > 1) {
     Timer t(&I.t_comm);
     double out[1];
-    ZOE_RETURN_IF_ERROR_CTX(I.comm->all_reduce(sums, out, 1, comm::CommType::kF64, comm::ReduceOp::kSum).wait(),
-                            "all-reducing the gradient norm");
+    ZOE_RETURN_IF_ERROR_CTX(
+        I.comm->all_reduce(sums, out, 1, comm::CommType::kF64, comm::ReduceOp::kSum).wait(),
+        "all-reducing the gradient norm");
     sums[0] = out[0];
   }
   optim::NormResult global;
@@ -251,8 +254,13 @@ Result<StepStats> Engine::step() {
       ZOE_ASSIGN_OR_RETURN(I.update_pool, optim::CpuPool::create(po));
       I.update_ops = zero::make_cpu_ops(I.update_pool.get());
     }
-    ChunkUpdater up{I, overlap ? I.update_ops.get() : I.ops.get(), {}, {},
-                    I.cfg->zoe.bf16_optimizer_states ? DType::kBF16 : DType::kF32, {}, {}};
+    ChunkUpdater up{I,
+                    overlap ? I.update_ops.get() : I.ops.get(),
+                    {},
+                    {},
+                    I.cfg->zoe.bf16_optimizer_states ? DType::kBF16 : DType::kF32,
+                    {},
+                    {}};
     up.exec.pool = overlap ? I.update_pool.get() : I.pool.get();
     up.ap.lr = static_cast<float>(st.lr);
     up.ap.beta1 = static_cast<float>(I.cfg->optimizer.beta1);
@@ -341,13 +349,15 @@ Result<StepStats> Engine::step() {
 Status Engine::read_master(size_t m, size_t p, float* out) {
   Impl& I = *impl_;
   ZOE_RETURN_IF_ERROR(I.finish_update());
-  if (m >= I.modules.size() || p >= I.modules[m].specs.size()) return invalid_argument("read_master(%zu, %zu): no such parameter", m, p);
+  if (m >= I.modules.size() || p >= I.modules[m].specs.size())
+    return invalid_argument("read_master(%zu, %zu): no such parameter", m, p);
   Impl::Module& mod = I.modules[m];
   std::vector<float> own(mod.opt_n);
   if (mod.opt_home == OffloadDevice::kNvme) {
     ZOE_RETURN_IF_ERROR(I.swapper->read_state(m, Impl::kMasterState, own.data()));
   } else {
-    ZOE_RETURN_IF_ERROR(I.ops->put(own.data(), false, mod.master, mod.opt_home == OffloadDevice::kNone, mod.opt_n * 4));
+    ZOE_RETURN_IF_ERROR(
+        I.ops->put(own.data(), false, mod.master, mod.opt_home == OffloadDevice::kNone, mod.opt_n * 4));
   }
   std::vector<float> full(mod.padded);
   if (I.stage == 0) {
@@ -360,4 +370,3 @@ Status Engine::read_master(size_t m, size_t p, float* out) {
 }
 
 }  // namespace zoe
-

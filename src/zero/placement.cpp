@@ -12,9 +12,12 @@ using config::OffloadDevice;
 
 const char* home_name(Home h) {
   switch (h) {
-    case Home::kDevice: return "device";
-    case Home::kHost: return "host";
-    case Home::kNvme: return "nvme";
+    case Home::kDevice:
+      return "device";
+    case Home::kHost:
+      return "host";
+    case Home::kNvme:
+      return "nvme";
   }
   return "?";
 }
@@ -41,7 +44,7 @@ Result<Placement> plan_placement(const config::Config& cfg, const std::vector<Mo
   pl.rank = rank;
   pl.compute_bytes = cfg.bf16 || cfg.fp16.enabled ? 2 : 4;
   pl.state_bytes = cfg.zoe.bf16_optimizer_states ? 2 : 4;
-  pl.device_budget = target.device_budget ? target.device_budget
+  pl.device_budget = target.device_budget              ? target.device_budget
                      : cfg.zoe.device_budget_bytes > 0 ? static_cast<uint64_t>(cfg.zoe.device_budget_bytes)
                                                        : 64ull << 30;
   const OffloadDevice opt_off = cfg.zero.offload_optimizer.device, param_off = cfg.zero.offload_param.device;
@@ -94,8 +97,8 @@ Result<Placement> plan_placement(const config::Config& cfg, const std::vector<Mo
     for (const auto& m : pl.modules) total += m.opt_n;
     const double want = cfg.zoe.offload_ratio * static_cast<double>(total);
     for (auto& m : pl.modules) {
-      const bool offload =
-          opt_off != OffloadDevice::kNone && static_cast<double>(off) + static_cast<double>(m.opt_n) / 2.0 < want;
+      const bool offload = opt_off != OffloadDevice::kNone &&
+                           static_cast<double>(off) + static_cast<double>(m.opt_n) / 2.0 < want;
       m.opt_home = offload ? home_of(opt_off) : Home::kDevice;
       if (offload) off += m.opt_n;
     }
@@ -108,8 +111,12 @@ Result<Placement> plan_placement(const config::Config& cfg, const std::vector<Mo
     biggest = std::max(biggest, m.padded);
     const uint64_t states = u64(m.opt_n) * (4 + 2 * sb + 4);  // master, m, v, gradient accumulator
     switch (m.opt_home) {
-      case Home::kDevice: pl.resident.device += states; break;
-      case Home::kHost: pl.resident.host += states; break;
+      case Home::kDevice:
+        pl.resident.device += states;
+        break;
+      case Home::kHost:
+        pl.resident.host += states;
+        break;
       case Home::kNvme:
         pl.resident.nvme += states;
         any_opt_nvme = true;
@@ -122,8 +129,12 @@ Result<Placement> plan_placement(const config::Config& cfg, const std::vector<Mo
     any_partitioned = true;
     const uint64_t part = u64(m.part) * es;
     switch (m.param_home) {
-      case Home::kDevice: pl.resident.device += part; break;
-      case Home::kHost: pl.resident.host += part; break;
+      case Home::kDevice:
+        pl.resident.device += part;
+        break;
+      case Home::kHost:
+        pl.resident.host += part;
+        break;
       case Home::kNvme:
         pl.resident.nvme += part;
         biggest_part_nvme = std::max<size_t>(biggest_part_nvme, m.part);
@@ -133,7 +144,8 @@ Result<Placement> plan_placement(const config::Config& cfg, const std::vector<Mo
   const bool nvme_tier = opt_off == OffloadDevice::kNvme || param_off == OffloadDevice::kNvme;
   if (pl.resident.device > db) {
     return out_of_budget(
-        "the states that live on the device (parameters%s) need %llu bytes (%s) on rank %d, more than the device "
+        "the states that live on the device (parameters%s) need %llu bytes (%s) on rank %d, more than the "
+        "device "
         "budget of %llu bytes (%s); offload them (zero_optimization.offload_optimizer.device, "
         "zero_optimization.offload_param.device at stage 3) or raise zoe.device_budget",
         opt_off == OffloadDevice::kNone || cfg.zoe.offload_ratio < 1.0 ? " and optimizer states" : "",
@@ -164,7 +176,8 @@ Result<Placement> plan_placement(const config::Config& cfg, const std::vector<Mo
       for (const auto& m : pl.modules) pl.tm_device_budget += m.partitioned_params ? u64(m.part) * es : 0;
     }
     tm_budget = pl.tm_device_budget ? std::min(pl.tm_device_budget, db) : db;  // as the tier manager caps it
-    if (nvme_tier) pl.resident.host += u64(pl.tm_staging_bytes) * (pl.tm_staging_count + 1);  // + the sync one
+    if (nvme_tier)
+      pl.resident.host += u64(pl.tm_staging_bytes) * (pl.tm_staging_count + 1);  // + the sync one
     // Device memory the states take (persistent modules, device-resident optimizer states,
     // device-homed partitions) comes out of the gather window too: keep the tier's budget and
     // the reserve free.
@@ -180,12 +193,14 @@ Result<Placement> plan_placement(const config::Config& cfg, const std::vector<Mo
   if (any_opt_nvme) {
     constexpr size_t kStates = 4;
     pl.swapper = true;
-    const int64_t sub = std::clamp<int64_t>(cfg.zero.sub_group_size, 1, static_cast<int64_t>(kMaxSwapChunkElems));
+    const int64_t sub =
+        std::clamp<int64_t>(cfg.zero.sub_group_size, 1, static_cast<int64_t>(kMaxSwapChunkElems));
     pl.swap_chunk_elems =
         (static_cast<size_t>(sub) + optim::kChunkElems - 1) / optim::kChunkElems * optim::kChunkElems;
     pl.swap_buffer_bytes = pl.swap_chunk_elems * 4;
     const int64_t asked = std::max<int64_t>(1, cfg.zero.offload_optimizer.buffer_count);
-    pl.swap_buffer_count = std::max<size_t>(static_cast<size_t>(std::min<int64_t>(asked, 1 << 20)), 3 * kStates);
+    pl.swap_buffer_count =
+        std::max<size_t>(static_cast<size_t>(std::min<int64_t>(asked, 1 << 20)), 3 * kStates);
     pl.resident.host += u64(pl.swap_buffer_bytes) * (pl.swap_buffer_count / kStates * kStates);
   }
 
@@ -200,7 +215,8 @@ Result<Placement> plan_placement(const config::Config& cfg, const std::vector<Mo
     for (const auto& m : pl.modules) {
       if (m.partitioned_params && m.param_home == Home::kDevice) device_homes += u64(m.part) * es;
     }
-    pl.peak.device += (tm_budget > device_homes ? tm_budget - device_homes : 0) + u64(pl.gather_window) * per_elem;
+    pl.peak.device +=
+        (tm_budget > device_homes ? tm_budget - device_homes : 0) + u64(pl.gather_window) * per_elem;
     pl.peak.host += 2ull * biggest_part_nvme * es;
   }
   // One module in use: (stage 3) its gathered parameters, its gradient buffer, and either the

@@ -46,9 +46,9 @@ struct ModuleShape {
 // What the planner needs to know of the device it plans for. The defaults describe zoe's CPU
 // device with the config's budget.
 struct PlanTarget {
-  uint64_t device_budget = 0;      // 0: the config's zoe.device_budget (64 GiB when unset)
-  bool queued_gathers = true;      // gathers may be queued ahead of use (host-memory devices with a
-                                   // host communicator; false on CUDA)
+  uint64_t device_budget = 0;  // 0: the config's zoe.device_budget (64 GiB when unset)
+  bool queued_gathers = true;  // gathers may be queued ahead of use (host-memory devices with a
+                               // host communicator; false on CUDA)
 };
 
 struct ModulePlacement {
@@ -103,7 +103,7 @@ struct Placement {
 // Plans the placement of `modules` (in forward order) on rank `rank` of `world`. Errors: a module
 // that cannot fit the device (it must hold one gathered module, its gradients and their
 // reduction), a zoe.host_budget below what the plan needs, bad shapes.
-Result<Placement> plan_placement(const config::Config& cfg, const std::vector<ModuleShape>& modules, int world,
-                                 int rank, const PlanTarget& target = {});
+Result<Placement> plan_placement(const config::Config& cfg, const std::vector<ModuleShape>& modules,
+                                 int world, int rank, const PlanTarget& target = {});
 
 }  // namespace zoe::zero

@@ -60,7 +60,7 @@ TEST(Cli, InfoJson) {
 TEST(Cli, BenchIoJsonValidates) {
   zoe::test::ScratchDir d("bench");
   CmdResult r = zoe("bench io --json --validate --path " + d.path() +
-              " --size 8MiB --bs 256KiB,1MiB --qd 1,4 --engine uring,threads --loops 1 --warmup 0");
+                    " --size 8MiB --bs 256KiB,1MiB --qd 1,4 --engine uring,threads --loops 1 --warmup 0");
   ASSERT_EQ(r.rc, 0) << r.err;
   json j = json::parse(r.out);
   ASSERT_EQ(j["rows"].size(), 2u * 2u * 2u * 2u);
@@ -83,7 +83,7 @@ TEST(Cli, BenchIoJsonValidates) {
 TEST(Cli, BenchIoStripesOverPaths) {
   zoe::test::ScratchDir a("b0"), b("b1");
   CmdResult r = zoe("bench io --json --validate --keep --path " + a.path() + " --path " + b.path() +
-              " --size 4MiB --stripe 256KiB --qd 8 --loops 1 --warmup 0");
+                    " --size 4MiB --stripe 256KiB --qd 8 --loops 1 --warmup 0");
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_EQ(std::filesystem::file_size(a.file("zoe-bench.0.swap")), 2u << 20);
   EXPECT_EQ(std::filesystem::file_size(b.file("zoe-bench.1.swap")), 2u << 20);
@@ -110,11 +110,13 @@ TEST(Cli, BadInputGetsClearErrors) {
 
 TEST(Cli, BenchSwapJson) {
   zoe::test::ScratchDir d("swap");
-  CmdResult r = zoe("bench swap --json --params 3M --sub-group 1M --buffer-size 1MiB --buffers 8 --repeats 1 --path " +
-                    d.path());
+  CmdResult r =
+      zoe("bench swap --json --params 3M --sub-group 1M --buffer-size 1MiB --buffers 8 --repeats 1 --path " +
+          d.path());
   ASSERT_EQ(r.rc, 0) << r.err;
   json j = json::parse(r.out);
-  for (const char* k : {"t_step", "t_io_only", "t_compute_only", "overlap", "peak_rss_bytes", "bytes_read", "bytes_written"}) {
+  for (const char* k : {"t_step", "t_io_only", "t_compute_only", "overlap", "peak_rss_bytes", "bytes_read",
+                        "bytes_written"}) {
     EXPECT_TRUE(j.contains(k)) << k;
   }
   EXPECT_EQ(j["params"], 3000000);

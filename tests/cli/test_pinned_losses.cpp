@@ -19,10 +19,10 @@ TEST(PinnedLosses, DemoNvmeOffloadSixSteps) {
   CmdResult info = zoe("info --json");
   ASSERT_EQ(info.rc, 0) << info.err;
   const bool exact = json::parse(info.out)["cpu"]["simd"] == "avx512";
-  CmdResult r = zoe(
-      "train --json --quiet --preset demo --steps 6 --micro-batch 4 --seq 32 --seed 7 --eval-batches 1 "
-      "--threads 1 --offload nvme --device-budget 16MiB --nvme-path " +
-      d.path());
+  CmdResult r =
+      zoe("train --json --quiet --preset demo --steps 6 --micro-batch 4 --seq 32 --seed 7 --eval-batches 1 "
+          "--threads 1 --offload nvme --device-budget 16MiB --nvme-path " +
+          d.path());
   ASSERT_EQ(r.rc, 0) << r.err;
   json j = json::parse(r.out);
   const std::vector<double> pinned = {5.620694160461426,  4.6613616943359375, 4.096782207489014,

@@ -189,13 +189,15 @@ TEST(TrainInput, BadConfigFilesAreErrorsNotCrashes) {
 TEST(TrainInput, HostBudgetIsEnforced) {
   zoe::test::ScratchDir d("cfg");
   const std::string path = write_file(
-      d, "hb", R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}, "zoe": {"host_budget": "64KiB"}})");
+      d, "hb",
+      R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}, "zoe": {"host_budget": "64KiB"}})");
   CmdResult r = zoe(kTiny1 + "--config " + path);
   EXPECT_EQ(r.rc, 1) << r.err;
   EXPECT_HAS(r.err, "zoe.host_budget: this placement needs up to");
   EXPECT_HAS(r.err, "more than the budget of 65536 bytes");
   const std::string ok = write_file(
-      d, "hb2", R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}, "zoe": {"host_budget": "1GiB"}})");
+      d, "hb2",
+      R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}, "zoe": {"host_budget": "1GiB"}})");
   r = zoe(kTiny1 + "--config " + ok);
   EXPECT_EQ(r.rc, 0) << r.err;
 }

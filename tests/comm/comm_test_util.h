@@ -32,23 +32,41 @@ inline constexpr size_t kSizes[] = {0, 1, 7, 1000, 100003};
 // Element i of a typed buffer as a double, and back (values the type holds exactly).
 inline double get(CommType t, const void* buf, size_t i) {
   switch (t) {
-    case CommType::kF32: return static_cast<const float*>(buf)[i];
-    case CommType::kF64: return static_cast<const double*>(buf)[i];
-    case CommType::kBF16: return bf16_to_f32(static_cast<const uint16_t*>(buf)[i]);
-    case CommType::kF16: return f16_to_f32(static_cast<const uint16_t*>(buf)[i]);
-    case CommType::kU8: return static_cast<const uint8_t*>(buf)[i];
-    case CommType::kI64: return static_cast<double>(static_cast<const int64_t*>(buf)[i]);
+    case CommType::kF32:
+      return static_cast<const float*>(buf)[i];
+    case CommType::kF64:
+      return static_cast<const double*>(buf)[i];
+    case CommType::kBF16:
+      return bf16_to_f32(static_cast<const uint16_t*>(buf)[i]);
+    case CommType::kF16:
+      return f16_to_f32(static_cast<const uint16_t*>(buf)[i]);
+    case CommType::kU8:
+      return static_cast<const uint8_t*>(buf)[i];
+    case CommType::kI64:
+      return static_cast<double>(static_cast<const int64_t*>(buf)[i]);
   }
   return NAN;
 }
 inline void put(CommType t, void* buf, size_t i, double v) {
   switch (t) {
-    case CommType::kF32: static_cast<float*>(buf)[i] = static_cast<float>(v); break;
-    case CommType::kF64: static_cast<double*>(buf)[i] = v; break;
-    case CommType::kBF16: static_cast<uint16_t*>(buf)[i] = f32_to_bf16(static_cast<float>(v)); break;
-    case CommType::kF16: static_cast<uint16_t*>(buf)[i] = f32_to_f16(static_cast<float>(v)); break;
-    case CommType::kU8: static_cast<uint8_t*>(buf)[i] = static_cast<uint8_t>(v); break;
-    case CommType::kI64: static_cast<int64_t*>(buf)[i] = static_cast<int64_t>(v); break;
+    case CommType::kF32:
+      static_cast<float*>(buf)[i] = static_cast<float>(v);
+      break;
+    case CommType::kF64:
+      static_cast<double*>(buf)[i] = v;
+      break;
+    case CommType::kBF16:
+      static_cast<uint16_t*>(buf)[i] = f32_to_bf16(static_cast<float>(v));
+      break;
+    case CommType::kF16:
+      static_cast<uint16_t*>(buf)[i] = f32_to_f16(static_cast<float>(v));
+      break;
+    case CommType::kU8:
+      static_cast<uint8_t*>(buf)[i] = static_cast<uint8_t>(v);
+      break;
+    case CommType::kI64:
+      static_cast<int64_t*>(buf)[i] = static_cast<int64_t>(v);
+      break;
   }
 }
 

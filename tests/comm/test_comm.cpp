@@ -18,25 +18,34 @@ namespace {
 using namespace zoe::comm::test;  // NOLINT(google-build-using-namespace)
 
 // A scalar reference written apart from reduce_rows: one element at a time over the rows.
-void reference_reduce(const std::vector<const void*>& rows, size_t count, void* out, CommType t, ReduceOp op) {
+void reference_reduce(const std::vector<const void*>& rows, size_t count, void* out, CommType t,
+                      ReduceOp op) {
   for (size_t i = 0; i < count; ++i) {
     if (t == CommType::kI64 || t == CommType::kU8) {
-      uint64_t acc = t == CommType::kI64 ? static_cast<const uint64_t*>(rows[0])[i] : static_cast<const uint8_t*>(rows[0])[i];
+      uint64_t acc = t == CommType::kI64 ? static_cast<const uint64_t*>(rows[0])[i]
+                                         : static_cast<const uint8_t*>(rows[0])[i];
       for (size_t r = 1; r < rows.size(); ++r) {
-        uint64_t x = t == CommType::kI64 ? static_cast<const uint64_t*>(rows[r])[i] : static_cast<const uint8_t*>(rows[r])[i];
-        if (op == ReduceOp::kSum) acc += x;
-        else if (t == CommType::kI64 ? static_cast<int64_t>(x) > static_cast<int64_t>(acc) : x > acc) acc = x;
+        uint64_t x = t == CommType::kI64 ? static_cast<const uint64_t*>(rows[r])[i]
+                                         : static_cast<const uint8_t*>(rows[r])[i];
+        if (op == ReduceOp::kSum)
+          acc += x;
+        else if (t == CommType::kI64 ? static_cast<int64_t>(x) > static_cast<int64_t>(acc) : x > acc)
+          acc = x;
       }
-      if (t == CommType::kI64) static_cast<uint64_t*>(out)[i] = acc;
-      else static_cast<uint8_t*>(out)[i] = static_cast<uint8_t>(acc);
+      if (t == CommType::kI64)
+        static_cast<uint64_t*>(out)[i] = acc;
+      else
+        static_cast<uint8_t*>(out)[i] = static_cast<uint8_t>(acc);
       continue;
     }
     if (t == CommType::kF64) {
       double acc = static_cast<const double*>(rows[0])[i];
       for (size_t r = 1; r < rows.size(); ++r) {
         double x = static_cast<const double*>(rows[r])[i];
-        if (op == ReduceOp::kSum) acc += x;
-        else if (!std::isnan(acc) && (std::isnan(x) || x > acc)) acc = x;
+        if (op == ReduceOp::kSum)
+          acc += x;
+        else if (!std::isnan(acc) && (std::isnan(x) || x > acc))
+          acc = x;
       }
       static_cast<double*>(out)[i] = acc;
       continue;
@@ -44,12 +53,17 @@ void reference_reduce(const std::vector<const void*>& rows, size_t count, void* 
     float acc = static_cast<float>(get(t, rows[0], i));
     for (size_t r = 1; r < rows.size(); ++r) {
       float x = static_cast<float>(get(t, rows[r], i));
-      if (op == ReduceOp::kSum) acc += x;
-      else if (!std::isnan(acc) && (std::isnan(x) || x > acc)) acc = x;
+      if (op == ReduceOp::kSum)
+        acc += x;
+      else if (!std::isnan(acc) && (std::isnan(x) || x > acc))
+        acc = x;
     }
-    if (t == CommType::kF32) static_cast<float*>(out)[i] = acc;
-    else if (t == CommType::kBF16) static_cast<uint16_t*>(out)[i] = f32_to_bf16(acc);
-    else static_cast<uint16_t*>(out)[i] = f32_to_f16(acc);
+    if (t == CommType::kF32)
+      static_cast<float*>(out)[i] = acc;
+    else if (t == CommType::kBF16)
+      static_cast<uint16_t*>(out)[i] = f32_to_bf16(acc);
+    else
+      static_cast<uint16_t*>(out)[i] = f32_to_f16(acc);
   }
 }
 
@@ -87,7 +101,8 @@ TEST(ReduceRows, MatchesScalarReferenceBitForBit) {
         size_t es = comm_type_size(t);
         size_t wrong = 0, first = n;
         for (size_t i = 0; i < n; ++i)
-          if (std::memcmp(got.bytes.data() + i * es, want.bytes.data() + i * es, es) != 0 && wrong++ == 0) first = i;
+          if (std::memcmp(got.bytes.data() + i * es, want.bytes.data() + i * es, es) != 0 && wrong++ == 0)
+            first = i;
         EXPECT_EQ(wrong, 0u) << comm_type_name(t) << (op == ReduceOp::kSum ? " sum" : " max") << " rows "
                              << nrows << ": first wrong element " << first;
         // Writing over a row gives the same bits (each element is read before it is written).
@@ -134,7 +149,8 @@ TEST_F(LocalCommTest, EveryCollectiveEveryTypeCopies) {
                                     : comm_->all_reduce(send.data(), recv.data(), n, t, ReduceOp::kMax);
         ASSERT_OK(h.wait());
         EXPECT_TRUE(h.ready());
-        EXPECT_EQ(std::memcmp(send.bytes.data(), recv.bytes.data(), nb), 0) << comm_type_name(t) << " n " << n;
+        EXPECT_EQ(std::memcmp(send.bytes.data(), recv.bytes.data(), nb), 0)
+            << comm_type_name(t) << " n " << n;
       }
       Buf copy = send;  // in place, and broadcast leaves the data alone
       ASSERT_OK(comm_->all_reduce(copy.data(), copy.data(), n, t, ReduceOp::kSum).wait());
@@ -170,7 +186,8 @@ TEST_F(LocalCommTest, OrderedOnItsStreamAndDrainedByBarrier) {
   std::vector<float> src(64, 3.0f);
   std::vector<std::vector<float>> dst(50, std::vector<float>(64, 0.0f));
   std::vector<CommHandle> handles;
-  for (auto& d : dst) handles.push_back(comm_->all_reduce(src.data(), d.data(), 64, CommType::kF32, ReduceOp::kSum));
+  for (auto& d : dst)
+    handles.push_back(comm_->all_reduce(src.data(), d.data(), 64, CommType::kF32, ReduceOp::kSum));
   std::this_thread::sleep_for(std::chrono::milliseconds(5));
   for (auto& h : handles) EXPECT_FALSE(h.ready());
   release = true;
@@ -223,7 +240,8 @@ void check_bucket(Communicator& comm, BucketOp op, CommType t, uint64_t seed) {
   handles.push_back(bucket.flush());
   EXPECT_GE(handles.size(), 3u);
   for (size_t k = 0; k < counts.size(); ++k) {
-    CommHandle h = op == BucketOp::kAllReduce ? comm.all_reduce(sends[k].data(), want[k].data(), counts[k], t, ReduceOp::kSum)
+    CommHandle h = op == BucketOp::kAllReduce
+                       ? comm.all_reduce(sends[k].data(), want[k].data(), counts[k], t, ReduceOp::kSum)
                    : op == BucketOp::kReduceScatter
                        ? comm.reduce_scatter(sends[k].data(), want[k].data(), counts[k], t, ReduceOp::kSum)
                        : comm.all_gather(sends[k].data(), want[k].data(), counts[k], t);
@@ -231,7 +249,8 @@ void check_bucket(Communicator& comm, BucketOp op, CommType t, uint64_t seed) {
   }
   for (auto& h : handles) ASSERT_OK(h.wait());
   for (size_t k = 0; k < counts.size(); ++k)
-    EXPECT_EQ(std::memcmp(got[k].bytes.data(), want[k].bytes.data(), counts[k] * out_mult * comm_type_size(t)), 0)
+    EXPECT_EQ(
+        std::memcmp(got[k].bytes.data(), want[k].bytes.data(), counts[k] * out_mult * comm_type_size(t)), 0)
         << "tensor " << k << " op " << static_cast<int>(op) << " " << comm_type_name(t);
 }
 

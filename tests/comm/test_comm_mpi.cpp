@@ -38,7 +38,8 @@ size_t count_wrong(CommType t, const void* buf, size_t n, const std::function<do
 // Expected reduction of reduce_input over ranks at global element g.
 double reduced_input(ReduceOp op, int size, size_t g) {
   double acc = reduce_input(0, g);
-  for (int r = 1; r < size; ++r) acc = op == ReduceOp::kSum ? acc + reduce_input(r, g) : std::max(acc, reduce_input(r, g));
+  for (int r = 1; r < size; ++r)
+    acc = op == ReduceOp::kSum ? acc + reduce_input(r, g) : std::max(acc, reduce_input(r, g));
   return acc;
 }
 
@@ -52,9 +53,10 @@ void run_all_gather(Communicator& comm) {
         for (size_t i = 0; i < n; ++i) put(t, src, i, gather_input(t, rank, i));
         EXPECT_OK(comm.all_gather(src, recv.data(), n, t).wait());
         size_t first;
-        size_t wrong = count_wrong(t, recv.data(), n * size, [&](size_t g) { return gather_input(t, g / n, g % n); }, &first);
-        EXPECT_EQ(wrong, 0u) << "all_gather " << comm_type_name(t) << " n " << n << (in_place ? " in place" : "")
-                             << " first wrong " << first;
+        size_t wrong = count_wrong(
+            t, recv.data(), n * size, [&](size_t g) { return gather_input(t, g / n, g % n); }, &first);
+        EXPECT_EQ(wrong, 0u) << "all_gather " << comm_type_name(t) << " n " << n
+                             << (in_place ? " in place" : "") << " first wrong " << first;
       }
     }
   }
@@ -71,7 +73,8 @@ void run_reduce_scatter(Communicator& comm) {
           void* dst = in_place ? send.bytes.data() + rank * n * comm_type_size(t) : recv.data();
           EXPECT_OK(comm.reduce_scatter(send.data(), dst, n, t, op).wait());
           size_t first;
-          size_t wrong = count_wrong(t, dst, n, [&](size_t i) { return reduced_input(op, size, rank * n + i); }, &first);
+          size_t wrong = count_wrong(
+              t, dst, n, [&](size_t i) { return reduced_input(op, size, rank * n + i); }, &first);
           EXPECT_EQ(wrong, 0u) << "reduce_scatter " << comm_type_name(t) << " " << op_name(op) << " n " << n
                                << (in_place ? " in place" : "") << " first wrong " << first;
         }
@@ -91,7 +94,8 @@ void run_all_reduce(Communicator& comm) {
           void* dst = in_place ? send.data() : recv.data();
           EXPECT_OK(comm.all_reduce(send.data(), dst, n, t, op).wait());
           size_t first;
-          size_t wrong = count_wrong(t, dst, n, [&](size_t i) { return reduced_input(op, size, i); }, &first);
+          size_t wrong = count_wrong(
+              t, dst, n, [&](size_t i) { return reduced_input(op, size, i); }, &first);
           EXPECT_EQ(wrong, 0u) << "all_reduce " << comm_type_name(t) << " " << op_name(op) << " n " << n
                                << (in_place ? " in place" : "") << " first wrong " << first;
         }
@@ -119,7 +123,8 @@ TEST(MpiComm, BroadcastFromEveryRoot) {
         for (size_t i = 0; i < n; ++i) put(t, buf.data(), i, rank == root ? gather_input(t, root, i) : 0);
         EXPECT_OK(g_comm->broadcast(buf.data(), n, t, root).wait());
         size_t first;
-        size_t wrong = count_wrong(t, buf.data(), n, [&](size_t i) { return gather_input(t, root, i); }, &first);
+        size_t wrong = count_wrong(
+            t, buf.data(), n, [&](size_t i) { return gather_input(t, root, i); }, &first);
         EXPECT_EQ(wrong, 0u) << "broadcast " << comm_type_name(t) << " n " << n << " root " << root;
       }
     }
@@ -128,7 +133,8 @@ TEST(MpiComm, BroadcastFromEveryRoot) {
 
 TEST(MpiComm, InvalidArgumentsQueueNothing) {
   float x = 0;
-  EXPECT_EQ(g_comm->broadcast(&x, 1, CommType::kF32, g_comm->size()).wait().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(g_comm->broadcast(&x, 1, CommType::kF32, g_comm->size()).wait().code(),
+            StatusCode::kInvalidArgument);
   EXPECT_EQ(g_comm->all_reduce(nullptr, &x, 5, CommType::kF32, ReduceOp::kSum).wait().code(),
             StatusCode::kInvalidArgument);
   EXPECT_OK(g_comm->barrier());  // still in step
@@ -147,11 +153,14 @@ TEST(MpiComm, ManyQueuedOpsThenWaitOnAll) {
   }
   for (int k = 0; k < kOps; ++k) {
     Buf& s = sends[k];
-    for (size_t g = 0; g < s.count; ++g) put(CommType::kF32, s.data(), g, k % 3 == 0 ? gather_input(CommType::kF32, rank, g) : reduce_input(rank, g));
+    for (size_t g = 0; g < s.count; ++g)
+      put(CommType::kF32, s.data(), g,
+          k % 3 == 0 ? gather_input(CommType::kF32, rank, g) : reduce_input(rank, g));
     int kind = k % 3;
-    handles.push_back(kind == 0   ? g_comm->all_gather(s.data(), recvs[k].data(), n, CommType::kF32)
-                      : kind == 1 ? g_comm->reduce_scatter(s.data(), recvs[k].data(), n, CommType::kF32, ReduceOp::kSum)
-                                  : g_comm->all_reduce(s.data(), recvs[k].data(), n, CommType::kF32, ReduceOp::kSum));
+    handles.push_back(
+        kind == 0   ? g_comm->all_gather(s.data(), recvs[k].data(), n, CommType::kF32)
+        : kind == 1 ? g_comm->reduce_scatter(s.data(), recvs[k].data(), n, CommType::kF32, ReduceOp::kSum)
+                    : g_comm->all_reduce(s.data(), recvs[k].data(), n, CommType::kF32, ReduceOp::kSum));
   }
   for (int k = kOps - 1; k >= 0; --k) {
     EXPECT_OK(handles[k].wait());
@@ -163,9 +172,18 @@ TEST(MpiComm, ManyQueuedOpsThenWaitOnAll) {
   for (int k = 0; k < kOps; ++k) {
     size_t first;
     int kind = k % 3;
-    if (kind == 0) wrong += count_wrong(CommType::kF32, recvs[k].data(), n * size, [&](size_t g) { return gather_input(CommType::kF32, g / n, g % n); }, &first);
-    if (kind == 1) wrong += count_wrong(CommType::kF32, recvs[k].data(), n, [&](size_t i) { return reduced_input(ReduceOp::kSum, size, rank * n + i); }, &first);
-    if (kind == 2) wrong += count_wrong(CommType::kF32, recvs[k].data(), n, [&](size_t i) { return reduced_input(ReduceOp::kSum, size, i); }, &first);
+    if (kind == 0)
+      wrong += count_wrong(
+          CommType::kF32, recvs[k].data(), n * size,
+          [&](size_t g) { return gather_input(CommType::kF32, g / n, g % n); }, &first);
+    if (kind == 1)
+      wrong += count_wrong(
+          CommType::kF32, recvs[k].data(), n,
+          [&](size_t i) { return reduced_input(ReduceOp::kSum, size, rank * n + i); }, &first);
+    if (kind == 2)
+      wrong += count_wrong(
+          CommType::kF32, recvs[k].data(), n,
+          [&](size_t i) { return reduced_input(ReduceOp::kSum, size, i); }, &first);
   }
   EXPECT_EQ(wrong, 0u);
 }
@@ -193,7 +211,8 @@ void check_against_one_process(Communicator& comm, CommType t, ReduceOp op, size
   Buf a(t, n), b(t, n), want(t, total);
   const void* mine = inputs[rank].data();
   auto issue = [&](Buf& out) {
-    return scatter ? comm.reduce_scatter(mine, out.data(), n, t, op) : comm.all_reduce(mine, out.data(), n, t, op);
+    return scatter ? comm.reduce_scatter(mine, out.data(), n, t, op)
+                   : comm.all_reduce(mine, out.data(), n, t, op);
   };
   CommHandle ha = issue(a), hb = issue(b);
   EXPECT_OK(ha.wait());
@@ -203,11 +222,12 @@ void check_against_one_process(Communicator& comm, CommType t, ReduceOp op, size
   reduce_rows(rows.data(), size, total, want.data(), t, op);
   const size_t es = comm_type_size(t);
   const unsigned char* expect = want.bytes.data() + (scatter ? rank * n * es : 0);
-  EXPECT_EQ(std::memcmp(a.bytes.data(), b.bytes.data(), n * es), 0) << "not deterministic: " << comm_type_name(t);
+  EXPECT_EQ(std::memcmp(a.bytes.data(), b.bytes.data(), n * es), 0)
+      << "not deterministic: " << comm_type_name(t);
   size_t wrong = 0;
   for (size_t i = 0; i < n; ++i) wrong += std::memcmp(a.bytes.data() + i * es, expect + i * es, es) != 0;
-  EXPECT_EQ(wrong, 0u) << (scatter ? "reduce_scatter " : "all_reduce ") << comm_type_name(t) << " " << op_name(op)
-                       << " n " << n << " differs from the one-process reduction";
+  EXPECT_EQ(wrong, 0u) << (scatter ? "reduce_scatter " : "all_reduce ") << comm_type_name(t) << " "
+                       << op_name(op) << " n " << n << " differs from the one-process reduction";
 }
 
 TEST(MpiComm, DeterministicAndEqualToOneProcessReduction) {
@@ -240,7 +260,10 @@ TEST(MpiComm, ChunkedRoundsGiveTheSameResults) {
     for (size_t i = 0; i < n; ++i) put(CommType::kI64, send.data(), i, gather_input(CommType::kI64, rank, i));
     EXPECT_OK(small.all_gather(send.data(), recv.data(), n, CommType::kI64).wait());
     size_t first;
-    EXPECT_EQ(count_wrong(CommType::kI64, recv.data(), n * size, [&](size_t g) { return gather_input(CommType::kI64, g / n, g % n); }, &first), 0u);
+    EXPECT_EQ(count_wrong(
+                  CommType::kI64, recv.data(), n * size,
+                  [&](size_t g) { return gather_input(CommType::kI64, g / n, g % n); }, &first),
+              0u);
   }
   EXPECT_OK(small.barrier());
 }
@@ -269,14 +292,17 @@ TEST(MpiComm, BucketsGiveTheSameBitsAsSingleCollectives) {
       }
       handles.push_back(bucket.flush());
       for (size_t k = 0; k < counts.size(); ++k)
-        handles.push_back(op == BucketOp::kAllReduce
-                              ? g_comm->all_reduce(sends[k].data(), want[k].data(), counts[k], t, ReduceOp::kSum)
-                          : op == BucketOp::kReduceScatter
-                              ? g_comm->reduce_scatter(sends[k].data(), want[k].data(), counts[k], t, ReduceOp::kSum)
-                              : g_comm->all_gather(sends[k].data(), want[k].data(), counts[k], t));
+        handles.push_back(
+            op == BucketOp::kAllReduce
+                ? g_comm->all_reduce(sends[k].data(), want[k].data(), counts[k], t, ReduceOp::kSum)
+            : op == BucketOp::kReduceScatter
+                ? g_comm->reduce_scatter(sends[k].data(), want[k].data(), counts[k], t, ReduceOp::kSum)
+                : g_comm->all_gather(sends[k].data(), want[k].data(), counts[k], t));
       for (auto& h : handles) EXPECT_OK(h.wait());
       for (size_t k = 0; k < counts.size(); ++k)
-        EXPECT_EQ(std::memcmp(got[k].bytes.data(), want[k].bytes.data(), counts[k] * out_mult * comm_type_size(t)), 0)
+        EXPECT_EQ(
+            std::memcmp(got[k].bytes.data(), want[k].bytes.data(), counts[k] * out_mult * comm_type_size(t)),
+            0)
             << "bucket op " << static_cast<int>(op) << " " << comm_type_name(t) << " tensor " << k;
     }
   }
@@ -307,10 +333,10 @@ TEST(NcclComm, MatchesMpiComm) {
         ASSERT_EQ(cudaMemcpy(dsend, send.data(), n * size * es, cudaMemcpyHostToDevice), cudaSuccess);
         for (int which = 0; which < 3; ++which) {
           size_t out = which == 0 ? n : which == 1 ? n : n * size;
-          CommHandle hn = which == 0 ? nccl.all_reduce(dsend, drecv, n, t, op)
+          CommHandle hn = which == 0   ? nccl.all_reduce(dsend, drecv, n, t, op)
                           : which == 1 ? nccl.reduce_scatter(dsend, drecv, n, t, op)
                                        : nccl.all_gather(dsend, drecv, n, t);
-          CommHandle hm = which == 0 ? g_comm->all_reduce(send.data(), mpi.data(), n, t, op)
+          CommHandle hm = which == 0   ? g_comm->all_reduce(send.data(), mpi.data(), n, t, op)
                           : which == 1 ? g_comm->reduce_scatter(send.data(), mpi.data(), n, t, op)
                                        : g_comm->all_gather(send.data(), mpi.data(), n, t);
           EXPECT_OK(hn.wait());

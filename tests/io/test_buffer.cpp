@@ -24,7 +24,8 @@ TEST(AlignedBuffer, AlignmentAndSizes) {
     memset(b->data(), 7, n);
   }
   auto big = AlignedBuffer::allocate(4 << 20);
-  EXPECT_EQ(reinterpret_cast<uintptr_t>(big->data()) % (2 << 20), 0u) << "large buffers start on a 2 MiB page";
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(big->data()) % (2 << 20), 0u)
+      << "large buffers start on a 2 MiB page";
   AlignedBuffer moved = std::move(big).value();
   EXPECT_NE(moved.data(), nullptr);
 }

@@ -308,19 +308,21 @@ TEST_P(IoEngineTest, PersistentEioNeverHangs) {
   faults_.add(FaultKind::kEio, 1, UINT64_MAX);
   AlignedBuffer w = buffer(1 << 20);
   std::vector<IoHandle> hs;
-  for (int k = 0; k < 20; ++k) hs.push_back(engine_->submit(IoRequest{IoOp::kWrite, file_.get(), 0, w.data(), w.size()}));
+  for (int k = 0; k < 20; ++k)
+    hs.push_back(engine_->submit(IoRequest{IoOp::kWrite, file_.get(), 0, w.data(), w.size()}));
   for (auto& h : hs) EXPECT_EQ(h->wait().code(), StatusCode::kIoError);
   EXPECT_EQ(engine_->drain().code(), StatusCode::kIoError);
 }
 
-INSTANTIATE_TEST_SUITE_P(All, IoEngineTest,
-                         testing::Values(Param{IoBackend::kUring, true, 1}, Param{IoBackend::kUring, true, 8},
-                                         Param{IoBackend::kUring, true, 64}, Param{IoBackend::kUring, false, 1},
-                                         Param{IoBackend::kUring, false, 8}, Param{IoBackend::kUring, false, 64},
-                                         Param{IoBackend::kThreads, true, 1}, Param{IoBackend::kThreads, true, 8},
-                                         Param{IoBackend::kThreads, true, 64}, Param{IoBackend::kThreads, false, 1},
-                                         Param{IoBackend::kThreads, false, 8}, Param{IoBackend::kThreads, false, 64}),
-                         param_name);
+INSTANTIATE_TEST_SUITE_P(
+    All, IoEngineTest,
+    testing::Values(Param{IoBackend::kUring, true, 1}, Param{IoBackend::kUring, true, 8},
+                    Param{IoBackend::kUring, true, 64}, Param{IoBackend::kUring, false, 1},
+                    Param{IoBackend::kUring, false, 8}, Param{IoBackend::kUring, false, 64},
+                    Param{IoBackend::kThreads, true, 1}, Param{IoBackend::kThreads, true, 8},
+                    Param{IoBackend::kThreads, true, 64}, Param{IoBackend::kThreads, false, 1},
+                    Param{IoBackend::kThreads, false, 8}, Param{IoBackend::kThreads, false, 64}),
+    param_name);
 
 // ---------------------------------------------------------------------------------------------
 
@@ -403,7 +405,8 @@ std::string under_uring_seccomp(const std::function<std::string()>& fn) {
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
     };
     sock_fprog prog = {static_cast<unsigned short>(sizeof(filter) / sizeof(filter[0])), filter};
-    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0) {
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 ||
+        prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0) {
       return std::string("SKIP");
     }
     return fn();

@@ -174,7 +174,8 @@ TEST(SwapFile, PathWithoutODirect) {
   auto bad = SwapFile::create(o);
   ASSERT_FALSE(bad.is_ok());
   EXPECT_EQ(bad.status().code(), StatusCode::kUnsupported);
-  EXPECT_NE(bad.status().message().find("does not support O_DIRECT"), std::string::npos) << bad.status().message();
+  EXPECT_NE(bad.status().message().find("does not support O_DIRECT"), std::string::npos)
+      << bad.status().message();
   EXPECT_NE(bad.status().message().find(m.path()), std::string::npos);
 
   o.direct = DirectMode::kPrefer;

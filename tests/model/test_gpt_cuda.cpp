@@ -82,7 +82,8 @@ struct Model {
   // A copy from pageable memory may still be in flight when cudaMemcpy returns.
   static ::testing::AssertionResult synced() {
     cudaError_t e = cudaDeviceSynchronize();
-    if (e != cudaSuccess) return ::testing::AssertionFailure() << "cudaDeviceSynchronize: " << cudaGetErrorString(e);
+    if (e != cudaSuccess)
+      return ::testing::AssertionFailure() << "cudaDeviceSynchronize: " << cudaGetErrorString(e);
     return ::testing::AssertionSuccess();
   }
   // Device gradients into host buffers shaped like g.
@@ -90,8 +91,8 @@ struct Model {
     *out = g;
     for (size_t m = 0; m < g.size(); ++m)
       for (size_t i = 0; i < g[m].size(); ++i)
-        if (cudaMemcpy((*out)[m][i].data(), dg[m][i], g[m][i].size() * sizeof(float), cudaMemcpyDeviceToHost) !=
-            cudaSuccess)
+        if (cudaMemcpy((*out)[m][i].data(), dg[m][i], g[m][i].size() * sizeof(float),
+                       cudaMemcpyDeviceToHost) != cudaSuccess)
           return ::testing::AssertionFailure() << "cudaMemcpy of " << name(m, i) << " to the host failed";
     return ::testing::AssertionSuccess();
   }
@@ -132,7 +133,8 @@ float step(Gpt& gpt, int layers, P& params, G& grads, const int32_t* tokens, con
 }
 
 // max |got - want| / max |want| <= tol, naming the tensor and the worst index.
-::testing::AssertionResult close(const std::string& what, const float* got, const float* want, size_t n, double tol) {
+::testing::AssertionResult close(const std::string& what, const float* got, const float* want, size_t n,
+                                 double tol) {
   double max_abs = 0.0, max_diff = 0.0;
   size_t worst = 0;
   for (size_t i = 0; i < n; ++i) {
@@ -145,9 +147,10 @@ float step(Gpt& gpt, int layers, P& params, G& grads, const int32_t* tokens, con
   }
   const double rel = max_abs > 0.0 ? max_diff / max_abs : max_diff;
   if (rel <= tol) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << what << ": max |gpu - cpu| / max |cpu| = " << rel << " > " << tol
-                                       << "; worst at index " << worst << " of " << n << ": gpu " << got[worst]
-                                       << " cpu " << want[worst] << " (max |cpu| " << max_abs << ")";
+  return ::testing::AssertionFailure()
+         << what << ": max |gpu - cpu| / max |cpu| = " << rel << " > " << tol << "; worst at index " << worst
+         << " of " << n << ": gpu " << got[worst] << " cpu " << want[worst] << " (max |cpu| " << max_abs
+         << ")";
 }
 
 struct Shape {
@@ -171,7 +174,8 @@ TEST_P(GptCudaVsCpu, LossLogitsAndEveryGradientMatch) {
   std::vector<int32_t> tokens(n), targets(n);
   for (size_t i = 0; i < n; ++i) {
     tokens[i] = static_cast<int32_t>(rng() % static_cast<uint64_t>(c.vocab));
-    targets[i] = i % 7 == 3 ? -1 : static_cast<int32_t>(rng() % static_cast<uint64_t>(c.vocab));  // some ignored
+    targets[i] =
+        i % 7 == 3 ? -1 : static_cast<int32_t>(rng() % static_cast<uint64_t>(c.vocab));  // some ignored
   }
 
   // CPU: the reference side.
@@ -226,7 +230,8 @@ TEST_P(GptCudaVsCpu, LossLogitsAndEveryGradientMatch) {
   ASSERT_TRUE(model.download_grads(&again_grads));
   for (size_t m = 0; m < again_grads.size(); ++m)
     for (size_t i = 0; i < again_grads[m].size(); ++i)
-      EXPECT_TRUE(again_grads[m][i] == gpu_grads[m][i]) << model.name(m, i) << " differs between two identical steps";
+      EXPECT_TRUE(again_grads[m][i] == gpu_grads[m][i])
+          << model.name(m, i) << " differs between two identical steps";
 }
 
 GptConfig config(int vocab, int seq, int d, int heads, int layers) {
@@ -286,7 +291,8 @@ TEST(GptCuda, BadArgumentsAreRejected) {
     r = GptCuda::create(config(256, 16, 32, 4, 2), 2, 16, 1000);
     ASSERT_FALSE(r.is_ok());
     EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
-    EXPECT_NE(r.status().message().find("device 1000 does not exist"), std::string::npos) << r.status().message();
+    EXPECT_NE(r.status().message().find("device 1000 does not exist"), std::string::npos)
+        << r.status().message();
   }
 }
 

@@ -29,7 +29,8 @@ struct Rig {
   std::unique_ptr<TierManager> tm;
 
   // Returns false (with a gtest failure) when setup fails.
-  bool init(uint64_t device_budget, uint64_t host_budget, TierManagerOptions extra = {}, uint64_t nvme_budget = 0) {
+  bool init(uint64_t device_budget, uint64_t host_budget, TierManagerOptions extra = {},
+            uint64_t nvme_budget = 0) {
     io::IoEngineOptions eo;
     eo.queue_depth = 16;
     eo.faults = &faults;

@@ -29,7 +29,9 @@ std::vector<float> series(size_t n, uint32_t seed) {
 
 SwapperOptions adam_options(size_t buffers, size_t buffer_bytes) {
   SwapperOptions o;
-  o.states = {{StateKind::kMaster, 4, true}, {StateKind::kAdamM, 4, true}, {StateKind::kAdamV, 4, true},
+  o.states = {{StateKind::kMaster, 4, true},
+              {StateKind::kAdamM, 4, true},
+              {StateKind::kAdamV, 4, true},
               {StateKind::kGrad, 4, false}};
   o.buffer_count = buffers;
   o.buffer_bytes = buffer_bytes;
@@ -77,7 +79,8 @@ TEST_P(SwapperTest, BitIdenticalToInMemoryUpdate) {
   for (int step = 0; step < 3; ++step) {
     ASSERT_TRUE(sw.value()->step(adam_update()).is_ok());
     ASSERT_TRUE(host.value()->step(adam_update()).is_ok());
-    for (size_t g = 0; g < c.sizes.size(); ++g) adamish(ref[0][g].data(), ref[1][g].data(), ref[2][g].data(), ref[3][g].data(), c.sizes[g]);
+    for (size_t g = 0; g < c.sizes.size(); ++g)
+      adamish(ref[0][g].data(), ref[1][g].data(), ref[2][g].data(), ref[3][g].data(), c.sizes[g]);
   }
   EXPECT_EQ(sw.value()->free_slots(), sw.value()->slots());
   for (size_t g = 0; g < c.sizes.size(); ++g) {
@@ -85,8 +88,10 @@ TEST_P(SwapperTest, BitIdenticalToInMemoryUpdate) {
       std::vector<float> a(c.sizes[g]), b(c.sizes[g]);
       ASSERT_TRUE(sw.value()->read_state(g, k, a.data()).is_ok());
       ASSERT_TRUE(host.value()->read_state(g, k, b.data()).is_ok());
-      EXPECT_EQ(test::first_mismatch(a.data(), ref[k][g].data(), a.size() * 4), -1) << "nvme group " << g << " state " << k;
-      EXPECT_EQ(test::first_mismatch(b.data(), ref[k][g].data(), b.size() * 4), -1) << "host group " << g << " state " << k;
+      EXPECT_EQ(test::first_mismatch(a.data(), ref[k][g].data(), a.size() * 4), -1)
+          << "nvme group " << g << " state " << k;
+      EXPECT_EQ(test::first_mismatch(b.data(), ref[k][g].data(), b.size() * 4), -1)
+          << "host group " << g << " state " << k;
     }
   }
   const SwapperStats& st = sw.value()->last_stats();
@@ -106,10 +111,12 @@ TEST(Swapper, RangedStateTransfers) {
     ASSERT_TRUE(sw.value()->add_group(1, n).is_ok());
     auto v = series(n, 9);
     // Written in chunk-aligned pieces, read back whole and in pieces.
-    for (size_t b = 0; b < n; b += 2 * c) ASSERT_TRUE(sw.value()->write_state(1, 0, v.data() + b, b, 2 * c).is_ok());
+    for (size_t b = 0; b < n; b += 2 * c)
+      ASSERT_TRUE(sw.value()->write_state(1, 0, v.data() + b, b, 2 * c).is_ok());
     std::vector<float> whole(n), part(n);
     ASSERT_TRUE(sw.value()->read_state(1, 0, whole.data()).is_ok());
-    for (size_t b = 0; b < n; b += c) ASSERT_TRUE(sw.value()->read_state(1, 0, part.data() + b, b, c).is_ok());
+    for (size_t b = 0; b < n; b += c)
+      ASSERT_TRUE(sw.value()->read_state(1, 0, part.data() + b, b, c).is_ok());
     EXPECT_EQ(test::first_mismatch(whole.data(), v.data(), n * 4), -1);
     EXPECT_EQ(test::first_mismatch(part.data(), v.data(), n * 4), -1);
     EXPECT_EQ(sw.value()->read_state(1, 0, part.data(), 5, c).code(), StatusCode::kInvalidArgument);
@@ -119,7 +126,8 @@ TEST(Swapper, RangedStateTransfers) {
 TEST(Swapper, TooFewBuffersIsAClearError) {
   auto sw = OptimizerSwapper::create(nullptr, adam_options(3, 64 * 1024));
   ASSERT_FALSE(sw.is_ok());
-  EXPECT_NE(sw.status().message().find("buffer_count 3 is smaller than the 4 optimizer states"), std::string::npos)
+  EXPECT_NE(sw.status().message().find("buffer_count 3 is smaller than the 4 optimizer states"),
+            std::string::npos)
       << sw.status().message();
 }
 

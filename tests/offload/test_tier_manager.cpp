@@ -271,9 +271,8 @@ void sync_transfer_behind_held_completion(bool write) {
     ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(10), [&] { return holding; }));
   }
   std::vector<unsigned char> got(n);
-  auto sync = std::async(std::launch::async, [&] {
-    return write ? tm.write(2, a.data()) : tm.read(2, got.data());
-  });
+  auto sync =
+      std::async(std::launch::async, [&] { return write ? tm.write(2, a.data()) : tm.read(2, got.data()); });
   // Let the synchronous transfer reach its wait, then let the held completion go.
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   {
@@ -301,8 +300,12 @@ void sync_transfer_behind_held_completion(bool write) {
   EXPECT_EQ(first_mismatch(got.data(), write ? a.data() : b.data(), n), -1);
 }
 
-TEST(TierManager, SyncReadBehindAHeldCompletionDoesNotDeadlock) { sync_transfer_behind_held_completion(false); }
-TEST(TierManager, SyncWriteBehindAHeldCompletionDoesNotDeadlock) { sync_transfer_behind_held_completion(true); }
+TEST(TierManager, SyncReadBehindAHeldCompletionDoesNotDeadlock) {
+  sync_transfer_behind_held_completion(false);
+}
+TEST(TierManager, SyncWriteBehindAHeldCompletionDoesNotDeadlock) {
+  sync_transfer_behind_held_completion(true);
+}
 
 // A synchronous write and fetches of the same item from other threads: every fetch sees the old
 // or the new bytes, never a mix, and the transfers never run under the lock.
@@ -322,7 +325,8 @@ TEST(TierManager, FetchWaitsForASynchronousWriteOfTheSameItem) {
     while (!stop.load()) {
       auto p = tm.fetch(1, Tier::kHost).wait();
       if (!p.is_ok()) continue;  // a write() refuses while pinned; that is its contract
-      bool is_a = first_mismatch(p.value(), a.data(), n) == -1, is_b = first_mismatch(p.value(), b.data(), n) == -1;
+      bool is_a = first_mismatch(p.value(), a.data(), n) == -1,
+           is_b = first_mismatch(p.value(), b.data(), n) == -1;
       if (!is_a && !is_b) torn++;
       fetched++;
       tm.unpin(1, Tier::kHost);

@@ -70,8 +70,10 @@ class Buf {
     return dtype_ == DType::kF16 ? f16_to_f32(h) : bf16_to_f32(h);
   }
   void set(size_t i, float x) {
-    if (dtype_ == DType::kF32) f32()[i] = x;
-    else u16()[i] = dtype_ == DType::kF16 ? f32_to_f16(x) : f32_to_bf16(x);
+    if (dtype_ == DType::kF32)
+      f32()[i] = x;
+    else
+      u16()[i] = dtype_ == DType::kF16 ? f32_to_f16(x) : f32_to_bf16(x);
   }
   bool same_bytes(const Buf& o) const {
     return n_ == o.n_ && std::memcmp(data(), o.data(), n_ * dtype_size(dtype_)) == 0;
@@ -101,8 +103,8 @@ template <typename Bound>
   }
   if (bad == 0) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure()
-         << what << ": " << bad << " of " << n << " elements differ; first at index " << first
-         << ": got " << got[first] << " want " << want[first] << " (diff "
+         << what << ": " << bad << " of " << n << " elements differ; first at index " << first << ": got "
+         << got[first] << " want " << want[first] << " (diff "
          << std::fabs(double(got[first]) - double(want[first])) << ", bound " << bound(first) << ")";
 }
 
@@ -119,9 +121,9 @@ inline ::testing::AssertionResult near_half(const char* what, const uint16_t* go
   if (bad == 0) return ::testing::AssertionSuccess();
   char buf[160];
   snprintf(buf, sizeof(buf), "got 0x%04x want 0x%04x", got[first], want[first]);
-  return ::testing::AssertionFailure() << what << " (" << dtype_name(dtype) << "): " << bad << " of " << n
-                                       << " elements more than " << max_ulp << " ulp apart; first at index "
-                                       << first << ": " << buf;
+  return ::testing::AssertionFailure()
+         << what << " (" << dtype_name(dtype) << "): " << bad << " of " << n << " elements more than "
+         << max_ulp << " ulp apart; first at index " << first << ": " << buf;
 }
 
 }  // namespace zoe::optim::test

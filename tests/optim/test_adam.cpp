@@ -83,12 +83,12 @@ TEST_P(AdamPaths, MatchesReference) {
   const DType sd = st == 0 ? DType::kF32 : DType::kBF16;
   const bool sr = st == 3;
   const bool exact = path.level == SimdLevel::kScalar;
-  const Case cases[] = {{0, 0, 1, true},           {1, 1, 1000000, false}, {15, 0, 1, true},
-                        {17, 1, 1000000, true},    {33000, 1, 1, true},     {33000, 0, 1000000, false}};
+  const Case cases[] = {{0, 0, 1, true},        {1, 1, 1000000, false}, {15, 0, 1, true},
+                        {17, 1, 1000000, true}, {33000, 1, 1, true},    {33000, 0, 1000000, false}};
   uint32_t seed = 1;
   for (const Case& c : cases) {
-    SCOPED_TRACE(::testing::Message() << path.name << " n=" << c.n << " offset=" << c.offset << " step=" << c.step
-                                      << (c.adamw ? " adamw" : " adam-l2"));
+    SCOPED_TRACE(::testing::Message() << path.name << " n=" << c.n << " offset=" << c.offset
+                                      << " step=" << c.step << (c.adamw ? " adamw" : " adam-l2"));
     Data fast = make_data(c.n, c.offset, gd, sd, out, seed);
     Data ref = make_data(c.n, c.offset, gd, sd, out, seed);
     Data before = make_data(c.n, c.offset, gd, sd, out, seed);
@@ -114,7 +114,8 @@ TEST_P(AdamPaths, MatchesReference) {
       if (exact) return 0.0;
       double denom = std::sqrt(double(ref.v.get(i))) * k.inv_sqrt_bc2 + k.eps;
       return e * std::fabs(before.p.get(i)) +
-             k.step_size * (bound_m(i) / denom + std::fabs(ref.m.get(i)) * (e + bound_v(i) / (ref.v.get(i) + 1e-30)) / denom);
+             k.step_size * (bound_m(i) / denom +
+                            std::fabs(ref.m.get(i)) * (e + bound_v(i) / (ref.v.get(i) + 1e-30)) / denom);
     };
     EXPECT_TRUE(near_f32("param", fast.p.f32(), ref.p.f32(), c.n, bound_p));
     if (sd == DType::kF32) {
@@ -127,7 +128,8 @@ TEST_P(AdamPaths, MatchesReference) {
       } else {
         // 1 bf16 ulp, or the fp32 bound plus one bf16 ulp where m cancels to a tiny value.
         std::vector<float> fm(c.n), rm(c.n), fv(c.n), rv(c.n);
-        for (size_t i = 0; i < c.n; ++i) fm[i] = fast.m.get(i), rm[i] = ref.m.get(i), fv[i] = fast.v.get(i), rv[i] = ref.v.get(i);
+        for (size_t i = 0; i < c.n; ++i)
+          fm[i] = fast.m.get(i), rm[i] = ref.m.get(i), fv[i] = fast.v.get(i), rv[i] = ref.v.get(i);
         auto bf16_bound = [&](const std::vector<float>& a, const std::vector<float>& b, auto fp32_bound) {
           return [&, fp32_bound](size_t i) {
             return fp32_bound(i) + std::ldexp(std::max(std::fabs(a[i]), std::fabs(b[i])), -7);
@@ -141,7 +143,8 @@ TEST_P(AdamPaths, MatchesReference) {
       DType od = out == 1 ? DType::kF16 : DType::kBF16;
       EXPECT_TRUE(near_half("param_out", fast.out.u16(), ref.out.u16(), c.n, od, exact ? 0 : 1));
       std::vector<uint16_t> own(c.n);
-      for (size_t i = 0; i < c.n; ++i) own[i] = od == DType::kF16 ? f32_to_f16(fast.p.f32()[i]) : f32_to_bf16(fast.p.f32()[i]);
+      for (size_t i = 0; i < c.n; ++i)
+        own[i] = od == DType::kF16 ? f32_to_f16(fast.p.f32()[i]) : f32_to_bf16(fast.p.f32()[i]);
       EXPECT_TRUE(near_half("param_out vs own p", fast.out.u16(), own.data(), c.n, od, 0));
     }
   }
@@ -174,7 +177,8 @@ TEST(Adam, LargeAllPathsTwoThreads) {
     AdamArgs ar = args_for(ref, DType::kBF16, DType::kF32, 2, c, false);
     ASSERT_TRUE(adam_step(af, exec_for(path, pool.get(), true)).is_ok());
     ASSERT_TRUE(ref::adam_step(ar).is_ok());
-    EXPECT_TRUE(near_f32("param", fast.p.f32(), ref.p.f32(), n, [&](size_t i) { return 1e-6 * std::fabs(ref.p.f32()[i]) + 1e-9; }));
+    EXPECT_TRUE(near_f32("param", fast.p.f32(), ref.p.f32(), n,
+                         [&](size_t i) { return 1e-6 * std::fabs(ref.p.f32()[i]) + 1e-9; }));
     EXPECT_TRUE(near_half("param_out", fast.out.u16(), ref.out.u16(), n, DType::kBF16, 1));
   }
 }
@@ -226,8 +230,10 @@ TEST(AdamReference, MatchesDoublePrecisionTextbook) {
       const double b1 = hp.beta1, b2 = hp.beta2, lr = hp.lr, wd = hp.weight_decay;
       for (size_t i = 0; i < n; ++i) {
         double gi = 0.5 * g[i];
-        if (!adamw) gi += wd * pd[i];
-        else pd[i] *= 1.0 - lr * wd;
+        if (!adamw)
+          gi += wd * pd[i];
+        else
+          pd[i] *= 1.0 - lr * wd;
         md[i] = b1 * md[i] + (1 - b1) * gi;
         vd[i] = b2 * vd[i] + (1 - b2) * gi * gi;
         double mh = md[i] / (1 - std::pow(b1, t)), vh = vd[i] / (1 - std::pow(b2, t));
@@ -301,7 +307,8 @@ TEST(Adam, OverflowSkipsStep) {
         d.g.set(n - 3, bad);
         AdamGroup group;
         group.step = 41;
-        AdamBuffers b{n, d.p.f32(), d.g.data(), gd, d.m.data(), d.v.data(), DType::kF32, d.out.data(), DType::kBF16};
+        AdamBuffers b{n,          d.p.f32(),   d.g.data(),   gd,          d.m.data(),
+                      d.v.data(), DType::kF32, d.out.data(), DType::kBF16};
         auto r = adam_full_step(group, b, 1024.0f, 1.0f, exec_for(path));
         ASSERT_TRUE(r.is_ok());
         EXPECT_TRUE(r->skipped);
@@ -323,7 +330,8 @@ TEST(Adam, FullStepFoldsUnscaleAndClip) {
   Data sep = make_data(n, 0, DType::kF32, DType::kF32, 0, 9);
   AdamGroup group;
   group.step = 4;
-  AdamBuffers b{n, fused.p.f32(), fused.g.data(), DType::kF32, fused.m.data(), fused.v.data(), DType::kF32, nullptr, DType::kBF16};
+  AdamBuffers b{n,           fused.p.f32(), fused.g.data(), DType::kF32, fused.m.data(), fused.v.data(),
+                DType::kF32, nullptr,       DType::kBF16};
   auto r = adam_full_step(group, b, 1024.0f, 0.5f, Exec{nullptr, SimdLevel::kScalar, false, std::nullopt});
   ASSERT_TRUE(r.is_ok());
   ASSERT_FALSE(r->skipped);
@@ -333,7 +341,8 @@ TEST(Adam, FullStepFoldsUnscaleAndClip) {
   ASSERT_GT(norm, 0.5);  // clipping is active
   EXPECT_NEAR(r->scale.clip_coef, 0.5 / (norm + 1e-6), 1e-6);
   AdamArgs a;
-  a.buf = {n, sep.p.f32(), sep.g.data(), DType::kF32, sep.m.data(), sep.v.data(), DType::kF32, nullptr, DType::kBF16};
+  a.buf = {n,           sep.p.f32(), sep.g.data(), DType::kF32, sep.m.data(), sep.v.data(),
+           DType::kF32, nullptr,     DType::kBF16};
   a.step = {5, r->scale.grad_scale};
   ASSERT_TRUE(ref::adam_step(a).is_ok());
   EXPECT_TRUE(fused.p.same_bytes(sep.p));

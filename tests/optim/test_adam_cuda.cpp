@@ -32,11 +32,11 @@
 namespace zoe::optim::test {
 namespace {
 
-
-#define ZOE_ASSERT_CUDA(call)                                                                     \
-  do {                                                                                            \
-    cudaError_t e_ = (call);                                                                      \
-    ASSERT_EQ(e_, cudaSuccess) << #call << ": " << cudaGetErrorName(e_) << " (" << cudaGetErrorString(e_) << ")"; \
+#define ZOE_ASSERT_CUDA(call)                                                                             \
+  do {                                                                                                    \
+    cudaError_t e_ = (call);                                                                              \
+    ASSERT_EQ(e_, cudaSuccess) << #call << ": " << cudaGetErrorName(e_) << " (" << cudaGetErrorString(e_) \
+                               << ")";                                                                    \
   } while (0)
 
 // n elements of `dtype` in device memory, `offset` elements past a cudaMalloc'd (256-byte aligned)
@@ -108,8 +108,9 @@ size_t count_not_identical(const Buf& a, const Buf& b) {
 
 ::testing::AssertionResult near_rel(const char* what, double got, double want, double rel) {
   if (got == want || std::fabs(got - want) <= rel * std::fabs(want)) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << what << ": got " << got << " want " << want << " (relative difference "
-                                       << std::fabs(got - want) / std::fabs(want) << ", bound " << rel << ")";
+  return ::testing::AssertionFailure()
+         << what << ": got " << got << " want " << want << " (relative difference "
+         << std::fabs(got - want) / std::fabs(want) << ", bound " << rel << ")";
 }
 
 // ---- Adam ------------------------------------------------------------------------------------
@@ -145,7 +146,8 @@ AdamParams params_for(bool adamw, bool sr) {
   return p;
 }
 
-using Combo = std::tuple<DType, int, int>;  // grad dtype, state (0 fp32, 2 bf16, 3 bf16 stochastic), out (0 none, 1 fp16, 2 bf16)
+using Combo = std::tuple<DType, int, int>;  // grad dtype, state (0 fp32, 2 bf16, 3 bf16 stochastic), out (0
+                                            // none, 1 fp16, 2 bf16)
 
 class AdamCuda : public ::testing::TestWithParam<Combo> {};
 
@@ -159,8 +161,8 @@ TEST_P(AdamCuda, MatchesReference) {
     int64_t step;
     bool adamw;
   };
-  const Case cases[] = {{0, 0, 1, true}, {1, 1, 1000000, false}, {17, 1, 1, true}, {17, 0, 3, false},
-                        {1000003, 0, 1, true}, {1000003, 1, 1000000, false}};
+  const Case cases[] = {{0, 0, 1, true},   {1, 1, 1000000, false}, {17, 1, 1, true},
+                        {17, 0, 3, false}, {1000003, 0, 1, true},  {1000003, 1, 1000000, false}};
   StreamHolder stream;
   ASSERT_NE(stream.get(), nullptr);
   uint32_t seed = 100;
@@ -170,8 +172,8 @@ TEST_P(AdamCuda, MatchesReference) {
     Data ref = make_data(c.n, gd, sd, od, seed);
     Data gpu = make_data(c.n, gd, sd, od, seed);
     ++seed;
-    DevBuf dp(DType::kF32, c.n, c.offset), dg(gd, c.n, c.offset), dm(sd, c.n, c.offset), dv(sd, c.n, c.offset),
-        dout(od, c.n, c.offset);
+    DevBuf dp(DType::kF32, c.n, c.offset), dg(gd, c.n, c.offset), dm(sd, c.n, c.offset),
+        dv(sd, c.n, c.offset), dout(od, c.n, c.offset);
     ASSERT_TRUE(dp.ok() && dg.ok() && dm.ok() && dv.ok() && dout.ok());
     ZOE_ASSERT_CUDA(dp.upload(gpu.p));
     ZOE_ASSERT_CUDA(dg.upload(gpu.g));
@@ -187,7 +189,8 @@ TEST_P(AdamCuda, MatchesReference) {
     a.buf.state_dtype = sd;
     a.buf.param_out_dtype = od;
     AdamArgs ad = a, ar = a;
-    ad.buf.param = dp.f32(), ad.buf.grad = dg.data(), ad.buf.exp_avg = dm.data(), ad.buf.exp_avg_sq = dv.data();
+    ad.buf.param = dp.f32(), ad.buf.grad = dg.data(), ad.buf.exp_avg = dm.data(),
+    ad.buf.exp_avg_sq = dv.data();
     ad.buf.param_out = out ? dout.data() : nullptr;
     ar.buf.param = ref.p.f32(), ar.buf.grad = ref.g.data(), ar.buf.exp_avg = ref.m.data(),
     ar.buf.exp_avg_sq = ref.v.data();
@@ -220,8 +223,8 @@ TEST_P(AdamCuda, MatchesReference) {
     const size_t np = count_not_identical(gpu.p, ref.p), nm = count_not_identical(gpu.m, ref.m),
                  nv = count_not_identical(gpu.v, ref.v);
     if (np + nm + nv != 0)
-      std::printf("  note: n=%zu: %zu p, %zu m, %zu v elements not bit-identical to the reference\n", c.n, np, nm,
-                  nv);
+      std::printf("  note: n=%zu: %zu p, %zu m, %zu v elements not bit-identical to the reference\n", c.n, np,
+                  nm, nv);
   }
 }
 
@@ -243,7 +246,8 @@ TEST(AdamCudaStream, DefaultStreamTwoSteps) {
   const size_t n = 4099;
   Data ref = make_data(n, DType::kBF16, DType::kF32, DType::kBF16, 7);
   Data gpu = make_data(n, DType::kBF16, DType::kF32, DType::kBF16, 7);
-  DevBuf dp(DType::kF32, n), dg(DType::kBF16, n), dm(DType::kF32, n), dv(DType::kF32, n), dout(DType::kBF16, n);
+  DevBuf dp(DType::kF32, n), dg(DType::kBF16, n), dm(DType::kF32, n), dv(DType::kF32, n),
+      dout(DType::kBF16, n);
   ZOE_ASSERT_CUDA(dp.upload(gpu.p));
   ZOE_ASSERT_CUDA(dg.upload(gpu.g));
   ZOE_ASSERT_CUDA(dm.upload(gpu.m));
@@ -252,11 +256,12 @@ TEST(AdamCudaStream, DefaultStreamTwoSteps) {
     AdamArgs a;
     a.params = params_for(true, false);
     a.step.step = step;
-    a.buf = AdamBuffers{n, dp.f32(), dg.data(), DType::kBF16, dm.data(), dv.data(), DType::kF32, dout.data(), DType::kBF16};
+    a.buf = AdamBuffers{n,         dp.f32(),    dg.data(),   DType::kBF16, dm.data(),
+                        dv.data(), DType::kF32, dout.data(), DType::kBF16};
     Status s = cuda::adam_step(a, nullptr);
     ASSERT_TRUE(s.is_ok()) << s.to_string();
-    a.buf = AdamBuffers{n, ref.p.f32(), ref.g.data(), DType::kBF16, ref.m.data(), ref.v.data(), DType::kF32,
-                        ref.out.data(), DType::kBF16};
+    a.buf = AdamBuffers{n,           ref.p.f32(),    ref.g.data(), DType::kBF16, ref.m.data(), ref.v.data(),
+                        DType::kF32, ref.out.data(), DType::kBF16};
     ASSERT_TRUE(ref::adam_step(a).is_ok());
   }
   ZOE_ASSERT_CUDA(cudaDeviceSynchronize());
@@ -271,7 +276,8 @@ TEST(AdamCudaErrors, BadArgumentsAreRejectedWithTheReason) {
   const size_t n = 64;
   DevBuf dp(DType::kF32, n), dg(DType::kF32, n), dm(DType::kF32, n), dv(DType::kF32, n);
   AdamArgs good;
-  good.buf = AdamBuffers{n, dp.f32(), dg.data(), DType::kF32, dm.data(), dv.data(), DType::kF32, nullptr, DType::kBF16};
+  good.buf = AdamBuffers{n,         dp.f32(),    dg.data(), DType::kF32, dm.data(),
+                         dv.data(), DType::kF32, nullptr,   DType::kBF16};
   ASSERT_TRUE(cuda::adam_step(good, nullptr).is_ok());
   ZOE_ASSERT_CUDA(cudaDeviceSynchronize());
 
@@ -308,7 +314,8 @@ TEST(AdamCudaErrors, BadArgumentsAreRejectedWithTheReason) {
   }
   auto r = cuda::grad_norm_sq(host.data(), DType::kF32, n, nullptr);
   ASSERT_FALSE(r.is_ok());
-  EXPECT_NE(r.status().message().find("not memory the GPU can address"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("not memory the GPU can address"), std::string::npos)
+      << r.status().message();
   auto c = cuda::convert_with_norm(dp.data(), DType::kF32, dp.data(), DType::kF32, n, true, nullptr);
   ASSERT_FALSE(c.is_ok());
   EXPECT_NE(c.status().message().find("must differ"), std::string::npos) << c.status().message();
@@ -321,7 +328,8 @@ TEST(AdamCudaErrors, WithoutAGpuCallsSayWhy) {
   float fake[4] = {};
   auto r = cuda::grad_norm_sq(fake, DType::kF32, 4, nullptr);
   ASSERT_FALSE(r.is_ok());
-  EXPECT_NE(r.status().message().find("cudaPointerGetAttributes"), std::string::npos) << r.status().to_string();
+  EXPECT_NE(r.status().message().find("cudaPointerGetAttributes"), std::string::npos)
+      << r.status().to_string();
   std::printf("  without a GPU: %s\n", r.status().to_string().c_str());
   auto z = cuda::grad_norm_sq(nullptr, DType::kF32, 0, nullptr);
   ASSERT_TRUE(z.is_ok());
@@ -351,8 +359,10 @@ Buf random_bits(DType dtype, size_t n, uint32_t seed) {
   Buf b(dtype, n);
   for (size_t i = 0; i < n; ++i) {
     const uint32_t r = rng();
-    if (dtype == DType::kF32) std::memcpy(b.f32() + i, &r, 4);
-    else b.u16()[i] = static_cast<uint16_t>(r);
+    if (dtype == DType::kF32)
+      std::memcpy(b.f32() + i, &r, 4);
+    else
+      b.u16()[i] = static_cast<uint16_t>(r);
   }
   return b;
 }
@@ -421,7 +431,9 @@ TEST_P(NormCuda, InfAndNanAreDetected) {
 }
 
 INSTANTIATE_TEST_SUITE_P(All, NormCuda, ::testing::Values(DType::kF32, DType::kF16, DType::kBF16),
-                         [](const ::testing::TestParamInfo<DType>& i) { return std::string(dtype_name(i.param)); });
+                         [](const ::testing::TestParamInfo<DType>& i) {
+                           return std::string(dtype_name(i.param));
+                         });
 
 using ConvertCombo = std::tuple<DType, DType>;
 class ConvertCuda : public ::testing::TestWithParam<ConvertCombo> {};
@@ -451,8 +463,8 @@ TEST_P(ConvertCuda, SameBytesAsReferenceForEveryBitPattern) {
           ++bad;
         }
       }
-      EXPECT_EQ(bad, 0u) << "first at index " << first << ": src " << src.get(first) << " got " << got.get(first)
-                         << " want " << want.get(first);
+      EXPECT_EQ(bad, 0u) << "first at index " << first << ": src " << src.get(first) << " got "
+                         << got.get(first) << " want " << want.get(first);
       EXPECT_EQ(r->finite, wn.finite);
       if (wn.finite) {
         EXPECT_TRUE(near_rel("convert norm", r->sum_sq, wn.sum_sq, 1e-12));
@@ -502,7 +514,8 @@ TEST_P(AccumulateCuda, FirstOverwritesThenAdds) {
         sum += static_cast<double>(want[i]) * want[i];
       }
       ZOE_ASSERT_CUDA(dacc.download(got));
-      EXPECT_TRUE(near_f32("acc", got.f32(), want.data(), n, [](size_t) { return 0.0; })) << "round " << round;
+      EXPECT_TRUE(near_f32("acc", got.f32(), want.data(), n, [](size_t) { return 0.0; }))
+          << "round " << round;
       EXPECT_TRUE(r->finite);
       EXPECT_TRUE(near_rel("accumulate norm", r->sum_sq, sum, 1e-12)) << "round " << round;
     }
@@ -510,7 +523,9 @@ TEST_P(AccumulateCuda, FirstOverwritesThenAdds) {
 }
 
 INSTANTIATE_TEST_SUITE_P(All, AccumulateCuda, ::testing::Values(DType::kF32, DType::kF16, DType::kBF16),
-                         [](const ::testing::TestParamInfo<DType>& i) { return std::string(dtype_name(i.param)); });
+                         [](const ::testing::TestParamInfo<DType>& i) {
+                           return std::string(dtype_name(i.param));
+                         });
 
 }  // namespace
 }  // namespace zoe::optim::test

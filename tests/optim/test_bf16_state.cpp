@@ -37,7 +37,9 @@ TrainRun train(int state, int steps, size_t n, float noise_sigma) {
   std::mt19937 noise(7);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   AdamArgs a;
-  a.buf = {n, p.data(), g.data(), DType::kF32, m.data(), v.data(), state ? DType::kBF16 : DType::kF32, nullptr, DType::kBF16};
+  a.buf = {
+      n,       p.data(),    g.data(), DType::kF32, m.data(), v.data(), state ? DType::kBF16 : DType::kF32,
+      nullptr, DType::kBF16};
   a.params.lr = 1e-3f;
   a.params.stochastic_rounding = state == 2;
   for (int s = 1; s <= steps; ++s) {
@@ -63,7 +65,8 @@ TEST(Bf16State, AccuracyCost) {
       start_loss += 0.5 * h * double(t) * t;
     }
   }
-  printf("bf16 m/v accuracy (%zu params, %d AdamW steps, lr 1e-3, quadratic with curvatures 1e-2..1e2):\n", n, steps);
+  printf("bf16 m/v accuracy (%zu params, %d AdamW steps, lr 1e-3, quadratic with curvatures 1e-2..1e2):\n", n,
+         steps);
   for (float sigma : {0.0f, 0.1f}) {
     TrainRun f32 = train(0, steps, n, sigma), rne = train(1, steps, n, sigma), sr = train(2, steps, n, sigma);
     auto rel_dist = [&](const TrainRun& r) {
@@ -74,10 +77,14 @@ TEST(Bf16State, AccuracyCost) {
       }
       return std::sqrt(d / moved);
     };
-    printf("  gradient noise %.1f*h: loss start %.5g, fp32 m/v %.5g, bf16 RNE %.5g (%+.1f%%), bf16 stochastic %.5g (%+.1f%%)\n",
-           sigma, start_loss, f32.loss, rne.loss, 100 * (rne.loss / f32.loss - 1), sr.loss, 100 * (sr.loss / f32.loss - 1));
-    printf("    params' RMS distance from the fp32-m/v run, relative to their RMS: RNE %.3g, stochastic %.3g\n",
-           rel_dist(rne), rel_dist(sr));
+    printf(
+        "  gradient noise %.1f*h: loss start %.5g, fp32 m/v %.5g, bf16 RNE %.5g (%+.1f%%), bf16 stochastic "
+        "%.5g (%+.1f%%)\n",
+        sigma, start_loss, f32.loss, rne.loss, 100 * (rne.loss / f32.loss - 1), sr.loss,
+        100 * (sr.loss / f32.loss - 1));
+    printf(
+        "    params' RMS distance from the fp32-m/v run, relative to their RMS: RNE %.3g, stochastic %.3g\n",
+        rel_dist(rne), rel_dist(sr));
     std::string tag = sigma > 0 ? "_noisy" : "_clean";
     RecordProperty("loss_fp32" + tag, std::to_string(f32.loss));
     RecordProperty("loss_bf16_rne" + tag, std::to_string(rne.loss));

@@ -30,7 +30,8 @@ TEST(CpuPool, EveryIndexOnce) {
         for (int rep = 0; rep < 3; ++rep) {
           std::vector<std::atomic<int>> hits(n);
           (*pool)->for_each(n, [&](size_t i) { hits[i].fetch_add(1); });
-          for (size_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << (*pool)->backend_name() << " t=" << t << " i=" << i;
+          for (size_t i = 0; i < n; ++i)
+            ASSERT_EQ(hits[i].load(), 1) << (*pool)->backend_name() << " t=" << t << " i=" << i;
         }
       }
     }
@@ -63,7 +64,8 @@ TEST(CpuPool, NumaBindingKeepsCallerAffinity) {
 
 TEST(CpuPool, Errors) {
   EXPECT_EQ(CpuPool::create({-1, -1, CpuPool::Backend::kAuto}).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(CpuPool::create({1, 9999, CpuPool::Backend::kAuto}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(CpuPool::create({1, 9999, CpuPool::Backend::kAuto}).status().code(),
+            StatusCode::kInvalidArgument);
   if (!ZOE_HAVE_TBB) {
     EXPECT_EQ(CpuPool::create({1, -1, CpuPool::Backend::kTbb}).status().code(), StatusCode::kUnsupported);
   }

@@ -17,12 +17,15 @@ __attribute__((target("f16c"))) uint16_t hw_f32_to_f16(float x) {
 }
 __attribute__((target("f16c"))) float hw_f16_to_f32(uint16_t h) { return _cvtsh_ss(h); }
 
-bool same_or_both_nan(float a, float b) { return f32_bits(a) == f32_bits(b) || (std::isnan(a) && std::isnan(b)); }
+bool same_or_both_nan(float a, float b) {
+  return f32_bits(a) == f32_bits(b) || (std::isnan(a) && std::isnan(b));
+}
 
 TEST(DType, F16ToF32AllValuesMatchF16C) {
   if (!cpu_features().f16c) GTEST_SKIP() << "CPU lacks F16C";
   for (uint32_t h = 0; h < 65536; ++h) {
-    ASSERT_TRUE(same_or_both_nan(f16_to_f32(uint16_t(h)), hw_f16_to_f32(uint16_t(h)))) << "h=0x" << std::hex << h;
+    ASSERT_TRUE(same_or_both_nan(f16_to_f32(uint16_t(h)), hw_f16_to_f32(uint16_t(h))))
+        << "h=0x" << std::hex << h;
   }
 }
 
@@ -61,15 +64,16 @@ TEST(DType, BF16IsNearestEven) {
     // The two bf16 candidates around x are the truncation and the next one up in magnitude.
     uint16_t lo = uint16_t(f32_bits(x) >> 16), hi = uint16_t(lo + 1);
     double dl = std::fabs(double(x) - bf16_to_f32(lo));
-    double dh = std::isinf(bf16_to_f32(hi)) ? std::ldexp(1.0, 128) - std::fabs(double(x)) : std::fabs(double(x) - bf16_to_f32(hi));
+    double dh = std::isinf(bf16_to_f32(hi)) ? std::ldexp(1.0, 128) - std::fabs(double(x))
+                                            : std::fabs(double(x) - bf16_to_f32(hi));
     uint16_t want = dl < dh ? lo : dh < dl ? hi : ((lo & 1) ? hi : lo);
     ASSERT_EQ(h, want) << "x bits 0x" << std::hex << f32_bits(x);
   }
   EXPECT_EQ(f32_to_bf16(INFINITY), 0x7f80);
   EXPECT_EQ(f32_to_bf16(-0.0f), 0x8000);
-  EXPECT_EQ(f32_to_bf16(3.4028235e38f), 0x7f80);  // max float rounds up to inf
+  EXPECT_EQ(f32_to_bf16(3.4028235e38f), 0x7f80);              // max float rounds up to inf
   EXPECT_EQ(f32_to_bf16(f32_from_bits(0x7f800001)), 0x7fc0);  // signalling NaN comes back quiet
-  EXPECT_EQ(f32_to_bf16(1e-40f), 0x0001);  // subnormals round like normals in software
+  EXPECT_EQ(f32_to_bf16(1e-40f), 0x0001);                     // subnormals round like normals in software
 }
 
 TEST(DType, BF16StochasticIsUnbiased) {

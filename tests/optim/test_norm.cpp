@@ -66,9 +66,10 @@ std::vector<float> conversion_inputs(size_t n) {
   std::vector<float> x(n);
   std::mt19937 rng(17);
   std::uniform_int_distribution<uint32_t> bits;
-  const float specials[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, -NAN, 65504.0f, 65519.0f, 65520.0f,
-                            -65520.0f, 1e-8f, 5.96e-8f, 2.98e-8f, 6.1e-5f, 3.4e38f, 1.0f + 0x1p-8f,
-                            1.0f + 0x1p-9f, 1.0f + 3 * 0x1p-9f, 1e-39f, -1e-40f};
+  const float specials[] = {0.0f,           -0.0f,          INFINITY,           -INFINITY, NAN,
+                            -NAN,           65504.0f,       65519.0f,           65520.0f,  -65520.0f,
+                            1e-8f,          5.96e-8f,       2.98e-8f,           6.1e-5f,   3.4e38f,
+                            1.0f + 0x1p-8f, 1.0f + 0x1p-9f, 1.0f + 3 * 0x1p-9f, 1e-39f,    -1e-40f};
   for (size_t i = 0; i < n; ++i) {
     if (i < sizeof(specials) / sizeof(float)) {
       x[i] = specials[i];
@@ -107,7 +108,7 @@ TEST_P(ConvertPaths, MatchesReference) {
     for (size_t i = 0; i < n; ++i) {
       float a = got.get(i), b = want.get(i);
       bool same = dd == DType::kF32 ? (f32_bits(a) == f32_bits(b) || (std::isnan(a) && std::isnan(b)))
-                                     : half_ulp_distance(got.u16()[i], want.u16()[i], dd) == 0;
+                                    : half_ulp_distance(got.u16()[i], want.u16()[i], dd) == 0;
       // vcvtneps2bf16 treats fp32 subnormal inputs as zero.
       if (!same && path.hw_bf16 && dd == DType::kBF16 && is_f32_subnormal(src.get(i))) {
         same = (got.u16()[i] & 0x7fff) == 0 && (got.u16()[i] >> 15) == (f32_bits(src.get(i)) >> 31);
@@ -130,7 +131,8 @@ INSTANTIATE_TEST_SUITE_P(All, ConvertPaths,
                                             ::testing::Values(DType::kF32, DType::kF16, DType::kBF16)),
                          [](const ::testing::TestParamInfo<ConvCombo>& i) {
                            return std::string(all_paths()[std::get<0>(i.param)].name) + "_" +
-                                  dtype_name(std::get<1>(i.param)) + "_to_" + dtype_name(std::get<2>(i.param));
+                                  dtype_name(std::get<1>(i.param)) + "_to_" +
+                                  dtype_name(std::get<2>(i.param));
                          });
 
 TEST(Norm, DeterministicAcrossThreads) {
@@ -145,7 +147,8 @@ TEST(Norm, DeterministicAcrossThreads) {
       Exec e{pool.get(), std::nullopt, true, std::nullopt};
       EXPECT_EQ(grad_norm_sq(g.data(), DType::kF32, n, e).value().sum_sq, serial.sum_sq) << t;
       EXPECT_EQ(convert_with_norm(g.data(), DType::kF32, dst.data(), DType::kBF16, n, true, e).value().sum_sq,
-                serial_c.sum_sq) << t;
+                serial_c.sum_sq)
+          << t;
     }
   }
 }
@@ -161,8 +164,10 @@ TEST(Norm, AccumulateWithNorm) {
         Buf g1 = random_buf(d, n, 1, 7), g2 = random_buf(d, n, 0, 8);
         std::vector<float> acc(n + 1, 123.0f), want(n);
         std::vector<double> parts(norm_chunks(n) + 1, -1.0);
-        ASSERT_TRUE(accumulate_with_norm(acc.data(), g1.data(), d, n, true, parts.data(), exec_for(path)).is_ok());
-        ASSERT_TRUE(accumulate_with_norm(acc.data(), g2.data(), d, n, false, parts.data(), exec_for(path)).is_ok());
+        ASSERT_TRUE(
+            accumulate_with_norm(acc.data(), g1.data(), d, n, true, parts.data(), exec_for(path)).is_ok());
+        ASSERT_TRUE(
+            accumulate_with_norm(acc.data(), g2.data(), d, n, false, parts.data(), exec_for(path)).is_ok());
         for (size_t i = 0; i < n; ++i) {
           want[i] = g1.get(i) + g2.get(i);
           ASSERT_EQ(acc[i], want[i]) << "first bad index " << i;
@@ -170,7 +175,8 @@ TEST(Norm, AccumulateWithNorm) {
         EXPECT_EQ(acc[n], 123.0f) << "wrote past the end";
         for (size_t c = 0; c < norm_chunks(n); ++c) {
           double w = 0;
-          for (size_t i = c * kChunkElems; i < std::min(n, (c + 1) * kChunkElems); ++i) w += double(want[i]) * want[i];
+          for (size_t i = c * kChunkElems; i < std::min(n, (c + 1) * kChunkElems); ++i)
+            w += double(want[i]) * want[i];
           EXPECT_NEAR(parts[c], w, 1e-12 * w) << "chunk " << c;
         }
         EXPECT_EQ(parts[norm_chunks(n)], -1.0) << "wrote a partial past the end";
@@ -181,9 +187,13 @@ TEST(Norm, AccumulateWithNorm) {
           const size_t cut = 2 * kChunkElems, es = dtype_size(d);
           for (bool first : {true, false}) {
             const Buf& g = first ? g1 : g2;
-            ASSERT_TRUE(accumulate_with_norm(acc2.data(), g.data(), d, cut, first, parts2.data(), exec_for(path)).is_ok());
-            ASSERT_TRUE(accumulate_with_norm(acc2.data() + cut, static_cast<const char*>(g.data()) + cut * es, d, n - cut,
-                                             first, parts2.data() + cut / kChunkElems, exec_for(path)).is_ok());
+            ASSERT_TRUE(
+                accumulate_with_norm(acc2.data(), g.data(), d, cut, first, parts2.data(), exec_for(path))
+                    .is_ok());
+            ASSERT_TRUE(accumulate_with_norm(acc2.data() + cut, static_cast<const char*>(g.data()) + cut * es,
+                                             d, n - cut, first, parts2.data() + cut / kChunkElems,
+                                             exec_for(path))
+                            .is_ok());
           }
           EXPECT_EQ(0, memcmp(acc2.data(), acc.data(), n * 4));
           for (size_t c = 0; c < parts2.size(); ++c) EXPECT_EQ(parts2[c], parts[c]) << "chunk " << c;

@@ -10,13 +10,13 @@
 #include "config/config.h"
 #include "model/gpt.h"
 #include "plan/calibration.h"
-#include "zero/engine_internal.h"
 #include "plan/cost_model.h"
 #include "plan/hf_config.h"
 #include "plan/model_desc.h"
 #include "plan/planner.h"
 #include "tests/util/test_util.h"
 #include "tests/zero/mlp.h"
+#include "zero/engine_internal.h"
 #include "zero/placement.h"
 
 namespace zoe {
@@ -301,7 +301,8 @@ TEST(Plan, RowsAboveTheDeviceBudgetNeedThePlannersPeak) {
   auto pl = zero::plan_placement(plan::config_for(in.base, stage1), m.modules, 1, 0, t);
   ASSERT_FALSE(pl.is_ok());
   EXPECT_EQ(pl.status().code(), StatusCode::kOutOfBudget);
-  EXPECT_NE(pl.status().message().find("of device memory at once"), std::string::npos) << pl.status().message();
+  EXPECT_NE(pl.status().message().find("of device memory at once"), std::string::npos)
+      << pl.status().message();
   t.device_budget = 1ull << 40;
   auto unbounded = zero::plan_placement(plan::config_for(in.base, stage1), m.modules, 1, 0, t);
   ASSERT_TRUE(unbounded.is_ok());

@@ -2,15 +2,15 @@
 #pragma once
 
 #include <sys/mount.h>
-#include <sys/wait.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <functional>
-#include <cstring>
 #include <random>
 #include <string>
 #include <vector>

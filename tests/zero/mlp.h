@@ -21,10 +21,16 @@ struct MlpSpec {
 };
 
 // Deterministic data: sample s of the global batch at step k.
-inline float input_value(int k, int s, int i) { return std::sin(0.37f * static_cast<float>(i + 1) + 0.11f * static_cast<float>(s) + 0.05f * static_cast<float>(k)); }
-inline float target_value(int k, int s, int i) { return 0.5f * std::cos(0.23f * static_cast<float>(i) - 0.07f * static_cast<float>(s + k)); }
+inline float input_value(int k, int s, int i) {
+  return std::sin(0.37f * static_cast<float>(i + 1) + 0.11f * static_cast<float>(s) +
+                  0.05f * static_cast<float>(k));
+}
+inline float target_value(int k, int s, int i) {
+  return 0.5f * std::cos(0.23f * static_cast<float>(i) - 0.07f * static_cast<float>(s + k));
+}
 inline float init_value(size_t m, size_t p, size_t i) {
-  return 0.2f * std::sin(static_cast<float>(i) * 0.731f + static_cast<float>(m) * 1.3f + static_cast<float>(p) * 0.17f);
+  return 0.2f * std::sin(static_cast<float>(i) * 0.731f + static_cast<float>(m) * 1.3f +
+                         static_cast<float>(p) * 0.17f);
 }
 
 inline float load(const void* data, ComputeDType dt, size_t i) {
@@ -47,8 +53,9 @@ struct Layer {
 };
 
 // Gradients of the mean loss over `samples` for all layers given weights (fp32 math).
-inline void mlp_grads(const MlpSpec& s, const std::vector<Layer>& L, const std::vector<std::vector<float>>& xs,
-                      const std::vector<std::vector<float>>& ts, std::vector<Layer>* g) {
+inline void mlp_grads(const MlpSpec& s, const std::vector<Layer>& L,
+                      const std::vector<std::vector<float>>& xs, const std::vector<std::vector<float>>& ts,
+                      std::vector<Layer>* g) {
   const int d = s.d, n = static_cast<int>(L.size());
   g->assign(L.size(), Layer{});
   for (auto& gl : *g) {
@@ -127,7 +134,8 @@ inline std::vector<Layer> reference_train(const MlpSpec& s, int world, int steps
   }
   for (int k = 0; k < steps; ++k) {
     std::vector<Layer> g;
-    mlp_grads(s, L, batch_inputs(s, k, 0, micro * world * s.batch), batch_targets(s, k, 0, micro * world * s.batch), &g);
+    mlp_grads(s, L, batch_inputs(s, k, 0, micro * world * s.batch),
+              batch_targets(s, k, 0, micro * world * s.batch), &g);
     double sq = 0;
     for (auto& gl : g) {
       for (float x : gl.w) sq += static_cast<double>(x) * x;
@@ -137,13 +145,15 @@ inline std::vector<Layer> reference_train(const MlpSpec& s, int world, int steps
     if (s.clip > 0 && std::sqrt(sq) > s.clip) coef = static_cast<float>(s.clip / (std::sqrt(sq) + 1e-6));
     int t = k + 1;
     double bc1 = 1.0 - std::pow(s.beta1, t), bc2 = 1.0 - std::pow(s.beta2, t);
-    auto upd = [&](std::vector<float>& p, std::vector<float>& mm, std::vector<float>& vv, const std::vector<float>& gg) {
+    auto upd = [&](std::vector<float>& p, std::vector<float>& mm, std::vector<float>& vv,
+                   const std::vector<float>& gg) {
       for (size_t i = 0; i < p.size(); ++i) {
         float gi = gg[i] * coef;
         mm[i] = s.beta1 * mm[i] + (1 - s.beta1) * gi;
         vv[i] = s.beta2 * vv[i] + (1 - s.beta2) * gi * gi;
         p[i] *= 1.0f - s.lr * s.wd;
-        p[i] -= static_cast<float>(s.lr / bc1) * mm[i] / (std::sqrt(vv[i]) / static_cast<float>(std::sqrt(bc2)) + s.eps);
+        p[i] -= static_cast<float>(s.lr / bc1) * mm[i] /
+                (std::sqrt(vv[i]) / static_cast<float>(std::sqrt(bc2)) + s.eps);
       }
     };
     for (size_t l = 0; l < L.size(); ++l) {
@@ -183,9 +193,10 @@ struct HostView {
 
 // Trains `steps` steps through the engine (this rank's share of the global batch) and returns
 // the final fp32 master parameters. inject_inf_at: a step whose first gradient becomes inf.
-inline Status engine_train(Engine& e, const MlpSpec& s, int rank, int world, int steps, std::vector<Layer>* out,
-                           std::vector<StepStats>* stats = nullptr, int inject_inf_at = -1, int micro = 1,
-                           int first_step = 0, bool eval_passes = false) {
+inline Status engine_train(Engine& e, const MlpSpec& s, int rank, int world, int steps,
+                           std::vector<Layer>* out, std::vector<StepStats>* stats = nullptr,
+                           int inject_inf_at = -1, int micro = 1, int first_step = 0,
+                           bool eval_passes = false) {
   const int d = s.d;
   for (int k = first_step; k < steps; ++k) {
     // eval_passes: from the second step on, a forward-only pass over the modules before the
@@ -195,39 +206,40 @@ inline Status engine_train(Engine& e, const MlpSpec& s, int rank, int world, int
       if (!p.is_ok()) return p.status();
       ZOE_RETURN_IF_ERROR(e.release(static_cast<size_t>(l)));
     }
-   for (int j = 0; j < micro; ++j) {
-    const int first = (j * world + rank) * s.batch;
-    auto xs = batch_inputs(s, k, first, s.batch);
-    auto ts = batch_targets(s, k, first, s.batch);
-    // Forward: gather each module, keep an fp32 copy of its weights for backward.
-    std::vector<Layer> L(static_cast<size_t>(s.layers));
-    for (int l = 0; l < s.layers; ++l) {
-      auto p = e.fetch(static_cast<size_t>(l));
-      if (!p.is_ok()) return p.status();
-      L[l].w.resize(static_cast<size_t>(d * d));
-      L[l].b.resize(static_cast<size_t>(d));
-      HostView hv(p.value(), /*read=*/true);
-      for (int i = 0; i < d * d; ++i) L[l].w[i] = load(hv.data(0), p->dtype, static_cast<size_t>(i));
-      for (int i = 0; i < d; ++i) L[l].b[i] = load(hv.data(1), p->dtype, static_cast<size_t>(i));
-      ZOE_RETURN_IF_ERROR(e.release(static_cast<size_t>(l)));
+    for (int j = 0; j < micro; ++j) {
+      const int first = (j * world + rank) * s.batch;
+      auto xs = batch_inputs(s, k, first, s.batch);
+      auto ts = batch_targets(s, k, first, s.batch);
+      // Forward: gather each module, keep an fp32 copy of its weights for backward.
+      std::vector<Layer> L(static_cast<size_t>(s.layers));
+      for (int l = 0; l < s.layers; ++l) {
+        auto p = e.fetch(static_cast<size_t>(l));
+        if (!p.is_ok()) return p.status();
+        L[l].w.resize(static_cast<size_t>(d * d));
+        L[l].b.resize(static_cast<size_t>(d));
+        HostView hv(p.value(), /*read=*/true);
+        for (int i = 0; i < d * d; ++i) L[l].w[i] = load(hv.data(0), p->dtype, static_cast<size_t>(i));
+        for (int i = 0; i < d; ++i) L[l].b[i] = load(hv.data(1), p->dtype, static_cast<size_t>(i));
+        ZOE_RETURN_IF_ERROR(e.release(static_cast<size_t>(l)));
+      }
+      std::vector<Layer> g;
+      mlp_grads(s, L, xs, ts, &g);
+      const float scale = static_cast<float>(e.loss_scale());
+      for (int l = s.layers - 1; l >= 0; --l) {
+        auto p = e.fetch(static_cast<size_t>(l));
+        if (!p.is_ok()) return p.status();
+        auto gb = e.grads(static_cast<size_t>(l));
+        if (!gb.is_ok()) return gb.status();
+        HostView hg(gb.value(), /*read=*/false);
+        for (int i = 0; i < d * d; ++i)
+          store(hg.data(0), gb->dtype, static_cast<size_t>(i), g[l].w[i] * scale);
+        for (int i = 0; i < d; ++i) store(hg.data(1), gb->dtype, static_cast<size_t>(i), g[l].b[i] * scale);
+        if (k == inject_inf_at && l == 0) store(hg.data(0), gb->dtype, 0, INFINITY);
+        hg.write_back();
+        ZOE_RETURN_IF_ERROR(e.reduce_grads(static_cast<size_t>(l)));
+        ZOE_RETURN_IF_ERROR(e.release(static_cast<size_t>(l)));
+      }
     }
-    std::vector<Layer> g;
-    mlp_grads(s, L, xs, ts, &g);
-    const float scale = static_cast<float>(e.loss_scale());
-    for (int l = s.layers - 1; l >= 0; --l) {
-      auto p = e.fetch(static_cast<size_t>(l));
-      if (!p.is_ok()) return p.status();
-      auto gb = e.grads(static_cast<size_t>(l));
-      if (!gb.is_ok()) return gb.status();
-      HostView hg(gb.value(), /*read=*/false);
-      for (int i = 0; i < d * d; ++i) store(hg.data(0), gb->dtype, static_cast<size_t>(i), g[l].w[i] * scale);
-      for (int i = 0; i < d; ++i) store(hg.data(1), gb->dtype, static_cast<size_t>(i), g[l].b[i] * scale);
-      if (k == inject_inf_at && l == 0) store(hg.data(0), gb->dtype, 0, INFINITY);
-      hg.write_back();
-      ZOE_RETURN_IF_ERROR(e.reduce_grads(static_cast<size_t>(l)));
-      ZOE_RETURN_IF_ERROR(e.release(static_cast<size_t>(l)));
-    }
-   }
     auto st = e.step();
     if (!st.is_ok()) return st.status();
     if (stats) stats->push_back(st.value());
@@ -244,8 +256,7 @@ inline Status engine_train(Engine& e, const MlpSpec& s, int rank, int world, int
 
 inline Status register_mlp(Engine& e, const MlpSpec& s) {
   for (int l = 0; l < s.layers; ++l) {
-    ZOE_RETURN_IF_ERROR(e.add_module("layer." + std::to_string(l),
-                                     {{"w", {s.d, s.d}}, {"b", {s.d}}}));
+    ZOE_RETURN_IF_ERROR(e.add_module("layer." + std::to_string(l), {{"w", {s.d, s.d}}, {"b", {s.d}}}));
   }
   return e.initialize([](size_t m, size_t p, float* data, size_t n) {
     for (size_t i = 0; i < n; ++i) data[i] = init_value(m, p, i);

@@ -13,10 +13,10 @@
 
 #include "comm/communicator.h"
 #include "config/config.h"
-#include "zero/engine_internal.h"
 #include "device/device.h"
 #include "tests/util/test_util.h"
 #include "tests/zero/mlp.h"
+#include "zero/engine_internal.h"
 
 namespace zoe {
 namespace {
@@ -53,12 +53,14 @@ std::vector<Placement> placements() {
   return v;
 }
 
-std::string make_config(const Placement& pl, const std::string& precision, const std::string& nvme, int micro = 1,
-                        const std::string& extra_fp16 = "", const std::string& extra_top = "") {
+std::string make_config(const Placement& pl, const std::string& precision, const std::string& nvme,
+                        int micro = 1, const std::string& extra_fp16 = "",
+                        const std::string& extra_top = "") {
   char buf[2048];
   std::string prec;
   if (precision == "bf16") prec = "\"bf16\": {\"enabled\": true},";
-  if (precision == "fp16") prec = "\"fp16\": {\"enabled\": true, \"initial_scale_power\": 8" + extra_fp16 + "},";
+  if (precision == "fp16")
+    prec = "\"fp16\": {\"enabled\": true, \"initial_scale_power\": 8" + extra_fp16 + "},";
   auto off = [&](const char* dev) {
     std::string s = std::string("{\"device\": \"") + dev + "\"";
     if (std::string(dev) == "nvme") s += ", \"nvme_path\": \"" + nvme + "\"";
@@ -66,12 +68,14 @@ std::string make_config(const Placement& pl, const std::string& precision, const
   };
   snprintf(buf, sizeof(buf),
            "{%s \"train_micro_batch_size_per_gpu\": 4, \"gradient_accumulation_steps\": %d, %s"
-           " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.01, \"betas\": [0.9, 0.999], \"eps\": 1e-8,"
+           " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.01, \"betas\": [0.9, 0.999], "
+           "\"eps\": 1e-8,"
            " \"weight_decay\": 0.01}},"
            " \"zero_optimization\": {\"stage\": %d, \"stage3_param_persistence_threshold\": 0,"
            " \"offload_optimizer\": %s, \"offload_param\": %s},"
            " \"zoe\": {\"device_budget\": \"64MiB\", \"optimizer_threads\": 1}}",
-           extra_top.c_str(), micro, prec.c_str(), pl.stage, off(pl.opt).c_str(), pl.stage == 3 ? off(pl.param).c_str() : "{\"device\": \"none\"}");
+           extra_top.c_str(), micro, prec.c_str(), pl.stage, off(pl.opt).c_str(),
+           pl.stage == 3 ? off(pl.param).c_str() : "{\"device\": \"none\"}");
   return buf;
 }
 
@@ -83,20 +87,23 @@ Result<std::vector<Layer>> run(const Placement& pl, const std::string& precision
                                const std::string& extra_fp16 = "", const std::string& extra_top = "") {
   Runtime& rt = runtime();
   test::ScratchDir nvme("nvme");
-  auto cfg = config::Config::parse(make_config(pl, precision, nvme.path(), micro, extra_fp16, extra_top), rt.world_size());
+  auto cfg = config::Config::parse(make_config(pl, precision, nvme.path(), micro, extra_fp16, extra_top),
+                                   rt.world_size());
   if (!cfg.is_ok()) return cfg.status();
   cfg.value().zoe.overlap_step = g_overlap;
   ZOE_ASSIGN_OR_RETURN(auto e, zero::create_engine(rt, cfg.value()));
   ZOE_RETURN_IF_ERROR(test::register_mlp(*e, s));
   std::vector<Layer> out;
-  ZOE_RETURN_IF_ERROR(test::engine_train(*e, s, rt.rank(), rt.world_size(), steps, &out, stats, inject, micro));
+  ZOE_RETURN_IF_ERROR(
+      test::engine_train(*e, s, rt.rank(), rt.world_size(), steps, &out, stats, inject, micro));
   return out;
 }
 
 // Runs the MLP with make_config's text edited by `edit` (keys inserted into its sections).
-Result<std::vector<Layer>> run_edited(const Placement& pl, const std::string& precision, const MlpSpec& s, int steps,
-                                      const std::function<void(std::string&)>& edit, std::vector<StepStats>* stats,
-                                      int micro = 1, bool eval_passes = false) {
+Result<std::vector<Layer>> run_edited(const Placement& pl, const std::string& precision, const MlpSpec& s,
+                                      int steps, const std::function<void(std::string&)>& edit,
+                                      std::vector<StepStats>* stats, int micro = 1,
+                                      bool eval_passes = false) {
   Runtime& rt = runtime();
   test::ScratchDir nvme("nvme");
   std::string text = make_config(pl, precision, nvme.path(), micro);
@@ -122,7 +129,8 @@ std::string rank0_string(Runtime& rt, std::string mine) {
   int64_t n = static_cast<int64_t>(mine.size());
   EXPECT_TRUE(zero::runtime_comm(rt).broadcast(&n, 1, comm::CommType::kI64, 0).wait().is_ok());
   mine.resize(static_cast<size_t>(n));
-  EXPECT_TRUE(zero::runtime_comm(rt).broadcast(mine.data(), mine.size(), comm::CommType::kU8, 0).wait().is_ok());
+  EXPECT_TRUE(
+      zero::runtime_comm(rt).broadcast(mine.data(), mine.size(), comm::CommType::kU8, 0).wait().is_ok());
   return mine;
 }
 
@@ -170,8 +178,8 @@ TEST(EngineMatrix, EveryPlacementMatchesReferenceAndNoOffloadBitForBit) {
   for (const std::string precision : {"fp32", "bf16", "fp16"}) {
     std::map<int, std::vector<Layer>> baseline;  // per stage: offload none/none
     for (const Placement& pl : placements()) {
-      std::string what = "world " + std::to_string(rt.world_size()) + " " + precision + " stage " + std::to_string(pl.stage) +
-                         " optimizer " + pl.opt + " params " + pl.param;
+      std::string what = "world " + std::to_string(rt.world_size()) + " " + precision + " stage " +
+                         std::to_string(pl.stage) + " optimizer " + pl.opt + " params " + pl.param;
       std::vector<StepStats> stats;
       auto r = run(pl, precision, s, steps, &stats);
       ASSERT_TRUE(r.is_ok()) << what << ": " << r.status().to_string();
@@ -208,8 +216,9 @@ TEST(EngineOverlap, OverlappedStepGivesTheSerialBitsForEveryPlacement) {
       const int inject = precision == "fp16" ? 2 : -1;  // an overflow at step 2: skipped, scale halved
       std::vector<StepStats> st_serial, st_overlap;
       g_overlap = false;
-      auto serial = pl.stage == 3 ? run_edited(pl, precision, s, steps, edit, &st_serial, 1, /*eval_passes=*/true)
-                                  : run(pl, precision, s, steps, &st_serial, inject);
+      auto serial = pl.stage == 3
+                        ? run_edited(pl, precision, s, steps, edit, &st_serial, 1, /*eval_passes=*/true)
+                        : run(pl, precision, s, steps, &st_serial, inject);
       g_overlap = true;
       auto overlap = pl.stage == 3 ? run_edited(pl, precision, s, steps, edit, &st_overlap, 1, true)
                                    : run(pl, precision, s, steps, &st_overlap, inject);
@@ -236,7 +245,8 @@ TEST(EngineOverlap, OverlappedStepGivesTheSerialBitsForEveryPlacement) {
 // Gradient accumulation over two micro-batches with the pipeline in flight.
 TEST(EngineOverlap, AccumulationWithTheUpdateBehind) {
   MlpSpec s;
-  for (const Placement& pl : {Placement{2, "cpu", "none"}, Placement{3, "nvme", "nvme"}, Placement{1, "none", "none"}}) {
+  for (const Placement& pl :
+       {Placement{2, "cpu", "none"}, Placement{3, "nvme", "nvme"}, Placement{1, "none", "none"}}) {
     g_overlap = false;
     auto serial = run(pl, "bf16", s, 3, nullptr, -1, /*micro=*/2);
     g_overlap = true;
@@ -261,12 +271,16 @@ TEST(Engine, GradientAccumulation) {
 TEST(Engine, ReduceBucketsDoNotChangeResults) {
   // Gradients reduced in buckets of 1000 elements (many per module) equal one collective per module.
   MlpSpec s;
-  for (const Placement& pl : {Placement{1, "cpu", "none"}, Placement{2, "none", "none"}, Placement{3, "nvme", "cpu"}}) {
+  for (const Placement& pl :
+       {Placement{1, "cpu", "none"}, Placement{2, "none", "none"}, Placement{3, "nvme", "cpu"}}) {
     auto whole = run(pl, "bf16", s, 2);
     ASSERT_TRUE(whole.is_ok());
-    auto out = run_edited(pl, "bf16", s, 2, [](std::string& t) {
-      insert_before(t, "stage3_param_persistence_threshold", "\"reduce_bucket_size\": 1000, ");
-    }, nullptr);
+    auto out = run_edited(
+        pl, "bf16", s, 2,
+        [](std::string& t) {
+          insert_before(t, "stage3_param_persistence_threshold", "\"reduce_bucket_size\": 1000, ");
+        },
+        nullptr);
     ASSERT_TRUE(out.is_ok()) << out.status().to_string();
     EXPECT_TRUE(compare(out.value(), whole.value()).identical) << "stage " << pl.stage;
   }
@@ -287,8 +301,10 @@ TEST(Engine, GradientClipping) {
     ASSERT_TRUE(r.is_ok()) << r.status().to_string();
     EXPECT_LE(compare(r.value(), ref).max_abs, 2e-4) << "stage " << pl.stage;
     EXPECT_GT(stats[0].grad_norm, 0.05);
-    if (first.empty()) first = r.value();
-    else EXPECT_TRUE(compare(r.value(), first).identical) << "stage " << pl.stage;
+    if (first.empty())
+      first = r.value();
+    else
+      EXPECT_TRUE(compare(r.value(), first).identical) << "stage " << pl.stage;
   }
 }
 
@@ -298,21 +314,26 @@ TEST(Engine, Bf16OptimizerStates) {
   MlpSpec s;
   auto ref = test::reference_train(s, rt.world_size(), 3);
   std::map<int, std::vector<Layer>> base;
-  for (const Placement& pl : {Placement{1, "none", "none"}, Placement{1, "nvme", "none"}, Placement{3, "none", "none"},
-                              Placement{3, "nvme", "nvme"}, Placement{3, "cpu", "cpu"}}) {
+  for (const Placement& pl :
+       {Placement{1, "none", "none"}, Placement{1, "nvme", "none"}, Placement{3, "none", "none"},
+        Placement{3, "nvme", "nvme"}, Placement{3, "cpu", "cpu"}}) {
     auto r = run(pl, "bf16", s, 3, nullptr, -1, 1, "", "");
     ASSERT_TRUE(r.is_ok());
-    auto bf = run_edited(pl, "bf16", s, 3, [](std::string& t) {
-      insert_before(t, "optimizer_threads", "\"bf16_optimizer_states\": true, ");
-    }, nullptr);
+    auto bf = run_edited(
+        pl, "bf16", s, 3,
+        [](std::string& t) { insert_before(t, "optimizer_threads", "\"bf16_optimizer_states\": true, "); },
+        nullptr);
     ASSERT_TRUE(bf.is_ok()) << bf.status().to_string();
     const std::vector<Layer>& out = bf.value();
     Diff d = compare(out, ref);
     Tolerance tol = tolerance("bf16");
     EXPECT_LE(d.max_abs, tol.max_abs);
     EXPECT_LE(d.mean_abs, tol.mean_abs);
-    if (!base.count(pl.stage)) base[pl.stage] = out;
-    else EXPECT_TRUE(compare(out, base[pl.stage]).identical) << "stage " << pl.stage << " " << pl.opt << "/" << pl.param;
+    if (!base.count(pl.stage))
+      base[pl.stage] = out;
+    else
+      EXPECT_TRUE(compare(out, base[pl.stage]).identical)
+          << "stage " << pl.stage << " " << pl.opt << "/" << pl.param;
   }
 }
 
@@ -327,26 +348,33 @@ TEST(Engine, PartialOffloadAndNvmeGradientsMatchNoOffloadBitForBit) {
   for (const std::string precision : {"fp32", "bf16"}) {
     std::map<int, std::vector<Layer>> base;
     for (int st : {2, 3}) {
-      auto r = run_edited({st, "none", "none"}, precision, s, steps, [](std::string& t) {
-        insert_before(t, "train_micro_batch_size_per_gpu", "\"gradient_clipping\": 0.05, ");
-      }, nullptr, micro);
+      auto r = run_edited(
+          {st, "none", "none"}, precision, s, steps,
+          [](std::string& t) {
+            insert_before(t, "train_micro_batch_size_per_gpu", "\"gradient_clipping\": 0.05, ");
+          },
+          nullptr, micro);
       ASSERT_TRUE(r.is_ok()) << r.status().to_string();
       base[st] = r.value();
     }
-    for (const Placement& pl : {Placement{2, "cpu", "none"}, Placement{2, "nvme", "none"}, Placement{3, "nvme", "nvme"},
-                                Placement{3, "cpu", "nvme"}}) {
+    for (const Placement& pl : {Placement{2, "cpu", "none"}, Placement{2, "nvme", "none"},
+                                Placement{3, "nvme", "nvme"}, Placement{3, "cpu", "nvme"}}) {
       std::map<std::string, uint64_t> nvme_hw;
       for (const char* ratio : {"0.5", "1", "0"}) {
-        std::string what = precision + " stage " + std::to_string(pl.stage) + " optimizer " + pl.opt + " params " +
-                           pl.param + " ratio " + ratio;
+        std::string what = precision + " stage " + std::to_string(pl.stage) + " optimizer " + pl.opt +
+                           " params " + pl.param + " ratio " + ratio;
         std::vector<StepStats> stats;
-        auto r = run_edited(pl, precision, s, steps, [&](std::string& t) {
-          insert_before(t, "train_micro_batch_size_per_gpu", "\"gradient_clipping\": 0.05, ");
-          insert_before(t, "stage3_param_persistence_threshold", "\"sub_group_size\": 16384, ");
-          insert_before(t, "optimizer_threads", std::string("\"offload_ratio\": ") + ratio + ", ");
-        }, &stats, micro);
+        auto r = run_edited(
+            pl, precision, s, steps,
+            [&](std::string& t) {
+              insert_before(t, "train_micro_batch_size_per_gpu", "\"gradient_clipping\": 0.05, ");
+              insert_before(t, "stage3_param_persistence_threshold", "\"sub_group_size\": 16384, ");
+              insert_before(t, "optimizer_threads", std::string("\"offload_ratio\": ") + ratio + ", ");
+            },
+            &stats, micro);
         ASSERT_TRUE(r.is_ok()) << what << ": " << r.status().to_string();
-        EXPECT_TRUE(compare(r.value(), base[pl.stage]).identical) << what << " differs from the no-offload run";
+        EXPECT_TRUE(compare(r.value(), base[pl.stage]).identical)
+            << what << " differs from the no-offload run";
         nvme_hw[ratio] = stats.back().high_water[2];
       }
       if (std::string(pl.opt) == "nvme" && std::string(pl.param) == "none") {
@@ -366,14 +394,19 @@ TEST(Engine, GathersArePrefetchedInTheRecordedOrder) {
   MlpSpec s;
   s.layers = 4;
   const int steps = 3;
-  for (const Placement& pl : {Placement{3, "nvme", "nvme"}, Placement{3, "none", "cpu"}, Placement{3, "cpu", "none"}}) {
+  for (const Placement& pl :
+       {Placement{3, "nvme", "nvme"}, Placement{3, "none", "cpu"}, Placement{3, "cpu", "none"}}) {
     std::string what = std::string("optimizer ") + pl.opt + " params " + pl.param;
     std::vector<Layer> results[3];
     for (int variant = 0; variant < 3; ++variant) {  // prefetch on, off, on with eval passes
       std::vector<StepStats> stats;
-      auto r = run_edited(pl, "bf16", s, steps, [&](std::string& t) {
-        if (variant == 1) insert_before(t, "stage3_param_persistence_threshold", "\"stage3_prefetch_bucket_size\": 0, ");
-      }, &stats, 1, /*eval_passes=*/variant == 2);
+      auto r = run_edited(
+          pl, "bf16", s, steps,
+          [&](std::string& t) {
+            if (variant == 1)
+              insert_before(t, "stage3_param_persistence_threshold", "\"stage3_prefetch_bucket_size\": 0, ");
+          },
+          &stats, 1, /*eval_passes=*/variant == 2);
       ASSERT_TRUE(r.is_ok()) << what << ": " << r.status().to_string();
       results[variant] = r.value();
       // The first step records the order: every gather is on demand (4 forward + 4 backward).
@@ -423,20 +456,25 @@ TEST(EngineCuda, PlacementsMatchTheReferenceAndTheCpuDevice) {
   MlpSpec s;
   auto ref = test::reference_train(s, rt.world_size(), 3);
   for (const std::string precision : {"fp32", "bf16"}) {
-    for (const Placement& pl : {Placement{0, "none", "none"}, Placement{1, "none", "none"}, Placement{2, "cpu", "none"},
-                                Placement{3, "none", "none"}, Placement{3, "nvme", "nvme"}, Placement{3, "cpu", "cpu"}}) {
+    for (const Placement& pl :
+         {Placement{0, "none", "none"}, Placement{1, "none", "none"}, Placement{2, "cpu", "none"},
+          Placement{3, "none", "none"}, Placement{3, "nvme", "nvme"}, Placement{3, "cpu", "cpu"}}) {
       for (const char* ratio : {"1", "0.5"}) {
         if (std::string(ratio) == "0.5" && std::string(pl.opt) == "none") continue;
-        std::string what = precision + " stage " + std::to_string(pl.stage) + " optimizer " + pl.opt + " params " +
-                           pl.param + " ratio " + ratio;
+        std::string what = precision + " stage " + std::to_string(pl.stage) + " optimizer " + pl.opt +
+                           " params " + pl.param + " ratio " + ratio;
         std::vector<Layer> got[2];
         for (int gpu = 0; gpu < 2; ++gpu) {
           test::device_copy() = gpu ? gpu_copy : nullptr;  // the CPU device's memory is host memory
-          auto r = run_edited(pl, precision, s, 3, [&](std::string& t) {
-            insert_before(t, "optimizer_threads", std::string("\"offload_ratio\": ") + ratio + ", ");
-            if (gpu) insert_before(t, "optimizer_threads", "\"device\": \"cuda\", ");
-          }, nullptr);
-          ASSERT_TRUE(r.is_ok()) << what << (gpu ? " on the GPU: " : " on the CPU: ") << r.status().to_string();
+          auto r = run_edited(
+              pl, precision, s, 3,
+              [&](std::string& t) {
+                insert_before(t, "optimizer_threads", std::string("\"offload_ratio\": ") + ratio + ", ");
+                if (gpu) insert_before(t, "optimizer_threads", "\"device\": \"cuda\", ");
+              },
+              nullptr);
+          ASSERT_TRUE(r.is_ok()) << what << (gpu ? " on the GPU: " : " on the CPU: ")
+                                 << r.status().to_string();
           got[gpu] = r.value();
         }
         Tolerance tol = tolerance(precision);
@@ -444,7 +482,8 @@ TEST(EngineCuda, PlacementsMatchTheReferenceAndTheCpuDevice) {
         EXPECT_LE(dr.max_abs, tol.max_abs) << what << " vs the dense reference";
         EXPECT_LE(dr.mean_abs, tol.mean_abs) << what << " vs the dense reference";
         EXPECT_LE(dc.max_abs, precision == "fp32" ? 1e-5 : tol.max_abs) << what << " vs the CPU device";
-        printf("[cuda] %-50s max %.2e vs reference, %.2e vs CPU device\n", what.c_str(), dr.max_abs, dc.max_abs);
+        printf("[cuda] %-50s max %.2e vs reference, %.2e vs CPU device\n", what.c_str(), dr.max_abs,
+               dc.max_abs);
       }
     }
   }
@@ -511,9 +550,13 @@ TEST(Checkpoint, ResumeIsBitIdentical) {
       EXPECT_EQ(ts.value(), "{\"step\":2}");
       EXPECT_EQ(e.value()->steps_taken(), 2);
       std::vector<Layer> out;
-      ASSERT_TRUE(test::engine_train(*e.value(), s, rt.rank(), rt.world_size(), 3, &out, nullptr, -1, 1, 2).is_ok());
-      EXPECT_TRUE(compare(out, whole.value()).identical) << what << ": resumed run differs (max " << compare(out, whole.value()).max_abs << ")";
-      ASSERT_TRUE(zero::runtime_comm(rt).barrier().is_ok());  // rank 0 removes the directory only after everyone is done
+      ASSERT_TRUE(
+          test::engine_train(*e.value(), s, rt.rank(), rt.world_size(), 3, &out, nullptr, -1, 1, 2).is_ok());
+      EXPECT_TRUE(compare(out, whole.value()).identical)
+          << what << ": resumed run differs (max " << compare(out, whole.value()).max_abs << ")";
+      ASSERT_TRUE(zero::runtime_comm(rt)
+                      .barrier()
+                      .is_ok());  // rank 0 removes the directory only after everyone is done
     }
   }
 }
@@ -534,7 +577,8 @@ TEST(Checkpoint, LoadsIntoAnotherPlacement) {
     ASSERT_TRUE(test::engine_train(*e.value(), s, rt.rank(), rt.world_size(), 2, &saved).is_ok());
     ASSERT_TRUE(e.value()->save(dir, "step-2", "{}").is_ok());
   }
-  for (const Placement& pl : {Placement{1, "cpu", "none"}, Placement{2, "none", "none"}, Placement{3, "none", "cpu"}}) {
+  for (const Placement& pl :
+       {Placement{1, "cpu", "none"}, Placement{2, "none", "none"}, Placement{3, "none", "cpu"}}) {
     auto cfg = config::Config::parse(make_config(pl, "bf16", nvme.path()), rt.world_size());
     ASSERT_TRUE(cfg.is_ok());
     auto e = zero::create_engine(rt, cfg.value());
@@ -546,8 +590,10 @@ TEST(Checkpoint, LoadsIntoAnotherPlacement) {
       std::vector<float> w(static_cast<size_t>(s.d * s.d)), b(static_cast<size_t>(s.d));
       ASSERT_TRUE(e.value()->read_master(static_cast<size_t>(l), 0, w.data()).is_ok());
       ASSERT_TRUE(e.value()->read_master(static_cast<size_t>(l), 1, b.data()).is_ok());
-      EXPECT_EQ(memcmp(w.data(), saved[static_cast<size_t>(l)].w.data(), w.size() * 4), 0) << "stage " << pl.stage;
-      EXPECT_EQ(memcmp(b.data(), saved[static_cast<size_t>(l)].b.data(), b.size() * 4), 0) << "stage " << pl.stage;
+      EXPECT_EQ(memcmp(w.data(), saved[static_cast<size_t>(l)].w.data(), w.size() * 4), 0)
+          << "stage " << pl.stage;
+      EXPECT_EQ(memcmp(b.data(), saved[static_cast<size_t>(l)].b.data(), b.size() * 4), 0)
+          << "stage " << pl.stage;
     }
   }
   ASSERT_TRUE(zero::runtime_comm(rt).barrier().is_ok());
@@ -603,14 +649,15 @@ TEST(Checkpoint, Reshard) {
     }
     // And it trains on from there.
     std::vector<Layer> out;
-    EXPECT_TRUE(test::engine_train(*e.value(), s, rt.rank(), rt.world_size(), 3, &out, nullptr, -1, 1, 2).is_ok());
+    EXPECT_TRUE(
+        test::engine_train(*e.value(), s, rt.rank(), rt.world_size(), 3, &out, nullptr, -1, 1, 2).is_ok());
   }
 }
 
 TEST(Engine, MisuseIsAClearError) {
   Runtime& rt = runtime();
-  auto cfg = config::Config::parse("{\"zero_optimization\": {\"stage\": 3, \"stage3_param_persistence_threshold\": 0}}",
-                                   rt.world_size());
+  auto cfg = config::Config::parse(
+      "{\"zero_optimization\": {\"stage\": 3, \"stage3_param_persistence_threshold\": 0}}", rt.world_size());
   ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
   auto e = zero::create_engine(rt, cfg.value());
   ASSERT_TRUE(e.is_ok());

@@ -14,10 +14,10 @@
 #include <string>
 
 #include "config/config.h"
-#include "zero/engine_internal.h"
 #include "device/device.h"
 #include "io/fault_injector.h"
 #include "tests/util/test_util.h"
+#include "zero/engine_internal.h"
 #include "zero/test_hooks.h"
 #include "zoe/engine.h"
 
@@ -52,8 +52,10 @@ std::string config_text(const Case& c, const std::string& nvme) {
   return "{\"train_micro_batch_size_per_gpu\": 1, \"bf16\": {\"enabled\": true},"
          " \"zero_optimization\": {\"stage\": " +
          std::to_string(c.stage) + ", \"stage3_param_persistence_threshold\": 0, \"reduce_bucket_size\": " +
-         std::to_string(c.reduce_bucket) + ", \"sub_group_size\": 16384, \"offload_optimizer\": " + off(c.opt) +
-         ", \"offload_param\": " + off(c.param) + "}, \"zoe\": {\"device_budget\": \"8MiB\", \"optimizer_threads\": 1}}";
+         std::to_string(c.reduce_bucket) +
+         ", \"sub_group_size\": 16384, \"offload_optimizer\": " + off(c.opt) +
+         ", \"offload_param\": " + off(c.param) +
+         "}, \"zoe\": {\"device_budget\": \"8MiB\", \"optimizer_threads\": 1}}";
 }
 
 constexpr int kLayers = 3;
@@ -136,7 +138,7 @@ Status one_step(Engine& e, const std::string& what) {
 }
 
 std::vector<Case> cases() {
-  return {{3, "nvme", "nvme", 500000000}, {3, "cpu", "cpu", 500000000}, {3, "none", "none", 1024},
+  return {{3, "nvme", "nvme", 500000000}, {3, "cpu", "cpu", 500000000},   {3, "none", "none", 1024},
           {2, "cpu", "none", 1024},       {2, "nvme", "none", 500000000}, {1, "none", "none", 500000000}};
 }
 
@@ -173,7 +175,8 @@ TEST_P(EngineFaults, AllocationFailureAtEveryPointOfAStep) {
         ++absorbed;
       } else {
         ++injected;
-        EXPECT_NE(s.message().find("injected allocation failure"), std::string::npos) << what << ": " << s.to_string();
+        EXPECT_NE(s.message().find("injected allocation failure"), std::string::npos)
+            << what << ": " << s.to_string();
       }
       e.value().reset();
       EXPECT_EQ(device::cpu_device_leaked_bytes(), leaked) << what << ": device memory nobody owned";
@@ -201,7 +204,8 @@ TEST_P(EngineFaults, IoErrorAtEveryNvmeTransferOfAStep) {
         const uint64_t seen_before = faults.injected();
         faults.clear();  // rules count answers from here: the k-th answer of this op in this step fails
         faults.add(io::FaultKind::kEio, static_cast<uint64_t>(k), 1, op);
-        const std::string what = name(c) + ", " + io::io_op_name(op) + " " + std::to_string(k) + " fails (EIO)";
+        const std::string what =
+            name(c) + ", " + io::io_op_name(op) + " " + std::to_string(k) + " fails (EIO)";
         Status s = one_step(*e.value(), what);
         const bool fired = faults.injected() > seen_before;
         if (!fired) {
@@ -212,7 +216,8 @@ TEST_P(EngineFaults, IoErrorAtEveryNvmeTransferOfAStep) {
           ++absorbed;  // a prefetch's read failed; the fetch read it again
         } else {
           ++injected;
-          EXPECT_NE(s.message().find("Input/output error"), std::string::npos) << what << ": " << s.to_string();
+          EXPECT_NE(s.message().find("Input/output error"), std::string::npos)
+              << what << ": " << s.to_string();
         }
         e.value().reset();
         EXPECT_EQ(device::cpu_device_leaked_bytes(), leaked) << what << ": device memory nobody owned";

@@ -5,10 +5,10 @@
 #include <cstdio>
 
 #include "config/config.h"
-#include "zero/engine_internal.h"
 #include "optim/adam.h"
 #include "tests/util/test_util.h"
 #include "tests/zero/mlp.h"
+#include "zero/engine_internal.h"
 #include "zero/placement.h"
 
 namespace zoe {
@@ -32,9 +32,10 @@ std::string cfg_text(int stage, const char* opt, const char* param, const std::s
     return s + "}";
   };
   return std::string("{") + (bf16 ? "\"bf16\": {\"enabled\": true}, " : "") +
-         "\"train_micro_batch_size_per_gpu\": 1, \"zero_optimization\": {\"stage\": " + std::to_string(stage) +
-         ", \"stage3_param_persistence_threshold\": 0, " + zero_extra + "\"offload_optimizer\": " + off(opt) +
-         ", \"offload_param\": " + off(param) + "}, \"zoe\": {\"device_budget\": \"64MiB\"" + zoe_extra + "}}";
+         "\"train_micro_batch_size_per_gpu\": 1, \"zero_optimization\": {\"stage\": " +
+         std::to_string(stage) + ", \"stage3_param_persistence_threshold\": 0, " + zero_extra +
+         "\"offload_optimizer\": " + off(opt) + ", \"offload_param\": " + off(param) +
+         "}, \"zoe\": {\"device_budget\": \"64MiB\"" + zoe_extra + "}}";
 }
 
 std::vector<ModuleShape> shapes(int layers, size_t d) {
@@ -75,9 +76,12 @@ TEST(Placement, HomesFollowTheOffloadDevices) {
       config::Config c = parse(cfg_text(3, opt, param));
       auto p = zero::plan_placement(c, shapes(3, 64), 1, 0);
       ASSERT_TRUE(p.is_ok()) << p.status().to_string();
-      const Home want_opt = std::string(opt) == "none" ? Home::kDevice : std::string(opt) == "cpu" ? Home::kHost : Home::kNvme;
-      const Home want_param =
-          std::string(param) == "none" ? Home::kDevice : std::string(param) == "cpu" ? Home::kHost : Home::kNvme;
+      const Home want_opt = std::string(opt) == "none"  ? Home::kDevice
+                            : std::string(opt) == "cpu" ? Home::kHost
+                                                        : Home::kNvme;
+      const Home want_param = std::string(param) == "none"  ? Home::kDevice
+                              : std::string(param) == "cpu" ? Home::kHost
+                                                            : Home::kNvme;
       for (const auto& m : p->modules) {
         EXPECT_EQ(m.opt_home, want_opt) << opt << "/" << param;
         EXPECT_EQ(m.param_home, want_param) << opt << "/" << param;
@@ -214,7 +218,8 @@ TEST(PlacementVsEngine, HighWaterMarksWithinThePlanForEveryPlacement) {
     for (const char* budget : {"64MiB", "192KiB"}) {
       for (const Case& k : cases) {
         test::ScratchDir nvme("placement");
-        std::string text = cfg_text(k.stage, k.opt, k.param, "", "\"stage3_prefetch_bucket_size\": 6000, ", bf16);
+        std::string text =
+            cfg_text(k.stage, k.opt, k.param, "", "\"stage3_prefetch_bucket_size\": 6000, ", bf16);
         for (size_t at = text.find("\"/tmp\""); at != std::string::npos; at = text.find("\"/tmp\"")) {
           text.replace(at, 6, "\"" + nvme.path() + "\"");
         }
@@ -225,14 +230,16 @@ TEST(PlacementVsEngine, HighWaterMarksWithinThePlanForEveryPlacement) {
         ASSERT_TRUE(cfg.is_ok()) << what << ": " << cfg.status().to_string();
         std::vector<ModuleShape> sh;
         for (int l = 0; l < s.layers; ++l) {
-          sh.push_back({"layer." + std::to_string(l), {static_cast<size_t>(s.d * s.d), static_cast<size_t>(s.d)}});
+          sh.push_back(
+              {"layer." + std::to_string(l), {static_cast<size_t>(s.d * s.d), static_cast<size_t>(s.d)}});
         }
         auto plan = zero::plan_placement(cfg.value(), sh, rt.world_size(), rt.rank());
         auto e = zero::create_engine(rt, cfg.value());
         ASSERT_TRUE(e.is_ok()) << what << ": " << e.status().to_string();
         Status reg = test::register_mlp(*e.value(), s);
         if (!plan.is_ok()) {  // does not fit: the engine refuses it the same way
-          EXPECT_EQ(plan.status().code(), StatusCode::kOutOfBudget) << what << ": " << plan.status().to_string();
+          EXPECT_EQ(plan.status().code(), StatusCode::kOutOfBudget)
+              << what << ": " << plan.status().to_string();
           EXPECT_EQ(reg.code(), plan.status().code()) << what << ": " << reg.to_string();
           continue;
         }
