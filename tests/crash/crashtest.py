@@ -40,8 +40,9 @@ class Proc:
         self.out_path = log_prefix + ".out"
         self.err_path = log_prefix + ".err"
         with open(self.out_path, "wb") as out, open(self.err_path, "wb") as err:
+            # A session of its own: a timeout kills its whole process group.
             self.p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                      preexec_fn=preexec_fn, env=env, close_fds=True)
+                                      preexec_fn=preexec_fn, env=env, close_fds=True, start_new_session=True)
         self.t0 = time.monotonic()
         self.rc = None
         self.wall = None
@@ -76,7 +77,10 @@ class Proc:
         while self.poll() is None:
             if time.monotonic() > deadline:
                 self.timed_out = True
-                self.signal(signal.SIGKILL)
+                try:
+                    os.killpg(self.p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
                 _, status, ru = os.wait4(self.p.pid, 0)
                 self._reaped(status, ru)
                 break
@@ -286,8 +290,12 @@ def reference_run(tr, scratch, async_save, timeout):
 
 # What a trial ends in (the table's columns); only IDENTICAL passes.
 IDENTICAL = "identical"
-OUTCOMES = [IDENTICAL, "mismatch", "verify-failed", "inconsistent", "resume-failed", "leftovers", "crash",
-            "hang"]
+OUTCOMES = [IDENTICAL, "mismatch", "verify-failed", "inconsistent", "resume-failed", "leftovers", "unclear",
+            "crash", "hang"]
+# What a fault's error message must say, one of (besides the path of the file it failed on).
+EFBIG_SAYS, ENOSPC_SAYS = ("File too large",), ("No space left", "are free")
+FAULT_SAYS = {"efbig-save": EFBIG_SAYS, "efbig-swap": EFBIG_SAYS, "enospc-save": ENOSPC_SAYS,
+              "enospc-nvme": ENOSPC_SAYS}
 
 KILL_PATTERN = ["kill9", "kill9-save", "sigterm", "kill9-chain", "sigterm", "kill9-save", "kill9", "sigint"]
 FAULT_PATTERN = ["efbig-save", "enospc-save", "efbig-swap", "enospc-nvme"]
@@ -423,7 +431,12 @@ class TrialRunner:
                 return t.fail("inconsistent", "%s stopped after step %d but latest names %s (expected "
                               "step %d)" % (name, done, got, want))
         if p.rc in (1, 2):
-            t.ended[-1] += " '%s'" % error_message(err)[:200]
+            msg = error_message(err)
+            t.ended[-1] += " '%s'" % msg[:200]
+            # The error names the file (under the trial's directories) and the errno's text.
+            if t.dir + "/" not in msg or not any(x in msg for x in FAULT_SAYS[kind]):
+                return t.fail("unclear", "%s's error names no file under %s or lacks any of %s: %s" %
+                              (name, t.dir, FAULT_SAYS[kind], msg))
             # A save that failed is never what `latest` names.
             m = re.search(r"saving a checkpoint after step (\d+)", err)
             got = latest_step(save)
@@ -883,8 +896,9 @@ def report(a, trials, cases, skipped, refs, n_seeds, elapsed, scratch):
         ts = [t for t in trials if t.kind == k]
         if not ts and k not in skipped:
             continue
-        # How the interrupted run ended: for efbig, the run under the limit (after a kill -9).
-        first = [ended_kind(t.ended[-1] if k.startswith("efbig") else t.ended[0]) for t in ts if t.ended]
+        # How the interrupted run ended; for a fault, the run under it (efbig: after a kill -9).
+        fault = k in FAULT_PATTERN
+        first = [ended_kind(t.ended[-1] if fault else t.ended[0]) for t in ts if t.ended]
         ckpt = count(ts, lambda t: t.checkpoint)
         outcomes = {o: count(ts, lambda t: t.outcome == o) for o in OUTCOMES}
         name = k + (" (%d skipped)" % skipped[k] if k in skipped else "")
