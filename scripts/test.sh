@@ -15,7 +15,7 @@ echo "== Release build and tests (build/)" >&2
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
 cmake --build build -j"$jobs"
 ctest --test-dir build --output-on-failure -j"$jobs"
-echo "== crash test: kills, faults, fuzzed configs (tests/crash; about a minute)" >&2
+echo "== crash test: kills, faults, fuzzed configs (tests/crash; 1-2 minutes)" >&2
 /usr/bin/python3 tests/crash/crashtest.py --zoe build/bin/zoe --seed 1
 
 if [ "${ZOE_SKIP_SANITIZE:-0}" != "1" ]; then
