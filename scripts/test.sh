@@ -16,6 +16,8 @@ echo "== Release build and tests (build/)" >&2
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
 cmake --build build -j"$jobs"
 ctest --test-dir build --output-on-failure -j"$jobs"
+echo "== crash test: kills, faults, fuzzed configs (tests/crash; 1-2 minutes)" >&2
+/usr/bin/python3 tests/crash/crashtest.py --zoe build/bin/zoe --seed 1
 
 # The install path: zoe installed into a temporary prefix; the public API tests and the example
 # built as separate CMake projects that see only that prefix (find_package(zoe)), then run.

@@ -1,0 +1,1132 @@
+#!/usr/bin/python3
+"""zoe's crash test: random kills and injected faults over a checkpointed NVMe-offloaded training
+run, each verified and resumed against an uninterrupted run, then a config fuzzer through the CLI.
+
+Modelled on RocksDB's db_crashtest.py. Standard library only. See tests/crash/README.md.
+
+    python3 tests/crash/crashtest.py --zoe build/bin/zoe --kills 20 --fuzz 500 --seed 1 [--minutes M]
+
+Exit status: 0 when every trial verified and resumed bit-identically and the fuzzer saw no crash and
+no hang; 1 when anything failed (the table says what, the kept scratch folder has the evidence);
+2 on bad usage or an environment that cannot run the test (no zoe, no reference run).
+"""
+
+import argparse
+import concurrent.futures
+import json
+import os
+import random
+import re
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+# ---- processes ----------------------------------------------------------------------------------
+
+
+class Proc:
+    """A child process with stdout/stderr in files (no pipe can fill up) and its own rusage.
+
+    Reaped with os.wait4 so that each run's peak RSS is its own; wait() kills it with SIGKILL
+    after `timeout` seconds and marks it timed out (a HANG).
+    """
+
+    def __init__(self, cmd, log_prefix, preexec_fn=None, env=None):
+        self.cmd = cmd
+        self.out_path = log_prefix + ".out"
+        self.err_path = log_prefix + ".err"
+        with open(self.out_path, "wb") as out, open(self.err_path, "wb") as err:
+            # A session of its own: a timeout kills its whole process group.
+            self.p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                      preexec_fn=preexec_fn, env=env, close_fds=True, start_new_session=True)
+        self.t0 = time.monotonic()
+        self.rc = None
+        self.wall = None
+        self.maxrss_kb = 0
+        self.timed_out = False
+
+    def poll(self):
+        if self.rc is not None:
+            return self.rc
+        pid, status, ru = os.wait4(self.p.pid, os.WNOHANG)
+        if pid == 0:
+            return None
+        self._reaped(status, ru)
+        return self.rc
+
+    def _reaped(self, status, ru):
+        self.rc = os.waitstatus_to_exitcode(status)  # -N: killed by signal N
+        self.p.returncode = self.rc  # Popen must not wait for it again
+        self.wall = time.monotonic() - self.t0
+        self.maxrss_kb = ru.ru_maxrss
+
+    def signal(self, sig):
+        if self.rc is None:
+            try:
+                os.kill(self.p.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def wait(self, timeout):
+        deadline = self.t0 + timeout
+        nap = 0.0005
+        while self.poll() is None:
+            if time.monotonic() > deadline:
+                self.timed_out = True
+                try:
+                    os.killpg(self.p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                _, status, ru = os.wait4(self.p.pid, 0)
+                self._reaped(status, ru)
+                break
+            time.sleep(nap)
+            nap = min(nap * 1.5, 0.02)
+        return self.rc
+
+    def stdout(self):
+        with open(self.out_path, "rb") as f:
+            return f.read().decode("utf-8", "replace")
+
+    def stderr(self):
+        with open(self.err_path, "rb") as f:
+            return f.read().decode("utf-8", "replace")
+
+
+def run(cmd, log_prefix, timeout, preexec_fn=None, env=None):
+    p = Proc(cmd, log_prefix, preexec_fn, env)
+    p.wait(timeout)
+    return p
+
+
+def last_line(text):
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    return lines[-1] if lines else ""
+
+
+# Signs of a crash that an exit status alone may hide.
+CRASH_MARKERS = ("terminate called", "Aborted", "Segmentation fault", "AddressSanitizer",
+                 "runtime error:", "ThreadSanitizer", "internal check failed", "core dumped")
+
+
+def crash_marker(err):
+    for m in CRASH_MARKERS:
+        if m in err:
+            return m
+    return None
+
+
+def error_message(err):
+    """The `zoe: error: ...` message that ends stderr (its first line and the indented context
+    lines under it, "  while ..."), joined with " / "; "" when stderr does not end in one."""
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith("zoe: error: "):
+            rest = lines[i + 1:]
+            if all(ln.startswith("  ") for ln in rest):
+                return " / ".join([lines[i]] + [ln.strip() for ln in rest])
+            return ""
+    return ""
+
+
+def said(err):
+    """What stderr ended with, for a report: the error message, else the last line."""
+    return (error_message(err) or last_line(err))[:300]
+
+
+def clean_error(rc, err):
+    """rc 1/2 ending in one `zoe: error: ...` message, and no crash marker: a clean refusal."""
+    return rc in (1, 2) and bool(error_message(err)) and crash_marker(err) is None
+
+
+def describe_rc(rc):
+    if rc is None:
+        return "not run"
+    if rc < 0:
+        try:
+            return "killed by %s" % signal.Signals(-rc).name
+        except ValueError:
+            return "killed by signal %d" % -rc
+    return "rc %d" % rc
+
+
+# ---- scratch: leftovers, tmpfs ------------------------------------------------------------------
+
+
+def tmp_leftovers(save_dir):
+    """Temporaries of unfinished saves: <tag>.tmp-XXXXXX directories, latest.tmp-<pid> files."""
+    if not os.path.isdir(save_dir):
+        return []
+    return sorted(n for n in os.listdir(save_dir) if ".tmp-" in n)
+
+
+def swap_files(nvme_dir):
+    out = []
+    for root, _, files in os.walk(nvme_dir):
+        out += [os.path.join(root, f) for f in files if f.endswith(".swap")]
+    return sorted(out)
+
+
+def latest_step(save_dir):
+    """The step `latest` names (step-NNNNNN), None without `latest`, -1 when it names no step."""
+    try:
+        with open(os.path.join(save_dir, "latest"), "rb") as f:
+            tag = f.read().decode("utf-8", "replace").strip()
+    except FileNotFoundError:
+        return None
+    m = re.fullmatch(r"step-(\d+)", tag)
+    return int(m.group(1)) if m else -1
+
+
+class Tmpfs:
+    """A tmpfs of a given size mounted on a directory (root only); resized by remount."""
+
+    available = None  # probed once
+
+    @classmethod
+    def probe(cls, scratch):
+        if cls.available is None:
+            d = os.path.join(scratch, "tmpfs-probe")
+            os.makedirs(d, exist_ok=True)
+            ok = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", d],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0
+            if ok:
+                subprocess.run(["umount", d], stderr=subprocess.DEVNULL)
+            os.rmdir(d)
+            cls.available = ok
+        return cls.available
+
+    def __init__(self, path, size_bytes):
+        self.path = path
+        os.makedirs(path, exist_ok=True)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=%d" % size_bytes, "tmpfs", path],
+                       check=True, stdout=subprocess.DEVNULL)
+        self.mounted = True
+
+    def resize(self, size_bytes):
+        subprocess.run(["mount", "-o", "remount,size=%d" % size_bytes, self.path], check=True)
+
+    def unmount(self):
+        if self.mounted:
+            subprocess.run(["umount", "-l", self.path], stderr=subprocess.DEVNULL)
+            self.mounted = False
+
+
+# ---- the training run ---------------------------------------------------------------------------
+
+
+class TrainRun:
+    """The run every trial interrupts: `zoe train --preset tiny`, all states on NVMe behind a
+    small device budget, a checkpoint every `save_every` steps."""
+
+    def __init__(self, zoe, steps, save_every, seed, budget):
+        self.zoe = zoe
+        self.steps = steps
+        self.save_every = save_every
+        self.seed = seed
+        self.budget = budget
+
+    def cmd(self, save_dir, nvme_dirs, async_save, resume=False):
+        c = [self.zoe, "train", "--preset", "tiny", "--steps", str(self.steps), "--seed", str(self.seed),
+             "--offload", "nvme"]
+        for d in nvme_dirs:
+            c += ["--nvme-path", d]
+        c += ["--device-budget", self.budget, "--save-every", str(self.save_every), "--save-dir", save_dir,
+              "--eval-batches", "1", "--json", "--quiet"]
+        if async_save:
+            c.append("--save-async")
+        if resume:
+            c.append("--resume")
+        return c
+
+
+def parse_summary(stdout):
+    """The run's JSON summary with every float kept as its text (compared bit for bit)."""
+    try:
+        return json.loads(stdout, parse_float=lambda s: s)
+    except ValueError:
+        return None
+
+
+def verify(zoe, save_dir, log_prefix, timeout):
+    """`zoe ckpt verify` on what `latest` names: (proc, {file: xxh64})."""
+    p = run([zoe, "ckpt", "verify", save_dir], log_prefix, timeout)
+    hashes = {}
+    for ln in p.stdout().splitlines():
+        m = re.match(r"^OK\s+(\S+)\s.*\s([0-9a-f]{16})\s*$", ln)
+        if m:
+            hashes[m.group(1)] = m.group(2)
+    return p, hashes
+
+
+class Reference:
+    def __init__(self, losses, hashes, wall):
+        self.losses = losses  # the losses' JSON texts
+        self.hashes = hashes  # the final checkpoint's files and xxh64s
+        self.wall = wall
+
+
+def reference_run(tr, scratch, async_save, timeout):
+    d = os.path.join(scratch, "reference-" + ("async" if async_save else "sync"))
+    save, nvme = os.path.join(d, "ck"), os.path.join(d, "nv")
+    os.makedirs(nvme)
+    p = run(tr.cmd(save, [nvme], async_save), os.path.join(d, "train"), timeout)
+    j = parse_summary(p.stdout()) if p.rc == 0 else None
+    if j is None or len(j.get("losses", [])) != tr.steps:
+        raise SystemExit("crashtest: the uninterrupted reference run failed (%s): %s\n  %s" %
+                         (describe_rc(p.rc), last_line(p.stderr()), " ".join(p.cmd)))
+    v, hashes = verify(tr.zoe, save, os.path.join(d, "verify"), timeout)
+    if v.rc != 0 or not hashes or latest_step(save) != tr.steps:
+        raise SystemExit("crashtest: the reference run's final checkpoint does not verify: %s" %
+                         last_line(v.stderr()))
+    return Reference(j["losses"], hashes, p.wall)
+
+
+# ---- kill / fault trials ------------------------------------------------------------------------
+
+# What a trial ends in (the table's columns); only IDENTICAL passes.
+IDENTICAL = "identical"
+OUTCOMES = [IDENTICAL, "mismatch", "verify-failed", "inconsistent", "resume-failed", "leftovers", "unclear",
+            "crash", "hang"]
+# What a fault's error message must say, one of (besides the path of the file it failed on).
+EFBIG_SAYS, ENOSPC_SAYS = ("File too large",), ("No space left", "are free")
+FAULT_SAYS = {"efbig-save": EFBIG_SAYS, "efbig-swap": EFBIG_SAYS, "enospc-save": ENOSPC_SAYS,
+              "enospc-nvme": ENOSPC_SAYS}
+
+KILL_PATTERN = ["kill9", "kill9-save", "sigterm", "kill9-chain", "sigterm", "kill9-save", "kill9", "sigint"]
+FAULT_PATTERN = ["efbig-save", "enospc-save", "efbig-swap", "enospc-nvme"]
+KINDS = ["kill9", "kill9-save", "kill9-chain", "sigterm", "sigint", "efbig-save", "efbig-swap", "enospc-save",
+         "enospc-nvme"]
+
+
+class Trial:
+    def __init__(self, index, kind, async_save, rng):
+        self.index = index
+        self.kind = kind
+        self.async_save = async_save
+        self.rng = rng
+        self.ended = []  # how each interrupted run ended, e.g. "killed by SIGKILL at 0.21s"
+        self.outcome = None
+        self.detail = ""
+        self.checkpoint = None  # the step `latest` named before the final resume
+        self.reclaimed = 0  # stale swap files the resume said it removed
+        self.tmp_before = 0  # <tag>.tmp-* left in the save dir for the resume to clean up
+        self.swap_before = 0  # swap files left in the NVMe path for the resume to reclaim
+        self.dir = None
+        self.nvme_dirs = []
+        self.pids = []  # of the interrupted runs (swap file names carry them)
+
+    def fail(self, outcome, detail):
+        if self.outcome is None:
+            self.outcome = outcome
+            self.detail = detail
+        return False
+
+
+class TrialRunner:
+    def __init__(self, tr, refs, scratch, timeout, log):
+        self.tr = tr
+        self.refs = refs  # {False: sync reference, True: async}
+        self.scratch = scratch
+        self.timeout = timeout
+        self.log = log
+
+    # A run killed with `sig` at a random moment of an uninterrupted run's length.
+    def _signal_run(self, t, cmd, name, sig, preexec_fn=None):
+        # The warm reference's length: a kill late in it still hits the run before it exits.
+        delay = t.rng.uniform(0.0, 0.95 * min(r.wall for r in self.refs.values()))
+        p = Proc(cmd, os.path.join(t.dir, name), preexec_fn)
+        while p.poll() is None and time.monotonic() - p.t0 < delay:
+            time.sleep(0.001)
+        p.signal(sig)
+        p.wait(self.timeout)
+        return p, delay
+
+    # A run killed with SIGKILL while a chosen save is in flight (its <tag>.tmp-* exists).
+    def _kill_at_save(self, t, cmd, name, save_dir):
+        n = t.rng.randint(1, self.tr.steps // self.tr.save_every)
+        prefix = "step-%06d.tmp-" % (n * self.tr.save_every)
+        extra = t.rng.uniform(0.0, 0.004)  # into the save: the rank file, its fsync, the renames
+        p = Proc(cmd, os.path.join(t.dir, name))
+        seen = None
+        while p.poll() is None and time.monotonic() - p.t0 < self.timeout:
+            try:
+                names = os.listdir(save_dir)
+            except FileNotFoundError:
+                names = []
+            if any(x.startswith(prefix) for x in names):
+                seen = time.monotonic()
+                break
+            step = latest_step(save_dir)
+            if step is not None and step >= n * self.tr.save_every:
+                break  # missed its window: kill now
+            time.sleep(0.0003)
+        if seen is not None:
+            while p.poll() is None and time.monotonic() - seen < extra:
+                time.sleep(0.0002)
+        p.signal(signal.SIGKILL)
+        p.wait(self.timeout)
+        return p, n * self.tr.save_every, seen is not None
+
+    # The first run of a trial and what its end must look like. False: the trial failed.
+    def _interrupted_run(self, t, save, nvme, name, kind, preexec_fn=None, resume=False):
+        cmd = self.tr.cmd(save, t.nvme_dirs, t.async_save, resume)
+        sig = {"kill9": signal.SIGKILL, "sigterm": signal.SIGTERM, "sigint": signal.SIGINT}.get(kind)
+        if kind == "kill9-save":
+            p, target, hit = self._kill_at_save(t, cmd, name, save)
+            how = "in save step-%06d" % target if hit else "after save step-%06d (missed)" % target
+        elif sig is not None:
+            p, delay = self._signal_run(t, cmd, name, sig, preexec_fn)
+            how = "%s at %.3fs" % (signal.Signals(sig).name, delay)
+        else:
+            p = run(cmd, os.path.join(t.dir, name), self.timeout, preexec_fn)
+            how = kind
+        err = p.stderr()
+        t.ended.append("%s: %s" % (how, describe_rc(p.rc)))
+        t.pids.append(p.p.pid)
+        where = "%s (%s)" % (os.path.join(t.dir, name + ".err"), " ".join(cmd))
+        if p.timed_out:
+            return t.fail("hang", "%s did not end within %ds: %s" % (name, self.timeout, where))
+        marker = crash_marker(err)
+        if marker:
+            return t.fail("crash", "%s printed '%s': %s" % (name, marker, where))
+        ok_rcs = {0}
+        if sig == signal.SIGKILL or kind == "kill9-save":
+            ok_rcs.add(-signal.SIGKILL)
+        elif sig is not None:
+            # 128+N once zoe handles it; -N when it came before zoe installed its handler.
+            ok_rcs |= {128 + sig, -sig}
+        if p.rc not in ok_rcs and not clean_error(p.rc, err):
+            return t.fail("crash", "%s ended with %s, last stderr line '%s': %s" %
+                          (name, describe_rc(p.rc), said(err), where))
+        if p.rc in (1, 2) and not kind.startswith(("efbig", "enospc")):
+            return t.fail("crash", "%s failed without a fault: %s: %s" % (name, said(err), where))
+        if p.rc == 0:
+            j = parse_summary(p.stdout())
+            if j is None:
+                return t.fail("crash", "%s exited 0 without its JSON summary: %s" % (name, where))
+            first = int(j.get("start_step", -1))
+            if first < 0 or j.get("losses") != self.refs[t.async_save].losses[first:]:
+                return t.fail("mismatch", "%s finished (rc 0) with losses that differ from the reference "
+                              "from step %d: %s" % (name, first + 1, where))
+        # A run that exits by itself removes its swap files (kill -9 leaves them to the next run).
+        if p.rc >= 0 and swap_files(nvme):
+            return t.fail("leftovers", "%s exited (%s) leaving swap files %s" %
+                          (name, describe_rc(p.rc), ", ".join(swap_files(nvme))))
+        # Stopped by a signal at a step boundary: `latest` names that step (SIGTERM saves it) or the
+        # last periodic save before it (SIGINT).
+        if sig in (signal.SIGTERM, signal.SIGINT) and p.rc == 128 + sig:
+            m = re.search(r"stopped by SIG\w+ after step (\d+) of", err)
+            if not m:
+                return t.fail("crash", "%s exited %d without saying where it stopped: '%s'" %
+                              (name, p.rc, last_line(err)[:300]))
+            done = int(m.group(1))
+            want = done if sig == signal.SIGTERM else done // self.tr.save_every * self.tr.save_every
+            got = latest_step(save)
+            if (got or 0) != want:
+                return t.fail("inconsistent", "%s stopped after step %d but latest names %s (expected "
+                              "step %d)" % (name, done, got, want))
+        if p.rc in (1, 2):
+            msg = error_message(err)
+            t.ended[-1] += " '%s'" % msg[:200]
+            # The error names the file (under the trial's directories) and the errno's text.
+            if t.dir + "/" not in msg or not any(x in msg for x in FAULT_SAYS[kind]):
+                return t.fail("unclear", "%s's error names no file under %s or lacks any of %s: %s" %
+                              (name, t.dir, FAULT_SAYS[kind], msg))
+            # A save that failed is never what `latest` names.
+            m = re.search(r"saving a checkpoint after step (\d+)", err)
+            got = latest_step(save)
+            if m and got is not None and got >= int(m.group(1)):
+                return t.fail("inconsistent", "the save after step %s failed, yet latest names step %d" %
+                              (m.group(1), got))
+        return True
+
+    # `zoe ckpt verify` on `latest`, when there is one. Returns its step, 0 without, None on failure.
+    def _verify(self, t, save, name):
+        step = latest_step(save)
+        if step is None:
+            return 0
+        v, _ = verify(self.tr.zoe, save, os.path.join(t.dir, name), self.timeout)
+        if v.timed_out:
+            t.fail("hang", "zoe ckpt verify %s did not end" % save)
+            return None
+        if v.rc != 0 or step < 0:
+            t.fail("verify-failed", "latest names step %s and zoe ckpt verify %s says (%s): %s" %
+                   (step, save, describe_rc(v.rc), last_line(v.stderr())))
+            return None
+        return step
+
+    # The final resume to the full step count and every check on its result.
+    def _resume_and_compare(self, t, save, nvme, step):
+        ref = self.refs[t.async_save]
+        t.checkpoint = step
+        t.tmp_before, t.swap_before = len(tmp_leftovers(save)), len(swap_files(nvme))
+        cmd = self.tr.cmd(save, t.nvme_dirs, t.async_save, resume=step > 0)
+        p = run(cmd, os.path.join(t.dir, "resume"), self.timeout)
+        err = p.stderr()
+        where = "%s (%s)" % (os.path.join(t.dir, "resume.err"), " ".join(cmd))
+        m = re.search(r"removed (\d+) stale swap file", err)
+        t.reclaimed = int(m.group(1)) if m else 0
+        if p.timed_out:
+            return t.fail("hang", "the resume did not end within %ds: %s" % (self.timeout, where))
+        if p.rc < 0 or p.rc > 2 or crash_marker(err):
+            return t.fail("crash", "the resume ended with %s: '%s': %s" %
+                          (describe_rc(p.rc), said(err), where))
+        if step == self.tr.steps:
+            # The killed run had saved its last step: nothing to train, said clearly; the final
+            # checkpoint must be the reference's, byte for byte.
+            if not (clean_error(p.rc, err) and "leaves nothing to train" in err):
+                return t.fail("resume-failed", "resuming a finished run should say 'leaves nothing to "
+                              "train', got %s '%s': %s" % (describe_rc(p.rc), said(err), where))
+        elif p.rc != 0:
+            return t.fail("resume-failed", "the resume from step %d failed: '%s': %s" %
+                          (step, said(err), where))
+        else:
+            j = parse_summary(p.stdout())
+            if j is None:
+                return t.fail("crash", "the resume exited 0 without its JSON summary: %s" % where)
+            if int(j.get("start_step", -1)) != step:
+                return t.fail("mismatch", "the resume started at step %s, latest names step %d" %
+                              (j.get("start_step"), step))
+            got, want = j.get("losses", []), ref.losses[step:]
+            if got != want:
+                n = min(len(got), len(want))
+                k = next((i for i in range(n) if got[i] != want[i]), n)
+                return t.fail("mismatch", "resumed from step %d: step %d's loss is %s, the reference's "
+                              "%s: %s" % (step, step + k + 1, got[k] if k < len(got) else "missing",
+                                          want[k] if k < len(want) else "missing", where))
+        v, hashes = verify(self.tr.zoe, save, os.path.join(t.dir, "verify-final"), self.timeout)
+        if v.rc != 0:
+            return t.fail("verify-failed", "the final checkpoint does not verify: %s" % last_line(v.stderr()))
+        if hashes != ref.hashes:
+            return t.fail("mismatch", "the final checkpoint's files %s differ from the reference's %s" %
+                          (hashes, ref.hashes))
+        left = tmp_leftovers(save) if step < self.tr.steps else []
+        if left:
+            return t.fail("leftovers", "after the resume %s still holds %s" % (save, ", ".join(left)))
+        if swap_files(nvme):
+            return t.fail("leftovers", "after the resume %s still holds %s" %
+                          (nvme, ", ".join(swap_files(nvme))))
+        return True
+
+    def run(self, t):
+        t.dir = os.path.join(self.scratch, "trial-%03d-%s" % (t.index, t.kind))
+        save, nvme = os.path.join(t.dir, "ck"), os.path.join(t.dir, "nv")
+        os.makedirs(nvme)
+        # Three stripes keep each swap file smaller than the checkpoint's rank file, so that a
+        # file-size limit between the two hits the save, not the swap space.
+        t.nvme_dirs = [os.path.join(nvme, x) for x in "abc"] if t.kind == "efbig-save" else [nvme]
+        for d in t.nvme_dirs:
+            os.makedirs(d, exist_ok=True)
+        mounts = []
+        try:
+            ok = self._run_kind(t, save, nvme, mounts)
+            if ok:
+                step = self._verify(t, save, "verify")
+                if step is not None:
+                    for m in mounts:
+                        m.resize(256 << 20)  # room for the resume
+                    if self._resume_and_compare(t, save, nvme, step):
+                        t.outcome = IDENTICAL
+        finally:
+            for m in mounts:
+                m.unmount()
+        if t.outcome == IDENTICAL:
+            shutil.rmtree(t.dir, ignore_errors=True)
+        return t
+
+    def _run_kind(self, t, save, nvme, mounts):
+        k = t.kind
+        if k in ("kill9", "kill9-save", "sigterm", "sigint"):
+            return self._interrupted_run(t, save, nvme, "train", k)
+        if k == "kill9-chain":
+            # Three kill -9s in a row on the same directories, each run resuming from what the one
+            # before left (checkpoints, temporaries, swap files); each checkpoint must verify.
+            for n in range(3):
+                step = latest_step(save)
+                if step == self.tr.steps:
+                    break
+                if not self._interrupted_run(t, save, nvme, "train-%d" % n, "kill9", resume=step is not None):
+                    return False
+                if n < 2 and self._verify(t, save, "verify-%d" % n) is None:
+                    return False
+            return True
+        if k in ("efbig-save", "efbig-swap"):
+            # A killed run first (a checkpoint may exist), then a resume under `ulimit -f` small
+            # enough that the next checkpoint's rank file (1.67 MiB; the swap files, striped over
+            # three paths, stay below 1.1 MiB) or a swap file hits EFBIG: it must fail with a clear
+            # message and leave `latest` on a checkpoint that verifies.
+            if not self._interrupted_run(t, save, nvme, "train", "kill9"):
+                return False
+            if k == "efbig-save":
+                limit = t.rng.randint(1200 << 10, 1650 << 10)
+            else:
+                limit = int(2 ** t.rng.uniform(12, 20))  # 4 KiB .. 1 MiB
+            t.ended.append("ulimit -f %d bytes" % limit)
+
+            def fsize():
+                resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+            resume = latest_step(save) is not None
+            return self._interrupted_run(t, save, nvme, "train-efbig", k, fsize, resume=resume)
+        if k == "enospc-save":
+            # The save dir on a tmpfs that holds one to three checkpoints: a save fails with ENOSPC,
+            # the previous checkpoint stays; the resume gets room.
+            size = t.rng.randint(1 << 20, 6 << 20)
+            mounts.append(Tmpfs(save, size))
+            t.ended.append("save dir tmpfs %d KiB" % (size >> 10))
+            return self._interrupted_run(t, save, nvme, "train", "enospc-save")
+        if k == "enospc-nvme":
+            # The NVMe path on a tmpfs smaller than the swap files need (sometimes large enough).
+            size = t.rng.randint(64 << 10, 4 << 20)
+            mounts.append(Tmpfs(nvme, size))
+            t.ended.append("nvme tmpfs %d KiB" % (size >> 10))
+            return self._interrupted_run(t, save, nvme, "train", "enospc-nvme")
+        raise ValueError(k)
+
+
+# ---- config fuzzer ------------------------------------------------------------------------------
+
+
+class Obj(list):
+    """A JSON object as a list of (key, value) pairs: keys may repeat, order is kept."""
+
+
+class Raw(str):
+    """Text spliced into the JSON as it is (numbers no float64 holds: 1e400, 2^64)."""
+
+
+NASTY_NUMBERS = ["1e400", "-1e400", "-1", "0", "-0.0", "0.5", "1.5", "2147483647", "2147483648", "4294967295",
+                 "4294967296", "4294967297", "9007199254740993", "9223372036854775807", "9223372036854775808",
+                 "18446744073709551615", "18446744073709551616", "-9223372036854775809", "1e19", "1e308",
+                 "-1e308", "1e-300", "5e-324", "1073741824", "4398046511104", "1e999999", "123456789e-999",
+                 "0.000000000000000000000000000000000000000000001", "1" + "0" * 400]
+NASTY_STRINGS = ["NaN", "nan", "inf", "-inf", "Infinity", "1e400", "-1", "", " ", "auto", "true", "null",
+                 "1MiB", "-1MiB", "0B", "256GiB", "99999999999999999999GiB", "1.5.5MiB", "\u0000", "a\u0000b",
+                 "\ud800", "\u202e", "../../../../etc/passwd", "/", "/proc", "/dev/null", "%s%s%n",
+                 "\\", "\""]
+NASTY_VALUES = [None, True, False, [], Obj(), [1, 2, 3], Obj([("enabled", True)]), Obj([("device", "nvme")]),
+                0, -1, 3.5]
+KNOWN_KEYS = ["stage", "device", "nvme_path", "enabled", "lr", "betas", "eps", "type", "params",
+              "buffer_count",
+              "buffer_size", "queue_depth", "block_size", "thread_count", "sub_group_size",
+              "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size",
+              "zero_optimization", "offload_optimizer", "offload_param", "aio", "zoe", "device_budget",
+              "host_budget", "optimizer_threads", "loss_scale", "initial_scale_power", "scheduler",
+              "warmup_num_steps", "total_num_steps", "gradient_clipping", "fp16", "bf16", "ratio"]
+
+
+def to_tree(v):
+    if isinstance(v, list) and not isinstance(v, Obj):
+        return [to_tree(x) for x in v]
+    if isinstance(v, Obj):
+        return Obj((k, to_tree(x)) for k, x in v)
+    return v
+
+
+def load_seed(text):
+    return json.loads(text, object_pairs_hook=lambda pairs: Obj(pairs))
+
+
+def dump(v, out):
+    """Serialises a tree iteratively (a mutation nests 100,000 deep)."""
+    stack = [v]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, Raw):
+            out.append(str(x))
+        elif isinstance(x, Obj):
+            out.append("{")
+            items = []
+            for i, (k, val) in enumerate(x):
+                if i:
+                    items.append(Raw(","))
+                items.append(Raw(json.dumps(k) + ":"))
+                items.append(val)
+            items.append(Raw("}"))
+            stack.extend(reversed(items))
+        elif isinstance(x, list):
+            items = [Raw("[")]
+            for i, val in enumerate(x):
+                if i:
+                    items.append(Raw(","))
+                items.append(val)
+            items.append(Raw("]"))
+            stack.extend(reversed(items))
+        else:
+            out.append(json.dumps(x))
+    return out
+
+
+def nodes_of(tree):
+    """Every container in the tree with each slot: (container, index) pairs."""
+    out, stack = [], [tree]
+    while stack:
+        c = stack.pop()
+        for i in range(len(c)):
+            out.append((c, i))
+            child = c[i][1] if isinstance(c, Obj) else c[i]
+            if isinstance(child, list):
+                stack.append(child)
+    return out
+
+
+def get_slot(c, i):
+    return c[i][1] if isinstance(c, Obj) else c[i]
+
+
+def set_slot(c, i, v):
+    if isinstance(c, Obj):
+        c[i] = (c[i][0], v)
+    else:
+        c[i] = v
+
+
+def mutate_tree(tree, rng):
+    """1-3 edits of the parsed config; returns the names of the edits made."""
+    names = []
+    for _ in range(rng.choice([1, 1, 1, 2, 3])):
+        slots = nodes_of(tree)
+        if not slots:
+            break
+        c, i = rng.choice(slots)
+        v = get_slot(c, i)
+        op = rng.choice(["number", "number", "plausible", "plausible", "string", "type", "delete",
+                         "duplicate", "rename", "nest", "add", "scale", "huge-string"])
+        if op == "plausible":
+            # A value in range, or nearly: these configs train, through the engine's less used paths.
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                choices = [0, 1, 2, 3, 4, 7, 8, 16, 64, 1024, 4096, 65536, 1e5, 0.5, 1e-3, 1e-6, 0.999]
+                set_slot(c, i, rng.choice(choices + [v * 2, v / 2, int(v) + 1]))
+            else:
+                set_slot(c, i, rng.choice([True, False, 1, 2, 3, 0.5, "cpu", "nvme", "none", "1MiB", "64MiB",
+                                           "WarmupLR", "AdamW", "Adam", "linear", "log"]))
+        elif op == "number":
+            set_slot(c, i, Raw(rng.choice(NASTY_NUMBERS)))
+        elif op == "string":
+            set_slot(c, i, rng.choice(NASTY_STRINGS))
+        elif op == "type":
+            set_slot(c, i, to_tree(rng.choice(NASTY_VALUES)) if rng.random() < 0.7 else
+                     ([v] if rng.random() < 0.5 else Obj([("value", v)])))
+        elif op == "delete":
+            del c[i]
+        elif op == "duplicate":
+            if isinstance(c, Obj):
+                c.insert(rng.randint(0, len(c)), (c[i][0], to_tree(rng.choice(NASTY_VALUES + [v]))))
+            else:
+                c.insert(i, v)
+        elif op == "rename":
+            if isinstance(c, Obj):
+                k = c[i][0]
+                k2 = rng.choice([k.upper(), k[:-1], k + "_", k.replace("_", "-"), rng.choice(KNOWN_KEYS),
+                                 " " + k, k + "\u0000", ""])
+                c[i] = (k2, c[i][1])
+            else:
+                op = "type"
+                set_slot(c, i, Obj([(rng.choice(KNOWN_KEYS), v)]))
+        elif op == "nest":
+            depth = rng.choice([3, 30, 200, 1000, 100000])
+            obj = rng.random() < 0.5
+            for _ in range(depth):
+                v = Obj([("a", v)]) if obj else [v]
+            set_slot(c, i, v)
+            op = "nest-%d" % depth
+        elif op == "add":
+            if isinstance(c, Obj):
+                value = rng.choice(NASTY_VALUES + [Raw(rng.choice(NASTY_NUMBERS))])
+                c.append((rng.choice(KNOWN_KEYS), to_tree(value)))
+            else:
+                c.append(Raw(rng.choice(NASTY_NUMBERS)))
+        elif op == "scale":
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                set_slot(c, i, Raw(repr(float(v) * rng.choice([-1, 1e12, 1e300, 1e-12, 2 ** 31, 0.999999]))))
+            else:
+                set_slot(c, i, Raw(rng.choice(NASTY_NUMBERS)))
+        elif op == "huge-string":
+            set_slot(c, i, rng.choice("AZ/%\\") * rng.choice([4096, 1 << 20]))
+        names.append(op.split("-")[0] if op.startswith("nest") else op)
+    return names
+
+
+def mutate_text(data, rng):
+    """A mutation of the bytes; returns (bytes, name)."""
+    op = rng.choice(["truncate", "bytes", "nul", "nul-prefix", "insert", "garbage", "empty", "random", "bom",
+                     "comment", "huge"])
+    n = len(data)
+    if op == "truncate":
+        data = data[:rng.randint(0, max(0, n - 1))]
+    elif op == "bytes":
+        b = bytearray(data)
+        for _ in range(rng.randint(1, 8)):
+            if b:
+                byte = rng.choice([0, 0xFF, 0x80, ord('"'), ord("{"), ord("]"), rng.randrange(256)])
+                b[rng.randrange(len(b))] = byte
+        data = bytes(b)
+    elif op == "nul":
+        at = rng.randint(0, n)
+        data = data[:at] + b"\0" + data[at:]
+    elif op == "nul-prefix":
+        data = b'{"zoe":{}}\0' + data  # a NUL must not end the config silently
+    elif op == "insert":
+        at = rng.randint(0, n)
+        data = data[:at] + rng.choice([b"1e400", b",", b"}", b"[", b'"', b"\\u0000", b"\xc3\x28"]) + data[at:]
+    elif op == "garbage":
+        data = data + rng.choice([b"}", b"{}", b" x", b"\n\n[1]", b"\0"])
+    elif op == "empty":
+        data = rng.choice([b"", b" ", b"\n", b"null", b"[]", b"0", b'""', b"true"])
+    elif op == "random":
+        data = bytes(rng.randrange(256) for _ in range(rng.randint(1, 4096)))
+    elif op == "bom":
+        data = b"\xef\xbb\xbf" + data
+    elif op == "comment":
+        data = b"// DeepSpeed config\n" + data
+    elif op == "huge":
+        data = b" " * (rng.choice([4, 64]) << 20) + data  # past any sane size cap
+    return data, "text-" + op
+
+
+SPECIAL_INPUTS = ["/dev/zero", "/dev/urandom", "/dev/null", "@DIR@", "@MISSING@"]
+
+
+class FuzzCase:
+    def __init__(self, index, seed_name, ops, path):
+        self.index = index
+        self.seed_name = seed_name
+        self.ops = ops
+        self.path = path
+        self.outcome = None  # ran, refused, crash, hang, leftovers
+        self.detail = ""
+        self.rc = None
+        self.wall = 0.0
+        self.maxrss_kb = 0
+        self.message = ""
+
+
+class Fuzzer:
+    def __init__(self, zoe, seeds, scratch, seed, timeout, mem_limit):
+        self.zoe = zoe
+        self.seeds = seeds  # [(name, text)]
+        self.scratch = os.path.join(scratch, "fuzz")
+        os.makedirs(self.scratch)
+        self.seed = seed
+        self.timeout = timeout
+        self.mem_limit = mem_limit
+
+    def make(self, i):
+        """Case i, the same for a given --seed whatever the order they run in."""
+        rng = random.Random("%d/%d" % (self.seed, i))
+        d = os.path.join(self.scratch, "%05d" % i)
+        nvme = os.path.join(d, "nv")
+        os.makedirs(nvme)
+        if i < len(SPECIAL_INPUTS):
+            s = SPECIAL_INPUTS[i]
+            path = {"@DIR@": d, "@MISSING@": os.path.join(d, "missing.json")}.get(s, s)
+            return FuzzCase(i, "-", ["special:" + os.path.basename(path)], path), d, nvme
+        name, text = self.seeds[rng.randrange(len(self.seeds))]
+        tree = load_seed(text.replace("@NVME@", nvme))
+        ops = mutate_tree(tree, rng) if rng.random() < 0.85 else []
+        data = "".join(dump(tree, [])).encode("utf-8", "surrogatepass")
+        if not ops or rng.random() < 0.3:
+            data, op = mutate_text(data, rng)
+            ops.append(op)
+        path = os.path.join(d, "config.json")
+        with open(path, "wb") as f:
+            f.write(data)
+        return FuzzCase(i, name, ops, path), d, nvme
+
+    def run_case(self, i):
+        case, d, nvme = self.make(i)
+        cmd = [self.zoe, "train", "--config", case.path, "--preset", "tiny", "--steps", "1",
+               "--eval-batches", "1", "--quiet"]
+        limit = self.mem_limit
+
+        def limits():
+            if limit:
+                resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+        env = dict(os.environ, ZOE_SCRATCH=nvme)
+        p = run(cmd, os.path.join(d, "train"), self.timeout, limits, env)
+        err = p.stderr()
+        case.rc, case.wall, case.maxrss_kb = p.rc, p.wall, p.maxrss_kb
+        case.message = said(err)
+        case.cmd = " ".join(cmd)
+        if p.timed_out:
+            case.outcome, case.detail = "hang", "no end within %ds" % self.timeout
+        elif crash_marker(err) or p.rc not in (0, 1, 2):
+            case.outcome = "crash"
+            case.detail = "%s, last stderr line '%s'" % (describe_rc(p.rc), case.message)
+        elif p.rc == 0:
+            case.outcome = "ran"
+        elif clean_error(p.rc, err):
+            case.outcome = "refused"
+        else:
+            case.outcome = "crash"
+            case.detail = "rc %d without a 'zoe: error:' line (last stderr line '%s')" % (p.rc, case.message)
+        if case.outcome in ("ran", "refused") and swap_files(nvme):
+            case.outcome = "leftovers"
+            case.detail = "exited (%s) leaving %s" % (describe_rc(p.rc), swap_files(nvme))
+        if case.outcome in ("ran", "refused"):
+            shutil.rmtree(d, ignore_errors=True)
+        else:
+            case.detail += "; kept in %s" % d
+        return case
+
+
+FUZZ_OUTCOMES = ["ran", "refused", "crash", "hang", "leftovers"]
+
+# ---- report -------------------------------------------------------------------------------------
+
+ENDS = ["killed", "stopped", "pre-handler", "finished", "refused"]
+
+
+def count(items, pred):
+    return sum(1 for x in items if pred(x))
+
+
+def report(a, trials, cases, skipped, refs, n_seeds, elapsed, scratch):
+    """Prints the tables (stdout, or stderr with --json) and the JSON object; True when all passed."""
+    f = sys.stderr if a.json else sys.stdout
+    rows, by_kind = [], {}
+    for k in KINDS:
+        ts = [t for t in trials if t.kind == k]
+        if not ts and k not in skipped:
+            continue
+        # How the interrupted run ended; for a fault, the run under it (efbig: after a kill -9).
+        fault = k in FAULT_PATTERN
+        first = [ended_kind(t.ended[-1] if fault else t.ended[0]) for t in ts if t.ended]
+        ckpt = count(ts, lambda t: t.checkpoint)
+        outcomes = {o: count(ts, lambda t: t.outcome == o) for o in OUTCOMES}
+        name = k + (" (%d skipped)" % skipped[k] if k in skipped else "")
+        rows.append([name, len(ts)] + [first.count(e) for e in ENDS] + [ckpt] + list(outcomes.values()))
+        by_kind[k] = {"trials": len(ts), "skipped": skipped.get(k, 0),
+                      "ended": {e: first.count(e) for e in ENDS}, "resumed_from_checkpoint": ckpt,
+                      "outcomes": outcomes}
+    columns = range(2, 2 + len(ENDS) + 1 + len(OUTCOMES))
+    rows.append(["total", len(trials)] + [sum(r[c] for r in rows) for c in columns])
+    title = ("# zoe crash test: %d steps of `zoe train --preset tiny --offload nvme --device-budget %s`, "
+             "a checkpoint every %d, seed %d, %.0fs" %
+             (a.steps, a.device_budget, a.save_every, a.seed, elapsed))
+    print_table(title, ["kind", "trials"] + ENDS + ["ckpt"] + OUTCOMES, rows, f)
+    reclaimed = sum(t.reclaimed for t in trials)
+    tmp_before = count(trials, lambda t: t.tmp_before)
+    swap_before = count(trials, lambda t: t.swap_before)
+    print("(ended: how the interrupted run ended; ckpt: resumed from a checkpoint, not from scratch; "
+          "%d trials left <tag>.tmp-* for the resume to remove, %d left swap files, %d reclaimed by the "
+          "resumes)" %
+          (tmp_before, swap_before, reclaimed), file=f)
+
+    by_op = {}
+    for c in cases:
+        for op in set(c.ops):
+            by_op.setdefault("special" if op.startswith("special:") else op, []).append(c)
+    fuzz_rows = [[op, len(cs)] + [count(cs, lambda c: c.outcome == o) for o in FUZZ_OUTCOMES]
+                 for op, cs in sorted(by_op.items())]
+    totals = [count(cases, lambda c: c.outcome == o) for o in FUZZ_OUTCOMES]
+    fuzz_rows.append(["total (configs)", len(cases)] + totals)
+    print("", file=f)
+    title = ("# config fuzzer: %d mutated configs of %d seeds (tests/crash/configs) through `zoe train "
+             "--config F --preset tiny --steps 1`, %gs timeout, %d at once" %
+             (len(cases), n_seeds, a.fuzz_timeout, a.jobs))
+    print_table(title, ["mutation", "configs"] + FUZZ_OUTCOMES, fuzz_rows, f)
+    if cases:
+        slowest = max(cases, key=lambda c: c.wall)
+        biggest = max(cases, key=lambda c: c.maxrss_kb)
+        oom = count(cases, lambda c: "out of memory" in c.message)
+        print("(a config can carry several mutations; slowest %.1fs (config %d), largest RSS %d MiB "
+              "(config %d), %d refused as out of memory under the %d MiB limit)" %
+              (slowest.wall, slowest.index, biggest.maxrss_kb >> 10, biggest.index, oom, a.fuzz_mem), file=f)
+
+    bad_trials = [t for t in trials if t.outcome != IDENTICAL]
+    bad_cases = [c for c in cases if c.outcome not in ("ran", "refused")]
+    ok = not bad_trials and not bad_cases
+    print("\n%s: %d trials (%d identical), %d configs (%d crashes, %d hangs, %d left swap files)" %
+          ("OK" if ok else "FAILED", len(trials), len(trials) - len(bad_trials), len(cases),
+           count(cases, lambda c: c.outcome == "crash"), count(cases, lambda c: c.outcome == "hang"),
+           count(cases, lambda c: c.outcome == "leftovers")), file=f)
+    for t in bad_trials:
+        mode = "async" if t.async_save else "sync"
+        print("  trial %d %s %s: %s: %s" % (t.index, t.kind, mode, t.outcome, t.detail), file=f)
+    for c in bad_cases[:50]:
+        print("  config %d [%s]: %s: %s\n    %s" % (c.index, ",".join(c.ops), c.outcome, c.detail, c.cmd),
+              file=f)
+    if a.json:
+        trial_failures = [{"index": t.index, "kind": t.kind, "async": t.async_save, "outcome": t.outcome,
+                           "detail": t.detail, "ended": t.ended} for t in bad_trials]
+        fuzz_failures = [{"index": c.index, "seed": c.seed_name, "mutations": c.ops, "outcome": c.outcome,
+                          "detail": c.detail, "command": c.cmd} for c in bad_cases]
+        out = {
+            "ok": ok,
+            "seed": a.seed,
+            "elapsed_s": round(elapsed, 1),
+            "scratch": scratch if (not ok or a.keep) else None,
+            "run": {"steps": a.steps, "save_every": a.save_every, "device_budget": a.device_budget,
+                    "reference_losses": [float(x) for x in refs[False].losses]},
+            "trials": {"total": len(trials), "by_kind": by_kind, "stale_swap_files_reclaimed": reclaimed,
+                       "left_tmp_dirs": tmp_before, "left_swap_files": swap_before,
+                       "failures": trial_failures},
+            "fuzz": {"total": len(cases),
+                     "outcomes": {o: count(cases, lambda c: c.outcome == o) for o in FUZZ_OUTCOMES},
+                     "by_mutation": {op: {o: count(cs, lambda c: c.outcome == o) for o in FUZZ_OUTCOMES}
+                                     for op, cs in by_op.items()},
+                     "failures": fuzz_failures},
+        }
+        print(json.dumps(out, indent=1, sort_keys=True))
+    return ok
+
+
+# ---- main ---------------------------------------------------------------------------------------
+
+
+def print_table(title, header, rows, f):
+    widths = [max(len(str(r[c])) for r in [header] + rows) for c in range(len(header))]
+    print(title, file=f)
+    for r in [header] + rows:
+        cells = [str(v).rjust(widths[c]) if c else str(v).ljust(widths[c]) for c, v in enumerate(r)]
+        print("  ".join(cells), file=f)
+
+
+def ended_kind(text):
+    """A trial's first run, in one word: how it ended."""
+    if "SIGKILL" in text and "killed" in text:
+        return "killed"
+    if "rc 143" in text or "rc 130" in text:
+        return "stopped"
+    if "killed by SIGTERM" in text or "killed by SIGINT" in text:
+        return "pre-handler"
+    if "rc 0" in text:
+        return "finished"
+    if "rc 1" in text or "rc 2" in text:
+        return "refused"
+    return "other"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--zoe", default="build/bin/zoe", help="the zoe binary (default build/bin/zoe)")
+    ap.add_argument("--kills", type=int, default=40,
+                    help="kill trials: kill -9 at random, during a save, three in a row; SIGTERM, SIGINT "
+                    "(default 40)")
+    ap.add_argument("--faults", type=int, default=12,
+                    help="fault trials: EFBIG under ulimit -f in a save or in the swap space, ENOSPC on a "
+                    "small tmpfs for the save dir or the NVMe path (default 12)")
+    ap.add_argument("--fuzz", type=int, default=2000, help="mutated configs through zoe train (default 2000)")
+    ap.add_argument("--seed", type=int, default=1, help="seed of every random choice (default 1)")
+    ap.add_argument("--minutes", type=float, default=0, help="keep going (kills, faults and configs in the "
+                    "same proportions) until M minutes have passed; the counts are then minimums")
+    ap.add_argument("--kinds", default=",".join(KINDS),
+                    help="the trial kinds to run, comma-separated (default: all of %s)" % ", ".join(KINDS))
+    ap.add_argument("--steps", type=int, default=12, help="steps of the training run (default 12)")
+    ap.add_argument("--save-every", type=int, default=2, help="checkpoint interval (default 2)")
+    ap.add_argument("--device-budget", default="1MiB", help="the run's device budget (default 1MiB)")
+    ap.add_argument("--jobs", type=int, default=max(1, min(2, os.cpu_count() or 1)),
+                    help="fuzzed configs run at once (default: min(2, cores))")
+    ap.add_argument("--fuzz-timeout", type=float, default=20, help="seconds per fuzzed config (default 20)")
+    ap.add_argument("--fuzz-mem", type=int, default=4096,
+                    help="address-space limit per fuzzed run in MiB, 0 for none (default 4096: an unbounded "
+                    "allocation fails instead of taking the machine)")
+    ap.add_argument("--scratch", default=None, help="scratch folder (default $ZOE_SCRATCH or /var/tmp)")
+    ap.add_argument("--keep", action="store_true", help="keep the scratch folder even when all passed")
+    ap.add_argument("--json", action="store_true", help="print one JSON object on stdout (tables on stderr)")
+    ap.add_argument("--verbose", action="store_true", help="one line per trial on stderr")
+    a = ap.parse_args()
+    if a.kills < 0 or a.faults < 0 or a.fuzz < 0 or a.steps < 2 or a.save_every < 1 or a.jobs < 1:
+        ap.error("--kills/--faults/--fuzz >= 0, --steps >= 2, --save-every >= 1, --jobs >= 1")
+    wanted = [k for k in a.kinds.split(",") if k]
+    if not wanted or any(k not in KINDS for k in wanted):
+        ap.error("--kinds %s: expected some of %s" % (a.kinds, ",".join(KINDS)))
+    kill_pattern = [k for k in KILL_PATTERN if k in wanted]
+    fault_pattern = [k for k in FAULT_PATTERN if k in wanted]
+    zoe = os.path.abspath(a.zoe)
+    if not os.access(zoe, os.X_OK):
+        ap.error("--zoe %s is not an executable" % a.zoe)
+    base = a.scratch or os.environ.get("ZOE_SCRATCH") or "/var/tmp"
+    scratch = tempfile.mkdtemp(prefix="zoe-crashtest-", dir=base)
+    t_start = time.monotonic()
+    deadline = t_start + a.minutes * 60
+
+    def say(msg):
+        print("crashtest: " + msg, file=sys.stderr, flush=True)
+
+    tr = TrainRun(zoe, a.steps, a.save_every, a.seed, a.device_budget)
+    say("scratch %s; reference runs (%d steps, a checkpoint every %d, sync and async)" %
+        (scratch, a.steps, a.save_every))
+    refs = {False: reference_run(tr, scratch, False, 120), True: reference_run(tr, scratch, True, 120)}
+    if refs[False].losses != refs[True].losses or refs[False].hashes != refs[True].hashes:
+        say("FAILED: the sync and async reference runs differ: %s vs %s" %
+            (refs[False].losses, refs[True].losses))
+        return 1
+    timeout = max(30.0, 30 * max(r.wall for r in refs.values()))
+    runner = TrialRunner(tr, refs, scratch, timeout, say)
+    tmpfs_ok = Tmpfs.probe(scratch)
+    if not tmpfs_ok:
+        say("mount -t tmpfs is not permitted here: the ENOSPC trials are skipped")
+
+    seeds_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
+    seeds = []
+    for n in sorted(os.listdir(seeds_dir)):
+        if n.endswith(".json"):
+            with open(os.path.join(seeds_dir, n)) as f:
+                seeds.append((n, f.read()))
+    mem = a.fuzz_mem << 20
+    fuzzer = Fuzzer(zoe, seeds, scratch, a.seed, a.fuzz_timeout, mem)
+
+    trials, cases, skipped = [], [], {}
+    n_kill = n_fault = n_fuzz = 0
+
+    def trial(kind, index):
+        t = Trial(index, kind, async_save=bool((index + index // len(KILL_PATTERN)) % 2),
+                  rng=random.Random("%d/trial/%d" % (a.seed, index)))
+        runner.run(t)
+        trials.append(t)
+        if a.verbose or t.outcome != IDENTICAL:
+            mode = "async" if t.async_save else "sync"
+            say("trial %3d %-11s %-5s pids %s: %s -> %s%s" %
+                (t.index, t.kind, mode, t.pids, "; ".join(t.ended), t.outcome,
+                 (": " + t.detail) if t.detail else ""))
+
+    def fuzz_batch(lo, hi):
+        with concurrent.futures.ThreadPoolExecutor(max_workers=a.jobs) as pool:
+            for c in pool.map(fuzzer.run_case, range(lo, hi)):
+                cases.append(c)
+                if c.outcome not in ("ran", "refused"):
+                    say("config %5d %s [%s] -> %s: %s" %
+                        (c.index, c.seed_name, ",".join(c.ops), c.outcome, c.detail))
+
+    # Rounds: the counts first, then (with --minutes) more of each in the same proportions.
+    round_kills, round_faults, round_fuzz = a.kills, a.faults, a.fuzz
+    while True:
+        for _ in range(round_kills if kill_pattern else 0):
+            trial(kill_pattern[n_kill % len(kill_pattern)], len(trials))
+            n_kill += 1
+        for _ in range(round_faults if fault_pattern else 0):
+            kind = fault_pattern[n_fault % len(fault_pattern)]
+            n_fault += 1
+            if kind.startswith("enospc") and not tmpfs_ok:
+                skipped[kind] = skipped.get(kind, 0) + 1
+                continue
+            trial(kind, len(trials))
+        say("%d trials done (%.0fs); fuzzing configs %d..%d" %
+            (len(trials), time.monotonic() - t_start, n_fuzz, n_fuzz + round_fuzz - 1))
+        fuzz_batch(n_fuzz, n_fuzz + round_fuzz)
+        n_fuzz += round_fuzz
+        if time.monotonic() >= deadline:
+            break
+        # Later rounds: a tenth of each count, so that the time limit is kept within a round.
+        round_kills, round_faults, round_fuzz = (max(1 if n else 0, n // 10)
+                                                 for n in (a.kills, a.faults, a.fuzz))
+    elapsed = time.monotonic() - t_start
+
+    ok = report(a, trials, cases, skipped, refs, len(seeds), elapsed, scratch)
+    if ok and not a.keep:
+        shutil.rmtree(scratch, ignore_errors=True)
+    else:
+        say("scratch kept: %s" % scratch)
+    return 0 if ok else 1
+
+if __name__ == "__main__":
+    sys.exit(main())
