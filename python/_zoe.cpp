@@ -57,7 +57,10 @@ const char* dtype_name(zoe::ComputeDType d) {
 // A flat NumPy view of n elements at p (no copy; `owner` keeps nothing alive: the engine's
 // contract says how long p is valid). bf16 comes as uint16.
 py::array view(void* p, size_t n, zoe::ComputeDType d) {
-  static py::capsule no_owner(static_cast<void*>(nullptr), [](void*) {});
+  // One owner-less base for every view, leaked on purpose (it must outlive the interpreter's
+  // last array).
+  static int dummy = 0;
+  static py::capsule& no_owner = *new py::capsule(&dummy, [](void*) {});
   const auto shape = std::vector<py::ssize_t>{static_cast<py::ssize_t>(n)};
   switch (d) {
     case zoe::ComputeDType::kF32:
