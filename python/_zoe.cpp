@@ -5,7 +5,7 @@
 // Errors: every failed Status becomes a zoe.ZoeError whose text is Status::to_string() (the code,
 // the message and its context lines). Buffers reach Python as NumPy arrays over the engine's own
 // memory (no copy): valid until the matching release()/reduce_grads(); the Python side turns
-// them into torch tensors with torch.from_numpy (bf16 through a uint16 view).
+// them into torch tensors with torch.from_numpy (bf16 through an int16 view).
 #include <pybind11/functional.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -55,7 +55,7 @@ const char* dtype_name(zoe::ComputeDType d) {
 }
 
 // A flat NumPy view of n elements at p (no copy; `owner` keeps nothing alive: the engine's
-// contract says how long p is valid). bf16 comes as uint16.
+// contract says how long p is valid). bf16 comes as int16 (torch 1.13 has no uint16).
 py::array view(void* p, size_t n, zoe::ComputeDType d) {
   // One owner-less base for every view, leaked on purpose (it must outlive the interpreter's
   // last array).
@@ -66,7 +66,7 @@ py::array view(void* p, size_t n, zoe::ComputeDType d) {
     case zoe::ComputeDType::kF32:
       return py::array_t<float>(shape, static_cast<float*>(p), no_owner);
     case zoe::ComputeDType::kBF16:
-      return py::array_t<uint16_t>(shape, static_cast<uint16_t*>(p), no_owner);
+      return py::array_t<int16_t>(shape, static_cast<int16_t*>(p), no_owner);
     case zoe::ComputeDType::kF16:
       return py::array(py::dtype("float16"), shape, p, no_owner);
   }

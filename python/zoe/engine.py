@@ -81,12 +81,12 @@ class _UnitBoundary(torch.autograd.Function):
 class _ZMod:
     """One zoe module: a unit's own parameters."""
 
-    def __init__(self, index, name, params, names):
+    def __init__(self, index, name, params, names, shapes):
         self.index = index
         self.name = name
         self.params = params          # torch Parameters, registration order
         self.names = names            # their names relative to the unit
-        self.shapes = [tuple(p.shape) for p in params]
+        self.shapes = shapes
         self.refs = 0                 # fetch reference count (forward uses, backward hold)
         self.bw_held = False          # fetched for backward until its gradients are in
         self.flat = None              # current flat torch views of the fetched buffers
@@ -146,6 +146,20 @@ class Engine:
     # Setup
 
     def _build(self, model, zoe_units, unit_params, init_fn):
+        # Meta-device parameters become empty CPU parameters (a meta tensor cannot take CPU data in
+        # place); each gets real storage only while zoe initialises its unit (_materialize).
+        self._meta_shapes = {}
+        replaced = {}
+        for mod in model.modules():
+            for k, p in list(mod._parameters.items()):
+                if p is None or p.device.type != "meta":
+                    continue
+                if id(p) not in replaced:
+                    q = nn.Parameter(torch.empty(0, dtype=p.dtype), requires_grad=p.requires_grad)
+                    replaced[id(p)] = q
+                    self._meta_shapes[id(q)] = tuple(p.shape)
+                mod._parameters[k] = replaced[id(p)]
+        del replaced
         self._units = partition(model, zoe_units, unit_params)
         owner = {}  # id(param) -> (zmod index, param index)
         self._zmods = []
@@ -163,7 +177,8 @@ class Engine:
                     own.append(p)
                     own_names.append(n)
             if own:
-                zm = _ZMod(len(self._zmods), u.name, own, own_names)
+                zm = _ZMod(len(self._zmods), u.name, own, own_names,
+                           [self._meta_shapes.get(id(p), tuple(p.shape)) for p in own])
                 self._zmods.append(zm)
                 for n, p in zip(own_names, own):
                     self._torch_names[f"{zm.name}.{n}"] = full_names[id(p)][0]
@@ -188,7 +203,7 @@ class Engine:
             if pi == 0:
                 values.clear()
                 zm = self._zmods[mi]
-                if any(p.device.type == "meta" for p in zm.params):
+                if any(id(p) in self._meta_shapes for p in zm.params):
                     self._materialize(zm, init_fn)
                 for i, p in enumerate(zm.params):
                     values[i] = p.detach().to("cpu", torch.float32).reshape(-1).numpy()
@@ -221,8 +236,8 @@ class Engine:
         every submodule when given, else each submodule's reset_parameters()."""
         unit = next(u for u in self._units if u.zmods and u.zmods[0] == zm.index)
         mods = [unit.module] if unit.direct else list(unit.module.modules())
-        for p in zm.params:
-            p.data = torch.empty(p.shape, dtype=p.dtype, device="cpu")
+        for p, shape in zip(zm.params, zm.shapes):
+            p.data = torch.empty(shape, dtype=p.dtype)
         for m in mods:
             if init_fn is not None:
                 init_fn(m)

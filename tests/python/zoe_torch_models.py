@@ -91,14 +91,14 @@ def make_model(kind, seed=0):
 
 
 def config(tmp, stage=3, opt="nvme", param="nvme", lr=3e-3, wd=0.1, clip=0.5, gas=1, micro=4, dtype="fp32",
-           **zoe):
+           zero=None, **zoe):
     c = {
         "train_micro_batch_size_per_gpu": micro,
         "gradient_accumulation_steps": gas,
         "gradient_clipping": clip,
         "optimizer": {"type": "AdamW", "params": {"lr": lr, "betas": [0.9, 0.999], "eps": 1e-8,
                                                   "weight_decay": wd}},
-        "zero_optimization": {"stage": stage},
+        "zero_optimization": {"stage": stage, **(zero or {})},
         "zoe": dict(zoe),
     }
     if opt != "none":
