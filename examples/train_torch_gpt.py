@@ -65,6 +65,7 @@ def main():
     ap.add_argument("--nvme-path", default=os.environ.get("ZOE_SCRATCH", tempfile.gettempdir()))
     ap.add_argument("--device-budget", default="4MiB")
     a = ap.parse_args()
+    os.makedirs(a.nvme_path, exist_ok=True)
     torch.manual_seed(0)
     model = GPT()
     config = {

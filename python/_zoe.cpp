@@ -156,8 +156,8 @@ py::tuple read_checkpoint(const std::string& dir) {
       std::vector<py::ssize_t> shape(p.shape.begin(), p.shape.end());
       py::array_t<float> a(shape);
       if (a.size() != static_cast<py::ssize_t>(p.numel)) {
-        raise(zoe::corruption("%s: parameter %s.%s: shape has %zd elements, numel is %llu", reader->path().c_str(),
-                              man.modules[m].name.c_str(), p.name.c_str(), a.size(),
+        raise(zoe::corruption("%s: parameter %s.%s: shape has %zd elements, numel is %llu",
+                              reader->path().c_str(), man.modules[m].name.c_str(), p.name.c_str(), a.size(),
                               static_cast<unsigned long long>(p.numel)));
       }
       zoe::Status s;
@@ -189,7 +189,9 @@ PYBIND11_MODULE(_zoe, m) {
       },
       py::arg("force_local") = false,
       "Initialises this process's runtime once (MPI under a launcher); returns (rank, world_size).");
-  m.def("shutdown_runtime", [] { runtime_slot().reset(); }, "Drops the runtime (after every engine is closed).");
+  m.def(
+      "shutdown_runtime", [] { runtime_slot().reset(); },
+      "Drops the runtime (after every engine is closed).");
 
   m.def(
       "parse_config",
@@ -228,7 +230,8 @@ PYBIND11_MODULE(_zoe, m) {
       .def("close", &PyEngine::close)
       .def(
           "add_module",
-          [](PyEngine& self, const std::string& name, const std::vector<std::pair<std::string, std::vector<int64_t>>>& ps) {
+          [](PyEngine& self, const std::string& name,
+             const std::vector<std::pair<std::string, std::vector<int64_t>>>& ps) {
             std::vector<zoe::ParamSpec> specs;
             for (const auto& [n, shape] : ps) specs.push_back({n, shape});
             check(self.e().add_module(name, specs));
@@ -308,7 +311,8 @@ PYBIND11_MODULE(_zoe, m) {
            })
       .def(
           "save",
-          [](PyEngine& self, const std::string& dir, const std::string& tag, const std::string& state, bool async) {
+          [](PyEngine& self, const std::string& dir, const std::string& tag, const std::string& state,
+             bool async) {
             zoe::Status s;
             {
               py::gil_scoped_release nogil;
