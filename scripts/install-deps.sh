@@ -12,6 +12,8 @@ PKGS=(
   fio clang-format
   # Python tests (tests/python, pytest) and plots (scripts/zoe_plot.py): Debian's CPU PyTorch.
   python3 python3-pytest python3-numpy python3-torch python3-matplotlib
+  # The zoe Python package (python/, the PyTorch front-end): headers for the pybind11 extension.
+  python3-dev pybind11-dev
 )
 
 missing=()

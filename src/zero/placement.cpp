@@ -219,15 +219,43 @@ Result<Placement> plan_placement(const config::Config& cfg, const std::vector<Mo
         (tm_budget > device_homes ? tm_budget - device_homes : 0) + u64(pl.gather_window) * per_elem;
     pl.peak.host += 2ull * biggest_part_nvme * es;
   }
-  // One module in use: (stage 3) its gathered parameters, its gradient buffer, and either the
-  // reduction it starts (receive buffer and the bucket-packed send copy) or the previous module's
-  // reduction still in flight (its send and receive buffers): kMaxPendingReductions is 1, and a
-  // reduction starts only after the previous one was accumulated.
-  uint64_t moving = 0;
-  for (const auto& m : pl.modules) {
+  // One module in use at a time. While module m's reduction starts: (stage 3) its gathered
+  // parameters, its gradient buffer, the receive buffer and, with reduce buckets smaller than a
+  // partition, the bucket-packed send copy. While the next module m' computes its gradients,
+  // m's reduction is still in flight (kMaxPendingReductions is 1: a reduction starts only after
+  // the previous one was accumulated): m' parameters and gradients, m's send and receive buffers.
+  // Then the step's gather of an updated partition.
+  const size_t per_rank_bucket = static_cast<size_t>(
+      std::max<int64_t>(1, std::max<int64_t>(world, cfg.zero.reduce_bucket_size) / world));
+  uint64_t moving = 0, top_use[2] = {0, 0}, top_red[2] = {0, 0};
+  size_t top_use_m = SIZE_MAX, top_red_m = SIZE_MAX;
+  for (size_t i = 0; i < pl.modules.size(); ++i) {
+    const auto& m = pl.modules[i];
     const uint64_t full = u64(m.padded) * es, recv = (pl.stage >= 2 ? u64(m.part) : u64(m.padded)) * es;
-    const uint64_t v = (m.partitioned_params ? full : 0) + full + kMaxPendingReductions * (full + recv);
-    moving = std::max(moving, std::max(v, u64(m.part) * es));  // (the step's gather of an updated partition)
+    const uint64_t params = m.partitioned_params ? full : 0;
+    const uint64_t packed = pl.stage >= 2 && per_rank_bucket < m.part ? full : 0;
+    moving = std::max(moving, params + full + recv + packed);
+    moving = std::max(moving, u64(m.part) * es);
+    const uint64_t use = params + full, red = full + recv;  // in use; in flight
+    if (use > top_use[0]) {
+      top_use[1] = top_use[0];
+      top_use[0] = use;
+      top_use_m = i;
+    } else if (use > top_use[1]) {
+      top_use[1] = use;
+    }
+    if (red > top_red[0]) {
+      top_red[1] = top_red[0];
+      top_red[0] = red;
+      top_red_m = i;
+    } else if (red > top_red[1]) {
+      top_red[1] = red;
+    }
+  }
+  if (pl.modules.size() > 1) {  // the module computing and the one reducing differ
+    const uint64_t pair = top_use_m != top_red_m ? top_use[0] + top_red[0]
+                                                 : std::max(top_use[0] + top_red[1], top_use[1] + top_red[0]);
+    moving = std::max(moving, pair);
   }
   const uint64_t fixed = pl.peak.device;
   pl.peak.device += moving;

@@ -1,0 +1,361 @@
+// _zoe: the pybind11 glue between the zoe C++ engine and the `zoe` Python package (PyTorch
+// front-end). All C++ the front-end needs lives here, so that switching to the public API
+// (include/zoe/zoe.h) touches this file only.
+//
+// Errors: every failed Status becomes a zoe.ZoeError whose text is Status::to_string() (the code,
+// the message and its context lines). Buffers reach Python as NumPy arrays over the engine's own
+// memory (no copy): valid until the matching release()/reduce_grads(); the Python side turns
+// them into torch tensors with torch.from_numpy (bf16 through an int16 view).
+#include <pybind11/functional.h>
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "checkpoint/checkpoint.h"
+#include "config/config.h"
+#include "zero/engine_internal.h"
+#include "zoe/engine.h"
+
+namespace py = pybind11;
+
+namespace {
+
+struct ZoeErrorTag {};
+py::handle g_zoe_error;  // zoe.ZoeError (a RuntimeError)
+
+[[noreturn]] void raise(const zoe::Status& s) {
+  PyErr_SetString(g_zoe_error.ptr(), s.to_string().c_str());
+  throw py::error_already_set();
+}
+
+void check(const zoe::Status& s) {
+  if (!s.is_ok()) raise(s);
+}
+
+template <typename T>
+T take(zoe::Result<T> r) {
+  if (!r.is_ok()) raise(r.status());
+  return std::move(r).value();
+}
+
+const char* py_dtype_name(zoe::ComputeDType d) {
+  switch (d) {
+    case zoe::ComputeDType::kF32:
+      return "f32";
+    case zoe::ComputeDType::kBF16:
+      return "bf16";
+    case zoe::ComputeDType::kF16:
+      return "f16";
+  }
+  return "?";
+}
+
+// A flat NumPy view of n elements at p (no copy; `owner` keeps nothing alive: the engine's
+// contract says how long p is valid). bf16 comes as int16 (torch 1.13 has no uint16).
+py::array view(void* p, size_t n, zoe::ComputeDType d) {
+  // One owner-less base for every view, leaked on purpose (it must outlive the interpreter's
+  // last array).
+  static int dummy = 0;
+  static py::capsule& no_owner = *new py::capsule(&dummy, [](void*) {});
+  const auto shape = std::vector<py::ssize_t>{static_cast<py::ssize_t>(n)};
+  switch (d) {
+    case zoe::ComputeDType::kF32:
+      return py::array_t<float>(shape, static_cast<float*>(p), no_owner);
+    case zoe::ComputeDType::kBF16:
+      return py::array_t<int16_t>(shape, static_cast<int16_t*>(p), no_owner);
+    case zoe::ComputeDType::kF16:
+      return py::array(py::dtype("float16"), shape, p, no_owner);
+  }
+  return py::array();
+}
+
+py::list views(const zoe::ModuleParams& mp) {
+  py::list out;
+  for (size_t i = 0; i < mp.data.size(); ++i) out.append(view(mp.data[i], mp.numel[i], mp.dtype));
+  return out;
+}
+
+// The runtime of this process (one per process: MPI is initialised once).
+std::shared_ptr<zoe::Runtime>& runtime_slot() {
+  static std::shared_ptr<zoe::Runtime> rt;
+  return rt;
+}
+
+std::shared_ptr<zoe::Runtime> get_runtime(bool force_local) {
+  auto& rt = runtime_slot();
+  if (!rt) rt = std::shared_ptr<zoe::Runtime>(take(zoe::Runtime::init(force_local)).release());
+  return rt;
+}
+
+// An engine with what it refers to: the runtime and the parsed config outlive it.
+class PyEngine {
+ public:
+  PyEngine(std::shared_ptr<zoe::Runtime> rt, zoe::config::Config cfg)
+      : rt_(std::move(rt)), cfg_(std::make_unique<zoe::config::Config>(std::move(cfg))) {
+    eng_ = take(zoe::zero::create_engine(*rt_, *cfg_));
+  }
+
+  zoe::Engine& e() {
+    if (!eng_) {
+      PyErr_SetString(g_zoe_error.ptr(), "invalid argument: the engine was closed");
+      throw py::error_already_set();
+    }
+    return *eng_;
+  }
+  void close() { eng_.reset(); }
+
+  const zoe::config::Config& cfg() const { return *cfg_; }
+  int rank() const { return rt_->rank(); }
+  int world_size() const { return rt_->world_size(); }
+
+ private:
+  std::shared_ptr<zoe::Runtime> rt_;
+  std::unique_ptr<zoe::config::Config> cfg_;
+  std::unique_ptr<zoe::Engine> eng_;
+};
+
+py::dict stats_dict(const zoe::StepStats& s) {
+  py::dict d;
+  d["step"] = s.step;
+  d["skipped"] = s.skipped;
+  d["grad_norm"] = s.grad_norm;
+  d["loss_scale"] = s.loss_scale;
+  d["lr"] = s.lr;
+  d["t_compute"] = s.t_compute;
+  d["t_comm"] = s.t_comm;
+  d["t_io_stall"] = s.t_io_stall;
+  d["t_optimizer"] = s.t_optimizer;
+  d["t_update_overlapped"] = s.t_update_overlapped;
+  py::dict hw;
+  hw["device"] = s.high_water[0];
+  hw["host"] = s.high_water[1];
+  hw["nvme"] = s.high_water[2];
+  d["high_water"] = hw;
+  d["bytes_nvme_read"] = s.bytes_nvme_read;
+  d["bytes_nvme_write"] = s.bytes_nvme_write;
+  d["bytes_host_to_device"] = s.bytes_host_to_device;
+  d["bytes_device_to_host"] = s.bytes_device_to_host;
+  d["gathers_prefetched"] = s.gathers_prefetched;
+  d["gathers_on_demand"] = s.gathers_on_demand;
+  return d;
+}
+
+// The full fp32 parameters of a checkpoint ("<module>.<param>" -> array of the param's shape;
+// from the master copy, or the compute copy when there is none) and its trainer state (JSON).
+py::tuple read_checkpoint(const std::string& dir) {
+  auto reader = take(zoe::ckpt::Reader::open(dir));
+  const auto& man = reader->manifest();
+  const std::string kind = reader->has_kind("master") ? "master" : "param";
+  py::dict params;
+  for (size_t m = 0; m < man.modules.size(); ++m) {
+    for (const auto& p : man.modules[m].params) {
+      std::vector<py::ssize_t> shape(p.shape.begin(), p.shape.end());
+      py::array_t<float> a(shape);
+      if (a.size() != static_cast<py::ssize_t>(p.numel)) {
+        raise(zoe::corruption("%s: parameter %s.%s: shape has %zd elements, numel is %llu",
+                              reader->path().c_str(), man.modules[m].name.c_str(), p.name.c_str(), a.size(),
+                              static_cast<unsigned long long>(p.numel)));
+      }
+      zoe::Status s;
+      {
+        py::gil_scoped_release nogil;
+        s = reader->read_range(static_cast<uint32_t>(m), kind, p.offset, p.numel, "f32", a.mutable_data());
+      }
+      check(s.is_ok() ? s
+                      : s.with_context("reading parameter " + man.modules[m].name + "." + p.name + " of " +
+                                       reader->path()));
+      params[py::str(man.modules[m].name + "." + p.name)] = a;
+    }
+  }
+  return py::make_tuple(params, man.trainer.dump(), man.step);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_zoe, m) {
+  m.doc() = "zoe's C++ engine, bound for the zoe PyTorch front-end";
+  static py::exception<ZoeErrorTag> err(m, "ZoeError", PyExc_RuntimeError);
+  g_zoe_error = err;
+
+  m.def(
+      "runtime",
+      [](bool force_local) {
+        auto rt = get_runtime(force_local);
+        return py::make_tuple(rt->rank(), rt->world_size());
+      },
+      py::arg("force_local") = false,
+      "Initialises this process's runtime once (MPI under a launcher); returns (rank, world_size).");
+  m.def(
+      "shutdown_runtime", [] { runtime_slot().reset(); },
+      "Drops the runtime (after every engine is closed).");
+
+  m.def(
+      "parse_config",
+      [](const std::string& text, int world) {
+        auto c = take(zoe::config::Config::parse(text, world));
+        py::dict d;
+        d["stage"] = c.zero.stage;
+        d["gradient_accumulation_steps"] = c.gradient_accumulation_steps;
+        d["train_micro_batch_size_per_gpu"] = c.train_micro_batch_size_per_gpu;
+        d["train_batch_size"] = c.train_batch_size;
+        d["fp16"] = c.fp16.enabled;
+        d["bf16"] = c.bf16;
+        d["gradient_clipping"] = c.gradient_clipping;
+        d["offload_optimizer"] = zoe::config::offload_device_name(c.zero.offload_optimizer.device);
+        d["offload_param"] = zoe::config::offload_device_name(c.zero.offload_param.device);
+        d["device_budget_bytes"] = c.zoe.device_budget_bytes;
+        d["device"] = c.zoe.device;
+        d["json"] = c.to_json();
+        return d;
+      },
+      py::arg("text"), py::arg("world_size") = 1,
+      "Parses and validates a DeepSpeed-style JSON config; a summary dict (ZoeError on a bad key).");
+
+  m.def("read_checkpoint", &read_checkpoint, py::arg("dir"),
+        "(params, trainer_json, step) of a checkpoint: full fp32 parameters named <module>.<param>.");
+
+  py::class_<PyEngine>(m, "Engine")
+      .def(py::init([](const std::string& config_text, bool force_local) {
+             auto rt = get_runtime(force_local);
+             auto cfg = take(zoe::config::Config::parse(config_text, rt->world_size()));
+             return std::make_unique<PyEngine>(rt, std::move(cfg));
+           }),
+           py::arg("config_text"), py::arg("force_local") = false)
+      .def_property_readonly("rank", &PyEngine::rank)
+      .def_property_readonly("world_size", &PyEngine::world_size)
+      .def("close", &PyEngine::close)
+      .def(
+          "add_module",
+          [](PyEngine& self, const std::string& name,
+             const std::vector<std::pair<std::string, std::vector<int64_t>>>& ps) {
+            std::vector<zoe::ParamSpec> specs;
+            for (const auto& [n, shape] : ps) specs.push_back({n, shape});
+            check(self.e().add_module(name, specs));
+          },
+          py::arg("name"), py::arg("params"))
+      .def(
+          "initialize",
+          [](PyEngine& self, const std::function<py::object(size_t, size_t)>& fn) {
+            // fn(module, param) returns a float32 array-like of the parameter's numel elements.
+            std::string error;
+            zoe::Status s = self.e().initialize([&](size_t mi, size_t pi, float* data, size_t n) {
+              if (!error.empty()) return;
+              try {
+                auto a = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(fn(mi, pi));
+                if (!a || static_cast<size_t>(a.size()) != n) {
+                  error = "initialize: the value of parameter " + std::to_string(pi) + " of module " +
+                          self.e().module_name(mi) + " has " + (a ? std::to_string(a.size()) : "no") +
+                          " elements, expected " + std::to_string(n);
+                  return;
+                }
+                std::memcpy(data, a.data(), n * sizeof(float));
+              } catch (py::error_already_set& e) {
+                error = std::string("initialize: ") + e.what();
+              }
+            });
+            if (!error.empty()) raise(zoe::invalid_argument("%s", error.c_str()));
+            check(s);
+          },
+          py::arg("init"))
+      .def("num_modules", [](PyEngine& self) { return self.e().num_modules(); })
+      .def("module_name", [](PyEngine& self, size_t i) { return self.e().module_name(i); })
+      .def("compute_dtype", [](PyEngine& self) { return py_dtype_name(self.e().compute_dtype()); })
+      .def("loss_scale", [](PyEngine& self) { return self.e().loss_scale(); })
+      .def("fetch",
+           [](PyEngine& self, size_t i) {
+             zoe::Result<zoe::ModuleParams> r = zoe::invalid_argument("unreached");
+             {
+               py::gil_scoped_release nogil;
+               r = self.e().fetch(i);
+             }
+             return views(take(std::move(r)));
+           })
+      .def("release", [](PyEngine& self, size_t i) { check(self.e().release(i)); })
+      .def("grads",
+           [](PyEngine& self, size_t i) {
+             auto r = self.e().grads(i);
+             return views(take(std::move(r)));
+           })
+      .def("reduce_grads",
+           [](PyEngine& self, size_t i) {
+             zoe::Status s;
+             {
+               py::gil_scoped_release nogil;
+               s = self.e().reduce_grads(i);
+             }
+             check(s);
+           })
+      .def("step",
+           [](PyEngine& self) {
+             zoe::Result<zoe::StepStats> r = zoe::invalid_argument("unreached");
+             {
+               py::gil_scoped_release nogil;
+               r = self.e().step();
+             }
+             return stats_dict(take(std::move(r)));
+           })
+      .def("read_master",
+           [](PyEngine& self, size_t mi, size_t pi, size_t numel) {
+             py::array_t<float> a(static_cast<py::ssize_t>(numel));
+             zoe::Status s;
+             {
+               py::gil_scoped_release nogil;
+               s = self.e().read_master(mi, pi, a.mutable_data());
+             }
+             check(s);
+             return a;
+           })
+      .def(
+          "save",
+          [](PyEngine& self, const std::string& dir, const std::string& tag, const std::string& state,
+             bool async) {
+            zoe::Status s;
+            {
+              py::gil_scoped_release nogil;
+              s = self.e().save(dir, tag, state, async);
+            }
+            check(s);
+          },
+          py::arg("dir"), py::arg("tag"), py::arg("trainer_state_json"), py::arg("async_") = false)
+      .def("finish_save",
+           [](PyEngine& self) {
+             zoe::Status s;
+             {
+               py::gil_scoped_release nogil;
+               s = self.e().finish_save();
+             }
+             check(s);
+           })
+      .def("load",
+           [](PyEngine& self, const std::string& dir) {
+             zoe::Result<std::string> r = zoe::invalid_argument("unreached");
+             {
+               py::gil_scoped_release nogil;
+               r = self.e().load(dir);
+             }
+             return take(std::move(r));
+           })
+      .def("steps_taken", [](PyEngine& self) { return self.e().steps_taken(); })
+      .def("model_state_bytes", [](PyEngine& self) { return self.e().model_state_bytes(); })
+      .def("device_budget_bytes", [](PyEngine& self) { return self.e().device_budget_bytes(); })
+      .def("num_params", [](PyEngine& self) { return self.e().num_params(); })
+      .def("memory_in_use",
+           [](PyEngine& self) {
+             zoe::MemoryUse u = self.e().memory_in_use();
+             py::dict d;
+             d["device"] = u.device;
+             d["device_partitions"] = u.device_partitions;
+             d["host"] = u.host;
+             d["nvme"] = u.nvme;
+             d["partition_pins"] = u.partition_pins;
+             return d;
+           })
+      .def("gradient_accumulation_steps",
+           [](PyEngine& self) { return self.cfg().gradient_accumulation_steps; })
+      .def("stage", [](PyEngine& self) { return self.cfg().zero.stage; });
+}

@@ -1,0 +1,644 @@
+"""zoe's PyTorch front-end: a torch.nn.Module trained by zoe's engine, DeepSpeed style.
+
+Each unit (see units.py) is one zoe module. Its parameters live in zoe (device, host or NVMe as
+configured); torch sees empty placeholders, except while the unit runs:
+- forward: a pre-hook fetches the unit and points each parameter's .data at zoe's gathered buffer
+  (the compute dtype, no copy); a post-hook releases it and wraps the outputs in _UnitBoundary;
+- backward: _UnitBoundary's backward re-fetches the unit before autograd reaches its ops. Saved
+  tensors that are (views of) parameters are packed as (parameter, view geometry) and rebuilt on
+  unpack from the re-fetched buffer, so autograd never reads memory zoe has handed back;
+- gradients: a post-hook on each parameter's AccumulateGrad node copies the gradient into zoe's
+  buffer and drops torch's copy; when every gradient of a zoe module is in, reduce_grads runs and
+  the module is released. engine.backward() finishes the modules whose gradients were partial.
+A parameter shared by several units (tied embeddings) belongs to the first; the others fetch its
+zoe module too, and a unit used several times per forward is fetched each time (reference counts).
+"""
+import base64
+import io
+import json
+import os
+import weakref
+from collections import OrderedDict
+
+import torch
+import torch.nn as nn
+
+from . import _zoe
+from ._zoe import ZoeError
+from .units import partition
+
+_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+_FORMAT = 1  # of the "zoe_torch" section of a checkpoint's trainer state
+
+
+class StepStats:
+    """What engine.step() returns. stepped: False between gradient-accumulation boundaries (no
+    update ran: the other fields are those of the last update, high_water the current marks)."""
+
+    def __init__(self, d, stepped):
+        self.stepped = stepped
+        self.step = d.get("step", 0)
+        self.skipped = d.get("skipped", False)
+        self.grad_norm = d.get("grad_norm", None)
+        self.loss_scale = d.get("loss_scale", 1.0)
+        self.lr = d.get("lr", None)
+        self.high_water = dict(d.get("high_water", {"device": 0, "host": 0, "nvme": 0}))
+        self.times = {k: v for k, v in d.items() if k.startswith("t_")}
+        self.bytes = {k: v for k, v in d.items() if k.startswith("bytes_")}
+
+    def __repr__(self):
+        return (f"StepStats(stepped={self.stepped}, step={self.step}, skipped={self.skipped}, "
+                f"grad_norm={self.grad_norm}, loss_scale={self.loss_scale}, lr={self.lr}, "
+                f"high_water={self.high_water})")
+
+
+class _SavedParam:
+    """A saved tensor that was a view of zoe parameter (zmod, index): rebuilt at unpack."""
+
+    __slots__ = ("zm", "p", "offset", "size", "stride")
+
+    def __init__(self, zm, p, offset, size, stride):
+        self.zm, self.p, self.offset, self.size, self.stride = zm, p, offset, size, stride
+
+
+class _UnitBoundary(torch.autograd.Function):
+    """Identity on a unit's outputs; its backward fetches the unit before autograd enters it."""
+
+    @staticmethod
+    def forward(ctx, engine_ref, unit_index, *tensors):
+        ctx.engine_ref = engine_ref
+        ctx.unit_index = unit_index
+        return tuple(t.detach() for t in tensors)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        eng = ctx.engine_ref()
+        if eng is not None:
+            eng._pre_backward(ctx.unit_index)
+        return (None, None) + grads
+
+
+class _ZMod:
+    """One zoe module: a unit's own parameters."""
+
+    def __init__(self, index, name, params, names, shapes):
+        self.index = index
+        self.name = name
+        self.params = params          # torch Parameters, registration order
+        self.names = names            # their names relative to the unit
+        self.shapes = shapes
+        self.refs = 0                 # fetch reference count (forward uses, backward hold)
+        self.bw_held = False          # fetched for backward until its gradients are in
+        self.flat = None              # current flat torch views of the fetched buffers
+        self.cache_key = None         # the pointers `flat` was built from
+        self.grad_views = None        # this micro-batch's gradient buffers (torch views)
+        self.received = set()         # parameter indices whose gradient is in grad_views
+        self.n_grad = sum(1 for p in params if p.requires_grad)
+
+
+def _load_config(config):
+    if isinstance(config, dict):
+        return json.dumps(config)
+    if isinstance(config, (str, os.PathLike)):
+        path = os.fspath(config)
+        try:
+            with open(path, "r", encoding="utf-8") as f:
+                return f.read()
+        except OSError as e:
+            raise ZoeError(f"zoe.initialize: cannot read config file {path}: {e.strerror} (errno {e.errno})") from None
+    raise ZoeError(f"zoe.initialize: config must be a dict or a path to a JSON file, got {type(config).__name__}")
+
+
+def _to_b64(obj):
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _from_b64(text):
+    return torch.load(io.BytesIO(base64.b64decode(text)))
+
+
+class Engine:
+    """The wrapped model (engine.module) and zoe's engine under it. Made by zoe.initialize()."""
+
+    def __init__(self, model, config, zoe_units=None, unit_params=None, init_fn=None, force_local=False):
+        if not isinstance(model, nn.Module):
+            raise ZoeError(f"zoe.initialize: model must be a torch.nn.Module, got {type(model).__module__}."
+                           f"{type(model).__name__}")
+        text = _load_config(config)
+        self._eng = _zoe.Engine(text, force_local)
+        self.module = model
+        self.rank = self._eng.rank
+        self.world_size = self._eng.world_size
+        self.gradient_accumulation_steps = self._eng.gradient_accumulation_steps()
+        self._micro_steps = 0        # backward() calls so far
+        self._pending_backward = 0   # backward() calls since the last update
+        self._global_steps = 0       # engine.step() calls that reached a boundary
+        self._last = {}
+        self._hooks = []
+        self._grad_accs = []
+        self._live = {}              # data_ptr of a fetched parameter buffer -> (zmod, param index)
+        self._in_forward = False
+        self._build(model, zoe_units, unit_params, init_fn)
+
+    # ---------------------------------------------------------------------------------------
+    # Setup
+
+    def _build(self, model, zoe_units, unit_params, init_fn):
+        # Meta-device parameters become empty CPU parameters (a meta tensor cannot take CPU data in
+        # place); each gets real storage only while zoe initialises its unit (_materialize).
+        self._meta_shapes = {}
+        replaced = {}
+        for mod in model.modules():
+            for k, p in list(mod._parameters.items()):
+                if p is None or p.device.type != "meta":
+                    continue
+                if id(p) not in replaced:
+                    q = nn.Parameter(torch.empty(0, dtype=p.dtype), requires_grad=p.requires_grad)
+                    replaced[id(p)] = q
+                    self._meta_shapes[id(q)] = tuple(p.shape)
+                mod._parameters[k] = replaced[id(p)]
+        del replaced
+        self._units = partition(model, zoe_units, unit_params)
+        owner = {}  # id(param) -> (zmod index, param index)
+        self._zmods = []
+        self._torch_names = {}  # "<zoe module>.<param>" -> the model's own parameter name
+        full_names = {}
+        for mn, mod in model.named_modules(remove_duplicate=False):
+            for pn, p in mod._parameters.items():
+                if p is not None:
+                    full_names.setdefault(id(p), []).append(f"{mn}.{pn}" if mn else pn)
+        for u in self._units:
+            own, own_names = [], []
+            for n, p in u.named_parameters():
+                if id(p) not in owner:
+                    owner[id(p)] = (len(self._zmods), len(own))
+                    own.append(p)
+                    own_names.append(n)
+            if own:
+                zm = _ZMod(len(self._zmods), u.name, own, own_names,
+                           [self._meta_shapes.get(id(p), tuple(p.shape)) for p in own])
+                self._zmods.append(zm)
+                for n, p in zip(own_names, own):
+                    self._torch_names[f"{zm.name}.{n}"] = full_names[id(p)][0]
+            fetch = []
+            for _, p in u.named_parameters():
+                zi = owner[id(p)][0]
+                if zi not in fetch:
+                    fetch.append(zi)
+            u.zmods = fetch
+        self._owner = owner
+        # Tied names: every further name of a shared parameter -> its first name.
+        self._aliases = {n: names[0] for names in full_names.values() for n in names[1:]}
+        for zm in self._zmods:
+            specs = [(n, list(s) if len(s) else [1]) for n, s in zip(zm.names, zm.shapes)]
+            self._eng.add_module(zm.name, specs)
+        self._dtype = _DTYPES[self._eng.compute_dtype()]
+        self._placeholder = torch.empty(0, dtype=self._dtype)
+
+        values = {}
+
+        def init(mi, pi):
+            if pi == 0:
+                values.clear()
+                zm = self._zmods[mi]
+                if any(id(p) in self._meta_shapes for p in zm.params):
+                    self._materialize(zm, init_fn)
+                for i, p in enumerate(zm.params):
+                    values[i] = p.detach().to("cpu", torch.float32).reshape(-1).numpy()
+                for p in zm.params:  # the model's copy goes: zoe holds the parameters now
+                    p.data = self._placeholder
+            return values[pi]
+
+        self._eng.initialize(init)
+        values.clear()
+        # AccumulateGrad post-hooks, created while each parameter has its real shape and dtype (the
+        # node records them and checks every gradient against them); the nodes are kept alive.
+        with torch.enable_grad():
+            for zm in self._zmods:
+                self._acquire(zm)
+                for i, p in enumerate(zm.params):
+                    if p.requires_grad:
+                        acc = p.expand_as(p).grad_fn.next_functions[0][0]
+                        acc.register_hook(self._make_grad_hook(zm, i))
+                        self._grad_accs.append(acc)
+                self._release(zm)
+        ref = weakref.ref(self)
+        for ui, u in enumerate(self._units):
+            if not u.zmods:
+                continue
+            self._hooks.append(u.module.register_forward_pre_hook(_pre_hook(ref, ui)))
+            self._hooks.append(u.module.register_forward_hook(_post_hook(ref, ui)))
+
+    def _materialize(self, zm, init_fn):
+        """Gives a meta-device unit real storage on the CPU and initialises it: init_fn(module) for
+        every submodule when given, else each submodule's reset_parameters()."""
+        unit = next(u for u in self._units if u.zmods and u.zmods[0] == zm.index)
+        mods = [unit.module] if unit.direct else list(unit.module.modules())
+        for p, shape in zip(zm.params, zm.shapes):
+            p.data = torch.empty(shape, dtype=p.dtype)
+        for m in mods:
+            if init_fn is not None:
+                init_fn(m)
+            elif hasattr(m, "reset_parameters"):
+                m.reset_parameters()
+
+    # ---------------------------------------------------------------------------------------
+    # Fetch / release
+
+    def _acquire(self, zm):
+        zm.refs += 1
+        if zm.refs > 1:
+            return
+        arrays = self._eng.fetch(zm.index)
+        key = tuple(a.__array_interface__["data"][0] for a in arrays)
+        if key != zm.cache_key:
+            flat = []
+            for a in arrays:
+                t = torch.from_numpy(a)
+                if self._dtype is torch.bfloat16:
+                    t = t.view(torch.bfloat16)
+                flat.append(t)
+            zm.flat, zm.cache_key = flat, key
+        for i, (p, t, s) in enumerate(zip(zm.params, zm.flat, zm.shapes)):
+            p.data = t.view(s) if s else t.view(())
+            self._live[zm.cache_key[i]] = (zm.index, i)
+
+    def _release(self, zm):
+        zm.refs -= 1
+        if zm.refs > 0:
+            return
+        for ptr in zm.cache_key:
+            self._live.pop(ptr, None)
+        for p in zm.params:
+            p.data = self._placeholder
+        self._eng.release(zm.index)
+
+    def _pre_forward(self, ui):
+        for zi in self._units[ui].zmods:
+            self._acquire(self._zmods[zi])
+
+    def _post_forward(self, ui, output):
+        for zi in self._units[ui].zmods:
+            self._release(self._zmods[zi])
+        if not torch.is_grad_enabled():
+            return output
+        return _wrap_outputs(weakref.ref(self), ui, output)
+
+    def _pre_backward(self, ui):
+        for zi in self._units[ui].zmods:
+            zm = self._zmods[zi]
+            if not zm.bw_held:
+                zm.bw_held = True
+                self._acquire(zm)
+
+    # Saved tensors: parameters and their views travel as descriptors (see the module docstring).
+    def _pack(self, t):
+        if not self._live or t.layout != torch.strided:
+            return t
+        loc = self._live.get(t.storage().data_ptr())
+        if loc is None:
+            return t
+        return _SavedParam(loc[0], loc[1], t.storage_offset(), t.size(), t.stride())
+
+    def _unpack(self, obj):
+        if not isinstance(obj, _SavedParam):
+            return obj
+        zm = self._zmods[obj.zm]
+        if zm.refs == 0:  # reached before its unit's boundary (an op outside any unit): fetch now
+            zm.bw_held = True
+            self._acquire(zm)
+        return zm.flat[obj.p].as_strided(obj.size, obj.stride, obj.offset)
+
+    # ---------------------------------------------------------------------------------------
+    # Gradients
+
+    def _make_grad_hook(self, zm, i):
+        ref = weakref.ref(self)
+        p = zm.params[i]
+
+        def hook(grad_inputs, grad_outputs):
+            eng = ref()
+            g = p.grad
+            p.grad = None
+            if eng is None or g is None:
+                return
+            if zm.grad_views is None:
+                zm.grad_views = [torch.from_numpy(a) for a in eng._eng.grads(zm.index)]
+                if eng._dtype is torch.bfloat16:
+                    zm.grad_views = [v.view(torch.bfloat16) for v in zm.grad_views]
+            dst = zm.grad_views[i].view(g.shape)
+            if i in zm.received:
+                dst.add_(g)
+            else:
+                dst.copy_(g)
+                zm.received.add(i)
+            if len(zm.received) == zm.n_grad:
+                eng._finish_grads(zm)
+
+        return hook
+
+    def _finish_grads(self, zm):
+        if zm.grad_views is not None:
+            zm.grad_views = None
+            zm.received.clear()
+            self._eng.reduce_grads(zm.index)
+        if zm.bw_held:
+            zm.bw_held = False
+            self._release(zm)
+
+    # ---------------------------------------------------------------------------------------
+    # The training loop
+
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+    def forward(self, *args, **kwargs):
+        """Runs the wrapped model's forward."""
+        self._check_new_params()
+        self._in_forward = True
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+                return self.module(*args, **kwargs)
+        except ZoeError:
+            self._reset_fetches()
+            raise
+        except Exception as e:
+            self._reset_fetches()
+            raise ZoeError(f"zoe: the forward of {type(self.module).__name__} failed: {type(e).__name__}: {e} "
+                           "(a parameter is only available inside the forward of its unit; units: "
+                           f"{', '.join(u.name for u in self._units[:8])}...)") from e
+        finally:
+            self._in_forward = False
+
+    def backward(self, loss):
+        """loss.backward() with the loss scale (fp16); gradients go to zoe as they are computed."""
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            raise ZoeError(f"engine.backward: loss must be a one-element tensor, got {_describe(loss)}")
+        if not loss.requires_grad:
+            raise ZoeError("engine.backward: the loss does not require grad (computed under torch.no_grad(), "
+                           "or by no parameter of the model)")
+        scale = self._eng.loss_scale()
+        try:
+            (loss * scale if scale != 1.0 else loss).backward()
+        finally:
+            # Modules whose gradients are partial (a parameter unused this micro-batch), then any
+            # fetch an error left.
+            for zm in reversed(self._zmods):
+                if zm.grad_views is not None or zm.bw_held:
+                    self._finish_grads(zm)
+        self._micro_steps += 1
+        self._pending_backward += 1
+        return loss
+
+    def is_gradient_accumulation_boundary(self):
+        return self._pending_backward > 0 and self._micro_steps % self.gradient_accumulation_steps == 0
+
+    def step(self):
+        """At a gradient-accumulation boundary: norm, clipping and AdamW wherever the states live;
+        otherwise nothing (stats.stepped is False)."""
+        if self._pending_backward == 0:
+            raise ZoeError("engine.step() before engine.backward(): there are no gradients to step with "
+                           f"(micro-batches since the last step: 0, global steps: {self._global_steps})")
+        if self._micro_steps % self.gradient_accumulation_steps != 0:
+            d = dict(self._last)
+            d["high_water"] = self.high_water()
+            return StepStats(d, stepped=False)
+        self._check_new_params()
+        d = self._eng.step()
+        self._pending_backward = 0
+        self._global_steps += 1
+        self._last = d
+        return StepStats(d, stepped=True)
+
+    @property
+    def global_steps(self):
+        return self._global_steps
+
+    def train(self, mode=True):
+        self.module.train(mode)
+        return self
+
+    def eval(self):
+        return self.train(False)
+
+    def loss_scale(self):
+        return self._eng.loss_scale()
+
+    def compute_dtype(self):
+        return self._dtype
+
+    def high_water(self):
+        return dict(self._last.get("high_water", {"device": 0, "host": 0, "nvme": 0}))
+
+    def memory_in_use(self):
+        return self._eng.memory_in_use()
+
+    def model_state_bytes(self):
+        return self._eng.model_state_bytes()
+
+    def device_budget_bytes(self):
+        return self._eng.device_budget_bytes()
+
+    def num_params(self):
+        return self._eng.num_params()
+
+    def units(self):
+        """[(unit name, [zoe module names it fetches])]"""
+        return [(u.name, [self._zmods[z].name for z in u.zmods]) for u in self._units]
+
+    def master_params(self):
+        """{name: full fp32 master tensor} (gathered from every rank; a copy)."""
+        out = OrderedDict()
+        for zm in self._zmods:
+            for i, (n, s) in enumerate(zip(zm.names, zm.shapes)):
+                numel = 1
+                for d in s:
+                    numel *= d
+                a = self._eng.read_master(zm.index, i, numel)
+                out[self._torch_names[f"{zm.name}.{n}"]] = torch.from_numpy(a).view(s)
+        return out
+
+    def state_dict(self):
+        """The model's state_dict (full fp32 parameters from zoe, buffers from torch)."""
+        sd = self.master_params()
+        for alias, name in self._aliases.items():
+            sd[alias] = sd[name]
+        for n, b in self.module.named_buffers():
+            sd[n] = b.detach().clone()
+        return sd
+
+    # ---------------------------------------------------------------------------------------
+    # Checkpoints
+
+    def save_checkpoint(self, save_dir, tag=None, client_state=None):
+        """Saves every state (zoe's, wherever it lives) into save_dir/tag with client_state and the
+        model's buffers (every rank calls it). Returns the checkpoint directory."""
+        if self._pending_backward:
+            raise ZoeError(f"engine.save_checkpoint({save_dir!r}): {self._pending_backward} micro-batch(es) of "
+                           "gradients are waiting for engine.step(); save at a step boundary")
+        tag = tag if tag is not None else f"global_step{self._global_steps}"
+        os.makedirs(save_dir, exist_ok=True)
+        state = {"zoe_torch": {
+            "format": _FORMAT,
+            "micro_steps": self._micro_steps,
+            "global_steps": self._global_steps,
+            "names": self._torch_names,
+            "aliases": self._aliases,
+            "buffers": _to_b64({n: b for n, b in self.module.named_buffers()}),
+            "client_state": _to_b64(client_state if client_state is not None else {}),
+            "last_stats": self._last,
+        }}
+        self._eng.save(os.fspath(save_dir), str(tag), json.dumps(state))
+        return os.path.join(os.fspath(save_dir), str(tag))
+
+    def load_checkpoint(self, load_dir, tag=None):
+        """Restores a checkpoint (load_dir's latest, or load_dir/tag) into this engine's placement
+        and world size. Returns (checkpoint path, client_state)."""
+        path = os.fspath(load_dir) if tag is None else os.path.join(os.fspath(load_dir), str(tag))
+        trainer = json.loads(self._eng.load(path) or "{}")
+        zt = trainer.get("zoe_torch")
+        if zt is None:
+            return path, {}
+        if zt.get("format") != _FORMAT:
+            raise ZoeError(f"engine.load_checkpoint({path!r}): trainer state zoe_torch.format is "
+                           f"{zt.get('format')!r}, this zoe reads {_FORMAT}")
+        if zt.get("names") != self._torch_names:
+            raise ZoeError(f"engine.load_checkpoint({path!r}): the checkpoint's parameters were cut into other "
+                           "units than this model's (zoe_torch.names differ)")
+        self._micro_steps = zt["micro_steps"]
+        self._global_steps = zt["global_steps"]
+        self._pending_backward = 0
+        self._last = zt.get("last_stats", {})
+        buffers = _from_b64(zt["buffers"])
+        own = dict(self.module.named_buffers())
+        for n, b in buffers.items():
+            if n in own:
+                own[n].copy_(b)
+        return path, _from_b64(zt["client_state"])
+
+    def close(self):
+        """Removes the hooks and frees zoe's engine (the model is unusable afterwards)."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+        self._grad_accs.clear()
+        self._eng.close()
+
+    # ---------------------------------------------------------------------------------------
+
+    def _check_new_params(self):
+        for n, p in self.module.named_parameters():
+            if id(p) not in self._owner:
+                raise ZoeError(f"zoe: parameter '{n}' (shape {list(p.shape)}) was added to the model after "
+                               "zoe.initialize(): zoe does not hold it; create every parameter before initialize")
+
+    def _reset_fetches(self):
+        for zm in self._zmods:
+            while zm.refs > 0:
+                self._release(zm)
+            zm.bw_held = False
+
+
+def _describe(x):
+    if isinstance(x, torch.Tensor):
+        return f"a tensor of shape {list(x.shape)}"
+    return type(x).__name__
+
+
+def _pre_hook(ref, ui):
+    def hook(module, inputs):
+        eng = ref()
+        if eng is not None:
+            eng._pre_forward(ui)
+
+    return hook
+
+
+def _post_hook(ref, ui):
+    def hook(module, inputs, output):
+        eng = ref()
+        if eng is None:
+            return None
+        return eng._post_forward(ui, output)
+
+    return hook
+
+
+def _wrap_outputs(ref, ui, output):
+    """output with every tensor that requires grad passed through one _UnitBoundary."""
+    flat = []
+
+    def collect(x):
+        if isinstance(x, torch.Tensor):
+            if x.requires_grad:
+                flat.append(x)
+        elif isinstance(x, (tuple, list)):
+            for y in x:
+                collect(y)
+        elif isinstance(x, dict):
+            for y in x.values():
+                collect(y)
+
+    collect(output)
+    if not flat:
+        return output
+    wrapped = iter(_UnitBoundary.apply(ref, ui, *flat))
+
+    def rebuild(x):
+        if isinstance(x, torch.Tensor):
+            return next(wrapped) if x.requires_grad else x
+        if isinstance(x, tuple) and hasattr(x, "_fields"):
+            return type(x)(*[rebuild(y) for y in x])
+        if isinstance(x, (tuple, list)):
+            return type(x)(rebuild(y) for y in x)
+        if isinstance(x, dict):
+            return type(x)((k, rebuild(v)) for k, v in x.items())
+        return x
+
+    return rebuild(output)
+
+
+def initialize(model=None, config=None, zoe_units=None, unit_params=None, init_fn=None, force_local=False,
+               **_deepspeed_args):
+    """Wraps `model` (a torch.nn.Module, built on the CPU or the meta device) in a zoe engine.
+
+    config: a dict or the path of a DeepSpeed-style JSON file. zoe_units: the units (modules or
+    qualified names) instead of the default cut; unit_params: cut by parameter count instead.
+    init_fn(module): initialises meta-device modules (default: their reset_parameters()).
+    DeepSpeed's other arguments (optimizer, model_parameters, ...) are refused when given."""
+    extra = {k: v for k, v in _deepspeed_args.items() if v is not None}
+    if extra:
+        raise ZoeError(f"zoe.initialize: argument(s) {', '.join(sorted(extra))} not supported (the optimizer and "
+                       "scheduler come from the config's \"optimizer\" and \"scheduler\" sections)")
+    if config is None:
+        raise ZoeError("zoe.initialize: config is required (a dict or the path of a JSON file)")
+    return Engine(model, config, zoe_units=zoe_units, unit_params=unit_params, init_fn=init_fn,
+                  force_local=force_local)
+
+
+def consolidate(checkpoint_dir):
+    """A state_dict of full fp32 tensors under the model's own parameter names (tied names
+    included, buffers as saved), from a save directory (its latest) or a checkpoint directory,
+    for model.load_state_dict() on a plain copy of the model. A checkpoint of `zoe train` gives
+    its "<module>.<param>" names."""
+    params, trainer_json, _ = _zoe.read_checkpoint(os.fspath(checkpoint_dir))
+    trainer = json.loads(trainer_json) if trainer_json else {}
+    zt = trainer.get("zoe_torch") if isinstance(trainer, dict) else None
+    out = OrderedDict()
+    if zt is None:
+        for n, a in params.items():
+            out[n] = torch.from_numpy(a)
+        return out
+    names = zt["names"]
+    for n, a in params.items():
+        if n not in names:
+            raise ZoeError(f"zoe.consolidate({checkpoint_dir!r}): parameter {n} of the checkpoint has no entry in "
+                           "zoe_torch.names")
+        out[names[n]] = torch.from_numpy(a)
+    for alias, name in zt["aliases"].items():
+        out[alias] = out[name]
+    for n, b in _from_b64(zt["buffers"]).items():
+        out[n] = b
+    return out

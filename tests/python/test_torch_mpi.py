@@ -1,0 +1,77 @@
+"""zoe's PyTorch front-end under `mpirun -np 2` against 1 rank (test 4 of issue 13).
+
+Rank r trains on micro-batches 2k + r; the 1-rank run takes both with gradient accumulation 2, so
+both average the same gradients. Tolerance as the C++ engine tests (tests/zero/test_engine.cpp)
+for fp32: final weights within 2e-4 (largest) / 2e-5 (mean), summation order only; the losses
+(the mean of the two micro-batches) within 1e-5 relative. Run as a script, this file is the
+worker: it prints its losses and weights as JSON."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+STEPS = 6
+
+
+def worker(out_dir):
+    sys.path.insert(0, str(HERE))
+    import torch
+
+    import zoe
+    from zoe_torch_models import config, gpt_batches, make_model
+
+    rank, world = zoe.rank_and_world()
+    data = gpt_batches(2 * STEPS)
+    swap = Path(out_dir) / f"swap-{world}-{rank}"
+    swap.mkdir(parents=True, exist_ok=True)
+    eng = zoe.initialize(make_model("gpt"), config=config(swap, stage=3, gas=2 // world))
+    losses = []
+    for k in range(STEPS):
+        mine = data[2 * k:2 * k + 2] if world == 1 else [data[2 * k + rank]]
+        total = 0.0
+        for x, y in mine:
+            loss = eng(x, y)
+            eng.backward(loss)
+            eng.step()
+            total += loss.item()
+        losses.append(total / len(mine))
+    weights = {n: t.reshape(-1).tolist() for n, t in eng.state_dict().items()}
+    with open(Path(out_dir) / f"w{world}-r{rank}.json", "w") as f:
+        json.dump({"losses": losses, "weights": weights}, f)
+    del torch
+
+
+def test_two_ranks_match_one(tmp_path):
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        pytest.skip("mpirun not installed (openmpi-bin)")
+    zoe = pytest.importorskip("zoe")
+    env = dict(os.environ, OMPI_MCA_btl="self,vader", OMPI_MCA_rmaps_base_oversubscribe="1",
+               PYTHONPATH=os.pathsep.join(p for p in [os.path.dirname(os.path.dirname(zoe.__file__)),
+                                                      os.environ.get("PYTHONPATH", "")] if p))
+    me = str(Path(__file__).resolve())
+    subprocess.run([sys.executable, me, str(tmp_path)], check=True, env=env, timeout=120)
+    p = subprocess.run([mpirun, "--oversubscribe", "--allow-run-as-root", "--bind-to", "none", "--mca", "btl",
+                        "self,vader", "-np", "2", sys.executable, me, str(tmp_path)], env=env, timeout=120,
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr[-3000:]
+    one = json.loads((tmp_path / "w1-r0.json").read_text())
+    r0 = json.loads((tmp_path / "w2-r0.json").read_text())
+    r1 = json.loads((tmp_path / "w2-r1.json").read_text())
+    for k in range(STEPS):
+        two = (r0["losses"][k] + r1["losses"][k]) / 2
+        assert abs(two - one["losses"][k]) <= 1e-5 * abs(one["losses"][k]), f"step {k + 1}"
+    assert r0["weights"] == r1["weights"], "the two ranks hold different full weights"
+    diffs = []
+    for n, w in one["weights"].items():
+        diffs += [abs(a - b) for a, b in zip(w, r0["weights"][n])]
+    assert max(diffs) <= 2e-4 and sum(diffs) / len(diffs) <= 2e-5
+
+
+if __name__ == "__main__":
+    worker(sys.argv[1])

@@ -1,0 +1,141 @@
+"""Plain-PyTorch models and helpers shared by the test_torch_*.py tests of zoe's front-end."""
+import copy
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Block(nn.Module):
+    def __init__(self, d, heads):
+        super().__init__()
+        self.heads = heads
+        self.ln_1 = nn.LayerNorm(d)
+        self.attn = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+        self.ln_2 = nn.LayerNorm(d)
+        self.fc = nn.Linear(d, 4 * d)
+        self.fc_proj = nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.attn(self.ln_1(x)).split(C, dim=2)
+        h = self.heads
+        q = q.view(B, T, h, C // h).transpose(1, 2)
+        k = k.view(B, T, h, C // h).transpose(1, 2)
+        v = v.view(B, T, h, C // h).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(C // h)
+        mask = torch.ones(T, T, dtype=torch.bool).tril()
+        att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+        y = (att @ v).transpose(1, 2).reshape(B, T, C)
+        x = x + self.proj(y)
+        return x + self.fc_proj(F.gelu(self.fc(self.ln_2(x))))
+
+
+class GPT(nn.Module):
+    """GPT-2 style decoder: token + position embeddings, pre-LN blocks, tied head."""
+
+    def __init__(self, vocab=64, d=32, layers=4, heads=4, ctx=16):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, d)
+        self.wpe = nn.Embedding(ctx, d)
+        self.h = nn.ModuleList([Block(d, heads) for _ in range(layers)])
+        self.ln_f = nn.LayerNorm(d)
+        self.lm_head = nn.Linear(d, vocab, bias=False)
+        self.lm_head.weight = self.wte.weight
+        for n, p in self.named_parameters():
+            if n.endswith("weight") and p.dim() == 2:
+                nn.init.normal_(p, std=0.02)
+
+    def forward(self, idx, targets):
+        T = idx.shape[1]
+        x = self.wte(idx) + self.wpe(torch.arange(T))
+        for b in self.h:
+            x = b(x)
+        logits = self.lm_head(self.ln_f(x))
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+class ConvNet(nn.Module):
+    """A conv + MLP classifier (8x8 single-channel images, 10 classes)."""
+
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 16, 3, padding=1),
+                                      nn.ReLU(), nn.MaxPool2d(2))
+        self.mlp = nn.Sequential(nn.Flatten(), nn.Linear(16 * 16, 64), nn.GELU(), nn.Linear(64, 10))
+
+    def forward(self, x, y):
+        return F.cross_entropy(self.mlp(self.features(x)), y)
+
+
+def gpt_batches(n, batch=4, T=16, vocab=64, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        idx = torch.randint(0, vocab, (batch, T + 1), generator=g)
+        out.append((idx[:, :-1].contiguous(), idx[:, 1:].contiguous()))
+    return out
+
+
+def conv_batches(n, batch=8, seed=2):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(batch, 1, 8, 8, generator=g), torch.randint(0, 10, (batch,), generator=g))
+            for _ in range(n)]
+
+
+def make_model(kind, seed=0):
+    torch.manual_seed(seed)
+    return GPT() if kind == "gpt" else ConvNet()
+
+
+def config(tmp, stage=3, opt="nvme", param="nvme", lr=3e-3, wd=0.1, clip=0.5, gas=1, micro=4, dtype="fp32",
+           zero=None, **zoe):
+    c = {
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": gas,
+        "gradient_clipping": clip,
+        "optimizer": {"type": "AdamW", "params": {"lr": lr, "betas": [0.9, 0.999], "eps": 1e-8,
+                                                  "weight_decay": wd}},
+        "zero_optimization": {"stage": stage, **(zero or {})},
+        "zoe": dict(zoe),
+    }
+    if opt != "none":
+        c["zero_optimization"]["offload_optimizer"] = {"device": opt, "nvme_path": str(tmp)}
+    if param != "none":
+        c["zero_optimization"]["offload_param"] = {"device": param, "nvme_path": str(tmp)}
+    if dtype == "bf16":
+        c["bf16"] = {"enabled": True}
+    elif dtype == "fp16":
+        c["fp16"] = {"enabled": True, "initial_scale_power": 8}
+    return c
+
+
+def train_torch(model, batches, lr=3e-3, wd=0.1, clip=0.5):
+    """The reference: torch.optim.AdamW with clip_grad_norm_, no zoe."""
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=wd)
+    losses = []
+    for args in batches:
+        opt.zero_grad(set_to_none=True)
+        loss = model(*args)
+        loss.backward()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def train_zoe(engine, batches):
+    losses, stats = [], []
+    for args in batches:
+        loss = engine(*args)
+        engine.backward(loss)
+        stats.append(engine.step())
+        losses.append(loss.item())
+    return losses, stats
+
+
+def clone(model):
+    return copy.deepcopy(model)
