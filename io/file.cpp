@@ -87,6 +87,7 @@ File::File(int fd, std::string path, bool direct, uint32_t mem_align, uint32_t o
       offset_align_(offset_align) {}
 
 File::~File() {
+  if (lock_fd_ >= 0) close(lock_fd_);
   if (fd_ >= 0) close(fd_);
 }
 
@@ -150,19 +151,25 @@ Status File::preallocate(uint64_t bytes) {
   if (rc == ENOSPC || rc == EFBIG || rc == EDQUOT) {
     std::string free_s = fb.is_ok() ? std::to_string(fb.value()) + " bytes (" + format_bytes(fb.value()) + ")"
                                     : "an unknown number of bytes (" + fb.status().message() + ")";
-    return Status(StatusCode::kNoSpace,
-                  "While preallocating " + std::to_string(bytes) + " bytes (" + format_bytes(bytes) +
-                      ") for " + path_ + " (growing it from " + std::to_string(old_size) + " bytes, " +
-                      std::to_string(bytes - std::min(bytes, old_size)) + " more): " + strerror(rc) +
-                      " (errno " + std::to_string(rc) + "); " + free_s +
-                      " were free there before the attempt",
-                  rc);
+    return Status(
+        StatusCode::kNoSpace,
+        "While preallocating " + std::to_string(bytes) + " bytes (" + format_bytes(bytes) + ") for " + path_ +
+            " (growing it from " + std::to_string(old_size) + " bytes, " +
+            std::to_string(bytes - std::min(bytes, old_size)) + " more): " + strerror(rc) + " (errno " +
+            std::to_string(rc) + "); " +
+            (rc == EFBIG ? std::string("the process's file-size limit (ulimit -f) is below that size")
+                         : free_s + " were free there before the attempt"),
+        rc);
   }
   return sys_error("fallocate", path_, 0, bytes, rc);
 }
 
 Status File::try_lock() {
-  while (flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+  if (lock_fd_ < 0) {
+    lock_fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    if (lock_fd_ < 0) return sys_error("open (for its lock)", path_, errno);
+  }
+  while (flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
     if (errno == EINTR) continue;
     if (errno == EWOULDBLOCK) {
       return Status(StatusCode::kAlreadyExists,

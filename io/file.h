@@ -50,7 +50,10 @@ class File {
   Status preallocate(uint64_t bytes);
   // Advisory whole-file lock (flock LOCK_EX | LOCK_NB), held until the file is closed. Another
   // holder: kAlreadyExists with errno EWOULDBLOCK. Locks are per open file, so a second File on
-  // the same path in the same process conflicts too.
+  // the same path in the same process conflicts too. The lock is taken on a second open of the
+  // path that is never registered with io_uring: a registered file stays referenced by the ring
+  // until the kernel's deferred cleanup after the process dies, and a lock on it with it, so a
+  // later job would take a dead job's swap file for a live one.
   Status try_lock();
   Status truncate(uint64_t bytes);
   Status sync();
@@ -59,6 +62,7 @@ class File {
   File(int fd, std::string path, bool direct, uint32_t mem_align, uint32_t offset_align);
 
   int fd_;
+  int lock_fd_ = -1;  // a second open of the path that holds the flock (see try_lock)
   std::string path_;
   uint64_t id_;
   bool direct_;

@@ -90,8 +90,11 @@ struct RankWriter::Impl {
 
   Status fail(Status s) {
     if (s.code() == StatusCode::kNoSpace) {
+      // EFBIG is the process's file-size limit, not a full disk.
+      const char* why =
+          s.sys_errno() == EFBIG ? "the file-size limit (ulimit -f) is reached" : "the disk is full";
       s = std::move(s).with_context("writing rank " + std::to_string(rank) + "'s checkpoint file (" +
-                                    format_bytes(size) + " so far): the disk is full");
+                                    format_bytes(size) + " so far): " + why);
     }
     error = s;
     return s;

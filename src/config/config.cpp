@@ -185,7 +185,7 @@ Result<Config> Config::parse(const std::string& json_text, int world_size) {
 Result<Config> Config::load(const std::string& path, int world_size) {
   ZOE_ASSIGN_OR_RETURN(std::string text, read_file_capped(path, JsonLimits{}.max_bytes, "config file"));
   auto c = parse(text, world_size);
-  if (!c.is_ok()) return c.status().with_context("while reading config file " + path);
+  if (!c.is_ok()) return c.status().with_context("reading config file " + path);
   return c;
 }
 
