@@ -28,7 +28,7 @@ ALLOWED = {
     "src/export": CORE + ["src/checkpoint", "src/model"],
     "src/plan": CORE + ["io", "src/device", "src/comm", "src/optim", "src/config", "src/checkpoint", "offload",
                         "src/zero", "src/model"],
-    "python": CORE + ["src/model", "src/zero", "src/config"],
+    "python": CORE + ["src/model", "src/zero", "src/config", "src/checkpoint"],
     "examples": ["include/zoe"],
     "tools": None,   # the CLI: every library below it
     "tests": None,   # tests and benchmarks reach anything

@@ -165,17 +165,6 @@ void add_verify(CLI::App& ckpt) {
   });
 }
 
-// The presets of `zoe train` (tools/cmd_train.cpp; keep in step), for the number of heads,
-// which the parameter shapes do not tell.
-struct PresetDims {
-  const char* name;
-  int layers, d, heads, context;
-};
-constexpr PresetDims kTrainPresets[] = {
-    {"tiny", 2, 64, 4, 64},      {"small", 4, 128, 4, 64},     {"demo", 6, 256, 8, 64},
-    {"medium", 12, 512, 8, 128}, {"large", 24, 1024, 16, 128}, {"2b", 26, 2560, 20, 64},
-};
-
 // The model's attention heads: --n-head when given, else the trainer state's model.heads, else
 // its preset's (when the preset's dimensions are the model's: a run that overrode them needs
 // --n-head).
@@ -192,13 +181,14 @@ int resolve_heads(const ckpt::Reader& r, const ckpt::GptDims& dims, int flag) {
   std::string preset;
   if (t.is_object() && t.contains("preset") && t["preset"].is_string())
     preset = t["preset"].get<std::string>();
-  for (const auto& p : kTrainPresets) {
+  // The presets' head counts (the parameter shapes do not tell the heads).
+  for (const auto& p : model::gpt_presets()) {
     if (preset != p.name) continue;
-    if (p.layers == dims.n_layer && p.d == dims.n_embd && p.context == dims.n_positions) return p.heads;
+    if (p.layers == dims.n_layer && p.d_model == dims.n_embd && p.context == dims.n_positions) return p.heads;
     fail(invalid_argument(
         "%s: its trainer state says preset '%s' (%d layers, d %d, %d positions), but the model "
         "has %d layers, d %d, %d positions (overridden when training): pass --n-head",
-        where.c_str(), p.name, p.layers, p.d, p.context, dims.n_layer, dims.n_embd, dims.n_positions));
+        where.c_str(), p.name, p.layers, p.d_model, p.context, dims.n_layer, dims.n_embd, dims.n_positions));
   }
   fail(
       invalid_argument("%s: the number of attention heads is in neither trainer.model.heads nor a known "

@@ -65,24 +65,11 @@ struct TrainOpts {
 constexpr int kMaxLayers = 4096, kMaxWidth = 1 << 16, kMaxContext = 1 << 20, kMaxMicroBatch = 1 << 20;
 constexpr int kMaxThreads = 4096, kMaxEvalBatches = 1 << 20;
 
-struct Preset {
-  const char* name;
-  int layers, d, heads, context;
-};
-constexpr Preset kPresets[] = {
-    {"tiny", 2, 64, 4, 64},      {"small", 4, 128, 4, 64},     {"demo", 6, 256, 8, 64},
-    {"medium", 12, 512, 8, 128}, {"large", 24, 1024, 16, 128}, {"2b", 26, 2560, 20, 64},
-};
-
 model::GptConfig model_config(const TrainOpts& o) {
   model::GptConfig c;
-  const Preset* p = nullptr;
-  for (const auto& k : kPresets) {
-    if (o.preset == k.name) p = &k;
-  }
+  std::string names;
+  const model::GptPreset* p = model::find_gpt_preset(o.preset, &names);
   if (!p) {
-    std::string names;
-    for (const auto& k : kPresets) names += std::string(names.empty() ? "" : ", ") + k.name;
     usage_fail(invalid_argument("--preset %s is not one of %s", o.preset.c_str(), names.c_str()));
   }
   // A flag given replaces the preset's value, 0 included (refused here, never ignored).
@@ -92,7 +79,7 @@ model::GptConfig model_config(const TrainOpts& o) {
     return v;
   };
   c.layers = shape("--layers", o.layers, p->layers, kMaxLayers);
-  c.d_model = shape("--d-model", o.d_model, p->d, kMaxWidth);
+  c.d_model = shape("--d-model", o.d_model, p->d_model, kMaxWidth);
   c.heads = shape("--heads", o.heads, p->heads, kMaxWidth);
   c.seq = shape("--context", o.context, p->context, kMaxContext);
   c.vocab = 256;

@@ -6,6 +6,24 @@
 #include "model/gpt.h"
 
 namespace zoe::model {
+
+const std::vector<GptPreset>& gpt_presets() {
+  static const std::vector<GptPreset> kPresets = {
+      {"tiny", 2, 64, 4, 64},      {"small", 4, 128, 4, 64},     {"demo", 6, 256, 8, 64},
+      {"medium", 12, 512, 8, 128}, {"large", 24, 1024, 16, 128}, {"2b", 26, 2560, 20, 64},
+  };
+  return kPresets;
+}
+
+const GptPreset* find_gpt_preset(const std::string& name, std::string* names) {
+  const GptPreset* found = nullptr;
+  if (names) names->clear();
+  for (const auto& p : gpt_presets()) {
+    if (name == p.name) found = &p;
+    if (names) *names += std::string(names->empty() ? "" : ", ") + p.name;
+  }
+  return found;
+}
 namespace {
 
 constexpr int kMaxVocab = 65536;  // token ids are stored as uint16 by the data pipeline

@@ -70,6 +70,15 @@ struct GptConfig {
   uint64_t num_params() const;
 };
 
+// The named model sizes of `zoe train --preset` (and `zoe plan`, `zoe ckpt consolidate`).
+struct GptPreset {
+  const char* name;
+  int layers, d_model, heads, context;
+};
+const std::vector<GptPreset>& gpt_presets();
+// The preset called `name`, or nullptr; *names (when given) lists them all, comma-separated.
+const GptPreset* find_gpt_preset(const std::string& name, std::string* names = nullptr);
+
 struct TensorSpec {
   std::string name;
   std::vector<int64_t> shape;

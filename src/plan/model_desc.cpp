@@ -3,15 +3,6 @@
 
 namespace zoe::plan {
 
-const std::vector<GptPreset>& gpt_presets() {
-  // Kept equal to tools/cmd_train.cpp's kPresets (tests/plan checks the small one's count).
-  static const std::vector<GptPreset> kPresets = {
-      {"tiny", 2, 64, 4, 64},      {"small", 4, 128, 4, 64},     {"demo", 6, 256, 8, 64},
-      {"medium", 12, 512, 8, 128}, {"large", 24, 1024, 16, 128}, {"2b", 26, 2560, 20, 64},
-  };
-  return kPresets;
-}
-
 uint64_t count_params(const std::vector<zero::ModuleShape>& modules) {
   uint64_t n = 0;
   for (const auto& m : modules) {
@@ -40,12 +31,8 @@ Result<ModelDesc> gpt_model(const model::GptConfig& c, const std::string& name) 
 }
 
 Result<ModelDesc> gpt_model(const std::string& preset, int layers, int d_model, int heads, int context) {
-  const GptPreset* p = nullptr;
   std::string names;
-  for (const auto& k : gpt_presets()) {
-    if (preset == k.name) p = &k;
-    names += std::string(names.empty() ? "" : ", ") + k.name;
-  }
+  const GptPreset* p = model::find_gpt_preset(preset, &names);
   if (!p) return invalid_argument("--preset %s is not one of %s", preset.c_str(), names.c_str());
   model::GptConfig c;
   c.layers = layers ? layers : p->layers;

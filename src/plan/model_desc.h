@@ -21,12 +21,9 @@ struct ModelDesc {
   int layers = 0, d_model = 0, heads = 0, vocab = 0, context = 0;
 };
 
-// zoe's GPT presets (the same as `zoe train --preset`).
-struct GptPreset {
-  const char* name;
-  int layers, d_model, heads, context;
-};
-const std::vector<GptPreset>& gpt_presets();
+// zoe's GPT presets: model::gpt_presets() (src/model/gpt.h), the same as `zoe train --preset`.
+using model::gpt_presets;
+using model::GptPreset;
 
 // zoe's GPT: the preset, with any non-zero override. Modules as model::gpt_modules() gives them
 // (`zoe train` registers exactly these). Errors: an unknown preset (listing the presets), bad

@@ -16,6 +16,7 @@
 #include "plan/planner.h"
 #include "tests/util/test_util.h"
 #include "tests/zero/mlp.h"
+#include "tests/zero/shared_runtime.h"
 #include "zero/engine_internal.h"
 #include "zero/placement.h"
 
@@ -318,17 +319,7 @@ TEST(Plan, RowsAboveTheDeviceBudgetNeedThePlannersPeak) {
 // ---------------------------------------------------------------------------------------------
 // The cost model's NVMe bytes against the engine's, for every placement of the engine matrix
 
-Runtime& runtime() {
-  static std::unique_ptr<Runtime> rt = [] {
-    auto r = Runtime::init();
-    if (!r.is_ok()) {
-      fprintf(stderr, "runtime: %s\n", r.status().to_string().c_str());
-      abort();
-    }
-    return std::move(r).value();
-  }();
-  return *rt;
-}
+Runtime& runtime() { return test::shared_runtime(); }
 
 std::string engine_cfg(int stage, const char* opt, const char* param, const std::string& nvme, bool bf16,
                        bool bf16_states, double ratio, int micro) {

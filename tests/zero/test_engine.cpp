@@ -16,6 +16,7 @@
 #include "device/device.h"
 #include "tests/util/test_util.h"
 #include "tests/zero/mlp.h"
+#include "tests/zero/shared_runtime.h"
 #include "zero/engine_internal.h"
 
 namespace zoe {
@@ -24,17 +25,7 @@ namespace {
 using test::Layer;
 using test::MlpSpec;
 
-Runtime& runtime() {
-  static std::unique_ptr<Runtime> rt = [] {
-    auto r = Runtime::init();
-    if (!r.is_ok()) {
-      fprintf(stderr, "runtime: %s\n", r.status().to_string().c_str());
-      abort();
-    }
-    return std::move(r).value();
-  }();
-  return *rt;
-}
+Runtime& runtime() { return test::shared_runtime(); }
 
 struct Placement {
   int stage;

@@ -17,6 +17,7 @@
 #include "device/device.h"
 #include "io/fault_injector.h"
 #include "tests/util/test_util.h"
+#include "tests/zero/shared_runtime.h"
 #include "zero/engine_internal.h"
 #include "zero/test_hooks.h"
 #include "zoe/engine.h"
@@ -24,17 +25,7 @@
 namespace zoe {
 namespace {
 
-Runtime& runtime() {
-  static std::unique_ptr<Runtime> rt = [] {
-    auto r = Runtime::init();
-    if (!r.is_ok()) {
-      fprintf(stderr, "runtime: %s\n", r.status().to_string().c_str());
-      abort();
-    }
-    return std::move(r).value();
-  }();
-  return *rt;
-}
+Runtime& runtime() { return test::shared_runtime(); }
 
 struct Case {
   int stage;

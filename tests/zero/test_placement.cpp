@@ -8,6 +8,7 @@
 #include "optim/adam.h"
 #include "tests/util/test_util.h"
 #include "tests/zero/mlp.h"
+#include "tests/zero/shared_runtime.h"
 #include "zero/engine_internal.h"
 #include "zero/placement.h"
 
@@ -184,17 +185,7 @@ TEST(Placement, ErrorsNameWhatDoesNotFit) {
 // high-water marks stay within the plan's peaks, the host's is at least what the plan allocates
 // once, and NVMe holds exactly what the plan says.
 
-Runtime& runtime() {
-  static std::unique_ptr<Runtime> rt = [] {
-    auto r = Runtime::init();
-    if (!r.is_ok()) {
-      fprintf(stderr, "runtime: %s\n", r.status().to_string().c_str());
-      abort();
-    }
-    return std::move(r).value();
-  }();
-  return *rt;
-}
+Runtime& runtime() { return test::shared_runtime(); }
 
 TEST(PlacementVsEngine, HighWaterMarksWithinThePlanForEveryPlacement) {
   Runtime& rt = runtime();
