@@ -182,8 +182,8 @@ Status OptimizerSwapper::step_host(const ChunkUpdate& update) {
       stats_.compute_ns += t1 - t0;
       stats_.chunks++;
       if (opts_.trace)
-        opts_.trace->record("update " + std::to_string(g.id) + "@" + std::to_string(begin), "compute", t0,
-                            t1);
+        opts_.trace->record("update " + std::to_string(g.id) + "@" + std::to_string(begin), "optimizer", t0,
+                            t1, 0, kLaneOptimizer);
       if (!s.is_ok()) {
         return std::move(s).with_context("updating optimizer sub-group " + std::to_string(g.id) +
                                          " at element " + std::to_string(begin));
@@ -263,7 +263,7 @@ Status OptimizerSwapper::step(const ChunkUpdate& update, bool write_all) {
     stats_.io_wait_ns += tr - tw;
     if (opts_.trace)
       opts_.trace->record("read " + std::to_string(c.g->id) + "@" + std::to_string(c.begin), "nvme->host",
-                          r.t0, tr);
+                          r.t0, tr, 0, kLaneOptRead);
     if (!s.is_ok()) {
       err = std::move(s).with_context("reading optimizer sub-group " + std::to_string(c.g->id) +
                                       " at element " + std::to_string(c.begin));
@@ -277,8 +277,8 @@ Status OptimizerSwapper::step(const ChunkUpdate& update, bool write_all) {
     stats_.compute_ns += t1 - t0;
     stats_.chunks++;
     if (opts_.trace)
-      opts_.trace->record("update " + std::to_string(c.g->id) + "@" + std::to_string(c.begin), "compute", t0,
-                          t1);
+      opts_.trace->record("update " + std::to_string(c.g->id) + "@" + std::to_string(c.begin), "optimizer",
+                          t0, t1, 0, kLaneOptimizer);
     if (!s.is_ok()) {
       err = std::move(s).with_context("updating optimizer sub-group " + std::to_string(c.g->id) +
                                       " at element " + std::to_string(c.begin));
@@ -301,7 +301,7 @@ Status OptimizerSwapper::step(const ChunkUpdate& update, bool write_all) {
     std::string what = std::to_string(c.g->id) + "@" + std::to_string(c.begin);
     // The callback touches only members: step() may return as soon as the slot is back.
     store_->transfer(ios, [this, slot = r.slot, tws, what](io::IoCompletion& done) {
-      if (opts_.trace) opts_.trace->record("write " + what, "host->nvme", tws, now_ns());
+      if (opts_.trace) opts_.trace->record("write " + what, "host->nvme", tws, now_ns(), 0, kLaneOptWrite);
       release_slot(slot, done.status().is_ok()
                              ? Status::ok()
                              : done.status().with_context("writing back optimizer sub-group chunk " + what));

@@ -115,7 +115,7 @@ void TierManager::finish_move(const Move& m, Status st) {
   const uint64_t end = now_ns();
   if (opts_.trace && st.is_ok()) {
     opts_.trace->record("item " + std::to_string(it->id), link_name(m.link), m.begin_ns, end, it->alloc,
-                        100 + static_cast<uint32_t>(m.link));
+                        kLaneTransfer + static_cast<uint32_t>(m.link));
   }
   std::shared_ptr<MoveHandle::State> move;
   void* ptr = nullptr;

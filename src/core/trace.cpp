@@ -52,6 +52,27 @@ static void append_escaped(std::string* out, const std::string& s) {
   }
 }
 
+const char* trace_lane_name(uint32_t lane) {
+  static const char* kLinks[] = {"nvme->host",   "host->nvme",   "host->device",
+                                 "device->host", "nvme->device", "device->nvme"};
+  switch (lane) {
+    case kLaneCompute:
+      return "compute (forward/backward)";
+    case kLaneOptimizer:
+      return "optimizer chunks";
+    case kLaneOptRead:
+      return "optimizer NVMe reads";
+    case kLaneOptWrite:
+      return "optimizer NVMe writes";
+    case kLaneGather:
+      return "parameter gathers";
+    default:
+      break;
+  }
+  if (lane >= kLaneTransfer && lane < kLaneTransfer + 6) return kLinks[lane - kLaneTransfer];
+  return nullptr;
+}
+
 std::string TraceRecorder::chrome_json() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::string out = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[";
@@ -70,6 +91,22 @@ std::string TraceRecorder::chrome_json() const {
              e.category, static_cast<double>(e.begin_ns - origin) / 1000.0,
              static_cast<double>(e.end_ns >= e.begin_ns ? e.end_ns - e.begin_ns : 0) / 1000.0, e.tid,
              static_cast<unsigned long long>(e.bytes));
+    out += buf;
+  }
+  // Track names for the lanes that appear (Perfetto and chrome://tracing show them).
+  std::vector<uint32_t> lanes;
+  for (const auto& e : events_) {
+    if (trace_lane_name(e.tid) && std::find(lanes.begin(), lanes.end(), e.tid) == lanes.end())
+      lanes.push_back(e.tid);
+  }
+  for (uint32_t lane : lanes) {
+    if (!first) out += ",";
+    first = false;
+    snprintf(
+        buf, sizeof(buf),
+        "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":%u,\"args\":{\"name\":\"%s\"}},"
+        "{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":1,\"tid\":%u,\"args\":{\"sort_index\":%u}}",
+        lane, trace_lane_name(lane), lane, lane);
     out += buf;
   }
   out += "]}\n";

@@ -21,6 +21,19 @@ struct TraceEvent {
   uint64_t bytes;  // bytes moved, 0 for compute
 };
 
+// The tracks (Chrome-trace "tid"s, named in the output) zoe's layers record on, so a timeline shows
+// the caller's compute, the optimizer's chunks, its NVMe reads and writes, the parameter gathers
+// and the tier manager's transfers (one track per link, kLaneTransfer + link) side by side.
+enum TraceLane : uint32_t {
+  kLaneCompute = 1,     // the caller's forward/backward (Engine::record_compute)
+  kLaneOptimizer = 2,   // optimizer chunk updates
+  kLaneOptRead = 3,     // optimizer states read from NVMe
+  kLaneOptWrite = 4,    // optimizer states written to NVMe
+  kLaneGather = 5,      // stage-3 all-gathers of parameters
+  kLaneTransfer = 100,  // + link index: the tier manager's moves
+};
+const char* trace_lane_name(uint32_t lane);  // nullptr for a thread id that is no named lane
+
 // Thread-safe. Disabled recorders cost one relaxed load per event.
 class TraceRecorder {
  public:

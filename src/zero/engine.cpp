@@ -438,7 +438,7 @@ MemoryUse Engine::memory_in_use() const {
 Status Engine::write_trace(const std::string& path) const { return impl_->trace.write_chrome_json(path); }
 void Engine::enable_trace(bool on) { impl_->trace.set_enabled(on); }
 void Engine::record_compute(const std::string& name, uint64_t begin_ns, uint64_t end_ns) {
-  impl_->trace.record(name, "compute", begin_ns, end_ns);
+  impl_->trace.record(name, "compute", begin_ns, end_ns, 0, kLaneCompute);
 }
 
 }  // namespace zoe

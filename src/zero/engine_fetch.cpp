@@ -99,6 +99,7 @@ Status Engine::Impl::start_gather(size_t m) {
     if (!s.is_ok()) md.gather_error = s.with_context("reading the partition of module " + md.name);
     return Status::ok();
   });
+  mod.gather_begin_ns = now_ns();
   mod.gather = dcomm->all_gather(mod.gather_send.get(), mod.full.get(), mod.part, to_comm(cdt));
   mod.gather_pending = true;
   live_elems += mod.padded;
@@ -112,6 +113,10 @@ Status Engine::Impl::finish_gather(size_t m) {
   {
     Timer t(&t_comm);
     s = mod.gather.wait();
+  }
+  if (trace.enabled()) {
+    trace.record("gather " + mod.name + " (queued)", "gather", mod.gather_begin_ns, now_ns(),
+                 mod.padded * esize(), kLaneGather);
   }
   mod.gather_send.reset();
   mod.gather_pending = false;
@@ -242,7 +247,11 @@ Result<ModuleParams> Engine::fetch(size_t m) {
     }
     {
       Timer t(&I.t_comm);
+      const uint64_t g0 = now_ns();
       Status s = I.dcomm->all_gather(part, full.value().get(), mod.part, to_comm(I.cdt)).wait();
+      if (I.trace.enabled()) {
+        I.trace.record("gather " + mod.name, "gather", g0, now_ns(), mod.padded * I.esize(), kLaneGather);
+      }
       I.tm->unpin(m, Tier::kDevice);
       if (!s.is_ok()) return s.with_context("gathering the parameters of module " + mod.name);
     }

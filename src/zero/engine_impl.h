@@ -94,6 +94,7 @@ struct Engine::Impl {
     comm::CommHandle gather;
     device::DeviceBuffer gather_send;  // this rank's partition, copied for the gather
     Status gather_error;               // set on the communicator's thread if the partition could not be read
+    uint64_t gather_begin_ns = 0;      // when the queued gather was started (for the timeline)
     device::DeviceBuffer grad_buf;     // padded elements, compute dtype
     size_t opt_begin = 0, opt_n = 0;   // the flat range this rank's optimizer owns
     // Where this module's optimizer states and accumulated gradients live: the device (kNone),

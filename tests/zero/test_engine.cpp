@@ -8,11 +8,13 @@
 #include <cinttypes>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 
 #include "comm/communicator.h"
 #include "config/config.h"
+#include "core/clock.h"
 #include "device/device.h"
 #include "tests/util/test_util.h"
 #include "tests/zero/mlp.h"
@@ -231,6 +233,33 @@ TEST(EngineOverlap, OverlappedStepGivesTheSerialBitsForEveryPlacement) {
     }
   }
   g_overlap = true;
+}
+
+// --trace: the caller's compute, the optimizer's chunks and NVMe reads/writes, the gathers and the
+// tier manager's transfers land on separate, named tracks (what a person opening it in Perfetto
+// needs to see the overlap).
+TEST(EngineTrace, TracksForComputeOptimizerIoAndGathers) {
+  Runtime& rt = runtime();
+  test::ScratchDir nvme("trace");
+  auto cfg = config::Config::parse(make_config({3, "nvme", "nvme"}, "bf16", nvme.path()), rt.world_size());
+  ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
+  auto e = zero::create_engine(rt, cfg.value());
+  ASSERT_TRUE(e.is_ok()) << e.status().to_string();
+  MlpSpec s;
+  ASSERT_TRUE(test::register_mlp(*e.value(), s).is_ok());
+  e.value()->enable_trace(true);
+  std::vector<Layer> out;
+  ASSERT_TRUE(test::engine_train(*e.value(), s, rt.rank(), rt.world_size(), 3, &out).is_ok());
+  e.value()->record_compute("forward", now_ns() - 1000, now_ns());
+  const std::string path = nvme.path() + "/trace.json";
+  ASSERT_TRUE(e.value()->write_trace(path).is_ok());
+  std::ifstream f(path);
+  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  for (const char* track : {"compute (forward/backward)", "optimizer chunks", "optimizer NVMe reads",
+                            "optimizer NVMe writes", "parameter gathers", "nvme->device"}) {
+    EXPECT_NE(text.find(std::string("\"name\":\"") + track + "\""), std::string::npos)
+        << "no track " << track;
+  }
 }
 
 // Gradient accumulation over two micro-batches with the pipeline in flight.
