@@ -20,6 +20,21 @@
 #include "io/checksum.h"
 
 namespace zoe::io {
+
+namespace {
+// The paths of this process's live swap files that are removed at close.
+std::mutex g_live_mu;
+std::vector<std::string>& live_paths() {
+  static std::vector<std::string> v;
+  return v;
+}
+void forget_live(const std::string& path) {
+  std::lock_guard<std::mutex> lock(g_live_mu);
+  auto& v = live_paths();
+  v.erase(std::remove(v.begin(), v.end(), path), v.end());
+}
+}  // namespace
+
 namespace {
 
 constexpr int kNameAttempts = 16;
@@ -176,10 +191,21 @@ Result<ReclaimStats> reclaim_stale_swap_files(const std::string& dir) {
   return r;
 }
 
+size_t unlink_live_swap_files() {
+  std::lock_guard<std::mutex> lock(g_live_mu);
+  size_t n = 0;
+  for (const auto& p : live_paths()) n += unlink(p.c_str()) == 0 ? 1 : 0;
+  live_paths().clear();
+  return n;
+}
+
 SwapFile::~SwapFile() {
   if (opts_.keep) return;
   // Removed while still locked; the descriptors (and locks) go with files_.
-  for (const auto& f : files_) unlink(f->path().c_str());
+  for (const auto& f : files_) {
+    forget_live(f->path());
+    unlink(f->path().c_str());
+  }
 }
 
 Result<std::unique_ptr<SwapFile>> SwapFile::create(const SwapFileOptions& opts) {
@@ -275,7 +301,11 @@ Status SwapFile::open_files() {
       }
       files_.push_back(std::move(f).value());
     }
-    if (!taken) return Status::ok();
+    if (!taken) {
+      std::lock_guard<std::mutex> lock(g_live_mu);
+      for (const auto& f : files_) live_paths().push_back(f->path());
+      return Status::ok();
+    }
     for (const auto& f : files_) unlink(f->path().c_str());
     files_.clear();
   }

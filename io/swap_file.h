@@ -90,6 +90,12 @@ bool is_unique_swap_file_name(const std::string& name);
 
 // Thread-safe. Logical offset L lives in file (L / stripe) % n at offset
 // (L / stripe / n) * stripe + L % stripe, so consecutive stripes go to different drives.
+// Removes the directory entries of every swap file this process has open and would remove at
+// close (not `keep` ones), now: for a process about to exit abnormally (a lost peer rank, a
+// signal), so nothing is left behind. The files stay usable until closed. Returns how many.
+// Thread-safe; not async-signal-safe (call it from a thread, not a signal handler).
+size_t unlink_live_swap_files();
+
 class SwapFile {
  public:
   ~SwapFile();

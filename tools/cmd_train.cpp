@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cfloat>
+#include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstring>
@@ -225,7 +226,36 @@ class StopSignals {
     std::thread([set] {
       for (;;) {
         int sig = 0;
-        if (sigwait(&set, &sig) == 0) on_signal(sig);
+        if (sigwait(&set, &sig) != 0) continue;
+        const bool first = requested_.load() == 0;
+        on_signal(sig);
+        if (first) unlink_swap_files(sig);
+      }
+    }).detach();
+    // The watchdog: a stop asked for whose step never ends (the step waits in a collective for a
+    // rank that was lost: mpirun then ends the job with SIGTERM, and later SIGKILL) removes this
+    // rank's swap files and exits, saying so, instead of being killed with them left behind.
+    std::thread([] {
+      uint64_t asked_ns = 0;
+      for (;;) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        const int sig = requested_.load();
+        if (sig == 0) continue;
+        unlink_swap_files(sig);  // (a signal that reached another thread's handler)
+        if (stopping_.load()) continue;
+        const uint64_t now = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                       std::chrono::steady_clock::now().time_since_epoch())
+                                                       .count());
+        if (asked_ns == 0) asked_ns = now;
+        const double grace = std::max(kMinGraceS, 3.0 * static_cast<double>(step_ns_.load()) * 1e-9);
+        if (static_cast<double>(now - asked_ns) * 1e-9 < grace) continue;
+        const size_t n = remove_swap_files_now();
+        fprintf(
+            stderr,
+            "zoe: rank %d: %s, but the step in progress did not end within %.0f s (it waits for the other "
+            "ranks: one of them was probably lost; mpirun names it); removed %zu swap file(s); exiting\n",
+            rank_.load(), sig == SIGINT ? "SIGINT" : "SIGTERM", grace, n);
+        _exit(128 + sig);
       }
     }).detach();
   }
@@ -233,6 +263,11 @@ class StopSignals {
   StopSignals& operator=(const StopSignals&) = delete;
   // The signal asked for (SIGINT or SIGTERM), or 0.
   int requested() const { return requested_.load(); }
+  // The loop reached a step boundary and is stopping (the watchdog stands down).
+  void stopping() { stopping_.store(true); }
+  // The duration of the last step (the watchdog waits three of them, at least kMinGraceS).
+  void note_step(double seconds) { step_ns_.store(static_cast<uint64_t>(seconds * 1e9)); }
+  void set_rank(int r) { rank_.store(r); }
 
  private:
   // Async-signal-safe: a lock-free atomic, write(2) and _exit(2).
@@ -245,7 +280,21 @@ class StopSignals {
     int none = 0;
     requested_.compare_exchange_strong(none, sig);  // the first one decides
   }
+  // At the first signal: the swap files' names go at once (the engine keeps using the open files,
+  // a final checkpoint included), so a SIGKILL that follows (mpirun's, after a lost rank, comes
+  // within a second) leaves nothing behind. Once per process.
+  static void unlink_swap_files(int sig) {
+    if (unlinked_.exchange(true)) return;
+    const size_t n = remove_swap_files_now();
+    fprintf(stderr, "zoe: rank %d: %s: stopping at the next step boundary (%zu swap file(s) unlinked now)\n",
+            rank_.load(), sig == SIGINT ? "SIGINT" : "SIGTERM", n);
+  }
+  static constexpr double kMinGraceS = 10.0;
+  static inline std::atomic<bool> unlinked_{false};
   static inline std::atomic<int> requested_{0};
+  static inline std::atomic<bool> stopping_{false};
+  static inline std::atomic<uint64_t> step_ns_{0};
+  static inline std::atomic<int> rank_{0};
 };
 
 // Refuses a run whose host allocations cannot fit before making them: the activations, and the
@@ -317,6 +366,7 @@ void run(TrainOpts o) {
   }
   auto rt = value_or_fail(Runtime::init());
   const bool lead = rt->rank() == 0;
+  stop.set_rank(rt->rank());
 
   // The engine's config: a file (flags given override its keys, and say so), or the flags.
   Config cfg;
@@ -459,6 +509,7 @@ void run(TrainOpts o) {
   auto stop_if_asked = [&](int done) {
     const int sig = stop.requested();
     if (sig == 0) return;
+    stop.stopping();
     std::string saved;
     if (sig == SIGTERM && !o.save_dir.empty() && done > start_step && saved_step != done) {
       save_after(done, false);
@@ -507,6 +558,7 @@ void run(TrainOpts o) {
     if (o.save_every > 0 && (step + 1) % o.save_every == 0) save_after(step + 1, o.save_async);
     double elapsed = static_cast<double>(clock_ns() - t_start) * 1e-9;
     double step_time = elapsed / (step + 1 - start_step);
+    stop.note_step(step_time);
     double tokens_s =
         static_cast<double>(o.micro_batch) * T * accum * rt->world_size() / std::max(step_time, 1e-9);
     uint64_t nvme = last.bytes_nvme_read + last.bytes_nvme_write;

@@ -58,4 +58,10 @@ std::string format_bytes(uint64_t bytes);
 // "256MiB", "4G", "1e9", plain integers: K/M/G/T and *iB are powers of 1024, KB/MB/GB/TB of 1000.
 Result<uint64_t> parse_bytes(std::string_view text);
 
+// Removes the swap files this process has open on NVMe paths now, for a process about to exit
+// abnormally (a lost peer rank, a signal whose step never ends): nothing is left behind, and the
+// files stay usable until the engine closes them. Returns how many were removed. Thread-safe; not
+// for a signal handler (call it from a thread).
+size_t remove_swap_files_now();
+
 }  // namespace zoe

@@ -10,6 +10,7 @@
 #include "core/cpu.h"
 #include "core/dtype.h"
 #include "core/log.h"
+#include "io/swap_file.h"
 #include "zero/engine_impl.h"
 #include "zero/engine_internal.h"
 #include "zoe/zoe.h"
@@ -382,5 +383,7 @@ Status Engine::write_f32(const TensorView& view, const float* src, float scale) 
   if (!s.is_ok()) return s.with_context("writing " + std::string(view.name) + " to the device");
   return Status::ok();
 }
+
+size_t remove_swap_files_now() { return io::unlink_live_swap_files(); }
 
 }  // namespace zoe
