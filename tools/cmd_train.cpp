@@ -410,6 +410,11 @@ void run(TrainOpts o) {
   }
 
   auto eng = value_or_fail(Engine::create(*rt, cfg));
+  // A second job saving into the same --save-dir is refused now, not at its first save.
+  if (!o.save_dir.empty()) {
+    Status cs = eng->claim_save_dir(o.save_dir);
+    if (!cs.is_ok()) fail(cs);
+  }
   if (!o.trace.empty()) eng->enable_trace(true);
   {
     Status s = model::add_gpt_modules(*eng, mc);

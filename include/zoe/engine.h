@@ -202,6 +202,10 @@ class Engine {
               bool async = false);
   // Waits for an asynchronous save, commits it; its Status (OK when none was running).
   Status finish_save();
+  // Claims save_dir for this job now (on every rank; a collective), as the first save() would: a
+  // second job whose save() or claim_save_dir() names the same directory is refused with a message
+  // naming the holder, at its start rather than at its first save. Creates the directory.
+  Status claim_save_dir(const std::string& save_dir);
   Result<std::string> load(const std::string& dir);
   int64_t steps_taken() const;
 

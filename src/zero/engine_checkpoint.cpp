@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <filesystem>
 
 #include "checkpoint/checkpoint.h"
 #include "zero/engine_impl.h"
@@ -214,6 +215,22 @@ Status Engine::finish_save() {
   a->thread.join();
   return commit_save(I, a->save_dir, a->tag, a->tmp, a->steps, a->trainer, a->status,
                      std::string(a->records_json.begin(), a->records_json.end()));
+}
+
+Status Engine::claim_save_dir(const std::string& save_dir) {
+  Impl& I = *impl_;
+  std::string err;  // rank 0's: every rank returns the same answer
+  if (I.rank == 0) {
+    std::error_code ec;
+    std::filesystem::create_directories(save_dir, ec);
+    Status s = ec ? sys_error("mkdir -p", save_dir, ec.value()) : ckpt::hold_save_dir(save_dir);
+    if (!s.is_ok()) err = s.to_string();
+  }
+  if (I.world > 1) {
+    ZOE_ASSIGN_OR_RETURN(err, broadcast_string(*I.comm, err));
+  }
+  if (!err.empty()) return Status(StatusCode::kAlreadyExists, err).with_context("claiming " + save_dir);
+  return Status::ok();
 }
 
 Status Engine::save(const std::string& save_dir, const std::string& tag,
