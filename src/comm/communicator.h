@@ -93,7 +93,11 @@ Result<std::unique_ptr<Communicator>> create_mpi_comm(const MpiCommOptions& opti
 // (an MpiComm, or a LocalComm for one rank). device_ordinal < 0 picks bootstrap.local_rank() modulo
 // the number of visible GPUs. Collective over the bootstrap: every rank must call it; if any rank
 // has no usable GPU, every rank gets kUnsupported. Fails with kUnsupported without CUDA/NCCL.
-Result<std::unique_ptr<Communicator>> create_nccl_comm(Communicator& bootstrap, int device_ordinal);
+// stream: a cudaStream_t the caller's device created (device::Stream::native_handle()), which
+// must outlive the communicator; the collectives are ordered on it. nullptr: the communicator
+// creates its own (tests of the communicator alone).
+Result<std::unique_ptr<Communicator>> create_nccl_comm(Communicator& bootstrap, int device_ordinal,
+                                                       void* stream = nullptr);
 // True when this process runs under an MPI launcher (OMPI_COMM_WORLD_SIZE, PMI_SIZE, ...).
 bool launched_by_mpi();
 

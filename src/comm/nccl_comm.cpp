@@ -53,13 +53,14 @@ struct NcclCore {
   int device = 0;
   ncclComm_t comm = nullptr;
   cudaStream_t stream = nullptr;
+  bool own_stream = false;  // created here (no stream given); else the caller's device owns it
   void* scratch = nullptr;  // 8 bytes of device memory for barrier()
   ~NcclCore() {
     CurrentDevice cur(device);
     if (stream != nullptr) (void)cudaStreamSynchronize(stream);
     if (comm != nullptr) (void)ncclCommDestroy(comm);
     if (scratch != nullptr) (void)cudaFree(scratch);
-    if (stream != nullptr) (void)cudaStreamDestroy(stream);
+    if (stream != nullptr && own_stream) (void)cudaStreamDestroy(stream);
   }
 };
 
@@ -190,7 +191,8 @@ Status pick_device(int requested, int local_rank, int* ordinal) {
 
 }  // namespace
 
-Result<std::unique_ptr<Communicator>> create_nccl_comm(Communicator& bootstrap, int device_ordinal) {
+Result<std::unique_ptr<Communicator>> create_nccl_comm(Communicator& bootstrap, int device_ordinal,
+                                                       void* stream) {
   const int rank = bootstrap.rank(), size = bootstrap.size();
   int ordinal = 0;
   Status local = pick_device(device_ordinal, bootstrap.local_rank(), &ordinal);
@@ -213,7 +215,12 @@ Result<std::unique_ptr<Communicator>> create_nccl_comm(Communicator& bootstrap, 
   ZOE_RETURN_IF_ERROR_CTX(bootstrap.broadcast(&boot, sizeof(boot), CommType::kU8, 0).wait(),
                           "while broadcasting the NCCL unique id");
   if (boot.ok == 0) return Status(StatusCode::kIoError, "create_nccl_comm: ncclGetUniqueId failed on rank 0");
-  ZOE_CUDA_TRY(cudaStreamCreateWithFlags(&core->stream, cudaStreamNonBlocking));
+  if (stream != nullptr) {
+    core->stream = static_cast<cudaStream_t>(stream);
+  } else {
+    ZOE_CUDA_TRY(cudaStreamCreateWithFlags(&core->stream, cudaStreamNonBlocking));
+    core->own_stream = true;
+  }
   ZOE_CUDA_TRY(cudaMalloc(&core->scratch, 8));
   ncclResult_t r = ncclCommInitRank(&core->comm, size, boot.id, rank);
   if (r != ncclSuccess) {
@@ -226,7 +233,8 @@ Result<std::unique_ptr<Communicator>> create_nccl_comm(Communicator& bootstrap, 
 
 #else  // !ZOE_HAVE_NCCL
 
-Result<std::unique_ptr<Communicator>> create_nccl_comm(Communicator& /*bootstrap*/, int /*device_ordinal*/) {
+Result<std::unique_ptr<Communicator>> create_nccl_comm(Communicator& /*bootstrap*/, int /*device_ordinal*/,
+                                                       void* /*stream*/) {
   return unsupported("create_nccl_comm: zoe was built without CUDA/NCCL");
 }
 

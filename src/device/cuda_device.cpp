@@ -73,6 +73,7 @@ class CudaStream final : public Stream {
 
   CudaDevice* device() const { return dev_; }
   cudaStream_t handle() const { return s_; }
+  void* native_handle() const override { return s_; }
   // Runs fn (which must not call CUDA) on CUDA's host-callback thread at this point of the
   // stream; an exception escaping it is kept for synchronize().
   Status launch_host(std::function<void()> fn);

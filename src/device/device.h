@@ -64,6 +64,10 @@ class Stream {
   // Blocks until all work enqueued before the call has finished; returns (and clears) the first
   // error of that work.
   virtual Status synchronize() = 0;
+  // Optional (default nullptr): the backend's own handle of this stream (CUDA: its cudaStream_t),
+  // for kernels, collectives and copies that other layers enqueue on it without creating streams
+  // of their own (the Device is the one owner of streams). Valid as long as this Stream.
+  virtual void* native_handle() const { return nullptr; }
 };
 
 class Device {

@@ -49,18 +49,20 @@ class CpuOps final : public DeviceOps {
 #if ZOE_HAVE_CUDA
 class CudaOps final : public DeviceOps {
  public:
-  static Result<std::unique_ptr<DeviceOps>> create(int ordinal) {
+  static Result<std::unique_ptr<DeviceOps>> create(device::Device& dev, int ordinal) {
     auto ops = std::unique_ptr<CudaOps>(new CudaOps());
     ops->ordinal_ = ordinal;
     ZOE_CUDA_TRY(cudaSetDevice(ordinal));
-    ZOE_CUDA_TRY(cudaStreamCreateWithFlags(&ops->stream_, cudaStreamNonBlocking));
+    ZOE_ASSIGN_OR_RETURN(ops->owner_, dev.create_stream());
+    ops->stream_ = static_cast<cudaStream_t>(ops->owner_->native_handle());
+    if (ops->stream_ == nullptr) {
+      return invalid_argument("the engine's CUDA kernels need a CUDA device's stream; %s has none",
+                              dev.name().c_str());
+    }
     return std::unique_ptr<DeviceOps>(std::move(ops));
   }
   ~CudaOps() override {
-    if (stream_) {
-      (void)cudaStreamSynchronize(stream_);
-      (void)cudaStreamDestroy(stream_);
-    }
+    if (owner_) (void)owner_->synchronize();  // the stream itself is the device's
   }
   bool host_addressable() const override { return false; }
   Status zero(void* dev, size_t bytes) override {
@@ -110,7 +112,8 @@ class CudaOps final : public DeviceOps {
     return Status::ok();
   }
   int ordinal_ = 0;
-  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<device::Stream> owner_;  // created by the device, which outlives the ops
+  cudaStream_t stream_ = nullptr;          // owner_'s handle
 };
 #endif
 
@@ -118,10 +121,11 @@ class CudaOps final : public DeviceOps {
 
 std::unique_ptr<DeviceOps> make_cpu_ops(optim::CpuPool* pool) { return std::make_unique<CpuOps>(pool); }
 
-Result<std::unique_ptr<DeviceOps>> make_cuda_ops(int ordinal) {
+Result<std::unique_ptr<DeviceOps>> make_cuda_ops(device::Device& dev, int ordinal) {
 #if ZOE_HAVE_CUDA
-  return CudaOps::create(ordinal);
+  return CudaOps::create(dev, ordinal);
 #else
+  (void)dev;
   (void)ordinal;
   return unsupported("the engine's CUDA kernels: zoe was built without CUDA");
 #endif

@@ -3,9 +3,10 @@
 // CpuDevice memory is host memory: the CPU ops are memcpy/memset and optim's kernels on the
 // engine's thread pool, working on device pointers directly (host_addressable()). The CUDA ops
 // (built with CUDA) use cudaMemcpy/cudaMemset and the kernels of optim/adam_cuda.h on one
-// stream of their own; every call returns when its work is done, so the engine needs no
-// events. The engine's callers must have finished (synchronized) their own work on parameters
-// and gradients before they hand them back (release, reduce_grads).
+// stream that the device created for them (the Device owns every stream); every call returns
+// when its work is done, so the engine needs no events. The engine's callers must have finished
+// (synchronized) their own work on parameters and gradients before they hand them back (release,
+// reduce_grads).
 #pragma once
 
 #include <cstddef>
@@ -13,6 +14,7 @@
 #include <memory>
 
 #include "core/dtype.h"
+#include "device/device.h"
 #include "optim/adam.h"
 #include "zoe/status.h"
 
@@ -48,7 +50,8 @@ class DeviceOps {
 };
 
 std::unique_ptr<DeviceOps> make_cpu_ops(optim::CpuPool* pool);
-// On CUDA device `ordinal` (the one the engine's CudaDevice uses). kUnsupported without CUDA.
-Result<std::unique_ptr<DeviceOps>> make_cuda_ops(int ordinal);
+// On CUDA device `ordinal`, on a stream created by `dev` (the engine's CudaDevice for that
+// ordinal, which must outlive the ops). kUnsupported without CUDA.
+Result<std::unique_ptr<DeviceOps>> make_cuda_ops(device::Device& dev, int ordinal);
 
 }  // namespace zoe::zero

@@ -294,8 +294,11 @@ Result<std::unique_ptr<Engine>> zero::create_engine(Runtime& rt, const config::C
     }
     const int ordinal = impl->comm->local_rank() % count;
     ZOE_ASSIGN_OR_RETURN(impl->dev, device::create_cuda_device(ordinal, budget));
-    ZOE_ASSIGN_OR_RETURN(impl->ops, zero::make_cuda_ops(ordinal));
-    ZOE_ASSIGN_OR_RETURN(impl->own_dcomm, comm::create_nccl_comm(*impl->comm, ordinal));
+    // Every stream comes from the device: the kernels' (inside the ops) and the collectives'.
+    ZOE_ASSIGN_OR_RETURN(impl->ops, zero::make_cuda_ops(*impl->dev, ordinal));
+    ZOE_ASSIGN_OR_RETURN(impl->comm_stream, impl->dev->create_stream());
+    ZOE_ASSIGN_OR_RETURN(impl->own_dcomm,
+                         comm::create_nccl_comm(*impl->comm, ordinal, impl->comm_stream->native_handle()));
     impl->dcomm = impl->own_dcomm.get();
   } else {
     ZOE_ASSIGN_OR_RETURN(impl->dev, device::create_cpu_device(budget));

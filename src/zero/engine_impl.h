@@ -125,7 +125,6 @@ struct Engine::Impl {
   Runtime* rt = nullptr;
   comm::Communicator* comm = nullptr;   // host buffers (the runtime's: MPI or local)
   comm::Communicator* dcomm = nullptr;  // device buffers: `comm` on the CPU device, NCCL on CUDA
-  std::unique_ptr<comm::Communicator> own_dcomm;
   int rank = 0, world = 1;
   std::unique_ptr<config::Config> cfg;
   DType cdt = DType::kF32;
@@ -133,6 +132,10 @@ struct Engine::Impl {
   config::OffloadDevice opt_off = config::OffloadDevice::kNone, param_off = config::OffloadDevice::kNone;
 
   std::unique_ptr<device::Device> dev;
+  // Destroyed before the device (members go in reverse order): the collectives' stream, created
+  // by the device, and the device-buffer communicator (NCCL) that runs on it.
+  std::unique_ptr<device::Stream> comm_stream;
+  std::unique_ptr<comm::Communicator> own_dcomm;
   std::unique_ptr<zero::DeviceOps> ops;  // copies and kernels on device memory
   std::vector<char> host_stage;          // device -> host staging (when device memory is not host memory)
   std::unique_ptr<io::IoEngine> io;
