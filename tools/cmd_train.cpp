@@ -38,7 +38,8 @@ struct TrainOpts {
   int seq = 0;          // tokens per training sequence (default: the model's context)
   int micro_batch = 8;  // without --config, or given: train_micro_batch_size_per_gpu
   int steps = 100;
-  double lr = 1e-3;  // without --config, or given: optimizer.params.lr
+  double lr = 1e-3;           // without --config, or given: optimizer.params.lr
+  double weight_decay = 0.0;  // without --config only: optimizer.params.weight_decay
   std::string seed_text = "1";
   uint64_t seed = 1;  // parsed from seed_text
   int eval_every = 0;
@@ -52,8 +53,10 @@ struct TrainOpts {
   int threads = 0;
   int save_every = 0;
   bool save_async = false;
+  bool save_initial = false;  // a checkpoint step-000000 of the initial weights in --save-dir
   std::string save_dir;
-  std::string resume;  // a save directory or checkpoint; "-" for --resume without a value
+  std::string dump_batches;  // JSON Lines of every micro-batch's token ids (docs/train-json.md)
+  std::string resume;        // a save directory or checkpoint; "-" for --resume without a value
   bool json = false;
   bool quiet = false;
   // The flags given on the command line ("--micro-batch"): a flag overrides the config only then.
@@ -104,7 +107,7 @@ Result<Config> flags_config(const TrainOpts& o, const std::vector<std::string>& 
   Config::Builder b;
   b.micro_batch(o.micro_batch)
       .lr(o.lr)
-      .weight_decay(0.0)
+      .weight_decay(o.weight_decay)
       .stage(3)
       .param_persistence_threshold(0)
       .offload_optimizer(off, nvme_dirs)
@@ -144,8 +147,18 @@ void check_flags(TrainOpts& o) {
                                   o.device_budget.c_str()));
     }
   }
+  if (!std::isfinite(o.weight_decay) || o.weight_decay < 0 || o.weight_decay > FLT_MAX) {
+    usage_fail(
+        invalid_argument("--weight-decay %g is not a weight decay (expected a number >= 0)", o.weight_decay));
+  }
   if (!o.config.empty()) {
     // Placement comes from the config file: these flags would be silently ignored.
+    if (o.has("--weight-decay")) {
+      usage_fail(
+          invalid_argument("--weight-decay cannot be combined with --config %s: set "
+                           "optimizer.params.weight_decay in the config instead",
+                           o.config.c_str()));
+    }
     for (const char* f : {"--offload", "--nvme-path"}) {
       if (o.has(f)) {
         usage_fail(
@@ -157,6 +170,15 @@ void check_flags(TrainOpts& o) {
   }
   if (o.save_every > 0 && o.save_dir.empty()) {
     usage_fail(invalid_argument("--save-every %d needs --save-dir", o.save_every));
+  }
+  if (o.save_initial && o.save_dir.empty()) {
+    usage_fail(invalid_argument("--save-initial needs --save-dir (where step-000000 is written)"));
+  }
+  if (o.save_initial && !o.resume.empty()) {
+    usage_fail(
+        invalid_argument("--save-initial cannot be combined with --resume %s: the run does not start "
+                         "from the initial weights",
+                         o.resume.c_str()));
   }
 }
 
@@ -298,6 +320,54 @@ double mean_over_ranks(Runtime& rt, double v) {
   return r.value();
 }
 
+// --dump-batches: one JSON object per line for each micro-batch trained on, in order, so that
+// another framework can feed the same tokens (format in docs/train-json.md).
+class BatchDump {
+ public:
+  // path "" writes nothing. Errors name the file.
+  explicit BatchDump(const std::string& path) : path_(path) {
+    if (path.empty()) return;
+    f_ = fopen(path.c_str(), "w");
+    if (!f_) fail(sys_error("create --dump-batches file", path, errno));
+  }
+  ~BatchDump() {
+    if (f_) fclose(f_);
+  }
+  BatchDump(const BatchDump&) = delete;
+  BatchDump& operator=(const BatchDump&) = delete;
+  void write(int step, int rank, int micro, int batch, int T, const std::vector<int32_t>& tokens,
+             const std::vector<int32_t>& targets) {
+    if (!f_) return;
+    fprintf(f_, "{\"step\":%d,\"rank\":%d,\"micro\":%d,\"batch\":%d,\"seq\":%d", step, rank, micro, batch, T);
+    auto rows = [&](const char* key, const std::vector<int32_t>& v) {
+      fprintf(f_, ",\"%s\":[", key);
+      for (int b = 0; b < batch; ++b) {
+        fputs(b ? ",[" : "[", f_);
+        for (int t = 0; t < T; ++t) {
+          fprintf(f_, t ? ",%d" : "%d", v[static_cast<size_t>(b) * static_cast<size_t>(T) + t]);
+        }
+        fputc(']', f_);
+      }
+      fputc(']', f_);
+    };
+    rows("tokens", tokens);
+    rows("targets", targets);
+    fputs("}\n", f_);
+    if (ferror(f_)) fail(sys_error("write --dump-batches file", path_, errno));
+  }
+  void close() {
+    if (!f_) return;
+    const bool bad = ferror(f_) != 0;
+    const int rc = fclose(f_);
+    f_ = nullptr;
+    if (bad || rc != 0) fail(sys_error("write --dump-batches file", path_, errno));
+  }
+
+ private:
+  std::string path_;
+  FILE* f_ = nullptr;
+};
+
 std::string fmt_eta(double s) {
   if (s < 60) return fmt("%.0fs", s);
   if (s < 3600) return fmt("%dm%02ds", static_cast<int>(s) / 60, static_cast<int>(s) % 60);
@@ -359,6 +429,9 @@ void run(TrainOpts o) {
     corpus = data::make_arithmetic(o.seed, 200000);
   }
 
+  BatchDump dump(o.dump_batches.empty()
+                     ? ""
+                     : o.dump_batches + (rt->world_size() > 1 ? "." + std::to_string(rt->rank()) : ""));
   auto eng = value_or_fail(Engine::create(*rt, cfg));
   if (!o.trace.empty()) eng->enable_trace(true);
   {
@@ -398,7 +471,8 @@ void run(TrainOpts o) {
 
   const int accum = static_cast<int>(std::max<int64_t>(1, cfg.gradient_accumulation_steps()));
   std::vector<int32_t> tokens, targets;
-  std::vector<double> losses;
+  std::vector<double> losses, lrs, grad_norms;
+  json step_times = json::array();
   json evals = json::array();
   double t_compute = 0, t_comm = 0, t_io = 0, t_opt = 0;
   StepStats last;
@@ -473,12 +547,14 @@ void run(TrainOpts o) {
                                   done, o.steps, saved.c_str())),
                        128 + sig};
   };
+  if (o.save_initial) save_after(0, false);
   for (int step = start_step; step < o.steps; ++step) {
     stop_if_asked(step);
     double loss_sum = 0;
     for (int micro = 0; micro < accum; ++micro) {
       data::sample_batch(corpus.train, o.micro_batch, T, o.seed, static_cast<uint64_t>(step), rt->rank(),
                          micro, &tokens, &targets);
+      dump.write(step, rt->rank(), micro, o.micro_batch, T, tokens, targets);
       auto l = trainer.forward_backward(tokens, targets);
       if (!l.is_ok()) {
         progress.done();
@@ -494,6 +570,12 @@ void run(TrainOpts o) {
     last = st.value();
     double loss = mean_over_ranks(*rt, loss_sum / accum);
     losses.push_back(loss);
+    lrs.push_back(last.lr);
+    grad_norms.push_back(last.grad_norm);
+    step_times.push_back({{"compute", last.t_compute},
+                          {"comm", last.t_comm},
+                          {"io_stall", last.t_io_stall},
+                          {"optimizer", last.t_optimizer}});
     t_compute += last.t_compute;
     t_comm += last.t_comm;
     t_io += last.t_io_stall;
@@ -524,6 +606,7 @@ void run(TrainOpts o) {
   Status fs = eng->finish_save();
   if (!fs.is_ok()) fail(fs.with_context("the last checkpoint"));
   progress.done();
+  dump.close();
   if (o.eval_every <= 0) evaluate();
   if (!o.trace.empty()) {
     Status ts = eng->write_trace(o.trace + (rt->world_size() > 1 ? "." + std::to_string(rt->rank()) : ""));
@@ -557,6 +640,9 @@ void run(TrainOpts o) {
   j["time_s"] = {
       {"compute", t_compute}, {"comm", t_comm}, {"io_stall", t_io}, {"optimizer", t_opt}, {"total", total_s}};
   j["losses"] = losses;
+  j["lrs"] = lrs;
+  j["grad_norms"] = grad_norms;
+  j["step_time_s"] = step_times;
   j["eval_loss"] = eval_loss;
   if (!std::isnan(accuracy)) j["accuracy"] = accuracy;
   j["evals"] = evals;
@@ -603,6 +689,10 @@ void add_train_command(CLI::App& app) {
       "Train the reference GPT (byte-level) through the engine. Without --data it trains on a built-in\n"
       "corpus of additions (\"4821+377=5198\") generated from --seed and reports exact-match accuracy.\n"
       "Placement comes from --config (DeepSpeed-style JSON) or from --offload/--nvme-path (ZeRO-3).\n"
+      "Optimizer without --config: AdamW (decoupled decay), lr 1e-3, betas (0.9, 0.999), eps 1e-8,\n"
+      "weight decay 0, no clipping, no schedule: DeepSpeed's defaults for optimizer.params. zoe keeps\n"
+      "DeepSpeed's weight decay 0 so that a DeepSpeed config and these flags train alike; torch.optim.AdamW\n"
+      "defaults to 0.01 (pass --weight-decay 0.01 to match it).\n"
       "Progress goes to stderr; the summary (or --json) to stdout. Runs under mpirun -np N too.");
   cmd->add_option("--config", o->config, "Engine config (DeepSpeed-compatible JSON)");
   cmd->add_option("--preset", o->preset, "Model size: tiny, small, demo, medium, large, 2b")
@@ -616,7 +706,12 @@ void add_train_command(CLI::App& app) {
       "--micro-batch", o->micro_batch,
       "Sequences per micro-batch per rank (default 8, or the config's train_micro_batch_size_per_gpu)");
   cmd->add_option("--steps", o->steps, "Optimizer steps")->capture_default_str();
-  cmd->add_option("--lr", o->lr, "Learning rate (default: the config's, or 1e-3; 0 is legal)");
+  cmd->add_option("--lr", o->lr,
+                  "Learning rate (default: the config's, or 1e-3 as DeepSpeed's optimizer.params.lr; 0 is "
+                  "legal)");
+  cmd->add_option("--weight-decay", o->weight_decay,
+                  "Without --config: AdamW's decoupled weight decay (default 0, DeepSpeed's "
+                  "optimizer.params.weight_decay; torch.optim.AdamW's default is 0.01)");
   cmd->add_option("--seed", o->seed_text, "Seed of the initial weights, the data and the sampling")
       ->capture_default_str();
   cmd->add_option("--eval-every", o->eval_every,
@@ -637,6 +732,11 @@ void add_train_command(CLI::App& app) {
   cmd->add_flag("--save-async", o->save_async,
                 "Write checkpoints in the background, overlapping the next step's "
                 "forward and backward");
+  cmd->add_flag("--save-initial", o->save_initial,
+                "Save the initial weights as checkpoint step-000000 in --save-dir before the first step");
+  cmd->add_option("--dump-batches", o->dump_batches,
+                  "Write the token ids of every micro-batch here, one JSON object a line (see "
+                  "docs/train-json.md)");
   cmd->add_option("--save-dir", o->save_dir,
                   "Directory for checkpoints (D/step-NNNNNN, D/latest); created if missing");
   cmd->add_option("--resume", o->resume,
