@@ -24,6 +24,7 @@
 #include "model/gpt_trainer.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
+#include "tools/plot_util.h"
 #include "zoe/zoe.h"
 
 namespace zoe::cli {
@@ -50,6 +51,7 @@ struct TrainOpts {
   std::string precision = "bf16";
   std::string data;
   std::string trace;
+  std::string plot;  // a PNG of the loss and eval curves and the time per step
   int threads = 0;
   int save_every = 0;
   bool save_async = false;
@@ -387,6 +389,10 @@ void run(TrainOpts o) {
   }
   auto rt = value_or_fail(Runtime::init());
   const bool lead = rt->rank() == 0;
+  if (!o.plot.empty() && lead) {
+    Status ps = plot_available();
+    if (!ps.is_ok()) fail(ps.with_context("checking for --plot " + o.plot + " before training"));
+  }
 
   // The engine's config: a file (flags given override its keys, and say so), or the flags.
   Config cfg;
@@ -650,6 +656,13 @@ void run(TrainOpts o) {
   j["start_step"] = start_step;
   j["tokens_per_s"] =
       static_cast<double>(o.steps - start_step) * o.micro_batch * T * accum * rt->world_size() / total_s;
+  if (!o.plot.empty()) {
+    Progress plotting(!o.quiet);
+    plotting.update("plotting " + o.plot);
+    Status ps = write_plot("train", j.dump(), o.plot);
+    plotting.done();
+    if (!ps.is_ok()) fail(ps.with_context("--plot " + o.plot));
+  }
   if (o.json) {
     print_json(j);
     return;
@@ -743,6 +756,8 @@ void add_train_command(CLI::App& app) {
                   "Resume from this save directory or checkpoint (no value: --save-dir)")
       ->expected(0, 1)
       ->default_str("-");
+  cmd->add_option("--plot", o->plot,
+                  "Draw the loss and eval curves and the time per step into this PNG (python3-matplotlib)");
   cmd->add_flag("--quiet", o->quiet, "No progress on stderr");
   cmd->add_flag("--json", o->json, "Print one JSON object");
   cmd->callback([o, cmd] {

@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <csignal>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -215,6 +216,33 @@ TEST(TrainInput, OptimizerDefaultsAreStatedAndWeightDecayTakesEffect) {
   r = zoe(kTiny1 + "--weight-decay -1");
   EXPECT_EQ(r.rc, 2) << r.err;
   EXPECT_HAS(r.err, "--weight-decay -1 is not a weight decay");
+}
+
+// (width, height) from a PNG's IHDR chunk (the first after the signature); (0, 0) if it is no PNG.
+std::pair<uint32_t, uint32_t> png_size(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  unsigned char h[24] = {};
+  in.read(reinterpret_cast<char*>(h), sizeof h);
+  static const unsigned char kSig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+  if (in.gcount() != 24 || memcmp(h, kSig, 8) != 0 || memcmp(h + 12, "IHDR", 4) != 0) return {0, 0};
+  auto be32 = [&](int at) {
+    return (uint32_t{h[at]} << 24) | (uint32_t{h[at + 1]} << 16) | (uint32_t{h[at + 2]} << 8) | h[at + 3];
+  };
+  return {be32(16), be32(20)};
+}
+
+TEST(TrainInput, PlotWritesAPngOfTheRun) {
+  if (system("/usr/bin/python3 -c 'import matplotlib' >/dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "python3-matplotlib is not installed";
+  }
+  zoe::test::ScratchDir d("plot");
+  json j = run_json("--eval-every 2 --plot " + d.file("loss.png"), 4);
+  ASSERT_FALSE(j.is_null());
+  EXPECT_EQ(png_size(d.file("loss.png")), std::make_pair(uint32_t{1200}, uint32_t{800}));
+  // An unwritable destination fails with the path named, after the run.
+  CmdResult r = zoe(kTiny1 + "--plot " + d.path() + "/no/such/dir/loss.png");
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_HAS(r.err, "--plot " + d.path() + "/no/such/dir/loss.png");
 }
 
 TEST(TrainInput, BadFlagValuesAreUsageErrors) {
