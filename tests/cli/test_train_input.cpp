@@ -245,6 +245,25 @@ TEST(TrainInput, PlotWritesAPngOfTheRun) {
   EXPECT_HAS(r.err, "--plot " + d.path() + "/no/such/dir/loss.png");
 }
 
+TEST(TrainInput, TaskChoosesTheBuiltInCorpus) {
+  json add = run_json("--dump-batches /dev/null --eval-every 1", 1);
+  json add2 = run_json("--task add2 --eval-every 1", 1);
+  ASSERT_FALSE(add.is_null());
+  ASSERT_FALSE(add2.is_null());
+  EXPECT_EQ(add["data"], "arithmetic(seed=1)");
+  EXPECT_EQ(add2["data"], "arithmetic-2digit(seed=1)");
+  // --eval-every evaluates the initial weights first: evals[0] is at step 0.
+  ASSERT_EQ(add2["evals"].size(), 2u);
+  EXPECT_EQ(add2["evals"][0]["step"], 0);
+  EXPECT_EQ(add2["evals"][1]["step"], 1);
+  CmdResult r = zoe(kTiny1 + "--task add7");
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_HAS(r.err, "--task add7 is not add or add2");
+  r = zoe(kTiny1 + "--task add2 --data /etc/os-release");
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_HAS(r.err, "--task add2 cannot be combined with --data /etc/os-release");
+}
+
 TEST(TrainInput, BadFlagValuesAreUsageErrors) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"--eval-batches 0", "--eval-batches 0 is out of range (expected an integer in [1, 1048576])"},
