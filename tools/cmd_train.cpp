@@ -563,6 +563,8 @@ void run(TrainOpts o) {
                                   done, o.steps, saved.c_str())),
                        128 + sig};
   };
+  const bool stderr_tty = isatty(STDERR_FILENO) != 0;
+  const int progress_every = std::max(1, (o.steps - start_step) / 10);
   if (o.save_initial) save_after(0, false);
   // With --eval-every, the first evaluation is of the weights the run starts from.
   double accuracy_start = NAN;
@@ -627,7 +629,8 @@ void run(TrainOpts o) {
             loss, tokens_s, nvme_gbps, stall, fmt_eta(step_time * (o.steps - step - 1)).c_str());
     if (!std::isnan(eval_loss)) line += fmt("  eval %.4f", eval_loss);
     if (!std::isnan(accuracy)) line += fmt(" acc %.1f%%", 100 * accuracy);
-    progress.update(line);
+    // Not a terminal (a log, CI): one line every progress_every steps and the last, not one per step.
+    if (stderr_tty || (step + 1) % progress_every == 0 || step + 1 == o.steps) progress.update(line);
   }
   Status fs = eng->finish_save();
   if (!fs.is_ok()) fail(fs.with_context("the last checkpoint"));

@@ -264,6 +264,21 @@ TEST(TrainInput, TaskChoosesTheBuiltInCorpus) {
   EXPECT_HAS(r.err, "--task add2 cannot be combined with --data /etc/os-release");
 }
 
+TEST(TrainInput, ProgressOffATerminalIsOneLineEveryFewSteps) {
+  // stderr is a file here: 20 steps give a line every 2 steps, not 20 lines.
+  CmdResult r = zoe("train --preset tiny --seq 16 --eval-batches 1 --steps 20");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  int lines = 0;
+  for (size_t at = 0; (at = r.err.find("step ", at)) != std::string::npos; ++at) ++lines;
+  EXPECT_EQ(lines, 10) << r.err;
+  EXPECT_HAS(r.err, "step 20/20");
+  EXPECT_EQ(r.err.find("step 1/20"), std::string::npos) << r.err;
+  EXPECT_HAS(r.err, "tok/s");
+  EXPECT_HAS(r.err, "nvme ");
+  EXPECT_HAS(r.err, "stall ");
+  EXPECT_HAS(r.err, "eta ");
+}
+
 TEST(TrainInput, BadFlagValuesAreUsageErrors) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"--eval-batches 0", "--eval-batches 0 is out of range (expected an integer in [1, 1048576])"},
