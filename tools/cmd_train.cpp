@@ -25,6 +25,7 @@
 #include "model/gpt_trainer.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
+#include "tools/plot_util.h"
 #include "zoe/zoe.h"
 
 namespace zoe::cli {
@@ -39,7 +40,8 @@ struct TrainOpts {
   int seq = 0;          // tokens per training sequence (default: the model's context)
   int micro_batch = 8;  // without --config, or given: train_micro_batch_size_per_gpu
   int steps = 100;
-  double lr = 1e-3;  // without --config, or given: optimizer.params.lr
+  double lr = 1e-3;           // without --config, or given: optimizer.params.lr
+  double weight_decay = 0.0;  // without --config only: optimizer.params.weight_decay
   std::string seed_text = "1";
   uint64_t seed = 1;  // parsed from seed_text
   int eval_every = 0;
@@ -49,12 +51,16 @@ struct TrainOpts {
   std::vector<std::string> nvme_path;
   std::string precision = "bf16";
   std::string data;
+  std::string task = "add";  // without --data: add (3-digit operands) or add2 (2-digit)
   std::string trace;
+  std::string plot;  // a PNG of the loss and eval curves and the time per step
   int threads = 0;
   int save_every = 0;
   bool save_async = false;
+  bool save_initial = false;  // a checkpoint step-000000 of the initial weights in --save-dir
   std::string save_dir;
-  std::string resume;  // a save directory or checkpoint; "-" for --resume without a value
+  std::string dump_batches;  // JSON Lines of every micro-batch's token ids (docs/train-json.md)
+  std::string resume;        // a save directory or checkpoint; "-" for --resume without a value
   bool json = false;
   bool quiet = false;
   // The flags given on the command line ("--micro-batch"): a flag overrides the config only then.
@@ -105,7 +111,7 @@ Result<Config> flags_config(const TrainOpts& o, const std::vector<std::string>& 
   Config::Builder b;
   b.micro_batch(o.micro_batch)
       .lr(o.lr)
-      .weight_decay(0.0)
+      .weight_decay(o.weight_decay)
       .stage(3)
       .param_persistence_threshold(0)
       .offload_optimizer(off, nvme_dirs)
@@ -145,8 +151,18 @@ void check_flags(TrainOpts& o) {
                                   o.device_budget.c_str()));
     }
   }
+  if (!std::isfinite(o.weight_decay) || o.weight_decay < 0 || o.weight_decay > FLT_MAX) {
+    usage_fail(
+        invalid_argument("--weight-decay %g is not a weight decay (expected a number >= 0)", o.weight_decay));
+  }
   if (!o.config.empty()) {
     // Placement comes from the config file: these flags would be silently ignored.
+    if (o.has("--weight-decay")) {
+      usage_fail(
+          invalid_argument("--weight-decay cannot be combined with --config %s: set "
+                           "optimizer.params.weight_decay in the config instead",
+                           o.config.c_str()));
+    }
     for (const char* f : {"--offload", "--nvme-path"}) {
       if (o.has(f)) {
         usage_fail(
@@ -156,8 +172,26 @@ void check_flags(TrainOpts& o) {
       }
     }
   }
+  if (o.task != "add" && o.task != "add2") {
+    usage_fail(invalid_argument("--task %s is not add or add2", o.task.c_str()));
+  }
+  if (o.has("--task") && !o.data.empty()) {
+    usage_fail(
+        invalid_argument("--task %s cannot be combined with --data %s: the task is the built-in "
+                         "corpus, --data replaces it",
+                         o.task.c_str(), o.data.c_str()));
+  }
   if (o.save_every > 0 && o.save_dir.empty()) {
     usage_fail(invalid_argument("--save-every %d needs --save-dir", o.save_every));
+  }
+  if (o.save_initial && o.save_dir.empty()) {
+    usage_fail(invalid_argument("--save-initial needs --save-dir (where step-000000 is written)"));
+  }
+  if (o.save_initial && !o.resume.empty()) {
+    usage_fail(
+        invalid_argument("--save-initial cannot be combined with --resume %s: the run does not start "
+                         "from the initial weights",
+                         o.resume.c_str()));
   }
 }
 
@@ -347,6 +381,54 @@ double mean_over_ranks(Runtime& rt, double v) {
   return r.value();
 }
 
+// --dump-batches: one JSON object per line for each micro-batch trained on, in order, so that
+// another framework can feed the same tokens (format in docs/train-json.md).
+class BatchDump {
+ public:
+  // path "" writes nothing. Errors name the file.
+  explicit BatchDump(const std::string& path) : path_(path) {
+    if (path.empty()) return;
+    f_ = fopen(path.c_str(), "w");
+    if (!f_) fail(sys_error("create --dump-batches file", path, errno));
+  }
+  ~BatchDump() {
+    if (f_) fclose(f_);
+  }
+  BatchDump(const BatchDump&) = delete;
+  BatchDump& operator=(const BatchDump&) = delete;
+  void write(int step, int rank, int micro, int batch, int T, const std::vector<int32_t>& tokens,
+             const std::vector<int32_t>& targets) {
+    if (!f_) return;
+    fprintf(f_, "{\"step\":%d,\"rank\":%d,\"micro\":%d,\"batch\":%d,\"seq\":%d", step, rank, micro, batch, T);
+    auto rows = [&](const char* key, const std::vector<int32_t>& v) {
+      fprintf(f_, ",\"%s\":[", key);
+      for (int b = 0; b < batch; ++b) {
+        fputs(b ? ",[" : "[", f_);
+        for (int t = 0; t < T; ++t) {
+          fprintf(f_, t ? ",%d" : "%d", v[static_cast<size_t>(b) * static_cast<size_t>(T) + t]);
+        }
+        fputc(']', f_);
+      }
+      fputc(']', f_);
+    };
+    rows("tokens", tokens);
+    rows("targets", targets);
+    fputs("}\n", f_);
+    if (ferror(f_)) fail(sys_error("write --dump-batches file", path_, errno));
+  }
+  void close() {
+    if (!f_) return;
+    const bool bad = ferror(f_) != 0;
+    const int rc = fclose(f_);
+    f_ = nullptr;
+    if (bad || rc != 0) fail(sys_error("write --dump-batches file", path_, errno));
+  }
+
+ private:
+  std::string path_;
+  FILE* f_ = nullptr;
+};
+
 std::string fmt_eta(double s) {
   if (s < 60) return fmt("%.0fs", s);
   if (s < 3600) return fmt("%dm%02ds", static_cast<int>(s) / 60, static_cast<int>(s) % 60);
@@ -367,6 +449,10 @@ void run(TrainOpts o) {
   auto rt = value_or_fail(Runtime::init());
   const bool lead = rt->rank() == 0;
   stop.set_rank(rt->rank());
+  if (!o.plot.empty() && lead) {
+    Status ps = plot_available();
+    if (!ps.is_ok()) fail(ps.with_context("checking for --plot " + o.plot + " before training"));
+  }
 
   // The engine's config: a file (flags given override its keys, and say so), or the flags.
   Config cfg;
@@ -406,9 +492,12 @@ void run(TrainOpts o) {
     }
     corpus = std::move(c).value();
   } else {
-    corpus = data::make_arithmetic(o.seed, 200000);
+    corpus = data::make_arithmetic(o.seed, 200000, o.task == "add2" ? 2 : 3);
   }
 
+  BatchDump dump(o.dump_batches.empty()
+                     ? ""
+                     : o.dump_batches + (rt->world_size() > 1 ? "." + std::to_string(rt->rank()) : ""));
   auto eng = value_or_fail(Engine::create(*rt, cfg));
   // A second job saving into the same --save-dir is refused now, not at its first save.
   if (!o.save_dir.empty()) {
@@ -453,7 +542,8 @@ void run(TrainOpts o) {
 
   const int accum = static_cast<int>(std::max<int64_t>(1, cfg.gradient_accumulation_steps()));
   std::vector<int32_t> tokens, targets;
-  std::vector<double> losses;
+  std::vector<double> losses, lrs, grad_norms;
+  json step_times = json::array();
   json evals = json::array();
   double t_compute = 0, t_comm = 0, t_io = 0, t_opt = 0;
   StepStats last;
@@ -529,12 +619,30 @@ void run(TrainOpts o) {
                                   done, o.steps, saved.c_str())),
                        128 + sig};
   };
+  const bool stderr_tty = isatty(STDERR_FILENO) != 0;
+  const int progress_every = std::max(1, (o.steps - start_step) / 10);
+  auto now_s = [] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  };
+  double last_line_s = now_s();
+  if (o.save_initial) save_after(0, false);
+  // With --eval-every, the first evaluation is of the weights the run starts from.
+  double accuracy_start = NAN;
+  if (o.eval_every > 0) {
+    progress.update("evaluating the initial weights");
+    evaluate();
+    json ev = {{"step", start_step}, {"eval_loss", eval_loss}};
+    if (!std::isnan(accuracy)) ev["accuracy"] = accuracy;
+    evals.push_back(ev);
+    accuracy_start = accuracy;
+  }
   for (int step = start_step; step < o.steps; ++step) {
     stop_if_asked(step);
     double loss_sum = 0;
     for (int micro = 0; micro < accum; ++micro) {
       data::sample_batch(corpus.train, o.micro_batch, T, o.seed, static_cast<uint64_t>(step), rt->rank(),
                          micro, &tokens, &targets);
+      dump.write(step, rt->rank(), micro, o.micro_batch, T, tokens, targets);
       auto l = trainer.forward_backward(tokens, targets);
       if (!l.is_ok()) {
         progress.done();
@@ -550,6 +658,12 @@ void run(TrainOpts o) {
     last = st.value();
     double loss = mean_over_ranks(*rt, loss_sum / accum);
     losses.push_back(loss);
+    lrs.push_back(last.lr);
+    grad_norms.push_back(last.grad_norm);
+    step_times.push_back({{"compute", last.t_compute},
+                          {"comm", last.t_comm},
+                          {"io_stall", last.t_io_stall},
+                          {"optimizer", last.t_optimizer}});
     t_compute += last.t_compute;
     t_comm += last.t_comm;
     t_io += last.t_io_stall;
@@ -576,11 +690,20 @@ void run(TrainOpts o) {
             loss, tokens_s, nvme_gbps, stall, fmt_eta(step_time * (o.steps - step - 1)).c_str());
     if (!std::isnan(eval_loss)) line += fmt("  eval %.4f", eval_loss);
     if (!std::isnan(accuracy)) line += fmt(" acc %.1f%%", 100 * accuracy);
-    progress.update(line);
+    // Not a terminal (a log, CI): one line every progress_every steps and the last, not one per step.
+    // The first steps show at once (the first result), then every progress_every steps, and at
+    // least one line every 10 s of a long run.
+    const bool due = (step + 1 - start_step) <= 3 || (step + 1) % progress_every == 0 ||
+                     step + 1 == o.steps || now_s() - last_line_s >= 10.0;
+    if (stderr_tty || due) {
+      progress.update(line);
+      last_line_s = now_s();
+    }
   }
   Status fs = eng->finish_save();
   if (!fs.is_ok()) fail(fs.with_context("the last checkpoint"));
   progress.done();
+  dump.close();
   if (o.eval_every <= 0) evaluate();
   if (!o.trace.empty()) {
     Status ts = eng->write_trace(o.trace + (rt->world_size() > 1 ? "." + std::to_string(rt->rank()) : ""));
@@ -614,6 +737,9 @@ void run(TrainOpts o) {
   j["time_s"] = {
       {"compute", t_compute}, {"comm", t_comm}, {"io_stall", t_io}, {"optimizer", t_opt}, {"total", total_s}};
   j["losses"] = losses;
+  j["lrs"] = lrs;
+  j["grad_norms"] = grad_norms;
+  j["step_time_s"] = step_times;
   j["eval_loss"] = eval_loss;
   if (!std::isnan(accuracy)) j["accuracy"] = accuracy;
   j["evals"] = evals;
@@ -621,6 +747,13 @@ void run(TrainOpts o) {
   j["start_step"] = start_step;
   j["tokens_per_s"] =
       static_cast<double>(o.steps - start_step) * o.micro_batch * T * accum * rt->world_size() / total_s;
+  if (!o.plot.empty()) {
+    Progress plotting(!o.quiet);
+    plotting.update("plotting " + o.plot);
+    Status ps = write_plot("train", j.dump(), o.plot);
+    plotting.done();
+    if (!ps.is_ok()) fail(ps.with_context("--plot " + o.plot));
+  }
   if (o.json) {
     print_json(j);
     return;
@@ -631,7 +764,13 @@ void run(TrainOpts o) {
   printf("loss            %.4f -> %.4f over %d steps; eval loss %.4f", losses.front(), losses.back(), o.steps,
          eval_loss);
   if (!std::isnan(accuracy)) printf("; exact-match accuracy %.1f%%", 100 * accuracy);
-  printf("\n\n");
+  printf("\n");
+  if (!std::isnan(accuracy) && !std::isnan(accuracy_start)) {
+    printf(
+        "learned         exact-match accuracy on held-out additions %.1f%% -> %.1f%% in %d steps (%.0fs)\n",
+        100 * accuracy_start, 100 * accuracy, o.steps - start_step, total_s);
+  }
+  printf("\n");
   Table t({{"", "", 22, true}, {"bytes", "", 14}, {"", "", 10}});
   t.print_header(stdout);
   auto row = [&](const std::string& name, uint64_t v) {
@@ -660,6 +799,10 @@ void add_train_command(CLI::App& app) {
       "Train the reference GPT (byte-level) through the engine. Without --data it trains on a built-in\n"
       "corpus of additions (\"4821+377=5198\") generated from --seed and reports exact-match accuracy.\n"
       "Placement comes from --config (DeepSpeed-style JSON) or from --offload/--nvme-path (ZeRO-3).\n"
+      "Optimizer without --config: AdamW (decoupled decay), lr 1e-3, betas (0.9, 0.999), eps 1e-8,\n"
+      "weight decay 0, no clipping, no schedule: DeepSpeed's defaults for optimizer.params. zoe keeps\n"
+      "DeepSpeed's weight decay 0 so that a DeepSpeed config and these flags train alike; torch.optim.AdamW\n"
+      "defaults to 0.01 (pass --weight-decay 0.01 to match it).\n"
       "Progress goes to stderr; the summary (or --json) to stdout. Runs under mpirun -np N too.");
   cmd->add_option("--config", o->config, "Engine config (DeepSpeed-compatible JSON)");
   cmd->add_option("--preset", o->preset, "Model size: tiny, small, demo, medium, large, 2b")
@@ -673,7 +816,12 @@ void add_train_command(CLI::App& app) {
       "--micro-batch", o->micro_batch,
       "Sequences per micro-batch per rank (default 8, or the config's train_micro_batch_size_per_gpu)");
   cmd->add_option("--steps", o->steps, "Optimizer steps")->capture_default_str();
-  cmd->add_option("--lr", o->lr, "Learning rate (default: the config's, or 1e-3; 0 is legal)");
+  cmd->add_option("--lr", o->lr,
+                  "Learning rate (default: the config's, or 1e-3 as DeepSpeed's optimizer.params.lr; 0 is "
+                  "legal)");
+  cmd->add_option("--weight-decay", o->weight_decay,
+                  "Without --config: AdamW's decoupled weight decay (default 0, DeepSpeed's "
+                  "optimizer.params.weight_decay; torch.optim.AdamW's default is 0.01)");
   cmd->add_option("--seed", o->seed_text, "Seed of the initial weights, the data and the sampling")
       ->capture_default_str();
   cmd->add_option("--eval-every", o->eval_every,
@@ -688,18 +836,29 @@ void add_train_command(CLI::App& app) {
       "Without --config: directory for NVMe offload, repeatable (default $ZOE_SCRATCH or /var/tmp)");
   cmd->add_option("--precision", o->precision, "fp32, bf16 or fp16 (default bf16, or the config's)");
   cmd->add_option("--data", o->data, "Train on this text file (bytes are tokens)");
+  cmd->add_option("--task", o->task,
+                  "Without --data: the built-in additions, add (operands below 1000) or add2 (below 100, "
+                  "learned in minutes)")
+      ->capture_default_str();
   cmd->add_option("--trace", o->trace, "Write a Chrome-trace timeline of every transfer and kernel here");
   cmd->add_option("--threads", o->threads, "CPU threads for the optimizer and the model (0: all)");
   cmd->add_option("--save-every", o->save_every, "Save a checkpoint every N steps (needs --save-dir)");
   cmd->add_flag("--save-async", o->save_async,
                 "Write checkpoints in the background, overlapping the next step's "
                 "forward and backward");
+  cmd->add_flag("--save-initial", o->save_initial,
+                "Save the initial weights as checkpoint step-000000 in --save-dir before the first step");
+  cmd->add_option("--dump-batches", o->dump_batches,
+                  "Write the token ids of every micro-batch here, one JSON object a line (see "
+                  "docs/train-json.md)");
   cmd->add_option("--save-dir", o->save_dir,
                   "Directory for checkpoints (D/step-NNNNNN, D/latest); created if missing");
   cmd->add_option("--resume", o->resume,
                   "Resume from this save directory or checkpoint (no value: --save-dir)")
       ->expected(0, 1)
       ->default_str("-");
+  cmd->add_option("--plot", o->plot,
+                  "Draw the loss and eval curves and the time per step into this PNG (python3-matplotlib)");
   cmd->add_flag("--quiet", o->quiet, "No progress on stderr");
   cmd->add_flag("--json", o->json, "Print one JSON object");
   cmd->callback([o, cmd] {

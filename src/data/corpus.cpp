@@ -95,7 +95,9 @@ Result<Corpus> load_text_file(const std::string& path, size_t min_tokens, double
 
 Corpus make_arithmetic(uint64_t seed, size_t lines, int digits, size_t eval_lines) {
   Corpus c;
-  c.name = "arithmetic(seed=" + std::to_string(seed) + ")";
+  // The default (3 digits) keeps its historical name.
+  c.name = (digits == 3 ? std::string("arithmetic") : "arithmetic-" + std::to_string(digits) + "digit") +
+           "(seed=" + std::to_string(seed) + ")";
   c.arithmetic = true;
   append_problems(&c.train, seed, lines, digits);
   append_problems(&c.eval, mix(seed ^ 0xe7a1ull), eval_lines, digits);

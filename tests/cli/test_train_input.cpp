@@ -7,7 +7,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <csignal>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -92,6 +94,192 @@ TEST(TrainInput, LrZeroTakesEffect) {
   EXPECT_EQ(three["lr"], 0.0);
   EXPECT_EQ(one["eval_loss"].dump(), three["eval_loss"].dump());
   EXPECT_NE(one["eval_loss"].dump(), moving["eval_loss"].dump());
+}
+
+TEST(TrainInput, SaveInitialWritesTheWeightsBeforeTheFirstUpdate) {
+  zoe::test::ScratchDir ck("ckpt");
+  json whole = run_json("--save-initial --save-dir " + ck.path(), 3);
+  ASSERT_FALSE(whole.is_null());
+  ASSERT_TRUE(std::filesystem::exists(ck.file("step-000000/manifest.json")));
+  // Resuming from step 0 is training from the initial weights: the same losses, bit for bit.
+  json again = run_json("--resume " + ck.file("step-000000"), 3);
+  ASSERT_FALSE(again.is_null());
+  EXPECT_EQ(again["start_step"], 0);
+  EXPECT_EQ(whole["losses"].dump(), again["losses"].dump());
+
+  CmdResult r = zoe(kTiny1 + "--save-initial");
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_HAS(r.err, "--save-initial needs --save-dir");
+  r = zoe(kTiny1 + "--save-initial --save-dir " + ck.path() + " --resume");
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_HAS(r.err, "--save-initial cannot be combined with --resume");
+}
+
+TEST(TrainInput, DumpBatchesHoldsEveryMicroBatchsTokens) {
+  zoe::test::ScratchDir d("dump");
+  zoe::test::ScratchDir cfg_dir("cfg");
+  // Two micro-batches per step (gradient accumulation) of 3 sequences.
+  const std::string cfg = write_file(cfg_dir, "ds.json", R"({"train_micro_batch_size_per_gpu": 3,
+    "gradient_accumulation_steps": 2, "zero_optimization": {"stage": 2}})");
+  auto lines = [&](const std::string& path) {
+    std::ifstream in(path);
+    std::vector<json> v;
+    for (std::string line; std::getline(in, line);) v.push_back(json::parse(line));
+    return v;
+  };
+  json j = run_json("--config " + cfg + " --dump-batches " + d.file("a.jsonl"), 2);
+  ASSERT_FALSE(j.is_null());
+  std::vector<json> a = lines(d.file("a.jsonl"));
+  ASSERT_EQ(a.size(), 4u) << "2 steps x 2 micro-batches";
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i]["step"], static_cast<int>(i / 2)) << i;
+    EXPECT_EQ(a[i]["micro"], static_cast<int>(i % 2)) << i;
+    EXPECT_EQ(a[i]["rank"], 0);
+    ASSERT_EQ(a[i]["batch"], 3);
+    ASSERT_EQ(a[i]["seq"], 16);
+    ASSERT_EQ(a[i]["tokens"].size(), 3u);
+    for (size_t b = 0; b < 3; ++b) {
+      const auto tk = a[i]["tokens"][b].get<std::vector<int>>();
+      const auto tg = a[i]["targets"][b].get<std::vector<int>>();
+      ASSERT_EQ(tk.size(), 16u);
+      ASSERT_EQ(tg.size(), 16u);
+      // Targets are the next tokens; the built-in corpus is digits, '+', '=' and newlines.
+      for (size_t t = 0; t + 1 < 16; ++t) EXPECT_EQ(tg[t], tk[t + 1]) << i << " " << b << " " << t;
+      for (int c : tk)
+        EXPECT_TRUE(std::string("0123456789+=\n").find(static_cast<char>(c)) != std::string::npos) << c;
+    }
+  }
+  EXPECT_NE(a[0]["tokens"].dump(), a[1]["tokens"].dump()) << "each micro-batch its own windows";
+  // The same seed gives the same batches, another seed others.
+  ASSERT_FALSE(run_json("--config " + cfg + " --dump-batches " + d.file("b.jsonl"), 2).is_null());
+  ASSERT_FALSE(run_json("--config " + cfg + " --seed 2 --dump-batches " + d.file("c.jsonl"), 2).is_null());
+  std::vector<json> b = lines(d.file("b.jsonl")), c = lines(d.file("c.jsonl"));
+  ASSERT_EQ(b.size(), 4u);
+  ASSERT_EQ(c.size(), 4u);
+  EXPECT_EQ(a[3].dump(), b[3].dump());
+  EXPECT_NE(a[3]["tokens"].dump(), c[3]["tokens"].dump());
+
+  CmdResult r = zoe(kTiny1 + "--dump-batches " + d.path() + "/no/such/dir/x.jsonl");
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_HAS(r.err, "create --dump-batches file");
+  EXPECT_HAS(r.err, d.path() + "/no/such/dir/x.jsonl");
+}
+
+TEST(TrainInput, JsonHasPerStepLrAndGradNorm) {
+  zoe::test::ScratchDir d("cfg");
+  json j = run_json("--lr 0.004", 3);
+  ASSERT_FALSE(j.is_null());
+  ASSERT_EQ(j["lrs"].size(), 3u);
+  ASSERT_EQ(j["grad_norms"].size(), 3u);
+  ASSERT_EQ(j["step_time_s"].size(), 3u);
+  for (size_t k = 0; k < 3; ++k) {
+    EXPECT_EQ(j["lrs"][k].get<double>(), 0.004) << k;
+    const double g = j["grad_norms"][k].get<double>();
+    EXPECT_TRUE(std::isfinite(g) && g > 0) << k << " " << g;
+    EXPECT_GT(j["step_time_s"][k]["compute"].get<double>(), 0) << k;
+  }
+  EXPECT_NE(j["grad_norms"][0].dump(), j["grad_norms"][1].dump());
+  // A warm-up schedule: the rate of each update, as the scheduler gives it.
+  const std::string sched = write_file(d, "s.json", R"({"zero_optimization": {"stage": 2},
+    "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 0.003,
+    "warmup_num_steps": 4, "warmup_type": "linear"}}})");
+  j = run_json("--config " + sched, 5);
+  ASSERT_FALSE(j.is_null());
+  ASSERT_EQ(j["lrs"].size(), 5u);
+  for (size_t k = 0; k + 1 < 5; ++k) EXPECT_LE(j["lrs"][k].get<double>(), j["lrs"][k + 1].get<double>()) << k;
+  EXPECT_LT(j["lrs"][0].get<double>(), j["lrs"][4].get<double>());
+  EXPECT_LE(j["lrs"][4].get<double>(), 0.003);
+}
+
+TEST(TrainInput, OptimizerDefaultsAreStatedAndWeightDecayTakesEffect) {
+  CmdResult h = zoe("train --help");
+  EXPECT_EQ(h.rc, 0);
+  EXPECT_HAS(h.out, "lr 1e-3, betas (0.9, 0.999), eps 1e-8");
+  EXPECT_HAS(h.out, "weight decay 0");
+  EXPECT_HAS(h.out, "torch.optim.AdamW");
+  EXPECT_HAS(h.out, "0.01");
+  json none = run_json("--lr 0.01", 2);
+  json zero = run_json("--lr 0.01 --weight-decay 0", 2);
+  json wd = run_json("--lr 0.01 --weight-decay 0.5", 2);
+  ASSERT_FALSE(none.is_null());
+  ASSERT_FALSE(wd.is_null());
+  EXPECT_EQ(none["losses"].dump(), zero["losses"].dump()) << "the default is 0";
+  // The first loss comes before any update; the second sees the decayed weights.
+  EXPECT_EQ(none["losses"][0].dump(), wd["losses"][0].dump());
+  EXPECT_NE(none["losses"][1].dump(), wd["losses"][1].dump());
+  zoe::test::ScratchDir d("cfg");
+  const std::string cfg = write_file(d, "ds.json", R"({"zero_optimization": {"stage": 2}})");
+  CmdResult r = zoe(kTiny1 + "--config " + cfg + " --weight-decay 0.01");
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_HAS(r.err, "--weight-decay cannot be combined with --config " + cfg);
+  EXPECT_HAS(r.err, "optimizer.params.weight_decay");
+  r = zoe(kTiny1 + "--weight-decay -1");
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_HAS(r.err, "--weight-decay -1 is not a weight decay");
+}
+
+// (width, height) from a PNG's IHDR chunk (the first after the signature); (0, 0) if it is no PNG.
+std::pair<uint32_t, uint32_t> png_size(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  unsigned char h[24] = {};
+  in.read(reinterpret_cast<char*>(h), sizeof h);
+  static const unsigned char kSig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+  if (in.gcount() != 24 || memcmp(h, kSig, 8) != 0 || memcmp(h + 12, "IHDR", 4) != 0) return {0, 0};
+  auto be32 = [&](int at) {
+    return (uint32_t{h[at]} << 24) | (uint32_t{h[at + 1]} << 16) | (uint32_t{h[at + 2]} << 8) | h[at + 3];
+  };
+  return {be32(16), be32(20)};
+}
+
+TEST(TrainInput, PlotWritesAPngOfTheRun) {
+  if (system("/usr/bin/python3 -c 'import matplotlib' >/dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "python3-matplotlib is not installed";
+  }
+  zoe::test::ScratchDir d("plot");
+  json j = run_json("--eval-every 2 --plot " + d.file("loss.png"), 4);
+  ASSERT_FALSE(j.is_null());
+  EXPECT_EQ(png_size(d.file("loss.png")), std::make_pair(uint32_t{1200}, uint32_t{800}));
+  // An unwritable destination fails with the path named, after the run.
+  CmdResult r = zoe(kTiny1 + "--plot " + d.path() + "/no/such/dir/loss.png");
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_HAS(r.err, "--plot " + d.path() + "/no/such/dir/loss.png");
+}
+
+TEST(TrainInput, TaskChoosesTheBuiltInCorpus) {
+  json add = run_json("--dump-batches /dev/null --eval-every 1", 1);
+  json add2 = run_json("--task add2 --eval-every 1", 1);
+  ASSERT_FALSE(add.is_null());
+  ASSERT_FALSE(add2.is_null());
+  EXPECT_EQ(add["data"], "arithmetic(seed=1)");
+  EXPECT_EQ(add2["data"], "arithmetic-2digit(seed=1)");
+  // --eval-every evaluates the initial weights first: evals[0] is at step 0.
+  ASSERT_EQ(add2["evals"].size(), 2u);
+  EXPECT_EQ(add2["evals"][0]["step"], 0);
+  EXPECT_EQ(add2["evals"][1]["step"], 1);
+  CmdResult r = zoe(kTiny1 + "--task add7");
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_HAS(r.err, "--task add7 is not add or add2");
+  r = zoe(kTiny1 + "--task add2 --data /etc/os-release");
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_HAS(r.err, "--task add2 cannot be combined with --data /etc/os-release");
+}
+
+TEST(TrainInput, ProgressOffATerminalIsOneLineEveryFewSteps) {
+  // stderr is a file here: 20 steps give the first three steps, then a line every 2 steps (12
+  // lines), not 20 (a tiny run's steps take far less than the 10 s that also force a line).
+  CmdResult r = zoe("train --preset tiny --seq 16 --eval-batches 1 --steps 20");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  int lines = 0;
+  for (size_t at = 0; (at = r.err.find("step ", at)) != std::string::npos; ++at) ++lines;
+  EXPECT_EQ(lines, 12) << r.err;
+  EXPECT_HAS(r.err, "step 1/20");
+  EXPECT_HAS(r.err, "step 3/20");
+  EXPECT_HAS(r.err, "step 20/20");
+  EXPECT_EQ(r.err.find("step 5/20"), std::string::npos) << r.err;
+  EXPECT_HAS(r.err, "tok/s");
+  EXPECT_HAS(r.err, "nvme ");
+  EXPECT_HAS(r.err, "stall ");
+  EXPECT_HAS(r.err, "eta ");
 }
 
 TEST(TrainInput, BadFlagValuesAreUsageErrors) {
