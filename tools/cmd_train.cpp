@@ -51,7 +51,7 @@ struct TrainOpts {
   std::vector<std::string> nvme_path;
   std::string precision = "bf16";
   std::string data;
-  std::string task = "add";  // without --data: add (3-digit operands) or add2 (2-digit)
+  std::string task = "add";  // without --data: add (3-digit operands), add2 (2-digit) or add1 (1-digit)
   std::string trace;
   std::string plot;  // a PNG of the loss and eval curves and the time per step
   int threads = 0;
@@ -172,8 +172,8 @@ void check_flags(TrainOpts& o) {
       }
     }
   }
-  if (o.task != "add" && o.task != "add2") {
-    usage_fail(invalid_argument("--task %s is not add or add2", o.task.c_str()));
+  if (o.task != "add" && o.task != "add2" && o.task != "add1") {
+    usage_fail(invalid_argument("--task %s is not add, add2 or add1", o.task.c_str()));
   }
   if (o.has("--task") && !o.data.empty()) {
     usage_fail(
@@ -492,7 +492,7 @@ void run(TrainOpts o) {
     }
     corpus = std::move(c).value();
   } else {
-    corpus = data::make_arithmetic(o.seed, 200000, o.task == "add2" ? 2 : 3);
+    corpus = data::make_arithmetic(o.seed, 200000, o.task == "add2" ? 2 : o.task == "add1" ? 1 : 3);
   }
 
   BatchDump dump(o.dump_batches.empty()
@@ -837,8 +837,8 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--precision", o->precision, "fp32, bf16 or fp16 (default bf16, or the config's)");
   cmd->add_option("--data", o->data, "Train on this text file (bytes are tokens)");
   cmd->add_option("--task", o->task,
-                  "Without --data: the built-in additions, add (operands below 1000) or add2 (below 100, "
-                  "learned in minutes)")
+                  "Without --data: the built-in additions, add (operands below 1000), add2 (below 100) "
+                  "or add1 (below 10: learned in a few minutes, the demo's task)")
       ->capture_default_str();
   cmd->add_option("--trace", o->trace, "Write a Chrome-trace timeline of every transfer and kernel here");
   cmd->add_option("--threads", o->threads, "CPU threads for the optimizer and the model (0: all)");
