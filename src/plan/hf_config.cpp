@@ -28,6 +28,16 @@ const std::vector<std::string>& hf_model_types() {
 
 namespace {
 
+// The description's dimensions (what `zoe plan` prints beside the counts).
+ModelDesc with_dims(ModelDesc m, int64_t layers, int64_t d, int64_t heads, int64_t vocab, int64_t context) {
+  m.layers = static_cast<int>(layers);
+  m.d_model = static_cast<int>(d);
+  m.heads = static_cast<int>(heads);
+  m.vocab = static_cast<int>(vocab);
+  m.context = static_cast<int>(context);
+  return m;
+}
+
 // Reads keys of one config with errors naming the file, the model_type and the key.
 struct Reader {
   const json& j;
@@ -82,12 +92,7 @@ Result<ModelDesc> gpt2(const Reader& r) {
   }
   m.modules.push_back({"final", {sz(d), sz(d)}});
   if (!tied) m.modules.push_back({"head", {sz(vocab * d)}});
-  m.layers = static_cast<int>(layers);
-  m.d_model = static_cast<int>(d);
-  m.heads = static_cast<int>(heads);
-  m.vocab = static_cast<int>(vocab);
-  m.context = static_cast<int>(pos);
-  return m;
+  return with_dims(std::move(m), layers, d, heads, vocab, pos);
 }
 
 // llama, mistral, qwen2: the same layout; qwen2 has q/k/v biases.
@@ -134,12 +139,7 @@ Result<ModelDesc> llama_like(const Reader& r) {
   }
   m.modules.push_back({"final", {sz(d)}});
   if (!tied) m.modules.push_back({"head", {sz(vocab * d)}});
-  m.layers = static_cast<int>(layers);
-  m.d_model = static_cast<int>(d);
-  m.heads = static_cast<int>(heads);
-  m.vocab = static_cast<int>(vocab);
-  m.context = static_cast<int>(ctx);
-  return m;
+  return with_dims(std::move(m), layers, d, heads, vocab, ctx);
 }
 
 Result<ModelDesc> gpt_neox(const Reader& r) {
@@ -167,12 +167,7 @@ Result<ModelDesc> gpt_neox(const Reader& r) {
   }
   m.modules.push_back({"final", {sz(d), sz(d)}});
   if (!tied) m.modules.push_back({"head", {sz(vocab * d)}});
-  m.layers = static_cast<int>(layers);
-  m.d_model = static_cast<int>(d);
-  m.heads = static_cast<int>(heads);
-  m.vocab = static_cast<int>(vocab);
-  m.context = static_cast<int>(ctx);
-  return m;
+  return with_dims(std::move(m), layers, d, heads, vocab, ctx);
 }
 
 }  // namespace

@@ -263,4 +263,22 @@ inline Status register_mlp(Engine& e, const MlpSpec& s) {
   });
 }
 
+// The engine test matrix's placements: stage 0; stage 1/2 x optimizer offload none/cpu/nvme;
+// stage 3 x parameter offload x optimizer offload (13 in all).
+struct MatrixPlacement {
+  int stage;
+  const char* opt;    // offload_optimizer.device
+  const char* param;  // offload_param.device
+};
+inline std::vector<MatrixPlacement> matrix_placements() {
+  std::vector<MatrixPlacement> v = {{0, "none", "none"}};
+  for (int st : {1, 2}) {
+    for (const char* o : {"none", "cpu", "nvme"}) v.push_back({st, o, "none"});
+  }
+  for (const char* p : {"none", "cpu", "nvme"}) {
+    for (const char* o : {"none", "cpu", "nvme"}) v.push_back({3, o, p});
+  }
+  return v;
+}
+
 }  // namespace zoe::test

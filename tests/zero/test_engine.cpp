@@ -29,22 +29,8 @@ using test::MlpSpec;
 
 Runtime& runtime() { return test::shared_runtime(); }
 
-struct Placement {
-  int stage;
-  const char* opt;    // offload_optimizer.device
-  const char* param;  // offload_param.device
-};
-
-std::vector<Placement> placements() {
-  std::vector<Placement> v = {{0, "none", "none"}};
-  for (int st : {1, 2}) {
-    for (const char* o : {"none", "cpu", "nvme"}) v.push_back({st, o, "none"});
-  }
-  for (const char* p : {"none", "cpu", "nvme"}) {
-    for (const char* o : {"none", "cpu", "nvme"}) v.push_back({3, o, p});
-  }
-  return v;
-}
+using Placement = test::MatrixPlacement;
+std::vector<Placement> placements() { return test::matrix_placements(); }
 
 std::string make_config(const Placement& pl, const std::string& precision, const std::string& nvme,
                         int micro = 1, const std::string& extra_fp16 = "",

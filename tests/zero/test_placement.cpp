@@ -189,18 +189,8 @@ Runtime& runtime() { return test::shared_runtime(); }
 
 TEST(PlacementVsEngine, HighWaterMarksWithinThePlanForEveryPlacement) {
   Runtime& rt = runtime();
-  struct Case {
-    int stage;
-    const char* opt;
-    const char* param;
-  };
-  std::vector<Case> cases = {{0, "none", "none"}};
-  for (int st : {1, 2}) {
-    for (const char* o : {"none", "cpu", "nvme"}) cases.push_back({st, o, "none"});
-  }
-  for (const char* p : {"none", "cpu", "nvme"}) {
-    for (const char* o : {"none", "cpu", "nvme"}) cases.push_back({3, o, p});
-  }
+  using Case = test::MatrixPlacement;
+  const std::vector<Case> cases = test::matrix_placements();
   test::MlpSpec s;
   s.layers = 4;
   s.d = 48;
