@@ -4,13 +4,14 @@
 # and a serial step (zoe.overlap_step false), and the same with the update overlapped behind the
 # next forward (the default). Prints each run's seconds per step and the ratios to the no-offload
 # run of the same round; the losses of the two NVMe runs must be equal (they are checked).
-# Usage: bench/overlap.sh [build dir] [rounds] [steps] [preset] [device budget]
+# Usage: bench/overlap.sh [build dir] [rounds] [steps] [preset] [device budget] [micro-batch]
 set -euo pipefail
 build=${1:-build}
 rounds=${2:-3}
 steps=${3:-30}
 preset=${4:-demo}
 budget=${5:-16MiB}
+micro=${6:-8}
 zoe="$build/bin/zoe"
 [ -x "$zoe" ] || { echo "overlap.sh: $zoe not found (build first)" >&2; exit 1; }
 scratch=$(mktemp -d "${ZOE_SCRATCH:-/var/tmp}/zoe-overlap.XXXXXX")
@@ -27,12 +28,14 @@ for ov in false true; do
 JSON
 done
 run() {  # config -> seconds per step (wall time of the steps, from the JSON), and the losses
-  "$zoe" train --config "$1" --preset "$preset" --steps "$steps" --quiet --json > "$scratch/out.json"
+  "$zoe" train --config "$1" --preset "$preset" --steps "$steps" --micro-batch "$micro" --quiet --json \
+    > "$scratch/out.json" 2> "$scratch/err.txt" || { cat "$scratch/err.txt" >&2; exit 1; }
   /usr/bin/python3 - "$scratch/out.json" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
 t = d["time_s"]
-print(f'{t["total"] / len(d["losses"]):.6f} {json.dumps(d["losses"])} {t["compute"]:.3f} {t["io_stall"]:.3f} {t["optimizer"]:.3f} {t["comm"]:.3f}')
+losses = json.dumps(d["losses"], separators=(",", ":"))
+print(f'{t["total"] / len(d["losses"]):.6f} {losses} {t["compute"]:.3f} {t["io_stall"]:.3f} {t["optimizer"]:.3f} {t["comm"]:.3f}')
 PY
 }
 printf "%-6s %-14s %10s %8s   %s\n" round run s/step ratio "compute / io_stall / optimizer / comm (s)"
