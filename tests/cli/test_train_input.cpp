@@ -258,7 +258,7 @@ TEST(TrainInput, TaskChoosesTheBuiltInCorpus) {
   EXPECT_EQ(add2["evals"][1]["step"], 1);
   CmdResult r = zoe(kTiny1 + "--task add7");
   EXPECT_EQ(r.rc, 2) << r.err;
-  EXPECT_HAS(r.err, "--task add7 is not add or add2");
+  EXPECT_HAS(r.err, "--task add7 is not add, add2 or add1");
   r = zoe(kTiny1 + "--task add2 --data /etc/os-release");
   EXPECT_EQ(r.rc, 2) << r.err;
   EXPECT_HAS(r.err, "--task add2 cannot be combined with --data /etc/os-release");
