@@ -181,7 +181,7 @@ Status OptimizerSwapper::step_host(const ChunkUpdate& update) {
       uint64_t t1 = now_ns();
       stats_.compute_ns += t1 - t0;
       stats_.chunks++;
-      if (opts_.trace)
+      if (tracing())
         opts_.trace->record("update " + std::to_string(g.id) + "@" + std::to_string(begin), "optimizer", t0,
                             t1, 0, kLaneOptimizer);
       if (!s.is_ok()) {
@@ -261,7 +261,7 @@ Status OptimizerSwapper::step(const ChunkUpdate& update, bool write_all) {
     Status s = r.h->wait();
     uint64_t tr = now_ns();
     stats_.io_wait_ns += tr - tw;
-    if (opts_.trace)
+    if (tracing())
       opts_.trace->record("read " + std::to_string(c.g->id) + "@" + std::to_string(c.begin), "nvme->host",
                           r.t0, tr, 0, kLaneOptRead);
     if (!s.is_ok()) {
@@ -276,7 +276,7 @@ Status OptimizerSwapper::step(const ChunkUpdate& update, bool write_all) {
     uint64_t t1 = now_ns();
     stats_.compute_ns += t1 - t0;
     stats_.chunks++;
-    if (opts_.trace)
+    if (tracing())
       opts_.trace->record("update " + std::to_string(c.g->id) + "@" + std::to_string(c.begin), "optimizer",
                           t0, t1, 0, kLaneOptimizer);
     if (!s.is_ok()) {
@@ -298,10 +298,10 @@ Status OptimizerSwapper::step(const ChunkUpdate& update, bool write_all) {
       continue;
     }
     uint64_t tws = now_ns();
-    std::string what = std::to_string(c.g->id) + "@" + std::to_string(c.begin);
+    std::string what = tracing() ? std::to_string(c.g->id) + "@" + std::to_string(c.begin) : std::string();
     // The callback touches only members: step() may return as soon as the slot is back.
     store_->transfer(ios, [this, slot = r.slot, tws, what](io::IoCompletion& done) {
-      if (opts_.trace) opts_.trace->record("write " + what, "host->nvme", tws, now_ns(), 0, kLaneOptWrite);
+      if (tracing()) opts_.trace->record("write " + what, "host->nvme", tws, now_ns(), 0, kLaneOptWrite);
       release_slot(slot, done.status().is_ok()
                              ? Status::ok()
                              : done.status().with_context("writing back optimizer sub-group chunk " + what));

@@ -78,6 +78,8 @@ class OptimizerSwapper {
   uint64_t buffer_bytes_total() const { return pool_ ? pool_->total_bytes() : 0; }
 
  private:
+  // A timeline is being recorded: event names are built only then (they cost a string each).
+  bool tracing() const { return opts_.trace && opts_.trace->enabled(); }
   struct Group {
     uint64_t id;
     size_t elems;

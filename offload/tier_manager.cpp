@@ -113,7 +113,7 @@ void TierManager::start_move_locked(Move m, const Places& at) {
 void TierManager::finish_move(const Move& m, Status st) {
   Item* it = m.it;
   const uint64_t end = now_ns();
-  if (opts_.trace && st.is_ok()) {
+  if (opts_.trace && opts_.trace->enabled() && st.is_ok()) {  // names cost a string each
     opts_.trace->record("item " + std::to_string(it->id), link_name(m.link), m.begin_ns, end, it->alloc,
                         kLaneTransfer + static_cast<uint32_t>(m.link));
   }

@@ -134,7 +134,7 @@ Status Engine::Impl::setup_io() {
 
 // The tier manager (stage-3 partitions) and the optimizer swapper (NVMe-resident states), as
 // the placement sized them.
-Status Engine::Impl::setup_tiers(uint64_t device_budget) {
+Status Engine::Impl::setup_tiers() {
   const zero::Placement& pl = placement;
   if (pl.tier_manager) {
     offload::TierManagerOptions to;
@@ -151,7 +151,6 @@ Status Engine::Impl::setup_tiers(uint64_t device_budget) {
     to.trace = &trace;
     ZOE_ASSIGN_OR_RETURN(tm, offload::TierManager::create(to));
   }
-  (void)device_budget;
   if (pl.swapper) {
     offload::SwapperOptions so;
     const uint32_t sb = static_cast<uint32_t>(pl.state_bytes);
@@ -385,7 +384,7 @@ Status Engine::initialize(const std::function<void(size_t, size_t, float*, size_
     }
   }
   // 3. Tiers and swapper, then every state in its home.
-  ZOE_RETURN_IF_ERROR(I.setup_tiers(target.device_budget));
+  ZOE_RETURN_IF_ERROR(I.setup_tiers());
   for (size_t m = 0; m < I.modules.size(); ++m) ZOE_RETURN_IF_ERROR(I.place_module(m, init));
   ZOE_CHECK_MSG(I.dev->used_bytes() == I.placement.resident.device,
                 "placement: the device holds %llu bytes after initialize(), the plan said %llu",

@@ -85,7 +85,6 @@ struct Engine::Impl {
     std::vector<size_t> numel, offset;
     size_t total = 0, padded = 0, part = 0;  // from the placement
     bool partitioned_params = false;         // stage 3 and not persistent
-    size_t stage_opt_n(int st) const { return st == 0 ? padded : part; }
     // Device: the full compute parameters (stage 0-2 and persistent modules), or the gather.
     device::DeviceBuffer full;
     bool fetched = false;
@@ -206,7 +205,7 @@ struct Engine::Impl {
   Result<void*> halloc(size_t bytes);                       // zeroed host memory, kept in host_bufs
   void free_device_memory();                                // before the device goes away
   Status setup_io();
-  Status setup_tiers(uint64_t device_budget);
+  Status setup_tiers();
   Status place_module(size_t m, const std::function<void(size_t, size_t, float*, size_t)>& init);
 
   // engine_fetch.cpp: parameters.
