@@ -348,6 +348,15 @@ void run(const TuneOpts& o) {
                      {"predicted_nvme_write", best.row.cost.bytes.nvme_write},
                      {"high_water",
                       {{"device", v.high_water[0]}, {"host", v.high_water[1]}, {"nvme", v.high_water[2]}}}};
+      // The shape (`verified: [{predicted_step_s, measured_step_s, config}]`): the choice,
+      // verified (only the best candidate is run; the measured time leaves the model's compute out).
+      json entry = json::object();
+      entry["predicted_step_s"] = best.row.cost.step_s;
+      entry["predicted_step_s_without_compute"] = no_compute;
+      entry["measured_step_s"] = v.step_s;
+      entry["config"] = json::parse(cfg.to_json());
+      j["verified"] = json::array();
+      j["verified"].push_back(entry);
     }
     print_json(j);
   } else {

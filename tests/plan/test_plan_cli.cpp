@@ -153,6 +153,10 @@ TEST(TuneCli, CalibrateSearchWriteAndVerify) {
   }
   EXPECT_GT(j["best"]["predicted_step_s"].get<double>(), 0.0);
   EXPECT_EQ(j["verify"]["steps"], 2);
+  ASSERT_EQ(j["verified"].size(), 1u);
+  EXPECT_GT(j["verified"][0]["measured_step_s"].get<double>(), 0.0);
+  EXPECT_EQ(j["verified"][0]["predicted_step_s"], j["best"]["predicted_step_s"]);
+  EXPECT_TRUE(j["verified"][0]["config"].contains("zero_optimization"));
   EXPECT_LE(j["verify"]["high_water"]["device"].get<uint64_t>(),
             j["best"]["bytes"]["device"].get<uint64_t>());
   // The saved calibration is what zoe plan reads.
