@@ -52,6 +52,9 @@ struct TrainOpts {
   std::string precision = "bf16";
   std::string data;
   std::string task = "add";  // without --data: add (3-digit operands), add2 (2-digit) or add1 (1-digit)
+  int sample = -1;           // bytes generated before and after training (-1: 160 with --data, else 0)
+  std::string prompt = "The ";
+  double temperature = 0.8;
   std::string trace;
   std::string plot;  // a PNG of the loss and eval curves and the time per step
   int threads = 0;
@@ -71,6 +74,33 @@ struct TrainOpts {
 // Sane bounds of the flags (the messages give them).
 constexpr int kMaxLayers = 4096, kMaxWidth = 1 << 16, kMaxContext = 1 << 20, kMaxMicroBatch = 1 << 20;
 constexpr int kMaxThreads = 4096, kMaxEvalBatches = 1 << 20;
+
+// Bytes as printable ASCII: control bytes other than a line break and bytes >= 0x7f as \xNN
+// (an untrained model's sample is mostly such bytes; JSON needs valid UTF-8).
+std::string escape_bytes(const std::string& s) {
+  std::string out;
+  for (unsigned char ch : s) {
+    if ((ch >= 0x20 && ch < 0x7f) || ch == '\n') {
+      out.push_back(static_cast<char>(ch));
+    } else {
+      char buf[8];
+      snprintf(buf, sizeof(buf), "\\x%02x", ch);
+      out += buf;
+    }
+  }
+  return out;
+}
+
+// Each line of text after `prefix`.
+void print_indented(const std::string& text, const char* prefix) {
+  size_t at = 0;
+  while (at <= text.size()) {
+    size_t nl = text.find('\n', at);
+    if (nl == std::string::npos) nl = text.size();
+    printf("%s%s\n", prefix, text.substr(at, nl - at).c_str());
+    at = nl + 1;
+  }
+}
 
 model::GptConfig model_config(const TrainOpts& o) {
   model::GptConfig c;
@@ -180,6 +210,20 @@ void check_flags(TrainOpts& o) {
         invalid_argument("--task %s cannot be combined with --data %s: the task is the built-in "
                          "corpus, --data replaces it",
                          o.task.c_str(), o.data.c_str()));
+  }
+  if (o.has("--sample")) check_flag_range("--sample", o.sample, 0, 1 << 16);
+  if (!(o.temperature >= 0 && o.temperature <= 100)) {
+    usage_fail(
+        invalid_argument("--temperature %g is outside [0, 100] (0: the most likely byte)", o.temperature));
+  }
+  if (o.prompt.empty()) usage_fail(invalid_argument("--prompt is empty: give the text a sample continues"));
+  for (const char* f : {"--prompt", "--temperature"}) {
+    if (o.has(f) && (o.sample == 0 || (o.sample < 0 && o.data.empty()))) {
+      usage_fail(
+          invalid_argument("%s has no effect without a sample: give --sample N (by default only "
+                           "--data samples)",
+                           f));
+    }
   }
   if (o.save_every > 0 && o.save_dir.empty()) {
     usage_fail(invalid_argument("--save-every %d needs --save-dir", o.save_every));
@@ -539,6 +583,21 @@ void run(TrainOpts o) {
   }
   auto model = value_or_fail(model::GptCpu::create(mc, o.micro_batch, T, o.threads));
   model::GptTrainer trainer(*eng, *model, mc, T);
+  // Samples from --prompt before and after training (a collective: every rank draws the same).
+  const int sample_n = o.sample >= 0 ? o.sample : (o.data.empty() ? 0 : 160);
+  json samples = json::array();
+  auto take_sample = [&](int at_step) {
+    progress.update(fmt("sampling %d bytes from the weights after step %d", sample_n, at_step));
+    std::string text =
+        value_or_fail(trainer.sample(o.prompt, sample_n, o.temperature, o.seed, o.micro_batch));
+    size_t words = 0;
+    const double known = data::known_word_fraction(text, corpus.train, &words);
+    samples.push_back({{"step", at_step},
+                       {"text", escape_bytes(o.prompt + text)},
+                       {"words", words},
+                       {"known_words", known}});
+  };
+  if (sample_n > 0) take_sample(start_step);
 
   const int accum = static_cast<int>(std::max<int64_t>(1, cfg.gradient_accumulation_steps()));
   std::vector<int32_t> tokens, targets;
@@ -627,7 +686,7 @@ void run(TrainOpts o) {
   double last_line_s = now_s();
   if (o.save_initial) save_after(0, false);
   // With --eval-every, the first evaluation is of the weights the run starts from.
-  double accuracy_start = NAN;
+  double accuracy_start = NAN, eval_loss_start = NAN;
   if (o.eval_every > 0) {
     progress.update("evaluating the initial weights");
     evaluate();
@@ -635,6 +694,7 @@ void run(TrainOpts o) {
     if (!std::isnan(accuracy)) ev["accuracy"] = accuracy;
     evals.push_back(ev);
     accuracy_start = accuracy;
+    eval_loss_start = eval_loss;
   }
   for (int step = start_step; step < o.steps; ++step) {
     stop_if_asked(step);
@@ -705,6 +765,7 @@ void run(TrainOpts o) {
   progress.done();
   dump.close();
   if (o.eval_every <= 0) evaluate();
+  if (sample_n > 0) take_sample(o.steps);
   if (!o.trace.empty()) {
     Status ts = eng->write_trace(o.trace + (rt->world_size() > 1 ? "." + std::to_string(rt->rank()) : ""));
     if (!ts.is_ok()) fail(ts);
@@ -743,6 +804,11 @@ void run(TrainOpts o) {
   j["eval_loss"] = eval_loss;
   if (!std::isnan(accuracy)) j["accuracy"] = accuracy;
   j["evals"] = evals;
+  if (sample_n > 0) {
+    j["samples"] = samples;
+    j["prompt"] = escape_bytes(o.prompt);
+    j["temperature"] = o.temperature;
+  }
   j["steps"] = o.steps;
   j["start_step"] = start_step;
   j["tokens_per_s"] =
@@ -769,6 +835,19 @@ void run(TrainOpts o) {
     printf(
         "learned         exact-match accuracy on held-out additions %.1f%% -> %.1f%% in %d steps (%.0fs)\n",
         100 * accuracy_start, 100 * accuracy, o.steps - start_step, total_s);
+  }
+  if (sample_n > 0) {
+    for (const json& sm : samples) {
+      printf("sample          after step %d (temperature %g; %.0f%% of its %zu words occur in the text):\n",
+             sm["step"].get<int>(), o.temperature, 100 * sm["known_words"].get<double>(),
+             sm["words"].get<size_t>());
+      print_indented(sm["text"].get<std::string>(), "                | ");
+    }
+    const json &a = samples.front(), &b = samples.back();
+    printf("learned         words of a sample found in the text %.0f%% -> %.0f%%",
+           100 * a["known_words"].get<double>(), 100 * b["known_words"].get<double>());
+    if (!std::isnan(eval_loss_start)) printf("; eval loss %.3f -> %.3f", eval_loss_start, eval_loss);
+    printf(" in %d steps (%.0fs)\n", o.steps - start_step, total_s);
   }
   printf("\n");
   Table t({{"", "", 22, true}, {"bytes", "", 14}, {"", "", 10}});
@@ -839,6 +918,12 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--task", o->task,
                   "Without --data: the built-in additions, add (operands below 1000), add2 (below 100) "
                   "or add1 (below 10: learned in a few minutes, the demo's task)")
+      ->capture_default_str();
+  cmd->add_option("--sample", o->sample,
+                  "Generate N bytes from --prompt before and after training and print them, with the share "
+                  "of their words found in the training text (default 160 with --data, else 0)");
+  cmd->add_option("--prompt", o->prompt, "The text a sample continues")->capture_default_str();
+  cmd->add_option("--temperature", o->temperature, "Sampling temperature (0: always the most likely byte)")
       ->capture_default_str();
   cmd->add_option("--trace", o->trace, "Write a Chrome-trace timeline of every transfer and kernel here");
   cmd->add_option("--threads", o->threads, "CPU threads for the optimizer and the model (0: all)");

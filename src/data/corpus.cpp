@@ -1,6 +1,7 @@
 // Corpus loading, the arithmetic generator, and deterministic batch sampling.
 #include "data/corpus.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -10,6 +11,7 @@
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
+#include <unordered_set>
 
 #include "core/units.h"
 
@@ -37,8 +39,11 @@ void append_problems(std::vector<uint8_t>* out, uint64_t seed, size_t lines, int
 
 }  // namespace
 
-Result<Corpus> load_text_file(const std::string& path, size_t min_tokens, double eval_fraction,
-                              size_t max_bytes) {
+namespace {
+
+// Appends the bytes of the file `path` to *all; fails past max_bytes in all (devices and pipes
+// have no size: they are read at most one chunk past the cap).
+Status append_file(const std::string& path, size_t max_bytes, std::vector<uint8_t>* all) {
   int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     if (errno == ENOENT) return not_found("data file %s does not exist", path.c_str());
@@ -50,40 +55,81 @@ Result<Corpus> load_text_file(const std::string& path, size_t min_tokens, double
   } closer{fd};
   struct stat st {};
   if (fstat(fd, &st) != 0) return sys_error("stat data file", path, errno);
-  if (S_ISDIR(st.st_mode)) return invalid_argument("data file %s is a directory", path.c_str());
   // size: "" when unknown (a device or pipe read past the cap).
   auto too_big = [&](const std::string& size) {
     return invalid_argument("data file %s holds %s%smore than the %zu bytes (%s) zoe loads", path.c_str(),
                             size.c_str(), size.empty() ? "" : ": ", max_bytes,
                             format_bytes(max_bytes).c_str());
   };
-  std::vector<uint8_t> all;
   if (S_ISREG(st.st_mode)) {
     const auto size = static_cast<uint64_t>(st.st_size);
-    if (size > max_bytes) return too_big(std::to_string(size) + " bytes (" + format_bytes(size) + ")");
-    all.reserve(size);
+    if (all->size() + size > max_bytes) {
+      return too_big(all->empty() ? std::to_string(size) + " bytes (" + format_bytes(size) + ")"
+                                  : "with the files before it ");
+    }
+    all->reserve(all->size() + size);
   }
-  // Devices and pipes have no size: read at most one chunk past the cap.
   std::vector<uint8_t> buf(1 << 20);
   for (;;) {
     ssize_t n = read(fd, buf.data(), buf.size());
     if (n < 0) {
       if (errno == EINTR) continue;
-      return sys_error("read data file", path, all.size(), buf.size(), errno);
+      return sys_error("read data file", path, all->size(), buf.size(), errno);
     }
     if (n == 0) break;
-    if (all.size() + static_cast<size_t>(n) > max_bytes) return too_big("");
-    all.insert(all.end(), buf.begin(), buf.begin() + n);
+    if (all->size() + static_cast<size_t>(n) > max_bytes) return too_big("");
+    all->insert(all->end(), buf.begin(), buf.begin() + n);
+  }
+  return Status::ok();
+}
+
+// The regular files directly in `dir` (not hidden, not symbolic links: a link to a sibling would
+// repeat it), sorted by name.
+Result<std::vector<std::string>> text_files_in(const std::string& dir) {
+  DIR* d = opendir(dir.c_str());
+  if (!d) return sys_error("list data directory", dir, errno);
+  std::vector<std::string> names;
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    std::string p = dir + "/" + e->d_name;
+    struct stat st {};
+    if (lstat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode)) names.push_back(p);
+  }
+  closedir(d);
+  std::sort(names.begin(), names.end());
+  if (names.empty()) return invalid_argument("data directory %s holds no regular file", dir.c_str());
+  return names;
+}
+
+}  // namespace
+
+Result<Corpus> load_text_file(const std::string& path, size_t min_tokens, double eval_fraction,
+                              size_t max_bytes) {
+  struct stat st {};
+  if (stat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return not_found("data file %s does not exist", path.c_str());
+    return sys_error("stat data file", path, errno);
+  }
+  std::vector<uint8_t> all;
+  Corpus c;
+  c.name = path;
+  if (S_ISDIR(st.st_mode)) {
+    ZOE_ASSIGN_OR_RETURN(std::vector<std::string> files, text_files_in(path));
+    for (const std::string& f : files) {
+      if (!all.empty() && all.back() != '\n') all.push_back('\n');
+      ZOE_RETURN_IF_ERROR(append_file(f, max_bytes, &all));
+    }
+    c.name = path + " (" + std::to_string(files.size()) + " files)";
+  } else {
+    ZOE_RETURN_IF_ERROR(append_file(path, max_bytes, &all));
   }
   size_t cut = static_cast<size_t>(static_cast<double>(all.size()) * (1.0 - eval_fraction));
   while (cut < all.size() && cut > 0 && all[cut - 1] != '\n' && all.size() - cut > min_tokens + 1) ++cut;
-  Corpus c;
-  c.name = path;
   c.train.assign(all.begin(), all.begin() + static_cast<ptrdiff_t>(cut));
   c.eval.assign(all.begin() + static_cast<ptrdiff_t>(cut), all.end());
   if (c.train.size() < min_tokens + 1 || c.eval.size() < min_tokens + 1) {
     return invalid_argument(
-        "data file %s has %zu bytes: too short for windows of %zu tokens in both the training part "
+        "data %s has %zu bytes: too short for windows of %zu tokens in both the training part "
         "and the held-out %.0f%% (need at least %zu bytes)",
         path.c_str(), all.size(), min_tokens + 1, eval_fraction * 100,
         static_cast<size_t>(static_cast<double>(min_tokens + 1) /
@@ -91,6 +137,40 @@ Result<Corpus> load_text_file(const std::string& path, size_t min_tokens, double
             1);
   }
   return c;
+}
+
+namespace {
+
+template <typename It, typename F>
+void for_each_word(It begin, It end, F&& f) {
+  std::string w;
+  auto flush = [&] {
+    if (w.size() >= 2) f(w);
+    w.clear();
+  };
+  for (It it = begin; it != end; ++it) {
+    const auto ch = static_cast<unsigned char>(*it);
+    if ((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z')) {
+      w.push_back(static_cast<char>(ch | 0x20));
+    } else {
+      flush();
+    }
+  }
+  flush();
+}
+
+}  // namespace
+
+double known_word_fraction(const std::string& text, const std::vector<uint8_t>& corpus, size_t* words) {
+  std::unordered_set<std::string> vocab;
+  for_each_word(corpus.begin(), corpus.end(), [&](const std::string& w) { vocab.insert(w); });
+  size_t total = 0, known = 0;
+  for_each_word(text.begin(), text.end(), [&](const std::string& w) {
+    ++total;
+    known += vocab.count(w);
+  });
+  if (words) *words = total;
+  return total ? static_cast<double>(known) / static_cast<double>(total) : 0.0;
 }
 
 Corpus make_arithmetic(uint64_t seed, size_t lines, int digits, size_t eval_lines) {

@@ -26,6 +26,12 @@ struct Corpus {
 Result<Corpus> load_text_file(const std::string& path, size_t min_tokens, double eval_fraction = 0.05,
                               size_t max_bytes = size_t{1} << 30);
 
+// Of the words in `text` (runs of two or more ASCII letters, compared without case), the fraction
+// that also occur as words in `corpus`: how much of a generated sample is the corpus's vocabulary
+// rather than noise. 0 when text has no word; *words (when given) receives how many it has.
+double known_word_fraction(const std::string& text, const std::vector<uint8_t>& corpus,
+                           size_t* words = nullptr);
+
 // `lines` additions of numbers below 10^digits, generated from seed; the eval part uses
 // different random problems (its own stream), not a suffix of the same ones.
 Corpus make_arithmetic(uint64_t seed, size_t lines, int digits = 3, size_t eval_lines = 256);

@@ -1,6 +1,8 @@
 // GptTrainer: the reference GPT's glue to the engine, over zoe's public API only.
 #include "model/gpt_trainer.h"
 
+#include <algorithm>
+#include <cmath>
 #include <limits>
 
 #include <nlohmann/json.hpp>
@@ -94,6 +96,55 @@ Result<float> GptTrainer::forward(const std::vector<int32_t>& tokens, const std:
   ZOE_RETURN_IF_ERROR(pe.release());
   ZOE_RETURN_IF_ERROR(pf.release());
   return loss;
+}
+
+Result<std::string> GptTrainer::sample(const std::string& prompt, int n, double temperature, uint64_t seed,
+                                       int batch) {
+  if (n < 0 || batch <= 0 || !(temperature >= 0) || !std::isfinite(temperature)) {
+    return invalid_argument("sample: %d bytes, batch %d, temperature %g: none may be negative", n, batch,
+                            temperature);
+  }
+  std::vector<int32_t> ctx;
+  for (unsigned char ch : prompt) ctx.push_back(static_cast<int32_t>(ch) % c_.vocab);
+  if (ctx.empty()) ctx.push_back('\n');
+  const size_t T = static_cast<size_t>(T_), V = static_cast<size_t>(c_.vocab);
+  std::vector<int32_t> tokens(static_cast<size_t>(batch) * T), targets(tokens.size(), 0);
+  std::vector<double> p(V);
+  uint64_t state = seed ^ 0x5a3d1e5c0ffee123ull;
+  auto uniform = [&state] {  // splitmix64 -> [0, 1)
+    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return static_cast<double>((z ^ (z >> 31)) >> 11) * 0x1.0p-53;
+  };
+  std::string out;
+  for (int i = 0; i < n; ++i) {
+    const size_t len = std::min(ctx.size(), T);
+    // Every row holds the context (the causal model ignores the padding after it).
+    for (size_t r = 0; r < static_cast<size_t>(batch); ++r) {
+      std::copy(ctx.end() - static_cast<ptrdiff_t>(len), ctx.end(),
+                tokens.begin() + static_cast<ptrdiff_t>(r * T));
+      std::fill(tokens.begin() + static_cast<ptrdiff_t>(r * T + len),
+                tokens.begin() + static_cast<ptrdiff_t>((r + 1) * T), ' ');
+    }
+    ZOE_RETURN_IF_ERROR(forward(tokens, targets).status());
+    const float* row = m_.logits() + (len - 1) * V;
+    size_t pick = static_cast<size_t>(std::max_element(row, row + V) - row);
+    if (temperature > 0) {
+      double sum = 0;
+      for (size_t v = 0; v < V; ++v) sum += p[v] = std::exp((row[v] - row[pick]) / temperature);
+      double u = uniform() * sum;
+      for (size_t v = 0; v < V; ++v) {
+        if ((u -= p[v]) < 0 || v + 1 == V) {
+          pick = v;
+          break;
+        }
+      }
+    }
+    ctx.push_back(static_cast<int32_t>(pick));
+    out.push_back(static_cast<char>(pick));
+  }
+  return out;
 }
 
 Result<float> GptTrainer::forward_backward(const std::vector<int32_t>& tokens,

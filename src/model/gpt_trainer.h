@@ -31,6 +31,12 @@ class GptTrainer {
   Result<float> forward(const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets);
   // Forward and backward of one micro-batch, gradients (x the loss scale) reduced into the engine.
   Result<float> forward_backward(const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets);
+  // Continues `prompt` by n bytes drawn one at a time from the model's next-byte distribution at
+  // `temperature` (0: always the most likely byte), from a stream seeded by `seed`: one forward
+  // pass of the model's micro-batch (`batch` rows of T) per byte, the context being the last T
+  // bytes. Deterministic for a seed, and the same on every rank (the weights are); a collective
+  // call under several ranks, like forward(). Returns the n new bytes.
+  Result<std::string> sample(const std::string& prompt, int n, double temperature, uint64_t seed, int batch);
 
  private:
   // fp32 views of a module's parameters: the buffers themselves (fp32 and host-addressable) or a
