@@ -19,6 +19,10 @@ scratch=$(mktemp -d "$base/zoe-demo.XXXXXX")
 trap 'rm -rf "$scratch"' EXIT
 ./build/bin/zoe info --path "$scratch"
 echo
-# 4.8M parameters: 87 MB of model state per rank against a 16 MiB device budget (5x).
-./build/bin/zoe train --preset demo --offload nvme --nvme-path "$scratch" --device-budget 16MiB \
-  --steps 200 --micro-batch 8 --lr 0.002 --eval-every 50 "$@"
+# The main job: a 2-layer GPT learns one-digit additions ("7+5=12") from scratch. Its 2.1 MB of
+# model state per rank live on NVMe against a 576 KiB device budget (3.7x). Exact-match accuracy
+# on held-out problems climbs from 0% to ~99% in about 70 s on 2 cores; the model then answers
+# a prompt it completes greedily. (It sits at 0% for the first ~800 steps, then learns.)
+./build/bin/zoe train --preset tiny --task add1 --offload nvme --nvme-path "$scratch" \
+  --device-budget 576KiB --steps 3000 --micro-batch 32 --lr 0.003 --eval-every 500 \
+  --sample 13 --prompt "7+5=" --temperature 0 "$@"

@@ -827,8 +827,8 @@ void run(TrainOpts o) {
   printf("# zoe train: %s, %llu parameters (%d layers, d %d, %d heads), seq %d, %s, world %d\n",
          corpus.name.c_str(), static_cast<unsigned long long>(mc.num_params()), mc.layers, mc.d_model,
          mc.heads, T, j["precision"].get<std::string>().c_str(), rt->world_size());
-  printf("loss            %.4f -> %.4f over %d steps; eval loss %.4f", losses.front(), losses.back(), o.steps,
-         eval_loss);
+  printf("loss            %.4f -> %.4f over steps %d-%d; eval loss %.4f", losses.front(), losses.back(),
+         start_step + 1, o.steps, eval_loss);
   if (!std::isnan(accuracy)) printf("; exact-match accuracy %.1f%%", 100 * accuracy);
   printf("\n");
   if (!std::isnan(accuracy) && !std::isnan(accuracy_start)) {
@@ -838,16 +838,21 @@ void run(TrainOpts o) {
   }
   if (sample_n > 0) {
     for (const json& sm : samples) {
-      printf("sample          after step %d (temperature %g; %.0f%% of its %zu words occur in the text):\n",
-             sm["step"].get<int>(), o.temperature, 100 * sm["known_words"].get<double>(),
-             sm["words"].get<size_t>());
+      printf("sample          after step %d (temperature %g", sm["step"].get<int>(), o.temperature);
+      if (!corpus.arithmetic) {
+        printf("; %.0f%% of its %zu words occur in the text", 100 * sm["known_words"].get<double>(),
+               sm["words"].get<size_t>());
+      }
+      printf("):\n");
       print_indented(sm["text"].get<std::string>(), "                | ");
     }
     const json &a = samples.front(), &b = samples.back();
-    printf("learned         words of a sample found in the text %.0f%% -> %.0f%%",
+    if (!corpus.arithmetic) printf("learned         words of a sample found in the text %.0f%% -> %.0f%%",
            100 * a["known_words"].get<double>(), 100 * b["known_words"].get<double>());
-    if (!std::isnan(eval_loss_start)) printf("; eval loss %.3f -> %.3f", eval_loss_start, eval_loss);
-    printf(" in %d steps (%.0fs)\n", o.steps - start_step, total_s);
+    if (!corpus.arithmetic) {
+      if (!std::isnan(eval_loss_start)) printf("; eval loss %.3f -> %.3f", eval_loss_start, eval_loss);
+      printf(" in %d steps (%.0fs)\n", o.steps - start_step, total_s);
+    }
   }
   printf("\n");
   Table t({{"", "", 22, true}, {"bytes", "", 14}, {"", "", 10}});
