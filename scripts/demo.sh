@@ -6,8 +6,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-bash scripts/install-deps.sh
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+bash scripts/install-deps.sh --cli
+# No test suites, benchmarks or Python package: scripts/test.sh turns them on in the same tree.
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DZOE_BUILD_TESTS=OFF -DZOE_BUILD_BENCH=OFF -DZOE_PYTHON=OFF >/dev/null
 # The main job needs only the CLI; the tests are built by scripts/test.sh.
 cmake --build build -j"$(nproc)" --target zoe
 

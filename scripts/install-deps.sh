@@ -1,7 +1,15 @@
 #!/usr/bin/env bash
 # Installs the Debian packages zoe needs to build, test and benchmark; idempotent.
+# --cli: only those the `zoe` CLI's build needs (scripts/demo.sh: no test, Python or plot packages).
 set -euo pipefail
 
+CLI_PKGS=(
+  build-essential cmake pkg-config
+  liburing-dev libhwloc-dev libtbb-dev
+  nlohmann-json3-dev libcli11-dev libxxhash-dev
+  libopenmpi-dev openmpi-bin
+  libopenblas-dev
+)
 PKGS=(
   build-essential cmake pkg-config git
   liburing-dev libhwloc-dev libtbb-dev
@@ -15,6 +23,8 @@ PKGS=(
   # The zoe Python package (python/, the PyTorch front-end): headers for the pybind11 extension.
   python3-dev pybind11-dev
 )
+
+if [ "${1:-}" = --cli ]; then PKGS=("${CLI_PKGS[@]}"); fi
 
 missing=()
 for p in "${PKGS[@]}"; do

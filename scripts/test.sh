@@ -13,7 +13,7 @@ echo "== layer map and format checks" >&2
 bash scripts/check-format.sh
 
 echo "== Release build and tests (build/)" >&2
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DZOE_BUILD_TESTS=ON -DZOE_BUILD_BENCH=ON -DZOE_PYTHON=AUTO
 cmake --build build -j"$jobs"
 ctest --test-dir build --output-on-failure -j"$jobs"
 echo "== crash test: kills, faults, fuzzed configs (tests/crash; 1-2 minutes)" >&2

@@ -307,6 +307,11 @@ TEST(TrainInput, BadFlagValuesAreUsageErrors) {
       {"--preset huge", "--preset huge is not one of"},
       {"--heads 5", "--heads"},    // d_model 128 is not a multiple of 5: the model's check, named
       {"--layers x", "--layers"},  // CLI11's own parse errors share the exit code
+      {"--prompt 1+1=", "--prompt has no effect without a sample: give --sample N"},
+      {"--sample 0 --temperature 1", "--temperature has no effect without a sample"},
+      {"--sample 4 --temperature -1", "--temperature -1 is outside [0, 100]"},
+      {"--sample 70000", "--sample 70000 is out of range (expected an integer in [0, 65536])"},
+      {"--sample 4 --prompt ''", "--prompt is empty"},
   };
   for (const auto& [args, message] : cases) {
     // The preset "small" (d_model 128, context 64); every case fails before training.

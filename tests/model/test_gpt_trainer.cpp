@@ -52,8 +52,7 @@ Rig make(Offload off, const std::string& dir) {
   EXPECT_TRUE(eng.is_ok()) << eng.status().to_string();
   s.eng = std::move(eng).value();
   EXPECT_TRUE(add_gpt_modules(*s.eng, c).is_ok());
-  Status st =
-      s.eng->initialize([&](size_t m, size_t p, float* x, size_t n) { gpt_init(c, 7, m, p, x, n); });
+  Status st = s.eng->initialize([&](size_t m, size_t p, float* x, size_t n) { gpt_init(c, 7, m, p, x, n); });
   EXPECT_TRUE(st.is_ok()) << st.to_string();
   auto m = GptCpu::create(c, kBatch, kT, 1);
   EXPECT_TRUE(m.is_ok());

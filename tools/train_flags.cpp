@@ -1,0 +1,269 @@
+// `zoe train`'s flags: registration, checks, and the config they build.
+#include "tools/train_flags.h"
+
+#include <cfloat>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
+#include "tools/cli_util.h"
+
+namespace zoe::cli {
+
+model::GptConfig model_config(const TrainOpts& o) {
+  model::GptConfig c;
+  std::string names;
+  const model::GptPreset* p = model::find_gpt_preset(o.preset, &names);
+  if (!p) {
+    usage_fail(invalid_argument("--preset %s is not one of %s", o.preset.c_str(), names.c_str()));
+  }
+  // A flag given replaces the preset's value, 0 included (refused here, never ignored).
+  auto shape = [&](const char* flag, int v, int preset, int max) {
+    if (!o.has(flag)) return preset;
+    check_flag_range(flag, v, 1, max);
+    return v;
+  };
+  c.layers = shape("--layers", o.layers, p->layers, kMaxLayers);
+  c.d_model = shape("--d-model", o.d_model, p->d_model, kMaxWidth);
+  c.heads = shape("--heads", o.heads, p->heads, kMaxWidth);
+  c.seq = shape("--context", o.context, p->context, kMaxContext);
+  c.vocab = 256;
+  Status s = c.validate();
+  if (!s.is_ok()) {
+    usage_fail(s.with_context("the model shape of --preset " + o.preset +
+                              " with --layers/--d-model/--heads/--context"));
+  }
+  return c;
+}
+
+ComputeDType precision_flag(const std::string& p) {
+  return p == "bf16" ? ComputeDType::kBF16 : p == "fp16" ? ComputeDType::kF16 : ComputeDType::kF32;
+}
+
+// The engine's config when there is no --config, from the flags: ZeRO-3, every module
+// partitioned, parameters and optimizer states where --offload says.
+Result<Config> flags_config(const TrainOpts& o, const std::vector<std::string>& nvme_dirs, int world_size) {
+  const Offload off = o.offload == "cpu"    ? Offload::kCpu
+                      : o.offload == "nvme" ? Offload::kNvme
+                                            : Offload::kNone;
+  Config::Builder b;
+  b.micro_batch(o.micro_batch)
+      .lr(o.lr)
+      .weight_decay(o.weight_decay)
+      .stage(3)
+      .param_persistence_threshold(0)
+      .offload_optimizer(off, nvme_dirs)
+      .offload_param(off, nvme_dirs)
+      .precision(precision_flag(o.precision));
+  if (o.has("--threads")) b.optimizer_threads(o.threads);
+  if (o.has("--device-budget")) b.device_budget(parse_bytes(o.device_budget).value());
+  return b.build(world_size);
+}
+
+// Checks every flag's value on its own (before anything is read or allocated): an error names the
+// flag and the value, exit code 2.
+void check_flags(TrainOpts& o) {
+  o.seed = parse_uint_flag("--seed", o.seed_text);
+  check_flag_range("--micro-batch", o.micro_batch, 1, kMaxMicroBatch);
+  check_flag_range("--steps", o.steps, 1, std::numeric_limits<int>::max());
+  check_flag_range("--eval-every", o.eval_every, 0, std::numeric_limits<int>::max());
+  check_flag_range("--eval-batches", o.eval_batches, 1, kMaxEvalBatches);
+  check_flag_range("--threads", o.threads, 0, kMaxThreads);
+  check_flag_range("--save-every", o.save_every, 0, std::numeric_limits<int>::max());
+  if (o.has("--seq")) check_flag_range("--seq", o.seq, 2, kMaxContext);
+  // Adam computes in fp32: the rate must be a finite float; 0 is legal (nothing moves).
+  if (!std::isfinite(o.lr) || o.lr < 0 || o.lr > FLT_MAX || (o.lr != 0 && o.lr < FLT_MIN)) {
+    usage_fail(invalid_argument("--lr %g is not a learning rate (expected 0 or a number in [%g, %g])", o.lr,
+                                static_cast<double>(FLT_MIN), static_cast<double>(FLT_MAX)));
+  }
+  if (o.precision != "fp32" && o.precision != "bf16" && o.precision != "fp16") {
+    usage_fail(invalid_argument("--precision %s is not fp32, bf16 or fp16", o.precision.c_str()));
+  }
+  if (o.has("--offload") && o.offload != "none" && o.offload != "cpu" && o.offload != "nvme") {
+    usage_fail(invalid_argument("--offload %s is not none, cpu or nvme", o.offload.c_str()));
+  }
+  if (o.has("--device-budget")) {
+    auto b = parse_bytes(o.device_budget);
+    if (!b.is_ok() || b.value() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      usage_fail(invalid_argument("--device-budget %s is not a byte size (expected e.g. 256MiB, 4GiB)",
+                                  o.device_budget.c_str()));
+    }
+  }
+  if (!std::isfinite(o.weight_decay) || o.weight_decay < 0 || o.weight_decay > FLT_MAX) {
+    usage_fail(
+        invalid_argument("--weight-decay %g is not a weight decay (expected a number >= 0)", o.weight_decay));
+  }
+  if (!o.config.empty()) {
+    // Placement comes from the config file: these flags would be silently ignored.
+    if (o.has("--weight-decay")) {
+      usage_fail(
+          invalid_argument("--weight-decay cannot be combined with --config %s: set "
+                           "optimizer.params.weight_decay in the config instead",
+                           o.config.c_str()));
+    }
+    for (const char* f : {"--offload", "--nvme-path"}) {
+      if (o.has(f)) {
+        usage_fail(
+            invalid_argument("%s cannot be combined with --config %s: set zero_optimization."
+                             "offload_optimizer / offload_param in the config instead",
+                             f, o.config.c_str()));
+      }
+    }
+  }
+  if (o.task != "add" && o.task != "add2" && o.task != "add1") {
+    usage_fail(invalid_argument("--task %s is not add, add2 or add1", o.task.c_str()));
+  }
+  if (o.has("--task") && !o.data.empty()) {
+    usage_fail(
+        invalid_argument("--task %s cannot be combined with --data %s: the task is the built-in "
+                         "corpus, --data replaces it",
+                         o.task.c_str(), o.data.c_str()));
+  }
+  if (o.has("--sample")) check_flag_range("--sample", o.sample, 0, 1 << 16);
+  if (!(o.temperature >= 0 && o.temperature <= 100)) {
+    usage_fail(
+        invalid_argument("--temperature %g is outside [0, 100] (0: the most likely byte)", o.temperature));
+  }
+  if (o.prompt.empty()) usage_fail(invalid_argument("--prompt is empty: give the text a sample continues"));
+  for (const char* f : {"--prompt", "--temperature"}) {
+    if (o.has(f) && (o.sample == 0 || (o.sample < 0 && o.data.empty()))) {
+      usage_fail(
+          invalid_argument("%s has no effect without a sample: give --sample N (by default only "
+                           "--data samples)",
+                           f));
+    }
+  }
+  if (o.save_every > 0 && o.save_dir.empty()) {
+    usage_fail(invalid_argument("--save-every %d needs --save-dir", o.save_every));
+  }
+  if (o.save_initial && o.save_dir.empty()) {
+    usage_fail(invalid_argument("--save-initial needs --save-dir (where step-000000 is written)"));
+  }
+  if (o.save_initial && !o.resume.empty()) {
+    usage_fail(
+        invalid_argument("--save-initial cannot be combined with --resume %s: the run does not start "
+                         "from the initial weights",
+                         o.resume.c_str()));
+  }
+}
+
+// The config file's values that flags given on the command line replace, each said in one line
+// on stderr (rank 0); flags not given leave the file's values alone.
+void apply_overrides(const TrainOpts& o, Config* cfg, bool lead) {
+  auto say = [&](const std::string& flag, const std::string& key, const std::string& was) {
+    if (lead) {
+      fprintf(stderr, "zoe: %s overrides %s (%s in %s)\n", flag.c_str(), key.c_str(), was.c_str(),
+              o.config.c_str());
+    }
+  };
+  auto check = [&](const std::string& flag, Status s) {
+    if (!s.is_ok()) usage_fail(s.with_context(flag + " with --config " + o.config));
+  };
+  if (o.has("--micro-batch")) {
+    say(fmt("--micro-batch %d", o.micro_batch), "train_micro_batch_size_per_gpu",
+        std::to_string(cfg->micro_batch()));
+    check("--micro-batch", cfg->set_micro_batch(o.micro_batch));
+  }
+  if (o.has("--lr")) {
+    if (!cfg->scheduler_type().empty()) {
+      usage_fail(
+          invalid_argument("--lr %g has no effect with --config %s: its scheduler %s sets the learning "
+                           "rate (scheduler.params.warmup_max_lr); remove --lr or the scheduler",
+                           o.lr, o.config.c_str(), cfg->scheduler_type().c_str()));
+    }
+    say(fmt("--lr %g", o.lr), "optimizer.params.lr", fmt("%g", cfg->lr()));
+    check("--lr", cfg->set_lr(o.lr));
+  }
+  if (o.has("--precision")) {
+    say("--precision " + o.precision, "bf16.enabled / fp16.enabled", dtype_name(cfg->precision()));
+    check("--precision", cfg->set_precision(precision_flag(o.precision)));
+  }
+  if (o.has("--threads")) {
+    say(fmt("--threads %d", o.threads), "zoe.optimizer_threads", std::to_string(cfg->optimizer_threads()));
+    check("--threads", cfg->set_optimizer_threads(o.threads));
+  }
+  if (o.has("--device-budget")) {
+    say("--device-budget " + o.device_budget, "zoe.device_budget",
+        std::to_string(cfg->device_budget()) + " bytes");
+    check("--device-budget", cfg->set_device_budget(parse_bytes(o.device_budget).value()));
+  }
+}
+
+CLI::App* add_train_options(CLI::App& app, TrainOpts* o) {
+  CLI::App* cmd = app.add_subcommand(
+      "train",
+      "Train the reference GPT (byte-level) through the engine. Without --data it trains on a built-in\n"
+      "corpus of additions (\"4821+377=5198\") generated from --seed and reports exact-match accuracy.\n"
+      "Placement comes from --config (DeepSpeed-style JSON) or from --offload/--nvme-path (ZeRO-3).\n"
+      "Optimizer without --config: AdamW (decoupled decay), lr 1e-3, betas (0.9, 0.999), eps 1e-8,\n"
+      "weight decay 0, no clipping, no schedule: DeepSpeed's defaults for optimizer.params. zoe keeps\n"
+      "DeepSpeed's weight decay 0 so that a DeepSpeed config and these flags train alike; torch.optim.AdamW\n"
+      "defaults to 0.01 (pass --weight-decay 0.01 to match it).\n"
+      "Progress goes to stderr; the summary (or --json) to stdout. Runs under mpirun -np N too.");
+  cmd->add_option("--config", o->config, "Engine config (DeepSpeed-compatible JSON)");
+  cmd->add_option("--preset", o->preset, "Model size: tiny, small, demo, medium, large, 2b")
+      ->capture_default_str();
+  cmd->add_option("--layers", o->layers, "Transformer blocks (overrides the preset)");
+  cmd->add_option("--d-model", o->d_model, "Width (overrides the preset)");
+  cmd->add_option("--heads", o->heads, "Attention heads (overrides the preset)");
+  cmd->add_option("--context", o->context, "Positions the model has (overrides the preset)");
+  cmd->add_option("--seq", o->seq, "Tokens per training sequence (default: the model's context)");
+  cmd->add_option(
+      "--micro-batch", o->micro_batch,
+      "Sequences per micro-batch per rank (default 8, or the config's train_micro_batch_size_per_gpu)");
+  cmd->add_option("--steps", o->steps, "Optimizer steps")->capture_default_str();
+  cmd->add_option("--lr", o->lr,
+                  "Learning rate (default: the config's, or 1e-3 as DeepSpeed's optimizer.params.lr; 0 is "
+                  "legal)");
+  cmd->add_option("--weight-decay", o->weight_decay,
+                  "Without --config: AdamW's decoupled weight decay (default 0, DeepSpeed's "
+                  "optimizer.params.weight_decay; torch.optim.AdamW's default is 0.01)");
+  cmd->add_option("--seed", o->seed_text, "Seed of the initial weights, the data and the sampling")
+      ->capture_default_str();
+  cmd->add_option("--eval-every", o->eval_every,
+                  "Evaluate on the held-out part every N steps (0: at the end)");
+  cmd->add_option("--eval-batches", o->eval_batches, "Batches per evaluation")->capture_default_str();
+  cmd->add_option("--device-budget", o->device_budget,
+                  "Device memory budget, e.g. 256MiB (overrides the config)");
+  cmd->add_option("--offload", o->offload,
+                  "Without --config: none, cpu or nvme for parameters and optimizer states");
+  cmd->add_option(
+      "--nvme-path", o->nvme_path,
+      "Without --config: directory for NVMe offload, repeatable (default $ZOE_SCRATCH or /var/tmp)");
+  cmd->add_option("--precision", o->precision, "fp32, bf16 or fp16 (default bf16, or the config's)");
+  cmd->add_option("--data", o->data, "Train on this text file (bytes are tokens)");
+  cmd->add_option("--task", o->task,
+                  "Without --data: the built-in additions, add (operands below 1000), add2 (below 100) "
+                  "or add1 (below 10: learned in a few minutes, the demo's task)")
+      ->capture_default_str();
+  cmd->add_option("--sample", o->sample,
+                  "Generate N bytes from --prompt before and after training and print them, with the share "
+                  "of their words found in the training text (default 160 with --data, else 0)");
+  cmd->add_option("--prompt", o->prompt, "The text a sample continues")->capture_default_str();
+  cmd->add_option("--temperature", o->temperature, "Sampling temperature (0: always the most likely byte)")
+      ->capture_default_str();
+  cmd->add_option("--trace", o->trace, "Write a Chrome-trace timeline of every transfer and kernel here");
+  cmd->add_option("--threads", o->threads, "CPU threads for the optimizer and the model (0: all)");
+  cmd->add_option("--save-every", o->save_every, "Save a checkpoint every N steps (needs --save-dir)");
+  cmd->add_flag("--save-async", o->save_async,
+                "Write checkpoints in the background, overlapping the next step's "
+                "forward and backward");
+  cmd->add_flag("--save-initial", o->save_initial,
+                "Save the initial weights as checkpoint step-000000 in --save-dir before the first step");
+  cmd->add_option("--dump-batches", o->dump_batches,
+                  "Write the token ids of every micro-batch here, one JSON object a line (see "
+                  "docs/train-json.md)");
+  cmd->add_option("--save-dir", o->save_dir,
+                  "Directory for checkpoints (D/step-NNNNNN, D/latest); created if missing");
+  cmd->add_option("--resume", o->resume,
+                  "Resume from this save directory or checkpoint (no value: --save-dir)")
+      ->expected(0, 1)
+      ->default_str("-");
+  cmd->add_option("--plot", o->plot,
+                  "Draw the loss and eval curves and the time per step into this PNG (python3-matplotlib)");
+  cmd->add_flag("--quiet", o->quiet, "No progress on stderr");
+  cmd->add_flag("--json", o->json, "Print one JSON object");
+  return cmd;
+}
+
+}  // namespace zoe::cli

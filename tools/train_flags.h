@@ -1,0 +1,71 @@
+// The flags of `zoe train`: their values, their checks, and the engine config they give (built
+// with the public Config::Builder, or a config file with the flags given as overrides).
+#pragma once
+
+#include <cstdint>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "model/gpt.h"
+#include "zoe/zoe.h"
+
+namespace zoe::cli {
+
+struct TrainOpts {
+  std::string config;
+  std::string preset = "small";
+  int layers = 0, d_model = 0, heads = 0, context = 0;  // 0 when not given: the preset's
+  int seq = 0;          // tokens per training sequence (default: the model's context)
+  int micro_batch = 8;  // without --config, or given: train_micro_batch_size_per_gpu
+  int steps = 100;
+  double lr = 1e-3;           // without --config, or given: optimizer.params.lr
+  double weight_decay = 0.0;  // without --config only: optimizer.params.weight_decay
+  std::string seed_text = "1";
+  uint64_t seed = 1;  // parsed from seed_text
+  int eval_every = 0;
+  int eval_batches = 4;
+  std::string device_budget;
+  std::string offload;  // none|cpu|nvme: both parameter (stage 3) and optimizer offload, when no --config
+  std::vector<std::string> nvme_path;
+  std::string precision = "bf16";
+  std::string data;
+  std::string task = "add";  // without --data: add (3-digit operands), add2 (2-digit) or add1 (1-digit)
+  int sample = -1;           // bytes generated before and after training (-1: 160 with --data, else 0)
+  std::string prompt = "The ";
+  double temperature = 0.8;
+  std::string trace;
+  std::string plot;  // a PNG of the loss and eval curves and the time per step
+  int threads = 0;
+  int save_every = 0;
+  bool save_async = false;
+  bool save_initial = false;  // a checkpoint step-000000 of the initial weights in --save-dir
+  std::string save_dir;
+  std::string dump_batches;  // JSON Lines of every micro-batch's token ids (docs/train-json.md)
+  std::string resume;        // a save directory or checkpoint; "-" for --resume without a value
+  bool json = false;
+  bool quiet = false;
+  // The flags given on the command line ("--micro-batch"): a flag overrides the config only then.
+  std::set<std::string> given;
+  bool has(const char* flag) const { return given.count(flag) != 0; }
+};
+
+// Sane bounds of the flags (the messages give them).
+constexpr int kMaxLayers = 4096, kMaxWidth = 1 << 16, kMaxContext = 1 << 20, kMaxMicroBatch = 1 << 20;
+constexpr int kMaxThreads = 4096, kMaxEvalBatches = 1 << 20;
+
+// The model's shape from --preset and the shape flags (exits 2 naming a bad one).
+model::GptConfig model_config(const TrainOpts& o);
+ComputeDType precision_flag(const std::string& p);
+// The engine's config when there is no --config, from the flags.
+Result<Config> flags_config(const TrainOpts& o, const std::vector<std::string>& nvme_dirs, int world_size);
+// Every flag is in range and takes effect, or the run stops here (exit 2) saying why.
+void check_flags(TrainOpts& o);
+// The config file's values that flags given on the command line replace, each said on stderr.
+void apply_overrides(const TrainOpts& o, Config* cfg, bool lead);
+// Adds `train` to app with its options bound to *o; the caller sets the callback.
+CLI::App* add_train_options(CLI::App& app, TrainOpts* o);
+
+}  // namespace zoe::cli

@@ -1,0 +1,98 @@
+// `zoe train`'s run helpers.
+#include "tools/train_support.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+namespace zoe::cli {
+
+// Bytes as printable ASCII: control bytes other than a line break and bytes >= 0x7f as \xNN
+// (an untrained model's sample is mostly such bytes; JSON needs valid UTF-8).
+std::string escape_bytes(const std::string& s) {
+  std::string out;
+  for (unsigned char ch : s) {
+    if ((ch >= 0x20 && ch < 0x7f) || ch == '\n') {
+      out.push_back(static_cast<char>(ch));
+    } else {
+      char buf[8];
+      snprintf(buf, sizeof(buf), "\\x%02x", ch);
+      out += buf;
+    }
+  }
+  return out;
+}
+
+// Each line of text after `prefix`.
+void print_indented(const std::string& text, const char* prefix) {
+  size_t at = 0;
+  while (at <= text.size()) {
+    size_t nl = text.find('\n', at);
+    if (nl == std::string::npos) nl = text.size();
+    printf("%s%s\n", prefix, text.substr(at, nl - at).c_str());
+    at = nl + 1;
+  }
+}
+
+
+// Refuses a run whose host allocations cannot fit before making them: the activations, and the
+// optimizer swapper's pinned buffers with NVMe optimizer offload (the engine's sizing:
+// max(buffer_count, 12) buffers of min(sub_group_size, 1Mi) fp32 elements).
+void check_host_memory(const Config& cfg, const model::GptConfig& mc, int micro, int T) {
+  const uint64_t avail = host_memory_available();
+  if (avail == 0) return;  // unknown
+  const double act = model::activation_bytes_estimate(mc, micro, T);
+  double swap = 0;
+  if (cfg.offload_optimizer() == Offload::kNvme) {
+    const double chunk = static_cast<double>(std::min<int64_t>(cfg.sub_group_size(), int64_t{1} << 20));
+    swap = static_cast<double>(std::max<int64_t>(cfg.offload_optimizer_buffer_count(), 12)) * chunk * 4;
+  }
+  if (act + swap <= static_cast<double>(avail)) return;
+  auto bytes = [](double b) {
+    return b >= 1.8e19 ? fmt("%.3g bytes", b) : format_bytes(static_cast<uint64_t>(b));
+  };
+  std::string what =
+      fmt("activations of %d layers x --micro-batch %d x --seq %d (context %d, d_model %d, %d heads): %s",
+          mc.layers, micro, T, mc.seq, mc.d_model, mc.heads, bytes(act).c_str());
+  if (swap > 0) {
+    what += fmt("; optimizer swap buffers (zero_optimization.offload_optimizer.buffer_count %lld): %s",
+                static_cast<long long>(cfg.offload_optimizer_buffer_count()), bytes(swap).c_str());
+  }
+  fail(out_of_budget("the run needs about %s of host memory (%s) but the host has %s available",
+                     bytes(act + swap).c_str(), what.c_str(), format_bytes(avail).c_str()));
+}
+
+// Creates --save-dir (and its parents) and proves it writable with a probe file, so that the
+// first checkpoint cannot fail after hours of training.
+void prepare_save_dir(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) fail(sys_error("mkdir -p --save-dir", dir, ec.value()));
+  if (!std::filesystem::is_directory(dir, ec))
+    fail(invalid_argument("--save-dir %s is not a directory", dir.c_str()));
+  std::string probe = dir + "/.zoe-write-test-XXXXXX";
+  int fd = mkstemp(probe.data());
+  if (fd < 0)
+    fail(sys_error("create a file in --save-dir", dir, errno).with_context("--save-dir is not writable"));
+  close(fd);
+  unlink(probe.c_str());
+}
+
+// The loss (or any value) averaged over the ranks.
+double mean_over_ranks(Runtime& rt, double v) {
+  auto r = rt.average(v);
+  if (!r.is_ok()) fail(r.status().with_context("averaging the loss over ranks"));
+  return r.value();
+}
+
+
+std::string fmt_eta(double s) {
+  if (s < 60) return fmt("%.0fs", s);
+  if (s < 3600) return fmt("%dm%02ds", static_cast<int>(s) / 60, static_cast<int>(s) % 60);
+  return fmt("%dh%02dm", static_cast<int>(s) / 3600, (static_cast<int>(s) / 60) % 60);
+}
+
+}  // namespace zoe::cli
