@@ -6,8 +6,10 @@
             `step_time_s`, a list of {compute, comm, io_stall, optimizer}; else the run's mean).
   bench-io  (zoe bench io --json): GB/s against the block size (one line per engine, rw, queue
             depth) and against the queue depth (one line per engine, rw, block size).
+  tune      (zoe tune --verify K --json, or its {"verified": [...]}): predicted against measured
+            step time per verified candidate, as bars and as a scatter around the y = x line.
 
-usage: zoe_plot.py [--kind auto|train|bench-io] [--width PX] [--height PX] IN.json|- OUT.png
+usage: zoe_plot.py [--kind auto|train|bench-io|tune] [--width PX] [--height PX] IN.json|- OUT.png
        zoe_plot.py --check      (exit 0 when matplotlib imports, else 3)
 Exit codes: 0 written; 2 bad arguments or JSON; 3 matplotlib missing (Debian: python3-matplotlib)."""
 import argparse
@@ -28,6 +30,8 @@ def die(code, msg):
 def detect(j):
     if isinstance(j, dict) and "losses" in j:
         return "train"
+    if isinstance(j, dict) and isinstance(j.get("verified"), list):
+        return "tune"
     if isinstance(j, dict) and isinstance(j.get("rows"), list) and all("gbps" in r for r in j["rows"]):
         return "bench-io"
     die(EXIT_USAGE, "cannot tell the kind of this JSON (expected zoe train --json with 'losses' or "
@@ -123,6 +127,42 @@ def plot_bench_io(plt, j, fig):
                  f"{'on' if cfg.get('direct') else 'off'}", fontsize=11)
 
 
+def plot_tune(plt, j, fig):
+    runs = j.get("verified")
+    if not runs:
+        die(EXIT_USAGE, "tune JSON: 'verified' is empty (run zoe tune with --verify K)")
+    ax1, ax2 = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
+    pred = [float(r["predicted_step_s_as_measured"]) for r in runs]
+    whole = all(r.get("with_compute") for r in runs)
+    meas = [float(r["measured_step_s"]) for r in runs]
+    names = [f"{i + 1}. {r['placement']}" for i, r in enumerate(runs)]
+    xs = range(len(runs))
+    w = 0.4
+    ax1.bar([x - w / 2 for x in xs], pred, w, label="predicted", color="tab:blue")
+    ax1.bar([x + w / 2 for x in xs], meas, w, label="measured", color="tab:orange")
+    ax1.set_xticks(list(xs))
+    ax1.set_xticklabels(names, rotation=20, ha="right", fontsize=7)
+    ax1.set_ylabel("step time (s)" if whole else "step time without the model's compute (s)")
+    ax1.set_title("verified candidates, in predicted order", fontsize=10)
+    ax1.grid(axis="y", alpha=0.3)
+    ax1.legend(fontsize=8)
+    ax2.scatter(pred, meas, color="tab:purple")
+    for i, (p, m) in enumerate(zip(pred, meas)):
+        ax2.annotate(str(i + 1), (p, m), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    hi = max(pred + meas) * 1.1
+    ax2.plot([0, hi], [0, hi], "--", color="gray", label="y = x")
+    ax2.plot([0, hi], [0, hi * 1.2], ":", color="gray", label="+-20 %")
+    ax2.plot([0, hi], [0, hi / 1.2], ":", color="gray")
+    ax2.set_xlim(0, hi)
+    ax2.set_ylim(0, hi)
+    ax2.set_xlabel("predicted (s)")
+    ax2.set_ylabel("measured (s)")
+    ax2.set_title("measured against predicted", fontsize=10)
+    ax2.grid(alpha=0.3)
+    ax2.legend(fontsize=8)
+    fig.suptitle("zoe tune --verify", fontsize=11)
+
+
 def import_pyplot():
     try:
         import matplotlib
@@ -140,7 +180,7 @@ def main():
         import_pyplot()
         return 0
     ap = argparse.ArgumentParser(description="Plot zoe's --json output.")
-    ap.add_argument("--kind", default="auto", choices=["auto", "train", "bench-io"])
+    ap.add_argument("--kind", default="auto", choices=["auto", "train", "bench-io", "tune"])
     ap.add_argument("--width", type=int, default=1200, help="PNG width in pixels")
     ap.add_argument("--height", type=int, default=800, help="PNG height in pixels")
     ap.add_argument("input", help="the JSON file, or - for stdin")
@@ -160,7 +200,7 @@ def main():
     plt = import_pyplot()
     fig = plt.figure(figsize=(a.width / DPI, a.height / DPI), dpi=DPI)
     try:
-        (plot_train if kind == "train" else plot_bench_io)(plt, j, fig)
+        {"train": plot_train, "bench-io": plot_bench_io, "tune": plot_tune}[kind](plt, j, fig)
     except (KeyError, TypeError, ValueError) as e:
         die(EXIT_USAGE, f"{a.input}: not the JSON of {kind} ({type(e).__name__}: {e})")
     fig.tight_layout()

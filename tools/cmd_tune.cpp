@@ -1,7 +1,7 @@
 // `zoe tune`: measures this host's link rates (--calibrate: NVMe through zoe's I/O benchmark, CPU
 // Adam through zoe's Adam benchmark, FLOP/s of zoe's GPT kernels), searches the plan's rows and a
 // few knobs with the cost model, writes the best as a DeepSpeed-compatible config that `zoe train
-// --config` runs (--out), and runs it for K steps to check the plan (--verify K).
+// --config` runs (--out), and runs the K best for a few steps each to check the plan and choose (--verify K).
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,12 +20,14 @@
 #include "io/io_bench.h"
 #include "io/swap_file.h"
 #include "model/gpt.h"
+#include "model/gpt_trainer.h"
 #include "optim/adam_bench.h"
 #include "plan/calibration.h"
 #include "plan/options.h"
 #include "plan/planner.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
+#include "tools/plot_util.h"
 #include "zero/engine_internal.h"
 #include "zoe/engine.h"
 
@@ -40,7 +42,9 @@ struct TuneOpts {
   std::string calibration_out = "zoe-calibration.json";
   std::string calibrate_bytes = "256MiB";
   std::string out;
-  int verify = 0;
+  int verify = 0;        // the K best candidates run
+  int verify_steps = 3;  // timed engine steps of each
+  std::string plot;      // predicted against measured step time per verified candidate
   bool json = false;
 };
 
@@ -214,42 +218,78 @@ config::Config tuned_config(const plan::PlanInputs& in, const Candidate& c, cons
 // --- Verification ---------------------------------------------------------------------------
 
 struct Verified {
+  bool with_compute = false;  // the model's kernels ran (zoe's GPT), else the engine's part alone
   double step_s = 0;
   uint64_t nvme_read = 0, nvme_write = 0;
   uint64_t high_water[3] = {0, 0, 0};
 };
 
-// K steps of the tuned config on the model's modules, with the caller's compute left out (zero
-// gradients): the engine's I/O, collectives and optimizer as the plan placed them.
-Verified verify(const config::Config& cfg, const plan::ModelDesc& m, int steps, int world) {
-  auto rt = value_or_fail(Runtime::init());
-  if (rt->world_size() != world) {
-    fail(invalid_argument(
-        "--verify runs the plan's world of %d rank(s) but this process has %d: launch it under "
-        "mpirun -np %d, or plan one node with one rank",
-        world, rt->world_size(), world));
-  }
-  auto eng = value_or_fail(zero::create_engine(*rt, cfg));
-  for (const auto& mod : m.modules) {
-    std::vector<ParamSpec> ps;
-    for (size_t i = 0; i < mod.param_numel.size(); ++i) {
-      ps.push_back({"p" + std::to_string(i), {static_cast<int64_t>(mod.param_numel[i])}});
+// `steps` timed steps (after one that records the fetch order) of the tuned config. zoe's GPT runs
+// its CPU kernels on random tokens through model::GptTrainer: the whole step, as `zoe train` runs
+// it. Any other model runs on its modules with the caller's compute left out (zero gradients): the
+// engine's I/O, collectives and optimizer as the plan placed them.
+Verified verify(Runtime& rt, const config::Config& cfg, const plan::PlanInputs& in, int steps,
+                const std::string& what) {
+  const plan::ModelDesc& m = in.model;
+  auto eng = value_or_fail(zero::create_engine(rt, cfg));
+  model::GptConfig gc;
+  const int T = static_cast<int>(std::min<int64_t>(in.work.seq, m.context > 0 ? m.context : in.work.seq));
+  const int B = static_cast<int>(in.work.micro_batch);
+  if (m.zoe_gpt) {
+    gc.layers = m.layers;
+    gc.d_model = m.d_model;
+    gc.heads = m.heads;
+    gc.seq = m.context;
+    gc.vocab = m.vocab;
+    if (Status s = model::add_gpt_modules(*eng, gc); !s.is_ok()) fail(s);
+  } else {
+    for (const auto& mod : m.modules) {
+      std::vector<ParamSpec> ps;
+      for (size_t i = 0; i < mod.param_numel.size(); ++i) {
+        ps.push_back({"p" + std::to_string(i), {static_cast<int64_t>(mod.param_numel[i])}});
+      }
+      Status s = eng->add_module(mod.name, ps);
+      if (!s.is_ok()) fail(s);
     }
-    Status s = eng->add_module(mod.name, ps);
-    if (!s.is_ok()) fail(s);
   }
-  Status s = eng->initialize([](size_t, size_t, float* x, size_t n) {
-    for (size_t i = 0; i < n; ++i) x[i] = 0.01f * std::sin(0.37f * static_cast<float>(i));
-  });
-  if (!s.is_ok()) fail(s.with_context("--verify: initialising the engine with the tuned config"));
+  Status s = m.zoe_gpt ? eng->initialize([&](size_t mi, size_t p, float* x, size_t n) {
+    model::gpt_init(gc, 1, mi, p, x, n);
+  })
+                       : eng->initialize([](size_t, size_t, float* x, size_t n) {
+                           for (size_t i = 0; i < n; ++i)
+                             x[i] = 0.01f * std::sin(0.37f * static_cast<float>(i));
+                         });
+  if (!s.is_ok()) fail(s.with_context("--verify: initialising the engine with " + what));
+  std::unique_ptr<model::GptCpu> gm;
+  std::unique_ptr<model::GptTrainer> trainer;
+  std::vector<int32_t> tokens, targets;
+  if (m.zoe_gpt) {
+    gm = value_or_fail(model::GptCpu::create(gc, B, T));
+    trainer = std::make_unique<model::GptTrainer>(*eng, *gm, gc, T);
+    tokens.resize(static_cast<size_t>(B) * static_cast<size_t>(T));
+    targets.resize(tokens.size());
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      tokens[i] = static_cast<int32_t>((x >> 33) % static_cast<uint64_t>(gc.vocab));
+      targets[i] = static_cast<int32_t>((x >> 17) % static_cast<uint64_t>(gc.vocab));
+    }
+  }
   Progress progress(true);
   std::vector<StepStats> stats;
   std::vector<double> times;
   const size_t n = eng->num_modules();
-  for (int k = 0; k < steps + 1; ++k) {  // the first step records the fetch order: not timed
-    progress.update(fmt("verify: step %d/%d", k + 1, steps + 1));
+  // Two steps are not timed: the first records the fetch order, the second is the first with
+  // prefetching (and warms the thread pools and the page cache of a cold process).
+  constexpr int kUntimed = 2;
+  for (int k = 0; k < steps + kUntimed; ++k) {
+    progress.update(fmt("verify %s: step %d/%d", what.c_str(), k + 1, steps + kUntimed));
     const uint64_t t0 = now_ns();
     for (int64_t j = 0; j < std::max<int64_t>(1, cfg.gradient_accumulation_steps); ++j) {
+      if (trainer) {
+        (void)value_or_fail(trainer->forward_backward(tokens, targets));
+        continue;
+      }
       for (size_t i = 0; i < n; ++i) {
         (void)value_or_fail(eng->fetch(i));
         if (Status r = eng->release(i); !r.is_ok()) fail(r);
@@ -262,10 +302,11 @@ Verified verify(const config::Config& cfg, const plan::ModelDesc& m, int steps, 
       }
     }
     stats.push_back(value_or_fail(eng->step()));
-    if (k > 0) times.push_back(static_cast<double>(now_ns() - t0) * 1e-9);
+    if (k >= kUntimed) times.push_back(static_cast<double>(now_ns() - t0) * 1e-9);
   }
   progress.done();
   Verified v;
+  v.with_compute = m.zoe_gpt;
   std::sort(times.begin(), times.end());
   v.step_s = times[times.size() / 2];
   const StepStats& a = stats[stats.size() - 2];
@@ -295,7 +336,20 @@ json candidate_json(const Candidate& c) {
 }
 
 void run(const TuneOpts& o) {
-  if (o.verify < 0) fail(invalid_argument("--verify %d: expected a number of steps >= 1", o.verify));
+  if (o.verify < 0) fail(invalid_argument("--verify %d: expected a number of candidates >= 1", o.verify));
+  if (o.verify_steps < 1 || o.verify_steps > 1000) {
+    fail(invalid_argument("--verify-steps %d is out of range (expected an integer in [1, 1000])",
+                          o.verify_steps));
+  }
+  if (o.verify_steps != 3 && o.verify == 0)
+    fail(invalid_argument("--verify-steps has no effect without --verify K"));
+  if (!o.plot.empty()) {
+    if (o.verify == 0)
+      fail(invalid_argument("--plot %s needs --verify K (it draws predicted against measured)",
+                            o.plot.c_str()));
+    Status ps = plot_available();
+    if (!ps.is_ok()) fail(ps.with_context("checking for --plot " + o.plot + " before tuning"));
+  }
   json j;
   plan::PlanOptions po = o.plan;
   if (o.calibrate) {
@@ -313,8 +367,56 @@ void run(const TuneOpts& o) {
   if (!res.any_fits()) fail(plan::nothing_fits(res, in));
   std::vector<Candidate> cands = search(in, res);
   if (cands.empty()) fail(internal_error("no candidate fits after the knob search"));
-  const Candidate& best = cands.front();
-  const config::Config cfg = tuned_config(in, best, plan::nvme_dir(po));
+  // --verify K: the K best candidates by prediction, each run for a few engine steps without the
+  // model's compute; the choice is the measured best.
+  struct Run {
+    size_t index;  // into cands
+    config::Config cfg;
+    Verified v;
+    double predicted_no_compute;
+  };
+  std::vector<Run> runs;
+  size_t chosen = 0;
+  if (o.verify > 0) {
+    auto rt = value_or_fail(Runtime::init());
+    if (rt->world_size() != in.topo.world()) {
+      fail(invalid_argument(
+          "--verify runs the plan's world of %d rank(s) but this process has %d: launch it under "
+          "mpirun -np %d, or plan one node with one rank",
+          in.topo.world(), rt->world_size(), in.topo.world()));
+    }
+    const size_t k = std::min(static_cast<size_t>(o.verify), cands.size());
+    for (size_t i = 0; i < k; ++i) {
+      const Candidate& c = cands[i];
+      Run r{i, tuned_config(in, c, plan::nvme_dir(po)), {}, 0};
+      r.v = verify(*rt, r.cfg, in, o.verify_steps,
+                   fmt("candidate %zu/%zu (%s)", i + 1, k, c.row.placement.label().c_str()));
+      // What was measured: the whole step, or without the compute when the model's kernels are not zoe's.
+      r.predicted_no_compute =
+          r.v.with_compute
+              ? c.row.cost.step_s
+              : c.row.cost.step_s - c.row.cost.critical_s[static_cast<int>(plan::Resource::kCompute)];
+      const Verified& v = r.v;
+      if (v.high_water[0] > c.row.bytes.device || v.high_water[1] > c.row.bytes.host ||
+          v.high_water[2] > c.row.bytes.nvme) {
+        fail(internal_error(
+            "--verify: candidate %zu (%s): a tier's high-water mark exceeded the plan (device %llu > %llu, "
+            "host %llu > %llu or nvme %llu > %llu)",
+            i + 1, c.row.placement.label().c_str(), static_cast<unsigned long long>(v.high_water[0]),
+            static_cast<unsigned long long>(c.row.bytes.device),
+            static_cast<unsigned long long>(v.high_water[1]),
+            static_cast<unsigned long long>(c.row.bytes.host),
+            static_cast<unsigned long long>(v.high_water[2]),
+            static_cast<unsigned long long>(c.row.bytes.nvme)));
+      }
+      runs.push_back(std::move(r));
+    }
+    for (size_t i = 1; i < runs.size(); ++i) {
+      if (runs[i].v.step_s < runs[chosen].v.step_s) chosen = i;
+    }
+  }
+  const Candidate& best = cands[chosen];
+  const config::Config cfg = runs.empty() ? tuned_config(in, best, plan::nvme_dir(po)) : runs[chosen].cfg;
   if (!o.out.empty()) {
     const std::string text = cfg.to_json();
     // What zoe train --config will read must parse back to the same config.
@@ -326,82 +428,107 @@ void run(const TuneOpts& o) {
     if (!f) fail(sys_error("write", o.out, errno).with_context("writing the tuned config"));
     fprintf(stderr, "zoe tune: config written to %s\n", o.out.c_str());
   }
-  Verified v;
-  if (o.verify > 0) v = verify(cfg, in.model, o.verify, in.topo.world());
-  // The prediction without the caller's compute, which --verify leaves out.
-  const double no_compute =
-      best.row.cost.step_s - best.row.cost.critical_s[static_cast<int>(plan::Resource::kCompute)];
+  auto verified_json = [&] {
+    json a = json::array();
+    for (const Run& r : runs) {
+      const Candidate& c = cands[r.index];
+      a.push_back(
+          {{"rank_predicted", r.index + 1},
+           {"placement", c.row.placement.label()},
+           {"predicted_step_s", c.row.cost.step_s},
+           {"with_compute", r.v.with_compute},
+           {"predicted_step_s_as_measured", r.predicted_no_compute},
+           {"error", (r.predicted_no_compute - r.v.step_s) / std::max(r.v.step_s, 1e-12)},
+           {"measured_step_s", r.v.step_s},
+           {"steps", o.verify_steps},
+           {"nvme_read", r.v.nvme_read},
+           {"nvme_write", r.v.nvme_write},
+           {"predicted_nvme_read", c.row.cost.bytes.nvme_read},
+           {"predicted_nvme_write", c.row.cost.bytes.nvme_write},
+           {"high_water",
+            {{"device", r.v.high_water[0]}, {"host", r.v.high_water[1]}, {"nvme", r.v.high_water[2]}}},
+           {"config", json::parse(r.cfg.to_json())}});
+    }
+    return a;
+  };
+  json verified = runs.empty() ? json() : verified_json();
+  if (!o.plot.empty()) {
+    Progress plotting(true);
+    plotting.update("plotting " + o.plot);
+    Status ps = write_plot("tune", json({{"verified", verified}}).dump(), o.plot);
+    plotting.done();
+    if (!ps.is_ok()) fail(ps.with_context("--plot " + o.plot));
+  }
   if (o.json) {
     j["params"] = res.params;
     j["best"] = candidate_json(best);
     json alt = json::array();
-    for (size_t i = 1; i < cands.size() && i < 6; ++i) alt.push_back(candidate_json(cands[i]));
+    for (size_t i = 0; i < cands.size() && alt.size() < 5; ++i) {
+      if (i != chosen) alt.push_back(candidate_json(cands[i]));
+    }
     j["alternatives"] = alt;
     if (!o.out.empty()) j["out"] = o.out;
-    if (o.verify > 0) {
-      j["verify"] = {{"steps", o.verify},
-                     {"measured_step_s", v.step_s},
-                     {"predicted_step_s_without_compute", no_compute},
-                     {"nvme_read", v.nvme_read},
-                     {"nvme_write", v.nvme_write},
-                     {"predicted_nvme_read", best.row.cost.bytes.nvme_read},
-                     {"predicted_nvme_write", best.row.cost.bytes.nvme_write},
-                     {"high_water",
-                      {{"device", v.high_water[0]}, {"host", v.high_water[1]}, {"nvme", v.high_water[2]}}}};
-      // The shape (`verified: [{predicted_step_s, measured_step_s, config}]`): the choice,
-      // verified (only the best candidate is run; the measured time leaves the model's compute out).
-      json entry = json::object();
-      entry["predicted_step_s"] = best.row.cost.step_s;
-      entry["predicted_step_s_without_compute"] = no_compute;
-      entry["measured_step_s"] = v.step_s;
-      entry["config"] = json::parse(cfg.to_json());
-      j["verified"] = json::array();
-      j["verified"].push_back(entry);
+    if (!runs.empty()) {
+      // `best` is the measured best of the verified candidates; `predicted_best` the model's.
+      j["verified"] = verified;
+      j["chosen"] = chosen + 1;
+      j["chosen_differs_from_predicted"] = chosen != 0;
+      j["predicted_best"] = candidate_json(cands.front());
     }
     print_json(j);
-  } else {
-    printf("# zoe tune: %s, %llu parameters, %d node(s) x %d rank(s); %zu fitting candidates\n",
-           in.model.name.c_str(), static_cast<unsigned long long>(res.params), in.topo.nodes,
-           in.topo.gpus_per_node, cands.size());
-    Table t({{"placement", "", 56, true},
-             {"bucket", "elems", 10},
-             {"subgroup", "elems", 10},
-             {"step", "s", 10},
-             {"bottleneck", "(share)", 17, true}});
-    t.print_header(stdout);
-    for (size_t i = 0; i < cands.size() && i < 6; ++i) {
-      const Candidate& c = cands[i];
-      t.print_row(stdout,
-                  {(i == 0 ? "* " : "  ") + c.row.placement.label(), std::to_string(c.prefetch_bucket),
-                   std::to_string(c.sub_group), fmt("%.4g", c.row.cost.step_s),
-                   fmt("%s (%.0f%%)", plan::resource_name(c.row.cost.bottleneck),
-                       100 * c.row.cost.bottleneck_share)});
-    }
-    if (!o.out.empty()) printf("# config: %s (zoe train --config %s)\n", o.out.c_str(), o.out.c_str());
-    if (o.verify > 0) {
+    return;
+  }
+  printf("# zoe tune: %s, %llu parameters, %d node(s) x %d rank(s); %zu fitting candidates\n",
+         in.model.name.c_str(), static_cast<unsigned long long>(res.params), in.topo.nodes,
+         in.topo.gpus_per_node, cands.size());
+  Table t({{"placement", "", 56, true},
+           {"bucket", "elems", 10},
+           {"subgroup", "elems", 10},
+           {"step", "s", 10},
+           {"bottleneck", "(share)", 17, true}});
+  t.print_header(stdout);
+  for (size_t i = 0; i < cands.size() && i < 6; ++i) {
+    const Candidate& c = cands[i];
+    t.print_row(
+        stdout,
+        {(i == chosen ? "* " : "  ") + c.row.placement.label(), std::to_string(c.prefetch_bucket),
+         std::to_string(c.sub_group), fmt("%.4g", c.row.cost.step_s),
+         fmt("%s (%.0f%%)", plan::resource_name(c.row.cost.bottleneck), 100 * c.row.cost.bottleneck_share)});
+  }
+  if (!runs.empty()) {
+    if (runs.front().v.with_compute) {
+      printf("\n# verified: %d steps of each, the GPT's kernels on random tokens (the whole step)\n",
+             o.verify_steps);
+    } else {
       printf(
-          "# verify, %d steps without compute: step %.4g s (model %.4g s), nvme read %s (model %s), write %s "
-          "(model %s); high-water device %s host %s nvme %s (plan %s, %s, %s)\n",
-          o.verify, v.step_s, no_compute, format_bytes(v.nvme_read).c_str(),
-          format_bytes(best.row.cost.bytes.nvme_read).c_str(), format_bytes(v.nvme_write).c_str(),
-          format_bytes(best.row.cost.bytes.nvme_write).c_str(), format_bytes(v.high_water[0]).c_str(),
-          format_bytes(v.high_water[1]).c_str(), format_bytes(v.high_water[2]).c_str(),
-          format_bytes(best.row.bytes.device).c_str(), format_bytes(best.row.bytes.host).c_str(),
-          format_bytes(best.row.bytes.nvme).c_str());
+          "\n# verified: %d steps of each without the model's compute (predicted: the step less its "
+          "compute)\n",
+          o.verify_steps);
+    }
+    Table vt({{"candidate", "", 56, true},
+              {"predicted", "s", 11},
+              {"measured", "s", 11},
+              {"error", "", 8},
+              {"nvme read", "bytes", 11},
+              {"(model)", "bytes", 11}});
+    vt.print_header(stdout);
+    for (size_t i = 0; i < runs.size(); ++i) {
+      const Run& r = runs[i];
+      const Candidate& c = cands[r.index];
+      vt.print_row(
+          stdout, {(i == chosen ? "* " : "  ") + c.row.placement.label(), fmt("%.4g", r.predicted_no_compute),
+                   fmt("%.4g", r.v.step_s),
+                   fmt("%+.0f%%", 100 * (r.predicted_no_compute - r.v.step_s) / std::max(r.v.step_s, 1e-12)),
+                   format_bytes(r.v.nvme_read), format_bytes(c.row.cost.bytes.nvme_read)});
+    }
+    if (chosen != 0) {
+      printf("# the measured best is candidate %zu, not the predicted best (candidate 1): %s is written\n",
+             chosen + 1, o.out.empty() ? "it" : o.out.c_str());
+    } else {
+      printf("# the predicted best is also the measured best\n");
     }
   }
-  if (o.verify > 0 && (v.high_water[0] > best.row.bytes.device || v.high_water[1] > best.row.bytes.host ||
-                       v.high_water[2] > best.row.bytes.nvme)) {
-    fail(internal_error(
-        "--verify: a tier's high-water mark exceeded the plan (device %llu > %llu, host %llu > "
-        "%llu or nvme %llu > %llu)",
-        static_cast<unsigned long long>(v.high_water[0]),
-        static_cast<unsigned long long>(best.row.bytes.device),
-        static_cast<unsigned long long>(v.high_water[1]),
-        static_cast<unsigned long long>(best.row.bytes.host),
-        static_cast<unsigned long long>(v.high_water[2]),
-        static_cast<unsigned long long>(best.row.bytes.nvme)));
-  }
+  if (!o.out.empty()) printf("# config: %s (zoe train --config %s)\n", o.out.c_str(), o.out.c_str());
 }
 
 }  // namespace
@@ -413,7 +540,8 @@ void add_tune_command(CLI::App& app) {
       "Pick the fastest placement that fits: the rows of `zoe plan` and a few knobs (stage-3 prefetch\n"
       "bucket, swapper sub-group) searched with the cost model (docs/cost-model.md). --calibrate first\n"
       "measures this host (NVMe read/write, CPU Adam, FLOP/s of zoe's GPT kernels, memory copies) and\n"
-      "saves the rates; --out writes the choice as a config for zoe train --config; --verify K runs it.\n"
+      "saves the rates; --out writes the choice as a config for zoe train --config; --verify K runs the\n"
+      "K best and chooses the measured best.\n"
       "The network rate is not measured: give --net-gbps/--intra-gbps.");
   plan::add_plan_options(*cmd, &o->plan);
   cmd->add_flag("--calibrate", o->calibrate, "Measure this host's rates first and use them");
@@ -423,8 +551,14 @@ void add_tune_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--out", o->out, "Write the chosen placement as a DeepSpeed-compatible config here");
   cmd->add_option("--verify", o->verify,
-                  "Run K engine steps of the choice on the model's modules (no model compute) and compare "
-                  "with the plan; exit 1 if a tier's high-water mark exceeds it");
+                  "Run the K best candidates for --verify-steps engine steps each on the model's modules (no "
+                  "model compute), print predicted against measured, and choose the measured best; exit 1 "
+                  "if a tier's high-water mark exceeds the plan");
+  cmd->add_option("--verify-steps", o->verify_steps, "Timed engine steps per verified candidate")
+      ->capture_default_str();
+  cmd->add_option("--plot", o->plot,
+                  "With --verify: draw predicted against measured step time per candidate into this PNG "
+                  "(python3-matplotlib)");
   cmd->add_flag("--json", o->json, "Print one JSON object");
   cmd->callback([o] { run(*o); });
 }

@@ -111,8 +111,8 @@ Status plot_available() { return run_script({"--check"}, "plotting"); }
 
 Status write_plot(const std::string& kind, const std::string& json_text, const std::string& png_path,
                   PlotSize size) {
-  if (kind != "train" && kind != "bench-io") {
-    return invalid_argument("write_plot: kind '%s': expected train or bench-io", kind.c_str());
+  if (kind != "train" && kind != "bench-io" && kind != "tune") {
+    return invalid_argument("write_plot: kind '%s': expected train, bench-io or tune", kind.c_str());
   }
   const char* tmpdir = getenv("TMPDIR");
   std::string tmpl = std::string(tmpdir && *tmpdir ? tmpdir : "/tmp") + "/zoe-plot-XXXXXX.json";

@@ -13,7 +13,8 @@ struct PlotSize {
 };
 
 // Draws `json_text` (the --json output of a command) into png_path. kind: "train" (zoe train:
-// loss and eval curves, time per step by part) or "bench-io" (zoe bench io: GB/s against block
+// loss and eval curves, time per step by part), "tune" (zoe tune --verify: predicted against
+// measured step time per candidate) or "bench-io" (zoe bench io: GB/s against block
 // size and queue depth). The interpreter is $ZOE_PYTHON or /usr/bin/python3; the script is
 // $ZOE_PLOT_SCRIPT, else scripts/zoe_plot.py of the source tree zoe was built from, else
 // <zoe's directory>/zoe_plot.py. Blocks until the PNG is written. Errors: no interpreter or

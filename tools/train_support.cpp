@@ -37,7 +37,6 @@ void print_indented(const std::string& text, const char* prefix) {
   }
 }
 
-
 // Refuses a run whose host allocations cannot fit before making them: the activations, and the
 // optimizer swapper's pinned buffers with NVMe optimizer offload (the engine's sizing:
 // max(buffer_count, 12) buffers of min(sub_group_size, 1Mi) fp32 elements).
@@ -87,7 +86,6 @@ double mean_over_ranks(Runtime& rt, double v) {
   if (!r.is_ok()) fail(r.status().with_context("averaging the loss over ranks"));
   return r.value();
 }
-
 
 std::string fmt_eta(double s) {
   if (s < 60) return fmt("%.0fs", s);

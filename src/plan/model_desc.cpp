@@ -27,6 +27,7 @@ Result<ModelDesc> gpt_model(const model::GptConfig& c, const std::string& name) 
   d.heads = c.heads;
   d.vocab = c.vocab;
   d.context = c.seq;
+  d.zoe_gpt = true;
   return d;
 }
 

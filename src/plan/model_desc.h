@@ -19,6 +19,8 @@ struct ModelDesc {
   std::vector<zero::ModuleShape> modules;
   // Dimensions for FLOPs and activations; 0 where unknown (a bare parameter count).
   int layers = 0, d_model = 0, heads = 0, vocab = 0, context = 0;
+  // zoe's reference GPT (model/gpt.h) of these dimensions: `zoe tune --verify` runs its kernels.
+  bool zoe_gpt = false;
 };
 
 // zoe's GPT presets: model::gpt_presets() (src/model/gpt.h), the same as `zoe train --preset`.

@@ -135,16 +135,16 @@ TEST(PlanCli, HelpExplainsEveryOption) {
 
 namespace {
 
-// `zoe tune`: calibrate this host (small), pick a placement, write a config that zoe train runs,
-// verify it for two steps.
-TEST(TuneCli, CalibrateSearchWriteAndVerify) {
+// `zoe tune`: calibrate this host (small), pick a placement, verify the 3 best candidates for two
+// steps each, choose the measured best, write it as a config that zoe train runs, plot it.
+TEST(TuneCli, CalibrateSearchVerifyWriteAndPlot) {
   zoe::test::ScratchDir d("tune-cli");
-  const std::string cal = d.file("cal.json"), cfg = d.file("tuned.json");
+  const std::string cal = d.file("cal.json"), cfg = d.file("tuned.json"), png = d.file("tune.png");
   CmdResult r =
       zoe("tune --preset tiny --device cpu --device-mem 64MiB --host-mem 4GiB --nvme-space 1GiB "
           "--nvme-path " +
           d.path() + " --calibrate --calibrate-bytes 16MiB --calibration-out " + cal + " --out " + cfg +
-          " --verify 2 --json");
+          " --verify 3 --verify-steps 2 --plot " + png + " --json");
   ASSERT_EQ(r.rc, 0) << r.out << r.err;
   json j = json::parse(r.out, nullptr, false);
   ASSERT_FALSE(j.is_discarded()) << r.out;
@@ -152,19 +152,57 @@ TEST(TuneCli, CalibrateSearchWriteAndVerify) {
     EXPECT_GT(j["calibration"][k].get<double>(), 0.0) << k;
   }
   EXPECT_GT(j["best"]["predicted_step_s"].get<double>(), 0.0);
-  EXPECT_EQ(j["verify"]["steps"], 2);
-  ASSERT_EQ(j["verified"].size(), 1u);
-  EXPECT_GT(j["verified"][0]["measured_step_s"].get<double>(), 0.0);
-  EXPECT_EQ(j["verified"][0]["predicted_step_s"], j["best"]["predicted_step_s"]);
-  EXPECT_TRUE(j["verified"][0]["config"].contains("zero_optimization"));
-  EXPECT_LE(j["verify"]["high_water"]["device"].get<uint64_t>(),
+  ASSERT_EQ(j["verified"].size(), 3u);
+  // The candidates run in predicted order; the choice is the one measured fastest.
+  size_t fastest = 0;
+  for (size_t i = 0; i < 3; ++i) {
+    const json& v = j["verified"][i];
+    EXPECT_EQ(v["rank_predicted"], i + 1);
+    EXPECT_EQ(v["steps"], 2);
+    EXPECT_GT(v["measured_step_s"].get<double>(), 0.0);
+    EXPECT_TRUE(v["config"].contains("zero_optimization"));
+    if (i > 0) {
+      EXPECT_GE(v["predicted_step_s"].get<double>(), j["verified"][i - 1]["predicted_step_s"].get<double>());
+    }
+    if (v["measured_step_s"].get<double>() < j["verified"][fastest]["measured_step_s"].get<double>())
+      fastest = i;
+  }
+  EXPECT_EQ(j["chosen"], fastest + 1);
+  EXPECT_EQ(j["chosen_differs_from_predicted"], fastest != 0);
+  EXPECT_EQ(j["best"]["predicted_step_s"], j["verified"][fastest]["predicted_step_s"]);
+  EXPECT_EQ(j["predicted_best"]["predicted_step_s"], j["verified"][0]["predicted_step_s"]);
+  EXPECT_LE(j["verified"][fastest]["high_water"]["device"].get<uint64_t>(),
             j["best"]["bytes"]["device"].get<uint64_t>());
+  // The written config is the chosen candidate's.
+  std::ifstream in(cfg);
+  json written = json::parse(in, nullptr, false);
+  EXPECT_EQ(written, j["verified"][fastest]["config"]);
+  // The plot: a PNG (its signature) of the default size.
+  std::ifstream p(png, std::ios::binary);
+  std::string head(24, '\0');
+  p.read(head.data(), 24);
+  ASSERT_TRUE(p) << "no PNG at " << png;
+  EXPECT_EQ(head.substr(1, 3), "PNG");
+  const auto be32 = [&](size_t at) {
+    return (static_cast<uint32_t>(static_cast<unsigned char>(head[at])) << 24) |
+           (static_cast<uint32_t>(static_cast<unsigned char>(head[at + 1])) << 16) |
+           (static_cast<uint32_t>(static_cast<unsigned char>(head[at + 2])) << 8) |
+           static_cast<uint32_t>(static_cast<unsigned char>(head[at + 3]));
+  };
+  EXPECT_EQ(be32(16), 1200u);
+  EXPECT_EQ(be32(20), 800u);
   // The saved calibration is what zoe plan reads.
-  CmdResult p = zoe("plan --preset tiny" + kMem + " --calibration " + cal);
-  EXPECT_EQ(p.rc, 0) << p.err;
+  CmdResult pl = zoe("plan --preset tiny" + kMem + " --calibration " + cal);
+  EXPECT_EQ(pl.rc, 0) << pl.err;
   // The tuned config is one zoe train runs.
   CmdResult t = zoe("train --config " + cfg + " --preset tiny --steps 2 --micro-batch 1 --quiet --json");
   EXPECT_EQ(t.rc, 0) << t.out << t.err;
+  // Flags that cannot take effect are refused.
+  CmdResult bad = zoe("tune --preset tiny" + kMem + " --plot " + png);
+  EXPECT_EQ(bad.rc, 1);
+  EXPECT_NE(bad.err.find("needs --verify K"), std::string::npos) << bad.err;
+  bad = zoe("tune --preset tiny" + kMem + " --verify-steps 5");
+  EXPECT_NE(bad.err.find("--verify-steps has no effect without --verify K"), std::string::npos) << bad.err;
 }
 
 TEST(TuneCli, NothingFitsExitsOne) {
