@@ -160,6 +160,11 @@ void run(TrainOpts o) {
   std::vector<int32_t> tokens, targets;
   std::vector<double> losses, lrs, grad_norms;
   json step_times = json::array();
+  json per_param = json::array();  // bytes per parameter moved in each step, per link
+  auto link_json = [](double nvme_read, double nvme_write, double h2d, double d2h) {
+    return json{
+        {"nvme->host", nvme_read}, {"host->nvme", nvme_write}, {"host->device", h2d}, {"device->host", d2h}};
+  };
   json evals = json::array();
   double t_compute = 0, t_comm = 0, t_io = 0, t_opt = 0;
   StepStats last;
@@ -281,6 +286,8 @@ void run(TrainOpts o) {
                           {"comm", last.t_comm},
                           {"io_stall", last.t_io_stall},
                           {"optimizer", last.t_optimizer}});
+    per_param.push_back(link_json(last.per_param_nvme_read, last.per_param_nvme_write,
+                                  last.per_param_host_to_device, last.per_param_device_to_host));
     t_compute += last.t_compute;
     t_comm += last.t_comm;
     t_io += last.t_io_stall;
@@ -352,6 +359,9 @@ void run(TrainOpts o) {
                       {"host->nvme", last.bytes_nvme_write},
                       {"host->device", last.bytes_host_to_device},
                       {"device->host", last.bytes_device_to_host}};
+  // The last step's (the steady state: the first steps record the fetch order and fill caches).
+  j["bytes_per_param_per_step"] = per_param.empty() ? json::object() : per_param.back();
+  j["step_bytes_per_param"] = per_param;
   j["time_s"] = {
       {"compute", t_compute}, {"comm", t_comm}, {"io_stall", t_io}, {"optimizer", t_opt}, {"total", total_s}};
   j["losses"] = losses;
@@ -426,6 +436,11 @@ void run(TrainOpts o) {
   row("moved nvme->host", last.bytes_nvme_read);
   row("moved host->nvme", last.bytes_nvme_write);
   row("moved host->device", last.bytes_host_to_device);
+  printf(
+      "\nbytes per parameter in the last step: nvme->host %.2f, host->nvme %.2f, host->device %.2f, "
+      "device->host %.2f",
+      last.per_param_nvme_read, last.per_param_nvme_write, last.per_param_host_to_device,
+      last.per_param_device_to_host);
   printf(
       "\nstate / device budget = %.1fx; time: compute %.1fs, comm %.1fs, I/O stall %.1fs, optimizer %.1fs, "
       "total %.1fs\n",

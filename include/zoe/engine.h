@@ -100,6 +100,13 @@ struct StepStats {
   // Bytes moved since initialize(): NVMe reads and writes (every tier's), host -> device and
   // device -> host (parameter partitions, including those streamed from/to NVMe).
   uint64_t bytes_nvme_read = 0, bytes_nvme_write = 0, bytes_host_to_device = 0, bytes_device_to_host = 0;
+  // The same links, this step's part only: bytes since the previous step() (an overlapped update's
+  // count at the next step), and those bytes per parameter of the model (this rank's bytes over
+  // num_params(): e.g. 12 per parameter per direction for fp32 master, m and v swapped on NVMe).
+  uint64_t step_bytes_nvme_read = 0, step_bytes_nvme_write = 0, step_bytes_host_to_device = 0,
+           step_bytes_device_to_host = 0;
+  double per_param_nvme_read = 0, per_param_nvme_write = 0, per_param_host_to_device = 0,
+         per_param_device_to_host = 0;
   // Stage 3, since the previous step(): fetches whose all-gather prefetch had already queued
   // (following the recorded fetch order), and fetches that had to gather on the spot.
   uint64_t gathers_prefetched = 0, gathers_on_demand = 0;

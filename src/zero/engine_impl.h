@@ -195,6 +195,8 @@ struct Engine::Impl {
   // Per-step timing.
   double t_comm = 0, t_io = 0, t_opt = 0, t_engine = 0;
   uint64_t gathers_prefetched = 0, gathers_on_demand = 0;
+  // The link counters at the previous step() (NVMe read, NVMe write, host->device, device->host).
+  uint64_t last_link_bytes[4] = {0, 0, 0, 0};
   uint64_t last_step_ns = 0;
 
   size_t esize() const { return dtype_size(cdt); }

@@ -338,6 +338,20 @@ Result<StepStats> Engine::step() {
     st.bytes_host_to_device = ts.host_to_device.bytes + ts.nvme_to_device.bytes;
     st.bytes_device_to_host = ts.device_to_host.bytes + ts.device_to_nvme.bytes;
   }
+  {
+    const uint64_t now_bytes[4] = {st.bytes_nvme_read, st.bytes_nvme_write, st.bytes_host_to_device,
+                                   st.bytes_device_to_host};
+    uint64_t* step_bytes[4] = {&st.step_bytes_nvme_read, &st.step_bytes_nvme_write,
+                               &st.step_bytes_host_to_device, &st.step_bytes_device_to_host};
+    double* per_param[4] = {&st.per_param_nvme_read, &st.per_param_nvme_write, &st.per_param_host_to_device,
+                            &st.per_param_device_to_host};
+    const double params = static_cast<double>(std::max<uint64_t>(1, num_params()));
+    for (int k = 0; k < 4; ++k) {
+      *step_bytes[k] = now_bytes[k] - I.last_link_bytes[k];
+      *per_param[k] = static_cast<double>(*step_bytes[k]) / params;
+      I.last_link_bytes[k] = now_bytes[k];
+    }
+  }
   st.gathers_prefetched = I.gathers_prefetched;
   st.gathers_on_demand = I.gathers_on_demand;
   I.gathers_prefetched = I.gathers_on_demand = 0;

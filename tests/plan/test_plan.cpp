@@ -395,6 +395,15 @@ TEST(CostModelVsEngine, NvmeBytesPerStepForEveryPlacement) {
                        wr = b.bytes_nvme_write - a.bytes_nvme_write;
         const uint64_t h2d = b.bytes_host_to_device - a.bytes_host_to_device;
         const uint64_t d2h = b.bytes_device_to_host - a.bytes_device_to_host;
+        // StepStats' own per-step figures are these deltas, and per parameter over the model's count.
+        EXPECT_EQ(b.step_bytes_nvme_read, rd) << what;
+        EXPECT_EQ(b.step_bytes_nvme_write, wr) << what;
+        EXPECT_EQ(b.step_bytes_host_to_device, b.bytes_host_to_device - a.bytes_host_to_device) << what;
+        EXPECT_EQ(b.step_bytes_device_to_host, d2h) << what;
+        EXPECT_DOUBLE_EQ(b.per_param_nvme_write, static_cast<double>(wr) / static_cast<double>(w.params))
+            << what;
+        EXPECT_DOUBLE_EQ(b.per_param_device_to_host, static_cast<double>(d2h) / static_cast<double>(w.params))
+            << what;
         // Optimizer states (swapper step, NVMe gradient accumulation) and stage-3 partition
         // write-backs: exact.
         EXPECT_EQ(wr, cost.bytes.nvme_write) << what;
