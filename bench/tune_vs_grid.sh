@@ -5,13 +5,14 @@
 # tune's pick among the measured times and the ratio of its time to the grid's best (target:
 # rank 1, ratio <= 1.10). Rows alternate order between rounds, since a shared machine drifts.
 #
-# Usage: bench/tune_vs_grid.sh [PRESET] [STEPS] [DIR] [TOP]     (defaults: small 5 /var/tmp 12)
+# Usage: bench/tune_vs_grid.sh [PRESET] [STEPS] [DIR] [TOP]     (defaults: small 8 /var/tmp 12)
 # Env:   ZOE=path/to/zoe (default build/bin/zoe), MICRO=8 (sequences per micro-batch),
-#        JSON=out.json to also write the results as JSON.
+#        JSON=out.json to also write the results as JSON, PLAN_FLAGS="--device-mem 16MiB ..." for
+#        the budgets tune and plan search under (the grid's configs inherit the tuned config's).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 preset=${1:-small}
-steps=${2:-5}
+steps=${2:-8}
 dir=${3:-/var/tmp}
 top=${4:-12}
 zoe=${ZOE:-$here/build/bin/zoe}
@@ -21,7 +22,8 @@ py=/usr/bin/python3
 work=$(mktemp -d "$dir/zoe-tune-grid.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 
-common=(--preset "$preset" --device cpu --nvme-path "$work" --micro-batch "$micro")
+# shellcheck disable=SC2206
+common=(--preset "$preset" --device cpu --nvme-path "$work" --micro-batch "$micro" ${PLAN_FLAGS:-})
 echo "# calibrating and tuning ($preset, micro-batch $micro)" >&2
 "$zoe" tune "${common[@]}" --calibrate --calibration-out "$work/cal.json" --out "$work/tuned.json" --json \
   > "$work/tune.json"
@@ -65,8 +67,11 @@ $py - "$work" "$n" "$steps" "${JSON:-}" <<'PY'
 import json, sys
 work, n, steps, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 def step_s(path):
+    # The median wall time of the steps after the first two (the first records the fetch order,
+    # the second is the first prefetched one): each step's compute + comm + I/O stall + optimizer.
     j = json.load(open(path))
-    return j["time_s"]["total"] / max(1, j["steps"] - j["start_step"])
+    walls = sorted(sum(t.values()) for t in j["step_time_s"][2:]) or [j["time_s"]["total"]]
+    return walls[len(walls) // 2]
 rows = []
 for i in range(n):
     m = json.load(open(f"{work}/row{i}.meta"))
