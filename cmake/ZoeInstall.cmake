@@ -1,7 +1,8 @@
 # The public library and its installation.
 #
 # libzoe.so (target zoe_lib, exported as zoe::zoe): one shared library made of the engine's layer
-# objects, all of them (core, io, optim, device, comm, config, offload, zero, checkpoint), so a
+# objects, all of them (core, io, optim, device, comm, config, offload, zero, checkpoint, and the
+# CLI frame of zoe/cli.h), so a
 # user links one file. Its optional dependencies (liburing, hwloc, oneTBB, MPI, CUDA, NCCL) are
 # linked into it as found at configure time and reach a user's program through the library's own
 # DT_NEEDED entries; a user needs none of their headers. The reference GPT (OpenBLAS) is not in it.
@@ -14,7 +15,7 @@
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
-set(_zoe_layers zoe_core zoe_io zoe_optim zoe_device zoe_comm zoe_config zoe_offload zoe_zero zoe_checkpoint)
+set(_zoe_layers zoe_core zoe_io zoe_optim zoe_device zoe_comm zoe_config zoe_offload zoe_zero zoe_checkpoint zoe_cli)
 set(_zoe_objects "")
 foreach(_l IN LISTS _zoe_layers)
   list(APPEND _zoe_objects $<TARGET_OBJECTS:${_l}>)

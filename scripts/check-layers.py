@@ -21,7 +21,6 @@ ALLOWED = {
     "src/optim": CORE,
     "src/config": CORE,
     "src/checkpoint": CORE,
-    "src/data": CORE,
     "src/model": CORE,
     "offload": CORE + ["io", "src/device"],
     "src/zero": CORE + ["io", "src/device", "src/comm", "src/optim", "src/config", "src/checkpoint", "offload"],
@@ -30,7 +29,11 @@ ALLOWED = {
                         "src/zero", "src/model"],
     "python": CORE + ["src/model", "src/zero", "src/config", "src/checkpoint"],
     "examples": ["include/zoe"],
-    "tools": None,   # the CLI: every library below it
+    "src/cli": CORE + ["io", "src/device", "src/comm", "src/optim", "src/config", "src/checkpoint", "offload",
+                       "src/zero", "src/model", "src/export", "src/plan"],
+    # The zoe program and `zoe train`: the public headers and the reference model's only (and its
+    # own files), as a user's program would be.
+    "tools": ["include/zoe", "src/model"],
     "tests": None,   # tests and benchmarks reach anything
     "bench": None,
 }

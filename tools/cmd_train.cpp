@@ -21,14 +21,15 @@
 #include <thread>
 #include <vector>
 
-#include "data/corpus.h"
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "model/corpus.h"
 #include "model/gpt_trainer.h"
-#include "tools/cli_util.h"
-#include "tools/commands.h"
-#include "tools/plot_util.h"
 #include "tools/stop_signals.h"
 #include "tools/train_flags.h"
 #include "tools/train_support.h"
+#include "zoe/cli.h"
 #include "zoe/zoe.h"
 
 namespace zoe::cli {
@@ -449,7 +450,7 @@ void run(TrainOpts o) {
 
 }  // namespace
 
-void add_train_command(CLI::App& app) {
+static void add_train_command(CLI::App& app) {
   auto o = std::make_shared<TrainOpts>();
   CLI::App* cmd = add_train_options(app, o.get());
   cmd->callback([o, cmd] {
@@ -459,5 +460,8 @@ void add_train_command(CLI::App& app) {
     run(*o);
   });
 }
+
+// Joins the program this file is linked into (the `zoe` program).
+static const CommandRegistrar kRegister(20, "", "", add_train_command);
 
 }  // namespace zoe::cli

@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "tools/cli_util.h"
+#include "zoe/cli.h"
 
 namespace zoe::cli {
 

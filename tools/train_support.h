@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "model/gpt_trainer.h"
-#include "tools/cli_util.h"
+#include "zoe/cli.h"
 #include "zoe/zoe.h"
 
 namespace zoe::cli {

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "data/corpus.h"
+#include "model/corpus.h"
 #include "model/gpt_trainer.h"
 #include "tests/util/test_util.h"
 

@@ -3,12 +3,14 @@
 #include <memory>
 #include <string>
 
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
 #include "config/config.h"
 #include "core/units.h"
 #include "plan/options.h"
 #include "plan/planner.h"
-#include "tools/cli_util.h"
-#include "tools/commands.h"
+#include "zoe/cli.h"
 
 namespace zoe::cli {
 namespace {
@@ -118,7 +120,7 @@ void run(const PlanOpts& o) {
   if (o.json) {
     json rows = json::array();
     for (const auto& r : res.rows) rows.push_back(row_json(r));
-    print_json({{"params", res.params}, {"rows", rows}});
+    print_json(nlohmann::json{{"params", res.params}, {"rows", rows}});
   } else {
     print_table(res, in, o);
   }
@@ -127,9 +129,7 @@ void run(const PlanOpts& o) {
 
 }  // namespace
 
-void add_tune_command(CLI::App& app);  // tools/cmd_tune.cpp, registered with `plan`
-
-void add_plan_command(CLI::App& app) {
+static void add_plan_command(CLI::App& app) {
   auto o = std::make_shared<PlanOpts>();
   CLI::App* cmd = app.add_subcommand(
       "plan",
@@ -142,7 +142,9 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--top", o->top, "Show only the first N rows of the table (0: all)");
   cmd->add_flag("--json", o->json, "Print one JSON object {\"params\": N, \"rows\": [...]}");
   cmd->callback([o] { run(*o); });
-  add_tune_command(app);
 }
+
+// Joins every program this file is linked into (the `zoe` program links all of src/cli).
+static const CommandRegistrar kRegister(40, "", "", add_plan_command);
 
 }  // namespace zoe::cli

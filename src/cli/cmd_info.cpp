@@ -3,13 +3,15 @@
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
 #include "core/cpu.h"
 #include "core/topology.h"
 #include "core/units.h"
 #include "io/file.h"
 #include "io/io_engine.h"
-#include "tools/cli_util.h"
-#include "tools/commands.h"
+#include "zoe/cli.h"
 #include "zoe/features.h"
 
 #if ZOE_HAVE_MPI
@@ -189,7 +191,7 @@ void print_human(const json& j) {
 
 }  // namespace
 
-void add_info_command(CLI::App& app) {
+static void add_info_command(CLI::App& app) {
   struct Opts {
     std::vector<std::string> paths;
     bool json = false;
@@ -209,5 +211,8 @@ void add_info_command(CLI::App& app) {
       print_human(j);
   });
 }
+
+// Joins every program this file is linked into (the `zoe` program links all of src/cli).
+static const CommandRegistrar kRegister(10, "", "", add_info_command);
 
 }  // namespace zoe::cli

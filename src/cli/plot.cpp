@@ -1,5 +1,5 @@
 // write_plot: the JSON to a temporary file, then python3 zoe_plot.py on it, its stderr captured.
-#include "tools/plot_util.h"
+#include "zoe/cli.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

@@ -11,13 +11,15 @@
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
 #include "checkpoint/checkpoint.h"
 #include "core/units.h"
-#include "data/corpus.h"
 #include "export/hf_gpt2.h"
+#include "model/corpus.h"
 #include "model/gpt.h"
-#include "tools/cli_util.h"
-#include "tools/commands.h"
+#include "zoe/cli.h"
 
 namespace zoe::cli {
 namespace {
@@ -157,7 +159,7 @@ void add_verify(CLI::App& ckpt) {
       if (!s.is_ok() && first.is_ok()) first = s;
     }
     if (o->json) {
-      print_json({{"path", r->path()}, {"ok", first.is_ok()}, {"bytes", bytes}, {"files", jf}});
+      print_json(nlohmann::json{{"path", r->path()}, {"ok", first.is_ok()}, {"bytes", bytes}, {"files", jf}});
     } else if (first.is_ok()) {
       printf("verified %zu files, %s: OK\n", files.size(), format_bytes(bytes).c_str());
     }
@@ -388,15 +390,15 @@ void add_eval(CLI::App& ckpt) {
         jt.push_back(std::vector<int32_t>(tokens.begin() + at, tokens.begin() + at + T));
         jg.push_back(std::vector<int32_t>(targets.begin() + at, targets.begin() + at + T));
       }
-      print_json({{"path", r->path()},
-                  {"step", m.step},
-                  {"state", state},
-                  {"heads", c.heads},
-                  {"batch", batch},
-                  {"seq", T},
-                  {"loss", loss},
-                  {"tokens", jt},
-                  {"targets", jg}});
+      print_json(nlohmann::json{{"path", r->path()},
+                                {"step", m.step},
+                                {"state", state},
+                                {"heads", c.heads},
+                                {"batch", batch},
+                                {"seq", T},
+                                {"loss", loss},
+                                {"tokens", jt},
+                                {"targets", jg}});
     } else {
       printf("loss %.6f over %d x %d tokens (%s of %s, step %" PRId64 ")\n", static_cast<double>(loss), batch,
              T, state.c_str(), r->path().c_str(), m.step);
@@ -406,7 +408,7 @@ void add_eval(CLI::App& ckpt) {
 
 }  // namespace
 
-void add_ckpt_command(CLI::App& app) {
+static void add_ckpt_command(CLI::App& app) {
   CLI::App* ckpt = app.add_subcommand("ckpt", "Checkpoints: inspect, verify, consolidate, eval");
   ckpt->require_subcommand(1);
   add_inspect(*ckpt);
@@ -414,5 +416,8 @@ void add_ckpt_command(CLI::App& app) {
   add_consolidate(*ckpt);
   add_eval(*ckpt);
 }
+
+// Joins every program this file is linked into (the `zoe` program links all of src/cli).
+static const CommandRegistrar kRegister(30, "", "", add_ckpt_command);
 
 }  // namespace zoe::cli

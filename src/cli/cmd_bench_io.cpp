@@ -7,14 +7,15 @@
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
 #include "core/clock.h"
 #include "core/log.h"
 #include "core/units.h"
 #include "io/io_bench.h"
 #include "io/swap_file.h"
-#include "tools/cli_util.h"
-#include "tools/commands.h"
-#include "tools/plot_util.h"
+#include "zoe/cli.h"
 
 namespace zoe::cli {
 namespace {
@@ -256,7 +257,7 @@ void run(const BenchIoOpts& o) {
 
 }  // namespace
 
-void add_bench_io_command(CLI::App& bench) {
+static void add_bench_io_command(CLI::App& bench) {
   auto o = std::make_shared<BenchIoOpts>();
   CLI::App* cmd = bench.add_subcommand(
       "io",
@@ -292,5 +293,11 @@ void add_bench_io_command(CLI::App& bench) {
                   "(python3 + matplotlib, scripts/zoe_plot.py)");
   cmd->callback([o] { run(*o); });
 }
+
+// Joins every program this file is linked into (the `zoe` program links all of src/cli).
+static const CommandRegistrar kRegister(
+    50, "bench",
+    "Benchmarks: drive swap bandwidth (io), CPU Adam (adam), NVMe optimizer step (swap), engine (engine)",
+    add_bench_io_command);
 
 }  // namespace zoe::cli

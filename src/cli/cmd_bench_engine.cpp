@@ -6,13 +6,15 @@
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
 #include "config/config.h"
 #include "core/clock.h"
 #include "core/dtype.h"
 #include "core/units.h"
-#include "tools/cli_util.h"
-#include "tools/commands.h"
 #include "zero/engine_internal.h"
+#include "zoe/cli.h"
 #include "zoe/engine.h"
 
 namespace zoe::cli {
@@ -198,7 +200,7 @@ void run(const BenchEngineOpts& o) {
 
 }  // namespace
 
-void add_bench_engine_command(CLI::App& bench) {
+static void add_bench_engine_command(CLI::App& bench) {
   auto o = std::make_shared<BenchEngineOpts>();
   CLI::App* cmd = bench.add_subcommand(
       "engine",
@@ -219,5 +221,11 @@ void add_bench_engine_command(CLI::App& bench) {
   cmd->add_flag("--json", o->json, "Print one JSON object");
   cmd->callback([o] { run(*o); });
 }
+
+// Joins every program this file is linked into (the `zoe` program links all of src/cli).
+static const CommandRegistrar kRegister(
+    53, "bench",
+    "Benchmarks: drive swap bandwidth (io), CPU Adam (adam), NVMe optimizer step (swap), engine (engine)",
+    add_bench_engine_command);
 
 }  // namespace zoe::cli

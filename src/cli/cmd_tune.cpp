@@ -13,6 +13,9 @@
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
 #include "config/config.h"
 #include "core/clock.h"
 #include "core/units.h"
@@ -25,10 +28,8 @@
 #include "plan/calibration.h"
 #include "plan/options.h"
 #include "plan/planner.h"
-#include "tools/cli_util.h"
-#include "tools/commands.h"
-#include "tools/plot_util.h"
 #include "zero/engine_internal.h"
+#include "zoe/cli.h"
 #include "zoe/engine.h"
 
 namespace zoe::cli {
@@ -533,7 +534,7 @@ void run(const TuneOpts& o) {
 
 }  // namespace
 
-void add_tune_command(CLI::App& app) {
+static void add_tune_command(CLI::App& app) {
   auto o = std::make_shared<TuneOpts>();
   CLI::App* cmd = app.add_subcommand(
       "tune",
@@ -562,5 +563,8 @@ void add_tune_command(CLI::App& app) {
   cmd->add_flag("--json", o->json, "Print one JSON object");
   cmd->callback([o] { run(*o); });
 }
+
+// Joins every program this file is linked into (the `zoe` program links all of src/cli).
+static const CommandRegistrar kRegister(41, "", "", add_tune_command);
 
 }  // namespace zoe::cli

@@ -1,5 +1,5 @@
-// CLI helpers: JSON printing, tables and progress.
-#include "tools/cli_util.h"
+// The CLI frame (zoe/cli.h): flag checks, JSON printing, tables and progress lines.
+#include "zoe/cli.h"
 
 #include <unistd.h>
 
@@ -11,8 +11,7 @@
 
 namespace zoe::cli {
 
-void print_json(const nlohmann::json& j) {
-  std::string s = j.dump(2);
+void print_json_text(const std::string& s) {
   fwrite(s.data(), 1, s.size(), stdout);
   fputc('\n', stdout);
   fflush(stdout);

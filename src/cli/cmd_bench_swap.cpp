@@ -11,6 +11,9 @@
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
 #include "core/clock.h"
 #include "core/units.h"
 #include "io/checksum.h"
@@ -19,8 +22,7 @@
 #include "offload/optimizer_swapper.h"
 #include "offload/swap_store.h"
 #include "optim/adam.h"
-#include "tools/cli_util.h"
-#include "tools/commands.h"
+#include "zoe/cli.h"
 
 namespace zoe::cli {
 namespace {
@@ -299,7 +301,7 @@ void run(const BenchSwapOpts& o) {
 
 }  // namespace
 
-void add_bench_swap_command(CLI::App& bench) {
+static void add_bench_swap_command(CLI::App& bench) {
   auto o = std::make_shared<BenchSwapOpts>();
   CLI::App* cmd = bench.add_subcommand(
       "swap",
@@ -328,5 +330,11 @@ void add_bench_swap_command(CLI::App& bench) {
                 "run with and without to see what it costs)");
   cmd->callback([o] { run(*o); });
 }
+
+// Joins every program this file is linked into (the `zoe` program links all of src/cli).
+static const CommandRegistrar kRegister(
+    52, "bench",
+    "Benchmarks: drive swap bandwidth (io), CPU Adam (adam), NVMe optimizer step (swap), engine (engine)",
+    add_bench_swap_command);
 
 }  // namespace zoe::cli

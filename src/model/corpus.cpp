@@ -1,5 +1,5 @@
 // Corpus loading, the arithmetic generator, and deterministic batch sampling.
-#include "data/corpus.h"
+#include "model/corpus.h"
 
 #include <dirent.h>
 #include <fcntl.h>

@@ -3,11 +3,13 @@
 #include <memory>
 #include <string>
 
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
 #include "core/dtype.h"
 #include "core/units.h"
 #include "optim/adam_bench.h"
-#include "tools/cli_util.h"
-#include "tools/commands.h"
+#include "zoe/cli.h"
 
 namespace zoe::cli {
 namespace {
@@ -185,7 +187,7 @@ void print_human(const optim::bench::Report& r) {
 
 }  // namespace
 
-void add_bench_adam_command(CLI::App& bench) {
+static void add_bench_adam_command(CLI::App& bench) {
   auto o = std::make_shared<Opts>();
   CLI::App* cmd = bench.add_subcommand(
       "adam",
@@ -216,5 +218,11 @@ void add_bench_adam_command(CLI::App& bench) {
       print_human(r);
   });
 }
+
+// Joins every program this file is linked into (the `zoe` program links all of src/cli).
+static const CommandRegistrar kRegister(
+    51, "bench",
+    "Benchmarks: drive swap bandwidth (io), CPU Adam (adam), NVMe optimizer step (swap), engine (engine)",
+    add_bench_adam_command);
 
 }  // namespace zoe::cli
