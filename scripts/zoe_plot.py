@@ -6,8 +6,10 @@
             `step_time_s`, a list of {compute, comm, io_stall, optimizer}; else the run's mean).
   bench-io  (zoe bench io --json): GB/s against the block size (one line per engine, rw, queue
             depth) and against the queue depth (one line per engine, rw, block size).
-  tune      (zoe tune --verify K --json, or its {"verified": [...]}): predicted against measured
-            step time per verified candidate, as bars and as a scatter around the y = x line.
+  tune      (zoe tune --verify K --json, or its {"verified": [...], "io_sweep": [...]}): predicted
+            against measured step time per verified candidate, as bars and as a scatter around the
+            y = x line; with the calibration's I/O sweep, read and write GB/s as heat maps over
+            aio.block_size x aio.queue_depth.
 
 usage: zoe_plot.py [--kind auto|train|bench-io|tune] [--width PX] [--height PX] IN.json|- OUT.png
        zoe_plot.py --check      (exit 0 when matplotlib imports, else 3)
@@ -127,11 +129,39 @@ def plot_bench_io(plt, j, fig):
                  f"{'on' if cfg.get('direct') else 'off'}", fontsize=11)
 
 
+def plot_io_heat(fig, ax, sweep, key, title):
+    bss = sorted({int(p["block_size"]) for p in sweep})
+    qds = sorted({int(p["queue_depth"]) for p in sweep})
+    grid = [[float("nan")] * len(bss) for _ in qds]
+    for p in sweep:
+        grid[qds.index(int(p["queue_depth"]))][bss.index(int(p["block_size"]))] = float(p[key])
+    im = ax.imshow(grid, origin="lower", aspect="auto", cmap="viridis")
+    ax.set_xticks(range(len(bss)))
+    ax.set_xticklabels([human_bytes(b) for b in bss], fontsize=8)
+    ax.set_yticks(range(len(qds)))
+    ax.set_yticklabels([str(q) for q in qds], fontsize=8)
+    ax.set_xlabel("aio.block_size")
+    ax.set_ylabel("aio.queue_depth")
+    ax.set_title(f"calibration: {title}", fontsize=10)
+    for yi, row in enumerate(grid):
+        for xi, v in enumerate(row):
+            if v == v:
+                ax.text(xi, yi, f"{v:.2f}", ha="center", va="center", fontsize=8, color="white")
+    fig.colorbar(im, ax=ax)
+
+
 def plot_tune(plt, j, fig):
     runs = j.get("verified")
     if not runs:
         die(EXIT_USAGE, "tune JSON: 'verified' is empty (run zoe tune with --verify K)")
-    ax1, ax2 = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
+    sweep = j.get("io_sweep") or []
+    if sweep:
+        axes = fig.subplots(2, 2, gridspec_kw={"width_ratios": [3, 2]})
+        (ax1, ax2), (ax3, ax4) = axes
+        plot_io_heat(fig, ax3, sweep, "read_gbps", "NVMe read GB/s")
+        plot_io_heat(fig, ax4, sweep, "write_gbps", "NVMe write GB/s")
+    else:
+        ax1, ax2 = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
     pred = [float(r["predicted_step_s_as_measured"]) for r in runs]
     whole = all(r.get("with_compute") for r in runs)
     meas = [float(r["measured_step_s"]) for r in runs]

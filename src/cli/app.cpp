@@ -1,8 +1,8 @@
 // The CLI frame's registry of commands and run(): zoe's common options, parsing, and the one place
 // where a command's error becomes a message and an exit code.
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
-#include <algorithm>
 #include <exception>
 #include <map>
 #include <new>
@@ -42,8 +42,9 @@ CommandRegistrar::CommandRegistrar(int order, const char* group, const char* gro
 
 void add_registered_commands(CLI::App& app) {
   std::vector<Entry> r = registry();
-  std::sort(r.begin(), r.end(),
-            [](const Entry& a, const Entry& b) { return std::tie(a.order, a.seq) < std::tie(b.order, b.seq); });
+  std::sort(r.begin(), r.end(), [](const Entry& a, const Entry& b) {
+    return std::tie(a.order, a.seq) < std::tie(b.order, b.seq);
+  });
   std::map<std::string, CLI::App*> groups;
   for (const Entry& e : r) {
     if (e.group.empty()) {

@@ -51,28 +51,55 @@ struct TuneOpts {
 
 // --- Calibration ----------------------------------------------------------------------------
 
-Result<double> measure_nvme(const std::string& dir, uint64_t bytes, io::IoOp op, Progress* progress) {
+// The I/O engine over aio block sizes x queue depths on `dir`: reads of a laid-out file, then
+// writes over it (each point: one untimed and two timed passes over `bytes`).
+Result<std::vector<plan::IoPoint>> sweep_nvme(const std::string& dir, uint64_t bytes, Progress* progress) {
   io::SwapFileOptions so;
   so.dirs = {dir};
   so.name = "zoe-tune-calibrate";
   so.grow_bytes = 0;
   ZOE_ASSIGN_OR_RETURN(auto sf, io::SwapFile::create(so));
   ZOE_ASSIGN_OR_RETURN(io::Extent ext, sf->allocate(bytes));
-  if (op == io::IoOp::kRead)
-    ZOE_RETURN_IF_ERROR_CTX(io::write_pattern(*sf, ext, 0x5eed), "laying out " + dir);
-  io::IoBenchConfig cfg;
-  cfg.file = sf.get();
-  cfg.extent = ext;
-  cfg.loops = 2;
-  cfg.warmup = 1;
-  cfg.on_pass = [&](int pass, int passes) {
-    progress->update(fmt("calibrate: NVMe %s at %s, pass %d/%d", op == io::IoOp::kRead ? "read" : "write",
-                         dir.c_str(), pass + 1, passes));
-  };
-  // The engine's defaults: 1 MiB blocks (aio.block_size), queue depth 8 (aio.queue_depth).
-  io::IoBenchCase c{io::IoBackend::kAuto, 1u << 20, 8, op};
-  ZOE_ASSIGN_OR_RETURN(io::IoBenchRow row, io::run_io_bench(cfg, c));
-  return row.gbps;
+  progress->update("calibrate: laying out " + format_bytes(bytes) + " at " + dir);
+  ZOE_RETURN_IF_ERROR_CTX(io::write_pattern(*sf, ext, 0x5eed), "laying out " + dir);
+  const size_t kBlocks[] = {256u << 10, 1u << 20, 4u << 20};
+  const uint32_t kDepths[] = {4, 8, 32};
+  std::vector<plan::IoPoint> pts;
+  for (size_t bs : kBlocks) {
+    for (uint32_t qd : kDepths) pts.push_back({static_cast<int64_t>(bs), qd, 0, 0});
+  }
+  const size_t n = pts.size();
+  for (int w = 0; w < 2; ++w) {
+    const io::IoOp op = w ? io::IoOp::kWrite : io::IoOp::kRead;
+    for (size_t i = 0; i < n; ++i) {
+      plan::IoPoint& p = pts[i];
+      io::IoBenchConfig cfg;
+      cfg.file = sf.get();
+      cfg.extent = ext;
+      cfg.loops = 2;
+      cfg.warmup = 1;
+      cfg.on_pass = [&](int pass, int passes) {
+        progress->update(fmt("calibrate: NVMe %s at %s, %s x qd %lld (%zu/%zu), pass %d/%d",
+                             w ? "write" : "read", dir.c_str(),
+                             format_bytes(static_cast<uint64_t>(p.block_size)).c_str(),
+                             static_cast<long long>(p.queue_depth), i + 1, n, pass + 1, passes));
+      };
+      io::IoBenchCase c{io::IoBackend::kAuto, static_cast<size_t>(p.block_size),
+                        static_cast<uint32_t>(p.queue_depth), op};
+      ZOE_ASSIGN_OR_RETURN(io::IoBenchRow row, io::run_io_bench(cfg, c));
+      (w ? p.write_gbps : p.read_gbps) = row.gbps;
+    }
+  }
+  return pts;
+}
+
+// The sweep's point for the engine: the fastest read followed by a write of the same bytes (the
+// optimizer's swap), 1 / (1/read + 1/write).
+const plan::IoPoint& best_io_point(const std::vector<plan::IoPoint>& pts) {
+  auto score = [](const plan::IoPoint& p) { return 1.0 / (1.0 / p.read_gbps + 1.0 / p.write_gbps); };
+  return *std::max_element(pts.begin(), pts.end(), [&](const plan::IoPoint& a, const plan::IoPoint& b) {
+    return score(a) < score(b);
+  });
 }
 
 // FLOP/s of zoe's GPT kernels on this host (what zoe's CPU device computes with): forward and
@@ -144,12 +171,14 @@ plan::LinkRates calibrate(const TuneOpts& o) {
   const uint64_t bytes = value_or_fail(parse_bytes(o.calibrate_bytes)) / 4096 * 4096;
   if (bytes < (16u << 20))
     fail(invalid_argument("--calibrate-bytes %s: at least 16MiB", o.calibrate_bytes.c_str()));
-  auto rd = measure_nvme(dir, bytes, io::IoOp::kRead, &progress);
-  if (!rd.is_ok()) fail(rd.status().with_context("calibrating NVMe reads"));
-  auto wr = measure_nvme(dir, bytes, io::IoOp::kWrite, &progress);
-  if (!wr.is_ok()) fail(wr.status().with_context("calibrating NVMe writes"));
-  r.nvme_read_gbps = rd.value();
-  r.nvme_write_gbps = wr.value();
+  auto sweep = sweep_nvme(dir, bytes, &progress);
+  if (!sweep.is_ok()) fail(sweep.status().with_context("calibrating NVMe reads and writes"));
+  r.io_sweep = std::move(sweep).value();
+  const plan::IoPoint& best = best_io_point(r.io_sweep);
+  r.nvme_read_gbps = best.read_gbps;
+  r.nvme_write_gbps = best.write_gbps;
+  r.aio_block_size = best.block_size;
+  r.aio_queue_depth = best.queue_depth;
   progress.update("calibrate: CPU Adam");
   optim::bench::Config ac;
   ac.params = size_t{16} << 20;
@@ -203,6 +232,11 @@ std::vector<Candidate> search(const plan::PlanInputs& in, const plan::PlanResult
 
 config::Config tuned_config(const plan::PlanInputs& in, const Candidate& c, const std::string& nvme) {
   config::Config base = in.base;
+  // The calibrated I/O point (the sweep's best), where the calibration has one.
+  if (in.rates.aio_block_size > 0) {
+    base.aio.block_size = in.rates.aio_block_size;
+    base.aio.queue_depth = in.rates.aio_queue_depth;
+  }
   base.zero.stage3_prefetch_bucket_size = c.prefetch_bucket;
   base.zero.sub_group_size = c.sub_group;
   config::Config cfg = plan::config_for(base, c.row.placement, nvme);
@@ -456,7 +490,9 @@ void run(const TuneOpts& o) {
   if (!o.plot.empty()) {
     Progress plotting(true);
     plotting.update("plotting " + o.plot);
-    Status ps = write_plot("tune", json({{"verified", verified}}).dump(), o.plot);
+    json pj = {{"verified", verified}};
+    if (!in.rates.io_sweep.empty()) pj["io_sweep"] = json::parse(in.rates.to_json())["io_sweep"];
+    Status ps = write_plot("tune", pj.dump(), o.plot);
     plotting.done();
     if (!ps.is_ok()) fail(ps.with_context("--plot " + o.plot));
   }
@@ -469,6 +505,9 @@ void run(const TuneOpts& o) {
     }
     j["alternatives"] = alt;
     if (!o.out.empty()) j["out"] = o.out;
+    if (in.rates.aio_block_size > 0) {
+      j["aio"] = {{"block_size", in.rates.aio_block_size}, {"queue_depth", in.rates.aio_queue_depth}};
+    }
     if (!runs.empty()) {
       // `best` is the measured best of the verified candidates; `predicted_best` the model's.
       j["verified"] = verified;
@@ -495,6 +534,14 @@ void run(const TuneOpts& o) {
         {(i == chosen ? "* " : "  ") + c.row.placement.label(), std::to_string(c.prefetch_bucket),
          std::to_string(c.sub_group), fmt("%.4g", c.row.cost.step_s),
          fmt("%s (%.0f%%)", plan::resource_name(c.row.cost.bottleneck), 100 * c.row.cost.bottleneck_share)});
+  }
+  if (in.rates.aio_block_size > 0) {
+    printf(
+        "# I/O: aio.block_size %s, aio.queue_depth %lld: the calibration's fastest read-then-write of %zu "
+        "points (read %.2f GB/s, write %.2f GB/s)\n",
+        format_bytes(static_cast<uint64_t>(in.rates.aio_block_size)).c_str(),
+        static_cast<long long>(in.rates.aio_queue_depth), in.rates.io_sweep.size(), in.rates.nvme_read_gbps,
+        in.rates.nvme_write_gbps);
   }
   if (!runs.empty()) {
     if (runs.front().v.with_compute) {

@@ -43,6 +43,20 @@ std::string LinkRates::to_json() const {
   j["version"] = 1;
   if (!host.empty()) j["host"] = host;
   for (const auto& [key, field] : rate_keys()) j[key] = this->*field;
+  if (!io_sweep.empty()) {
+    json pts = json::array();
+    for (const IoPoint& p : io_sweep) {
+      pts.push_back({{"block_size", p.block_size},
+                     {"queue_depth", p.queue_depth},
+                     {"read_gbps", p.read_gbps},
+                     {"write_gbps", p.write_gbps}});
+    }
+    j["io_sweep"] = pts;
+  }
+  if (aio_block_size > 0) {
+    j["aio_block_size"] = aio_block_size;
+    j["aio_queue_depth"] = aio_queue_depth;
+  }
   return j.dump(2) + "\n";
 }
 
@@ -69,6 +83,48 @@ Status apply_calibration_json(const std::string& text, const std::string& where,
       r.host = it->get<std::string>();
       continue;
     }
+    if (k == "aio_block_size" || k == "aio_queue_depth") {
+      const int64_t max = k == "aio_block_size" ? (int64_t{1} << 30) : 65536;
+      if (!it->is_number_integer() || it->get<int64_t>() <= 0 || it->get<int64_t>() > max ||
+          (k == "aio_block_size" && it->get<int64_t>() % 4096 != 0)) {
+        return invalid_argument(
+            "calibration file %s: \"%s\" is %s, expected %s", where.c_str(), k.c_str(), it->dump().c_str(),
+            k == "aio_block_size" ? "a multiple of 4096 up to 1 GiB" : "an integer in [1, 65536]");
+      }
+      (k == "aio_block_size" ? r.aio_block_size : r.aio_queue_depth) = it->get<int64_t>();
+      continue;
+    }
+    if (k == "io_sweep") {
+      if (!it->is_array()) {
+        return invalid_argument("calibration file %s: \"io_sweep\" is %s, expected an array", where.c_str(),
+                                it->dump().c_str());
+      }
+      r.io_sweep.clear();
+      for (size_t i = 0; i < it->size(); ++i) {
+        const json& e = (*it)[i];
+        IoPoint p;
+        bool ok = e.is_object() && e.size() == 4;
+        for (const char* f : {"block_size", "queue_depth"}) {
+          ok = ok && e.contains(f) && e[f].is_number_integer() && e[f].get<int64_t>() > 0;
+        }
+        for (const char* f : {"read_gbps", "write_gbps"}) {
+          ok = ok && e.contains(f) && e[f].is_number() && e[f].get<double>() > 0 &&
+               std::isfinite(e[f].get<double>());
+        }
+        if (!ok) {
+          return invalid_argument(
+              "calibration file %s: io_sweep[%zu] is %s, expected {block_size, queue_depth, read_gbps, "
+              "write_gbps} with positive values",
+              where.c_str(), i, e.dump().c_str());
+        }
+        p.block_size = e["block_size"].get<int64_t>();
+        p.queue_depth = e["queue_depth"].get<int64_t>();
+        p.read_gbps = e["read_gbps"].get<double>();
+        p.write_gbps = e["write_gbps"].get<double>();
+        r.io_sweep.push_back(p);
+      }
+      continue;
+    }
     bool known = false;
     for (const auto& [key, field] : keys) {
       if (k != key) continue;
@@ -80,7 +136,7 @@ Status apply_calibration_json(const std::string& text, const std::string& where,
       r.*field = it->get<double>();
     }
     if (!known) {
-      std::string names = "version, host";
+      std::string names = "version, host, io_sweep, aio_block_size, aio_queue_depth";
       for (const auto& kv : keys) names += std::string(", ") + kv.first;
       return invalid_argument("calibration file %s: unknown key \"%s\" (expected %s)", where.c_str(),
                               k.c_str(), names.c_str());

@@ -13,10 +13,17 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "zoe/status.h"
 
 namespace zoe::plan {
+
+// One point of the I/O engine's sweep: GB/s at an aio block size and queue depth.
+struct IoPoint {
+  int64_t block_size = 0, queue_depth = 0;
+  double read_gbps = 0, write_gbps = 0;
+};
 
 struct LinkRates {
   double nvme_read_gbps = 3.0;
@@ -28,6 +35,11 @@ struct LinkRates {
   double intra_gbps = 150.0;
   double device_mem_gbps = 1500.0;
   std::string host;  // where the numbers were measured (informational)
+  // `zoe tune --calibrate`: the I/O engine over block_size x queue_depth on the NVMe path, and the
+  // point it chose (the fastest read-then-write, 1 / (1/read + 1/write)), whose rates are
+  // nvme_read_gbps and nvme_write_gbps. Empty, and 0: not swept (the aio config's own values).
+  std::vector<IoPoint> io_sweep;
+  int64_t aio_block_size = 0, aio_queue_depth = 0;
 
   // Every rate positive and finite; errors name the key and the value.
   Status validate() const;

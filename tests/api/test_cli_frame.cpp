@@ -27,7 +27,9 @@ void add_fails(CLI::App& parent) {
     zoe::cli::fail(zoe::Status(zoe::StatusCode::kNotFound, "nothing here"));
   });
 }
-void add_inner(CLI::App& group) { group.add_subcommand("inner", "in a group")->callback([] { ++g_ran; }); }
+void add_inner(CLI::App& group) {
+  group.add_subcommand("inner", "in a group")->callback([] { ++g_ran; });
+}
 
 const zoe::cli::CommandRegistrar kHello(2, "", "", add_hello);
 const zoe::cli::CommandRegistrar kFails(1, "", "", add_fails);
@@ -70,7 +72,8 @@ TEST(CliFrame, ValueOrFailAndUsageFailCarryTheStatus) {
     FAIL() << "check_flag_range accepted 0";
   } catch (const zoe::cli::CommandError& e) {
     EXPECT_EQ(e.exit_code, zoe::cli::kExitUsage);
-    EXPECT_NE(e.status.message().find("--k 0 is out of range (expected an integer in [1, 4])"), std::string::npos)
+    EXPECT_NE(e.status.message().find("--k 0 is out of range (expected an integer in [1, 4])"),
+              std::string::npos)
         << e.status.message();
   }
   EXPECT_EQ(zoe::cli::parse_uint_flag("--seed", "42"), 42u);

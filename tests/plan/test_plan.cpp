@@ -148,6 +148,19 @@ TEST(Calibration, FileOverlaysDefaultsAndRejectsBadInput) {
   ASSERT_TRUE(plan::apply_calibration_json(r.to_json(), "rt", &back).is_ok());
   EXPECT_EQ(back.nvme_read_gbps, 6.5);
   EXPECT_EQ(back.host, "n1");
+  // The I/O sweep and its chosen point round-trip too.
+  r.io_sweep = {{262144, 4, 1.5, 2.5}, {1048576, 8, 3.25, 2.75}};
+  r.aio_block_size = 1048576;
+  r.aio_queue_depth = 8;
+  plan::LinkRates back2;
+  ASSERT_TRUE(plan::apply_calibration_json(r.to_json(), "rt", &back2).is_ok());
+  ASSERT_EQ(back2.io_sweep.size(), 2u);
+  EXPECT_EQ(back2.io_sweep[1].block_size, 1048576);
+  EXPECT_EQ(back2.io_sweep[1].queue_depth, 8);
+  EXPECT_EQ(back2.io_sweep[1].read_gbps, 3.25);
+  EXPECT_EQ(back2.io_sweep[0].write_gbps, 2.5);
+  EXPECT_EQ(back2.aio_block_size, 1048576);
+  EXPECT_EQ(back2.aio_queue_depth, 8);
 
   plan::LinkRates keep;
   Status missing = plan::apply_calibration_file(d.file("absent.json"), &keep);
@@ -164,6 +177,11 @@ TEST(Calibration, FileOverlaysDefaultsAndRejectsBadInput) {
       {"{\"h2d_gbps\": -1}", "\"h2d_gbps\" is -1"},
       {"{\"flops\": \"fast\"}", "\"flops\" is \"fast\""},
       {"{\"version\": 2}", "\"version\" is 2"},
+      {"{\"aio_block_size\": 1000}", "\"aio_block_size\" is 1000, expected a multiple of 4096"},
+      {"{\"aio_queue_depth\": 0}", "\"aio_queue_depth\" is 0"},
+      {"{\"io_sweep\": 3}", "\"io_sweep\" is 3, expected an array"},
+      {"{\"io_sweep\": [{\"block_size\": 4096, \"queue_depth\": 1, \"read_gbps\": -1, \"write_gbps\": 1}]}",
+       "io_sweep[0] is"},
   };
   for (const Bad& b : bad) {
     Status s = plan::apply_calibration_json(b.text, "cal.json", &keep);

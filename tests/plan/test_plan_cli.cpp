@@ -152,6 +152,13 @@ TEST(TuneCli, CalibrateSearchVerifyWriteAndPlot) {
     EXPECT_GT(j["calibration"][k].get<double>(), 0.0) << k;
   }
   EXPECT_GT(j["best"]["predicted_step_s"].get<double>(), 0.0);
+  // The calibration sweeps aio block size x queue depth; the chosen point goes into the config.
+  ASSERT_EQ(j["calibration"]["io_sweep"].size(), 9u) << j["calibration"].dump();
+  const int64_t bs = j["calibration"]["aio_block_size"].get<int64_t>();
+  EXPECT_EQ(j["aio"]["block_size"], bs);
+  bool found = false;
+  for (const json& p : j["calibration"]["io_sweep"]) found = found || p["block_size"] == bs;
+  EXPECT_TRUE(found);
   ASSERT_EQ(j["verified"].size(), 3u);
   // The candidates run in predicted order; the choice is the one measured fastest.
   size_t fastest = 0;
@@ -177,6 +184,8 @@ TEST(TuneCli, CalibrateSearchVerifyWriteAndPlot) {
   std::ifstream in(cfg);
   json written = json::parse(in, nullptr, false);
   EXPECT_EQ(written, j["verified"][fastest]["config"]);
+  EXPECT_EQ(written["aio"]["block_size"], bs);
+  EXPECT_EQ(written["aio"]["queue_depth"], j["aio"]["queue_depth"]);
   // The plot: a PNG (its signature) of the default size.
   std::ifstream p(png, std::ios::binary);
   std::string head(24, '\0');
