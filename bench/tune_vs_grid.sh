@@ -7,6 +7,7 @@
 #
 # Usage: bench/tune_vs_grid.sh [PRESET] [STEPS] [DIR] [TOP]     (defaults: small 8 /var/tmp 12)
 # Env:   ZOE=path/to/zoe (default build/bin/zoe), MICRO=8 (sequences per micro-batch),
+#        VERIFY=3 (tune's --verify K: the measured best of its K best is its pick),
 #        JSON=out.json to also write the results as JSON, PLAN_FLAGS="--device-mem 16MiB ..." for
 #        the budgets tune and plan search under (the grid's configs inherit the tuned config's).
 set -euo pipefail
@@ -25,8 +26,9 @@ trap 'rm -rf "$work"' EXIT
 # shellcheck disable=SC2206
 common=(--preset "$preset" --device cpu --nvme-path "$work" --micro-batch "$micro" ${PLAN_FLAGS:-})
 echo "# calibrating and tuning ($preset, micro-batch $micro)" >&2
-"$zoe" tune "${common[@]}" --calibrate --calibration-out "$work/cal.json" --out "$work/tuned.json" --json \
-  > "$work/tune.json"
+# shellcheck disable=SC2086
+"$zoe" tune "${common[@]}" --calibrate --calibration-out "$work/cal.json" --out "$work/tuned.json" \
+  --verify "${VERIFY:-3}" --json > "$work/tune.json"
 "$zoe" plan "${common[@]}" --calibration "$work/cal.json" --json > "$work/plan.json"
 
 # One config per fitting row: the tuned config with the row's placement.
@@ -51,17 +53,25 @@ PY
 
 n=$(ls "$work"/row*.json 2>/dev/null | wc -l)
 [ "$n" -gt 0 ] || { echo "no placement fits" >&2; exit 1; }
+run_tuned() {
+  echo "# round $1: tune's config" >&2
+  "$zoe" train --config "$work/tuned.json" --preset "$preset" --steps "$steps" --micro-batch "$micro" \
+    --quiet --json > "$work/tuned.run$1"
+}
+# Round 1: the rows, then tune's config; round 2: tune's config, then the rows in reverse.
 for round in 1 2; do
   order=$(seq 0 $((n - 1)))
-  [ "$round" = 2 ] && order=$(seq $((n - 1)) -1 0)
+  if [ "$round" = 2 ]; then
+    order=$(seq $((n - 1)) -1 0)
+    run_tuned 2
+  fi
   for i in $order; do
     echo "# round $round: row $i of $n" >&2
     "$zoe" train --config "$work/row$i.json" --preset "$preset" --steps "$steps" --micro-batch "$micro" \
       --quiet --json > "$work/row$i.run$round"
   done
+  if [ "$round" = 1 ]; then run_tuned 1; fi
 done
-"$zoe" train --config "$work/tuned.json" --preset "$preset" --steps "$steps" --micro-batch "$micro" \
-  --quiet --json > "$work/tuned.run"
 
 $py - "$work" "$n" "$steps" "${JSON:-}" <<'PY'
 import json, sys
@@ -78,7 +88,7 @@ for i in range(n):
     t = min(step_s(f"{work}/row{i}.run1"), step_s(f"{work}/row{i}.run2"))
     rows.append({"placement": m["placement"], "predicted_step_s": m["predicted_step_s"],
                  "measured_step_s": t})
-tuned = step_s(f"{work}/tuned.run")
+tuned = min(step_s(f"{work}/tuned.run1"), step_s(f"{work}/tuned.run2"))
 best = min(r["measured_step_s"] for r in rows)
 rank = 1 + sum(r["measured_step_s"] < tuned for r in rows)
 print(f"{'stage':>5} {'params':>6} {'optim':>5} {'ratio':>5} {'bf16st':>6} {'predicted':>10} "

@@ -49,6 +49,12 @@ struct TuneOpts {
   bool json = false;
 };
 
+// The process's runtime, started once (calibration and --verify both train through engines).
+Runtime& runtime() {
+  static std::unique_ptr<Runtime> rt = value_or_fail(Runtime::init());
+  return *rt;
+}
+
 // --- Calibration ----------------------------------------------------------------------------
 
 // The I/O engine over aio block sizes x queue depths on `dir`: reads of a laid-out file, then
@@ -103,15 +109,29 @@ const plan::IoPoint& best_io_point(const std::vector<plan::IoPoint>& pts) {
 }
 
 // FLOP/s of zoe's GPT kernels on this host (what zoe's CPU device computes with): forward and
-// backward of the "small" preset, 6 N tokens per pass.
-Result<double> measure_flops(Progress* progress) {
+// backward, 6 N tokens per pass, of the planned model's shape at its micro-batch (a GEMM's rate
+// depends on its shape: a small model's is far below a large one's): the whole model where it
+// is small enough, else one block of it; the "small" preset when the model has no dimensions
+// (--params).
+Result<double> measure_flops(const plan::ModelDesc& m, const plan::Workload& w, Progress* progress) {
   model::GptConfig c;
   c.layers = 4;
   c.d_model = 128;
   c.heads = 4;
   c.seq = 64;
   c.vocab = 256;
-  const int batch = 8, T = 64;
+  int batch = 8, T = 64;
+  if (m.d_model > 0 && m.heads > 0 && m.context > 0) {
+    // Bounded so that calibration stays short and small: a width above 4096 is measured at 4096
+    // (the rate of wider GEMMs is no lower), at most 512 positions and 2048 tokens a pass.
+    // The whole model when its fp32 parameters and gradients take at most 2 GiB, else one block.
+    c.layers = 8.0 * static_cast<double>(m.params) <= 2.0 * (1u << 30) ? std::max(1, m.layers) : 1;
+    c.d_model = std::min(m.d_model, 4096);
+    c.heads = c.d_model == m.d_model ? m.heads : c.d_model / 128;
+    T = static_cast<int>(std::min<int64_t>({w.seq > 0 ? w.seq : m.context, m.context, 512}));
+    c.seq = T;
+    batch = static_cast<int>(std::clamp<int64_t>(w.micro_batch, 1, std::max(1, 2048 / T)));
+  }
   ZOE_ASSIGN_OR_RETURN(auto k, model::GptCpu::create(c, batch, T));
   const auto mods = model::gpt_modules(c);
   std::vector<std::vector<std::vector<float>>> p(mods.size()), g(mods.size());
@@ -151,6 +171,58 @@ Result<double> measure_flops(Progress* progress) {
   return 6.0 * static_cast<double>(c.num_params()) * batch * T / best;
 }
 
+// FLOP/s of zoe's GPT as `zoe train` computes: a few steps of the planned model through an
+// engine that keeps every state in memory (stage 1, no offload), 6 N tokens over the step's
+// compute time (StepStats::t_compute: the kernels and the trainer's dtype conversions, outside
+// the engine's calls). 0 when the model is not zoe's GPT or its states would take more than a
+// quarter of the host's available memory.
+Result<double> measure_train_flops(const plan::PlanInputs& pre, Progress* progress) {
+  const plan::ModelDesc& m = pre.model;
+  if (!m.zoe_gpt) return 0.0;
+  const double state_bytes = 16.0 * static_cast<double>(m.params);
+  const uint64_t avail = host_memory_available();
+  if (avail == 0 || state_bytes > static_cast<double>(avail) / 4) return 0.0;
+  config::Config cfg = pre.base;
+  cfg.zero.stage = 1;
+  cfg.zero.offload_param.device = config::OffloadDevice::kNone;
+  cfg.zero.offload_optimizer.device = config::OffloadDevice::kNone;
+  cfg.zoe.device = "cpu";
+  cfg.zoe.device_budget_bytes = 0;
+  const int B = static_cast<int>(std::max<int64_t>(1, pre.work.micro_batch));
+  const int T = static_cast<int>(std::min<int64_t>(pre.work.seq > 0 ? pre.work.seq : m.context, m.context));
+  cfg.train_micro_batch_size_per_gpu = B;
+  cfg.gradient_accumulation_steps = 1;
+  Runtime& rt = runtime();
+  cfg.train_batch_size = static_cast<int64_t>(B) * rt.world_size();
+  ZOE_ASSIGN_OR_RETURN(auto eng, zero::create_engine(rt, cfg));
+  model::GptConfig gc;
+  gc.layers = m.layers;
+  gc.d_model = m.d_model;
+  gc.heads = m.heads;
+  gc.seq = m.context;
+  gc.vocab = m.vocab;
+  ZOE_RETURN_IF_ERROR(model::add_gpt_modules(*eng, gc));
+  ZOE_RETURN_IF_ERROR(
+      eng->initialize([&](size_t mi, size_t p, float* x, size_t n) { model::gpt_init(gc, 1, mi, p, x, n); }));
+  ZOE_ASSIGN_OR_RETURN(auto gm, model::GptCpu::create(gc, B, T));
+  model::GptTrainer trainer(*eng, *gm, gc, T);
+  std::vector<int32_t> tokens(static_cast<size_t>(B) * static_cast<size_t>(T)), targets(tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] = static_cast<int32_t>((i * 7) % static_cast<size_t>(gc.vocab));
+    targets[i] = static_cast<int32_t>((i * 7 + 1) % static_cast<size_t>(gc.vocab));
+  }
+  std::vector<double> t;
+  for (int k = 0; k < 4; ++k) {  // the first is a warm-up
+    progress->update(fmt("calibrate: FLOP/s of %s through the engine, step %d/4", m.name.c_str(), k + 1));
+    ZOE_RETURN_IF_ERROR(trainer.forward_backward(tokens, targets).status());
+    ZOE_ASSIGN_OR_RETURN(StepStats st, eng->step());
+    if (k > 0) t.push_back(st.t_compute);
+  }
+  std::sort(t.begin(), t.end());
+  if (!(t[1] > 0)) return 0.0;
+  return 6.0 * static_cast<double>(m.params) * B * T / t[1];
+}
+
 // Host memory copy GB/s: zoe's CPU device's "host <-> device" and device-memory rate.
 double measure_memcpy() {
   const size_t n = 64u << 20;
@@ -164,7 +236,7 @@ double measure_memcpy() {
   return 2.0 * static_cast<double>(n) / best / 1e9;  // read + write
 }
 
-plan::LinkRates calibrate(const TuneOpts& o) {
+plan::LinkRates calibrate(const TuneOpts& o, const plan::PlanInputs& pre) {
   Progress progress(true);
   plan::LinkRates r;
   const std::string dir = plan::nvme_dir(o.plan);
@@ -187,7 +259,9 @@ plan::LinkRates calibrate(const TuneOpts& o) {
   auto adam = optim::bench::run(ac);
   if (!adam.is_ok()) fail(adam.status().with_context("calibrating CPU Adam"));
   r.cpu_adam_gbps = adam->fused_gbps();
-  r.flops = value_or_fail(measure_flops(&progress));
+  // The rate `zoe train` sees where the model fits in memory here, else its kernels' rate.
+  const double train_flops = value_or_fail(measure_train_flops(pre, &progress));
+  r.flops = train_flops > 0 ? train_flops : value_or_fail(measure_flops(pre.model, pre.work, &progress));
   r.h2d_gbps = r.device_mem_gbps = measure_memcpy();
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
@@ -388,7 +462,11 @@ void run(const TuneOpts& o) {
   json j;
   plan::PlanOptions po = o.plan;
   if (o.calibrate) {
-    plan::LinkRates r = calibrate(o);
+    // The model and workload first (without a calibration): the FLOP rate is measured at its shape.
+    plan::PlanOptions bare = o.plan;
+    bare.calibration.clear();
+    const plan::PlanInputs pre = value_or_fail(plan::plan_inputs(bare));
+    plan::LinkRates r = calibrate(o, pre);
     std::ofstream f(o.calibration_out);
     f << r.to_json();
     f.close();
@@ -413,7 +491,7 @@ void run(const TuneOpts& o) {
   std::vector<Run> runs;
   size_t chosen = 0;
   if (o.verify > 0) {
-    auto rt = value_or_fail(Runtime::init());
+    Runtime* rt = &runtime();
     if (rt->world_size() != in.topo.world()) {
       fail(invalid_argument(
           "--verify runs the plan's world of %d rank(s) but this process has %d: launch it under "
