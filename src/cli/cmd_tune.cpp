@@ -55,6 +55,17 @@ Runtime& runtime() {
   return *rt;
 }
 
+// zoe's GPT of a model description's dimensions (meaningful where m.zoe_gpt).
+model::GptConfig gpt_config_of(const plan::ModelDesc& m) {
+  model::GptConfig c;
+  c.layers = m.layers;
+  c.d_model = m.d_model;
+  c.heads = m.heads;
+  c.seq = m.context;
+  c.vocab = m.vocab;
+  return c;
+}
+
 // --- Calibration ----------------------------------------------------------------------------
 
 // The I/O engine over aio block sizes x queue depths on `dir`: reads of a laid-out file, then
@@ -114,13 +125,14 @@ const plan::IoPoint& best_io_point(const std::vector<plan::IoPoint>& pts) {
 // is small enough, else one block of it; the "small" preset when the model has no dimensions
 // (--params).
 Result<double> measure_flops(const plan::ModelDesc& m, const plan::Workload& w, Progress* progress) {
+  const model::GptPreset* small = model::find_gpt_preset("small");
   model::GptConfig c;
-  c.layers = 4;
-  c.d_model = 128;
-  c.heads = 4;
-  c.seq = 64;
+  c.layers = small->layers;
+  c.d_model = small->d_model;
+  c.heads = small->heads;
+  c.seq = small->context;
   c.vocab = 256;
-  int batch = 8, T = 64;
+  int batch = 8, T = c.seq;
   if (m.d_model > 0 && m.heads > 0 && m.context > 0) {
     // Bounded so that calibration stays short and small: a width above 4096 is measured at 4096
     // (the rate of wider GEMMs is no lower), at most 512 positions and 2048 tokens a pass.
@@ -195,12 +207,7 @@ Result<double> measure_train_flops(const plan::PlanInputs& pre, Progress* progre
   Runtime& rt = runtime();
   cfg.train_batch_size = static_cast<int64_t>(B) * rt.world_size();
   ZOE_ASSIGN_OR_RETURN(auto eng, zero::create_engine(rt, cfg));
-  model::GptConfig gc;
-  gc.layers = m.layers;
-  gc.d_model = m.d_model;
-  gc.heads = m.heads;
-  gc.seq = m.context;
-  gc.vocab = m.vocab;
+  const model::GptConfig gc = gpt_config_of(m);
   ZOE_RETURN_IF_ERROR(model::add_gpt_modules(*eng, gc));
   ZOE_RETURN_IF_ERROR(
       eng->initialize([&](size_t mi, size_t p, float* x, size_t n) { model::gpt_init(gc, 1, mi, p, x, n); }));
@@ -345,11 +352,7 @@ Verified verify(Runtime& rt, const config::Config& cfg, const plan::PlanInputs& 
   const int T = static_cast<int>(std::min<int64_t>(in.work.seq, m.context > 0 ? m.context : in.work.seq));
   const int B = static_cast<int>(in.work.micro_batch);
   if (m.zoe_gpt) {
-    gc.layers = m.layers;
-    gc.d_model = m.d_model;
-    gc.heads = m.heads;
-    gc.seq = m.context;
-    gc.vocab = m.vocab;
+    gc = gpt_config_of(m);
     if (Status s = model::add_gpt_modules(*eng, gc); !s.is_ok()) fail(s);
   } else {
     for (const auto& mod : m.modules) {
