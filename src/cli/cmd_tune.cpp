@@ -16,6 +16,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "cli/tune_internal.h"
 #include "config/config.h"
 #include "core/clock.h"
 #include "core/units.h"
@@ -33,21 +34,9 @@
 #include "zoe/engine.h"
 
 namespace zoe::cli {
-namespace {
+namespace tune {
 
 using nlohmann::json;
-
-struct TuneOpts {
-  plan::PlanOptions plan;
-  bool calibrate = false;
-  std::string calibration_out = "zoe-calibration.json";
-  std::string calibrate_bytes = "256MiB";
-  std::string out;
-  int verify = 0;        // the K best candidates run
-  int verify_steps = 3;  // timed engine steps of each
-  std::string plot;      // predicted against measured step time per verified candidate
-  bool json = false;
-};
 
 // The process's runtime, started once (calibration and --verify both train through engines).
 Runtime& runtime() {
@@ -66,216 +55,12 @@ model::GptConfig gpt_config_of(const plan::ModelDesc& m) {
   return c;
 }
 
-// --- Calibration ----------------------------------------------------------------------------
+}  // namespace tune
 
-// The I/O engine over aio block sizes x queue depths on `dir`: reads of a laid-out file, then
-// writes over it (each point: one untimed and two timed passes over `bytes`).
-Result<std::vector<plan::IoPoint>> sweep_nvme(const std::string& dir, uint64_t bytes, Progress* progress) {
-  io::SwapFileOptions so;
-  so.dirs = {dir};
-  so.name = "zoe-tune-calibrate";
-  so.grow_bytes = 0;
-  ZOE_ASSIGN_OR_RETURN(auto sf, io::SwapFile::create(so));
-  ZOE_ASSIGN_OR_RETURN(io::Extent ext, sf->allocate(bytes));
-  progress->update("calibrate: laying out " + format_bytes(bytes) + " at " + dir);
-  ZOE_RETURN_IF_ERROR_CTX(io::write_pattern(*sf, ext, 0x5eed), "laying out " + dir);
-  const size_t kBlocks[] = {256u << 10, 1u << 20, 4u << 20};
-  const uint32_t kDepths[] = {4, 8, 32};
-  std::vector<plan::IoPoint> pts;
-  for (size_t bs : kBlocks) {
-    for (uint32_t qd : kDepths) pts.push_back({static_cast<int64_t>(bs), qd, 0, 0});
-  }
-  const size_t n = pts.size();
-  for (int w = 0; w < 2; ++w) {
-    const io::IoOp op = w ? io::IoOp::kWrite : io::IoOp::kRead;
-    for (size_t i = 0; i < n; ++i) {
-      plan::IoPoint& p = pts[i];
-      io::IoBenchConfig cfg;
-      cfg.file = sf.get();
-      cfg.extent = ext;
-      cfg.loops = 2;
-      cfg.warmup = 1;
-      cfg.on_pass = [&](int pass, int passes) {
-        progress->update(fmt("calibrate: NVMe %s at %s, %s x qd %lld (%zu/%zu), pass %d/%d",
-                             w ? "write" : "read", dir.c_str(),
-                             format_bytes(static_cast<uint64_t>(p.block_size)).c_str(),
-                             static_cast<long long>(p.queue_depth), i + 1, n, pass + 1, passes));
-      };
-      io::IoBenchCase c{io::IoBackend::kAuto, static_cast<size_t>(p.block_size),
-                        static_cast<uint32_t>(p.queue_depth), op};
-      ZOE_ASSIGN_OR_RETURN(io::IoBenchRow row, io::run_io_bench(cfg, c));
-      (w ? p.write_gbps : p.read_gbps) = row.gbps;
-    }
-  }
-  return pts;
-}
+namespace {
 
-// The sweep's point for the engine: the fastest read followed by a write of the same bytes (the
-// optimizer's swap), 1 / (1/read + 1/write).
-const plan::IoPoint& best_io_point(const std::vector<plan::IoPoint>& pts) {
-  auto score = [](const plan::IoPoint& p) { return 1.0 / (1.0 / p.read_gbps + 1.0 / p.write_gbps); };
-  return *std::max_element(pts.begin(), pts.end(), [&](const plan::IoPoint& a, const plan::IoPoint& b) {
-    return score(a) < score(b);
-  });
-}
-
-// FLOP/s of zoe's GPT kernels on this host (what zoe's CPU device computes with): forward and
-// backward, 6 N tokens per pass, of the planned model's shape at its micro-batch (a GEMM's rate
-// depends on its shape: a small model's is far below a large one's): the whole model where it
-// is small enough, else one block of it; the "small" preset when the model has no dimensions
-// (--params).
-Result<double> measure_flops(const plan::ModelDesc& m, const plan::Workload& w, Progress* progress) {
-  const model::GptPreset* small = model::find_gpt_preset("small");
-  model::GptConfig c;
-  c.layers = small->layers;
-  c.d_model = small->d_model;
-  c.heads = small->heads;
-  c.seq = small->context;
-  c.vocab = 256;
-  int batch = 8, T = c.seq;
-  if (m.d_model > 0 && m.heads > 0 && m.context > 0) {
-    // Bounded so that calibration stays short and small: a width above 4096 is measured at 4096
-    // (the rate of wider GEMMs is no lower), at most 512 positions and 2048 tokens a pass.
-    // The whole model when its fp32 parameters and gradients take at most 2 GiB, else one block.
-    c.layers = 8.0 * static_cast<double>(m.params) <= 2.0 * (1u << 30) ? std::max(1, m.layers) : 1;
-    c.d_model = std::min(m.d_model, 4096);
-    c.heads = c.d_model == m.d_model ? m.heads : c.d_model / 128;
-    T = static_cast<int>(std::min<int64_t>({w.seq > 0 ? w.seq : m.context, m.context, 512}));
-    c.seq = T;
-    batch = static_cast<int>(std::clamp<int64_t>(w.micro_batch, 1, std::max(1, 2048 / T)));
-  }
-  ZOE_ASSIGN_OR_RETURN(auto k, model::GptCpu::create(c, batch, T));
-  const auto mods = model::gpt_modules(c);
-  std::vector<std::vector<std::vector<float>>> p(mods.size()), g(mods.size());
-  std::vector<std::vector<const float*>> pp(mods.size());
-  std::vector<std::vector<float*>> gp(mods.size());
-  for (size_t m = 0; m < mods.size(); ++m) {
-    for (size_t t = 0; t < mods[m].params.size(); ++t) {
-      p[m].emplace_back(mods[m].params[t].numel());
-      g[m].emplace_back(mods[m].params[t].numel(), 0.0f);
-      model::gpt_init(c, 1, m, t, p[m].back().data(), p[m].back().size());
-    }
-    for (auto& v : p[m]) pp[m].push_back(v.data());
-    for (auto& v : g[m]) gp[m].push_back(v.data());
-  }
-  std::vector<int32_t> tokens(static_cast<size_t>(batch * T)), targets(tokens.size());
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    tokens[i] = static_cast<int32_t>((i * 7) % 256);
-    targets[i] = static_cast<int32_t>((i * 7 + 1) % 256);
-  }
-  const size_t L = static_cast<size_t>(c.layers);
-  auto pass = [&] {
-    k->embed_forward(tokens.data(), pp[0].data());
-    for (size_t l = 0; l < L; ++l) k->block_forward(static_cast<int>(l), pp[l + 1].data());
-    (void)k->head_forward(pp[L + 1].data(), pp[0].data(), targets.data());
-    k->head_backward(pp[L + 1].data(), pp[0].data(), gp[L + 1].data(), gp[0].data());
-    for (size_t l = L; l-- > 0;) k->block_backward(static_cast<int>(l), pp[l + 1].data(), gp[l + 1].data());
-    k->embed_backward(gp[0].data());
-  };
-  progress->update("calibrate: FLOP/s of zoe's GPT kernels");
-  pass();  // warm-up
-  double best = 1e30;
-  for (int r = 0; r < 3; ++r) {
-    const uint64_t t0 = now_ns();
-    pass();
-    best = std::min(best, static_cast<double>(now_ns() - t0) * 1e-9);
-  }
-  return 6.0 * static_cast<double>(c.num_params()) * batch * T / best;
-}
-
-// FLOP/s of zoe's GPT as `zoe train` computes: a few steps of the planned model through an
-// engine that keeps every state in memory (stage 1, no offload), 6 N tokens over the step's
-// compute time (StepStats::t_compute: the kernels and the trainer's dtype conversions, outside
-// the engine's calls). 0 when the model is not zoe's GPT or its states would take more than a
-// quarter of the host's available memory.
-Result<double> measure_train_flops(const plan::PlanInputs& pre, Progress* progress) {
-  const plan::ModelDesc& m = pre.model;
-  if (!m.zoe_gpt) return 0.0;
-  const double state_bytes = 16.0 * static_cast<double>(m.params);
-  const uint64_t avail = host_memory_available();
-  if (avail == 0 || state_bytes > static_cast<double>(avail) / 4) return 0.0;
-  config::Config cfg = pre.base;
-  cfg.zero.stage = 1;
-  cfg.zero.offload_param.device = config::OffloadDevice::kNone;
-  cfg.zero.offload_optimizer.device = config::OffloadDevice::kNone;
-  cfg.zoe.device = "cpu";
-  cfg.zoe.device_budget_bytes = 0;
-  const int B = static_cast<int>(std::max<int64_t>(1, pre.work.micro_batch));
-  const int T = static_cast<int>(std::min<int64_t>(pre.work.seq > 0 ? pre.work.seq : m.context, m.context));
-  cfg.train_micro_batch_size_per_gpu = B;
-  cfg.gradient_accumulation_steps = 1;
-  Runtime& rt = runtime();
-  cfg.train_batch_size = static_cast<int64_t>(B) * rt.world_size();
-  ZOE_ASSIGN_OR_RETURN(auto eng, zero::create_engine(rt, cfg));
-  const model::GptConfig gc = gpt_config_of(m);
-  ZOE_RETURN_IF_ERROR(model::add_gpt_modules(*eng, gc));
-  ZOE_RETURN_IF_ERROR(
-      eng->initialize([&](size_t mi, size_t p, float* x, size_t n) { model::gpt_init(gc, 1, mi, p, x, n); }));
-  ZOE_ASSIGN_OR_RETURN(auto gm, model::GptCpu::create(gc, B, T));
-  model::GptTrainer trainer(*eng, *gm, gc, T);
-  std::vector<int32_t> tokens(static_cast<size_t>(B) * static_cast<size_t>(T)), targets(tokens.size());
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    tokens[i] = static_cast<int32_t>((i * 7) % static_cast<size_t>(gc.vocab));
-    targets[i] = static_cast<int32_t>((i * 7 + 1) % static_cast<size_t>(gc.vocab));
-  }
-  std::vector<double> t;
-  for (int k = 0; k < 4; ++k) {  // the first is a warm-up
-    progress->update(fmt("calibrate: FLOP/s of %s through the engine, step %d/4", m.name.c_str(), k + 1));
-    ZOE_RETURN_IF_ERROR(trainer.forward_backward(tokens, targets).status());
-    ZOE_ASSIGN_OR_RETURN(StepStats st, eng->step());
-    if (k > 0) t.push_back(st.t_compute);
-  }
-  std::sort(t.begin(), t.end());
-  if (!(t[1] > 0)) return 0.0;
-  return 6.0 * static_cast<double>(m.params) * B * T / t[1];
-}
-
-// Host memory copy GB/s: zoe's CPU device's "host <-> device" and device-memory rate.
-double measure_memcpy() {
-  const size_t n = 64u << 20;
-  std::vector<char> a(n, 1), b(n, 0);
-  double best = 1e30;
-  for (int r = 0; r < 4; ++r) {
-    const uint64_t t0 = now_ns();
-    memcpy(b.data(), a.data(), n);
-    best = std::min(best, static_cast<double>(now_ns() - t0) * 1e-9);
-  }
-  return 2.0 * static_cast<double>(n) / best / 1e9;  // read + write
-}
-
-plan::LinkRates calibrate(const TuneOpts& o, const plan::PlanInputs& pre) {
-  Progress progress(true);
-  plan::LinkRates r;
-  const std::string dir = plan::nvme_dir(o.plan);
-  const uint64_t bytes = value_or_fail(parse_bytes(o.calibrate_bytes)) / 4096 * 4096;
-  if (bytes < (16u << 20))
-    fail(invalid_argument("--calibrate-bytes %s: at least 16MiB", o.calibrate_bytes.c_str()));
-  auto sweep = sweep_nvme(dir, bytes, &progress);
-  if (!sweep.is_ok()) fail(sweep.status().with_context("calibrating NVMe reads and writes"));
-  r.io_sweep = std::move(sweep).value();
-  const plan::IoPoint& best = best_io_point(r.io_sweep);
-  r.nvme_read_gbps = best.read_gbps;
-  r.nvme_write_gbps = best.write_gbps;
-  r.aio_block_size = best.block_size;
-  r.aio_queue_depth = best.queue_depth;
-  progress.update("calibrate: CPU Adam");
-  optim::bench::Config ac;
-  ac.params = size_t{16} << 20;
-  ac.out_dtype = DType::kBF16;
-  ac.repeats = 3;
-  auto adam = optim::bench::run(ac);
-  if (!adam.is_ok()) fail(adam.status().with_context("calibrating CPU Adam"));
-  r.cpu_adam_gbps = adam->fused_gbps();
-  // The rate `zoe train` sees where the model fits in memory here, else its kernels' rate.
-  const double train_flops = value_or_fail(measure_train_flops(pre, &progress));
-  r.flops = train_flops > 0 ? train_flops : value_or_fail(measure_flops(pre.model, pre.work, &progress));
-  r.h2d_gbps = r.device_mem_gbps = measure_memcpy();
-  char host[256] = {};
-  gethostname(host, sizeof(host) - 1);
-  r.host = host;
-  progress.done();
-  return r;
-}
+using namespace tune;
+using nlohmann::json;
 
 // --- Search ---------------------------------------------------------------------------------
 
@@ -329,104 +114,6 @@ config::Config tuned_config(const plan::PlanInputs& in, const Candidate& c, cons
   cfg.gradient_accumulation_steps = in.work.grad_accum;
   cfg.train_batch_size = in.work.micro_batch * in.work.grad_accum * in.topo.world();
   return cfg;
-}
-
-// --- Verification ---------------------------------------------------------------------------
-
-struct Verified {
-  bool with_compute = false;  // the model's kernels ran (zoe's GPT), else the engine's part alone
-  double step_s = 0;
-  uint64_t nvme_read = 0, nvme_write = 0;
-  uint64_t high_water[3] = {0, 0, 0};
-};
-
-// `steps` timed steps (after one that records the fetch order) of the tuned config. zoe's GPT runs
-// its CPU kernels on random tokens through model::GptTrainer: the whole step, as `zoe train` runs
-// it. Any other model runs on its modules with the caller's compute left out (zero gradients): the
-// engine's I/O, collectives and optimizer as the plan placed them.
-Verified verify(Runtime& rt, const config::Config& cfg, const plan::PlanInputs& in, int steps,
-                const std::string& what) {
-  const plan::ModelDesc& m = in.model;
-  auto eng = value_or_fail(zero::create_engine(rt, cfg));
-  model::GptConfig gc;
-  const int T = static_cast<int>(std::min<int64_t>(in.work.seq, m.context > 0 ? m.context : in.work.seq));
-  const int B = static_cast<int>(in.work.micro_batch);
-  if (m.zoe_gpt) {
-    gc = gpt_config_of(m);
-    if (Status s = model::add_gpt_modules(*eng, gc); !s.is_ok()) fail(s);
-  } else {
-    for (const auto& mod : m.modules) {
-      std::vector<ParamSpec> ps;
-      for (size_t i = 0; i < mod.param_numel.size(); ++i) {
-        ps.push_back({"p" + std::to_string(i), {static_cast<int64_t>(mod.param_numel[i])}});
-      }
-      Status s = eng->add_module(mod.name, ps);
-      if (!s.is_ok()) fail(s);
-    }
-  }
-  Status s = m.zoe_gpt ? eng->initialize([&](size_t mi, size_t p, float* x, size_t n) {
-    model::gpt_init(gc, 1, mi, p, x, n);
-  })
-                       : eng->initialize([](size_t, size_t, float* x, size_t n) {
-                           for (size_t i = 0; i < n; ++i)
-                             x[i] = 0.01f * std::sin(0.37f * static_cast<float>(i));
-                         });
-  if (!s.is_ok()) fail(s.with_context("--verify: initialising the engine with " + what));
-  std::unique_ptr<model::GptCpu> gm;
-  std::unique_ptr<model::GptTrainer> trainer;
-  std::vector<int32_t> tokens, targets;
-  if (m.zoe_gpt) {
-    gm = value_or_fail(model::GptCpu::create(gc, B, T));
-    trainer = std::make_unique<model::GptTrainer>(*eng, *gm, gc, T);
-    tokens.resize(static_cast<size_t>(B) * static_cast<size_t>(T));
-    targets.resize(tokens.size());
-    uint64_t x = 0x9e3779b97f4a7c15ull;
-    for (size_t i = 0; i < tokens.size(); ++i) {
-      x = x * 6364136223846793005ull + 1442695040888963407ull;
-      tokens[i] = static_cast<int32_t>((x >> 33) % static_cast<uint64_t>(gc.vocab));
-      targets[i] = static_cast<int32_t>((x >> 17) % static_cast<uint64_t>(gc.vocab));
-    }
-  }
-  Progress progress(true);
-  std::vector<StepStats> stats;
-  std::vector<double> times;
-  const size_t n = eng->num_modules();
-  // Two steps are not timed: the first records the fetch order, the second is the first with
-  // prefetching (and warms the thread pools and the page cache of a cold process).
-  constexpr int kUntimed = 2;
-  for (int k = 0; k < steps + kUntimed; ++k) {
-    progress.update(fmt("verify %s: step %d/%d", what.c_str(), k + 1, steps + kUntimed));
-    const uint64_t t0 = now_ns();
-    for (int64_t j = 0; j < std::max<int64_t>(1, cfg.gradient_accumulation_steps); ++j) {
-      if (trainer) {
-        (void)value_or_fail(trainer->forward_backward(tokens, targets));
-        continue;
-      }
-      for (size_t i = 0; i < n; ++i) {
-        (void)value_or_fail(eng->fetch(i));
-        if (Status r = eng->release(i); !r.is_ok()) fail(r);
-      }
-      for (size_t i = n; i-- > 0;) {
-        (void)value_or_fail(eng->fetch(i));
-        (void)value_or_fail(eng->grads(i));
-        if (Status r = eng->reduce_grads(i); !r.is_ok()) fail(r);
-        if (Status r = eng->release(i); !r.is_ok()) fail(r);
-      }
-    }
-    stats.push_back(value_or_fail(eng->step()));
-    if (k >= kUntimed) times.push_back(static_cast<double>(now_ns() - t0) * 1e-9);
-  }
-  progress.done();
-  Verified v;
-  v.with_compute = m.zoe_gpt;
-  std::sort(times.begin(), times.end());
-  v.step_s = times[times.size() / 2];
-  const StepStats& a = stats[stats.size() - 2];
-  const StepStats& b = stats.back();
-  v.nvme_read = b.bytes_nvme_read - a.bytes_nvme_read;
-  v.nvme_write = b.bytes_nvme_write - a.bytes_nvme_write;
-  for (int t = 0; t < 3; ++t) v.high_water[t] = b.high_water[t];
-  return v;
 }
 
 // --- The command ----------------------------------------------------------------------------

@@ -1,0 +1,60 @@
+// The parts of `zoe tune` (src/cli/cmd_tune.cpp): calibration of this host's link rates
+// (tune_calibrate.cpp), the search over the plan's rows (cmd_tune.cpp) and the verification of the
+// best candidates by training them (tune_verify.cpp). Internal to src/cli.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "config/config.h"
+#include "model/gpt.h"
+#include "plan/calibration.h"
+#include "plan/options.h"
+#include "plan/planner.h"
+#include "zoe/cli.h"
+#include "zoe/engine.h"
+
+namespace zoe::cli::tune {
+
+struct TuneOpts {
+  plan::PlanOptions plan;
+  bool calibrate = false;
+  std::string calibration_out = "zoe-calibration.json";
+  std::string calibrate_bytes = "256MiB";
+  std::string out;
+  int verify = 0;        // the K best candidates run
+  int verify_steps = 3;  // timed engine steps of each
+  std::string plot;      // predicted against measured step time per verified candidate
+  bool json = false;
+};
+
+// The process's runtime, started once (calibration and --verify both train through engines).
+Runtime& runtime();
+
+// zoe's GPT of a model description's dimensions (meaningful where m.zoe_gpt).
+model::GptConfig gpt_config_of(const plan::ModelDesc& m);
+
+// --- Calibration (tune_calibrate.cpp) -------------------------------------------------------
+
+// This host's link rates: NVMe through the I/O engine over an aio block size x queue depth sweep
+// on the NVMe path, CPU Adam through the Adam benchmark, host memory copies, and the FLOP rate of
+// zoe's GPT at the planned model's shape. Progress goes to stderr; failures end the command.
+plan::LinkRates calibrate(const TuneOpts& o, const plan::PlanInputs& pre);
+
+// --- Verification (tune_verify.cpp) ---------------------------------------------------------
+
+struct Verified {
+  bool with_compute = false;  // the model's kernels ran (zoe's GPT), else the engine's part alone
+  double step_s = 0;
+  uint64_t nvme_read = 0, nvme_write = 0;
+  uint64_t high_water[3] = {0, 0, 0};
+};
+
+// `steps` timed steps (after one that records the fetch order) of the tuned config. zoe's GPT runs
+// its CPU kernels on random tokens through model::GptTrainer: the whole step, as `zoe train` runs
+// it. Any other model runs on its modules with the caller's compute left out (zero gradients): the
+// engine's I/O, collectives and optimizer as the plan placed them.
+Verified verify(Runtime& rt, const config::Config& cfg, const plan::PlanInputs& in, int steps,
+                const std::string& what);
+
+}  // namespace zoe::cli::tune
