@@ -346,7 +346,7 @@ struct LayerActs {
 
 class GptCudaImpl final : public GptCuda {
  public:
-  GptCudaImpl(const GptConfig& c, int batch, int tokens, int ordinal)
+  GptCudaImpl(const GptConfig& c, int batch, int tokens, int ordinal, void* stream)
       : c_(c),
         B_(batch),
         T_(tokens),
@@ -355,14 +355,16 @@ class GptCudaImpl final : public GptCuda {
         H_(c.heads),
         hd_(c.d_model / c.heads),
         V_(c.vocab),
-        ordinal_(ordinal) {}
+        ordinal_(ordinal),
+        stream_(static_cast<cudaStream_t>(stream)),
+        own_stream_(stream == nullptr) {}
 
   ~GptCudaImpl() override {
     DeviceScope dev(ordinal_);
     if (stream_ != nullptr) (void)cudaStreamSynchronize(stream_);
     if (cublas_ != nullptr) (void)cublasDestroy(cublas_);
     if (arena_ != nullptr) (void)cudaFree(arena_);
-    if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
+    if (stream_ != nullptr && own_stream_) (void)cudaStreamDestroy(stream_);
   }
 
   // Stream, cuBLAS handle and the one device allocation that holds every activation.
@@ -371,7 +373,7 @@ class GptCudaImpl final : public GptCuda {
     if (dev.error() != cudaSuccess) return cuda_error("cudaSetDevice", dev.error());
     // A blocking stream: it waits for work on the legacy default stream (e.g. a cudaMemcpy of the
     // parameters, whose DMA may still run when the call returns) and that stream waits for it.
-    ZOE_CUDA_TRY(cudaStreamCreate(&stream_));
+    if (own_stream_) ZOE_CUDA_TRY(cudaStreamCreate(&stream_));
     cublasStatus_t st = cublasCreate(&cublas_);
     if (st != CUBLAS_STATUS_SUCCESS) {
       cublas_ = nullptr;
@@ -745,6 +747,7 @@ class GptCudaImpl final : public GptCuda {
   mutable Status err_;
 
   cudaStream_t stream_ = nullptr;
+  bool own_stream_ = true;  // created (and destroyed) here, else the caller's
   cublasHandle_t cublas_ = nullptr;
   void* arena_ = nullptr;
   std::vector<float*> residual_;  // layers + 1 of [N, d]
@@ -762,7 +765,7 @@ class GptCudaImpl final : public GptCuda {
 }  // namespace
 
 Result<std::unique_ptr<GptCuda>> GptCuda::create(const GptConfig& c, int batch, int tokens_per_seq,
-                                                 int device_ordinal) {
+                                                 int device_ordinal, void* stream) {
   ZOE_RETURN_IF_ERROR(c.validate());
   if (batch < 1) return invalid_argument("GptCuda: batch %d: expected a positive number of sequences", batch);
   if (tokens_per_seq < 1 || tokens_per_seq > c.seq)
@@ -781,7 +784,7 @@ Result<std::unique_ptr<GptCuda>> GptCuda::create(const GptConfig& c, int batch, 
   if (count == 0) return unsupported("GptCuda: no CUDA device: the CUDA runtime reports none");
   if (device_ordinal < 0 || device_ordinal >= count)
     return invalid_argument("GptCuda: CUDA device %d does not exist (%d present)", device_ordinal, count);
-  auto m = std::make_unique<GptCudaImpl>(c, batch, tokens_per_seq, device_ordinal);
+  auto m = std::make_unique<GptCudaImpl>(c, batch, tokens_per_seq, device_ordinal, stream);
   ZOE_RETURN_IF_ERROR_CTX(m->init(), "creating GptCuda");
   return std::unique_ptr<GptCuda>(std::move(m));
 }

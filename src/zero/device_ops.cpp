@@ -2,6 +2,9 @@
 #include "zero/device_ops.h"
 
 #include <cstring>
+#include <functional>
+#include <utility>
+#include <vector>
 
 #include "zoe/features.h"
 
@@ -18,32 +21,53 @@ namespace {
 
 class CpuOps final : public DeviceOps {
  public:
-  explicit CpuOps(optim::CpuPool* pool) { exec_.pool = pool; }
+  CpuOps(optim::CpuPool* pool, bool deferred) : deferred_(deferred) { exec_.pool = pool; }
+  ~CpuOps() override { (void)synchronize(); }  // as a stream: queued work runs before it goes
   bool host_addressable() const override { return true; }
   Status zero(void* dev, size_t bytes) override {
-    memset(dev, 0, bytes);
-    return Status::ok();
+    return run([=] {
+      memset(dev, 0, bytes);
+      return Status::ok();
+    });
   }
-  Status to_device(void* dev, const void* host, size_t bytes) override {
-    memcpy(dev, host, bytes);
-    return Status::ok();
-  }
-  Status to_host(void* host, const void* dev, size_t bytes) override {
-    memcpy(host, dev, bytes);
-    return Status::ok();
-  }
+  Status to_device(void* dev, const void* host, size_t bytes) override { return copy(dev, host, bytes); }
+  Status to_host(void* host, const void* dev, size_t bytes) override { return copy(host, dev, bytes); }
   Status copy(void* dst, const void* src, size_t bytes) override {
-    memcpy(dst, src, bytes);
-    return Status::ok();
+    return run([=] {
+      memcpy(dst, src, bytes);
+      return Status::ok();
+    });
   }
   Status accumulate_with_norm(float* acc, const void* g, DType gd, size_t n, bool first,
                               double* partials) override {
-    return optim::accumulate_with_norm(acc, g, gd, n, first, partials, exec_);
+    return run([=, this] { return optim::accumulate_with_norm(acc, g, gd, n, first, partials, exec_); });
   }
-  Status adam_step(const optim::AdamArgs& args) override { return optim::adam_step(args, exec_); }
+  Status adam_step(const optim::AdamArgs& args) override {
+    return run([=, this] { return optim::adam_step(args, exec_); });
+  }
+  Status synchronize() override {
+    Status first;
+    for (auto& op : queue_) {
+      Status s = op();
+      if (first.is_ok() && !s.is_ok()) first = std::move(s);
+    }
+    queue_.clear();
+    return first;
+  }
 
  private:
+  // Runs `op` now (its error is the call's: the CPU kernels' errors are argument checks), or at the
+  // next synchronize() in the deferred mode (its error is then synchronize()'s).
+  template <typename F>
+  Status run(F op) {
+    if (!deferred_) return op();
+    queue_.emplace_back(std::move(op));
+    return Status::ok();
+  }
+
+  bool deferred_;
   optim::Exec exec_;
+  std::vector<std::function<Status()>> queue_;
 };
 
 #if ZOE_HAVE_CUDA
@@ -68,22 +92,22 @@ class CudaOps final : public DeviceOps {
   Status zero(void* dev, size_t bytes) override {
     ZOE_RETURN_IF_ERROR(current());
     ZOE_CUDA_TRY(cudaMemsetAsync(dev, 0, bytes, stream_));
-    return sync();
+    return Status::ok();
   }
   Status to_device(void* dev, const void* host, size_t bytes) override {
     ZOE_RETURN_IF_ERROR(current());
     ZOE_CUDA_TRY(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, stream_));
-    return sync();
+    return Status::ok();
   }
   Status to_host(void* host, const void* dev, size_t bytes) override {
     ZOE_RETURN_IF_ERROR(current());
     ZOE_CUDA_TRY(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, stream_));
-    return sync();
+    return Status::ok();
   }
   Status copy(void* dst, const void* src, size_t bytes) override {
     ZOE_RETURN_IF_ERROR(current());
     ZOE_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
-    return sync();
+    return Status::ok();
   }
   Status accumulate_with_norm(float* acc, const void* g, DType gd, size_t n, bool first,
                               double* partials) override {
@@ -97,18 +121,18 @@ class CudaOps final : public DeviceOps {
   }
   Status adam_step(const optim::AdamArgs& args) override {
     ZOE_RETURN_IF_ERROR(current());
-    ZOE_RETURN_IF_ERROR(optim::cuda::adam_step(args, stream_));
-    return sync();
+    return optim::cuda::adam_step(args, stream_);  // enqueued; its own errors surface at synchronize()
+  }
+  Status synchronize() override {
+    ZOE_RETURN_IF_ERROR(current());
+    ZOE_CUDA_TRY(cudaStreamSynchronize(stream_));
+    return Status::ok();
   }
 
  private:
   CudaOps() = default;
   Status current() {
     ZOE_CUDA_TRY(cudaSetDevice(ordinal_));
-    return Status::ok();
-  }
-  Status sync() {
-    ZOE_CUDA_TRY(cudaStreamSynchronize(stream_));
     return Status::ok();
   }
   int ordinal_ = 0;
@@ -119,7 +143,9 @@ class CudaOps final : public DeviceOps {
 
 }  // namespace
 
-std::unique_ptr<DeviceOps> make_cpu_ops(optim::CpuPool* pool) { return std::make_unique<CpuOps>(pool); }
+std::unique_ptr<DeviceOps> make_cpu_ops(optim::CpuPool* pool, bool deferred) {
+  return std::make_unique<CpuOps>(pool, deferred);
+}
 
 Result<std::unique_ptr<DeviceOps>> make_cuda_ops(device::Device& dev, int ordinal) {
 #if ZOE_HAVE_CUDA

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
 #include "config/paths.h"
@@ -20,9 +21,12 @@ namespace zoe {
 namespace zero {
 namespace {
 io::FaultInjector* g_io_faults = nullptr;
-}
+std::atomic<bool> g_deferred_ops{false};
+}  // namespace
 void set_engine_io_faults(io::FaultInjector* f) { g_io_faults = f; }
 io::FaultInjector* engine_io_faults() { return g_io_faults; }
+void set_deferred_device_ops(bool on) { g_deferred_ops.store(on); }
+bool deferred_device_ops() { return g_deferred_ops.load(); }
 }  // namespace zero
 
 using config::OffloadDevice;
@@ -78,7 +82,9 @@ Result<device::DeviceBuffer> Engine::Impl::dalloc(size_t bytes) {
   auto r = device::DeviceBuffer::allocate(*dev, bytes);
   if (!r.is_ok()) return r.status().with_context("allocating device memory");
   device::DeviceBuffer b = std::move(r).value();
-  ZOE_RETURN_IF_ERROR(ops->zero(b.get(), bytes));  // b frees itself on the error
+  // Zeroed before anyone else sees it (b frees itself on an error).
+  ZOE_RETURN_IF_ERROR(ops->zero(b.get(), bytes));
+  ZOE_RETURN_IF_ERROR(ops->synchronize());
   return b;
 }
 
@@ -177,6 +183,7 @@ Status Engine::Impl::place_module(size_t m, const std::function<void(size_t, siz
   const float* own = full.data() + mod.opt_begin;
   // Compute parameters.
   std::vector<char> cbuf(mod.padded * es);
+  zero::OpsFence fence(*ops);  // the copies below read full and cbuf
   zero::store_compute(cbuf.data(), full.data(), cdt, mod.padded);
   if (!mod.partitioned_params) {
     ZOE_ASSIGN_OR_RETURN(mod.full, dalloc(mod.padded * es));
@@ -225,7 +232,7 @@ Status Engine::Impl::place_module(size_t m, const std::function<void(size_t, siz
       break;
     }
   }
-  return Status::ok();
+  return fence.wait();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -301,7 +308,7 @@ Result<std::unique_ptr<Engine>> zero::create_engine(Runtime& rt, const config::C
     impl->dcomm = impl->own_dcomm.get();
   } else {
     ZOE_ASSIGN_OR_RETURN(impl->dev, device::create_cpu_device(budget));
-    impl->ops = zero::make_cpu_ops(impl->pool.get());
+    impl->ops = zero::make_cpu_ops(impl->pool.get(), zero::deferred_device_ops());
     impl->dcomm = impl->comm;
   }
   zero::LossScaler::Options lo;

@@ -89,6 +89,7 @@ Status write_rank_file(Engine::Impl& I, const std::string& tmp, std::vector<ckpt
     if (I.ops->host_addressable()) return dsrc;
     dstage.resize(bytes);
     ZOE_RETURN_IF_ERROR(I.ops->to_host(dstage.data(), dsrc, bytes));
+    ZOE_RETURN_IF_ERROR(I.ops->synchronize());
     return static_cast<const void*>(dstage.data());
   };
   // States stream through one chunk-sized buffer: host memory stays bounded whatever the model.
@@ -372,6 +373,7 @@ Result<std::string> Engine::load(const std::string& dir) {
         buf.resize(mod.padded * es);
         ZOE_RETURN_IF_ERROR(read("param", ckpt_dtype(I.cdt), 0, mod.padded, es, buf.data()));
         ZOE_RETURN_IF_ERROR(I.ops->to_device(mod.full.get(), buf.data(), buf.size()));
+        ZOE_RETURN_IF_ERROR(I.ops->synchronize());  // buf is reused
       }
       const char* kinds[3] = {"master", "exp_avg", "exp_avg_sq"};
       void* homes[3] = {mod.master, mod.exp_avg, mod.exp_avg_sq};
@@ -387,6 +389,7 @@ Result<std::string> Engine::load(const std::string& dir) {
           buf.resize(mod.opt_n * eb);
           ZOE_RETURN_IF_ERROR(read(kinds[k], dt, mod.opt_begin, mod.opt_n, eb, buf.data()));
           ZOE_RETURN_IF_ERROR(I.ops->to_device(homes[k], buf.data(), buf.size()));
+          ZOE_RETURN_IF_ERROR(I.ops->synchronize());  // buf is reused
           continue;
         }
         for (size_t b = 0; b < mod.opt_n; b += chunk) {

@@ -66,6 +66,7 @@ Status Engine::Impl::gather_updated(size_t m) {
   Timer t(&t_comm);
   ZOE_ASSIGN_OR_RETURN(device::DeviceBuffer tmp, dalloc(mod.part * esize()));
   Status gs = ops->copy(tmp.get(), mod.full.bytes_ptr() + mod.opt_begin * esize(), mod.part * esize());
+  if (gs.is_ok()) gs = ops->synchronize();  // the gather reads tmp on the communicator's stream
   if (gs.is_ok()) gs = dcomm->all_gather(tmp.get(), mod.full.get(), mod.part, to_comm(cdt)).wait();
   return gs.is_ok() ? gs : gs.with_context("gathering the updated parameters of module " + mod.name);
 }

@@ -23,6 +23,7 @@ Result<const void*> Engine::Impl::host_view(const void* dsrc, size_t bytes) {
   if (ops->host_addressable()) return dsrc;
   host_stage.resize(bytes);
   ZOE_RETURN_IF_ERROR(ops->to_host(host_stage.data(), dsrc, bytes));
+  ZOE_RETURN_IF_ERROR(ops->synchronize());
   return static_cast<const void*>(host_stage.data());
 }
 
@@ -59,8 +60,11 @@ Status Engine::Impl::accumulate_grads(size_t m, const void* src) {
   mod.norm_parts.resize(optim::norm_chunks(mod.opt_n));
   if (mod.opt_home == OffloadDevice::kNone) {
     // The accumulator lives on the device too: the device's kernel.
+    // Synchronized here: src (the reduction's buffer) is freed once this returns, and the
+    // overlapped update reads the accumulator on its own thread's ops.
     ZOE_RETURN_IF_ERROR(
         ops->accumulate_with_norm(mod.grad_acc, src, cdt, mod.opt_n, first, mod.norm_parts.data()));
+    ZOE_RETURN_IF_ERROR(ops->synchronize());
   } else if (mod.opt_home == OffloadDevice::kCpu) {
     ZOE_ASSIGN_OR_RETURN(const void* h, host_view(src, mod.opt_n * esize()));
     ZOE_RETURN_IF_ERROR(
@@ -88,7 +92,10 @@ Status Engine::Impl::accumulate_grads(size_t m, const void* src) {
 Status Engine::Impl::zero_grads(size_t m) {
   Module& mod = modules[m];
   mod.norm_parts.assign(optim::norm_chunks(mod.opt_n), 0.0);
-  if (mod.opt_home == OffloadDevice::kNone) return ops->zero(mod.grad_acc, mod.opt_n * 4);
+  if (mod.opt_home == OffloadDevice::kNone) {
+    ZOE_RETURN_IF_ERROR(ops->zero(mod.grad_acc, mod.opt_n * 4));
+    return ops->synchronize();  // the update may run on another thread's ops
+  }
   if (mod.opt_home == OffloadDevice::kCpu) {
     memset(mod.grad_acc, 0, mod.opt_n * 4);
     return Status::ok();
@@ -154,6 +161,9 @@ Status Engine::reduce_grads(size_t m) {
                                           src + (static_cast<size_t>(r) * mod.part + b) * es, n * es));
         }
       }
+      // The collectives read the packed copy on the communicator's stream; the gradient buffer
+      // is freed next.
+      ZOE_RETURN_IF_ERROR(I.ops->synchronize());
       mod.grad_buf.reset();
       p.send = std::move(packed);
       for (size_t b = 0; b < mod.part; b += per_rank) {

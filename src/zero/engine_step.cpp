@@ -11,6 +11,7 @@
 #include <cmath>
 
 #include "zero/engine_impl.h"
+#include "zero/test_hooks.h"
 
 namespace zoe {
 
@@ -41,6 +42,9 @@ struct ChunkUpdater {
     const bool direct = ops->host_addressable() || kernel_dev == out_dev;
     char* dst = static_cast<char*>(out) + begin * I.esize();
     device::DeviceBuffer dev_stage;
+    // The results are handed on (written home, the chunk's buffers reused) once this returns;
+    // on an error path too, no op may still use dev_stage.
+    zero::OpsFence fence(*ops);
     optim::AdamArgs a;
     a.buf.n = n;
     a.buf.param = master;
@@ -65,9 +69,12 @@ struct ChunkUpdater {
     a.params = ap;
     a.step = as;
     ZOE_RETURN_IF_ERROR(kernel_dev ? ops->adam_step(a) : optim::adam_step(a, exec));
-    if (I.cdt == DType::kF32) return ops->put(dst, out_dev, master, kernel_dev, n * 4);
-    if (!direct) return ops->put(dst, out_dev, a.buf.param_out, kernel_dev, n * I.esize());
-    return Status::ok();
+    if (I.cdt == DType::kF32) {
+      ZOE_RETURN_IF_ERROR(ops->put(dst, out_dev, master, kernel_dev, n * 4));
+    } else if (!direct) {
+      ZOE_RETURN_IF_ERROR(ops->put(dst, out_dev, a.buf.param_out, kernel_dev, n * I.esize()));
+    }
+    return fence.wait();
   }
 };
 
@@ -252,7 +259,7 @@ Result<StepStats> Engine::step() {
       optim::CpuPool::Options po;
       po.threads = static_cast<int>(I.cfg->zoe.optimizer_threads);
       ZOE_ASSIGN_OR_RETURN(I.update_pool, optim::CpuPool::create(po));
-      I.update_ops = zero::make_cpu_ops(I.update_pool.get());
+      I.update_ops = zero::make_cpu_ops(I.update_pool.get(), zero::deferred_device_ops());
     }
     ChunkUpdater up{I,
                     overlap ? I.update_ops.get() : I.ops.get(),
@@ -372,6 +379,7 @@ Status Engine::read_master(size_t m, size_t p, float* out) {
   } else {
     ZOE_RETURN_IF_ERROR(
         I.ops->put(own.data(), false, mod.master, mod.opt_home == OffloadDevice::kNone, mod.opt_n * 4));
+    ZOE_RETURN_IF_ERROR(I.ops->synchronize());
   }
   std::vector<float> full(mod.padded);
   if (I.stage == 0) {

@@ -367,6 +367,7 @@ Status Engine::read_f32(const TensorView& view, float* dst) {
   }
   std::vector<char> host(view.bytes);
   Status s = impl_->ops->to_host(host.data(), view.data, view.bytes);
+  if (s.is_ok()) s = impl_->ops->synchronize();
   if (!s.is_ok()) return s.with_context("reading " + std::string(view.name) + " from the device");
   to_f32(host.data(), view.dtype, dst, view.numel);
   return Status::ok();
@@ -380,6 +381,7 @@ Status Engine::write_f32(const TensorView& view, const float* src, float scale) 
   std::vector<char> host(view.bytes);
   from_f32(src, view.dtype, host.data(), view.numel, scale);
   Status s = impl_->ops->to_device(view.data, host.data(), view.bytes);
+  if (s.is_ok()) s = impl_->ops->synchronize();
   if (!s.is_ok()) return s.with_context("writing " + std::string(view.name) + " to the device");
   return Status::ok();
 }

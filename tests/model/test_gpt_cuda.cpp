@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "device/device.h"
 #include "model/gpt.h"
 #include "model/gpt_cuda.h"
 #include "tests/util/gpu_test_util.h"
@@ -275,6 +276,48 @@ TEST(GptCuda, ForwardOnlyThenAgain) {
   EXPECT_TRUE(gpu.status().is_ok()) << gpu.status().to_string();
   const float* lg = gpu.logits();
   EXPECT_TRUE(std::isfinite(lg[0]) && std::isfinite(lg[16 * 256 - 1]));
+}
+
+// On a stream of the engine's device (device::Device owns every stream): the model enqueues there,
+// leaves the stream alive, and computes the bits of a model on its own stream.
+TEST(GptCuda, RunsOnTheDevicesStream) {
+  ZOE_SKIP_WITHOUT_GPU();
+  const GptConfig c = config(256, 16, 32, 4, 2);
+  Model model(c);
+  model.init(4);
+  ASSERT_TRUE(model.upload());
+  auto dev = device::create_cuda_device(0, size_t{256} << 20);
+  ASSERT_TRUE(dev.is_ok()) << dev.status().to_string();
+  auto stream = dev.value()->create_stream();
+  ASSERT_TRUE(stream.is_ok()) << stream.status().to_string();
+  void* handle = stream.value()->native_handle();
+  ASSERT_NE(handle, nullptr);
+  std::vector<int32_t> tokens(16), targets(16);
+  for (int i = 0; i < 16; ++i) {
+    tokens[static_cast<size_t>(i)] = (i * 7) % 256;
+    targets[static_cast<size_t>(i)] = (i * 7 + 1) % 256;
+  }
+  std::vector<std::vector<const float*>> gp;
+  for (auto& mod : model.dp) gp.push_back(Model::cdev(mod));
+  float loss[2];
+  for (int k = 0; k < 2; ++k) {
+    // The same upload before each model: the device's stream is non-blocking, so order it.
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    auto gpu_r = GptCuda::create(c, 1, 16, 0, k == 0 ? nullptr : handle);
+    ASSERT_TRUE(gpu_r.is_ok()) << gpu_r.status().to_string();
+    GptCuda& gpu = *gpu_r.value();
+    if (k == 1) {
+      EXPECT_EQ(gpu.stream(), handle);
+    }
+    gpu.embed_forward(tokens.data(), gp[0].data());
+    for (int l = 0; l < c.layers; ++l) gpu.block_forward(l, gp[1 + l].data());
+    loss[k] = gpu.head_forward(gp.back().data(), gp[0].data(), targets.data());
+    ASSERT_TRUE(gpu.synchronize().is_ok()) << gpu.status().to_string();
+  }
+  EXPECT_TRUE(std::isfinite(loss[0]));
+  EXPECT_EQ(loss[0], loss[1]) << "own stream against the device's";
+  // The model is gone; the device's stream still works.
+  EXPECT_TRUE(stream.value()->synchronize().is_ok());
 }
 
 TEST(GptCuda, BadArgumentsAreRejected) {

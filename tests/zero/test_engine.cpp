@@ -20,6 +20,7 @@
 #include "tests/zero/mlp.h"
 #include "tests/zero/shared_runtime.h"
 #include "zero/engine_internal.h"
+#include "zero/test_hooks.h"
 
 namespace zoe {
 namespace {
@@ -212,13 +213,63 @@ TEST(EngineOverlap, OverlappedStepGivesTheSerialBitsForEveryPlacement) {
         EXPECT_EQ(st_serial[k].loss_scale, st_overlap[k].loss_scale) << what << " step " << k;
         EXPECT_EQ(st_serial[k].t_update_overlapped, 0.0) << what;
       }
-      if (inject >= 0 && pl.stage != 3) EXPECT_TRUE(st_overlap[inject].skipped) << what;
+      if (inject >= 0 && pl.stage != 3) {
+        EXPECT_TRUE(st_overlap[inject].skipped) << what;
+      }
       double behind = 0;
       for (const auto& st : st_overlap) behind += st.t_update_overlapped;
       EXPECT_GT(behind, 0.0) << what << ": no update ran behind a forward";
     }
   }
   g_overlap = true;
+}
+
+// The device ops' stream contract (zero/device_ops.h): every op may still be pending when it
+// returns, and the engine synchronizes before any other agent touches what an op reads or writes.
+// In the deferred mode the CPU ops run only at synchronize(), so a hand-off the engine forgot reads
+// stale bytes here as it would on a GPU. Every placement and precision, serial and overlapped, with
+// accumulation, reduce buckets (the packed reduce-scatter), evaluation passes (stage 3), clipping,
+// the fp16 overflow path, then a checkpoint save and load must give the eager run's bits.
+TEST(EngineMatrix, DeferredDeviceOpsGiveTheEagerBits) {
+  Runtime& rt = runtime();
+  MlpSpec s;
+  s.clip = 0.05;
+  const int steps = 3;
+  struct Restore {
+    ~Restore() {
+      zero::set_deferred_device_ops(false);
+      g_overlap = true;
+    }
+  } restore;
+  auto edit = [](std::string& t) {
+    insert_before(t, "train_micro_batch_size_per_gpu", "\"gradient_clipping\": 0.05, ");
+    insert_before(t, "stage3_param_persistence_threshold", "\"reduce_bucket_size\": 1000, ");
+  };
+  for (const std::string precision : {"fp32", "bf16", "fp16"}) {
+    for (const Placement& pl : placements()) {
+      for (bool overlap : {false, true}) {
+        const std::string what = "world " + std::to_string(rt.world_size()) + " " + precision + " stage " +
+                                 std::to_string(pl.stage) + " optimizer " + pl.opt + " params " + pl.param +
+                                 (overlap ? " overlapped" : " serial");
+        g_overlap = overlap;
+        std::vector<StepStats> st_eager, st_deferred;
+        zero::set_deferred_device_ops(false);
+        auto eager = run_edited(pl, precision, s, steps, edit, &st_eager, /*micro=*/2, pl.stage == 3);
+        zero::set_deferred_device_ops(true);
+        auto deferred = run_edited(pl, precision, s, steps, edit, &st_deferred, 2, pl.stage == 3);
+        zero::set_deferred_device_ops(false);
+        ASSERT_TRUE(eager.is_ok()) << what << ": " << eager.status().to_string();
+        ASSERT_TRUE(deferred.is_ok()) << what << ": " << deferred.status().to_string();
+        Diff d = compare(eager.value(), deferred.value());
+        EXPECT_TRUE(d.identical) << what << ": deferred device ops differ (max " << d.max_abs << ")";
+        ASSERT_EQ(st_eager.size(), st_deferred.size()) << what;
+        for (size_t k = 0; k < st_eager.size(); ++k) {
+          EXPECT_EQ(st_eager[k].grad_norm, st_deferred[k].grad_norm) << what << " step " << k;
+          EXPECT_EQ(st_eager[k].skipped, st_deferred[k].skipped) << what << " step " << k;
+        }
+      }
+    }
+  }
 }
 
 // --trace: the caller's compute, the optimizer's chunks and NVMe reads/writes, the gathers and the

@@ -221,7 +221,7 @@ TEST_P(EngineFaults, IoErrorAtEveryNvmeTransferOfAStep) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Step, EngineFaults, ::testing::Values(false, true),
-                         [](const auto& info) { return info.param ? "Overlapped" : "Serial"; });
+                         [](const auto& p) { return p.param ? "Overlapped" : "Serial"; });
 
 }  // namespace
 }  // namespace zoe
