@@ -188,12 +188,28 @@ void run(const TuneOpts& o) {
           "mpirun -np %d, or plan one node with one rank",
           in.topo.world(), rt->world_size(), in.topo.world()));
     }
+    // The K best by prediction, one per placement first (knob variants of one placement are
+    // predicted within a few percent of each other, and the model's error is larger than that, so
+    // K distinct placements give the measurement more to choose from), then the next best variants
+    // when there are fewer than K placements.
     const size_t k = std::min(static_cast<size_t>(o.verify), cands.size());
-    for (size_t i = 0; i < k; ++i) {
+    std::vector<size_t> picks;
+    std::vector<std::string> seen;
+    for (size_t i = 0; i < cands.size() && picks.size() < k; ++i) {
+      const std::string label = cands[i].row.placement.label();
+      if (std::find(seen.begin(), seen.end(), label) != seen.end()) continue;
+      seen.push_back(label);
+      picks.push_back(i);
+    }
+    for (size_t i = 0; i < cands.size() && picks.size() < k; ++i) {
+      if (std::find(picks.begin(), picks.end(), i) == picks.end()) picks.push_back(i);
+    }
+    for (size_t pi = 0; pi < picks.size(); ++pi) {
+      const size_t i = picks[pi];
       const Candidate& c = cands[i];
       Run r{i, tuned_config(in, c, plan::nvme_dir(po)), {}, 0};
       r.v = verify(*rt, r.cfg, in, o.verify_steps,
-                   fmt("candidate %zu/%zu (%s)", i + 1, k, c.row.placement.label().c_str()));
+                   fmt("candidate %zu/%zu (%s)", pi + 1, k, c.row.placement.label().c_str()));
       // What was measured: the whole step, or without the compute when the model's kernels are not zoe's.
       r.predicted_no_compute =
           r.v.with_compute
@@ -218,7 +234,9 @@ void run(const TuneOpts& o) {
       if (runs[i].v.step_s < runs[chosen].v.step_s) chosen = i;
     }
   }
-  const Candidate& best = cands[chosen];
+  // chosen: into runs (the verified, in the order run); chosen_cand: into cands (by prediction).
+  const size_t chosen_cand = runs.empty() ? 0 : runs[chosen].index;
+  const Candidate& best = cands[chosen_cand];
   const config::Config cfg = runs.empty() ? tuned_config(in, best, plan::nvme_dir(po)) : runs[chosen].cfg;
   if (!o.out.empty()) {
     const std::string text = cfg.to_json();
@@ -269,7 +287,7 @@ void run(const TuneOpts& o) {
     j["best"] = candidate_json(best);
     json alt = json::array();
     for (size_t i = 0; i < cands.size() && alt.size() < 5; ++i) {
-      if (i != chosen) alt.push_back(candidate_json(cands[i]));
+      if (i != chosen_cand) alt.push_back(candidate_json(cands[i]));
     }
     j["alternatives"] = alt;
     if (!o.out.empty()) j["out"] = o.out;
@@ -280,7 +298,7 @@ void run(const TuneOpts& o) {
       // `best` is the measured best of the verified candidates; `predicted_best` the model's.
       j["verified"] = verified;
       j["chosen"] = chosen + 1;
-      j["chosen_differs_from_predicted"] = chosen != 0;
+      j["chosen_differs_from_predicted"] = chosen_cand != 0;
       j["predicted_best"] = candidate_json(cands.front());
     }
     print_json(j);
@@ -299,7 +317,7 @@ void run(const TuneOpts& o) {
     const Candidate& c = cands[i];
     t.print_row(
         stdout,
-        {(i == chosen ? "* " : "  ") + c.row.placement.label(), std::to_string(c.prefetch_bucket),
+        {(i == chosen_cand ? "* " : "  ") + c.row.placement.label(), std::to_string(c.prefetch_bucket),
          std::to_string(c.sub_group), fmt("%.4g", c.row.cost.step_s),
          fmt("%s (%.0f%%)", plan::resource_name(c.row.cost.bottleneck), 100 * c.row.cost.bottleneck_share)});
   }
@@ -337,9 +355,9 @@ void run(const TuneOpts& o) {
                    fmt("%+.0f%%", 100 * (r.predicted_no_compute - r.v.step_s) / std::max(r.v.step_s, 1e-12)),
                    format_bytes(r.v.nvme_read), format_bytes(c.row.cost.bytes.nvme_read)});
     }
-    if (chosen != 0) {
+    if (chosen_cand != 0) {
       printf("# the measured best is candidate %zu, not the predicted best (candidate 1): %s is written\n",
-             chosen + 1, o.out.empty() ? "it" : o.out.c_str());
+             chosen_cand + 1, o.out.empty() ? "it" : o.out.c_str());
     } else {
       printf("# the predicted best is also the measured best\n");
     }

@@ -151,17 +151,31 @@ Result<double> measure_flops(const plan::ModelDesc& m, const plan::Workload& w, 
   return 6.0 * static_cast<double>(c.num_params()) * batch * T / best;
 }
 
-// FLOP/s of zoe's GPT as `zoe train` computes: a few steps of the planned model through an
-// engine that keeps every state in memory (stage 1, no offload), 6 N tokens over the step's
-// compute time (StepStats::t_compute: the kernels and the trainer's dtype conversions, outside
-// the engine's calls). 0 when the model is not zoe's GPT or its states would take more than a
-// quarter of the host's available memory.
-Result<double> measure_train_flops(const plan::PlanInputs& pre, Progress* progress) {
+// What a few steps of the planned model through an in-memory engine show.
+struct TrainRates {
+  double flops = 0;        // 0: not measured
+  double engine_gbps = 0;  // 0: not measured
+};
+
+// zoe's GPT as `zoe train` runs it: a few steps of the planned model through an engine that keeps
+// every state in memory (stage 1, no offload, the config's overlap_step). Per step (the median of
+// three after a warm-up), the wall time splits into what the engine spent visibly on the
+// gradients' accumulation and the update (t_comm + t_optimizer: a world of one rank has no
+// collectives), its I/O stall, and the rest, which is the caller's: the kernels, the trainer's
+// dtype conversions and its calls into the engine. So:
+//   * flops = 6 N tokens over the rest (the compute term of the cost model);
+//   * engine_gbps = the bytes the cost model streams through the optimizer for this placement
+//     (accumulation and Adam) over the visible engine time: the rate of zoe's update as it runs
+//     here, on this model, with its threads shared with the next forward (it is several times
+//     below the fused kernel's benchmark on a small machine).
+// Both 0 when the model is not zoe's GPT or its states would take more than a quarter of the
+// host's available memory; engine_gbps 0 when the visible time is under a millisecond.
+Result<TrainRates> measure_train(const plan::PlanInputs& pre, Progress* progress) {
   const plan::ModelDesc& m = pre.model;
-  if (!m.zoe_gpt) return 0.0;
+  if (!m.zoe_gpt) return TrainRates{};
   const double state_bytes = 16.0 * static_cast<double>(m.params);
   const uint64_t avail = host_memory_available();
-  if (avail == 0 || state_bytes > static_cast<double>(avail) / 4) return 0.0;
+  if (avail == 0 || state_bytes > static_cast<double>(avail) / 4) return TrainRates{};
   config::Config cfg = pre.base;
   cfg.zero.stage = 1;
   cfg.zero.offload_param.device = config::OffloadDevice::kNone;
@@ -186,16 +200,36 @@ Result<double> measure_train_flops(const plan::PlanInputs& pre, Progress* progre
     tokens[i] = static_cast<int32_t>((i * 7) % static_cast<size_t>(gc.vocab));
     targets[i] = static_cast<int32_t>((i * 7 + 1) % static_cast<size_t>(gc.vocab));
   }
-  std::vector<double> t;
+  struct Split {
+    double wall, engine, io;
+  };
+  std::vector<Split> t;
   for (int k = 0; k < 4; ++k) {  // the first is a warm-up
-    progress->update(fmt("calibrate: FLOP/s of %s through the engine, step %d/4", m.name.c_str(), k + 1));
+    progress->update(fmt("calibrate: %s through the engine, step %d/4", m.name.c_str(), k + 1));
+    const uint64_t t0 = now_ns();
     ZOE_RETURN_IF_ERROR(trainer.forward_backward(tokens, targets).status());
     ZOE_ASSIGN_OR_RETURN(StepStats st, eng->step());
-    if (k > 0) t.push_back(st.t_compute);
+    const double wall = static_cast<double>(now_ns() - t0) * 1e-9;
+    if (k > 0) t.push_back({wall, st.t_comm + st.t_optimizer, st.t_io_stall});
   }
-  std::sort(t.begin(), t.end());
-  if (!(t[1] > 0)) return 0.0;
-  return 6.0 * static_cast<double>(m.params) * B * T / t[1];
+  std::sort(t.begin(), t.end(), [](const Split& a, const Split& b) { return a.wall < b.wall; });
+  const Split& med = t[1];
+  const double rest = med.wall - med.engine - med.io;
+  TrainRates r;
+  if (!(rest > 0)) return r;
+  r.flops = 6.0 * static_cast<double>(m.params) * B * T / rest;
+  plan::RowPlacement rp;
+  rp.stage = 1;
+  rp.bf16_states = cfg.zoe.bf16_optimizer_states;
+  plan::PlanInputs in = pre;
+  in.work.micro_batch = B;
+  in.work.grad_accum = 1;
+  auto row = plan::plan_row(in, rp);
+  if (row.is_ok() && med.engine >= 1e-3) {
+    const uint64_t bytes = row->cost.bytes.device_optimizer;
+    if (bytes > 0) r.engine_gbps = static_cast<double>(bytes) / med.engine / 1e9;
+  }
+  return r;
 }
 
 // Host memory copy GB/s: zoe's CPU device's "host <-> device" and device-memory rate.
@@ -236,10 +270,16 @@ plan::LinkRates calibrate(const TuneOpts& o, const plan::PlanInputs& pre) {
   auto adam = optim::bench::run(ac);
   if (!adam.is_ok()) fail(adam.status().with_context("calibrating CPU Adam"));
   r.cpu_adam_gbps = adam->fused_gbps();
-  // The rate `zoe train` sees where the model fits in memory here, else its kernels' rate.
-  const double train_flops = value_or_fail(measure_train_flops(pre, &progress));
-  r.flops = train_flops > 0 ? train_flops : value_or_fail(measure_flops(pre.model, pre.work, &progress));
+  // The rates `zoe train` sees where the model fits in memory here, else its kernels' rate and
+  // the benchmarks'.
+  const TrainRates tr = value_or_fail(measure_train(pre, &progress));
+  r.flops = tr.flops > 0 ? tr.flops : value_or_fail(measure_flops(pre.model, pre.work, &progress));
   r.h2d_gbps = r.device_mem_gbps = measure_memcpy();
+  if (tr.engine_gbps > 0 && !pre.cuda) {
+    // The CPU device's memory is host memory: its update and accumulation are the same CPU work
+    // as the offloaded optimizer's, at the rate measured through the engine.
+    r.cpu_adam_gbps = r.device_mem_gbps = tr.engine_gbps;
+  }
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
   r.host = host;
