@@ -261,6 +261,7 @@ void run(TrainOpts o) {
   }
   for (int step = start_step; step < o.steps; ++step) {
     stop_if_asked(step);
+    const double step_t0 = now_s();
     double loss_sum = 0;
     for (int micro = 0; micro < accum; ++micro) {
       data::sample_batch(corpus.train, o.micro_batch, T, o.seed, static_cast<uint64_t>(step), rt->rank(),
@@ -279,6 +280,7 @@ void run(TrainOpts o) {
       fail(st.status().with_context("optimizer step " + std::to_string(step + 1)));
     }
     last = st.value();
+    const double step_wall = now_s() - step_t0;
     double loss = mean_over_ranks(*rt, loss_sum / accum);
     losses.push_back(loss);
     lrs.push_back(last.lr);
@@ -286,7 +288,8 @@ void run(TrainOpts o) {
     step_times.push_back({{"compute", last.t_compute},
                           {"comm", last.t_comm},
                           {"io_stall", last.t_io_stall},
-                          {"optimizer", last.t_optimizer}});
+                          {"optimizer", last.t_optimizer},
+                          {"wall", step_wall}});
     per_param.push_back(link_json(last.per_param_nvme_read, last.per_param_nvme_write,
                                   last.per_param_host_to_device, last.per_param_device_to_host));
     t_compute += last.t_compute;

@@ -176,7 +176,16 @@ TEST(TrainInput, JsonHasPerStepLrAndGradNorm) {
     EXPECT_EQ(j["lrs"][k].get<double>(), 0.004) << k;
     const double g = j["grad_norms"][k].get<double>();
     EXPECT_TRUE(std::isfinite(g) && g > 0) << k << " " << g;
-    EXPECT_GT(j["step_time_s"][k]["compute"].get<double>(), 0) << k;
+    const json& t = j["step_time_s"][k];
+    EXPECT_GT(t["compute"].get<double>(), 0) << k;
+    // The step's own wall time; after the first (timed since initialisation), the four parts are
+    // inside it.
+    EXPECT_GT(t["wall"].get<double>(), 0) << k;
+    const double parts = t["compute"].get<double>() + t["comm"].get<double>() + t["io_stall"].get<double>() +
+                         t["optimizer"].get<double>();
+    if (k > 0) {
+      EXPECT_LE(parts, 1.02 * t["wall"].get<double>() + 2e-3) << k;
+    }
   }
   EXPECT_NE(j["grad_norms"][0].dump(), j["grad_norms"][1].dump());
   // A warm-up schedule: the rate of each update, as the scheduler gives it.
