@@ -26,15 +26,17 @@ trap 'rm -rf "$work"' EXIT
 # shellcheck disable=SC2206
 common=(--preset "$preset" --device cpu --nvme-path "$work" --micro-batch "$micro" ${PLAN_FLAGS:-})
 echo "# calibrating and tuning ($preset, micro-batch $micro)" >&2
+t0=$(date +%s)
 # shellcheck disable=SC2086
 "$zoe" tune "${common[@]}" --calibrate --calibration-out "$work/cal.json" --out "$work/tuned.json" \
   --verify "${VERIFY:-3}" --json > "$work/tune.json"
+tune_s=$(($(date +%s) - t0))
 "$zoe" plan "${common[@]}" --calibration "$work/cal.json" --json > "$work/plan.json"
 
 # One config per fitting row: the tuned config with the row's placement.
-$py - "$work" "$top" <<'PY'
+$py - "$work" "$top" "$micro" <<'PY'
 import json, sys
-work, top = sys.argv[1], int(sys.argv[2])
+work, top, micro = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 base = json.load(open(f"{work}/tuned.json"))
 rows = [r for r in json.load(open(f"{work}/plan.json"))["rows"] if r["fits"]][:top]
 for i, r in enumerate(rows):
@@ -47,6 +49,10 @@ for i, r in enumerate(rows):
             z[key]["nvme_path"] = [work]
     c["zoe"]["offload_ratio"] = p["offload_ratio"] if p["offload_ratio"] is not None else 1.0
     c["zoe"]["bf16_optimizer_states"] = p["bf16_optimizer_states"]
+    # The grid's rows run at MICRO sequences per step, without accumulation (tune may have chosen a
+    # smaller micro-batch with accumulation for the same batch; its own config runs as written).
+    c["train_micro_batch_size_per_gpu"], c["gradient_accumulation_steps"] = micro, 1
+    c["train_batch_size"] = micro
     json.dump(c, open(f"{work}/row{i}.json", "w"))
     json.dump({"placement": p, "predicted_step_s": r["predicted_step_s"]}, open(f"{work}/row{i}.meta", "w"))
 PY
@@ -55,8 +61,9 @@ n=$(ls "$work"/row*.json 2>/dev/null | wc -l)
 [ "$n" -gt 0 ] || { echo "no placement fits" >&2; exit 1; }
 run_tuned() {
   echo "# round $1: tune's config" >&2
-  "$zoe" train --config "$work/tuned.json" --preset "$preset" --steps "$steps" --micro-batch "$micro" \
-    --quiet --json > "$work/tuned.run$1"
+  # As written: its micro-batch and accumulation are tune's choice (the same sequences per step).
+  "$zoe" train --config "$work/tuned.json" --preset "$preset" --steps "$steps" --quiet --json \
+    > "$work/tuned.run$1"
 }
 # Round 1: the rows, then tune's config; round 2: tune's config, then the rows in reverse.
 for round in 1 2; do
@@ -73,9 +80,9 @@ for round in 1 2; do
   if [ "$round" = 1 ]; then run_tuned 1; fi
 done
 
-$py - "$work" "$n" "$steps" "${JSON:-}" <<'PY'
+$py - "$work" "$n" "$steps" "${JSON:-}" "$tune_s" <<'PY'
 import json, sys
-work, n, steps, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+work, n, steps, out, tune_s = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], float(sys.argv[5])
 def step_s(path):
     # The median wall time of the steps after the first two (the first records the fetch order,
     # the second is the first prefetched one), as tune's --verify times them.
@@ -101,10 +108,20 @@ for r in sorted(rows, key=lambda r: r["measured_step_s"]):
           f"{'on' if p['bf16_optimizer_states'] else 'off':>6} {r['predicted_step_s']:>10.4g} "
           f"{r['measured_step_s']:>10.4g}")
 ok = rank == 1 or tuned <= 1.10 * best
+errs = sorted(abs(r["predicted_step_s"] - r["measured_step_s"]) / r["measured_step_s"] for r in rows)
+tj = json.load(open(f"{work}/tune.json"))
+verr = sorted(abs(v["error"]) for v in tj.get("verified", []))
+med = lambda a: a[len(a) // 2] if len(a) % 2 else (a[len(a) // 2 - 1] + a[len(a) // 2]) / 2
+print(f"# prediction error over the grid's rows: max {100 * errs[-1]:.1f}%, median {100 * med(errs):.1f}%; "
+      f"over tune's verified candidates: max {100 * verr[-1]:.1f}%" if verr else "")
+print(f"# tune (calibration, search, verification): {tune_s:.0f} s (target <= 180 s)")
 print(f"# tune's pick: {tuned:.4g} s/step, rank {rank} of {n + 1}, {tuned / best:.3f}x the grid's best: "
       f"{'OK' if ok else 'FAILED'}")
 if out:
-    json.dump({"rows": rows, "tuned_step_s": tuned, "rank": rank, "ratio_to_best": tuned / best, "ok": ok},
+    json.dump({"rows": rows, "tuned_step_s": tuned, "rank": rank, "ratio_to_best": tuned / best, "ok": ok,
+               "max_error": errs[-1], "median_error": med(errs), "verified_max_error": verr[-1] if verr else None,
+               "tune_s": tune_s, "verified": [{k: v[k] for k in ("placement", "predicted_step_s", "measured_step_s",
+                                                                   "error")} for v in tj.get("verified", [])]},
               open(out, "w"), indent=2)
 sys.exit(0 if ok else 1)
 PY

@@ -67,26 +67,56 @@ using nlohmann::json;
 struct Candidate {
   plan::PlanRow row;
   int64_t prefetch_bucket = 0, sub_group = 0;
+  int64_t micro_batch = 1, grad_accum = 1;  // micro_batch x grad_accum: the rank's batch per step
 };
 
-// Every fitting row, with the knobs the model sees: the stage-3 prefetch bucket (the device
-// cache and gather window) and the swapper's sub-group (its pipeline fill).
-std::vector<Candidate> search(const plan::PlanInputs& in, const plan::PlanResult& res) {
+// The workload at micro-batch `micro`, with the accumulation that keeps this rank's batch.
+plan::PlanInputs at_micro_batch(const plan::PlanInputs& in, int64_t micro) {
+  plan::PlanInputs k = in;
+  const int64_t total = in.work.micro_batch * in.work.grad_accum;
+  k.work.micro_batch = micro;
+  k.work.grad_accum = total / micro;
+  k.base.train_micro_batch_size_per_gpu = micro;
+  k.base.gradient_accumulation_steps = total / micro;
+  return k;
+}
+
+// The micro-batch sizes searched: every divisor of this rank's batch per step (--micro-batch x
+// --grad-accum), largest first, so the batch and hence the training stay the same; only the
+// given one with --fixed-micro-batch.
+std::vector<int64_t> micro_batches(const plan::Workload& w, bool fixed) {
+  if (fixed) return {w.micro_batch};
+  const int64_t total = w.micro_batch * w.grad_accum;
+  std::vector<int64_t> out;
+  for (int64_t d = total; d >= 1; --d) {
+    if (total % d == 0) out.push_back(d);
+  }
+  return out;
+}
+
+// Every fitting row at every searched micro-batch, with the knobs the model sees: the stage-3
+// prefetch bucket (the device cache and gather window) and the swapper's sub-group (its pipeline
+// fill). An exact search: a few hundred rows, each planned by the engine's planner and costed.
+Result<std::vector<Candidate>> search(const plan::PlanInputs& in, bool fixed_micro) {
   std::vector<Candidate> out;
-  for (const plan::PlanRow& r : res.rows) {
-    if (!r.fits) continue;
-    std::vector<int64_t> buckets = {in.base.zero.stage3_prefetch_bucket_size};
-    if (r.placement.stage == 3) buckets.insert(buckets.end(), {10000000, 200000000});
-    std::vector<int64_t> subs = {in.base.zero.sub_group_size};
-    if (r.placement.optimizer == config::OffloadDevice::kNvme) subs.push_back(100000000);
-    for (int64_t b : buckets) {
-      for (int64_t s : subs) {
-        plan::PlanInputs k = in;
-        k.base.zero.stage3_prefetch_bucket_size = b;
-        k.base.zero.sub_group_size = s;
-        auto row = plan::plan_row(k, r.placement);
-        if (!row.is_ok() || !row->fits) continue;
-        out.push_back({row.value(), b, s});
+  for (int64_t micro : micro_batches(in.work, fixed_micro)) {
+    const plan::PlanInputs at = at_micro_batch(in, micro);
+    ZOE_ASSIGN_OR_RETURN(plan::PlanResult res, plan::make_plan(at));
+    for (const plan::PlanRow& r : res.rows) {
+      if (!r.fits) continue;
+      std::vector<int64_t> buckets = {at.base.zero.stage3_prefetch_bucket_size};
+      if (r.placement.stage == 3) buckets.insert(buckets.end(), {10000000, 200000000});
+      std::vector<int64_t> subs = {at.base.zero.sub_group_size};
+      if (r.placement.optimizer == config::OffloadDevice::kNvme) subs.push_back(100000000);
+      for (int64_t b : buckets) {
+        for (int64_t s : subs) {
+          plan::PlanInputs k = at;
+          k.base.zero.stage3_prefetch_bucket_size = b;
+          k.base.zero.sub_group_size = s;
+          auto row = plan::plan_row(k, r.placement);
+          if (!row.is_ok() || !row->fits) continue;
+          out.push_back({row.value(), b, s, micro, at.work.grad_accum});
+        }
       }
     }
   }
@@ -110,9 +140,9 @@ config::Config tuned_config(const plan::PlanInputs& in, const Candidate& c, cons
   cfg.zoe.device_budget_bytes =
       static_cast<int64_t>(dev > c.row.activation_bytes ? dev - c.row.activation_bytes : dev);
   cfg.zoe.device = in.cuda ? "cuda" : "cpu";
-  cfg.train_micro_batch_size_per_gpu = in.work.micro_batch;
-  cfg.gradient_accumulation_steps = in.work.grad_accum;
-  cfg.train_batch_size = in.work.micro_batch * in.work.grad_accum * in.topo.world();
+  cfg.train_micro_batch_size_per_gpu = c.micro_batch;
+  cfg.gradient_accumulation_steps = c.grad_accum;
+  cfg.train_batch_size = c.micro_batch * c.grad_accum * in.topo.world();
   return cfg;
 }
 
@@ -128,6 +158,8 @@ json candidate_json(const Candidate& c) {
             {"bf16_optimizer_states", p.bf16_states}}},
           {"stage3_prefetch_bucket_size", c.prefetch_bucket},
           {"sub_group_size", c.sub_group},
+          {"micro_batch", c.micro_batch},
+          {"gradient_accumulation_steps", c.grad_accum},
           {"bytes", {{"device", c.row.bytes.device}, {"host", c.row.bytes.host}, {"nvme", c.row.bytes.nvme}}},
           {"predicted_step_s", c.row.cost.step_s},
           {"bottleneck", plan::resource_name(c.row.cost.bottleneck)},
@@ -167,9 +199,17 @@ void run(const TuneOpts& o) {
   }
   plan::PlanInputs in = value_or_fail(plan::plan_inputs(po));
   plan::PlanResult res = value_or_fail(plan::make_plan(in));
-  if (!res.any_fits()) fail(plan::nothing_fits(res, in));
-  std::vector<Candidate> cands = search(in, res);
-  if (cands.empty()) fail(internal_error("no candidate fits after the knob search"));
+  std::vector<Candidate> cands = value_or_fail(search(in, o.fixed_micro));
+  if (cands.empty()) {
+    if (res.any_fits()) fail(internal_error("no candidate fits after the knob search"));
+    Status nf = plan::nothing_fits(res, in);
+    if (!o.fixed_micro && in.work.micro_batch * in.work.grad_accum > 1) {
+      nf = nf.with_context(fmt("at micro-batch %lld, and no smaller micro-batch dividing %lld fits either",
+                               static_cast<long long>(in.work.micro_batch),
+                               static_cast<long long>(in.work.micro_batch * in.work.grad_accum)));
+    }
+    fail(nf);
+  }
   // --verify K: the K best candidates by prediction, each run for a few engine steps without the
   // model's compute; the choice is the measured best.
   struct Run {
@@ -308,6 +348,7 @@ void run(const TuneOpts& o) {
          in.model.name.c_str(), static_cast<unsigned long long>(res.params), in.topo.nodes,
          in.topo.gpus_per_node, cands.size());
   Table t({{"placement", "", 56, true},
+           {"micro", "x accum", 8},
            {"bucket", "elems", 10},
            {"subgroup", "elems", 10},
            {"step", "s", 10},
@@ -317,8 +358,9 @@ void run(const TuneOpts& o) {
     const Candidate& c = cands[i];
     t.print_row(
         stdout,
-        {(i == chosen_cand ? "* " : "  ") + c.row.placement.label(), std::to_string(c.prefetch_bucket),
-         std::to_string(c.sub_group), fmt("%.4g", c.row.cost.step_s),
+        {(i == chosen_cand ? "* " : "  ") + c.row.placement.label(),
+         fmt("%lldx%lld", static_cast<long long>(c.micro_batch), static_cast<long long>(c.grad_accum)),
+         std::to_string(c.prefetch_bucket), std::to_string(c.sub_group), fmt("%.4g", c.row.cost.step_s),
          fmt("%s (%.0f%%)", plan::resource_name(c.row.cost.bottleneck), 100 * c.row.cost.bottleneck_share)});
   }
   if (in.rates.aio_block_size > 0) {
@@ -371,11 +413,13 @@ static void add_tune_command(CLI::App& app) {
   auto o = std::make_shared<TuneOpts>();
   CLI::App* cmd = app.add_subcommand(
       "tune",
-      "Pick the fastest placement that fits: the rows of `zoe plan` and a few knobs (stage-3 prefetch\n"
-      "bucket, swapper sub-group) searched with the cost model (docs/cost-model.md). --calibrate first\n"
-      "measures this host (NVMe read/write, CPU Adam, FLOP/s of zoe's GPT kernels, memory copies) and\n"
-      "saves the rates; --out writes the choice as a config for zoe train --config; --verify K runs the\n"
-      "K best and chooses the measured best.\n"
+      "Pick the fastest placement that fits: the rows of `zoe plan` at every micro-batch that keeps the\n"
+      "batch (--micro-batch x --grad-accum) and a few knobs (stage-3 prefetch bucket, swapper\n"
+      "sub-group), searched with the cost model (docs/cost-model.md). --calibrate first measures this\n"
+      "host (the I/O engine over aio block size x queue depth, CPU Adam, the planned model through an\n"
+      "in-memory engine for the FLOP and update rates, memory copies) and saves the rates; --out writes\n"
+      "the choice as a config for zoe train --config; --verify K runs the K best placements and chooses\n"
+      "the measured best.\n"
       "The network rate is not measured: give --net-gbps/--intra-gbps.");
   plan::add_plan_options(*cmd, &o->plan);
   cmd->add_flag("--calibrate", o->calibrate, "Measure this host's rates first and use them");
@@ -390,6 +434,11 @@ static void add_tune_command(CLI::App& app) {
                   "if a tier's high-water mark exceeds the plan");
   cmd->add_option("--verify-steps", o->verify_steps, "Timed engine steps per verified candidate")
       ->capture_default_str();
+  cmd->add_flag(
+      "--fixed-micro-batch", o->fixed_micro,
+      "Search only --micro-batch (default: every micro-batch dividing --micro-batch x --grad-accum, "
+      "with the accumulation that keeps that batch, so training is the same; the largest that fits "
+      "is usually the fastest)");
   cmd->add_option("--plot", o->plot,
                   "With --verify: draw predicted against measured step time per candidate into this PNG "
                   "(python3-matplotlib)");

@@ -22,9 +22,10 @@ struct TuneOpts {
   std::string calibration_out = "zoe-calibration.json";
   std::string calibrate_bytes = "256MiB";
   std::string out;
-  int verify = 0;        // the K best candidates run
-  int verify_steps = 3;  // timed engine steps of each
-  std::string plot;      // predicted against measured step time per verified candidate
+  int verify = 0;            // the K best candidates run
+  int verify_steps = 3;      // timed engine steps of each
+  bool fixed_micro = false;  // search only --micro-batch (else every divisor of micro x accumulation)
+  std::string plot;          // predicted against measured step time per verified candidate
   bool json = false;
 };
 

@@ -40,7 +40,7 @@ Verified verify(Runtime& rt, const config::Config& cfg, const plan::PlanInputs& 
   auto eng = value_or_fail(zero::create_engine(rt, cfg));
   model::GptConfig gc;
   const int T = static_cast<int>(std::min<int64_t>(in.work.seq, m.context > 0 ? m.context : in.work.seq));
-  const int B = static_cast<int>(in.work.micro_batch);
+  const int B = static_cast<int>(std::max<int64_t>(1, cfg.train_micro_batch_size_per_gpu));
   if (m.zoe_gpt) {
     gc = gpt_config_of(m);
     if (Status s = model::add_gpt_modules(*eng, gc); !s.is_ok()) fail(s);

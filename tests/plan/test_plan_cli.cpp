@@ -219,6 +219,40 @@ TEST(TuneCli, CalibrateSearchVerifyWriteAndPlot) {
   EXPECT_NE(bad.err.find("--verify-steps has no effect without --verify K"), std::string::npos) << bad.err;
 }
 
+// The search keeps this rank's batch (--micro-batch x --grad-accum) and tries every micro-batch
+// dividing it: where 64 sequences' activations do not fit the device, a smaller micro-batch with
+// the accumulation that keeps 64 does, and the written config trains with it.
+TEST(TuneCli, SearchesTheMicroBatchThatKeepsTheBatch) {
+  zoe::test::ScratchDir d("tune-micro");
+  const std::string cfg = d.file("tuned.json");
+  const std::string base =
+      "tune --preset tiny --device cpu --device-mem 16MiB --host-mem 4GiB --nvme-space 1GiB"
+      " --nvme-path " +
+      d.path() + " --micro-batch 64";
+  CmdResult r = zoe(base + " --out " + cfg + " --json");
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  json j = json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  const int64_t micro = j["best"]["micro_batch"].get<int64_t>();
+  const int64_t accum = j["best"]["gradient_accumulation_steps"].get<int64_t>();
+  EXPECT_LT(micro, 64) << "64 sequences' activations do not fit 16 MiB";
+  EXPECT_EQ(micro * accum, 64);
+  std::ifstream in(cfg);
+  json written = json::parse(in, nullptr, false);
+  EXPECT_EQ(written["train_micro_batch_size_per_gpu"], micro);
+  EXPECT_EQ(written["gradient_accumulation_steps"], accum);
+  EXPECT_EQ(written["train_batch_size"], 64);
+  CmdResult t = zoe("train --config " + cfg + " --preset tiny --steps 1 --quiet --json");
+  EXPECT_EQ(t.rc, 0) << t.out << t.err;
+  json tj = json::parse(t.out, nullptr, false);
+  EXPECT_EQ(tj["micro_batch"], micro) << t.out;
+  EXPECT_EQ(tj["gradient_accumulation_steps"], accum) << t.out;
+  // Held at 64, nothing fits, and the error says so.
+  CmdResult f = zoe(base + " --fixed-micro-batch");
+  EXPECT_EQ(f.rc, 1);
+  EXPECT_NE(f.err.find("the closest"), std::string::npos) << f.err;
+}
+
 TEST(TuneCli, NothingFitsExitsOne) {
   CmdResult r = zoe("tune --hf-config " + fixture("llama-2-7b.json") +
                     " --device-mem 8GiB --host-mem 16GiB --nvme-space 20GiB");
