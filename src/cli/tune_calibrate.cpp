@@ -153,8 +153,9 @@ Result<double> measure_flops(const plan::ModelDesc& m, const plan::Workload& w, 
 
 // What a few steps of the planned model through an in-memory engine show.
 struct TrainRates {
-  double flops = 0;        // 0: not measured
-  double engine_gbps = 0;  // 0: not measured
+  double flops = 0;            // 0: not measured
+  double engine_gbps = 0;      // 0: not measured
+  double local_copy_gbps = 0;  // 0: not measured
 };
 
 // zoe's GPT as `zoe train` runs it: a few steps of the planned model through an engine that keeps
@@ -168,8 +169,11 @@ struct TrainRates {
 //     (accumulation and Adam) over the visible engine time: the rate of zoe's update as it runs
 //     here, on this model, with its threads shared with the next forward (it is several times
 //     below the fused kernel's benchmark on a small machine).
-// Both 0 when the model is not zoe's GPT or its states would take more than a quarter of the
-// host's available memory; engine_gbps 0 when the visible time is under a millisecond.
+//   * local_copy_gbps = the model's bytes of stage 3's gather copies and zeroing (the CPU device's
+//     own buffer traffic) over what the same steps at stage 3 add to the wall time.
+// All 0 when the model is not zoe's GPT or its states would take more than a quarter of the
+// host's available memory; engine_gbps and local_copy_gbps 0 when their time is under a
+// millisecond.
 Result<TrainRates> measure_train(const plan::PlanInputs& pre, Progress* progress) {
   const plan::ModelDesc& m = pre.model;
   if (!m.zoe_gpt) return TrainRates{};
@@ -188,13 +192,7 @@ Result<TrainRates> measure_train(const plan::PlanInputs& pre, Progress* progress
   cfg.gradient_accumulation_steps = 1;
   Runtime& rt = runtime();
   cfg.train_batch_size = static_cast<int64_t>(B) * rt.world_size();
-  ZOE_ASSIGN_OR_RETURN(auto eng, zero::create_engine(rt, cfg));
   const model::GptConfig gc = gpt_config_of(m);
-  ZOE_RETURN_IF_ERROR(model::add_gpt_modules(*eng, gc));
-  ZOE_RETURN_IF_ERROR(
-      eng->initialize([&](size_t mi, size_t p, float* x, size_t n) { model::gpt_init(gc, 1, mi, p, x, n); }));
-  ZOE_ASSIGN_OR_RETURN(auto gm, model::GptCpu::create(gc, B, T));
-  model::GptTrainer trainer(*eng, *gm, gc, T);
   std::vector<int32_t> tokens(static_cast<size_t>(B) * static_cast<size_t>(T)), targets(tokens.size());
   for (size_t i = 0; i < tokens.size(); ++i) {
     tokens[i] = static_cast<int32_t>((i * 7) % static_cast<size_t>(gc.vocab));
@@ -203,21 +201,30 @@ Result<TrainRates> measure_train(const plan::PlanInputs& pre, Progress* progress
   struct Split {
     double wall, engine, io;
   };
-  std::vector<Split> t;
-  // Two untimed steps, as --verify and the grid's runs: the first records the fetch order, the
-  // second is the first prefetched one (and warms the pools and the activations' pages).
-  constexpr int kUntimed = 2, kTimed = 3;
-  for (int k = 0; k < kUntimed + kTimed; ++k) {
-    progress->update(
-        fmt("calibrate: %s through the engine, step %d/%d", m.name.c_str(), k + 1, kUntimed + kTimed));
-    const uint64_t t0 = now_ns();
-    ZOE_RETURN_IF_ERROR(trainer.forward_backward(tokens, targets).status());
-    ZOE_ASSIGN_OR_RETURN(StepStats st, eng->step());
-    const double wall = static_cast<double>(now_ns() - t0) * 1e-9;
-    if (k >= kUntimed) t.push_back({wall, st.t_comm + st.t_optimizer, st.t_io_stall});
-  }
-  std::sort(t.begin(), t.end(), [](const Split& a, const Split& b) { return a.wall < b.wall; });
-  const Split& med = t[kTimed / 2];
+  // The median step of `c` (after two untimed ones, as --verify and the grid's runs: the first
+  // records the fetch order, the second is the first prefetched one and warms the pools).
+  auto median_step = [&](const config::Config& c, const char* what) -> Result<Split> {
+    ZOE_ASSIGN_OR_RETURN(auto eng, zero::create_engine(rt, c));
+    ZOE_RETURN_IF_ERROR(model::add_gpt_modules(*eng, gc));
+    ZOE_RETURN_IF_ERROR(eng->initialize(
+        [&](size_t mi, size_t p, float* x, size_t n) { model::gpt_init(gc, 1, mi, p, x, n); }));
+    ZOE_ASSIGN_OR_RETURN(auto gm, model::GptCpu::create(gc, B, T));
+    model::GptTrainer trainer(*eng, *gm, gc, T);
+    constexpr int kUntimed = 2, kTimed = 3;
+    std::vector<Split> t;
+    for (int k = 0; k < kUntimed + kTimed; ++k) {
+      progress->update(fmt("calibrate: %s through the engine (%s), step %d/%d", m.name.c_str(), what, k + 1,
+                           kUntimed + kTimed));
+      const uint64_t t0 = now_ns();
+      ZOE_RETURN_IF_ERROR(trainer.forward_backward(tokens, targets).status());
+      ZOE_ASSIGN_OR_RETURN(StepStats st, eng->step());
+      const double wall = static_cast<double>(now_ns() - t0) * 1e-9;
+      if (k >= kUntimed) t.push_back({wall, st.t_comm + st.t_optimizer, st.t_io_stall});
+    }
+    std::sort(t.begin(), t.end(), [](const Split& a, const Split& b) { return a.wall < b.wall; });
+    return t[kTimed / 2];
+  };
+  ZOE_ASSIGN_OR_RETURN(const Split med, median_step(cfg, "stage 1"));
   const double rest = med.wall - med.engine - med.io;
   TrainRates r;
   if (!(rest > 0)) return r;
@@ -228,17 +235,42 @@ Result<TrainRates> measure_train(const plan::PlanInputs& pre, Progress* progress
   plan::PlanInputs in = pre;
   in.work.micro_batch = B;
   in.work.grad_accum = 1;
+  in.cuda = false;
   auto row = plan::plan_row(in, rp);
   if (row.is_ok() && med.engine >= 1e-3) {
     const uint64_t bytes = row->cost.bytes.device_optimizer;
     if (bytes > 0) r.engine_gbps = static_cast<double>(bytes) / med.engine / 1e9;
   }
+  // The same at stage 3 (parameters partitioned, on the device): what it adds is the engine's
+  // copies and zeroing of each gather's buffers. local_copy_gbps is the model's bytes for them
+  // (its seconds at 1 GB/s) over the added wall time.
+  config::Config c3 = cfg;
+  c3.zero.stage = 3;
+  ZOE_ASSIGN_OR_RETURN(const Split med3, median_step(c3, "stage 3"));
+  plan::RowPlacement rp3 = rp;
+  rp3.stage = 3;
+  in.rates.local_copy_gbps = 1.0;
+  auto row3 = plan::plan_row(in, rp3);
+  const double added = med3.wall - med.wall;
+  if (row3.is_ok() && added >= 1e-3) {
+    const double at_1gbps = row3->cost.critical_s[static_cast<int>(plan::Resource::kPcie)];
+    if (at_1gbps > 0) r.local_copy_gbps = at_1gbps / added;
+  }
   return r;
 }
 
-// Host memory copy GB/s: zoe's CPU device's "host <-> device" and device-memory rate.
-double measure_memcpy() {
-  const size_t n = 64u << 20;
+// Host memory copy GB/s (a copy's read and write counted): zoe's CPU device's "host <-> device"
+// and device-memory rate, at the size of the model's largest module in the compute dtype (2 bytes
+// an element), within [1 MiB, 64 MiB]: the engine copies a module at a time, and a small model's
+// modules stay in the caches, where copies run several times faster than through DRAM.
+double measure_memcpy(const plan::ModelDesc& m) {
+  size_t largest = 0;
+  for (const auto& mod : m.modules) {
+    size_t e = 0;
+    for (size_t x : mod.param_numel) e += x;
+    largest = std::max(largest, e * 2);
+  }
+  const size_t n = std::clamp<size_t>(largest, size_t{1} << 20, size_t{64} << 20);
   std::vector<char> a(n, 1), b(n, 0);
   double best = 1e30;
   for (int r = 0; r < 4; ++r) {
@@ -278,12 +310,13 @@ plan::LinkRates calibrate(const TuneOpts& o, const plan::PlanInputs& pre) {
   // the benchmarks'.
   const TrainRates tr = value_or_fail(measure_train(pre, &progress));
   r.flops = tr.flops > 0 ? tr.flops : value_or_fail(measure_flops(pre.model, pre.work, &progress));
-  r.h2d_gbps = r.device_mem_gbps = measure_memcpy();
+  r.h2d_gbps = r.device_mem_gbps = measure_memcpy(pre.model);
   if (tr.engine_gbps > 0 && !pre.cuda) {
     // The CPU device's memory is host memory: its update and accumulation are the same CPU work
     // as the offloaded optimizer's, at the rate measured through the engine.
     r.cpu_adam_gbps = r.device_mem_gbps = tr.engine_gbps;
   }
+  if (tr.local_copy_gbps > 0 && !pre.cuda) r.local_copy_gbps = tr.local_copy_gbps;
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
   r.host = host;

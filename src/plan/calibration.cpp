@@ -24,7 +24,8 @@ std::vector<std::pair<const char*, double LinkRates::*>> rate_keys() {
           {"flops", &LinkRates::flops},
           {"net_gbps", &LinkRates::net_gbps},
           {"intra_gbps", &LinkRates::intra_gbps},
-          {"device_mem_gbps", &LinkRates::device_mem_gbps}};
+          {"device_mem_gbps", &LinkRates::device_mem_gbps},
+          {"local_copy_gbps", &LinkRates::local_copy_gbps}};
 }
 
 }  // namespace

@@ -34,6 +34,9 @@ struct LinkRates {
   double net_gbps = 12.5;
   double intra_gbps = 150.0;
   double device_mem_gbps = 1500.0;
+  // zoe's CPU device: the engine's own copies and zeroing of device buffers (stage-3 gathers and
+  // partition loads), bytes written and read over seconds, as they run beside the compute.
+  double local_copy_gbps = 10.0;
   std::string host;  // where the numbers were measured (informational)
   // `zoe tune --calibrate`: the I/O engine over block_size x queue_depth on the NVMe path, and the
   // point it chose (the fastest read-then-write, 1 / (1/read + 1/write)), whose rates are

@@ -162,18 +162,38 @@ StepCost estimate_step(const config::Config& cfg, const zero::Placement& pl, con
     }
   }
 
+  Path path;
   // A partition moving to the device: NVMe -> staging -> device (both links busy, pipelined in
-  // staging pieces), or host -> device.
+  // staging pieces), or host -> device. On the CPU device (host_addressable) "host -> device" is a
+  // memcpy by the same cores the compute runs on, so it does not hide under the compute: it is on
+  // the path, at local_copy_gbps (which counts a copy's read and write).
+  const double local = rates.local_copy_gbps * gb;
   auto add_loads = [&](Path::Group* g, uint64_t bytes) {
-    g->add(Resource::kPcie, static_cast<double>(bytes) / pcie);
+    if (copies) {
+      g->add(Resource::kPcie, static_cast<double>(bytes) / pcie);
+    } else {
+      path.serial(Resource::kPcie, 2.0 * static_cast<double>(bytes) / local);
+    }
     if (part_home == Home::kNvme) g->add(Resource::kNvme, static_cast<double>(bytes) / nvme_r);
+  };
+  // Stage 3 on the CPU device, per pass: each gather allocates and zeroes the gathered module and
+  // the send buffer, copies the partition into the send buffer and the gathered module out of the
+  // collective (one rank: a local copy). memcpy and memset by the compute's cores: on the path.
+  // Bytes moved per pass: the zeroing writes (padded + part), the copies read and write (2 part +
+  // 2 padded).
+  uint64_t gather_local = 0;
+  for (const auto& m : pl.modules) {
+    if (m.partitioned_params) gather_local += 3 * (static_cast<uint64_t>(m.padded) + m.part) * es;
+  }
+  auto add_gather_copies = [&] {
+    if (stage3 && !copies && gather_local > 0)
+      path.serial(Resource::kPcie, static_cast<double>(gather_local) / local);
   };
   auto count_loads = [&](uint64_t bytes) {
     B.host_to_device += bytes;
     if (part_home == Home::kNvme) B.nvme_read += bytes;
   };
 
-  Path path;
   const double f_fwd = 2.0 * static_cast<double>(w.params) * tokens;
   for (int64_t j = 0; j < micro; ++j) {
     // Forward: compute, with partition loads prefetched under it and the gathers queued under it
@@ -194,6 +214,7 @@ StepCost estimate_step(const config::Config& cfg, const zero::Placement& pl, con
         g.add(Resource::kNetwork, static_cast<double>(gb_bytes) / net);
       else
         path.serial(Resource::kNetwork, static_cast<double>(gb_bytes) / net);
+      add_gather_copies();
       path.overlap(g);
     }
     // Backward: compute with loads, reductions (the communicator's stream) under it; the
@@ -212,6 +233,7 @@ StepCost estimate_step(const config::Config& cfg, const zero::Placement& pl, con
         g.add(Resource::kNetwork, static_cast<double>(gb_bytes) / net);
       else
         path.serial(Resource::kNetwork, static_cast<double>(gb_bytes) / net);
+      add_gather_copies();
       // Each module's reduction runs under the backward of the modules before it; the last one
       // (the first module's) has nothing left to hide under.
       uint64_t red = 0;
