@@ -78,6 +78,7 @@ plan::PlanInputs at_micro_batch(const plan::PlanInputs& in, int64_t micro) {
   k.work.grad_accum = total / micro;
   k.base.train_micro_batch_size_per_gpu = micro;
   k.base.gradient_accumulation_steps = total / micro;
+  k.rates.flops = in.rates.flops_at(micro);  // measured there by the calibration, if it was
   return k;
 }
 
@@ -168,11 +169,11 @@ json candidate_json(const Candidate& c) {
 
 void run(const TuneOpts& o) {
   if (o.verify < 0) fail(invalid_argument("--verify %d: expected a number of candidates >= 1", o.verify));
-  if (o.verify_steps < 1 || o.verify_steps > 1000) {
-    fail(invalid_argument("--verify-steps %d is out of range (expected an integer in [1, 1000])",
+  if (o.verify_steps < 0 || o.verify_steps > 1000) {
+    fail(invalid_argument("--verify-steps %d is out of range (expected an integer in [1, 1000], or 0: auto)",
                           o.verify_steps));
   }
-  if (o.verify_steps != 3 && o.verify == 0)
+  if (o.verify_steps != 0 && o.verify == 0)
     fail(invalid_argument("--verify-steps has no effect without --verify K"));
   if (!o.plot.empty()) {
     if (o.verify == 0)
@@ -301,7 +302,7 @@ void run(const TuneOpts& o) {
            {"predicted_step_s_as_measured", r.predicted_no_compute},
            {"error", (r.predicted_no_compute - r.v.step_s) / std::max(r.v.step_s, 1e-12)},
            {"measured_step_s", r.v.step_s},
-           {"steps", o.verify_steps},
+           {"steps", r.v.steps},
            {"nvme_read", r.v.nvme_read},
            {"nvme_write", r.v.nvme_write},
            {"predicted_nvme_read", c.row.cost.bytes.nvme_read},
@@ -372,14 +373,13 @@ void run(const TuneOpts& o) {
         in.rates.nvme_write_gbps);
   }
   if (!runs.empty()) {
+    const std::string steps = o.verify_steps > 0 ? fmt("%d steps of each", o.verify_steps)
+                                                 : std::string("at least 3 steps and 2 s of steps of each");
     if (runs.front().v.with_compute) {
-      printf("\n# verified: %d steps of each, the GPT's kernels on random tokens (the whole step)\n",
-             o.verify_steps);
+      printf("\n# verified: %s, the GPT's kernels on random tokens (the whole step)\n", steps.c_str());
     } else {
-      printf(
-          "\n# verified: %d steps of each without the model's compute (predicted: the step less its "
-          "compute)\n",
-          o.verify_steps);
+      printf("\n# verified: %s without the model's compute (predicted: the step less its compute)\n",
+             steps.c_str());
     }
     Table vt({{"candidate", "", 56, true},
               {"predicted", "s", 11},
@@ -432,7 +432,9 @@ static void add_tune_command(CLI::App& app) {
                   "Run the K best candidates for --verify-steps engine steps each on the model's modules (no "
                   "model compute), print predicted against measured, and choose the measured best; exit 1 "
                   "if a tier's high-water mark exceeds the plan");
-  cmd->add_option("--verify-steps", o->verify_steps, "Timed engine steps per verified candidate")
+  cmd->add_option("--verify-steps", o->verify_steps,
+                  "Timed engine steps per verified candidate (default 0: auto, at least 3 and at least 2 s "
+                  "of steps, at most 50: a short step is noisy)")
       ->capture_default_str();
   cmd->add_flag(
       "--fixed-micro-batch", o->fixed_micro,

@@ -174,7 +174,9 @@ struct TrainRates {
 // All 0 when the model is not zoe's GPT or its states would take more than a quarter of the
 // host's available memory; engine_gbps and local_copy_gbps 0 when their time is under a
 // millisecond.
-Result<TrainRates> measure_train(const plan::PlanInputs& pre, Progress* progress) {
+// At micro-batch `micro`; with `rates_too` false, the FLOP rate only (one engine, stage 1).
+Result<TrainRates> measure_train(const plan::PlanInputs& pre, int64_t micro, bool rates_too,
+                                 Progress* progress) {
   const plan::ModelDesc& m = pre.model;
   if (!m.zoe_gpt) return TrainRates{};
   const double state_bytes = 16.0 * static_cast<double>(m.params);
@@ -186,7 +188,7 @@ Result<TrainRates> measure_train(const plan::PlanInputs& pre, Progress* progress
   cfg.zero.offload_optimizer.device = config::OffloadDevice::kNone;
   cfg.zoe.device = "cpu";
   cfg.zoe.device_budget_bytes = 0;
-  const int B = static_cast<int>(std::max<int64_t>(1, pre.work.micro_batch));
+  const int B = static_cast<int>(std::max<int64_t>(1, micro));
   const int T = static_cast<int>(std::min<int64_t>(pre.work.seq > 0 ? pre.work.seq : m.context, m.context));
   cfg.train_micro_batch_size_per_gpu = B;
   cfg.gradient_accumulation_steps = 1;
@@ -224,11 +226,12 @@ Result<TrainRates> measure_train(const plan::PlanInputs& pre, Progress* progress
     std::sort(t.begin(), t.end(), [](const Split& a, const Split& b) { return a.wall < b.wall; });
     return t[kTimed / 2];
   };
-  ZOE_ASSIGN_OR_RETURN(const Split med, median_step(cfg, "stage 1"));
+  ZOE_ASSIGN_OR_RETURN(const Split med, median_step(cfg, fmt("stage 1, micro-batch %d", B).c_str()));
   const double rest = med.wall - med.engine - med.io;
   TrainRates r;
   if (!(rest > 0)) return r;
   r.flops = 6.0 * static_cast<double>(m.params) * B * T / rest;
+  if (!rates_too) return r;
   plan::RowPlacement rp;
   rp.stage = 1;
   rp.bf16_states = cfg.zoe.bf16_optimizer_states;
@@ -308,8 +311,30 @@ plan::LinkRates calibrate(const TuneOpts& o, const plan::PlanInputs& pre) {
   r.cpu_adam_gbps = adam->fused_gbps();
   // The rates `zoe train` sees where the model fits in memory here, else its kernels' rate and
   // the benchmarks'.
-  const TrainRates tr = value_or_fail(measure_train(pre, &progress));
+  const TrainRates tr = value_or_fail(measure_train(pre, pre.work.micro_batch, true, &progress));
   r.flops = tr.flops > 0 ? tr.flops : value_or_fail(measure_flops(pre.model, pre.work, &progress));
+  if (tr.flops > 0) {
+    // The other micro-batches tune's search may choose (those dividing micro x accumulation, with
+    // at most 16 micro-batches a step; at most 6 of them, nearest first): a GEMM's rate depends on
+    // its row count, and a step of 2 x 4 sequences is slower than one of 8.
+    r.flops_by_micro_batch.emplace_back(pre.work.micro_batch, tr.flops);
+    const int64_t total = pre.work.micro_batch * pre.work.grad_accum;
+    std::vector<int64_t> others;
+    for (int64_t d = 1; d <= total; ++d) {
+      if (total % d == 0 && d != pre.work.micro_batch && total / d <= 16) others.push_back(d);
+    }
+    std::sort(others.begin(), others.end(), [&](int64_t a, int64_t b) {
+      const auto dist = [&](int64_t x) {
+        return std::abs(std::log(static_cast<double>(x) / pre.work.micro_batch));
+      };
+      return dist(a) < dist(b);
+    });
+    if (others.size() > 6) others.resize(6);
+    for (int64_t d : others) {
+      const TrainRates t = value_or_fail(measure_train(pre, d, false, &progress));
+      if (t.flops > 0) r.flops_by_micro_batch.emplace_back(d, t.flops);
+    }
+  }
   r.h2d_gbps = r.device_mem_gbps = measure_memcpy(pre.model);
   if (tr.engine_gbps > 0 && !pre.cuda) {
     // The CPU device's memory is host memory: its update and accumulation are the same CPU work

@@ -23,7 +23,7 @@ struct TuneOpts {
   std::string calibrate_bytes = "256MiB";
   std::string out;
   int verify = 0;            // the K best candidates run
-  int verify_steps = 3;      // timed engine steps of each
+  int verify_steps = 0;      // timed engine steps of each (0: auto, see verify())
   bool fixed_micro = false;  // search only --micro-batch (else every divisor of micro x accumulation)
   std::string plot;          // predicted against measured step time per verified candidate
   bool json = false;
@@ -46,12 +46,14 @@ plan::LinkRates calibrate(const TuneOpts& o, const plan::PlanInputs& pre);
 
 struct Verified {
   bool with_compute = false;  // the model's kernels ran (zoe's GPT), else the engine's part alone
-  double step_s = 0;
+  double step_s = 0;          // the median of the timed steps
+  int steps = 0;              // timed steps run
   uint64_t nvme_read = 0, nvme_write = 0;
   uint64_t high_water[3] = {0, 0, 0};
 };
 
-// `steps` timed steps (after one that records the fetch order) of the tuned config. zoe's GPT runs
+// `steps` timed steps (0: at least 3 and at least 2 s of them, at most 50), after two untimed ones
+// (the first records the fetch order, the second warms the pools), of the tuned config. zoe's GPT runs
 // its CPU kernels on random tokens through model::GptTrainer: the whole step, as `zoe train` runs
 // it. Any other model runs on its modules with the caller's compute left out (zero gradients): the
 // engine's I/O, collectives and optimizer as the plan placed them.

@@ -84,8 +84,11 @@ Verified verify(Runtime& rt, const config::Config& cfg, const plan::PlanInputs& 
   // Two steps are not timed: the first records the fetch order, the second is the first with
   // prefetching (and warms the thread pools and the page cache of a cold process).
   constexpr int kUntimed = 2;
-  for (int k = 0; k < steps + kUntimed; ++k) {
-    progress.update(fmt("verify %s: step %d/%d", what.c_str(), k + 1, steps + kUntimed));
+  // steps 0 (auto): at least 3 timed steps and at least 2 s of them, at most 50, sized by the
+  // second untimed step.
+  int timed = steps > 0 ? steps : 3;
+  for (int k = 0; k < timed + kUntimed; ++k) {
+    progress.update(fmt("verify %s: step %d/%d", what.c_str(), k + 1, timed + kUntimed));
     const uint64_t t0 = now_ns();
     for (int64_t j = 0; j < std::max<int64_t>(1, cfg.gradient_accumulation_steps); ++j) {
       if (trainer) {
@@ -104,13 +107,18 @@ Verified verify(Runtime& rt, const config::Config& cfg, const plan::PlanInputs& 
       }
     }
     stats.push_back(value_or_fail(eng->step()));
-    if (k >= kUntimed) times.push_back(static_cast<double>(now_ns() - t0) * 1e-9);
+    const double wall = static_cast<double>(now_ns() - t0) * 1e-9;
+    if (k >= kUntimed) times.push_back(wall);
+    if (k == kUntimed - 1 && steps == 0 && wall > 0) {
+      timed = static_cast<int>(std::clamp(std::ceil(2.0 / wall), 3.0, 50.0));
+    }
   }
   progress.done();
   Verified v;
   v.with_compute = m.zoe_gpt;
   std::sort(times.begin(), times.end());
   v.step_s = times[times.size() / 2];
+  v.steps = static_cast<int>(times.size());
   const StepStats& a = stats[stats.size() - 2];
   const StepStats& b = stats.back();
   v.nvme_read = b.bytes_nvme_read - a.bytes_nvme_read;

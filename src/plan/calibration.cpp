@@ -3,6 +3,7 @@
 
 #include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <utility>
@@ -29,6 +30,13 @@ std::vector<std::pair<const char*, double LinkRates::*>> rate_keys() {
 }
 
 }  // namespace
+
+double LinkRates::flops_at(int64_t micro_batch) const {
+  for (const auto& [m, f] : flops_by_micro_batch) {
+    if (m == micro_batch) return f;
+  }
+  return flops;
+}
 
 Status LinkRates::validate() const {
   for (const auto& [key, field] : rate_keys()) {
@@ -57,6 +65,11 @@ std::string LinkRates::to_json() const {
   if (aio_block_size > 0) {
     j["aio_block_size"] = aio_block_size;
     j["aio_queue_depth"] = aio_queue_depth;
+  }
+  if (!flops_by_micro_batch.empty()) {
+    json f = json::object();
+    for (const auto& [m, v] : flops_by_micro_batch) f[std::to_string(m)] = v;
+    j["flops_by_micro_batch"] = f;
   }
   return j.dump(2) + "\n";
 }
@@ -93,6 +106,27 @@ Status apply_calibration_json(const std::string& text, const std::string& where,
             k == "aio_block_size" ? "a multiple of 4096 up to 1 GiB" : "an integer in [1, 65536]");
       }
       (k == "aio_block_size" ? r.aio_block_size : r.aio_queue_depth) = it->get<int64_t>();
+      continue;
+    }
+    if (k == "flops_by_micro_batch") {
+      if (!it->is_object()) {
+        return invalid_argument("calibration file %s: \"flops_by_micro_batch\" is %s, expected an object",
+                                where.c_str(), it->dump().c_str());
+      }
+      r.flops_by_micro_batch.clear();
+      for (auto e = it->begin(); e != it->end(); ++e) {
+        char* end = nullptr;
+        const long long m = std::strtoll(e.key().c_str(), &end, 10);
+        const bool key_ok = !e.key().empty() && end != nullptr && *end == '\0' && m > 0 && m <= (1 << 20);
+        const bool val_ok = e->is_number() && e->get<double>() > 0 && std::isfinite(e->get<double>());
+        if (!key_ok || !val_ok) {
+          return invalid_argument(
+              "calibration file %s: flops_by_micro_batch[\"%s\"] is %s, expected a micro-batch (a positive "
+              "integer) mapped to a positive FLOP rate",
+              where.c_str(), e.key().c_str(), e->dump().c_str());
+        }
+        r.flops_by_micro_batch.emplace_back(static_cast<int64_t>(m), e->get<double>());
+      }
       continue;
     }
     if (k == "io_sweep") {
@@ -137,7 +171,7 @@ Status apply_calibration_json(const std::string& text, const std::string& where,
       r.*field = it->get<double>();
     }
     if (!known) {
-      std::string names = "version, host, io_sweep, aio_block_size, aio_queue_depth";
+      std::string names = "version, host, io_sweep, aio_block_size, aio_queue_depth, flops_by_micro_batch";
       for (const auto& kv : keys) names += std::string(", ") + kv.first;
       return invalid_argument("calibration file %s: unknown key \"%s\" (expected %s)", where.c_str(),
                               k.c_str(), names.c_str());

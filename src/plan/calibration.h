@@ -13,6 +13,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "zoe/status.h"
@@ -43,6 +44,13 @@ struct LinkRates {
   // nvme_read_gbps and nvme_write_gbps. Empty, and 0: not swept (the aio config's own values).
   std::vector<IoPoint> io_sweep;
   int64_t aio_block_size = 0, aio_queue_depth = 0;
+  // `zoe tune --calibrate` on zoe's GPT: the FLOP rate measured at each micro-batch the search may
+  // choose (a GEMM's rate falls with its row count), as {micro-batch, FLOP/s}. Empty: `flops` at
+  // every micro-batch.
+  std::vector<std::pair<int64_t, double>> flops_by_micro_batch;
+
+  // The FLOP rate at `micro_batch`: its measured entry, else `flops`.
+  double flops_at(int64_t micro_batch) const;
 
   // Every rate positive and finite; errors name the key and the value.
   Status validate() const;

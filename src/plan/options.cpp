@@ -144,6 +144,10 @@ Result<PlanInputs> plan_inputs(const PlanOptions& o) {
   in.work.grad_accum =
       o.grad_accum > 1 || o.config.empty() ? o.grad_accum : in.base.gradient_accumulation_steps;
   in.base.gradient_accumulation_steps = in.work.grad_accum;
+  // The FLOP rate at this micro-batch where the calibration measured it; a --flops flag wins at
+  // every micro-batch.
+  if (o.flops > 0) in.rates.flops_by_micro_batch.clear();
+  in.rates.flops = in.rates.flops_at(in.work.micro_batch);
   return in;
 }
 

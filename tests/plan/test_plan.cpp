@@ -161,6 +161,13 @@ TEST(Calibration, FileOverlaysDefaultsAndRejectsBadInput) {
   EXPECT_EQ(back2.io_sweep[0].write_gbps, 2.5);
   EXPECT_EQ(back2.aio_block_size, 1048576);
   EXPECT_EQ(back2.aio_queue_depth, 8);
+  // The FLOP rate per micro-batch: round-trips, and flops_at falls back to `flops` elsewhere.
+  r.flops_by_micro_batch = {{8, 1.5e11}, {4, 1.2e11}};
+  plan::LinkRates back3;
+  ASSERT_TRUE(plan::apply_calibration_json(r.to_json(), "rt", &back3).is_ok());
+  EXPECT_EQ(back3.flops_at(8), 1.5e11);
+  EXPECT_EQ(back3.flops_at(4), 1.2e11);
+  EXPECT_EQ(back3.flops_at(2), r.flops);
 
   plan::LinkRates keep;
   Status missing = plan::apply_calibration_file(d.file("absent.json"), &keep);
@@ -180,6 +187,9 @@ TEST(Calibration, FileOverlaysDefaultsAndRejectsBadInput) {
       {"{\"aio_block_size\": 1000}", "\"aio_block_size\" is 1000, expected a multiple of 4096"},
       {"{\"aio_queue_depth\": 0}", "\"aio_queue_depth\" is 0"},
       {"{\"io_sweep\": 3}", "\"io_sweep\" is 3, expected an array"},
+      {"{\"flops_by_micro_batch\": [1]}", "\"flops_by_micro_batch\" is [1], expected an object"},
+      {"{\"flops_by_micro_batch\": {\"0\": 1e11}}", "flops_by_micro_batch[\"0\"] is 100000000000.0"},
+      {"{\"flops_by_micro_batch\": {\"4\": -1}}", "flops_by_micro_batch[\"4\"] is -1"},
       {"{\"io_sweep\": [{\"block_size\": 4096, \"queue_depth\": 1, \"read_gbps\": -1, \"write_gbps\": 1}]}",
        "io_sweep[0] is"},
   };

@@ -229,10 +229,20 @@ TEST(TuneCli, SearchesTheMicroBatchThatKeepsTheBatch) {
       "tune --preset tiny --device cpu --device-mem 16MiB --host-mem 4GiB --nvme-space 1GiB"
       " --nvme-path " +
       d.path() + " --micro-batch 64";
-  CmdResult r = zoe(base + " --out " + cfg + " --json");
+  CmdResult r = zoe(base + " --out " + cfg + " --verify 2 --json");
   ASSERT_EQ(r.rc, 0) << r.out << r.err;
   json j = json::parse(r.out, nullptr, false);
   ASSERT_FALSE(j.is_discarded()) << r.out;
+  // Without --verify-steps: at least 3 timed steps and 2 s of them (at most 50).
+  ASSERT_EQ(j["verified"].size(), 2u);
+  for (const json& v : j["verified"]) {
+    const int n = v["steps"].get<int>();
+    EXPECT_GE(n, 3);
+    EXPECT_LE(n, 50);
+    if (n < 50) {
+      EXPECT_GE(n * v["measured_step_s"].get<double>(), 1.0) << v.dump();
+    }
+  }
   const int64_t micro = j["best"]["micro_batch"].get<int64_t>();
   const int64_t accum = j["best"]["gradient_accumulation_steps"].get<int64_t>();
   EXPECT_LT(micro, 64) << "64 sequences' activations do not fit 16 MiB";
