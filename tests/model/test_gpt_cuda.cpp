@@ -252,6 +252,14 @@ INSTANTIATE_TEST_SUITE_P(
                       Shape{"wider", config(301, 48, 160, 5, 1), 3, 40}),
     [](const ::testing::TestParamInfo<Shape>& i) { return std::string(i.param.name); });
 
+// One forward pass over every module of `c`; the loss.
+float forward_loss(GptCuda& gpu, const GptConfig& c, const std::vector<std::vector<const float*>>& gp,
+                   const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets) {
+  gpu.embed_forward(tokens.data(), gp[0].data());
+  for (int l = 0; l < c.layers; ++l) gpu.block_forward(l, gp[1 + l].data());
+  return gpu.head_forward(gp.back().data(), gp[0].data(), targets.data());
+}
+
 // An evaluation pass (forward only, then a new forward) leaves the model usable.
 TEST(GptCuda, ForwardOnlyThenAgain) {
   ZOE_SKIP_WITHOUT_GPU();
@@ -266,11 +274,7 @@ TEST(GptCuda, ForwardOnlyThenAgain) {
   std::vector<std::vector<const float*>> gp;
   for (auto& mod : model.dp) gp.push_back(Model::cdev(mod));
   float losses[2];
-  for (float& loss : losses) {
-    gpu.embed_forward(tokens.data(), gp[0].data());
-    for (int l = 0; l < c.layers; ++l) gpu.block_forward(l, gp[1 + l].data());
-    loss = gpu.head_forward(gp.back().data(), gp[0].data(), targets.data());
-  }
+  for (float& loss : losses) loss = forward_loss(gpu, c, gp, tokens, targets);
   EXPECT_EQ(losses[0], 0.0f);  // every target ignored
   EXPECT_EQ(losses[1], 0.0f);
   EXPECT_TRUE(gpu.status().is_ok()) << gpu.status().to_string();
@@ -309,9 +313,7 @@ TEST(GptCuda, RunsOnTheDevicesStream) {
     if (k == 1) {
       EXPECT_EQ(gpu.stream(), handle);
     }
-    gpu.embed_forward(tokens.data(), gp[0].data());
-    for (int l = 0; l < c.layers; ++l) gpu.block_forward(l, gp[1 + l].data());
-    loss[k] = gpu.head_forward(gp.back().data(), gp[0].data(), targets.data());
+    loss[k] = forward_loss(gpu, c, gp, tokens, targets);
     ASSERT_TRUE(gpu.synchronize().is_ok()) << gpu.status().to_string();
   }
   EXPECT_TRUE(std::isfinite(loss[0]));
