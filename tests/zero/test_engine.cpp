@@ -228,8 +228,8 @@ TEST(EngineOverlap, OverlappedStepGivesTheSerialBitsForEveryPlacement) {
 // returns, and the engine synchronizes before any other agent touches what an op reads or writes.
 // In the deferred mode the CPU ops run only at synchronize(), so a hand-off the engine forgot reads
 // stale bytes here as it would on a GPU. Every placement and precision, serial and overlapped, with
-// accumulation, reduce buckets (the packed reduce-scatter), evaluation passes (stage 3), clipping,
-// the fp16 overflow path, then a checkpoint save and load must give the eager run's bits.
+// accumulation, reduce buckets (the packed reduce-scatter), evaluation passes (stage 3) and clipping,
+// must give the eager run's bits and grad norms.
 TEST(EngineMatrix, DeferredDeviceOpsGiveTheEagerBits) {
   Runtime& rt = runtime();
   MlpSpec s;
