@@ -229,7 +229,8 @@ TEST(EngineOverlap, OverlappedStepGivesTheSerialBitsForEveryPlacement) {
 // In the deferred mode the CPU ops run only at synchronize(), so a hand-off the engine forgot reads
 // stale bytes here as it would on a GPU. Every placement and precision, serial and overlapped, with
 // accumulation, reduce buckets (the packed reduce-scatter), evaluation passes (stage 3) and clipping,
-// must give the eager run's bits and grad norms.
+// then fp16 with an overflow (a skipped step), must give the eager run's bits and statistics.
+// Checkpoint.ResumeIsBitIdentical runs its saves and loads in this mode too.
 TEST(EngineMatrix, DeferredDeviceOpsGiveTheEagerBits) {
   Runtime& rt = runtime();
   MlpSpec s;
@@ -267,6 +268,29 @@ TEST(EngineMatrix, DeferredDeviceOpsGiveTheEagerBits) {
           EXPECT_EQ(st_eager[k].grad_norm, st_deferred[k].grad_norm) << what << " step " << k;
           EXPECT_EQ(st_eager[k].skipped, st_deferred[k].skipped) << what << " step " << k;
         }
+      }
+    }
+  }
+  // fp16 with an overflow at step 2 (skipped, scale halved), serial and overlapped.
+  for (const Placement& pl : placements()) {
+    for (bool overlap : {false, true}) {
+      const std::string what = "fp16 overflow, stage " + std::to_string(pl.stage) + " optimizer " + pl.opt +
+                               " params " + pl.param + (overlap ? " overlapped" : " serial");
+      g_overlap = overlap;
+      std::vector<StepStats> st_eager, st_deferred;
+      zero::set_deferred_device_ops(false);
+      auto eager = run(pl, "fp16", s, 4, &st_eager, /*inject=*/2);
+      zero::set_deferred_device_ops(true);
+      auto deferred = run(pl, "fp16", s, 4, &st_deferred, 2);
+      zero::set_deferred_device_ops(false);
+      ASSERT_TRUE(eager.is_ok()) << what << ": " << eager.status().to_string();
+      ASSERT_TRUE(deferred.is_ok()) << what << ": " << deferred.status().to_string();
+      EXPECT_TRUE(compare(eager.value(), deferred.value()).identical) << what;
+      ASSERT_EQ(st_eager.size(), st_deferred.size()) << what;
+      EXPECT_TRUE(st_deferred[2].skipped) << what;
+      for (size_t k = 0; k < st_eager.size(); ++k) {
+        EXPECT_EQ(st_eager[k].loss_scale, st_deferred[k].loss_scale) << what << " step " << k;
+        EXPECT_EQ(st_eager[k].skipped, st_deferred[k].skipped) << what << " step " << k;
       }
     }
   }
@@ -576,44 +600,57 @@ TEST(Engine, StatsReportTimesAndHighWater) {
 
 // Resume: 2 steps, save, a fresh engine loads and takes step 3; the result equals 3 steps
 // uninterrupted, bit for bit, for every stage and placement.
+// Also with the device ops deferred (zero/device_ops.h's contract, as in the matrix above): the
+// save and load paths hand device memory to the checkpoint's reader and writer.
 TEST(Checkpoint, ResumeIsBitIdentical) {
   Runtime& rt = runtime();
   MlpSpec s;
-  for (int stage : {1, 2, 3}) {
-    for (const char* off : {"none", "cpu", "nvme"}) {
-      Placement pl{stage, off, stage == 3 ? off : "none"};
-      std::string what = std::string("stage ") + std::to_string(stage) + " offload " + off;
-      auto whole = run(pl, "bf16", s, 3);
-      ASSERT_TRUE(whole.is_ok()) << what << ": " << whole.status().to_string();
-      test::ScratchDir nvme("nvme"), ck("ckpt");
-      // Every rank must use the same checkpoint directory: rank 0's name.
-      const std::string dir = rank0_string(rt, ck.path());
-      auto cfg = config::Config::parse(make_config(pl, "bf16", nvme.path()), rt.world_size());
-      ASSERT_TRUE(cfg.is_ok());
-      {
+  struct Restore {
+    ~Restore() { zero::set_deferred_device_ops(false); }
+  } restore;
+  std::map<std::string, std::vector<Layer>> eager;
+  for (bool deferred : {false, true}) {
+    zero::set_deferred_device_ops(deferred);
+    for (int stage : {1, 2, 3}) {
+      for (const char* off : {"none", "cpu", "nvme"}) {
+        Placement pl{stage, off, stage == 3 ? off : "none"};
+        std::string what = std::string("stage ") + std::to_string(stage) + " offload " + off +
+                           (deferred ? " (deferred device ops)" : "");
+        auto whole = run(pl, "bf16", s, 3);
+        ASSERT_TRUE(whole.is_ok()) << what << ": " << whole.status().to_string();
+        const std::string key = std::to_string(stage) + off;
+        if (!deferred) eager[key] = whole.value();
+        EXPECT_TRUE(compare(whole.value(), eager[key]).identical) << what << ": differs from the eager run";
+        test::ScratchDir nvme("nvme"), ck("ckpt");
+        // Every rank must use the same checkpoint directory: rank 0's name.
+        const std::string dir = rank0_string(rt, ck.path());
+        auto cfg = config::Config::parse(make_config(pl, "bf16", nvme.path()), rt.world_size());
+        ASSERT_TRUE(cfg.is_ok());
+        {
+          auto e = zero::create_engine(rt, cfg.value());
+          ASSERT_TRUE(e.is_ok());
+          ASSERT_TRUE(test::register_mlp(*e.value(), s).is_ok());
+          std::vector<Layer> out;
+          ASSERT_TRUE(test::engine_train(*e.value(), s, rt.rank(), rt.world_size(), 2, &out).is_ok());
+          Status sv = e.value()->save(dir, "step-2", "{\"step\": 2}");
+          ASSERT_TRUE(sv.is_ok()) << what << ": " << sv.to_string();
+        }
         auto e = zero::create_engine(rt, cfg.value());
         ASSERT_TRUE(e.is_ok());
         ASSERT_TRUE(test::register_mlp(*e.value(), s).is_ok());
+        auto ts = e.value()->load(dir);
+        ASSERT_TRUE(ts.is_ok()) << what << ": " << ts.status().to_string();
+        EXPECT_EQ(ts.value(), "{\"step\":2}");
+        EXPECT_EQ(e.value()->steps_taken(), 2);
         std::vector<Layer> out;
-        ASSERT_TRUE(test::engine_train(*e.value(), s, rt.rank(), rt.world_size(), 2, &out).is_ok());
-        Status sv = e.value()->save(dir, "step-2", "{\"step\": 2}");
-        ASSERT_TRUE(sv.is_ok()) << what << ": " << sv.to_string();
+        ASSERT_TRUE(test::engine_train(*e.value(), s, rt.rank(), rt.world_size(), 3, &out, nullptr, -1, 1, 2)
+                        .is_ok());
+        EXPECT_TRUE(compare(out, whole.value()).identical)
+            << what << ": resumed run differs (max " << compare(out, whole.value()).max_abs << ")";
+        ASSERT_TRUE(zero::runtime_comm(rt)
+                        .barrier()
+                        .is_ok());  // rank 0 removes the directory only after everyone is done
       }
-      auto e = zero::create_engine(rt, cfg.value());
-      ASSERT_TRUE(e.is_ok());
-      ASSERT_TRUE(test::register_mlp(*e.value(), s).is_ok());
-      auto ts = e.value()->load(dir);
-      ASSERT_TRUE(ts.is_ok()) << what << ": " << ts.status().to_string();
-      EXPECT_EQ(ts.value(), "{\"step\":2}");
-      EXPECT_EQ(e.value()->steps_taken(), 2);
-      std::vector<Layer> out;
-      ASSERT_TRUE(
-          test::engine_train(*e.value(), s, rt.rank(), rt.world_size(), 3, &out, nullptr, -1, 1, 2).is_ok());
-      EXPECT_TRUE(compare(out, whole.value()).identical)
-          << what << ": resumed run differs (max " << compare(out, whole.value()).max_abs << ")";
-      ASSERT_TRUE(zero::runtime_comm(rt)
-                      .barrier()
-                      .is_ok());  // rank 0 removes the directory only after everyone is done
     }
   }
 }
