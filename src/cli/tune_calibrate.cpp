@@ -174,6 +174,29 @@ struct TrainRates {
 // All 0 when the model is not zoe's GPT or its states would take more than a quarter of the
 // host's available memory; engine_gbps and local_copy_gbps 0 when their time is under a
 // millisecond.
+// The calibration's model steps at micro-batch `micro` fit this host: their activations (fp32 on
+// zoe's CPU device) with the states take at most half its available memory. Refused with the flag
+// to change rather than failing as an allocation somewhere in the model.
+Status check_steps_fit(const plan::PlanInputs& pre, int64_t micro) {
+  const plan::ModelDesc& m = pre.model;
+  if (!m.zoe_gpt) return Status::ok();
+  const double state_bytes = 16.0 * static_cast<double>(m.params);
+  const uint64_t avail = host_memory_available();
+  if (avail == 0 || state_bytes > static_cast<double>(avail) / 4) return Status::ok();  // not measured
+  plan::Workload w = pre.work;
+  w.micro_batch = std::max<int64_t>(1, micro);
+  const uint64_t act = plan::activation_bytes(m, w, 4);
+  if (micro <= (1 << 30) && state_bytes + static_cast<double>(act) <= static_cast<double>(avail) / 2)
+    return Status::ok();
+  return invalid_argument(
+      "--calibrate measures model steps at micro-batch %lld (--micro-batch, or a divisor of "
+      "--micro-batch x --grad-accum): their activations take %s with %s of states, more than half "
+      "of this host's available memory (%s); give a smaller --micro-batch and a larger --grad-accum "
+      "for the same batch",
+      static_cast<long long>(micro), format_bytes(act).c_str(),
+      format_bytes(static_cast<uint64_t>(state_bytes)).c_str(), format_bytes(avail).c_str());
+}
+
 // At micro-batch `micro`; with `rates_too` false, the FLOP rate only (one engine, stage 1).
 Result<TrainRates> measure_train(const plan::PlanInputs& pre, int64_t micro, bool rates_too,
                                  Progress* progress) {
@@ -182,6 +205,7 @@ Result<TrainRates> measure_train(const plan::PlanInputs& pre, int64_t micro, boo
   const double state_bytes = 16.0 * static_cast<double>(m.params);
   const uint64_t avail = host_memory_available();
   if (avail == 0 || state_bytes > static_cast<double>(avail) / 4) return TrainRates{};
+  ZOE_RETURN_IF_ERROR(check_steps_fit(pre, micro));
   config::Config cfg = pre.base;
   cfg.zero.stage = 1;
   cfg.zero.offload_param.device = config::OffloadDevice::kNone;
@@ -293,6 +317,8 @@ plan::LinkRates calibrate(const TuneOpts& o, const plan::PlanInputs& pre) {
   const uint64_t bytes = value_or_fail(parse_bytes(o.calibrate_bytes)) / 4096 * 4096;
   if (bytes < (16u << 20))
     fail(invalid_argument("--calibrate-bytes %s: at least 16MiB", o.calibrate_bytes.c_str()));
+  Status fits = check_steps_fit(pre, pre.work.micro_batch);  // before minutes of measuring
+  if (!fits.is_ok()) fail(fits);
   auto sweep = sweep_nvme(dir, bytes, &progress);
   if (!sweep.is_ok()) fail(sweep.status().with_context("calibrating NVMe reads and writes"));
   r.io_sweep = std::move(sweep).value();

@@ -60,8 +60,15 @@ struct Path {
 // evicts the copy used furthest ahead in the recorded order (Belady). The step's update drops
 // every device copy (the new values are written to the home), so each step starts cold.
 struct CacheSim {
-  // Bytes loaded into the device per micro-batch: [micro][0 forward / 1 backward].
+  // Bytes loaded into the device per micro-batch, [0 forward / 1 backward], for the first
+  // min(micro, 4) micro-batches; at(j) gives any micro-batch's.
   std::vector<std::array<uint64_t, 2>> loaded;
+  int64_t micro = 0;
+  std::array<uint64_t, 2> at(int64_t j) const {
+    if (loaded.empty()) return {0, 0};
+    const int64_t k = j < 3 || micro < 4 ? j : j == micro - 1 ? 3 : 2;
+    return loaded[static_cast<size_t>(k)];
+  }
 };
 
 // Simulates min(micro, 4) micro-batches; longer steps repeat the third (the cache's steady
@@ -70,7 +77,9 @@ CacheSim simulate_cache(const zero::Placement& pl, int64_t micro) {
   const size_t n = pl.modules.size();
   const int64_t sim_micro = std::min<int64_t>(micro, 4);
   CacheSim sim;
-  std::vector<std::array<uint64_t, 2>> loaded(static_cast<size_t>(sim_micro), {0, 0});
+  sim.micro = micro;
+  std::vector<std::array<uint64_t, 2>>& loaded = sim.loaded;
+  loaded.assign(static_cast<size_t>(sim_micro), {0, 0});
   std::vector<size_t> order;
   std::vector<uint8_t> phase;  // 0 forward, 1 backward
   std::vector<int64_t> mb;
@@ -109,10 +118,6 @@ CacheSim simulate_cache(const zero::Placement& pl, int64_t micro) {
     in[m] = true;
     used += b;
     loaded[static_cast<size_t>(mb[t])][phase[t]] += b;
-  }
-  for (int64_t j = 0; j < micro; ++j) {
-    const int64_t k = j < 3 || sim_micro < 4 ? j : j == micro - 1 ? 3 : 2;
-    sim.loaded.push_back(loaded[static_cast<size_t>(k)]);
   }
   return sim;
 }
@@ -195,13 +200,13 @@ StepCost estimate_step(const config::Config& cfg, const zero::Placement& pl, con
   };
 
   const double f_fwd = 2.0 * static_cast<double>(w.params) * tokens;
-  for (int64_t j = 0; j < micro; ++j) {
+  auto micro_batch = [&](int64_t j) {
     // Forward: compute, with partition loads prefetched under it and the gathers queued under it
     // (host-memory devices) or on demand (otherwise).
     {
       Path::Group g;
       g.add(Resource::kCompute, f_fwd / rates.flops);
-      const uint64_t loads = any_off && stage3 ? sim.loaded[static_cast<size_t>(j)][0] : 0;
+      const uint64_t loads = any_off && stage3 ? sim.at(j)[0] : 0;
       if (loads) {
         const uint64_t first = std::min(loads, first_part);  // the first fetch of the pass waits
         add_loads(&g, loads - first);
@@ -222,7 +227,7 @@ StepCost estimate_step(const config::Config& cfg, const zero::Placement& pl, con
     {
       Path::Group g;
       g.add(Resource::kCompute, 2.0 * f_fwd / rates.flops);
-      const uint64_t loads = any_off && stage3 ? sim.loaded[static_cast<size_t>(j)][1] : 0;
+      const uint64_t loads = any_off && stage3 ? sim.at(j)[1] : 0;
       if (loads) {
         add_loads(&g, loads);
         count_loads(loads);
@@ -269,6 +274,32 @@ StepCost estimate_step(const config::Config& cfg, const zero::Placement& pl, con
         }
       }
     }
+  };
+  // Micro-batches 2 .. micro-2 are alike (the cache's steady state, a sum to read back): one is
+  // run and its share repeated, so a long accumulation costs O(1), not O(micro).
+  if (micro <= 5) {
+    for (int64_t j = 0; j < micro; ++j) micro_batch(j);
+  } else {
+    micro_batch(0);
+    micro_batch(1);
+    const Path p0 = path;
+    const LinkBytes b0 = B;
+    micro_batch(2);
+    const uint64_t k = static_cast<uint64_t>(micro - 4);
+    for (int r = 0; r < kResources; ++r) {
+      path.crit[r] += (path.crit[r] - p0.crit[r]) * static_cast<double>(k);
+      path.busy[r] += (path.busy[r] - p0.busy[r]) * static_cast<double>(k);
+    }
+    for (auto [now, was] : {std::pair{&B.nvme_read, b0.nvme_read},
+                            {&B.nvme_write, b0.nvme_write},
+                            {&B.host_to_device, b0.host_to_device},
+                            {&B.device_to_host, b0.device_to_host},
+                            {&B.network, b0.network},
+                            {&B.cpu_optimizer, b0.cpu_optimizer},
+                            {&B.device_optimizer, b0.device_optimizer}}) {
+      *now += (*now - was) * k;
+    }
+    micro_batch(micro - 1);
   }
   B.flops = 3.0 * f_fwd * static_cast<double>(micro);
 

@@ -344,6 +344,52 @@ TEST(Plan, RowsAboveTheDeviceBudgetNeedThePlannersPeak) {
   EXPECT_EQ(row->lacks.device, unbounded->peak.device - in.device_mem);
 }
 
+TEST(CostModel, LongAccumulationsCostTheirSteadyStateInConstantTime) {
+  // Micro-batches 2 .. A-2 of a step are alike; from A = 6 on the model runs one and repeats its
+  // share. Each further micro-batch then adds what the fifth adds at A = 5 (run one by one):
+  // exactly for bytes, to rounding for times, at any A (10^9 here, which a loop would not finish).
+  plan::ModelDesc m;
+  m.modules = mlp_shapes(6, 1024);  // 2 MiB of bf16 parameters each
+  m.params = plan::count_params(m.modules);
+  plan::PlanInputs in = inputs(m, 1, 1);
+  const plan::RowPlacement nvme{3, OffloadDevice::kNvme, OffloadDevice::kNvme, 1.0, false};
+  zero::PlanTarget t;
+  t.device_budget = 20u << 20;  // a device cache smaller than the partitions: loads every micro-batch
+  t.queued_gathers = false;
+  const config::Config cfg = plan::config_for(in.base, nvme, "/unused");
+  auto pl = zero::plan_placement(cfg, m.modules, 1, 0, t);
+  ASSERT_TRUE(pl.is_ok()) << pl.status().message();
+  auto cost = [&](int64_t accum) {
+    plan::Workload w;
+    w.params = m.params;
+    w.seq = 64;
+    w.grad_accum = accum;
+    return plan::estimate_step(cfg, pl.value(), w, in.topo, plan::LinkRates{}, plan::DeviceKind{false});
+  };
+  const plan::StepCost c4 = cost(4), c5 = cost(5);
+  for (const int64_t a : {int64_t{5}, int64_t{9}, int64_t{1000000000}}) {
+    const plan::StepCost ca = cost(a), cb = cost(a + 1);
+    SCOPED_TRACE("accumulation " + std::to_string(a));
+    EXPECT_EQ(cb.bytes.nvme_read - ca.bytes.nvme_read, c5.bytes.nvme_read - c4.bytes.nvme_read);
+    EXPECT_EQ(cb.bytes.nvme_write - ca.bytes.nvme_write, c5.bytes.nvme_write - c4.bytes.nvme_write);
+    EXPECT_EQ(cb.bytes.host_to_device - ca.bytes.host_to_device,
+              c5.bytes.host_to_device - c4.bytes.host_to_device);
+    EXPECT_EQ(cb.bytes.network - ca.bytes.network, c5.bytes.network - c4.bytes.network);
+    EXPECT_EQ(cb.bytes.cpu_optimizer - ca.bytes.cpu_optimizer,
+              c5.bytes.cpu_optimizer - c4.bytes.cpu_optimizer);
+    const double d = c5.step_s - c4.step_s;
+    EXPECT_GT(d, 0);
+    EXPECT_NEAR(cb.step_s - ca.step_s, d, 1e-9 * cb.step_s + 1e-6 * d);
+  }
+  EXPECT_GT(c5.bytes.host_to_device - c4.bytes.host_to_device, 0u);  // the cache does reload
+  // And in all: A = 10^9 is A = 5 plus 10^9 - 5 such micro-batches.
+  const uint64_t more = 1000000000 - 5;
+  const plan::StepCost big = cost(1000000000);
+  EXPECT_EQ(big.bytes.nvme_read, c5.bytes.nvme_read + more * (c5.bytes.nvme_read - c4.bytes.nvme_read));
+  EXPECT_EQ(big.bytes.host_to_device,
+            c5.bytes.host_to_device + more * (c5.bytes.host_to_device - c4.bytes.host_to_device));
+}
+
 // ---------------------------------------------------------------------------------------------
 // The cost model's NVMe bytes against the engine's, for every placement of the engine matrix
 

@@ -263,6 +263,25 @@ TEST(TuneCli, SearchesTheMicroBatchThatKeepsTheBatch) {
   EXPECT_NE(f.err.find("the closest"), std::string::npos) << f.err;
 }
 
+// An absurd micro-batch: the search is arithmetic, not a loop over a hundred million
+// micro-batches, and --calibrate refuses steps that cannot fit this host, naming the flag.
+TEST(TuneCli, AbsurdMicroBatchesAreSearchedOrRefusedNamingTheFlag) {
+  zoe::test::ScratchDir d("tune-absurd");
+  const std::string base = "tune --preset tiny --device cpu" + kMem + " --nvme-path " + d.path() +
+                           " --micro-batch 100000000 --out " + d.file("t.json");
+  CmdResult r = zoe(base + " --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  json j = json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  EXPECT_EQ(j["best"]["micro_batch"].get<int64_t>() * j["best"]["gradient_accumulation_steps"].get<int64_t>(),
+            100000000);
+  CmdResult c = zoe(base + " --calibrate --calibration-out " + d.file("cal.json"));
+  EXPECT_EQ(c.rc, 1);
+  EXPECT_NE(c.err.find("--calibrate measures model steps at micro-batch 100000000"), std::string::npos)
+      << c.err;
+  EXPECT_NE(c.err.find("smaller --micro-batch"), std::string::npos) << c.err;
+}
+
 TEST(TuneCli, NothingFitsExitsOne) {
   CmdResult r = zoe("tune --hf-config " + fixture("llama-2-7b.json") +
                     " --device-mem 8GiB --host-mem 16GiB --nvme-space 20GiB");
