@@ -5,12 +5,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <fstream>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -64,9 +66,41 @@ using nlohmann::json;
 
 // --- Search ---------------------------------------------------------------------------------
 
+// The knobs the search sets beyond the placement, as config values (what --out writes).
+struct Knobs {
+  int64_t prefetch_bucket = 0;           // zero_optimization.stage3_prefetch_bucket_size
+  int64_t max_live = 0;                  // zero_optimization.stage3_max_live_parameters
+  int64_t sub_group = 0;                 // zero_optimization.sub_group_size
+  int64_t opt_buffers = 0;               // offload_optimizer.buffer_count
+  int64_t param_buffers = 0;             // offload_param.buffer_count
+  int64_t param_buffer_size = 0;         // offload_param.buffer_size (elements)
+  int64_t aio_block = 0, aio_depth = 0;  // aio.block_size, aio.queue_depth
+
+  void apply(config::Config* c) const {
+    c->zero.stage3_prefetch_bucket_size = prefetch_bucket;
+    c->zero.stage3_max_live_parameters = max_live;
+    c->zero.sub_group_size = sub_group;
+    c->zero.offload_optimizer.buffer_count = opt_buffers;
+    c->zero.offload_param.buffer_count = param_buffers;
+    c->zero.offload_param.buffer_size = param_buffer_size;
+    c->aio.block_size = aio_block;
+    c->aio.queue_depth = aio_depth;
+  }
+  static Knobs of(const config::Config& c) {
+    return {c.zero.stage3_prefetch_bucket_size,
+            c.zero.stage3_max_live_parameters,
+            c.zero.sub_group_size,
+            c.zero.offload_optimizer.buffer_count,
+            c.zero.offload_param.buffer_count,
+            c.zero.offload_param.buffer_size,
+            c.aio.block_size,
+            c.aio.queue_depth};
+  }
+};
+
 struct Candidate {
   plan::PlanRow row;
-  int64_t prefetch_bucket = 0, sub_group = 0;
+  Knobs knobs;
   int64_t micro_batch = 1, grad_accum = 1;  // micro_batch x grad_accum: the rank's batch per step
 };
 
@@ -95,47 +129,95 @@ std::vector<int64_t> micro_batches(const plan::Workload& w, bool fixed) {
   return out;
 }
 
-// Every fitting row at every searched micro-batch, with the knobs the model sees: the stage-3
-// prefetch bucket (the device cache and gather window) and the swapper's sub-group (its pipeline
-// fill). An exact search: a few hundred rows, each planned by the engine's planner and costed.
+// The aio points searched: the calibration's chosen point and the two next best read-then-write
+// points of its sweep (where the model's NVMe streams differ from the sweep's, one with deeper
+// queues or other blocks can serve them better); without a sweep, the base config's.
+std::vector<std::pair<int64_t, int64_t>> aio_points(const plan::PlanInputs& in) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  if (in.rates.aio_block_size > 0) out.emplace_back(in.rates.aio_block_size, in.rates.aio_queue_depth);
+  std::vector<plan::IoPoint> pts = in.rates.io_sweep;
+  auto score = [](const plan::IoPoint& p) { return 1.0 / (1.0 / p.read_gbps + 1.0 / p.write_gbps); };
+  std::stable_sort(pts.begin(), pts.end(),
+                   [&](const plan::IoPoint& a, const plan::IoPoint& b) { return score(a) > score(b); });
+  for (const plan::IoPoint& p : pts) {
+    if (out.size() >= 3) break;
+    if (!(p.read_gbps > 0 && p.write_gbps > 0)) continue;
+    const std::pair<int64_t, int64_t> at{p.block_size, p.queue_depth};
+    if (std::find(out.begin(), out.end(), at) == out.end()) out.push_back(at);
+  }
+  if (out.empty()) out.emplace_back(in.base.aio.block_size, in.base.aio.queue_depth);
+  return out;
+}
+
+// Every fitting row at every searched micro-batch, with the knobs the model responds to, each
+// where it acts: the stage-3 prefetch bucket and stage3_max_live_parameters (the gather window
+// and the partitions' device cache share the device memory left); for NVMe-homed
+// partitions the tier manager's staging (offload_param.buffer_count x buffer_size: the pieces in
+// flight); for NVMe optimizer states the swapper's sub-group (chunk: pipeline fill and request
+// size) and offload_optimizer.buffer_count (chunks read ahead); and, where anything is on NVMe,
+// the aio block size and queue depth. Variants the model cannot tell apart are kept once. An exact search:
+// the product is at most a few thousand rows, each planned by the engine's planner and costed in
+// microseconds.
 Result<std::vector<Candidate>> search(const plan::PlanInputs& in, bool fixed_micro) {
   std::vector<Candidate> out;
+  const auto aio = aio_points(in);
+  Knobs base = Knobs::of(in.base);
+  std::tie(base.aio_block, base.aio_depth) = aio.front();  // the calibration's point, if any
   for (int64_t micro : micro_batches(in.work, fixed_micro)) {
     const plan::PlanInputs at = at_micro_batch(in, micro);
     ZOE_ASSIGN_OR_RETURN(plan::PlanResult res, plan::make_plan(at));
     for (const plan::PlanRow& r : res.rows) {
       if (!r.fits) continue;
-      std::vector<int64_t> buckets = {at.base.zero.stage3_prefetch_bucket_size};
-      if (r.placement.stage == 3) buckets.insert(buckets.end(), {10000000, 200000000});
-      std::vector<int64_t> subs = {at.base.zero.sub_group_size};
-      if (r.placement.optimizer == config::OffloadDevice::kNvme) subs.push_back(100000000);
-      for (int64_t b : buckets) {
-        for (int64_t s : subs) {
-          plan::PlanInputs k = at;
-          k.base.zero.stage3_prefetch_bucket_size = b;
-          k.base.zero.sub_group_size = s;
-          auto row = plan::plan_row(k, r.placement);
-          if (!row.is_ok() || !row->fits) continue;
-          out.push_back({row.value(), b, s, micro, at.work.grad_accum});
-        }
-      }
+      const plan::RowPlacement& p = r.placement;
+      const bool opt_nvme = p.optimizer == config::OffloadDevice::kNvme;
+      const bool param_nvme = p.stage == 3 && p.param == config::OffloadDevice::kNvme;
+      std::vector<int64_t> buckets = {base.prefetch_bucket};
+      if (p.stage == 3) buckets.insert(buckets.end(), {10000000, 200000000});
+      // Room for one queued gather of the largest module beside the one in use: the window gives
+      // its device memory to the partitions' cache.
+      std::vector<int64_t> lives = {base.max_live};
+      const int64_t one_queued = 2 * static_cast<int64_t>(r.largest_gathered);
+      if (p.stage == 3 && one_queued > 0 && one_queued < base.max_live) lives.push_back(one_queued);
+      std::vector<int64_t> subs = {base.sub_group}, obufs = {base.opt_buffers};
+      if (opt_nvme) subs.push_back(262144), obufs.push_back(24);
+      std::vector<int64_t> pbufs = {base.param_buffers}, psizes = {base.param_buffer_size};
+      if (param_nvme) pbufs.push_back(9), psizes.push_back(524288);
+      std::vector<std::pair<int64_t, int64_t>> aios = {{base.aio_block, base.aio_depth}};
+      if (opt_nvme || param_nvme) aios = aio;
+      std::vector<std::vector<uint64_t>> seen;  // per variant: its time and memory
+      for (int64_t b : buckets)
+        for (int64_t lv : lives)
+          for (int64_t sg : subs)
+            for (int64_t ob : obufs)
+              for (int64_t pb : pbufs)
+                for (int64_t ps : psizes)
+                  for (auto [ab, ad] : aios) {
+                    const Knobs kn{b, lv, sg, ob, pb, ps, ab, ad};
+                    plan::PlanInputs k = at;
+                    kn.apply(&k.base);
+                    auto row = plan::plan_row(k, p);
+                    if (!row.is_ok() || !row->fits) continue;
+                    // Variants the model cannot tell apart (the same time and memory): the first,
+                    // nearest the base config, is kept.
+                    std::vector<uint64_t> key = {std::bit_cast<uint64_t>(row->cost.step_s), row->bytes.device,
+                                                 row->bytes.host, row->bytes.nvme};
+                    if (std::find(seen.begin(), seen.end(), key) != seen.end()) continue;
+                    seen.push_back(std::move(key));
+                    out.push_back({row.value(), kn, micro, at.work.grad_accum});
+                  }
     }
   }
+  // The fastest first; among equals, the one that holds the least host memory.
   std::stable_sort(out.begin(), out.end(), [](const Candidate& a, const Candidate& b) {
-    return a.row.cost.step_s < b.row.cost.step_s;
+    if (a.row.cost.step_s != b.row.cost.step_s) return a.row.cost.step_s < b.row.cost.step_s;
+    return a.row.bytes.host < b.row.bytes.host;
   });
   return out;
 }
 
 config::Config tuned_config(const plan::PlanInputs& in, const Candidate& c, const std::string& nvme) {
   config::Config base = in.base;
-  // The calibrated I/O point (the sweep's best), where the calibration has one.
-  if (in.rates.aio_block_size > 0) {
-    base.aio.block_size = in.rates.aio_block_size;
-    base.aio.queue_depth = in.rates.aio_queue_depth;
-  }
-  base.zero.stage3_prefetch_bucket_size = c.prefetch_bucket;
-  base.zero.sub_group_size = c.sub_group;
+  c.knobs.apply(&base);
   config::Config cfg = plan::config_for(base, c.row.placement, nvme);
   const uint64_t dev = plan::per_rank_memory(in).device;
   cfg.zoe.device_budget_bytes =
@@ -157,8 +239,13 @@ json candidate_json(const Candidate& c) {
             {"offload_optimizer", config::offload_device_name(p.optimizer)},
             {"offload_ratio", p.optimizer != config::OffloadDevice::kNone ? json(p.ratio) : json(nullptr)},
             {"bf16_optimizer_states", p.bf16_states}}},
-          {"stage3_prefetch_bucket_size", c.prefetch_bucket},
-          {"sub_group_size", c.sub_group},
+          {"stage3_prefetch_bucket_size", c.knobs.prefetch_bucket},
+          {"stage3_max_live_parameters", c.knobs.max_live},
+          {"sub_group_size", c.knobs.sub_group},
+          {"offload_optimizer_buffer_count", c.knobs.opt_buffers},
+          {"offload_param_buffer_count", c.knobs.param_buffers},
+          {"offload_param_buffer_size", c.knobs.param_buffer_size},
+          {"aio", {{"block_size", c.knobs.aio_block}, {"queue_depth", c.knobs.aio_depth}}},
           {"micro_batch", c.micro_batch},
           {"gradient_accumulation_steps", c.grad_accum},
           {"bytes", {{"device", c.row.bytes.device}, {"host", c.row.bytes.host}, {"nvme", c.row.bytes.nvme}}},
@@ -361,7 +448,8 @@ void run(const TuneOpts& o) {
         stdout,
         {(i == chosen_cand ? "* " : "  ") + c.row.placement.label(),
          fmt("%lldx%lld", static_cast<long long>(c.micro_batch), static_cast<long long>(c.grad_accum)),
-         std::to_string(c.prefetch_bucket), std::to_string(c.sub_group), fmt("%.4g", c.row.cost.step_s),
+         std::to_string(c.knobs.prefetch_bucket), std::to_string(c.knobs.sub_group),
+         fmt("%.4g", c.row.cost.step_s),
          fmt("%s (%.0f%%)", plan::resource_name(c.row.cost.bottleneck), 100 * c.row.cost.bottleneck_share)});
   }
   if (in.rates.aio_block_size > 0) {
@@ -414,8 +502,10 @@ static void add_tune_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "tune",
       "Pick the fastest placement that fits: the rows of `zoe plan` at every micro-batch that keeps the\n"
-      "batch (--micro-batch x --grad-accum) and a few knobs (stage-3 prefetch bucket, swapper\n"
-      "sub-group), searched with the cost model (docs/cost-model.md). --calibrate first measures this\n"
+      "batch (--micro-batch x --grad-accum) and the knobs the cost model responds to (stage-3 prefetch\n"
+      "bucket and max live parameters, offload_param buffer count and size, offload_optimizer buffer\n"
+      "count, sub-group size, aio block size and queue depth), searched exhaustively with the cost\n"
+      "model (docs/cost-model.md). --calibrate first measures this\n"
       "host (the I/O engine over aio block size x queue depth, CPU Adam, the planned model through an\n"
       "in-memory engine for the FLOP and update rates, memory copies) and saves the rates; --out writes\n"
       "the choice as a config for zoe train --config; --verify K runs the K best placements and chooses\n"

@@ -1,6 +1,7 @@
 // The calibration file: read, validated, written.
 #include "plan/calibration.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -36,6 +37,24 @@ double LinkRates::flops_at(int64_t micro_batch) const {
     if (m == micro_batch) return f;
   }
   return flops;
+}
+
+double LinkRates::nvme_at(bool write, int64_t block, int64_t depth) const {
+  const double base = write ? nvme_write_gbps : nvme_read_gbps;
+  if (io_sweep.empty() || block <= 0 || depth <= 0) return base;
+  auto rate = [&](const IoPoint& p) { return write ? p.write_gbps : p.read_gbps; };
+  double chosen = 0, top = 0, env = 0;
+  for (const IoPoint& p : io_sweep) {
+    if (p.block_size <= 0 || p.queue_depth <= 0 || !(rate(p) > 0)) continue;
+    if (p.block_size == aio_block_size && p.queue_depth == aio_queue_depth) chosen = rate(p);
+    top = std::max(top, rate(p));
+    double r = rate(p);
+    if (p.block_size > block) r *= static_cast<double>(block) / static_cast<double>(p.block_size);
+    if (p.queue_depth > depth) r *= static_cast<double>(depth) / static_cast<double>(p.queue_depth);
+    env = std::max(env, r);
+  }
+  if (chosen <= 0) chosen = top;
+  return chosen > 0 ? base * env / chosen : base;
 }
 
 Status LinkRates::validate() const {

@@ -51,6 +51,13 @@ struct LinkRates {
 
   // The FLOP rate at `micro_batch`: its measured entry, else `flops`.
   double flops_at(int64_t micro_batch) const;
+  // NVMe GB/s (write: writes, else reads) of a stream of `block`-byte requests, `depth` in flight:
+  // the sweep's envelope there, each point scaled down in proportion where its requests are larger
+  // or its queue deeper (a point never counts for more than it measured; more in flight never
+  // counts for less, which smooths the sweep's noise), relative to the chosen point and times
+  // nvme_read_gbps / nvme_write_gbps (so a flag that sets those scales every point). Without a
+  // sweep: nvme_read_gbps / nvme_write_gbps.
+  double nvme_at(bool write, int64_t block, int64_t depth) const;
 
   // Every rate positive and finite; errors name the key and the value.
   Status validate() const;

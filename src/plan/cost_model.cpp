@@ -132,7 +132,30 @@ StepCost estimate_step(const config::Config& cfg, const zero::Placement& pl, con
   const double gb = 1e9;
   const double per_node = std::max(1, topo.gpus_per_node);
   // Per-rank rates, bytes/s: drives and CPU cores are shared by the ranks of a node.
-  const double nvme_r = rates.nvme_read_gbps * gb / per_node, nvme_w = rates.nvme_write_gbps * gb / per_node;
+  // NVMe bytes/s of one stream of `request`-byte transfers, `in_flight` of them at once: the I/O
+  // engine splits each into aio.block_size chunks and keeps at most aio.queue_depth in flight.
+  const int64_t aio_block = std::max<int64_t>(4096, cfg.aio.block_size / 4096 * 4096);
+  const int64_t aio_depth = std::max<int64_t>(1, cfg.aio.queue_depth);
+  auto nvme_rate = [&](bool write, uint64_t request, uint64_t in_flight) {
+    const int64_t req = static_cast<int64_t>(std::max<uint64_t>(request, 4096));
+    const int64_t pieces = (req + aio_block - 1) / aio_block;
+    const int64_t depth =
+        std::min<int64_t>(aio_depth, static_cast<int64_t>(std::max<uint64_t>(1, in_flight)) * pieces);
+    return rates.nvme_at(write, std::min(req, aio_block), depth) * gb / per_node;
+  };
+  // Stage-3 partitions: staged moves (the tier manager's staging buffers, all in flight), and
+  // synchronous reads and writes through its one sync buffer (the step's).
+  const double nvme_r = nvme_rate(false, pl.tm_staging_bytes, pl.tm_staging_count);
+  const double part_sync_r = nvme_rate(false, pl.tm_staging_bytes, 1);
+  const double part_sync_w = nvme_rate(true, pl.tm_staging_bytes, 1);
+  // The optimizer swapper: chunks of 4-byte (or state_bytes) elements, one request per state;
+  // of its slots one is being updated and one written back, the rest read ahead (4 states each).
+  const uint64_t chunk_bytes = static_cast<uint64_t>(std::max<size_t>(pl.swap_chunk_elems, 1)) * 4;
+  const uint64_t slots = std::max<uint64_t>(pl.swap_buffer_count / 4, 3);
+  const double swap_r = nvme_rate(false, chunk_bytes, (slots - 2) * 4);
+  const double swap_w = nvme_rate(true, chunk_bytes, 3);
+  // The gradient accumulator on NVMe: a synchronous read and write of one chunk at a time.
+  const double acc_r = nvme_rate(false, chunk_bytes, 1), acc_w = nvme_rate(true, chunk_bytes, 1);
   const double pcie = rates.h2d_gbps * gb, cpu = rates.cpu_adam_gbps * gb / per_node;
   const double net = (topo.nodes > 1 ? rates.net_gbps : rates.intra_gbps) * gb;
   const double hbm = rates.device_mem_gbps * gb;
@@ -270,7 +293,7 @@ StepCost estimate_step(const config::Config& cfg, const zero::Placement& pl, con
           const uint64_t rd = j > 0 ? n * 4 : 0, wr = n * 4;
           B.nvme_read += rd;
           B.nvme_write += wr;
-          path.serial(Resource::kNvme, static_cast<double>(rd) / nvme_r + static_cast<double>(wr) / nvme_w);
+          path.serial(Resource::kNvme, static_cast<double>(rd) / acc_r + static_cast<double>(wr) / acc_w);
         }
       }
     }
@@ -320,9 +343,9 @@ StepCost estimate_step(const config::Config& cfg, const zero::Placement& pl, con
       // and is written back behind the next module's update.
       const uint64_t part = static_cast<uint64_t>(m.part) * es;
       B.nvme_read += part;
-      g->add(Resource::kNvme, static_cast<double>(part) / nvme_r);
+      g->add(Resource::kNvme, static_cast<double>(part) / part_sync_r);
       B.nvme_write += part;
-      g->add(Resource::kNvme, static_cast<double>(part) / nvme_w);
+      g->add(Resource::kNvme, static_cast<double>(part) / part_sync_w);
     }
   };
   // 1. NVMe-resident states: the swapper's pipeline (read chunk i+1, update i, write i-1).
@@ -342,11 +365,11 @@ StepCost estimate_step(const config::Config& cfg, const zero::Placement& pl, con
     if (rd) {
       B.nvme_read += rd;
       B.nvme_write += wr;
-      g.add(Resource::kNvme, static_cast<double>(rd) / nvme_r + static_cast<double>(wr) / nvme_w);
+      g.add(Resource::kNvme, static_cast<double>(rd) / swap_r + static_cast<double>(wr) / swap_w);
       // Filling the pipeline: the first chunk is read before any update starts.
       const double chunk =
           static_cast<double>(std::min<uint64_t>(pl.swap_chunk_elems, elems)) * (4 + 2 * sb + 4);
-      path.serial(Resource::kNvme, chunk / nvme_r);
+      path.serial(Resource::kNvme, chunk / swap_r);
       path.overlap(g);
     }
   }

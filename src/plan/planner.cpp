@@ -113,6 +113,9 @@ Result<PlanRow> plan_row(const PlanInputs& in, const RowPlacement& p) {
     if (!pl.is_ok()) return row;  // a limit of the base config (zoe.host_budget): the row cannot run at all
   }
   const zero::Placement& plan = pl.value();
+  for (const auto& m : plan.modules) {
+    if (m.partitioned_params) row.largest_gathered = std::max<uint64_t>(row.largest_gathered, m.padded);
+  }
   row.bytes = plan.peak;
   // A row above the budget was planned again without one: its peak is what it needs.
   row.bytes.device = plan.peak.device + row.activation_bytes;

@@ -46,9 +46,10 @@ struct PlanRow {
   zero::TierBytes bytes;
   zero::TierBytes lacks;  // per rank: what is missing on each tier (all 0 when it fits)
   uint64_t activation_bytes = 0;
-  bool exact = true;    // false: the engine's planner refused the per-rank budget; bytes are its
-                        // plan with an unbounded device (what the placement would need)
-  std::string refused;  // the planner's message when it refused
+  bool exact = true;              // false: the engine's planner refused the per-rank budget; bytes are its
+                                  // plan with an unbounded device (what the placement would need)
+  std::string refused;            // the planner's message when it refused
+  uint64_t largest_gathered = 0;  // elements (padded) of the largest module stage 3 gathers; 0: none
   StepCost cost;
 };
 

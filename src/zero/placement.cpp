@@ -68,6 +68,14 @@ Result<Placement> plan_placement(const config::Config& cfg, const std::vector<Mo
     mp.partitioned_params =
         pl.stage == 3 && static_cast<int64_t>(mp.total) >= cfg.zero.stage3_param_persistence_threshold;
     mp.param_home = mp.partitioned_params ? home_of(param_off) : Home::kDevice;
+    if (mp.partitioned_params && static_cast<int64_t>(mp.padded) > cfg.zero.stage3_max_live_parameters) {
+      return invalid_argument(
+          "module %s gathers %zu parameters (padded to %zu ranks), above "
+          "zero_optimization.stage3_max_live_parameters %lld: its fetch could never run; raise it to at "
+          "least %zu",
+          s.name.c_str(), mp.padded, static_cast<size_t>(world),
+          static_cast<long long>(cfg.zero.stage3_max_live_parameters), mp.padded);
+    }
     if (pl.stage == 0) {
       mp.opt_begin = 0;
       mp.opt_n = mp.padded;
@@ -165,8 +173,14 @@ Result<Placement> plan_placement(const config::Config& cfg, const std::vector<Mo
     const uint64_t bucket = static_cast<uint64_t>(std::max<int64_t>(0, cfg.zero.stage3_prefetch_bucket_size));
     const uint64_t avail = db > reserve * 2 ? db - reserve : db / 2;
     // Gathered modules queued ahead of use: up to stage3_prefetch_bucket_size elements, in at
-    // most half of what is left.
-    const uint64_t gather_bytes = std::min<uint64_t>(bucket * per_elem, avail / 2);
+    // most half of what is left, and within stage3_max_live_parameters beside the module in use
+    // (at most the largest gathered one). What they leave goes to the partitions' device cache.
+    size_t biggest_gathered = 0;
+    for (const auto& m : pl.modules)
+      biggest_gathered = std::max(biggest_gathered, m.partitioned_params ? m.padded : 0);
+    const uint64_t live = static_cast<uint64_t>(std::max<int64_t>(0, cfg.zero.stage3_max_live_parameters));
+    const uint64_t live_room = live > biggest_gathered ? live - biggest_gathered : 0;
+    const uint64_t gather_bytes = std::min<uint64_t>({bucket * per_elem, avail / 2, live_room * per_elem});
     pl.gather_window = static_cast<size_t>(gather_bytes / per_elem);
     // The rest holds partitions moving towards the device (their window and the one in use).
     const uint64_t window = bucket * es / static_cast<uint64_t>(world) + 2ull * (biggest / world) * es;
@@ -176,8 +190,18 @@ Result<Placement> plan_placement(const config::Config& cfg, const std::vector<Mo
       for (const auto& m : pl.modules) pl.tm_device_budget += m.partitioned_params ? u64(m.part) * es : 0;
     }
     tm_budget = pl.tm_device_budget ? std::min(pl.tm_device_budget, db) : db;  // as the tier manager caps it
-    if (nvme_tier)
+    if (nvme_tier) {
+      // Staging for NVMe <-> device pieces: offload_param.buffer_count buffers (one of them the
+      // synchronous one) of offload_param.buffer_size elements, 4 KiB multiples, at least 64 KiB
+      // and at most the largest NVMe-homed partition (a larger piece is never filled).
+      const uint64_t top = std::max<uint64_t>(u64(biggest_part_nvme) * es, 64u << 10);
+      const uint64_t asked = u64(std::max<int64_t>(1, cfg.zero.offload_param.buffer_size)) * es;
+      pl.tm_staging_bytes =
+          static_cast<size_t>((std::clamp<uint64_t>(asked, 64u << 10, top) + 4095) / 4096 * 4096);
+      pl.tm_staging_count =
+          static_cast<size_t>(std::clamp<int64_t>(cfg.zero.offload_param.buffer_count, 2, 1 << 10) - 1);
       pl.resident.host += u64(pl.tm_staging_bytes) * (pl.tm_staging_count + 1);  // + the sync one
+    }
     // Device memory the states take (persistent modules, device-resident optimizer states,
     // device-homed partitions) comes out of the gather window too: keep the tier's budget and
     // the reserve free.

@@ -80,6 +80,8 @@ struct Placement {
   // Stage-3 parameter partitions go through the tier manager.
   bool tier_manager = false;
   uint64_t tm_device_budget = 0;  // the device tier's share: partitions in flight (and homes)
+  // Staging buffers for NVMe <-> device pieces (offload_param.buffer_size and buffer_count):
+  // tm_staging_count for moves and one for synchronous reads and writes.
   size_t tm_staging_bytes = 1u << 20, tm_staging_count = 4;
   // Elements of gathered modules prefetch may queue ahead of their fetch.
   size_t gather_window = 0;

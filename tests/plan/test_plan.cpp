@@ -344,6 +344,71 @@ TEST(Plan, RowsAboveTheDeviceBudgetNeedThePlannersPeak) {
   EXPECT_EQ(row->lacks.device, unbounded->peak.device - in.device_mem);
 }
 
+TEST(Calibration, NvmeRateAtABlockAndDepthIsTheSweepsEnvelope) {
+  plan::LinkRates r;
+  r.io_sweep = {
+      {262144, 4, 1.0, 0.8}, {262144, 32, 2.0, 1.6}, {1048576, 4, 2.5, 2.0}, {1048576, 32, 3.0, 2.4}};
+  r.aio_block_size = 1048576;
+  r.aio_queue_depth = 32;
+  r.nvme_read_gbps = 3.0;
+  r.nvme_write_gbps = 2.4;
+  EXPECT_DOUBLE_EQ(r.nvme_at(false, 1048576, 32), 3.0);  // a point: what it measured
+  EXPECT_DOUBLE_EQ(r.nvme_at(true, 262144, 4), 0.8);
+  EXPECT_DOUBLE_EQ(r.nvme_at(false, 1048576, 8), 2.5);   // (1 MiB, 4) beats (1 MiB, 32) x 8/32
+  EXPECT_DOUBLE_EQ(r.nvme_at(false, 4194304, 64), 3.0);  // nothing measured counts for more
+  EXPECT_DOUBLE_EQ(r.nvme_at(false, 131072, 4), 0.5);    // smaller requests: in proportion
+  EXPECT_DOUBLE_EQ(r.nvme_at(false, 262144, 2), 0.5);    // (256 KiB, 4) x 2/4 beats (1 MiB, 4) x 1/4 x 2/4
+  // A flag that sets the chosen point's rate scales the whole sweep.
+  r.nvme_read_gbps = 6.0;
+  EXPECT_DOUBLE_EQ(r.nvme_at(false, 1048576, 4), 5.0);
+  // No sweep: the rates themselves.
+  r.io_sweep.clear();
+  EXPECT_DOUBLE_EQ(r.nvme_at(false, 4096, 1), 6.0);
+}
+
+TEST(CostModel, StagingDepthAndAioPointMoveTheNvmeTime) {
+  // Stage-3 partitions on NVMe with a sweep where depth matters: more staging buffers in flight
+  // load faster (until aio.queue_depth caps them), and so does the aio point the sweep favours.
+  plan::ModelDesc m;
+  m.modules = mlp_shapes(6, 1024);
+  m.params = plan::count_params(m.modules);
+  plan::PlanInputs in = inputs(m, 1, 1);
+  in.device_mem = 20u << 20;
+  in.rates.io_sweep = {{1048576, 2, 1.0, 1.0}, {1048576, 8, 3.0, 3.0}};
+  in.rates.aio_block_size = 1048576;
+  in.rates.aio_queue_depth = 8;
+  in.rates.nvme_read_gbps = in.rates.nvme_write_gbps = 3.0;
+  in.rates.flops = 1e15;  // compute hides nothing: the loads are on the path
+  in.base.aio.block_size = 1048576;
+  in.base.aio.queue_depth = 8;
+  const plan::RowPlacement nvme{3, OffloadDevice::kNvme, OffloadDevice::kCpu, 1.0, false};
+  struct Nvme {
+    double busy_s;
+    uint64_t loaded;
+  };
+  auto nvme_s = [&](int64_t buffers, int64_t depth) {
+    plan::PlanInputs k = in;
+    k.base.zero.offload_param.buffer_count = buffers;
+    k.base.zero.offload_param.buffer_size = 262144;  // 512 KiB pieces
+    k.base.aio.queue_depth = depth;
+    auto row = plan::plan_row(k, nvme);
+    EXPECT_TRUE(row.is_ok() && row->fits);
+    if (!row.is_ok()) return Nvme{0, 0};
+    return Nvme{row->cost.busy_s[static_cast<int>(plan::Resource::kNvme)], row->cost.bytes.host_to_device};
+  };
+  // 512 KiB requests: (1 MiB, 2) counts 0.5 x depth/2 GB/s, (1 MiB, 8) 1.5 x depth/8. The step's
+  // synchronous partition reads and writes run at depth 1 in every variant: the loads make the
+  // difference, at 0.25 GB/s (one buffer), 0.75 (four), 1.5 (32 buffers, queue depth 8) and 0.5
+  // (32 buffers, queue depth 2).
+  const Nvme one = nvme_s(2, 8), four = nvme_s(5, 8), many = nvme_s(33, 8), shallow = nvme_s(33, 2);
+  const double L = static_cast<double>(one.loaded);
+  ASSERT_GT(L, 0);
+  EXPECT_EQ(four.loaded, one.loaded);
+  EXPECT_NEAR(one.busy_s - four.busy_s, L / 0.25e9 - L / 0.75e9, 1e-9);
+  EXPECT_NEAR(four.busy_s - many.busy_s, L / 0.75e9 - L / 1.5e9, 1e-9);
+  EXPECT_NEAR(shallow.busy_s - many.busy_s, L / 0.5e9 - L / 1.5e9, 1e-9);
+}
+
 TEST(CostModel, LongAccumulationsCostTheirSteadyStateInConstantTime) {
   // Micro-batches 2 .. A-2 of a step are alike; from A = 6 on the model runs one and repeats its
   // share. Each further micro-batch then adds what the fifth adds at A = 5 (run one by one):

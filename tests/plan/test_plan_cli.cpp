@@ -189,8 +189,22 @@ TEST(TuneCli, CalibrateSearchVerifyWriteAndPlot) {
   std::ifstream in(cfg);
   json written = json::parse(in, nullptr, false);
   EXPECT_EQ(written, j["verified"][fastest]["config"]);
-  EXPECT_EQ(written["aio"]["block_size"], bs);
-  EXPECT_EQ(written["aio"]["queue_depth"], j["aio"]["queue_depth"]);
+  // Its knobs are the chosen candidate's, an aio point of the sweep among them.
+  const json& b = j["best"];
+  EXPECT_EQ(written["aio"]["block_size"], b["aio"]["block_size"]);
+  EXPECT_EQ(written["aio"]["queue_depth"], b["aio"]["queue_depth"]);
+  bool swept = false;
+  for (const json& p : j["calibration"]["io_sweep"]) {
+    swept =
+        swept || (p["block_size"] == b["aio"]["block_size"] && p["queue_depth"] == b["aio"]["queue_depth"]);
+  }
+  EXPECT_TRUE(swept) << b.dump();
+  const json& z = written["zero_optimization"];
+  EXPECT_EQ(z["sub_group_size"], b["sub_group_size"]);
+  EXPECT_EQ(z["stage3_prefetch_bucket_size"], b["stage3_prefetch_bucket_size"]);
+  EXPECT_EQ(z["offload_optimizer"]["buffer_count"], b["offload_optimizer_buffer_count"]);
+  EXPECT_EQ(z["offload_param"]["buffer_count"], b["offload_param_buffer_count"]);
+  EXPECT_EQ(z["offload_param"]["buffer_size"], b["offload_param_buffer_size"]);
   // The plot: a PNG (its signature) of the default size.
   std::ifstream p(png, std::ios::binary);
   std::string head(24, '\0');

@@ -150,6 +150,103 @@ TEST(Placement, GatherWindowFollowsTheBucketAndTheBudget) {
   ASSERT_TRUE(pt.is_ok()) << pt.status().to_string();
   EXPECT_EQ(pt->gather_window, 0u);
   EXPECT_LE(pt->peak.device, tight.device_budget);
+  // stage3_max_live_parameters: the queued gathers and the module in use stay within it; what the
+  // window gives up goes to the partitions' device cache.
+  const size_t module = p->modules[0].padded;
+  config::Config capped = c;
+  capped.zero.stage3_max_live_parameters = static_cast<int64_t>(module) + 5000;
+  auto pc = zero::plan_placement(capped, shapes(8, 64), 1, 0);
+  ASSERT_TRUE(pc.is_ok()) << pc.status().to_string();
+  EXPECT_LE(pc->gather_window, 5000u);
+  EXPECT_GT(pc->gather_window, 0u);
+  capped.zero.stage3_max_live_parameters = static_cast<int64_t>(module) - 1;
+  auto below = zero::plan_placement(capped, shapes(8, 64), 1, 0);
+  ASSERT_FALSE(below.is_ok());
+  EXPECT_NE(below.status().message().find("above zero_optimization.stage3_max_live_parameters"),
+            std::string::npos)
+      << below.status().message();
+  EXPECT_NE(below.status().message().find("raise it to at least " + std::to_string(module)),
+            std::string::npos)
+      << below.status().message();
+}
+
+TEST(Placement, StagingFollowsOffloadParamBuffers) {
+  // offload_param.buffer_count buffers (one the synchronous one) of buffer_size elements, in 4 KiB
+  // multiples, within [64 KiB, the largest NVMe-homed partition]; counted in the host's bytes.
+  const auto sh = shapes(4, 256);  // 65792 parameters a module, above 64 KiB in fp32
+  config::Config c = parse(cfg_text(3, "cpu", "nvme"));
+  auto def = zero::plan_placement(c, sh, 1, 0);
+  ASSERT_TRUE(def.is_ok()) << def.status().to_string();
+  const size_t part = (def->modules[0].part * 4 + 4095) / 4096 * 4096;
+  EXPECT_GT(part, 64u << 10);
+  EXPECT_EQ(def->tm_staging_count, 4u);    // buffer_count 5
+  EXPECT_EQ(def->tm_staging_bytes, part);  // 1e8 elements: the partition, rounded up
+  c.zero.offload_param.buffer_count = 9;
+  c.zero.offload_param.buffer_size = 20000;  // 80000 bytes
+  auto p = zero::plan_placement(c, sh, 1, 0);
+  ASSERT_TRUE(p.is_ok());
+  EXPECT_EQ(p->tm_staging_count, 8u);
+  EXPECT_EQ(p->tm_staging_bytes, 20u * 4096);
+  EXPECT_EQ(static_cast<int64_t>(p->resident.host) - static_cast<int64_t>(def->resident.host),
+            9 * 20 * 4096 - 5 * static_cast<int64_t>(part));
+  c.zero.offload_param.buffer_size = 1;
+  c.zero.offload_param.buffer_count = 1;
+  auto small = zero::plan_placement(c, sh, 1, 0);
+  ASSERT_TRUE(small.is_ok());
+  EXPECT_EQ(small->tm_staging_bytes, 64u << 10);
+  EXPECT_EQ(small->tm_staging_count, 1u);
+}
+
+TEST(PlacementVsEngine, StagingBuffersAndTheLiveCapChangeNoBits) {
+  // The tier manager streams each partition through its staging buffers in pieces: one small
+  // buffer (five pieces a partition, one at a time) trains the same bits as the default (one
+  // piece, four in flight), within the plan's host bytes; so does a stage3_max_live_parameters
+  // that leaves room for one queued gather only.
+  Runtime& rt = test::shared_runtime();
+  test::MlpSpec s;
+  s.layers = 4;
+  s.d = 256;
+  std::vector<std::vector<test::Layer>> outs;
+  for (const int variant : {0, 1, 2}) {
+    const bool small = variant == 1;
+    test::ScratchDir nvme("staging");
+    std::string text = cfg_text(3, "cpu", "nvme", "", "\"stage3_prefetch_bucket_size\": 70000, ");
+    text.replace(text.find("\"/tmp\""), 6, "\"" + nvme.path() + "\"");
+    auto cfg = config::Config::parse(text, rt.world_size());
+    ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
+    if (small) {
+      cfg->zero.offload_param.buffer_count = 2;
+      cfg->zero.offload_param.buffer_size = 16384;
+    }
+    if (variant == 2) cfg->zero.stage3_max_live_parameters = 2 * 67584;
+    std::vector<ModuleShape> sh = shapes(s.layers, static_cast<size_t>(s.d));
+    auto plan = zero::plan_placement(cfg.value(), sh, rt.world_size(), rt.rank());
+    ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
+    EXPECT_EQ(plan->tm_staging_bytes, small ? 64u << 10 : (plan->modules[0].part * 4 + 4095) / 4096 * 4096);
+    EXPECT_EQ(plan->tm_staging_count, small ? 1u : 4u);
+    auto e = zero::create_engine(rt, cfg.value());
+    ASSERT_TRUE(e.is_ok()) << e.status().to_string();
+    ASSERT_TRUE(test::register_mlp(*e.value(), s).is_ok());
+    std::vector<test::Layer> out;
+    std::vector<StepStats> stats;
+    Status st = test::engine_train(*e.value(), s, rt.rank(), rt.world_size(), 3, &out, &stats);
+    ASSERT_TRUE(st.is_ok()) << st.to_string();
+    EXPECT_LE(stats.back().high_water[1], plan->peak.host);
+    EXPECT_GT(stats.back().bytes_nvme_read, 0u);
+    if (variant == 2) {
+      EXPECT_EQ(plan->modules[0].padded, 67584u);
+      EXPECT_GT(plan->gather_window, 0u);
+      EXPECT_LE(plan->gather_window, 67584u);
+    }
+    outs.push_back(std::move(out));
+  }
+  for (size_t v = 1; v < outs.size(); ++v) {
+    ASSERT_EQ(outs[0].size(), outs[v].size());
+    for (size_t l = 0; l < outs[0].size(); ++l) {
+      EXPECT_EQ(outs[0][l].w, outs[v][l].w) << "variant " << v << " layer " << l;
+      EXPECT_EQ(outs[0][l].b, outs[v][l].b) << "variant " << v << " layer " << l;
+    }
+  }
 }
 
 TEST(Placement, ErrorsNameWhatDoesNotFit) {
