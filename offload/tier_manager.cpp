@@ -377,6 +377,36 @@ MoveHandle TierManager::evict(ItemId id, Tier tier) {
   }
 }
 
+MoveHandle TierManager::clean(ItemId id, Tier tier) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const auto n = static_cast<unsigned long long>(id);
+  Item* it = find_locked(id);
+  if (!it) return MoveHandle::completed(not_found("tier manager: no item %llu", n), nullptr);
+  if (tier == it->home || tier == Tier::kNvme) return MoveHandle::completed(Status::ok(), nullptr);
+  for (;;) {
+    Copy& c = it->at(tier);
+    switch (c.state) {
+      case Residency::kAbsent:
+      case Residency::kResident:
+        return MoveHandle::completed(Status::ok(), nullptr);
+      case Residency::kLoading:
+        wait_locked(lock);
+        continue;
+      case Residency::kWriting:
+        return MoveHandle(c.move);
+      case Residency::kDirty:
+        if (c.pins) {
+          return MoveHandle::completed(
+              invalid_argument("item %llu is pinned %u time(s) in the %s tier; unpin it before cleaning", n,
+                               c.pins, tier_name(tier)),
+              nullptr);
+        }
+        start_writeback_locked(it, tier, /*drop=*/false);
+        return MoveHandle(c.move);
+    }
+  }
+}
+
 Status TierManager::flush() {
   std::unique_lock<std::mutex> lock(mu_);
   table_.for_each([&](Item& it) {

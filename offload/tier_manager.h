@@ -89,6 +89,10 @@ class TierManager {
   void prefetch(ItemId id, Tier tier);
   // Removes the copy in `tier` (writing it back first if dirty). Pinned copies are refused.
   MoveHandle evict(ItemId id, Tier tier);
+  // Writes a dirty copy in `tier` back to the home and keeps it, clean (a cache: later fetches
+  // into the device copy from it; the tier's budget drops it when room is needed). Clean or
+  // absent: done at once. Pinned copies are refused.
+  MoveHandle clean(ItemId id, Tier tier);
   // Writes back every dirty copy and waits; returns the first error.
   Status flush();
   // Waits until no move is in flight; returns the first error since the last drain.

@@ -74,6 +74,7 @@ struct Knobs {
   int64_t opt_buffers = 0;               // offload_optimizer.buffer_count
   int64_t param_buffers = 0;             // offload_param.buffer_count
   int64_t param_buffer_size = 0;         // offload_param.buffer_size (elements)
+  int64_t max_in_cpu = 0;                // offload_param.max_in_cpu (elements)
   int64_t aio_block = 0, aio_depth = 0;  // aio.block_size, aio.queue_depth
 
   void apply(config::Config* c) const {
@@ -83,6 +84,7 @@ struct Knobs {
     c->zero.offload_optimizer.buffer_count = opt_buffers;
     c->zero.offload_param.buffer_count = param_buffers;
     c->zero.offload_param.buffer_size = param_buffer_size;
+    c->zero.offload_param.max_in_cpu = max_in_cpu;
     c->aio.block_size = aio_block;
     c->aio.queue_depth = aio_depth;
   }
@@ -93,6 +95,7 @@ struct Knobs {
             c.zero.offload_optimizer.buffer_count,
             c.zero.offload_param.buffer_count,
             c.zero.offload_param.buffer_size,
+            c.zero.offload_param.max_in_cpu,
             c.aio.block_size,
             c.aio.queue_depth};
   }
@@ -153,11 +156,11 @@ std::vector<std::pair<int64_t, int64_t>> aio_points(const plan::PlanInputs& in) 
 // where it acts: the stage-3 prefetch bucket and stage3_max_live_parameters (the gather window
 // and the partitions' device cache share the device memory left); for NVMe-homed
 // partitions the tier manager's staging (offload_param.buffer_count x buffer_size: the pieces in
-// flight); for NVMe optimizer states the swapper's sub-group (chunk: pipeline fill and request
-// size) and offload_optimizer.buffer_count (chunks read ahead); and, where anything is on NVMe,
-// the aio block size and queue depth. Variants the model cannot tell apart are kept once. An exact search:
-// the product is at most a few thousand rows, each planned by the engine's planner and costed in
-// microseconds.
+// flight) and its host cache (offload_param.max_in_cpu: host memory against NVMe reads); for NVMe optimizer
+// states the swapper's sub-group (chunk: pipeline fill and request size) and offload_optimizer.buffer_count
+// (chunks read ahead); and, where anything is on NVMe, the aio block size and queue depth. Variants the model
+// cannot tell apart are kept once. An exact search: the product is at most a few thousand rows, each planned
+// by the engine's planner and costed in microseconds.
 Result<std::vector<Candidate>> search(const plan::PlanInputs& in, bool fixed_micro) {
   std::vector<Candidate> out;
   const auto aio = aio_points(in);
@@ -171,40 +174,56 @@ Result<std::vector<Candidate>> search(const plan::PlanInputs& in, bool fixed_mic
       const plan::RowPlacement& p = r.placement;
       const bool opt_nvme = p.optimizer == config::OffloadDevice::kNvme;
       const bool param_nvme = p.stage == 3 && p.param == config::OffloadDevice::kNvme;
-      std::vector<int64_t> buckets = {base.prefetch_bucket};
-      if (p.stage == 3) buckets.insert(buckets.end(), {10000000, 200000000});
+      // The variants: the base config's knobs, and each knob's alternatives where it acts (their
+      // product, built one knob at a time).
+      std::vector<Knobs> variants = {base};
+      auto vary = [&](bool where, int64_t Knobs::*knob, std::initializer_list<int64_t> values) {
+        if (!where) return;
+        const size_t n = variants.size();
+        for (int64_t v : values) {
+          for (size_t i = 0; i < n; ++i) {
+            if (variants[i].*knob == v) continue;
+            Knobs k = variants[i];
+            k.*knob = v;
+            variants.push_back(k);
+          }
+        }
+      };
+      const bool stage3 = p.stage == 3;
+      vary(stage3, &Knobs::prefetch_bucket, {10000000, 200000000});
       // Room for one queued gather of the largest module beside the one in use: the window gives
       // its device memory to the partitions' cache.
-      std::vector<int64_t> lives = {base.max_live};
       const int64_t one_queued = 2 * static_cast<int64_t>(r.largest_gathered);
-      if (p.stage == 3 && one_queued > 0 && one_queued < base.max_live) lives.push_back(one_queued);
-      std::vector<int64_t> subs = {base.sub_group}, obufs = {base.opt_buffers};
-      if (opt_nvme) subs.push_back(262144), obufs.push_back(24);
-      std::vector<int64_t> pbufs = {base.param_buffers}, psizes = {base.param_buffer_size};
-      if (param_nvme) pbufs.push_back(9), psizes.push_back(524288);
-      std::vector<std::pair<int64_t, int64_t>> aios = {{base.aio_block, base.aio_depth}};
-      if (opt_nvme || param_nvme) aios = aio;
+      vary(stage3 && one_queued > 0 && one_queued < base.max_live, &Knobs::max_live, {one_queued});
+      vary(opt_nvme, &Knobs::sub_group, {262144});
+      vary(opt_nvme, &Knobs::opt_buffers, {24});
+      vary(param_nvme, &Knobs::param_buffers, {9});
+      vary(param_nvme, &Knobs::param_buffer_size, {524288});
+      vary(param_nvme, &Knobs::max_in_cpu, {0});
+      if (opt_nvme || param_nvme) {  // the aio point: block size and queue depth together
+        const size_t n = variants.size();
+        for (size_t a = 1; a < aio.size(); ++a) {
+          for (size_t i = 0; i < n; ++i) {
+            Knobs k = variants[i];
+            std::tie(k.aio_block, k.aio_depth) = aio[a];
+            variants.push_back(k);
+          }
+        }
+      }
       std::vector<std::vector<uint64_t>> seen;  // per variant: its time and memory
-      for (int64_t b : buckets)
-        for (int64_t lv : lives)
-          for (int64_t sg : subs)
-            for (int64_t ob : obufs)
-              for (int64_t pb : pbufs)
-                for (int64_t ps : psizes)
-                  for (auto [ab, ad] : aios) {
-                    const Knobs kn{b, lv, sg, ob, pb, ps, ab, ad};
-                    plan::PlanInputs k = at;
-                    kn.apply(&k.base);
-                    auto row = plan::plan_row(k, p);
-                    if (!row.is_ok() || !row->fits) continue;
-                    // Variants the model cannot tell apart (the same time and memory): the first,
-                    // nearest the base config, is kept.
-                    std::vector<uint64_t> key = {std::bit_cast<uint64_t>(row->cost.step_s), row->bytes.device,
-                                                 row->bytes.host, row->bytes.nvme};
-                    if (std::find(seen.begin(), seen.end(), key) != seen.end()) continue;
-                    seen.push_back(std::move(key));
-                    out.push_back({row.value(), kn, micro, at.work.grad_accum});
-                  }
+      for (const Knobs& kn : variants) {
+        plan::PlanInputs k = at;
+        kn.apply(&k.base);
+        auto row = plan::plan_row(k, p);
+        if (!row.is_ok() || !row->fits) continue;
+        // Variants the model cannot tell apart (the same time and memory): the first,
+        // nearest the base config, is kept.
+        std::vector<uint64_t> key = {std::bit_cast<uint64_t>(row->cost.step_s), row->bytes.device,
+                                     row->bytes.host, row->bytes.nvme};
+        if (std::find(seen.begin(), seen.end(), key) != seen.end()) continue;
+        seen.push_back(std::move(key));
+        out.push_back({row.value(), kn, micro, at.work.grad_accum});
+      }
     }
   }
   // The fastest first; among equals, the one that holds the least host memory.
@@ -245,6 +264,7 @@ json candidate_json(const Candidate& c) {
           {"offload_optimizer_buffer_count", c.knobs.opt_buffers},
           {"offload_param_buffer_count", c.knobs.param_buffers},
           {"offload_param_buffer_size", c.knobs.param_buffer_size},
+          {"offload_param_max_in_cpu", c.knobs.max_in_cpu},
           {"aio", {{"block_size", c.knobs.aio_block}, {"queue_depth", c.knobs.aio_depth}}},
           {"micro_batch", c.micro_batch},
           {"gradient_accumulation_steps", c.grad_accum},

@@ -63,23 +63,58 @@ struct CacheSim {
   // Bytes loaded into the device per micro-batch, [0 forward / 1 backward], for the first
   // min(micro, 4) micro-batches; at(j) gives any micro-batch's.
   std::vector<std::array<uint64_t, 2>> loaded;
+  std::vector<std::array<uint64_t, 2>> cached;  // of those, copied from the host cache of NVMe partitions
   int64_t micro = 0;
+  size_t index(int64_t j) const {
+    return static_cast<size_t>(j < 3 || micro < 4 ? j : j == micro - 1 ? 3 : 2);
+  }
   std::array<uint64_t, 2> at(int64_t j) const {
-    if (loaded.empty()) return {0, 0};
-    const int64_t k = j < 3 || micro < 4 ? j : j == micro - 1 ? 3 : 2;
-    return loaded[static_cast<size_t>(k)];
+    return loaded.empty() ? std::array<uint64_t, 2>{0, 0} : loaded[index(j)];
+  }
+  std::array<uint64_t, 2> cached_at(int64_t j) const {
+    return cached.empty() ? std::array<uint64_t, 2>{0, 0} : cached[index(j)];
   }
 };
 
+// Which NVMe-homed partitions the tier manager's host cache holds in steady state: all of them
+// when the cache (pl.tm_host_cache) has room; otherwise the first ones in forward order that fit
+// beside the step's two working copies (the step updates in forward order, and the trace policy
+// keeps the copies used soonest: the next forward's first modules). An approximation when they
+// do not all fit (docs/cost-model.md).
+std::vector<bool> host_cached(const zero::Placement& pl) {
+  std::vector<bool> out(pl.modules.size(), false);
+  auto alloc = [&](const zero::ModulePlacement& m) {
+    return (static_cast<uint64_t>(m.part) * pl.compute_bytes + 4095) / 4096 * 4096;
+  };
+  uint64_t parts = 0, biggest = 0;
+  for (const auto& m : pl.modules) {
+    if (m.partitioned_params && m.param_home == Home::kNvme)
+      parts += alloc(m), biggest = std::max(biggest, alloc(m));
+  }
+  const bool all = pl.tm_host_cache >= parts;
+  uint64_t room = all ? parts : (pl.tm_host_cache > 2 * biggest ? pl.tm_host_cache - 2 * biggest : 0);
+  for (size_t i = 0; i < pl.modules.size(); ++i) {
+    const auto& m = pl.modules[i];
+    if (!m.partitioned_params || m.param_home != Home::kNvme || alloc(m) > room) {
+      if (!all && m.partitioned_params && m.param_home == Home::kNvme) room = 0;  // in order: no gaps
+      continue;
+    }
+    out[i] = true;
+    room -= alloc(m);
+  }
+  return out;
+}
+
 // Simulates min(micro, 4) micro-batches; longer steps repeat the third (the cache's steady
 // state) up to the last one.
-CacheSim simulate_cache(const zero::Placement& pl, int64_t micro) {
+CacheSim simulate_cache(const zero::Placement& pl, int64_t micro, const std::vector<bool>& cached) {
   const size_t n = pl.modules.size();
   const int64_t sim_micro = std::min<int64_t>(micro, 4);
   CacheSim sim;
   sim.micro = micro;
   std::vector<std::array<uint64_t, 2>>& loaded = sim.loaded;
   loaded.assign(static_cast<size_t>(sim_micro), {0, 0});
+  sim.cached.assign(static_cast<size_t>(sim_micro), {0, 0});
   std::vector<size_t> order;
   std::vector<uint8_t> phase;  // 0 forward, 1 backward
   std::vector<int64_t> mb;
@@ -118,6 +153,7 @@ CacheSim simulate_cache(const zero::Placement& pl, int64_t micro) {
     in[m] = true;
     used += b;
     loaded[static_cast<size_t>(mb[t])][phase[t]] += b;
+    if (cached[m]) sim.cached[static_cast<size_t>(mb[t])][phase[t]] += b;
   }
   return sim;
 }
@@ -173,7 +209,8 @@ StepCost estimate_step(const config::Config& cfg, const zero::Placement& pl, con
   CacheSim sim;
   bool any_off = false;
   for (const auto& m : pl.modules) any_off |= m.partitioned_params && m.param_home != Home::kDevice;
-  if (stage3 && any_off) sim = simulate_cache(pl, micro);
+  const std::vector<bool> cached = host_cached(pl);
+  if (stage3 && any_off) sim = simulate_cache(pl, micro, cached);
   Home part_home = Home::kDevice;  // the offload device of stage-3 partitions (one for the model)
   for (const auto& m : pl.modules) {
     if (m.partitioned_params) part_home = m.param_home;
@@ -183,9 +220,11 @@ StepCost estimate_step(const config::Config& cfg, const zero::Placement& pl, con
     return static_cast<double>(bytes) / (part_home == Home::kNvme ? nvme_r : pcie);
   };
   uint64_t first_part = 0;  // the first partitioned module's partition: fetched on demand
-  for (const auto& m : pl.modules) {
-    if (m.partitioned_params) {
-      first_part = static_cast<uint64_t>(m.part) * es;
+  bool first_cached = false;
+  for (size_t i = 0; i < pl.modules.size(); ++i) {
+    if (pl.modules[i].partitioned_params) {
+      first_part = static_cast<uint64_t>(pl.modules[i].part) * es;
+      first_cached = cached[i];
       break;
     }
   }
@@ -196,13 +235,14 @@ StepCost estimate_step(const config::Config& cfg, const zero::Placement& pl, con
   // memcpy by the same cores the compute runs on, so it does not hide under the compute: it is on
   // the path, at local_copy_gbps (which counts a copy's read and write).
   const double local = rates.local_copy_gbps * gb;
-  auto add_loads = [&](Path::Group* g, uint64_t bytes) {
+  // `from_cache` of the bytes come from the host cache of NVMe partitions (no NVMe read).
+  auto add_loads = [&](Path::Group* g, uint64_t bytes, uint64_t from_cache) {
     if (copies) {
       g->add(Resource::kPcie, static_cast<double>(bytes) / pcie);
     } else {
       path.serial(Resource::kPcie, 2.0 * static_cast<double>(bytes) / local);
     }
-    if (part_home == Home::kNvme) g->add(Resource::kNvme, static_cast<double>(bytes) / nvme_r);
+    if (part_home == Home::kNvme) g->add(Resource::kNvme, static_cast<double>(bytes - from_cache) / nvme_r);
   };
   // Stage 3 on the CPU device, per pass: each gather allocates and zeroes the gathered module and
   // the send buffer, copies the partition into the send buffer and the gathered module out of the
@@ -217,9 +257,9 @@ StepCost estimate_step(const config::Config& cfg, const zero::Placement& pl, con
     if (stage3 && !copies && gather_local > 0)
       path.serial(Resource::kPcie, static_cast<double>(gather_local) / local);
   };
-  auto count_loads = [&](uint64_t bytes) {
+  auto count_loads = [&](uint64_t bytes, uint64_t from_cache) {
     B.host_to_device += bytes;
-    if (part_home == Home::kNvme) B.nvme_read += bytes;
+    if (part_home == Home::kNvme) B.nvme_read += bytes - from_cache;
   };
 
   const double f_fwd = 2.0 * static_cast<double>(w.params) * tokens;
@@ -230,11 +270,18 @@ StepCost estimate_step(const config::Config& cfg, const zero::Placement& pl, con
       Path::Group g;
       g.add(Resource::kCompute, f_fwd / rates.flops);
       const uint64_t loads = any_off && stage3 ? sim.at(j)[0] : 0;
+      const uint64_t hits = any_off && stage3 ? sim.cached_at(j)[0] : 0;
       if (loads) {
         const uint64_t first = std::min(loads, first_part);  // the first fetch of the pass waits
-        add_loads(&g, loads - first);
-        path.serial(load_res, load_s(first));
-        count_loads(loads);
+        const uint64_t first_hit = first_cached ? std::min(first, hits) : 0;
+        add_loads(&g, loads - first, hits - first_hit);
+        if (first_hit > 0 && copies)
+          path.serial(Resource::kPcie, static_cast<double>(first) / pcie);
+        else if (first_hit > 0)
+          path.serial(Resource::kPcie, 2.0 * static_cast<double>(first) / local);
+        else
+          path.serial(load_res, load_s(first));
+        count_loads(loads, hits);
       }
       const uint64_t gb_bytes = static_cast<uint64_t>(ring * static_cast<double>(gather_elems * es));
       B.network += gb_bytes;
@@ -251,9 +298,10 @@ StepCost estimate_step(const config::Config& cfg, const zero::Placement& pl, con
       Path::Group g;
       g.add(Resource::kCompute, 2.0 * f_fwd / rates.flops);
       const uint64_t loads = any_off && stage3 ? sim.at(j)[1] : 0;
+      const uint64_t hits = any_off && stage3 ? sim.cached_at(j)[1] : 0;
       if (loads) {
-        add_loads(&g, loads);
-        count_loads(loads);
+        add_loads(&g, loads, hits);
+        count_loads(loads, hits);
       }
       const uint64_t gb_bytes = static_cast<uint64_t>(ring * static_cast<double>(gather_elems * es));
       B.network += gb_bytes;
@@ -339,11 +387,12 @@ StepCost estimate_step(const config::Config& cfg, const zero::Placement& pl, con
       path.serial(Resource::kPcie, static_cast<double>(bytes) / pcie);
     }
     if (m.partitioned_params && m.param_home == Home::kNvme) {
-      // The partition comes to the host from NVMe (a clean device copy is not used), is updated,
-      // and is written back behind the next module's update.
+      // The partition comes to the host (from the host cache, else from NVMe: a clean device copy
+      // is not used), is updated, and is written back behind the next module's update.
       const uint64_t part = static_cast<uint64_t>(m.part) * es;
-      B.nvme_read += part;
-      g->add(Resource::kNvme, static_cast<double>(part) / part_sync_r);
+      const bool hit = cached[static_cast<size_t>(&m - pl.modules.data())];
+      B.nvme_read += hit ? 0 : part;
+      g->add(Resource::kNvme, hit ? 0.0 : static_cast<double>(part) / part_sync_r);
       B.nvme_write += part;
       g->add(Resource::kNvme, static_cast<double>(part) / part_sync_w);
     }

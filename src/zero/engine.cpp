@@ -146,6 +146,7 @@ Status Engine::Impl::setup_tiers() {
     offload::TierManagerOptions to;
     to.device = dev.get();
     to.device_budget = pl.tm_device_budget;
+    to.host_budget = pl.tm_host_budget;
     to.nvme = store.get();
     to.pin = cfg->zero.offload_param.pin_memory ? io::PinMode::kDevice : io::PinMode::kNone;
     to.staging_bytes = pl.tm_staging_bytes;

@@ -48,15 +48,16 @@ Status Engine::Impl::unpin_owned(size_t m, double* t_io_acc) {
   Tier t = param_off == OffloadDevice::kNone ? Tier::kDevice : Tier::kHost;
   tm->unpin(m, t, /*dirty=*/true);
   if (param_off != OffloadDevice::kNvme) return Status::ok();
-  // Write back and free the host copy. At most one write-back is in flight behind the update,
-  // so host memory holds two partitions at most, whatever the model size. (A failed write-back
-  // keeps its dirty copy; the tier manager's drain() at the end of the step reports it.)
+  // Write back the host copy and keep it, clean: the next fetch into the device copies from it
+  // instead of reading NVMe, as long as the tier's host budget (offload_param.max_in_cpu) keeps
+  // it. At most one write-back is in flight behind the update. (A failed write-back keeps its
+  // dirty copy; the tier manager's drain() at the end of the step reports it.)
   if (writeback_pending) {
     uint64_t t0 = now_ns();
     (void)last_writeback.wait();
     *t_io_acc += static_cast<double>(now_ns() - t0) * 1e-9;
   }
-  last_writeback = tm->evict(m, Tier::kHost);
+  last_writeback = tm->clean(m, Tier::kHost);
   writeback_pending = true;
   return Status::ok();
 }

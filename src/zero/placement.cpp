@@ -202,6 +202,20 @@ Result<Placement> plan_placement(const config::Config& cfg, const std::vector<Mo
           static_cast<size_t>(std::clamp<int64_t>(cfg.zero.offload_param.buffer_count, 2, 1 << 10) - 1);
       pl.resident.host += u64(pl.tm_staging_bytes) * (pl.tm_staging_count + 1);  // + the sync one
     }
+    if (param_off == OffloadDevice::kNvme) {
+      // Host copies of NVMe-homed partitions: the step updates one while the previous one is
+      // written back, and keeps up to offload_param.max_in_cpu elements of them (clean, as a
+      // cache the next fetches into the device copy from) within the tier's host budget.
+      auto alloc = [](uint64_t b) { return (b + 4095) / 4096 * 4096; };
+      uint64_t parts = 0;
+      for (const auto& m : pl.modules) {
+        if (m.partitioned_params && m.param_home == Home::kNvme) parts += alloc(u64(m.part) * es);
+      }
+      const uint64_t work = 2 * alloc(u64(biggest_part_nvme) * es);
+      const uint64_t keep = u64(std::max<int64_t>(0, cfg.zero.offload_param.max_in_cpu)) * es;
+      pl.tm_host_cache = std::max(std::min(keep, parts), std::min(work, parts));
+      pl.tm_host_budget = u64(pl.tm_staging_bytes) * (pl.tm_staging_count + 1) + pl.tm_host_cache;
+    }
     // Device memory the states take (persistent modules, device-resident optimizer states,
     // device-homed partitions) comes out of the gather window too: keep the tier's budget and
     // the reserve free.
@@ -241,7 +255,7 @@ Result<Placement> plan_placement(const config::Config& cfg, const std::vector<Mo
     }
     pl.peak.device +=
         (tm_budget > device_homes ? tm_budget - device_homes : 0) + u64(pl.gather_window) * per_elem;
-    pl.peak.host += 2ull * biggest_part_nvme * es;
+    pl.peak.host += pl.tm_host_cache;
   }
   // One module in use at a time. While module m's reduction starts: (stage 3) its gathered
   // parameters, its gradient buffer, the receive buffer and, with reduce buckets smaller than a

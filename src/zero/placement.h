@@ -83,6 +83,11 @@ struct Placement {
   // Staging buffers for NVMe <-> device pieces (offload_param.buffer_size and buffer_count):
   // tm_staging_count for moves and one for synchronous reads and writes.
   size_t tm_staging_bytes = 1u << 20, tm_staging_count = 4;
+  // NVMe-homed partitions: the tier manager's host budget (its staging buffers, the step's two
+  // partitions in flight, and up to offload_param.max_in_cpu elements of updated partitions kept
+  // as a clean cache that later device fetches copy from); 0: unlimited (host-homed partitions).
+  uint64_t tm_host_budget = 0;
+  uint64_t tm_host_cache = 0;  // of which the cache of partitions (at least the step's two)
   // Elements of gathered modules prefetch may queue ahead of their fetch.
   size_t gather_window = 0;
 

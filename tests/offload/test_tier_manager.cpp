@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <future>
 #include <mutex>
 #include <thread>
@@ -158,6 +159,57 @@ TEST(TierManager, DirtyCopiesAreWrittenBeforeEviction) {
     EXPECT_EQ(first_mismatch(got.data(), want[i].data(), n), -1) << "item " << i;
   }
   EXPECT_LE(tm.stats().high_water[0], MiB);
+}
+
+TEST(TierManager, CleanWritesBackAndKeepsAHostCacheThatFeedsTheDevice) {
+  // A host copy changed and cleaned: written home, kept; the device then loads from it (no NVMe
+  // read), and the host budget drops clean copies when room is needed.
+  Rig r;
+  const size_t n = 200 * KiB;
+  const uint64_t staging = 5 * 256 * KiB;  // the rig's staging buffers count in the host budget
+  ASSERT_TRUE(r.init(8 * MiB, staging + 3 * n + 8 * KiB));  // and room for three host copies
+  TierManager& tm = *r.tm;
+  std::vector<std::vector<unsigned char>> want;
+  for (ItemId i = 0; i < 6; ++i) {
+    ASSERT_TRUE(tm.add_item(i, n, Tier::kNvme).is_ok());
+    want.push_back(random_bytes(n, 300 + i));
+  }
+  for (ItemId i = 0; i < 6; ++i) {
+    auto p = tm.fetch(i, Tier::kHost).wait();
+    ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+    memcpy(p.value(), want[i].data(), n);
+    tm.unpin(i, Tier::kHost, /*dirty=*/true);
+    // Dirty and pinned again (someone may be writing it): refused.
+    ASSERT_TRUE(tm.fetch(i, Tier::kHost).wait().is_ok());
+    EXPECT_EQ(tm.clean(i, Tier::kHost).wait().status().code(), StatusCode::kInvalidArgument);
+    tm.unpin(i, Tier::kHost);
+    EXPECT_EQ(tm.residency(i, Tier::kHost), Residency::kDirty);
+    ASSERT_TRUE(tm.clean(i, Tier::kHost).wait().is_ok());
+    EXPECT_EQ(tm.residency(i, Tier::kHost), Residency::kResident) << "item " << i;
+  }
+  EXPECT_LE(tm.stats().high_water[1], staging + 3 * n + 8 * KiB);
+  // The last three are still cached: their device loads come from host memory.
+  const TierStats before = tm.stats();
+  for (ItemId i = 3; i < 6; ++i) {
+    EXPECT_EQ(tm.residency(i, Tier::kHost), Residency::kResident) << "item " << i;
+    auto p = tm.fetch(i, Tier::kDevice).wait();
+    ASSERT_TRUE(p.is_ok());
+    std::vector<unsigned char> got(n);
+    ASSERT_TRUE(r.device->copy_to_host(got.data(), p.value(), n).is_ok());
+    EXPECT_EQ(first_mismatch(got.data(), want[i].data(), n), -1) << "item " << i;
+    tm.unpin(i, Tier::kDevice);
+  }
+  const TierStats after = tm.stats();
+  EXPECT_EQ(after.nvme_to_device.bytes, before.nvme_to_device.bytes);
+  EXPECT_GE(after.host_to_device.bytes - before.host_to_device.bytes, 3 * n);
+  // Every item's home has its bytes, the dropped ones too.
+  for (ItemId i = 0; i < 6; ++i) {
+    ASSERT_TRUE(tm.evict(i, Tier::kHost).wait().is_ok());
+    std::vector<unsigned char> got(n);
+    ASSERT_TRUE(tm.read(i, got.data()).is_ok());
+    EXPECT_EQ(first_mismatch(got.data(), want[i].data(), n), -1) << "item " << i;
+  }
+  EXPECT_TRUE(tm.clean(99, Tier::kHost).wait().status().code() == StatusCode::kNotFound);
 }
 
 TEST(TierManager, CoherenceAcrossHostAndDevice) {

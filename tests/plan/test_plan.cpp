@@ -388,6 +388,7 @@ TEST(CostModel, StagingDepthAndAioPointMoveTheNvmeTime) {
   };
   auto nvme_s = [&](int64_t buffers, int64_t depth) {
     plan::PlanInputs k = in;
+    k.base.zero.offload_param.max_in_cpu = 0;  // loads from NVMe, not from the host cache
     k.base.zero.offload_param.buffer_count = buffers;
     k.base.zero.offload_param.buffer_size = 262144;  // 512 KiB pieces
     k.base.aio.queue_depth = depth;
@@ -490,106 +491,126 @@ TEST(CostModelVsEngine, NvmeBytesPerStepForEveryPlacement) {
   for (const int micro : {1, 2}) {
     for (const bool bf16 : {false, true}) {
       for (const Case& k : cases) {
-        const bool states16 = bf16 && k.stage >= 1;
-        const double ratio = std::string(k.opt) == "none" ? 1.0 : micro == 2 ? 0.5 : 1.0;
-        test::ScratchDir nvme("plan-engine");
-        const std::string text =
-            engine_cfg(k.stage, k.opt, k.param, nvme.path(), bf16, states16, ratio, micro);
-        const std::string what = std::string(bf16 ? "bf16" : "fp32") + " micro " + std::to_string(micro) +
-                                 " stage " + std::to_string(k.stage) + " optimizer " + k.opt + " x" +
-                                 std::to_string(ratio) + " params " + k.param;
-        auto cfg = config::Config::parse(text, rt.world_size());
-        ASSERT_TRUE(cfg.is_ok()) << what << ": " << cfg.status().to_string();
-        std::vector<zero::ModuleShape> sh;
-        for (int l = 0; l < s.layers; ++l) {
-          sh.push_back(
-              {"layer." + std::to_string(l), {static_cast<size_t>(s.d * s.d), static_cast<size_t>(s.d)}});
-        }
-        auto plan = zero::plan_placement(cfg.value(), sh, rt.world_size(), rt.rank());
-        ASSERT_TRUE(plan.is_ok()) << what << ": " << plan.status().to_string();
-        plan::Workload w;
-        w.params = plan::count_params(sh);
-        w.micro_batch = s.batch;
-        w.seq = 1;
-        w.grad_accum = micro;
-        const plan::StepCost cost = plan::estimate_step(cfg.value(), plan.value(), w, {1, 1},
-                                                        plan::LinkRates{}, plan::DeviceKind{true});
+        // NVMe-homed partitions: with the host cache holding them all (max_in_cpu's default), and
+        // with none beyond the step's two working copies (max_in_cpu 0).
+        for (const bool cache : {true, false}) {
+          if (!cache && std::string(k.param) != "nvme") continue;
+          const bool states16 = bf16 && k.stage >= 1;
+          const double ratio = std::string(k.opt) == "none" ? 1.0 : micro == 2 ? 0.5 : 1.0;
+          test::ScratchDir nvme("plan-engine");
+          const std::string text =
+              engine_cfg(k.stage, k.opt, k.param, nvme.path(), bf16, states16, ratio, micro);
+          const std::string what = std::string(bf16 ? "bf16" : "fp32") + " micro " + std::to_string(micro) +
+                                   " stage " + std::to_string(k.stage) + " optimizer " + k.opt + " x" +
+                                   std::to_string(ratio) + " params " + k.param +
+                                   (cache ? "" : " max_in_cpu 0");
+          auto cfg = config::Config::parse(text, rt.world_size());
+          ASSERT_TRUE(cfg.is_ok()) << what << ": " << cfg.status().to_string();
+          if (!cache) cfg.value().zero.offload_param.max_in_cpu = 0;
+          std::vector<zero::ModuleShape> sh;
+          for (int l = 0; l < s.layers; ++l) {
+            sh.push_back(
+                {"layer." + std::to_string(l), {static_cast<size_t>(s.d * s.d), static_cast<size_t>(s.d)}});
+          }
+          auto plan = zero::plan_placement(cfg.value(), sh, rt.world_size(), rt.rank());
+          ASSERT_TRUE(plan.is_ok()) << what << ": " << plan.status().to_string();
+          plan::Workload w;
+          w.params = plan::count_params(sh);
+          w.micro_batch = s.batch;
+          w.seq = 1;
+          w.grad_accum = micro;
+          const plan::StepCost cost = plan::estimate_step(cfg.value(), plan.value(), w, {1, 1},
+                                                          plan::LinkRates{}, plan::DeviceKind{true});
 
-        // The serial step: with the update overlapped behind the next forward (the default), whether
-        // a partition reaches the device by a prefetch or by a queued gather's read depends on how
-        // far the update has come, so the per-link counts below are checked on the serial schedule.
-        cfg.value().zoe.overlap_step = false;
-        auto e = zero::create_engine(rt, cfg.value());
-        ASSERT_TRUE(e.is_ok()) << what << ": " << e.status().to_string();
-        ASSERT_TRUE(test::register_mlp(*e.value(), s).is_ok()) << what;
-        std::vector<test::Layer> out;
-        std::vector<StepStats> stats;
-        Status st = test::engine_train(*e.value(), s, rt.rank(), rt.world_size(), 4, &out, &stats, -1, micro);
-        ASSERT_TRUE(st.is_ok()) << what << ": " << st.to_string();
-        ran++;
-        // Steady state: the bytes of the last step (counters run from initialize()).
-        const StepStats& a = stats[stats.size() - 2];
-        const StepStats& b = stats.back();
-        const uint64_t rd = b.bytes_nvme_read - a.bytes_nvme_read,
-                       wr = b.bytes_nvme_write - a.bytes_nvme_write;
-        const uint64_t h2d = b.bytes_host_to_device - a.bytes_host_to_device;
-        const uint64_t d2h = b.bytes_device_to_host - a.bytes_device_to_host;
-        // StepStats' own per-step figures are these deltas, and per parameter over the model's count.
-        EXPECT_EQ(b.step_bytes_nvme_read, rd) << what;
-        EXPECT_EQ(b.step_bytes_nvme_write, wr) << what;
-        EXPECT_EQ(b.step_bytes_host_to_device, b.bytes_host_to_device - a.bytes_host_to_device) << what;
-        EXPECT_EQ(b.step_bytes_device_to_host, d2h) << what;
-        EXPECT_DOUBLE_EQ(b.per_param_nvme_write, static_cast<double>(wr) / static_cast<double>(w.params))
-            << what;
-        EXPECT_DOUBLE_EQ(b.per_param_device_to_host, static_cast<double>(d2h) / static_cast<double>(w.params))
-            << what;
-        // Optimizer states (swapper step, NVMe gradient accumulation) and stage-3 partition
-        // write-backs: exact.
-        EXPECT_EQ(wr, cost.bytes.nvme_write) << what;
-        EXPECT_EQ(d2h, cost.bytes.device_to_host) << what;
-        // Stage-3 partitions offloaded from the device (P bytes in all): each step starts with no
-        // device copy (the update wrote the home), so every partition moves at least once; each
-        // fetch moves its partition at most once, and each of its prefetches (at most k =
-        // ceil(stage3_prefetch_bucket_size / part)) at most once more. Which fetches hit the device
-        // cache depends on the timing of the prefetches: the model's count (Belady over the
-        // recorded order) and the engine's must both lie in [P, 2 A P (1 + k)].
-        uint64_t P = 0;
-        size_t min_part = SIZE_MAX;
-        for (const auto& m : plan->modules) {
-          if (!m.partitioned_params || m.param_home == zero::Home::kDevice) continue;
-          P += m.part * plan->compute_bytes;
-          min_part = std::min(min_part, m.part);
+          // The serial step: with the update overlapped behind the next forward (the default), whether
+          // a partition reaches the device by a prefetch or by a queued gather's read depends on how
+          // far the update has come, so the per-link counts below are checked on the serial schedule.
+          cfg.value().zoe.overlap_step = false;
+          auto e = zero::create_engine(rt, cfg.value());
+          ASSERT_TRUE(e.is_ok()) << what << ": " << e.status().to_string();
+          ASSERT_TRUE(test::register_mlp(*e.value(), s).is_ok()) << what;
+          std::vector<test::Layer> out;
+          std::vector<StepStats> stats;
+          Status st =
+              test::engine_train(*e.value(), s, rt.rank(), rt.world_size(), 4, &out, &stats, -1, micro);
+          ASSERT_TRUE(st.is_ok()) << what << ": " << st.to_string();
+          ran++;
+          // Steady state: the bytes of the last step (counters run from initialize()).
+          const StepStats& a = stats[stats.size() - 2];
+          const StepStats& b = stats.back();
+          const uint64_t rd = b.bytes_nvme_read - a.bytes_nvme_read,
+                         wr = b.bytes_nvme_write - a.bytes_nvme_write;
+          const uint64_t h2d = b.bytes_host_to_device - a.bytes_host_to_device;
+          const uint64_t d2h = b.bytes_device_to_host - a.bytes_device_to_host;
+          // StepStats' own per-step figures are these deltas, and per parameter over the model's count.
+          EXPECT_EQ(b.step_bytes_nvme_read, rd) << what;
+          EXPECT_EQ(b.step_bytes_nvme_write, wr) << what;
+          EXPECT_EQ(b.step_bytes_host_to_device, b.bytes_host_to_device - a.bytes_host_to_device) << what;
+          EXPECT_EQ(b.step_bytes_device_to_host, d2h) << what;
+          EXPECT_DOUBLE_EQ(b.per_param_nvme_write, static_cast<double>(wr) / static_cast<double>(w.params))
+              << what;
+          EXPECT_DOUBLE_EQ(b.per_param_device_to_host,
+                           static_cast<double>(d2h) / static_cast<double>(w.params))
+              << what;
+          // Optimizer states (swapper step, NVMe gradient accumulation) and stage-3 partition
+          // write-backs: exact.
+          EXPECT_EQ(wr, cost.bytes.nvme_write) << what;
+          EXPECT_EQ(d2h, cost.bytes.device_to_host) << what;
+          // Stage-3 partitions offloaded from the device (P bytes in all): each step starts with no
+          // device copy (the update wrote the home), so every partition moves at least once; each
+          // fetch moves its partition at most once, and each of its prefetches (at most k =
+          // ceil(stage3_prefetch_bucket_size / part)) at most once more. Which fetches hit the device
+          // cache depends on the timing of the prefetches: the model's count (Belady over the
+          // recorded order) and the engine's must both lie in [P, 2 A P (1 + k)].
+          uint64_t P = 0;
+          size_t min_part = SIZE_MAX;
+          for (const auto& m : plan->modules) {
+            if (!m.partitioned_params || m.param_home == zero::Home::kDevice) continue;
+            P += m.part * plan->compute_bytes;
+            min_part = std::min(min_part, m.part);
+          }
+          if (P == 0) {
+            EXPECT_EQ(rd, cost.bytes.nvme_read) << what;
+            EXPECT_EQ(h2d, 0u) << what;
+            EXPECT_EQ(cost.bytes.host_to_device, 0u) << what;
+            continue;
+          }
+          partitioned++;
+          const uint64_t kp = (6000 + min_part - 1) / min_part;
+          const uint64_t hi = 2 * static_cast<uint64_t>(micro) * P * (1 + kp);
+          EXPECT_GE(h2d, P) << what;
+          EXPECT_LE(h2d, hi) << what;
+          EXPECT_GE(cost.bytes.host_to_device, P) << what;
+          EXPECT_LE(cost.bytes.host_to_device, 2 * static_cast<uint64_t>(micro) * P) << what;
+          if (std::string(k.param) == "cpu") {
+            EXPECT_EQ(rd, cost.bytes.nvme_read) << what;  // the optimizer's part: exact
+            continue;
+          }
+          // NVMe-homed: the model's reads are the optimizer's, the device loads, and the update
+          // reading every partition once. The engine's partition reads: the same update pass (P), the
+          // moves to the device, and on a host-memory device the queued gathers reading partitions
+          // that are not on the device (at most one per fetch).
+          if (cache) {
+            // Every partition stays in the host cache: the device loads, the gathers' reads and the
+            // update copy from it, and the NVMe reads are the optimizer's alone: exact.
+            EXPECT_EQ(rd, cost.bytes.nvme_read) << what;
+            continue;
+          }
+          // Beyond the two working copies the step's last updates leave, nothing is cached (their
+          // later hits are timing: the model counts none, and the engine at most those two).
+          const uint64_t opt_rd = cost.bytes.nvme_read - cost.bytes.host_to_device - P;
+          ASSERT_GE(rd, opt_rd) << what;
+          uint64_t biggest = 0;
+          for (const auto& m : plan->modules)
+            biggest = std::max<uint64_t>(biggest, m.part * plan->compute_bytes);
+          EXPECT_GE(rd - opt_rd + 4 * biggest, 2 * P) << what;
+          EXPECT_LE(rd - opt_rd, P + hi + 2 * static_cast<uint64_t>(micro) * P) << what;
         }
-        if (P == 0) {
-          EXPECT_EQ(rd, cost.bytes.nvme_read) << what;
-          EXPECT_EQ(h2d, 0u) << what;
-          EXPECT_EQ(cost.bytes.host_to_device, 0u) << what;
-          continue;
-        }
-        partitioned++;
-        const uint64_t kp = (6000 + min_part - 1) / min_part;
-        const uint64_t hi = 2 * static_cast<uint64_t>(micro) * P * (1 + kp);
-        EXPECT_GE(h2d, P) << what;
-        EXPECT_LE(h2d, hi) << what;
-        EXPECT_GE(cost.bytes.host_to_device, P) << what;
-        EXPECT_LE(cost.bytes.host_to_device, 2 * static_cast<uint64_t>(micro) * P) << what;
-        if (std::string(k.param) == "cpu") {
-          EXPECT_EQ(rd, cost.bytes.nvme_read) << what;  // the optimizer's part: exact
-          continue;
-        }
-        // NVMe-homed: the model's reads are the optimizer's, the device loads, and the update
-        // reading every partition once. The engine's partition reads: the same update pass (P), the
-        // moves to the device, and on a host-memory device the queued gathers reading partitions
-        // that are not on the device (at most one per fetch).
-        const uint64_t opt_rd = cost.bytes.nvme_read - cost.bytes.host_to_device - P;
-        ASSERT_GE(rd, opt_rd) << what;
-        EXPECT_GE(rd - opt_rd, 2 * P) << what;
-        EXPECT_LE(rd - opt_rd, P + hi + 2 * static_cast<uint64_t>(micro) * P) << what;
       }
     }
   }
-  EXPECT_EQ(ran, 2 * 2 * 16);
-  EXPECT_EQ(partitioned, 2 * 2 * 6);
+  EXPECT_EQ(ran, 2 * 2 * 16 + 2 * 2 * 3);  // + the 3 NVMe-homed placements without the cache
+  EXPECT_EQ(partitioned, 2 * 2 * 6 + 2 * 2 * 3);
 }
 
 }  // namespace

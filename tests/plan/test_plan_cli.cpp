@@ -296,6 +296,51 @@ TEST(TuneCli, AbsurdMicroBatchesAreSearchedOrRefusedNamingTheFlag) {
   EXPECT_NE(c.err.find("smaller --micro-batch"), std::string::npos) << c.err;
 }
 
+// The knob search on rows with NVMe optimizer states (the medium preset with 512 MiB of device
+// and of host memory): the base config's knobs are one variant, so the best is at least as fast
+// as the plan's best row (the plan runs the base config at the calibration's chosen aio point);
+// the sweep has a faster point for the swapper's smaller requests, so the search finds a faster
+// one, and every knob it writes is the candidate's.
+TEST(TuneCli, KnobSearchOnNvmeRowsBeatsTheBaseConfig) {
+  zoe::test::ScratchDir d("tune-knobs");
+  {
+    std::ofstream f(d.file("cal.json"));
+    f << R"({"nvme_read_gbps": 2.0, "nvme_write_gbps": 2.0, "aio_block_size": 1048576, "aio_queue_depth": 8,
+      "io_sweep": [{"block_size": 262144, "queue_depth": 32, "read_gbps": 3.0, "write_gbps": 3.0},
+                   {"block_size": 1048576, "queue_depth": 8, "read_gbps": 2.0, "write_gbps": 2.0},
+                   {"block_size": 1048576, "queue_depth": 32, "read_gbps": 2.5, "write_gbps": 2.5}]})";
+  }
+  const std::string flags =
+      " --preset medium --device cpu --device-mem 512MiB --host-mem 512MiB --nvme-space 8GiB "
+      "--micro-batch 4 --calibration " +
+      d.file("cal.json");
+  CmdResult pl = zoe("plan" + flags + " --json");
+  ASSERT_EQ(pl.rc, 0) << pl.err;
+  json pj = json::parse(pl.out, nullptr, false);
+  ASSERT_FALSE(pj.is_discarded());
+  const json& top = pj["rows"][0];
+  ASSERT_TRUE(top["fits"].get<bool>());
+  EXPECT_EQ(top["placement"]["offload_optimizer"], "nvme");
+  CmdResult t = zoe("tune" + flags + " --fixed-micro-batch --nvme-path " + d.path() + " --out " +
+                    d.file("tuned.json") + " --json");
+  ASSERT_EQ(t.rc, 0) << t.err;
+  json tj = json::parse(t.out, nullptr, false);
+  ASSERT_FALSE(tj.is_discarded()) << t.out;
+  const json& b = tj["best"];
+  EXPECT_EQ(b["placement"]["offload_optimizer"], "nvme");
+  EXPECT_LT(b["predicted_step_s"].get<double>(), 0.9 * top["predicted_step_s"].get<double>()) << b.dump();
+  EXPECT_EQ(b["aio"]["block_size"], 262144) << b.dump();
+  EXPECT_EQ(b["aio"]["queue_depth"], 32) << b.dump();
+  std::ifstream in(d.file("tuned.json"));
+  json w = json::parse(in, nullptr, false);
+  EXPECT_EQ(w["aio"]["block_size"], 262144);
+  EXPECT_EQ(w["aio"]["queue_depth"], 32);
+  EXPECT_EQ(w["zero_optimization"]["sub_group_size"], b["sub_group_size"]);
+  EXPECT_EQ(w["zero_optimization"]["offload_optimizer"]["buffer_count"], b["offload_optimizer_buffer_count"]);
+  EXPECT_EQ(w["zero_optimization"]["offload_param"]["max_in_cpu"], b["offload_param_max_in_cpu"]);
+  EXPECT_EQ(w["zero_optimization"]["stage3_max_live_parameters"], b["stage3_max_live_parameters"]);
+}
+
 TEST(TuneCli, NothingFitsExitsOne) {
   CmdResult r = zoe("tune --hf-config " + fixture("llama-2-7b.json") +
                     " --device-mem 8GiB --host-mem 16GiB --nvme-space 20GiB");

@@ -201,13 +201,15 @@ TEST(PlacementVsEngine, StagingBuffersAndTheLiveCapChangeNoBits) {
   // The tier manager streams each partition through its staging buffers in pieces: one small
   // buffer (five pieces a partition, one at a time) trains the same bits as the default (one
   // piece, four in flight), within the plan's host bytes; so does a stage3_max_live_parameters
-  // that leaves room for one queued gather only.
+  // that leaves room for one queued gather only, and so does offload_param.max_in_cpu 0 (no host
+  // cache of updated partitions: the device loads read NVMe again).
   Runtime& rt = test::shared_runtime();
   test::MlpSpec s;
   s.layers = 4;
   s.d = 256;
   std::vector<std::vector<test::Layer>> outs;
-  for (const int variant : {0, 1, 2}) {
+  std::vector<uint64_t> nvme_reads;
+  for (const int variant : {0, 1, 2, 3}) {
     const bool small = variant == 1;
     test::ScratchDir nvme("staging");
     std::string text = cfg_text(3, "cpu", "nvme", "", "\"stage3_prefetch_bucket_size\": 70000, ");
@@ -219,6 +221,7 @@ TEST(PlacementVsEngine, StagingBuffersAndTheLiveCapChangeNoBits) {
       cfg->zero.offload_param.buffer_size = 16384;
     }
     if (variant == 2) cfg->zero.stage3_max_live_parameters = 2 * 67584;
+    if (variant == 3) cfg->zero.offload_param.max_in_cpu = 0;
     std::vector<ModuleShape> sh = shapes(s.layers, static_cast<size_t>(s.d));
     auto plan = zero::plan_placement(cfg.value(), sh, rt.world_size(), rt.rank());
     ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
@@ -233,6 +236,7 @@ TEST(PlacementVsEngine, StagingBuffersAndTheLiveCapChangeNoBits) {
     ASSERT_TRUE(st.is_ok()) << st.to_string();
     EXPECT_LE(stats.back().high_water[1], plan->peak.host);
     EXPECT_GT(stats.back().bytes_nvme_read, 0u);
+    nvme_reads.push_back(stats.back().bytes_nvme_read - stats[stats.size() - 2].bytes_nvme_read);
     if (variant == 2) {
       EXPECT_EQ(plan->modules[0].padded, 67584u);
       EXPECT_GT(plan->gather_window, 0u);
@@ -240,6 +244,9 @@ TEST(PlacementVsEngine, StagingBuffersAndTheLiveCapChangeNoBits) {
     }
     outs.push_back(std::move(out));
   }
+  // Four partitions of 67584 fp32 elements: without the cache the last step reads them at least
+  // twice more (the update's copy and the device loads; at most two stay cached).
+  EXPECT_GE(nvme_reads[3], nvme_reads[0] + 2 * 4 * 67584 * 4 - 4 * 67584 * 4);
   for (size_t v = 1; v < outs.size(); ++v) {
     ASSERT_EQ(outs[0].size(), outs[v].size());
     for (size_t l = 0; l < outs[0].size(); ++l) {
