@@ -51,6 +51,7 @@ Result<std::unique_ptr<OptimizerSwapper>> OptimizerSwapper::create(SwapStore* st
 
 OptimizerSwapper::~OptimizerSwapper() {
   if (!store_) return;
+  (void)wait_async_writes();  // their callbacks touch this object
   for (const auto& g : groups_) {
     for (const auto& s : opts_.states) store_->free(StateKey{g.id, s.kind});
   }
@@ -111,6 +112,13 @@ Status OptimizerSwapper::add_group(uint64_t id, size_t elems) {
 
 Status OptimizerSwapper::sync_transfer(uint64_t id, size_t state, char* data, bool write, size_t first,
                                        size_t count) {
+  {
+    // After the asynchronous writes; their error stays for wait_async_writes() and step() to
+    // report (another thread's transfer, a checkpoint's, must not swallow it).
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return async_writes_ == 0; });
+    if (!async_err_.is_ok()) return async_err_;
+  }
   Group* g = find(id);
   if (!g) return not_found("optimizer swapper: no group %llu", static_cast<unsigned long long>(id));
   if (state >= opts_.states.size()) return invalid_argument("optimizer swapper: no state %zu", state);
@@ -159,6 +167,62 @@ Status OptimizerSwapper::sync_transfer(uint64_t id, size_t state, char* data, bo
   return s;
 }
 
+Status OptimizerSwapper::wait_async_writes() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return async_writes_ == 0; });
+  Status s = std::move(async_err_);
+  async_err_ = Status::ok();
+  return s;
+}
+
+Status OptimizerSwapper::write_state_async(uint64_t id, size_t state, const void* src, size_t begin,
+                                           size_t n) {
+  Group* g = find(id);
+  if (!g) return not_found("optimizer swapper: no group %llu", static_cast<unsigned long long>(id));
+  if (state >= opts_.states.size()) return invalid_argument("optimizer swapper: no state %zu", state);
+  if (begin % chunk_elems_ != 0 || begin >= g->elems || n == 0 || n > chunk_elems_ ||
+      (begin + n != g->elems && n != chunk_elems_) || begin + n > g->elems) {
+    return invalid_argument(
+        "optimizer swapper: an asynchronous write of [%zu, %zu) of group %llu (%zu elements) is not one "
+        "%zu-element chunk",
+        begin, begin + n, static_cast<unsigned long long>(id), g->elems, chunk_elems_);
+  }
+  const size_t eb = opts_.states[state].elem_bytes;
+  if (!store_) {
+    memcpy(g->host[state].bytes() + begin * eb, src, n * eb);
+    return Status::ok();
+  }
+  size_t slot;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return !free_.empty(); });
+    slot = free_.back();
+    free_.pop_back();
+    async_writes_++;
+  }
+  char* buf = slot_buffer(slot, state);
+  const size_t bytes = n * eb, span = span_bytes(n, state);
+  memcpy(buf, src, bytes);
+  memset(buf + bytes, 0, span - bytes);
+  const StateKey key{id, opts_.states[state].kind};
+  const uint64_t t0 = now_ns();
+  // The callback touches only members (the destructor waits for it); it runs on the I/O
+  // engine's completion path and takes mu_ only to give the slot back.
+  store_->write(key, static_cast<uint64_t>(begin) * eb, buf, span,
+                [this, slot, id, begin, t0](io::IoCompletion& done) {
+                  const std::string what = std::to_string(id) + "@" + std::to_string(begin);
+                  if (tracing())
+                    opts_.trace->record("write " + what, "host->nvme", t0, now_ns(), 0, kLaneOptWrite);
+                  std::lock_guard<std::mutex> lock(mu_);
+                  if (!done.status().is_ok() && async_err_.is_ok())
+                    async_err_ = done.status().with_context("writing optimizer state chunk " + what);
+                  free_.push_back(slot);
+                  async_writes_--;
+                  cv_.notify_all();
+                });
+  return Status::ok();
+}
+
 Status OptimizerSwapper::write_state(uint64_t id, size_t state, const void* src, size_t begin, size_t n) {
   return sync_transfer(id, state, static_cast<char*>(const_cast<void*>(src)), true, begin, n);
 }
@@ -194,6 +258,7 @@ Status OptimizerSwapper::step_host(const ChunkUpdate& update) {
 }
 
 Status OptimizerSwapper::step(const ChunkUpdate& update, bool write_all) {
+  ZOE_RETURN_IF_ERROR(wait_async_writes());
   stats_ = SwapperStats{};
   const uint64_t t_begin = now_ns();
   if (!store_) {

@@ -65,6 +65,14 @@ class OptimizerSwapper {
   // used: one buffer, whatever the size.
   Status write_state(uint64_t id, size_t state, const void* src, size_t begin = 0, size_t n = SIZE_MAX);
   Status read_state(uint64_t id, size_t state, void* dst, size_t begin = 0, size_t n = SIZE_MAX);
+  // Starts writing one chunk of a state, elements [begin, begin + n) (begin on a chunk boundary,
+  // n = chunk_elems() unless the range reaches the group's end), and returns once src is copied
+  // into a slot's buffer: the write completes in the background, at most slots() at once.
+  // read_state and write_state first wait for every write started so and fail with the first
+  // one's error (which stays); wait_async_writes() and step() wait, report it and clear it; the
+  // destructor waits too.
+  Status write_state_async(uint64_t id, size_t state, const void* src, size_t begin, size_t n);
+  Status wait_async_writes();
 
   // One pass over every group in registration order. The first error (I/O or from `update`)
   // stops the pass; it returns once nothing is in flight, with every buffer back in the pool.
@@ -104,6 +112,8 @@ class OptimizerSwapper {
   std::condition_variable cv_;
   std::vector<size_t> free_;  // free slots, guarded by mu_
   Status write_err_;          // first write-back error of the current step, guarded by mu_
+  size_t async_writes_ = 0;   // write_state_async() writes in flight, guarded by mu_
+  Status async_err_;          // the first of their errors since the last wait, guarded by mu_
 };
 
 }  // namespace zoe::offload

@@ -48,7 +48,8 @@ Status Engine::Impl::complete_pending(bool all, size_t keep) {
 // Adds this micro-batch's reduced gradients of the owned range (compute dtype) to module m's
 // accumulator wherever it lives, computing the norm of the sum in the same pass. NVMe: one
 // swapper chunk at a time (read the sum so far unless this is the first micro-batch, add,
-// write back), so host memory stays one chunk whatever the model size.
+// write back asynchronously through the swapper's slots), so host memory stays bounded whatever
+// the model size.
 Status Engine::Impl::accumulate_grads(size_t m, const void* src) {
   // The overlapped update reads the accumulators (and owns the swapper) until it ends. Joining
   // it runs no collective: this point's timing differs across ranks.
@@ -81,7 +82,9 @@ Status Engine::Impl::accumulate_grads(size_t m, const void* src) {
                            host_view(static_cast<const char*>(src) + b * esize(), n * esize()));
       ZOE_RETURN_IF_ERROR(optim::accumulate_with_norm(grad_stage.data(), h, cdt, n, first,
                                                       mod.norm_parts.data() + b / optim::kChunkElems, exec));
-      ZOE_RETURN_IF_ERROR(swapper->write_state(m, kGradState, grad_stage.data(), b, n));
+      // Written behind the backward (the swapper copies the chunk; at most its slots in flight):
+      // the next read of a sum and the step wait for these writes and report their errors.
+      ZOE_RETURN_IF_ERROR(swapper->write_state_async(m, kGradState, grad_stage.data(), b, n));
     }
   }
   mod.acc_count++;

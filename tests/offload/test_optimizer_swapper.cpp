@@ -1,5 +1,6 @@
 // OptimizerSwapper tests: bit-identical to the in-memory update, bounded buffers, faults mid-pipeline.
 #include <cmath>
+#include <cstring>
 
 #include "offload/optimizer_swapper.h"
 #include "tests/offload/offload_fixture.h"
@@ -120,6 +121,54 @@ TEST(Swapper, RangedStateTransfers) {
     EXPECT_EQ(test::first_mismatch(whole.data(), v.data(), n * 4), -1);
     EXPECT_EQ(test::first_mismatch(part.data(), v.data(), n * 4), -1);
     EXPECT_EQ(sw.value()->read_state(1, 0, part.data(), 5, c).code(), StatusCode::kInvalidArgument);
+  }
+}
+
+TEST(Swapper, AsynchronousChunkWritesLandBeforeReadsAndTheStep) {
+  // Chunks written behind the caller (more of them than the slots): a read of the state, and the
+  // step's reads, see every one; a write error is reported once, by the step, and not swallowed
+  // by a read on the way.
+  Rig r;
+  ASSERT_TRUE(r.init(MiB(), 64 * MiB()));
+  for (bool nvme : {true, false}) {
+    auto sw = OptimizerSwapper::create(nvme ? r.store.get() : nullptr, adam_options(12, 64 * 1024));
+    ASSERT_TRUE(sw.is_ok());
+    OptimizerSwapper& w = *sw.value();
+    const size_t n = 100003, c = w.chunk_elems();
+    ASSERT_TRUE(w.add_group(1, n).is_ok());
+    ASSERT_GT((n + c - 1) / c, w.slots());
+    auto g = series(n, 11);
+    for (size_t b = 0; b < n; b += c)
+      ASSERT_TRUE(w.write_state_async(1, 3, g.data() + b, b, std::min(c, n - b)).is_ok());
+    std::vector<float> back(n);
+    ASSERT_TRUE(w.read_state(1, 3, back.data()).is_ok());
+    EXPECT_EQ(test::first_mismatch(back.data(), g.data(), n * 4), -1) << (nvme ? "nvme" : "host");
+    // The step reads the gradient state as written.
+    for (size_t b = 0; b < n; b += c)
+      ASSERT_TRUE(w.write_state_async(1, 3, g.data() + b, b, std::min(c, n - b)).is_ok());
+    std::vector<float> seen(n);
+    ASSERT_TRUE(w.step([&](const ChunkView& v) {
+                   memcpy(seen.data() + v.begin, v.data[3], v.n * 4);
+                   return Status::ok();
+                 }).is_ok());
+    EXPECT_EQ(test::first_mismatch(seen.data(), g.data(), n * 4), -1) << (nvme ? "nvme" : "host");
+    // Not one chunk: refused.
+    EXPECT_EQ(w.write_state_async(1, 3, g.data(), 5, c).code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(w.write_state_async(1, 3, g.data(), 0, c + 1).code(), StatusCode::kInvalidArgument);
+    if (!nvme) continue;
+    r.faults.clear();  // counts from here
+    r.faults.add(io::FaultKind::kEio, 2, 1, io::IoOp::kWrite);
+    for (size_t b = 0; b < n; b += c)
+      ASSERT_TRUE(w.write_state_async(1, 3, g.data() + b, b, std::min(c, n - b)).is_ok());
+    Status rd = w.read_state(1, 0, back.data());  // a read on the way fails too, and keeps the error
+    EXPECT_FALSE(rd.is_ok());
+    Status st = w.step(adam_update());
+    ASSERT_FALSE(st.is_ok());
+    EXPECT_NE(st.message().find("writing optimizer state chunk 1@"), std::string::npos) << st.message();
+    EXPECT_EQ(w.free_slots(), w.slots());
+    r.faults.clear();
+    EXPECT_TRUE(w.wait_async_writes().is_ok());  // reported once
+    EXPECT_TRUE(w.step(adam_update()).is_ok());
   }
 }
 
