@@ -190,8 +190,9 @@ StepCost estimate_step(const config::Config& cfg, const zero::Placement& pl, con
   const uint64_t slots = std::max<uint64_t>(pl.swap_buffer_count / 4, 3);
   const double swap_r = nvme_rate(false, chunk_bytes, (slots - 2) * 4);
   const double swap_w = nvme_rate(true, chunk_bytes, 3);
-  // The gradient accumulator on NVMe: a synchronous read and write of one chunk at a time.
-  const double acc_r = nvme_rate(false, chunk_bytes, 1), acc_w = nvme_rate(true, chunk_bytes, 1);
+  // The gradient accumulator on NVMe: a synchronous read of one chunk at a time; writes behind
+  // the caller, up to the swapper's slots in flight.
+  const double acc_r = nvme_rate(false, chunk_bytes, 1), acc_w = nvme_rate(true, chunk_bytes, slots);
   const double pcie = rates.h2d_gbps * gb, cpu = rates.cpu_adam_gbps * gb / per_node;
   const double net = (topo.nodes > 1 ? rates.net_gbps : rates.intra_gbps) * gb;
   const double hbm = rates.device_mem_gbps * gb;
@@ -323,6 +324,11 @@ StepCost estimate_step(const config::Config& cfg, const zero::Placement& pl, con
           g.add(Resource::kNetwork, static_cast<double>(r) / net);
       }
       B.network += red;
+      // The running sums of NVMe-resident states are written behind the backward (the swapper's
+      // slots in flight); their read-back (below) is synchronous.
+      for (const auto& m : pl.modules) {
+        if (m.opt_home == Home::kNvme) g.add(Resource::kNvme, static_cast<double>(m.opt_n * 4) / acc_w);
+      }
       path.overlap(g);
       for (const auto& m : pl.modules) {
         const uint64_t n = m.opt_n, touched = n * (es + 8);  // read the gradient, read/write the fp32 sum
@@ -341,7 +347,7 @@ StepCost estimate_step(const config::Config& cfg, const zero::Placement& pl, con
           const uint64_t rd = j > 0 ? n * 4 : 0, wr = n * 4;
           B.nvme_read += rd;
           B.nvme_write += wr;
-          path.serial(Resource::kNvme, static_cast<double>(rd) / acc_r + static_cast<double>(wr) / acc_w);
+          path.serial(Resource::kNvme, static_cast<double>(rd) / acc_r);
         }
       }
     }
