@@ -52,6 +52,7 @@ Result<std::unique_ptr<OptimizerSwapper>> OptimizerSwapper::create(SwapStore* st
 OptimizerSwapper::~OptimizerSwapper() {
   if (!store_) return;
   (void)wait_async_writes();  // their callbacks touch this object
+  (void)drop_preloaded();
   for (const auto& g : groups_) {
     for (const auto& s : opts_.states) store_->free(StateKey{g.id, s.kind});
   }
@@ -119,6 +120,7 @@ Status OptimizerSwapper::sync_transfer(uint64_t id, size_t state, char* data, bo
     cv_.wait(lock, [&] { return async_writes_ == 0; });
     if (!async_err_.is_ok()) return async_err_;
   }
+  if (write) ZOE_RETURN_IF_ERROR(drop_preloaded());  // they would be stale
   Group* g = find(id);
   if (!g) return not_found("optimizer swapper: no group %llu", static_cast<unsigned long long>(id));
   if (state >= opts_.states.size()) return invalid_argument("optimizer swapper: no state %zu", state);
@@ -192,6 +194,8 @@ Status OptimizerSwapper::write_state_async(uint64_t id, size_t state, const void
     memcpy(g->host[state].bytes() + begin * eb, src, n * eb);
     return Status::ok();
   }
+  if (opts_.states[state].write_back)
+    ZOE_RETURN_IF_ERROR(drop_preloaded());  // a preloaded copy would be stale
   size_t slot;
   {
     std::unique_lock<std::mutex> lock(mu_);
@@ -221,6 +225,86 @@ Status OptimizerSwapper::write_state_async(uint64_t id, size_t state, const void
                   cv_.notify_all();
                 });
   return Status::ok();
+}
+
+void OptimizerSwapper::preload(size_t max_slots) {
+  if (!store_ || !preloaded_.empty()) return;
+  max_slots =
+      std::min(max_slots, slots_ - 1);  // one stays for transfers: waiting for it never ends otherwise
+  const size_t K = opts_.states.size();
+  for (const auto& g : groups_) {
+    for (size_t b = 0; b < g.elems; b += chunk_elems_) {
+      if (preloaded_.size() >= max_slots) return;
+      size_t slot;
+      {
+        // Waits for a slot the asynchronous writes hold (they end on their own): how many chunks
+        // are read ahead does not depend on timing.
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return !free_.empty(); });
+        slot = free_.back();
+        free_.pop_back();
+      }
+      const size_t n = std::min(chunk_elems_, g.elems - b);
+      std::vector<StoreIo> ios;
+      std::vector<bool> have(K, false);
+      for (size_t k = 0; k < K; ++k) {
+        if (!opts_.states[k].write_back) continue;
+        ios.push_back(StoreIo{io::IoOp::kRead, StateKey{g.id, opts_.states[k].kind},
+                              static_cast<uint64_t>(b) * opts_.states[k].elem_bytes, slot_buffer(slot, k),
+                              span_bytes(n, k)});
+        have[k] = true;
+      }
+      if (ios.empty()) {
+        release_slot(slot, Status::ok());
+        return;
+      }
+      preloaded_.push_back(Preloaded{g.id, b, n, slot, store_->transfer(ios), now_ns(), std::move(have)});
+    }
+  }
+}
+
+bool OptimizerSwapper::fill_preloaded(uint64_t id, size_t begin, size_t state, const void* src, size_t n) {
+  if (state >= opts_.states.size()) return false;
+  for (Preloaded& p : preloaded_) {
+    if (p.group != id || p.begin != begin) continue;
+    if (p.n != n || p.have[state]) return false;
+    const size_t bytes = n * opts_.states[state].elem_bytes, span = span_bytes(n, state);
+    char* buf = slot_buffer(p.slot, state);  // not one the preload is reading into
+    memcpy(buf, src, bytes);
+    memset(buf + bytes, 0, span - bytes);
+    p.have[state] = true;
+    return true;
+  }
+  return false;
+}
+
+Status OptimizerSwapper::release_preloaded(Preloaded& p) {
+  Status s = p.h->wait();
+  // A state handed over by fill_preloaded() exists nowhere else: written home first.
+  for (size_t k = 0; k < opts_.states.size(); ++k) {
+    if (!p.have[k] || opts_.states[k].write_back) continue;
+    Status w = store_
+                   ->write(StateKey{p.group, opts_.states[k].kind},
+                           static_cast<uint64_t>(p.begin) * opts_.states[k].elem_bytes,
+                           slot_buffer(p.slot, k), span_bytes(p.n, k))
+                   ->wait();
+    if (!w.is_ok() && s.is_ok())
+      s = w.with_context("writing optimizer state chunk " + std::to_string(p.group) + "@" +
+                         std::to_string(p.begin));
+  }
+  release_slot(p.slot, Status::ok());
+  return s;
+}
+
+Status OptimizerSwapper::drop_preloaded() {
+  std::vector<Preloaded> pre = std::move(preloaded_);
+  preloaded_.clear();
+  Status s;
+  for (Preloaded& p : pre) {
+    Status r = release_preloaded(p);
+    if (s.is_ok() && !r.is_ok()) s = std::move(r);
+  }
+  return s;
 }
 
 Status OptimizerSwapper::write_state(uint64_t id, size_t state, const void* src, size_t begin, size_t n) {
@@ -280,6 +364,7 @@ Status OptimizerSwapper::step(const ChunkUpdate& update, bool write_all) {
     size_t slot;
     io::IoHandle h;
     uint64_t t0;
+    io::IoHandle rest = nullptr;  // a preloaded chunk: the states it did not have
   };
   std::deque<Read> reads;
   size_t next_read = 0;
@@ -287,6 +372,33 @@ Status OptimizerSwapper::step(const ChunkUpdate& update, bool write_all) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     write_err_ = Status::ok();
+  }
+  // The chunks preload() started: the first ones in order, each with the states it lacks (the
+  // gradient, unless it was filled) read now.
+  {
+    std::vector<Preloaded> pre = std::move(preloaded_);
+    preloaded_.clear();
+    size_t np = 0;
+    while (np < pre.size() && np < chunks.size() && chunks[np].g->id == pre[np].group &&
+           chunks[np].begin == pre[np].begin && chunks[np].n == pre[np].n)
+      ++np;
+    for (size_t i = np; i < pre.size(); ++i) {  // not in this step's order (not expected): dropped
+      Status r = release_preloaded(pre[i]);
+      if (err.is_ok() && !r.is_ok()) err = std::move(r);
+    }
+    for (size_t i = 0; i < np; ++i) {
+      const Preloaded& p = pre[i];
+      std::vector<StoreIo> ios;
+      for (size_t k = 0; k < K; ++k) {
+        stats_.bytes_read += p.have[k] && !opts_.states[k].write_back ? 0 : span_bytes(p.n, k);
+        if (p.have[k]) continue;
+        ios.push_back(StoreIo{io::IoOp::kRead, StateKey{p.group, opts_.states[k].kind},
+                              static_cast<uint64_t>(p.begin) * opts_.states[k].elem_bytes,
+                              slot_buffer(p.slot, k), span_bytes(p.n, k)});
+      }
+      reads.push_back(Read{p.slot, p.h, p.t0, ios.empty() ? nullptr : store_->transfer(ios)});
+    }
+    next_read = np;
   }
 
   auto take_slot = [&](bool wait, size_t* slot) {
@@ -324,6 +436,10 @@ Status OptimizerSwapper::step(const ChunkUpdate& update, bool write_all) {
     const Chunk& c = chunks[ci];
     uint64_t tw = now_ns();
     Status s = r.h->wait();
+    if (r.rest) {
+      Status s2 = r.rest->wait();
+      if (s.is_ok()) s = std::move(s2);
+    }
     uint64_t tr = now_ns();
     stats_.io_wait_ns += tr - tw;
     if (tracing())
@@ -375,6 +491,7 @@ Status OptimizerSwapper::step(const ChunkUpdate& update, bool write_all) {
   // Nothing stays in flight: wait for the reads issued ahead and for every write-back.
   for (auto& r : reads) {
     (void)r.h->wait();
+    if (r.rest) (void)r.rest->wait();
     give_slot(r.slot);
   }
   {

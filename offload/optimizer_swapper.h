@@ -74,6 +74,22 @@ class OptimizerSwapper {
   Status write_state_async(uint64_t id, size_t state, const void* src, size_t begin, size_t n);
   Status wait_async_writes();
 
+  // The next step's first chunks, early (during the backward that produces their gradients):
+  // starts reading the written-back states (not the read-only ones: the gradient) of up to
+  // `max_slots` chunks in step order into slots (waiting for those the asynchronous writes hold;
+  // keep one for the transfers that follow: max_slots < slots()). step() consumes
+  // them first. A write of any state through write_state, or of a written-back state through
+  // write_state_async, drops them (they would be stale); so does drop_preloaded().
+  void preload(size_t max_slots);
+  // Hands a preloaded chunk's read-only state over from memory: n elements of `state` of chunk
+  // (id, begin) into its slot, so step() does not read it from NVMe. False (nothing done) when
+  // that chunk is not preloaded.
+  bool fill_preloaded(uint64_t id, size_t begin, size_t state, const void* src, size_t n);
+  // Waits for the preloaded chunks' reads, writes home the states fill_preloaded() handed over
+  // (they exist nowhere else), and gives their slots back; the first error.
+  Status drop_preloaded();
+  size_t preloaded() const { return preloaded_.size(); }
+
   // One pass over every group in registration order. The first error (I/O or from `update`)
   // stops the pass; it returns once nothing is in flight, with every buffer back in the pool.
   // write_all: also write back the read-only states (to initialise them chunk by chunk).
@@ -112,8 +128,19 @@ class OptimizerSwapper {
   std::condition_variable cv_;
   std::vector<size_t> free_;  // free slots, guarded by mu_
   Status write_err_;          // first write-back error of the current step, guarded by mu_
-  size_t async_writes_ = 0;   // write_state_async() writes in flight, guarded by mu_
-  Status async_err_;          // the first of their errors since the last wait, guarded by mu_
+  // Chunks read ahead of step() by preload(), in step order from the first (touched by the
+  // caller's thread between steps and by step(), never at once).
+  struct Preloaded {
+    uint64_t group;
+    size_t begin, n, slot;
+    io::IoHandle h;
+    uint64_t t0;
+    std::vector<bool> have;  // per state: in the slot (read, or filled)
+  };
+  std::vector<Preloaded> preloaded_;
+  Status release_preloaded(Preloaded& p);
+  size_t async_writes_ = 0;  // write_state_async() writes in flight, guarded by mu_
+  Status async_err_;         // the first of their errors since the last wait, guarded by mu_
 };
 
 }  // namespace zoe::offload

@@ -190,6 +190,19 @@ StepCost estimate_step(const config::Config& cfg, const zero::Placement& pl, con
   const uint64_t slots = std::max<uint64_t>(pl.swap_buffer_count / 4, 3);
   const double swap_r = nvme_rate(false, chunk_bytes, (slots - 2) * 4);
   const double swap_w = nvme_rate(true, chunk_bytes, 3);
+  // The swapper reads the next update's first chunks (up to all its slots but one, in step
+  // order) during the last micro-batch's backward, and those chunks' gradients go straight into
+  // its slots: per module, the elements of its preloaded chunks.
+  std::vector<uint64_t> pre(pl.modules.size(), 0);
+  {
+    uint64_t left = pl.swapper ? slots - 1 : 0;
+    const uint64_t chunk = std::max<size_t>(pl.swap_chunk_elems, 1);
+    for (size_t i = 0; i < pl.modules.size() && left > 0; ++i) {
+      if (pl.modules[i].opt_home != Home::kNvme) continue;
+      for (uint64_t b = 0; b < pl.modules[i].opt_n && left > 0; b += chunk, --left)
+        pre[i] += std::min<uint64_t>(chunk, pl.modules[i].opt_n - b);
+    }
+  }
   // The gradient accumulator on NVMe: a synchronous read of one chunk at a time; writes behind
   // the caller, up to the swapper's slots in flight.
   const double acc_r = nvme_rate(false, chunk_bytes, 1), acc_w = nvme_rate(true, chunk_bytes, slots);
@@ -326,11 +339,21 @@ StepCost estimate_step(const config::Config& cfg, const zero::Placement& pl, con
       B.network += red;
       // The running sums of NVMe-resident states are written behind the backward (the swapper's
       // slots in flight); their read-back (below) is synchronous.
-      for (const auto& m : pl.modules) {
-        if (m.opt_home == Home::kNvme) g.add(Resource::kNvme, static_cast<double>(m.opt_n * 4) / acc_w);
+      // In the last micro-batch, the preloaded chunks' sums are not written, and their master and
+      // moments are read under this backward.
+      const bool last = j == micro - 1;
+      for (size_t i = 0; i < pl.modules.size(); ++i) {
+        const auto& m = pl.modules[i];
+        if (m.opt_home != Home::kNvme) continue;
+        g.add(Resource::kNvme, static_cast<double>((m.opt_n - (last ? pre[i] : 0)) * 4) / acc_w);
+        if (last && pre[i] > 0) {
+          B.nvme_read += pre[i] * (4 + 2 * sb);
+          g.add(Resource::kNvme, static_cast<double>(pre[i] * (4 + 2 * sb)) / swap_r);
+        }
       }
       path.overlap(g);
-      for (const auto& m : pl.modules) {
+      for (size_t i = 0; i < pl.modules.size(); ++i) {
+        const auto& m = pl.modules[i];
         const uint64_t n = m.opt_n, touched = n * (es + 8);  // read the gradient, read/write the fp32 sum
         if (m.opt_home == Home::kDevice) {
           B.device_optimizer += touched;
@@ -344,7 +367,7 @@ StepCost estimate_step(const config::Config& cfg, const zero::Placement& pl, con
         B.cpu_optimizer += touched;
         path.serial(Resource::kCpu, static_cast<double>(touched) / cpu);
         if (m.opt_home == Home::kNvme) {  // the running sum on NVMe: read it back (not the first), write it
-          const uint64_t rd = j > 0 ? n * 4 : 0, wr = n * 4;
+          const uint64_t rd = j > 0 ? n * 4 : 0, wr = (n - (j == micro - 1 ? pre[i] : 0)) * 4;
           B.nvme_read += rd;
           B.nvme_write += wr;
           path.serial(Resource::kNvme, static_cast<double>(rd) / acc_r);
@@ -411,20 +434,23 @@ StepCost estimate_step(const config::Config& cfg, const zero::Placement& pl, con
       const auto& m = pl.modules[mi];
       if (m.opt_home != Home::kNvme) continue;
       elems += m.opt_n;
-      rd += m.opt_n * (4 + 2 * sb + 4);
+      rd +=
+          (m.opt_n - pre[mi]) * (4 + 2 * sb + 4);  // the preloaded: read during the backward, gradient given
       wr += m.opt_n * (4 + 2 * sb);
       B.cpu_optimizer += m.opt_n * adam_elem;
       g.add(Resource::kCpu, static_cast<double>(m.opt_n * adam_elem) / cpu);
       write_out(m, &g);
     }
-    if (rd) {
+    if (wr) {
       B.nvme_read += rd;
       B.nvme_write += wr;
       g.add(Resource::kNvme, static_cast<double>(rd) / swap_r + static_cast<double>(wr) / swap_w);
-      // Filling the pipeline: the first chunk is read before any update starts.
+      // Filling the pipeline: the first chunk is read before any update starts (unless it was
+      // read ahead).
       const double chunk =
           static_cast<double>(std::min<uint64_t>(pl.swap_chunk_elems, elems)) * (4 + 2 * sb + 4);
-      path.serial(Resource::kNvme, chunk / swap_r);
+      if (pre.empty() || std::all_of(pre.begin(), pre.end(), [](uint64_t e) { return e == 0; }))
+        path.serial(Resource::kNvme, chunk / swap_r);
       path.overlap(g);
     }
   }

@@ -75,6 +75,15 @@ Status Engine::Impl::accumulate_grads(size_t m, const void* src) {
     const size_t chunk = swapper->chunk_elems();
     ZOE_CHECK(chunk % optim::kChunkElems == 0);
     grad_stage.resize(chunk);
+    // The step's last micro-batch: the sums are final. The swapper starts reading the next
+    // update's first chunks now (their master and moments do not depend on this backward),
+    // keeping one slot for the transfers below, and those chunks' sums go straight into its
+    // slots instead of a round trip through NVMe.
+    const bool last = mod.acc_count + 1 >= std::max<int64_t>(1, cfg->gradient_accumulation_steps);
+    if (last && !preload_started) {
+      preload_started = true;
+      swapper->preload(swapper->slots() - 1);
+    }
     for (size_t b = 0; b < mod.opt_n; b += chunk) {
       const size_t n = std::min(chunk, mod.opt_n - b);
       if (!first) ZOE_RETURN_IF_ERROR(swapper->read_state(m, kGradState, grad_stage.data(), b, n));
@@ -82,6 +91,7 @@ Status Engine::Impl::accumulate_grads(size_t m, const void* src) {
                            host_view(static_cast<const char*>(src) + b * esize(), n * esize()));
       ZOE_RETURN_IF_ERROR(optim::accumulate_with_norm(grad_stage.data(), h, cdt, n, first,
                                                       mod.norm_parts.data() + b / optim::kChunkElems, exec));
+      if (last && swapper->fill_preloaded(m, b, kGradState, grad_stage.data(), n)) continue;
       // Written behind the backward (the swapper copies the chunk; at most its slots in flight):
       // the next read of a sum and the step wait for these writes and report their errors.
       ZOE_RETURN_IF_ERROR(swapper->write_state_async(m, kGradState, grad_stage.data(), b, n));

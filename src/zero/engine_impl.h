@@ -147,6 +147,9 @@ struct Engine::Impl {
   std::vector<io::AlignedBuffer> host_bufs;  // cpu-offloaded optimizer states and gradients
   uint64_t host_bytes = 0;
   std::vector<float> grad_stage;  // one swapper chunk: NVMe gradient accumulation goes through it
+  // This step's last micro-batch has begun accumulating: the swapper is reading the next update's
+  // first chunks (preload), and their gradients go straight into its slots.
+  bool preload_started = false;
 
   zero::Placement placement;  // what initialize() executed
   std::vector<Module> modules;

@@ -248,8 +248,11 @@ Result<StepStats> Engine::step() {
   StepStats st;
   st.grad_norm = sc.grad_norm;
   st.lr = I.cfg->lr_at(I.steps + 1);
+  I.preload_started = false;
   if (sc.overflow) {
     st.skipped = true;
+    // No update reads them: the chunks read ahead (and the gradients handed to them) go.
+    if (I.swapper) ZOE_RETURN_IF_ERROR_CTX(I.swapper->drop_preloaded(), "dropping the chunks read ahead");
   } else {
     I.steps++;
     // 3. AdamW over every module's owned range: behind the caller's next forward when the

@@ -18,6 +18,7 @@ struct MlpSpec {
   int batch = 4;  // samples per rank per step
   float lr = 1e-2f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, wd = 0.01f;
   double clip = 0.0;
+  int no_grads_at = -1;  // engine_train: at this step, the first layer produces no gradients
 };
 
 // Deterministic data: sample s of the global batch at step k.
@@ -226,6 +227,7 @@ inline Status engine_train(Engine& e, const MlpSpec& s, int rank, int world, int
       mlp_grads(s, L, xs, ts, &g);
       const float scale = static_cast<float>(e.loss_scale());
       for (int l = s.layers - 1; l >= 0; --l) {
+        if (k == s.no_grads_at && l == 0) continue;  // a frozen module: the engine zeroes its gradients
         auto p = e.fetch(static_cast<size_t>(l));
         if (!p.is_ok()) return p.status();
         auto gb = e.grads(static_cast<size_t>(l));
