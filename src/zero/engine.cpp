@@ -254,7 +254,7 @@ Engine::~Engine() {
   for (auto& mod : impl_->modules) {
     if (mod.gather_pending) (void)mod.gather.wait();
   }
-  if (impl_->writeback_pending) (void)impl_->last_writeback.wait();
+  impl_->wait_writebacks();
   impl_->swapper.reset();
   impl_->tm.reset();
   impl_->free_device_memory();

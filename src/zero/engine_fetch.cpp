@@ -50,15 +50,15 @@ Status Engine::Impl::unpin_owned(size_t m, double* t_io_acc) {
   if (param_off != OffloadDevice::kNvme) return Status::ok();
   // Write back the host copy and keep it, clean: the next fetch into the device copies from it
   // instead of reading NVMe, as long as the tier's host budget (offload_param.max_in_cpu) keeps
-  // it. At most one write-back is in flight behind the update. (A failed write-back keeps its
-  // dirty copy; the tier manager's drain() at the end of the step reports it.)
-  if (writeback_pending) {
+  // it; that budget also bounds what the write-backs in flight hold. (A failed write-back keeps
+  // its dirty copy; the tier manager's drain() at the end of the step reports it.)
+  if (writebacks.size() >= kMaxWritebacks) {
     uint64_t t0 = now_ns();
-    (void)last_writeback.wait();
+    (void)writebacks.front().wait();
+    writebacks.pop_front();
     *t_io_acc += static_cast<double>(now_ns() - t0) * 1e-9;
   }
-  last_writeback = tm->clean(m, Tier::kHost);
-  writeback_pending = true;
+  writebacks.push_back(tm->clean(m, Tier::kHost));
   return Status::ok();
 }
 

@@ -161,9 +161,15 @@ struct Engine::Impl {
   bool recording = true;
   size_t cursor = 0;
   size_t live_elems = 0;
-  size_t gather_window = 0;            // elements of gathered modules prefetch may queue ahead of use
-  offload::MoveHandle last_writeback;  // the step's previous NVMe partition write-back
-  bool writeback_pending = false;
+  size_t gather_window = 0;  // elements of gathered modules prefetch may queue ahead of use
+  // The step's NVMe partition write-backs in flight (at most kMaxWritebacks; the tier manager's
+  // host budget bounds the memory they hold).
+  static constexpr size_t kMaxWritebacks = 4;
+  std::deque<offload::MoveHandle> writebacks;
+  void wait_writebacks() {
+    for (auto& h : writebacks) (void)h.wait();  // a failure keeps its dirty copy: drain() reports it
+    writebacks.clear();
+  }
 
   // An asynchronous checkpoint: written by save_thread, committed by finish_save().
   struct AsyncSave {

@@ -139,10 +139,7 @@ Status run_update(Engine::Impl& I, ChunkUpdater& update, double* t_io) {
     if (s.is_ok()) s = cs;
   }
   for (size_t m = 0; m < I.modules.size(); ++m) (void)close_out(m);  // after an error
-  if (I.writeback_pending) {
-    (void)I.last_writeback.wait();
-    I.writeback_pending = false;
-  }
+  I.wait_writebacks();
   if (I.tm) {
     Status ds = I.tm->drain();
     if (s.is_ok()) s = ds;
