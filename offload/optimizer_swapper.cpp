@@ -41,11 +41,14 @@ Result<std::unique_ptr<OptimizerSwapper>> OptimizerSwapper::create(SwapStore* st
         opts.buffer_bytes, max_elem);
   }
   if (!store) return sw;  // host mode: same chunks, no buffers, no I/O
-  ZOE_ASSIGN_OR_RETURN(sw->pool_,
-                       io::BufferPool::create(opts.buffer_bytes, sw->slots_ * opts.states.size(), opts.pin));
+  ZOE_ASSIGN_OR_RETURN(
+      sw->pool_, io::BufferPool::create(opts.buffer_bytes,
+                                        sw->slots_ * opts.states.size() + kAsyncWriteBuffers, opts.pin));
   iovec v{sw->pool_->base(), sw->pool_->total_bytes()};
   (void)store->engine().register_buffers({&v, 1});  // optional: fixed buffers
   for (size_t s = 0; s < sw->slots_; ++s) sw->free_.push_back(s);
+  for (size_t b = 0; b < kAsyncWriteBuffers; ++b)
+    sw->async_free_.push_back(sw->slots_ * opts.states.size() + b);
   return sw;
 }
 
@@ -196,15 +199,15 @@ Status OptimizerSwapper::write_state_async(uint64_t id, size_t state, const void
   }
   if (opts_.states[state].write_back)
     ZOE_RETURN_IF_ERROR(drop_preloaded());  // a preloaded copy would be stale
-  size_t slot;
+  size_t index;
   {
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return !free_.empty(); });
-    slot = free_.back();
-    free_.pop_back();
+    cv_.wait(lock, [&] { return !async_free_.empty(); });
+    index = async_free_.back();
+    async_free_.pop_back();
     async_writes_++;
   }
-  char* buf = slot_buffer(slot, state);
+  char* buf = pool_->buffer(index);
   const size_t bytes = n * eb, span = span_bytes(n, state);
   memcpy(buf, src, bytes);
   memset(buf + bytes, 0, span - bytes);
@@ -213,14 +216,14 @@ Status OptimizerSwapper::write_state_async(uint64_t id, size_t state, const void
   // The callback touches only members (the destructor waits for it); it runs on the I/O
   // engine's completion path and takes mu_ only to give the slot back.
   store_->write(key, static_cast<uint64_t>(begin) * eb, buf, span,
-                [this, slot, id, begin, t0](io::IoCompletion& done) {
+                [this, index, id, begin, t0](io::IoCompletion& done) {
                   const std::string what = std::to_string(id) + "@" + std::to_string(begin);
                   if (tracing())
                     opts_.trace->record("write " + what, "host->nvme", t0, now_ns(), 0, kLaneOptWrite);
                   std::lock_guard<std::mutex> lock(mu_);
                   if (!done.status().is_ok() && async_err_.is_ok())
                     async_err_ = done.status().with_context("writing optimizer state chunk " + what);
-                  free_.push_back(slot);
+                  async_free_.push_back(index);
                   async_writes_--;
                   cv_.notify_all();
                 });

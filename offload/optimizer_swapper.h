@@ -18,6 +18,9 @@
 
 namespace zoe::offload {
 
+// Buffers of write_state_async(), beside the slots' (so reading ahead never starves them).
+inline constexpr size_t kAsyncWriteBuffers = 2;
+
 struct SwappedState {
   StateKind kind = StateKind::kOther;
   uint32_t elem_bytes = 4;  // 4 for fp32, 2 for bf16/fp16
@@ -67,7 +70,8 @@ class OptimizerSwapper {
   Status read_state(uint64_t id, size_t state, void* dst, size_t begin = 0, size_t n = SIZE_MAX);
   // Starts writing one chunk of a state, elements [begin, begin + n) (begin on a chunk boundary,
   // n = chunk_elems() unless the range reaches the group's end), and returns once src is copied
-  // into a slot's buffer: the write completes in the background, at most slots() at once.
+  // into one of its kAsyncWriteBuffers buffers: the write completes in the background, that many
+  // at once.
   // read_state and write_state first wait for every write started so and fail with the first
   // one's error (which stays); wait_async_writes() and step() wait, report it and clear it; the
   // destructor waits too.
@@ -139,8 +143,9 @@ class OptimizerSwapper {
   };
   std::vector<Preloaded> preloaded_;
   Status release_preloaded(Preloaded& p);
-  size_t async_writes_ = 0;  // write_state_async() writes in flight, guarded by mu_
-  Status async_err_;         // the first of their errors since the last wait, guarded by mu_
+  size_t async_writes_ = 0;         // write_state_async() writes in flight, guarded by mu_
+  std::vector<size_t> async_free_;  // its free buffers (pool indices after the slots'), guarded by mu_
+  Status async_err_;                // the first of their errors since the last wait, guarded by mu_
 };
 
 }  // namespace zoe::offload

@@ -204,8 +204,8 @@ StepCost estimate_step(const config::Config& cfg, const zero::Placement& pl, con
     }
   }
   // The gradient accumulator on NVMe: a synchronous read of one chunk at a time; writes behind
-  // the caller, up to the swapper's slots in flight.
-  const double acc_r = nvme_rate(false, chunk_bytes, 1), acc_w = nvme_rate(true, chunk_bytes, slots);
+  // the caller, up to the swapper's two write buffers in flight.
+  const double acc_r = nvme_rate(false, chunk_bytes, 1), acc_w = nvme_rate(true, chunk_bytes, 2);
   const double pcie = rates.h2d_gbps * gb, cpu = rates.cpu_adam_gbps * gb / per_node;
   const double net = (topo.nodes > 1 ? rates.net_gbps : rates.intra_gbps) * gb;
   const double hbm = rates.device_mem_gbps * gb;
@@ -338,7 +338,7 @@ StepCost estimate_step(const config::Config& cfg, const zero::Placement& pl, con
       }
       B.network += red;
       // The running sums of NVMe-resident states are written behind the backward (the swapper's
-      // slots in flight); their read-back (below) is synchronous.
+      // two write buffers in flight); their read-back (below) is synchronous.
       // In the last micro-batch, the preloaded chunks' sums are not written, and their master and
       // moments are read under this backward.
       const bool last = j == micro - 1;

@@ -92,7 +92,7 @@ Status Engine::Impl::accumulate_grads(size_t m, const void* src) {
       ZOE_RETURN_IF_ERROR(optim::accumulate_with_norm(grad_stage.data(), h, cdt, n, first,
                                                       mod.norm_parts.data() + b / optim::kChunkElems, exec));
       if (last && swapper->fill_preloaded(m, b, kGradState, grad_stage.data(), n)) continue;
-      // Written behind the backward (the swapper copies the chunk; at most its slots in flight):
+      // Written behind the backward (the swapper copies the chunk; at most its two write buffers in flight):
       // the next read of a sum and the step wait for these writes and report their errors.
       ZOE_RETURN_IF_ERROR(swapper->write_state_async(m, kGradState, grad_stage.data(), b, n));
     }

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "core/units.h"
+#include "offload/optimizer_swapper.h"
 #include "optim/adam.h"
 
 namespace zoe::zero {
@@ -239,7 +240,8 @@ Result<Placement> plan_placement(const config::Config& cfg, const std::vector<Mo
     const int64_t asked = std::max<int64_t>(1, cfg.zero.offload_optimizer.buffer_count);
     pl.swap_buffer_count =
         std::max<size_t>(static_cast<size_t>(std::min<int64_t>(asked, 1 << 20)), 3 * kStates);
-    pl.resident.host += u64(pl.swap_buffer_bytes) * (pl.swap_buffer_count / kStates * kStates);
+    pl.resident.host +=
+        u64(pl.swap_buffer_bytes) * (pl.swap_buffer_count / kStates * kStates + offload::kAsyncWriteBuffers);
   }
 
   // 6. Peaks. Device: what is resident, the tier manager's share beyond the homes it already
