@@ -140,6 +140,7 @@ void ResidencyTable::begin_writeback(Item& it, Tier t) {
 void ResidencyTable::finish_writeback(Copy& c, bool written) {
   ZOE_CHECK(c.state == Residency::kWriting);
   c.state = written ? Residency::kResident : Residency::kDirty;
+  c.dropping = false;
 }
 
 void ResidencyTable::clear(Copy& c) {
@@ -148,6 +149,7 @@ void ResidencyTable::clear(Copy& c) {
   c.state = Residency::kAbsent;
   c.pins = 0;
   c.stale = false;
+  c.dropping = false;
   c.move.reset();
 }
 

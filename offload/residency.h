@@ -33,6 +33,7 @@ struct Copy {
   uint32_t pins = 0;
   uint64_t last_use = 0;                    // the table's LRU clock at the latest use
   bool stale = false;                       // a newer write happened elsewhere while this copy was loading
+  bool dropping = false;                    // writing: the copy goes once written (else it stays, clean)
   std::shared_ptr<MoveHandle::State> move;  // while loading or writing
   bool present() const { return state == Residency::kResident || state == Residency::kDirty; }
   bool moving() const { return state == Residency::kLoading || state == Residency::kWriting; }

@@ -168,6 +168,7 @@ void TierManager::finish_move(const Move& m, Status st) {
 
 void TierManager::start_writeback_locked(Item* it, Tier tier, bool drop) {
   ResidencyTable::begin_writeback(*it, tier);
+  it->at(tier).dropping = drop;
   if (drop) budget_.add_pending(tier, it->alloc);
   in_flight_++;
   Move m{it, tier, drop ? MoveKind::kWriteDrop : MoveKind::kWriteKeep};
@@ -210,15 +211,18 @@ bool TierManager::start_load_locked(std::unique_lock<std::mutex>& lock, Item* it
       start_move_locked(m, at);
       return true;
     }
-    // Into the device: from a host copy when there is one, else from NVMe through staging.
+    // Into the device: from a host copy when there is one, else from NVMe through staging. A
+    // host copy being written home and kept (clean()) is a source too: both only read it, and
+    // the load's pin keeps it until the load ends.
     Copy& h = it->at(Tier::kHost);
-    if (it->home == Tier::kNvme && h.moving()) {
+    const bool written_and_kept = h.state == Residency::kWriting && !h.dropping;
+    if (it->home == Tier::kNvme && h.moving() && !written_and_kept) {
       if (!may_wait) return false;
       wait_locked(lock);
       continue;
     }
     at.device = ptr;
-    if (h.present()) {
+    if (h.present() || written_and_kept) {
       m.link = Link::kHostToDevice;
       m.src = Tier::kHost;
       at.host = static_cast<char*>(h.ptr);

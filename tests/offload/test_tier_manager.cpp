@@ -212,6 +212,63 @@ TEST(TierManager, CleanWritesBackAndKeepsAHostCacheThatFeedsTheDevice) {
   EXPECT_TRUE(tm.clean(99, Tier::kHost).wait().status().code() == StatusCode::kNotFound);
 }
 
+TEST(TierManager, ADeviceLoadCopiesFromAHostCopyBeingWrittenHome) {
+  // clean() keeps the host copy: while its write to NVMe is still in flight (its completion held
+  // back), a fetch into the device copies from it, without waiting for the write and without
+  // reading NVMe. The write then ends and the copy stays, clean. An evict() (a write that drops
+  // the copy) is not a source: that fetch waits and reads what was written.
+  Rig r;
+  ASSERT_TRUE(r.init(8 * MiB, 16 * MiB));
+  TierManager& tm = *r.tm;
+  const size_t n = 300 * KiB;
+  auto a = random_bytes(n, 51);
+  ASSERT_TRUE(tm.add_item(1, n, Tier::kNvme).is_ok());
+  auto hp = tm.fetch(1, Tier::kHost).wait();
+  ASSERT_TRUE(hp.is_ok());
+  memcpy(hp.value(), a.data(), n);
+  tm.unpin(1, Tier::kHost, /*dirty=*/true);
+  std::mutex mu;
+  std::condition_variable cv;
+  bool holding = false, released = false;
+  r.faults.set_completion_hook([&](io::IoOp op) {
+    std::unique_lock<std::mutex> lock(mu);
+    if (op != io::IoOp::kWrite || released) return;
+    holding = true;
+    cv.notify_all();
+    cv.wait(lock, [&] { return released; });
+  });
+  MoveHandle w = tm.clean(1, Tier::kHost);
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(10), [&] { return holding; }));
+  }
+  EXPECT_EQ(tm.residency(1, Tier::kHost), Residency::kWriting);
+  const uint64_t nvme_reads = tm.stats().nvme_to_device.bytes;
+  auto dev = std::async(std::launch::async, [&] { return tm.fetch(1, Tier::kDevice).wait(); });
+  const bool loaded = dev.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    released = true;
+  }
+  cv.notify_all();
+  ASSERT_TRUE(loaded) << "the device load waited for the write home";
+  auto dp = dev.get();
+  ASSERT_TRUE(dp.is_ok()) << dp.status().to_string();
+  std::vector<unsigned char> got(n);
+  ASSERT_TRUE(r.device->copy_to_host(got.data(), dp.value(), n).is_ok());
+  EXPECT_EQ(first_mismatch(got.data(), a.data(), n), -1);
+  EXPECT_EQ(tm.stats().nvme_to_device.bytes, nvme_reads);
+  tm.unpin(1, Tier::kDevice);
+  ASSERT_TRUE(w.wait().is_ok());
+  r.faults.set_completion_hook({});
+  EXPECT_EQ(tm.residency(1, Tier::kHost), Residency::kResident);
+  std::vector<unsigned char> home(n);
+  ASSERT_TRUE(tm.evict(1, Tier::kDevice).wait().is_ok());
+  ASSERT_TRUE(tm.evict(1, Tier::kHost).wait().is_ok());
+  ASSERT_TRUE(tm.read(1, home.data()).is_ok());
+  EXPECT_EQ(first_mismatch(home.data(), a.data(), n), -1);
+}
+
 TEST(TierManager, CoherenceAcrossHostAndDevice) {
   Rig r;
   ASSERT_TRUE(r.init(4 * MiB, 16 * MiB));
