@@ -196,7 +196,7 @@ Result<std::vector<Candidate>> search(const plan::PlanInputs& in, bool fixed_mic
       const int64_t one_queued = 2 * static_cast<int64_t>(r.largest_gathered);
       vary(stage3 && one_queued > 0 && one_queued < base.max_live, &Knobs::max_live, {one_queued});
       vary(opt_nvme, &Knobs::sub_group, {262144});
-      vary(opt_nvme, &Knobs::opt_buffers, {24});
+      vary(opt_nvme, &Knobs::opt_buffers, {24, 36});
       vary(param_nvme, &Knobs::param_buffers, {9});
       vary(param_nvme, &Knobs::param_buffer_size, {524288});
       vary(param_nvme, &Knobs::max_in_cpu, {0});
