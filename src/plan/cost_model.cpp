@@ -53,19 +53,6 @@ struct Path {
     }
     crit[win] += g.t[win];
   }
-  // A group that runs behind `hide_s` seconds of compute already on the path (the overlapped
-  // update behind the next forward): its NVMe time hides under that compute; its other
-  // resources (the CPU's, shared with the compute on zoe's CPU device) do not.
-  void overlap_behind(const Group& g, double hide_s) {
-    Group h = g;
-    h.t[static_cast<int>(Resource::kNvme)] = std::max(0.0, g.t[static_cast<int>(Resource::kNvme)] - hide_s);
-    int win = 0;
-    for (int r = 0; r < kResources; ++r) {
-      busy[r] += g.t[r];
-      if (h.t[r] > h.t[win]) win = r;
-    }
-    crit[win] += h.t[win];
-  }
 };
 
 // Which fetches of stage-3 partitions homed off the device move bytes: the tier manager keeps
@@ -442,35 +429,54 @@ StepCost estimate_step(const config::Config& cfg, const zero::Placement& pl, con
   // 1. NVMe-resident states: the swapper's pipeline (read chunk i+1, update i, write i-1).
   {
     Path::Group g;
+    std::vector<Path::Group> per(pl.modules.size());  // each module's share
     uint64_t rd = 0, wr = 0, elems = 0;
     for (size_t mi = 0; mi < pl.modules.size(); ++mi) {
       const auto& m = pl.modules[mi];
       if (m.opt_home != Home::kNvme) continue;
       elems += m.opt_n;
-      rd +=
-          (m.opt_n - pre[mi]) * (4 + 2 * sb + 4);  // the preloaded: read during the backward, gradient given
-      wr += m.opt_n * (4 + 2 * sb);
+      // The preloaded: read during the backward, their gradient given.
+      const uint64_t r = (m.opt_n - pre[mi]) * (4 + 2 * sb + 4), wb = m.opt_n * (4 + 2 * sb);
+      rd += r;
+      wr += wb;
       B.cpu_optimizer += m.opt_n * adam_elem;
-      g.add(Resource::kCpu, static_cast<double>(m.opt_n * adam_elem) / cpu);
-      write_out(m, &g);
+      per[mi].add(Resource::kCpu, static_cast<double>(m.opt_n * adam_elem) / cpu);
+      write_out(m, &per[mi]);
+      per[mi].add(Resource::kNvme, static_cast<double>(r) / swap_r + static_cast<double>(wb) / swap_w);
+      for (int k = 0; k < kResources; ++k) g.t[k] += per[mi].t[k];
     }
     if (wr) {
       B.nvme_read += rd;
       B.nvme_write += wr;
-      g.add(Resource::kNvme, static_cast<double>(rd) / swap_r + static_cast<double>(wr) / swap_w);
-      // Filling the pipeline: the first chunk is read before any update starts (unless it was
-      // read ahead).
-      const double chunk =
-          static_cast<double>(std::min<uint64_t>(pl.swap_chunk_elems, elems)) * (4 + 2 * sb + 4);
-      if (pre.empty() || std::all_of(pre.begin(), pre.end(), [](uint64_t e) { return e == 0; }))
-        path.serial(Resource::kNvme, chunk / swap_r);
-      // zoe's CPU device with zoe.overlap_step: the update runs behind the next forward (each
-      // fetch waits only for its module's update), so its NVMe traffic hides under one forward's
-      // compute.
-      if (cfg.zoe.overlap_step && dev.host_addressable)
-        path.overlap_behind(g, f_fwd / rates.flops);
-      else
+      if (cfg.zoe.overlap_step && dev.host_addressable) {
+        // zoe's CPU device with zoe.overlap_step: the update runs behind the next forward, module
+        // by module, and the forward's fetch of module m waits for m's update: a two-stage flow
+        // shop. The update of m takes max(its NVMe time, its CPU time); the forward of m its
+        // compute (2 N_m T / F) plus that CPU time (the cores are shared). What the forward
+        // waits beyond its compute is on the path.
+        double tu = 0, tf = 0, sum_f = 0, sum_c = 0;
+        for (size_t mi = 0; mi < pl.modules.size(); ++mi) {
+          const double f = f_fwd * static_cast<double>(pl.modules[mi].total) /
+                           std::max(1.0, static_cast<double>(w.params)) / rates.flops;
+          const double u = per[mi].t[static_cast<int>(Resource::kNvme)];
+          const double c = per[mi].t[static_cast<int>(Resource::kCpu)];
+          tu += std::max(u, c);
+          tf = std::max(tf, tu) + f + c;
+          sum_f += f;
+          sum_c += c;
+        }
+        for (int k = 0; k < kResources; ++k) path.busy[k] += g.t[k];
+        path.crit[static_cast<int>(Resource::kCpu)] += sum_c;
+        path.crit[static_cast<int>(Resource::kNvme)] += std::max(0.0, tf - sum_f - sum_c);
+      } else {
+        // Filling the pipeline: the first chunk is read before any update starts (unless it was
+        // read ahead).
+        const double chunk =
+            static_cast<double>(std::min<uint64_t>(pl.swap_chunk_elems, elems)) * (4 + 2 * sb + 4);
+        if (std::all_of(pre.begin(), pre.end(), [](uint64_t e) { return e == 0; }))
+          path.serial(Resource::kNvme, chunk / swap_r);
         path.overlap(g);
+      }
     }
   }
   // 2. States in host RAM (CPU Adam) or on the device (the device's kernel), module by module.
