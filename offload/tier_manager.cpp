@@ -341,12 +341,19 @@ void TierManager::prefetch(ItemId id, Tier tier) {
   if (h.ready() && !h.wait().is_ok()) stats_.prefetch_skipped++;
 }
 
-MoveHandle TierManager::evict(ItemId id, Tier tier) {
+MoveHandle TierManager::evict(ItemId id, Tier tier) { return write_home(id, tier, /*drop=*/true); }
+
+MoveHandle TierManager::clean(ItemId id, Tier tier) { return write_home(id, tier, /*drop=*/false); }
+
+// evict() (drop: the copy goes, written home first if dirty) and clean() (the copy stays; a dirty
+// one is written home and becomes clean).
+MoveHandle TierManager::write_home(ItemId id, Tier tier, bool drop) {
   std::unique_lock<std::mutex> lock(mu_);
   const auto n = static_cast<unsigned long long>(id);
   Item* it = find_locked(id);
   if (!it) return MoveHandle::completed(not_found("tier manager: no item %llu", n), nullptr);
   if (tier == it->home || tier == Tier::kNvme) {
+    if (!drop) return MoveHandle::completed(Status::ok(), nullptr);  // the home is always clean
     return MoveHandle::completed(
         invalid_argument("item %llu: the %s tier holds its home copy, which is never evicted", n,
                          tier_name(tier)),
@@ -364,48 +371,19 @@ MoveHandle TierManager::evict(ItemId id, Tier tier) {
         return MoveHandle(c.move);
       case Residency::kResident:
       case Residency::kDirty:
+        if (!drop && c.state == Residency::kResident) return MoveHandle::completed(Status::ok(), nullptr);
         if (c.pins) {
           return MoveHandle::completed(
-              invalid_argument("item %llu is pinned %u time(s) in the %s tier; unpin it before evicting", n,
-                               c.pins, tier_name(tier)),
+              invalid_argument("item %llu is pinned %u time(s) in the %s tier; unpin it before %s", n, c.pins,
+                               tier_name(tier), drop ? "evicting" : "cleaning"),
               nullptr);
         }
-        stats_.evictions++;
+        if (drop) stats_.evictions++;
         if (c.state == Residency::kResident) {
           drop_copy_locked(it, tier);
           return MoveHandle::completed(Status::ok(), nullptr);
         }
-        start_writeback_locked(it, tier, /*drop=*/true);
-        return MoveHandle(c.move);
-    }
-  }
-}
-
-MoveHandle TierManager::clean(ItemId id, Tier tier) {
-  std::unique_lock<std::mutex> lock(mu_);
-  const auto n = static_cast<unsigned long long>(id);
-  Item* it = find_locked(id);
-  if (!it) return MoveHandle::completed(not_found("tier manager: no item %llu", n), nullptr);
-  if (tier == it->home || tier == Tier::kNvme) return MoveHandle::completed(Status::ok(), nullptr);
-  for (;;) {
-    Copy& c = it->at(tier);
-    switch (c.state) {
-      case Residency::kAbsent:
-      case Residency::kResident:
-        return MoveHandle::completed(Status::ok(), nullptr);
-      case Residency::kLoading:
-        wait_locked(lock);
-        continue;
-      case Residency::kWriting:
-        return MoveHandle(c.move);
-      case Residency::kDirty:
-        if (c.pins) {
-          return MoveHandle::completed(
-              invalid_argument("item %llu is pinned %u time(s) in the %s tier; unpin it before cleaning", n,
-                               c.pins, tier_name(tier)),
-              nullptr);
-        }
-        start_writeback_locked(it, tier, /*drop=*/false);
+        start_writeback_locked(it, tier, drop);
         return MoveHandle(c.move);
     }
   }

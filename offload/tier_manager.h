@@ -138,6 +138,7 @@ class TierManager {
   // Returns false when a source is busy and may_wait is false.
   bool start_load_locked(std::unique_lock<std::mutex>& lock, Item* it, Tier tier, bool may_wait);
   MoveHandle load_locked(std::unique_lock<std::mutex>& lock, Item* it, Tier tier, bool pin, bool may_wait);
+  MoveHandle write_home(ItemId id, Tier tier, bool drop);  // evict() and clean()
   // On the poster thread: takes mu_, records the move's end in the table, budget and statistics.
   void finish_move(const Move& m, Status st);
   void wait_locked(std::unique_lock<std::mutex>& lock);
