@@ -139,9 +139,9 @@ std::vector<std::pair<int64_t, int64_t>> aio_points(const plan::PlanInputs& in) 
   std::vector<std::pair<int64_t, int64_t>> out;
   if (in.rates.aio_block_size > 0) out.emplace_back(in.rates.aio_block_size, in.rates.aio_queue_depth);
   std::vector<plan::IoPoint> pts = in.rates.io_sweep;
-  auto score = [](const plan::IoPoint& p) { return 1.0 / (1.0 / p.read_gbps + 1.0 / p.write_gbps); };
-  std::stable_sort(pts.begin(), pts.end(),
-                   [&](const plan::IoPoint& a, const plan::IoPoint& b) { return score(a) > score(b); });
+  std::stable_sort(pts.begin(), pts.end(), [](const plan::IoPoint& a, const plan::IoPoint& b) {
+    return a.read_then_write_gbps() > b.read_then_write_gbps();
+  });
   for (const plan::IoPoint& p : pts) {
     if (out.size() >= 3) break;
     if (!(p.read_gbps > 0 && p.write_gbps > 0)) continue;

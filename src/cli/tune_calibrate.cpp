@@ -81,9 +81,8 @@ Result<std::vector<plan::IoPoint>> sweep_nvme(const std::string& dir, uint64_t b
 // The sweep's point for the engine: the fastest read followed by a write of the same bytes (the
 // optimizer's swap), 1 / (1/read + 1/write).
 const plan::IoPoint& best_io_point(const std::vector<plan::IoPoint>& pts) {
-  auto score = [](const plan::IoPoint& p) { return 1.0 / (1.0 / p.read_gbps + 1.0 / p.write_gbps); };
-  return *std::max_element(pts.begin(), pts.end(), [&](const plan::IoPoint& a, const plan::IoPoint& b) {
-    return score(a) < score(b);
+  return *std::max_element(pts.begin(), pts.end(), [](const plan::IoPoint& a, const plan::IoPoint& b) {
+    return a.read_then_write_gbps() < b.read_then_write_gbps();
   });
 }
 

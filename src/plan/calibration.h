@@ -24,6 +24,8 @@ namespace zoe::plan {
 struct IoPoint {
   int64_t block_size = 0, queue_depth = 0;
   double read_gbps = 0, write_gbps = 0;
+  // GB/s of a read followed by a write of the same bytes (the optimizer's swap): how points rank.
+  double read_then_write_gbps() const { return 1.0 / (1.0 / read_gbps + 1.0 / write_gbps); }
 };
 
 struct LinkRates {
