@@ -40,14 +40,18 @@ Result<std::unique_ptr<OptimizerSwapper>> OptimizerSwapper::create(SwapStore* st
         "optimizer swapper: buffers of %zu bytes are too small for one chunk of %zu-byte elements",
         opts.buffer_bytes, max_elem);
   }
+  if (opts.async_buffers < 1 || opts.async_buffers > kMaxAsyncWriteBuffers) {
+    return invalid_argument("optimizer swapper: %zu asynchronous write buffers (1 to %zu)",
+                            opts.async_buffers, kMaxAsyncWriteBuffers);
+  }
   if (!store) return sw;  // host mode: same chunks, no buffers, no I/O
   ZOE_ASSIGN_OR_RETURN(
       sw->pool_, io::BufferPool::create(opts.buffer_bytes,
-                                        sw->slots_ * opts.states.size() + kAsyncWriteBuffers, opts.pin));
+                                        sw->slots_ * opts.states.size() + opts.async_buffers, opts.pin));
   iovec v{sw->pool_->base(), sw->pool_->total_bytes()};
   (void)store->engine().register_buffers({&v, 1});  // optional: fixed buffers
   for (size_t s = 0; s < sw->slots_; ++s) sw->free_.push_back(s);
-  for (size_t b = 0; b < kAsyncWriteBuffers; ++b)
+  for (size_t b = 0; b < opts.async_buffers; ++b)
     sw->async_free_.push_back(sw->slots_ * opts.states.size() + b);
   return sw;
 }

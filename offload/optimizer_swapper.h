@@ -18,8 +18,10 @@
 
 namespace zoe::offload {
 
-// Buffers of write_state_async(), beside the slots' (so reading ahead never starves them).
+// Buffers of write_state_async(), beside the slots' (so reading ahead never starves them): the
+// default and the most a swapper takes (SwapperOptions::async_buffers).
 inline constexpr size_t kAsyncWriteBuffers = 2;
+inline constexpr size_t kMaxAsyncWriteBuffers = 8;
 
 struct SwappedState {
   StateKind kind = StateKind::kOther;
@@ -31,6 +33,9 @@ struct SwapperOptions {
   std::vector<SwappedState> states;  // e.g. master params, m, v (written back) and gradients (read)
   size_t buffer_count = 12;          // buffers in all; a pipeline slot takes one per state
   size_t buffer_bytes = 16u << 20;   // each; a multiple of 4096
+  // Buffers of write_state_async() beyond buffer_count, in [1, kMaxAsyncWriteBuffers]: that many
+  // chunks written behind the caller before it waits.
+  size_t async_buffers = kAsyncWriteBuffers;
   io::PinMode pin = io::PinMode::kLock;
   TraceRecorder* trace = nullptr;
 };
@@ -70,8 +75,8 @@ class OptimizerSwapper {
   Status read_state(uint64_t id, size_t state, void* dst, size_t begin = 0, size_t n = SIZE_MAX);
   // Starts writing one chunk of a state, elements [begin, begin + n) (begin on a chunk boundary,
   // n = chunk_elems() unless the range reaches the group's end), and returns once src is copied
-  // into one of its kAsyncWriteBuffers buffers: the write completes in the background, that many
-  // at once.
+  // into one of its async_buffers buffers: the write completes in the background, that many at
+  // once.
   // read_state and write_state first wait for every write started so and fail with the first
   // one's error (which stays); wait_async_writes() and step() wait, report it and clear it; the
   // destructor waits too.

@@ -142,6 +142,8 @@ py::dict stats_dict(const zoe::StepStats& s) {
   d["bytes_device_to_host"] = s.bytes_device_to_host;
   d["gathers_prefetched"] = s.gathers_prefetched;
   d["gathers_on_demand"] = s.gathers_on_demand;
+  d["speculative_kept"] = s.speculative_kept;
+  d["speculative_undone"] = s.speculative_undone;
   return d;
 }
 

@@ -110,6 +110,9 @@ struct StepStats {
   // Stage 3, since the previous step(): fetches whose all-gather prefetch had already queued
   // (following the recorded fetch order), and fetches that had to gather on the spot.
   uint64_t gathers_prefetched = 0, gathers_on_demand = 0;
+  // zoe.speculative_step: modules whose update ran during the backward and stood, and those whose
+  // speculative update was undone (the step clipped or overflowed, or the states were read first).
+  uint64_t speculative_kept = 0, speculative_undone = 0;
 };
 
 // Bytes in use now, per tier (not high-water marks).

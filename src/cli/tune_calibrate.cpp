@@ -2,12 +2,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -36,17 +38,24 @@ using nlohmann::json;
 
 namespace {
 
-// The I/O engine over aio block sizes x queue depths on `dir`: reads of a laid-out file, then
-// writes over it (each point: one untimed and two timed passes over `bytes`).
-Result<std::vector<plan::IoPoint>> sweep_nvme(const std::string& dir, uint64_t bytes, Progress* progress) {
+// The calibration's file at `dir`: `bytes` laid out (written once), in *ext.
+Result<std::unique_ptr<io::SwapFile>> lay_out(const std::string& dir, uint64_t bytes, io::Extent* ext,
+                                              Progress* progress) {
   io::SwapFileOptions so;
   so.dirs = {dir};
   so.name = "zoe-tune-calibrate";
   so.grow_bytes = 0;
   ZOE_ASSIGN_OR_RETURN(auto sf, io::SwapFile::create(so));
-  ZOE_ASSIGN_OR_RETURN(io::Extent ext, sf->allocate(bytes));
+  ZOE_ASSIGN_OR_RETURN(*ext, sf->allocate(bytes));
   progress->update("calibrate: laying out " + format_bytes(bytes) + " at " + dir);
-  ZOE_RETURN_IF_ERROR_CTX(io::write_pattern(*sf, ext, 0x5eed), "laying out " + dir);
+  ZOE_RETURN_IF_ERROR_CTX(io::write_pattern(*sf, *ext, 0x5eed), "laying out " + dir);
+  return std::unique_ptr<io::SwapFile>(std::move(sf));
+}
+
+// The I/O engine over aio block sizes x queue depths on the laid-out file at `dir`: reads, then
+// writes over it (each point: one untimed and two timed passes over the extent).
+Result<std::vector<plan::IoPoint>> sweep_nvme(const io::SwapFile& sf, const io::Extent& ext,
+                                              const std::string& dir, Progress* progress) {
   const size_t kBlocks[] = {256u << 10, 1u << 20, 4u << 20};
   const uint32_t kDepths[] = {4, 8, 32};
   std::vector<plan::IoPoint> pts;
@@ -59,7 +68,7 @@ Result<std::vector<plan::IoPoint>> sweep_nvme(const std::string& dir, uint64_t b
     for (size_t i = 0; i < n; ++i) {
       plan::IoPoint& p = pts[i];
       io::IoBenchConfig cfg;
-      cfg.file = sf.get();
+      cfg.file = &sf;
       cfg.extent = ext;
       cfg.loops = 2;
       cfg.warmup = 1;
@@ -86,68 +95,159 @@ const plan::IoPoint& best_io_point(const std::vector<plan::IoPoint>& pts) {
   });
 }
 
-// FLOP/s of zoe's GPT kernels on this host (what zoe's CPU device computes with): forward and
-// backward, 6 N tokens per pass, of the planned model's shape at its micro-batch (a GEMM's rate
-// depends on its shape: a small model's is far below a large one's): the whole model where it
-// is small enough, else one block of it; the "small" preset when the model has no dimensions
-// (--params).
-Result<double> measure_flops(const plan::ModelDesc& m, const plan::Workload& w, Progress* progress) {
-  const model::GptPreset* small = model::find_gpt_preset("small");
-  model::GptConfig c;
-  c.layers = small->layers;
-  c.d_model = small->d_model;
-  c.heads = small->heads;
-  c.seq = small->context;
-  c.vocab = 256;
-  int batch = 8, T = c.seq;
-  if (m.d_model > 0 && m.heads > 0 && m.context > 0) {
-    // Bounded so that calibration stays short and small: a width above 4096 is measured at 4096
-    // (the rate of wider GEMMs is no lower), at most 512 positions and 2048 tokens a pass.
-    // The whole model when its fp32 parameters and gradients take at most 2 GiB, else one block.
-    c.layers = 8.0 * static_cast<double>(m.params) <= 2.0 * (1u << 30) ? std::max(1, m.layers) : 1;
-    c.d_model = std::min(m.d_model, 4096);
-    c.heads = c.d_model == m.d_model ? m.heads : c.d_model / 128;
-    T = static_cast<int>(std::min<int64_t>({w.seq > 0 ? w.seq : m.context, m.context, 512}));
-    c.seq = T;
-    batch = static_cast<int>(std::clamp<int64_t>(w.micro_batch, 1, std::max(1, 2048 / T)));
+// zoe's GPT kernels on this host (what zoe's CPU device computes with): one forward and backward
+// pass, 6 N tokens, of the planned model's shape at its micro-batch (a GEMM's rate depends on its
+// shape: a small model's is far below a large one's): the whole model where it is small enough,
+// else one block of it; the "small" preset when the model has no dimensions (--params).
+class KernelPass {
+ public:
+  static Result<std::unique_ptr<KernelPass>> create(const plan::ModelDesc& m, const plan::Workload& w) {
+    auto kp = std::unique_ptr<KernelPass>(new KernelPass);
+    ZOE_RETURN_IF_ERROR(kp->init(m, w));
+    return kp;
   }
-  ZOE_ASSIGN_OR_RETURN(auto k, model::GptCpu::create(c, batch, T));
-  const auto mods = model::gpt_modules(c);
-  std::vector<std::vector<std::vector<float>>> p(mods.size()), g(mods.size());
-  std::vector<std::vector<const float*>> pp(mods.size());
-  std::vector<std::vector<float*>> gp(mods.size());
-  for (size_t i = 0; i < mods.size(); ++i) {
-    for (size_t t = 0; t < mods[i].params.size(); ++t) {
-      p[i].emplace_back(mods[i].params[t].numel());
-      g[i].emplace_back(mods[i].params[t].numel(), 0.0f);
-      model::gpt_init(c, 1, i, t, p[i].back().data(), p[i].back().size());
+  void run() {
+    const size_t L = static_cast<size_t>(c_.layers);
+    k_->embed_forward(tokens_.data(), pp_[0].data());
+    for (size_t l = 0; l < L; ++l) k_->block_forward(static_cast<int>(l), pp_[l + 1].data());
+    (void)k_->head_forward(pp_[L + 1].data(), pp_[0].data(), targets_.data());
+    k_->head_backward(pp_[L + 1].data(), pp_[0].data(), gp_[L + 1].data(), gp_[0].data());
+    for (size_t l = L; l-- > 0;)
+      k_->block_backward(static_cast<int>(l), pp_[l + 1].data(), gp_[l + 1].data());
+    k_->embed_backward(gp_[0].data());
+  }
+  double flops() const { return 6.0 * static_cast<double>(c_.num_params()) * batch_ * T_; }
+
+ private:
+  KernelPass() = default;
+  Status init(const plan::ModelDesc& m, const plan::Workload& w) {
+    const model::GptPreset* small = model::find_gpt_preset("small");
+    c_.layers = small->layers;
+    c_.d_model = small->d_model;
+    c_.heads = small->heads;
+    c_.seq = small->context;
+    c_.vocab = 256;
+    T_ = c_.seq;
+    if (m.d_model > 0 && m.heads > 0 && m.context > 0) {
+      // Bounded so that calibration stays short and small: a width above 4096 is measured at 4096
+      // (the rate of wider GEMMs is no lower), at most 512 positions and 2048 tokens a pass.
+      // The whole model when its fp32 parameters and gradients take at most 2 GiB, else one block.
+      c_.layers = 8.0 * static_cast<double>(m.params) <= 2.0 * (1u << 30) ? std::max(1, m.layers) : 1;
+      c_.d_model = std::min(m.d_model, 4096);
+      c_.heads = c_.d_model == m.d_model ? m.heads : c_.d_model / 128;
+      T_ = static_cast<int>(std::min<int64_t>({w.seq > 0 ? w.seq : m.context, m.context, 512}));
+      c_.seq = T_;
+      batch_ = static_cast<int>(std::clamp<int64_t>(w.micro_batch, 1, std::max(1, 2048 / T_)));
     }
-    for (auto& v : p[i]) pp[i].push_back(v.data());
-    for (auto& v : g[i]) gp[i].push_back(v.data());
+    ZOE_ASSIGN_OR_RETURN(k_, model::GptCpu::create(c_, batch_, T_));
+    const auto mods = model::gpt_modules(c_);
+    p_.resize(mods.size());
+    g_.resize(mods.size());
+    pp_.resize(mods.size());
+    gp_.resize(mods.size());
+    for (size_t i = 0; i < mods.size(); ++i) {
+      for (size_t t = 0; t < mods[i].params.size(); ++t) {
+        p_[i].emplace_back(mods[i].params[t].numel());
+        g_[i].emplace_back(mods[i].params[t].numel(), 0.0f);
+        model::gpt_init(c_, 1, i, t, p_[i].back().data(), p_[i].back().size());
+      }
+      for (auto& v : p_[i]) pp_[i].push_back(v.data());
+      for (auto& v : g_[i]) gp_[i].push_back(v.data());
+    }
+    tokens_.resize(static_cast<size_t>(batch_ * T_));
+    targets_.resize(tokens_.size());
+    for (size_t i = 0; i < tokens_.size(); ++i) {
+      tokens_[i] = static_cast<int32_t>((i * 7) % 256);
+      targets_[i] = static_cast<int32_t>((i * 7 + 1) % 256);
+    }
+    return Status::ok();
   }
-  std::vector<int32_t> tokens(static_cast<size_t>(batch * T)), targets(tokens.size());
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    tokens[i] = static_cast<int32_t>((i * 7) % 256);
-    targets[i] = static_cast<int32_t>((i * 7 + 1) % 256);
-  }
-  const size_t L = static_cast<size_t>(c.layers);
-  auto pass = [&] {
-    k->embed_forward(tokens.data(), pp[0].data());
-    for (size_t l = 0; l < L; ++l) k->block_forward(static_cast<int>(l), pp[l + 1].data());
-    (void)k->head_forward(pp[L + 1].data(), pp[0].data(), targets.data());
-    k->head_backward(pp[L + 1].data(), pp[0].data(), gp[L + 1].data(), gp[0].data());
-    for (size_t l = L; l-- > 0;) k->block_backward(static_cast<int>(l), pp[l + 1].data(), gp[l + 1].data());
-    k->embed_backward(gp[0].data());
-  };
+  model::GptConfig c_;
+  int batch_ = 8, T_ = 0;
+  std::unique_ptr<model::GptCpu> k_;
+  std::vector<std::vector<std::vector<float>>> p_, g_;
+  std::vector<std::vector<const float*>> pp_;
+  std::vector<std::vector<float*>> gp_;
+  std::vector<int32_t> tokens_, targets_;
+};
+
+// FLOP/s of zoe's GPT kernels (KernelPass): the best of three passes after a warm-up.
+Result<double> measure_flops(const plan::ModelDesc& m, const plan::Workload& w, Progress* progress) {
+  ZOE_ASSIGN_OR_RETURN(auto kp, KernelPass::create(m, w));
   progress->update("calibrate: FLOP/s of zoe's GPT kernels");
-  pass();  // warm-up
+  kp->run();  // warm-up
   double best = 1e30;
   for (int r = 0; r < 3; ++r) {
     const uint64_t t0 = now_ns();
-    pass();
+    kp->run();
     best = std::min(best, static_cast<double>(now_ns() - t0) * 1e-9);
   }
-  return 6.0 * static_cast<double>(c.num_params()) * batch * T / best;
+  return kp->flops() / best;
+}
+
+// The CPU cost of NVMe traffic on zoe's CPU device (LinkRates::nvme_cpu_gbps): zoe's GPT kernels
+// (KernelPass, about half a second of passes) alone and beside a thread streaming reads then
+// writes over the calibration file at the chosen aio point, alternately, three rounds each. The
+// cost is the median of the rounds' added seconds over the bytes the stream moved meanwhile (its
+// rate times the window). 0 when the kernels slow by under 1 % (the cost is below what this can
+// see).
+Result<double> measure_nvme_cpu(const io::SwapFile& sf, const io::Extent& ext, const plan::IoPoint& pt,
+                                const plan::ModelDesc& m, const plan::Workload& w, Progress* progress) {
+  ZOE_ASSIGN_OR_RETURN(auto kp, KernelPass::create(m, w));
+  progress->update("calibrate: the CPU cost of NVMe I/O beside zoe's GPT kernels");
+  kp->run();  // warm-up
+  uint64_t t0 = now_ns();
+  kp->run();
+  const double one = std::max(1e-6, static_cast<double>(now_ns() - t0) * 1e-9);
+  const int passes = static_cast<int>(std::clamp(std::ceil(0.5 / one), 1.0, 64.0));
+  auto window = [&] {
+    const uint64_t s = now_ns();
+    for (int i = 0; i < passes; ++i) kp->run();
+    return static_cast<double>(now_ns() - s) * 1e-9;
+  };
+  std::vector<double> added, bytes;
+  for (int round = 0; round < 3; ++round) {
+    progress->update(fmt("calibrate: the CPU cost of NVMe I/O beside zoe's GPT kernels (%d/3)", round + 1));
+    const double alone = window();
+    std::atomic<bool> stop{false};
+    uint64_t moved = 0;
+    double io_s = 0;
+    Status io_status = Status::ok();
+    std::thread io([&] {
+      for (int op = 0; !stop.load(); op ^= 1) {
+        io::IoBenchConfig cfg;
+        cfg.file = &sf;
+        cfg.extent = ext;
+        cfg.loops = 1;
+        cfg.warmup = 0;
+        cfg.stop = &stop;
+        io::IoBenchCase c{io::IoBackend::kAuto, static_cast<size_t>(pt.block_size),
+                          static_cast<uint32_t>(pt.queue_depth), op ? io::IoOp::kWrite : io::IoOp::kRead};
+        auto row = io::run_io_bench(cfg, c);
+        if (!row.is_ok()) {
+          if (!stop.load()) io_status = row.status();
+          return;
+        }
+        moved += row->bytes;
+        io_s += row->seconds;
+      }
+    });
+    const double with = window();
+    stop.store(true);
+    io.join();
+    ZOE_RETURN_IF_ERROR(io_status);
+    if (!(io_s > 0)) continue;  // no pass finished: the window was shorter than one pass
+    added.push_back(with - alone);
+    bytes.push_back(static_cast<double>(moved) / io_s * with);
+  }
+  if (added.empty()) return 0.0;
+  std::vector<size_t> order(added.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return added[a] < added[b]; });
+  const size_t med = order[order.size() / 2];
+  const double base = one * passes;
+  if (!(added[med] > 0.01 * base)) return 0.0;
+  return bytes[med] / added[med] / 1e9;
 }
 
 // What a few steps of the planned model through an in-memory engine show.
@@ -318,7 +418,10 @@ plan::LinkRates calibrate(const TuneOpts& o, const plan::PlanInputs& pre) {
     fail(invalid_argument("--calibrate-bytes %s: at least 16MiB", o.calibrate_bytes.c_str()));
   Status fits = check_steps_fit(pre, pre.work.micro_batch);  // before minutes of measuring
   if (!fits.is_ok()) fail(fits);
-  auto sweep = sweep_nvme(dir, bytes, &progress);
+  io::Extent ext;
+  auto sf = lay_out(dir, bytes, &ext, &progress);
+  if (!sf.is_ok()) fail(sf.status().with_context("calibrating NVMe reads and writes"));
+  auto sweep = sweep_nvme(**sf, ext, dir, &progress);
   if (!sweep.is_ok()) fail(sweep.status().with_context("calibrating NVMe reads and writes"));
   r.io_sweep = std::move(sweep).value();
   const plan::IoPoint& best = best_io_point(r.io_sweep);
@@ -326,6 +429,13 @@ plan::LinkRates calibrate(const TuneOpts& o, const plan::PlanInputs& pre) {
   r.nvme_write_gbps = best.write_gbps;
   r.aio_block_size = best.block_size;
   r.aio_queue_depth = best.queue_depth;
+  if (!pre.cuda) {  // zoe's CPU device: the cores the I/O takes time from are the compute's
+    auto cost = measure_nvme_cpu(**sf, ext, best, pre.model, pre.work, &progress);
+    if (!cost.is_ok()) fail(cost.status().with_context("calibrating the CPU cost of NVMe I/O"));
+    // Unseen (under 1 % of the kernels' time): an I/O rate far above the drive's, so it costs ~0.
+    r.nvme_cpu_gbps = *cost > 0 ? *cost : 1000.0;
+  }
+  sf->reset();  // the file goes before the model steps
   progress.update("calibrate: CPU Adam");
   optim::bench::Config ac;
   ac.params = size_t{16} << 20;

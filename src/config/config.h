@@ -112,6 +112,11 @@ struct ZoeConfig {
   // The optimizer update runs behind the next forward (each fetch waits only for its module's
   // update); false: step() returns after the whole update. Results are the same bits either way.
   bool overlap_step = true;
+  // The update of each module whose optimizer states are in host RAM runs during the backward, as
+  // soon as its gradients are final, as if the step will neither clip nor overflow; the step keeps
+  // it when the norm agrees and otherwise puts the saved states back and updates again. The same
+  // bits as without it.
+  bool speculative_step = false;
   bool swap_checksum = false;  // checksum every swap write, verify every read (io::SwapFileOptions)
 
   bool operator==(const ZoeConfig&) const = default;

@@ -316,6 +316,7 @@ std::vector<Field> build_table() {
   t.push_back(choice("zoe.device", ZOE_MEMBER(zoe.device), "auto", {"auto", "cpu", "cuda"}));
   t.push_back(integer("zoe.optimizer_threads", ZOE_MEMBER(zoe.optimizer_threads), 0, 0, kMaxThreads));
   t.push_back(boolean("zoe.overlap_step", ZOE_MEMBER(zoe.overlap_step), true));
+  t.push_back(boolean("zoe.speculative_step", ZOE_MEMBER(zoe.speculative_step), false));
   t.push_back(boolean("zoe.swap_checksum", ZOE_MEMBER(zoe.swap_checksum), false));
 
   // DeepSpeed keys without effect on what zoe computes.

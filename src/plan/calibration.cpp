@@ -27,7 +27,8 @@ std::vector<std::pair<const char*, double LinkRates::*>> rate_keys() {
           {"net_gbps", &LinkRates::net_gbps},
           {"intra_gbps", &LinkRates::intra_gbps},
           {"device_mem_gbps", &LinkRates::device_mem_gbps},
-          {"local_copy_gbps", &LinkRates::local_copy_gbps}};
+          {"local_copy_gbps", &LinkRates::local_copy_gbps},
+          {"nvme_cpu_gbps", &LinkRates::nvme_cpu_gbps}};
 }
 
 }  // namespace

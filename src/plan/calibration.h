@@ -9,7 +9,8 @@
 //    "cpu_adam_gbps": 20.0,                           CPU Adam, one node (all its cores)
 //    "flops": 1e14,                                   sustained FLOP/s of one rank's device
 //    "net_gbps": 12.5, "intra_gbps": 150.0,           collectives per rank: across nodes, inside one
-//    "device_mem_gbps": 1500.0}                       device memory (device-resident Adam)
+//    "device_mem_gbps": 1500.0,                       device memory (device-resident Adam)
+//    "local_copy_gbps": 10.0, "nvme_cpu_gbps": 8.0}   zoe's CPU device: its copies; its I/O's CPU cost
 #pragma once
 
 #include <string>
@@ -40,6 +41,11 @@ struct LinkRates {
   // zoe's CPU device: the engine's own copies and zeroing of device buffers (stage-3 gathers and
   // partition loads), bytes written and read over seconds, as they run beside the compute.
   double local_copy_gbps = 10.0;
+  // zoe's CPU device: NVMe bytes (read and written) moved per second of CPU time they take from
+  // the cores running the compute and the update (the I/O's submission, completion and the
+  // drive's own work on a virtual machine), measured as the slowdown of zoe's GPT kernels beside a
+  // stream of the I/O engine's reads and writes.
+  double nvme_cpu_gbps = 8.0;
   std::string host;  // where the numbers were measured (informational)
   // `zoe tune --calibrate`: the I/O engine over block_size x queue_depth on the NVMe path, and the
   // point it chose (the fastest read-then-write, 1 / (1/read + 1/write)), whose rates are

@@ -215,6 +215,11 @@ StepCost estimate_step(const config::Config& cfg, const zero::Placement& pl, con
   const double ring = world > 1 ? static_cast<double>(world - 1) / world : 0.0;  // ring: bytes sent / size
   const bool stage3 = pl.stage == 3;
   const bool copies = !dev.host_addressable;  // device memory is not host memory: staging copies
+  // zoe's CPU device: the CPU time NVMe traffic takes from the cores beside it (the compute in a
+  // forward or backward, the update in the step). Where the cores wait for the I/O (a serial
+  // read), it hides under the wait and is not counted.
+  const double nvme_cpu = dev.host_addressable ? rates.nvme_cpu_gbps * gb : 0.0;
+  auto io_cpu = [&](double bytes) { return nvme_cpu > 0 ? bytes / nvme_cpu : 0.0; };
 
   uint64_t gather_elems = 0;  // stage 3: partitioned modules, gathered at each fetch
   for (const auto& m : pl.modules) gather_elems += m.partitioned_params ? m.padded : 0;
@@ -256,7 +261,10 @@ StepCost estimate_step(const config::Config& cfg, const zero::Placement& pl, con
     } else {
       path.serial(Resource::kPcie, 2.0 * static_cast<double>(bytes) / local);
     }
-    if (part_home == Home::kNvme) g->add(Resource::kNvme, static_cast<double>(bytes - from_cache) / nvme_r);
+    if (part_home == Home::kNvme) {
+      g->add(Resource::kNvme, static_cast<double>(bytes - from_cache) / nvme_r);
+      g->add(Resource::kCompute, io_cpu(static_cast<double>(bytes - from_cache)));
+    }
   };
   // Stage 3 on the CPU device, per pass: each gather allocates and zeroes the gathered module and
   // the send buffer, copies the partition into the send buffer and the gathered module out of the
@@ -345,10 +353,20 @@ StepCost estimate_step(const config::Config& cfg, const zero::Placement& pl, con
       for (size_t i = 0; i < pl.modules.size(); ++i) {
         const auto& m = pl.modules[i];
         if (m.opt_home != Home::kNvme) continue;
-        g.add(Resource::kNvme, static_cast<double>((m.opt_n - (last ? pre[i] : 0)) * 4) / acc_w);
+        // A module's sums leave in a burst once its gradients are reduced: the chunks beyond the
+        // swapper's write buffers wait for the first ones (the backward stalls), the rest are
+        // written under the next module's backward.
+        const uint64_t sums = (m.opt_n - (last ? pre[i] : 0)) * 4;
+        const uint64_t chunks = (sums + chunk_bytes - 1) / chunk_bytes;
+        const uint64_t stalled = std::min(
+            sums, chunks > pl.swap_async_buffers ? (chunks - pl.swap_async_buffers) * chunk_bytes : 0);
+        path.serial(Resource::kNvme, static_cast<double>(stalled) / acc_w);
+        g.add(Resource::kNvme, static_cast<double>(sums - stalled) / acc_w);
+        g.add(Resource::kCompute, io_cpu(static_cast<double>(sums)));
         if (last && pre[i] > 0) {
           B.nvme_read += pre[i] * (4 + 2 * sb);
           g.add(Resource::kNvme, static_cast<double>(pre[i] * (4 + 2 * sb)) / swap_r);
+          g.add(Resource::kCompute, io_cpu(static_cast<double>(pre[i] * (4 + 2 * sb))));
         }
       }
       path.overlap(g);
@@ -424,6 +442,7 @@ StepCost estimate_step(const config::Config& cfg, const zero::Placement& pl, con
       g->add(Resource::kNvme, hit ? 0.0 : static_cast<double>(part) / part_sync_r);
       B.nvme_write += part;
       g->add(Resource::kNvme, static_cast<double>(part) / part_sync_w);
+      g->add(Resource::kCpu, io_cpu(static_cast<double>((hit ? 0 : part) + part)));
     }
   };
   // 1. NVMe-resident states: the swapper's pipeline (read chunk i+1, update i, write i-1).
@@ -443,6 +462,7 @@ StepCost estimate_step(const config::Config& cfg, const zero::Placement& pl, con
       per[mi].add(Resource::kCpu, static_cast<double>(m.opt_n * adam_elem) / cpu);
       write_out(m, &per[mi]);
       per[mi].add(Resource::kNvme, static_cast<double>(r) / swap_r + static_cast<double>(wb) / swap_w);
+      per[mi].add(Resource::kCpu, io_cpu(static_cast<double>(r + wb)));
       for (int k = 0; k < kResources; ++k) g.t[k] += per[mi].t[k];
     }
     if (wr) {
@@ -459,11 +479,11 @@ StepCost estimate_step(const config::Config& cfg, const zero::Placement& pl, con
           const double f = f_fwd * static_cast<double>(pl.modules[mi].total) /
                            std::max(1.0, static_cast<double>(w.params)) / rates.flops;
           const double u = per[mi].t[static_cast<int>(Resource::kNvme)];
-          const double c = per[mi].t[static_cast<int>(Resource::kCpu)];
-          tu += std::max(u, c);
-          tf = std::max(tf, tu) + f + c;
+          const double cpu_s = per[mi].t[static_cast<int>(Resource::kCpu)];
+          tu += std::max(u, cpu_s);
+          tf = std::max(tf, tu) + f + cpu_s;
           sum_f += f;
-          sum_c += c;
+          sum_c += cpu_s;
         }
         for (int k = 0; k < kResources; ++k) path.busy[k] += g.t[k];
         path.crit[static_cast<int>(Resource::kCpu)] += sum_c;

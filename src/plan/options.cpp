@@ -114,7 +114,8 @@ Result<PlanInputs> plan_inputs(const PlanOptions& o) {
                                                           {o.net_gbps, &LinkRates::net_gbps},
                                                           {o.intra_gbps, &LinkRates::intra_gbps},
                                                           {o.device_mem_gbps, &LinkRates::device_mem_gbps},
-                                                          {o.local_copy_gbps, &LinkRates::local_copy_gbps}};
+                                                          {o.local_copy_gbps, &LinkRates::local_copy_gbps},
+                                                          {o.nvme_cpu_gbps, &LinkRates::nvme_cpu_gbps}};
   for (const auto& [v, field] : flags) {
     if (v < 0) return invalid_argument("a rate flag is %g: rates are positive", v);
     if (v > 0) in.rates.*field = v;

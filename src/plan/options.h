@@ -20,7 +20,7 @@ struct PlanOptions {
   std::string device_mem, host_mem, nvme_space, nvme_path;
   std::string calibration;
   double nvme_read_gbps = 0, nvme_write_gbps = 0, h2d_gbps = 0, cpu_adam_gbps = 0, flops = 0;
-  double net_gbps = 0, intra_gbps = 0, device_mem_gbps = 0, local_copy_gbps = 0;
+  double net_gbps = 0, intra_gbps = 0, device_mem_gbps = 0, local_copy_gbps = 0, nvme_cpu_gbps = 0;
   int64_t micro_batch = 0, seq = 0, grad_accum = 1;
   std::string precision;
   std::string device = "cuda";
@@ -80,6 +80,9 @@ void add_plan_options(App& cmd, PlanOptions* o) {
   cmd.add_option("--local-copy-gbps", o->local_copy_gbps,
                  "zoe's CPU device: GB/s of the engine's buffer copies and zeroing (stage-3 gathers, "
                  "partition loads) beside the compute (default 10)");
+  cmd.add_option("--nvme-cpu-gbps", o->nvme_cpu_gbps,
+                 "zoe's CPU device: NVMe GB (read and written) per second of CPU time the I/O takes "
+                 "from the compute and the update (default 8)");
   cmd.add_option("--micro-batch", o->micro_batch,
                  "Sequences per micro-batch per rank (default 1); given, "
                  "activations count against device memory");

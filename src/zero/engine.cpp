@@ -168,6 +168,7 @@ Status Engine::Impl::setup_tiers() {
                  {offload::StateKind::kGrad, 4, false}};
     so.buffer_count = pl.swap_buffer_count;
     so.buffer_bytes = pl.swap_buffer_bytes;
+    so.async_buffers = pl.swap_async_buffers;
     so.pin = cfg->zero.offload_optimizer.pin_memory ? io::PinMode::kDevice : io::PinMode::kNone;
     so.trace = &trace;
     ZOE_ASSIGN_OR_RETURN(swapper, offload::OptimizerSwapper::create(store.get(), so));
@@ -219,6 +220,10 @@ Status Engine::Impl::place_module(size_t m, const std::function<void(size_t, siz
       ZOE_ASSIGN_OR_RETURN(mod.exp_avg_sq, halloc(sbytes));
       ZOE_ASSIGN_OR_RETURN(void* g, halloc(mod.opt_n * 4));
       mod.grad_acc = static_cast<float*>(g);
+      if (cfg->zoe.speculative_step) {
+        ZOE_ASSIGN_OR_RETURN(mod.spec_save, halloc(mod.opt_n * 4 + 2 * sbytes));
+        ZOE_ASSIGN_OR_RETURN(mod.spec_out, halloc(mod.opt_n * esize()));
+      }
       ZOE_RETURN_IF_ERROR(ops->put(mod.master, false, own, false, mod.opt_n * 4));
       break;
     }

@@ -241,6 +241,9 @@ Status Engine::save(const std::string& save_dir, const std::string& tag,
   if (!I.initialized) return invalid_argument("save() before initialize()");
   ZOE_RETURN_IF_ERROR(finish_save());
   ZOE_RETURN_IF_ERROR(I.complete_pending(true));
+  // A checkpoint holds the states of the last step taken (after the accumulations above: the last
+  // of them may have speculated).
+  I.unspeculate_all();
   for (const auto& mod : I.modules) {
     if (mod.grad_buf || (mod.fetched && mod.partitioned_params)) {
       return invalid_argument("save(): call it between steps (module %s is in use)", mod.name.c_str());
@@ -292,6 +295,7 @@ Result<std::string> Engine::load(const std::string& dir) {
   if (!I.initialized) return invalid_argument("load() before initialize()");
   ZOE_RETURN_IF_ERROR(finish_save());
   ZOE_RETURN_IF_ERROR(I.complete_pending(true));
+  I.unspeculate_all();
   ZOE_RETURN_IF_ERROR(I.discard_gathers());  // they hold the parameters being replaced
   comm::Communicator& c = *I.comm;
   std::unique_ptr<ckpt::Reader> rd;

@@ -67,9 +67,13 @@ Status Engine::Impl::accumulate_grads(size_t m, const void* src) {
         ops->accumulate_with_norm(mod.grad_acc, src, cdt, mod.opt_n, first, mod.norm_parts.data()));
     ZOE_RETURN_IF_ERROR(ops->synchronize());
   } else if (mod.opt_home == OffloadDevice::kCpu) {
+    unspeculate(m);  // one more micro-batch than the step has: the speculation assumed the sums final
     ZOE_ASSIGN_OR_RETURN(const void* h, host_view(src, mod.opt_n * esize()));
     ZOE_RETURN_IF_ERROR(
         optim::accumulate_with_norm(mod.grad_acc, h, cdt, mod.opt_n, first, mod.norm_parts.data(), exec));
+    // zoe.speculative_step: the step's last micro-batch, so these sums are final.
+    if (mod.spec_save && mod.acc_count + 1 >= std::max<int64_t>(1, cfg->gradient_accumulation_steps))
+      ZOE_RETURN_IF_ERROR(speculate(m));
   } else {
     Timer t(&t_io);
     const size_t chunk = swapper->chunk_elems();

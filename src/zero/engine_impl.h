@@ -109,6 +109,13 @@ struct Engine::Impl {
     // Sum of squares of the accumulated gradients per optim::kChunkElems chunk of the owned
     // range, computed by the pass that accumulates them (the step makes no norm pass).
     std::vector<double> norm_parts;
+    // zoe.speculative_step (states in host RAM): this step's update already ran during the
+    // backward, as if the step neither clips nor overflows. spec_save holds master, m and v from
+    // before it; spec_out its new compute parameters (the owned range), written home by the step
+    // once the norm confirms the speculation.
+    bool speculated = false;
+    void* spec_save = nullptr;
+    void* spec_out = nullptr;
   };
   // Swapper state indices of an NVMe-offloaded module.
   static constexpr size_t kMasterState = 0, kAvgState = 1, kAvgSqState = 2, kGradState = 3;
@@ -251,6 +258,16 @@ struct Engine::Impl {
   Status complete_pending(bool all, size_t keep = 0);
   Status accumulate_grads(size_t m, const void* src);
   Status zero_grads(size_t m);
+
+  // engine_step.cpp: zoe.speculative_step. speculate(m) updates module m (states in host RAM, its
+  // gradients final) with the step's scale if it will neither clip nor overflow (spec_scale) and
+  // keeps its compute parameters in spec_out; unspeculate(m) puts its saved states back (also
+  // before anything reads the states: read_master, a checkpoint, another accumulation).
+  Status speculate(size_t m);
+  void unspeculate(size_t m);
+  void unspeculate_all();
+  float spec_scale = 0.0f;
+  uint64_t spec_kept = 0, spec_undone = 0;  // this step's modules (StepStats)
 };
 
 }  // namespace zoe

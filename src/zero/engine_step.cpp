@@ -34,11 +34,12 @@ struct ChunkUpdater {
   DType sdt;
   optim::Exec exec;
   std::vector<char> out_stage;
+  bool out_host = false;  // `out` is host memory whatever the module's home (a speculative update's)
 
   Status operator()(size_t m, size_t begin, size_t n, float* master, void* ea, void* eas, const float* grad,
                     void* out) {
     const bool kernel_dev = I.modules[m].opt_home == OffloadDevice::kNone;
-    const bool out_dev = I.owned_on_device(m);
+    const bool out_dev = !out_host && I.owned_on_device(m);
     const bool direct = ops->host_addressable() || kernel_dev == out_dev;
     char* dst = static_cast<char*>(out) + begin * I.esize();
     device::DeviceBuffer dev_stage;
@@ -77,6 +78,30 @@ struct ChunkUpdater {
     return fence.wait();
   }
 };
+
+// The update's arguments for step `step_no` at learning rate `lr` and gradient scale `scale`, on
+// `ops` with `pool`'s threads.
+ChunkUpdater make_updater(Engine::Impl& I, zero::DeviceOps* ops, optim::CpuPool* pool, double lr,
+                          int64_t step_no, float scale) {
+  ChunkUpdater up{I,  ops, {},   {}, I.cfg->zoe.bf16_optimizer_states ? DType::kBF16 : DType::kF32,
+                  {}, {},  false};
+  up.exec.pool = pool;
+  up.ap.lr = static_cast<float>(lr);
+  up.ap.beta1 = static_cast<float>(I.cfg->optimizer.beta1);
+  up.ap.beta2 = static_cast<float>(I.cfg->optimizer.beta2);
+  up.ap.eps = static_cast<float>(I.cfg->optimizer.eps);
+  up.ap.weight_decay = static_cast<float>(I.cfg->optimizer.weight_decay);
+  up.ap.adamw = I.cfg->optimizer.adam_w_mode;
+  up.as.step = step_no;
+  up.as.grad_scale = scale;
+  return up;
+}
+
+// What the step divides the summed gradients by: ranks x micro-batches (x the fp16 loss scale).
+double grad_divisor(const Engine::Impl& I) {
+  const double micro = static_cast<double>(std::max<int64_t>(1, I.cfg->gradient_accumulation_steps));
+  return static_cast<double>(I.world) * micro * (I.cdt == DType::kF16 ? I.scaler.scale() : 1.0);
+}
 
 // Marks module m's update done (no-op for a serial step).
 void mark_done(Engine::Impl& I, size_t m) {
@@ -132,9 +157,16 @@ Status run_update(Engine::Impl& I, ChunkUpdater& update, double* t_io) {
     Engine::Impl::Module& mod = I.modules[m];
     if (mod.opt_home == OffloadDevice::kNvme) continue;
     auto out = open_out(m);
-    s = out.is_ok() ? update(m, 0, mod.opt_n, static_cast<float*>(mod.master), mod.exp_avg, mod.exp_avg_sq,
-                             mod.grad_acc, out.value())
-                    : out.status();
+    if (out.is_ok() && mod.speculated) {
+      // Updated during the backward and confirmed by the norm: its compute parameters go home.
+      mod.speculated = false;
+      s = update.ops->put(out.value(), I.owned_on_device(m), mod.spec_out, false, mod.opt_n * I.esize());
+      if (s.is_ok()) s = update.ops->synchronize();
+    } else {
+      s = out.is_ok() ? update(m, 0, mod.opt_n, static_cast<float*>(mod.master), mod.exp_avg, mod.exp_avg_sq,
+                               mod.grad_acc, out.value())
+                      : out.status();
+    }
     Status cs = close_out(m);
     if (s.is_ok()) s = cs;
   }
@@ -148,6 +180,51 @@ Status run_update(Engine::Impl& I, ChunkUpdater& update, double* t_io) {
 }
 
 }  // namespace
+
+Status Engine::Impl::speculate(size_t m) {
+  Module& mod = modules[m];
+  if (mod.speculated) unspeculate(m);
+  if (mod.opt_home != OffloadDevice::kCpu || !mod.spec_save || mod.opt_n == 0) return Status::ok();
+  const size_t n = mod.opt_n, sbytes = n * (cfg->zoe.bf16_optimizer_states ? 2 : 4);
+  char* save = static_cast<char*>(mod.spec_save);
+  memcpy(save, mod.master, n * 4);
+  memcpy(save + n * 4, mod.exp_avg, sbytes);
+  memcpy(save + n * 4 + sbytes, mod.exp_avg_sq, sbytes);
+  // The scale step() computes when the norm neither clips nor overflows (clip coefficient 1).
+  optim::NormResult unclipped;
+  unclipped.sum_sq = 0.0;
+  unclipped.finite = true;
+  spec_scale = optim::compute_step_scale(unclipped, static_cast<float>(grad_divisor(*this)), 0.0f).grad_scale;
+  ChunkUpdater up = make_updater(*this, ops.get(), pool.get(), cfg->lr_at(steps + 1), steps + 1, spec_scale);
+  up.out_host = true;
+  const uint64_t t0 = now_ns();
+  Status s =
+      up(m, 0, n, static_cast<float*>(mod.master), mod.exp_avg, mod.exp_avg_sq, mod.grad_acc, mod.spec_out);
+  if (trace.enabled())
+    trace.record("update " + mod.name + " (speculative)", "optimizer", t0, now_ns(), 0, kLaneOptimizer);
+  mod.speculated = true;  // also after an error: its states may be half-updated, the saved ones are whole
+  if (!s.is_ok()) {
+    unspeculate(m);
+    return s.with_context("the speculative update of module " + mod.name);
+  }
+  return Status::ok();
+}
+
+void Engine::Impl::unspeculate(size_t m) {
+  Module& mod = modules[m];
+  if (!mod.speculated) return;
+  const size_t n = mod.opt_n, sbytes = n * (cfg->zoe.bf16_optimizer_states ? 2 : 4);
+  const char* save = static_cast<const char*>(mod.spec_save);
+  memcpy(mod.master, save, n * 4);
+  memcpy(mod.exp_avg, save + n * 4, sbytes);
+  memcpy(mod.exp_avg_sq, save + n * 4 + sbytes, sbytes);
+  mod.speculated = false;
+  spec_undone++;
+}
+
+void Engine::Impl::unspeculate_all() {
+  for (size_t m = 0; m < modules.size(); ++m) unspeculate(m);
+}
 
 bool Engine::Impl::update_done(size_t m) {
   std::lock_guard<std::mutex> lock(update.mu);
@@ -238,14 +315,20 @@ Result<StepStats> Engine::step() {
   global.finite = std::isfinite(sums[0]);
   // 2. Gradients were summed over ranks and micro-batches with the loss scale: average, unscale
   //    and clip in one scale.
-  const double micro = static_cast<double>(std::max<int64_t>(1, I.cfg->gradient_accumulation_steps));
-  double divisor = static_cast<double>(I.world) * micro * (I.cdt == DType::kF16 ? I.scaler.scale() : 1.0);
-  optim::StepScale sc = optim::compute_step_scale(global, static_cast<float>(divisor),
+  optim::StepScale sc = optim::compute_step_scale(global, static_cast<float>(grad_divisor(I)),
                                                   static_cast<float>(I.cfg->gradient_clipping));
   StepStats st;
   st.grad_norm = sc.grad_norm;
   st.lr = I.cfg->lr_at(I.steps + 1);
   I.preload_started = false;
+  // zoe.speculative_step: the updates run during the backward stand when this step updates with
+  // the scale they assumed (no clip, no overflow); otherwise their states go back and the update
+  // below (or the skip) starts from the states before them.
+  if (sc.overflow || sc.grad_scale != I.spec_scale) I.unspeculate_all();
+  for (const auto& mod : I.modules) I.spec_kept += mod.speculated ? 1 : 0;
+  st.speculative_kept = I.spec_kept;
+  st.speculative_undone = I.spec_undone;
+  I.spec_kept = I.spec_undone = 0;
   if (sc.overflow) {
     st.skipped = true;
     // No update reads them: the chunks read ahead (and the gradients handed to them) go.
@@ -261,22 +344,9 @@ Result<StepStats> Engine::step() {
       ZOE_ASSIGN_OR_RETURN(I.update_pool, optim::CpuPool::create(po));
       I.update_ops = zero::make_cpu_ops(I.update_pool.get(), zero::deferred_device_ops());
     }
-    ChunkUpdater up{I,
-                    overlap ? I.update_ops.get() : I.ops.get(),
-                    {},
-                    {},
-                    I.cfg->zoe.bf16_optimizer_states ? DType::kBF16 : DType::kF32,
-                    {},
-                    {}};
-    up.exec.pool = overlap ? I.update_pool.get() : I.pool.get();
-    up.ap.lr = static_cast<float>(st.lr);
-    up.ap.beta1 = static_cast<float>(I.cfg->optimizer.beta1);
-    up.ap.beta2 = static_cast<float>(I.cfg->optimizer.beta2);
-    up.ap.eps = static_cast<float>(I.cfg->optimizer.eps);
-    up.ap.weight_decay = static_cast<float>(I.cfg->optimizer.weight_decay);
-    up.ap.adamw = I.cfg->optimizer.adam_w_mode;
-    up.as.step = I.steps;
-    up.as.grad_scale = sc.grad_scale;
+    ChunkUpdater up =
+        make_updater(I, overlap ? I.update_ops.get() : I.ops.get(),
+                     overlap ? I.update_pool.get() : I.pool.get(), st.lr, I.steps, sc.grad_scale);
     if (overlap) {
       {
         std::lock_guard<std::mutex> lock(I.update.mu);
@@ -370,6 +440,7 @@ Result<StepStats> Engine::step() {
 Status Engine::read_master(size_t m, size_t p, float* out) {
   Impl& I = *impl_;
   ZOE_RETURN_IF_ERROR(I.finish_update());
+  I.unspeculate_all();  // the states before this step's update, which step() has not taken yet
   if (m >= I.modules.size() || p >= I.modules[m].specs.size())
     return invalid_argument("read_master(%zu, %zu): no such parameter", m, p);
   Impl::Module& mod = I.modules[m];

@@ -125,6 +125,9 @@ Result<Placement> plan_placement(const config::Config& cfg, const std::vector<Mo
         break;
       case Home::kHost:
         pl.resident.host += states;
+        // zoe.speculative_step: master, m and v saved before the update in the backward, and the
+        // new compute parameters it holds until the step confirms it.
+        if (cfg.zoe.speculative_step) pl.resident.host += u64(m.opt_n) * (4 + 2 * sb + es);
         break;
       case Home::kNvme:
         pl.resident.nvme += states;
@@ -240,8 +243,15 @@ Result<Placement> plan_placement(const config::Config& cfg, const std::vector<Mo
     const int64_t asked = std::max<int64_t>(1, cfg.zero.offload_optimizer.buffer_count);
     pl.swap_buffer_count =
         std::max<size_t>(static_cast<size_t>(std::min<int64_t>(asked, 1 << 20)), 3 * kStates);
+    size_t chunks = 0;
+    for (const auto& m : pl.modules) {
+      if (m.opt_home == Home::kNvme)
+        chunks = std::max(chunks, (m.opt_n + pl.swap_chunk_elems - 1) / pl.swap_chunk_elems);
+    }
+    pl.swap_async_buffers =
+        std::clamp<size_t>(chunks, offload::kAsyncWriteBuffers, offload::kMaxAsyncWriteBuffers);
     pl.resident.host +=
-        u64(pl.swap_buffer_bytes) * (pl.swap_buffer_count / kStates * kStates + offload::kAsyncWriteBuffers);
+        u64(pl.swap_buffer_bytes) * (pl.swap_buffer_count / kStates * kStates + pl.swap_async_buffers);
   }
 
   // 6. Peaks. Device: what is resident, the tier manager's share beyond the homes it already

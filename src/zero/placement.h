@@ -96,6 +96,10 @@ struct Placement {
   size_t swap_chunk_elems = 0;  // sub_group_size rounded to the norm chunk, at most 1 Mi
   size_t swap_buffer_bytes = 0;
   size_t swap_buffer_count = 0;
+  // Its buffers for the gradient sums written behind the backward: one per chunk of the largest
+  // NVMe-resident module's owned range, in [2, offload::kMaxAsyncWriteBuffers], so a module's sums
+  // are written without stalling the backward while the next module computes.
+  size_t swap_async_buffers = 0;
 
   // What the run allocates once (exact): optimizer states, accumulators, persistent parameters,
   // homes of partitions, the swapper's and tier manager's buffers.

@@ -198,8 +198,9 @@ TEST(Swapper, PreloadedChunksGiveTheSameUpdateAndKeepWhatWasHandedOver) {
       ASSERT_EQ(w.preloaded(), w.slots() - 1);
       for (size_t b = 0; b < n; b += c) {
         const size_t m = std::min(c, n - b);
-        if (!w.fill_preloaded(1, b, 3, g1.data() + b, m))
+        if (!w.fill_preloaded(1, b, 3, g1.data() + b, m)) {
           ASSERT_TRUE(w.write_state_async(1, 3, g1.data() + b, b, m).is_ok());
+        }
       }
       EXPECT_FALSE(w.fill_preloaded(1, 0, 3, g1.data(), c)) << "handed over twice";
       EXPECT_FALSE(w.fill_preloaded(2, 0, 3, g2.data(), 7000)) << "not preloaded";

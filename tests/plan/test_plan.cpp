@@ -410,6 +410,49 @@ TEST(CostModel, StagingDepthAndAioPointMoveTheNvmeTime) {
   EXPECT_NEAR(shallow.busy_s - many.busy_s, L / 0.5e9 - L / 1.5e9, 1e-9);
 }
 
+TEST(CostModel, NvmeTrafficCostsCpuTimeOnTheCpuDeviceAndBurstsStallTheBackward) {
+  // NVMe optimizer states at stage 1, compute dominating every overlap group: on zoe's CPU device
+  // each NVMe byte moved beside the compute adds 1 / nvme_cpu_gbps seconds; on CUDA nothing.
+  plan::ModelDesc m;
+  m.modules = mlp_shapes(4, 2048);  // 4 Mi elements a module: 16 chunks of 256 Ki
+  m.params = plan::count_params(m.modules);
+  plan::PlanInputs in = inputs(m, 1, 1);
+  in.rates.flops = 1e9;  // seconds of compute: the NVMe work hides under it
+  in.base.zero.sub_group_size = 262144;
+  const plan::RowPlacement nvme{1, OffloadDevice::kNone, OffloadDevice::kNvme, 1.0, false};
+  auto step = [&](bool cuda, double nvme_cpu, plan::PlanRow* out = nullptr, int64_t sub = 262144) {
+    plan::PlanInputs k = in;
+    k.base.zero.sub_group_size = sub;
+    k.cuda = cuda;
+    k.rates.nvme_cpu_gbps = nvme_cpu;
+    auto row = plan::plan_row(k, nvme);
+    EXPECT_TRUE(row.is_ok() && row->fits);
+    if (!row.is_ok()) return 0.0;
+    if (out) *out = row.value();
+    return row->cost.step_s;
+  };
+  plan::PlanRow cheap, whole;
+  const double free_io = step(false, 1e9, &cheap);
+  const double costly = step(false, 1.0);
+  // The backward's accumulator writes are beside the compute: at least their bytes' CPU time.
+  const double sums = 4.0 * static_cast<double>(m.params);
+  EXPECT_GT(costly - free_io, 0.99 * sums / 1e9);
+  EXPECT_EQ(step(true, 1e9), step(true, 1.0)) << "on CUDA the compute is not the CPU's";
+  // Each module's 17 chunks of sums (4 Mi + 2 Ki elements, 1 MiB chunks) leave at once; the
+  // swapper's write buffers (8, its most) take 8, the other 9 stall the backward: serial NVMe time
+  // on the path, at the write rate; but the first module's first 2 chunks were read ahead (3
+  // slots, all but one) and take their sums from memory: 15 chunks, 7 stall. With 4 MiB chunks (5 a module, 5
+  // buffers) nothing stalls. (A serial step whose CPU Adam outlasts its NVMe time: no other NVMe time is on
+  // the path.)
+  in.base.zoe.overlap_step = false;
+  in.rates.cpu_adam_gbps = 0.01;
+  step(false, 1e9, &cheap);
+  step(false, 1e9, &whole, 1 << 20);
+  const double stalled = (7.0 + 3 * 9) * (1 << 20) / (in.rates.nvme_write_gbps * 1e9);
+  EXPECT_NEAR(cheap.cost.critical_s[static_cast<int>(plan::Resource::kNvme)], stalled, 1e-12);
+  EXPECT_EQ(whole.cost.critical_s[static_cast<int>(plan::Resource::kNvme)], 0.0);
+}
+
 TEST(CostModel, LongAccumulationsCostTheirSteadyStateInConstantTime) {
   // Micro-batches 2 .. A-2 of a step are alike; from A = 6 on the model runs one and repeats its
   // share. Each further micro-batch then adds what the fifth adds at A = 5 (run one by one):

@@ -148,7 +148,8 @@ TEST(TuneCli, CalibrateSearchVerifyWriteAndPlot) {
   ASSERT_EQ(r.rc, 0) << r.out << r.err;
   json j = json::parse(r.out, nullptr, false);
   ASSERT_FALSE(j.is_discarded()) << r.out;
-  for (const char* k : {"nvme_read_gbps", "nvme_write_gbps", "cpu_adam_gbps", "flops", "h2d_gbps"}) {
+  for (const char* k :
+       {"nvme_read_gbps", "nvme_write_gbps", "cpu_adam_gbps", "flops", "h2d_gbps", "nvme_cpu_gbps"}) {
     EXPECT_GT(j["calibration"][k].get<double>(), 0.0) << k;
   }
   EXPECT_GT(j["best"]["predicted_step_s"].get<double>(), 0.0);

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -197,7 +198,8 @@ struct HostView {
 inline Status engine_train(Engine& e, const MlpSpec& s, int rank, int world, int steps,
                            std::vector<Layer>* out, std::vector<StepStats>* stats = nullptr,
                            int inject_inf_at = -1, int micro = 1, int first_step = 0,
-                           bool eval_passes = false) {
+                           bool eval_passes = false,
+                           const std::function<Status(int step)>& before_step = {}) {
   const int d = s.d;
   for (int k = first_step; k < steps; ++k) {
     // eval_passes: from the second step on, a forward-only pass over the modules before the
@@ -242,6 +244,7 @@ inline Status engine_train(Engine& e, const MlpSpec& s, int rank, int world, int
         ZOE_RETURN_IF_ERROR(e.release(static_cast<size_t>(l)));
       }
     }
+    if (before_step) ZOE_RETURN_IF_ERROR(before_step(k));  // the gradients are in, the step is not taken
     auto st = e.step();
     if (!st.is_ok()) return st.status();
     if (stats) stats->push_back(st.value());

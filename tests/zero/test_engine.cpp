@@ -389,6 +389,131 @@ TEST(Engine, GradientClipping) {
   }
 }
 
+// zoe.speculative_step: each module's update runs during the backward as if the step will neither
+// clip nor overflow. Both outcomes, for every placement (the speculation applies to states in host
+// RAM; the rest update in the step) and micro-batch counts 1 and 2: a clip that never bites (the
+// updates stand), one that bites (every speculative update is undone and redone), and fp16 with an
+// overflow (undone, step skipped). Every run gives the bits and statistics of the run without it.
+TEST(EngineSpeculative, BothOutcomesGiveTheSerialBitsForEveryPlacement) {
+  Runtime& rt = runtime();
+  MlpSpec s;
+  const int steps = 3;
+  struct Case {
+    const char* precision;
+    const char* clip;  // gradient_clipping
+    int inject;        // fp16 overflow at this step
+    int micro;
+    bool stands;  // the speculation stands (else it is undone) at the steps without an overflow
+  };
+  const Case cases[] = {{"bf16", "1e6", -1, 1, true},
+                        {"bf16", "1e-6", -1, 1, false},
+                        {"fp32", "0.0", -1, 2, true},
+                        {"fp16", "0.0", 1, 1, true}};
+  for (const Case& c : cases) {
+    for (const Placement& pl : placements()) {
+      const std::string what = "world " + std::to_string(rt.world_size()) + " " + c.precision + " clip " +
+                               c.clip + " micro " + std::to_string(c.micro) + " stage " +
+                               std::to_string(pl.stage) + " optimizer " + pl.opt + " params " + pl.param;
+      auto train = [&](bool spec, std::vector<StepStats>* st) -> Result<std::vector<Layer>> {
+        test::ScratchDir nvme("nvme");
+        std::string text = make_config(pl, c.precision, nvme.path(), c.micro, "",
+                                       std::string("\"gradient_clipping\": ") + c.clip + ",");
+        if (spec) insert_before(text, "device_budget", "\"speculative_step\": true, ");
+        ZOE_ASSIGN_OR_RETURN(auto cfg, config::Config::parse(text, rt.world_size()));
+        ZOE_ASSIGN_OR_RETURN(auto e, zero::create_engine(rt, cfg));
+        ZOE_RETURN_IF_ERROR(test::register_mlp(*e, s));
+        std::vector<Layer> out;
+        ZOE_RETURN_IF_ERROR(
+            test::engine_train(*e, s, rt.rank(), rt.world_size(), steps, &out, st, c.inject, c.micro));
+        return out;
+      };
+      std::vector<StepStats> st_off, st_on;
+      auto off = train(false, &st_off);
+      auto on = train(true, &st_on);
+      ASSERT_TRUE(off.is_ok()) << what << ": " << off.status().to_string();
+      ASSERT_TRUE(on.is_ok()) << what << ": " << on.status().to_string();
+      Diff d = compare(off.value(), on.value());
+      EXPECT_TRUE(d.identical) << what << ": speculative differs from serial (max " << d.max_abs << ")";
+      ASSERT_EQ(st_off.size(), st_on.size());
+      for (size_t k = 0; k < st_on.size(); ++k) {
+        EXPECT_EQ(st_off[k].grad_norm, st_on[k].grad_norm) << what << " step " << k;
+        EXPECT_EQ(st_off[k].skipped, st_on[k].skipped) << what << " step " << k;
+        EXPECT_EQ(st_off[k].loss_scale, st_on[k].loss_scale) << what << " step " << k;
+        EXPECT_EQ(st_off[k].speculative_kept + st_off[k].speculative_undone, 0u) << what;
+        // Which modules speculated: those whose states are in host RAM (all of them here).
+        const uint64_t modules = std::string(pl.opt) == "cpu" ? static_cast<uint64_t>(s.layers) : 0;
+        const bool stands = c.stands && static_cast<int>(k) != c.inject;
+        EXPECT_EQ(st_on[k].speculative_kept, stands ? modules : 0) << what << " step " << k;
+        EXPECT_EQ(st_on[k].speculative_undone, stands ? 0 : modules) << what << " step " << k;
+      }
+    }
+  }
+}
+
+// A read of the states between the backward and step() (read_master, a checkpoint) sees the
+// states of the last step taken, not the speculative update; the step then updates from them and
+// the run keeps the serial bits. A checkpoint saved there resumes to the same bits too.
+TEST(EngineSpeculative, ReadsAndCheckpointsBeforeTheStepSeeTheStepTaken) {
+  Runtime& rt = runtime();
+  MlpSpec s;
+  for (const Placement& pl : {Placement{1, "cpu", "none"}, Placement{3, "cpu", "cpu"}}) {
+    const std::string what = "stage " + std::to_string(pl.stage);
+    test::ScratchDir ck("ckpt");
+    const std::string dir = rank0_string(rt, ck.path());
+    std::map<bool, std::vector<float>> mid;
+    std::map<bool, std::vector<Layer>> final_bits;
+    for (bool spec : {false, true}) {
+      test::ScratchDir nvme("nvme");
+      std::string text = make_config(pl, "bf16", nvme.path());
+      if (spec) insert_before(text, "device_budget", "\"speculative_step\": true, ");
+      auto cfg = config::Config::parse(text, rt.world_size());
+      ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
+      auto e = zero::create_engine(rt, cfg.value());
+      ASSERT_TRUE(e.is_ok());
+      ASSERT_TRUE(test::register_mlp(*e.value(), s).is_ok());
+      Engine& eng = *e.value();
+      std::vector<float>& w = mid[spec];
+      auto before = [&](int k) -> Status {
+        if (k != 1) return Status::ok();
+        w.resize(static_cast<size_t>(s.d * s.d));
+        ZOE_RETURN_IF_ERROR(eng.read_master(0, 0, w.data()));
+        return spec ? eng.save(dir, "mid", "{\"step\": 1}") : Status::ok();
+      };
+      std::vector<StepStats> st;
+      Status r = test::engine_train(eng, s, rt.rank(), rt.world_size(), 3, &final_bits[spec], &st, -1, 1, 0,
+                                    false, before);
+      ASSERT_TRUE(r.is_ok()) << what << ": " << r.to_string();
+      if (spec) {
+        // The read and the save undid every speculation made before them (a reduction still in
+        // flight at the read may speculate after it, and the save undoes that one).
+        EXPECT_EQ(st[1].speculative_kept, 0u) << what << ": the save undid the speculation";
+        EXPECT_EQ(st[1].speculative_undone, static_cast<uint64_t>(s.layers)) << what;
+        EXPECT_EQ(st[2].speculative_kept, static_cast<uint64_t>(s.layers)) << what;
+      }
+    }
+    EXPECT_EQ(mid[false], mid[true]) << what << ": read_master before the step saw the speculative update";
+    EXPECT_TRUE(compare(final_bits[false], final_bits[true]).identical) << what;
+    // The checkpoint saved before step 1 resumes at step 1 to the same final bits.
+    test::ScratchDir nvme("nvme");
+    std::string text = make_config(pl, "bf16", nvme.path());
+    insert_before(text, "device_budget", "\"speculative_step\": true, ");
+    auto cfg = config::Config::parse(text, rt.world_size());
+    ASSERT_TRUE(cfg.is_ok());
+    auto e = zero::create_engine(rt, cfg.value());
+    ASSERT_TRUE(e.is_ok());
+    ASSERT_TRUE(test::register_mlp(*e.value(), s).is_ok());
+    auto ts = e.value()->load(dir);
+    ASSERT_TRUE(ts.is_ok()) << what << ": " << ts.status().to_string();
+    EXPECT_EQ(e.value()->steps_taken(), 1);
+    std::vector<Layer> out;
+    ASSERT_TRUE(
+        test::engine_train(*e.value(), s, rt.rank(), rt.world_size(), 3, &out, nullptr, -1, 1, 1).is_ok());
+    EXPECT_TRUE(compare(out, final_bits[false]).identical)
+        << what << ": resumed from the mid-step checkpoint";
+    ASSERT_TRUE(zero::runtime_comm(rt).barrier().is_ok());
+  }
+}
+
 TEST(Engine, Bf16OptimizerStates) {
   // Adam m and v kept in bf16: close to the fp32-state reference, identical across placements.
   Runtime& rt = runtime();
