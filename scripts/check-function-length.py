@@ -1,0 +1,144 @@
+#!/usr/bin/env python3
+"""Fails when a function body in zoe's sources is longer than the limit (default 120 lines).
+
+A long function hides its rules: each rule should sit in a named function a reader can find from
+the docs. Checked folders: src/, tools/, offload/, io/ and python/_zoe.cpp. A function is a
+brace block opened outside any other function whose header has a parameter list; its length is
+the lines from its header's first line to its closing brace. Comments and string literals are
+ignored. Lambdas count toward the function that holds them.
+Usage: scripts/check-function-length.py [--limit N] [--list] [repo root]
+  --list   print every function over the limit (and the longest ones) without failing
+"""
+import os
+import re
+import sys
+
+FOLDERS = ["src", "tools", "offload", "io"]
+FILES = ["python/_zoe.cpp"]
+SOURCES = (".h", ".hpp", ".cpp", ".cc", ".cu", ".cuh")
+SCOPE = re.compile(r"\b(namespace|class|struct|union|enum)\b[^()]*$")
+CONTROL = re.compile(r"^\s*(if|for|while|switch|catch|do|else|try)\b")
+
+
+def strip(text):
+    """Blanks comments, string and char literals, keeping newlines (so line numbers hold)."""
+    out = []
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if text.startswith("//", i):
+            j = text.find("\n", i)
+            j = n if j < 0 else j
+            i = j
+        elif text.startswith("/*", i):
+            j = text.find("*/", i + 2)
+            j = n if j < 0 else j + 2
+            out.append(re.sub(r"[^\n]", " ", text[i:j]))
+            i = j
+        elif c == 'R' and text.startswith('R"', i) and (i == 0 or not (text[i - 1].isalnum() or text[i - 1] == '_')):
+            m = re.match(r'R"([^(]*)\(', text[i:])
+            if not m:
+                out.append(c)
+                i += 1
+                continue
+            end = ")" + m.group(1) + '"'
+            j = text.find(end, i + m.end())
+            j = n if j < 0 else j + len(end)
+            out.append('""' + re.sub(r"[^\n]", " ", text[i + 2:j - 1]))
+            i = j
+        elif c in "\"'":
+            if c == "'" and i > 0 and text[i - 1].isalnum():  # digit separator 1'000
+                out.append(" ")
+                i += 1
+                continue
+            j = i + 1
+            while j < n and text[j] != c:
+                j += 2 if text[j] == "\\" else 1
+            out.append(c + " " * max(0, min(j, n) - i - 1) + c)
+            i = j + 1
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def functions(path):
+    """Yields (name, first line, last line) of each function body in the file."""
+    text = strip(open(path, encoding="utf-8", errors="replace").read())
+    stack = []  # entries: ("scope"|"func"|"block", start line, name)
+    header_start = 0  # offset where the current declaration's text begins
+    line = 1
+    for i, c in enumerate(text):
+        if c == "\n":
+            line += 1
+        elif c in ";":
+            if not any(k == "func" for k, _, _ in stack):
+                header_start = i + 1
+        elif c == "{":
+            in_func = any(k == "func" for k, _, _ in stack)
+            if in_func:
+                stack.append(("block", line, ""))
+                continue
+            header = text[header_start:i]
+            flat = " ".join(header.split())
+            if SCOPE.search(flat) or flat.endswith("extern \"\"") or "=" in flat.split("(")[0] and "operator" not in flat:
+                stack.append(("scope" if SCOPE.search(flat) else "block", line, ""))
+            elif ")" in flat and not CONTROL.match(flat):
+                first = line - header.rstrip().count("\n") + (len(header) - len(header.lstrip())) * 0
+                # the header's first non-blank line
+                lead = header[: len(header) - len(header.lstrip())]
+                first = line - header.count("\n") + lead.count("\n")
+                name = re.findall(r"([~\w:]+(?:operator\S*)?)\s*\(", flat)
+                stack.append(("func", first, name[0] if name else flat[:40]))
+            else:
+                stack.append(("block", line, ""))
+            header_start = i + 1
+        elif c == "}":
+            if stack:
+                kind, start, name = stack.pop()
+                if kind == "func":
+                    yield name, start, line
+            if not any(k == "func" for k, _, _ in stack):
+                header_start = i + 1
+
+
+def main():
+    args = sys.argv[1:]
+    limit = 120
+    listing = False
+    if "--list" in args:
+        listing = True
+        args.remove("--list")
+    if "--limit" in args:
+        k = args.index("--limit")
+        limit = int(args[k + 1])
+        del args[k:k + 2]
+    root = os.path.abspath(args[0] if args else os.path.join(os.path.dirname(__file__), ".."))
+    paths = [os.path.join(root, f) for f in FILES if os.path.exists(os.path.join(root, f))]
+    for top in FOLDERS:
+        for dirpath, dirnames, files in os.walk(os.path.join(root, top)):
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith("build"))
+            paths += [os.path.join(dirpath, f) for f in sorted(files) if f.endswith(SOURCES)]
+    long = []
+    count = 0
+    for p in paths:
+        for name, a, b in functions(p):
+            count += 1
+            n = b - a + 1
+            if n > limit:
+                long.append((n, os.path.relpath(p, root), a, name))
+    long.sort(reverse=True)
+    for n, rel, a, name in long:
+        print(f"{rel}:{a}: {name} is {n} lines (limit {limit})")
+    if listing:
+        return 0
+    if long:
+        print(f"check-function-length: {len(long)} of {count} functions are over {limit} lines; split each rule "
+              "into a named function", file=sys.stderr)
+        return 1
+    print(f"check-function-length: {count} functions, none over {limit} lines", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
