@@ -92,7 +92,8 @@ size_t OptimizerSwapper::free_slots() {
   return free_.size();
 }
 
-Status OptimizerSwapper::add_group(uint64_t id, size_t elems) {
+Status OptimizerSwapper::add_group(GroupId gid, size_t elems) {
+  const uint64_t id = gid.value;
   if (elems == 0)
     return invalid_argument("optimizer swapper: group %llu has no elements",
                             static_cast<unsigned long long>(id));
@@ -184,8 +185,9 @@ Status OptimizerSwapper::wait_async_writes() {
   return s;
 }
 
-Status OptimizerSwapper::write_state_async(uint64_t id, size_t state, const void* src, size_t begin,
+Status OptimizerSwapper::write_state_async(GroupId gid, size_t state, const void* src, size_t begin,
                                            size_t n) {
+  const uint64_t id = gid.value;
   Group* g = find(id);
   if (!g) return not_found("optimizer swapper: no group %llu", static_cast<unsigned long long>(id));
   if (state >= opts_.states.size()) return invalid_argument("optimizer swapper: no state %zu", state);
@@ -270,7 +272,8 @@ void OptimizerSwapper::preload(size_t max_slots) {
   }
 }
 
-bool OptimizerSwapper::fill_preloaded(uint64_t id, size_t begin, size_t state, const void* src, size_t n) {
+bool OptimizerSwapper::fill_preloaded(GroupId gid, size_t begin, size_t state, const void* src, size_t n) {
+  const uint64_t id = gid.value;
   if (state >= opts_.states.size()) return false;
   for (Preloaded& p : preloaded_) {
     if (p.group != id || p.begin != begin) continue;
@@ -314,11 +317,13 @@ Status OptimizerSwapper::drop_preloaded() {
   return s;
 }
 
-Status OptimizerSwapper::write_state(uint64_t id, size_t state, const void* src, size_t begin, size_t n) {
+Status OptimizerSwapper::write_state(GroupId gid, size_t state, const void* src, size_t begin, size_t n) {
+  const uint64_t id = gid.value;
   return sync_transfer(id, state, static_cast<char*>(const_cast<void*>(src)), true, begin, n);
 }
 
-Status OptimizerSwapper::read_state(uint64_t id, size_t state, void* dst, size_t begin, size_t n) {
+Status OptimizerSwapper::read_state(GroupId gid, size_t state, void* dst, size_t begin, size_t n) {
+  const uint64_t id = gid.value;
   return sync_transfer(id, state, static_cast<char*>(dst), false, begin, n);
 }
 
@@ -332,7 +337,7 @@ Status OptimizerSwapper::step_host(const ChunkUpdate& update) {
       size_t n = std::min(chunk, g.elems - begin);
       for (size_t k = 0; k < K; ++k) ptrs[k] = g.host[k].bytes() + begin * opts_.states[k].elem_bytes;
       uint64_t t0 = now_ns();
-      Status s = update(ChunkView{g.id, begin, n, ptrs.data()});
+      Status s = update(ChunkView{GroupId(g.id), begin, n, ptrs.data()});
       uint64_t t1 = now_ns();
       stats_.compute_ns += t1 - t0;
       stats_.chunks++;

@@ -15,6 +15,7 @@
 #include "core/trace.h"
 #include "io/buffer.h"
 #include "offload/swap_store.h"
+#include "offload/tier.h"
 
 namespace zoe::offload {
 
@@ -43,7 +44,7 @@ struct SwapperOptions {
 // One chunk handed to the update: elements [begin, begin + n) of group `group`; data[k] points
 // at the chunk of state k (n elements of states[k].elem_bytes each).
 struct ChunkView {
-  uint64_t group = 0;
+  GroupId group;
   size_t begin = 0;
   size_t n = 0;
   void* const* data = nullptr;
@@ -66,13 +67,13 @@ class OptimizerSwapper {
   ~OptimizerSwapper();
 
   // Registers sub-group `id` of `elems` elements: swap space (or host memory) for each state.
-  Status add_group(uint64_t id, size_t elems);
+  Status add_group(GroupId gid, size_t elems);
   // State transfers for setup, checks and checkpoints (caller memory needs no alignment):
   // elements [begin, begin + n) of the state; n = SIZE_MAX means to the end. begin must be a
   // multiple of chunk_elems(), and so must n unless the range reaches the end. Host memory
   // used: one buffer, whatever the size.
-  Status write_state(uint64_t id, size_t state, const void* src, size_t begin = 0, size_t n = SIZE_MAX);
-  Status read_state(uint64_t id, size_t state, void* dst, size_t begin = 0, size_t n = SIZE_MAX);
+  Status write_state(GroupId gid, size_t state, const void* src, size_t begin = 0, size_t n = SIZE_MAX);
+  Status read_state(GroupId gid, size_t state, void* dst, size_t begin = 0, size_t n = SIZE_MAX);
   // Starts writing one chunk of a state, elements [begin, begin + n) (begin on a chunk boundary,
   // n = chunk_elems() unless the range reaches the group's end), and returns once src is copied
   // into one of its async_buffers buffers: the write completes in the background, that many at
@@ -80,7 +81,7 @@ class OptimizerSwapper {
   // read_state and write_state first wait for every write started so and fail with the first
   // one's error (which stays); wait_async_writes() and step() wait, report it and clear it; the
   // destructor waits too.
-  Status write_state_async(uint64_t id, size_t state, const void* src, size_t begin, size_t n);
+  Status write_state_async(GroupId gid, size_t state, const void* src, size_t begin, size_t n);
   Status wait_async_writes();
 
   // The next step's first chunks, early (during the backward that produces their gradients):
@@ -93,7 +94,7 @@ class OptimizerSwapper {
   // Hands a preloaded chunk's read-only state over from memory: n elements of `state` of chunk
   // (id, begin) into its slot, so step() does not read it from NVMe. False (nothing done) when
   // that chunk is not preloaded.
-  bool fill_preloaded(uint64_t id, size_t begin, size_t state, const void* src, size_t n);
+  bool fill_preloaded(GroupId gid, size_t begin, size_t state, const void* src, size_t n);
   // Waits for the preloaded chunks' reads, writes home the states fill_preloaded() handed over
   // (they exist nowhere else), and gives their slots back; the first error.
   Status drop_preloaded();

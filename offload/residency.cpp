@@ -77,7 +77,7 @@ std::vector<Tier> ResidencyTable::unpin(Item& it, Tier t, bool dirty) {
   Copy& c = it.at(t);
   ZOE_CHECK_MSG(c.pins > 0 && c.present(),
                 "unpin of item %llu in the %s tier, which is not pinned there (%s)",
-                static_cast<unsigned long long>(it.id), tier_name(t), residency_name(c.state));
+                static_cast<unsigned long long>(it.id.value), tier_name(t), residency_name(c.state));
   c.pins--;
   touch(c);
   std::vector<Tier> drop;
@@ -91,13 +91,13 @@ std::vector<Tier> ResidencyTable::unpin(Item& it, Tier t, bool dirty) {
         break;
       case Residency::kLoading:
         ZOE_CHECK_MSG(o.pins == 0, "item %llu changed in the %s tier while pinned loading in the %s tier",
-                      static_cast<unsigned long long>(it.id), tier_name(t), tier_name(u));
+                      static_cast<unsigned long long>(it.id.value), tier_name(t), tier_name(u));
         o.stale = true;
         break;
       case Residency::kResident:
       case Residency::kDirty:
         ZOE_CHECK_MSG(o.pins == 0, "item %llu changed in the %s tier while pinned in the %s tier",
-                      static_cast<unsigned long long>(it.id), tier_name(t), tier_name(u));
+                      static_cast<unsigned long long>(it.id.value), tier_name(t), tier_name(u));
         drop.push_back(u);
         break;
     }

@@ -51,7 +51,7 @@ struct Item {
 
   Copy& at(Tier t) { return c[tier_index(t)]; }
   const Copy& at(Tier t) const { return c[tier_index(t)]; }
-  StateKey key() const { return StateKey{id, StateKind::kOther}; }
+  StateKey key() const { return StateKey{id.value, StateKind::kOther}; }
   bool pinned() const;
   // No move of any copy in progress and no synchronous transfer running.
   bool idle() const;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 namespace zoe::offload {
 
@@ -9,7 +10,24 @@ enum class Tier : uint8_t { kDevice = 0, kHost = 1, kNvme = 2 };
 const char* tier_name(Tier t);
 constexpr int tier_index(Tier t) { return static_cast<int>(t); }
 
-using ItemId = uint64_t;
+// The tier manager's name for an item, and the optimizer swapper's for a group of states: two
+// types of their own, so that one cannot be passed where the other (or a caller's index of its
+// own) is expected. Built from a plain number (the offload layer's callers number their items);
+// never converted back to one implicitly.
+struct ItemId {
+  uint64_t value = 0;
+  constexpr ItemId() = default;
+  constexpr ItemId(uint64_t v) : value(v) {}  // NOLINT(google-explicit-constructor)
+  friend constexpr bool operator==(ItemId a, ItemId b) { return a.value == b.value; }
+  friend constexpr bool operator!=(ItemId a, ItemId b) { return a.value != b.value; }
+};
+struct GroupId {
+  uint64_t value = 0;
+  constexpr GroupId() = default;
+  constexpr GroupId(uint64_t v) : value(v) {}  // NOLINT(google-explicit-constructor)
+  friend constexpr bool operator==(GroupId a, GroupId b) { return a.value == b.value; }
+  friend constexpr bool operator!=(GroupId a, GroupId b) { return a.value != b.value; }
+};
 
 // A direction of transfer. The values are stable: traces put link l on thread 100 + l.
 enum class Link : uint8_t {
@@ -50,3 +68,8 @@ struct TierStats {
 };
 
 }  // namespace zoe::offload
+
+template <>
+struct std::hash<zoe::offload::ItemId> {
+  size_t operator()(zoe::offload::ItemId id) const noexcept { return std::hash<uint64_t>()(id.value); }
+};

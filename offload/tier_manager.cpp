@@ -114,7 +114,7 @@ void TierManager::finish_move(const Move& m, Status st) {
   Item* it = m.it;
   const uint64_t end = now_ns();
   if (opts_.trace && opts_.trace->enabled() && st.is_ok()) {  // names cost a string each
-    opts_.trace->record("item " + std::to_string(it->id), link_name(m.link), m.begin_ns, end, it->alloc,
+    opts_.trace->record("item " + std::to_string(it->id.value), link_name(m.link), m.begin_ns, end, it->alloc,
                         kLaneTransfer + static_cast<uint32_t>(m.link));
   }
   std::shared_ptr<MoveHandle::State> move;
@@ -133,7 +133,7 @@ void TierManager::finish_move(const Move& m, Status st) {
     move = std::move(c.move);
     if (m.kind == MoveKind::kLoad) {
       if (!st.is_ok()) {
-        st = std::move(st).with_context("loading item " + std::to_string(it->id) + " into the " +
+        st = std::move(st).with_context("loading item " + std::to_string(it->id.value) + " into the " +
                                         tier_name(m.tier) + " tier");
         if (first_error_.is_ok()) first_error_ = st;
         drop_copy_locked(it, m.tier);
@@ -147,7 +147,7 @@ void TierManager::finish_move(const Move& m, Status st) {
     } else {  // write-back
       if (m.kind == MoveKind::kWriteDrop) budget_.end_pending(m.tier, it->alloc);
       if (!st.is_ok()) {
-        st = std::move(st).with_context("writing back item " + std::to_string(it->id) + " from the " +
+        st = std::move(st).with_context("writing back item " + std::to_string(it->id.value) + " from the " +
                                         tier_name(m.tier) + " tier");
         if (first_error_.is_ok()) first_error_ = st;
         ResidencyTable::finish_writeback(c, /*written=*/false);  // the bytes are still here
@@ -271,7 +271,7 @@ MoveHandle TierManager::load_locked(std::unique_lock<std::mutex>& lock, Item* it
 // Fetch, unpin, prefetch, evict, flush
 
 static Status check_fetch_tier(const TierManagerOptions& o, ItemId id, Tier home, Tier tier) {
-  const auto n = static_cast<unsigned long long>(id);
+  const auto n = static_cast<unsigned long long>(id.value);
   if (tier == Tier::kNvme)
     return invalid_argument("item %llu: nvme is a home tier; fetch into device or host", n);
   if (tier == Tier::kDevice && !o.device) return unsupported("item %llu: no device tier is configured", n);
@@ -285,8 +285,8 @@ MoveHandle TierManager::fetch(ItemId id, Tier tier) {
   std::unique_lock<std::mutex> lock(mu_);
   Item* it = find_locked(id);
   if (!it) {
-    return MoveHandle::completed(not_found("tier manager: no item %llu", static_cast<unsigned long long>(id)),
-                                 nullptr);
+    return MoveHandle::completed(
+        not_found("tier manager: no item %llu", static_cast<unsigned long long>(id.value)), nullptr);
   }
   Status v = check_fetch_tier(opts_, id, it->home, tier);
   if (!v.is_ok()) return MoveHandle::completed(v, nullptr);
@@ -326,7 +326,7 @@ MoveHandle TierManager::fetch(ItemId id, Tier tier) {
 void TierManager::unpin(ItemId id, Tier tier, bool dirty) {
   std::lock_guard<std::mutex> lock(mu_);
   Item* it = find_locked(id);
-  ZOE_CHECK_MSG(it != nullptr, "unpin of unknown item %llu", static_cast<unsigned long long>(id));
+  ZOE_CHECK_MSG(it != nullptr, "unpin of unknown item %llu", static_cast<unsigned long long>(id.value));
   for (Tier stale : table_.unpin(*it, tier, dirty)) drop_copy_locked(it, stale);
   cv_.notify_all();
 }
@@ -349,7 +349,7 @@ MoveHandle TierManager::clean(ItemId id, Tier tier) { return write_home(id, tier
 // one is written home and becomes clean).
 MoveHandle TierManager::write_home(ItemId id, Tier tier, bool drop) {
   std::unique_lock<std::mutex> lock(mu_);
-  const auto n = static_cast<unsigned long long>(id);
+  const auto n = static_cast<unsigned long long>(id.value);
   Item* it = find_locked(id);
   if (!it) return MoveHandle::completed(not_found("tier manager: no item %llu", n), nullptr);
   if (tier == it->home || tier == Tier::kNvme) {

@@ -8,7 +8,7 @@
 namespace zoe::offload {
 
 Status TierManager::add_item(ItemId id, uint64_t bytes, Tier home) {
-  const auto n = static_cast<unsigned long long>(id);
+  const auto n = static_cast<unsigned long long>(id.value);
   if (bytes == 0) return invalid_argument("item %llu: size 0", n);
   if (home == Tier::kDevice && !opts_.device)
     return unsupported("item %llu: no device tier is configured", n);
@@ -56,11 +56,11 @@ Status TierManager::add_item(ItemId id, uint64_t bytes, Tier home) {
 Status TierManager::remove_item(ItemId id) {
   std::unique_lock<std::mutex> lock(mu_);
   Item* it = find_locked(id);
-  if (!it) return not_found("tier manager: no item %llu", static_cast<unsigned long long>(id));
+  if (!it) return not_found("tier manager: no item %llu", static_cast<unsigned long long>(id.value));
   while (!it->idle()) wait_locked(lock);
   if (it->pinned()) {
     return invalid_argument("item %llu is pinned; unpin it before removing",
-                            static_cast<unsigned long long>(id));
+                            static_cast<unsigned long long>(id.value));
   }
   for (Tier t : {Tier::kDevice, Tier::kHost}) {
     if (t != it->home && it->at(t).state != Residency::kAbsent) drop_copy_locked(it, t);
@@ -92,15 +92,15 @@ Status TierManager::nvme_sync(std::unique_lock<std::mutex>& lock, Item* it, char
 static Status check_range(ItemId id, uint64_t bytes, uint64_t* offset, uint64_t* len) {
   if (*offset > bytes) {
     return invalid_argument("item %llu: offset %llu is beyond its %llu bytes",
-                            static_cast<unsigned long long>(id), static_cast<unsigned long long>(*offset),
-                            static_cast<unsigned long long>(bytes));
+                            static_cast<unsigned long long>(id.value),
+                            static_cast<unsigned long long>(*offset), static_cast<unsigned long long>(bytes));
   }
   *len = std::min<uint64_t>(*len, bytes - *offset);
   uint64_t end = *offset + *len;
   if (*offset % 4096 != 0 || (end != bytes && end % 4096 != 0)) {
     return invalid_argument("item %llu: range [%llu, %llu) is not on 4096-byte boundaries",
-                            static_cast<unsigned long long>(id), static_cast<unsigned long long>(*offset),
-                            static_cast<unsigned long long>(end));
+                            static_cast<unsigned long long>(id.value),
+                            static_cast<unsigned long long>(*offset), static_cast<unsigned long long>(end));
   }
   return Status::ok();
 }
@@ -108,12 +108,12 @@ static Status check_range(ItemId id, uint64_t bytes, uint64_t* offset, uint64_t*
 Status TierManager::write(ItemId id, const void* src, uint64_t offset, uint64_t len) {
   std::unique_lock<std::mutex> lock(mu_);
   Item* it = find_locked(id);
-  if (!it) return not_found("tier manager: no item %llu", static_cast<unsigned long long>(id));
+  if (!it) return not_found("tier manager: no item %llu", static_cast<unsigned long long>(id.value));
   ZOE_RETURN_IF_ERROR(check_range(id, it->bytes, &offset, &len));
   while (!it->idle()) wait_locked(lock);
   if (it->pinned()) {
     return invalid_argument("item %llu is pinned; unpin it before writing",
-                            static_cast<unsigned long long>(id));
+                            static_cast<unsigned long long>(id.value));
   }
   // A part of the item is replaced: the rest must be current at home first.
   const bool whole = offset == 0 && len == it->bytes;
@@ -141,7 +141,7 @@ Status TierManager::write(ItemId id, const void* src, uint64_t offset, uint64_t 
       return opts_.device->copy_to_device(static_cast<char*>(h.ptr) + offset, src, len);
     case Tier::kNvme:
       return nvme_sync(lock, it, static_cast<char*>(const_cast<void*>(src)), true, offset, len)
-          .with_context("writing item " + std::to_string(id) + " to its nvme home");
+          .with_context("writing item " + std::to_string(id.value) + " to its nvme home");
   }
   return internal_error("bad tier");
 }
@@ -149,7 +149,7 @@ Status TierManager::write(ItemId id, const void* src, uint64_t offset, uint64_t 
 Status TierManager::read(ItemId id, void* dst, uint64_t offset, uint64_t len) {
   std::unique_lock<std::mutex> lock(mu_);
   Item* it = find_locked(id);
-  if (!it) return not_found("tier manager: no item %llu", static_cast<unsigned long long>(id));
+  if (!it) return not_found("tier manager: no item %llu", static_cast<unsigned long long>(id.value));
   ZOE_RETURN_IF_ERROR(check_range(id, it->bytes, &offset, &len));
   while (!it->idle()) wait_locked(lock);
   // Any present copy holds the newest bytes: stale copies are dropped when another is dirtied.
@@ -161,7 +161,7 @@ Status TierManager::read(ItemId id, void* dst, uint64_t offset, uint64_t len) {
   const Copy& d = it->at(Tier::kDevice);
   if (d.present()) return opts_.device->copy_to_host(dst, static_cast<const char*>(d.ptr) + offset, len);
   return nvme_sync(lock, it, static_cast<char*>(dst), false, offset, len)
-      .with_context("reading item " + std::to_string(id) + " from nvme");
+      .with_context("reading item " + std::to_string(id.value) + " from nvme");
 }
 
 }  // namespace zoe::offload

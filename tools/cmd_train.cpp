@@ -380,6 +380,8 @@ void run(TrainOpts o) {
     j["prompt"] = escape_bytes(o.prompt);
     j["temperature"] = o.temperature;
   }
+  const model::CpuKernelSet ks = model::cpu_kernel_set();
+  j["kernels"] = {{"simd", ks.simd}, {"blas", ks.blas}};
   j["steps"] = o.steps;
   j["start_step"] = start_step;
   j["tokens_per_s"] =

@@ -100,6 +100,17 @@ void gpt_init(const GptConfig& c, uint64_t seed, size_t module, size_t param, fl
 void gpt_init_range(const GptConfig& c, uint64_t seed, size_t module, size_t param, uint64_t first,
                     float* data, size_t n);
 
+// The kernel set the CPU model's numbers depend on: zoe's SIMD level (the optimizer's dispatch,
+// core/cpu.h) and the BLAS core type OpenBLAS chose (by CPU, and by OPENBLAS_CORETYPE when set).
+// Two runs on the CPU device give bit-identical losses when both agree; with another kernel set
+// they agree to rounding only (a GEMM sums in another order).
+struct CpuKernelSet {
+  std::string simd;  // "avx512", "avx2" or "scalar"
+  std::string blas;  // e.g. "openblas SkylakeX", "openblas Haswell"
+  std::string key() const { return simd + "/" + blas; }
+};
+CpuKernelSet cpu_kernel_set();
+
 // The model's forward and backward kernels, whatever runs them (GptCpu: host memory; GptCuda in
 // model/gpt_cuda.h: device memory). Parameters and gradients are fp32, one pointer per parameter
 // in the order above, in the implementation's memory; tokens and targets are host arrays.

@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/cpu.h"
 #include "core/log.h"
 #include "model/gpt.h"
 #include "model/kernels.h"
@@ -426,6 +427,14 @@ Result<std::unique_ptr<GptCpu>> GptCpu::create(const GptConfig& c, int batch, in
   static std::once_flag blas_once;
   std::call_once(blas_once, [] { openblas_set_num_threads(1); });
   return std::unique_ptr<GptCpu>(new GptCpuImpl(c, batch, tokens_per_seq, threads));
+}
+
+CpuKernelSet cpu_kernel_set() {
+  CpuKernelSet k;
+  k.simd = simd_level_name(detected_simd_level());
+  const char* core = openblas_get_corename();
+  k.blas = std::string("openblas ") + (core != nullptr ? core : "unknown");
+  return k;
 }
 
 }  // namespace zoe::model

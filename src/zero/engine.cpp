@@ -55,9 +55,11 @@ int Runtime::local_rank() const { return impl_->comm->local_rank(); }
 // ---------------------------------------------------------------------------------------------
 // Memory and setup
 
-ModuleParams Engine::Impl::views(const Module& mod, void* flat) const {
+namespace zero {
+
+ModuleParams EngineContext::views(const ModuleLayout& mod, void* flat) const {
   ModuleParams out;
-  out.dtype = zero::public_dtype(cdt);
+  out.dtype = public_dtype(cdt);
   const bool host = ops->host_addressable();
   out.tensors.reserve(mod.specs.size());
   out.data.reserve(mod.specs.size());
@@ -78,7 +80,7 @@ ModuleParams Engine::Impl::views(const Module& mod, void* flat) const {
   return out;
 }
 
-Result<device::DeviceBuffer> Engine::Impl::dalloc(size_t bytes) {
+Result<device::DeviceBuffer> EngineContext::dalloc(size_t bytes) {
   auto r = device::DeviceBuffer::allocate(*dev, bytes);
   if (!r.is_ok()) return r.status().with_context("allocating device memory");
   device::DeviceBuffer b = std::move(r).value();
@@ -88,7 +90,7 @@ Result<device::DeviceBuffer> Engine::Impl::dalloc(size_t bytes) {
   return b;
 }
 
-Result<void*> Engine::Impl::halloc(size_t bytes) {
+Result<void*> EngineContext::halloc(size_t bytes) {
   auto pin = cfg->zero.offload_optimizer.pin_memory ? io::PinMode::kDevice : io::PinMode::kNone;
   ZOE_ASSIGN_OR_RETURN(io::AlignedBuffer b, io::AlignedBuffer::allocate(bytes, pin));
   memset(b.data(), 0, bytes);
@@ -98,21 +100,24 @@ Result<void*> Engine::Impl::halloc(size_t bytes) {
   return p;
 }
 
-void Engine::Impl::free_device_memory() {
-  pending.clear();
-  for (auto& mod : modules) {
-    mod.full.reset();
-    mod.grad_buf.reset();
-    mod.gather_send.reset();
-    for (auto& b : mod.dev_states) b.reset();
-    if (mod.opt_home == OffloadDevice::kNone) {
-      mod.master = mod.exp_avg = mod.exp_avg_sq = nullptr;
-      mod.grad_acc = nullptr;
-    }
-  }
+}  // namespace zero
+
+Result<zero::ModuleId> Engine::Impl::module_id(const char* what, size_t m) const {
+  if (!modules.valid(m)) return invalid_argument("%s(%zu): there are %zu modules", what, m, modules.size());
+  return zero::ModuleId(m);
+}
+
+void Engine::Impl::shutdown() {
+  update.shutdown();  // an overlapped update still running behind (no collectives here)
+  grads.shutdown();
+  gather.shutdown();
+  ctx.swapper.reset();
+  ctx.tm.reset();
+  homes.free_device_memory();
 }
 
 Status Engine::Impl::setup_io() {
+  const config::Config& cfg = *ctx.cfg;
   std::vector<std::string> dirs;
   auto add_dirs = [&](const config::OffloadConfig& o) {
     if (o.device != OffloadDevice::kNvme) return;
@@ -120,43 +125,44 @@ Status Engine::Impl::setup_io() {
       if (std::find(dirs.begin(), dirs.end(), d) == dirs.end()) dirs.push_back(d);
     }
   };
-  add_dirs(cfg->zero.offload_optimizer);
-  add_dirs(cfg->zero.offload_param);
+  add_dirs(cfg.zero.offload_optimizer);
+  add_dirs(cfg.zero.offload_param);
   if (dirs.empty()) return Status::ok();
   io::IoEngineOptions eo;
-  eo.queue_depth = static_cast<uint32_t>(std::clamp<int64_t>(cfg->aio.queue_depth, 1, 65536));
-  eo.block_size = static_cast<size_t>(std::max<int64_t>(4096, cfg->aio.block_size / 4096 * 4096));
+  eo.queue_depth = static_cast<uint32_t>(std::clamp<int64_t>(cfg.aio.queue_depth, 1, 65536));
+  eo.block_size = static_cast<size_t>(std::max<int64_t>(4096, cfg.aio.block_size / 4096 * 4096));
   eo.faults = zero::engine_io_faults();
-  ZOE_ASSIGN_OR_RETURN(io, io::IoEngine::create(eo));
+  ZOE_ASSIGN_OR_RETURN(ctx.io, io::IoEngine::create(eo));
   io::SwapFileOptions so;
   so.dirs = dirs;
-  so.name = "zoe-swap-r" + std::to_string(rank) + "-" + std::to_string(getpid());
-  so.checksum = cfg->zoe.swap_checksum;
-  ZOE_ASSIGN_OR_RETURN(swap, io::SwapFile::create(so));
-  (void)swap->register_files(*io);
-  store = std::make_unique<offload::SwapStore>(swap.get(), io.get(), 0);
+  so.name = "zoe-swap-r" + std::to_string(ctx.rank) + "-" + std::to_string(getpid());
+  so.checksum = cfg.zoe.swap_checksum;
+  ZOE_ASSIGN_OR_RETURN(ctx.swap, io::SwapFile::create(so));
+  (void)ctx.swap->register_files(*ctx.io);
+  ctx.store = std::make_unique<offload::SwapStore>(ctx.swap.get(), ctx.io.get(), 0);
   return Status::ok();
 }
 
 // The tier manager (stage-3 partitions) and the optimizer swapper (NVMe-resident states), as
 // the placement sized them.
 Status Engine::Impl::setup_tiers() {
-  const zero::Placement& pl = placement;
+  const zero::Placement& pl = ctx.placement;
+  const config::Config& cfg = *ctx.cfg;
   if (pl.tier_manager) {
     offload::TierManagerOptions to;
-    to.device = dev.get();
+    to.device = ctx.dev.get();
     to.device_budget = pl.tm_device_budget;
     to.host_budget = pl.tm_host_budget;
-    to.nvme = store.get();
-    to.pin = cfg->zero.offload_param.pin_memory ? io::PinMode::kDevice : io::PinMode::kNone;
+    to.nvme = ctx.store.get();
+    to.pin = cfg.zero.offload_param.pin_memory ? io::PinMode::kDevice : io::PinMode::kNone;
     to.staging_bytes = pl.tm_staging_bytes;
     to.staging_count = pl.tm_staging_count;
     to.policy = offload::EvictionPolicyKind::kTrace;
     // A fetch that finds the device tier full of prefetches still loading waits for them to
     // land (then evicts) instead of failing; pins are only ever held for one fetch's gather.
     to.wait_for_unpin_ms = 60000;
-    to.trace = &trace;
-    ZOE_ASSIGN_OR_RETURN(tm, offload::TierManager::create(to));
+    to.trace = &ctx.trace;
+    ZOE_ASSIGN_OR_RETURN(ctx.tm, offload::TierManager::create(to));
   }
   if (pl.swapper) {
     offload::SwapperOptions so;
@@ -169,76 +175,47 @@ Status Engine::Impl::setup_tiers() {
     so.buffer_count = pl.swap_buffer_count;
     so.buffer_bytes = pl.swap_buffer_bytes;
     so.async_buffers = pl.swap_async_buffers;
-    so.pin = cfg->zero.offload_optimizer.pin_memory ? io::PinMode::kDevice : io::PinMode::kNone;
-    so.trace = &trace;
-    ZOE_ASSIGN_OR_RETURN(swapper, offload::OptimizerSwapper::create(store.get(), so));
+    so.pin = cfg.zero.offload_optimizer.pin_memory ? io::PinMode::kDevice : io::PinMode::kNone;
+    so.trace = &ctx.trace;
+    ZOE_ASSIGN_OR_RETURN(ctx.swapper, offload::OptimizerSwapper::create(ctx.store.get(), so));
   }
   return Status::ok();
 }
 
 // Initial values of module m: its compute parameters and optimizer states in their homes.
-Status Engine::Impl::place_module(size_t m, const std::function<void(size_t, size_t, float*, size_t)>& init) {
-  Module& mod = modules[m];
-  const size_t es = esize();
+Status Engine::Impl::place_module(zero::ModuleId m,
+                                  const std::function<void(size_t, size_t, float*, size_t)>& init) {
+  const zero::ModuleLayout& mod = modules[m];
   std::vector<float> full(mod.padded, 0.0f);
-  for (size_t p = 0; p < mod.specs.size(); ++p) init(m, p, full.data() + mod.offset[p], mod.numel[p]);
-  const float* own = full.data() + mod.opt_begin;
-  // Compute parameters.
-  std::vector<char> cbuf(mod.padded * es);
-  zero::OpsFence fence(*ops);  // the copies below read full and cbuf
-  zero::store_compute(cbuf.data(), full.data(), cdt, mod.padded);
-  if (!mod.partitioned_params) {
-    ZOE_ASSIGN_OR_RETURN(mod.full, dalloc(mod.padded * es));
-    ZOE_RETURN_IF_ERROR(ops->to_device(mod.full.get(), cbuf.data(), cbuf.size()));
-  } else {
-    const zero::Home h = placement.modules[m].param_home;
-    const Tier home = h == zero::Home::kDevice ? Tier::kDevice
-                      : h == zero::Home::kHost ? Tier::kHost
-                                               : Tier::kNvme;
-    ZOE_RETURN_IF_ERROR_CTX(tm->add_item(m, mod.part * es, home),
-                            "placing the parameters of module " + mod.name);
-    ZOE_RETURN_IF_ERROR(tm->write(m, cbuf.data() + static_cast<size_t>(rank) * mod.part * es));
-  }
+  for (size_t p = 0; p < mod.specs.size(); ++p) init(m.index, p, full.data() + mod.offset[p], mod.numel[p]);
+  std::vector<char> cbuf(mod.padded * ctx.esize());
+  zero::OpsFence fence(*ctx.ops);  // the copies below read full and cbuf
+  zero::store_compute(cbuf.data(), full.data(), ctx.cdt, mod.padded);
+  ZOE_RETURN_IF_ERROR(homes.place(m, cbuf.data()));
   // Optimizer states and gradient accumulator of the owned range.
-  const size_t sbytes = mod.opt_n * placement.state_bytes;
-  switch (mod.opt_home) {
-    case OffloadDevice::kNone: {
-      const size_t sizes[4] = {mod.opt_n * 4, sbytes, sbytes, mod.opt_n * 4};
-      for (int k = 0; k < 4; ++k) {
-        ZOE_ASSIGN_OR_RETURN(mod.dev_states[k], dalloc(sizes[k]));
-      }
-      mod.master = mod.dev_states[0].get();
-      mod.exp_avg = mod.dev_states[1].get();
-      mod.exp_avg_sq = mod.dev_states[2].get();
-      mod.grad_acc = static_cast<float*>(mod.dev_states[3].get());
-      ZOE_RETURN_IF_ERROR(ops->put(mod.master, true, own, false, mod.opt_n * 4));
-      break;
-    }
-    case OffloadDevice::kCpu: {
-      ZOE_ASSIGN_OR_RETURN(mod.master, halloc(mod.opt_n * 4));
-      ZOE_ASSIGN_OR_RETURN(mod.exp_avg, halloc(sbytes));
-      ZOE_ASSIGN_OR_RETURN(mod.exp_avg_sq, halloc(sbytes));
-      ZOE_ASSIGN_OR_RETURN(void* g, halloc(mod.opt_n * 4));
-      mod.grad_acc = static_cast<float*>(g);
-      if (cfg->zoe.speculative_step) {
-        ZOE_ASSIGN_OR_RETURN(mod.spec_save, halloc(mod.opt_n * 4 + 2 * sbytes));
-        ZOE_ASSIGN_OR_RETURN(mod.spec_out, halloc(mod.opt_n * esize()));
-      }
-      ZOE_RETURN_IF_ERROR(ops->put(mod.master, false, own, false, mod.opt_n * 4));
-      break;
-    }
-    case OffloadDevice::kNvme: {
-      ZOE_RETURN_IF_ERROR_CTX(swapper->add_group(m, mod.opt_n),
-                              "placing the optimizer states of module " + mod.name);
-      ZOE_RETURN_IF_ERROR(swapper->write_state(m, kMasterState, own));
-      std::vector<char> zeros(sbytes, 0);
-      ZOE_RETURN_IF_ERROR(swapper->write_state(m, kAvgState, zeros.data()));
-      ZOE_RETURN_IF_ERROR(swapper->write_state(m, kAvgSqState, zeros.data()));
-      // The gradient accumulator lives on NVMe too (written by the first reduction of a step).
-      break;
-    }
-  }
+  ZOE_RETURN_IF_ERROR(update.place(m, full.data() + mod.opt_begin));
   return fence.wait();
+}
+
+// NVMe space for everything that lives there, checked before anything is written.
+Status Engine::Impl::check_nvme_space() const {
+  if (!ctx.swap) return Status::ok();
+  const uint64_t need = ctx.placement.nvme_bytes();
+  uint64_t free_b = 0;
+  std::string where;
+  for (const auto& f : ctx.swap->files()) {
+    auto fb = io::free_bytes_at(f->path());
+    if (fb.is_ok()) free_b += fb.value() / ctx.swap->files().size();  // files may share a file system
+    where += (where.empty() ? "" : ", ") + f->path();
+  }
+  if (need > free_b) {
+    return no_space(
+        "the model needs %llu bytes (%s) of NVMe swap space on this rank but only %llu bytes (%s) are "
+        "free at %s",
+        static_cast<unsigned long long>(need), format_bytes(need).c_str(),
+        static_cast<unsigned long long>(free_b), format_bytes(free_b).c_str(), where.c_str());
+  }
+  return Status::ok();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -254,15 +231,7 @@ Engine::~Engine() {
   if (!impl_) return;
   Status s = finish_save();
   if (!s.is_ok()) ZOE_LOG_ERROR("asynchronous checkpoint: %s", s.to_string().c_str());
-  (void)impl_->join_update();  // an overlapped update still running behind (no collectives here)
-  for (auto& p : impl_->pending) (void)p.h.wait();
-  for (auto& mod : impl_->modules) {
-    if (mod.gather_pending) (void)mod.gather.wait();
-  }
-  impl_->wait_writebacks();
-  impl_->swapper.reset();
-  impl_->tm.reset();
-  impl_->free_device_memory();
+  impl_->shutdown();
 }
 Result<std::unique_ptr<Engine>> Engine::create(Runtime& rt, const Config& cfg) {
   return zero::create_engine(rt, ConfigAccess::get(cfg));
@@ -273,28 +242,28 @@ Result<std::unique_ptr<Engine>> zero::create_engine(Runtime& rt, const config::C
   // The file system, checked here rather than while parsing: NVMe directories exist and are writable.
   ZOE_RETURN_IF_ERROR(config::check_paths(cfg));
   auto impl = std::make_unique<Impl>();
-  impl->rt = &rt;
-  impl->comm = &zero::runtime_comm(rt);
-  impl->rank = rt.rank();
-  impl->world = rt.world_size();
-  impl->cfg = std::make_unique<config::Config>(cfg);
-  impl->stage = cfg.zero.stage;
-  impl->opt_off = cfg.zero.offload_optimizer.device;
-  impl->param_off = cfg.zero.offload_param.device;
-  impl->cdt = cfg.bf16 ? DType::kBF16 : cfg.fp16.enabled ? DType::kF16 : DType::kF32;
-  if (impl->stage < 0 || impl->stage > 3)
-    return invalid_argument("zero_optimization.stage %d is not 0-3", impl->stage);
-  if (impl->param_off != OffloadDevice::kNone && impl->stage != 3) {
-    return invalid_argument("zero_optimization.offload_param needs stage 3 (stage is %d)", impl->stage);
+  impl->ctx.rt = &rt;
+  impl->ctx.comm = &zero::runtime_comm(rt);
+  impl->ctx.rank = rt.rank();
+  impl->ctx.world = rt.world_size();
+  impl->ctx.cfg = std::make_unique<config::Config>(cfg);
+  impl->ctx.stage = cfg.zero.stage;
+  impl->ctx.opt_off = cfg.zero.offload_optimizer.device;
+  impl->ctx.param_off = cfg.zero.offload_param.device;
+  impl->ctx.cdt = cfg.bf16 ? DType::kBF16 : cfg.fp16.enabled ? DType::kF16 : DType::kF32;
+  if (impl->ctx.stage < 0 || impl->ctx.stage > 3)
+    return invalid_argument("zero_optimization.stage %d is not 0-3", impl->ctx.stage);
+  if (impl->ctx.param_off != OffloadDevice::kNone && impl->ctx.stage != 3) {
+    return invalid_argument("zero_optimization.offload_param needs stage 3 (stage is %d)", impl->ctx.stage);
   }
-  if (impl->opt_off != OffloadDevice::kNone && impl->stage == 0) {
+  if (impl->ctx.opt_off != OffloadDevice::kNone && impl->ctx.stage == 0) {
     return invalid_argument("zero_optimization.offload_optimizer needs stage 1, 2 or 3");
   }
   uint64_t budget = static_cast<uint64_t>(cfg.zoe.device_budget_bytes);
   if (budget == 0) budget = 64ull << 30;
   optim::CpuPool::Options po;
   po.threads = static_cast<int>(cfg.zoe.optimizer_threads);
-  ZOE_ASSIGN_OR_RETURN(impl->pool, optim::CpuPool::create(po));
+  ZOE_ASSIGN_OR_RETURN(impl->ctx.pool, optim::CpuPool::create(po));
   if (cfg.zoe.device == "cuda") {
     // The GPU of this rank's local rank; device-buffer collectives over NCCL (bootstrapped
     // through the runtime's communicator), host ones over the runtime's.
@@ -304,18 +273,18 @@ Result<std::unique_ptr<Engine>> zero::create_engine(Runtime& rt, const config::C
       return unsupported("zoe.device \"cuda\": no usable GPU (%s); use \"cpu\"",
                          why.empty() ? "none found" : why.c_str());
     }
-    const int ordinal = impl->comm->local_rank() % count;
-    ZOE_ASSIGN_OR_RETURN(impl->dev, device::create_cuda_device(ordinal, budget));
+    const int ordinal = impl->ctx.comm->local_rank() % count;
+    ZOE_ASSIGN_OR_RETURN(impl->ctx.dev, device::create_cuda_device(ordinal, budget));
     // Every stream comes from the device: the kernels' (inside the ops) and the collectives'.
-    ZOE_ASSIGN_OR_RETURN(impl->ops, zero::make_cuda_ops(*impl->dev, ordinal));
-    ZOE_ASSIGN_OR_RETURN(impl->comm_stream, impl->dev->create_stream());
-    ZOE_ASSIGN_OR_RETURN(impl->own_dcomm,
-                         comm::create_nccl_comm(*impl->comm, ordinal, impl->comm_stream->native_handle()));
-    impl->dcomm = impl->own_dcomm.get();
+    ZOE_ASSIGN_OR_RETURN(impl->ctx.ops, zero::make_cuda_ops(*impl->ctx.dev, ordinal));
+    ZOE_ASSIGN_OR_RETURN(impl->ctx.comm_stream, impl->ctx.dev->create_stream());
+    ZOE_ASSIGN_OR_RETURN(impl->ctx.own_dcomm, comm::create_nccl_comm(*impl->ctx.comm, ordinal,
+                                                                     impl->ctx.comm_stream->native_handle()));
+    impl->ctx.dcomm = impl->ctx.own_dcomm.get();
   } else {
-    ZOE_ASSIGN_OR_RETURN(impl->dev, device::create_cpu_device(budget));
-    impl->ops = zero::make_cpu_ops(impl->pool.get(), zero::deferred_device_ops());
-    impl->dcomm = impl->comm;
+    ZOE_ASSIGN_OR_RETURN(impl->ctx.dev, device::create_cpu_device(budget));
+    impl->ctx.ops = zero::make_cpu_ops(impl->ctx.pool.get(), zero::deferred_device_ops());
+    impl->ctx.dcomm = impl->ctx.comm;
   }
   zero::LossScaler::Options lo;
   lo.static_scale = cfg.fp16.enabled ? cfg.fp16.loss_scale : 1.0;
@@ -324,7 +293,7 @@ Result<std::unique_ptr<Engine>> zero::create_engine(Runtime& rt, const config::C
   lo.hysteresis = cfg.fp16.hysteresis;
   lo.consecutive_hysteresis = cfg.fp16.consecutive_hysteresis;
   lo.min_scale = cfg.fp16.min_loss_scale;
-  impl->scaler = zero::LossScaler(lo);
+  impl->update.scaler() = zero::LossScaler(lo);
   ZOE_RETURN_IF_ERROR(impl->setup_io());
   return EngineAccess::make(std::move(impl));
 }
@@ -333,7 +302,7 @@ Status Engine::add_module(const std::string& name, const std::vector<ParamSpec>&
   Impl& I = *impl_;
   if (I.initialized) return invalid_argument("add_module(%s) after initialize()", name.c_str());
   if (params.empty()) return invalid_argument("module %s has no parameters", name.c_str());
-  Impl::Module mod;
+  zero::ModuleLayout mod;
   mod.name = name;
   mod.specs = params;
   for (const auto& p : params) {
@@ -350,25 +319,17 @@ Status Engine::add_module(const std::string& name, const std::vector<ParamSpec>&
     mod.numel.push_back(n);
     mod.total += n;
   }
-  I.modules.push_back(std::move(mod));
+  I.modules.add(std::move(mod));
   return Status::ok();
 }
 
-Status Engine::initialize(const std::function<void(size_t, size_t, float*, size_t)>& init) {
-  Impl& I = *impl_;
-  if (I.initialized) return invalid_argument("initialize() called twice");
-  if (I.modules.empty()) return invalid_argument("initialize(): no modules registered");
-  // 1. The plan: every decision about where bytes live.
-  std::vector<zero::ModuleShape> shapes;
-  for (const auto& mod : I.modules) shapes.push_back({mod.name, mod.numel});
-  zero::PlanTarget target;
-  target.device_budget = I.dev->budget_bytes();
-  // Queued gathers run a host task on the communicator's stream: host-memory devices only.
-  target.queued_gathers = I.ops->host_addressable() && I.dcomm == I.comm;
-  ZOE_ASSIGN_OR_RETURN(I.placement, zero::plan_placement(*I.cfg, shapes, I.world, I.rank, target));
-  for (size_t m = 0; m < I.modules.size(); ++m) {
-    const zero::ModulePlacement& mp = I.placement.modules[m];
-    Impl::Module& mod = I.modules[m];
+namespace {
+
+// The layout the placement gave each module, into the module table.
+void apply_layout(const zero::Placement& pl, zero::ModuleTable* modules) {
+  for (zero::ModuleId m : modules->ids()) {
+    const zero::ModulePlacement& mp = pl.modules[m.index];
+    zero::ModuleLayout& mod = (*modules)[m];
     mod.padded = mp.padded;
     mod.part = mp.part;
     mod.partitioned_params = mp.partitioned_params;
@@ -378,82 +339,89 @@ Status Engine::initialize(const std::function<void(size_t, size_t, float*, size_
                    : mp.opt_home == zero::Home::kHost ? OffloadDevice::kCpu
                                                       : OffloadDevice::kNvme;
   }
+}
+
+}  // namespace
+
+Status Engine::initialize(const std::function<void(size_t, size_t, float*, size_t)>& init) {
+  Impl& I = *impl_;
+  zero::EngineContext& ctx = I.ctx;
+  if (I.initialized) return invalid_argument("initialize() called twice");
+  if (I.modules.empty()) return invalid_argument("initialize(): no modules registered");
+  // 1. The plan: every decision about where bytes live.
+  std::vector<zero::ModuleShape> shapes;
+  for (const auto& mod : I.modules.all()) shapes.push_back({mod.name, mod.numel});
+  zero::PlanTarget target;
+  target.device_budget = ctx.dev->budget_bytes();
+  // Queued gathers run a host task on the communicator's stream: host-memory devices only.
+  target.queued_gathers = ctx.ops->host_addressable() && ctx.dcomm == ctx.comm;
+  ZOE_ASSIGN_OR_RETURN(ctx.placement, zero::plan_placement(*ctx.cfg, shapes, ctx.world, ctx.rank, target));
+  apply_layout(ctx.placement, &I.modules);
+  I.grads.resize(I.modules.size());
+  I.gather.resize(I.modules.size());
   // 2. NVMe space for everything that lives there, checked before anything is written.
-  if (I.swap) {
-    const uint64_t need = I.placement.nvme_bytes();
-    uint64_t free_b = 0;
-    std::string where;
-    for (const auto& f : I.swap->files()) {
-      auto fb = io::free_bytes_at(f->path());
-      if (fb.is_ok()) free_b += fb.value() / I.swap->files().size();  // files may share a file system
-      where += (where.empty() ? "" : ", ") + f->path();
-    }
-    if (need > free_b) {
-      return no_space(
-          "the model needs %llu bytes (%s) of NVMe swap space on this rank but only %llu bytes (%s) are "
-          "free at %s",
-          static_cast<unsigned long long>(need), format_bytes(need).c_str(),
-          static_cast<unsigned long long>(free_b), format_bytes(free_b).c_str(), where.c_str());
-    }
-  }
+  ZOE_RETURN_IF_ERROR(I.check_nvme_space());
   // 3. Tiers and swapper, then every state in its home.
   ZOE_RETURN_IF_ERROR(I.setup_tiers());
-  for (size_t m = 0; m < I.modules.size(); ++m) ZOE_RETURN_IF_ERROR(I.place_module(m, init));
-  ZOE_CHECK_MSG(I.dev->used_bytes() == I.placement.resident.device,
+  for (zero::ModuleId m : I.modules.ids()) ZOE_RETURN_IF_ERROR(I.place_module(m, init));
+  ZOE_CHECK_MSG(ctx.dev->used_bytes() == ctx.placement.resident.device,
                 "placement: the device holds %llu bytes after initialize(), the plan said %llu",
-                static_cast<unsigned long long>(I.dev->used_bytes()),
-                static_cast<unsigned long long>(I.placement.resident.device));
-  I.gather_window = I.placement.gather_window;
+                static_cast<unsigned long long>(ctx.dev->used_bytes()),
+                static_cast<unsigned long long>(ctx.placement.resident.device));
+  I.gather.set_window(ctx.placement.gather_window);
   I.initialized = true;
-  I.last_step_ns = now_ns();
-  if (I.tm) I.tm->begin_trace();
+  I.clock.last_step_ns = now_ns();
+  if (ctx.tm) ctx.tm->begin_trace();
   return Status::ok();
 }
 
 size_t Engine::num_modules() const { return impl_->modules.size(); }
-const std::string& Engine::module_name(size_t m) const { return impl_->modules.at(m).name; }
-ComputeDType Engine::compute_dtype() const { return zero::public_dtype(impl_->cdt); }
-double Engine::loss_scale() const { return impl_->cdt == DType::kF16 ? impl_->scaler.scale() : 1.0; }
+const std::string& Engine::module_name(size_t m) const { return impl_->modules.all().at(m).name; }
+ComputeDType Engine::compute_dtype() const { return zero::public_dtype(impl_->ctx.cdt); }
+double Engine::loss_scale() const {
+  return impl_->ctx.cdt == DType::kF16 ? impl_->update.scaler().scale() : 1.0;
+}
 
 uint64_t Engine::num_params() const {
   uint64_t n = 0;
-  for (const auto& mod : impl_->modules) n += mod.total;
+  for (const auto& mod : impl_->modules.all()) n += mod.total;
   return n;
 }
 
 uint64_t Engine::model_state_bytes() const {
-  const Impl& I = *impl_;
-  uint64_t n = num_params(), w = static_cast<uint64_t>(I.world);
-  uint64_t params = (I.stage == 3 ? n / w : n) * I.esize();
-  uint64_t grads = (I.stage >= 2 ? n / w : n) * 4;
-  uint64_t optim = (I.stage >= 1 ? n / w : n) * (4 + 2 * (I.cfg->zoe.bf16_optimizer_states ? 2 : 4));
+  const zero::EngineContext& c = impl_->ctx;
+  uint64_t n = num_params(), w = static_cast<uint64_t>(c.world);
+  uint64_t params = (c.stage == 3 ? n / w : n) * c.esize();
+  uint64_t grads = (c.stage >= 2 ? n / w : n) * 4;
+  uint64_t optim = (c.stage >= 1 ? n / w : n) * (4 + 2 * (c.cfg->zoe.bf16_optimizer_states ? 2 : 4));
   return params + grads + optim;
 }
 
-uint64_t Engine::device_budget_bytes() const { return impl_->dev->budget_bytes(); }
+uint64_t Engine::device_budget_bytes() const { return impl_->ctx.dev->budget_bytes(); }
 
 MemoryUse Engine::memory_in_use() const {
-  const Impl& I = *impl_;
+  const zero::EngineContext& c = impl_->ctx;
   MemoryUse u;
-  u.device = I.dev->used_bytes();
-  u.host = I.host_bytes + (I.swapper ? I.swapper->buffer_bytes_total() : 0);
-  u.nvme = I.store ? I.store->used_bytes() : 0;
-  if (I.tm) {
-    const offload::TierStats ts = I.tm->stats();
+  u.device = c.dev->used_bytes();
+  u.host = c.host_bytes + (c.swapper ? c.swapper->buffer_bytes_total() : 0);
+  u.nvme = c.store ? c.store->used_bytes() : 0;
+  if (c.tm) {
+    const offload::TierStats ts = c.tm->stats();
     u.device_partitions = ts.used[0];
     u.host += ts.used[1];
-    for (size_t m = 0; m < I.modules.size(); ++m) {
-      if (!I.modules[m].partitioned_params) continue;
-      u.partition_pins += I.tm->pins(m, Tier::kDevice) + I.tm->pins(m, Tier::kHost);
+    for (zero::ModuleId m : impl_->modules.ids()) {
+      if (!impl_->modules[m].partitioned_params) continue;
+      u.partition_pins +=
+          c.tm->pins(zero::tier_item(m), Tier::kDevice) + c.tm->pins(zero::tier_item(m), Tier::kHost);
     }
   }
   return u;
 }
 
-Status Engine::write_trace(const std::string& path) const { return impl_->trace.write_chrome_json(path); }
-void Engine::enable_trace(bool on) { impl_->trace.set_enabled(on); }
+Status Engine::write_trace(const std::string& path) const { return impl_->ctx.trace.write_chrome_json(path); }
+void Engine::enable_trace(bool on) { impl_->ctx.trace.set_enabled(on); }
 void Engine::record_compute(const std::string& name, uint64_t begin_ns, uint64_t end_ns) {
-  impl_->trace.record(name, "compute", begin_ns, end_ns, 0, kLaneCompute);
+  impl_->ctx.trace.record(name, "compute", begin_ns, end_ns, 0, kLaneCompute);
 }
 
 }  // namespace zoe

@@ -66,54 +66,58 @@ Status agree(comm::Communicator& c, Status local, const std::string& what) {
 // Elements per piece of a checkpoint transfer: the swapper's chunk (whose I/O alignment it
 // needs), else 4 Mi elements; a multiple of 2048, so every piece is whole 4 KiB blocks.
 size_t save_chunk_elems(const Engine::Impl& I) {
-  return I.swapper ? I.swapper->chunk_elems() : (size_t{4} << 20);
+  return I.ctx.swapper ? I.ctx.swapper->chunk_elems() : (size_t{4} << 20);
 }
 
 }  // namespace
 
-int64_t Engine::steps_taken() const { return impl_->steps; }
+int64_t Engine::steps_taken() const { return impl_->update.steps(); }
 
 namespace {
 
 // Writes this rank's states into the checkpoint's temporary directory; only reads the states.
 Status write_rank_file(Engine::Impl& I, const std::string& tmp, std::vector<ckpt::TensorRecord>* records,
                        ckpt::FileInfo* file) {
-  ZOE_ASSIGN_OR_RETURN(auto w, ckpt::RankWriter::create(tmp, I.rank));
-  const size_t es = I.esize();
-  const bool sbf16 = I.cfg->zoe.bf16_optimizer_states;
+  ZOE_ASSIGN_OR_RETURN(auto w, ckpt::RankWriter::create(tmp, I.ctx.rank));
+  const size_t es = I.ctx.esize();
+  const bool sbf16 = I.ctx.cfg->zoe.bf16_optimizer_states;
   const size_t sb = sbf16 ? 2 : 4;
   const char* sdt = sbf16 ? "bf16" : "f32";
   std::vector<char> buf, dstage;
   // Device memory read through a buffer of this function's own (it may run on the save thread).
   auto view = [&](const void* dsrc, size_t bytes) -> Result<const void*> {
-    if (I.ops->host_addressable()) return dsrc;
+    if (I.ctx.ops->host_addressable()) return dsrc;
     dstage.resize(bytes);
-    ZOE_RETURN_IF_ERROR(I.ops->to_host(dstage.data(), dsrc, bytes));
-    ZOE_RETURN_IF_ERROR(I.ops->synchronize());
+    ZOE_RETURN_IF_ERROR(I.ctx.ops->to_host(dstage.data(), dsrc, bytes));
+    ZOE_RETURN_IF_ERROR(I.ctx.ops->synchronize());
     return static_cast<const void*>(dstage.data());
   };
   // States stream through one chunk-sized buffer: host memory stays bounded whatever the model.
   const size_t chunk = save_chunk_elems(I);
   for (uint32_t m = 0; m < I.modules.size(); ++m) {
-    Engine::Impl::Module& mod = I.modules[m];
-    if (I.stage == 0 && I.rank != 0) continue;  // at stage 0 every rank holds everything: rank 0 writes it
+    const zero::ModuleId id(m);
+    const zero::ModuleLayout& mod = I.modules[id];
+    const zero::OptimStates& st = I.update.states(id);
+    if (I.ctx.stage == 0 && I.ctx.rank != 0)
+      continue;  // at stage 0 every rank holds everything: rank 0 writes it
     // Compute parameters of the owned range, from wherever they live.
-    ZOE_RETURN_IF_ERROR(w->begin_tensor(m, "param", ckpt_dtype(I.cdt), mod.opt_begin, mod.opt_n));
+    ZOE_RETURN_IF_ERROR(w->begin_tensor(m, "param", ckpt_dtype(I.ctx.cdt), mod.opt_begin, mod.opt_n));
     for (size_t b = 0; b < mod.opt_n; b += chunk) {
       size_t n = std::min(chunk, mod.opt_n - b);
       if (mod.partitioned_params) {
         buf.resize(n * es);
-        ZOE_RETURN_IF_ERROR(I.tm->read(m, buf.data(), b * es, n * es));
+        ZOE_RETURN_IF_ERROR(I.ctx.tm->read(zero::tier_item(id), buf.data(), b * es, n * es));
         ZOE_RETURN_IF_ERROR(w->append(buf.data(), n * es));
       } else {
-        ZOE_ASSIGN_OR_RETURN(const void* h, view(mod.full.bytes_ptr() + (mod.opt_begin + b) * es, n * es));
+        ZOE_ASSIGN_OR_RETURN(const void* h,
+                             view(I.homes.persistent(id).bytes_ptr() + (mod.opt_begin + b) * es, n * es));
         ZOE_RETURN_IF_ERROR(w->append(h, n * es));
       }
     }
     ZOE_RETURN_IF_ERROR(w->end_tensor());
     // fp32 master, m and v.
     const char* kinds[3] = {"master", "exp_avg", "exp_avg_sq"};
-    void* homes[3] = {mod.master, mod.exp_avg, mod.exp_avg_sq};
+    void* homes[3] = {st.master, st.exp_avg, st.exp_avg_sq};
     for (int k = 0; k < 3; ++k) {
       const size_t eb = k == 0 ? 4 : sb;
       ZOE_RETURN_IF_ERROR(w->begin_tensor(m, kinds[k], k == 0 ? "f32" : sdt, mod.opt_begin, mod.opt_n));
@@ -121,7 +125,8 @@ Status write_rank_file(Engine::Impl& I, const std::string& tmp, std::vector<ckpt
         size_t n = std::min(chunk, mod.opt_n - b);
         if (mod.opt_home == OffloadDevice::kNvme) {
           buf.resize(n * eb);
-          ZOE_RETURN_IF_ERROR(I.swapper->read_state(m, static_cast<size_t>(k), buf.data(), b, n));
+          ZOE_RETURN_IF_ERROR(
+              I.ctx.swapper->read_state(zero::swap_group(id), static_cast<size_t>(k), buf.data(), b, n));
           ZOE_RETURN_IF_ERROR(w->append(buf.data(), n * eb));
         } else if (mod.opt_home == OffloadDevice::kNone) {
           ZOE_ASSIGN_OR_RETURN(const void* h, view(static_cast<char*>(homes[k]) + b * eb, n * eb));
@@ -158,20 +163,20 @@ std::string records_to_json(const std::vector<ckpt::TensorRecord>& records, cons
 Status commit_save(Engine::Impl& I, const std::string& save_dir, const std::string& tag,
                    const std::string& tmp, int64_t steps, const std::string& trainer, Status written,
                    const std::string& records_json) {
-  comm::Communicator& c = *I.comm;
+  comm::Communicator& c = *I.ctx.comm;
   Status s = agree(c, written, "writing checkpoint " + tag);
   if (!s.is_ok()) {
-    if (I.rank == 0) ckpt::abort_checkpoint(tmp);
+    if (I.ctx.rank == 0) ckpt::abort_checkpoint(tmp);
     return s;
   }
   ZOE_ASSIGN_OR_RETURN(auto gathered, all_gather_strings(c, records_json));
   Status commit;
-  if (I.rank == 0) {
+  if (I.ctx.rank == 0) {
     ckpt::Manifest man;
-    man.world_size = I.world;
-    man.stage = I.stage;
+    man.world_size = I.ctx.world;
+    man.stage = I.ctx.stage;
     man.step = steps;
-    for (const auto& mod : I.modules) {
+    for (const auto& mod : I.modules.all()) {
       ckpt::ModuleInfo mi;
       mi.name = mod.name;
       mi.padded = mod.padded;
@@ -190,10 +195,10 @@ Status commit_save(Engine::Impl& I, const std::string& save_dir, const std::stri
                                t["offset"], t["bytes"], t["xxh64"]});
       }
     }
-    zero::LossScaler::State ls = I.scaler.state();
+    zero::LossScaler::State ls = I.update.scaler().state();
     man.engine = {{"steps", steps},
-                  {"precision", ckpt_dtype(I.cdt)},
-                  {"bf16_optimizer_states", I.cfg->zoe.bf16_optimizer_states},
+                  {"precision", ckpt_dtype(I.ctx.cdt)},
+                  {"bf16_optimizer_states", I.ctx.cfg->zoe.bf16_optimizer_states},
                   {"loss_scaler",
                    {{"scale", ls.scale},
                     {"iter", ls.iter},
@@ -221,14 +226,14 @@ Status Engine::finish_save() {
 Status Engine::claim_save_dir(const std::string& save_dir) {
   Impl& I = *impl_;
   std::string err;  // rank 0's: every rank returns the same answer
-  if (I.rank == 0) {
+  if (I.ctx.rank == 0) {
     std::error_code ec;
     std::filesystem::create_directories(save_dir, ec);
     Status s = ec ? sys_error("mkdir -p", save_dir, ec.value()) : ckpt::hold_save_dir(save_dir);
     if (!s.is_ok()) err = s.to_string();
   }
-  if (I.world > 1) {
-    ZOE_ASSIGN_OR_RETURN(err, broadcast_string(*I.comm, err));
+  if (I.ctx.world > 1) {
+    ZOE_ASSIGN_OR_RETURN(err, broadcast_string(*I.ctx.comm, err));
   }
   if (!err.empty()) return Status(StatusCode::kAlreadyExists, err).with_context("claiming " + save_dir);
   return Status::ok();
@@ -236,24 +241,25 @@ Status Engine::claim_save_dir(const std::string& save_dir) {
 
 Status Engine::save(const std::string& save_dir, const std::string& tag,
                     const std::string& trainer_state_json, bool async) {
-  ZOE_RETURN_IF_ERROR_CTX(impl_->finish_update(), "finishing the optimizer step before saving");
+  ZOE_RETURN_IF_ERROR_CTX(impl_->update.finish(), "finishing the optimizer step before saving");
   Impl& I = *impl_;
   if (!I.initialized) return invalid_argument("save() before initialize()");
   ZOE_RETURN_IF_ERROR(finish_save());
-  ZOE_RETURN_IF_ERROR(I.complete_pending(true));
+  ZOE_RETURN_IF_ERROR(I.grads.complete(true));
   // A checkpoint holds the states of the last step taken (after the accumulations above: the last
   // of them may have speculated).
-  I.unspeculate_all();
-  for (const auto& mod : I.modules) {
-    if (mod.grad_buf || (mod.fetched && mod.partitioned_params)) {
-      return invalid_argument("save(): call it between steps (module %s is in use)", mod.name.c_str());
+  I.update.unspeculate_all();
+  for (zero::ModuleId m : I.modules.ids()) {
+    if (I.grads.unreduced(m) || I.gather.in_use(m)) {
+      return invalid_argument("save(): call it between steps (module %s is in use)",
+                              I.modules[m].name.c_str());
     }
   }
-  comm::Communicator& c = *I.comm;
+  comm::Communicator& c = *I.ctx.comm;
   // Rank 0 creates the temporary directory; every rank writes its own file into it.
   std::string tmp;
   Status s;
-  if (I.rank == 0) {
+  if (I.ctx.rank == 0) {
     auto t = ckpt::begin_checkpoint(save_dir, tag);
     if (t.is_ok())
       tmp = t.value();
@@ -266,7 +272,7 @@ Status Engine::save(const std::string& save_dir, const std::string& tag,
     std::vector<ckpt::TensorRecord> records;
     ckpt::FileInfo file;
     Status w = write_rank_file(I, tmp, &records, &file);
-    return commit_save(I, save_dir, tag, tmp, I.steps, trainer_state_json, w,
+    return commit_save(I, save_dir, tag, tmp, I.update.steps(), trainer_state_json, w,
                        w.is_ok() ? records_to_json(records, file) : "");
   }
   auto a = std::make_unique<Impl::AsyncSave>();
@@ -274,7 +280,7 @@ Status Engine::save(const std::string& save_dir, const std::string& tag,
   a->tag = tag;
   a->tmp = tmp;
   a->trainer = trainer_state_json;
-  a->steps = I.steps;
+  a->steps = I.update.steps();
   Impl::AsyncSave* ap = a.get();
   a->thread = std::thread([&I, ap] {
     std::vector<ckpt::TensorRecord> records;
@@ -290,14 +296,14 @@ Status Engine::save(const std::string& save_dir, const std::string& tag,
 }
 
 Result<std::string> Engine::load(const std::string& dir) {
-  ZOE_RETURN_IF_ERROR_CTX(impl_->finish_update(), "finishing the optimizer step before loading");
+  ZOE_RETURN_IF_ERROR_CTX(impl_->update.finish(), "finishing the optimizer step before loading");
   Impl& I = *impl_;
   if (!I.initialized) return invalid_argument("load() before initialize()");
   ZOE_RETURN_IF_ERROR(finish_save());
-  ZOE_RETURN_IF_ERROR(I.complete_pending(true));
-  I.unspeculate_all();
-  ZOE_RETURN_IF_ERROR(I.discard_gathers());  // they hold the parameters being replaced
-  comm::Communicator& c = *I.comm;
+  ZOE_RETURN_IF_ERROR(I.grads.complete(true));
+  I.update.unspeculate_all();
+  ZOE_RETURN_IF_ERROR(I.gather.discard());  // they hold the parameters being replaced
+  comm::Communicator& c = *I.ctx.comm;
   std::unique_ptr<ckpt::Reader> rd;
   Status s;
   {
@@ -307,7 +313,7 @@ Result<std::string> Engine::load(const std::string& dir) {
     else
       s = r.status();
   }
-  if (s.is_ok() && I.rank == 0) s = rd->verify();
+  if (s.is_ok() && I.ctx.rank == 0) s = rd->verify();
   ZOE_RETURN_IF_ERROR(agree(c, s, "loading checkpoint " + dir));
   const ckpt::Manifest& man = rd->manifest();
   // The model must be the same one; world size, stage and placement may differ.
@@ -317,7 +323,7 @@ Result<std::string> Engine::load(const std::string& dir) {
   }
   for (size_t m = 0; m < I.modules.size(); ++m) {
     const auto& a = man.modules[m];
-    const auto& b = I.modules[m];
+    const auto& b = I.modules[zero::ModuleId(m)];
     bool same = a.name == b.name && a.params.size() == b.specs.size();
     for (size_t p = 0; same && p < b.specs.size(); ++p) {
       same = a.params[p].name == b.specs[p].name && a.params[p].shape == b.specs[p].shape &&
@@ -347,14 +353,16 @@ Result<std::string> Engine::load(const std::string& dir) {
     ZOE_RETURN_IF_ERROR(l.get_optional("delayed_shift", &ls.delayed_shift));
     if (!(ls.scale > 0) || !std::isfinite(ls.scale)) return l.bad("scale", "a positive finite loss scale");
   }
-  const size_t es = I.esize();
-  const std::string sdt = I.cfg->zoe.bf16_optimizer_states ? "bf16" : "f32";
-  const size_t sb = I.cfg->zoe.bf16_optimizer_states ? 2 : 4;
+  const size_t es = I.ctx.esize();
+  const std::string sdt = I.ctx.cfg->zoe.bf16_optimizer_states ? "bf16" : "f32";
+  const size_t sb = I.ctx.cfg->zoe.bf16_optimizer_states ? 2 : 4;
   const size_t chunk = save_chunk_elems(I);
   auto load_all = [&]() -> Status {
     std::vector<char> buf;
     for (uint32_t m = 0; m < I.modules.size(); ++m) {
-      Impl::Module& mod = I.modules[m];
+      const zero::ModuleId id(m);
+      const zero::ModuleLayout& mod = I.modules[id];
+      const zero::OptimStates& st = I.update.states(id);
       // The checkpoint holds [0, its padded size); padding beyond it (another world size) is zero.
       const uint64_t saved = man.modules[m].padded;
       auto read = [&](const char* kind, const std::string& dt, uint64_t begin, uint64_t count, size_t esz,
@@ -368,48 +376,50 @@ Result<std::string> Engine::load(const std::string& dir) {
         for (size_t b = 0; b < mod.part; b += chunk) {
           size_t n = std::min(chunk, mod.part - b);
           buf.resize(n * es);
-          ZOE_RETURN_IF_ERROR(read("param", ckpt_dtype(I.cdt), mod.opt_begin + b, n, es, buf.data()));
-          ZOE_RETURN_IF_ERROR(I.tm->write(m, buf.data(), b * es, n * es));
+          ZOE_RETURN_IF_ERROR(read("param", ckpt_dtype(I.ctx.cdt), mod.opt_begin + b, n, es, buf.data()));
+          ZOE_RETURN_IF_ERROR(I.ctx.tm->write(zero::tier_item(id), buf.data(), b * es, n * es));
         }
-      } else if (I.ops->host_addressable()) {
-        ZOE_RETURN_IF_ERROR(read("param", ckpt_dtype(I.cdt), 0, mod.padded, es, mod.full.get()));
+      } else if (I.ctx.ops->host_addressable()) {
+        ZOE_RETURN_IF_ERROR(
+            read("param", ckpt_dtype(I.ctx.cdt), 0, mod.padded, es, I.homes.persistent(id).get()));
       } else {
         buf.resize(mod.padded * es);
-        ZOE_RETURN_IF_ERROR(read("param", ckpt_dtype(I.cdt), 0, mod.padded, es, buf.data()));
-        ZOE_RETURN_IF_ERROR(I.ops->to_device(mod.full.get(), buf.data(), buf.size()));
-        ZOE_RETURN_IF_ERROR(I.ops->synchronize());  // buf is reused
+        ZOE_RETURN_IF_ERROR(read("param", ckpt_dtype(I.ctx.cdt), 0, mod.padded, es, buf.data()));
+        ZOE_RETURN_IF_ERROR(I.ctx.ops->to_device(I.homes.persistent(id).get(), buf.data(), buf.size()));
+        ZOE_RETURN_IF_ERROR(I.ctx.ops->synchronize());  // buf is reused
       }
       const char* kinds[3] = {"master", "exp_avg", "exp_avg_sq"};
-      void* homes[3] = {mod.master, mod.exp_avg, mod.exp_avg_sq};
+      void* homes[3] = {st.master, st.exp_avg, st.exp_avg_sq};
       for (int k = 0; k < 3; ++k) {
         const size_t eb = k == 0 ? 4 : sb;
         const std::string dt = k == 0 ? std::string("f32") : sdt;
         if (mod.opt_home == OffloadDevice::kCpu ||
-            (mod.opt_home == OffloadDevice::kNone && I.ops->host_addressable())) {
+            (mod.opt_home == OffloadDevice::kNone && I.ctx.ops->host_addressable())) {
           ZOE_RETURN_IF_ERROR(read(kinds[k], dt, mod.opt_begin, mod.opt_n, eb, homes[k]));
           continue;
         }
         if (mod.opt_home == OffloadDevice::kNone) {
           buf.resize(mod.opt_n * eb);
           ZOE_RETURN_IF_ERROR(read(kinds[k], dt, mod.opt_begin, mod.opt_n, eb, buf.data()));
-          ZOE_RETURN_IF_ERROR(I.ops->to_device(homes[k], buf.data(), buf.size()));
-          ZOE_RETURN_IF_ERROR(I.ops->synchronize());  // buf is reused
+          ZOE_RETURN_IF_ERROR(I.ctx.ops->to_device(homes[k], buf.data(), buf.size()));
+          ZOE_RETURN_IF_ERROR(I.ctx.ops->synchronize());  // buf is reused
           continue;
         }
         for (size_t b = 0; b < mod.opt_n; b += chunk) {
           size_t n = std::min(chunk, mod.opt_n - b);
           buf.resize(n * eb);
           ZOE_RETURN_IF_ERROR(read(kinds[k], dt, mod.opt_begin + b, n, eb, buf.data()));
-          ZOE_RETURN_IF_ERROR(I.swapper->write_state(m, static_cast<size_t>(k), buf.data(), b, n));
+          ZOE_RETURN_IF_ERROR(
+              I.ctx.swapper->write_state(zero::swap_group(id), static_cast<size_t>(k), buf.data(), b, n));
         }
       }
-      mod.acc_count = 0;  // gradients of a step in progress are not part of a checkpoint
     }
     return Status::ok();
   };
   ZOE_RETURN_IF_ERROR(agree(c, load_all(), "restoring the states of checkpoint " + rd->path()));
-  I.steps = steps;
-  if (has_scaler) I.scaler.set_state(ls);
+  I.grads.forget_accumulated();  // gradients of a step in progress are not part of a checkpoint
+  I.update.set_steps(steps);
+  if (has_scaler) I.update.scaler().set_state(ls);
   return man.trainer.dump();
 }
 

@@ -361,27 +361,27 @@ Result<Gathered> Engine::gather(size_t m) {
 }
 
 Status Engine::read_f32(const TensorView& view, float* dst) {
-  if (view.host_addressable || impl_->ops->host_addressable()) {
+  if (view.host_addressable || impl_->ctx.ops->host_addressable()) {
     to_f32(view.data, view.dtype, dst, view.numel);
     return Status::ok();
   }
   std::vector<char> host(view.bytes);
-  Status s = impl_->ops->to_host(host.data(), view.data, view.bytes);
-  if (s.is_ok()) s = impl_->ops->synchronize();
+  Status s = impl_->ctx.ops->to_host(host.data(), view.data, view.bytes);
+  if (s.is_ok()) s = impl_->ctx.ops->synchronize();
   if (!s.is_ok()) return s.with_context("reading " + std::string(view.name) + " from the device");
   to_f32(host.data(), view.dtype, dst, view.numel);
   return Status::ok();
 }
 
 Status Engine::write_f32(const TensorView& view, const float* src, float scale) {
-  if (view.host_addressable || impl_->ops->host_addressable()) {
+  if (view.host_addressable || impl_->ctx.ops->host_addressable()) {
     from_f32(src, view.dtype, view.data, view.numel, scale);
     return Status::ok();
   }
   std::vector<char> host(view.bytes);
   from_f32(src, view.dtype, host.data(), view.numel, scale);
-  Status s = impl_->ops->to_device(view.data, host.data(), view.bytes);
-  if (s.is_ok()) s = impl_->ops->synchronize();
+  Status s = impl_->ctx.ops->to_device(view.data, host.data(), view.bytes);
+  if (s.is_ok()) s = impl_->ctx.ops->synchronize();
   if (!s.is_ok()) return s.with_context("writing " + std::string(view.name) + " to the device");
   return Status::ok();
 }

@@ -153,7 +153,7 @@ TEST(DeviceLoadFault, ReachesTheFetcherAndGivesTheBudgetBack) {
   const size_t n = 64 * KiB;
   ASSERT_TRUE(tm.add_item(1, n, Tier::kNvme).is_ok());  // to the device through staging
   ASSERT_TRUE(tm.add_item(2, n, Tier::kHost).is_ok());  // to the device straight from host
-  for (ItemId id : {1, 2}) {
+  for (uint64_t id : {1, 2}) {
     const uint64_t used = tm.stats().used[0];
     f.faults.h2d = 1;
     auto p = move_or_die([&] { return tm.fetch(id, Tier::kDevice); }, "a load whose device copy fails");

@@ -87,10 +87,10 @@ TEST(TierManager, BudgetsAreHardAndErrorsSayWhy) {
   Rig r;
   ASSERT_TRUE(r.init(MiB, 8 * MiB));
   TierManager& tm = *r.tm;
-  for (ItemId i = 0; i < 8; ++i) ASSERT_TRUE(tm.add_item(i, 256 * KiB, Tier::kNvme).is_ok());
+  for (uint64_t i = 0; i < 8; ++i) ASSERT_TRUE(tm.add_item(i, 256 * KiB, Tier::kNvme).is_ok());
   // Four fit; the fifth needs an eviction, which happens once one is unpinned.
   std::vector<void*> ptrs;
-  for (ItemId i = 0; i < 4; ++i) {
+  for (uint64_t i = 0; i < 4; ++i) {
     auto p = tm.fetch(i, Tier::kDevice).wait();
     ASSERT_TRUE(p.is_ok()) << p.status().to_string();
   }
@@ -106,7 +106,7 @@ TEST(TierManager, BudgetsAreHardAndErrorsSayWhy) {
   tm.unpin(0, Tier::kDevice);
   ASSERT_TRUE(tm.fetch(4, Tier::kDevice).wait().is_ok());
   EXPECT_EQ(tm.residency(0, Tier::kDevice), Residency::kAbsent);  // the evicted one
-  for (ItemId i = 1; i <= 4; ++i) tm.unpin(i, Tier::kDevice);
+  for (uint64_t i = 1; i <= 4; ++i) tm.unpin(i, Tier::kDevice);
   // A request larger than the whole budget fails at once.
   ASSERT_TRUE(tm.add_item(99, 2 * MiB, Tier::kNvme).is_ok());
   auto big = tm.fetch(99, Tier::kDevice).wait();
@@ -141,19 +141,19 @@ TEST(TierManager, DirtyCopiesAreWrittenBeforeEviction) {
   TierManager& tm = *r.tm;
   const size_t n = 200 * KiB;
   std::vector<std::vector<unsigned char>> want;
-  for (ItemId i = 0; i < 20; ++i) {
+  for (uint64_t i = 0; i < 20; ++i) {
     ASSERT_TRUE(tm.add_item(i, n, Tier::kNvme).is_ok());
     want.push_back(random_bytes(n, 100 + i));
   }
   // Each item is written on the device; the budget holds 5, so evictions write back as we go.
-  for (ItemId i = 0; i < 20; ++i) {
+  for (uint64_t i = 0; i < 20; ++i) {
     auto p = tm.fetch(i, Tier::kDevice).wait();
     ASSERT_TRUE(p.is_ok()) << p.status().to_string();
     ASSERT_TRUE(r.device->copy_to_device(p.value(), want[i].data(), n).is_ok());
     tm.unpin(i, Tier::kDevice, true);
   }
   EXPECT_GT(tm.stats().writebacks, 10u);
-  for (ItemId i = 0; i < 20; ++i) {
+  for (uint64_t i = 0; i < 20; ++i) {
     std::vector<unsigned char> got(n);
     ASSERT_TRUE(tm.read(i, got.data()).is_ok());
     EXPECT_EQ(first_mismatch(got.data(), want[i].data(), n), -1) << "item " << i;
@@ -170,11 +170,11 @@ TEST(TierManager, CleanWritesBackAndKeepsAHostCacheThatFeedsTheDevice) {
   ASSERT_TRUE(r.init(8 * MiB, staging + 3 * n + 8 * KiB));  // and room for three host copies
   TierManager& tm = *r.tm;
   std::vector<std::vector<unsigned char>> want;
-  for (ItemId i = 0; i < 6; ++i) {
+  for (uint64_t i = 0; i < 6; ++i) {
     ASSERT_TRUE(tm.add_item(i, n, Tier::kNvme).is_ok());
     want.push_back(random_bytes(n, 300 + i));
   }
-  for (ItemId i = 0; i < 6; ++i) {
+  for (uint64_t i = 0; i < 6; ++i) {
     auto p = tm.fetch(i, Tier::kHost).wait();
     ASSERT_TRUE(p.is_ok()) << p.status().to_string();
     memcpy(p.value(), want[i].data(), n);
@@ -190,7 +190,7 @@ TEST(TierManager, CleanWritesBackAndKeepsAHostCacheThatFeedsTheDevice) {
   EXPECT_LE(tm.stats().high_water[1], staging + 3 * n + 8 * KiB);
   // The last three are still cached: their device loads come from host memory.
   const TierStats before = tm.stats();
-  for (ItemId i = 3; i < 6; ++i) {
+  for (uint64_t i = 3; i < 6; ++i) {
     EXPECT_EQ(tm.residency(i, Tier::kHost), Residency::kResident) << "item " << i;
     auto p = tm.fetch(i, Tier::kDevice).wait();
     ASSERT_TRUE(p.is_ok());
@@ -203,7 +203,7 @@ TEST(TierManager, CleanWritesBackAndKeepsAHostCacheThatFeedsTheDevice) {
   EXPECT_EQ(after.nvme_to_device.bytes, before.nvme_to_device.bytes);
   EXPECT_GE(after.host_to_device.bytes - before.host_to_device.bytes, 3 * n);
   // Every item's home has its bytes, the dropped ones too.
-  for (ItemId i = 0; i < 6; ++i) {
+  for (uint64_t i = 0; i < 6; ++i) {
     ASSERT_TRUE(tm.evict(i, Tier::kHost).wait().is_ok());
     std::vector<unsigned char> got(n);
     ASSERT_TRUE(tm.read(i, got.data()).is_ok());
@@ -470,9 +470,9 @@ uint64_t cyclic_loads(EvictionPolicyKind policy) {
   o.policy = policy;
   if (!r.init(4 * 64 * KiB, 16 * MiB, o)) return 0;
   TierManager& tm = *r.tm;
-  for (ItemId i = 0; i < 5; ++i) EXPECT_TRUE(tm.add_item(i, 64 * KiB, Tier::kNvme).is_ok());
+  for (uint64_t i = 0; i < 5; ++i) EXPECT_TRUE(tm.add_item(i, 64 * KiB, Tier::kNvme).is_ok());
   auto pass = [&] {
-    for (ItemId i = 0; i < 5; ++i) {
+    for (uint64_t i = 0; i < 5; ++i) {
       EXPECT_TRUE(tm.fetch(i, Tier::kDevice).wait().is_ok());
       tm.unpin(i, Tier::kDevice);
     }
@@ -530,7 +530,7 @@ TEST(TierManager, RangedReadAndWrite) {
   TierManager& tm = *r.tm;
   const size_t n = MiB + 5000;  // the last range ends at the item's end, not on a block
   for (Tier home : {Tier::kNvme, Tier::kHost, Tier::kDevice}) {
-    ItemId id = 10 + static_cast<ItemId>(home);
+    uint64_t id = 10 + static_cast<uint64_t>(home);
     ASSERT_TRUE(tm.add_item(id, n, home).is_ok());
     auto data = random_bytes(n, 40 + static_cast<uint64_t>(home));
     ASSERT_TRUE(tm.write(id, data.data(), 0, 256 * KiB).is_ok());

@@ -1,0 +1,49 @@
+// The engine's public calls of the forward and backward: fetch/release of parameters
+// (ParamGather), the gradient buffer and its reduction (GradReducer), and read_master (Updater).
+// Each checks its arguments, counts its time as the engine's, and hands the call to one part.
+#include "zero/engine_impl.h"
+
+namespace zoe {
+
+using zero::Timer;
+
+Result<ModuleParams> Engine::fetch(size_t m) {
+  Impl& I = *impl_;
+  Timer te(&I.clock.t_engine);
+  if (!I.initialized) return invalid_argument("fetch() before initialize()");
+  ZOE_ASSIGN_OR_RETURN(zero::ModuleId id, I.module_id("fetch", m));
+  return I.gather.fetch(id, [&I] { return I.make_room(); });
+}
+
+Status Engine::release(size_t m) {
+  Impl& I = *impl_;
+  Timer te(&I.clock.t_engine);
+  ZOE_ASSIGN_OR_RETURN(zero::ModuleId id, I.module_id("release", m));
+  return I.gather.release(id);
+}
+
+Result<ModuleParams> Engine::grads(size_t m) {
+  Impl& I = *impl_;
+  Timer te(&I.clock.t_engine);
+  if (!I.initialized) return invalid_argument("grads() before initialize()");
+  ZOE_ASSIGN_OR_RETURN(zero::ModuleId id, I.module_id("grads", m));
+  return I.grads.grads(id);
+}
+
+Status Engine::reduce_grads(size_t m) {
+  Impl& I = *impl_;
+  Timer te(&I.clock.t_engine);
+  ZOE_ASSIGN_OR_RETURN(zero::ModuleId id, I.module_id("reduce_grads", m));
+  return I.grads.reduce(id);
+}
+
+Status Engine::read_master(size_t m, size_t p, float* out) {
+  Impl& I = *impl_;
+  ZOE_RETURN_IF_ERROR(I.update.finish());
+  I.update.unspeculate_all();  // the states before this step's update, which step() has not taken yet
+  if (m >= I.modules.size() || p >= I.modules[zero::ModuleId(m)].specs.size())
+    return invalid_argument("read_master(%zu, %zu): no such parameter", m, p);
+  return I.update.read_master(zero::ModuleId(m), p, out);
+}
+
+}  // namespace zoe

@@ -1,0 +1,77 @@
+// Gradient reduction: the per-micro-batch gradient buffer of a module, its reduction over the
+// ranks (reduce-scatter at stage 2/3, all-reduce at 0/1, in reduce_bucket_size buckets), and the
+// accumulation of this rank's range into the fp32 accumulator wherever it lives (the Updater's
+// states; NVMe sums through the swapper, written behind the backward), computing the norm of
+// the sum in the same pass.
+//
+// Contract: grads(m) gives a zeroed device buffer valid until reduce(m); reduce(m) takes it over
+// and returns at once (the reduction runs on the communicator's stream); the reduction's buffers
+// are DeviceBuffers owned by its Pending entry until it has been accumulated (at the latest in
+// step()), so no error path leaks them. Caller's thread only.
+#pragma once
+
+#include <deque>
+#include <vector>
+
+#include "zero/engine_context.h"
+#include "zero/step_clock.h"
+#include "zero/updater.h"
+
+namespace zoe::zero {
+
+class GradReducer {
+ public:
+  GradReducer(EngineContext& ctx, const ModuleTable& modules, Updater& update, StepClock& clock)
+      : ctx_(ctx), modules_(modules), update_(update), clock_(clock) {}
+
+  void resize(size_t modules);
+  Result<ModuleParams> grads(ModuleId m);
+  Status reduce(ModuleId m);
+  // Accumulates finished reductions (all: waits for each) until at most `keep` are in flight.
+  Status complete(bool all, size_t keep = 0);
+  // Whether module m has a gradient buffer that was not reduced.
+  bool unreduced(ModuleId m) const { return static_cast<bool>(grad_buf_[m.index]); }
+  // The step's norm: this rank's sum of squares over its owned ranges (modules no micro-batch
+  // reduced get zero gradients first), added in one fixed order.
+  Result<optim::NormResult> local_norm();
+  // After the step: the next reduction overwrites the accumulators.
+  void end_step();
+  // A checkpoint was loaded: gradients of a step in progress are not part of it.
+  void forget_accumulated() { std::fill(acc_count_.begin(), acc_count_.end(), 0); }
+  // Waits for the reductions in flight (no accumulation) and frees device memory.
+  void shutdown();
+
+ private:
+  // A reduction in flight: its buffers live until it has been accumulated.
+  struct Pending {
+    ModuleId m{0};
+    comm::CommHandle h;
+    device::DeviceBuffer send;  // the module's gradient buffer (or its bucket-packed copy)
+    device::DeviceBuffer recv;  // the reduced gradients
+    size_t recv_offset = 0;     // first element of this rank's range inside recv
+  };
+  Result<const void*> host_view(const void* dsrc, size_t bytes);
+  Status accumulate(ModuleId m, const void* src);
+  Status accumulate_nvme(ModuleId m, const void* src, bool first, const optim::Exec& exec);
+  Status zero_grads(ModuleId m);
+  Status reduce_scatter_buckets(ModuleId m, size_t bucket, Pending* p);
+  bool last_micro_batch(ModuleId m) const;
+
+  EngineContext& ctx_;
+  const ModuleTable& modules_;
+  Updater& update_;
+  StepClock& clock_;
+  std::vector<device::DeviceBuffer> grad_buf_;  // per module: padded elements, compute dtype
+  std::vector<int> acc_count_;                  // micro-batch reductions accumulated since the last step
+  // Sum of squares of the accumulated gradients per optim::kChunkElems chunk of the owned range,
+  // computed by the pass that accumulates them (the step makes no norm pass).
+  std::vector<std::vector<double>> norm_parts_;
+  std::deque<Pending> pending_;
+  std::vector<char> host_stage_;  // device -> host staging (when device memory is not host memory)
+  std::vector<float> grad_stage_;  // one swapper chunk: NVMe gradient accumulation goes through it
+  // This step's last micro-batch has begun accumulating: the swapper is reading the next update's
+  // first chunks (preload), and their gradients go straight into its slots.
+  bool preload_started_ = false;
+};
+
+}  // namespace zoe::zero

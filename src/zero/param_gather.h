@@ -1,0 +1,84 @@
+// Parameter gathering: fetch/release of a module's compute parameters, and at stage 3 the gathers
+// of partitions from their tier, queued ahead of use in the recorded fetch order.
+//
+// Contract: fetch(m) returns module m's full parameters on the device, valid until release(m).
+// A persistent module's are its home copy (ParamHomes). A partitioned one's are gathered into a
+// buffer of this part's. The first iteration records the fetch order; afterwards each fetch
+// queues the gathers of the next modules (within the gather window and
+// stage3_max_live_parameters) and moves partitions further ahead towards the device
+// (stage3_prefetch_bucket_size). Every rank queues the same gathers in the same order, so the
+// collectives line up. Behind an overlapped step a module is fetched only once its update is
+// done (UpdateGate). Device memory of a fetch is owned by DeviceBuffers: an error at any point
+// gives it back. Caller's thread only (a queued gather's host task runs on the communicator's
+// thread and touches only that module's gather slot).
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include "zero/engine_context.h"
+#include "zero/param_homes.h"
+#include "zero/step_clock.h"
+#include "zero/update_gate.h"
+
+namespace zoe::zero {
+
+class ParamGather {
+ public:
+  ParamGather(EngineContext& ctx, const ModuleTable& modules, ParamHomes& homes, const UpdateGate& gate,
+              StepClock& clock)
+      : ctx_(ctx), modules_(modules), homes_(homes), gate_(gate), clock_(clock) {}
+
+  void resize(size_t modules) { slots_.resize(modules); }
+  void set_window(size_t elems) { window_ = elems; }
+
+  // Frees device memory when a queued gather finds none (the engine completes the reductions
+  // in flight); a gather that still finds none is an error. A rank that skipped a gather the
+  // others run would fall out of step, so there is no skipping.
+  using MakeRoom = std::function<Status()>;
+  // Module m's parameters on the device.
+  Result<ModuleParams> fetch(ModuleId m, const MakeRoom& make_room);
+  Status release(ModuleId m);
+
+  // Whether module m is fetched and partitioned (it may not be stepped or saved then).
+  bool in_use(ModuleId m) const { return slots_[m.index].fetched && modules_[m].partitioned_params; }
+  // Drops every queued gather (the fetch order changed, or the parameters are about to).
+  Status discard();
+  // The first step: the recorded order is complete.
+  void end_recording();
+  // Waits for queued gathers (no accumulation) and frees device memory.
+  void shutdown();
+
+ private:
+  struct Slot {
+    device::DeviceBuffer full;  // the gathered parameters (partitioned modules)
+    bool fetched = false;
+    // A gather queued ahead of fetch() (prefetch), into `full` from `send`.
+    bool pending = false;
+    comm::CommHandle handle;
+    device::DeviceBuffer send;  // this rank's partition, copied for the gather
+    Status error;               // set on the communicator's thread if the partition could not be read
+    uint64_t begin_ns = 0;      // when the queued gather was started (for the timeline)
+  };
+  Status gather_now(ModuleId m);
+  Status prefetch_after(ModuleId m, const MakeRoom& make_room);
+  Status queue_gathers(const MakeRoom& make_room);
+  Status start(ModuleId m);
+  Status finish(ModuleId m);
+  Status follow_order(ModuleId m);
+  void prefetch_moves(ModuleId m);
+
+  EngineContext& ctx_;
+  const ModuleTable& modules_;
+  ParamHomes& homes_;
+  const UpdateGate& gate_;
+  StepClock& clock_;
+  std::vector<Slot> slots_;
+  std::vector<ModuleId> order_;  // fetch order recorded in the first iteration
+  bool recording_ = true;
+  size_t cursor_ = 0;
+  size_t live_elems_ = 0;
+  size_t window_ = 0;  // elements of gathered modules prefetch may queue ahead of use
+};
+
+}  // namespace zoe::zero

@@ -1,0 +1,78 @@
+// Parameter homes: where each module's compute parameters live between uses.
+//  - A persistent module (stage 0-2, and stage-3 modules under stage3_param_persistence_threshold)
+//    keeps its full compute parameters on the device, in a buffer this part owns.
+//  - A partitioned module (stage 3) keeps this rank's partition in the tier manager, as item
+//    tier_item(m), homed on the device, in host RAM or on NVMe.
+// The update writes each module's owned range here (owned_compute / release_owned); at stage
+// 1/2 a persistent module's updated partition is then all-gathered into its full copy
+// (gather_updated), at once after a serial step or, behind an overlapped step, owed until the
+// module's next fetch or the next sync point (owe_gather / settle).
+//
+// Threads: owned_compute, owned_on_device and release_owned may run on the overlapped update's
+// thread (they touch the tier manager, which is thread-safe, and the persistent buffers, which
+// are not reallocated while training); everything else is the caller's thread.
+#pragma once
+
+#include <deque>
+#include <vector>
+
+#include "zero/engine_context.h"
+#include "zero/step_clock.h"
+
+namespace zoe::zero {
+
+// The NVMe write-backs of updated partitions an update keeps in flight (at most kMax; the tier
+// manager's host budget bounds the memory they hold). Owned by whoever runs the update.
+class WritebackQueue {
+ public:
+  static constexpr size_t kMax = 4;
+  // Adds h, first waiting for the oldest when kMax are in flight (the wait adds to *t_io).
+  void push(offload::MoveHandle h, double* t_io);
+  // Waits for all. A failure keeps its dirty copy: the tier manager's drain() reports it.
+  void wait_all();
+
+ private:
+  std::deque<offload::MoveHandle> q_;
+};
+
+class ParamHomes {
+ public:
+  ParamHomes(EngineContext& ctx, const ModuleTable& modules, StepClock& clock)
+      : ctx_(ctx), modules_(modules), clock_(clock) {}
+
+  // initialize(): module m's compute parameters (cbuf: the whole padded module in the compute
+  // dtype) into its home.
+  Status place(ModuleId m, const char* cbuf);
+  // A persistent module's full compute parameters on the device.
+  device::DeviceBuffer& persistent(ModuleId m) { return full_[m.index]; }
+
+  // Where the compute parameters of module m's owned range are written after the update. Stage-3
+  // partitions: pinned in the tier manager until release_owned(); t_io: the running thread's
+  // stall clock.
+  Result<void*> owned_compute(ModuleId m, double* t_io);
+  // Whether owned_compute(m) is device memory (else pinned host memory of the host tier).
+  bool owned_on_device(ModuleId m) const;
+  // Unpins the updated partition; NVMe-homed ones are written home (kept clean in host memory)
+  // through `wb`.
+  void release_owned(ModuleId m, double* t_io, WritebackQueue* wb);
+
+  // Stage 1/2 (and persistent stage-3 modules): all-gathers the updated partition into the full copy.
+  Status gather_updated(ModuleId m);
+  // Behind an overlapped step: every persistent module's gather is owed (stage >= 1).
+  void owe_gathers();
+  // Runs module m's owed gather, if any (at its fetch).
+  Status settle(ModuleId m);
+  // Runs every owed gather in module order (a sync point: the same order on every rank).
+  Status settle_all();
+
+  void free_device_memory();
+
+ private:
+  EngineContext& ctx_;
+  const ModuleTable& modules_;
+  StepClock& clock_;
+  std::vector<device::DeviceBuffer> full_;  // per module; persistent ones only
+  std::vector<uint8_t> gather_owed_;        // persistent modules whose updated partitions are not gathered yet
+};
+
+}  // namespace zoe::zero

@@ -1,0 +1,51 @@
+// Step statistics: see step_clock.h.
+#include "zero/step_clock.h"
+
+#include <algorithm>
+
+namespace zoe::zero {
+
+void StepClock::collect(const EngineContext& ctx, uint64_t t_enter, uint64_t params, StepStats* st) {
+  const uint64_t now = now_ns();
+  const double wall = static_cast<double>(now - last_step_ns) * 1e-9;
+  const double in_engine = t_engine + static_cast<double>(now - t_enter) * 1e-9;
+  st->t_comm = t_comm;
+  st->t_io_stall = t_io;
+  st->t_optimizer = t_opt;
+  st->t_update_overlapped = t_opt_overlapped;
+  st->t_compute = std::max(0.0, wall - in_engine);
+  st->high_water[0] = ctx.dev->high_water_bytes();
+  uint64_t host = ctx.host_bytes + (ctx.swapper ? ctx.swapper->buffer_bytes_total() : 0);
+  if (ctx.tm) host += ctx.tm->stats().high_water[1];
+  st->high_water[1] = host;
+  st->high_water[2] = ctx.store ? ctx.store->high_water_bytes() : 0;
+  if (ctx.io) {
+    io::IoStatsSnapshot ios = ctx.io->stats();
+    st->bytes_nvme_read = ios.read_bytes;
+    st->bytes_nvme_write = ios.write_bytes;
+  }
+  if (ctx.tm) {
+    offload::TierStats ts = ctx.tm->stats();
+    st->bytes_host_to_device = ts.host_to_device.bytes + ts.nvme_to_device.bytes;
+    st->bytes_device_to_host = ts.device_to_host.bytes + ts.device_to_nvme.bytes;
+  }
+  const uint64_t now_bytes[4] = {st->bytes_nvme_read, st->bytes_nvme_write, st->bytes_host_to_device,
+                                 st->bytes_device_to_host};
+  uint64_t* step_bytes[4] = {&st->step_bytes_nvme_read, &st->step_bytes_nvme_write,
+                             &st->step_bytes_host_to_device, &st->step_bytes_device_to_host};
+  double* per_param[4] = {&st->per_param_nvme_read, &st->per_param_nvme_write, &st->per_param_host_to_device,
+                          &st->per_param_device_to_host};
+  const double np = static_cast<double>(std::max<uint64_t>(1, params));
+  for (int k = 0; k < 4; ++k) {
+    *step_bytes[k] = now_bytes[k] - last_link_bytes[k];
+    *per_param[k] = static_cast<double>(*step_bytes[k]) / np;
+    last_link_bytes[k] = now_bytes[k];
+  }
+  st->gathers_prefetched = gathers_prefetched;
+  st->gathers_on_demand = gathers_on_demand;
+  gathers_prefetched = gathers_on_demand = 0;
+  t_comm = t_io = t_opt = t_engine = t_opt_overlapped = 0;
+  last_step_ns = now;
+}
+
+}  // namespace zoe::zero

@@ -1,0 +1,29 @@
+// Step statistics and timing: the seconds each part spends waiting (collectives, I/O, the
+// optimizer, the engine itself) and the gathers it ran, since the last step(); collect() turns
+// them and the resources' counters into the StepStats step() returns, then starts the next
+// step's count. A leaf: the other parts add to it, it calls none of them. Caller's thread only
+// (the overlapped update keeps its own clock and hands its totals over when it is joined).
+#pragma once
+
+#include <cstdint>
+
+#include "zero/engine_context.h"
+#include "zoe/engine.h"
+
+namespace zoe::zero {
+
+struct StepClock {
+  double t_comm = 0, t_io = 0, t_opt = 0, t_engine = 0;
+  double t_opt_overlapped = 0;  // the previous overlapped update's time on its thread
+  uint64_t gathers_prefetched = 0, gathers_on_demand = 0;
+  // The link counters at the previous step() (NVMe read, NVMe write, host->device, device->host).
+  uint64_t last_link_bytes[4] = {0, 0, 0, 0};
+  uint64_t last_step_ns = 0;
+
+  // Fills st's times, high-water marks, bytes and gathers (st.grad_norm, lr, skipped, step,
+  // loss_scale and the speculative counts are the step's own), then resets the counts.
+  // t_enter: when step() began; params: the model's parameter count.
+  void collect(const EngineContext& ctx, uint64_t t_enter, uint64_t params, StepStats* st);
+};
+
+}  // namespace zoe::zero

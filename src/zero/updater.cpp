@@ -1,0 +1,382 @@
+// The update: see updater.h.
+#include "zero/updater.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "zero/test_hooks.h"
+
+namespace zoe::zero {
+
+using config::OffloadDevice;
+
+// The update of one range of module m's owned elements: fp32 master, m, v at [begin, begin+n).
+// States on the device (opt_home none) run the device's kernel; offloaded ones the CPU's. The
+// new compute parameters go to `out` (device memory, or the host tier's copy of a stage-3
+// partition), through a staging buffer where the kernel's memory and out's differ. `ops` and
+// `exec.pool` are the running thread's own (the caller's, or the overlapped update's).
+struct Updater::ChunkUpdater {
+  EngineContext* ctx;
+  const ModuleTable* modules;
+  const ParamHomes* homes;
+  DeviceOps* ops;
+  optim::AdamParams ap;
+  optim::AdamStep as;
+  DType sdt;
+  optim::Exec exec;
+  std::vector<char> out_stage;
+  bool out_host = false;  // `out` is host memory whatever the module's home (a speculative update's)
+
+  Status operator()(ModuleId m, size_t begin, size_t n, float* master, void* ea, void* eas, const float* grad,
+                    void* out) {
+    const size_t es = ctx->esize();
+    const bool kernel_dev = (*modules)[m].opt_home == OffloadDevice::kNone;
+    const bool out_dev = !out_host && homes->owned_on_device(m);
+    const bool direct = ops->host_addressable() || kernel_dev == out_dev;
+    char* dst = static_cast<char*>(out) + begin * es;
+    device::DeviceBuffer dev_stage;
+    // The results are handed on (written home, the chunk's buffers reused) once this returns;
+    // on an error path too, no op may still use dev_stage.
+    OpsFence fence(*ops);
+    optim::AdamArgs a;
+    a.buf.n = n;
+    a.buf.param = master;
+    a.buf.grad = grad;
+    a.buf.grad_dtype = DType::kF32;
+    a.buf.exp_avg = ea;
+    a.buf.exp_avg_sq = eas;
+    a.buf.state_dtype = sdt;
+    if (ctx->cdt != DType::kF32) {
+      if (direct) {
+        a.buf.param_out = dst;
+      } else if (kernel_dev) {
+        // The kernel writes every element: no zeroing (and no use of the caller's ops).
+        ZOE_ASSIGN_OR_RETURN(dev_stage, device::DeviceBuffer::allocate(*ctx->dev, n * es));
+        a.buf.param_out = dev_stage.get();
+      } else {
+        out_stage.resize(n * es);
+        a.buf.param_out = out_stage.data();
+      }
+      a.buf.param_out_dtype = ctx->cdt;
+    }
+    a.params = ap;
+    a.step = as;
+    ZOE_RETURN_IF_ERROR(kernel_dev ? ops->adam_step(a) : optim::adam_step(a, exec));
+    if (ctx->cdt == DType::kF32) {
+      ZOE_RETURN_IF_ERROR(ops->put(dst, out_dev, master, kernel_dev, n * 4));
+    } else if (!direct) {
+      ZOE_RETURN_IF_ERROR(ops->put(dst, out_dev, a.buf.param_out, kernel_dev, n * es));
+    }
+    return fence.wait();
+  }
+};
+
+Updater::~Updater() { (void)join(); }
+
+// ---------------------------------------------------------------------------------------------
+// States
+
+Status Updater::place(ModuleId m, const float* own) {
+  if (states_.size() < modules_.size()) states_.resize(modules_.size());
+  const ModuleLayout& mod = modules_[m];
+  OptimStates& st = states_[m.index];
+  const size_t sbytes = mod.opt_n * ctx_.placement.state_bytes;
+  switch (mod.opt_home) {
+    case OffloadDevice::kNone: {
+      const size_t sizes[4] = {mod.opt_n * 4, sbytes, sbytes, mod.opt_n * 4};
+      for (int k = 0; k < 4; ++k) {
+        ZOE_ASSIGN_OR_RETURN(st.dev[k], ctx_.dalloc(sizes[k]));
+      }
+      st.master = st.dev[0].get();
+      st.exp_avg = st.dev[1].get();
+      st.exp_avg_sq = st.dev[2].get();
+      st.grad_acc = static_cast<float*>(st.dev[3].get());
+      return ctx_.ops->put(st.master, true, own, false, mod.opt_n * 4);
+    }
+    case OffloadDevice::kCpu: {
+      ZOE_ASSIGN_OR_RETURN(st.master, ctx_.halloc(mod.opt_n * 4));
+      ZOE_ASSIGN_OR_RETURN(st.exp_avg, ctx_.halloc(sbytes));
+      ZOE_ASSIGN_OR_RETURN(st.exp_avg_sq, ctx_.halloc(sbytes));
+      ZOE_ASSIGN_OR_RETURN(void* g, ctx_.halloc(mod.opt_n * 4));
+      st.grad_acc = static_cast<float*>(g);
+      if (ctx_.cfg->zoe.speculative_step) {
+        ZOE_ASSIGN_OR_RETURN(st.spec_save, ctx_.halloc(mod.opt_n * 4 + 2 * sbytes));
+        ZOE_ASSIGN_OR_RETURN(st.spec_out, ctx_.halloc(mod.opt_n * ctx_.esize()));
+      }
+      return ctx_.ops->put(st.master, false, own, false, mod.opt_n * 4);
+    }
+    case OffloadDevice::kNvme: {
+      ZOE_RETURN_IF_ERROR_CTX(ctx_.swapper->add_group(swap_group(m), mod.opt_n),
+                              "placing the optimizer states of module " + mod.name);
+      ZOE_RETURN_IF_ERROR(ctx_.swapper->write_state(swap_group(m), kMasterState, own));
+      std::vector<char> zeros(sbytes, 0);
+      ZOE_RETURN_IF_ERROR(ctx_.swapper->write_state(swap_group(m), kAvgState, zeros.data()));
+      ZOE_RETURN_IF_ERROR(ctx_.swapper->write_state(swap_group(m), kAvgSqState, zeros.data()));
+      // The gradient accumulator lives on NVMe too (written by the first reduction of a step).
+      return Status::ok();
+    }
+  }
+  return Status::ok();
+}
+
+double Updater::grad_divisor() const {
+  const double micro = static_cast<double>(std::max<int64_t>(1, ctx_.cfg->gradient_accumulation_steps));
+  return static_cast<double>(ctx_.world) * micro * (ctx_.cdt == DType::kF16 ? scaler_.scale() : 1.0);
+}
+
+// The update's arguments for step `step_no` at learning rate `lr` and gradient scale `scale`, on
+// `ops` with `pool`'s threads.
+Updater::ChunkUpdater Updater::make_updater(DeviceOps* ops, optim::CpuPool* pool, double lr, int64_t step_no,
+                                            float scale) {
+  const config::Config& cfg = *ctx_.cfg;
+  ChunkUpdater up{&ctx_, &modules_, &homes_, ops, {}, {}, cfg.zoe.bf16_optimizer_states ? DType::kBF16 : DType::kF32,
+                  {},    {},        false};
+  up.exec.pool = pool;
+  up.ap.lr = static_cast<float>(lr);
+  up.ap.beta1 = static_cast<float>(cfg.optimizer.beta1);
+  up.ap.beta2 = static_cast<float>(cfg.optimizer.beta2);
+  up.ap.eps = static_cast<float>(cfg.optimizer.eps);
+  up.ap.weight_decay = static_cast<float>(cfg.optimizer.weight_decay);
+  up.ap.adamw = cfg.optimizer.adam_w_mode;
+  up.as.step = step_no;
+  up.as.grad_scale = scale;
+  return up;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The speculative step
+
+Status Updater::speculate(ModuleId m) {
+  const ModuleLayout& mod = modules_[m];
+  OptimStates& st = states_[m.index];
+  if (st.speculated) unspeculate(m);
+  if (mod.opt_home != OffloadDevice::kCpu || !st.spec_save || mod.opt_n == 0) return Status::ok();
+  const size_t n = mod.opt_n, sbytes = n * (ctx_.cfg->zoe.bf16_optimizer_states ? 2 : 4);
+  char* save = static_cast<char*>(st.spec_save);
+  memcpy(save, st.master, n * 4);
+  memcpy(save + n * 4, st.exp_avg, sbytes);
+  memcpy(save + n * 4 + sbytes, st.exp_avg_sq, sbytes);
+  // The scale step() computes when the norm neither clips nor overflows (clip coefficient 1).
+  optim::NormResult unclipped;
+  unclipped.sum_sq = 0.0;
+  unclipped.finite = true;
+  spec_scale_ = optim::compute_step_scale(unclipped, static_cast<float>(grad_divisor()), 0.0f).grad_scale;
+  ChunkUpdater up = make_updater(ctx_.ops.get(), ctx_.pool.get(), ctx_.cfg->lr_at(steps_ + 1), steps_ + 1, spec_scale_);
+  up.out_host = true;
+  const uint64_t t0 = now_ns();
+  Status s = up(m, 0, n, static_cast<float*>(st.master), st.exp_avg, st.exp_avg_sq, st.grad_acc, st.spec_out);
+  if (ctx_.trace.enabled())
+    ctx_.trace.record("update " + mod.name + " (speculative)", "optimizer", t0, now_ns(), 0, kLaneOptimizer);
+  st.speculated = true;  // also after an error: its states may be half-updated, the saved ones are whole
+  if (!s.is_ok()) {
+    unspeculate(m);
+    return s.with_context("the speculative update of module " + mod.name);
+  }
+  return Status::ok();
+}
+
+void Updater::unspeculate(ModuleId m) {
+  OptimStates& st = states_[m.index];
+  if (!st.speculated) return;
+  const size_t n = modules_[m].opt_n, sbytes = n * (ctx_.cfg->zoe.bf16_optimizer_states ? 2 : 4);
+  const char* save = static_cast<const char*>(st.spec_save);
+  memcpy(st.master, save, n * 4);
+  memcpy(st.exp_avg, save + n * 4, sbytes);
+  memcpy(st.exp_avg_sq, save + n * 4 + sbytes, sbytes);
+  st.speculated = false;
+  spec_undone_++;
+}
+
+void Updater::unspeculate_all() {
+  for (ModuleId m : modules_.ids()) unspeculate(m);
+}
+
+void Updater::settle_speculation(bool overflow, float grad_scale, StepStats* st) {
+  if (overflow || grad_scale != spec_scale_) unspeculate_all();
+  for (const auto& s : states_) spec_kept_ += s.speculated ? 1 : 0;
+  st->speculative_kept = spec_kept_;
+  st->speculative_undone = spec_undone_;
+  spec_kept_ = spec_undone_ = 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The update over every module
+
+// Where module m's new compute parameters go, fetched when its first chunk is updated and given
+// back (written home, host copy dropped) when the update moves on: a stage-3 partition
+// offloaded to NVMe is in host memory one module at a time, whatever the model size.
+Result<void*> Updater::open_out(ModuleId m, double* t_io, std::vector<void*>* outs) {
+  if (!(*outs)[m.index]) {
+    ZOE_ASSIGN_OR_RETURN((*outs)[m.index], homes_.owned_compute(m, t_io));
+  }
+  return (*outs)[m.index];
+}
+
+Status Updater::close_out(ModuleId m, double* t_io, std::vector<void*>* outs) {
+  if (!(*outs)[m.index]) return Status::ok();
+  (*outs)[m.index] = nullptr;
+  homes_.release_owned(m, t_io, &writebacks_);
+  gate_.mark(m);
+  return Status::ok();
+}
+
+// NVMe-resident modules, through the swapper's pipeline (groups come in order).
+Status Updater::run_swapped(ChunkUpdater& update, double* t_io, std::vector<void*>* outs) {
+  bool have_open = false;
+  ModuleId open(0);  // the module whose chunks are being updated
+  Status s = ctx_.swapper->step([&](const offload::ChunkView& c) -> Status {
+    const ModuleId m = module_of(c.group);
+    if (!have_open || m != open) {
+      if (have_open) ZOE_RETURN_IF_ERROR(close_out(open, t_io, outs));
+      open = m;
+      have_open = true;
+    }
+    ZOE_ASSIGN_OR_RETURN(void* out, open_out(m, t_io, outs));
+    return update(m, c.begin, c.n, static_cast<float*>(c.data[kMasterState]), c.data[kAvgState],
+                  c.data[kAvgSqState], static_cast<const float*>(c.data[kGradState]), out);
+  });
+  if (have_open) {
+    Status cs = close_out(open, t_io, outs);
+    if (s.is_ok()) s = cs;
+  }
+  return s;
+}
+
+// AdamW over every module's owned range, in forward order: NVMe-resident modules through the
+// swapper's pipeline, then those on the device or in host RAM (with partial offload the
+// offloaded ones are the first modules, so this is forward order). Each module is marked done
+// once its new compute parameters are home. No collective runs here.
+Status Updater::run(ChunkUpdater& update, double* t_io) {
+  std::vector<void*> outs(modules_.size(), nullptr);
+  Status s;
+  if (ctx_.swapper) s = run_swapped(update, t_io, &outs);
+  for (ModuleId m : modules_.ids()) {
+    if (!s.is_ok()) break;
+    const ModuleLayout& mod = modules_[m];
+    OptimStates& st = states_[m.index];
+    if (mod.opt_home == OffloadDevice::kNvme) continue;
+    auto out = open_out(m, t_io, &outs);
+    if (out.is_ok() && st.speculated) {
+      // Updated during the backward and confirmed by the norm: its compute parameters go home.
+      st.speculated = false;
+      s = update.ops->put(out.value(), homes_.owned_on_device(m), st.spec_out, false, mod.opt_n * ctx_.esize());
+      if (s.is_ok()) s = update.ops->synchronize();
+    } else {
+      s = out.is_ok() ? update(m, 0, mod.opt_n, static_cast<float*>(st.master), st.exp_avg, st.exp_avg_sq,
+                               st.grad_acc, out.value())
+                      : out.status();
+    }
+    Status cs = close_out(m, t_io, &outs);
+    if (s.is_ok()) s = cs;
+  }
+  for (ModuleId m : modules_.ids()) (void)close_out(m, t_io, &outs);  // after an error
+  writebacks_.wait_all();
+  if (ctx_.tm) {
+    Status ds = ctx_.tm->drain();
+    if (s.is_ok()) s = ds;
+  }
+  return s;
+}
+
+Status Updater::skip() {
+  // No update reads them: the chunks read ahead (and the gradients handed to them) go.
+  if (ctx_.swapper) ZOE_RETURN_IF_ERROR_CTX(ctx_.swapper->drop_preloaded(), "dropping the chunks read ahead");
+  return Status::ok();
+}
+
+void Updater::start_thread(ChunkUpdater up) {
+  gate_.open(modules_.size());
+  thread_t_opt_ = thread_t_io_ = 0;
+  // Stage 1/2 (and persistent stage-3 modules): the updated partitions are gathered by the
+  // caller's thread at each module's next fetch (or the next sync point).
+  homes_.owe_gathers();
+  const int64_t step_no = steps_;
+  running_ = true;
+  thread_ = std::thread([this, up, step_no]() mutable {
+    const uint64_t t0 = now_ns();
+    Status s = run(up, &thread_t_io_);
+    if (!s.is_ok()) s = s.with_context("optimizer step " + std::to_string(step_no));
+    thread_t_opt_ = static_cast<double>(now_ns() - t0) * 1e-9;
+    gate_.finish(std::move(s));  // wakes every waiter, also on error
+  });
+}
+
+Status Updater::apply(float grad_scale, double lr) {
+  steps_++;
+  // AdamW over every module's owned range: behind the caller's next forward when the device's
+  // memory is host memory (zoe.overlap_step), else here.
+  const bool overlap = ctx_.cfg->zoe.overlap_step && ctx_.ops->host_addressable();
+  if (overlap && !update_pool_) {
+    optim::CpuPool::Options po;
+    po.threads = static_cast<int>(ctx_.cfg->zoe.optimizer_threads);
+    ZOE_ASSIGN_OR_RETURN(update_pool_, optim::CpuPool::create(po));
+    update_ops_ = make_cpu_ops(update_pool_.get(), deferred_device_ops());
+  }
+  ChunkUpdater up = make_updater(overlap ? update_ops_.get() : ctx_.ops.get(),
+                                 overlap ? update_pool_.get() : ctx_.pool.get(), lr, steps_, grad_scale);
+  if (overlap) {
+    start_thread(std::move(up));
+    return Status::ok();
+  }
+  Status s = run(up, &clock_.t_io);
+  if (!s.is_ok()) return s.with_context("optimizer step " + std::to_string(steps_));
+  // Stage 1/2 (and persistent stage-3 modules): gather the updated partitions.
+  if (ctx_.stage >= 1) {
+    for (ModuleId m : modules_.ids()) {
+      if (!modules_[m].partitioned_params) ZOE_RETURN_IF_ERROR(homes_.gather_updated(m));
+    }
+  }
+  return Status::ok();
+}
+
+Status Updater::join() {
+  if (!running_) return Status::ok();
+  thread_.join();
+  running_ = false;
+  clock_.t_opt_overlapped += thread_t_opt_;
+  Status s = gate_.close();
+  if (!s.is_ok()) update_error_ = s;
+  return update_error_;
+}
+
+Status Updater::finish() {
+  ZOE_RETURN_IF_ERROR(join());
+  return homes_.settle_all();
+}
+
+Status Updater::read_master(ModuleId m, size_t p, float* out) {
+  const ModuleLayout& mod = modules_[m];
+  const OptimStates& st = states_[m.index];
+  std::vector<float> own(mod.opt_n);
+  if (mod.opt_home == OffloadDevice::kNvme) {
+    ZOE_RETURN_IF_ERROR(ctx_.swapper->read_state(swap_group(m), kMasterState, own.data()));
+  } else {
+    ZOE_RETURN_IF_ERROR(
+        ctx_.ops->put(own.data(), false, st.master, mod.opt_home == OffloadDevice::kNone, mod.opt_n * 4));
+    ZOE_RETURN_IF_ERROR(ctx_.ops->synchronize());
+  }
+  std::vector<float> full(mod.padded);
+  if (ctx_.stage == 0) {
+    full = own;
+  } else {
+    ZOE_RETURN_IF_ERROR(ctx_.comm->all_gather(own.data(), full.data(), mod.part, comm::CommType::kF32).wait());
+  }
+  memcpy(out, full.data() + mod.offset[p], mod.numel[p] * 4);
+  return Status::ok();
+}
+
+void Updater::shutdown() {
+  (void)join();  // an overlapped update still running behind (no collectives here)
+  writebacks_.wait_all();
+  for (ModuleId m : modules_.ids()) {
+    if (m.index >= states_.size()) break;
+    OptimStates& st = states_[m.index];
+    for (auto& b : st.dev) b.reset();
+    if (modules_[m].opt_home == OffloadDevice::kNone) {
+      st.master = st.exp_avg = st.exp_avg_sq = nullptr;
+      st.grad_acc = nullptr;
+    }
+  }
+}
+
+}  // namespace zoe::zero
