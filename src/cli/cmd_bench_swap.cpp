@@ -113,6 +113,64 @@ SwapArgs parse_swap_args(const BenchSwapOpts& o) {
   return a;
 }
 
+// What the benchmark runs on, built in this order (and released in the reverse one): the I/O
+// engine, the swap file on --path, its store, the trace, the optimizer swapper (master, m, v and
+// the gradient of each element on NVMe) and the CPU Adam's thread pool.
+struct SwapRig {
+  std::unique_ptr<io::IoEngine> engine;
+  std::unique_ptr<io::SwapFile> swap;
+  offload::SwapStore store;
+  TraceRecorder trace;
+  std::unique_ptr<offload::OptimizerSwapper> sw;
+  std::unique_ptr<optim::CpuPool> pool;
+  optim::Exec exec;
+
+  SwapRig(const BenchSwapOpts& o, const SwapArgs& a)
+      : engine(make_engine(o)),
+        swap(make_swap_file(o, a, engine.get())),
+        store(swap.get(), engine.get(), 0),
+        trace(!o.trace.empty()),
+        sw(make_swapper(o, a, &store, &trace)),
+        pool(make_pool(o)) {
+    exec.pool = pool.get();
+  }
+
+  static std::unique_ptr<io::IoEngine> make_engine(const BenchSwapOpts& o) {
+    io::IoEngineOptions eo;
+    eo.queue_depth = o.qd;
+    return value_or_fail(io::IoEngine::create(eo));
+  }
+  static std::unique_ptr<io::SwapFile> make_swap_file(const BenchSwapOpts& o, const SwapArgs& a,
+                                                      io::IoEngine* engine) {
+    io::SwapFileOptions so;
+    so.dirs = a.paths;
+    so.name = "zoe-bench-swap";
+    so.grow_bytes = 1u << 30;
+    so.checksum = o.checksum;
+    auto swap = value_or_fail(io::SwapFile::create(so));
+    (void)swap->register_files(*engine);
+    return swap;
+  }
+  static std::unique_ptr<offload::OptimizerSwapper> make_swapper(const BenchSwapOpts& o, const SwapArgs& a,
+                                                                 offload::SwapStore* store,
+                                                                 TraceRecorder* trace) {
+    offload::SwapperOptions sopts;
+    sopts.states = {{offload::StateKind::kMaster, 4, true},
+                    {offload::StateKind::kAdamM, 4, true},
+                    {offload::StateKind::kAdamV, 4, true},
+                    {offload::StateKind::kGrad, static_cast<uint32_t>(dtype_size(a.gdt)), false}};
+    sopts.buffer_count = o.buffers;
+    sopts.buffer_bytes = a.buf_bytes;
+    sopts.trace = trace;
+    return value_or_fail(offload::OptimizerSwapper::create(store, sopts));
+  }
+  static std::unique_ptr<optim::CpuPool> make_pool(const BenchSwapOpts& o) {
+    optim::CpuPool::Options po;
+    po.threads = o.threads;
+    return value_or_fail(optim::CpuPool::create(po));
+  }
+};
+
 // A pass with its share done so far on the progress line (the update runs chunk after chunk).
 offload::ChunkUpdate with_progress(Progress& progress, double total_elems, const std::string& what,
                                    const offload::ChunkUpdate& fn) {
@@ -259,39 +317,16 @@ void run(const BenchSwapOpts& o) {
   const uint64_t n = a.n;
   const DType gdt = a.gdt;
 
-  io::IoEngineOptions eo;
-  eo.queue_depth = o.qd;
-  auto engine = value_or_fail(io::IoEngine::create(eo));
-  io::SwapFileOptions so;
-  so.dirs = a.paths;
-  so.name = "zoe-bench-swap";
-  so.grow_bytes = 1u << 30;
-  so.checksum = o.checksum;
-  auto swap = value_or_fail(io::SwapFile::create(so));
-  (void)swap->register_files(*engine);
-  offload::SwapStore store(swap.get(), engine.get(), 0);
-  TraceRecorder trace(!o.trace.empty());
-  offload::SwapperOptions sopts;
-  sopts.states = {{offload::StateKind::kMaster, 4, true},
-                  {offload::StateKind::kAdamM, 4, true},
-                  {offload::StateKind::kAdamV, 4, true},
-                  {offload::StateKind::kGrad, static_cast<uint32_t>(dtype_size(gdt)), false}};
-  sopts.buffer_count = o.buffers;
-  sopts.buffer_bytes = a.buf_bytes;
-  sopts.trace = &trace;
-  auto sw = value_or_fail(offload::OptimizerSwapper::create(&store, sopts));
-  optim::CpuPool::Options po;
-  po.threads = o.threads;
-  auto pool = value_or_fail(optim::CpuPool::create(po));
-  optim::Exec exec;
-  exec.pool = pool.get();
+  SwapRig rig(o, a);
+  offload::OptimizerSwapper* sw = rig.sw.get();
+  TraceRecorder& trace = rig.trace;
 
   Progress progress(true, 5.0);  // not a terminal: one line per 5 s
   const double total_elems = static_cast<double>(n);
   progress.update("registering " + std::to_string(n) + " parameters (" +
                   format_bytes(n * (12 + dtype_size(gdt))) + " of states) on " +
                   std::to_string(a.paths.size()) + " path(s)");
-  const std::vector<size_t> group_sizes = add_groups(sw.get(), n, a.sub);
+  const std::vector<size_t> group_sizes = add_groups(sw, n, a.sub);
   // Initial states, written through the pipeline itself (no N-sized host array).
   Status st = sw->step(with_progress(progress, total_elems, "writing initial states",
                                      [&](const offload::ChunkView& c) { return initial_states(c, gdt); }),
@@ -311,7 +346,7 @@ void run(const BenchSwapOpts& o) {
     aa.buf.grad_dtype = gdt;
     aa.params = ap;
     aa.step.step = step_no;
-    return optim::adam_step(aa, exec);
+    return optim::adam_step(aa, rig.exec);
   };
   auto noop = [](const offload::ChunkView&) { return Status::ok(); };
   InMemoryStates mem(sw->chunk_elems(), gdt);
@@ -345,14 +380,14 @@ void run(const BenchSwapOpts& o) {
   r.io_gbps = r.ts > 0 ? static_cast<double>(r.last.bytes_read + r.last.bytes_written) / r.ts * 1e-9 : 0;
   r.groups = group_sizes.size();
   r.chunk_elems = mem.ce;
-  r.threads = pool->threads();
-  r.kernel = optim::kernel_path_name(exec);
+  r.threads = rig.pool->threads();
+  r.kernel = optim::kernel_path_name(rig.exec);
   r.buffers_total = sw->buffer_bytes_total();
   if (o.json) {
     print_json(swap_json(o, a, r));
     return;
   }
-  print_swap(o, a, r, store.used_bytes());
+  print_swap(o, a, r, rig.store.used_bytes());
 }
 
 }  // namespace
