@@ -16,6 +16,8 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -37,27 +39,103 @@ namespace {
 
 using nlohmann::json;
 
-void run(TrainOpts o) {
-  check_flags(o);
+// The bytes per parameter one step moved, per link (a row of the JSON's step_bytes_per_param).
+json link_json(double nvme_read, double nvme_write, double h2d, double d2h) {
+  return json{
+      {"nvme->host", nvme_read}, {"host->nvme", nvme_write}, {"host->device", h2d}, {"device->host", d2h}};
+}
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// One `zoe train` run: the state its phases share. Members are declared in the order the run
+// builds them, so they are released in the reverse order (the trainer and model before the
+// engine, the engine before the runtime).
+struct TrainRun {
+  TrainOpts o;
   StopSignals stop;
-  model::GptConfig mc = model_config(o);
-  const int T = o.seq ? o.seq : mc.seq;
+  model::GptConfig mc;
+  int T = 0;
+  std::unique_ptr<Runtime> rt;
+  bool lead = false;
+  Config cfg;
+  data::Corpus corpus;
+  std::optional<BatchDump> dump;
+  std::unique_ptr<Engine> eng;
+  std::optional<Progress> progress;
+  int start_step = 0;
+  std::unique_ptr<model::GptCpu> gpt;
+  std::optional<model::GptTrainer> trainer;
+  int sample_n = 0;
+  json samples = json::array();
+  int accum = 1;
+  std::vector<int32_t> tokens, targets;
+  std::vector<double> losses, lrs, grad_norms;
+  json step_times = json::array();
+  json per_param = json::array();  // bytes per parameter moved in each step, per link
+  json evals = json::array();
+  double t_compute = 0, t_comm = 0, t_io = 0, t_opt = 0;
+  StepStats last;
+  uint64_t t_start = 0;
+  uint64_t last_nvme = 0;
+  double eval_loss = NAN, accuracy = NAN;
+  int saved_step = -1;
+  bool stderr_tty = false;
+  int progress_every = 1;
+  double last_line_s = 0;
+  double accuracy_start = NAN, eval_loss_start = NAN;
+  double total_s = 0;
+
+  explicit TrainRun(TrainOpts opts) : o(std::move(opts)), mc(model_config(o)) {}
+
+  void check_seq();
+  void start_runtime();
+  void build_config();
+  void load_data();
+  void build_engine();
+  void resume();
+  void build_model();
+  void take_sample(int at_step);
+  void evaluate();
+  void save_after(int done, bool async);
+  void stop_if_asked(int done);
+  void train();
+  void train_step(int step);
+  void record_step(double step_wall);
+  void progress_line(int step, double loss);
+  void finish();
+  json summary_json() const;
+  void plot(const json& j) const;
+  void print_summary(const json& j) const;
+  void print_samples() const;
+  void print_bytes_table(const json& j) const;
+};
+
+// --seq: at most the model's positions (the default is all of them).
+void TrainRun::check_seq() {
+  T = o.seq ? o.seq : mc.seq;
   if (T > mc.seq) {
     usage_fail(
         invalid_argument("--seq %d is longer than the model allows: it has %d positions (set --context, or a "
                          "smaller --seq)",
                          T, mc.seq));
   }
-  auto rt = value_or_fail(Runtime::init());
-  const bool lead = rt->rank() == 0;
+}
+
+// The runtime (this rank), and --plot's tools checked before any training.
+void TrainRun::start_runtime() {
+  rt = value_or_fail(Runtime::init());
+  lead = rt->rank() == 0;
   stop.set_rank(rt->rank());
   if (!o.plot.empty() && lead) {
     Status ps = plot_available();
     if (!ps.is_ok()) fail(ps.with_context("checking for --plot " + o.plot + " before training"));
   }
+}
 
-  // The engine's config: a file (flags given override its keys, and say so), or the flags.
-  Config cfg;
+// The engine's config: a file (flags given override its keys, and say so), or the flags.
+void TrainRun::build_config() {
   if (!o.config.empty()) {
     cfg = value_or_fail(Config::load(o.config, rt->world_size()));
     apply_overrides(o, &cfg, lead);
@@ -78,9 +156,10 @@ void run(TrainOpts o) {
   o.micro_batch = static_cast<int>(cfg.micro_batch());
   check_host_memory(cfg, mc, o.micro_batch, T);
   if (!o.save_dir.empty()) prepare_save_dir(o.save_dir);
+}
 
-  // Data next: a missing file is reported before the engine allocates anything.
-  data::Corpus corpus;
+// Data next: a missing file is reported before the engine allocates anything.
+void TrainRun::load_data() {
   if (!o.data.empty()) {
     // The corpus is held twice while it loads: at most a quarter of the available memory, 1 GiB.
     const uint64_t avail = host_memory_available();
@@ -96,11 +175,14 @@ void run(TrainOpts o) {
   } else {
     corpus = data::make_arithmetic(o.seed, 200000, o.task == "add2" ? 2 : o.task == "add1" ? 1 : 3);
   }
+}
 
-  BatchDump dump(o.dump_batches.empty()
-                     ? ""
-                     : o.dump_batches + (rt->world_size() > 1 ? "." + std::to_string(rt->rank()) : ""));
-  auto eng = value_or_fail(Engine::create(*rt, cfg));
+// The engine, the model's modules registered and initialised from --seed.
+void TrainRun::build_engine() {
+  dump.emplace(o.dump_batches.empty()
+                   ? ""
+                   : o.dump_batches + (rt->world_size() > 1 ? "." + std::to_string(rt->rank()) : ""));
+  eng = value_or_fail(Engine::create(*rt, cfg));
   // A second job saving into the same --save-dir is refused now, not at its first save.
   if (!o.save_dir.empty()) {
     Status cs = eng->claim_save_dir(o.save_dir);
@@ -111,147 +193,140 @@ void run(TrainOpts o) {
     Status s = model::add_gpt_modules(*eng, mc);
     if (!s.is_ok()) fail(s);
   }
-  Progress progress(lead && !o.quiet);
-  progress.update(fmt("initialising %llu parameters (%s of model state per rank)",
-                      static_cast<unsigned long long>(mc.num_params()),
-                      format_bytes(eng->model_state_bytes()).c_str()));
+  progress.emplace(lead && !o.quiet);
+  progress->update(fmt("initialising %llu parameters (%s of model state per rank)",
+                       static_cast<unsigned long long>(mc.num_params()),
+                       format_bytes(eng->model_state_bytes()).c_str()));
   Status s = eng->initialize(
       [&](size_t m, size_t p, float* x, size_t n) { model::gpt_init(mc, o.seed, m, p, x, n); });
   if (!s.is_ok()) fail(s.with_context("initialising the model"));
-  // Resume: restore every state, continue at the saved step (--steps counts the whole run).
-  int start_step = 0;
-  if (!o.resume.empty()) {
-    std::string from = o.resume == "-" ? o.save_dir : o.resume;
-    if (from.empty()) fail(invalid_argument("--resume needs a directory, or --save-dir"));
-    progress.update("resuming from " + from);
-    std::string ts = value_or_fail(eng->load(from));
-    uint64_t seed = o.seed;
-    Status ts_ok = model::parse_trainer_state(ts, from, &start_step, &seed);
-    if (!ts_ok.is_ok()) fail(ts_ok);
-    if (seed != o.seed) {
-      fail(invalid_argument(
-          "checkpoint %s was trained with --seed %llu, not %llu: the data order would differ", from.c_str(),
-          static_cast<unsigned long long>(seed), static_cast<unsigned long long>(o.seed)));
+}
+
+// Resume: restore every state, continue at the saved step (--steps counts the whole run).
+void TrainRun::resume() {
+  if (o.resume.empty()) return;
+  std::string from = o.resume == "-" ? o.save_dir : o.resume;
+  if (from.empty()) fail(invalid_argument("--resume needs a directory, or --save-dir"));
+  progress->update("resuming from " + from);
+  std::string ts = value_or_fail(eng->load(from));
+  uint64_t seed = o.seed;
+  Status ts_ok = model::parse_trainer_state(ts, from, &start_step, &seed);
+  if (!ts_ok.is_ok()) fail(ts_ok);
+  if (seed != o.seed) {
+    fail(invalid_argument("checkpoint %s was trained with --seed %llu, not %llu: the data order would differ",
+                          from.c_str(), static_cast<unsigned long long>(seed),
+                          static_cast<unsigned long long>(o.seed)));
+  }
+  if (start_step >= o.steps) {
+    fail(invalid_argument(
+        "checkpoint %s is at step %d; --steps %d leaves nothing to train (--steps counts the whole run)",
+        from.c_str(), start_step, o.steps));
+  }
+}
+
+// The model and its trainer, and the first sample from --prompt.
+void TrainRun::build_model() {
+  gpt = value_or_fail(model::GptCpu::create(mc, o.micro_batch, T, o.threads));
+  trainer.emplace(*eng, *gpt, mc, T);
+  sample_n = o.sample >= 0 ? o.sample : (o.data.empty() ? 0 : 160);
+  if (sample_n > 0) take_sample(start_step);
+}
+
+// A sample from --prompt (a collective: every rank draws the same), and how many of its words
+// occur in the training text.
+void TrainRun::take_sample(int at_step) {
+  progress->update(fmt("sampling %d bytes from the weights after step %d", sample_n, at_step));
+  std::string text = value_or_fail(trainer->sample(o.prompt, sample_n, o.temperature, o.seed, o.micro_batch));
+  size_t words = 0;
+  const double known = data::known_word_fraction(text, corpus.train, &words);
+  samples.push_back(
+      {{"step", at_step}, {"text", escape_bytes(o.prompt + text)}, {"words", words}, {"known_words", known}});
+}
+
+// The held-out loss over --eval-batches, and on the arithmetic corpus the exact-match accuracy
+// (a line counts when every answer token is the argmax), both averaged over the ranks.
+void TrainRun::evaluate() {
+  double sum = 0;
+  int n = 0;
+  int correct = 0, total = 0;
+  for (int b = 0; b < o.eval_batches; ++b) {
+    std::vector<int32_t> tk, tg, line;
+    if (corpus.arithmetic) {
+      data::arithmetic_eval_batch(corpus.eval, o.micro_batch, T, static_cast<size_t>(b * o.micro_batch * 4),
+                                  &tk, &tg, &line);
+    } else {
+      data::sample_batch(corpus.eval, o.micro_batch, T, o.seed ^ 0xe7a1, static_cast<uint64_t>(b), 0, 0, &tk,
+                         &tg);
     }
-    if (start_step >= o.steps) {
-      fail(invalid_argument(
-          "checkpoint %s is at step %d; --steps %d leaves nothing to train (--steps counts the whole run)",
-          from.c_str(), start_step, o.steps));
+    float l = value_or_fail(trainer->forward(tk, tg));
+    sum += l;
+    ++n;
+    if (corpus.arithmetic) {
+      const float* logits = gpt->logits();
+      std::vector<int> ok(tk.size(), 1);
+      int lines = 0;
+      for (size_t i = 0; i < line.size(); ++i) {
+        if (line[i] < 0) continue;
+        lines = std::max(lines, line[i] + 1);
+        const float* row = logits + i * static_cast<size_t>(mc.vocab);
+        int arg = static_cast<int>(std::max_element(row, row + mc.vocab) - row);
+        if (arg != tg[i]) ok[static_cast<size_t>(line[i])] = 0;
+      }
+      for (int k = 0; k < lines; ++k) correct += ok[static_cast<size_t>(k)];
+      total += lines;
     }
   }
-  auto model = value_or_fail(model::GptCpu::create(mc, o.micro_batch, T, o.threads));
-  model::GptTrainer trainer(*eng, *model, mc, T);
-  // Samples from --prompt before and after training (a collective: every rank draws the same).
-  const int sample_n = o.sample >= 0 ? o.sample : (o.data.empty() ? 0 : 160);
-  json samples = json::array();
-  auto take_sample = [&](int at_step) {
-    progress.update(fmt("sampling %d bytes from the weights after step %d", sample_n, at_step));
-    std::string text =
-        value_or_fail(trainer.sample(o.prompt, sample_n, o.temperature, o.seed, o.micro_batch));
-    size_t words = 0;
-    const double known = data::known_word_fraction(text, corpus.train, &words);
-    samples.push_back({{"step", at_step},
-                       {"text", escape_bytes(o.prompt + text)},
-                       {"words", words},
-                       {"known_words", known}});
-  };
-  if (sample_n > 0) take_sample(start_step);
+  eval_loss = mean_over_ranks(*rt, sum / std::max(1, n));
+  if (corpus.arithmetic && total > 0) accuracy = mean_over_ranks(*rt, static_cast<double>(correct) / total);
+}
 
-  const int accum = static_cast<int>(std::max<int64_t>(1, cfg.gradient_accumulation_steps()));
-  std::vector<int32_t> tokens, targets;
-  std::vector<double> losses, lrs, grad_norms;
-  json step_times = json::array();
-  json per_param = json::array();  // bytes per parameter moved in each step, per link
-  auto link_json = [](double nvme_read, double nvme_write, double h2d, double d2h) {
-    return json{
-        {"nvme->host", nvme_read}, {"host->nvme", nvme_write}, {"host->device", h2d}, {"device->host", d2h}};
-  };
-  json evals = json::array();
-  double t_compute = 0, t_comm = 0, t_io = 0, t_opt = 0;
-  StepStats last;
-  const uint64_t t_start = clock_ns();
-  uint64_t last_nvme = 0;
-  double eval_loss = NAN, accuracy = NAN;
+// A checkpoint after step `done`, tagged step-NNNNNN, with the trainer's state (step, seed, data).
+void TrainRun::save_after(int done, bool async) {
+  json ts = {{"step", done}, {"seed", o.seed}, {"data", corpus.name}, {"preset", o.preset}};
+  char tag[32];
+  snprintf(tag, sizeof(tag), "step-%06d", done);
+  progress->update(std::string("saving ") + tag + " to " + o.save_dir);
+  Status ss = eng->save(o.save_dir, tag, ts.dump(), async);
+  if (!ss.is_ok()) {
+    progress->done();
+    fail(ss.with_context("saving a checkpoint after step " + std::to_string(done)));
+  }
+  saved_step = done;
+}
 
-  auto evaluate = [&]() {
-    double sum = 0;
-    int n = 0;
-    int correct = 0, total = 0;
-    for (int b = 0; b < o.eval_batches; ++b) {
-      std::vector<int32_t> tk, tg, line;
-      if (corpus.arithmetic) {
-        data::arithmetic_eval_batch(corpus.eval, o.micro_batch, T, static_cast<size_t>(b * o.micro_batch * 4),
-                                    &tk, &tg, &line);
-      } else {
-        data::sample_batch(corpus.eval, o.micro_batch, T, o.seed ^ 0xe7a1, static_cast<uint64_t>(b), 0, 0,
-                           &tk, &tg);
-      }
-      float l = value_or_fail(trainer.forward(tk, tg));
-      sum += l;
-      ++n;
-      if (corpus.arithmetic) {
-        const float* logits = model->logits();
-        std::vector<int> ok(tk.size(), 1);
-        int lines = 0;
-        for (size_t i = 0; i < line.size(); ++i) {
-          if (line[i] < 0) continue;
-          lines = std::max(lines, line[i] + 1);
-          const float* row = logits + i * static_cast<size_t>(mc.vocab);
-          int arg = static_cast<int>(std::max_element(row, row + mc.vocab) - row);
-          if (arg != tg[i]) ok[static_cast<size_t>(line[i])] = 0;
-        }
-        for (int k = 0; k < lines; ++k) correct += ok[static_cast<size_t>(k)];
-        total += lines;
-      }
-    }
-    eval_loss = mean_over_ranks(*rt, sum / std::max(1, n));
-    if (corpus.arithmetic && total > 0) accuracy = mean_over_ranks(*rt, static_cast<double>(correct) / total);
-  };
+// SIGINT/SIGTERM stop the run at the next step boundary; SIGTERM saves a final checkpoint
+// first when there is a --save-dir. Unwinding destroys the engine, which removes swap files.
+void TrainRun::stop_if_asked(int done) {
+  const int sig = stop.requested();
+  if (sig == 0) return;
+  stop.stopping();
+  std::string saved;
+  if (sig == SIGTERM && !o.save_dir.empty() && done > start_step && saved_step != done) {
+    save_after(done, false);
+    saved = fmt("; checkpoint step-%06d saved in %s", done, o.save_dir.c_str());
+  }
+  Status fs = eng->finish_save();
+  progress->done();
+  if (!fs.is_ok()) fail(fs.with_context("the last checkpoint, while stopping"));
+  eng.reset();
+  throw CommandError{
+      Status(StatusCode::kCancelled, fmt("stopped by %s after step %d of %d%s",
+                                         sig == SIGINT ? "SIGINT" : "SIGTERM", done, o.steps, saved.c_str())),
+      128 + sig};
+}
 
-  int saved_step = -1;
-  auto save_after = [&](int done, bool async) {
-    json ts = {{"step", done}, {"seed", o.seed}, {"data", corpus.name}, {"preset", o.preset}};
-    char tag[32];
-    snprintf(tag, sizeof(tag), "step-%06d", done);
-    progress.update(std::string("saving ") + tag + " to " + o.save_dir);
-    Status ss = eng->save(o.save_dir, tag, ts.dump(), async);
-    if (!ss.is_ok()) {
-      progress.done();
-      fail(ss.with_context("saving a checkpoint after step " + std::to_string(done)));
-    }
-    saved_step = done;
-  };
-  // SIGINT/SIGTERM stop the run at the next step boundary; SIGTERM saves a final checkpoint
-  // first when there is a --save-dir. Unwinding destroys the engine, which removes swap files.
-  auto stop_if_asked = [&](int done) {
-    const int sig = stop.requested();
-    if (sig == 0) return;
-    stop.stopping();
-    std::string saved;
-    if (sig == SIGTERM && !o.save_dir.empty() && done > start_step && saved_step != done) {
-      save_after(done, false);
-      saved = fmt("; checkpoint step-%06d saved in %s", done, o.save_dir.c_str());
-    }
-    Status fs = eng->finish_save();
-    progress.done();
-    if (!fs.is_ok()) fail(fs.with_context("the last checkpoint, while stopping"));
-    eng.reset();
-    throw CommandError{Status(StatusCode::kCancelled,
-                              fmt("stopped by %s after step %d of %d%s", sig == SIGINT ? "SIGINT" : "SIGTERM",
-                                  done, o.steps, saved.c_str())),
-                       128 + sig};
-  };
-  const bool stderr_tty = isatty(STDERR_FILENO) != 0;
-  const int progress_every = std::max(1, (o.steps - start_step) / 10);
-  auto now_s = [] {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-  };
-  double last_line_s = now_s();
+// The training loop: --save-initial, the evaluation of the starting weights (with --eval-every),
+// then the steps.
+void TrainRun::train() {
+  accum = static_cast<int>(std::max<int64_t>(1, cfg.gradient_accumulation_steps()));
+  t_start = clock_ns();
+  stderr_tty = isatty(STDERR_FILENO) != 0;
+  progress_every = std::max(1, (o.steps - start_step) / 10);
+  last_line_s = now_s();
   if (o.save_initial) save_after(0, false);
   // With --eval-every, the first evaluation is of the weights the run starts from.
-  double accuracy_start = NAN, eval_loss_start = NAN;
   if (o.eval_every > 0) {
-    progress.update("evaluating the initial weights");
+    progress->update("evaluating the initial weights");
     evaluate();
     json ev = {{"step", start_step}, {"eval_loss", eval_loss}};
     if (!std::isnan(accuracy)) ev["accuracy"] = accuracy;
@@ -259,87 +334,108 @@ void run(TrainOpts o) {
     accuracy_start = accuracy;
     eval_loss_start = eval_loss;
   }
-  for (int step = start_step; step < o.steps; ++step) {
-    stop_if_asked(step);
-    const double step_t0 = now_s();
-    double loss_sum = 0;
-    for (int micro = 0; micro < accum; ++micro) {
-      data::sample_batch(corpus.train, o.micro_batch, T, o.seed, static_cast<uint64_t>(step), rt->rank(),
-                         micro, &tokens, &targets);
-      dump.write(step, rt->rank(), micro, o.micro_batch, T, tokens, targets);
-      auto l = trainer.forward_backward(tokens, targets);
-      if (!l.is_ok()) {
-        progress.done();
-        fail(l.status().with_context("training step " + std::to_string(step + 1)));
-      }
-      loss_sum += l.value();
+  for (int step = start_step; step < o.steps; ++step) train_step(step);
+}
+
+// One step: the micro-batches' forward and backward, the optimizer step, its statistics, the
+// evaluation and checkpoint it is due, and its progress line.
+void TrainRun::train_step(int step) {
+  stop_if_asked(step);
+  const double step_t0 = now_s();
+  double loss_sum = 0;
+  for (int micro = 0; micro < accum; ++micro) {
+    data::sample_batch(corpus.train, o.micro_batch, T, o.seed, static_cast<uint64_t>(step), rt->rank(), micro,
+                       &tokens, &targets);
+    dump->write(step, rt->rank(), micro, o.micro_batch, T, tokens, targets);
+    auto l = trainer->forward_backward(tokens, targets);
+    if (!l.is_ok()) {
+      progress->done();
+      fail(l.status().with_context("training step " + std::to_string(step + 1)));
     }
-    auto st = eng->step();
-    if (!st.is_ok()) {
-      progress.done();
-      fail(st.status().with_context("optimizer step " + std::to_string(step + 1)));
-    }
-    last = st.value();
-    const double step_wall = now_s() - step_t0;
-    double loss = mean_over_ranks(*rt, loss_sum / accum);
-    losses.push_back(loss);
-    lrs.push_back(last.lr);
-    grad_norms.push_back(last.grad_norm);
-    step_times.push_back({{"compute", last.t_compute},
-                          {"comm", last.t_comm},
-                          {"io_stall", last.t_io_stall},
-                          {"optimizer", last.t_optimizer},
-                          {"wall", step_wall}});
-    per_param.push_back(link_json(last.per_param_nvme_read, last.per_param_nvme_write,
-                                  last.per_param_host_to_device, last.per_param_device_to_host));
-    t_compute += last.t_compute;
-    t_comm += last.t_comm;
-    t_io += last.t_io_stall;
-    t_opt += last.t_optimizer;
-    if (o.eval_every > 0 && ((step + 1) % o.eval_every == 0 || step + 1 == o.steps)) {
-      evaluate();
-      json ev = {{"step", step + 1}, {"eval_loss", eval_loss}};
-      if (!std::isnan(accuracy)) ev["accuracy"] = accuracy;
-      evals.push_back(ev);
-    }
-    if (o.save_every > 0 && (step + 1) % o.save_every == 0) save_after(step + 1, o.save_async);
-    double elapsed = static_cast<double>(clock_ns() - t_start) * 1e-9;
-    double step_time = elapsed / (step + 1 - start_step);
-    stop.note_step(step_time);
-    double tokens_s =
-        static_cast<double>(o.micro_batch) * T * accum * rt->world_size() / std::max(step_time, 1e-9);
-    uint64_t nvme = last.bytes_nvme_read + last.bytes_nvme_write;
-    double nvme_gbps = static_cast<double>(nvme - last_nvme) / std::max(step_time, 1e-9) * 1e-9;
-    last_nvme = nvme;
-    double wall_step = last.t_compute + last.t_comm + last.t_io_stall + last.t_optimizer;
-    double stall = wall_step > 0 ? 100.0 * last.t_io_stall / wall_step : 0;
-    std::string line =
-        fmt("step %d/%d  loss %.4f  %.0f tok/s  nvme %.2f GB/s  stall %.0f%%  eta %s", step + 1, o.steps,
-            loss, tokens_s, nvme_gbps, stall, fmt_eta(step_time * (o.steps - step - 1)).c_str());
-    if (!std::isnan(eval_loss)) line += fmt("  eval %.4f", eval_loss);
-    if (!std::isnan(accuracy)) line += fmt(" acc %.1f%%", 100 * accuracy);
-    // Not a terminal (a log, CI): one line every progress_every steps and the last, not one per step.
-    // The first steps show at once (the first result), then every progress_every steps, and at
-    // least one line every 10 s of a long run.
-    const bool due = (step + 1 - start_step) <= 3 || (step + 1) % progress_every == 0 ||
-                     step + 1 == o.steps || now_s() - last_line_s >= 10.0;
-    if (stderr_tty || due) {
-      progress.update(line);
-      last_line_s = now_s();
-    }
+    loss_sum += l.value();
   }
+  auto st = eng->step();
+  if (!st.is_ok()) {
+    progress->done();
+    fail(st.status().with_context("optimizer step " + std::to_string(step + 1)));
+  }
+  last = st.value();
+  const double step_wall = now_s() - step_t0;
+  double loss = mean_over_ranks(*rt, loss_sum / accum);
+  losses.push_back(loss);
+  record_step(step_wall);
+  if (o.eval_every > 0 && ((step + 1) % o.eval_every == 0 || step + 1 == o.steps)) {
+    evaluate();
+    json ev = {{"step", step + 1}, {"eval_loss", eval_loss}};
+    if (!std::isnan(accuracy)) ev["accuracy"] = accuracy;
+    evals.push_back(ev);
+  }
+  if (o.save_every > 0 && (step + 1) % o.save_every == 0) save_after(step + 1, o.save_async);
+  progress_line(step, loss);
+}
+
+// The step's statistics kept for the JSON: learning rate, gradient norm, times, bytes per parameter.
+void TrainRun::record_step(double step_wall) {
+  lrs.push_back(last.lr);
+  grad_norms.push_back(last.grad_norm);
+  step_times.push_back({{"compute", last.t_compute},
+                        {"comm", last.t_comm},
+                        {"io_stall", last.t_io_stall},
+                        {"optimizer", last.t_optimizer},
+                        {"wall", step_wall}});
+  per_param.push_back(link_json(last.per_param_nvme_read, last.per_param_nvme_write,
+                                last.per_param_host_to_device, last.per_param_device_to_host));
+  t_compute += last.t_compute;
+  t_comm += last.t_comm;
+  t_io += last.t_io_stall;
+  t_opt += last.t_optimizer;
+}
+
+// The step's progress line: loss, tokens/s, NVMe rate, I/O stall share, ETA and the last
+// evaluation. On a terminal every step; otherwise only the steps due.
+void TrainRun::progress_line(int step, double loss) {
+  double elapsed = static_cast<double>(clock_ns() - t_start) * 1e-9;
+  double step_time = elapsed / (step + 1 - start_step);
+  stop.note_step(step_time);
+  double tokens_s =
+      static_cast<double>(o.micro_batch) * T * accum * rt->world_size() / std::max(step_time, 1e-9);
+  uint64_t nvme = last.bytes_nvme_read + last.bytes_nvme_write;
+  double nvme_gbps = static_cast<double>(nvme - last_nvme) / std::max(step_time, 1e-9) * 1e-9;
+  last_nvme = nvme;
+  double wall_step = last.t_compute + last.t_comm + last.t_io_stall + last.t_optimizer;
+  double stall = wall_step > 0 ? 100.0 * last.t_io_stall / wall_step : 0;
+  std::string line =
+      fmt("step %d/%d  loss %.4f  %.0f tok/s  nvme %.2f GB/s  stall %.0f%%  eta %s", step + 1, o.steps, loss,
+          tokens_s, nvme_gbps, stall, fmt_eta(step_time * (o.steps - step - 1)).c_str());
+  if (!std::isnan(eval_loss)) line += fmt("  eval %.4f", eval_loss);
+  if (!std::isnan(accuracy)) line += fmt(" acc %.1f%%", 100 * accuracy);
+  // Not a terminal (a log, CI): one line every progress_every steps and the last, not one per step.
+  // The first steps show at once (the first result), then every progress_every steps, and at
+  // least one line every 10 s of a long run.
+  const bool due = (step + 1 - start_step) <= 3 || (step + 1) % progress_every == 0 || step + 1 == o.steps ||
+                   now_s() - last_line_s >= 10.0;
+  if (stderr_tty || due) {
+    progress->update(line);
+    last_line_s = now_s();
+  }
+}
+
+// After the last step: the pending checkpoint, the final evaluation and sample, --trace.
+void TrainRun::finish() {
   Status fs = eng->finish_save();
   if (!fs.is_ok()) fail(fs.with_context("the last checkpoint"));
-  progress.done();
-  dump.close();
+  progress->done();
+  dump->close();
   if (o.eval_every <= 0) evaluate();
   if (sample_n > 0) take_sample(o.steps);
   if (!o.trace.empty()) {
     Status ts = eng->write_trace(o.trace + (rt->world_size() > 1 ? "." + std::to_string(rt->rank()) : ""));
     if (!ts.is_ok()) fail(ts);
   }
-  if (!lead) return;
-  double total_s = static_cast<double>(clock_ns() - t_start) * 1e-9;
+}
+
+// The run's JSON (--json, and --plot's input).
+json TrainRun::summary_json() const {
   json j;
   j["params"] = mc.num_params();
   j["model"] = {
@@ -386,17 +482,21 @@ void run(TrainOpts o) {
   j["start_step"] = start_step;
   j["tokens_per_s"] =
       static_cast<double>(o.steps - start_step) * o.micro_batch * T * accum * rt->world_size() / total_s;
-  if (!o.plot.empty()) {
-    Progress plotting(!o.quiet);
-    plotting.update("plotting " + o.plot);
-    Status ps = write_plot("train", j.dump(), o.plot);
-    plotting.done();
-    if (!ps.is_ok()) fail(ps.with_context("--plot " + o.plot));
-  }
-  if (o.json) {
-    print_json(j);
-    return;
-  }
+  return j;
+}
+
+// --plot: the run's curves drawn from its JSON.
+void TrainRun::plot(const json& j) const {
+  if (o.plot.empty()) return;
+  Progress plotting(!o.quiet);
+  plotting.update("plotting " + o.plot);
+  Status ps = write_plot("train", j.dump(), o.plot);
+  plotting.done();
+  if (!ps.is_ok()) fail(ps.with_context("--plot " + o.plot));
+}
+
+// The text summary: what was trained, the loss and accuracy it reached, the samples, the bytes.
+void TrainRun::print_summary(const json& j) const {
   printf("# zoe train: %s, %llu parameters (%d layers, d %d, %d heads), seq %d, %s, world %d\n",
          corpus.name.c_str(), static_cast<unsigned long long>(mc.num_params()), mc.layers, mc.d_model,
          mc.heads, T, j["precision"].get<std::string>().c_str(), rt->world_size());
@@ -409,26 +509,34 @@ void run(TrainOpts o) {
         "learned         exact-match accuracy on held-out additions %.1f%% -> %.1f%% in %d steps (%.0fs)\n",
         100 * accuracy_start, 100 * accuracy, o.steps - start_step, total_s);
   }
-  if (sample_n > 0) {
-    for (const json& sm : samples) {
-      printf("sample          after step %d (temperature %g", sm["step"].get<int>(), o.temperature);
-      if (!corpus.arithmetic) {
-        printf("; %.0f%% of its %zu words occur in the text", 100 * sm["known_words"].get<double>(),
-               sm["words"].get<size_t>());
-      }
-      printf("):\n");
-      print_indented(sm["text"].get<std::string>(), "                | ");
-    }
-    const json &a = samples.front(), &b = samples.back();
-    if (!corpus.arithmetic)
-      printf("learned         words of a sample found in the text %.0f%% -> %.0f%%",
-             100 * a["known_words"].get<double>(), 100 * b["known_words"].get<double>());
-    if (!corpus.arithmetic) {
-      if (!std::isnan(eval_loss_start)) printf("; eval loss %.3f -> %.3f", eval_loss_start, eval_loss);
-      printf(" in %d steps (%.0fs)\n", o.steps - start_step, total_s);
-    }
-  }
+  if (sample_n > 0) print_samples();
   printf("\n");
+  print_bytes_table(j);
+}
+
+// Each sample's text, and (on a text corpus) how many of its words the text has, first to last.
+void TrainRun::print_samples() const {
+  for (const json& sm : samples) {
+    printf("sample          after step %d (temperature %g", sm["step"].get<int>(), o.temperature);
+    if (!corpus.arithmetic) {
+      printf("; %.0f%% of its %zu words occur in the text", 100 * sm["known_words"].get<double>(),
+             sm["words"].get<size_t>());
+    }
+    printf("):\n");
+    print_indented(sm["text"].get<std::string>(), "                | ");
+  }
+  const json &a = samples.front(), &b = samples.back();
+  if (!corpus.arithmetic)
+    printf("learned         words of a sample found in the text %.0f%% -> %.0f%%",
+           100 * a["known_words"].get<double>(), 100 * b["known_words"].get<double>());
+  if (!corpus.arithmetic) {
+    if (!std::isnan(eval_loss_start)) printf("; eval loss %.3f -> %.3f", eval_loss_start, eval_loss);
+    printf(" in %d steps (%.0fs)\n", o.steps - start_step, total_s);
+  }
+}
+
+// The memory and traffic table, bytes per parameter of the last step, and where the time went.
+void TrainRun::print_bytes_table(const json& j) const {
   Table t({{"", "", 22, true}, {"bytes", "", 14}, {"", "", 10}});
   t.print_header(stdout);
   auto row = [&](const std::string& name, uint64_t v) {
@@ -451,6 +559,29 @@ void run(TrainOpts o) {
       "\nstate / device budget = %.1fx; time: compute %.1fs, comm %.1fs, I/O stall %.1fs, optimizer %.1fs, "
       "total %.1fs\n",
       j["state_to_budget"].get<double>(), t_compute, t_comm, t_io, t_opt, total_s);
+}
+
+void run(TrainOpts o) {
+  check_flags(o);
+  TrainRun r(std::move(o));
+  r.check_seq();
+  r.start_runtime();
+  r.build_config();
+  r.load_data();
+  r.build_engine();
+  r.resume();
+  r.build_model();
+  r.train();
+  r.finish();
+  if (!r.lead) return;
+  r.total_s = static_cast<double>(clock_ns() - r.t_start) * 1e-9;
+  const json j = r.summary_json();
+  r.plot(j);
+  if (r.o.json) {
+    print_json(j);
+    return;
+  }
+  r.print_summary(j);
 }
 
 }  // namespace

@@ -85,6 +85,111 @@ class SlotWriter {
   std::vector<char> gather_, conv_;
 };
 
+// The output's layout: every tensor, in the order given, back to back; its header entries, and
+// per module the slots its parameters feed.
+struct Layout {
+  nlohmann::json header = nlohmann::json::object();
+  uint64_t data_bytes = 0;
+  std::vector<OutSlot> slots;
+  std::vector<std::vector<size_t>> slots_of_module;
+};
+
+// The header's tensor entries: each asks for an existing parameter, under a name not empty,
+// reserved or used twice; only a matrix is transposed.
+Status lay_out(const Reader& r, const std::vector<ExportTensor>& tensors, const char* st_dtype, size_t eb,
+               Layout* l) {
+  const Manifest& m = r.manifest();
+  l->slots_of_module.resize(m.modules.size());
+  for (const ExportTensor& t : tensors) {
+    if (t.module >= m.modules.size() || t.param >= m.modules[t.module].params.size()) {
+      return invalid_argument(
+          "consolidate: tensor '%s' asks for parameter %zu of module %u, which %s has not", t.name.c_str(),
+          t.param, t.module, r.path().c_str());
+    }
+    const ParamInfo& p = m.modules[t.module].params[t.param];
+    if (t.name.empty() || t.name == "__metadata__" || l->header.contains(t.name)) {
+      return invalid_argument("consolidate: tensor name '%s' (from %s.%s) is empty, reserved or used twice",
+                              t.name.c_str(), m.modules[t.module].name.c_str(), p.name.c_str());
+    }
+    OutSlot s{&t, &p, l->data_bytes};
+    std::vector<int64_t> shape = p.shape;
+    if (t.transpose) {
+      if (p.shape.size() != 2) {
+        return invalid_argument("consolidate: %s.%s has %zu dimensions; only a matrix can be transposed",
+                                m.modules[t.module].name.c_str(), p.name.c_str(), p.shape.size());
+      }
+      s.rows = static_cast<uint64_t>(p.shape[0]);
+      s.cols = static_cast<uint64_t>(p.shape[1]);
+      shape = {p.shape[1], p.shape[0]};
+    }
+    l->header[t.name] = {{"dtype", st_dtype},
+                         {"shape", shape},
+                         {"data_offsets", {l->data_bytes, l->data_bytes + p.numel * eb}}};
+    l->data_bytes += p.numel * eb;
+    l->slots_of_module[t.module].push_back(l->slots.size());
+    l->slots.push_back(s);
+  }
+  return Status::ok();
+}
+
+// Every exported element must be in some rank's file: checked before anything is written.
+Status check_coverage(const Reader& r, const std::string& kind, const Layout& l) {
+  const Manifest& m = r.manifest();
+  for (uint32_t mi = 0; mi < m.modules.size(); ++mi) {
+    std::vector<std::pair<uint64_t, uint64_t>> have;  // [begin, end) of the records of `kind`
+    for (const auto& t : m.tensors) {
+      if (t.module == mi && t.kind == kind && t.count > 0) have.emplace_back(t.begin, t.begin + t.count);
+    }
+    std::sort(have.begin(), have.end());
+    for (size_t si : l.slots_of_module[mi]) {
+      const ParamInfo& p = *l.slots[si].p;
+      uint64_t pos = p.offset;  // the first element not yet known to be covered
+      for (const auto& [b, e] : have) {
+        if (b > pos) break;
+        pos = std::max(pos, e);
+      }
+      if (pos < p.offset + p.numel) {
+        return not_found("consolidate: checkpoint %s: element %" PRIu64 " of %s.%s (module element %" PRIu64
+                         ") has no '%s' state in any rank's file",
+                         r.path().c_str(), pos - p.offset, m.modules[mi].name.c_str(), p.name.c_str(), pos,
+                         kind.c_str());
+      }
+    }
+  }
+  return Status::ok();
+}
+
+// One rank file, start to end: scan_file checks every tensor's and the file's xxh64 while the
+// pieces of `kind` records are converted and written where their tensors go.
+Status copy_rank_file(const Reader& r, size_t fi, const std::string& kind, const Layout& l,
+                      size_t piece_bytes, SlotWriter* out) {
+  const Manifest& m = r.manifest();
+  std::vector<const TensorRecord*> recs;  // the `kind` records in this file
+  for (const auto& t : m.tensors) {
+    char name[32];
+    snprintf(name, sizeof(name), "rank-%05d.bin", t.rank);
+    if (t.kind == kind && t.bytes > 0 && m.files[fi].name == name) recs.push_back(&t);
+  }
+  auto on_piece = [&](uint64_t at, const void* data, size_t n) -> Status {
+    for (const TensorRecord* t : recs) {
+      const uint64_t lo = std::max(at, t->offset), hi = std::min(at + n, t->offset + t->bytes);
+      if (lo >= hi) continue;
+      const size_t ib = dtype_bytes(t->dtype);
+      // Pieces and tensors start at multiples of kTensorAlign: no element straddles two pieces.
+      const uint64_t e0 = t->begin + (lo - t->offset) / ib, e1 = t->begin + (hi - t->offset) / ib;
+      for (size_t si : l.slots_of_module[t->module]) {
+        const OutSlot& s = l.slots[si];
+        const uint64_t a = std::max(e0, s.p->offset), b = std::min(e1, s.p->offset + s.p->numel);
+        if (a >= b) continue;
+        const char* src = static_cast<const char*>(data) + (t->offset + (a - t->begin) * ib - at);
+        ZOE_RETURN_IF_ERROR(out->write(s, t->dtype, src, a - s.p->offset, b - s.p->offset));
+      }
+    }
+    return Status::ok();
+  };
+  return r.scan_file(fi, piece_bytes, on_piece);
+}
+
 }  // namespace
 
 Status write_safetensors(const Reader& r, const std::string& out_path, const std::string& dtype_arg,
@@ -105,67 +210,16 @@ Status write_safetensors(const Reader& r, const std::string& out_path, const std
   const Manifest& m = r.manifest();
 
   // Header: every output tensor, in the order given, laid out back to back.
-  nlohmann::json header = nlohmann::json::object();
-  uint64_t data_bytes = 0;
-  std::vector<OutSlot> slots;
-  std::vector<std::vector<size_t>> slots_of_module(m.modules.size());
-  for (const ExportTensor& t : tensors) {
-    if (t.module >= m.modules.size() || t.param >= m.modules[t.module].params.size()) {
-      return invalid_argument(
-          "consolidate: tensor '%s' asks for parameter %zu of module %u, which %s has not", t.name.c_str(),
-          t.param, t.module, r.path().c_str());
-    }
-    const ParamInfo& p = m.modules[t.module].params[t.param];
-    if (t.name.empty() || t.name == "__metadata__" || header.contains(t.name)) {
-      return invalid_argument("consolidate: tensor name '%s' (from %s.%s) is empty, reserved or used twice",
-                              t.name.c_str(), m.modules[t.module].name.c_str(), p.name.c_str());
-    }
-    OutSlot s{&t, &p, data_bytes};
-    std::vector<int64_t> shape = p.shape;
-    if (t.transpose) {
-      if (p.shape.size() != 2) {
-        return invalid_argument("consolidate: %s.%s has %zu dimensions; only a matrix can be transposed",
-                                m.modules[t.module].name.c_str(), p.name.c_str(), p.shape.size());
-      }
-      s.rows = static_cast<uint64_t>(p.shape[0]);
-      s.cols = static_cast<uint64_t>(p.shape[1]);
-      shape = {p.shape[1], p.shape[0]};
-    }
-    header[t.name] = {
-        {"dtype", st_dtype}, {"shape", shape}, {"data_offsets", {data_bytes, data_bytes + p.numel * eb}}};
-    data_bytes += p.numel * eb;
-    slots_of_module[t.module].push_back(slots.size());
-    slots.push_back(s);
-  }
+  Layout l;
+  ZOE_RETURN_IF_ERROR(lay_out(r, tensors, st_dtype, eb, &l));
   nlohmann::json meta = {{"format", "pt"},
                          {"zoe_checkpoint", r.path()},
                          {"zoe_step", std::to_string(m.step)},
                          {"zoe_source_state", kind}};
   for (const auto& [k, v] : metadata.items()) meta[k] = v.is_string() ? v.get<std::string>() : v.dump();
-  header["__metadata__"] = meta;
-  // Every exported element must be in some rank's file: check before writing anything.
-  for (uint32_t mi = 0; mi < m.modules.size(); ++mi) {
-    std::vector<std::pair<uint64_t, uint64_t>> have;  // [begin, end) of the records of `kind`
-    for (const auto& t : m.tensors) {
-      if (t.module == mi && t.kind == kind && t.count > 0) have.emplace_back(t.begin, t.begin + t.count);
-    }
-    std::sort(have.begin(), have.end());
-    for (size_t si : slots_of_module[mi]) {
-      const ParamInfo& p = *slots[si].p;
-      uint64_t pos = p.offset;  // the first element not yet known to be covered
-      for (const auto& [b, e] : have) {
-        if (b > pos) break;
-        pos = std::max(pos, e);
-      }
-      if (pos < p.offset + p.numel) {
-        return not_found("consolidate: checkpoint %s: element %" PRIu64 " of %s.%s (module element %" PRIu64
-                         ") has no '%s' state in any rank's file",
-                         r.path().c_str(), pos - p.offset, m.modules[mi].name.c_str(), p.name.c_str(), pos,
-                         kind.c_str());
-      }
-    }
-  }
-  std::string htext = header.dump();
+  l.header["__metadata__"] = meta;
+  ZOE_RETURN_IF_ERROR(check_coverage(r, kind, l));
+  std::string htext = l.header.dump();
   htext.append((8 - htext.size() % 8) % 8, ' ');
   uint64_t hlen = htext.size();
   unsigned char len_le[8];
@@ -181,33 +235,8 @@ Status write_safetensors(const Reader& r, const std::string& out_path, const std
     ZOE_RETURN_IF_ERROR(pwrite_all(fd, tmp, htext.data(), htext.size(), off));
     off += htext.size();
     SlotWriter out(fd, tmp, off, dtype);
-    // Each rank file once, start to end: scan_file checks every tensor's and the file's xxh64
-    // while the pieces of `kind` records are converted and written where their tensors go.
     for (size_t fi = 0; fi < m.files.size(); ++fi) {
-      std::vector<const TensorRecord*> recs;  // the `kind` records in this file
-      for (const auto& t : m.tensors) {
-        char name[32];
-        snprintf(name, sizeof(name), "rank-%05d.bin", t.rank);
-        if (t.kind == kind && t.bytes > 0 && m.files[fi].name == name) recs.push_back(&t);
-      }
-      auto on_piece = [&](uint64_t at, const void* data, size_t n) -> Status {
-        for (const TensorRecord* t : recs) {
-          const uint64_t lo = std::max(at, t->offset), hi = std::min(at + n, t->offset + t->bytes);
-          if (lo >= hi) continue;
-          const size_t ib = dtype_bytes(t->dtype);
-          // Pieces and tensors start at multiples of kTensorAlign: no element straddles two pieces.
-          const uint64_t e0 = t->begin + (lo - t->offset) / ib, e1 = t->begin + (hi - t->offset) / ib;
-          for (size_t si : slots_of_module[t->module]) {
-            const OutSlot& s = slots[si];
-            const uint64_t a = std::max(e0, s.p->offset), b = std::min(e1, s.p->offset + s.p->numel);
-            if (a >= b) continue;
-            const char* src = static_cast<const char*>(data) + (t->offset + (a - t->begin) * ib - at);
-            ZOE_RETURN_IF_ERROR(out.write(s, t->dtype, src, a - s.p->offset, b - s.p->offset));
-          }
-        }
-        return Status::ok();
-      };
-      ZOE_RETURN_IF_ERROR(r.scan_file(fi, piece_bytes, on_piece));
+      ZOE_RETURN_IF_ERROR(copy_rank_file(r, fi, kind, l, piece_bytes, &out));
     }
     ZOE_RETURN_IF_ERROR(fsync_fd(fd, tmp));
     int f = fd;

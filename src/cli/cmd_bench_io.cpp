@@ -67,43 +67,54 @@ json row_json(const io::IoBenchRow& r) {
           {"seconds", r.seconds}};
 }
 
-void run(const BenchIoOpts& o) {
-  std::vector<std::string> paths = o.paths.empty() ? std::vector<std::string>{default_scratch()} : o.paths;
-  uint64_t size = value_or_fail(parse_bytes(o.size));
-  auto bss = value_or_fail(parse_bytes_list(o.bs));
-  auto qds = value_or_fail(parse_uint_list(o.qd));
-  uint64_t stripe = value_or_fail(parse_bytes(o.stripe));
+// The flags, read and checked: the directories, sizes, block sizes (multiples of 4096), queue
+// depths (at most 4096), engines, directions and the O_DIRECT mode.
+struct IoArgs {
+  std::vector<std::string> paths;
+  uint64_t size = 0;
+  std::vector<uint64_t> bss, qds;
+  uint64_t stripe = 0;
   std::vector<io::IoBackend> engines;
-  for (const auto& e : split_list(o.engines)) engines.push_back(value_or_fail(io::parse_io_backend(e)));
   std::vector<io::IoOp> ops;
+  io::DirectMode dm = io::DirectMode::kPrefer;
+};
+
+// --direct: prefer (or on), require, off.
+io::DirectMode parse_direct(const std::string& direct) {
+  if (direct == "prefer" || direct == "on") return io::DirectMode::kPrefer;
+  if (direct == "require") return io::DirectMode::kRequire;
+  if (direct == "off") return io::DirectMode::kOff;
+  fail(invalid_argument("--direct: '%s' is not prefer, require or off", direct.c_str()));
+}
+
+IoArgs parse_io_args(const BenchIoOpts& o) {
+  IoArgs a;
+  a.paths = o.paths.empty() ? std::vector<std::string>{default_scratch()} : o.paths;
+  a.size = value_or_fail(parse_bytes(o.size));
+  a.bss = value_or_fail(parse_bytes_list(o.bs));
+  a.qds = value_or_fail(parse_uint_list(o.qd));
+  a.stripe = value_or_fail(parse_bytes(o.stripe));
+  for (const auto& e : split_list(o.engines)) a.engines.push_back(value_or_fail(io::parse_io_backend(e)));
   for (const auto& r : split_list(o.rw)) {
     if (r == "read")
-      ops.push_back(io::IoOp::kRead);
+      a.ops.push_back(io::IoOp::kRead);
     else if (r == "write")
-      ops.push_back(io::IoOp::kWrite);
+      a.ops.push_back(io::IoOp::kWrite);
     else
       fail(invalid_argument("--rw: '%s' is not read or write", r.c_str()));
   }
-  io::DirectMode dm;
-  if (o.direct == "prefer" || o.direct == "on")
-    dm = io::DirectMode::kPrefer;
-  else if (o.direct == "require")
-    dm = io::DirectMode::kRequire;
-  else if (o.direct == "off")
-    dm = io::DirectMode::kOff;
-  else
-    fail(invalid_argument("--direct: '%s' is not prefer, require or off", o.direct.c_str()));
-  if (size < 4096 || size % 4096)
+  a.dm = parse_direct(o.direct);
+  if (a.size < 4096 || a.size % 4096)
     fail(invalid_argument("--size %s must be a multiple of 4096 bytes", o.size.c_str()));
-  for (uint64_t b : bss) {
+  for (uint64_t b : a.bss) {
     if (b < 4096 || b % 4096)
       fail(invalid_argument("--bs %s: each block size must be a multiple of 4096", o.bs.c_str()));
   }
-  for (uint64_t q : qds) {
+  for (uint64_t q : a.qds) {
     if (q > 4096) fail(invalid_argument("--qd %llu is above 4096", static_cast<unsigned long long>(q)));
   }
   if (o.loops < 1 || o.warmup < 0) fail(invalid_argument("--loops must be >= 1 and --warmup >= 0"));
-  for (const auto& p : paths) {
+  for (const auto& p : a.paths) {
     struct stat st;
     if (stat(p.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
       fail(not_found("--path %s is not an existing directory", p.c_str()));
@@ -113,6 +124,118 @@ void run(const BenchIoOpts& o) {
     Status ps = plot_available();
     if (!ps.is_ok()) fail(ps.with_context("checking for --plot " + o.plot + " before the benchmark"));
   }
+  return a;
+}
+
+// A new file (or --validate): written with the known pattern and synced before any pass.
+void lay_out(io::SwapFile& sf, const io::Extent& ext, const IoArgs& a, Progress& progress) {
+  progress.update("laying out " + format_bytes(a.size) + " over " + std::to_string(a.paths.size()) +
+                  " file(s)" + (sf.direct() ? "" : " (buffered: no O_DIRECT)"));
+  Status s = io::write_pattern(sf, ext, 0x5eed);
+  if (!s.is_ok()) fail(s.with_context("laying out the benchmark file"));
+  for (const auto& f : sf.files()) {
+    Status ss = f->sync();
+    if (!ss.is_ok()) fail(ss);
+  }
+}
+
+// One measured case's row, as CSV or as a table row (--json prints nothing per row).
+void print_io_row(const BenchIoOpts& o, const io::IoBenchRow& row, const Table& table) {
+  std::string wrong = row.validated ? std::to_string(row.wrong_bytes) : "-";
+  if (o.csv) {
+    printf("%s,%s,%zu,%u,%.4f,%.1f,%.1f,%.1f,%s\n", row.engine.c_str(), io::io_op_name(row.op), row.bs,
+           row.qd, row.gbps, row.iops, row.p50_us, row.p99_us, row.validated ? wrong.c_str() : "");
+    fflush(stdout);
+  } else {
+    table.print_row(stdout, {row.engine, io::io_op_name(row.op), std::to_string(row.bs),
+                             std::to_string(row.qd), fmt("%.3f", row.gbps), fmt("%.0f", row.iops),
+                             fmt("%.0f", row.p50_us), fmt("%.0f", row.p99_us), wrong});
+  }
+}
+
+// The sweep's shared state: the file, its extent, the progress line and the rows measured.
+struct IoSweep {
+  const BenchIoOpts& o;
+  io::SwapFile* sf;
+  io::Extent ext;
+  Progress& progress;
+  uint64_t t_start;
+  std::vector<io::IoBenchRow> rows;
+
+  // One case (engine, block size, queue depth, direction), `label` on the progress line.
+  io::IoBenchRow run_case(const io::IoBenchCase& c, const std::string& label) {
+    io::IoBenchConfig cfg;
+    cfg.file = sf;
+    cfg.extent = ext;
+    cfg.loops = o.loops;
+    cfg.warmup = o.warmup;
+    cfg.validate = o.validate;
+    cfg.fixed = !o.no_fixed;
+    cfg.sqpoll = o.sqpoll;
+    cfg.stop = &g_stop;
+    cfg.on_pass = [&](int pass, int passes) {
+      const double el = static_cast<double>(now_ns() - t_start) * 1e-9;
+      progress.update(label +
+                      fmt(" pass %d/%d%s  %.0fs", pass + 1, passes, pass < o.warmup ? " (warmup)" : "", el));
+    };
+    auto r = io::run_io_bench(cfg, c);
+    if (!r.is_ok()) {
+      progress.done();
+      if (r.status().code() == StatusCode::kCancelled) fail(r.status().with_context("zoe bench io (Ctrl-C)"));
+      fail(r.status().with_context(label));
+    }
+    return r.value();
+  }
+};
+
+// The fastest read and write rows, and the bytes read back wrong over all rows.
+struct IoBest {
+  const io::IoBenchRow* best[2] = {nullptr, nullptr};
+  uint64_t wrong_total = 0;
+};
+
+IoBest best_rows(const std::vector<io::IoBenchRow>& rows) {
+  IoBest b;
+  for (const auto& r : rows) {
+    auto i = static_cast<int>(r.op);
+    if (!b.best[i] || r.gbps > b.best[i]->gbps) b.best[i] = &r;
+    b.wrong_total += r.wrong_bytes;
+  }
+  return b;
+}
+
+// The JSON (--json, and --plot's input): the configuration, every row, the best, ok.
+json io_json(const BenchIoOpts& o, const IoArgs& a, bool direct, const std::vector<io::IoBenchRow>& rows,
+             const IoBest& b) {
+  json j;
+  j["config"] = {
+      {"paths", a.paths},  {"size", a.size},     {"stripe", a.stripe},     {"direct", direct},
+      {"loops", o.loops},  {"warmup", o.warmup}, {"validate", o.validate}, {"fixed_buffers", !o.no_fixed},
+      {"sqpoll", o.sqpoll}};
+  json jr = json::array();
+  for (const auto& r : rows) jr.push_back(row_json(r));
+  j["rows"] = jr;
+  j["best"] = {{"read", b.best[0] ? row_json(*b.best[0]) : json(nullptr)},
+               {"write", b.best[1] ? row_json(*b.best[1]) : json(nullptr)}};
+  j["ok"] = b.wrong_total == 0;
+  return j;
+}
+
+// The text report's end: the best read and write, and the validation's verdict.
+void print_best(const BenchIoOpts& o, const IoBest& b) {
+  for (int i = 0; i < 2; ++i) {
+    if (!b.best[i]) continue;
+    printf("# best %-5s: %.3f GB/s  (%s, bs %s, qd %u, p99 %.0f us)\n", i == 0 ? "read" : "write",
+           b.best[i]->gbps, b.best[i]->engine.c_str(), format_bytes(b.best[i]->bs).c_str(), b.best[i]->qd,
+           b.best[i]->p99_us);
+  }
+  if (o.validate)
+    printf("# validation: %s (%llu wrong bytes)\n", b.wrong_total ? "FAILED" : "OK",
+           static_cast<unsigned long long>(b.wrong_total));
+}
+
+void run(const BenchIoOpts& o) {
+  const IoArgs a = parse_io_args(o);
 
   struct sigaction sa {};
   sa.sa_handler = on_signal;
@@ -120,31 +243,21 @@ void run(const BenchIoOpts& o) {
   sigaction(SIGTERM, &sa, nullptr);
 
   io::SwapFileOptions so;
-  so.dirs = paths;
+  so.dirs = a.paths;
   so.name = "zoe-bench";
-  so.stripe_bytes = stripe;
-  so.direct = dm;
+  so.stripe_bytes = a.stripe;
+  so.direct = a.dm;
   so.keep = o.keep;
   so.reuse = o.keep;
   so.grow_bytes = 0;
   auto sf = value_or_fail(io::SwapFile::create(so));
-  bool fresh = sf->capacity() < size;
-  auto ext = value_or_fail(sf->allocate(size));
+  bool fresh = sf->capacity() < a.size;
+  auto ext = value_or_fail(sf->allocate(a.size));
   Progress progress(true, kProgressEvery);
-  const uint64_t t_start = now_ns();
-  if (fresh || o.validate) {
-    progress.update("laying out " + format_bytes(size) + " over " + std::to_string(paths.size()) +
-                    " file(s)" + (sf->direct() ? "" : " (buffered: no O_DIRECT)"));
-    Status s = io::write_pattern(*sf, ext, 0x5eed);
-    if (!s.is_ok()) fail(s.with_context("laying out the benchmark file"));
-    for (const auto& f : sf->files()) {
-      Status ss = f->sync();
-      if (!ss.is_ok()) fail(ss);
-    }
-  }
+  IoSweep sweep{o, sf.get(), ext, progress, now_ns(), {}};
+  if (fresh || o.validate) lay_out(*sf, ext, a, progress);
 
-  std::vector<io::IoBenchRow> rows;
-  size_t total = engines.size() * bss.size() * qds.size() * ops.size(), k = 0;
+  size_t total = a.engines.size() * a.bss.size() * a.qds.size() * a.ops.size(), k = 0;
   Table table({{"engine", "", 8, true},
                {"rw", "", 6, true},
                {"bs", "(B)", 9},
@@ -156,80 +269,32 @@ void run(const BenchIoOpts& o) {
                {"#wrong", "(B)", 8}});
   if (!o.json && !o.csv) {
     printf("# zoe bench io: %s over %zu path(s) (%s), O_DIRECT %s, loops %d, warmup %d%s\n",
-           format_bytes(size).c_str(), paths.size(), paths[0].c_str(), sf->direct() ? "on" : "off", o.loops,
-           o.warmup, o.validate ? ", validating" : "");
+           format_bytes(a.size).c_str(), a.paths.size(), a.paths[0].c_str(), sf->direct() ? "on" : "off",
+           o.loops, o.warmup, o.validate ? ", validating" : "");
     table.print_header(stdout);
   } else if (o.csv) {
     printf("engine,rw,bs,qd,gbps,iops,p50_us,p99_us,wrong_bytes\n");
   }
-  for (auto be : engines) {
-    for (uint64_t b : bss) {
-      for (uint64_t q : qds) {
-        for (auto op : ops) {
+  for (auto be : a.engines) {
+    for (uint64_t b : a.bss) {
+      for (uint64_t q : a.qds) {
+        for (auto op : a.ops) {
           ++k;
-          io::IoBenchConfig cfg;
-          cfg.file = sf.get();
-          cfg.extent = ext;
-          cfg.loops = o.loops;
-          cfg.warmup = o.warmup;
-          cfg.validate = o.validate;
-          cfg.fixed = !o.no_fixed;
-          cfg.sqpoll = o.sqpoll;
-          cfg.stop = &g_stop;
           std::string label =
               fmt("[%zu/%zu] %s %s bs=%s qd=%llu", k, total, io::io_backend_name(be), io::io_op_name(op),
                   format_bytes(b).c_str(), static_cast<unsigned long long>(q));
-          cfg.on_pass = [&](int pass, int passes) {
-            const double el = static_cast<double>(now_ns() - t_start) * 1e-9;
-            progress.update(label + fmt(" pass %d/%d%s  %.0fs", pass + 1, passes,
-                                        pass < o.warmup ? " (warmup)" : "", el));
-          };
           io::IoBenchCase c{be, static_cast<size_t>(b), static_cast<uint32_t>(q), op};
-          auto r = io::run_io_bench(cfg, c);
-          if (!r.is_ok()) {
-            progress.done();
-            if (r.status().code() == StatusCode::kCancelled)
-              fail(r.status().with_context("zoe bench io (Ctrl-C)"));
-            fail(r.status().with_context(label));
-          }
-          const auto& row = r.value();
-          rows.push_back(row);
+          sweep.rows.push_back(sweep.run_case(c, label));
           if (o.json) continue;
           progress.done();
-          std::string wrong = row.validated ? std::to_string(row.wrong_bytes) : "-";
-          if (o.csv) {
-            printf("%s,%s,%zu,%u,%.4f,%.1f,%.1f,%.1f,%s\n", row.engine.c_str(), io::io_op_name(row.op),
-                   row.bs, row.qd, row.gbps, row.iops, row.p50_us, row.p99_us,
-                   row.validated ? wrong.c_str() : "");
-            fflush(stdout);
-          } else {
-            table.print_row(stdout, {row.engine, io::io_op_name(row.op), std::to_string(row.bs),
-                                     std::to_string(row.qd), fmt("%.3f", row.gbps), fmt("%.0f", row.iops),
-                                     fmt("%.0f", row.p50_us), fmt("%.0f", row.p99_us), wrong});
-          }
+          print_io_row(o, sweep.rows.back(), table);
         }
       }
     }
   }
   progress.done();
-  const io::IoBenchRow* best[2] = {nullptr, nullptr};
-  uint64_t wrong_total = 0;
-  for (const auto& r : rows) {
-    auto i = static_cast<int>(r.op);
-    if (!best[i] || r.gbps > best[i]->gbps) best[i] = &r;
-    wrong_total += r.wrong_bytes;
-  }
-  json j;
-  j["config"] = {
-      {"paths", paths},    {"size", size},       {"stripe", stripe},       {"direct", sf->direct()},
-      {"loops", o.loops},  {"warmup", o.warmup}, {"validate", o.validate}, {"fixed_buffers", !o.no_fixed},
-      {"sqpoll", o.sqpoll}};
-  json jr = json::array();
-  for (const auto& r : rows) jr.push_back(row_json(r));
-  j["rows"] = jr;
-  j["best"] = {{"read", best[0] ? row_json(*best[0]) : json(nullptr)},
-               {"write", best[1] ? row_json(*best[1]) : json(nullptr)}};
-  j["ok"] = wrong_total == 0;
+  const IoBest best = best_rows(sweep.rows);
+  json j = io_json(o, a, sf->direct(), sweep.rows, best);
   if (!o.plot.empty()) {
     progress.update("plotting " + o.plot);
     Status ps = write_plot("bench-io", j.dump(), o.plot);
@@ -240,19 +305,11 @@ void run(const BenchIoOpts& o) {
   if (o.json) {
     print_json(j);
   } else if (!o.csv) {
-    for (int i = 0; i < 2; ++i) {
-      if (!best[i]) continue;
-      printf("# best %-5s: %.3f GB/s  (%s, bs %s, qd %u, p99 %.0f us)\n", i == 0 ? "read" : "write",
-             best[i]->gbps, best[i]->engine.c_str(), format_bytes(best[i]->bs).c_str(), best[i]->qd,
-             best[i]->p99_us);
-    }
-    if (o.validate)
-      printf("# validation: %s (%llu wrong bytes)\n", wrong_total ? "FAILED" : "OK",
-             static_cast<unsigned long long>(wrong_total));
+    print_best(o, best);
   }
-  if (wrong_total)
+  if (best.wrong_total)
     fail(corruption("%llu bytes read back differ from what was written",
-                    static_cast<unsigned long long>(wrong_total)));
+                    static_cast<unsigned long long>(best.wrong_total)));
 }
 
 }  // namespace

@@ -274,7 +274,9 @@ json candidate_json(const Candidate& c) {
           {"bottleneck_share", c.row.cost.bottleneck_share}};
 }
 
-void run(const TuneOpts& o) {
+// The flags' rules: --verify K >= 1, --verify-steps in [0, 1000] and only with --verify, --plot
+// only with --verify (and its tools present).
+void check_tune_flags(const TuneOpts& o) {
   if (o.verify < 0) fail(invalid_argument("--verify %d: expected a number of candidates >= 1", o.verify));
   if (o.verify_steps < 0 || o.verify_steps > 1000) {
     fail(invalid_argument("--verify-steps %d is out of range (expected an integer in [1, 1000], or 0: auto)",
@@ -289,184 +291,209 @@ void run(const TuneOpts& o) {
     Status ps = plot_available();
     if (!ps.is_ok()) fail(ps.with_context("checking for --plot " + o.plot + " before tuning"));
   }
-  json j;
-  plan::PlanOptions po = o.plan;
-  if (o.calibrate) {
-    // The model and workload first (without a calibration): the FLOP rate is measured at its shape.
-    plan::PlanOptions bare = o.plan;
-    bare.calibration.clear();
-    const plan::PlanInputs pre = value_or_fail(plan::plan_inputs(bare));
-    plan::LinkRates r = calibrate(o, pre);
-    std::ofstream f(o.calibration_out);
-    f << r.to_json();
-    f.close();
-    if (!f) fail(sys_error("write", o.calibration_out, errno).with_context("saving the calibration"));
-    fprintf(stderr, "zoe tune: calibration saved to %s\n", o.calibration_out.c_str());
-    po.calibration = o.calibration_out;
-    j["calibration"] = json::parse(r.to_json());
+}
+
+// --calibrate: measures this host, saves the rates to --calibration-out and plans with them.
+void calibrate_and_save(const TuneOpts& o, plan::PlanOptions* po, json* j) {
+  // The model and workload first (without a calibration): the FLOP rate is measured at its shape.
+  plan::PlanOptions bare = o.plan;
+  bare.calibration.clear();
+  const plan::PlanInputs pre = value_or_fail(plan::plan_inputs(bare));
+  plan::LinkRates r = calibrate(o, pre);
+  std::ofstream f(o.calibration_out);
+  f << r.to_json();
+  f.close();
+  if (!f) fail(sys_error("write", o.calibration_out, errno).with_context("saving the calibration"));
+  fprintf(stderr, "zoe tune: calibration saved to %s\n", o.calibration_out.c_str());
+  po->calibration = o.calibration_out;
+  (*j)["calibration"] = json::parse(r.to_json());
+}
+
+// No candidate fits: the plan's reason, and the smaller micro-batches that were tried.
+[[noreturn]] void fail_nothing_fits(const TuneOpts& o, const plan::PlanInputs& in,
+                                    const plan::PlanResult& res) {
+  if (res.any_fits()) fail(internal_error("no candidate fits after the knob search"));
+  Status nf = plan::nothing_fits(res, in);
+  if (!o.fixed_micro && in.work.micro_batch * in.work.grad_accum > 1) {
+    nf = nf.with_context(fmt("at micro-batch %lld, and no smaller micro-batch dividing %lld fits either",
+                             static_cast<long long>(in.work.micro_batch),
+                             static_cast<long long>(in.work.micro_batch * in.work.grad_accum)));
   }
-  plan::PlanInputs in = value_or_fail(plan::plan_inputs(po));
-  plan::PlanResult res = value_or_fail(plan::make_plan(in));
-  std::vector<Candidate> cands = value_or_fail(search(in, o.fixed_micro));
-  if (cands.empty()) {
-    if (res.any_fits()) fail(internal_error("no candidate fits after the knob search"));
-    Status nf = plan::nothing_fits(res, in);
-    if (!o.fixed_micro && in.work.micro_batch * in.work.grad_accum > 1) {
-      nf = nf.with_context(fmt("at micro-batch %lld, and no smaller micro-batch dividing %lld fits either",
-                               static_cast<long long>(in.work.micro_batch),
-                               static_cast<long long>(in.work.micro_batch * in.work.grad_accum)));
-    }
-    fail(nf);
+  fail(nf);
+}
+
+// A candidate --verify ran.
+struct VerifiedRun {
+  size_t index;  // into the candidates
+  config::Config cfg;
+  Verified v;
+  double predicted_no_compute;
+};
+
+// The search and its verification: the candidates by prediction, the runs of --verify and the
+// choice.
+struct TuneResult {
+  plan::PlanInputs in;
+  plan::PlanResult res;
+  std::vector<Candidate> cands;
+  std::vector<VerifiedRun> runs;
+  size_t chosen = 0;       // into runs (the verified, in the order run)
+  size_t chosen_cand = 0;  // into cands (by prediction)
+};
+
+// The K best by prediction, one per placement first (knob variants of one placement are
+// predicted within a few percent of each other, and the model's error is larger than that, so
+// K distinct placements give the measurement more to choose from), then the next best variants
+// when there are fewer than K placements.
+std::vector<size_t> verify_picks(const std::vector<Candidate>& cands, size_t k) {
+  std::vector<size_t> picks;
+  std::vector<std::string> seen;
+  for (size_t i = 0; i < cands.size() && picks.size() < k; ++i) {
+    const std::string label = cands[i].row.placement.label();
+    if (std::find(seen.begin(), seen.end(), label) != seen.end()) continue;
+    seen.push_back(label);
+    picks.push_back(i);
   }
-  // --verify K: the K best candidates by prediction, each run for a few engine steps without the
-  // model's compute; the choice is the measured best.
-  struct Run {
-    size_t index;  // into cands
-    config::Config cfg;
-    Verified v;
-    double predicted_no_compute;
-  };
-  std::vector<Run> runs;
-  size_t chosen = 0;
-  if (o.verify > 0) {
-    Runtime* rt = &runtime();
-    if (rt->world_size() != in.topo.world()) {
-      fail(invalid_argument(
-          "--verify runs the plan's world of %d rank(s) but this process has %d: launch it under "
-          "mpirun -np %d, or plan one node with one rank",
-          in.topo.world(), rt->world_size(), in.topo.world()));
-    }
-    // The K best by prediction, one per placement first (knob variants of one placement are
-    // predicted within a few percent of each other, and the model's error is larger than that, so
-    // K distinct placements give the measurement more to choose from), then the next best variants
-    // when there are fewer than K placements.
-    const size_t k = std::min(static_cast<size_t>(o.verify), cands.size());
-    std::vector<size_t> picks;
-    std::vector<std::string> seen;
-    for (size_t i = 0; i < cands.size() && picks.size() < k; ++i) {
-      const std::string label = cands[i].row.placement.label();
-      if (std::find(seen.begin(), seen.end(), label) != seen.end()) continue;
-      seen.push_back(label);
-      picks.push_back(i);
-    }
-    for (size_t i = 0; i < cands.size() && picks.size() < k; ++i) {
-      if (std::find(picks.begin(), picks.end(), i) == picks.end()) picks.push_back(i);
-    }
-    for (size_t pi = 0; pi < picks.size(); ++pi) {
-      const size_t i = picks[pi];
-      const Candidate& c = cands[i];
-      Run r{i, tuned_config(in, c, plan::nvme_dir(po)), {}, 0};
-      r.v = verify(*rt, r.cfg, in, o.verify_steps,
-                   fmt("candidate %zu/%zu (%s)", pi + 1, k, c.row.placement.label().c_str()));
-      // What was measured: the whole step, or without the compute when the model's kernels are not zoe's.
-      r.predicted_no_compute =
-          r.v.with_compute
-              ? c.row.cost.step_s
-              : c.row.cost.step_s - c.row.cost.critical_s[static_cast<int>(plan::Resource::kCompute)];
-      const Verified& v = r.v;
-      if (v.high_water[0] > c.row.bytes.device || v.high_water[1] > c.row.bytes.host ||
-          v.high_water[2] > c.row.bytes.nvme) {
-        fail(internal_error(
-            "--verify: candidate %zu (%s): a tier's high-water mark exceeded the plan (device %llu > %llu, "
-            "host %llu > %llu or nvme %llu > %llu)",
-            i + 1, c.row.placement.label().c_str(), static_cast<unsigned long long>(v.high_water[0]),
-            static_cast<unsigned long long>(c.row.bytes.device),
-            static_cast<unsigned long long>(v.high_water[1]),
-            static_cast<unsigned long long>(c.row.bytes.host),
-            static_cast<unsigned long long>(v.high_water[2]),
-            static_cast<unsigned long long>(c.row.bytes.nvme)));
-      }
-      runs.push_back(std::move(r));
-    }
-    for (size_t i = 1; i < runs.size(); ++i) {
-      if (runs[i].v.step_s < runs[chosen].v.step_s) chosen = i;
-    }
+  for (size_t i = 0; i < cands.size() && picks.size() < k; ++i) {
+    if (std::find(picks.begin(), picks.end(), i) == picks.end()) picks.push_back(i);
   }
-  // chosen: into runs (the verified, in the order run); chosen_cand: into cands (by prediction).
-  const size_t chosen_cand = runs.empty() ? 0 : runs[chosen].index;
-  const Candidate& best = cands[chosen_cand];
-  const config::Config cfg = runs.empty() ? tuned_config(in, best, plan::nvme_dir(po)) : runs[chosen].cfg;
-  if (!o.out.empty()) {
-    const std::string text = cfg.to_json();
-    // What zoe train --config will read must parse back to the same config.
-    auto back = config::Config::parse(text, in.topo.world());
-    if (!back.is_ok()) fail(back.status().with_context("the tuned config does not parse back"));
-    std::ofstream f(o.out);
-    f << text;
-    f.close();
-    if (!f) fail(sys_error("write", o.out, errno).with_context("writing the tuned config"));
-    fprintf(stderr, "zoe tune: config written to %s\n", o.out.c_str());
+  return picks;
+}
+
+// A verified candidate's measured high-water marks must stay within the plan's tiers.
+void check_high_water(size_t i, const Candidate& c, const Verified& v) {
+  if (v.high_water[0] > c.row.bytes.device || v.high_water[1] > c.row.bytes.host ||
+      v.high_water[2] > c.row.bytes.nvme) {
+    fail(internal_error(
+        "--verify: candidate %zu (%s): a tier's high-water mark exceeded the plan (device %llu > %llu, "
+        "host %llu > %llu or nvme %llu > %llu)",
+        i + 1, c.row.placement.label().c_str(), static_cast<unsigned long long>(v.high_water[0]),
+        static_cast<unsigned long long>(c.row.bytes.device), static_cast<unsigned long long>(v.high_water[1]),
+        static_cast<unsigned long long>(c.row.bytes.host), static_cast<unsigned long long>(v.high_water[2]),
+        static_cast<unsigned long long>(c.row.bytes.nvme)));
   }
-  auto verified_json = [&] {
-    json a = json::array();
-    for (const Run& r : runs) {
-      const Candidate& c = cands[r.index];
-      a.push_back(
-          {{"rank_predicted", r.index + 1},
-           {"placement", c.row.placement.label()},
-           {"predicted_step_s", c.row.cost.step_s},
-           {"with_compute", r.v.with_compute},
-           {"predicted_step_s_as_measured", r.predicted_no_compute},
-           {"error", (r.predicted_no_compute - r.v.step_s) / std::max(r.v.step_s, 1e-12)},
-           {"measured_step_s", r.v.step_s},
-           {"steps", r.v.steps},
-           {"nvme_read", r.v.nvme_read},
-           {"nvme_write", r.v.nvme_write},
-           {"predicted_nvme_read", c.row.cost.bytes.nvme_read},
-           {"predicted_nvme_write", c.row.cost.bytes.nvme_write},
-           {"high_water",
-            {{"device", r.v.high_water[0]}, {"host", r.v.high_water[1]}, {"nvme", r.v.high_water[2]}}},
-           {"config", json::parse(r.cfg.to_json())}});
-    }
-    return a;
-  };
-  json verified = runs.empty() ? json() : verified_json();
-  if (!o.plot.empty()) {
-    Progress plotting(true);
-    plotting.update("plotting " + o.plot);
-    json pj = {{"verified", verified}};
-    if (!in.rates.io_sweep.empty()) pj["io_sweep"] = json::parse(in.rates.to_json())["io_sweep"];
-    Status ps = write_plot("tune", pj.dump(), o.plot);
-    plotting.done();
-    if (!ps.is_ok()) fail(ps.with_context("--plot " + o.plot));
+}
+
+// --verify K: the K best candidates by prediction, each run for a few engine steps without the
+// model's compute; the choice is the measured best.
+void verify_candidates(const TuneOpts& o, const plan::PlanOptions& po, TuneResult* t) {
+  Runtime* rt = &runtime();
+  if (rt->world_size() != t->in.topo.world()) {
+    fail(invalid_argument(
+        "--verify runs the plan's world of %d rank(s) but this process has %d: launch it under "
+        "mpirun -np %d, or plan one node with one rank",
+        t->in.topo.world(), rt->world_size(), t->in.topo.world()));
   }
-  if (o.json) {
-    j["params"] = res.params;
-    j["best"] = candidate_json(best);
-    json alt = json::array();
-    for (size_t i = 0; i < cands.size() && alt.size() < 5; ++i) {
-      if (i != chosen_cand) alt.push_back(candidate_json(cands[i]));
-    }
-    j["alternatives"] = alt;
-    if (!o.out.empty()) j["out"] = o.out;
-    if (in.rates.aio_block_size > 0) {
-      j["aio"] = {{"block_size", in.rates.aio_block_size}, {"queue_depth", in.rates.aio_queue_depth}};
-    }
-    if (!runs.empty()) {
-      // `best` is the measured best of the verified candidates; `predicted_best` the model's.
-      j["verified"] = verified;
-      j["chosen"] = chosen + 1;
-      j["chosen_differs_from_predicted"] = chosen_cand != 0;
-      j["predicted_best"] = candidate_json(cands.front());
-    }
-    print_json(j);
-    return;
+  const size_t k = std::min(static_cast<size_t>(o.verify), t->cands.size());
+  const std::vector<size_t> picks = verify_picks(t->cands, k);
+  for (size_t pi = 0; pi < picks.size(); ++pi) {
+    const size_t i = picks[pi];
+    const Candidate& c = t->cands[i];
+    VerifiedRun r{i, tuned_config(t->in, c, plan::nvme_dir(po)), {}, 0};
+    r.v = verify(*rt, r.cfg, t->in, o.verify_steps,
+                 fmt("candidate %zu/%zu (%s)", pi + 1, k, c.row.placement.label().c_str()));
+    // What was measured: the whole step, or without the compute when the model's kernels are not zoe's.
+    r.predicted_no_compute =
+        r.v.with_compute
+            ? c.row.cost.step_s
+            : c.row.cost.step_s - c.row.cost.critical_s[static_cast<int>(plan::Resource::kCompute)];
+    check_high_water(i, c, r.v);
+    t->runs.push_back(std::move(r));
   }
+  for (size_t i = 1; i < t->runs.size(); ++i) {
+    if (t->runs[i].v.step_s < t->runs[t->chosen].v.step_s) t->chosen = i;
+  }
+}
+
+// --out: the chosen config, checked to parse back to itself (what zoe train --config reads).
+void write_tuned_config(const TuneOpts& o, const config::Config& cfg, const plan::PlanInputs& in) {
+  const std::string text = cfg.to_json();
+  // What zoe train --config will read must parse back to the same config.
+  auto back = config::Config::parse(text, in.topo.world());
+  if (!back.is_ok()) fail(back.status().with_context("the tuned config does not parse back"));
+  std::ofstream f(o.out);
+  f << text;
+  f.close();
+  if (!f) fail(sys_error("write", o.out, errno).with_context("writing the tuned config"));
+  fprintf(stderr, "zoe tune: config written to %s\n", o.out.c_str());
+}
+
+// The verified candidates, predicted against measured (the JSON's "verified", and --plot's input).
+json verified_json(const TuneResult& t) {
+  json a = json::array();
+  for (const VerifiedRun& r : t.runs) {
+    const Candidate& c = t.cands[r.index];
+    a.push_back({{"rank_predicted", r.index + 1},
+                 {"placement", c.row.placement.label()},
+                 {"predicted_step_s", c.row.cost.step_s},
+                 {"with_compute", r.v.with_compute},
+                 {"predicted_step_s_as_measured", r.predicted_no_compute},
+                 {"error", (r.predicted_no_compute - r.v.step_s) / std::max(r.v.step_s, 1e-12)},
+                 {"measured_step_s", r.v.step_s},
+                 {"steps", r.v.steps},
+                 {"nvme_read", r.v.nvme_read},
+                 {"nvme_write", r.v.nvme_write},
+                 {"predicted_nvme_read", c.row.cost.bytes.nvme_read},
+                 {"predicted_nvme_write", c.row.cost.bytes.nvme_write},
+                 {"high_water",
+                  {{"device", r.v.high_water[0]}, {"host", r.v.high_water[1]}, {"nvme", r.v.high_water[2]}}},
+                 {"config", json::parse(r.cfg.to_json())}});
+  }
+  return a;
+}
+
+// --plot: predicted against measured per verified candidate (and the calibration's I/O sweep).
+void plot_verified(const TuneOpts& o, const plan::PlanInputs& in, const json& verified) {
+  Progress plotting(true);
+  plotting.update("plotting " + o.plot);
+  json pj = {{"verified", verified}};
+  if (!in.rates.io_sweep.empty()) pj["io_sweep"] = json::parse(in.rates.to_json())["io_sweep"];
+  Status ps = write_plot("tune", pj.dump(), o.plot);
+  plotting.done();
+  if (!ps.is_ok()) fail(ps.with_context("--plot " + o.plot));
+}
+
+// --json: the best, up to five alternatives, the aio choice and the verified runs.
+void print_tune_json(const TuneOpts& o, const TuneResult& t, const json& verified, json j) {
+  j["params"] = t.res.params;
+  j["best"] = candidate_json(t.cands[t.chosen_cand]);
+  json alt = json::array();
+  for (size_t i = 0; i < t.cands.size() && alt.size() < 5; ++i) {
+    if (i != t.chosen_cand) alt.push_back(candidate_json(t.cands[i]));
+  }
+  j["alternatives"] = alt;
+  if (!o.out.empty()) j["out"] = o.out;
+  if (t.in.rates.aio_block_size > 0) {
+    j["aio"] = {{"block_size", t.in.rates.aio_block_size}, {"queue_depth", t.in.rates.aio_queue_depth}};
+  }
+  if (!t.runs.empty()) {
+    // `best` is the measured best of the verified candidates; `predicted_best` the model's.
+    j["verified"] = verified;
+    j["chosen"] = t.chosen + 1;
+    j["chosen_differs_from_predicted"] = t.chosen_cand != 0;
+    j["predicted_best"] = candidate_json(t.cands.front());
+  }
+  print_json(j);
+}
+
+// The text report: the six best candidates (the chosen one starred) and the aio choice.
+void print_candidates(const TuneResult& t) {
+  const plan::PlanInputs& in = t.in;
   printf("# zoe tune: %s, %llu parameters, %d node(s) x %d rank(s); %zu fitting candidates\n",
-         in.model.name.c_str(), static_cast<unsigned long long>(res.params), in.topo.nodes,
-         in.topo.gpus_per_node, cands.size());
-  Table t({{"placement", "", 56, true},
-           {"micro", "x accum", 8},
-           {"bucket", "elems", 10},
-           {"subgroup", "elems", 10},
-           {"step", "s", 10},
-           {"bottleneck", "(share)", 17, true}});
-  t.print_header(stdout);
-  for (size_t i = 0; i < cands.size() && i < 6; ++i) {
-    const Candidate& c = cands[i];
-    t.print_row(
+         in.model.name.c_str(), static_cast<unsigned long long>(t.res.params), in.topo.nodes,
+         in.topo.gpus_per_node, t.cands.size());
+  Table tb({{"placement", "", 56, true},
+            {"micro", "x accum", 8},
+            {"bucket", "elems", 10},
+            {"subgroup", "elems", 10},
+            {"step", "s", 10},
+            {"bottleneck", "(share)", 17, true}});
+  tb.print_header(stdout);
+  for (size_t i = 0; i < t.cands.size() && i < 6; ++i) {
+    const Candidate& c = t.cands[i];
+    tb.print_row(
         stdout,
-        {(i == chosen_cand ? "* " : "  ") + c.row.placement.label(),
+        {(i == t.chosen_cand ? "* " : "  ") + c.row.placement.label(),
          fmt("%lldx%lld", static_cast<long long>(c.micro_batch), static_cast<long long>(c.grad_accum)),
          std::to_string(c.knobs.prefetch_bucket), std::to_string(c.knobs.sub_group),
          fmt("%.4g", c.row.cost.step_s),
@@ -480,38 +507,65 @@ void run(const TuneOpts& o) {
         static_cast<long long>(in.rates.aio_queue_depth), in.rates.io_sweep.size(), in.rates.nvme_read_gbps,
         in.rates.nvme_write_gbps);
   }
-  if (!runs.empty()) {
-    const std::string steps = o.verify_steps > 0 ? fmt("%d steps of each", o.verify_steps)
-                                                 : std::string("at least 3 steps and 2 s of steps of each");
-    if (runs.front().v.with_compute) {
-      printf("\n# verified: %s, the GPT's kernels on random tokens (the whole step)\n", steps.c_str());
-    } else {
-      printf("\n# verified: %s without the model's compute (predicted: the step less its compute)\n",
-             steps.c_str());
-    }
-    Table vt({{"candidate", "", 56, true},
-              {"predicted", "s", 11},
-              {"measured", "s", 11},
-              {"error", "", 8},
-              {"nvme read", "bytes", 11},
-              {"(model)", "bytes", 11}});
-    vt.print_header(stdout);
-    for (size_t i = 0; i < runs.size(); ++i) {
-      const Run& r = runs[i];
-      const Candidate& c = cands[r.index];
-      vt.print_row(
-          stdout, {(i == chosen ? "* " : "  ") + c.row.placement.label(), fmt("%.4g", r.predicted_no_compute),
-                   fmt("%.4g", r.v.step_s),
-                   fmt("%+.0f%%", 100 * (r.predicted_no_compute - r.v.step_s) / std::max(r.v.step_s, 1e-12)),
-                   format_bytes(r.v.nvme_read), format_bytes(c.row.cost.bytes.nvme_read)});
-    }
-    if (chosen_cand != 0) {
-      printf("# the measured best is candidate %zu, not the predicted best (candidate 1): %s is written\n",
-             chosen_cand + 1, o.out.empty() ? "it" : o.out.c_str());
-    } else {
-      printf("# the predicted best is also the measured best\n");
-    }
+}
+
+// The text report of --verify: predicted against measured per candidate, and which was chosen.
+void print_verified(const TuneOpts& o, const TuneResult& t) {
+  const std::string steps = o.verify_steps > 0 ? fmt("%d steps of each", o.verify_steps)
+                                               : std::string("at least 3 steps and 2 s of steps of each");
+  if (t.runs.front().v.with_compute) {
+    printf("\n# verified: %s, the GPT's kernels on random tokens (the whole step)\n", steps.c_str());
+  } else {
+    printf("\n# verified: %s without the model's compute (predicted: the step less its compute)\n",
+           steps.c_str());
   }
+  Table vt({{"candidate", "", 56, true},
+            {"predicted", "s", 11},
+            {"measured", "s", 11},
+            {"error", "", 8},
+            {"nvme read", "bytes", 11},
+            {"(model)", "bytes", 11}});
+  vt.print_header(stdout);
+  for (size_t i = 0; i < t.runs.size(); ++i) {
+    const VerifiedRun& r = t.runs[i];
+    const Candidate& c = t.cands[r.index];
+    vt.print_row(
+        stdout, {(i == t.chosen ? "* " : "  ") + c.row.placement.label(), fmt("%.4g", r.predicted_no_compute),
+                 fmt("%.4g", r.v.step_s),
+                 fmt("%+.0f%%", 100 * (r.predicted_no_compute - r.v.step_s) / std::max(r.v.step_s, 1e-12)),
+                 format_bytes(r.v.nvme_read), format_bytes(c.row.cost.bytes.nvme_read)});
+  }
+  if (t.chosen_cand != 0) {
+    printf("# the measured best is candidate %zu, not the predicted best (candidate 1): %s is written\n",
+           t.chosen_cand + 1, o.out.empty() ? "it" : o.out.c_str());
+  } else {
+    printf("# the predicted best is also the measured best\n");
+  }
+}
+
+void run(const TuneOpts& o) {
+  check_tune_flags(o);
+  json j;
+  plan::PlanOptions po = o.plan;
+  if (o.calibrate) calibrate_and_save(o, &po, &j);
+  TuneResult t{value_or_fail(plan::plan_inputs(po)), {}, {}, {}};
+  t.res = value_or_fail(plan::make_plan(t.in));
+  t.cands = value_or_fail(search(t.in, o.fixed_micro));
+  if (t.cands.empty()) fail_nothing_fits(o, t.in, t.res);
+  if (o.verify > 0) verify_candidates(o, po, &t);
+  t.chosen_cand = t.runs.empty() ? 0 : t.runs[t.chosen].index;
+  const Candidate& best = t.cands[t.chosen_cand];
+  const config::Config cfg =
+      t.runs.empty() ? tuned_config(t.in, best, plan::nvme_dir(po)) : t.runs[t.chosen].cfg;
+  if (!o.out.empty()) write_tuned_config(o, cfg, t.in);
+  json verified = t.runs.empty() ? json() : verified_json(t);
+  if (!o.plot.empty()) plot_verified(o, t.in, verified);
+  if (o.json) {
+    print_tune_json(o, t, verified, std::move(j));
+    return;
+  }
+  print_candidates(t);
+  if (!t.runs.empty()) print_verified(o, t);
   if (!o.out.empty()) printf("# config: %s (zoe train --config %s)\n", o.out.c_str(), o.out.c_str());
 }
 

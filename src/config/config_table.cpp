@@ -149,20 +149,19 @@ bool has_scheduler(const Config& c) { return !c.scheduler.type.empty(); }
 bool has_total_steps(const Config& c) { return has_scheduler(c) && c.scheduler.total_num_steps != 0; }
 bool positive(const Json& v) { return v.get<int64_t>() > 0; }
 
-std::vector<Field> build_table() {
-  std::vector<Field> t;
-  const std::monostate none;
-
-  // The batch triple (resolved by the batch rule) and clipping.
+// The batch triple (resolved by the batch rule) and clipping.
+void add_batch_fields(std::vector<Field>& t) {
   t.push_back(integer("train_batch_size", ZOE_MEMBER(train_batch_size), 0, 1));
   t.push_back(
       integer("train_micro_batch_size_per_gpu", ZOE_MEMBER(train_micro_batch_size_per_gpu), 1, 1, kMaxBatch));
   t.push_back(
       integer("gradient_accumulation_steps", ZOE_MEMBER(gradient_accumulation_steps), 1, 1, kMaxBatch));
   t.push_back(number("gradient_clipping", ZOE_MEMBER(gradient_clipping), 0.0, kAtLeast0).as_fp32());
+}
 
-  // ZeRO. overlap_comm's default is stage 3's (a rule); 0 is meaningful for the stage3_* sizes
-  // (no prefetch, nothing persistent, release at once).
+// ZeRO. overlap_comm's default is stage 3's (a rule); 0 is meaningful for the stage3_* sizes
+// (no prefetch, nothing persistent, release at once).
+void add_zero_fields(std::vector<Field>& t) {
   const std::string z = "zero_optimization.";
   t.push_back(int_choice(z + "stage", ZOE_MEMBER(zero.stage), 0, {0, 1, 2, 3}));
   t.push_back(boolean(z + "contiguous_gradients", ZOE_MEMBER(zero.contiguous_gradients), true));
@@ -194,7 +193,11 @@ std::vector<Field> build_table() {
                       ZOE_MEMBER(zero.stage3_gather_16bit_weights_on_model_save), false)
                   .alias(z + "stage3_gather_fp16_weights_on_model_save")
                   .alias(z + "gather_16bit_weights_on_model_save"));
+}
 
+// zero_optimization.offload_optimizer: where the optimizer states live.
+void add_offload_optimizer_fields(std::vector<Field>& t) {
+  const std::string z = "zero_optimization.";
   const std::string oo = z + "offload_optimizer.";
   t.push_back(device(oo + "device", ZOE_MEMBER(zero.offload_optimizer.device)));
   t.push_back(paths(oo + "nvme_path", ZOE_MEMBER(zero.offload_optimizer.nvme_path)));
@@ -207,7 +210,11 @@ std::vector<Field> build_table() {
   // The same setting as zoe.offload_ratio (the ratio rule); (0, 1].
   t.push_back(
       number(oo + "ratio", ZOE_MEMBER(zero.offload_optimizer.ratio), 1.0, Range{0.0, 1.0, true, false}));
+}
 
+// zero_optimization.offload_param: where stage 3's parameter partitions live.
+void add_offload_param_fields(std::vector<Field>& t) {
+  const std::string z = "zero_optimization.";
   const std::string op = z + "offload_param.";
   t.push_back(device(op + "device", ZOE_MEMBER(zero.offload_param.device)));
   t.push_back(paths(op + "nvme_path", ZOE_MEMBER(zero.offload_param.nvme_path)));
@@ -218,8 +225,12 @@ std::vector<Field> build_table() {
       integer(op + "buffer_size", ZOE_MEMBER(zero.offload_param.buffer_size), 100000000, 1, kMaxElems));
   t.push_back(
       integer(op + "max_in_cpu", ZOE_MEMBER(zero.offload_param.max_in_cpu), 1000000000, 0, kMaxElems));
+}
 
-  // DeepSpeed's deprecated booleans for cpu offload (the cpu_offload rule reads them).
+// DeepSpeed's deprecated booleans for cpu offload (the cpu_offload rule reads them).
+void add_zero_legacy_fields(std::vector<Field>& t) {
+  const std::monostate none;
+  const std::string z = "zero_optimization.";
   t.push_back(boolean(z + "cpu_offload", none, false));
   t.push_back(boolean(z + "cpu_offload_params", none, false));
   t.push_back(boolean(z + "cpu_offload_use_pin_memory", none, true));
@@ -234,8 +245,10 @@ std::vector<Field> build_table() {
   t.push_back(
       integer(z + "zero_hpz_partition_size", none, 1, 1, kMaxInt32).warn("hierarchical partitioning"));
   t.push_back(integer(z + "mics_shard_size", none, -1, -1, kMaxInt32).warn("MiCS sharding", positive));
+}
 
-  // Asynchronous I/O.
+// Asynchronous I/O.
+void add_aio_fields(std::vector<Field>& t) {
   t.push_back(integer("aio.block_size", ZOE_MEMBER(aio.block_size), 1048576, 1, kMaxBlockSize));
   t.push_back(integer("aio.queue_depth", ZOE_MEMBER(aio.queue_depth), 8, 1, kMaxQueueDepth));
   t.push_back(integer("aio.intra_op_parallelism", ZOE_MEMBER(aio.intra_op_parallelism), 1, 1, kMaxThreads)
@@ -243,8 +256,11 @@ std::vector<Field> build_table() {
   t.push_back(boolean("aio.single_submit", ZOE_MEMBER(aio.single_submit), false));
   t.push_back(boolean("aio.overlap_events", ZOE_MEMBER(aio.overlap_events), true));
   t.push_back(boolean("aio.use_gds", ZOE_MEMBER(aio.use_gds), false));
+}
 
-  // Precision. "bfloat16" is DeepSpeed's older name of the bf16 block.
+// Precision. "bfloat16" is DeepSpeed's older name of the bf16 block.
+void add_precision_fields(std::vector<Field>& t) {
+  const std::monostate none;
   t.push_back(boolean("fp16.enabled", ZOE_MEMBER(fp16.enabled), false));
   t.push_back(number("fp16.loss_scale", ZOE_MEMBER(fp16.loss_scale), 0.0, kAtLeast0));
   t.push_back(integer("fp16.initial_scale_power", ZOE_MEMBER(fp16.initial_scale_power), 16, 0, 127));
@@ -260,8 +276,11 @@ std::vector<Field> build_table() {
     t.push_back(any(std::string(b) + "immediate_grad_update").ignore());
     t.push_back(boolean(std::string(b) + "check_grad_overflow", none, false).warn());
   }
+}
 
-  // The optimizer. adam_w_mode as read is DeepSpeed's flag; the rule makes AdamW always decoupled.
+// The optimizer. adam_w_mode as read is DeepSpeed's flag; the rule makes AdamW always decoupled.
+void add_optimizer_fields(std::vector<Field>& t) {
+  const std::monostate none;
   const Range fraction_open = {0.0, 1.0, false, true};
   Field type = choice("optimizer.type", ZOE_MEMBER(optimizer.type), "AdamW", {"Adam", "AdamW"}, true);
   type.string_type_message = true;
@@ -288,8 +307,11 @@ std::vector<Field> build_table() {
   for (const char* k : {"torch_adam", "fused", "foreach", "capturable", "differentiable"}) {
     t.push_back(any(std::string("optimizer.params.") + k).ignore());
   }
+}
 
-  // The LR schedule (lr_schedule.h); written only when there is one.
+// The LR schedule (lr_schedule.h); written only when there is one.
+void add_scheduler_fields(std::vector<Field>& t) {
+  const std::monostate none;
   const std::string sp = "scheduler.params.";
   t.push_back(choice("scheduler.type", ZOE_MEMBER(scheduler.type), "", {"WarmupLR", "WarmupDecayLR"})
                   .written_if(has_scheduler));
@@ -307,8 +329,10 @@ std::vector<Field> build_table() {
                   .written_if(has_total_steps));
   t.push_back(
       integer(sp + "last_batch_iteration", none, -1, -1).warn("resume position comes from the checkpoint"));
+}
 
-  // zoe's own keys. host_budget is enforced by the placement planner (src/zero/placement.cpp).
+// zoe's own keys. host_budget is enforced by the placement planner (src/zero/placement.cpp).
+void add_zoe_fields(std::vector<Field>& t) {
   t.push_back(bytes("zoe.device_budget", ZOE_MEMBER(zoe.device_budget_bytes)));
   t.push_back(bytes("zoe.host_budget", ZOE_MEMBER(zoe.host_budget_bytes)));
   t.push_back(number("zoe.offload_ratio", ZOE_MEMBER(zoe.offload_ratio), 1.0, Range{0.0, 1.0}));
@@ -318,8 +342,11 @@ std::vector<Field> build_table() {
   t.push_back(boolean("zoe.overlap_step", ZOE_MEMBER(zoe.overlap_step), true));
   t.push_back(boolean("zoe.speculative_step", ZOE_MEMBER(zoe.speculative_step), false));
   t.push_back(boolean("zoe.swap_checksum", ZOE_MEMBER(zoe.swap_checksum), false));
+}
 
-  // DeepSpeed keys without effect on what zoe computes.
+// DeepSpeed keys without effect on what zoe computes.
+void add_ignored_fields(std::vector<Field>& t) {
+  const std::monostate none;
   for (const char* k :
        {"steps_per_print", "wall_clock_breakdown", "dump_state", "memory_breakdown", "flops_profiler",
         "tensorboard", "wandb", "csv_monitor", "comet", "comms_logger", "timers", "autotuning",
@@ -338,6 +365,22 @@ std::vector<Field> build_table() {
                         "quantize_training", "hybrid_engine"}) {
     t.push_back(feature_block(k).refuse("it would change what is trained"));
   }
+}
+
+// The table, section by section in the order of the DeepSpeed config's documentation.
+std::vector<Field> build_table() {
+  std::vector<Field> t;
+  add_batch_fields(t);
+  add_zero_fields(t);
+  add_offload_optimizer_fields(t);
+  add_offload_param_fields(t);
+  add_zero_legacy_fields(t);
+  add_aio_fields(t);
+  add_precision_fields(t);
+  add_optimizer_fields(t);
+  add_scheduler_fields(t);
+  add_zoe_fields(t);
+  add_ignored_fields(t);
   return t;
 }
 
