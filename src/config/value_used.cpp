@@ -28,4 +28,9 @@ int64_t value_clamped(const char* key, int64_t given, int64_t lo, int64_t hi, co
   return value_used(key, given, std::clamp(given, lo, hi), why);
 }
 
+int64_t aio_block_size_used(int64_t block_size) {
+  return value_used("aio.block_size", block_size, std::max<int64_t>(4096, block_size / 4096 * 4096),
+                    "bytes: the I/O engine's requests are whole 4 KiB blocks (O_DIRECT)");
+}
+
 }  // namespace zoe::config

@@ -14,4 +14,8 @@ int64_t value_used(const char* key, int64_t given, int64_t used, const char* why
 // `given` brought into [lo, hi] (lo <= hi), warned about as value_used() does when that changes it.
 int64_t value_clamped(const char* key, int64_t given, int64_t lo, int64_t hi, const char* why);
 
+// The I/O engine's request size for aio.block_size: a multiple of 4 KiB (O_DIRECT), rounded down,
+// at least 4 KiB; warned about as value_used() does when that changes it.
+int64_t aio_block_size_used(int64_t block_size);
+
 }  // namespace zoe::config

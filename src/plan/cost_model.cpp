@@ -6,6 +6,8 @@
 #include <limits>
 #include <vector>
 
+#include "config/value_used.h"
+
 namespace zoe::plan {
 
 using zero::Home;
@@ -170,7 +172,7 @@ StepCost estimate_step(const config::Config& cfg, const zero::Placement& pl, con
   // Per-rank rates, bytes/s: drives and CPU cores are shared by the ranks of a node.
   // NVMe bytes/s of one stream of `request`-byte transfers, `in_flight` of them at once: the I/O
   // engine splits each into aio.block_size chunks and keeps at most aio.queue_depth in flight.
-  const int64_t aio_block = std::max<int64_t>(4096, cfg.aio.block_size / 4096 * 4096);
+  const int64_t aio_block = config::aio_block_size_used(cfg.aio.block_size);
   const int64_t aio_depth = std::max<int64_t>(1, cfg.aio.queue_depth);
   auto nvme_rate = [&](bool write, uint64_t request, uint64_t in_flight) {
     const int64_t req = static_cast<int64_t>(std::max<uint64_t>(request, 4096));
@@ -187,7 +189,8 @@ StepCost estimate_step(const config::Config& cfg, const zero::Placement& pl, con
   // The optimizer swapper: chunks of 4-byte (or state_bytes) elements, one request per state;
   // of its slots one is being updated and one written back, the rest read ahead (4 states each).
   const uint64_t chunk_bytes = static_cast<uint64_t>(std::max<size_t>(pl.swap_chunk_elems, 1)) * 4;
-  const uint64_t slots = std::max<uint64_t>(pl.swap_buffer_count / 4, 3);
+  const uint64_t slots = std::max<uint64_t>(pl.swap_buffer_count / zero::kSwapStates,
+                                            static_cast<uint64_t>(zero::kMinSwapSlots));
   const double swap_r = nvme_rate(false, chunk_bytes, (slots - 2) * 4);
   const double swap_w = nvme_rate(true, chunk_bytes, 3);
   // The swapper reads the next update's first chunks (up to all its slots but one, in step

@@ -106,8 +106,8 @@ void split_optimizer_homes(const config::Config& cfg, Placement* pl) {
   for (const auto& m : pl->modules) total += m.opt_n;
   const double want = cfg.zoe.offload_ratio * static_cast<double>(total);
   for (auto& m : pl->modules) {
-    const bool offload =
-        opt_off != OffloadDevice::kNone && static_cast<double>(off) + static_cast<double>(m.opt_n) / 2.0 < want;
+    const bool offload = opt_off != OffloadDevice::kNone &&
+                         static_cast<double>(off) + static_cast<double>(m.opt_n) / 2.0 < want;
     m.opt_home = offload ? home_of(opt_off) : Home::kDevice;
     if (offload) off += m.opt_n;
   }
@@ -195,7 +195,8 @@ void plan_gather_window(const config::Config& cfg, Extent* x, Placement* pl) {
     // The partitions live on the device: all of them count in the tier's budget.
     for (const auto& m : pl->modules) pl->tm_device_budget += m.partitioned_params ? u64(m.part) * es : 0;
   }
-  x->tm_budget = pl->tm_device_budget ? std::min(pl->tm_device_budget, db) : db;  // as the tier manager caps it
+  x->tm_budget =
+      pl->tm_device_budget ? std::min(pl->tm_device_budget, db) : db;  // as the tier manager caps it
 }
 
 // 4b. Staging for NVMe <-> device pieces: offload_param.buffer_count buffers (one of them the
@@ -214,8 +215,9 @@ void plan_staging(const config::Config& cfg, const Extent& x, Placement* pl) {
   }
   pl->tm_staging_bytes = static_cast<size_t>(bytes);
   pl->tm_staging_count = static_cast<size_t>(
-      config::value_clamped("zero_optimization.offload_param.buffer_count", cfg.zero.offload_param.buffer_count,
-                            2, 1 << 10, "the tier manager needs a synchronous staging buffer and one for moves") -
+      config::value_clamped("zero_optimization.offload_param.buffer_count",
+                            cfg.zero.offload_param.buffer_count, 2, 1 << 10,
+                            "the tier manager needs a synchronous staging buffer and one for moves") -
       1);
   pl->resident.host += u64(pl->tm_staging_bytes) * (pl->tm_staging_count + 1);  // + the sync one
 }
@@ -266,7 +268,8 @@ void plan_swapper(const config::Config& cfg, Placement* pl) {
     if (m.opt_home == Home::kNvme)
       chunks = std::max(chunks, (m.opt_n + pl->swap_chunk_elems - 1) / pl->swap_chunk_elems);
   }
-  pl->swap_async_buffers = std::clamp<size_t>(chunks, offload::kAsyncWriteBuffers, offload::kMaxAsyncWriteBuffers);
+  pl->swap_async_buffers =
+      std::clamp<size_t>(chunks, offload::kAsyncWriteBuffers, offload::kMaxAsyncWriteBuffers);
   pl->resident.host += u64(pl->swap_buffer_bytes) * (pl->swap_buffer_count + pl->swap_async_buffers);
 }
 
@@ -327,8 +330,8 @@ Status check_peaks(const config::Config& cfg, const Extent& x, Placement* pl) {
     for (const auto& m : pl->modules) {
       if (m.partitioned_params && m.param_home == Home::kDevice) device_homes += u64(m.part) * es;
     }
-    pl->peak.device += (x.tm_budget > device_homes ? x.tm_budget - device_homes : 0) +
-                       u64(pl->gather_window) * x.per_elem;
+    pl->peak.device +=
+        (x.tm_budget > device_homes ? x.tm_budget - device_homes : 0) + u64(pl->gather_window) * x.per_elem;
     pl->peak.host += pl->tm_host_cache;
   }
   const uint64_t moving = moving_device_bytes(cfg, *pl);
@@ -362,7 +365,8 @@ Status check_peaks(const config::Config& cfg, const Extent& x, Placement* pl) {
 
 size_t swap_chunk_elems(int64_t sub_group_size) {
   const int64_t sub = std::clamp<int64_t>(sub_group_size, 1, static_cast<int64_t>(kMaxSwapChunkElems));
-  const size_t chunk = (static_cast<size_t>(sub) + optim::kChunkElems - 1) / optim::kChunkElems * optim::kChunkElems;
+  const size_t chunk =
+      (static_cast<size_t>(sub) + optim::kChunkElems - 1) / optim::kChunkElems * optim::kChunkElems;
   return static_cast<size_t>(config::value_used(
       "zero_optimization.sub_group_size", sub_group_size, static_cast<int64_t>(chunk),
       "elements per optimizer swap chunk: a multiple of the norm's 16384-element chunk, at most 1048576 "

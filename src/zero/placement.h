@@ -107,7 +107,7 @@ struct Placement {
 
   // Modules whose optimizer states live on NVMe go through the optimizer swapper.
   bool swapper = false;
-  size_t swap_chunk_elems = 0;   // swap_chunk_elems(sub_group_size)
+  size_t swap_chunk_elems = 0;  // swap_chunk_elems(sub_group_size)
   size_t swap_buffer_bytes = 0;
   size_t swap_buffer_count = 0;  // swap_buffer_count(offload_optimizer.buffer_count)
   // Its buffers for the gradient sums written behind the backward: one per chunk of the largest
