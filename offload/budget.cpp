@@ -34,6 +34,12 @@ Status Budget::reserve(std::unique_lock<std::mutex>& lock, Tier tier, uint64_t b
   if (budget && bytes > budget) return refuse(tier, bytes, "the request alone exceeds the budget");
   auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_for_unpin_ms_);
   uint64_t wait_begin = 0;
+  struct Waiting {  // counted in waiting_ from the first wait until reserve() returns
+    uint32_t* count = nullptr;
+    ~Waiting() {
+      if (count) --*count;
+    }
+  } waiting;
   for (;;) {
     if (!budget || used_[t] + bytes <= budget) {
       take(tier, bytes);
@@ -46,7 +52,11 @@ Status Budget::reserve(std::unique_lock<std::mutex>& lock, Tier tier, uint64_t b
     }
     if (used_[t] + bytes <= budget) continue;
     if (!may_wait) return refuse(tier, bytes, "prefetch does not wait");
-    if (!wait_begin) wait_begin = now_ns();
+    if (!wait_begin) {
+      wait_begin = now_ns();
+      waiting.count = &waiting_;
+      ++waiting_;
+    }
     if (pending_free_[t] > 0) {
       changed_.wait(lock);
       continue;

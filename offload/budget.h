@@ -36,6 +36,7 @@ class Budget {
   uint64_t used(Tier t) const { return used_[tier_index(t)]; }
   uint64_t high_water(Tier t) const { return high_water_[tier_index(t)]; }
   uint64_t wait_ns() const { return wait_ns_; }  // time reserve() spent waiting
+  uint32_t waiting() const { return waiting_; }  // reserve() calls waiting now for room
 
   // Takes `bytes` in the tier, making room first: evicts while the bytes being written back do
   // not cover the shortfall; then, if may_wait, waits for write-backs to free their bytes, or
@@ -61,6 +62,7 @@ class Budget {
   uint64_t high_water_[3] = {0, 0, 0};
   uint64_t pending_free_[3] = {0, 0, 0};
   uint64_t wait_ns_ = 0;
+  uint32_t waiting_ = 0;
 };
 
 }  // namespace zoe::offload

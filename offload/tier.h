@@ -54,6 +54,7 @@ struct TierStats {
   uint64_t high_water[3] = {0, 0, 0};
   LinkStats nvme_to_host, host_to_nvme, host_to_device, device_to_host, nvme_to_device, device_to_nvme;
   uint64_t wait_ns = 0;  // time callers spent blocked (full tiers, fetch waits)
+  uint32_t waiting = 0;  // callers blocked now on a full tier (waiting for pins or write-backs)
   uint64_t evictions = 0;
   uint64_t writebacks = 0;
   uint64_t prefetches = 0, prefetch_skipped = 0;

@@ -428,6 +428,7 @@ TierStats TierManager::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   TierStats s = stats_;
   s.wait_ns += budget_.wait_ns();
+  s.waiting = budget_.waiting();
   for (Tier t : {Tier::kDevice, Tier::kHost}) {
     s.budget[tier_index(t)] = budget_.limit(t);
     s.used[tier_index(t)] = budget_.used(t);

@@ -38,16 +38,14 @@ void print_indented(const std::string& text, const char* prefix) {
 }
 
 // Refuses a run whose host allocations cannot fit before making them: the activations, and the
-// optimizer swapper's pinned buffers with NVMe optimizer offload (the engine's sizing:
-// max(buffer_count, 12) buffers of min(sub_group_size, 1Mi) fp32 elements).
+// optimizer swapper's pinned buffers with NVMe optimizer offload (the engine's sizing).
 void check_host_memory(const Config& cfg, const model::GptConfig& mc, int micro, int T) {
   const uint64_t avail = host_memory_available();
   if (avail == 0) return;  // unknown
   const double act = model::activation_bytes_estimate(mc, micro, T);
   double swap = 0;
   if (cfg.offload_optimizer() == Offload::kNvme) {
-    const double chunk = static_cast<double>(std::min<int64_t>(cfg.sub_group_size(), int64_t{1} << 20));
-    swap = static_cast<double>(std::max<int64_t>(cfg.offload_optimizer_buffer_count(), 12)) * chunk * 4;
+    swap = static_cast<double>(cfg.optimizer_swap_buffer_bytes());
   }
   if (act + swap <= static_cast<double>(avail)) return;
   auto bytes = [](double b) {

@@ -69,6 +69,10 @@ class Config {
   std::vector<std::string> offload_param_nvme_paths() const;
   int64_t offload_optimizer_buffer_count() const;  // zero_optimization.offload_optimizer.buffer_count
   int64_t sub_group_size() const;                  // zero_optimization.sub_group_size (elements)
+  // Host bytes of the optimizer swapper's pipeline buffers with NVMe optimizer offload, as the
+  // engine sizes them from buffer_count and sub_group_size (warning once where it uses other
+  // values than those given); 0 without NVMe optimizer offload.
+  uint64_t optimizer_swap_buffer_bytes() const;
   uint64_t device_budget() const;
   int optimizer_threads() const;
   std::string device() const;

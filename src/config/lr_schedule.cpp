@@ -4,13 +4,16 @@
 #include <algorithm>
 #include <cmath>
 
+#include "config/value_used.h"
+
 namespace zoe::config {
 
 double lr_at_iteration(const SchedulerConfig& s, double base_lr, int64_t iteration) {
   if (s.type.empty()) return base_lr;
   if (iteration < 0) return s.warmup_min_lr;
-  // DeepSpeed warms up over at least 2 steps (so log(warmup) is never 0).
-  const int64_t warmup = std::max<int64_t>(2, s.warmup_num_steps);
+  const int64_t warmup = value_used(
+      "scheduler.params.warmup_num_steps", s.warmup_num_steps, std::max<int64_t>(2, s.warmup_num_steps),
+      "warmups last at least 2 steps, as DeepSpeed's do, so that log(warmup) is never 0");
   double gamma = 1.0;
   if (iteration < warmup) {
     gamma = s.warmup_type == "linear"

@@ -6,6 +6,8 @@
 #include <limits>
 #include <vector>
 
+#include "config/value_used.h"
+
 namespace zoe::plan {
 
 using zero::Home;
@@ -240,13 +242,13 @@ StepModel::StepModel(const config::Config& cfg_, const zero::Placement& pl_, con
   const double gb = kGb;
   per_node = std::max(1, topo.gpus_per_node);
   // Per-rank rates, bytes/s: drives and CPU cores are shared by the ranks of a node.
-  aio_block = std::max<int64_t>(4096, cfg.aio.block_size / 4096 * 4096);
+  aio_block = config::aio_block_size_used(cfg.aio.block_size);
   aio_depth = std::max<int64_t>(1, cfg.aio.queue_depth);
   nvme_r = nvme_rate(false, pl.tm_staging_bytes, pl.tm_staging_count);
   part_sync_r = nvme_rate(false, pl.tm_staging_bytes, 1);
   part_sync_w = nvme_rate(true, pl.tm_staging_bytes, 1);
   chunk_bytes = static_cast<uint64_t>(std::max<size_t>(pl.swap_chunk_elems, 1)) * 4;
-  slots = std::max<uint64_t>(pl.swap_buffer_count / 4, 3);
+  slots = std::max<uint64_t>(pl.swap_buffer_count / zero::kSwapStates, static_cast<uint64_t>(zero::kMinSwapSlots));
   swap_r = nvme_rate(false, chunk_bytes, (slots - 2) * 4);
   swap_w = nvme_rate(true, chunk_bytes, 3);
   preloaded_chunks();

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "config/paths.h"
+#include "config/value_used.h"
 #include "core/log.h"
 #include "core/units.h"
 #include "zero/engine_impl.h"
@@ -129,8 +130,9 @@ Status Engine::Impl::setup_io() {
   add_dirs(cfg.zero.offload_param);
   if (dirs.empty()) return Status::ok();
   io::IoEngineOptions eo;
-  eo.queue_depth = static_cast<uint32_t>(std::clamp<int64_t>(cfg.aio.queue_depth, 1, 65536));
-  eo.block_size = static_cast<size_t>(std::max<int64_t>(4096, cfg.aio.block_size / 4096 * 4096));
+  eo.queue_depth = static_cast<uint32_t>(
+      config::value_clamped("aio.queue_depth", cfg.aio.queue_depth, 1, 65536, "the I/O engine's range"));
+  eo.block_size = static_cast<size_t>(config::aio_block_size_used(cfg.aio.block_size));
   eo.faults = zero::engine_io_faults();
   ZOE_ASSIGN_OR_RETURN(ctx.io, io::IoEngine::create(eo));
   io::SwapFileOptions so;

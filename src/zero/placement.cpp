@@ -1,8 +1,10 @@
-// The placement planner: the arithmetic behind every placement decision, with no side effects.
+// The placement planner: the arithmetic behind every placement decision, with no side effects but
+// one warning per config value it uses other than as given.
 #include "zero/placement.h"
 
 #include <algorithm>
 
+#include "config/value_used.h"
 #include "core/units.h"
 #include "offload/optimizer_swapper.h"
 #include "optim/adam.h"
@@ -31,28 +33,24 @@ Home home_of(OffloadDevice d) {
 
 uint64_t u64(size_t v) { return static_cast<uint64_t>(v); }
 
-}  // namespace
+// What the rules after the modules' layout need to know of it.
+struct Extent {
+  size_t biggest = 0;            // the largest padded module (elements)
+  size_t biggest_part_nvme = 0;  // the largest NVMe-homed partition (elements)
+  bool any_partitioned = false, any_opt_nvme = false;
+  bool nvme_tier = false;  // optimizer states or parameters offloaded to NVMe
+  // Device memory kept free for a gathered module, its gradients and their reduction.
+  uint64_t reserve = 0;
+  // The cost per element of a gathered module queued ahead of use (the module and a copy of the
+  // partition).
+  uint64_t per_elem = 0;
+  uint64_t tm_budget = 0;  // the tier manager's device budget, as it caps it
+};
 
-Result<Placement> plan_placement(const config::Config& cfg, const std::vector<ModuleShape>& shapes, int world,
-                                 int rank, const PlanTarget& target) {
-  if (world < 1 || rank < 0 || rank >= world) {
-    return invalid_argument("placement: rank %d of world size %d", rank, world);
-  }
-  if (shapes.empty()) return invalid_argument("placement: no modules");
-  Placement pl;
-  pl.stage = cfg.zero.stage;
-  pl.world = world;
-  pl.rank = rank;
-  pl.compute_bytes = cfg.bf16 || cfg.fp16.enabled ? 2 : 4;
-  pl.state_bytes = cfg.zoe.bf16_optimizer_states ? 2 : 4;
-  pl.device_budget = target.device_budget              ? target.device_budget
-                     : cfg.zoe.device_budget_bytes > 0 ? static_cast<uint64_t>(cfg.zoe.device_budget_bytes)
-                                                       : 64ull << 30;
-  const OffloadDevice opt_off = cfg.zero.offload_optimizer.device, param_off = cfg.zero.offload_param.device;
-  const uint64_t es = pl.compute_bytes, sb = pl.state_bytes;
-  const uint64_t db = pl.device_budget;
-
-  // 1. Flat groups and partitions.
+// 1. Flat groups and partitions; stage-3 parameter homes; the device must hold one gathered
+//    module with its gradients and their reduction.
+Status lay_out_modules(const config::Config& cfg, const std::vector<ModuleShape>& shapes, Placement* pl) {
+  const uint64_t es = pl->compute_bytes, db = pl->device_budget;
   for (const ModuleShape& s : shapes) {
     ModulePlacement mp;
     mp.name = s.name;
@@ -63,28 +61,27 @@ Result<Placement> plan_placement(const config::Config& cfg, const std::vector<Mo
       mp.numel.push_back(n);
       mp.total += n;
     }
-    const size_t unit = kPartAlign * static_cast<size_t>(world);
+    const size_t unit = kPartAlign * static_cast<size_t>(pl->world);
     mp.padded = (mp.total + unit - 1) / unit * unit;
-    mp.part = mp.padded / static_cast<size_t>(world);
+    mp.part = mp.padded / static_cast<size_t>(pl->world);
     mp.partitioned_params =
-        pl.stage == 3 && static_cast<int64_t>(mp.total) >= cfg.zero.stage3_param_persistence_threshold;
-    mp.param_home = mp.partitioned_params ? home_of(param_off) : Home::kDevice;
+        pl->stage == 3 && static_cast<int64_t>(mp.total) >= cfg.zero.stage3_param_persistence_threshold;
+    mp.param_home = mp.partitioned_params ? home_of(cfg.zero.offload_param.device) : Home::kDevice;
     if (mp.partitioned_params && static_cast<int64_t>(mp.padded) > cfg.zero.stage3_max_live_parameters) {
       return invalid_argument(
           "module %s gathers %zu parameters (padded to %zu ranks), above "
           "zero_optimization.stage3_max_live_parameters %lld: its fetch could never run; raise it to at "
           "least %zu",
-          s.name.c_str(), mp.padded, static_cast<size_t>(world),
+          s.name.c_str(), mp.padded, static_cast<size_t>(pl->world),
           static_cast<long long>(cfg.zero.stage3_max_live_parameters), mp.padded);
     }
-    if (pl.stage == 0) {
+    if (pl->stage == 0) {
       mp.opt_begin = 0;
       mp.opt_n = mp.padded;
     } else {
-      mp.opt_begin = static_cast<size_t>(rank) * mp.part;
+      mp.opt_begin = static_cast<size_t>(pl->rank) * mp.part;
       mp.opt_n = mp.part;
     }
-    // The device must hold one gathered module with its gradients and their reduction.
     const uint64_t need = u64(mp.padded) * es * 2 + u64(mp.part) * es;
     if (need > db) {
       return out_of_budget(
@@ -94,187 +91,197 @@ Result<Placement> plan_placement(const config::Config& cfg, const std::vector<Mo
           mp.name.c_str(), mp.total, static_cast<unsigned long long>(need), format_bytes(need).c_str(),
           static_cast<unsigned long long>(db), format_bytes(db).c_str());
     }
-    pl.modules.push_back(std::move(mp));
+    pl->modules.push_back(std::move(mp));
   }
+  return Status::ok();
+}
 
-  // 2. Partial offload: the first modules, in registration order, up to the fraction
-  //    zoe.offload_ratio of this rank's optimizer elements, go to the offload device; the others
-  //    stay on the device. The split depends only on the model and the config, so every rank
-  //    makes the same one.
-  {
-    uint64_t total = 0, off = 0;
-    for (const auto& m : pl.modules) total += m.opt_n;
-    const double want = cfg.zoe.offload_ratio * static_cast<double>(total);
-    for (auto& m : pl.modules) {
-      const bool offload = opt_off != OffloadDevice::kNone &&
-                           static_cast<double>(off) + static_cast<double>(m.opt_n) / 2.0 < want;
-      m.opt_home = offload ? home_of(opt_off) : Home::kDevice;
-      if (offload) off += m.opt_n;
-    }
+// 2. Partial offload: the first modules, in registration order, up to the fraction
+//    zoe.offload_ratio of this rank's optimizer elements, go to the offload device; the others
+//    stay on the device. The split depends only on the model and the config, so every rank
+//    makes the same one.
+void split_optimizer_homes(const config::Config& cfg, Placement* pl) {
+  const OffloadDevice opt_off = cfg.zero.offload_optimizer.device;
+  uint64_t total = 0, off = 0;
+  for (const auto& m : pl->modules) total += m.opt_n;
+  const double want = cfg.zoe.offload_ratio * static_cast<double>(total);
+  for (auto& m : pl->modules) {
+    const bool offload = opt_off != OffloadDevice::kNone &&
+                         static_cast<double>(off) + static_cast<double>(m.opt_n) / 2.0 < want;
+    m.opt_home = offload ? home_of(opt_off) : Home::kDevice;
+    if (offload) off += m.opt_n;
   }
+}
 
-  // 3. What is allocated once.
-  size_t biggest = 0, biggest_part_nvme = 0;
-  bool any_partitioned = false, any_opt_nvme = false;
-  for (const auto& m : pl.modules) {
-    biggest = std::max(biggest, m.padded);
+// 3. What is allocated once for the states, per tier; the states that live on the device must fit
+//    its budget.
+Result<Extent> count_resident_states(const config::Config& cfg, Placement* pl) {
+  const OffloadDevice opt_off = cfg.zero.offload_optimizer.device, param_off = cfg.zero.offload_param.device;
+  const uint64_t es = pl->compute_bytes, sb = pl->state_bytes, db = pl->device_budget;
+  Extent x;
+  for (const auto& m : pl->modules) {
+    x.biggest = std::max(x.biggest, m.padded);
     const uint64_t states = u64(m.opt_n) * (4 + 2 * sb + 4);  // master, m, v, gradient accumulator
     switch (m.opt_home) {
       case Home::kDevice:
-        pl.resident.device += states;
+        pl->resident.device += states;
         break;
       case Home::kHost:
-        pl.resident.host += states;
+        pl->resident.host += states;
         // zoe.speculative_step: master, m and v saved before the update in the backward, and the
         // new compute parameters it holds until the step confirms it.
-        if (cfg.zoe.speculative_step) pl.resident.host += u64(m.opt_n) * (4 + 2 * sb + es);
+        if (cfg.zoe.speculative_step) pl->resident.host += u64(m.opt_n) * (4 + 2 * sb + es);
         break;
       case Home::kNvme:
-        pl.resident.nvme += states;
-        any_opt_nvme = true;
+        pl->resident.nvme += states;
+        x.any_opt_nvme = true;
         break;
     }
     if (!m.partitioned_params) {
-      pl.resident.device += u64(m.padded) * es;  // the full compute parameters, always on the device
+      pl->resident.device += u64(m.padded) * es;  // the full compute parameters, always on the device
       continue;
     }
-    any_partitioned = true;
+    x.any_partitioned = true;
     const uint64_t part = u64(m.part) * es;
     switch (m.param_home) {
       case Home::kDevice:
-        pl.resident.device += part;
+        pl->resident.device += part;
         break;
       case Home::kHost:
-        pl.resident.host += part;
+        pl->resident.host += part;
         break;
       case Home::kNvme:
-        pl.resident.nvme += part;
-        biggest_part_nvme = std::max<size_t>(biggest_part_nvme, m.part);
+        pl->resident.nvme += part;
+        x.biggest_part_nvme = std::max<size_t>(x.biggest_part_nvme, m.part);
         break;
     }
   }
-  const bool nvme_tier = opt_off == OffloadDevice::kNvme || param_off == OffloadDevice::kNvme;
-  if (pl.resident.device > db) {
+  x.nvme_tier = opt_off == OffloadDevice::kNvme || param_off == OffloadDevice::kNvme;
+  if (pl->resident.device > db) {
     return out_of_budget(
         "the states that live on the device (parameters%s) need %llu bytes (%s) on rank %d, more than the "
         "device "
         "budget of %llu bytes (%s); offload them (zero_optimization.offload_optimizer.device, "
         "zero_optimization.offload_param.device at stage 3) or raise zoe.device_budget",
         opt_off == OffloadDevice::kNone || cfg.zoe.offload_ratio < 1.0 ? " and optimizer states" : "",
-        static_cast<unsigned long long>(pl.resident.device), format_bytes(pl.resident.device).c_str(), rank,
-        static_cast<unsigned long long>(db), format_bytes(db).c_str());
+        static_cast<unsigned long long>(pl->resident.device), format_bytes(pl->resident.device).c_str(),
+        pl->rank, static_cast<unsigned long long>(db), format_bytes(db).c_str());
   }
+  x.reserve = 4ull * x.biggest * es;
+  x.per_elem = es + (es + static_cast<uint64_t>(pl->world) - 1) / static_cast<uint64_t>(pl->world);
+  return x;
+}
 
-  // 4. Stage-3 partitions: the tier manager's device share and the gather window. Device memory
-  //    kept free for a gathered module, its gradients and their reduction (the reserve), and the
-  //    cost per element of a gathered module queued ahead of use (the module and a copy of the
-  //    partition).
-  const uint64_t reserve = 4ull * biggest * es;
-  const uint64_t per_elem = es + (es + static_cast<uint64_t>(world) - 1) / static_cast<uint64_t>(world);
-  uint64_t tm_budget = 0;
-  if (any_partitioned) {
-    pl.tier_manager = true;
-    const uint64_t bucket = static_cast<uint64_t>(std::max<int64_t>(0, cfg.zero.stage3_prefetch_bucket_size));
-    const uint64_t avail = db > reserve * 2 ? db - reserve : db / 2;
-    // Gathered modules queued ahead of use: up to stage3_prefetch_bucket_size elements, in at
-    // most half of what is left, and within stage3_max_live_parameters beside the module in use
-    // (at most the largest gathered one). What they leave goes to the partitions' device cache.
-    size_t biggest_gathered = 0;
-    for (const auto& m : pl.modules)
-      biggest_gathered = std::max(biggest_gathered, m.partitioned_params ? m.padded : 0);
-    const uint64_t live = static_cast<uint64_t>(std::max<int64_t>(0, cfg.zero.stage3_max_live_parameters));
-    const uint64_t live_room = live > biggest_gathered ? live - biggest_gathered : 0;
-    const uint64_t gather_bytes = std::min<uint64_t>({bucket * per_elem, avail / 2, live_room * per_elem});
-    pl.gather_window = static_cast<size_t>(gather_bytes / per_elem);
-    // The rest holds partitions moving towards the device (their window and the one in use).
-    const uint64_t window = bucket * es / static_cast<uint64_t>(world) + 2ull * (biggest / world) * es;
-    pl.tm_device_budget = std::min<uint64_t>(window, avail - gather_bytes);
-    if (param_off == OffloadDevice::kNone) {
-      // The partitions live on the device: all of them count in the tier's budget.
-      for (const auto& m : pl.modules) pl.tm_device_budget += m.partitioned_params ? u64(m.part) * es : 0;
-    }
-    tm_budget = pl.tm_device_budget ? std::min(pl.tm_device_budget, db) : db;  // as the tier manager caps it
-    if (nvme_tier) {
-      // Staging for NVMe <-> device pieces: offload_param.buffer_count buffers (one of them the
-      // synchronous one) of offload_param.buffer_size elements, 4 KiB multiples, at least 64 KiB
-      // and at most the largest NVMe-homed partition (a larger piece is never filled).
-      const uint64_t top = std::max<uint64_t>(u64(biggest_part_nvme) * es, 64u << 10);
-      const uint64_t asked = u64(std::max<int64_t>(1, cfg.zero.offload_param.buffer_size)) * es;
-      pl.tm_staging_bytes =
-          static_cast<size_t>((std::clamp<uint64_t>(asked, 64u << 10, top) + 4095) / 4096 * 4096);
-      pl.tm_staging_count =
-          static_cast<size_t>(std::clamp<int64_t>(cfg.zero.offload_param.buffer_count, 2, 1 << 10) - 1);
-      pl.resident.host += u64(pl.tm_staging_bytes) * (pl.tm_staging_count + 1);  // + the sync one
-    }
-    if (param_off == OffloadDevice::kNvme) {
-      // Host copies of NVMe-homed partitions: the step updates one while the previous one is
-      // written back, and keeps up to offload_param.max_in_cpu elements of them (clean, as a
-      // cache the next fetches into the device copy from) within the tier's host budget.
-      auto alloc = [](uint64_t b) { return (b + 4095) / 4096 * 4096; };
-      uint64_t parts = 0;
-      for (const auto& m : pl.modules) {
-        if (m.partitioned_params && m.param_home == Home::kNvme) parts += alloc(u64(m.part) * es);
-      }
-      const uint64_t work = 2 * alloc(u64(biggest_part_nvme) * es);
-      const uint64_t keep = u64(std::max<int64_t>(0, cfg.zero.offload_param.max_in_cpu)) * es;
-      pl.tm_host_cache = std::max(std::min(keep, parts), std::min(work, parts));
-      pl.tm_host_budget = u64(pl.tm_staging_bytes) * (pl.tm_staging_count + 1) + pl.tm_host_cache;
-    }
-    // Device memory the states take (persistent modules, device-resident optimizer states,
-    // device-homed partitions) comes out of the gather window too: keep the tier's budget and
-    // the reserve free.
-    const uint64_t used = pl.resident.device + tm_budget;
-    const uint64_t room = db > used + reserve ? (db - used - reserve) / per_elem : 0;
-    pl.gather_window = std::min<size_t>(pl.gather_window, static_cast<size_t>(room));
-    if (!target.queued_gathers) pl.gather_window = 0;
+// 4a. The tier manager's device share and the gather window before the states' share: gathered
+//     modules queued ahead of use take up to stage3_prefetch_bucket_size elements, in at most
+//     half of what the reserve leaves, and within stage3_max_live_parameters beside the module in
+//     use (at most the largest gathered one). What they leave goes to the partitions' device cache.
+void plan_gather_window(const config::Config& cfg, Extent* x, Placement* pl) {
+  const uint64_t es = pl->compute_bytes, db = pl->device_budget, world = static_cast<uint64_t>(pl->world);
+  const uint64_t bucket = static_cast<uint64_t>(std::max<int64_t>(0, cfg.zero.stage3_prefetch_bucket_size));
+  const uint64_t avail = db > x->reserve * 2 ? db - x->reserve : db / 2;
+  size_t biggest_gathered = 0;
+  for (const auto& m : pl->modules)
+    biggest_gathered = std::max(biggest_gathered, m.partitioned_params ? m.padded : 0);
+  const uint64_t live = static_cast<uint64_t>(std::max<int64_t>(0, cfg.zero.stage3_max_live_parameters));
+  const uint64_t live_room = live > biggest_gathered ? live - biggest_gathered : 0;
+  const uint64_t gather_bytes =
+      std::min<uint64_t>({bucket * x->per_elem, avail / 2, live_room * x->per_elem});
+  pl->gather_window = static_cast<size_t>(gather_bytes / x->per_elem);
+  // The rest holds partitions moving towards the device (their window and the one in use).
+  const uint64_t window = bucket * es / world + 2ull * (x->biggest / world) * es;
+  pl->tm_device_budget = std::min<uint64_t>(window, avail - gather_bytes);
+  if (cfg.zero.offload_param.device == OffloadDevice::kNone) {
+    // The partitions live on the device: all of them count in the tier's budget.
+    for (const auto& m : pl->modules) pl->tm_device_budget += m.partitioned_params ? u64(m.part) * es : 0;
   }
+  x->tm_budget =
+      pl->tm_device_budget ? std::min(pl->tm_device_budget, db) : db;  // as the tier manager caps it
+}
 
-  // 5. The optimizer swapper for NVMe-resident states: chunks of sub_group_size elements (a
-  //    multiple of the norm chunk, at most 1 Mi), at least three pipeline slots (read ahead,
-  //    update, write back) of one buffer per state (master, m, v, gradient).
-  if (any_opt_nvme) {
-    constexpr size_t kStates = 4;
-    pl.swapper = true;
-    const int64_t sub =
-        std::clamp<int64_t>(cfg.zero.sub_group_size, 1, static_cast<int64_t>(kMaxSwapChunkElems));
-    pl.swap_chunk_elems =
-        (static_cast<size_t>(sub) + optim::kChunkElems - 1) / optim::kChunkElems * optim::kChunkElems;
-    pl.swap_buffer_bytes = pl.swap_chunk_elems * 4;
-    const int64_t asked = std::max<int64_t>(1, cfg.zero.offload_optimizer.buffer_count);
-    pl.swap_buffer_count =
-        std::max<size_t>(static_cast<size_t>(std::min<int64_t>(asked, 1 << 20)), 3 * kStates);
-    size_t chunks = 0;
-    for (const auto& m : pl.modules) {
-      if (m.opt_home == Home::kNvme)
-        chunks = std::max(chunks, (m.opt_n + pl.swap_chunk_elems - 1) / pl.swap_chunk_elems);
-    }
-    pl.swap_async_buffers =
-        std::clamp<size_t>(chunks, offload::kAsyncWriteBuffers, offload::kMaxAsyncWriteBuffers);
-    pl.resident.host +=
-        u64(pl.swap_buffer_bytes) * (pl.swap_buffer_count / kStates * kStates + pl.swap_async_buffers);
+// 4b. Staging for NVMe <-> device pieces: offload_param.buffer_count buffers (one of them the
+//     synchronous one, so at least 2) of offload_param.buffer_size elements, 4 KiB multiples, at
+//     least 64 KiB and at most the largest NVMe-homed partition (a larger piece is never filled,
+//     so that cap is the size asked for in effect and is not warned about).
+void plan_staging(const config::Config& cfg, const Extent& x, Placement* pl) {
+  const uint64_t es = pl->compute_bytes;
+  const uint64_t top = std::max<uint64_t>(u64(x.biggest_part_nvme) * es, 64u << 10);
+  const int64_t size = cfg.zero.offload_param.buffer_size;
+  const uint64_t asked = u64(std::max<int64_t>(1, size)) * es;
+  const uint64_t bytes = (std::clamp<uint64_t>(asked, 64u << 10, top) + 4095) / 4096 * 4096;
+  if (bytes > asked) {
+    config::value_used("zero_optimization.offload_param.buffer_size", size, static_cast<int64_t>(bytes / es),
+                       "elements: the tier manager's staging buffers are 4 KiB multiples of at least 64 KiB");
   }
+  pl->tm_staging_bytes = static_cast<size_t>(bytes);
+  pl->tm_staging_count = static_cast<size_t>(
+      config::value_clamped("zero_optimization.offload_param.buffer_count",
+                            cfg.zero.offload_param.buffer_count, 2, 1 << 10,
+                            "the tier manager needs a synchronous staging buffer and one for moves") -
+      1);
+  pl->resident.host += u64(pl->tm_staging_bytes) * (pl->tm_staging_count + 1);  // + the sync one
+}
 
-  // 6. Peaks. Device: what is resident, the tier manager's share beyond the homes it already
-  //    counts, queued gathers, and what one module in use moves; a placement whose peak is above
-  //    the budget is refused here rather than failing in the middle of a step. Host: the step
-  //    writes each NVMe-homed partition through a host copy, one module at a time with the
-  //    previous one's write-back in flight.
-  pl.peak = pl.resident;
-  if (pl.tier_manager) {
-    uint64_t device_homes = 0;
-    for (const auto& m : pl.modules) {
-      if (m.partitioned_params && m.param_home == Home::kDevice) device_homes += u64(m.part) * es;
-    }
-    pl.peak.device +=
-        (tm_budget > device_homes ? tm_budget - device_homes : 0) + u64(pl.gather_window) * per_elem;
-    pl.peak.host += pl.tm_host_cache;
+// 4c. Host copies of NVMe-homed partitions: the step updates one while the previous one is
+//     written back, and keeps up to offload_param.max_in_cpu elements of them (clean, as a cache
+//     the next fetches into the device copy from) within the tier's host budget.
+void plan_host_cache(const config::Config& cfg, const Extent& x, Placement* pl) {
+  const uint64_t es = pl->compute_bytes;
+  auto alloc = [](uint64_t b) { return (b + 4095) / 4096 * 4096; };
+  uint64_t parts = 0;
+  for (const auto& m : pl->modules) {
+    if (m.partitioned_params && m.param_home == Home::kNvme) parts += alloc(u64(m.part) * es);
   }
-  // One module in use at a time. While module m's reduction starts: (stage 3) its gathered
-  // parameters, its gradient buffer, the receive buffer and, with reduce buckets smaller than a
-  // partition, the bucket-packed send copy. While the next module m' computes its gradients,
-  // m's reduction is still in flight (kMaxPendingReductions is 1: a reduction starts only after
-  // the previous one was accumulated): m' parameters and gradients, m's send and receive buffers.
-  // Then the step's gather of an updated partition.
+  const uint64_t work = 2 * alloc(u64(x.biggest_part_nvme) * es);
+  const uint64_t keep = u64(std::max<int64_t>(0, cfg.zero.offload_param.max_in_cpu)) * es;
+  pl->tm_host_cache = std::max(std::min(keep, parts), std::min(work, parts));
+  pl->tm_host_budget = u64(pl->tm_staging_bytes) * (pl->tm_staging_count + 1) + pl->tm_host_cache;
+}
+
+// 4. Stage-3 partitions: the tier manager's budgets and buffers, and the gather window.
+void plan_tier_manager(const config::Config& cfg, const PlanTarget& target, Extent* x, Placement* pl) {
+  pl->tier_manager = true;
+  plan_gather_window(cfg, x, pl);
+  if (x->nvme_tier) plan_staging(cfg, *x, pl);
+  if (cfg.zero.offload_param.device == OffloadDevice::kNvme) plan_host_cache(cfg, *x, pl);
+  // Device memory the states take (persistent modules, device-resident optimizer states,
+  // device-homed partitions) comes out of the gather window too: keep the tier's budget and
+  // the reserve free.
+  const uint64_t db = pl->device_budget;
+  const uint64_t used = pl->resident.device + x->tm_budget;
+  const uint64_t room = db > used + x->reserve ? (db - used - x->reserve) / x->per_elem : 0;
+  pl->gather_window = std::min<size_t>(pl->gather_window, static_cast<size_t>(room));
+  if (!target.queued_gathers) pl->gather_window = 0;
+}
+
+// 5. The optimizer swapper for NVMe-resident states: chunks of sub_group_size elements, buffers of
+//    offload_optimizer.buffer_count (both as swap_chunk_elems() and swap_buffer_count() resolve
+//    them), and one write buffer per chunk of the largest NVMe-resident module, within the
+//    swapper's bounds.
+void plan_swapper(const config::Config& cfg, Placement* pl) {
+  pl->swapper = true;
+  pl->swap_chunk_elems = swap_chunk_elems(cfg.zero.sub_group_size);
+  pl->swap_buffer_bytes = pl->swap_chunk_elems * 4;
+  pl->swap_buffer_count = swap_buffer_count(cfg.zero.offload_optimizer.buffer_count);
+  size_t chunks = 0;
+  for (const auto& m : pl->modules) {
+    if (m.opt_home == Home::kNvme)
+      chunks = std::max(chunks, (m.opt_n + pl->swap_chunk_elems - 1) / pl->swap_chunk_elems);
+  }
+  pl->swap_async_buffers =
+      std::clamp<size_t>(chunks, offload::kAsyncWriteBuffers, offload::kMaxAsyncWriteBuffers);
+  pl->resident.host += u64(pl->swap_buffer_bytes) * (pl->swap_buffer_count + pl->swap_async_buffers);
+}
+
+// Device bytes one module in use moves at once. While module m's reduction starts: (stage 3) its
+// gathered parameters, its gradient buffer, the receive buffer and, with reduce buckets smaller
+// than a partition, the bucket-packed send copy. While the next module m' computes its gradients,
+// m's reduction is still in flight (kMaxPendingReductions is 1: a reduction starts only after the
+// previous one was accumulated): m' parameters and gradients, m's send and receive buffers. Then
+// the step's gather of an updated partition.
+uint64_t moving_device_bytes(const config::Config& cfg, const Placement& pl) {
+  const uint64_t es = pl.compute_bytes;
+  const int world = pl.world;
   const size_t per_rank_bucket = static_cast<size_t>(
       std::max<int64_t>(1, std::max<int64_t>(world, cfg.zero.reduce_bucket_size) / world));
   uint64_t moving = 0, top_use[2] = {0, 0}, top_red[2] = {0, 0};
@@ -307,30 +314,96 @@ Result<Placement> plan_placement(const config::Config& cfg, const std::vector<Mo
                                                  : std::max(top_use[0] + top_red[1], top_use[1] + top_red[0]);
     moving = std::max(moving, pair);
   }
-  const uint64_t fixed = pl.peak.device;
-  pl.peak.device += moving;
-  if (pl.peak.device > db) {
+  return moving;
+}
+
+// 6. Peaks. Device: what is resident, the tier manager's share beyond the homes it already
+//    counts, queued gathers, and what one module in use moves; a placement whose peak is above
+//    the budget is refused here rather than failing in the middle of a step. Host: the step
+//    writes each NVMe-homed partition through a host copy, one module at a time with the
+//    previous one's write-back in flight; it must fit zoe.host_budget.
+Status check_peaks(const config::Config& cfg, const Extent& x, Placement* pl) {
+  const uint64_t es = pl->compute_bytes, db = pl->device_budget;
+  pl->peak = pl->resident;
+  if (pl->tier_manager) {
+    uint64_t device_homes = 0;
+    for (const auto& m : pl->modules) {
+      if (m.partitioned_params && m.param_home == Home::kDevice) device_homes += u64(m.part) * es;
+    }
+    pl->peak.device +=
+        (x.tm_budget > device_homes ? x.tm_budget - device_homes : 0) + u64(pl->gather_window) * x.per_elem;
+    pl->peak.host += pl->tm_host_cache;
+  }
+  const uint64_t moving = moving_device_bytes(cfg, *pl);
+  const uint64_t fixed = pl->peak.device;
+  pl->peak.device += moving;
+  if (pl->peak.device > db) {
     return out_of_budget(
         "this placement needs up to %llu bytes (%s) of device memory at once on rank %d: %llu (%s) for the "
         "states, partitions and queued gathers it keeps there and %llu (%s) for the module in use (its "
         "parameters, gradients and reduction buffers), more than the device budget of %llu bytes (%s); "
         "raise zoe.device_budget, offload more (zero_optimization.offload_optimizer / offload_param) or "
         "use a higher zero_optimization.stage",
-        static_cast<unsigned long long>(pl.peak.device), format_bytes(pl.peak.device).c_str(), rank,
+        static_cast<unsigned long long>(pl->peak.device), format_bytes(pl->peak.device).c_str(), pl->rank,
         static_cast<unsigned long long>(fixed), format_bytes(fixed).c_str(),
         static_cast<unsigned long long>(moving), format_bytes(moving).c_str(),
         static_cast<unsigned long long>(db), format_bytes(db).c_str());
   }
-
   const int64_t host_budget = cfg.zoe.host_budget_bytes;
-  if (host_budget > 0 && pl.peak.host > static_cast<uint64_t>(host_budget)) {
+  if (host_budget > 0 && pl->peak.host > static_cast<uint64_t>(host_budget)) {
     return out_of_budget(
         "zoe.host_budget: this placement needs up to %llu bytes (%s) of host memory on rank %d (optimizer "
         "states, parameter partitions and staging buffers), more than the budget of %lld bytes (%s); raise "
         "zoe.host_budget or offload to nvme",
-        static_cast<unsigned long long>(pl.peak.host), format_bytes(pl.peak.host).c_str(), rank,
+        static_cast<unsigned long long>(pl->peak.host), format_bytes(pl->peak.host).c_str(), pl->rank,
         static_cast<long long>(host_budget), format_bytes(static_cast<uint64_t>(host_budget)).c_str());
   }
+  return Status::ok();
+}
+
+}  // namespace
+
+size_t swap_chunk_elems(int64_t sub_group_size) {
+  const int64_t sub = std::clamp<int64_t>(sub_group_size, 1, static_cast<int64_t>(kMaxSwapChunkElems));
+  const size_t chunk =
+      (static_cast<size_t>(sub) + optim::kChunkElems - 1) / optim::kChunkElems * optim::kChunkElems;
+  return static_cast<size_t>(config::value_used(
+      "zero_optimization.sub_group_size", sub_group_size, static_cast<int64_t>(chunk),
+      "elements per optimizer swap chunk: a multiple of the norm's 16384-element chunk, at most 1048576 "
+      "(4 MiB fp32 buffers)"));
+}
+
+size_t swap_buffer_count(int64_t buffer_count) {
+  // Whole slots of one buffer per state; a buffer beyond the last whole slot would never be used.
+  const int64_t slots = std::max<int64_t>(buffer_count, 0) / static_cast<int64_t>(kSwapStates);
+  const int64_t count = std::max<int64_t>(slots, kMinSwapSlots) * static_cast<int64_t>(kSwapStates);
+  return static_cast<size_t>(config::value_used(
+      "zero_optimization.offload_optimizer.buffer_count", buffer_count, count,
+      "the optimizer swapper uses whole pipeline slots of 4 buffers, one per state (master, m, v, "
+      "gradient), and at least 3 of them to overlap reads, updates and writes"));
+}
+
+Result<Placement> plan_placement(const config::Config& cfg, const std::vector<ModuleShape>& shapes, int world,
+                                 int rank, const PlanTarget& target) {
+  if (world < 1 || rank < 0 || rank >= world) {
+    return invalid_argument("placement: rank %d of world size %d", rank, world);
+  }
+  if (shapes.empty()) return invalid_argument("placement: no modules");
+  Placement pl;
+  pl.stage = cfg.zero.stage;
+  pl.world = world;
+  pl.rank = rank;
+  pl.compute_bytes = cfg.bf16 || cfg.fp16.enabled ? 2 : 4;
+  pl.state_bytes = cfg.zoe.bf16_optimizer_states ? 2 : 4;
+  pl.device_budget = target.device_budget              ? target.device_budget
+                     : cfg.zoe.device_budget_bytes > 0 ? static_cast<uint64_t>(cfg.zoe.device_budget_bytes)
+                                                       : 64ull << 30;
+  ZOE_RETURN_IF_ERROR(lay_out_modules(cfg, shapes, &pl));
+  split_optimizer_homes(cfg, &pl);
+  ZOE_ASSIGN_OR_RETURN(Extent x, count_resident_states(cfg, &pl));
+  if (x.any_partitioned) plan_tier_manager(cfg, target, &x, &pl);
+  if (x.any_opt_nvme) plan_swapper(cfg, &pl);
+  ZOE_RETURN_IF_ERROR(check_peaks(cfg, x, &pl));
   return pl;
 }
 

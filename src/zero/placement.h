@@ -29,6 +29,20 @@ inline constexpr size_t kPartAlign = 2048;
 // The optimizer swapper's chunk is at most this many elements (4 MiB fp32 buffers).
 inline constexpr size_t kMaxSwapChunkElems = size_t{1} << 20;
 
+// The optimizer swapper's pipeline slot: one buffer per state (fp32 master, Adam m and v, the
+// gradient accumulator); it needs this many slots to overlap reads ahead, updates and write-backs.
+inline constexpr size_t kSwapStates = 4;
+inline constexpr int64_t kMinSwapSlots = 3;
+
+// The optimizer swapper's chunk for zero_optimization.sub_group_size: rounded up to a multiple
+// of the norm's chunk (optim::kChunkElems), at most kMaxSwapChunkElems. Warns once (config::
+// value_used) when that differs from the value given.
+size_t swap_chunk_elems(int64_t sub_group_size);
+// The optimizer swapper's buffers for offload_optimizer.buffer_count: whole slots of kSwapStates
+// buffers, at least kMinSwapSlots of them (DeepSpeed's default of 4 becomes 12). Warns once
+// (config::value_used) when that differs from the value given.
+size_t swap_buffer_count(int64_t buffer_count);
+
 // Gradient reductions in flight at once (each holds its send and receive buffers on the device):
 // one, overlapping the next module's backward, so a module in use, its gradients and one reduction
 // fit the reserve the planner keeps (4 x the largest gathered module).
@@ -93,9 +107,9 @@ struct Placement {
 
   // Modules whose optimizer states live on NVMe go through the optimizer swapper.
   bool swapper = false;
-  size_t swap_chunk_elems = 0;  // sub_group_size rounded to the norm chunk, at most 1 Mi
+  size_t swap_chunk_elems = 0;  // swap_chunk_elems(sub_group_size)
   size_t swap_buffer_bytes = 0;
-  size_t swap_buffer_count = 0;
+  size_t swap_buffer_count = 0;  // swap_buffer_count(offload_optimizer.buffer_count)
   // Its buffers for the gradient sums written behind the backward: one per chunk of the largest
   // NVMe-resident module's owned range, in [2, offload::kMaxAsyncWriteBuffers], so a module's sums
   // are written without stalling the backward while the next module computes.

@@ -126,12 +126,23 @@ TEST(TierManager, WaitsForPinsWhenAskedTo) {
   ASSERT_TRUE(tm.add_item(1, 512 * KiB, Tier::kNvme).is_ok());
   ASSERT_TRUE(tm.add_item(2, 512 * KiB, Tier::kNvme).is_ok());
   ASSERT_TRUE(tm.fetch(1, Tier::kDevice).wait().is_ok());
+  // The fetch of 2 waits on the full device tier; item 1 is unpinned only once it is seen waiting.
+  std::atomic<bool> done{false};
+  Status fetched;
   std::thread t([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    tm.unpin(1, Tier::kDevice);
+    fetched = tm.fetch(2, Tier::kDevice).wait().status();
+    done = true;
   });
-  EXPECT_TRUE(tm.fetch(2, Tier::kDevice).wait().is_ok());  // blocks until the unpin
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(4);
+  while (tm.stats().waiting == 0 && !done && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::yield();
+  EXPECT_EQ(tm.stats().waiting, 1u) << "the fetch did not wait for the pin";
+  EXPECT_FALSE(done) << "the fetch ended while item 1 was pinned";
+  tm.unpin(1, Tier::kDevice);
   t.join();
+  EXPECT_TRUE(fetched.is_ok()) << fetched.to_string();
+  EXPECT_EQ(tm.stats().waiting, 0u);
+  EXPECT_EQ(tm.residency(1, Tier::kDevice), Residency::kAbsent);  // evicted for 2
   tm.unpin(2, Tier::kDevice);
 }
 

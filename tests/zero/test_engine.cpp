@@ -764,8 +764,19 @@ TEST(Engine, StatsReportTimesAndHighWater) {
   EXPECT_GT(st.high_water[0], 0u);
   EXPECT_GT(st.high_water[1], 0u);
   EXPECT_GT(st.high_water[2], 0u);
-  EXPECT_GE(st.t_optimizer, 0.0);
-  EXPECT_GE(st.t_comm, 0.0);
+  // Every step updates NVMe-resident states: the caller waited for it, and the run read and wrote
+  // them (which step a read ahead counts in depends on timing, so only the sums are asserted).
+  uint64_t read = 0, written = 0;
+  for (const StepStats& x : stats) {
+    EXPECT_GT(x.t_optimizer, 0.0) << "step " << x.step;
+    read += x.step_bytes_nvme_read;
+    written += x.step_bytes_nvme_write;
+  }
+  // The steps' parts add up to no more than the totals since initialize().
+  EXPECT_GT(read, 0u);
+  EXPECT_GT(written, 0u);
+  EXPECT_LE(read, st.bytes_nvme_read);
+  EXPECT_LE(written, st.bytes_nvme_write);
 }
 
 // Resume: 2 steps, save, a fresh engine loads and takes step 3; the result equals 3 steps

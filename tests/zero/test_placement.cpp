@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "config/config.h"
+#include "core/log.h"
 #include "optim/adam.h"
 #include "tests/util/test_util.h"
 #include "tests/zero/mlp.h"
@@ -129,6 +130,75 @@ TEST(Placement, SwapperSizing) {
   auto big = zero::plan_placement(c, shapes(2, 64), 1, 0);
   ASSERT_TRUE(big.is_ok());
   EXPECT_EQ(big->swap_chunk_elems, zero::kMaxSwapChunkElems);
+}
+
+// Occurrences of `needle` in `text`.
+size_t count_of(const std::string& text, const std::string& needle) {
+  size_t n = 0;
+  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
+  return n;
+}
+
+// What plan_placement writes to stderr (its warnings) over `plans` plans of `c`, at level warn.
+std::string planning_warnings(const config::Config& c, int plans) {
+  const LogLevel level = log_level();
+  set_log_level(LogLevel::kWarn);
+  testing::internal::CaptureStderr();
+  for (int i = 0; i < plans; ++i) EXPECT_TRUE(zero::plan_placement(c, shapes(4, 256), 1, 0).is_ok());
+  std::string err = testing::internal::GetCapturedStderr();
+  set_log_level(level);
+  return err;
+}
+
+// A config value the placement uses other than as given is warned about once, naming the key,
+// the value given and the value used; values used as given are not warned about. (Each case uses
+// values no other test plans with: the warning is once per process.)
+TEST(Placement, ValuesUsedOtherThanGivenAreWarnedOnce) {
+  config::Config c = parse(cfg_text(3, "nvme", "nvme"));
+  c.zero.offload_optimizer.buffer_count = 7;  // two buffers short of a slot: 12 used
+  c.zero.sub_group_size = 50000;              // rounded up to the norm's chunk
+  c.zero.offload_param.buffer_count = 1;      // the synchronous buffer and one for moves
+  c.zero.offload_param.buffer_size = 3000;    // 12000 bytes, below the 64 KiB minimum
+  std::string err = planning_warnings(c, 3);
+  EXPECT_EQ(count_of(err, "zero_optimization.offload_optimizer.buffer_count is 7; zoe uses 12 ("), 1u) << err;
+  EXPECT_EQ(count_of(err, "zero_optimization.sub_group_size is 50000; zoe uses 65536 ("), 1u) << err;
+  EXPECT_EQ(count_of(err, "zero_optimization.offload_param.buffer_count is 1; zoe uses 2 ("), 1u) << err;
+  EXPECT_EQ(count_of(err, "zero_optimization.offload_param.buffer_size is 3000; zoe uses 16384 ("), 1u)
+      << err;
+  auto p = zero::plan_placement(c, shapes(4, 256), 1, 0);
+  ASSERT_TRUE(p.is_ok());
+  EXPECT_EQ(p->swap_buffer_count, 12u);
+  EXPECT_EQ(p->swap_chunk_elems, 65536u);
+  EXPECT_EQ(p->tm_staging_count + 1, 2u);
+  EXPECT_EQ(p->tm_staging_bytes, 16384u * 4);
+
+  // Whole slots of four buffers at or above three slots, a sub-group of whole norm chunks: used as
+  // given, without a word.
+  c.zero.offload_optimizer.buffer_count = 20;
+  c.zero.sub_group_size = 3 * static_cast<int64_t>(optim::kChunkElems);
+  c.zero.offload_param.buffer_count = 3;
+  c.zero.offload_param.buffer_size = 16 * 1024;  // 64 KiB
+  err = planning_warnings(c, 2);
+  EXPECT_EQ(err.find("zoe uses"), std::string::npos) << err;
+  p = zero::plan_placement(c, shapes(4, 256), 1, 0);
+  ASSERT_TRUE(p.is_ok());
+  EXPECT_EQ(p->swap_buffer_count, 20u);
+  EXPECT_EQ(p->swap_chunk_elems, 3 * optim::kChunkElems);
+  EXPECT_EQ(p->tm_staging_count + 1, 3u);
+  EXPECT_EQ(p->tm_staging_bytes, 16u * 1024 * 4);
+
+  // A buffer beyond the last whole slot is never used: 21 buffers are 20.
+  c.zero.offload_optimizer.buffer_count = 21;
+  err = planning_warnings(c, 2);
+  EXPECT_EQ(count_of(err, "zero_optimization.offload_optimizer.buffer_count is 21; zoe uses 20 ("), 1u)
+      << err;
+}
+
+TEST(Placement, SwapResolversAgreeWithThePlan) {
+  EXPECT_EQ(zero::swap_buffer_count(4), 12u);  // DeepSpeed's default: one slot, raised to three
+  EXPECT_EQ(zero::swap_buffer_count(24), 24u);
+  EXPECT_EQ(zero::swap_chunk_elems(1000000000), zero::kMaxSwapChunkElems);
+  EXPECT_EQ(zero::swap_chunk_elems(static_cast<int64_t>(optim::kChunkElems)), optim::kChunkElems);
 }
 
 TEST(Placement, GatherWindowFollowsTheBucketAndTheBudget) {
