@@ -1,12 +1,14 @@
 // The public API through the installed headers only: the scoped fetch releases on every path,
 // typed views at every stage and precision, the dtype helpers bit for bit against the engine's own
-// conversions, Config's errors and setters, the Runtime's collectives.
+// conversions, Config's errors, setters and keys by JSON path, the Runtime's collectives, and a
+// saved checkpoint read back through CheckpointReader.
 #include <gtest/gtest.h>
 #include <zoe/zoe.h>
 
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -392,6 +394,52 @@ TEST(Config, SettersValidateAndLeaveTheConfigAloneOnError) {
   EXPECT_EQ(again->to_json(), cfg.to_json());
 }
 
+TEST(Config, KeysByJsonPath) {
+  auto c = zoe::Config::parse(R"({"train_micro_batch_size_per_gpu": 2, "gradient_clipping": 1.5})", 1);
+  ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+  zoe::Config cfg = c.value();
+  EXPECT_EQ(cfg.get("train_micro_batch_size_per_gpu").value(), "2");
+  EXPECT_EQ(cfg.get_int("train_batch_size").value(), 2);
+  EXPECT_EQ(cfg.get_double("gradient_clipping").value(), 1.5);
+  EXPECT_EQ(cfg.get_bool("bf16.enabled").value(), false);
+  EXPECT_EQ(cfg.get_string("zero_optimization.offload_param.device").value(), "none");
+
+  zoe::Status s = cfg.set("zero_optimization.stage", "3");
+  ASSERT_TRUE(s.is_ok()) << s.to_string();
+  EXPECT_EQ(cfg.stage(), 3);
+  EXPECT_EQ(cfg.get_int("zero_optimization.stage").value(), 3);
+  s = cfg.set("zero_optimization.offload_param", R"({"device": "cpu"})");
+  ASSERT_TRUE(s.is_ok()) << s.to_string();
+  EXPECT_EQ(cfg.offload_param(), zoe::Offload::kCpu);
+  EXPECT_EQ(cfg.get_string("zero_optimization.offload_param.device").value(), "cpu");
+  s = cfg.set("bf16.enabled", "true");
+  ASSERT_TRUE(s.is_ok()) << s.to_string();
+  EXPECT_EQ(cfg.precision(), zoe::ComputeDType::kBF16);
+
+  // Refused, naming the key; the config is left as it was.
+  const std::string before = cfg.to_json();
+  s = cfg.set("zero_optimization.stage", "7");
+  EXPECT_EQ(s.code(), zoe::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.to_string().find("zero_optimization.stage"), std::string::npos) << s.to_string();
+  s = cfg.set("zero_optimization.offload_param.device", "nvme");  // not JSON: no quotes
+  EXPECT_EQ(s.code(), zoe::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.to_string().find("not JSON"), std::string::npos) << s.to_string();
+  s = cfg.set("zero_optimization.stgae", "2");
+  EXPECT_FALSE(s.is_ok());
+  EXPECT_NE(s.to_string().find("stgae"), std::string::npos) << s.to_string();
+  s = cfg.set("train_batch_size.x", "2");
+  EXPECT_EQ(s.code(), zoe::StatusCode::kInvalidArgument);
+  EXPECT_EQ(cfg.to_json(), before);
+
+  auto missing = cfg.get("zero_optimization.stgae");
+  ASSERT_FALSE(missing.is_ok());
+  EXPECT_EQ(missing.status().code(), zoe::StatusCode::kNotFound);
+  EXPECT_NE(missing.status().message().find("'stgae'"), std::string::npos) << missing.status().to_string();
+  EXPECT_NE(missing.status().message().find("stage"), std::string::npos) << missing.status().to_string();
+  EXPECT_EQ(cfg.get("").status().code(), zoe::StatusCode::kInvalidArgument);
+  EXPECT_EQ(cfg.get_bool("zero_optimization.stage").status().code(), zoe::StatusCode::kInvalidArgument);
+}
+
 TEST(Config, BuilderErrors) {
   auto c = zoe::Config::Builder().stage(2).offload_optimizer(zoe::Offload::kNvme, {}).build();
   ASSERT_FALSE(c.is_ok());
@@ -399,6 +447,69 @@ TEST(Config, BuilderErrors) {
   auto d = zoe::Config::Builder().micro_batch(0).build();
   ASSERT_FALSE(d.is_ok());
   EXPECT_NE(d.status().to_string().find("train_micro_batch_size_per_gpu"), std::string::npos);
+}
+
+// ---------------------------------------------------------------------------------------------
+// CheckpointReader
+
+// A fresh directory under the scratch directory.
+std::string make_temp_dir(const std::string& what) {
+  std::string tmpl = scratch_dir() + "/zoe-api-" + what + "-XXXXXX";
+  if (!mkdtemp(tmpl.data())) return "";
+  return tmpl;
+}
+
+// Saved parameters read back whole and equal to what was written: fp32 without masters (the
+// compute copy) and bf16 stage 3 on NVMe (the fp32 masters, partitioned over the ranks).
+TEST(CheckpointReader, ReadsBackWhatWasSaved) {
+  auto fp32 = zoe::Config::Builder().build(runtime().world_size());
+  ASSERT_TRUE(fp32.is_ok()) << fp32.status().to_string();
+  const std::vector<std::pair<std::string, zoe::Config>> configs = {{"fp32", fp32.value()},
+                                                                    {"stage3-bf16", stage3_nvme(1 << 20)}};
+  for (const auto& [what, cfg] : configs) {
+    SCOPED_TRACE(what);
+    auto eng = make_engine(cfg, 2);
+    ASSERT_TRUE(eng);
+    std::string dir = runtime().rank() == 0 ? make_temp_dir(what) : std::string();
+    ASSERT_TRUE(runtime().rank() != 0 || !dir.empty());
+    std::vector<char> buf(4096, 0);
+    dir.copy(buf.data(), buf.size() - 1);
+    ASSERT_TRUE(runtime().broadcast(buf.data(), buf.size(), 0).is_ok());
+    dir = buf.data();
+    zoe::Status s = eng->save(dir, "t1", R"({"epoch": 3})");
+    ASSERT_TRUE(s.is_ok()) << s.to_string();
+
+    auto r = zoe::CheckpointReader::open(dir);  // the save directory: its latest
+    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    const zoe::CheckpointReader& reader = *r.value();
+    EXPECT_EQ(reader.path(), dir + "/t1");
+    EXPECT_EQ(reader.step(), 0);
+    EXPECT_EQ(reader.world_size(), runtime().world_size());
+    EXPECT_EQ(reader.stage(), cfg.stage());
+    EXPECT_NE(reader.trainer_state_json().find("\"epoch\":3"), std::string::npos)
+        << reader.trainer_state_json();
+    ASSERT_EQ(reader.params().size(), 2 * kSpecs.size());
+    for (size_t i = 0; i < reader.params().size(); ++i) {
+      const size_t m = i / kSpecs.size(), p = i % kSpecs.size();
+      const zoe::CheckpointParam& cp = reader.params()[i];
+      EXPECT_EQ(cp.full_name(), "mod." + std::to_string(m) + "." + kSpecs[p].name);
+      EXPECT_EQ(cp.shape, kSpecs[p].shape);
+      std::vector<float> got(cp.numel, -1.0f);
+      s = reader.read_f32(i, got.data());
+      ASSERT_TRUE(s.is_ok()) << s.to_string();
+      size_t wrong = 0;
+      for (size_t k = 0; k < got.size(); ++k) wrong += bits(got[k]) != bits(init_value(m, p, k));
+      EXPECT_EQ(wrong, 0u) << cp.full_name();
+    }
+    EXPECT_EQ(reader.read_f32(reader.params().size(), nullptr).code(), zoe::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(reader.verify().is_ok());
+    eng.reset();
+    std::error_code ec;
+    if (runtime().rank() == 0) std::filesystem::remove_all(dir, ec);
+  }
+  auto missing = zoe::CheckpointReader::open("/nonexistent/ckpt");
+  ASSERT_FALSE(missing.is_ok());
+  EXPECT_NE(missing.status().to_string().find("/nonexistent/ckpt"), std::string::npos);
 }
 
 TEST(Runtime, Collectives) {
