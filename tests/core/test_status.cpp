@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 
 #include <cerrno>
+#include <string>
+#include <utility>
 
 #include "zoe/status.h"
 
@@ -55,6 +57,44 @@ TEST(Result, ValueAndPropagation) {
   Result<int> bad = Status::ok();  // a Result may not be built from OK
   EXPECT_FALSE(bad.is_ok());
   EXPECT_EQ(bad.status().code(), StatusCode::kInternal);
+}
+
+Status open_swap(bool fail) {
+  if (fail) return io_error("disk broke");
+  return Status::ok();
+}
+Status load_swap(bool fail) {
+  ZOE_RETURN_IF_ERROR_CTX(open_swap(fail), "loading the swap file");
+  return Status::ok();
+}
+constexpr int kLoadLine = __LINE__ - 3;
+Status start(bool fail) {
+  ZOE_RETURN_IF_ERROR(load_swap(fail));
+  return Status::ok();
+}
+constexpr int kStartLine = __LINE__ - 3;
+
+// Each propagation macro adds "at <file basename>:<line>"; message() keeps the message and its
+// context only.
+TEST(Status, MacrosAddTheirFileAndLine) {
+  EXPECT_TRUE(start(false).is_ok());
+  Status s = start(true);
+  EXPECT_EQ(s.message(), "disk broke\n  while loading the swap file");
+  EXPECT_EQ(s.trace(), "\n  at test_status.cpp:" + std::to_string(kLoadLine) +
+                           "\n  at test_status.cpp:" + std::to_string(kStartLine));
+  EXPECT_EQ(s.to_string(), "io error: " + s.message() + s.trace());
+  int out = 0;
+  Status q = quarter(6, &out);  // the second half() fails, at quarter's second line
+  EXPECT_EQ(q.message(), "3 is odd");
+  EXPECT_NE(q.trace().find("at test_status.cpp:"), std::string::npos) << q.trace();
+  EXPECT_EQ(Status::ok().with_location("a/b.cpp", 1).trace(), "");
+  EXPECT_EQ(io_error("x").with_location("/src/zero/engine.cpp", 12).trace(), "\n  at engine.cpp:12");
+}
+
+TEST(ResultDeathTest, ValueOfAnErrorPrintsTheStatus) {
+  Result<int> r = not_found("no file /x/y");
+  EXPECT_DEATH((void)r.value(), "not found: no file /x/y");
+  EXPECT_DEATH((void)std::move(r).value(), "Result::value\\(\\) called on an error");
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "device/device.h"
+#include "tests/util/status_test_util.h"
 #include "tests/util/test_util.h"
 
 namespace zoe::device {
@@ -19,17 +20,6 @@ namespace {
 
 using test::first_mismatch;
 using test::random_bytes;
-
-#define ASSERT_OK(expr)                                \
-  do {                                                 \
-    ::zoe::Status zoe_s_ = (expr);                     \
-    ASSERT_TRUE(zoe_s_.is_ok()) << zoe_s_.to_string(); \
-  } while (0)
-#define EXPECT_OK(expr)                                \
-  do {                                                 \
-    ::zoe::Status zoe_s_ = (expr);                     \
-    EXPECT_TRUE(zoe_s_.is_ok()) << zoe_s_.to_string(); \
-  } while (0)
 
 constexpr uint64_t kBudget = 4ull << 20;
 
