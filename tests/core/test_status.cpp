@@ -5,6 +5,7 @@
 #include <string>
 #include <utility>
 
+#include "tests/util/status_test_util.h"
 #include "zoe/status.h"
 
 namespace zoe {
@@ -23,7 +24,7 @@ Status quarter(int x, int* out) {
 }
 
 TEST(Status, OkAndErrors) {
-  EXPECT_TRUE(Status::ok().is_ok());
+  EXPECT_OK(Status::ok());
   Status s = invalid_argument("key %s: expected %d", "stage", 3);
   EXPECT_FALSE(s.is_ok());
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
@@ -34,7 +35,7 @@ TEST(Status, OkAndErrors) {
 TEST(Status, ContextAddsLines) {
   Status s = io_error("disk broke").with_context("reading the swap file").with_context("step 3");
   EXPECT_EQ(s.message(), "disk broke\n  while reading the swap file\n  while step 3");
-  EXPECT_TRUE(Status::ok().with_context("x").is_ok());
+  EXPECT_OK(Status::ok().with_context("x"));
 }
 
 TEST(Status, SysErrorNamesEverything) {
@@ -49,7 +50,7 @@ TEST(Status, SysErrorNamesEverything) {
 
 TEST(Result, ValueAndPropagation) {
   int out = 0;
-  EXPECT_TRUE(quarter(12, &out).is_ok());
+  EXPECT_OK(quarter(12, &out));
   EXPECT_EQ(out, 3);
   Status s = quarter(6, &out);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
@@ -77,7 +78,7 @@ constexpr int kStartLine = __LINE__ - 3;
 // Each propagation macro adds "at <file basename>:<line>"; message() keeps the message and its
 // context only.
 TEST(Status, MacrosAddTheirFileAndLine) {
-  EXPECT_TRUE(start(false).is_ok());
+  EXPECT_OK(start(false));
   Status s = start(true);
   EXPECT_EQ(s.message(), "disk broke\n  while loading the swap file");
   EXPECT_EQ(s.trace(), "\n  at test_status.cpp:" + std::to_string(kLoadLine) +

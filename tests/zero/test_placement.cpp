@@ -6,6 +6,7 @@
 
 #include "config/config.h"
 #include "optim/adam.h"
+#include "tests/util/status_test_util.h"
 #include "tests/util/test_util.h"
 #include "tests/zero/mlp.h"
 #include "tests/zero/shared_runtime.h"
@@ -21,7 +22,7 @@ using zero::Placement;
 
 config::Config parse(const std::string& text) {
   auto c = config::Config::parse(text, 1);
-  EXPECT_TRUE(c.is_ok()) << c.status().to_string() << "\n" << text;
+  EXPECT_OK(c) << "\n" << text;
   return c.is_ok() ? c.value() : config::Config{};
 }
 
@@ -48,7 +49,7 @@ std::vector<ModuleShape> shapes(int layers, size_t d) {
 TEST(Placement, FlatGroupsPartitionsAndOwnedRanges) {
   config::Config c = parse(cfg_text(3, "none", "none"));
   auto p = zero::plan_placement(c, shapes(2, 100), /*world=*/4, /*rank=*/2);
-  ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+  ASSERT_OK(p);
   const auto& m = p->modules[0];
   EXPECT_EQ(m.total, 10100u);
   EXPECT_EQ(m.padded % (zero::kPartAlign * 4), 0u);
@@ -65,7 +66,7 @@ TEST(Placement, FlatGroupsPartitionsAndOwnedRanges) {
 
   config::Config c0 = parse(cfg_text(0, "none", "none"));
   auto p0 = zero::plan_placement(c0, shapes(2, 100), 4, 2);
-  ASSERT_TRUE(p0.is_ok());
+  ASSERT_OK(p0);
   EXPECT_EQ(p0->modules[0].opt_begin, 0u);
   EXPECT_EQ(p0->modules[0].opt_n, p0->modules[0].padded);  // stage 0 owns everything
   EXPECT_FALSE(p0->tier_manager);
@@ -76,7 +77,7 @@ TEST(Placement, HomesFollowTheOffloadDevices) {
     for (const char* param : {"none", "cpu", "nvme"}) {
       config::Config c = parse(cfg_text(3, opt, param));
       auto p = zero::plan_placement(c, shapes(3, 64), 1, 0);
-      ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+      ASSERT_OK(p);
       const Home want_opt = std::string(opt) == "none"  ? Home::kDevice
                             : std::string(opt) == "cpu" ? Home::kHost
                                                         : Home::kNvme;
@@ -102,7 +103,7 @@ TEST(Placement, HomesFollowTheOffloadDevices) {
 TEST(Placement, PartialOffloadSplitsByElementsInRegistrationOrder) {
   config::Config c = parse(cfg_text(2, "cpu", "none", ", \"offload_ratio\": 0.5"));
   auto p = zero::plan_placement(c, shapes(4, 64), 1, 0);
-  ASSERT_TRUE(p.is_ok());
+  ASSERT_OK(p);
   // Four equal modules, half of the elements: the first two are offloaded.
   EXPECT_EQ(p->modules[0].opt_home, Home::kHost);
   EXPECT_EQ(p->modules[1].opt_home, Home::kHost);
@@ -110,7 +111,7 @@ TEST(Placement, PartialOffloadSplitsByElementsInRegistrationOrder) {
   EXPECT_EQ(p->modules[3].opt_home, Home::kDevice);
   config::Config c0 = parse(cfg_text(2, "cpu", "none", ", \"offload_ratio\": 0"));
   auto p0 = zero::plan_placement(c0, shapes(4, 64), 1, 0);
-  ASSERT_TRUE(p0.is_ok());
+  ASSERT_OK(p0);
   for (const auto& m : p0->modules) EXPECT_EQ(m.opt_home, Home::kDevice);
 }
 
@@ -118,7 +119,7 @@ TEST(Placement, SwapperSizing) {
   config::Config c = parse(cfg_text(3, "nvme", "nvme", "", "\"sub_group_size\": 100000, "));
   c.zero.offload_optimizer.buffer_count = 5;
   auto p = zero::plan_placement(c, shapes(2, 64), 1, 0);
-  ASSERT_TRUE(p.is_ok());
+  ASSERT_OK(p);
   EXPECT_TRUE(p->swapper);
   EXPECT_EQ(p->swap_chunk_elems % optim::kChunkElems, 0u);
   EXPECT_GE(p->swap_chunk_elems, 100000u);
@@ -127,27 +128,27 @@ TEST(Placement, SwapperSizing) {
   EXPECT_EQ(p->swap_buffer_count, 12u);  // at least three slots of four states
   c.zero.sub_group_size = 1000000000;
   auto big = zero::plan_placement(c, shapes(2, 64), 1, 0);
-  ASSERT_TRUE(big.is_ok());
+  ASSERT_OK(big);
   EXPECT_EQ(big->swap_chunk_elems, zero::kMaxSwapChunkElems);
 }
 
 TEST(Placement, GatherWindowFollowsTheBucketAndTheBudget) {
   config::Config c = parse(cfg_text(3, "none", "nvme", "", "\"stage3_prefetch_bucket_size\": 20000, "));
   auto p = zero::plan_placement(c, shapes(8, 64), 1, 0);
-  ASSERT_TRUE(p.is_ok());
+  ASSERT_OK(p);
   EXPECT_EQ(p->gather_window, 20000u);  // bucket-bound: the budget has room
   EXPECT_GT(p->tm_device_budget, 0u);
   zero::PlanTarget gpu;
   gpu.queued_gathers = false;
   auto pg = zero::plan_placement(c, shapes(8, 64), 1, 0, gpu);
-  ASSERT_TRUE(pg.is_ok());
+  ASSERT_OK(pg);
   EXPECT_EQ(pg->gather_window, 0u);
   // A device budget just above one module's needs leaves no room for queued gathers.
   config::Config off = parse(cfg_text(3, "nvme", "nvme", "", "\"stage3_prefetch_bucket_size\": 20000, "));
   zero::PlanTarget tight;
   tight.device_budget = 64 * 64 * 4 * 8;
   auto pt = zero::plan_placement(off, shapes(8, 64), 1, 0, tight);
-  ASSERT_TRUE(pt.is_ok()) << pt.status().to_string();
+  ASSERT_OK(pt);
   EXPECT_EQ(pt->gather_window, 0u);
   EXPECT_LE(pt->peak.device, tight.device_budget);
   // stage3_max_live_parameters: the queued gathers and the module in use stay within it; what the
@@ -156,7 +157,7 @@ TEST(Placement, GatherWindowFollowsTheBucketAndTheBudget) {
   config::Config capped = c;
   capped.zero.stage3_max_live_parameters = static_cast<int64_t>(module) + 5000;
   auto pc = zero::plan_placement(capped, shapes(8, 64), 1, 0);
-  ASSERT_TRUE(pc.is_ok()) << pc.status().to_string();
+  ASSERT_OK(pc);
   EXPECT_LE(pc->gather_window, 5000u);
   EXPECT_GT(pc->gather_window, 0u);
   capped.zero.stage3_max_live_parameters = static_cast<int64_t>(module) - 1;
@@ -176,7 +177,7 @@ TEST(Placement, StagingFollowsOffloadParamBuffers) {
   const auto sh = shapes(4, 256);  // 65792 parameters a module, above 64 KiB in fp32
   config::Config c = parse(cfg_text(3, "cpu", "nvme"));
   auto def = zero::plan_placement(c, sh, 1, 0);
-  ASSERT_TRUE(def.is_ok()) << def.status().to_string();
+  ASSERT_OK(def);
   const size_t part = (def->modules[0].part * 4 + 4095) / 4096 * 4096;
   EXPECT_GT(part, 64u << 10);
   EXPECT_EQ(def->tm_staging_count, 4u);    // buffer_count 5
@@ -184,7 +185,7 @@ TEST(Placement, StagingFollowsOffloadParamBuffers) {
   c.zero.offload_param.buffer_count = 9;
   c.zero.offload_param.buffer_size = 20000;  // 80000 bytes
   auto p = zero::plan_placement(c, sh, 1, 0);
-  ASSERT_TRUE(p.is_ok());
+  ASSERT_OK(p);
   EXPECT_EQ(p->tm_staging_count, 8u);
   EXPECT_EQ(p->tm_staging_bytes, 20u * 4096);
   EXPECT_EQ(static_cast<int64_t>(p->resident.host) - static_cast<int64_t>(def->resident.host),
@@ -192,7 +193,7 @@ TEST(Placement, StagingFollowsOffloadParamBuffers) {
   c.zero.offload_param.buffer_size = 1;
   c.zero.offload_param.buffer_count = 1;
   auto small = zero::plan_placement(c, sh, 1, 0);
-  ASSERT_TRUE(small.is_ok());
+  ASSERT_OK(small);
   EXPECT_EQ(small->tm_staging_bytes, 64u << 10);
   EXPECT_EQ(small->tm_staging_count, 1u);
 }
@@ -215,7 +216,7 @@ TEST(PlacementVsEngine, StagingBuffersAndTheLiveCapChangeNoBits) {
     std::string text = cfg_text(3, "cpu", "nvme", "", "\"stage3_prefetch_bucket_size\": 70000, ");
     text.replace(text.find("\"/tmp\""), 6, "\"" + nvme.path() + "\"");
     auto cfg = config::Config::parse(text, rt.world_size());
-    ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
+    ASSERT_OK(cfg);
     if (small) {
       cfg->zero.offload_param.buffer_count = 2;
       cfg->zero.offload_param.buffer_size = 16384;
@@ -224,16 +225,16 @@ TEST(PlacementVsEngine, StagingBuffersAndTheLiveCapChangeNoBits) {
     if (variant == 3) cfg->zero.offload_param.max_in_cpu = 0;
     std::vector<ModuleShape> sh = shapes(s.layers, static_cast<size_t>(s.d));
     auto plan = zero::plan_placement(cfg.value(), sh, rt.world_size(), rt.rank());
-    ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
+    ASSERT_OK(plan);
     EXPECT_EQ(plan->tm_staging_bytes, small ? 64u << 10 : (plan->modules[0].part * 4 + 4095) / 4096 * 4096);
     EXPECT_EQ(plan->tm_staging_count, small ? 1u : 4u);
     auto e = zero::create_engine(rt, cfg.value());
-    ASSERT_TRUE(e.is_ok()) << e.status().to_string();
-    ASSERT_TRUE(test::register_mlp(*e.value(), s).is_ok());
+    ASSERT_OK(e);
+    ASSERT_OK(test::register_mlp(*e.value(), s));
     std::vector<test::Layer> out;
     std::vector<StepStats> stats;
     Status st = test::engine_train(*e.value(), s, rt.rank(), rt.world_size(), 3, &out, &stats);
-    ASSERT_TRUE(st.is_ok()) << st.to_string();
+    ASSERT_OK(st);
     EXPECT_LE(stats.back().high_water[1], plan->peak.host);
     EXPECT_GT(stats.back().bytes_nvme_read, 0u);
     nvme_reads.push_back(stats.back().bytes_nvme_read - stats[stats.size() - 2].bytes_nvme_read);
@@ -312,7 +313,7 @@ TEST(PlacementVsEngine, HighWaterMarksWithinThePlanForEveryPlacement) {
         const std::string what = std::string(bf16 ? "bf16" : "fp32") + " budget " + budget + " stage " +
                                  std::to_string(k.stage) + " optimizer " + k.opt + " params " + k.param;
         auto cfg = config::Config::parse(text, rt.world_size());
-        ASSERT_TRUE(cfg.is_ok()) << what << ": " << cfg.status().to_string();
+        ASSERT_OK(cfg) << what;
         std::vector<ModuleShape> sh;
         for (int l = 0; l < s.layers; ++l) {
           sh.push_back(
@@ -320,7 +321,7 @@ TEST(PlacementVsEngine, HighWaterMarksWithinThePlanForEveryPlacement) {
         }
         auto plan = zero::plan_placement(cfg.value(), sh, rt.world_size(), rt.rank());
         auto e = zero::create_engine(rt, cfg.value());
-        ASSERT_TRUE(e.is_ok()) << what << ": " << e.status().to_string();
+        ASSERT_OK(e) << what;
         Status reg = test::register_mlp(*e.value(), s);
         if (!plan.is_ok()) {  // does not fit: the engine refuses it the same way
           EXPECT_EQ(plan.status().code(), StatusCode::kOutOfBudget)
@@ -329,11 +330,11 @@ TEST(PlacementVsEngine, HighWaterMarksWithinThePlanForEveryPlacement) {
           continue;
         }
         ran++;
-        ASSERT_TRUE(reg.is_ok()) << what << ": " << reg.to_string();
+        ASSERT_OK(reg) << what;
         std::vector<test::Layer> out;
         std::vector<StepStats> stats;
         Status st = test::engine_train(*e.value(), s, rt.rank(), rt.world_size(), 3, &out, &stats);
-        ASSERT_TRUE(st.is_ok()) << what << ": " << st.to_string();
+        ASSERT_OK(st) << what;
         const StepStats& last = stats.back();
         EXPECT_LE(last.high_water[0], plan->peak.device) << what;
         EXPECT_LE(last.high_water[0], plan->device_budget) << what;
