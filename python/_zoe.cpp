@@ -1,6 +1,6 @@
 // _zoe: the pybind11 glue between the zoe C++ engine and the `zoe` Python package (PyTorch
-// front-end). All C++ the front-end needs lives here, so that switching to the public API
-// (include/zoe/zoe.h) touches this file only.
+// front-end), over the public API only (include/zoe/, linked as zoe::zoe): what a user's own
+// binding could do. All C++ the front-end needs lives here.
 //
 // Errors: every failed Status becomes a zoe.ZoeError whose text is Status::to_string() (the code,
 // the message and its context lines). Buffers reach Python as NumPy arrays over the engine's own
@@ -16,10 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/checkpoint.h"
-#include "config/config.h"
-#include "zero/engine_internal.h"
-#include "zoe/engine.h"
+#include "zoe/zoe.h"
 
 namespace py = pybind11;
 
@@ -92,12 +89,11 @@ std::shared_ptr<zoe::Runtime> get_runtime(bool force_local) {
   return rt;
 }
 
-// An engine with what it refers to: the runtime and the parsed config outlive it.
+// An engine with what it refers to: the runtime outlives it; the config is kept for its keys.
 class PyEngine {
  public:
-  PyEngine(std::shared_ptr<zoe::Runtime> rt, zoe::config::Config cfg)
-      : rt_(std::move(rt)), cfg_(std::make_unique<zoe::config::Config>(std::move(cfg))) {
-    eng_ = take(zoe::zero::create_engine(*rt_, *cfg_));
+  PyEngine(std::shared_ptr<zoe::Runtime> rt, zoe::Config cfg) : rt_(std::move(rt)), cfg_(std::move(cfg)) {
+    eng_ = take(zoe::Engine::create(*rt_, cfg_));
   }
 
   zoe::Engine& e() {
@@ -109,13 +105,13 @@ class PyEngine {
   }
   void close() { eng_.reset(); }
 
-  const zoe::config::Config& cfg() const { return *cfg_; }
+  const zoe::Config& cfg() const { return cfg_; }
   int rank() const { return rt_->rank(); }
   int world_size() const { return rt_->world_size(); }
 
  private:
   std::shared_ptr<zoe::Runtime> rt_;
-  std::unique_ptr<zoe::config::Config> cfg_;
+  zoe::Config cfg_;
   std::unique_ptr<zoe::Engine> eng_;
 };
 
@@ -150,40 +146,48 @@ py::dict stats_dict(const zoe::StepStats& s) {
 // The full fp32 parameters of a checkpoint ("<module>.<param>" -> array of the param's shape;
 // from the master copy, or the compute copy when there is none) and its trainer state (JSON).
 py::tuple read_checkpoint(const std::string& dir) {
-  auto reader = take(zoe::ckpt::Reader::open(dir));
-  const auto& man = reader->manifest();
-  const std::string kind = reader->has_kind("master") ? "master" : "param";
-  py::dict params;
-  for (size_t m = 0; m < man.modules.size(); ++m) {
-    for (const auto& p : man.modules[m].params) {
-      std::vector<py::ssize_t> shape(p.shape.begin(), p.shape.end());
-      py::array_t<float> a(shape);
-      if (a.size() != static_cast<py::ssize_t>(p.numel)) {
-        raise(zoe::corruption("%s: parameter %s.%s: shape has %zd elements, numel is %llu",
-                              reader->path().c_str(), man.modules[m].name.c_str(), p.name.c_str(), a.size(),
-                              static_cast<unsigned long long>(p.numel)));
-      }
-      zoe::Status s;
-      {
-        py::gil_scoped_release nogil;
-        s = reader->read_range(static_cast<uint32_t>(m), kind, p.offset, p.numel, "f32", a.mutable_data());
-      }
-      check(s.is_ok() ? s
-                      : s.with_context("reading parameter " + man.modules[m].name + "." + p.name + " of " +
-                                       reader->path()));
-      params[py::str(man.modules[m].name + "." + p.name)] = a;
+  auto reader = take(zoe::CheckpointReader::open(dir));
+  const auto& params = reader->params();
+  py::dict out;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const zoe::CheckpointParam& p = params[i];
+    std::vector<py::ssize_t> shape(p.shape.begin(), p.shape.end());
+    py::array_t<float> a(shape);
+    if (a.size() != static_cast<py::ssize_t>(p.numel)) {
+      raise(zoe::corruption("%s: parameter %s: shape has %zd elements, numel is %llu", reader->path().c_str(),
+                            p.full_name().c_str(), a.size(), static_cast<unsigned long long>(p.numel)));
     }
+    zoe::Status s;
+    {
+      py::gil_scoped_release nogil;
+      s = reader->read_f32(i, a.mutable_data());
+    }
+    check(s);
+    out[py::str(p.full_name())] = a;
   }
-  return py::make_tuple(params, man.trainer.dump(), man.step);
+  return py::make_tuple(out, reader->trainer_state_json(), reader->step());
 }
 
-}  // namespace
+// A summary of a parsed config, by the keys' JSON paths.
+py::dict config_summary(const zoe::Config& c) {
+  py::dict d;
+  d["stage"] = c.stage();
+  d["gradient_accumulation_steps"] = c.gradient_accumulation_steps();
+  d["train_micro_batch_size_per_gpu"] = c.micro_batch();
+  d["train_batch_size"] = c.train_batch_size();
+  d["fp16"] = take(c.get_bool("fp16.enabled"));
+  d["bf16"] = take(c.get_bool("bf16.enabled"));
+  d["gradient_clipping"] = take(c.get_double("gradient_clipping"));
+  d["offload_optimizer"] = zoe::offload_name(c.offload_optimizer());
+  d["offload_param"] = zoe::offload_name(c.offload_param());
+  d["device_budget_bytes"] = c.device_budget();
+  d["device"] = c.device();
+  d["json"] = c.to_json();
+  return d;
+}
 
-PYBIND11_MODULE(_zoe, m) {
-  m.doc() = "zoe's C++ engine, bound for the zoe PyTorch front-end";
-  static py::exception<ZoeErrorTag> err(m, "ZoeError", PyExc_RuntimeError);
-  g_zoe_error = err;
-
+// The module-level functions: the runtime, configs, checkpoints.
+void bind_functions(py::module_& m) {
   m.def(
       "runtime",
       [](bool force_local) {
@@ -199,35 +203,23 @@ PYBIND11_MODULE(_zoe, m) {
   m.def(
       "parse_config",
       [](const std::string& text, int world) {
-        auto c = take(zoe::config::Config::parse(text, world));
-        py::dict d;
-        d["stage"] = c.zero.stage;
-        d["gradient_accumulation_steps"] = c.gradient_accumulation_steps;
-        d["train_micro_batch_size_per_gpu"] = c.train_micro_batch_size_per_gpu;
-        d["train_batch_size"] = c.train_batch_size;
-        d["fp16"] = c.fp16.enabled;
-        d["bf16"] = c.bf16;
-        d["gradient_clipping"] = c.gradient_clipping;
-        d["offload_optimizer"] = zoe::config::offload_device_name(c.zero.offload_optimizer.device);
-        d["offload_param"] = zoe::config::offload_device_name(c.zero.offload_param.device);
-        d["device_budget_bytes"] = c.zoe.device_budget_bytes;
-        d["device"] = c.zoe.device;
-        d["json"] = c.to_json();
-        return d;
+        return config_summary(take(zoe::Config::parse(text, world)));
       },
       py::arg("text"), py::arg("world_size") = 1,
       "Parses and validates a DeepSpeed-style JSON config; a summary dict (ZoeError on a bad key).");
 
   m.def("read_checkpoint", &read_checkpoint, py::arg("dir"),
         "(params, trainer_json, step) of a checkpoint: full fp32 parameters named <module>.<param>.");
+}
 
-  py::class_<PyEngine>(m, "Engine")
-      .def(py::init([](const std::string& config_text, bool force_local) {
-             auto rt = get_runtime(force_local);
-             auto cfg = take(zoe::config::Config::parse(config_text, rt->world_size()));
-             return std::make_unique<PyEngine>(rt, std::move(cfg));
-           }),
-           py::arg("config_text"), py::arg("force_local") = false)
+// Engine: construction, modules and their initial values.
+void bind_engine_setup(py::class_<PyEngine>& c) {
+  c.def(py::init([](const std::string& config_text, bool force_local) {
+          auto rt = get_runtime(force_local);
+          auto cfg = take(zoe::Config::parse(config_text, rt->world_size()));
+          return std::make_unique<PyEngine>(rt, std::move(cfg));
+        }),
+        py::arg("config_text"), py::arg("force_local") = false)
       .def_property_readonly("rank", &PyEngine::rank)
       .def_property_readonly("world_size", &PyEngine::world_size)
       .def("close", &PyEngine::close)
@@ -267,7 +259,14 @@ PYBIND11_MODULE(_zoe, m) {
       .def("num_modules", [](PyEngine& self) { return self.e().num_modules(); })
       .def("module_name", [](PyEngine& self, size_t i) { return self.e().module_name(i); })
       .def("compute_dtype", [](PyEngine& self) { return py_dtype_name(self.e().compute_dtype()); })
-      .def("loss_scale", [](PyEngine& self) { return self.e().loss_scale(); })
+      .def("gradient_accumulation_steps",
+           [](PyEngine& self) { return self.cfg().gradient_accumulation_steps(); })
+      .def("stage", [](PyEngine& self) { return self.cfg().stage(); });
+}
+
+// Engine: one training step's calls (the GIL released while the engine works).
+void bind_engine_step(py::class_<PyEngine>& c) {
+  c.def("loss_scale", [](PyEngine& self) { return self.e().loss_scale(); })
       .def("fetch",
            [](PyEngine& self, size_t i) {
              zoe::Result<zoe::ModuleParams> r = zoe::invalid_argument("unreached");
@@ -292,26 +291,29 @@ PYBIND11_MODULE(_zoe, m) {
              }
              check(s);
            })
-      .def("step",
-           [](PyEngine& self) {
-             zoe::Result<zoe::StepStats> r = zoe::invalid_argument("unreached");
-             {
-               py::gil_scoped_release nogil;
-               r = self.e().step();
-             }
-             return stats_dict(take(std::move(r)));
-           })
-      .def("read_master",
-           [](PyEngine& self, size_t mi, size_t pi, size_t numel) {
-             py::array_t<float> a(static_cast<py::ssize_t>(numel));
-             zoe::Status s;
-             {
-               py::gil_scoped_release nogil;
-               s = self.e().read_master(mi, pi, a.mutable_data());
-             }
-             check(s);
-             return a;
-           })
+      .def("step", [](PyEngine& self) {
+        zoe::Result<zoe::StepStats> r = zoe::invalid_argument("unreached");
+        {
+          py::gil_scoped_release nogil;
+          r = self.e().step();
+        }
+        return stats_dict(take(std::move(r)));
+      });
+}
+
+// Engine: checkpoints, master values and sizes.
+void bind_engine_state(py::class_<PyEngine>& c) {
+  c.def("read_master",
+        [](PyEngine& self, size_t mi, size_t pi, size_t numel) {
+          py::array_t<float> a(static_cast<py::ssize_t>(numel));
+          zoe::Status s;
+          {
+            py::gil_scoped_release nogil;
+            s = self.e().read_master(mi, pi, a.mutable_data());
+          }
+          check(s);
+          return a;
+        })
       .def(
           "save",
           [](PyEngine& self, const std::string& dir, const std::string& tag, const std::string& state,
@@ -346,18 +348,27 @@ PYBIND11_MODULE(_zoe, m) {
       .def("model_state_bytes", [](PyEngine& self) { return self.e().model_state_bytes(); })
       .def("device_budget_bytes", [](PyEngine& self) { return self.e().device_budget_bytes(); })
       .def("num_params", [](PyEngine& self) { return self.e().num_params(); })
-      .def("memory_in_use",
-           [](PyEngine& self) {
-             zoe::MemoryUse u = self.e().memory_in_use();
-             py::dict d;
-             d["device"] = u.device;
-             d["device_partitions"] = u.device_partitions;
-             d["host"] = u.host;
-             d["nvme"] = u.nvme;
-             d["partition_pins"] = u.partition_pins;
-             return d;
-           })
-      .def("gradient_accumulation_steps",
-           [](PyEngine& self) { return self.cfg().gradient_accumulation_steps; })
-      .def("stage", [](PyEngine& self) { return self.cfg().zero.stage; });
+      .def("memory_in_use", [](PyEngine& self) {
+        zoe::MemoryUse u = self.e().memory_in_use();
+        py::dict d;
+        d["device"] = u.device;
+        d["device_partitions"] = u.device_partitions;
+        d["host"] = u.host;
+        d["nvme"] = u.nvme;
+        d["partition_pins"] = u.partition_pins;
+        return d;
+      });
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_zoe, m) {
+  m.doc() = "zoe's C++ engine, bound for the zoe PyTorch front-end";
+  static py::exception<ZoeErrorTag> err(m, "ZoeError", PyExc_RuntimeError);
+  g_zoe_error = err;
+  bind_functions(m);
+  py::class_<PyEngine> engine(m, "Engine");
+  bind_engine_setup(engine);
+  bind_engine_step(engine);
+  bind_engine_state(engine);
 }

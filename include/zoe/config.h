@@ -3,7 +3,8 @@
 //
 // Every way of making or changing a Config validates it the way a JSON file is validated: an
 // error names the key's JSON path ("zero_optimization.offload_param.device"), the value given and
-// what is allowed, and the Config it came from is left as it was.
+// what is allowed, and the Config it came from is left as it was. Besides the typed accessors,
+// get()/set() reach any key by its JSON path, its value as JSON text.
 // Thread-safety: a Config is a value; distinct Configs may be used from distinct threads, and
 // const methods of one Config from several.
 #pragma once
@@ -52,6 +53,23 @@ class Config {
   Status set_device_budget(uint64_t bytes);      // zoe.device_budget (0: the whole device)
   Status set_optimizer_threads(int threads);     // zoe.optimizer_threads (0: all cores)
   Status set_device(const std::string& device);  // zoe.device: "auto", "cpu" or "cuda"
+
+  // Any key by its JSON path ("train_batch_size", "zero_optimization.offload_param.device"):
+  //   get(): the value as JSON text, as to_json() writes it (3, "nvme", true, {"device": "cpu"});
+  //     a section gives the whole object. kNotFound naming the key and the keys that are there
+  //     when the path is not in to_json() (an unknown key, or one this config leaves unset).
+  //   set(): replaces the value at the path with `json_value` (JSON text), then re-validates the
+  //     whole config like the setters above (an unknown key, a bad value: the parser's error,
+  //     naming the path); on an error nothing changes. Batch keys are not recomputed: setting
+  //     train_micro_batch_size_per_gpu alone leaves train_batch_size to disagree (an error) where
+  //     set_micro_batch() keeps them consistent.
+  Result<std::string> get(const std::string& key) const;
+  Status set(const std::string& key, const std::string& json_value);
+  // Typed reads of get(): kInvalidArgument naming the key when the value is not of that type.
+  Result<int64_t> get_int(const std::string& key) const;
+  Result<double> get_double(const std::string& key) const;
+  Result<bool> get_bool(const std::string& key) const;
+  Result<std::string> get_string(const std::string& key) const;
 
   int world_size() const;
   int64_t micro_batch() const;

@@ -1,9 +1,10 @@
-// Status formatting and the syscall-error constructors.
+// Status formatting, the propagation trace, and the syscall-error constructors.
 #include "zoe/status.h"
 
 #include <cerrno>
 #include <cstdarg>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 namespace zoe {
@@ -40,8 +41,26 @@ const char* status_code_name(StatusCode code) {
 
 std::string Status::to_string() const {
   if (is_ok()) return "ok";
-  return std::string(status_code_name(code_)) + ": " + message_;
+  return std::string(status_code_name(code_)) + ": " + message_ + trace_;
 }
+
+Status Status::with_location(const char* file, int line) && {
+  if (is_ok()) return std::move(*this);
+  const char* slash = strrchr(file, '/');
+  trace_ += "\n  at ";
+  trace_ += slash ? slash + 1 : file;
+  trace_ += ':';
+  trace_ += std::to_string(line);
+  return std::move(*this);
+}
+
+namespace detail {
+void value_of_error(const Status& status) {
+  fprintf(stderr, "zoe: Result::value() called on an error: %s\n", status.to_string().c_str());
+  fflush(stderr);
+  abort();
+}
+}  // namespace detail
 
 Status Status::with_context(std::string_view context) const& {
   Status s = *this;

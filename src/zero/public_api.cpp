@@ -1,6 +1,7 @@
-// The public types of include/zoe/ over the internal ones: Config (over config::Config) and its
-// Builder, the dtype helpers (over core/dtype.h), the Runtime's host collectives, the scoped
-// fetch (Gathered) and the engine's fp32 read/write of a view.
+// The public types of include/zoe/ over the internal ones: Config (over config::Config; any key
+// also by its JSON path) and its Builder, the dtype helpers (over core/dtype.h), the Runtime's
+// host collectives, the scoped fetch (Gathered) and the engine's fp32 read/write of a view.
+#include <cstdint>
 #include <cstring>
 #include <utility>
 
@@ -255,6 +256,113 @@ uint64_t Config::device_budget() const { return static_cast<uint64_t>(impl_->cfg
 int Config::optimizer_threads() const { return static_cast<int>(impl_->cfg.zoe.optimizer_threads); }
 std::string Config::device() const { return impl_->cfg.zoe.device; }
 std::string Config::to_json() const { return impl_->cfg.to_json(); }
+
+namespace {
+// "a.b.c" -> {"a", "b", "c"}; an empty key or an empty part is an error naming the key.
+Result<std::vector<std::string>> split_key(const std::string& key) {
+  std::vector<std::string> parts;
+  size_t begin = 0;
+  for (;;) {
+    const size_t dot = key.find('.', begin);
+    parts.push_back(key.substr(begin, dot == std::string::npos ? std::string::npos : dot - begin));
+    if (parts.back().empty()) {
+      return invalid_argument("config key '%s': expected a JSON path such as \"zero_optimization.stage\"",
+                              key.c_str());
+    }
+    if (dot == std::string::npos) return parts;
+    begin = dot + 1;
+  }
+}
+
+std::string key_list(const json& obj) {
+  std::string out;
+  for (auto it = obj.begin(); it != obj.end(); ++it) out += (out.empty() ? "" : ", ") + it.key();
+  return out;
+}
+}  // namespace
+
+Result<std::string> Config::get(const std::string& key) const {
+  ZOE_ASSIGN_OR_RETURN(std::vector<std::string> parts, split_key(key));
+  const json j = json::parse(to_json());
+  const json* node = &j;
+  std::string at;  // the path walked so far
+  for (const std::string& part : parts) {
+    if (!node->is_object()) {
+      return not_found("config key '%s': '%s' is a value (%s), not a section", key.c_str(), at.c_str(),
+                       node->dump().c_str());
+    }
+    auto it = node->find(part);
+    if (it == node->end()) {
+      return not_found("config key '%s': no key '%s' in %s (its keys: %s)", key.c_str(), part.c_str(),
+                       at.empty() ? "the config" : ("'" + at + "'").c_str(), key_list(*node).c_str());
+    }
+    node = &*it;
+    at += (at.empty() ? "" : ".") + part;
+  }
+  return node->dump();
+}
+
+Status Config::set(const std::string& key, const std::string& json_value) {
+  ZOE_ASSIGN_OR_RETURN(std::vector<std::string> parts, split_key(key));
+  json value = json::parse(json_value, nullptr, /*allow_exceptions=*/false);
+  if (value.is_discarded()) {
+    return invalid_argument("config key '%s': the value %s is not JSON (a string needs quotes: \"nvme\")",
+                            key.c_str(), json_value.c_str());
+  }
+  Status shape;  // a path through a value that is not a section
+  Status s = edit_config(&impl_->cfg, impl_->world_size, key.c_str(), [&](json& j) {
+    json* node = &j;
+    std::string at;
+    for (size_t i = 0; i + 1 < parts.size(); ++i) {
+      at += (at.empty() ? "" : ".") + parts[i];
+      node = &(*node)[parts[i]];
+      if (!node->is_null() && !node->is_object()) {
+        shape = invalid_argument("config key '%s': '%s' is a value (%s), not a section", key.c_str(),
+                                 at.c_str(), node->dump().c_str());
+        return;
+      }
+    }
+    (*node)[parts.back()] = value;
+  });
+  return shape.is_ok() ? s : shape;
+}
+
+namespace {
+Status wrong_type(const std::string& key, const std::string& text, const char* expected) {
+  return invalid_argument("config key '%s': expected %s, found %s", key.c_str(), expected, text.c_str());
+}
+}  // namespace
+
+Result<int64_t> Config::get_int(const std::string& key) const {
+  ZOE_ASSIGN_OR_RETURN(std::string text, get(key));
+  const json v = json::parse(text);
+  if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+    return wrong_type(key, text, "an integer in the range of int64");
+  }
+  if (!v.is_number_integer()) return wrong_type(key, text, "an integer");
+  return v.get<int64_t>();
+}
+
+Result<double> Config::get_double(const std::string& key) const {
+  ZOE_ASSIGN_OR_RETURN(std::string text, get(key));
+  const json v = json::parse(text);
+  if (!v.is_number()) return wrong_type(key, text, "a number");
+  return v.get<double>();
+}
+
+Result<bool> Config::get_bool(const std::string& key) const {
+  ZOE_ASSIGN_OR_RETURN(std::string text, get(key));
+  const json v = json::parse(text);
+  if (!v.is_boolean()) return wrong_type(key, text, "true or false");
+  return v.get<bool>();
+}
+
+Result<std::string> Config::get_string(const std::string& key) const {
+  ZOE_ASSIGN_OR_RETURN(std::string text, get(key));
+  const json v = json::parse(text);
+  if (!v.is_string()) return wrong_type(key, text, "a string");
+  return v.get<std::string>();
+}
 
 // ---------------------------------------------------------------------------------------------
 // Config::Builder: the keys set so far, as JSON values (never text), parsed by build().

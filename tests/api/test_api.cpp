@@ -1,17 +1,21 @@
 // The public API through the installed headers only: the scoped fetch releases on every path,
 // typed views at every stage and precision, the dtype helpers bit for bit against the engine's own
-// conversions, Config's errors and setters, the Runtime's collectives.
+// conversions, Config's errors, setters and keys by JSON path, the Runtime's collectives, and a
+// saved checkpoint read back through CheckpointReader.
 #include <gtest/gtest.h>
 #include <zoe/zoe.h>
 
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <random>
 #include <stdexcept>
 #include <string>
 #include <tuple>
 #include <vector>
+
+#include "../util/status_test_util.h"
 
 namespace {
 
@@ -50,16 +54,16 @@ const std::vector<zoe::ParamSpec> kSpecs = {{"w", {3, 5}}, {"b", {5}}, {"t", {2,
 
 std::unique_ptr<zoe::Engine> make_engine(const zoe::Config& cfg, size_t modules) {
   auto e = zoe::Engine::create(runtime(), cfg);
-  EXPECT_TRUE(e.is_ok()) << e.status().to_string();
+  EXPECT_OK(e);
   if (!e.is_ok()) return nullptr;
   auto eng = std::move(e).value();
   for (size_t m = 0; m < modules; ++m) {
-    EXPECT_TRUE(eng->add_module("mod." + std::to_string(m), kSpecs).is_ok());
+    EXPECT_OK(eng->add_module("mod." + std::to_string(m), kSpecs));
   }
   zoe::Status s = eng->initialize([](size_t m, size_t p, float* x, size_t n) {
     for (size_t i = 0; i < n; ++i) x[i] = init_value(m, p, i);
   });
-  EXPECT_TRUE(s.is_ok()) << s.to_string();
+  EXPECT_OK(s);
   return s.is_ok() ? std::move(eng) : nullptr;
 }
 
@@ -73,7 +77,7 @@ zoe::Config stage3_nvme(uint64_t budget) {
                .offload_optimizer(zoe::Offload::kNvme, {dir})
                .device_budget(budget)
                .build();
-  EXPECT_TRUE(c.is_ok()) << c.status().to_string();
+  EXPECT_OK(c);
   return c.value();
 }
 
@@ -108,7 +112,7 @@ class ScopedFetch : public ::testing::Test {
 TEST_F(ScopedFetch, ReleasesAtScopeExit) {
   {
     auto p = eng_->gather(1);
-    ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+    ASSERT_OK(p);
     EXPECT_EQ(p->module(), 1u);
     EXPECT_GT(gathered_device_bytes(), idle_.device - idle_.device_partitions);  // the gathered copy
   }
@@ -131,7 +135,7 @@ TEST_F(ScopedFetch, ReleasesOnEarlyReturn) {
 TEST_F(ScopedFetch, ReleasesOnException) {
   try {
     auto p = eng_->gather(2);
-    ASSERT_TRUE(p.is_ok());
+    ASSERT_OK(p);
     throw std::runtime_error("the caller's forward failed");
   } catch (const std::runtime_error&) {
   }
@@ -140,12 +144,12 @@ TEST_F(ScopedFetch, ReleasesOnException) {
 
 TEST_F(ScopedFetch, ExplicitReleaseOnceAndMoves) {
   auto p = eng_->gather(0);
-  ASSERT_TRUE(p.is_ok());
+  ASSERT_OK(p);
   zoe::Gathered g = std::move(p).value();
   EXPECT_EQ(g.size(), kSpecs.size());
-  EXPECT_TRUE(g.release().is_ok());
-  EXPECT_EQ(g.size(), 0u);           // the views are gone
-  EXPECT_TRUE(g.release().is_ok());  // a second release does nothing
+  EXPECT_OK(g.release());
+  EXPECT_EQ(g.size(), 0u);  // the views are gone
+  EXPECT_OK(g.release());   // a second release does nothing
   expect_released(0);
   // Moving a Gathered over another releases the one it replaces; the moved-from one owns nothing.
   auto a = eng_->gather(0);
@@ -155,7 +159,7 @@ TEST_F(ScopedFetch, ExplicitReleaseOnceAndMoves) {
   ga = std::move(gb);
   EXPECT_EQ(ga.module(), 1u);
   EXPECT_EQ(eng_->release(0).code(), zoe::StatusCode::kInvalidArgument);  // 0 went with the move
-  EXPECT_TRUE(ga.release().is_ok());
+  EXPECT_OK(ga.release());
   expect_released(1);
 }
 
@@ -163,21 +167,21 @@ TEST_F(ScopedFetch, HighWaterReturnsToIdleOverAStep) {
   for (int step = 0; step < 2; ++step) {
     for (size_t m = 0; m < 3; ++m) {
       auto p = eng_->gather(m);
-      ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+      ASSERT_OK(p);
     }
     for (size_t m = 3; m-- > 0;) {
       auto p = eng_->gather(m);
-      ASSERT_TRUE(p.is_ok());
+      ASSERT_OK(p);
       auto g = eng_->grads(m);
-      ASSERT_TRUE(g.is_ok());
+      ASSERT_OK(g);
       for (const zoe::TensorView& v : g->tensors) {
         std::vector<float> ones(v.numel, 1.0f);
-        ASSERT_TRUE(eng_->write_f32(v, ones.data()).is_ok());
+        ASSERT_OK(eng_->write_f32(v, ones.data()));
       }
-      ASSERT_TRUE(eng_->reduce_grads(m).is_ok());
+      ASSERT_OK(eng_->reduce_grads(m));
     }
     auto st = eng_->step();
-    ASSERT_TRUE(st.is_ok()) << st.status().to_string();
+    ASSERT_OK(st);
     EXPECT_LE(st->high_water[0], eng_->device_budget_bytes());
     const zoe::MemoryUse u = eng_->memory_in_use();
     EXPECT_EQ(u.partition_pins, 0u);
@@ -195,13 +199,13 @@ TEST_P(TypedViews, ShapesDtypesAndValues) {
   zoe::Config::Builder b;
   b.stage(stage).precision(dt).param_persistence_threshold(0);
   auto cfg = b.build();
-  ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
+  ASSERT_OK(cfg);
   auto eng = make_engine(cfg.value(), 2);
   ASSERT_TRUE(eng);
   EXPECT_EQ(eng->compute_dtype(), dt);
   for (size_t m = 0; m < 2; ++m) {
     auto p = eng->gather(m);
-    ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+    ASSERT_OK(p);
     ASSERT_EQ(p->size(), kSpecs.size());
     EXPECT_EQ(p->params().dtype, dt);
     for (size_t i = 0; i < kSpecs.size(); ++i) {
@@ -219,7 +223,7 @@ TEST_P(TypedViews, ShapesDtypesAndValues) {
       EXPECT_EQ(p->params().numel[i], v.numel);
       // The values: the initial fp32 ones in the compute dtype.
       std::vector<float> got(n);
-      ASSERT_TRUE(eng->read_f32(v, got.data()).is_ok());
+      ASSERT_OK(eng->read_f32(v, got.data()));
       for (size_t k = 0; k < n; ++k) {
         const float x = init_value(m, i, k);
         const float want = dt == zoe::ComputeDType::kF32 ? x : zoe::to_f32(zoe::from_f32(x, dt), dt);
@@ -227,7 +231,7 @@ TEST_P(TypedViews, ShapesDtypesAndValues) {
       }
     }
     auto g = eng->grads(m);
-    ASSERT_TRUE(g.is_ok()) << g.status().to_string();
+    ASSERT_OK(g);
     ASSERT_EQ(g->size(), kSpecs.size());
     for (size_t i = 0; i < kSpecs.size(); ++i) {
       const zoe::TensorView& v = (*g)[i];
@@ -236,10 +240,10 @@ TEST_P(TypedViews, ShapesDtypesAndValues) {
       EXPECT_EQ(v.dtype, dt);
       EXPECT_EQ(v.bytes, v.numel * zoe::dtype_size(dt));
       std::vector<float> z(v.numel, 1.0f);
-      ASSERT_TRUE(eng->read_f32(v, z.data()).is_ok());
+      ASSERT_OK(eng->read_f32(v, z.data()));
       for (float f : z) ASSERT_EQ(f, 0.0f);  // zeroed
     }
-    ASSERT_TRUE(eng->reduce_grads(m).is_ok());
+    ASSERT_OK(eng->reduce_grads(m));
   }
 }
 
@@ -308,24 +312,23 @@ TEST_P(DTypeVsEngine, BitEqualToTheEnginesConversion) {
   vals[0] = 65520.0f, vals[1] = 0x1p-25f, vals[2] = 0x3p-25f, vals[3] = from_bits(0x3f808000u);
   for (auto dt : {zoe::ComputeDType::kBF16, zoe::ComputeDType::kF16}) {
     auto cfg = zoe::Config::Builder().precision(dt).device(GetParam()).build();
-    ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
+    ASSERT_OK(cfg);
     auto e = zoe::Engine::create(runtime(), cfg.value());
     if (!e.is_ok() && e.status().code() == zoe::StatusCode::kUnsupported)
       GTEST_SKIP() << e.status().to_string();
-    ASSERT_TRUE(e.is_ok()) << e.status().to_string();
+    ASSERT_OK(e);
     auto eng = std::move(e).value();
-    ASSERT_TRUE(eng->add_module("m", {{"x", {static_cast<int64_t>(vals.size())}}}).is_ok());
-    ASSERT_TRUE(
-        eng->initialize([&](size_t, size_t, float* x, size_t n) { memcpy(x, vals.data(), n * 4); }).is_ok());
+    ASSERT_OK(eng->add_module("m", {{"x", {static_cast<int64_t>(vals.size())}}}));
+    ASSERT_OK(eng->initialize([&](size_t, size_t, float* x, size_t n) { memcpy(x, vals.data(), n * 4); }));
     auto p = eng->gather(0);
-    ASSERT_TRUE(p.is_ok());
+    ASSERT_OK(p);
     const zoe::TensorView& v = (*p)[0];
     std::vector<uint16_t> engine_bits(vals.size());
     if (v.host_addressable) {
       memcpy(engine_bits.data(), v.data, v.bytes);
     } else {  // device memory: read back as fp32 (exact), then to the dtype (exact for these)
       std::vector<float> f(vals.size());
-      ASSERT_TRUE(eng->read_f32(v, f.data()).is_ok());
+      ASSERT_OK(eng->read_f32(v, f.data()));
       zoe::from_f32(f.data(), dt, engine_bits.data(), f.size());
     }
     for (size_t i = 0; i < vals.size(); ++i) {
@@ -335,13 +338,13 @@ TEST_P(DTypeVsEngine, BitEqualToTheEnginesConversion) {
     std::vector<float> src(vals.size()), back(vals.size());
     for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<float>(i % 251) * 0.37f - 40.0f;
     auto g = eng->grads(0);
-    ASSERT_TRUE(g.is_ok());
-    ASSERT_TRUE(eng->write_f32((*g)[0], src.data(), 8.0f).is_ok());
-    ASSERT_TRUE(eng->read_f32((*g)[0], back.data()).is_ok());
+    ASSERT_OK(g);
+    ASSERT_OK(eng->write_f32((*g)[0], src.data(), 8.0f));
+    ASSERT_OK(eng->read_f32((*g)[0], back.data()));
     for (size_t i = 0; i < src.size(); ++i) {
       ASSERT_EQ(bits(back[i]), bits(zoe::to_f32(zoe::from_f32(src[i] * 8.0f, dt), dt))) << i;
     }
-    ASSERT_TRUE(eng->reduce_grads(0).is_ok());
+    ASSERT_OK(eng->reduce_grads(0));
   }
 }
 
@@ -365,14 +368,14 @@ TEST(Config, ErrorsNameTheJsonPath) {
 TEST(Config, SettersValidateAndLeaveTheConfigAloneOnError) {
   auto c =
       zoe::Config::parse(R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 3})", 1);
-  ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+  ASSERT_OK(c);
   zoe::Config cfg = c.value();
-  ASSERT_TRUE(cfg.set_micro_batch(4).is_ok());
+  ASSERT_OK(cfg.set_micro_batch(4));
   EXPECT_EQ(cfg.micro_batch(), 4);
   EXPECT_EQ(cfg.train_batch_size(), 12);
-  ASSERT_TRUE(cfg.set_precision(zoe::ComputeDType::kF16).is_ok());
+  ASSERT_OK(cfg.set_precision(zoe::ComputeDType::kF16));
   EXPECT_EQ(cfg.precision(), zoe::ComputeDType::kF16);
-  ASSERT_TRUE(cfg.set_lr(2e-3).is_ok());
+  ASSERT_OK(cfg.set_lr(2e-3));
   EXPECT_EQ(cfg.lr(), 2e-3);
   const std::string before = cfg.to_json();
   zoe::Status s = cfg.set_stage(7);
@@ -382,14 +385,60 @@ TEST(Config, SettersValidateAndLeaveTheConfigAloneOnError) {
   // Parameter offload needs stage 3: refused at stage 0, accepted after set_stage(3).
   EXPECT_FALSE(cfg.set_offload_param(zoe::Offload::kCpu).is_ok());
   EXPECT_EQ(cfg.offload_param(), zoe::Offload::kNone);
-  ASSERT_TRUE(cfg.set_stage(3).is_ok());
-  ASSERT_TRUE(cfg.set_offload_param(zoe::Offload::kCpu).is_ok());
+  ASSERT_OK(cfg.set_stage(3));
+  ASSERT_OK(cfg.set_offload_param(zoe::Offload::kCpu));
   EXPECT_EQ(cfg.offload_param(), zoe::Offload::kCpu);
-  ASSERT_TRUE(cfg.set_device_budget(64u << 20).is_ok());
+  ASSERT_OK(cfg.set_device_budget(64u << 20));
   EXPECT_EQ(cfg.device_budget(), 64u << 20);
   auto again = zoe::Config::parse(cfg.to_json());
-  ASSERT_TRUE(again.is_ok());
+  ASSERT_OK(again);
   EXPECT_EQ(again->to_json(), cfg.to_json());
+}
+
+TEST(Config, KeysByJsonPath) {
+  auto c = zoe::Config::parse(R"({"train_micro_batch_size_per_gpu": 2, "gradient_clipping": 1.5})", 1);
+  ASSERT_OK(c);
+  zoe::Config cfg = c.value();
+  EXPECT_EQ(cfg.get("train_micro_batch_size_per_gpu").value(), "2");
+  EXPECT_EQ(cfg.get_int("train_batch_size").value(), 2);
+  EXPECT_EQ(cfg.get_double("gradient_clipping").value(), 1.5);
+  EXPECT_EQ(cfg.get_bool("bf16.enabled").value(), false);
+  EXPECT_EQ(cfg.get_string("zero_optimization.offload_param.device").value(), "none");
+
+  zoe::Status s = cfg.set("zero_optimization.stage", "3");
+  ASSERT_OK(s);
+  EXPECT_EQ(cfg.stage(), 3);
+  EXPECT_EQ(cfg.get_int("zero_optimization.stage").value(), 3);
+  s = cfg.set("zero_optimization.offload_param", R"({"device": "cpu"})");
+  ASSERT_OK(s);
+  EXPECT_EQ(cfg.offload_param(), zoe::Offload::kCpu);
+  EXPECT_EQ(cfg.get_string("zero_optimization.offload_param.device").value(), "cpu");
+  s = cfg.set("bf16.enabled", "true");
+  ASSERT_OK(s);
+  EXPECT_EQ(cfg.precision(), zoe::ComputeDType::kBF16);
+
+  // Refused, naming the key; the config is left as it was.
+  const std::string before = cfg.to_json();
+  s = cfg.set("zero_optimization.stage", "7");
+  EXPECT_EQ(s.code(), zoe::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.to_string().find("zero_optimization.stage"), std::string::npos) << s.to_string();
+  s = cfg.set("zero_optimization.offload_param.device", "nvme");  // not JSON: no quotes
+  EXPECT_EQ(s.code(), zoe::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.to_string().find("not JSON"), std::string::npos) << s.to_string();
+  s = cfg.set("zero_optimization.stgae", "2");
+  EXPECT_FALSE(s.is_ok());
+  EXPECT_NE(s.to_string().find("stgae"), std::string::npos) << s.to_string();
+  s = cfg.set("train_batch_size.x", "2");
+  EXPECT_EQ(s.code(), zoe::StatusCode::kInvalidArgument);
+  EXPECT_EQ(cfg.to_json(), before);
+
+  auto missing = cfg.get("zero_optimization.stgae");
+  ASSERT_FALSE(missing.is_ok());
+  EXPECT_EQ(missing.status().code(), zoe::StatusCode::kNotFound);
+  EXPECT_NE(missing.status().message().find("'stgae'"), std::string::npos) << missing.status().to_string();
+  EXPECT_NE(missing.status().message().find("stage"), std::string::npos) << missing.status().to_string();
+  EXPECT_EQ(cfg.get("").status().code(), zoe::StatusCode::kInvalidArgument);
+  EXPECT_EQ(cfg.get_bool("zero_optimization.stage").status().code(), zoe::StatusCode::kInvalidArgument);
 }
 
 TEST(Config, BuilderErrors) {
@@ -401,17 +450,80 @@ TEST(Config, BuilderErrors) {
   EXPECT_NE(d.status().to_string().find("train_micro_batch_size_per_gpu"), std::string::npos);
 }
 
+// ---------------------------------------------------------------------------------------------
+// CheckpointReader
+
+// A fresh directory under the scratch directory.
+std::string make_temp_dir(const std::string& what) {
+  std::string tmpl = scratch_dir() + "/zoe-api-" + what + "-XXXXXX";
+  if (!mkdtemp(tmpl.data())) return "";
+  return tmpl;
+}
+
+// Saved parameters read back whole and equal to what was written: fp32 without masters (the
+// compute copy) and bf16 stage 3 on NVMe (the fp32 masters, partitioned over the ranks).
+TEST(CheckpointReader, ReadsBackWhatWasSaved) {
+  auto fp32 = zoe::Config::Builder().build(runtime().world_size());
+  ASSERT_OK(fp32);
+  const std::vector<std::pair<std::string, zoe::Config>> configs = {{"fp32", fp32.value()},
+                                                                    {"stage3-bf16", stage3_nvme(1 << 20)}};
+  for (const auto& [what, cfg] : configs) {
+    SCOPED_TRACE(what);
+    auto eng = make_engine(cfg, 2);
+    ASSERT_TRUE(eng);
+    std::string dir = runtime().rank() == 0 ? make_temp_dir(what) : std::string();
+    ASSERT_TRUE(runtime().rank() != 0 || !dir.empty());
+    std::vector<char> buf(4096, 0);
+    dir.copy(buf.data(), buf.size() - 1);
+    ASSERT_OK(runtime().broadcast(buf.data(), buf.size(), 0));
+    dir = buf.data();
+    zoe::Status s = eng->save(dir, "t1", R"({"epoch": 3})");
+    ASSERT_OK(s);
+
+    auto r = zoe::CheckpointReader::open(dir);  // the save directory: its latest
+    ASSERT_OK(r);
+    const zoe::CheckpointReader& reader = *r.value();
+    EXPECT_EQ(reader.path(), dir + "/t1");
+    EXPECT_EQ(reader.step(), 0);
+    EXPECT_EQ(reader.world_size(), runtime().world_size());
+    EXPECT_EQ(reader.stage(), cfg.stage());
+    EXPECT_NE(reader.trainer_state_json().find("\"epoch\":3"), std::string::npos)
+        << reader.trainer_state_json();
+    ASSERT_EQ(reader.params().size(), 2 * kSpecs.size());
+    for (size_t i = 0; i < reader.params().size(); ++i) {
+      const size_t m = i / kSpecs.size(), p = i % kSpecs.size();
+      const zoe::CheckpointParam& cp = reader.params()[i];
+      EXPECT_EQ(cp.full_name(), "mod." + std::to_string(m) + "." + kSpecs[p].name);
+      EXPECT_EQ(cp.shape, kSpecs[p].shape);
+      std::vector<float> got(cp.numel, -1.0f);
+      s = reader.read_f32(i, got.data());
+      ASSERT_OK(s);
+      size_t wrong = 0;
+      for (size_t k = 0; k < got.size(); ++k) wrong += bits(got[k]) != bits(init_value(m, p, k));
+      EXPECT_EQ(wrong, 0u) << cp.full_name();
+    }
+    EXPECT_EQ(reader.read_f32(reader.params().size(), nullptr).code(), zoe::StatusCode::kInvalidArgument);
+    EXPECT_OK(reader.verify());
+    eng.reset();
+    std::error_code ec;
+    if (runtime().rank() == 0) std::filesystem::remove_all(dir, ec);
+  }
+  auto missing = zoe::CheckpointReader::open("/nonexistent/ckpt");
+  ASSERT_FALSE(missing.is_ok());
+  EXPECT_NE(missing.status().to_string().find("/nonexistent/ckpt"), std::string::npos);
+}
+
 TEST(Runtime, Collectives) {
   zoe::Runtime& rt = runtime();
   ASSERT_GE(rt.world_size(), 1);
   auto avg = rt.average(static_cast<double>(rt.rank()));
-  ASSERT_TRUE(avg.is_ok());
+  ASSERT_OK(avg);
   EXPECT_DOUBLE_EQ(avg.value(), (rt.world_size() - 1) / 2.0);
   int64_t v = rt.rank() == 0 ? 42 : -1;
-  ASSERT_TRUE(rt.broadcast(&v, sizeof v, 0).is_ok());
+  ASSERT_OK(rt.broadcast(&v, sizeof v, 0));
   EXPECT_EQ(v, 42);
   EXPECT_EQ(rt.broadcast(&v, sizeof v, rt.world_size()).code(), zoe::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(rt.barrier().is_ok());
+  EXPECT_OK(rt.barrier());
   EXPECT_EQ(zoe::parse_bytes("4KiB").value(), 4096u);
 }
 

@@ -17,6 +17,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/xxh64.h"
 #include "tests/checkpoint/ckpt_fixture.h"
+#include "tests/util/status_test_util.h"
 #include "tests/util/test_util.h"
 
 namespace zoe::ckpt {
@@ -36,7 +37,7 @@ using zoe::test::ScratchMount;
 
 std::unique_ptr<Reader> open_ok(const std::string& dir) {
   auto r = Reader::open(dir);
-  EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_OK(r);
   return r.is_ok() ? std::move(r).value() : nullptr;
 }
 
@@ -52,7 +53,7 @@ long long check_range(const Reader& r, uint32_t m, const std::string& kind, uint
   size_t eb = dtype_bytes(dt);
   std::vector<unsigned char> got(n * eb), want(n * eb);
   Status s = r.read_range(m, kind, b, n, dt, got.data());
-  EXPECT_TRUE(s.is_ok()) << s.to_string();
+  EXPECT_OK(s);
   for (uint64_t i = 0; i < n; ++i) test::expected_bytes(m, kind, b + i, dt, &want[i * eb]);
   long long at = first_mismatch(got.data(), want.data(), got.size());
   return at < 0 ? -1 : at / static_cast<long long>(eb);
@@ -90,7 +91,7 @@ std::string read_text(const std::string& path) {
 
 TEST(Checkpoint, RoundTripTwoRanks) {
   ScratchDir d("ckpt");
-  ASSERT_TRUE(save(d.path(), "step-7", 2, 7).is_ok());
+  ASSERT_OK(save(d.path(), "step-7", 2, 7));
   EXPECT_EQ(read_text(d.file("latest")), "step-7\n");
   auto r = open_ok(d.path());
   ASSERT_TRUE(r);
@@ -110,7 +111,7 @@ TEST(Checkpoint, RoundTripTwoRanks) {
   for (const auto& t : m.tensors) EXPECT_EQ(t.offset % 4096, 0u) << "tensor offsets are 4096-aligned";
   EXPECT_TRUE(r->has_kind("master"));
   EXPECT_FALSE(r->has_kind("grad"));
-  EXPECT_TRUE(r->verify().is_ok());
+  EXPECT_OK(r->verify());
 
   // Whole modules, and random ranges (most cross the rank boundary), in every dtype.
   std::mt19937_64 rng(1);
@@ -143,7 +144,7 @@ TEST(Checkpoint, RoundTripTwoRanks) {
 TEST(Checkpoint, ReshardAcrossWorldSizes) {
   ScratchDir d("ckpt");
   auto tag = [](int w) { return std::string("w") + std::to_string(w); };
-  for (int w : {1, 2, 3, 5}) ASSERT_TRUE(save(d.path(), tag(w), w, 1).is_ok());
+  for (int w : {1, 2, 3, 5}) ASSERT_OK(save(d.path(), tag(w), w, 1));
   auto r1 = open_ok(d.path() + "/w1");
   ASSERT_TRUE(r1);
   std::mt19937_64 rng(2);
@@ -157,8 +158,8 @@ TEST(Checkpoint, ReshardAcrossWorldSizes) {
         uint64_t b = rng() % padded, n = 1 + rng() % (padded - b);
         const std::string& kind = kinds()[static_cast<size_t>(k) % 3];
         std::vector<float> a(n), c(n);
-        ASSERT_TRUE(r1->read_range(mi, kind, b, n, "f32", a.data()).is_ok());
-        ASSERT_TRUE(rw->read_range(mi, kind, b, n, "f32", c.data()).is_ok());
+        ASSERT_OK(r1->read_range(mi, kind, b, n, "f32", a.data()));
+        ASSERT_OK(rw->read_range(mi, kind, b, n, "f32", c.data()));
         ASSERT_EQ(first_mismatch(a.data(), c.data(), n * 4), -1)
             << "w" << w << " module " << mi << " " << kind;
       }
@@ -169,15 +170,15 @@ TEST(Checkpoint, ReshardAcrossWorldSizes) {
 TEST(Checkpoint, WriterContract) {
   ScratchDir d("ckpt");
   auto tmp = begin_checkpoint(d.path(), "t");
-  ASSERT_TRUE(tmp.is_ok()) << tmp.status().to_string();
+  ASSERT_OK(tmp);
   auto w = RankWriter::create(tmp.value(), 0);
-  ASSERT_TRUE(w.is_ok());
+  ASSERT_OK(w);
   EXPECT_EQ(w.value()->append("x", 1).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(w.value()->begin_tensor(0, "master", "f64", 0, 4).code(), StatusCode::kInvalidArgument);
-  ASSERT_TRUE(w.value()->begin_tensor(0, "master", "f32", 0, 4).is_ok());
+  ASSERT_OK(w.value()->begin_tensor(0, "master", "f32", 0, 4));
   float v[5] = {};
   EXPECT_EQ(w.value()->append(v, 20).code(), StatusCode::kInvalidArgument);  // more than 4 x 4 bytes
-  ASSERT_TRUE(w.value()->append(v, 8).is_ok());
+  ASSERT_OK(w.value()->append(v, 8));
   Status s = w.value()->end_tensor();
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_HAS(s.message(), "8 bytes appended, 16 expected");
@@ -185,9 +186,9 @@ TEST(Checkpoint, WriterContract) {
   FileInfo fi;
   EXPECT_EQ(w.value()->finish(&recs, &fi).code(), StatusCode::kInvalidArgument);  // a tensor is open
   // A manifest that does not match the files fails the commit and removes the temporary dir.
-  ASSERT_TRUE(w.value()->append(v, 8).is_ok());
-  ASSERT_TRUE(w.value()->end_tensor().is_ok());
-  ASSERT_TRUE(w.value()->finish(&recs, &fi).is_ok());
+  ASSERT_OK(w.value()->append(v, 8));
+  ASSERT_OK(w.value()->end_tensor());
+  ASSERT_OK(w.value()->finish(&recs, &fi));
   EXPECT_EQ(fi.bytes, 16u);
   Manifest man;
   man.modules = {{"m", 4, {{"w", {4}, 0, 4}}}};
@@ -206,8 +207,8 @@ TEST(Checkpoint, WriterContract) {
 
 TEST(Checkpoint, LatestReplacedAndTagResaved) {
   ScratchDir d("ckpt");
-  ASSERT_TRUE(save(d.path(), "step-1", 2, 1).is_ok());
-  ASSERT_TRUE(save(d.path(), "step-2", 1, 2).is_ok());
+  ASSERT_OK(save(d.path(), "step-1", 2, 1));
+  ASSERT_OK(save(d.path(), "step-2", 1, 2));
   auto r = open_ok(d.path());
   ASSERT_TRUE(r);
   EXPECT_EQ(r->manifest().step, 2);
@@ -217,18 +218,18 @@ TEST(Checkpoint, LatestReplacedAndTagResaved) {
   ASSERT_TRUE(r1);
   EXPECT_EQ(r1->manifest().step, 1);
   // Saving an existing tag again swaps it in atomically.
-  ASSERT_TRUE(save(d.path(), "step-2", 3, 22).is_ok());
+  ASSERT_OK(save(d.path(), "step-2", 3, 22));
   r = open_ok(d.path());
   ASSERT_TRUE(r);
   EXPECT_EQ(r->manifest().step, 22);
-  EXPECT_TRUE(r->verify().is_ok());
+  EXPECT_OK(r->verify());
   EXPECT_EQ(count_tmp(d.path()), 0u);
 }
 
 // A save killed at random moments: the previous checkpoint stays loadable and verify-clean.
 TEST(Checkpoint, KilledSaveLeavesPreviousIntact) {
   ScratchDir d("ckpt");
-  ASSERT_TRUE(save(d.path(), "step-1", 2, 1).is_ok());
+  ASSERT_OK(save(d.path(), "step-1", 2, 1));
   // ~3 x 3 x 8 MiB per save: long enough to be killed in the middle.
   std::vector<ModuleInfo> big(3);
   for (size_t i = 0; i < big.size(); ++i) {
@@ -269,7 +270,7 @@ TEST(Checkpoint, KilledSaveLeavesPreviousIntact) {
     // temporary directory does not confuse open().
     auto r = open_ok(d.path());
     ASSERT_TRUE(r) << "trial " << trial << " killed after " << delay_us << " us";
-    EXPECT_TRUE(r->verify().is_ok()) << "trial " << trial;
+    EXPECT_OK(r->verify()) << "trial " << trial;
     int64_t step = r->manifest().step;
     EXPECT_TRUE(step == 1 || step == 2) << step;
     if (step == 1) {
@@ -277,14 +278,14 @@ TEST(Checkpoint, KilledSaveLeavesPreviousIntact) {
     }
     auto r1 = open_ok(d.path() + "/step-1");
     ASSERT_TRUE(r1);
-    EXPECT_TRUE(r1->verify().is_ok());
+    EXPECT_OK(r1->verify());
     // Back to the previous state for the next trial: only step-1, maybe a temporary left over.
     std::error_code ec;
     fs::remove_all(d.path() + "/step-2", ec);
     ASSERT_TRUE(detail_write_latest_for_test(d.path(), "step-1"));
   }
   // The next save removes leftover temporaries.
-  ASSERT_TRUE(save(d.path(), "step-3", 1, 3).is_ok());
+  ASSERT_OK(save(d.path(), "step-3", 1, 3));
   EXPECT_EQ(count_tmp(d.path()), 0u);
   printf("uninterrupted save: %lld us; %d of 5 killed saves had completed\n", static_cast<long long>(full_us),
          completed);
@@ -292,7 +293,7 @@ TEST(Checkpoint, KilledSaveLeavesPreviousIntact) {
 
 TEST(Checkpoint, Corruption) {
   ScratchDir d("ckpt");
-  ASSERT_TRUE(save(d.path(), "s", 2, 5).is_ok());
+  ASSERT_OK(save(d.path(), "s", 2, 5));
   const std::string ck = d.path() + "/s";
 
   // A flipped byte: open succeeds (sizes match), verify names the file and both hashes.
@@ -300,7 +301,7 @@ TEST(Checkpoint, Corruption) {
   {
     auto r = open_ok(d.path());
     ASSERT_TRUE(r);
-    EXPECT_TRUE(r->verify_file(0).is_ok());
+    EXPECT_OK(r->verify_file(0));
     Status s = r->verify();
     EXPECT_EQ(s.code(), StatusCode::kCorruption);
     EXPECT_HAS(s.message(), ck + "/rank-00001.bin");
@@ -328,7 +329,7 @@ TEST(Checkpoint, Corruption) {
   }
 
   // A missing rank file (on a fresh save of the same tag).
-  ASSERT_TRUE(save(d.path(), "s", 2, 5).is_ok());
+  ASSERT_OK(save(d.path(), "s", 2, 5));
   ASSERT_EQ(unlink((ck + "/rank-00001.bin").c_str()), 0);
   e = open_error(d.path());
   EXPECT_HAS(e, "not found");
@@ -336,7 +337,7 @@ TEST(Checkpoint, Corruption) {
 
   // A manifest from a newer zoe, and a damaged one (resealed: past the checksum, for the checks
   // behind it; ManifestEdits checks the checksum itself).
-  ASSERT_TRUE(save(d.path(), "v", 1, 5).is_ok());
+  ASSERT_OK(save(d.path(), "v", 1, 5));
   const std::string vk = d.path() + "/v";
   const std::string mp = vk + "/manifest.json";
   test::edit_manifest(
@@ -400,7 +401,7 @@ TEST(Checkpoint, BadSaveDir) {
 TEST(Checkpoint, FullDisk) {
   ScratchMount mnt("tmpfs", "size=1m");
   if (!mnt.ok()) GTEST_SKIP() << "cannot mount a tmpfs here";
-  ASSERT_TRUE(save(mnt.path(), "step-1", 2, 1).is_ok());
+  ASSERT_OK(save(mnt.path(), "step-1", 2, 1));
   std::vector<ModuleInfo> big(1);
   big[0].name = "big";
   big[0].padded = 1u << 20;  // 4 MiB of f32 per kind: cannot fit in 1 MiB
@@ -417,7 +418,7 @@ TEST(Checkpoint, FullDisk) {
   auto r = open_ok(mnt.path());
   ASSERT_TRUE(r);
   EXPECT_EQ(r->manifest().step, 1);
-  EXPECT_TRUE(r->verify().is_ok());
+  EXPECT_OK(r->verify());
   EXPECT_EQ(check_range(*r, 2, "exp_avg", 0, 400, "f32"), -1);
 
   // consolidate on a full disk: the error names the output, nothing is left behind.
@@ -466,13 +467,13 @@ Safetensors read_safetensors_header(const std::string& path) {
 
 TEST(Checkpoint, ConsolidateSafetensors) {
   ScratchDir d("ckpt");
-  ASSERT_TRUE(save(d.path(), "s", 2, 9).is_ok());
+  ASSERT_OK(save(d.path(), "s", 2, 9));
   auto r = open_ok(d.path());
   ASSERT_TRUE(r);
   for (const char* dt : {"fp32", "bf16"}) {
     std::string out = d.file(std::string("model-") + dt + ".safetensors");
     Status s = consolidate(*r, out, dt, 100);  // tiny pieces: every parameter takes several
-    ASSERT_TRUE(s.is_ok()) << s.to_string();
+    ASSERT_OK(s);
     Safetensors st = read_safetensors_header(out);
     ASSERT_EQ(st.error, "");
     const std::string want_dt = std::string(dt) == "fp32" ? "F32" : "BF16";
@@ -535,7 +536,7 @@ TEST(Checkpoint, ConsolidateBoundedMemory) {
   big[0].params = {{"w", {4096, 4096}, 0, n}};
   // Only master: consolidate's source, and keeps the test short.
   auto tmp = begin_checkpoint(d.path(), "s");
-  ASSERT_TRUE(tmp.is_ok());
+  ASSERT_OK(tmp);
   Manifest man;
   man.world_size = 2;
   man.modules = big;
@@ -543,20 +544,20 @@ TEST(Checkpoint, ConsolidateBoundedMemory) {
     std::vector<float> piece(1 << 16);
     for (int r = 0; r < 2; ++r) {
       auto w = RankWriter::create(tmp.value(), r);
-      ASSERT_TRUE(w.is_ok());
+      ASSERT_OK(w);
       auto [b, e] = test::partition(n, 2, r);
-      ASSERT_TRUE(w.value()->begin_tensor(0, "master", "f32", b, e - b).is_ok());
+      ASSERT_OK(w.value()->begin_tensor(0, "master", "f32", b, e - b));
       for (uint64_t i = b; i < e; i += piece.size()) {
         for (size_t j = 0; j < piece.size(); ++j) piece[j] = master_value(0, i + j);
-        ASSERT_TRUE(w.value()->append(piece.data(), piece.size() * 4).is_ok());
+        ASSERT_OK(w.value()->append(piece.data(), piece.size() * 4));
       }
-      ASSERT_TRUE(w.value()->end_tensor().is_ok());
+      ASSERT_OK(w.value()->end_tensor());
       FileInfo fi;
-      ASSERT_TRUE(w.value()->finish(&man.tensors, &fi).is_ok());
+      ASSERT_OK(w.value()->finish(&man.tensors, &fi));
       man.files.push_back(fi);
     }
   }
-  ASSERT_TRUE(commit_checkpoint(d.path(), "s", tmp.value(), man).is_ok());
+  ASSERT_OK(commit_checkpoint(d.path(), "s", tmp.value(), man));
   auto r = open_ok(d.path());
   ASSERT_TRUE(r);
 
@@ -570,7 +571,7 @@ TEST(Checkpoint, ConsolidateBoundedMemory) {
     uint64_t before = vm_hwm_kib();
     Status s = consolidate(*r, out, dt, 1u << 20);
     uint64_t growth_kib = vm_hwm_kib() - before;
-    ASSERT_TRUE(s.is_ok()) << s.to_string();
+    ASSERT_OK(s);
     // Bound: piece (1 MiB) + read scratch (<= 1 MiB) + header; allow slack for the allocator.
     printf("consolidate %s of a 64 MiB tensor, 1 MiB pieces: peak RSS +%llu KiB\n", dt,
            static_cast<unsigned long long>(growth_kib));
@@ -617,7 +618,7 @@ TEST(Checkpoint, PortableXxh64MatchesLibxxhash) {
 // those inside one); nothing is left behind; the undamaged checkpoint then consolidates.
 TEST(Checkpoint, ConsolidateCatchesEveryByteFlip) {
   ScratchDir d("ckpt");
-  ASSERT_TRUE(save(d.path(), "s", 2, 4).is_ok());
+  ASSERT_OK(save(d.path(), "s", 2, 4));
   const std::string ck = d.path() + "/s";
   const std::string out = d.file("m.safetensors");
   struct Flip {
@@ -673,7 +674,7 @@ TEST(Checkpoint, ConsolidateCatchesEveryByteFlip) {
   auto r = open_ok(d.path());
   ASSERT_TRUE(r);
   Status s = consolidate(*r, out, "bf16", 1000);
-  EXPECT_TRUE(s.is_ok()) << s.to_string();
+  EXPECT_OK(s);
 }
 
 // ---- the manifest is checksummed and checked ----
@@ -752,7 +753,7 @@ TEST(Checkpoint, ManifestEditsCaught) {
   const std::string mp = ck + "/manifest.json";
   for (const ManifestEdit& e : manifest_edits()) {
     SCOPED_TRACE(e.what);
-    ASSERT_TRUE(save(d.path(), "s", 2, 3).is_ok());
+    ASSERT_OK(save(d.path(), "s", 2, 3));
     const std::string pristine = read_text(mp);
     // As it is: the checksum catches every edit, on open (load, verify, inspect, consolidate).
     test::edit_manifest(ck, e.edit, false);
@@ -770,10 +771,10 @@ TEST(Checkpoint, ManifestEditsCaught) {
       EXPECT_HAS(r.status().message(), e.open_error);
       continue;
     }
-    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    ASSERT_OK(r);
     Status v = r.value()->verify();
     if (e.verify_error.empty()) {
-      EXPECT_TRUE(v.is_ok()) << v.to_string();
+      EXPECT_OK(v);
     } else {
       EXPECT_EQ(v.code(), StatusCode::kCorruption);
       EXPECT_HAS(v.message(), e.verify_error);
@@ -820,14 +821,14 @@ TEST(Checkpoint, ManifestWrongTypesAndLimits) {
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);
-    ASSERT_TRUE(save(d.path(), "s", 2, 3).is_ok());
+    ASSERT_OK(save(d.path(), "s", 2, 3));
     test::edit_manifest(ck, c.edit, true);
     std::string err = open_error(d.path());
     EXPECT_HAS(err, "corruption: " + mp + ": " + c.error);
   }
 
   // Raw text the JSON library would throw on, or that is too deep or too big.
-  ASSERT_TRUE(save(d.path(), "s", 2, 3).is_ok());
+  ASSERT_OK(save(d.path(), "s", 2, 3));
   const std::string pristine = read_text(mp);
   auto with_text = [&](const std::string& text) {
     test::write_file(mp, text);
@@ -868,7 +869,7 @@ TEST(Checkpoint, ManifestWrongTypesAndLimits) {
   ASSERT_TRUE(r);
   EXPECT_EQ(r->manifest().format_version, 1);
   EXPECT_EQ(r->manifest_xxh64(), "");
-  EXPECT_TRUE(r->verify().is_ok());
+  EXPECT_OK(r->verify());
   flip_byte(ck + "/rank-00000.bin", 10);
   Status s = r->verify();
   EXPECT_HAS(s.message(), "a format 1 checkpoint has no per-tensor checksums");
@@ -876,7 +877,7 @@ TEST(Checkpoint, ManifestWrongTypesAndLimits) {
 
 TEST(Checkpoint, LatestCorrupt) {
   ScratchDir d("ckpt");
-  ASSERT_TRUE(save(d.path(), "step-1", 1, 1).is_ok());
+  ASSERT_OK(save(d.path(), "step-1", 1, 1));
   test::write_file(d.file("latest"), std::string("step-1\0\x07x", 9) + "\n");
   std::string err = open_error(d.path());
   EXPECT_HAS(err, "corruption: " + d.file("latest") + " is corrupt: expected the tag of a checkpoint");
@@ -898,26 +899,26 @@ TEST(Checkpoint, JsonFieldsTypes) {
              "M: key 'engine.i': expected an integer in [-2147483648, 2147483647], "
              "found number 1099511627776");
   int64_t i64 = 0;
-  EXPECT_TRUE(f.get("i", &i64).is_ok());
+  EXPECT_OK(f.get("i", &i64));
   EXPECT_EQ(i64, 1ll << 40);
   uint64_t u = 0;
   EXPECT_EQ(f.get("neg", &u).code(), StatusCode::kCorruption);
-  EXPECT_TRUE(f.get("u", &u).is_ok());
+  EXPECT_OK(f.get("u", &u));
   EXPECT_EQ(u, 7u);
   double dv = 0;
-  EXPECT_TRUE(f.get("d", &dv).is_ok());
+  EXPECT_OK(f.get("d", &dv));
   EXPECT_EQ(dv, 2.5);
-  EXPECT_TRUE(f.get("u", &dv).is_ok());  // an integer is a number
+  EXPECT_OK(f.get("u", &dv));  // an integer is a number
   EXPECT_HAS(f.get("d", &i64).message(), "found number 2.5");
   bool b = false;
-  EXPECT_TRUE(f.get("b", &b).is_ok());
+  EXPECT_OK(f.get("b", &b));
   EXPECT_TRUE(b);
   EXPECT_HAS(f.get("s", &b).message(), "expected true or false, found string \"x\"");
   std::string s;
   EXPECT_HAS(f.get("b", &s).message(), "expected a string, found boolean true");
   EXPECT_HAS(f.get("nope", &s).message(), "M: key 'engine.nope' is missing");
   s = "kept";
-  EXPECT_TRUE(f.get_optional("nope", &s).is_ok());
+  EXPECT_OK(f.get_optional("nope", &s));
   EXPECT_EQ(s, "kept");
   EXPECT_EQ(f.get_optional("d", &s).code(), StatusCode::kCorruption);
 }
@@ -926,7 +927,7 @@ TEST(Checkpoint, JsonFieldsTypes) {
 
 TEST(Checkpoint, SaveDirLockRefusesSecondWriter) {
   ScratchDir d("ckpt");
-  ASSERT_TRUE(save(d.path(), "a", 1, 1).is_ok());  // this process now holds d's lock
+  ASSERT_OK(save(d.path(), "a", 1, 1));  // this process now holds d's lock
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
   // A second open file description, in this same process: refused, naming the holder.
@@ -939,16 +940,16 @@ TEST(Checkpoint, SaveDirLockRefusesSecondWriter) {
   EXPECT_HAS(second.status().message(), "holds " + d.path() + "/.zoe-lock");
   // Saving again from this process is fine; once it lets go, another writer may take it, and
   // then this process is the one refused.
-  ASSERT_TRUE(save(d.path(), "b", 1, 2).is_ok());
+  ASSERT_OK(save(d.path(), "b", 1, 2));
   release_save_dir(d.path());
   auto other = SaveDirLock::acquire(d.path());
-  ASSERT_TRUE(other.is_ok()) << other.status().to_string();
+  ASSERT_OK(other);
   auto t = begin_checkpoint(d.path(), "c");
   EXPECT_EQ(t.status().code(), StatusCode::kAlreadyExists) << t.status().to_string();
   EXPECT_HAS(t.status().message(), "save directory " + d.path() + " is in use by another writer");
   other.value().reset();  // the other writer lets go
   Status s = save(d.path(), "c", 1, 3);
-  EXPECT_TRUE(s.is_ok()) << s.to_string();
+  EXPECT_OK(s);
   release_save_dir(d.path());
 }
 
@@ -988,7 +989,7 @@ TEST(Checkpoint, SaveDirLockProtectsLiveTemporary) {
   close(ready[0]);
   close(stop[1]);
   Status s = save(d.path(), "step-10", 1, 10);
-  ASSERT_TRUE(s.is_ok()) << s.to_string();
+  ASSERT_OK(s);
   EXPECT_FALSE(fs::exists(d.path() + "/step-9.tmp-live"));
   EXPECT_EQ(count_tmp(d.path()), 0u);
   release_save_dir(d.path());

@@ -9,6 +9,7 @@
 
 #include "tests/checkpoint/ckpt_fixture.h"
 #include "tests/cli/run_zoe.h"
+#include "tests/util/status_test_util.h"
 
 namespace {
 
@@ -19,7 +20,7 @@ using zoe::test::ScratchDir;
 
 TEST(CkptCli, Inspect) {
   ScratchDir d("ckpt-cli");
-  ASSERT_TRUE(zoe::ckpt::test::save(d.path(), "step-3", 2, 3).is_ok());
+  ASSERT_OK(zoe::ckpt::test::save(d.path(), "step-3", 2, 3));
   CmdResult r = zoe("ckpt inspect " + d.path() + " --json");
   ASSERT_EQ(r.rc, 0) << r.err;
   auto j = nlohmann::json::parse(r.out);
@@ -47,7 +48,7 @@ TEST(CkptCli, Inspect) {
 
 TEST(CkptCli, Verify) {
   ScratchDir d("ckpt-cli");
-  ASSERT_TRUE(zoe::ckpt::test::save(d.path(), "s", 2, 1).is_ok());
+  ASSERT_OK(zoe::ckpt::test::save(d.path(), "s", 2, 1));
   CmdResult r = zoe("ckpt verify " + d.path());
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_HAS(r.out, "verified 2 files");
@@ -78,7 +79,7 @@ TEST(CkptCli, Verify) {
 
 TEST(CkptCli, Consolidate) {
   ScratchDir d("ckpt-cli");
-  ASSERT_TRUE(zoe::ckpt::test::save(d.path(), "s", 2, 1).is_ok());
+  ASSERT_OK(zoe::ckpt::test::save(d.path(), "s", 2, 1));
   std::string out = d.file("m.safetensors");
   CmdResult r = zoe("ckpt consolidate " + d.path() + " --out " + out + " --dtype bf16 --json");
   ASSERT_EQ(r.rc, 0) << r.err;
@@ -107,7 +108,7 @@ TEST(CkptCli, Consolidate) {
 // A flipped byte in a rank file: consolidate fails naming the file and the tensor, writes nothing.
 TEST(CkptCli, ConsolidateChecksRankFiles) {
   ScratchDir d("ckpt-cli");
-  ASSERT_TRUE(zoe::ckpt::test::save(d.path(), "s", 2, 1).is_ok());
+  ASSERT_OK(zoe::ckpt::test::save(d.path(), "s", 2, 1));
   const std::string f = d.path() + "/s/rank-00000.bin";
   int fd = open(f.c_str(), O_RDWR);
   ASSERT_GE(fd, 0);
@@ -128,7 +129,7 @@ TEST(CkptCli, ConsolidateChecksRankFiles) {
 // Every command checks the manifest's own checksum before trusting a byte of it.
 TEST(CkptCli, EditedManifestRefused) {
   ScratchDir d("ckpt-cli");
-  ASSERT_TRUE(zoe::ckpt::test::save(d.path(), "s", 2, 3).is_ok());
+  ASSERT_OK(zoe::ckpt::test::save(d.path(), "s", 2, 3));
   CmdResult r = zoe("ckpt inspect " + d.path() + " --json");
   ASSERT_EQ(r.rc, 0) << r.err;
   auto j = nlohmann::json::parse(r.out);

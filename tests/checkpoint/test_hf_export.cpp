@@ -11,6 +11,7 @@
 #include "export/hf_gpt2.h"
 #include "model/gpt.h"
 #include "tests/checkpoint/ckpt_fixture.h"
+#include "tests/util/status_test_util.h"
 #include "tests/util/test_util.h"
 
 namespace zoe::ckpt {
@@ -89,12 +90,12 @@ TEST(HfGpt2, ExportNamesLayoutsAndValues) {
   ScratchDir d("hf");
   const model::GptConfig c = small_gpt();
   const auto mods = gpt_layout(c);
-  ASSERT_TRUE(test::save(d.path(), "s", 3, 7, mods).is_ok());
+  ASSERT_OK(test::save(d.path(), "s", 3, 7, mods));
   auto rr = Reader::open(d.path());
-  ASSERT_TRUE(rr.is_ok()) << rr.status().to_string();
+  ASSERT_OK(rr);
   const Reader& r = *rr.value();
   auto dims = gpt_dims(r.manifest(), "test");
-  ASSERT_TRUE(dims.is_ok()) << dims.status().to_string();
+  ASSERT_OK(dims);
   EXPECT_EQ(dims.value().vocab, 37);
   EXPECT_EQ(dims.value().n_positions, 11);
   EXPECT_EQ(dims.value().n_embd, 32);
@@ -108,7 +109,7 @@ TEST(HfGpt2, ExportNamesLayoutsAndValues) {
     o.dtype = dt;
     o.piece_bytes = 4096;  // pieces end inside rows of every matrix
     Status s = export_hf_gpt2(r, out, o);
-    ASSERT_TRUE(s.is_ok()) << s.to_string();
+    ASSERT_OK(s);
     const std::string sdt = std::string(dt) == "fp32" ? "f32" : "bf16";
     const size_t eb = dtype_bytes(sdt);
     St st = read_st(out + "/model.safetensors");
@@ -162,10 +163,10 @@ TEST(HfGpt2, ExportNamesLayoutsAndValues) {
 TEST(HfGpt2, Refusals) {
   ScratchDir d("hf");
   // Not zoe's GPT: the fixture's generic modules.
-  ASSERT_TRUE(test::save(d.path() + "", "generic", 1, 1).is_ok());
+  ASSERT_OK(test::save(d.path() + "", "generic", 1, 1));
   {
     auto r = Reader::open(d.path() + "/generic");
-    ASSERT_TRUE(r.is_ok());
+    ASSERT_OK(r);
     HfGpt2Options o;
     o.n_head = 1;
     Status s = export_hf_gpt2(*r.value(), d.file("out"), o);
@@ -177,18 +178,18 @@ TEST(HfGpt2, Refusals) {
   const model::GptConfig c = small_gpt();
   auto mods = gpt_layout(c);
   mods[2].params[model::kFc1W].shape = {32, 128};
-  ASSERT_TRUE(test::save(d.path(), "bent", 1, 1, mods).is_ok());
+  ASSERT_OK(test::save(d.path(), "bent", 1, 1, mods));
   {
     auto r = Reader::open(d.path() + "/bent");
-    ASSERT_TRUE(r.is_ok());
+    ASSERT_OK(r);
     auto dims = gpt_dims(r.value()->manifest(), "ckpt bent");
     ASSERT_FALSE(dims.is_ok());
     EXPECT_HAS(dims.status().message(), "module 'block.1' is fc1_w [32, 128]");
     EXPECT_HAS(dims.status().message(), "fc1_w [128, 32]");
   }
-  ASSERT_TRUE(test::save(d.path(), "good", 2, 1, gpt_layout(c)).is_ok());
+  ASSERT_OK(test::save(d.path(), "good", 2, 1, gpt_layout(c)));
   auto r = Reader::open(d.path() + "/good");
-  ASSERT_TRUE(r.is_ok());
+  ASSERT_OK(r);
   HfGpt2Options o;
   o.n_head = 5;  // does not divide 32
   Status s = export_hf_gpt2(*r.value(), d.file("out5"), o);
@@ -211,7 +212,7 @@ TEST(HfGpt2, Refusals) {
 // model.safetensors (nor its temporary) behind.
 TEST(HfGpt2, DamagedRankFileFails) {
   ScratchDir d("hf");
-  ASSERT_TRUE(test::save(d.path(), "s", 2, 3, gpt_layout(small_gpt())).is_ok());
+  ASSERT_OK(test::save(d.path(), "s", 2, 3, gpt_layout(small_gpt())));
   const std::string rank1 = d.path() + "/s/rank-00001.bin";
   {
     std::fstream f(rank1, std::ios::in | std::ios::out | std::ios::binary);
@@ -223,7 +224,7 @@ TEST(HfGpt2, DamagedRankFileFails) {
     f.write(&b, 1);
   }
   auto r = Reader::open(d.path());
-  ASSERT_TRUE(r.is_ok());
+  ASSERT_OK(r);
   HfGpt2Options o;
   o.n_head = 4;
   const std::string out = d.file("hf");

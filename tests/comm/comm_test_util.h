@@ -11,19 +11,9 @@
 
 #include "comm/communicator.h"
 #include "core/dtype.h"
+#include "tests/util/status_test_util.h"
 
 namespace zoe::comm::test {
-
-#define ASSERT_OK(expr)                                \
-  do {                                                 \
-    ::zoe::Status zoe_s_ = (expr);                     \
-    ASSERT_TRUE(zoe_s_.is_ok()) << zoe_s_.to_string(); \
-  } while (0)
-#define EXPECT_OK(expr)                                \
-  do {                                                 \
-    ::zoe::Status zoe_s_ = (expr);                     \
-    EXPECT_TRUE(zoe_s_.is_ok()) << zoe_s_.to_string(); \
-  } while (0)
 
 inline constexpr CommType kAllTypes[] = {CommType::kF32, CommType::kBF16, CommType::kF16,
                                          CommType::kF64, CommType::kU8,   CommType::kI64};

@@ -282,7 +282,7 @@ TEST(MpiComm, OneRankWorldWithoutLauncher) {
     GTEST_SKIP() << "built without MPI";
   }
   auto r = create_mpi_comm();
-  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  ASSERT_OK(r);
   Communicator& comm = *r.value();
   if (comm.size() != 1) GTEST_SKIP() << "launched with " << comm.size() << " ranks";
   EXPECT_STREQ(comm.backend(), "mpi");

@@ -249,7 +249,7 @@ TEST(MpiComm, ChunkedRoundsGiveTheSameResults) {
   MpiCommOptions opt;
   opt.chunk_bytes = 96;  // a few elements per peer and round, and chunked all_gather
   auto r = create_mpi_comm(opt);
-  ASSERT_TRUE(r.is_ok()) << r.status().to_string();  // same answer on every rank (thread level)
+  ASSERT_OK(r);  // same answer on every rank (thread level)
   Communicator& small = *r.value();
   for (CommType t : {CommType::kF32, CommType::kBF16, CommType::kI64})
     for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{1000}})
@@ -317,7 +317,7 @@ TEST(NcclComm, MatchesMpiComm) {
   ASSERT_OK(g_comm->all_reduce(&enough, &all_enough, 1, CommType::kI64, ReduceOp::kSum).wait());
   if (all_enough != g_comm->size()) GTEST_SKIP() << "needs one GPU per rank (" << ngpu << " visible)";
   auto r = create_nccl_comm(*g_comm, -1);
-  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  ASSERT_OK(r);
   Communicator& nccl = *r.value();
   EXPECT_STREQ(nccl.backend(), "nccl");
   const int rank = g_comm->rank(), size = g_comm->size();

@@ -11,6 +11,7 @@
 #include "config/config.h"
 #include "config/json_reader.h"
 #include "config/paths.h"
+#include "tests/util/status_test_util.h"
 #include "tests/util/test_util.h"
 
 namespace zoe::config {
@@ -130,7 +131,7 @@ const char* kZero2Cpu = R"({
 TEST(Config, RealZero3NvmeConfig) {
   ScratchDir dir("cfg");
   auto r = Config::parse(replace_all(kZero3Nvme, "NVME_DIR", dir.path()));
-  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  ASSERT_OK(r);
   const Config& c = r.value();
   EXPECT_EQ(c.train_batch_size, 16);
   EXPECT_EQ(c.train_micro_batch_size_per_gpu, 2);
@@ -172,7 +173,7 @@ TEST(Config, RealZero3NvmeConfig) {
 
 TEST(Config, RealZero2CpuConfig) {
   auto r = Config::parse(kZero2Cpu, /*world_size=*/4);
-  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  ASSERT_OK(r);
   const Config& c = r.value();
   EXPECT_EQ(c.train_batch_size, 64);
   EXPECT_TRUE(c.bf16);
@@ -196,7 +197,7 @@ TEST(Config, RealZero2CpuConfig) {
 
 TEST(Config, DefaultsAreDeepSpeeds) {
   auto r = Config::parse("{}");
-  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  ASSERT_OK(r);
   const Config& c = r.value();
   EXPECT_EQ(c.train_batch_size, 1);
   EXPECT_EQ(c.zero.stage, 0);
@@ -240,17 +241,17 @@ TEST(Config, DefaultsAreDeepSpeeds) {
 
 TEST(Config, BatchKeysResolvedLikeDeepSpeed) {
   auto a = Config::parse(R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 2})", 4);
-  ASSERT_TRUE(a.is_ok()) << a.status().to_string();
+  ASSERT_OK(a);
   EXPECT_EQ(a->gradient_accumulation_steps, 4);
   auto b = Config::parse(R"({"train_batch_size": 32, "gradient_accumulation_steps": 2})", 4);
-  ASSERT_TRUE(b.is_ok());
+  ASSERT_OK(b);
   EXPECT_EQ(b->train_micro_batch_size_per_gpu, 4);
   auto c = Config::parse(R"({"train_batch_size": 8})", 4);
-  ASSERT_TRUE(c.is_ok());
+  ASSERT_OK(c);
   EXPECT_EQ(c->train_micro_batch_size_per_gpu, 2);
   EXPECT_EQ(c->gradient_accumulation_steps, 1);
   auto d = Config::parse(R"({"train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 5})", 2);
-  ASSERT_TRUE(d.is_ok());
+  ASSERT_OK(d);
   EXPECT_EQ(d->train_batch_size, 30);
   std::string e = parse_error(R"({"train_batch_size": 10, "train_micro_batch_size_per_gpu": 2,
                                   "gradient_accumulation_steps": 2})",
@@ -264,7 +265,7 @@ TEST(Config, BatchKeysResolvedLikeDeepSpeed) {
 
 TEST(Config, IntegersMayBeWrittenAsWholeDoubles) {
   auto r = Config::parse(R"({"zero_optimization": {"reduce_bucket_size": 5e8, "sub_group_size": 1.0e9}})");
-  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  ASSERT_OK(r);
   EXPECT_EQ(r->zero.reduce_bucket_size, 500000000);
   std::string e = parse_error(R"({"zero_optimization": {"reduce_bucket_size": 1.5}})");
   EXPECT_HAS(e, "zero_optimization.reduce_bucket_size: 1.5 is not an integer");
@@ -276,7 +277,7 @@ TEST(Config, StringBooleansAreReadAsWhatTheySpell) {
   // DeepSpeed's tuner writes these; "false" must never become true.
   auto r = Config::parse(R"({"aio": {"single_submit": "false", "overlap_events": "true"},
                             "zero_optimization": {"contiguous_gradients": "false"}})");
-  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  ASSERT_OK(r);
   EXPECT_FALSE(r->aio.single_submit);
   EXPECT_TRUE(r->aio.overlap_events);
   EXPECT_FALSE(r->zero.contiguous_gradients);
@@ -344,13 +345,13 @@ TEST(Config, ZeroAndNegativeSizesAreErrors) {
   EXPECT_HAS(parse_error(R"({"zoe": {"offload_ratio": 1.5}})"),
              "zoe.offload_ratio: 1.5 is out of range (expected [0, 1])");
   // 0 is meaningful where DeepSpeed gives it a meaning (no prefetch).
-  EXPECT_TRUE(Config::parse(R"({"zero_optimization": {"stage3_prefetch_bucket_size": 0}})").is_ok());
+  EXPECT_OK(Config::parse(R"({"zero_optimization": {"stage3_prefetch_bucket_size": 0}})"));
 }
 
 // The error of check_paths on a config that parses (parse itself touches no file).
 Status paths_status(const std::string& json) {
   auto c = Config::parse(json);
-  EXPECT_TRUE(c.is_ok()) << c.status().to_string() << "\n" << json;
+  EXPECT_OK(c) << "\n" << json;
   if (!c.is_ok()) return c.status();
   Status st = check_paths(c.value());
   EXPECT_FALSE(st.is_ok()) << "check_paths passed although it should not: " << json;
@@ -389,14 +390,14 @@ TEST(Config, NvmeWithoutPathOrWithABadPath) {
   auto two = Config::parse(
       R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": [")" +
       dir.path() + R"(", "/tmp"]}}})");
-  ASSERT_TRUE(two.is_ok()) << two.status().to_string();
+  ASSERT_OK(two);
   EXPECT_EQ(two->zero.offload_param.nvme_path.size(), 2u);
-  EXPECT_TRUE(check_paths(two.value()).is_ok()) << check_paths(two.value()).to_string();
+  EXPECT_OK(check_paths(two.value()));
   // A path is not checked when the device is not nvme.
   auto cpu = Config::parse(R"({"zero_optimization": {"stage": 2, "offload_optimizer":
                                {"device": "cpu", "nvme_path": "/no/such/zoe/dir"}}})");
-  ASSERT_TRUE(cpu.is_ok()) << cpu.status().to_string();
-  EXPECT_TRUE(check_paths(cpu.value()).is_ok());
+  ASSERT_OK(cpu);
+  EXPECT_OK(check_paths(cpu.value()));
 }
 
 // Config::parse reads text only: a directory that does not exist (yet) is check_paths' error,
@@ -408,10 +409,10 @@ TEST(Config, ParseTouchesNoFile) {
       R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": ")" + later +
       R"("}}})";
   auto c = Config::parse(json);
-  ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+  ASSERT_OK(c);
   EXPECT_EQ(check_paths(c.value()).code(), StatusCode::kNotFound);
   ASSERT_EQ(mkdir(later.c_str(), 0755), 0);
-  EXPECT_TRUE(check_paths(c.value()).is_ok()) << check_paths(c.value()).to_string();
+  EXPECT_OK(check_paths(c.value()));
   // A Config built in code is checked the same way.
   Config made;
   made.zero.stage = 3;
@@ -462,8 +463,7 @@ TEST(Config, Contradictions) {
              "zero_optimization.offload_optimizer.device: \"cpu\" needs zero_optimization.stage 1, 2 or 3 "
              "(stage is 0)");
   // device "none" is fine at any stage.
-  EXPECT_TRUE(
-      Config::parse(R"({"zero_optimization": {"stage": 1, "offload_param": {"device": "none"}}})").is_ok());
+  EXPECT_OK(Config::parse(R"({"zero_optimization": {"stage": 1, "offload_param": {"device": "none"}}})"));
   EXPECT_HAS(
       parse_error(R"({"aio": {"intra_op_parallelism": 2, "thread_count": 4}})"),
       "aio.intra_op_parallelism and aio.thread_count (its older name) are both given, with different values");
@@ -477,7 +477,7 @@ TEST(Config, InvalidJsonGivesLineAndColumn) {
              "duplicate key 'zero_optimization.stage'");
   // Comments are allowed.
   auto r = Config::parse("{\n // ZeRO-2\n \"zero_optimization\": {\"stage\": 2} /* end */\n}");
-  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  ASSERT_OK(r);
   EXPECT_EQ(r->zero.stage, 2);
 }
 
@@ -494,7 +494,7 @@ TEST(Config, LoadNamesThePath) {
   EXPECT_HAS(bad.status().to_string(), dir.file("bad.json"));
   std::ofstream(dir.file("ok.json")) << kZero2Cpu;
   auto ok = Config::load(dir.file("ok.json"), 4);
-  ASSERT_TRUE(ok.is_ok()) << ok.status().to_string();
+  ASSERT_OK(ok);
   EXPECT_EQ(ok->zero.stage, 2);
 }
 
@@ -506,10 +506,9 @@ TEST(Config, OptimizerSemantics) {
                   ->optimizer.adam_w_mode);
   EXPECT_EQ(Config::parse(R"({"optimizer": {"type": "ADAMW"}})")->optimizer.type, "AdamW");
   // Torch-style extras with their default values are fine; the others would change results.
-  EXPECT_TRUE(
+  EXPECT_OK(
       Config::parse(R"({"optimizer": {"type": "AdamW", "params": {"amsgrad": false, "bias_correction": true,
-                               "torch_adam": true}}})")
-          .is_ok());
+                               "torch_adam": true}}})"));
   auto ams = Config::parse(R"({"optimizer": {"type": "AdamW", "params": {"amsgrad": true}}})");
   ASSERT_FALSE(ams.is_ok());
   EXPECT_EQ(ams.status().code(), StatusCode::kUnsupported);
@@ -523,7 +522,7 @@ TEST(Config, UnimplementedKeysAreListed) {
   auto r = Config::parse(R"({"prescale_gradients": true, "gradient_predivide_factor": 2.0,
                             "communication_data_type": "fp32", "zero_optimization": {"stage": 3,
                             "offload_optimizer": {"device": "cpu", "ratio": 0.3}}})");
-  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  ASSERT_OK(r);
   std::string all;
   for (const auto& u : r->unimplemented) all += u + "\n";
   EXPECT_EQ(r->unimplemented.size(), 3u) << all;
@@ -540,23 +539,23 @@ TEST(Config, UnimplementedKeysAreListed) {
   // Default values of those keys are not "unimplemented".
   auto d = Config::parse(R"({"prescale_gradients": false, "gradient_predivide_factor": 1.0,
                             "zero_optimization": {"round_robin_gradients": false}})");
-  ASSERT_TRUE(d.is_ok());
+  ASSERT_OK(d);
   EXPECT_TRUE(d->unimplemented.empty());
   // Features that would change what is trained are errors.
   EXPECT_HAS(parse_error(R"({"progressive_layer_drop": {"enabled": true, "theta": 0.5}})"),
              "progressive_layer_drop.enabled: true is not supported");
-  EXPECT_TRUE(Config::parse(R"({"progressive_layer_drop": {"enabled": false}})").is_ok());
+  EXPECT_OK(Config::parse(R"({"progressive_layer_drop": {"enabled": false}})"));
 }
 
 TEST(Config, DeprecatedSpellings) {
   auto r = Config::parse(R"({"zero_optimization": {"stage": 2, "cpu_offload": true},
                             "bfloat16": {"enabled": true}})");
-  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  ASSERT_OK(r);
   EXPECT_EQ(r->zero.offload_optimizer.device, OffloadDevice::kCpu);
   EXPECT_TRUE(r->bf16);
   auto s = Config::parse(R"({"zero_optimization": {"stage": 3, "prefetch_bucket_size": 1234,
                             "stage3_gather_fp16_weights_on_model_save": true}})");
-  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  ASSERT_OK(s);
   EXPECT_EQ(s->zero.stage3_prefetch_bucket_size, 1234);
   EXPECT_TRUE(s->zero.stage3_gather_16bit_weights_on_model_save);
 }
@@ -564,7 +563,7 @@ TEST(Config, DeprecatedSpellings) {
 TEST(Config, ZoeSection) {
   auto r = Config::parse(R"({"zoe": {"device_budget": "256MiB", "host_budget": 0, "offload_ratio": 0.5,
                             "bf16_optimizer_states": true, "device": "cpu", "optimizer_threads": 8}})");
-  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  ASSERT_OK(r);
   EXPECT_EQ(r->zoe.device_budget_bytes, 256ll << 20);
   EXPECT_EQ(r->zoe.host_budget_bytes, 0);
   EXPECT_EQ(r->zoe.offload_ratio, 0.5);
@@ -578,7 +577,7 @@ void expect_round_trip(const Config& c, int world_size) {
   EXPECT_EQ(text.find("\"true\""), std::string::npos) << text;  // real JSON booleans
   EXPECT_EQ(text.find("\"false\""), std::string::npos) << text;
   auto back = Config::parse(text, world_size);
-  ASSERT_TRUE(back.is_ok()) << back.status().to_string() << "\n" << text;
+  ASSERT_OK(back) << "\n" << text;
   EXPECT_TRUE(back.value() == c) << text << "\nread back as\n" << back->to_json();
   EXPECT_EQ(back->to_json(), text);
 }
@@ -586,10 +585,10 @@ void expect_round_trip(const Config& c, int world_size) {
 TEST(Config, RoundTripThroughToJson) {
   ScratchDir dir("cfg");
   auto z3 = Config::parse(replace_all(kZero3Nvme, "NVME_DIR", dir.path()));
-  ASSERT_TRUE(z3.is_ok());
+  ASSERT_OK(z3);
   expect_round_trip(z3.value(), 1);
   auto z2 = Config::parse(kZero2Cpu, 4);
-  ASSERT_TRUE(z2.is_ok());
+  ASSERT_OK(z2);
   expect_round_trip(z2.value(), 4);
   expect_round_trip(Config::parse("{}").value(), 1);
 
@@ -726,7 +725,7 @@ TEST(Config, IntegersAreRangeCheckedIntoTheirType) {
       Config::parse(R"({"gradient_accumulation_steps": 1048576, "train_micro_batch_size_per_gpu": 1048576,
                             "aio": {"queue_depth": 4096}, "zoe": {"optimizer_threads": 4096},
                             "zero_optimization": {"offload_optimizer": {"buffer_count": 1024}}})");
-  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  ASSERT_OK(r);
   EXPECT_EQ(r->gradient_accumulation_steps, 1048576);
   EXPECT_EQ(r->train_batch_size, int64_t{1} << 40);
   EXPECT_EQ(r->aio.queue_depth, 4096);
@@ -752,7 +751,7 @@ TEST(Config, Fp32HyperparametersNameTheValueAsGiven) {
   EXPECT_HAS(parse_error(R"({"gradient_clipping": 1e39})"), "gradient_clipping: 1e+39 is out of range");
   // 0 stays legal where it is (lr 0, no weight decay), and small normal floats pass.
   auto r = Config::parse(R"({"optimizer": {"params": {"lr": 0, "eps": 1e-30, "weight_decay": 0}}})");
-  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  ASSERT_OK(r);
   EXPECT_EQ(r->optimizer.lr, 0.0);
   EXPECT_EQ(r->optimizer.eps, 1e-30);
 }
@@ -761,10 +760,10 @@ TEST(Config, Fp32HyperparametersNameTheValueAsGiven) {
 // config reads it as bytes and round-trips it.
 TEST(Config, HostBudgetIsReadAsBytes) {
   auto r = Config::parse(R"({"zoe": {"host_budget": "1MiB"}})");
-  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  ASSERT_OK(r);
   EXPECT_EQ(r->zoe.host_budget_bytes, 1 << 20);
   auto back = Config::parse(r->to_json());
-  ASSERT_TRUE(back.is_ok()) << back.status().to_string();
+  ASSERT_OK(back);
   EXPECT_EQ(back->zoe.host_budget_bytes, 1 << 20);
 }
 
@@ -805,12 +804,12 @@ TEST(Config, DeepNestingIsAnErrorNotACrash) {
   }
   // 64 levels are fine (the config itself is one).
   std::string ok = R"({"tensorboard": )" + std::string(63, '[') + std::string(63, ']') + "}";
-  EXPECT_TRUE(Config::parse(ok).is_ok()) << Config::parse(ok).status().to_string();
+  EXPECT_OK(Config::parse(ok));
 }
 
 TEST(JsonReader, ParseJsonChecked) {
   auto ok = parse_json_checked(R"({"a": [1, {"b": 2}]} // trailing comment)", "manifest");
-  ASSERT_TRUE(ok.is_ok()) << ok.status().to_string();
+  ASSERT_OK(ok);
   EXPECT_EQ((*ok)["a"][1]["b"], 2);
   auto dup = parse_json_checked(R"({"a": [1, {"b": 2, "b": 3}]})", "manifest");
   ASSERT_FALSE(dup.is_ok());
@@ -825,7 +824,7 @@ TEST(JsonReader, ParseJsonChecked) {
   strict.allow_comments = false;
   EXPECT_FALSE(parse_json_checked("{} // no", "manifest", strict).is_ok());
   strict.max_depth = 2;
-  EXPECT_TRUE(parse_json_checked("[[1]]", "m", strict).is_ok());
+  EXPECT_OK(parse_json_checked("[[1]]", "m", strict));
   EXPECT_HAS(parse_json_checked("[[[1]]]", "m", strict).status().message(),
              "nested more than 2 deep at [0][0]");
 }
@@ -834,7 +833,7 @@ TEST(JsonReader, ReadFileCapped) {
   ScratchDir dir("cfg");
   std::ofstream(dir.file("f.json")) << "0123456789";
   auto exact = read_file_capped(dir.file("f.json"), 10, "config file");
-  ASSERT_TRUE(exact.is_ok()) << exact.status().to_string();
+  ASSERT_OK(exact);
   EXPECT_EQ(*exact, "0123456789");
   auto over = read_file_capped(dir.file("f.json"), 9, "config file");
   ASSERT_FALSE(over.is_ok());

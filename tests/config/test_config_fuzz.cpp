@@ -13,6 +13,7 @@
 
 #include "config/config.h"
 #include "core/log.h"
+#include "tests/util/status_test_util.h"
 #include "tests/util/test_util.h"
 
 namespace zoe::config {
@@ -201,7 +202,7 @@ TEST(ConfigFuzz, MutatedConfigsGiveStatusErrorsOrRoundTrip) {
       ++ok;
       // What parses must read back the same from its own output.
       auto back = Config::parse(r->to_json(), world);
-      ASSERT_TRUE(back.is_ok()) << back.status().to_string() << "\nfrom\n" << text;
+      ASSERT_OK(back) << "\nfrom\n" << text;
       EXPECT_TRUE(back.value() == r.value()) << text;
     } catch (const std::exception& e) {
       ADD_FAILURE() << "exception escaped Config::parse: " << e.what() << "\nfor\n" << text;

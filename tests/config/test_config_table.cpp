@@ -11,6 +11,7 @@
 #include "config/config.h"
 #include "config/config_table.h"
 #include "config/lr_schedule.h"
+#include "tests/util/status_test_util.h"
 
 namespace zoe::config {
 namespace {
@@ -96,7 +97,7 @@ TEST(ConfigTable, WarnRowsAreListedInUnimplemented) {
     const json v = other_value(f);
     ASSERT_FALSE(v.is_null()) << f.path;
     auto r = Config::parse(config_with(f.path, v));
-    ASSERT_TRUE(r.is_ok()) << f.path << ": " << r.status().to_string();
+    ASSERT_OK(r) << f.path;
     ASSERT_EQ(r->unimplemented.size(), 1u) << f.path;
     EXPECT_EQ(r->unimplemented[0].rfind(f.path, 0), 0u) << r->unimplemented[0];
     if (!f.why.empty()) {
@@ -105,7 +106,7 @@ TEST(ConfigTable, WarnRowsAreListedInUnimplemented) {
     if (f.kind != Kind::kAny) {
       // The value without effect is not listed.
       auto d = Config::parse(config_with(f.path, f.default_value));
-      ASSERT_TRUE(d.is_ok()) << f.path << ": " << d.status().to_string();
+      ASSERT_OK(d) << f.path;
       EXPECT_TRUE(d->unimplemented.empty()) << f.path;
     }
     ++checked;
@@ -128,7 +129,7 @@ TEST(ConfigTable, RefuseRowsAreUnsupportedErrors) {
     if (f.kind != Kind::kAny) {
       auto d = Config::parse(
           config_with(f.path, f.kind == Kind::kFeatureBlock ? json{{"enabled", false}} : f.default_value));
-      EXPECT_TRUE(d.is_ok()) << f.path << ": " << d.status().to_string();
+      EXPECT_OK(d) << f.path;
     }
     ++checked;
   }
@@ -141,7 +142,7 @@ TEST(ConfigTable, IgnoreRowsAcceptAnything) {
   for (const Field& f : config_fields()) {
     if (f.disposition != Disposition::kIgnore) continue;
     auto r = Config::parse(config_with(f.path, anything));
-    ASSERT_TRUE(r.is_ok()) << f.path << ": " << r.status().to_string();
+    ASSERT_OK(r) << f.path;
     EXPECT_TRUE(r->unimplemented.empty()) << f.path;
     EXPECT_TRUE(r.value() == Config::parse("{}").value()) << f.path;
     ++checked;
@@ -157,14 +158,14 @@ TEST(ConfigTable, AliasesReadAsTheirKeyAndDisagreementIsAnError) {
       ASSERT_FALSE(v.is_null()) << f.path;
       auto by_alias = Config::parse(config_with(alias, v));
       auto by_key = Config::parse(config_with(f.path, v));
-      ASSERT_TRUE(by_alias.is_ok()) << alias << ": " << by_alias.status().to_string();
-      ASSERT_TRUE(by_key.is_ok()) << f.path << ": " << by_key.status().to_string();
+      ASSERT_OK(by_alias) << alias;
+      ASSERT_OK(by_key) << f.path;
       EXPECT_TRUE(by_alias.value() == by_key.value()) << alias;
       EXPECT_NE(detail::load_value(f, by_alias.value()), f.default_value) << alias;
       // Both spellings, agreeing: fine; disagreeing: an error naming both.
       json both = json::parse(config_with(f.path, v));
       both.merge_patch(json::parse(config_with(alias, v)));
-      EXPECT_TRUE(Config::parse(both.dump()).is_ok()) << both.dump();
+      EXPECT_OK(Config::parse(both.dump())) << both.dump();
       both.merge_patch(json::parse(config_with(alias, f.default_value)));
       auto bad = Config::parse(both.dump());
       ASSERT_FALSE(bad.is_ok()) << both.dump();

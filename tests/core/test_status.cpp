@@ -2,7 +2,10 @@
 #include <gtest/gtest.h>
 
 #include <cerrno>
+#include <string>
+#include <utility>
 
+#include "tests/util/status_test_util.h"
 #include "zoe/status.h"
 
 namespace zoe {
@@ -21,7 +24,7 @@ Status quarter(int x, int* out) {
 }
 
 TEST(Status, OkAndErrors) {
-  EXPECT_TRUE(Status::ok().is_ok());
+  EXPECT_OK(Status::ok());
   Status s = invalid_argument("key %s: expected %d", "stage", 3);
   EXPECT_FALSE(s.is_ok());
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
@@ -32,7 +35,7 @@ TEST(Status, OkAndErrors) {
 TEST(Status, ContextAddsLines) {
   Status s = io_error("disk broke").with_context("reading the swap file").with_context("step 3");
   EXPECT_EQ(s.message(), "disk broke\n  while reading the swap file\n  while step 3");
-  EXPECT_TRUE(Status::ok().with_context("x").is_ok());
+  EXPECT_OK(Status::ok().with_context("x"));
 }
 
 TEST(Status, SysErrorNamesEverything) {
@@ -47,7 +50,7 @@ TEST(Status, SysErrorNamesEverything) {
 
 TEST(Result, ValueAndPropagation) {
   int out = 0;
-  EXPECT_TRUE(quarter(12, &out).is_ok());
+  EXPECT_OK(quarter(12, &out));
   EXPECT_EQ(out, 3);
   Status s = quarter(6, &out);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
@@ -55,6 +58,44 @@ TEST(Result, ValueAndPropagation) {
   Result<int> bad = Status::ok();  // a Result may not be built from OK
   EXPECT_FALSE(bad.is_ok());
   EXPECT_EQ(bad.status().code(), StatusCode::kInternal);
+}
+
+Status open_swap(bool fail) {
+  if (fail) return io_error("disk broke");
+  return Status::ok();
+}
+Status load_swap(bool fail) {
+  ZOE_RETURN_IF_ERROR_CTX(open_swap(fail), "loading the swap file");
+  return Status::ok();
+}
+constexpr int kLoadLine = __LINE__ - 3;
+Status start(bool fail) {
+  ZOE_RETURN_IF_ERROR(load_swap(fail));
+  return Status::ok();
+}
+constexpr int kStartLine = __LINE__ - 3;
+
+// Each propagation macro adds "at <file basename>:<line>"; message() keeps the message and its
+// context only.
+TEST(Status, MacrosAddTheirFileAndLine) {
+  EXPECT_OK(start(false));
+  Status s = start(true);
+  EXPECT_EQ(s.message(), "disk broke\n  while loading the swap file");
+  EXPECT_EQ(s.trace(), "\n  at test_status.cpp:" + std::to_string(kLoadLine) +
+                           "\n  at test_status.cpp:" + std::to_string(kStartLine));
+  EXPECT_EQ(s.to_string(), "io error: " + s.message() + s.trace());
+  int out = 0;
+  Status q = quarter(6, &out);  // the second half() fails, at quarter's second line
+  EXPECT_EQ(q.message(), "3 is odd");
+  EXPECT_NE(q.trace().find("at test_status.cpp:"), std::string::npos) << q.trace();
+  EXPECT_EQ(Status::ok().with_location("a/b.cpp", 1).trace(), "");
+  EXPECT_EQ(io_error("x").with_location("/src/zero/engine.cpp", 12).trace(), "\n  at engine.cpp:12");
+}
+
+TEST(ResultDeathTest, ValueOfAnErrorPrintsTheStatus) {
+  Result<int> r = not_found("no file /x/y");
+  EXPECT_DEATH((void)r.value(), "not found: no file /x/y");
+  EXPECT_DEATH((void)std::move(r).value(), "Result::value\\(\\) called on an error");
 }
 
 }  // namespace

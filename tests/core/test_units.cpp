@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "core/units.h"
+#include "tests/util/status_test_util.h"
 
 namespace zoe {
 namespace {
@@ -24,7 +25,7 @@ TEST(Units, ParseBytes) {
 
 TEST(Units, Lists) {
   auto l = parse_bytes_list("4KiB,1MiB");
-  ASSERT_TRUE(l.is_ok());
+  ASSERT_OK(l);
   EXPECT_EQ(l.value(), (std::vector<uint64_t>{4096, 1 << 20}));
   EXPECT_EQ(parse_uint_list("1,8,32").value(), (std::vector<uint64_t>{1, 8, 32}));
   EXPECT_FALSE(parse_uint_list("1,x").is_ok());

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "device/device.h"
+#include "tests/util/status_test_util.h"
 #include "tests/util/test_util.h"
 
 namespace zoe::device {
@@ -19,17 +20,6 @@ namespace {
 
 using test::first_mismatch;
 using test::random_bytes;
-
-#define ASSERT_OK(expr)                                \
-  do {                                                 \
-    ::zoe::Status zoe_s_ = (expr);                     \
-    ASSERT_TRUE(zoe_s_.is_ok()) << zoe_s_.to_string(); \
-  } while (0)
-#define EXPECT_OK(expr)                                \
-  do {                                                 \
-    ::zoe::Status zoe_s_ = (expr);                     \
-    EXPECT_TRUE(zoe_s_.is_ok()) << zoe_s_.to_string(); \
-  } while (0)
 
 constexpr uint64_t kBudget = 4ull << 20;
 
@@ -78,22 +68,22 @@ class DeviceTest : public testing::TestWithParam<Backend> {
 
   std::unique_ptr<Device> make_device(uint64_t budget) {
     auto d = GetParam() == Backend::kCpu ? create_cpu_device(budget) : create_cuda_device(0, budget);
-    EXPECT_TRUE(d.is_ok()) << d.status().to_string();
+    EXPECT_OK(d);
     return d.is_ok() ? std::move(d).value() : nullptr;
   }
   std::unique_ptr<Stream> stream() {
     auto s = dev_->create_stream();
-    EXPECT_TRUE(s.is_ok()) << s.status().to_string();
+    EXPECT_OK(s);
     return s.is_ok() ? std::move(s).value() : nullptr;
   }
   std::unique_ptr<Event> event() {
     auto e = dev_->create_event();
-    EXPECT_TRUE(e.is_ok()) << e.status().to_string();
+    EXPECT_OK(e);
     return e.is_ok() ? std::move(e).value() : nullptr;
   }
   void* alloc(size_t n) {
     auto p = dev_->allocate(n);
-    EXPECT_TRUE(p.is_ok()) << p.status().to_string();
+    EXPECT_OK(p);
     return p.is_ok() ? *p : nullptr;
   }
 
@@ -136,7 +126,7 @@ TEST_P(DeviceTest, BudgetFillsExactlyAndOneByteOverFailsWithAClearMessage) {
   EXPECT_EQ(dev_->used_bytes(), 0u);
   EXPECT_EQ(dev_->high_water_bytes(), kBudget);
   auto whole = dev_->allocate(kBudget);
-  ASSERT_TRUE(whole.is_ok()) << whole.status().to_string();
+  ASSERT_OK(whole);
   dev_->free(*whole);
 }
 
@@ -417,7 +407,7 @@ TEST_P(DeviceTest, DestroyingTheDeviceReleasesForgottenAllocations) {
   auto other = make_device(kBudget);
   ASSERT_NE(other, nullptr);
   auto p = other->allocate(12345);
-  ASSERT_TRUE(p.is_ok());
+  ASSERT_OK(p);
   other.reset();  // logs a warning; leak checkers see nothing left behind
 }
 
@@ -441,7 +431,7 @@ TEST_P(DeviceTest, FreeAfterReturnsTheBudgetWhenTheStreamPassesIt) {
   EXPECT_EQ(dev_->used_bytes(), kKeep);
   EXPECT_EQ(dev_->high_water_bytes(), kBudget);
   auto again = dev_->allocate(kBudget - kKeep);
-  ASSERT_TRUE(again.is_ok()) << again.status().to_string();
+  ASSERT_OK(again);
   dev_->free(*again);
   dev_->free(q);
 }
@@ -455,11 +445,11 @@ INSTANTIATE_TEST_SUITE_P(Backends, DeviceTest, testing::Values(Backend::kCpu, Ba
 
 TEST(CpuDevice, CopiesOutsideDeviceMemoryAreRejected) {
   auto dev = create_cpu_device(kBudget);
-  ASSERT_TRUE(dev.is_ok());
+  ASSERT_OK(dev);
   auto s = (*dev)->create_stream();
-  ASSERT_TRUE(s.is_ok());
+  ASSERT_OK(s);
   auto p = (*dev)->allocate(1000);
-  ASSERT_TRUE(p.is_ok());
+  ASSERT_OK(p);
   auto* d = static_cast<char*>(*p);
   std::vector<char> host(2000);
   Status st = (*s)->copy_h2d(host.data(), d, 100);  // arguments swapped: host pointer as device

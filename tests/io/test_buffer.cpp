@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "io/buffer.h"
+#include "tests/util/status_test_util.h"
 #include "tests/util/test_util.h"
 
 namespace zoe::io {
@@ -18,7 +19,7 @@ namespace {
 TEST(AlignedBuffer, AlignmentAndSizes) {
   for (size_t n : {size_t{1}, size_t{4096}, size_t{100000}, size_t{3} << 20}) {
     auto b = AlignedBuffer::allocate(n);
-    ASSERT_TRUE(b.is_ok());
+    ASSERT_OK(b);
     EXPECT_EQ(reinterpret_cast<uintptr_t>(b->data()) % 4096, 0u);
     EXPECT_EQ(b->size(), n);
     memset(b->data(), 7, n);
@@ -65,7 +66,7 @@ TEST(AlignedBuffer, MemlockLimitMessageExplainsWhatToDo) {
 
 TEST(BufferPool, AcquireRelease) {
   auto p = BufferPool::create(1 << 20, 3, PinMode::kNone);
-  ASSERT_TRUE(p.is_ok());
+  ASSERT_OK(p);
   BufferPool& pool = *p.value();
   char* a = pool.acquire();
   char* b = pool.acquire();

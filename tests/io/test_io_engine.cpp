@@ -18,6 +18,7 @@
 #include "io/buffer.h"
 #include "io/fault_injector.h"
 #include "io/io_engine.h"
+#include "tests/util/status_test_util.h"
 #include "tests/util/test_util.h"
 
 namespace zoe::io {
@@ -50,19 +51,19 @@ class IoEngineTest : public testing::TestWithParam<Param> {
     opts_.block_size = 256 * 1024;  // small, so requests get split
     opts_.faults = &faults_;
     auto e = IoEngine::create(opts_);
-    ASSERT_TRUE(e.is_ok()) << e.status().to_string();
+    ASSERT_OK(e);
     engine_ = std::move(e).value();
     OpenOptions oo;
     oo.create = true;
     oo.direct = GetParam().direct ? DirectMode::kRequire : DirectMode::kOff;
     auto f = File::open(dir_.file("data"), oo);
-    ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+    ASSERT_OK(f);
     file_ = std::move(f).value();
   }
 
   AlignedBuffer buffer(size_t n) {
     auto b = AlignedBuffer::allocate(n);
-    EXPECT_TRUE(b.is_ok());
+    EXPECT_OK(b);
     return std::move(b).value();
   }
 
@@ -73,9 +74,9 @@ class IoEngineTest : public testing::TestWithParam<Param> {
     memcpy(w.data(), data.data(), n);
     memset(r.data(), 0xAB, n);
     Status s = engine_->write(*file_, offset, w.data(), n);
-    ASSERT_TRUE(s.is_ok()) << s.to_string();
+    ASSERT_OK(s);
     s = engine_->read(*file_, offset, r.data(), n);
-    ASSERT_TRUE(s.is_ok()) << s.to_string();
+    ASSERT_OK(s);
     EXPECT_EQ(first_mismatch(r.data(), data.data(), n), -1) << "at offset " << offset << " size " << n;
   }
 
@@ -118,15 +119,15 @@ TEST_P(IoEngineTest, BatchIsOneCompletion) {
   }
   std::atomic<int> called{0};
   IoHandle h = engine_->submit(reqs, [&](IoCompletion& c) { called++; });
-  ASSERT_TRUE(h->wait().is_ok()) << h->status().to_string();
+  ASSERT_OK(h->wait());
   EXPECT_EQ(h->bytes(), n * each);
   for (auto& q : reqs) {
     q.op = IoOp::kRead;
     q.buf = r.bytes() + (static_cast<char*>(q.buf) - w.bytes());
   }
   h = engine_->submit(reqs);
-  ASSERT_TRUE(h->wait().is_ok());
-  EXPECT_TRUE(engine_->drain().is_ok());
+  ASSERT_OK(h->wait());
+  EXPECT_OK(engine_->drain());
   EXPECT_EQ(called.load(), 1);
   EXPECT_EQ(first_mismatch(r.data(), data.data(), n * each), -1);
 }
@@ -148,14 +149,14 @@ TEST_P(IoEngineTest, ManyConcurrentSubmitters) {
           hs.push_back(engine_->submit(IoRequest{op, file_.get(), k * each, b.bytes() + k * each, each},
                                        [&](IoCompletion&) { callbacks++; }));
         }
-        for (auto& h : hs) EXPECT_TRUE(h->wait().is_ok()) << h->status().to_string();
+        for (auto& h : hs) EXPECT_OK(h->wait());
       });
     }
     for (auto& t : ts) t.join();
   };
   run(IoOp::kWrite, w);
   run(IoOp::kRead, r);
-  EXPECT_TRUE(engine_->drain().is_ok());
+  EXPECT_OK(engine_->drain());
   EXPECT_EQ(engine_->outstanding(), 0u);
   EXPECT_EQ(callbacks.load(), 2 * threads * per_thread);
   EXPECT_EQ(first_mismatch(r.data(), data.data(), r.size()), -1);
@@ -173,15 +174,15 @@ TEST_P(IoEngineTest, CallbacksMaySubmit) {
     if (k >= n) return;
     engine_->submit(IoRequest{IoOp::kWrite, file_.get(), k * each, w.bytes() + k * each, each},
                     [&](IoCompletion& c) {
-                      EXPECT_TRUE(c.status().is_ok());
+                      EXPECT_OK(c.status());
                       issue();
                     });
   };
   issue();
-  ASSERT_TRUE(engine_->drain().is_ok());
+  ASSERT_OK(engine_->drain());
   EXPECT_GE(next.load(), n);
   AlignedBuffer r = buffer(n * each);
-  ASSERT_TRUE(engine_->read(*file_, 0, r.data(), r.size()).is_ok());
+  ASSERT_OK(engine_->read(*file_, 0, r.data(), r.size()));
   EXPECT_EQ(first_mismatch(r.data(), data.data(), r.size()), -1);
 }
 
@@ -196,7 +197,7 @@ TEST_P(IoEngineTest, ShutdownWithRequestsInFlight) {
   engine_.reset();  // must wait for everything in flight, then stop cleanly
   for (auto& h : hs) {
     ASSERT_TRUE(h->ready());
-    EXPECT_TRUE(h->status().is_ok()) << h->status().to_string();
+    EXPECT_OK(h->status());
   }
 }
 
@@ -233,7 +234,7 @@ TEST_P(IoEngineTest, InjectedEioFailsOnlyItsRequest) {
   EXPECT_EQ(failed, 1);
   Status d = engine_->drain();
   EXPECT_EQ(d.code(), StatusCode::kIoError);  // drain reports the first error since the last drain
-  EXPECT_TRUE(engine_->drain().is_ok());
+  EXPECT_OK(engine_->drain());
   EXPECT_EQ(engine_->stats().errors, 1u);
 }
 
@@ -243,7 +244,7 @@ TEST_P(IoEngineTest, InjectedEnospcOnWrite) {
   Status s = engine_->write(*file_, 0, w.data(), 8192);
   EXPECT_EQ(s.code(), StatusCode::kNoSpace);
   EXPECT_NE(s.message().find("No space left on device"), std::string::npos) << s.message();
-  EXPECT_TRUE(engine_->write(*file_, 0, w.data(), 8192).is_ok());  // the next one goes through
+  EXPECT_OK(engine_->write(*file_, 0, w.data(), 8192));  // the next one goes through
 }
 
 TEST_P(IoEngineTest, ShortTransfersAreContinued) {
@@ -268,9 +269,9 @@ TEST_P(IoEngineTest, CorruptReadFlipsOneByteOfAReadOnly) {
   const size_t n = 64 * 1024;
   AlignedBuffer w = buffer(n), r = buffer(n);
   memset(w.data(), 0x33, n);
-  ASSERT_TRUE(engine_->write(*file_, 0, w.data(), n).is_ok());
+  ASSERT_OK(engine_->write(*file_, 0, w.data(), n));
   EXPECT_EQ(faults_.injected(), 0u);
-  ASSERT_TRUE(engine_->read(*file_, 0, r.data(), n).is_ok());  // the engine cannot tell
+  ASSERT_OK(engine_->read(*file_, 0, r.data(), n));  // the engine cannot tell
   EXPECT_EQ(faults_.injected(), 1u);
   EXPECT_EQ(first_mismatch(r.data(), w.data(), n), static_cast<long long>(n / 2));
   EXPECT_EQ(r.bytes()[n / 2], 0x33 ^ 0x20);
@@ -286,10 +287,10 @@ TEST_P(IoEngineTest, FinishHookRunsBeforeTheCompletionIsReady) {
     ran++;
     return Status::ok();
   });
-  ASSERT_TRUE(h->wait().is_ok());
+  ASSERT_OK(h->wait());
   EXPECT_EQ(ran.load(), 1);
   // Its error becomes the completion's, seen by wait() and drain().
-  ASSERT_TRUE(engine_->drain().is_ok());
+  ASSERT_OK(engine_->drain());
   h = engine_->submit({&req, 1}, {}, [] { return corruption("hook says no"); });
   EXPECT_EQ(h->wait().code(), StatusCode::kCorruption);
   EXPECT_EQ(engine_->drain().code(), StatusCode::kCorruption);
@@ -332,11 +333,11 @@ TEST(IoEngine, UnalignedDirectBufferIsAClearError) {
   oo.create = true;
   oo.direct = DirectMode::kRequire;
   auto f = File::open(dir.file("d"), oo);
-  ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+  ASSERT_OK(f);
   auto e = IoEngine::create({});
-  ASSERT_TRUE(e.is_ok());
+  ASSERT_OK(e);
   auto b = AlignedBuffer::allocate(1 << 16);
-  ASSERT_TRUE(b.is_ok());
+  ASSERT_OK(b);
   char* unaligned = b->bytes() + 1;
   Status s = e.value()->write(*f.value(), 0, unaligned, 4096);
   ASSERT_EQ(s.code(), StatusCode::kInvalidArgument);
@@ -359,7 +360,7 @@ TEST(IoEngine, BadOptionsAreRejected) {
 
 TEST(IoEngine, AutoPicksAWorkingBackend) {
   auto e = IoEngine::create({});
-  ASSERT_TRUE(e.is_ok());
+  ASSERT_OK(e);
   EXPECT_STREQ(e.value()->name(), probe_uring().empty() ? "uring" : "threads");
 }
 
@@ -369,21 +370,21 @@ TEST(IoEngine, FixedBuffersAndFiles) {
   OpenOptions oo;
   oo.create = true;
   auto f = File::open(dir.file("fixed"), oo);
-  ASSERT_TRUE(f.is_ok());
+  ASSERT_OK(f);
   IoEngineOptions eo;
   eo.backend = IoBackend::kUring;
   auto e = IoEngine::create(eo);
-  ASSERT_TRUE(e.is_ok());
+  ASSERT_OK(e);
   auto pool = BufferPool::create(1 << 20, 4, PinMode::kLock);
-  ASSERT_TRUE(pool.is_ok()) << pool.status().to_string();
+  ASSERT_OK(pool);
   iovec v{pool.value()->base(), pool.value()->total_bytes()};
-  ASSERT_TRUE(e.value()->register_buffers({&v, 1}).is_ok());
-  ASSERT_TRUE(e.value()->register_file(*f.value()).is_ok());
+  ASSERT_OK(e.value()->register_buffers({&v, 1}));
+  ASSERT_OK(e.value()->register_file(*f.value()));
   auto data = random_bytes(4 << 20, 77);
   memcpy(pool.value()->base(), data.data(), data.size());
-  ASSERT_TRUE(e.value()->write(*f.value(), 0, pool.value()->base(), data.size()).is_ok());
+  ASSERT_OK(e.value()->write(*f.value(), 0, pool.value()->base(), data.size()));
   memset(pool.value()->base(), 0, data.size());
-  ASSERT_TRUE(e.value()->read(*f.value(), 0, pool.value()->base(), data.size()).is_ok());
+  ASSERT_OK(e.value()->read(*f.value(), 0, pool.value()->base(), data.size()));
   EXPECT_EQ(first_mismatch(pool.value()->base(), data.data(), data.size()), -1);
   e.value()->unregister_file(*f.value());
 }
@@ -459,9 +460,9 @@ TEST(IoEngine, SqpollRoundTrip) {
   auto data = random_bytes(4 << 20, 2);
   auto b = AlignedBuffer::allocate(4 << 20).value();
   memcpy(b.data(), data.data(), data.size());
-  ASSERT_TRUE(e.value()->write(*f, 0, b.data(), b.size()).is_ok());
+  ASSERT_OK(e.value()->write(*f, 0, b.data(), b.size()));
   memset(b.data(), 0, b.size());
-  ASSERT_TRUE(e.value()->read(*f, 0, b.data(), b.size()).is_ok());
+  ASSERT_OK(e.value()->read(*f, 0, b.data(), b.size()));
   EXPECT_EQ(first_mismatch(b.data(), data.data(), data.size()), -1);
 }
 

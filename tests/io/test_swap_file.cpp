@@ -17,6 +17,7 @@
 #include "io/buffer.h"
 #include "io/fault_injector.h"
 #include "io/swap_file.h"
+#include "tests/util/status_test_util.h"
 #include "tests/util/test_util.h"
 
 namespace zoe::io {
@@ -29,7 +30,7 @@ using test::ScratchMount;
 
 std::unique_ptr<IoEngine> make_engine() {
   auto e = IoEngine::create({});
-  EXPECT_TRUE(e.is_ok());
+  EXPECT_OK(e);
   return std::move(e).value();
 }
 
@@ -40,7 +41,7 @@ TEST(SwapFile, AllocateFreeCoalesce) {
   o.initial_bytes = 1 << 20;
   o.grow_bytes = 1 << 20;
   auto sf = SwapFile::create(o);
-  ASSERT_TRUE(sf.is_ok()) << sf.status().to_string();
+  ASSERT_OK(sf);
   SwapFile& s = *sf.value();
   EXPECT_EQ(s.capacity(), 1u << 20);
   auto a = s.allocate(1000).value();  // rounded to 4096
@@ -75,7 +76,7 @@ TEST(SwapFile, StripesAcrossPathsInTheDocumentedLayout) {
   o.stripe_bytes = 64 * 1024;
   o.keep = true;  // read the files directly below
   auto sf = SwapFile::create(o);
-  ASSERT_TRUE(sf.is_ok()) << sf.status().to_string();
+  ASSERT_OK(sf);
   auto eng = make_engine();
   const size_t n = 10 * 64 * 1024 + 4096 * 3;  // 10 stripes and a bit
   auto ext = sf.value()->allocate(n).value();
@@ -83,7 +84,7 @@ TEST(SwapFile, StripesAcrossPathsInTheDocumentedLayout) {
   auto data = random_bytes(n, 99);
   auto buf = AlignedBuffer::allocate(n).value();
   memcpy(buf.data(), data.data(), n);
-  ASSERT_TRUE(sf.value()->write(*eng, ext, buf.data(), n)->wait().is_ok());
+  ASSERT_OK(sf.value()->write(*eng, ext, buf.data(), n)->wait());
   // Logical stripe k lives in file k % 3 at offset (k / 3) * stripe.
   for (size_t k = 0; k * 65536 < n; ++k) {
     const auto& f = sf.value()->files()[k % 3];
@@ -96,7 +97,7 @@ TEST(SwapFile, StripesAcrossPathsInTheDocumentedLayout) {
   }
   // And a read of a middle piece that crosses stripe boundaries.
   auto rb = AlignedBuffer::allocate(200 * 1024).value();
-  ASSERT_TRUE(sf.value()->read(*eng, ext, rb.data(), 200 * 1024, 40960)->wait().is_ok());
+  ASSERT_OK(sf.value()->read(*eng, ext, rb.data(), 200 * 1024, 40960)->wait());
   EXPECT_EQ(first_mismatch(rb.data(), data.data() + 40960, 200 * 1024), -1);
   for (const auto& f : sf.value()->files()) unlink(f->path().c_str());
 }
@@ -116,8 +117,8 @@ TEST(SwapFile, SpaceLimit) {
   o.dirs = {dir.path()};
   o.max_bytes = 2 << 20;
   auto sf = SwapFile::create(o);
-  ASSERT_TRUE(sf.is_ok());
-  EXPECT_TRUE(sf.value()->allocate(1 << 20).is_ok());
+  ASSERT_OK(sf);
+  EXPECT_OK(sf.value()->allocate(1 << 20));
   auto r = sf.value()->allocate(2 << 20);
   ASSERT_FALSE(r.is_ok());
   EXPECT_EQ(r.status().code(), StatusCode::kNoSpace);
@@ -131,8 +132,8 @@ TEST(SwapFile, FullDiskNamesPathAskedAndFree) {
   o.dirs = {m.path()};
   o.grow_bytes = 1 << 20;
   auto sf = SwapFile::create(o);
-  ASSERT_TRUE(sf.is_ok()) << sf.status().to_string();
-  EXPECT_TRUE(sf.value()->allocate(2 << 20).is_ok());
+  ASSERT_OK(sf);
+  EXPECT_OK(sf.value()->allocate(2 << 20));
   auto r = sf.value()->allocate(16 << 20);
   ASSERT_FALSE(r.is_ok());
   const Status& s = r.status();
@@ -156,7 +157,7 @@ TEST(SwapFile, FileSizeLimitIsReportedAsNoSpace) {
   o.dirs = {dir.path()};
   o.grow_bytes = 4096;
   auto sf = SwapFile::create(o);
-  ASSERT_TRUE(sf.is_ok());
+  ASSERT_OK(sf);
   auto r = sf.value()->allocate(8 << 20);
   setrlimit(RLIMIT_FSIZE, &old);
   ASSERT_FALSE(r.is_ok());
@@ -180,27 +181,27 @@ TEST(SwapFile, PathWithoutODirect) {
 
   o.direct = DirectMode::kPrefer;
   auto sf = SwapFile::create(o);
-  ASSERT_TRUE(sf.is_ok()) << sf.status().to_string();
+  ASSERT_OK(sf);
   EXPECT_FALSE(sf.value()->direct());
   auto eng = make_engine();
   auto ext = sf.value()->allocate(1 << 20).value();
   auto data = random_bytes(1 << 20, 5);
-  ASSERT_TRUE(sf.value()->write(*eng, ext, data.data(), data.size())->wait().is_ok());
+  ASSERT_OK(sf.value()->write(*eng, ext, data.data(), data.size())->wait());
   std::vector<unsigned char> back(data.size());
-  ASSERT_TRUE(sf.value()->read(*eng, ext, back.data(), back.size())->wait().is_ok());
+  ASSERT_OK(sf.value()->read(*eng, ext, back.data(), back.size())->wait());
   EXPECT_EQ(first_mismatch(back.data(), data.data(), data.size()), -1);
 }
 
 TEST(FsProbe, ReportsTypeSpaceAndODirect) {
   ScratchDir dir("probe");
   auto r = probe_fs(dir.path());
-  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  ASSERT_OK(r);
   EXPECT_FALSE(r.value().fs_type.empty());
   EXPECT_GT(r.value().total_bytes, 0u);
   ScratchMount m("ramfs", "");
   if (m.ok()) {
     auto rr = probe_fs(m.path());
-    ASSERT_TRUE(rr.is_ok());
+    ASSERT_OK(rr);
     EXPECT_FALSE(rr.value().direct_io);
     EXPECT_FALSE(rr.value().direct_io_error.empty());
   }
@@ -241,12 +242,12 @@ TEST(SwapFileGrowth, StepShrinksToWhatFitsOnANearlyFullDisk) {
   o.dirs = {m.path()};
   ASSERT_EQ(o.grow_bytes, 256u << 20);
   auto sf = SwapFile::create(o);
-  ASSERT_TRUE(sf.is_ok()) << sf.status().to_string();
+  ASSERT_OK(sf);
   auto a = sf.value()->allocate(3 << 20);
-  ASSERT_TRUE(a.is_ok()) << a.status().to_string();
+  ASSERT_OK(a);
   EXPECT_EQ(sf.value()->capacity(), 3u << 20);  // just what was needed
   auto b = sf.value()->allocate(4 << 20);
-  ASSERT_TRUE(b.is_ok()) << b.status().to_string();
+  ASSERT_OK(b);
   EXPECT_EQ(sf.value()->capacity(), 7u << 20);
 }
 
@@ -257,13 +258,13 @@ TEST(SwapFileGrowth, FullStepWhenTheDiskHasRoom) {
   o.grow_bytes = 8 << 20;
   if (free_at(dir.path()) < (64u << 20)) GTEST_SKIP() << "less than 64 MiB free in " << dir.path();
   auto sf = SwapFile::create(o);
-  ASSERT_TRUE(sf.is_ok()) << sf.status().to_string();
-  ASSERT_TRUE(sf.value()->allocate(4096).is_ok());
+  ASSERT_OK(sf);
+  ASSERT_OK(sf.value()->allocate(4096));
   EXPECT_EQ(sf.value()->capacity(), 8u << 20);
-  ASSERT_TRUE(sf.value()->allocate(6 << 20).is_ok());  // fits the free tail
+  ASSERT_OK(sf.value()->allocate(6 << 20));  // fits the free tail
   EXPECT_EQ(sf.value()->capacity(), 8u << 20);
   // More than a step: at least what is needed (the tail's 2 MiB - 4 KiB, then whole stripes).
-  ASSERT_TRUE(sf.value()->allocate(20 << 20).is_ok());
+  ASSERT_OK(sf.value()->allocate(20 << 20));
   EXPECT_EQ(sf.value()->capacity(), 27u << 20);
 }
 
@@ -273,10 +274,10 @@ TEST(SwapFileGrowth, Ext4NoSpaceReportsTheFreeSpaceBeforeTheAttemptAndGivesItBac
   SwapFileOptions o;
   o.dirs = {fs.path()};
   auto sf = SwapFile::create(o);
-  ASSERT_TRUE(sf.is_ok()) << sf.status().to_string();
+  ASSERT_OK(sf);
   // 8 MiB fits where the 256 MiB step does not.
   auto a = sf.value()->allocate(8 << 20);
-  ASSERT_TRUE(a.is_ok()) << a.status().to_string();
+  ASSERT_OK(a);
   const uint64_t before = free_at(fs.path());
   ASSERT_GT(before, 4u << 20);
   auto r = sf.value()->allocate(64 << 20);
@@ -290,7 +291,7 @@ TEST(SwapFileGrowth, Ext4NoSpaceReportsTheFreeSpaceBeforeTheAttemptAndGivesItBac
   // may stay).
   EXPECT_GE(free_at(fs.path()) + (64u << 10), before);
   EXPECT_EQ(sf.value()->files()[0]->size().value(), 8u << 20);
-  EXPECT_TRUE(sf.value()->allocate(4 << 20).is_ok());
+  EXPECT_OK(sf.value()->allocate(4 << 20));
 }
 
 TEST(SwapFileGrowth, AFailedGrowthCutsBackTheFilesThatGrew) {
@@ -302,8 +303,8 @@ TEST(SwapFileGrowth, AFailedGrowthCutsBackTheFilesThatGrew) {
   o.dirs = {big.path(), small.path()};
   o.grow_bytes = 0;
   auto sf = SwapFile::create(o);
-  ASSERT_TRUE(sf.is_ok()) << sf.status().to_string();
-  ASSERT_TRUE(sf.value()->allocate(2 << 20).is_ok());
+  ASSERT_OK(sf);
+  ASSERT_OK(sf.value()->allocate(2 << 20));
   auto r = sf.value()->allocate(16 << 20);
   ASSERT_FALSE(r.is_ok());
   EXPECT_EQ(r.status().code(), StatusCode::kNoSpace);
@@ -351,10 +352,10 @@ TEST(SwapFileNames, TwoSetsOnOnePathGetTheirOwnLockedFiles) {
   auto da = random_bytes(n, 1), db = random_bytes(n, 2);
   auto buf = AlignedBuffer::allocate(n).value();
   memcpy(buf.data(), da.data(), n);
-  ASSERT_TRUE(a.value()->write(*eng, ea, buf.data(), n)->wait().is_ok());
+  ASSERT_OK(a.value()->write(*eng, ea, buf.data(), n)->wait());
   memcpy(buf.data(), db.data(), n);
-  ASSERT_TRUE(b.value()->write(*eng, eb, buf.data(), n)->wait().is_ok());
-  ASSERT_TRUE(a.value()->read(*eng, ea, buf.data(), n)->wait().is_ok());
+  ASSERT_OK(b.value()->write(*eng, eb, buf.data(), n)->wait());
+  ASSERT_OK(a.value()->read(*eng, ea, buf.data(), n)->wait());
   EXPECT_EQ(first_mismatch(buf.data(), da.data(), n), -1);
   a.value().reset();
   for (int i = 0; i < 2; ++i) EXPECT_FALSE(std::filesystem::exists(paths[i])) << paths[i];
@@ -377,16 +378,16 @@ TEST(SwapFileNames, AnExistingNameIsNeverOpenedTwice) {
   o.random_source = repeating_source;
   g_draws = 0;
   auto a = SwapFile::create(o);
-  ASSERT_TRUE(a.is_ok()) << a.status().to_string();
+  ASSERT_OK(a);
   EXPECT_EQ(a.value()->files()[0]->path(), dir.file("zoe-swap-0000000000001234.0.swap"));
   auto b = SwapFile::create(o);
-  ASSERT_TRUE(b.is_ok()) << b.status().to_string();
+  ASSERT_OK(b);
   EXPECT_EQ(b.value()->files()[0]->path(), dir.file("zoe-swap-0000000000001235.0.swap"));
   EXPECT_EQ(g_draws.load(), 3);
   // A source that never changes: a clear error after a bounded number of tries.
   o.random_source = constant_source;
   auto c = SwapFile::create(o);
-  ASSERT_TRUE(c.is_ok());
+  ASSERT_OK(c);
   auto d = SwapFile::create(o);
   ASSERT_FALSE(d.is_ok());
   EXPECT_EQ(d.status().code(), StatusCode::kAlreadyExists);
@@ -402,7 +403,7 @@ TEST(SwapFileNames, KeptFilesRefuseASecondUser) {
   o.keep = true;
   o.reuse = true;
   auto a = SwapFile::create(o);
-  ASSERT_TRUE(a.is_ok()) << a.status().to_string();
+  ASSERT_OK(a);
   EXPECT_EQ(a.value()->files()[0]->path(), dir.file("zoe-bench.0.swap"));
   auto b = SwapFile::create(o);
   ASSERT_FALSE(b.is_ok());
@@ -410,7 +411,7 @@ TEST(SwapFileNames, KeptFilesRefuseASecondUser) {
   EXPECT_NE(b.status().message().find(dir.file("zoe-bench.0.swap")), std::string::npos)
       << b.status().message();
   a.value().reset();
-  EXPECT_TRUE(SwapFile::create(o).is_ok());  // free again once the first user closed it
+  EXPECT_OK(SwapFile::create(o));  // free again once the first user closed it
 }
 
 TEST(SwapFileNames, WhatCountsAsAReclaimableName) {
@@ -463,19 +464,19 @@ TEST(SwapFileReclaim, FilesOfDeadProcessesGoFilesOfLiveOnesStay) {
   o.dirs = {d0.path(), d1.path()};
   o.initial_bytes = 4 << 20;
   auto live = SwapFile::create(o);  // a job that keeps running
-  ASSERT_TRUE(live.is_ok()) << live.status().to_string();
+  ASSERT_OK(live);
   // Kept files and other files are not swap files to reclaim.
   SwapFileOptions ko = o;
   ko.keep = true;
   ko.initial_bytes = 0;
-  { ASSERT_TRUE(SwapFile::create(ko).is_ok()); }
+  { ASSERT_OK(SwapFile::create(ko)); }
   std::ofstream(d0.file("notes-0123456789abcdef.txt")) << "x";
   std::vector<std::string> orphans = orphan_files(o);
   ASSERT_EQ(orphans.size(), 2u);
   for (const auto& p : orphans) ASSERT_TRUE(std::filesystem::exists(p)) << p;
 
   auto next = SwapFile::create(o);
-  ASSERT_TRUE(next.is_ok()) << next.status().to_string();
+  ASSERT_OK(next);
   EXPECT_EQ(next.value()->reclaimed().files, 2u);
   EXPECT_GE(next.value()->reclaimed().bytes, 4u << 20);  // 2 MiB preallocated in each
   for (const auto& p : orphans) EXPECT_FALSE(std::filesystem::exists(p)) << p;
@@ -484,12 +485,12 @@ TEST(SwapFileReclaim, FilesOfDeadProcessesGoFilesOfLiveOnesStay) {
   EXPECT_TRUE(std::filesystem::exists(d0.file("notes-0123456789abcdef.txt")));
   // Nothing left to reclaim; the live sets are untouched by a scan on its own.
   auto again = reclaim_stale_swap_files(d0.path());
-  ASSERT_TRUE(again.is_ok());
+  ASSERT_OK(again);
   EXPECT_EQ(again.value().files, 0u);
   o.reclaim_stale = false;
   std::vector<std::string> more = orphan_files(o);
   ASSERT_EQ(more.size(), 2u);
-  ASSERT_TRUE(SwapFile::create(o).is_ok());
+  ASSERT_OK(SwapFile::create(o));
   EXPECT_TRUE(std::filesystem::exists(more[0])) << "reclaim_stale = false still removed " << more[0];
 }
 
@@ -499,7 +500,7 @@ TEST(SwapFileReclaim, DirectoryLocksNeitherSelfDeadlockNorCrossDeadlock) {
   SwapFileOptions o;
   o.dirs = {a.path(), a.path() + "/.", b.path()};
   auto sf = SwapFile::create(o);
-  ASSERT_TRUE(sf.is_ok()) << sf.status().to_string();
+  ASSERT_OK(sf);
   EXPECT_EQ(sf.value()->files().size(), 3u);
   // Two jobs naming the same directories in opposite orders, over and over.
   std::atomic<int> failures{0};
@@ -543,7 +544,7 @@ TEST_P(SwapChecksum, AByteFlippedOnDiskIsACorruptionError) {
   o.direct = GetParam();
   o.checksum = true;  // off by default (its cost is above 3% here)
   auto sf = SwapFile::create(o);
-  ASSERT_TRUE(sf.is_ok()) << sf.status().to_string();
+  ASSERT_OK(sf);
   SwapFile& s = *sf.value();
   auto eng = make_engine();
   const size_t n = 3 << 20;
@@ -552,8 +553,8 @@ TEST_P(SwapChecksum, AByteFlippedOnDiskIsACorruptionError) {
   auto data = random_bytes(n, 7);
   auto buf = AlignedBuffer::allocate(n).value();
   memcpy(buf.data(), data.data(), n);
-  ASSERT_TRUE(s.write(*eng, e, buf.data(), n)->wait().is_ok());
-  ASSERT_TRUE(s.read(*eng, e, buf.data(), n)->wait().is_ok());
+  ASSERT_OK(s.write(*eng, e, buf.data(), n)->wait());
+  ASSERT_OK(s.read(*eng, e, buf.data(), n)->wait());
   EXPECT_EQ(s.verified_bytes(), n);
   EXPECT_EQ(first_mismatch(buf.data(), data.data(), n), -1);
 
@@ -571,12 +572,12 @@ TEST_P(SwapChecksum, AByteFlippedOnDiskIsACorruptionError) {
             std::string::npos)
       << msg;
   // The pieces that did not change still read fine, alone.
-  EXPECT_TRUE(s.read(*eng, e, buf.data(), 1 << 20)->wait().is_ok());
-  EXPECT_TRUE(s.read(*eng, e, buf.data(), 1 << 20, 2 << 20)->wait().is_ok());
+  EXPECT_OK(s.read(*eng, e, buf.data(), 1 << 20)->wait());
+  EXPECT_OK(s.read(*eng, e, buf.data(), 1 << 20, 2 << 20)->wait());
   // Rewriting the data makes the range good again.
   memcpy(buf.data(), data.data(), n);
-  ASSERT_TRUE(s.write(*eng, e, buf.data(), n)->wait().is_ok());
-  EXPECT_TRUE(s.read(*eng, e, buf.data(), n)->wait().is_ok());
+  ASSERT_OK(s.write(*eng, e, buf.data(), n)->wait());
+  EXPECT_OK(s.read(*eng, e, buf.data(), n)->wait());
 }
 
 TEST_P(SwapChecksum, WithoutChecksumsTheSameFlipGoesUnnoticed) {
@@ -587,16 +588,16 @@ TEST_P(SwapChecksum, WithoutChecksumsTheSameFlipGoesUnnoticed) {
   o.direct = GetParam();
   o.checksum = false;
   auto sf = SwapFile::create(o);
-  ASSERT_TRUE(sf.is_ok());
+  ASSERT_OK(sf);
   auto eng = make_engine();
   const size_t n = 1 << 20;
   auto e = sf.value()->allocate(n).value();
   auto data = random_bytes(n, 8);
   auto buf = AlignedBuffer::allocate(n).value();
   memcpy(buf.data(), data.data(), n);
-  ASSERT_TRUE(sf.value()->write(*eng, e, buf.data(), n)->wait().is_ok());
+  ASSERT_OK(sf.value()->write(*eng, e, buf.data(), n)->wait());
   flip_on_disk(*sf.value(), e.offset + 100);
-  ASSERT_TRUE(sf.value()->read(*eng, e, buf.data(), n)->wait().is_ok());
+  ASSERT_OK(sf.value()->read(*eng, e, buf.data(), n)->wait());
   EXPECT_EQ(first_mismatch(buf.data(), data.data(), n), 100);
   EXPECT_EQ(sf.value()->verified_bytes(), 0u);
 }
@@ -612,7 +613,7 @@ TEST(SwapChecksumShapes, ReadsVerifyTheRecordedPiecesTheyCoverWhole) {
   o.dirs = {dir.path()};
   o.checksum = true;
   auto sf = SwapFile::create(o);
-  ASSERT_TRUE(sf.is_ok());
+  ASSERT_OK(sf);
   SwapFile& s = *sf.value();
   auto eng = make_engine();
   const size_t n = 4 << 20;
@@ -621,19 +622,19 @@ TEST(SwapChecksumShapes, ReadsVerifyTheRecordedPiecesTheyCoverWhole) {
   auto buf = AlignedBuffer::allocate(n).value();
   memcpy(buf.data(), random_bytes(n, 9).data(), n);
   // Written whole: pieces of kChecksumPieceBytes from the extent start.
-  ASSERT_TRUE(s.write(*eng, e, buf.data(), n)->wait().is_ok());
+  ASSERT_OK(s.write(*eng, e, buf.data(), n)->wait());
   uint64_t v = s.verified_bytes();
-  ASSERT_TRUE(s.read(*eng, e, buf.data(), 2 << 20, 1 << 20)->wait().is_ok());  // two whole pieces
+  ASSERT_OK(s.read(*eng, e, buf.data(), 2 << 20, 1 << 20)->wait());  // two whole pieces
   EXPECT_EQ(s.verified_bytes() - v, 2u << 20);
   v = s.verified_bytes();
-  ASSERT_TRUE(s.read(*eng, e, buf.data(), 256 << 10, 256 << 10)->wait().is_ok());  // inside one piece
+  ASSERT_OK(s.read(*eng, e, buf.data(), 256 << 10, 256 << 10)->wait());  // inside one piece
   EXPECT_EQ(s.verified_bytes() - v, 0u) << "a part of a piece cannot be verified";
   // Written in 256 KiB pieces, read whole: every piece verified.
   for (uint64_t at = 0; at < n; at += 256 << 10) {
-    ASSERT_TRUE(s.write(*eng, e, buf.bytes() + at, 256 << 10, at)->wait().is_ok());
+    ASSERT_OK(s.write(*eng, e, buf.bytes() + at, 256 << 10, at)->wait());
   }
   v = s.verified_bytes();
-  ASSERT_TRUE(s.read(*eng, e, buf.data(), n)->wait().is_ok());
+  ASSERT_OK(s.read(*eng, e, buf.data(), n)->wait());
   EXPECT_EQ(s.verified_bytes() - v, n);
 }
 
@@ -643,14 +644,14 @@ TEST(SwapChecksumShapes, FreedExtentsForgetTheirChecksums) {
   o.dirs = {dir.path()};
   o.checksum = true;
   auto sf = SwapFile::create(o);
-  ASSERT_TRUE(sf.is_ok());
+  ASSERT_OK(sf);
   SwapFile& s = *sf.value();
   auto eng = make_engine();
   const size_t n = 1 << 20;
   auto e = s.allocate(n).value();
   auto buf = AlignedBuffer::allocate(n).value();
   memset(buf.data(), 1, n);
-  ASSERT_TRUE(s.write(*eng, e, buf.data(), n)->wait().is_ok());
+  ASSERT_OK(s.write(*eng, e, buf.data(), n)->wait());
   s.free(e);
   auto e2 = s.allocate(n).value();
   ASSERT_EQ(e2.offset, e.offset);
@@ -658,8 +659,8 @@ TEST(SwapChecksumShapes, FreedExtentsForgetTheirChecksums) {
   memset(buf.data(), 2, n);
   std::vector<IoRequest> reqs;
   s.map(IoOp::kWrite, e2.offset, buf.data(), n, &reqs);
-  ASSERT_TRUE(eng->submit(reqs)->wait().is_ok());
-  EXPECT_TRUE(s.read(*eng, e2, buf.data(), n)->wait().is_ok());
+  ASSERT_OK(eng->submit(reqs)->wait());
+  EXPECT_OK(s.read(*eng, e2, buf.data(), n)->wait());
 }
 
 TEST(SwapChecksumFaults, ACorruptedReadBufferIsACorruptionError) {
@@ -668,7 +669,7 @@ TEST(SwapChecksumFaults, ACorruptedReadBufferIsACorruptionError) {
   o.dirs = {dir.path()};
   o.checksum = true;
   auto sf = SwapFile::create(o);
-  ASSERT_TRUE(sf.is_ok());
+  ASSERT_OK(sf);
   SwapFile& s = *sf.value();
   FaultInjector faults;
   IoEngineOptions eo;
@@ -680,7 +681,7 @@ TEST(SwapChecksumFaults, ACorruptedReadBufferIsACorruptionError) {
   auto data = random_bytes(n, 10);
   auto buf = AlignedBuffer::allocate(n).value();
   memcpy(buf.data(), data.data(), n);
-  ASSERT_TRUE(s.write(*eng, e, buf.data(), n)->wait().is_ok());
+  ASSERT_OK(s.write(*eng, e, buf.data(), n)->wait());
   faults.add(FaultKind::kCorruptRead, 6);  // the 6th 256 KiB chunk read: in the second piece
   Status st = s.read(*eng, e, buf.data(), n)->wait();
   EXPECT_EQ(faults.injected(), 1u);
@@ -688,7 +689,7 @@ TEST(SwapChecksumFaults, ACorruptedReadBufferIsACorruptionError) {
   EXPECT_NE(st.message().find("at byte 1048576 of its extent"), std::string::npos) << st.message();
   EXPECT_NE(st.message().find(s.files()[0]->path()), std::string::npos) << st.message();
   // The disk is fine: the next read is clean and correct.
-  ASSERT_TRUE(s.read(*eng, e, buf.data(), n)->wait().is_ok());
+  ASSERT_OK(s.read(*eng, e, buf.data(), n)->wait());
   EXPECT_EQ(first_mismatch(buf.data(), data.data(), n), -1);
 }
 

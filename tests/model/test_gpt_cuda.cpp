@@ -19,6 +19,7 @@
 #include "model/gpt.h"
 #include "model/gpt_cuda.h"
 #include "tests/util/gpu_test_util.h"
+#include "tests/util/status_test_util.h"
 
 namespace zoe::model {
 namespace {
@@ -181,7 +182,7 @@ TEST_P(GptCudaVsCpu, LossLogitsAndEveryGradientMatch) {
 
   // CPU: the reference side.
   auto cpu_r = GptCpu::create(c, s.batch, s.T, 1);
-  ASSERT_TRUE(cpu_r.is_ok()) << cpu_r.status().to_string();
+  ASSERT_OK(cpu_r);
   GptCpu& cpu = *cpu_r.value();
   std::vector<std::vector<const float*>> cp;
   std::vector<std::vector<float*>> cg;
@@ -195,7 +196,7 @@ TEST_P(GptCudaVsCpu, LossLogitsAndEveryGradientMatch) {
 
   // GPU.
   auto gpu_r = GptCuda::create(c, s.batch, s.T, 0);
-  ASSERT_TRUE(gpu_r.is_ok()) << gpu_r.status().to_string();
+  ASSERT_OK(gpu_r);
   GptCuda& gpu = *gpu_r.value();
   std::vector<std::vector<const float*>> gp;
   std::vector<std::vector<float*>> gg;
@@ -205,9 +206,9 @@ TEST_P(GptCudaVsCpu, LossLogitsAndEveryGradientMatch) {
   }
   const float gpu_loss = step(gpu, c.layers, gp, gg, tokens.data(), targets.data());
   Status st = gpu.synchronize();
-  ASSERT_TRUE(st.is_ok()) << st.to_string();
+  ASSERT_OK(st);
   std::vector<float> gpu_logits(gpu.logits(), gpu.logits() + n * static_cast<size_t>(c.vocab));
-  ASSERT_TRUE(gpu.status().is_ok()) << gpu.status().to_string();
+  ASSERT_OK(gpu.status());
 
   std::printf("  %s: loss cpu %.7f gpu %.7f; %zu device bytes of activations\n", s.name, cpu_loss, gpu_loss,
               gpu.activation_bytes());
@@ -225,7 +226,7 @@ TEST_P(GptCudaVsCpu, LossLogitsAndEveryGradientMatch) {
   ASSERT_TRUE(model.reset_device_grads());
   const float again = step(gpu, c.layers, gp, gg, tokens.data(), targets.data());
   st = gpu.synchronize();
-  ASSERT_TRUE(st.is_ok()) << st.to_string();
+  ASSERT_OK(st);
   EXPECT_EQ(std::memcmp(&again, &gpu_loss, sizeof(float)), 0) << again << " vs " << gpu_loss;
   std::vector<std::vector<std::vector<float>>> again_grads;
   ASSERT_TRUE(model.download_grads(&again_grads));
@@ -268,7 +269,7 @@ TEST(GptCuda, ForwardOnlyThenAgain) {
   model.init(3);
   ASSERT_TRUE(model.upload());
   auto gpu_r = GptCuda::create(c, 1, 16, 0);
-  ASSERT_TRUE(gpu_r.is_ok()) << gpu_r.status().to_string();
+  ASSERT_OK(gpu_r);
   GptCuda& gpu = *gpu_r.value();
   std::vector<int32_t> tokens(16, 5), targets(16, -1);
   std::vector<std::vector<const float*>> gp;
@@ -277,7 +278,7 @@ TEST(GptCuda, ForwardOnlyThenAgain) {
   for (float& loss : losses) loss = forward_loss(gpu, c, gp, tokens, targets);
   EXPECT_EQ(losses[0], 0.0f);  // every target ignored
   EXPECT_EQ(losses[1], 0.0f);
-  EXPECT_TRUE(gpu.status().is_ok()) << gpu.status().to_string();
+  EXPECT_OK(gpu.status());
   const float* lg = gpu.logits();
   EXPECT_TRUE(std::isfinite(lg[0]) && std::isfinite(lg[16 * 256 - 1]));
 }
@@ -291,9 +292,9 @@ TEST(GptCuda, RunsOnTheDevicesStream) {
   model.init(4);
   ASSERT_TRUE(model.upload());
   auto dev = device::create_cuda_device(0, size_t{256} << 20);
-  ASSERT_TRUE(dev.is_ok()) << dev.status().to_string();
+  ASSERT_OK(dev);
   auto stream = dev.value()->create_stream();
-  ASSERT_TRUE(stream.is_ok()) << stream.status().to_string();
+  ASSERT_OK(stream);
   void* handle = stream.value()->native_handle();
   ASSERT_NE(handle, nullptr);
   std::vector<int32_t> tokens(16), targets(16);
@@ -308,18 +309,18 @@ TEST(GptCuda, RunsOnTheDevicesStream) {
     // The same upload before each model: the device's stream is non-blocking, so order it.
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     auto gpu_r = GptCuda::create(c, 1, 16, 0, k == 0 ? nullptr : handle);
-    ASSERT_TRUE(gpu_r.is_ok()) << gpu_r.status().to_string();
+    ASSERT_OK(gpu_r);
     GptCuda& gpu = *gpu_r.value();
     if (k == 1) {
       EXPECT_EQ(gpu.stream(), handle);
     }
     loss[k] = forward_loss(gpu, c, gp, tokens, targets);
-    ASSERT_TRUE(gpu.synchronize().is_ok()) << gpu.status().to_string();
+    ASSERT_OK(gpu.synchronize());
   }
   EXPECT_TRUE(std::isfinite(loss[0]));
   EXPECT_EQ(loss[0], loss[1]) << "own stream against the device's";
   // The model is gone; the device's stream still works.
-  EXPECT_TRUE(stream.value()->synchronize().is_ok());
+  EXPECT_OK(stream.value()->synchronize());
 }
 
 TEST(GptCuda, BadArgumentsAreRejected) {

@@ -11,6 +11,7 @@
 
 #include "model/corpus.h"
 #include "model/gpt_trainer.h"
+#include "tests/util/status_test_util.h"
 #include "tests/util/test_util.h"
 
 namespace zoe::model {
@@ -41,21 +42,21 @@ Rig make(Offload off, const std::string& dir) {
   Rig s;
   const GptConfig c = tiny();
   auto rt = Runtime::init();
-  EXPECT_TRUE(rt.is_ok());
+  EXPECT_OK(rt);
   s.rt = std::move(rt).value();
   Config::Builder b;
   b.stage(3).micro_batch(kBatch).precision(ComputeDType::kF32).lr(1e-3).param_persistence_threshold(0);
   if (off != Offload::kNone) b.offload_param(off, {dir}).offload_optimizer(off, {dir});
   auto cfg = b.build(s.rt->world_size());
-  EXPECT_TRUE(cfg.is_ok()) << cfg.status().to_string();
+  EXPECT_OK(cfg);
   auto eng = Engine::create(*s.rt, cfg.value());
-  EXPECT_TRUE(eng.is_ok()) << eng.status().to_string();
+  EXPECT_OK(eng);
   s.eng = std::move(eng).value();
-  EXPECT_TRUE(add_gpt_modules(*s.eng, c).is_ok());
+  EXPECT_OK(add_gpt_modules(*s.eng, c));
   Status st = s.eng->initialize([&](size_t m, size_t p, float* x, size_t n) { gpt_init(c, 7, m, p, x, n); });
-  EXPECT_TRUE(st.is_ok()) << st.to_string();
+  EXPECT_OK(st);
   auto m = GptCpu::create(c, kBatch, kT, 1);
-  EXPECT_TRUE(m.is_ok());
+  EXPECT_OK(m);
   s.model = std::move(m).value();
   s.trainer = std::make_unique<GptTrainer>(*s.eng, *s.model, c, kT);
   return s;
@@ -66,7 +67,7 @@ std::vector<int> argmax_chain(Rig& s, const std::string& text) {
   std::vector<int32_t> tokens(kBatch * kT, ' '), targets(tokens.size(), 0);
   for (size_t i = 0; i < text.size(); ++i) tokens[i] = static_cast<unsigned char>(text[i]);
   auto l = s.trainer->forward(tokens, targets);
-  EXPECT_TRUE(l.is_ok());
+  EXPECT_OK(l);
   std::vector<int> out;
   for (size_t i = 0; i < text.size(); ++i) {
     const float* row = s.model->logits() + i * 256;
@@ -82,7 +83,7 @@ TEST(GptTrainerSample, GreedyIsTheForwardPassArgmax) {
   // Within the context (4 + 10 <= 16 bytes) every sampled byte is the argmax of the forward pass
   // over prompt + sample at the position before it.
   auto greedy = s.trainer->sample(prompt, 10, 0.0, 1, kBatch);
-  ASSERT_TRUE(greedy.is_ok()) << greedy.status().to_string();
+  ASSERT_OK(greedy);
   ASSERT_EQ(greedy->size(), 10u);
   const std::string all = prompt + *greedy;
   std::vector<int> chain = argmax_chain(s, all.substr(0, all.size() - 1));
@@ -91,7 +92,7 @@ TEST(GptTrainerSample, GreedyIsTheForwardPassArgmax) {
   }
   // Past the context the window slides: the byte after 40 bytes is the argmax after the last 16.
   auto longer = s.trainer->sample(prompt, 40, 0.0, 1, kBatch);
-  ASSERT_TRUE(longer.is_ok());
+  ASSERT_OK(longer);
   EXPECT_EQ(longer->substr(0, 10), *greedy);
   const std::string whole = prompt + *longer;
   const std::string window = whole.substr(whole.size() - 1 - kT, kT);
@@ -110,7 +111,7 @@ TEST(GptTrainerSample, SeededAndTheSameOffloaded) {
   a = Rig{};
   Rig b = make(Offload::kNvme, dir.path());
   auto s4 = b.trainer->sample("ab", 24, 1.0, 5, kBatch);
-  ASSERT_TRUE(s4.is_ok()) << s4.status().to_string();
+  ASSERT_OK(s4);
   EXPECT_EQ(*s4, *s1);
   EXPECT_FALSE(b.trainer->sample("ab", 4, -1.0, 5, kBatch).is_ok());
   EXPECT_FALSE(b.trainer->sample("ab", -1, 1.0, 5, kBatch).is_ok());
@@ -126,7 +127,7 @@ TEST(TextCorpus, DirectoryIsItsRegularFilesInNameOrder) {
   std::filesystem::create_directory(dir.file("sub"));
   std::ofstream(dir.file("sub/d.txt")) << "nested\n";
   auto c = data::load_text_file(dir.path(), 8, 0.2);
-  ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+  ASSERT_OK(c);
   std::string all(c->train.begin(), c->train.end());
   all.append(c->eval.begin(), c->eval.end());
   EXPECT_EQ(all, "first " + line + "\nsecond " + line + "\n");

@@ -14,6 +14,7 @@
 #include "gpt_reference.h"
 #include "model/gpt.h"
 #include "model/kernels.h"
+#include "tests/util/status_test_util.h"
 
 namespace zoe::model {
 namespace {
@@ -83,7 +84,7 @@ struct Model {
 
 std::unique_ptr<GptCpu> make_gpt(const GptConfig& c, int batch, int T, int threads) {
   auto r = GptCpu::create(c, batch, T, threads);
-  EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_OK(r);
   return r.is_ok() ? std::move(r).value() : nullptr;
 }
 
@@ -97,7 +98,7 @@ std::vector<int32_t> random_ids(size_t n, int vocab, uint64_t seed) {
 // ---------------------------------------------------------------------------------------------
 TEST(GptConfig, Validate) {
   GptConfig ok;
-  EXPECT_TRUE(ok.validate().is_ok());
+  EXPECT_OK(ok.validate());
   struct Bad {
     GptConfig c;
     const char* needle;
@@ -120,7 +121,7 @@ TEST(GptConfig, Validate) {
   }
   GptConfig v = ok;
   v.vocab = 65536;
-  EXPECT_TRUE(v.validate().is_ok());
+  EXPECT_OK(v.validate());
 }
 
 TEST(GptConfig, ModulesMatchNumParams) {
@@ -153,7 +154,7 @@ TEST(GptCpu, CreateRefusesBadShapes) {
   ASSERT_FALSE(r.is_ok());
   EXPECT_NE(r.status().message().find("heads"), std::string::npos);
   auto ok = GptCpu::create(c, 2, 8, 0);
-  ASSERT_TRUE(ok.is_ok()) << ok.status().to_string();
+  ASSERT_OK(ok);
   EXPECT_GE((*ok)->threads(), 1);
   EXPECT_GT((*ok)->activation_bytes(), 0u);
 }

@@ -13,6 +13,7 @@
 #include "io/swap_file.h"
 #include "offload/swap_store.h"
 #include "offload/tier_manager.h"
+#include "tests/util/status_test_util.h"
 #include "tests/util/test_util.h"
 
 namespace zoe::offload {
@@ -35,7 +36,7 @@ struct Rig {
     eo.queue_depth = 16;
     eo.faults = &faults;
     auto e = io::IoEngine::create(eo);
-    EXPECT_TRUE(e.is_ok()) << e.status().to_string();
+    EXPECT_OK(e);
     if (!e.is_ok()) return false;
     engine = std::move(e).value();
     io::SwapFileOptions so;
@@ -43,12 +44,12 @@ struct Rig {
     so.grow_bytes = 4 << 20;
     so.checksum = true;  // the tier and swapper tests run with swap checksums on
     auto s = io::SwapFile::create(so);
-    EXPECT_TRUE(s.is_ok()) << s.status().to_string();
+    EXPECT_OK(s);
     if (!s.is_ok()) return false;
     swap = std::move(s).value();
     store = std::make_unique<SwapStore>(swap.get(), engine.get(), nvme_budget);
     auto d = device::create_cpu_device(device_budget);
-    EXPECT_TRUE(d.is_ok()) << d.status().to_string();
+    EXPECT_OK(d);
     if (!d.is_ok()) return false;
     device = std::move(d).value();
     TierManagerOptions o = extra;
@@ -57,7 +58,7 @@ struct Rig {
     o.host_budget = host_budget;
     o.nvme = store.get();
     auto t = TierManager::create(o);
-    EXPECT_TRUE(t.is_ok()) << t.status().to_string();
+    EXPECT_OK(t);
     if (!t.is_ok()) return false;
     tm = std::move(t).value();
     return true;

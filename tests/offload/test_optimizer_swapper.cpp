@@ -4,6 +4,7 @@
 
 #include "offload/optimizer_swapper.h"
 #include "tests/offload/offload_fixture.h"
+#include "tests/util/status_test_util.h"
 
 namespace zoe::offload {
 namespace {
@@ -58,28 +59,28 @@ TEST_P(SwapperTest, BitIdenticalToInMemoryUpdate) {
   Rig r;
   ASSERT_TRUE(r.init(MiB(), 64 * MiB()));
   auto sw = OptimizerSwapper::create(r.store.get(), adam_options(GetParam(), 64 * 1024));
-  ASSERT_TRUE(sw.is_ok()) << sw.status().to_string();
+  ASSERT_OK(sw);
   auto host = OptimizerSwapper::create(nullptr, adam_options(GetParam(), 64 * 1024));
-  ASSERT_TRUE(host.is_ok());
+  ASSERT_OK(host);
   Case c;
   std::vector<std::vector<float>> ref[4];
   for (size_t g = 0; g < c.sizes.size(); ++g) {
     size_t n = c.sizes[g];
-    ASSERT_TRUE(sw.value()->add_group(g, n).is_ok());
-    ASSERT_TRUE(host.value()->add_group(g, n).is_ok());
+    ASSERT_OK(sw.value()->add_group(g, n));
+    ASSERT_OK(host.value()->add_group(g, n));
     for (size_t k = 0; k < 4; ++k) {
       auto v = series(n, static_cast<uint32_t>(g * 10 + k));
       if (k == 2) {
         for (auto& f : v) f = f * f;  // v >= 0
       }
-      ASSERT_TRUE(sw.value()->write_state(g, k, v.data()).is_ok());
-      ASSERT_TRUE(host.value()->write_state(g, k, v.data()).is_ok());
+      ASSERT_OK(sw.value()->write_state(g, k, v.data()));
+      ASSERT_OK(host.value()->write_state(g, k, v.data()));
       ref[k].push_back(std::move(v));
     }
   }
   for (int step = 0; step < 3; ++step) {
-    ASSERT_TRUE(sw.value()->step(adam_update()).is_ok());
-    ASSERT_TRUE(host.value()->step(adam_update()).is_ok());
+    ASSERT_OK(sw.value()->step(adam_update()));
+    ASSERT_OK(host.value()->step(adam_update()));
     for (size_t g = 0; g < c.sizes.size(); ++g)
       adamish(ref[0][g].data(), ref[1][g].data(), ref[2][g].data(), ref[3][g].data(), c.sizes[g]);
   }
@@ -87,8 +88,8 @@ TEST_P(SwapperTest, BitIdenticalToInMemoryUpdate) {
   for (size_t g = 0; g < c.sizes.size(); ++g) {
     for (size_t k = 0; k < 4; ++k) {
       std::vector<float> a(c.sizes[g]), b(c.sizes[g]);
-      ASSERT_TRUE(sw.value()->read_state(g, k, a.data()).is_ok());
-      ASSERT_TRUE(host.value()->read_state(g, k, b.data()).is_ok());
+      ASSERT_OK(sw.value()->read_state(g, k, a.data()));
+      ASSERT_OK(host.value()->read_state(g, k, b.data()));
       EXPECT_EQ(test::first_mismatch(a.data(), ref[k][g].data(), a.size() * 4), -1)
           << "nvme group " << g << " state " << k;
       EXPECT_EQ(test::first_mismatch(b.data(), ref[k][g].data(), b.size() * 4), -1)
@@ -107,17 +108,15 @@ TEST(Swapper, RangedStateTransfers) {
   ASSERT_TRUE(r.init(MiB(), 64 * MiB()));
   for (bool nvme : {true, false}) {
     auto sw = OptimizerSwapper::create(nvme ? r.store.get() : nullptr, adam_options(8, 64 * 1024));
-    ASSERT_TRUE(sw.is_ok());
+    ASSERT_OK(sw);
     const size_t n = 100003, c = sw.value()->chunk_elems();
-    ASSERT_TRUE(sw.value()->add_group(1, n).is_ok());
+    ASSERT_OK(sw.value()->add_group(1, n));
     auto v = series(n, 9);
     // Written in chunk-aligned pieces, read back whole and in pieces.
-    for (size_t b = 0; b < n; b += 2 * c)
-      ASSERT_TRUE(sw.value()->write_state(1, 0, v.data() + b, b, 2 * c).is_ok());
+    for (size_t b = 0; b < n; b += 2 * c) ASSERT_OK(sw.value()->write_state(1, 0, v.data() + b, b, 2 * c));
     std::vector<float> whole(n), part(n);
-    ASSERT_TRUE(sw.value()->read_state(1, 0, whole.data()).is_ok());
-    for (size_t b = 0; b < n; b += c)
-      ASSERT_TRUE(sw.value()->read_state(1, 0, part.data() + b, b, c).is_ok());
+    ASSERT_OK(sw.value()->read_state(1, 0, whole.data()));
+    for (size_t b = 0; b < n; b += c) ASSERT_OK(sw.value()->read_state(1, 0, part.data() + b, b, c));
     EXPECT_EQ(test::first_mismatch(whole.data(), v.data(), n * 4), -1);
     EXPECT_EQ(test::first_mismatch(part.data(), v.data(), n * 4), -1);
     EXPECT_EQ(sw.value()->read_state(1, 0, part.data(), 5, c).code(), StatusCode::kInvalidArgument);
@@ -132,25 +131,25 @@ TEST(Swapper, AsynchronousChunkWritesLandBeforeReadsAndTheStep) {
   ASSERT_TRUE(r.init(MiB(), 64 * MiB()));
   for (bool nvme : {true, false}) {
     auto sw = OptimizerSwapper::create(nvme ? r.store.get() : nullptr, adam_options(12, 64 * 1024));
-    ASSERT_TRUE(sw.is_ok());
+    ASSERT_OK(sw);
     OptimizerSwapper& w = *sw.value();
     const size_t n = 100003, c = w.chunk_elems();
-    ASSERT_TRUE(w.add_group(1, n).is_ok());
+    ASSERT_OK(w.add_group(1, n));
     ASSERT_GT((n + c - 1) / c, w.slots());
     auto g = series(n, 11);
     for (size_t b = 0; b < n; b += c)
-      ASSERT_TRUE(w.write_state_async(1, 3, g.data() + b, b, std::min(c, n - b)).is_ok());
+      ASSERT_OK(w.write_state_async(1, 3, g.data() + b, b, std::min(c, n - b)));
     std::vector<float> back(n);
-    ASSERT_TRUE(w.read_state(1, 3, back.data()).is_ok());
+    ASSERT_OK(w.read_state(1, 3, back.data()));
     EXPECT_EQ(test::first_mismatch(back.data(), g.data(), n * 4), -1) << (nvme ? "nvme" : "host");
     // The step reads the gradient state as written.
     for (size_t b = 0; b < n; b += c)
-      ASSERT_TRUE(w.write_state_async(1, 3, g.data() + b, b, std::min(c, n - b)).is_ok());
+      ASSERT_OK(w.write_state_async(1, 3, g.data() + b, b, std::min(c, n - b)));
     std::vector<float> seen(n);
-    ASSERT_TRUE(w.step([&](const ChunkView& v) {
-                   memcpy(seen.data() + v.begin, v.data[3], v.n * 4);
-                   return Status::ok();
-                 }).is_ok());
+    ASSERT_OK(w.step([&](const ChunkView& v) {
+      memcpy(seen.data() + v.begin, v.data[3], v.n * 4);
+      return Status::ok();
+    }));
     EXPECT_EQ(test::first_mismatch(seen.data(), g.data(), n * 4), -1) << (nvme ? "nvme" : "host");
     // Not one chunk: refused.
     EXPECT_EQ(w.write_state_async(1, 3, g.data(), 5, c).code(), StatusCode::kInvalidArgument);
@@ -159,7 +158,7 @@ TEST(Swapper, AsynchronousChunkWritesLandBeforeReadsAndTheStep) {
     r.faults.clear();  // counts from here
     r.faults.add(io::FaultKind::kEio, 2, 1, io::IoOp::kWrite);
     for (size_t b = 0; b < n; b += c)
-      ASSERT_TRUE(w.write_state_async(1, 3, g.data() + b, b, std::min(c, n - b)).is_ok());
+      ASSERT_OK(w.write_state_async(1, 3, g.data() + b, b, std::min(c, n - b)));
     Status rd = w.read_state(1, 0, back.data());  // a read on the way fails too, and keeps the error
     EXPECT_FALSE(rd.is_ok());
     Status st = w.step(adam_update());
@@ -167,8 +166,8 @@ TEST(Swapper, AsynchronousChunkWritesLandBeforeReadsAndTheStep) {
     EXPECT_NE(st.message().find("writing optimizer state chunk 1@"), std::string::npos) << st.message();
     EXPECT_EQ(w.free_slots(), w.slots());
     r.faults.clear();
-    EXPECT_TRUE(w.wait_async_writes().is_ok());  // reported once
-    EXPECT_TRUE(w.step(adam_update()).is_ok());
+    EXPECT_OK(w.wait_async_writes());  // reported once
+    EXPECT_OK(w.step(adam_update()));
   }
 }
 
@@ -180,40 +179,40 @@ TEST(Swapper, PreloadedChunksGiveTheSameUpdateAndKeepWhatWasHandedOver) {
     Rig r;
     ASSERT_TRUE(r.init(MiB(), 64 * MiB()));
     auto sw = OptimizerSwapper::create(r.store.get(), adam_options(16, 64 * 1024));
-    ASSERT_TRUE(sw.is_ok());
+    ASSERT_OK(sw);
     OptimizerSwapper& w = *sw.value();
     const size_t n = 50000, c = w.chunk_elems();
-    ASSERT_TRUE(w.add_group(1, n).is_ok());
-    ASSERT_TRUE(w.add_group(2, 7000).is_ok());
+    ASSERT_OK(w.add_group(1, n));
+    ASSERT_OK(w.add_group(2, 7000));
     for (size_t k = 0; k < 3; ++k) {
-      ASSERT_TRUE(w.write_state(1, k, series(n, 20 + k).data()).is_ok());
-      ASSERT_TRUE(w.write_state(2, k, series(7000, 30 + k).data()).is_ok());
+      ASSERT_OK(w.write_state(1, k, series(n, 20 + k).data()));
+      ASSERT_OK(w.write_state(2, k, series(7000, 30 + k).data()));
     }
     const auto g1 = series(n, 40), g2 = series(7000, 41);
-    ASSERT_TRUE(w.write_state(2, 3, g2.data()).is_ok());
+    ASSERT_OK(w.write_state(2, 3, g2.data()));
     if (variant == 0) {
-      ASSERT_TRUE(w.write_state(1, 3, g1.data()).is_ok());
+      ASSERT_OK(w.write_state(1, 3, g1.data()));
     } else {
       w.preload(w.slots() - 1);
       ASSERT_EQ(w.preloaded(), w.slots() - 1);
       for (size_t b = 0; b < n; b += c) {
         const size_t m = std::min(c, n - b);
         if (!w.fill_preloaded(1, b, 3, g1.data() + b, m)) {
-          ASSERT_TRUE(w.write_state_async(1, 3, g1.data() + b, b, m).is_ok());
+          ASSERT_OK(w.write_state_async(1, 3, g1.data() + b, b, m));
         }
       }
       EXPECT_FALSE(w.fill_preloaded(1, 0, 3, g1.data(), c)) << "handed over twice";
       EXPECT_FALSE(w.fill_preloaded(2, 0, 3, g2.data(), 7000)) << "not preloaded";
       if (variant == 2) {
-        ASSERT_TRUE(w.write_state(2, 3, g2.data()).is_ok());  // drops the preloaded chunks
+        ASSERT_OK(w.write_state(2, 3, g2.data()));  // drops the preloaded chunks
         EXPECT_EQ(w.preloaded(), 0u);
       }
     }
-    ASSERT_TRUE(w.step(adam_update()).is_ok());
+    ASSERT_OK(w.step(adam_update()));
     EXPECT_EQ(w.free_slots(), w.slots());
     std::vector<float> p1(n), p2(7000);
-    ASSERT_TRUE(w.read_state(1, 0, p1.data()).is_ok());
-    ASSERT_TRUE(w.read_state(2, 0, p2.data()).is_ok());
+    ASSERT_OK(w.read_state(1, 0, p1.data()));
+    ASSERT_OK(w.read_state(2, 0, p2.data()));
     // The in-memory reference: the same update on the same inputs.
     auto rp = series(n, 20), rm = series(n, 21), rv = series(n, 22);
     adamish(rp.data(), rm.data(), rv.data(), g1.data(), n);
@@ -236,8 +235,8 @@ void run_fault(io::FaultKind kind, io::IoOp op, uint64_t nth) {
   Rig r;
   ASSERT_TRUE(r.init(MiB(), 64 * MiB()));
   auto sw = OptimizerSwapper::create(r.store.get(), adam_options(12, 64 * 1024));
-  ASSERT_TRUE(sw.is_ok());
-  ASSERT_TRUE(sw.value()->add_group(1, 300000).is_ok());
+  ASSERT_OK(sw);
+  ASSERT_OK(sw.value()->add_group(1, 300000));
   r.faults.add(kind, nth, 1, op);
   Status s = sw.value()->step(adam_update());
   ASSERT_FALSE(s.is_ok());
@@ -248,7 +247,7 @@ void run_fault(io::FaultKind kind, io::IoOp op, uint64_t nth) {
   (void)r.engine->drain();
   EXPECT_EQ(r.engine->outstanding(), 0u);
   r.faults.clear();
-  EXPECT_TRUE(sw.value()->step(adam_update()).is_ok());  // usable afterwards
+  EXPECT_OK(sw.value()->step(adam_update()));  // usable afterwards
 }
 
 TEST(Swapper, ReadErrorMidPipeline) { run_fault(io::FaultKind::kEio, io::IoOp::kRead, 9); }
@@ -260,16 +259,16 @@ TEST(Swapper, CorruptReadIsACorruptionErrorNamingItemAndState) {
   ASSERT_TRUE(r.init(MiB(), 64 * MiB()));
   ASSERT_TRUE(r.swap->checksum());
   auto sw = OptimizerSwapper::create(r.store.get(), adam_options(12, 64 * 1024));
-  ASSERT_TRUE(sw.is_ok());
+  ASSERT_OK(sw);
   const size_t n = 300000;
-  ASSERT_TRUE(sw.value()->add_group(1, n).is_ok());
+  ASSERT_OK(sw.value()->add_group(1, n));
   std::vector<std::vector<float>> init(4);
   for (size_t k = 0; k < 4; ++k) {
     init[k] = series(n, static_cast<uint32_t>(k + 1));
     if (k == 2) {
       for (auto& f : init[k]) f = f * f;
     }
-    ASSERT_TRUE(sw.value()->write_state(1, k, init[k].data()).is_ok());
+    ASSERT_OK(sw.value()->write_state(1, k, init[k].data()));
   }
   // Reads go 4 states per chunk; the 10th read answered is one of the third chunk's (which state
   // depends on the order the kernel answers in).
@@ -287,9 +286,8 @@ TEST(Swapper, CorruptReadIsACorruptionErrorNamingItemAndState) {
   // The bad bytes never reached the disk: every state reads back clean, and a step works.
   r.faults.clear();
   std::vector<float> got(n);
-  for (size_t k = 0; k < 4; ++k)
-    EXPECT_TRUE(sw.value()->read_state(1, k, got.data()).is_ok()) << "state " << k;
-  EXPECT_TRUE(sw.value()->step(adam_update()).is_ok());
+  for (size_t k = 0; k < 4; ++k) EXPECT_OK(sw.value()->read_state(1, k, got.data())) << "state " << k;
+  EXPECT_OK(sw.value()->step(adam_update()));
   EXPECT_GT(r.swap->verified_bytes(), 0u);
 }
 
@@ -297,8 +295,8 @@ TEST(Swapper, UpdateErrorStopsThePass) {
   Rig r;
   ASSERT_TRUE(r.init(MiB(), 64 * MiB()));
   auto sw = OptimizerSwapper::create(r.store.get(), adam_options(12, 64 * 1024));
-  ASSERT_TRUE(sw.is_ok());
-  ASSERT_TRUE(sw.value()->add_group(1, 300000).is_ok());
+  ASSERT_OK(sw);
+  ASSERT_OK(sw.value()->add_group(1, 300000));
   int calls = 0;
   Status s = sw.value()->step([&](const ChunkView& c) {
     return ++calls == 4 ? invalid_argument("non-finite gradients") : Status::ok();
@@ -313,7 +311,7 @@ TEST(Swapper, NvmeBudgetIsEnforced) {
   Rig r;
   ASSERT_TRUE(r.init(MiB(), 64 * MiB(), {}, /*nvme_budget=*/MiB()));
   auto sw = OptimizerSwapper::create(r.store.get(), adam_options(12, 64 * 1024));
-  ASSERT_TRUE(sw.is_ok());
+  ASSERT_OK(sw);
   Status s = sw.value()->add_group(1, 100000);  // 4 states x 400 KB > 1 MiB
   EXPECT_EQ(s.code(), StatusCode::kOutOfBudget);
   EXPECT_NE(s.message().find("nvme tier"), std::string::npos) << s.message();

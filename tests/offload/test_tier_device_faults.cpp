@@ -9,6 +9,7 @@
 #include <future>
 
 #include "tests/offload/offload_fixture.h"
+#include "tests/util/status_test_util.h"
 
 namespace zoe::offload {
 namespace {
@@ -90,7 +91,7 @@ struct FaultyRig {
     o.nvme = r.store.get();
     o.staging_bytes = staging_bytes;
     auto t = TierManager::create(o);
-    EXPECT_TRUE(t.is_ok()) << t.status().to_string();
+    EXPECT_OK(t);
     if (!t.is_ok()) return false;
     tm = std::move(t).value();
     return true;
@@ -117,11 +118,11 @@ TEST_P(DeviceWriteBackFault, KeepsTheDirtyCopyAndReportsTheError) {
   ASSERT_TRUE(f.init(GetParam()));
   TierManager& tm = *f.tm;
   const size_t n = 64 * KiB;
-  ASSERT_TRUE(tm.add_item(1, n, Tier::kNvme).is_ok());
+  ASSERT_OK(tm.add_item(1, n, Tier::kNvme));
   auto data = random_bytes(n, 5);
   auto p = move_or_die([&] { return tm.fetch(1, Tier::kDevice); }, "fetch");
-  ASSERT_TRUE(p.is_ok()) << p.status().to_string();
-  ASSERT_TRUE(f.device->copy_to_device(p.value(), data.data(), n).is_ok());
+  ASSERT_OK(p);
+  ASSERT_OK(f.device->copy_to_device(p.value(), data.data(), n));
   tm.unpin(1, Tier::kDevice, /*dirty=*/true);
   f.faults.d2h = 1 << 20;  // every device->host copy of the write-back
   auto ev = move_or_die([&] { return tm.evict(1, Tier::kDevice); }, "a write-back whose device copy fails");
@@ -134,10 +135,10 @@ TEST_P(DeviceWriteBackFault, KeepsTheDirtyCopyAndReportsTheError) {
   EXPECT_EQ(tm.residency(1, Tier::kDevice), Residency::kDirty);  // nothing lost
   EXPECT_EQ(tm.drain().code(), StatusCode::kIoError);
   f.faults.d2h = 0;
-  ASSERT_TRUE(move_or_die([&] { return tm.evict(1, Tier::kDevice); }, "evict").is_ok());
+  ASSERT_OK(move_or_die([&] { return tm.evict(1, Tier::kDevice); }, "evict"));
   EXPECT_EQ(tm.residency(1, Tier::kDevice), Residency::kAbsent);
   std::vector<unsigned char> got(n);
-  ASSERT_TRUE(tm.read(1, got.data()).is_ok());
+  ASSERT_OK(tm.read(1, got.data()));
   EXPECT_EQ(first_mismatch(got.data(), data.data(), n), -1);
 }
 
@@ -151,8 +152,8 @@ TEST(DeviceLoadFault, ReachesTheFetcherAndGivesTheBudgetBack) {
   ASSERT_TRUE(f.init(16 * KiB));
   TierManager& tm = *f.tm;
   const size_t n = 64 * KiB;
-  ASSERT_TRUE(tm.add_item(1, n, Tier::kNvme).is_ok());  // to the device through staging
-  ASSERT_TRUE(tm.add_item(2, n, Tier::kHost).is_ok());  // to the device straight from host
+  ASSERT_OK(tm.add_item(1, n, Tier::kNvme));  // to the device through staging
+  ASSERT_OK(tm.add_item(2, n, Tier::kHost));  // to the device straight from host
   for (uint64_t id : {1, 2}) {
     const uint64_t used = tm.stats().used[0];
     f.faults.h2d = 1;
@@ -164,7 +165,7 @@ TEST(DeviceLoadFault, ReachesTheFetcherAndGivesTheBudgetBack) {
     EXPECT_EQ(tm.residency(id, Tier::kDevice), Residency::kAbsent);
     EXPECT_EQ(tm.drain().code(), StatusCode::kIoError);
     EXPECT_EQ(tm.stats().used[0], used) << "the reservation was given back";
-    ASSERT_TRUE(move_or_die([&] { return tm.fetch(id, Tier::kDevice); }, "fetch").is_ok());
+    ASSERT_OK(move_or_die([&] { return tm.fetch(id, Tier::kDevice); }, "fetch"));
     tm.unpin(id, Tier::kDevice);
   }
 }

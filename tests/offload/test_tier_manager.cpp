@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "tests/offload/offload_fixture.h"
+#include "tests/util/status_test_util.h"
 
 namespace zoe::offload {
 namespace {
@@ -29,29 +30,29 @@ TEST(TierManager, RoundTripsThroughEveryTier) {
   TierManager& tm = *r.tm;
   const size_t n = MiB + 12 * KiB + 100;  // not a multiple of 4096 either
   auto data = random_bytes(n, 1);
-  ASSERT_TRUE(tm.add_item(1, n, Tier::kNvme).is_ok());
-  ASSERT_TRUE(tm.write(1, data.data()).is_ok());
+  ASSERT_OK(tm.add_item(1, n, Tier::kNvme));
+  ASSERT_OK(tm.write(1, data.data()));
   // NVMe -> device, streamed through 64 KiB staging buffers.
   auto h = tm.fetch(1, Tier::kDevice);
   auto p = h.wait();
-  ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+  ASSERT_OK(p);
   std::vector<unsigned char> back(n);
-  ASSERT_TRUE(r.device->copy_to_host(back.data(), p.value(), n).is_ok());
+  ASSERT_OK(r.device->copy_to_host(back.data(), p.value(), n));
   EXPECT_EQ(first_mismatch(back.data(), data.data(), n), -1);
   // Change it on the device, evict: the dirty copy is written back to NVMe in pieces.
   for (size_t i = 0; i < n; i += 4096) back[i] ^= 0xFF;
-  ASSERT_TRUE(r.device->copy_to_device(p.value(), back.data(), n).is_ok());
+  ASSERT_OK(r.device->copy_to_device(p.value(), back.data(), n));
   tm.unpin(1, Tier::kDevice, /*dirty=*/true);
   EXPECT_EQ(tm.residency(1, Tier::kDevice), Residency::kDirty);
-  ASSERT_TRUE(tm.evict(1, Tier::kDevice).wait().is_ok());
+  ASSERT_OK(tm.evict(1, Tier::kDevice).wait());
   EXPECT_EQ(tm.residency(1, Tier::kDevice), Residency::kAbsent);
   // NVMe -> host: sees the device's change.
   auto hp = tm.fetch(1, Tier::kHost).wait();
-  ASSERT_TRUE(hp.is_ok());
+  ASSERT_OK(hp);
   EXPECT_EQ(first_mismatch(hp.value(), back.data(), n), -1);
   tm.unpin(1, Tier::kHost);
   std::vector<unsigned char> latest(n);
-  ASSERT_TRUE(tm.read(1, latest.data()).is_ok());
+  ASSERT_OK(tm.read(1, latest.data()));
   EXPECT_EQ(first_mismatch(latest.data(), back.data(), n), -1);
   TierStats s = tm.stats();
   EXPECT_GE(s.nvme_to_device.bytes, n);
@@ -65,21 +66,21 @@ TEST(TierManager, HostHomeToDeviceAndBack) {
   ASSERT_TRUE(r.init(4 * MiB, 16 * MiB));
   TierManager& tm = *r.tm;
   auto data = random_bytes(300 * KiB, 2);
-  ASSERT_TRUE(tm.add_item(7, data.size(), Tier::kHost).is_ok());
-  ASSERT_TRUE(tm.write(7, data.data()).is_ok());
+  ASSERT_OK(tm.add_item(7, data.size(), Tier::kHost));
+  ASSERT_OK(tm.write(7, data.data()));
   auto p = tm.fetch(7, Tier::kDevice).wait();
-  ASSERT_TRUE(p.is_ok());
+  ASSERT_OK(p);
   std::vector<unsigned char> v(data.size());
-  ASSERT_TRUE(r.device->copy_to_host(v.data(), p.value(), v.size()).is_ok());
+  ASSERT_OK(r.device->copy_to_host(v.data(), p.value(), v.size()));
   EXPECT_EQ(first_mismatch(v.data(), data.data(), v.size()), -1);
   v[5] = static_cast<unsigned char>(v[5] + 1);
-  ASSERT_TRUE(r.device->copy_to_device(p.value(), v.data(), v.size()).is_ok());
+  ASSERT_OK(r.device->copy_to_device(p.value(), v.data(), v.size()));
   tm.unpin(7, Tier::kDevice, true);
-  ASSERT_TRUE(tm.flush().is_ok());
+  ASSERT_OK(tm.flush());
   EXPECT_EQ(tm.residency(7, Tier::kDevice), Residency::kResident);  // flush keeps clean copies
-  ASSERT_TRUE(tm.evict(7, Tier::kDevice).wait().is_ok());
+  ASSERT_OK(tm.evict(7, Tier::kDevice).wait());
   std::vector<unsigned char> back(data.size());
-  ASSERT_TRUE(tm.read(7, back.data()).is_ok());
+  ASSERT_OK(tm.read(7, back.data()));
   EXPECT_EQ(first_mismatch(back.data(), v.data(), v.size()), -1);
 }
 
@@ -87,12 +88,12 @@ TEST(TierManager, BudgetsAreHardAndErrorsSayWhy) {
   Rig r;
   ASSERT_TRUE(r.init(MiB, 8 * MiB));
   TierManager& tm = *r.tm;
-  for (uint64_t i = 0; i < 8; ++i) ASSERT_TRUE(tm.add_item(i, 256 * KiB, Tier::kNvme).is_ok());
+  for (uint64_t i = 0; i < 8; ++i) ASSERT_OK(tm.add_item(i, 256 * KiB, Tier::kNvme));
   // Four fit; the fifth needs an eviction, which happens once one is unpinned.
   std::vector<void*> ptrs;
   for (uint64_t i = 0; i < 4; ++i) {
     auto p = tm.fetch(i, Tier::kDevice).wait();
-    ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+    ASSERT_OK(p);
   }
   auto full = tm.fetch(4, Tier::kDevice).wait();
   ASSERT_FALSE(full.is_ok());
@@ -104,11 +105,11 @@ TEST(TierManager, BudgetsAreHardAndErrorsSayWhy) {
   EXPECT_NE(s.message().find("budget 1048576"), std::string::npos) << s.message();
   EXPECT_NE(s.message().find("pinned"), std::string::npos) << s.message();
   tm.unpin(0, Tier::kDevice);
-  ASSERT_TRUE(tm.fetch(4, Tier::kDevice).wait().is_ok());
+  ASSERT_OK(tm.fetch(4, Tier::kDevice).wait());
   EXPECT_EQ(tm.residency(0, Tier::kDevice), Residency::kAbsent);  // the evicted one
   for (uint64_t i = 1; i <= 4; ++i) tm.unpin(i, Tier::kDevice);
   // A request larger than the whole budget fails at once.
-  ASSERT_TRUE(tm.add_item(99, 2 * MiB, Tier::kNvme).is_ok());
+  ASSERT_OK(tm.add_item(99, 2 * MiB, Tier::kNvme));
   auto big = tm.fetch(99, Tier::kDevice).wait();
   EXPECT_EQ(big.status().code(), StatusCode::kOutOfBudget);
   EXPECT_NE(big.status().message().find("alone exceeds"), std::string::npos);
@@ -123,9 +124,9 @@ TEST(TierManager, WaitsForPinsWhenAskedTo) {
   o.wait_for_unpin_ms = 5000;
   ASSERT_TRUE(r.init(512 * KiB, 8 * MiB, o));
   TierManager& tm = *r.tm;
-  ASSERT_TRUE(tm.add_item(1, 512 * KiB, Tier::kNvme).is_ok());
-  ASSERT_TRUE(tm.add_item(2, 512 * KiB, Tier::kNvme).is_ok());
-  ASSERT_TRUE(tm.fetch(1, Tier::kDevice).wait().is_ok());
+  ASSERT_OK(tm.add_item(1, 512 * KiB, Tier::kNvme));
+  ASSERT_OK(tm.add_item(2, 512 * KiB, Tier::kNvme));
+  ASSERT_OK(tm.fetch(1, Tier::kDevice).wait());
   // The fetch of 2 waits on the full device tier; item 1 is unpinned only once it is seen waiting.
   std::atomic<bool> done{false};
   Status fetched;
@@ -140,7 +141,7 @@ TEST(TierManager, WaitsForPinsWhenAskedTo) {
   EXPECT_FALSE(done) << "the fetch ended while item 1 was pinned";
   tm.unpin(1, Tier::kDevice);
   t.join();
-  EXPECT_TRUE(fetched.is_ok()) << fetched.to_string();
+  EXPECT_OK(fetched);
   EXPECT_EQ(tm.stats().waiting, 0u);
   EXPECT_EQ(tm.residency(1, Tier::kDevice), Residency::kAbsent);  // evicted for 2
   tm.unpin(2, Tier::kDevice);
@@ -153,20 +154,20 @@ TEST(TierManager, DirtyCopiesAreWrittenBeforeEviction) {
   const size_t n = 200 * KiB;
   std::vector<std::vector<unsigned char>> want;
   for (uint64_t i = 0; i < 20; ++i) {
-    ASSERT_TRUE(tm.add_item(i, n, Tier::kNvme).is_ok());
+    ASSERT_OK(tm.add_item(i, n, Tier::kNvme));
     want.push_back(random_bytes(n, 100 + i));
   }
   // Each item is written on the device; the budget holds 5, so evictions write back as we go.
   for (uint64_t i = 0; i < 20; ++i) {
     auto p = tm.fetch(i, Tier::kDevice).wait();
-    ASSERT_TRUE(p.is_ok()) << p.status().to_string();
-    ASSERT_TRUE(r.device->copy_to_device(p.value(), want[i].data(), n).is_ok());
+    ASSERT_OK(p);
+    ASSERT_OK(r.device->copy_to_device(p.value(), want[i].data(), n));
     tm.unpin(i, Tier::kDevice, true);
   }
   EXPECT_GT(tm.stats().writebacks, 10u);
   for (uint64_t i = 0; i < 20; ++i) {
     std::vector<unsigned char> got(n);
-    ASSERT_TRUE(tm.read(i, got.data()).is_ok());
+    ASSERT_OK(tm.read(i, got.data()));
     EXPECT_EQ(first_mismatch(got.data(), want[i].data(), n), -1) << "item " << i;
   }
   EXPECT_LE(tm.stats().high_water[0], MiB);
@@ -182,20 +183,20 @@ TEST(TierManager, CleanWritesBackAndKeepsAHostCacheThatFeedsTheDevice) {
   TierManager& tm = *r.tm;
   std::vector<std::vector<unsigned char>> want;
   for (uint64_t i = 0; i < 6; ++i) {
-    ASSERT_TRUE(tm.add_item(i, n, Tier::kNvme).is_ok());
+    ASSERT_OK(tm.add_item(i, n, Tier::kNvme));
     want.push_back(random_bytes(n, 300 + i));
   }
   for (uint64_t i = 0; i < 6; ++i) {
     auto p = tm.fetch(i, Tier::kHost).wait();
-    ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+    ASSERT_OK(p);
     memcpy(p.value(), want[i].data(), n);
     tm.unpin(i, Tier::kHost, /*dirty=*/true);
     // Dirty and pinned again (someone may be writing it): refused.
-    ASSERT_TRUE(tm.fetch(i, Tier::kHost).wait().is_ok());
+    ASSERT_OK(tm.fetch(i, Tier::kHost).wait());
     EXPECT_EQ(tm.clean(i, Tier::kHost).wait().status().code(), StatusCode::kInvalidArgument);
     tm.unpin(i, Tier::kHost);
     EXPECT_EQ(tm.residency(i, Tier::kHost), Residency::kDirty);
-    ASSERT_TRUE(tm.clean(i, Tier::kHost).wait().is_ok());
+    ASSERT_OK(tm.clean(i, Tier::kHost).wait());
     EXPECT_EQ(tm.residency(i, Tier::kHost), Residency::kResident) << "item " << i;
   }
   EXPECT_LE(tm.stats().high_water[1], staging + 3 * n + 8 * KiB);
@@ -204,9 +205,9 @@ TEST(TierManager, CleanWritesBackAndKeepsAHostCacheThatFeedsTheDevice) {
   for (uint64_t i = 3; i < 6; ++i) {
     EXPECT_EQ(tm.residency(i, Tier::kHost), Residency::kResident) << "item " << i;
     auto p = tm.fetch(i, Tier::kDevice).wait();
-    ASSERT_TRUE(p.is_ok());
+    ASSERT_OK(p);
     std::vector<unsigned char> got(n);
-    ASSERT_TRUE(r.device->copy_to_host(got.data(), p.value(), n).is_ok());
+    ASSERT_OK(r.device->copy_to_host(got.data(), p.value(), n));
     EXPECT_EQ(first_mismatch(got.data(), want[i].data(), n), -1) << "item " << i;
     tm.unpin(i, Tier::kDevice);
   }
@@ -215,9 +216,9 @@ TEST(TierManager, CleanWritesBackAndKeepsAHostCacheThatFeedsTheDevice) {
   EXPECT_GE(after.host_to_device.bytes - before.host_to_device.bytes, 3 * n);
   // Every item's home has its bytes, the dropped ones too.
   for (uint64_t i = 0; i < 6; ++i) {
-    ASSERT_TRUE(tm.evict(i, Tier::kHost).wait().is_ok());
+    ASSERT_OK(tm.evict(i, Tier::kHost).wait());
     std::vector<unsigned char> got(n);
-    ASSERT_TRUE(tm.read(i, got.data()).is_ok());
+    ASSERT_OK(tm.read(i, got.data()));
     EXPECT_EQ(first_mismatch(got.data(), want[i].data(), n), -1) << "item " << i;
   }
   EXPECT_TRUE(tm.clean(99, Tier::kHost).wait().status().code() == StatusCode::kNotFound);
@@ -233,9 +234,9 @@ TEST(TierManager, ADeviceLoadCopiesFromAHostCopyBeingWrittenHome) {
   TierManager& tm = *r.tm;
   const size_t n = 300 * KiB;
   auto a = random_bytes(n, 51);
-  ASSERT_TRUE(tm.add_item(1, n, Tier::kNvme).is_ok());
+  ASSERT_OK(tm.add_item(1, n, Tier::kNvme));
   auto hp = tm.fetch(1, Tier::kHost).wait();
-  ASSERT_TRUE(hp.is_ok());
+  ASSERT_OK(hp);
   memcpy(hp.value(), a.data(), n);
   tm.unpin(1, Tier::kHost, /*dirty=*/true);
   std::mutex mu;
@@ -264,19 +265,19 @@ TEST(TierManager, ADeviceLoadCopiesFromAHostCopyBeingWrittenHome) {
   cv.notify_all();
   ASSERT_TRUE(loaded) << "the device load waited for the write home";
   auto dp = dev.get();
-  ASSERT_TRUE(dp.is_ok()) << dp.status().to_string();
+  ASSERT_OK(dp);
   std::vector<unsigned char> got(n);
-  ASSERT_TRUE(r.device->copy_to_host(got.data(), dp.value(), n).is_ok());
+  ASSERT_OK(r.device->copy_to_host(got.data(), dp.value(), n));
   EXPECT_EQ(first_mismatch(got.data(), a.data(), n), -1);
   EXPECT_EQ(tm.stats().nvme_to_device.bytes, nvme_reads);
   tm.unpin(1, Tier::kDevice);
-  ASSERT_TRUE(w.wait().is_ok());
+  ASSERT_OK(w.wait());
   r.faults.set_completion_hook({});
   EXPECT_EQ(tm.residency(1, Tier::kHost), Residency::kResident);
   std::vector<unsigned char> home(n);
-  ASSERT_TRUE(tm.evict(1, Tier::kDevice).wait().is_ok());
-  ASSERT_TRUE(tm.evict(1, Tier::kHost).wait().is_ok());
-  ASSERT_TRUE(tm.read(1, home.data()).is_ok());
+  ASSERT_OK(tm.evict(1, Tier::kDevice).wait());
+  ASSERT_OK(tm.evict(1, Tier::kHost).wait());
+  ASSERT_OK(tm.read(1, home.data()));
   EXPECT_EQ(first_mismatch(home.data(), a.data(), n), -1);
 }
 
@@ -285,31 +286,31 @@ TEST(TierManager, CoherenceAcrossHostAndDevice) {
   ASSERT_TRUE(r.init(4 * MiB, 16 * MiB));
   TierManager& tm = *r.tm;
   const size_t n = 64 * KiB;
-  ASSERT_TRUE(tm.add_item(1, n, Tier::kNvme).is_ok());
+  ASSERT_OK(tm.add_item(1, n, Tier::kNvme));
   auto a = random_bytes(n, 1), b = random_bytes(n, 2);
   // Host changes it; the device copy made afterwards sees the change.
   auto hp = tm.fetch(1, Tier::kHost).wait();
-  ASSERT_TRUE(hp.is_ok());
+  ASSERT_OK(hp);
   memcpy(hp.value(), a.data(), n);
   tm.unpin(1, Tier::kHost, true);
   auto dp = tm.fetch(1, Tier::kDevice).wait();
-  ASSERT_TRUE(dp.is_ok());
+  ASSERT_OK(dp);
   std::vector<unsigned char> v(n);
-  ASSERT_TRUE(r.device->copy_to_host(v.data(), dp.value(), n).is_ok());
+  ASSERT_OK(r.device->copy_to_host(v.data(), dp.value(), n));
   EXPECT_EQ(first_mismatch(v.data(), a.data(), n), -1);
   // Device changes it: the host copy (now older) is dropped; a new host copy comes from the device.
-  ASSERT_TRUE(r.device->copy_to_device(dp.value(), b.data(), n).is_ok());
+  ASSERT_OK(r.device->copy_to_device(dp.value(), b.data(), n));
   tm.unpin(1, Tier::kDevice, true);
   EXPECT_EQ(tm.residency(1, Tier::kHost), Residency::kAbsent);
   hp = tm.fetch(1, Tier::kHost).wait();
-  ASSERT_TRUE(hp.is_ok());
+  ASSERT_OK(hp);
   EXPECT_EQ(first_mismatch(hp.value(), b.data(), n), -1);
   EXPECT_EQ(tm.residency(1, Tier::kHost), Residency::kDirty);  // it carries the change to NVMe now
   tm.unpin(1, Tier::kHost);
-  ASSERT_TRUE(tm.evict(1, Tier::kDevice).wait().is_ok());
-  ASSERT_TRUE(tm.evict(1, Tier::kHost).wait().is_ok());
+  ASSERT_OK(tm.evict(1, Tier::kDevice).wait());
+  ASSERT_OK(tm.evict(1, Tier::kHost).wait());
   std::vector<unsigned char> got(n);
-  ASSERT_TRUE(tm.read(1, got.data()).is_ok());
+  ASSERT_OK(tm.read(1, got.data()));
   EXPECT_EQ(first_mismatch(got.data(), b.data(), n), -1);
 }
 
@@ -318,10 +319,10 @@ TEST(TierManager, WriteErrorKeepsTheDirtyCopy) {
   ASSERT_TRUE(r.init(4 * MiB, 16 * MiB));
   TierManager& tm = *r.tm;
   const size_t n = 128 * KiB;
-  ASSERT_TRUE(tm.add_item(3, n, Tier::kNvme).is_ok());
+  ASSERT_OK(tm.add_item(3, n, Tier::kNvme));
   auto data = random_bytes(n, 3);
   auto hp = tm.fetch(3, Tier::kHost).wait();
-  ASSERT_TRUE(hp.is_ok());
+  ASSERT_OK(hp);
   memcpy(hp.value(), data.data(), n);
   tm.unpin(3, Tier::kHost, true);
   r.faults.add(io::FaultKind::kEio, 1, 1, io::IoOp::kWrite);
@@ -332,9 +333,9 @@ TEST(TierManager, WriteErrorKeepsTheDirtyCopy) {
       << ev.status().message();
   EXPECT_EQ(tm.residency(3, Tier::kHost), Residency::kDirty);  // nothing lost
   EXPECT_EQ(tm.drain().code(), StatusCode::kIoError);
-  ASSERT_TRUE(tm.evict(3, Tier::kHost).wait().is_ok());  // the next try goes through
+  ASSERT_OK(tm.evict(3, Tier::kHost).wait());  // the next try goes through
   std::vector<unsigned char> got(n);
-  ASSERT_TRUE(tm.read(3, got.data()).is_ok());
+  ASSERT_OK(tm.read(3, got.data()));
   EXPECT_EQ(first_mismatch(got.data(), data.data(), n), -1);
 }
 
@@ -344,7 +345,7 @@ TEST(TierManager, ReadErrorReachesTheFetcher) {
   o.staging_bytes = 64 * KiB;
   ASSERT_TRUE(r.init(4 * MiB, 16 * MiB, o));
   TierManager& tm = *r.tm;
-  ASSERT_TRUE(tm.add_item(5, 512 * KiB, Tier::kNvme).is_ok());
+  ASSERT_OK(tm.add_item(5, 512 * KiB, Tier::kNvme));
   r.faults.add(io::FaultKind::kEio, 3, 1, io::IoOp::kRead);  // the third of eight pieces
   auto p = tm.fetch(5, Tier::kDevice).wait();
   ASSERT_FALSE(p.is_ok());
@@ -353,7 +354,7 @@ TEST(TierManager, ReadErrorReachesTheFetcher) {
   EXPECT_EQ(tm.residency(5, Tier::kDevice), Residency::kAbsent);
   EXPECT_EQ(tm.stats().used[0], 0u);  // the reservation was given back
   EXPECT_EQ(tm.drain().code(), StatusCode::kIoError);
-  EXPECT_TRUE(tm.fetch(5, Tier::kDevice).wait().is_ok());
+  EXPECT_OK(tm.fetch(5, Tier::kDevice).wait());
   tm.unpin(5, Tier::kDevice);
 }
 
@@ -369,10 +370,10 @@ void sync_transfer_behind_held_completion(bool write) {
   TierManager& tm = *r.tm;
   const size_t n = 128 * KiB;
   auto a = random_bytes(n, 11), b = random_bytes(n, 12);
-  ASSERT_TRUE(tm.add_item(1, n, Tier::kNvme).is_ok());
-  ASSERT_TRUE(tm.add_item(2, n, Tier::kNvme).is_ok());
-  ASSERT_TRUE(tm.write(1, a.data()).is_ok());
-  ASSERT_TRUE(tm.write(2, b.data()).is_ok());
+  ASSERT_OK(tm.add_item(1, n, Tier::kNvme));
+  ASSERT_OK(tm.add_item(2, n, Tier::kNvme));
+  ASSERT_OK(tm.write(1, a.data()));
+  ASSERT_OK(tm.write(2, b.data()));
 
   std::mutex mu;
   std::condition_variable cv;
@@ -406,16 +407,16 @@ void sync_transfer_behind_held_completion(bool write) {
     std::_Exit(1);  // the threads are stuck for good; nothing can be unwound
   }
   Status s = sync.get();
-  ASSERT_TRUE(s.is_ok()) << s.to_string();
+  ASSERT_OK(s);
   r.faults.set_completion_hook({});
-  ASSERT_TRUE(tm.drain().is_ok());
+  ASSERT_OK(tm.drain());
   EXPECT_EQ(tm.residency(1, Tier::kHost), Residency::kResident);
   auto hp = tm.fetch(1, Tier::kHost).wait();
-  ASSERT_TRUE(hp.is_ok());
+  ASSERT_OK(hp);
   EXPECT_EQ(first_mismatch(hp.value(), a.data(), n), -1);
   tm.unpin(1, Tier::kHost);
   if (write) {
-    ASSERT_TRUE(tm.read(2, got.data()).is_ok());
+    ASSERT_OK(tm.read(2, got.data()));
   }
   EXPECT_EQ(first_mismatch(got.data(), write ? a.data() : b.data(), n), -1);
 }
@@ -437,8 +438,8 @@ TEST(TierManager, FetchWaitsForASynchronousWriteOfTheSameItem) {
   TierManager& tm = *r.tm;
   const size_t n = 256 * KiB;
   auto a = random_bytes(n, 21), b = random_bytes(n, 22);
-  ASSERT_TRUE(tm.add_item(1, n, Tier::kNvme).is_ok());
-  ASSERT_TRUE(tm.write(1, a.data()).is_ok());
+  ASSERT_OK(tm.add_item(1, n, Tier::kNvme));
+  ASSERT_OK(tm.write(1, a.data()));
   std::atomic<bool> stop{false};
   std::atomic<int> torn{0}, fetched{0};
   std::thread reader([&] {
@@ -481,10 +482,10 @@ uint64_t cyclic_loads(EvictionPolicyKind policy) {
   o.policy = policy;
   if (!r.init(4 * 64 * KiB, 16 * MiB, o)) return 0;
   TierManager& tm = *r.tm;
-  for (uint64_t i = 0; i < 5; ++i) EXPECT_TRUE(tm.add_item(i, 64 * KiB, Tier::kNvme).is_ok());
+  for (uint64_t i = 0; i < 5; ++i) EXPECT_OK(tm.add_item(i, 64 * KiB, Tier::kNvme));
   auto pass = [&] {
     for (uint64_t i = 0; i < 5; ++i) {
-      EXPECT_TRUE(tm.fetch(i, Tier::kDevice).wait().is_ok());
+      EXPECT_OK(tm.fetch(i, Tier::kDevice).wait());
       tm.unpin(i, Tier::kDevice);
     }
   };
@@ -507,23 +508,23 @@ TEST(TierManager, PrefetchLoadsAheadWithoutPinning) {
   Rig r;
   ASSERT_TRUE(r.init(MiB, 16 * MiB));
   TierManager& tm = *r.tm;
-  ASSERT_TRUE(tm.add_item(1, 256 * KiB, Tier::kNvme).is_ok());
+  ASSERT_OK(tm.add_item(1, 256 * KiB, Tier::kNvme));
   tm.prefetch(1, Tier::kDevice);
-  ASSERT_TRUE(tm.drain().is_ok());
+  ASSERT_OK(tm.drain());
   EXPECT_EQ(tm.residency(1, Tier::kDevice), Residency::kResident);
   EXPECT_EQ(tm.pins(1, Tier::kDevice), 0u);
-  ASSERT_TRUE(tm.add_item(2, 2 * MiB, Tier::kNvme).is_ok());
+  ASSERT_OK(tm.add_item(2, 2 * MiB, Tier::kNvme));
   tm.prefetch(2, Tier::kDevice);  // cannot fit: skipped, not an error
   EXPECT_EQ(tm.stats().prefetch_skipped, 1u);
-  EXPECT_TRUE(tm.drain().is_ok());
+  EXPECT_OK(tm.drain());
 }
 
 TEST(TierManager, PinnedCopiesAreNotEvictable) {
   Rig r;
   ASSERT_TRUE(r.init(MiB, 16 * MiB));
   TierManager& tm = *r.tm;
-  ASSERT_TRUE(tm.add_item(1, 4096, Tier::kNvme).is_ok());
-  ASSERT_TRUE(tm.fetch(1, Tier::kDevice).wait().is_ok());
+  ASSERT_OK(tm.add_item(1, 4096, Tier::kNvme));
+  ASSERT_OK(tm.fetch(1, Tier::kDevice).wait());
   auto e = tm.evict(1, Tier::kDevice).wait();
   EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(e.status().message().find("pinned 1 time"), std::string::npos);
@@ -542,28 +543,28 @@ TEST(TierManager, RangedReadAndWrite) {
   const size_t n = MiB + 5000;  // the last range ends at the item's end, not on a block
   for (Tier home : {Tier::kNvme, Tier::kHost, Tier::kDevice}) {
     uint64_t id = 10 + static_cast<uint64_t>(home);
-    ASSERT_TRUE(tm.add_item(id, n, home).is_ok());
+    ASSERT_OK(tm.add_item(id, n, home));
     auto data = random_bytes(n, 40 + static_cast<uint64_t>(home));
-    ASSERT_TRUE(tm.write(id, data.data(), 0, 256 * KiB).is_ok());
-    ASSERT_TRUE(tm.write(id, data.data() + 256 * KiB, 256 * KiB).is_ok());  // to the end
+    ASSERT_OK(tm.write(id, data.data(), 0, 256 * KiB));
+    ASSERT_OK(tm.write(id, data.data() + 256 * KiB, 256 * KiB));  // to the end
     std::vector<unsigned char> back(n);
-    ASSERT_TRUE(tm.read(id, back.data(), 0, 512 * KiB).is_ok());
-    ASSERT_TRUE(tm.read(id, back.data() + 512 * KiB, 512 * KiB).is_ok());
+    ASSERT_OK(tm.read(id, back.data(), 0, 512 * KiB));
+    ASSERT_OK(tm.read(id, back.data() + 512 * KiB, 512 * KiB));
     EXPECT_EQ(first_mismatch(back.data(), data.data(), n), -1) << tier_name(home);
     EXPECT_EQ(tm.write(id, data.data(), 100, 4096).code(), StatusCode::kInvalidArgument);
     EXPECT_EQ(tm.read(id, back.data(), 4096, 100).code(), StatusCode::kInvalidArgument);
   }
   // A dirty host copy is written back before part of the item is replaced: nothing is lost.
-  ASSERT_TRUE(tm.add_item(20, 512 * KiB, Tier::kNvme).is_ok());
+  ASSERT_OK(tm.add_item(20, 512 * KiB, Tier::kNvme));
   auto a = random_bytes(512 * KiB, 1), b = random_bytes(256 * KiB, 2);
   auto hp = tm.fetch(20, Tier::kHost).wait();
-  ASSERT_TRUE(hp.is_ok());
+  ASSERT_OK(hp);
   memcpy(hp.value(), a.data(), a.size());
   tm.unpin(20, Tier::kHost, true);
-  ASSERT_TRUE(tm.write(20, b.data(), 256 * KiB, 256 * KiB).is_ok());
+  ASSERT_OK(tm.write(20, b.data(), 256 * KiB, 256 * KiB));
   memcpy(a.data() + 256 * KiB, b.data(), b.size());
   std::vector<unsigned char> got(512 * KiB);
-  ASSERT_TRUE(tm.read(20, got.data()).is_ok());
+  ASSERT_OK(tm.read(20, got.data()));
   EXPECT_EQ(first_mismatch(got.data(), a.data(), a.size()), -1);
 }
 
@@ -574,10 +575,10 @@ TEST(TierManager, ChromeTraceOfTransfers) {
   o.trace = &rec;
   ASSERT_TRUE(r.init(MiB, 16 * MiB, o));
   TierManager& tm = *r.tm;
-  ASSERT_TRUE(tm.add_item(1, 64 * KiB, Tier::kNvme).is_ok());
-  ASSERT_TRUE(tm.fetch(1, Tier::kDevice).wait().is_ok());
+  ASSERT_OK(tm.add_item(1, 64 * KiB, Tier::kNvme));
+  ASSERT_OK(tm.fetch(1, Tier::kDevice).wait());
   tm.unpin(1, Tier::kDevice, true);
-  ASSERT_TRUE(tm.flush().is_ok());
+  ASSERT_OK(tm.flush());
   auto all = nlohmann::json::parse(rec.chrome_json());
   nlohmann::json j = {{"traceEvents", nlohmann::json::array()}};  // the spans (not the track names)
   for (const auto& e : all["traceEvents"]) {
@@ -589,7 +590,7 @@ TEST(TierManager, ChromeTraceOfTransfers) {
   EXPECT_EQ(j["traceEvents"][1]["cat"], "device->nvme");
   EXPECT_EQ(j["traceEvents"][1]["args"]["bytes"], 65536);
   test::ScratchDir d("trace");
-  ASSERT_TRUE(rec.write_chrome_json(d.file("t.json")).is_ok());
+  ASSERT_OK(rec.write_chrome_json(d.file("t.json")));
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include "offload/residency.h"
 #include "offload/staging.h"
 #include "offload/tier.h"
+#include "tests/util/status_test_util.h"
 
 namespace zoe::offload {
 namespace {
@@ -146,7 +147,7 @@ TEST(ResidencyTable, DirtyUnpinMakesOtherCopiesStaleOrDropsThem) {
 
 TEST(StagingPool, JobsWaitInOrderForAFreeBuffer) {
   auto p = StagingPool::create(4096, 2, io::PinMode::kNone);
-  ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+  ASSERT_OK(p);
   StagingPool& pool = *p.value();
   EXPECT_EQ(pool.buffer_bytes(), 4096u);
   EXPECT_EQ(pool.total_bytes(), 3u * 4096) << "two shared buffers and the synchronous one";

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "tests/offload/offload_fixture.h"
+#include "tests/util/status_test_util.h"
 
 namespace zoe::offload {
 namespace {
@@ -42,10 +43,10 @@ TEST(TierStress, RandomOpsFromSeveralThreads) {
   for (size_t i = 0; i < items; ++i) {
     size[i] = 512 + setup() % (40 * KiB);
     home[i] = setup() % 10 == 0 ? Tier::kHost : Tier::kNvme;  // ~200 host-home items (~4 MiB)
-    ASSERT_TRUE(tm.add_item(i, size[i], home[i]).is_ok()) << "item " << i;
+    ASSERT_OK(tm.add_item(i, size[i], home[i])) << "item " << i;
     std::vector<unsigned char> buf(size[i]);
     fill(buf.data(), buf.size(), i, 0);
-    ASSERT_TRUE(tm.write(i, buf.data()).is_ok());
+    ASSERT_OK(tm.write(i, buf.data()));
   }
 
   std::atomic<int> failures{0};
@@ -77,7 +78,7 @@ TEST(TierStress, RandomOpsFromSeveralThreads) {
         fill(want.data(), size[i], i, version[i].load());
         std::vector<unsigned char> got(size[i]);
         if (tier == Tier::kDevice) {
-          EXPECT_TRUE(r.device->copy_to_host(got.data(), p.value(), size[i]).is_ok());
+          EXPECT_OK(r.device->copy_to_host(got.data(), p.value(), size[i]));
         } else {
           memcpy(got.data(), p.value(), size[i]);
         }
@@ -91,7 +92,7 @@ TEST(TierStress, RandomOpsFromSeveralThreads) {
           uint64_t v = version[i].load() + 1;
           fill(want.data(), size[i], i, v);
           if (tier == Tier::kDevice) {
-            EXPECT_TRUE(r.device->copy_to_device(p.value(), want.data(), size[i]).is_ok());
+            EXPECT_OK(r.device->copy_to_device(p.value(), want.data(), size[i]));
           } else {
             memcpy(p.value(), want.data(), size[i]);
           }
@@ -116,7 +117,7 @@ TEST(TierStress, RandomOpsFromSeveralThreads) {
   stop = true;
   watcher.join();
 
-  ASSERT_TRUE(tm.flush().is_ok());
+  ASSERT_OK(tm.flush());
   EXPECT_FALSE(over_budget.load()) << "a tier went over its budget";
   TierStats s = tm.stats();
   EXPECT_LE(s.high_water[0], device_budget);
@@ -128,7 +129,7 @@ TEST(TierStress, RandomOpsFromSeveralThreads) {
   // Every item holds exactly its last version (checksums changed only where a thread wrote).
   for (size_t i = 0; i < items; ++i) {
     std::vector<unsigned char> got(size[i]), want(size[i]);
-    ASSERT_TRUE(tm.read(i, got.data()).is_ok());
+    ASSERT_OK(tm.read(i, got.data()));
     fill(want.data(), size[i], i, version[i].load());
     ASSERT_EQ(checksum(got.data(), got.size()), checksum(want.data(), want.size())) << "item " << i;
   }

@@ -28,6 +28,7 @@
 #include "optim/adam_reference.h"
 #include "optim_test_util.h"
 #include "tests/util/gpu_test_util.h"
+#include "tests/util/status_test_util.h"
 
 namespace zoe::optim::test {
 namespace {
@@ -197,9 +198,9 @@ TEST_P(AdamCuda, MatchesReference) {
     ar.buf.param_out = out ? ref.out.data() : nullptr;
 
     Status s = cuda::adam_step(ad, stream.get());
-    ASSERT_TRUE(s.is_ok()) << s.to_string();
+    ASSERT_OK(s);
     ZOE_ASSERT_CUDA(cudaStreamSynchronize(static_cast<cudaStream_t>(stream.get())));
-    ASSERT_TRUE(ref::adam_step(ar).is_ok());
+    ASSERT_OK(ref::adam_step(ar));
     ZOE_ASSERT_CUDA(dp.download(gpu.p));
     ZOE_ASSERT_CUDA(dm.download(gpu.m));
     ZOE_ASSERT_CUDA(dv.download(gpu.v));
@@ -259,10 +260,10 @@ TEST(AdamCudaStream, DefaultStreamTwoSteps) {
     a.buf = AdamBuffers{n,         dp.f32(),    dg.data(),   DType::kBF16, dm.data(),
                         dv.data(), DType::kF32, dout.data(), DType::kBF16};
     Status s = cuda::adam_step(a, nullptr);
-    ASSERT_TRUE(s.is_ok()) << s.to_string();
+    ASSERT_OK(s);
     a.buf = AdamBuffers{n,           ref.p.f32(),    ref.g.data(), DType::kBF16, ref.m.data(), ref.v.data(),
                         DType::kF32, ref.out.data(), DType::kBF16};
-    ASSERT_TRUE(ref::adam_step(a).is_ok());
+    ASSERT_OK(ref::adam_step(a));
   }
   ZOE_ASSERT_CUDA(cudaDeviceSynchronize());
   ZOE_ASSERT_CUDA(dp.download(gpu.p));
@@ -278,7 +279,7 @@ TEST(AdamCudaErrors, BadArgumentsAreRejectedWithTheReason) {
   AdamArgs good;
   good.buf = AdamBuffers{n,         dp.f32(),    dg.data(), DType::kF32, dm.data(),
                          dv.data(), DType::kF32, nullptr,   DType::kBF16};
-  ASSERT_TRUE(cuda::adam_step(good, nullptr).is_ok());
+  ASSERT_OK(cuda::adam_step(good, nullptr));
   ZOE_ASSERT_CUDA(cudaDeviceSynchronize());
 
   struct Bad {
@@ -332,10 +333,10 @@ TEST(AdamCudaErrors, WithoutAGpuCallsSayWhy) {
       << r.status().to_string();
   std::printf("  without a GPU: %s\n", r.status().to_string().c_str());
   auto z = cuda::grad_norm_sq(nullptr, DType::kF32, 0, nullptr);
-  ASSERT_TRUE(z.is_ok());
+  ASSERT_OK(z);
   EXPECT_EQ(z->sum_sq, 0.0);
   AdamArgs a;
-  EXPECT_TRUE(cuda::adam_step(a, nullptr).is_ok());  // n = 0
+  EXPECT_OK(cuda::adam_step(a, nullptr));  // n = 0
   a.params.beta1 = 1.0f;
   Status s = cuda::adam_step(a, nullptr);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
@@ -376,7 +377,7 @@ TEST_P(NormCuda, MatchesCpuAndIsDeterministic) {
   const DType dt = GetParam();
   StreamHolder stream;
   auto z = cuda::grad_norm_sq(nullptr, dt, 0, stream.get());
-  ASSERT_TRUE(z.is_ok());
+  ASSERT_OK(z);
   EXPECT_EQ(z->sum_sq, 0.0);
   EXPECT_TRUE(z->finite);
   for (size_t n : kNormSizes) {
@@ -386,14 +387,14 @@ TEST_P(NormCuda, MatchesCpuAndIsDeterministic) {
     ZOE_ASSERT_CUDA(d.upload(h));
     auto a = cuda::grad_norm_sq(d.data(), dt, n, stream.get());
     auto b = cuda::grad_norm_sq(d.data(), dt, n, stream.get());
-    ASSERT_TRUE(a.is_ok()) << a.status().to_string();
-    ASSERT_TRUE(b.is_ok()) << b.status().to_string();
+    ASSERT_OK(a);
+    ASSERT_OK(b);
     EXPECT_EQ(std::memcmp(&a->sum_sq, &b->sum_sq, sizeof(double)), 0) << a->sum_sq << " vs " << b->sum_sq;
     EXPECT_TRUE(a->finite);
     const NormResult want = ref::grad_norm_sq(h.data(), dt, n);
     EXPECT_TRUE(near_rel("norm vs ref::grad_norm_sq", a->sum_sq, want.sum_sq, 1e-12));
     auto cpu = optim::grad_norm_sq(h.data(), dt, n);
-    ASSERT_TRUE(cpu.is_ok());
+    ASSERT_OK(cpu);
     EXPECT_TRUE(near_rel("norm vs grad_norm_sq", a->sum_sq, cpu->sum_sq, 1e-12));
   }
 }
@@ -411,7 +412,7 @@ TEST_P(NormCuda, InfAndNanAreDetected) {
       DevBuf d(dt, n);
       ZOE_ASSERT_CUDA(d.upload(h));
       auto r = cuda::grad_norm_sq(d.data(), dt, n, nullptr);
-      ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+      ASSERT_OK(r);
       EXPECT_EQ(r->finite, kind == 0) << r->sum_sq;
       if (kind == 1) {
         EXPECT_TRUE(std::isinf(r->sum_sq)) << r->sum_sq;
@@ -421,10 +422,10 @@ TEST_P(NormCuda, InfAndNanAreDetected) {
       // The fused passes see it too.
       DevBuf acc(DType::kF32, n);
       auto s = cuda::accumulate_with_norm(acc.f32(), d.data(), dt, n, true, nullptr);
-      ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+      ASSERT_OK(s);
       EXPECT_EQ(s->finite, kind == 0) << s->sum_sq;
       auto c = cuda::convert_with_norm(d.data(), dt, acc.f32(), DType::kF32, n, true, nullptr);
-      ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+      ASSERT_OK(c);
       EXPECT_EQ(c->finite, kind == 0) << c->sum_sq;
     }
   }
@@ -452,7 +453,7 @@ TEST_P(ConvertCuda, SameBytesAsReferenceForEveryBitPattern) {
       DevBuf ds(sd, n, 1), ddst(dd, n, 1);  // one element past an aligned base
       ZOE_ASSERT_CUDA(ds.upload(src));
       auto r = cuda::convert_with_norm(ds.data(), sd, ddst.data(), dd, n, true, stream.get());
-      ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+      ASSERT_OK(r);
       ZOE_ASSERT_CUDA(ddst.download(got));
       const size_t es = dtype_size(dd);
       size_t bad = 0, first = n;
@@ -472,7 +473,7 @@ TEST_P(ConvertCuda, SameBytesAsReferenceForEveryBitPattern) {
       // compute_norm = false: the same bytes, no sum.
       ZOE_ASSERT_CUDA(cudaMemset(ddst.data(), 0, ddst.bytes()));
       auto q = cuda::convert_with_norm(ds.data(), sd, ddst.data(), dd, n, false, stream.get());
-      ASSERT_TRUE(q.is_ok()) << q.status().to_string();
+      ASSERT_OK(q);
       EXPECT_EQ(q->sum_sq, 0.0);
       Buf got2(dd, n);
       ZOE_ASSERT_CUDA(ddst.download(got2));
@@ -507,7 +508,7 @@ TEST_P(AccumulateCuda, FirstOverwritesThenAdds) {
       const Buf& g = round == 0 ? g1 : g2;
       ZOE_ASSERT_CUDA(dg.upload(g));
       auto r = cuda::accumulate_with_norm(dacc.f32(), dg.data(), dt, n, round == 0, stream.get());
-      ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+      ASSERT_OK(r);
       double sum = 0.0;
       for (size_t i = 0; i < n; ++i) {
         want[i] = round == 0 ? g.get(i) : want[i] + g.get(i);

@@ -13,6 +13,7 @@
 
 #include "optim/adam.h"
 #include "optim_test_util.h"
+#include "tests/util/status_test_util.h"
 
 namespace zoe::optim::test {
 namespace {
@@ -45,7 +46,7 @@ TrainRun train(int state, int steps, size_t n, float noise_sigma) {
   for (int s = 1; s <= steps; ++s) {
     for (size_t i = 0; i < n; ++i) g[i] = h[i] * (p[i] - t[i]) + noise_sigma * h[i] * nd(noise);
     a.step = {s, 1.0f};
-    EXPECT_TRUE(adam_step(a).is_ok());
+    EXPECT_OK(adam_step(a));
   }
   TrainRun r{p, 0.0};
   for (size_t i = 0; i < n; ++i) r.loss += 0.5 * h[i] * (double(p[i]) - t[i]) * (double(p[i]) - t[i]);

@@ -24,7 +24,7 @@ TEST(CpuPool, EveryIndexOnce) {
   for (auto be : backends()) {
     for (int t : {1, 2, 4}) {
       auto pool = CpuPool::create({t, -1, be});
-      ASSERT_TRUE(pool.is_ok()) << pool.status().to_string();
+      ASSERT_OK(pool);
       EXPECT_EQ((*pool)->threads(), t);
       for (size_t n : {size_t(0), size_t(1), size_t(7), size_t(1000)}) {
         for (int rep = 0; rep < 3; ++rep) {
@@ -46,7 +46,7 @@ TEST(CpuPool, NumaBindingKeepsCallerAffinity) {
   ASSERT_EQ(sched_getaffinity(0, sizeof(before), &before), 0);
   for (auto be : backends()) {
     auto pool = CpuPool::create({0, node, be});
-    ASSERT_TRUE(pool.is_ok()) << pool.status().to_string();
+    ASSERT_OK(pool);
     EXPECT_EQ((*pool)->threads(), static_cast<int>(topo.numa_nodes[0].cpus.size()));
     std::atomic<int> bad{0};
     (*pool)->for_each(64, [&](size_t) {
@@ -77,6 +77,7 @@ TEST(CpuPool, Errors) {
 // ZOE_SIMD lowers the default level (ctest runs this suite once more with ZOE_SIMD=scalar);
 // set_simd_override changes it for the process and refuses levels this CPU lacks.
 #include "optim/adam.h"
+#include "tests/util/status_test_util.h"
 
 namespace zoe::optim {
 namespace {
@@ -89,10 +90,10 @@ TEST(SimdDispatch, EnvAndOverride) {
   } else if (env == nullptr) {
     EXPECT_EQ(active_simd_level(), detected_simd_level());
   }
-  ASSERT_TRUE(set_simd_override(SimdLevel::kScalar).is_ok());
+  ASSERT_OK(set_simd_override(SimdLevel::kScalar));
   EXPECT_EQ(active_simd_level(), SimdLevel::kScalar);
   EXPECT_STREQ(kernel_path_name(), "scalar");
-  ASSERT_TRUE(set_simd_override(std::nullopt).is_ok());
+  ASSERT_OK(set_simd_override(std::nullopt));
   if (detected_simd_level() != SimdLevel::kAvx512) {
     EXPECT_EQ(set_simd_override(SimdLevel::kAvx512).code(), StatusCode::kUnsupported);
   }

@@ -12,6 +12,7 @@
 #include "optim/adam.h"
 #include "optim/adam_reference.h"
 #include "optim_test_util.h"
+#include "tests/util/status_test_util.h"
 
 namespace zoe::optim::test {
 namespace {
@@ -36,7 +37,7 @@ TEST_P(NormPaths, MatchesReference) {
       SCOPED_TRACE(::testing::Message() << "n=" << n << " offset=" << off);
       Buf g = random_buf(d, n, off, uint32_t(n + off));
       auto r = grad_norm_sq(g.data(), d, n, exec_for(path));
-      ASSERT_TRUE(r.is_ok());
+      ASSERT_OK(r);
       NormResult want = ref::grad_norm_sq(g.data(), d, n);
       EXPECT_TRUE(r->finite);
       EXPECT_NEAR(r->sum_sq, want.sum_sq, 1e-12 * want.sum_sq);
@@ -45,7 +46,7 @@ TEST_P(NormPaths, MatchesReference) {
         Buf gb = random_buf(d, n, off, 3);
         gb.set(n / 2, bad == 0 ? INFINITY : bad == 1 ? -INFINITY : NAN);
         auto rb = grad_norm_sq(gb.data(), d, n, exec_for(path));
-        ASSERT_TRUE(rb.is_ok());
+        ASSERT_OK(rb);
         EXPECT_FALSE(rb->finite) << "bad=" << bad;
       }
     }
@@ -98,7 +99,7 @@ TEST_P(ConvertPaths, MatchesReference) {
     Buf src(sd, n, 1), got(dd, n, 1), want(dd, n, 0);
     for (size_t i = 0; i < n; ++i) src.set(i, xs[i]);
     auto r = convert_with_norm(src.data(), sd, got.data(), dd, n, true, exec_for(path));
-    ASSERT_TRUE(r.is_ok());
+    ASSERT_OK(r);
     NormResult wr = ref::convert_with_norm(src.data(), sd, want.data(), dd, n);
     EXPECT_EQ(r->finite, wr.finite);
     if (wr.finite) {
@@ -120,7 +121,7 @@ TEST_P(ConvertPaths, MatchesReference) {
                        << " got " << (first < n ? got.get(first) : 0.0f) << " want "
                        << (first < n ? want.get(first) : 0.0f);
     auto r2 = convert_with_norm(src.data(), sd, got.data(), dd, n, false, exec_for(path));
-    ASSERT_TRUE(r2.is_ok());
+    ASSERT_OK(r2);
     EXPECT_EQ(r2->sum_sq, 0.0);
   }
 }
@@ -164,10 +165,8 @@ TEST(Norm, AccumulateWithNorm) {
         Buf g1 = random_buf(d, n, 1, 7), g2 = random_buf(d, n, 0, 8);
         std::vector<float> acc(n + 1, 123.0f), want(n);
         std::vector<double> parts(norm_chunks(n) + 1, -1.0);
-        ASSERT_TRUE(
-            accumulate_with_norm(acc.data(), g1.data(), d, n, true, parts.data(), exec_for(path)).is_ok());
-        ASSERT_TRUE(
-            accumulate_with_norm(acc.data(), g2.data(), d, n, false, parts.data(), exec_for(path)).is_ok());
+        ASSERT_OK(accumulate_with_norm(acc.data(), g1.data(), d, n, true, parts.data(), exec_for(path)));
+        ASSERT_OK(accumulate_with_norm(acc.data(), g2.data(), d, n, false, parts.data(), exec_for(path)));
         for (size_t i = 0; i < n; ++i) {
           want[i] = g1.get(i) + g2.get(i);
           ASSERT_EQ(acc[i], want[i]) << "first bad index " << i;
@@ -187,13 +186,11 @@ TEST(Norm, AccumulateWithNorm) {
           const size_t cut = 2 * kChunkElems, es = dtype_size(d);
           for (bool first : {true, false}) {
             const Buf& g = first ? g1 : g2;
-            ASSERT_TRUE(
-                accumulate_with_norm(acc2.data(), g.data(), d, cut, first, parts2.data(), exec_for(path))
-                    .is_ok());
-            ASSERT_TRUE(accumulate_with_norm(acc2.data() + cut, static_cast<const char*>(g.data()) + cut * es,
-                                             d, n - cut, first, parts2.data() + cut / kChunkElems,
-                                             exec_for(path))
-                            .is_ok());
+            ASSERT_OK(
+                accumulate_with_norm(acc2.data(), g.data(), d, cut, first, parts2.data(), exec_for(path)));
+            ASSERT_OK(accumulate_with_norm(acc2.data() + cut, static_cast<const char*>(g.data()) + cut * es,
+                                           d, n - cut, first, parts2.data() + cut / kChunkElems,
+                                           exec_for(path)));
           }
           EXPECT_EQ(0, memcmp(acc2.data(), acc.data(), n * 4));
           for (size_t c = 0; c < parts2.size(); ++c) EXPECT_EQ(parts2[c], parts[c]) << "chunk " << c;
@@ -206,7 +203,7 @@ TEST(Norm, AccumulateWithNorm) {
   g.set(50, INFINITY);
   std::vector<float> acc(100, 0.0f);
   double part = 0;
-  ASSERT_TRUE(accumulate_with_norm(acc.data(), g.data(), DType::kBF16, 100, false, &part).is_ok());
+  ASSERT_OK(accumulate_with_norm(acc.data(), g.data(), DType::kBF16, 100, false, &part));
   EXPECT_FALSE(std::isfinite(part));
   EXPECT_FALSE(accumulate_with_norm(nullptr, g.data(), DType::kBF16, 100, false, &part).is_ok());
   EXPECT_FALSE(accumulate_with_norm(acc.data(), acc.data(), DType::kF32, 100, false, &part).is_ok());
@@ -218,7 +215,7 @@ TEST(Norm, ScaleInPlace) {
     for (DType d : {DType::kF32, DType::kF16, DType::kBF16}) {
       const size_t n = 20001;
       Buf a = random_buf(d, n, 1, 2), b = random_buf(d, n, 1, 2);
-      ASSERT_TRUE(scale_in_place(a.data(), d, n, 0.125f, exec_for(path)).is_ok());
+      ASSERT_OK(scale_in_place(a.data(), d, n, 0.125f, exec_for(path)));
       for (size_t i = 0; i < n; ++i) b.set(i, b.get(i) * 0.125f);
       EXPECT_TRUE(a.same_bytes(b)) << path.name << " " << dtype_name(d);
     }

@@ -14,6 +14,7 @@
 #include "plan/hf_config.h"
 #include "plan/model_desc.h"
 #include "plan/planner.h"
+#include "tests/util/status_test_util.h"
 #include "tests/util/test_util.h"
 #include "tests/zero/mlp.h"
 #include "tests/zero/shared_runtime.h"
@@ -52,7 +53,7 @@ TEST(HfConfig, ExactParameterCounts) {
   };
   for (const Case& c : cases) {
     auto m = plan::hf_model(fixture(c.file));
-    ASSERT_TRUE(m.is_ok()) << c.file << ": " << m.status().to_string();
+    ASSERT_OK(m) << c.file;
     EXPECT_EQ(m->params, c.params) << c.file;
     EXPECT_EQ(plan::count_params(m->modules), c.params) << c.file;
     EXPECT_EQ(m->modules.front().name, "embed") << c.file;
@@ -64,7 +65,7 @@ TEST(HfConfig, ExactParameterCounts) {
   std::string text = read_text(fixture("gpt2.json"));
   text.replace(text.find("\"vocab_size\""), 0, "\"tie_word_embeddings\": false, ");
   auto untied = plan::hf_model_from_json(text, "gpt2-untied");
-  ASSERT_TRUE(untied.is_ok()) << untied.status().to_string();
+  ASSERT_OK(untied);
   EXPECT_EQ(untied->params, 124439808ull + 50257ull * 768ull);
 }
 
@@ -104,7 +105,7 @@ TEST(HfConfig, ErrorsNameTheFileTheKeyAndTheValue) {
 
 TEST(ModelDesc, ZoeGptAndBareCounts) {
   auto small = plan::gpt_model("small");
-  ASSERT_TRUE(small.is_ok());
+  ASSERT_OK(small);
   model::GptConfig c;
   c.layers = 4;
   c.d_model = 128;
@@ -118,7 +119,7 @@ TEST(ModelDesc, ZoeGptAndBareCounts) {
   EXPECT_NE(bad.status().message().find("tiny, small"), std::string::npos) << bad.status().message();
 
   auto p = plan::params_model(1000003, 4);
-  ASSERT_TRUE(p.is_ok());
+  ASSERT_OK(p);
   EXPECT_EQ(p->params, 1000003u);
   EXPECT_EQ(p->modules.size(), 4u);
   EXPECT_EQ(p->modules[0].param_numel[0], 250001u);
@@ -138,14 +139,14 @@ TEST(Calibration, FileOverlaysDefaultsAndRejectsBadInput) {
     std::ofstream f(good);
     f << "{\"version\": 1, \"host\": \"n1\", \"nvme_read_gbps\": 6.5, \"flops\": 2e14}";
   }
-  ASSERT_TRUE(plan::apply_calibration_file(good, &r).is_ok());
+  ASSERT_OK(plan::apply_calibration_file(good, &r));
   EXPECT_EQ(r.nvme_read_gbps, 6.5);
   EXPECT_EQ(r.flops, 2e14);
   EXPECT_EQ(r.nvme_write_gbps, plan::LinkRates{}.nvme_write_gbps);
   EXPECT_EQ(r.host, "n1");
   // Round trip through to_json().
   plan::LinkRates back;
-  ASSERT_TRUE(plan::apply_calibration_json(r.to_json(), "rt", &back).is_ok());
+  ASSERT_OK(plan::apply_calibration_json(r.to_json(), "rt", &back));
   EXPECT_EQ(back.nvme_read_gbps, 6.5);
   EXPECT_EQ(back.host, "n1");
   // The I/O sweep and its chosen point round-trip too.
@@ -153,7 +154,7 @@ TEST(Calibration, FileOverlaysDefaultsAndRejectsBadInput) {
   r.aio_block_size = 1048576;
   r.aio_queue_depth = 8;
   plan::LinkRates back2;
-  ASSERT_TRUE(plan::apply_calibration_json(r.to_json(), "rt", &back2).is_ok());
+  ASSERT_OK(plan::apply_calibration_json(r.to_json(), "rt", &back2));
   ASSERT_EQ(back2.io_sweep.size(), 2u);
   EXPECT_EQ(back2.io_sweep[1].block_size, 1048576);
   EXPECT_EQ(back2.io_sweep[1].queue_depth, 8);
@@ -164,7 +165,7 @@ TEST(Calibration, FileOverlaysDefaultsAndRejectsBadInput) {
   // The FLOP rate per micro-batch: round-trips, and flops_at falls back to `flops` elsewhere.
   r.flops_by_micro_batch = {{8, 1.5e11}, {4, 1.2e11}};
   plan::LinkRates back3;
-  ASSERT_TRUE(plan::apply_calibration_json(r.to_json(), "rt", &back3).is_ok());
+  ASSERT_OK(plan::apply_calibration_json(r.to_json(), "rt", &back3));
   EXPECT_EQ(back3.flops_at(8), 1.5e11);
   EXPECT_EQ(back3.flops_at(4), 1.2e11);
   EXPECT_EQ(back3.flops_at(2), r.flops);
@@ -218,11 +219,11 @@ plan::PlanInputs inputs(const plan::ModelDesc& m, int nodes, int gpus) {
 
 TEST(Plan, RowBytesArePlanPlacementPeaks) {
   auto m = plan::hf_model(fixture("gpt2.json"));
-  ASSERT_TRUE(m.is_ok());
+  ASSERT_OK(m);
   for (auto [nodes, gpus] : {std::pair{1, 1}, std::pair{2, 4}}) {
     plan::PlanInputs in = inputs(m.value(), nodes, gpus);
     auto res = plan::make_plan(in);
-    ASSERT_TRUE(res.is_ok()) << res.status().to_string();
+    ASSERT_OK(res);
     ASSERT_EQ(res->rows.size(), plan::all_placements().size());
     EXPECT_EQ(res->params, 124439808u);
     int checked = 0;
@@ -232,7 +233,7 @@ TEST(Plan, RowBytesArePlanPlacementPeaks) {
       t.device_budget = 80ull << 30;
       t.queued_gathers = false;
       auto pl = zero::plan_placement(cfg, m->modules, nodes * gpus, 0, t);
-      ASSERT_TRUE(pl.is_ok()) << row.placement.label() << ": " << pl.status().to_string();
+      ASSERT_OK(pl) << row.placement.label();
       EXPECT_EQ(row.bytes.device, pl->peak.device) << row.placement.label();
       EXPECT_EQ(row.bytes.host, pl->peak.host) << row.placement.label();
       EXPECT_EQ(row.bytes.nvme, pl->peak.nvme) << row.placement.label();
@@ -250,13 +251,13 @@ TEST(Plan, RowBytesArePlanPlacementPeaks) {
 
 TEST(Plan, FittingRowsFirstAndNothingFitsNamesTheClosest) {
   auto m = plan::hf_model(fixture("llama-2-7b.json"));
-  ASSERT_TRUE(m.is_ok());
+  ASSERT_OK(m);
   plan::PlanInputs in = inputs(m.value(), 1, 1);
   in.device_mem = 24ull << 30;
   in.host_mem = 64ull << 30;
   in.nvme_space = 2ull << 40;
   auto res = plan::make_plan(in);
-  ASSERT_TRUE(res.is_ok());
+  ASSERT_OK(res);
   ASSERT_TRUE(res->any_fits());
   bool seen_unfit = false;
   for (const auto& r : res->rows) {
@@ -276,7 +277,7 @@ TEST(Plan, FittingRowsFirstAndNothingFitsNamesTheClosest) {
   in.host_mem = 16ull << 30;
   in.nvme_space = 20ull << 30;
   auto none = plan::make_plan(in);
-  ASSERT_TRUE(none.is_ok());
+  ASSERT_OK(none);
   EXPECT_FALSE(none->any_fits());
   Status s = plan::nothing_fits(none.value(), in);
   ASSERT_FALSE(s.is_ok());
@@ -288,20 +289,20 @@ TEST(Plan, FittingRowsFirstAndNothingFitsNamesTheClosest) {
 
 TEST(Plan, ActivationsComeOutOfTheDeviceBudget) {
   auto m = plan::gpt_model("medium");
-  ASSERT_TRUE(m.is_ok());
+  ASSERT_OK(m);
   plan::PlanInputs in = inputs(m.value(), 1, 1);
   in.work.micro_batch = 8;
   in.work.seq = 128;
   in.count_activations = true;
   auto res = plan::make_plan(in);
-  ASSERT_TRUE(res.is_ok());
+  ASSERT_OK(res);
   const uint64_t act = plan::activation_bytes(m.value(), in.work, 2);
   EXPECT_GT(act, 0u);
   for (const auto& r : res->rows) EXPECT_EQ(r.activation_bytes, act);
   // A device smaller than the activations: nothing fits, and the device is what is lacking.
   in.device_mem = act / 2;
   auto none = plan::make_plan(in);
-  ASSERT_TRUE(none.is_ok());
+  ASSERT_OK(none);
   EXPECT_FALSE(none->any_fits());
   Status s = plan::nothing_fits(none.value(), in);
   EXPECT_NE(s.message().find("of device memory per rank"), std::string::npos) << s.message();
@@ -334,11 +335,11 @@ TEST(Plan, RowsAboveTheDeviceBudgetNeedThePlannersPeak) {
       << pl.status().message();
   t.device_budget = 1ull << 40;
   auto unbounded = zero::plan_placement(plan::config_for(in.base, stage1), m.modules, 1, 0, t);
-  ASSERT_TRUE(unbounded.is_ok());
+  ASSERT_OK(unbounded);
   EXPECT_GT(unbounded->peak.device, in.device_mem);
   EXPECT_GE(unbounded->peak.device, 224u << 10);
   auto row = plan::plan_row(in, stage1);
-  ASSERT_TRUE(row.is_ok());
+  ASSERT_OK(row);
   EXPECT_FALSE(row->fits);
   EXPECT_EQ(row->bytes.device, unbounded->peak.device);
   EXPECT_EQ(row->lacks.device, unbounded->peak.device - in.device_mem);
@@ -467,7 +468,7 @@ TEST(CostModel, LongAccumulationsCostTheirSteadyStateInConstantTime) {
   t.queued_gathers = false;
   const config::Config cfg = plan::config_for(in.base, nvme, "/unused");
   auto pl = zero::plan_placement(cfg, m.modules, 1, 0, t);
-  ASSERT_TRUE(pl.is_ok()) << pl.status().message();
+  ASSERT_OK(pl);
   auto cost = [&](int64_t accum) {
     plan::Workload w;
     w.params = m.params;
@@ -548,7 +549,7 @@ TEST(CostModelVsEngine, NvmeBytesPerStepForEveryPlacement) {
                                    std::to_string(ratio) + " params " + k.param +
                                    (cache ? "" : " max_in_cpu 0");
           auto cfg = config::Config::parse(text, rt.world_size());
-          ASSERT_TRUE(cfg.is_ok()) << what << ": " << cfg.status().to_string();
+          ASSERT_OK(cfg) << what;
           if (!cache) cfg.value().zero.offload_param.max_in_cpu = 0;
           std::vector<zero::ModuleShape> sh;
           for (int l = 0; l < s.layers; ++l) {
@@ -556,7 +557,7 @@ TEST(CostModelVsEngine, NvmeBytesPerStepForEveryPlacement) {
                 {"layer." + std::to_string(l), {static_cast<size_t>(s.d * s.d), static_cast<size_t>(s.d)}});
           }
           auto plan = zero::plan_placement(cfg.value(), sh, rt.world_size(), rt.rank());
-          ASSERT_TRUE(plan.is_ok()) << what << ": " << plan.status().to_string();
+          ASSERT_OK(plan) << what;
           plan::Workload w;
           w.params = plan::count_params(sh);
           w.micro_batch = s.batch;
@@ -570,13 +571,13 @@ TEST(CostModelVsEngine, NvmeBytesPerStepForEveryPlacement) {
           // far the update has come, so the per-link counts below are checked on the serial schedule.
           cfg.value().zoe.overlap_step = false;
           auto e = zero::create_engine(rt, cfg.value());
-          ASSERT_TRUE(e.is_ok()) << what << ": " << e.status().to_string();
-          ASSERT_TRUE(test::register_mlp(*e.value(), s).is_ok()) << what;
+          ASSERT_OK(e) << what;
+          ASSERT_OK(test::register_mlp(*e.value(), s)) << what;
           std::vector<test::Layer> out;
           std::vector<StepStats> stats;
           Status st =
               test::engine_train(*e.value(), s, rt.rank(), rt.world_size(), 4, &out, &stats, -1, micro);
-          ASSERT_TRUE(st.is_ok()) << what << ": " << st.to_string();
+          ASSERT_OK(st) << what;
           ran++;
           // Steady state: the bytes of the last step (counters run from initialize()).
           const StepStats& a = stats[stats.size() - 2];

@@ -16,6 +16,7 @@
 #include "config/config.h"
 #include "core/clock.h"
 #include "device/device.h"
+#include "tests/util/status_test_util.h"
 #include "tests/util/test_util.h"
 #include "tests/zero/mlp.h"
 #include "tests/zero/shared_runtime.h"
@@ -107,10 +108,9 @@ void insert_before(std::string& text, const std::string& key, const std::string&
 // Rank 0's `mine`, on every rank (e.g. one checkpoint directory for all).
 std::string rank0_string(Runtime& rt, std::string mine) {
   int64_t n = static_cast<int64_t>(mine.size());
-  EXPECT_TRUE(zero::runtime_comm(rt).broadcast(&n, 1, comm::CommType::kI64, 0).wait().is_ok());
+  EXPECT_OK(zero::runtime_comm(rt).broadcast(&n, 1, comm::CommType::kI64, 0).wait());
   mine.resize(static_cast<size_t>(n));
-  EXPECT_TRUE(
-      zero::runtime_comm(rt).broadcast(mine.data(), mine.size(), comm::CommType::kU8, 0).wait().is_ok());
+  EXPECT_OK(zero::runtime_comm(rt).broadcast(mine.data(), mine.size(), comm::CommType::kU8, 0).wait());
   return mine;
 }
 
@@ -162,7 +162,7 @@ TEST(EngineMatrix, EveryPlacementMatchesReferenceAndNoOffloadBitForBit) {
                          std::to_string(pl.stage) + " optimizer " + pl.opt + " params " + pl.param;
       std::vector<StepStats> stats;
       auto r = run(pl, precision, s, steps, &stats);
-      ASSERT_TRUE(r.is_ok()) << what << ": " << r.status().to_string();
+      ASSERT_OK(r) << what;
       for (const auto& st : stats) EXPECT_FALSE(st.skipped) << what;
       Diff dr = compare(r.value(), ref);
       Tolerance tol = tolerance(precision);
@@ -202,8 +202,8 @@ TEST(EngineOverlap, OverlappedStepGivesTheSerialBitsForEveryPlacement) {
       g_overlap = true;
       auto overlap = pl.stage == 3 ? run_edited(pl, precision, s, steps, edit, &st_overlap, 1, true)
                                    : run(pl, precision, s, steps, &st_overlap, inject);
-      ASSERT_TRUE(serial.is_ok()) << what << ": " << serial.status().to_string();
-      ASSERT_TRUE(overlap.is_ok()) << what << ": " << overlap.status().to_string();
+      ASSERT_OK(serial) << what;
+      ASSERT_OK(overlap) << what;
       Diff d = compare(serial.value(), overlap.value());
       EXPECT_TRUE(d.identical) << what << ": overlapped differs from serial (max " << d.max_abs << ")";
       ASSERT_EQ(st_serial.size(), st_overlap.size());
@@ -259,8 +259,8 @@ TEST(EngineMatrix, DeferredDeviceOpsGiveTheEagerBits) {
         zero::set_deferred_device_ops(true);
         auto deferred = run_edited(pl, precision, s, steps, edit, &st_deferred, 2, pl.stage == 3);
         zero::set_deferred_device_ops(false);
-        ASSERT_TRUE(eager.is_ok()) << what << ": " << eager.status().to_string();
-        ASSERT_TRUE(deferred.is_ok()) << what << ": " << deferred.status().to_string();
+        ASSERT_OK(eager) << what;
+        ASSERT_OK(deferred) << what;
         Diff d = compare(eager.value(), deferred.value());
         EXPECT_TRUE(d.identical) << what << ": deferred device ops differ (max " << d.max_abs << ")";
         ASSERT_EQ(st_eager.size(), st_deferred.size()) << what;
@@ -283,8 +283,8 @@ TEST(EngineMatrix, DeferredDeviceOpsGiveTheEagerBits) {
       zero::set_deferred_device_ops(true);
       auto deferred = run(pl, "fp16", s, 4, &st_deferred, 2);
       zero::set_deferred_device_ops(false);
-      ASSERT_TRUE(eager.is_ok()) << what << ": " << eager.status().to_string();
-      ASSERT_TRUE(deferred.is_ok()) << what << ": " << deferred.status().to_string();
+      ASSERT_OK(eager) << what;
+      ASSERT_OK(deferred) << what;
       EXPECT_TRUE(compare(eager.value(), deferred.value()).identical) << what;
       ASSERT_EQ(st_eager.size(), st_deferred.size()) << what;
       EXPECT_TRUE(st_deferred[2].skipped) << what;
@@ -303,17 +303,17 @@ TEST(EngineTrace, TracksForComputeOptimizerIoAndGathers) {
   Runtime& rt = runtime();
   test::ScratchDir nvme("trace");
   auto cfg = config::Config::parse(make_config({3, "nvme", "nvme"}, "bf16", nvme.path()), rt.world_size());
-  ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
+  ASSERT_OK(cfg);
   auto e = zero::create_engine(rt, cfg.value());
-  ASSERT_TRUE(e.is_ok()) << e.status().to_string();
+  ASSERT_OK(e);
   MlpSpec s;
-  ASSERT_TRUE(test::register_mlp(*e.value(), s).is_ok());
+  ASSERT_OK(test::register_mlp(*e.value(), s));
   e.value()->enable_trace(true);
   std::vector<Layer> out;
-  ASSERT_TRUE(test::engine_train(*e.value(), s, rt.rank(), rt.world_size(), 3, &out).is_ok());
+  ASSERT_OK(test::engine_train(*e.value(), s, rt.rank(), rt.world_size(), 3, &out));
   e.value()->record_compute("forward", now_ns() - 1000, now_ns());
   const std::string path = nvme.path() + "/trace.json";
-  ASSERT_TRUE(e.value()->write_trace(path).is_ok());
+  ASSERT_OK(e.value()->write_trace(path));
   std::ifstream f(path);
   const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   for (const char* track : {"compute (forward/backward)", "optimizer chunks", "optimizer NVMe reads",
@@ -343,7 +343,7 @@ TEST(Engine, GradientAccumulation) {
   auto ref = test::reference_train(s, rt.world_size(), 2, /*micro=*/2);
   for (const Placement& pl : {Placement{2, "cpu", "none"}, Placement{3, "nvme", "nvme"}}) {
     auto r = run(pl, "fp32", s, 2, nullptr, -1, /*micro=*/2);
-    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    ASSERT_OK(r);
     Diff d = compare(r.value(), ref);
     EXPECT_LE(d.max_abs, 2e-4) << "stage " << pl.stage;
   }
@@ -355,14 +355,14 @@ TEST(Engine, ReduceBucketsDoNotChangeResults) {
   for (const Placement& pl :
        {Placement{1, "cpu", "none"}, Placement{2, "none", "none"}, Placement{3, "nvme", "cpu"}}) {
     auto whole = run(pl, "bf16", s, 2);
-    ASSERT_TRUE(whole.is_ok());
+    ASSERT_OK(whole);
     auto out = run_edited(
         pl, "bf16", s, 2,
         [](std::string& t) {
           insert_before(t, "stage3_param_persistence_threshold", "\"reduce_bucket_size\": 1000, ");
         },
         nullptr);
-    ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+    ASSERT_OK(out);
     EXPECT_TRUE(compare(out.value(), whole.value()).identical) << "stage " << pl.stage;
   }
 }
@@ -379,7 +379,7 @@ TEST(Engine, GradientClipping) {
   for (const Placement& pl : {Placement{2, "none", "none"}, Placement{3, "nvme", "cpu"}}) {
     std::vector<StepStats> stats;
     auto r = run(pl, "fp32", s, 3, &stats, -1, 1, "", "\"gradient_clipping\": 0.05,");
-    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    ASSERT_OK(r);
     EXPECT_LE(compare(r.value(), ref).max_abs, 2e-4) << "stage " << pl.stage;
     EXPECT_GT(stats[0].grad_norm, 0.05);
     if (first.empty())
@@ -430,8 +430,8 @@ TEST(EngineSpeculative, BothOutcomesGiveTheSerialBitsForEveryPlacement) {
       std::vector<StepStats> st_off, st_on;
       auto off = train(false, &st_off);
       auto on = train(true, &st_on);
-      ASSERT_TRUE(off.is_ok()) << what << ": " << off.status().to_string();
-      ASSERT_TRUE(on.is_ok()) << what << ": " << on.status().to_string();
+      ASSERT_OK(off) << what;
+      ASSERT_OK(on) << what;
       Diff d = compare(off.value(), on.value());
       EXPECT_TRUE(d.identical) << what << ": speculative differs from serial (max " << d.max_abs << ")";
       ASSERT_EQ(st_off.size(), st_on.size());
@@ -467,10 +467,10 @@ TEST(EngineSpeculative, ReadsAndCheckpointsBeforeTheStepSeeTheStepTaken) {
       std::string text = make_config(pl, "bf16", nvme.path());
       if (spec) insert_before(text, "device_budget", "\"speculative_step\": true, ");
       auto cfg = config::Config::parse(text, rt.world_size());
-      ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
+      ASSERT_OK(cfg);
       auto e = zero::create_engine(rt, cfg.value());
-      ASSERT_TRUE(e.is_ok());
-      ASSERT_TRUE(test::register_mlp(*e.value(), s).is_ok());
+      ASSERT_OK(e);
+      ASSERT_OK(test::register_mlp(*e.value(), s));
       Engine& eng = *e.value();
       std::vector<float>& w = mid[spec];
       auto before = [&](int k) -> Status {
@@ -482,7 +482,7 @@ TEST(EngineSpeculative, ReadsAndCheckpointsBeforeTheStepSeeTheStepTaken) {
       std::vector<StepStats> st;
       Status r = test::engine_train(eng, s, rt.rank(), rt.world_size(), 3, &final_bits[spec], &st, -1, 1, 0,
                                     false, before);
-      ASSERT_TRUE(r.is_ok()) << what << ": " << r.to_string();
+      ASSERT_OK(r) << what;
       if (spec) {
         // The read and the save undid every speculation made before them (a reduction still in
         // flight at the read may speculate after it, and the save undoes that one).
@@ -498,19 +498,18 @@ TEST(EngineSpeculative, ReadsAndCheckpointsBeforeTheStepSeeTheStepTaken) {
     std::string text = make_config(pl, "bf16", nvme.path());
     insert_before(text, "device_budget", "\"speculative_step\": true, ");
     auto cfg = config::Config::parse(text, rt.world_size());
-    ASSERT_TRUE(cfg.is_ok());
+    ASSERT_OK(cfg);
     auto e = zero::create_engine(rt, cfg.value());
-    ASSERT_TRUE(e.is_ok());
-    ASSERT_TRUE(test::register_mlp(*e.value(), s).is_ok());
+    ASSERT_OK(e);
+    ASSERT_OK(test::register_mlp(*e.value(), s));
     auto ts = e.value()->load(dir);
-    ASSERT_TRUE(ts.is_ok()) << what << ": " << ts.status().to_string();
+    ASSERT_OK(ts) << what;
     EXPECT_EQ(e.value()->steps_taken(), 1);
     std::vector<Layer> out;
-    ASSERT_TRUE(
-        test::engine_train(*e.value(), s, rt.rank(), rt.world_size(), 3, &out, nullptr, -1, 1, 1).is_ok());
+    ASSERT_OK(test::engine_train(*e.value(), s, rt.rank(), rt.world_size(), 3, &out, nullptr, -1, 1, 1));
     EXPECT_TRUE(compare(out, final_bits[false]).identical)
         << what << ": resumed from the mid-step checkpoint";
-    ASSERT_TRUE(zero::runtime_comm(rt).barrier().is_ok());
+    ASSERT_OK(zero::runtime_comm(rt).barrier());
   }
 }
 
@@ -524,12 +523,12 @@ TEST(Engine, Bf16OptimizerStates) {
        {Placement{1, "none", "none"}, Placement{1, "nvme", "none"}, Placement{3, "none", "none"},
         Placement{3, "nvme", "nvme"}, Placement{3, "cpu", "cpu"}}) {
     auto r = run(pl, "bf16", s, 3, nullptr, -1, 1, "", "");
-    ASSERT_TRUE(r.is_ok());
+    ASSERT_OK(r);
     auto bf = run_edited(
         pl, "bf16", s, 3,
         [](std::string& t) { insert_before(t, "optimizer_threads", "\"bf16_optimizer_states\": true, "); },
         nullptr);
-    ASSERT_TRUE(bf.is_ok()) << bf.status().to_string();
+    ASSERT_OK(bf);
     const std::vector<Layer>& out = bf.value();
     Diff d = compare(out, ref);
     Tolerance tol = tolerance("bf16");
@@ -560,7 +559,7 @@ TEST(Engine, PartialOffloadAndNvmeGradientsMatchNoOffloadBitForBit) {
             insert_before(t, "train_micro_batch_size_per_gpu", "\"gradient_clipping\": 0.05, ");
           },
           nullptr, micro);
-      ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+      ASSERT_OK(r);
       base[st] = r.value();
     }
     for (const Placement& pl : {Placement{2, "cpu", "none"}, Placement{2, "nvme", "none"},
@@ -578,7 +577,7 @@ TEST(Engine, PartialOffloadAndNvmeGradientsMatchNoOffloadBitForBit) {
               insert_before(t, "optimizer_threads", std::string("\"offload_ratio\": ") + ratio + ", ");
             },
             &stats, micro);
-        ASSERT_TRUE(r.is_ok()) << what << ": " << r.status().to_string();
+        ASSERT_OK(r) << what;
         EXPECT_TRUE(compare(r.value(), base[pl.stage]).identical)
             << what << " differs from the no-offload run";
         nvme_hw[ratio] = stats.back().high_water[2];
@@ -609,11 +608,11 @@ TEST(Engine, AModuleWithoutGradientsBesideChunksReadAhead) {
     };
     for (const int st : {1, 3}) {
       auto base = run_edited({st, "none", "none"}, "fp32", s, steps, edit, nullptr);
-      ASSERT_TRUE(base.is_ok()) << base.status().to_string();
+      ASSERT_OK(base);
       for (const char* param : {"none", "nvme"}) {
         if (st == 1 && std::string(param) != "none") continue;
         auto r = run_edited({st, "nvme", param}, "fp32", s, steps, edit, nullptr);
-        ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+        ASSERT_OK(r);
         EXPECT_TRUE(compare(r.value(), base.value()).identical)
             << "stage " << st << " params " << param << " sub_group_size " << sub;
       }
@@ -641,7 +640,7 @@ TEST(Engine, GathersArePrefetchedInTheRecordedOrder) {
               insert_before(t, "stage3_param_persistence_threshold", "\"stage3_prefetch_bucket_size\": 0, ");
           },
           &stats, 1, /*eval_passes=*/variant == 2);
-      ASSERT_TRUE(r.is_ok()) << what << ": " << r.status().to_string();
+      ASSERT_OK(r) << what;
       results[variant] = r.value();
       // The first step records the order: every gather is on demand (4 forward + 4 backward).
       EXPECT_EQ(stats[0].gathers_prefetched, 0u) << what;
@@ -707,8 +706,7 @@ TEST(EngineCuda, PlacementsMatchTheReferenceAndTheCpuDevice) {
                 if (gpu) insert_before(t, "optimizer_threads", "\"device\": \"cuda\", ");
               },
               nullptr);
-          ASSERT_TRUE(r.is_ok()) << what << (gpu ? " on the GPU: " : " on the CPU: ")
-                                 << r.status().to_string();
+          ASSERT_OK(r) << what << (gpu ? " on the GPU: " : " on the CPU: ");
           got[gpu] = r.value();
         }
         Tolerance tol = tolerance(precision);
@@ -727,7 +725,7 @@ TEST(Engine, Fp16OverflowSkipsTheStepAndHalvesTheScale) {
   MlpSpec s;
   std::vector<StepStats> stats;
   auto r = run({3, "cpu", "cpu"}, "fp16", s, 3, &stats, /*inject=*/1, 1, ", \"hysteresis\": 1");
-  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  ASSERT_OK(r);
   ASSERT_EQ(stats.size(), 3u);
   EXPECT_FALSE(stats[0].skipped);
   EXPECT_TRUE(stats[1].skipped);
@@ -742,12 +740,12 @@ TEST(Engine, Fp16OverflowSkipsTheStepAndHalvesTheScale) {
   for (const int st : {1, 3}) {
     std::vector<StepStats> base_stats;
     auto base = run({st, "none", "none"}, "fp16", s, 4, &base_stats, /*inject=*/1, 1, ", \"hysteresis\": 1");
-    ASSERT_TRUE(base.is_ok()) << base.status().to_string();
+    ASSERT_OK(base);
     for (const char* param : {"none", "nvme"}) {
       if (st == 1 && std::string(param) != "none") continue;
       std::vector<StepStats> nv;
       auto r2 = run({st, "nvme", param}, "fp16", s, 4, &nv, 1, 1, ", \"hysteresis\": 1");
-      ASSERT_TRUE(r2.is_ok()) << r2.status().to_string();
+      ASSERT_OK(r2);
       ASSERT_EQ(nv.size(), 4u);
       EXPECT_TRUE(nv[1].skipped);
       EXPECT_TRUE(compare(r2.value(), base.value()).identical) << "stage " << st << " params " << param;
@@ -759,7 +757,7 @@ TEST(Engine, StatsReportTimesAndHighWater) {
   MlpSpec s;
   std::vector<StepStats> stats;
   auto r = run({3, "nvme", "nvme"}, "bf16", s, 2, &stats);
-  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  ASSERT_OK(r);
   const StepStats& st = stats.back();
   EXPECT_GT(st.high_water[0], 0u);
   EXPECT_GT(st.high_water[1], 0u);
@@ -798,7 +796,7 @@ TEST(Checkpoint, ResumeIsBitIdentical) {
         std::string what = std::string("stage ") + std::to_string(stage) + " offload " + off +
                            (deferred ? " (deferred device ops)" : "");
         auto whole = run(pl, "bf16", s, 3);
-        ASSERT_TRUE(whole.is_ok()) << what << ": " << whole.status().to_string();
+        ASSERT_OK(whole) << what;
         const std::string key = std::to_string(stage) + off;
         if (!deferred) eager[key] = whole.value();
         EXPECT_TRUE(compare(whole.value(), eager[key]).identical) << what << ": differs from the eager run";
@@ -806,31 +804,29 @@ TEST(Checkpoint, ResumeIsBitIdentical) {
         // Every rank must use the same checkpoint directory: rank 0's name.
         const std::string dir = rank0_string(rt, ck.path());
         auto cfg = config::Config::parse(make_config(pl, "bf16", nvme.path()), rt.world_size());
-        ASSERT_TRUE(cfg.is_ok());
+        ASSERT_OK(cfg);
         {
           auto e = zero::create_engine(rt, cfg.value());
-          ASSERT_TRUE(e.is_ok());
-          ASSERT_TRUE(test::register_mlp(*e.value(), s).is_ok());
+          ASSERT_OK(e);
+          ASSERT_OK(test::register_mlp(*e.value(), s));
           std::vector<Layer> out;
-          ASSERT_TRUE(test::engine_train(*e.value(), s, rt.rank(), rt.world_size(), 2, &out).is_ok());
+          ASSERT_OK(test::engine_train(*e.value(), s, rt.rank(), rt.world_size(), 2, &out));
           Status sv = e.value()->save(dir, "step-2", "{\"step\": 2}");
-          ASSERT_TRUE(sv.is_ok()) << what << ": " << sv.to_string();
+          ASSERT_OK(sv) << what;
         }
         auto e = zero::create_engine(rt, cfg.value());
-        ASSERT_TRUE(e.is_ok());
-        ASSERT_TRUE(test::register_mlp(*e.value(), s).is_ok());
+        ASSERT_OK(e);
+        ASSERT_OK(test::register_mlp(*e.value(), s));
         auto ts = e.value()->load(dir);
-        ASSERT_TRUE(ts.is_ok()) << what << ": " << ts.status().to_string();
+        ASSERT_OK(ts) << what;
         EXPECT_EQ(ts.value(), "{\"step\":2}");
         EXPECT_EQ(e.value()->steps_taken(), 2);
         std::vector<Layer> out;
-        ASSERT_TRUE(test::engine_train(*e.value(), s, rt.rank(), rt.world_size(), 3, &out, nullptr, -1, 1, 2)
-                        .is_ok());
+        ASSERT_OK(test::engine_train(*e.value(), s, rt.rank(), rt.world_size(), 3, &out, nullptr, -1, 1, 2));
         EXPECT_TRUE(compare(out, whole.value()).identical)
             << what << ": resumed run differs (max " << compare(out, whole.value()).max_abs << ")";
-        ASSERT_TRUE(zero::runtime_comm(rt)
-                        .barrier()
-                        .is_ok());  // rank 0 removes the directory only after everyone is done
+        ASSERT_OK(
+            zero::runtime_comm(rt).barrier());  // rank 0 removes the directory only after everyone is done
       }
     }
   }
@@ -845,33 +841,33 @@ TEST(Checkpoint, LoadsIntoAnotherPlacement) {
   std::vector<Layer> saved;
   {
     auto cfg = config::Config::parse(make_config({3, "nvme", "nvme"}, "bf16", nvme.path()), rt.world_size());
-    ASSERT_TRUE(cfg.is_ok());
+    ASSERT_OK(cfg);
     auto e = zero::create_engine(rt, cfg.value());
-    ASSERT_TRUE(e.is_ok());
-    ASSERT_TRUE(test::register_mlp(*e.value(), s).is_ok());
-    ASSERT_TRUE(test::engine_train(*e.value(), s, rt.rank(), rt.world_size(), 2, &saved).is_ok());
-    ASSERT_TRUE(e.value()->save(dir, "step-2", "{}").is_ok());
+    ASSERT_OK(e);
+    ASSERT_OK(test::register_mlp(*e.value(), s));
+    ASSERT_OK(test::engine_train(*e.value(), s, rt.rank(), rt.world_size(), 2, &saved));
+    ASSERT_OK(e.value()->save(dir, "step-2", "{}"));
   }
   for (const Placement& pl :
        {Placement{1, "cpu", "none"}, Placement{2, "none", "none"}, Placement{3, "none", "cpu"}}) {
     auto cfg = config::Config::parse(make_config(pl, "bf16", nvme.path()), rt.world_size());
-    ASSERT_TRUE(cfg.is_ok());
+    ASSERT_OK(cfg);
     auto e = zero::create_engine(rt, cfg.value());
-    ASSERT_TRUE(e.is_ok());
-    ASSERT_TRUE(test::register_mlp(*e.value(), s).is_ok());
+    ASSERT_OK(e);
+    ASSERT_OK(test::register_mlp(*e.value(), s));
     auto ts = e.value()->load(dir);
-    ASSERT_TRUE(ts.is_ok()) << ts.status().to_string();
+    ASSERT_OK(ts);
     for (int l = 0; l < s.layers; ++l) {
       std::vector<float> w(static_cast<size_t>(s.d * s.d)), b(static_cast<size_t>(s.d));
-      ASSERT_TRUE(e.value()->read_master(static_cast<size_t>(l), 0, w.data()).is_ok());
-      ASSERT_TRUE(e.value()->read_master(static_cast<size_t>(l), 1, b.data()).is_ok());
+      ASSERT_OK(e.value()->read_master(static_cast<size_t>(l), 0, w.data()));
+      ASSERT_OK(e.value()->read_master(static_cast<size_t>(l), 1, b.data()));
       EXPECT_EQ(memcmp(w.data(), saved[static_cast<size_t>(l)].w.data(), w.size() * 4), 0)
           << "stage " << pl.stage;
       EXPECT_EQ(memcmp(b.data(), saved[static_cast<size_t>(l)].b.data(), b.size() * 4), 0)
           << "stage " << pl.stage;
     }
   }
-  ASSERT_TRUE(zero::runtime_comm(rt).barrier().is_ok());
+  ASSERT_OK(zero::runtime_comm(rt).barrier());
 }
 
 // Resharding, across two ctest runs of different world sizes: ZOE_RESHARD_DIR names a shared
@@ -886,16 +882,16 @@ TEST(Checkpoint, Reshard) {
   Placement pl{3, "cpu", "nvme"};
   test::ScratchDir nvme("nvme");
   auto cfg = config::Config::parse(make_config(pl, "bf16", nvme.path()), rt.world_size());
-  ASSERT_TRUE(cfg.is_ok());
+  ASSERT_OK(cfg);
   auto e = zero::create_engine(rt, cfg.value());
-  ASSERT_TRUE(e.is_ok());
-  ASSERT_TRUE(test::register_mlp(*e.value(), s).is_ok());
+  ASSERT_OK(e);
+  ASSERT_OK(test::register_mlp(*e.value(), s));
   std::string values = std::string(dir) + "/master-values.bin";
   if (std::string(role) == "save") {
     std::filesystem::create_directories(dir);
     std::vector<Layer> out;
-    ASSERT_TRUE(test::engine_train(*e.value(), s, rt.rank(), rt.world_size(), 2, &out).is_ok());
-    ASSERT_TRUE(e.value()->save(dir, "step-2", "{}").is_ok());
+    ASSERT_OK(test::engine_train(*e.value(), s, rt.rank(), rt.world_size(), 2, &out));
+    ASSERT_OK(e.value()->save(dir, "step-2", "{}"));
     if (rt.rank() == 0) {
       FILE* f = fopen(values.c_str(), "wb");
       ASSERT_NE(f, nullptr);
@@ -906,7 +902,7 @@ TEST(Checkpoint, Reshard) {
       fclose(f);
     }
   } else {
-    ASSERT_TRUE(e.value()->load(dir).is_ok());
+    ASSERT_OK(e.value()->load(dir));
     std::vector<float> want(static_cast<size_t>(s.layers) * static_cast<size_t>(s.d * s.d + s.d));
     FILE* f = fopen(values.c_str(), "rb");
     ASSERT_NE(f, nullptr);
@@ -915,8 +911,8 @@ TEST(Checkpoint, Reshard) {
     size_t off = 0;
     for (int l = 0; l < s.layers; ++l) {
       std::vector<float> w(static_cast<size_t>(s.d * s.d)), b(static_cast<size_t>(s.d));
-      ASSERT_TRUE(e.value()->read_master(static_cast<size_t>(l), 0, w.data()).is_ok());
-      ASSERT_TRUE(e.value()->read_master(static_cast<size_t>(l), 1, b.data()).is_ok());
+      ASSERT_OK(e.value()->read_master(static_cast<size_t>(l), 0, w.data()));
+      ASSERT_OK(e.value()->read_master(static_cast<size_t>(l), 1, b.data()));
       EXPECT_EQ(memcmp(w.data(), want.data() + off, w.size() * 4), 0) << "layer " << l << " w";
       off += w.size();
       EXPECT_EQ(memcmp(b.data(), want.data() + off, b.size() * 4), 0) << "layer " << l << " b";
@@ -924,8 +920,7 @@ TEST(Checkpoint, Reshard) {
     }
     // And it trains on from there.
     std::vector<Layer> out;
-    EXPECT_TRUE(
-        test::engine_train(*e.value(), s, rt.rank(), rt.world_size(), 3, &out, nullptr, -1, 1, 2).is_ok());
+    EXPECT_OK(test::engine_train(*e.value(), s, rt.rank(), rt.world_size(), 3, &out, nullptr, -1, 1, 2));
   }
 }
 
@@ -933,12 +928,12 @@ TEST(Engine, MisuseIsAClearError) {
   Runtime& rt = runtime();
   auto cfg = config::Config::parse(
       "{\"zero_optimization\": {\"stage\": 3, \"stage3_param_persistence_threshold\": 0}}", rt.world_size());
-  ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
+  ASSERT_OK(cfg);
   auto e = zero::create_engine(rt, cfg.value());
-  ASSERT_TRUE(e.is_ok());
+  ASSERT_OK(e);
   EXPECT_EQ(e.value()->fetch(0).status().code(), StatusCode::kInvalidArgument);  // before initialize
   MlpSpec s;
-  ASSERT_TRUE(test::register_mlp(*e.value(), s).is_ok());
+  ASSERT_OK(test::register_mlp(*e.value(), s));
   EXPECT_EQ(e.value()->add_module("late", {{"w", {4}}}).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(e.value()->release(0).code(), StatusCode::kInvalidArgument);  // not fetched
   EXPECT_EQ(e.value()->fetch(99).status().code(), StatusCode::kInvalidArgument);

@@ -16,6 +16,7 @@
 #include "config/config.h"
 #include "device/device.h"
 #include "io/fault_injector.h"
+#include "tests/util/status_test_util.h"
 #include "tests/util/test_util.h"
 #include "tests/zero/shared_runtime.h"
 #include "zero/engine_internal.h"
@@ -150,8 +151,8 @@ TEST_P(EngineFaults, AllocationFailureAtEveryPointOfAStep) {
     for (int k = 1; k < 200; ++k) {
       test::ScratchDir nvme("faults");
       auto e = make_engine(c, nvme.path());
-      ASSERT_TRUE(e.is_ok()) << name(c) << ": " << e.status().to_string();
-      ASSERT_TRUE(one_step(*e.value(), name(c) + " warm-up").is_ok());  // records the fetch order
+      ASSERT_OK(e) << name(c);
+      ASSERT_OK(one_step(*e.value(), name(c) + " warm-up"));  // records the fetch order
       const uint64_t leaked = device::cpu_device_leaked_bytes();
       int count = 0;
       device::set_cpu_allocation_fault([&](size_t) { return ++count == k; });
@@ -159,7 +160,7 @@ TEST_P(EngineFaults, AllocationFailureAtEveryPointOfAStep) {
       Status s = one_step(*e.value(), what);
       device::set_cpu_allocation_fault({});
       if (count < k) {  // the step made fewer allocations: every point was covered
-        ASSERT_TRUE(s.is_ok()) << what << ": " << s.to_string();
+        ASSERT_OK(s) << what;
         break;
       }
       if (s.is_ok()) {
@@ -189,8 +190,8 @@ TEST_P(EngineFaults, IoErrorAtEveryNvmeTransferOfAStep) {
         zero::set_engine_io_faults(&faults);
         auto e = make_engine(c, nvme.path());
         zero::set_engine_io_faults(nullptr);
-        ASSERT_TRUE(e.is_ok()) << name(c) << ": " << e.status().to_string();
-        ASSERT_TRUE(one_step(*e.value(), name(c) + " warm-up").is_ok());
+        ASSERT_OK(e) << name(c);
+        ASSERT_OK(one_step(*e.value(), name(c) + " warm-up"));
         const uint64_t leaked = device::cpu_device_leaked_bytes();
         const uint64_t seen_before = faults.injected();
         faults.clear();  // rules count answers from here: the k-th answer of this op in this step fails
@@ -200,7 +201,7 @@ TEST_P(EngineFaults, IoErrorAtEveryNvmeTransferOfAStep) {
         Status s = one_step(*e.value(), what);
         const bool fired = faults.injected() > seen_before;
         if (!fired) {
-          ASSERT_TRUE(s.is_ok()) << what << ": " << s.to_string();
+          ASSERT_OK(s) << what;
           break;
         }
         if (s.is_ok()) {

@@ -7,6 +7,7 @@
 #include "config/config.h"
 #include "core/log.h"
 #include "optim/adam.h"
+#include "tests/util/status_test_util.h"
 #include "tests/util/test_util.h"
 #include "tests/zero/mlp.h"
 #include "tests/zero/shared_runtime.h"
@@ -22,7 +23,7 @@ using zero::Placement;
 
 config::Config parse(const std::string& text) {
   auto c = config::Config::parse(text, 1);
-  EXPECT_TRUE(c.is_ok()) << c.status().to_string() << "\n" << text;
+  EXPECT_OK(c) << "\n" << text;
   return c.is_ok() ? c.value() : config::Config{};
 }
 
@@ -49,7 +50,7 @@ std::vector<ModuleShape> shapes(int layers, size_t d) {
 TEST(Placement, FlatGroupsPartitionsAndOwnedRanges) {
   config::Config c = parse(cfg_text(3, "none", "none"));
   auto p = zero::plan_placement(c, shapes(2, 100), /*world=*/4, /*rank=*/2);
-  ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+  ASSERT_OK(p);
   const auto& m = p->modules[0];
   EXPECT_EQ(m.total, 10100u);
   EXPECT_EQ(m.padded % (zero::kPartAlign * 4), 0u);
@@ -66,7 +67,7 @@ TEST(Placement, FlatGroupsPartitionsAndOwnedRanges) {
 
   config::Config c0 = parse(cfg_text(0, "none", "none"));
   auto p0 = zero::plan_placement(c0, shapes(2, 100), 4, 2);
-  ASSERT_TRUE(p0.is_ok());
+  ASSERT_OK(p0);
   EXPECT_EQ(p0->modules[0].opt_begin, 0u);
   EXPECT_EQ(p0->modules[0].opt_n, p0->modules[0].padded);  // stage 0 owns everything
   EXPECT_FALSE(p0->tier_manager);
@@ -77,7 +78,7 @@ TEST(Placement, HomesFollowTheOffloadDevices) {
     for (const char* param : {"none", "cpu", "nvme"}) {
       config::Config c = parse(cfg_text(3, opt, param));
       auto p = zero::plan_placement(c, shapes(3, 64), 1, 0);
-      ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+      ASSERT_OK(p);
       const Home want_opt = std::string(opt) == "none"  ? Home::kDevice
                             : std::string(opt) == "cpu" ? Home::kHost
                                                         : Home::kNvme;
@@ -103,7 +104,7 @@ TEST(Placement, HomesFollowTheOffloadDevices) {
 TEST(Placement, PartialOffloadSplitsByElementsInRegistrationOrder) {
   config::Config c = parse(cfg_text(2, "cpu", "none", ", \"offload_ratio\": 0.5"));
   auto p = zero::plan_placement(c, shapes(4, 64), 1, 0);
-  ASSERT_TRUE(p.is_ok());
+  ASSERT_OK(p);
   // Four equal modules, half of the elements: the first two are offloaded.
   EXPECT_EQ(p->modules[0].opt_home, Home::kHost);
   EXPECT_EQ(p->modules[1].opt_home, Home::kHost);
@@ -111,7 +112,7 @@ TEST(Placement, PartialOffloadSplitsByElementsInRegistrationOrder) {
   EXPECT_EQ(p->modules[3].opt_home, Home::kDevice);
   config::Config c0 = parse(cfg_text(2, "cpu", "none", ", \"offload_ratio\": 0"));
   auto p0 = zero::plan_placement(c0, shapes(4, 64), 1, 0);
-  ASSERT_TRUE(p0.is_ok());
+  ASSERT_OK(p0);
   for (const auto& m : p0->modules) EXPECT_EQ(m.opt_home, Home::kDevice);
 }
 
@@ -119,7 +120,7 @@ TEST(Placement, SwapperSizing) {
   config::Config c = parse(cfg_text(3, "nvme", "nvme", "", "\"sub_group_size\": 100000, "));
   c.zero.offload_optimizer.buffer_count = 5;
   auto p = zero::plan_placement(c, shapes(2, 64), 1, 0);
-  ASSERT_TRUE(p.is_ok());
+  ASSERT_OK(p);
   EXPECT_TRUE(p->swapper);
   EXPECT_EQ(p->swap_chunk_elems % optim::kChunkElems, 0u);
   EXPECT_GE(p->swap_chunk_elems, 100000u);
@@ -128,7 +129,7 @@ TEST(Placement, SwapperSizing) {
   EXPECT_EQ(p->swap_buffer_count, 12u);  // at least three slots of four states
   c.zero.sub_group_size = 1000000000;
   auto big = zero::plan_placement(c, shapes(2, 64), 1, 0);
-  ASSERT_TRUE(big.is_ok());
+  ASSERT_OK(big);
   EXPECT_EQ(big->swap_chunk_elems, zero::kMaxSwapChunkElems);
 }
 
@@ -144,7 +145,7 @@ std::string planning_warnings(const config::Config& c, int plans) {
   const LogLevel level = log_level();
   set_log_level(LogLevel::kWarn);
   testing::internal::CaptureStderr();
-  for (int i = 0; i < plans; ++i) EXPECT_TRUE(zero::plan_placement(c, shapes(4, 256), 1, 0).is_ok());
+  for (int i = 0; i < plans; ++i) EXPECT_OK(zero::plan_placement(c, shapes(4, 256), 1, 0));
   std::string err = testing::internal::GetCapturedStderr();
   set_log_level(level);
   return err;
@@ -166,7 +167,7 @@ TEST(Placement, ValuesUsedOtherThanGivenAreWarnedOnce) {
   EXPECT_EQ(count_of(err, "zero_optimization.offload_param.buffer_size is 3000; zoe uses 16384 ("), 1u)
       << err;
   auto p = zero::plan_placement(c, shapes(4, 256), 1, 0);
-  ASSERT_TRUE(p.is_ok());
+  ASSERT_OK(p);
   EXPECT_EQ(p->swap_buffer_count, 12u);
   EXPECT_EQ(p->swap_chunk_elems, 65536u);
   EXPECT_EQ(p->tm_staging_count + 1, 2u);
@@ -181,7 +182,7 @@ TEST(Placement, ValuesUsedOtherThanGivenAreWarnedOnce) {
   err = planning_warnings(c, 2);
   EXPECT_EQ(err.find("zoe uses"), std::string::npos) << err;
   p = zero::plan_placement(c, shapes(4, 256), 1, 0);
-  ASSERT_TRUE(p.is_ok());
+  ASSERT_OK(p);
   EXPECT_EQ(p->swap_buffer_count, 20u);
   EXPECT_EQ(p->swap_chunk_elems, 3 * optim::kChunkElems);
   EXPECT_EQ(p->tm_staging_count + 1, 3u);
@@ -204,20 +205,20 @@ TEST(Placement, SwapResolversAgreeWithThePlan) {
 TEST(Placement, GatherWindowFollowsTheBucketAndTheBudget) {
   config::Config c = parse(cfg_text(3, "none", "nvme", "", "\"stage3_prefetch_bucket_size\": 20000, "));
   auto p = zero::plan_placement(c, shapes(8, 64), 1, 0);
-  ASSERT_TRUE(p.is_ok());
+  ASSERT_OK(p);
   EXPECT_EQ(p->gather_window, 20000u);  // bucket-bound: the budget has room
   EXPECT_GT(p->tm_device_budget, 0u);
   zero::PlanTarget gpu;
   gpu.queued_gathers = false;
   auto pg = zero::plan_placement(c, shapes(8, 64), 1, 0, gpu);
-  ASSERT_TRUE(pg.is_ok());
+  ASSERT_OK(pg);
   EXPECT_EQ(pg->gather_window, 0u);
   // A device budget just above one module's needs leaves no room for queued gathers.
   config::Config off = parse(cfg_text(3, "nvme", "nvme", "", "\"stage3_prefetch_bucket_size\": 20000, "));
   zero::PlanTarget tight;
   tight.device_budget = 64 * 64 * 4 * 8;
   auto pt = zero::plan_placement(off, shapes(8, 64), 1, 0, tight);
-  ASSERT_TRUE(pt.is_ok()) << pt.status().to_string();
+  ASSERT_OK(pt);
   EXPECT_EQ(pt->gather_window, 0u);
   EXPECT_LE(pt->peak.device, tight.device_budget);
   // stage3_max_live_parameters: the queued gathers and the module in use stay within it; what the
@@ -226,7 +227,7 @@ TEST(Placement, GatherWindowFollowsTheBucketAndTheBudget) {
   config::Config capped = c;
   capped.zero.stage3_max_live_parameters = static_cast<int64_t>(module) + 5000;
   auto pc = zero::plan_placement(capped, shapes(8, 64), 1, 0);
-  ASSERT_TRUE(pc.is_ok()) << pc.status().to_string();
+  ASSERT_OK(pc);
   EXPECT_LE(pc->gather_window, 5000u);
   EXPECT_GT(pc->gather_window, 0u);
   capped.zero.stage3_max_live_parameters = static_cast<int64_t>(module) - 1;
@@ -246,7 +247,7 @@ TEST(Placement, StagingFollowsOffloadParamBuffers) {
   const auto sh = shapes(4, 256);  // 65792 parameters a module, above 64 KiB in fp32
   config::Config c = parse(cfg_text(3, "cpu", "nvme"));
   auto def = zero::plan_placement(c, sh, 1, 0);
-  ASSERT_TRUE(def.is_ok()) << def.status().to_string();
+  ASSERT_OK(def);
   const size_t part = (def->modules[0].part * 4 + 4095) / 4096 * 4096;
   EXPECT_GT(part, 64u << 10);
   EXPECT_EQ(def->tm_staging_count, 4u);    // buffer_count 5
@@ -254,7 +255,7 @@ TEST(Placement, StagingFollowsOffloadParamBuffers) {
   c.zero.offload_param.buffer_count = 9;
   c.zero.offload_param.buffer_size = 20000;  // 80000 bytes
   auto p = zero::plan_placement(c, sh, 1, 0);
-  ASSERT_TRUE(p.is_ok());
+  ASSERT_OK(p);
   EXPECT_EQ(p->tm_staging_count, 8u);
   EXPECT_EQ(p->tm_staging_bytes, 20u * 4096);
   EXPECT_EQ(static_cast<int64_t>(p->resident.host) - static_cast<int64_t>(def->resident.host),
@@ -262,7 +263,7 @@ TEST(Placement, StagingFollowsOffloadParamBuffers) {
   c.zero.offload_param.buffer_size = 1;
   c.zero.offload_param.buffer_count = 1;
   auto small = zero::plan_placement(c, sh, 1, 0);
-  ASSERT_TRUE(small.is_ok());
+  ASSERT_OK(small);
   EXPECT_EQ(small->tm_staging_bytes, 64u << 10);
   EXPECT_EQ(small->tm_staging_count, 1u);
 }
@@ -285,7 +286,7 @@ TEST(PlacementVsEngine, StagingBuffersAndTheLiveCapChangeNoBits) {
     std::string text = cfg_text(3, "cpu", "nvme", "", "\"stage3_prefetch_bucket_size\": 70000, ");
     text.replace(text.find("\"/tmp\""), 6, "\"" + nvme.path() + "\"");
     auto cfg = config::Config::parse(text, rt.world_size());
-    ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
+    ASSERT_OK(cfg);
     if (small) {
       cfg->zero.offload_param.buffer_count = 2;
       cfg->zero.offload_param.buffer_size = 16384;
@@ -294,16 +295,16 @@ TEST(PlacementVsEngine, StagingBuffersAndTheLiveCapChangeNoBits) {
     if (variant == 3) cfg->zero.offload_param.max_in_cpu = 0;
     std::vector<ModuleShape> sh = shapes(s.layers, static_cast<size_t>(s.d));
     auto plan = zero::plan_placement(cfg.value(), sh, rt.world_size(), rt.rank());
-    ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
+    ASSERT_OK(plan);
     EXPECT_EQ(plan->tm_staging_bytes, small ? 64u << 10 : (plan->modules[0].part * 4 + 4095) / 4096 * 4096);
     EXPECT_EQ(plan->tm_staging_count, small ? 1u : 4u);
     auto e = zero::create_engine(rt, cfg.value());
-    ASSERT_TRUE(e.is_ok()) << e.status().to_string();
-    ASSERT_TRUE(test::register_mlp(*e.value(), s).is_ok());
+    ASSERT_OK(e);
+    ASSERT_OK(test::register_mlp(*e.value(), s));
     std::vector<test::Layer> out;
     std::vector<StepStats> stats;
     Status st = test::engine_train(*e.value(), s, rt.rank(), rt.world_size(), 3, &out, &stats);
-    ASSERT_TRUE(st.is_ok()) << st.to_string();
+    ASSERT_OK(st);
     EXPECT_LE(stats.back().high_water[1], plan->peak.host);
     EXPECT_GT(stats.back().bytes_nvme_read, 0u);
     nvme_reads.push_back(stats.back().bytes_nvme_read - stats[stats.size() - 2].bytes_nvme_read);
@@ -382,7 +383,7 @@ TEST(PlacementVsEngine, HighWaterMarksWithinThePlanForEveryPlacement) {
         const std::string what = std::string(bf16 ? "bf16" : "fp32") + " budget " + budget + " stage " +
                                  std::to_string(k.stage) + " optimizer " + k.opt + " params " + k.param;
         auto cfg = config::Config::parse(text, rt.world_size());
-        ASSERT_TRUE(cfg.is_ok()) << what << ": " << cfg.status().to_string();
+        ASSERT_OK(cfg) << what;
         std::vector<ModuleShape> sh;
         for (int l = 0; l < s.layers; ++l) {
           sh.push_back(
@@ -390,7 +391,7 @@ TEST(PlacementVsEngine, HighWaterMarksWithinThePlanForEveryPlacement) {
         }
         auto plan = zero::plan_placement(cfg.value(), sh, rt.world_size(), rt.rank());
         auto e = zero::create_engine(rt, cfg.value());
-        ASSERT_TRUE(e.is_ok()) << what << ": " << e.status().to_string();
+        ASSERT_OK(e) << what;
         Status reg = test::register_mlp(*e.value(), s);
         if (!plan.is_ok()) {  // does not fit: the engine refuses it the same way
           EXPECT_EQ(plan.status().code(), StatusCode::kOutOfBudget)
@@ -399,11 +400,11 @@ TEST(PlacementVsEngine, HighWaterMarksWithinThePlanForEveryPlacement) {
           continue;
         }
         ran++;
-        ASSERT_TRUE(reg.is_ok()) << what << ": " << reg.to_string();
+        ASSERT_OK(reg) << what;
         std::vector<test::Layer> out;
         std::vector<StepStats> stats;
         Status st = test::engine_train(*e.value(), s, rt.rank(), rt.world_size(), 3, &out, &stats);
-        ASSERT_TRUE(st.is_ok()) << what << ": " << st.to_string();
+        ASSERT_OK(st) << what;
         const StepStats& last = stats.back();
         EXPECT_LE(last.high_water[0], plan->peak.device) << what;
         EXPECT_LE(last.high_water[0], plan->device_budget) << what;
