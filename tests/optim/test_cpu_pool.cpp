@@ -9,6 +9,7 @@
 
 #include "core/topology.h"
 #include "optim/cpu_pool.h"
+#include "tests/util/status_test_util.h"
 #include "zoe/features.h"
 
 namespace zoe::optim {
