@@ -353,6 +353,63 @@ Status OptimizerSwapper::step_host(const ChunkUpdate& update) {
   return Status::ok();
 }
 
+// step(): the chunks preload() started are the first ones in order; each gets the states it lacks
+// (the gradient, unless it was filled) read now. Returns how many chunks are on their way.
+size_t OptimizerSwapper::resume_preloaded(const std::vector<StepChunk>& chunks, std::deque<StepRead>* reads,
+                                          Status* err) {
+  const size_t K = opts_.states.size();
+  std::vector<Preloaded> pre = std::move(preloaded_);
+  preloaded_.clear();
+  size_t np = 0;
+  while (np < pre.size() && np < chunks.size() && chunks[np].g->id == pre[np].group &&
+         chunks[np].begin == pre[np].begin && chunks[np].n == pre[np].n)
+    ++np;
+  for (size_t i = np; i < pre.size(); ++i) {  // not in this step's order (not expected): dropped
+    Status r = release_preloaded(pre[i]);
+    if (err->is_ok() && !r.is_ok()) *err = std::move(r);
+  }
+  for (size_t i = 0; i < np; ++i) {
+    const Preloaded& p = pre[i];
+    std::vector<StoreIo> ios;
+    for (size_t k = 0; k < K; ++k) {
+      stats_.bytes_read += p.have[k] && !opts_.states[k].write_back ? 0 : span_bytes(p.n, k);
+      if (p.have[k]) continue;
+      ios.push_back(StoreIo{io::IoOp::kRead, StateKey{p.group, opts_.states[k].kind},
+                            static_cast<uint64_t>(p.begin) * opts_.states[k].elem_bytes,
+                            slot_buffer(p.slot, k), span_bytes(p.n, k)});
+    }
+    reads->push_back(StepRead{p.slot, p.h, p.t0, ios.empty() ? nullptr : store_->transfer(ios)});
+  }
+  return np;
+}
+
+// step(): writes an updated chunk's written-back states home from its slot, which goes back to
+// the pool when the writes complete (at once when there is nothing to write).
+void OptimizerSwapper::write_back_chunk(const StepChunk& c, size_t slot, bool write_all) {
+  const size_t K = opts_.states.size();
+  std::vector<StoreIo> ios;
+  for (size_t k = 0; k < K; ++k) {
+    if (!opts_.states[k].write_back && !write_all) continue;
+    uint64_t off = static_cast<uint64_t>(c.begin) * opts_.states[k].elem_bytes;
+    ios.push_back(StoreIo{io::IoOp::kWrite, StateKey{c.g->id, opts_.states[k].kind}, off,
+                          slot_buffer(slot, k), span_bytes(c.n, k)});
+    stats_.bytes_written += span_bytes(c.n, k);
+  }
+  if (ios.empty()) {
+    release_slot(slot, Status::ok());
+    return;
+  }
+  uint64_t tws = now_ns();
+  std::string what = tracing() ? std::to_string(c.g->id) + "@" + std::to_string(c.begin) : std::string();
+  // The callback touches only members: step() may return as soon as the slot is back.
+  store_->transfer(ios, [this, slot, tws, what](io::IoCompletion& done) {
+    if (tracing()) opts_.trace->record("write " + what, "host->nvme", tws, now_ns(), 0, kLaneOptWrite);
+    release_slot(slot, done.status().is_ok()
+                           ? Status::ok()
+                           : done.status().with_context("writing back optimizer sub-group chunk " + what));
+  });
+}
+
 Status OptimizerSwapper::step(const ChunkUpdate& update, bool write_all) {
   ZOE_RETURN_IF_ERROR(wait_async_writes());
   stats_ = SwapperStats{};
@@ -362,56 +419,19 @@ Status OptimizerSwapper::step(const ChunkUpdate& update, bool write_all) {
     stats_.step_ns = now_ns() - t_begin;
     return s;
   }
-  struct Chunk {
-    const Group* g;
-    size_t begin, n;
-  };
-  std::vector<Chunk> chunks;
+  std::vector<StepChunk> chunks;
   for (const auto& g : groups_) {
     for (size_t b = 0; b < g.elems; b += chunk_elems_)
       chunks.push_back({&g, b, std::min(chunk_elems_, g.elems - b)});
   }
   const size_t K = opts_.states.size();
-  struct Read {
-    size_t slot;
-    io::IoHandle h;
-    uint64_t t0;
-    io::IoHandle rest = nullptr;  // a preloaded chunk: the states it did not have
-  };
-  std::deque<Read> reads;
-  size_t next_read = 0;
+  std::deque<StepRead> reads;
   Status err;  // first error of this thread (reads, updates)
   {
     std::lock_guard<std::mutex> lock(mu_);
     write_err_ = Status::ok();
   }
-  // The chunks preload() started: the first ones in order, each with the states it lacks (the
-  // gradient, unless it was filled) read now.
-  {
-    std::vector<Preloaded> pre = std::move(preloaded_);
-    preloaded_.clear();
-    size_t np = 0;
-    while (np < pre.size() && np < chunks.size() && chunks[np].g->id == pre[np].group &&
-           chunks[np].begin == pre[np].begin && chunks[np].n == pre[np].n)
-      ++np;
-    for (size_t i = np; i < pre.size(); ++i) {  // not in this step's order (not expected): dropped
-      Status r = release_preloaded(pre[i]);
-      if (err.is_ok() && !r.is_ok()) err = std::move(r);
-    }
-    for (size_t i = 0; i < np; ++i) {
-      const Preloaded& p = pre[i];
-      std::vector<StoreIo> ios;
-      for (size_t k = 0; k < K; ++k) {
-        stats_.bytes_read += p.have[k] && !opts_.states[k].write_back ? 0 : span_bytes(p.n, k);
-        if (p.have[k]) continue;
-        ios.push_back(StoreIo{io::IoOp::kRead, StateKey{p.group, opts_.states[k].kind},
-                              static_cast<uint64_t>(p.begin) * opts_.states[k].elem_bytes,
-                              slot_buffer(p.slot, k), span_bytes(p.n, k)});
-      }
-      reads.push_back(Read{p.slot, p.h, p.t0, ios.empty() ? nullptr : store_->transfer(ios)});
-    }
-    next_read = np;
-  }
+  size_t next_read = resume_preloaded(chunks, &reads, &err);
 
   auto take_slot = [&](bool wait, size_t* slot) {
     std::unique_lock<std::mutex> lock(mu_);
@@ -427,7 +447,7 @@ Status OptimizerSwapper::step(const ChunkUpdate& update, bool write_all) {
   };
   auto give_slot = [this](size_t slot) { release_slot(slot, Status::ok()); };
   auto issue_read = [&](size_t slot) {
-    const Chunk& c = chunks[next_read++];
+    const StepChunk& c = chunks[next_read++];
     std::vector<StoreIo> ios;
     for (size_t k = 0; k < K; ++k) {
       uint64_t off = static_cast<uint64_t>(c.begin) * opts_.states[k].elem_bytes;
@@ -435,7 +455,7 @@ Status OptimizerSwapper::step(const ChunkUpdate& update, bool write_all) {
                             slot_buffer(slot, k), span_bytes(c.n, k)});
       stats_.bytes_read += span_bytes(c.n, k);
     }
-    reads.push_back(Read{slot, store_->transfer(ios), now_ns()});
+    reads.push_back(StepRead{slot, store_->transfer(ios), now_ns()});
   };
 
   std::vector<void*> ptrs(K);
@@ -443,9 +463,9 @@ Status OptimizerSwapper::step(const ChunkUpdate& update, bool write_all) {
     // Read ahead as far as free slots allow; chunk ci itself must be on its way.
     size_t slot;
     while (next_read < chunks.size() && take_slot(/*wait=*/reads.empty(), &slot)) issue_read(slot);
-    Read r = reads.front();
+    StepRead r = reads.front();
     reads.pop_front();
-    const Chunk& c = chunks[ci];
+    const StepChunk& c = chunks[ci];
     uint64_t tw = now_ns();
     Status s = r.h->wait();
     if (r.rest) {
@@ -478,27 +498,7 @@ Status OptimizerSwapper::step(const ChunkUpdate& update, bool write_all) {
       give_slot(r.slot);
       break;
     }
-    std::vector<StoreIo> ios;
-    for (size_t k = 0; k < K; ++k) {
-      if (!opts_.states[k].write_back && !write_all) continue;
-      uint64_t off = static_cast<uint64_t>(c.begin) * opts_.states[k].elem_bytes;
-      ios.push_back(StoreIo{io::IoOp::kWrite, StateKey{c.g->id, opts_.states[k].kind}, off,
-                            slot_buffer(r.slot, k), span_bytes(c.n, k)});
-      stats_.bytes_written += span_bytes(c.n, k);
-    }
-    if (ios.empty()) {
-      give_slot(r.slot);
-      continue;
-    }
-    uint64_t tws = now_ns();
-    std::string what = tracing() ? std::to_string(c.g->id) + "@" + std::to_string(c.begin) : std::string();
-    // The callback touches only members: step() may return as soon as the slot is back.
-    store_->transfer(ios, [this, slot = r.slot, tws, what](io::IoCompletion& done) {
-      if (tracing()) opts_.trace->record("write " + what, "host->nvme", tws, now_ns(), 0, kLaneOptWrite);
-      release_slot(slot, done.status().is_ok()
-                             ? Status::ok()
-                             : done.status().with_context("writing back optimizer sub-group chunk " + what));
-    });
+    write_back_chunk(c, r.slot, write_all);
   }
   // Nothing stays in flight: wait for the reads issued ahead and for every write-back.
   for (auto& r : reads) {

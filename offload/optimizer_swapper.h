@@ -7,6 +7,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -125,6 +126,20 @@ class OptimizerSwapper {
   size_t span_bytes(size_t n, size_t state) const;  // chunk bytes rounded up to 4096
   Status sync_transfer(uint64_t id, size_t state, char* data, bool write, size_t begin, size_t n);
   Status step_host(const ChunkUpdate& update);
+  // step()'s chunks in order, and the reads of those on their way (rest: a preloaded chunk's
+  // states it did not have).
+  struct StepChunk {
+    const Group* g;
+    size_t begin, n;
+  };
+  struct StepRead {
+    size_t slot;
+    io::IoHandle h;
+    uint64_t t0;
+    io::IoHandle rest = nullptr;
+  };
+  size_t resume_preloaded(const std::vector<StepChunk>& chunks, std::deque<StepRead>* reads, Status* err);
+  void write_back_chunk(const StepChunk& c, size_t slot, bool write_all);
   void release_slot(size_t slot, Status error);
 
   SwapStore* store_;

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "zoe/zoe.h"
@@ -115,31 +116,21 @@ class PyEngine {
   std::unique_ptr<zoe::Engine> eng_;
 };
 
+// Every StepStats field (zoe/step_stats.h), by name; high_water as {"device", "host", "nvme"}.
 py::dict stats_dict(const zoe::StepStats& s) {
   py::dict d;
-  d["step"] = s.step;
-  d["skipped"] = s.skipped;
-  d["grad_norm"] = s.grad_norm;
-  d["loss_scale"] = s.loss_scale;
-  d["lr"] = s.lr;
-  d["t_compute"] = s.t_compute;
-  d["t_comm"] = s.t_comm;
-  d["t_io_stall"] = s.t_io_stall;
-  d["t_optimizer"] = s.t_optimizer;
-  d["t_update_overlapped"] = s.t_update_overlapped;
-  py::dict hw;
-  hw["device"] = s.high_water[0];
-  hw["host"] = s.high_water[1];
-  hw["nvme"] = s.high_water[2];
-  d["high_water"] = hw;
-  d["bytes_nvme_read"] = s.bytes_nvme_read;
-  d["bytes_nvme_write"] = s.bytes_nvme_write;
-  d["bytes_host_to_device"] = s.bytes_host_to_device;
-  d["bytes_device_to_host"] = s.bytes_device_to_host;
-  d["gathers_prefetched"] = s.gathers_prefetched;
-  d["gathers_on_demand"] = s.gathers_on_demand;
-  d["speculative_kept"] = s.speculative_kept;
-  d["speculative_undone"] = s.speculative_undone;
+  zoe::for_each_field(s, [&](const char* name, const auto& value) {
+    using T = std::decay_t<decltype(value)>;
+    if constexpr (std::is_same_v<T, uint64_t*> || std::is_array_v<std::remove_reference_t<decltype(value)>>) {
+      py::dict tiers;
+      tiers["device"] = value[0];
+      tiers["host"] = value[1];
+      tiers["nvme"] = value[2];
+      d[name] = tiers;
+    } else {
+      d[name] = value;
+    }
+  });
   return d;
 }
 

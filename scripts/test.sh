@@ -10,6 +10,7 @@ jobs=$(nproc)
 
 echo "== layer map and format checks" >&2
 /usr/bin/python3 scripts/check-layers.py
+/usr/bin/python3 scripts/check-function-length.py
 bash scripts/check-format.sh
 
 echo "== Release build and tests (build/)" >&2

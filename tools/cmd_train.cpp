@@ -468,6 +468,8 @@ json TrainRun::summary_json() const {
   j["lrs"] = lrs;
   j["grad_norms"] = grad_norms;
   j["step_time_s"] = step_times;
+  // The last step's StepStats, every field (zoe/step_stats.h).
+  j["step_stats"] = json::parse(step_stats_json(last));
   j["eval_loss"] = eval_loss;
   if (!std::isnan(accuracy)) j["accuracy"] = accuracy;
   j["evals"] = evals;

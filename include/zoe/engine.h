@@ -42,6 +42,7 @@
 #include "zoe/dtype.h"
 #include "zoe/runtime.h"
 #include "zoe/status.h"
+#include "zoe/step_stats.h"
 
 namespace zoe {
 
@@ -81,39 +82,8 @@ struct ModuleParams {
   const TensorView& operator[](size_t i) const { return tensors[i]; }
 };
 
-struct StepStats {
-  int64_t step = 0;         // optimizer steps taken so far
-  bool skipped = false;     // fp16 overflow: no update, loss scale lowered
-  double grad_norm = 0.0;   // of the averaged, unscaled gradients (before clipping)
-  double loss_scale = 1.0;  // the scale for the next step
-  double lr = 0.0;          // used by this step
-  // Seconds since the previous step() (or initialize()): time in each part of the engine.
-  double t_compute = 0.0;            // outside engine calls (the caller's forward/backward)
-  double t_comm = 0.0;               // waiting for collectives
-  double t_io_stall = 0.0;           // waiting for parameters to arrive from host/NVMe
-  double t_optimizer = 0.0;          // the caller waiting for the optimizer: the step itself (norm, and the
-                                     // update unless it is overlapped) and fetches waiting for an update
-  double t_update_overlapped = 0.0;  // the previous step's update on its own thread, behind this
-                                     // step's forward (zoe.overlap_step); 0 when serial
-  // High-water marks, bytes: device, host, nvme.
-  uint64_t high_water[3] = {0, 0, 0};
-  // Bytes moved since initialize(): NVMe reads and writes (every tier's), host -> device and
-  // device -> host (parameter partitions, including those streamed from/to NVMe).
-  uint64_t bytes_nvme_read = 0, bytes_nvme_write = 0, bytes_host_to_device = 0, bytes_device_to_host = 0;
-  // The same links, this step's part only: bytes since the previous step() (an overlapped update's
-  // count at the next step), and those bytes per parameter of the model (this rank's bytes over
-  // num_params(): e.g. 12 per parameter per direction for fp32 master, m and v swapped on NVMe).
-  uint64_t step_bytes_nvme_read = 0, step_bytes_nvme_write = 0, step_bytes_host_to_device = 0,
-           step_bytes_device_to_host = 0;
-  double per_param_nvme_read = 0, per_param_nvme_write = 0, per_param_host_to_device = 0,
-         per_param_device_to_host = 0;
-  // Stage 3, since the previous step(): fetches whose all-gather prefetch had already queued
-  // (following the recorded fetch order), and fetches that had to gather on the spot.
-  uint64_t gathers_prefetched = 0, gathers_on_demand = 0;
-  // zoe.speculative_step: modules whose update ran during the backward and stood, and those whose
-  // speculative update was undone (the step clipped or overflowed, or the states were read first).
-  uint64_t speculative_kept = 0, speculative_undone = 0;
-};
+// StepStats: declared once, in zoe/step_stats.h (its fields reach this struct, the Python stats
+// dict and `--json` output from there).
 
 // Bytes in use now, per tier (not high-water marks).
 struct MemoryUse {

@@ -295,6 +295,35 @@ Status Engine::save(const std::string& save_dir, const std::string& tag,
   return Status::ok();
 }
 
+namespace {
+
+// The model must be the same one; world size, stage and placement may differ.
+Status check_same_model(const zero::ModuleTable& modules, const ckpt::Reader& rdr) {
+  const ckpt::Reader* rd = &rdr;
+  const ckpt::Manifest& man = rd->manifest();
+  if (man.modules.size() != modules.size()) {
+    return invalid_argument("checkpoint %s has %zu modules, the model has %zu", rd->path().c_str(),
+                            man.modules.size(), modules.size());
+  }
+  for (size_t m = 0; m < modules.size(); ++m) {
+    const auto& a = man.modules[m];
+    const auto& b = modules[zero::ModuleId(m)];
+    bool same = a.name == b.name && a.params.size() == b.specs.size();
+    for (size_t p = 0; same && p < b.specs.size(); ++p) {
+      same = a.params[p].name == b.specs[p].name && a.params[p].shape == b.specs[p].shape &&
+             a.params[p].offset == b.offset[p];
+    }
+    if (!same) {
+      return invalid_argument(
+          "checkpoint %s: module %zu (%s) does not match the model's %s (names or shapes differ)",
+          rd->path().c_str(), m, a.name.c_str(), b.name.c_str());
+    }
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
 Result<std::string> Engine::load(const std::string& dir) {
   ZOE_RETURN_IF_ERROR_CTX(impl_->update.finish(), "finishing the optimizer step before loading");
   Impl& I = *impl_;
@@ -316,25 +345,7 @@ Result<std::string> Engine::load(const std::string& dir) {
   if (s.is_ok() && I.ctx.rank == 0) s = rd->verify();
   ZOE_RETURN_IF_ERROR(agree(c, s, "loading checkpoint " + dir));
   const ckpt::Manifest& man = rd->manifest();
-  // The model must be the same one; world size, stage and placement may differ.
-  if (man.modules.size() != I.modules.size()) {
-    return invalid_argument("checkpoint %s has %zu modules, the model has %zu", rd->path().c_str(),
-                            man.modules.size(), I.modules.size());
-  }
-  for (size_t m = 0; m < I.modules.size(); ++m) {
-    const auto& a = man.modules[m];
-    const auto& b = I.modules[zero::ModuleId(m)];
-    bool same = a.name == b.name && a.params.size() == b.specs.size();
-    for (size_t p = 0; same && p < b.specs.size(); ++p) {
-      same = a.params[p].name == b.specs[p].name && a.params[p].shape == b.specs[p].shape &&
-             a.params[p].offset == b.offset[p];
-    }
-    if (!same) {
-      return invalid_argument(
-          "checkpoint %s: module %zu (%s) does not match the model's %s (names or shapes differ)",
-          rd->path().c_str(), m, a.name.c_str(), b.name.c_str());
-    }
-  }
+  ZOE_RETURN_IF_ERROR(check_same_model(I.modules, *rd));
   // Typed reads: a field of the wrong type is a corruption error naming it, never an exception.
   // (load_manifest already checked that engine is an object and engine.steps equals step.)
   const std::string mpath = rd->path() + "/" + ckpt::kManifestName;

@@ -66,12 +66,14 @@ Status GradReducer::accumulate(ModuleId m, const void* src) {
     // The accumulator lives on the device too: the device's kernel.
     // Synchronized here: src (the reduction's buffer) is freed once this returns, and the
     // overlapped update reads the accumulator on its own thread's ops.
-    ZOE_RETURN_IF_ERROR(ctx_.ops->accumulate_with_norm(st.grad_acc, src, ctx_.cdt, mod.opt_n, first, norm.data()));
+    ZOE_RETURN_IF_ERROR(
+        ctx_.ops->accumulate_with_norm(st.grad_acc, src, ctx_.cdt, mod.opt_n, first, norm.data()));
     ZOE_RETURN_IF_ERROR(ctx_.ops->synchronize());
   } else if (mod.opt_home == OffloadDevice::kCpu) {
     update_.unspeculate(m);  // one more micro-batch than the step has: the speculation assumed the sums final
     ZOE_ASSIGN_OR_RETURN(const void* h, host_view(src, mod.opt_n * ctx_.esize()));
-    ZOE_RETURN_IF_ERROR(optim::accumulate_with_norm(st.grad_acc, h, ctx_.cdt, mod.opt_n, first, norm.data(), exec));
+    ZOE_RETURN_IF_ERROR(
+        optim::accumulate_with_norm(st.grad_acc, h, ctx_.cdt, mod.opt_n, first, norm.data(), exec));
     // zoe.speculative_step: the step's last micro-batch, so these sums are final.
     if (st.spec_save && last_micro_batch(m)) ZOE_RETURN_IF_ERROR(update_.speculate(m));
   } else {
@@ -106,8 +108,8 @@ Status GradReducer::accumulate_nvme(ModuleId m, const void* src, bool first, con
     const size_t n = std::min(chunk, mod.opt_n - b);
     if (!first) ZOE_RETURN_IF_ERROR(sw.read_state(swap_group(m), kGradState, grad_stage_.data(), b, n));
     ZOE_ASSIGN_OR_RETURN(const void* h, host_view(static_cast<const char*>(src) + b * es, n * es));
-    ZOE_RETURN_IF_ERROR(
-        optim::accumulate_with_norm(grad_stage_.data(), h, ctx_.cdt, n, first, norm + b / optim::kChunkElems, exec));
+    ZOE_RETURN_IF_ERROR(optim::accumulate_with_norm(grad_stage_.data(), h, ctx_.cdt, n, first,
+                                                    norm + b / optim::kChunkElems, exec));
     if (last && sw.fill_preloaded(swap_group(m), b, kGradState, grad_stage_.data(), n)) continue;
     // Written behind the backward (the swapper copies the chunk; at most its write buffers in flight):
     // the next read of a sum and the step wait for these writes and report their errors.

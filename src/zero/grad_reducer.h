@@ -67,7 +67,7 @@ class GradReducer {
   // computed by the pass that accumulates them (the step makes no norm pass).
   std::vector<std::vector<double>> norm_parts_;
   std::deque<Pending> pending_;
-  std::vector<char> host_stage_;  // device -> host staging (when device memory is not host memory)
+  std::vector<char> host_stage_;   // device -> host staging (when device memory is not host memory)
   std::vector<float> grad_stage_;  // one swapper chunk: NVMe gradient accumulation goes through it
   // This step's last micro-batch has begun accumulating: the swapper is reading the next update's
   // first chunks (preload), and their gradients go straight into its slots.

@@ -72,7 +72,7 @@ class ParamHomes {
   const ModuleTable& modules_;
   StepClock& clock_;
   std::vector<device::DeviceBuffer> full_;  // per module; persistent ones only
-  std::vector<uint8_t> gather_owed_;        // persistent modules whose updated partitions are not gathered yet
+  std::vector<uint8_t> gather_owed_;  // persistent modules whose updated partitions are not gathered yet
 };
 
 }  // namespace zoe::zero

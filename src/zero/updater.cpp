@@ -129,8 +129,9 @@ double Updater::grad_divisor() const {
 Updater::ChunkUpdater Updater::make_updater(DeviceOps* ops, optim::CpuPool* pool, double lr, int64_t step_no,
                                             float scale) {
   const config::Config& cfg = *ctx_.cfg;
-  ChunkUpdater up{&ctx_, &modules_, &homes_, ops, {}, {}, cfg.zoe.bf16_optimizer_states ? DType::kBF16 : DType::kF32,
-                  {},    {},        false};
+  ChunkUpdater up{
+      &ctx_, &modules_, &homes_, ops, {}, {}, cfg.zoe.bf16_optimizer_states ? DType::kBF16 : DType::kF32,
+      {},    {},        false};
   up.exec.pool = pool;
   up.ap.lr = static_cast<float>(lr);
   up.ap.beta1 = static_cast<float>(cfg.optimizer.beta1);
@@ -161,7 +162,8 @@ Status Updater::speculate(ModuleId m) {
   unclipped.sum_sq = 0.0;
   unclipped.finite = true;
   spec_scale_ = optim::compute_step_scale(unclipped, static_cast<float>(grad_divisor()), 0.0f).grad_scale;
-  ChunkUpdater up = make_updater(ctx_.ops.get(), ctx_.pool.get(), ctx_.cfg->lr_at(steps_ + 1), steps_ + 1, spec_scale_);
+  ChunkUpdater up =
+      make_updater(ctx_.ops.get(), ctx_.pool.get(), ctx_.cfg->lr_at(steps_ + 1), steps_ + 1, spec_scale_);
   up.out_host = true;
   const uint64_t t0 = now_ns();
   Status s = up(m, 0, n, static_cast<float*>(st.master), st.exp_avg, st.exp_avg_sq, st.grad_acc, st.spec_out);
@@ -259,7 +261,8 @@ Status Updater::run(ChunkUpdater& update, double* t_io) {
     if (out.is_ok() && st.speculated) {
       // Updated during the backward and confirmed by the norm: its compute parameters go home.
       st.speculated = false;
-      s = update.ops->put(out.value(), homes_.owned_on_device(m), st.spec_out, false, mod.opt_n * ctx_.esize());
+      s = update.ops->put(out.value(), homes_.owned_on_device(m), st.spec_out, false,
+                          mod.opt_n * ctx_.esize());
       if (s.is_ok()) s = update.ops->synchronize();
     } else {
       s = out.is_ok() ? update(m, 0, mod.opt_n, static_cast<float*>(st.master), st.exp_avg, st.exp_avg_sq,
@@ -359,7 +362,8 @@ Status Updater::read_master(ModuleId m, size_t p, float* out) {
   if (ctx_.stage == 0) {
     full = own;
   } else {
-    ZOE_RETURN_IF_ERROR(ctx_.comm->all_gather(own.data(), full.data(), mod.part, comm::CommType::kF32).wait());
+    ZOE_RETURN_IF_ERROR(
+        ctx_.comm->all_gather(own.data(), full.data(), mod.part, comm::CommType::kF32).wait());
   }
   memcpy(out, full.data() + mod.offset[p], mod.numel[p] * 4);
   return Status::ok();

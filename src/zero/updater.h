@@ -103,10 +103,10 @@ class Updater {
   // The overlapped update (zoe.overlap_step).
   UpdateGate gate_;
   std::thread thread_;
-  bool running_ = false;        // a thread was started and not joined (caller's thread only)
-  double thread_t_opt_ = 0;     // seconds on the update's thread (read after join)
+  bool running_ = false;     // a thread was started and not joined (caller's thread only)
+  double thread_t_opt_ = 0;  // seconds on the update's thread (read after join)
   double thread_t_io_ = 0;
-  Status update_error_;         // a failed overlapped update: the joins after it return it
+  Status update_error_;                          // a failed overlapped update: the joins after it return it
   std::unique_ptr<optim::CpuPool> update_pool_;  // the update's own threads
   std::unique_ptr<DeviceOps> update_ops_;        // kernels and copies of the update's thread
 

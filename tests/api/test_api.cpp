@@ -189,6 +189,40 @@ TEST_F(ScopedFetch, HighWaterReturnsToIdleOverAStep) {
   }
 }
 
+// StepStats is declared once (zoe/step_stats.h): every field the struct has is visited, documented
+// and in the JSON, with its value; a step's stats reach it too.
+TEST_F(ScopedFetch, EveryStepStatsFieldReachesTheJson) {
+  for (size_t m = 0; m < 3; ++m) ASSERT_OK(eng_->gather(m));
+  for (size_t m = 3; m-- > 0;) {
+    ASSERT_OK(eng_->gather(m));
+    ASSERT_OK(eng_->grads(m));
+    ASSERT_OK(eng_->reduce_grads(m));
+  }
+  auto st = eng_->step();
+  ASSERT_OK(st);
+  zoe::StepStats s = *st;
+  s.speculative_undone = 123456789;
+  s.high_water[2] = 987654321;
+  s.grad_norm = 0.25;
+  const std::string j = zoe::step_stats_json(s);
+  size_t fields = 0, bytes = 0;
+  zoe::for_each_field(s, [&](const char* name, const auto& value) {
+    ++fields;
+    bytes += sizeof(value);
+    EXPECT_NE(j.find("\"" + std::string(name) + "\": "), std::string::npos) << name << " missing in " << j;
+    EXPECT_STRNE(zoe::step_stats_doc(name), "") << name;
+  });
+  // Every member is visited: the visited sizes add up to the struct's, padding aside.
+  EXPECT_GE(sizeof(zoe::StepStats), bytes);
+  EXPECT_LT(sizeof(zoe::StepStats) - bytes, 16u);
+  EXPECT_EQ(fields, 27u);
+  EXPECT_NE(j.find("\"step\": 1,"), std::string::npos) << j;
+  EXPECT_NE(j.find("\"speculative_undone\": 123456789}"), std::string::npos) << j;
+  EXPECT_NE(j.find("\"nvme\": 987654321}"), std::string::npos) << j;
+  EXPECT_NE(j.find("\"grad_norm\": 0.25,"), std::string::npos) << j;
+  EXPECT_STREQ(zoe::step_stats_doc("no_such_field"), "");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Typed views: every stage, every precision
 
