@@ -13,46 +13,46 @@ namespace zoe {
 using TierBytesArray = uint64_t[3];
 
 // X(type, name, initial value, meaning), in the order they are reported.
-#define ZOE_STEP_STATS_FIELDS(X)                                                                        \
-  X(int64_t, step, 0, "optimizer steps taken so far")                                                  \
-  X(bool, skipped, false, "fp16 overflow: no update, loss scale lowered")                              \
-  X(double, grad_norm, 0.0, "of the averaged, unscaled gradients (before clipping)")                   \
-  X(double, loss_scale, 1.0, "the scale for the next step")                                            \
-  X(double, lr, 0.0, "used by this step")                                                              \
-  /* Seconds since the previous step() (or initialize()): time in each part of the engine. */         \
-  X(double, t_compute, 0.0, "outside engine calls (the caller's forward/backward)")                     \
-  X(double, t_comm, 0.0, "waiting for collectives")                                                    \
-  X(double, t_io_stall, 0.0, "waiting for parameters to arrive from host/NVMe")                        \
-  X(double, t_optimizer, 0.0,                                                                          \
-    "the caller waiting for the optimizer: the step itself (norm, and the update unless it is "        \
-    "overlapped) and fetches waiting for an update")                                                   \
-  X(double, t_update_overlapped, 0.0,                                                                  \
-    "the previous step's update on its own thread, behind this step's forward (zoe.overlap_step); 0 " \
-    "when serial")                                                                                     \
-  X(TierBytesArray, high_water, {}, "high-water marks, bytes: device, host, nvme")                     \
-  /* Bytes moved since initialize(): NVMe reads and writes (every tier's), host -> device and       \
-     device -> host (parameter partitions, including those streamed from/to NVMe). */                 \
-  X(uint64_t, bytes_nvme_read, 0, "NVMe bytes read since initialize()")                                \
-  X(uint64_t, bytes_nvme_write, 0, "NVMe bytes written since initialize()")                            \
-  X(uint64_t, bytes_host_to_device, 0, "host -> device bytes since initialize()")                      \
-  X(uint64_t, bytes_device_to_host, 0, "device -> host bytes since initialize()")                      \
-  /* The same links, this step's part only (an overlapped update's counts at the next step), and  \
-     those bytes per parameter of the model (this rank's bytes over num_params()). */                 \
-  X(uint64_t, step_bytes_nvme_read, 0, "this step's NVMe bytes read")                                  \
-  X(uint64_t, step_bytes_nvme_write, 0, "this step's NVMe bytes written")                              \
-  X(uint64_t, step_bytes_host_to_device, 0, "this step's host -> device bytes")                        \
-  X(uint64_t, step_bytes_device_to_host, 0, "this step's device -> host bytes")                        \
-  X(double, per_param_nvme_read, 0.0, "this step's NVMe bytes read per parameter")                     \
-  X(double, per_param_nvme_write, 0.0, "this step's NVMe bytes written per parameter")                 \
-  X(double, per_param_host_to_device, 0.0, "this step's host -> device bytes per parameter")           \
-  X(double, per_param_device_to_host, 0.0, "this step's device -> host bytes per parameter")           \
-  X(uint64_t, gathers_prefetched, 0,                                                                   \
-    "stage 3, since the previous step(): fetches whose all-gather prefetch had already queued")       \
+#define ZOE_STEP_STATS_FIELDS(X)                                                                             \
+  X(int64_t, step, 0, "optimizer steps taken so far")                                                        \
+  X(bool, skipped, false, "fp16 overflow: no update, loss scale lowered")                                    \
+  X(double, grad_norm, 0.0, "of the averaged, unscaled gradients (before clipping)")                         \
+  X(double, loss_scale, 1.0, "the scale for the next step")                                                  \
+  X(double, lr, 0.0, "used by this step")                                                                    \
+  /* Seconds since the previous step() (or initialize()): time in each part of the engine. */                \
+  X(double, t_compute, 0.0, "outside engine calls (the caller's forward/backward)")                          \
+  X(double, t_comm, 0.0, "waiting for collectives")                                                          \
+  X(double, t_io_stall, 0.0, "waiting for parameters to arrive from host/NVMe")                              \
+  X(double, t_optimizer, 0.0,                                                                                \
+    "the caller waiting for the optimizer: the step itself (norm, and the update unless it is "              \
+    "overlapped) and fetches waiting for an update")                                                         \
+  X(double, t_update_overlapped, 0.0,                                                                        \
+    "the previous step's update on its own thread, behind this step's forward (zoe.overlap_step); 0 "        \
+    "when serial")                                                                                           \
+  X(TierBytesArray, high_water, {}, "high-water marks, bytes: device, host, nvme")                           \
+  /* Bytes moved since initialize(): NVMe reads and writes (every tier's), host -> device and                \
+     device -> host (parameter partitions, including those streamed from/to NVMe). */                        \
+  X(uint64_t, bytes_nvme_read, 0, "NVMe bytes read since initialize()")                                      \
+  X(uint64_t, bytes_nvme_write, 0, "NVMe bytes written since initialize()")                                  \
+  X(uint64_t, bytes_host_to_device, 0, "host -> device bytes since initialize()")                            \
+  X(uint64_t, bytes_device_to_host, 0, "device -> host bytes since initialize()")                            \
+  /* The same links, this step's part only (an overlapped update's counts at the next step), and             \
+     those bytes per parameter of the model (this rank's bytes over num_params()). */                        \
+  X(uint64_t, step_bytes_nvme_read, 0, "this step's NVMe bytes read")                                        \
+  X(uint64_t, step_bytes_nvme_write, 0, "this step's NVMe bytes written")                                    \
+  X(uint64_t, step_bytes_host_to_device, 0, "this step's host -> device bytes")                              \
+  X(uint64_t, step_bytes_device_to_host, 0, "this step's device -> host bytes")                              \
+  X(double, per_param_nvme_read, 0.0, "this step's NVMe bytes read per parameter")                           \
+  X(double, per_param_nvme_write, 0.0, "this step's NVMe bytes written per parameter")                       \
+  X(double, per_param_host_to_device, 0.0, "this step's host -> device bytes per parameter")                 \
+  X(double, per_param_device_to_host, 0.0, "this step's device -> host bytes per parameter")                 \
+  X(uint64_t, gathers_prefetched, 0,                                                                         \
+    "stage 3, since the previous step(): fetches whose all-gather prefetch had already queued")              \
   X(uint64_t, gathers_on_demand, 0, "stage 3, since the previous step(): fetches that gathered on the spot") \
-  X(uint64_t, speculative_kept, 0,                                                                     \
-    "zoe.speculative_step: modules whose update ran during the backward and stood")                   \
-  X(uint64_t, speculative_undone, 0,                                                                   \
-    "zoe.speculative_step: modules whose speculative update was undone (the step clipped or "         \
+  X(uint64_t, speculative_kept, 0,                                                                           \
+    "zoe.speculative_step: modules whose update ran during the backward and stood")                          \
+  X(uint64_t, speculative_undone, 0,                                                                         \
+    "zoe.speculative_step: modules whose speculative update was undone (the step clipped or "                \
     "overflowed, or the states were read first)")
 
 struct StepStats {

@@ -28,7 +28,8 @@
 #include "zero/device_ops.h"
 #include "zero/module_table.h"
 #include "zero/placement.h"
-#include "zoe/engine.h"
+#include "zoe/runtime.h"
+#include "zoe/tensor.h"
 
 namespace zoe::zero {
 

@@ -15,7 +15,7 @@
 #include "config/config.h"
 #include "offload/optimizer_swapper.h"
 #include "offload/tier.h"
-#include "zoe/engine.h"
+#include "zoe/tensor.h"
 
 namespace zoe::zero {
 

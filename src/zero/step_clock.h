@@ -8,7 +8,7 @@
 #include <cstdint>
 
 #include "zero/engine_context.h"
-#include "zoe/engine.h"
+#include "zoe/step_stats.h"
 
 namespace zoe::zero {
 
