@@ -252,7 +252,11 @@ void bind_engine_setup(py::class_<PyEngine>& c) {
       .def("compute_dtype", [](PyEngine& self) { return py_dtype_name(self.e().compute_dtype()); })
       .def("gradient_accumulation_steps",
            [](PyEngine& self) { return self.cfg().gradient_accumulation_steps(); })
-      .def("stage", [](PyEngine& self) { return self.cfg().stage(); });
+      .def("stage", [](PyEngine& self) { return self.cfg().stage(); })
+      // Any config key by its JSON path, as JSON text (Config::get): the one way a key reaches Python.
+      .def(
+          "config_value", [](PyEngine& self, const std::string& key) { return take(self.cfg().get(key)); },
+          py::arg("key"));
 }
 
 // Engine: one training step's calls (the GIL released while the engine works).

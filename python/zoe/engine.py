@@ -45,6 +45,15 @@ class StepStats:
         self.high_water = dict(d.get("high_water", {"device": 0, "host": 0, "nvme": 0}))
         self.times = {k: v for k, v in d.items() if k.startswith("t_")}
         self.bytes = {k: v for k, v in d.items() if k.startswith("bytes_")}
+        # Every StepStats field by name (include/zoe/step_stats.h declares them once); each is also
+        # an attribute (stats.speculative_kept, stats.per_param_nvme_read, ...).
+        self.fields = dict(d)
+
+    def __getattr__(self, name):
+        fields = self.__dict__.get("fields", {})
+        if name in fields:
+            return fields[name]
+        raise AttributeError(f"StepStats has no field {name!r}")
 
     def __repr__(self):
         return (f"StepStats(stepped={self.stepped}, step={self.step}, skipped={self.skipped}, "
@@ -145,6 +154,12 @@ class Engine:
     # ---------------------------------------------------------------------------------------
     # Setup
 
+
+    def config_value(self, key):
+        """The value of any config key by its JSON path ("zero_optimization.stage",
+        "optimizer.params.lr"), as the engine uses it: defaults filled in, DeepSpeed's "auto"
+        resolved. Raises ZoeError naming the key when there is no such key."""
+        return json.loads(self._eng.config_value(key))
     def _build(self, model, zoe_units, unit_params, init_fn):
         # Meta-device parameters become empty CPU parameters (a meta tensor cannot take CPU data in
         # place); each gets real storage only while zoe initialises its unit (_materialize).

@@ -1,6 +1,7 @@
 // Gradient reduction: see grad_reducer.h.
 #include "zero/grad_reducer.h"
 
+#include "config/value_used.h"
 #include "core/log.h"
 
 #include <algorithm>
@@ -12,6 +13,11 @@ namespace zoe::zero {
 using config::OffloadDevice;
 
 void GradReducer::resize(size_t n) {
+  // Buckets of at most reduce_bucket_size elements, and at least one element per rank.
+  const int64_t given = ctx_.cfg->zero.reduce_bucket_size;
+  bucket_ = static_cast<size_t>(config::value_used("zero_optimization.reduce_bucket_size", given,
+                                                   std::max<int64_t>(ctx_.world, given),
+                                                   "a reduction bucket holds at least one element per rank"));
   grad_buf_.resize(n);
   acc_count_.assign(n, 0);
   norm_parts_.resize(n);
@@ -210,7 +216,7 @@ Status GradReducer::reduce(ModuleId m) {
   const size_t es = ctx_.esize();
   // Buckets of at most reduce_bucket_size elements; the communicator runs them in order, so the
   // last handle completes after all of them.
-  const size_t bucket = static_cast<size_t>(std::max<int64_t>(ctx_.world, ctx_.cfg->zero.reduce_bucket_size));
+  const size_t bucket = bucket_;
   if (ctx_.stage >= 2) {
     ZOE_ASSIGN_OR_RETURN(p.recv, ctx_.dalloc(mod.part * es));
     p.recv_offset = 0;

@@ -72,6 +72,7 @@ class GradReducer {
   // This step's last micro-batch has begun accumulating: the swapper is reading the next update's
   // first chunks (preload), and their gradients go straight into its slots.
   bool preload_started_ = false;
+  size_t bucket_ = 1;  // elements per reduction bucket (reduce_bucket_size, at least one per rank)
 };
 
 }  // namespace zoe::zero

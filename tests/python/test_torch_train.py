@@ -183,3 +183,22 @@ class _meta:
 
     def __exit__(self, *exc):
         torch.nn.Linear.__init__ = self.saved
+
+
+def test_every_step_stat_and_config_key_reach_python(tmp_path):
+    """StepStats fields come from their one declaration (include/zoe/step_stats.h) and config keys
+    through Config::get: the link fields and the speculative counts, and any key by its path."""
+    model = make_model("gpt")
+    eng = zoe.initialize(model, config=config(tmp_path, lr=2e-3, wd=0.05))
+    _, stats = train_zoe(eng, batches("gpt", 2))
+    s = stats[-1]
+    for name in ("step", "grad_norm", "t_optimizer", "step_bytes_nvme_read", "per_param_nvme_write",
+                 "gathers_prefetched", "speculative_kept", "speculative_undone"):
+        assert name in s.fields, f"{name} missing from {sorted(s.fields)}"
+    assert s.step_bytes_nvme_read > 0 and s.per_param_nvme_read > 0, "NVMe states were read this step"
+    assert s.fields["high_water"] == s.high_water
+    assert eng.config_value("zero_optimization.stage") == 3
+    assert eng.config_value("optimizer.params.lr") == pytest.approx(2e-3)
+    assert eng.config_value("optimizer.params.weight_decay") == pytest.approx(0.05)
+    with pytest.raises(zoe.ZoeError, match="no_such_key"):
+        eng.config_value("zero_optimization.no_such_key")
