@@ -134,13 +134,16 @@ class TableReader {
     return &nodes_.emplace(path, Node{std::move(s), {}}).first->second.section;
   }
 
-  // A key given as null. DeepSpeed gives null no meaning for zoe's keys (its sections are another
-  // matter: JsonSection reads a null one as absent, as DeepSpeed's Optional sections), and reading
-  // it as the default would change the user's value without a word: an error, except for keys
-  // without effect whose contents are never checked.
+  // A key given as null. DeepSpeed gives null no meaning for zoe's keys but "none" where that is
+  // the default (nvme_path; its Optional sections too, which JsonSection reads as absent), and
+  // reading it as the default would change the user's value without a word: an error, except
+  // there and for keys without effect whose contents are never checked.
   static Status null_given(const Field& f, const std::string& path) {
-    if (f.disposition == detail::Disposition::kIgnore || f.kind == detail::Kind::kAny) return Status::ok();
-    const std::string def = f.default_value.is_null() ? std::string("none") : detail::describe(f.default_value);
+    if (f.disposition == detail::Disposition::kIgnore || f.kind == detail::Kind::kAny ||
+        f.default_value.is_null()) {
+      return Status::ok();
+    }
+    const std::string def = detail::describe(f.default_value);
     return invalid_argument("%s: null is not a value zoe reads (give a value, or leave the key out for its "
                             "default %s)",
                             path.c_str(), def.c_str());
