@@ -19,7 +19,7 @@ Status check_derived(const std::string& key, int64_t value, const std::string& h
   const Field* f = find_field(key);
   auto r = to_int(Json(value), key, f->min, f->max);
   if (r.is_ok()) return Status::ok();
-  return invalid_argument("%s: %lld (%s) is out of range (expected an integer in [%lld, %lld])", key.c_str(),
+  return invalid_argument("%s: %lld (derived: %s) is out of range (expected an integer in [%lld, %lld])", key.c_str(),
                           static_cast<long long>(value), how.c_str(), static_cast<long long>(f->min),
                           static_cast<long long>(f->max));
 }

@@ -880,7 +880,7 @@ TEST(ConfigBatch, DerivedValuesAreCheckedLikeGivenOnes) {
         << msg;
   }
   EXPECT_HAS(parse_error(R"({"train_batch_size": 4294967297, "train_micro_batch_size_per_gpu": 1})"),
-             "gradient_accumulation_steps: 4294967297 (train_batch_size 4294967297 / "
+             "gradient_accumulation_steps: 4294967297 (derived: train_batch_size 4294967297 / "
              "(train_micro_batch_size_per_gpu 1 x world size 1)) is out of range");
   // The largest derived values that the keys allow still parse, and round-trip.
   for (const char* json : {R"({"train_batch_size": 1048576, "train_micro_batch_size_per_gpu": 1})",
@@ -927,7 +927,9 @@ TEST(ConfigFloatRange, EveryNumberKeyIsCheckedInFp32) {
       const std::string text = json + "\"" + key + "\": " + v + close;
       auto c = Config::parse(text);
       EXPECT_FALSE(c.is_ok()) << f.path << " accepted " << bad;
-      if (!c.is_ok()) EXPECT_HAS(c.status().message(), f.path);
+      if (!c.is_ok()) {
+        EXPECT_HAS(c.status().message(), f.path);
+      }
     }
   }
   EXPECT_GE(checked, 10);
