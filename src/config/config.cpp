@@ -144,9 +144,10 @@ class TableReader {
       return Status::ok();
     }
     const std::string def = detail::describe(f.default_value);
-    return invalid_argument("%s: null is not a value zoe reads (give a value, or leave the key out for its "
-                            "default %s)",
-                            path.c_str(), def.c_str());
+    return invalid_argument(
+        "%s: null is not a value zoe reads (give a value, or leave the key out for its "
+        "default %s)",
+        path.c_str(), def.c_str());
   }
 
   // A warn row with an effect: "path" or "path (why)"; kAny rows also say what was given.

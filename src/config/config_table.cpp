@@ -208,8 +208,7 @@ void add_offload_optimizer_fields(std::vector<Field>& t) {
   t.push_back(boolean(oo + "pipeline_write", ZOE_MEMBER(zero.offload_optimizer.pipeline_write), false));
   t.push_back(boolean(oo + "fast_init", ZOE_MEMBER(zero.offload_optimizer.fast_init), false));
   // The same setting as zoe.offload_ratio (the ratio rule), with its range [0, 1] (DeepSpeed's too).
-  t.push_back(
-      number(oo + "ratio", ZOE_MEMBER(zero.offload_optimizer.ratio), 1.0, Range{0.0, 1.0}));
+  t.push_back(number(oo + "ratio", ZOE_MEMBER(zero.offload_optimizer.ratio), 1.0, Range{0.0, 1.0}));
 }
 
 // zero_optimization.offload_param: where stage 3's parameter partitions live.
@@ -287,14 +286,13 @@ void add_optimizer_fields(std::vector<Field>& t) {
   t.push_back(std::move(type));
   t.push_back(number("optimizer.params.lr", ZOE_MEMBER(optimizer.lr), 1e-3, kAtLeast0));
   t.push_back(pair(
-                  "optimizer.params.betas",
-                  +[](Config& c) {
-                    return DoublePair{c.optimizer.beta1, c.optimizer.beta2};
-                  },
-                  0.9, 0.999, fraction_open, "[beta1, beta2], e.g. [0.9, 0.999]"));
+      "optimizer.params.betas",
+      +[](Config& c) {
+        return DoublePair{c.optimizer.beta1, c.optimizer.beta2};
+      },
+      0.9, 0.999, fraction_open, "[beta1, beta2], e.g. [0.9, 0.999]"));
   t.push_back(number("optimizer.params.eps", ZOE_MEMBER(optimizer.eps), 1e-8, kAbove0));
-  t.push_back(
-      number("optimizer.params.weight_decay", ZOE_MEMBER(optimizer.weight_decay), 0.0, kAtLeast0));
+  t.push_back(number("optimizer.params.weight_decay", ZOE_MEMBER(optimizer.weight_decay), 0.0, kAtLeast0));
   t.push_back(boolean("optimizer.params.adam_w_mode", ZOE_MEMBER(optimizer.adam_w_mode), true));
   t.push_back(boolean("optimizer.params.amsgrad", none, false).refuse("AMSGrad is not implemented"));
   t.push_back(

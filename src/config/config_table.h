@@ -63,8 +63,8 @@ struct Field {
   // scale, clipping, the ratios), so the value must be a finite float and, where nonzero, a normal
   // one; as_fp64() for a key computed in double only.
   bool fp32 = true;
-  std::vector<Json> choices;                 // kIntChoice, kChoice, kDevice
-  bool fold_case = false;                    // kChoice
+  std::vector<Json> choices;  // kIntChoice, kChoice, kDevice
+  bool fold_case = false;     // kChoice
   // kChoice: a value that is no string is "not a string (expected A or B)", not "not one of".
   bool string_type_message = false;
   std::string expected;  // kPair: the shape, as the error says it ("[beta1, beta2]")

@@ -176,7 +176,8 @@ Result<nlohmann::json> parse_json_checked(std::string_view bytes, const std::str
                             what.c_str(), duplicate.c_str());
   }
   UnderflowFinder under;
-  Json::sax_parse(bytes.begin(), bytes.end(), &under, Json::input_format_t::json, true, limits.allow_comments);
+  Json::sax_parse(bytes.begin(), bytes.end(), &under, Json::input_format_t::json, true,
+                  limits.allow_comments);
   if (!under.text.empty()) {
     return invalid_argument(
         "%s: invalid JSON at %s: %s is too small for a double and would be read as 0 (write 0, or a number "

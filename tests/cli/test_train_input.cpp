@@ -395,7 +395,8 @@ TEST(TrainInput, OneConfigOneAnswerWhateverTheFlags) {
   zoe::test::ScratchDir d("cfg");
   const std::vector<std::pair<std::string, std::string>> refused = {
       {R"({"train_batch_size": 4294967297, "train_micro_batch_size_per_gpu": 1})",
-       "gradient_accumulation_steps: 4294967297 (derived: train_batch_size 4294967297 / (train_micro_batch_size_per_gpu "
+       "gradient_accumulation_steps: 4294967297 (derived: train_batch_size 4294967297 / "
+       "(train_micro_batch_size_per_gpu "
        "1 x world size 1)) is out of range (expected an integer in [1, 1048576])"},
       {R"({"train_batch_size": 1073741824, "train_micro_batch_size_per_gpu": 1})",
        "gradient_accumulation_steps: 1073741824"},

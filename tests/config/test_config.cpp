@@ -876,7 +876,8 @@ TEST(ConfigBatch, DerivedValuesAreCheckedLikeGivenOnes) {
     const std::string msg = parse_error(json);
     EXPECT_HAS(msg, "is out of range (expected an integer in [1, 1048576])");
     EXPECT_HAS(msg, "derived");
-    EXPECT_TRUE(msg.find("gradient_accumulation_steps") == 0 || msg.find("train_micro_batch_size_per_gpu") == 0)
+    EXPECT_TRUE(msg.find("gradient_accumulation_steps") == 0 ||
+                msg.find("train_micro_batch_size_per_gpu") == 0)
         << msg;
   }
   EXPECT_HAS(parse_error(R"({"train_batch_size": 4294967297, "train_micro_batch_size_per_gpu": 1})"),
@@ -894,12 +895,13 @@ TEST(ConfigBatch, DerivedValuesAreCheckedLikeGivenOnes) {
 // Every config parse accepts is accepted again from its own to_json (what Config::set and the
 // CLI's flags re-validate), and reads back equal.
 TEST(ConfigRoundTrip, AcceptedEdgeValuesReadBackEqual) {
-  for (const char* json : {
-           R"({"zoe": {"offload_ratio": 0}, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}})",
-           R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0}}})",
-           R"({"train_batch_size": 1048576, "train_micro_batch_size_per_gpu": 1})",
-           R"({"fp16": {"enabled": true, "loss_scale": 3e38, "min_loss_scale": 1.2e-38}})",
-       }) {
+  for (
+      const char* json : {
+          R"({"zoe": {"offload_ratio": 0}, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}})",
+          R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0}}})",
+          R"({"train_batch_size": 1048576, "train_micro_batch_size_per_gpu": 1})",
+          R"({"fp16": {"enabled": true, "loss_scale": 3e38, "min_loss_scale": 1.2e-38}})",
+      }) {
     auto c = Config::parse(json);
     ASSERT_OK(c) << json;
     auto back = Config::parse(c->to_json());
