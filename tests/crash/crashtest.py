@@ -626,11 +626,21 @@ KNOWN_KEYS = ["stage", "device", "nvme_path", "enabled", "lr", "betas", "eps", "
 
 
 def to_tree(v):
-    if isinstance(v, list) and not isinstance(v, Obj):
-        return [to_tree(x) for x in v]
-    if isinstance(v, Obj):
-        return Obj((k, to_tree(x)) for k, x in v)
-    return v
+    """A copy of v's containers (iterative: a mutation nests 100,000 deep)."""
+    if not isinstance(v, list):
+        return v
+    root = Obj() if isinstance(v, Obj) else []
+    stack = [(v, root)]
+    while stack:
+        src, dst = stack.pop()
+        for item in src:
+            k, x = item if isinstance(src, Obj) else (None, item)
+            if isinstance(x, list):
+                copy = Obj() if isinstance(x, Obj) else []
+                stack.append((x, copy))
+                x = copy
+            dst.append((k, x) if isinstance(src, Obj) else x)
+    return root
 
 
 def load_seed(text):
