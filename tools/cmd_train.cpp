@@ -103,6 +103,7 @@ struct TrainRun {
   void train();
   void train_step(int step);
   void record_step(double step_wall);
+  void stop_if_not_finite(int step, double loss);
   void progress_line(int step, double loss);
   void finish();
   json summary_json() const;
@@ -364,6 +365,7 @@ void TrainRun::train_step(int step) {
   double loss = mean_over_ranks(*rt, loss_sum / accum);
   losses.push_back(loss);
   record_step(step_wall);
+  stop_if_not_finite(step, loss);
   if (o.eval_every > 0 && ((step + 1) % o.eval_every == 0 || step + 1 == o.steps)) {
     evaluate();
     json ev = {{"step", step + 1}, {"eval_loss", eval_loss}};
@@ -372,6 +374,24 @@ void TrainRun::train_step(int step) {
   }
   if (o.save_every > 0 && (step + 1) % o.save_every == 0) save_after(step + 1, o.save_async);
   progress_line(step, loss);
+}
+
+// A step whose loss or gradient norm is NaN or inf stops the run (exit 1): without fp16's dynamic
+// loss scaler, which skips such a step and lowers the scale, the update has already spread it into
+// the weights and every later step would report it, rc 0. Every rank sees the same values.
+void TrainRun::stop_if_not_finite(int step, double loss) {
+  if (std::isfinite(loss) && std::isfinite(last.grad_norm)) return;
+  const auto static_scale = cfg.get_double("fp16.loss_scale");
+  const bool dynamic_scaler =
+      cfg.precision() == ComputeDType::kF16 && static_scale.is_ok() && static_scale.value() == 0;
+  if (dynamic_scaler && last.skipped) return;
+  progress->done();
+  fail(invalid_argument(
+      "zoe train stopped at step %d of %d: the loss is %g and the gradient norm %g, not finite numbers (%s); "
+      "check optimizer.params (lr, weight_decay), gradient_clipping and the data",
+      step + 1, o.steps, loss, last.grad_norm,
+      dynamic_scaler ? "the fp16 loss scaler did not skip the step"
+                     : "no fp16 dynamic loss scaler (fp16.enabled with loss_scale 0) skips such steps"));
 }
 
 // The step's statistics kept for the JSON: learning rate, gradient norm, times, bytes per parameter.

@@ -199,6 +199,8 @@ CLI::App* add_train_options(CLI::App& app, TrainOpts* o) {
       "weight decay 0, no clipping, no schedule: DeepSpeed's defaults for optimizer.params. zoe keeps\n"
       "DeepSpeed's weight decay 0 so that a DeepSpeed config and these flags train alike; torch.optim.AdamW\n"
       "defaults to 0.01 (pass --weight-decay 0.01 to match it).\n"
+      "A step whose loss or gradient norm is NaN or inf stops the run (exit 1), unless fp16's dynamic loss\n"
+      "scaler (fp16.enabled, loss_scale 0) skips it.\n"
       "Progress goes to stderr; the summary (or --json) to stdout. Runs under mpirun -np N too.");
   cmd->add_option("--config", o->config, "Engine config (DeepSpeed-compatible JSON)");
   cmd->add_option("--preset", o->preset, "Model size: tiny, small, demo, medium, large, 2b")

@@ -66,6 +66,7 @@ class TableReader {
     for (const std::string& spelling : spellings) {
       auto [parent, key] = split_path(spelling);
       ZOE_ASSIGN_OR_RETURN(JsonSection * s, section(parent));
+      if (s->is_null(key)) ZOE_RETURN_IF_ERROR(null_given(f, spelling));
       const Json* raw = s->find(key);
       if (!raw) continue;
       given_.present.insert(spelling);
@@ -131,6 +132,22 @@ class TableReader {
     ZOE_ASSIGN_OR_RETURN(JsonSection s, parent->section(key));
     nodes_.at(parent_path).children.push_back(path);
     return &nodes_.emplace(path, Node{std::move(s), {}}).first->second.section;
+  }
+
+  // A key given as null. DeepSpeed gives null no meaning for zoe's keys but "none" where that is
+  // the default (nvme_path; its Optional sections too, which JsonSection reads as absent), and
+  // reading it as the default would change the user's value without a word: an error, except
+  // there and for keys without effect whose contents are never checked.
+  static Status null_given(const Field& f, const std::string& path) {
+    if (f.disposition == detail::Disposition::kIgnore || f.kind == detail::Kind::kAny ||
+        f.default_value.is_null()) {
+      return Status::ok();
+    }
+    const std::string def = detail::describe(f.default_value);
+    return invalid_argument(
+        "%s: null is not a value zoe reads (give a value, or leave the key out for its "
+        "default %s)",
+        path.c_str(), def.c_str());
   }
 
   // A warn row with an effect: "path" or "path (why)"; kAny rows also say what was given.

@@ -3,6 +3,7 @@
 
 #include <limits>
 
+#include "config/config_table.h"
 #include "core/log.h"
 
 namespace zoe::config::detail {
@@ -10,6 +11,18 @@ namespace zoe::config::detail {
 namespace {
 
 constexpr int64_t kMaxInt = std::numeric_limits<int64_t>::max();
+
+// A batch value the rule derived (not given) goes through its key's own check, as if the file had
+// given it: the rule must not make a config that the same config with every value written out
+// (to_json, Config::set) would refuse. `how` says how it was derived.
+Status check_derived(const std::string& key, int64_t value, const std::string& how) {
+  const Field* f = find_field(key);
+  auto r = to_int(Json(value), key, f->min, f->max);
+  if (r.is_ok()) return Status::ok();
+  return invalid_argument("%s: %lld (derived: %s) is out of range (expected an integer in [%lld, %lld])",
+                          key.c_str(), static_cast<long long>(value), how.c_str(),
+                          static_cast<long long>(f->min), static_cast<long long>(f->max));
+}
 
 // DeepSpeed's rule: any two of the three give the third; one alone means accumulation 1.
 Status resolve_batch(const GivenKeys& g, Config* c, int world_size) {
@@ -27,6 +40,10 @@ Status resolve_batch(const GivenKeys& g, Config* c, int world_size) {
           static_cast<long long>(tbs), static_cast<long long>(has_gas ? gas : 1), static_cast<long long>(w));
     }
     micro = tbs / per_rank_steps;
+    ZOE_RETURN_IF_ERROR(
+        check_derived("train_micro_batch_size_per_gpu", micro,
+                      "train_batch_size " + std::to_string(tbs) + " / (gradient_accumulation_steps " +
+                          std::to_string(has_gas ? gas : 1) + " x world size " + std::to_string(w) + ")"));
   } else if (has_tbs && has_micro && !has_gas) {
     if (tbs % (micro * w) != 0) {
       return invalid_argument(
@@ -34,6 +51,10 @@ Status resolve_batch(const GivenKeys& g, Config* c, int world_size) {
           static_cast<long long>(tbs), static_cast<long long>(micro), static_cast<long long>(w));
     }
     gas = tbs / (micro * w);
+    ZOE_RETURN_IF_ERROR(check_derived("gradient_accumulation_steps", gas,
+                                      "train_batch_size " + std::to_string(tbs) +
+                                          " / (train_micro_batch_size_per_gpu " + std::to_string(micro) +
+                                          " x world size " + std::to_string(w) + ")"));
   }
   // Overflow-safe product check.
   if (micro > kMaxInt / gas || micro * gas > kMaxInt / w) {
@@ -49,7 +70,8 @@ Status resolve_batch(const GivenKeys& g, Config* c, int world_size) {
         static_cast<long long>(w), static_cast<long long>(product));
   }
   tbs = product;
-  return Status::ok();
+  return check_derived("train_batch_size", tbs,
+                       "train_micro_batch_size_per_gpu x gradient_accumulation_steps x world size");
 }
 
 // zero_optimization.cpu_offload / cpu_offload_params: true means the block's device "cpu".

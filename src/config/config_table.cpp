@@ -156,7 +156,7 @@ void add_batch_fields(std::vector<Field>& t) {
       integer("train_micro_batch_size_per_gpu", ZOE_MEMBER(train_micro_batch_size_per_gpu), 1, 1, kMaxBatch));
   t.push_back(
       integer("gradient_accumulation_steps", ZOE_MEMBER(gradient_accumulation_steps), 1, 1, kMaxBatch));
-  t.push_back(number("gradient_clipping", ZOE_MEMBER(gradient_clipping), 0.0, kAtLeast0).as_fp32());
+  t.push_back(number("gradient_clipping", ZOE_MEMBER(gradient_clipping), 0.0, kAtLeast0));
 }
 
 // ZeRO. overlap_comm's default is stage 3's (a rule); 0 is meaningful for the stage3_* sizes
@@ -207,9 +207,8 @@ void add_offload_optimizer_fields(std::vector<Field>& t) {
   t.push_back(boolean(oo + "pipeline_read", ZOE_MEMBER(zero.offload_optimizer.pipeline_read), false));
   t.push_back(boolean(oo + "pipeline_write", ZOE_MEMBER(zero.offload_optimizer.pipeline_write), false));
   t.push_back(boolean(oo + "fast_init", ZOE_MEMBER(zero.offload_optimizer.fast_init), false));
-  // The same setting as zoe.offload_ratio (the ratio rule); (0, 1].
-  t.push_back(
-      number(oo + "ratio", ZOE_MEMBER(zero.offload_optimizer.ratio), 1.0, Range{0.0, 1.0, true, false}));
+  // The same setting as zoe.offload_ratio (the ratio rule), with its range [0, 1] (DeepSpeed's too).
+  t.push_back(number(oo + "ratio", ZOE_MEMBER(zero.offload_optimizer.ratio), 1.0, Range{0.0, 1.0}));
 }
 
 // zero_optimization.offload_param: where stage 3's parameter partitions live.
@@ -285,17 +284,15 @@ void add_optimizer_fields(std::vector<Field>& t) {
   Field type = choice("optimizer.type", ZOE_MEMBER(optimizer.type), "AdamW", {"Adam", "AdamW"}, true);
   type.string_type_message = true;
   t.push_back(std::move(type));
-  t.push_back(number("optimizer.params.lr", ZOE_MEMBER(optimizer.lr), 1e-3, kAtLeast0).as_fp32());
+  t.push_back(number("optimizer.params.lr", ZOE_MEMBER(optimizer.lr), 1e-3, kAtLeast0));
   t.push_back(pair(
-                  "optimizer.params.betas",
-                  +[](Config& c) {
-                    return DoublePair{c.optimizer.beta1, c.optimizer.beta2};
-                  },
-                  0.9, 0.999, fraction_open, "[beta1, beta2], e.g. [0.9, 0.999]")
-                  .as_fp32());
-  t.push_back(number("optimizer.params.eps", ZOE_MEMBER(optimizer.eps), 1e-8, kAbove0).as_fp32());
-  t.push_back(
-      number("optimizer.params.weight_decay", ZOE_MEMBER(optimizer.weight_decay), 0.0, kAtLeast0).as_fp32());
+      "optimizer.params.betas",
+      +[](Config& c) {
+        return DoublePair{c.optimizer.beta1, c.optimizer.beta2};
+      },
+      0.9, 0.999, fraction_open, "[beta1, beta2], e.g. [0.9, 0.999]"));
+  t.push_back(number("optimizer.params.eps", ZOE_MEMBER(optimizer.eps), 1e-8, kAbove0));
+  t.push_back(number("optimizer.params.weight_decay", ZOE_MEMBER(optimizer.weight_decay), 0.0, kAtLeast0));
   t.push_back(boolean("optimizer.params.adam_w_mode", ZOE_MEMBER(optimizer.adam_w_mode), true));
   t.push_back(boolean("optimizer.params.amsgrad", none, false).refuse("AMSGrad is not implemented"));
   t.push_back(
@@ -316,10 +313,8 @@ void add_scheduler_fields(std::vector<Field>& t) {
   t.push_back(choice("scheduler.type", ZOE_MEMBER(scheduler.type), "", {"WarmupLR", "WarmupDecayLR"})
                   .written_if(has_scheduler));
   t.push_back(number(sp + "warmup_min_lr", ZOE_MEMBER(scheduler.warmup_min_lr), 0.0, kAtLeast0)
-                  .as_fp32()
                   .written_if(has_scheduler));
   t.push_back(number(sp + "warmup_max_lr", ZOE_MEMBER(scheduler.warmup_max_lr), 0.001, kAtLeast0)
-                  .as_fp32()
                   .written_if(has_scheduler));
   t.push_back(integer(sp + "warmup_num_steps", ZOE_MEMBER(scheduler.warmup_num_steps), 1000, 0)
                   .written_if(has_scheduler));

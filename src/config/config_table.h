@@ -18,7 +18,7 @@ enum class Kind : uint8_t {
   kBool,          // true/false ("true"/"false" strings too, with a warning)
   kInt,           // an integer in [min, max] (whole doubles such as 5e8 too)
   kIntChoice,     // an integer from `choices`
-  kDouble,        // a number in `range` (fp32: also representable as a float)
+  kDouble,        // a number in `range` (fp32, the default: also a normal float or 0)
   kChoice,        // a string from `choices` (fold_case: any case, stored as listed)
   kDevice,        // an OffloadDevice by name: "none", "cpu", "nvme"
   kBytes,         // a byte count: an integer >= 0 or a "256MiB"-style string
@@ -59,9 +59,12 @@ struct Field {
   Json default_value;
   int64_t min = INT64_MIN, max = INT64_MAX;  // kInt
   Range range;                               // kDouble, kPair
-  bool fp32 = false;                         // kDouble, kPair: used as a float
-  std::vector<Json> choices;                 // kIntChoice, kChoice, kDevice
-  bool fold_case = false;                    // kChoice
+  // kDouble, kPair: computed in fp32 (every number zoe reads is: Adam's hyperparameters, the loss
+  // scale, clipping, the ratios), so the value must be a finite float and, where nonzero, a normal
+  // one; as_fp64() for a key computed in double only.
+  bool fp32 = true;
+  std::vector<Json> choices;  // kIntChoice, kChoice, kDevice
+  bool fold_case = false;     // kChoice
   // kChoice: a value that is no string is "not a string (expected A or B)", not "not one of".
   bool string_type_message = false;
   std::string expected;  // kPair: the shape, as the error says it ("[beta1, beta2]")
@@ -95,8 +98,8 @@ struct Field {
     disposition = Disposition::kIgnore;
     return std::move(*this);
   }
-  Field&& as_fp32() && {
-    fp32 = true;
+  Field&& as_fp64() && {
+    fp32 = false;
     return std::move(*this);
   }
   Field&& written_if(bool (*when)(const Config&)) && {

@@ -141,7 +141,13 @@ Result<Json> read_value(const Field& f, const Json& v, const std::string& path, 
                                 describe(v).c_str());
       }
       auto e = v.find("enabled");
-      if (e == v.end() || e->is_null()) return Json(false);
+      if (e == v.end()) return Json(false);
+      if (e->is_null()) {
+        return invalid_argument(
+            "%s.enabled: null is not a value zoe reads (give true or false, or leave the "
+            "key out for false)",
+            path.c_str());
+      }
       ZOE_ASSIGN_OR_RETURN(bool on, to_bool(*e, path + ".enabled", nullptr));
       return Json(on);
     }

@@ -52,6 +52,58 @@ std::string frames_path(const std::vector<Frame>& stack) {
   return path;
 }
 
+// A number whose text is not zero but which a double reads as 0 (1e-400): the reader would
+// silently change its meaning. Whether the text is zero is a question of its digits before the
+// exponent.
+bool underflows_to_zero(double value, const std::string& text) {
+  if (value != 0) return false;
+  for (char ch : text) {
+    if (ch == 'e' || ch == 'E') break;
+    if (ch >= '1' && ch <= '9') return true;
+  }
+  return false;
+}
+
+// A second pass over a text the DOM parser accepted, with the number texts it does not keep:
+// finds the first number that underflows to 0, and where.
+struct UnderflowFinder {
+  std::vector<Frame> stack;
+  std::string path, text;  // the first one found ("" = none)
+
+  void value() {
+    if (!stack.empty() && !stack.back().is_object) ++stack.back().index;
+  }
+  bool null() { return value(), true; }
+  bool boolean(bool) { return value(), true; }
+  bool number_integer(Json::number_integer_t) { return value(), true; }
+  bool number_unsigned(Json::number_unsigned_t) { return value(), true; }
+  bool number_float(Json::number_float_t v, const std::string& s) {
+    if (text.empty() && underflows_to_zero(v, s)) {
+      path = frames_path(stack);
+      text = s;
+    }
+    return value(), true;
+  }
+  bool string(std::string&) { return value(), true; }
+  bool binary(Json::binary_t&) { return value(), true; }
+  bool start_object(size_t) { return stack.push_back({true, {}, {}, 0}), true; }
+  bool start_array(size_t) { return stack.push_back({false, {}, {}, 0}), true; }
+  bool end_object() { return end(); }
+  bool end_array() { return end(); }
+  bool end() {
+    if (!stack.empty()) stack.pop_back();
+    return value(), true;
+  }
+  bool key(std::string& k) {
+    if (!stack.empty()) {
+      stack.back().key = k;
+      stack.back().keys.insert(k);
+    }
+    return true;
+  }
+  bool parse_error(size_t, const std::string&, const nlohmann::detail::exception&) { return false; }
+};
+
 }  // namespace
 
 Result<nlohmann::json> parse_json_checked(std::string_view bytes, const std::string& what,
@@ -122,6 +174,15 @@ Result<nlohmann::json> parse_json_checked(std::string_view bytes, const std::str
   if (!duplicate.empty()) {
     return invalid_argument("%s: duplicate key '%s' (a JSON reader would silently keep only one of them)",
                             what.c_str(), duplicate.c_str());
+  }
+  UnderflowFinder under;
+  Json::sax_parse(bytes.begin(), bytes.end(), &under, Json::input_format_t::json, true,
+                  limits.allow_comments);
+  if (!under.text.empty()) {
+    return invalid_argument(
+        "%s: invalid JSON at %s: %s is too small for a double and would be read as 0 (write 0, or a number "
+        "of magnitude >= %g)",
+        what.c_str(), under.path.c_str(), under.text.c_str(), DBL_MIN);
   }
   return j;
 }
@@ -342,6 +403,13 @@ const Json* JsonSection::find(std::string_view key) {
   auto it = obj_->find(k);
   if (it == obj_->end() || it->is_null()) return nullptr;
   return &*it;
+}
+
+bool JsonSection::is_null(std::string_view key) {
+  (void)find(key);
+  if (obj_ == nullptr) return false;
+  auto it = obj_->find(std::string(key));
+  return it != obj_->end() && it->is_null();
 }
 
 Status JsonSection::read(std::string_view key, bool* out) {

@@ -29,7 +29,8 @@ struct JsonLimits {
 // Status that starts with `what` (e.g. "config file /x/ds.json") and says where: a NUL byte
 // (offset, line, column), a text over limits.max_bytes, nesting deeper than limits.max_depth (the
 // JSON path), a number outside the range of a double such as 1e400 (the JSON path), a syntax
-// error (line and column), a key given twice in one object (the JSON path).
+// error (line and column), a key given twice in one object (the JSON path), a number whose text is not zero
+// but which a double reads as 0 such as 1e-400 (the JSON path).
 Result<nlohmann::json> parse_json_checked(std::string_view bytes, const std::string& what,
                                           const JsonLimits& limits = {});
 
@@ -95,6 +96,8 @@ class JsonSection {
   std::string key_path(std::string_view key) const { return join_path(path_, key); }
   // Marks `key` known; the value, or null when the key is absent or JSON null.
   const Json* find(std::string_view key);
+  // Marks `key` known; whether it is given as JSON null (which find() does not tell from absent).
+  bool is_null(std::string_view key);
   bool has(std::string_view key) { return find(key) != nullptr; }
 
   // Each leaves *out unchanged when the key is absent or null.

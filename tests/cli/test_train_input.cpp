@@ -387,6 +387,59 @@ TEST(TrainInput, BadConfigFilesAreErrorsNotCrashes) {
   EXPECT_HAS(r.err, "config file '/dev/zero' holds more than the 16777216 bytes (16 MiB)");
 }
 
+// A config gets one validation whatever the flags: a value derived from train_batch_size, a number
+// out of fp32's range, one that underflows to 0 or a null is refused the same with and without
+// --threads (which re-validates the config with the flag's value), and a config accepted without
+// it is accepted with it.
+TEST(TrainInput, OneConfigOneAnswerWhateverTheFlags) {
+  zoe::test::ScratchDir d("cfg");
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {R"({"train_batch_size": 4294967297, "train_micro_batch_size_per_gpu": 1})",
+       "gradient_accumulation_steps: 4294967297 (derived: train_batch_size 4294967297 / "
+       "(train_micro_batch_size_per_gpu "
+       "1 x world size 1)) is out of range (expected an integer in [1, 1048576])"},
+      {R"({"train_batch_size": 1073741824, "train_micro_batch_size_per_gpu": 1})",
+       "gradient_accumulation_steps: 1073741824"},
+      {R"({"train_batch_size": 4398046511104})", "train_micro_batch_size_per_gpu: 4398046511104"},
+      {R"({"fp16": {"enabled": true, "loss_scale": 1e308}})", "fp16.loss_scale: 1e+308 is out of range"},
+      {R"({"fp16": {"enabled": true, "loss_scale": 1e-300}})", "fp16.loss_scale: 1e-300 is out of range"},
+      {R"({"optimizer": {"params": {"lr": 1e-400}}})",
+       "optimizer.params.lr: 1e-400 is too small for a double and would be read as 0"},
+      {R"({"zero_optimization": {"stage": null}})", "zero_optimization.stage: null is not a value"},
+      {R"({"optimizer": {"params": {"lr": null}}})", "optimizer.params.lr: null is not a value"},
+      {R"({"bf16": {"enabled": null}})", "bf16.enabled: null is not a value"},
+  };
+  int i = 0;
+  for (const auto& [text, message] : refused) {
+    const std::string path = write_file(d, "c" + std::to_string(i++), text);
+    for (const std::string flags : {"", "--threads 2 "}) {
+      CmdResult r = zoe(kTiny1 + flags + "--config " + path);
+      EXPECT_EQ(r.rc, 1) << flags << text << "\n" << r.err;
+      EXPECT_HAS(r.err, message);
+      EXPECT_HAS(r.err, path);
+      EXPECT_EQ(r.err.find("while setting"), std::string::npos) << r.err;
+    }
+  }
+  const std::string ratio0 = write_file(d, "ratio0", R"({"zoe": {"offload_ratio": 0},
+      "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}})");
+  for (const std::string flags : {"", "--threads 2 "}) {
+    CmdResult r = zoe(kTiny1 + flags + "--config " + ratio0);
+    EXPECT_EQ(r.rc, 0) << flags << "\n" << r.err;
+  }
+}
+
+// A loss or gradient norm that becomes NaN or inf stops the run at that step (exit 1) when no fp16
+// dynamic loss scaler skips such steps, instead of training on and exiting 0.
+TEST(TrainInput, NonFiniteLossStopsTheRun) {
+  zoe::test::ScratchDir d("cfg");
+  const std::string cfg = write_file(d, "wd.json", R"({"optimizer": {"type": "AdamW",
+      "params": {"lr": 0.001, "weight_decay": 3e38}}})");
+  CmdResult r = zoe(kTiny + "--steps 4 --config " + cfg);
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_HAS(r.err, "zoe train stopped at step ");
+  EXPECT_HAS(r.err, "not finite numbers (no fp16 dynamic loss scaler");
+}
+
 // zoe.host_budget is enforced: a placement that needs more host memory is refused before training.
 TEST(TrainInput, HostBudgetIsEnforced) {
   zoe::test::ScratchDir d("cfg");

@@ -7,8 +7,11 @@
 #include <cmath>
 #include <fstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "config/config.h"
+#include "config/config_table.h"
 #include "config/json_reader.h"
 #include "config/paths.h"
 #include "tests/util/status_test_util.h"
@@ -853,6 +856,130 @@ TEST(JsonReader, ReadFileCapped) {
   ASSERT_FALSE(l.is_ok());
   EXPECT_HAS(l.status().to_string(), "/dev/zero");
   EXPECT_HAS(l.status().to_string(), "16777216 bytes");
+}
+
+}  // namespace
+}  // namespace zoe::config
+
+namespace zoe::config {
+namespace {
+
+// A batch value the rule derives goes through its key's range, as if it had been given: a config
+// is accepted exactly when the same config with every value written out (to_json) is.
+TEST(ConfigBatch, DerivedValuesAreCheckedLikeGivenOnes) {
+  for (const char* json : {
+           R"({"train_batch_size": 4294967297, "train_micro_batch_size_per_gpu": 1})",
+           R"({"train_batch_size": 1073741824, "train_micro_batch_size_per_gpu": 1})",
+           R"({"train_batch_size": 4398046511104, "gradient_accumulation_steps": 1})",
+           R"({"train_batch_size": 4398046511104})",
+       }) {
+    const std::string msg = parse_error(json);
+    EXPECT_HAS(msg, "is out of range (expected an integer in [1, 1048576])");
+    EXPECT_HAS(msg, "derived");
+    EXPECT_TRUE(msg.find("gradient_accumulation_steps") == 0 ||
+                msg.find("train_micro_batch_size_per_gpu") == 0)
+        << msg;
+  }
+  EXPECT_HAS(parse_error(R"({"train_batch_size": 4294967297, "train_micro_batch_size_per_gpu": 1})"),
+             "gradient_accumulation_steps: 4294967297 (derived: train_batch_size 4294967297 / "
+             "(train_micro_batch_size_per_gpu 1 x world size 1)) is out of range");
+  // The largest derived values that the keys allow still parse, and round-trip.
+  for (const char* json : {R"({"train_batch_size": 1048576, "train_micro_batch_size_per_gpu": 1})",
+                           R"({"train_batch_size": 1048576})"}) {
+    auto c = Config::parse(json);
+    ASSERT_OK(c);
+    ASSERT_OK(Config::parse(c->to_json()));
+  }
+}
+
+// Every config parse accepts is accepted again from its own to_json (what Config::set and the
+// CLI's flags re-validate), and reads back equal.
+TEST(ConfigRoundTrip, AcceptedEdgeValuesReadBackEqual) {
+  for (
+      const char* json : {
+          R"({"zoe": {"offload_ratio": 0}, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}})",
+          R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0}}})",
+          R"({"train_batch_size": 1048576, "train_micro_batch_size_per_gpu": 1})",
+          R"({"fp16": {"enabled": true, "loss_scale": 3e38, "min_loss_scale": 1.2e-38}})",
+      }) {
+    auto c = Config::parse(json);
+    ASSERT_OK(c) << json;
+    auto back = Config::parse(c->to_json());
+    ASSERT_OK(back) << json << "\n" << c->to_json();
+    EXPECT_TRUE(*back == *c) << json;
+  }
+}
+
+// Every number zoe reads is computed in fp32: it must be a finite float and, where nonzero, not
+// underflow to 0 or a denormal there. Checked for every number key of the table.
+TEST(ConfigFloatRange, EveryNumberKeyIsCheckedInFp32) {
+  int checked = 0;
+  for (const detail::Field& f : detail::config_fields()) {
+    if (f.kind != detail::Kind::kDouble && f.kind != detail::Kind::kPair) continue;
+    ++checked;
+    std::string key = f.path;
+    std::string json = "{";
+    std::string close = "}";
+    for (size_t dot; (dot = key.find('.')) != std::string::npos; key = key.substr(dot + 1)) {
+      json += "\"" + key.substr(0, dot) + "\": {";
+      close += "}";
+    }
+    for (const char* bad : {"1e308", "1e39", "1e-300", "1e-40"}) {
+      const std::string v = f.kind == detail::Kind::kPair ? std::string("[") + bad + ", 0.5]" : bad;
+      const std::string text = json + "\"" + key + "\": " + v + close;
+      auto c = Config::parse(text);
+      EXPECT_FALSE(c.is_ok()) << f.path << " accepted " << bad;
+      if (!c.is_ok()) {
+        EXPECT_HAS(c.status().message(), f.path);
+      }
+    }
+  }
+  EXPECT_GE(checked, 10);
+  EXPECT_HAS(parse_error(R"({"fp16": {"enabled": true, "loss_scale": 1e308}})"),
+             "fp16.loss_scale: 1e+308 is out of range (zoe computes it in fp32");
+  EXPECT_HAS(parse_error(R"({"fp16": {"enabled": true, "loss_scale": 1e-300}})"),
+             "fp16.loss_scale: 1e-300 is out of range (zoe computes it in fp32, where it would be denormal");
+}
+
+// A number whose text is not zero but which reads as 0 in a double is refused where it is, in any
+// key (and in any JSON zoe reads); a zero written any way is still 0.
+TEST(ConfigFloatRange, NumbersThatUnderflowToZeroAreRefused) {
+  const std::string msg = parse_error(R"({"optimizer": {"params": {"lr": 1e-400}}})");
+  EXPECT_HAS(msg, "optimizer.params.lr: 1e-400 is too small for a double and would be read as 0");
+  EXPECT_HAS(parse_error(R"({"optimizer": {"params": {"betas": [0.9, -2.5e-999]}}})"),
+             "optimizer.params.betas[1]: -2.5e-999");
+  EXPECT_HAS(parse_error(R"({"steps_per_print": 0.000001e-330})"), "steps_per_print");
+  for (const char* zero : {"0", "0.0", "0e-400", "-0.0E+5", "0.000e-999"}) {
+    auto c = Config::parse(std::string(R"({"optimizer": {"params": {"lr": )") + zero + "}}}");
+    ASSERT_OK(c) << zero;
+    EXPECT_EQ(c->optimizer.lr, 0.0);
+  }
+  auto j = parse_json_checked(R"({"a": [1, {"b": 3e-500}]})", "manifest");
+  ASSERT_FALSE(j.is_ok());
+  EXPECT_HAS(j.status().message(), "manifest: invalid JSON at a[1].b: 3e-500");
+}
+
+// null is not read as the default: an error naming the key (for every key with an effect).
+TEST(ConfigNull, NullIsRefusedNamingTheKey) {
+  for (const auto& [json, path] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"zero_optimization": {"stage": null}})", "zero_optimization.stage"},
+           {R"({"optimizer": {"params": {"lr": null}}})", "optimizer.params.lr"},
+           {R"({"bf16": {"enabled": null}})", "bf16.enabled"},
+           {R"({"bfloat16": {"enabled": null}})", "bfloat16.enabled"},
+           {R"({"zero_optimization": {"offload_optimizer": {"buffer_count": null}}})",
+            "zero_optimization.offload_optimizer.buffer_count"},
+           {R"({"train_batch_size": null})", "train_batch_size"},
+           {R"({"amp": {"enabled": null}})", "amp.enabled"},
+       }) {
+    const std::string msg = parse_error(json);
+    EXPECT_EQ(msg.find(path + ": null is not a value zoe reads"), 0u) << msg;
+  }
+  EXPECT_HAS(parse_error(R"({"zero_optimization": {"stage": null}})"), "its default 0");
+  // Keys without effect, whose contents are never checked, may be null; so may a key whose default
+  // is null itself (no directory), and a section (DeepSpeed's Optional sections: null is absent).
+  ASSERT_OK(Config::parse(R"({"steps_per_print": null, "tensorboard": null})"));
+  ASSERT_OK(Config::parse(R"({"zero_optimization": {"offload_optimizer": {"nvme_path": null}}})"));
+  ASSERT_OK(Config::parse(R"({"zero_optimization": {"stage": 2, "offload_optimizer": null}})"));
 }
 
 }  // namespace

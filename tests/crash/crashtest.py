@@ -626,11 +626,21 @@ KNOWN_KEYS = ["stage", "device", "nvme_path", "enabled", "lr", "betas", "eps", "
 
 
 def to_tree(v):
-    if isinstance(v, list) and not isinstance(v, Obj):
-        return [to_tree(x) for x in v]
-    if isinstance(v, Obj):
-        return Obj((k, to_tree(x)) for k, x in v)
-    return v
+    """A copy of v's containers (iterative: a mutation nests 100,000 deep)."""
+    if not isinstance(v, list):
+        return v
+    root = Obj() if isinstance(v, Obj) else []
+    stack = [(v, root)]
+    while stack:
+        src, dst = stack.pop()
+        for item in src:
+            k, x = item if isinstance(src, Obj) else (None, item)
+            if isinstance(x, list):
+                copy = Obj() if isinstance(x, Obj) else []
+                stack.append((x, copy))
+                x = copy
+            dst.append((k, x) if isinstance(src, Obj) else x)
+    return root
 
 
 def load_seed(text):
@@ -691,6 +701,61 @@ def set_slot(c, i, v):
         c[i] = v
 
 
+def put_path(tree, path, v):
+    """Sets the key at `path` (a tuple of keys) in the object `tree`, making the objects on the way."""
+    c = tree
+    for k in path[:-1]:
+        at = next((j for j, (key, _) in enumerate(c) if key == k), None)
+        if at is None or not isinstance(c[at][1], Obj):
+            child = Obj()
+            if at is None:
+                c.append((k, child))
+            else:
+                c[at] = (k, child)
+        c = next(val for key, val in c if key == k)
+    at = next((j for j, (key, _) in enumerate(c) if key == path[-1]), None)
+    if at is None:
+        c.append((path[-1], v))
+    else:
+        c[at] = (path[-1], v)
+
+
+# Keys zoe computes in fp32, and numbers at and past the edges of that precision (and of a double's:
+# 1e-400 reads as 0): each must be refused naming the key, or train.
+FLOAT_KEYS = [("optimizer", "params", "lr"), ("optimizer", "params", "eps"), ("optimizer", "params", "weight_decay"),
+              ("fp16", "loss_scale"), ("fp16", "min_loss_scale"), ("gradient_clipping",), ("zoe", "offload_ratio"),
+              ("zero_optimization", "offload_optimizer", "ratio"), ("scheduler", "params", "warmup_max_lr")]
+FLOAT_EDGES = ["1e308", "3e38", "3.4e38", "3.5e38", "1e-300", "1e-400", "-1e-400", "1e-38", "1.2e-38", "1e-45",
+               "0e-400", "-0.0", "1e-30"]
+# Keys whose null must not silently mean the default.
+NULL_KEYS = [("zero_optimization", "stage"), ("optimizer", "params", "lr"), ("bf16", "enabled"),
+             ("fp16", "enabled"), ("fp16", "loss_scale"), ("zero_optimization", "offload_optimizer", "buffer_count"),
+             ("train_batch_size",), ("train_micro_batch_size_per_gpu",), ("gradient_accumulation_steps",),
+             ("zoe", "offload_ratio"), ("amp", "enabled"), ("zero_optimization", "offload_optimizer", "nvme_path")]
+# Batch values: small ones, and ones past the keys' bound (2^20) that a derived value reaches too.
+# (2^20 itself is legal and would make a one-step run of 2^20 micro-batches: not a fuzz case.)
+BATCH_VALUES = [1, 2, 3, 7, (1 << 20) + 1, 1 << 30, 1 << 31, (1 << 32) + 1, 1 << 42, 1 << 62, 2 ** 63]
+
+
+def mutate_semantic(tree, op, rng):
+    """The batch triple with derived values, a float key at a precision edge, or a key set to null."""
+    if op == "batch":
+        # Any one or two of the three given (the third derived), or all three.
+        keys = ["train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"]
+        given = rng.sample(keys, rng.choice([1, 2, 2, 3]))
+        for k in keys:
+            at = next((j for j, (key, _) in enumerate(tree) if key == k), None)
+            if at is not None:
+                del tree[at]
+        for k in given:
+            tree.append((k, rng.choice(BATCH_VALUES) if k == "train_batch_size" or rng.random() < 0.3 else
+                         rng.choice([1, 2, 4])))
+    elif op == "float":
+        put_path(tree, rng.choice(FLOAT_KEYS), Raw(rng.choice(FLOAT_EDGES)))
+    elif op == "null":
+        put_path(tree, rng.choice(NULL_KEYS), None)
+
+
 def mutate_tree(tree, rng):
     """1-3 edits of the parsed config; returns the names of the edits made."""
     names = []
@@ -701,8 +766,12 @@ def mutate_tree(tree, rng):
         c, i = rng.choice(slots)
         v = get_slot(c, i)
         op = rng.choice(["number", "number", "plausible", "plausible", "string", "type", "delete",
-                         "duplicate", "rename", "nest", "add", "scale", "huge-string"])
-        if op == "plausible":
+                         "duplicate", "rename", "nest", "add", "scale", "huge-string", "batch", "float", "null"])
+        if op in ("batch", "float", "null"):
+            if not isinstance(tree, Obj):
+                continue
+            mutate_semantic(tree, op, rng)
+        elif op == "plausible":
             # A value in range, or nearly: these configs train, through the engine's less used paths.
             if isinstance(v, (int, float)) and not isinstance(v, bool):
                 choices = [0, 1, 2, 3, 4, 7, 8, 16, 64, 1024, 4096, 65536, 1e5, 0.5, 1e-3, 1e-6, 0.999]
