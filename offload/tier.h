@@ -14,20 +14,16 @@ constexpr int tier_index(Tier t) { return static_cast<int>(t); }
 // types of their own, so that one cannot be passed where the other (or a caller's index of its
 // own) is expected. Built from a plain number (the offload layer's callers number their items);
 // never converted back to one implicitly.
-struct ItemId {
+template <class Tag>
+struct TypedId {
   uint64_t value = 0;
-  constexpr ItemId() = default;
-  constexpr ItemId(uint64_t v) : value(v) {}  // NOLINT(google-explicit-constructor)
-  friend constexpr bool operator==(ItemId a, ItemId b) { return a.value == b.value; }
-  friend constexpr bool operator!=(ItemId a, ItemId b) { return a.value != b.value; }
+  constexpr TypedId() = default;
+  constexpr TypedId(uint64_t v) : value(v) {}  // NOLINT(google-explicit-constructor)
+  friend constexpr bool operator==(TypedId a, TypedId b) { return a.value == b.value; }
+  friend constexpr bool operator!=(TypedId a, TypedId b) { return a.value != b.value; }
 };
-struct GroupId {
-  uint64_t value = 0;
-  constexpr GroupId() = default;
-  constexpr GroupId(uint64_t v) : value(v) {}  // NOLINT(google-explicit-constructor)
-  friend constexpr bool operator==(GroupId a, GroupId b) { return a.value == b.value; }
-  friend constexpr bool operator!=(GroupId a, GroupId b) { return a.value != b.value; }
-};
+using ItemId = TypedId<struct ItemTag>;
+using GroupId = TypedId<struct GroupTag>;
 
 // A direction of transfer. The values are stable: traces put link l on thread 100 + l.
 enum class Link : uint8_t {
@@ -70,7 +66,7 @@ struct TierStats {
 
 }  // namespace zoe::offload
 
-template <>
-struct std::hash<zoe::offload::ItemId> {
-  size_t operator()(zoe::offload::ItemId id) const noexcept { return std::hash<uint64_t>()(id.value); }
+template <class Tag>
+struct std::hash<zoe::offload::TypedId<Tag>> {
+  size_t operator()(zoe::offload::TypedId<Tag> id) const noexcept { return std::hash<uint64_t>()(id.value); }
 };

@@ -1,12 +1,15 @@
 // cpuid-based feature detection and host memory facts.
 #include "core/cpu.h"
 
+#include "core/log.h"
+
 #include <cpuid.h>
 #include <sys/resource.h>
 #include <sys/sysinfo.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -119,6 +122,41 @@ std::string cpu_model_name() {
     }
   }
   return "unknown";
+}
+
+namespace {
+
+bool parse_simd(const char* s, SimdLevel* out) {
+  if (std::strcmp(s, "scalar") == 0)
+    *out = SimdLevel::kScalar;
+  else if (std::strcmp(s, "avx2") == 0)
+    *out = SimdLevel::kAvx2;
+  else if (std::strcmp(s, "avx512") == 0)
+    *out = SimdLevel::kAvx512;
+  else
+    return false;
+  return true;
+}
+
+}  // namespace
+
+SimdLevel environment_simd_level() {
+  static const SimdLevel level = [] {
+    SimdLevel best = detected_simd_level();
+    const char* e = std::getenv("ZOE_SIMD");
+    if (e == nullptr || *e == '\0') return best;
+    SimdLevel want;
+    if (!parse_simd(e, &want)) {
+      ZOE_LOG_WARN("ZOE_SIMD=%s: expected scalar, avx2 or avx512; using %s", e, simd_level_name(best));
+      return best;
+    }
+    if (static_cast<int>(want) > static_cast<int>(best)) {
+      ZOE_LOG_WARN("ZOE_SIMD=%s: this CPU supports only %s; using it", e, simd_level_name(best));
+      return best;
+    }
+    return want;
+  }();
+  return level;
 }
 
 }  // namespace zoe

@@ -24,6 +24,9 @@ struct CpuFeatures {
 const CpuFeatures& cpu_features();
 // The best level this CPU and OS support: AVX-512 needs F+BW+VL+DQ, AVX2 needs FMA+F16C too.
 SimdLevel detected_simd_level();
+// detected_simd_level(), lowered by the environment variable ZOE_SIMD=scalar|avx2|avx512 (read
+// once; a bad or unsupported value is warned about and ignored): what zoe's kernels use.
+SimdLevel environment_simd_level();
 const char* simd_level_name(SimdLevel level);
 
 struct HostMemory {

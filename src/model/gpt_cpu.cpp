@@ -431,7 +431,7 @@ Result<std::unique_ptr<GptCpu>> GptCpu::create(const GptConfig& c, int batch, in
 
 CpuKernelSet cpu_kernel_set() {
   CpuKernelSet k;
-  k.simd = simd_level_name(detected_simd_level());
+  k.simd = simd_level_name(environment_simd_level());
   const char* core = openblas_get_corename();
   k.blas = std::string("openblas ") + (core != nullptr ? core : "unknown");
   return k;

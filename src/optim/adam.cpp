@@ -17,39 +17,8 @@ namespace {
 
 int code(DType d) { return static_cast<int>(d); }
 
-bool parse_simd(const char* s, SimdLevel* out) {
-  if (std::strcmp(s, "scalar") == 0)
-    *out = SimdLevel::kScalar;
-  else if (std::strcmp(s, "avx2") == 0)
-    *out = SimdLevel::kAvx2;
-  else if (std::strcmp(s, "avx512") == 0)
-    *out = SimdLevel::kAvx512;
-  else
-    return false;
-  return true;
-}
-
 std::mutex g_override_mu;
 std::optional<SimdLevel> g_override;
-
-SimdLevel env_level() {
-  static const SimdLevel level = [] {
-    SimdLevel best = detected_simd_level();
-    const char* e = std::getenv("ZOE_SIMD");
-    if (e == nullptr || *e == '\0') return best;
-    SimdLevel want;
-    if (!parse_simd(e, &want)) {
-      ZOE_LOG_WARN("ZOE_SIMD=%s: expected scalar, avx2 or avx512; using %s", e, simd_level_name(best));
-      return best;
-    }
-    if (static_cast<int>(want) > static_cast<int>(best)) {
-      ZOE_LOG_WARN("ZOE_SIMD=%s: this CPU supports only %s; using it", e, simd_level_name(best));
-      return best;
-    }
-    return want;
-  }();
-  return level;
-}
 
 const kern::Table* table_for(SimdLevel level) {
   switch (level) {
@@ -132,7 +101,7 @@ Status check_buffers(const AdamBuffers& b) {
 
 SimdLevel active_simd_level() {
   std::lock_guard<std::mutex> lock(g_override_mu);
-  return g_override ? *g_override : env_level();
+  return g_override ? *g_override : environment_simd_level();
 }
 
 Status set_simd_override(std::optional<SimdLevel> level) {

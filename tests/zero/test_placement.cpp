@@ -420,3 +420,36 @@ TEST(PlacementVsEngine, HighWaterMarksWithinThePlanForEveryPlacement) {
 
 }  // namespace
 }  // namespace zoe
+
+// ---------------------------------------------------------------------------------------------
+// Typed identities: a module id, a tier item id and a swapper group id do not convert into one
+// another (nor back into plain numbers), so passing one for another does not compile; the
+// engine maps them through tier_item() and swap_group() only.
+#include <type_traits>
+
+#include "zero/module_table.h"
+
+namespace {
+
+using zoe::offload::GroupId;
+using zoe::offload::ItemId;
+using zoe::zero::ModuleId;
+static_assert(!std::is_convertible_v<ModuleId, ItemId>, "a module id must not pass for a tier item");
+static_assert(!std::is_convertible_v<ModuleId, GroupId>, "a module id must not pass for a swapper group");
+static_assert(!std::is_convertible_v<ItemId, GroupId>, "a tier item must not pass for a swapper group");
+static_assert(!std::is_convertible_v<GroupId, ItemId>, "a swapper group must not pass for a tier item");
+static_assert(!std::is_convertible_v<ModuleId, size_t> && !std::is_convertible_v<size_t, ModuleId>,
+              "module ids are not plain numbers");
+static_assert(!std::is_convertible_v<ItemId, uint64_t> && !std::is_convertible_v<GroupId, uint64_t>,
+              "ids do not turn back into plain numbers");
+
+TEST(TypedIds, TheEnginesMappingsRoundTrip) {
+  for (size_t i : {size_t{0}, size_t{1}, size_t{77}}) {
+    const ModuleId m(i);
+    EXPECT_EQ(zoe::zero::tier_item(m).value, i);
+    EXPECT_EQ(zoe::zero::swap_group(m).value, i);
+    EXPECT_TRUE(zoe::zero::module_of(zoe::zero::swap_group(m)) == m);
+  }
+}
+
+}  // namespace
