@@ -16,12 +16,14 @@ struct CmdResult {
   std::string err;  // stderr
 };
 
-// `shell` runs first in the same shell (e.g. "ulimit -f 64;").
-inline CmdResult zoe(const std::string& args, const std::string& shell = "") {
+// `shell` runs first in the same shell (e.g. "ulimit -f 64;"). timeout_s: how long the run may
+// take before it is stopped (exit 124); long runs under the sanitizers need more than the default.
+inline CmdResult zoe(const std::string& args, const std::string& shell = "", int timeout_s = 300) {
   zoe::test::ScratchDir d("cli");
   std::string err_path = d.file("stderr");
   // A hang fails the test in minutes (exit 124) instead of running into ctest's timeout.
-  std::string cmd = shell + " timeout -k 5 300 " + std::string(ZOE_BIN) + " " + args + " 2>" + err_path;
+  std::string cmd = shell + " timeout -k 5 " + std::to_string(timeout_s) + " " + std::string(ZOE_BIN) + " " +
+                    args + " 2>" + err_path;
   CmdResult r;
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return r;

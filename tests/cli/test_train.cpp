@@ -13,8 +13,8 @@ namespace {
 
 using nlohmann::json;
 
-json train(const std::string& args, CmdResult* raw = nullptr) {
-  CmdResult r = zoe("train --json --quiet " + args);
+json train(const std::string& args, CmdResult* raw = nullptr, int timeout_s = 300) {
+  CmdResult r = zoe("train --json --quiet " + args, "", timeout_s);
   if (raw) *raw = r;
   EXPECT_EQ(r.rc, 0) << r.err;
   if (r.rc != 0) return json();
@@ -107,8 +107,9 @@ TEST(Train, TheDemosMainJobLearnsOneDigitAdditions) {
   // the greedy sample after training answers the prompt.
   zoe::test::ScratchDir nvme("demo");
   json j = train("--preset tiny --task add1 --offload nvme --nvme-path " + nvme.path() +
-                 " --device-budget 576KiB --steps 3000 --micro-batch 32 --lr 0.003 --eval-every 500"
-                 " --sample 13 --prompt 7+5= --temperature 0");
+                     " --device-budget 576KiB --steps 3000 --micro-batch 32 --lr 0.003 --eval-every 500"
+                     " --sample 13 --prompt 7+5= --temperature 0",
+                 nullptr, /*timeout_s=*/800);  // 3000 steps: about 75 s in Release, over 300 s under ASan
   ASSERT_FALSE(j.is_null());
   EXPECT_GT(j["state_to_budget"].get<double>(), 3.5);
   ASSERT_GE(j["evals"].size(), 2u);
