@@ -149,6 +149,8 @@ class Engine:
         self._grad_accs = []
         self._live = {}              # data_ptr of a fetched parameter buffer -> (zmod, param index)
         self._in_forward = False
+        self._in_backward = False    # inside engine.backward (a reentrant checkpoint recomputes there)
+        self._check_model(model)
         self._build(model, zoe_units, unit_params, init_fn)
 
     # ---------------------------------------------------------------------------------------
@@ -160,6 +162,20 @@ class Engine:
         "optimizer.params.lr"), as the engine uses it: defaults filled in, DeepSpeed's "auto"
         resolved. Raises ZoeError naming the key when there is no such key."""
         return json.loads(self._eng.config_value(key))
+    def _check_model(self, model):
+        """Refuses parameters zoe cannot take as they are: on a device other than the CPU or meta,
+        or in a floating dtype that is neither fp32 nor the compute dtype the config chooses."""
+        compute = _DTYPES[self._eng.compute_dtype()]
+        for n, p in model.named_parameters():
+            if p.device.type not in ("cpu", "meta"):
+                raise ZoeError(f"zoe.initialize: parameter '{n}' is on {p.device}: give zoe the model on the CPU "
+                               "(or built on the meta device); zoe places every parameter itself "
+                               "(zero_optimization.offload_param, zoe.device)")
+            if p.is_floating_point() and p.dtype not in (torch.float32, compute):
+                raise ZoeError(f"zoe.initialize: parameter '{n}' is {p.dtype}, and zoe computes in {compute} with "
+                               "fp32 master weights: give zoe the model in torch.float32 and choose the compute "
+                               "dtype in the config (fp16.enabled or bf16.enabled)")
+
     def _build(self, model, zoe_units, unit_params, init_fn):
         # Meta-device parameters become empty CPU parameters (a meta tensor cannot take CPU data in
         # place); each gets real storage only while zoe initialises its unit (_materialize).
@@ -245,6 +261,10 @@ class Engine:
                 continue
             self._hooks.append(u.module.register_forward_pre_hook(_pre_hook(ref, ui)))
             self._hooks.append(u.module.register_forward_hook(_post_hook(ref, ui)))
+        # The model's own state_dict would hold the 0-element placeholders: it points here instead.
+        for mod in model.modules():
+            if any(p is not None and id(p) in owner for p in mod._parameters.values()):
+                self._hooks.append(mod._register_state_dict_hook(_state_dict_refused))
 
     def _materialize(self, zm, init_fn):
         """Gives a meta-device unit real storage on the CPU and initialises it: init_fn(module) for
@@ -291,6 +311,18 @@ class Engine:
         self._eng.release(zm.index)
 
     def _pre_forward(self, ui):
+        if not (self._in_forward or self._in_backward):
+            raise ZoeError(f"zoe: the model's unit '{self._units[ui].name}' was called directly after "
+                           "zoe.initialize(): its parameters live in zoe, which runs it only through the engine: "
+                           "call engine(...) (engine.module is the model) instead of the model")
+        for zi in self._units[ui].zmods:
+            for p in self._zmods[zi].params:
+                if p.dtype != self._dtype or p.device.type != "cpu":
+                    raise ZoeError(f"zoe: a parameter of unit '{self._units[ui].name}' is now {p.dtype} on "
+                                   f"{p.device} (model.to(...) after zoe.initialize()), but zoe computes in "
+                                   f"{self._dtype} on its own device: choose the compute dtype in the config "
+                                   "(fp16.enabled or bf16.enabled) and the placement with zero_optimization "
+                                   "and zoe.device, not with model.to()")
         for zi in self._units[ui].zmods:
             self._acquire(self._zmods[zi])
 
@@ -380,10 +412,13 @@ class Engine:
             self._reset_fetches()
             raise
         except Exception as e:
+            # The user's own error, as it was raised (type and traceback), with where zoe stood.
             self._reset_fetches()
-            raise ZoeError(f"zoe: the forward of {type(self.module).__name__} failed: {type(e).__name__}: {e} "
+            if hasattr(e, "add_note"):
+                e.add_note(f"zoe: raised in the forward of {type(self.module).__name__} run by zoe's engine "
                            "(a parameter is only available inside the forward of its unit; units: "
-                           f"{', '.join(u.name for u in self._units[:8])}...)") from e
+                           f"{', '.join(u.name for u in self._units[:8])}{'...' if len(self._units) > 8 else ''})")
+            raise
         finally:
             self._in_forward = False
 
@@ -395,9 +430,14 @@ class Engine:
             raise ZoeError("engine.backward: the loss does not require grad (computed under torch.no_grad(), "
                            "or by no parameter of the model)")
         scale = self._eng.loss_scale()
+        self._in_backward = True
         try:
-            (loss * scale if scale != 1.0 else loss).backward()
+            # The saved-tensor hooks stay on through the backward: a reentrant activation checkpoint
+            # recomputes its forward there and must save parameters as descriptors too.
+            with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+                (loss * scale if scale != 1.0 else loss).backward()
         finally:
+            self._in_backward = False
             # Modules whose gradients are partial (a parameter unused this micro-batch), then any
             # fetch an error left.
             for zm in reversed(self._zmods):
@@ -560,6 +600,12 @@ def _describe(x):
     if isinstance(x, torch.Tensor):
         return f"a tensor of shape {list(x.shape)}"
     return type(x).__name__
+
+
+def _state_dict_refused(module, state_dict, prefix, local_metadata):
+    raise ZoeError(f"zoe: {type(module).__name__}.state_dict() after zoe.initialize() would hold 0-element "
+                   "placeholders (zoe holds the parameters): use engine.state_dict() for the full fp32 tensors, "
+                   "or engine.save_checkpoint() and zoe.consolidate(dir)")
 
 
 def _pre_hook(ref, ui):
