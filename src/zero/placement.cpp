@@ -47,9 +47,11 @@ struct Extent {
   uint64_t tm_budget = 0;  // the tier manager's device budget, as it caps it
 };
 
-// 1. Flat groups and partitions; stage-3 parameter homes; the device must hold one gathered
-//    module with its gradients and their reduction.
-Status lay_out_modules(const config::Config& cfg, const std::vector<ModuleShape>& shapes, Placement* pl) {
+// 1. Flat groups and partitions; stage-3 parameter homes (modules of at least `persist` elements
+//    are partitioned); the device must hold one gathered module with its gradients and their
+//    reduction.
+Status lay_out_modules(const config::Config& cfg, const std::vector<ModuleShape>& shapes, int64_t persist,
+                       Placement* pl) {
   const uint64_t es = pl->compute_bytes, db = pl->device_budget;
   for (const ModuleShape& s : shapes) {
     ModulePlacement mp;
@@ -65,7 +67,7 @@ Status lay_out_modules(const config::Config& cfg, const std::vector<ModuleShape>
     mp.padded = (mp.total + unit - 1) / unit * unit;
     mp.part = mp.padded / static_cast<size_t>(pl->world);
     mp.partitioned_params =
-        pl->stage == 3 && static_cast<int64_t>(mp.total) >= cfg.zero.stage3_param_persistence_threshold;
+        pl->stage == 3 && static_cast<int64_t>(mp.total) >= persist;
     mp.param_home = mp.partitioned_params ? home_of(cfg.zero.offload_param.device) : Home::kDevice;
     if (mp.partitioned_params && static_cast<int64_t>(mp.padded) > cfg.zero.stage3_max_live_parameters) {
       return invalid_argument(
@@ -383,12 +385,11 @@ size_t swap_buffer_count(int64_t buffer_count) {
       "gradient), and at least 3 of them to overlap reads, updates and writes"));
 }
 
-Result<Placement> plan_placement(const config::Config& cfg, const std::vector<ModuleShape>& shapes, int world,
-                                 int rank, const PlanTarget& target) {
-  if (world < 1 || rank < 0 || rank >= world) {
-    return invalid_argument("placement: rank %d of world size %d", rank, world);
-  }
-  if (shapes.empty()) return invalid_argument("placement: no modules");
+namespace {
+
+// One plan with stage-3 modules of at least `persist` elements partitioned.
+Result<Placement> plan_with_persistence(const config::Config& cfg, const std::vector<ModuleShape>& shapes,
+                                        int world, int rank, const PlanTarget& target, int64_t persist) {
   Placement pl;
   pl.stage = cfg.zero.stage;
   pl.world = world;
@@ -398,13 +399,48 @@ Result<Placement> plan_placement(const config::Config& cfg, const std::vector<Mo
   pl.device_budget = target.device_budget              ? target.device_budget
                      : cfg.zoe.device_budget_bytes > 0 ? static_cast<uint64_t>(cfg.zoe.device_budget_bytes)
                                                        : 64ull << 30;
-  ZOE_RETURN_IF_ERROR(lay_out_modules(cfg, shapes, &pl));
+  ZOE_RETURN_IF_ERROR(lay_out_modules(cfg, shapes, persist, &pl));
   split_optimizer_homes(cfg, &pl);
   ZOE_ASSIGN_OR_RETURN(Extent x, count_resident_states(cfg, &pl));
   if (x.any_partitioned) plan_tier_manager(cfg, target, &x, &pl);
   if (x.any_opt_nvme) plan_swapper(cfg, &pl);
   ZOE_RETURN_IF_ERROR(check_peaks(cfg, x, &pl));
   return pl;
+}
+
+}  // namespace
+
+// stage3_param_persistence_threshold is a performance hint (DeepSpeed's default keeps every module
+// under 1e5 elements on the device): when the modules it keeps there do not fit the device budget
+// beside the rest, the threshold is lowered, largest persistent module first, until the plan fits
+// (warned once with the value used). Only a plan that fails with no module kept whole is refused.
+Result<Placement> plan_placement(const config::Config& cfg, const std::vector<ModuleShape>& shapes, int world,
+                                 int rank, const PlanTarget& target) {
+  if (world < 1 || rank < 0 || rank >= world) {
+    return invalid_argument("placement: rank %d of world size %d", rank, world);
+  }
+  if (shapes.empty()) return invalid_argument("placement: no modules");
+  const int64_t asked = cfg.zero.stage3_param_persistence_threshold;
+  int64_t persist = asked;
+  Result<Placement> r = plan_with_persistence(cfg, shapes, world, rank, target, persist);
+  while (!r.is_ok() && r.status().code() == StatusCode::kOutOfBudget && cfg.zero.stage == 3) {
+    // Partition the largest module still kept whole (and every one as large).
+    int64_t top = 0;
+    for (const ModuleShape& s : shapes) {
+      int64_t n = 0;
+      for (size_t e : s.param_numel) n += static_cast<int64_t>(e);
+      if (n < persist) top = std::max(top, n);
+    }
+    if (top == 0) break;
+    persist = top;
+    r = plan_with_persistence(cfg, shapes, world, rank, target, persist);
+  }
+  if (persist != asked && r.is_ok()) {
+    config::value_used("zero_optimization.stage3_param_persistence_threshold", asked, persist,
+                       "elements: the modules under the threshold, kept whole on the device, did not fit "
+                       "zoe.device_budget beside the rest, so the larger ones are partitioned like any other");
+  }
+  return r;
 }
 
 }  // namespace zoe::zero

@@ -135,3 +135,21 @@ def test_forward_error_keeps_its_type_and_traceback(tmp_path):
     eng.backward(loss)
     assert eng.step().stepped
     eng.close()
+
+
+def test_default_persistence_threshold_fits_a_small_budget(tmp_path):
+    """DeepSpeed's default stage3_param_persistence_threshold (1e5 elements) would keep every
+    module of this model whole on the device, which a 384 KiB budget cannot hold: the planner
+    partitions them instead (one warning naming the key) and the run matches plain torch."""
+    torch.manual_seed(0)
+    model = GPT()
+    ref = clone(model)
+    data = gpt_batches(3)
+    eng = zoe.initialize(model, config=config(tmp_path, device_budget=384 << 10))
+    assert eng.config_value("zero_optimization.stage3_param_persistence_threshold") == 100000
+    z, stats = train_zoe(eng, data)
+    t = train_torch(ref, data)
+    for a, b in zip(z, t):
+        assert abs(a - b) <= 1e-5 * abs(b)
+    assert max(s.high_water["device"] for s in stats) <= 384 << 10
+    eng.close()

@@ -195,6 +195,52 @@ TEST(Placement, ValuesUsedOtherThanGivenAreWarnedOnce) {
       << err;
 }
 
+// DeepSpeed's default stage3_param_persistence_threshold (1e5 elements) keeps every module of a
+// small model whole on the device. When those do not fit the budget beside the rest, the planner
+// partitions the largest ones until the plan fits, and says once what it used; a budget that the
+// modules fit as they are keeps the threshold as given.
+TEST(Placement, PersistenceThresholdIsLoweredToFitTheBudget) {
+  config::Config c = parse(cfg_text(3, "nvme", "nvme"));
+  c.zero.stage3_param_persistence_threshold = 100000;  // DeepSpeed's default
+  // 6 modules of 65792 elements (256x256 + 256), all under the threshold: 1.5 MiB kept whole.
+  zero::PlanTarget roomy;
+  roomy.device_budget = 64ull << 20;
+  auto whole = zero::plan_placement(c, shapes(6, 256), 1, 0, roomy);
+  ASSERT_OK(whole);
+  for (const auto& m : whole->modules) EXPECT_FALSE(m.partitioned_params) << m.name;
+
+  zero::PlanTarget tight;
+  tight.device_budget = 2ull << 20;
+  const LogLevel level = log_level();
+  set_log_level(LogLevel::kWarn);
+  testing::internal::CaptureStderr();
+  auto p = zero::plan_placement(c, shapes(6, 256), 1, 0, tight);
+  auto again = zero::plan_placement(c, shapes(6, 256), 1, 0, tight);
+  std::string err = testing::internal::GetCapturedStderr();
+  set_log_level(level);
+  ASSERT_OK(p);
+  ASSERT_OK(again);
+  for (const auto& m : p->modules) EXPECT_TRUE(m.partitioned_params) << m.name;
+  EXPECT_LE(p->peak.device, tight.device_budget);
+  EXPECT_EQ(count_of(err, "zero_optimization.stage3_param_persistence_threshold is 100000; zoe uses 65792 ("),
+            1u)
+      << err;
+
+  // Modules of mixed sizes: only as many of the largest as needed are partitioned.
+  std::vector<ModuleShape> mixed = shapes(6, 256);
+  for (int l = 0; l < 8; ++l) mixed.push_back({"small." + std::to_string(l), {64 * 64, 64}});
+  auto pm = zero::plan_placement(c, mixed, 1, 0, tight);
+  ASSERT_OK(pm);
+  for (const auto& m : pm->modules) EXPECT_EQ(m.partitioned_params, m.total > 5000) << m.name;
+
+  // A module in use that cannot fit the budget is still refused, naming the budget.
+  zero::PlanTarget tiny;
+  tiny.device_budget = 100000;
+  auto pt = zero::plan_placement(c, shapes(2, 256), 1, 0, tiny);
+  ASSERT_FALSE(pt.is_ok());
+  EXPECT_NE(pt.status().message().find("zoe.device_budget"), std::string::npos) << pt.status().message();
+}
+
 TEST(Placement, SwapResolversAgreeWithThePlan) {
   EXPECT_EQ(zero::swap_buffer_count(4), 12u);  // DeepSpeed's default: one slot, raised to three
   EXPECT_EQ(zero::swap_buffer_count(24), 24u);
