@@ -66,8 +66,7 @@ Status lay_out_modules(const config::Config& cfg, const std::vector<ModuleShape>
     const size_t unit = kPartAlign * static_cast<size_t>(pl->world);
     mp.padded = (mp.total + unit - 1) / unit * unit;
     mp.part = mp.padded / static_cast<size_t>(pl->world);
-    mp.partitioned_params =
-        pl->stage == 3 && static_cast<int64_t>(mp.total) >= persist;
+    mp.partitioned_params = pl->stage == 3 && static_cast<int64_t>(mp.total) >= persist;
     mp.param_home = mp.partitioned_params ? home_of(cfg.zero.offload_param.device) : Home::kDevice;
     if (mp.partitioned_params && static_cast<int64_t>(mp.padded) > cfg.zero.stage3_max_live_parameters) {
       return invalid_argument(
@@ -436,9 +435,10 @@ Result<Placement> plan_placement(const config::Config& cfg, const std::vector<Mo
     r = plan_with_persistence(cfg, shapes, world, rank, target, persist);
   }
   if (persist != asked && r.is_ok()) {
-    config::value_used("zero_optimization.stage3_param_persistence_threshold", asked, persist,
-                       "elements: the modules under the threshold, kept whole on the device, did not fit "
-                       "zoe.device_budget beside the rest, so the larger ones are partitioned like any other");
+    config::value_used(
+        "zero_optimization.stage3_param_persistence_threshold", asked, persist,
+        "elements: the modules under the threshold, kept whole on the device, did not fit "
+        "zoe.device_budget beside the rest, so the larger ones are partitioned like any other");
   }
   return r;
 }
