@@ -10,6 +10,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <optional>
 
 #include <cstring>
 #include <memory>
@@ -277,15 +278,17 @@ void bind_engine_step(py::class_<PyEngine>& c) {
              auto r = self.e().grads(i);
              return views(take(std::move(r)));
            })
-      .def("reduce_grads",
-           [](PyEngine& self, size_t i) {
-             zoe::Status s;
-             {
-               py::gil_scoped_release nogil;
-               s = self.e().reduce_grads(i);
-             }
-             check(s);
-           })
+      .def(
+          "reduce_grads",
+          [](PyEngine& self, size_t i, std::optional<std::vector<bool>> has_grad) {
+            zoe::Status s;
+            {
+              py::gil_scoped_release nogil;
+              s = has_grad ? self.e().reduce_grads(i, *has_grad) : self.e().reduce_grads(i);
+            }
+            check(s);
+          },
+          py::arg("m"), py::arg("has_grad") = py::none())
       .def("step", [](PyEngine& self) {
         zoe::Result<zoe::StepStats> r = zoe::invalid_argument("unreached");
         {

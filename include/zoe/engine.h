@@ -122,6 +122,14 @@ class Engine {
   // Reduces module m's gradients over the ranks into this rank's partition (reduce-scatter at
   // stage 2/3, all-reduce at 0/1), accumulating over micro-batches, and frees the buffer.
   Status reduce_grads(size_t m);
+  // reduce_grads(m) where only the parameters p with has_grad[p] got a gradient in this
+  // micro-batch (one flag per parameter; the others' buffers are left zero). A parameter that
+  // no micro-batch of a step gave a gradient on any rank (a frozen one, an expert no token
+  // reached, a branch not taken), like every parameter of a module whose gradients were never
+  // reduced in the step, is left as it is by that step: no moment update, no weight decay, no
+  // step, as torch.optim.AdamW leaves a parameter whose .grad is None. (DeepSpeed zero-fills such
+  // a gradient instead, which decays the parameter and moves it by its momentum.)
+  Status reduce_grads(size_t m, const std::vector<bool>& has_grad);
   // Norm, loss scaling, clipping and AdamW over this rank's partitions wherever they live,
   // then the new parameters back to their home (and gathered at stage 1/2).
   Result<StepStats> step();

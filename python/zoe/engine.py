@@ -388,9 +388,12 @@ class Engine:
 
     def _finish_grads(self, zm):
         if zm.grad_views is not None:
+            # The parameters that got no gradient (frozen, or not used in this micro-batch): a
+            # step in which none did leaves them as they are, as torch.optim.AdamW does.
+            has_grad = [i in zm.received for i in range(len(zm.params))]
             zm.grad_views = None
             zm.received.clear()
-            self._eng.reduce_grads(zm.index)
+            self._eng.reduce_grads(zm.index, has_grad)
         if zm.bw_held:
             zm.bw_held = False
             self._release(zm)

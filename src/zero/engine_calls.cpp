@@ -37,6 +37,14 @@ Status Engine::reduce_grads(size_t m) {
   return I.grads.reduce(id);
 }
 
+Status Engine::reduce_grads(size_t m, const std::vector<bool>& has_grad) {
+  Impl& I = *impl_;
+  Timer te(&I.clock.t_engine);
+  ZOE_ASSIGN_OR_RETURN(zero::ModuleId id, I.module_id("reduce_grads", m));
+  const std::vector<uint8_t> flags(has_grad.begin(), has_grad.end());
+  return I.grads.reduce(id, &flags);
+}
+
 Status Engine::read_master(size_t m, size_t p, float* out) {
   Impl& I = *impl_;
   ZOE_RETURN_IF_ERROR(I.update.finish());

@@ -62,6 +62,30 @@ Result<optim::NormResult> global_norm(Engine::Impl& I) {
   return global;
 }
 
+// Per module, the parameters no rank gave a gradient this step (empty where every one got one):
+// this rank's flags, summed over the ranks.
+Result<std::vector<std::vector<uint8_t>>> untouched_params(Engine::Impl& I) {
+  std::vector<std::vector<uint8_t>> u;
+  std::vector<double> got;
+  for (zero::ModuleId m : I.modules.ids()) {
+    u.push_back(I.grads.untouched(m));
+    for (uint8_t f : u.back()) got.push_back(f ? 0.0 : 1.0);
+  }
+  if (I.ctx.world > 1 && !got.empty()) {
+    Timer t(&I.clock.t_comm);
+    std::vector<double> sum(got.size());
+    ZOE_RETURN_IF_ERROR_CTX(
+        I.ctx.comm->all_reduce(got.data(), sum.data(), got.size(), comm::CommType::kF64, comm::ReduceOp::kSum)
+            .wait(),
+        "all-reducing which parameters got gradients");
+    size_t i = 0;
+    for (auto& mod : u) {
+      for (uint8_t& f : mod) f = sum[i++] > 0.0 ? 0 : 1;
+    }
+  }
+  return u;
+}
+
 }  // namespace
 
 Result<StepStats> Engine::step() {
@@ -78,6 +102,8 @@ Result<StepStats> Engine::step() {
   StepStats st;
   st.grad_norm = sc.grad_norm;
   st.lr = I.ctx.cfg->lr_at(I.update.steps() + 1);
+  ZOE_ASSIGN_OR_RETURN(auto untouched, untouched_params(I));
+  I.update.set_untouched(std::move(untouched));
   I.update.settle_speculation(sc.overflow, sc.grad_scale, &st);
   // Phase 4: the update, or the skip.
   if (sc.overflow) {

@@ -20,6 +20,7 @@ void GradReducer::resize(size_t n) {
                                                    "a reduction bucket holds at least one element per rank"));
   grad_buf_.resize(n);
   acc_count_.assign(n, 0);
+  got_grad_.assign(n, {});
   norm_parts_.resize(n);
 }
 
@@ -81,7 +82,7 @@ Status GradReducer::accumulate(ModuleId m, const void* src) {
     ZOE_RETURN_IF_ERROR(
         optim::accumulate_with_norm(st.grad_acc, h, ctx_.cdt, mod.opt_n, first, norm.data(), exec));
     // zoe.speculative_step: the step's last micro-batch, so these sums are final.
-    if (st.spec_save && last_micro_batch(m)) ZOE_RETURN_IF_ERROR(update_.speculate(m));
+    if (st.spec_save && last_micro_batch(m)) ZOE_RETURN_IF_ERROR(update_.speculate(m, untouched(m)));
   } else {
     ZOE_RETURN_IF_ERROR(accumulate_nvme(m, src, first, exec));
   }
@@ -162,6 +163,14 @@ Result<optim::NormResult> GradReducer::local_norm() {
 void GradReducer::end_step() {
   preload_started_ = false;
   std::fill(acc_count_.begin(), acc_count_.end(), 0);
+  for (auto& g : got_grad_) g.clear();
+}
+
+std::vector<uint8_t> GradReducer::untouched(ModuleId m) const {
+  const std::vector<uint8_t>& got = got_grad_[m.index];
+  std::vector<uint8_t> out(modules_[m].specs.size(), 1);
+  for (size_t p = 0; p < got.size() && p < out.size(); ++p) out[p] = got[p] ? 0 : 1;
+  return out;
 }
 
 Result<ModuleParams> GradReducer::grads(ModuleId m) {
@@ -202,10 +211,17 @@ Status GradReducer::reduce_scatter_buckets(ModuleId m, size_t per_rank, Pending*
   return Status::ok();
 }
 
-Status GradReducer::reduce(ModuleId m) {
+Status GradReducer::reduce(ModuleId m, const std::vector<uint8_t>* has_grad) {
   const ModuleLayout& mod = modules_[m];
   if (m.index >= grad_buf_.size() || !grad_buf_[m.index])
     return invalid_argument("reduce_grads(%s) without grads()", mod.name.c_str());
+  if (has_grad && has_grad->size() != mod.specs.size()) {
+    return invalid_argument("reduce_grads(%s): %zu gradient flags for %zu parameters", mod.name.c_str(),
+                            has_grad->size(), mod.specs.size());
+  }
+  std::vector<uint8_t>& got = got_grad_[m.index];
+  got.resize(mod.specs.size(), 0);
+  for (size_t p = 0; p < got.size(); ++p) got[p] |= has_grad ? ((*has_grad)[p] ? 1 : 0) : 1;
   // Reductions that finished are accumulated; at most kMaxPendingReductions stay in flight (the
   // oldest is waited for), so their buffers take a bounded share of the device.
   ZOE_RETURN_IF_ERROR(complete(false));

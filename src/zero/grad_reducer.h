@@ -26,7 +26,12 @@ class GradReducer {
 
   void resize(size_t modules);
   Result<ModuleParams> grads(ModuleId m);
-  Status reduce(ModuleId m);
+  // has_grad (one flag per parameter, or null for all): the parameters that got a gradient in
+  // this micro-batch; the others' part of the buffer is zero and does not count as one.
+  Status reduce(ModuleId m, const std::vector<uint8_t>* has_grad = nullptr);
+  // Per parameter of module m: 1 when no micro-batch of this step gave it a gradient on this
+  // rank (a module no micro-batch reduced: all of them).
+  std::vector<uint8_t> untouched(ModuleId m) const;
   // Accumulates finished reductions (all: waits for each) until at most `keep` are in flight.
   Status complete(bool all, size_t keep = 0);
   // Whether module m has a gradient buffer that was not reduced.
@@ -37,7 +42,10 @@ class GradReducer {
   // After the step: the next reduction overwrites the accumulators.
   void end_step();
   // A checkpoint was loaded: gradients of a step in progress are not part of it.
-  void forget_accumulated() { std::fill(acc_count_.begin(), acc_count_.end(), 0); }
+  void forget_accumulated() {
+    std::fill(acc_count_.begin(), acc_count_.end(), 0);
+    for (auto& g : got_grad_) g.clear();
+  }
   // Waits for the reductions in flight (no accumulation) and frees device memory.
   void shutdown();
 
@@ -63,6 +71,9 @@ class GradReducer {
   StepClock& clock_;
   std::vector<device::DeviceBuffer> grad_buf_;  // per module: padded elements, compute dtype
   std::vector<int> acc_count_;                  // micro-batch reductions accumulated since the last step
+  // Per module and parameter: a micro-batch reduced since the last step gave it a gradient
+  // (empty: none reduced yet).
+  std::vector<std::vector<uint8_t>> got_grad_;
   // Sum of squares of the accumulated gradients per optim::kChunkElems chunk of the owned range,
   // computed by the pass that accumulates them (the step makes no norm pass).
   std::vector<std::vector<double>> norm_parts_;

@@ -10,6 +10,24 @@ namespace zoe::zero {
 
 using config::OffloadDevice;
 
+namespace {
+
+// The element ranges [first, second) of [lo, lo + n) (module-relative) held by the parameters
+// flagged in `untouched`, relative to lo.
+std::vector<std::pair<size_t, size_t>> untouched_ranges(const ModuleLayout& mod,
+                                                        const std::vector<uint8_t>& untouched, size_t lo,
+                                                        size_t n) {
+  std::vector<std::pair<size_t, size_t>> r;
+  for (size_t p = 0; p < untouched.size() && p < mod.numel.size(); ++p) {
+    if (!untouched[p]) continue;
+    const size_t b = std::max(lo, mod.offset[p]), e = std::min(lo + n, mod.offset[p] + mod.numel[p]);
+    if (b < e) r.emplace_back(b - lo, e - lo);
+  }
+  return r;
+}
+
+}  // namespace
+
 // The update of one range of module m's owned elements: fp32 master, m, v at [begin, begin+n).
 // States on the device (opt_home none) run the device's kernel; offloaded ones the CPU's. The
 // new compute parameters go to `out` (device memory, or the host tier's copy of a stage-3
@@ -26,6 +44,66 @@ struct Updater::ChunkUpdater {
   optim::Exec exec;
   std::vector<char> out_stage;
   bool out_host = false;  // `out` is host memory whatever the module's home (a speculative update's)
+  // Per module: the parameters that got no gradient this step (empty: none), left as they are.
+  std::vector<std::vector<uint8_t>> untouched;
+
+  // The states of the untouched ranges of a chunk, kept across the kernel and put back; their
+  // compute parameters rewritten from the kept master (the value they had).
+  struct Keep {
+    std::vector<std::pair<size_t, size_t>> ranges;
+    std::vector<char> saved;  // per range: master (fp32), m, v
+    std::vector<char> conv;   // the kept masters in the compute dtype
+  };
+
+  Status keep_untouched(ModuleId m, size_t begin, size_t n, float* master, void* ea, void* eas, bool dev,
+                        Keep* k) {
+    if (m.index >= untouched.size() || untouched[m.index].empty()) return Status::ok();
+    const ModuleLayout& mod = (*modules)[m];
+    k->ranges = untouched_ranges(mod, untouched[m.index], mod.opt_begin + begin, n);
+    const size_t sb = dtype_size(sdt);
+    size_t total = 0;
+    for (const auto& r : k->ranges) total += r.second - r.first;
+    k->saved.resize(total * (4 + 2 * sb));
+    char* at = k->saved.data();
+    for (const auto& [b, e] : k->ranges) {
+      const size_t len = e - b;
+      ZOE_RETURN_IF_ERROR(ops->put(at, false, master + b, dev, len * 4));
+      ZOE_RETURN_IF_ERROR(ops->put(at + len * 4, false, static_cast<char*>(ea) + b * sb, dev, len * sb));
+      ZOE_RETURN_IF_ERROR(
+          ops->put(at + len * (4 + sb), false, static_cast<char*>(eas) + b * sb, dev, len * sb));
+      at += len * (4 + 2 * sb);
+    }
+    return ops->synchronize();  // before the kernel changes them
+  }
+
+  Status restore_untouched(float* master, void* ea, void* eas, bool dev, void* param_out, bool param_out_dev,
+                           Keep* k) {
+    const size_t sb = dtype_size(sdt), es = ctx->esize();
+    const char* at = k->saved.data();
+    for (const auto& [b, e] : k->ranges) {
+      const size_t len = e - b;
+      ZOE_RETURN_IF_ERROR(ops->put(master + b, dev, at, false, len * 4));
+      ZOE_RETURN_IF_ERROR(ops->put(static_cast<char*>(ea) + b * sb, dev, at + len * 4, false, len * sb));
+      ZOE_RETURN_IF_ERROR(
+          ops->put(static_cast<char*>(eas) + b * sb, dev, at + len * (4 + sb), false, len * sb));
+      at += len * (4 + 2 * sb);
+    }
+    if (ctx->cdt == DType::kF32 || !param_out) return Status::ok();  // the caller copies the master out
+    size_t total = 0;
+    for (const auto& r : k->ranges) total += r.second - r.first;
+    k->conv.resize(total * es);
+    at = k->saved.data();
+    char* c = k->conv.data();
+    for (const auto& [b, e] : k->ranges) {
+      const size_t len = e - b;
+      ZOE_RETURN_IF_ERROR(optim::convert_with_norm(at, DType::kF32, c, ctx->cdt, len, false).status());
+      ZOE_RETURN_IF_ERROR(
+          ops->put(static_cast<char*>(param_out) + b * es, param_out_dev, c, false, len * es));
+      at += len * (4 + 2 * sb);
+      c += len * es;
+    }
+    return Status::ok();
+  }
 
   Status operator()(ModuleId m, size_t begin, size_t n, float* master, void* ea, void* eas, const float* grad,
                     void* out) {
@@ -34,6 +112,7 @@ struct Updater::ChunkUpdater {
     const bool out_dev = !out_host && homes->owned_on_device(m);
     const bool direct = ops->host_addressable() || kernel_dev == out_dev;
     char* dst = static_cast<char*>(out) + begin * es;
+    Keep keep;  // outlives the fence: the ops may read its buffers until it waits
     device::DeviceBuffer dev_stage;
     // The results are handed on (written home, the chunk's buffers reused) once this returns;
     // on an error path too, no op may still use dev_stage.
@@ -61,7 +140,13 @@ struct Updater::ChunkUpdater {
     }
     a.params = ap;
     a.step = as;
+    ZOE_RETURN_IF_ERROR(keep_untouched(m, begin, n, master, ea, eas, kernel_dev, &keep));
     ZOE_RETURN_IF_ERROR(kernel_dev ? ops->adam_step(a) : optim::adam_step(a, exec));
+    if (!keep.ranges.empty()) {
+      const bool param_out_dev = direct ? out_dev : kernel_dev;
+      ZOE_RETURN_IF_ERROR(
+          restore_untouched(master, ea, eas, kernel_dev, a.buf.param_out, param_out_dev, &keep));
+    }
     if (ctx->cdt == DType::kF32) {
       ZOE_RETURN_IF_ERROR(ops->put(dst, out_dev, master, kernel_dev, n * 4));
     } else if (!direct) {
@@ -141,13 +226,21 @@ Updater::ChunkUpdater Updater::make_updater(DeviceOps* ops, optim::CpuPool* pool
   up.ap.adamw = cfg.optimizer.adam_w_mode;
   up.as.step = step_no;
   up.as.grad_scale = scale;
+  up.untouched = untouched_;
   return up;
 }
 
 // ---------------------------------------------------------------------------------------------
 // The speculative step
 
-Status Updater::speculate(ModuleId m) {
+void Updater::set_untouched(std::vector<std::vector<uint8_t>> untouched) {
+  for (auto& u : untouched) {
+    if (std::find(u.begin(), u.end(), uint8_t{1}) == u.end()) u.clear();  // every parameter got one
+  }
+  untouched_ = std::move(untouched);
+}
+
+Status Updater::speculate(ModuleId m, const std::vector<uint8_t>& untouched) {
   const ModuleLayout& mod = modules_[m];
   OptimStates& st = states_[m.index];
   if (st.speculated) unspeculate(m);
@@ -165,6 +258,10 @@ Status Updater::speculate(ModuleId m) {
   ChunkUpdater up =
       make_updater(ctx_.ops.get(), ctx_.pool.get(), ctx_.cfg->lr_at(steps_ + 1), steps_ + 1, spec_scale_);
   up.out_host = true;
+  up.untouched.assign(modules_.size(), {});
+  st.spec_untouched = untouched;
+  if (std::find(untouched.begin(), untouched.end(), uint8_t{1}) == untouched.end()) st.spec_untouched.clear();
+  up.untouched[m.index] = st.spec_untouched;
   const uint64_t t0 = now_ns();
   Status s = up(m, 0, n, static_cast<float*>(st.master), st.exp_avg, st.exp_avg_sq, st.grad_acc, st.spec_out);
   if (ctx_.trace.enabled())
@@ -195,6 +292,13 @@ void Updater::unspeculate_all() {
 
 void Updater::settle_speculation(bool overflow, float grad_scale, StepStats* st) {
   if (overflow || grad_scale != spec_scale_) unspeculate_all();
+  // A module whose untouched parameters (over all ranks) differ from those its speculation left.
+  for (ModuleId m : modules_.ids()) {
+    OptimStates& s = states_[m.index];
+    static const std::vector<uint8_t> none;
+    const std::vector<uint8_t>& now = m.index < untouched_.size() ? untouched_[m.index] : none;
+    if (s.speculated && s.spec_untouched != now) unspeculate(m);
+  }
   for (const auto& s : states_) spec_kept_ += s.speculated ? 1 : 0;
   st->speculative_kept = spec_kept_;
   st->speculative_undone = spec_undone_;

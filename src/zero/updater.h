@@ -42,6 +42,7 @@ struct OptimStates {
   bool speculated = false;
   void* spec_save = nullptr;
   void* spec_out = nullptr;
+  std::vector<uint8_t> spec_untouched;  // the parameters the speculative update left as they were
 };
 
 class Updater {
@@ -62,12 +63,19 @@ class Updater {
   // What the step divides the summed gradients by: ranks x micro-batches (x the fp16 loss scale).
   double grad_divisor() const;
 
-  Status speculate(ModuleId m);
+  // untouched: module m's parameters that got no gradient this step (on this rank), left as they are.
+  Status speculate(ModuleId m, const std::vector<uint8_t>& untouched);
   void unspeculate(ModuleId m);
   void unspeculate_all();
   // In step(): keeps the speculative updates when the step updates with the scale they assumed
   // (no clip, no overflow), else undoes them; fills st's speculative counts.
   void settle_speculation(bool overflow, float grad_scale, StepStats* st);
+
+  // Per module, the parameters no rank gave a gradient this step (empty: every one got one). The
+  // next update leaves them as they are: no moment update, no decay, no step, like
+  // torch.optim.AdamW for a parameter whose .grad is None. A speculative update that assumed
+  // otherwise is undone.
+  void set_untouched(std::vector<std::vector<uint8_t>> untouched);
 
   // The step is skipped (fp16 overflow): the chunks the swapper read ahead go.
   Status skip();
@@ -109,6 +117,8 @@ class Updater {
   Status update_error_;                          // a failed overlapped update: the joins after it return it
   std::unique_ptr<optim::CpuPool> update_pool_;  // the update's own threads
   std::unique_ptr<DeviceOps> update_ops_;        // kernels and copies of the update's thread
+
+  std::vector<std::vector<uint8_t>> untouched_;  // set_untouched(), for the next apply()
 
   // zoe.speculative_step.
   float spec_scale_ = 0.0f;

@@ -9,7 +9,7 @@ import torch.utils.checkpoint as tuc
 
 zoe = pytest.importorskip("zoe", reason="the zoe Python package is not built (PYTHONPATH=<build>/python)")
 
-from zoe_torch_models import GPT, clone, config, gpt_batches, train_torch, train_zoe  # noqa: E402
+from zoe_torch_models import GPT, Experts, clone, config, gpt_batches, train_torch, train_zoe  # noqa: E402
 
 STEPS = 4
 
@@ -152,4 +152,100 @@ def test_default_persistence_threshold_fits_a_small_budget(tmp_path):
     for a, b in zip(z, t):
         assert abs(a - b) <= 1e-5 * abs(b)
     assert max(s.high_water["device"] for s in stats) <= 384 << 10
+    eng.close()
+
+
+def _torch_steps(model, data, lr=3e-3, wd=0.1):
+    """torch.optim.AdamW over the parameters that require grad."""
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, betas=(0.9, 0.999),
+                            eps=1e-8, weight_decay=wd)
+    losses = []
+    for args in data:
+        opt.zero_grad(set_to_none=True)
+        loss = model(*args)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+PLACEMENTS = [dict(stage=3, opt="nvme", param="nvme"), dict(stage=2, opt="cpu", param="none"),
+              dict(stage=2, opt="cpu", param="none", speculative_step=True), dict(stage=1, opt="none", param="none")]
+
+
+@pytest.mark.parametrize("where", PLACEMENTS, ids=["s3-nvme", "s2-cpu", "s2-cpu-speculative", "s1-device"])
+def test_frozen_parameters_are_not_touched(where, tmp_path):
+    """requires_grad=False parameters (a frozen base, as with LoRA) keep their exact values with
+    weight decay on; the others match torch.optim.AdamW over the trainable ones."""
+    torch.manual_seed(0)
+    model = GPT()
+    for n, p in model.named_parameters():
+        if n.startswith(("wte", "h.0.", "h.2.attn")):
+            p.requires_grad_(False)
+    ref = clone(model)
+    frozen = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
+    data = gpt_batches(4)
+    eng = zoe.initialize(model, config=config(tmp_path, clip=0, **where))
+    z, _ = train_zoe(eng, data)
+    t = _torch_steps(ref, data)
+    for i, (a, b) in enumerate(zip(z, t)):
+        assert abs(a - b) <= 1e-5 * abs(b), f"step {i + 1}: zoe loss {a}, torch {b}"
+    got = eng.state_dict()
+    for n, v in frozen.items():
+        assert torch.equal(got[n], v), f"frozen parameter {n} changed"
+    want = ref.state_dict()
+    for n in want:
+        assert (got[n] - want[n]).abs().max().item() <= 2e-5, n
+    eng.close()
+
+
+def _torch_steps_global_count(model, data, lr=3e-3, wd=0.1):
+    """torch.optim.AdamW with one step count for every parameter (zoe's bias correction uses the
+    optimizer's step, as DeepSpeed's does; torch counts per parameter): a parameter whose .grad
+    is None is skipped, its moments kept, as torch does."""
+    params = list(model.parameters())
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=wd)
+    for p in params:
+        opt.state[p] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(p),
+                        "exp_avg_sq": torch.zeros_like(p)}
+    losses, snapshots = [], []
+    for k, args in enumerate(data):
+        opt.zero_grad(set_to_none=True)
+        loss = model(*args)
+        loss.backward()
+        for p in params:
+            opt.state[p]["step"] = torch.tensor(float(k))
+        opt.step()
+        losses.append(loss.item())
+        snapshots.append({n: v.detach().clone() for n, v in model.state_dict().items()})
+    return losses, snapshots
+
+
+@pytest.mark.parametrize("where", PLACEMENTS, ids=["s3-nvme", "s2-cpu", "s2-cpu-speculative", "s1-device"])
+def test_parameter_without_gradient_is_left_as_it_is(where, tmp_path):
+    """An expert that got no gradient in a step keeps its weights and moments, bit for bit (torch's
+    AdamW skips a parameter whose .grad is None; DeepSpeed zero-fills its gradient, which decays
+    it and moves it by its momentum): weights match torch's AdamW with the optimizer's step count
+    after steps that alternate experts."""
+    torch.manual_seed(0)
+    model = Experts()
+    ref = clone(model)
+    base = gpt_batches(6)
+    which = [0, 0, 1, 0, 1, 1]
+    data = [(x, y, w) for (x, y), w in zip(base, which)]
+    eng = zoe.initialize(model, config=config(tmp_path, clip=0, **where), unit_params=2000)
+    t, snaps = _torch_steps_global_count(ref, data)
+    before = eng.state_dict()
+    for k, args in enumerate(data):
+        loss = eng(*args)
+        eng.backward(loss)
+        eng.step()
+        assert abs(loss.item() - t[k]) <= 1e-5 * abs(t[k]), f"step {k + 1}: zoe loss {loss.item()}, torch {t[k]}"
+        got = eng.state_dict()
+        idle = f"moe.experts.{1 - which[k]}."
+        for n in got:
+            if n.startswith(idle):
+                assert torch.equal(got[n], before[n]), f"step {k + 1}: {n} moved without a gradient"
+            assert (got[n] - snaps[k][n]).abs().max().item() <= 2e-5, f"step {k + 1}: {n}"
+        before = got
     eng.close()

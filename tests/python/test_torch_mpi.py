@@ -18,35 +18,55 @@ HERE = Path(__file__).resolve().parent
 STEPS = 6
 
 
-def worker(out_dir):
+def expert_of(j):
+    """The expert micro-batch j goes through: 0 for the first of each step; the second's
+    alternates, so expert 1 gets a gradient on one rank only, or on none, in a step."""
+    return 0 if j % 2 == 0 else (j // 2) % 2
+
+
+def worker(out_dir, mode):
     sys.path.insert(0, str(HERE))
     import torch
 
     import zoe
-    from zoe_torch_models import config, gpt_batches, make_model
+    from zoe_torch_models import Experts, config, gpt_batches, make_model
 
     rank, world = zoe.rank_and_world()
     data = gpt_batches(2 * STEPS)
-    swap = Path(out_dir) / f"swap-{world}-{rank}"
+    if mode == "experts":
+        data = [(x, y, expert_of(j)) for j, (x, y) in enumerate(data)]
+    swap = Path(out_dir) / f"swap-{mode}-{world}-{rank}"
     swap.mkdir(parents=True, exist_ok=True)
-    eng = zoe.initialize(make_model("gpt"), config=config(swap, stage=3, gas=2 // world))
+    if mode == "experts":
+        torch.manual_seed(0)
+        model = Experts()
+        model.emb.weight.requires_grad_(False)
+        # Both experts in one unit: every rank reduces the same zoe modules in the same order.
+        eng = zoe.initialize(model, config=config(swap, stage=2, opt="cpu", param="none", gas=2 // world),
+                             zoe_units=[model.emb, model.moe, model.head])
+    else:
+        eng = zoe.initialize(make_model("gpt"), config=config(swap, stage=3, gas=2 // world))
     losses = []
     for k in range(STEPS):
         mine = data[2 * k:2 * k + 2] if world == 1 else [data[2 * k + rank]]
         total = 0.0
-        for x, y in mine:
-            loss = eng(x, y)
+        for args in mine:
+            loss = eng(*args)
             eng.backward(loss)
             eng.step()
             total += loss.item()
         losses.append(total / len(mine))
     weights = {n: t.reshape(-1).tolist() for n, t in eng.state_dict().items()}
-    with open(Path(out_dir) / f"w{world}-r{rank}.json", "w") as f:
+    with open(Path(out_dir) / f"{mode}-w{world}-r{rank}.json", "w") as f:
         json.dump({"losses": losses, "weights": weights}, f)
     del torch
 
 
-def test_two_ranks_match_one(tmp_path):
+@pytest.mark.parametrize("mode", ["gpt", "experts"])
+def test_two_ranks_match_one(mode, tmp_path):
+    """mode experts: an expert gets a gradient on one rank only in some steps, on none in others,
+    and the embedding is frozen: the ranks agree on which parameters a step leaves as they are
+    (each rank owns part of both experts' states at stage 2)."""
     mpirun = shutil.which("mpirun")
     if mpirun is None:
         pytest.skip("mpirun not installed (openmpi-bin)")
@@ -55,14 +75,14 @@ def test_two_ranks_match_one(tmp_path):
                PYTHONPATH=os.pathsep.join(p for p in [os.path.dirname(os.path.dirname(zoe.__file__)),
                                                       os.environ.get("PYTHONPATH", "")] if p))
     me = str(Path(__file__).resolve())
-    subprocess.run([sys.executable, me, str(tmp_path)], check=True, env=env, timeout=120)
+    subprocess.run([sys.executable, me, str(tmp_path), mode], check=True, env=env, timeout=120)
     p = subprocess.run([mpirun, "--oversubscribe", "--allow-run-as-root", "--bind-to", "none", "--mca", "btl",
-                        "self,vader", "-np", "2", sys.executable, me, str(tmp_path)], env=env, timeout=120,
+                        "self,vader", "-np", "2", sys.executable, me, str(tmp_path), mode], env=env, timeout=120,
                        capture_output=True, text=True)
     assert p.returncode == 0, p.stderr[-3000:]
-    one = json.loads((tmp_path / "w1-r0.json").read_text())
-    r0 = json.loads((tmp_path / "w2-r0.json").read_text())
-    r1 = json.loads((tmp_path / "w2-r1.json").read_text())
+    one = json.loads((tmp_path / f"{mode}-w1-r0.json").read_text())
+    r0 = json.loads((tmp_path / f"{mode}-w2-r0.json").read_text())
+    r1 = json.loads((tmp_path / f"{mode}-w2-r1.json").read_text())
     for k in range(STEPS):
         two = (r0["losses"][k] + r1["losses"][k]) / 2
         assert abs(two - one["losses"][k]) <= 1e-5 * abs(one["losses"][k]), f"step {k + 1}"
@@ -74,4 +94,4 @@ def test_two_ranks_match_one(tmp_path):
 
 
 if __name__ == "__main__":
-    worker(sys.argv[1])
+    worker(sys.argv[1], sys.argv[2])

@@ -57,6 +57,32 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
+class MoE(nn.Module):
+    """Two experts; a batch goes through one of them (the other gets no gradient, like an expert
+    no token reached)."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.experts = nn.ModuleList([nn.Linear(d, d) for _ in range(2)])
+
+    def forward(self, x, which):
+        return x + torch.tanh(self.experts[which](x))
+
+
+class Experts(nn.Module):
+    """An embedding, a two-expert layer and a head; `which` picks the expert of the step."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(64, 32)
+        self.moe = MoE(32)
+        self.head = nn.Linear(32, 64)
+
+    def forward(self, idx, targets, which):
+        logits = self.head(self.moe(self.emb(idx), which))
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
 class ConvNet(nn.Module):
     """A conv + MLP classifier (8x8 single-channel images, 10 classes)."""
 
