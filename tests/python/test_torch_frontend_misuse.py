@@ -173,7 +173,11 @@ PLACEMENTS = [dict(stage=3, opt="nvme", param="nvme"), dict(stage=2, opt="cpu", 
               dict(stage=2, opt="cpu", param="none", speculative_step=True), dict(stage=1, opt="none", param="none")]
 
 
-@pytest.mark.parametrize("where", PLACEMENTS, ids=["s3-nvme", "s2-cpu", "s2-cpu-speculative", "s1-device"])
+@pytest.mark.parametrize("where", PLACEMENTS + [dict(stage=3, opt="nvme", param="nvme", dtype="bf16"),
+                                   dict(stage=2, opt="cpu", param="none", dtype="bf16"),
+                                   dict(stage=1, opt="none", param="none", dtype="bf16")],
+                         ids=["s3-nvme", "s2-cpu", "s2-cpu-speculative", "s1-device", "s3-nvme-bf16", "s2-cpu-bf16",
+                              "s1-device-bf16"])
 def test_frozen_parameters_are_not_touched(where, tmp_path):
     """requires_grad=False parameters (a frozen base, as with LoRA) keep their exact values with
     weight decay on; the others match torch.optim.AdamW over the trainable ones."""
@@ -188,14 +192,18 @@ def test_frozen_parameters_are_not_touched(where, tmp_path):
     eng = zoe.initialize(model, config=config(tmp_path, clip=0, **where))
     z, _ = train_zoe(eng, data)
     t = _torch_steps(ref, data)
+    bf16 = where.get("dtype") == "bf16"
+    # bf16 against fp32 torch: losses as test_bf16_tracks_torch_fp32; each run moves a weight at most
+    # about lr per step, so the two differ by at most 2 x lr x steps.
+    tol, wtol = (2e-2, 2 * 3e-3 * len(data)) if bf16 else (1e-5, 2e-5)
     for i, (a, b) in enumerate(zip(z, t)):
-        assert abs(a - b) <= 1e-5 * abs(b), f"step {i + 1}: zoe loss {a}, torch {b}"
+        assert abs(a - b) <= tol * abs(b), f"step {i + 1}: zoe loss {a}, torch {b}"
     got = eng.state_dict()
     for n, v in frozen.items():
         assert torch.equal(got[n], v), f"frozen parameter {n} changed"
     want = ref.state_dict()
     for n in want:
-        assert (got[n] - want[n]).abs().max().item() <= 2e-5, n
+        assert (got[n] - want[n]).abs().max().item() <= wtol, n
     eng.close()
 
 
