@@ -87,6 +87,24 @@ class _UnitBoundary(torch.autograd.Function):
         return (None, None) + grads
 
 
+class _UnitInput(torch.autograd.Function):
+    """Identity on a unit's inputs; its backward runs once the unit's backward has produced the
+    gradients of its inputs: the unit's frozen modules (no gradient to wait for) are released."""
+
+    @staticmethod
+    def forward(ctx, engine_ref, unit_index, *tensors):
+        ctx.engine_ref = engine_ref
+        ctx.unit_index = unit_index
+        return tuple(t.detach() for t in tensors)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        eng = ctx.engine_ref()
+        if eng is not None:
+            eng._post_backward(ctx.unit_index)
+        return (None, None) + grads
+
+
 class _ZMod:
     """One zoe module: a unit's own parameters."""
 
@@ -286,7 +304,11 @@ class Engine:
         zm.refs += 1
         if zm.refs > 1:
             return
-        arrays = self._eng.fetch(zm.index)
+        try:
+            arrays = self._eng.fetch(zm.index)
+        except BaseException:
+            zm.refs -= 1  # not fetched: nothing to release
+            raise
         key = tuple(a.__array_interface__["data"][0] for a in arrays)
         if key != zm.cache_key:
             flat = []
@@ -310,7 +332,7 @@ class Engine:
             p.data = self._placeholder
         self._eng.release(zm.index)
 
-    def _pre_forward(self, ui):
+    def _pre_forward(self, ui, inputs=()):
         if not (self._in_forward or self._in_backward):
             raise ZoeError(f"zoe: the model's unit '{self._units[ui].name}' was called directly after "
                            "zoe.initialize(): its parameters live in zoe, which runs it only through the engine: "
@@ -325,6 +347,17 @@ class Engine:
                                    "and zoe.device, not with model.to()")
         for zi in self._units[ui].zmods:
             self._acquire(self._zmods[zi])
+        if torch.is_grad_enabled() and any(self._zmods[zi].n_grad == 0 for zi in self._units[ui].zmods):
+            return _wrap_inputs(weakref.ref(self), ui, inputs)
+        return None
+
+    def _post_backward(self, ui):
+        """The unit's backward has run: its modules with no gradient to wait for go."""
+        for zi in self._units[ui].zmods:
+            zm = self._zmods[zi]
+            if zm.n_grad == 0 and zm.bw_held:
+                zm.bw_held = False
+                self._release(zm)
 
     def _post_forward(self, ui, output):
         for zi in self._units[ui].zmods:
@@ -615,9 +648,23 @@ def _pre_hook(ref, ui):
     def hook(module, inputs):
         eng = ref()
         if eng is not None:
-            eng._pre_forward(ui)
+            return eng._pre_forward(ui, inputs)
+        return None
 
     return hook
+
+
+def _wrap_inputs(ref, ui, inputs):
+    """The positional inputs with those that require grad passed through one _UnitInput (None
+    when none does: nothing to wrap)."""
+    at = [i for i, x in enumerate(inputs) if isinstance(x, torch.Tensor) and x.requires_grad]
+    if not at:
+        return None
+    wrapped = _UnitInput.apply(ref, ui, *[inputs[i] for i in at])
+    out = list(inputs)
+    for i, w in zip(at, wrapped):
+        out[i] = w
+    return tuple(out)
 
 
 def _post_hook(ref, ui):
