@@ -20,6 +20,7 @@ import os
 import weakref
 from collections import OrderedDict
 
+import numpy as np
 import torch
 import torch.nn as nn
 
@@ -158,6 +159,7 @@ class Engine:
         self.module = model
         self.rank = self._eng.rank
         self.world_size = self._eng.world_size
+        _check_launcher(self.world_size, force_local)
         self.gradient_accumulation_steps = self._eng.gradient_accumulation_steps()
         self._micro_steps = 0        # backward() calls so far
         self._pending_backward = 0   # backward() calls since the last update
@@ -247,21 +249,28 @@ class Engine:
         self._placeholder = torch.empty(0, dtype=self._dtype)
 
         values = {}
+        failed = []  # an error of the callback: raised here, after the engine's call returns
 
         def init(mi, pi):
             if pi == 0:
                 values.clear()
                 zm = self._zmods[mi]
-                if any(id(p) in self._meta_shapes for p in zm.params):
-                    self._materialize(zm, init_fn)
-                for i, p in enumerate(zm.params):
-                    values[i] = p.detach().to("cpu", torch.float32).reshape(-1).numpy()
+                try:
+                    if not failed and any(id(p) in self._meta_shapes for p in zm.params):
+                        self._materialize(zm, init_fn)
+                except Exception as e:  # noqa: BLE001 (re-raised below, as it was)
+                    failed.append(e)
+                for i, (p, s) in enumerate(zip(zm.params, zm.shapes)):
+                    values[i] = (p.detach().to("cpu", torch.float32).reshape(-1).numpy() if not failed else
+                                 np.zeros(max(1, int(np.prod(s))), dtype=np.float32))
                 for p in zm.params:  # the model's copy goes: zoe holds the parameters now
                     p.data = self._placeholder
             return values[pi]
 
         self._eng.initialize(init)
         values.clear()
+        if failed:
+            raise failed[0]
         # AccumulateGrad post-hooks, created while each parameter has its real shape and dtype (the
         # node records them and checks every gradient against them); the nodes are kept alive.
         with torch.enable_grad():
@@ -289,13 +298,23 @@ class Engine:
         every submodule when given, else each submodule's reset_parameters()."""
         unit = next(u for u in self._units if u.zmods and u.zmods[0] == zm.index)
         mods = [unit.module] if unit.direct else list(unit.module.modules())
+        meta = [(n, p) for n, p in zip(zm.names, zm.params) if id(p) in self._meta_shapes]
         for p, shape in zip(zm.params, zm.shapes):
-            p.data = torch.empty(shape, dtype=p.dtype)
+            # NaN until an initializer writes it: a parameter nothing initialises is found below.
+            p.data = torch.full(shape, float("nan"), dtype=p.dtype)
         for m in mods:
             if init_fn is not None:
                 init_fn(m)
             elif hasattr(m, "reset_parameters"):
                 m.reset_parameters()
+        for n, p in meta:
+            if p.is_floating_point() and bool(torch.isnan(p.data).any()):
+                how = "init_fn left it (or part of it) unset" if init_fn is not None else \
+                    "no reset_parameters() of its module covers it"
+                raise ZoeError(f"zoe.initialize: parameter '{self._torch_names[f'{zm.name}.{n}']}' was built on "
+                               f"the meta device and nothing gave it values ({how}): pass "
+                               "init_fn=lambda module: ... that initialises every parameter of a module, or "
+                               "build the model on the CPU")
 
     # ---------------------------------------------------------------------------------------
     # Fetch / release
@@ -630,6 +649,18 @@ class Engine:
             while zm.refs > 0:
                 self._release(zm)
             zm.bw_held = False
+
+
+def _check_launcher(world, force_local):
+    """torchrun (or torch.distributed.launch) sets WORLD_SIZE; zoe's ranks come from MPI. Several
+    processes that each find an MPI world of one would each train alone on their own data."""
+    env = os.environ.get("WORLD_SIZE", "")
+    if force_local or world != 1 or not env.isdigit() or int(env) <= 1:
+        return
+    raise ZoeError(f"zoe.initialize: WORLD_SIZE={env} is set (torchrun or torch.distributed.launch), but this "
+                   "process is rank 0 of 1: zoe's ranks come from MPI, so each process would train alone. Launch "
+                   f"with MPI instead: mpirun -np {env} python your_script.py (one process per device; see "
+                   "python/README.md)")
 
 
 def _describe(x):

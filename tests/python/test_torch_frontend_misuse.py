@@ -281,3 +281,44 @@ def test_frozen_units_are_released_after_their_backward(tmp_path):
         assert abs(a - b) <= 1e-5 * abs(b), f"step {i + 1}: zoe loss {a}, torch {b}"
     assert max(s.high_water["device"] for s in stats) <= budget
     eng.close()
+
+
+class _NoInit(torch.nn.Module):
+    """A module with a parameter of its own and no reset_parameters(), built on the meta device."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.empty(32, device="meta"))
+        self.lin = torch.nn.Linear(32, 32, device="meta")
+
+    def forward(self, x):
+        return (self.lin(x) * self.scale).sum()
+
+
+def test_meta_parameter_nothing_initialises_is_refused(tmp_path):
+    """A meta-device parameter that no reset_parameters() and no init_fn gives values would train
+    from uninitialised memory: refused, naming it; with an init_fn that covers it, it trains."""
+    with pytest.raises(zoe.ZoeError, match=r"parameter 'scale' was built on the meta device"):
+        zoe.initialize(_NoInit(), config=config(tmp_path, stage=3, opt="none", param="none"))
+
+    def init_fn(m):
+        if isinstance(m, _NoInit):
+            torch.nn.init.ones_(m.scale)
+        if isinstance(m, torch.nn.Linear):
+            m.reset_parameters()
+
+    eng = zoe.initialize(_NoInit(), config=config(tmp_path, stage=3, opt="none", param="none"), init_fn=init_fn)
+    assert torch.equal(eng.state_dict()["scale"], torch.ones(32))
+    loss = eng(torch.randn(4, 32))
+    eng.backward(loss)
+    assert eng.step().stepped
+    eng.close()
+
+
+def test_torchrun_environment_without_mpi_is_refused(tmp_path, monkeypatch):
+    """WORLD_SIZE from torchrun with an MPI world of one: each process would train alone."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(zoe.ZoeError, match=r"WORLD_SIZE=2 .* mpirun -np 2"):
+        zoe.initialize(GPT(), config=config(tmp_path))
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    zoe.initialize(GPT(), config=config(tmp_path)).close()
