@@ -2,6 +2,7 @@
 #include "export/hf_gpt2.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -10,6 +11,7 @@
 #include "checkpoint/safetensors_export.h"
 #include "model/gpt.h"
 #include "model/kernels.h"
+#include "zoe/files.h"
 
 namespace zoe::ckpt {
 namespace {
@@ -115,6 +117,15 @@ Status export_hf_gpt2(const Reader& r, const std::string& out_dir, const HfGpt2O
   if (dtype != "fp32" && dtype != "bf16" && dtype != "fp16") {
     return invalid_argument("hf-gpt2 export: dtype '%s': expected fp32, bf16 or fp16", o.dtype.c_str());
   }
+  // Nothing is written inside a checkpoint save directory, the output directory itself included.
+  const std::string ck =
+      checkpoint_dir_containing(access(out_dir.c_str(), F_OK) == 0 ? out_dir : detail::parent_dir(out_dir));
+  if (!ck.empty()) {
+    return invalid_argument(
+        "hf-gpt2 export: --out %s lies inside the checkpoint save directory %s: zoe writes nothing else "
+        "there; choose a directory outside it",
+        out_dir.c_str(), ck.c_str());
+  }
   struct stat st;
   if (stat(out_dir.c_str(), &st) == 0) {
     if (!S_ISDIR(st.st_mode)) {
@@ -139,7 +150,7 @@ Status export_hf_gpt2(const Reader& r, const std::string& out_dir, const HfGpt2O
   ZOE_RETURN_IF_ERROR(
       detail::write_safetensors(r, out_dir + "/model.safetensors", dtype, tensors, meta, o.piece_bytes));
   const std::string config = hf_gpt2_config(dims, o.n_head, dtype).dump(2) + "\n";
-  return detail::write_file_atomic(out_dir + "/config.json", config)
+  return write_output_file(out_dir + "/config.json", config, "output file")
       .with_context("writing the hf-gpt2 config of checkpoint " + r.path());
 }
 

@@ -248,14 +248,15 @@ TEST(TrainInput, PlotWritesAPngOfTheRun) {
   json j = run_json("--eval-every 2 --plot " + d.file("loss.png"), 4);
   ASSERT_FALSE(j.is_null());
   EXPECT_EQ(png_size(d.file("loss.png")), std::make_pair(uint32_t{1200}, uint32_t{800}));
-  // An unwritable destination fails with the path named, after the run.
+  // An unwritable destination fails with the path named, before the run.
   CmdResult r = zoe(kTiny1 + "--plot " + d.path() + "/no/such/dir/loss.png");
   EXPECT_EQ(r.rc, 1) << r.err;
   EXPECT_HAS(r.err, "--plot " + d.path() + "/no/such/dir/loss.png");
 }
 
 TEST(TrainInput, TaskChoosesTheBuiltInCorpus) {
-  json add = run_json("--dump-batches /dev/null --eval-every 1", 1);
+  zoe::test::ScratchDir d("task");
+  json add = run_json("--dump-batches " + d.file("batches.jsonl") + " --eval-every 1", 1);
   json add2 = run_json("--task add2 --eval-every 1", 1);
   ASSERT_FALSE(add.is_null());
   ASSERT_FALSE(add2.is_null());
