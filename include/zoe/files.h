@@ -28,6 +28,11 @@ namespace zoe {
 // not a directory; kNotFound when its directory does not exist.
 Status check_output_path(const std::string& path, const std::string& what);
 
+// Whether `dir` may be made (or used) as an output directory `what` that files are written into:
+// it is a directory or nothing, and neither it nor its parent lies inside a checkpoint save
+// directory or a checkpoint. kInvalidArgument naming `what` and the path otherwise.
+Status check_output_dir(const std::string& dir, const std::string& what);
+
 // The checkpoint save directory (a directory holding zoe's lock file, or a `latest` that names a
 // checkpoint in it) that `dir` is or lies inside, else the checkpoint (a directory holding
 // manifest.json with manifest.xxh64 or rank-00000.bin) that it is or lies inside; "" when none.

@@ -227,6 +227,10 @@ void add_consolidate(CLI::App& ckpt) {
       fail(invalid_argument("--format %s: expected safetensors or hf-gpt2", o->format.c_str()));
     }
     if (o->format == "safetensors") check_output_flag("--out", o->out);
+    if (o->format == "hf-gpt2") {
+      Status ds = check_output_dir(o->out, "--out");
+      if (!ds.is_ok()) fail(ds);
+    }
     auto r = value_or_fail(ckpt::Reader::open(o->dir));
     uint64_t params = 0;
     for (const auto& m : r->manifest().modules) params += m.params.size();

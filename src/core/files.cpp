@@ -65,7 +65,8 @@ bool is_checkpoint(const std::string& d) {
 
 Status not_regular(const std::string& what, const std::string& path, mode_t mode, const char* doing) {
   return Status(StatusCode::kInvalidArgument, what + " " + path + " is " + kind_of(mode) +
-                                                  ", not a regular file: zoe " + doing + " only a regular file");
+                                                  ", not a regular file: zoe " + doing +
+                                                  " only a regular file");
 }
 
 // The output's target is a regular file or nothing, in a directory outside every checkpoint.
@@ -113,8 +114,9 @@ Result<std::string> output_target(const std::string& path, const std::string& wh
   std::string t(target, static_cast<size_t>(n));
   if (t[0] != '/') t = dir_of(path) + "/" + t;
   if (realpath(dir_of(t).c_str(), buf) == nullptr) {
-    return Status(StatusCode::kNotFound, what + " " + path + " is a symbolic link to " + t +
-                                             ", whose directory does not exist", ENOENT);
+    return Status(StatusCode::kNotFound,
+                  what + " " + path + " is a symbolic link to " + t + ", whose directory does not exist",
+                  ENOENT);
   }
   return std::string(buf) + "/" + base_of(t);
 }
@@ -136,6 +138,23 @@ std::string checkpoint_dir_containing(const std::string& dir) {
 Status check_output_path(const std::string& path, const std::string& what) {
   ZOE_ASSIGN_OR_RETURN(std::string target, output_target(path, what));
   return check_target(target, path, what);
+}
+
+Status check_output_dir(const std::string& dir, const std::string& what) {
+  if (dir.empty()) return invalid_argument("%s: an empty path", what.c_str());
+  struct stat st;
+  const bool exists = stat(dir.c_str(), &st) == 0;
+  if (exists && !S_ISDIR(st.st_mode)) {
+    return invalid_argument("%s %s is %s, not a directory", what.c_str(), dir.c_str(), kind_of(st.st_mode));
+  }
+  const std::string ck = checkpoint_dir_containing(exists ? dir : dir_of(dir));
+  if (!ck.empty()) {
+    return invalid_argument(
+        "%s %s lies inside the checkpoint save directory %s: zoe writes nothing else there; choose a "
+        "directory outside it",
+        what.c_str(), dir.c_str(), ck.c_str());
+  }
+  return Status::ok();
 }
 
 Result<OutputFile> OutputFile::create(const std::string& path, const std::string& what) {
@@ -162,7 +181,10 @@ Result<OutputFile> OutputFile::create(const std::string& path, const std::string
 }
 
 OutputFile::OutputFile(OutputFile&& o) noexcept
-    : fd_(o.fd_), path_(std::move(o.path_)), temp_(std::move(o.temp_)), what_(std::move(o.what_)),
+    : fd_(o.fd_),
+      path_(std::move(o.path_)),
+      temp_(std::move(o.temp_)),
+      what_(std::move(o.what_)),
       pending_(o.pending_) {
   o.fd_ = -1;
   o.pending_ = false;
@@ -279,8 +301,9 @@ Result<std::string> read_input_file(const std::string& path, const std::string& 
   struct stat st;
   if (fstat(fd, &st) != 0) return sys_error("fstat " + what, path, errno);
   auto too_big = [&](const std::string& size) {
-    return invalid_argument("%s %s holds %smore than the %" PRIu64 " bytes (%s) zoe reads from it", what.c_str(),
-                            path.c_str(), size.c_str(), max_bytes, format_bytes(max_bytes).c_str());
+    return invalid_argument("%s %s holds %smore than the %" PRIu64 " bytes (%s) zoe reads from it",
+                            what.c_str(), path.c_str(), size.c_str(), max_bytes,
+                            format_bytes(max_bytes).c_str());
   };
   const auto size = static_cast<uint64_t>(st.st_size);
   if (size > max_bytes) return too_big(std::to_string(size) + " bytes (" + format_bytes(size) + "): ");

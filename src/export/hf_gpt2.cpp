@@ -2,7 +2,6 @@
 #include "export/hf_gpt2.h"
 
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -108,6 +107,8 @@ nlohmann::json hf_gpt2_config(const GptDims& d, int n_head, const std::string& d
 }
 
 Status export_hf_gpt2(const Reader& r, const std::string& out_dir, const HfGpt2Options& o) {
+  // A directory or nothing, outside every checkpoint save directory (zoe/files.h).
+  ZOE_RETURN_IF_ERROR(check_output_dir(out_dir, "hf-gpt2 export: --out"));
   ZOE_ASSIGN_OR_RETURN(GptDims dims, gpt_dims(r.manifest(), "checkpoint " + r.path()));
   if (o.n_head < 1 || dims.n_embd % o.n_head != 0) {
     return invalid_argument("hf-gpt2 export of %s: n_head %d: expected a divisor of n_embd %d",
@@ -117,21 +118,8 @@ Status export_hf_gpt2(const Reader& r, const std::string& out_dir, const HfGpt2O
   if (dtype != "fp32" && dtype != "bf16" && dtype != "fp16") {
     return invalid_argument("hf-gpt2 export: dtype '%s': expected fp32, bf16 or fp16", o.dtype.c_str());
   }
-  // Nothing is written inside a checkpoint save directory, the output directory itself included.
-  const std::string ck =
-      checkpoint_dir_containing(access(out_dir.c_str(), F_OK) == 0 ? out_dir : detail::parent_dir(out_dir));
-  if (!ck.empty()) {
-    return invalid_argument(
-        "hf-gpt2 export: --out %s lies inside the checkpoint save directory %s: zoe writes nothing else "
-        "there; choose a directory outside it",
-        out_dir.c_str(), ck.c_str());
-  }
   struct stat st;
-  if (stat(out_dir.c_str(), &st) == 0) {
-    if (!S_ISDIR(st.st_mode)) {
-      return invalid_argument("hf-gpt2 export: --out %s exists and is not a directory", out_dir.c_str());
-    }
-  } else if (mkdir(out_dir.c_str(), 0755) != 0) {
+  if (stat(out_dir.c_str(), &st) != 0 && mkdir(out_dir.c_str(), 0755) != 0) {
     return sys_error("mkdir (the hf-gpt2 output directory)", out_dir, errno);
   }
   std::vector<detail::ExportTensor> tensors;
