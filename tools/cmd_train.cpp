@@ -168,9 +168,12 @@ void TrainRun::load_data() {
         static_cast<size_t>(std::min<uint64_t>(uint64_t{1} << 30, avail ? avail / 4 : uint64_t{1} << 30));
     auto c = data::load_text_file(o.data, static_cast<size_t>(T), 0.05, cap);
     if (!c.is_ok()) {
+      // The cap explained where it was the reason; "--data" otherwise.
+      const bool over_cap = c.status().message().find("more than the") != std::string::npos;
       fail(c.status().with_context(
-          fmt("--data: the limit is a quarter of the host's available memory (%s), at most 1 GiB",
-              format_bytes(avail).c_str())));
+          over_cap ? fmt("--data: the limit is a quarter of the host's available memory (%s), at most 1 GiB",
+                         format_bytes(avail).c_str())
+                   : std::string("--data")));
     }
     corpus = std::move(c).value();
   } else {

@@ -63,17 +63,20 @@ bool is_checkpoint(const std::string& d) {
          (exists_l(d + "/" + ckpt::kManifestChecksumName) || exists_l(d + "/" + ckpt::kFirstRankFileName));
 }
 
-Status not_regular(const std::string& what, const std::string& path, mode_t mode, const char* doing) {
-  return Status(StatusCode::kInvalidArgument, what + " " + path + " is " + kind_of(mode) +
-                                                  ", not a regular file: zoe " + doing +
-                                                  " only a regular file");
+constexpr char kReadsOnly[] = "zoe reads only regular files";
+constexpr char kWritesOnly[] =
+    "zoe writes its outputs only to regular files, which it replaces once complete";
+
+Status not_regular(const std::string& what, const std::string& path, mode_t mode, const char* why) {
+  return Status(StatusCode::kInvalidArgument,
+                what + " " + path + " is " + kind_of(mode) + ", not a regular file: " + why);
 }
 
 // The output's target is a regular file or nothing, in a directory outside every checkpoint.
 Status check_target(const std::string& target, const std::string& shown, const std::string& what) {
   struct stat st;
   if (lstat(target.c_str(), &st) == 0) {
-    if (!S_ISREG(st.st_mode)) return not_regular(what, shown, st.st_mode, "writes its output to");
+    if (!S_ISREG(st.st_mode)) return not_regular(what, shown, st.st_mode, kWritesOnly);
   } else if (errno != ENOENT) {
     return sys_error("stat " + what, target, errno);
   }
@@ -273,14 +276,14 @@ Result<int> open_input_file(const std::string& path, const std::string& what) {
     if (errno == ENOENT) return Status(StatusCode::kNotFound, what + " " + path + " does not exist", ENOENT);
     return sys_error("stat " + what, path, errno);
   }
-  if (!S_ISREG(st.st_mode)) return not_regular(what, path, st.st_mode, "reads it from");
+  if (!S_ISREG(st.st_mode)) return not_regular(what, path, st.st_mode, kReadsOnly);
   // O_NONBLOCK: should a FIFO have taken the file's place since, the open does not wait for a writer.
   int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) return sys_error("open " + what, path, errno);
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     const int err = errno;
     close(fd);
-    if (!S_ISREG(st.st_mode)) return not_regular(what, path, st.st_mode, "reads it from");
+    if (!S_ISREG(st.st_mode)) return not_regular(what, path, st.st_mode, kReadsOnly);
     return sys_error("fstat " + what, path, err);
   }
   const int flags = fcntl(fd, F_GETFL);
