@@ -120,6 +120,20 @@ TEST(OutputFile, RefusesWhatIsNotARegularFileAndLeavesItAsItWas) {
   EXPECT_HAS(s.message(), "--plot " + d.file("no/such/out") + ": its directory");
 }
 
+// A FIFO that appears at the path while the output is written is not renamed over either.
+TEST(OutputFile, CommitChecksThePathAgain) {
+  ScratchDir d("files");
+  const std::string p = d.file("out");
+  auto f = zoe::OutputFile::create(p, "--trace");
+  ASSERT_TRUE(f.is_ok());
+  ASSERT_TRUE(f.value().write("x").is_ok());
+  ASSERT_EQ(mkfifo(p.c_str(), 0644), 0);
+  zoe::Status s = f.value().commit();
+  EXPECT_HAS(s.message(), "--trace " + p + " is a FIFO (named pipe), not a regular file");
+  EXPECT_EQ(type_of(p), static_cast<mode_t>(S_IFIFO));
+  EXPECT_EQ(entries(d.path()), std::vector<std::string>{"out"});
+}
+
 TEST(OutputFile, RefusesAPathInsideACheckpointSaveDirectory) {
   ScratchDir d("files");
   const std::string save = d.file("save");
