@@ -168,9 +168,12 @@ void TrainRun::load_data() {
         static_cast<size_t>(std::min<uint64_t>(uint64_t{1} << 30, avail ? avail / 4 : uint64_t{1} << 30));
     auto c = data::load_text_file(o.data, static_cast<size_t>(T), 0.05, cap);
     if (!c.is_ok()) {
+      // The cap explained where it was the reason; "--data" otherwise.
+      const bool over_cap = c.status().message().find("more than the") != std::string::npos;
       fail(c.status().with_context(
-          fmt("--data: the limit is a quarter of the host's available memory (%s), at most 1 GiB",
-              format_bytes(avail).c_str())));
+          over_cap ? fmt("--data: the limit is a quarter of the host's available memory (%s), at most 1 GiB",
+                         format_bytes(avail).c_str())
+                   : std::string("--data")));
     }
     corpus = std::move(c).value();
   } else {
@@ -180,15 +183,17 @@ void TrainRun::load_data() {
 
 // The engine, the model's modules registered and initialised from --seed.
 void TrainRun::build_engine() {
-  dump.emplace(o.dump_batches.empty()
-                   ? ""
-                   : o.dump_batches + (rt->world_size() > 1 ? "." + std::to_string(rt->rank()) : ""));
   eng = value_or_fail(Engine::create(*rt, cfg));
   // A second job saving into the same --save-dir is refused now, not at its first save.
   if (!o.save_dir.empty()) {
     Status cs = eng->claim_save_dir(o.save_dir);
     if (!cs.is_ok()) fail(cs);
   }
+  // The outputs, checked once --save-dir is claimed (none may lie inside it), before training.
+  const std::string suffix = rt->world_size() > 1 ? "." + std::to_string(rt->rank()) : "";
+  dump.emplace(o.dump_batches.empty() ? "" : o.dump_batches + suffix);
+  if (!o.trace.empty()) check_output_flag("--trace", o.trace + suffix);
+  if (lead) check_output_flag("--plot", o.plot);
   if (!o.trace.empty()) eng->enable_trace(true);
   {
     Status s = model::add_gpt_modules(*eng, mc);
@@ -309,6 +314,7 @@ void TrainRun::stop_if_asked(int done) {
   Status fs = eng->finish_save();
   progress->done();
   if (!fs.is_ok()) fail(fs.with_context("the last checkpoint, while stopping"));
+  dump->close();  // the batches of the steps that ran
   eng.reset();
   throw CommandError{
       Status(StatusCode::kCancelled, fmt("stopped by %s after step %d of %d%s",
@@ -450,7 +456,7 @@ void TrainRun::finish() {
   if (sample_n > 0) take_sample(o.steps);
   if (!o.trace.empty()) {
     Status ts = eng->write_trace(o.trace + (rt->world_size() > 1 ? "." + std::to_string(rt->rank()) : ""));
-    if (!ts.is_ok()) fail(ts);
+    if (!ts.is_ok()) fail(ts.with_context("--trace"));
   }
 }
 

@@ -5,61 +5,63 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "model/gpt_trainer.h"
 #include "zoe/cli.h"
+#include "zoe/files.h"
 #include "zoe/zoe.h"
 
 namespace zoe::cli {
 
 // --dump-batches: one JSON object per line for each micro-batch trained on, in order, so that
-// another framework can feed the same tokens (format in docs/train-json.md).
+// another framework can feed the same tokens (format in docs/train-json.md). Written through
+// zoe/files.h's OutputFile: the file appears at close(), whole; a run that fails leaves no file
+// (and whatever was at the path before).
 class BatchDump {
  public:
-  // path "" writes nothing. Errors name the file.
-  explicit BatchDump(const std::string& path) : path_(path) {
-    if (path.empty()) return;
-    f_ = fopen(path.c_str(), "w");
-    if (!f_) fail(sys_error("create --dump-batches file", path, errno));
+  // path "" writes nothing. Errors name the flag and the file.
+  explicit BatchDump(const std::string& path) {
+    if (!path.empty()) out_.emplace(value_or_fail(OutputFile::create(path, "--dump-batches")));
   }
-  ~BatchDump() {
-    if (f_) fclose(f_);
-  }
-  BatchDump(const BatchDump&) = delete;
-  BatchDump& operator=(const BatchDump&) = delete;
   void write(int step, int rank, int micro, int batch, int T, const std::vector<int32_t>& tokens,
              const std::vector<int32_t>& targets) {
-    if (!f_) return;
-    fprintf(f_, "{\"step\":%d,\"rank\":%d,\"micro\":%d,\"batch\":%d,\"seq\":%d", step, rank, micro, batch, T);
+    if (!out_) return;
+    buf_ += fmt("{\"step\":%d,\"rank\":%d,\"micro\":%d,\"batch\":%d,\"seq\":%d", step, rank, micro, batch, T);
     auto rows = [&](const char* key, const std::vector<int32_t>& v) {
-      fprintf(f_, ",\"%s\":[", key);
+      buf_ += fmt(",\"%s\":[", key);
       for (int b = 0; b < batch; ++b) {
-        fputs(b ? ",[" : "[", f_);
+        buf_ += b ? ",[" : "[";
         for (int t = 0; t < T; ++t) {
-          fprintf(f_, t ? ",%d" : "%d", v[static_cast<size_t>(b) * static_cast<size_t>(T) + t]);
+          buf_ += fmt(t ? ",%d" : "%d", v[static_cast<size_t>(b) * static_cast<size_t>(T) + t]);
         }
-        fputc(']', f_);
+        buf_ += ']';
       }
-      fputc(']', f_);
+      buf_ += ']';
     };
     rows("tokens", tokens);
     rows("targets", targets);
-    fputs("}\n", f_);
-    if (ferror(f_)) fail(sys_error("write --dump-batches file", path_, errno));
+    buf_ += "}\n";
+    if (buf_.size() >= (1u << 20)) flush();
   }
   void close() {
-    if (!f_) return;
-    const bool bad = ferror(f_) != 0;
-    const int rc = fclose(f_);
-    f_ = nullptr;
-    if (bad || rc != 0) fail(sys_error("write --dump-batches file", path_, errno));
+    if (!out_) return;
+    flush();
+    Status s = out_->commit();
+    out_.reset();
+    if (!s.is_ok()) fail(s);
   }
 
  private:
-  std::string path_;
-  FILE* f_ = nullptr;
+  void flush() {
+    Status s = out_->write(buf_);
+    buf_.clear();
+    if (!s.is_ok()) fail(s);
+  }
+  std::optional<OutputFile> out_;
+  std::string buf_;
 };
 
 // Bytes as printable ASCII: control bytes other than a line break and bytes >= 0x7f as \xNN.

@@ -42,6 +42,9 @@ struct CommandError {
 void check_flag_range(const char* flag, int64_t value, int64_t min, int64_t max);
 // An unsigned integer flag given as text (CLI11 wraps "-1" into an unsigned): digits only.
 uint64_t parse_uint_flag(const char* flag, const std::string& text);
+// An output flag's path, checked before a long run (zoe/files.h's check_output_path: a regular file
+// or nothing, outside every checkpoint save directory): fails naming the flag. "" passes.
+void check_output_flag(const char* flag, const std::string& path);
 template <typename T>
 T value_or_fail(Result<T> r) {
   if (!r.is_ok()) fail(r.status());
@@ -108,7 +111,8 @@ struct PlotSize {
 // zoe was built from, else <the program's directory>/zoe_plot.py. Blocks until the PNG is
 // written. Errors: no interpreter or script (kNotFound, naming the path and the Debian package),
 // matplotlib missing (kUnsupported, naming python3-matplotlib), any other failure of the script
-// (kInternal with its stderr).
+// (kInternal with its stderr). The PNG is written through zoe/files.h's OutputFile: only over a
+// regular file, never inside a checkpoint save directory, whole or not at all.
 Status write_plot(const std::string& kind, const std::string& json_text, const std::string& png_path,
                   PlotSize size = {});
 // Whether write_plot can work here (interpreter, script, matplotlib), so that a command asked to

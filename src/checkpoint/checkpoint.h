@@ -33,6 +33,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/checkpoint_names.h"  // kManifestName, kLatestName, kLockName, ...
 #include "zoe/status.h"
 
 namespace zoe::ckpt {
@@ -43,9 +44,6 @@ inline constexpr uint64_t kTensorAlign = 4096;  // every tensor starts at a mult
 // trainer sections are free-form; the rest is 4 levels deep).
 inline constexpr uint64_t kManifestMaxBytes = 256ull << 20;
 inline constexpr int kManifestMaxDepth = 64;
-inline constexpr char kManifestName[] = "manifest.json";
-inline constexpr char kManifestChecksumName[] = "manifest.xxh64";
-inline constexpr char kLockName[] = ".zoe-lock";
 
 // Element types stored: "f32", "bf16", "f16". 0 for anything else.
 size_t dtype_bytes(const std::string& dtype);

@@ -13,6 +13,7 @@
 #include "checkpoint/file_util.h"
 #include "checkpoint/safetensors_export.h"
 #include "core/dtype.h"
+#include "zoe/files.h"
 
 namespace zoe::ckpt {
 namespace detail {
@@ -225,9 +226,11 @@ Status write_safetensors(const Reader& r, const std::string& out_path, const std
   unsigned char len_le[8];
   for (int i = 0; i < 8; ++i) len_le[i] = static_cast<unsigned char>(hlen >> (8 * i));
 
-  std::string tmp = out_path + ".tmp-" + std::to_string(getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return sys_error("create", tmp, errno);
+  // Through a temporary beside out_path, renamed over it when complete (only over a regular
+  // file, never inside a checkpoint save directory: zoe/files.h).
+  ZOE_ASSIGN_OR_RETURN(OutputFile file, OutputFile::create(out_path, "output file"));
+  const int fd = file.fd();
+  const std::string& tmp = file.temp_path();
   auto body = [&]() -> Status {
     uint64_t off = 0;
     ZOE_RETURN_IF_ERROR(pwrite_all(fd, tmp, len_le, 8, off));
@@ -238,19 +241,10 @@ Status write_safetensors(const Reader& r, const std::string& out_path, const std
     for (size_t fi = 0; fi < m.files.size(); ++fi) {
       ZOE_RETURN_IF_ERROR(copy_rank_file(r, fi, kind, l, piece_bytes, &out));
     }
-    ZOE_RETURN_IF_ERROR(fsync_fd(fd, tmp));
-    int f = fd;
-    fd = -1;
-    if (close(f) != 0) return sys_error("close", tmp, errno);
-    if (rename(tmp.c_str(), out_path.c_str()) != 0) return sys_error("rename to " + out_path, tmp, errno);
-    return fsync_dir(parent_dir(out_path));
+    return file.commit();
   };
   Status s = body();
-  if (fd >= 0) close(fd);
-  if (!s.is_ok()) {
-    unlink(tmp.c_str());
-    return std::move(s).with_context("writing " + out_path + " from checkpoint " + r.path());
-  }
+  if (!s.is_ok()) return std::move(s).with_context("writing " + out_path + " from checkpoint " + r.path());
   return Status::ok();
 }
 

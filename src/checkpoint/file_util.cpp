@@ -13,6 +13,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "core/dtype.h"
+#include "zoe/files.h"
 
 namespace zoe::ckpt::detail {
 
@@ -88,12 +89,11 @@ Status write_file_atomic(const std::string& path, const std::string& text) {
 }
 
 Result<std::string> read_small_file(const std::string& path, uint64_t max_bytes) {
-  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return sys_error("open", path, errno);
+  // A FIFO in the file's place would block a plain open forever: refused, as a device is.
+  ZOE_ASSIGN_OR_RETURN(int fd, open_input_file(path, "checkpoint file"));
   FdGuard g(fd);
   struct stat st;
   if (fstat(fd, &st) != 0) return sys_error("fstat", path, errno);
-  if (S_ISDIR(st.st_mode)) return corruption("%s is a directory, not a file", path.c_str());
   if (static_cast<uint64_t>(st.st_size) > max_bytes) {
     return corruption("%s has %" PRIu64 " bytes, more than the %" PRIu64 " such a file may have (corrupted?)",
                       path.c_str(), static_cast<uint64_t>(st.st_size), max_bytes);

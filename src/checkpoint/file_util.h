@@ -22,7 +22,8 @@ Status fsync_dir(const std::string& dir);
 // Writes `text` to `path` through `path`.tmp-<pid>: write, fsync, rename, fsync the parent.
 Status write_file_atomic(const std::string& path, const std::string& text);
 // The whole file; one larger than max_bytes is kCorruption (naming its size and the cap) and is
-// not read.
+// not read. Anything but a regular file (a FIFO, a device, a directory) is refused without
+// blocking (zoe/files.h's open_input_file).
 Result<std::string> read_small_file(const std::string& path, uint64_t max_bytes);
 std::string hex64(uint64_t v);        // 16 lower-case hex digits
 bool is_hex64(const std::string& s);  // 16 lower-case hex digits?

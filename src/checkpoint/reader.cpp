@@ -14,6 +14,7 @@
 #include "checkpoint/file_util.h"
 #include "checkpoint/xxh64.h"
 #include "core/dtype.h"
+#include "zoe/files.h"
 
 namespace zoe::ckpt {
 
@@ -103,14 +104,15 @@ Result<std::unique_ptr<Reader>> Reader::open(const std::string& dir_arg) {
   for (size_t i = 0; i < m.files.size(); ++i) {
     const FileInfo& f = m.files[i];
     std::string p = impl->file_path(i);
-    int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-      if (errno == ENOENT) {
+    Result<int> opened = open_input_file(p, "checkpoint file");
+    if (!opened.is_ok()) {
+      if (opened.status().code() == StatusCode::kNotFound) {
         return not_found("checkpoint file %s is missing (the manifest lists it with %" PRIu64 " bytes)",
                          p.c_str(), f.bytes);
       }
-      return sys_error("open checkpoint file", p, errno);
+      return opened.status();
     }
+    const int fd = opened.value();
     impl->fds[i] = fd;
     struct stat st;
     if (fstat(fd, &st) != 0) return sys_error("fstat", p, errno);

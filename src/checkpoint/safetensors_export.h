@@ -30,9 +30,11 @@ struct ExportTensor {
 // tensor's and each file's xxh64 are checked as the bytes go by, so a damaged checkpoint fails
 // (kCorruption naming the file and the tensor) instead of producing a corrupt model. Memory: one
 // read piece of piece_bytes, plus scratch of at most 1 MiB for conversions and transposes, plus
-// the JSON header. Written to out_path.tmp-<pid>, fsynced, renamed; on failure the temporary file
-// is removed and out_path is untouched. Errors: a bad dtype or name, a transposed parameter that
-// is not 2-D, a parameter element in no rank's file (kNotFound), I/O errors naming the file.
+// the JSON header. Written through zoe/files.h's OutputFile (a temporary beside out_path, fsynced,
+// renamed over it): on failure the temporary is removed and out_path is untouched; out_path must
+// be a regular file or nothing, outside every checkpoint save directory. Errors: a bad dtype or name, a
+// transposed parameter that is not 2-D, a parameter element in no rank's file (kNotFound), I/O errors naming
+// the file.
 Status write_safetensors(const Reader& r, const std::string& out_path, const std::string& dtype,
                          const std::vector<ExportTensor>& tensors, const nlohmann::json& metadata,
                          size_t piece_bytes);

@@ -121,6 +121,7 @@ IoArgs parse_io_args(const BenchIoOpts& o) {
     }
   }
   if (!o.plot.empty()) {
+    check_output_flag("--plot", o.plot);
     Status ps = plot_available();
     if (!ps.is_ok()) fail(ps.with_context("checking for --plot " + o.plot + " before the benchmark"));
   }

@@ -419,7 +419,10 @@ static void add_bench_swap_command(CLI::App& bench) {
   cmd->add_flag("--checksum", o->checksum,
                 "Checksum every swap write and verify every read (xxh3 per 1 MiB piece; off by default: "
                 "run with and without to see what it costs)");
-  cmd->callback([o] { run(*o); });
+  cmd->callback([o] {
+    check_output_flag("--trace", o->trace);
+    run(*o);
+  });
 }
 
 // Joins every program this file is linked into (the `zoe` program links all of src/cli).

@@ -4,10 +4,8 @@
 
 #include <cinttypes>
 #include <cstdio>
-#include <fstream>
 #include <map>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -20,6 +18,7 @@
 #include "model/corpus.h"
 #include "model/gpt.h"
 #include "zoe/cli.h"
+#include "zoe/files.h"
 
 namespace zoe::cli {
 namespace {
@@ -227,6 +226,11 @@ void add_consolidate(CLI::App& ckpt) {
     if (o->format != "safetensors" && o->format != "hf-gpt2") {
       fail(invalid_argument("--format %s: expected safetensors or hf-gpt2", o->format.c_str()));
     }
+    if (o->format == "safetensors") check_output_flag("--out", o->out);
+    if (o->format == "hf-gpt2") {
+      Status ds = check_output_dir(o->out, "--out");
+      if (!ds.is_ok()) fail(ds);
+    }
     auto r = value_or_fail(ckpt::Reader::open(o->dir));
     uint64_t params = 0;
     for (const auto& m : r->manifest().modules) params += m.params.size();
@@ -258,15 +262,14 @@ void add_consolidate(CLI::App& ckpt) {
   });
 }
 
-// Token ids from a JSON file: an array of equally long rows of ids; each row of T + 1 ids gives
-// the inputs row[0..T) and the targets row[1..T].
+constexpr uint64_t kMaxTokensFileBytes = 256ull << 20;
+
+// Token ids from a JSON file (at most kMaxTokensFileBytes): an array of equally long rows of ids; each row of
+// T + 1 ids gives the inputs row[0..T) and the targets row[1..T].
 void read_token_rows(const std::string& path, int vocab, int positions, std::vector<int32_t>* tokens,
                      std::vector<int32_t>* targets, int* batch, int* T) {
-  std::ifstream in(path);
-  if (!in) fail(not_found("--tokens %s cannot be read", path.c_str()));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  json j = json::parse(ss.str(), nullptr, false);
+  const std::string text = value_or_fail(read_input_file(path, "--tokens", kMaxTokensFileBytes));
+  json j = json::parse(text, nullptr, false);
   if (j.is_discarded() || !j.is_array() || j.empty() || !j[0].is_array()) {
     fail(invalid_argument("--tokens %s: expected a JSON array of rows of token ids, e.g. [[72, 105, 10]]",
                           path.c_str()));

@@ -34,6 +34,7 @@
 #include "zero/engine_internal.h"
 #include "zoe/cli.h"
 #include "zoe/engine.h"
+#include "zoe/files.h"
 
 namespace zoe::cli {
 namespace tune {
@@ -275,8 +276,12 @@ json candidate_json(const Candidate& c) {
 }
 
 // The flags' rules: --verify K >= 1, --verify-steps in [0, 1000] and only with --verify, --plot
-// only with --verify (and its tools present).
+// only with --verify (and its tools present); every output path writable (zoe/files.h) before the
+// measurements.
 void check_tune_flags(const TuneOpts& o) {
+  check_output_flag("--out", o.out);
+  check_output_flag("--plot", o.plot);
+  if (o.calibrate) check_output_flag("--calibration-out", o.calibration_out);
   if (o.verify < 0) fail(invalid_argument("--verify %d: expected a number of candidates >= 1", o.verify));
   if (o.verify_steps < 0 || o.verify_steps > 1000) {
     fail(invalid_argument("--verify-steps %d is out of range (expected an integer in [1, 1000], or 0: auto)",
@@ -300,10 +305,8 @@ void calibrate_and_save(const TuneOpts& o, plan::PlanOptions* po, json* j) {
   bare.calibration.clear();
   const plan::PlanInputs pre = value_or_fail(plan::plan_inputs(bare));
   plan::LinkRates r = calibrate(o, pre);
-  std::ofstream f(o.calibration_out);
-  f << r.to_json();
-  f.close();
-  if (!f) fail(sys_error("write", o.calibration_out, errno).with_context("saving the calibration"));
+  Status ws = write_output_file(o.calibration_out, r.to_json(), "--calibration-out");
+  if (!ws.is_ok()) fail(ws.with_context("saving the calibration"));
   fprintf(stderr, "zoe tune: calibration saved to %s\n", o.calibration_out.c_str());
   po->calibration = o.calibration_out;
   (*j)["calibration"] = json::parse(r.to_json());
@@ -411,10 +414,8 @@ void write_tuned_config(const TuneOpts& o, const config::Config& cfg, const plan
   // What zoe train --config will read must parse back to the same config.
   auto back = config::Config::parse(text, in.topo.world());
   if (!back.is_ok()) fail(back.status().with_context("the tuned config does not parse back"));
-  std::ofstream f(o.out);
-  f << text;
-  f.close();
-  if (!f) fail(sys_error("write", o.out, errno).with_context("writing the tuned config"));
+  Status ws = write_output_file(o.out, text, "--out");
+  if (!ws.is_ok()) fail(ws.with_context("writing the tuned config"));
   fprintf(stderr, "zoe tune: config written to %s\n", o.out.c_str());
 }
 

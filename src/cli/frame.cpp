@@ -8,6 +8,7 @@
 #include <cstdlib>
 
 #include "core/clock.h"
+#include "zoe/files.h"
 
 namespace zoe::cli {
 
@@ -38,6 +39,12 @@ void Table::print_row(FILE* out, const std::vector<std::string>& cells) const {
     fputc(i + 1 < cols_.size() ? ' ' : '\n', out);
   }
   fflush(out);
+}
+
+void check_output_flag(const char* flag, const std::string& path) {
+  if (path.empty()) return;
+  Status s = check_output_path(path, flag);
+  if (!s.is_ok()) fail(s);
 }
 
 void check_flag_range(const char* flag, int64_t value, int64_t min, int64_t max) {

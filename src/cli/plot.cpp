@@ -11,6 +11,8 @@
 #include <cstring>
 #include <vector>
 
+#include "zoe/files.h"
+
 namespace zoe::cli {
 namespace {
 
@@ -114,6 +116,9 @@ Status write_plot(const std::string& kind, const std::string& json_text, const s
   if (kind != "train" && kind != "bench-io" && kind != "tune") {
     return invalid_argument("write_plot: kind '%s': expected train, bench-io or tune", kind.c_str());
   }
+  // The script draws into a temporary beside png_path, renamed over it once complete.
+  ZOE_ASSIGN_OR_RETURN(OutputFile png, OutputFile::create(png_path, "plot"));
+  ZOE_RETURN_IF_ERROR(png.close_temp());
   const char* tmpdir = getenv("TMPDIR");
   std::string tmpl = std::string(tmpdir && *tmpdir ? tmpdir : "/tmp") + "/zoe-plot-XXXXXX.json";
   int fd = mkstemps(tmpl.data(), 5);
@@ -133,9 +138,10 @@ Status write_plot(const std::string& kind, const std::string& json_text, const s
     done += static_cast<size_t>(n);
   }
   close(fd);
-  return run_script({"--kind", kind, "--width", std::to_string(size.width), "--height",
-                     std::to_string(size.height), tmpl, png_path},
-                    "plotting " + png_path);
+  ZOE_RETURN_IF_ERROR(run_script({"--kind", kind, "--width", std::to_string(size.width), "--height",
+                                  std::to_string(size.height), tmpl, png.temp_path()},
+                                 "plotting " + png_path));
+  return png.commit();
 }
 
 }  // namespace zoe::cli

@@ -16,6 +16,7 @@
 #include <set>
 
 #include "core/units.h"
+#include "zoe/files.h"
 
 namespace zoe::config {
 
@@ -188,45 +189,7 @@ Result<nlohmann::json> parse_json_checked(std::string_view bytes, const std::str
 }
 
 Result<std::string> read_file_capped(const std::string& path, size_t max_bytes, const std::string& what) {
-  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    int err = errno;
-    if (err == ENOENT) {
-      return Status(StatusCode::kNotFound, what + " '" + path + "' does not exist", err);
-    }
-    return sys_error("open " + what, path, err);
-  }
-  struct Closer {
-    int fd;
-    ~Closer() { close(fd); }
-  } closer{fd};
-  struct stat st {};
-  if (fstat(fd, &st) != 0) return sys_error("fstat " + what, path, errno);
-  if (S_ISDIR(st.st_mode)) return invalid_argument("%s '%s' is a directory", what.c_str(), path.c_str());
-  // size: "" when unknown (a device or pipe read past the cap).
-  auto too_big = [&](const std::string& size) {
-    return invalid_argument("%s '%s' holds %s%smore than the %zu bytes (%s) zoe reads from it", what.c_str(),
-                            path.c_str(), size.c_str(), size.empty() ? "" : ": ", max_bytes,
-                            format_bytes(max_bytes).c_str());
-  };
-  if (S_ISREG(st.st_mode) && static_cast<uint64_t>(st.st_size) > max_bytes) {
-    const auto n = static_cast<uint64_t>(st.st_size);
-    return too_big(std::to_string(n) + " bytes (" + format_bytes(n) + ")");
-  }
-  // Devices and pipes have no size: read at most one byte past the cap.
-  std::string out;
-  char buf[65536];
-  for (;;) {
-    ssize_t n = read(fd, buf, sizeof buf);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return sys_error("read " + what, path, out.size(), sizeof buf, errno);
-    }
-    if (n == 0) break;
-    if (out.size() + static_cast<size_t>(n) > max_bytes) return too_big("");
-    out.append(buf, static_cast<size_t>(n));
-  }
-  return out;
+  return read_input_file(path, what, max_bytes);
 }
 
 }  // namespace zoe::config

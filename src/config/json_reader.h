@@ -34,9 +34,10 @@ struct JsonLimits {
 Result<nlohmann::json> parse_json_checked(std::string_view bytes, const std::string& what,
                                           const JsonLimits& limits = {});
 
-// The whole content of `path`, refused (never read past) when it holds more than max_bytes: a
-// huge file, /dev/zero or an endless pipe give a clear error instead of exhausting memory.
-// Errors name `what` ("config file"), the path, the size and the cap.
+// The whole content of the regular file `path`, refused (never read) when it holds more than
+// max_bytes; anything but a regular file (a FIFO, /dev/zero, a directory) is refused without
+// blocking: zoe/files.h's read_input_file. Errors name `what` ("config file"), the path, and the
+// size and the cap or what the path is.
 Result<std::string> read_file_capped(const std::string& path, size_t max_bytes,
                                      const std::string& what = "file");
 

@@ -6,6 +6,8 @@
 #include <cerrno>
 #include <cstdio>
 
+#include "zoe/files.h"
+
 namespace zoe {
 
 uint32_t trace_thread_id() {
@@ -114,16 +116,7 @@ std::string TraceRecorder::chrome_json() const {
 }
 
 Status TraceRecorder::write_chrome_json(const std::string& path) const {
-  std::string s = chrome_json();
-  std::string tmp = path + ".tmp";
-  FILE* f = fopen(tmp.c_str(), "w");
-  if (!f) return sys_error("open trace file", tmp, errno);
-  size_t n = fwrite(s.data(), 1, s.size(), f);
-  int err = errno;
-  if (fclose(f) != 0 || n != s.size())
-    return sys_error("write trace file", tmp, 0, s.size(), err ? err : EIO);
-  if (rename(tmp.c_str(), path.c_str()) != 0) return sys_error("rename trace file to", path, errno);
-  return Status::ok();
+  return write_output_file(path, chrome_json(), "trace file");
 }
 
 }  // namespace zoe

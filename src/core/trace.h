@@ -49,6 +49,8 @@ class TraceRecorder {
 
   // {"traceEvents":[{"name","cat","ph":"X","ts","dur","pid","tid","args":{"bytes"}}...]}
   std::string chrome_json() const;
+  // Written whole through zoe/files.h's OutputFile: only over a regular file, never inside a
+  // checkpoint save directory.
   Status write_chrome_json(const std::string& path) const;
 
  private:

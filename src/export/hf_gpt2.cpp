@@ -10,6 +10,7 @@
 #include "checkpoint/safetensors_export.h"
 #include "model/gpt.h"
 #include "model/kernels.h"
+#include "zoe/files.h"
 
 namespace zoe::ckpt {
 namespace {
@@ -106,6 +107,8 @@ nlohmann::json hf_gpt2_config(const GptDims& d, int n_head, const std::string& d
 }
 
 Status export_hf_gpt2(const Reader& r, const std::string& out_dir, const HfGpt2Options& o) {
+  // A directory or nothing, outside every checkpoint save directory (zoe/files.h).
+  ZOE_RETURN_IF_ERROR(check_output_dir(out_dir, "hf-gpt2 export: --out"));
   ZOE_ASSIGN_OR_RETURN(GptDims dims, gpt_dims(r.manifest(), "checkpoint " + r.path()));
   if (o.n_head < 1 || dims.n_embd % o.n_head != 0) {
     return invalid_argument("hf-gpt2 export of %s: n_head %d: expected a divisor of n_embd %d",
@@ -116,11 +119,7 @@ Status export_hf_gpt2(const Reader& r, const std::string& out_dir, const HfGpt2O
     return invalid_argument("hf-gpt2 export: dtype '%s': expected fp32, bf16 or fp16", o.dtype.c_str());
   }
   struct stat st;
-  if (stat(out_dir.c_str(), &st) == 0) {
-    if (!S_ISDIR(st.st_mode)) {
-      return invalid_argument("hf-gpt2 export: --out %s exists and is not a directory", out_dir.c_str());
-    }
-  } else if (mkdir(out_dir.c_str(), 0755) != 0) {
+  if (stat(out_dir.c_str(), &st) != 0 && mkdir(out_dir.c_str(), 0755) != 0) {
     return sys_error("mkdir (the hf-gpt2 output directory)", out_dir, errno);
   }
   std::vector<detail::ExportTensor> tensors;
@@ -139,7 +138,7 @@ Status export_hf_gpt2(const Reader& r, const std::string& out_dir, const HfGpt2O
   ZOE_RETURN_IF_ERROR(
       detail::write_safetensors(r, out_dir + "/model.safetensors", dtype, tensors, meta, o.piece_bytes));
   const std::string config = hf_gpt2_config(dims, o.n_head, dtype).dump(2) + "\n";
-  return detail::write_file_atomic(out_dir + "/config.json", config)
+  return write_output_file(out_dir + "/config.json", config, "output file")
       .with_context("writing the hf-gpt2 config of checkpoint " + r.path());
 }
 

@@ -14,6 +14,7 @@
 #include <unordered_set>
 
 #include "core/units.h"
+#include "zoe/files.h"
 
 namespace zoe::data {
 namespace {
@@ -41,14 +42,10 @@ void append_problems(std::vector<uint8_t>* out, uint64_t seed, size_t lines, int
 
 namespace {
 
-// Appends the bytes of the file `path` to *all; fails past max_bytes in all (devices and pipes
-// have no size: they are read at most one chunk past the cap).
+// Appends the bytes of the regular file `path` to *all; fails past max_bytes in all. A FIFO, a
+// device or a socket is refused without blocking (zoe/files.h's open_input_file).
 Status append_file(const std::string& path, size_t max_bytes, std::vector<uint8_t>* all) {
-  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ENOENT) return not_found("data file %s does not exist", path.c_str());
-    return sys_error("open data file", path, errno);
-  }
+  ZOE_ASSIGN_OR_RETURN(int fd, open_input_file(path, "data file"));
   struct Closer {
     int fd;
     ~Closer() { close(fd); }

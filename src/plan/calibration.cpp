@@ -5,12 +5,13 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
-#include <fstream>
-#include <sstream>
 #include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "config/json_reader.h"
+#include "zoe/files.h"
 
 namespace zoe::plan {
 
@@ -202,11 +203,9 @@ Status apply_calibration_json(const std::string& text, const std::string& where,
 }
 
 Status apply_calibration_file(const std::string& path, LinkRates* rates) {
-  std::ifstream f(path);
-  if (!f) return sys_error("open", path, errno).with_context("reading the calibration file");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return apply_calibration_json(ss.str(), path, rates);
+  ZOE_ASSIGN_OR_RETURN(std::string text,
+                       read_input_file(path, "calibration file", config::JsonLimits{}.max_bytes));
+  return apply_calibration_json(text, path, rates);
 }
 
 }  // namespace zoe::plan

@@ -76,7 +76,9 @@ struct LinkRates {
 // Overlays the keys of a calibration file's text on `rates`. Errors: not JSON, not an object, an
 // unknown key, a value that is not a positive number; each names `where`, the key and the value.
 Status apply_calibration_json(const std::string& text, const std::string& where, LinkRates* rates);
-// Reads the file first: a missing or unreadable file is an error naming the path and errno.
+// Reads the file first (zoe/files.h's read_input_file, capped as a --config file is at
+// config::JsonLimits::max_bytes): a missing file, one larger than the cap, or anything but a
+// regular file (a FIFO, /dev/zero) is an error naming the path, refused without blocking.
 Status apply_calibration_file(const std::string& path, LinkRates* rates);
 
 }  // namespace zoe::plan

@@ -12,10 +12,11 @@
 #include "plan/hf_config.h"
 
 #include <cerrno>
-#include <fstream>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
+
+#include "config/json_reader.h"
+#include "zoe/files.h"
 
 namespace zoe::plan {
 
@@ -201,11 +202,9 @@ Result<ModelDesc> hf_model_from_json(const std::string& text, const std::string&
 }
 
 Result<ModelDesc> hf_model(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) return sys_error("open", path, errno).with_context("reading the Hugging Face config");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return hf_model_from_json(ss.str(), path);
+  ZOE_ASSIGN_OR_RETURN(std::string text,
+                       read_input_file(path, "--hf-config", config::JsonLimits{}.max_bytes));
+  return hf_model_from_json(text, path);
 }
 
 }  // namespace zoe::plan

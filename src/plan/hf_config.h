@@ -19,7 +19,8 @@ const std::vector<std::string>& hf_model_types();
 // key and the bad value: not JSON, no model_type, a model_type not supported (listing those that
 // are), a missing or non-positive dimension, heads that do not divide the width.
 Result<ModelDesc> hf_model_from_json(const std::string& text, const std::string& where);
-// Reads the file first (errors name the path and errno).
+// Reads the file first (zoe/files.h's read_input_file, capped as a --config file is): a missing
+// file, one too large, or anything but a regular file is an error naming --hf-config and the path.
 Result<ModelDesc> hf_model(const std::string& path);
 
 }  // namespace zoe::plan

@@ -401,21 +401,23 @@ TEST(Checkpoint, BadSaveDir) {
 TEST(Checkpoint, FullDisk) {
   ScratchMount mnt("tmpfs", "size=1m");
   if (!mnt.ok()) GTEST_SKIP() << "cannot mount a tmpfs here";
-  ASSERT_OK(save(mnt.path(), "step-1", 2, 1));
+  const std::string sd = mnt.path() + "/save";  // outputs go beside it, never inside
+  fs::create_directories(sd);
+  ASSERT_OK(save(sd, "step-1", 2, 1));
   std::vector<ModuleInfo> big(1);
   big[0].name = "big";
   big[0].padded = 1u << 20;  // 4 MiB of f32 per kind: cannot fit in 1 MiB
   big[0].params = {{"w", {1024, 1024}, 0, 1u << 20}};
-  Status s = save(mnt.path(), "step-2", 2, 2, big);
+  Status s = save(sd, "step-2", 2, 2, big);
   ASSERT_FALSE(s.is_ok());
   EXPECT_EQ(s.code(), StatusCode::kNoSpace) << s.to_string();
-  EXPECT_HAS(s.message(), mnt.path() + "/step-2.tmp-");
+  EXPECT_HAS(s.message(), sd + "/step-2.tmp-");
   EXPECT_HAS(s.message(), "/rank-00000.bin");
   EXPECT_HAS(s.message(), "bytes at offset");
   EXPECT_HAS(s.message(), "No space left on device");
-  EXPECT_EQ(count_tmp(mnt.path()), 0u) << "the temporary directory is removed";
-  EXPECT_EQ(read_text(mnt.path() + "/latest"), "step-1\n");
-  auto r = open_ok(mnt.path());
+  EXPECT_EQ(count_tmp(sd), 0u) << "the temporary directory is removed";
+  EXPECT_EQ(read_text(sd + "/latest"), "step-1\n");
+  auto r = open_ok(sd);
   ASSERT_TRUE(r);
   EXPECT_EQ(r->manifest().step, 1);
   EXPECT_OK(r->verify());
@@ -466,12 +468,12 @@ Safetensors read_safetensors_header(const std::string& path) {
 }
 
 TEST(Checkpoint, ConsolidateSafetensors) {
-  ScratchDir d("ckpt");
+  ScratchDir d("ckpt"), o("ckpt-out");  // outputs outside the save directory
   ASSERT_OK(save(d.path(), "s", 2, 9));
   auto r = open_ok(d.path());
   ASSERT_TRUE(r);
   for (const char* dt : {"fp32", "bf16"}) {
-    std::string out = d.file(std::string("model-") + dt + ".safetensors");
+    std::string out = o.file(std::string("model-") + dt + ".safetensors");
     Status s = consolidate(*r, out, dt, 100);  // tiny pieces: every parameter takes several
     ASSERT_OK(s);
     Safetensors st = read_safetensors_header(out);
@@ -506,8 +508,8 @@ TEST(Checkpoint, ConsolidateSafetensors) {
     EXPECT_EQ(st.header.size(), params + 1);
     EXPECT_EQ(fs::file_size(out), st.data_start + data_end);
   }
-  EXPECT_EQ(consolidate(*r, d.file("x.safetensors"), "int8").code(), StatusCode::kInvalidArgument);
-  EXPECT_FALSE(fs::exists(d.file("x.safetensors")));
+  EXPECT_EQ(consolidate(*r, o.file("x.safetensors"), "int8").code(), StatusCode::kInvalidArgument);
+  EXPECT_FALSE(fs::exists(o.file("x.safetensors")));
 }
 
 uint64_t vm_hwm_kib() {
@@ -528,7 +530,7 @@ bool reset_hwm() {
 
 // A 64 MiB parameter consolidated with 1 MiB pieces: the peak RSS grows by a few MiB at most.
 TEST(Checkpoint, ConsolidateBoundedMemory) {
-  ScratchDir d("ckpt");
+  ScratchDir d("ckpt"), o("ckpt-out");  // outputs outside the save directory
   std::vector<ModuleInfo> big(1);
   const uint64_t n = 16u << 20;  // 64 MiB of f32
   big[0].name = "big";
@@ -566,7 +568,7 @@ TEST(Checkpoint, ConsolidateBoundedMemory) {
   dts.push_back("bf16");  // conversion scratch is freed per call; ASan's quarantine would keep it
 #endif
   for (const char* dt : dts) {
-    std::string out = d.file("big.safetensors");
+    std::string out = o.file("big.safetensors");
     if (!reset_hwm()) GTEST_SKIP() << "cannot reset VmHWM";
     uint64_t before = vm_hwm_kib();
     Status s = consolidate(*r, out, dt, 1u << 20);
@@ -617,10 +619,10 @@ TEST(Checkpoint, PortableXxh64MatchesLibxxhash) {
 // between them. Each fails consolidate with kCorruption naming the file (and the tensor, for
 // those inside one); nothing is left behind; the undamaged checkpoint then consolidates.
 TEST(Checkpoint, ConsolidateCatchesEveryByteFlip) {
-  ScratchDir d("ckpt");
+  ScratchDir d("ckpt"), o("ckpt-out");  // outputs outside the save directory
   ASSERT_OK(save(d.path(), "s", 2, 4));
   const std::string ck = d.path() + "/s";
-  const std::string out = d.file("m.safetensors");
+  const std::string out = o.file("m.safetensors");
   struct Flip {
     std::string file;
     uint64_t offset;
@@ -667,7 +669,7 @@ TEST(Checkpoint, ConsolidateCatchesEveryByteFlip) {
     EXPECT_HAS(s.message(), "writing " + out);
     caught += s.code() == StatusCode::kCorruption;
     EXPECT_FALSE(fs::exists(out));
-    EXPECT_EQ(count_tmp(d.path()), 0u);
+    EXPECT_EQ(count_tmp(o.path()), 0u);
     flip_byte(f.file, f.offset);  // back
   }
   EXPECT_EQ(caught, 25);

@@ -2,8 +2,12 @@
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 
@@ -78,9 +82,9 @@ TEST(CkptCli, Verify) {
 }
 
 TEST(CkptCli, Consolidate) {
-  ScratchDir d("ckpt-cli");
+  ScratchDir d("ckpt-cli"), o("ckpt-out");  // outputs outside the save directory
   ASSERT_OK(zoe::ckpt::test::save(d.path(), "s", 2, 1));
-  std::string out = d.file("m.safetensors");
+  std::string out = o.file("m.safetensors");
   CmdResult r = zoe("ckpt consolidate " + d.path() + " --out " + out + " --dtype bf16 --json");
   ASSERT_EQ(r.rc, 0) << r.err;
   auto j = nlohmann::json::parse(r.out);
@@ -107,7 +111,7 @@ TEST(CkptCli, Consolidate) {
 
 // A flipped byte in a rank file: consolidate fails naming the file and the tensor, writes nothing.
 TEST(CkptCli, ConsolidateChecksRankFiles) {
-  ScratchDir d("ckpt-cli");
+  ScratchDir d("ckpt-cli"), o("ckpt-out");  // outputs outside the save directory
   ASSERT_OK(zoe::ckpt::test::save(d.path(), "s", 2, 1));
   const std::string f = d.path() + "/s/rank-00000.bin";
   int fd = open(f.c_str(), O_RDWR);
@@ -117,7 +121,7 @@ TEST(CkptCli, ConsolidateChecksRankFiles) {
   c ^= 0x80;
   ASSERT_EQ(pwrite(fd, &c, 1, 4096 + 10), 1);
   close(fd);
-  const std::string out = d.file("m.safetensors");
+  const std::string out = o.file("m.safetensors");
   CmdResult r = zoe("ckpt consolidate " + d.path() + " --out " + out);
   EXPECT_EQ(r.rc, 1);
   EXPECT_HAS(r.err, "zoe: error: corruption: checksum mismatch in " + f +
@@ -128,7 +132,7 @@ TEST(CkptCli, ConsolidateChecksRankFiles) {
 
 // Every command checks the manifest's own checksum before trusting a byte of it.
 TEST(CkptCli, EditedManifestRefused) {
-  ScratchDir d("ckpt-cli");
+  ScratchDir d("ckpt-cli"), o("ckpt-out");  // outputs outside the save directory
   ASSERT_OK(zoe::ckpt::test::save(d.path(), "s", 2, 3));
   CmdResult r = zoe("ckpt inspect " + d.path() + " --json");
   ASSERT_EQ(r.rc, 0) << r.err;
@@ -139,7 +143,7 @@ TEST(CkptCli, EditedManifestRefused) {
   zoe::ckpt::test::edit_manifest(
       ck, [](nlohmann::json& m) { m["trainer"]["step"] = 1; }, false);
   for (const std::string& cmd : {"inspect " + d.path(), "verify " + d.path(),
-                                 "consolidate " + d.path() + " --out " + d.file("m.safetensors")}) {
+                                 "consolidate " + d.path() + " --out " + o.file("m.safetensors")}) {
     r = zoe("ckpt " + cmd);
     EXPECT_EQ(r.rc, 1) << cmd;
     EXPECT_HAS(r.err, "zoe: error: corruption: checksum mismatch in " + ck + "/manifest.json");
@@ -157,6 +161,77 @@ TEST(CkptCli, EditedManifestRefused) {
   EXPECT_EQ(r.rc, 1);
   EXPECT_HAS(r.err, d.path() + "/latest is corrupt: expected the tag of a checkpoint");
   EXPECT_HAS(r.err, "found \"s\\x00\"");
+}
+
+mode_t type_of(const std::string& p) {
+  struct stat st {};
+  return lstat(p.c_str(), &st) == 0 ? (st.st_mode & S_IFMT) : 0;
+}
+
+// A run of zoe that must end quickly (a FIFO once made it wait forever): its result.
+CmdResult quick(const std::string& args) {
+  const auto t0 = std::chrono::steady_clock::now();
+  CmdResult r = zoe(args, "", 30);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0) << args;
+  return r;
+}
+
+// consolidate --out never replaces what is not a regular file (as root it replaced /dev/full with
+// a regular file) nor writes inside a save directory (--out SAVE/latest destroyed its pointer).
+TEST(CkptCli, ConsolidateNeverClobbers) {
+  ScratchDir save("ckpt-save"), out("ckpt-out");
+  ASSERT_OK(zoe::ckpt::test::save(save.path(), "step-000002", 2, 2));
+  const std::string fifo = out.file("fifo"), dev = out.file("full");
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0644), 0);
+  CmdResult r = quick("ckpt consolidate " + save.path() + " --out " + fifo);
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_HAS(r.err,
+             "zoe: error: invalid argument: --out " + fifo + " is a FIFO (named pipe), not a regular file");
+  EXPECT_EQ(type_of(fifo), static_cast<mode_t>(S_IFIFO));
+  // A character device with /dev/full's numbers (only root may make one).
+  if (mknod(dev.c_str(), S_IFCHR | 0666, makedev(1, 7)) == 0) {
+    r = quick("ckpt consolidate " + save.path() + " --out " + dev);
+    EXPECT_EQ(r.rc, 1) << r.err;
+    EXPECT_HAS(r.err, "--out " + dev + " is a character device, not a regular file");
+    EXPECT_EQ(type_of(dev), static_cast<mode_t>(S_IFCHR));
+  }
+  for (const std::string& inside : {save.file("latest"), save.file("step-000002/x")}) {
+    r = quick("ckpt consolidate " + save.path() + " --out " + inside);
+    EXPECT_EQ(r.rc, 1) << r.err;
+    EXPECT_HAS(r.err, "--out " + inside + " lies inside the checkpoint save directory " + save.path());
+  }
+  r = zoe("ckpt consolidate " + save.path() + " --format hf-gpt2 --out " + save.file("hf"));
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_HAS(r.err, "lies inside the checkpoint save directory " + save.path());
+  EXPECT_EQ(type_of(save.file("hf")), 0u);
+  r = zoe("ckpt verify " + save.path());
+  EXPECT_EQ(r.rc, 0) << r.err;
+  // A normal output: written whole, nothing else left beside it.
+  r = zoe("ckpt consolidate " + save.path() + " --out " + out.file("m.safetensors"));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(out.path())) names.push_back(e.path().filename());
+  std::sort(names.begin(), names.end());
+  std::vector<std::string> want = {"fifo", "m.safetensors"};
+  if (type_of(dev) != 0) want.insert(want.begin() + 1, "full");
+  EXPECT_EQ(names, want);
+}
+
+// A FIFO in place of a checkpoint's manifest or of a rank file is refused at once (opening it
+// waited for a writer forever), naming the file.
+TEST(CkptCli, FifoInPlaceOfACheckpointFileIsRefusedAtOnce) {
+  for (const std::string name : {"manifest.json", "rank-00001.bin"}) {
+    ScratchDir d("ckpt-fifo");
+    ASSERT_OK(zoe::ckpt::test::save(d.path(), "s", 2, 1));
+    const std::string p = d.path() + "/s/" + name;
+    ASSERT_EQ(unlink(p.c_str()), 0);
+    ASSERT_EQ(mkfifo(p.c_str(), 0644), 0);
+    for (const char* cmd : {"ckpt verify ", "ckpt inspect "}) {
+      CmdResult r = quick(cmd + d.path());
+      EXPECT_EQ(r.rc, 1) << cmd << name << "\n" << r.err;
+      EXPECT_HAS(r.err, p + " is a FIFO (named pipe), not a regular file");
+    }
+  }
 }
 
 }  // namespace

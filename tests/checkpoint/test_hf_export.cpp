@@ -87,7 +87,7 @@ std::map<std::string, std::tuple<uint32_t, size_t, bool>> expected_names(int lay
 }
 
 TEST(HfGpt2, ExportNamesLayoutsAndValues) {
-  ScratchDir d("hf");
+  ScratchDir d("hf"), od("hf-out");  // outputs outside the save directory
   const model::GptConfig c = small_gpt();
   const auto mods = gpt_layout(c);
   ASSERT_OK(test::save(d.path(), "s", 3, 7, mods));
@@ -103,7 +103,7 @@ TEST(HfGpt2, ExportNamesLayoutsAndValues) {
 
   for (const char* dt : {"fp32", "bf16"}) {
     SCOPED_TRACE(dt);
-    const std::string out = d.file(std::string("hf-") + dt);
+    const std::string out = od.file(std::string("hf-") + dt);
     HfGpt2Options o;
     o.n_head = 4;
     o.dtype = dt;
@@ -161,7 +161,7 @@ TEST(HfGpt2, ExportNamesLayoutsAndValues) {
 }
 
 TEST(HfGpt2, Refusals) {
-  ScratchDir d("hf");
+  ScratchDir d("hf"), od("hf-out");  // outputs outside the save directory
   // Not zoe's GPT: the fixture's generic modules.
   ASSERT_OK(test::save(d.path() + "", "generic", 1, 1));
   {
@@ -169,10 +169,10 @@ TEST(HfGpt2, Refusals) {
     ASSERT_OK(r);
     HfGpt2Options o;
     o.n_head = 1;
-    Status s = export_hf_gpt2(*r.value(), d.file("out"), o);
+    Status s = export_hf_gpt2(*r.value(), od.file("out"), o);
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
     EXPECT_HAS(s.message(), "reference GPT");
-    EXPECT_FALSE(fs::exists(d.file("out/model.safetensors")));
+    EXPECT_FALSE(fs::exists(od.file("out/model.safetensors")));
   }
   // A GPT with one block whose fc1_w has the wrong shape.
   const model::GptConfig c = small_gpt();
@@ -192,18 +192,18 @@ TEST(HfGpt2, Refusals) {
   ASSERT_OK(r);
   HfGpt2Options o;
   o.n_head = 5;  // does not divide 32
-  Status s = export_hf_gpt2(*r.value(), d.file("out5"), o);
+  Status s = export_hf_gpt2(*r.value(), od.file("out5"), o);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_HAS(s.message(), "n_head 5");
   o.n_head = 4;
   o.dtype = "int8";
-  EXPECT_EQ(export_hf_gpt2(*r.value(), d.file("out8"), o).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(export_hf_gpt2(*r.value(), od.file("out8"), o).code(), StatusCode::kInvalidArgument);
   o.dtype = "fp32";
-  test::write_file(d.file("plain"), "x");
-  s = export_hf_gpt2(*r.value(), d.file("plain"), o);
+  test::write_file(od.file("plain"), "x");
+  s = export_hf_gpt2(*r.value(), od.file("plain"), o);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_HAS(s.message(), "not a directory");
-  s = export_hf_gpt2(*r.value(), d.file("no/such/dir"), o);
+  s = export_hf_gpt2(*r.value(), od.file("no/such/dir"), o);
   EXPECT_FALSE(s.is_ok());
   EXPECT_HAS(s.to_string(), "no/such/dir");
 }
@@ -211,7 +211,7 @@ TEST(HfGpt2, Refusals) {
 // One flipped byte inside a rank file's tensor: the export fails naming the file and leaves no
 // model.safetensors (nor its temporary) behind.
 TEST(HfGpt2, DamagedRankFileFails) {
-  ScratchDir d("hf");
+  ScratchDir d("hf"), od("hf-out");  // outputs outside the save directory
   ASSERT_OK(test::save(d.path(), "s", 2, 3, gpt_layout(small_gpt())));
   const std::string rank1 = d.path() + "/s/rank-00001.bin";
   {
@@ -227,7 +227,7 @@ TEST(HfGpt2, DamagedRankFileFails) {
   ASSERT_OK(r);
   HfGpt2Options o;
   o.n_head = 4;
-  const std::string out = d.file("hf");
+  const std::string out = od.file("hf");
   Status s = export_hf_gpt2(*r.value(), out, o);
   EXPECT_EQ(s.code(), StatusCode::kCorruption);
   EXPECT_HAS(s.message(), "rank-00001.bin");

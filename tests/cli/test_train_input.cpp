@@ -4,9 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstring>
@@ -161,8 +164,7 @@ TEST(TrainInput, DumpBatchesHoldsEveryMicroBatchsTokens) {
 
   CmdResult r = zoe(kTiny1 + "--dump-batches " + d.path() + "/no/such/dir/x.jsonl");
   EXPECT_EQ(r.rc, 1) << r.err;
-  EXPECT_HAS(r.err, "create --dump-batches file");
-  EXPECT_HAS(r.err, d.path() + "/no/such/dir/x.jsonl");
+  EXPECT_HAS(r.err, "--dump-batches " + d.path() + "/no/such/dir/x.jsonl: its directory");
 }
 
 TEST(TrainInput, JsonHasPerStepLrAndGradNorm) {
@@ -248,14 +250,15 @@ TEST(TrainInput, PlotWritesAPngOfTheRun) {
   json j = run_json("--eval-every 2 --plot " + d.file("loss.png"), 4);
   ASSERT_FALSE(j.is_null());
   EXPECT_EQ(png_size(d.file("loss.png")), std::make_pair(uint32_t{1200}, uint32_t{800}));
-  // An unwritable destination fails with the path named, after the run.
+  // An unwritable destination fails with the path named, before the run.
   CmdResult r = zoe(kTiny1 + "--plot " + d.path() + "/no/such/dir/loss.png");
   EXPECT_EQ(r.rc, 1) << r.err;
   EXPECT_HAS(r.err, "--plot " + d.path() + "/no/such/dir/loss.png");
 }
 
 TEST(TrainInput, TaskChoosesTheBuiltInCorpus) {
-  json add = run_json("--dump-batches /dev/null --eval-every 1", 1);
+  zoe::test::ScratchDir d("task");
+  json add = run_json("--dump-batches " + d.file("batches.jsonl") + " --eval-every 1", 1);
   json add2 = run_json("--task add2 --eval-every 1", 1);
   ASSERT_FALSE(add.is_null());
   ASSERT_FALSE(add2.is_null());
@@ -384,7 +387,7 @@ TEST(TrainInput, BadConfigFilesAreErrorsNotCrashes) {
   }
   CmdResult r = zoe(kTiny1 + "--config /dev/zero");
   EXPECT_EQ(r.rc, 1) << r.err;
-  EXPECT_HAS(r.err, "config file '/dev/zero' holds more than the 16777216 bytes (16 MiB)");
+  EXPECT_HAS(r.err, "config file /dev/zero is a character device, not a regular file");
 }
 
 // A config gets one validation whatever the flags: a value derived from train_batch_size, a number
@@ -462,10 +465,18 @@ TEST(TrainInput, HostSizedAllocationsAreCheckedFirst) {
   EXPECT_EQ(r.rc, 1) << r.err;
   EXPECT_HAS(r.err, "of host memory (activations of 2 layers x --micro-batch 8 x --seq 65536");
   EXPECT_HAS(r.err, "available");
+  // A (sparse) 2 GiB file is over the cap of at most 1 GiB: refused before it is read.
+  zoe::test::ScratchDir d("big");
+  const std::string big = d.file("big.txt");
+  std::ofstream(big).close();
+  std::filesystem::resize_file(big, uint64_t{2} << 30);
+  r = zoe(kTiny1 + "--data " + big);
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_HAS(r.err, "data file " + big + " holds 2147483648 bytes");
+  EXPECT_HAS(r.err, "a quarter of the host's available memory");
   r = zoe(kTiny1 + "--data /dev/zero");
   EXPECT_EQ(r.rc, 1) << r.err;
-  EXPECT_HAS(r.err, "data file /dev/zero holds more than the");
-  EXPECT_HAS(r.err, "a quarter of the host's available memory");
+  EXPECT_HAS(r.err, "data file /dev/zero is a character device, not a regular file");
 }
 
 TEST(TrainInput, AllocationFailureIsAnErrorNotAnAbort) {
@@ -597,6 +608,71 @@ TEST(TrainInput, SigintStopsAndASecondOneExitsAtOnce) {
     EXPECT_EQ(run.wait_exit(), 130) << run.err();
     EXPECT_HAS(run.err(), "second SIGINT: exiting at once");
   }
+}
+
+mode_t type_of(const std::string& p) {
+  struct stat st {};
+  return lstat(p.c_str(), &st) == 0 ? (st.st_mode & S_IFMT) : 0;
+}
+
+// A run that must end quickly (a FIFO once made it wait forever): its result.
+CmdResult quick(const std::string& args) {
+  const auto t0 = std::chrono::steady_clock::now();
+  CmdResult r = zoe(args, "", 60);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0) << args;
+  return r;
+}
+
+// A FIFO as --config or --data waited forever for a writer: refused at once, naming the flag's file.
+TEST(TrainInput, FifoAsAnInputIsRefusedAtOnce) {
+  zoe::test::ScratchDir d("fifo-in");
+  const std::string fifo = d.file("fifo");
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0644), 0);
+  CmdResult r = quick(kTiny1 + "--config " + fifo);
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_HAS(r.err, "config file " + fifo + " is a FIFO (named pipe), not a regular file");
+  r = quick(kTiny1 + "--data " + fifo);
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_HAS(r.err, "data file " + fifo + " is a FIFO (named pipe), not a regular file");
+  EXPECT_HAS(r.err, "--data");
+}
+
+// The output flags never replace what is not a regular file (as root --trace replaced /dev/full
+// with a regular file) nor write inside the save directory; refused before training.
+TEST(TrainInput, OutputFlagsNeverClobber) {
+  zoe::test::ScratchDir d("fifo-out");
+  const std::string fifo = d.file("fifo"), dev = d.file("null");
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0644), 0);
+  const bool root_dev = mknod(dev.c_str(), S_IFCHR | 0666, makedev(1, 3)) == 0;
+  for (const char* flag : {"--trace", "--dump-batches"}) {
+    CmdResult r = quick(kTiny1 + flag + " " + fifo);
+    EXPECT_EQ(r.rc, 1) << r.err;
+    EXPECT_HAS(r.err, std::string(flag) + " " + fifo + " is a FIFO (named pipe), not a regular file");
+    EXPECT_EQ(type_of(fifo), static_cast<mode_t>(S_IFIFO));
+    if (root_dev) {
+      r = quick(kTiny1 + flag + " " + dev);
+      EXPECT_EQ(r.rc, 1) << r.err;
+      EXPECT_HAS(r.err, std::string(flag) + " " + dev + " is a character device, not a regular file");
+      EXPECT_EQ(type_of(dev), static_cast<mode_t>(S_IFCHR));
+    }
+  }
+  // Inside the run's own --save-dir, new or from an earlier run: refused before any step.
+  const std::string save = d.file("save");
+  CmdResult r = quick(kTiny1 + "--save-dir " + save + " --trace " + save + "/trace.json");
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_HAS(r.err, "--trace " + save + "/trace.json lies inside the checkpoint save directory " + save);
+  r = zoe(kTiny1 + "--save-dir " + save + " --save-every 1");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  r = quick(kTiny1 + "--trace " + save + "/latest");
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_HAS(r.err, "--trace " + save + "/latest lies inside the checkpoint save directory " + save);
+  EXPECT_EQ(zoe("ckpt verify " + save).rc, 0);
+  // A normal trace: written whole, nothing left beside it.
+  r = zoe(kTiny1 + "--trace " + d.file("t.json"));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  size_t n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(d.path())) n += e.path().filename() != "save";
+  EXPECT_EQ(n, root_dev ? 3u : 2u);  // fifo, t.json (and null)
 }
 
 }  // namespace

@@ -20,6 +20,7 @@ import re
 import resource
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -863,7 +864,42 @@ def mutate_text(data, rng):
     return data, "text-" + op
 
 
-SPECIAL_INPUTS = ["/dev/zero", "/dev/urandom", "/dev/null", "@DIR@", "@MISSING@"]
+# @FIFO@: a FIFO with no writer as --config (a plain open waited for one forever).
+SPECIAL_INPUTS = ["/dev/zero", "/dev/urandom", "/dev/null", "@DIR@", "@MISSING@", "@FIFO@"]
+
+# Output flags pointed at what is not a regular file, or inside a save directory: (name, how the
+# path is made, the command's arguments after the zoe binary, with @PATH@ and @SAVE@). zoe must
+# refuse at once and leave the path as it was (outputs were renamed over device nodes).
+NODE_CASES = [
+    ("train-trace-fifo", "fifo", ["train", "--preset", "tiny", "--steps", "1", "--eval-batches", "1", "--quiet",
+                                  "--trace", "@PATH@"]),
+    ("train-trace-chardev", "chardev", ["train", "--preset", "tiny", "--steps", "1", "--eval-batches", "1",
+                                        "--quiet", "--trace", "@PATH@"]),
+    ("consolidate-out-fifo", "fifo", ["ckpt", "consolidate", "@SAVE@", "--out", "@PATH@"]),
+    ("consolidate-out-chardev", "chardev", ["ckpt", "consolidate", "@SAVE@", "--out", "@PATH@"]),
+    ("consolidate-out-latest", "latest", ["ckpt", "consolidate", "@SAVE@", "--out", "@PATH@"]),
+]
+
+
+def make_node(path, how, save):
+    """Makes the path of a node case; returns its file type (stat.S_IFMT), None when not permitted."""
+    if how == "fifo":
+        os.mkfifo(path)
+        return stat.S_IFIFO
+    if how == "chardev":
+        try:
+            os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # /dev/null's numbers
+        except PermissionError:
+            return None  # only root may make one
+        return stat.S_IFCHR
+    return stat.S_IFREG  # "latest": the save directory's own pointer
+
+
+def file_type(path):
+    try:
+        return stat.S_IFMT(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return None
 
 
 class FuzzCase:
@@ -898,7 +934,10 @@ class Fuzzer:
         os.makedirs(nvme)
         if i < len(SPECIAL_INPUTS):
             s = SPECIAL_INPUTS[i]
-            path = {"@DIR@": d, "@MISSING@": os.path.join(d, "missing.json")}.get(s, s)
+            path = {"@DIR@": d, "@MISSING@": os.path.join(d, "missing.json"),
+                    "@FIFO@": os.path.join(d, "fifo.json")}.get(s, s)
+            if s == "@FIFO@":
+                os.mkfifo(path)
             return FuzzCase(i, "-", ["special:" + os.path.basename(path)], path), d, nvme
         name, text = self.seeds[rng.randrange(len(self.seeds))]
         tree = load_seed(text.replace("@NVME@", nvme))
@@ -944,6 +983,8 @@ class Fuzzer:
         if case.outcome in ("ran", "refused") and swap_files(nvme):
             case.outcome = "leftovers"
             case.detail = "exited (%s) leaving %s" % (describe_rc(p.rc), swap_files(nvme))
+        if case.ops == ["special:fifo.json"] and file_type(case.path) != stat.S_IFIFO:
+            case.outcome, case.detail = "clobbered", "the FIFO is gone"
         if case.outcome in ("ran", "refused"):
             shutil.rmtree(d, ignore_errors=True)
         else:
@@ -951,7 +992,51 @@ class Fuzzer:
         return case
 
 
-FUZZ_OUTCOMES = ["ran", "refused", "crash", "hang", "leftovers"]
+    def node_case(self, i, name, how, args, ref_save):
+        """NODE_CASES[i]: the command must end in a clean refusal and leave the path as it was."""
+        d = os.path.join(self.scratch, "node-%d" % i)
+        os.makedirs(d)
+        save = ref_save
+        path = os.path.join(d, "node")
+        if how == "latest":  # a copy of the reference's save directory: its pointer is the target
+            save = os.path.join(d, "save")
+            shutil.copytree(ref_save, save)
+            path = os.path.join(save, "latest")
+        want = make_node(path, how, save)
+        if want is None:
+            return None
+        case = FuzzCase(i, "-", ["node:" + name], path)
+        cmd = [self.zoe] + [save if a == "@SAVE@" else path if a == "@PATH@" else a for a in args]
+        env = dict(os.environ, ZOE_SCRATCH=d)
+        p = run(cmd, os.path.join(d, "run"), self.timeout, None, env)
+        err = p.stderr()
+        case.rc, case.wall, case.maxrss_kb = p.rc, p.wall, p.maxrss_kb
+        case.message, case.cmd = said(err), " ".join(cmd)
+        if p.timed_out:
+            case.outcome, case.detail = "hang", "no end within %ds" % self.timeout
+        elif crash_marker(err) or p.rc not in (0, 1, 2):
+            case.outcome, case.detail = "crash", "%s, last stderr line '%s'" % (describe_rc(p.rc), case.message)
+        elif file_type(path) != want:
+            case.outcome, case.detail = "clobbered", "%s is no longer what it was" % path
+        elif how == "latest" and verify(self.zoe, save, os.path.join(d, "verify"), self.timeout)[0].rc != 0:
+            case.outcome, case.detail = "clobbered", "the save directory no longer verifies"
+        elif p.rc == 0 or not clean_error(p.rc, err):
+            case.outcome, case.detail = "crash", "%s, not a refusal (last stderr line '%s')" % (
+                describe_rc(p.rc), case.message)
+        else:
+            case.outcome = "refused"
+        if case.outcome == "refused":
+            shutil.rmtree(d, ignore_errors=True)
+        else:
+            case.detail += "; kept in %s" % d
+        return case
+
+    def node_cases(self, ref_save):
+        cases = [self.node_case(i, *c, ref_save) for i, c in enumerate(NODE_CASES)]
+        return [c for c in cases if c is not None]
+
+
+FUZZ_OUTCOMES = ["ran", "refused", "crash", "hang", "leftovers", "clobbered"]
 
 # ---- report -------------------------------------------------------------------------------------
 
@@ -997,7 +1082,7 @@ def report(a, trials, cases, skipped, refs, n_seeds, elapsed, scratch):
     by_op = {}
     for c in cases:
         for op in set(c.ops):
-            by_op.setdefault("special" if op.startswith("special:") else op, []).append(c)
+            by_op.setdefault(op.split(":")[0] if ":" in op else op, []).append(c)
     fuzz_rows = [[op, len(cs)] + [count(cs, lambda c: c.outcome == o) for o in FUZZ_OUTCOMES]
                  for op, cs in sorted(by_op.items())]
     totals = [count(cases, lambda c: c.outcome == o) for o in FUZZ_OUTCOMES]
@@ -1187,6 +1272,11 @@ def main():
         say("%d trials done (%.0fs); fuzzing configs %d..%d" %
             (len(trials), time.monotonic() - t_start, n_fuzz, n_fuzz + round_fuzz - 1))
         fuzz_batch(n_fuzz, n_fuzz + round_fuzz)
+        if n_fuzz == 0:  # once: output flags at FIFOs, device nodes, a save directory's pointer
+            for c in fuzzer.node_cases(os.path.join(scratch, "reference-sync", "ck")):
+                cases.append(c)
+                if c.outcome != "refused":
+                    say("node case %s -> %s: %s" % (c.ops[0], c.outcome, c.detail))
         n_fuzz += round_fuzz
         if time.monotonic() >= deadline:
             break

@@ -2,8 +2,13 @@
 // clear errors for bad input (unknown model_type, missing or corrupt calibration file).
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
+#include <chrono>
 #include <fstream>
 #include <set>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -80,6 +85,30 @@ TEST(PlanCli, NothingFitsExitsOneNamingTheClosest) {
   json j = json::parse(r.out, nullptr, false);  // the rows are still printed
   ASSERT_FALSE(j.is_discarded());
   for (const json& row : j["rows"]) EXPECT_FALSE(row["fits"].get<bool>());
+}
+
+// Inputs that are not regular files are refused at once, naming the flag and the path: a FIFO
+// (with no writer, reading it waited forever) and /dev/zero (read until memory ran out).
+TEST(PlanCli, FifoOrDeviceAsAnInputIsRefusedAtOnce) {
+  zoe::test::ScratchDir d("plan-fifo");
+  const std::string fifo = d.file("fifo.json");
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0644), 0);
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"tune --preset tiny" + kMem + " --calibration " + fifo,
+       "calibration file " + fifo + " is a FIFO (named pipe), not a regular file"},
+      {"tune --preset tiny" + kMem + " --calibration /dev/zero",
+       "calibration file /dev/zero is a character device, not a regular file"},
+      {"plan --hf-config " + fifo + kMem,
+       "--hf-config " + fifo + " is a FIFO (named pipe), not a regular file"},
+  };
+  for (const auto& [args, message] : cases) {
+    const auto t0 = std::chrono::steady_clock::now();
+    CmdResult r = zoe(args, "", 30);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_EQ(r.rc, 1) << args << "\n" << r.err;
+    EXPECT_LT(s, 5.0) << args;
+    EXPECT_NE(r.err.find(message), std::string::npos) << r.err;
+  }
 }
 
 TEST(PlanCli, BadInputGivesClearErrors) {
