@@ -214,6 +214,31 @@ Status Reader::verify() const {
   return Status::ok();
 }
 
+Status Reader::check_complete() const {
+  const Manifest& m = impl_->manifest;
+  for (uint32_t mod = 0; mod < m.modules.size(); ++mod) {
+    const uint64_t padded = m.modules[mod].padded;
+    for (const char* kind : {"param", "master", "exp_avg", "exp_avg_sq"}) {
+      uint64_t covered = 0;  // [0, covered) is held by the records seen
+      auto it = impl_->index.find({mod, kind});
+      if (it != impl_->index.end()) {
+        for (size_t t : it->second) {  // by begin
+          const TensorRecord& r = m.tensors[t];
+          if (r.begin > covered) break;
+          covered = std::max(covered, r.begin + r.count);
+        }
+      }
+      if (covered >= padded) continue;
+      return Status(StatusCode::kCorruption,
+                    "checkpoint " + impl_->dir + ": " + kManifestName + " lists no tensor for element " +
+                        std::to_string(covered) + " (of " + std::to_string(padded) + ") of module '" +
+                        m.modules[mod].name + "' '" + kind +
+                        "' state (a tensor is missing from the manifest: the checkpoint is incomplete)");
+    }
+  }
+  return Status::ok();
+}
+
 Status Reader::read_range(uint32_t module, const std::string& kind, uint64_t begin, uint64_t count,
                           const std::string& dtype_out, void* out) const {
   const Manifest& m = impl_->manifest;
