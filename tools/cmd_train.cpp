@@ -155,10 +155,9 @@ void TrainRun::build_config() {
     // The directories are the flag's (or the default's): the error names it, not only the key.
     Status paths = cfg.check_paths();
     if (!paths.is_ok()) {
-      usage_fail(paths.with_context(o.nvme_path.empty()
-                                        ? "the default NVMe directory ($ZOE_SCRATCH or /var/tmp) "
-                                          "of --offload nvme; give --nvme-path"
-                                        : "--nvme-path of --offload nvme"));
+      fail(paths.with_context(o.nvme_path.empty() ? "the default NVMe directory ($ZOE_SCRATCH or /var/tmp) "
+                                                    "of --offload nvme; give --nvme-path"
+                                                  : "--nvme-path of --offload nvme"));
     }
   }
   // From here on the config's values are the run's (bounded by Config::parse).

@@ -8,6 +8,7 @@
 #include <cinttypes>
 #include <cstring>
 #include <map>
+#include <set>
 #include <utility>
 
 #include "checkpoint/checkpoint.h"
@@ -216,9 +217,11 @@ Status Reader::verify() const {
 
 Status Reader::check_complete() const {
   const Manifest& m = impl_->manifest;
+  std::set<std::string> kinds = {"param"};
+  for (const TensorRecord& t : m.tensors) kinds.insert(t.kind);
   for (uint32_t mod = 0; mod < m.modules.size(); ++mod) {
     const uint64_t padded = m.modules[mod].padded;
-    for (const char* kind : {"param", "master", "exp_avg", "exp_avg_sq"}) {
+    for (const std::string& kind : kinds) {
       uint64_t covered = 0;  // [0, covered) is held by the records seen
       auto it = impl_->index.find({mod, kind});
       if (it != impl_->index.end()) {

@@ -166,14 +166,14 @@ Result<PlanInputs> plan_inputs(const PlanOptions& o) {
     in.base.bf16 = o.precision == "bf16";
     in.base.fp16.enabled = o.precision == "fp16";
   }
-  if (o.micro_batch < 0 || o.seq < 0 || o.grad_accum < 1 || o.micro_batch > kMaxPlanBatch ||
-      o.seq > kMaxPlanContext || o.grad_accum > kMaxPlanBatch) {
+  if (o.micro_batch < 0 || o.seq < 0 || o.grad_accum < 1 || o.micro_batch > kMaxPlanMicroBatch ||
+      o.seq > kMaxPlanContext || o.grad_accum > kMaxPlanAccum) {
     return invalid_argument(
         "--micro-batch %lld --seq %lld --grad-accum %lld: expected positive values (at most %lld, %lld and "
         "%lld)",
         static_cast<long long>(o.micro_batch), static_cast<long long>(o.seq),
-        static_cast<long long>(o.grad_accum), static_cast<long long>(kMaxPlanBatch),
-        static_cast<long long>(kMaxPlanContext), static_cast<long long>(kMaxPlanBatch));
+        static_cast<long long>(o.grad_accum), static_cast<long long>(kMaxPlanMicroBatch),
+        static_cast<long long>(kMaxPlanContext), static_cast<long long>(kMaxPlanAccum));
   }
   in.count_activations = o.micro_batch > 0 || o.seq > 0;
   in.work.micro_batch = o.micro_batch > 0  ? o.micro_batch

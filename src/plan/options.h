@@ -29,7 +29,10 @@ struct PlanOptions {
 
 // The bounds of the integer options (their errors give them): a world of at most 2^20 ranks.
 constexpr int64_t kMaxRanks = 1 << 20, kMaxPlanLayers = 1 << 16, kMaxPlanWidth = 1 << 16;
-constexpr int64_t kMaxPlanContext = 1 << 24, kMaxPlanBatch = 1 << 20;
+constexpr int64_t kMaxPlanContext = 1 << 24;
+// tune searches the micro-batches dividing --micro-batch x --grad-accum (a config holds at most
+// 2^20 of each): at most 2^50, whose divisors are found in 2^25 steps.
+constexpr int64_t kMaxPlanMicroBatch = 1 << 30, kMaxPlanAccum = 1 << 20;
 
 // "124439808", "7e9", "1.5B", "350M", "20K" (powers of 1000: parameter counts, not bytes).
 Result<uint64_t> parse_count(const std::string& s, const char* flag);
@@ -101,13 +104,13 @@ void add_plan_options(App& cmd, PlanOptions* o, IntRange int_range, Positive pos
   int_range(cmd.add_option("--micro-batch", o->micro_batch,
                            "Sequences per micro-batch per rank (default 1); given, "
                            "activations count against device memory"),
-            1, kMaxPlanBatch);
+            1, kMaxPlanMicroBatch);
   int_range(cmd.add_option("--seq", o->seq,
                            "Tokens per sequence (default: the model's context); given, activations "
                            "count against device memory"),
             1, kMaxPlanContext);
   int_range(cmd.add_option("--grad-accum", o->grad_accum, "Micro-batches per optimizer step"), 1,
-            kMaxPlanBatch)
+            kMaxPlanAccum)
       ->capture_default_str();
   cmd.add_option("--precision", o->precision,
                  "Compute precision: bf16, fp16 or fp32 (default bf16, or the "

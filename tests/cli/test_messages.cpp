@@ -56,17 +56,17 @@ TEST(Messages, SaveDirLockSaysItsContextOnce) {
 // the true reason, not the ENOENT of the swap file's open.
 TEST(Messages, UnusableNvmePathSaysWhy) {
   CmdResult r = zoe("train --preset tiny --steps 1 --quiet --offload nvme --nvme-path /proc");
-  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_EQ(r.rc, 1) << r.err;
   EXPECT_NE(r.err.find("'/proc' is on procfs, a kernel pseudo file system"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("--nvme-path"), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("No such file or directory"), std::string::npos) << r.err;
   r = zoe("train --preset tiny --steps 1 --quiet --offload nvme --nvme-path /sys/kernel");
-  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_EQ(r.rc, 1) << r.err;
   EXPECT_NE(r.err.find("'/sys/kernel' is on sysfs"), std::string::npos) << r.err;
   zoe::test::ScratchDir d("nvme");
   std::ofstream(d.file("plain")) << "x";
   r = zoe("train --preset tiny --steps 1 --quiet --offload nvme --nvme-path " + d.file("plain"));
-  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_EQ(r.rc, 1) << r.err;
   EXPECT_NE(r.err.find(d.file("plain") + "' is not a directory"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("--nvme-path"), std::string::npos) << r.err;
   // A config file's key is named the same way.
