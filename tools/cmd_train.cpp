@@ -152,6 +152,13 @@ void TrainRun::build_config() {
     auto c = flags_config(o, dirs, rt->world_size());
     if (!c.is_ok()) fail(c.status().with_context("the config built from the flags"));
     cfg = std::move(c).value();
+    // The directories are the flag's (or the default's): the error names it, not only the key.
+    Status paths = cfg.check_paths();
+    if (!paths.is_ok()) {
+      fail(paths.with_context(o.nvme_path.empty() ? "the default NVMe directory ($ZOE_SCRATCH or /var/tmp) "
+                                                    "of --offload nvme; give --nvme-path"
+                                                  : "--nvme-path of --offload nvme"));
+    }
   }
   // From here on the config's values are the run's (bounded by Config::parse).
   o.micro_batch = static_cast<int>(cfg.micro_batch());

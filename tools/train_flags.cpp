@@ -205,15 +205,22 @@ CLI::App* add_train_options(CLI::App& app, TrainOpts* o) {
   cmd->add_option("--config", o->config, "Engine config (DeepSpeed-compatible JSON)");
   cmd->add_option("--preset", o->preset, "Model size: tiny, small, demo, medium, large, 2b")
       ->capture_default_str();
-  cmd->add_option("--layers", o->layers, "Transformer blocks (overrides the preset)");
-  cmd->add_option("--d-model", o->d_model, "Width (overrides the preset)");
-  cmd->add_option("--heads", o->heads, "Attention heads (overrides the preset)");
-  cmd->add_option("--context", o->context, "Positions the model has (overrides the preset)");
-  cmd->add_option("--seq", o->seq, "Tokens per training sequence (default: the model's context)");
-  cmd->add_option(
-      "--micro-batch", o->micro_batch,
-      "Sequences per micro-batch per rank (default 8, or the config's train_micro_batch_size_per_gpu)");
-  cmd->add_option("--steps", o->steps, "Optimizer steps")->capture_default_str();
+  int_range(cmd->add_option("--layers", o->layers, "Transformer blocks (overrides the preset)"), 1,
+            kMaxLayers);
+  int_range(cmd->add_option("--d-model", o->d_model, "Width (overrides the preset)"), 1, kMaxWidth);
+  int_range(cmd->add_option("--heads", o->heads, "Attention heads (overrides the preset)"), 1, kMaxWidth);
+  int_range(cmd->add_option("--context", o->context, "Positions the model has (overrides the preset)"), 1,
+            kMaxContext);
+  int_range(cmd->add_option("--seq", o->seq, "Tokens per training sequence (default: the model's context)"),
+            2, kMaxContext);
+  int_range(
+      cmd->add_option(
+          "--micro-batch", o->micro_batch,
+          "Sequences per micro-batch per rank (default 8 without --config; with --config, the config's "
+          "train_micro_batch_size_per_gpu, else train_batch_size / (gradient_accumulation_steps x ranks), "
+          "else 1 as in DeepSpeed: not 8)"),
+      1, kMaxMicroBatch);
+  int_range(cmd->add_option("--steps", o->steps, "Optimizer steps"), 1, INT32_MAX)->capture_default_str();
   cmd->add_option("--lr", o->lr,
                   "Learning rate (default: the config's, or 1e-3 as DeepSpeed's optimizer.params.lr; 0 is "
                   "legal)");
@@ -222,9 +229,11 @@ CLI::App* add_train_options(CLI::App& app, TrainOpts* o) {
                   "optimizer.params.weight_decay; torch.optim.AdamW's default is 0.01)");
   cmd->add_option("--seed", o->seed_text, "Seed of the initial weights, the data and the sampling")
       ->capture_default_str();
-  cmd->add_option("--eval-every", o->eval_every,
-                  "Evaluate on the held-out part every N steps (0: at the end)");
-  cmd->add_option("--eval-batches", o->eval_batches, "Batches per evaluation")->capture_default_str();
+  int_range(cmd->add_option("--eval-every", o->eval_every,
+                            "Evaluate on the held-out part every N steps (0: at the end)"),
+            0, INT32_MAX);
+  int_range(cmd->add_option("--eval-batches", o->eval_batches, "Batches per evaluation"), 1, kMaxEvalBatches)
+      ->capture_default_str();
   cmd->add_option("--device-budget", o->device_budget,
                   "Device memory budget, e.g. 256MiB (overrides the config)");
   cmd->add_option("--offload", o->offload,
@@ -238,15 +247,20 @@ CLI::App* add_train_options(CLI::App& app, TrainOpts* o) {
                   "Without --data: the built-in additions, add (operands below 1000), add2 (below 100) "
                   "or add1 (below 10: learned in a few minutes, the demo's task)")
       ->capture_default_str();
-  cmd->add_option("--sample", o->sample,
-                  "Generate N bytes from --prompt before and after training and print them, with the share "
-                  "of their words found in the training text (default 160 with --data, else 0)");
+  int_range(cmd->add_option(
+                "--sample", o->sample,
+                "Generate N bytes from --prompt before and after training and print them, with the share "
+                "of their words found in the training text (default 160 with --data, else 0)"),
+            0, 1 << 16);
   cmd->add_option("--prompt", o->prompt, "The text a sample continues")->capture_default_str();
   cmd->add_option("--temperature", o->temperature, "Sampling temperature (0: always the most likely byte)")
       ->capture_default_str();
   cmd->add_option("--trace", o->trace, "Write a Chrome-trace timeline of every transfer and kernel here");
-  cmd->add_option("--threads", o->threads, "CPU threads for the optimizer and the model (0: all)");
-  cmd->add_option("--save-every", o->save_every, "Save a checkpoint every N steps (needs --save-dir)");
+  int_range(cmd->add_option("--threads", o->threads, "CPU threads for the optimizer and the model (0: all)"),
+            0, kMaxThreads);
+  int_range(
+      cmd->add_option("--save-every", o->save_every, "Save a checkpoint every N steps (needs --save-dir)"), 0,
+      INT32_MAX);
   cmd->add_flag("--save-async", o->save_async,
                 "Write checkpoints in the background, overlapping the next step's "
                 "forward and backward");

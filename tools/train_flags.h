@@ -10,6 +10,7 @@
 #include <CLI/CLI.hpp>
 
 #include "model/gpt.h"
+#include "zoe/cli.h"
 #include "zoe/zoe.h"
 
 namespace zoe::cli {
@@ -19,7 +20,7 @@ struct TrainOpts {
   std::string preset = "small";
   int layers = 0, d_model = 0, heads = 0, context = 0;  // 0 when not given: the preset's
   int seq = 0;          // tokens per training sequence (default: the model's context)
-  int micro_batch = 8;  // without --config, or given: train_micro_batch_size_per_gpu
+  int micro_batch = 8;  // without --config (a config without the key gives 1), or given
   int steps = 100;
   double lr = 1e-3;           // without --config, or given: optimizer.params.lr
   double weight_decay = 0.0;  // without --config only: optimizer.params.weight_decay
@@ -52,9 +53,8 @@ struct TrainOpts {
   bool has(const char* flag) const { return given.count(flag) != 0; }
 };
 
-// Sane bounds of the flags (the messages give them).
-constexpr int kMaxLayers = 4096, kMaxWidth = 1 << 16, kMaxContext = 1 << 20, kMaxMicroBatch = 1 << 20;
-constexpr int kMaxThreads = 4096, kMaxEvalBatches = 1 << 20;
+// Sane bounds of the flags (the messages give them); the others are zoe/cli.h's.
+constexpr int kMaxEvalBatches = 1 << 20;
 
 // The model's shape from --preset and the shape flags (exits 2 naming a bad one).
 model::GptConfig model_config(const TrainOpts& o);

@@ -18,7 +18,8 @@
 
 namespace CLI {
 class App;  // CLI11 (libcli11-dev): a program that adds commands includes <CLI/CLI.hpp>
-}
+class Option;
+}  // namespace CLI
 
 namespace zoe::cli {
 
@@ -37,9 +38,22 @@ struct CommandError {
 // A flag's value is wrong: the message names the flag and the value.
 [[noreturn]] inline void usage_fail(Status s) { throw CommandError{std::move(s), kExitUsage}; }
 
+// Bounds shared by the commands' integer flags (the messages give them).
+constexpr int kMaxThreads = 4096;     // CPU threads
+constexpr int kMaxNumaNode = 1023;    // Linux's default CONFIG_NODES_SHIFT
+constexpr int kMaxRepeats = 1000000;  // measured rounds, passes
+constexpr int kMaxLayers = 4096, kMaxWidth = 1 << 16, kMaxContext = 1 << 20, kMaxMicroBatch = 1 << 20;
+
 // Checks an integer flag's value: "--eval-batches 0 is out of range (expected an integer in
 // [1, 1000000])" as a usage error otherwise.
 void check_flag_range(const char* flag, int64_t value, int64_t min, int64_t max);
+// Bounds an integer option as it is parsed: a value that is not an integer in [min, max] is a usage
+// error with check_flag_range's message, naming the option. Every integer option of a command is
+// added through it: int_range(cmd->add_option("--threads", o->threads, "..."), 0, kMaxThreads).
+CLI::Option* int_range(CLI::Option* opt, int64_t min, int64_t max);
+// Bounds a real-valued option (a rate, a bandwidth, FLOP/s) as it is parsed: 0, negative, nan and
+// inf are usage errors naming the option ("--flops 0 is not a positive finite number").
+CLI::Option* positive_real(CLI::Option* opt);
 // An unsigned integer flag given as text (CLI11 wraps "-1" into an unsigned): digits only.
 uint64_t parse_uint_flag(const char* flag, const std::string& text);
 // An output flag's path, checked before a long run (zoe/files.h's check_output_path: a regular file

@@ -53,6 +53,11 @@ class Config {
   Status set_device_budget(uint64_t bytes);      // zoe.device_budget (0: the whole device)
   Status set_optimizer_threads(int threads);     // zoe.optimizer_threads (0: all cores)
   Status set_device(const std::string& device);  // zoe.device: "auto", "cpu" or "cuda"
+  // Whether every nvme_path directory of an offload on "nvme" can hold the swap files: it exists,
+  // is a writable directory, is not on a kernel pseudo file system (procfs, sysfs) and a file can
+  // be created there. The error names the key, the directory and the reason. Engine::create asks
+  // the same; a program asks first to name its own flag.
+  Status check_paths() const;
 
   // Any key by its JSON path ("train_batch_size", "zero_optimization.offload_param.device"):
   //   get(): the value as JSON text, as to_json() writes it (3, "nvme", true, {"device": "cpu"});

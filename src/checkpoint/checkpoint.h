@@ -261,6 +261,12 @@ class Reader {
   Status read_range(uint32_t module, const std::string& kind, uint64_t begin, uint64_t count,
                     const std::string& dtype_out, void* out) const;
   bool has_kind(const std::string& kind) const;
+  // The manifest's structure is whole: for every module, "param" and every other state the
+  // manifest holds for any module ("master", "exp_avg", "exp_avg_sq") are covered over
+  // [0, padded) by tensor records. A gap (a tensor dropped from the manifest, `tensors: []`) is
+  // kCorruption naming the module, the state and the first element no record holds. `zoe ckpt
+  // verify` and Engine::load both ask it, so they accept and refuse the same manifests.
+  Status check_complete() const;
   // Re-reads manifest().files[index] and compares its xxh64 (what verify() does for each file).
   Status verify_file(size_t index) const;
   // Streams manifest().files[index] from its start to its end in pieces of at most piece_bytes

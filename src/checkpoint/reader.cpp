@@ -8,6 +8,7 @@
 #include <cinttypes>
 #include <cstring>
 #include <map>
+#include <set>
 #include <utility>
 
 #include "checkpoint/checkpoint.h"
@@ -213,6 +214,33 @@ Status Reader::verify_file(size_t i) const { return scan_file(i, kVerifyPiece, n
 
 Status Reader::verify() const {
   for (size_t i = 0; i < impl_->manifest.files.size(); ++i) ZOE_RETURN_IF_ERROR(verify_file(i));
+  return Status::ok();
+}
+
+Status Reader::check_complete() const {
+  const Manifest& m = impl_->manifest;
+  std::set<std::string> kinds = {"param"};
+  for (const TensorRecord& t : m.tensors) kinds.insert(t.kind);
+  for (uint32_t mod = 0; mod < m.modules.size(); ++mod) {
+    const uint64_t padded = m.modules[mod].padded;
+    for (const std::string& kind : kinds) {
+      uint64_t covered = 0;  // [0, covered) is held by the records seen
+      auto it = impl_->index.find({mod, kind});
+      if (it != impl_->index.end()) {
+        for (size_t t : it->second) {  // by begin
+          const TensorRecord& r = m.tensors[t];
+          if (r.begin > covered) break;
+          covered = std::max(covered, r.begin + r.count);
+        }
+      }
+      if (covered >= padded) continue;
+      return Status(StatusCode::kCorruption,
+                    "checkpoint " + impl_->dir + ": " + kManifestName + " lists no tensor for element " +
+                        std::to_string(covered) + " (of " + std::to_string(padded) + ") of module '" +
+                        m.modules[mod].name + "' '" + kind +
+                        "' state (a tensor is missing from the manifest: the checkpoint is incomplete)");
+    }
+  }
   return Status::ok();
 }
 

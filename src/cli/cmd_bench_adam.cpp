@@ -195,8 +195,9 @@ static void add_bench_adam_command(CLI::App& bench) {
       "streams, the full step (norm + fused pass), and the unfused step (norm; scale; Adam; cast),\n"
       "all measured alternately in one run");
   cmd->add_option("--params", o->params, "Parameters in the shard, e.g. 64M, 256M, 1e8 (default 64M)");
-  cmd->add_option("--threads", o->threads, "Threads (default: all)");
-  cmd->add_option("--numa-node", o->numa_node, "Bind the threads to this NUMA node's cores");
+  int_range(cmd->add_option("--threads", o->threads, "Threads (default: all)"), 0, kMaxThreads);
+  int_range(cmd->add_option("--numa-node", o->numa_node, "Bind the threads to this NUMA node's cores"), -1,
+            kMaxNumaNode);
   cmd->add_option("--grad-dtype", o->grad_dtype, "fp32|bf16|fp16 (default fp32)");
   cmd->add_option("--out-dtype", o->out_dtype,
                   "none|bf16|fp16: the param copy for the device (default bf16)");
@@ -204,7 +205,8 @@ static void add_bench_adam_command(CLI::App& bench) {
   cmd->add_flag("--stochastic-rounding", o->stochastic_rounding,
                 "bf16 m/v: round stochastically (default RNE)");
   cmd->add_option("--simd", o->simd, "scalar|avx2|avx512 (default: the best this CPU has, or $ZOE_SIMD)");
-  cmd->add_option("--repeats", o->repeats, "Measured rounds after one warm-up (default 5)");
+  int_range(cmd->add_option("--repeats", o->repeats, "Measured rounds after one warm-up (default 5)"), 1,
+            kMaxRepeats);
   cmd->add_flag("--json", o->json, "Print one JSON object");
   cmd->callback([o] {
     optim::bench::Config c = config_from(*o);

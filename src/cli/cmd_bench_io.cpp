@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/clock.h"
+#include "core/dir_check.h"
 #include "core/log.h"
 #include "core/units.h"
 #include "io/io_bench.h"
@@ -115,10 +116,8 @@ IoArgs parse_io_args(const BenchIoOpts& o) {
   }
   if (o.loops < 1 || o.warmup < 0) fail(invalid_argument("--loops must be >= 1 and --warmup >= 0"));
   for (const auto& p : a.paths) {
-    struct stat st;
-    if (stat(p.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-      fail(not_found("--path %s is not an existing directory", p.c_str()));
-    }
+    Status s = check_dir_holds_files("--path", p);
+    if (!s.is_ok()) fail(s);
   }
   if (!o.plot.empty()) {
     check_output_flag("--plot", o.plot);
@@ -332,8 +331,10 @@ static void add_bench_io_command(CLI::App& bench) {
   cmd->add_option("--engine", o->engines, "I/O engine(s): uring, threads (comma separated)")
       ->capture_default_str();
   cmd->add_option("--rw", o->rw, "read, write, or both (comma separated)")->capture_default_str();
-  cmd->add_option("--loops", o->loops, "Timed passes per row")->capture_default_str();
-  cmd->add_option("--warmup", o->warmup, "Untimed passes before them")->capture_default_str();
+  int_range(cmd->add_option("--loops", o->loops, "Timed passes per row"), 1, kMaxRepeats)
+      ->capture_default_str();
+  int_range(cmd->add_option("--warmup", o->warmup, "Untimed passes before them"), 0, kMaxRepeats)
+      ->capture_default_str();
   cmd->add_option("--direct", o->direct,
                   "O_DIRECT: prefer (fall back to buffered with a warning), require, off")
       ->capture_default_str();

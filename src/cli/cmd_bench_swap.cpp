@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/clock.h"
+#include "core/dir_check.h"
 #include "core/units.h"
 #include "io/checksum.h"
 #include "io/io_engine.h"
@@ -106,9 +107,8 @@ SwapArgs parse_swap_args(const BenchSwapOpts& o) {
     a.paths.push_back(env && *env ? env : "/var/tmp");
   }
   for (const auto& p : a.paths) {
-    struct stat st;
-    if (stat(p.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
-      fail(not_found("--path %s is not an existing directory", p.c_str()));
+    Status s = check_dir_holds_files("--path", p);
+    if (!s.is_ok()) fail(s);
   }
   return a;
 }
@@ -406,14 +406,16 @@ static void add_bench_swap_command(CLI::App& bench) {
                   "Directory for the swap files; repeat to stripe (default $ZOE_SCRATCH or /var/tmp)");
   cmd->add_option("--sub-group", o->sub_group, "Elements per optimizer sub-group (sub_group_size)")
       ->capture_default_str();
-  cmd->add_option("--buffers", o->buffers, "Pinned buffers in all (4 per pipeline slot)")
+  int_range(cmd->add_option("--buffers", o->buffers, "Pinned buffers in all (4 per pipeline slot)"), 1, 4096)
       ->capture_default_str();
   cmd->add_option("--buffer-size", o->buffer_size, "Bytes per buffer")->capture_default_str();
   cmd->add_option("--grad-dtype", o->grad_dtype, "bf16, fp16 or fp32")->capture_default_str();
-  cmd->add_option("--threads", o->threads, "Optimizer threads (0: all)")->capture_default_str();
-  cmd->add_option("--repeats", o->repeats, "Repeats of each measurement (medians reported)")
+  int_range(cmd->add_option("--threads", o->threads, "Optimizer threads (0: all)"), 0, kMaxThreads)
       ->capture_default_str();
-  cmd->add_option("--qd", o->qd, "I/O queue depth")->capture_default_str();
+  int_range(cmd->add_option("--repeats", o->repeats, "Repeats of each measurement (medians reported)"), 1,
+            kMaxRepeats)
+      ->capture_default_str();
+  int_range(cmd->add_option("--qd", o->qd, "I/O queue depth"), 1, 4096)->capture_default_str();
   cmd->add_option("--trace", o->trace, "Write a Chrome-trace timeline of the last step to this file");
   cmd->add_flag("--json", o->json, "Print one JSON object");
   cmd->add_flag("--checksum", o->checksum,

@@ -134,15 +134,17 @@ void add_verify(CLI::App& ckpt) {
   };
   auto o = std::make_shared<Opts>();
   CLI::App* cmd = ckpt.add_subcommand("verify",
-                                      "Re-read every file of a checkpoint and check its xxh64; exit 1 "
-                                      "naming the first file that does not match");
+                                      "Check that a checkpoint's manifest lists every tensor a --resume "
+                                      "loads, re-read every file and check its xxh64; exit 1 naming the "
+                                      "first missing tensor or the first file that does not match");
   cmd->add_option("dir", o->dir, "A save directory (its `latest`) or a checkpoint directory")->required();
   cmd->add_flag("--json", o->json, "Print one JSON object");
   cmd->callback([o] {
     auto r = value_or_fail(ckpt::Reader::open(o->dir));
     const auto& files = r->manifest().files;
     json jf = json::array();
-    Status first;
+    // The structure first (what --resume refuses, verify refuses), then every byte.
+    Status first = r->check_complete();
     uint64_t bytes = 0;
     for (size_t i = 0; i < files.size(); ++i) {
       Status s = r->verify_file(i);
@@ -158,7 +160,11 @@ void add_verify(CLI::App& ckpt) {
       if (!s.is_ok() && first.is_ok()) first = s;
     }
     if (o->json) {
-      print_json(nlohmann::json{{"path", r->path()}, {"ok", first.is_ok()}, {"bytes", bytes}, {"files", jf}});
+      print_json(nlohmann::json{{"path", r->path()},
+                                {"ok", first.is_ok()},
+                                {"bytes", bytes},
+                                {"files", jf},
+                                {"complete", r->check_complete().is_ok()}});
     } else if (first.is_ok()) {
       printf("verified %zu files, %s: OK\n", files.size(), format_bytes(bytes).c_str());
     }
@@ -219,8 +225,9 @@ void add_consolidate(CLI::App& ckpt) {
                   "safetensors (zoe's names: <module>.<param>) or hf-gpt2 (GPT2LMHeadModel's names and "
                   "layouts)")
       ->capture_default_str();
-  cmd->add_option("--n-head", o->n_head,
-                  "hf-gpt2: attention heads (default: from the checkpoint's trainer state)");
+  int_range(cmd->add_option("--n-head", o->n_head,
+                            "hf-gpt2: attention heads (default: from the checkpoint's trainer state)"),
+            1, kMaxWidth);
   cmd->add_flag("--json", o->json, "Print one JSON object");
   cmd->callback([o] {
     if (o->format != "safetensors" && o->format != "hf-gpt2") {
@@ -316,16 +323,26 @@ void add_eval(CLI::App& ckpt) {
   cmd->add_option("--tokens", o->tokens,
                   "JSON file: rows of T + 1 token ids (inputs row[:-1], targets row[1:])");
   cmd->add_option("--data", o->data, "The text file `zoe train --data` trained on");
-  cmd->add_option(
-      "--train-batch", o->train_batch,
-      "With --data: the batch of training step N (1-based, as zoe train counts; rank 0, micro-batch 0)");
-  cmd->add_option("--micro-batch", o->micro_batch, "With --data: sequences per batch, as zoe train's")
+  int_range(
+      cmd->add_option("--train-batch", o->train_batch,
+                      "With --data: the batch of training step N (1-based, as zoe train counts; rank 0, "
+                      "micro-batch 0)"),
+      1, INT32_MAX);
+  int_range(
+      cmd->add_option("--micro-batch", o->micro_batch, "With --data: sequences per batch, as zoe train's"), 1,
+      kMaxMicroBatch)
       ->capture_default_str();
-  cmd->add_option("--seq", o->seq, "With --data: tokens per sequence (default: the model's positions)");
-  cmd->add_option("--seed", o->seed, "With --data: zoe train's --seed (default: the checkpoint's)");
+  int_range(
+      cmd->add_option("--seq", o->seq, "With --data: tokens per sequence (default: the model's positions)"),
+      2, kMaxContext);
+  int_range(
+      cmd->add_option("--seed", o->seed, "With --data: zoe train's --seed (default or 0: the checkpoint's)"),
+      0, INT64_MAX);
   cmd->add_option("--state", o->state, "master or param (default: master when saved, as consolidate)");
-  cmd->add_option("--n-head", o->n_head, "Attention heads (default: from the checkpoint's trainer state)");
-  cmd->add_option("--threads", o->threads, "CPU threads (0: all)");
+  int_range(cmd->add_option("--n-head", o->n_head,
+                            "Attention heads (default: from the checkpoint's trainer state)"),
+            1, kMaxWidth);
+  int_range(cmd->add_option("--threads", o->threads, "CPU threads (0: all)"), 0, kMaxThreads);
   cmd->add_flag("--json", o->json, "Print one JSON object (with the tokens and targets evaluated)");
   cmd->callback([o] {
     if (o->tokens.empty() == o->data.empty())

@@ -138,8 +138,9 @@ static void add_plan_command(CLI::App& app) {
       "Bytes per rank are the engine's own placement plan; the step time is the critical path of the\n"
       "engine's pipeline over the link rates (docs/cost-model.md). Rows that fit come first, fastest\n"
       "first. Exit code 1 when nothing fits, naming the closest placement and what it lacks.");
-  plan::add_plan_options(*cmd, &o->plan);
-  cmd->add_option("--top", o->top, "Show only the first N rows of the table (0: all)");
+  plan::add_plan_options(*cmd, &o->plan, int_range, positive_real);
+  int_range(cmd->add_option("--top", o->top, "Show only the first N rows of the table (0: all)"), 0,
+            INT32_MAX);
   cmd->add_flag("--json", o->json, "Print one JSON object {\"params\": N, \"rows\": [...]}");
   cmd->callback([o] { run(*o); });
 }

@@ -125,11 +125,20 @@ plan::PlanInputs at_micro_batch(const plan::PlanInputs& in, int64_t micro) {
 // given one with --fixed-micro-batch.
 std::vector<int64_t> micro_batches(const plan::Workload& w, bool fixed) {
   if (fixed) return {w.micro_batch};
-  const int64_t total = w.micro_batch * w.grad_accum;
-  std::vector<int64_t> out;
-  for (int64_t d = total; d >= 1; --d) {
-    if (total % d == 0) out.push_back(d);
+  int64_t total = 0;
+  if (__builtin_mul_overflow(w.micro_batch, w.grad_accum, &total)) {
+    fail(invalid_argument("micro-batch %lld x gradient accumulation %lld overflows 64 bits",
+                          static_cast<long long>(w.micro_batch), static_cast<long long>(w.grad_accum)));
   }
+  // The divisors in pairs (d, total / d) up to the square root: a large batch costs its root.
+  std::vector<int64_t> small, large;
+  for (int64_t d = 1; d <= total / d; ++d) {
+    if (total % d != 0) continue;
+    small.push_back(d);
+    if (d != total / d) large.push_back(total / d);
+  }
+  std::vector<int64_t> out(large.begin(), large.end());
+  out.insert(out.end(), small.rbegin(), small.rend());
   return out;
 }
 
@@ -586,20 +595,24 @@ static void add_tune_command(CLI::App& app) {
       "the choice as a config for zoe train --config; --verify K runs the K best placements and chooses\n"
       "the measured best.\n"
       "The network rate is not measured: give --net-gbps/--intra-gbps.");
-  plan::add_plan_options(*cmd, &o->plan);
+  plan::add_plan_options(*cmd, &o->plan, int_range, positive_real);
   cmd->add_flag("--calibrate", o->calibrate, "Measure this host's rates first and use them");
   cmd->add_option("--calibration-out", o->calibration_out, "Where --calibrate saves the rates (JSON)")
       ->capture_default_str();
   cmd->add_option("--calibrate-bytes", o->calibrate_bytes, "Bytes of the NVMe calibration file")
       ->capture_default_str();
   cmd->add_option("--out", o->out, "Write the chosen placement as a DeepSpeed-compatible config here");
-  cmd->add_option("--verify", o->verify,
-                  "Run the K best candidates for --verify-steps engine steps each on the model's modules (no "
-                  "model compute), print predicted against measured, and choose the measured best; exit 1 "
-                  "if a tier's high-water mark exceeds the plan");
-  cmd->add_option("--verify-steps", o->verify_steps,
-                  "Timed engine steps per verified candidate (default 0: auto, at least 3 and at least 2 s "
-                  "of steps, at most 50: a short step is noisy)")
+  int_range(cmd->add_option(
+                "--verify", o->verify,
+                "Run the K best candidates for --verify-steps engine steps each on the model's modules (no "
+                "model compute), print predicted against measured, and choose the measured best; exit 1 "
+                "if a tier's high-water mark exceeds the plan"),
+            1, 1000);
+  int_range(cmd->add_option(
+                "--verify-steps", o->verify_steps,
+                "Timed engine steps per verified candidate (default 0: auto, at least 3 and at least 2 s "
+                "of steps, at most 50: a short step is noisy)"),
+            0, 1000)
       ->capture_default_str();
   cmd->add_flag(
       "--fixed-micro-batch", o->fixed_micro,

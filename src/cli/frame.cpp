@@ -4,8 +4,11 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstdarg>
 #include <cstdlib>
+
+#include <CLI/CLI.hpp>
 
 #include "core/clock.h"
 #include "zoe/files.h"
@@ -52,6 +55,40 @@ void check_flag_range(const char* flag, int64_t value, int64_t min, int64_t max)
   usage_fail(invalid_argument("%s %lld is out of range (expected an integer in [%lld, %lld])", flag,
                               static_cast<long long>(value), static_cast<long long>(min),
                               static_cast<long long>(max)));
+}
+
+CLI::Option* int_range(CLI::Option* opt, int64_t min, int64_t max) {
+  const std::string flag = opt->get_name();
+  opt->check(
+      [flag, min, max](const std::string& text) {
+        char* end = nullptr;
+        errno = 0;
+        const long long v = strtoll(text.c_str(), &end, 10);
+        if (text.empty() || *end != 0 || errno == ERANGE) {
+          usage_fail(invalid_argument("%s %s is not an integer (expected one in [%lld, %lld])", flag.c_str(),
+                                      text.c_str(), static_cast<long long>(min),
+                                      static_cast<long long>(max)));
+        }
+        check_flag_range(flag.c_str(), v, min, max);
+        return std::string();
+      },
+      fmt("INT in [%lld, %lld]", static_cast<long long>(min), static_cast<long long>(max)));
+  return opt;
+}
+
+CLI::Option* positive_real(CLI::Option* opt) {
+  const std::string flag = opt->get_name();
+  opt->check(
+      [flag](const std::string& text) {
+        char* end = nullptr;
+        const double v = strtod(text.c_str(), &end);
+        if (text.empty() || *end != 0 || !std::isfinite(v) || v <= 0) {
+          usage_fail(invalid_argument("%s %s is not a positive finite number", flag.c_str(), text.c_str()));
+        }
+        return std::string();
+      },
+      "a positive finite number");
+  return opt;
 }
 
 uint64_t parse_uint_flag(const char* flag, const std::string& text) {

@@ -1,12 +1,9 @@
 // check_paths: the nvme_path directories of a Config, examined on the file system.
 #include "config/paths.h"
 
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
 #include <string>
+
+#include "core/dir_check.h"
 
 namespace zoe::config {
 
@@ -21,26 +18,7 @@ Status check_dirs(const OffloadConfig& o, const char* block) {
         "or a list of them)",
         block, key.c_str());
   }
-  for (const auto& d : o.nvme_path) {
-    if (d.find('\0') != std::string::npos) {
-      return invalid_argument("%s: '%s' contains a NUL byte (not a usable path)", key.c_str(), d.c_str());
-    }
-    struct stat st {};
-    if (stat(d.c_str(), &st) != 0) {
-      const int err = errno;
-      return Status(
-          err == ENOENT ? StatusCode::kNotFound : StatusCode::kInvalidArgument,
-          key + ": '" + d + "' " +
-              (err == ENOENT ? "does not exist" : "cannot be examined: " + std::string(strerror(err))),
-          err);
-    }
-    if (!S_ISDIR(st.st_mode)) return invalid_argument("%s: '%s' is not a directory", key.c_str(), d.c_str());
-    if (access(d.c_str(), W_OK | X_OK) != 0) {
-      const int err = errno;
-      return Status(StatusCode::kPermissionDenied, key + ": '" + d + "' is not writable: " + strerror(err),
-                    err);
-    }
-  }
+  for (const auto& d : o.nvme_path) ZOE_RETURN_IF_ERROR(check_dir_holds_files(key, d));
   return Status::ok();
 }
 

@@ -10,7 +10,9 @@ namespace zoe::config {
 // Checks every nvme_path directory of an offload block whose device is "nvme"
 // (zero_optimization.offload_optimizer, then offload_param): it must exist (kNotFound
 // otherwise), be a directory and be writable and searchable by this process
-// (kPermissionDenied). Each error names the key's JSON path and the directory, e.g.
+// (kPermissionDenied), not be on a kernel pseudo file system such as procfs or sysfs, and a file
+// must be creatable there (a probe file, removed at once; the error gives the reason the kernel
+// gave). Each error names the key's JSON path and the directory, e.g.
 // "zero_optimization.offload_param.nvme_path: '/mnt/nvme' does not exist". Blocks not on nvme
 // are not examined.
 [[nodiscard]] Status check_paths(const Config& c);

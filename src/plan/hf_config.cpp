@@ -11,6 +11,7 @@
 // Buffers (rotary inv_freq, causal masks) are not parameters and are not counted.
 #include "plan/hf_config.h"
 
+#include <algorithm>
 #include <cerrno>
 
 #include <nlohmann/json.hpp>
@@ -29,6 +30,10 @@ const std::vector<std::string>& hf_model_types() {
 
 namespace {
 
+// The largest dimensions zoe plans for (a key above its cap is refused, naming the key and the cap,
+// before anything is built); the model's parameters are capped at kMaxModelParams.
+constexpr int64_t kMaxLayers = 1 << 16, kMaxWidth = 1 << 20, kMaxVocab = 1 << 24, kMaxPositions = 1 << 24;
+
 // The description's dimensions (what `zoe plan` prints beside the counts).
 ModelDesc with_dims(ModelDesc m, int64_t layers, int64_t d, int64_t heads, int64_t vocab, int64_t context) {
   m.layers = static_cast<int>(layers);
@@ -44,14 +49,20 @@ struct Reader {
   const json& j;
   std::string where, type;
 
-  // A positive integer under the first of `keys` present; `def` (> 0) when none is and def is set.
-  Result<int64_t> dim(std::initializer_list<const char*> keys, int64_t def = 0) const {
+  // A positive integer at most `max` under the first of `keys` present; `def` (> 0) when none is and
+  // def is set.
+  Result<int64_t> dim(std::initializer_list<const char*> keys, int64_t max, int64_t def = 0) const {
     for (const char* k : keys) {
       auto it = j.find(k);
       if (it == j.end() || it->is_null()) continue;
       if (!it->is_number_integer() || it->get<int64_t>() <= 0) {
         return invalid_argument("%s: key \"%s\" of a %s config is %s, expected a positive integer",
                                 where.c_str(), k, type.c_str(), it->dump().c_str());
+      }
+      if (it->get<int64_t>() > max) {
+        return invalid_argument("%s: key \"%s\" of a %s config is %s, more than %lld, the most zoe plans for",
+                                where.c_str(), k, type.c_str(), it->dump().c_str(),
+                                static_cast<long long>(max));
       }
       return it->get<int64_t>();
     }
@@ -73,12 +84,12 @@ struct Reader {
 size_t sz(int64_t v) { return static_cast<size_t>(v); }
 
 Result<ModelDesc> gpt2(const Reader& r) {
-  ZOE_ASSIGN_OR_RETURN(int64_t vocab, r.dim({"vocab_size"}));
-  ZOE_ASSIGN_OR_RETURN(int64_t pos, r.dim({"n_positions", "n_ctx"}));
-  ZOE_ASSIGN_OR_RETURN(int64_t d, r.dim({"n_embd"}));
-  ZOE_ASSIGN_OR_RETURN(int64_t layers, r.dim({"n_layer"}));
-  ZOE_ASSIGN_OR_RETURN(int64_t heads, r.dim({"n_head"}));
-  ZOE_ASSIGN_OR_RETURN(int64_t inner, r.dim({"n_inner"}, 4 * d));
+  ZOE_ASSIGN_OR_RETURN(int64_t vocab, r.dim({"vocab_size"}, kMaxVocab));
+  ZOE_ASSIGN_OR_RETURN(int64_t pos, r.dim({"n_positions", "n_ctx"}, kMaxPositions));
+  ZOE_ASSIGN_OR_RETURN(int64_t d, r.dim({"n_embd"}, kMaxWidth));
+  ZOE_ASSIGN_OR_RETURN(int64_t layers, r.dim({"n_layer"}, kMaxLayers));
+  ZOE_ASSIGN_OR_RETURN(int64_t heads, r.dim({"n_head"}, kMaxWidth));
+  ZOE_ASSIGN_OR_RETURN(int64_t inner, r.dim({"n_inner"}, kMaxWidth, 4 * d));
   ZOE_ASSIGN_OR_RETURN(bool tied, r.flag("tie_word_embeddings", true));
   if (d % heads != 0) {
     return invalid_argument("%s: n_embd %lld is not a multiple of n_head %lld", r.where.c_str(),
@@ -98,19 +109,26 @@ Result<ModelDesc> gpt2(const Reader& r) {
 
 // llama, mistral, qwen2: the same layout; qwen2 has q/k/v biases.
 Result<ModelDesc> llama_like(const Reader& r) {
-  ZOE_ASSIGN_OR_RETURN(int64_t vocab, r.dim({"vocab_size"}));
-  ZOE_ASSIGN_OR_RETURN(int64_t d, r.dim({"hidden_size"}));
-  ZOE_ASSIGN_OR_RETURN(int64_t inter, r.dim({"intermediate_size"}));
-  ZOE_ASSIGN_OR_RETURN(int64_t layers, r.dim({"num_hidden_layers"}));
-  ZOE_ASSIGN_OR_RETURN(int64_t heads, r.dim({"num_attention_heads"}));
-  ZOE_ASSIGN_OR_RETURN(int64_t kv, r.dim({"num_key_value_heads"}, heads));
+  ZOE_ASSIGN_OR_RETURN(int64_t vocab, r.dim({"vocab_size"}, kMaxVocab));
+  ZOE_ASSIGN_OR_RETURN(int64_t d, r.dim({"hidden_size"}, kMaxWidth));
+  ZOE_ASSIGN_OR_RETURN(int64_t inter, r.dim({"intermediate_size"}, kMaxWidth));
+  ZOE_ASSIGN_OR_RETURN(int64_t layers, r.dim({"num_hidden_layers"}, kMaxLayers));
+  ZOE_ASSIGN_OR_RETURN(int64_t heads, r.dim({"num_attention_heads"}, kMaxWidth));
+  ZOE_ASSIGN_OR_RETURN(int64_t kv, r.dim({"num_key_value_heads"}, kMaxWidth, heads));
   if (!r.j.contains("head_dim") && d % heads != 0) {
     return invalid_argument(
         "%s: hidden_size %lld is not a multiple of num_attention_heads %lld (and no head_dim)",
         r.where.c_str(), static_cast<long long>(d), static_cast<long long>(heads));
   }
-  ZOE_ASSIGN_OR_RETURN(int64_t hd, r.dim({"head_dim"}, d / heads));
-  ZOE_ASSIGN_OR_RETURN(int64_t ctx, r.dim({"max_position_embeddings"}, 2048));
+  ZOE_ASSIGN_OR_RETURN(int64_t hd, r.dim({"head_dim"}, kMaxWidth, d / heads));
+  if (std::max(heads, kv) * hd > kMaxWidth) {
+    return invalid_argument(
+        "%s: num_attention_heads %lld (num_key_value_heads %lld) x head_dim %lld is more than %lld, the most "
+        "zoe plans for",
+        r.where.c_str(), static_cast<long long>(heads), static_cast<long long>(kv),
+        static_cast<long long>(hd), static_cast<long long>(kMaxWidth));
+  }
+  ZOE_ASSIGN_OR_RETURN(int64_t ctx, r.dim({"max_position_embeddings"}, kMaxPositions, 2048));
   ZOE_ASSIGN_OR_RETURN(bool tied, r.flag("tie_word_embeddings", false));
   const bool qwen = r.type == "qwen2";
   ZOE_ASSIGN_OR_RETURN(bool attn_bias, r.flag("attention_bias", false));
@@ -144,12 +162,12 @@ Result<ModelDesc> llama_like(const Reader& r) {
 }
 
 Result<ModelDesc> gpt_neox(const Reader& r) {
-  ZOE_ASSIGN_OR_RETURN(int64_t vocab, r.dim({"vocab_size"}));
-  ZOE_ASSIGN_OR_RETURN(int64_t d, r.dim({"hidden_size"}));
-  ZOE_ASSIGN_OR_RETURN(int64_t layers, r.dim({"num_hidden_layers"}));
-  ZOE_ASSIGN_OR_RETURN(int64_t heads, r.dim({"num_attention_heads"}));
-  ZOE_ASSIGN_OR_RETURN(int64_t inter, r.dim({"intermediate_size"}, 4 * d));
-  ZOE_ASSIGN_OR_RETURN(int64_t ctx, r.dim({"max_position_embeddings"}, 2048));
+  ZOE_ASSIGN_OR_RETURN(int64_t vocab, r.dim({"vocab_size"}, kMaxVocab));
+  ZOE_ASSIGN_OR_RETURN(int64_t d, r.dim({"hidden_size"}, kMaxWidth));
+  ZOE_ASSIGN_OR_RETURN(int64_t layers, r.dim({"num_hidden_layers"}, kMaxLayers));
+  ZOE_ASSIGN_OR_RETURN(int64_t heads, r.dim({"num_attention_heads"}, kMaxWidth));
+  ZOE_ASSIGN_OR_RETURN(int64_t inter, r.dim({"intermediate_size"}, kMaxWidth, 4 * d));
+  ZOE_ASSIGN_OR_RETURN(int64_t ctx, r.dim({"max_position_embeddings"}, kMaxPositions, 2048));
   ZOE_ASSIGN_OR_RETURN(bool tied, r.flag("tie_word_embeddings", false));
   ZOE_ASSIGN_OR_RETURN(bool bias, r.flag("attention_bias", true));
   if (d % heads != 0) {
@@ -197,6 +215,14 @@ Result<ModelDesc> hf_model_from_json(const std::string& text, const std::string&
   if (!m.is_ok()) return m.status();
   ModelDesc d = std::move(m).value();
   d.params = count_params(d.modules);
+  if (d.params > kMaxModelParams) {
+    return invalid_argument(
+        "%s: its dimensions give %llu parameters, more than %llu, the most zoe plans for (key \"%s\" is %d, "
+        "the width %d, the vocabulary %d)",
+        where.c_str(), static_cast<unsigned long long>(d.params),
+        static_cast<unsigned long long>(kMaxModelParams), r.type == "gpt2" ? "n_layer" : "num_hidden_layers",
+        d.layers, d.d_model, d.vocab);
+  }
   d.name = r.type + " (" + where + ")";
   return d;
 }

@@ -13,6 +13,10 @@
 
 namespace zoe::plan {
 
+// The most parameters a model zoe plans for may have (--params, --hf-config, the presets' shapes):
+// 16 bytes of state each still fit in 64 bits.
+constexpr uint64_t kMaxModelParams = 1000000000000000ull;  // 1e15
+
 struct ModelDesc {
   std::string name;     // "zoe-gpt small", "llama (config.json)", "a model of 32 equal modules"
   uint64_t params = 0;  // exact: the sum over modules

@@ -7,6 +7,7 @@
 #include <cstdlib>
 
 #include "config/config.h"
+#include "core/dir_check.h"
 #include "core/units.h"
 #include "io/file.h"
 #include "plan/calibration.h"
@@ -20,6 +21,34 @@ Result<uint64_t> bytes_of(const std::string& s, const char* flag) {
   auto r = parse_bytes(s);
   if (!r.is_ok()) return r.status().with_context(flag);
   return r.value();
+}
+
+// The rate flags given (0: not given, the calibration's or the default rate stays); any other
+// value that is not a positive finite number is refused, naming its flag.
+Status apply_rate_flags(const PlanOptions& o, LinkRates* rates) {
+  struct RateFlag {
+    const char* flag;
+    double value;
+    double LinkRates::*field;
+  };
+  const RateFlag flags[] = {{"--nvme-read-gbps", o.nvme_read_gbps, &LinkRates::nvme_read_gbps},
+                            {"--nvme-write-gbps", o.nvme_write_gbps, &LinkRates::nvme_write_gbps},
+                            {"--h2d-gbps", o.h2d_gbps, &LinkRates::h2d_gbps},
+                            {"--cpu-adam-gbps", o.cpu_adam_gbps, &LinkRates::cpu_adam_gbps},
+                            {"--flops", o.flops, &LinkRates::flops},
+                            {"--net-gbps", o.net_gbps, &LinkRates::net_gbps},
+                            {"--intra-gbps", o.intra_gbps, &LinkRates::intra_gbps},
+                            {"--device-mem-gbps", o.device_mem_gbps, &LinkRates::device_mem_gbps},
+                            {"--local-copy-gbps", o.local_copy_gbps, &LinkRates::local_copy_gbps},
+                            {"--nvme-cpu-gbps", o.nvme_cpu_gbps, &LinkRates::nvme_cpu_gbps}};
+  for (const RateFlag& f : flags) {
+    if (f.value == 0) continue;
+    if (!std::isfinite(f.value) || f.value < 0) {
+      return invalid_argument("%s %g is not a positive finite number", f.flag, f.value);
+    }
+    rates->*f.field = f.value;
+  }
+  return Status::ok();
 }
 
 }  // namespace
@@ -41,7 +70,7 @@ Result<uint64_t> parse_count(const std::string& s, const char* flag) {
   else if (!suffix.empty())
     mul = 0;
   const double n = v * mul;
-  if (s.empty() || errno || !(n >= 1) || n > 1e15 || std::floor(n) != n) {
+  if (s.empty() || errno || !(n >= 1) || n > static_cast<double>(kMaxModelParams) || std::floor(n) != n) {
     return invalid_argument("%s %s: expected a whole number of parameters (e.g. 124439808, 7e9, 1.5B, 350M)",
                             flag, s.c_str());
   }
@@ -62,7 +91,17 @@ Result<ModelDesc> model_from(const PlanOptions& o) {
     ZOE_ASSIGN_OR_RETURN(const uint64_t n, parse_count(o.params, "--params"));
     return params_model(n, o.layers ? o.layers : static_cast<int>(std::min<uint64_t>(32, n)));
   }
-  return gpt_model(o.preset.empty() ? "small" : o.preset, o.layers, o.d_model, o.heads, o.context);
+  ZOE_ASSIGN_OR_RETURN(
+      ModelDesc m, gpt_model(o.preset.empty() ? "small" : o.preset, o.layers, o.d_model, o.heads, o.context));
+  if (m.params > kMaxModelParams) {
+    return invalid_argument(
+        "--preset %s with --layers/--d-model/--heads/--context: %llu parameters, more than the %llu zoe "
+        "plans "
+        "for",
+        o.preset.empty() ? "small" : o.preset.c_str(), static_cast<unsigned long long>(m.params),
+        static_cast<unsigned long long>(kMaxModelParams));
+  }
+  return m;
 }
 
 std::string nvme_dir(const PlanOptions& o) {
@@ -74,11 +113,18 @@ std::string nvme_dir(const PlanOptions& o) {
 Result<PlanInputs> plan_inputs(const PlanOptions& o) {
   PlanInputs in;
   ZOE_ASSIGN_OR_RETURN(in.model, model_from(o));
-  in.topo = {o.nodes, o.gpus_per_node};
   if (o.nodes < 1 || o.gpus_per_node < 1) {
     return invalid_argument("--nodes %d --gpus-per-node %d: both must be at least 1", o.nodes,
                             o.gpus_per_node);
   }
+  // In 64 bits: two flags of 2^16 each would wrap an int to a world of 0.
+  const uint64_t world = static_cast<uint64_t>(o.nodes) * static_cast<uint64_t>(o.gpus_per_node);
+  if (world > static_cast<uint64_t>(kMaxRanks)) {
+    return invalid_argument(
+        "--nodes %d x --gpus-per-node %d is %llu ranks: more than the %lld ranks zoe plans for (2^20)",
+        o.nodes, o.gpus_per_node, static_cast<unsigned long long>(world), static_cast<long long>(kMaxRanks));
+  }
+  in.topo = {o.nodes, o.gpus_per_node};
   if (o.device != "cuda" && o.device != "cpu")
     return invalid_argument("--device %s: expected cuda or cpu", o.device.c_str());
   in.cuda = o.device == "cuda";
@@ -97,6 +143,7 @@ Result<PlanInputs> plan_inputs(const PlanOptions& o) {
     ZOE_ASSIGN_OR_RETURN(in.nvme_space, bytes_of(o.nvme_space, "--nvme-space"));
   } else {
     const std::string dir = nvme_dir(o);
+    if (!o.nvme_path.empty()) ZOE_RETURN_IF_ERROR(check_dir_holds_files("--nvme-path", dir));
     auto fb = io::free_bytes_at(dir);
     if (!fb.is_ok())
       return fb.status().with_context("free space of the NVMe path " + dir + " (set --nvme-space)");
@@ -106,20 +153,7 @@ Result<PlanInputs> plan_inputs(const PlanOptions& o) {
     Status s = apply_calibration_file(o.calibration, &in.rates);
     if (!s.is_ok()) return s.with_context("--calibration");
   }
-  const std::pair<double, double LinkRates::*> flags[] = {{o.nvme_read_gbps, &LinkRates::nvme_read_gbps},
-                                                          {o.nvme_write_gbps, &LinkRates::nvme_write_gbps},
-                                                          {o.h2d_gbps, &LinkRates::h2d_gbps},
-                                                          {o.cpu_adam_gbps, &LinkRates::cpu_adam_gbps},
-                                                          {o.flops, &LinkRates::flops},
-                                                          {o.net_gbps, &LinkRates::net_gbps},
-                                                          {o.intra_gbps, &LinkRates::intra_gbps},
-                                                          {o.device_mem_gbps, &LinkRates::device_mem_gbps},
-                                                          {o.local_copy_gbps, &LinkRates::local_copy_gbps},
-                                                          {o.nvme_cpu_gbps, &LinkRates::nvme_cpu_gbps}};
-  for (const auto& [v, field] : flags) {
-    if (v < 0) return invalid_argument("a rate flag is %g: rates are positive", v);
-    if (v > 0) in.rates.*field = v;
-  }
+  ZOE_RETURN_IF_ERROR(apply_rate_flags(o, &in.rates));
   if (!o.config.empty()) {
     ZOE_ASSIGN_OR_RETURN(in.base, config::Config::load(o.config, in.topo.world()));
   } else {
@@ -132,10 +166,14 @@ Result<PlanInputs> plan_inputs(const PlanOptions& o) {
     in.base.bf16 = o.precision == "bf16";
     in.base.fp16.enabled = o.precision == "fp16";
   }
-  if (o.micro_batch < 0 || o.seq < 0 || o.grad_accum < 1) {
-    return invalid_argument("--micro-batch %lld --seq %lld --grad-accum %lld: expected positive values",
-                            static_cast<long long>(o.micro_batch), static_cast<long long>(o.seq),
-                            static_cast<long long>(o.grad_accum));
+  if (o.micro_batch < 0 || o.seq < 0 || o.grad_accum < 1 || o.micro_batch > kMaxPlanMicroBatch ||
+      o.seq > kMaxPlanContext || o.grad_accum > kMaxPlanAccum) {
+    return invalid_argument(
+        "--micro-batch %lld --seq %lld --grad-accum %lld: expected positive values (at most %lld, %lld and "
+        "%lld)",
+        static_cast<long long>(o.micro_batch), static_cast<long long>(o.seq),
+        static_cast<long long>(o.grad_accum), static_cast<long long>(kMaxPlanMicroBatch),
+        static_cast<long long>(kMaxPlanContext), static_cast<long long>(kMaxPlanAccum));
   }
   in.count_activations = o.micro_batch > 0 || o.seq > 0;
   in.work.micro_batch = o.micro_batch > 0  ? o.micro_batch

@@ -27,6 +27,13 @@ struct PlanOptions {
   std::string config;
 };
 
+// The bounds of the integer options (their errors give them): a world of at most 2^20 ranks.
+constexpr int64_t kMaxRanks = 1 << 20, kMaxPlanLayers = 1 << 16, kMaxPlanWidth = 1 << 16;
+constexpr int64_t kMaxPlanContext = 1 << 24;
+// tune searches the micro-batches dividing --micro-batch x --grad-accum (a config holds at most
+// 2^20 of each): at most 2^50, whose divisors are found in 2^25 steps.
+constexpr int64_t kMaxPlanMicroBatch = 1 << 30, kMaxPlanAccum = 1 << 20;
+
 // "124439808", "7e9", "1.5B", "350M", "20K" (powers of 1000: parameter counts, not bytes).
 Result<uint64_t> parse_count(const std::string& s, const char* flag);
 // The model the options name (one of --preset/--layers..., --params, --hf-config).
@@ -36,23 +43,31 @@ std::string nvme_dir(const PlanOptions& o);
 // Everything make_plan() needs; errors name the flag and the bad value.
 Result<PlanInputs> plan_inputs(const PlanOptions& o);
 
-// Registers the shared options on a CLI11 (sub)command.
-template <class App>
-void add_plan_options(App& cmd, PlanOptions* o) {
+// Registers the shared options on a CLI11 (sub)command. int_range(option, min, max) bounds an
+// integer option and positive(option) a rate's, as they are parsed (zoe/cli.h's, which name the
+// option in their errors).
+template <class App, class IntRange, class Positive>
+void add_plan_options(App& cmd, PlanOptions* o, IntRange int_range, Positive positive) {
   cmd.add_option("--preset", o->preset, "zoe's GPT: tiny, small, demo, medium, large, 2b (default: small)");
-  cmd.add_option("--layers", o->layers,
-                 "zoe's GPT: transformer blocks (overrides the preset); with --params: modules (default 32)");
-  cmd.add_option("--d-model", o->d_model, "zoe's GPT: width (overrides the preset)");
-  cmd.add_option("--heads", o->heads, "zoe's GPT: attention heads (overrides the preset)");
-  cmd.add_option("--context", o->context, "zoe's GPT: positions (overrides the preset)");
+  int_range(cmd.add_option(
+                "--layers", o->layers,
+                "zoe's GPT: transformer blocks (overrides the preset); with --params: modules (default 32)"),
+            1, kMaxPlanLayers);
+  int_range(cmd.add_option("--d-model", o->d_model, "zoe's GPT: width (overrides the preset)"), 1,
+            kMaxPlanWidth);
+  int_range(cmd.add_option("--heads", o->heads, "zoe's GPT: attention heads (overrides the preset)"), 1,
+            kMaxPlanWidth);
+  int_range(cmd.add_option("--context", o->context, "zoe's GPT: positions (overrides the preset)"), 1,
+            kMaxPlanContext);
   cmd.add_option("--params", o->params,
                  "A model of exactly N parameters (124439808, 7e9, 1.5B) in --layers "
                  "equal modules");
   cmd.add_option("--hf-config", o->hf_config,
                  "A Hugging Face config.json (model_type gpt2, llama, mistral, "
                  "qwen2, gpt_neox)");
-  cmd.add_option("--nodes", o->nodes, "Nodes")->capture_default_str();
-  cmd.add_option("--gpus-per-node", o->gpus_per_node, "Ranks (devices) per node")->capture_default_str();
+  int_range(cmd.add_option("--nodes", o->nodes, "Nodes"), 1, kMaxRanks)->capture_default_str();
+  int_range(cmd.add_option("--gpus-per-node", o->gpus_per_node, "Ranks (devices) per node"), 1, kMaxRanks)
+      ->capture_default_str();
   cmd.add_option("--device-mem", o->device_mem,
                  "Device memory of one node, all its devices together, e.g. "
                  "640GiB (default: 64 GiB per device, the engine's default budget)");
@@ -65,31 +80,38 @@ void add_plan_options(App& cmd, PlanOptions* o) {
   cmd.add_option("--calibration", o->calibration,
                  "Link rates from this JSON file (zoe tune --calibrate writes "
                  "one); the flags below override it");
-  cmd.add_option("--nvme-read-gbps", o->nvme_read_gbps, "NVMe read GB/s of one node (default 3.0)");
-  cmd.add_option("--nvme-write-gbps", o->nvme_write_gbps, "NVMe write GB/s of one node (default 2.0)");
-  cmd.add_option("--h2d-gbps", o->h2d_gbps, "Host <-> device GB/s of one rank (default 25)");
-  cmd.add_option("--cpu-adam-gbps", o->cpu_adam_gbps,
-                 "CPU Adam GB/s of one node, bytes of state touched "
-                 "(default 20)");
-  cmd.add_option("--flops", o->flops, "Sustained FLOP/s of one device (default 1e14)");
-  cmd.add_option("--net-gbps", o->net_gbps, "Collective GB/s per rank across nodes (default 12.5)");
-  cmd.add_option("--intra-gbps", o->intra_gbps, "Collective GB/s per rank inside a node (default 150)");
-  cmd.add_option("--device-mem-gbps", o->device_mem_gbps,
-                 "Device memory GB/s, for device-resident Adam "
-                 "(default 1500)");
-  cmd.add_option("--local-copy-gbps", o->local_copy_gbps,
-                 "zoe's CPU device: GB/s of the engine's buffer copies and zeroing (stage-3 gathers, "
-                 "partition loads) beside the compute (default 10)");
-  cmd.add_option("--nvme-cpu-gbps", o->nvme_cpu_gbps,
-                 "zoe's CPU device: NVMe GB (read and written) per second of CPU time the I/O takes "
-                 "from the compute and the update (default 8)");
-  cmd.add_option("--micro-batch", o->micro_batch,
-                 "Sequences per micro-batch per rank (default 1); given, "
-                 "activations count against device memory");
-  cmd.add_option("--seq", o->seq,
-                 "Tokens per sequence (default: the model's context); given, activations "
-                 "count against device memory");
-  cmd.add_option("--grad-accum", o->grad_accum, "Micro-batches per optimizer step")->capture_default_str();
+  positive(cmd.add_option("--nvme-read-gbps", o->nvme_read_gbps, "NVMe read GB/s of one node (default 3.0)"));
+  positive(
+      cmd.add_option("--nvme-write-gbps", o->nvme_write_gbps, "NVMe write GB/s of one node (default 2.0)"));
+  positive(cmd.add_option("--h2d-gbps", o->h2d_gbps, "Host <-> device GB/s of one rank (default 25)"));
+  positive(cmd.add_option("--cpu-adam-gbps", o->cpu_adam_gbps,
+                          "CPU Adam GB/s of one node, bytes of state touched "
+                          "(default 20)"));
+  positive(cmd.add_option("--flops", o->flops, "Sustained FLOP/s of one device (default 1e14)"));
+  positive(cmd.add_option("--net-gbps", o->net_gbps, "Collective GB/s per rank across nodes (default 12.5)"));
+  positive(
+      cmd.add_option("--intra-gbps", o->intra_gbps, "Collective GB/s per rank inside a node (default 150)"));
+  positive(cmd.add_option("--device-mem-gbps", o->device_mem_gbps,
+                          "Device memory GB/s, for device-resident Adam "
+                          "(default 1500)"));
+  positive(
+      cmd.add_option("--local-copy-gbps", o->local_copy_gbps,
+                     "zoe's CPU device: GB/s of the engine's buffer copies and zeroing (stage-3 gathers, "
+                     "partition loads) beside the compute (default 10)"));
+  positive(cmd.add_option("--nvme-cpu-gbps", o->nvme_cpu_gbps,
+                          "zoe's CPU device: NVMe GB (read and written) per second of CPU time the I/O takes "
+                          "from the compute and the update (default 8)"));
+  int_range(cmd.add_option("--micro-batch", o->micro_batch,
+                           "Sequences per micro-batch per rank (default 1); given, "
+                           "activations count against device memory"),
+            1, kMaxPlanMicroBatch);
+  int_range(cmd.add_option("--seq", o->seq,
+                           "Tokens per sequence (default: the model's context); given, activations "
+                           "count against device memory"),
+            1, kMaxPlanContext);
+  int_range(cmd.add_option("--grad-accum", o->grad_accum, "Micro-batches per optimizer step"), 1,
+            kMaxPlanAccum)
+      ->capture_default_str();
   cmd.add_option("--precision", o->precision,
                  "Compute precision: bf16, fp16 or fp32 (default bf16, or the "
                  "--config's)");

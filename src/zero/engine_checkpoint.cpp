@@ -225,18 +225,23 @@ Status Engine::finish_save() {
 
 Status Engine::claim_save_dir(const std::string& save_dir) {
   Impl& I = *impl_;
-  std::string err;  // rank 0's: every rank returns the same answer
+  Status s;  // rank 0's: every rank returns the same answer
   if (I.ctx.rank == 0) {
     std::error_code ec;
     std::filesystem::create_directories(save_dir, ec);
-    Status s = ec ? sys_error("mkdir -p", save_dir, ec.value()) : ckpt::hold_save_dir(save_dir);
-    if (!s.is_ok()) err = s.to_string();
+    s = ec ? sys_error("mkdir -p", save_dir, ec.value()) : ckpt::hold_save_dir(save_dir);
   }
   if (I.ctx.world > 1) {
-    ZOE_ASSIGN_OR_RETURN(err, broadcast_string(*I.ctx.comm, err));
+    // The code and the message travel, not to_string(): that would print the code twice.
+    const std::string mine =
+        s.is_ok() ? std::string() : std::to_string(static_cast<int>(s.code())) + " " + s.message();
+    ZOE_ASSIGN_OR_RETURN(const std::string got, broadcast_string(*I.ctx.comm, mine));
+    if (I.ctx.rank != 0 && !got.empty()) {
+      const size_t sp = got.find(' ');
+      s = Status(static_cast<StatusCode>(std::stoi(got.substr(0, sp))), got.substr(sp + 1));
+    }
   }
-  if (!err.empty()) return Status(StatusCode::kAlreadyExists, err).with_context("claiming " + save_dir);
-  return Status::ok();
+  return std::move(s).with_context("claiming " + save_dir);
 }
 
 Status Engine::save(const std::string& save_dir, const std::string& tag,
@@ -342,6 +347,7 @@ Result<std::string> Engine::load(const std::string& dir) {
     else
       s = r.status();
   }
+  if (s.is_ok()) s = rd->check_complete();
   if (s.is_ok() && I.ctx.rank == 0) s = rd->verify();
   ZOE_RETURN_IF_ERROR(agree(c, s, "loading checkpoint " + dir));
   const ckpt::Manifest& man = rd->manifest();

@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "config/paths.h"
 #include "core/clock.h"
 #include "core/cpu.h"
 #include "core/dtype.h"
@@ -220,6 +221,8 @@ Status Config::set_device(const std::string& device) {
   return ZOE_EDIT("zoe.device", j["zoe"]["device"] = device);
 }
 #undef ZOE_EDIT
+
+Status Config::check_paths() const { return config::check_paths(impl_->cfg); }
 
 int Config::world_size() const { return impl_->world_size; }
 int64_t Config::micro_batch() const { return impl_->cfg.train_micro_batch_size_per_gpu; }

@@ -1,0 +1,294 @@
+// End-to-end tests of the zoe CLI's error messages: each names the flag, key or file at fault and
+// says the true reason, once.
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "checkpoint/xxh64.h"
+#include "tests/cli/run_zoe.h"
+#include "tests/util/test_util.h"
+
+namespace {
+
+using nlohmann::json;
+
+size_t count_of(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + what.size())) ++n;
+  return n;
+}
+
+// A save directory another writer holds: the message says so once, with its code once.
+TEST(Messages, SaveDirLockSaysItsContextOnce) {
+  zoe::test::ScratchDir d("lock");
+  const std::string lock_path = d.file(".zoe-lock");
+  const int fd = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(flock(fd, LOCK_EX | LOCK_NB), 0);
+  const std::string who = "pid 4242 host elsewhere since 2026-01-01 00:00:00\n";
+  ASSERT_EQ(write(fd, who.data(), who.size()), static_cast<ssize_t>(who.size()));
+  CmdResult r = zoe("train --preset tiny --steps 1 --quiet --save-dir " + d.path());
+  close(fd);
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_NE(r.err.find(
+                "zoe: error: already exists: save directory " + d.path() +
+                " is in use by another writer (\"pid 4242 host elsewhere since 2026-01-01 00:00:00\" holds " +
+                lock_path + ")"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(count_of(r.err, "already exists"), 1u) << r.err;
+  EXPECT_EQ(count_of(r.err, "claiming " + d.path()), 1u) << r.err;
+}
+
+// An NVMe directory that cannot hold files: the message names the flag (or key), the directory and
+// the true reason, not the ENOENT of the swap file's open.
+TEST(Messages, UnusableNvmePathSaysWhy) {
+  CmdResult r = zoe("train --preset tiny --steps 1 --quiet --offload nvme --nvme-path /proc");
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_NE(r.err.find("'/proc' is on procfs, a kernel pseudo file system"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--nvme-path"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("No such file or directory"), std::string::npos) << r.err;
+  r = zoe("train --preset tiny --steps 1 --quiet --offload nvme --nvme-path /sys/kernel");
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_NE(r.err.find("'/sys/kernel' is on sysfs"), std::string::npos) << r.err;
+  zoe::test::ScratchDir d("nvme");
+  std::ofstream(d.file("plain")) << "x";
+  r = zoe("train --preset tiny --steps 1 --quiet --offload nvme --nvme-path " + d.file("plain"));
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_NE(r.err.find(d.file("plain") + "' is not a directory"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--nvme-path"), std::string::npos) << r.err;
+  // A config file's key is named the same way.
+  std::ofstream(d.file("ds.json"))
+      << R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3,
+      "offload_optimizer": {"device": "nvme", "nvme_path": "/proc"}}})";
+  r = zoe("train --preset tiny --steps 1 --quiet --config " + d.file("ds.json"));
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_NE(r.err.find("zero_optimization.offload_optimizer.nvme_path: '/proc' is on procfs"),
+            std::string::npos)
+      << r.err;
+  // The other commands that take a directory for their files.
+  for (const std::string cmd : {"bench io --size 4MiB --path /proc", "bench swap --params 1M --path /proc"}) {
+    r = zoe(cmd);
+    EXPECT_EQ(r.rc, 1) << cmd << ": " << r.err;
+    EXPECT_NE(r.err.find("--path: '/proc' is on procfs"), std::string::npos) << cmd << ": " << r.err;
+  }
+  r = zoe("plan --nvme-path /proc");
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_NE(r.err.find("--nvme-path: '/proc' is on procfs"), std::string::npos) << r.err;
+}
+
+// The integer options a command's --help lists (CLI11 prints their type, INT or UINT).
+std::vector<std::string> integer_options(const std::string& command) {
+  CmdResult h = zoe(command + " --help");
+  std::vector<std::string> flags;
+  std::regex opt(R"(^\s+(--[a-z0-9-]+)\s+U?INT\b)");
+  std::istringstream lines(h.out);
+  for (std::string line; std::getline(lines, line);) {
+    std::smatch m;
+    if (std::regex_search(line, m, opt)) flags.push_back(m[1]);
+  }
+  return flags;
+}
+
+// Every integer flag of every command refuses a value out of its range, naming the flag, before
+// the command does anything (exit 2). The flags are found from --help, so a new one is covered.
+TEST(Messages, EveryIntegerFlagNamesItselfWhenOutOfRange) {
+  const char* commands[][2] = {{"bench adam", ""},
+                               {"bench io", ""},
+                               {"bench swap", ""},
+                               {"ckpt consolidate", " /nonexistent --out /nonexistent/x.safetensors"},
+                               {"ckpt eval", " /nonexistent"},
+                               {"plan", ""},
+                               {"tune", ""},
+                               {"train", ""}};
+  size_t checked = 0;
+  for (const auto& c : commands) {
+    const std::vector<std::string> flags = integer_options(c[0]);
+    EXPECT_FALSE(flags.empty()) << c[0];
+    for (const std::string& flag : flags) {
+      for (const char* bad : {"-1000000000", "99999999999999999999", "3x"}) {
+        CmdResult r = zoe(std::string(c[0]) + c[1] + " " + flag + " " + bad, "", 60);
+        EXPECT_EQ(r.rc, 2) << c[0] << " " << flag << " " << bad << ": " << r.err;
+        EXPECT_NE(r.err.find("zoe: error: invalid argument: " + flag + " " + bad + " is "), std::string::npos)
+            << c[0] << " " << flag << " " << bad << ": " << r.err;
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GT(checked, 60u);
+  CmdResult r = zoe("bench adam --threads -1");
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_NE(r.err.find("--threads -1 is out of range (expected an integer in [0, 4096])"), std::string::npos)
+      << r.err;
+}
+
+// nodes x gpus per node is computed in 64 bits and capped at 2^20 ranks, naming both flags.
+TEST(Messages, PlanWorldSizeDoesNotWrap) {
+  for (const std::string cmd : {"plan", "tune"}) {
+    CmdResult r = zoe(cmd + " --nodes 65536 --gpus-per-node 65536");
+    EXPECT_EQ(r.rc, 1) << r.err;
+    EXPECT_NE(r.err.find("--nodes 65536 x --gpus-per-node 65536 is 4294967296 ranks: more than the 1048576"),
+              std::string::npos)
+        << r.err;
+    EXPECT_EQ(r.err.find("world size 0"), std::string::npos) << r.err;
+  }
+  CmdResult r = zoe("plan --nodes 1024 --gpus-per-node 1024 --json");  // 2^20: the most
+  EXPECT_NE(r.err.find("planning"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("more than the 1048576"), std::string::npos) << r.err;
+  // A large batch: tune searches the divisors of micro-batch x accumulation without a 2^40 loop.
+  r = zoe("tune --micro-batch 1048576 --grad-accum 1048576 --json", "", 60);
+  EXPECT_NE(r.rc, 124) << r.err;
+}
+
+// Every rate flag of plan and tune refuses 0, negative, nan and inf, naming itself.
+TEST(Messages, RateFlagsRefuseNonPositiveAndNonFinite) {
+  const char* flags[] = {"--nvme-read-gbps",  "--nvme-write-gbps", "--h2d-gbps",   "--cpu-adam-gbps",
+                         "--flops",           "--net-gbps",        "--intra-gbps", "--device-mem-gbps",
+                         "--local-copy-gbps", "--nvme-cpu-gbps"};
+  for (const std::string cmd : {"plan", "tune"}) {
+    for (const std::string flag : flags) {
+      for (const std::string bad : {"0", "-2", "nan", "inf"}) {
+        CmdResult r = zoe(cmd + " " + flag + " " + bad);
+        EXPECT_EQ(r.rc, 2) << cmd << " " << flag << " " << bad << ": " << r.err;
+        EXPECT_NE(r.err.find(flag + " " + bad + " is not a positive finite number"), std::string::npos)
+            << cmd << " " << flag << " " << bad << ": " << r.err;
+      }
+    }
+  }
+  CmdResult r = zoe("plan --flops 2e14 --h2d-gbps 12.5 --json");
+  EXPECT_NE(r.err.find("planning"), std::string::npos) << r.err;
+}
+
+// A Hugging Face config with huge dimensions is refused at once, naming the key and the cap.
+TEST(Messages, HfConfigDimensionsAreCapped) {
+  zoe::test::ScratchDir d("hf");
+  auto run = [&](const std::string& name, const std::string& text) {
+    std::ofstream(d.file(name)) << text;
+    return zoe("plan --hf-config " + d.file(name), "", 30);
+  };
+  CmdResult r = run("layers.json",
+                    R"({"model_type": "gpt2", "vocab_size": 50257, "n_positions": 1024, "n_embd": 768,
+                        "n_layer": 1000000000, "n_head": 12})");
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_NE(r.err.find("key \"n_layer\" of a gpt2 config is 1000000000, more than 65536"), std::string::npos)
+      << r.err;
+  r = run("vocab.json", R"({"model_type": "llama", "vocab_size": 4000000000, "hidden_size": 4096,
+                            "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32})");
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_NE(r.err.find("key \"vocab_size\" of a llama config is 4000000000, more than 16777216"),
+            std::string::npos)
+      << r.err;
+  r = run("width.json", R"({"model_type": "gpt_neox", "vocab_size": 50432, "hidden_size": 100000000,
+                            "num_hidden_layers": 4, "num_attention_heads": 8})");
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_NE(r.err.find("key \"hidden_size\" of a gpt_neox config is 100000000, more than 1048576"),
+            std::string::npos)
+      << r.err;
+  // Each key under its cap, the model over the parameter cap.
+  r = run("params.json", R"({"model_type": "gpt2", "vocab_size": 50257, "n_positions": 1024,
+                             "n_embd": 1048576, "n_layer": 65536, "n_head": 16})");
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_NE(r.err.find("parameters, more than 1000000000000000, the most zoe plans for"), std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("n_layer"), std::string::npos) << r.err;
+}
+
+// --help says which micro-batch a run gets with and without --config, and the run agrees.
+TEST(Messages, TrainHelpTellsTheTrueMicroBatch) {
+  CmdResult h = zoe("train --help");
+  EXPECT_EQ(h.rc, 0);
+  EXPECT_EQ(h.out.find("default 8, or the config's"), std::string::npos) << h.out;
+  EXPECT_NE(h.out.find("default 8 without --config"), std::string::npos) << h.out;
+  EXPECT_NE(h.out.find("else 1 as in DeepSpeed"), std::string::npos) << h.out;
+  zoe::test::ScratchDir d("mb");
+  std::ofstream(d.file("empty.json")) << "{}";
+  CmdResult r = zoe("train --preset tiny --steps 1 --quiet --json --config " + d.file("empty.json"));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(json::parse(r.out)["micro_batch"], 1) << r.out;
+  r = zoe("train --preset tiny --steps 1 --quiet --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(json::parse(r.out)["micro_batch"], 8) << r.out;
+}
+
+// Rewrites a checkpoint's manifest.json through `edit`, with a manifest.xxh64 that matches, so that
+// only its structure is wrong.
+void rewrite_manifest(const std::string& ckpt_dir, const std::function<void(json&)>& edit) {
+  const std::string mpath = ckpt_dir + "/manifest.json";
+  std::ifstream in(mpath);
+  json m = json::parse(in);
+  edit(m);
+  const std::string text = m.dump(1);
+  std::ofstream(mpath, std::ios::trunc) << text;
+  zoe::ckpt::detail::PortableXxh64 h;
+  h.update(text.data(), text.size());
+  char sum[17];
+  snprintf(sum, sizeof(sum), "%016llx", static_cast<unsigned long long>(h.digest()));
+  std::ofstream(ckpt_dir + "/manifest.xxh64", std::ios::trunc) << sum << "  manifest.json\n";
+}
+
+// `zoe ckpt verify` refuses the manifests --resume refuses (a tensor missing), naming it, and
+// still passes a whole checkpoint.
+TEST(Messages, CkptVerifyChecksStructureAsResumeDoes) {
+  zoe::test::ScratchDir d("verify");
+  const std::string save = d.file("save");
+  CmdResult r = zoe("train --preset tiny --steps 1 --save-every 1 --quiet --save-dir " + save);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  r = zoe("ckpt verify " + save);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find(": OK"), std::string::npos) << r.out;
+  const std::string ckpt = save + "/step-000001";
+  ASSERT_TRUE(std::filesystem::exists(ckpt + "/manifest.json"));
+  std::filesystem::copy(ckpt, d.file("whole"), std::filesystem::copy_options::recursive);
+
+  // One tensor dropped: the module's first "exp_avg" record.
+  std::string dropped_module;
+  rewrite_manifest(ckpt, [&](json& m) {
+    auto& ts = m["tensors"];
+    for (auto it = ts.begin(); it != ts.end(); ++it) {
+      if ((*it)["kind"] == "exp_avg" && (*it)["begin"] == 0) {
+        dropped_module = m["modules"][(*it)["module"].get<size_t>()]["name"];
+        ts.erase(it);
+        break;
+      }
+    }
+  });
+  ASSERT_FALSE(dropped_module.empty());
+  CmdResult v = zoe("ckpt verify " + save);
+  CmdResult l = zoe("train --preset tiny --steps 2 --save-every 1 --quiet --save-dir " + save + " --resume");
+  EXPECT_EQ(v.rc, 1) << v.out << v.err;
+  const std::string missing = "lists no tensor for element 0 (of ";
+  const std::string which = ") of module '" + dropped_module + "' 'exp_avg' state";
+  EXPECT_NE(v.err.find(missing), std::string::npos) << v.err;
+  EXPECT_NE(v.err.find(which), std::string::npos) << v.err;
+  EXPECT_EQ(l.rc, 1) << l.err;
+  EXPECT_NE(l.err.find(missing), std::string::npos) << l.err;
+  EXPECT_NE(l.err.find(which), std::string::npos) << l.err;
+
+  // No tensors at all.
+  rewrite_manifest(ckpt, [](json& m) { m["tensors"] = json::array(); });
+  v = zoe("ckpt verify " + save + " --json");
+  EXPECT_EQ(v.rc, 1) << v.err;
+  EXPECT_NE(v.err.find("lists no tensor for element 0"), std::string::npos) << v.err;
+  EXPECT_EQ(json::parse(v.out)["ok"], false) << v.out;
+  l = zoe("train --preset tiny --steps 2 --save-every 1 --quiet --save-dir " + save + " --resume");
+  EXPECT_EQ(l.rc, 1) << l.err;
+  EXPECT_NE(l.err.find("lists no tensor for element 0"), std::string::npos) << l.err;
+
+  // The untouched copy still verifies.
+  r = zoe("ckpt verify " + d.file("whole"));
+  EXPECT_EQ(r.rc, 0) << r.err;
+}
+
+}  // namespace
