@@ -39,6 +39,15 @@ add_library(zoe::zoe ALIAS zoe_lib)
 # search path (OpenMPI's lib directory on Debian) in their RUNPATH.
 set_target_properties(zoe_lib zoe PROPERTIES INSTALL_RPATH_USE_LINK_PATH TRUE)
 
+if(SKBUILD)
+  # pip install .: libzoe.so and the CLI inside the Python package (python/CMakeLists.txt); the
+  # C++ headers and CMake package come with `cmake --install`, not with the wheel.
+  set_target_properties(zoe PROPERTIES INSTALL_RPATH "$ORIGIN/..")
+  set_target_properties(zoe_lib PROPERTIES INSTALL_RPATH "$ORIGIN")
+  install(TARGETS zoe_lib LIBRARY DESTINATION zoe NAMELINK_SKIP)
+  install(TARGETS zoe RUNTIME DESTINATION zoe/bin)
+  return()
+endif()
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/zoe DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
         FILES_MATCHING PATTERN "*.h")
 install(TARGETS zoe_lib EXPORT zoeTargets

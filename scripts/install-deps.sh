@@ -22,6 +22,9 @@ PKGS=(
   python3 python3-pytest python3-numpy python3-torch python3-matplotlib
   # The zoe Python package (python/, the PyTorch front-end): headers for the pybind11 extension.
   python3-dev pybind11-dev
+  # scripts/python-venv.sh: a venv for PyPI's torch (when no other python3 with venv is on PATH),
+  # and ccache, which keeps `pip install .`'s rebuilds of the C++ core short.
+  python3-venv ccache
 )
 
 if [ "${1:-}" = --cli ]; then PKGS=("${CLI_PKGS[@]}"); fi

@@ -7,6 +7,13 @@ cd "$(dirname "$0")/.."
 
 bash scripts/install-deps.sh
 jobs=$(nproc)
+# ccache (installed by install-deps.sh) with paths relative to the checkout: the builds below and
+# `pip install .`'s share compiled objects, and a rerun recompiles only what changed.
+launcher=()
+if command -v ccache > /dev/null; then
+  export CCACHE_BASEDIR=$(pwd)
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+fi
 
 echo "== layer map and format checks" >&2
 /usr/bin/python3 scripts/check-layers.py
@@ -14,11 +21,16 @@ echo "== layer map and format checks" >&2
 bash scripts/check-format.sh
 
 echo "== Release build and tests (build/)" >&2
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DZOE_BUILD_TESTS=ON -DZOE_BUILD_BENCH=ON -DZOE_PYTHON=AUTO
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DZOE_BUILD_TESTS=ON -DZOE_BUILD_BENCH=ON -DZOE_PYTHON=AUTO \
+      "${launcher[@]}"
 cmake --build build -j"$jobs"
 ctest --test-dir build --output-on-failure -j"$jobs"
 echo "== crash test: kills, faults, fuzzed configs (tests/crash; 1-2 minutes)" >&2
 /usr/bin/python3 tests/crash/crashtest.py --zoe build/bin/zoe --seed 1
+
+# The Python suite on PyPI's torch, against zoe installed with `pip install .` into a cached venv.
+echo "== pip install . into a venv with PyPI's torch; tests/python against it (scripts/python-venv.sh)" >&2
+bash scripts/python-venv.sh
 
 # The install path: zoe installed into a temporary prefix; the public API tests and the example
 # built as separate CMake projects that see only that prefix (find_package(zoe)), then run.
@@ -40,7 +52,7 @@ if [ "${ZOE_SKIP_SANITIZE:-0}" != "1" ]; then
   echo "== ASan+UBSan build and tests (build-san/)" >&2
   # CUDA off: the CUDA runtime and ASan's shadow memory do not mix; GPU code is checked on GPUs.
   cmake -S . -B build-san -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZOE_SANITIZE=address,undefined \
-        -DZOE_CUDA=OFF -DZOE_BUILD_BENCH=OFF
+        -DZOE_CUDA=OFF -DZOE_BUILD_BENCH=OFF "${launcher[@]}"
   cmake --build build-san -j"$jobs"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     ctest --test-dir build-san --output-on-failure -j"$jobs"
@@ -50,7 +62,8 @@ if [ "${ZOE_SKIP_SANITIZE:-0}" != "1" ]; then
   # prefetch and asynchronous checkpoints) under ThreadSanitizer.
   echo "== TSan build and tests of the concurrent layers (build-tsan/)" >&2
   tsan_tests="test_io_engine test_device test_tier_manager test_tier_stress test_tier_parts test_tier_device_faults test_optimizer_swapper test_swap_file test_engine test_engine_faults"
-  cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZOE_SANITIZE=thread -DZOE_CUDA=OFF -DZOE_BUILD_BENCH=OFF
+  cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZOE_SANITIZE=thread -DZOE_CUDA=OFF -DZOE_BUILD_BENCH=OFF \
+        "${launcher[@]}"
   cmake --build build-tsan -j"$jobs" --target $tsan_tests
   TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
     ctest --test-dir build-tsan --output-on-failure -j"$jobs" -R "^($(echo $tsan_tests | tr ' ' '|'))\$"

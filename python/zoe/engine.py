@@ -396,7 +396,7 @@ class Engine:
     def _pack(self, t):
         if not self._live or t.layout != torch.strided:
             return t
-        loc = self._live.get(t.storage().data_ptr())
+        loc = self._live.get(_storage_ptr(t))
         if loc is None:
             return t
         return _SavedParam(loc[0], loc[1], t.storage_offset(), t.size(), t.stride())
@@ -649,6 +649,11 @@ class Engine:
             while zm.refs > 0:
                 self._release(zm)
             zm.bw_held = False
+
+
+def _storage_ptr(t):
+    """The address of t's storage (untyped_storage: torch 2's; storage() warns there)."""
+    return (t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()).data_ptr()
 
 
 def _check_launcher(world, force_local):
