@@ -447,7 +447,7 @@ void SwapFile::add_free_locked(uint64_t offset, uint64_t bytes) {
   free_[offset] = bytes;
 }
 
-Result<Extent> SwapFile::allocate(uint64_t bytes) {
+Result<Extent> SwapFile::allocate(uint64_t bytes, Unwritten unwritten) {
   if (bytes == 0) return Extent{0, 0};
   uint64_t need = (bytes + 4095) & ~uint64_t{4095};
   std::lock_guard<std::mutex> lock(mu_);
@@ -459,6 +459,10 @@ Result<Extent> SwapFile::allocate(uint64_t bytes) {
       free_.erase(it);
       if (rest) free_[e.offset + need] = rest;
       used_ += need;
+      if (unwritten == Unwritten::kZeros) {
+        std::lock_guard<std::mutex> sums(sum_mu_);
+        zero_fill_.emplace(e.offset, e.offset + need);
+      }
       return e;
     }
     // Nothing fits: grow so that the free tail (if any) plus new space holds `need`.
@@ -484,6 +488,12 @@ void SwapFile::free(const Extent& e) {
   std::lock_guard<std::mutex> lock(sum_mu_);
   forget_sums_locked(e.offset, e.offset + e.bytes);
   forget_written_locked(e.offset, e.offset + e.bytes);
+  zero_fill_.erase(e.offset);
+}
+
+bool SwapFile::zero_fill_locked(uint64_t offset) const {
+  auto it = zero_fill_.upper_bound(offset);
+  return it != zero_fill_.begin() && std::prev(it)->second > offset;
 }
 
 void SwapFile::map(IoOp op, uint64_t offset, void* buf, size_t len, std::vector<IoRequest>* out) const {
@@ -600,6 +610,7 @@ IoHandle SwapFile::transfer(IoEngine& eng, std::span<const SwapIo> ios, IoCallba
   // they cover whole now and check them once the data is in.
   Status unwritten;
   std::vector<Piece> expect, fresh;
+  std::vector<std::pair<char*, uint64_t>> zeros;  // never-written bytes of kZeros extents
   {
     std::lock_guard<std::mutex> lock(sum_mu_);
     for (size_t i = 0; i < ios.size(); ++i) {
@@ -621,7 +632,17 @@ IoHandle SwapFile::transfer(IoEngine& eng, std::span<const SwapIo> ios, IoCallba
       }
       for (uint64_t p = begin; p < end && unwritten.is_ok();) {
         uint64_t q = first_unwritten_locked(p, end);
-        if (q == p) unwritten = unwritten_error(io, i, p, name);
+        if (q > p) {
+          p = q;
+          continue;
+        }
+        if (!zero_fill_locked(p)) {
+          unwritten = unwritten_error(io, i, p, name);
+          break;
+        }
+        auto next = written_.upper_bound(p);  // the next written range, if any
+        q = next == written_.end() ? end : std::min(end, next->first);
+        zeros.emplace_back(buf + (p - begin), q - p);
         p = q;
       }
       if (!opts_.checksum) continue;
@@ -634,12 +655,13 @@ IoHandle SwapFile::transfer(IoEngine& eng, std::span<const SwapIo> ios, IoCallba
   }
   if (!reads && fresh.empty()) return eng.submit(reqs, std::move(cb));
   IoFinish finish = [this, unwritten = std::move(unwritten), expect = std::move(expect),
-                     fresh = std::move(fresh), sized = reads ? reqs : std::vector<IoRequest>(),
-                     name = std::move(name)]() mutable {
+                     fresh = std::move(fresh), zeros = std::move(zeros),
+                     sized = reads ? reqs : std::vector<IoRequest>(), name = std::move(name)]() mutable {
     if (!unwritten.is_ok()) return unwritten;
     Status s = check_sizes(sized);
     if (s.is_ok()) s = verify(expect, name);
     if (s.is_ok()) record(fresh);
+    for (const auto& [at, len] : zeros) memset(at, 0, len);
     return s;
   };
   return eng.submit(reqs, std::move(cb), std::move(finish));

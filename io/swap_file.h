@@ -67,10 +67,16 @@ struct SwapFileOptions {
 // (about 64 bytes per piece: 2.4 MB for 37 GB of swap) and are lost with the process.
 constexpr uint64_t kChecksumPieceBytes = 1u << 20;
 
+// What a read of bytes of an extent that no write through write()/transfer() has covered since
+// the extent was allocated (never written, or freed and allocated again) gets: such bytes hold
+// whatever the disk had there, often zeros, sometimes a freed extent's old data.
+enum class Unwritten : uint8_t {
+  kError,  // kCorruption naming the item, the swap file and its offset
+  kZeros,  // zeros, as a fresh host buffer would hold (the caller's contract: memory starts zeroed)
+};
+
 // Always-on checks, checksums or not (reads through read()/transfer() only; map() bypasses them):
-// - A read of bytes no write through write()/transfer() has covered since the extent was
-//   allocated (never written, or freed and allocated again) is kCorruption naming the swap file,
-//   its offset and the item: such bytes hold whatever the disk had, often zeros.
+// - Reads of never-written bytes: see Unwritten (allocate() chooses, per extent).
 // - Guard page: every file is kSwapGuardBytes longer than its share of the capacity, and swap
 //   writes never touch that last page, which holds a tag. A truncation of the file (by anything
 //   other than zoe) therefore leaves it shorter than expected for good: later swap writes can
@@ -117,7 +123,7 @@ class SwapFile {
 
   // First fit; grows the files (fallocate) when nothing fits. ENOSPC names the path, the bytes
   // asked for and the bytes free there before the attempt.
-  Result<Extent> allocate(uint64_t bytes);
+  Result<Extent> allocate(uint64_t bytes, Unwritten unwritten = Unwritten::kError);
   // Gives the extent back and forgets its checksums.
   void free(const Extent& e);
 
@@ -174,6 +180,7 @@ class SwapFile {
   // Written ranges (under sum_mu_): [begin, end) rounded out to 4096 at the end.
   void mark_written_locked(uint64_t begin, uint64_t end) const;
   void forget_written_locked(uint64_t begin, uint64_t end) const;
+  bool zero_fill_locked(uint64_t offset) const;
   uint64_t first_unwritten_locked(uint64_t begin, uint64_t end) const;
   Status unwritten_error(const SwapIo& io, size_t i, uint64_t at, const SwapIoNamer& name) const;
   // Writes the guard page of every file at per_file (its share of the capacity), after checking
@@ -195,6 +202,7 @@ class SwapFile {
   mutable std::map<uint64_t, Sum> sums_;  // logical offset -> recorded piece; never overlapping
   mutable std::atomic<uint64_t> verified_bytes_{0};
   mutable std::map<uint64_t, uint64_t> written_;  // begin -> end, coalesced (under sum_mu_)
+  std::map<uint64_t, uint64_t> zero_fill_;        // extents allocated with kZeros: offset -> end
   std::atomic<uint64_t> guard_end_{0};            // the length every file must have (0: no guard yet)
   uint64_t guard_nonce_ = 0;                      // in the guard tags: this SwapFile's own
 };

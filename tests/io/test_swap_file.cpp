@@ -738,6 +738,41 @@ TEST(SwapIntegrity, AReadOfNeverWrittenBytesIsAnErrorNamingTheFile) {
   EXPECT_EQ(s.read(*eng, e2, buf.data(), 4096)->wait().code(), StatusCode::kCorruption);
 }
 
+TEST(SwapIntegrity, UnwrittenBytesOfAZeroFillExtentReadAsZerosNotOldData) {
+  ScratchDir dir("swap");
+  SwapFileOptions o;
+  o.dirs = {dir.path()};
+  auto sf = SwapFile::create(o);
+  ASSERT_OK(sf);
+  SwapFile& s = *sf.value();
+  auto eng = make_engine();
+  const size_t n = 1 << 20;
+  auto old = s.allocate(n).value();
+  auto buf = AlignedBuffer::allocate(n).value();
+  memset(buf.data(), 0x77, n);
+  ASSERT_OK(s.write(*eng, old, buf.data(), n)->wait());
+  s.free(old);
+  auto e = s.allocate(n, Unwritten::kZeros).value();
+  ASSERT_EQ(e.offset, old.offset);
+  std::vector<char> zeros(n, 0);
+  ASSERT_OK(s.read(*eng, e, buf.data(), n)->wait());
+  EXPECT_EQ(first_mismatch(buf.data(), zeros.data(), n), -1);
+  // Written in the middle: that part reads back, the rest as zeros.
+  auto data = random_bytes(n / 4, 12);
+  memcpy(buf.data(), data.data(), n / 4);
+  ASSERT_OK(s.write(*eng, e, buf.data(), n / 4, n / 2)->wait());
+  memset(buf.data(), 0x55, n);
+  ASSERT_OK(s.read(*eng, e, buf.data(), n)->wait());
+  EXPECT_EQ(first_mismatch(buf.data(), zeros.data(), n / 2), -1);
+  EXPECT_EQ(first_mismatch(buf.bytes() + n / 2, data.data(), n / 4), -1);
+  EXPECT_EQ(first_mismatch(buf.bytes() + 3 * n / 4, zeros.data(), n / 4), -1);
+  // Freed and allocated again without kZeros: an error again.
+  s.free(e);
+  auto e2 = s.allocate(n).value();
+  ASSERT_EQ(e2.offset, e.offset);
+  EXPECT_EQ(s.read(*eng, e2, buf.data(), n)->wait().code(), StatusCode::kCorruption);
+}
+
 TEST(SwapIntegrity, AnUnalignedWriteCoversItsLastPage) {
   ScratchDir dir("swap");
   SwapFileOptions o;
