@@ -654,6 +654,8 @@ IoHandle SwapFile::transfer(IoEngine& eng, std::span<const SwapIo> ios, IoCallba
     }
   }
   if (!reads && fresh.empty()) return eng.submit(reqs, std::move(cb));
+  // Only the size check (an fstat per file): on the completing thread, not a hook thread.
+  const bool light = expect.empty() && fresh.empty() && zeros.empty();
   IoFinish finish = [this, unwritten = std::move(unwritten), expect = std::move(expect),
                      fresh = std::move(fresh), zeros = std::move(zeros),
                      sized = reads ? reqs : std::vector<IoRequest>(), name = std::move(name)]() mutable {
@@ -664,7 +666,7 @@ IoHandle SwapFile::transfer(IoEngine& eng, std::span<const SwapIo> ios, IoCallba
     for (const auto& [at, len] : zeros) memset(at, 0, len);
     return s;
   };
-  return eng.submit(reqs, std::move(cb), std::move(finish));
+  return eng.submit(reqs, std::move(cb), std::move(finish), light);
 }
 
 Status SwapFile::verify(const std::vector<Piece>& expect, const SwapIoNamer& name) const {
