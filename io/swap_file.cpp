@@ -413,6 +413,8 @@ Status SwapFile::write_guards_locked(uint64_t old_per_file, uint64_t per_file) {
     fill_guard(want, guard_nonce_, i, old_per_file);
     ssize_t r = pread(f.fd(), got, kSwapGuardBytes, static_cast<off_t>(old_per_file));
     if (r != static_cast<ssize_t>(kSwapGuardBytes) || memcmp(want, got, kSwapGuardBytes) != 0) {
+      // The growth made the file long again: from now on every read fails (check_sizes).
+      lost_guard_.store(static_cast<int>(i), std::memory_order_release);
       return corruption("swap file %s lost its guard page at offset %" PRIu64
                         ": it was truncated by something other than zoe while in use, and the data "
                         "in it is lost (do not let cleanup tools touch the swap directory of a running job)",
@@ -576,6 +578,13 @@ Status SwapFile::unwritten_error(const SwapIo& io, size_t i, uint64_t at, const 
 }
 
 Status SwapFile::check_sizes(const std::vector<IoRequest>& reqs) const {
+  const int lost = lost_guard_.load(std::memory_order_acquire);
+  if (lost >= 0) {
+    return corruption(
+        "swap file %s lost its guard page when the swap space grew: it was truncated by "
+        "something other than zoe while in use, and the data in it is lost",
+        files_[static_cast<size_t>(lost)]->path().c_str());
+  }
   const uint64_t want = guard_end_.load(std::memory_order_acquire);
   if (want == 0) return Status::ok();
   const File* last = nullptr;

@@ -83,7 +83,8 @@ enum class Unwritten : uint8_t {
 //   extend it again, but never to the guard's end. Each read checks, once its data is in, that
 //   every file it read from is still that long (fstat), so truncated-then-extended files, whose
 //   holes read back as zeros with a full count, are kCorruption naming the file, never data.
-//   Growth rewrites the guard at the new end and checks that the old one still holds its tag.
+//   Growth rewrites the guard at the new end and checks that the old one still holds its tag;
+//   if it does not, that growth and every later read fail.
 // Hole punching inside a file (the size unchanged) is caught by the checksums only.
 constexpr uint64_t kSwapGuardBytes = 4096;
 
@@ -204,6 +205,7 @@ class SwapFile {
   mutable std::map<uint64_t, uint64_t> written_;  // begin -> end, coalesced (under sum_mu_)
   std::map<uint64_t, uint64_t> zero_fill_;        // extents allocated with kZeros: offset -> end
   std::atomic<uint64_t> guard_end_{0};            // the length every file must have (0: no guard yet)
+  std::atomic<int> lost_guard_{-1};               // a file found truncated at a growth (-1: none)
   uint64_t guard_nonce_ = 0;                      // in the guard tags: this SwapFile's own
 };
 

@@ -843,7 +843,12 @@ TEST_P(SwapTruncation, ATruncationBeforeGrowthIsAnErrorAtTheGrowth) {
   auto sf = SwapFile::create(o);
   ASSERT_OK(sf);
   SwapFile& s = *sf.value();
-  ASSERT_OK(s.allocate(2 << 20));
+  auto eng = make_engine();
+  const size_t n = 2 << 20;
+  auto e = s.allocate(n).value();  // a stripe in each file
+  auto buf = AlignedBuffer::allocate(n).value();
+  memcpy(buf.data(), random_bytes(n, 13).data(), n);
+  ASSERT_OK(s.write(*eng, e, buf.data(), n)->wait());
   const std::string path = s.files()[1]->path();
   ASSERT_EQ(truncate(path.c_str(), 4096), 0) << path;
   auto grown = s.allocate(2 << 20);
@@ -851,6 +856,12 @@ TEST_P(SwapTruncation, ATruncationBeforeGrowthIsAnErrorAtTheGrowth) {
   EXPECT_EQ(grown.status().code(), StatusCode::kCorruption) << grown.status().to_string();
   EXPECT_NE(grown.status().message().find("swap file " + path + " lost its guard page"), std::string::npos)
       << grown.status().message();
+  // The growth made the file long again, past the old guard: reads still fail.
+  ASSERT_GE(std::filesystem::file_size(path), (1u << 20) + kSwapGuardBytes);
+  Status st = s.read(*eng, e, buf.data(), n)->wait();
+  EXPECT_EQ(st.code(), StatusCode::kCorruption) << st.to_string();
+  EXPECT_NE(st.message().find("swap file " + path + " lost its guard page"), std::string::npos)
+      << st.message();
 }
 
 INSTANTIATE_TEST_SUITE_P(DirectModes, SwapTruncation,
