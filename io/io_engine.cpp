@@ -104,10 +104,12 @@ IoHandle IoEngine::submit(std::span<const IoRequest> reqs, IoCallback cb) {
   return submit(reqs, std::move(cb), IoFinish{});
 }
 
-IoHandle IoEngine::submit(std::span<const IoRequest> reqs, IoCallback cb, IoFinish finish) {
+IoHandle IoEngine::submit(std::span<const IoRequest> reqs, IoCallback cb, IoFinish finish,
+                          bool finish_inline) {
   auto g = std::make_shared<IoCompletion>();
   g->callback_ = std::move(cb);
   g->finish_ = std::move(finish);
+  g->finish_inline_ = finish_inline;
   g->submit_ns_ = now_ns();
   outstanding_.fetch_add(1);
   auto fail_now = [&](Status s) {
@@ -207,7 +209,11 @@ void IoEngine::complete_chunk(Chunk* c, int res) {
 
 void IoEngine::finish_group(const IoHandle& g) {
   if (g->finish_) {
-    if (g->status_.is_ok()) {
+    if (g->status_.is_ok() && g->finish_inline_) {
+      // Every chunk is done: nothing else touches status_ now.
+      IoFinish finish = std::move(g->finish_);
+      g->status_ = finish();
+    } else if (g->status_.is_ok()) {
       std::lock_guard<std::mutex> lock(hook_mu_);
       if (hook_threads_.empty()) {
         unsigned n = std::clamp(std::thread::hardware_concurrency() / 4, 1u, 4u);

@@ -47,7 +47,9 @@ using IoCallback = std::function<void(IoCompletion&)>;
 // a waiter sees its result (swap checksums: recording a write, verifying a read). A non-OK
 // return becomes the completion's status. Runs on the engine's hook threads (up to 4, started at
 // the first hook), never on the thread that reaps completions, so long hooks (hashing MiBs) hold
-// up no other transfer; the submission's callback then runs on the same hook thread.
+// up no other transfer; the submission's callback then runs on the same hook thread. Submitted
+// with finish_inline, it runs instead on the thread that completed the last request (for hooks of
+// microseconds, such as an fstat, that a hand-over to a hook thread would only delay).
 using IoFinish = std::function<Status()>;
 
 // The completion of one submit() call (one or several requests). Thread-safe.
@@ -75,6 +77,7 @@ class IoCompletion {
   Status status_;
   IoCallback callback_;
   IoFinish finish_;
+  bool finish_inline_ = false;
 };
 
 enum class IoBackend : uint8_t { kAuto, kUring, kThreads };
@@ -115,7 +118,8 @@ class IoEngine {
   // Bad requests (null file, unaligned O_DIRECT buffer) complete at once with a clear error.
   IoHandle submit(std::span<const IoRequest> reqs, IoCallback cb = {});
   // The same, with a hook that runs after a successful transfer and before the completion.
-  IoHandle submit(std::span<const IoRequest> reqs, IoCallback cb, IoFinish finish);
+  IoHandle submit(std::span<const IoRequest> reqs, IoCallback cb, IoFinish finish,
+                  bool finish_inline = false);
   IoHandle submit(const IoRequest& req, IoCallback cb = {}) { return submit({&req, 1}, std::move(cb)); }
   // Synchronous helpers.
   Status read(const File& f, uint64_t offset, void* buf, size_t len);

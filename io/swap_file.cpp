@@ -17,6 +17,7 @@
 
 #include "core/log.h"
 #include "core/units.h"
+#include "io/buffer.h"
 #include "io/checksum.h"
 
 namespace zoe::io {
@@ -216,6 +217,7 @@ Result<std::unique_ptr<SwapFile>> SwapFile::create(const SwapFileOptions& opts) 
   }
   if (opts.reuse && !opts.keep) return invalid_argument("swap file: reuse needs keep");
   std::unique_ptr<SwapFile> sf(new SwapFile(opts));
+  sf->guard_nonce_ = default_random();  // not random_source: that one only names files
   {
     // One lock per distinct directory (a second flock on a directory this process already locked
     // through another descriptor would wait forever), taken in (device, inode) order so that two
@@ -249,8 +251,10 @@ Result<std::unique_ptr<SwapFile>> SwapFile::create(const SwapFileOptions& opts) 
     }
     per_file = per_file / opts.stripe_bytes * opts.stripe_bytes;
     existing = per_file * sf->files_.size();
+    std::lock_guard<std::mutex> lock(sf->mu_);
     sf->capacity_ = existing;
     if (existing) sf->add_free_locked(0, existing);
+    if (existing) ZOE_RETURN_IF_ERROR(sf->write_guards_locked(0, per_file));
   }
   if (opts.initial_bytes > existing) {
     std::lock_guard<std::mutex> lock(sf->mu_);
@@ -359,7 +363,7 @@ Status SwapFile::grow_locked(uint64_t min_capacity, bool allow_step) {
   for (;;) {
     Status s;
     for (size_t i = 0; i < n && s.is_ok(); ++i) {
-      s = files_[i]->preallocate(target / n);
+      s = files_[i]->preallocate(target / n + kSwapGuardBytes);
       // Give back what the files grown so far took beyond the old capacity.
       if (!s.is_ok()) {
         for (size_t j = 0; j < i; ++j) (void)files_[j]->truncate(old_size[j]);
@@ -375,9 +379,49 @@ Status SwapFile::grow_locked(uint64_t min_capacity, bool allow_step) {
                                      format_bytes(target) + " over " + std::to_string(n) + " file(s) (" +
                                      std::to_string(need - capacity_) + " more bytes needed)");
   }
+  ZOE_RETURN_IF_ERROR(write_guards_locked(capacity_ / n, target / n));
   uint64_t old = capacity_;
   capacity_ = target;
   add_free_locked(old, target - old);
+  return Status::ok();
+}
+
+namespace {
+void fill_guard(char* page, uint64_t nonce, size_t file, uint64_t per_file) {
+  memset(page, 0, kSwapGuardBytes);
+  int n = snprintf(page, kSwapGuardBytes, "zoe swap guard %016" PRIx64 " file %zu at %" PRIu64 "\n", nonce,
+                   file, per_file);
+  memset(page + n, '.', kSwapGuardBytes - static_cast<size_t>(n));
+}
+}  // namespace
+
+Status SwapFile::write_guards_locked(uint64_t old_per_file, uint64_t per_file) {
+  auto page = AlignedBuffer::allocate(2 * kSwapGuardBytes);
+  if (!page.is_ok()) return page.status();
+  char* want = page.value().bytes();
+  char* got = want + kSwapGuardBytes;
+  for (size_t i = 0; i < files_.size(); ++i) {
+    const File& f = *files_[i];
+    fill_guard(want, guard_nonce_, i, per_file);
+    ssize_t w = pwrite(f.fd(), want, kSwapGuardBytes, static_cast<off_t>(per_file));
+    if (w != static_cast<ssize_t>(kSwapGuardBytes)) {
+      return sys_error("writing the guard page of swap file", f.path(), per_file, kSwapGuardBytes,
+                       w < 0 ? errno : EIO);
+    }
+    if (old_per_file == 0 || old_per_file == per_file) continue;
+    // The old guard is data space now; until this call, it was the file's last page.
+    fill_guard(want, guard_nonce_, i, old_per_file);
+    ssize_t r = pread(f.fd(), got, kSwapGuardBytes, static_cast<off_t>(old_per_file));
+    if (r != static_cast<ssize_t>(kSwapGuardBytes) || memcmp(want, got, kSwapGuardBytes) != 0) {
+      // The growth made the file long again: from now on every read fails (check_sizes).
+      lost_guard_.store(static_cast<int>(i), std::memory_order_release);
+      return corruption("swap file %s lost its guard page at offset %" PRIu64
+                        ": it was truncated by something other than zoe while in use, and the data "
+                        "in it is lost (do not let cleanup tools touch the swap directory of a running job)",
+                        f.path().c_str(), old_per_file);
+    }
+  }
+  guard_end_.store(per_file + kSwapGuardBytes, std::memory_order_release);
   return Status::ok();
 }
 
@@ -405,7 +449,7 @@ void SwapFile::add_free_locked(uint64_t offset, uint64_t bytes) {
   free_[offset] = bytes;
 }
 
-Result<Extent> SwapFile::allocate(uint64_t bytes) {
+Result<Extent> SwapFile::allocate(uint64_t bytes, Unwritten unwritten) {
   if (bytes == 0) return Extent{0, 0};
   uint64_t need = (bytes + 4095) & ~uint64_t{4095};
   std::lock_guard<std::mutex> lock(mu_);
@@ -417,6 +461,10 @@ Result<Extent> SwapFile::allocate(uint64_t bytes) {
       free_.erase(it);
       if (rest) free_[e.offset + need] = rest;
       used_ += need;
+      if (unwritten == Unwritten::kZeros) {
+        std::lock_guard<std::mutex> sums(sum_mu_);
+        zero_fill_.emplace(e.offset, e.offset + need);
+      }
       return e;
     }
     // Nothing fits: grow so that the free tail (if any) plus new space holds `need`.
@@ -441,6 +489,13 @@ void SwapFile::free(const Extent& e) {
   }
   std::lock_guard<std::mutex> lock(sum_mu_);
   forget_sums_locked(e.offset, e.offset + e.bytes);
+  forget_written_locked(e.offset, e.offset + e.bytes);
+  zero_fill_.erase(e.offset);
+}
+
+bool SwapFile::zero_fill_locked(uint64_t offset) const {
+  auto it = zero_fill_.upper_bound(offset);
+  return it != zero_fill_.begin() && std::prev(it)->second > offset;
 }
 
 void SwapFile::map(IoOp op, uint64_t offset, void* buf, size_t len, std::vector<IoRequest>* out) const {
@@ -476,18 +531,95 @@ void SwapFile::forget_sums_locked(uint64_t begin, uint64_t end) const {
   while (it != sums_.end() && it->first < end) it = sums_.erase(it);
 }
 
+void SwapFile::mark_written_locked(uint64_t begin, uint64_t end) const {
+  end = (end + 4095) & ~uint64_t{4095};  // O_DIRECT reads round up to whole pages
+  auto it = written_.upper_bound(begin);
+  if (it != written_.begin()) {
+    auto prev = std::prev(it);
+    if (prev->second >= begin) {
+      begin = prev->first;
+      end = std::max(end, prev->second);
+      it = prev;
+    }
+  }
+  while (it != written_.end() && it->first <= end) {
+    end = std::max(end, it->second);
+    it = written_.erase(it);
+  }
+  written_.emplace(begin, end);
+}
+
+void SwapFile::forget_written_locked(uint64_t begin, uint64_t end) const {
+  auto it = written_.upper_bound(begin);
+  if (it != written_.begin() && std::prev(it)->second > begin) --it;
+  while (it != written_.end() && it->first < end) {
+    const uint64_t b = it->first, e = it->second;
+    it = written_.erase(it);
+    if (b < begin) written_.emplace(b, begin);
+    if (e > end) written_.emplace(end, e);
+  }
+}
+
+uint64_t SwapFile::first_unwritten_locked(uint64_t begin, uint64_t end) const {
+  auto it = written_.upper_bound(begin);
+  if (it == written_.begin()) return begin;
+  --it;
+  return it->second > begin ? std::min(end, it->second) : begin;
+}
+
+Status SwapFile::unwritten_error(const SwapIo& io, size_t i, uint64_t at, const SwapIoNamer& name) const {
+  std::vector<IoRequest> where;
+  map(IoOp::kRead, at, io.buf, 1, &where);
+  std::string what = name ? name(i) : "the extent at logical swap offset " + std::to_string(io.extent.offset);
+  return corruption("swap read of %s: byte %" PRIu64 " of its extent (offset %" PRIu64
+                    " of %s) was never written since the extent was allocated; its contents are not "
+                    "data (a bug in zoe: please report it)",
+                    what.c_str(), at - io.extent.offset, where[0].offset, where[0].file->path().c_str());
+}
+
+Status SwapFile::check_sizes(const std::vector<IoRequest>& reqs) const {
+  const int lost = lost_guard_.load(std::memory_order_acquire);
+  if (lost >= 0) {
+    return corruption(
+        "swap file %s lost its guard page when the swap space grew: it was truncated by "
+        "something other than zoe while in use, and the data in it is lost",
+        files_[static_cast<size_t>(lost)]->path().c_str());
+  }
+  const uint64_t want = guard_end_.load(std::memory_order_acquire);
+  if (want == 0) return Status::ok();
+  const File* last = nullptr;
+  for (const IoRequest& r : reqs) {
+    if (r.op != IoOp::kRead || r.file == last) continue;
+    last = r.file;
+    struct stat st;
+    if (fstat(r.file->fd(), &st) != 0) return sys_error("fstat", r.file->path(), errno);
+    if (static_cast<uint64_t>(st.st_size) >= want) continue;
+    return corruption("swap file %s is %lld bytes long, %" PRIu64
+                      " expected: it was truncated by something other than zoe while in use, so the "
+                      "data read at offset %" PRIu64
+                      " of it is lost (do not let cleanup tools touch "
+                      "the swap directory of a running job)",
+                      r.file->path().c_str(), static_cast<long long>(st.st_size), want, r.offset);
+  }
+  return Status::ok();
+}
+
 IoHandle SwapFile::transfer(IoEngine& eng, std::span<const SwapIo> ios, IoCallback cb,
                             SwapIoNamer name) const {
   std::vector<IoRequest> reqs;
+  bool reads = false;
   for (const SwapIo& io : ios) {
     ZOE_CHECK_MSG(io.at + io.len <= io.extent.bytes, "%s beyond the swap extent", io_op_name(io.op));
     map(io.op, io.extent.offset + io.at, io.buf, io.len, &reqs);
+    reads = reads || io.op == IoOp::kRead;
   }
-  if (!opts_.checksum) return eng.submit(reqs, std::move(cb));
-  // Writes forget what their range held at once (a failed write leaves it unverified, never
-  // verified against older data) and record their pieces once the data is on disk. Reads take
-  // the records of the pieces they cover whole now and check them once the data is in.
+  // Writes mark their range written and forget what their range held at once (a failed write
+  // leaves it unverified, never verified against older data) and record their pieces once the
+  // data is on disk. Reads check that their range was written, take the records of the pieces
+  // they cover whole now and check them once the data is in.
+  Status unwritten;
   std::vector<Piece> expect, fresh;
+  std::vector<std::pair<char*, uint64_t>> zeros;  // never-written bytes of kZeros extents
   {
     std::lock_guard<std::mutex> lock(sum_mu_);
     for (size_t i = 0; i < ios.size(); ++i) {
@@ -495,6 +627,8 @@ IoHandle SwapFile::transfer(IoEngine& eng, std::span<const SwapIo> ios, IoCallba
       const uint64_t begin = io.extent.offset + io.at, end = begin + io.len;
       char* buf = static_cast<char*>(io.buf);
       if (io.op == IoOp::kWrite) {
+        mark_written_locked(begin, end);
+        if (!opts_.checksum) continue;
         forget_sums_locked(begin, end);
         for (uint64_t p = begin; p < end;) {
           uint64_t cut =
@@ -503,23 +637,45 @@ IoHandle SwapFile::transfer(IoEngine& eng, std::span<const SwapIo> ios, IoCallba
           fresh.push_back(Piece{p, q - p, 0, io.extent.offset, buf + (p - begin), i});
           p = q;
         }
-      } else {
-        for (auto it = sums_.lower_bound(begin); it != sums_.end() && it->first < end; ++it) {
-          if (it->first + it->second.len > end) break;
-          expect.push_back(Piece{it->first, it->second.len, it->second.hash, io.extent.offset,
-                                 buf + (it->first - begin), i});
+        continue;
+      }
+      for (uint64_t p = begin; p < end && unwritten.is_ok();) {
+        uint64_t q = first_unwritten_locked(p, end);
+        if (q > p) {
+          p = q;
+          continue;
         }
+        if (!zero_fill_locked(p)) {
+          unwritten = unwritten_error(io, i, p, name);
+          break;
+        }
+        auto next = written_.upper_bound(p);  // the next written range, if any
+        q = next == written_.end() ? end : std::min(end, next->first);
+        zeros.emplace_back(buf + (p - begin), q - p);
+        p = q;
+      }
+      if (!opts_.checksum) continue;
+      for (auto it = sums_.lower_bound(begin); it != sums_.end() && it->first < end; ++it) {
+        if (it->first + it->second.len > end) break;
+        expect.push_back(Piece{it->first, it->second.len, it->second.hash, io.extent.offset,
+                               buf + (it->first - begin), i});
       }
     }
   }
-  if (expect.empty() && fresh.empty()) return eng.submit(reqs, std::move(cb));
-  IoFinish finish = [this, expect = std::move(expect), fresh = std::move(fresh),
-                     name = std::move(name)]() mutable {
-    Status s = verify(expect, name);
+  if (!reads && fresh.empty()) return eng.submit(reqs, std::move(cb));
+  // Only the size check (an fstat per file): on the completing thread, not a hook thread.
+  const bool light = expect.empty() && fresh.empty() && zeros.empty();
+  IoFinish finish = [this, unwritten = std::move(unwritten), expect = std::move(expect),
+                     fresh = std::move(fresh), zeros = std::move(zeros),
+                     sized = reads ? reqs : std::vector<IoRequest>(), name = std::move(name)]() mutable {
+    if (!unwritten.is_ok()) return unwritten;
+    Status s = check_sizes(sized);
+    if (s.is_ok()) s = verify(expect, name);
     if (s.is_ok()) record(fresh);
+    for (const auto& [at, len] : zeros) memset(at, 0, len);
     return s;
   };
-  return eng.submit(reqs, std::move(cb), std::move(finish));
+  return eng.submit(reqs, std::move(cb), std::move(finish), light);
 }
 
 Status SwapFile::verify(const std::vector<Piece>& expect, const SwapIoNamer& name) const {

@@ -67,6 +67,27 @@ struct SwapFileOptions {
 // (about 64 bytes per piece: 2.4 MB for 37 GB of swap) and are lost with the process.
 constexpr uint64_t kChecksumPieceBytes = 1u << 20;
 
+// What a read of bytes of an extent that no write through write()/transfer() has covered since
+// the extent was allocated (never written, or freed and allocated again) gets: such bytes hold
+// whatever the disk had there, often zeros, sometimes a freed extent's old data.
+enum class Unwritten : uint8_t {
+  kError,  // kCorruption naming the item, the swap file and its offset
+  kZeros,  // zeros, as a fresh host buffer would hold (the caller's contract: memory starts zeroed)
+};
+
+// Always-on checks, checksums or not (reads through read()/transfer() only; map() bypasses them):
+// - Reads of never-written bytes: see Unwritten (allocate() chooses, per extent).
+// - Guard page: every file is kSwapGuardBytes longer than its share of the capacity, and swap
+//   writes never touch that last page, which holds a tag. A truncation of the file (by anything
+//   other than zoe) therefore leaves it shorter than expected for good: later swap writes can
+//   extend it again, but never to the guard's end. Each read checks, once its data is in, that
+//   every file it read from is still that long (fstat), so truncated-then-extended files, whose
+//   holes read back as zeros with a full count, are kCorruption naming the file, never data.
+//   Growth rewrites the guard at the new end and checks that the old one still holds its tag;
+//   if it does not, that growth and every later read fail.
+// Hole punching inside a file (the size unchanged) is caught by the checksums only.
+constexpr uint64_t kSwapGuardBytes = 4096;
+
 // One transfer of SwapFile::transfer(): len bytes at [extent.offset + at, ...) to/from buf.
 struct SwapIo {
   IoOp op = IoOp::kRead;
@@ -103,7 +124,7 @@ class SwapFile {
 
   // First fit; grows the files (fallocate) when nothing fits. ENOSPC names the path, the bytes
   // asked for and the bytes free there before the attempt.
-  Result<Extent> allocate(uint64_t bytes);
+  Result<Extent> allocate(uint64_t bytes, Unwritten unwritten = Unwritten::kError);
   // Gives the extent back and forgets its checksums.
   void free(const Extent& e);
 
@@ -157,6 +178,17 @@ class SwapFile {
   Result<uint64_t> headroom_per_file() const;
   void add_free_locked(uint64_t offset, uint64_t bytes);
   void forget_sums_locked(uint64_t begin, uint64_t end) const;
+  // Written ranges (under sum_mu_): [begin, end) rounded out to 4096 at the end.
+  void mark_written_locked(uint64_t begin, uint64_t end) const;
+  void forget_written_locked(uint64_t begin, uint64_t end) const;
+  bool zero_fill_locked(uint64_t offset) const;
+  uint64_t first_unwritten_locked(uint64_t begin, uint64_t end) const;
+  Status unwritten_error(const SwapIo& io, size_t i, uint64_t at, const SwapIoNamer& name) const;
+  // Writes the guard page of every file at per_file (its share of the capacity), after checking
+  // that the guards at old_per_file (0: none yet) still hold their tags.
+  Status write_guards_locked(uint64_t old_per_file, uint64_t per_file);
+  // fstat of the files the read requests touched: each at least guard_end_ long.
+  Status check_sizes(const std::vector<IoRequest>& reqs) const;
   Status verify(const std::vector<Piece>& expect, const SwapIoNamer& name) const;
   void record(std::vector<Piece>& pieces) const;
 
@@ -170,6 +202,11 @@ class SwapFile {
   mutable std::mutex sum_mu_;
   mutable std::map<uint64_t, Sum> sums_;  // logical offset -> recorded piece; never overlapping
   mutable std::atomic<uint64_t> verified_bytes_{0};
+  mutable std::map<uint64_t, uint64_t> written_;  // begin -> end, coalesced (under sum_mu_)
+  std::map<uint64_t, uint64_t> zero_fill_;        // extents allocated with kZeros: offset -> end
+  std::atomic<uint64_t> guard_end_{0};            // the length every file must have (0: no guard yet)
+  std::atomic<int> lost_guard_{-1};               // a file found truncated at a growth (-1: none)
+  uint64_t guard_nonce_ = 0;                      // in the guard tags: this SwapFile's own
 };
 
 }  // namespace zoe::io

@@ -104,7 +104,8 @@ Status OptimizerSwapper::add_group(GroupId gid, size_t elems) {
   for (size_t k = 0; k < opts_.states.size(); ++k) {
     uint64_t bytes = static_cast<uint64_t>(elems) * opts_.states[k].elem_bytes;
     if (store_) {
-      auto e = store_->allocate(StateKey{id, opts_.states[k].kind}, bytes);
+      // States start as zeros, on NVMe as in memory (the host path clears its buffers below).
+      auto e = store_->allocate(StateKey{id, opts_.states[k].kind}, bytes, io::Unwritten::kZeros);
       if (!e.is_ok()) {
         for (size_t j = 0; j < k; ++j) store_->free(StateKey{id, opts_.states[j].kind});
         return e.status().with_context("registering optimizer sub-group " + std::to_string(id));

@@ -36,7 +36,7 @@ SwapStore::~SwapStore() {
   for (auto& [k, e] : extents_) file_->free(e);
 }
 
-Result<io::Extent> SwapStore::allocate(const StateKey& key, uint64_t bytes) {
+Result<io::Extent> SwapStore::allocate(const StateKey& key, uint64_t bytes, io::Unwritten unwritten) {
   uint64_t need = (bytes + 4095) & ~uint64_t{4095};
   std::lock_guard<std::mutex> lock(mu_);
   if (extents_.count(key)) {
@@ -49,7 +49,7 @@ Result<io::Extent> SwapStore::allocate(const StateKey& key, uint64_t bytes) {
                          static_cast<unsigned long long>(used_), static_cast<unsigned long long>(budget_),
                          format_bytes(budget_).c_str());
   }
-  ZOE_ASSIGN_OR_RETURN(io::Extent e, file_->allocate(need));
+  ZOE_ASSIGN_OR_RETURN(io::Extent e, file_->allocate(need, unwritten));
   extents_[key] = e;
   used_ += need;
   high_water_ = std::max(high_water_, used_);

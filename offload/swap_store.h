@@ -45,8 +45,10 @@ class SwapStore {
   ~SwapStore();
 
   // Reserves room for `bytes` (rounded up to 4096). Over the budget: kOutOfBudget naming the
-  // tier, the bytes requested, the bytes in use and the budget.
-  Result<io::Extent> allocate(const StateKey& key, uint64_t bytes);
+  // tier, the bytes requested, the bytes in use and the budget. `unwritten`: what reads of bytes
+  // not yet written get (io::Unwritten: an error, or zeros like a fresh host buffer).
+  Result<io::Extent> allocate(const StateKey& key, uint64_t bytes,
+                              io::Unwritten unwritten = io::Unwritten::kError);
   void free(const StateKey& key);
   Result<io::Extent> extent(const StateKey& key) const;
   bool contains(const StateKey& key) const;

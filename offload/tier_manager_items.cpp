@@ -22,7 +22,8 @@ Status TierManager::add_item(ItemId id, uint64_t bytes, Tier home) {
   item->home = home;
   Copy& c = item->at(home);
   if (home == Tier::kNvme) {
-    ZOE_ASSIGN_OR_RETURN(io::Extent e, opts_.nvme->allocate(item->key(), item->alloc));
+    // An item starts as zeros in every tier (the host tier clears its buffer below).
+    ZOE_ASSIGN_OR_RETURN(io::Extent e, opts_.nvme->allocate(item->key(), item->alloc, io::Unwritten::kZeros));
     (void)e;
   } else {
     ZOE_RETURN_IF_ERROR(budget_.reserve(lock, home, item->alloc, true));

@@ -85,8 +85,9 @@ TEST(Cli, BenchIoStripesOverPaths) {
   CmdResult r = zoe("bench io --json --validate --keep --path " + a.path() + " --path " + b.path() +
                     " --size 4MiB --stripe 256KiB --qd 8 --loops 1 --warmup 0");
   ASSERT_EQ(r.rc, 0) << r.err;
-  EXPECT_EQ(std::filesystem::file_size(a.file("zoe-bench.0.swap")), 2u << 20);
-  EXPECT_EQ(std::filesystem::file_size(b.file("zoe-bench.1.swap")), 2u << 20);
+  // Each file's share of the 4 MiB, and its guard page (io/swap_file.h).
+  EXPECT_EQ(std::filesystem::file_size(a.file("zoe-bench.0.swap")), (2u << 20) + 4096);
+  EXPECT_EQ(std::filesystem::file_size(b.file("zoe-bench.1.swap")), (2u << 20) + 4096);
 }
 
 TEST(Cli, BadInputGetsClearErrors) {

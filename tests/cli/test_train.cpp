@@ -175,4 +175,36 @@ TEST(Train, NvmePathTooSmall) {
   EXPECT_NE(r.err.find("free"), std::string::npos) << r.err;
 }
 
+// The swap files cut to 0 bytes while the run uses them (a cleanup job, a full-disk script), at
+// several moments of the start-up and first steps. Later swap writes extend the files again and
+// the holes read back as zeros: that must be an error naming the swap file, never a run that
+// finishes (rc 0) on all-zero weights (every loss ln 256). A cut after the last read of what it
+// destroyed may still finish, with the reference's losses.
+TEST(Train, ATruncatedSwapFileIsAnErrorNeverZeroWeights) {
+  const std::string common = "--preset demo --steps 4 --offload nvme --device-budget 16MiB ";
+  zoe::test::ScratchDir ref_dir("nvref");
+  json ref = train(common + "--nvme-path " + ref_dir.path());
+  ASSERT_FALSE(ref.is_null());
+  for (const char* delay : {"0.1", "0.2", "0.3", "0.5"}) {
+    zoe::test::ScratchDir d("nvcut");
+    const std::string files = d.path() + "/zoe-swap-*";
+    const std::string cutter = "( for i in $(seq 1 5000); do ls " + files +
+                               " >/dev/null 2>&1 && break; sleep 0.001; done; sleep " + delay +
+                               "; truncate -s 0 " + files + " ) >/dev/null 2>&1 & ";
+    CmdResult r = zoe("train --json --quiet " + common + "--nvme-path " + d.path(), cutter);
+    SCOPED_TRACE(std::string("cut ") + delay + " s after the swap file appeared");
+    if (r.rc == 0) {
+      EXPECT_EQ(json::parse(r.out)["losses"].dump(), ref["losses"].dump()) << "finished on damaged swap data";
+      continue;
+    }
+    EXPECT_EQ(r.rc, 1) << r.err;
+    EXPECT_NE(r.err.find("zoe: error: "), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(d.path() + "/zoe-swap-"), std::string::npos) << r.err;
+    const bool says = r.err.find("truncated") != std::string::npos ||
+                      r.err.find("Short read") != std::string::npos ||
+                      r.err.find("lost its guard page") != std::string::npos;
+    EXPECT_TRUE(says) << r.err;
+  }
+}
+
 }  // namespace

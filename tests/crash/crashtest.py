@@ -295,13 +295,15 @@ OUTCOMES = [IDENTICAL, "mismatch", "verify-failed", "inconsistent", "resume-fail
             "crash", "hang"]
 # What a fault's error message must say, one of (besides the path of the file it failed on).
 EFBIG_SAYS, ENOSPC_SAYS = ("File too large",), ("No space left", "are free")
+TRUNCATED_SAYS = ("truncated", "Short read", "lost its guard page")
 FAULT_SAYS = {"efbig-save": EFBIG_SAYS, "efbig-swap": EFBIG_SAYS, "enospc-save": ENOSPC_SAYS,
-              "enospc-nvme": ENOSPC_SAYS}
+              "enospc-nvme": ENOSPC_SAYS, "truncate-swap": TRUNCATED_SAYS}
 
 KILL_PATTERN = ["kill9", "kill9-save", "sigterm", "kill9-chain", "sigterm", "kill9-save", "kill9", "sigint"]
-FAULT_PATTERN = ["efbig-save", "enospc-save", "efbig-swap", "enospc-nvme"]
+FAULT_PATTERN = ["efbig-save", "enospc-save", "efbig-swap", "enospc-nvme", "truncate-swap"]
 KINDS = ["kill9", "kill9-save", "kill9-chain", "sigterm", "sigint", "efbig-save", "efbig-swap", "enospc-save",
-         "enospc-nvme"]
+         "enospc-nvme", "truncate-swap"]
+FAULT_KINDS = ("efbig", "enospc", "truncate")
 
 
 class Trial:
@@ -373,6 +375,31 @@ class TrialRunner:
         p.wait(self.timeout)
         return p, n * self.tr.save_every, seen is not None
 
+    # A run whose swap files are cut to 0 bytes at a random moment of its start-up and first steps
+    # (once they exist): it must stop with an error naming a swap file, or finish exactly as the
+    # reference did (the cut came after the last read of what it destroyed). Never rc 0 with other
+    # losses: the holes read back as zeros once later writes extend the files again.
+    def _truncate_swap_run(self, t, cmd, name, nvme):
+        delay = t.rng.uniform(0.0, 0.5 * min(r.wall for r in self.refs.values()))
+        p = Proc(cmd, os.path.join(t.dir, name))
+        seen, cut = None, []
+        while p.poll() is None and time.monotonic() - p.t0 < self.timeout:
+            if seen is None and swap_files(nvme):
+                seen = time.monotonic()
+            if seen is not None and time.monotonic() - seen >= delay:
+                for f in swap_files(nvme):
+                    try:
+                        os.truncate(f, 0)
+                        cut.append(f)
+                    except OSError:
+                        pass  # removed in between: the run is ending
+                break
+            time.sleep(0.0003)
+        p.wait(self.timeout)
+        how = ("truncated %d swap file(s) %.3fs after they appeared" % (len(cut), delay) if cut
+               else "ended before the cut")
+        return p, how
+
     # The first run of a trial and what its end must look like. False: the trial failed.
     def _interrupted_run(self, t, save, nvme, name, kind, preexec_fn=None, resume=False):
         cmd = self.tr.cmd(save, t.nvme_dirs, t.async_save, resume)
@@ -383,6 +410,8 @@ class TrialRunner:
         elif sig is not None:
             p, delay = self._signal_run(t, cmd, name, sig, preexec_fn)
             how = "%s at %.3fs" % (signal.Signals(sig).name, delay)
+        elif kind == "truncate-swap":
+            p, how = self._truncate_swap_run(t, cmd, name, nvme)
         else:
             p = run(cmd, os.path.join(t.dir, name), self.timeout, preexec_fn)
             how = kind
@@ -404,7 +433,7 @@ class TrialRunner:
         if p.rc not in ok_rcs and not clean_error(p.rc, err):
             return t.fail("crash", "%s ended with %s, last stderr line '%s': %s" %
                           (name, describe_rc(p.rc), said(err), where))
-        if p.rc in (1, 2) and not kind.startswith(("efbig", "enospc")):
+        if p.rc in (1, 2) and not kind.startswith(FAULT_KINDS):
             return t.fail("crash", "%s failed without a fault: %s: %s" % (name, said(err), where))
         if p.rc == 0:
             j = parse_summary(p.stdout())
@@ -592,6 +621,8 @@ class TrialRunner:
             mounts.append(Tmpfs(nvme, size))
             t.ended.append("nvme tmpfs %d KiB" % (size >> 10))
             return self._interrupted_run(t, save, nvme, "train", "enospc-nvme")
+        if k == "truncate-swap":
+            return self._interrupted_run(t, save, nvme, "train", "truncate-swap")
         raise ValueError(k)
 
 
@@ -1172,7 +1203,8 @@ def main():
                     "(default 40)")
     ap.add_argument("--faults", type=int, default=12,
                     help="fault trials: EFBIG under ulimit -f in a save or in the swap space, ENOSPC on a "
-                    "small tmpfs for the save dir or the NVMe path (default 12)")
+                    "small tmpfs for the save dir or the NVMe path, swap files truncated while in use "
+                    "(default 12)")
     ap.add_argument("--fuzz", type=int, default=2000, help="mutated configs through zoe train (default 2000)")
     ap.add_argument("--seed", type=int, default=1, help="seed of every random choice (default 1)")
     ap.add_argument("--minutes", type=float, default=0, help="keep going (kills, faults and configs in the "

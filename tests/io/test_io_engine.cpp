@@ -304,6 +304,42 @@ TEST_P(IoEngineTest, FinishHookRunsBeforeTheCompletionIsReady) {
   EXPECT_EQ(ran.load(), 1);
 }
 
+TEST_P(IoEngineTest, AnInlineFinishHookActsLikeAQueuedOne) {
+  // finish_inline: run on the completing thread, with the same contract: once, after the data
+  // moved, before the completion is ready and before its callback; its error is the completion's.
+  const size_t n = 3 * 256 * 1024;
+  AlignedBuffer w = buffer(n);
+  memset(w.data(), 7, n);
+  std::atomic<int> ran{0};
+  std::atomic<bool> callback_saw_hook{false};
+  IoRequest req{IoOp::kWrite, file_.get(), 0, w.data(), n};
+  IoHandle h = engine_->submit(
+      {&req, 1}, [&](IoCompletion&) { callback_saw_hook = ran.load() == 1; },
+      [&] {
+        ran++;
+        return Status::ok();
+      },
+      /*finish_inline=*/true);
+  ASSERT_OK(h->wait());
+  EXPECT_EQ(ran.load(), 1);
+  ASSERT_OK(engine_->drain());
+  EXPECT_TRUE(callback_saw_hook.load());
+  h = engine_->submit(
+      {&req, 1}, {}, [] { return corruption("hook says no"); }, true);
+  EXPECT_EQ(h->wait().code(), StatusCode::kCorruption);
+  EXPECT_EQ(engine_->drain().code(), StatusCode::kCorruption);
+  faults_.add(FaultKind::kEio, 1, UINT64_MAX);
+  h = engine_->submit(
+      {&req, 1}, {},
+      [&] {
+        ran++;
+        return Status::ok();
+      },
+      true);
+  EXPECT_EQ(h->wait().code(), StatusCode::kIoError);
+  EXPECT_EQ(ran.load(), 1);
+}
+
 TEST_P(IoEngineTest, PersistentEioNeverHangs) {
   // A dead disk: every answer fails. Every submission must still complete, with an error.
   faults_.add(FaultKind::kEio, 1, UINT64_MAX);

@@ -66,7 +66,7 @@ TEST(SwapFile, AllocateFreeCoalesce) {
   auto more = s.allocate(3 << 20).value();
   EXPECT_GE(s.capacity(), 4u << 20);
   EXPECT_EQ(more.offset, 1u << 20);
-  EXPECT_EQ(s.files()[0]->size().value(), s.capacity());
+  EXPECT_EQ(s.files()[0]->size().value(), s.capacity() + kSwapGuardBytes);
 }
 
 TEST(SwapFile, StripesAcrossPathsInTheDocumentedLayout) {
@@ -290,7 +290,7 @@ TEST(SwapFileGrowth, Ext4NoSpaceReportsTheFreeSpaceBeforeTheAttemptAndGivesItBac
   // ext4 holds what the failed fallocate reserved until the file is cut back (a metadata block
   // may stay).
   EXPECT_GE(free_at(fs.path()) + (64u << 10), before);
-  EXPECT_EQ(sf.value()->files()[0]->size().value(), 8u << 20);
+  EXPECT_EQ(sf.value()->files()[0]->size().value(), (8u << 20) + kSwapGuardBytes);
   EXPECT_OK(sf.value()->allocate(4 << 20));
 }
 
@@ -309,8 +309,8 @@ TEST(SwapFileGrowth, AFailedGrowthCutsBackTheFilesThatGrew) {
   ASSERT_FALSE(r.is_ok());
   EXPECT_EQ(r.status().code(), StatusCode::kNoSpace);
   EXPECT_NE(r.status().message().find(small.path()), std::string::npos) << r.status().message();
-  EXPECT_EQ(sf.value()->files()[0]->size().value(), 1u << 20);
-  EXPECT_EQ(sf.value()->files()[1]->size().value(), 1u << 20);
+  EXPECT_EQ(sf.value()->files()[0]->size().value(), (1u << 20) + kSwapGuardBytes);
+  EXPECT_EQ(sf.value()->files()[1]->size().value(), (1u << 20) + kSwapGuardBytes);
 }
 
 // Another open file description on path: does it get the lock?
@@ -655,11 +655,18 @@ TEST(SwapChecksumShapes, FreedExtentsForgetTheirChecksums) {
   s.free(e);
   auto e2 = s.allocate(n).value();
   ASSERT_EQ(e2.offset, e.offset);
-  // New contents by a raw write (no record), then a checked read: nothing stale to compare with.
+  // New contents by a raw write (no record), then a checked read: nothing stale to compare with,
+  // and nothing written through the checked path since the allocation.
   memset(buf.data(), 2, n);
   std::vector<IoRequest> reqs;
   s.map(IoOp::kWrite, e2.offset, buf.data(), n, &reqs);
   ASSERT_OK(eng->submit(reqs)->wait());
+  Status st = s.read(*eng, e2, buf.data(), n)->wait();
+  EXPECT_EQ(st.code(), StatusCode::kCorruption);
+  EXPECT_EQ(st.message().find("checksum mismatch"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("never written"), std::string::npos) << st.message();
+  // A checked write of the new contents records them: they read and verify.
+  ASSERT_OK(s.write(*eng, e2, buf.data(), n)->wait());
   EXPECT_OK(s.read(*eng, e2, buf.data(), n)->wait());
 }
 
@@ -692,6 +699,176 @@ TEST(SwapChecksumFaults, ACorruptedReadBufferIsACorruptionError) {
   ASSERT_OK(s.read(*eng, e, buf.data(), n)->wait());
   EXPECT_EQ(first_mismatch(buf.data(), data.data(), n), -1);
 }
+
+// Always on, checksums or not: reads of bytes no write covered are errors.
+TEST(SwapIntegrity, AReadOfNeverWrittenBytesIsAnErrorNamingTheFile) {
+  ScratchDir dir("swap");
+  SwapFileOptions o;
+  o.dirs = {dir.path()};
+  auto sf = SwapFile::create(o);
+  ASSERT_OK(sf);
+  SwapFile& s = *sf.value();
+  auto eng = make_engine();
+  const size_t n = 2 << 20;
+  s.allocate(8192).value();
+  auto e = s.allocate(n).value();
+  auto buf = AlignedBuffer::allocate(n).value();
+  memset(buf.data(), 3, n);
+  auto name = [](size_t) { return std::string("test tensor w"); };
+  Status st = s.read(*eng, e, buf.data(), n, 0, {}, name)->wait();
+  ASSERT_EQ(st.code(), StatusCode::kCorruption) << st.to_string();
+  EXPECT_NE(st.message().find("test tensor w"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("never written"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("byte 0 of its extent (offset 8192 of " + s.files()[0]->path() + ")"),
+            std::string::npos)
+      << st.message();
+  // Half written: that half reads, the whole does not (the error names the first unwritten byte).
+  ASSERT_OK(s.write(*eng, e, buf.data(), n / 2)->wait());
+  EXPECT_OK(s.read(*eng, e, buf.data(), n / 2)->wait());
+  st = s.read(*eng, e, buf.data(), n)->wait();
+  ASSERT_EQ(st.code(), StatusCode::kCorruption) << st.to_string();
+  EXPECT_NE(st.message().find("byte " + std::to_string(n / 2) + " of its extent"), std::string::npos)
+      << st.message();
+  ASSERT_OK(s.write(*eng, e, buf.data(), n / 2, n / 2)->wait());
+  EXPECT_OK(s.read(*eng, e, buf.data(), n)->wait());
+  // Freed and allocated again: the old contents are not this allocation's data.
+  s.free(e);
+  auto e2 = s.allocate(n).value();
+  ASSERT_EQ(e2.offset, e.offset);
+  EXPECT_EQ(s.read(*eng, e2, buf.data(), 4096)->wait().code(), StatusCode::kCorruption);
+}
+
+TEST(SwapIntegrity, UnwrittenBytesOfAZeroFillExtentReadAsZerosNotOldData) {
+  ScratchDir dir("swap");
+  SwapFileOptions o;
+  o.dirs = {dir.path()};
+  auto sf = SwapFile::create(o);
+  ASSERT_OK(sf);
+  SwapFile& s = *sf.value();
+  auto eng = make_engine();
+  const size_t n = 1 << 20;
+  auto old = s.allocate(n).value();
+  auto buf = AlignedBuffer::allocate(n).value();
+  memset(buf.data(), 0x77, n);
+  ASSERT_OK(s.write(*eng, old, buf.data(), n)->wait());
+  s.free(old);
+  auto e = s.allocate(n, Unwritten::kZeros).value();
+  ASSERT_EQ(e.offset, old.offset);
+  std::vector<char> zeros(n, 0);
+  ASSERT_OK(s.read(*eng, e, buf.data(), n)->wait());
+  EXPECT_EQ(first_mismatch(buf.data(), zeros.data(), n), -1);
+  // Written in the middle: that part reads back, the rest as zeros.
+  auto data = random_bytes(n / 4, 12);
+  memcpy(buf.data(), data.data(), n / 4);
+  ASSERT_OK(s.write(*eng, e, buf.data(), n / 4, n / 2)->wait());
+  memset(buf.data(), 0x55, n);
+  ASSERT_OK(s.read(*eng, e, buf.data(), n)->wait());
+  EXPECT_EQ(first_mismatch(buf.data(), zeros.data(), n / 2), -1);
+  EXPECT_EQ(first_mismatch(buf.bytes() + n / 2, data.data(), n / 4), -1);
+  EXPECT_EQ(first_mismatch(buf.bytes() + 3 * n / 4, zeros.data(), n / 4), -1);
+  // Freed and allocated again without kZeros: an error again.
+  s.free(e);
+  auto e2 = s.allocate(n).value();
+  ASSERT_EQ(e2.offset, e.offset);
+  EXPECT_EQ(s.read(*eng, e2, buf.data(), n)->wait().code(), StatusCode::kCorruption);
+}
+
+TEST(SwapIntegrity, AnUnalignedWriteCoversItsLastPage) {
+  ScratchDir dir("swap");
+  SwapFileOptions o;
+  o.dirs = {dir.path()};
+  o.direct = DirectMode::kOff;
+  auto sf = SwapFile::create(o);
+  ASSERT_OK(sf);
+  SwapFile& s = *sf.value();
+  auto eng = make_engine();
+  auto e = s.allocate(3 * 4096).value();
+  auto buf = AlignedBuffer::allocate(3 * 4096).value();
+  ASSERT_OK(s.write(*eng, e, buf.data(), 4096 + 10)->wait());
+  EXPECT_OK(s.read(*eng, e, buf.data(), 2 * 4096)->wait());
+  EXPECT_EQ(s.read(*eng, e, buf.data(), 3 * 4096)->wait().code(), StatusCode::kCorruption);
+}
+
+class SwapTruncation : public ::testing::TestWithParam<DirectMode> {};
+
+// The reported case: the file cut to 0 bytes, then extended again by later writes, so that the
+// holes read back as zeros with a full count. Deterministic: the cut happens between the write
+// and the read of the extent.
+TEST_P(SwapTruncation, ATruncatedThenReExtendedFileIsAnErrorNotZeros) {
+  ScratchDir dir("swap");
+  SwapFileOptions o;
+  o.dirs = {dir.path()};
+  o.direct = GetParam();
+  o.initial_bytes = 2 << 20;
+  o.grow_bytes = 0;
+  auto sf = SwapFile::create(o);
+  ASSERT_OK(sf);
+  SwapFile& s = *sf.value();
+  ASSERT_EQ(s.capacity(), 2u << 20);
+  auto eng = make_engine();
+  const size_t n = 1 << 20;
+  auto a = s.allocate(n).value();
+  auto b = s.allocate(n).value();  // the last MiB of the file
+  ASSERT_EQ(b.offset + n, s.capacity());
+  auto data = random_bytes(n, 11);
+  auto buf = AlignedBuffer::allocate(n).value();
+  memcpy(buf.data(), data.data(), n);
+  ASSERT_OK(s.write(*eng, a, buf.data(), n)->wait());
+  ASSERT_OK(s.write(*eng, b, buf.data(), n)->wait());
+  const std::string path = s.files()[0]->path();
+  ASSERT_EQ(truncate(path.c_str(), 0), 0) << path;
+  // A later write of the last extent extends the file to where the data ended before.
+  ASSERT_OK(s.write(*eng, b, buf.data(), n)->wait());
+  ASSERT_GE(std::filesystem::file_size(path), s.capacity());
+  memset(buf.data(), 0x5a, n);
+  Status st = s.read(*eng, a, buf.data(), n)->wait();
+  ASSERT_EQ(st.code(), StatusCode::kCorruption)
+      << st.to_string() << " first bytes read: " << int(buf.bytes()[0]);
+  EXPECT_NE(st.message().find("swap file " + path), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("truncated"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("at offset 0 of it"), std::string::npos) << st.message();
+  // Growing the file (fallocate would fill the holes) does not hide it either.
+  auto grown = s.allocate(4 << 20);
+  ASSERT_FALSE(grown.is_ok());
+  EXPECT_EQ(grown.status().code(), StatusCode::kCorruption) << grown.status().to_string();
+  EXPECT_NE(grown.status().message().find(path), std::string::npos) << grown.status().message();
+}
+
+TEST_P(SwapTruncation, ATruncationBeforeGrowthIsAnErrorAtTheGrowth) {
+  ScratchDir d0("s0"), d1("s1");
+  SwapFileOptions o;
+  o.dirs = {d0.path(), d1.path()};
+  o.direct = GetParam();
+  o.grow_bytes = 0;
+  auto sf = SwapFile::create(o);
+  ASSERT_OK(sf);
+  SwapFile& s = *sf.value();
+  auto eng = make_engine();
+  const size_t n = 2 << 20;
+  auto e = s.allocate(n).value();  // a stripe in each file
+  auto buf = AlignedBuffer::allocate(n).value();
+  memcpy(buf.data(), random_bytes(n, 13).data(), n);
+  ASSERT_OK(s.write(*eng, e, buf.data(), n)->wait());
+  const std::string path = s.files()[1]->path();
+  ASSERT_EQ(truncate(path.c_str(), 4096), 0) << path;
+  auto grown = s.allocate(2 << 20);
+  ASSERT_FALSE(grown.is_ok());
+  EXPECT_EQ(grown.status().code(), StatusCode::kCorruption) << grown.status().to_string();
+  EXPECT_NE(grown.status().message().find("swap file " + path + " lost its guard page"), std::string::npos)
+      << grown.status().message();
+  // The growth made the file long again, past the old guard: reads still fail.
+  ASSERT_GE(std::filesystem::file_size(path), (1u << 20) + kSwapGuardBytes);
+  Status st = s.read(*eng, e, buf.data(), n)->wait();
+  EXPECT_EQ(st.code(), StatusCode::kCorruption) << st.to_string();
+  EXPECT_NE(st.message().find("swap file " + path + " lost its guard page"), std::string::npos)
+      << st.message();
+}
+
+INSTANTIATE_TEST_SUITE_P(DirectModes, SwapTruncation,
+                         ::testing::Values(DirectMode::kPrefer, DirectMode::kOff),
+                         [](const ::testing::TestParamInfo<DirectMode>& p) {
+                           return std::string(direct_mode_name(p.param));
+                         });
 
 }  // namespace
 }  // namespace zoe::io

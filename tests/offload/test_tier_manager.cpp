@@ -84,6 +84,29 @@ TEST(TierManager, HostHomeToDeviceAndBack) {
   EXPECT_EQ(first_mismatch(back.data(), v.data(), v.size()), -1);
 }
 
+TEST(TierManager, AnItemAddedOnNvmeStartsAsZerosEvenWhereARemovedItemWas) {
+  // Like a host-homed item (its buffer is cleared), never the swap space's old contents.
+  Rig r;
+  ASSERT_TRUE(r.init(MiB, 8 * MiB));
+  TierManager& tm = *r.tm;
+  const uint64_t n = 256 * KiB;
+  ASSERT_OK(tm.add_item(1, n, Tier::kNvme));
+  auto data = random_bytes(n, 21);
+  ASSERT_OK(tm.write(1, data.data()));
+  const uint64_t offset = r.store->extent(StateKey{1, StateKind::kOther}).value().offset;
+  ASSERT_OK(tm.remove_item(1));
+  ASSERT_OK(tm.add_item(2, n, Tier::kNvme));
+  ASSERT_EQ(r.store->extent(StateKey{2, StateKind::kOther}).value().offset, offset) << "the same swap space";
+  std::vector<unsigned char> back(n, 0xee), zeros(n, 0);
+  ASSERT_OK(tm.read(2, back.data()));
+  EXPECT_EQ(first_mismatch(back.data(), zeros.data(), n), -1);
+  // Half written: the rest still reads as zeros.
+  ASSERT_OK(tm.write(2, data.data(), 0, n / 2));
+  ASSERT_OK(tm.read(2, back.data()));
+  EXPECT_EQ(first_mismatch(back.data(), data.data(), n / 2), -1);
+  EXPECT_EQ(first_mismatch(back.data() + n / 2, zeros.data(), n / 2), -1);
+}
+
 TEST(TierManager, BudgetsAreHardAndErrorsSayWhy) {
   Rig r;
   ASSERT_TRUE(r.init(MiB, 8 * MiB));
