@@ -4,15 +4,43 @@
     loss = engine(batch); engine.backward(loss); stats = engine.step()
     engine.save_checkpoint("ckpt", tag="step-100", client_state={...})
     state_dict = zoe.consolidate("ckpt")                      # full fp32, the model's own names
+
+The names load on first use: `import zoe` alone (the `zoe` command's entry point) loads neither
+torch nor the C++ extension.
 """
-from ._zoe import ZoeError
-from .engine import Engine, StepStats, consolidate, initialize
 
 __all__ = ["Engine", "StepStats", "ZoeError", "consolidate", "initialize", "rank_and_world"]
+
+_ENGINE_NAMES = ("Engine", "StepStats", "consolidate", "initialize")
+
+
+def _extension():
+    """The C++ extension, loaded after torch where torch is installed: both link NCCL (a CUDA
+    build of torch its own, newer copy), and the library loaded first serves both, so torch's
+    must come first."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        pass
+    from . import _zoe
+
+    return _zoe
+
+
+def __getattr__(name):
+    if name in _ENGINE_NAMES:
+        from . import engine
+
+        return getattr(engine, name)
+    if name == "ZoeError":
+        return _extension().ZoeError
+    raise AttributeError(f"module 'zoe' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_ENGINE_NAMES) + ["ZoeError"])
 
 
 def rank_and_world():
     """(rank, world size) of this process: from MPI under mpirun, else (0, 1)."""
-    from . import _zoe
-
-    return _zoe.runtime()
+    return _extension().runtime()
