@@ -96,11 +96,12 @@ class StopSignals {
                "ranks: one of them was probably lost; mpirun names it); removed %zu swap file(s); exiting\n",
                rank, name, grace, removed);
     } else {
-      snprintf(buf, sizeof buf,
-               "zoe: %s, but the step in progress did not end within %.0f s (a run of one process waits for no "
-               "other rank: the step itself is stuck, e.g. in I/O or in a library retrying a failed "
-               "allocation); removed %zu swap file(s); exiting\n",
-               name, grace, removed);
+      snprintf(
+          buf, sizeof buf,
+          "zoe: %s, but the step in progress did not end within %.0f s (a run of one process waits for no "
+          "other rank: the step itself is stuck, e.g. in I/O or in a library retrying a failed "
+          "allocation); removed %zu swap file(s); exiting\n",
+          name, grace, removed);
     }
     return buf;
   }

@@ -98,8 +98,8 @@ void check_address_space(int threads) {
       "the address-space limit (ulimit -v %llu, %s) is too small for this run: it needs about %s (%s mapped "
       "by the engine and the model before step 0, and %s for the step's GEMM buffers and threads); raise "
       "ulimit -v to at least %llu, or run fewer --threads or a smaller model",
-      static_cast<unsigned long long>(limit / 1024), format_bytes(limit).c_str(), format_bytes(used + margin).c_str(),
-      format_bytes(used).c_str(), format_bytes(margin).c_str(),
+      static_cast<unsigned long long>(limit / 1024), format_bytes(limit).c_str(),
+      format_bytes(used + margin).c_str(), format_bytes(used).c_str(), format_bytes(margin).c_str(),
       static_cast<unsigned long long>((used + margin + 1023) / 1024)));
 }
 

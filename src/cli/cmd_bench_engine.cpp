@@ -159,7 +159,8 @@ std::vector<uint64_t> check_flags(const BenchEngineOpts& o) {
     usage_fail(invalid_argument("--device-budget %s: %s", o.device_budget.c_str(),
                                 budget.status().message().c_str()));
   }
-  if (*budget == 0) usage_fail(invalid_argument("--device-budget %s: expected a size above 0", o.device_budget.c_str()));
+  if (*budget == 0)
+    usage_fail(invalid_argument("--device-budget %s: expected a size above 0", o.device_budget.c_str()));
   Result<std::vector<uint64_t>> depths = parse_uint_list(o.modules);
   if (!depths.is_ok()) {
     usage_fail(invalid_argument("--modules %s: %s (expected depths in [1, %llu], comma separated)",

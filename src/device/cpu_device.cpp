@@ -198,10 +198,11 @@ class CpuDevice final : public Device {
     try {
       return std::unique_ptr<Stream>(new CpuStream(this));
     } catch (const std::system_error& e) {
-      return out_of_budget("cpu device: cannot start a stream's worker thread: %s (errno %d; out of memory or "
-                                "address space: the process's address space (ulimit -v) or thread count (ulimit -u) is "
-                                "at its limit)",
-                                e.what(), e.code().value());
+      return out_of_budget(
+          "cpu device: cannot start a stream's worker thread: %s (errno %d; out of memory or "
+          "address space: the process's address space (ulimit -v) or thread count (ulimit -u) is "
+          "at its limit)",
+          e.what(), e.code().value());
     } catch (const std::bad_alloc&) {
       return out_of_budget("cpu device: out of memory creating a stream");
     }
