@@ -3,6 +3,7 @@
 
 #include <cerrno>
 #include <deque>
+#include <system_error>
 #include <thread>
 
 #include "io/backends.h"
@@ -15,17 +16,19 @@ class ThreadEngine final : public IoEngine {
   explicit ThreadEngine(const IoEngineOptions& opts) : IoEngine(opts) {
     uint32_t n = opts.threads ? opts.threads : opts.queue_depth;
     n = std::max<uint32_t>(1, std::min<uint32_t>(n, 128));
-    for (uint32_t i = 0; i < n; ++i) workers_.emplace_back([this] { work(); });
+    // A worker that cannot start (std::system_error at the address-space or thread limit) stops
+    // the ones that did before the error leaves: a joinable thread must not be destroyed.
+    try {
+      for (uint32_t i = 0; i < n; ++i) workers_.emplace_back([this] { work(); });
+    } catch (...) {
+      stop_workers();
+      throw;
+    }
   }
 
   ~ThreadEngine() override {
     shutdown_and_wait();
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stopping_ = true;
-    }
-    cv_.notify_all();
-    for (auto& t : workers_) t.join();
+    stop_workers();
   }
 
   const char* name() const override { return "threads"; }
@@ -43,6 +46,15 @@ class ThreadEngine final : public IoEngine {
   }
 
  private:
+  void stop_workers() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : workers_) t.join();
+  }
+
   void work() {
     for (;;) {
       Chunk* c;
@@ -69,7 +81,15 @@ class ThreadEngine final : public IoEngine {
 }  // namespace
 
 Result<std::unique_ptr<IoEngine>> make_thread_engine(const IoEngineOptions& opts) {
-  return std::unique_ptr<IoEngine>(new ThreadEngine(opts));
+  try {
+    return std::unique_ptr<IoEngine>(new ThreadEngine(opts));
+  } catch (const std::system_error& e) {
+    return out_of_budget(
+        "I/O engine: cannot start its worker threads: %s (errno %d; out of memory or address "
+        "space: the process's address space (ulimit -v) or thread count (ulimit -u) is at its "
+        "limit)",
+        e.what(), e.code().value());
+  }
 }
 
 }  // namespace zoe::io

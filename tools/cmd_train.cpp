@@ -128,7 +128,7 @@ void TrainRun::check_seq() {
 void TrainRun::start_runtime() {
   rt = value_or_fail(Runtime::init());
   lead = rt->rank() == 0;
-  stop.set_rank(rt->rank());
+  stop.set_rank(rt->rank(), rt->world_size());
   if (!o.plot.empty() && lead) {
     Status ps = plot_available();
     if (!ps.is_ok()) fail(ps.with_context("checking for --plot " + o.plot + " before training"));
@@ -241,6 +241,7 @@ void TrainRun::resume() {
 void TrainRun::build_model() {
   gpt = value_or_fail(model::GptCpu::create(mc, o.micro_batch, T, o.threads));
   trainer.emplace(*eng, *gpt, mc, T);
+  check_address_space(gpt->threads());
   sample_n = o.sample >= 0 ? o.sample : (o.data.empty() ? 0 : 160);
   if (sample_n > 0) take_sample(start_step);
 }

@@ -11,6 +11,7 @@
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
+#include <string>
 #include <thread>
 
 #include "zoe/zoe.h"
@@ -64,11 +65,7 @@ class StopSignals {
         const double grace = std::max(kMinGraceS, 3.0 * static_cast<double>(step_ns_.load()) * 1e-9);
         if (static_cast<double>(now - asked_ns) * 1e-9 < grace) continue;
         const size_t n = remove_swap_files_now();
-        fprintf(
-            stderr,
-            "zoe: rank %d: %s, but the step in progress did not end within %.0f s (it waits for the other "
-            "ranks: one of them was probably lost; mpirun names it); removed %zu swap file(s); exiting\n",
-            rank_.load(), sig == SIGINT ? "SIGINT" : "SIGTERM", grace, n);
+        fputs(timeout_message(rank_.load(), world_.load(), sig, grace, n).c_str(), stderr);
         _exit(128 + sig);
       }
     }).detach();
@@ -81,7 +78,33 @@ class StopSignals {
   void stopping() { stopping_.store(true); }
   // The duration of the last step (the watchdog waits three of them, at least kMinGraceS).
   void note_step(double seconds) { step_ns_.store(static_cast<uint64_t>(seconds * 1e9)); }
-  void set_rank(int r) { rank_.store(r); }
+  // This process's rank and the number of ranks (the watchdog's message names the others only when
+  // there are some).
+  void set_rank(int r, int world) {
+    rank_.store(r);
+    world_.store(world);
+  }
+
+  // The watchdog's last line: a step of one process waits for nobody else; a step of several ranks
+  // may wait in a collective for a lost one.
+  static std::string timeout_message(int rank, int world, int sig, double grace, size_t removed) {
+    const char* name = sig == SIGINT ? "SIGINT" : "SIGTERM";
+    char buf[512];
+    if (world > 1) {
+      snprintf(buf, sizeof buf,
+               "zoe: rank %d: %s, but the step in progress did not end within %.0f s (it waits for the other "
+               "ranks: one of them was probably lost; mpirun names it); removed %zu swap file(s); exiting\n",
+               rank, name, grace, removed);
+    } else {
+      snprintf(
+          buf, sizeof buf,
+          "zoe: %s, but the step in progress did not end within %.0f s (a run of one process waits for no "
+          "other rank: the step itself is stuck, e.g. in I/O or in a library retrying a failed "
+          "allocation); removed %zu swap file(s); exiting\n",
+          name, grace, removed);
+    }
+    return buf;
+  }
 
  private:
   // Async-signal-safe: a lock-free atomic, write(2) and _exit(2).
@@ -109,6 +132,7 @@ class StopSignals {
   static inline std::atomic<bool> stopping_{false};
   static inline std::atomic<uint64_t> step_ns_{0};
   static inline std::atomic<int> rank_{0};
+  static inline std::atomic<int> world_{1};
 };
 
 }  // namespace zoe::cli

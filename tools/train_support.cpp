@@ -2,9 +2,11 @@
 #include "tools/train_support.h"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 
@@ -60,6 +62,45 @@ void check_host_memory(const Config& cfg, const model::GptConfig& mc, int micro,
   }
   fail(out_of_budget("the run needs about %s of host memory (%s) but the host has %s available",
                      bytes(act + swap).c_str(), what.c_str(), format_bytes(avail).c_str()));
+}
+
+namespace {
+
+// The process's mapped address space now (VmSize), 0 when unknown.
+uint64_t address_space_in_use() {
+  FILE* f = fopen("/proc/self/status", "r");
+  if (f == nullptr) return 0;
+  char line[256];
+  unsigned long long kib = 0;
+  while (fgets(line, sizeof line, f) != nullptr) {
+    if (sscanf(line, "VmSize: %llu kB", &kib) == 1) break;
+  }
+  fclose(f);
+  return static_cast<uint64_t>(kib) * 1024;
+}
+
+}  // namespace
+
+void check_address_space(int threads) {
+  struct rlimit lim {};
+  if (getrlimit(RLIMIT_AS, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY) return;
+  const uint64_t used = address_space_in_use();
+  if (used == 0) return;  // unknown
+  // A step maps more than the model and the engine hold before it: OpenBLAS's GEMM buffer in each
+  // thread that runs a GEMM (mapped at its first one, and retried without end when the map fails),
+  // the allocator's arenas, the stacks of threads that start in the step. Measured on the presets:
+  // 210-345 MiB for one thread, about 130 MiB more per thread.
+  const uint64_t per_thread = uint64_t{128} << 20;
+  const uint64_t margin = (uint64_t{256} << 20) + per_thread * static_cast<uint64_t>(std::max(1, threads));
+  const uint64_t limit = static_cast<uint64_t>(lim.rlim_cur);
+  if (used + margin <= limit) return;
+  fail(out_of_budget(
+      "the address-space limit (ulimit -v %llu, %s) is too small for this run: it needs about %s (%s mapped "
+      "by the engine and the model before step 0, and %s for the step's GEMM buffers and threads); raise "
+      "ulimit -v to at least %llu, or run fewer --threads or a smaller model",
+      static_cast<unsigned long long>(limit / 1024), format_bytes(limit).c_str(),
+      format_bytes(used + margin).c_str(), format_bytes(used).c_str(), format_bytes(margin).c_str(),
+      static_cast<unsigned long long>((used + margin + 1023) / 1024)));
 }
 
 // Creates --save-dir (and its parents) and proves it writable with a probe file, so that the

@@ -70,6 +70,10 @@ std::string escape_bytes(const std::string& s);
 void print_indented(const std::string& text, const char* prefix);
 // Refuses (exit 1) a run whose host allocations cannot fit, before making them.
 void check_host_memory(const Config& cfg, const model::GptConfig& mc, int micro, int T);
+// Refuses a run whose address-space limit (RLIMIT_AS, `ulimit -v`) leaves too little room for a
+// step beside what the engine and the model have mapped: a GEMM buffer that cannot be mapped makes
+// OpenBLAS retry forever. Call before step 0, with the model's CPU threads.
+void check_address_space(int threads);
 // Creates --save-dir and probes that it takes files (exit 1 naming it otherwise).
 void prepare_save_dir(const std::string& dir);
 double mean_over_ranks(Runtime& rt, double v);

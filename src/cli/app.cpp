@@ -7,6 +7,7 @@
 #include <map>
 #include <new>
 #include <string>
+#include <system_error>
 #include <tuple>
 #include <vector>
 
@@ -97,6 +98,14 @@ int run(CLI::App& app, int argc, char** argv) {
             "%s: error: out of memory (an allocation failed; a size from a flag or the config may be "
             "too large for this host)\n",
             app.get_name().c_str());
+    return kExitFailure;
+  } catch (const std::system_error& e) {
+    // A thread that could not start (EAGAIN), or another resource the system refused.
+    fflush(stdout);
+    fprintf(stderr,
+            "%s: error: %s (errno %d): out of a system resource; the process may be at its address-space "
+            "(ulimit -v) or thread-count (ulimit -u) limit\n",
+            app.get_name().c_str(), e.what(), e.code().value());
     return kExitFailure;
   } catch (const std::exception& e) {
     fflush(stdout);

@@ -134,7 +134,51 @@ json run_depth(Runtime& rt, const config::Config& cfg, const BenchEngineOpts& o,
           {"steps", steps}};
 }
 
+// Limits of the flags: a step count, a width and depths whose model fits a large host.
+constexpr int64_t kMaxSteps = 1000000;
+constexpr int64_t kMaxWidth = 16384;
+constexpr uint64_t kMaxDepth = 100000;
+
+// Every flag's value, checked before anything runs; a bad one is a usage error naming the flag.
+std::vector<uint64_t> check_flags(const BenchEngineOpts& o) {
+  check_flag_range("--steps", o.steps, 1, kMaxSteps);
+  check_flag_range("--d", o.d, 1, kMaxWidth);
+  check_flag_range("--stage", o.stage, 0, 3);
+  auto one_of = [](const char* flag, const std::string& v, std::initializer_list<const char*> ok) {
+    std::string list;
+    for (const char* w : ok) {
+      if (v == w) return;
+      list += list.empty() ? w : std::string(", ") + w;
+    }
+    usage_fail(invalid_argument("%s '%s': expected one of %s", flag, v.c_str(), list.c_str()));
+  };
+  one_of("--offload", o.offload, {"none", "cpu", "nvme"});
+  one_of("--precision", o.precision, {"fp32", "bf16", "fp16"});
+  Result<uint64_t> budget = parse_bytes(o.device_budget);
+  if (!budget.is_ok()) {
+    usage_fail(invalid_argument("--device-budget %s: %s", o.device_budget.c_str(),
+                                budget.status().message().c_str()));
+  }
+  if (*budget == 0)
+    usage_fail(invalid_argument("--device-budget %s: expected a size above 0", o.device_budget.c_str()));
+  Result<std::vector<uint64_t>> depths = parse_uint_list(o.modules);
+  if (!depths.is_ok()) {
+    usage_fail(invalid_argument("--modules %s: %s (expected depths in [1, %llu], comma separated)",
+                                o.modules.c_str(), depths.status().message().c_str(),
+                                static_cast<unsigned long long>(kMaxDepth)));
+  }
+  for (uint64_t depth : *depths) {
+    if (depth > kMaxDepth) {
+      usage_fail(invalid_argument("--modules %s: depth %llu is out of range (expected integers in [1, %llu])",
+                                  o.modules.c_str(), static_cast<unsigned long long>(depth),
+                                  static_cast<unsigned long long>(kMaxDepth)));
+    }
+  }
+  return std::move(depths).value();
+}
+
 void run(const BenchEngineOpts& o) {
+  const std::vector<uint64_t> depths = check_flags(o);
   auto rt = value_or_fail(Runtime::init());
   std::vector<std::string> paths = o.paths;
   if (paths.empty()) {
@@ -149,7 +193,6 @@ void run(const BenchEngineOpts& o) {
     text = make_config(o, paths[0]);
   }
   auto cfg = value_or_fail(config::Config::parse(text, rt->world_size()));
-  auto depths = value_or_fail(parse_uint_list(o.modules));
   json rows = json::array();
   Progress progress(rt->rank() == 0);
   for (uint64_t depth : depths) {

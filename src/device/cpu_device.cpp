@@ -6,6 +6,8 @@
 #include <deque>
 #include <exception>
 #include <mutex>
+#include <new>
+#include <system_error>
 #include <thread>
 
 #include "core/log.h"
@@ -193,7 +195,17 @@ class CpuDevice final : public Device {
   uint64_t high_water_bytes() const override { return ledger_.high_water(); }
 
   Result<std::unique_ptr<Stream>> create_stream() override {
-    return std::unique_ptr<Stream>(new CpuStream(this));
+    try {
+      return std::unique_ptr<Stream>(new CpuStream(this));
+    } catch (const std::system_error& e) {
+      return out_of_budget(
+          "cpu device: cannot start a stream's worker thread: %s (errno %d; out of memory or "
+          "address space: the process's address space (ulimit -v) or thread count (ulimit -u) is "
+          "at its limit)",
+          e.what(), e.code().value());
+    } catch (const std::bad_alloc&) {
+      return out_of_budget("cpu device: out of memory creating a stream");
+    }
   }
   Result<std::unique_ptr<Event>> create_event() override { return std::unique_ptr<Event>(new CpuEvent()); }
 
@@ -234,9 +246,11 @@ class CpuDevice final : public Device {
   std::atomic<int> live_streams_{0};
 };
 
+// Counted once its worker runs: a thread that cannot start (std::system_error, e.g. under a tight
+// `ulimit -v` or `ulimit -u`) leaves no stream behind for the device to wait for.
 CpuStream::CpuStream(CpuDevice* dev) : dev_(dev) {
-  dev_->stream_created();
   worker_ = std::thread([this] { run(); });
+  dev_->stream_created();
 }
 
 CpuStream::~CpuStream() {

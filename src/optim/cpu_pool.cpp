@@ -7,6 +7,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -50,17 +51,17 @@ class ScopedNumaBinding {
 
 class StdThreadPool final : public CpuPool {
  public:
+  // A worker that cannot start (std::system_error: the process is at its address-space or thread
+  // limit) stops the ones that did before the error leaves: a joinable thread must not be destroyed.
   StdThreadPool(int threads, int numa_node) : threads_(threads), numa_node_(numa_node) {
-    for (int i = 1; i < threads_; ++i) workers_.emplace_back([this] { worker(); });
-  }
-  ~StdThreadPool() override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
+    try {
+      for (int i = 1; i < threads_; ++i) workers_.emplace_back([this] { worker(); });
+    } catch (...) {
+      stop_workers();
+      throw;
     }
-    start_cv_.notify_all();
-    for (auto& t : workers_) t.join();
   }
+  ~StdThreadPool() override { stop_workers(); }
   int threads() const override { return threads_; }
   const char* backend_name() const override { return "std::thread"; }
 
@@ -89,6 +90,14 @@ class StdThreadPool final : public CpuPool {
   }
 
  private:
+  void stop_workers() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    start_cv_.notify_all();
+    for (auto& t : workers_) t.join();
+  }
   void run_items() {
     for (size_t i = next_.fetch_add(1); i < n_; i = next_.fetch_add(1)) (*fn_)(i);
   }
@@ -205,7 +214,15 @@ Result<std::unique_ptr<CpuPool>> CpuPool::create(const Options& o) {
 #endif
       [[fallthrough]];
     case Backend::kStdThread:
-      return std::unique_ptr<CpuPool>(new StdThreadPool(threads, o.numa_node));
+      try {
+        return std::unique_ptr<CpuPool>(new StdThreadPool(threads, o.numa_node));
+      } catch (const std::system_error& e) {
+        return out_of_budget(
+            "CpuPool: cannot start %d worker threads: %s (errno %d; out of memory or address "
+            "space: the process's address space (ulimit -v) or thread count (ulimit -u) is at "
+            "its limit)",
+            threads - 1, e.what(), e.code().value());
+      }
   }
   return invalid_argument("CpuPool: unknown backend");
 }

@@ -368,7 +368,10 @@ Result<std::string> Engine::load(const std::string& dir) {
     ZOE_RETURN_IF_ERROR(l.get_optional("iter", &ls.iter));
     ZOE_RETURN_IF_ERROR(l.get_optional("last_overflow", &ls.last_overflow));
     ZOE_RETURN_IF_ERROR(l.get_optional("delayed_shift", &ls.delayed_shift));
-    if (!(ls.scale > 0) || !std::isfinite(ls.scale)) return l.bad("scale", "a positive finite loss scale");
+    if (!zero::LossScaler::fits_fp32(ls.scale)) {
+      return l.bad("scale",
+                   "a positive loss scale that is a normal fp32 number (>= 1.17549e-38, <= 3.40282e+38)");
+    }
   }
   const size_t es = I.ctx.esize();
   const std::string sdt = I.ctx.cfg->zoe.bf16_optimizer_states ? "bf16" : "f32";

@@ -3,8 +3,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 namespace zoe::zero {
+
+bool LossScaler::fits_fp32(double scale) {
+  return scale >= static_cast<double>(std::numeric_limits<float>::min()) &&
+         scale <= static_cast<double>(std::numeric_limits<float>::max());
+}
 
 LossScaler::LossScaler(const Options& o) : o_(o) {
   dynamic_ = o.static_scale <= 0;
@@ -25,7 +31,7 @@ void LossScaler::update(bool overflow) {
     if (o_.consecutive_hysteresis) delayed_shift_ = std::max(1, o_.hysteresis);
     if ((iter_ - last_overflow_) % o_.window == 0) {
       if (!o_.consecutive_hysteresis) delayed_shift_ = std::max(1, o_.hysteresis);
-      scale_ *= 2;
+      scale_ = std::min(scale_ * 2, kMaxScale);
     }
   }
   iter_++;

@@ -5,8 +5,16 @@
 
 namespace zoe::zero {
 
+// The update computes with the scale in fp32 (optim::compute_step_scale): a scale must be a
+// normal positive fp32 number, which the config's range checks ensure for the keys that set one.
+// A dynamic scale stays within [min_scale, kMaxScale]: doubling past fp32's largest power of two
+// would make it infinite, and every step after that would overflow.
 class LossScaler {
  public:
+  static constexpr double kMaxScale = 0x1p127;
+  // Whether `scale` (a loaded checkpoint's, say) is a positive normal fp32 number.
+  static bool fits_fp32(double scale);
+
   struct Options {
     double static_scale = 0;  // > 0: a fixed scale; 0: dynamic
     int initial_scale_power = 16;

@@ -1069,6 +1069,72 @@ class Fuzzer:
 
 FUZZ_OUTCOMES = ["ran", "refused", "crash", "hang", "leftovers", "clobbered"]
 
+
+# ---- a tight address-space limit ----------------------------------------------------------------
+
+
+class AddressSpaceRuns:
+    """`zoe train` of a preset and an offload under a random RLIMIT_AS (`ulimit -v`) between 150
+    MiB and 2 GiB: each run ends within its timeout, finished (rc 0) or refused with one
+    `zoe: error:` line (rc 1/2), with no crash marker and no swap file left behind. Below about
+    200 MiB the dynamic loader cannot map zoe's libraries (rc 127): that is counted as refused."""
+
+    PRESETS = ["tiny", "small"]
+    OFFLOADS = ["none", "cpu", "nvme"]
+
+    def __init__(self, zoe, scratch, seed, timeout):
+        self.zoe = zoe
+        self.scratch = os.path.join(scratch, "ulimit")
+        os.makedirs(self.scratch)
+        self.seed = seed
+        self.timeout = timeout
+
+    def run_case(self, i):
+        rng = random.Random("%d/ulimit/%d" % (self.seed, i))
+        preset, offload = rng.choice(self.PRESETS), rng.choice(self.OFFLOADS)
+        limit_mib = rng.randint(150, 2048)
+        threads = rng.choice([1, 2])
+        d = os.path.join(self.scratch, "%04d" % i)
+        nvme = os.path.join(d, "nv")
+        os.makedirs(nvme)
+        cmd = [self.zoe, "train", "--preset", preset, "--offload", offload, "--nvme-path", nvme, "--steps", "2",
+               "--threads", str(threads), "--eval-batches", "1", "--quiet"]
+        if offload != "nvme":
+            cmd[cmd.index("--nvme-path"):cmd.index("--nvme-path") + 2] = []
+        case = FuzzCase(i, "-", ["%s/%s" % (preset, offload)], "")
+        limit = limit_mib << 20
+
+        def limits():
+            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+        p = run(cmd, os.path.join(d, "train"), self.timeout, limits, dict(os.environ, ZOE_SCRATCH=nvme))
+        err = p.stderr()
+        case.rc, case.wall, case.maxrss_kb = p.rc, p.wall, p.maxrss_kb
+        case.message = said(err)
+        case.cmd = "ulimit -v %d; %s" % (limit >> 10, " ".join(cmd))
+        if p.timed_out:
+            case.outcome, case.detail = "hang", "no end within %ds" % self.timeout
+        elif p.rc == 127 and "error while loading shared libraries" in err:
+            case.outcome = "refused"  # the dynamic loader, before zoe runs
+        elif crash_marker(err) or p.rc not in (0, 1, 2):
+            case.outcome = "crash"
+            case.detail = "%s, last stderr line '%s'" % (describe_rc(p.rc), case.message)
+        elif p.rc == 0:
+            case.outcome = "ran"
+        elif clean_error(p.rc, err):
+            case.outcome = "refused"
+        else:
+            case.outcome = "crash"
+            case.detail = "rc %d without a 'zoe: error:' line (last stderr line '%s')" % (p.rc, case.message)
+        if case.outcome in ("ran", "refused") and swap_files(nvme):
+            case.outcome = "leftovers"
+            case.detail = "exited (%s) leaving %s" % (describe_rc(p.rc), swap_files(nvme))
+        case.detail += "" if case.outcome in ("ran", "refused") else "; kept in %s" % d
+        if case.outcome in ("ran", "refused"):
+            shutil.rmtree(d, ignore_errors=True)
+        return case
+
 # ---- report -------------------------------------------------------------------------------------
 
 ENDS = ["killed", "stopped", "pre-handler", "finished", "refused"]
@@ -1078,7 +1144,7 @@ def count(items, pred):
     return sum(1 for x in items if pred(x))
 
 
-def report(a, trials, cases, skipped, refs, n_seeds, elapsed, scratch):
+def report(a, trials, cases, limited, skipped, refs, n_seeds, elapsed, scratch):
     """Prints the tables (stdout, or stderr with --json) and the JSON object; True when all passed."""
     f = sys.stderr if a.json else sys.stdout
     rows, by_kind = [], {}
@@ -1131,13 +1197,27 @@ def report(a, trials, cases, skipped, refs, n_seeds, elapsed, scratch):
               "(config %d), %d refused as out of memory under the %d MiB limit)" %
               (slowest.wall, slowest.index, biggest.maxrss_kb >> 10, biggest.index, oom, a.fuzz_mem), file=f)
 
+    if limited:
+        by_run = {}
+        for c in limited:
+            by_run.setdefault(c.ops[0], []).append(c)
+        rows = [[r, len(cs)] + [count(cs, lambda c: c.outcome == o) for o in FUZZ_OUTCOMES]
+                for r, cs in sorted(by_run.items())]
+        rows.append(["total (runs)", len(limited)] + [count(limited, lambda c: c.outcome == o)
+                                                      for o in FUZZ_OUTCOMES])
+        print("", file=f)
+        print_table("# a tight address-space limit: `zoe train --preset P --offload O --steps 2` under ulimit -v "
+                    "of 150 MiB .. 2 GiB, %gs timeout" % a.ulimit_timeout,
+                    ["preset/offload", "runs"] + FUZZ_OUTCOMES, rows, f)
     bad_trials = [t for t in trials if t.outcome != IDENTICAL]
-    bad_cases = [c for c in cases if c.outcome not in ("ran", "refused")]
+    bad_cases = [c for c in cases + limited if c.outcome not in ("ran", "refused")]
     ok = not bad_trials and not bad_cases
-    print("\n%s: %d trials (%d identical), %d configs (%d crashes, %d hangs, %d left swap files)" %
-          ("OK" if ok else "FAILED", len(trials), len(trials) - len(bad_trials), len(cases),
-           count(cases, lambda c: c.outcome == "crash"), count(cases, lambda c: c.outcome == "hang"),
-           count(cases, lambda c: c.outcome == "leftovers")), file=f)
+    runs = cases + limited
+    print("\n%s: %d trials (%d identical), %d configs and %d runs under ulimit -v (%d crashes, %d hangs, %d "
+          "left swap files)" %
+          ("OK" if ok else "FAILED", len(trials), len(trials) - len(bad_trials), len(cases), len(limited),
+           count(runs, lambda c: c.outcome == "crash"), count(runs, lambda c: c.outcome == "hang"),
+           count(runs, lambda c: c.outcome == "leftovers")), file=f)
     for t in bad_trials:
         mode = "async" if t.async_save else "sync"
         print("  trial %d %s %s: %s: %s" % (t.index, t.kind, mode, t.outcome, t.detail), file=f)
@@ -1164,6 +1244,8 @@ def report(a, trials, cases, skipped, refs, n_seeds, elapsed, scratch):
                      "by_mutation": {op: {o: count(cs, lambda c: c.outcome == o) for o in FUZZ_OUTCOMES}
                                      for op, cs in by_op.items()},
                      "failures": fuzz_failures},
+            "ulimit_v": {"total": len(limited),
+                         "outcomes": {o: count(limited, lambda c: c.outcome == o) for o in FUZZ_OUTCOMES}},
         }
         print(json.dumps(out, indent=1, sort_keys=True))
     return ok
@@ -1220,13 +1302,17 @@ def main():
     ap.add_argument("--fuzz-mem", type=int, default=4096,
                     help="address-space limit per fuzzed run in MiB, 0 for none (default 4096: an unbounded "
                     "allocation fails instead of taking the machine)")
+    ap.add_argument("--ulimit-runs", type=int, default=12,
+                    help="runs of zoe train under a random ulimit -v of 150 MiB .. 2 GiB (default 12)")
+    ap.add_argument("--ulimit-timeout", type=float, default=30,
+                    help="seconds per run under ulimit -v (default 30)")
     ap.add_argument("--scratch", default=None, help="scratch folder (default $ZOE_SCRATCH or /var/tmp)")
     ap.add_argument("--keep", action="store_true", help="keep the scratch folder even when all passed")
     ap.add_argument("--json", action="store_true", help="print one JSON object on stdout (tables on stderr)")
     ap.add_argument("--verbose", action="store_true", help="one line per trial on stderr")
     a = ap.parse_args()
-    if a.kills < 0 or a.faults < 0 or a.fuzz < 0 or a.steps < 2 or a.save_every < 1 or a.jobs < 1:
-        ap.error("--kills/--faults/--fuzz >= 0, --steps >= 2, --save-every >= 1, --jobs >= 1")
+    if a.kills < 0 or a.faults < 0 or a.fuzz < 0 or a.ulimit_runs < 0 or a.steps < 2 or a.save_every < 1 or a.jobs < 1:
+        ap.error("--kills/--faults/--fuzz/--ulimit-runs >= 0, --steps >= 2, --save-every >= 1, --jobs >= 1")
     wanted = [k for k in a.kinds.split(",") if k]
     if not wanted or any(k not in KINDS for k in wanted):
         ap.error("--kinds %s: expected some of %s" % (a.kinds, ",".join(KINDS)))
@@ -1266,7 +1352,8 @@ def main():
     mem = a.fuzz_mem << 20
     fuzzer = Fuzzer(zoe, seeds, scratch, a.seed, a.fuzz_timeout, mem)
 
-    trials, cases, skipped = [], [], {}
+    limiter = AddressSpaceRuns(zoe, scratch, a.seed, a.ulimit_timeout)
+    trials, cases, limited, skipped = [], [], [], {}
     n_kill = n_fault = n_fuzz = 0
 
     def trial(kind, index):
@@ -1315,9 +1402,16 @@ def main():
         # Later rounds: a tenth of each count, so that the time limit is kept within a round.
         round_kills, round_faults, round_fuzz = (max(1 if n else 0, n // 10)
                                                  for n in (a.kills, a.faults, a.fuzz))
+    if a.ulimit_runs:
+        say("runs under ulimit -v: %d" % a.ulimit_runs)
+        with concurrent.futures.ThreadPoolExecutor(max_workers=a.jobs) as pool:
+            for c in pool.map(limiter.run_case, range(a.ulimit_runs)):
+                limited.append(c)
+                if c.outcome not in ("ran", "refused"):
+                    say("ulimit run %d [%s] -> %s: %s" % (c.index, c.ops[0], c.outcome, c.detail))
     elapsed = time.monotonic() - t_start
 
-    ok = report(a, trials, cases, skipped, refs, len(seeds), elapsed, scratch)
+    ok = report(a, trials, cases, limited, skipped, refs, len(seeds), elapsed, scratch)
     if ok and not a.keep:
         shutil.rmtree(scratch, ignore_errors=True)
     else:

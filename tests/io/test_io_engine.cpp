@@ -4,6 +4,7 @@
 #include <linux/filter.h>
 #include <linux/seccomp.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -12,6 +13,8 @@
 #include <functional>
 
 #include <atomic>
+#include <csignal>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 
@@ -392,6 +395,51 @@ TEST(IoEngine, BadOptionsAreRejected) {
   o.block_size = 1000;
   EXPECT_EQ(IoEngine::create(o).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(parse_io_backend("libaio").status().code(), StatusCode::kInvalidArgument);
+}
+
+// Workers that cannot start (their stacks do not fit under RLIMIT_AS) are an error from create(),
+// not std::terminate from a joinable thread destroyed while the error unwinds. In a child process
+// whose address-space limit ends a little past its mappings; 60 s at most.
+TEST(IoEngine, ThreadWorkersThatCannotStartAreAnError) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "a sanitizer's shadow memory does not fit under RLIMIT_AS";
+#endif
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    FILE* f = fopen("/proc/self/status", "r");
+    unsigned long long kib = 0;
+    char line[256];
+    while (f != nullptr && fgets(line, sizeof line, f) != nullptr) {
+      if (sscanf(line, "VmSize: %llu kB", &kib) == 1) break;
+    }
+    if (f != nullptr) fclose(f);
+    const rlim_t limit = static_cast<rlim_t>(kib + 48 * 1024) * 1024;  // a few 8 MiB stacks, not 128
+    struct rlimit rl = {limit, limit};
+    if (kib == 0 || setrlimit(RLIMIT_AS, &rl) != 0) _exit(3);
+    IoEngineOptions o;
+    o.backend = IoBackend::kThreads;
+    o.threads = 128;
+    auto e = IoEngine::create(o);
+    if (e.is_ok()) _exit(2);
+    const std::string m = e.status().message();
+    _exit(m.find("cannot start its worker threads") != std::string::npos &&
+                  m.find("ulimit -v") != std::string::npos
+              ? 0
+              : 1);
+  }
+  int st = 0;
+  pid_t got = 0;
+  for (int i = 0; i < 600 && (got = waitpid(pid, &st, WNOHANG)) == 0; ++i) usleep(100 * 1000);
+  if (got == 0) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &st, 0);
+    FAIL() << "the child did not end within 60 s";
+  }
+  ASSERT_EQ(got, pid);
+  ASSERT_TRUE(WIFEXITED(st)) << "the child was killed by signal " << (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+  if (WEXITSTATUS(st) == 2) GTEST_SKIP() << "128 threads fit under the limit here";
+  EXPECT_EQ(WEXITSTATUS(st), 0) << "3: no limit set, 1: another message";
 }
 
 TEST(IoEngine, AutoPicksAWorkingBackend) {

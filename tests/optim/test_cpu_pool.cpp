@@ -1,8 +1,13 @@
 // CpuPool: every index exactly once on both backends, NUMA binding, argument errors.
 #include <gtest/gtest.h>
 #include <sched.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -104,6 +109,54 @@ TEST(SimdDispatch, EnvAndOverride) {
     float x = 0;
     EXPECT_EQ(grad_norm_sq(&x, DType::kF32, 1, e).status().code(), StatusCode::kUnsupported);
   }
+}
+
+// A worker thread that cannot start (its stack does not fit under RLIMIT_AS) is an error from
+// create(), not std::terminate from a joinable thread destroyed while the error unwinds. Run in a
+// child process, whose address-space limit ends where the test's mappings do.
+TEST(CpuPool, WorkersThatCannotStartAreAnError) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "a sanitizer's shadow memory does not fit under RLIMIT_AS";
+#endif
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    FILE* f = fopen("/proc/self/status", "r");
+    unsigned long long kib = 0;
+    char line[256];
+    while (f != nullptr && fgets(line, sizeof line, f) != nullptr) {
+      if (sscanf(line, "VmSize: %llu kB", &kib) == 1) break;
+    }
+    if (f != nullptr) fclose(f);
+    // Room for a few 8 MiB thread stacks, not for 64.
+    const rlim_t limit = static_cast<rlim_t>(kib + 48 * 1024) * 1024;
+    struct rlimit rl = {limit, limit};
+    if (kib == 0 || setrlimit(RLIMIT_AS, &rl) != 0) _exit(3);
+    CpuPool::Options o;
+    o.threads = 64;
+    o.backend = CpuPool::Backend::kStdThread;
+    auto pool = CpuPool::create(o);
+    if (pool.is_ok()) _exit(2);  // every thread started: the limit did not bite
+    const std::string m = pool.status().message();
+    _exit(m.find("cannot start 63 worker threads") != std::string::npos &&
+                  m.find("ulimit -v") != std::string::npos
+              ? 0
+              : 1);
+  }
+  // A child that hangs (a thread left joinable ends in std::terminate, which can hang in a forked
+  // child) fails the test in 60 s.
+  int st = 0;
+  pid_t got = 0;
+  for (int i = 0; i < 600 && (got = waitpid(pid, &st, WNOHANG)) == 0; ++i) usleep(100 * 1000);
+  if (got == 0) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &st, 0);
+    FAIL() << "the child did not end within 60 s";
+  }
+  ASSERT_EQ(got, pid);
+  ASSERT_TRUE(WIFEXITED(st)) << "the child was killed by signal " << (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+  if (WEXITSTATUS(st) == 2) GTEST_SKIP() << "64 threads fit under the limit here";
+  EXPECT_EQ(WEXITSTATUS(st), 0) << "3: no limit set, 1: another message";
 }
 
 }  // namespace
