@@ -364,8 +364,15 @@ class Engine:
                                    f"{self._dtype} on its own device: choose the compute dtype in the config "
                                    "(fp16.enabled or bf16.enabled) and the placement with zero_optimization "
                                    "and zoe.device, not with model.to()")
-        for zi in self._units[ui].zmods:
-            self._acquire(self._zmods[zi])
+        if self._in_backward:
+            # A recompute (activation checkpointing) inside the backward: the unit is held for the
+            # backward, released when its gradients are in, as _pre_backward holds it. torch 2's
+            # non-reentrant checkpoint may stop a recompute part-way (no forward hook then), so
+            # nothing here waits for _post_forward.
+            self._pre_backward(ui)
+        else:
+            for zi in self._units[ui].zmods:
+                self._acquire(self._zmods[zi])
         if torch.is_grad_enabled() and any(self._zmods[zi].n_grad == 0 for zi in self._units[ui].zmods):
             return _wrap_inputs(weakref.ref(self), ui, inputs)
         return None
@@ -379,8 +386,9 @@ class Engine:
                 self._release(zm)
 
     def _post_forward(self, ui, output):
-        for zi in self._units[ui].zmods:
-            self._release(self._zmods[zi])
+        if not self._in_backward:  # a recompute's hold is the backward's (_pre_forward)
+            for zi in self._units[ui].zmods:
+                self._release(self._zmods[zi])
         if not torch.is_grad_enabled():
             return output
         return _wrap_outputs(weakref.ref(self), ui, output)
