@@ -153,7 +153,10 @@ void IoEngine::complete_chunk(Chunk* c, int res) {
   IoCompletion* g = c->group.get();
   const char* opname = c->op == IoOp::kRead ? "pread" : "pwrite";
   Status err;
-  if ((res == -EINTR || res == -EAGAIN) && c->retries < kMaxRetries) {
+  // ECANCELED: io_uring cancels the requests a thread pushed to its async workers when that thread
+  // exits (a short-lived submitter that also flushed other threads' queued requests); nothing was
+  // transferred, and the retry is submitted by the engine's own completion thread.
+  if ((res == -EINTR || res == -EAGAIN || res == -ECANCELED) && c->retries < kMaxRetries) {
     c->retries++;
     counters_.retries.fetch_add(1, std::memory_order_relaxed);
     std::vector<Chunk*> again{c};
