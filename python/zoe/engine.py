@@ -3,8 +3,8 @@
 Each unit (see units.py) is one zoe module. Its parameters live in zoe (device, host or NVMe as
 configured); torch sees empty placeholders, except while the unit runs:
 - forward: a pre-hook fetches the unit and points each parameter's .data at zoe's gathered buffer
-  (the compute dtype, no copy); a post-hook releases it and wraps the outputs in _UnitBoundary;
-- backward: _UnitBoundary's backward re-fetches the unit before autograd reaches its ops. Saved
+  (the compute dtype, no copy); a post-hook releases it and wraps the outputs in _UnitEdge;
+- backward: _UnitEdge's backward re-fetches the unit before autograd reaches its ops. Saved
   tensors that are (views of) parameters are packed as (parameter, view geometry) and rebuilt on
   unpack from the re-fetched buffer, so autograd never reads memory zoe has handed back;
 - gradients: a post-hook on each parameter's AccumulateGrad node copies the gradient into zoe's
@@ -71,39 +71,24 @@ class _SavedParam:
         self.zm, self.p, self.offset, self.size, self.stride = zm, p, offset, size, stride
 
 
-class _UnitBoundary(torch.autograd.Function):
-    """Identity on a unit's outputs; its backward fetches the unit before autograd enters it."""
+class _UnitEdge(torch.autograd.Function):
+    """Identity on tensors at a unit's edge; its backward tells the engine `event` for the unit:
+    on its outputs "_pre_backward" (fetch the unit before autograd enters it), on its inputs
+    "_post_backward" (the unit's backward has run: its frozen modules can go)."""
 
     @staticmethod
-    def forward(ctx, engine_ref, unit_index, *tensors):
+    def forward(ctx, engine_ref, unit_index, event, *tensors):
         ctx.engine_ref = engine_ref
         ctx.unit_index = unit_index
+        ctx.event = event
         return tuple(t.detach() for t in tensors)
 
     @staticmethod
     def backward(ctx, *grads):
         eng = ctx.engine_ref()
         if eng is not None:
-            eng._pre_backward(ctx.unit_index)
-        return (None, None) + grads
-
-
-class _UnitInput(torch.autograd.Function):
-    """Identity on a unit's inputs; its backward runs once the unit's backward has produced the
-    gradients of its inputs: the unit's frozen modules (no gradient to wait for) are released."""
-
-    @staticmethod
-    def forward(ctx, engine_ref, unit_index, *tensors):
-        ctx.engine_ref = engine_ref
-        ctx.unit_index = unit_index
-        return tuple(t.detach() for t in tensors)
-
-    @staticmethod
-    def backward(ctx, *grads):
-        eng = ctx.engine_ref()
-        if eng is not None:
-            eng._post_backward(ctx.unit_index)
-        return (None, None) + grads
+            getattr(eng, ctx.event)(ctx.unit_index)
+        return (None, None, None) + grads
 
 
 class _ZMod:
@@ -699,12 +684,12 @@ def _pre_hook(ref, ui):
 
 
 def _wrap_inputs(ref, ui, inputs):
-    """The positional inputs with those that require grad passed through one _UnitInput (None
+    """The positional inputs with those that require grad passed through one _UnitEdge (None
     when none does: nothing to wrap)."""
     at = [i for i, x in enumerate(inputs) if isinstance(x, torch.Tensor) and x.requires_grad]
     if not at:
         return None
-    wrapped = _UnitInput.apply(ref, ui, *[inputs[i] for i in at])
+    wrapped = _UnitEdge.apply(ref, ui, "_post_backward", *[inputs[i] for i in at])
     out = list(inputs)
     for i, w in zip(at, wrapped):
         out[i] = w
@@ -722,7 +707,7 @@ def _post_hook(ref, ui):
 
 
 def _wrap_outputs(ref, ui, output):
-    """output with every tensor that requires grad passed through one _UnitBoundary."""
+    """output with every tensor that requires grad passed through one _UnitEdge."""
     flat = []
 
     def collect(x):
@@ -739,7 +724,7 @@ def _wrap_outputs(ref, ui, output):
     collect(output)
     if not flat:
         return output
-    wrapped = iter(_UnitBoundary.apply(ref, ui, *flat))
+    wrapped = iter(_UnitEdge.apply(ref, ui, "_pre_backward", *flat))
 
     def rebuild(x):
         if isinstance(x, torch.Tensor):

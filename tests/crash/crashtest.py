@@ -933,6 +933,30 @@ def file_type(path):
         return None
 
 
+def classify(case, p, err, nvme, timeout, loader_refusal=False):
+    """Sets case's rc, times, message and outcome (ran, refused, crash, hang, leftovers) from its
+    finished run p (stderr err) and its NVMe folder."""
+    case.rc, case.wall, case.maxrss_kb = p.rc, p.wall, p.maxrss_kb
+    case.message = said(err)
+    if p.timed_out:
+        case.outcome, case.detail = "hang", "no end within %ds" % timeout
+    elif loader_refusal and p.rc == 127 and "error while loading shared libraries" in err:
+        case.outcome = "refused"
+    elif crash_marker(err) or p.rc not in (0, 1, 2):
+        case.outcome = "crash"
+        case.detail = "%s, last stderr line '%s'" % (describe_rc(p.rc), case.message)
+    elif p.rc == 0:
+        case.outcome = "ran"
+    elif clean_error(p.rc, err):
+        case.outcome = "refused"
+    else:
+        case.outcome = "crash"
+        case.detail = "rc %d without a 'zoe: error:' line (last stderr line '%s')" % (p.rc, case.message)
+    if case.outcome in ("ran", "refused") and swap_files(nvme):
+        case.outcome = "leftovers"
+        case.detail = "exited (%s) leaving %s" % (describe_rc(p.rc), swap_files(nvme))
+
+
 class FuzzCase:
     def __init__(self, index, seed_name, ops, path):
         self.index = index
@@ -996,24 +1020,8 @@ class Fuzzer:
         env = dict(os.environ, ZOE_SCRATCH=nvme)
         p = run(cmd, os.path.join(d, "train"), self.timeout, limits, env)
         err = p.stderr()
-        case.rc, case.wall, case.maxrss_kb = p.rc, p.wall, p.maxrss_kb
-        case.message = said(err)
+        classify(case, p, err, nvme, self.timeout)
         case.cmd = " ".join(cmd)
-        if p.timed_out:
-            case.outcome, case.detail = "hang", "no end within %ds" % self.timeout
-        elif crash_marker(err) or p.rc not in (0, 1, 2):
-            case.outcome = "crash"
-            case.detail = "%s, last stderr line '%s'" % (describe_rc(p.rc), case.message)
-        elif p.rc == 0:
-            case.outcome = "ran"
-        elif clean_error(p.rc, err):
-            case.outcome = "refused"
-        else:
-            case.outcome = "crash"
-            case.detail = "rc %d without a 'zoe: error:' line (last stderr line '%s')" % (p.rc, case.message)
-        if case.outcome in ("ran", "refused") and swap_files(nvme):
-            case.outcome = "leftovers"
-            case.detail = "exited (%s) leaving %s" % (describe_rc(p.rc), swap_files(nvme))
         if case.ops == ["special:fifo.json"] and file_type(case.path) != stat.S_IFIFO:
             case.outcome, case.detail = "clobbered", "the FIFO is gone"
         if case.outcome in ("ran", "refused"):
@@ -1110,26 +1118,9 @@ class AddressSpaceRuns:
 
         p = run(cmd, os.path.join(d, "train"), self.timeout, limits, dict(os.environ, ZOE_SCRATCH=nvme))
         err = p.stderr()
-        case.rc, case.wall, case.maxrss_kb = p.rc, p.wall, p.maxrss_kb
-        case.message = said(err)
+        # rc 127 from the dynamic loader (zoe's libraries do not fit the limit): refused before zoe runs.
+        classify(case, p, err, nvme, self.timeout, loader_refusal=True)
         case.cmd = "ulimit -v %d; %s" % (limit >> 10, " ".join(cmd))
-        if p.timed_out:
-            case.outcome, case.detail = "hang", "no end within %ds" % self.timeout
-        elif p.rc == 127 and "error while loading shared libraries" in err:
-            case.outcome = "refused"  # the dynamic loader, before zoe runs
-        elif crash_marker(err) or p.rc not in (0, 1, 2):
-            case.outcome = "crash"
-            case.detail = "%s, last stderr line '%s'" % (describe_rc(p.rc), case.message)
-        elif p.rc == 0:
-            case.outcome = "ran"
-        elif clean_error(p.rc, err):
-            case.outcome = "refused"
-        else:
-            case.outcome = "crash"
-            case.detail = "rc %d without a 'zoe: error:' line (last stderr line '%s')" % (p.rc, case.message)
-        if case.outcome in ("ran", "refused") and swap_files(nvme):
-            case.outcome = "leftovers"
-            case.detail = "exited (%s) leaving %s" % (describe_rc(p.rc), swap_files(nvme))
         case.detail += "" if case.outcome in ("ran", "refused") else "; kept in %s" % d
         if case.outcome in ("ran", "refused"):
             shutil.rmtree(d, ignore_errors=True)
