@@ -322,3 +322,24 @@ def test_torchrun_environment_without_mpi_is_refused(tmp_path, monkeypatch):
         zoe.initialize(GPT(), config=config(tmp_path))
     monkeypatch.setenv("WORLD_SIZE", "1")
     zoe.initialize(GPT(), config=config(tmp_path)).close()
+
+
+def test_backward_twice_is_torchs_error_and_loses_nothing(tmp_path):
+    """engine.backward twice on one loss: torch's own error, and the step that follows uses the
+    gradients of the one backward that ran (its norm is torch's); step() without backward is refused."""
+    torch.manual_seed(0)
+    model = GPT()
+    ref = clone(model)
+    x, y = gpt_batches(1)[0]
+    eng = zoe.initialize(model, config=config(tmp_path, clip=0))
+    with pytest.raises(zoe.ZoeError, match=r"before engine\.backward"):
+        eng.step()
+    loss = eng(x, y)
+    eng.backward(loss)
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        eng.backward(loss)
+    stats = eng.step()
+    ref(x, y).backward()
+    norm = torch.norm(torch.stack([p.grad.norm() for p in ref.parameters()])).item()
+    assert stats.stepped and abs(stats.grad_norm - norm) <= 1e-5 * norm, (stats.grad_norm, norm)
+    eng.close()
