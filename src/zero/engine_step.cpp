@@ -71,6 +71,24 @@ Result<std::vector<std::vector<uint8_t>>> untouched_params(Engine::Impl& I) {
     u.push_back(I.grads.untouched(m));
     for (uint8_t f : u.back()) got.push_back(f ? 0.0 : 1.0);
   }
+  if (I.ctx.world > 1) {
+    // The ranks must have reduced the same modules in the same order: else a reduction of one
+    // rank's module met another rank's (same-sized) one, and the sums mix gradients.
+    Timer t(&I.clock.t_comm);
+    const double h = static_cast<double>(I.grads.sequence_hash());
+    double mine[2] = {h, -h}, most[2];
+    ZOE_RETURN_IF_ERROR_CTX(
+        I.ctx.comm->all_reduce(mine, most, 2, comm::CommType::kF64, comm::ReduceOp::kMax).wait(),
+        "comparing the modules each rank reduced");
+    if (most[0] != -most[1]) {
+      return invalid_argument(
+          "step(): the ranks reduced different modules in this step (rank %d's sequence differs from "
+          "another's): every rank must reduce the same modules in the same order, because the reductions "
+          "are collectives matched by order; in the PyTorch front-end every rank must run the same units "
+          "in each micro-batch (put modules a rank may skip, such as experts, in one unit: zoe_units=...)",
+          I.ctx.rank);
+    }
+  }
   if (I.ctx.world > 1 && !got.empty()) {
     Timer t(&I.clock.t_comm);
     std::vector<double> sum(got.size());

@@ -164,6 +164,7 @@ void GradReducer::end_step() {
   preload_started_ = false;
   std::fill(acc_count_.begin(), acc_count_.end(), 0);
   for (auto& g : got_grad_) g.clear();
+  seq_hash_ = 0;
 }
 
 std::vector<uint8_t> GradReducer::untouched(ModuleId m) const {
@@ -219,6 +220,7 @@ Status GradReducer::reduce(ModuleId m, const std::vector<uint8_t>* has_grad) {
     return invalid_argument("reduce_grads(%s): %zu gradient flags for %zu parameters", mod.name.c_str(),
                             has_grad->size(), mod.specs.size());
   }
+  seq_hash_ = seq_hash_ * 0x01000193u ^ static_cast<uint32_t>(m.index + 1);
   std::vector<uint8_t>& got = got_grad_[m.index];
   got.resize(mod.specs.size(), 0);
   for (size_t p = 0; p < got.size(); ++p) got[p] |= has_grad ? ((*has_grad)[p] ? 1 : 0) : 1;

@@ -32,6 +32,9 @@ class GradReducer {
   // Per parameter of module m: 1 when no micro-batch of this step gave it a gradient on this
   // rank (a module no micro-batch reduced: all of them).
   std::vector<uint8_t> untouched(ModuleId m) const;
+  // A hash of the modules reduced since the last step, in order: every rank must reduce the same
+  // ones in the same order (the reductions are collectives, matched by order).
+  uint32_t sequence_hash() const { return seq_hash_; }
   // Accumulates finished reductions (all: waits for each) until at most `keep` are in flight.
   Status complete(bool all, size_t keep = 0);
   // Whether module m has a gradient buffer that was not reduced.
@@ -45,6 +48,7 @@ class GradReducer {
   void forget_accumulated() {
     std::fill(acc_count_.begin(), acc_count_.end(), 0);
     for (auto& g : got_grad_) g.clear();
+    seq_hash_ = 0;
   }
   // Waits for the reductions in flight (no accumulation) and frees device memory.
   void shutdown();
@@ -74,6 +78,7 @@ class GradReducer {
   // Per module and parameter: a micro-batch reduced since the last step gave it a gradient
   // (empty: none reduced yet).
   std::vector<std::vector<uint8_t>> got_grad_;
+  uint32_t seq_hash_ = 0;  // sequence_hash()
   // Sum of squares of the accumulated gradients per optim::kChunkElems chunk of the owned range,
   // computed by the pass that accumulates them (the step makes no norm pass).
   std::vector<std::vector<double>> norm_parts_;

@@ -35,6 +35,21 @@ def worker(out_dir, mode):
     data = gpt_batches(2 * STEPS)
     if mode == "experts":
         data = [(x, y, expert_of(j)) for j, (x, y) in enumerate(data)]
+    if mode == "divergent":
+        # Each expert a unit of its own, and rank r runs expert r: the ranks reduce different units.
+        torch.manual_seed(0)
+        eng = zoe.initialize(Experts(), config=config(Path(out_dir), stage=2, opt="cpu", param="none"),
+                             unit_params=2000)
+        x, y = data[0]
+        eng.backward(eng(x, y, rank))
+        try:
+            eng.step()
+            result = {"error": None}
+        except zoe.ZoeError as e:
+            result = {"error": str(e)}
+        with open(Path(out_dir) / f"{mode}-w{world}-r{rank}.json", "w") as f:
+            json.dump(result, f)
+        return
     swap = Path(out_dir) / f"swap-{mode}-{world}-{rank}"
     swap.mkdir(parents=True, exist_ok=True)
     if mode == "experts":
@@ -91,6 +106,25 @@ def test_two_ranks_match_one(mode, tmp_path):
     for n, w in one["weights"].items():
         diffs += [abs(a - b) for a, b in zip(w, r0["weights"][n])]
     assert max(diffs) <= 2e-4 and sum(diffs) / len(diffs) <= 2e-5
+
+
+def test_ranks_that_run_different_units_are_refused(tmp_path):
+    """Rank 0 runs expert 0's unit and rank 1 expert 1's (same size): their reductions would meet
+    and mix the two experts' gradients. step() refuses on every rank, saying why."""
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        pytest.skip("mpirun not installed (openmpi-bin)")
+    zoe = pytest.importorskip("zoe")
+    env = dict(os.environ, OMPI_MCA_btl="self,vader", OMPI_MCA_rmaps_base_oversubscribe="1",
+               PYTHONPATH=os.pathsep.join(p for p in [os.path.dirname(os.path.dirname(zoe.__file__)),
+                                                      os.environ.get("PYTHONPATH", "")] if p))
+    p = subprocess.run([mpirun, "--oversubscribe", "--allow-run-as-root", "--bind-to", "none", "--mca", "btl",
+                        "self,vader", "-np", "2", sys.executable, str(Path(__file__).resolve()), str(tmp_path),
+                        "divergent"], env=env, timeout=120, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr[-3000:]
+    for r in (0, 1):
+        err = json.loads((tmp_path / f"divergent-w2-r{r}.json").read_text())["error"]
+        assert err and "the ranks reduced different modules in this step" in err, err
 
 
 if __name__ == "__main__":
