@@ -43,7 +43,9 @@ if(SKBUILD)
   # pip install .: libzoe.so and the CLI inside the Python package (python/CMakeLists.txt); the
   # C++ headers and CMake package come with `cmake --install`, not with the wheel.
   set_target_properties(zoe PROPERTIES INSTALL_RPATH "$ORIGIN/..")
-  set_target_properties(zoe_lib PROPERTIES INSTALL_RPATH "$ORIGIN")
+  # One file, named by its SONAME (no libzoe.so.X.Y.Z beside it: a wheel holds no symlinks).
+  set_target_properties(zoe_lib PROPERTIES INSTALL_RPATH "$ORIGIN"
+                                           VERSION ${PROJECT_VERSION_MAJOR}.${PROJECT_VERSION_MINOR})
   install(TARGETS zoe_lib LIBRARY DESTINATION zoe NAMELINK_SKIP)
   install(TARGETS zoe RUNTIME DESTINATION zoe/bin)
   return()
