@@ -77,11 +77,8 @@ def worker(out_dir, mode):
     del torch
 
 
-@pytest.mark.parametrize("mode", ["gpt", "experts"])
-def test_two_ranks_match_one(mode, tmp_path):
-    """mode experts: an expert gets a gradient on one rank only in some steps, on none in others,
-    and the embedding is frozen: the ranks agree on which parameters a step leaves as they are
-    (each rank owns part of both experts' states at stage 2)."""
+def run_workers(tmp_path, mode, one_rank=False):
+    """This file as the worker: under `mpirun -np 2` (and first as one process with one_rank)."""
     mpirun = shutil.which("mpirun")
     if mpirun is None:
         pytest.skip("mpirun not installed (openmpi-bin)")
@@ -90,11 +87,20 @@ def test_two_ranks_match_one(mode, tmp_path):
                PYTHONPATH=os.pathsep.join(p for p in [os.path.dirname(os.path.dirname(zoe.__file__)),
                                                       os.environ.get("PYTHONPATH", "")] if p))
     me = str(Path(__file__).resolve())
-    subprocess.run([sys.executable, me, str(tmp_path), mode], check=True, env=env, timeout=120)
+    if one_rank:
+        subprocess.run([sys.executable, me, str(tmp_path), mode], check=True, env=env, timeout=120)
     p = subprocess.run([mpirun, "--oversubscribe", "--allow-run-as-root", "--bind-to", "none", "--mca", "btl",
                         "self,vader", "-np", "2", sys.executable, me, str(tmp_path), mode], env=env, timeout=120,
                        capture_output=True, text=True)
     assert p.returncode == 0, p.stderr[-3000:]
+
+
+@pytest.mark.parametrize("mode", ["gpt", "experts"])
+def test_two_ranks_match_one(mode, tmp_path):
+    """mode experts: an expert gets a gradient on one rank only in some steps, on none in others,
+    and the embedding is frozen: the ranks agree on which parameters a step leaves as they are
+    (each rank owns part of both experts' states at stage 2)."""
+    run_workers(tmp_path, mode, one_rank=True)
     one = json.loads((tmp_path / f"{mode}-w1-r0.json").read_text())
     r0 = json.loads((tmp_path / f"{mode}-w2-r0.json").read_text())
     r1 = json.loads((tmp_path / f"{mode}-w2-r1.json").read_text())
@@ -111,17 +117,7 @@ def test_two_ranks_match_one(mode, tmp_path):
 def test_ranks_that_run_different_units_are_refused(tmp_path):
     """Rank 0 runs expert 0's unit and rank 1 expert 1's (same size): their reductions would meet
     and mix the two experts' gradients. step() refuses on every rank, saying why."""
-    mpirun = shutil.which("mpirun")
-    if mpirun is None:
-        pytest.skip("mpirun not installed (openmpi-bin)")
-    zoe = pytest.importorskip("zoe")
-    env = dict(os.environ, OMPI_MCA_btl="self,vader", OMPI_MCA_rmaps_base_oversubscribe="1",
-               PYTHONPATH=os.pathsep.join(p for p in [os.path.dirname(os.path.dirname(zoe.__file__)),
-                                                      os.environ.get("PYTHONPATH", "")] if p))
-    p = subprocess.run([mpirun, "--oversubscribe", "--allow-run-as-root", "--bind-to", "none", "--mca", "btl",
-                        "self,vader", "-np", "2", sys.executable, str(Path(__file__).resolve()), str(tmp_path),
-                        "divergent"], env=env, timeout=120, capture_output=True, text=True)
-    assert p.returncode == 0, p.stderr[-3000:]
+    run_workers(tmp_path, "divergent")
     for r in (0, 1):
         err = json.loads((tmp_path / f"divergent-w2-r{r}.json").read_text())["error"]
         assert err and "the ranks reduced different modules in this step" in err, err
