@@ -5,6 +5,7 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <map>
 #include <mutex>
 #include <new>
 #include <system_error>
@@ -14,6 +15,15 @@
 #include "core/units.h"
 #include "device/device.h"
 #include "device/memory_ledger.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#define ZOE_POISON(p, n) ASAN_POISON_MEMORY_REGION(p, n)
+#define ZOE_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION(p, n)
+#else
+#define ZOE_POISON(p, n) ((void)(p), (void)(n))
+#define ZOE_UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
 
 namespace zoe::device {
 namespace {
@@ -38,6 +48,67 @@ bool injected_allocation_failure(size_t bytes) {
 
 // Device memory is 4 KiB aligned so NVMe reads can land in it with O_DIRECT.
 constexpr size_t kCpuAlignment = 4096;
+
+// Freed blocks of at least kCacheMinBytes, kept for the next allocation of the same rounded
+// size: the engine allocates and frees the same few sizes every micro-batch (a module's
+// gathered parameters, its gradient buffer), and a fresh multi-megabyte block from the C
+// library comes as new pages from the kernel, whose faults cost several times the copy that
+// fills it (measured: 24 MiB fetched in 73 ms against 15 ms from reused memory). Live plus
+// cached bytes stay within the device budget: an allocation that would pass it drops cached
+// blocks first, so the cache never makes the process hold more than the budget. Its own lock,
+// held only for the map (never across a wait); stream threads free into it too.
+class BlockCache {
+ public:
+  static constexpr size_t kCacheMinBytes = size_t{1} << 20;
+  ~BlockCache() { trim(0); }
+
+  // A cached block of exactly `rounded` bytes, or null.
+  void* take(size_t rounded) {
+    if (rounded < kCacheMinBytes) return nullptr;
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = blocks_.find(rounded);
+    if (it == blocks_.end()) return nullptr;
+    void* p = it->second;
+    blocks_.erase(it);
+    bytes_ -= rounded;
+    ZOE_UNPOISON(p, rounded);
+    return p;
+  }
+  // Keeps p (`rounded` bytes) when live + cached bytes stay within the budget; else frees it.
+  void give(void* p, size_t rounded, uint64_t live, uint64_t budget) {
+    if (rounded >= kCacheMinBytes) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (live + bytes_ + rounded <= budget) {
+        ZOE_POISON(p, rounded);
+        blocks_.emplace(rounded, p);
+        bytes_ += rounded;
+        return;
+      }
+    }
+    std::free(p);
+  }
+  // Frees cached blocks until at most `keep` bytes are cached.
+  void trim(uint64_t keep) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = blocks_.begin(); it != blocks_.end() && bytes_ > keep;) {
+      bytes_ -= it->first;
+      ZOE_UNPOISON(it->second, it->first);
+      std::free(it->second);
+      it = blocks_.erase(it);
+    }
+  }
+  uint64_t bytes() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return bytes_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::multimap<size_t, void*> blocks_;
+  uint64_t bytes_ = 0;
+};
+
+size_t round_up(size_t bytes) { return (bytes + kCpuAlignment - 1) / kCpuAlignment * kCpuAlignment; }
 
 // One record of an event: set when the stream that recorded it runs past that point.
 class Marker {
@@ -156,8 +227,18 @@ class CpuDevice final : public Device {
       return out_of_budget("%s: injected allocation failure of %zu bytes", ledger_.tier().c_str(), bytes);
     }
     ZOE_RETURN_IF_ERROR(ledger_.reserve(bytes));
-    size_t rounded = (bytes + kCpuAlignment - 1) / kCpuAlignment * kCpuAlignment;
-    void* p = std::aligned_alloc(kCpuAlignment, rounded);
+    const size_t rounded = round_up(bytes);
+    void* p = cache_.take(rounded);
+    if (p == nullptr) {
+      // Room within the budget for a new block: cached blocks of other sizes go first.
+      const uint64_t live = ledger_.used(), budget = ledger_.budget();
+      cache_.trim(budget > live ? budget - live : 0);
+      p = std::aligned_alloc(kCpuAlignment, rounded);
+      if (p == nullptr) {
+        cache_.trim(0);
+        p = std::aligned_alloc(kCpuAlignment, rounded);
+      }
+    }
     if (p == nullptr) {
       ledger_.release(bytes);
       return out_of_budget("%s: host memory exhausted allocating %zu bytes (%s) below the budget",
@@ -171,8 +252,8 @@ class CpuDevice final : public Device {
     if (p == nullptr) return;
     std::optional<uint64_t> bytes = ledger_.erase(p);
     ZOE_CHECK_MSG(bytes.has_value(), "cpu device: free(%p) of memory it did not allocate", p);
-    std::free(p);
     ledger_.release(*bytes);
+    cache_.give(p, round_up(*bytes), ledger_.used(), ledger_.budget());
   }
 
   Status free_after(Stream& s, void* p) override {
@@ -184,8 +265,8 @@ class CpuDevice final : public Device {
     std::optional<uint64_t> bytes = ledger_.erase(p);
     ZOE_CHECK_MSG(bytes.has_value(), "cpu device: free_after(%p) of memory it did not allocate", p);
     cs->push([this, p, n = *bytes] {
-      std::free(p);
       ledger_.release(n);
+      cache_.give(p, round_up(n), ledger_.used(), ledger_.budget());
     });
     return Status::ok();
   }
@@ -243,6 +324,7 @@ class CpuDevice final : public Device {
 
  private:
   MemoryLedger ledger_;
+  BlockCache cache_;  // after the ledger: destroyed first
   std::atomic<int> live_streams_{0};
 };
 
