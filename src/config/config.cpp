@@ -192,6 +192,7 @@ Result<Config> Config::parse(const std::string& json_text, int world_size) {
         joined(reader.context().string_booleans).c_str());
   }
   c.unimplemented = reader.take_unimplemented();
+  c.given_keys = reader.given().present;
   if (!c.unimplemented.empty()) {
     ZOE_LOG_WARN("config: DeepSpeed settings zoe does not implement (ignored): %s",
                  joined(c.unimplemented).c_str());

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -139,6 +140,11 @@ struct Config {
   // Recognised DeepSpeed keys without effect in zoe yet (their JSON paths); parse() also logs
   // one warning listing them.
   std::vector<std::string> unimplemented;
+  // The JSON paths the text gave (each spelling, aliases too; not compared by ==): a value zoe
+  // uses other than as given is warned about only when the user wrote it, not for a DeepSpeed
+  // default nobody chose.
+  std::set<std::string> given_keys;
+  bool given(const std::string& path) const { return given_keys.count(path) != 0; }
 
   // Parses and validates. world_size checks train_batch_size = micro x accumulation x world.
   // Errors name the key's JSON path (e.g. "zero_optimization.offload_param.device"), the value

@@ -261,9 +261,11 @@ void plan_tier_manager(const config::Config& cfg, const PlanTarget& target, Exte
 //    swapper's bounds.
 void plan_swapper(const config::Config& cfg, Placement* pl) {
   pl->swapper = true;
-  pl->swap_chunk_elems = swap_chunk_elems(cfg.zero.sub_group_size);
+  pl->swap_chunk_elems =
+      swap_chunk_elems(cfg.zero.sub_group_size, cfg.given("zero_optimization.sub_group_size"));
   pl->swap_buffer_bytes = pl->swap_chunk_elems * 4;
-  pl->swap_buffer_count = swap_buffer_count(cfg.zero.offload_optimizer.buffer_count);
+  pl->swap_buffer_count = swap_buffer_count(cfg.zero.offload_optimizer.buffer_count,
+                                            cfg.given("zero_optimization.offload_optimizer.buffer_count"));
   size_t chunks = 0;
   for (const auto& m : pl->modules) {
     if (m.opt_home == Home::kNvme)
@@ -364,20 +366,22 @@ Status check_peaks(const config::Config& cfg, const Extent& x, Placement* pl) {
 
 }  // namespace
 
-size_t swap_chunk_elems(int64_t sub_group_size) {
+size_t swap_chunk_elems(int64_t sub_group_size, bool given) {
   const int64_t sub = std::clamp<int64_t>(sub_group_size, 1, static_cast<int64_t>(kMaxSwapChunkElems));
   const size_t chunk =
       (static_cast<size_t>(sub) + optim::kChunkElems - 1) / optim::kChunkElems * optim::kChunkElems;
+  if (!given) return chunk;  // DeepSpeed's default (1e9), not the user's value
   return static_cast<size_t>(config::value_used(
       "zero_optimization.sub_group_size", sub_group_size, static_cast<int64_t>(chunk),
       "elements per optimizer swap chunk: a multiple of the norm's 16384-element chunk, at most 1048576 "
       "(4 MiB fp32 buffers)"));
 }
 
-size_t swap_buffer_count(int64_t buffer_count) {
+size_t swap_buffer_count(int64_t buffer_count, bool given) {
   // Whole slots of one buffer per state; a buffer beyond the last whole slot would never be used.
   const int64_t slots = std::max<int64_t>(buffer_count, 0) / static_cast<int64_t>(kSwapStates);
   const int64_t count = std::max<int64_t>(slots, kMinSwapSlots) * static_cast<int64_t>(kSwapStates);
+  if (!given) return static_cast<size_t>(count);  // DeepSpeed's default (4), not the user's value
   return static_cast<size_t>(config::value_used(
       "zero_optimization.offload_optimizer.buffer_count", buffer_count, count,
       "the optimizer swapper uses whole pipeline slots of 4 buffers, one per state (master, m, v, "

@@ -36,12 +36,13 @@ inline constexpr int64_t kMinSwapSlots = 3;
 
 // The optimizer swapper's chunk for zero_optimization.sub_group_size: rounded up to a multiple
 // of the norm's chunk (optim::kChunkElems), at most kMaxSwapChunkElems. Warns once (config::
-// value_used) when that differs from the value given.
-size_t swap_chunk_elems(int64_t sub_group_size);
+// value_used) when that differs from the value given; `given` false (DeepSpeed's default, not
+// written by the user): silently.
+size_t swap_chunk_elems(int64_t sub_group_size, bool given = true);
 // The optimizer swapper's buffers for offload_optimizer.buffer_count: whole slots of kSwapStates
 // buffers, at least kMinSwapSlots of them (DeepSpeed's default of 4 becomes 12). Warns once
-// (config::value_used) when that differs from the value given.
-size_t swap_buffer_count(int64_t buffer_count);
+// (config::value_used) when that differs from the value given (`given`: as swap_chunk_elems).
+size_t swap_buffer_count(int64_t buffer_count, bool given = true);
 
 // Gradient reductions in flight at once (each holds its send and receive buffers on the device):
 // one, overlapping the next module's backward, so a module in use, its gradients and one reduction

@@ -252,8 +252,10 @@ int64_t Config::sub_group_size() const { return impl_->cfg.zero.sub_group_size; 
 uint64_t Config::optimizer_swap_buffer_bytes() const {
   const auto& z = impl_->cfg.zero;
   if (z.offload_optimizer.device != config::OffloadDevice::kNvme) return 0;
-  return static_cast<uint64_t>(zero::swap_buffer_count(z.offload_optimizer.buffer_count)) *
-         zero::swap_chunk_elems(z.sub_group_size) * 4;
+  const auto& c = impl_->cfg;
+  return static_cast<uint64_t>(zero::swap_buffer_count(
+             z.offload_optimizer.buffer_count, c.given("zero_optimization.offload_optimizer.buffer_count"))) *
+         zero::swap_chunk_elems(z.sub_group_size, c.given("zero_optimization.sub_group_size")) * 4;
 }
 uint64_t Config::device_budget() const { return static_cast<uint64_t>(impl_->cfg.zoe.device_budget_bytes); }
 int Config::optimizer_threads() const { return static_cast<int>(impl_->cfg.zoe.optimizer_threads); }

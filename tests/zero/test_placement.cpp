@@ -160,6 +160,8 @@ TEST(Placement, ValuesUsedOtherThanGivenAreWarnedOnce) {
   c.zero.sub_group_size = 50000;              // rounded up to the norm's chunk
   c.zero.offload_param.buffer_count = 1;      // the synchronous buffer and one for moves
   c.zero.offload_param.buffer_size = 3000;    // 12000 bytes, below the 64 KiB minimum
+  c.given_keys.insert(
+      {"zero_optimization.offload_optimizer.buffer_count", "zero_optimization.sub_group_size"});
   std::string err = planning_warnings(c, 3);
   EXPECT_EQ(count_of(err, "zero_optimization.offload_optimizer.buffer_count is 7; zoe uses 12 ("), 1u) << err;
   EXPECT_EQ(count_of(err, "zero_optimization.sub_group_size is 50000; zoe uses 65536 ("), 1u) << err;
@@ -193,6 +195,25 @@ TEST(Placement, ValuesUsedOtherThanGivenAreWarnedOnce) {
   err = planning_warnings(c, 2);
   EXPECT_EQ(count_of(err, "zero_optimization.offload_optimizer.buffer_count is 21; zoe uses 20 ("), 1u)
       << err;
+}
+
+// DeepSpeed's defaults for the optimizer swapper (sub_group_size 1e9, offload_optimizer.buffer_count
+// 4) are not what zoe uses, but nobody chose them: a config that leaves them out gets zoe's values
+// without a warning; one that writes them gets the warning.
+TEST(Placement, DeepSpeedDefaultsNobodyWroteAreNotWarnedAbout) {
+  config::Config c = parse(cfg_text(3, "nvme", "nvme"));
+  ASSERT_EQ(c.zero.sub_group_size, 1000000000);
+  ASSERT_EQ(c.zero.offload_optimizer.buffer_count, 4);
+  std::string err = planning_warnings(c, 2);
+  EXPECT_EQ(err.find("sub_group_size"), std::string::npos) << err;
+  EXPECT_EQ(err.find("offload_optimizer.buffer_count"), std::string::npos) << err;
+  auto p = zero::plan_placement(c, shapes(4, 256), 1, 0);
+  ASSERT_OK(p);
+  EXPECT_EQ(p->swap_buffer_count, 12u);
+  EXPECT_EQ(p->swap_chunk_elems, zero::kMaxSwapChunkElems);
+  c = parse(cfg_text(3, "nvme", "nvme", "", "\"sub_group_size\": 999999999, "));
+  err = planning_warnings(c, 2);
+  EXPECT_EQ(count_of(err, "zero_optimization.sub_group_size is 999999999; zoe uses 1048576 ("), 1u) << err;
 }
 
 // DeepSpeed's default stage3_param_persistence_threshold (1e5 elements) keeps every module of a
