@@ -97,7 +97,7 @@ Status ParamGather::follow_order(ModuleId m) {
 Status ParamGather::queue_gathers(const MakeRoom& make_room) {
   size_t queued = 0;
   for (ModuleId q : modules_.ids()) queued += slots_[q.index].pending ? modules_[q].padded : 0;
-  const int64_t cap = ctx_.cfg->zero.stage3_max_live_parameters;
+  const int64_t cap = static_cast<int64_t>(ctx_.placement.max_live_parameters);
   for (size_t k = cursor_ + 1; k < order_.size(); ++k) {
     const ModuleId next = order_[k];
     const ModuleLayout& nm = modules_[next];
@@ -146,11 +146,12 @@ Status ParamGather::prefetch_after(ModuleId m, const MakeRoom& make_room) {
 Status ParamGather::gather_now(ModuleId m) {
   const ModuleLayout& mod = modules_[m];
   Slot& slot = slots_[m.index];
-  const int64_t cap = ctx_.cfg->zero.stage3_max_live_parameters;
+  const int64_t cap = static_cast<int64_t>(ctx_.placement.max_live_parameters);
   if (static_cast<int64_t>(live_elems_ + mod.padded) > cap) ZOE_RETURN_IF_ERROR(discard());
   if (static_cast<int64_t>(live_elems_ + mod.padded) > cap) {
     return invalid_argument(
-        "fetching module %s would gather %zu parameters, above stage3_max_live_parameters %lld: "
+        "fetching module %s would gather %zu parameters, above zero_optimization.stage3_max_live_parameters "
+        "(%lld as used): "
         "release modules before fetching more",
         mod.name.c_str(), live_elems_ + mod.padded, static_cast<long long>(cap));
   }
