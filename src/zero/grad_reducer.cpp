@@ -13,11 +13,9 @@ namespace zoe::zero {
 using config::OffloadDevice;
 
 void GradReducer::resize(size_t n) {
-  // Buckets of at most reduce_bucket_size elements, and at least one element per rank.
-  const int64_t given = ctx_.cfg->zero.reduce_bucket_size;
-  bucket_ = static_cast<size_t>(config::value_used("zero_optimization.reduce_bucket_size", given,
-                                                   std::max<int64_t>(ctx_.world, given),
-                                                   "a reduction bucket holds at least one element per rank"));
+  // Buckets of reduce_bucket_size elements as the planner resolved it (at least one per rank,
+  // within the device budget).
+  bucket_ = std::max<size_t>(1, ctx_.placement.reduce_bucket);
   grad_buf_.resize(n);
   acc_count_.assign(n, 0);
   got_grad_.assign(n, {});
@@ -44,7 +42,7 @@ Status GradReducer::complete(bool all, size_t keep) {
       s = p.h.wait();
     }
     const ModuleId m = p.m;
-    if (s.is_ok()) s = accumulate(m, p.recv.bytes_ptr() + p.recv_offset * ctx_.esize());
+    if (s.is_ok()) s = accumulate(m, p.grads.bytes_ptr() + p.offset * ctx_.esize());
     pending_.pop_front();  // its buffers go back to the device either way
     if (!s.is_ok())
       return s.with_context("reducing and accumulating the gradients of module " + modules_[m].name);
@@ -177,37 +175,63 @@ std::vector<uint8_t> GradReducer::untouched(ModuleId m) const {
 Result<ModuleParams> GradReducer::grads(ModuleId m) {
   const ModuleLayout& mod = modules_[m];
   if (!grad_buf_[m.index]) {
+    // The reduction in flight is accumulated first and its buffers freed: one module's gradients
+    // on the device at a time.
+    ZOE_RETURN_IF_ERROR(complete(true));
     ZOE_ASSIGN_OR_RETURN(grad_buf_[m.index], ctx_.dalloc(mod.padded * ctx_.esize()));
   }
   return ctx_.views(mod, grad_buf_[m.index].get());
 }
 
 // Stage 2/3 with buckets smaller than a partition: a bucket holds the same slice of every rank's
-// part, so each bucket is packed rank-major. The packed copy replaces the gradient buffer only
-// once it is complete.
+// part, so each bucket is packed rank-major into one of the pack buffers (the other may still be
+// read by the previous bucket's collective), and its sum lands in this rank's part of the gradient
+// buffer, whose bytes there were packed already and which later buckets do not read.
 Status GradReducer::reduce_scatter_buckets(ModuleId m, size_t per_rank, Pending* p) {
   const ModuleLayout& mod = modules_[m];
   const size_t es = ctx_.esize();
   const size_t world = static_cast<size_t>(ctx_.world);
-  ZOE_ASSIGN_OR_RETURN(device::DeviceBuffer packed, ctx_.dalloc(mod.padded * es));
-  const char* src = grad_buf_[m.index].bytes_ptr();
-  char* dst = packed.bytes_ptr();
-  for (size_t b = 0; b < mod.part; b += per_rank) {
+  const size_t mine = static_cast<size_t>(ctx_.rank) * mod.part;
+  char* src = p->grads.bytes_ptr();
+  comm::CommHandle used[kReducePackBuffers];
+  for (size_t b = 0, k = 0; b < mod.part; b += per_rank, ++k) {
     const size_t n = std::min(per_rank, mod.part - b);
-    char* pack = dst + b * es * world;
-    for (size_t r = 0; r < world; ++r) {
-      ZOE_RETURN_IF_ERROR(ctx_.ops->copy(pack + r * n * es, src + (r * mod.part + b) * es, n * es));
+    device::DeviceBuffer& pack = p->pack[k % kReducePackBuffers];
+    if (!pack) {
+      ZOE_ASSIGN_OR_RETURN(pack, ctx_.dalloc(per_rank * world * es));
     }
+    ZOE_RETURN_IF_ERROR(used[k % kReducePackBuffers].wait());
+    for (size_t r = 0; r < world; ++r) {
+      ZOE_RETURN_IF_ERROR(
+          ctx_.ops->copy(pack.bytes_ptr() + r * n * es, src + (r * mod.part + b) * es, n * es));
+    }
+    // The collective reads the packed copy on the communicator's stream.
+    ZOE_RETURN_IF_ERROR(ctx_.ops->synchronize());
+    p->h = ctx_.dcomm->reduce_scatter(pack.get(), src + (mine + b) * es, n, to_comm(ctx_.cdt),
+                                      comm::ReduceOp::kSum);
+    used[k % kReducePackBuffers] = p->h;
   }
-  // The collectives read the packed copy on the communicator's stream; the gradient buffer is
-  // freed next.
-  ZOE_RETURN_IF_ERROR(ctx_.ops->synchronize());
-  grad_buf_[m.index].reset();
-  p->send = std::move(packed);
-  for (size_t b = 0; b < mod.part; b += per_rank) {
-    const size_t n = std::min(per_rank, mod.part - b);
-    p->h = ctx_.dcomm->reduce_scatter(p->send.bytes_ptr() + b * es * world, p->recv.bytes_ptr() + b * es, n,
-                                      to_comm(ctx_.cdt), comm::ReduceOp::kSum);
+  return Status::ok();
+}
+
+// Queues module m's reduction, in place in its gradient buffer (p->grads), in buckets of at most
+// reduce_bucket_size elements; the communicator runs them in order, so the last handle completes
+// after all of them.
+Status GradReducer::start_reduction(ModuleId m, Pending* p) {
+  const ModuleLayout& mod = modules_[m];
+  const comm::CommType ct = to_comm(ctx_.cdt);
+  const size_t es = ctx_.esize();
+  const size_t bucket = bucket_;
+  char* g = p->grads.bytes_ptr();
+  if (ctx_.stage >= 2) {
+    const size_t per_rank = std::max<size_t>(1, bucket / static_cast<size_t>(ctx_.world));
+    if (per_rank < mod.part) return reduce_scatter_buckets(m, per_rank, p);
+    p->h = ctx_.dcomm->reduce_scatter(g, g + p->offset * es, mod.part, ct, comm::ReduceOp::kSum);
+    return Status::ok();
+  }
+  for (size_t b = 0; b < mod.padded; b += bucket) {
+    const size_t n = std::min(bucket, mod.padded - b);
+    p->h = ctx_.dcomm->all_reduce(g + b * es, g + b * es, n, ct, comm::ReduceOp::kSum);
   }
   return Status::ok();
 }
@@ -230,33 +254,21 @@ Status GradReducer::reduce(ModuleId m, const std::vector<uint8_t>* has_grad) {
   ZOE_RETURN_IF_ERROR(complete(true, kMaxPendingReductions - 1));
   Pending p;
   p.m = m;
-  const comm::CommType ct = to_comm(ctx_.cdt);
-  const size_t es = ctx_.esize();
-  // Buckets of at most reduce_bucket_size elements; the communicator runs them in order, so the
-  // last handle completes after all of them.
-  const size_t bucket = bucket_;
-  if (ctx_.stage >= 2) {
-    ZOE_ASSIGN_OR_RETURN(p.recv, ctx_.dalloc(mod.part * es));
-    p.recv_offset = 0;
-    const size_t per_rank = std::max<size_t>(1, bucket / static_cast<size_t>(ctx_.world));
-    if (per_rank >= mod.part) {
-      p.send = std::move(grad_buf_[m.index]);
-      p.h = ctx_.dcomm->reduce_scatter(p.send.get(), p.recv.get(), mod.part, ct, comm::ReduceOp::kSum);
-    } else {
-      ZOE_RETURN_IF_ERROR(reduce_scatter_buckets(m, per_rank, &p));
-    }
-  } else {
-    ZOE_ASSIGN_OR_RETURN(p.recv, ctx_.dalloc(mod.padded * es));
-    p.recv_offset = mod.opt_begin;
-    p.send = std::move(grad_buf_[m.index]);
-    for (size_t b = 0; b < mod.padded; b += bucket) {
-      const size_t n = std::min(bucket, mod.padded - b);
-      p.h = ctx_.dcomm->all_reduce(p.send.bytes_ptr() + b * es, p.recv.bytes_ptr() + b * es, n, ct,
-                                   comm::ReduceOp::kSum);
-    }
+  p.grads = std::move(grad_buf_[m.index]);
+  // This rank's range: where its sum lands (stage 1-3), or all of it (stage 0, opt_begin 0).
+  p.offset = mod.opt_begin;
+  if (ctx_.world == 1) {
+    // Nothing to reduce: the gradients are accumulated now, from their buffer.
+    pending_.push_back(std::move(p));
+    return complete(true);
   }
-  // The reduction runs on the communicator's stream while the caller computes the next module;
-  // its buffers are given back when it is accumulated (at the latest in step()).
+  Status s = start_reduction(m, &p);
+  if (!s.is_ok()) {
+    (void)p.h.wait();  // the collectives queued so far read its buffers
+    return s.with_context("reducing the gradients of module " + mod.name);
+  }
+  // The reduction runs on the communicator's stream while the caller goes on to the next module;
+  // its buffers are given back when it is accumulated (at the latest in the next grads() or step()).
   pending_.push_back(std::move(p));
   return Status::ok();
 }

@@ -4,10 +4,17 @@
 // states; NVMe sums through the swapper, written behind the backward), computing the norm of
 // the sum in the same pass.
 //
+// Device memory: the reduction runs in place in the module's gradient buffer (the collectives
+// allow it), so beside that buffer it needs nothing, or, at stage 2/3 with buckets smaller than a
+// partition, two bucket-packed send buffers (kReducePackBuffers, reduce_bucket_size elements at
+// most each). At world size 1 nothing is reduced: reduce(m) accumulates straight from the buffer.
+// A module's gradient buffer lives until its reduction has been accumulated, and grads() of the
+// next module waits for that first, so one module's gradients are on the device at a time.
+//
 // Contract: grads(m) gives a zeroed device buffer valid until reduce(m); reduce(m) takes it over
 // and returns at once (the reduction runs on the communicator's stream); the reduction's buffers
 // are DeviceBuffers owned by its Pending entry until it has been accumulated (at the latest in
-// step()), so no error path leaks them. Caller's thread only.
+// the next grads() or step()), so no error path leaks them. Caller's thread only.
 #pragma once
 
 #include <deque>
@@ -58,15 +65,16 @@ class GradReducer {
   struct Pending {
     ModuleId m{0};
     comm::CommHandle h;
-    device::DeviceBuffer send;  // the module's gradient buffer (or its bucket-packed copy)
-    device::DeviceBuffer recv;  // the reduced gradients
-    size_t recv_offset = 0;     // first element of this rank's range inside recv
+    device::DeviceBuffer grads;                     // the module's gradient buffer, reduced in place
+    device::DeviceBuffer pack[kReducePackBuffers];  // bucket-packed sends (stage 2/3, small buckets)
+    size_t offset = 0;                              // first element of this rank's range in grads
   };
   Result<const void*> host_view(const void* dsrc, size_t bytes);
   Status accumulate(ModuleId m, const void* src);
   Status accumulate_nvme(ModuleId m, const void* src, bool first, const optim::Exec& exec);
   Status zero_grads(ModuleId m);
-  Status reduce_scatter_buckets(ModuleId m, size_t bucket, Pending* p);
+  Status reduce_scatter_buckets(ModuleId m, size_t per_rank, Pending* p);
+  Status start_reduction(ModuleId m, Pending* p);
   bool last_micro_batch(ModuleId m) const;
 
   EngineContext& ctx_;

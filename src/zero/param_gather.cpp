@@ -97,7 +97,7 @@ Status ParamGather::follow_order(ModuleId m) {
 Status ParamGather::queue_gathers(const MakeRoom& make_room) {
   size_t queued = 0;
   for (ModuleId q : modules_.ids()) queued += slots_[q.index].pending ? modules_[q].padded : 0;
-  const int64_t cap = ctx_.cfg->zero.stage3_max_live_parameters;
+  const int64_t cap = static_cast<int64_t>(ctx_.placement.max_live_parameters);
   for (size_t k = cursor_ + 1; k < order_.size(); ++k) {
     const ModuleId next = order_[k];
     const ModuleLayout& nm = modules_[next];
@@ -143,17 +143,14 @@ Status ParamGather::prefetch_after(ModuleId m, const MakeRoom& make_room) {
 }
 
 // A partitioned module nobody queued a gather for: gathered now, from its pinned partition.
+// stage3_max_live_parameters bounds what prefetch queues: above it, the queued gathers are dropped,
+// but a fetch the caller asks for is never refused for it (as in DeepSpeed; the modules the caller
+// holds are its own, and the device budget is the limit).
 Status ParamGather::gather_now(ModuleId m) {
   const ModuleLayout& mod = modules_[m];
   Slot& slot = slots_[m.index];
-  const int64_t cap = ctx_.cfg->zero.stage3_max_live_parameters;
+  const int64_t cap = static_cast<int64_t>(ctx_.placement.max_live_parameters);
   if (static_cast<int64_t>(live_elems_ + mod.padded) > cap) ZOE_RETURN_IF_ERROR(discard());
-  if (static_cast<int64_t>(live_elems_ + mod.padded) > cap) {
-    return invalid_argument(
-        "fetching module %s would gather %zu parameters, above stage3_max_live_parameters %lld: "
-        "release modules before fetching more",
-        mod.name.c_str(), live_elems_ + mod.padded, static_cast<long long>(cap));
-  }
   void* part;
   {
     Timer t(&clock_.t_io);

@@ -47,6 +47,15 @@ struct Extent {
   uint64_t tm_budget = 0;  // the tier manager's device budget, as it caps it
 };
 
+// Device bytes of module mp's reduction beside its gradient buffer (it runs in place there): at
+// stage 2/3 with reduce buckets smaller than a partition, the bucket-packed send buffers; nothing
+// at world size 1, where nothing is reduced.
+uint64_t reduce_pack_bytes(const Placement& pl, const ModulePlacement& mp) {
+  const size_t per_rank = std::max<size_t>(1, pl.reduce_bucket / static_cast<size_t>(pl.world));
+  if (pl.stage < 2 || pl.world == 1 || per_rank >= mp.part) return 0;
+  return u64(kReducePackBuffers) * u64(per_rank) * static_cast<uint64_t>(pl.world) * pl.compute_bytes;
+}
+
 // 1. Flat groups and partitions; stage-3 parameter homes (modules of at least `persist` elements
 //    are partitioned); the device must hold one gathered module with its gradients and their
 //    reduction.
@@ -68,14 +77,7 @@ Status lay_out_modules(const config::Config& cfg, const std::vector<ModuleShape>
     mp.part = mp.padded / static_cast<size_t>(pl->world);
     mp.partitioned_params = pl->stage == 3 && static_cast<int64_t>(mp.total) >= persist;
     mp.param_home = mp.partitioned_params ? home_of(cfg.zero.offload_param.device) : Home::kDevice;
-    if (mp.partitioned_params && static_cast<int64_t>(mp.padded) > cfg.zero.stage3_max_live_parameters) {
-      return invalid_argument(
-          "module %s gathers %zu parameters (padded to %zu ranks), above "
-          "zero_optimization.stage3_max_live_parameters %lld: its fetch could never run; raise it to at "
-          "least %zu",
-          s.name.c_str(), mp.padded, static_cast<size_t>(pl->world),
-          static_cast<long long>(cfg.zero.stage3_max_live_parameters), mp.padded);
-    }
+    if (mp.partitioned_params) pl->max_live_parameters = std::max(pl->max_live_parameters, mp.padded);
     if (pl->stage == 0) {
       mp.opt_begin = 0;
       mp.opt_n = mp.padded;
@@ -83,7 +85,7 @@ Status lay_out_modules(const config::Config& cfg, const std::vector<ModuleShape>
       mp.opt_begin = static_cast<size_t>(pl->rank) * mp.part;
       mp.opt_n = mp.part;
     }
-    const uint64_t need = u64(mp.padded) * es * 2 + u64(mp.part) * es;
+    const uint64_t need = u64(mp.padded) * es * 2 + reduce_pack_bytes(*pl, mp);
     if (need > db) {
       return out_of_budget(
           "module %s has %zu parameters and needs %llu bytes (%s) on the device (gathered parameters, "
@@ -168,10 +170,15 @@ Result<Extent> count_resident_states(const config::Config& cfg, Placement* pl) {
         static_cast<unsigned long long>(pl->resident.device), format_bytes(pl->resident.device).c_str(),
         pl->rank, static_cast<unsigned long long>(db), format_bytes(db).c_str());
   }
-  x.reserve = 4ull * x.biggest * es;
+  // A gathered module and its gradients, and the largest reduction's bucket buffers.
+  uint64_t packs = 0;
+  for (const auto& m : pl->modules) packs = std::max(packs, reduce_pack_bytes(*pl, m));
+  x.reserve = 2ull * x.biggest * es + packs;
   x.per_elem = es + (es + static_cast<uint64_t>(pl->world) - 1) / static_cast<uint64_t>(pl->world);
   return x;
 }
+
+uint64_t moving_device_bytes(const Placement& pl);
 
 // 4a. The tier manager's device share and the gather window before the states' share: gathered
 //     modules queued ahead of use take up to stage3_prefetch_bucket_size elements, in at most
@@ -184,11 +191,14 @@ void plan_gather_window(const config::Config& cfg, Extent* x, Placement* pl) {
   size_t biggest_gathered = 0;
   for (const auto& m : pl->modules)
     biggest_gathered = std::max(biggest_gathered, m.partitioned_params ? m.padded : 0);
-  const uint64_t live = static_cast<uint64_t>(std::max<int64_t>(0, cfg.zero.stage3_max_live_parameters));
+  const uint64_t live = pl->max_live_parameters;
   const uint64_t live_room = live > biggest_gathered ? live - biggest_gathered : 0;
   const uint64_t gather_bytes =
       std::min<uint64_t>({bucket * x->per_elem, avail / 2, live_room * x->per_elem});
   pl->gather_window = static_cast<size_t>(gather_bytes / x->per_elem);
+  // The bucket or stage3_max_live_parameters bound the window as given; the budget may cut it.
+  if (gather_bytes < std::min(bucket, live_room) * x->per_elem)
+    pl->prefetch_bucket = static_cast<int64_t>(pl->gather_window);
   // The rest holds partitions moving towards the device (their window and the one in use).
   const uint64_t window = bucket * es / world + 2ull * (x->biggest / world) * es;
   pl->tm_device_budget = std::min<uint64_t>(window, avail - gather_bytes);
@@ -245,14 +255,34 @@ void plan_tier_manager(const config::Config& cfg, const PlanTarget& target, Exte
   plan_gather_window(cfg, x, pl);
   if (x->nvme_tier) plan_staging(cfg, *x, pl);
   if (cfg.zero.offload_param.device == OffloadDevice::kNvme) plan_host_cache(cfg, *x, pl);
+  // The tier's share beyond the device-homed partitions (counted as resident) leaves room for the
+  // module in use beside the states: when the window's share went to it (stage3_max_live_parameters
+  // leaves no room for queued gathers), it is cut to what fits, but not below two partitions in
+  // flight (a plan that needs more is refused by check_peaks()).
+  const uint64_t db = pl->device_budget;
+  uint64_t homes = 0;
+  for (const auto& m : pl->modules) {
+    if (m.partitioned_params && m.param_home == Home::kDevice) homes += u64(m.part) * pl->compute_bytes;
+  }
+  const uint64_t keep = pl->resident.device + moving_device_bytes(*pl);
+  const uint64_t in_flight = 2ull * (x->biggest / static_cast<uint64_t>(pl->world)) * pl->compute_bytes;
+  if (pl->tm_device_budget > homes && db > keep &&
+      pl->tm_device_budget - homes > std::max(in_flight, db - keep)) {
+    pl->tm_device_budget = homes + std::max(in_flight, db - keep);
+    x->tm_budget = std::min(pl->tm_device_budget, db);
+  }
   // Device memory the states take (persistent modules, device-resident optimizer states,
   // device-homed partitions) comes out of the gather window too: keep the tier's budget and
   // the reserve free.
-  const uint64_t db = pl->device_budget;
   const uint64_t used = pl->resident.device + x->tm_budget;
   const uint64_t room = db > used + x->reserve ? (db - used - x->reserve) / x->per_elem : 0;
-  pl->gather_window = std::min<size_t>(pl->gather_window, static_cast<size_t>(room));
-  if (!target.queued_gathers) pl->gather_window = 0;
+  const size_t fits = std::min<size_t>(pl->gather_window, static_cast<size_t>(room));
+  if (fits < pl->gather_window) pl->prefetch_bucket = static_cast<int64_t>(fits);  // cut by the budget
+  pl->gather_window = fits;
+  if (!target.queued_gathers) {  // no window at all: not the budget's doing
+    pl->gather_window = 0;
+    pl->prefetch_bucket = cfg.zero.stage3_prefetch_bucket_size;
+  }
 }
 
 // 5. The optimizer swapper for NVMe-resident states: chunks of sub_group_size elements, buffers of
@@ -276,27 +306,23 @@ void plan_swapper(const config::Config& cfg, Placement* pl) {
   pl->resident.host += u64(pl->swap_buffer_bytes) * (pl->swap_buffer_count + pl->swap_async_buffers);
 }
 
-// Device bytes one module in use moves at once. While module m's reduction starts: (stage 3) its
-// gathered parameters, its gradient buffer, the receive buffer and, with reduce buckets smaller
-// than a partition, the bucket-packed send copy. While the next module m' computes its gradients,
-// m's reduction is still in flight (kMaxPendingReductions is 1: a reduction starts only after the
-// previous one was accumulated): m' parameters and gradients, m's send and receive buffers. Then
-// the step's gather of an updated partition.
-uint64_t moving_device_bytes(const config::Config& cfg, const Placement& pl) {
+// Device bytes one module in use moves at once. Module m in use: (stage 3) its gathered
+// parameters, its gradient buffer, reduced in place, and with reduce buckets smaller than a
+// partition the bucket-packed send buffers. m's reduction is still in flight (kMaxPendingReductions
+// is 1) while the next module m' is fetched: m' parameters beside m's gradients and bucket buffers;
+// m' gradient buffer is allocated only once m's reduction has been accumulated. Then the step's
+// gather of an updated partition.
+uint64_t moving_device_bytes(const Placement& pl) {
   const uint64_t es = pl.compute_bytes;
-  const int world = pl.world;
-  const size_t per_rank_bucket = static_cast<size_t>(
-      std::max<int64_t>(1, std::max<int64_t>(world, cfg.zero.reduce_bucket_size) / world));
   uint64_t moving = 0, top_use[2] = {0, 0}, top_red[2] = {0, 0};
   size_t top_use_m = SIZE_MAX, top_red_m = SIZE_MAX;
   for (size_t i = 0; i < pl.modules.size(); ++i) {
     const auto& m = pl.modules[i];
-    const uint64_t full = u64(m.padded) * es, recv = (pl.stage >= 2 ? u64(m.part) : u64(m.padded)) * es;
+    const uint64_t full = u64(m.padded) * es;
     const uint64_t params = m.partitioned_params ? full : 0;
-    const uint64_t packed = pl.stage >= 2 && per_rank_bucket < m.part ? full : 0;
-    moving = std::max(moving, params + full + recv + packed);
+    const uint64_t use = params, red = full + reduce_pack_bytes(pl, m);  // fetched; gradients reducing
+    moving = std::max(moving, use + red);
     moving = std::max(moving, u64(m.part) * es);
-    const uint64_t use = params + full, red = full + recv;  // in use; in flight
     if (use > top_use[0]) {
       top_use[1] = top_use[0];
       top_use[0] = use;
@@ -312,7 +338,7 @@ uint64_t moving_device_bytes(const config::Config& cfg, const Placement& pl) {
       top_red[1] = red;
     }
   }
-  if (pl.modules.size() > 1) {  // the module computing and the one reducing differ
+  if (pl.modules.size() > 1) {  // the module fetched and the one reducing differ
     const uint64_t pair = top_use_m != top_red_m ? top_use[0] + top_red[0]
                                                  : std::max(top_use[0] + top_red[1], top_use[1] + top_red[0]);
     moving = std::max(moving, pair);
@@ -337,7 +363,7 @@ Status check_peaks(const config::Config& cfg, const Extent& x, Placement* pl) {
         (x.tm_budget > device_homes ? x.tm_budget - device_homes : 0) + u64(pl->gather_window) * x.per_elem;
     pl->peak.host += pl->tm_host_cache;
   }
-  const uint64_t moving = moving_device_bytes(cfg, *pl);
+  const uint64_t moving = moving_device_bytes(*pl);
   const uint64_t fixed = pl->peak.device;
   pl->peak.device += moving;
   if (pl->peak.device > db) {
@@ -402,13 +428,54 @@ Result<Placement> plan_with_persistence(const config::Config& cfg, const std::ve
   pl.device_budget = target.device_budget              ? target.device_budget
                      : cfg.zoe.device_budget_bytes > 0 ? static_cast<uint64_t>(cfg.zoe.device_budget_bytes)
                                                        : 64ull << 30;
+  pl.reduce_bucket = static_cast<size_t>(std::max<int64_t>(world, cfg.zero.reduce_bucket_size));
+  pl.prefetch_bucket = cfg.zero.stage3_prefetch_bucket_size;
   ZOE_RETURN_IF_ERROR(lay_out_modules(cfg, shapes, persist, &pl));
+  pl.max_live_parameters = std::max<size_t>(
+      pl.max_live_parameters, static_cast<size_t>(std::max<int64_t>(0, cfg.zero.stage3_max_live_parameters)));
   split_optimizer_homes(cfg, &pl);
   ZOE_ASSIGN_OR_RETURN(Extent x, count_resident_states(cfg, &pl));
   if (x.any_partitioned) plan_tier_manager(cfg, target, &x, &pl);
   if (x.any_opt_nvme) plan_swapper(cfg, &pl);
   ZOE_RETURN_IF_ERROR(check_peaks(cfg, x, &pl));
   return pl;
+}
+
+// The hints a plan lowered below the values given, warned about once each.
+void warn_hints_used(const config::Config& cfg, const Placement& pl, int64_t persist) {
+  config::value_used("zero_optimization.stage3_param_persistence_threshold",
+                     cfg.zero.stage3_param_persistence_threshold, persist,
+                     "elements: the modules under the threshold, kept whole on the device, did not fit "
+                     "zoe.device_budget beside the rest, so the larger ones are partitioned like any other");
+  const int64_t bucket = cfg.zero.reduce_bucket_size;
+  config::value_used("zero_optimization.reduce_bucket_size", bucket, static_cast<int64_t>(pl.reduce_bucket),
+                     bucket < pl.world
+                         ? "a reduction bucket holds at least one element per rank"
+                         : "elements: the reduction's bucket buffers did not fit zoe.device_budget "
+                           "beside the module in use");
+  config::value_used("zero_optimization.stage3_prefetch_bucket_size", cfg.zero.stage3_prefetch_bucket_size,
+                     pl.prefetch_bucket,
+                     "elements of gathered modules queued ahead of use: what zoe.device_budget leaves beside "
+                     "the states and the module in use");
+  config::value_used("zero_optimization.stage3_max_live_parameters", cfg.zero.stage3_max_live_parameters,
+                     static_cast<int64_t>(pl.max_live_parameters),
+                     "elements: the largest gathered module must be live at once, so it is the least "
+                     "zoe can use");
+}
+
+// Plans with the persistence threshold `persist`, lowering reduce_bucket_size (halving it) while the
+// plan is out of budget and the reduction's bucket buffers take device memory.
+Result<Placement> plan_with_buckets(const config::Config& cfg, const std::vector<ModuleShape>& shapes,
+                                    int world, int rank, const PlanTarget& target, int64_t persist) {
+  config::Config c = cfg;
+  Result<Placement> r = plan_with_persistence(c, shapes, world, rank, target, persist);
+  while (!r.is_ok() && r.status().code() == StatusCode::kOutOfBudget && c.zero.stage >= 2 &&
+         c.zero.reduce_bucket_size > world) {
+    c.zero.reduce_bucket_size = std::max<int64_t>(world, c.zero.reduce_bucket_size / 2);
+    Result<Placement> smaller = plan_with_persistence(c, shapes, world, rank, target, persist);
+    if (smaller.is_ok() || smaller.status().code() != StatusCode::kOutOfBudget) return smaller;
+  }
+  return r;
 }
 
 }  // namespace
@@ -425,7 +492,7 @@ Result<Placement> plan_placement(const config::Config& cfg, const std::vector<Mo
   if (shapes.empty()) return invalid_argument("placement: no modules");
   const int64_t asked = cfg.zero.stage3_param_persistence_threshold;
   int64_t persist = asked;
-  Result<Placement> r = plan_with_persistence(cfg, shapes, world, rank, target, persist);
+  Result<Placement> r = plan_with_buckets(cfg, shapes, world, rank, target, persist);
   while (!r.is_ok() && r.status().code() == StatusCode::kOutOfBudget && cfg.zero.stage == 3) {
     // Partition the largest module still kept whole (and every one as large).
     int64_t top = 0;
@@ -436,14 +503,9 @@ Result<Placement> plan_placement(const config::Config& cfg, const std::vector<Mo
     }
     if (top == 0) break;
     persist = top;
-    r = plan_with_persistence(cfg, shapes, world, rank, target, persist);
+    r = plan_with_buckets(cfg, shapes, world, rank, target, persist);
   }
-  if (persist != asked && r.is_ok()) {
-    config::value_used(
-        "zero_optimization.stage3_param_persistence_threshold", asked, persist,
-        "elements: the modules under the threshold, kept whole on the device, did not fit "
-        "zoe.device_budget beside the rest, so the larger ones are partitioned like any other");
-  }
+  if (r.is_ok()) warn_hints_used(cfg, r.value(), persist);
   return r;
 }
 

@@ -44,10 +44,14 @@ size_t swap_chunk_elems(int64_t sub_group_size, bool given = true);
 // (config::value_used) when that differs from the value given (`given`: as swap_chunk_elems).
 size_t swap_buffer_count(int64_t buffer_count, bool given = true);
 
-// Gradient reductions in flight at once (each holds its send and receive buffers on the device):
-// one, overlapping the next module's backward, so a module in use, its gradients and one reduction
-// fit the reserve the planner keeps (4 x the largest gathered module).
+// Gradient reductions in flight at once: one, overlapping the next module's fetch and backward
+// until it asks for its gradient buffer. A reduction runs in place in its module's gradient
+// buffer; at stage 2/3 with reduce buckets smaller than a partition it packs each bucket into one
+// of kReducePackBuffers send buffers (one fills while the other is reduced). So a module in use,
+// its gradients and the reduction fit the reserve the planner keeps: 2 x the largest gathered
+// module and those bucket buffers.
 inline constexpr size_t kMaxPendingReductions = 1;
+inline constexpr size_t kReducePackBuffers = 2;
 
 enum class Home : uint8_t { kDevice = 0, kHost = 1, kNvme = 2 };
 const char* home_name(Home h);
@@ -91,6 +95,12 @@ struct Placement {
   size_t state_bytes = 4;    // bytes per Adam m/v element (4, or 2 with zoe.bf16_optimizer_states)
   uint64_t device_budget = 0;
   std::vector<ModulePlacement> modules;
+  // Elements per gradient reduction bucket: zero_optimization.reduce_bucket_size, at least one per
+  // rank, lowered until the bucket buffers fit the device budget beside the rest (warned once).
+  size_t reduce_bucket = 1;
+  // Elements of gathered stage-3 modules live at once: stage3_max_live_parameters, at least the
+  // largest gathered module (a lower value could never be honoured; warned once).
+  size_t max_live_parameters = 0;
 
   // Stage-3 parameter partitions go through the tier manager.
   bool tier_manager = false;
@@ -105,6 +115,9 @@ struct Placement {
   uint64_t tm_host_cache = 0;  // of which the cache of partitions (at least the step's two)
   // Elements of gathered modules prefetch may queue ahead of their fetch.
   size_t gather_window = 0;
+  // stage3_prefetch_bucket_size as used for queued gathers: the value given, or the gather window
+  // when the device budget left less than it (warned once).
+  int64_t prefetch_bucket = 0;
 
   // Modules whose optimizer states live on NVMe go through the optimizer swapper.
   bool swapper = false;
@@ -126,9 +139,12 @@ struct Placement {
   uint64_t nvme_bytes() const { return resident.nvme; }
 };
 
-// Plans the placement of `modules` (in forward order) on rank `rank` of `world`. Errors: a module
-// that cannot fit the device (it must hold one gathered module, its gradients and their
-// reduction), a zoe.host_budget below what the plan needs, bad shapes.
+// Plans the placement of `modules` (in forward order) on rank `rank` of `world`. Performance hints
+// that do not fit the device budget are lowered to what fits, each warned about once naming the
+// key and the value used (stage3_param_persistence_threshold, reduce_bucket_size,
+// stage3_max_live_parameters). Errors: a module that cannot fit the device (it must hold one
+// gathered module, its gradients and their reduction; the message names zoe.device_budget), a
+// zoe.host_budget below what the plan needs, bad shapes.
 Result<Placement> plan_placement(const config::Config& cfg, const std::vector<ModuleShape>& modules,
                                  int world, int rank, const PlanTarget& target = {});
 

@@ -155,6 +155,28 @@ def test_default_persistence_threshold_fits_a_small_budget(tmp_path):
     eng.close()
 
 
+@pytest.mark.parametrize("key,value", [("stage3_max_live_parameters", 1001),
+                                       ("stage3_prefetch_bucket_size", 40000001)],
+                         ids=["max_live_below_a_module", "prefetch_bucket_beyond_the_budget"])
+def test_hints_that_do_not_fit_are_lowered_not_refused(key, value, tmp_path, capfd):
+    """A performance hint that cannot be honoured within the device budget (max_live_parameters
+    below one module, a prefetch bucket far beyond 384 KiB) does not fail the run: the planner uses
+    what fits and says once what it used, naming the key, and the run matches plain torch."""
+    torch.manual_seed(0)
+    model = GPT()
+    ref = clone(model)
+    data = gpt_batches(3)
+    eng = zoe.initialize(model, config=config(tmp_path, device_budget=384 << 10,
+                                              zero={"stage3_param_persistence_threshold": 0, key: value}))
+    z, _ = train_zoe(eng, data)
+    eng.close()
+    err = capfd.readouterr().err
+    assert err.count(f"zero_optimization.{key} is {value}; zoe uses ") == 1, err
+    t = train_torch(ref, data)
+    for a, b in zip(z, t):
+        assert abs(a - b) <= 1e-5 * abs(b)
+
+
 def _torch_steps(model, data, lr=3e-3, wd=0.1):
     """torch.optim.AdamW over the parameters that require grad."""
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, betas=(0.9, 0.999),

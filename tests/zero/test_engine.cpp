@@ -15,6 +15,7 @@
 #include "comm/communicator.h"
 #include "config/config.h"
 #include "core/clock.h"
+#include "core/log.h"
 #include "device/device.h"
 #include "tests/util/status_test_util.h"
 #include "tests/util/test_util.h"
@@ -364,6 +365,128 @@ TEST(Engine, ReduceBucketsDoNotChangeResults) {
         nullptr);
     ASSERT_OK(out);
     EXPECT_TRUE(compare(out.value(), whole.value()).identical) << "stage " << pl.stage;
+  }
+}
+
+// The device bytes a run needs beyond what it keeps resident: the high-water mark of training
+// (stage `stage`, optimizer states on the host, stage-3 partitions on the device, nothing
+// prefetched) less the bytes in use after initialize().
+struct WorkingSet {
+  uint64_t resident = 0, high_water = 0;
+  std::vector<Layer> out;
+};
+Result<WorkingSet> train_for_working_set(int stage, const MlpSpec& s, int64_t reduce_bucket) {
+  Runtime& rt = runtime();
+  test::ScratchDir nvme("nvme");
+  std::string text = make_config({stage, "cpu", "none"}, "fp32", nvme.path());
+  text.insert(
+      text.find("\"stage3_param_persistence_threshold\""),
+      "\"reduce_bucket_size\": " + std::to_string(reduce_bucket) + ", \"stage3_prefetch_bucket_size\": 0, ");
+  ZOE_ASSIGN_OR_RETURN(auto cfg, config::Config::parse(text, rt.world_size()));
+  ZOE_ASSIGN_OR_RETURN(auto e, zero::create_engine(rt, cfg));
+  ZOE_RETURN_IF_ERROR(test::register_mlp(*e, s));
+  WorkingSet ws;
+  ws.resident = e->memory_in_use().device;
+  std::vector<StepStats> stats;
+  ZOE_RETURN_IF_ERROR(test::engine_train(*e, s, rt.rank(), rt.world_size(), 2, &ws.out, &stats));
+  ws.high_water = stats.back().high_water[0];
+  return ws;
+}
+
+// A module in use needs its gathered parameters (stage 3) and its gradient buffer on the device,
+// the reduction running in place in that buffer (with reduce buckets smaller than a partition,
+// plus two bucket-packed send buffers), the next module's gradients allocated only once the
+// reduction is accumulated, and nothing reduced at world size 1. Results are those of one
+// collective per module, bit for bit, and the reference's.
+TEST(EngineMemory, AModuleInUseNeedsItsParametersGradientsAndOneBucketPair) {
+  Runtime& rt = runtime();
+  MlpSpec s;
+  s.d = 96;
+  const size_t world = static_cast<size_t>(rt.world_size());
+  const size_t unit = 2048 * world, elems = static_cast<size_t>(s.d * s.d + s.d);
+  const size_t padded = (elems + unit - 1) / unit * unit, part = padded / world;
+  const uint64_t module_bytes = padded * 4;
+  auto ref = test::reference_train(s, rt.world_size(), 2);
+  for (int stage : {1, 2, 3}) {
+    std::vector<Layer> whole;
+    for (int64_t bucket : {int64_t{500000000}, int64_t{2048}}) {
+      const std::string what = "world " + std::to_string(world) + " stage " + std::to_string(stage) +
+                               " reduce_bucket_size " + std::to_string(bucket);
+      auto ws = train_for_working_set(stage, s, bucket);
+      ASSERT_OK(ws) << what;
+      const size_t per_rank = std::max<size_t>(1, static_cast<size_t>(bucket) / world);
+      const uint64_t packs = stage >= 2 && world > 1 && per_rank < part ? 2 * per_rank * world * 4 : 0;
+      const uint64_t in_use = ws->high_water - ws->resident;
+      const uint64_t bound = (stage == 3 ? 2 : 1) * module_bytes + packs;
+      printf(
+          "%s: module %llu bytes, device beyond the resident states %llu bytes (%.2f modules), bound %llu\n",
+          what.c_str(), static_cast<unsigned long long>(module_bytes),
+          static_cast<unsigned long long>(in_use),
+          static_cast<double>(in_use) / static_cast<double>(module_bytes),
+          static_cast<unsigned long long>(bound));
+      EXPECT_LE(in_use, bound) << what;
+      EXPECT_LE(compare(ws->out, ref).max_abs, 2e-4) << what;
+      if (whole.empty()) {
+        whole = ws->out;
+      } else {
+        EXPECT_TRUE(compare(ws->out, whole).identical) << what;
+      }
+    }
+  }
+}
+
+// A performance hint whose value does not fit the device budget never fails the run: the planner
+// uses what fits and says so once, naming the key, and the run trains to the bits of a run with a
+// value that fits. (Values no other test uses: the warning is once per process.)
+TEST(EngineHints, HintsThatDoNotFitAreLoweredWithOneWarningEach) {
+  Runtime& rt = runtime();
+  MlpSpec s;
+  s.d = 96;
+  const size_t world = static_cast<size_t>(rt.world_size());
+  const size_t unit = 2048 * world, padded = (static_cast<size_t>(s.d * s.d + s.d) + unit - 1) / unit * unit;
+  struct Case {
+    int stage;
+    const char* key;
+    int64_t given, fitting;
+    uint64_t budget;  // zoe.device_budget; 0: make_config's
+  };
+  std::vector<Case> cases = {
+      // Queued gathers of 4e7 elements: far beyond 64 MiB.
+      {3, "stage3_prefetch_bucket_size", 40000001, static_cast<int64_t>(2 * padded), 0},
+      // Below one module: the module in use must be live.
+      {3, "stage3_max_live_parameters", 1001, 1000000000, 0},
+  };
+  if (world > 1) {
+    // Two bucket-packed buffers of nearly a module each, with room for half a module beside the
+    // parameters (all three modules) and one module's gradients.
+    cases.push_back({2, "reduce_bucket_size", 12001, 500000000, (3 * padded + padded + padded / 2) * 4});
+  }
+  for (const Case& c : cases) {
+    auto with = [&](int64_t value) {
+      return [&c, value](std::string& t) {
+        insert_before(t, "stage3_param_persistence_threshold",
+                      "\"" + std::string(c.key) + "\": " + std::to_string(value) + ", ");
+        if (c.budget) {
+          const std::string from = "\"device_budget\": \"64MiB\"";
+          t.replace(t.find(from), from.size(), "\"device_budget\": " + std::to_string(c.budget));
+        }
+      };
+    };
+    const LogLevel level = log_level();
+    set_log_level(LogLevel::kWarn);
+    testing::internal::CaptureStderr();
+    auto lowered = run_edited({c.stage, "cpu", "none"}, "fp32", s, 2, with(c.given), nullptr);
+    std::string err = testing::internal::GetCapturedStderr();
+    set_log_level(level);
+    ASSERT_OK(lowered) << c.key;
+    const std::string said =
+        "zero_optimization." + std::string(c.key) + " is " + std::to_string(c.given) + "; zoe uses ";
+    size_t n = 0;
+    for (size_t at = err.find(said); at != std::string::npos; at = err.find(said, at + 1)) ++n;
+    EXPECT_EQ(n, 1u) << c.key << "\n" << err;
+    auto fitting = run_edited({c.stage, "cpu", "none"}, "fp32", s, 2, with(c.fitting), nullptr);
+    ASSERT_OK(fitting) << c.key;
+    EXPECT_TRUE(compare(lowered.value(), fitting.value()).identical) << c.key;
   }
 }
 

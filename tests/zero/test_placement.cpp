@@ -230,8 +230,9 @@ TEST(Placement, PersistenceThresholdIsLoweredToFitTheBudget) {
   ASSERT_OK(whole);
   for (const auto& m : whole->modules) EXPECT_FALSE(m.partitioned_params) << m.name;
 
+  // 1.75 MiB: the modules kept whole and one module's gradients (1.76 MiB) do not fit.
   zero::PlanTarget tight;
-  tight.device_budget = 2ull << 20;
+  tight.device_budget = 1792ull << 10;
   const LogLevel level = log_level();
   set_log_level(LogLevel::kWarn);
   testing::internal::CaptureStderr();
@@ -283,7 +284,7 @@ TEST(Placement, GatherWindowFollowsTheBucketAndTheBudget) {
   // A device budget just above one module's needs leaves no room for queued gathers.
   config::Config off = parse(cfg_text(3, "nvme", "nvme", "", "\"stage3_prefetch_bucket_size\": 20000, "));
   zero::PlanTarget tight;
-  tight.device_budget = 64 * 64 * 4 * 8;
+  tight.device_budget = 64 * 64 * 4 * 4;
   auto pt = zero::plan_placement(off, shapes(8, 64), 1, 0, tight);
   ASSERT_OK(pt);
   EXPECT_EQ(pt->gather_window, 0u);
@@ -297,15 +298,66 @@ TEST(Placement, GatherWindowFollowsTheBucketAndTheBudget) {
   ASSERT_OK(pc);
   EXPECT_LE(pc->gather_window, 5000u);
   EXPECT_GT(pc->gather_window, 0u);
-  capped.zero.stage3_max_live_parameters = static_cast<int64_t>(module) - 1;
-  auto below = zero::plan_placement(capped, shapes(8, 64), 1, 0);
-  ASSERT_FALSE(below.is_ok());
-  EXPECT_NE(below.status().message().find("above zero_optimization.stage3_max_live_parameters"),
-            std::string::npos)
-      << below.status().message();
-  EXPECT_NE(below.status().message().find("raise it to at least " + std::to_string(module)),
-            std::string::npos)
-      << below.status().message();
+  EXPECT_EQ(pc->max_live_parameters, module + 5000);
+}
+
+// stage3_max_live_parameters below one gathered module cannot be honoured (the module in use is
+// live): the plan uses the largest gathered module instead, queues no gathers beside it, and says
+// so once naming the key. (Values no other test plans with: the warning is once per process.)
+TEST(Placement, MaxLiveParametersBelowAModuleIsRaisedToIt) {
+  config::Config c = parse(cfg_text(3, "none", "nvme", "", "\"stage3_prefetch_bucket_size\": 20000, "));
+  const size_t module = zero::plan_placement(c, shapes(8, 64), 1, 0).value().modules[0].padded;
+  c.zero.stage3_max_live_parameters = 1234;
+  const LogLevel level = log_level();
+  set_log_level(LogLevel::kWarn);
+  testing::internal::CaptureStderr();
+  auto below = zero::plan_placement(c, shapes(8, 64), 1, 0);
+  auto again = zero::plan_placement(c, shapes(8, 64), 1, 0);
+  std::string err = testing::internal::GetCapturedStderr();
+  set_log_level(level);
+  ASSERT_OK(below);
+  ASSERT_OK(again);
+  EXPECT_EQ(below->max_live_parameters, module);
+  EXPECT_EQ(below->gather_window, 0u);
+  EXPECT_EQ(count_of(err, "zero_optimization.stage3_max_live_parameters is 1234; zoe uses " +
+                              std::to_string(module) + " ("),
+            1u)
+      << err;
+}
+
+// reduce_bucket_size at stage 2/3 packs each bucket into one of two send buffers on the device.
+// Buckets whose buffers do not fit the budget beside the module in use are halved until they do,
+// said once naming the key; a module that cannot fit even so is refused naming zoe.device_budget.
+TEST(Placement, ReduceBucketIsLoweredToFitTheBudget) {
+  config::Config c = parse(cfg_text(2, "cpu", "none"));
+  const auto sh = shapes(2, 256);     // 65792 parameters, padded to 69632 at 2 ranks (34816 a rank)
+  c.zero.reduce_bucket_size = 60001;  // 30000 a rank: two 60000-element buffers, 1.7 modules
+  zero::PlanTarget tight;
+  // Both modules' parameters, one's gradients and half a module: buckets of 15000 (0.43 modules).
+  tight.device_budget = 2 * 69632 * 4 + 3 * 69632 * 4 / 2;
+  const LogLevel level = log_level();
+  set_log_level(LogLevel::kWarn);
+  testing::internal::CaptureStderr();
+  auto p = zero::plan_placement(c, sh, 2, 1, tight);
+  auto again = zero::plan_placement(c, sh, 2, 1, tight);
+  std::string err = testing::internal::GetCapturedStderr();
+  set_log_level(level);
+  ASSERT_OK(p);
+  ASSERT_OK(again);
+  EXPECT_EQ(p->reduce_bucket, 15000u);
+  EXPECT_LE(p->peak.device, tight.device_budget);
+  EXPECT_EQ(count_of(err, "zero_optimization.reduce_bucket_size is 60001; zoe uses 15000 ("), 1u) << err;
+  // With room: used as given.
+  auto roomy = zero::plan_placement(c, sh, 2, 1);
+  ASSERT_OK(roomy);
+  EXPECT_EQ(roomy->reduce_bucket, 60001u);
+  // A module whose parameters and gradients alone do not fit: refused, naming the budget.
+  zero::PlanTarget tiny;
+  tiny.device_budget = 69632 * 4;
+  auto pt = zero::plan_placement(c, sh, 2, 1, tiny);
+  ASSERT_FALSE(pt.is_ok());
+  EXPECT_NE(pt.status().message().find("zoe.device_budget"), std::string::npos) << pt.status().message();
+  EXPECT_NE(pt.status().message().find("layer.0"), std::string::npos) << pt.status().message();
 }
 
 TEST(Placement, StagingFollowsOffloadParamBuffers) {
