@@ -194,6 +194,7 @@ class Engine:
         "optimizer.params.lr"), as the engine uses it: defaults filled in, DeepSpeed's "auto"
         resolved. Raises ZoeError naming the key when there is no such key."""
         return json.loads(self._eng.config_value(key))
+
     def _engine_device(self):
         """Where the engine computes, as a torch.device: the CPU, or the GPU the engine picks with
         zoe.device "cuda" (local rank modulo the GPUs seen; _build checks it against the first
