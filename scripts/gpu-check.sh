@@ -149,6 +149,7 @@ main() {
   local rc_torch=0 torch_tests=0 torch_skips=0 torch_xml=$build/pytest-torch-cuda.xml
   if [ -n "$py" ]; then
     rm -f "$torch_xml"
+    mkdir -p "$build/test-tmp"
     PYTHONPATH="$build/python:tests/python" PYTHONDONTWRITEBYTECODE=1 "$py" -m pytest -q -rs -p no:cacheprovider \
       --basetemp="$build/test-tmp/torch-cuda" --junitxml="$torch_xml" tests/python/test_torch_cuda.py \
       >"$build/pytest-torch-cuda.log" 2>&1 || rc_torch=$?

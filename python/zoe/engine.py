@@ -17,6 +17,8 @@ Devices: with zoe.device "cuda" the engine's buffers are CUDA memory, wrapped wi
 through __cuda_array_interface__ (_as_tensor); the model's inputs and buffers live there too
 (engine.device). torch's kernels run on its current stream: before a buffer goes back to zoe
 (release, reduce_grads, step) that stream is synchronized, as include/zoe/engine.h requires.
+In a CUDA backward, torch's autograd runs the hooks (and so these engine calls) on its thread for
+the device while the caller's thread waits in backward(): the calls stay one at a time.
 """
 import base64
 import io
