@@ -76,6 +76,41 @@ def test_cpu_engine_refuses_inputs_on_another_device(tmp_path):
     assert abs(z[0] - t[0]) <= 1e-5 * abs(t[0])
 
 
+class _Recorder:
+    """Stands in for the binding's engine: forwards every call and records the names of those
+    that hand buffers back, with the front-end's stream synchronizations between them."""
+
+    def __init__(self, eng, log):
+        self._eng, self._log = eng, log
+
+    def __getattr__(self, name):
+        attr = getattr(self._eng, name)
+        if name not in ("release", "reduce_grads", "step"):
+            return attr
+
+        def call(*args, **kwargs):
+            self._log.append(name)
+            return attr(*args, **kwargs)
+
+        return call
+
+
+def test_buffers_go_back_after_a_stream_sync(tmp_path):
+    """The contract of include/zoe/engine.h for device memory: torch's kernels must have finished
+    with a buffer before it goes back. Every release, reduce_grads and step of a training step
+    (stage 3, where release frees the gathered buffer) comes right after a synchronization (a
+    no-op on the CPU device, torch.cuda's current stream on a GPU)."""
+    eng = zoe.initialize(make_model("gpt"), config=config(tmp_path, stage=3, opt="cpu", param="cpu"))
+    log = []
+    eng._eng = _Recorder(eng._eng, log)
+    sync = eng._sync
+    eng._sync = lambda: (log.append("sync"), sync())
+    train_zoe(eng, gpt_batches(1))
+    calls = [i for i, n in enumerate(log) if n != "sync"]
+    assert {log[i] for i in calls} == {"release", "reduce_grads", "step"}, log
+    assert all(i > 0 and log[i - 1] == "sync" for i in calls), log
+
+
 # ---------------------------------------------------------------------------------------------
 # On a GPU
 
