@@ -181,7 +181,8 @@ main() {
   done
   echo "ctest: label cuda exit $rc_cuda, test_device exit $rc_device, EngineCuda exit $rc_engine; logs: $build/ctest-*.log, $log"
   if [ -n "$py" ]; then
-    echo "front-end (test_torch_cuda.py): pytest exit $rc_torch, $torch_tests tests, $torch_skips skipped; log: $build/pytest-torch-cuda.log"
+    echo "front-end (test_torch_cuda.py): pytest exit $rc_torch, $torch_tests tests, $torch_skips skipped;" \
+         "log: $build/pytest-torch-cuda.log"
   else
     echo "front-end (test_torch_cuda.py): LEFT OUT (ZOE_GPU_CHECK_TORCH=0)"
   fi
@@ -192,8 +193,8 @@ main() {
     return 1
   fi
   if [ "$torch_skips" -ne 0 ] && [ "$no_gpu" -eq 0 ]; then
-    echo "RESULT: FAILED: the engine's tests ran on the GPU but $torch_skips front-end test(s) skipped (torch sees no GPU," \
-         "or zoe did not import: see the SKIPPED lines above)"
+    echo "RESULT: FAILED: the engine's tests ran on the GPU but $torch_skips front-end test(s) skipped" \
+         "(torch sees no GPU, or zoe did not import: see the SKIPPED lines above)"
     return 1
   fi
   if [ "$no_gpu" -ne 0 ]; then
