@@ -279,7 +279,10 @@ class Engine:
             specs = [(n, list(s) if len(s) else [1]) for n, s in zip(zm.names, zm.shapes)]
             self._eng.add_module(zm.name, specs)
         self._dtype = _DTYPES[self._eng.compute_dtype()]
-        self._placeholder = torch.empty(0, dtype=self._dtype)
+        # Released parameters point at a 0-element tensor of the compute dtype on the engine's
+        # device: torch drops a parameter's AccumulateGrad node (and the hook zoe put on it) when
+        # .data changes dtype or device, so neither changes between a fetch and a release.
+        self._placeholder = torch.empty(0, dtype=self._dtype, device=self.device)
         if self.device.type != "cpu":
             # The model's buffers (running statistics, ...) go where its forward runs.
             for mod in model.modules():
@@ -397,8 +400,7 @@ class Engine:
                            "call engine(...) (engine.module is the model) instead of the model")
         for zi in self._units[ui].zmods:
             for p in self._zmods[zi].params:
-                # Released: the CPU placeholder; fetched by another use still live: the engine's device.
-                if p.dtype != self._dtype or p.device not in (self._placeholder.device, self.device):
+                if p.dtype != self._dtype or p.device != self.device:
                     raise ZoeError(f"zoe: a parameter of unit '{self._units[ui].name}' is now {p.dtype} on "
                                    f"{p.device} (model.to(...) after zoe.initialize()), but zoe computes in "
                                    f"{self._dtype} on its own device: choose the compute dtype in the config "
