@@ -3,7 +3,7 @@
 on NVMe (stage 3): a progress line per step and a final table of states against budgets.
 
 usage: PYTHONPATH=build/python /usr/bin/python3 examples/train_torch_gpt.py [--steps 20]
-       [--nvme-path /var/tmp] [--device-budget 6MiB]     (mpirun -np N works too)"""
+       [--nvme-path /var/tmp] [--device-budget 6MiB] [--device cuda]     (mpirun -np N works too)"""
 import argparse
 import math
 import os
@@ -30,7 +30,8 @@ class Block(nn.Module):
         B, T, C = x.shape
         q, k, v = (t.view(B, T, self.heads, -1).transpose(1, 2) for t in self.qkv(self.ln_1(x)).split(C, 2))
         att = (q @ k.transpose(-2, -1) / math.sqrt(C // self.heads))
-        att = att.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf")).softmax(-1)
+        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+        att = att.masked_fill(~mask, float("-inf")).softmax(-1)
         x = x + self.proj((att @ v).transpose(1, 2).reshape(B, T, C))
         return x + self.out(F.gelu(self.fc(self.ln_2(x))))
 
@@ -48,7 +49,7 @@ class GPT(nn.Module):
                 nn.init.normal_(p, std=0.02)
 
     def forward(self, idx, targets):
-        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
         for b in self.h:
             x = b(x)
         logits = self.head(self.ln_f(x))
@@ -64,6 +65,7 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--nvme-path", default=os.environ.get("ZOE_SCRATCH", tempfile.gettempdir()))
     ap.add_argument("--device-budget", default="6MiB")
+    ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="zoe.device")
     a = ap.parse_args()
     os.makedirs(a.nvme_path, exist_ok=True)
     torch.manual_seed(0)
@@ -75,7 +77,7 @@ def main():
         "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
                               "offload_param": {"device": "nvme", "nvme_path": a.nvme_path},
                               "offload_optimizer": {"device": "nvme", "nvme_path": a.nvme_path}},
-        "zoe": {"device_budget": a.device_budget},
+        "zoe": {"device_budget": a.device_budget, "device": a.device},
     }
     engine = zoe.initialize(model, config=config)
     g = torch.Generator().manual_seed(1 + engine.rank)
@@ -83,7 +85,7 @@ def main():
     t0 = time.time()
     for step in range(1, a.steps + 1):
         starts = torch.randint(0, text.numel() - 65, (8,), generator=g)
-        batch = torch.stack([text[s:s + 65] for s in starts])
+        batch = torch.stack([text[s:s + 65] for s in starts]).to(engine.device)
         loss = engine(batch[:, :-1], batch[:, 1:])
         engine.backward(loss)
         s = engine.step()

@@ -3,15 +3,19 @@
 // binding could do. All C++ the front-end needs lives here.
 //
 // Errors: every failed Status becomes a zoe.ZoeError whose text is Status::to_string() (the code,
-// the message and its context lines). Buffers reach Python as NumPy arrays over the engine's own
-// memory (no copy): valid until the matching release()/reduce_grads(); the Python side turns
-// them into torch tensors with torch.from_numpy (bf16 through an int16 view).
+// the message and its context lines). Buffers reach Python over the engine's own memory (no copy),
+// valid until the matching release()/reduce_grads(): host-addressable ones (the CPU device) as
+// NumPy arrays, which the Python side wraps with torch.from_numpy; device memory (CUDA) as a
+// DeviceView exposing __cuda_array_interface__ (version 3), which torch.as_tensor wraps. bf16
+// comes as int16 either way (viewed as bf16 in torch). Nothing here needs CUDA's headers: a
+// device buffer is passed on as its address.
 #include <pybind11/functional.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <optional>
 
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -56,7 +60,7 @@ const char* py_dtype_name(zoe::ComputeDType d) {
 
 // A flat NumPy view of n elements at p (no copy; `owner` keeps nothing alive: the engine's
 // contract says how long p is valid). bf16 comes as int16 (torch 1.13 has no uint16).
-py::array view(void* p, size_t n, zoe::ComputeDType d) {
+py::array host_view(void* p, size_t n, zoe::ComputeDType d) {
   // One owner-less base for every view, leaked on purpose (it must outlive the interpreter's
   // last array).
   static int dummy = 0;
@@ -73,9 +77,59 @@ py::array view(void* p, size_t n, zoe::ComputeDType d) {
   return py::array();
 }
 
+// A flat view of n elements of device memory (CUDA) at ptr, for torch.as_tensor(v, device=...)
+// through __cuda_array_interface__ (no copy). It owns nothing: the engine's contract says how
+// long ptr is valid. The engine's fetch()/grads() return once the buffer is complete (the
+// engine's streams synchronized), so the interface says stream None: no synchronization is
+// needed before reading it. The other way round, the caller's kernels must have finished with a
+// buffer before it goes back (release, reduce_grads): the Python side synchronizes torch's
+// stream there.
+struct DeviceView {
+  uintptr_t ptr = 0;
+  size_t numel = 0;
+  zoe::ComputeDType dtype = zoe::ComputeDType::kF32;
+
+  // The element type as __cuda_array_interface__ spells it (bf16 as int16, as on the host).
+  const char* typestr() const {
+    switch (dtype) {
+      case zoe::ComputeDType::kF32:
+        return "<f4";
+      case zoe::ComputeDType::kBF16:
+        return "<i2";
+      case zoe::ComputeDType::kF16:
+        return "<f2";
+    }
+    return "?";
+  }
+
+  py::dict interface() const {
+    py::dict d;
+    d["version"] = 3;
+    d["shape"] = py::make_tuple(numel);
+    d["typestr"] = typestr();
+    d["data"] = py::make_tuple(ptr, false);
+    d["strides"] = py::none();
+    d["stream"] = py::none();
+    return d;
+  }
+};
+
+zoe::ComputeDType dtype_from_name(const std::string& name) {
+  if (name == "f32") return zoe::ComputeDType::kF32;
+  if (name == "bf16") return zoe::ComputeDType::kBF16;
+  if (name == "f16") return zoe::ComputeDType::kF16;
+  raise(zoe::invalid_argument("DeviceView: dtype '%s' is not one of f32, bf16, f16", name.c_str()));
+}
+
+// A view of one engine buffer: NumPy over host memory, DeviceView over device memory.
+py::object view(const zoe::TensorView& v) {
+  if (v.host_addressable) return host_view(v.data, v.numel, v.dtype);
+  return py::cast(DeviceView{reinterpret_cast<uintptr_t>(v.data), v.numel, v.dtype});
+}
+
 py::list views(const zoe::ModuleParams& mp) {
   py::list out;
-  for (size_t i = 0; i < mp.data.size(); ++i) out.append(view(mp.data[i], mp.numel[i], mp.dtype));
+  for (const zoe::TensorView& v : mp.tensors) out.append(view(v));
   return out;
 }
 
@@ -110,6 +164,7 @@ class PyEngine {
   const zoe::Config& cfg() const { return cfg_; }
   int rank() const { return rt_->rank(); }
   int world_size() const { return rt_->world_size(); }
+  int local_rank() const { return rt_->local_rank(); }
 
  private:
   std::shared_ptr<zoe::Runtime> rt_;
@@ -178,6 +233,25 @@ py::dict config_summary(const zoe::Config& c) {
   return d;
 }
 
+// DeviceView: what views() returns for device memory (built here too, for tests of the interface).
+void bind_device_view(py::module_& m) {
+  py::class_<DeviceView>(m, "DeviceView",
+                         "A flat view of engine device memory (no copy) for torch.as_tensor(v, device=...) "
+                         "through __cuda_array_interface__; valid as the engine's buffer it shows.")
+      .def(py::init([](uintptr_t ptr, size_t numel, const std::string& dtype) {
+             return DeviceView{ptr, numel, dtype_from_name(dtype)};
+           }),
+           py::arg("ptr"), py::arg("numel"), py::arg("dtype"))
+      .def_readonly("ptr", &DeviceView::ptr)
+      .def_readonly("numel", &DeviceView::numel)
+      .def_property_readonly("dtype", [](const DeviceView& v) { return py_dtype_name(v.dtype); })
+      .def_property_readonly("__cuda_array_interface__", &DeviceView::interface)
+      .def("__repr__", [](const DeviceView& v) {
+        return "DeviceView(ptr=" + std::to_string(v.ptr) + ", numel=" + std::to_string(v.numel) +
+               ", dtype=" + py_dtype_name(v.dtype) + ")";
+      });
+}
+
 // The module-level functions: the runtime, configs, checkpoints.
 void bind_functions(py::module_& m) {
   m.def(
@@ -214,6 +288,9 @@ void bind_engine_setup(py::class_<PyEngine>& c) {
         py::arg("config_text"), py::arg("force_local") = false)
       .def_property_readonly("rank", &PyEngine::rank)
       .def_property_readonly("world_size", &PyEngine::world_size)
+      .def_property_readonly("local_rank", &PyEngine::local_rank)
+      // zoe.device as configured ("auto", "cpu" or "cuda"; the engine runs on CUDA only for "cuda").
+      .def("device", [](PyEngine& self) { return self.cfg().device(); })
       .def("close", &PyEngine::close)
       .def(
           "add_module",
@@ -365,6 +442,7 @@ PYBIND11_MODULE(_zoe, m) {
   static py::exception<ZoeErrorTag> err(m, "ZoeError", PyExc_RuntimeError);
   g_zoe_error = err;
   bind_functions(m);
+  bind_device_view(m);
   py::class_<PyEngine> engine(m, "Engine");
   bind_engine_setup(engine);
   bind_engine_step(engine);

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The GPU checks, for a machine with an NVIDIA GPU and the CUDA toolkit (no network needed): builds
 # the CUDA test suites (ctest label `cuda`: test_adam_cuda, test_gpt_cuda), test_device and the engine on
-# the GPU (test_engine EngineCuda.*) in build-gpu, runs them, and ends with a summary. About 3-4 minutes on
-# 16 cores; meant to fit 8.
+# the GPU (test_engine EngineCuda.*) in build-gpu, runs them, then the PyTorch front-end on the GPU
+# (tests/python/test_torch_cuda.py, against the CPU device and torch.optim.AdamW) with the machine's own
+# python3, torch and pybind11 (the _zoe extension is built in build-gpu/python; nothing is installed),
+# and ends with a summary. About 3-4 minutes on 16 cores; meant to fit 8.
 #
 # Usage: bash scripts/gpu-check.sh
 # Environment (all optional):
@@ -15,8 +17,12 @@
 #   ZOE_CUDA_ARCHS   CUDA architectures to build for (default 90: H100/H200).
 #   ZOE_JOBS         build jobs (default: nproc).
 #   ZOE_GPU_CHECK_LOG  the full log (default build-gpu/gpu-check.log).
-# Exit status: 0 every test ran on a GPU and passed; 1 a build step or a test failed; 2 the tests
-# ran but saw no GPU (they skip: nothing was checked).
+#   ZOE_PYTHON3      the interpreter with a CUDA build of torch, numpy, pytest and pybind11 for the
+#                    front-end step (default python3). ZOE_GPU_CHECK_TORCH=0 leaves that step out
+#                    (said in the summary); otherwise a missing module fails the check.
+# Exit status: 0 every test ran on a GPU and passed; 1 a build step or a test failed, or the
+# front-end tests skipped where the engine's tests saw a GPU; 2 the tests ran but saw no GPU (they
+# skip: nothing was checked).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -93,6 +99,21 @@ main() {
     fi
   fi
 
+  # The front-end: the _zoe extension for this machine's python3 (its pybind11's CMake files).
+  local py="" torch_step=${ZOE_GPU_CHECK_TORCH:-1}
+  if [ "$torch_step" != 0 ]; then
+    py=$(command -v "${ZOE_PYTHON3:-python3}" || true)
+    if [ -z "$py" ] || ! "$py" -c "import torch, numpy, pytest, pybind11" 2>/dev/null; then
+      echo "gpu-check: ${ZOE_PYTHON3:-python3} with torch, numpy, pytest and pybind11 is needed for the front-end" \
+           "tests (set ZOE_PYTHON3, or ZOE_GPU_CHECK_TORCH=0 to leave them out)" >&2
+      return 1
+    fi
+    echo "python: $py: $("$py" -c 'import sys, torch, pybind11; print("python", sys.version.split()[0], "torch",
+      torch.__version__, "CUDA", torch.version.cuda, "pybind11", pybind11.__version__)')"
+    cmake_args+=(-DZOE_PYTHON=ON "-DPython3_EXECUTABLE=$py" "-Dpybind11_DIR=$("$py" -m pybind11 --cmakedir)")
+    targets+=(_zoe)
+  fi
+
   section "configure ($build)"
   local gen=()
   if [ ! -f "$build/CMakeCache.txt" ] && command -v ninja >/dev/null; then gen=(-G Ninja); fi
@@ -123,6 +144,24 @@ main() {
   # The engine on the GPU (zoe.device "cuda"), against the dense reference and the CPU device.
   "$build/bin/test_engine" --gtest_filter='EngineCuda.*' >"$build/ctest-engine.log" 2>&1 || rc_engine=$?
   grep -v -E '^\[( RUN      |       OK )\]' "$build/ctest-engine.log" || true
+  # The PyTorch front-end on the GPU, from the build tree (zoe.device "cuda" against the CPU
+  # device and torch.optim.AdamW). Its skips are counted from the JUnit report below.
+  local rc_torch=0 torch_tests=0 torch_skips=0 torch_xml=$build/pytest-torch-cuda.xml
+  if [ -n "$py" ]; then
+    rm -f "$torch_xml"
+    mkdir -p "$build/test-tmp"
+    PYTHONPATH="$build/python:tests/python" PYTHONDONTWRITEBYTECODE=1 "$py" -m pytest -q -rs -p no:cacheprovider \
+      --basetemp="$build/test-tmp/torch-cuda" --junitxml="$torch_xml" tests/python/test_torch_cuda.py \
+      >"$build/pytest-torch-cuda.log" 2>&1 || rc_torch=$?
+    cat "$build/pytest-torch-cuda.log"
+    if [ -f "$torch_xml" ]; then
+      torch_tests=$(grep -o '<testcase ' "$torch_xml" | wc -l)
+      torch_skips=$(grep -o '<skipped' "$torch_xml" | wc -l)
+    else
+      echo "no JUnit report from pytest: the front-end tests did not run"
+      [ "$rc_torch" -ne 0 ] || rc_torch=1
+    fi
+  fi
 
   section "summary"
   if command -v nvidia-smi >/dev/null; then
@@ -141,9 +180,21 @@ main() {
     if grep -q -E 'no usable GPU|no GPU: cudaGetDeviceCount|no CUDA device to compare' "$x"; then no_gpu=1; fi
   done
   echo "ctest: label cuda exit $rc_cuda, test_device exit $rc_device, EngineCuda exit $rc_engine; logs: $build/ctest-*.log, $log"
+  if [ -n "$py" ]; then
+    echo "front-end (test_torch_cuda.py): pytest exit $rc_torch, $torch_tests tests, $torch_skips skipped;" \
+         "log: $build/pytest-torch-cuda.log"
+  else
+    echo "front-end (test_torch_cuda.py): LEFT OUT (ZOE_GPU_CHECK_TORCH=0)"
+  fi
   echo "time: $(($(date +%s) - start)) s"
-  if [ "$rc_cuda" -ne 0 ] || [ "$rc_device" -ne 0 ] || [ "$rc_engine" -ne 0 ] || [ "$total_fail" -ne 0 ]; then
-    echo "RESULT: FAILED (see the failures above and in $build/ctest-*.log)"
+  if [ "$rc_cuda" -ne 0 ] || [ "$rc_device" -ne 0 ] || [ "$rc_engine" -ne 0 ] || [ "$total_fail" -ne 0 ] ||
+     [ "$rc_torch" -ne 0 ]; then
+    echo "RESULT: FAILED (see the failures above and in $build/ctest-*.log, $build/pytest-torch-cuda.log)"
+    return 1
+  fi
+  if [ "$torch_skips" -ne 0 ] && [ "$no_gpu" -eq 0 ]; then
+    echo "RESULT: FAILED: the engine's tests ran on the GPU but $torch_skips front-end test(s) skipped" \
+         "(torch sees no GPU, or zoe did not import: see the SKIPPED lines above)"
     return 1
   fi
   if [ "$no_gpu" -ne 0 ]; then

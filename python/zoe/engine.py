@@ -12,6 +12,13 @@ configured); torch sees empty placeholders, except while the unit runs:
   the module is released. engine.backward() finishes the modules whose gradients were partial.
 A parameter shared by several units (tied embeddings) belongs to the first; the others fetch its
 zoe module too, and a unit used several times per forward is fetched each time (reference counts).
+
+Devices: with zoe.device "cuda" the engine's buffers are CUDA memory, wrapped without a copy
+through __cuda_array_interface__ (_as_tensor); the model's inputs and buffers live there too
+(engine.device). torch's kernels run on its current stream: before a buffer goes back to zoe
+(release, reduce_grads, step) that stream is synchronized, as include/zoe/engine.h requires.
+In a CUDA backward, torch's autograd runs the hooks (and so these engine calls) on its thread for
+the device while the caller's thread waits in backward(): the calls stay one at a time.
 """
 import base64
 import io
@@ -129,7 +136,28 @@ def _to_b64(obj):
 
 
 def _from_b64(text):
-    return torch.load(io.BytesIO(base64.b64decode(text)))
+    return torch.load(io.BytesIO(base64.b64decode(text)), map_location="cpu")
+
+
+def _as_tensor(view, dtype, device):
+    """One engine buffer as a flat torch tensor over the same memory (no copy): a NumPy array
+    (host memory, the CPU device) through torch.from_numpy, a _zoe.DeviceView (CUDA memory)
+    through its __cuda_array_interface__ on `device`. bf16 comes as int16 and is viewed as dtype."""
+    if isinstance(view, np.ndarray):
+        t = torch.from_numpy(view)
+    else:
+        t = torch.as_tensor(view, device=device)
+        if t.data_ptr() != view.ptr:
+            raise ZoeError(f"zoe: the engine's buffer at {view.ptr:#x} came to torch as a copy on {t.device} "
+                           f"(engine device {device}): zoe's buffers must be wrapped in place")
+    if dtype is torch.bfloat16:
+        t = t.view(torch.bfloat16)
+    return t
+
+
+def _view_ptr(view):
+    """The address of an engine buffer (a NumPy array or a _zoe.DeviceView)."""
+    return view.__array_interface__["data"][0] if isinstance(view, np.ndarray) else view.ptr
 
 
 class Engine:
@@ -145,6 +173,7 @@ class Engine:
         self.rank = self._eng.rank
         self.world_size = self._eng.world_size
         _check_launcher(self.world_size, force_local)
+        self.device = self._engine_device()
         self.gradient_accumulation_steps = self._eng.gradient_accumulation_steps()
         self._micro_steps = 0        # backward() calls so far
         self._pending_backward = 0   # backward() calls since the last update
@@ -167,6 +196,25 @@ class Engine:
         "optimizer.params.lr"), as the engine uses it: defaults filled in, DeepSpeed's "auto"
         resolved. Raises ZoeError naming the key when there is no such key."""
         return json.loads(self._eng.config_value(key))
+
+    def _engine_device(self):
+        """Where the engine computes, as a torch.device: the CPU, or the GPU the engine picks with
+        zoe.device "cuda" (local rank modulo the GPUs seen; _build checks it against the first
+        buffer fetched)."""
+        if self._eng.device() != "cuda":
+            return torch.device("cpu")
+        if not torch.cuda.is_available():
+            raise ZoeError("zoe.initialize: zoe.device is \"cuda\" but torch sees no GPU "
+                           f"(torch {torch.__version__}, built with CUDA {torch.version.cuda}): install a CUDA "
+                           "build of torch, or set zoe.device to \"cpu\"")
+        return torch.device("cuda", self._eng.local_rank % torch.cuda.device_count())
+
+    def _sync(self):
+        """Waits for torch's kernels on the engine's device (its current stream) before a buffer
+        goes back to zoe: include/zoe/engine.h's contract for device memory. Nothing on the CPU."""
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+
     def _check_model(self, model):
         """Refuses parameters zoe cannot take as they are: on a device other than the CPU or meta,
         or in a floating dtype that is neither fp32 nor the compute dtype the config chooses."""
@@ -231,7 +279,16 @@ class Engine:
             specs = [(n, list(s) if len(s) else [1]) for n, s in zip(zm.names, zm.shapes)]
             self._eng.add_module(zm.name, specs)
         self._dtype = _DTYPES[self._eng.compute_dtype()]
-        self._placeholder = torch.empty(0, dtype=self._dtype)
+        # Released parameters point at a 0-element tensor of the compute dtype on the engine's
+        # device: torch drops a parameter's AccumulateGrad node (and the hook zoe put on it) when
+        # .data changes dtype or device, so neither changes between a fetch and a release.
+        self._placeholder = torch.empty(0, dtype=self._dtype, device=self.device)
+        if self.device.type != "cpu":
+            # The model's buffers (running statistics, ...) go where its forward runs.
+            for mod in model.modules():
+                for k, b in mod._buffers.items():
+                    if b is not None and b.device.type == "cpu":
+                        mod._buffers[k] = b.to(self.device)
 
         values = {}
         failed = []  # an error of the callback: raised here, after the engine's call returns
@@ -261,6 +318,10 @@ class Engine:
         with torch.enable_grad():
             for zm in self._zmods:
                 self._acquire(zm)
+                if zm.flat and zm.flat[0].device != self.device:
+                    raise ZoeError(f"zoe.initialize: the engine's buffers are on {zm.flat[0].device}, the front-end "
+                                   f"expected {self.device} (zoe.device {self._eng.device()!r}, local rank "
+                                   f"{self._eng.local_rank})")
                 for i, p in enumerate(zm.params):
                     if p.requires_grad:
                         acc = p.expand_as(p).grad_fn.next_functions[0][0]
@@ -313,15 +374,10 @@ class Engine:
         except BaseException:
             zm.refs -= 1  # not fetched: nothing to release
             raise
-        key = tuple(a.__array_interface__["data"][0] for a in arrays)
+        key = tuple(_view_ptr(a) for a in arrays)
         if key != zm.cache_key:
-            flat = []
-            for a in arrays:
-                t = torch.from_numpy(a)
-                if self._dtype is torch.bfloat16:
-                    t = t.view(torch.bfloat16)
-                flat.append(t)
-            zm.flat, zm.cache_key = flat, key
+            zm.flat = [_as_tensor(a, self._dtype, self.device) for a in arrays]
+            zm.cache_key = key
         for i, (p, t, s) in enumerate(zip(zm.params, zm.flat, zm.shapes)):
             p.data = t.view(s) if s else t.view(())
             self._live[zm.cache_key[i]] = (zm.index, i)
@@ -334,6 +390,7 @@ class Engine:
             self._live.pop(ptr, None)
         for p in zm.params:
             p.data = self._placeholder
+        self._sync()
         self._eng.release(zm.index)
 
     def _pre_forward(self, ui, inputs=()):
@@ -343,7 +400,7 @@ class Engine:
                            "call engine(...) (engine.module is the model) instead of the model")
         for zi in self._units[ui].zmods:
             for p in self._zmods[zi].params:
-                if p.dtype != self._dtype or p.device.type != "cpu":
+                if p.dtype != self._dtype or p.device != self.device:
                     raise ZoeError(f"zoe: a parameter of unit '{self._units[ui].name}' is now {p.dtype} on "
                                    f"{p.device} (model.to(...) after zoe.initialize()), but zoe computes in "
                                    f"{self._dtype} on its own device: choose the compute dtype in the config "
@@ -417,9 +474,7 @@ class Engine:
             if eng is None or g is None:
                 return
             if zm.grad_views is None:
-                zm.grad_views = [torch.from_numpy(a) for a in eng._eng.grads(zm.index)]
-                if eng._dtype is torch.bfloat16:
-                    zm.grad_views = [v.view(torch.bfloat16) for v in zm.grad_views]
+                zm.grad_views = [_as_tensor(a, eng._dtype, eng.device) for a in eng._eng.grads(zm.index)]
             dst = zm.grad_views[i].view(g.shape)
             if i in zm.received:
                 dst.add_(g)
@@ -438,6 +493,7 @@ class Engine:
             has_grad = [i in zm.received for i in range(len(zm.params))]
             zm.grad_views = None
             zm.received.clear()
+            self._sync()
             self._eng.reduce_grads(zm.index, has_grad)
         if zm.bw_held:
             zm.bw_held = False
@@ -450,8 +506,9 @@ class Engine:
         return self.forward(*args, **kwargs)
 
     def forward(self, *args, **kwargs):
-        """Runs the wrapped model's forward."""
+        """Runs the wrapped model's forward (its tensor inputs on engine.device)."""
         self._check_new_params()
+        self._check_inputs(args, kwargs)
         self._in_forward = True
         try:
             with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
@@ -509,6 +566,7 @@ class Engine:
             d["high_water"] = self.high_water()
             return StepStats(d, stepped=False)
         self._check_new_params()
+        self._sync()
         d = self._eng.step()
         self._pending_backward = 0
         self._global_steps += 1
@@ -569,7 +627,7 @@ class Engine:
         for alias, name in self._aliases.items():
             sd[alias] = sd[name]
         for n, b in self.module.named_buffers():
-            sd[n] = b.detach().clone()
+            sd[n] = b.detach().to("cpu", copy=True)
         return sd
 
     # ---------------------------------------------------------------------------------------
@@ -589,7 +647,7 @@ class Engine:
             "global_steps": self._global_steps,
             "names": self._torch_names,
             "aliases": self._aliases,
-            "buffers": _to_b64({n: b for n, b in self.module.named_buffers()}),
+            "buffers": _to_b64({n: b.detach().cpu() for n, b in self.module.named_buffers()}),
             "client_state": _to_b64(client_state if client_state is not None else {}),
             "last_stats": self._last,
         }}
@@ -636,6 +694,18 @@ class Engine:
             if id(p) not in self._owner:
                 raise ZoeError(f"zoe: parameter '{n}' (shape {list(p.shape)}) was added to the model after "
                                "zoe.initialize(): zoe does not hold it; create every parameter before initialize")
+
+    def _check_inputs(self, args, kwargs):
+        """The first tensor argument must be on the engine's device (one check per forward)."""
+        named = [(f"argument {i}", a) for i, a in enumerate(args)]
+        named += [(f"argument {k!r}", v) for k, v in kwargs.items()]
+        for what, x in named:
+            if isinstance(x, torch.Tensor):
+                if x.device != self.device:
+                    raise ZoeError(f"engine(...): {what} is a tensor on {x.device}, but zoe's engine computes on "
+                                   f"{self.device} (zoe.device {self._eng.device()!r}): move the inputs to "
+                                   "engine.device (x.to(engine.device))")
+                return
 
     def _reset_fetches(self):
         for zm in self._zmods:
