@@ -6,7 +6,10 @@
 // gradients (which the engine leaves as they are), and the dense reference within tolerance.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -259,6 +262,52 @@ TEST(FrozenModules, CheckpointRoundTripIsBitIdentical) {
       ASSERT_OK(zero::runtime_comm(rt).barrier());
     }
   }
+}
+
+// Saved at one world size, loaded at another (the ctest pairs reshard_frozen_*): every value comes
+// back exactly, and training goes on.
+TEST(FrozenModules, Reshard) {
+  const char* dir = getenv("ZOE_RESHARD_DIR");
+  const char* role = getenv("ZOE_RESHARD_ROLE");
+  if (!dir || !role) GTEST_SKIP() << "run by the reshard_frozen ctest pairs";
+  Runtime& rt = test::shared_runtime();
+  const MlpSpec s = spec();
+  EngineRun r;
+  ASSERT_OK(start(&r, {3, "cpu", "nvme"}, true, /*bf16=*/true));
+  const std::string values = std::string(dir) + "/master-values.bin";
+  const size_t per_layer = static_cast<size_t>(s.d * s.d + s.d);
+  if (std::string(role) == "save") {
+    std::filesystem::create_directories(dir);
+    std::vector<Layer> out;
+    ASSERT_OK(train(*r.e, 2, &out));
+    ASSERT_OK(r.e->save(dir, "step-2", "{}"));
+    if (rt.rank() == 0) {
+      FILE* f = fopen(values.c_str(), "wb");
+      ASSERT_NE(f, nullptr);
+      for (const auto& l : out) {
+        fwrite(l.w.data(), 4, l.w.size(), f);
+        fwrite(l.b.data(), 4, l.b.size(), f);
+      }
+      fclose(f);
+    }
+    return;
+  }
+  ASSERT_OK(r.e->load(dir));
+  std::vector<float> want(static_cast<size_t>(s.layers) * per_layer);
+  FILE* f = fopen(values.c_str(), "rb");
+  ASSERT_NE(f, nullptr);
+  ASSERT_EQ(fread(want.data(), 4, want.size(), f), want.size());
+  fclose(f);
+  for (int l = 0; l < s.layers; ++l) {
+    std::vector<float> got(per_layer);
+    ASSERT_OK(r.e->read_master(static_cast<size_t>(l), 0, got.data()));
+    ASSERT_OK(r.e->read_master(static_cast<size_t>(l), 1, got.data() + s.d * s.d));
+    EXPECT_EQ(memcmp(got.data(), want.data() + l * per_layer, per_layer * 4), 0) << "layer " << l;
+  }
+  std::vector<Layer> out;
+  ASSERT_OK(train(*r.e, 3, &out, 2));
+  for (int l = 0; l < s.frozen_layers; ++l)
+    EXPECT_EQ(memcmp(out[l].w.data(), want.data() + l * per_layer, out[l].w.size() * 4), 0) << "layer " << l;
 }
 
 }  // namespace
