@@ -266,9 +266,9 @@ class Reader {
   bool has_kind(const std::string& kind) const;
   // The manifest's structure is whole: for every module, "param" and every other state the
   // manifest holds for any module ("master", "exp_avg", "exp_avg_sq") are covered over
-  // [0, padded) by tensor records (a frozen module: "param" and "master" only). A gap (a tensor dropped from the manifest, `tensors: []`) is
-  // kCorruption naming the module, the state and the first element no record holds. `zoe ckpt
-  // verify` and Engine::load both ask it, so they accept and refuse the same manifests.
+  // [0, padded) by tensor records (a frozen module: "param" and "master" only). A gap (a tensor dropped from
+  // the manifest, `tensors: []`) is kCorruption naming the module, the state and the first element no record
+  // holds. `zoe ckpt verify` and Engine::load both ask it, so they accept and refuse the same manifests.
   Status check_complete() const;
   // Re-reads manifest().files[index] and compares its xxh64 (what verify() does for each file).
   Status verify_file(size_t index) const;

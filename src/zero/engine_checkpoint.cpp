@@ -123,7 +123,8 @@ Status write_rank_file(Engine::Impl& I, const std::string& tmp, std::vector<ckpt
         const size_t n = std::min(chunk, mod.opt_n - b);
         ZOE_ASSIGN_OR_RETURN(const void* h, param_chunk(b, n));
         f32.resize(n);
-        ZOE_RETURN_IF_ERROR(optim::convert_with_norm(h, I.ctx.cdt, f32.data(), DType::kF32, n, false).status());
+        ZOE_RETURN_IF_ERROR(
+            optim::convert_with_norm(h, I.ctx.cdt, f32.data(), DType::kF32, n, false).status());
         ZOE_RETURN_IF_ERROR(w->append(f32.data(), n * 4));
       }
       ZOE_RETURN_IF_ERROR(w->end_tensor());

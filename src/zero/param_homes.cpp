@@ -97,8 +97,8 @@ Status ParamHomes::read_owned_f32(ModuleId m, float* out) {
   if (mod.partitioned_params) {
     ZOE_RETURN_IF_ERROR(ctx_.tm->read(tier_item(m), cbuf.data(), 0, cbuf.size()));
   } else {
-    ZOE_RETURN_IF_ERROR(
-        ctx_.ops->put(cbuf.data(), false, full_[m.index].bytes_ptr() + mod.opt_begin * es, true, cbuf.size()));
+    ZOE_RETURN_IF_ERROR(ctx_.ops->put(cbuf.data(), false, full_[m.index].bytes_ptr() + mod.opt_begin * es,
+                                      true, cbuf.size()));
     ZOE_RETURN_IF_ERROR(ctx_.ops->synchronize());
   }
   for (size_t i = 0; i < mod.opt_n; ++i) {

@@ -435,7 +435,8 @@ Status Updater::apply(float grad_scale, double lr) {
   // Stage 1/2 (and persistent stage-3 modules): gather the updated partitions.
   if (ctx_.stage >= 1) {
     for (ModuleId m : modules_.ids()) {
-      if (!modules_[m].partitioned_params && !modules_[m].frozen) ZOE_RETURN_IF_ERROR(homes_.gather_updated(m));
+      if (!modules_[m].partitioned_params && !modules_[m].frozen)
+        ZOE_RETURN_IF_ERROR(homes_.gather_updated(m));
     }
   }
   return Status::ok();

@@ -234,7 +234,7 @@ inline Status engine_train(Engine& e, const MlpSpec& s, int rank, int world, int
       const float scale = static_cast<float>(e.loss_scale());
       for (int l = s.layers - 1; l >= 0; --l) {
         if (k == s.no_grads_at && l == 0) continue;  // a frozen module: the engine zeroes its gradients
-        if (l < s.frozen_layers) continue;             // never trained
+        if (l < s.frozen_layers) continue;           // never trained
         auto p = e.fetch(static_cast<size_t>(l));
         if (!p.is_ok()) return p.status();
         auto gb = e.grads(static_cast<size_t>(l));

@@ -35,8 +35,8 @@ struct Placement {
 };
 
 std::vector<Placement> placements() {
-  return {{0, "none", "none"}, {1, "cpu", "none"},  {2, "nvme", "none"},
-          {3, "none", "none"}, {3, "cpu", "cpu"},   {3, "nvme", "nvme"}};
+  return {{0, "none", "none"}, {1, "cpu", "none"}, {2, "nvme", "none"},
+          {3, "none", "none"}, {3, "cpu", "cpu"},  {3, "nvme", "nvme"}};
 }
 
 std::string describe(const Placement& pl) {
@@ -54,8 +54,9 @@ std::string make_config(const Placement& pl, const std::string& nvme, bool bf16 
          " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.01, \"betas\": [0.9, 0.999],"
          " \"eps\": 1e-8, \"weight_decay\": 0.01}},"
          " \"zero_optimization\": {\"stage\": " +
-         std::to_string(pl.stage) + ", \"stage3_param_persistence_threshold\": 0, \"offload_optimizer\": " +
-         off(pl.opt) + ", \"offload_param\": " + (pl.stage == 3 ? off(pl.param) : "{\"device\": \"none\"}") +
+         std::to_string(pl.stage) +
+         ", \"stage3_param_persistence_threshold\": 0, \"offload_optimizer\": " + off(pl.opt) +
+         ", \"offload_param\": " + (pl.stage == 3 ? off(pl.param) : "{\"device\": \"none\"}") +
          "}, \"zoe\": {\"device_budget\": \"64MiB\", \"optimizer_threads\": 1}}";
 }
 
@@ -74,7 +75,8 @@ struct EngineRun {
 };
 Status start(EngineRun* r, const Placement& pl, bool frozen, bool bf16 = false) {
   Runtime& rt = test::shared_runtime();
-  ZOE_ASSIGN_OR_RETURN(auto cfg, config::Config::parse(make_config(pl, r->nvme.path(), bf16), rt.world_size()));
+  ZOE_ASSIGN_OR_RETURN(auto cfg,
+                       config::Config::parse(make_config(pl, r->nvme.path(), bf16), rt.world_size()));
   ZOE_ASSIGN_OR_RETURN(r->e, zero::create_engine(rt, cfg));
   return test::register_mlp(*r->e, spec(), frozen);
 }
@@ -86,7 +88,8 @@ Status train(Engine& e, int steps, std::vector<Layer>* out, int first_step = 0) 
 
 bool identical(const Layer& a, const Layer& b) {
   return a.w.size() == b.w.size() && a.b.size() == b.b.size() &&
-         memcmp(a.w.data(), b.w.data(), a.w.size() * 4) == 0 && memcmp(a.b.data(), b.b.data(), a.b.size() * 4) == 0;
+         memcmp(a.w.data(), b.w.data(), a.w.size() * 4) == 0 &&
+         memcmp(a.b.data(), b.b.data(), a.b.size() * 4) == 0;
 }
 
 double max_diff(const Layer& a, const Layer& b) {
@@ -103,7 +106,8 @@ size_t padded_elems() {
   return (n + unit - 1) / unit * unit;
 }
 size_t owned_elems(int stage) {
-  return stage == 0 ? padded_elems() : padded_elems() / static_cast<size_t>(test::shared_runtime().world_size());
+  return stage == 0 ? padded_elems()
+                    : padded_elems() / static_cast<size_t>(test::shared_runtime().world_size());
 }
 
 TEST(FrozenModules, NeverChangeAndTheRestTrainsAsWithoutGradients) {
