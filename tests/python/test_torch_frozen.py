@@ -21,6 +21,12 @@ def lora_model():
     return LoRANet()
 
 
+def sub(tmp_path, name):
+    d = tmp_path / name
+    d.mkdir()
+    return d
+
+
 def frozen_names(model):
     return [n for n, p in model.named_parameters() if not p.requires_grad]
 
@@ -33,7 +39,7 @@ def test_lora_stage3_nvme_matches_torch_and_frozen_weights_stay(tmp_path):
     ref = clone(model)
     init = {n: p.detach().clone() for n, p in model.named_parameters()}
     data = lora_batches(STEPS)
-    eng = zoe.initialize(model, config=config(tmp_path, clip=0.0))
+    eng = zoe.initialize(model, config=config(tmp_path, clip=0.0, zero={"stage3_param_persistence_threshold": 0}))
     # A unit with both kinds of parameters is two zoe modules, the frozen one "<unit>[frozen]"; an
     # all-frozen unit is one frozen module.
     units = dict(eng.units())
@@ -65,24 +71,35 @@ def test_lora_stage3_nvme_matches_torch_and_frozen_weights_stay(tmp_path):
     eng.close()
 
 
+def padded(zm):
+    return -(-sum(math.prod(s) for s in zm.shapes) // PART) * PART
+
+
 def test_frozen_parameters_hold_no_states(tmp_path):
-    """The same model with every parameter trainable holds, per frozen element, 16 more bytes of
-    model state (fp32 master, m, v and gradient) and 16 more bytes on NVMe (master, m, v and the
-    gradient accumulator of each padded frozen module)."""
-    frozen = zoe.initialize(lora_model(), config=config(tmp_path / "a"))
+    """Stage 3, every module partitioned, parameters and optimizer states on NVMe: the NVMe bytes in
+    use are the fp32 parameter partitions of every zoe module plus 16 bytes (master, m, v, gradient
+    accumulator) per element of the trainable ones only; model_state_bytes drops by 16 bytes per
+    frozen element (master, m, v and gradient) against the same model with all parameters trainable."""
+    zero = {"stage3_param_persistence_threshold": 0}
+    frozen = zoe.initialize(lora_model(), config=config(sub(tmp_path, "a"), zero=zero))
     all_trained = lora_model()
     all_trained.requires_grad_(True)
-    plain = zoe.initialize(all_trained, config=config(tmp_path / "b"))
+    plain = zoe.initialize(all_trained, config=config(sub(tmp_path, "b"), zero=zero))
     nf = sum(p.numel() for p in lora_model().parameters() if not p.requires_grad)
     assert plain.model_state_bytes() - frozen.model_state_bytes() == 16 * nf
     assert frozen.model_state_bytes() < 0.5 * plain.model_state_bytes()
-    padded = 0
-    for zm in frozen._zmods:
-        if zm.frozen:
-            n = sum(math.prod(s) for s in zm.shapes)
-            padded += -(-n // PART) * PART
-    drop = plain.memory_in_use()["nvme"] - frozen.memory_in_use()["nvme"]
-    assert drop == 16 * padded, (drop, padded)
+    assert any(zm.frozen for zm in frozen._zmods) and not any(zm.frozen for zm in plain._zmods)
+    for eng in (frozen, plain):
+        want = sum(4 * padded(zm) + (0 if zm.frozen else 16 * padded(zm)) for zm in eng._zmods)
+        assert eng.memory_in_use()["nvme"] == want
+    for eng in (frozen, plain):  # and training keeps it so
+        for x, y in lora_batches(2):
+            loss = eng(x, y)
+            eng.backward(loss)
+            eng.step()
+        want = sum(4 * padded(zm) + (0 if zm.frozen else 16 * padded(zm)) for zm in eng._zmods)
+        assert eng.memory_in_use()["nvme"] == want
+        assert eng.high_water()["nvme"] == want
     frozen.close()
     plain.close()
 
@@ -91,12 +108,12 @@ def test_checkpoint_round_trip_and_consolidate(tmp_path):
     """Save after 3 steps, resume in a fresh engine: steps 4-5 give the uninterrupted run's losses
     bit for bit; zoe.consolidate gives the frozen weights exactly and the names of the model."""
     data = lora_batches(STEPS)
-    whole = zoe.initialize(lora_model(), config=config(tmp_path / "w"))
+    whole = zoe.initialize(lora_model(), config=config(sub(tmp_path, "w")))
     want, _ = train_zoe(whole, data)
-    first = zoe.initialize(lora_model(), config=config(tmp_path / "f"))
+    first = zoe.initialize(lora_model(), config=config(sub(tmp_path, "f")))
     train_zoe(first, data[:3])
     first.save_checkpoint(tmp_path / "ckpt", tag="step-3")
-    second = zoe.initialize(lora_model(), config=config(tmp_path / "s"))
+    second = zoe.initialize(lora_model(), config=config(sub(tmp_path, "s")))
     second.load_checkpoint(tmp_path / "ckpt")
     got, _ = train_zoe(second, data[3:])
     assert got == want[3:]
