@@ -295,12 +295,15 @@ void bind_engine_setup(py::class_<PyEngine>& c) {
       .def(
           "add_module",
           [](PyEngine& self, const std::string& name,
-             const std::vector<std::pair<std::string, std::vector<int64_t>>>& ps) {
+             const std::vector<std::pair<std::string, std::vector<int64_t>>>& ps, bool frozen) {
             std::vector<zoe::ParamSpec> specs;
             for (const auto& [n, shape] : ps) specs.push_back({n, shape});
-            check(self.e().add_module(name, specs));
+            zoe::ModuleOptions opts;
+            opts.frozen = frozen;
+            check(self.e().add_module(name, specs, opts));
           },
-          py::arg("name"), py::arg("params"))
+          py::arg("name"), py::arg("params"), py::arg("frozen") = false)
+      .def("module_frozen", [](PyEngine& self, size_t i) { return self.e().module_frozen(i); })
       .def(
           "initialize",
           [](PyEngine& self, const std::function<py::object(size_t, size_t)>& fn) {

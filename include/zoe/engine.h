@@ -61,6 +61,25 @@ struct MemoryUse {
   uint64_t partition_pins = 0;     // stage-3 partitions pinned: 0 between the caller's calls
 };
 
+// How add_module() registers a module.
+struct ModuleOptions {
+  // A frozen module's parameters are never trained (a frozen base under LoRA adapters, a frozen
+  // embedding): the engine holds only its compute parameters, in their home (the device, or at
+  // stage 3 this rank's partition in the tier offload_param names), and no fp32 master, no Adam
+  // m/v, no gradient buffer or accumulator, no swap space for states; model_state_bytes(), the
+  // placement's budgets and memory_in_use() count only those parameter bytes. fetch(), release(),
+  // gather() and prefetch work as for any module; grads() and reduce_grads() refuse it
+  // (kInvalidArgument naming it; the engine stays usable); step() leaves it as it is and the
+  // gradient norm does not include it.
+  // Precision: its values are its compute copy. At fp32 compute they are the init values, bit
+  // for bit; with bf16/fp16 compute they are the init values rounded once to the compute dtype
+  // (as DeepSpeed keeps frozen weights in the model's dtype only), and read_master(), save() and
+  // consolidate give those rounded values as fp32 (exactly; a checkpoint round trip is
+  // bit-identical). A checkpoint holds a frozen module's parameters and their fp32 values as its
+  // master, and no m/v; it loads into a frozen or a trainable module (m/v start at zero then).
+  bool frozen = false;
+};
+
 class Engine;
 
 // A scoped fetch (like DeepSpeed's GatheredParameters): module m's parameters, released when it
@@ -100,6 +119,9 @@ class Engine {
 
   // Modules in forward order; each becomes one flat group, partitioned over the ranks.
   Status add_module(const std::string& name, const std::vector<ParamSpec>& params);
+  Status add_module(const std::string& name, const std::vector<ParamSpec>& params, const ModuleOptions& opts);
+  // Whether module m was registered frozen (ModuleOptions::frozen).
+  bool module_frozen(size_t m) const;
   // Fills every parameter (fp32; the same on every rank), places all states in their tiers.
   // init(module_index, param_index, data, numel).
   Status initialize(const std::function<void(size_t, size_t, float*, size_t)>& init);
@@ -164,7 +186,8 @@ class Engine {
   Result<std::string> load(const std::string& dir);
   int64_t steps_taken() const;
 
-  // Bytes of model state per rank: compute parameters, gradients and optimizer states.
+  // Bytes of model state per rank: compute parameters, gradients and optimizer states (a frozen
+  // module counts its compute parameters only).
   uint64_t model_state_bytes() const;
   uint64_t device_budget_bytes() const;
   MemoryUse memory_in_use() const;

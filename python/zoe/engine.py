@@ -1,6 +1,9 @@
 """zoe's PyTorch front-end: a torch.nn.Module trained by zoe's engine, DeepSpeed style.
 
-Each unit (see units.py) is one zoe module. Its parameters live in zoe (device, host or NVMe as
+Each unit (see units.py) is one zoe module, or two when some of its parameters have
+requires_grad=False at initialize: those go into a frozen zoe module ("<unit>[frozen]", or the unit's
+own name when all are frozen) that holds only the parameters, with no fp32 master, Adam m/v or
+gradient buffer in any tier; the unit fetches both. Its parameters live in zoe (device, host or NVMe as
 configured); torch sees empty placeholders, except while the unit runs:
 - forward: a pre-hook fetches the unit and points each parameter's .data at zoe's gathered buffer
   (the compute dtype, no copy); a post-hook releases it and wraps the outputs in _UnitEdge;
@@ -99,11 +102,13 @@ class _UnitEdge(torch.autograd.Function):
 
 
 class _ZMod:
-    """One zoe module: a unit's own parameters."""
+    """One zoe module: a unit's own parameters that require grad, or (frozen) those that do not."""
 
-    def __init__(self, index, name, params, names, shapes):
+    def __init__(self, index, name, params, names, shapes, unit, frozen=False):
         self.index = index
         self.name = name
+        self.unit = unit              # index of the unit that owns it
+        self.frozen = frozen          # a frozen zoe module: parameters only, no states or gradients
         self.params = params          # torch Parameters, registration order
         self.names = names            # their names relative to the unit
         self.shapes = shapes
@@ -253,19 +258,23 @@ class Engine:
             for pn, p in mod._parameters.items():
                 if p is not None:
                     full_names.setdefault(id(p), []).append(f"{mn}.{pn}" if mn else pn)
-        for u in self._units:
-            own, own_names = [], []
-            for n, p in u.named_parameters():
-                if id(p) not in owner:
-                    owner[id(p)] = (len(self._zmods), len(own))
-                    own.append(p)
-                    own_names.append(n)
-            if own:
-                zm = _ZMod(len(self._zmods), u.name, own, own_names,
-                           [self._meta_shapes.get(id(p), tuple(p.shape)) for p in own])
-                self._zmods.append(zm)
-                for n, p in zip(own_names, own):
+        for ui, u in enumerate(self._units):
+            # A unit's own parameters: those that require grad in one zoe module, the others
+            # (requires_grad=False at initialize) in a frozen one, which holds no optimizer states
+            # and no gradients in any tier.
+            own = [(n, p) for n, p in u.named_parameters() if id(p) not in owner]
+            trained = [(n, p) for n, p in own if p.requires_grad]
+            frozen = [(n, p) for n, p in own if not p.requires_grad]
+            for group, is_frozen in ((trained, False), (frozen, True)):
+                if not group:
+                    continue
+                name = u.name + "[frozen]" if is_frozen and trained else u.name
+                zm = _ZMod(len(self._zmods), name, [p for _, p in group], [n for n, _ in group],
+                           [self._meta_shapes.get(id(p), tuple(p.shape)) for _, p in group], ui, is_frozen)
+                for i, (n, p) in enumerate(group):
+                    owner[id(p)] = (zm.index, i)
                     self._torch_names[f"{zm.name}.{n}"] = full_names[id(p)][0]
+                self._zmods.append(zm)
             fetch = []
             for _, p in u.named_parameters():
                 zi = owner[id(p)][0]
@@ -277,7 +286,7 @@ class Engine:
         self._aliases = {n: names[0] for names in full_names.values() for n in names[1:]}
         for zm in self._zmods:
             specs = [(n, list(s) if len(s) else [1]) for n, s in zip(zm.names, zm.shapes)]
-            self._eng.add_module(zm.name, specs)
+            self._eng.add_module(zm.name, specs, zm.frozen)
         self._dtype = _DTYPES[self._eng.compute_dtype()]
         # Released parameters point at a 0-element tensor of the compute dtype on the engine's
         # device: torch drops a parameter's AccumulateGrad node (and the hook zoe put on it) when
@@ -292,14 +301,17 @@ class Engine:
 
         values = {}
         failed = []  # an error of the callback: raised here, after the engine's call returns
+        materialized = set()  # units given storage (a unit's zoe modules come one after the other)
 
         def init(mi, pi):
             if pi == 0:
                 values.clear()
                 zm = self._zmods[mi]
                 try:
-                    if not failed and any(id(p) in self._meta_shapes for p in zm.params):
-                        self._materialize(zm, init_fn)
+                    if not failed and zm.unit not in materialized and \
+                            any(id(p) in self._meta_shapes for p in zm.params):
+                        materialized.add(zm.unit)
+                        self._materialize(zm.unit, init_fn)
                 except Exception as e:  # noqa: BLE001 (re-raised below, as it was)
                     failed.append(e)
                 for i, (p, s) in enumerate(zip(zm.params, zm.shapes)):
@@ -339,21 +351,23 @@ class Engine:
             if any(p is not None and id(p) in owner for p in mod._parameters.values()):
                 self._hooks.append(mod._register_state_dict_hook(_state_dict_refused))
 
-    def _materialize(self, zm, init_fn):
+    def _materialize(self, ui, init_fn):
         """Gives a meta-device unit real storage on the CPU and initialises it: init_fn(module) for
         every submodule when given, else each submodule's reset_parameters()."""
-        unit = next(u for u in self._units if u.zmods and u.zmods[0] == zm.index)
+        unit = self._units[ui]
+        zms = [zm for zm in self._zmods if zm.unit == ui]
         mods = [unit.module] if unit.direct else list(unit.module.modules())
-        meta = [(n, p) for n, p in zip(zm.names, zm.params) if id(p) in self._meta_shapes]
-        for p, shape in zip(zm.params, zm.shapes):
-            # NaN until an initializer writes it: a parameter nothing initialises is found below.
-            p.data = torch.full(shape, float("nan"), dtype=p.dtype)
+        meta = [(zm, n, p) for zm in zms for n, p in zip(zm.names, zm.params) if id(p) in self._meta_shapes]
+        for zm in zms:
+            for p, shape in zip(zm.params, zm.shapes):
+                # NaN until an initializer writes it: a parameter nothing initialises is found below.
+                p.data = torch.full(shape, float("nan"), dtype=p.dtype)
         for m in mods:
             if init_fn is not None:
                 init_fn(m)
             elif hasattr(m, "reset_parameters"):
                 m.reset_parameters()
-        for n, p in meta:
+        for zm, n, p in meta:
             if p.is_floating_point() and bool(torch.isnan(p.data).any()):
                 how = "init_fn left it (or part of it) unset" if init_fn is not None else \
                     "no reset_parameters() of its module covers it"
@@ -694,6 +708,14 @@ class Engine:
             if id(p) not in self._owner:
                 raise ZoeError(f"zoe: parameter '{n}' (shape {list(p.shape)}) was added to the model after "
                                "zoe.initialize(): zoe does not hold it; create every parameter before initialize")
+            zm = self._zmods[self._owner[id(p)][0]]
+            if p.requires_grad == zm.frozen:
+                now, then = ("True", "False") if p.requires_grad else ("False", "True")
+                raise ZoeError(f"zoe: parameter '{n}' has requires_grad={now}, but it was {then} at "
+                               "zoe.initialize(): zoe fixed the frozen parameters there (a frozen one has no "
+                               "optimizer states or gradient buffers in zoe). Set requires_grad before "
+                               "zoe.initialize() (to change it later: engine.state_dict() into a new model and "
+                               "a new zoe.initialize())")
 
     def _check_inputs(self, args, kwargs):
         """The first tensor argument must be on the engine's device (one check per forward)."""

@@ -59,6 +59,9 @@ struct ModuleInfo {
   std::string name;
   uint64_t padded = 0;  // flat group size (elements)
   std::vector<ParamInfo> params;
+  // A frozen module (never trained): its "param" and "master" (its fp32 values) only, no
+  // optimizer states. Written as "frozen": true, only when set.
+  bool frozen = false;
 };
 
 struct TensorRecord {
@@ -263,9 +266,9 @@ class Reader {
   bool has_kind(const std::string& kind) const;
   // The manifest's structure is whole: for every module, "param" and every other state the
   // manifest holds for any module ("master", "exp_avg", "exp_avg_sq") are covered over
-  // [0, padded) by tensor records. A gap (a tensor dropped from the manifest, `tensors: []`) is
-  // kCorruption naming the module, the state and the first element no record holds. `zoe ckpt
-  // verify` and Engine::load both ask it, so they accept and refuse the same manifests.
+  // [0, padded) by tensor records (a frozen module: "param" and "master" only). A gap (a tensor dropped from
+  // the manifest, `tensors: []`) is kCorruption naming the module, the state and the first element no record
+  // holds. `zoe ckpt verify` and Engine::load both ask it, so they accept and refuse the same manifests.
   Status check_complete() const;
   // Re-reads manifest().files[index] and compares its xxh64 (what verify() does for each file).
   Status verify_file(size_t index) const;

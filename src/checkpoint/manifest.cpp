@@ -36,6 +36,7 @@ json Manifest::to_json() const {
       params.push_back({{"name", p.name}, {"shape", p.shape}, {"offset", p.offset}, {"numel", p.numel}});
     }
     jm.push_back({{"name", m.name}, {"padded", m.padded}, {"params", params}});
+    if (m.frozen) jm.back()["frozen"] = true;
   }
   j["modules"] = jm;
   json jt = json::array();
@@ -147,6 +148,7 @@ Status check_modules(const json& j, const std::string& where, Manifest* m) {
     ModuleInfo mi;
     ZOE_RETURN_IF_ERROR(f.get("name", &mi.name));
     ZOE_RETURN_IF_ERROR(get_count(f, "padded", &mi.padded));
+    ZOE_RETURN_IF_ERROR(f.get_optional("frozen", &mi.frozen));
     ZOE_ASSIGN_OR_RETURN(const json* jp, f.array("params"));
     for (size_t k = 0; k < jp->size(); ++k) {
       JsonFields g((*jp)[k], where, item(item("modules", i) + ".params", k));

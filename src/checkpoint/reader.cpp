@@ -224,6 +224,8 @@ Status Reader::check_complete() const {
   for (uint32_t mod = 0; mod < m.modules.size(); ++mod) {
     const uint64_t padded = m.modules[mod].padded;
     for (const std::string& kind : kinds) {
+      // A frozen module has its parameters and their fp32 values, and no optimizer states.
+      if (m.modules[mod].frozen && kind != "param" && kind != "master") continue;
       uint64_t covered = 0;  // [0, covered) is held by the records seen
       auto it = impl_->index.find({mod, kind});
       if (it != impl_->index.end()) {

@@ -194,7 +194,7 @@ Status Engine::Impl::place_module(zero::ModuleId m,
   zero::OpsFence fence(*ctx.ops);  // the copies below read full and cbuf
   zero::store_compute(cbuf.data(), full.data(), ctx.cdt, mod.padded);
   ZOE_RETURN_IF_ERROR(homes.place(m, cbuf.data()));
-  // Optimizer states and gradient accumulator of the owned range.
+  // Optimizer states and gradient accumulator of the owned range (a frozen module has none).
   ZOE_RETURN_IF_ERROR(update.place(m, full.data() + mod.opt_begin));
   return fence.wait();
 }
@@ -301,12 +301,20 @@ Result<std::unique_ptr<Engine>> zero::create_engine(Runtime& rt, const config::C
 }
 
 Status Engine::add_module(const std::string& name, const std::vector<ParamSpec>& params) {
+  return add_module(name, params, ModuleOptions());
+}
+
+bool Engine::module_frozen(size_t m) const { return impl_->modules.all().at(m).frozen; }
+
+Status Engine::add_module(const std::string& name, const std::vector<ParamSpec>& params,
+                          const ModuleOptions& opts) {
   Impl& I = *impl_;
   if (I.initialized) return invalid_argument("add_module(%s) after initialize()", name.c_str());
   if (params.empty()) return invalid_argument("module %s has no parameters", name.c_str());
   zero::ModuleLayout mod;
   mod.name = name;
   mod.specs = params;
+  mod.frozen = opts.frozen;
   for (const auto& p : params) {
     size_t n = 1;
     for (int64_t d : p.shape) {
@@ -337,6 +345,7 @@ void apply_layout(const zero::Placement& pl, zero::ModuleTable* modules) {
     mod.partitioned_params = mp.partitioned_params;
     mod.opt_begin = mp.opt_begin;
     mod.opt_n = mp.opt_n;
+    mod.frozen = mp.frozen;
     mod.opt_home = mp.opt_home == zero::Home::kDevice ? OffloadDevice::kNone
                    : mp.opt_home == zero::Home::kHost ? OffloadDevice::kCpu
                                                       : OffloadDevice::kNvme;
@@ -352,7 +361,7 @@ Status Engine::initialize(const std::function<void(size_t, size_t, float*, size_
   if (I.modules.empty()) return invalid_argument("initialize(): no modules registered");
   // 1. The plan: every decision about where bytes live.
   std::vector<zero::ModuleShape> shapes;
-  for (const auto& mod : I.modules.all()) shapes.push_back({mod.name, mod.numel});
+  for (const auto& mod : I.modules.all()) shapes.push_back({mod.name, mod.numel, mod.frozen});
   zero::PlanTarget target;
   target.device_budget = ctx.dev->budget_bytes();
   // Queued gathers run a host task on the communicator's stream: host-memory devices only.
@@ -392,10 +401,14 @@ uint64_t Engine::num_params() const {
 
 uint64_t Engine::model_state_bytes() const {
   const zero::EngineContext& c = impl_->ctx;
-  uint64_t n = num_params(), w = static_cast<uint64_t>(c.world);
-  uint64_t params = (c.stage == 3 ? n / w : n) * c.esize();
-  uint64_t grads = (c.stage >= 2 ? n / w : n) * 4;
-  uint64_t optim = (c.stage >= 1 ? n / w : n) * (4 + 2 * (c.cfg->zoe.bf16_optimizer_states ? 2 : 4));
+  // Frozen modules hold their compute parameters only.
+  uint64_t trained = 0;
+  for (const auto& mod : impl_->modules.all()) trained += mod.frozen ? 0 : mod.total;
+  const uint64_t n = num_params(), w = static_cast<uint64_t>(c.world);
+  const uint64_t params = (c.stage == 3 ? n / w : n) * c.esize();
+  const uint64_t grads = (c.stage >= 2 ? trained / w : trained) * 4;
+  const uint64_t optim =
+      (c.stage >= 1 ? trained / w : trained) * (4 + 2 * (c.cfg->zoe.bf16_optimizer_states ? 2 : 4));
   return params + grads + optim;
 }
 

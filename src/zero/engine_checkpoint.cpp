@@ -84,6 +84,7 @@ Status write_rank_file(Engine::Impl& I, const std::string& tmp, std::vector<ckpt
   const size_t sb = sbf16 ? 2 : 4;
   const char* sdt = sbf16 ? "bf16" : "f32";
   std::vector<char> buf, dstage;
+  std::vector<float> f32;
   // Device memory read through a buffer of this function's own (it may run on the save thread).
   auto view = [&](const void* dsrc, size_t bytes) -> Result<const void*> {
     if (I.ctx.ops->host_addressable()) return dsrc;
@@ -100,21 +101,35 @@ Status write_rank_file(Engine::Impl& I, const std::string& tmp, std::vector<ckpt
     const zero::OptimStates& st = I.update.states(id);
     if (I.ctx.stage == 0 && I.ctx.rank != 0)
       continue;  // at stage 0 every rank holds everything: rank 0 writes it
-    // Compute parameters of the owned range, from wherever they live.
+    // Compute parameters of the owned range, from wherever they live (h: n elements from b).
+    auto param_chunk = [&](size_t b, size_t n) -> Result<const void*> {
+      if (!mod.partitioned_params)
+        return view(I.homes.persistent(id).bytes_ptr() + (mod.opt_begin + b) * es, n * es);
+      buf.resize(n * es);
+      ZOE_RETURN_IF_ERROR(I.ctx.tm->read(zero::tier_item(id), buf.data(), b * es, n * es));
+      return static_cast<const void*>(buf.data());
+    };
     ZOE_RETURN_IF_ERROR(w->begin_tensor(m, "param", ckpt_dtype(I.ctx.cdt), mod.opt_begin, mod.opt_n));
     for (size_t b = 0; b < mod.opt_n; b += chunk) {
-      size_t n = std::min(chunk, mod.opt_n - b);
-      if (mod.partitioned_params) {
-        buf.resize(n * es);
-        ZOE_RETURN_IF_ERROR(I.ctx.tm->read(zero::tier_item(id), buf.data(), b * es, n * es));
-        ZOE_RETURN_IF_ERROR(w->append(buf.data(), n * es));
-      } else {
-        ZOE_ASSIGN_OR_RETURN(const void* h,
-                             view(I.homes.persistent(id).bytes_ptr() + (mod.opt_begin + b) * es, n * es));
-        ZOE_RETURN_IF_ERROR(w->append(h, n * es));
-      }
+      const size_t n = std::min(chunk, mod.opt_n - b);
+      ZOE_ASSIGN_OR_RETURN(const void* h, param_chunk(b, n));
+      ZOE_RETURN_IF_ERROR(w->append(h, n * es));
     }
     ZOE_RETURN_IF_ERROR(w->end_tensor());
+    if (mod.frozen) {
+      // Its values are its compute parameters: those, as fp32, in the master slot; no m, no v.
+      ZOE_RETURN_IF_ERROR(w->begin_tensor(m, "master", "f32", mod.opt_begin, mod.opt_n));
+      for (size_t b = 0; b < mod.opt_n; b += chunk) {
+        const size_t n = std::min(chunk, mod.opt_n - b);
+        ZOE_ASSIGN_OR_RETURN(const void* h, param_chunk(b, n));
+        f32.resize(n);
+        ZOE_RETURN_IF_ERROR(
+            optim::convert_with_norm(h, I.ctx.cdt, f32.data(), DType::kF32, n, false).status());
+        ZOE_RETURN_IF_ERROR(w->append(f32.data(), n * 4));
+      }
+      ZOE_RETURN_IF_ERROR(w->end_tensor());
+      continue;
+    }
     // fp32 master, m and v.
     const char* kinds[3] = {"master", "exp_avg", "exp_avg_sq"};
     void* homes[3] = {st.master, st.exp_avg, st.exp_avg_sq};
@@ -180,6 +195,7 @@ Status commit_save(Engine::Impl& I, const std::string& save_dir, const std::stri
       ckpt::ModuleInfo mi;
       mi.name = mod.name;
       mi.padded = mod.padded;
+      mi.frozen = mod.frozen;
       for (size_t p = 0; p < mod.specs.size(); ++p) {
         mi.params.push_back({mod.specs[p].name, mod.specs[p].shape, mod.offset[p], mod.numel[p]});
       }
@@ -385,10 +401,14 @@ Result<std::string> Engine::load(const std::string& dir) {
       const zero::OptimStates& st = I.update.states(id);
       // The checkpoint holds [0, its padded size); padding beyond it (another world size) is zero.
       const uint64_t saved = man.modules[m].padded;
+      // A module saved frozen has no m and v: they start at zero when it is trained now.
+      const bool no_moments = man.modules[m].frozen;
       auto read = [&](const char* kind, const std::string& dt, uint64_t begin, uint64_t count, size_t esz,
                       void* out) -> Status {
         memset(out, 0, count * esz);
-        if (begin >= saved) return Status::ok();
+        if (begin >= saved || (no_moments && strcmp(kind, "exp_avg") == 0) ||
+            (no_moments && strcmp(kind, "exp_avg_sq") == 0))
+          return Status::ok();
         return rd->read_range(m, kind, begin, std::min<uint64_t>(count, saved - begin), dt, out);
       };
       // Compute parameters: the owned range (stage 3), a piece at a time, or the whole module.
@@ -410,7 +430,7 @@ Result<std::string> Engine::load(const std::string& dir) {
       }
       const char* kinds[3] = {"master", "exp_avg", "exp_avg_sq"};
       void* homes[3] = {st.master, st.exp_avg, st.exp_avg_sq};
-      for (int k = 0; k < 3; ++k) {
+      for (int k = 0; k < 3 && !mod.frozen; ++k) {  // a frozen module has its parameters only
         const size_t eb = k == 0 ? 4 : sb;
         const std::string dt = k == 0 ? std::string("f32") : sdt;
         if (mod.opt_home == OffloadDevice::kCpu ||

@@ -148,6 +148,7 @@ Status GradReducer::zero_grads(ModuleId m) {
 Result<optim::NormResult> GradReducer::local_norm() {
   optim::NormResult local;
   for (ModuleId m : modules_.ids()) {
+    if (modules_[m].frozen) continue;  // no gradients: not part of the norm
     if (acc_count_[m.index] == 0)
       ZOE_RETURN_IF_ERROR_CTX(zero_grads(m), "zeroing the gradients of module " + modules_[m].name);
     double sum = 0.0;
@@ -172,8 +173,16 @@ std::vector<uint8_t> GradReducer::untouched(ModuleId m) const {
   return out;
 }
 
+Status GradReducer::refuse_frozen(const char* what, ModuleId m) const {
+  return invalid_argument(
+      "%s(%zu): module %s is frozen (registered with ModuleOptions::frozen): it has no gradients; only "
+      "its parameters can be fetched",
+      what, m.index, modules_[m].name.c_str());
+}
+
 Result<ModuleParams> GradReducer::grads(ModuleId m) {
   const ModuleLayout& mod = modules_[m];
+  if (mod.frozen) return refuse_frozen("grads", m);
   if (!grad_buf_[m.index]) {
     // The reduction in flight is accumulated first and its buffers freed: one module's gradients
     // on the device at a time.
@@ -238,6 +247,7 @@ Status GradReducer::start_reduction(ModuleId m, Pending* p) {
 
 Status GradReducer::reduce(ModuleId m, const std::vector<uint8_t>* has_grad) {
   const ModuleLayout& mod = modules_[m];
+  if (mod.frozen) return refuse_frozen("reduce_grads", m);
   if (m.index >= grad_buf_.size() || !grad_buf_[m.index])
     return invalid_argument("reduce_grads(%s) without grads()", mod.name.c_str());
   if (has_grad && has_grad->size() != mod.specs.size()) {

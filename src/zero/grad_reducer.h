@@ -32,6 +32,7 @@ class GradReducer {
       : ctx_(ctx), modules_(modules), update_(update), clock_(clock) {}
 
   void resize(size_t modules);
+  // grads() and reduce() refuse a frozen module (kInvalidArgument naming it; nothing changes).
   Result<ModuleParams> grads(ModuleId m);
   // has_grad (one flag per parameter, or null for all): the parameters that got a gradient in
   // this micro-batch; the others' part of the buffer is zero and does not count as one.
@@ -69,6 +70,7 @@ class GradReducer {
     device::DeviceBuffer pack[kReducePackBuffers];  // bucket-packed sends (stage 2/3, small buckets)
     size_t offset = 0;                              // first element of this rank's range in grads
   };
+  Status refuse_frozen(const char* what, ModuleId m) const;
   Result<const void*> host_view(const void* dsrc, size_t bytes);
   Status accumulate(ModuleId m, const void* src);
   Status accumulate_nvme(ModuleId m, const void* src, bool first, const optim::Exec& exec);

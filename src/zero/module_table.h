@@ -47,6 +47,10 @@ struct ModuleLayout {
   // Where this module's optimizer states and accumulated gradients live: the device (kNone),
   // host RAM (kCpu) or NVMe (kNvme, as swapper group swap_group(m)).
   config::OffloadDevice opt_home = config::OffloadDevice::kNone;
+  // Registered frozen (ModuleOptions::frozen): compute parameters only. No optimizer states, no
+  // gradient buffer or accumulator; opt_begin/opt_n still name this rank's share (what it
+  // checkpoints), and opt_home means nothing.
+  bool frozen = false;
 };
 
 class ModuleTable {

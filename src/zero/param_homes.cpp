@@ -75,7 +75,7 @@ Status ParamHomes::gather_updated(ModuleId m) {
 void ParamHomes::owe_gathers() {
   gather_owed_.assign(modules_.size(), 0);
   for (ModuleId m : modules_.ids()) {
-    if (ctx_.stage >= 1 && !modules_[m].partitioned_params) gather_owed_[m.index] = 1;
+    if (ctx_.stage >= 1 && !modules_[m].partitioned_params && !modules_[m].frozen) gather_owed_[m.index] = 1;
   }
 }
 
@@ -87,6 +87,26 @@ Status ParamHomes::settle(ModuleId m) {
 
 Status ParamHomes::settle_all() {
   for (ModuleId m : modules_.ids()) ZOE_RETURN_IF_ERROR(settle(m));
+  return Status::ok();
+}
+
+Status ParamHomes::read_owned_f32(ModuleId m, float* out) {
+  const ModuleLayout& mod = modules_[m];
+  const size_t es = ctx_.esize();
+  std::vector<char> cbuf(mod.opt_n * es);
+  if (mod.partitioned_params) {
+    ZOE_RETURN_IF_ERROR(ctx_.tm->read(tier_item(m), cbuf.data(), 0, cbuf.size()));
+  } else {
+    ZOE_RETURN_IF_ERROR(ctx_.ops->put(cbuf.data(), false, full_[m.index].bytes_ptr() + mod.opt_begin * es,
+                                      true, cbuf.size()));
+    ZOE_RETURN_IF_ERROR(ctx_.ops->synchronize());
+  }
+  for (size_t i = 0; i < mod.opt_n; ++i) {
+    const uint16_t h = ctx_.cdt == DType::kF32 ? 0 : reinterpret_cast<const uint16_t*>(cbuf.data())[i];
+    out[i] = ctx_.cdt == DType::kF32    ? reinterpret_cast<const float*>(cbuf.data())[i]
+             : ctx_.cdt == DType::kBF16 ? bf16_to_f32(h)
+                                        : f16_to_f32(h);
+  }
   return Status::ok();
 }
 

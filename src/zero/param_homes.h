@@ -65,6 +65,11 @@ class ParamHomes {
   // Runs every owed gather in module order (a sync point: the same order on every rank).
   Status settle_all();
 
+  // The fp32 values of module m's compute parameters in its owned range [opt_begin, +opt_n) (out:
+  // opt_n floats), from wherever they live: a frozen module's values. Caller's thread, between
+  // steps.
+  Status read_owned_f32(ModuleId m, float* out);
+
   void free_device_memory();
 
  private:

@@ -36,6 +36,7 @@ uint64_t u64(size_t v) { return static_cast<uint64_t>(v); }
 // What the rules after the modules' layout need to know of it.
 struct Extent {
   size_t biggest = 0;            // the largest padded module (elements)
+  size_t biggest_trained = 0;    // the largest padded module that is not frozen
   size_t biggest_part_nvme = 0;  // the largest NVMe-homed partition (elements)
   bool any_partitioned = false, any_opt_nvme = false;
   bool nvme_tier = false;  // optimizer states or parameters offloaded to NVMe
@@ -65,6 +66,7 @@ Status lay_out_modules(const config::Config& cfg, const std::vector<ModuleShape>
   for (const ModuleShape& s : shapes) {
     ModulePlacement mp;
     mp.name = s.name;
+    mp.frozen = s.frozen;
     if (s.param_numel.empty()) return invalid_argument("module %s has no parameters", s.name.c_str());
     for (size_t n : s.param_numel) {
       if (n == 0) return invalid_argument("module %s has a parameter with no elements", s.name.c_str());
@@ -85,7 +87,9 @@ Status lay_out_modules(const config::Config& cfg, const std::vector<ModuleShape>
       mp.opt_begin = static_cast<size_t>(pl->rank) * mp.part;
       mp.opt_n = mp.part;
     }
-    const uint64_t need = u64(mp.padded) * es * 2 + reduce_pack_bytes(*pl, mp);
+    // A frozen module has no gradients: its gathered parameters only.
+    const uint64_t need =
+        mp.frozen ? u64(mp.padded) * es : u64(mp.padded) * es * 2 + reduce_pack_bytes(*pl, mp);
     if (need > db) {
       return out_of_budget(
           "module %s has %zu parameters and needs %llu bytes (%s) on the device (gathered parameters, "
@@ -106,9 +110,10 @@ Status lay_out_modules(const config::Config& cfg, const std::vector<ModuleShape>
 void split_optimizer_homes(const config::Config& cfg, Placement* pl) {
   const OffloadDevice opt_off = cfg.zero.offload_optimizer.device;
   uint64_t total = 0, off = 0;
-  for (const auto& m : pl->modules) total += m.opt_n;
+  for (const auto& m : pl->modules) total += m.frozen ? 0 : m.opt_n;
   const double want = cfg.zoe.offload_ratio * static_cast<double>(total);
   for (auto& m : pl->modules) {
+    if (m.frozen) continue;  // no states to place
     const bool offload = opt_off != OffloadDevice::kNone &&
                          static_cast<double>(off) + static_cast<double>(m.opt_n) / 2.0 < want;
     m.opt_home = offload ? home_of(opt_off) : Home::kDevice;
@@ -124,10 +129,11 @@ Result<Extent> count_resident_states(const config::Config& cfg, Placement* pl) {
   Extent x;
   for (const auto& m : pl->modules) {
     x.biggest = std::max(x.biggest, m.padded);
+    if (!m.frozen) x.biggest_trained = std::max(x.biggest_trained, m.padded);
     const uint64_t states = u64(m.opt_n) * (4 + 2 * sb + 4);  // master, m, v, gradient accumulator
-    switch (m.opt_home) {
+    switch (m.frozen ? Home::kDevice : m.opt_home) {
       case Home::kDevice:
-        pl->resident.device += states;
+        pl->resident.device += m.frozen ? 0 : states;
         break;
       case Home::kHost:
         pl->resident.host += states;
@@ -170,9 +176,12 @@ Result<Extent> count_resident_states(const config::Config& cfg, Placement* pl) {
         static_cast<unsigned long long>(pl->resident.device), format_bytes(pl->resident.device).c_str(),
         pl->rank, static_cast<unsigned long long>(db), format_bytes(db).c_str());
   }
-  // A gathered module and its gradients, and the largest reduction's bucket buffers.
+  // A gathered module and its gradients (a frozen one: its gathered copy and a queued one), and
+  // the largest reduction's bucket buffers (frozen modules have no reduction).
   uint64_t packs = 0;
-  for (const auto& m : pl->modules) packs = std::max(packs, reduce_pack_bytes(*pl, m));
+  for (const auto& m : pl->modules) {
+    if (!m.frozen) packs = std::max(packs, reduce_pack_bytes(*pl, m));
+  }
   x.reserve = 2ull * x.biggest * es + packs;
   x.per_elem = es + (es + static_cast<uint64_t>(pl->world) - 1) / static_cast<uint64_t>(pl->world);
   return x;
@@ -298,7 +307,7 @@ void plan_swapper(const config::Config& cfg, Placement* pl) {
                                             cfg.given("zero_optimization.offload_optimizer.buffer_count"));
   size_t chunks = 0;
   for (const auto& m : pl->modules) {
-    if (m.opt_home == Home::kNvme)
+    if (!m.frozen && m.opt_home == Home::kNvme)
       chunks = std::max(chunks, (m.opt_n + pl->swap_chunk_elems - 1) / pl->swap_chunk_elems);
   }
   pl->swap_async_buffers =
@@ -316,27 +325,30 @@ uint64_t moving_device_bytes(const Placement& pl) {
   const uint64_t es = pl.compute_bytes;
   uint64_t moving = 0, top_use[2] = {0, 0}, top_red[2] = {0, 0};
   size_t top_use_m = SIZE_MAX, top_red_m = SIZE_MAX;
+  // The two largest values seen, and the module of the largest.
+  auto keep_top = [](uint64_t v, size_t i, uint64_t* top, size_t* top_m) {
+    if (v > top[0]) {
+      top[1] = top[0];
+      top[0] = v;
+      *top_m = i;
+    } else if (v > top[1]) {
+      top[1] = v;
+    }
+  };
   for (size_t i = 0; i < pl.modules.size(); ++i) {
     const auto& m = pl.modules[i];
     const uint64_t full = u64(m.padded) * es;
     const uint64_t params = m.partitioned_params ? full : 0;
+    if (m.frozen) {  // no gradients, no reduction, no update: its gathered parameters only
+      moving = std::max(moving, params);
+      keep_top(params, i, top_use, &top_use_m);
+      continue;
+    }
     const uint64_t use = params, red = full + reduce_pack_bytes(pl, m);  // fetched; gradients reducing
     moving = std::max(moving, use + red);
     moving = std::max(moving, u64(m.part) * es);
-    if (use > top_use[0]) {
-      top_use[1] = top_use[0];
-      top_use[0] = use;
-      top_use_m = i;
-    } else if (use > top_use[1]) {
-      top_use[1] = use;
-    }
-    if (red > top_red[0]) {
-      top_red[1] = top_red[0];
-      top_red[0] = red;
-      top_red_m = i;
-    } else if (red > top_red[1]) {
-      top_red[1] = red;
-    }
+    keep_top(use, i, top_use, &top_use_m);
+    keep_top(red, i, top_red, &top_red_m);
   }
   if (pl.modules.size() > 1) {  // the module fetched and the one reducing differ
     const uint64_t pair = top_use_m != top_red_m ? top_use[0] + top_red[0]

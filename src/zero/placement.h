@@ -56,10 +56,12 @@ inline constexpr size_t kReducePackBuffers = 2;
 enum class Home : uint8_t { kDevice = 0, kHost = 1, kNvme = 2 };
 const char* home_name(Home h);
 
-// What the planner needs to know of a module: its name and the element count of each parameter.
+// What the planner needs to know of a module: its name, the element count of each parameter, and
+// whether it is frozen (its compute parameters only: no optimizer states, gradients or reduction).
 struct ModuleShape {
   std::string name;
   std::vector<size_t> param_numel;
+  bool frozen = false;
 };
 
 // What the planner needs to know of the device it plans for. The defaults describe zoe's CPU
@@ -81,6 +83,9 @@ struct ModulePlacement {
   size_t opt_begin = 0, opt_n = 0;    // the flat range this rank's optimizer owns
   // Where the fp32 master, Adam m/v and the fp32 gradient accumulator of [opt_begin, +opt_n) live.
   Home opt_home = Home::kDevice;
+  // A frozen module has none of them (opt_home means nothing; [opt_begin, +opt_n) is still the
+  // share of its parameters this rank checkpoints).
+  bool frozen = false;
 };
 
 // Bytes per tier on this rank.

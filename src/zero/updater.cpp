@@ -165,6 +165,7 @@ Status Updater::place(ModuleId m, const float* own) {
   if (states_.size() < modules_.size()) states_.resize(modules_.size());
   const ModuleLayout& mod = modules_[m];
   OptimStates& st = states_[m.index];
+  if (mod.frozen) return Status::ok();  // no states: its compute parameters are all it has
   const size_t sbytes = mod.opt_n * ctx_.placement.state_bytes;
   switch (mod.opt_home) {
     case OffloadDevice::kNone: {
@@ -354,13 +355,17 @@ Status Updater::run_swapped(ChunkUpdater& update, double* t_io, std::vector<void
 // once its new compute parameters are home. No collective runs here.
 Status Updater::run(ChunkUpdater& update, double* t_io) {
   std::vector<void*> outs(modules_.size(), nullptr);
+  // Frozen modules are not updated: their next fetch need not wait.
+  for (ModuleId m : modules_.ids()) {
+    if (modules_[m].frozen) gate_.mark(m);
+  }
   Status s;
   if (ctx_.swapper) s = run_swapped(update, t_io, &outs);
   for (ModuleId m : modules_.ids()) {
     if (!s.is_ok()) break;
     const ModuleLayout& mod = modules_[m];
     OptimStates& st = states_[m.index];
-    if (mod.opt_home == OffloadDevice::kNvme) continue;
+    if (mod.frozen || mod.opt_home == OffloadDevice::kNvme) continue;
     auto out = open_out(m, t_io, &outs);
     if (out.is_ok() && st.speculated) {
       // Updated during the backward and confirmed by the norm: its compute parameters go home.
@@ -430,7 +435,8 @@ Status Updater::apply(float grad_scale, double lr) {
   // Stage 1/2 (and persistent stage-3 modules): gather the updated partitions.
   if (ctx_.stage >= 1) {
     for (ModuleId m : modules_.ids()) {
-      if (!modules_[m].partitioned_params) ZOE_RETURN_IF_ERROR(homes_.gather_updated(m));
+      if (!modules_[m].partitioned_params && !modules_[m].frozen)
+        ZOE_RETURN_IF_ERROR(homes_.gather_updated(m));
     }
   }
   return Status::ok();
@@ -455,7 +461,9 @@ Status Updater::read_master(ModuleId m, size_t p, float* out) {
   const ModuleLayout& mod = modules_[m];
   const OptimStates& st = states_[m.index];
   std::vector<float> own(mod.opt_n);
-  if (mod.opt_home == OffloadDevice::kNvme) {
+  if (mod.frozen) {
+    ZOE_RETURN_IF_ERROR(homes_.read_owned_f32(m, own.data()));  // its compute parameters are its values
+  } else if (mod.opt_home == OffloadDevice::kNvme) {
     ZOE_RETURN_IF_ERROR(ctx_.swapper->read_state(swap_group(m), kMasterState, own.data()));
   } else {
     ZOE_RETURN_IF_ERROR(
@@ -480,7 +488,7 @@ void Updater::shutdown() {
     if (m.index >= states_.size()) break;
     OptimStates& st = states_[m.index];
     for (auto& b : st.dev) b.reset();
-    if (modules_[m].opt_home == OffloadDevice::kNone) {
+    if (modules_[m].opt_home == OffloadDevice::kNone || modules_[m].frozen) {
       st.master = st.exp_avg = st.exp_avg_sq = nullptr;
       st.grad_acc = nullptr;
     }

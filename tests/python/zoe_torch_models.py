@@ -111,6 +111,44 @@ def conv_batches(n, batch=8, seed=2):
             for _ in range(n)]
 
 
+class LoRALinear(nn.Module):
+    """A frozen base nn.Linear plus a trainable low-rank update: base(x) + (x A^T) B^T."""
+
+    def __init__(self, d_in, d_out, rank=4):
+        super().__init__()
+        self.base = nn.Linear(d_in, d_out)
+        self.base.requires_grad_(False)
+        self.lora_a = nn.Parameter(torch.randn(rank, d_in) * 0.1)
+        self.lora_b = nn.Parameter(torch.randn(d_out, rank) * 0.1)  # not zero: A gets gradients at once
+
+    def forward(self, x):
+        return self.base(x) + (x @ self.lora_a.t()) @ self.lora_b.t()
+
+
+class LoRANet(nn.Module):
+    """A frozen LayerNorm (a unit with no trainable parameter), two LoRA layers (units whose
+    parameters are part frozen, part trainable) and a trainable head; the frozen base is the
+    larger part. forward(x, y) gives the cross-entropy loss."""
+
+    def __init__(self, d=64, hidden=128, classes=10):
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.norm.requires_grad_(False)
+        self.layers = nn.ModuleList([LoRALinear(d, hidden), LoRALinear(hidden, hidden)])
+        self.head = nn.Linear(hidden, classes)
+
+    def forward(self, x, y):
+        h = self.norm(x)
+        for layer in self.layers:
+            h = F.gelu(layer(h))
+        return F.cross_entropy(self.head(h), y)
+
+
+def lora_batches(n, batch=8, d=64, classes=10, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(batch, d, generator=g), torch.randint(0, classes, (batch,), generator=g)) for _ in range(n)]
+
+
 def make_model(kind, seed=0):
     torch.manual_seed(seed)
     return GPT() if kind == "gpt" else ConvNet()

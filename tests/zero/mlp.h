@@ -20,6 +20,9 @@ struct MlpSpec {
   float lr = 1e-2f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, wd = 0.01f;
   double clip = 0.0;
   int no_grads_at = -1;  // engine_train: at this step, the first layer produces no gradients
+  // The first frozen_layers layers are never trained: engine_train gives them no gradients (it
+  // calls no grads() for them), reference_train does not update them.
+  int frozen_layers = 0;
 };
 
 // Deterministic data: sample s of the global batch at step k.
@@ -138,6 +141,7 @@ inline std::vector<Layer> reference_train(const MlpSpec& s, int world, int steps
     std::vector<Layer> g;
     mlp_grads(s, L, batch_inputs(s, k, 0, micro * world * s.batch),
               batch_targets(s, k, 0, micro * world * s.batch), &g);
+    for (int l = 0; l < s.frozen_layers; ++l) g[static_cast<size_t>(l)] = Layer{};  // no gradients
     double sq = 0;
     for (auto& gl : g) {
       for (float x : gl.w) sq += static_cast<double>(x) * x;
@@ -158,7 +162,7 @@ inline std::vector<Layer> reference_train(const MlpSpec& s, int world, int steps
                 (std::sqrt(vv[i]) / static_cast<float>(std::sqrt(bc2)) + s.eps);
       }
     };
-    for (size_t l = 0; l < L.size(); ++l) {
+    for (size_t l = static_cast<size_t>(s.frozen_layers); l < L.size(); ++l) {
       upd(L[l].w, m[l].w, v[l].w, g[l].w);
       upd(L[l].b, m[l].b, v[l].b, g[l].b);
     }
@@ -230,6 +234,7 @@ inline Status engine_train(Engine& e, const MlpSpec& s, int rank, int world, int
       const float scale = static_cast<float>(e.loss_scale());
       for (int l = s.layers - 1; l >= 0; --l) {
         if (k == s.no_grads_at && l == 0) continue;  // a frozen module: the engine zeroes its gradients
+        if (l < s.frozen_layers) continue;           // never trained
         auto p = e.fetch(static_cast<size_t>(l));
         if (!p.is_ok()) return p.status();
         auto gb = e.grads(static_cast<size_t>(l));
@@ -259,9 +264,13 @@ inline Status engine_train(Engine& e, const MlpSpec& s, int rank, int world, int
   return Status::ok();
 }
 
-inline Status register_mlp(Engine& e, const MlpSpec& s) {
+// frozen_modules: the first s.frozen_layers layers are registered frozen (ModuleOptions::frozen);
+// else as every other module (their parameters then simply get no gradients).
+inline Status register_mlp(Engine& e, const MlpSpec& s, bool frozen_modules = false) {
   for (int l = 0; l < s.layers; ++l) {
-    ZOE_RETURN_IF_ERROR(e.add_module("layer." + std::to_string(l), {{"w", {s.d, s.d}}, {"b", {s.d}}}));
+    ModuleOptions opts;
+    opts.frozen = frozen_modules && l < s.frozen_layers;
+    ZOE_RETURN_IF_ERROR(e.add_module("layer." + std::to_string(l), {{"w", {s.d, s.d}}, {"b", {s.d}}}, opts));
   }
   return e.initialize([](size_t m, size_t p, float* data, size_t n) {
     for (size_t i = 0; i < n; ++i) data[i] = init_value(m, p, i);

@@ -47,6 +47,38 @@ std::vector<ModuleShape> shapes(int layers, size_t d) {
   return v;
 }
 
+// A frozen module has no optimizer states: the tier they would live in holds 16 bytes per owned
+// element less (master, m, v, gradient accumulator), its parameters stay where they were, and
+// when only frozen modules would have NVMe states there is no optimizer swapper.
+TEST(Placement, FrozenModulesHoldNoStates) {
+  for (const char* opt : {"none", "cpu", "nvme"}) {
+    SCOPED_TRACE(opt);
+    config::Config c = parse(cfg_text(3, opt, "nvme"));
+    std::vector<ModuleShape> plain = shapes(3, 200), frozen = plain;
+    frozen[0].frozen = frozen[1].frozen = true;
+    auto a = zero::plan_placement(c, frozen, 2, 1);
+    auto b = zero::plan_placement(c, plain, 2, 1);
+    ASSERT_OK(a);
+    ASSERT_OK(b);
+    const uint64_t drop = 16ull * (b->modules[0].opt_n + b->modules[1].opt_n);
+    const std::string o = opt;
+    EXPECT_TRUE(a->modules[0].frozen && !a->modules[2].frozen);
+    EXPECT_EQ(b->resident.device - a->resident.device, o == "none" ? drop : 0);
+    EXPECT_EQ(b->resident.host - a->resident.host, o == "cpu" ? drop : 0);
+    EXPECT_EQ(b->resident.nvme - a->resident.nvme, o == "nvme" ? drop : 0);
+    EXPECT_EQ(a->modules[0].param_home, Home::kNvme);
+    EXPECT_LE(a->peak.device, b->peak.device);
+  }
+  // Every module frozen: nothing to swap, no states anywhere but the parameters' partitions.
+  config::Config c = parse(cfg_text(3, "nvme", "nvme"));
+  std::vector<ModuleShape> all = shapes(2, 200);
+  for (auto& m : all) m.frozen = true;
+  auto p = zero::plan_placement(c, all, 1, 0);
+  ASSERT_OK(p);
+  EXPECT_FALSE(p->swapper);
+  EXPECT_EQ(p->resident.nvme, 2ull * p->modules[0].part * 4);
+}
+
 TEST(Placement, FlatGroupsPartitionsAndOwnedRanges) {
   config::Config c = parse(cfg_text(3, "none", "none"));
   auto p = zero::plan_placement(c, shapes(2, 100), /*world=*/4, /*rank=*/2);
