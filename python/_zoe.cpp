@@ -295,14 +295,15 @@ void bind_engine_setup(py::class_<PyEngine>& c) {
       .def(
           "add_module",
           [](PyEngine& self, const std::string& name,
-             const std::vector<std::pair<std::string, std::vector<int64_t>>>& ps, bool frozen) {
+             const std::vector<std::pair<std::string, std::vector<int64_t>>>& ps, bool frozen, bool held) {
             std::vector<zoe::ParamSpec> specs;
             for (const auto& [n, shape] : ps) specs.push_back({n, shape});
             zoe::ModuleOptions opts;
             opts.frozen = frozen;
+            opts.held = held;
             check(self.e().add_module(name, specs, opts));
           },
-          py::arg("name"), py::arg("params"), py::arg("frozen") = false)
+          py::arg("name"), py::arg("params"), py::arg("frozen") = false, py::arg("held") = false)
       .def("module_frozen", [](PyEngine& self, size_t i) { return self.e().module_frozen(i); })
       .def(
           "initialize",

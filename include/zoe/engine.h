@@ -78,6 +78,11 @@ struct ModuleOptions {
   // bit-identical). A checkpoint holds a frozen module's parameters and their fp32 values as its
   // master, and no m/v; it loads into a frozen or a trainable module (m/v start at zero then).
   bool frozen = false;
+  // A held module stays fetched while the modules after it run (a PyTorch root module's own
+  // parameters: fetched at the start of the forward, used at its end, and through the backward):
+  // the placement keeps room for its gathered parameters beside every other module in use, so a
+  // budget initialize() accepts never runs out in the middle of a step for it.
+  bool held = false;
 };
 
 class Engine;

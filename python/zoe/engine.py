@@ -284,9 +284,14 @@ class Engine:
         self._owner = owner
         # Tied names: every further name of a shared parameter -> its first name.
         self._aliases = {n: names[0] for names in full_names.values() for n in names[1:]}
+        # A unit that holds only its module's own parameters (the root's, or a module cut open)
+        # stays fetched while the units inside it run: the engine keeps room for it beside them.
+        unit_mods = {id(u.module) for u in self._units}
+        held_units = {ui for ui, u in enumerate(self._units)
+                      if u.direct and any(id(m) in unit_mods for m in u.module.modules() if m is not u.module)}
         for zm in self._zmods:
             specs = [(n, list(s) if len(s) else [1]) for n, s in zip(zm.names, zm.shapes)]
-            self._eng.add_module(zm.name, specs, zm.frozen)
+            self._eng.add_module(zm.name, specs, zm.frozen, any(zm.index in self._units[ui].zmods for ui in held_units))
         self._dtype = _DTYPES[self._eng.compute_dtype()]
         # Released parameters point at a 0-element tensor of the compute dtype on the engine's
         # device: torch drops a parameter's AccumulateGrad node (and the hook zoe put on it) when

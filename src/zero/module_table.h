@@ -51,6 +51,7 @@ struct ModuleLayout {
   // gradient buffer or accumulator; opt_begin/opt_n still name this rank's share (what it
   // checkpoints), and opt_home means nothing.
   bool frozen = false;
+  bool held = false;  // ModuleOptions::held: the placement keeps room for it beside the others
 };
 
 class ModuleTable {

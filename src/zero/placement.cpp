@@ -51,6 +51,15 @@ struct Extent {
 // Device bytes of module mp's reduction beside its gradient buffer (it runs in place there): at
 // stage 2/3 with reduce buckets smaller than a partition, the bucket-packed send buffers; nothing
 // at world size 1, where nothing is reduced.
+// Gathered bytes of the held modules (ModuleShape::held) that are partitioned: fetched beside
+// every other module in use (a persistent one is counted with the resident states).
+uint64_t held_gathered_bytes(const Placement& pl) {
+  uint64_t held = 0;
+  for (const auto& m : pl.modules)
+    held += m.held && m.partitioned_params ? u64(m.padded) * pl.compute_bytes : 0;
+  return held;
+}
+
 uint64_t reduce_pack_bytes(const Placement& pl, const ModulePlacement& mp) {
   const size_t per_rank = std::max<size_t>(1, pl.reduce_bucket / static_cast<size_t>(pl.world));
   if (pl.stage < 2 || pl.world == 1 || per_rank >= mp.part) return 0;
@@ -67,6 +76,7 @@ Status lay_out_modules(const config::Config& cfg, const std::vector<ModuleShape>
     ModulePlacement mp;
     mp.name = s.name;
     mp.frozen = s.frozen;
+    mp.held = s.held;
     if (s.param_numel.empty()) return invalid_argument("module %s has no parameters", s.name.c_str());
     for (size_t n : s.param_numel) {
       if (n == 0) return invalid_argument("module %s has a parameter with no elements", s.name.c_str());
@@ -182,7 +192,7 @@ Result<Extent> count_resident_states(const config::Config& cfg, Placement* pl) {
   for (const auto& m : pl->modules) {
     if (!m.frozen) packs = std::max(packs, reduce_pack_bytes(*pl, m));
   }
-  x.reserve = 2ull * x.biggest * es + packs;
+  x.reserve = 2ull * x.biggest * es + packs + held_gathered_bytes(*pl);
   x.per_elem = es + (es + static_cast<uint64_t>(pl->world) - 1) / static_cast<uint64_t>(pl->world);
   return x;
 }
@@ -211,6 +221,14 @@ void plan_gather_window(const config::Config& cfg, Extent* x, Placement* pl) {
   // The rest holds partitions moving towards the device (their window and the one in use).
   const uint64_t window = bucket * es / world + 2ull * (x->biggest / world) * es;
   pl->tm_device_budget = std::min<uint64_t>(window, avail - gather_bytes);
+  // A gather pins the partition it reads in the device tier: the tier holds at least the largest
+  // one (check_peaks() refuses a budget without room for it, naming zoe.device_budget, rather than
+  // the first fetch failing).
+  uint64_t biggest_part = 0;
+  for (const auto& m : pl->modules)
+    biggest_part = std::max(biggest_part, m.partitioned_params ? u64(m.part) * es : 0);
+  if (pl->tm_device_budget > 0)
+    pl->tm_device_budget = std::max(pl->tm_device_budget, biggest_part);  // 0: all of it
   if (cfg.zero.offload_param.device == OffloadDevice::kNone) {
     // The partitions live on the device: all of them count in the tier's budget.
     for (const auto& m : pl->modules) pl->tm_device_budget += m.partitioned_params ? u64(m.part) * es : 0;
@@ -355,7 +373,7 @@ uint64_t moving_device_bytes(const Placement& pl) {
                                                  : std::max(top_use[0] + top_red[1], top_use[1] + top_red[0]);
     moving = std::max(moving, pair);
   }
-  return moving;
+  return moving + held_gathered_bytes(pl);  // the held modules stay fetched beside it
 }
 
 // 6. Peaks. Device: what is resident, the tier manager's share beyond the homes it already

@@ -62,6 +62,7 @@ struct ModuleShape {
   std::string name;
   std::vector<size_t> param_numel;
   bool frozen = false;
+  bool held = false;  // fetched beside every other module in use (ModuleOptions::held)
 };
 
 // What the planner needs to know of the device it plans for. The defaults describe zoe's CPU
@@ -86,6 +87,7 @@ struct ModulePlacement {
   // A frozen module has none of them (opt_home means nothing; [opt_begin, +opt_n) is still the
   // share of its parameters this rank checkpoints).
   bool frozen = false;
+  bool held = false;  // ModuleShape::held
 };
 
 // Bytes per tier on this rank.

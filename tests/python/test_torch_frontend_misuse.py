@@ -367,3 +367,44 @@ def test_backward_twice_is_torchs_error_and_loses_nothing(tmp_path):
     norm = torch.norm(torch.stack([p.grad.norm() for p in ref.parameters()])).item()
     assert stats.stepped and abs(stats.grad_norm - norm) <= 1e-5 * norm, (stats.grad_norm, norm)
     eng.close()
+
+
+class _RootParamNet(torch.nn.Module):
+    """A parameter of the root module itself (held through the whole forward and backward, beside
+    every unit in use) and a stack of blocks of the same size."""
+
+    def __init__(self, d=96, layers=4):
+        super().__init__()
+        self.proj = torch.nn.Parameter(torch.randn(d, d) / d ** 0.5)
+        self.blocks = torch.nn.ModuleList([torch.nn.Linear(d, d) for _ in range(layers)])
+
+    def forward(self, x, y):
+        h = x @ self.proj
+        for b in self.blocks:
+            h = torch.tanh(b(h))
+        return torch.nn.functional.mse_loss(h, y)
+
+
+def test_a_budget_initialize_accepts_holds_the_root_parameters_beside_each_unit(tmp_path):
+    """Every device budget either is refused at initialize, naming zoe.device_budget, or trains:
+    never an initialize that passes and a backward that runs out of budget (the root's own
+    parameters stay fetched beside every unit in use, and the budget check counts them)."""
+    g = torch.Generator().manual_seed(5)
+    batches = [(torch.randn(4, 96, generator=g), torch.randn(4, 96, generator=g)) for _ in range(2)]
+    torch.manual_seed(0)
+    ref = train_torch(_RootParamNet(), batches)
+    trained = 0
+    for kib in range(96, 640, 32):
+        torch.manual_seed(0)
+        model = _RootParamNet()
+        (tmp_path / str(kib)).mkdir()
+        try:
+            eng = zoe.initialize(model, config=config(tmp_path / str(kib), device_budget=kib << 10))
+        except zoe.ZoeError as e:
+            assert "zoe.device_budget" in str(e), (kib, str(e))
+            continue
+        losses = train_zoe(eng, batches)[0]
+        eng.close()
+        assert losses == pytest.approx(ref, rel=1e-5), f"device_budget {kib} KiB"
+        trained += 1
+    assert trained > 0
