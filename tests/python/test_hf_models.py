@@ -59,12 +59,17 @@ def batches(n, batch=2, T=16, seed=1):
 
 
 def hf_config(tmp_path, **kw):
+    os.makedirs(tmp_path, exist_ok=True)
     return config(tmp_path, device_budget=BUDGET, micro=2,
                   zero={"stage3_param_persistence_threshold": 0, "stage3_prefetch_bucket_size": 0}, **kw)
 
 
-def train_torch(model, data):
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1)
+def adamw(model):
+    return torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1)
+
+
+def train_torch(model, data, opt=None):
+    opt = opt or adamw(model)
     losses = []
     for ids in data:
         opt.zero_grad(set_to_none=True)
@@ -169,8 +174,9 @@ def test_generate_after_training(arch, tmp_path):
     ref = copy.deepcopy(model)
     data = batches(3)
     eng = zoe.initialize(model, config=hf_config(tmp_path))
+    opt = adamw(ref)
     train_zoe(eng, data)
-    train_torch(ref, data)
+    train_torch(ref, data, opt)
     prompt = data[0][:, :5]
     kw = dict(max_new_tokens=8, do_sample=False, pad_token_id=0)
     got = eng.module.generate(prompt, **kw)
@@ -184,7 +190,7 @@ def test_generate_after_training(arch, tmp_path):
         eng.module(input_ids=prompt, labels=prompt)
     # Training goes on after inference, still like torch.
     more = batches(2, seed=5)
-    z, t = train_zoe(eng, more), train_torch(ref, more)
+    z, t = train_zoe(eng, more), train_torch(ref, more, opt)
     for a, b in zip(z, t):
         assert abs(a - b) <= 1e-5 * abs(b)
     eng.close()
