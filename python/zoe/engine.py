@@ -502,6 +502,10 @@ class Engine:
     def forward(self, *args, **kwargs):
         """Runs the wrapped model's forward."""
         self._check_new_params()
+        if any(zm.refs for zm in self._zmods):
+            # Held by a direct inference call of the model that raised (nothing else holds a
+            # module between forwards): released before they pile up.
+            self._reset_fetches()
         self._in_forward = True
         try:
             with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):

@@ -335,3 +335,26 @@ def test_meta_model_gets_transformers_init(arch, tmp_path):
     losses = train_zoe(eng, batches(3))
     assert all(abs(x - losses[0]) < 1.0 for x in losses) and losses[0] == pytest.approx(4.85, abs=0.3)
     eng.close()
+
+
+def test_failed_inference_call_is_released_by_the_next_forward(tmp_path):
+    """An exception inside a direct no_grad call leaves the units it fetched held; the next
+    engine(...) releases them and trains like torch."""
+    model = build("llama")
+    ref = copy.deepcopy(model)
+    eng = zoe.initialize(model, config=hf_config(tmp_path))
+
+    def boom(mod, args):  # after zoe's pre-hook: the norm's unit is fetched
+        raise RuntimeError("boom")
+
+    h = model.model.norm.register_forward_pre_hook(boom)
+    with torch.no_grad(), pytest.raises(RuntimeError, match="boom"):
+        model(input_ids=batches(1)[0])
+    h.remove()
+    assert any(zm.refs for zm in eng._zmods)
+    data = batches(2)
+    z, t = train_zoe(eng, data), train_torch(ref, data)
+    assert not any(zm.refs for zm in eng._zmods)
+    for a, b in zip(z, t):
+        assert abs(a - b) <= 1e-5 * abs(b)
+    eng.close()
