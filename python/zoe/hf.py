@@ -13,6 +13,7 @@ than host memory.
 Nothing here imports transformers: a model is a Hugging Face model when it has a `config` with
 to_json_file (a PreTrainedModel).
 """
+import copy
 import json
 import os
 import re
@@ -217,18 +218,13 @@ def save_pretrained(engine, save_directory, max_shard_size=DEFAULT_MAX_SHARD_SIZ
 
 
 def _save_configs(model, save_directory, out_dtype):
-    import copy
-
     cfg = copy.deepcopy(model.config)
     # The dtype the weights were written in: from_pretrained's dtype="auto" reads it.
     if hasattr(cfg, "dtype") or not hasattr(cfg, "torch_dtype"):
         cfg.dtype = out_dtype
     else:
         cfg.torch_dtype = out_dtype
-    if hasattr(model, "config_class") and getattr(model.config_class, "model_type", None) is not None:
-        pass
-    archs = [type(model).__name__]
-    cfg.architectures = archs
+    cfg.architectures = [type(model).__name__]
     cfg.to_json_file(os.path.join(save_directory, "config.json"))
     gen = getattr(model, "generation_config", None)
     can_generate = getattr(model, "can_generate", None)
@@ -308,8 +304,7 @@ def check_weights(folder, engine):
     groups = {}
     for alias, name in engine._aliases.items():
         groups.setdefault(name, [name]).append(alias)
-    want = {}  # file name -> (shape, primary)
-    source = {}
+    source = {}  # parameter name -> its name in the folder
     missing, shape_bad = [], []
     used = set()
     for zm in engine._zmods:
@@ -325,7 +320,6 @@ def check_weights(folder, engine):
                 if folder.shapes[x] != tuple(s):
                     shape_bad.append(f"{x}: {list(folder.shapes[x])} in the folder, {list(s)} in the model")
             source[primary] = found[0]
-            want[primary] = tuple(s)
     bufs = {}
     for name, b in persistent_buffers(model):
         if name in folder.shapes:
@@ -333,7 +327,9 @@ def check_weights(folder, engine):
             if folder.shapes[name] != tuple(b.shape) and b.device.type != "meta":
                 shape_bad.append(f"{name}: {list(folder.shapes[name])} in the folder, {list(b.shape)} in the model")
             bufs[name] = name
-    extra = sorted(set(folder.shapes) - used)
+    # Keys transformers itself skips on load (an old checkpoint's rotary inv_freq, say).
+    ignore = [re.compile(r) for r in getattr(model, "_keys_to_ignore_on_load_unexpected", None) or []]
+    extra = sorted(k for k in set(folder.shapes) - used if not any(r.search(k) for r in ignore))
     problems = []
     if missing:
         problems.append(f"missing {len(missing)}: {', '.join(missing[:10])}{'...' if len(missing) > 10 else ''}")
@@ -343,8 +339,11 @@ def check_weights(folder, engine):
     if shape_bad:
         problems.append(f"wrong shape {len(shape_bad)}: {'; '.join(shape_bad[:10])}")
     if problems:
+        hint = (" (zoe reads the model's own parameter names; a checkpoint in another layout, such as the "
+                "per-expert MoE weights transformers converts while loading, is not converted)"
+                if missing and extra else "")
         raise ZoeError(f"zoe.initialize: weights={folder.path!r} does not match the model "
-                       f"({type(model).__name__}): {' | '.join(problems)}")
+                       f"({type(model).__name__}): {' | '.join(problems)}{hint}")
     return source, bufs
 
 
