@@ -314,7 +314,12 @@ def check_weights(folder, engine):
             found = [x for x in names if x in folder.shapes]
             used.update(found)
             if not found:
-                missing.append(primary)
+                fused = _per_expert_source(primary, tuple(s), folder)
+                if fused is None:
+                    missing.append(primary)
+                else:
+                    source[primary] = fused
+                    used.update(n for group in fused[1] for n in group)
                 continue
             for x in found:
                 if folder.shapes[x] != tuple(s):
@@ -345,6 +350,32 @@ def check_weights(folder, engine):
         raise ZoeError(f"zoe.initialize: weights={folder.path!r} does not match the model "
                        f"({type(model).__name__}): {' | '.join(problems)}{hint}")
     return source, bufs
+
+
+# transformers 5 fuses the experts of an MoE layer into 3D parameters and converts per-expert
+# checkpoints while loading (its conversion_mapping); the two layouts of its common families:
+# fused name -> the per-expert names concatenated along dim 0 for each expert, then stacked.
+_EXPERT_LAYOUTS = {
+    "gate_up_proj": (("gate_proj.weight", "up_proj.weight"), ("w1.weight", "w3.weight")),
+    "down_proj": (("down_proj.weight",), ("w2.weight",)),
+}
+
+
+def _per_expert_source(name, shape, folder):
+    """("experts", [[names of expert 0], [names of expert 1], ...]) when `name` is a fused
+    experts parameter (prefix.experts.gate_up_proj / down_proj, shape [E, ...]) that the folder
+    holds per expert (qwen2_moe's gate_proj/up_proj/down_proj or mixtral's w1/w3/w2), else None."""
+    prefix, _, leaf = name.rpartition(".")
+    if not prefix.endswith("experts") or leaf not in _EXPERT_LAYOUTS or len(shape) != 3:
+        return None
+    for parts in _EXPERT_LAYOUTS[leaf]:
+        groups = [[f"{prefix}.{e}.{p}" for p in parts] for e in range(shape[0])]
+        if not all(n in folder.shapes for g in groups for n in g):
+            continue
+        rows = [sum(folder.shapes[n][0] for n in g) for g in groups]
+        if all(r == shape[1] and all(folder.shapes[n][1:] == shape[2:] for n in g) for r, g in zip(rows, groups)):
+            return ("experts", groups)
+    return None
 
 
 def init_weights_fn(model):
@@ -384,7 +415,11 @@ class WeightsSource:
         eng = self.engine
         for n, s in zip(zm.names, zm.shapes):
             name = eng._torch_names[f"{zm.name}.{n}"]
-            t = self.folder.get(self.source[name])
+            src = self.source[name]
+            if isinstance(src, tuple):  # per-expert tensors -> the fused [E, ...] parameter
+                t = torch.stack([torch.cat([self.folder.get(n) for n in g], 0) for g in src[1]])
+            else:
+                t = self.folder.get(src)
             a = t.to(torch.float32).reshape(-1).numpy()
             out.append(a if a.size else np.zeros(1, dtype=np.float32))
         return out

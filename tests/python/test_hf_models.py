@@ -358,3 +358,20 @@ def test_failed_inference_call_is_released_by_the_next_forward(tmp_path):
     for a, b in zip(z, t):
         assert abs(a - b) <= 1e-5 * abs(b)
     eng.close()
+
+
+def test_weights_folder_with_per_expert_moe_layout(tmp_path):
+    """transformers 5 saves an MoE model's fused experts per expert (its original layout) and
+    fuses them while loading; weights= does the same for the qwen2_moe layout."""
+    ref = build("qwen2_moe", seed=4)
+    folder = tmp_path / "w"
+    ref.save_pretrained(folder)
+    from safetensors import safe_open
+
+    with safe_open(os.fspath(folder / "model.safetensors"), framework="pt") as f:
+        assert "model.layers.0.mlp.experts.3.up_proj.weight" in set(f.keys())
+    eng = zoe.initialize(meta_model("qwen2_moe"), config=hf_config(tmp_path / "nvme"), weights=folder)
+    sd = eng.state_dict()
+    for n, p in ref.named_parameters():
+        assert torch.equal(sd[n], p.detach()), n
+    eng.close()
