@@ -311,10 +311,11 @@ def check_weights(folder, engine):
         for n, s in zip(zm.names, zm.shapes):
             primary = engine._torch_names[f"{zm.name}.{n}"]
             names = groups.get(primary, [primary])
-            found = [x for x in names if x in folder.shapes]
+            found = [c for x in names for c in _renamed(x) if c in folder.shapes]
             used.update(found)
             if not found:
-                fused = _per_expert_source(primary, tuple(s), folder)
+                fused = next((f for c in _renamed(primary) for f in [_per_expert_source(c, tuple(s), folder)] if f),
+                             None)
                 if fused is None:
                     missing.append(primary)
                 else:
@@ -359,6 +360,16 @@ _EXPERT_LAYOUTS = {
     "gate_up_proj": (("gate_proj.weight", "up_proj.weight"), ("w1.weight", "w3.weight")),
     "down_proj": (("down_proj.weight",), ("w2.weight",)),
 }
+
+
+# Module renamings transformers 5 applies while loading (its conversion_mapping): the model's
+# name fragment -> the fragment a checkpoint of the original layout has (mixtral's MoE block).
+_RENAMED = ((".mlp.", ".block_sparse_moe."),)
+
+
+def _renamed(name):
+    """The names `name` may have in a checkpoint: its own first, then the original layouts'."""
+    return [name] + [name.replace(a, b) for a, b in _RENAMED if a in name]
 
 
 def _per_expert_source(name, shape, folder):

@@ -45,6 +45,9 @@ def tiny_config(arch):
     if arch == "qwen2_moe":  # 8 experts, 2 per token: 32 tokens a step leave some with none
         return T.Qwen2MoeConfig(**dec, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=8,
                                 shared_expert_intermediate_size=32, tie_word_embeddings=False)
+    if arch == "mixtral":
+        return T.MixtralConfig(**{**dec, "intermediate_size": 8}, num_local_experts=8, num_experts_per_tok=2,
+                               tie_word_embeddings=False)
     raise ValueError(arch)
 
 
@@ -107,7 +110,7 @@ def assert_weights(eng, ref, tol=2e-5):
         assert d <= tol, f"{n}: max |zoe - torch| = {d}"
 
 
-ARCHS = ["gpt2", "llama", "qwen2", "mistral", "gpt_neox", "qwen2_moe"]
+ARCHS = ["gpt2", "llama", "qwen2", "mistral", "gpt_neox", "qwen2_moe", "mixtral"]
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -360,17 +363,20 @@ def test_failed_inference_call_is_released_by_the_next_forward(tmp_path):
     eng.close()
 
 
-def test_weights_folder_with_per_expert_moe_layout(tmp_path):
-    """transformers 5 saves an MoE model's fused experts per expert (its original layout) and
-    fuses them while loading; weights= does the same for the qwen2_moe layout."""
-    ref = build("qwen2_moe", seed=4)
+@pytest.mark.parametrize("arch,key", [("qwen2_moe", "model.layers.0.mlp.experts.3.up_proj.weight"),
+                                      ("mixtral", "model.layers.0.block_sparse_moe.experts.3.w3.weight")])
+def test_weights_folder_with_per_expert_moe_layout(arch, key, tmp_path):
+    """transformers 5 saves an MoE model's fused experts per expert (its original layout, for
+    mixtral under the block_sparse_moe name) and converts them while loading; weights= does the
+    same."""
+    ref = build(arch, seed=4)
     folder = tmp_path / "w"
     ref.save_pretrained(folder)
     from safetensors import safe_open
 
     with safe_open(os.fspath(folder / "model.safetensors"), framework="pt") as f:
-        assert "model.layers.0.mlp.experts.3.up_proj.weight" in set(f.keys())
-    eng = zoe.initialize(meta_model("qwen2_moe"), config=hf_config(tmp_path / "nvme"), weights=folder)
+        assert key in set(f.keys())
+    eng = zoe.initialize(meta_model(arch), config=hf_config(tmp_path / "nvme"), weights=folder)
     sd = eng.state_dict()
     for n, p in ref.named_parameters():
         assert torch.equal(sd[n], p.detach()), n
