@@ -34,7 +34,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from . import _zoe
+from . import _zoe, hf
 from ._zoe import ZoeError
 from .units import partition
 
@@ -168,7 +168,8 @@ def _view_ptr(view):
 class Engine:
     """The wrapped model (engine.module) and zoe's engine under it. Made by zoe.initialize()."""
 
-    def __init__(self, model, config, zoe_units=None, unit_params=None, init_fn=None, force_local=False):
+    def __init__(self, model, config, zoe_units=None, unit_params=None, init_fn=None, force_local=False,
+                 weights=None):
         if not isinstance(model, nn.Module):
             raise ZoeError(f"zoe.initialize: model must be a torch.nn.Module, got {type(model).__module__}."
                            f"{type(model).__name__}")
@@ -190,7 +191,7 @@ class Engine:
         self._in_forward = False
         self._in_backward = False    # inside engine.backward (a reentrant checkpoint recomputes there)
         self._check_model(model)
-        self._build(model, zoe_units, unit_params, init_fn)
+        self._build(model, zoe_units, unit_params, init_fn, weights)
 
     # ---------------------------------------------------------------------------------------
     # Setup
@@ -234,7 +235,7 @@ class Engine:
                                "fp32 master weights: give zoe the model in torch.float32 and choose the compute "
                                "dtype in the config (fp16.enabled or bf16.enabled)")
 
-    def _build(self, model, zoe_units, unit_params, init_fn):
+    def _build(self, model, zoe_units, unit_params, init_fn, weights=None):
         # Meta-device parameters become empty CPU parameters (a meta tensor cannot take CPU data in
         # place); each gets real storage only while zoe initialises its unit (_materialize).
         self._meta_shapes = {}
@@ -249,6 +250,7 @@ class Engine:
                     self._meta_shapes[id(q)] = tuple(p.shape)
                 mod._parameters[k] = replaced[id(p)]
         del replaced
+        meta_buffers = _unmeta_buffers(model)
         self._units = partition(model, zoe_units, unit_params)
         owner = {}  # id(param) -> (zmod index, param index)
         self._zmods = []
@@ -307,29 +309,38 @@ class Engine:
         values = {}
         failed = []  # an error of the callback: raised here, after the engine's call returns
         materialized = set()  # units given storage (a unit's zoe modules come one after the other)
+        # weights=: a folder of safetensors, checked against the model before anything is read.
+        source = hf.WeightsSource(weights, self) if weights is not None else None
 
         def init(mi, pi):
             if pi == 0:
                 values.clear()
                 zm = self._zmods[mi]
                 try:
-                    if not failed and zm.unit not in materialized and \
+                    if not failed and source is not None:
+                        values.update(enumerate(source.values(zm)))
+                    elif not failed and zm.unit not in materialized and \
                             any(id(p) in self._meta_shapes for p in zm.params):
                         materialized.add(zm.unit)
                         self._materialize(zm.unit, init_fn)
                 except Exception as e:  # noqa: BLE001 (re-raised below, as it was)
                     failed.append(e)
                 for i, (p, s) in enumerate(zip(zm.params, zm.shapes)):
-                    values[i] = (p.detach().to("cpu", torch.float32).reshape(-1).numpy() if not failed else
-                                 np.zeros(max(1, int(np.prod(s))), dtype=np.float32))
+                    if failed:
+                        values[i] = np.zeros(max(1, int(np.prod(s))), dtype=np.float32)
+                    elif i not in values:
+                        values[i] = p.detach().to("cpu", torch.float32).reshape(-1).numpy()
                 for p in zm.params:  # the model's copy goes: zoe holds the parameters now
                     p.data = self._placeholder
             return values[pi]
 
         self._eng.initialize(init)
         values.clear()
+        if source is not None:
+            source.close()
         if failed:
             raise failed[0]
+        self._init_buffers(meta_buffers, init_fn)
         # AccumulateGrad post-hooks, created while each parameter has its real shape and dtype (the
         # node records them and checks every gradient against them); the nodes are kept alive.
         with torch.enable_grad():
@@ -367,11 +378,14 @@ class Engine:
             for p, shape in zip(zm.params, zm.shapes):
                 # NaN until an initializer writes it: a parameter nothing initialises is found below.
                 p.data = torch.full(shape, float("nan"), dtype=p.dtype)
+        hf_init = hf.init_weights_fn(self.module) if init_fn is None else None
         for m in mods:
             if init_fn is not None:
                 init_fn(m)
             elif hasattr(m, "reset_parameters"):
                 m.reset_parameters()
+            if hf_init is not None:  # a transformers model: its own _init_weights, as from_config runs it
+                hf_init(m)
         for zm, n, p in meta:
             if p.is_floating_point() and bool(torch.isnan(p.data).any()):
                 how = "init_fn left it (or part of it) unset" if init_fn is not None else \
@@ -380,6 +394,28 @@ class Engine:
                                f"the meta device and nothing gave it values ({how}): pass "
                                "init_fn=lambda module: ... that initialises every parameter of a module, or "
                                "build the model on the CPU")
+
+    def _init_buffers(self, meta_buffers, init_fn):
+        """The meta-device buffers that neither weights= nor a unit's initialisation wrote (NaN
+        still): their module's init_fn(module), else transformers' _init_weights (a rotary
+        embedding's inv_freq), else reset_running_stats(); a floating buffer left unset is refused."""
+        hf_init = hf.init_weights_fn(self.module) if init_fn is None else None
+        for mod, names in meta_buffers:
+            unset = [k for k in names if _nan_buffer(mod, k)]
+            if not unset:
+                continue
+            if init_fn is not None:
+                init_fn(mod)
+            elif hf_init is not None:
+                hf_init(mod)
+            elif hasattr(mod, "reset_running_stats"):
+                mod.reset_running_stats()
+            for k in unset:
+                if _nan_buffer(mod, k):
+                    name = next(f"{n}.{k}" if n else k for n, m in self.module.named_modules() if m is mod)
+                    raise ZoeError(f"zoe.initialize: buffer '{name}' was built on the meta device and nothing gave "
+                                   "it values (pass init_fn=lambda module: ... that sets it, or weights= a folder "
+                                   "holding it, or build the model on the CPU)")
 
     # ---------------------------------------------------------------------------------------
     # Fetch / release
@@ -394,6 +430,15 @@ class Engine:
             zm.refs -= 1  # not fetched: nothing to release
             raise
         key = tuple(_view_ptr(a) for a in arrays)
+        if torch.is_inference_mode_enabled():
+            # The views are kept (zm.flat) and used by later training steps: no inference tensors.
+            with torch.inference_mode(False):
+                self._point_params(zm, arrays, key)
+        else:
+            self._point_params(zm, arrays, key)
+
+    def _point_params(self, zm, arrays, key):
+        """Points zm's parameters at the fetched buffers (torch views of them, cached by address)."""
         if key != zm.cache_key:
             zm.flat = [_as_tensor(a, self._dtype, self.device) for a in arrays]
             zm.cache_key = key
@@ -413,10 +458,15 @@ class Engine:
         self._eng.release(zm.index)
 
     def _pre_forward(self, ui, inputs=()):
-        if not (self._in_forward or self._in_backward):
+        if not (self._in_forward or self._in_backward or not torch.is_grad_enabled()):
+            # Inference (torch.no_grad(), torch.inference_mode(), model.generate()) may call the
+            # model directly: no gradient and no saved tensor outlives the call, so fetching and
+            # releasing each unit around its forward is all it needs. A training forward may not.
             raise ZoeError(f"zoe: the model's unit '{self._units[ui].name}' was called directly after "
-                           "zoe.initialize(): its parameters live in zoe, which runs it only through the engine: "
-                           "call engine(...) (engine.module is the model) instead of the model")
+                           "zoe.initialize() with gradients enabled: its parameters live in zoe, which trains "
+                           "it only through the engine: call engine(...) (engine.module is the model) instead "
+                           "of the model (inference under torch.no_grad() may call the model itself, "
+                           "engine.module.generate(...) too)")
         for zi in self._units[ui].zmods:
             for p in self._zmods[zi].params:
                 if p.dtype != self._dtype or p.device != self.device:
@@ -528,6 +578,10 @@ class Engine:
         """Runs the wrapped model's forward (its tensor inputs on engine.device)."""
         self._check_new_params()
         self._check_inputs(args, kwargs)
+        if any(zm.refs for zm in self._zmods):
+            # Held by a direct inference call of the model that raised (nothing else holds a
+            # module between forwards): released before they pile up.
+            self._reset_fetches()
         self._in_forward = True
         try:
             with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
@@ -649,6 +703,16 @@ class Engine:
             sd[n] = b.detach().to("cpu", copy=True)
         return sd
 
+    def save_pretrained(self, save_directory, max_shard_size=hf.DEFAULT_MAX_SHARD_SIZE, dtype=None):
+        """A Hugging Face transformers model's folder, as its own save_pretrained writes it and
+        from_pretrained loads it: config.json (generation_config.json), model.safetensors, or
+        model-0000i-of-0000n.safetensors and model.safetensors.index.json when the tensors exceed
+        max_shard_size (transformers' default, "50GB"; an int is bytes). The fp32 masters (or
+        dtype: torch.bfloat16 / torch.float16), streamed one tensor at a time from wherever zoe
+        holds them; tied weights once, under the name transformers keeps. Every rank calls it;
+        rank 0 writes. Returns save_directory."""
+        return hf.save_pretrained(self, save_directory, max_shard_size=max_shard_size, dtype=dtype)
+
     # ---------------------------------------------------------------------------------------
     # Checkpoints
 
@@ -739,6 +803,26 @@ class Engine:
             while zm.refs > 0:
                 self._release(zm)
             zm.bw_held = False
+
+
+def _unmeta_buffers(model):
+    """Meta-device buffers become CPU tensors (NaN when floating: unset until initialised);
+    returns [(module, [buffer names])]."""
+    out = []
+    for mod in model.modules():
+        names = [k for k, b in mod._buffers.items() if b is not None and b.device.type == "meta"]
+        for k in names:
+            b = mod._buffers[k]
+            mod._buffers[k] = (torch.full(b.shape, float("nan"), dtype=b.dtype) if b.is_floating_point() else
+                               torch.zeros(b.shape, dtype=b.dtype))
+        if names:
+            out.append((mod, names))
+    return out
+
+
+def _nan_buffer(mod, k):
+    b = mod._buffers.get(k)
+    return b is not None and b.is_floating_point() and bool(torch.isnan(b).any())
 
 
 def _storage_ptr(t):
@@ -838,12 +922,16 @@ def _wrap_outputs(ref, ui, output):
 
 
 def initialize(model=None, config=None, zoe_units=None, unit_params=None, init_fn=None, force_local=False,
-               **_deepspeed_args):
+               weights=None, **_deepspeed_args):
     """Wraps `model` (a torch.nn.Module, built on the CPU or the meta device) in a zoe engine.
 
     config: a dict or the path of a DeepSpeed-style JSON file. zoe_units: the units (modules or
     qualified names) instead of the default cut; unit_params: cut by parameter count instead.
-    init_fn(module): initialises meta-device modules (default: their reset_parameters()).
+    init_fn(module): initialises meta-device modules (default: their reset_parameters(), and a
+    transformers model's own _init_weights). weights: a folder of safetensors (a Hugging Face
+    model folder: model.safetensors, or shards with model.safetensors.index.json) whose tensors
+    initialise the parameters and persistent buffers, read one module at a time (the model may be
+    built on the meta device); a missing, extra or wrongly shaped tensor is refused by name.
     DeepSpeed's other arguments (optimizer, model_parameters, ...) are refused when given."""
     extra = {k: v for k, v in _deepspeed_args.items() if v is not None}
     if extra:
@@ -852,7 +940,7 @@ def initialize(model=None, config=None, zoe_units=None, unit_params=None, init_f
     if config is None:
         raise ZoeError("zoe.initialize: config is required (a dict or the path of a JSON file)")
     return Engine(model, config, zoe_units=zoe_units, unit_params=unit_params, init_fn=init_fn,
-                  force_local=force_local)
+                  force_local=force_local, weights=weights)
 
 
 def consolidate(checkpoint_dir):
