@@ -734,6 +734,8 @@ class Engine:
             "client_state": _to_b64(client_state if client_state is not None else {}),
             "last_stats": self._last,
         }}
+        if hf.is_hf_model(self.module):  # for `zoe ckpt consolidate D --format hf`
+            state["zoe_torch"]["hf"] = hf.checkpoint_configs(self.module)
         self._eng.save(os.fspath(save_dir), str(tag), json.dumps(state))
         return os.path.join(os.fspath(save_dir), str(tag))
 

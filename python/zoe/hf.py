@@ -217,6 +217,24 @@ def save_pretrained(engine, save_directory, max_shard_size=DEFAULT_MAX_SHARD_SIZ
     return save_directory
 
 
+def checkpoint_configs(model):
+    """What `zoe ckpt consolidate D --format hf` needs of a transformers model, kept in the
+    checkpoint's trainer state: config.json's contents as save_pretrained writes them (fp32), and
+    generation_config.json's when the model generates."""
+    cfg = copy.deepcopy(model.config)
+    if hasattr(cfg, "dtype") or not hasattr(cfg, "torch_dtype"):
+        cfg.dtype = torch.float32
+    else:
+        cfg.torch_dtype = torch.float32
+    cfg.architectures = [type(model).__name__]
+    out = {"config": json.loads(cfg.to_json_string(use_diff=False))}
+    gen = getattr(model, "generation_config", None)
+    can_generate = getattr(model, "can_generate", None)
+    if gen is not None and callable(can_generate) and can_generate():
+        out["generation_config"] = json.loads(gen.to_json_string(use_diff=False))
+    return out
+
+
 def _save_configs(model, save_directory, out_dtype):
     cfg = copy.deepcopy(model.config)
     # The dtype the weights were written in: from_pretrained's dtype="auto" reads it.

@@ -1,6 +1,7 @@
 // `zoe ckpt`: inspect, verify, consolidate (safetensors, Hugging Face GPT-2) and evaluate
 // checkpoints written by Engine::save.
 #include <sys/stat.h>
+#include <filesystem>
 
 #include <cinttypes>
 #include <cstdio>
@@ -15,6 +16,7 @@
 #include "checkpoint/checkpoint.h"
 #include "core/units.h"
 #include "export/hf_gpt2.h"
+#include "export/hf_torch.h"
 #include "model/corpus.h"
 #include "model/gpt.h"
 #include "zoe/cli.h"
@@ -28,6 +30,16 @@ using nlohmann::json;
 uint64_t file_bytes(const std::string& path) {
   struct stat st;
   return stat(path.c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
+}
+
+// Bytes of the .safetensors files in dir (an hf export's shards).
+uint64_t safetensors_bytes(const std::string& dir) {
+  uint64_t bytes = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    if (e.path().extension() == ".safetensors") bytes += file_bytes(e.path().string());
+  }
+  return bytes;
 }
 
 json describe(const ckpt::Reader& r) {
@@ -207,34 +219,43 @@ void add_consolidate(CLI::App& ckpt) {
   struct Opts {
     std::string dir, out, dtype = "fp32", format = "safetensors";
     int n_head = 0;
+    uint64_t max_shard = 50'000'000'000ull;
     bool json = false;
   };
   auto o = std::make_shared<Opts>();
   CLI::App* cmd = ckpt.add_subcommand("consolidate",
                                       "Write the full parameters (master weights, else the compute copy) as "
-                                      "one safetensors file, or as a Hugging Face GPT-2 directory "
-                                      "(--format hf-gpt2: model.safetensors + config.json), streaming and "
+                                      "one safetensors file, as a Hugging Face GPT-2 directory (--format "
+                                      "hf-gpt2: model.safetensors + config.json), or as the folder "
+                                      "engine.save_pretrained() writes for a checkpoint of a transformers "
+                                      "model the PyTorch front-end saved (--format hf), streaming and "
                                       "checking every checksum");
   cmd->add_option("dir", o->dir, "A save directory (its `latest`) or a checkpoint directory")->required();
   cmd->add_option(
          "--out", o->out,
-         "The .safetensors file to write (replaced atomically); with --format hf-gpt2, the directory")
+         "The .safetensors file to write (replaced atomically); with --format hf-gpt2 or hf, the directory")
       ->required();
   cmd->add_option("--dtype", o->dtype, "fp32|bf16|fp16 (default fp32)");
   cmd->add_option("--format", o->format,
-                  "safetensors (zoe's names: <module>.<param>) or hf-gpt2 (GPT2LMHeadModel's names and "
-                  "layouts)")
+                  "safetensors (zoe's names: <module>.<param>), hf-gpt2 (zoe's reference GPT as "
+                  "GPT2LMHeadModel's names and layouts) or hf (a transformers model the PyTorch front-end "
+                  "saved: its own names, config.json; shards with model.safetensors.index.json above "
+                  "--max-shard-size)")
       ->capture_default_str();
   int_range(cmd->add_option("--n-head", o->n_head,
                             "hf-gpt2: attention heads (default: from the checkpoint's trainer state)"),
             1, kMaxWidth);
+  cmd->add_option("--max-shard-size", o->max_shard,
+                  "hf: bytes of tensors per safetensors file before sharding (default 50000000000, "
+                  "transformers' 50GB)")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 50));
   cmd->add_flag("--json", o->json, "Print one JSON object");
   cmd->callback([o] {
-    if (o->format != "safetensors" && o->format != "hf-gpt2") {
-      fail(invalid_argument("--format %s: expected safetensors or hf-gpt2", o->format.c_str()));
+    if (o->format != "safetensors" && o->format != "hf-gpt2" && o->format != "hf") {
+      fail(invalid_argument("--format %s: expected safetensors, hf-gpt2 or hf", o->format.c_str()));
     }
     if (o->format == "safetensors") check_output_flag("--out", o->out);
-    if (o->format == "hf-gpt2") {
+    if (o->format != "safetensors") {
       Status ds = check_output_dir(o->out, "--out");
       if (!ds.is_ok()) fail(ds);
     }
@@ -252,11 +273,18 @@ void add_consolidate(CLI::App& ckpt) {
       if (!s.is_ok()) fail(s);
       file = o->out + "/model.safetensors";
       extra = ckpt::hf_gpt2_config(dims, ho.n_head, o->dtype);
+    } else if (o->format == "hf") {
+      ckpt::HfTorchOptions ho;
+      ho.dtype = o->dtype;
+      ho.max_shard_bytes = o->max_shard;
+      Status s = ckpt::export_hf_torch(*r, o->out, ho);
+      if (!s.is_ok()) fail(s);
+      file.clear();
     } else {
       Status s = ckpt::consolidate(*r, o->out, o->dtype);
       if (!s.is_ok()) fail(s);
     }
-    uint64_t bytes = file_bytes(file);
+    uint64_t bytes = file.empty() ? safetensors_bytes(o->out) : file_bytes(file);
     if (o->json) {
       json j = {{"path", r->path()}, {"out", o->out},     {"format", o->format},
                 {"dtype", o->dtype}, {"tensors", params}, {"bytes", bytes}};

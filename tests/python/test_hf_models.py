@@ -409,3 +409,54 @@ def test_weights_folder_with_per_expert_moe_layout(arch, key, tmp_path):
     for n, p in ref.named_parameters():
         assert torch.equal(sd[n], p.detach()), n
     eng.close()
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_ckpt_consolidate_hf_equals_save_pretrained(arch, tmp_path):
+    """`zoe ckpt consolidate D --format hf --out dir` from a checkpoint the front-end saved writes
+    what engine.save_pretrained writes: the same tensors under the model's names (tied ones once),
+    a config from_pretrained loads to the same logits; sharded above --max-shard-size."""
+    from safetensors.torch import load_file
+
+    from zoe_testlib import run_zoe
+
+    eng, ref = _trained_pair(arch, tmp_path)
+    ckpt = eng.save_checkpoint(tmp_path / "ckpt")
+    eng.save_pretrained(tmp_path / "sp")
+    out = tmp_path / "cli"
+    j = run_zoe("ckpt", "consolidate", ckpt, "--format", "hf", "--out", out, "--json")
+    assert j["format"] == "hf" and j["bytes"] > 0
+    assert sorted(os.listdir(out)) == ["config.json", "generation_config.json", "model.safetensors"]
+    got, want = load_file(out / "model.safetensors"), load_file(tmp_path / "sp" / "model.safetensors")
+    assert sorted(got) == sorted(want)
+    for n in want:
+        assert torch.equal(got[n], want[n]), n
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager")
+    assert type(loaded) is type(ref) and loaded.dtype == torch.float32
+    ids = batches(1, seed=9)[0]
+    with torch.no_grad():
+        a, b = loaded(input_ids=ids).logits, ref(input_ids=ids).logits
+    assert torch.allclose(a, b, rtol=1e-4, atol=2e-5), (a - b).abs().max()
+    # Sharded: the index names every parameter once, and from_pretrained loads the same weights.
+    run_zoe("ckpt", "consolidate", ckpt, "--format", "hf", "--out", tmp_path / "sh", "--max-shard-size", 20000,
+            "--json")
+    index = json.loads((tmp_path / "sh" / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"]) == set(want) and len(set(index["weight_map"].values())) >= 3
+    sharded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "sh", attn_implementation="eager")
+    for (n, p), (_, q) in zip(sharded.named_parameters(), loaded.named_parameters()):
+        assert torch.equal(p, q), n
+    eng.close()
+
+
+def test_ckpt_consolidate_hf_refuses_a_checkpoint_of_another_model(tmp_path):
+    """A front-end checkpoint of a plain torch model holds no transformers config: --format hf says
+    so and which format to use instead."""
+    from zoe_testlib import run_zoe
+    from zoe_torch_models import GPT
+
+    eng = zoe.initialize(GPT(), config=hf_config(tmp_path / "nvme"))
+    ckpt = eng.save_checkpoint(tmp_path / "ckpt")
+    eng.close()
+    p = run_zoe("ckpt", "consolidate", ckpt, "--format", "hf", "--out", tmp_path / "o", json_out=False, check=False)
+    assert p.returncode != 0
+    assert "no Hugging Face config" in p.stderr and "--format safetensors" in p.stderr, p.stderr
