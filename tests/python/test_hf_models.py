@@ -237,6 +237,18 @@ def _trained_pair(arch, tmp_path, steps=4):
     return eng, ref
 
 
+def assert_loads_like(folder, ref):
+    """AutoModelForCausalLM.from_pretrained(folder) is ref's class in fp32 and gives ref's logits;
+    returns them."""
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager")
+    assert type(loaded) is type(ref) and loaded.dtype == torch.float32
+    ids = batches(1, seed=9)[0]
+    with torch.no_grad():
+        got, want = loaded(input_ids=ids).logits, ref(input_ids=ids).logits
+    assert torch.allclose(got, want, rtol=1e-4, atol=2e-5), (got - want).abs().max()
+    return want
+
+
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
 def test_save_pretrained_loads_in_transformers(arch, tmp_path):
     """engine.save_pretrained(dir) -> AutoModelForCausalLM.from_pretrained(dir) gives the logits of
@@ -255,12 +267,8 @@ def test_save_pretrained_loads_in_transformers(arch, tmp_path):
         assert "transformer.wte.weight" in keys and "lm_head.weight" not in keys
     else:
         assert {"model.embed_tokens.weight", "lm_head.weight"} <= keys
-    loaded = transformers.AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager")
-    assert type(loaded) is type(ref) and loaded.dtype == torch.float32
+    want = assert_loads_like(out, ref)
     ids = batches(1, seed=9)[0]
-    with torch.no_grad():
-        got, want = loaded(input_ids=ids).logits, ref(input_ids=ids).logits
-    assert torch.allclose(got, want, rtol=1e-4, atol=2e-5), (got - want).abs().max()
     # Not trivially equal: the untrained model's logits differ.
     with torch.no_grad():
         assert (build(arch)(input_ids=ids).logits - want).abs().max() > 1e-3
@@ -431,12 +439,8 @@ def test_ckpt_consolidate_hf_equals_save_pretrained(arch, tmp_path):
     assert sorted(got) == sorted(want)
     for n in want:
         assert torch.equal(got[n], want[n]), n
+    assert_loads_like(out, ref)
     loaded = transformers.AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager")
-    assert type(loaded) is type(ref) and loaded.dtype == torch.float32
-    ids = batches(1, seed=9)[0]
-    with torch.no_grad():
-        a, b = loaded(input_ids=ids).logits, ref(input_ids=ids).logits
-    assert torch.allclose(a, b, rtol=1e-4, atol=2e-5), (a - b).abs().max()
     # Sharded: the index names every parameter once, and from_pretrained loads the same weights.
     run_zoe("ckpt", "consolidate", ckpt, "--format", "hf", "--out", tmp_path / "sh", "--max-shard-size", 20000,
             "--json")
