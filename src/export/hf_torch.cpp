@@ -28,14 +28,16 @@ Result<const json*> front_end_section(const Reader& r) {
   const json* zt = t.is_object() && t.contains("zoe_torch") ? &t["zoe_torch"] : nullptr;
   if (zt == nullptr || !zt->is_object() || !zt->contains("names") || !(*zt)["names"].is_object()) {
     return invalid_argument(
-        "hf export of %s: the checkpoint was not written by zoe's PyTorch front-end (its trainer state has no "
+        "hf export of %s: the checkpoint was not written by zoe's PyTorch front-end (its trainer state has "
+        "no "
         "zoe_torch.names): --format hf needs engine.save_checkpoint() of a transformers model",
         r.path().c_str());
   }
   if (!zt->contains("hf") || !(*zt)["hf"].is_object() || !(*zt)["hf"].contains("config") ||
       !(*zt)["hf"]["config"].is_object()) {
     return invalid_argument(
-        "hf export of %s: the checkpoint holds no Hugging Face config (zoe_torch.hf.config): its model was not "
+        "hf export of %s: the checkpoint holds no Hugging Face config (zoe_torch.hf.config): its model was "
+        "not "
         "a transformers model, or it was saved by a zoe before 0.2; use --format safetensors",
         r.path().c_str());
   }
@@ -95,8 +97,8 @@ Status export_hf_torch(const Reader& r, const std::string& out_dir, const HfTorc
   }
   if (shards.size() > 1) {
     const json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
-    ZOE_RETURN_IF_ERROR(write_output_file(out_dir + "/model.safetensors.index.json", index.dump(2) + "\n",
-                                          "output file"));
+    ZOE_RETURN_IF_ERROR(
+        write_output_file(out_dir + "/model.safetensors.index.json", index.dump(2) + "\n", "output file"));
   }
   json config = (*zt)["hf"]["config"];
   config[config.contains("torch_dtype") && !config.contains("dtype") ? "torch_dtype" : "dtype"] =
