@@ -245,10 +245,10 @@ void add_consolidate(CLI::App& ckpt) {
   int_range(cmd->add_option("--n-head", o->n_head,
                             "hf-gpt2: attention heads (default: from the checkpoint's trainer state)"),
             1, kMaxWidth);
-  cmd->add_option("--max-shard-size", o->max_shard,
-                  "hf: bytes of tensors per safetensors file before sharding (default 50000000000, "
-                  "transformers' 50GB)")
-      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 50));
+  int_range(cmd->add_option("--max-shard-size", o->max_shard,
+                            "hf: bytes of tensors per safetensors file before sharding (default "
+                            "50000000000, transformers' 50GB)"),
+            1, int64_t{1} << 50);
   cmd->add_flag("--json", o->json, "Print one JSON object");
   cmd->callback([o] {
     if (o->format != "safetensors" && o->format != "hf-gpt2" && o->format != "hf") {
