@@ -38,7 +38,7 @@ Result<const json*> front_end_section(const Reader& r) {
     return invalid_argument(
         "hf export of %s: the checkpoint holds no Hugging Face config (zoe_torch.hf.config): its model was "
         "not "
-        "a transformers model, or it was saved by a zoe before 0.2; use --format safetensors",
+        "a transformers model, or it was saved before zoe kept the config there; use --format safetensors",
         r.path().c_str());
   }
   return zt;

@@ -36,7 +36,6 @@ uint64_t u64(size_t v) { return static_cast<uint64_t>(v); }
 // What the rules after the modules' layout need to know of it.
 struct Extent {
   size_t biggest = 0;            // the largest padded module (elements)
-  size_t biggest_trained = 0;    // the largest padded module that is not frozen
   size_t biggest_part_nvme = 0;  // the largest NVMe-homed partition (elements)
   bool any_partitioned = false, any_opt_nvme = false;
   bool nvme_tier = false;  // optimizer states or parameters offloaded to NVMe
@@ -139,7 +138,6 @@ Result<Extent> count_resident_states(const config::Config& cfg, Placement* pl) {
   Extent x;
   for (const auto& m : pl->modules) {
     x.biggest = std::max(x.biggest, m.padded);
-    if (!m.frozen) x.biggest_trained = std::max(x.biggest_trained, m.padded);
     const uint64_t states = u64(m.opt_n) * (4 + 2 * sb + 4);  // master, m, v, gradient accumulator
     switch (m.frozen ? Home::kDevice : m.opt_home) {
       case Home::kDevice:
