@@ -44,6 +44,9 @@ echo "python-venv: pip install . (build-pip/)" >&2
 "$venv/bin/pip" install -q --no-deps --no-build-isolation --force-reinstall . -C build-dir="$root/build-pip" \
   "${launcher[@]}"
 "$venv/bin/zoe" --version > /dev/null
+# The venv's python, for the multi-node tests' PyTorch case (scripts/test.sh passes it as ZOE_PYTHON).
+mkdir -p build-pip
+echo "$venv/bin/python" > build-pip/venv-python
 
 # The suite against the installed package: no PYTHONPATH into the build tree.
 export ZOE_BIN=${ZOE_BIN:-$root/build/bin/zoe}

@@ -32,6 +32,18 @@ echo "== crash test: kills, faults, fuzzed configs (tests/crash; 1-2 minutes)" >
 echo "== pip install . into a venv with PyPI's torch; tests/python against it (scripts/python-venv.sh)" >&2
 bash scripts/python-venv.sh
 
+# Test nodes on this machine (network namespaces and an rsh agent for mpirun): stages 1-3 across
+# node layouts, node-local NVMe, a node lost mid-run, the PyTorch front-end over the venv above.
+# Exit 77 (not root, no CAP_NET_ADMIN): skipped, with its one line printed.
+echo "== multi-node tests in network namespaces (tests/multinode/run.sh; a few minutes)" >&2
+mn_status=0
+ZOE_BIN=$(pwd)/build/bin/zoe ZOE_PYTHON=$(cat build-pip/venv-python 2> /dev/null || true) \
+  bash tests/multinode/run.sh || mn_status=$?
+if [ $mn_status -ne 0 ] && [ $mn_status -ne 77 ]; then
+  echo "== multi-node tests failed (exit $mn_status)" >&2
+  exit 1
+fi
+
 # The install path: zoe installed into a temporary prefix; the public API tests and the example
 # built as separate CMake projects that see only that prefix (find_package(zoe)), then run.
 echo "== install, public API tests and examples against the installed zoe" >&2
@@ -61,7 +73,7 @@ if [ "${ZOE_SKIP_SANITIZE:-0}" != "1" ]; then
   # The multi-threaded layers (I/O engine, devices, tier manager, swapper, the engine with its
   # prefetch and asynchronous checkpoints) under ThreadSanitizer.
   echo "== TSan build and tests of the concurrent layers (build-tsan/)" >&2
-  tsan_tests="test_io_engine test_device test_tier_manager test_tier_stress test_tier_parts test_tier_device_faults test_optimizer_swapper test_swap_file test_engine test_engine_faults"
+  tsan_tests="test_io_engine test_device test_tier_manager test_tier_stress test_tier_parts test_tier_device_faults test_optimizer_swapper test_swap_file test_engine test_engine_faults test_heartbeat"
   cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZOE_SANITIZE=thread -DZOE_CUDA=OFF -DZOE_BUILD_BENCH=OFF \
         "${launcher[@]}"
   cmake --build build-tsan -j"$jobs" --target $tsan_tests

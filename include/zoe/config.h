@@ -56,7 +56,9 @@ class Config {
   // Whether every nvme_path directory of an offload on "nvme" can hold the swap files: it exists,
   // is a writable directory, is not on a kernel pseudo file system (procfs, sysfs) and a file can
   // be created there. The error names the key, the directory and the reason. Engine::create asks
-  // the same; a program asks first to name its own flag.
+  // the same; a program asks first to name its own flag. The placeholders of nvme_path ({rank},
+  // {local_rank}, {host}, $VAR) are expanded first with this process's values from its launcher's
+  // environment (Engine::create uses the Runtime's).
   Status check_paths() const;
 
   // Any key by its JSON path ("train_batch_size", "zero_optimization.offload_param.device"):

@@ -119,6 +119,10 @@ struct ZoeConfig {
   // bits as without it.
   bool speculative_step = false;
   bool swap_checksum = false;  // checksum every swap write, verify every read (io::SwapFileOptions)
+  // Under MPI: a rank silent this long (no heartbeat on zoe's own TCP channel) is lost, and every
+  // other rank exits naming it (comm/heartbeat.h). 0: never. Without the key: ZOE_COMM_TIMEOUT_S,
+  // else 30.
+  double comm_timeout_s = 30.0;
 
   bool operator==(const ZoeConfig&) const = default;
 };

@@ -1,13 +1,47 @@
-// check_paths: the nvme_path directories of a Config, examined on the file system.
+// check_paths: the nvme_path directories of a Config, examined on the file system; expand_paths:
+// their placeholders.
 #include "config/paths.h"
 
+#include <sys/statfs.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <mutex>
+#include <set>
 #include <string>
 
 #include "core/dir_check.h"
+#include "core/log.h"
 
 namespace zoe::config {
 
 namespace {
+
+// The first of the variables that is set, as a rank; 0 when none is.
+int env_int(std::initializer_list<const char*> names) {
+  for (const char* n : names) {
+    const char* v = getenv(n);
+    if (v != nullptr && *v != '\0') return atoi(v);
+  }
+  return 0;
+}
+
+// Warns once per directory (every check of the same path would say it again).
+void warn_if_network_fs(const std::string& key, const std::string& dir) {
+  struct statfs fs {};
+  if (statfs(dir.c_str(), &fs) != 0) return;
+  const char* name = network_fs_name(static_cast<long>(fs.f_type));
+  if (name == nullptr) return;
+  static std::mutex mu;
+  static std::set<std::string> warned;
+  std::lock_guard<std::mutex> lock(mu);
+  if (!warned.insert(dir).second) return;
+  ZOE_LOG_WARN(
+      "%s: '%s' is on %s, a network file system: swap files belong on a drive of this node (every swap "
+      "goes over the network, and the nodes share the file system's bandwidth); a node-local path such "
+      "as $SLURM_TMPDIR or /local/{host} is faster",
+      key.c_str(), dir.c_str(), name);
+}
 
 Status check_dirs(const OffloadConfig& o, const char* block) {
   if (o.device != OffloadDevice::kNvme) return Status::ok();
@@ -18,15 +52,127 @@ Status check_dirs(const OffloadConfig& o, const char* block) {
         "or a list of them)",
         block, key.c_str());
   }
-  for (const auto& d : o.nvme_path) ZOE_RETURN_IF_ERROR(check_dir_holds_files(key, d));
+  for (const auto& d : o.nvme_path) {
+    ZOE_RETURN_IF_ERROR(check_dir_holds_files(key, d));
+    warn_if_network_fs(key, d);
+  }
   return Status::ok();
+}
+
+Status path_error(const std::string& what, const std::string& path, const std::string& why) {
+  return Status(StatusCode::kInvalidArgument, what + ": '" + path + "': " + why);
+}
+
+bool name_char(char c, bool first) {
+  return c == '_' || (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (!first && c >= '0' && c <= '9');
+}
+
+// "$NAME" or "${NAME}" at path[i] ('$'); appends the value and returns the index after it.
+Result<size_t> expand_var(const std::string& what, const std::string& path, size_t i, const PathVars& pv,
+                          std::string* out) {
+  std::string name;
+  size_t end;
+  if (i + 1 < path.size() && path[i + 1] == '{') {
+    const size_t close = path.find('}', i + 2);
+    if (close == std::string::npos) return path_error(what, path, "\"${\" without its \"}\"");
+    name = path.substr(i + 2, close - i - 2);
+    end = close + 1;
+  } else {
+    end = i + 1;
+    while (end < path.size() && name_char(path[end], end == i + 1)) ++end;
+    name = path.substr(i + 1, end - i - 1);
+  }
+  if (name.empty() || !name_char(name[0], true)) {
+    return path_error(what, path, "a \"$\" must begin an environment variable ($NAME or ${NAME}; \"$$\" for a \"$\")");
+  }
+  const char* v = getenv(name.c_str());
+  if (v == nullptr || *v == '\0') {
+    return path_error(what, path,
+                      "the environment variable " + name + " is " + (v ? "empty" : "not set") + " on host " + pv.host);
+  }
+  out->append(v);
+  return end;
 }
 
 }  // namespace
 
+PathVars process_path_vars() {
+  PathVars v;
+  v.rank = env_int({"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID", "RANK"});
+  v.local_rank = env_int({"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PMI_LOCAL_RANK", "SLURM_LOCALID",
+                          "LOCAL_RANK"});
+  char name[256] = {};
+  if (gethostname(name, sizeof name - 1) == 0) v.host = name;
+  return v;
+}
+
+Result<std::string> expand_path(const std::string& what, const std::string& path, const PathVars& v) {
+  std::string out;
+  for (size_t i = 0; i < path.size();) {
+    const char c = path[i];
+    if (c == '$' && i + 1 < path.size() && path[i + 1] == '$') {
+      out.push_back('$');
+      i += 2;
+    } else if (c == '$') {
+      ZOE_ASSIGN_OR_RETURN(i, expand_var(what, path, i, v, &out));
+    } else if (c == '{') {
+      const size_t close = path.find('}', i);
+      if (close == std::string::npos) return path_error(what, path, "\"{\" without its \"}\"");
+      const std::string name = path.substr(i + 1, close - i - 1);
+      if (name == "rank") {
+        out += std::to_string(v.rank);
+      } else if (name == "local_rank") {
+        out += std::to_string(v.local_rank);
+      } else if (name == "host") {
+        out += v.host;
+      } else {
+        return path_error(what, path,
+                          "unknown placeholder {" + name + "} (known: {rank}, {local_rank}, {host}, $VAR)");
+      }
+      i = close + 1;
+    } else {
+      out.push_back(c);
+      ++i;
+    }
+  }
+  return out;
+}
+
+Status expand_paths(Config* c, const PathVars& v) {
+  for (auto [o, block] : {std::pair{&c->zero.offload_optimizer, "offload_optimizer"},
+                          std::pair{&c->zero.offload_param, "offload_param"}}) {
+    const std::string key = std::string("zero_optimization.") + block + ".nvme_path";
+    for (auto& d : o->nvme_path) {
+      ZOE_ASSIGN_OR_RETURN(d, expand_path(key, d, v));
+    }
+  }
+  return Status::ok();
+}
+
 Status check_paths(const Config& c) {
   ZOE_RETURN_IF_ERROR(check_dirs(c.zero.offload_optimizer, "offload_optimizer"));
   return check_dirs(c.zero.offload_param, "offload_param");
+}
+
+const char* network_fs_name(long f_type) {
+  switch (static_cast<unsigned long>(f_type) & 0xffffffffUL) {
+    case 0x6969UL:
+      return "NFS";
+    case 0x0BD00BD0UL:
+      return "Lustre";
+    case 0x47504653UL:
+      return "GPFS";
+    case 0xFF534D42UL:
+      return "CIFS";
+    case 0xFE534D42UL:
+      return "SMB2";
+    case 0x19830326UL:
+      return "BeeGFS";
+    case 0x00C36400UL:
+      return "CephFS";
+    default:
+      return nullptr;
+  }
 }
 
 }  // namespace zoe::config

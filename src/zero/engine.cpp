@@ -3,16 +3,24 @@
 // The other parts: engine_fetch.cpp, engine_grads.cpp, engine_step.cpp, engine_checkpoint.cpp.
 #include "zoe/engine.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <thread>
 
+#include "comm/heartbeat.h"
 #include "config/paths.h"
 #include "config/value_used.h"
 #include "core/log.h"
 #include "core/units.h"
+#include "io/fault_injector.h"
 #include "zero/engine_impl.h"
 #include "zero/engine_internal.h"
 #include "zero/test_hooks.h"
@@ -42,6 +50,8 @@ Result<std::unique_ptr<Runtime>> Runtime::init(bool force_local) {
   std::unique_ptr<Runtime> rt(new Runtime());
   if (!force_local && comm::launched_by_mpi()) {
     ZOE_ASSIGN_OR_RETURN(rt->impl_->comm, comm::create_mpi_comm());
+    // A rank that learns another was lost removes its swap files before it exits.
+    comm::set_lost_rank_cleanup(&io::unlink_live_swap_files);
   } else {
     rt->impl_->comm = comm::create_local_comm();
   }
@@ -117,6 +127,35 @@ void Engine::Impl::shutdown() {
   homes.free_device_memory();
 }
 
+namespace {
+
+// ZOE_IO_STALL=RANK:NTH:SECONDS holds rank RANK's NTH I/O completion for SECONDS: a long NVMe stall
+// on demand, for testing that the other ranks wait for it (the lost-rank heartbeat keeps beating).
+io::FaultInjector* io_stall_from_env(int rank) {
+  const char* env = getenv("ZOE_IO_STALL");
+  if (env == nullptr || *env == '\0') return nullptr;
+  int r = -1;
+  unsigned long long nth = 0;
+  double seconds = 0;
+  char extra = 0;
+  if (sscanf(env, "%d:%llu:%lf%c", &r, &nth, &seconds, &extra) != 3 || nth == 0 || !(seconds >= 0) ||
+      seconds > 3600) {
+    ZOE_LOG_WARN("ZOE_IO_STALL=%s is not RANK:NTH:SECONDS (NTH >= 1, SECONDS in [0, 3600]); no stall", env);
+    return nullptr;
+  }
+  if (r != rank) return nullptr;
+  static io::FaultInjector stall;  // the process's; the engine's I/O may outlive any scope here
+  auto seen = std::make_shared<std::atomic<uint64_t>>(0);
+  stall.set_completion_hook([seen, nth, seconds, rank](io::IoOp) {
+    if (seen->fetch_add(1) + 1 != nth) return;
+    fprintf(stderr, "zoe: rank %d: ZOE_IO_STALL: holding I/O completion %llu for %.1f s\n", rank, nth, seconds);
+    std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+  });
+  return &stall;
+}
+
+}  // namespace
+
 Status Engine::Impl::setup_io() {
   const config::Config& cfg = *ctx.cfg;
   std::vector<std::string> dirs;
@@ -134,6 +173,7 @@ Status Engine::Impl::setup_io() {
       config::value_clamped("aio.queue_depth", cfg.aio.queue_depth, 1, 65536, "the I/O engine's range"));
   eo.block_size = static_cast<size_t>(config::aio_block_size_used(cfg.aio.block_size));
   eo.faults = zero::engine_io_faults();
+  if (eo.faults == nullptr) eo.faults = io_stall_from_env(ctx.rank);
   ZOE_ASSIGN_OR_RETURN(ctx.io, io::IoEngine::create(eo));
   io::SwapFileOptions so;
   so.dirs = dirs;
@@ -199,23 +239,67 @@ Status Engine::Impl::place_module(zero::ModuleId m,
   return fence.wait();
 }
 
-// NVMe space for everything that lives there, checked before anything is written.
+namespace {
+
+// One rank's NVMe needs, as every rank sees them: its host, the file system of its swap files, the
+// bytes it needs there and the bytes free.
+struct NvmeNeed {
+  char host[64];
+  char where[176];
+  uint64_t fs;  // st_dev of the first swap file
+  uint64_t need, free;
+};
+
+std::string ranks_text(const std::vector<int>& ranks) {
+  std::string out;
+  for (int r : ranks) out += (out.empty() ? "" : ", ") + std::to_string(r);
+  return out;
+}
+
+}  // namespace
+
+// NVMe space for everything that lives there, checked before anything is written: each rank's own
+// files, then each node's (its ranks' files on one file system share its free space). Every rank
+// learns of a node that lacks space, and every rank's error names it.
 Status Engine::Impl::check_nvme_space() const {
   if (!ctx.swap) return Status::ok();
-  const uint64_t need = ctx.placement.nvme_bytes();
-  uint64_t free_b = 0;
+  NvmeNeed mine{};
+  char host[64] = {};
+  gethostname(host, sizeof host - 1);
+  std::memcpy(mine.host, host, sizeof mine.host);
+  mine.need = ctx.placement.nvme_bytes();
   std::string where;
   for (const auto& f : ctx.swap->files()) {
     auto fb = io::free_bytes_at(f->path());
-    if (fb.is_ok()) free_b += fb.value() / ctx.swap->files().size();  // files may share a file system
+    if (fb.is_ok()) mine.free += fb.value() / ctx.swap->files().size();  // files may share a file system
     where += (where.empty() ? "" : ", ") + f->path();
   }
-  if (need > free_b) {
+  struct stat st {};
+  if (!ctx.swap->files().empty() && stat(ctx.swap->files()[0]->path().c_str(), &st) == 0) mine.fs = st.st_dev;
+  snprintf(mine.where, sizeof mine.where, "%s", where.c_str());
+  std::vector<NvmeNeed> all(static_cast<size_t>(ctx.world));
+  ZOE_RETURN_IF_ERROR(ctx.comm->all_gather(&mine, all.data(), sizeof mine, comm::CommType::kU8).wait());
+  for (int r = 0; r < ctx.world; ++r) {
+    const NvmeNeed& a = all[r];
+    // The ranks on a's node and file system (each group is judged once, at its first rank).
+    std::vector<int> ranks;
+    uint64_t need = 0, free_b = a.free;
+    bool first = true;
+    for (int q = 0; q < ctx.world; ++q) {
+      if (strncmp(all[q].host, a.host, sizeof a.host) != 0 || all[q].fs != a.fs) continue;
+      if (q < r) first = false;
+      ranks.push_back(q);
+      need += all[q].need;
+      free_b = std::max(free_b, all[q].free);
+    }
+    const bool alone = ranks.size() == 1;
+    if (!first || (alone ? a.need <= a.free : need <= free_b)) continue;
+    if (alone) need = a.need;
     return no_space(
-        "the model needs %llu bytes (%s) of NVMe swap space on this rank but only %llu bytes (%s) are "
-        "free at %s",
-        static_cast<unsigned long long>(need), format_bytes(need).c_str(),
-        static_cast<unsigned long long>(free_b), format_bytes(free_b).c_str(), where.c_str());
+        "NVMe swap space: node %.64s lacks it: %s %s %llu bytes (%s) at %.176s but only %llu bytes (%s) are "
+        "free there",
+        a.host, alone ? "rank" : "its ranks", ranks_text(ranks).c_str(), static_cast<unsigned long long>(need),
+        format_bytes(need).c_str(), a.where, static_cast<unsigned long long>(free_b), format_bytes(free_b).c_str());
   }
   return Status::ok();
 }
@@ -239,10 +323,18 @@ Result<std::unique_ptr<Engine>> Engine::create(Runtime& rt, const Config& cfg) {
   return zero::create_engine(rt, ConfigAccess::get(cfg));
 }
 
-Result<std::unique_ptr<Engine>> zero::create_engine(Runtime& rt, const config::Config& cfg) {
+Result<std::unique_ptr<Engine>> zero::create_engine(Runtime& rt, const config::Config& given) {
   using Impl = Engine::Impl;
-  // The file system, checked here rather than while parsing: NVMe directories exist and are writable.
+  // nvme_path's placeholders ({rank}, {local_rank}, {host}, $VAR) for this rank, then the file system,
+  // checked here rather than while parsing: NVMe directories exist and are writable.
+  config::Config cfg = given;
+  config::PathVars vars = config::process_path_vars();
+  vars.rank = rt.rank();
+  vars.local_rank = rt.local_rank();
+  ZOE_RETURN_IF_ERROR(config::expand_paths(&cfg, vars));
   ZOE_RETURN_IF_ERROR(config::check_paths(cfg));
+  // The lost-rank timeout the config gives (without the key: ZOE_COMM_TIMEOUT_S, or the default).
+  if (cfg.given("zoe.comm_timeout_s")) comm::set_comm_timeout(cfg.zoe.comm_timeout_s);
   auto impl = std::make_unique<Impl>();
   impl->ctx.rt = &rt;
   impl->ctx.comm = &zero::runtime_comm(rt);

@@ -222,7 +222,12 @@ Status Config::set_device(const std::string& device) {
 }
 #undef ZOE_EDIT
 
-Status Config::check_paths() const { return config::check_paths(impl_->cfg); }
+// The placeholders as this process's launcher gives them (the engine uses the Runtime's values).
+Status Config::check_paths() const {
+  config::Config c = impl_->cfg;
+  ZOE_RETURN_IF_ERROR(config::expand_paths(&c, config::process_path_vars()));
+  return config::check_paths(c);
+}
 
 int Config::world_size() const { return impl_->world_size; }
 int64_t Config::micro_batch() const { return impl_->cfg.train_micro_batch_size_per_gpu; }

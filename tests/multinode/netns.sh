@@ -19,6 +19,9 @@
 #   netns.sh down                   remove every namespace of MN_PREFIX and the state directory
 #   netns.sh mpirun ARGS...         mpirun from the head node, ranks on the nodes of the hostfile
 #                                   STATE/hosts, over TCP on the subnet (agent: STATE/rsh-agent)
+# An executable STATE/node-setup, when there is one, runs (as root, in the node's own mount
+# namespace, after the NODE_DIR bind mount) before every command on a node, with the node's index
+# as its argument: a test mounts a small tmpfs on one node there, for example.
 # Environment: MN_PREFIX (default zoemn; at most 8 characters), MN_SUBNET (first three octets,
 # default 10.77.0), MN_STATE (default /tmp/zoe-netns-$MN_PREFIX). Two users of this script at once
 # must use different prefixes and subnets. `up` first removes namespaces of its prefix left behind
@@ -183,6 +186,9 @@ mn_exec() {
   [ "$i" = head ] && setup="hostname head"
   if [ -n "$node_dir" ] && [ "$i" != head ]; then
     setup="$setup && mount --bind '$MN_STATE/node-dir/node$i' '$node_dir'"
+  fi
+  if [ "$i" != head ]; then
+    setup="$setup && { [ ! -x '$MN_STATE/node-setup' ] || '$MN_STATE/node-setup' $i; }"
   fi
   ip netns exec "$ns" unshare --uts --mount sh -c "$setup && exec \"\$@\"" sh "$@"
 }

@@ -1,6 +1,8 @@
 """A rank lost under mpirun: the surviving rank removes its swap files at once when mpirun stops
 it (SIGTERM, then SIGKILL within a second), says so on stderr, and the next run on the same path
-reclaims the killed rank's files (found unlocked: their process is gone)."""
+reclaims the killed rank's files (found unlocked: their process is gone). The lost-rank heartbeat
+is off here (ZOE_COMM_TIMEOUT_S=0), so that mpirun's signal is what stops the survivor; with it,
+the survivor finds the loss first (tests/multinode/run.sh, cases kill and link)."""
 import os
 import shutil
 import signal
@@ -48,7 +50,7 @@ def test_survivor_removes_its_swap_files_and_the_next_run_reclaims_the_lost_ones
     nvme = tmp_path / "nvme"
     nvme.mkdir()
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OMPI_MCA_btl="self,vader")
+               OMPI_MCA_btl="self,vader", ZOE_COMM_TIMEOUT_S="0")
     cmd = [mpirun, "--oversubscribe", "--bind-to", "none", "-np", "2", zoe, "train", "--preset", "tiny",
            "--steps", "100000", "--offload", "nvme", "--nvme-path", str(nvme), "--device-budget", "1MiB",
            "--threads", "1"]

@@ -1,0 +1,111 @@
+// nvme_path's placeholders ({rank}, {local_rank}, {host}, $VAR) and the network file system
+// warning's detection (config/paths.h).
+#include <gtest/gtest.h>
+
+#include <sys/statfs.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "config/config.h"
+#include "config/paths.h"
+#include "tests/util/status_test_util.h"
+#include "tests/util/test_util.h"
+
+namespace zoe::config {
+namespace {
+
+#define EXPECT_HAS(haystack, needle) \
+  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
+
+PathVars vars() {
+  PathVars v;
+  v.rank = 13;
+  v.local_rank = 1;
+  v.host = "gpu-node7";
+  return v;
+}
+
+std::string expanded(const std::string& path) {
+  auto r = expand_path("key", path, vars());
+  EXPECT_OK(r) << path;
+  return r.is_ok() ? r.value() : "";
+}
+
+std::string error_of(const std::string& path) {
+  auto r = expand_path("zero_optimization.offload_param.nvme_path", path, vars());
+  EXPECT_FALSE(r.is_ok()) << path << " expanded to " << (r.is_ok() ? r.value() : "");
+  if (r.is_ok()) return "";
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  return r.status().message();
+}
+
+TEST(NvmePath, PlaceholdersAndVariables) {
+  setenv("ZOE_TEST_LOCAL_DIR", "/local/job42", 1);
+  EXPECT_EQ(expanded("/nvme/zoe"), "/nvme/zoe");  // nothing to expand
+  EXPECT_EQ(expanded("/nvme/{host}/r{rank}-l{local_rank}"), "/nvme/gpu-node7/r13-l1");
+  EXPECT_EQ(expanded("$ZOE_TEST_LOCAL_DIR/zoe"), "/local/job42/zoe");
+  EXPECT_EQ(expanded("${ZOE_TEST_LOCAL_DIR}x/{local_rank}"), "/local/job42x/1");
+  EXPECT_EQ(expanded("/a/$$b/{rank}{rank}"), "/a/$b/1313");
+  // Every entry of both blocks.
+  Config c;
+  c.zero.offload_optimizer.nvme_path = {"/o/{rank}", "$ZOE_TEST_LOCAL_DIR"};
+  c.zero.offload_param.nvme_path = {"/p/{host}"};
+  ASSERT_OK(expand_paths(&c, vars()));
+  EXPECT_EQ(c.zero.offload_optimizer.nvme_path[0], "/o/13");
+  EXPECT_EQ(c.zero.offload_optimizer.nvme_path[1], "/local/job42");
+  EXPECT_EQ(c.zero.offload_param.nvme_path[0], "/p/gpu-node7");
+  unsetenv("ZOE_TEST_LOCAL_DIR");
+}
+
+TEST(NvmePath, BadPlaceholdersAreErrorsNamingTheKeyAndThePath) {
+  unsetenv("ZOE_TEST_UNSET_DIR");
+  setenv("ZOE_TEST_EMPTY_DIR", "", 1);
+  std::string e = error_of("/nvme/{node}");
+  EXPECT_HAS(e, "zero_optimization.offload_param.nvme_path: '/nvme/{node}': unknown placeholder {node}");
+  EXPECT_HAS(e, "{rank}, {local_rank}, {host}, $VAR");
+  EXPECT_HAS(error_of("$ZOE_TEST_UNSET_DIR/zoe"), "the environment variable ZOE_TEST_UNSET_DIR is not set on host gpu-node7");
+  EXPECT_HAS(error_of("${ZOE_TEST_EMPTY_DIR}/zoe"), "ZOE_TEST_EMPTY_DIR is empty");
+  EXPECT_HAS(error_of("/nvme/{rank"), "\"{\" without its \"}\"");
+  EXPECT_HAS(error_of("/nvme/${HOME"), "\"${\" without its \"}\"");
+  EXPECT_HAS(error_of("/nvme/$/x"), "a \"$\" must begin an environment variable");
+  Config c;
+  c.zero.offload_param.nvme_path = {"/ok", "/bad/{x}"};
+  EXPECT_HAS(expand_paths(&c, vars()).message(), "zero_optimization.offload_param.nvme_path: '/bad/{x}'");
+  unsetenv("ZOE_TEST_EMPTY_DIR");
+}
+
+TEST(NvmePath, ProcessVarsFromTheLauncher) {
+  setenv("OMPI_COMM_WORLD_RANK", "5", 1);
+  setenv("OMPI_COMM_WORLD_LOCAL_RANK", "2", 1);
+  PathVars v = process_path_vars();
+  EXPECT_EQ(v.rank, 5);
+  EXPECT_EQ(v.local_rank, 2);
+  EXPECT_FALSE(v.host.empty());
+  unsetenv("OMPI_COMM_WORLD_RANK");
+  unsetenv("OMPI_COMM_WORLD_LOCAL_RANK");
+}
+
+TEST(NvmePath, NetworkFileSystemsAreRecognisedByTheirMagic) {
+  EXPECT_STREQ(network_fs_name(0x6969), "NFS");
+  EXPECT_STREQ(network_fs_name(0x0BD00BD0), "Lustre");
+  EXPECT_STREQ(network_fs_name(0x47504653), "GPFS");
+  EXPECT_STREQ(network_fs_name(static_cast<long>(0xFF534D42u)), "CIFS");
+  EXPECT_EQ(network_fs_name(0xEF53), nullptr);      // ext4
+  EXPECT_EQ(network_fs_name(0x58465342), nullptr);  // xfs
+  EXPECT_EQ(network_fs_name(0x01021994), nullptr);  // tmpfs
+  // The scratch directory of the tests is local here: check_paths passes it without a warning's
+  // reason (whatever it is, the answer agrees with statfs).
+  test::ScratchDir dir("paths");
+  struct statfs fs {};
+  ASSERT_EQ(statfs(dir.path().c_str(), &fs), 0);
+  const char* name = network_fs_name(static_cast<long>(fs.f_type));
+  Config c;
+  c.zero.stage = 2;
+  c.zero.offload_optimizer.device = OffloadDevice::kNvme;
+  c.zero.offload_optimizer.nvme_path = {dir.path()};
+  EXPECT_OK(check_paths(c)) << (name ? name : "local");
+}
+
+}  // namespace
+}  // namespace zoe::config

@@ -1,0 +1,379 @@
+#!/usr/bin/env bash
+# zoe over several nodes, on one machine: test nodes are network namespaces on a bridge
+# (tests/multinode/netns.sh), each with its own address, hostname and NVMe directory (a mount
+# namespace: the same path is a different directory on each node); mpirun reaches them through
+# an rsh agent and the ranks talk over TCP.
+#
+# Cases:
+#   layouts    stages 1, 2 and 3 with NVMe offload on 2 nodes x 2 ranks, on 1 node x 4 ranks and on
+#              3 uneven nodes (1, 2, 1 ranks): bit-identical losses and gradient norms, and the same
+#              as stage 0 without offload (the dense reference); each node's swap files lie in its
+#              own directory behind the one nvme_path, and none is left
+#   space      one node's NVMe directory too small: every rank's error names that node
+#   stall      one rank's I/O held longer than zoe.comm_timeout_s: not a lost rank, same losses
+#   kill       one node's processes killed mid-run: every other rank exits within 60 s naming a
+#              lost rank and its host; the last checkpoint verifies; no swap file left
+#   link       one node's link taken down mid-run: the same
+#   resume     the kill case's last checkpoint resumed on 2 nodes x 1 rank (4 ranks -> 2): the
+#              same losses as 1 node x 2 ranks resumed from it
+#   torch      the PyTorch front-end on 2 nodes x 1 rank and on 1 node x 2 ranks: the same losses
+#              and weights (needs ZOE_PYTHON: a python that imports zoe and torch; else skipped)
+#
+# Usage: bash tests/multinode/run.sh [CASE...]    (ZOE_BIN: the zoe binary, default build/bin/zoe)
+# Exit 0 when every case passes; 77 with one line when this machine does not allow network
+# namespaces (not root, no CAP_NET_ADMIN); 1 on a failure. Every namespace, bridge, veth and node
+# directory is removed on every way out.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+export MN_PREFIX=${MN_PREFIX:-zoemn} MN_SUBNET=${MN_SUBNET:-10.77.0}
+# shellcheck source=tests/multinode/netns.sh
+source "$here/netns.sh"
+
+why=$(mn_check)
+rc=$?
+if [ $rc -ne 0 ]; then
+  echo "$why"
+  exit 77
+fi
+ZOE=$(readlink -f "${ZOE_BIN:-$root/build/bin/zoe}")
+if [ ! -x "$ZOE" ]; then
+  echo "multinode: $ZOE is not built (build it, or set ZOE_BIN)" >&2
+  exit 1
+fi
+# One run of this prefix at a time on this machine.
+exec 9> "/tmp/zoe-multinode-$MN_PREFIX.lock"
+flock 9
+work=$(mktemp -d "${ZOE_SCRATCH:-/var/tmp}/zoe-multinode.XXXXXX")
+export MN_STATE=$work/state
+cleanup() {
+  mn_down > /dev/null 2>&1 || mn_down
+  rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+failed=0
+fail() {
+  echo "multinode: FAILED: $*" >&2
+  failed=1
+}
+note() { echo "multinode: $*" >&2; }
+
+py() { /usr/bin/python3 "$@"; }
+
+# The directory that is each node's own (a bind mount per node), and the config's path into it:
+# $ZOE_MN_NVME (an environment variable) and {host}, {local_rank} (placeholders).
+nvme=$work/nvme
+mkdir -p "$nvme"
+export ZOE_MN_NVME=$nvme
+
+# Nodes for LAYOUT ("2,2"), each with directories HOST/0..3 in its own NVMe directory.
+nodes_up() {
+  mn_down > /dev/null 2>&1
+  mkdir -p "$MN_STATE"
+  rm -f "$MN_STATE/node-setup"
+  mn_up "$1" "$nvme" || return 1
+  local i n
+  n=$(wc -l < "$MN_STATE/hosts")
+  for ((i = 0; i < n; i++)); do
+    mkdir -p "$MN_STATE/node-dir/node$i/node$i/"{0,1,2,3}
+  done
+}
+
+# Ranks in LAYOUT.
+ranks_of() { echo "$1" | tr ',' '\n' | awk '{s += $1} END {print s}'; }
+
+# mpirun over the nodes (already up) with a time limit: mn_launch SECONDS NP ARGS...
+mn_launch() {
+  local limit=$1 np=$2
+  shift 2
+  timeout -k 5 "$limit" bash "$here/netns.sh" mpirun -np "$np" -x ZOE_MN_NVME -x ZOE_COMM_TIMEOUT_S \
+    -x ZOE_IO_STALL -x OMPI_MCA_rmaps_base_oversubscribe=1 "$@"
+}
+
+# A config file: stage, offload (none|nvme), extra JSON for "zoe".
+write_config() {
+  local file=$1 stage=$2 offload=$3 extra=${4:-}
+  local off=""
+  if [ "$offload" = nvme ]; then
+    local path='"$ZOE_MN_NVME/{host}/{local_rank}"'
+    off=", \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": $path}"
+    [ "$stage" = 3 ] && off="$off, \"offload_param\": {\"device\": \"nvme\", \"nvme_path\": $path}"
+  fi
+  cat > "$file" << EOF
+{
+  "train_micro_batch_size_per_gpu": 2,
+  "optimizer": {"type": "AdamW", "params": {"lr": 3e-3}},
+  "zero_optimization": {"stage": $stage, "stage3_param_persistence_threshold": 0 $off},
+  "zoe": {"device_budget": "1MiB", "optimizer_threads": 1 $extra}
+}
+EOF
+}
+
+train_args=(train --preset tiny --seq 32 --precision fp32 --quiet --json)
+
+# The swap files under the node directories (none may be left).
+swap_files_left() { find "$MN_STATE/node-dir" "$nvme" -name '*.swap' 2> /dev/null; }
+
+# Runs one training (nodes already up) in the background and records, while it runs, which swap
+# files each node's directory holds. OUT.json, OUT.err, OUT.swaps.
+train_watching() {
+  local out=$1 np=$2
+  shift 2
+  mn_launch 240 "$np" "$ZOE" "${train_args[@]}" "$@" > "$out.json" 2> "$out.err" &
+  local pid=$!
+  : > "$out.swaps"
+  while kill -0 $pid 2> /dev/null; do
+    (cd "$MN_STATE/node-dir" && find . -name '*.swap') >> "$out.swaps" 2> /dev/null
+    sleep 0.1
+  done
+  wait $pid
+}
+
+# --- layouts ------------------------------------------------------------------------------------
+case_layouts() {
+  local steps=4 stage layout
+  for stage in 1 2 3; do
+    write_config "$work/s$stage.json" "$stage" nvme
+    for layout in 2,2 4 1,2,1; do
+      nodes_up "$layout" || return 1
+      local out="$work/s$stage-${layout//,/_}"
+      if ! train_watching "$out" 4 --config "$work/s$stage.json" --steps $steps; then
+        fail "stage $stage on nodes $layout: exit $? ($(tail -3 "$out.err"))"
+        continue
+      fi
+      # Each node's directory holds exactly its own ranks' swap files (rank r: zoe-swap-rR-*).
+      py - "$out.swaps" "$layout" << 'EOF' || fail "stage $stage on nodes $layout: swap files in the wrong node's directory"
+import re, sys
+seen = {l.strip() for l in open(sys.argv[1]) if l.strip()}
+layout = [int(x) for x in sys.argv[2].split(",")]
+owner, r = {}, 0
+for node, n in enumerate(layout):
+    for _ in range(n):
+        owner[r] = node
+        r += 1
+bad, nodes_seen = [], set()
+for s in seen:  # ./nodeI/nodeI/LOCAL/zoe-swap-rR-PID....swap
+    m = re.match(r"\./node(\d+)/node(\d+)/(\d+)/zoe-swap-r(\d+)-", s)
+    if not m or int(m.group(1)) != int(m.group(2)) or owner.get(int(m.group(4))) != int(m.group(1)):
+        bad.append(s)
+    else:
+        nodes_seen.add(int(m.group(1)))
+if bad or nodes_seen != set(range(len(layout))):
+    print("swap files:", sorted(seen), "misplaced:", bad, "nodes with files:", sorted(nodes_seen), file=sys.stderr)
+    sys.exit(1)
+EOF
+      [ -z "$(swap_files_left)" ] || fail "stage $stage on nodes $layout left swap files: $(swap_files_left)"
+    done
+  done
+  # The dense reference: stage 0, nothing offloaded, one node of 4 ranks.
+  write_config "$work/s0.json" 0 none
+  nodes_up 4 || return 1
+  mn_launch 240 4 "$ZOE" "${train_args[@]}" --config "$work/s0.json" --steps $steps > "$work/dense.json" \
+    2> "$work/dense.err" || fail "the dense reference: exit $? ($(tail -3 "$work/dense.err"))"
+  py - "$work" << 'EOF' || fail "losses differ across node layouts or from the dense reference"
+import json, sys
+from pathlib import Path
+w = Path(sys.argv[1])
+def curve(p):
+    j = json.loads(p.read_text())
+    return j["losses"], j["grad_norms"], j["world_size"]
+ref = curve(w / "dense.json")
+assert ref[2] == 4, ref
+bad = 0
+for stage in (1, 2, 3):
+    for layout in ("2_2", "4", "1_2_1"):
+        p = w / f"s{stage}-{layout}.json"
+        if not p.exists() or not p.read_text().strip():
+            print(f"stage {stage} nodes {layout}: no result", file=sys.stderr); bad += 1; continue
+        got = curve(p)
+        if got != ref:
+            print(f"stage {stage} nodes {layout}: {got} != dense {ref}", file=sys.stderr); bad += 1
+print(f"multinode: layouts: 9 runs bit-identical to the dense reference, losses {ref[0]}", file=sys.stderr)
+sys.exit(1 if bad else 0)
+EOF
+}
+
+# --- space --------------------------------------------------------------------------------------
+case_space() {
+  nodes_up 2,1 || return 1
+  # Node 1's NVMe directory is a 64 KiB tmpfs (the same path as node 0's, which has room).
+  cat > "$MN_STATE/node-setup" << EOF
+#!/bin/sh
+[ "\$1" = 1 ] || exit 0
+mount -t tmpfs -o size=64k tmpfs '$nvme' && mkdir -p '$nvme/node1/0'
+EOF
+  chmod +x "$MN_STATE/node-setup"
+  write_config "$work/space.json" 3 nvme
+  mn_launch 120 3 "$ZOE" "${train_args[@]}" --config "$work/space.json" --steps 2 > /dev/null 2> "$work/space.err"
+  local rc=$?
+  [ $rc -ne 0 ] || fail "space: a run with a node short of NVMe space exited 0"
+  [ $rc -ne 124 ] && [ $rc -ne 137 ] || fail "space: the run hung"
+  local n
+  n=$(grep -c "NVMe swap space: node node1 lacks it: rank 2 " "$work/space.err")
+  [ "$n" -ge 1 ] || fail "space: no error names node1: $(tail -5 "$work/space.err")"
+  grep -q "node node0 lacks" "$work/space.err" && fail "space: node0 named although it has room"
+  note "space: $n rank(s) named node1 ($(grep -m1 -o 'NVMe swap space: node node1[^;]*' "$work/space.err"))"
+}
+
+# --- stall --------------------------------------------------------------------------------------
+case_stall() {
+  nodes_up 2,2 || return 1
+  write_config "$work/stall.json" 3 nvme ', "comm_timeout_s": 2'
+  local t0=$SECONDS
+  ZOE_IO_STALL=3:40:6 mn_launch 240 4 "$ZOE" "${train_args[@]}" --config "$work/stall.json" --steps 4 \
+    > "$work/stall.json.out" 2> "$work/stall.err" || fail "stall: exit $? ($(tail -3 "$work/stall.err"))"
+  local took=$((SECONDS - t0))
+  grep -q "rank 3: ZOE_IO_STALL: holding I/O completion 40 for 6.0 s" "$work/stall.err" ||
+    fail "stall: rank 3's I/O was not held ($(tail -3 "$work/stall.err"))"
+  grep -q "was lost" "$work/stall.err" && fail "stall: a stall longer than zoe.comm_timeout_s was taken for a loss"
+  py - "$work/stall.json.out" "$work/s3-2_2.json" << 'EOF' || fail "stall: the losses differ from the run without a stall"
+import json, sys
+a, b = (json.loads(open(p).read()) for p in sys.argv[1:3])
+sys.exit(0 if a["losses"] == b["losses"] else 1)
+EOF
+  note "stall: a 6 s I/O stall with zoe.comm_timeout_s 2: no loss, same losses (run took ${took} s)"
+}
+
+# --- kill and link ------------------------------------------------------------------------------
+# A zoe process still running on node I (the orted is Open MPI's, not ours).
+zoe_pids_on() {
+  local p
+  for p in $(ip netns pids "$(mn_ns "$1")" 2> /dev/null); do
+    [ "$(readlink "/proc/$p/exe" 2> /dev/null)" = "$ZOE" ] && echo "$p"
+  done
+}
+
+# Starts a long 2 x 2 run saving a checkpoint every 2 steps into SAVE; waits until one exists.
+start_long_run() {
+  local name=$1 save=$2
+  nodes_up 2,2 || return 1
+  write_config "$work/$name.cfg" 3 nvme
+  mn_launch 300 4 "$ZOE" train --preset tiny --seq 32 --precision fp32 --config "$work/$name.cfg" \
+    --steps 100000 --save-every 2 --save-dir "$save" > /dev/null 2> "$work/$name.err" &
+  long_pid=$!
+  local t=0
+  until [ -e "$save/latest" ] && [ -n "$(ls -d "$save"/step-000004 2> /dev/null)" ]; do
+    sleep 0.2
+    t=$((t + 1))
+    if [ $t -ge 600 ] || ! kill -0 $long_pid 2> /dev/null; then
+      fail "$name: no checkpoint after 120 s ($(tail -3 "$work/$name.err"))"
+      return 1
+    fi
+  done
+}
+
+# After node LOST was cut off: every zoe rank on the other nodes (and on LOST when it still runs)
+# exits within 60 s, one of them naming a lost rank and its host.
+expect_clean_exit() {
+  local name=$1 lost=$2 t0=$SECONDS left i
+  while :; do
+    left=""
+    for i in 0 1; do left="$left$(zoe_pids_on $i)"; done
+    [ -z "$left" ] && break
+    if [ $((SECONDS - t0)) -gt 60 ]; then
+      fail "$name: zoe ranks still running 60 s after node $lost was lost"
+      break
+    fi
+    sleep 0.2
+  done
+  local took=$((SECONDS - t0))
+  # mpirun itself may wait for the node it cannot reach: the harness ends it.
+  kill -TERM $long_pid 2> /dev/null
+  wait $long_pid 2> /dev/null
+  local line
+  line=$(grep -m1 "was lost" "$work/$name.err")
+  if [ "$lost" = 1 ]; then
+    echo "$line" | grep -Eq "rank [23] \(host node1\) was lost|rank 0 \(host node0\) was lost" ||
+      fail "$name: no rank named the lost rank and its host: $(tail -5 "$work/$name.err")"
+  fi
+  note "$name: every rank gone ${took} s after the loss; \"$line\""
+  [ -z "$(swap_files_left)" ] || fail "$name: swap files left: $(swap_files_left)"
+}
+
+case_kill() {
+  local save=$work/ckpt-kill
+  start_long_run kill "$save" || return 1
+  mn_kill 1
+  expect_clean_exit kill 1
+  "$ZOE" ckpt verify "$save" > "$work/kill.verify" 2>&1 || fail "kill: the last checkpoint does not verify: $(tail -3 "$work/kill.verify")"
+}
+
+case_link() {
+  local save=$work/ckpt-link
+  start_long_run link "$save" || return 1
+  mn_link 1 down
+  expect_clean_exit link 1
+  "$ZOE" ckpt verify "$save" > "$work/link.verify" 2>&1 || fail "link: the last checkpoint does not verify: $(tail -3 "$work/link.verify")"
+}
+
+# --- resume -------------------------------------------------------------------------------------
+case_resume() {
+  local save=$work/ckpt-kill
+  [ -e "$save/latest" ] || { fail "resume: no checkpoint from the kill case"; return 1; }
+  local ck
+  ck=$(readlink -f "$save/latest" 2> /dev/null || cat "$save/latest")
+  [ -d "$ck" ] || ck="$save/$(cat "$save/latest")"
+  write_config "$work/resume.cfg" 3 nvme
+  local start
+  start=$(basename "$ck" | sed 's/step-0*//')
+  local steps=$((start + 3)) layout
+  for layout in 1,1 2; do
+    nodes_up $layout || return 1
+    mn_launch 240 2 "$ZOE" "${train_args[@]}" --config "$work/resume.cfg" --steps $steps --resume "$ck" \
+      > "$work/resume-${layout//,/_}.json" 2> "$work/resume-${layout//,/_}.err" ||
+      fail "resume on nodes $layout: exit $? ($(tail -3 "$work/resume-${layout//,/_}.err"))"
+  done
+  py - "$work/resume-1_1.json" "$work/resume-2.json" "$start" << 'EOF' || fail "resume: 2 nodes x 1 rank and 1 node x 2 ranks differ"
+import json, sys
+a, b = (json.loads(open(p).read()) for p in sys.argv[1:3])
+assert a["world_size"] == 2 and a["start_step"] == int(sys.argv[3]), (a["world_size"], a["start_step"])
+assert len(a["losses"]) == 3, a["losses"]
+sys.exit(0 if (a["losses"], a["grad_norms"]) == (b["losses"], b["grad_norms"]) else 1)
+EOF
+  note "resume: 4 ranks' checkpoint step $start resumed on 2 ranks, 2 nodes = 1 node"
+}
+
+# --- torch --------------------------------------------------------------------------------------
+case_torch() {
+  if [ -z "${ZOE_PYTHON:-}" ]; then
+    note "torch: skipped (set ZOE_PYTHON to a python that imports zoe and torch; scripts/test.sh does)"
+    return 0
+  fi
+  local layout out
+  for layout in 1,1 2; do
+    nodes_up $layout || return 1
+    out=$work/torch-${layout//,/_}
+    mkdir -p "$out"
+    mn_launch 300 2 -x PYTHONPATH "$ZOE_PYTHON" "$root/tests/python/test_torch_mpi.py" "$out" gpt \
+      > "$out.log" 2>&1 || fail "torch on nodes $layout: exit $? ($(tail -5 "$out.log"))"
+  done
+  py - "$work/torch-1_1" "$work/torch-2" << 'EOF' || fail "torch: 2 nodes x 1 rank and 1 node x 2 ranks differ"
+import json, sys
+from pathlib import Path
+a, b = ([json.loads((Path(d) / f"gpt-w2-r{r}.json").read_text()) for r in (0, 1)] for d in sys.argv[1:3])
+sys.exit(0 if a == b else 1)
+EOF
+  note "torch: the PyTorch front-end on 2 nodes = 1 node (losses and weights)"
+}
+
+cases=("$@")
+[ ${#cases[@]} -gt 0 ] || cases=(layouts space stall kill link resume torch)
+t_all=$SECONDS
+for c in "${cases[@]}"; do
+  t0=$SECONDS
+  if ! declare -F "case_$c" > /dev/null; then
+    fail "no case $c"
+    continue
+  fi
+  "case_$c" || fail "$c: could not run"
+  note "$c: $((SECONDS - t0)) s"
+done
+mn_down || fail "namespaces left behind"
+if [ $failed -ne 0 ]; then
+  echo "multinode: some cases failed ($((SECONDS - t_all)) s)" >&2
+  exit 1
+fi
+echo "multinode: all cases passed ($((SECONDS - t_all)) s)" >&2
+exit 0
