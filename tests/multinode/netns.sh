@@ -7,8 +7,8 @@
 #
 # Usage (as a command; every subcommand reads the same MN_PREFIX / MN_SUBNET / MN_STATE):
 #   netns.sh check                  exit 0 when namespaces can be made here; else one line, exit 77
-#   netns.sh up LAYOUT [NODE_DIR]   LAYOUT is the ranks per node, "2,2" or "1,2,1" (or a count N:
-#                                   N nodes of 1 rank): nodes 0..N-1 at SUBNET.1..SUBNET.N, each with
+#   netns.sh up LAYOUT [NODE_DIR]   LAYOUT is the ranks per node, "2,2" or "1,2,1", or NxR (N nodes
+#                                   of R ranks: "1x4"), or a count N (N nodes of 1 rank): nodes 0..N-1 at SUBNET.1..SUBNET.N, each with
 #                                   that many slots in STATE/hosts (mpirun fills them in order, so
 #                                   node 0 has ranks 0..s0-1), and a launcher node "head" at
 #                                   SUBNET.254; with NODE_DIR (an existing directory), each node
@@ -121,7 +121,10 @@ EOF
 
 mn_up() {
   local layout=$1 node_dir=${2:-} slots i
-  if [[ "$layout" =~ ^[0-9]+$ ]]; then
+  if [[ "$layout" =~ ^([0-9]+)x([0-9]+)$ ]]; then
+    slots=()
+    for ((i = 0; i < BASH_REMATCH[1]; i++)); do slots+=("${BASH_REMATCH[2]}"); done
+  elif [[ "$layout" =~ ^[0-9]+$ ]]; then
     slots=()
     for ((i = 0; i < layout; i++)); do slots+=(1); done
   elif [[ "$layout" =~ ^[0-9]+(,[0-9]+)*$ ]]; then
@@ -190,7 +193,8 @@ mn_exec() {
   if [ "$i" != head ]; then
     setup="$setup && { [ ! -x '$MN_STATE/node-setup' ] || '$MN_STATE/node-setup' $i; }"
   fi
-  ip netns exec "$ns" unshare --uts --mount sh -c "$setup && exec \"\$@\"" sh "$@"
+  # As a command, the script becomes the node's command (exec): a signal to it reaches that command.
+  ${MN_EXEC_SELF:-} ip netns exec "$ns" unshare --uts --mount sh -c "$setup && exec \"\$@\"" sh "$@"
 }
 
 mn_kill() {
@@ -212,6 +216,7 @@ mn_mpirun() {
 }
 
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+  MN_EXEC_SELF=exec
   cmd=${1:-}
   shift || true
   case "$cmd" in
