@@ -298,7 +298,7 @@ void Heartbeat::declare_lost(int peer, const std::string& why, bool relayed) {
     for (auto& p : peers_) {
       if (p.rank != peer && p.fd >= 0 && !p.done) (void)!send(p.fd, f.data(), f.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
     }
-    usleep(200000);  // the relays leave before a handler that exits closes the sockets
+    // No wait: the kernel sends what send() took even after the process exits, ahead of the close.
   }
   LostRank l;
   l.rank = peer;
