@@ -29,7 +29,8 @@ constexpr char kBye = 'B';   // the sender leaves normally
 constexpr char kLost = 'L';  // rank 0 relays: rank `about` is lost; flag 1: its connection closed
 
 int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
 
@@ -93,7 +94,9 @@ int connect_within(const std::string& addr, int port, double timeout_s) {
       close(fd);
       return -1;
     }
-    struct pollfd p {fd, POLLOUT, 0};
+    struct pollfd p {
+      fd, POLLOUT, 0
+    };
     int err = 0;
     socklen_t len = sizeof err;
     if (poll(&p, 1, static_cast<int>(timeout_s * 1000)) != 1 ||
@@ -117,7 +120,9 @@ bool read_frame_within(int fd, std::string* out, double timeout_s) {
   const int64_t deadline = now_ns() + static_cast<int64_t>(timeout_s * 1e9);
   char buf[kFrame];
   while (out->size() < kFrame) {
-    struct pollfd p {fd, POLLIN, 0};
+    struct pollfd p {
+      fd, POLLIN, 0
+    };
     const int64_t left_ms = (deadline - now_ns()) / 1000000;
     if (left_ms <= 0 || poll(&p, 1, static_cast<int>(left_ms)) != 1) return false;
     ssize_t n = recv(fd, buf, kFrame - out->size(), 0);
@@ -147,8 +152,8 @@ Heartbeat::Heartbeat(int rank, int size, std::vector<std::string> hosts, const H
 Heartbeat::~Heartbeat() { stop(); }
 
 Result<std::unique_ptr<Heartbeat>> Heartbeat::start(int rank, int size, const std::string& host,
-                                                    const HeartbeatExchange& ex, const HeartbeatOptions& options,
-                                                    LostHandler on_lost) {
+                                                    const HeartbeatExchange& ex,
+                                                    const HeartbeatOptions& options, LostHandler on_lost) {
   std::vector<std::string> hosts;
   ZOE_RETURN_IF_ERROR(ex.gather_hosts(host, &hosts));
   std::unique_ptr<Heartbeat> hb(new Heartbeat(rank, size, hosts, options, std::move(on_lost)));
@@ -185,23 +190,26 @@ Result<std::unique_ptr<Heartbeat>> Heartbeat::start(int rank, int size, const st
   return hb;
 }
 
-
 Status Heartbeat::accept_all(int listen_fd, const std::string& why_not) {
-  if (listen_fd < 0) return make_status(StatusCode::kIoError, "heartbeat: rank 0 cannot listen: %s", why_not.c_str());
+  if (listen_fd < 0)
+    return make_status(StatusCode::kIoError, "heartbeat: rank 0 cannot listen: %s", why_not.c_str());
   const int64_t deadline = now_ns() + static_cast<int64_t>(options_.connect_timeout_s * 1e9);
   std::vector<bool> seen(size_, false);
   for (int got = 1; got < size_;) {
-    struct pollfd p {listen_fd, POLLIN, 0};
+    struct pollfd p {
+      listen_fd, POLLIN, 0
+    };
     const int64_t left_ms = (deadline - now_ns()) / 1000000;
     if (left_ms <= 0 || poll(&p, 1, static_cast<int>(left_ms)) != 1) {
       return make_status(StatusCode::kIoError,
-                         "heartbeat: only %d of the %d other ranks connected to rank 0 within %.0f s", got - 1,
-                         size_ - 1, options_.connect_timeout_s);
+                         "heartbeat: only %d of the %d other ranks connected to rank 0 within %.0f s",
+                         got - 1, size_ - 1, options_.connect_timeout_s);
     }
     int fd = accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) continue;
     std::string f;
-    const int32_t who = read_frame_within(fd, &f, options_.connect_timeout_s) && f[0] == kBeat ? frame_about(f) : -1;
+    const int32_t who =
+        read_frame_within(fd, &f, options_.connect_timeout_s) && f[0] == kBeat ? frame_about(f) : -1;
     if (who <= 0 || who >= size_ || seen[who]) {
       close(fd);  // not one of ours
       continue;
@@ -237,8 +245,9 @@ Status Heartbeat::connect_to_rank0(const std::string& text, bool same_host) {
     }
     usleep(100000);
   }
-  return make_status(StatusCode::kIoError, "heartbeat: rank %d cannot reach rank 0 on %s at port %d (addresses %s)",
-                     rank_, hosts_[0].c_str(), port, text.c_str());
+  return make_status(StatusCode::kIoError,
+                     "heartbeat: rank %d cannot reach rank 0 on %s at port %d (addresses %s)", rank_,
+                     hosts_[0].c_str(), port, text.c_str());
 }
 
 void Heartbeat::send_all(char type, int32_t about) {
@@ -296,7 +305,8 @@ void Heartbeat::declare_lost(int peer, const std::string& why, bool relayed) {
     // Everyone else learns it from here: their collectives wait for the lost rank too.
     const std::string f = frame(kLost, why.find("closed") != std::string::npos ? 1 : 0, peer);
     for (auto& p : peers_) {
-      if (p.rank != peer && p.fd >= 0 && !p.done) (void)!send(p.fd, f.data(), f.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (p.rank != peer && p.fd >= 0 && !p.done)
+        (void)!send(p.fd, f.data(), f.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
     }
     // No wait: the kernel sends what send() took even after the process exits, ahead of the close.
   }
@@ -313,7 +323,9 @@ void Heartbeat::run() {
   std::vector<struct pollfd> fds;
   while (!stopping_.load() && !lost_.load()) {
     const double t = timeout_s_.load();
-    const double interval = options_.interval_s > 0 ? options_.interval_s : t > 0 ? std::clamp(t / 10.0, 0.01, 1.0) : 1.0;
+    const double interval = options_.interval_s > 0 ? options_.interval_s
+                            : t > 0                 ? std::clamp(t / 10.0, 0.01, 1.0)
+                                                    : 1.0;
     const int64_t now = now_ns();
     const bool silent = silent_.load();
     if (!silent && now >= next_send) {
@@ -375,7 +387,9 @@ void Heartbeat::drop_for_test() {
   for (auto& p : peers_) {
     // A reset rather than a goodbye: SO_LINGER 0 sends RST, as the kernel does for a killed process
     // with unread data; a plain close sends FIN, which reads as EOF too.
-    struct linger l {1, 0};
+    struct linger l {
+      1, 0
+    };
     if (p.fd >= 0) setsockopt(p.fd, SOL_SOCKET, SO_LINGER, &l, sizeof l);
   }
   close_all();

@@ -29,16 +29,16 @@ namespace zoe::comm {
 constexpr double kDefaultCommTimeoutS = 30.0;
 
 struct LostRank {
-  int rank = -1;     // the lost rank
-  std::string host;  // its hostname (as it reported it at start)
-  std::string why;   // "no heartbeat for 30 s" / "its connection closed"
+  int rank = -1;         // the lost rank
+  std::string host;      // its hostname (as it reported it at start)
+  std::string why;       // "no heartbeat for 30 s" / "its connection closed"
   bool relayed = false;  // learned from rank 0 rather than seen here
 };
 
 struct HeartbeatOptions {
   double timeout_s = kDefaultCommTimeoutS;  // > 0
-  double interval_s = 0;  // 0: timeout_s / 10, at most 1 s and at least 10 ms
-  double connect_timeout_s = 30;  // setting up: rank 0 waits this long for every other rank
+  double interval_s = 0;                    // 0: timeout_s / 10, at most 1 s and at least 10 ms
+  double connect_timeout_s = 30;            // setting up: rank 0 waits this long for every other rank
 };
 
 // How the ranks set the channel up; MPI in production, threads of one process in tests.

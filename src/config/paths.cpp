@@ -83,12 +83,14 @@ Result<size_t> expand_var(const std::string& what, const std::string& path, size
     name = path.substr(i + 1, end - i - 1);
   }
   if (name.empty() || !name_char(name[0], true)) {
-    return path_error(what, path, "a \"$\" must begin an environment variable ($NAME or ${NAME}; \"$$\" for a \"$\")");
+    return path_error(what, path,
+                      "a \"$\" must begin an environment variable ($NAME or ${NAME}; \"$$\" for a \"$\")");
   }
   const char* v = getenv(name.c_str());
   if (v == nullptr || *v == '\0') {
-    return path_error(what, path,
-                      "the environment variable " + name + " is " + (v ? "empty" : "not set") + " on host " + pv.host);
+    return path_error(
+        what, path,
+        "the environment variable " + name + " is " + (v ? "empty" : "not set") + " on host " + pv.host);
   }
   out->append(v);
   return end;
@@ -99,8 +101,8 @@ Result<size_t> expand_var(const std::string& what, const std::string& path, size
 PathVars process_path_vars() {
   PathVars v;
   v.rank = env_int({"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID", "RANK"});
-  v.local_rank = env_int({"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PMI_LOCAL_RANK", "SLURM_LOCALID",
-                          "LOCAL_RANK"});
+  v.local_rank = env_int(
+      {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PMI_LOCAL_RANK", "SLURM_LOCALID", "LOCAL_RANK"});
   char name[256] = {};
   if (gethostname(name, sizeof name - 1) == 0) v.host = name;
   return v;

@@ -29,7 +29,8 @@ PathVars process_path_vars();
 // without its "}".
 [[nodiscard]] Status expand_paths(Config* c, const PathVars& v);
 // The same for one path ("what" names it in errors).
-[[nodiscard]] Result<std::string> expand_path(const std::string& what, const std::string& path, const PathVars& v);
+[[nodiscard]] Result<std::string> expand_path(const std::string& what, const std::string& path,
+                                              const PathVars& v);
 
 // Checks every nvme_path directory of an offload block whose device is "nvme"
 // (zero_optimization.offload_optimizer, then offload_param): it must exist (kNotFound

@@ -148,7 +148,8 @@ io::FaultInjector* io_stall_from_env(int rank) {
   auto seen = std::make_shared<std::atomic<uint64_t>>(0);
   stall.set_completion_hook([seen, nth, seconds, rank](io::IoOp) {
     if (seen->fetch_add(1) + 1 != nth) return;
-    fprintf(stderr, "zoe: rank %d: ZOE_IO_STALL: holding I/O completion %llu for %.1f s\n", rank, nth, seconds);
+    fprintf(stderr, "zoe: rank %d: ZOE_IO_STALL: holding I/O completion %llu for %.1f s\n", rank, nth,
+            seconds);
     std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
   });
   return &stall;
@@ -298,8 +299,9 @@ Status Engine::Impl::check_nvme_space() const {
     return no_space(
         "NVMe swap space: node %.64s lacks it: %s %s %llu bytes (%s) at %.176s but only %llu bytes (%s) are "
         "free there",
-        a.host, alone ? "rank" : "its ranks", ranks_text(ranks).c_str(), static_cast<unsigned long long>(need),
-        format_bytes(need).c_str(), a.where, static_cast<unsigned long long>(free_b), format_bytes(free_b).c_str());
+        a.host, alone ? "rank" : "its ranks", ranks_text(ranks).c_str(),
+        static_cast<unsigned long long>(need), format_bytes(need).c_str(), a.where,
+        static_cast<unsigned long long>(free_b), format_bytes(free_b).c_str());
   }
   return Status::ok();
 }

@@ -64,7 +64,8 @@ TEST(NvmePath, BadPlaceholdersAreErrorsNamingTheKeyAndThePath) {
   std::string e = error_of("/nvme/{node}");
   EXPECT_HAS(e, "zero_optimization.offload_param.nvme_path: '/nvme/{node}': unknown placeholder {node}");
   EXPECT_HAS(e, "{rank}, {local_rank}, {host}, $VAR");
-  EXPECT_HAS(error_of("$ZOE_TEST_UNSET_DIR/zoe"), "the environment variable ZOE_TEST_UNSET_DIR is not set on host gpu-node7");
+  EXPECT_HAS(error_of("$ZOE_TEST_UNSET_DIR/zoe"),
+             "the environment variable ZOE_TEST_UNSET_DIR is not set on host gpu-node7");
   EXPECT_HAS(error_of("${ZOE_TEST_EMPTY_DIR}/zoe"), "ZOE_TEST_EMPTY_DIR is empty");
   EXPECT_HAS(error_of("/nvme/{rank"), "\"{\" without its \"}\"");
   EXPECT_HAS(error_of("/nvme/${HOME"), "\"${\" without its \"}\"");
