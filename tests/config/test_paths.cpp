@@ -1,5 +1,5 @@
 // nvme_path's placeholders ({rank}, {local_rank}, {host}, $VAR) and the network file system
-// warning's detection (config/paths.h).
+// warning's detection (config/paths.h); the zoe.comm_timeout_s key.
 #include <gtest/gtest.h>
 
 #include <sys/statfs.h>
@@ -106,6 +106,23 @@ TEST(NvmePath, NetworkFileSystemsAreRecognisedByTheirMagic) {
   c.zero.offload_optimizer.device = OffloadDevice::kNvme;
   c.zero.offload_optimizer.nvme_path = {dir.path()};
   EXPECT_OK(check_paths(c)) << (name ? name : "local");
+}
+
+// zoe.comm_timeout_s: seconds, 0 (off) to a day; the engine applies it only when the file gives it.
+TEST(CommTimeout, TheKeyIsBoundedAndKnownAsGiven) {
+  auto c = Config::parse(R"({"zoe": {"comm_timeout_s": 5}})");
+  ASSERT_OK(c);
+  EXPECT_EQ(c->zoe.comm_timeout_s, 5.0);
+  EXPECT_TRUE(c->given("zoe.comm_timeout_s"));
+  auto d = Config::parse("{}");
+  ASSERT_OK(d);
+  EXPECT_EQ(d->zoe.comm_timeout_s, 30.0);
+  EXPECT_FALSE(d->given("zoe.comm_timeout_s"));
+  EXPECT_OK(Config::parse(R"({"zoe": {"comm_timeout_s": 0}})"));
+  auto bad = Config::parse(R"({"zoe": {"comm_timeout_s": -1}})");
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_HAS(bad.status().message(), "zoe.comm_timeout_s");
+  EXPECT_FALSE(Config::parse(R"({"zoe": {"comm_timeout_s": "soon"}})").is_ok());
 }
 
 }  // namespace

@@ -296,10 +296,10 @@ expect_clean_exit() {
     sleep 0.2
   done
   local took=$((SECONDS - t0))
-  # mpirun forwards the ranks' last lines, then ends; it may wait for a node it cannot reach, so
-  # after 15 s the harness ends it.
+  # mpirun forwards the ranks' last lines, then ends; it may wait for a node it cannot reach (Open
+  # MPI's own wait, for the daemon there), so after 10 s the harness ends it.
   local m=0 ended="by itself"
-  while kill -0 $long_pid 2> /dev/null && [ $m -lt 75 ]; do
+  while kill -0 $long_pid 2> /dev/null && [ $m -lt 50 ]; do
     sleep 0.2
     m=$((m + 1))
   done
