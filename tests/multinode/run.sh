@@ -233,24 +233,25 @@ EOF
 # --- stall --------------------------------------------------------------------------------------
 case_stall() {
   nodes_up 2,2 || return 1
-  write_config "$work/stall.json" 3 nvme ', "comm_timeout_s": 2'
+  write_config "$work/stall.json" 3 nvme ', "comm_timeout_s": 3'
   local t0=$SECONDS
-  ZOE_IO_STALL=3:40:6 mn_launch 240 4 "$ZOE" "${train_args[@]}" --config "$work/stall.json" --steps 4 \
+  ZOE_IO_STALL=3:40:8 mn_launch 240 4 "$ZOE" "${train_args[@]}" --config "$work/stall.json" --steps 4 \
     > "$work/stall.json.out" 2> "$work/stall.err" || fail "stall: exit $? ($(tail -3 "$work/stall.err"))"
   local took=$((SECONDS - t0))
   if [ ! -s "$work/s3-2_2.json" ]; then  # the layouts case's run without a stall, when it did not run
     mn_launch 240 4 "$ZOE" "${train_args[@]}" --config "$work/stall.json" --steps 4 > "$work/s3-2_2.json" \
       2> "$work/stall-ref.err" || fail "stall: the run without a stall: exit $?"
   fi
-  grep -q "rank 3: ZOE_IO_STALL: holding I/O completion 40 for 6.0 s" "$work/stall.err" ||
+  grep -q "rank 3: ZOE_IO_STALL: holding I/O completion 40 for 8.0 s" "$work/stall.err" ||
     fail "stall: rank 3's I/O was not held ($(tail -3 "$work/stall.err"))"
+  [ $took -ge 8 ] || fail "stall: the run took $took s, less than the 8 s stall"
   grep -q "was lost" "$work/stall.err" && fail "stall: a stall longer than zoe.comm_timeout_s was taken for a loss"
   py - "$work/stall.json.out" "$work/s3-2_2.json" << 'EOF' || fail "stall: the losses differ from the run without a stall"
 import json, sys
 a, b = (json.loads(open(p).read()) for p in sys.argv[1:3])
 sys.exit(0 if a["losses"] == b["losses"] else 1)
 EOF
-  note "stall: a 6 s I/O stall with zoe.comm_timeout_s 2: no loss, same losses (run took ${took} s)"
+  note "stall: an 8 s I/O stall with zoe.comm_timeout_s 3: no loss, same losses (run took ${took} s)"
 }
 
 # --- kill and link ------------------------------------------------------------------------------
