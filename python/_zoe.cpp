@@ -263,6 +263,9 @@ void bind_functions(py::module_& m) {
       py::arg("force_local") = false,
       "Initialises this process's runtime once (MPI under a launcher); returns (rank, world_size).");
   m.def(
+      "check_launcher", [] { check(zoe::check_launcher()); },
+      "Refuses torchrun's variables without an MPI launcher (ZoeError saying to use mpirun or srun).");
+  m.def(
       "shutdown_runtime", [] { runtime_slot().reset(); },
       "Drops the runtime (after every engine is closed).");
 

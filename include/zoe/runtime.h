@@ -49,6 +49,14 @@ class Runtime {
   std::unique_ptr<Impl> impl_;
 };
 
+// The launcher's environment, checked before MPI starts (Runtime::init checks it too): torchrun's
+// variables (RANK, LOCAL_RANK, TORCHELASTIC_*) with WORLD_SIZE > 1 and no MPI launcher are refused,
+// since zoe's ranks come from MPI and each process would train alone; the message says to launch
+// with mpirun or srun. Rank, local rank and size come from the MPI launcher's variables, with
+// Slurm's (SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS) where it sets none; an srun step of several
+// tasks starts MPI. OK otherwise.
+Status check_launcher();
+
 // Host memory the system reports as available now (bytes; 0 when unknown).
 uint64_t host_memory_available();
 // A monotonic clock in nanoseconds: the one Engine::record_compute's spans are measured on.

@@ -174,6 +174,8 @@ class Engine:
             raise ZoeError(f"zoe.initialize: model must be a torch.nn.Module, got {type(model).__module__}."
                            f"{type(model).__name__}")
         text = _load_config(config)
+        if not force_local:
+            _zoe.check_launcher()  # torchrun's variables without mpirun/srun: refused before MPI starts
         self._eng = _zoe.Engine(text, force_local)
         self.module = model
         self.rank = self._eng.rank
@@ -840,8 +842,8 @@ def _check_launcher(world, force_local):
         return
     raise ZoeError(f"zoe.initialize: WORLD_SIZE={env} is set (torchrun or torch.distributed.launch), but this "
                    "process is rank 0 of 1: zoe's ranks come from MPI, so each process would train alone. Launch "
-                   f"with MPI instead: mpirun -np {env} python your_script.py (one process per device; see "
-                   "python/README.md)")
+                   f"with MPI instead: mpirun -np {env} python your_script.py, or srun -n {env} --mpi=pmix python "
+                   "your_script.py under Slurm (one process per device; see python/README.md)")
 
 
 def _describe(x):

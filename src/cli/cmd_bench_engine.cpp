@@ -268,7 +268,8 @@ static void add_bench_engine_command(CLI::App& bench) {
 // Joins every program this file is linked into (the `zoe` program links all of src/cli).
 static const CommandRegistrar kRegister(
     53, "bench",
-    "Benchmarks: drive swap bandwidth (io), CPU Adam (adam), NVMe optimizer step (swap), engine (engine)",
+    "Benchmarks: drive swap bandwidth (io), CPU Adam (adam), NVMe optimizer step (swap), engine (engine), "
+    "collectives across the ranks (comm)",
     add_bench_engine_command);
 
 }  // namespace zoe::cli

@@ -477,6 +477,14 @@ plan::LinkRates calibrate(const TuneOpts& o, const plan::PlanInputs& pre) {
     r.cpu_adam_gbps = r.device_mem_gbps = tr.engine_gbps;
   }
   if (tr.local_copy_gbps > 0 && !pre.cuda) r.local_copy_gbps = tr.local_copy_gbps;
+  // Under a launch of several ranks (mpirun, srun): the collectives' rate, across nodes when the
+  // ranks span several, else inside this one.
+  const NetworkRate net = measure_network(runtime(), pre, &progress);
+  if (net.gbps > 0) {
+    (net.nodes > 1 ? r.net_gbps : r.intra_gbps) = net.gbps;
+    fprintf(stderr, "zoe tune: collectives across %d rank(s) on %d node(s): %.3f GB/s bus bandwidth (%s)\n",
+            net.ranks, net.nodes, net.gbps, net.nodes > 1 ? "net_gbps" : "intra_gbps");
+  }
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
   r.host = host;

@@ -42,6 +42,16 @@ model::GptConfig gpt_config_of(const plan::ModelDesc& m);
 // zoe's GPT at the planned model's shape. Progress goes to stderr; failures end the command.
 plan::LinkRates calibrate(const TuneOpts& o, const plan::PlanInputs& pre);
 
+// The collectives' rate across the ranks of this launch (tune_network.cpp): all-gathers and
+// reduce-scatters at the sizes of the planned model's modules in the compute dtype, each size
+// weighted by its modules, as bus GB/s (zoe bench comm's busbw: what the cost model's network
+// term divides a rank's collective bytes by). gbps 0 for one rank. Every rank calls it together.
+struct NetworkRate {
+  int ranks = 1, nodes = 1;
+  double gbps = 0;
+};
+NetworkRate measure_network(Runtime& rt, const plan::PlanInputs& pre, Progress* progress);
+
 // --- Verification (tune_verify.cpp) ---------------------------------------------------------
 
 struct Verified {

@@ -1,7 +1,11 @@
 // CommHandle, the CommType table, argument checks and launcher detection.
+#include <cerrno>
+#include <cstdint>
 #include <cstdlib>
+#include <initializer_list>
 
 #include "comm/comm_internal.h"
+#include "zoe/runtime.h"
 
 namespace zoe::comm {
 
@@ -61,13 +65,81 @@ Status check_root(const char* op, int root, int size) {
   return Status::ok();
 }
 
-bool launched_by_mpi() {
-  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMI_RANK", "PMIX_RANK", "MPI_LOCALNRANKS",
-                          "MV2_COMM_WORLD_SIZE", "I_MPI_RANK"}) {
-    const char* v = std::getenv(var);
+namespace {
+
+// The first of `vars` that holds a non-negative integer, and its name; -1 when none does.
+int first_int(const GetEnv& getenv, std::initializer_list<const char*> vars, const char** from = nullptr) {
+  for (const char* var : vars) {
+    const char* v = getenv(var);
+    if (v == nullptr || *v == '\0') continue;
+    char* end = nullptr;
+    errno = 0;
+    const long x = std::strtol(v, &end, 10);
+    if (errno != 0 || *end != '\0' || x < 0 || x > INT32_MAX) continue;
+    if (from != nullptr) *from = var;
+    return static_cast<int>(x);
+  }
+  return -1;
+}
+
+bool any_set(const GetEnv& getenv, std::initializer_list<const char*> vars) {
+  for (const char* var : vars) {
+    const char* v = getenv(var);
     if (v != nullptr && *v != '\0') return true;
   }
   return false;
 }
 
+}  // namespace
+
+LaunchEnv resolve_launch_env(const GetEnv& getenv) {
+  LaunchEnv e;
+  e.rank = first_int(
+      getenv, {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "MV2_COMM_WORLD_RANK", "SLURM_PROCID"});
+  e.local_rank = first_int(getenv, {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
+                                    "MV2_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"});
+  e.size = first_int(getenv, {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE", "SLURM_NTASKS"},
+                     &e.size_from);
+  e.mpi = any_set(getenv, {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMI_RANK", "PMIX_RANK", "MPI_LOCALNRANKS",
+                           "MV2_COMM_WORLD_SIZE", "I_MPI_RANK"});
+  e.slurm = any_set(getenv, {"SLURM_STEP_ID", "SLURM_STEPID"}) && any_set(getenv, {"SLURM_PROCID"});
+  if (any_set(getenv, {"RANK", "LOCAL_RANK", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
+                       "TORCHELASTIC_MAX_RESTARTS", "GROUP_RANK"}))
+    e.torch_world = first_int(getenv, {"WORLD_SIZE"});
+  return e;
+}
+
+LaunchEnv launch_env() {
+  return resolve_launch_env([](const char* name) { return std::getenv(name); });
+}
+
+bool launched_by_mpi(const LaunchEnv& env) { return env.mpi || (env.slurm && env.size > 1); }
+bool launched_by_mpi() { return launched_by_mpi(launch_env()); }
+
+Status check_world_matches_launcher(const LaunchEnv& env, int mpi_world) {
+  if (env.size <= 1 || mpi_world != 1) return Status::ok();
+  return invalid_argument(
+      "%s=%d: the launcher started %d processes, but MPI sees a world of 1 in each (each would train "
+      "alone): this MPI is not connected to the launcher. Under Slurm, launch with srun --mpi=pmix (or "
+      "another plugin that `srun --mpi=list` shows and this MPI supports), or with mpirun inside the "
+      "allocation",
+      env.size_from, env.size, env.size);
+}
+
+Status check_not_torchrun(const LaunchEnv& env) {
+  if (env.torch_world <= 1 || launched_by_mpi(env)) return Status::ok();
+  return invalid_argument(
+      "WORLD_SIZE=%d is set with torchrun's variables (RANK, LOCAL_RANK, TORCHELASTIC_*), but zoe's ranks "
+      "come from MPI, and no MPI launcher started this process: each process would train alone. Launch "
+      "with mpirun -np %d (or mpirun --hostfile H -np %d across nodes) or srun -n %d --mpi=pmix, one "
+      "process per device, instead of torchrun",
+      env.torch_world, env.torch_world, env.torch_world, env.torch_world);
+}
+
 }  // namespace zoe::comm
+
+namespace zoe {
+
+Status check_launcher() { return comm::check_not_torchrun(comm::launch_env()); }
+
+}  // namespace zoe

@@ -98,7 +98,36 @@ Result<std::unique_ptr<Communicator>> create_mpi_comm(const MpiCommOptions& opti
 // creates its own (tests of the communicator alone).
 Result<std::unique_ptr<Communicator>> create_nccl_comm(Communicator& bootstrap, int device_ordinal,
                                                        void* stream = nullptr);
-// True when this process runs under an MPI launcher (OMPI_COMM_WORLD_SIZE, PMI_SIZE, ...).
+// Where the launcher put this process, read from its environment before MPI starts. Each field is
+// the first of its variables that holds an integer (-1: none does): the MPI launchers' first, Slurm's
+// as the fallback where no MPI launcher set one (srun without PMI, or a variable PMI leaves out):
+//   rank:       OMPI_COMM_WORLD_RANK, PMIX_RANK, PMI_RANK, MV2_COMM_WORLD_RANK, SLURM_PROCID
+//   local_rank: OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID, MV2_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID
+//   size:       OMPI_COMM_WORLD_SIZE, PMI_SIZE, MV2_COMM_WORLD_SIZE, SLURM_NTASKS
+struct LaunchEnv {
+  int rank = -1, local_rank = -1, size = -1;
+  bool mpi = false;    // an MPI launcher's variables (mpirun, mpiexec, srun with PMI or PMIx)
+  bool slurm = false;  // a task of a Slurm job step (srun): SLURM_STEP_ID and SLURM_PROCID
+  // torchrun / torch.distributed.launch: WORLD_SIZE where RANK, LOCAL_RANK or a TORCHELASTIC_*
+  // variable is set beside it (-1: none).
+  int torch_world = -1;
+  const char* size_from = "";  // the variable `size` came from ("" when none)
+};
+using GetEnv = std::function<const char*(const char* name)>;
+LaunchEnv resolve_launch_env(const GetEnv& getenv);
+LaunchEnv launch_env();  // this process's environment
+// True when this process runs under a launcher of several processes that zoe joins through MPI: an
+// MPI launcher's variables (OMPI_COMM_WORLD_SIZE, PMI_SIZE, ...), or a Slurm job step of more than
+// one task (srun; MPI then finds its ranks through Slurm's PMI).
 bool launched_by_mpi();
+bool launched_by_mpi(const LaunchEnv& env);
+// The launcher's size against MPI's world: a launcher that started `env.size` > 1 processes whose
+// MPI each see a world of one (an MPI not wired to Slurm's PMI, or processes started by hand with
+// copied variables) would train alone on the same data. kInvalidArgument saying how to launch.
+Status check_world_matches_launcher(const LaunchEnv& env, int mpi_world);
+// torchrun's variables with WORLD_SIZE > 1 and no MPI launcher: zoe's ranks come from MPI, so each
+// process would be a world of one. kInvalidArgument naming the variables and how to launch with
+// mpirun or srun; OK otherwise.
+Status check_not_torchrun(const LaunchEnv& env);
 
 }  // namespace zoe::comm

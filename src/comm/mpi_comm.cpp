@@ -400,13 +400,23 @@ Result<std::unique_ptr<Communicator>> create_mpi_comm(const MpiCommOptions& opti
   }();
   int rank = 0, size = 1, local_rank = 0;
   MPI_Comm node = MPI_COMM_NULL;
+  const LaunchEnv env = launch_env();
   if (s.is_ok())
     s = [&]() -> Status {
       ZOE_MPI_TRY(MPI_Comm_rank(comm, &rank));
       ZOE_MPI_TRY(MPI_Comm_size(comm, &size));
-      ZOE_MPI_TRY(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node));
-      ZOE_MPI_TRY(MPI_Comm_rank(node, &local_rank));
-      return Status::ok();
+      // The rank among this node's processes; where MPI cannot tell (an error), the launcher's
+      // (OMPI_COMM_WORLD_LOCAL_RANK, ..., SLURM_LOCALID).
+      const Status split = [&]() -> Status {
+        ZOE_MPI_TRY(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node));
+        ZOE_MPI_TRY(MPI_Comm_rank(node, &local_rank));
+        return Status::ok();
+      }();
+      if (!split.is_ok()) {
+        if (env.local_rank < 0) return split;
+        local_rank = env.local_rank;
+      }
+      return check_world_matches_launcher(env, size);
     }();
   if (node != MPI_COMM_NULL) MPI_Comm_free(&node);
   if (!s.is_ok()) {

@@ -47,6 +47,7 @@ using offload::Tier;
 Runtime::Runtime() : impl_(std::make_unique<Impl>()) {}
 
 Result<std::unique_ptr<Runtime>> Runtime::init(bool force_local) {
+  if (!force_local) ZOE_RETURN_IF_ERROR(check_launcher());  // torchrun's variables without MPI
   std::unique_ptr<Runtime> rt(new Runtime());
   if (!force_local && comm::launched_by_mpi()) {
     ZOE_ASSIGN_OR_RETURN(rt->impl_->comm, comm::create_mpi_comm());

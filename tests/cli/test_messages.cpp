@@ -107,6 +107,7 @@ std::vector<std::string> integer_options(const std::string& command) {
 TEST(Messages, EveryIntegerFlagNamesItselfWhenOutOfRange) {
   const char* commands[][2] = {{"bench adam", ""},
                                {"bench io", ""},
+                               {"bench comm", ""},
                                {"bench swap", ""},
                                {"ckpt consolidate", " /nonexistent --out /nonexistent/x.safetensors"},
                                {"ckpt eval", " /nonexistent"},

@@ -9,6 +9,7 @@
 #include <cstdio>
 
 #include "comm/bucket.h"
+#include "comm/comm_bench.h"
 #include "comm/reduce.h"
 #include "tests/comm/comm_test_util.h"
 #include "zoe/features.h"
@@ -306,6 +307,40 @@ TEST(MpiComm, BucketsGiveTheSameBitsAsSingleCollectives) {
             << "bucket op " << static_cast<int>(op) << " " << comm_type_name(t) << " tensor " << k;
     }
   }
+}
+
+// `zoe bench comm`'s sweep over every rank: exact results, every rank the same report, busbw by
+// nccl-tests' factors, and an all-reduce of the bench's inputs that count_wrong accepts.
+TEST(MpiComm, BenchSweepIsExactOnEveryRank) {
+  Communicator& comm = *g_comm;
+  bench::Config c;
+  c.sizes = {4, 1000, 1u << 16, 3u << 20};
+  c.iters = 2;
+  c.warmup = 1;
+  auto r = bench::run(comm, comm, bench::host_memory(), c);
+  ASSERT_OK(r);
+  EXPECT_EQ(r->ranks, comm.size());
+  EXPECT_EQ(r->nodes, 1);
+  EXPECT_EQ(r->rows.size(), 16u);
+  double t = 0;
+  for (const bench::Row& row : r->rows) {
+    EXPECT_EQ(row.wrong, 0u) << bench::op_name(row.op) << " " << row.bytes;
+    const bool parts = row.op == bench::Op::kAllGather || row.op == bench::Op::kReduceScatter;
+    EXPECT_EQ(row.count % (parts ? comm.size() : 1), 0u);
+    EXPECT_DOUBLE_EQ(row.busbw_gbps, row.algbw_gbps * bench::bus_factor(row.op, comm.size()));
+    t += row.time_us;
+  }
+  // The slowest rank's time: the same on every rank.
+  double tmax = t, tneg = -t;
+  EXPECT_OK(comm.all_reduce(&tmax, &tmax, 1, CommType::kF64, ReduceOp::kMax).wait());
+  EXPECT_OK(comm.all_reduce(&tneg, &tneg, 1, CommType::kF64, ReduceOp::kMax).wait());
+  EXPECT_EQ(tmax, -tneg);
+  // The expected sums, against an all-reduce of the inputs through the communicator directly.
+  const size_t n = 257;
+  std::vector<float> in(n), out(n);
+  for (size_t i = 0; i < n; ++i) in[i] = bench::input_value(comm.rank(), i);
+  EXPECT_OK(comm.all_reduce(in.data(), out.data(), n, CommType::kF32, ReduceOp::kSum).wait());
+  EXPECT_EQ(bench::count_wrong(bench::Op::kAllReduce, comm.rank(), comm.size(), n, out.data()), 0u);
 }
 
 #if ZOE_HAVE_NCCL

@@ -342,10 +342,25 @@ def test_meta_parameter_nothing_initialises_is_refused(tmp_path):
 def test_torchrun_environment_without_mpi_is_refused(tmp_path, monkeypatch):
     """WORLD_SIZE from torchrun with an MPI world of one: each process would train alone."""
     monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(zoe.ZoeError, match=r"WORLD_SIZE=2 .* mpirun -np 2"):
+    with pytest.raises(zoe.ZoeError, match=r"WORLD_SIZE=2 .* mpirun -np 2 .*srun -n 2"):
         zoe.initialize(GPT(), config=config(tmp_path))
     monkeypatch.setenv("WORLD_SIZE", "1")
     zoe.initialize(GPT(), config=config(tmp_path)).close()
+
+
+def test_torchrun_variables_are_refused_before_mpi_starts(tmp_path, monkeypatch):
+    """torchrun's full set of variables (RANK, LOCAL_RANK, TORCHELASTIC_*) with no MPI launcher: refused
+    by the runtime's launcher check, naming mpirun and srun, before any engine is made."""
+    for var in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMI_RANK", "PMIX_RANK", "MPI_LOCALNRANKS",
+                "MV2_COMM_WORLD_SIZE", "I_MPI_RANK", "SLURM_STEP_ID", "SLURM_STEPID"):
+        monkeypatch.delenv(var, raising=False)
+    for var, value in (("WORLD_SIZE", "4"), ("RANK", "1"), ("LOCAL_RANK", "1"), ("LOCAL_WORLD_SIZE", "4"),
+                       ("TORCHELASTIC_RUN_ID", "none"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29500")):
+        monkeypatch.setenv(var, value)
+    with pytest.raises(zoe.ZoeError, match=r"WORLD_SIZE=4 .*torchrun.*mpirun -np 4.*srun -n 4"):
+        zoe.initialize(GPT(), config=config(tmp_path))
+    # force_local ignores the launcher, as it does MPI's.
+    zoe.initialize(GPT(), config=config(tmp_path), force_local=True).close()
 
 
 def test_backward_twice_is_torchs_error_and_loses_nothing(tmp_path):
