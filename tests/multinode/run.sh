@@ -18,6 +18,8 @@
 #              same losses as 1 node x 2 ranks resumed from it
 #   torch      the PyTorch front-end on 2 nodes x 1 rank and on 1 node x 2 ranks: the same losses
 #              and weights (needs ZOE_PYTHON: a python that imports zoe and torch; else skipped)
+#   bench_comm zoe bench comm on 2 nodes x 2 ranks (case_bench_comm.sh): exact, 2 nodes counted,
+#              nccl-tests' busbw formulas
 #
 # Usage: bash tests/multinode/run.sh [CASE...]    (ZOE_BIN: the zoe binary, default build/bin/zoe;
 #        MN_KEEP=1 keeps the outputs, the namespaces go anyway)
@@ -405,8 +407,16 @@ EOF
   note "torch: the PyTorch front-end on 2 nodes = 1 node (losses and weights)"
 }
 
+# --- bench_comm -----------------------------------------------------------------------------------
+# zoe bench comm on 2 nodes x 2 ranks (its own script, with namespaces of its own prefix and subnet).
+case_bench_comm() {
+  ZOE_BIN=$ZOE bash "$here/case_bench_comm.sh" > "$work/bench_comm.log" 2>&1 ||
+    fail "bench_comm: exit $? ($(tail -5 "$work/bench_comm.log"))"
+  note "bench_comm: zoe bench comm exact on 2 nodes x 2 ranks, nccl-tests' busbw formulas"
+}
+
 cases=("$@")
-[ ${#cases[@]} -gt 0 ] || cases=(layouts space stall kill link resume torch)
+[ ${#cases[@]} -gt 0 ] || cases=(layouts space stall kill link resume torch bench_comm)
 t_all=$SECONDS
 for c in "${cases[@]}"; do
   t0=$SECONDS
