@@ -353,8 +353,8 @@ void plan_swapper(const config::Config& cfg, Placement* pl) {
 // 5b. The sizes the config leaves to zoe (Placement::chosen), within the host share: first the
 //     swapper's read-ahead slots, up to one more than the chunks of a step (the backward then
 //     reads the whole next update ahead) and at most kAutoMaxSwapSlots, from half of what the
-//     share leaves; then the cache of NVMe-homed partitions (offload_param.max_in_cpu) gets the
-//     rest, up to all of them. Both count in the host peak like any buffer.
+//     share leaves; then the cache of NVMe-homed partitions (offload_param.max_in_cpu) holds all
+//     of them when what is left allows, else the step's two. Both count in the host peak.
 void size_own_buffers(const config::Config& cfg, Placement* pl) {
   if (!pl->host_share) return;
   auto left = [pl] {
@@ -375,10 +375,12 @@ void size_own_buffers(const config::Config& cfg, Placement* pl) {
     pl->chosen.push_back("zero_optimization.offload_optimizer.buffer_count");
   }
   if (pl->tm_host_budget && !cfg.given("zero_optimization.offload_param.max_in_cpu")) {
-    const uint64_t cache = std::min(nvme_part_bytes(*pl), pl->tm_host_cache + left());
-    if (cache > pl->tm_host_cache) {
-      pl->tm_host_budget += cache - pl->tm_host_cache;
-      pl->tm_host_cache = cache;
+    // All of them or only the step's two: each step visits the partitions in a cycle (forward,
+    // backward, update), so a cache smaller than all of them saves few reads for its memory.
+    const uint64_t all = nvme_part_bytes(*pl);
+    if (all > pl->tm_host_cache && all - pl->tm_host_cache <= left()) {
+      pl->tm_host_budget += all - pl->tm_host_cache;
+      pl->tm_host_cache = all;
     }
     pl->chosen.push_back("zero_optimization.offload_param.max_in_cpu");
   }
