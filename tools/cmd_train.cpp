@@ -49,13 +49,13 @@ std::string buffers_line(const BufferSizes& b) {
   std::string line = "host buffers:";
   if (b.swap_buffer_count) {
     line += fmt(" optimizer swapper %zu x %s%s + %zu write buffers;", b.swap_buffer_count,
-                format_bytes(b.swap_buffer_bytes).c_str(), mine("zero_optimization.offload_optimizer.buffer_count"),
-                b.swap_async_buffers);
+                format_bytes(b.swap_buffer_bytes).c_str(),
+                mine("zero_optimization.offload_optimizer.buffer_count"), b.swap_async_buffers);
   }
   if (b.staging_count) {
-    line += fmt(" staging %zu x %s%s; partition cache %s%s;", b.staging_count, format_bytes(b.staging_bytes).c_str(),
-                mine("zero_optimization.offload_param.buffer_size"), format_bytes(b.host_cache_bytes).c_str(),
-                mine("zero_optimization.offload_param.max_in_cpu"));
+    line += fmt(" staging %zu x %s%s; partition cache %s%s;", b.staging_count,
+                format_bytes(b.staging_bytes).c_str(), mine("zero_optimization.offload_param.buffer_size"),
+                format_bytes(b.host_cache_bytes).c_str(), mine("zero_optimization.offload_param.max_in_cpu"));
   }
   if (b.host_share) line += fmt(" within %s of host memory", format_bytes(b.host_share).c_str());
   return line;
@@ -538,8 +538,8 @@ json TrainRun::summary_json() const {
   // The last step's (the steady state: the first steps record the fetch order and fill caches).
   j["bytes_per_param_per_step"] = per_param.empty() ? json::object() : per_param.back();
   j["step_bytes_per_param"] = per_param;
-  j["time_s"] = {
-      {"compute", t_compute}, {"comm", t_comm}, {"io_stall", t_io}, {"optimizer", t_opt}, {"total", total_s}, {"initialize", init_s}};
+  j["time_s"] = {{"compute", t_compute}, {"comm", t_comm},   {"io_stall", t_io},
+                 {"optimizer", t_opt},   {"total", total_s}, {"initialize", init_s}};
   j["losses"] = losses;
   j["lrs"] = lrs;
   j["grad_norms"] = grad_norms;

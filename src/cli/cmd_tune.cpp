@@ -88,7 +88,8 @@ struct Knobs {
     c->zero.stage3_prefetch_bucket_size = prefetch_bucket;
     c->zero.stage3_max_live_parameters = max_live;
     c->zero.sub_group_size = sub_group;
-    set(&c->zero.offload_optimizer.buffer_count, opt_buffers, "zero_optimization.offload_optimizer.buffer_count");
+    set(&c->zero.offload_optimizer.buffer_count, opt_buffers,
+        "zero_optimization.offload_optimizer.buffer_count");
     c->zero.offload_param.buffer_count = param_buffers;
     set(&c->zero.offload_param.buffer_size, param_buffer_size, "zero_optimization.offload_param.buffer_size");
     set(&c->zero.offload_param.max_in_cpu, max_in_cpu, "zero_optimization.offload_param.max_in_cpu");

@@ -385,7 +385,8 @@ Status Engine::initialize(const std::function<void(size_t, size_t, float*, size_
   ZOE_RETURN_IF_ERROR(I.setup_tiers());
   for (zero::ModuleId m : I.modules.ids()) ZOE_RETURN_IF_ERROR(I.place_module(m, init));
   // The optimizer states written behind the placing (Updater::place): on NVMe before training.
-  if (ctx.swapper) ZOE_RETURN_IF_ERROR_CTX(ctx.swapper->wait_async_writes(), "writing the initial optimizer states");
+  if (ctx.swapper)
+    ZOE_RETURN_IF_ERROR_CTX(ctx.swapper->wait_async_writes(), "writing the initial optimizer states");
   ZOE_CHECK_MSG(ctx.dev->used_bytes() == ctx.placement.resident.device,
                 "placement: the device holds %llu bytes after initialize(), the plan said %llu",
                 static_cast<unsigned long long>(ctx.dev->used_bytes()),

@@ -271,7 +271,8 @@ uint64_t page_round(uint64_t b) { return (b + 4095) / 4096 * 4096; }
 uint64_t nvme_part_bytes(const Placement& pl) {
   uint64_t parts = 0;
   for (const auto& m : pl.modules) {
-    if (m.partitioned_params && m.param_home == Home::kNvme) parts += page_round(u64(m.part) * pl.compute_bytes);
+    if (m.partitioned_params && m.param_home == Home::kNvme)
+      parts += page_round(u64(m.part) * pl.compute_bytes);
   }
   return parts;
 }
@@ -364,7 +365,8 @@ void size_own_buffers(const config::Config& cfg, Placement* pl) {
   if (pl->swapper && !cfg.given("zero_optimization.offload_optimizer.buffer_count")) {
     size_t chunks = 0;
     for (const auto& m : pl->modules) {
-      if (!m.frozen && m.opt_home == Home::kNvme) chunks += (m.opt_n + pl->swap_chunk_elems - 1) / pl->swap_chunk_elems;
+      if (!m.frozen && m.opt_home == Home::kNvme)
+        chunks += (m.opt_n + pl->swap_chunk_elems - 1) / pl->swap_chunk_elems;
     }
     const uint64_t slot_bytes = u64(kSwapStates) * pl->swap_buffer_bytes;
     const size_t want = std::min(kAutoMaxSwapSlots, chunks + 1), have = pl->swap_buffer_count / kSwapStates;
@@ -519,7 +521,7 @@ Result<Placement> plan_with_persistence(const config::Config& cfg, const std::ve
   split_optimizer_homes(cfg, &pl);
   ZOE_ASSIGN_OR_RETURN(Extent x, count_resident_states(cfg, &pl));
   pl.host_share = cfg.zoe.host_budget_bytes > 0 ? static_cast<uint64_t>(cfg.zoe.host_budget_bytes)
-                                                 : target.host_memory / kAutoHostShareDiv;
+                                                : target.host_memory / kAutoHostShareDiv;
   if (x.any_partitioned) plan_tier_manager(cfg, target, &x, &pl);
   if (x.any_opt_nvme) plan_swapper(cfg, &pl);
   size_own_buffers(cfg, &pl);

@@ -171,7 +171,8 @@ void changed_paths(const json& before, const json& after, const std::string& at,
   for (auto it = after.begin(); it != after.end(); ++it) {
     const std::string path = at.empty() ? it.key() : at + "." + it.key();
     const json none;
-    changed_paths(before.is_object() && before.contains(it.key()) ? before[it.key()] : none, it.value(), path, out);
+    changed_paths(before.is_object() && before.contains(it.key()) ? before[it.key()] : none, it.value(), path,
+                  out);
   }
 }
 

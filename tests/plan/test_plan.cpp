@@ -399,7 +399,8 @@ TEST(CostModel, StagingDepthAndAioPointMoveTheNvmeTime) {
     k.base.zero.offload_param.max_in_cpu = 0;  // loads from NVMe, not from the host cache
     k.base.zero.offload_param.buffer_count = buffers;
     k.base.zero.offload_param.buffer_size = 262144;  // 512 KiB pieces
-    k.base.given_keys.insert({"zero_optimization.offload_param.max_in_cpu", "zero_optimization.offload_param.buffer_size"});
+    k.base.given_keys.insert(
+        {"zero_optimization.offload_param.max_in_cpu", "zero_optimization.offload_param.buffer_size"});
     k.base.aio.queue_depth = depth;
     auto row = plan::plan_row(k, nvme);
     EXPECT_TRUE(row.is_ok() && row->fits);

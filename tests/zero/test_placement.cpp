@@ -193,10 +193,11 @@ TEST(Placement, SizesLeftOutAreChosenFromTheHostShare) {
   EXPECT_EQ(p->host_share, (16ull << 30) / zero::kAutoHostShareDiv);
   EXPECT_EQ(p->swap_buffer_count, 7 * zero::kSwapStates);
   const uint64_t part = (p->modules[0].part * 2 + 4095) / 4096 * 4096;
-  EXPECT_EQ(p->tm_staging_bytes, part);  // a partition is smaller than kAutoStagingBytes
+  EXPECT_EQ(p->tm_staging_bytes, part);   // a partition is smaller than kAutoStagingBytes
   EXPECT_EQ(p->tm_host_cache, 6 * part);  // every partition
-  for (const char* key : {"zero_optimization.offload_optimizer.buffer_count",
-                          "zero_optimization.offload_param.buffer_size", "zero_optimization.offload_param.max_in_cpu"})
+  for (const char* key :
+       {"zero_optimization.offload_optimizer.buffer_count", "zero_optimization.offload_param.buffer_size",
+        "zero_optimization.offload_param.max_in_cpu"})
     EXPECT_TRUE(chose(*p, key)) << key;
   EXPECT_LE(p->peak.host, p->host_share);
 
@@ -228,7 +229,8 @@ TEST(Placement, SizesLeftOutAreChosenFromTheHostShare) {
   given.zero.offload_param.max_in_cpu = 0;
   given.zero.offload_param.buffer_size = 1 << 20;
   given.given_keys.insert({"zero_optimization.offload_optimizer.buffer_count",
-                           "zero_optimization.offload_param.max_in_cpu", "zero_optimization.offload_param.buffer_size"});
+                           "zero_optimization.offload_param.max_in_cpu",
+                           "zero_optimization.offload_param.buffer_size"});
   auto g = zero::plan_placement(given, big, 1, 0, t);
   ASSERT_OK(g);
   EXPECT_EQ(g->swap_buffer_count, zero::swap_buffer_count(8));
