@@ -239,6 +239,7 @@ TEST(Plan, RowBytesArePlanPlacementPeaks) {
       zero::PlanTarget t;
       t.device_budget = 80ull << 30;
       t.queued_gathers = false;
+      t.host_memory = plan::per_rank_memory(in).host;  // as plan_row() sizes the buffers left to zoe
       auto pl = zero::plan_placement(cfg, m->modules, nodes * gpus, 0, t);
       ASSERT_OK(pl) << row.placement.label();
       EXPECT_EQ(row.bytes.device, pl->peak.device) << row.placement.label();
@@ -429,6 +430,8 @@ TEST(CostModel, NvmeTrafficCostsCpuTimeOnTheCpuDeviceAndBurstsStallTheBackward) 
   plan::PlanInputs in = inputs(m, 1, 1);
   in.rates.flops = 1e9;  // seconds of compute: the NVMe work hides under it
   in.base.zero.sub_group_size = 262144;
+  // DeepSpeed's buffer_count (4: three slots), as written, not sized by zoe from the host share.
+  in.base.given_keys.insert("zero_optimization.offload_optimizer.buffer_count");
   const plan::RowPlacement nvme{1, OffloadDevice::kNone, OffloadDevice::kNvme, 1.0, false};
   auto step = [&](bool cuda, double nvme_cpu, plan::PlanRow* out = nullptr, int64_t sub = 262144) {
     plan::PlanInputs k = in;
