@@ -29,14 +29,26 @@ io_rates() {  # -> read GB/s, write GB/s of the drive now
 read -r r1 w1 < <(io_rates)
 t0=$(date +%s.%N)
 /usr/bin/time -f "%M" -o "$scratch/rss.txt" "$zoe" train --preset "$preset" --steps "$steps" --micro-batch 1 --seq 64 \
-  --offload nvme --nvme-path "$scratch" --device-budget "$budget" --json "$@" > "$scratch/out.json" 2> "$scratch/err.txt" ||
-  { cat "$scratch/err.txt" >&2; exit 1; }
+  --offload nvme --nvme-path "$scratch" --device-budget "$budget" --json "$@" > "$scratch/out.json" 2> "$scratch/err.txt" &
+timer=$!
+# The run's resident memory every half second (seconds since the start, anonymous and file kB), to
+# tell which phase holds the peak.
+sleep 0.2
+zpid=$(pgrep -P "$timer" | head -1 || true)
+while [ -n "$zpid" ] && kill -0 "$zpid" 2> /dev/null; do
+  awk -v t="$(date +%s.%N)" -v t0="$t0" '/^RssAnon|^RssFile/ {v[$1] = $2} END {if (length(v)) print t - t0, v["RssAnon:"], v["RssFile:"]}' \
+    "/proc/$zpid/status" 2> /dev/null >> "$scratch/rss-trace.txt" || true
+  sleep 0.5
+done
+wait "$timer" || { cat "$scratch/err.txt" >&2; exit 1; }
 t1=$(date +%s.%N)
 grep -v '^[[:space:]]*[0-9.]*$' "$scratch/err.txt" | grep -E "host buffers|warn" >&2 || true
 read -r r2 w2 < <(io_rates)
-/usr/bin/python3 - "$scratch/out.json" "$scratch/rss.txt" "$t0" "$t1" "$r1" "$w1" "$r2" "$w2" <<'PY'
+touch "$scratch/rss-trace.txt"
+/usr/bin/python3 - "$scratch/out.json" "$scratch/rss.txt" "$t0" "$t1" "$r1" "$w1" "$r2" "$w2" "$scratch/rss-trace.txt" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
+trace = [tuple(map(float, l.split())) for l in open(sys.argv[9]) if len(l.split()) == 3]
 rss = int(open(sys.argv[2]).read().split()[-1]) * 1024
 t0, t1, r1, w1, r2, w2 = map(float, sys.argv[3:9])
 rd, wr = (r1 + r2) / 2 * 1e9, (w1 + w2) / 2 * 1e9
@@ -63,5 +75,15 @@ print(f"steady step: {last['wall']:.1f} s for compute {last['compute']:.1f} s an
 print(f"initialisation: {t['initialize']:.1f} s for {state / 1e9:.1f} GB of model state ({init_bound:.1f} s at "
       f"{wr / 1e9:.2f} GB/s): {t['initialize'] / init_bound:.3f}x (target <= 1.2)")
 print(f"peak RSS: {rss / 1e9:.2f} GB (target < 2 GB)")
+if trace:
+    # Initialisation ends about when the first step starts: the trace's time of the loop's start is
+    # the run's wall time less the loop, evaluation and teardown.
+    init_end = (t1 - t0) - t["total"] - 0.5
+    for name, part in (("initialisation", [x for x in trace if x[0] <= init_end]),
+                       ("steps and evaluation", [x for x in trace if x[0] > init_end])):
+        if part:
+            top = max(part, key=lambda x: x[1] + x[2])
+            print(f"  {name}: peak resident {(top[1] + top[2]) / 1e6:.2f} GB ({top[1] / 1e6:.2f} anonymous, "
+                  f"{top[2] / 1e6:.2f} file) at {top[0]:.0f} s")
 print(f"losses: {d['losses']}")
 PY
