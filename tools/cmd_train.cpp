@@ -39,6 +39,39 @@ namespace {
 
 using nlohmann::json;
 
+// The host buffers the engine sized, as one line ("" with no offload to NVMe); "(zoe's)" marks
+// the sizes zoe picked because the config does not give them.
+std::string buffers_line(const BufferSizes& b) {
+  if (b.swap_buffer_count == 0 && b.staging_count == 0) return "";
+  auto mine = [&](const char* key) {
+    return std::find(b.chosen.begin(), b.chosen.end(), key) != b.chosen.end() ? " (zoe's)" : "";
+  };
+  std::string line = "host buffers:";
+  if (b.swap_buffer_count) {
+    line += fmt(" optimizer swapper %zu x %s%s + %zu write buffers;", b.swap_buffer_count,
+                format_bytes(b.swap_buffer_bytes).c_str(),
+                mine("zero_optimization.offload_optimizer.buffer_count"), b.swap_async_buffers);
+  }
+  if (b.staging_count) {
+    line += fmt(" staging %zu x %s%s; partition cache %s%s;", b.staging_count,
+                format_bytes(b.staging_bytes).c_str(), mine("zero_optimization.offload_param.buffer_size"),
+                format_bytes(b.host_cache_bytes).c_str(), mine("zero_optimization.offload_param.max_in_cpu"));
+  }
+  if (b.host_share) line += fmt(" within %s of host memory", format_bytes(b.host_share).c_str());
+  return line;
+}
+
+json buffers_json(const BufferSizes& b) {
+  return {{"host_share", b.host_share},
+          {"swap_buffer_count", b.swap_buffer_count},
+          {"swap_buffer_bytes", b.swap_buffer_bytes},
+          {"swap_async_buffers", b.swap_async_buffers},
+          {"staging_count", b.staging_count},
+          {"staging_bytes", b.staging_bytes},
+          {"host_cache_bytes", b.host_cache_bytes},
+          {"chosen", b.chosen}};
+}
+
 // The bytes per parameter one step moved, per link (a row of the JSON's step_bytes_per_param).
 json link_json(double nvme_read, double nvme_write, double h2d, double d2h) {
   return json{
@@ -86,6 +119,7 @@ struct TrainRun {
   double last_line_s = 0;
   double accuracy_start = NAN, eval_loss_start = NAN;
   double total_s = 0;
+  double init_s = 0;  // Engine::initialize(): the initial states placed in their homes
 
   explicit TrainRun(TrainOpts opts) : o(std::move(opts)), mc(model_config(o)) {}
 
@@ -210,9 +244,16 @@ void TrainRun::build_engine() {
   progress->update(fmt("initialising %llu parameters (%s of model state per rank)",
                        static_cast<unsigned long long>(mc.num_params()),
                        format_bytes(eng->model_state_bytes()).c_str()));
+  const uint64_t t0 = clock_ns();
   Status s = eng->initialize(
       [&](size_t m, size_t p, float* x, size_t n) { model::gpt_init(mc, o.seed, m, p, x, n); });
+  init_s = static_cast<double>(clock_ns() - t0) * 1e-9;
   if (!s.is_ok()) fail(s.with_context("initialising the model"));
+  const std::string sizes = buffers_line(eng->buffer_sizes());
+  if (!sizes.empty() && lead && !o.quiet) {
+    progress->done();
+    fprintf(stderr, "%s\n", sizes.c_str());
+  }
 }
 
 // Resume: restore every state, continue at the saved step (--steps counts the whole run).
@@ -487,6 +528,7 @@ json TrainRun::summary_json() const {
   j["device_budget_bytes"] = eng->device_budget_bytes();
   j["state_to_budget"] =
       static_cast<double>(eng->model_state_bytes()) / static_cast<double>(eng->device_budget_bytes());
+  j["buffers"] = buffers_json(eng->buffer_sizes());
   j["high_water_bytes"] = {
       {"device", last.high_water[0]}, {"host", last.high_water[1]}, {"nvme", last.high_water[2]}};
   j["bytes_moved"] = {{"nvme->host", last.bytes_nvme_read},
@@ -496,8 +538,8 @@ json TrainRun::summary_json() const {
   // The last step's (the steady state: the first steps record the fetch order and fill caches).
   j["bytes_per_param_per_step"] = per_param.empty() ? json::object() : per_param.back();
   j["step_bytes_per_param"] = per_param;
-  j["time_s"] = {
-      {"compute", t_compute}, {"comm", t_comm}, {"io_stall", t_io}, {"optimizer", t_opt}, {"total", total_s}};
+  j["time_s"] = {{"compute", t_compute}, {"comm", t_comm},   {"io_stall", t_io},
+                 {"optimizer", t_opt},   {"total", total_s}, {"initialize", init_s}};
   j["losses"] = losses;
   j["lrs"] = lrs;
   j["grad_norms"] = grad_norms;

@@ -61,6 +61,23 @@ struct MemoryUse {
   uint64_t partition_pins = 0;     // stage-3 partitions pinned: 0 between the caller's calls
 };
 
+// The host buffers initialize() sized: the optimizer swapper's (NVMe-resident optimizer states),
+// the tier manager's staging buffers and its cache of NVMe-homed stage-3 partitions. `chosen` names
+// the config keys whose values zoe picked itself because the config does not give them (a value the
+// config gives is used as given), within `host_share`.
+struct BufferSizes {
+  // zoe.host_budget, or this host's memory / 16 shared by the job's ranks; 0: unknown (DeepSpeed's
+  // defaults are then used for the keys the config does not give).
+  uint64_t host_share = 0;
+  size_t swap_buffer_count = 0;   // offload_optimizer.buffer_count as used (0: no swapper)
+  size_t swap_buffer_bytes = 0;   // each
+  size_t swap_async_buffers = 0;  // its write buffers for the gradient sums, beside them
+  size_t staging_count = 0;       // offload_param.buffer_count as used (0: no NVMe tier)
+  size_t staging_bytes = 0;       // each (offload_param.buffer_size in bytes)
+  uint64_t host_cache_bytes = 0;  // NVMe-homed partitions kept in host memory (offload_param.max_in_cpu)
+  std::vector<std::string> chosen;
+};
+
 // How add_module() registers a module.
 struct ModuleOptions {
   // A frozen module's parameters are never trained (a frozen base under LoRA adapters, a frozen
@@ -196,6 +213,8 @@ class Engine {
   uint64_t model_state_bytes() const;
   uint64_t device_budget_bytes() const;
   MemoryUse memory_in_use() const;
+  // The host buffers the placement sized (after initialize(); all zero before).
+  BufferSizes buffer_sizes() const;
   uint64_t num_params() const;
   // Writes the Chrome-trace timeline of transfers and optimizer chunks recorded so far.
   Status write_trace(const std::string& path) const;

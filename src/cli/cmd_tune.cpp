@@ -79,13 +79,20 @@ struct Knobs {
   int64_t aio_block = 0, aio_depth = 0;  // aio.block_size, aio.queue_depth
 
   void apply(config::Config* c) const {
+    // A sizing knob the variant sets to another value than the base config's is given: the
+    // planner uses it as it is instead of sizing it from the host share.
+    auto set = [c](int64_t* field, int64_t v, const char* key) {
+      if (*field != v) c->given_keys.insert(key);
+      *field = v;
+    };
     c->zero.stage3_prefetch_bucket_size = prefetch_bucket;
     c->zero.stage3_max_live_parameters = max_live;
     c->zero.sub_group_size = sub_group;
-    c->zero.offload_optimizer.buffer_count = opt_buffers;
+    set(&c->zero.offload_optimizer.buffer_count, opt_buffers,
+        "zero_optimization.offload_optimizer.buffer_count");
     c->zero.offload_param.buffer_count = param_buffers;
-    c->zero.offload_param.buffer_size = param_buffer_size;
-    c->zero.offload_param.max_in_cpu = max_in_cpu;
+    set(&c->zero.offload_param.buffer_size, param_buffer_size, "zero_optimization.offload_param.buffer_size");
+    set(&c->zero.offload_param.max_in_cpu, max_in_cpu, "zero_optimization.offload_param.max_in_cpu");
     c->aio.block_size = aio_block;
     c->aio.queue_depth = aio_depth;
   }
@@ -162,6 +169,43 @@ std::vector<std::pair<int64_t, int64_t>> aio_points(const plan::PlanInputs& in) 
   return out;
 }
 
+// The sizes the planner picks from the host share for the keys the config leaves out
+// (Placement::chosen), written into it as values: the config --out writes then plans the same
+// buffers wherever it runs.
+void write_chosen_sizes(const plan::PlanInputs& in, config::Config* cfg) {
+  zero::PlanTarget t;
+  t.device_budget = static_cast<uint64_t>(cfg->zoe.device_budget_bytes);
+  t.queued_gathers = !in.cuda;
+  t.host_memory = plan::per_rank_memory(in).host;
+  auto pl = zero::plan_placement(*cfg, in.model.modules, in.topo.world(), 0, t);
+  if (!pl.is_ok()) return;  // the candidate was planned; nothing to write otherwise
+  const int64_t es = cfg->bf16 || cfg->fp16.enabled ? 2 : 4;
+  for (const std::string& key : pl->chosen) {
+    if (key == "zero_optimization.offload_optimizer.buffer_count")
+      cfg->zero.offload_optimizer.buffer_count = static_cast<int64_t>(pl->swap_buffer_count);
+    else if (key == "zero_optimization.offload_param.buffer_size")
+      cfg->zero.offload_param.buffer_size = static_cast<int64_t>(pl->tm_staging_bytes) / es;
+    else if (key == "zero_optimization.offload_param.max_in_cpu")
+      cfg->zero.offload_param.max_in_cpu = static_cast<int64_t>(pl->tm_host_cache) / es;
+    cfg->given_keys.insert(key);
+  }
+}
+
+config::Config tuned_config(const plan::PlanInputs& in, const Candidate& c, const std::string& nvme) {
+  config::Config base = in.base;
+  c.knobs.apply(&base);
+  config::Config cfg = plan::config_for(base, c.row.placement, nvme);
+  const uint64_t dev = plan::per_rank_memory(in).device;
+  cfg.zoe.device_budget_bytes =
+      static_cast<int64_t>(dev > c.row.activation_bytes ? dev - c.row.activation_bytes : dev);
+  cfg.zoe.device = in.cuda ? "cuda" : "cpu";
+  cfg.train_micro_batch_size_per_gpu = c.micro_batch;
+  cfg.gradient_accumulation_steps = c.grad_accum;
+  cfg.train_batch_size = c.micro_batch * c.grad_accum * in.topo.world();
+  write_chosen_sizes(in, &cfg);
+  return cfg;
+}
+
 // Every fitting row at every searched micro-batch, with the knobs the model responds to, each
 // where it acts: the stage-3 prefetch bucket and stage3_max_live_parameters (the gather window
 // and the partitions' device cache share the device memory left); for NVMe-homed
@@ -232,7 +276,10 @@ Result<std::vector<Candidate>> search(const plan::PlanInputs& in, bool fixed_mic
                                      row->bytes.host, row->bytes.nvme};
         if (std::find(seen.begin(), seen.end(), key) != seen.end()) continue;
         seen.push_back(std::move(key));
-        out.push_back({row.value(), kn, micro, at.work.grad_accum});
+        // The knobs as the plan used them: a size left to zoe is the one it chose (what --out writes).
+        Candidate c{row.value(), kn, micro, at.work.grad_accum};
+        c.knobs = Knobs::of(tuned_config(at, c, ""));
+        out.push_back(std::move(c));
       }
     }
   }
@@ -242,20 +289,6 @@ Result<std::vector<Candidate>> search(const plan::PlanInputs& in, bool fixed_mic
     return a.row.bytes.host < b.row.bytes.host;
   });
   return out;
-}
-
-config::Config tuned_config(const plan::PlanInputs& in, const Candidate& c, const std::string& nvme) {
-  config::Config base = in.base;
-  c.knobs.apply(&base);
-  config::Config cfg = plan::config_for(base, c.row.placement, nvme);
-  const uint64_t dev = plan::per_rank_memory(in).device;
-  cfg.zoe.device_budget_bytes =
-      static_cast<int64_t>(dev > c.row.activation_bytes ? dev - c.row.activation_bytes : dev);
-  cfg.zoe.device = in.cuda ? "cuda" : "cpu";
-  cfg.train_micro_batch_size_per_gpu = c.micro_batch;
-  cfg.gradient_accumulation_steps = c.grad_accum;
-  cfg.train_batch_size = c.micro_batch * c.grad_accum * in.topo.world();
-  return cfg;
 }
 
 // --- The command ----------------------------------------------------------------------------

@@ -1,6 +1,9 @@
 // GptConfig checks, the engine module layout and the deterministic initialisation of the GPT.
+#include <algorithm>
 #include <cmath>
 #include <numbers>
+#include <thread>
+#include <vector>
 
 #include "core/log.h"
 #include "model/gpt.h"
@@ -144,7 +147,24 @@ void gpt_init_range(const GptConfig& c, uint64_t seed, size_t module, size_t par
 }
 
 void gpt_init(const GptConfig& c, uint64_t seed, size_t module, size_t param, float* data, size_t n) {
-  gpt_init_range(c, seed, module, param, 0, data, n);
+  // Every element depends only on (seed, module, param, index): a large tensor is filled in
+  // ranges on every core, with the same values.
+  constexpr size_t kPerThread = size_t{1} << 20;
+  const size_t threads = std::min<size_t>(std::max(1u, std::thread::hardware_concurrency()),
+                                          std::max<size_t>(1, n / kPerThread));
+  if (threads <= 1) {
+    gpt_init_range(c, seed, module, param, 0, data, n);
+    return;
+  }
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t) {
+    const size_t b = n * t / threads, e = n * (t + 1) / threads;
+    pool.emplace_back([&c, seed, module, param, data, b, e] {
+      gpt_init_range(c, seed, module, param, b, data + b, e - b);
+    });
+  }
+  gpt_init_range(c, seed, module, param, 0, data, n / threads);
+  for (auto& th : pool) th.join();
 }
 
 }  // namespace zoe::model

@@ -97,6 +97,7 @@ Result<PlanRow> plan_row(const PlanInputs& in, const RowPlacement& p) {
   row.activation_bytes = in.count_activations ? activation_bytes(in.model, w, es) : 0;
   zero::PlanTarget target;
   target.queued_gathers = !in.cuda;
+  target.host_memory = have.host;  // the buffers left to zoe are sized from it, as the engine does
   // The engine's device budget is what the activations leave; the CPU device shares the
   // host's memory with the host tier.
   target.device_budget = sat_sub(have.device, row.activation_bytes);

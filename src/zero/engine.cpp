@@ -18,6 +18,7 @@
 #include "comm/heartbeat.h"
 #include "config/paths.h"
 #include "config/value_used.h"
+#include "core/cpu.h"
 #include "core/log.h"
 #include "core/units.h"
 #include "io/fault_injector.h"
@@ -429,6 +430,10 @@ Status Engine::add_module(const std::string& name, const std::vector<ParamSpec>&
   return Status::ok();
 }
 
+uint64_t zero::engine_host_memory(int world) {
+  return host_memory().total_bytes / static_cast<uint64_t>(std::max(1, world));
+}
+
 namespace {
 
 // The layout the placement gave each module, into the module table.
@@ -462,6 +467,9 @@ Status Engine::initialize(const std::function<void(size_t, size_t, float*, size_
   target.device_budget = ctx.dev->budget_bytes();
   // Queued gathers run a host task on the communicator's stream: host-memory devices only.
   target.queued_gathers = ctx.ops->host_addressable() && ctx.dcomm == ctx.comm;
+  // The buffers the config leaves to zoe are sized from this host's memory, shared by the ranks
+  // (the job's size bounds how many of them share this host).
+  target.host_memory = zero::engine_host_memory(ctx.world);
   ZOE_ASSIGN_OR_RETURN(ctx.placement, zero::plan_placement(*ctx.cfg, shapes, ctx.world, ctx.rank, target));
   apply_layout(ctx.placement, &I.modules);
   I.grads.resize(I.modules.size());
@@ -471,6 +479,9 @@ Status Engine::initialize(const std::function<void(size_t, size_t, float*, size_
   // 3. Tiers and swapper, then every state in its home.
   ZOE_RETURN_IF_ERROR(I.setup_tiers());
   for (zero::ModuleId m : I.modules.ids()) ZOE_RETURN_IF_ERROR(I.place_module(m, init));
+  // The optimizer states written behind the placing (Updater::place): on NVMe before training.
+  if (ctx.swapper)
+    ZOE_RETURN_IF_ERROR_CTX(ctx.swapper->wait_async_writes(), "writing the initial optimizer states");
   ZOE_CHECK_MSG(ctx.dev->used_bytes() == ctx.placement.resident.device,
                 "placement: the device holds %llu bytes after initialize(), the plan said %llu",
                 static_cast<unsigned long long>(ctx.dev->used_bytes()),
@@ -527,6 +538,25 @@ MemoryUse Engine::memory_in_use() const {
     }
   }
   return u;
+}
+
+BufferSizes Engine::buffer_sizes() const {
+  const zero::Placement& pl = impl_->ctx.placement;
+  BufferSizes b;
+  if (!impl_->initialized) return b;
+  b.host_share = pl.host_share;
+  if (pl.swapper) {
+    b.swap_buffer_count = pl.swap_buffer_count;
+    b.swap_buffer_bytes = pl.swap_buffer_bytes;
+    b.swap_async_buffers = pl.swap_async_buffers;
+  }
+  if (impl_->ctx.tm && impl_->ctx.store) {
+    b.staging_count = pl.tm_staging_count + 1;  // the moves' and the synchronous one
+    b.staging_bytes = pl.tm_staging_bytes;
+  }
+  b.host_cache_bytes = pl.tm_host_cache;
+  b.chosen = pl.chosen;
+  return b;
 }
 
 Status Engine::write_trace(const std::string& path) const { return impl_->ctx.trace.write_chrome_json(path); }

@@ -42,6 +42,9 @@ namespace zero {
 inline comm::Communicator& runtime_comm(const Runtime& rt) { return RuntimeAccess::comm(rt); }
 // Engine::create from the internal config (zoe's own tests and tools).
 Result<std::unique_ptr<Engine>> create_engine(Runtime& rt, const config::Config& cfg);
+// The host memory the engine plans each rank's buffers with (PlanTarget::host_memory): this
+// host's memory over the job's ranks.
+uint64_t engine_host_memory(int world);
 
 }  // namespace zero
 }  // namespace zoe

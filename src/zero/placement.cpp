@@ -243,9 +243,13 @@ void plan_staging(const config::Config& cfg, const Extent& x, Placement* pl) {
   const uint64_t es = pl->compute_bytes;
   const uint64_t top = std::max<uint64_t>(u64(x.biggest_part_nvme) * es, 64u << 10);
   const int64_t size = cfg.zero.offload_param.buffer_size;
-  const uint64_t asked = u64(std::max<int64_t>(1, size)) * es;
+  // Not given: zoe's piece size (kAutoStagingBytes) rather than DeepSpeed's 1e8 elements, which
+  // would make each staging buffer as large as the largest partition.
+  const bool own = pl->host_share && !cfg.given("zero_optimization.offload_param.buffer_size");
+  const uint64_t asked = own ? kAutoStagingBytes : u64(std::max<int64_t>(1, size)) * es;
   const uint64_t bytes = (std::clamp<uint64_t>(asked, 64u << 10, top) + 4095) / 4096 * 4096;
-  if (bytes > asked) {
+  if (own) pl->chosen.push_back("zero_optimization.offload_param.buffer_size");
+  if (bytes > asked && !own) {
     config::value_used("zero_optimization.offload_param.buffer_size", size, static_cast<int64_t>(bytes / es),
                        "elements: the tier manager's staging buffers are 4 KiB multiples of at least 64 KiB");
   }
@@ -261,15 +265,27 @@ void plan_staging(const config::Config& cfg, const Extent& x, Placement* pl) {
 // 4c. Host copies of NVMe-homed partitions: the step updates one while the previous one is
 //     written back, and keeps up to offload_param.max_in_cpu elements of them (clean, as a cache
 //     the next fetches into the device copy from) within the tier's host budget.
+uint64_t page_round(uint64_t b) { return (b + 4095) / 4096 * 4096; }
+
+// Host bytes of every NVMe-homed partition's host copy.
+uint64_t nvme_part_bytes(const Placement& pl) {
+  uint64_t parts = 0;
+  for (const auto& m : pl.modules) {
+    if (m.partitioned_params && m.param_home == Home::kNvme)
+      parts += page_round(u64(m.part) * pl.compute_bytes);
+  }
+  return parts;
+}
+
 void plan_host_cache(const config::Config& cfg, const Extent& x, Placement* pl) {
   const uint64_t es = pl->compute_bytes;
-  auto alloc = [](uint64_t b) { return (b + 4095) / 4096 * 4096; };
-  uint64_t parts = 0;
-  for (const auto& m : pl->modules) {
-    if (m.partitioned_params && m.param_home == Home::kNvme) parts += alloc(u64(m.part) * es);
-  }
+  auto alloc = page_round;
+  const uint64_t parts = nvme_part_bytes(*pl);
   const uint64_t work = 2 * alloc(u64(x.biggest_part_nvme) * es);
-  const uint64_t keep = u64(std::max<int64_t>(0, cfg.zero.offload_param.max_in_cpu)) * es;
+  // Not given: the step's two to start with; size_own_buffers() gives the cache what the host
+  // share leaves.
+  const bool own = pl->host_share && !cfg.given("zero_optimization.offload_param.max_in_cpu");
+  const uint64_t keep = own ? 0 : u64(std::max<int64_t>(0, cfg.zero.offload_param.max_in_cpu)) * es;
   pl->tm_host_cache = std::max(std::min(keep, parts), std::min(work, parts));
   pl->tm_host_budget = u64(pl->tm_staging_bytes) * (pl->tm_staging_count + 1) + pl->tm_host_cache;
 }
@@ -319,8 +335,12 @@ void plan_swapper(const config::Config& cfg, Placement* pl) {
   pl->swap_chunk_elems =
       swap_chunk_elems(cfg.zero.sub_group_size, cfg.given("zero_optimization.sub_group_size"));
   pl->swap_buffer_bytes = pl->swap_chunk_elems * 4;
-  pl->swap_buffer_count = swap_buffer_count(cfg.zero.offload_optimizer.buffer_count,
-                                            cfg.given("zero_optimization.offload_optimizer.buffer_count"));
+  const bool own = pl->host_share && !cfg.given("zero_optimization.offload_optimizer.buffer_count");
+  // Not given: the fewest slots to start with; size_own_buffers() adds read-ahead slots.
+  pl->swap_buffer_count =
+      own ? kMinSwapSlots * kSwapStates
+          : swap_buffer_count(cfg.zero.offload_optimizer.buffer_count,
+                              cfg.given("zero_optimization.offload_optimizer.buffer_count"));
   size_t chunks = 0;
   for (const auto& m : pl->modules) {
     if (!m.frozen && m.opt_home == Home::kNvme)
@@ -329,6 +349,43 @@ void plan_swapper(const config::Config& cfg, Placement* pl) {
   pl->swap_async_buffers =
       std::clamp<size_t>(chunks, offload::kAsyncWriteBuffers, offload::kMaxAsyncWriteBuffers);
   pl->resident.host += u64(pl->swap_buffer_bytes) * (pl->swap_buffer_count + pl->swap_async_buffers);
+}
+
+// 5b. The sizes the config leaves to zoe (Placement::chosen), within the host share: first the
+//     swapper's read-ahead slots, up to one more than the chunks of a step (the backward then
+//     reads the whole next update ahead) and at most kAutoMaxSwapSlots, from half of what the
+//     share leaves; then the cache of NVMe-homed partitions (offload_param.max_in_cpu) holds all
+//     of them when what is left allows, else the step's two. Both count in the host peak.
+void size_own_buffers(const config::Config& cfg, Placement* pl) {
+  if (!pl->host_share) return;
+  auto left = [pl] {
+    const uint64_t used = pl->resident.host + pl->tm_host_cache;
+    return pl->host_share > used ? pl->host_share - used : 0;
+  };
+  if (pl->swapper && !cfg.given("zero_optimization.offload_optimizer.buffer_count")) {
+    size_t chunks = 0;
+    for (const auto& m : pl->modules) {
+      if (!m.frozen && m.opt_home == Home::kNvme)
+        chunks += (m.opt_n + pl->swap_chunk_elems - 1) / pl->swap_chunk_elems;
+    }
+    const uint64_t slot_bytes = u64(kSwapStates) * pl->swap_buffer_bytes;
+    const size_t want = std::min(kAutoMaxSwapSlots, chunks + 1), have = pl->swap_buffer_count / kSwapStates;
+    const size_t extra =
+        want > have ? static_cast<size_t>(std::min<uint64_t>(want - have, left() / 2 / slot_bytes)) : 0;
+    pl->swap_buffer_count += extra * kSwapStates;
+    pl->resident.host += u64(extra) * slot_bytes;
+    pl->chosen.push_back("zero_optimization.offload_optimizer.buffer_count");
+  }
+  if (pl->tm_host_budget && !cfg.given("zero_optimization.offload_param.max_in_cpu")) {
+    // All of them or only the step's two: each step visits the partitions in a cycle (forward,
+    // backward, update), so a cache smaller than all of them saves few reads for its memory.
+    const uint64_t all = nvme_part_bytes(*pl);
+    if (all > pl->tm_host_cache && all - pl->tm_host_cache <= left()) {
+      pl->tm_host_budget += all - pl->tm_host_cache;
+      pl->tm_host_cache = all;
+    }
+    pl->chosen.push_back("zero_optimization.offload_param.max_in_cpu");
+  }
 }
 
 // Device bytes one module in use moves at once. Module m in use: (stage 3) its gathered
@@ -463,8 +520,11 @@ Result<Placement> plan_with_persistence(const config::Config& cfg, const std::ve
       pl.max_live_parameters, static_cast<size_t>(std::max<int64_t>(0, cfg.zero.stage3_max_live_parameters)));
   split_optimizer_homes(cfg, &pl);
   ZOE_ASSIGN_OR_RETURN(Extent x, count_resident_states(cfg, &pl));
+  pl.host_share = cfg.zoe.host_budget_bytes > 0 ? static_cast<uint64_t>(cfg.zoe.host_budget_bytes)
+                                                : target.host_memory / kAutoHostShareDiv;
   if (x.any_partitioned) plan_tier_manager(cfg, target, &x, &pl);
   if (x.any_opt_nvme) plan_swapper(cfg, &pl);
+  size_own_buffers(cfg, &pl);
   ZOE_RETURN_IF_ERROR(check_peaks(cfg, x, &pl));
   return pl;
 }

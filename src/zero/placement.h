@@ -71,7 +71,20 @@ struct PlanTarget {
   uint64_t device_budget = 0;  // 0: the config's zoe.device_budget (64 GiB when unset)
   bool queued_gathers = true;  // gathers may be queued ahead of use (host-memory devices with a
                                // host communicator; false on CUDA)
+  // The host's memory (bytes; 0: unknown). Without zoe.host_budget, zoe sizes the buffers the
+  // config leaves to it within kAutoHostShareDiv-th of it (see Placement::host_share).
+  uint64_t host_memory = 0;
 };
+
+// The host share zoe sizes its own buffers within when zoe.host_budget is not set: this fraction
+// of the host's memory.
+inline constexpr uint64_t kAutoHostShareDiv = 16;
+// What zoe picks for the sizes the config does not give (within the host share): staging pieces
+// of at most this many bytes (offload_param.buffer_size), at most this many swapper slots
+// (offload_optimizer.buffer_count / 4: read-ahead of chunks, at most one more than the chunks of
+// a step).
+inline constexpr uint64_t kAutoStagingBytes = 16ull << 20;
+inline constexpr size_t kAutoMaxSwapSlots = 16;
 
 struct ModulePlacement {
   std::string name;
@@ -142,6 +155,14 @@ struct Placement {
   // The most each tier holds at once (an upper bound, with one module fetched at a time): resident
   // plus what moves. The engine's measured high-water marks stay at or below these.
   TierBytes peak;
+  // The host memory zoe sized the buffers the config leaves to it within: zoe.host_budget, or
+  // PlanTarget::host_memory / kAutoHostShareDiv; 0: neither is known, DeepSpeed's defaults are
+  // used as they are. Sizes the config gives are used as given.
+  uint64_t host_share = 0;
+  // The config keys whose values zoe chose from the host share (not given in the config), e.g.
+  // "zero_optimization.offload_optimizer.buffer_count".
+  std::vector<std::string> chosen;
+
   // NVMe bytes the swap files need (equals resident.nvme).
   uint64_t nvme_bytes() const { return resident.nvme; }
 };

@@ -3,6 +3,8 @@
 // host collectives, the scoped fetch (Gathered) and the engine's fp32 read/write of a view.
 #include <cstdint>
 #include <cstring>
+#include <set>
+#include <string>
 #include <utility>
 
 #include <nlohmann/json.hpp>
@@ -159,15 +161,36 @@ Result<Config> Config::parse(const std::string& json_text, int world_size) {
 }
 
 namespace {
+// The paths of the values (leaves: anything but an object) of `after` that `before` lacks or
+// holds otherwise, into *out.
+void changed_paths(const json& before, const json& after, const std::string& at, std::set<std::string>* out) {
+  if (!after.is_object()) {
+    if (before != after) out->insert(at);
+    return;
+  }
+  for (auto it = after.begin(); it != after.end(); ++it) {
+    const std::string path = at.empty() ? it.key() : at + "." + it.key();
+    const json none;
+    changed_paths(before.is_object() && before.contains(it.key()) ? before[it.key()] : none, it.value(), path,
+                  out);
+  }
+}
+
 // Applies `edit` to the config's JSON and parses it back: the same validation (and errors) as a
 // file; *cfg changes only when that succeeds.
 template <typename Edit>
 Status edit_config(config::Config* cfg, int world_size, const char* what, Edit edit) {
-  json j = json::parse(cfg->to_json());
+  const json before = json::parse(cfg->to_json());
+  json j = before;
   edit(j);
   auto r = config::Config::parse(j.dump(), world_size);
   if (!r.is_ok()) return r.status().with_context(std::string("setting ") + what);
+  // to_json writes every key, defaults too: what counts as given is what the config gave and
+  // what the edit wrote, not the defaults nobody chose (Config::given).
+  std::set<std::string> given = cfg->given_keys;
+  changed_paths(before, j, "", &given);
   *cfg = std::move(r).value();
+  cfg->given_keys = std::move(given);
   return Status::ok();
 }
 }  // namespace

@@ -193,6 +193,13 @@ TEST(GptInit, DeterministicShardableGpt2Style) {
   std::vector<float> part(100);
   gpt_init_range(c, 7, 2, 8, 1000, part.data(), part.size());
   EXPECT_TRUE(std::equal(part.begin(), part.end(), a.p[2][8].begin() + 1000));
+  // A tensor large enough to be filled on several threads: the same values as one pass.
+  GptConfig wide{.vocab = 512, .seq = 64, .d_model = 768, .heads = 4, .layers = 1};
+  const size_t fc1 = size_t{4} * 768 * 768;  // fc1_w: 2.25M elements
+  std::vector<float> threaded(fc1), serial(fc1);
+  gpt_init(wide, 7, 1, 8, threaded.data(), fc1);
+  gpt_init_range(wide, 7, 1, 8, 0, serial.data(), fc1);
+  EXPECT_EQ(threaded, serial);
   // Different tensors get different streams.
   EXPECT_NE(std::vector<float>(a.p[1][2].begin(), a.p[1][2].begin() + 64),
             std::vector<float>(a.p[2][2].begin(), a.p[2][2].begin() + 64));

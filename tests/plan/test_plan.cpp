@@ -24,6 +24,13 @@
 namespace zoe {
 namespace {
 
+// What the engine plans with on this host (its buffers are sized from the host's memory).
+zero::PlanTarget engine_target(const Runtime& rt) {
+  zero::PlanTarget t;
+  t.host_memory = zero::engine_host_memory(rt.world_size());
+  return t;
+}
+
 using config::OffloadDevice;
 
 std::string fixture(const std::string& name) { return std::string(ZOE_PLAN_FIXTURES) + "/" + name; }
@@ -232,6 +239,7 @@ TEST(Plan, RowBytesArePlanPlacementPeaks) {
       zero::PlanTarget t;
       t.device_budget = 80ull << 30;
       t.queued_gathers = false;
+      t.host_memory = plan::per_rank_memory(in).host;  // as plan_row() sizes the buffers left to zoe
       auto pl = zero::plan_placement(cfg, m->modules, nodes * gpus, 0, t);
       ASSERT_OK(pl) << row.placement.label();
       EXPECT_EQ(row.bytes.device, pl->peak.device) << row.placement.label();
@@ -392,6 +400,8 @@ TEST(CostModel, StagingDepthAndAioPointMoveTheNvmeTime) {
     k.base.zero.offload_param.max_in_cpu = 0;  // loads from NVMe, not from the host cache
     k.base.zero.offload_param.buffer_count = buffers;
     k.base.zero.offload_param.buffer_size = 262144;  // 512 KiB pieces
+    k.base.given_keys.insert(
+        {"zero_optimization.offload_param.max_in_cpu", "zero_optimization.offload_param.buffer_size"});
     k.base.aio.queue_depth = depth;
     auto row = plan::plan_row(k, nvme);
     EXPECT_TRUE(row.is_ok() && row->fits);
@@ -420,6 +430,8 @@ TEST(CostModel, NvmeTrafficCostsCpuTimeOnTheCpuDeviceAndBurstsStallTheBackward) 
   plan::PlanInputs in = inputs(m, 1, 1);
   in.rates.flops = 1e9;  // seconds of compute: the NVMe work hides under it
   in.base.zero.sub_group_size = 262144;
+  // DeepSpeed's buffer_count (4: three slots), as written, not sized by zoe from the host share.
+  in.base.given_keys.insert("zero_optimization.offload_optimizer.buffer_count");
   const plan::RowPlacement nvme{1, OffloadDevice::kNone, OffloadDevice::kNvme, 1.0, false};
   auto step = [&](bool cuda, double nvme_cpu, plan::PlanRow* out = nullptr, int64_t sub = 262144) {
     plan::PlanInputs k = in;
@@ -550,13 +562,16 @@ TEST(CostModelVsEngine, NvmeBytesPerStepForEveryPlacement) {
                                    (cache ? "" : " max_in_cpu 0");
           auto cfg = config::Config::parse(text, rt.world_size());
           ASSERT_OK(cfg) << what;
-          if (!cache) cfg.value().zero.offload_param.max_in_cpu = 0;
+          if (!cache) {
+            cfg.value().zero.offload_param.max_in_cpu = 0;
+            cfg.value().given_keys.insert("zero_optimization.offload_param.max_in_cpu");
+          }
           std::vector<zero::ModuleShape> sh;
           for (int l = 0; l < s.layers; ++l) {
             sh.push_back(
                 {"layer." + std::to_string(l), {static_cast<size_t>(s.d * s.d), static_cast<size_t>(s.d)}});
           }
-          auto plan = zero::plan_placement(cfg.value(), sh, rt.world_size(), rt.rank());
+          auto plan = zero::plan_placement(cfg.value(), sh, rt.world_size(), rt.rank(), engine_target(rt));
           ASSERT_OK(plan) << what;
           plan::Workload w;
           w.params = plan::count_params(sh);

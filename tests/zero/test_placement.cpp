@@ -17,6 +17,13 @@
 namespace zoe {
 namespace {
 
+// What the engine plans with on this host (its buffers are sized from the host's memory).
+zero::PlanTarget engine_target(const Runtime& rt) {
+  zero::PlanTarget t;
+  t.host_memory = zero::engine_host_memory(rt.world_size());
+  return t;
+}
+
 using zero::Home;
 using zero::ModuleShape;
 using zero::Placement;
@@ -164,6 +171,81 @@ TEST(Placement, SwapperSizing) {
   auto big = zero::plan_placement(c, shapes(2, 64), 1, 0);
   ASSERT_OK(big);
   EXPECT_EQ(big->swap_chunk_elems, zero::kMaxSwapChunkElems);
+}
+
+bool chose(const Placement& p, const std::string& key) {
+  return std::find(p.chosen.begin(), p.chosen.end(), key) != p.chosen.end();
+}
+
+// The sizes a config leaves out are zoe's, from the host share (zoe.host_budget, or the host's
+// memory / kAutoHostShareDiv): read-ahead slots up to one more than the chunks of a step, staging
+// pieces of at most kAutoStagingBytes, and the partition cache with what is left; the host peak
+// stays within the share. A value the config gives is used as given; with neither a budget nor the
+// host's memory known, DeepSpeed's defaults are used as before.
+TEST(Placement, SizesLeftOutAreChosenFromTheHostShare) {
+  const config::Config c = parse(cfg_text(3, "nvme", "nvme", "", "", /*bf16=*/true));
+  const std::vector<ModuleShape> six = shapes(6, 256);  // one 1M-element chunk each: 6 a step
+  zero::PlanTarget t;
+  t.device_budget = 1ull << 30;
+  t.host_memory = 16ull << 30;
+  auto p = zero::plan_placement(c, six, 1, 0, t);
+  ASSERT_OK(p);
+  EXPECT_EQ(p->host_share, (16ull << 30) / zero::kAutoHostShareDiv);
+  EXPECT_EQ(p->swap_buffer_count, 7 * zero::kSwapStates);
+  const uint64_t part = (p->modules[0].part * 2 + 4095) / 4096 * 4096;
+  EXPECT_EQ(p->tm_staging_bytes, part);   // a partition is smaller than kAutoStagingBytes
+  EXPECT_EQ(p->tm_host_cache, 6 * part);  // every partition
+  for (const char* key :
+       {"zero_optimization.offload_optimizer.buffer_count", "zero_optimization.offload_param.buffer_size",
+        "zero_optimization.offload_param.max_in_cpu"})
+    EXPECT_TRUE(chose(*p, key)) << key;
+  EXPECT_LE(p->peak.host, p->host_share);
+
+  // A model of many chunks: at most kAutoMaxSwapSlots; large partitions: staging pieces of
+  // kAutoStagingBytes, and the cache holds them all when the share leaves room.
+  const std::vector<ModuleShape> big = shapes(4, 4096);  // 16M elements a module: 32 MiB partitions
+  auto b = zero::plan_placement(c, big, 1, 0, t);
+  ASSERT_OK(b);
+  EXPECT_EQ(b->swap_buffer_count, zero::kAutoMaxSwapSlots * zero::kSwapStates);
+  EXPECT_EQ(b->tm_staging_bytes, zero::kAutoStagingBytes);
+  EXPECT_EQ(b->tm_host_cache, 4 * (b->modules[0].part * 2));
+  EXPECT_LE(b->peak.host, b->host_share);
+
+  // zoe.host_budget is the share: fewer slots (at least three), the step's two partitions only
+  // (not all of them fit), within it.
+  config::Config tight = c;
+  tight.zoe.host_budget_bytes = 320ll << 20;
+  auto q = zero::plan_placement(tight, big, 1, 0, t);
+  ASSERT_OK(q);
+  EXPECT_EQ(q->host_share, 320ull << 20);
+  EXPECT_GE(q->swap_buffer_count, zero::kMinSwapSlots * zero::kSwapStates);
+  EXPECT_LT(q->swap_buffer_count, b->swap_buffer_count);
+  EXPECT_EQ(q->tm_host_cache, 2 * (q->modules[0].part * 2));
+  EXPECT_LE(q->peak.host, 320ull << 20);
+
+  // Values the config gives are used as given.
+  config::Config given = c;
+  given.zero.offload_optimizer.buffer_count = 8;
+  given.zero.offload_param.max_in_cpu = 0;
+  given.zero.offload_param.buffer_size = 1 << 20;
+  given.given_keys.insert({"zero_optimization.offload_optimizer.buffer_count",
+                           "zero_optimization.offload_param.max_in_cpu",
+                           "zero_optimization.offload_param.buffer_size"});
+  auto g = zero::plan_placement(given, big, 1, 0, t);
+  ASSERT_OK(g);
+  EXPECT_EQ(g->swap_buffer_count, zero::swap_buffer_count(8));
+  EXPECT_EQ(g->tm_staging_bytes, 2u << 20);
+  EXPECT_EQ(g->tm_host_cache, 2 * (g->modules[0].part * 2));  // the step's two
+  EXPECT_TRUE(g->chosen.empty());
+
+  // Nothing known: DeepSpeed's defaults.
+  zero::PlanTarget unknown = t;
+  unknown.host_memory = 0;
+  auto d = zero::plan_placement(c, big, 1, 0, unknown);
+  ASSERT_OK(d);
+  EXPECT_EQ(d->host_share, 0u);
+  EXPECT_EQ(d->swap_buffer_count, zero::swap_buffer_count(4, false));
+  EXPECT_TRUE(d->chosen.empty());
 }
 
 // Occurrences of `needle` in `text`.
@@ -443,11 +525,15 @@ TEST(PlacementVsEngine, StagingBuffersAndTheLiveCapChangeNoBits) {
     if (small) {
       cfg->zero.offload_param.buffer_count = 2;
       cfg->zero.offload_param.buffer_size = 16384;
+      cfg->given_keys.insert("zero_optimization.offload_param.buffer_size");
     }
     if (variant == 2) cfg->zero.stage3_max_live_parameters = 2 * 67584;
-    if (variant == 3) cfg->zero.offload_param.max_in_cpu = 0;
+    if (variant == 3) {
+      cfg->zero.offload_param.max_in_cpu = 0;
+      cfg->given_keys.insert("zero_optimization.offload_param.max_in_cpu");
+    }
     std::vector<ModuleShape> sh = shapes(s.layers, static_cast<size_t>(s.d));
-    auto plan = zero::plan_placement(cfg.value(), sh, rt.world_size(), rt.rank());
+    auto plan = zero::plan_placement(cfg.value(), sh, rt.world_size(), rt.rank(), engine_target(rt));
     ASSERT_OK(plan);
     EXPECT_EQ(plan->tm_staging_bytes, small ? 64u << 10 : (plan->modules[0].part * 4 + 4095) / 4096 * 4096);
     EXPECT_EQ(plan->tm_staging_count, small ? 1u : 4u);
@@ -542,7 +628,7 @@ TEST(PlacementVsEngine, HighWaterMarksWithinThePlanForEveryPlacement) {
           sh.push_back(
               {"layer." + std::to_string(l), {static_cast<size_t>(s.d * s.d), static_cast<size_t>(s.d)}});
         }
-        auto plan = zero::plan_placement(cfg.value(), sh, rt.world_size(), rt.rank());
+        auto plan = zero::plan_placement(cfg.value(), sh, rt.world_size(), rt.rank(), engine_target(rt));
         auto e = zero::create_engine(rt, cfg.value());
         ASSERT_OK(e) << what;
         Status reg = test::register_mlp(*e.value(), s);
