@@ -346,8 +346,9 @@ Result<TrainRates> measure_train(const plan::PlanInputs& pre, int64_t micro, boo
   };
   // The step of `c` that measures it (after two untimed ones, as --verify and the grid's runs: the
   // first records the fetch order, the second is the first prefetched one and warms the pools):
-  // steps are repeated until `what_of` (the caller's time, or the wall time) of the closest
-  // RepeatPolicy::window of them agree (Repeated), and the median of those is the measurement.
+  // steps are repeated until the closest RepeatPolicy::window of them agree (Repeated) in the
+  // caller's time (by_rest: the wall less the engine's visible time and I/O stall) or in the wall
+  // time, and the median of those is the measurement.
   // At most 30 steps and about 15 s of them. A measurement that does not settle ends the
   // calibration: a rate it cannot trust is not written.
   auto median_step = [&](const config::Config& c, const char* what, const std::string& spread_key,
