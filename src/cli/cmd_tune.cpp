@@ -512,7 +512,8 @@ void print_candidates(const TuneResult& t) {
   }
   if (!in.rates.spread.empty()) {
     std::string sp;
-    for (const auto& [what, v] : in.rates.spread) sp += fmt("%s%s %.1f%%", sp.empty() ? "" : ", ", what.c_str(), 100 * v);
+    for (const auto& [what, v] : in.rates.spread)
+      sp += fmt("%s%s %.1f%%", sp.empty() ? "" : ", ", what.c_str(), 100 * v);
     printf("# calibration's spread (the closest repeats of each timing): %s\n", sp.c_str());
   }
   if (in.rates.aio_block_size > 0) {
@@ -637,10 +638,11 @@ static void add_tune_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--calibrate-bytes", o->calibrate_bytes, "Bytes of the NVMe calibration file")
       ->capture_default_str();
-  positive_real(cmd->add_option("--calibrate-max-spread", o->calibrate_max_spread,
-                                "The largest relative spread ((max - min) / median) --calibrate accepts among "
-                                "the closest 5 of a timing's repeats (each is repeated until they agree, at "
-                                "most 30 times); beyond it the calibration is refused and nothing is written"))
+  positive_real(
+      cmd->add_option("--calibrate-max-spread", o->calibrate_max_spread,
+                      "The largest relative spread ((max - min) / median) --calibrate accepts among "
+                      "the closest 5 of a timing's repeats (each is repeated until they agree, at "
+                      "most 30 times); beyond it the calibration is refused and nothing is written"))
       ->capture_default_str();
   cmd->add_option("--out", o->out, "Write the chosen placement as a DeepSpeed-compatible config here");
   int_range(cmd->add_option(

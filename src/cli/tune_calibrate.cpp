@@ -375,8 +375,8 @@ Result<TrainRates> measure_train(const plan::PlanInputs& pre, int64_t micro, boo
       t.push_back(sp);
       rep.add(by_rest ? sp.rest() : sp.wall);
       if (t.size() == 1 && wall > 0) {  // about 15 s of steps
-        pol.max_samples = static_cast<int>(
-            std::clamp(std::ceil(15.0 / wall), static_cast<double>(pol.window), static_cast<double>(pol.max_samples)));
+        pol.max_samples = static_cast<int>(std::clamp(std::ceil(15.0 / wall), static_cast<double>(pol.window),
+                                                      static_cast<double>(pol.max_samples)));
         rep = Repeated(pol);
         rep.add(by_rest ? sp.rest() : sp.wall);
       }
@@ -385,8 +385,8 @@ Result<TrainRates> measure_train(const plan::PlanInputs& pre, int64_t micro, boo
     spreads->emplace_back(spread_key, rep.spread());
     return t[rep.median_index()];
   };
-  ZOE_ASSIGN_OR_RETURN(const Split med, median_step(cfg, fmt("stage 1, micro-batch %d", B).c_str(),
-                                                    fmt("flops@%d", B), true));
+  ZOE_ASSIGN_OR_RETURN(const Split med,
+                       median_step(cfg, fmt("stage 1, micro-batch %d", B).c_str(), fmt("flops@%d", B), true));
   const double rest = med.wall - med.engine - med.io;
   TrainRates r;
   if (!(rest > 0)) return r;

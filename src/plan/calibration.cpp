@@ -33,6 +33,24 @@ std::vector<std::pair<const char*, double LinkRates::*>> rate_keys() {
           {"nvme_cpu_gbps", &LinkRates::nvme_cpu_gbps}};
 }
 
+// The calibration file's "spread": {what: relative spread >= 0}.
+Status read_spread(const json& v, const std::string& where, LinkRates* r) {
+  if (!v.is_object()) {
+    return invalid_argument("calibration file %s: \"spread\" is %s, expected an object", where.c_str(),
+                            v.dump().c_str());
+  }
+  r->spread.clear();
+  for (auto e = v.begin(); e != v.end(); ++e) {
+    if (!e->is_number() || !(e->get<double>() >= 0) || !std::isfinite(e->get<double>())) {
+      return invalid_argument(
+          "calibration file %s: spread[\"%s\"] is %s, expected a relative spread (a number >= 0)",
+          where.c_str(), e.key().c_str(), e->dump().c_str());
+    }
+    r->spread.emplace_back(e.key(), e->get<double>());
+  }
+  return Status::ok();
+}
+
 }  // namespace
 
 std::vector<size_t> Repeated::sorted() const {
@@ -209,19 +227,7 @@ Status apply_calibration_json(const std::string& text, const std::string& where,
       continue;
     }
     if (k == "spread") {
-      if (!it->is_object()) {
-        return invalid_argument("calibration file %s: \"spread\" is %s, expected an object", where.c_str(),
-                                it->dump().c_str());
-      }
-      r.spread.clear();
-      for (auto e = it->begin(); e != it->end(); ++e) {
-        if (!e->is_number() || !(e->get<double>() >= 0) || !std::isfinite(e->get<double>())) {
-          return invalid_argument(
-              "calibration file %s: spread[\"%s\"] is %s, expected a relative spread (a number >= 0)",
-              where.c_str(), e.key().c_str(), e->dump().c_str());
-        }
-        r.spread.emplace_back(e.key(), e->get<double>());
-      }
+      ZOE_RETURN_IF_ERROR(read_spread(*it, where, &r));
       continue;
     }
     if (k == "io_sweep") {

@@ -114,8 +114,10 @@ TEST(Cli, BadInputGetsClearErrors) {
 // time, is the same), and refused where it disagrees with --device-mem.
 TEST(Cli, TuneTakesTrainsDeviceBudget) {
   zoe::test::ScratchDir d("tune-budget");
-  const std::string base = "tune --preset demo --device cpu --micro-batch 2 --host-mem 4GiB --nvme-space 1GiB "
-                           "--nvme-path " + d.path() + " --json ";
+  const std::string base =
+      "tune --preset demo --device cpu --micro-batch 2 --host-mem 4GiB --nvme-space 1GiB "
+      "--nvme-path " +
+      d.path() + " --json ";
   auto run = [&](const std::string& flags) {
     CmdResult r = zoe(base + flags);
     EXPECT_EQ(r.rc, 0) << flags << ": " << r.err;

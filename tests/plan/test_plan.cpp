@@ -241,7 +241,7 @@ TEST(Calibration, RepeatedTimingsSettleOnTheirClosestSamples) {
   EXPECT_TRUE(r.stable());
   EXPECT_TRUE(r.done());
   EXPECT_NEAR(r.spread(), 0.004 / 0.101, 1e-12);  // the outlier does not count
-  EXPECT_EQ(r.median_index(), 3u);               // 0.101, the median of the three that agree
+  EXPECT_EQ(r.median_index(), 3u);                // 0.101, the median of the three that agree
   EXPECT_EQ(r.value(), 0.101);
   EXPECT_OK(plan::check_stable(r, "the FLOP rate"));
   // Samples that never agree: done at max_samples, not stable, and refused naming what, the
@@ -287,8 +287,8 @@ TEST(Calibration, SpreadsRoundTripAndBadOnesAreRefused) {
   std::sort(back.spread.begin(), back.spread.end());
   EXPECT_EQ(back.spread[0], (std::pair<std::string, double>{"flops@8", 0.0125}));
   EXPECT_EQ(back.spread[1], (std::pair<std::string, double>{"local_copy_gbps", 0.03}));
-  for (const char* bad : {"{\"spread\": 1}", "{\"spread\": {\"flops@1\": -0.1}}",
-                          "{\"spread\": {\"flops@1\": \"small\"}}"}) {
+  for (const char* bad :
+       {"{\"spread\": 1}", "{\"spread\": {\"flops@1\": -0.1}}", "{\"spread\": {\"flops@1\": \"small\"}}"}) {
     Status s = plan::apply_calibration_json(bad, "cal.json", &back);
     ASSERT_FALSE(s.is_ok()) << bad;
     EXPECT_NE(s.message().find("spread"), std::string::npos) << s.message();
