@@ -523,6 +523,18 @@ plan::LinkRates calibrate(const TuneOpts& o, const plan::PlanInputs& pre) {
       const TrainRates t = train(d, false);
       if (t.flops > 0) r.flops_by_micro_batch.emplace_back(d, t.flops);
     }
+    // The machine's speed must hold through the calibration: the first rate, measured again last,
+    // agrees with itself (a process that starts meanwhile, a clock that drops, would leave rates
+    // measured at two speeds, each steady on its own).
+    const TrainRates again = train(pre.work.micro_batch, false);
+    const std::string what = fmt("flops@%lld", static_cast<long long>(pre.work.micro_batch));
+    // The repeat's own spread is not reported again: its drift is what it measures.
+    if (!r.spread.empty() && r.spread.back().first == what) r.spread.pop_back();
+    if (again.flops > 0) {
+      Status d = plan::check_drift(tr.flops, again.flops, pol.max_spread, what);
+      if (!d.is_ok()) refused(d);
+      r.spread.emplace_back(what + ":drift", plan::two_spread(tr.flops, again.flops));
+    }
   }
   r.h2d_gbps = r.device_mem_gbps = measure_memcpy(pre.model);
   if (tr.engine_gbps > 0 && !pre.cuda) {

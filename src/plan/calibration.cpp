@@ -105,6 +105,21 @@ Status check_stable(const Repeated& r, const std::string& what) {
       100 * r.policy().max_spread, r.policy().max_spread);
 }
 
+double two_spread(double a, double b) {
+  const double mean = (a + b) / 2;
+  return mean > 0 ? std::abs(a - b) / mean : std::numeric_limits<double>::infinity();
+}
+
+Status check_drift(double first, double again, double max_spread, const std::string& what) {
+  const double s = two_spread(first, again);
+  if (s <= max_spread) return Status::ok();
+  return unsupported(
+      "%s: %.4g at the start of the calibration and %.4g at its end, %.1f%% apart, more than the %.1f%% "
+      "a calibration trusts (--calibrate-max-spread %g): this machine's speed changed while it was "
+      "measured (another process, a clock that dropped); run it on a quiet machine",
+      what.c_str(), first, again, 100 * s, 100 * max_spread, max_spread);
+}
+
 double LinkRates::flops_at(int64_t micro_batch) const {
   for (const auto& [m, f] : flops_by_micro_batch) {
     if (m == micro_batch) return f;

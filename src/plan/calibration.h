@@ -119,6 +119,13 @@ class Repeated {
 // the threshold (--calibrate-max-spread).
 Status check_stable(const Repeated& r, const std::string& what);
 
+// The spread of two measurements of one thing: |a - b| over their mean.
+double two_spread(double a, double b);
+// Ok when the same rate measured at the start (`first`) and at the end (`again`) of a
+// calibration agree within `max_spread` (two_spread); else the refusal naming `what`, both values
+// and the threshold.
+Status check_drift(double first, double again, double max_spread, const std::string& what);
+
 // Overlays the keys of a calibration file's text on `rates`. Errors: not JSON, not an object, an
 // unknown key, a value that is not a positive number; each names `where`, the key and the value.
 Status apply_calibration_json(const std::string& text, const std::string& where, LinkRates* rates);

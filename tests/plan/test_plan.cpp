@@ -277,6 +277,22 @@ TEST(Calibration, RepeatedTimingsSettleOnTheirClosestSamples) {
   EXPECT_DOUBLE_EQ(loose.value(), 1.2);
 }
 
+// A rate measured at a calibration's start and again at its end: the two agree, or it is refused.
+TEST(Calibration, ARateThatDriftsDuringTheCalibrationIsRefused) {
+  EXPECT_DOUBLE_EQ(plan::two_spread(100, 104), 4.0 / 102);
+  EXPECT_DOUBLE_EQ(plan::two_spread(104, 100), 4.0 / 102);
+  EXPECT_EQ(plan::two_spread(5, 5), 0.0);
+  EXPECT_OK(plan::check_drift(6.0e10, 6.2e10, 0.05, "flops@1"));
+  // The two runs: 2.1e10 and 6.1e10 at micro-batch 1.
+  Status s = plan::check_drift(6.1e10, 2.1e10, 0.05, "flops@1");
+  ASSERT_FALSE(s.is_ok());
+  for (const char* part : {"flops@1: 6.1e+10 at the start", "2.1e+10 at its end", "97.6% apart",
+                           "more than the 5.0%", "--calibrate-max-spread 0.05"}) {
+    EXPECT_NE(s.message().find(part), std::string::npos) << part << ": " << s.message();
+  }
+  EXPECT_OK(plan::check_drift(6.1e10, 2.1e10, 1.0, "flops@1"));  // a threshold that allows it
+}
+
 // The spreads a calibration reports round-trip through its file; a bad one is refused.
 TEST(Calibration, SpreadsRoundTripAndBadOnesAreRefused) {
   plan::LinkRates r;
