@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# zoe tune against exhaustive measured grids in six scenarios on this machine: zoe's GPT from the
+# zoe tune against exhaustive measured grids in seven scenarios on this machine: zoe's GPT from the
 # demo to the large preset, with budgets that leave the optimizer states on the device, force them
-# to host RAM or stage 3, and force them to NVMe. Each runs bench/tune_vs_grid.sh; the summary
+# to host RAM or stage 3, and force them to NVMe, and the demo at micro-batch 1 (a step of small
+# GEMMs, where fixed costs weigh most). Each runs bench/tune_vs_grid.sh; the summary
 # gives, per scenario, the grid's size, the prediction error (max and median over the grid's rows,
 # max over tune's verified candidates), tune's time, and its pick against the grid's best.
 # Targets: every error within 20 %, medians <= 10 %, pick <= 1.10x the best, tune <= 180 s.
@@ -23,6 +24,7 @@ scenarios=(
   "small-free|small|8||12"
   "demo-56MiB|demo|8|--device-mem 56MiB|12"
   "demo-44MiB|demo|8|--device-mem 44MiB|8"
+  "demo-16MiB-mb1|demo|1|--device-mem 16MiB|8"
   "medium-512MiB|medium|4|--device-mem 512MiB|8"
   "medium-nvme|medium|4|--device-mem 512MiB --host-mem 512MiB|8"
   "large-2GiB|large|1|--device-mem 2GiB|6"

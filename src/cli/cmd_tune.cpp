@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -343,7 +344,7 @@ void check_tune_flags(const TuneOpts& o) {
 // --calibrate: measures this host, saves the rates to --calibration-out and plans with them.
 void calibrate_and_save(const TuneOpts& o, plan::PlanOptions* po, json* j) {
   // The model and workload first (without a calibration): the FLOP rate is measured at its shape.
-  plan::PlanOptions bare = o.plan;
+  plan::PlanOptions bare = *po;
   bare.calibration.clear();
   const plan::PlanInputs pre = value_or_fail(plan::plan_inputs(bare));
   plan::LinkRates r = calibrate(o, pre);
@@ -542,6 +543,12 @@ void print_candidates(const TuneResult& t) {
          fmt("%.4g", c.row.cost.step_s),
          fmt("%s (%.0f%%)", plan::resource_name(c.row.cost.bottleneck), 100 * c.row.cost.bottleneck_share)});
   }
+  if (!in.rates.spread.empty()) {
+    std::string sp;
+    for (const auto& [what, v] : in.rates.spread)
+      sp += fmt("%s%s %.1f%%", sp.empty() ? "" : ", ", what.c_str(), 100 * v);
+    printf("# calibration's spread (the closest repeats of each timing): %s\n", sp.c_str());
+  }
   if (in.rates.aio_block_size > 0) {
     printf(
         "# I/O: aio.block_size %s, aio.queue_depth %lld: the calibration's fastest read-then-write of %zu "
@@ -586,10 +593,40 @@ void print_verified(const TuneOpts& o, const TuneResult& t) {
   }
 }
 
+// --device-budget B, as zoe train takes it (one rank's device memory, e.g. 256MiB; 0: the whole
+// device, the default): the same as --device-mem B x --gpus-per-node. Given with --device-mem,
+// the two must say the same.
+void apply_device_budget(const TuneOpts& o, plan::PlanOptions* po) {
+  if (o.device_budget.empty()) return;
+  auto b = parse_bytes(o.device_budget);
+  if (!b.is_ok() || b.value() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+    usage_fail(invalid_argument("--device-budget %s is not a byte size (expected e.g. 256MiB, 4GiB)",
+                                o.device_budget.c_str()));
+  }
+  if (b.value() == 0) return;  // the whole device: --device-mem, or its default
+  uint64_t node = 0;
+  if (__builtin_mul_overflow(b.value(), static_cast<uint64_t>(po->gpus_per_node), &node)) {
+    usage_fail(invalid_argument("--device-budget %s x --gpus-per-node %d overflows 64 bits",
+                                o.device_budget.c_str(), po->gpus_per_node));
+  }
+  if (!po->device_mem.empty()) {
+    auto m = parse_bytes(po->device_mem);
+    if (m.is_ok() && m.value() != node) {
+      usage_fail(invalid_argument(
+          "--device-budget %s (one rank's device memory) and --device-mem %s (one node's, %d rank(s)) "
+          "disagree: give one of them",
+          o.device_budget.c_str(), po->device_mem.c_str(), po->gpus_per_node));
+    }
+    if (m.is_ok()) return;  // the same bytes; a bad --device-mem is refused naming it
+  }
+  po->device_mem = std::to_string(node);
+}
+
 void run(const TuneOpts& o) {
   check_tune_flags(o);
   json j;
   plan::PlanOptions po = o.plan;
+  apply_device_budget(o, &po);
   if (o.calibrate) calibrate_and_save(o, &po, &j);
   TuneResult t{value_or_fail(plan::plan_inputs(po)), {}, {}, {}};
   t.res = value_or_fail(plan::make_plan(t.in));
@@ -634,6 +671,12 @@ static void add_tune_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--calibrate-bytes", o->calibrate_bytes, "Bytes of the NVMe calibration file")
       ->capture_default_str();
+  positive_real(
+      cmd->add_option("--calibrate-max-spread", o->calibrate_max_spread,
+                      "The largest relative spread ((max - min) / median) --calibrate accepts among "
+                      "the closest 5 of a timing's repeats (each is repeated until they agree, at "
+                      "most 30 times); beyond it the calibration is refused and nothing is written"))
+      ->capture_default_str();
   cmd->add_option("--out", o->out, "Write the chosen placement as a DeepSpeed-compatible config here");
   int_range(cmd->add_option(
                 "--verify", o->verify,
@@ -655,6 +698,9 @@ static void add_tune_command(CLI::App& app) {
   cmd->add_option("--plot", o->plot,
                   "With --verify: draw predicted against measured step time per candidate into this PNG "
                   "(python3-matplotlib)");
+  cmd->add_option("--device-budget", o->device_budget,
+                  "One rank's device memory, e.g. 256MiB, as zoe train takes it (0: the whole device): "
+                  "--device-mem of --gpus-per-node ranks; given with --device-mem, they must agree");
   cmd->add_flag("--json", o->json, "Print one JSON object");
   cmd->callback([o] { run(*o); });
 }

@@ -38,6 +38,10 @@ using nlohmann::json;
 
 namespace {
 
+using plan::Repeated;
+using plan::RepeatPolicy;
+using Spreads = std::vector<std::pair<std::string, double>>;
+
 // The calibration's file at `dir`: `bytes` laid out (written once), in *ext.
 Result<std::unique_ptr<io::SwapFile>> lay_out(const std::string& dir, uint64_t bytes, io::Extent* ext,
                                               Progress* progress) {
@@ -117,6 +121,7 @@ class KernelPass {
     k_->embed_backward(gp_[0].data());
   }
   double flops() const { return 6.0 * static_cast<double>(c_.num_params()) * batch_ * T_; }
+  int batch() const { return batch_; }
 
  private:
   KernelPass() = default;
@@ -171,18 +176,30 @@ class KernelPass {
   std::vector<int32_t> tokens_, targets_;
 };
 
-// FLOP/s of zoe's GPT kernels (KernelPass): the best of three passes after a warm-up.
-Result<double> measure_flops(const plan::ModelDesc& m, const plan::Workload& w, Progress* progress) {
+// FLOP/s of zoe's GPT kernels (KernelPass): passes after a warm-up, repeated until they agree
+// (Repeated: at most about 10 s of them), the median of the closest.
+Result<double> measure_flops(const plan::ModelDesc& m, const plan::Workload& w, RepeatPolicy pol,
+                             Spreads* spreads, Progress* progress) {
   ZOE_ASSIGN_OR_RETURN(auto kp, KernelPass::create(m, w));
   progress->update("calibrate: FLOP/s of zoe's GPT kernels");
   kp->run();  // warm-up
-  double best = 1e30;
-  for (int r = 0; r < 3; ++r) {
+  Repeated rep(pol);
+  while (!rep.done()) {
     const uint64_t t0 = now_ns();
     kp->run();
-    best = std::min(best, static_cast<double>(now_ns() - t0) * 1e-9);
+    const double s = static_cast<double>(now_ns() - t0) * 1e-9;
+    if (rep.samples() == 0 && s > 0) {
+      pol.max_samples = static_cast<int>(std::clamp(std::ceil(10.0 / s), static_cast<double>(pol.window),
+                                                    static_cast<double>(pol.max_samples)));
+      rep = Repeated(pol);
+    }
+    rep.add(s);
+    progress->update(fmt("calibrate: FLOP/s of zoe's GPT kernels, pass %zu (spread %.1f%%)", rep.samples(),
+                         rep.samples() >= 2 ? 100 * rep.spread() : 0.0));
   }
-  return kp->flops() / best;
+  ZOE_RETURN_IF_ERROR(plan::check_stable(rep, "FLOP/s of zoe's GPT kernels"));
+  spreads->emplace_back(fmt("flops@%d", kp->batch()), rep.spread());
+  return kp->flops() / rep.value();
 }
 
 // The CPU cost of NVMe traffic on zoe's CPU device (LinkRates::nvme_cpu_gbps): zoe's GPT kernels
@@ -298,7 +315,7 @@ Status check_steps_fit(const plan::PlanInputs& pre, int64_t micro) {
 
 // At micro-batch `micro`; with `rates_too` false, the FLOP rate only (one engine, stage 1).
 Result<TrainRates> measure_train(const plan::PlanInputs& pre, int64_t micro, bool rates_too,
-                                 Progress* progress) {
+                                 const RepeatPolicy& policy, Spreads* spreads, Progress* progress) {
   const plan::ModelDesc& m = pre.model;
   if (!m.zoe_gpt) return TrainRates{};
   const double state_bytes = 16.0 * static_cast<double>(m.params);
@@ -325,31 +342,51 @@ Result<TrainRates> measure_train(const plan::PlanInputs& pre, int64_t micro, boo
   }
   struct Split {
     double wall, engine, io;
+    double rest() const { return wall - engine - io; }
   };
-  // The median step of `c` (after two untimed ones, as --verify and the grid's runs: the first
-  // records the fetch order, the second is the first prefetched one and warms the pools).
-  auto median_step = [&](const config::Config& c, const char* what) -> Result<Split> {
+  // The step of `c` that measures it (after two untimed ones, as --verify and the grid's runs: the
+  // first records the fetch order, the second is the first prefetched one and warms the pools):
+  // steps are repeated until the closest RepeatPolicy::window of them agree (Repeated) in the
+  // caller's time (by_rest: the wall less the engine's visible time and I/O stall) or in the wall
+  // time, and the median of those is the measurement.
+  // At most 30 steps and about 15 s of them. A measurement that does not settle ends the
+  // calibration: a rate it cannot trust is not written.
+  auto median_step = [&](const config::Config& c, const char* what, const std::string& spread_key,
+                         bool by_rest) -> Result<Split> {
     ZOE_ASSIGN_OR_RETURN(auto eng, zero::create_engine(rt, c));
     ZOE_RETURN_IF_ERROR(model::add_gpt_modules(*eng, gc));
     ZOE_RETURN_IF_ERROR(eng->initialize(
         [&](size_t mi, size_t p, float* x, size_t n) { model::gpt_init(gc, 1, mi, p, x, n); }));
     ZOE_ASSIGN_OR_RETURN(auto gm, model::GptCpu::create(gc, B, T));
     model::GptTrainer trainer(*eng, *gm, gc, T);
-    constexpr int kUntimed = 2, kTimed = 3;
+    constexpr int kUntimed = 2;
+    RepeatPolicy pol = policy;
     std::vector<Split> t;
-    for (int k = 0; k < kUntimed + kTimed; ++k) {
-      progress->update(fmt("calibrate: %s through the engine (%s), step %d/%d", m.name.c_str(), what, k + 1,
-                           kUntimed + kTimed));
+    Repeated rep(pol);
+    for (int k = 0; k < kUntimed || !rep.done(); ++k) {
+      progress->update(fmt("calibrate: %s through the engine (%s), step %d (spread %s)", m.name.c_str(), what,
+                           k + 1, rep.samples() >= 2 ? fmt("%.1f%%", 100 * rep.spread()).c_str() : "-"));
       const uint64_t t0 = now_ns();
       ZOE_RETURN_IF_ERROR(trainer.forward_backward(tokens, targets).status());
       ZOE_ASSIGN_OR_RETURN(StepStats st, eng->step());
       const double wall = static_cast<double>(now_ns() - t0) * 1e-9;
-      if (k >= kUntimed) t.push_back({wall, st.t_comm + st.t_optimizer, st.t_io_stall});
+      if (k < kUntimed) continue;
+      const Split sp{wall, st.t_comm + st.t_optimizer, st.t_io_stall};
+      t.push_back(sp);
+      rep.add(by_rest ? sp.rest() : sp.wall);
+      if (t.size() == 1 && wall > 0) {  // about 15 s of steps
+        pol.max_samples = static_cast<int>(std::clamp(std::ceil(15.0 / wall), static_cast<double>(pol.window),
+                                                      static_cast<double>(pol.max_samples)));
+        rep = Repeated(pol);
+        rep.add(by_rest ? sp.rest() : sp.wall);
+      }
     }
-    std::sort(t.begin(), t.end(), [](const Split& a, const Split& b) { return a.wall < b.wall; });
-    return t[kTimed / 2];
+    ZOE_RETURN_IF_ERROR(plan::check_stable(rep, fmt("%s through the engine (%s)", m.name.c_str(), what)));
+    spreads->emplace_back(spread_key, rep.spread());
+    return t[rep.median_index()];
   };
-  ZOE_ASSIGN_OR_RETURN(const Split med, median_step(cfg, fmt("stage 1, micro-batch %d", B).c_str()));
+  ZOE_ASSIGN_OR_RETURN(const Split med,
+                       median_step(cfg, fmt("stage 1, micro-batch %d", B).c_str(), fmt("flops@%d", B), true));
   const double rest = med.wall - med.engine - med.io;
   TrainRates r;
   if (!(rest > 0)) return r;
@@ -372,7 +409,7 @@ Result<TrainRates> measure_train(const plan::PlanInputs& pre, int64_t micro, boo
   // (its seconds at 1 GB/s) over the added wall time.
   config::Config c3 = cfg;
   c3.zero.stage = 3;
-  ZOE_ASSIGN_OR_RETURN(const Split med3, median_step(c3, "stage 3"));
+  ZOE_ASSIGN_OR_RETURN(const Split med3, median_step(c3, "stage 3", "local_copy_gbps", false));
   plan::RowPlacement rp3 = rp;
   rp3.stage = 3;
   in.rates.local_copy_gbps = 1.0;
@@ -446,8 +483,25 @@ plan::LinkRates calibrate(const TuneOpts& o, const plan::PlanInputs& pre) {
   r.cpu_adam_gbps = adam->fused_gbps();
   // The rates `zoe train` sees where the model fits in memory here, else its kernels' rate and
   // the benchmarks'.
-  const TrainRates tr = value_or_fail(measure_train(pre, pre.work.micro_batch, true, &progress));
-  r.flops = tr.flops > 0 ? tr.flops : value_or_fail(measure_flops(pre.model, pre.work, &progress));
+  RepeatPolicy pol;
+  pol.max_spread = o.calibrate_max_spread;
+  auto refused = [&](const Status& s) {
+    progress.done();
+    fail(s.with_context("calibrating (nothing is written to " + o.calibration_out + ")"));
+  };
+  auto train = [&](int64_t micro, bool rates_too) {
+    auto t = measure_train(pre, micro, rates_too, pol, &r.spread, &progress);
+    if (!t.is_ok()) refused(t.status());
+    return t.value();
+  };
+  const TrainRates tr = train(pre.work.micro_batch, true);
+  if (tr.flops > 0) {
+    r.flops = tr.flops;
+  } else {
+    auto f = measure_flops(pre.model, pre.work, pol, &r.spread, &progress);
+    if (!f.is_ok()) refused(f.status());
+    r.flops = f.value();
+  }
   if (tr.flops > 0) {
     // The other micro-batches tune's search may choose (those dividing micro x accumulation, with
     // at most 16 micro-batches a step; at most 6 of them, nearest first): a GEMM's rate depends on
@@ -466,8 +520,20 @@ plan::LinkRates calibrate(const TuneOpts& o, const plan::PlanInputs& pre) {
     });
     if (others.size() > 6) others.resize(6);
     for (int64_t d : others) {
-      const TrainRates t = value_or_fail(measure_train(pre, d, false, &progress));
+      const TrainRates t = train(d, false);
       if (t.flops > 0) r.flops_by_micro_batch.emplace_back(d, t.flops);
+    }
+    // The machine's speed must hold through the calibration: the first rate, measured again last,
+    // agrees with itself (a process that starts meanwhile, a clock that drops, would leave rates
+    // measured at two speeds, each steady on its own).
+    const TrainRates again = train(pre.work.micro_batch, false);
+    const std::string what = fmt("flops@%lld", static_cast<long long>(pre.work.micro_batch));
+    // The repeat's own spread is not reported again: its drift is what it measures.
+    if (!r.spread.empty() && r.spread.back().first == what) r.spread.pop_back();
+    if (again.flops > 0) {
+      Status d = plan::check_drift(tr.flops, again.flops, pol.max_spread, what);
+      if (!d.is_ok()) refused(d);
+      r.spread.emplace_back(what + ":drift", plan::two_spread(tr.flops, again.flops));
     }
   }
   r.h2d_gbps = r.device_mem_gbps = measure_memcpy(pre.model);

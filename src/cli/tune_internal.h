@@ -21,12 +21,14 @@ struct TuneOpts {
   bool calibrate = false;
   std::string calibration_out = "zoe-calibration.json";
   std::string calibrate_bytes = "256MiB";
+  double calibrate_max_spread = 0.05;  // plan::RepeatPolicy::max_spread of the timed measurements
   std::string out;
   int verify = 0;            // the K best candidates run
   int verify_steps = 0;      // timed engine steps of each (0: auto, see verify())
   bool fixed_micro = false;  // search only --micro-batch (else every divisor of micro x accumulation)
   std::string plot;          // predicted against measured step time per verified candidate
   bool json = false;
+  std::string device_budget;  // zoe train's --device-budget: one rank's device memory (empty: not given)
 };
 
 // The process's runtime, started once (calibration and --verify both train through engines).

@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <utility>
 #include <vector>
 
@@ -32,7 +33,92 @@ std::vector<std::pair<const char*, double LinkRates::*>> rate_keys() {
           {"nvme_cpu_gbps", &LinkRates::nvme_cpu_gbps}};
 }
 
+// The calibration file's "spread": {what: relative spread >= 0}.
+Status read_spread(const json& v, const std::string& where, LinkRates* r) {
+  if (!v.is_object()) {
+    return invalid_argument("calibration file %s: \"spread\" is %s, expected an object", where.c_str(),
+                            v.dump().c_str());
+  }
+  r->spread.clear();
+  for (auto e = v.begin(); e != v.end(); ++e) {
+    if (!e->is_number() || !(e->get<double>() >= 0) || !std::isfinite(e->get<double>())) {
+      return invalid_argument(
+          "calibration file %s: spread[\"%s\"] is %s, expected a relative spread (a number >= 0)",
+          where.c_str(), e.key().c_str(), e->dump().c_str());
+    }
+    r->spread.emplace_back(e.key(), e->get<double>());
+  }
+  return Status::ok();
+}
+
 }  // namespace
+
+std::vector<size_t> Repeated::sorted() const {
+  std::vector<size_t> order(samples_.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return samples_[a] < samples_[b]; });
+  return order;
+}
+
+size_t Repeated::tightest(const std::vector<size_t>& order, double* spread) const {
+  const size_t n = order.size();
+  const size_t w = std::min(n, static_cast<size_t>(std::max(2, p_.window)));
+  *spread = std::numeric_limits<double>::infinity();
+  size_t best = 0;
+  if (n < 2) return 0;
+  for (size_t i = 0; i + w <= n; ++i) {
+    const double lo = samples_[order[i]], hi = samples_[order[i + w - 1]], mid = samples_[order[i + w / 2]];
+    const double s = mid > 0 ? (hi - lo) / mid : std::numeric_limits<double>::infinity();
+    if (s < *spread) *spread = s, best = i;
+  }
+  return best;
+}
+
+bool Repeated::stable() const {
+  if (samples_.size() < static_cast<size_t>(std::max(2, p_.window))) return false;
+  return spread() <= p_.max_spread;
+}
+
+double Repeated::spread() const {
+  double s = 0;
+  (void)tightest(sorted(), &s);
+  return s;
+}
+
+size_t Repeated::median_index() const {
+  if (samples_.empty()) return 0;
+  const std::vector<size_t> order = sorted();
+  double s = 0;
+  const size_t start = tightest(order, &s);
+  const size_t w = std::min(order.size(), static_cast<size_t>(std::max(2, p_.window)));
+  return order[start + w / 2];
+}
+
+Status check_stable(const Repeated& r, const std::string& what) {
+  if (r.stable()) return Status::ok();
+  const int w = std::max(2, r.policy().window);
+  return unsupported(
+      "%s: the closest %d of %zu timed samples spread by %.1f%%, more than the %.1f%% a calibration "
+      "trusts (--calibrate-max-spread %g): something else is running here, or the machine's speed "
+      "swings; run it on a quiet machine (or allow a larger spread)",
+      what.c_str(), std::min<int>(w, static_cast<int>(r.samples())), r.samples(), 100 * r.spread(),
+      100 * r.policy().max_spread, r.policy().max_spread);
+}
+
+double two_spread(double a, double b) {
+  const double mean = (a + b) / 2;
+  return mean > 0 ? std::abs(a - b) / mean : std::numeric_limits<double>::infinity();
+}
+
+Status check_drift(double first, double again, double max_spread, const std::string& what) {
+  const double s = two_spread(first, again);
+  if (s <= max_spread) return Status::ok();
+  return unsupported(
+      "%s: %.4g at the start of the calibration and %.4g at its end, %.1f%% apart, more than the %.1f%% "
+      "a calibration trusts (--calibrate-max-spread %g): this machine's speed changed while it was "
+      "measured (another process, a clock that dropped); run it on a quiet machine",
+      what.c_str(), first, again, 100 * s, 100 * max_spread, max_spread);
+}
 
 double LinkRates::flops_at(int64_t micro_batch) const {
   for (const auto& [m, f] : flops_by_micro_batch) {
@@ -92,6 +178,11 @@ std::string LinkRates::to_json() const {
     for (const auto& [m, v] : flops_by_micro_batch) f[std::to_string(m)] = v;
     j["flops_by_micro_batch"] = f;
   }
+  if (!spread.empty()) {
+    json f = json::object();
+    for (const auto& [what, v] : spread) f[what] = v;
+    j["spread"] = f;
+  }
   return j.dump(2) + "\n";
 }
 
@@ -150,6 +241,10 @@ Status apply_calibration_json(const std::string& text, const std::string& where,
       }
       continue;
     }
+    if (k == "spread") {
+      ZOE_RETURN_IF_ERROR(read_spread(*it, where, &r));
+      continue;
+    }
     if (k == "io_sweep") {
       if (!it->is_array()) {
         return invalid_argument("calibration file %s: \"io_sweep\" is %s, expected an array", where.c_str(),
@@ -192,7 +287,8 @@ Status apply_calibration_json(const std::string& text, const std::string& where,
       r.*field = it->get<double>();
     }
     if (!known) {
-      std::string names = "version, host, io_sweep, aio_block_size, aio_queue_depth, flops_by_micro_batch";
+      std::string names =
+          "version, host, io_sweep, aio_block_size, aio_queue_depth, flops_by_micro_batch, spread";
       for (const auto& kv : keys) names += std::string(", ") + kv.first;
       return invalid_argument("calibration file %s: unknown key \"%s\" (expected %s)", where.c_str(),
                               k.c_str(), names.c_str());

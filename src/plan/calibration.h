@@ -10,7 +10,8 @@
 //    "flops": 1e14,                                   sustained FLOP/s of one rank's device
 //    "net_gbps": 12.5, "intra_gbps": 150.0,           collectives per rank: across nodes, inside one
 //    "device_mem_gbps": 1500.0,                       device memory (device-resident Adam)
-//    "local_copy_gbps": 10.0, "nvme_cpu_gbps": 8.0}   zoe's CPU device: its copies; its I/O's CPU cost
+//    "local_copy_gbps": 10.0, "nvme_cpu_gbps": 8.0,   zoe's CPU device: its copies; its I/O's CPU cost
+//    "spread": {"flops@8": 0.012}}                    relative spread of each repeated measurement
 #pragma once
 
 #include <string>
@@ -56,6 +57,10 @@ struct LinkRates {
   // choose (a GEMM's rate falls with its row count), as {micro-batch, FLOP/s}. Empty: `flops` at
   // every micro-batch.
   std::vector<std::pair<int64_t, double>> flops_by_micro_batch;
+  // `zoe tune --calibrate`: the relative spread (Repeated::spread()) of each repeated measurement
+  // the rates came from, as {what, spread}: "flops@M" (the FLOP rate at micro-batch M),
+  // "engine_gbps", "local_copy_gbps". Informational.
+  std::vector<std::pair<std::string, double>> spread;
 
   // The FLOP rate at `micro_batch`: its measured entry, else `flops`.
   double flops_at(int64_t micro_batch) const;
@@ -72,6 +77,54 @@ struct LinkRates {
   // The calibration file's text (every key).
   std::string to_json() const;
 };
+
+// A timed quantity measured repeatedly until its samples agree: trusted once `window` of them lie
+// within `max_spread` of each other, given up after `max_samples`. The spread of a set of samples
+// is (max - min) / median; the samples that count are the `window` closest together (sorted, the
+// run of `window` with the least spread), so that a sample slowed by a passing process or a page
+// fault does not hold the measurement back, nor move it.
+struct RepeatPolicy {
+  int window = 5;
+  int max_samples = 30;
+  double max_spread = 0.05;
+};
+
+class Repeated {
+ public:
+  explicit Repeated(RepeatPolicy p) : p_(p) {}
+  void add(double sample) { samples_.push_back(sample); }
+  size_t samples() const { return samples_.size(); }
+  // `window` samples within max_spread.
+  bool stable() const;
+  // Stable, or max_samples taken: no more samples are needed (or worth taking).
+  bool done() const { return stable() || samples_.size() >= static_cast<size_t>(p_.max_samples); }
+  // The spread of the tightest `window` samples (of all of them while there are fewer); infinity
+  // with fewer than two samples.
+  double spread() const;
+  // The index (in the order added) of the median of the tightest window: the sample whose value
+  // is the measurement (and whose other parts, e.g. a step's split, go with it).
+  size_t median_index() const;
+  double value() const { return samples_.at(median_index()); }
+  const RepeatPolicy& policy() const { return p_; }
+
+ private:
+  // The sorted order and the start of the tightest window in it.
+  std::vector<size_t> sorted() const;
+  size_t tightest(const std::vector<size_t>& order, double* spread) const;
+  RepeatPolicy p_;
+  std::vector<double> samples_;
+};
+
+// Ok when `r` is stable; else the refusal, naming `what`, the spread, how many samples it took and
+// the threshold (--calibrate-max-spread).
+Status check_stable(const Repeated& r, const std::string& what);
+
+// The spread of two measurements of one thing: |a - b| over their mean.
+double two_spread(double a, double b);
+// Ok when the same rate measured at the start (`first`) and at the end (`again`) of a
+// calibration agree within `max_spread` (two_spread); else the refusal naming `what`, both values
+// and the threshold.
+Status check_drift(double first, double again, double max_spread, const std::string& what);
 
 // Overlays the keys of a calibration file's text on `rates`. Errors: not JSON, not an object, an
 // unknown key, a value that is not a positive number; each names `where`, the key and the value.

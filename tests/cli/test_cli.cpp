@@ -109,6 +109,46 @@ TEST(Cli, BadInputGetsClearErrors) {
   EXPECT_NE(r.rc, 0);
 }
 
+// zoe tune takes zoe train's --device-budget: one rank's device memory, the same plan as
+// --device-mem of that many bytes per rank (the whole JSON, every candidate's bytes and predicted
+// time, is the same), and refused where it disagrees with --device-mem.
+TEST(Cli, TuneTakesTrainsDeviceBudget) {
+  zoe::test::ScratchDir d("tune-budget");
+  const std::string base =
+      "tune --preset demo --device cpu --micro-batch 2 --host-mem 4GiB --nvme-space 1GiB "
+      "--nvme-path " +
+      d.path() + " --json ";
+  auto run = [&](const std::string& flags) {
+    CmdResult r = zoe(base + flags);
+    EXPECT_EQ(r.rc, 0) << flags << ": " << r.err;
+    json j = json::parse(r.out, nullptr, false);
+    EXPECT_FALSE(j.is_discarded()) << r.out;
+    return j;
+  };
+  const json mem = run("--device-mem 16MiB");
+  const json budget = run("--device-budget 16MiB");
+  ASSERT_TRUE(mem.contains("best")) << mem.dump();
+  EXPECT_EQ(budget, mem);
+  EXPECT_EQ(run("--device-budget 16MiB --device-mem 16MiB"), mem);
+  // A different budget plans differently (the flag is not ignored): 16 MiB does not hold the
+  // demo's states, 1 GiB does.
+  const json big = run("--device-budget 1GiB");
+  EXPECT_NE(big["best"]["bytes"], mem["best"]["bytes"]);
+  EXPECT_EQ(big, run("--device-mem 1GiB"));
+  // Per rank: two ranks of 16 MiB are a node of 32 MiB.
+  EXPECT_EQ(run("--gpus-per-node 2 --device-budget 16MiB"), run("--gpus-per-node 2 --device-mem 32MiB"));
+  // 0 is the whole device, as zoe train takes it: the default.
+  EXPECT_EQ(run("--device-budget 0"), run(""));
+  CmdResult r = zoe(base + "--device-budget 16MiB --device-mem 32MiB");
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_NE(r.err.find("--device-budget 16MiB (one rank's device memory) and --device-mem 32MiB"),
+            std::string::npos)
+      << r.err;
+  r = zoe(base + "--device-budget lots");
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_NE(r.err.find("--device-budget lots is not a byte size"), std::string::npos) << r.err;
+}
+
 TEST(Cli, BenchSwapJson) {
   zoe::test::ScratchDir d("swap");
   CmdResult r =

@@ -3,6 +3,8 @@
 // the engine matrix, and clear errors for bad input.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -208,6 +210,113 @@ TEST(Calibration, FileOverlaysDefaultsAndRejectsBadInput) {
     EXPECT_NE(s.message().find("cal.json"), std::string::npos) << s.message();
   }
   EXPECT_EQ(keep.nvme_read_gbps, plan::LinkRates{}.nvme_read_gbps);  // a failed overlay changes nothing
+}
+
+// The spread of repeated timings, from given samples (no clock): the closest `window` samples
+// count, computed against a plain reference over every window of the sorted samples.
+TEST(Calibration, RepeatedTimingsSettleOnTheirClosestSamples) {
+  plan::RepeatPolicy pol;
+  pol.window = 3;
+  pol.max_samples = 8;
+  pol.max_spread = 0.05;
+  // The reference: every window of `w` sorted samples, (max - min) / median, the least.
+  auto reference = [](std::vector<double> v, size_t w) {
+    std::sort(v.begin(), v.end());
+    w = std::min(w, v.size());
+    double best = INFINITY, med = 0;
+    for (size_t i = 0; i + w <= v.size(); ++i) {
+      const double s = (v[i + w - 1] - v[i]) / v[i + w / 2];
+      if (s < best) best = s, med = v[i + w / 2];
+    }
+    return std::pair{best, med};
+  };
+  plan::Repeated r(pol);
+  EXPECT_FALSE(r.stable());
+  EXPECT_FALSE(r.done());
+  EXPECT_TRUE(std::isinf(r.spread()));
+  // A slow first sample (a page fault, a passing process), then three that agree within 4 %.
+  const std::vector<double> samples = {0.30, 0.100, 0.104, 0.101};
+  std::vector<double> seen;
+  for (double x : samples) {
+    r.add(x);
+    seen.push_back(x);
+    if (seen.size() >= 2) {
+      EXPECT_NEAR(r.spread(), reference(seen, 3).first, 1e-12) << seen.size();
+      EXPECT_DOUBLE_EQ(r.value(), reference(seen, 3).second) << seen.size();
+    }
+  }
+  EXPECT_TRUE(r.stable());
+  EXPECT_TRUE(r.done());
+  EXPECT_NEAR(r.spread(), 0.004 / 0.101, 1e-12);  // the outlier does not count
+  EXPECT_EQ(r.median_index(), 3u);                // 0.101, the median of the three that agree
+  EXPECT_EQ(r.value(), 0.101);
+  EXPECT_OK(plan::check_stable(r, "the FLOP rate"));
+  // Samples that never agree: done at max_samples, not stable, and refused naming what, the
+  // spread and the threshold.
+  plan::Repeated n(pol);
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_FALSE(n.done()) << i;
+    n.add(1.0 + 0.2 * i);
+  }
+  EXPECT_TRUE(n.done());
+  EXPECT_FALSE(n.stable());
+  EXPECT_NEAR(n.spread(), reference({1.0, 1.2, 1.4, 1.6, 1.8, 2.0, 2.2, 2.4}, 3).first, 1e-12);
+  Status s = plan::check_stable(n, "the FLOP rate at micro-batch 1");
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("the FLOP rate at micro-batch 1"), std::string::npos) << s.message();
+  char pct[64];
+  snprintf(pct, sizeof(pct), "spread by %.1f%%", 100 * n.spread());
+  EXPECT_NE(s.message().find(pct), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("more than the 5.0%"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("--calibrate-max-spread"), std::string::npos) << s.message();
+  // Fewer samples than the window are never stable, even when they agree exactly.
+  plan::Repeated few(pol);
+  few.add(1.0);
+  few.add(1.0);
+  EXPECT_EQ(few.spread(), 0.0);
+  EXPECT_FALSE(few.stable());
+  EXPECT_FALSE(plan::check_stable(few, "x").is_ok());
+  // A larger threshold accepts the same samples.
+  pol.max_spread = 0.5;
+  plan::Repeated loose(pol);
+  for (double x : {1.0, 1.2, 1.4}) loose.add(x);
+  EXPECT_TRUE(loose.stable());
+  EXPECT_DOUBLE_EQ(loose.value(), 1.2);
+}
+
+// A rate measured at a calibration's start and again at its end: the two agree, or it is refused.
+TEST(Calibration, ARateThatDriftsDuringTheCalibrationIsRefused) {
+  EXPECT_DOUBLE_EQ(plan::two_spread(100, 104), 4.0 / 102);
+  EXPECT_DOUBLE_EQ(plan::two_spread(104, 100), 4.0 / 102);
+  EXPECT_EQ(plan::two_spread(5, 5), 0.0);
+  EXPECT_OK(plan::check_drift(6.0e10, 6.2e10, 0.05, "flops@1"));
+  // The two runs: 2.1e10 and 6.1e10 at micro-batch 1.
+  Status s = plan::check_drift(6.1e10, 2.1e10, 0.05, "flops@1");
+  ASSERT_FALSE(s.is_ok());
+  for (const char* part : {"flops@1: 6.1e+10 at the start", "2.1e+10 at its end", "97.6% apart",
+                           "more than the 5.0%", "--calibrate-max-spread 0.05"}) {
+    EXPECT_NE(s.message().find(part), std::string::npos) << part << ": " << s.message();
+  }
+  EXPECT_OK(plan::check_drift(6.1e10, 2.1e10, 1.0, "flops@1"));  // a threshold that allows it
+}
+
+// The spreads a calibration reports round-trip through its file; a bad one is refused.
+TEST(Calibration, SpreadsRoundTripAndBadOnesAreRefused) {
+  plan::LinkRates r;
+  r.spread = {{"flops@8", 0.0125}, {"local_copy_gbps", 0.03}};
+  plan::LinkRates back;
+  ASSERT_OK(plan::apply_calibration_json(r.to_json(), "rt", &back));
+  ASSERT_EQ(back.spread.size(), 2u);
+  std::sort(back.spread.begin(), back.spread.end());
+  EXPECT_EQ(back.spread[0], (std::pair<std::string, double>{"flops@8", 0.0125}));
+  EXPECT_EQ(back.spread[1], (std::pair<std::string, double>{"local_copy_gbps", 0.03}));
+  for (const char* bad :
+       {"{\"spread\": 1}", "{\"spread\": {\"flops@1\": -0.1}}", "{\"spread\": {\"flops@1\": \"small\"}}"}) {
+    Status s = plan::apply_calibration_json(bad, "cal.json", &back);
+    ASSERT_FALSE(s.is_ok()) << bad;
+    EXPECT_NE(s.message().find("spread"), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("cal.json"), std::string::npos) << s.message();
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

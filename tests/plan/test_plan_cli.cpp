@@ -172,8 +172,8 @@ TEST(TuneCli, CalibrateSearchVerifyWriteAndPlot) {
   CmdResult r =
       zoe("tune --preset tiny --device cpu --device-mem 64MiB --host-mem 4GiB --nvme-space 1GiB "
           "--nvme-path " +
-          d.path() + " --calibrate --calibrate-bytes 16MiB --calibration-out " + cal + " --out " + cfg +
-          " --verify 3 --verify-steps 2 --plot " + png + " --json");
+          d.path() + " --calibrate --calibrate-bytes 16MiB --calibrate-max-spread 1 --calibration-out " +
+          cal + " --out " + cfg + " --verify 3 --verify-steps 2 --plot " + png + " --json");
   ASSERT_EQ(r.rc, 0) << r.out << r.err;
   json j = json::parse(r.out, nullptr, false);
   ASSERT_FALSE(j.is_discarded()) << r.out;
@@ -182,6 +182,14 @@ TEST(TuneCli, CalibrateSearchVerifyWriteAndPlot) {
     EXPECT_GT(j["calibration"][k].get<double>(), 0.0) << k;
   }
   EXPECT_GT(j["best"]["predicted_step_s"].get<double>(), 0.0);
+  // Each timed model measurement reports its spread (the threshold is wide here: a test shares the
+  // machine; the refusal itself is tested on given samples in test_plan): the FLOP rate at the
+  // micro-batch (1) and its drift through the calibration, the stage-3 copies.
+  for (const char* k : {"flops@1", "flops@1:drift", "local_copy_gbps"}) {
+    ASSERT_TRUE(j["calibration"]["spread"].contains(k)) << k << ": " << j["calibration"].dump();
+    EXPECT_GE(j["calibration"]["spread"][k].get<double>(), 0.0) << k;
+    EXPECT_LE(j["calibration"]["spread"][k].get<double>(), 1.0) << k;
+  }
   // The calibration sweeps aio block size x queue depth; the chosen point goes into the config.
   ASSERT_EQ(j["calibration"]["io_sweep"].size(), 9u) << j["calibration"].dump();
   const int64_t bs = j["calibration"]["aio_block_size"].get<int64_t>();
