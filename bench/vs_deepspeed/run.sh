@@ -93,7 +93,7 @@ if [ $report_only = 0 ]; then
       for o in $offloads; do
         args=(cell --out "$out" --model "$m" --offload "$o" --precision "$p" --nvme-path "$nvme")
         if [ $quick = 1 ]; then
-          args+=(--rounds 5 --steps-per-round 1 --warmup 1)
+          args+=(--rounds 5 --steps-per-round 1 --warmup 2)
         elif [ "$p" = bf16 ]; then
           args+=(--rounds 2 --steps-per-round 5)   # 10 steps; fp32 (the loss comparison): 20
         fi

@@ -349,6 +349,10 @@ def plot(results, path):
             xs = [i + (j - 0.5) * 0.38 for i in range(len(offs))]
             ys = [cells[(model, o, prec)].get(eng, {}).get("step_s") or 0.0 for o in offs]
             ax.bar(xs, ys, width=0.38, color=colors[eng], label=eng)
+            for x, o in zip(xs, offs):
+                if cells[(model, o, prec)].get(eng, {}).get("error"):
+                    ax.text(x, 0.02, f"{eng} failed", rotation=90, ha="center", va="bottom", fontsize=8,
+                            transform=ax.get_xaxis_transform())
             ref = cells.get((model, "none", prec), {}).get(eng, {}).get("step_s")
             if ref:
                 ax.axhline(ref, color=colors[eng], linestyle="--", linewidth=1,
