@@ -40,16 +40,18 @@ def cell_name(model, offload, precision):
     return f"{model}-{offload}-{precision}"
 
 
-def ds_config(batch, offload, precision, nvme_path):
+def ds_config(batch, offload, precision, nvme_path, max_in_cpu=None):
     """The ds_config.json of a cell: ZeRO stage 3, AdamW, clipping; offload of parameters and
-    optimizer states to the CPU or NVMe. offload_param.max_in_cpu 0: parameters live on NVMe,
-    not in a host copy (DeepSpeed's default keeps up to 1e9 elements of them in RAM)."""
+    optimizer states to the CPU or NVMe. max_in_cpu: offload_param.max_in_cpu when given (None:
+    the key left out, so both engines take its default, 1e9 elements kept in host memory)."""
     zero = {"stage": 3}
     if offload == "cpu":
         zero["offload_param"] = {"device": "cpu"}
         zero["offload_optimizer"] = {"device": "cpu"}
     elif offload == "nvme":
-        zero["offload_param"] = {"device": "nvme", "nvme_path": nvme_path, "max_in_cpu": 0}
+        zero["offload_param"] = {"device": "nvme", "nvme_path": nvme_path}
+        if max_in_cpu is not None:
+            zero["offload_param"]["max_in_cpu"] = max_in_cpu
         zero["offload_optimizer"] = {"device": "nvme", "nvme_path": nvme_path}
     cfg = {"train_micro_batch_size_per_gpu": batch, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0,
            "optimizer": {"type": "AdamW",
@@ -178,7 +180,8 @@ def run_cell(args):
     os.makedirs(args.nvme_path, exist_ok=True)
     nvme = tempfile.mkdtemp(prefix="zoe-vs-deepspeed-", dir=args.nvme_path)
     config_path = out / "configs" / f"{name}.json"
-    config_path.write_text(json.dumps(ds_config(args.batch, args.offload, args.precision, nvme), indent=2) + "\n")
+    cfg = ds_config(args.batch, args.offload, args.precision, nvme, args.max_in_cpu)
+    config_path.write_text(json.dumps(cfg, indent=2) + "\n")
     print(f"[{name}] {args.rounds} rounds x {args.steps_per_round} steps, micro-batch {args.batch} x {args.seq} "
           f"tokens, config {config_path}", file=sys.stderr)
     engines = [e for e in ENGINES if e in args.engines.split(",")]
@@ -395,6 +398,8 @@ def main():
     c.add_argument("--seq", type=int, default=128)
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--nvme-path", default="/var/tmp")
+    c.add_argument("--max-in-cpu", type=int, default=None,
+                   help="offload_param.max_in_cpu for offload nvme (default: left out, 1e9 for both engines)")
     c.add_argument("--engines", default="zoe,deepspeed", help="comma-separated: zoe, deepspeed (default both)")
     c.add_argument("--timeout", type=float, default=900, help="seconds an engine may take for one request")
     r = sub.add_parser("report", help="results.json, results.md and step_time.png from the cells run")
