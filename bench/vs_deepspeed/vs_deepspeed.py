@@ -294,6 +294,13 @@ def ratio(a, b):
     return None if a is None or b is None or b == 0 else a / b
 
 
+def mean_step(row):
+    """The mean step after the warm-up: a turn's drained update (zoe's last step of a turn) and its
+    next first step (no update behind it) shift time between steps, not out of the turn."""
+    times = (row.get("step_times") or [])[row.get("warmup", 0):]
+    return statistics.mean(times) if times and not row.get("error") else None
+
+
 def cell_rows(rows):
     """{(model, offload, precision): {engine: row}} in the matrix's order."""
     cells = {}
@@ -308,19 +315,20 @@ def markdown(results):
     lines = [f"Machine: {m.get('cpu')}, {m.get('cpus')} CPUs, {gib(m.get('mem_bytes'))} GiB RAM, Linux "
              f"{m.get('kernel')}; torch {v.get('torch')}, transformers {v.get('transformers')}, DeepSpeed "
              f"{v.get('deepspeed')} (DS_ACCELERATOR=cpu, gloo), zoe {v.get('zoe_commit')}.", "",
-             "| model | offload | precision | zoe s/step | DeepSpeed s/step | zoe / DS | zoe tokens/s | DS tokens/s "
+             "| model | offload | precision | zoe s/step | DeepSpeed s/step | zoe / DS | zoe / DS, means | zoe tokens/s | DS tokens/s "
              "| zoe peak RSS GiB | DS peak RSS GiB | zoe NVMe read / write MiB per step | DS NVMe read / write MiB "
              "per step | max relative loss difference (steps) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     notes = []
     for (model, off, prec), e in cell_rows(results["rows"]).items():
         z, d = e.get("zoe", {}), e.get("deepspeed", {})
         rs = ratio(z.get("step_s"), d.get("step_s"))
+        rm = ratio(mean_step(z), mean_step(d))
         n = min(len(z.get("losses") or []), len(d.get("losses") or []))
         diff = z.get("loss_max_rel_diff")
         tok = (lambda r: "-" if r.get("tokens_per_s") is None else f"{r['tokens_per_s']:.0f}")
         cells = [model, off, prec, sec(z.get("step_s")), sec(d.get("step_s")), "-" if rs is None else f"{rs:.2f}x",
-                 tok(z), tok(d), gib(z.get("peak_rss_bytes")), gib(d.get("peak_rss_bytes")),
+                 "-" if rm is None else f"{rm:.2f}x", tok(z), tok(d), gib(z.get("peak_rss_bytes")), gib(d.get("peak_rss_bytes")),
                  f"{mib(z.get('nvme_read_bytes'))} / {mib(z.get('nvme_write_bytes'))}",
                  f"{mib(d.get('nvme_read_bytes'))} / {mib(d.get('nvme_write_bytes'))}",
                  "-" if diff is None else f"{diff:.1e} ({n})"]
@@ -331,7 +339,7 @@ def markdown(results):
         lines.append("| " + " | ".join(cells) + " |")
     if notes:
         lines += ["", "Errors, verbatim:", ""] + notes
-    lines += ["", "Step: the median after the warm-up steps; peak RSS: the engine's process while it trained "
+    lines += ["", "Step: the median after the warm-up steps (means: the ratio of the mean steps); peak RSS: the engine's process while it trained "
               "(VmHWM reset after initialisation); NVMe bytes: /proc/<pid>/io read_bytes and write_bytes per step."]
     return "\n".join(lines) + "\n"
 
