@@ -36,9 +36,15 @@ cat > "$tmp/ds.json" << 'EOF'
  "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}
 EOF
 launch() { timeout -k 5 400 bash "$root/tests/multinode/netns.sh" mpirun -np 4 "$ZOE_BIN" "$@"; }
-last_json() { /usr/bin/python3 -c 'import sys
-lines = [l for l in sys.stdin.read().splitlines() if l.startswith("{")]
-print(lines[-1] if lines else "")'; }
+# The last JSON object on stdin (one line or pretty-printed), on one line; nothing when there is none.
+last_json() { /usr/bin/python3 -c 'import json, sys
+text = sys.stdin.read()
+for at in reversed([i for i, c in enumerate(text) if c == "{" and (i == 0 or text[i - 1] == "\n")]):
+    try:
+        print(json.dumps(json.JSONDecoder().raw_decode(text[at:])[0]))
+        break
+    except ValueError:
+        pass'; }
 
 for ((r = 1; r <= rounds; ++r)); do
   launch bench comm --ops allgather,reducescatter --sizes "4KiB,$size" --iters 5 --warmup 2 --json \

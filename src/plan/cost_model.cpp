@@ -292,7 +292,8 @@ StepModel::StepModel(const config::Config& cfg_, const zero::Placement& pl_, con
   // 2 padded).
   for (size_t i = 0; i < pl.modules.size(); ++i) {
     const auto& m = pl.modules[i];
-    if (m.partitioned_params) gather_local += fetches(i) * 3 * (static_cast<uint64_t>(m.padded) + m.part) * es;
+    if (m.partitioned_params)
+      gather_local += fetches(i) * 3 * (static_cast<uint64_t>(m.padded) + m.part) * es;
   }
   f_fwd = 2.0 * static_cast<double>(w.params) * tokens;
   // The step. Adam touches master (r/w), m and v (r/w), the gradient (r), the compute copy (w).

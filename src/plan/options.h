@@ -20,7 +20,8 @@ struct PlanOptions {
   std::string device_mem, host_mem, nvme_space, nvme_path;
   std::string calibration;
   double nvme_read_gbps = 0, nvme_write_gbps = 0, h2d_gbps = 0, cpu_adam_gbps = 0, flops = 0;
-  double net_gbps = 0, net_latency_us = 0, intra_gbps = 0, device_mem_gbps = 0, local_copy_gbps = 0, nvme_cpu_gbps = 0;
+  double net_gbps = 0, net_latency_us = 0, intra_gbps = 0, device_mem_gbps = 0, local_copy_gbps = 0,
+         nvme_cpu_gbps = 0;
   int64_t micro_batch = 0, seq = 0, grad_accum = 1;
   std::string precision;
   std::string device = "cuda";
