@@ -51,6 +51,7 @@ json row_json(const plan::PlanRow& r) {
                      {"host_to_device", b.host_to_device},
                      {"device_to_host", b.device_to_host},
                      {"network", b.network},
+                     {"collectives", b.collectives},
                      {"cpu_optimizer", b.cpu_optimizer},
                      {"device_optimizer", b.device_optimizer},
                      {"flops", b.flops}};
@@ -58,6 +59,10 @@ json row_json(const plan::PlanRow& r) {
   for (int k = 0; k < plan::kResources; ++k)
     crit[plan::resource_name(static_cast<Resource>(k))] = r.cost.critical_s[k];
   j["critical_s"] = crit;
+  json busy = json::object();
+  for (int k = 0; k < plan::kResources; ++k)
+    busy[plan::resource_name(static_cast<Resource>(k))] = r.cost.busy_s[k];
+  j["busy_s"] = busy;
   return j;
 }
 
@@ -77,10 +82,12 @@ void print_table(const plan::PlanResult& res, const plan::PlanInputs& in, const 
                               : " (activations not counted: give --micro-batch/--seq)");
   printf(
       "# rates%s: nvme read %.2f / write %.2f GB/s per node, h2d %.1f GB/s, cpu adam %.1f GB/s per node, "
-      "%.3g FLOP/s, network %.1f GB/s (%s)\n",
+      "%.3g FLOP/s, network %.3g GB/s%s (%s)\n",
       o.plan.calibration.empty() ? " (defaults and flags)" : (" (" + o.plan.calibration + ")").c_str(),
       R.nvme_read_gbps, R.nvme_write_gbps, R.h2d_gbps, R.cpu_adam_gbps, R.flops,
-      in.topo.nodes > 1 ? R.net_gbps : R.intra_gbps, in.topo.nodes > 1 ? "across nodes" : "inside the node");
+      in.topo.nodes > 1 ? R.net_gbps : R.intra_gbps,
+      in.topo.nodes > 1 ? fmt(" + %.3g us per collective", R.net_latency_us).c_str() : "",
+      in.topo.nodes > 1 ? "across nodes" : "inside the node");
   Table t({{"stage", "", 5},
            {"params", "", 6},
            {"optim", "", 5},

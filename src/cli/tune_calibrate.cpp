@@ -548,8 +548,12 @@ plan::LinkRates calibrate(const TuneOpts& o, const plan::PlanInputs& pre) {
   const NetworkRate net = measure_network(runtime(), pre, &progress);
   if (net.gbps > 0) {
     (net.nodes > 1 ? r.net_gbps : r.intra_gbps) = net.gbps;
-    fprintf(stderr, "zoe tune: collectives across %d rank(s) on %d node(s): %.3f GB/s bus bandwidth (%s)\n",
-            net.ranks, net.nodes, net.gbps, net.nodes > 1 ? "net_gbps" : "intra_gbps");
+    if (net.nodes > 1 && net.latency_us > 0) r.net_latency_us = net.latency_us;
+    fprintf(stderr, "zoe tune: collectives across %d rank(s) on %d node(s): %.3f GB/s bus bandwidth (%s)%s\n",
+            net.ranks, net.nodes, net.gbps, net.nodes > 1 ? "net_gbps" : "intra_gbps",
+            net.nodes > 1 && net.latency_us > 0
+                ? fmt(" + %.0f us per collective (net_latency_us)", net.latency_us).c_str()
+                : "");
   }
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);

@@ -50,7 +50,8 @@ plan::LinkRates calibrate(const TuneOpts& o, const plan::PlanInputs& pre);
 // term divides a rank's collective bytes by). gbps 0 for one rank. Every rank calls it together.
 struct NetworkRate {
   int ranks = 1, nodes = 1;
-  double gbps = 0;
+  double gbps = 0;        // bus bytes per second beyond the latency, in GB/s
+  double latency_us = 0;  // one collective of the smallest size (4 KiB)
 };
 NetworkRate measure_network(Runtime& rt, const plan::PlanInputs& pre, Progress* progress);
 

@@ -28,6 +28,7 @@ std::vector<std::pair<const char*, double LinkRates::*>> rate_keys() {
           {"flops", &LinkRates::flops},
           {"net_gbps", &LinkRates::net_gbps},
           {"intra_gbps", &LinkRates::intra_gbps},
+          {"net_latency_us", &LinkRates::net_latency_us},
           {"device_mem_gbps", &LinkRates::device_mem_gbps},
           {"local_copy_gbps", &LinkRates::local_copy_gbps},
           {"nvme_cpu_gbps", &LinkRates::nvme_cpu_gbps}};

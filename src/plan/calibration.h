@@ -9,6 +9,7 @@
 //    "cpu_adam_gbps": 20.0,                           CPU Adam, one node (all its cores)
 //    "flops": 1e14,                                   sustained FLOP/s of one rank's device
 //    "net_gbps": 12.5, "intra_gbps": 150.0,           collectives per rank: across nodes, inside one
+//    "net_latency_us": 20.0,                          the fixed cost of one collective across nodes
 //    "device_mem_gbps": 1500.0,                       device memory (device-resident Adam)
 //    "local_copy_gbps": 10.0, "nvme_cpu_gbps": 8.0,   zoe's CPU device: its copies; its I/O's CPU cost
 //    "spread": {"flops@8": 0.012}}                    relative spread of each repeated measurement
@@ -38,6 +39,9 @@ struct LinkRates {
   double flops = 100e12;
   double net_gbps = 12.5;
   double intra_gbps = 150.0;
+  // Microseconds every collective across nodes costs beside its bytes (net_gbps is then the rate
+  // beyond it): `zoe bench comm`'s time at its smallest size. Inside one node it is not modelled.
+  double net_latency_us = 20.0;
   double device_mem_gbps = 1500.0;
   // zoe's CPU device: the engine's own copies and zeroing of device buffers (stage-3 gathers and
   // partition loads), bytes written and read over seconds, as they run beside the compute.

@@ -189,12 +189,15 @@ struct StepModel {
   // the caller, up to the swapper's two write buffers in flight.
   double acc_r = 0, acc_w = 0;
   double pcie, cpu, net, hbm;
+  // Seconds every collective costs beside its bytes (across nodes; 0 inside one node).
+  double lat;
   uint64_t es, sb;
   int64_t micro;
   double tokens, ring;
   bool stage3, copies;
   double nvme_cpu;
-  uint64_t gather_elems = 0;  // stage 3: partitioned modules, gathered at each fetch
+  uint64_t gather_elems = 0;  // stage 3: partitioned modules, gathered at each fetch (x fetches per pass)
+  uint64_t gathers = 0;       // stage 3: gathers per pass
   bool queued;
   CacheSim sim;
   bool any_off = false;
@@ -232,7 +235,14 @@ struct StepModel {
   void overlap_step_time(const Path::Group& g, const std::vector<Path::Group>& per);
   void host_device_states_time();
   void allgather_time();
+  void step_collectives_time();
   StepCost result() const;
+  int fetches(size_t i) const {
+    return i < w.fetches_per_pass.size() ? std::max(1, w.fetches_per_pass[i]) : 1;
+  }
+  // Collectives of `bus_bytes` sent in all, `n` of them: their seconds.
+  double coll_s(double bus_bytes, uint64_t n) const { return bus_bytes / net + static_cast<double>(n) * lat; }
+  uint64_t reductions(const zero::ModulePlacement& m) const;
 };
 
 StepModel::StepModel(const config::Config& cfg_, const zero::Placement& pl_, const Workload& w_,
@@ -256,6 +266,7 @@ StepModel::StepModel(const config::Config& cfg_, const zero::Placement& pl_, con
   acc_r = nvme_rate(false, chunk_bytes, 1), acc_w = nvme_rate(true, chunk_bytes, 2);
   pcie = rates.h2d_gbps * gb, cpu = rates.cpu_adam_gbps * gb / per_node;
   net = (topo.nodes > 1 ? rates.net_gbps : rates.intra_gbps) * gb;
+  lat = topo.nodes > 1 ? rates.net_latency_us * 1e-6 : 0.0;
   hbm = rates.device_mem_gbps * gb;
   es = pl.compute_bytes, sb = pl.state_bytes;
   micro = std::max<int64_t>(1, w.grad_accum);
@@ -279,8 +290,10 @@ StepModel::StepModel(const config::Config& cfg_, const zero::Placement& pl_, con
   // collective (one rank: a local copy). memcpy and memset by the compute's cores: on the path.
   // Bytes moved per pass: the zeroing writes (padded + part), the copies read and write (2 part +
   // 2 padded).
-  for (const auto& m : pl.modules) {
-    if (m.partitioned_params) gather_local += 3 * (static_cast<uint64_t>(m.padded) + m.part) * es;
+  for (size_t i = 0; i < pl.modules.size(); ++i) {
+    const auto& m = pl.modules[i];
+    if (m.partitioned_params)
+      gather_local += fetches(i) * 3 * (static_cast<uint64_t>(m.padded) + m.part) * es;
   }
   f_fwd = 2.0 * static_cast<double>(w.params) * tokens;
   // The step. Adam touches master (r/w), m and v (r/w), the gradient (r), the compute copy (w).
@@ -315,7 +328,11 @@ void StepModel::preloaded_chunks() {
 // Stage-3 partitions: what is gathered, which are cached on the host, which loads the cache
 // simulation gives, where they come from, and the first fetch of a pass (which waits).
 void StepModel::stage3_partitions() {
-  for (const auto& m : pl.modules) gather_elems += m.partitioned_params ? m.padded : 0;
+  for (size_t i = 0; i < pl.modules.size(); ++i) {
+    if (!pl.modules[i].partitioned_params) continue;
+    gather_elems += fetches(i) * pl.modules[i].padded;
+    gathers += static_cast<uint64_t>(fetches(i));
+  }
   for (const auto& m : pl.modules) any_off |= m.partitioned_params && m.param_home != Home::kDevice;
   cached = host_cached(pl);
   if (stage3 && any_off) sim = simulate_cache(pl, micro, cached);
@@ -358,12 +375,15 @@ void StepModel::count_loads(uint64_t bytes, uint64_t from_cache) {
 
 // A pass's stage-3 all-gathers: queued under the compute (the gather window), else on demand.
 void StepModel::add_gathers(Path::Group* g) {
+  if (pl.world < 2 || gathers == 0) return;
   const uint64_t gb_bytes = static_cast<uint64_t>(ring * static_cast<double>(gather_elems * es));
   B.network += gb_bytes;
+  B.collectives += gathers;
+  const double s = coll_s(static_cast<double>(gb_bytes), gathers);
   if (queued)
-    g->add(Resource::kNetwork, static_cast<double>(gb_bytes) / net);
+    g->add(Resource::kNetwork, s);
   else
-    path.serial(Resource::kNetwork, static_cast<double>(gb_bytes) / net);
+    path.serial(Resource::kNetwork, s);
 }
 
 // Forward: compute, with partition loads prefetched under it and the gathers queued under it
@@ -407,13 +427,16 @@ void StepModel::backward_time(int64_t j) {
   // (the first module's) has nothing left to hide under.
   uint64_t red = 0;
   for (const auto& m : pl.modules) {
+    const uint64_t n = reductions(m);
+    if (n == 0) continue;
     const uint64_t r =
         static_cast<uint64_t>((pl.stage >= 2 ? 1.0 : 2.0) * ring * static_cast<double>(m.padded * es));
     red += r;
+    B.collectives += n;
     if (&m == &pl.modules.front())
-      path.serial(Resource::kNetwork, static_cast<double>(r) / net);
+      path.serial(Resource::kNetwork, coll_s(static_cast<double>(r), n));
     else
-      g.add(Resource::kNetwork, static_cast<double>(r) / net);
+      g.add(Resource::kNetwork, coll_s(static_cast<double>(r), n));
   }
   B.network += red;
   sums_write_behind(&g, j);
@@ -499,6 +522,7 @@ void StepModel::micro_batches() {
                             {&B.host_to_device, b0.host_to_device},
                             {&B.device_to_host, b0.device_to_host},
                             {&B.network, b0.network},
+                            {&B.collectives, b0.collectives},
                             {&B.cpu_optimizer, b0.cpu_optimizer},
                             {&B.device_optimizer, b0.device_optimizer}}) {
       *now += (*now - was) * k;
@@ -610,13 +634,44 @@ void StepModel::host_device_states_time() {
 
 // Step 3. Stage 1/2 (and persistent stage-3 modules): the all-gather of the updated partitions.
 void StepModel::allgather_time() {
-  if (pl.stage < 1) return;
-  uint64_t gather = 0;
+  if (pl.stage < 1 || pl.world < 2) return;
+  uint64_t gather = 0, n = 0;
   for (const auto& m : pl.modules) {
-    if (!m.partitioned_params) gather += static_cast<uint64_t>(ring * static_cast<double>(m.padded * es));
+    if (m.partitioned_params || m.frozen) continue;
+    gather += static_cast<uint64_t>(ring * static_cast<double>(m.padded * es));
+    ++n;
   }
   B.network += gather;
-  path.serial(Resource::kNetwork, static_cast<double>(gather) / net);
+  B.collectives += n;
+  path.serial(Resource::kNetwork, coll_s(static_cast<double>(gather), n));
+}
+
+// The step's small all-reduces (doubles), serial: the gradient norm (stage 1-3), the check that
+// every rank reduced the same modules (two doubles) and which parameters got gradients (one
+// double per parameter tensor). Their bytes are nothing; their latency is not.
+void StepModel::step_collectives_time() {
+  if (pl.world < 2) return;
+  uint64_t tensors = 0;
+  for (const auto& m : pl.modules) tensors += m.numel.size();
+  const uint64_t n = pl.stage >= 1 ? 3 : 2;
+  const uint64_t doubles = (pl.stage >= 1 ? 1 : 0) + 2 + tensors;
+  const uint64_t bytes = static_cast<uint64_t>(2.0 * ring * static_cast<double>(doubles * 8));
+  B.network += bytes;
+  B.collectives += n;
+  path.serial(Resource::kNetwork, coll_s(static_cast<double>(bytes), n));
+}
+
+// A module's gradient reductions per micro-batch: stage 2/3, reduce-scatters of at most
+// reduce_bucket / w elements per rank (one when its partition fits); stage 0/1, all-reduces of
+// at most reduce_bucket elements. None for a frozen module or a world of one.
+uint64_t StepModel::reductions(const zero::ModulePlacement& m) const {
+  if (m.frozen || pl.world < 2) return 0;
+  const uint64_t bucket = std::max<uint64_t>(1, pl.reduce_bucket);
+  if (pl.stage >= 2) {
+    const uint64_t per_rank = std::max<uint64_t>(1, bucket / static_cast<uint64_t>(pl.world));
+    return per_rank < m.part ? (m.part + per_rank - 1) / per_rank : 1;
+  }
+  return std::max<uint64_t>(1, (m.padded + bucket - 1) / bucket);
 }
 
 // The step's time per resource, its sum, and the bottleneck: the resource with the most seconds
@@ -643,6 +698,7 @@ StepCost estimate_step(const config::Config& cfg, const zero::Placement& pl, con
   s.nvme_states_time();
   s.host_device_states_time();
   s.allgather_time();
+  s.step_collectives_time();
   return s.result();
 }
 

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "config/config.h"
 #include "plan/calibration.h"
@@ -22,6 +23,9 @@ struct Workload {
   int64_t micro_batch = 1;  // sequences per micro-batch per rank
   int64_t seq = 1024;       // tokens per sequence
   int64_t grad_accum = 1;   // micro-batches per step
+  // Stage 3: gathers of each module (in the placement's order) per forward and per backward.
+  // Empty: once each.
+  std::vector<int> fetches_per_pass;
 };
 
 struct Topology {
@@ -39,6 +43,7 @@ struct LinkBytes {
   uint64_t nvme_read = 0, nvme_write = 0;
   uint64_t host_to_device = 0, device_to_host = 0;  // parameter partitions and staging copies
   uint64_t network = 0;                             // sent by this rank in collectives (ring)
+  uint64_t collectives = 0;                         // collectives this rank takes part in
   uint64_t cpu_optimizer = 0;                       // bytes the CPU's Adam and accumulation touch
   uint64_t device_optimizer = 0;                    // the same on the device
   double flops = 0;

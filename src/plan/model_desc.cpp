@@ -28,6 +28,8 @@ Result<ModelDesc> gpt_model(const model::GptConfig& c, const std::string& name) 
   d.vocab = c.vocab;
   d.context = c.seq;
   d.zoe_gpt = true;
+  d.fetches_per_pass.assign(d.modules.size(), 1);
+  d.fetches_per_pass[0] = 2;  // "embed": the input, then the tied output layer (model::GptTrainer)
   return d;
 }
 

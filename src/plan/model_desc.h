@@ -23,6 +23,9 @@ struct ModelDesc {
   std::vector<zero::ModuleShape> modules;
   // Dimensions for FLOPs and activations; 0 where unknown (a bare parameter count).
   int layers = 0, d_model = 0, heads = 0, vocab = 0, context = 0;
+  // Gathers of each module per forward (and per backward): zoe's GPT fetches its embedding twice
+  // in each (the input and the tied output layer). Empty: once each.
+  std::vector<int> fetches_per_pass;
   // zoe's reference GPT (model/gpt.h) of these dimensions: `zoe tune --verify` runs its kernels.
   bool zoe_gpt = false;
 };

@@ -37,6 +37,7 @@ Status apply_rate_flags(const PlanOptions& o, LinkRates* rates) {
                             {"--cpu-adam-gbps", o.cpu_adam_gbps, &LinkRates::cpu_adam_gbps},
                             {"--flops", o.flops, &LinkRates::flops},
                             {"--net-gbps", o.net_gbps, &LinkRates::net_gbps},
+                            {"--net-latency-us", o.net_latency_us, &LinkRates::net_latency_us},
                             {"--intra-gbps", o.intra_gbps, &LinkRates::intra_gbps},
                             {"--device-mem-gbps", o.device_mem_gbps, &LinkRates::device_mem_gbps},
                             {"--local-copy-gbps", o.local_copy_gbps, &LinkRates::local_copy_gbps},

@@ -20,7 +20,8 @@ struct PlanOptions {
   std::string device_mem, host_mem, nvme_space, nvme_path;
   std::string calibration;
   double nvme_read_gbps = 0, nvme_write_gbps = 0, h2d_gbps = 0, cpu_adam_gbps = 0, flops = 0;
-  double net_gbps = 0, intra_gbps = 0, device_mem_gbps = 0, local_copy_gbps = 0, nvme_cpu_gbps = 0;
+  double net_gbps = 0, net_latency_us = 0, intra_gbps = 0, device_mem_gbps = 0, local_copy_gbps = 0,
+         nvme_cpu_gbps = 0;
   int64_t micro_batch = 0, seq = 0, grad_accum = 1;
   std::string precision;
   std::string device = "cuda";
@@ -89,6 +90,9 @@ void add_plan_options(App& cmd, PlanOptions* o, IntRange int_range, Positive pos
                           "(default 20)"));
   positive(cmd.add_option("--flops", o->flops, "Sustained FLOP/s of one device (default 1e14)"));
   positive(cmd.add_option("--net-gbps", o->net_gbps, "Collective GB/s per rank across nodes (default 12.5)"));
+  positive(cmd.add_option("--net-latency-us", o->net_latency_us,
+                          "Microseconds each collective across nodes costs beside its bytes (default 20; "
+                          "zoe bench comm's time at its smallest size)"));
   positive(
       cmd.add_option("--intra-gbps", o->intra_gbps, "Collective GB/s per rank inside a node (default 150)"));
   positive(cmd.add_option("--device-mem-gbps", o->device_mem_gbps,

@@ -781,5 +781,80 @@ TEST(CostModelVsEngine, NvmeBytesPerStepForEveryPlacement) {
   EXPECT_EQ(partitioned, 2 * 2 * 6 + 2 * 2 * 3);
 }
 
+TEST(CostModel, NetworkTermIsBytesOverRatePlusOneLatencyPerCollective) {
+  // Stage 3 on 2 nodes x 2 ranks, bf16, 4 modules of 1 Mi + 1 Ki elements (1,056,768 padded to
+  // 2048 x 4), the first fetched twice a pass (as zoe's GPT fetches its tied embedding), and
+  // reduce_bucket_size 400000: 100000 elements per rank, so each 264,192-element partition is
+  // reduced in 3 reduce-scatters. Per step: 5 + 5 gathers, 4 x 3 reduce-scatters, and the step's
+  // 3 all-reduces (norm, module sequence, 8 tensors' gradient flags): 25 collectives.
+  plan::ModelDesc m;
+  m.modules = mlp_shapes(4, 1024);
+  m.params = plan::count_params(m.modules);
+  plan::PlanInputs in = inputs(m, 2, 2);
+  const plan::RowPlacement none{3, OffloadDevice::kNone, OffloadDevice::kNone, 1.0, false};
+  config::Config cfg = plan::config_for(in.base, none, "/unused");
+  cfg.zero.reduce_bucket_size = 400000;
+  zero::PlanTarget t;
+  t.device_budget = 1ull << 40;
+  t.queued_gathers = false;
+  auto pl = zero::plan_placement(cfg, m.modules, 4, 0, t);
+  ASSERT_OK(pl);
+  const uint64_t P = 1056768;
+  for (const auto& mp : pl->modules) {
+    ASSERT_EQ(mp.padded, P);
+    ASSERT_TRUE(mp.partitioned_params);
+  }
+  plan::Workload w;
+  w.params = m.params;
+  w.seq = 64;
+  w.fetches_per_pass = {2, 1, 1, 1};
+  auto cost = [&](plan::Topology topo, double latency_us, int64_t accum) {
+    plan::LinkRates r;
+    r.net_gbps = 0.5;
+    r.intra_gbps = 2.0;
+    r.net_latency_us = latency_us;
+    w.grad_accum = accum;
+    return plan::estimate_step(cfg, pl.value(), w, topo, r, plan::DeviceKind{false});
+  };
+  const int net = static_cast<int>(plan::Resource::kNetwork);
+  // Bytes (ring: 3/4 of each collective's size, bf16): gathers 2 x (5 P), reduce-scatters 4 P,
+  // the all-reduces 2 x 3/4 x 11 doubles.
+  const uint64_t gathers = static_cast<uint64_t>(0.75 * static_cast<double>(5 * P * 2));
+  const uint64_t reduce = static_cast<uint64_t>(0.75 * static_cast<double>(P * 2));
+  const uint64_t bytes1 = 2 * gathers + 4 * reduce + 132;
+  const plan::StepCost a = cost({2, 2}, 20000.0, 1);
+  EXPECT_EQ(a.bytes.network, bytes1);
+  EXPECT_EQ(a.bytes.collectives, 25u);
+  EXPECT_NEAR(a.busy_s[net], static_cast<double>(bytes1) / 0.5e9 + 25 * 0.02, 1e-12);
+  // Two micro-batches: the gathers and reductions twice, the step's all-reduces once.
+  const uint64_t bytes2 = 4 * gathers + 8 * reduce + 132;
+  const plan::StepCost b = cost({2, 2}, 20000.0, 2);
+  EXPECT_EQ(b.bytes.network, bytes2);
+  EXPECT_EQ(b.bytes.collectives, 47u);
+  EXPECT_NEAR(b.busy_s[net], static_cast<double>(bytes2) / 0.5e9 + 47 * 0.02, 1e-12);
+  // The compute is microseconds here (1e14 FLOP/s): nothing hides the network, all of it is on
+  // the critical path.
+  EXPECT_NEAR(a.critical_s[net], a.busy_s[net], 1e-12);
+  // Inside one node (1 x 4 ranks: the same placement) the latency is not modelled.
+  const plan::StepCost one = cost({1, 4}, 20000.0, 1);
+  EXPECT_EQ(one.bytes.collectives, 25u);
+  EXPECT_NEAR(one.busy_s[net], static_cast<double>(bytes1) / 2e9, 1e-12);
+  // Without the repeated fetch: one gather fewer per pass, P x 3/4 x 2 bytes fewer each.
+  w.fetches_per_pass.clear();
+  const plan::StepCost c = cost({2, 2}, 20000.0, 1);
+  EXPECT_EQ(c.bytes.collectives, 23u);
+  EXPECT_EQ(a.bytes.network - c.bytes.network,
+            2 * (gathers - static_cast<uint64_t>(0.75 * static_cast<double>(4 * P * 2))));
+}
+
+TEST(CostModel, GptFetchesItsTiedEmbeddingTwiceAPass) {
+  auto m = plan::gpt_model("demo");
+  ASSERT_OK(m);
+  ASSERT_EQ(m->fetches_per_pass.size(), m->modules.size());
+  EXPECT_EQ(m->modules[0].name, "embed");
+  EXPECT_EQ(m->fetches_per_pass[0], 2);
+  for (size_t i = 1; i < m->modules.size(); ++i) EXPECT_EQ(m->fetches_per_pass[i], 1) << m->modules[i].name;
+}
+
 }  // namespace
 }  // namespace zoe
