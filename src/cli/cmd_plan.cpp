@@ -2,6 +2,7 @@
 // anything runs (the engine's own placement planner, and the cost model of docs/cost-model.md).
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -33,7 +34,22 @@ json placement_json(const plan::RowPlacement& p) {
           {"bf16_optimizer_states", p.bf16_states}};
 }
 
-json row_json(const plan::PlanRow& r) {
+const char* act_offload_name(ActivationOffload o) {
+  return o == ActivationOffload::kCpu ? "cpu" : o == ActivationOffload::kNvme ? "nvme" : "none";
+}
+
+// The activations of one micro-batch: with checkpointing, the checkpointed bytes and where the
+// activation store keeps them; on the device, the workspace with the checkpoints kept there.
+json activations_json(const plan::PlanRow& r, const plan::PlanInputs& in) {
+  const zero::TierBytes& t = r.checkpoint_tiers;
+  return {{"checkpointing", in.act.checkpointing},
+          {"offload", act_offload_name(in.act.offload)},
+          {"checkpoint_bytes", r.checkpoint_bytes},
+          {"device_bytes", r.activation_bytes},
+          {"tier_bytes", {{"device", t.device}, {"host", t.host}, {"nvme", t.nvme}}}};
+}
+
+json row_json(const plan::PlanRow& r, const plan::PlanInputs& in) {
   json j;
   j["placement"] = placement_json(r.placement);
   j["fits"] = r.fits;
@@ -43,6 +59,7 @@ json row_json(const plan::PlanRow& r) {
   j["bottleneck_share"] = r.cost.bottleneck_share;
   j["lacks"] = {{"device", r.lacks.device}, {"host", r.lacks.host}, {"nvme", r.lacks.nvme}};
   j["activation_bytes"] = r.activation_bytes;
+  j["activations"] = activations_json(r, in);
   j["exact"] = r.exact;
   if (!r.refused.empty()) j["refused"] = r.refused;
   const plan::LinkBytes& b = r.cost.bytes;
@@ -54,7 +71,11 @@ json row_json(const plan::PlanRow& r) {
                      {"collectives", b.collectives},
                      {"cpu_optimizer", b.cpu_optimizer},
                      {"device_optimizer", b.device_optimizer},
-                     {"flops", b.flops}};
+                     {"flops", b.flops},
+                     {"activation_nvme_read", b.act_nvme_read},
+                     {"activation_nvme_write", b.act_nvme_write},
+                     {"activation_host_to_device", b.act_host_to_device},
+                     {"activation_device_to_host", b.act_device_to_host}};
   json crit = json::object();
   for (int k = 0; k < plan::kResources; ++k)
     crit[plan::resource_name(static_cast<Resource>(k))] = r.cost.critical_s[k];
@@ -66,7 +87,7 @@ json row_json(const plan::PlanRow& r) {
   return j;
 }
 
-void print_table(const plan::PlanResult& res, const plan::PlanInputs& in, const PlanOpts& o) {
+void print_header(const plan::PlanResult& res, const plan::PlanInputs& in, const PlanOpts& o) {
   const plan::LinkRates& R = in.rates;
   printf("# zoe plan: %s, %llu parameters, %d node(s) x %d %s rank(s), precision %s\n", in.model.name.c_str(),
          static_cast<unsigned long long>(res.params), in.topo.nodes, in.topo.gpus_per_node,
@@ -88,30 +109,39 @@ void print_table(const plan::PlanResult& res, const plan::PlanInputs& in, const 
       in.topo.nodes > 1 ? R.net_gbps : R.intra_gbps,
       in.topo.nodes > 1 ? fmt(" + %.3g us per collective", R.net_latency_us).c_str() : "",
       in.topo.nodes > 1 ? "across nodes" : "inside the node");
-  Table t({{"stage", "", 5},
-           {"params", "", 6},
-           {"optim", "", 5},
-           {"ratio", "", 5},
-           {"bf16st", "", 6},
-           {"device", "GiB", 9},
-           {"host", "GiB", 9},
-           {"nvme", "GiB", 9},
-           {"fits", "", 4},
-           {"step", "s", 10},
-           {"bottleneck", "(share)", 17, true}});
+  if (in.act.checkpointing && !res.rows.empty()) {
+    printf(
+        "# activation checkpointing, offload %s: %s of block inputs per micro-batch; ckpt columns: where the "
+        "activation store keeps them\n",
+        act_offload_name(in.act.offload), format_bytes(res.rows.front().checkpoint_bytes).c_str());
+  }
+}
+
+void print_table(const plan::PlanResult& res, const plan::PlanInputs& in, const PlanOpts& o) {
+  print_header(res, in, o);
+  const bool ckpt = in.act.checkpointing;
+  std::vector<Table::Column> cols = {{"stage", "", 5},     {"params", "", 6},   {"optim", "", 5},
+                                     {"ratio", "", 5},     {"bf16st", "", 6},   {"device", "GiB", 9},
+                                     {"host", "GiB", 9},   {"nvme", "GiB", 9}};
+  if (ckpt) cols.insert(cols.end(), {{"ckpt dev", "GiB", 9}, {"ckpt host", "GiB", 9}, {"ckpt nvme", "GiB", 9}});
+  cols.insert(cols.end(), {{"fits", "", 4}, {"step", "s", 10}, {"bottleneck", "(share)", 17, true}});
+  Table t(cols);
   t.print_header(stdout);
   int shown = 0;
   const double gib = 1024.0 * 1024.0 * 1024.0;
+  auto g = [&](uint64_t b) { return fmt("%.3f", static_cast<double>(b) / gib); };
   for (const plan::PlanRow& r : res.rows) {
     if (o.top > 0 && shown++ >= o.top) break;
     const bool off = r.placement.optimizer != config::OffloadDevice::kNone;
-    t.print_row(stdout,
-                {std::to_string(r.placement.stage), config::offload_device_name(r.placement.param),
-                 config::offload_device_name(r.placement.optimizer), off ? fmt("%g", r.placement.ratio) : "-",
-                 r.placement.bf16_states ? "on" : "off", fmt("%.3f", r.bytes.device / gib),
-                 fmt("%.3f", r.bytes.host / gib), fmt("%.3f", r.bytes.nvme / gib), r.fits ? "yes" : "no",
-                 fmt("%.4g", r.cost.step_s),
-                 fmt("%s (%.0f%%)", plan::resource_name(r.cost.bottleneck), 100 * r.cost.bottleneck_share)});
+    std::vector<std::string> cells = {
+        std::to_string(r.placement.stage), config::offload_device_name(r.placement.param),
+        config::offload_device_name(r.placement.optimizer), off ? fmt("%g", r.placement.ratio) : "-",
+        r.placement.bf16_states ? "on" : "off", g(r.bytes.device), g(r.bytes.host), g(r.bytes.nvme)};
+    if (ckpt) cells.insert(cells.end(), {g(r.checkpoint_tiers.device), g(r.checkpoint_tiers.host), g(r.checkpoint_tiers.nvme)});
+    cells.insert(cells.end(), {r.fits ? "yes" : "no", fmt("%.4g", r.cost.step_s),
+                               fmt("%s (%.0f%%)", plan::resource_name(r.cost.bottleneck),
+                                   100 * r.cost.bottleneck_share)});
+    t.print_row(stdout, cells);
   }
   size_t fit = 0;
   for (const auto& r : res.rows) fit += r.fits;
@@ -126,7 +156,7 @@ void run(const PlanOpts& o) {
   plan::PlanResult res = value_or_fail(plan::make_plan(in));
   if (o.json) {
     json rows = json::array();
-    for (const auto& r : res.rows) rows.push_back(row_json(r));
+    for (const auto& r : res.rows) rows.push_back(row_json(r, in));
     print_json(nlohmann::json{{"params", res.params}, {"rows", rows}});
   } else {
     print_table(res, in, o);
@@ -148,6 +178,17 @@ static void add_plan_command(CLI::App& app) {
   plan::add_plan_options(*cmd, &o->plan, int_range, positive_real);
   int_range(cmd->add_option("--top", o->top, "Show only the first N rows of the table (0: all)"), 0,
             INT32_MAX);
+  cmd->add_flag("--activation-checkpointing", o->plan.activation_checkpointing,
+                "Plan a run with activation checkpointing: each block's input kept for the backward, the rest "
+                "recomputed (activations are then counted)");
+  cmd->add_option("--activation-offload", o->plan.activation_offload,
+                  "none, cpu or nvme: where the activation store may move checkpoints the device cannot hold "
+                  "(needs --activation-checkpointing)");
+  cmd->add_option("--activation-host-budget", o->plan.activation_host_budget,
+                  "Host bytes for checkpointed activations, e.g. 8GiB (default: what the host has left); "
+                  "beyond it they go to NVMe");
+  cmd->add_option("--activation-device-budget", o->plan.activation_device_budget,
+                  "Device bytes for checkpointed activations (default: what the device has left)");
   cmd->add_flag("--json", o->json, "Print one JSON object {\"params\": N, \"rows\": [...]}");
   cmd->callback([o] { run(*o); });
 }

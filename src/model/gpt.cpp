@@ -63,6 +63,21 @@ Status GptConfig::validate() const {
   return Status::ok();
 }
 
+double activation_bytes_estimate(const GptConfig& c, int batch, int T, bool checkpointing) {
+  const double n = static_cast<double>(batch) * T, nd = n * c.d_model;
+  const double att = static_cast<double>(batch) * c.heads * T * T;
+  // Residual buffers and block workspaces (GptCpu's constructor): every block's, or with
+  // checkpointing two residual buffers and one workspace.
+  const double residuals = checkpointing ? 2 : c.layers + 1.0, workspaces = checkpointing ? 1 : c.layers;
+  const double floats = residuals * nd + workspaces * (15 * nd + 4 * n + att) + nd + 3 * n + 2 * n * c.vocab +
+                        10 * nd + att;
+  return 4 * floats + 8 * n;
+}
+
+double checkpoint_bytes_estimate(const GptConfig& c, int batch, int T) {
+  return 4.0 * c.layers * static_cast<double>(batch) * T * c.d_model;
+}
+
 uint64_t GptConfig::num_params() const {
   const uint64_t d = static_cast<uint64_t>(d_model);
   const uint64_t block = 12 * d * d + 13 * d;

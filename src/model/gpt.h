@@ -17,7 +17,8 @@
 // (embedding lookup and the tied head); its gradients from both are summed.
 //
 // GptCpu keeps the activations of one micro-batch (batch x seq tokens) on the host between the
-// forward and the backward pass. Parameters and gradients are passed as fp32 pointers, one per
+// forward and the backward pass (with activation checkpointing, one block's and the block inputs
+// the caller hands back: GptKernels::checkpointing()). Parameters and gradients are passed as fp32 pointers, one per
 // parameter in the order above. Matrix products go through BLAS (cblas_sgemm); the other kernels
 // are parallel over rows. Backward functions *add* into the gradient buffers (the caller zeroes).
 //
@@ -111,6 +112,15 @@ struct CpuKernelSet {
 };
 CpuKernelSet cpu_kernel_set();
 
+// Host bytes GptCpu allocates for one micro-batch (activations and backward scratch, the sizes of
+// its constructor), in double so that an absurd shape cannot wrap. With checkpointing, the model's
+// own bytes: one block's workspace, not every block's (the block inputs, checkpoint_bytes_estimate
+// in all, are in the engine's activation store).
+double activation_bytes_estimate(const GptConfig& c, int batch, int T, bool checkpointing = false);
+// With checkpointing, the bytes of the block inputs one micro-batch keeps: layers x batch x T x
+// d_model x 4 (what the activation store holds, wherever it places them).
+double checkpoint_bytes_estimate(const GptConfig& c, int batch, int T);
+
 // The model's forward and backward kernels, whatever runs them (GptCpu: host memory; GptCuda in
 // model/gpt_cuda.h: device memory). Parameters and gradients are fp32, one pointer per parameter
 // in the order above, in the implementation's memory; tokens and targets are host arrays.
@@ -136,16 +146,39 @@ class GptKernels {
   virtual void block_backward(int layer, const float* const* block_params, float* const* block_grads) = 0;
   virtual void embed_backward(float* const* embed_grads) = 0;
 
-  // Bytes of activations kept for one micro-batch (with the backward scratch buffers), in the
-  // implementation's memory.
+  // Bytes of activations the model holds for one micro-batch (with the backward scratch buffers),
+  // in the implementation's memory. With checkpointing, the block inputs the caller keeps are not
+  // included (checkpoint_bytes() each, layers of them).
   virtual size_t activation_bytes() const = 0;
+
+  // Activation checkpointing (a model created with it on). The model then holds the residual
+  // stream entering the current block and the final one, and the intermediates of one block (a
+  // workspace every block reuses), not every block's. Each block's input is the caller's to keep
+  // (in the engine's activation store, zoe/activations.h):
+  //   forward:  copy checkpoint_input(l) away, then block_forward(l)
+  //   backward: copy the saved input back into checkpoint_input(l), then block_backward(l), which
+  //             recomputes the block's intermediates from it (the same kernels in the same order
+  //             as the forward) and runs the block's backward.
+  // Losses and gradients are bit-identical to the model without checkpointing. The reference
+  // GPT has no dropout and nothing random in its forward, so the recompute has no RNG state to
+  // replay (the PyTorch front-end saves and restores it for models with dropout).
+  virtual bool checkpointing() const = 0;
+  // Where block `layer`'s input lies (batch x T x d_model floats, the implementation's memory):
+  // in the forward before block_forward(layer), in the backward (where the caller writes it
+  // back) before block_backward(layer). Calling it out of that order, or without checkpointing,
+  // aborts through ZOE_CHECK; block_backward(layer) aborts when checkpoint_input(layer) was not
+  // asked for first in the backward.
+  virtual float* checkpoint_input(int layer) = 0;
+  // Bytes of one block's input: batch x T x d_model x 4.
+  virtual size_t checkpoint_bytes() const = 0;
 };
 
 class GptCpu : public GptKernels {
  public:
-  // batch sequences of `tokens_per_seq` (<= c.seq) tokens per micro-batch; threads 0: all cores.
+  // batch sequences of `tokens_per_seq` (<= c.seq) tokens per micro-batch; threads 0: all cores;
+  // checkpointing: activation checkpointing (GptKernels::checkpointing()).
   static Result<std::unique_ptr<GptCpu>> create(const GptConfig& c, int batch, int tokens_per_seq,
-                                                int threads = 0);
+                                                int threads = 0, bool checkpointing = false);
   // Threads the kernels run on: the one asked for, at most the host's cores.
   virtual int threads() const = 0;
 };

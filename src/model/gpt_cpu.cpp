@@ -106,7 +106,7 @@ struct LayerActs {
 
 class GptCpuImpl final : public GptCpu {
  public:
-  GptCpuImpl(const GptConfig& c, int batch, int tokens, int threads)
+  GptCpuImpl(const GptConfig& c, int batch, int tokens, int threads, bool checkpointing)
       : c_(c),
         B_(batch),
         T_(tokens),
@@ -115,13 +115,16 @@ class GptCpuImpl final : public GptCpu {
         H_(c.heads),
         hd_(c.d_model / c.heads),
         V_(c.vocab),
+        ckpt_(checkpointing),
         par_(threads) {
     const size_t nd = static_cast<size_t>(N_) * d_;
     const size_t n = static_cast<size_t>(N_);
     const size_t att = static_cast<size_t>(B_) * H_ * T_ * T_;
-    residual_.resize(static_cast<size_t>(c.layers) + 1);
+    // With checkpointing: two residual buffers (a block's input and its output, in turn) and one
+    // block's workspace; without: every block's input and intermediates.
+    residual_.resize(ckpt_ ? 2 : static_cast<size_t>(c.layers) + 1);
     for (Buf& r : residual_) alloc(r, nd);
-    acts_.resize(static_cast<size_t>(c.layers));
+    acts_.resize(ckpt_ ? 1 : static_cast<size_t>(c.layers));
     for (LayerActs& a : acts_) {
       alloc(a.ln1_out, nd), alloc(a.ln1_mean, n), alloc(a.ln1_rstd, n);
       alloc(a.qkv, 3 * nd), alloc(a.att, att), alloc(a.att_out, nd), alloc(a.x_mid, nd);
@@ -141,6 +144,19 @@ class GptCpuImpl final : public GptCpu {
   int threads() const override { return par_.threads(); }
   size_t activation_bytes() const override { return bytes_; }
   const float* logits() const override { return logits_.data(); }
+  bool checkpointing() const override { return ckpt_; }
+  size_t checkpoint_bytes() const override { return static_cast<size_t>(N_) * d_ * sizeof(float); }
+
+  float* checkpoint_input(int layer) override {
+    ZOE_CHECK_MSG(ckpt_, "checkpoint_input(%d): the model was created without checkpointing", layer);
+    ZOE_CHECK_MSG(layer >= 0 && layer < c_.layers, "layer %d of %d", layer, c_.layers);
+    const bool fwd = stage_ == Stage::kEmbedded, bwd = stage_ == Stage::kBackward;
+    ZOE_CHECK_MSG((fwd || bwd) && layer == next_layer_,
+                  "checkpoint_input(%d): expected layer %d, before its block_forward or block_backward", layer,
+                  next_layer_);
+    if (bwd) restored_ = layer;
+    return res(layer);
+  }
 
   void embed_forward(const int32_t* tokens, const float* const* p) override {
     for (int r = 0; r < N_; ++r) {
@@ -165,25 +181,10 @@ class GptCpuImpl final : public GptCpu {
     ZOE_CHECK_MSG(layer >= 0 && layer < c_.layers, "layer %d of %d", layer, c_.layers);
     ZOE_CHECK_MSG(stage_ == Stage::kEmbedded && layer == next_layer_,
                   "block_forward(%d): expected layer %d, in order after embed_forward", layer, next_layer_);
-    LayerActs& a = acts_[static_cast<size_t>(layer)];
-    const float* x = residual_[static_cast<size_t>(layer)].data();
-    float* y = residual_[static_cast<size_t>(layer) + 1].data();
-    const int d = d_;
-
-    layernorm_rows(x, p[kLn1G], p[kLn1B], a.ln1_out.data(), a.ln1_mean.data(), a.ln1_rstd.data());
-    linear_forward(a.ln1_out.data(), d, p[kQkvW], p[kQkvB], 3 * d, a.qkv.data());
-    attention_forward(a);
-    linear_forward(a.att_out.data(), d, p[kProjW], p[kProjB], d, a.x_mid.data());
-    add_rows(a.x_mid.data(), x);
-    layernorm_rows(a.x_mid.data(), p[kLn2G], p[kLn2B], a.ln2_out.data(), a.ln2_mean.data(),
-                   a.ln2_rstd.data());
-    linear_forward(a.ln2_out.data(), d, p[kFc1W], p[kFc1B], 4 * d, a.fc1.data());
-    const size_t row4 = static_cast<size_t>(4) * d;
-    par_.for_rows(N_, [&](int r) {
-      const size_t o = static_cast<size_t>(r) * row4;
-      kernels::gelu_forward(a.fc1.data() + o, a.gelu.data() + o, row4);
-    });
-    linear_forward(a.gelu.data(), 4 * d, p[kFc2W], p[kFc2B], d, y);
+    LayerActs& a = act(layer);
+    block_intermediates(layer, p);
+    float* y = res(layer + 1);
+    linear_forward(a.gelu.data(), 4 * d_, p[kFc2W], p[kFc2B], d_, y);
     add_rows(y, a.x_mid.data());
     ++next_layer_;
   }
@@ -197,7 +198,7 @@ class GptCpuImpl final : public GptCpu {
       targets_[static_cast<size_t>(r)] = targets[r];
       if (targets[r] >= 0) ++count_;
     }
-    const float* x = residual_.back().data();
+    const float* x = res(c_.layers);
     layernorm_rows(x, fp[0], fp[1], lnf_out_.data(), lnf_mean_.data(), lnf_rstd_.data());
     // logits = lnf_out . wte^T
     gemm(false, true, N_, V_, d_, lnf_out_.data(), d_, ep[0], d_, 0.0f, logits_.data(), V_);
@@ -233,10 +234,11 @@ class GptCpuImpl final : public GptCpu {
     gemm(false, false, N_, d_, V_, dlogits_.data(), V_, ep[0], d_, 0.0f, dln_.data(), d_);
     gemm(true, false, V_, d_, N_, dlogits_.data(), V_, lnf_out_.data(), d_, 1.0f, eg[0], d_);
     std::fill(dres_.begin(), dres_.end(), 0.0f);
-    layernorm_backward(dln_.data(), residual_.back().data(), fp[0], lnf_mean_.data(), lnf_rstd_.data(),
-                       dres_.data(), fg[0], fg[1]);
+    layernorm_backward(dln_.data(), res(c_.layers), fp[0], lnf_mean_.data(), lnf_rstd_.data(), dres_.data(),
+                       fg[0], fg[1]);
     stage_ = Stage::kBackward;
     next_layer_ = c_.layers - 1;
+    restored_ = -1;
   }
 
   void block_backward(int layer, const float* const* p, float* const* g) override {
@@ -244,7 +246,12 @@ class GptCpuImpl final : public GptCpu {
     ZOE_CHECK_MSG(stage_ == Stage::kBackward && layer == next_layer_,
                   "block_backward(%d): expected layer %d, in reverse order after head_backward", layer,
                   next_layer_);
-    LayerActs& a = acts_[static_cast<size_t>(layer)];
+    if (ckpt_) {
+      ZOE_CHECK_MSG(restored_ == layer, "block_backward(%d) with checkpointing: checkpoint_input(%d) first",
+                    layer, layer);
+      block_intermediates(layer, p);  // the recompute
+    }
+    LayerActs& a = act(layer);
     const int d = d_;
     // dres holds d(block output). MLP branch: y = x_mid + fc2(gelu(fc1(ln2(x_mid)))).
     linear_backward(dres_.data(), d, a.gelu.data(), 4 * d, p[kFc2W], dfc_.data(), g[kFc2W], g[kFc2B]);
@@ -260,8 +267,8 @@ class GptCpuImpl final : public GptCpu {
     linear_backward(dres_.data(), d, a.att_out.data(), d, p[kProjW], datt_out_.data(), g[kProjW], g[kProjB]);
     attention_backward(a);
     linear_backward(dqkv_.data(), 3 * d, a.ln1_out.data(), d, p[kQkvW], dln_.data(), g[kQkvW], g[kQkvB]);
-    layernorm_backward(dln_.data(), residual_[static_cast<size_t>(layer)].data(), p[kLn1G], a.ln1_mean.data(),
-                       a.ln1_rstd.data(), dres_.data(), g[kLn1G], g[kLn1B]);
+    layernorm_backward(dln_.data(), res(layer), p[kLn1G], a.ln1_mean.data(), a.ln1_rstd.data(), dres_.data(),
+                       g[kLn1G], g[kLn1B]);
     --next_layer_;
   }
 
@@ -282,6 +289,32 @@ class GptCpuImpl final : public GptCpu {
 
  private:
   enum class Stage { kNone, kEmbedded, kHead, kBackward };
+
+  // The residual stream entering block l (l == layers: the final one), and block l's
+  // intermediates: with checkpointing, two buffers in turn and one workspace.
+  float* res(int l) { return residual_[static_cast<size_t>(ckpt_ ? l & 1 : l)].data(); }
+  LayerActs& act(int l) { return acts_[static_cast<size_t>(ckpt_ ? 0 : l)]; }
+
+  // Block `layer`'s forward from its input res(layer) up to the GELU (everything its backward
+  // reads): the forward's first part, and the recompute of a checkpointed block.
+  void block_intermediates(int layer, const float* const* p) {
+    LayerActs& a = act(layer);
+    const float* x = res(layer);
+    const int d = d_;
+    layernorm_rows(x, p[kLn1G], p[kLn1B], a.ln1_out.data(), a.ln1_mean.data(), a.ln1_rstd.data());
+    linear_forward(a.ln1_out.data(), d, p[kQkvW], p[kQkvB], 3 * d, a.qkv.data());
+    attention_forward(a);
+    linear_forward(a.att_out.data(), d, p[kProjW], p[kProjB], d, a.x_mid.data());
+    add_rows(a.x_mid.data(), x);
+    layernorm_rows(a.x_mid.data(), p[kLn2G], p[kLn2B], a.ln2_out.data(), a.ln2_mean.data(),
+                   a.ln2_rstd.data());
+    linear_forward(a.ln2_out.data(), d, p[kFc1W], p[kFc1B], 4 * d, a.fc1.data());
+    const size_t row4 = static_cast<size_t>(4) * d;
+    par_.for_rows(N_, [&](int r) {
+      const size_t o = static_cast<size_t>(r) * row4;
+      kernels::gelu_forward(a.fc1.data() + o, a.gelu.data() + o, row4);
+    });
+  }
 
   void alloc(Buf& b, size_t n) {
     b.assign(n, 0.0f);
@@ -394,14 +427,17 @@ class GptCpuImpl final : public GptCpu {
 
   GptConfig c_;
   int B_, T_, N_, d_, H_, hd_, V_;
+  bool ckpt_;  // activation checkpointing
   Parallel par_;
   Stage stage_ = Stage::kNone;
   int next_layer_ = 0;  // the block the next block_forward / block_backward must be
+  int restored_ = -1;   // checkpointing: the block whose input the backward was given back
   size_t bytes_ = 0;
   int count_ = 0;
 
-  std::vector<Buf> residual_;  // layers + 1 of [N, d]: the input of each block, then the final one
-  std::vector<LayerActs> acts_;
+  // layers + 1 of [N, d]: the input of each block, then the final one (checkpointing: 2, res()).
+  std::vector<Buf> residual_;
+  std::vector<LayerActs> acts_;  // one per block (checkpointing: one, act())
   Buf lnf_out_, lnf_mean_, lnf_rstd_, logits_, lse_;
   Buf dres_, dln_, datt_out_, dqkv_, dfc_, datt_, dlogits_;
   std::vector<int32_t> tokens_, targets_;
@@ -410,7 +446,7 @@ class GptCpuImpl final : public GptCpu {
 }  // namespace
 
 Result<std::unique_ptr<GptCpu>> GptCpu::create(const GptConfig& c, int batch, int tokens_per_seq,
-                                               int threads) {
+                                               int threads, bool checkpointing) {
   ZOE_RETURN_IF_ERROR(c.validate());
   if (batch < 1) return invalid_argument("GptCpu: batch %d: expected a positive number of sequences", batch);
   if (tokens_per_seq < 1 || tokens_per_seq > c.seq)
@@ -426,7 +462,7 @@ Result<std::unique_ptr<GptCpu>> GptCpu::create(const GptConfig& c, int batch, in
   // Our loops supply the parallelism; OpenBLAS runs each call on the calling thread.
   static std::once_flag blas_once;
   std::call_once(blas_once, [] { openblas_set_num_threads(1); });
-  return std::unique_ptr<GptCpu>(new GptCpuImpl(c, batch, tokens_per_seq, threads));
+  return std::unique_ptr<GptCpu>(new GptCpuImpl(c, batch, tokens_per_seq, threads, checkpointing));
 }
 
 CpuKernelSet cpu_kernel_set() {

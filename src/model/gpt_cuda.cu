@@ -346,7 +346,7 @@ struct LayerActs {
 
 class GptCudaImpl final : public GptCuda {
  public:
-  GptCudaImpl(const GptConfig& c, int batch, int tokens, int ordinal, void* stream)
+  GptCudaImpl(const GptConfig& c, int batch, int tokens, int ordinal, void* stream, bool checkpointing)
       : c_(c),
         B_(batch),
         T_(tokens),
@@ -356,6 +356,7 @@ class GptCudaImpl final : public GptCuda {
         hd_(c.d_model / c.heads),
         V_(c.vocab),
         ordinal_(ordinal),
+        ckpt_(checkpointing),
         stream_(static_cast<cudaStream_t>(stream)),
         own_stream_(stream == nullptr) {}
 
@@ -396,9 +397,11 @@ class GptCudaImpl final : public GptCuda {
     };
     std::vector<Slot> plan;
     auto f = [&](float** p, size_t count) { plan.push_back({p, nullptr, nullptr, count * sizeof(float)}); };
-    residual_.resize(static_cast<size_t>(c_.layers) + 1);
+    // With checkpointing: two residual buffers (a block's input and its output, in turn) and one
+    // block's workspace (GptKernels::checkpointing()).
+    residual_.resize(ckpt_ ? 2 : static_cast<size_t>(c_.layers) + 1);
     for (float*& r : residual_) f(&r, nd);
-    acts_.resize(static_cast<size_t>(c_.layers));
+    acts_.resize(ckpt_ ? 1 : static_cast<size_t>(c_.layers));
     for (LayerActs& a : acts_) {
       f(&a.ln1_out, nd), f(&a.ln1_mean, n), f(&a.ln1_rstd, n);
       f(&a.qkv, 3 * nd), f(&a.att, att), f(&a.att_out, nd), f(&a.x_mid, nd);
@@ -436,6 +439,20 @@ class GptCudaImpl final : public GptCuda {
   }
 
   size_t activation_bytes() const override { return bytes_; }
+  bool checkpointing() const override { return ckpt_; }
+  size_t checkpoint_bytes() const override { return static_cast<size_t>(N_) * d_ * sizeof(float); }
+
+  float* checkpoint_input(int layer) override {
+    ZOE_CHECK_MSG(ckpt_, "checkpoint_input(%d): the model was created without checkpointing", layer);
+    ZOE_CHECK_MSG(layer >= 0 && layer < c_.layers, "layer %d of %d", layer, c_.layers);
+    const bool fwd = stage_ == Stage::kEmbedded, bwd = stage_ == Stage::kBackward;
+    ZOE_CHECK_MSG((fwd || bwd) && layer == next_layer_,
+                  "checkpoint_input(%d): expected layer %d, before its block_forward or block_backward", layer,
+                  next_layer_);
+    if (bwd) restored_ = layer;
+    return res(layer);
+  }
+
   int device_ordinal() const override { return ordinal_; }
   void* stream() const override { return stream_; }
   Status status() const override { return err_; }
@@ -482,8 +499,8 @@ class GptCudaImpl final : public GptCuda {
                           cudaMemcpyHostToDevice, stream_),
           "cudaMemcpyAsync (tokens to device)");
     const size_t n = static_cast<size_t>(N_) * d_;
-    embed_kernel<<<grid_for(n, kThreads), kThreads, 0, stream_>>>(tokens_dev_, p[0], p[1], residual_[0], N_,
-                                                                  T_, d_);
+    embed_kernel<<<grid_for(n, kThreads), kThreads, 0, stream_>>>(tokens_dev_, p[0], p[1], res(0), N_, T_,
+                                                                  d_);
     launched("embed_kernel");
   }
 
@@ -494,23 +511,11 @@ class GptCudaImpl final : public GptCuda {
     ++next_layer_;
     DeviceScope dev(ordinal_);
     if (!begin(dev)) return;
-    LayerActs& a = acts_[static_cast<size_t>(layer)];
-    const float* x = residual_[static_cast<size_t>(layer)];
-    float* y = residual_[static_cast<size_t>(layer) + 1];
-    const int d = d_;
-    const size_t nd = static_cast<size_t>(N_) * d;
-
-    layernorm_rows(x, p[kLn1G], p[kLn1B], a.ln1_out, a.ln1_mean, a.ln1_rstd);
-    linear_forward(a.ln1_out, d, p[kQkvW], p[kQkvB], 3 * d, a.qkv);
-    attention_forward(a);
-    linear_forward(a.att_out, d, p[kProjW], p[kProjB], d, a.x_mid);
-    add(a.x_mid, x, nd);
-    layernorm_rows(a.x_mid, p[kLn2G], p[kLn2B], a.ln2_out, a.ln2_mean, a.ln2_rstd);
-    linear_forward(a.ln2_out, d, p[kFc1W], p[kFc1B], 4 * d, a.fc1);
-    gelu_forward_kernel<<<grid_for(4 * nd, kThreads), kThreads, 0, stream_>>>(a.fc1, a.gelu, 4 * nd);
-    launched("gelu_forward_kernel");
-    linear_forward(a.gelu, 4 * d, p[kFc2W], p[kFc2B], d, y);
-    add(y, a.x_mid, nd);
+    LayerActs& a = act(layer);
+    block_intermediates(layer, p);
+    float* y = res(layer + 1);
+    linear_forward(a.gelu, 4 * d_, p[kFc2W], p[kFc2B], d_, y);
+    add(y, a.x_mid, static_cast<size_t>(N_) * d_);
   }
 
   float head_forward(const float* const* fp, const float* const* ep, const int32_t* targets) override {
@@ -529,7 +534,7 @@ class GptCudaImpl final : public GptCuda {
     check(cudaMemcpyAsync(targets_dev_, targets_.data(), targets_.size() * sizeof(int32_t),
                           cudaMemcpyHostToDevice, stream_),
           "cudaMemcpyAsync (targets to device)");
-    layernorm_rows(residual_.back(), fp[0], fp[1], lnf_out_, lnf_mean_, lnf_rstd_);
+    layernorm_rows(res(c_.layers), fp[0], fp[1], lnf_out_, lnf_mean_, lnf_rstd_);
     // logits = lnf_out . wte^T
     gemm(false, true, N_, V_, d_, 1.0f, lnf_out_, d_, ep[0], d_, 0.0f, logits_, V_);
     logsumexp_kernel<<<grid_rows(N_), kRowThreads, 0, stream_>>>(logits_, lse_, N_, V_);
@@ -549,6 +554,7 @@ class GptCudaImpl final : public GptCuda {
     ZOE_CHECK_MSG(stage_ == Stage::kHead, "head_backward without head_forward");
     stage_ = Stage::kBackward;
     next_layer_ = c_.layers - 1;
+    restored_ = -1;
     DeviceScope dev(ordinal_);
     if (!begin(dev)) return;
     const float scale = count_ > 0 ? 1.0f / static_cast<float>(count_) : 0.0f;
@@ -561,7 +567,7 @@ class GptCudaImpl final : public GptCuda {
     gemm(true, false, V_, d_, N_, 1.0f, dlogits_, V_, lnf_out_, d_, 1.0f, eg[0], d_);
     check(cudaMemsetAsync(dres_, 0, static_cast<size_t>(N_) * d_ * sizeof(float), stream_),
           "cudaMemsetAsync");
-    layernorm_backward(dln_, residual_.back(), fp[0], lnf_mean_, lnf_rstd_, dres_, fg[0], fg[1]);
+    layernorm_backward(dln_, res(c_.layers), fp[0], lnf_mean_, lnf_rstd_, dres_, fg[0], fg[1]);
   }
 
   void block_backward(int layer, const float* const* p, float* const* g) override {
@@ -569,10 +575,13 @@ class GptCudaImpl final : public GptCuda {
     ZOE_CHECK_MSG(stage_ == Stage::kBackward && layer == next_layer_,
                   "block_backward(%d): expected layer %d, in reverse order after head_backward", layer,
                   next_layer_);
+    ZOE_CHECK_MSG(!ckpt_ || restored_ == layer,
+                  "block_backward(%d) with checkpointing: checkpoint_input(%d) first", layer, layer);
     --next_layer_;
     DeviceScope dev(ordinal_);
     if (!begin(dev)) return;
-    LayerActs& a = acts_[static_cast<size_t>(layer)];
+    if (ckpt_) block_intermediates(layer, p);  // the recompute, from the input given back
+    LayerActs& a = act(layer);
     const int d = d_;
     const size_t n4 = static_cast<size_t>(N_) * 4 * d;
     // dres holds d(block output). MLP branch: y = x_mid + fc2(gelu(fc1(ln2(x_mid)))).
@@ -585,8 +594,7 @@ class GptCudaImpl final : public GptCuda {
     linear_backward(dres_, d, a.att_out, d, p[kProjW], datt_out_, g[kProjW], g[kProjB]);
     attention_backward(a);
     linear_backward(dqkv_, 3 * d, a.ln1_out, d, p[kQkvW], dln_, g[kQkvW], g[kQkvB]);
-    layernorm_backward(dln_, residual_[static_cast<size_t>(layer)], p[kLn1G], a.ln1_mean, a.ln1_rstd, dres_,
-                       g[kLn1G], g[kLn1B]);
+    layernorm_backward(dln_, res(layer), p[kLn1G], a.ln1_mean, a.ln1_rstd, dres_, g[kLn1G], g[kLn1B]);
   }
 
   void embed_backward(float* const* eg) override {
@@ -603,6 +611,29 @@ class GptCudaImpl final : public GptCuda {
 
  private:
   enum class Stage { kNone, kEmbedded, kHead, kBackward };
+
+  // The residual stream entering block l (l == layers: the final one), and block l's
+  // intermediates: with checkpointing, two buffers in turn and one workspace.
+  float* res(int l) const { return residual_[static_cast<size_t>(ckpt_ ? l & 1 : l)]; }
+  LayerActs& act(int l) { return acts_[static_cast<size_t>(ckpt_ ? 0 : l)]; }
+
+  // Block `layer`'s forward from its input res(layer) up to the GELU (everything its backward
+  // reads): the forward's first part, and the recompute of a checkpointed block. Enqueued.
+  void block_intermediates(int layer, const float* const* p) {
+    LayerActs& a = act(layer);
+    const float* x = res(layer);
+    const int d = d_;
+    const size_t nd = static_cast<size_t>(N_) * d;
+    layernorm_rows(x, p[kLn1G], p[kLn1B], a.ln1_out, a.ln1_mean, a.ln1_rstd);
+    linear_forward(a.ln1_out, d, p[kQkvW], p[kQkvB], 3 * d, a.qkv);
+    attention_forward(a);
+    linear_forward(a.att_out, d, p[kProjW], p[kProjB], d, a.x_mid);
+    add(a.x_mid, x, nd);
+    layernorm_rows(a.x_mid, p[kLn2G], p[kLn2B], a.ln2_out, a.ln2_mean, a.ln2_rstd);
+    linear_forward(a.ln2_out, d, p[kFc1W], p[kFc1B], 4 * d, a.fc1);
+    gelu_forward_kernel<<<grid_for(4 * nd, kThreads), kThreads, 0, stream_>>>(a.fc1, a.gelu, 4 * nd);
+    launched("gelu_forward_kernel");
+  }
 
   // ---- error bookkeeping: the first failure sticks, later work is skipped ----
   void fail(Status s) const {
@@ -740,8 +771,10 @@ class GptCudaImpl final : public GptCuda {
   GptConfig c_;
   int B_, T_, N_, d_, H_, hd_, V_;
   int ordinal_;
+  bool ckpt_;  // activation checkpointing
   Stage stage_ = Stage::kNone;
   int next_layer_ = 0;
+  int restored_ = -1;  // checkpointing: the block whose input the backward was given back
   int count_ = 0;
   size_t bytes_ = 0;
   mutable Status err_;
@@ -750,8 +783,8 @@ class GptCudaImpl final : public GptCuda {
   bool own_stream_ = true;  // created (and destroyed) here, else the caller's
   cublasHandle_t cublas_ = nullptr;
   void* arena_ = nullptr;
-  std::vector<float*> residual_;  // layers + 1 of [N, d]
-  std::vector<LayerActs> acts_;
+  std::vector<float*> residual_;  // layers + 1 of [N, d] (checkpointing: 2, res())
+  std::vector<LayerActs> acts_;   // one per block (checkpointing: one, act())
   float *lnf_out_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr, *logits_ = nullptr, *lse_ = nullptr;
   float *dres_ = nullptr, *dln_ = nullptr, *datt_out_ = nullptr, *dqkv_ = nullptr, *dfc_ = nullptr,
         *datt_ = nullptr, *dlogits_ = nullptr;
@@ -765,7 +798,7 @@ class GptCudaImpl final : public GptCuda {
 }  // namespace
 
 Result<std::unique_ptr<GptCuda>> GptCuda::create(const GptConfig& c, int batch, int tokens_per_seq,
-                                                 int device_ordinal, void* stream) {
+                                                 int device_ordinal, void* stream, bool checkpointing) {
   ZOE_RETURN_IF_ERROR(c.validate());
   if (batch < 1) return invalid_argument("GptCuda: batch %d: expected a positive number of sequences", batch);
   if (tokens_per_seq < 1 || tokens_per_seq > c.seq)
@@ -784,7 +817,7 @@ Result<std::unique_ptr<GptCuda>> GptCuda::create(const GptConfig& c, int batch, 
   if (count == 0) return unsupported("GptCuda: no CUDA device: the CUDA runtime reports none");
   if (device_ordinal < 0 || device_ordinal >= count)
     return invalid_argument("GptCuda: CUDA device %d does not exist (%d present)", device_ordinal, count);
-  auto m = std::make_unique<GptCudaImpl>(c, batch, tokens_per_seq, device_ordinal, stream);
+  auto m = std::make_unique<GptCudaImpl>(c, batch, tokens_per_seq, device_ordinal, stream, checkpointing);
   ZOE_RETURN_IF_ERROR_CTX(m->init(), "creating GptCuda");
   return std::unique_ptr<GptCuda>(std::move(m));
 }

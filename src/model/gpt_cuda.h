@@ -41,12 +41,14 @@ class GptCuda : public GptKernels {
   // batch sequences of tokens_per_seq (<= c.seq) tokens per micro-batch, on GPU device_ordinal.
   // stream: nullptr (the model creates and destroys its own), or the native handle
   // (device::Stream::native_handle(), a cudaStream_t) of a stream on that GPU that the caller
-  // owns and keeps alive as long as the model.
+  // owns and keeps alive as long as the model. checkpointing: activation checkpointing
+  // (GptKernels::checkpointing(); checkpoint_input() is device memory, written on stream()).
   // Errors: the config's and the shape's as GptCpu::create; kUnsupported when no GPU is present
   // (with the runtime's reason); kInvalidArgument for an ordinal out of range; kOutOfBudget when
   // the activations do not fit in device memory; other CUDA/cuBLAS failures name the call.
   static Result<std::unique_ptr<GptCuda>> create(const GptConfig& c, int batch, int tokens_per_seq,
-                                                 int device_ordinal = 0, void* stream = nullptr);
+                                                 int device_ordinal = 0, void* stream = nullptr,
+                                                 bool checkpointing = false);
 
   virtual int device_ordinal() const = 0;
   // The cudaStream_t every call enqueues on (create()'s stream when it was given one).

@@ -7,6 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "zoe/activations.h"
+
 namespace zoe::model {
 
 Status add_gpt_modules(Engine& e, const GptConfig& c) {
@@ -16,14 +18,6 @@ Status add_gpt_modules(Engine& e, const GptConfig& c) {
     ZOE_RETURN_IF_ERROR(e.add_module(m.name, ps));
   }
   return Status::ok();
-}
-
-double activation_bytes_estimate(const GptConfig& c, int batch, int T) {
-  const double n = static_cast<double>(batch) * T, nd = n * c.d_model;
-  const double att = static_cast<double>(batch) * c.heads * T * T, L = c.layers;
-  const double floats =
-      (L + 1) * nd + L * (15 * nd + 4 * n + att) + nd + 3 * n + 2 * n * c.vocab + 10 * nd + att;
-  return 4 * floats + 8 * n;
 }
 
 GptTrainer::GptTrainer(Engine& e, GptCpu& m, const GptConfig& c, int T)
@@ -69,7 +63,16 @@ Status GptTrainer::store_and_reduce(size_t m, const std::vector<float*>& g, doub
 }
 
 Result<float> GptTrainer::forward(const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets) {
+  ZOE_ASSIGN_OR_RETURN(float loss, forward_pass(tokens, targets, false));
+  if (m_.checkpointing()) ZOE_RETURN_IF_ERROR(e_.activations().end_micro_batch());
+  return loss;
+}
+
+Result<float> GptTrainer::forward_pass(const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets,
+                                       bool keep) {
   const size_t L = static_cast<size_t>(c_.layers);
+  keep = keep && m_.checkpointing();
+  ids_.clear();
   {
     ZOE_ASSIGN_OR_RETURN(Gathered p, e_.gather(0));
     ZOE_ASSIGN_OR_RETURN(auto f, as_f32(p.params(), &scratch_));
@@ -81,6 +84,11 @@ Result<float> GptTrainer::forward(const std::vector<int32_t>& tokens, const std:
   for (size_t l = 0; l < L; ++l) {
     ZOE_ASSIGN_OR_RETURN(Gathered p, e_.gather(1 + l));
     ZOE_ASSIGN_OR_RETURN(auto f, as_f32(p.params(), &scratch_));
+    if (keep) {
+      ZOE_ASSIGN_OR_RETURN(ActivationId id,
+                           e_.activations().save(m_.checkpoint_input(static_cast<int>(l)), m_.checkpoint_bytes()));
+      ids_.push_back(id);
+    }
     uint64_t t0 = clock_ns();
     m_.block_forward(static_cast<int>(l), f.data());
     e_.record_compute("block " + std::to_string(l) + " fwd", t0, clock_ns());
@@ -149,7 +157,17 @@ Result<std::string> GptTrainer::sample(const std::string& prompt, int n, double 
 
 Result<float> GptTrainer::forward_backward(const std::vector<int32_t>& tokens,
                                            const std::vector<int32_t>& targets) {
-  ZOE_ASSIGN_OR_RETURN(float loss, forward(tokens, targets));
+  if (m_.checkpointing()) {
+    const std::vector<uint64_t> sizes(static_cast<size_t>(c_.layers), m_.checkpoint_bytes());
+    ZOE_RETURN_IF_ERROR(e_.activations().plan(sizes.data(), sizes.size()));
+  }
+  ZOE_ASSIGN_OR_RETURN(float loss, forward_pass(tokens, targets, true));
+  ZOE_RETURN_IF_ERROR(backward_pass());
+  if (m_.checkpointing()) ZOE_RETURN_IF_ERROR(e_.activations().end_micro_batch());
+  return loss;
+}
+
+Status GptTrainer::backward_pass() {
   const size_t L = static_cast<size_t>(c_.layers);
   const double scale = e_.loss_scale();
   reset_grads(0, &g_embed_, &g_embed_ptrs_);
@@ -166,25 +184,33 @@ Result<float> GptTrainer::forward_backward(const std::vector<int32_t>& tokens,
     ZOE_RETURN_IF_ERROR(pe.release());
     ZOE_RETURN_IF_ERROR(pf.release());
   }
-  for (size_t i = L; i-- > 0;) {
-    ZOE_ASSIGN_OR_RETURN(Gathered p, e_.gather(1 + i));
-    ZOE_ASSIGN_OR_RETURN(auto f, as_f32(p.params(), &scratch_));
-    reset_grads(1 + i, &g_, &g_ptrs_);
-    uint64_t t0 = clock_ns();
-    m_.block_backward(static_cast<int>(i), f.data(), g_ptrs_.data());
-    e_.record_compute("block " + std::to_string(i) + " bwd", t0, clock_ns());
-    ZOE_RETURN_IF_ERROR(store_and_reduce(1 + i, g_ptrs_, scale));
-    ZOE_RETURN_IF_ERROR(p.release());
+  for (size_t i = L; i-- > 0;) ZOE_RETURN_IF_ERROR(block_backward(i, scale));
+  ZOE_ASSIGN_OR_RETURN(Gathered p, e_.gather(0));
+  uint64_t t0 = clock_ns();
+  m_.embed_backward(g_embed_ptrs_.data());
+  e_.record_compute("embed bwd", t0, clock_ns());
+  ZOE_RETURN_IF_ERROR(store_and_reduce(0, g_embed_ptrs_, scale));
+  return p.release();
+}
+
+Status GptTrainer::block_backward(size_t layer, double scale) {
+  if (m_.checkpointing()) {
+    // The block's input back where the model recomputes the block from (saved in forward_pass).
+    if (ids_.size() != layer + 1) {
+      return internal_error("block %zu's backward: %zu block inputs saved in the forward, expected %zu", layer,
+                            ids_.size(), layer + 1);
+    }
+    ZOE_RETURN_IF_ERROR(e_.activations().load(ids_.back(), m_.checkpoint_input(static_cast<int>(layer))));
+    ids_.pop_back();
   }
-  {
-    ZOE_ASSIGN_OR_RETURN(Gathered p, e_.gather(0));
-    uint64_t t0 = clock_ns();
-    m_.embed_backward(g_embed_ptrs_.data());
-    e_.record_compute("embed bwd", t0, clock_ns());
-    ZOE_RETURN_IF_ERROR(store_and_reduce(0, g_embed_ptrs_, scale));
-    ZOE_RETURN_IF_ERROR(p.release());
-  }
-  return loss;
+  ZOE_ASSIGN_OR_RETURN(Gathered p, e_.gather(1 + layer));
+  ZOE_ASSIGN_OR_RETURN(auto f, as_f32(p.params(), &scratch_));
+  reset_grads(1 + layer, &g_, &g_ptrs_);
+  uint64_t t0 = clock_ns();
+  m_.block_backward(static_cast<int>(layer), f.data(), g_ptrs_.data());
+  e_.record_compute("block " + std::to_string(layer) + " bwd", t0, clock_ns());
+  ZOE_RETURN_IF_ERROR(store_and_reduce(1 + layer, g_ptrs_, scale));
+  return p.release();
 }
 
 namespace {

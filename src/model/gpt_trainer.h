@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "model/gpt.h"
+#include "zoe/activations.h"
 #include "zoe/zoe.h"
 
 namespace zoe::model {
@@ -17,17 +18,21 @@ namespace zoe::model {
 // Registers the GPT's modules (gpt_modules(c), in forward order) with the engine.
 Status add_gpt_modules(Engine& e, const GptConfig& c);
 
-// Host bytes GptCpu allocates for one micro-batch (activations and backward scratch, the sizes of
-// its constructor), in double so that an absurd shape cannot wrap.
-double activation_bytes_estimate(const GptConfig& c, int batch, int T);
-
 // Not thread-safe (like the Engine and GptCpu it drives). The engine must hold gpt_modules(c) in
 // that order, initialized; the model was created for micro-batches of T tokens.
+//
+// Activation checkpointing (a model created with it: GptKernels::checkpointing()): the trainer
+// keeps each block's input in the engine's activation store (Engine::activations()). Each
+// micro-batch announces its sizes (plan(): layers tensors of checkpoint_bytes()), saves block l's
+// input before block l's forward, loads it back before block l's backward (in reverse order, where
+// the model recomputes the block), and ends with end_micro_batch(). An evaluation forward saves
+// nothing and ends the same way. Nothing is kept across micro-batches, nor across steps.
 class GptTrainer {
  public:
   GptTrainer(Engine& e, GptCpu& m, const GptConfig& c, int T);
 
-  // One forward pass; returns the mean loss. Gathers and releases every module.
+  // One forward pass (evaluation: nothing is kept for a backward); returns the mean loss. Gathers
+  // and releases every module.
   Result<float> forward(const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets);
   // Forward and backward of one micro-batch, gradients (x the loss scale) reduced into the engine.
   Result<float> forward_backward(const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets);
@@ -46,6 +51,13 @@ class GptTrainer {
   void reset_grads(size_t m, std::vector<float>* data, std::vector<float*>* ptrs) const;
   // Writes fp32 gradients (x scale) into module m's engine gradient buffers and reduces them.
   Status store_and_reduce(size_t m, const std::vector<float*>& g, double scale);
+  // The forward; with `keep` and checkpointing, each block's input saved in the store (ids_).
+  Result<float> forward_pass(const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets,
+                             bool keep);
+  // The backward of the head, the blocks (each block's input loaded back first with
+  // checkpointing) and the embedding.
+  Status backward_pass();
+  Status block_backward(size_t layer, double scale);
 
   Engine& e_;
   GptCpu& m_;
@@ -55,6 +67,7 @@ class GptTrainer {
   std::vector<float> scratch_, scratch2_;
   std::vector<float> g_embed_, g_;
   std::vector<float*> g_embed_ptrs_, g_ptrs_;
+  std::vector<ActivationId> ids_;  // checkpointing: the block inputs saved in this micro-batch
 };
 
 // The trainer state `zoe train` saves with a checkpoint: {"step", "seed", ...}. Reads step and

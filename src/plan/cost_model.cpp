@@ -227,6 +227,7 @@ struct StepModel {
   void add_gathers(Path::Group* g);
   void forward_time(int64_t j);
   void backward_time(int64_t j);
+  void activation_traffic(Path::Group* g, bool backward);
   void sums_write_behind(Path::Group* g, int64_t j);
   void accumulate_time(int64_t j);
   void micro_batches();
@@ -407,14 +408,36 @@ void StepModel::forward_time(int64_t j) {
   }
   add_gathers(&g);
   add_gather_copies();
+  activation_traffic(&g, false);
   path.overlap(g);
+}
+
+// The activation store's traffic of one micro-batch (w.act): in the forward, the checkpoints
+// leaving the device (device -> host, then host -> NVMe for the NVMe tier), written behind the
+// compute; in the backward, read back in reverse order ahead of use (prefetch), under the
+// backward's compute. On the CPU device the host <-> device moves are memcpy by the store's thread
+// (local_copy_gbps, a read and a write) and the NVMe I/O takes CPU time from the compute.
+void StepModel::activation_traffic(Path::Group* g, bool backward) {
+  const ActivationTraffic& a = w.act;
+  const uint64_t moved = a.host_bytes + a.nvme_bytes;
+  if (moved == 0) return;
+  (backward ? B.act_host_to_device : B.act_device_to_host) += moved;
+  (backward ? B.host_to_device : B.device_to_host) += moved;
+  g->add(Resource::kPcie, copies ? static_cast<double>(moved) / pcie : 2.0 * static_cast<double>(moved) / local);
+  if (a.nvme_bytes == 0) return;
+  (backward ? B.act_nvme_read : B.act_nvme_write) += a.nvme_bytes;
+  (backward ? B.nvme_read : B.nvme_write) += a.nvme_bytes;
+  const double rate = nvme_rate(!backward, a.tensor_bytes, 2);
+  g->add(Resource::kNvme, static_cast<double>(a.nvme_bytes) / rate);
+  g->add(Resource::kCompute, io_cpu(static_cast<double>(a.nvme_bytes)));
 }
 
 // Backward: compute with loads, reductions (the communicator's stream) under it; the
 // accumulation of each reduced gradient runs on the caller's thread (accumulate_time()).
 void StepModel::backward_time(int64_t j) {
   Path::Group g;
-  g.add(Resource::kCompute, 2.0 * f_fwd / rates.flops);
+  // With checkpointing each block's forward runs again before its backward.
+  g.add(Resource::kCompute, (w.act.recompute ? 3.0 : 2.0) * f_fwd / rates.flops);
   const uint64_t loads = any_off && stage3 ? sim.at(j)[1] : 0;
   const uint64_t hits = any_off && stage3 ? sim.cached_at(j)[1] : 0;
   if (loads) {
@@ -440,6 +463,7 @@ void StepModel::backward_time(int64_t j) {
   }
   B.network += red;
   sums_write_behind(&g, j);
+  activation_traffic(&g, true);
   path.overlap(g);
   accumulate_time(j);
 }
@@ -524,12 +548,16 @@ void StepModel::micro_batches() {
                             {&B.network, b0.network},
                             {&B.collectives, b0.collectives},
                             {&B.cpu_optimizer, b0.cpu_optimizer},
-                            {&B.device_optimizer, b0.device_optimizer}}) {
+                            {&B.device_optimizer, b0.device_optimizer},
+                            {&B.act_nvme_read, b0.act_nvme_read},
+                            {&B.act_nvme_write, b0.act_nvme_write},
+                            {&B.act_host_to_device, b0.act_host_to_device},
+                            {&B.act_device_to_host, b0.act_device_to_host}}) {
       *now += (*now - was) * k;
     }
     micro_batch(micro - 1);
   }
-  B.flops = 3.0 * f_fwd * static_cast<double>(micro);
+  B.flops = (w.act.recompute ? 4.0 : 3.0) * f_fwd * static_cast<double>(micro);
 }
 
 // Where the new compute parameters of module m go, and what that moves. out on the device and

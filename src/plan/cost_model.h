@@ -18,14 +18,27 @@ enum class Resource : uint8_t { kCompute, kNvme, kPcie, kNetwork, kCpu, kDeviceM
 inline constexpr int kResources = 6;
 const char* resource_name(Resource r);  // "compute", "nvme", "pcie", "network", "cpu_adam", "device_mem"
 
+// Activation checkpointing: the backward recomputes each block's forward, and the block inputs the
+// activation store keeps off the device (zoe/activations.h) move on the links each micro-batch:
+// device -> host (and host -> NVMe) in the forward, back in the backward, read ahead of use. They
+// share the NVMe and host <-> device links with parameter prefetch and optimizer swap
+// (docs/cost-model.md, "Activations").
+struct ActivationTraffic {
+  bool recompute = false;     // checkpointing: one more forward in every backward
+  uint64_t host_bytes = 0;    // checkpoint bytes per micro-batch the store keeps in host memory
+  uint64_t nvme_bytes = 0;    // ... and on NVMe (through host memory)
+  uint64_t tensor_bytes = 0;  // one checkpointed tensor (a block's input): the I/O request size
+};
+
 struct Workload {
-  uint64_t params = 0;      // for FLOPs: 6 x params x tokens per step
+  uint64_t params = 0;      // for FLOPs: 6 x params x tokens per step (8 x with recompute)
   int64_t micro_batch = 1;  // sequences per micro-batch per rank
   int64_t seq = 1024;       // tokens per sequence
   int64_t grad_accum = 1;   // micro-batches per step
   // Stage 3: gathers of each module (in the placement's order) per forward and per backward.
   // Empty: once each.
   std::vector<int> fetches_per_pass;
+  ActivationTraffic act;
 };
 
 struct Topology {
@@ -47,6 +60,8 @@ struct LinkBytes {
   uint64_t cpu_optimizer = 0;                       // bytes the CPU's Adam and accumulation touch
   uint64_t device_optimizer = 0;                    // the same on the device
   double flops = 0;
+  // Of the link bytes above, the activation store's (checkpointed activations offloaded).
+  uint64_t act_nvme_read = 0, act_nvme_write = 0, act_host_to_device = 0, act_device_to_host = 0;
 };
 
 struct StepCost {

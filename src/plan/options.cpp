@@ -52,6 +52,32 @@ Status apply_rate_flags(const PlanOptions& o, LinkRates* rates) {
   return Status::ok();
 }
 
+// --activation-checkpointing, --activation-offload and the activation budgets: into in->act.
+Status activation_inputs(const PlanOptions& o, PlanInputs* in) {
+  ActivationOptions& a = in->act;
+  a.checkpointing = a.checkpointing || o.activation_checkpointing;
+  if (!o.activation_offload.empty()) {
+    const std::string& v = o.activation_offload;
+    if (v != "none" && v != "cpu" && v != "nvme")
+      return invalid_argument("--activation-offload %s: expected none, cpu or nvme", v.c_str());
+    a.offload = v == "cpu" ? ActivationOffload::kCpu : v == "nvme" ? ActivationOffload::kNvme : ActivationOffload::kNone;
+  }
+  if (a.offload != ActivationOffload::kNone && !a.checkpointing) {
+    return invalid_argument(
+        "--activation-offload %s needs --activation-checkpointing: only checkpointed activations (each "
+        "block's input) are offloaded",
+        o.activation_offload.empty() ? "(zoe.activation_offload of --config)" : o.activation_offload.c_str());
+  }
+  if (!o.activation_host_budget.empty()) {
+    ZOE_ASSIGN_OR_RETURN(a.host_budget, bytes_of(o.activation_host_budget, "--activation-host-budget"));
+  }
+  if (!o.activation_device_budget.empty()) {
+    ZOE_ASSIGN_OR_RETURN(a.device_budget, bytes_of(o.activation_device_budget, "--activation-device-budget"));
+  }
+  if (a.checkpointing) in->count_activations = true;
+  return Status::ok();
+}
+
 }  // namespace
 
 Result<uint64_t> parse_count(const std::string& s, const char* flag) {
@@ -177,6 +203,7 @@ Result<PlanInputs> plan_inputs(const PlanOptions& o) {
         static_cast<long long>(kMaxPlanContext), static_cast<long long>(kMaxPlanAccum));
   }
   in.count_activations = o.micro_batch > 0 || o.seq > 0;
+  ZOE_RETURN_IF_ERROR(activation_inputs(o, &in));
   in.work.micro_batch = o.micro_batch > 0  ? o.micro_batch
                         : o.config.empty() ? 1
                                            : in.base.train_micro_batch_size_per_gpu;

@@ -26,6 +26,10 @@ struct PlanOptions {
   std::string precision;
   std::string device = "cuda";
   std::string config;
+  // Activation checkpointing and the activation store's tiers (`zoe plan` only): given, the
+  // activations are counted; "" where not given (the --config's keys, else none).
+  bool activation_checkpointing = false;
+  std::string activation_offload, activation_host_budget, activation_device_budget;
 };
 
 // The bounds of the integer options (their errors give them): a world of at most 2^20 ranks.

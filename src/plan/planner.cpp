@@ -74,9 +74,87 @@ uint64_t activation_bytes(const ModelDesc& m, const Workload& w, size_t compute_
   return static_cast<uint64_t>(per_layer * m.layers + head);
 }
 
+ActivationSizes activation_sizes(const ModelDesc& m, const Workload& w, size_t compute_bytes, bool checkpointing) {
+  ActivationSizes a;
+  a.workspace = activation_bytes(m, w, compute_bytes);
+  if (!checkpointing || a.workspace == 0) return a;
+  // One block's share of the estimate stays (the workspace the recompute reuses), with the head.
+  const double s = static_cast<double>(w.seq), b = static_cast<double>(w.micro_batch);
+  const double head = s * b * static_cast<double>(m.vocab) * 4.0 * 2.0;
+  const double per_layer = (static_cast<double>(a.workspace) - head) / m.layers;
+  a.workspace = static_cast<uint64_t>(per_layer + head);
+  // The block inputs: zoe's GPT keeps fp32 (its kernels compute in fp32), another model its
+  // compute dtype.
+  const double elem = m.zoe_gpt ? 4.0 : static_cast<double>(compute_bytes);
+  a.count = static_cast<uint64_t>(m.layers);
+  a.tensor = static_cast<uint64_t>(s * b * m.d_model * elem);
+  a.checkpoint = a.count * a.tensor;
+  return a;
+}
+
+zero::TierBytes split_checkpoints(const ActivationSizes& a, const ActivationOptions& o, uint64_t device_room,
+                                  uint64_t host_room) {
+  zero::TierBytes t;
+  if (a.count == 0 || a.tensor == 0) return t;
+  if (o.offload == ActivationOffload::kNone || a.tensor < o.min_bytes) {
+    t.device = a.checkpoint;
+    return t;
+  }
+  const uint64_t room = o.device_budget ? o.device_budget : device_room;
+  const uint64_t dev = std::clamp<uint64_t>(room / a.tensor, 1, a.count);  // keep_last: at least one
+  const uint64_t rest = a.count - dev;
+  const uint64_t host_cap = o.host_budget ? o.host_budget : host_room;
+  const uint64_t host = o.offload == ActivationOffload::kCpu ? rest : std::min(rest, host_cap / a.tensor);
+  t.device = dev * a.tensor;
+  t.host = host * a.tensor;
+  t.nvme = (rest - host) * a.tensor;
+  return t;
+}
+
 namespace {
 
 uint64_t sat_sub(uint64_t a, uint64_t b) { return a > b ? a - b : 0; }
+
+// The engine's placement of a row with `activations` bytes of the device taken by activations (the
+// engine's device budget is what they leave; the CPU device shares the host's memory with the
+// host tier).
+Result<zero::Placement> place(const config::Config& cfg, const PlanInputs& in, const zero::TierBytes& have,
+                              uint64_t activations) {
+  zero::PlanTarget target;
+  target.queued_gathers = !in.cuda;
+  target.host_memory = have.host;  // the buffers left to zoe are sized from it, as the engine does
+  target.device_budget = sat_sub(have.device, activations);
+  if (target.device_budget == 0) return out_of_budget("no device memory left");
+  return zero::plan_placement(cfg, in.model.modules, in.topo.world(), 0, target);
+}
+
+// Whether the activation store would move checkpoints off the device for this row: offload is on
+// and they do not fit (the placement refused them, or zoe.activation_device_budget is smaller).
+bool offloads(const PlanInputs& in, const ActivationSizes& a, const Result<zero::Placement>& all_on_device) {
+  if (!in.act.checkpointing || in.act.offload == ActivationOffload::kNone || a.count == 0) return false;
+  if (in.act.device_budget && a.checkpoint > in.act.device_budget) return true;
+  return !all_on_device.is_ok() && all_on_device.status().code() == StatusCode::kOutOfBudget;
+}
+
+// The checkpoints of the row placed (the device's room is what the plan and the workspace leave;
+// the host's what the plan leaves, device bytes included on the CPU device), counted in its bytes
+// and its workload's link traffic.
+void place_checkpoints(const PlanInputs& in, const ActivationSizes& a, const zero::TierBytes& have,
+                       const zero::Placement& plan, PlanRow* row, Workload* w) {
+  const uint64_t dev_room = sat_sub(have.device, plan.peak.device + a.workspace);
+  const uint64_t dev_part = std::min(a.checkpoint, in.act.device_budget ? in.act.device_budget : dev_room);
+  const uint64_t host_used = plan.peak.host + (in.cuda ? 0 : plan.peak.device + a.workspace + dev_part);
+  const zero::TierBytes t = split_checkpoints(a, in.act, dev_room, sat_sub(have.host, host_used));
+  row->checkpoint_bytes = a.checkpoint;
+  row->checkpoint_tiers = t;
+  row->activation_bytes = a.workspace + t.device;
+  row->bytes = plan.peak;
+  // A row above the budget was planned again without one: its peak is what it needs.
+  row->bytes.device = plan.peak.device + row->activation_bytes;
+  row->bytes.host += t.host;
+  row->bytes.nvme += t.nvme;
+  w->act = {in.act.checkpointing, t.host, t.nvme, a.tensor};
+}
 
 }  // namespace
 
@@ -86,7 +164,6 @@ zero::TierBytes per_rank_memory(const PlanInputs& in) {
 }
 
 Result<PlanRow> plan_row(const PlanInputs& in, const RowPlacement& p) {
-  const int world = in.topo.world();
   const zero::TierBytes have = per_rank_memory(in);
   Workload w = in.work;
   w.params = in.model.params;
@@ -95,15 +172,12 @@ Result<PlanRow> plan_row(const PlanInputs& in, const RowPlacement& p) {
   row.placement = p;
   const config::Config cfg = config_for(in.base, p);
   const size_t es = cfg.bf16 || cfg.fp16.enabled ? 2 : 4;
-  row.activation_bytes = in.count_activations ? activation_bytes(in.model, w, es) : 0;
-  zero::PlanTarget target;
-  target.queued_gathers = !in.cuda;
-  target.host_memory = have.host;  // the buffers left to zoe are sized from it, as the engine does
-  // The engine's device budget is what the activations leave; the CPU device shares the
-  // host's memory with the host tier.
-  target.device_budget = sat_sub(have.device, row.activation_bytes);
-  auto pl = target.device_budget > 0 ? zero::plan_placement(cfg, in.model.modules, world, 0, target)
-                                     : Result<zero::Placement>(out_of_budget("no device memory left"));
+  const ActivationSizes a =
+      in.count_activations ? activation_sizes(in.model, w, es, in.act.checkpointing) : ActivationSizes{};
+  // Every activation on the device first: the store offloads nothing when the run fits. Where
+  // it does not and offload is on, only the workspace and the last checkpoint (keep_last) must.
+  auto pl = place(cfg, in, have, a.workspace + a.checkpoint);
+  if (offloads(in, a, pl)) pl = place(cfg, in, have, a.workspace + a.tensor);
   if (!pl.is_ok()) {
     if (pl.status().code() != StatusCode::kOutOfBudget) return pl.status().with_context(p.label());
     row.refused = pl.status().message();
@@ -111,16 +185,14 @@ Result<PlanRow> plan_row(const PlanInputs& in, const RowPlacement& p) {
     zero::PlanTarget unbounded;
     unbounded.device_budget = uint64_t{1} << 60;
     unbounded.queued_gathers = false;
-    pl = zero::plan_placement(cfg, in.model.modules, world, 0, unbounded);
+    pl = zero::plan_placement(cfg, in.model.modules, in.topo.world(), 0, unbounded);
     if (!pl.is_ok()) return row;  // a limit of the base config (zoe.host_budget): the row cannot run at all
   }
   const zero::Placement& plan = pl.value();
   for (const auto& m : plan.modules) {
     if (m.partitioned_params) row.largest_gathered = std::max<uint64_t>(row.largest_gathered, m.padded);
   }
-  row.bytes = plan.peak;
-  // A row above the budget was planned again without one: its peak is what it needs.
-  row.bytes.device = plan.peak.device + row.activation_bytes;
+  place_checkpoints(in, a, have, plan, &row, &w);
   const uint64_t host_need = row.bytes.host + (in.cuda ? 0 : row.bytes.device);
   row.lacks.device = sat_sub(row.bytes.device, have.device);
   row.lacks.host = sat_sub(host_need, have.host);

@@ -13,9 +13,30 @@
 #include "plan/cost_model.h"
 #include "plan/model_desc.h"
 #include "zero/placement.h"
+#include "zoe/activations.h"
 #include "zoe/status.h"
 
 namespace zoe::plan {
+
+// Activation checkpointing and the activation store's tiers (zoe/activations.h) of the run planned:
+// with checkpointing, each block's input is kept for the backward (the rest is recomputed) and
+// the store places it on the device, in host memory or on NVMe as `offload` allows.
+struct ActivationOptions {
+  bool checkpointing = false;
+  ActivationOffload offload = ActivationOffload::kNone;
+  uint64_t host_budget = 0;    // zoe.activation_host_budget; 0: what the host has left
+  uint64_t device_budget = 0;  // zoe.activation_device_budget; 0: what the device has left
+  uint64_t min_bytes = 0;      // zoe.activation_min_bytes: smaller tensors stay on the device
+};
+
+// One micro-batch's activations as the planner counts them.
+struct ActivationSizes {
+  uint64_t workspace = 0;   // on the device: everything but the checkpoints (one block's intermediates
+                            // and the head with checkpointing; all of it without)
+  uint64_t checkpoint = 0;  // checkpointed block inputs, wherever they are (0 without checkpointing)
+  uint64_t tensor = 0;      // one checkpointed tensor
+  uint64_t count = 0;       // checkpointed tensors (layers)
+};
 
 struct PlanInputs {
   ModelDesc model;
@@ -25,6 +46,7 @@ struct PlanInputs {
   LinkRates rates;
   Workload work;                   // work.params is set from the model
   bool count_activations = false;  // add the activation estimate to the device's bytes
+  ActivationOptions act;           // checkpointing and the activation store's tiers
   bool cuda = true;                // plan for CUDA devices (false: zoe's CPU device)
   config::Config base;             // knobs the rows inherit (buckets, sub_group_size, precision, ...)
 };
@@ -45,7 +67,11 @@ struct PlanRow {
   // activations when counted; equal to the planner's peak for every row that fits).
   zero::TierBytes bytes;
   zero::TierBytes lacks;  // per rank: what is missing on each tier (all 0 when it fits)
-  uint64_t activation_bytes = 0;
+  uint64_t activation_bytes = 0;  // on the device: the workspace and the checkpoints kept there
+  // With activation checkpointing: the checkpointed bytes of one micro-batch and where the
+  // activation store keeps them (device, host, nvme; in bytes, activation_bytes and lacks above).
+  uint64_t checkpoint_bytes = 0;
+  zero::TierBytes checkpoint_tiers;
   bool exact = true;              // false: the engine's planner refused the per-rank budget; bytes are its
                                   // plan with an unbounded device (what the placement would need)
   std::string refused;            // the planner's message when it refused
@@ -69,6 +95,16 @@ config::Config config_for(const config::Config& base, const RowPlacement& p,
 // Activations of one micro-batch kept for the backward pass (an estimate; 0 when the model's
 // dimensions are unknown). See docs/cost-model.md.
 uint64_t activation_bytes(const ModelDesc& m, const Workload& w, size_t compute_bytes);
+// The activations of one micro-batch with or without checkpointing. zoe's GPT: its kernels'
+// exact buffers (fp32, model::activation_bytes_estimate); another model: activation_bytes()'s
+// estimate, and with checkpointing one block's share of it plus the head, and block inputs of
+// micro-batch x seq x d_model in the compute dtype.
+ActivationSizes activation_sizes(const ModelDesc& m, const Workload& w, size_t compute_bytes, bool checkpointing);
+// Where the activation store keeps the checkpoints (device, host, nvme) with `device_room` and
+// `host_room` bytes free for them: the last tensor (keep_last) and tensors below min_bytes stay
+// on the device; the tensors saved last stay nearest; without offload everything stays.
+zero::TierBytes split_checkpoints(const ActivationSizes& a, const ActivationOptions& o, uint64_t device_room,
+                                  uint64_t host_room);
 
 Result<PlanResult> make_plan(const PlanInputs& in);
 // One row of the matrix (make_plan's rows are these, sorted).

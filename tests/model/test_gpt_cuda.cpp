@@ -323,6 +323,73 @@ TEST(GptCuda, RunsOnTheDevicesStream) {
   EXPECT_OK(stream.value()->synchronize());
 }
 
+// Activation checkpointing on the GPU: each block's input copied to a device buffer of the test's
+// before its forward and back before its backward (as the trainer does through the engine's
+// activation store); the loss, logits and every gradient are the bits of the model that keeps
+// every activation, with one block's workspace instead of every block's.
+TEST(GptCuda, CheckpointingGivesTheSameBits) {
+  ZOE_SKIP_WITHOUT_GPU();
+  const GptConfig c = config(301, 48, 160, 5, 3);
+  const int B = 2, T = 40;
+  const size_t n = static_cast<size_t>(B) * T;
+  Model model(c);
+  model.init(9);
+  ASSERT_TRUE(model.upload());
+  std::vector<int32_t> tokens(n), targets(n);
+  for (size_t i = 0; i < n; ++i) {
+    tokens[i] = static_cast<int32_t>((i * 37) % 301);
+    targets[i] = static_cast<int32_t>((i * 11 + 5) % 301);
+  }
+  std::vector<std::vector<const float*>> gp;
+  for (auto& mod : model.dp) gp.push_back(Model::cdev(mod));
+  struct Run {
+    float loss = 0;
+    std::vector<float> logits;
+    std::vector<std::vector<std::vector<float>>> grads;
+    size_t bytes = 0;
+  };
+  auto run = [&](bool ckpt, Run* r) {
+    ASSERT_TRUE(model.reset_device_grads());
+    auto gpu_r = GptCuda::create(c, B, T, 0, nullptr, ckpt);
+    ASSERT_OK(gpu_r);
+    GptCuda& gpu = *gpu_r.value();
+    ASSERT_EQ(gpu.checkpointing(), ckpt);
+    const size_t bytes = gpu.checkpoint_bytes();
+    std::vector<void*> kept(static_cast<size_t>(c.layers), nullptr);
+    for (void*& k : kept) ASSERT_EQ(cudaMalloc(&k, bytes), cudaSuccess);
+    auto copy = [&](void* dst, const void* src) {
+      ASSERT_EQ(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(gpu.stream())),
+                cudaSuccess);
+    };
+    gpu.embed_forward(tokens.data(), gp[0].data());
+    for (int l = 0; l < c.layers; ++l) {
+      if (ckpt) copy(kept[static_cast<size_t>(l)], gpu.checkpoint_input(l));
+      gpu.block_forward(l, gp[1 + static_cast<size_t>(l)].data());
+    }
+    r->loss = gpu.head_forward(gp.back().data(), gp[0].data(), targets.data());
+    r->logits.assign(gpu.logits(), gpu.logits() + n * static_cast<size_t>(c.vocab));
+    gpu.head_backward(gp.back().data(), gp[0].data(), model.dg.back().data(), model.dg[0].data());
+    for (int l = c.layers - 1; l >= 0; --l) {
+      if (ckpt) copy(gpu.checkpoint_input(l), kept[static_cast<size_t>(l)]);
+      gpu.block_backward(l, gp[1 + static_cast<size_t>(l)].data(), model.dg[1 + static_cast<size_t>(l)].data());
+    }
+    gpu.embed_backward(model.dg[0].data());
+    ASSERT_OK(gpu.synchronize());
+    for (void* k : kept) (void)cudaFree(k);
+    ASSERT_TRUE(model.download_grads(&r->grads));
+    r->bytes = gpu.activation_bytes();
+  };
+  Run plain, ckpt;
+  run(false, &plain);
+  run(true, &ckpt);
+  EXPECT_EQ(std::memcmp(&plain.loss, &ckpt.loss, sizeof(float)), 0) << plain.loss << " vs " << ckpt.loss;
+  EXPECT_TRUE(plain.logits == ckpt.logits);
+  for (size_t m = 0; m < plain.grads.size(); ++m)
+    for (size_t i = 0; i < plain.grads[m].size(); ++i)
+      EXPECT_TRUE(plain.grads[m][i] == ckpt.grads[m][i]) << model.name(m, i) << " differs with checkpointing";
+  EXPECT_LT(ckpt.bytes, plain.bytes);
+}
+
 TEST(GptCuda, BadArgumentsAreRejected) {
   GptConfig c = config(256, 16, 32, 4, 2);
   auto r = GptCuda::create(c, 2, 17, 0);  // checked before looking for a GPU

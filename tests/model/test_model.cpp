@@ -441,6 +441,89 @@ TEST(GptCpu, DeterministicAcrossThreadCounts) {
   }
 }
 
+// Activation checkpointing: the caller keeps each block's input (here in plain vectors, as the
+// trainer does in the engine's activation store); the backward recomputes each block from it. The
+// loss, logits and every gradient are bit-identical to the model that keeps every activation, over
+// two micro-batches (the workspace reused) and whatever the thread count; the model holds one
+// block's workspace instead of every block's.
+TEST(GptCpu, CheckpointingGivesTheSameBits) {
+  GptConfig c{.vocab = 97, .seq = 48, .d_model = 64, .heads = 4, .layers = 3};
+  const int B = 3, T = 40;
+  Model base(c);
+  base.randomize(5, 0.2f);
+  struct Run {
+    std::vector<float> losses, logits;
+    std::vector<std::vector<std::vector<float>>> grads;
+  };
+  auto run = [&](bool ckpt, int threads) {
+    Model m = base;
+    for (size_t i = 0; i < m.p.size(); ++i)
+      for (size_t j = 0; j < m.p[i].size(); ++j) m.pp[i][j] = m.p[i][j].data(), m.gp[i][j] = m.g[i][j].data();
+    auto made = GptCpu::create(c, B, T, threads, ckpt);
+    EXPECT_OK(made);
+    GptCpu& gpt = *made.value();
+    EXPECT_EQ(gpt.checkpointing(), ckpt);
+    EXPECT_EQ(gpt.checkpoint_bytes(), static_cast<size_t>(B) * T * c.d_model * sizeof(float));
+    Run r;
+    std::vector<std::vector<float>> kept(static_cast<size_t>(c.layers));
+    const size_t nd = static_cast<size_t>(B) * T * c.d_model;
+    for (uint64_t mb = 0; mb < 2; ++mb) {
+      auto tokens = random_ids(B * T, c.vocab, 10 + mb), targets = random_ids(B * T, c.vocab, 20 + mb);
+      gpt.embed_forward(tokens.data(), m.pp[0].data());
+      for (int l = 0; l < c.layers; ++l) {
+        if (ckpt) kept[static_cast<size_t>(l)].assign(gpt.checkpoint_input(l), gpt.checkpoint_input(l) + nd);
+        gpt.block_forward(l, m.pp[1 + static_cast<size_t>(l)].data());
+      }
+      r.losses.push_back(gpt.head_forward(m.pp.back().data(), m.pp[0].data(), targets.data()));
+      r.logits.insert(r.logits.end(), gpt.logits(), gpt.logits() + static_cast<size_t>(B) * T * c.vocab);
+      gpt.head_backward(m.pp.back().data(), m.pp[0].data(), m.gp.back().data(), m.gp[0].data());
+      for (int l = c.layers - 1; l >= 0; --l) {
+        if (ckpt) std::copy(kept[static_cast<size_t>(l)].begin(), kept[static_cast<size_t>(l)].end(),
+                            gpt.checkpoint_input(l));
+        gpt.block_backward(l, m.pp[1 + static_cast<size_t>(l)].data(), m.gp[1 + static_cast<size_t>(l)].data());
+      }
+      gpt.embed_backward(m.gp[0].data());
+    }
+    r.grads = m.g;
+    return std::make_pair(r, gpt.activation_bytes());
+  };
+  const auto [ref, ref_bytes] = run(false, 1);
+  for (int threads : {1, 2}) {
+    const auto [r, bytes] = run(true, threads);
+    ASSERT_EQ(r.losses.size(), ref.losses.size());
+    EXPECT_EQ(std::memcmp(r.losses.data(), ref.losses.data(), r.losses.size() * sizeof(float)), 0);
+    EXPECT_EQ(std::memcmp(r.logits.data(), ref.logits.data(), r.logits.size() * sizeof(float)), 0);
+    for (size_t i = 0; i < r.grads.size(); ++i)
+      for (size_t j = 0; j < r.grads[i].size(); ++j)
+        EXPECT_EQ(
+            std::memcmp(r.grads[i][j].data(), ref.grads[i][j].data(), r.grads[i][j].size() * sizeof(float)), 0)
+            << "threads " << threads << ": gradient " << i << "." << j << " differs with checkpointing";
+    // One block workspace and two residual buffers, not three and four.
+    EXPECT_LT(bytes, ref_bytes);
+  }
+}
+
+// With checkpointing, the block inputs are asked for in order, and a backward without its input
+// given back aborts (it would recompute from whatever the buffer holds).
+TEST(GptCpuDeathTest, CheckpointingOrder) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  GptConfig c{.vocab = 16, .seq = 4, .d_model = 8, .heads = 2, .layers = 2};
+  Model m(c);
+  m.init(1);
+  std::vector<int32_t> ids(4, 1);
+  auto plain = make_gpt(c, 1, 4, 1);
+  ASSERT_TRUE(plain);
+  EXPECT_DEATH(plain->checkpoint_input(0), "created without checkpointing");
+  auto made = GptCpu::create(c, 1, 4, 1, true);
+  ASSERT_OK(made);
+  GptCpu& gpt = *made.value();
+  EXPECT_DEATH(gpt.checkpoint_input(0), "before its block_forward or block_backward");
+  m.forward(gpt, ids.data(), ids.data());
+  gpt.head_backward(m.pp[3].data(), m.pp[0].data(), m.gp[3].data(), m.gp[0].data());
+  EXPECT_DEATH(gpt.checkpoint_input(0), "checkpoint_input\\(0\\): expected layer 1");
+  EXPECT_DEATH(gpt.block_backward(1, m.pp[2].data(), m.gp[2].data()), "checkpoint_input\\(1\\) first");
+}
+
 // At init the logits are nearly uniform: the loss is close to ln(vocab).
 TEST(GptCpu, InitialLossIsLogVocab) {
   GptConfig c{.vocab = 256, .seq = 32, .d_model = 64, .heads = 4, .layers = 2};

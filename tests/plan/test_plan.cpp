@@ -425,6 +425,119 @@ TEST(Plan, ActivationsComeOutOfTheDeviceBudget) {
   EXPECT_NE(s.message().find("of device memory per rank"), std::string::npos) << s.message();
 }
 
+// Activation checkpointing: the block inputs (layers x micro-batch x seq x d_model, fp32 for zoe's
+// GPT) are counted apart from one block's workspace; the activation store's plan keeps them all on
+// the device while the row fits, and otherwise fills the device (the last tensor always), then the
+// host's activation budget, then NVMe; the cost model counts their traffic on each link.
+TEST(Plan, CheckpointedActivationsGoThroughTheTiers) {
+  auto m = plan::gpt_model("demo", 0, 0, 0, 1024);
+  ASSERT_OK(m);
+  plan::PlanInputs in = inputs(m.value(), 1, 1);
+  in.work.micro_batch = 8;
+  in.work.seq = 1024;
+  in.work.grad_accum = 2;
+  in.count_activations = true;
+  auto plain = plan::make_plan(in);
+  ASSERT_OK(plain);
+  in.act.checkpointing = true;
+  in.act.offload = ActivationOffload::kNvme;
+  auto fits = plan::make_plan(in);
+  ASSERT_OK(fits);
+  const uint64_t tensor = 8ull * 1024 * 256 * 4, all = 6 * tensor;
+  for (const auto& r : fits->rows) {
+    ASSERT_TRUE(r.fits) << r.placement.label();
+    EXPECT_EQ(r.checkpoint_bytes, all);
+    EXPECT_EQ(r.checkpoint_tiers.device, all) << "nothing offloaded when the run fits";
+    EXPECT_EQ(r.checkpoint_tiers.host + r.checkpoint_tiers.nvme, 0u);
+    EXPECT_EQ(r.cost.bytes.act_device_to_host + r.cost.bytes.act_nvme_write, 0u);
+    EXPECT_LT(r.activation_bytes, plain->rows.front().activation_bytes) << "one block's workspace, not six";
+  }
+  // Recompute: a forward more per micro-batch (8 of 6 x params x tokens).
+  EXPECT_NEAR(fits->rows.front().cost.bytes.flops / plain->rows.front().cost.bytes.flops, 4.0 / 3.0, 1e-9);
+  // Room on the device for two and a half tensors, on the host for three: 2 / 3 / 1.
+  in.act.device_budget = tensor * 5 / 2;
+  in.act.host_budget = tensor * 3;
+  auto split = plan::make_plan(in);
+  ASSERT_OK(split);
+  for (const auto& r : split->rows) {
+    EXPECT_EQ(r.checkpoint_tiers.device, 2 * tensor) << r.placement.label();
+    EXPECT_EQ(r.checkpoint_tiers.host, 3 * tensor);
+    EXPECT_EQ(r.checkpoint_tiers.nvme, tensor);
+    // Per step (2 micro-batches): every offloaded byte leaves and comes back; NVMe's both ways.
+    EXPECT_EQ(r.cost.bytes.act_device_to_host, 2 * 4 * tensor);
+    EXPECT_EQ(r.cost.bytes.act_host_to_device, 2 * 4 * tensor);
+    EXPECT_EQ(r.cost.bytes.act_nvme_write, 2 * tensor);
+    EXPECT_EQ(r.cost.bytes.act_nvme_read, 2 * tensor);
+    EXPECT_GE(r.cost.bytes.nvme_write, r.cost.bytes.act_nvme_write);
+  }
+  // Offload to host only: the rest all goes to the host (its budget is then what it lacks).
+  in.act.offload = ActivationOffload::kCpu;
+  auto cpu = plan::make_plan(in);
+  ASSERT_OK(cpu);
+  EXPECT_EQ(cpu->rows.front().checkpoint_tiers.host, 4 * tensor);
+  EXPECT_EQ(cpu->rows.front().checkpoint_tiers.nvme, 0u);
+  // No room on the device at all: the last tensor stays (keep_last).
+  in.act.offload = ActivationOffload::kNvme;
+  in.act.device_budget = 1;
+  auto last = plan::make_plan(in);
+  ASSERT_OK(last);
+  EXPECT_EQ(last->rows.front().checkpoint_tiers.device, tensor);
+}
+
+// With room on the device only for what the placement and the workspace leave, the store's share is
+// that room: a row that does not fit with every checkpoint on the device offloads some, keeps the
+// device under its memory and fits; without offload the same row lacks device memory.
+TEST(Plan, CheckpointsOffloadOnlyWhatTheDeviceCannotHold) {
+  auto m = plan::gpt_model("demo", 0, 0, 0, 1024);
+  ASSERT_OK(m);
+  plan::PlanInputs in = inputs(m.value(), 1, 1);
+  in.work.micro_batch = 8;
+  in.work.seq = 1024;
+  in.count_activations = true;
+  in.act.checkpointing = true;
+  auto roomy = plan::make_plan(in);
+  ASSERT_OK(roomy);
+  uint64_t least = UINT64_MAX;
+  for (const auto& r : roomy->rows) least = std::min(least, r.bytes.device);
+  const uint64_t tensor = 8ull * 1024 * 256 * 4;
+  in.device_mem = least - 3 * tensor;  // even the smallest row lacks three tensors' room
+  auto none = plan::make_plan(in);
+  ASSERT_OK(none);
+  EXPECT_FALSE(none->any_fits());
+  in.act.offload = ActivationOffload::kNvme;
+  auto off = plan::make_plan(in);
+  ASSERT_OK(off);
+  ASSERT_TRUE(off->any_fits());
+  for (const auto& r : off->rows) {
+    if (!r.fits) continue;
+    const zero::TierBytes& t = r.checkpoint_tiers;
+    EXPECT_EQ(t.device + t.host + t.nvme, 6 * tensor) << r.placement.label();
+    EXPECT_GE(t.device, tensor);
+    EXPECT_GE(t.host + t.nvme, 3 * tensor) << r.placement.label();
+    EXPECT_LE(r.bytes.device, in.device_mem);
+  }
+}
+
+TEST(Plan, SplitCheckpointsKeepsSmallTensorsAndTheLast) {
+  plan::ActivationSizes a;
+  a.count = 4;
+  a.tensor = 100;
+  a.checkpoint = 400;
+  plan::ActivationOptions o;
+  o.offload = ActivationOffload::kNvme;
+  zero::TierBytes t = plan::split_checkpoints(a, o, 0, 150);
+  EXPECT_EQ(t.device, 100u);  // keep_last
+  EXPECT_EQ(t.host, 100u);
+  EXPECT_EQ(t.nvme, 200u);
+  o.min_bytes = 101;  // every tensor below the minimum: all stay
+  t = plan::split_checkpoints(a, o, 0, 150);
+  EXPECT_EQ(t.device, 400u);
+  o.min_bytes = 0;
+  o.offload = ActivationOffload::kNone;
+  t = plan::split_checkpoints(a, o, 0, 0);
+  EXPECT_EQ(t.device, 400u);
+}
+
 std::vector<zero::ModuleShape> mlp_shapes(int layers, size_t d) {
   std::vector<zero::ModuleShape> sh;
   for (int l = 0; l < layers; ++l) sh.push_back({"layer." + std::to_string(l), {d * d, d}});
