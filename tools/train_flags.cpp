@@ -60,6 +60,19 @@ Result<Config> flags_config(const TrainOpts& o, const std::vector<std::string>& 
   return b.build(world_size);
 }
 
+// --activation-offload and --activation-host-budget on their own (their combination with the
+// config's checkpointing is checked once the config is read: activation_checks()).
+static void check_activation_flags(const TrainOpts& o) {
+  const std::string& off = o.activation_offload;
+  if (o.has("--activation-offload") && off != "none" && off != "cpu" && off != "nvme") {
+    usage_fail(invalid_argument("--activation-offload %s is not none, cpu or nvme", off.c_str()));
+  }
+  if (o.has("--activation-host-budget") && !parse_bytes(o.activation_host_budget).is_ok()) {
+    usage_fail(invalid_argument("--activation-host-budget %s is not a byte size (expected e.g. 256MiB, 4GiB)",
+                                o.activation_host_budget.c_str()));
+  }
+}
+
 // Checks every flag's value on its own (before anything is read or allocated): an error names the
 // flag and the value, exit code 2.
 void check_flags(TrainOpts& o) {
@@ -82,6 +95,7 @@ void check_flags(TrainOpts& o) {
   if (o.has("--offload") && o.offload != "none" && o.offload != "cpu" && o.offload != "nvme") {
     usage_fail(invalid_argument("--offload %s is not none, cpu or nvme", o.offload.c_str()));
   }
+  check_activation_flags(o);
   if (o.has("--device-budget")) {
     auto b = parse_bytes(o.device_budget);
     if (!b.is_ok() || b.value() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
@@ -277,6 +291,15 @@ CLI::App* add_train_options(CLI::App& app, TrainOpts* o) {
       ->default_str("-");
   cmd->add_option("--plot", o->plot,
                   "Draw the loss and eval curves and the time per step into this PNG (python3-matplotlib)");
+  cmd->add_flag("--activation-checkpointing", o->activation_checkpointing,
+                "Keep only each block's input for the backward (in the engine's activation store) and "
+                "recompute the block there; on too when --config has an activation_checkpointing section");
+  cmd->add_option("--activation-offload", o->activation_offload,
+                  "none, cpu or nvme: where the activation store may move block inputs the device's "
+                  "activation budget cannot hold (needs checkpointing; overrides zoe.activation_offload)");
+  cmd->add_option("--activation-host-budget", o->activation_host_budget,
+                  "Host bytes for offloaded activations, e.g. 2GiB; beyond them they go to NVMe (overrides "
+                  "zoe.activation_host_budget)");
   cmd->add_flag("--quiet", o->quiet, "No progress on stderr");
   cmd->add_flag("--json", o->json, "Print one JSON object");
   return cmd;

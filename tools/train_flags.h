@@ -46,6 +46,12 @@ struct TrainOpts {
   std::string save_dir;
   std::string dump_batches;  // JSON Lines of every micro-batch's token ids (docs/train-json.md)
   std::string resume;        // a save directory or checkpoint; "-" for --resume without a value
+  // Activation checkpointing (also on when --config has an activation_checkpointing section) and
+  // where the activation store may keep the block inputs: flags override zoe.activation_offload
+  // and zoe.activation_host_budget ("" where not given).
+  bool activation_checkpointing = false;
+  std::string activation_offload;
+  std::string activation_host_budget;
   bool json = false;
   bool quiet = false;
   // The flags given on the command line ("--micro-batch"): a flag overrides the config only then.

@@ -103,12 +103,18 @@ zero::TierBytes split_checkpoints(const ActivationSizes& a, const ActivationOpti
   const uint64_t room = o.device_budget ? o.device_budget : device_room;
   const uint64_t dev = std::clamp<uint64_t>(room / a.tensor, 1, a.count);  // keep_last: at least one
   const uint64_t rest = a.count - dev;
-  const uint64_t host_cap = o.host_budget ? o.host_budget : host_room;
-  const uint64_t host = o.offload == ActivationOffload::kCpu ? rest : std::min(rest, host_cap / a.tensor);
+  uint64_t host_cap = o.host_budget ? o.host_budget : host_room;
+  const bool nvme = o.offload == ActivationOffload::kNvme;
+  if (nvme) host_cap = host_cap > nvme_host_buffers(a, o) ? host_cap - nvme_host_buffers(a, o) : 0;
+  const uint64_t host = nvme ? std::min(rest, host_cap / a.tensor) : rest;
   t.device = dev * a.tensor;
   t.host = host * a.tensor;
   t.nvme = (rest - host) * a.tensor;
   return t;
+}
+
+uint64_t nvme_host_buffers(const ActivationSizes& a, const ActivationOptions& o) {
+  return static_cast<uint64_t>(o.write_buffers) * o.run_bytes + (o.prefetch + 1ull) * a.tensor;
 }
 
 namespace {
@@ -151,7 +157,7 @@ void place_checkpoints(const PlanInputs& in, const ActivationSizes& a, const zer
   row->bytes = plan.peak;
   // A row above the budget was planned again without one: its peak is what it needs.
   row->bytes.device = plan.peak.device + row->activation_bytes;
-  row->bytes.host += t.host;
+  row->bytes.host += t.host + (t.nvme ? nvme_host_buffers(a, in.act) : 0);
   row->bytes.nvme += t.nvme;
   w->act = {in.act.checkpointing, t.host, t.nvme, a.tensor};
 }

@@ -26,7 +26,11 @@ struct ActivationOptions {
   ActivationOffload offload = ActivationOffload::kNone;
   uint64_t host_budget = 0;    // zoe.activation_host_budget; 0: what the host has left
   uint64_t device_budget = 0;  // zoe.activation_device_budget; 0: what the device has left
-  uint64_t min_bytes = 0;      // zoe.activation_min_bytes: smaller tensors stay on the device
+  uint64_t min_bytes = 256 * 1024;  // zoe.activation_min_bytes: smaller tensors stay on the device
+  // The NVMe tier's pinned host buffers, inside the host budget: write-behind runs and the blocks
+  // the backward reads ahead into (prefetch + 1 of the largest tensor).
+  uint64_t run_bytes = 8u << 20;
+  uint32_t write_buffers = 2, prefetch = 2;
 };
 
 // One micro-batch's activations as the planner counts them.
@@ -102,9 +106,12 @@ uint64_t activation_bytes(const ModelDesc& m, const Workload& w, size_t compute_
 ActivationSizes activation_sizes(const ModelDesc& m, const Workload& w, size_t compute_bytes, bool checkpointing);
 // Where the activation store keeps the checkpoints (device, host, nvme) with `device_room` and
 // `host_room` bytes free for them: the last tensor (keep_last) and tensors below min_bytes stay
-// on the device; the tensors saved last stay nearest; without offload everything stays.
+// on the device; the tensors saved last stay nearest; without offload everything stays. With an
+// NVMe tier, its buffers (nvme_host_buffers) come out of the host's room first.
 zero::TierBytes split_checkpoints(const ActivationSizes& a, const ActivationOptions& o, uint64_t device_room,
                                   uint64_t host_room);
+// The pinned host bytes the activation store's NVMe tier holds beside the host tier.
+uint64_t nvme_host_buffers(const ActivationSizes& a, const ActivationOptions& o);
 
 Result<PlanResult> make_plan(const PlanInputs& in);
 // One row of the matrix (make_plan's rows are these, sorted).

@@ -454,9 +454,13 @@ TEST(Plan, CheckpointedActivationsGoThroughTheTiers) {
   }
   // Recompute: a forward more per micro-batch (8 of 6 x params x tokens).
   EXPECT_NEAR(fits->rows.front().cost.bytes.flops / plain->rows.front().cost.bytes.flops, 4.0 / 3.0, 1e-9);
-  // Room on the device for two and a half tensors, on the host for three: 2 / 3 / 1.
+  // Room on the device for two and a half tensors, on the host for three beside the NVMe tier's
+  // buffers (two 8 MiB write runs, three read-ahead blocks): 2 / 3 / 1.
   in.act.device_budget = tensor * 5 / 2;
-  in.act.host_budget = tensor * 3;
+  plan::ActivationSizes one;
+  one.tensor = tensor;
+  EXPECT_EQ(plan::nvme_host_buffers(one, in.act), (16u << 20) + 3 * tensor);
+  in.act.host_budget = tensor * 3 + plan::nvme_host_buffers(one, in.act);
   auto split = plan::make_plan(in);
   ASSERT_OK(split);
   for (const auto& r : split->rows) {
@@ -525,10 +529,17 @@ TEST(Plan, SplitCheckpointsKeepsSmallTensorsAndTheLast) {
   a.checkpoint = 400;
   plan::ActivationOptions o;
   o.offload = ActivationOffload::kNvme;
-  zero::TierBytes t = plan::split_checkpoints(a, o, 0, 150);
+  o.min_bytes = 0;
+  o.write_buffers = 1;
+  o.run_bytes = 50;  // the NVMe tier's buffers: 50 + 3 x 100 of the host's room
+  zero::TierBytes t = plan::split_checkpoints(a, o, 0, 350 + 150);
   EXPECT_EQ(t.device, 100u);  // keep_last
   EXPECT_EQ(t.host, 100u);
   EXPECT_EQ(t.nvme, 200u);
+  t = plan::split_checkpoints(a, o, 250, 350 + 150);  // room for two on the device
+  EXPECT_EQ(t.device, 200u);
+  EXPECT_EQ(t.host, 100u);
+  EXPECT_EQ(t.nvme, 100u);
   o.min_bytes = 101;  // every tensor below the minimum: all stay
   t = plan::split_checkpoints(a, o, 0, 150);
   EXPECT_EQ(t.device, 400u);
