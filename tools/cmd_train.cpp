@@ -90,6 +90,8 @@ struct TrainRun {
   StopSignals stop;
   model::GptConfig mc;
   int T = 0;
+  bool ckpt = false;  // activation checkpointing (the flag, or the config's section)
+  std::vector<std::string> nvme_dirs;  // without --config: --nvme-path, or the default directory
   std::unique_ptr<Runtime> rt;
   bool lead = false;
   Config cfg;
@@ -126,6 +128,7 @@ struct TrainRun {
   void check_seq();
   void start_runtime();
   void build_config();
+  void setup_activations();
   void load_data();
   void build_engine();
   void resume();
@@ -141,6 +144,7 @@ struct TrainRun {
   void progress_line(int step, double loss);
   void finish();
   json summary_json() const;
+  void add_activation_json(json* j) const;
   void plot(const json& j) const;
   void print_summary(const json& j) const;
   void print_samples() const;
@@ -175,13 +179,14 @@ void TrainRun::build_config() {
     cfg = value_or_fail(Config::load(o.config, rt->world_size()));
     apply_overrides(o, &cfg, lead);
   } else {
-    std::vector<std::string> dirs = o.nvme_path;
+    std::vector<std::string>& dirs = nvme_dirs;
+    dirs = o.nvme_path;
     if (dirs.empty()) {
       const char* env = getenv("ZOE_SCRATCH");
       dirs.push_back(env && *env ? env : "/var/tmp");
     }
-    if (!o.nvme_path.empty() && o.offload != "nvme" && lead) {
-      fprintf(stderr, "zoe: --nvme-path has no effect without --offload nvme\n");
+    if (!o.nvme_path.empty() && o.offload != "nvme" && o.activation_offload != "nvme" && lead) {
+      fprintf(stderr, "zoe: --nvme-path has no effect without --offload nvme or --activation-offload nvme\n");
     }
     auto c = flags_config(o, dirs, rt->world_size());
     if (!c.is_ok()) fail(c.status().with_context("the config built from the flags"));
@@ -194,10 +199,67 @@ void TrainRun::build_config() {
                                                   : "--nvme-path of --offload nvme"));
     }
   }
+  setup_activations();
   // From here on the config's values are the run's (bounded by Config::parse).
   o.micro_batch = static_cast<int>(cfg.micro_batch());
-  check_host_memory(cfg, mc, o.micro_batch, T);
+  check_host_memory(cfg, mc, o.micro_batch, T, ckpt);
   if (!o.save_dir.empty()) prepare_save_dir(o.save_dir);
+}
+
+// Activation checkpointing: --activation-checkpointing, or the config's activation_checkpointing
+// section. --activation-offload and --activation-host-budget override zoe.activation_offload and
+// zoe.activation_host_budget (with --config, said on stderr); without --config, NVMe activations go
+// to the --nvme-path directories. Offload without checkpointing and NVMe without a directory are
+// refused here, naming the flag or the key.
+void TrainRun::setup_activations() {
+  ckpt = o.activation_checkpointing || cfg.activation_checkpointing().given;
+  auto check = [&](const char* flag, Status s) {
+    if (!s.is_ok()) usage_fail(s.with_context(o.config.empty() ? std::string(flag) : flag + (" with --config " + o.config)));
+  };
+  if (o.has("--activation-offload")) {
+    if (!o.config.empty() && lead) {
+      fprintf(stderr, "zoe: --activation-offload %s overrides zoe.activation_offload (%s in %s)\n",
+              o.activation_offload.c_str(), activation_offload_name(cfg.activation_offload()), o.config.c_str());
+    }
+    check("--activation-offload", cfg.set_activation_offload(parse_activation_offload(o.activation_offload).value()));
+  }
+  if (o.has("--activation-host-budget")) {
+    if (!o.config.empty() && lead) {
+      fprintf(stderr, "zoe: --activation-host-budget %s overrides zoe.activation_host_budget (%llu bytes in %s)\n",
+              o.activation_host_budget.c_str(), static_cast<unsigned long long>(cfg.activation_host_budget()),
+              o.config.c_str());
+    }
+    check("--activation-host-budget", cfg.set_activation_host_budget(parse_bytes(o.activation_host_budget).value()));
+  }
+  const ActivationOffload off = cfg.activation_offload();
+  const std::string what = o.has("--activation-offload") ? "--activation-offload " + o.activation_offload
+                                                         : std::string("zoe.activation_offload ") + activation_offload_name(off) +
+                                                               " (or activation_checkpointing.cpu_checkpointing) in " + o.config;
+  if (off != ActivationOffload::kNone && !ckpt) {
+    usage_fail(invalid_argument(
+        "%s needs activation checkpointing: give --activation-checkpointing (or an activation_checkpointing "
+        "section in the config); only checkpointed activations (each block's input) are offloaded",
+        what.c_str()));
+  }
+  if (o.has("--activation-host-budget") && off == ActivationOffload::kNone) {
+    usage_fail(invalid_argument("--activation-host-budget %s has no effect without activation offload: give "
+                                "--activation-offload cpu or nvme",
+                                o.activation_host_budget.c_str()));
+  }
+  if (off != ActivationOffload::kNvme) return;
+  if (o.config.empty()) {
+    std::string dirs = "[";
+    for (const std::string& d : nvme_dirs) dirs += (dirs.size() > 1 ? "," : "") + json(d).dump();
+    check("--nvme-path", cfg.set("zoe.activation_nvme_path", dirs + "]"));
+  }
+  if (cfg.activation_nvme_paths().empty()) {
+    usage_fail(invalid_argument(
+        "%s has no directory for the activations: set zoe.activation_nvme_path (or an offload nvme_path) in "
+        "--config %s",
+        what.c_str(), o.config.c_str()));
+  }
+  Status paths = cfg.check_paths();
+  if (!paths.is_ok()) fail(paths.with_context(what + ": its NVMe directory"));
 }
 
 // Data next: a missing file is reported before the engine allocates anything.
@@ -280,7 +342,7 @@ void TrainRun::resume() {
 
 // The model and its trainer, and the first sample from --prompt.
 void TrainRun::build_model() {
-  gpt = value_or_fail(model::GptCpu::create(mc, o.micro_batch, T, o.threads));
+  gpt = value_or_fail(model::GptCpu::create(mc, o.micro_batch, T, o.threads, ckpt));
   trainer.emplace(*eng, *gpt, mc, T);
   check_address_space(gpt->threads());
   sample_n = o.sample >= 0 ? o.sample : (o.data.empty() ? 0 : 160);
@@ -546,6 +608,7 @@ json TrainRun::summary_json() const {
   j["step_time_s"] = step_times;
   // The last step's StepStats, every field (zoe/step_stats.h).
   j["step_stats"] = json::parse(step_stats_json(last));
+  add_activation_json(&j);
   j["eval_loss"] = eval_loss;
   if (!std::isnan(accuracy)) j["accuracy"] = accuracy;
   j["evals"] = evals;
@@ -561,6 +624,22 @@ json TrainRun::summary_json() const {
   j["tokens_per_s"] =
       static_cast<double>(o.steps - start_step) * o.micro_batch * T * accum * rt->world_size() / total_s;
   return j;
+}
+
+// The activation store's figures: the checkpointed bytes of a micro-batch (wherever they live),
+// its high-water marks per tier, its bytes per link and its stall over the run (0 without
+// checkpointing).
+void TrainRun::add_activation_json(json* j) const {
+  const ActivationStats a = eng->activations().stats();
+  (*j)["activation_checkpoint_bytes"] = a.checkpoint_bytes;
+  (*j)["high_water_bytes"]["activation_device"] = a.high_water_device;
+  (*j)["high_water_bytes"]["activation_host"] = a.high_water_host;
+  (*j)["high_water_bytes"]["activation_nvme"] = a.high_water_nvme;
+  (*j)["activation_bytes_moved"] = {{"device->host", a.bytes_device_to_host},
+                                    {"host->device", a.bytes_host_to_device},
+                                    {"host->nvme", a.bytes_nvme_write},
+                                    {"nvme->host", a.bytes_nvme_read}};
+  (*j)["time_s"]["activation_stall"] = a.t_stall;
 }
 
 // --plot: the run's curves drawn from its JSON.
@@ -628,6 +707,16 @@ void TrainRun::print_bytes_table(const json& j) const {
   row("moved nvme->host", last.bytes_nvme_read);
   row("moved host->nvme", last.bytes_nvme_write);
   row("moved host->device", last.bytes_host_to_device);
+  if (ckpt) {  // the activation store
+    const ActivationStats a = eng->activations().stats();
+    row("checkpoints / micro", a.checkpoint_bytes);
+    row("activation dev hw", a.high_water_device);
+    row("activation host hw", a.high_water_host);
+    row("activation nvme hw", a.high_water_nvme);
+    row("activations to nvme", a.bytes_nvme_write);
+    printf("activation checkpointing, offload %s: stall %.2fs over the run\n",
+           activation_offload_name(eng->activations().offload()), a.t_stall);
+  }
   printf(
       "\nbytes per parameter in the last step: nvme->host %.2f, host->nvme %.2f, host->device %.2f, "
       "device->host %.2f",

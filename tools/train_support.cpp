@@ -41,10 +41,16 @@ void print_indented(const std::string& text, const char* prefix) {
 
 // Refuses a run whose host allocations cannot fit before making them: the activations, and the
 // optimizer swapper's pinned buffers with NVMe optimizer offload (the engine's sizing).
-void check_host_memory(const Config& cfg, const model::GptConfig& mc, int micro, int T) {
+void check_host_memory(const Config& cfg, const model::GptConfig& mc, int micro, int T, bool ckpt) {
   const uint64_t avail = host_memory_available();
   if (avail == 0) return;  // unknown
-  const double act = model::activation_bytes_estimate(mc, micro, T);
+  double act = model::activation_bytes_estimate(mc, micro, T, ckpt);
+  if (ckpt) {
+    double kept = model::checkpoint_bytes_estimate(mc, micro, T);
+    if (cfg.activation_offload() == ActivationOffload::kNvme && cfg.activation_host_budget() > 0)
+      kept = std::min(kept, static_cast<double>(cfg.activation_host_budget()));
+    act += kept;
+  }
   double swap = 0;
   if (cfg.offload_optimizer() == Offload::kNvme) {
     swap = static_cast<double>(cfg.optimizer_swap_buffer_bytes());
@@ -54,8 +60,8 @@ void check_host_memory(const Config& cfg, const model::GptConfig& mc, int micro,
     return b >= 1.8e19 ? fmt("%.3g bytes", b) : format_bytes(static_cast<uint64_t>(b));
   };
   std::string what =
-      fmt("activations of %d layers x --micro-batch %d x --seq %d (context %d, d_model %d, %d heads): %s",
-          mc.layers, micro, T, mc.seq, mc.d_model, mc.heads, bytes(act).c_str());
+      fmt("activations of %d layers x --micro-batch %d x --seq %d (context %d, d_model %d, %d heads%s): %s",
+          mc.layers, micro, T, mc.seq, mc.d_model, mc.heads, ckpt ? ", checkpointed" : "", bytes(act).c_str());
   if (swap > 0) {
     what += fmt("; optimizer swap buffers (zero_optimization.offload_optimizer.buffer_count %lld): %s",
                 static_cast<long long>(cfg.offload_optimizer_buffer_count()), bytes(swap).c_str());

@@ -68,8 +68,10 @@ class BatchDump {
 std::string escape_bytes(const std::string& s);
 // Each line of text after `prefix`.
 void print_indented(const std::string& text, const char* prefix);
-// Refuses (exit 1) a run whose host allocations cannot fit, before making them.
-void check_host_memory(const Config& cfg, const model::GptConfig& mc, int micro, int T);
+// Refuses (exit 1) a run whose host allocations cannot fit, before making them. With activation
+// checkpointing (ckpt), the model's workspace and the checkpoints kept in memory (all of them but
+// those the activation store may put on NVMe beyond its host budget).
+void check_host_memory(const Config& cfg, const model::GptConfig& mc, int micro, int T, bool ckpt);
 // Refuses a run whose address-space limit (RLIMIT_AS, `ulimit -v`) leaves too little room for a
 // step beside what the engine and the model have mapped: a GEMM buffer that cannot be mapped makes
 // OpenBLAS retry forever. Call before step 0, with the model's CPU threads.

@@ -84,6 +84,12 @@ Result<float> GptTrainer::forward_pass(const std::vector<int32_t>& tokens, const
   for (size_t l = 0; l < L; ++l) {
     ZOE_ASSIGN_OR_RETURN(Gathered p, e_.gather(1 + l));
     ZOE_ASSIGN_OR_RETURN(auto f, as_f32(p.params(), &scratch_));
+    if (keep && !p.params().tensors.empty() && !p.params().tensors[0].host_addressable) {
+      // The store takes pointers in the engine device's memory; GptCpu's block inputs are host memory.
+      return unsupported(
+          "activation checkpointing (--activation-checkpointing) runs the reference GPT on the CPU, whose block "
+          "inputs are host memory, but the engine's device is not (zoe.device cuda): use zoe.device cpu");
+    }
     if (keep) {
       ZOE_ASSIGN_OR_RETURN(ActivationId id,
                            e_.activations().save(m_.checkpoint_input(static_cast<int>(l)), m_.checkpoint_bytes()));

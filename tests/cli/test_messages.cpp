@@ -135,6 +135,51 @@ TEST(Messages, EveryIntegerFlagNamesItselfWhenOutOfRange) {
       << r.err;
 }
 
+// Activation checkpointing's flags and keys: a bad value, offload without checkpointing, a host
+// budget without offload and NVMe without a directory each name the flag or the key at fault.
+TEST(Messages, ActivationFlagsAndKeysNameThemselves) {
+  const std::string run = "train --preset tiny --steps 1 --quiet ";
+  CmdResult r = zoe(run + "--activation-offload disk");
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_NE(r.err.find("--activation-offload disk is not none, cpu or nvme"), std::string::npos) << r.err;
+  r = zoe(run + "--activation-offload cpu");
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_NE(r.err.find("--activation-offload cpu needs activation checkpointing: give --activation-checkpointing"),
+            std::string::npos)
+      << r.err;
+  r = zoe(run + "--activation-checkpointing --activation-offload cpu --activation-host-budget lots");
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_NE(r.err.find("--activation-host-budget lots is not a byte size"), std::string::npos) << r.err;
+  r = zoe(run + "--activation-checkpointing --activation-host-budget 1GiB");
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_NE(r.err.find("--activation-host-budget 1GiB has no effect without activation offload"),
+            std::string::npos)
+      << r.err;
+  zoe::test::ScratchDir d("act");
+  std::ofstream(d.file("off.json")) << R"({"zoe": {"activation_offload": "cpu"}})";
+  r = zoe(run + "--config " + d.file("off.json"));
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_NE(r.err.find("zoe.activation_offload cpu (or activation_checkpointing.cpu_checkpointing) in " +
+                       d.file("off.json") + " needs activation checkpointing"),
+            std::string::npos)
+      << r.err;
+  std::ofstream(d.file("nvme.json")) << R"({"activation_checkpointing": {}, "zoe": {"activation_offload": "nvme"}})";
+  r = zoe(run + "--config " + d.file("nvme.json"));
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_NE(r.err.find("has no directory for the activations: set zoe.activation_nvme_path"), std::string::npos)
+      << r.err;
+  r = zoe(run + "--config " + d.file("off.json") + " --activation-checkpointing --activation-offload nvme");
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_NE(r.err.find("--activation-offload nvme has no directory for the activations"), std::string::npos)
+      << r.err;
+  r = zoe("plan --preset demo --activation-offload cpu");
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_NE(r.err.find("--activation-offload cpu needs --activation-checkpointing"), std::string::npos) << r.err;
+  r = zoe("plan --preset demo --activation-checkpointing --activation-offload tape");
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_NE(r.err.find("--activation-offload tape: expected none, cpu or nvme"), std::string::npos) << r.err;
+}
+
 // nodes x gpus per node is computed in 64 bits and capped at 2^20 ranks, naming both flags.
 TEST(Messages, PlanWorldSizeDoesNotWrap) {
   for (const std::string cmd : {"plan", "tune"}) {

@@ -44,6 +44,54 @@ TEST(Train, NvmeOffloadGivesBitIdenticalLosses) {
   }
 }
 
+// Activation checkpointing through the activation store: the same losses, bit for bit, without it,
+// with it and the block inputs on the device, in host memory (the flag, or the config's
+// cpu_checkpointing) and on NVMe; the JSON says how many bytes a micro-batch checkpoints and where
+// they went. The small preset at micro-batch 16 x 64 tokens: 4 block inputs of 512 KiB.
+TEST(Train, ActivationCheckpointingGivesBitIdenticalLossesThroughTheTiers) {
+  zoe::test::ScratchDir d("act");
+  const std::string base = d.file("base.json"), tight = d.file("tight.json"), section = d.file("section.json");
+  const std::string zero = R"("train_micro_batch_size_per_gpu": 16, "zero_optimization": {"stage": 3})";
+  std::ofstream(base) << "{" << zero << "}";
+  // The device's activation share holds one block input (the last, which never leaves).
+  std::ofstream(tight) << "{" << zero << R"(, "zoe": {"activation_device_budget": "600KiB", "activation_nvme_path": ")"
+                       << d.path() << R"("}})";
+  std::ofstream(section) << "{" << zero
+                         << R"(, "activation_checkpointing": {"cpu_checkpointing": true},)"
+                         << R"( "zoe": {"activation_device_budget": "600KiB"}})";
+  const std::string common = "--preset small --steps 4 --seq 64 --seed 5 --eval-batches 1 --threads 1 ";
+  json plain = train(common + "--config " + base);
+  json none = train(common + "--config " + base + " --activation-checkpointing");
+  json cpu = train(common + "--config " + tight + " --activation-checkpointing --activation-offload cpu");
+  // The host budget: the NVMe tier's write-behind runs (2 x 8 MiB) and read-ahead blocks (3 x
+  // 512 KiB), and one block input.
+  json nvme = train(common + "--config " + tight +
+                    " --activation-checkpointing --activation-offload nvme --activation-host-budget 18MiB");
+  json cfg = train(common + "--config " + section);
+  for (const json* j : {&plain, &none, &cpu, &nvme, &cfg}) ASSERT_FALSE(j->is_null());
+  ASSERT_EQ(plain["losses"].size(), 4u);
+  const uint64_t ckpt = 4ull * 16 * 64 * 128 * 4;
+  EXPECT_EQ(plain["activation_checkpoint_bytes"].get<uint64_t>(), 0u);
+  for (const json* j : {&none, &cpu, &nvme, &cfg}) {
+    EXPECT_EQ((*j)["losses"].dump(), plain["losses"].dump());
+    EXPECT_EQ((*j)["eval_loss"].dump(), plain["eval_loss"].dump());
+    EXPECT_EQ((*j)["activation_checkpoint_bytes"].get<uint64_t>(), ckpt);
+  }
+  EXPECT_EQ(none["high_water_bytes"]["activation_device"].get<uint64_t>(), ckpt);
+  EXPECT_EQ(none["high_water_bytes"]["activation_host"].get<uint64_t>(), 0u);
+  for (const json* j : {&cpu, &nvme, &cfg}) {
+    EXPECT_LE((*j)["high_water_bytes"]["activation_device"].get<uint64_t>(), 600u << 10);
+    EXPECT_GT((*j)["high_water_bytes"]["activation_host"].get<uint64_t>(), 0u);
+    EXPECT_GT((*j)["activation_bytes_moved"]["device->host"].get<uint64_t>(), 0u);
+  }
+  EXPECT_EQ(cpu["high_water_bytes"]["activation_nvme"].get<uint64_t>(), 0u);
+  EXPECT_GT(nvme["high_water_bytes"]["activation_nvme"].get<uint64_t>(), 0u);
+  EXPECT_GT(nvme["activation_bytes_moved"]["host->nvme"].get<uint64_t>(), 0u);
+  EXPECT_GT(nvme["activation_bytes_moved"]["nvme->host"].get<uint64_t>(), 0u);
+  EXPECT_LE(nvme["high_water_bytes"]["activation_host"].get<uint64_t>(), 18u << 20);
+  EXPECT_TRUE(nvme["time_s"].contains("activation_stall"));
+}
+
 TEST(Train, DemoShapeWithEvaluationFinishes) {
   // The README demo's shape (many modules streamed through a 16 MiB device, parameters and
   // optimizer states on NVMe, evaluation between steps): queued gathers read partitions while

@@ -23,6 +23,38 @@ std::string fixture(const std::string& name) { return std::string(ZOE_PLAN_FIXTU
 // Memory given explicitly: the test does not depend on this host's RAM or disk.
 const std::string kMem = " --device-mem 80GiB --host-mem 256GiB --nvme-space 2TiB";
 
+// --activation-checkpointing with offload: every row's JSON says the checkpointed bytes and where
+// the activation store would keep them; a device budget of two block inputs sends the rest to the
+// host (within --activation-host-budget beside the NVMe buffers) and NVMe, with their link bytes;
+// the table shows the three ckpt columns.
+TEST(PlanCli, ActivationBytesPerTier) {
+  const std::string args = "plan --preset demo --context 1024 --seq 1024 --micro-batch 8" + kMem +
+                           " --activation-checkpointing --activation-offload nvme"
+                           " --activation-device-budget 16MiB --activation-host-budget 48MiB";
+  CmdResult r = zoe(args + " --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  json j = json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  const uint64_t tensor = 8ull * 1024 * 256 * 4;  // 8 MiB: micro-batch x seq x d_model x fp32
+  for (const json& row : j["rows"]) {
+    const json& a = row["activations"];
+    EXPECT_EQ(a["checkpointing"], true);
+    EXPECT_EQ(a["offload"], "nvme");
+    EXPECT_EQ(a["checkpoint_bytes"].get<uint64_t>(), 6 * tensor);
+    // The host budget less 2 x 8 MiB write runs and 3 read-ahead blocks: one tensor.
+    EXPECT_EQ(a["tier_bytes"]["device"].get<uint64_t>(), 2 * tensor);
+    EXPECT_EQ(a["tier_bytes"]["host"].get<uint64_t>(), tensor);
+    EXPECT_EQ(a["tier_bytes"]["nvme"].get<uint64_t>(), 3 * tensor);
+    EXPECT_EQ(row["link_bytes"]["activation_nvme_write"].get<uint64_t>(), 3 * tensor);
+    EXPECT_EQ(row["link_bytes"]["activation_device_to_host"].get<uint64_t>(), 4 * tensor);
+  }
+  r = zoe(args + " --top 3");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("ckpt nvme"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("# activation checkpointing, offload nvme: 48.0 MiB of block inputs"), std::string::npos)
+      << r.out;
+}
+
 TEST(PlanCli, JsonHasExactlyParamsAndRows) {
   CmdResult r = zoe("plan --hf-config " + fixture("gpt2.json") + kMem + " --json");
   ASSERT_EQ(r.rc, 0) << r.err;
