@@ -90,7 +90,7 @@ struct TrainRun {
   StopSignals stop;
   model::GptConfig mc;
   int T = 0;
-  bool ckpt = false;  // activation checkpointing (the flag, or the config's section)
+  bool ckpt = false;                   // activation checkpointing (the flag, or the config's section)
   std::vector<std::string> nvme_dirs;  // without --config: --nvme-path, or the default directory
   std::unique_ptr<Runtime> rt;
   bool lead = false;
@@ -214,27 +214,34 @@ void TrainRun::build_config() {
 void TrainRun::setup_activations() {
   ckpt = o.activation_checkpointing || cfg.activation_checkpointing().given;
   auto check = [&](const char* flag, Status s) {
-    if (!s.is_ok()) usage_fail(s.with_context(o.config.empty() ? std::string(flag) : flag + (" with --config " + o.config)));
+    if (!s.is_ok())
+      usage_fail(
+          s.with_context(o.config.empty() ? std::string(flag) : flag + (" with --config " + o.config)));
   };
   if (o.has("--activation-offload")) {
     if (!o.config.empty() && lead) {
       fprintf(stderr, "zoe: --activation-offload %s overrides zoe.activation_offload (%s in %s)\n",
-              o.activation_offload.c_str(), activation_offload_name(cfg.activation_offload()), o.config.c_str());
+              o.activation_offload.c_str(), activation_offload_name(cfg.activation_offload()),
+              o.config.c_str());
     }
-    check("--activation-offload", cfg.set_activation_offload(parse_activation_offload(o.activation_offload).value()));
+    check("--activation-offload",
+          cfg.set_activation_offload(parse_activation_offload(o.activation_offload).value()));
   }
   if (o.has("--activation-host-budget")) {
     if (!o.config.empty() && lead) {
-      fprintf(stderr, "zoe: --activation-host-budget %s overrides zoe.activation_host_budget (%llu bytes in %s)\n",
+      fprintf(stderr,
+              "zoe: --activation-host-budget %s overrides zoe.activation_host_budget (%llu bytes in %s)\n",
               o.activation_host_budget.c_str(), static_cast<unsigned long long>(cfg.activation_host_budget()),
               o.config.c_str());
     }
-    check("--activation-host-budget", cfg.set_activation_host_budget(parse_bytes(o.activation_host_budget).value()));
+    check("--activation-host-budget",
+          cfg.set_activation_host_budget(parse_bytes(o.activation_host_budget).value()));
   }
   const ActivationOffload off = cfg.activation_offload();
-  const std::string what = o.has("--activation-offload") ? "--activation-offload " + o.activation_offload
-                                                         : std::string("zoe.activation_offload ") + activation_offload_name(off) +
-                                                               " (or activation_checkpointing.cpu_checkpointing) in " + o.config;
+  const std::string what = o.has("--activation-offload")
+                               ? "--activation-offload " + o.activation_offload
+                               : std::string("zoe.activation_offload ") + activation_offload_name(off) +
+                                     " (or activation_checkpointing.cpu_checkpointing) in " + o.config;
   if (off != ActivationOffload::kNone && !ckpt) {
     usage_fail(invalid_argument(
         "%s needs activation checkpointing: give --activation-checkpointing (or an activation_checkpointing "
@@ -242,9 +249,10 @@ void TrainRun::setup_activations() {
         what.c_str()));
   }
   if (o.has("--activation-host-budget") && off == ActivationOffload::kNone) {
-    usage_fail(invalid_argument("--activation-host-budget %s has no effect without activation offload: give "
-                                "--activation-offload cpu or nvme",
-                                o.activation_host_budget.c_str()));
+    usage_fail(
+        invalid_argument("--activation-host-budget %s has no effect without activation offload: give "
+                         "--activation-offload cpu or nvme",
+                         o.activation_host_budget.c_str()));
   }
   if (off != ActivationOffload::kNvme) return;
   if (o.config.empty()) {

@@ -59,9 +59,9 @@ void check_host_memory(const Config& cfg, const model::GptConfig& mc, int micro,
   auto bytes = [](double b) {
     return b >= 1.8e19 ? fmt("%.3g bytes", b) : format_bytes(static_cast<uint64_t>(b));
   };
-  std::string what =
-      fmt("activations of %d layers x --micro-batch %d x --seq %d (context %d, d_model %d, %d heads%s): %s",
-          mc.layers, micro, T, mc.seq, mc.d_model, mc.heads, ckpt ? ", checkpointed" : "", bytes(act).c_str());
+  std::string what = fmt(
+      "activations of %d layers x --micro-batch %d x --seq %d (context %d, d_model %d, %d heads%s): %s",
+      mc.layers, micro, T, mc.seq, mc.d_model, mc.heads, ckpt ? ", checkpointed" : "", bytes(act).c_str());
   if (swap > 0) {
     what += fmt("; optimizer swap buffers (zero_optimization.offload_optimizer.buffer_count %lld): %s",
                 static_cast<long long>(cfg.offload_optimizer_buffer_count()), bytes(swap).c_str());

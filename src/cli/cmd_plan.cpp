@@ -120,10 +120,11 @@ void print_header(const plan::PlanResult& res, const plan::PlanInputs& in, const
 void print_table(const plan::PlanResult& res, const plan::PlanInputs& in, const PlanOpts& o) {
   print_header(res, in, o);
   const bool ckpt = in.act.checkpointing;
-  std::vector<Table::Column> cols = {{"stage", "", 5},     {"params", "", 6},   {"optim", "", 5},
-                                     {"ratio", "", 5},     {"bf16st", "", 6},   {"device", "GiB", 9},
-                                     {"host", "GiB", 9},   {"nvme", "GiB", 9}};
-  if (ckpt) cols.insert(cols.end(), {{"ckpt dev", "GiB", 9}, {"ckpt host", "GiB", 9}, {"ckpt nvme", "GiB", 9}});
+  std::vector<Table::Column> cols = {{"stage", "", 5},   {"params", "", 6}, {"optim", "", 5},
+                                     {"ratio", "", 5},   {"bf16st", "", 6}, {"device", "GiB", 9},
+                                     {"host", "GiB", 9}, {"nvme", "GiB", 9}};
+  if (ckpt)
+    cols.insert(cols.end(), {{"ckpt dev", "GiB", 9}, {"ckpt host", "GiB", 9}, {"ckpt nvme", "GiB", 9}});
   cols.insert(cols.end(), {{"fits", "", 4}, {"step", "s", 10}, {"bottleneck", "(share)", 17, true}});
   Table t(cols);
   t.print_header(stdout);
@@ -133,14 +134,20 @@ void print_table(const plan::PlanResult& res, const plan::PlanInputs& in, const 
   for (const plan::PlanRow& r : res.rows) {
     if (o.top > 0 && shown++ >= o.top) break;
     const bool off = r.placement.optimizer != config::OffloadDevice::kNone;
-    std::vector<std::string> cells = {
-        std::to_string(r.placement.stage), config::offload_device_name(r.placement.param),
-        config::offload_device_name(r.placement.optimizer), off ? fmt("%g", r.placement.ratio) : "-",
-        r.placement.bf16_states ? "on" : "off", g(r.bytes.device), g(r.bytes.host), g(r.bytes.nvme)};
-    if (ckpt) cells.insert(cells.end(), {g(r.checkpoint_tiers.device), g(r.checkpoint_tiers.host), g(r.checkpoint_tiers.nvme)});
-    cells.insert(cells.end(), {r.fits ? "yes" : "no", fmt("%.4g", r.cost.step_s),
-                               fmt("%s (%.0f%%)", plan::resource_name(r.cost.bottleneck),
-                                   100 * r.cost.bottleneck_share)});
+    std::vector<std::string> cells = {std::to_string(r.placement.stage),
+                                      config::offload_device_name(r.placement.param),
+                                      config::offload_device_name(r.placement.optimizer),
+                                      off ? fmt("%g", r.placement.ratio) : "-",
+                                      r.placement.bf16_states ? "on" : "off",
+                                      g(r.bytes.device),
+                                      g(r.bytes.host),
+                                      g(r.bytes.nvme)};
+    if (ckpt)
+      cells.insert(cells.end(),
+                   {g(r.checkpoint_tiers.device), g(r.checkpoint_tiers.host), g(r.checkpoint_tiers.nvme)});
+    cells.insert(cells.end(),
+                 {r.fits ? "yes" : "no", fmt("%.4g", r.cost.step_s),
+                  fmt("%s (%.0f%%)", plan::resource_name(r.cost.bottleneck), 100 * r.cost.bottleneck_share)});
     t.print_row(stdout, cells);
   }
   size_t fit = 0;
@@ -178,9 +185,10 @@ static void add_plan_command(CLI::App& app) {
   plan::add_plan_options(*cmd, &o->plan, int_range, positive_real);
   int_range(cmd->add_option("--top", o->top, "Show only the first N rows of the table (0: all)"), 0,
             INT32_MAX);
-  cmd->add_flag("--activation-checkpointing", o->plan.activation_checkpointing,
-                "Plan a run with activation checkpointing: each block's input kept for the backward, the rest "
-                "recomputed (activations are then counted)");
+  cmd->add_flag(
+      "--activation-checkpointing", o->plan.activation_checkpointing,
+      "Plan a run with activation checkpointing: each block's input kept for the backward, the rest "
+      "recomputed (activations are then counted)");
   cmd->add_option("--activation-offload", o->plan.activation_offload,
                   "none, cpu or nvme: where the activation store may move checkpoints the device cannot hold "
                   "(needs --activation-checkpointing)");

@@ -69,8 +69,8 @@ double activation_bytes_estimate(const GptConfig& c, int batch, int T, bool chec
   // Residual buffers and block workspaces (GptCpu's constructor): every block's, or with
   // checkpointing two residual buffers and one workspace.
   const double residuals = checkpointing ? 2 : c.layers + 1.0, workspaces = checkpointing ? 1 : c.layers;
-  const double floats = residuals * nd + workspaces * (15 * nd + 4 * n + att) + nd + 3 * n + 2 * n * c.vocab +
-                        10 * nd + att;
+  const double floats =
+      residuals * nd + workspaces * (15 * nd + 4 * n + att) + nd + 3 * n + 2 * n * c.vocab + 10 * nd + att;
   return 4 * floats + 8 * n;
 }
 

@@ -18,9 +18,9 @@
 //
 // GptCpu keeps the activations of one micro-batch (batch x seq tokens) on the host between the
 // forward and the backward pass (with activation checkpointing, one block's and the block inputs
-// the caller hands back: GptKernels::checkpointing()). Parameters and gradients are passed as fp32 pointers, one per
-// parameter in the order above. Matrix products go through BLAS (cblas_sgemm); the other kernels
-// are parallel over rows. Backward functions *add* into the gradient buffers (the caller zeroes).
+// the caller hands back: GptKernels::checkpointing()). Parameters and gradients are passed as fp32 pointers,
+// one per parameter in the order above. Matrix products go through BLAS (cblas_sgemm); the other kernels are
+// parallel over rows. Backward functions *add* into the gradient buffers (the caller zeroes).
 //
 // Determinism: every result is bit-identical whatever `threads` is. Work is cut into pieces whose
 // boundaries depend only on the shapes (never on the thread count), each piece is computed by one

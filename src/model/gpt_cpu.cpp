@@ -152,8 +152,8 @@ class GptCpuImpl final : public GptCpu {
     ZOE_CHECK_MSG(layer >= 0 && layer < c_.layers, "layer %d of %d", layer, c_.layers);
     const bool fwd = stage_ == Stage::kEmbedded, bwd = stage_ == Stage::kBackward;
     ZOE_CHECK_MSG((fwd || bwd) && layer == next_layer_,
-                  "checkpoint_input(%d): expected layer %d, before its block_forward or block_backward", layer,
-                  next_layer_);
+                  "checkpoint_input(%d): expected layer %d, before its block_forward or block_backward",
+                  layer, next_layer_);
     if (bwd) restored_ = layer;
     return res(layer);
   }
@@ -445,8 +445,8 @@ class GptCpuImpl final : public GptCpu {
 
 }  // namespace
 
-Result<std::unique_ptr<GptCpu>> GptCpu::create(const GptConfig& c, int batch, int tokens_per_seq,
-                                               int threads, bool checkpointing) {
+Result<std::unique_ptr<GptCpu>> GptCpu::create(const GptConfig& c, int batch, int tokens_per_seq, int threads,
+                                               bool checkpointing) {
   ZOE_RETURN_IF_ERROR(c.validate());
   if (batch < 1) return invalid_argument("GptCpu: batch %d: expected a positive number of sequences", batch);
   if (tokens_per_seq < 1 || tokens_per_seq > c.seq)

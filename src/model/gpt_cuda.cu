@@ -447,8 +447,8 @@ class GptCudaImpl final : public GptCuda {
     ZOE_CHECK_MSG(layer >= 0 && layer < c_.layers, "layer %d of %d", layer, c_.layers);
     const bool fwd = stage_ == Stage::kEmbedded, bwd = stage_ == Stage::kBackward;
     ZOE_CHECK_MSG((fwd || bwd) && layer == next_layer_,
-                  "checkpoint_input(%d): expected layer %d, before its block_forward or block_backward", layer,
-                  next_layer_);
+                  "checkpoint_input(%d): expected layer %d, before its block_forward or block_backward",
+                  layer, next_layer_);
     if (bwd) restored_ = layer;
     return res(layer);
   }

@@ -68,8 +68,8 @@ Result<float> GptTrainer::forward(const std::vector<int32_t>& tokens, const std:
   return loss;
 }
 
-Result<float> GptTrainer::forward_pass(const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets,
-                                       bool keep) {
+Result<float> GptTrainer::forward_pass(const std::vector<int32_t>& tokens,
+                                       const std::vector<int32_t>& targets, bool keep) {
   const size_t L = static_cast<size_t>(c_.layers);
   keep = keep && m_.checkpointing();
   ids_.clear();
@@ -87,12 +87,13 @@ Result<float> GptTrainer::forward_pass(const std::vector<int32_t>& tokens, const
     if (keep && !p.params().tensors.empty() && !p.params().tensors[0].host_addressable) {
       // The store takes pointers in the engine device's memory; GptCpu's block inputs are host memory.
       return unsupported(
-          "activation checkpointing (--activation-checkpointing) runs the reference GPT on the CPU, whose block "
+          "activation checkpointing (--activation-checkpointing) runs the reference GPT on the CPU, whose "
+          "block "
           "inputs are host memory, but the engine's device is not (zoe.device cuda): use zoe.device cpu");
     }
     if (keep) {
-      ZOE_ASSIGN_OR_RETURN(ActivationId id,
-                           e_.activations().save(m_.checkpoint_input(static_cast<int>(l)), m_.checkpoint_bytes()));
+      ZOE_ASSIGN_OR_RETURN(ActivationId id, e_.activations().save(m_.checkpoint_input(static_cast<int>(l)),
+                                                                  m_.checkpoint_bytes()));
       ids_.push_back(id);
     }
     uint64_t t0 = clock_ns();
@@ -203,8 +204,8 @@ Status GptTrainer::block_backward(size_t layer, double scale) {
   if (m_.checkpointing()) {
     // The block's input back where the model recomputes the block from (saved in forward_pass).
     if (ids_.size() != layer + 1) {
-      return internal_error("block %zu's backward: %zu block inputs saved in the forward, expected %zu", layer,
-                            ids_.size(), layer + 1);
+      return internal_error("block %zu's backward: %zu block inputs saved in the forward, expected %zu",
+                            layer, ids_.size(), layer + 1);
     }
     ZOE_RETURN_IF_ERROR(e_.activations().load(ids_.back(), m_.checkpoint_input(static_cast<int>(layer))));
     ids_.pop_back();

@@ -423,7 +423,8 @@ void StepModel::activation_traffic(Path::Group* g, bool backward) {
   if (moved == 0) return;
   (backward ? B.act_host_to_device : B.act_device_to_host) += moved;
   (backward ? B.host_to_device : B.device_to_host) += moved;
-  g->add(Resource::kPcie, copies ? static_cast<double>(moved) / pcie : 2.0 * static_cast<double>(moved) / local);
+  g->add(Resource::kPcie,
+         copies ? static_cast<double>(moved) / pcie : 2.0 * static_cast<double>(moved) / local);
   if (a.nvme_bytes == 0) return;
   (backward ? B.act_nvme_read : B.act_nvme_write) += a.nvme_bytes;
   (backward ? B.nvme_read : B.nvme_write) += a.nvme_bytes;

@@ -60,7 +60,9 @@ Status activation_inputs(const PlanOptions& o, PlanInputs* in) {
     const std::string& v = o.activation_offload;
     if (v != "none" && v != "cpu" && v != "nvme")
       return invalid_argument("--activation-offload %s: expected none, cpu or nvme", v.c_str());
-    a.offload = v == "cpu" ? ActivationOffload::kCpu : v == "nvme" ? ActivationOffload::kNvme : ActivationOffload::kNone;
+    a.offload = v == "cpu"    ? ActivationOffload::kCpu
+                : v == "nvme" ? ActivationOffload::kNvme
+                              : ActivationOffload::kNone;
   }
   if (a.offload != ActivationOffload::kNone && !a.checkpointing) {
     return invalid_argument(

@@ -74,7 +74,8 @@ uint64_t activation_bytes(const ModelDesc& m, const Workload& w, size_t compute_
   return static_cast<uint64_t>(per_layer * m.layers + head);
 }
 
-ActivationSizes activation_sizes(const ModelDesc& m, const Workload& w, size_t compute_bytes, bool checkpointing) {
+ActivationSizes activation_sizes(const ModelDesc& m, const Workload& w, size_t compute_bytes,
+                                 bool checkpointing) {
   ActivationSizes a;
   a.workspace = activation_bytes(m, w, compute_bytes);
   if (!checkpointing || a.workspace == 0) return a;

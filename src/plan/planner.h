@@ -24,8 +24,8 @@ namespace zoe::plan {
 struct ActivationOptions {
   bool checkpointing = false;
   ActivationOffload offload = ActivationOffload::kNone;
-  uint64_t host_budget = 0;    // zoe.activation_host_budget; 0: what the host has left
-  uint64_t device_budget = 0;  // zoe.activation_device_budget; 0: what the device has left
+  uint64_t host_budget = 0;         // zoe.activation_host_budget; 0: what the host has left
+  uint64_t device_budget = 0;       // zoe.activation_device_budget; 0: what the device has left
   uint64_t min_bytes = 256 * 1024;  // zoe.activation_min_bytes: smaller tensors stay on the device
   // The NVMe tier's pinned host buffers, inside the host budget: write-behind runs and the blocks
   // the backward reads ahead into (prefetch + 1 of the largest tensor).
@@ -70,7 +70,7 @@ struct PlanRow {
   // Per rank: plan_placement's peak (device: before the planner caps it at the budget, plus the
   // activations when counted; equal to the planner's peak for every row that fits).
   zero::TierBytes bytes;
-  zero::TierBytes lacks;  // per rank: what is missing on each tier (all 0 when it fits)
+  zero::TierBytes lacks;          // per rank: what is missing on each tier (all 0 when it fits)
   uint64_t activation_bytes = 0;  // on the device: the workspace and the checkpoints kept there
   // With activation checkpointing: the checkpointed bytes of one micro-batch and where the
   // activation store keeps them (device, host, nvme; in bytes, activation_bytes and lacks above).
@@ -103,7 +103,8 @@ uint64_t activation_bytes(const ModelDesc& m, const Workload& w, size_t compute_
 // exact buffers (fp32, model::activation_bytes_estimate); another model: activation_bytes()'s
 // estimate, and with checkpointing one block's share of it plus the head, and block inputs of
 // micro-batch x seq x d_model in the compute dtype.
-ActivationSizes activation_sizes(const ModelDesc& m, const Workload& w, size_t compute_bytes, bool checkpointing);
+ActivationSizes activation_sizes(const ModelDesc& m, const Workload& w, size_t compute_bytes,
+                                 bool checkpointing);
 // Where the activation store keeps the checkpoints (device, host, nvme) with `device_room` and
 // `host_room` bytes free for them: the last tensor (keep_last) and tensors below min_bytes stay
 // on the device; the tensors saved last stay nearest; without offload everything stays. With an

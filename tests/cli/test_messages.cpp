@@ -144,8 +144,9 @@ TEST(Messages, ActivationFlagsAndKeysNameThemselves) {
   EXPECT_NE(r.err.find("--activation-offload disk is not none, cpu or nvme"), std::string::npos) << r.err;
   r = zoe(run + "--activation-offload cpu");
   EXPECT_EQ(r.rc, 2) << r.err;
-  EXPECT_NE(r.err.find("--activation-offload cpu needs activation checkpointing: give --activation-checkpointing"),
-            std::string::npos)
+  EXPECT_NE(
+      r.err.find("--activation-offload cpu needs activation checkpointing: give --activation-checkpointing"),
+      std::string::npos)
       << r.err;
   r = zoe(run + "--activation-checkpointing --activation-offload cpu --activation-host-budget lots");
   EXPECT_EQ(r.rc, 2) << r.err;
@@ -163,10 +164,12 @@ TEST(Messages, ActivationFlagsAndKeysNameThemselves) {
                        d.file("off.json") + " needs activation checkpointing"),
             std::string::npos)
       << r.err;
-  std::ofstream(d.file("nvme.json")) << R"({"activation_checkpointing": {}, "zoe": {"activation_offload": "nvme"}})";
+  std::ofstream(d.file("nvme.json"))
+      << R"({"activation_checkpointing": {}, "zoe": {"activation_offload": "nvme"}})";
   r = zoe(run + "--config " + d.file("nvme.json"));
   EXPECT_EQ(r.rc, 2) << r.err;
-  EXPECT_NE(r.err.find("has no directory for the activations: set zoe.activation_nvme_path"), std::string::npos)
+  EXPECT_NE(r.err.find("has no directory for the activations: set zoe.activation_nvme_path"),
+            std::string::npos)
       << r.err;
   r = zoe(run + "--config " + d.file("off.json") + " --activation-checkpointing --activation-offload nvme");
   EXPECT_EQ(r.rc, 2) << r.err;
@@ -174,7 +177,8 @@ TEST(Messages, ActivationFlagsAndKeysNameThemselves) {
       << r.err;
   r = zoe("plan --preset demo --activation-offload cpu");
   EXPECT_EQ(r.rc, 1) << r.err;
-  EXPECT_NE(r.err.find("--activation-offload cpu needs --activation-checkpointing"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--activation-offload cpu needs --activation-checkpointing"), std::string::npos)
+      << r.err;
   r = zoe("plan --preset demo --activation-checkpointing --activation-offload tape");
   EXPECT_EQ(r.rc, 1) << r.err;
   EXPECT_NE(r.err.find("--activation-offload tape: expected none, cpu or nvme"), std::string::npos) << r.err;

@@ -50,14 +50,15 @@ TEST(Train, NvmeOffloadGivesBitIdenticalLosses) {
 // they went. The small preset at micro-batch 16 x 64 tokens: 4 block inputs of 512 KiB.
 TEST(Train, ActivationCheckpointingGivesBitIdenticalLossesThroughTheTiers) {
   zoe::test::ScratchDir d("act");
-  const std::string base = d.file("base.json"), tight = d.file("tight.json"), section = d.file("section.json");
+  const std::string base = d.file("base.json"), tight = d.file("tight.json"),
+                    section = d.file("section.json");
   const std::string zero = R"("train_micro_batch_size_per_gpu": 16, "zero_optimization": {"stage": 3})";
   std::ofstream(base) << "{" << zero << "}";
   // The device's activation share holds one block input (the last, which never leaves).
-  std::ofstream(tight) << "{" << zero << R"(, "zoe": {"activation_device_budget": "600KiB", "activation_nvme_path": ")"
+  std::ofstream(tight) << "{" << zero
+                       << R"(, "zoe": {"activation_device_budget": "600KiB", "activation_nvme_path": ")"
                        << d.path() << R"("}})";
-  std::ofstream(section) << "{" << zero
-                         << R"(, "activation_checkpointing": {"cpu_checkpointing": true},)"
+  std::ofstream(section) << "{" << zero << R"(, "activation_checkpointing": {"cpu_checkpointing": true},)"
                          << R"( "zoe": {"activation_device_budget": "600KiB"}})";
   const std::string common = "--preset small --steps 4 --seq 64 --seed 5 --eval-batches 1 --threads 1 ";
   json plain = train(common + "--config " + base);

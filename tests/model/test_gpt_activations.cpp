@@ -85,7 +85,8 @@ void batch(int step, int micro, int rank, std::vector<int32_t>* tokens, std::vec
   targets->resize(kBatch * kT);
   for (size_t i = 0; i < tokens->size(); ++i) {
     const uint64_t h = (static_cast<uint64_t>(step) * 131 + static_cast<uint64_t>(micro) * 17 +
-                        static_cast<uint64_t>(rank) * 7919 + i * 2654435761u) % 1000003;
+                        static_cast<uint64_t>(rank) * 7919 + i * 2654435761u) %
+                       1000003;
     (*tokens)[i] = static_cast<int32_t>(h % 64);
     (*targets)[i] = static_cast<int32_t>((h / 64) % 64);
   }
@@ -98,7 +99,8 @@ Result<Outcome> train(const test::MatrixPlacement& pl, Act act) {
   ZOE_ASSIGN_OR_RETURN(Config cfg, Config::parse(config_text(pl, act, dir.path()), rt.world_size()));
   ZOE_ASSIGN_OR_RETURN(auto eng, Engine::create(rt, cfg));
   ZOE_RETURN_IF_ERROR(add_gpt_modules(*eng, c));
-  ZOE_RETURN_IF_ERROR(eng->initialize([&](size_t m, size_t p, float* x, size_t n) { gpt_init(c, 3, m, p, x, n); }));
+  ZOE_RETURN_IF_ERROR(
+      eng->initialize([&](size_t m, size_t p, float* x, size_t n) { gpt_init(c, 3, m, p, x, n); }));
   ZOE_ASSIGN_OR_RETURN(auto gpt, GptCpu::create(c, kBatch, kT, 1, act != Act::kOff));
   GptTrainer trainer(*eng, *gpt, c, kT);
   Outcome out;
@@ -132,7 +134,8 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 
 TEST(GptActivations, CheckpointedAndOffloadedRunsGiveTheSameBitsForEveryPlacement) {
   for (const test::MatrixPlacement& pl : test::matrix_placements()) {
-    const std::string where = "stage " + std::to_string(pl.stage) + ", optimizer " + pl.opt + ", params " + pl.param;
+    const std::string where =
+        "stage " + std::to_string(pl.stage) + ", optimizer " + pl.opt + ", params " + pl.param;
     auto ref = train(pl, Act::kOff);
     ASSERT_OK(ref) << where;
     for (Act act : {Act::kNone, Act::kCpu, Act::kNvme}) {

@@ -358,8 +358,9 @@ TEST(GptCuda, CheckpointingGivesTheSameBits) {
     std::vector<void*> kept(static_cast<size_t>(c.layers), nullptr);
     for (void*& k : kept) ASSERT_EQ(cudaMalloc(&k, bytes), cudaSuccess);
     auto copy = [&](void* dst, const void* src) {
-      ASSERT_EQ(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(gpu.stream())),
-                cudaSuccess);
+      ASSERT_EQ(
+          cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(gpu.stream())),
+          cudaSuccess);
     };
     gpu.embed_forward(tokens.data(), gp[0].data());
     for (int l = 0; l < c.layers; ++l) {
@@ -371,7 +372,8 @@ TEST(GptCuda, CheckpointingGivesTheSameBits) {
     gpu.head_backward(gp.back().data(), gp[0].data(), model.dg.back().data(), model.dg[0].data());
     for (int l = c.layers - 1; l >= 0; --l) {
       if (ckpt) copy(gpu.checkpoint_input(l), kept[static_cast<size_t>(l)]);
-      gpu.block_backward(l, gp[1 + static_cast<size_t>(l)].data(), model.dg[1 + static_cast<size_t>(l)].data());
+      gpu.block_backward(l, gp[1 + static_cast<size_t>(l)].data(),
+                         model.dg[1 + static_cast<size_t>(l)].data());
     }
     gpu.embed_backward(model.dg[0].data());
     ASSERT_OK(gpu.synchronize());

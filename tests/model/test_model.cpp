@@ -478,9 +478,11 @@ TEST(GptCpu, CheckpointingGivesTheSameBits) {
       r.logits.insert(r.logits.end(), gpt.logits(), gpt.logits() + static_cast<size_t>(B) * T * c.vocab);
       gpt.head_backward(m.pp.back().data(), m.pp[0].data(), m.gp.back().data(), m.gp[0].data());
       for (int l = c.layers - 1; l >= 0; --l) {
-        if (ckpt) std::copy(kept[static_cast<size_t>(l)].begin(), kept[static_cast<size_t>(l)].end(),
-                            gpt.checkpoint_input(l));
-        gpt.block_backward(l, m.pp[1 + static_cast<size_t>(l)].data(), m.gp[1 + static_cast<size_t>(l)].data());
+        if (ckpt)
+          std::copy(kept[static_cast<size_t>(l)].begin(), kept[static_cast<size_t>(l)].end(),
+                    gpt.checkpoint_input(l));
+        gpt.block_backward(l, m.pp[1 + static_cast<size_t>(l)].data(),
+                           m.gp[1 + static_cast<size_t>(l)].data());
       }
       gpt.embed_backward(m.gp[0].data());
     }
@@ -496,7 +498,8 @@ TEST(GptCpu, CheckpointingGivesTheSameBits) {
     for (size_t i = 0; i < r.grads.size(); ++i)
       for (size_t j = 0; j < r.grads[i].size(); ++j)
         EXPECT_EQ(
-            std::memcmp(r.grads[i][j].data(), ref.grads[i][j].data(), r.grads[i][j].size() * sizeof(float)), 0)
+            std::memcmp(r.grads[i][j].data(), ref.grads[i][j].data(), r.grads[i][j].size() * sizeof(float)),
+            0)
             << "threads " << threads << ": gradient " << i << "." << j << " differs with checkpointing";
     // One block workspace and two residual buffers, not three and four.
     EXPECT_LT(bytes, ref_bytes);
