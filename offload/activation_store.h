@@ -87,5 +87,7 @@ Result<std::unique_ptr<ActivationStore>> create_activation_store(const Activatio
 // next save() or load() as usual. For tests that need the runs written before the backward, and
 // for a caller that wants no write traffic left behind a timed region. A no-op for another store.
 void drain_activation_writes(ActivationStore& store);
+// Saved tensors the store holds now (0 after end_micro_batch()); 0 for another store.
+size_t activation_tensors_held(const ActivationStore& store);
 
 }  // namespace zoe::offload

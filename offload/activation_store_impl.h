@@ -28,6 +28,7 @@ class TieredActivationStore final : public ActivationStore {
   ActivationStats stats() const override { return stats_; }
   ActivationOffload offload() const override { return o_.offload; }
   void drain_writes();
+  size_t held() const;
 
  private:
   struct Tensor {

@@ -248,6 +248,17 @@ void TieredActivationStore::drain_writes() {
   }
 }
 
+size_t TieredActivationStore::held() const {
+  size_t n = 0;
+  for (const Tensor& t : t_) n += t.live ? 1 : 0;
+  return n;
+}
+
+size_t activation_tensors_held(const ActivationStore& store) {
+  auto* s = dynamic_cast<const TieredActivationStore*>(&store);
+  return s ? s->held() : 0;
+}
+
 void drain_activation_writes(ActivationStore& store) {
   if (auto* s = dynamic_cast<TieredActivationStore*>(&store)) s->drain_writes();
 }

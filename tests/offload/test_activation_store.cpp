@@ -166,14 +166,20 @@ void check_tier(ActivationOffload o, uint64_t share, uint64_t host, bool announc
   std::vector<char> want;
   uint64_t hw_dev = 0, hw_host = 0, dev_hw = 0;
   for (uint32_t mb = 0; mb < 6; ++mb) {
-    if (announce) ASSERT_OK(r.store->plan(kSizes.data(), kSizes.size()));
+    if (announce) {
+      ASSERT_OK(r.store->plan(kSizes.data(), kSizes.size()));
+    }
     round_trip(r, kSizes, mb, src, dst, want);
     if (::testing::Test::HasFatalFailure()) return;
     ActivationStats s = r.store->stats();
     EXPECT_EQ(s.checkpoint_bytes, total(kSizes));
     EXPECT_EQ(s.tier_bytes[0] + s.tier_bytes[1] + s.tier_bytes[2], total(kSizes));
-    if (o != ActivationOffload::kNone) EXPECT_GT(s.tier_bytes[1], 0u) << "the host tier was not used";
-    if (o == ActivationOffload::kNvme) EXPECT_GT(s.tier_bytes[2], 0u) << "the NVMe tier was not used";
+    if (o != ActivationOffload::kNone) {
+      EXPECT_GT(s.tier_bytes[1], 0u) << "the host tier was not used";
+    }
+    if (o == ActivationOffload::kNvme) {
+      EXPECT_GT(s.tier_bytes[2], 0u) << "the NVMe tier was not used";
+    }
     EXPECT_LE(s.high_water_device, share);
     EXPECT_LE(s.high_water_host, host);
     EXPECT_EQ(r.dev->used_bytes(), base) << "device memory of the store left after end_micro_batch";
@@ -228,7 +234,9 @@ TEST(ActivationStore, KeepLastAndSmallTensorsStay) {
   char* dst = r.buffer(1 * kMiB);
   std::vector<char> want;
   for (int announce = 0; announce < 2; ++announce) {
-    if (announce) ASSERT_OK(r.store->plan(sizes.data(), sizes.size()));
+    if (announce) {
+      ASSERT_OK(r.store->plan(sizes.data(), sizes.size()));
+    }
     round_trip(r, sizes, announce, src, dst, want);
     ActivationStats s = r.store->stats();
     EXPECT_EQ(s.tier_bytes[0], 64 * kKiB + 1077) << "announce " << announce;
@@ -371,7 +379,9 @@ TEST(ActivationStore, EndMicroBatchWithIoInFlight) {
     std::vector<ActivationId> ids;
     for (uint64_t b : sizes) ids.push_back(r.store->save(src, b).value());
     ASSERT_EQ(r.store->stats().tier_bytes[2], 7 * 64 * kKiB);
-    if (mb == 1) ASSERT_OK(r.store->load(ids.back(), dst));  // starts read-ahead, then drops the rest
+    if (mb == 1) {  // starts read-ahead, then drops the rest
+      ASSERT_OK(r.store->load(ids.back(), dst));
+    }
     ASSERT_OK(r.store->end_micro_batch());
     EXPECT_EQ(r.dev->used_bytes(), base);
   }
