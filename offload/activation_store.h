@@ -25,7 +25,9 @@
 // The backward: load() of tensor i starts the NVMe reads of the next `prefetch` tensors in reverse
 // save order (those whose runs are written), each into a host block; load() waits only for a
 // read (or a run's write) still in flight, and counts that wait as t_stall. Host-tier tensors are
-// copied straight to the caller's buffer (pinned memory, no read-ahead needed).
+// copied straight to the caller's buffer (pinned memory, no read-ahead needed). A tensor whose
+// read block does not fit the host budget beside the host tier (after the read-ahead gives way)
+// is read through the write buffers, one run_bytes piece at a time.
 //
 // Ordering on the shared links: the store has its own IoEngine (its own io_uring ring) and its own
 // device stream. Parameter prefetch and optimizer swap traffic go through the engine's shared
@@ -39,6 +41,16 @@
 // tensors of the run and the swap file); loads of those tensors then fail with the same naming,
 // never with wrong bytes. A failed read is reported by the load of that tensor. The store stays
 // usable: end_micro_batch() waits for the I/O in flight and frees everything of the micro-batch.
+//
+// Statistics (stats()): high_water_device is the bytes of the store's device buffers;
+// high_water_host the pinned host memory the store held (host-tier blocks kept for reuse, write
+// buffers, read-ahead blocks: what zoe.activation_host_budget bounds); high_water_nvme the bytes of
+// its swap extents (runs rounded to 4 KiB). The link counters count the bytes each copy or request
+// moved (NVMe: 4 KiB-rounded requests).
+//
+// Streams: the store copies on its own stream and synchronizes it, so save() and load() return
+// with their copies done; on CUDA the caller's kernels that write src must have finished before
+// save() (the store does not wait for the caller's streams), and dst is ready when load() returns.
 //
 // Concurrency: the store is used from one thread (like the Engine). No I/O completion callback
 // touches its state: it polls and waits on the completions' handles, so it holds no lock that a

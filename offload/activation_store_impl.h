@@ -84,6 +84,8 @@ class TieredActivationStore final : public ActivationStore {
   Status wait_run_writes(size_t run);
   Status start_read(size_t i);
   void prefetch_from(size_t i);
+  void drop_reads_ahead(size_t i);
+  Status load_in_pieces(size_t i, void* dst);
   Status load_nvme(size_t i, void* dst);
   Status run_error(size_t run, size_t i) const;
   void free_run(size_t run);

@@ -217,6 +217,15 @@ Status TieredActivationStore::load_nvme(size_t i, void* dst) {
   if (!t.read) {
     if (!wait_run_writes(r).is_ok()) return run_error(r, i);
     Status s = start_read(i);
+    if (s.code() == StatusCode::kOutOfBudget) {
+      drop_reads_ahead(i);  // the host is full of read-ahead (a larger tensor than planned): this one first
+      s = start_read(i);
+    }
+    if (s.code() == StatusCode::kOutOfBudget) {
+      s = load_in_pieces(i, dst);  // no block of its size fits beside the host tier: the write buffers
+      stats_.t_stall += static_cast<double>(now_ns() - t0) * 1e-9;
+      return s;
+    }
     if (!s.is_ok()) return s;
   }
   Status s = t.read->wait();  // no lock held
@@ -230,6 +239,34 @@ Status TieredActivationStore::load_nvme(size_t i, void* dst) {
                                 swap_paths() + " failed: " + s.message());
   }
   return copy(dst, t.host, t.bytes, kH2D);
+}
+
+// Reads tensor i through the write buffers, one piece of run_bytes at a time, into dst.
+Status TieredActivationStore::load_in_pieces(size_t i, void* dst) {
+  const Tensor& t = t_[i];
+  for (uint64_t off = 0; off < t.bytes; off += o_.run_bytes) {
+    const uint64_t len = std::min<uint64_t>(o_.run_bytes, t.bytes - off);
+    ZOE_ASSIGN_OR_RETURN(size_t b, free_write_buf());
+    io::IoHandle h = swap_->read(*io_, runs_[t.run].extent, wbuf_[b].p, round_up_4k(len), t.at + off);
+    stats_.bytes_nvme_read += round_up_4k(len);
+    Status s = h->wait();  // no lock held
+    if (!s.is_ok())
+      return Status(s.code(), "activation store: reading tensor " + std::to_string(i) + " from " +
+                                  swap_paths() + " failed: " + s.message());
+    ZOE_RETURN_IF_ERROR(copy(static_cast<char*>(dst) + off, wbuf_[b].p, len, kH2D));
+  }
+  return Status::ok();
+}
+
+void TieredActivationStore::drop_reads_ahead(size_t i) {
+  for (size_t j = 0; j < t_.size(); ++j) {
+    Tensor& t = t_[j];
+    if (j == i || !t.live || t.tier != ActTier::kNvme || !t.read) continue;
+    (void)t.read->wait();  // no lock held
+    host_.give(t.host);
+    t.host = nullptr;
+    t.read = nullptr;
+  }
 }
 
 void TieredActivationStore::free_run(size_t r) {

@@ -8,9 +8,11 @@
 #include <vector>
 
 #include "config/config.h"
+#include "io/fault_injector.h"
 #include "tests/util/status_test_util.h"
 #include "tests/util/test_util.h"
 #include "tests/zero/shared_runtime.h"
+#include "zero/test_hooks.h"
 #include "zoe/zoe.h"
 
 namespace zoe {
@@ -200,6 +202,29 @@ TEST(EngineActivations, NvmeOffload) {
       "\"activation_device_budget\": 32768, \"activation_offload\": \"nvme\", "
       "\"activation_host_budget\": 184320, \"activation_prefetch\": 1",
       ActivationOffload::kNvme);
+}
+
+// An I/O error writing activations is the error of that step (naming the tensors and the swap
+// file), not a hang or wrong bytes; the engine is destructible after it.
+TEST(EngineActivations, WriteErrorIsTheStatusOfThatStep) {
+  io::FaultInjector faults;  // outlives the engine
+  faults.add(io::FaultKind::kEio, 1, 1, io::IoOp::kWrite);
+  test::ScratchDir dir("engine-acts");
+  zero::set_engine_io_faults(&faults);
+  auto e = make_engine(
+      "\"activation_device_budget\": 32768, \"activation_offload\": \"nvme\", "
+      "\"activation_host_budget\": 184320, \"activation_prefetch\": 1, \"activation_nvme_path\": \"" +
+      dir.path() + "\"");
+  zero::set_engine_io_faults(nullptr);
+  ASSERT_OK(e);
+  auto st = step_with_activations(**e);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_EQ(faults.injected(), 1u);
+  EXPECT_NE(st.status().message().find("tensor"), std::string::npos) << st.status().to_string();
+  EXPECT_NE(st.status().message().find(dir.path()), std::string::npos) << st.status().to_string();
+  EXPECT_EQ(st.status().message().find("came back different"), std::string::npos) << st.status().to_string();
+  EXPECT_OK((*e)->activations().end_micro_batch());
+  e->reset();
 }
 
 TEST(EngineActivations, NoneOverTheShareIsAClearError) {
