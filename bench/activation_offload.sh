@@ -89,12 +89,13 @@ overhead() {
   cat > "$scratch/none.json" <<JSON
 {"train_micro_batch_size_per_gpu": $micro, "zero_optimization": {"stage": 3}, "bf16": {"enabled": true}}
 JSON
-  # The device's share holds the last block input; the host's budget only the NVMe tier's buffers.
+  # The device's share holds the last block input; the host's budget only the NVMe tier's buffers
+  # (two write runs of an eighth of it, three read-ahead blocks).
   cat > "$scratch/nvme.json" <<JSON
 {"train_micro_batch_size_per_gpu": $micro, "zero_optimization": {"stage": 3}, "bf16": {"enabled": true},
  "activation_checkpointing": {},
  "zoe": {"activation_offload": "nvme", "activation_nvme_path": "$scratch", "activation_device_budget": $tensor,
-         "activation_host_budget": $(((16 << 20) + 3 * tensor))}}
+         "activation_host_budget": $((4 * tensor))}}
 JSON
   local args=(--preset demo --context "$seq" --seq "$seq" --steps 4 --activation-checkpointing)
   echo "## overhead: demo, seq $seq, micro-batch $micro: block inputs on NVMe vs recompute without offload"

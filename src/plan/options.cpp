@@ -52,23 +52,26 @@ Status apply_rate_flags(const PlanOptions& o, LinkRates* rates) {
   return Status::ok();
 }
 
-// --activation-checkpointing, --activation-offload and the activation budgets: into in->act.
+// --activation-checkpointing, --activation-offload and the activation budgets, over the config's
+// activation_checkpointing section and zoe.activation_* keys: into in->act.
 Status activation_inputs(const PlanOptions& o, PlanInputs* in) {
   ActivationOptions& a = in->act;
-  a.checkpointing = a.checkpointing || o.activation_checkpointing;
-  if (!o.activation_offload.empty()) {
-    const std::string& v = o.activation_offload;
-    if (v != "none" && v != "cpu" && v != "nvme")
-      return invalid_argument("--activation-offload %s: expected none, cpu or nvme", v.c_str());
-    a.offload = v == "cpu"    ? ActivationOffload::kCpu
-                : v == "nvme" ? ActivationOffload::kNvme
-                              : ActivationOffload::kNone;
-  }
+  const config::Config& c = in->base;
+  a.checkpointing = c.activation_checkpointing.given || o.activation_checkpointing;
+  auto off = parse_activation_offload(o.activation_offload.empty() ? c.zoe.activation_offload : o.activation_offload);
+  if (!off.is_ok())
+    return invalid_argument("--activation-offload %s: expected none, cpu or nvme", o.activation_offload.c_str());
+  a.offload = off.value();
+  a.host_budget = static_cast<uint64_t>(c.zoe.activation_host_budget_bytes);
+  a.device_budget = static_cast<uint64_t>(c.zoe.activation_device_budget_bytes);
+  a.min_bytes = static_cast<uint64_t>(c.zoe.activation_min_bytes);
+  a.prefetch = static_cast<uint32_t>(c.zoe.activation_prefetch);
+  a.host_share = c.zoe.host_budget_bytes > 0 ? static_cast<uint64_t>(c.zoe.host_budget_bytes) / 4 : 0;
   if (a.offload != ActivationOffload::kNone && !a.checkpointing) {
     return invalid_argument(
-        "--activation-offload %s needs --activation-checkpointing: only checkpointed activations (each "
-        "block's input) are offloaded",
-        o.activation_offload.empty() ? "(zoe.activation_offload of --config)" : o.activation_offload.c_str());
+        "%s needs --activation-checkpointing: only checkpointed activations (each block's input) are offloaded",
+        o.activation_offload.empty() ? ("zoe.activation_offload " + c.zoe.activation_offload + " of --config").c_str()
+                                     : ("--activation-offload " + o.activation_offload).c_str());
   }
   if (!o.activation_host_budget.empty()) {
     ZOE_ASSIGN_OR_RETURN(a.host_budget, bytes_of(o.activation_host_budget, "--activation-host-budget"));

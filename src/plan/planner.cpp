@@ -106,7 +106,8 @@ zero::TierBytes split_checkpoints(const ActivationSizes& a, const ActivationOpti
   const uint64_t rest = a.count - dev;
   uint64_t host_cap = o.host_budget ? o.host_budget : host_room;
   const bool nvme = o.offload == ActivationOffload::kNvme;
-  if (nvme) host_cap = host_cap > nvme_host_buffers(a, o) ? host_cap - nvme_host_buffers(a, o) : 0;
+  const uint64_t buffers = nvme ? nvme_host_buffers(a, o, host_cap) : 0;
+  host_cap = host_cap > buffers ? host_cap - buffers : 0;
   const uint64_t host = nvme ? std::min(rest, host_cap / a.tensor) : rest;
   t.device = dev * a.tensor;
   t.host = host * a.tensor;
@@ -114,8 +115,9 @@ zero::TierBytes split_checkpoints(const ActivationSizes& a, const ActivationOpti
   return t;
 }
 
-uint64_t nvme_host_buffers(const ActivationSizes& a, const ActivationOptions& o) {
-  return static_cast<uint64_t>(o.write_buffers) * o.run_bytes + (o.prefetch + 1ull) * a.tensor;
+uint64_t nvme_host_buffers(const ActivationSizes& a, const ActivationOptions& o, uint64_t host_budget) {
+  const uint64_t run = o.run_bytes ? o.run_bytes : std::clamp<uint64_t>(host_budget / 8 / 4096 * 4096, 64u << 10, 8u << 20);
+  return static_cast<uint64_t>(o.write_buffers) * run + (o.prefetch + 1ull) * ((a.tensor + 4095) / 4096 * 4096);
 }
 
 namespace {
@@ -144,23 +146,29 @@ bool offloads(const PlanInputs& in, const ActivationSizes& a, const Result<zero:
 }
 
 // The checkpoints of the row placed (the device's room is what the plan and the workspace leave;
-// the host's what the plan leaves, device bytes included on the CPU device), counted in its bytes
-// and its workload's link traffic.
-void place_checkpoints(const PlanInputs& in, const ActivationSizes& a, const zero::TierBytes& have,
+// the host's what the plan leaves, device bytes included on the CPU device, within the store's
+// host budget), counted in its bytes and its workload's link traffic. Returns the bytes the host
+// budget lacks (offload cpu: every checkpoint that leaves the device must fit it).
+uint64_t place_checkpoints(const PlanInputs& in, const ActivationSizes& a, const zero::TierBytes& have,
                        const zero::Placement& plan, PlanRow* row, Workload* w) {
   const uint64_t dev_room = sat_sub(have.device, plan.peak.device + a.workspace);
   const uint64_t dev_part = std::min(a.checkpoint, in.act.device_budget ? in.act.device_budget : dev_room);
   const uint64_t host_used = plan.peak.host + (in.cuda ? 0 : plan.peak.device + a.workspace + dev_part);
-  const zero::TierBytes t = split_checkpoints(a, in.act, dev_room, sat_sub(have.host, host_used));
+  const uint64_t share = in.act.host_share ? in.act.host_share : have.host / 16;
+  const uint64_t host_room = std::min(share, sat_sub(have.host, host_used));
+  const zero::TierBytes t = split_checkpoints(a, in.act, dev_room, host_room);
+  const uint64_t host_budget = in.act.host_budget ? in.act.host_budget : host_room;
   row->checkpoint_bytes = a.checkpoint;
   row->checkpoint_tiers = t;
   row->activation_bytes = a.workspace + t.device;
   row->bytes = plan.peak;
   // A row above the budget was planned again without one: its peak is what it needs.
   row->bytes.device = plan.peak.device + row->activation_bytes;
-  row->bytes.host += t.host + (t.nvme ? nvme_host_buffers(a, in.act) : 0);
+  row->bytes.host += t.host + (t.nvme ? nvme_host_buffers(a, in.act, host_budget) : 0);
   row->bytes.nvme += t.nvme;
   w->act = {in.act.checkpointing, t.host, t.nvme, a.tensor};
+  const bool cpu = in.act.offload == ActivationOffload::kCpu;
+  return cpu ? sat_sub(t.host, host_budget) : 0;
 }
 
 }  // namespace
@@ -199,10 +207,10 @@ Result<PlanRow> plan_row(const PlanInputs& in, const RowPlacement& p) {
   for (const auto& m : plan.modules) {
     if (m.partitioned_params) row.largest_gathered = std::max<uint64_t>(row.largest_gathered, m.padded);
   }
-  place_checkpoints(in, a, have, plan, &row, &w);
+  const uint64_t over_budget = place_checkpoints(in, a, have, plan, &row, &w);
   const uint64_t host_need = row.bytes.host + (in.cuda ? 0 : row.bytes.device);
   row.lacks.device = sat_sub(row.bytes.device, have.device);
-  row.lacks.host = sat_sub(host_need, have.host);
+  row.lacks.host = std::max(sat_sub(host_need, have.host), over_budget);
   row.lacks.nvme = sat_sub(row.bytes.nvme, have.nvme);
   row.fits = row.exact && !row.lacks.device && !row.lacks.host && !row.lacks.nvme;
   if (!row.exact && !row.lacks.device) row.lacks.device = 1;  // refused: it lacks at least something

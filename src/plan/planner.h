@@ -24,12 +24,16 @@ namespace zoe::plan {
 struct ActivationOptions {
   bool checkpointing = false;
   ActivationOffload offload = ActivationOffload::kNone;
-  uint64_t host_budget = 0;         // zoe.activation_host_budget; 0: what the host has left
+  uint64_t host_budget = 0;         // zoe.activation_host_budget; 0: the engine's default (below)
+  // The engine's default host budget: a quarter of zoe.host_budget when it is given (host_share),
+  // else 1/16 of a rank's host memory; at most what the placement leaves of the host.
+  uint64_t host_share = 0;
   uint64_t device_budget = 0;       // zoe.activation_device_budget; 0: what the device has left
   uint64_t min_bytes = 256 * 1024;  // zoe.activation_min_bytes: smaller tensors stay on the device
   // The NVMe tier's pinned host buffers, inside the host budget: write-behind runs and the blocks
   // the backward reads ahead into (prefetch + 1 of the largest tensor).
-  uint64_t run_bytes = 8u << 20;
+  // run_bytes 0: as the engine sizes them, host budget / 8 in 4 KiB multiples within [64 KiB, 8 MiB].
+  uint64_t run_bytes = 0;
   uint32_t write_buffers = 2, prefetch = 2;
 };
 
@@ -112,7 +116,8 @@ ActivationSizes activation_sizes(const ModelDesc& m, const Workload& w, size_t c
 zero::TierBytes split_checkpoints(const ActivationSizes& a, const ActivationOptions& o, uint64_t device_room,
                                   uint64_t host_room);
 // The pinned host bytes the activation store's NVMe tier holds beside the host tier.
-uint64_t nvme_host_buffers(const ActivationSizes& a, const ActivationOptions& o);
+// host_budget: the store's (the run size follows it); read-ahead blocks are 4 KiB multiples.
+uint64_t nvme_host_buffers(const ActivationSizes& a, const ActivationOptions& o, uint64_t host_budget);
 
 Result<PlanResult> make_plan(const PlanInputs& in);
 // One row of the matrix (make_plan's rows are these, sorted).

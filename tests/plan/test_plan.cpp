@@ -455,12 +455,14 @@ TEST(Plan, CheckpointedActivationsGoThroughTheTiers) {
   // Recompute: a forward more per micro-batch (8 of 6 x params x tokens).
   EXPECT_NEAR(fits->rows.front().cost.bytes.flops / plain->rows.front().cost.bytes.flops, 4.0 / 3.0, 1e-9);
   // Room on the device for two and a half tensors, on the host for three beside the NVMe tier's
-  // buffers (two 8 MiB write runs, three read-ahead blocks): 2 / 3 / 1.
+  // buffers (two write runs of an eighth of the budget, 8 MiB at most; three read-ahead blocks):
+  // 2 / 3 / 1.
   in.act.device_budget = tensor * 5 / 2;
   plan::ActivationSizes one;
   one.tensor = tensor;
-  EXPECT_EQ(plan::nvme_host_buffers(one, in.act), (16u << 20) + 3 * tensor);
-  in.act.host_budget = tensor * 3 + plan::nvme_host_buffers(one, in.act);
+  in.act.host_budget = 3 * tensor + (16u << 20) + 3 * tensor;
+  EXPECT_EQ(plan::nvme_host_buffers(one, in.act, in.act.host_budget), (16u << 20) + 3 * tensor);
+  EXPECT_EQ(plan::nvme_host_buffers(one, in.act, 1u << 20), (256u << 10) + 3 * tensor);
   auto split = plan::make_plan(in);
   ASSERT_OK(split);
   for (const auto& r : split->rows) {
@@ -523,30 +525,34 @@ TEST(Plan, CheckpointsOffloadOnlyWhatTheDeviceCannotHold) {
 }
 
 TEST(Plan, SplitCheckpointsKeepsSmallTensorsAndTheLast) {
+  constexpr uint64_t k = 4096;  // one tensor, a 4 KiB multiple as the read-ahead blocks are
   plan::ActivationSizes a;
   a.count = 4;
-  a.tensor = 100;
-  a.checkpoint = 400;
+  a.tensor = k;
+  a.checkpoint = 4 * k;
   plan::ActivationOptions o;
   o.offload = ActivationOffload::kNvme;
   o.min_bytes = 0;
   o.write_buffers = 1;
-  o.run_bytes = 50;  // the NVMe tier's buffers: 50 + 3 x 100 of the host's room
-  zero::TierBytes t = plan::split_checkpoints(a, o, 0, 350 + 150);
-  EXPECT_EQ(t.device, 100u);  // keep_last
-  EXPECT_EQ(t.host, 100u);
-  EXPECT_EQ(t.nvme, 200u);
-  t = plan::split_checkpoints(a, o, 250, 350 + 150);  // room for two on the device
-  EXPECT_EQ(t.device, 200u);
-  EXPECT_EQ(t.host, 100u);
-  EXPECT_EQ(t.nvme, 100u);
-  o.min_bytes = 101;  // every tensor below the minimum: all stay
-  t = plan::split_checkpoints(a, o, 0, 150);
-  EXPECT_EQ(t.device, 400u);
+  o.run_bytes = k;  // the NVMe tier's buffers: one run and three read-ahead blocks of the host's room
+  zero::TierBytes t = plan::split_checkpoints(a, o, 0, 4 * k + k + k / 2);
+  EXPECT_EQ(t.device, k);  // keep_last
+  EXPECT_EQ(t.host, k);
+  EXPECT_EQ(t.nvme, 2 * k);
+  t = plan::split_checkpoints(a, o, 2 * k + k / 2, 4 * k + k);  // room for two on the device
+  EXPECT_EQ(t.device, 2 * k);
+  EXPECT_EQ(t.host, k);
+  EXPECT_EQ(t.nvme, k);
+  o.min_bytes = k + 1;  // every tensor below the minimum: all stay
+  t = plan::split_checkpoints(a, o, 0, k);
+  EXPECT_EQ(t.device, 4 * k);
   o.min_bytes = 0;
+  o.offload = ActivationOffload::kCpu;  // everything that leaves goes to the host
+  t = plan::split_checkpoints(a, o, 0, 0);
+  EXPECT_EQ(t.host, 3 * k);
   o.offload = ActivationOffload::kNone;
   t = plan::split_checkpoints(a, o, 0, 0);
-  EXPECT_EQ(t.device, 400u);
+  EXPECT_EQ(t.device, 4 * k);
 }
 
 std::vector<zero::ModuleShape> mlp_shapes(int layers, size_t d) {
