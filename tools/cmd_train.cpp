@@ -129,6 +129,7 @@ struct TrainRun {
   void start_runtime();
   void build_config();
   void setup_activations();
+  Status flags_activation_share(ActivationOffload off);
   void load_data();
   void build_engine();
   void resume();
@@ -254,6 +255,7 @@ void TrainRun::setup_activations() {
                          "--activation-offload cpu or nvme",
                          o.activation_host_budget.c_str()));
   }
+  if (ckpt && o.config.empty()) check("--activation-checkpointing", flags_activation_share(off));
   if (off != ActivationOffload::kNvme) return;
   if (o.config.empty()) {
     std::string dirs = "[";
@@ -268,6 +270,20 @@ void TrainRun::setup_activations() {
   }
   Status paths = cfg.check_paths();
   if (!paths.is_ok()) fail(paths.with_context(what + ": its NVMe directory"));
+}
+
+// Without --config, the device's activation share (zoe.activation_device_budget), kept out of the
+// placement's budget: every block input of a micro-batch without offload (or without
+// --device-budget); with offload, a quarter of --device-budget, at least one block input (the last
+// one never leaves the device) and at most all of them.
+Status TrainRun::flags_activation_share(ActivationOffload off) {
+  const double all = model::checkpoint_bytes_estimate(mc, o.micro_batch, T), one = all / mc.layers;
+  double share = all;
+  if (off != ActivationOffload::kNone && o.has("--device-budget")) {
+    share = std::min(all, std::max(one, static_cast<double>(parse_bytes(o.device_budget).value()) / 4));
+  }
+  if (share >= 9.0e18) return invalid_argument("block inputs of %.3g bytes per micro-batch", all);
+  return cfg.set("zoe.activation_device_budget", std::to_string(static_cast<uint64_t>(share)));
 }
 
 // Data next: a missing file is reported before the engine allocates anything.

@@ -293,7 +293,9 @@ CLI::App* add_train_options(CLI::App& app, TrainOpts* o) {
                   "Draw the loss and eval curves and the time per step into this PNG (python3-matplotlib)");
   cmd->add_flag("--activation-checkpointing", o->activation_checkpointing,
                 "Keep only each block's input for the backward (in the engine's activation store) and "
-                "recompute the block there; on too when --config has an activation_checkpointing section");
+                "recompute the block there; on too when --config has an activation_checkpointing section. "
+                "Without --config the device keeps all of a micro-batch's block inputs, or with "
+                "--activation-offload and --device-budget a quarter of the budget (at least one)");
   cmd->add_option("--activation-offload", o->activation_offload,
                   "none, cpu or nvme: where the activation store may move block inputs the device's "
                   "activation budget cannot hold (needs checkpointing; overrides zoe.activation_offload)");

@@ -58,9 +58,11 @@ Status activation_inputs(const PlanOptions& o, PlanInputs* in) {
   ActivationOptions& a = in->act;
   const config::Config& c = in->base;
   a.checkpointing = c.activation_checkpointing.given || o.activation_checkpointing;
-  auto off = parse_activation_offload(o.activation_offload.empty() ? c.zoe.activation_offload : o.activation_offload);
+  auto off = parse_activation_offload(o.activation_offload.empty() ? c.zoe.activation_offload
+                                                                   : o.activation_offload);
   if (!off.is_ok())
-    return invalid_argument("--activation-offload %s: expected none, cpu or nvme", o.activation_offload.c_str());
+    return invalid_argument("--activation-offload %s: expected none, cpu or nvme",
+                            o.activation_offload.c_str());
   a.offload = off.value();
   a.host_budget = static_cast<uint64_t>(c.zoe.activation_host_budget_bytes);
   a.device_budget = static_cast<uint64_t>(c.zoe.activation_device_budget_bytes);
@@ -69,9 +71,11 @@ Status activation_inputs(const PlanOptions& o, PlanInputs* in) {
   a.host_share = c.zoe.host_budget_bytes > 0 ? static_cast<uint64_t>(c.zoe.host_budget_bytes) / 4 : 0;
   if (a.offload != ActivationOffload::kNone && !a.checkpointing) {
     return invalid_argument(
-        "%s needs --activation-checkpointing: only checkpointed activations (each block's input) are offloaded",
-        o.activation_offload.empty() ? ("zoe.activation_offload " + c.zoe.activation_offload + " of --config").c_str()
-                                     : ("--activation-offload " + o.activation_offload).c_str());
+        "%s needs --activation-checkpointing: only checkpointed activations (each block's input) are "
+        "offloaded",
+        o.activation_offload.empty()
+            ? ("zoe.activation_offload " + c.zoe.activation_offload + " of --config").c_str()
+            : ("--activation-offload " + o.activation_offload).c_str());
   }
   if (!o.activation_host_budget.empty()) {
     ZOE_ASSIGN_OR_RETURN(a.host_budget, bytes_of(o.activation_host_budget, "--activation-host-budget"));

@@ -116,8 +116,10 @@ zero::TierBytes split_checkpoints(const ActivationSizes& a, const ActivationOpti
 }
 
 uint64_t nvme_host_buffers(const ActivationSizes& a, const ActivationOptions& o, uint64_t host_budget) {
-  const uint64_t run = o.run_bytes ? o.run_bytes : std::clamp<uint64_t>(host_budget / 8 / 4096 * 4096, 64u << 10, 8u << 20);
-  return static_cast<uint64_t>(o.write_buffers) * run + (o.prefetch + 1ull) * ((a.tensor + 4095) / 4096 * 4096);
+  const uint64_t run =
+      o.run_bytes ? o.run_bytes : std::clamp<uint64_t>(host_budget / 8 / 4096 * 4096, 64u << 10, 8u << 20);
+  return static_cast<uint64_t>(o.write_buffers) * run +
+         (o.prefetch + 1ull) * ((a.tensor + 4095) / 4096 * 4096);
 }
 
 namespace {
@@ -150,7 +152,7 @@ bool offloads(const PlanInputs& in, const ActivationSizes& a, const Result<zero:
 // host budget), counted in its bytes and its workload's link traffic. Returns the bytes the host
 // budget lacks (offload cpu: every checkpoint that leaves the device must fit it).
 uint64_t place_checkpoints(const PlanInputs& in, const ActivationSizes& a, const zero::TierBytes& have,
-                       const zero::Placement& plan, PlanRow* row, Workload* w) {
+                           const zero::Placement& plan, PlanRow* row, Workload* w) {
   const uint64_t dev_room = sat_sub(have.device, plan.peak.device + a.workspace);
   const uint64_t dev_part = std::min(a.checkpoint, in.act.device_budget ? in.act.device_budget : dev_room);
   const uint64_t host_used = plan.peak.host + (in.cuda ? 0 : plan.peak.device + a.workspace + dev_part);

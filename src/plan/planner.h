@@ -24,7 +24,7 @@ namespace zoe::plan {
 struct ActivationOptions {
   bool checkpointing = false;
   ActivationOffload offload = ActivationOffload::kNone;
-  uint64_t host_budget = 0;         // zoe.activation_host_budget; 0: the engine's default (below)
+  uint64_t host_budget = 0;  // zoe.activation_host_budget; 0: the engine's default (below)
   // The engine's default host budget: a quarter of zoe.host_budget when it is given (host_share),
   // else 1/16 of a rank's host memory; at most what the placement leaves of the host.
   uint64_t host_share = 0;

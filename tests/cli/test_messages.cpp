@@ -167,13 +167,13 @@ TEST(Messages, ActivationFlagsAndKeysNameThemselves) {
   std::ofstream(d.file("nvme.json"))
       << R"({"activation_checkpointing": {}, "zoe": {"activation_offload": "nvme"}})";
   r = zoe(run + "--config " + d.file("nvme.json"));
-  EXPECT_EQ(r.rc, 2) << r.err;
-  EXPECT_NE(r.err.find("has no directory for the activations: set zoe.activation_nvme_path"),
-            std::string::npos)
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_NE(r.err.find("zoe.activation_offload: \"nvme\" needs zoe.activation_nvme_path"), std::string::npos)
       << r.err;
   r = zoe(run + "--config " + d.file("off.json") + " --activation-checkpointing --activation-offload nvme");
   EXPECT_EQ(r.rc, 2) << r.err;
-  EXPECT_NE(r.err.find("--activation-offload nvme has no directory for the activations"), std::string::npos)
+  EXPECT_NE(r.err.find("needs zoe.activation_nvme_path"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--activation-offload with --config " + d.file("off.json")), std::string::npos)
       << r.err;
   r = zoe("plan --preset demo --activation-offload cpu");
   EXPECT_EQ(r.rc, 1) << r.err;

@@ -152,7 +152,8 @@ TEST(GptActivations, CheckpointedAndOffloadedRunsGiveTheSameBitsForEveryPlacemen
             << where << ", activations " << act_name(act) << ": parameter " << i << " differs";
       const ActivationStats& s = r->stats;
       EXPECT_EQ(s.checkpoint_bytes, 3 * kTensor) << where;
-      EXPECT_LE(s.high_water_device, act == Act::kNone ? 3 * kTensor : kTensor) << where << ": the device share";
+      EXPECT_LE(s.high_water_device, act == Act::kNone ? 3 * kTensor : kTensor)
+          << where << ": the device share";
       EXPECT_EQ(s.tier_bytes[1] > 0, act == Act::kCpu || act == Act::kNvme) << where << " " << act_name(act);
       EXPECT_EQ(s.tier_bytes[2] > 0, act == Act::kNvme) << where << " " << act_name(act);
       if (act == Act::kNvme) EXPECT_GT(s.bytes_nvme_read, 0u) << where << ": the NVMe tier read back";
