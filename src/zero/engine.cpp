@@ -468,7 +468,8 @@ Status Engine::initialize(const std::function<void(size_t, size_t, float*, size_
   target.device_budget = ctx.dev->budget_bytes();
   // A given activation share (zoe.activation_device_budget) is kept out of the placement's budget,
   // which a stage-3 tier manager's device cache would otherwise fill.
-  const uint64_t act_share = static_cast<uint64_t>(std::max<int64_t>(0, ctx.cfg->zoe.activation_device_budget_bytes));
+  const uint64_t act_share =
+      static_cast<uint64_t>(std::max<int64_t>(0, ctx.cfg->zoe.activation_device_budget_bytes));
   if (act_share > 0 && act_share < target.device_budget) target.device_budget -= act_share;
   // Queued gathers run a host task on the communicator's stream: host-memory devices only.
   target.queued_gathers = ctx.ops->host_addressable() && ctx.dcomm == ctx.comm;
