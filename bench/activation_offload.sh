@@ -57,8 +57,8 @@ long() {
               --offload nvme --nvme-path "$scratch" --device-budget "$budget" --activation-checkpointing)
   echo "## long sequence: demo width, $layers blocks, seq $seq, micro-batch $micro, --device-budget $budget"
   "$zoe" plan --preset demo --layers "$layers" --context "$seq" --seq "$seq" --micro-batch "$micro" \
-    --device cpu --device-mem "$budget" --activation-checkpointing --activation-offload nvme \
-    --activation-host-budget 48MiB --top 4 2> /dev/null || true
+    --device cpu --device-mem 1GiB --activation-device-budget 4MiB --activation-checkpointing --activation-offload nvme \
+    --activation-host-budget 48MiB --top 3 2> /dev/null || true
   train long-cpu "${args[@]}" --activation-offload cpu
   train long-nvme "${args[@]}" --activation-offload nvme --activation-host-budget 48MiB
   same_losses long-cpu long-nvme
@@ -99,7 +99,7 @@ JSON
 JSON
   local args=(--preset demo --context "$seq" --seq "$seq" --steps 4 --activation-checkpointing)
   echo "## overhead: demo, seq $seq, micro-batch $micro: block inputs on NVMe vs recompute without offload"
-  printf "%-6s %10s %10s %8s %10s %10s %8s\n" round none_s nvme_s ratio io_s bound stall_s
+  printf "%-6s %10s %10s %8s %10s %10s %8s %14s\n" round none_s nvme_s ratio io_s bound stall_s nvme_MiB/step
   local ratios=() bounds=()
   for ((k = 1; k <= rounds; ++k)); do
     train over-none --config "$scratch/none.json" "${args[@]}"
@@ -115,10 +115,11 @@ JSON
     read -r ratio bound < <($py -c "print(f'{$nv / $base:.3f} {max($base, $io) / $base:.3f}')")
     ratios+=("$ratio")
     bounds+=("$bound")
-    printf "%-6s %10.3f %10.3f %8s %10.3f %10s %8s\n" "$k" "$base" "$nv" "$ratio" "$io" "$bound" \
-      "$(field over-nvme '"%.2f" % d["time_s"]["activation_stall"]')"
+    printf "%-6s %10.3f %10.3f %8s %10.3f %10s %8s %14s\n" "$k" "$base" "$nv" "$ratio" "$io" "$bound" \
+      "$(field over-nvme '"%.2f" % d["time_s"]["activation_stall"]')" \
+      "$($py -c "r, w = map(float, '$rw'.split()); print(f'{(r + w) / 1048576:.1f}')")"
   done
-  $py -c "import statistics as s; r = [${ratios[*]// /,}]; b = [${bounds[*]// /,}];
+  $py -c "import statistics as s; r = [$(IFS=,; echo "${ratios[*]}")]; b = [$(IFS=,; echo "${bounds[*]}")];
 print(f'median nvme / none = {s.median(r):.3f} (target <= 1.15); median I/O bound ratio = {s.median(b):.3f}')"
 }
 
