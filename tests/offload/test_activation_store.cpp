@@ -146,8 +146,8 @@ void round_trip(ActRig& r, const std::vector<uint64_t>& sizes, uint32_t mb, char
   (void)want;
 }
 
-const std::vector<uint64_t> kSizes = {64 * kKiB, 100 * kKiB + 3, 256 * kKiB, 1000, 300 * kKiB + 17,
-                                      4 * kKiB,  640 * kKiB + 1, 128 * kKiB, 77,   200 * kKiB};
+const std::vector<uint64_t> kSizes = {64 * kKiB, 100 * kKiB + 3, 256 * kKiB, 1000, 0, 300 * kKiB + 17,
+                                      4 * kKiB,  640 * kKiB + 1, 128 * kKiB, 77,   1, 200 * kKiB};
 
 uint64_t total(const std::vector<uint64_t>& s) {
   uint64_t t = 0;
