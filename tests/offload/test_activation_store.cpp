@@ -1,6 +1,7 @@
 // The activation store: the plan, round trips through every tier, budgets, read-ahead, faults.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -140,7 +141,8 @@ void round_trip(ActRig& r, const std::vector<uint64_t>& sizes, uint32_t mb, char
   for (size_t k = sizes.size(); k-- > 0;) {
     std::memset(dst, 0, sizes[k]);
     ASSERT_OK(r.store->load(ids[k], dst)) << "load " << k;
-    ASSERT_EQ(0, std::memcmp(dst, expect[k].data(), sizes[k])) << "tensor " << k << " micro-batch " << mb;
+    ASSERT_TRUE(std::equal(expect[k].begin(), expect[k].end(), dst))
+        << "tensor " << k << " micro-batch " << mb;
   }
   ASSERT_OK(r.store->end_micro_batch());
   (void)want;
