@@ -47,6 +47,10 @@ def _boundary_codes():
 
 
 _BOUNDARY_CODES = _boundary_codes()
+# Whether this torch's non-reentrant checkpoint saves a region's inputs as saved tensors (torch 2.1
+# and later); before, a closure holds them, out of the hooks' reach, and they stay where they are.
+NON_REENTRANT_COVERED = hasattr(getattr(_tuc, "_CheckpointFrame", None), "save_inputs") or \
+    hasattr(_tuc, "_NoopSaveInputs")
 _AUTOGRAD_FUNCTION_FILE = getattr(torch.autograd.function, "__file__", None)
 
 
