@@ -27,9 +27,6 @@ nothing saved outlives its micro-batch.
 import torch
 import torch.utils.checkpoint as _tuc
 
-_OFFLOAD_NAMES = ("none", "cpu", "nvme")
-
-
 def _code_of(fn):
     fn = getattr(fn, "__wrapped__", fn)  # a decorated function (torch._disable_dynamo)
     return getattr(fn, "__code__", None)
@@ -38,8 +35,7 @@ def _code_of(fn):
 def _boundary_codes():
     """The code objects of torch.utils.checkpoint's functions that save a region's inputs (those
     the torch version at hand has)."""
-    fns = [getattr(_tuc, n, None) for n in ("checkpoint", "_checkpoint_impl", "_checkpoint_without_reentrant",
-                                          "_checkpoint_without_reentrant_generator",
+    fns = [getattr(_tuc, n, None) for n in ("checkpoint", "_checkpoint_impl", "_checkpoint_without_reentrant_generator",
                                           "_checkpoint_without_reentrant_generator_impl")]
     frame = getattr(_tuc, "_CheckpointFrame", None)
     fns.append(getattr(frame, "save_inputs", None))
@@ -52,6 +48,7 @@ _BOUNDARY_CODES = _boundary_codes()
 NON_REENTRANT_COVERED = hasattr(getattr(_tuc, "_CheckpointFrame", None), "save_inputs") or \
     hasattr(_tuc, "_NoopSaveInputs")
 _AUTOGRAD_FUNCTION_FILE = getattr(torch.autograd.function, "__file__", None)
+_COMPREHENSIONS = ("<listcomp>", "<genexpr>", "<dictcomp>", "<setcomp>")
 
 
 def saved_by_checkpoint(frame):
@@ -64,7 +61,7 @@ def saved_by_checkpoint(frame):
         code = frame.f_code
         if code in _BOUNDARY_CODES:
             return True
-        if code.co_filename != _AUTOGRAD_FUNCTION_FILE and not code.co_name.startswith("<"):
+        if code.co_filename != _AUTOGRAD_FUNCTION_FILE and code.co_name not in _COMPREHENSIONS:
             return False
         frame = frame.f_back
     return False
