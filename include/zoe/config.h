@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "zoe/activations.h"
 #include "zoe/dtype.h"
 #include "zoe/status.h"
 
@@ -50,9 +51,11 @@ class Config {
   Status set_stage(int stage);           // zero_optimization.stage
   Status set_offload_optimizer(Offload where, const std::vector<std::string>& nvme_paths = {});
   Status set_offload_param(Offload where, const std::vector<std::string>& nvme_paths = {});
-  Status set_device_budget(uint64_t bytes);      // zoe.device_budget (0: the whole device)
-  Status set_optimizer_threads(int threads);     // zoe.optimizer_threads (0: all cores)
-  Status set_device(const std::string& device);  // zoe.device: "auto", "cpu" or "cuda"
+  Status set_device_budget(uint64_t bytes);                // zoe.device_budget (0: the whole device)
+  Status set_optimizer_threads(int threads);               // zoe.optimizer_threads (0: all cores)
+  Status set_device(const std::string& device);            // zoe.device: "auto", "cpu" or "cuda"
+  Status set_activation_offload(ActivationOffload where);  // zoe.activation_offload
+  Status set_activation_host_budget(uint64_t bytes);       // zoe.activation_host_budget (0: default)
   // Whether every nvme_path directory of an offload on "nvme" can hold the swap files: it exists,
   // is a writable directory, is not on a kernel pseudo file system (procfs, sysfs) and a file can
   // be created there. The error names the key, the directory and the reason. Engine::create asks
@@ -101,6 +104,35 @@ class Config {
   uint64_t device_budget() const;
   int optimizer_threads() const;
   std::string device() const;
+
+  // The activation store (zoe/activations.h, Engine::activations()).
+  // zoe.activation_offload; activation_checkpointing.cpu_checkpointing true makes it kCpu unless
+  // zoe.activation_offload is given.
+  ActivationOffload activation_offload() const;
+  // zoe.activation_host_budget: pinned host bytes of the store (0: the engine's default, a quarter
+  // of zoe.host_budget within what the placement leaves of it, else 1/16 of the host's memory
+  // per rank).
+  uint64_t activation_host_budget() const;
+  // zoe.activation_device_budget: the device's activation share (0: the engine's default, the
+  // device budget minus the placement's device peak).
+  uint64_t activation_device_budget() const;
+  int activation_prefetch() const;        // zoe.activation_prefetch: NVMe reads ahead in the backward
+  uint64_t activation_min_bytes() const;  // zoe.activation_min_bytes: smaller tensors stay on the device
+  // zoe.activation_nvme_path, else zero_optimization.offload_param's nvme_path, else
+  // offload_optimizer's (placeholders not expanded).
+  std::vector<std::string> activation_nvme_paths() const;
+  // DeepSpeed's activation_checkpointing section as given (all false / 0 when it is not).
+  struct ActivationCheckpointing {
+    bool given = false;                  // the section is in the config: the trainer checkpoints its blocks
+    bool partition_activations = false;  // no effect in zoe (warned)
+    bool cpu_checkpointing = false;      // see activation_offload()
+    bool contiguous_memory_optimization = false;  // no effect in zoe (warned)
+    int64_t number_checkpoints = 0;               // 0: not given
+    bool synchronize_checkpoint_boundary = false;
+    bool profile = false;  // no effect in zoe (warned)
+  };
+  ActivationCheckpointing activation_checkpointing() const;
+
   // Every field as JSON that parse() reads back to an equal Config.
   std::string to_json() const;
 

@@ -38,6 +38,7 @@
 #include <utility>
 #include <vector>
 
+#include "zoe/activations.h"
 #include "zoe/config.h"
 #include "zoe/dtype.h"
 #include "zoe/runtime.h"
@@ -207,6 +208,14 @@ class Engine {
   Status claim_save_dir(const std::string& save_dir);
   Result<std::string> load(const std::string& dir);
   int64_t steps_taken() const;
+
+  // The activation store of this engine (zoe/activations.h), made at initialize() and present
+  // from then on: with zoe.activation_offload none it keeps every saved tensor on the device. Its
+  // budgets are planned beside the placement: the device share is zoe.activation_device_budget,
+  // or what the device budget leaves beside the placement's device peak, so the engine stays
+  // within its device budget. step() drops what a micro-batch left in it (no activation state
+  // crosses a step boundary). Before initialize() every call of the store fails, saying so.
+  ActivationStore& activations();
 
   // Bytes of model state per rank: compute parameters, gradients and optimizer states (a frozen
   // module counts its compute parameters only).

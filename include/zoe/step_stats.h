@@ -53,7 +53,19 @@ using TierBytesArray = uint64_t[3];
     "zoe.speculative_step: modules whose update ran during the backward and stood")                          \
   X(uint64_t, speculative_undone, 0,                                                                         \
     "zoe.speculative_step: modules whose speculative update was undone (the step clipped or "                \
-    "overflowed, or the states were read first)")
+    "overflowed, or the states were read first)")                                                            \
+  /* The activation store (Engine::activations()). Its traffic is in none of the bytes_* fields above        \
+     (it has its own I/O engine and stream); high_water includes it: the device mark is the device's own     \
+     (the store allocates there), the host and nvme marks add the store's marks below. */                    \
+  X(uint64_t, activation_checkpoint_bytes, 0, "activation bytes saved in the last micro-batch, any tier")    \
+  X(TierBytesArray, activation_tier_bytes, {},                                                               \
+    "of which kept on the device, in pinned host memory, on NVMe")                                           \
+  X(TierBytesArray, activation_high_water, {}, "activation store high-water marks over the run, bytes")      \
+  X(uint64_t, activation_bytes_device_to_host, 0, "this step's activation bytes device -> host")             \
+  X(uint64_t, activation_bytes_host_to_device, 0, "this step's activation bytes host -> device")             \
+  X(uint64_t, activation_bytes_nvme_write, 0, "this step's activation bytes written to NVMe")                \
+  X(uint64_t, activation_bytes_nvme_read, 0, "this step's activation bytes read from NVMe")                  \
+  X(double, t_activation_stall, 0.0, "this step's seconds loads waited for activations still on their way")
 
 struct StepStats {
 #define ZOE_STEP_STATS_MEMBER_(type, name, init, doc) type name = init;

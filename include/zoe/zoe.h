@@ -8,6 +8,7 @@
 // Nothing here includes a header from zoe's sources; the headers need C++17.
 #pragma once
 
+#include "zoe/activations.h"
 #include "zoe/checkpoint.h"
 #include "zoe/config.h"
 #include "zoe/dtype.h"

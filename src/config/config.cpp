@@ -37,7 +37,8 @@ bool Config::operator==(const Config& o) const {
          train_micro_batch_size_per_gpu == o.train_micro_batch_size_per_gpu &&
          gradient_accumulation_steps == o.gradient_accumulation_steps &&
          gradient_clipping == o.gradient_clipping && fp16 == o.fp16 && bf16 == o.bf16 && zero == o.zero &&
-         aio == o.aio && optimizer == o.optimizer && scheduler == o.scheduler && zoe == o.zoe;
+         aio == o.aio && optimizer == o.optimizer && scheduler == o.scheduler && zoe == o.zoe &&
+         activation_checkpointing == o.activation_checkpointing;
 }
 
 namespace {
@@ -140,7 +141,7 @@ class TableReader {
   // there and for keys without effect whose contents are never checked.
   static Status null_given(const Field& f, const std::string& path) {
     if (f.disposition == detail::Disposition::kIgnore || f.kind == detail::Kind::kAny ||
-        f.default_value.is_null()) {
+        f.default_value.is_null() || f.null_is_default) {
       return Status::ok();
     }
     const std::string def = detail::describe(f.default_value);

@@ -123,8 +123,38 @@ struct ZoeConfig {
   // other rank exits naming it (comm/heartbeat.h). 0: never. Without the key: ZOE_COMM_TIMEOUT_S,
   // else 30.
   double comm_timeout_s = 30.0;
+  // The activation store (zoe/activations.h): where checkpointed activations live between a
+  // micro-batch's forward and backward. "none" keeps them on the device.
+  std::string activation_offload = "none";  // none | cpu | nvme
+  // Pinned host bytes of the store (its host tier, NVMe write buffers, read-ahead); 0: a quarter of
+  // zoe.host_budget (at most what the placement leaves of it), else 1/16 of the host's memory per rank.
+  int64_t activation_host_budget_bytes = 0;
+  // The device's activation share; 0: zoe.device_budget minus the placement's device peak.
+  int64_t activation_device_budget_bytes = 0;
+  int64_t activation_prefetch = 2;        // NVMe reads ahead of use in the backward
+  int64_t activation_min_bytes = 262144;  // smaller saved tensors stay on the device
+  // Directories of the activation swap file; empty: offload_param's nvme_path, else
+  // offload_optimizer's (the same placeholders, config/paths.h).
+  std::vector<std::string> activation_nvme_path;
 
   bool operator==(const ZoeConfig&) const = default;
+};
+
+// DeepSpeed's activation_checkpointing section. The caller (a trainer) turns checkpointing on when
+// the section is given; the store honours cpu_checkpointing (zoe.activation_offload "cpu" unless
+// that key is given). partition_activations, contiguous_memory_optimization and profile have no
+// effect in zoe (warned once when true); number_checkpoints and synchronize_checkpoint_boundary
+// are for the caller.
+struct ActivationCheckpointingConfig {
+  bool given = false;  // the section is in the config
+  bool partition_activations = false;
+  bool cpu_checkpointing = false;
+  bool contiguous_memory_optimization = false;
+  int64_t number_checkpoints = 0;  // 0: not given (DeepSpeed's null)
+  bool synchronize_checkpoint_boundary = false;
+  bool profile = false;
+
+  bool operator==(const ActivationCheckpointingConfig&) const = default;
 };
 
 struct Config {
@@ -141,6 +171,7 @@ struct Config {
   OptimizerConfig optimizer;
   SchedulerConfig scheduler;
   ZoeConfig zoe;
+  ActivationCheckpointingConfig activation_checkpointing;
   // Recognised DeepSpeed keys without effect in zoe yet (their JSON paths); parse() also logs
   // one warning listing them.
   std::vector<std::string> unimplemented;

@@ -148,6 +148,32 @@ Status check_contradictions(const Config& c) {
   return Status::ok();
 }
 
+// DeepSpeed's activation_checkpointing section: whether it is given, and cpu_checkpointing, which
+// means zoe.activation_offload "cpu" unless that key is given (then it wins, warned once).
+void apply_activation_checkpointing(const GivenKeys& g, Config* c) {
+  ActivationCheckpointingConfig& ac = c->activation_checkpointing;
+  ac.given = g.has("activation_checkpointing");
+  if (!ac.cpu_checkpointing) return;
+  if (!g.has("zoe.activation_offload")) {
+    c->zoe.activation_offload = "cpu";
+  } else if (c->zoe.activation_offload != "cpu") {
+    ZOE_LOG_WARN(
+        "config: activation_checkpointing.cpu_checkpointing true with zoe.activation_offload \"%s\": "
+        "zoe.activation_offload is used",
+        c->zoe.activation_offload.c_str());
+  }
+}
+
+Status check_activation_offload(const Config& c) {
+  if (c.zoe.activation_offload != "nvme") return Status::ok();
+  if (!c.zoe.activation_nvme_path.empty() || !c.zero.offload_param.nvme_path.empty() ||
+      !c.zero.offload_optimizer.nvme_path.empty())
+    return Status::ok();
+  return invalid_argument(
+      "zoe.activation_offload: \"nvme\" needs zoe.activation_nvme_path (a directory on the NVMe drive, or a "
+      "list of them; without it, zero_optimization.offload_param's or offload_optimizer's nvme_path)");
+}
+
 }  // namespace
 
 Status apply_rules(const GivenKeys& g, int world_size, Config* c) {
@@ -161,6 +187,8 @@ Status apply_rules(const GivenKeys& g, int world_size, Config* c) {
   if (c->optimizer.type == "AdamW") c->optimizer.adam_w_mode = true;
   ZOE_RETURN_IF_ERROR(check_scheduler(g, c->scheduler));
   ZOE_RETURN_IF_ERROR(merge_offload_ratio(c));
+  apply_activation_checkpointing(g, c);
+  ZOE_RETURN_IF_ERROR(check_activation_offload(*c));
   return check_contradictions(*c);
 }
 

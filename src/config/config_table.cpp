@@ -326,6 +326,47 @@ void add_scheduler_fields(std::vector<Field>& t) {
       integer(sp + "last_batch_iteration", none, -1, -1).warn("resume position comes from the checkpoint"));
 }
 
+bool has_activation_checkpointing(const Config& c) { return c.activation_checkpointing.given; }
+
+// The activation store (zoe/activations.h). The budgets' defaults (0) are sized by the engine.
+void add_zoe_activation_fields(std::vector<Field>& t) {
+  t.push_back(
+      choice("zoe.activation_offload", ZOE_MEMBER(zoe.activation_offload), "none", {"none", "cpu", "nvme"}));
+  t.push_back(bytes("zoe.activation_host_budget", ZOE_MEMBER(zoe.activation_host_budget_bytes)));
+  t.push_back(bytes("zoe.activation_device_budget", ZOE_MEMBER(zoe.activation_device_budget_bytes)));
+  t.push_back(integer("zoe.activation_prefetch", ZOE_MEMBER(zoe.activation_prefetch), 2, 0, 64));
+  Field min_bytes = bytes("zoe.activation_min_bytes", ZOE_MEMBER(zoe.activation_min_bytes));
+  min_bytes.default_value = 262144;
+  t.push_back(std::move(min_bytes));
+  t.push_back(paths("zoe.activation_nvme_path", ZOE_MEMBER(zoe.activation_nvme_path)));
+}
+
+// DeepSpeed's activation_checkpointing section (written back only when it was given). The caller
+// checkpoints; cpu_checkpointing sets zoe.activation_offload (a rule).
+void add_activation_checkpointing_fields(std::vector<Field>& t) {
+  const std::string a = "activation_checkpointing.";
+  t.push_back(
+      boolean(a + "partition_activations", ZOE_MEMBER(activation_checkpointing.partition_activations), false)
+          .warn("zoe has no model parallelism to partition activations over")
+          .written_if(has_activation_checkpointing));
+  t.push_back(boolean(a + "cpu_checkpointing", ZOE_MEMBER(activation_checkpointing.cpu_checkpointing), false)
+                  .written_if(has_activation_checkpointing));
+  t.push_back(boolean(a + "contiguous_memory_optimization",
+                      ZOE_MEMBER(activation_checkpointing.contiguous_memory_optimization), false)
+                  .warn("the activation store keeps each device-tier checkpoint in its own device allocation")
+                  .written_if(has_activation_checkpointing));
+  t.push_back(integer(a + "number_checkpoints", ZOE_MEMBER(activation_checkpointing.number_checkpoints), 0, 0,
+                      kMaxInt32)
+                  .null_default()
+                  .written_if(has_activation_checkpointing));
+  t.push_back(boolean(a + "synchronize_checkpoint_boundary",
+                      ZOE_MEMBER(activation_checkpointing.synchronize_checkpoint_boundary), false)
+                  .written_if(has_activation_checkpointing));
+  t.push_back(boolean(a + "profile", ZOE_MEMBER(activation_checkpointing.profile), false)
+                  .warn("zoe reports the activation store's bytes and stall in StepStats, not per checkpoint")
+                  .written_if(has_activation_checkpointing));
+}
+
 // zoe's own keys. host_budget is enforced by the placement planner (src/zero/placement.cpp).
 void add_zoe_fields(std::vector<Field>& t) {
   t.push_back(bytes("zoe.device_budget", ZOE_MEMBER(zoe.device_budget_bytes)));
@@ -338,16 +379,16 @@ void add_zoe_fields(std::vector<Field>& t) {
   t.push_back(boolean("zoe.speculative_step", ZOE_MEMBER(zoe.speculative_step), false));
   t.push_back(boolean("zoe.swap_checksum", ZOE_MEMBER(zoe.swap_checksum), false));
   t.push_back(number("zoe.comm_timeout_s", ZOE_MEMBER(zoe.comm_timeout_s), 30.0, Range{0.0, 86400.0}));
+  add_zoe_activation_fields(t);
 }
 
 // DeepSpeed keys without effect on what zoe computes.
 void add_ignored_fields(std::vector<Field>& t) {
   const std::monostate none;
-  for (const char* k :
-       {"steps_per_print", "wall_clock_breakdown", "dump_state", "memory_breakdown", "flops_profiler",
-        "tensorboard", "wandb", "csv_monitor", "comet", "comms_logger", "timers", "autotuning",
-        "activation_checkpointing", "checkpoint", "nebula", "pipeline", "dataloader_drop_last",
-        "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer"}) {
+  for (const char* k : {"steps_per_print", "wall_clock_breakdown", "dump_state", "memory_breakdown",
+                        "flops_profiler", "tensorboard", "wandb", "csv_monitor", "comet", "comms_logger",
+                        "timers", "autotuning", "checkpoint", "nebula", "pipeline", "dataloader_drop_last",
+                        "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer"}) {
     t.push_back(any(k).ignore());
   }
   t.push_back(boolean("prescale_gradients", none, false).warn());
@@ -376,6 +417,7 @@ std::vector<Field> build_table() {
   add_optimizer_fields(t);
   add_scheduler_fields(t);
   add_zoe_fields(t);
+  add_activation_checkpointing_fields(t);
   add_ignored_fields(t);
   return t;
 }

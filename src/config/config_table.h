@@ -78,6 +78,8 @@ struct Field {
   bool (*has_effect)(const Json& value) = nullptr;
   // to_json writes the key when this holds (null: always); keys without a member never.
   bool (*written)(const Config&) = nullptr;
+  // A null given reads as the default (DeepSpeed's None, e.g. number_checkpoints).
+  bool null_is_default = false;
 
   Field&& alias(std::string old_path) && {
     aliases.push_back(std::move(old_path));
@@ -100,6 +102,10 @@ struct Field {
   }
   Field&& as_fp64() && {
     fp32 = false;
+    return std::move(*this);
+  }
+  Field&& null_default() && {
+    null_is_default = true;
     return std::move(*this);
   }
   Field&& written_if(bool (*when)(const Config&)) && {

@@ -148,12 +148,33 @@ Status expand_paths(Config* c, const PathVars& v) {
       ZOE_ASSIGN_OR_RETURN(d, expand_path(key, d, v));
     }
   }
+  for (auto& d : c->zoe.activation_nvme_path) {
+    ZOE_ASSIGN_OR_RETURN(d, expand_path("zoe.activation_nvme_path", d, v));
+  }
   return Status::ok();
+}
+
+std::vector<std::string> activation_nvme_dirs(const Config& c) {
+  if (!c.zoe.activation_nvme_path.empty()) return c.zoe.activation_nvme_path;
+  if (!c.zero.offload_param.nvme_path.empty()) return c.zero.offload_param.nvme_path;
+  return c.zero.offload_optimizer.nvme_path;
 }
 
 Status check_paths(const Config& c) {
   ZOE_RETURN_IF_ERROR(check_dirs(c.zero.offload_optimizer, "offload_optimizer"));
-  return check_dirs(c.zero.offload_param, "offload_param");
+  ZOE_RETURN_IF_ERROR(check_dirs(c.zero.offload_param, "offload_param"));
+  if (c.zoe.activation_offload != "nvme") return Status::ok();
+  const std::string key = c.zoe.activation_nvme_path.empty()
+                              ? "zoe.activation_nvme_path (the offload's nvme_path)"
+                              : "zoe.activation_nvme_path";
+  std::vector<std::string> dirs = activation_nvme_dirs(c);
+  if (dirs.empty())
+    return invalid_argument("zoe.activation_offload: \"nvme\" needs zoe.activation_nvme_path");
+  for (const auto& d : dirs) {
+    ZOE_RETURN_IF_ERROR(check_dir_holds_files(key, d));
+    warn_if_network_fs(key, d);
+  }
+  return Status::ok();
 }
 
 const char* network_fs_name(long f_type) {

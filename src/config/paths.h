@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "config/config.h"
 #include "zoe/status.h"
@@ -22,11 +23,11 @@ struct PathVars {
 // RANK / LOCAL_RANK; 0 without a launcher) and gethostname.
 PathVars process_path_vars();
 
-// Replaces, in every nvme_path directory of both offload blocks, {rank}, {local_rank} and {host}
-// with v's values, and $NAME or ${NAME} with the environment variable NAME (e.g. $SLURM_TMPDIR,
-// the job's node-local directory under Slurm). "$$" is a literal "$". Errors (kInvalidArgument)
-// name the key and the path: an unknown {placeholder}, an unset or empty variable, a "{" or "${"
-// without its "}".
+// Replaces, in every nvme_path directory of both offload blocks and zoe.activation_nvme_path, {rank},
+// {local_rank} and {host} with v's values, and $NAME or ${NAME} with the environment variable NAME (e.g.
+// $SLURM_TMPDIR, the job's node-local directory under Slurm). "$$" is a literal "$". Errors
+// (kInvalidArgument) name the key and the path: an unknown {placeholder}, an unset or empty variable, a "{"
+// or "${" without its "}".
 [[nodiscard]] Status expand_paths(Config* c, const PathVars& v);
 // The same for one path ("what" names it in errors).
 [[nodiscard]] Result<std::string> expand_path(const std::string& what, const std::string& path,
@@ -42,7 +43,13 @@ PathVars process_path_vars();
 // are not examined. A directory on a network file system (NFS, Lustre, GPFS, CIFS, BeeGFS,
 // CephFS: statfs's f_type) is allowed, with one warning per directory: swap files belong on a
 // node-local drive. Paths are checked as given: expand_paths first.
+// With zoe.activation_offload "nvme", also the activation store's directories
+// (activation_nvme_dirs), under the key zoe.activation_nvme_path.
 [[nodiscard]] Status check_paths(const Config& c);
+
+// The activation store's swap directories: zoe.activation_nvme_path, else offload_param's
+// nvme_path, else offload_optimizer's (empty: none).
+std::vector<std::string> activation_nvme_dirs(const Config& c);
 
 // "NFS", "Lustre", ... for a statfs f_type of a network file system; nullptr for any other.
 const char* network_fs_name(long f_type);

@@ -124,6 +124,7 @@ void Engine::Impl::shutdown() {
   update.shutdown();  // an overlapped update still running behind (no collectives here)
   grads.shutdown();
   gather.shutdown();
+  ctx.acts.reset();  // waits for its I/O in flight
   ctx.swapper.reset();
   ctx.tm.reset();
   homes.free_device_memory();
@@ -487,6 +488,7 @@ Status Engine::initialize(const std::function<void(size_t, size_t, float*, size_
                 static_cast<unsigned long long>(ctx.dev->used_bytes()),
                 static_cast<unsigned long long>(ctx.placement.resident.device));
   I.gather.set_window(ctx.placement.gather_window);
+  ZOE_RETURN_IF_ERROR(I.setup_activations());
   I.initialized = true;
   I.clock.last_step_ns = now_ns();
   if (ctx.tm) ctx.tm->begin_trace();

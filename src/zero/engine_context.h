@@ -21,6 +21,7 @@
 #include "io/buffer.h"
 #include "io/io_engine.h"
 #include "io/swap_file.h"
+#include "offload/activation_store.h"
 #include "offload/optimizer_swapper.h"
 #include "offload/swap_store.h"
 #include "offload/tier_manager.h"
@@ -90,6 +91,9 @@ struct EngineContext {
   std::unique_ptr<offload::TierManager> tm;
   std::unique_ptr<offload::OptimizerSwapper> swapper;
   std::unique_ptr<optim::CpuPool> pool;
+  // The activation store (Engine::activations()), made at initialize(); before the device goes.
+  std::unique_ptr<ActivationStore> acts;
+  offload::ActivationStoreOptions acts_options;  // as initialize() sized it
   TraceRecorder trace;
   // Host memory of cpu-offloaded optimizer states, accumulators and speculative buffers.
   std::vector<io::AlignedBuffer> host_bufs;

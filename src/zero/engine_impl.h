@@ -11,6 +11,8 @@
 //   grad_reducer.h     GradReducer: gradient buffers, reductions, accumulation and the norm.
 //   param_gather.h     ParamGather: fetch/release, stage-3 gathers and their prefetch.
 //   engine_checkpoint.cpp  save/load through src/checkpoint.
+//   engine_activations.cpp the activation store (offload/activation_store.h): its budgets beside
+//                      the placement, and Engine::activations().
 //   engine.cpp         creation, add_module, initialize(); engine_calls.cpp and engine_step.cpp
 //                      the public calls (fetch, grads, reduce_grads, release, step, read_master).
 //
@@ -64,6 +66,9 @@ struct Engine::Impl {
   Status setup_io();
   Status setup_tiers();
   Status check_nvme_space() const;
+  // engine_activations.cpp: the activation store, its budgets planned beside the placement.
+  Status setup_activations();
+  Result<offload::ActivationStoreOptions> activation_options() const;
   Status place_module(zero::ModuleId m, const std::function<void(size_t, size_t, float*, size_t)>& init);
   // A module index from the public API, checked: "what(m): there are N modules" otherwise.
   Result<zero::ModuleId> module_id(const char* what, size_t m) const;

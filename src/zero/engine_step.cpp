@@ -12,6 +12,7 @@
 // After an error the engine is destructible; its states may be half-updated.
 #include <cmath>
 
+#include "core/log.h"
 #include "zero/engine_impl.h"
 
 namespace zoe {
@@ -106,11 +107,29 @@ Result<std::vector<std::vector<uint8_t>>> untouched_params(Engine::Impl& I) {
 
 }  // namespace
 
+// No activation state crosses a step boundary: what a micro-batch left in the store is dropped
+// (warned once: the caller should call end_micro_batch() after each micro-batch).
+static Status end_activations(Engine::Impl& I) {
+  if (!I.ctx.acts) return Status::ok();
+  const size_t held = offload::activation_tensors_held(*I.ctx.acts);
+  if (held == 0) return Status::ok();
+  static bool warned = false;
+  if (!warned) {
+    warned = true;
+    ZOE_LOG_WARN(
+        "step(): the activation store still held %zu saved tensors; dropped (call "
+        "activations().end_micro_batch() after each micro-batch)",
+        held);
+  }
+  return I.ctx.acts->end_micro_batch();
+}
+
 Result<StepStats> Engine::step() {
   Impl& I = *impl_;
   const uint64_t t_enter = now_ns();
   if (!I.initialized) return invalid_argument("step() before initialize()");
   ZOE_RETURN_IF_ERROR(sync_before_step(*this, I));
+  ZOE_RETURN_IF_ERROR(end_activations(I));
   const uint64_t t_opt0 = now_ns();
   ZOE_ASSIGN_OR_RETURN(optim::NormResult global, global_norm(I));
   // Phase 3: gradients were summed over ranks and micro-batches with the loss scale: average,

@@ -243,6 +243,13 @@ Status Config::set_optimizer_threads(int threads) {
 Status Config::set_device(const std::string& device) {
   return ZOE_EDIT("zoe.device", j["zoe"]["device"] = device);
 }
+Status Config::set_activation_offload(ActivationOffload where) {
+  return ZOE_EDIT("zoe.activation_offload", j["zoe"]["activation_offload"] = activation_offload_name(where));
+}
+Status Config::set_activation_host_budget(uint64_t bytes) {
+  return ZOE_EDIT("zoe.activation_host_budget", j["zoe"]["activation_host_budget"] = bytes);
+}
+
 #undef ZOE_EDIT
 
 // The placeholders as this process's launcher gives them (the engine uses the Runtime's values).
@@ -289,6 +296,36 @@ uint64_t Config::device_budget() const { return static_cast<uint64_t>(impl_->cfg
 int Config::optimizer_threads() const { return static_cast<int>(impl_->cfg.zoe.optimizer_threads); }
 std::string Config::device() const { return impl_->cfg.zoe.device; }
 std::string Config::to_json() const { return impl_->cfg.to_json(); }
+
+ActivationOffload Config::activation_offload() const {
+  auto r = parse_activation_offload(impl_->cfg.zoe.activation_offload);
+  return r.is_ok() ? r.value() : ActivationOffload::kNone;  // the table allows only the three names
+}
+uint64_t Config::activation_host_budget() const {
+  return static_cast<uint64_t>(impl_->cfg.zoe.activation_host_budget_bytes);
+}
+uint64_t Config::activation_device_budget() const {
+  return static_cast<uint64_t>(impl_->cfg.zoe.activation_device_budget_bytes);
+}
+int Config::activation_prefetch() const { return static_cast<int>(impl_->cfg.zoe.activation_prefetch); }
+uint64_t Config::activation_min_bytes() const {
+  return static_cast<uint64_t>(impl_->cfg.zoe.activation_min_bytes);
+}
+std::vector<std::string> Config::activation_nvme_paths() const {
+  return config::activation_nvme_dirs(impl_->cfg);
+}
+Config::ActivationCheckpointing Config::activation_checkpointing() const {
+  const config::ActivationCheckpointingConfig& a = impl_->cfg.activation_checkpointing;
+  ActivationCheckpointing out;
+  out.given = a.given;
+  out.partition_activations = a.partition_activations;
+  out.cpu_checkpointing = a.cpu_checkpointing;
+  out.contiguous_memory_optimization = a.contiguous_memory_optimization;
+  out.number_checkpoints = a.number_checkpoints;
+  out.synchronize_checkpoint_boundary = a.synchronize_checkpoint_boundary;
+  out.profile = a.profile;
+  return out;
+}
 
 namespace {
 // "a.b.c" -> {"a", "b", "c"}; an empty key or an empty part is an error naming the key.

@@ -41,11 +41,34 @@ void StepClock::collect(const EngineContext& ctx, uint64_t t_enter, uint64_t par
     *per_param[k] = static_cast<double>(*step_bytes[k]) / np;
     last_link_bytes[k] = now_bytes[k];
   }
+  collect_activations(ctx, st);
   st->gathers_prefetched = gathers_prefetched;
   st->gathers_on_demand = gathers_on_demand;
   gathers_prefetched = gathers_on_demand = 0;
   t_comm = t_io = t_opt = t_engine = t_opt_overlapped = 0;
   last_step_ns = now;
+}
+
+void StepClock::collect_activations(const EngineContext& ctx, StepStats* st) {
+  if (!ctx.acts) return;
+  const ActivationStats a = ctx.acts->stats();
+  st->activation_checkpoint_bytes = a.checkpoint_bytes;
+  for (int k = 0; k < 3; ++k) st->activation_tier_bytes[k] = a.tier_bytes[k];
+  st->activation_high_water[0] = a.high_water_device;
+  st->activation_high_water[1] = a.high_water_host;
+  st->activation_high_water[2] = a.high_water_nvme;
+  st->high_water[1] += a.high_water_host;
+  st->high_water[2] += a.high_water_nvme;
+  const uint64_t now[4] = {a.bytes_device_to_host, a.bytes_host_to_device, a.bytes_nvme_write,
+                           a.bytes_nvme_read};
+  uint64_t* out[4] = {&st->activation_bytes_device_to_host, &st->activation_bytes_host_to_device,
+                      &st->activation_bytes_nvme_write, &st->activation_bytes_nvme_read};
+  for (int k = 0; k < 4; ++k) {
+    *out[k] = now[k] - last_act_link[k];
+    last_act_link[k] = now[k];
+  }
+  st->t_activation_stall = a.t_stall - last_act_stall;
+  last_act_stall = a.t_stall;
 }
 
 }  // namespace zoe::zero

@@ -19,11 +19,16 @@ struct StepClock {
   // The link counters at the previous step() (NVMe read, NVMe write, host->device, device->host).
   uint64_t last_link_bytes[4] = {0, 0, 0, 0};
   uint64_t last_step_ns = 0;
+  // The activation store's link counters and stall at the previous step() (the same order).
+  uint64_t last_act_link[4] = {0, 0, 0, 0};
+  double last_act_stall = 0;
 
   // Fills st's times, high-water marks, bytes and gathers (st.grad_norm, lr, skipped, step,
   // loss_scale and the speculative counts are the step's own), then resets the counts.
   // t_enter: when step() began; params: the model's parameter count.
   void collect(const EngineContext& ctx, uint64_t t_enter, uint64_t params, StepStats* st);
+  // The activation store's part of st (collect() calls it).
+  void collect_activations(const EngineContext& ctx, StepStats* st);
 };
 
 }  // namespace zoe::zero

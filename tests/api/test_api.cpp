@@ -203,6 +203,7 @@ TEST_F(ScopedFetch, EveryStepStatsFieldReachesTheJson) {
   zoe::StepStats s = *st;
   s.speculative_undone = 123456789;
   s.high_water[2] = 987654321;
+  s.t_activation_stall = 0.5;
   s.grad_norm = 0.25;
   const std::string j = zoe::step_stats_json(s);
   size_t fields = 0, bytes = 0;
@@ -215,9 +216,10 @@ TEST_F(ScopedFetch, EveryStepStatsFieldReachesTheJson) {
   // Every member is visited: the visited sizes add up to the struct's, padding aside.
   EXPECT_GE(sizeof(zoe::StepStats), bytes);
   EXPECT_LT(sizeof(zoe::StepStats) - bytes, 16u);
-  EXPECT_EQ(fields, 27u);
+  EXPECT_EQ(fields, 35u);
   EXPECT_NE(j.find("\"step\": 1,"), std::string::npos) << j;
-  EXPECT_NE(j.find("\"speculative_undone\": 123456789}"), std::string::npos) << j;
+  EXPECT_NE(j.find("\"speculative_undone\": 123456789,"), std::string::npos) << j;
+  EXPECT_NE(j.find("\"t_activation_stall\": 0.5}"), std::string::npos) << j;
   EXPECT_NE(j.find("\"nvme\": 987654321}"), std::string::npos) << j;
   EXPECT_NE(j.find("\"grad_norm\": 0.25,"), std::string::npos) << j;
   EXPECT_STREQ(zoe::step_stats_doc("no_such_field"), "");
