@@ -83,6 +83,14 @@ void TieredActivationStore::note_tier(ActTier t, int64_t delta) {
 
 Status TieredActivationStore::copy(void* dst, const void* src, uint64_t bytes, int kind) {
   if (bytes == 0) return Status::ok();
+  if (o_.device->kind() == device::DeviceKind::kCpu) {
+    // The CPU device's memory is host memory, and a caller's tensor (torch's) is none of the
+    // device's allocations, which its stream checks: a plain copy, counted as the link it stands for.
+    std::memcpy(dst, src, bytes);
+    if (kind == kD2H) stats_.bytes_device_to_host += bytes;
+    if (kind == kH2D) stats_.bytes_host_to_device += bytes;
+    return Status::ok();
+  }
   switch (kind) {
     case kD2D:
       ZOE_RETURN_IF_ERROR(stream_->copy_d2d(dst, src, bytes));

@@ -60,10 +60,10 @@ def batches(n, seed=1):
 
 
 def act_config(tmp_path, offload, stage=2, **kw):
-    """Offload every region input but the last (keep_last): a device share of one byte, a
+    """Offload the region inputs beyond two (the device share holds two, the last one saved among them), a
     minimum size under a region input's, and for nvme a host budget with no room for them."""
     os.makedirs(tmp_path, exist_ok=True)
-    acts = dict(activation_offload=offload, activation_min_bytes=1024, activation_device_budget=1,
+    acts = dict(activation_offload=offload, activation_min_bytes=1024, activation_device_budget=2 * REGION_BYTES,
                 activation_nvme_path=str(tmp_path))
     if offload == "nvme":
         acts["activation_host_budget"] = HOST_BUDGET_NVME
@@ -102,9 +102,8 @@ def assert_same_bits(eng, z, base_eng, base_z, what):
 
 def assert_offloaded(acts, offload, regions, what):
     """Every step saved each region's input (at least `regions` tensors; a transformers layer
-    may take its attention mask positionally too) and loaded each back once; with offload, all
-    but the last one left the device (cpu: to the host; nvme: to NVMe, the host share being too
-    small for them)."""
+    may take its attention mask positionally too) and loaded each back once; with offload, those
+    beyond the device share left the device (to the host; with nvme also to NVMe); the device kept at most its share (two region inputs)."""
     for i, a in enumerate(acts):
         if offload == "none":
             assert a["last_saved"] == 0 and a["checkpoint_bytes"] == 0, (what, i, a)
@@ -114,8 +113,7 @@ def assert_offloaded(acts, offload, regions, what):
         assert a["checkpoint_bytes"] == a["last_bytes_saved"] > 0, (what, i, a)
         tiers = a["tier_bytes"]
         assert sum(tiers.values()) == a["checkpoint_bytes"], (what, i, a)
-        moved = tiers["host"] + tiers["nvme"]
-        assert moved >= a["checkpoint_bytes"] * (regions - 1) // regions, (what, i, a)
+        assert tiers["device"] <= 2 * REGION_BYTES and tiers["host"] + tiers["nvme"] > 0, (what, i, a)
         if offload == "nvme":
             assert tiers["nvme"] > 0, (what, i, a)
 
