@@ -132,6 +132,9 @@ def test_torch_checkpoint_offload_matches_torch(mode, tmp_path):
         eng, z, stats, acts = run_zoe(make(mode), act_config(tmp_path / offload, offload), data)
         assert_close_to_torch(eng, ref, z, t, what)
         assert_offloaded(acts, offload, len(ref.h), what)
+        if offload != "none":  # the StepStats fields (include/zoe/step_stats.h) say the same
+            assert stats[-1].activation_checkpoint_bytes == acts[-1]["checkpoint_bytes"], what
+            assert stats[-1].activation_tier_bytes == acts[-1]["tier_bytes"], what
         if base is None:
             base = (eng, z)
         else:
