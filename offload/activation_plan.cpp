@@ -20,7 +20,7 @@ const char* act_tier_name(ActTier t) {
 namespace {
 
 bool must_stay(std::span<const uint64_t> sizes, size_t i, const ActivationBudgets& b) {
-  return i + 1 == sizes.size() || sizes[i] < b.min_offload_bytes;
+  return i + 1 == sizes.size() || sizes[i] < b.min_offload_bytes || sizes[i] == 0;
 }
 
 // Marks the earliest offloadable tensors as leaving (kHost for now) until the rest fits the device

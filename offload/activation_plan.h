@@ -4,8 +4,8 @@
 // The rules, in order:
 //   1. Everything stays on the device while the micro-batch's tensors fit the device share
 //      (device_budget), and always with offload none.
-//   2. The most recently saved tensor (keep_last) and every tensor under min_offload_bytes stay on
-//      the device, whatever the budgets.
+//   2. The most recently saved tensor (keep_last) and every tensor under min_offload_bytes (and of
+//      0 bytes) stay on the device, whatever the budgets.
 //   3. Otherwise the earliest saved tensors (the last ones the backward needs) leave the device,
 //      earliest first, until the rest fits the device share.
 //   4. Of those, the latest go to pinned host memory while the host capacity lasts; the earlier
