@@ -22,6 +22,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "zoe/activations.h"
 #include "zoe/zoe.h"
 
 namespace py = pybind11;
@@ -442,6 +443,82 @@ void bind_engine_state(py::class_<PyEngine>& c) {
       });
 }
 
+// Engine::activations() (zoe/activations.h): the activation store, by addresses in the engine
+// device's memory given as integers (a torch tensor's data_ptr()). It reaches the store through
+// its engine at each call, so a closed engine raises instead of leaving a dangling store.
+struct PyActivations {
+  PyEngine* eng;
+  zoe::ActivationStore& s() { return eng->e().activations(); }
+};
+
+py::dict activation_stats_dict(const zoe::ActivationStats& a) {
+  py::dict d;
+  d["checkpoint_bytes"] = a.checkpoint_bytes;
+  py::dict tiers;
+  tiers["device"] = a.tier_bytes[0];
+  tiers["host"] = a.tier_bytes[1];
+  tiers["nvme"] = a.tier_bytes[2];
+  d["tier_bytes"] = tiers;
+  d["high_water_device"] = a.high_water_device;
+  d["high_water_host"] = a.high_water_host;
+  d["high_water_nvme"] = a.high_water_nvme;
+  d["bytes_device_to_host"] = a.bytes_device_to_host;
+  d["bytes_host_to_device"] = a.bytes_host_to_device;
+  d["bytes_nvme_write"] = a.bytes_nvme_write;
+  d["bytes_nvme_read"] = a.bytes_nvme_read;
+  d["t_stall"] = a.t_stall;
+  return d;
+}
+
+// The store's calls; save and load release the GIL (they may wait for I/O).
+void bind_activations(py::module_& m, py::class_<PyEngine>& engine) {
+  py::class_<PyActivations>(
+      m, "ActivationStore",
+      "The engine's activation store (Engine::activations()): tensors saved in the forward "
+      "and loaded back in the backward, through the device, pinned host memory and NVMe.")
+      .def("offload", [](PyActivations& a) { return zoe::activation_offload_name(a.s().offload()); })
+      .def(
+          "plan",
+          [](PyActivations& a, const std::vector<uint64_t>& sizes) {
+            check(a.s().plan(sizes.data(), sizes.size()));
+          },
+          py::arg("sizes"))
+      .def(
+          "save",
+          [](PyActivations& a, uintptr_t src, uint64_t bytes) {
+            zoe::Result<zoe::ActivationId> r = zoe::invalid_argument("unreached");
+            {
+              py::gil_scoped_release nogil;
+              r = a.s().save(reinterpret_cast<const void*>(src), bytes);
+            }
+            return take(std::move(r)).value;
+          },
+          py::arg("src"), py::arg("bytes"))
+      .def(
+          "load",
+          [](PyActivations& a, uint64_t id, uintptr_t dst) {
+            zoe::Status s;
+            {
+              py::gil_scoped_release nogil;
+              s = a.s().load(zoe::ActivationId{id}, reinterpret_cast<void*>(dst));
+            }
+            check(s);
+          },
+          py::arg("id"), py::arg("dst"))
+      .def("end_micro_batch",
+           [](PyActivations& a) {
+             zoe::Status s;
+             {
+               py::gil_scoped_release nogil;
+               s = a.s().end_micro_batch();
+             }
+             check(s);
+           })
+      .def("stats", [](PyActivations& a) { return activation_stats_dict(a.s().stats()); });
+  engine.def(
+      "activations", [](PyEngine& self) { return PyActivations{&self}; }, py::keep_alive<0, 1>());
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_zoe, m) {
@@ -454,4 +531,5 @@ PYBIND11_MODULE(_zoe, m) {
   bind_engine_setup(engine);
   bind_engine_step(engine);
   bind_engine_state(engine);
+  bind_activations(m, engine);
 }

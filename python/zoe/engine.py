@@ -22,11 +22,18 @@ through __cuda_array_interface__ (_as_tensor); the model's inputs and buffers li
 (release, reduce_grads, step) that stream is synchronized, as include/zoe/engine.h requires.
 In a CUDA backward, torch's autograd runs the hooks (and so these engine calls) on its thread for
 the device while the caller's thread waits in backward(): the calls stay one at a time.
+
+Activation checkpointing (torch.utils.checkpoint, transformers' gradient_checkpointing_enable):
+with zoe.activation_offload cpu or nvme, the same pack hook sends the tensors a checkpoint region
+keeps for its backward (its inputs) to zoe's activation store, and the unpack loads them back;
+activations.py says which tensors go and which stay. The store's micro-batch ends with each
+backward.
 """
 import base64
 import io
 import json
 import os
+import sys
 import weakref
 from collections import OrderedDict
 
@@ -36,6 +43,7 @@ import torch.nn as nn
 
 from . import _zoe, hf
 from ._zoe import ZoeError
+from .activations import ActivationOffload, SavedActivation
 from .units import partition
 
 _DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
@@ -192,8 +200,12 @@ class Engine:
         self._live = {}              # data_ptr of a fetched parameter buffer -> (zmod, param index)
         self._in_forward = False
         self._in_backward = False    # inside engine.backward (a reentrant checkpoint recomputes there)
+        self._grads_arrived = False  # a gradient reached zoe in the current engine.backward
+        self._partial_grads = None   # the micro-batch whose backward failed after gradients arrived
         self._check_model(model)
         self._build(model, zoe_units, unit_params, init_fn, weights)
+        self._acts = ActivationOffload(self._eng.activations(), self.device, self._sync,
+                                       self.config_value("zoe.activation_min_bytes"))
 
     # ---------------------------------------------------------------------------------------
     # Setup
@@ -513,16 +525,21 @@ class Engine:
                 zm.bw_held = True
                 self._acquire(zm)
 
-    # Saved tensors: parameters and their views travel as descriptors (see the module docstring).
+    # Saved tensors: parameters and their views travel as descriptors (see the module docstring);
+    # a checkpoint region's inputs in a training forward go to the activation store when it offloads.
     def _pack(self, t):
-        if not self._live or t.layout != torch.strided:
+        if t.layout != torch.strided:
             return t
-        loc = self._live.get(_storage_ptr(t))
-        if loc is None:
-            return t
-        return _SavedParam(loc[0], loc[1], t.storage_offset(), t.size(), t.stride())
+        loc = self._live.get(_storage_ptr(t)) if self._live else None
+        if loc is not None:
+            return _SavedParam(loc[0], loc[1], t.storage_offset(), t.size(), t.stride())
+        if self._acts.enabled and self._in_forward and not self._in_backward:
+            return self._acts.pack(t, sys._getframe(1))
+        return t
 
     def _unpack(self, obj):
+        if isinstance(obj, SavedActivation):
+            return self._acts.unpack(obj)
         if not isinstance(obj, _SavedParam):
             return obj
         zm = self._zmods[obj.zm]
@@ -544,6 +561,7 @@ class Engine:
             p.grad = None
             if eng is None or g is None:
                 return
+            eng._grads_arrived = True
             if zm.grad_views is None:
                 zm.grad_views = [_as_tensor(a, eng._dtype, eng.device) for a in eng._eng.grads(zm.index)]
             dst = zm.grad_views[i].view(g.shape)
@@ -584,16 +602,21 @@ class Engine:
             # Held by a direct inference call of the model that raised (nothing else holds a
             # module between forwards): released before they pile up.
             self._reset_fetches()
+        if self._acts.saved:
+            # The previous forward's checkpointed inputs, never used by a backward.
+            self._acts.end_micro_batch()
         self._in_forward = True
         try:
             with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
                 return self.module(*args, **kwargs)
         except ZoeError:
             self._reset_fetches()
+            self._end_activations(failing=True)
             raise
         except Exception as e:
             # The user's own error, as it was raised (type and traceback), with where zoe stood.
             self._reset_fetches()
+            self._end_activations(failing=True)
             if hasattr(e, "add_note"):
                 e.add_note(f"zoe: raised in the forward of {type(self.module).__name__} run by zoe's engine "
                            "(a parameter is only available inside the forward of its unit; units: "
@@ -611,18 +634,24 @@ class Engine:
                            "or by no parameter of the model)")
         scale = self._eng.loss_scale()
         self._in_backward = True
+        self._grads_arrived = False
+        failing = True
         try:
             # The saved-tensor hooks stay on through the backward: a reentrant activation checkpoint
             # recomputes its forward there and must save parameters as descriptors too.
             with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
                 (loss * scale if scale != 1.0 else loss).backward()
+            failing = False
         finally:
             self._in_backward = False
+            if failing and self._grads_arrived:
+                self._partial_grads = self._micro_steps + 1
             # Modules whose gradients are partial (a parameter unused this micro-batch), then any
             # fetch an error left.
             for zm in reversed(self._zmods):
                 if zm.grad_views is not None or zm.bw_held:
                     self._finish_grads(zm)
+            self._end_activations(failing)
         self._micro_steps += 1
         self._pending_backward += 1
         return loss
@@ -633,6 +662,10 @@ class Engine:
     def step(self):
         """At a gradient-accumulation boundary: norm, clipping and AdamW wherever the states live;
         otherwise nothing (stats.stepped is False)."""
+        if self._partial_grads is not None:
+            raise ZoeError(f"engine.step(): the backward of micro-batch {self._partial_grads} failed after some of "
+                           "its gradients had reached zoe: the gradients are incomplete, so no step is taken; "
+                           "resume from a checkpoint (engine.load_checkpoint)")
         if self._pending_backward == 0:
             raise ZoeError("engine.step() before engine.backward(): there are no gradients to step with "
                            f"(micro-batches since the last step: 0, global steps: {self._global_steps})")
@@ -670,6 +703,13 @@ class Engine:
 
     def memory_in_use(self):
         return self._eng.memory_in_use()
+
+    def activation_stats(self):
+        """The activation store's counters (include/zoe/activations.h's ActivationStats: the last
+        micro-batch's checkpoint_bytes and tier_bytes {device, host, nvme}, high-water marks, bytes
+        per link, t_stall), the offload setting and min_bytes, and the current micro-batch's
+        tensors saved, loaded and bytes_saved by the front-end."""
+        return self._acts.stats()
 
     def model_state_bytes(self):
         return self._eng.model_state_bytes()
@@ -758,6 +798,7 @@ class Engine:
         self._micro_steps = zt["micro_steps"]
         self._global_steps = zt["global_steps"]
         self._pending_backward = 0
+        self._partial_grads = None
         self._last = zt.get("last_stats", {})
         buffers = _from_b64(zt["buffers"])
         own = dict(self.module.named_buffers())
@@ -801,6 +842,15 @@ class Engine:
                                    f"{self.device} (zoe.device {self._eng.device()!r}): move the inputs to "
                                    "engine.device (x.to(engine.device))")
                 return
+
+    def _end_activations(self, failing):
+        """Ends the activation store's micro-batch; while another error is on its way, an error
+        of this one is not raised over it."""
+        try:
+            self._acts.end_micro_batch()
+        except ZoeError:
+            if not failing:
+                raise
 
     def _reset_fetches(self):
         for zm in self._zmods:
