@@ -24,7 +24,8 @@ struct Level {
 std::vector<Level> runnable_levels() {
   std::vector<Level> out;
   const SimdLevel cpu = detected_simd_level();
-  if (cpu >= SimdLevel::kAvx2 && initk::normal_avx2()) out.push_back({"avx2", SimdLevel::kAvx2, initk::normal_avx2()});
+  if (cpu >= SimdLevel::kAvx2 && initk::normal_avx2())
+    out.push_back({"avx2", SimdLevel::kAvx2, initk::normal_avx2()});
   if (cpu >= SimdLevel::kAvx512 && initk::normal_avx512())
     out.push_back({"avx512", SimdLevel::kAvx512, initk::normal_avx512()});
   return out;
@@ -50,9 +51,20 @@ TEST(InitNormal, EveryPathEqualsTheScalarBitForBit) {
     uint64_t first;
     size_t n;
   };
-  const Range ranges[] = {{0, 0},   {0, 1},    {1, 1},    {0, 2},      {1, 2},         {3, 5},
-                          {0, 511}, {1, 512},  {511, 3},  {255, 1027}, {0, 1u << 20},  {12345, 99999},
-                          {(uint64_t{1} << 40) + 1, 4097}, {~uint64_t{0} - 5000, 5000}};
+  const Range ranges[] = {{0, 0},
+                          {0, 1},
+                          {1, 1},
+                          {0, 2},
+                          {1, 2},
+                          {3, 5},
+                          {0, 511},
+                          {1, 512},
+                          {511, 3},
+                          {255, 1027},
+                          {0, 1u << 20},
+                          {12345, 99999},
+                          {(uint64_t{1} << 40) + 1, 4097},
+                          {~uint64_t{0} - 5000, 5000}};
   for (const Level& lv : levels) {
     for (uint64_t key : keys) {
       for (const Range& r : ranges) {
@@ -93,10 +105,10 @@ TEST(InitNormal, StandardNormal) {
     EXPECT_NEAR(s[side] / half, 0.0, 0.003) << "side " << side;
     EXPECT_NEAR(std::sqrt(s2[side] / half), 1.0, 0.003) << "side " << side;
   }
-  EXPECT_NEAR(cross / half, 0.0, 0.005);                  // the two sides of a pair are uncorrelated
-  EXPECT_NEAR(s4 / n, 3.0, 0.03);                         // kurtosis of a normal
-  EXPECT_NEAR(tail2 / n, 0.0455003, 0.0006);              // P(|z| > 2)
-  EXPECT_NEAR(tail3 / n, 0.0026998, 0.00015);             // P(|z| > 3)
+  EXPECT_NEAR(cross / half, 0.0, 0.005);                // the two sides of a pair are uncorrelated
+  EXPECT_NEAR(s4 / n, 3.0, 0.03);                       // kurtosis of a normal
+  EXPECT_NEAR(tail2 / n, 0.0455003, 0.0006);            // P(|z| > 2)
+  EXPECT_NEAR(tail3 / n, 0.0026998, 0.00015);           // P(|z| > 3)
   EXPECT_LE(top, std::sqrt(-2.0 * std::log(0x1p-24)));  // the radius's bound with 24 bits
 }
 
