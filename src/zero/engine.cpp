@@ -229,7 +229,8 @@ Status Engine::Impl::setup_tiers() {
 }
 
 // Initial values of module m: its compute parameters and optimizer states in their homes.
-Status Engine::Impl::place_module(zero::ModuleId m, const std::function<void(size_t, size_t, float*, size_t)>& init,
+Status Engine::Impl::place_module(zero::ModuleId m,
+                                  const std::function<void(size_t, size_t, float*, size_t)>& init,
                                   PlaceScratch* s) {
   const zero::ModuleLayout& mod = modules[m];
   // The scratch is the largest module's, reused by every module (no fresh pages to fault in and
@@ -244,7 +245,8 @@ Status Engine::Impl::place_module(zero::ModuleId m, const std::function<void(siz
   } else {  // the SIMD conversion, in software RNE (the bits zero::store_compute gives)
     optim::Exec ex;
     ex.hw_bf16 = false;
-    ZOE_RETURN_IF_ERROR(optim::convert_with_norm(full, DType::kF32, cbuf, ctx.cdt, mod.padded, false, ex).status());
+    ZOE_RETURN_IF_ERROR(
+        optim::convert_with_norm(full, DType::kF32, cbuf, ctx.cdt, mod.padded, false, ex).status());
   }
   ZOE_RETURN_IF_ERROR(homes.place(m, cbuf));
   // Optimizer states and gradient accumulator of the owned range (a frozen module has none).
