@@ -8,7 +8,8 @@
 #    at those rates) (target <= 1.15);
 #  - initialisation: Engine::initialize()'s wall time over the model state's bytes written at the
 #    write rate (target <= 1.2);
-#  - peak RSS of the run (/usr/bin/time), against 2 GB.
+#  - peak RSS of the run (/usr/bin/time), against 2 GB, with the peak's mappings by kind
+#    (bench/rss_trace.py: heap, malloc arenas, buffers, stacks, files).
 # It writes the model state (37 GB for 2b) under $ZOE_SCRATCH (default /var/tmp); run it alone
 # (flock -x /tmp/zoe-heavy.lock bench/big_nvme.sh).
 # Usage: bench/big_nvme.sh [build dir] [preset] [steps] [device budget] [extra zoe train flags...]
@@ -32,20 +33,19 @@ t0=$(date +%s.%N)
   --offload nvme --nvme-path "$scratch" --device-budget "$budget" --json "$@" > "$scratch/out.json" 2> "$scratch/err.txt" &
 timer=$!
 # The run's resident memory every half second (seconds since the start, anonymous and file kB), to
-# tell which phase holds the peak.
+# tell which phase holds the peak, and the peak's mappings grouped by kind (bench/rss_trace.py).
 sleep 0.2
 zpid=$(pgrep -P "$timer" | head -1 || true)
-while [ -n "$zpid" ] && kill -0 "$zpid" 2> /dev/null; do
-  awk -v t="$(date +%s.%N)" -v t0="$t0" '/^RssAnon|^RssFile/ {v[$1] = $2} END {if (length(v)) print t - t0, v["RssAnon:"], v["RssFile:"]}' \
-    "/proc/$zpid/status" 2> /dev/null >> "$scratch/rss-trace.txt" || true
-  sleep 0.5
-done
+if [ -n "$zpid" ]; then
+  /usr/bin/python3 "$(dirname "$0")/rss_trace.py" "$zpid" "$t0" "$scratch/rss-trace.txt" > "$scratch/rss-peak.json" || true
+fi
 wait "$timer" || { cat "$scratch/err.txt" >&2; exit 1; }
 t1=$(date +%s.%N)
 grep -v '^[[:space:]]*[0-9.]*$' "$scratch/err.txt" | grep -E "host buffers|warn" >&2 || true
 read -r r2 w2 < <(io_rates)
-touch "$scratch/rss-trace.txt"
-/usr/bin/python3 - "$scratch/out.json" "$scratch/rss.txt" "$t0" "$t1" "$r1" "$w1" "$r2" "$w2" "$scratch/rss-trace.txt" <<'PY'
+touch "$scratch/rss-trace.txt" "$scratch/rss-peak.json"
+/usr/bin/python3 - "$scratch/out.json" "$scratch/rss.txt" "$t0" "$t1" "$r1" "$w1" "$r2" "$w2" "$scratch/rss-trace.txt" \
+  "$scratch/rss-peak.json" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
 trace = [tuple(map(float, l.split())) for l in open(sys.argv[9]) if len(l.split()) == 3]
@@ -74,7 +74,15 @@ print(f"steady step: {last['wall']:.1f} s for compute {last['compute']:.1f} s an
       f"(target <= 1.15)")
 print(f"initialisation: {t['initialize']:.1f} s for {state / 1e9:.1f} GB of model state ({init_bound:.1f} s at "
       f"{wr / 1e9:.2f} GB/s): {t['initialize'] / init_bound:.3f}x (target <= 1.2)")
+print(f"  written at initialisation: {d['params'] * (d['model_state_bytes'] / d['params'] - 12) / 1e9:.1f} GB "
+      f"(compute parameters and fp32 master; m and v read as zeros until the first update)")
 print(f"peak RSS: {rss / 1e9:.2f} GB (target < 2 GB)")
+peak = json.loads(open(sys.argv[10]).read() or "{}")
+if peak:
+    print(f"  at its peak ({peak['rss_mb'] / 1e3:.2f} GB resident at {peak['t']:.0f} s), by kind: "
+          + ", ".join(f"{k} {v / 1e3:.2f} GB" for k, v in peak["kinds_mb"].items() if v >= 1))
+    print("  its largest mappings (MB resident / size): "
+          + ", ".join(f"{m['rss_mb']:.0f}/{m['size_mb']:.0f} {m['name']}" for m in peak["largest"]))
 if trace:
     # Initialisation ends about when the first step starts: the trace's time of the loop's start is
     # the run's wall time less the loop, evaluation and teardown.

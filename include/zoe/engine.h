@@ -146,7 +146,8 @@ class Engine {
   // Whether module m was registered frozen (ModuleOptions::frozen).
   bool module_frozen(size_t m) const;
   // Fills every parameter (fp32; the same on every rank), places all states in their tiers.
-  // init(module_index, param_index, data, numel).
+  // init(module_index, param_index, data, numel) writes all numel values (data holds whatever an
+  // earlier call left there: one buffer serves every module).
   Status initialize(const std::function<void(size_t, size_t, float*, size_t)>& init);
 
   size_t num_modules() const;

@@ -1,12 +1,12 @@
 // GptConfig checks, the engine module layout and the deterministic initialisation of the GPT.
 #include <algorithm>
 #include <cmath>
-#include <numbers>
 #include <thread>
 #include <vector>
 
 #include "core/log.h"
 #include "model/gpt.h"
+#include "model/init_normal.h"
 
 namespace zoe::model {
 
@@ -39,12 +39,10 @@ uint64_t splitmix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-// A standard normal that depends only on (key, index).
-double hashed_normal(uint64_t key, uint64_t index) {
-  const uint64_t h = splitmix64(key + index * 0x9E3779B97F4A7C15ull);
-  const double u1 = (static_cast<double>(h >> 32) + 1.0) * 0x1p-32;    // (0, 1]
-  const double u2 = static_cast<double>(h & 0xFFFFFFFFull) * 0x1p-32;  // [0, 1)
-  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
+// The normal kernel of this CPU's SIMD level (the values are the same on every level).
+initk::NormalFn normal_kernel() {
+  static const initk::NormalFn fn = initk::normal_for(environment_simd_level());
+  return fn;
 }
 
 }  // namespace
@@ -158,7 +156,7 @@ void gpt_init_range(const GptConfig& c, uint64_t seed, size_t module, size_t par
   }
   const uint64_t key =
       splitmix64(splitmix64(splitmix64(seed) ^ module) ^ (param + 1) * 0xD1B54A32D192ED03ull);
-  for (size_t i = 0; i < n; ++i) data[i] = static_cast<float>(std_dev * hashed_normal(key, first + i));
+  normal_kernel()(key, first, n, static_cast<float>(std_dev), data);
 }
 
 void gpt_init(const GptConfig& c, uint64_t seed, size_t module, size_t param, float* data, size_t n) {

@@ -22,6 +22,7 @@
 #include "core/log.h"
 #include "core/units.h"
 #include "io/fault_injector.h"
+#include "optim/adam.h"
 #include "zero/engine_impl.h"
 #include "zero/engine_internal.h"
 #include "zero/test_hooks.h"
@@ -230,16 +231,27 @@ Status Engine::Impl::setup_tiers() {
 
 // Initial values of module m: its compute parameters and optimizer states in their homes.
 Status Engine::Impl::place_module(zero::ModuleId m,
-                                  const std::function<void(size_t, size_t, float*, size_t)>& init) {
+                                  const std::function<void(size_t, size_t, float*, size_t)>& init,
+                                  PlaceScratch* s) {
   const zero::ModuleLayout& mod = modules[m];
-  std::vector<float> full(mod.padded, 0.0f);
-  for (size_t p = 0; p < mod.specs.size(); ++p) init(m.index, p, full.data() + mod.offset[p], mod.numel[p]);
-  std::vector<char> cbuf(mod.padded * ctx.esize());
+  // The scratch is the largest module's, reused by every module (no fresh pages to fault in and
+  // clear per module): init writes every element it is given; the padding is zeroed here.
+  float* full = s->full.data();
+  for (size_t p = 0; p < mod.specs.size(); ++p) init(m.index, p, full + mod.offset[p], mod.numel[p]);
+  std::fill(full + mod.total, full + mod.padded, 0.0f);
+  char* cbuf = s->cbuf.data();
   zero::OpsFence fence(*ctx.ops);  // the copies below read full and cbuf
-  zero::store_compute(cbuf.data(), full.data(), ctx.cdt, mod.padded);
-  ZOE_RETURN_IF_ERROR(homes.place(m, cbuf.data()));
+  if (ctx.cdt == DType::kF32) {
+    memcpy(cbuf, full, mod.padded * 4);
+  } else {  // the SIMD conversion, in software RNE (the bits zero::store_compute gives)
+    optim::Exec ex;
+    ex.hw_bf16 = false;
+    ZOE_RETURN_IF_ERROR(
+        optim::convert_with_norm(full, DType::kF32, cbuf, ctx.cdt, mod.padded, false, ex).status());
+  }
+  ZOE_RETURN_IF_ERROR(homes.place(m, cbuf));
   // Optimizer states and gradient accumulator of the owned range (a frozen module has none).
-  ZOE_RETURN_IF_ERROR(update.place(m, full.data() + mod.opt_begin));
+  ZOE_RETURN_IF_ERROR(update.place(m, full + mod.opt_begin));
   return fence.wait();
 }
 
@@ -484,7 +496,12 @@ Status Engine::initialize(const std::function<void(size_t, size_t, float*, size_
   ZOE_RETURN_IF_ERROR(I.check_nvme_space());
   // 3. Tiers and swapper, then every state in its home.
   ZOE_RETURN_IF_ERROR(I.setup_tiers());
-  for (zero::ModuleId m : I.modules.ids()) ZOE_RETURN_IF_ERROR(I.place_module(m, init));
+  Impl::PlaceScratch scratch;
+  size_t most = 0;
+  for (const auto& mod : I.modules.all()) most = std::max(most, mod.padded);
+  scratch.full.resize(most);
+  scratch.cbuf.resize(most * ctx.esize());
+  for (zero::ModuleId m : I.modules.ids()) ZOE_RETURN_IF_ERROR(I.place_module(m, init, &scratch));
   // The optimizer states written behind the placing (Updater::place): on NVMe before training.
   if (ctx.swapper)
     ZOE_RETURN_IF_ERROR_CTX(ctx.swapper->wait_async_writes(), "writing the initial optimizer states");

@@ -69,7 +69,13 @@ struct Engine::Impl {
   // engine_activations.cpp: the activation store, its budgets planned beside the placement.
   Status setup_activations();
   Result<offload::ActivationStoreOptions> activation_options() const;
-  Status place_module(zero::ModuleId m, const std::function<void(size_t, size_t, float*, size_t)>& init);
+  // initialize()'s buffers for one module's fp32 values and their compute-dtype copy.
+  struct PlaceScratch {
+    std::vector<float> full;
+    std::vector<char> cbuf;
+  };
+  Status place_module(zero::ModuleId m, const std::function<void(size_t, size_t, float*, size_t)>& init,
+                      PlaceScratch* s);
   // A module index from the public API, checked: "what(m): there are N modules" otherwise.
   Result<zero::ModuleId> module_id(const char* what, size_t m) const;
   // Completes every reduction in flight: ParamGather's way to free device memory.
