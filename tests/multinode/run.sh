@@ -20,6 +20,8 @@
 #              and weights (needs ZOE_PYTHON: a python that imports zoe and torch; else skipped)
 #   bench_comm zoe bench comm on 2 nodes x 2 ranks (case_bench_comm.sh): exact, 2 nodes counted,
 #              nccl-tests' busbw formulas
+#   tune_calibrate zoe tune --calibrate on 2 nodes x 2 ranks (case_tune_calibrate.sh): net_gbps and
+#              net_latency_us measured, other than one rank's file
 #
 # Usage: bash tests/multinode/run.sh [CASE...]    (ZOE_BIN: the zoe binary, default build/bin/zoe;
 #        MN_KEEP=1 keeps the outputs, the namespaces go anyway)
@@ -415,8 +417,16 @@ case_bench_comm() {
   note "bench_comm: zoe bench comm exact on 2 nodes x 2 ranks, nccl-tests' busbw formulas"
 }
 
+# --- tune_calibrate -------------------------------------------------------------------------------
+# zoe tune --calibrate on 2 nodes x 2 ranks measures the network (its own script and namespaces).
+case_tune_calibrate() {
+  ZOE_BIN=$ZOE bash "$here/case_tune_calibrate.sh" > "$work/tune_calibrate.log" 2>&1 ||
+    fail "tune_calibrate: exit $? ($(tail -5 "$work/tune_calibrate.log"))"
+  note "tune_calibrate: net_gbps and net_latency_us measured across 2 nodes x 2 ranks"
+}
+
 cases=("$@")
-[ ${#cases[@]} -gt 0 ] || cases=(layouts space stall kill link resume torch bench_comm)
+[ ${#cases[@]} -gt 0 ] || cases=(layouts space stall kill link resume torch bench_comm tune_calibrate)
 t_all=$SECONDS
 for c in "${cases[@]}"; do
   t0=$SECONDS
