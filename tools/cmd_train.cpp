@@ -106,9 +106,9 @@ struct TrainRun {
   std::vector<int32_t> tokens, targets;
   std::vector<double> losses, lrs, grad_norms;
   json step_times = json::array();
-  std::vector<double> comm_steps;  // this rank's t_comm per step
+  std::vector<double> comm_steps;     // this rank's t_comm per step
   json comm_by_rank = json::array();  // every rank's t_comm per step (finish())
-  json per_param = json::array();  // bytes per parameter moved in each step, per link
+  json per_param = json::array();     // bytes per parameter moved in each step, per link
   json evals = json::array();
   double t_compute = 0, t_comm = 0, t_io = 0, t_opt = 0;
   StepStats last;
@@ -507,7 +507,8 @@ void TrainRun::gather_comm() {
   const size_t row = static_cast<size_t>(std::max(o.steps, 1));
   const size_t n = std::min(comm_steps.size(), row);
   std::vector<double> all(row * w, 0.0);
-  std::copy(comm_steps.begin(), comm_steps.begin() + static_cast<ptrdiff_t>(n), all.begin() + static_cast<ptrdiff_t>(row * rt->rank()));
+  std::copy(comm_steps.begin(), comm_steps.begin() + static_cast<ptrdiff_t>(n),
+            all.begin() + static_cast<ptrdiff_t>(row * rt->rank()));
   Status s = rt->sum(&all);
   if (!s.is_ok()) fail(s.with_context("gathering every rank's communication time"));
   for (size_t r = 0; r < w; ++r)

@@ -19,7 +19,7 @@ tmp=$(mktemp -d "${ZOE_SCRATCH:-/var/tmp}/zoe-tune-mn.XXXXXX")
 chmod 755 "$tmp"
 trap 'mn_down > /dev/null 2>&1; rm -rf "$tmp"' EXIT
 mn_up 2,2 || exit 1
-args=(tune --calibrate --preset tiny --device cpu --fixed-micro-batch --calibrate-bytes 16MiB
+args=(tune --calibrate --preset demo --seq 64 --device cpu --fixed-micro-batch --calibrate-bytes 16MiB
   --calibrate-max-spread 10 --nvme-path "$tmp" --json)
 # One rank alone: the file without any network figure (the reference).
 "$ZOE_BIN" "${args[@]}" --nodes 1 --gpus-per-node 1 --calibration-out "$tmp/one.json" > /dev/null \
