@@ -108,7 +108,9 @@ struct TrainRun {
   std::vector<int32_t> tokens, targets;
   std::vector<double> losses, lrs, grad_norms;
   json step_times = json::array();
-  json per_param = json::array();  // bytes per parameter moved in each step, per link
+  std::vector<double> comm_steps;     // this rank's t_comm per step
+  json comm_by_rank = json::array();  // every rank's t_comm per step (finish())
+  json per_param = json::array();     // bytes per parameter moved in each step, per link
   json evals = json::array();
   double t_compute = 0, t_comm = 0, t_io = 0, t_opt = 0;
   StepStats last;
@@ -126,6 +128,7 @@ struct TrainRun {
   explicit TrainRun(TrainOpts opts) : o(std::move(opts)), mc(model_config(o)) {}
 
   void check_seq();
+  void gather_comm();
   void start_runtime();
   void build_config();
   void setup_activations();
@@ -546,6 +549,7 @@ void TrainRun::record_step(double step_wall) {
                         {"wall", step_wall}});
   per_param.push_back(link_json(last.per_param_nvme_read, last.per_param_nvme_write,
                                 last.per_param_host_to_device, last.per_param_device_to_host));
+  comm_steps.push_back(last.t_comm);
   t_compute += last.t_compute;
   t_comm += last.t_comm;
   t_io += last.t_io_stall;
@@ -581,8 +585,26 @@ void TrainRun::progress_line(int step, double loss) {
   }
 }
 
+// Every rank's t_comm per step, to every rank: a rank waiting for a slower one counts that wait
+// as communication, so the ranks' times differ.
+void TrainRun::gather_comm() {
+  // One row of --steps per rank, the same size on every rank whatever steps each ran.
+  const size_t w = static_cast<size_t>(rt->world_size());
+  const size_t row = static_cast<size_t>(std::max(o.steps, 1));
+  const size_t n = std::min(comm_steps.size(), row);
+  std::vector<double> all(row * w, 0.0);
+  std::copy(comm_steps.begin(), comm_steps.begin() + static_cast<ptrdiff_t>(n),
+            all.begin() + static_cast<ptrdiff_t>(row * rt->rank()));
+  Status s = rt->sum(&all);
+  if (!s.is_ok()) fail(s.with_context("gathering every rank's communication time"));
+  for (size_t r = 0; r < w; ++r)
+    comm_by_rank.push_back(std::vector<double>(all.begin() + static_cast<ptrdiff_t>(row * r),
+                                               all.begin() + static_cast<ptrdiff_t>(row * r + n)));
+}
+
 // After the last step: the pending checkpoint, the final evaluation and sample, --trace.
 void TrainRun::finish() {
+  gather_comm();
   Status fs = eng->finish_save();
   if (!fs.is_ok()) fail(fs.with_context("the last checkpoint"));
   progress->done();
@@ -630,6 +652,7 @@ json TrainRun::summary_json() const {
   j["lrs"] = lrs;
   j["grad_norms"] = grad_norms;
   j["step_time_s"] = step_times;
+  j["comm_s_by_rank"] = comm_by_rank;
   // The last step's StepStats, every field (zoe/step_stats.h).
   j["step_stats"] = json::parse(step_stats_json(last));
   add_activation_json(&j);

@@ -48,6 +48,11 @@ Runtime& runtime() {
   return *rt;
 }
 
+Runtime& local_runtime() {
+  static std::unique_ptr<Runtime> rt = value_or_fail(Runtime::init(/*force_local=*/true));
+  return *rt;
+}
+
 // zoe's GPT of a model description's dimensions (meaningful where m.zoe_gpt).
 model::GptConfig gpt_config_of(const plan::ModelDesc& m) {
   model::GptConfig c;

@@ -332,7 +332,10 @@ Result<TrainRates> measure_train(const plan::PlanInputs& pre, int64_t micro, boo
   const int T = static_cast<int>(std::min<int64_t>(pre.work.seq > 0 ? pre.work.seq : m.context, m.context));
   cfg.train_micro_batch_size_per_gpu = B;
   cfg.gradient_accumulation_steps = 1;
-  Runtime& rt = runtime();
+  // On this rank alone: under a launch of several ranks, an engine across them would count their
+  // skew and the network's latency into the caller's time (rest() below), and the spread of a
+  // small model's steps would refuse the calibration before it reached the network.
+  Runtime& rt = local_runtime();
   cfg.train_batch_size = static_cast<int64_t>(B) * rt.world_size();
   const model::GptConfig gc = gpt_config_of(m);
   std::vector<int32_t> tokens(static_cast<size_t>(B) * static_cast<size_t>(T)), targets(tokens.size());

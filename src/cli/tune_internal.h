@@ -33,6 +33,9 @@ struct TuneOpts {
 
 // The process's runtime, started once (calibration and --verify both train through engines).
 Runtime& runtime();
+// One rank of its own, whatever the launch: calibration measures this rank's compute without
+// waiting for the others (every rank of the launch measures at once, sharing the node's cores).
+Runtime& local_runtime();
 
 // zoe's GPT of a model description's dimensions (meaningful where m.zoe_gpt).
 model::GptConfig gpt_config_of(const plan::ModelDesc& m);

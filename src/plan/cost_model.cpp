@@ -241,8 +241,12 @@ struct StepModel {
   int fetches(size_t i) const {
     return i < w.fetches_per_pass.size() ? std::max(1, w.fetches_per_pass[i]) : 1;
   }
-  // Collectives of `bus_bytes` sent in all, `n` of them: their seconds.
-  double coll_s(double bus_bytes, uint64_t n) const { return bus_bytes / net + static_cast<double>(n) * lat; }
+  // Collectives of `bus_bytes` sent in all, `n` of them: their seconds. A gather or a
+  // reduce-scatter pays the latency once; an all-reduce (`rounds` 2) twice: it is a reduce-scatter
+  // and then an all-gather (a ring's 2(w-1) steps; zoe's MPI path, an all-to-all and an all-gather).
+  double coll_s(double bus_bytes, uint64_t n, uint64_t rounds = 1) const {
+    return bus_bytes / net + static_cast<double>(n * rounds) * lat;
+  }
   uint64_t reductions(const zero::ModulePlacement& m) const;
 };
 
@@ -457,10 +461,11 @@ void StepModel::backward_time(int64_t j) {
         static_cast<uint64_t>((pl.stage >= 2 ? 1.0 : 2.0) * ring * static_cast<double>(m.padded * es));
     red += r;
     B.collectives += n;
+    const double s = coll_s(static_cast<double>(r), n, pl.stage >= 2 ? 1 : 2);
     if (&m == &pl.modules.front())
-      path.serial(Resource::kNetwork, coll_s(static_cast<double>(r), n));
+      path.serial(Resource::kNetwork, s);
     else
-      g.add(Resource::kNetwork, coll_s(static_cast<double>(r), n));
+      g.add(Resource::kNetwork, s);
   }
   B.network += red;
   sums_write_behind(&g, j);
@@ -687,7 +692,7 @@ void StepModel::step_collectives_time() {
   const uint64_t bytes = static_cast<uint64_t>(2.0 * ring * static_cast<double>(doubles * 8));
   B.network += bytes;
   B.collectives += n;
-  path.serial(Resource::kNetwork, coll_s(static_cast<double>(bytes), n));
+  path.serial(Resource::kNetwork, coll_s(static_cast<double>(bytes), n, 2));
 }
 
 // A module's gradient reductions per micro-batch: stage 2/3, reduce-scatters of at most

@@ -8,7 +8,8 @@
 #   layouts    stages 1, 2 and 3 with NVMe offload on 2 nodes x 2 ranks, on 1 node x 4 ranks and on
 #              3 uneven nodes (1, 2, 1 ranks): bit-identical losses and gradient norms, and the same
 #              as stage 0 without offload (the dense reference); each node's swap files lie in its
-#              own directory behind the one nvme_path, and none is left
+#              own directory behind the one nvme_path, and none is left; comm_s_by_rank has every
+#              rank's row
 #   space      one node's NVMe directory too small: every rank's error names that node
 #   stall      one rank's I/O held longer than zoe.comm_timeout_s: not a lost rank, same losses
 #   kill       one node's processes killed mid-run: every other rank exits within 60 s naming a
@@ -20,6 +21,8 @@
 #              and weights (needs ZOE_PYTHON: a python that imports zoe and torch; else skipped)
 #   bench_comm zoe bench comm on 2 nodes x 2 ranks (case_bench_comm.sh): exact, 2 nodes counted,
 #              nccl-tests' busbw formulas
+#   tune_calibrate zoe tune --calibrate on 2 nodes x 2 ranks (case_tune_calibrate.sh): net_gbps and
+#              net_latency_us measured, other than one rank's file
 #
 # Usage: bash tests/multinode/run.sh [CASE...]    (ZOE_BIN: the zoe binary, default build/bin/zoe;
 #        MN_KEEP=1 keeps the outputs, the namespaces go anyway)
@@ -203,6 +206,12 @@ for stage in (1, 2, 3):
             print(f"stage {stage} nodes {layout}: {got} != stage 1 on 2_2 {first}", file=sys.stderr); bad += 1
         if got[0] != dense[0] or any(abs(a - b) > 1e-12 * abs(b) for a, b in zip(got[1], dense[1])):
             print(f"stage {stage} nodes {layout}: {got} vs dense {dense}", file=sys.stderr); bad += 1
+        # Every rank's comm per step: 4 rows of the run's steps, rank 0's as its step_time_s.
+        j = json.loads(p.read_text())
+        by_rank, steps = j["comm_s_by_rank"], len(j["step_time_s"])
+        if len(by_rank) != 4 or any(len(r) != steps or min(r) < 0 for r in by_rank) or \
+                by_rank[0] != [t["comm"] for t in j["step_time_s"]]:
+            print(f"stage {stage} nodes {layout}: comm_s_by_rank {by_rank}", file=sys.stderr); bad += 1
 if not bad:
     print(f"multinode: layouts: stages 1-3 x 3 layouts bit-identical, losses = the dense run's {dense[0]}",
           file=sys.stderr)
@@ -415,8 +424,16 @@ case_bench_comm() {
   note "bench_comm: zoe bench comm exact on 2 nodes x 2 ranks, nccl-tests' busbw formulas"
 }
 
+# --- tune_calibrate -------------------------------------------------------------------------------
+# zoe tune --calibrate on 2 nodes x 2 ranks measures the network (its own script and namespaces).
+case_tune_calibrate() {
+  ZOE_BIN=$ZOE bash "$here/case_tune_calibrate.sh" > "$work/tune_calibrate.log" 2>&1 ||
+    fail "tune_calibrate: exit $? ($(tail -5 "$work/tune_calibrate.log"))"
+  note "tune_calibrate: net_gbps and net_latency_us measured across 2 nodes x 2 ranks"
+}
+
 cases=("$@")
-[ ${#cases[@]} -gt 0 ] || cases=(layouts space stall kill link resume torch bench_comm)
+[ ${#cases[@]} -gt 0 ] || cases=(layouts space stall kill link resume torch bench_comm tune_calibrate)
 t_all=$SECONDS
 for c in "${cases[@]}"; do
   t0=$SECONDS
