@@ -222,6 +222,11 @@ void TrainRun::setup_activations() {
       usage_fail(
           s.with_context(o.config.empty() ? std::string(flag) : flag + (" with --config " + o.config)));
   };
+  if (o.config.empty() && o.activation_offload == "nvme") {  // the directory first: the offload checks it
+    std::string dirs = "[";
+    for (const std::string& d : nvme_dirs) dirs += (dirs.size() > 1 ? "," : "") + json(d).dump();
+    check("--nvme-path", cfg.set("zoe.activation_nvme_path", dirs + "]"));
+  }
   if (o.has("--activation-offload")) {
     if (!o.config.empty() && lead) {
       fprintf(stderr, "zoe: --activation-offload %s overrides zoe.activation_offload (%s in %s)\n",
@@ -260,11 +265,6 @@ void TrainRun::setup_activations() {
   }
   if (ckpt && o.config.empty()) check("--activation-checkpointing", flags_activation_share(off));
   if (off != ActivationOffload::kNvme) return;
-  if (o.config.empty()) {
-    std::string dirs = "[";
-    for (const std::string& d : nvme_dirs) dirs += (dirs.size() > 1 ? "," : "") + json(d).dump();
-    check("--nvme-path", cfg.set("zoe.activation_nvme_path", dirs + "]"));
-  }
   if (cfg.activation_nvme_paths().empty()) {
     usage_fail(invalid_argument(
         "%s has no directory for the activations: set zoe.activation_nvme_path (or an offload nvme_path) in "
