@@ -114,7 +114,8 @@ class Config {
   // per rank).
   uint64_t activation_host_budget() const;
   // zoe.activation_device_budget: the device's activation share (0: the engine's default, the
-  // device budget minus the placement's device peak).
+  // device budget minus the placement's device peak, the placement planned within three quarters
+  // of the device budget where activations are in use; see Engine::activations()).
   uint64_t activation_device_budget() const;
   int activation_prefetch() const;        // zoe.activation_prefetch: NVMe reads ahead in the backward
   uint64_t activation_min_bytes() const;  // zoe.activation_min_bytes: smaller tensors stay on the device

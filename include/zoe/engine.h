@@ -214,8 +214,12 @@ class Engine {
   // from then on: with zoe.activation_offload none it keeps every saved tensor on the device. Its
   // budgets are planned beside the placement: the device share is zoe.activation_device_budget,
   // or what the device budget leaves beside the placement's device peak, so the engine stays
-  // within its device budget. step() drops what a micro-batch left in it (no activation state
-  // crosses a step boundary). Before initialize() every call of the store fails, saying so.
+  // within its device budget. Where activations are in use (zoe.activation_offload cpu or nvme,
+  // or DeepSpeed's activation_checkpointing section) and no share is given, the placement is
+  // planned within three quarters of the device budget, so that a stage-3 device cache leaves at
+  // least a quarter to activations (where the placement needs more, it gets the whole budget and
+  // a warning names zoe.activation_device_budget). step() drops what a micro-batch left in it (no activation
+  // state crosses a step boundary). Before initialize() every call of the store fails, saying so.
   ActivationStore& activations();
 
   // Bytes of model state per rank: compute parameters, gradients and optimizer states (a frozen

@@ -478,17 +478,12 @@ Status Engine::initialize(const std::function<void(size_t, size_t, float*, size_
   for (const auto& mod : I.modules.all()) shapes.push_back({mod.name, mod.numel, mod.frozen, mod.held});
   zero::PlanTarget target;
   target.device_budget = ctx.dev->budget_bytes();
-  // A given activation share (zoe.activation_device_budget) is kept out of the placement's budget,
-  // which a stage-3 tier manager's device cache would otherwise fill.
-  const uint64_t act_share =
-      static_cast<uint64_t>(std::max<int64_t>(0, ctx.cfg->zoe.activation_device_budget_bytes));
-  if (act_share > 0 && act_share < target.device_budget) target.device_budget -= act_share;
   // Queued gathers run a host task on the communicator's stream: host-memory devices only.
   target.queued_gathers = ctx.ops->host_addressable() && ctx.dcomm == ctx.comm;
   // The buffers the config leaves to zoe are sized from this host's memory, shared by the ranks
   // (the job's size bounds how many of them share this host).
   target.host_memory = zero::engine_host_memory(ctx.world);
-  ZOE_ASSIGN_OR_RETURN(ctx.placement, zero::plan_placement(*ctx.cfg, shapes, ctx.world, ctx.rank, target));
+  ZOE_ASSIGN_OR_RETURN(ctx.placement, I.plan_beside_activations(shapes, target));
   apply_layout(ctx.placement, &I.modules);
   I.grads.resize(I.modules.size());
   I.gather.resize(I.modules.size());

@@ -4,6 +4,12 @@
 //   device share: zoe.activation_device_budget, else the device budget minus the placement's device
 //                 peak (an upper bound of the engine's own use), so the store never pushes the
 //                 engine over zoe.device_budget; a share given above what is left is an error.
+//                 The placement is planned without the share: the given one, or, where
+//                 activations are in use (zoe.activation_offload cpu|nvme, or DeepSpeed's
+//                 activation_checkpointing section) and none is given, a quarter of the device
+//                 budget (kActivationDeviceShareDiv), so that a stage-3 device cache does not take
+//                 the whole budget. Where the placement does not fit beside that default, it gets
+//                 the whole budget and the store what is left (warned, naming the key).
 //   host budget:  zoe.activation_host_budget, else a quarter of zoe.host_budget, within what the
 //                 placement's host peak leaves of it; without zoe.host_budget, 1/16 of this host's
 //                 memory per rank (kActivationHostShareDiv). A budget given above what
@@ -22,8 +28,9 @@ namespace zoe {
 
 namespace {
 
-constexpr uint64_t kActivationHostShareDiv = 16;  // of this rank's host memory, without zoe.host_budget
-constexpr uint64_t kActivationHostBudgetDiv = 4;  // of zoe.host_budget
+constexpr uint64_t kActivationDeviceShareDiv = 4;  // of the device budget, without the key
+constexpr uint64_t kActivationHostShareDiv = 16;   // of this rank's host memory, without zoe.host_budget
+constexpr uint64_t kActivationHostBudgetDiv = 4;   // of zoe.host_budget
 constexpr uint64_t kMaxRunBytes = 8u << 20;
 constexpr uint64_t kMinRunBytes = 64u << 10;
 
@@ -73,7 +80,37 @@ Result<uint64_t> host_budget(const zero::EngineContext& ctx) {
   return given;
 }
 
+// Whether the run saves activations through the store: offload asked for, or DeepSpeed's section.
+bool activations_in_use(const config::Config& cfg) {
+  return cfg.activation_checkpointing.given ||
+         (!cfg.zoe.activation_offload.empty() &&
+          cfg.zoe.activation_offload != activation_offload_name(ActivationOffload::kNone));
+}
+
 }  // namespace
+
+Result<zero::Placement> Engine::Impl::plan_beside_activations(const std::vector<zero::ModuleShape>& shapes,
+                                                              zero::PlanTarget target) const {
+  const config::Config& cfg = *ctx.cfg;
+  const uint64_t budget = target.device_budget;
+  const uint64_t given = static_cast<uint64_t>(std::max<int64_t>(0, cfg.zoe.activation_device_budget_bytes));
+  const uint64_t share = given ? given : activations_in_use(cfg) ? budget / kActivationDeviceShareDiv : 0;
+  if (share == 0 || share >= budget) return zero::plan_placement(cfg, shapes, ctx.world, ctx.rank, target);
+  target.device_budget = budget - share;
+  auto placed = zero::plan_placement(cfg, shapes, ctx.world, ctx.rank, target);
+  if (placed.is_ok() || given) return placed;
+  target.device_budget = budget;
+  auto whole = zero::plan_placement(cfg, shapes, ctx.world, ctx.rank, target);
+  if (whole.is_ok()) {
+    const uint64_t left = budget > whole.value().peak.device ? budget - whole.value().peak.device : 0;
+    ZOE_LOG_WARN(
+        "activations: the placement does not fit beside the default device share for activations (%s, a "
+        "quarter of zoe.device_budget); the store gets what the placement leaves, %s: set "
+        "zoe.activation_device_budget, or raise zoe.device_budget",
+        format_bytes(share).c_str(), format_bytes(left).c_str());
+  }
+  return whole;
+}
 
 Result<offload::ActivationStoreOptions> Engine::Impl::activation_options() const {
   const config::Config& cfg = *ctx.cfg;

@@ -68,6 +68,10 @@ struct Engine::Impl {
   Status check_nvme_space() const;
   // engine_activations.cpp: the activation store, its budgets planned beside the placement.
   Status setup_activations();
+  // The placement, planned with the device's activation share kept out of its budget (a stage-3
+  // tier manager's device cache would otherwise fill it): see engine_activations.cpp.
+  Result<zero::Placement> plan_beside_activations(const std::vector<zero::ModuleShape>& shapes,
+                                                  zero::PlanTarget target) const;
   Result<offload::ActivationStoreOptions> activation_options() const;
   // initialize()'s buffers for one module's fp32 values and their compute-dtype copy.
   struct PlaceScratch {

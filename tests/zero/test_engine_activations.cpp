@@ -112,12 +112,15 @@ TEST(ActivationConfig, DeepSpeedSection) {
 constexpr int kLayers = 8;
 constexpr int64_t kD = 64;  // a 64 x 64 fp32 weight: 16 KiB
 
-Result<std::unique_ptr<Engine>> make_engine(const std::string& zoe_keys) {
-  const std::string text =
-      "{\"train_micro_batch_size_per_gpu\": 1, \"zero_optimization\": {\"stage\": 2}, "
-      "\"zoe\": {\"device_budget\": \"8MiB\", \"optimizer_threads\": 1, "
-      "\"activation_min_bytes\": 4096" +
-      std::string(zoe_keys.empty() ? "" : ", ") + zoe_keys + "}}";
+// `sections`: the config's sections beside "zoe" and the micro-batch.
+Result<std::unique_ptr<Engine>> make_engine(
+    const std::string& zoe_keys, const std::string& sections = "\"zero_optimization\": {\"stage\": 2}",
+    const std::string& budget = "8MiB") {
+  const std::string text = "{\"train_micro_batch_size_per_gpu\": 1, " + sections +
+                           ", \"zoe\": {\"device_budget\": \"" + budget +
+                           "\", \"optimizer_threads\": 1, "
+                           "\"activation_min_bytes\": 4096" +
+                           std::string(zoe_keys.empty() ? "" : ", ") + zoe_keys + "}}";
   ZOE_ASSIGN_OR_RETURN(Config cfg, Config::parse(text, runtime().world_size()));
   ZOE_ASSIGN_OR_RETURN(auto e, Engine::create(runtime(), cfg));
   for (int l = 0; l < kLayers; ++l) {
@@ -186,6 +189,73 @@ void check_offload(const std::string& keys, ActivationOffload o) {
       EXPECT_GE(st->t_activation_stall, 0.0);
     }
   }
+}
+
+// Stage 3 with the parameters offloaded and a model larger than the device budget: the gather
+// window and the partitions' device cache would take the whole budget, so without
+// zoe.activation_device_budget the engine keeps a quarter of it for activations (offload asked
+// for, or DeepSpeed's activation_checkpointing section). Without that share the first save failed.
+Result<StepStats> stage3_step(const std::string& zoe_keys, const std::string& sections, uint64_t* share) {
+  const std::string text =
+      "{\"train_micro_batch_size_per_gpu\": 1, \"zero_optimization\": {\"stage\": 3, \"offload_param\": "
+      "{\"device\": \"cpu\"}, \"offload_optimizer\": {\"device\": \"cpu\"}}" +
+      sections +
+      ", \"zoe\": {\"device_budget\": \"4MiB\", \"optimizer_threads\": 1, \"activation_min_bytes\": 4096" +
+      zoe_keys + "}}";
+  ZOE_ASSIGN_OR_RETURN(Config cfg, Config::parse(text, runtime().world_size()));
+  ZOE_ASSIGN_OR_RETURN(auto e, Engine::create(runtime(), cfg));
+  for (int l = 0; l < 16; ++l)
+    ZOE_RETURN_IF_ERROR(e->add_module("big." + std::to_string(l), {{"w", {256, 256}}}));
+  ZOE_RETURN_IF_ERROR(e->initialize([](size_t, size_t, float* d, size_t n) { std::fill(d, d + n, 0.01f); }));
+  // Four 64 KiB activations saved and loaded back, the step's modules fetched between the saves.
+  ActivationStore& acts = e->activations();
+  std::vector<std::vector<float>> saved(4, std::vector<float>(16384));
+  std::vector<ActivationId> ids;
+  for (size_t m = 0; m < e->num_modules(); ++m) {
+    ZOE_RETURN_IF_ERROR(e->fetch(m).status());
+    if (m % 4 == 0) {
+      std::vector<float>& a = saved[m / 4];
+      for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(m * 100000 + i);
+      ZOE_ASSIGN_OR_RETURN(ActivationId id, acts.save(a.data(), a.size() * 4));
+      ids.push_back(id);
+    }
+    ZOE_RETURN_IF_ERROR(e->release(m));
+  }
+  std::vector<float> back(16384);
+  for (size_t k = ids.size(); k-- > 0;) {
+    ZOE_RETURN_IF_ERROR(acts.load(ids[k], back.data()));
+    if (back != saved[k]) return internal_error("activation %zu came back different", k);
+  }
+  ZOE_RETURN_IF_ERROR(acts.end_micro_batch());
+  for (size_t m = e->num_modules(); m-- > 0;) {
+    ZOE_ASSIGN_OR_RETURN(ModuleParams g, e->grads(m));
+    for (const TensorView& t : g.tensors) std::memset(t.data, 0, t.bytes);
+    ZOE_RETURN_IF_ERROR(e->reduce_grads(m));
+  }
+  ZOE_ASSIGN_OR_RETURN(StepStats st, e->step());
+  *share = e->device_budget_bytes() - st.high_water[0] + st.activation_high_water[0];
+  return st;
+}
+
+TEST(EngineActivations, DefaultDeviceShareBesideAStage3Cache) {
+  const uint64_t budget = 4u << 20, one = 64u << 10;
+  uint64_t room = 0;
+  for (const bool section : {false, true}) {
+    auto st = section
+                  ? stage3_step("", ", \"activation_checkpointing\": {\"cpu_checkpointing\": true}", &room)
+                  : stage3_step(", \"activation_offload\": \"cpu\"", "", &room);
+    ASSERT_OK(st) << (section ? "the DeepSpeed section" : "zoe.activation_offload");
+    EXPECT_EQ(st->activation_checkpoint_bytes, 4 * one);
+    EXPECT_GT(st->activation_tier_bytes[0], 0u);
+    EXPECT_LE(st->high_water[0], budget);
+    EXPECT_GE(room, budget / 4) << "the engine kept a quarter of the budget for activations";
+  }
+  // A share given is honoured exactly: one activation's bytes, so the rest goes to the host.
+  auto st = stage3_step(
+      ", \"activation_offload\": \"cpu\", \"activation_device_budget\": " + std::to_string(one), "", &room);
+  ASSERT_OK(st);
+  EXPECT_EQ(st->activation_tier_bytes[0], one);
+  EXPECT_EQ(st->activation_tier_bytes[1], 3 * one);
 }
 
 TEST(EngineActivations, NoneKeepsOnTheDevice) {
