@@ -2,8 +2,10 @@
 // falls, and bad input gets clear messages.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "tests/cli/run_zoe.h"
@@ -91,6 +93,35 @@ TEST(Train, ActivationCheckpointingGivesBitIdenticalLossesThroughTheTiers) {
   EXPECT_GT(nvme["activation_bytes_moved"]["nvme->host"].get<uint64_t>(), 0u);
   EXPECT_LE(nvme["high_water_bytes"]["activation_host"].get<uint64_t>(), 2816u << 10);
   EXPECT_TRUE(nvme["time_s"].contains("activation_stall"));
+}
+
+// Two jobs at once with their activations in one directory: each store makes a swap file of its
+// own, both train the losses of a run with no checkpointing, bit for bit, and neither leaves a file.
+TEST(Train, TwoJobsShareAnActivationDirectory) {
+  zoe::test::ScratchDir d("act2"), acts("act2-nvme");
+  const std::string cfg = d.file("tight.json");
+  std::ofstream(cfg) << R"({"train_micro_batch_size_per_gpu": 16, "zero_optimization": {"stage": 3}, )"
+                     << R"("zoe": {"activation_device_budget": "600KiB", "activation_nvme_path": ")"
+                     << acts.path() << R"("}})";
+  const std::string common =
+      "--preset small --steps 30 --seq 64 --seed 5 --eval-batches 1 --threads 1 --config " + cfg;
+  json plain = train(common);
+  ASSERT_FALSE(plain.is_null());
+  const std::string job =
+      std::string(ZOE_BIN) + " train --json --quiet " + common +
+      " --activation-checkpointing --activation-offload nvme --activation-host-budget 2816KiB";
+  const std::string both = "(" + job + " > " + d.file("a.json") + " 2> " + d.file("a.err") + " & " + job +
+                           " > " + d.file("b.json") + " 2> " + d.file("b.err") + "; wait)";
+  ASSERT_EQ(std::system(both.c_str()), 0);
+  for (const char* name : {"a", "b"}) {
+    std::ifstream in(d.file(std::string(name) + ".json"));
+    json j = json::parse(in, nullptr, false);
+    std::ifstream err(d.file(std::string(name) + ".err"));
+    ASSERT_FALSE(j.is_discarded()) << name << ": " << std::string(std::istreambuf_iterator<char>(err), {});
+    EXPECT_EQ(j["losses"].dump(), plain["losses"].dump()) << name;
+    EXPECT_GT(j["high_water_bytes"]["activation_nvme"].get<uint64_t>(), 0u) << name;
+  }
+  EXPECT_TRUE(std::filesystem::is_empty(acts.path())) << "the activation swap files are removed";
 }
 
 TEST(Train, DemoShapeWithEvaluationFinishes) {

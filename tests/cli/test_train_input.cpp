@@ -541,10 +541,12 @@ class BackgroundRun {
     std::ifstream in(err_path_);
     return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   }
-  // Waits (up to 120 s) until stderr contains `text`.
-  bool wait_for(const std::string& text) const {
+  // Waits (up to 120 s) until stderr contains `text`; false at once if the run ended first.
+  bool wait_for(const std::string& text) {
     for (int i = 0; i < 1200; ++i) {
       if (err().find(text) != std::string::npos) return true;
+      if (!reaped_ && waitpid(pid_, &status_, WNOHANG) == pid_) reaped_ = true;
+      if (reaped_) return err().find(text) != std::string::npos;
       usleep(100000);
     }
     return false;
@@ -553,10 +555,9 @@ class BackgroundRun {
   // The exit code (128 + signal when killed by one), waiting up to 120 s; -1 on timeout.
   int wait_exit() {
     for (int i = 0; i < 1200; ++i) {
-      int st = 0;
-      if (waitpid(pid_, &st, WNOHANG) == pid_) {
+      if (reaped_ || waitpid(pid_, &status_, WNOHANG) == pid_) {
         reaped_ = true;
-        return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st) + 1000;  // +1000: killed
+        return WIFEXITED(status_) ? WEXITSTATUS(status_) : 128 + WTERMSIG(status_) + 1000;  // +1000: killed
       }
       usleep(100000);
     }
@@ -566,6 +567,7 @@ class BackgroundRun {
  private:
   std::string err_path_;
   pid_t pid_ = -1;
+  int status_ = 0;
   bool reaped_ = false;
 };
 
@@ -583,6 +585,25 @@ TEST(TrainInput, SigtermSavesAndStopsAtAStepBoundary) {
   EXPECT_HAS(err, "saved in " + d.file("ck"));
   EXPECT_TRUE(std::filesystem::exists(d.file("ck/latest"))) << err;
   EXPECT_TRUE(std::filesystem::is_empty(nvme.path())) << "swap files are removed";
+}
+
+// The same with the activations on NVMe: the activation store's swap file goes too.
+TEST(TrainInput, SigtermRemovesTheActivationSwapFile) {
+  zoe::test::ScratchDir d("sig-act"), acts("sig-act-nvme");
+  const std::string cfg = d.file("acts.json");
+  std::ofstream(cfg) << R"({"train_micro_batch_size_per_gpu": 16, "zero_optimization": {"stage": 3}, )"
+                     << R"("zoe": {"activation_device_budget": "600KiB", "activation_nvme_path": ")"
+                     << acts.path() << R"("}})";
+  BackgroundRun run({"train", "--preset", "small", "--seq", "64", "--eval-batches", "1", "--steps", "1000000",
+                     "--config", cfg, "--activation-checkpointing", "--activation-offload", "nvme",
+                     "--activation-host-budget", "2816KiB"},
+                    d.file("stderr"));
+  ASSERT_TRUE(run.wait_for("step 3/")) << run.err();
+  EXPECT_FALSE(std::filesystem::is_empty(acts.path())) << "the activation swap file is there while training";
+  run.signal(SIGTERM);
+  EXPECT_EQ(run.wait_exit(), 143) << run.err();
+  EXPECT_HAS(run.err(), "zoe: stopped by SIGTERM after step ");
+  EXPECT_TRUE(std::filesystem::is_empty(acts.path())) << "the activation swap file is removed";
 }
 
 TEST(TrainInput, SigintStopsAndASecondOneExitsAtOnce) {
