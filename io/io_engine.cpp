@@ -43,7 +43,7 @@ Status IoCompletion::wait() {
   return status_;
 }
 
-IoEngine::IoEngine(const IoEngineOptions& opts) : opts_(opts) {}
+IoEngine::IoEngine(const IoEngineOptions& opts) : opts_(opts), read_ioprio_(opts.read_ioprio) {}
 
 IoEngine::~IoEngine() {
   // The backend's shutdown_and_wait() saw every submission complete, hooks included.
@@ -136,7 +136,7 @@ IoHandle IoEngine::submit(std::span<const IoRequest> reqs, IoCallback cb, IoFini
     for (size_t off = 0; off < r.len; off += opts_.block_size) {
       size_t n = std::min(opts_.block_size, r.len - off);
       chunks.push_back(new Chunk{r.op, r.file, r.offset + off, static_cast<char*>(r.buf) + off,
-                                 static_cast<uint32_t>(n), 0, g});
+                                 static_cast<uint32_t>(n), 0, 0, g});
     }
   }
   g->pending_.store(static_cast<uint32_t>(chunks.size()), std::memory_order_relaxed);
@@ -153,6 +153,19 @@ void IoEngine::complete_chunk(Chunk* c, int res) {
   IoCompletion* g = c->group.get();
   const char* opname = c->op == IoOp::kRead ? "pread" : "pwrite";
   Status err;
+  // A priority the kernel does not allow this process: the read goes again without it.
+  if (res == -EPERM && c->ioprio != 0) {
+    if (read_ioprio_.exchange(0) != 0) {
+      ZOE_LOG_WARN(
+          "io: the kernel refused I/O priority class %d level %d for reads (%s); they go on at the "
+          "process's priority",
+          c->ioprio >> 13, c->ioprio & 7, strerror(EPERM));
+    }
+    c->ioprio = 0;
+    std::vector<Chunk*> again{c};
+    enqueue(again);
+    return;
+  }
   // ECANCELED: io_uring cancels the requests a thread pushed to its async workers when that thread
   // exits (a short-lived submitter that also flushed other threads' queued requests); nothing was
   // transferred, and the retry is submitted by the engine's own completion thread.

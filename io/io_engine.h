@@ -94,7 +94,19 @@ struct IoEngineOptions {
   uint32_t sqpoll_idle_ms = 100;
   uint32_t threads = 0;             // thread backend: workers (0 = queue_depth, at most 128)
   FaultInjector* faults = nullptr;  // tests: inject errors and short transfers (not owned)
+  // io_uring: the I/O priority of this engine's reads (an ioprio value, io_read_priority()); 0:
+  // the process's. The kernel's scheduler (mq-deadline, bfq) serves a higher class first where
+  // requests queue; "none" ignores it. Where the kernel refuses it (EPERM: the real-time class
+  // needs CAP_SYS_ADMIN), that read is submitted again without it, and so are all later ones
+  // (warned once). The thread backend ignores it.
+  uint16_t read_ioprio = 0;
 };
+
+// An ioprio value: class 1 real-time, 2 best-effort, 3 idle; level 0 (highest) to 7.
+constexpr uint16_t io_read_priority(int io_class, int level) {
+  return static_cast<uint16_t>((io_class << 13) | level);
+}
+inline constexpr int kIoPrioClassRealtime = 1;
 
 struct IoStatsSnapshot {
   uint64_t read_requests = 0, write_requests = 0;
@@ -137,6 +149,8 @@ class IoEngine {
 
   virtual const char* name() const = 0;
   const IoEngineOptions& options() const { return opts_; }
+  // The priority reads are submitted with now: options().read_ioprio, or 0 once the kernel refused it.
+  uint16_t read_ioprio() const { return read_ioprio_.load(std::memory_order_relaxed); }
   IoStatsSnapshot stats() const;
 
  protected:
@@ -150,6 +164,7 @@ class IoEngine {
     char* buf;        // current
     uint32_t len;     // remaining
     uint32_t retries = 0;
+    uint16_t ioprio = 0;  // the priority it was submitted with (the backend sets it)
     IoHandle group;
   };
 
@@ -162,6 +177,8 @@ class IoEngine {
   void shutdown_and_wait();
 
   IoEngineOptions opts_;
+  // opts_.read_ioprio until the kernel refuses it, then 0.
+  std::atomic<uint16_t> read_ioprio_{0};
 
  private:
   void finish_group(const IoHandle& g);

@@ -190,6 +190,8 @@ class UringEngine final : public IoEngine {
           io_uring_prep_write(sqe, fd, c->buf, c->len, c->offset);
       }
       if (fixed_file) sqe->flags |= IOSQE_FIXED_FILE;
+      c->ioprio = c->op == IoOp::kRead ? read_ioprio_.load(std::memory_order_relaxed) : 0;
+      sqe->ioprio = c->ioprio;
       io_uring_sqe_set_data(sqe, c);
       inflight_++;
     }

@@ -133,6 +133,9 @@ Result<offload::ActivationStoreOptions> Engine::Impl::activation_options() const
   o.io.queue_depth = static_cast<uint32_t>(std::clamp<int64_t>(cfg.aio.queue_depth, 1, 4096));
   o.io.block_size = static_cast<size_t>(config::aio_block_size_used(cfg.aio.block_size));
   o.io.faults = zero::engine_io_faults();
+  // The backward waits on these reads, while the engine's parameter prefetch and optimizer swap
+  // share the drive: they go first where the kernel's I/O scheduler queues requests.
+  o.io.read_ioprio = io::io_read_priority(io::kIoPrioClassRealtime, 4);
   o.checksum = cfg.zoe.swap_checksum;
   return o;
 }

@@ -1,6 +1,7 @@
 // IoEngine tests, parameterized over backend (uring, threads) x O_DIRECT (on, off) x queue depth.
 #include <gtest/gtest.h>
 
+#include <linux/capability.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
 #include <sys/prctl.h>
@@ -527,6 +528,63 @@ TEST(IoEngine, FallsBackToThreadsUnderSeccomp) {
   if (got == "SKIP") GTEST_SKIP() << "seccomp filters unavailable";
   EXPECT_EQ(got.substr(0, got.find('|')), "threads") << "child said: " << got;
   EXPECT_NE(got.find("io_uring_queue_init"), std::string::npos) << got;
+}
+
+// A real-time read priority (the activation store's): 4 MiB written and read back in 256 KiB
+// pieces; true when the bytes came back. `after`: the priority the engine then uses.
+bool read_with_priority(const std::string& path, uint16_t* after) {
+  IoEngineOptions eo;
+  eo.backend = IoBackend::kUring;
+  eo.queue_depth = 4;
+  eo.block_size = 256 * 1024;
+  eo.read_ioprio = io_read_priority(kIoPrioClassRealtime, 4);
+  auto e = IoEngine::create(eo);
+  OpenOptions oo;
+  oo.create = true;
+  auto f = File::open(path, oo);
+  if (!e.is_ok() || !f.is_ok()) return false;
+  auto data = random_bytes(4 << 20, 3);
+  auto b = AlignedBuffer::allocate(4 << 20).value();
+  memcpy(b.data(), data.data(), data.size());
+  if (!e.value()->write(*f.value(), 0, b.data(), b.size()).is_ok()) return false;
+  memset(b.data(), 0, b.size());
+  if (!e.value()->read(*f.value(), 0, b.data(), b.size()).is_ok()) return false;
+  *after = e.value()->read_ioprio();
+  return first_mismatch(b.data(), data.data(), data.size()) == -1;
+}
+
+// The capability sets of this thread (capget; version 3: two 32-bit words each).
+bool thread_caps(__user_cap_data_struct (*d)[2]) {
+  __user_cap_header_struct h{_LINUX_CAPABILITY_VERSION_3, 0};
+  return syscall(SYS_capget, &h, *d) == 0;
+}
+
+// Where the kernel allows the real-time class (CAP_SYS_ADMIN or CAP_SYS_NICE) the engine keeps
+// it; in a child without both, the first refused read goes again without it, and so do the rest.
+TEST(IoEngine, ReadPriorityIsKeptOrDroppedWhereTheKernelRefusesIt) {
+  if (!probe_uring().empty()) GTEST_SKIP() << "no io_uring";
+  ScratchDir dir("ioprio");
+  const uint16_t rt = io_read_priority(kIoPrioClassRealtime, 4);
+  __user_cap_data_struct caps[2]{};
+  ASSERT_TRUE(thread_caps(&caps));
+  const uint32_t both = (1u << CAP_SYS_ADMIN) | (1u << CAP_SYS_NICE);
+  uint16_t after = 1;
+  ASSERT_TRUE(read_with_priority(dir.file("parent"), &after));
+  EXPECT_EQ(after, (caps[0].effective & both) ? rt : 0);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    caps[0].effective &= ~both;
+    __user_cap_header_struct h{_LINUX_CAPABILITY_VERSION_3, 0};
+    if (syscall(SYS_capset, &h, caps) != 0) _exit(3);
+    uint16_t dropped = 1;
+    const bool same = read_with_priority(dir.file("child"), &dropped);
+    _exit(!same ? 1 : dropped != 0 ? 2 : 0);
+  }
+  int st = 0;
+  ASSERT_EQ(waitpid(pid, &st, 0), pid);
+  ASSERT_TRUE(WIFEXITED(st));
+  EXPECT_EQ(WEXITSTATUS(st), 0) << "1: wrong bytes or an error, 2: the priority was kept, 3: capset failed";
 }
 
 TEST(IoEngine, SqpollRoundTrip) {
