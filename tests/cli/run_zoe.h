@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <fstream>
 #include <string>
 
 #include "tests/util/test_util.h"
@@ -38,6 +39,14 @@ inline CmdResult zoe(const std::string& args, const std::string& shell = "", int
     fclose(e);
   }
   return r;
+}
+
+// Writes a config at `path`: micro-batch 16, stage 3, a 600 KiB activation device share, and
+// activations on NVMe in `nvme_dir` (the small preset's block inputs at seq 64 overflow it).
+inline void write_activation_nvme_config(const std::string& path, const std::string& nvme_dir) {
+  std::ofstream(path) << R"({"train_micro_batch_size_per_gpu": 16, "zero_optimization": {"stage": 3}, )"
+                      << R"("zoe": {"activation_device_budget": "600KiB", "activation_nvme_path": ")"
+                      << nvme_dir << R"("}})";
 }
 
 }  // namespace

@@ -100,9 +100,7 @@ TEST(Train, ActivationCheckpointingGivesBitIdenticalLossesThroughTheTiers) {
 TEST(Train, TwoJobsShareAnActivationDirectory) {
   zoe::test::ScratchDir d("act2"), acts("act2-nvme");
   const std::string cfg = d.file("tight.json");
-  std::ofstream(cfg) << R"({"train_micro_batch_size_per_gpu": 16, "zero_optimization": {"stage": 3}, )"
-                     << R"("zoe": {"activation_device_budget": "600KiB", "activation_nvme_path": ")"
-                     << acts.path() << R"("}})";
+  write_activation_nvme_config(cfg, acts.path());
   const std::string common =
       "--preset small --steps 30 --seq 64 --seed 5 --eval-batches 1 --threads 1 --config " + cfg;
   json plain = train(common);

@@ -591,9 +591,7 @@ TEST(TrainInput, SigtermSavesAndStopsAtAStepBoundary) {
 TEST(TrainInput, SigtermRemovesTheActivationSwapFile) {
   zoe::test::ScratchDir d("sig-act"), acts("sig-act-nvme");
   const std::string cfg = d.file("acts.json");
-  std::ofstream(cfg) << R"({"train_micro_batch_size_per_gpu": 16, "zero_optimization": {"stage": 3}, )"
-                     << R"("zoe": {"activation_device_budget": "600KiB", "activation_nvme_path": ")"
-                     << acts.path() << R"("}})";
+  write_activation_nvme_config(cfg, acts.path());
   BackgroundRun run({"train", "--preset", "small", "--seq", "64", "--eval-batches", "1", "--steps", "1000000",
                      "--config", cfg, "--activation-checkpointing", "--activation-offload", "nvme",
                      "--activation-host-budget", "2816KiB"},
