@@ -27,7 +27,7 @@ Status add_gpt_modules(Engine& e, const GptConfig& c) {
 // written into the engine's gradient buffer (x the loss scale) as soon as the model has finished it.
 // Without it a 2b block (d_model 2560) took 300 MiB of fp32 parameters and 300 MiB of gradients;
 // with it, 100 MiB each (the largest weight). The same values reach the same kernels: losses are
-// bit-identical. Hooks cannot fail: the first error is kept for finish() / params_error().
+// bit-identical. Hooks cannot fail: the first error is kept for finish() / error().
 class GptTrainer::BlockTensors final : public BlockTensorHooks {
  public:
   BlockTensors(Engine& e, const ModuleSpec& spec) : e_(e) {
@@ -75,7 +75,8 @@ class GptTrainer::BlockTensors final : public BlockTensorHooks {
     gb_.reset();
     written_.assign(shared_.size(), false);
     std::fill(gsmall_.begin(), gsmall_.end(), 0.0f);
-    std::fill(gbig_.begin(), gbig_.end(), 0.0f);
+    if (!gbig_zero_) std::fill(gbig_.begin(), gbig_.end(), 0.0f);
+    gbig_zero_ = false;
     std::vector<float*> out;
     for (size_t i = 0; i < shared_.size(); ++i)
       out.push_back(shared_[i] ? gbig_.data() : gsmall_.data() + offset_[i]);
@@ -102,7 +103,12 @@ class GptTrainer::BlockTensors final : public BlockTensorHooks {
   void grad_done(size_t i) override {
     if (!error_.is_ok()) return;
     error_ = write(i);
-    if (shared_[i]) std::fill(gbig_.begin(), gbig_.end(), 0.0f);
+    if (!shared_[i]) return;
+    std::fill(gbig_.begin(), gbig_.end(), 0.0f);
+    // After the last weight's gradient the model writes none in this call: the next grads() need
+    // not zero it again.
+    gbig_zero_ = true;
+    for (size_t k = 0; k < shared_.size(); ++k) gbig_zero_ = gbig_zero_ && (!shared_[k] || written_[k]);
   }
 
  private:
@@ -119,6 +125,7 @@ class GptTrainer::BlockTensors final : public BlockTensorHooks {
   std::vector<bool> shared_;    // per parameter: a weight (in big_ / gbig_)
   std::vector<size_t> offset_;  // per small parameter: its place in small_ / gsmall_
   std::vector<float> small_, big_, gsmall_, gbig_;
+  bool gbig_zero_ = true;  // gbig_ holds zeros
   const ModuleParams* p_ = nullptr;
   bool direct_ = false;     // fp32 host-addressable parameters: used in place
   size_t held_ = SIZE_MAX;  // the weight big_ holds
