@@ -57,7 +57,10 @@ Result<Config> flags_config(const TrainOpts& o, const std::vector<std::string>& 
       .precision(precision_flag(o.precision));
   if (o.has("--threads")) b.optimizer_threads(o.threads);
   if (o.has("--device-budget")) b.device_budget(parse_bytes(o.device_budget).value());
-  return b.build(world_size);
+  ZOE_ASSIGN_OR_RETURN(Config cfg, b.build(world_size));
+  if (o.has("--host-budget"))
+    ZOE_RETURN_IF_ERROR(cfg.set("zoe.host_budget", std::to_string(parse_bytes(o.host_budget).value())));
+  return cfg;
 }
 
 // --activation-offload and --activation-host-budget on their own (their combination with the
@@ -96,11 +99,14 @@ void check_flags(TrainOpts& o) {
     usage_fail(invalid_argument("--offload %s is not none, cpu or nvme", o.offload.c_str()));
   }
   check_activation_flags(o);
-  if (o.has("--device-budget")) {
-    auto b = parse_bytes(o.device_budget);
+  for (const auto& [flag, text] :
+       {std::pair<const char*, const std::string&>{"--device-budget", o.device_budget},
+        {"--host-budget", o.host_budget}}) {
+    if (!o.has(flag)) continue;
+    auto b = parse_bytes(text);
     if (!b.is_ok() || b.value() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-      usage_fail(invalid_argument("--device-budget %s is not a byte size (expected e.g. 256MiB, 4GiB)",
-                                  o.device_budget.c_str()));
+      usage_fail(
+          invalid_argument("%s %s is not a byte size (expected e.g. 256MiB, 4GiB)", flag, text.c_str()));
     }
   }
   if (!std::isfinite(o.weight_decay) || o.weight_decay < 0 || o.weight_decay > FLT_MAX) {
@@ -201,6 +207,11 @@ void apply_overrides(const TrainOpts& o, Config* cfg, bool lead) {
         std::to_string(cfg->device_budget()) + " bytes");
     check("--device-budget", cfg->set_device_budget(parse_bytes(o.device_budget).value()));
   }
+  if (o.has("--host-budget")) {
+    auto was = cfg->get("zoe.host_budget");
+    say("--host-budget " + o.host_budget, "zoe.host_budget", (was.is_ok() ? was.value() : "0") + " bytes");
+    check("--host-budget", cfg->set("zoe.host_budget", std::to_string(parse_bytes(o.host_budget).value())));
+  }
 }
 
 CLI::App* add_train_options(CLI::App& app, TrainOpts* o) {
@@ -250,6 +261,10 @@ CLI::App* add_train_options(CLI::App& app, TrainOpts* o) {
       ->capture_default_str();
   cmd->add_option("--device-budget", o->device_budget,
                   "Device memory budget, e.g. 256MiB (overrides the config)");
+  cmd->add_option("--host-budget", o->host_budget,
+                  "Host memory zoe's own buffers (offload staging, optimizer swap buffers, the cache of "
+                  "NVMe-homed parameters) are sized within, e.g. 512MiB; a placement that needs more is "
+                  "refused (overrides zoe.host_budget; default 1/16 of this host's memory)");
   cmd->add_option("--offload", o->offload,
                   "Without --config: none, cpu or nvme for parameters and optimizer states");
   cmd->add_option(

@@ -29,7 +29,8 @@ struct TrainOpts {
   int eval_every = 0;
   int eval_batches = 4;
   std::string device_budget;
-  std::string offload;  // none|cpu|nvme: both parameter (stage 3) and optimizer offload, when no --config
+  std::string host_budget;  // zoe.host_budget ("" where not given)
+  std::string offload;      // none|cpu|nvme: both parameter (stage 3) and optimizer offload, when no --config
   std::vector<std::string> nvme_path;
   std::string precision = "bf16";
   std::string data;

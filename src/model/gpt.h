@@ -174,8 +174,27 @@ class GptKernels {
   virtual size_t checkpoint_bytes() const = 0;
 };
 
+// What GptCpu's block_forward and block_backward tell their caller, so that it can hold fewer fp32
+// copies of a block's tensors at once: the caller may give several parameters (or several
+// gradients) the same memory, fill a parameter only when it is needed, and take each gradient
+// away as soon as it is complete. Called on the thread that called the block function.
+class BlockTensorHooks {
+ public:
+  virtual ~BlockTensorHooks() = default;
+  // The block function is about to read parameter p (a BlockParam): its pointer's memory must
+  // hold its values until the next need() of a parameter sharing that memory. Parameters read
+  // together (a weight and its bias, a LayerNorm's gain and bias) are each needed first, so they
+  // must not share memory; no two weights are read together.
+  virtual void need(size_t p) = 0;
+  // block_backward has finished adding to gradient p: it neither reads nor writes it again in
+  // this call, so its memory may be taken (and zeroed) for another gradient.
+  virtual void grad_done(size_t p) = 0;
+};
+
 class GptCpu : public GptKernels {
  public:
+  // The hooks block_forward and block_backward call from now on (nullptr: none; not owned).
+  virtual void set_block_hooks(BlockTensorHooks* hooks) = 0;
   // batch sequences of `tokens_per_seq` (<= c.seq) tokens per micro-batch; threads 0: all cores;
   // checkpointing: activation checkpointing (GptKernels::checkpointing()).
   static Result<std::unique_ptr<GptCpu>> create(const GptConfig& c, int batch, int tokens_per_seq,

@@ -142,6 +142,7 @@ class GptCpuImpl final : public GptCpu {
   }
 
   int threads() const override { return par_.threads(); }
+  void set_block_hooks(BlockTensorHooks* hooks) override { hooks_ = hooks; }
   size_t activation_bytes() const override { return bytes_; }
   const float* logits() const override { return logits_.data(); }
   bool checkpointing() const override { return ckpt_; }
@@ -184,7 +185,7 @@ class GptCpuImpl final : public GptCpu {
     LayerActs& a = act(layer);
     block_intermediates(layer, p);
     float* y = res(layer + 1);
-    linear_forward(a.gelu.data(), 4 * d_, p[kFc2W], p[kFc2B], d_, y);
+    linear_forward(a.gelu.data(), 4 * d_, param(p, kFc2W), param(p, kFc2B), d_, y);
     add_rows(y, a.x_mid.data());
     ++next_layer_;
   }
@@ -254,21 +255,30 @@ class GptCpuImpl final : public GptCpu {
     LayerActs& a = act(layer);
     const int d = d_;
     // dres holds d(block output). MLP branch: y = x_mid + fc2(gelu(fc1(ln2(x_mid)))).
-    linear_backward(dres_.data(), d, a.gelu.data(), 4 * d, p[kFc2W], dfc_.data(), g[kFc2W], g[kFc2B]);
+    linear_backward(dres_.data(), d, a.gelu.data(), 4 * d, param(p, kFc2W), dfc_.data(), g[kFc2W], g[kFc2B]);
+    grads_done(kFc2W, kFc2B);
     const size_t row4 = static_cast<size_t>(4) * d;
     par_.for_rows(N_, [&](int r) {
       const size_t o = static_cast<size_t>(r) * row4;
       kernels::gelu_backward(a.fc1.data() + o, dfc_.data() + o, row4);
     });
-    linear_backward(dfc_.data(), 4 * d, a.ln2_out.data(), d, p[kFc1W], dln_.data(), g[kFc1W], g[kFc1B]);
-    layernorm_backward(dln_.data(), a.x_mid.data(), p[kLn2G], a.ln2_mean.data(), a.ln2_rstd.data(),
+    linear_backward(dfc_.data(), 4 * d, a.ln2_out.data(), d, param(p, kFc1W), dln_.data(), g[kFc1W],
+                    g[kFc1B]);
+    grads_done(kFc1W, kFc1B);
+    layernorm_backward(dln_.data(), a.x_mid.data(), param(p, kLn2G), a.ln2_mean.data(), a.ln2_rstd.data(),
                        dres_.data(), g[kLn2G], g[kLn2B]);
+    grads_done(kLn2G, kLn2B);
     // dres holds d(x_mid). Attention branch: x_mid = x + proj(attn(ln1(x))).
-    linear_backward(dres_.data(), d, a.att_out.data(), d, p[kProjW], datt_out_.data(), g[kProjW], g[kProjB]);
+    linear_backward(dres_.data(), d, a.att_out.data(), d, param(p, kProjW), datt_out_.data(), g[kProjW],
+                    g[kProjB]);
+    grads_done(kProjW, kProjB);
     attention_backward(a);
-    linear_backward(dqkv_.data(), 3 * d, a.ln1_out.data(), d, p[kQkvW], dln_.data(), g[kQkvW], g[kQkvB]);
-    layernorm_backward(dln_.data(), res(layer), p[kLn1G], a.ln1_mean.data(), a.ln1_rstd.data(), dres_.data(),
-                       g[kLn1G], g[kLn1B]);
+    linear_backward(dqkv_.data(), 3 * d, a.ln1_out.data(), d, param(p, kQkvW), dln_.data(), g[kQkvW],
+                    g[kQkvB]);
+    grads_done(kQkvW, kQkvB);
+    layernorm_backward(dln_.data(), res(layer), param(p, kLn1G), a.ln1_mean.data(), a.ln1_rstd.data(),
+                       dres_.data(), g[kLn1G], g[kLn1B]);
+    grads_done(kLn1G, kLn1B);
     --next_layer_;
   }
 
@@ -301,19 +311,32 @@ class GptCpuImpl final : public GptCpu {
     LayerActs& a = act(layer);
     const float* x = res(layer);
     const int d = d_;
-    layernorm_rows(x, p[kLn1G], p[kLn1B], a.ln1_out.data(), a.ln1_mean.data(), a.ln1_rstd.data());
-    linear_forward(a.ln1_out.data(), d, p[kQkvW], p[kQkvB], 3 * d, a.qkv.data());
+    layernorm_rows(x, param(p, kLn1G), param(p, kLn1B), a.ln1_out.data(), a.ln1_mean.data(),
+                   a.ln1_rstd.data());
+    linear_forward(a.ln1_out.data(), d, param(p, kQkvW), param(p, kQkvB), 3 * d, a.qkv.data());
     attention_forward(a);
-    linear_forward(a.att_out.data(), d, p[kProjW], p[kProjB], d, a.x_mid.data());
+    linear_forward(a.att_out.data(), d, param(p, kProjW), param(p, kProjB), d, a.x_mid.data());
     add_rows(a.x_mid.data(), x);
-    layernorm_rows(a.x_mid.data(), p[kLn2G], p[kLn2B], a.ln2_out.data(), a.ln2_mean.data(),
+    layernorm_rows(a.x_mid.data(), param(p, kLn2G), param(p, kLn2B), a.ln2_out.data(), a.ln2_mean.data(),
                    a.ln2_rstd.data());
-    linear_forward(a.ln2_out.data(), d, p[kFc1W], p[kFc1B], 4 * d, a.fc1.data());
+    linear_forward(a.ln2_out.data(), d, param(p, kFc1W), param(p, kFc1B), 4 * d, a.fc1.data());
     const size_t row4 = static_cast<size_t>(4) * d;
     par_.for_rows(N_, [&](int r) {
       const size_t o = static_cast<size_t>(r) * row4;
       kernels::gelu_forward(a.fc1.data() + o, a.gelu.data() + o, row4);
     });
+  }
+
+  // Block parameter i, after telling the hooks it is needed.
+  const float* param(const float* const* p, BlockParam i) {
+    if (hooks_ != nullptr) hooks_->need(i);
+    return p[i];
+  }
+  // Gradients w and b are complete.
+  void grads_done(BlockParam w, BlockParam b) {
+    if (hooks_ == nullptr) return;
+    hooks_->grad_done(w);
+    hooks_->grad_done(b);
   }
 
   void alloc(Buf& b, size_t n) {
@@ -434,6 +457,7 @@ class GptCpuImpl final : public GptCpu {
   int restored_ = -1;   // checkpointing: the block whose input the backward was given back
   size_t bytes_ = 0;
   int count_ = 0;
+  BlockTensorHooks* hooks_ = nullptr;
 
   // layers + 1 of [N, d]: the input of each block, then the final one (checkpointing: 2, res()).
   std::vector<Buf> residual_;

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,7 @@ Status add_gpt_modules(Engine& e, const GptConfig& c);
 class GptTrainer {
  public:
   GptTrainer(Engine& e, GptCpu& m, const GptConfig& c, int T);
+  ~GptTrainer();
 
   // One forward pass (evaluation: nothing is kept for a backward); returns the mean loss. Gathers
   // and releases every module.
@@ -59,6 +61,9 @@ class GptTrainer {
   Status backward_pass();
   Status block_backward(size_t layer, double scale);
 
+  // A block's fp32 tensors for the model (its BlockTensorHooks): the weights one at a time.
+  class BlockTensors;
+
   Engine& e_;
   GptCpu& m_;
   GptConfig c_;
@@ -67,7 +72,8 @@ class GptTrainer {
   std::vector<float> scratch_, scratch2_;
   std::vector<float> g_embed_, g_;
   std::vector<float*> g_embed_ptrs_, g_ptrs_;
-  std::vector<ActivationId> ids_;  // checkpointing: the block inputs saved in this micro-batch
+  std::unique_ptr<BlockTensors> block_;  // set as the model's hooks while the trainer lives
+  std::vector<ActivationId> ids_;        // checkpointing: the block inputs saved in this micro-batch
 };
 
 // The trainer state `zoe train` saves with a checkpoint: {"step", "seed", ...}. Reads step and

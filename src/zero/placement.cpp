@@ -351,6 +351,32 @@ void plan_swapper(const config::Config& cfg, Placement* pl) {
   pl->resident.host += u64(pl->swap_buffer_bytes) * (pl->swap_buffer_count + pl->swap_async_buffers);
 }
 
+// 5a. A zoe.host_budget below what the sizes zoe starts from hold: the swapper's write buffers for
+//     the backward's gradient sums drop to offload::kAsyncWriteBuffers (the backward may then wait
+//     on their writes) and the staging pieces zoe sized (offload_param.buffer_size not given) are
+//     cut to what fits, at least kMinOwnStagingBytes, before check_peaks() refuses a plan that
+//     still does not fit. Sizes the config gives are kept as given.
+void fit_own_buffers(const config::Config& cfg, Placement* pl) {
+  if (cfg.zoe.host_budget_bytes <= 0) return;
+  const uint64_t budget = static_cast<uint64_t>(cfg.zoe.host_budget_bytes);
+  auto used = [pl] { return pl->resident.host + pl->tm_host_cache; };
+  if (used() <= budget) return;
+  if (pl->swapper && pl->swap_async_buffers > offload::kAsyncWriteBuffers) {
+    pl->resident.host -= u64(pl->swap_async_buffers - offload::kAsyncWriteBuffers) * pl->swap_buffer_bytes;
+    pl->swap_async_buffers = offload::kAsyncWriteBuffers;
+  }
+  const bool own_staging = std::find(pl->chosen.begin(), pl->chosen.end(),
+                                     "zero_optimization.offload_param.buffer_size") != pl->chosen.end();
+  if (used() <= budget || !own_staging || pl->tm_staging_bytes <= kMinOwnStagingBytes) return;
+  const uint64_t n = u64(pl->tm_staging_count) + 1, have = u64(pl->tm_staging_bytes) * n,
+                 over = used() - budget;
+  const uint64_t fits = have > over ? (have - over) / n / 4096 * 4096 : 0;
+  const uint64_t bytes = std::max<uint64_t>(fits, kMinOwnStagingBytes);
+  pl->resident.host -= (u64(pl->tm_staging_bytes) - bytes) * n;
+  if (pl->tm_host_budget) pl->tm_host_budget -= (u64(pl->tm_staging_bytes) - bytes) * n;  // 0: unlimited
+  pl->tm_staging_bytes = static_cast<size_t>(bytes);
+}
+
 // 5b. The sizes the config leaves to zoe (Placement::chosen), within the host share: first the
 //     swapper's read-ahead slots, up to one more than the chunks of a step (the backward then
 //     reads the whole next update ahead) and at most kAutoMaxSwapSlots, from half of what the
@@ -524,6 +550,7 @@ Result<Placement> plan_with_persistence(const config::Config& cfg, const std::ve
                                                 : target.host_memory / kAutoHostShareDiv;
   if (x.any_partitioned) plan_tier_manager(cfg, target, &x, &pl);
   if (x.any_opt_nvme) plan_swapper(cfg, &pl);
+  fit_own_buffers(cfg, &pl);
   size_own_buffers(cfg, &pl);
   ZOE_RETURN_IF_ERROR(check_peaks(cfg, x, &pl));
   return pl;

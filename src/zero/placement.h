@@ -84,6 +84,9 @@ inline constexpr uint64_t kAutoHostShareDiv = 16;
 // (offload_optimizer.buffer_count / 4: read-ahead of chunks, at most one more than the chunks of
 // a step).
 inline constexpr uint64_t kAutoStagingBytes = 16ull << 20;
+// The least zoe cuts its staging pieces to under a zoe.host_budget that cannot hold them at
+// kAutoStagingBytes.
+inline constexpr uint64_t kMinOwnStagingBytes = 1ull << 20;
 inline constexpr size_t kAutoMaxSwapSlots = 16;
 
 struct ModulePlacement {

@@ -86,6 +86,51 @@ TEST(TrainInput, FlagsThatCannotTakeEffectWithAConfigAreRefused) {
   EXPECT_HAS(r.err, "--nvme-path cannot be combined with --config");
 }
 
+// --host-budget is zoe.host_budget: the host buffers zoe sizes itself (swapper slots, staging,
+// partition cache) stay within it, it replaces the config's value (said on stderr), a value the
+// config gives is the share as given, and a budget below what the placement needs is refused
+// naming the key.
+TEST(TrainInput, HostBudgetBoundsTheBuffersZoeSizes) {
+  zoe::test::ScratchDir d("hostbudget");
+  auto host_bytes = [](const json& b) {
+    return b["swap_buffer_bytes"].get<uint64_t>() *
+               (b["swap_buffer_count"].get<uint64_t>() + b["swap_async_buffers"].get<uint64_t>()) +
+           b["staging_bytes"].get<uint64_t>() * b["staging_count"].get<uint64_t>() +
+           b["host_cache_bytes"].get<uint64_t>();
+  };
+  const std::string nvme = "--offload nvme --nvme-path " + d.path() + " ";
+  json wide = run_json(nvme);
+  json tight = run_json(nvme + "--host-budget 64MiB");
+  ASSERT_FALSE(wide.is_null());
+  ASSERT_FALSE(tight.is_null());
+  EXPECT_EQ(tight["buffers"]["host_share"], 64u << 20);
+  EXPECT_LE(host_bytes(tight["buffers"]), 64u << 20) << tight["buffers"].dump();
+  EXPECT_LT(tight["buffers"]["swap_buffer_count"].get<uint64_t>(),
+            wide["buffers"]["swap_buffer_count"].get<uint64_t>());
+  EXPECT_EQ(tight["losses"], wide["losses"]) << "buffer sizes must not change the numbers";
+
+  const std::string cfg = write_file(d, "ds.json",
+                                     R"({"zero_optimization": {"stage": 3,
+    "offload_optimizer": {"device": "nvme", "nvme_path": ")" +
+                                         d.path() + R"("},
+    "offload_param": {"device": "nvme", "nvme_path": ")" +
+                                         d.path() + R"("}}, "bf16": {"enabled": true},
+    "zoe": {"host_budget": 75497472}})");
+  CmdResult raw;
+  json given = run_json("--config " + cfg, 1, &raw);
+  ASSERT_FALSE(given.is_null());
+  EXPECT_EQ(given["buffers"]["host_share"], 75497472u);
+  EXPECT_LE(host_bytes(given["buffers"]), 75497472u);
+  json over = run_json("--config " + cfg + " --host-budget 64MiB", 1, &raw);
+  ASSERT_FALSE(over.is_null());
+  EXPECT_EQ(over["buffers"]["host_share"], 64u << 20);
+  EXPECT_HAS(raw.err, "zoe: --host-budget 64MiB overrides zoe.host_budget (75497472 bytes in " + cfg + ")");
+
+  CmdResult r = zoe(kTiny1 + nvme + "--host-budget 64KiB");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_HAS(r.err, "zoe.host_budget");
+}
+
 TEST(TrainInput, LrZeroTakesEffect) {
   // With lr 0 nothing moves: the held-out loss after three steps is the one after one step.
   json one = run_json("--lr 0 --eval-every 1");
@@ -316,6 +361,8 @@ TEST(TrainInput, BadFlagValuesAreUsageErrors) {
       {"--seed 18446744073709551616", "--seed 18446744073709551616 is not an unsigned integer"},
       {"--offload disk", "--offload disk is not none, cpu or nvme"},
       {"--device-budget lots", "--device-budget lots is not a byte size"},
+      {"--host-budget lots", "--host-budget lots is not a byte size"},
+      {"--host-budget -1MiB", "--host-budget -1MiB is not a byte size"},
       {"--preset huge", "--preset huge is not one of"},
       {"--heads 5", "--heads"},    // d_model 128 is not a multiple of 5: the model's check, named
       {"--layers x", "--layers"},  // CLI11's own parse errors share the exit code

@@ -506,6 +506,94 @@ TEST(GptCpu, CheckpointingGivesTheSameBits) {
   }
 }
 
+// Hooks that give a block's four weights one buffer, filled on need() (the rest of it NaN, so a
+// weight read without being needed shows), and their gradients another, added to the block's own
+// gradients on grad_done() and zeroed: what GptTrainer does with a block's fp32 copies.
+struct SharedWeights final : BlockTensorHooks {
+  const std::vector<std::vector<float>>* params = nullptr;
+  std::vector<std::vector<float>>* grads = nullptr;
+  std::vector<float> w, gw;
+  std::vector<int> done = std::vector<int>(kBlockParams, 0);  // grad_done() calls per parameter
+  static bool weight(size_t i) { return i == kQkvW || i == kProjW || i == kFc1W || i == kFc2W; }
+  void need(size_t i) override {
+    if (!weight(i)) return;
+    std::fill(w.begin(), w.end(), std::nanf(""));
+    std::copy((*params)[i].begin(), (*params)[i].end(), w.begin());
+  }
+  void grad_done(size_t i) override {
+    ++done[i];
+    if (!weight(i)) return;
+    for (size_t k = 0; k < (*grads)[i].size(); ++k) (*grads)[i][k] += gw[k];
+    std::fill(gw.begin(), gw.end(), 0.0f);
+  }
+};
+
+// With hooks whose weights share one buffer (and their gradients another), the loss and every
+// gradient are the bits of the model without hooks, with and without checkpointing; each gradient
+// is finished once per block_backward.
+TEST(GptCpu, BlockHooksLetWeightsShareOneBuffer) {
+  GptConfig c{.vocab = 97, .seq = 48, .d_model = 64, .heads = 4, .layers = 3};
+  const int B = 2, T = 40;
+  Model base(c);
+  base.randomize(7, 0.2f);
+  const auto tokens = random_ids(B * T, c.vocab, 3), targets = random_ids(B * T, c.vocab, 4);
+  const size_t nd = static_cast<size_t>(B) * T * c.d_model;
+  auto run = [&](bool hooked, bool ckpt, std::vector<int>* done) {
+    Model m = base;
+    for (size_t i = 0; i < m.p.size(); ++i)
+      for (size_t j = 0; j < m.p[i].size(); ++j) m.pp[i][j] = m.p[i][j].data(), m.gp[i][j] = m.g[i][j].data();
+    SharedWeights h;
+    h.w.assign(static_cast<size_t>(4) * c.d_model * c.d_model, 0.0f);
+    h.gw = h.w;
+    auto made = GptCpu::create(c, B, T, 2, ckpt);
+    EXPECT_OK(made);
+    GptCpu& gpt = *made.value();
+    auto block = [&](int l) {
+      const size_t mi = 1 + static_cast<size_t>(l);
+      std::vector<const float*> pp = m.pp[mi];
+      std::vector<float*> gp = m.gp[mi];
+      if (hooked) {
+        h.params = &m.p[mi];
+        h.grads = &m.g[mi];
+        for (size_t i = 0; i < pp.size(); ++i)
+          if (SharedWeights::weight(i)) pp[i] = h.w.data(), gp[i] = h.gw.data();
+      }
+      return std::make_pair(pp, gp);
+    };
+    gpt.set_block_hooks(hooked ? &h : nullptr);
+    std::vector<std::vector<float>> kept(static_cast<size_t>(c.layers));
+    gpt.embed_forward(tokens.data(), m.pp[0].data());
+    for (int l = 0; l < c.layers; ++l) {
+      if (ckpt) kept[static_cast<size_t>(l)].assign(gpt.checkpoint_input(l), gpt.checkpoint_input(l) + nd);
+      gpt.block_forward(l, block(l).first.data());
+    }
+    const float loss = gpt.head_forward(m.pp.back().data(), m.pp[0].data(), targets.data());
+    gpt.head_backward(m.pp.back().data(), m.pp[0].data(), m.gp.back().data(), m.gp[0].data());
+    for (int l = c.layers - 1; l >= 0; --l) {
+      if (ckpt)
+        std::copy(kept[static_cast<size_t>(l)].begin(), kept[static_cast<size_t>(l)].end(),
+                  gpt.checkpoint_input(l));
+      auto [pp, gp] = block(l);
+      gpt.block_backward(l, pp.data(), gp.data());
+    }
+    gpt.embed_backward(m.gp[0].data());
+    if (done) *done = h.done;
+    return std::make_pair(loss, m.g);
+  };
+  const auto [ref_loss, ref_grads] = run(false, false, nullptr);
+  for (bool ckpt : {false, true}) {
+    std::vector<int> done;
+    const auto [loss, grads] = run(true, ckpt, &done);
+    EXPECT_EQ(std::memcmp(&loss, &ref_loss, sizeof(float)), 0) << "checkpointing " << ckpt;
+    for (size_t i = 0; i < grads.size(); ++i)
+      for (size_t j = 0; j < grads[i].size(); ++j)
+        EXPECT_EQ(std::memcmp(grads[i][j].data(), ref_grads[i][j].data(), grads[i][j].size() * sizeof(float)),
+                  0)
+            << "checkpointing " << ckpt << ": gradient " << i << "." << j << " differs with shared weights";
+    EXPECT_EQ(done, std::vector<int>(kBlockParams, c.layers)) << "checkpointing " << ckpt;
+  }
+}
+
 // With checkpointing, the block inputs are asked for in order, and a backward without its input
 // given back aborts (it would recompute from whatever the buffer holds).
 TEST(GptCpuDeathTest, CheckpointingOrder) {

@@ -6,6 +6,7 @@
 
 #include "config/config.h"
 #include "core/log.h"
+#include "offload/optimizer_swapper.h"
 #include "optim/adam.h"
 #include "tests/util/status_test_util.h"
 #include "tests/util/test_util.h"
@@ -222,6 +223,30 @@ TEST(Placement, SizesLeftOutAreChosenFromTheHostShare) {
   EXPECT_LT(q->swap_buffer_count, b->swap_buffer_count);
   EXPECT_EQ(q->tm_host_cache, 2 * (q->modules[0].part * 2));
   EXPECT_LE(q->peak.host, 320ull << 20);
+
+  // A budget below what zoe's starting sizes hold: the swapper's write buffers drop to two and the
+  // staging pieces are cut to what fits (at least kMinOwnStagingBytes), within it; the same budget
+  // with the staging pieces given in the config keeps them as given and is refused, naming the key.
+  const uint64_t floor_budget = 160ull << 20;
+  config::Config small = c;
+  small.zoe.host_budget_bytes = static_cast<int64_t>(floor_budget);
+  auto f = zero::plan_placement(small, big, 1, 0, t);
+  ASSERT_OK(f);
+  EXPECT_EQ(f->swap_async_buffers, offload::kAsyncWriteBuffers);
+  EXPECT_LT(f->tm_staging_bytes, zero::kAutoStagingBytes);
+  EXPECT_GE(f->tm_staging_bytes, zero::kMinOwnStagingBytes);
+  EXPECT_EQ(f->tm_staging_bytes % 4096, 0u);
+  EXPECT_EQ(f->swap_buffer_count, zero::kMinSwapSlots * zero::kSwapStates);
+  EXPECT_EQ(f->tm_host_cache, 2 * (f->modules[0].part * 2));
+  EXPECT_LE(f->peak.host, floor_budget);
+  EXPECT_EQ(f->tm_host_budget,
+            static_cast<uint64_t>(f->tm_staging_bytes) * (f->tm_staging_count + 1) + f->tm_host_cache);
+  config::Config pinned = small;
+  pinned.zero.offload_param.buffer_size = 8 << 20;  // 16 MiB pieces of bf16
+  pinned.given_keys.insert("zero_optimization.offload_param.buffer_size");
+  auto r = zero::plan_placement(pinned, big, 1, 0, t);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("zoe.host_budget"), std::string::npos) << r.status().message();
 
   // Values the config gives are used as given.
   config::Config given = c;
