@@ -157,7 +157,9 @@ void print_table(const plan::PlanResult& res, const plan::PlanInputs& in, const 
 }
 
 void run(const PlanOpts& o) {
-  plan::PlanInputs in = value_or_fail(plan::plan_inputs(o.plan));
+  plan::PlanOptions po = o.plan;
+  if (Status s = plan::apply_device_budget(&po); !s.is_ok()) usage_fail(s);
+  plan::PlanInputs in = value_or_fail(plan::plan_inputs(po));
   fprintf(stderr, "zoe plan: planning %zu placements of %s\n", plan::all_placements().size(),
           in.model.name.c_str());
   plan::PlanResult res = value_or_fail(plan::make_plan(in));

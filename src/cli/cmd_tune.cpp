@@ -598,40 +598,11 @@ void print_verified(const TuneOpts& o, const TuneResult& t) {
   }
 }
 
-// --device-budget B, as zoe train takes it (one rank's device memory, e.g. 256MiB; 0: the whole
-// device, the default): the same as --device-mem B x --gpus-per-node. Given with --device-mem,
-// the two must say the same.
-void apply_device_budget(const TuneOpts& o, plan::PlanOptions* po) {
-  if (o.device_budget.empty()) return;
-  auto b = parse_bytes(o.device_budget);
-  if (!b.is_ok() || b.value() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-    usage_fail(invalid_argument("--device-budget %s is not a byte size (expected e.g. 256MiB, 4GiB)",
-                                o.device_budget.c_str()));
-  }
-  if (b.value() == 0) return;  // the whole device: --device-mem, or its default
-  uint64_t node = 0;
-  if (__builtin_mul_overflow(b.value(), static_cast<uint64_t>(po->gpus_per_node), &node)) {
-    usage_fail(invalid_argument("--device-budget %s x --gpus-per-node %d overflows 64 bits",
-                                o.device_budget.c_str(), po->gpus_per_node));
-  }
-  if (!po->device_mem.empty()) {
-    auto m = parse_bytes(po->device_mem);
-    if (m.is_ok() && m.value() != node) {
-      usage_fail(invalid_argument(
-          "--device-budget %s (one rank's device memory) and --device-mem %s (one node's, %d rank(s)) "
-          "disagree: give one of them",
-          o.device_budget.c_str(), po->device_mem.c_str(), po->gpus_per_node));
-    }
-    if (m.is_ok()) return;  // the same bytes; a bad --device-mem is refused naming it
-  }
-  po->device_mem = std::to_string(node);
-}
-
 void run(const TuneOpts& o) {
   check_tune_flags(o);
   json j;
   plan::PlanOptions po = o.plan;
-  apply_device_budget(o, &po);
+  if (Status s = plan::apply_device_budget(&po); !s.is_ok()) usage_fail(s);
   if (o.calibrate) calibrate_and_save(o, &po, &j);
   TuneResult t{value_or_fail(plan::plan_inputs(po)), {}, {}, {}};
   t.res = value_or_fail(plan::make_plan(t.in));
@@ -703,9 +674,6 @@ static void add_tune_command(CLI::App& app) {
   cmd->add_option("--plot", o->plot,
                   "With --verify: draw predicted against measured step time per candidate into this PNG "
                   "(python3-matplotlib)");
-  cmd->add_option("--device-budget", o->device_budget,
-                  "One rank's device memory, e.g. 256MiB, as zoe train takes it (0: the whole device): "
-                  "--device-mem of --gpus-per-node ranks; given with --device-mem, they must agree");
   cmd->add_flag("--json", o->json, "Print one JSON object");
   cmd->callback([o] { run(*o); });
 }

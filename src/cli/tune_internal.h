@@ -28,7 +28,6 @@ struct TuneOpts {
   bool fixed_micro = false;  // search only --micro-batch (else every divisor of micro x accumulation)
   std::string plot;          // predicted against measured step time per verified candidate
   bool json = false;
-  std::string device_budget;  // zoe train's --device-budget: one rank's device memory (empty: not given)
 };
 
 // The process's runtime, started once (calibration and --verify both train through engines).

@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 
 #include "config/config.h"
 #include "core/dir_check.h"
@@ -144,6 +145,33 @@ std::string nvme_dir(const PlanOptions& o) {
   if (!o.nvme_path.empty()) return o.nvme_path;
   const char* s = getenv("ZOE_SCRATCH");
   return s && *s ? s : "/var/tmp";
+}
+
+Status apply_device_budget(PlanOptions* o) {
+  if (o->device_budget.empty()) return Status::ok();
+  auto b = parse_bytes(o->device_budget);
+  if (!b.is_ok() || b.value() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+    return invalid_argument("--device-budget %s is not a byte size (expected e.g. 256MiB, 4GiB)",
+                            o->device_budget.c_str());
+  }
+  if (b.value() == 0) return Status::ok();  // the whole device: --device-mem, or its default
+  uint64_t node = 0;
+  if (__builtin_mul_overflow(b.value(), static_cast<uint64_t>(o->gpus_per_node), &node)) {
+    return invalid_argument("--device-budget %s x --gpus-per-node %d overflows 64 bits",
+                            o->device_budget.c_str(), o->gpus_per_node);
+  }
+  if (!o->device_mem.empty()) {
+    auto m = parse_bytes(o->device_mem);
+    if (m.is_ok() && m.value() != node) {
+      return invalid_argument(
+          "--device-budget %s (one rank's device memory) and --device-mem %s (one node's, %d rank(s)) "
+          "disagree: give one of them",
+          o->device_budget.c_str(), o->device_mem.c_str(), o->gpus_per_node);
+    }
+    if (m.is_ok()) return Status::ok();  // the same bytes; a bad --device-mem is refused naming it
+  }
+  o->device_mem = std::to_string(node);
+  return Status::ok();
 }
 
 Result<PlanInputs> plan_inputs(const PlanOptions& o) {

@@ -18,6 +18,7 @@ struct PlanOptions {
   std::string hf_config;
   int nodes = 1, gpus_per_node = 1;
   std::string device_mem, host_mem, nvme_space, nvme_path;
+  std::string device_budget;  // zoe train's --device-budget: one rank's device memory ("": not given)
   std::string calibration;
   double nvme_read_gbps = 0, nvme_write_gbps = 0, h2d_gbps = 0, cpu_adam_gbps = 0, flops = 0;
   double net_gbps = 0, net_latency_us = 0, intra_gbps = 0, device_mem_gbps = 0, local_copy_gbps = 0,
@@ -47,6 +48,10 @@ Result<ModelDesc> model_from(const PlanOptions& o);
 std::string nvme_dir(const PlanOptions& o);
 // Everything make_plan() needs; errors name the flag and the bad value.
 Result<PlanInputs> plan_inputs(const PlanOptions& o);
+// --device-budget B, as zoe train takes it (one rank's device memory; 0: the whole device, the
+// default): sets device_mem to B x gpus_per_node. Given with --device-mem, the two must agree (else
+// an error naming both).
+Status apply_device_budget(PlanOptions* o);
 
 // Registers the shared options on a CLI11 (sub)command. int_range(option, min, max) bounds an
 // integer option and positive(option) a rate's, as they are parsed (zoe/cli.h's, which name the
@@ -76,6 +81,9 @@ void add_plan_options(App& cmd, PlanOptions* o, IntRange int_range, Positive pos
   cmd.add_option("--device-mem", o->device_mem,
                  "Device memory of one node, all its devices together, e.g. "
                  "640GiB (default: 64 GiB per device, the engine's default budget)");
+  cmd.add_option("--device-budget", o->device_budget,
+                 "One rank's device memory, e.g. 256MiB, as zoe train takes it (0: the whole device): "
+                 "--device-mem of --gpus-per-node ranks; given with --device-mem, they must agree");
   cmd.add_option("--host-mem", o->host_mem, "Host RAM of one node (default: this host's MemTotal)");
   cmd.add_option("--nvme-space", o->nvme_space,
                  "NVMe space of one node (default: free space of the NVMe path)");

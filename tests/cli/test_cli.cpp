@@ -149,6 +149,31 @@ TEST(Cli, TuneTakesTrainsDeviceBudget) {
   EXPECT_NE(r.err.find("--device-budget lots is not a byte size"), std::string::npos) << r.err;
 }
 
+// zoe plan takes it too (the same shared option): the same rows as --device-mem of its ranks.
+TEST(Cli, PlanTakesTrainsDeviceBudget) {
+  zoe::test::ScratchDir d("plan-budget");
+  const std::string base =
+      "plan --preset demo --device cpu --micro-batch 2 --host-mem 4GiB --nvme-space 1GiB "
+      "--nvme-path " +
+      d.path() + " --json ";
+  auto rows = [&](const std::string& flags) {
+    CmdResult r = zoe(base + flags);
+    json j = json::parse(r.out, nullptr, false);
+    EXPECT_FALSE(j.is_discarded()) << flags << ": " << r.err;
+    return j.is_discarded() ? json() : j["rows"];
+  };
+  const json mem = rows("--device-mem 16MiB");
+  ASSERT_FALSE(mem.empty());
+  EXPECT_EQ(rows("--device-budget 16MiB"), mem);
+  EXPECT_NE(rows("--device-budget 1GiB"), mem);
+  EXPECT_EQ(rows("--gpus-per-node 2 --device-budget 16MiB"), rows("--gpus-per-node 2 --device-mem 32MiB"));
+  CmdResult r = zoe(base + "--device-budget 16MiB --device-mem 32MiB");
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_NE(r.err.find("--device-budget 16MiB (one rank's device memory) and --device-mem 32MiB"),
+            std::string::npos)
+      << r.err;
+}
+
 TEST(Cli, BenchSwapJson) {
   zoe::test::ScratchDir d("swap");
   CmdResult r =
