@@ -21,6 +21,17 @@ Status add_gpt_modules(Engine& e, const GptConfig& c) {
   return Status::ok();
 }
 
+namespace {
+
+// Whether a module's tensors are fp32 in host memory: the model reads them in place.
+bool usable_in_place(const ModuleParams& p) {
+  bool direct = p.dtype == ComputeDType::kF32;
+  for (const TensorView& v : p.tensors) direct = direct && v.host_addressable;
+  return direct;
+}
+
+}  // namespace
+
 // A block's fp32 tensors for GptCpu, with fewer copies at once than the whole block: the small
 // parameters (biases, LayerNorm gains) converted whole, the weights each converted when the model
 // needs it into one buffer they share; the gradients of the weights share one buffer too, each
@@ -53,8 +64,7 @@ class GptTrainer::BlockTensors final : public BlockTensorHooks {
     p_ = &p;
     held_ = SIZE_MAX;
     error_ = Status::ok();
-    direct_ = p.dtype == ComputeDType::kF32;
-    for (const TensorView& v : p.tensors) direct_ = direct_ && v.host_addressable;
+    direct_ = usable_in_place(p);
     std::vector<const float*> out;
     for (size_t i = 0; i < p.size(); ++i) {
       if (direct_) {
@@ -148,9 +158,7 @@ GptTrainer::~GptTrainer() = default;
 
 Result<std::vector<const float*>> GptTrainer::as_f32(const ModuleParams& p, std::vector<float>* scratch) {
   std::vector<const float*> out;
-  bool direct = p.dtype == ComputeDType::kF32;
-  for (const TensorView& v : p.tensors) direct = direct && v.host_addressable;
-  if (direct) {
+  if (usable_in_place(p)) {
     for (const TensorView& v : p.tensors) out.push_back(v.as<const float>());
     return out;
   }
