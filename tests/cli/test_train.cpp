@@ -183,8 +183,8 @@ TEST(Train, TheDemosMainJobLearnsOneDigitAdditions) {
   // scripts/demo.sh's command (NVMe offload, states 3.7x the device budget): exact-match accuracy
   // on held-out additions starts at 0 and rises. Where it ends after 3000 steps depends on the seed
   // and on the CPU's kernel set (the last bits of each GEMM; training amplifies them): with seed 2,
-  // as the demo, measured 99.5 % (avx512, OpenBLAS Cooperlake), 100 % (avx512, OpenBLAS Haswell)
-  // and 21.9 % (avx2, OpenBLAS SkylakeX); an untrained model stays at 0 %. The bound is 15 %.
+  // as the demo, measured 99.5 % (OpenBLAS Cooperlake, avx512 or avx2), 100 % (OpenBLAS Haswell)
+  // and 21.9 % (OpenBLAS SkylakeX, avx512 or avx2); an untrained model stays at 0 %. The bound is 15 %.
   zoe::test::ScratchDir nvme("demo");
   json j = train("--preset tiny --task add1 --seed 2 --offload nvme --nvme-path " + nvme.path() +
                      " --device-budget 576KiB --steps 3000 --micro-batch 32 --lr 0.003 --eval-every 500"
