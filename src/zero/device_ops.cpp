@@ -128,6 +128,7 @@ class CudaOps final : public DeviceOps {
     ZOE_CUDA_TRY(cudaStreamSynchronize(stream_));
     return Status::ok();
   }
+  Status bind_thread() override { return current(); }
 
  private:
   CudaOps() = default;

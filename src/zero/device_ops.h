@@ -54,6 +54,9 @@ class DeviceOps {
   virtual Status adam_step(const optim::AdamArgs& args) = 0;
   // Waits for every op enqueued so far; the first error any of them met since the last call.
   virtual Status synchronize() = 0;
+  // Makes the ops' device current on the calling thread (CUDA: its ordinal, which a new thread
+  // does not have), so that thread's allocations and ops land on it. The CPU ops need nothing.
+  virtual Status bind_thread() { return Status::ok(); }
 
   // dst <- src, each in device memory or host memory as flagged. Host to host is a memcpy now,
   // outside the stream (as on CUDA, where the ops' kernels touch no host memory); a copy that

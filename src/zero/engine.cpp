@@ -229,30 +229,71 @@ Status Engine::Impl::setup_tiers() {
   return Status::ok();
 }
 
-// Initial values of module m: its compute parameters and optimizer states in their homes.
-Status Engine::Impl::place_module(zero::ModuleId m,
-                                  const std::function<void(size_t, size_t, float*, size_t)>& init,
-                                  PlaceScratch* s) {
+// Module m's initial values: the caller's init writes every element it is given; the padding is
+// zeroed here; then the compute-dtype copy. The scratch is reused module after module (no fresh
+// pages to fault in and clear per module).
+Status Engine::Impl::fill_values(zero::ModuleId m,
+                                 const std::function<void(size_t, size_t, float*, size_t)>& init,
+                                 PlaceScratch* s) {
   const zero::ModuleLayout& mod = modules[m];
-  // The scratch is the largest module's, reused by every module (no fresh pages to fault in and
-  // clear per module): init writes every element it is given; the padding is zeroed here.
   float* full = s->full.data();
   for (size_t p = 0; p < mod.specs.size(); ++p) init(m.index, p, full + mod.offset[p], mod.numel[p]);
   std::fill(full + mod.total, full + mod.padded, 0.0f);
-  char* cbuf = s->cbuf.data();
-  zero::OpsFence fence(*ctx.ops);  // the copies below read full and cbuf
   if (ctx.cdt == DType::kF32) {
-    memcpy(cbuf, full, mod.padded * 4);
-  } else {  // the SIMD conversion, in software RNE (the bits zero::store_compute gives)
-    optim::Exec ex;
-    ex.hw_bf16 = false;
-    ZOE_RETURN_IF_ERROR(
-        optim::convert_with_norm(full, DType::kF32, cbuf, ctx.cdt, mod.padded, false, ex).status());
+    memcpy(s->cbuf.data(), full, mod.padded * 4);
+    return Status::ok();
   }
-  ZOE_RETURN_IF_ERROR(homes.place(m, cbuf));
-  // Optimizer states and gradient accumulator of the owned range (a frozen module has none).
-  ZOE_RETURN_IF_ERROR(update.place(m, full + mod.opt_begin));
+  // The SIMD conversion, in software RNE (the bits zero::store_compute gives).
+  optim::Exec ex;
+  ex.hw_bf16 = false;
+  return optim::convert_with_norm(full, DType::kF32, s->cbuf.data(), ctx.cdt, mod.padded, false, ex).status();
+}
+
+// Module m's values (fill_values) into their homes: its compute parameters and the optimizer
+// states and gradient accumulator of its owned range (a frozen module has none).
+Status Engine::Impl::store_module(zero::ModuleId m, const PlaceScratch& s) {
+  const zero::ModuleLayout& mod = modules[m];
+  zero::OpsFence fence(*ctx.ops);  // the copies below read s's buffers
+  ZOE_RETURN_IF_ERROR(homes.place(m, s.cbuf.data()));
+  ZOE_RETURN_IF_ERROR(update.place(m, s.full.data() + mod.opt_begin));
   return fence.wait();
+}
+
+// A pipeline of two: the caller's thread computes module i+1's values (the caller's init runs on
+// the caller's thread only) while a placing thread writes module i's to their homes, so the
+// initial writes to NVMe (the parameters' partitions and the fp32 masters: most of a large
+// model's initialisation) overlap the values' computation instead of following it. Only the
+// placing thread touches the engine's state (ops, tiers, swapper); the two share nothing but the
+// scratch each hands over. Costs a second scratch of the largest module for the initialisation.
+Status Engine::Impl::place_all(const std::function<void(size_t, size_t, float*, size_t)>& init) {
+  size_t most = 0;
+  for (const auto& mod : modules.all()) most = std::max(most, mod.padded);
+  PlaceScratch scratch[2];
+  for (PlaceScratch& s : scratch) {
+    s.full.resize(most);
+    s.cbuf.resize(most * ctx.esize());
+  }
+  struct Placer {  // joined on every exit path (an init that throws included)
+    std::thread t;
+    Status status = Status::ok();
+    Status join() {
+      if (t.joinable()) t.join();
+      return status;
+    }
+    ~Placer() { (void)join(); }
+  } placer;
+  size_t i = 0;
+  for (zero::ModuleId m : modules.ids()) {
+    PlaceScratch& s = scratch[i++ % 2];  // the other one is the placing thread's
+    const Status filled = fill_values(m, init, &s);
+    ZOE_RETURN_IF_ERROR(placer.join());
+    ZOE_RETURN_IF_ERROR(filled);
+    placer.t = std::thread([this, m, &s, st = &placer.status]() {
+      const Status b = ctx.ops->bind_thread();
+      *st = b.is_ok() ? store_module(m, s) : b;
+    });
+  }
+  return placer.join();
 }
 
 namespace {
@@ -491,12 +532,7 @@ Status Engine::initialize(const std::function<void(size_t, size_t, float*, size_
   ZOE_RETURN_IF_ERROR(I.check_nvme_space());
   // 3. Tiers and swapper, then every state in its home.
   ZOE_RETURN_IF_ERROR(I.setup_tiers());
-  Impl::PlaceScratch scratch;
-  size_t most = 0;
-  for (const auto& mod : I.modules.all()) most = std::max(most, mod.padded);
-  scratch.full.resize(most);
-  scratch.cbuf.resize(most * ctx.esize());
-  for (zero::ModuleId m : I.modules.ids()) ZOE_RETURN_IF_ERROR(I.place_module(m, init, &scratch));
+  ZOE_RETURN_IF_ERROR(I.place_all(init));
   // The optimizer states written behind the placing (Updater::place): on NVMe before training.
   if (ctx.swapper)
     ZOE_RETURN_IF_ERROR_CTX(ctx.swapper->wait_async_writes(), "writing the initial optimizer states");

@@ -78,8 +78,14 @@ struct Engine::Impl {
     std::vector<float> full;
     std::vector<char> cbuf;
   };
-  Status place_module(zero::ModuleId m, const std::function<void(size_t, size_t, float*, size_t)>& init,
-                      PlaceScratch* s);
+  // Module m's initial values in s (the caller's init, its padding, the compute-dtype copy), then
+  // those values into their homes (store_module: on the placing thread of place_all()).
+  Status fill_values(zero::ModuleId m, const std::function<void(size_t, size_t, float*, size_t)>& init,
+                     PlaceScratch* s);
+  Status store_module(zero::ModuleId m, const PlaceScratch& s);
+  // Every module's initial values in their homes: module i+1's values are computed on the caller's
+  // thread while module i's are stored on a placing thread (two scratches).
+  Status place_all(const std::function<void(size_t, size_t, float*, size_t)>& init);
   // A module index from the public API, checked: "what(m): there are N modules" otherwise.
   Result<zero::ModuleId> module_id(const char* what, size_t m) const;
   // Completes every reduction in flight: ParamGather's way to free device memory.
