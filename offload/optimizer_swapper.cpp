@@ -188,6 +188,16 @@ Status OptimizerSwapper::wait_async_writes() {
 
 Status OptimizerSwapper::write_state_async(GroupId gid, size_t state, const void* src, size_t begin,
                                            size_t n) {
+  return write_async(gid, state, src, begin, n, false);
+}
+
+Status OptimizerSwapper::write_state_borrowed(GroupId gid, size_t state, const void* src, size_t begin,
+                                              size_t n) {
+  return write_async(gid, state, src, begin, n, true);
+}
+
+Status OptimizerSwapper::write_async(GroupId gid, size_t state, const void* src, size_t begin, size_t n,
+                                     bool borrow) {
   const uint64_t id = gid.value;
   Group* g = find(id);
   if (!g) return not_found("optimizer swapper: no group %llu", static_cast<unsigned long long>(id));
@@ -214,10 +224,15 @@ Status OptimizerSwapper::write_state_async(GroupId gid, size_t state, const void
     async_free_.pop_back();
     async_writes_++;
   }
-  char* buf = pool_->buffer(index);
   const size_t bytes = n * eb, span = span_bytes(n, state);
-  memcpy(buf, src, bytes);
-  memset(buf + bytes, 0, span - bytes);
+  // Borrowed: the disk reads src itself (the buffer's slot only counts the write in flight).
+  char* buf = pool_->buffer(index);
+  if (borrow && span == bytes && reinterpret_cast<uintptr_t>(src) % 4096 == 0) {
+    buf = static_cast<char*>(const_cast<void*>(src));
+  } else {
+    memcpy(buf, src, bytes);
+    memset(buf + bytes, 0, span - bytes);
+  }
   const StateKey key{id, opts_.states[state].kind};
   const uint64_t t0 = now_ns();
   // The callback touches only members (the destructor waits for it); it runs on the I/O

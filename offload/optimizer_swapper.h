@@ -83,6 +83,10 @@ class OptimizerSwapper {
   // one's error (which stays); wait_async_writes() and step() wait, report it and clear it; the
   // destructor waits too.
   Status write_state_async(GroupId gid, size_t state, const void* src, size_t begin, size_t n);
+  // The same, written from src itself where it can be (src 4096-byte aligned and the chunk whole
+  // 4096-byte blocks; else copied as write_state_async does): no copy, so the caller must leave
+  // src unchanged until wait_async_writes() returns. Still at most async_buffers writes at once.
+  Status write_state_borrowed(GroupId gid, size_t state, const void* src, size_t begin, size_t n);
   Status wait_async_writes();
 
   // The next step's first chunks, early (during the backward that produces their gradients):
@@ -124,6 +128,8 @@ class OptimizerSwapper {
   Group* find(uint64_t id);
   char* slot_buffer(size_t slot, size_t state) const;
   size_t span_bytes(size_t n, size_t state) const;  // chunk bytes rounded up to 4096
+  // write_state_async (borrow false) and write_state_borrowed (borrow true).
+  Status write_async(GroupId gid, size_t state, const void* src, size_t begin, size_t n, bool borrow);
   Status sync_transfer(uint64_t id, size_t state, char* data, bool write, size_t begin, size_t n);
   Status step_host(const ChunkUpdate& update);
   // step()'s chunks in order, and the reads of those on their way (rest: a preloaded chunk's

@@ -229,6 +229,19 @@ Status Engine::Impl::setup_tiers() {
   return Status::ok();
 }
 
+Status Engine::Impl::PlaceScratch::allocate(size_t elems, size_t compute_bytes) {
+  auto aligned = [](size_t bytes) {
+    return std::aligned_alloc(4096, std::max<size_t>(4096, (bytes + 4095) & ~size_t{4095}));
+  };
+  full_mem.reset(static_cast<float*>(aligned(elems * 4)));
+  cbuf_mem.reset(static_cast<char*>(aligned(elems * compute_bytes)));
+  full = full_mem.get();
+  cbuf = cbuf_mem.get();
+  if (!full || !cbuf)
+    return out_of_budget("initialising: no host memory for a module's initial values (%zu elements)", elems);
+  return Status::ok();
+}
+
 // Module m's initial values: the caller's init writes every element it is given; the padding is
 // zeroed here; then the compute-dtype copy. The scratch is reused module after module (no fresh
 // pages to fault in and clear per module).
@@ -236,17 +249,17 @@ Status Engine::Impl::fill_values(zero::ModuleId m,
                                  const std::function<void(size_t, size_t, float*, size_t)>& init,
                                  PlaceScratch* s) {
   const zero::ModuleLayout& mod = modules[m];
-  float* full = s->full.data();
+  float* full = s->full;
   for (size_t p = 0; p < mod.specs.size(); ++p) init(m.index, p, full + mod.offset[p], mod.numel[p]);
   std::fill(full + mod.total, full + mod.padded, 0.0f);
   if (ctx.cdt == DType::kF32) {
-    memcpy(s->cbuf.data(), full, mod.padded * 4);
+    memcpy(s->cbuf, full, mod.padded * 4);
     return Status::ok();
   }
   // The SIMD conversion, in software RNE (the bits zero::store_compute gives).
   optim::Exec ex;
   ex.hw_bf16 = false;
-  return optim::convert_with_norm(full, DType::kF32, s->cbuf.data(), ctx.cdt, mod.padded, false, ex).status();
+  return optim::convert_with_norm(full, DType::kF32, s->cbuf, ctx.cdt, mod.padded, false, ex).status();
 }
 
 // Module m's values (fill_values) into their homes: its compute parameters and the optimizer
@@ -254,8 +267,12 @@ Status Engine::Impl::fill_values(zero::ModuleId m,
 Status Engine::Impl::store_module(zero::ModuleId m, const PlaceScratch& s) {
   const zero::ModuleLayout& mod = modules[m];
   zero::OpsFence fence(*ctx.ops);  // the copies below read s's buffers
-  ZOE_RETURN_IF_ERROR(homes.place(m, s.cbuf.data()));
-  ZOE_RETURN_IF_ERROR(update.place(m, s.full.data() + mod.opt_begin));
+  ZOE_RETURN_IF_ERROR(homes.place(m, s.cbuf));
+  ZOE_RETURN_IF_ERROR(update.place(m, s.full + mod.opt_begin));
+  // The masters on NVMe are written from s.full itself (Updater::place): done before s is reused.
+  if (!mod.frozen && mod.opt_home == config::OffloadDevice::kNvme && ctx.swapper)
+    ZOE_RETURN_IF_ERROR_CTX(ctx.swapper->wait_async_writes(),
+                            "writing the initial optimizer states of " + mod.name);
   return fence.wait();
 }
 
@@ -269,10 +286,7 @@ Status Engine::Impl::place_all(const std::function<void(size_t, size_t, float*, 
   size_t most = 0;
   for (const auto& mod : modules.all()) most = std::max(most, mod.padded);
   PlaceScratch scratch[2];
-  for (PlaceScratch& s : scratch) {
-    s.full.resize(most);
-    s.cbuf.resize(most * ctx.esize());
-  }
+  for (PlaceScratch& s : scratch) ZOE_RETURN_IF_ERROR(s.allocate(most, ctx.esize()));
   struct Placer {  // joined on every exit path (an init that throws included)
     std::thread t;
     Status status = Status::ok();

@@ -26,6 +26,7 @@
 // GradReducer's reductions), not by calling GradReducer.
 #pragma once
 
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <thread>
@@ -74,9 +75,14 @@ struct Engine::Impl {
                                                   zero::PlanTarget target) const;
   Result<offload::ActivationStoreOptions> activation_options() const;
   // initialize()'s buffers for one module's fp32 values and their compute-dtype copy.
+  // One module's initial values: fp32 and the compute dtype, 4096-byte aligned (the optimizer
+  // swapper writes the masters to NVMe from `full` itself).
   struct PlaceScratch {
-    std::vector<float> full;
-    std::vector<char> cbuf;
+    std::unique_ptr<float, void (*)(void*)> full_mem{nullptr, std::free};
+    std::unique_ptr<char, void (*)(void*)> cbuf_mem{nullptr, std::free};
+    float* full = nullptr;
+    char* cbuf = nullptr;
+    Status allocate(size_t elems, size_t compute_bytes);
   };
   // Module m's initial values in s (the caller's init, its padding, the compute-dtype copy), then
   // those values into their homes (store_module: on the placing thread of place_all()).

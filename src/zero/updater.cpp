@@ -194,15 +194,15 @@ Status Updater::place(ModuleId m, const float* own) {
     case OffloadDevice::kNvme: {
       ZOE_RETURN_IF_ERROR_CTX(ctx_.swapper->add_group(swap_group(m), mod.opt_n),
                               "placing the optimizer states of module " + mod.name);
-      // The fp32 master, chunk by chunk behind the caller (the swapper copies each chunk; its
-      // write buffers in flight at once): the next module's initial values are computed while
-      // these are written. Engine::initialize() waits for them. Adam's m and v start as zeros,
-      // which their swap space reads as until the first update writes them (add_group), so
-      // nothing is written for them.
+      // The fp32 master, chunk by chunk, written from `own` itself where it is block-aligned
+      // (write_state_borrowed: the swapper's write buffers in flight at once, no copy): the
+      // caller leaves `own` unchanged until the swapper's asynchronous writes are waited for
+      // (Engine::Impl::store_module). Adam's m and v start as zeros, which their swap space
+      // reads as until the first update writes them (add_group), so nothing is written for them.
       const size_t chunk = ctx_.swapper->chunk_elems();
       for (size_t b = 0; b < mod.opt_n; b += chunk) {
-        ZOE_RETURN_IF_ERROR(ctx_.swapper->write_state_async(swap_group(m), kMasterState, own + b, b,
-                                                            std::min(chunk, mod.opt_n - b)));
+        ZOE_RETURN_IF_ERROR(ctx_.swapper->write_state_borrowed(swap_group(m), kMasterState, own + b, b,
+                                                               std::min(chunk, mod.opt_n - b)));
       }
       // The gradient accumulator lives on NVMe too (written by the first reduction of a step).
       return Status::ok();

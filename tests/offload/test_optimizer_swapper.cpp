@@ -1,6 +1,8 @@
 // OptimizerSwapper tests: bit-identical to the in-memory update, bounded buffers, faults mid-pipeline.
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 
 #include "offload/optimizer_swapper.h"
 #include "tests/offload/offload_fixture.h"
@@ -168,6 +170,47 @@ TEST(Swapper, AsynchronousChunkWritesLandBeforeReadsAndTheStep) {
     r.faults.clear();
     EXPECT_OK(w.wait_async_writes());  // reported once
     EXPECT_OK(w.step(adam_update()));
+  }
+}
+
+TEST(Swapper, BorrowedChunkWritesLandAsCopiedOnes) {
+  // write_state_borrowed: from an aligned source, its whole-block chunks are written from the
+  // source itself, an unaligned source and the ragged last chunk are copied; either way the state
+  // reads back as the source once wait_async_writes() returns, and a write error is reported.
+  Rig r;
+  ASSERT_TRUE(r.init(MiB(), 64 * MiB()));
+  for (bool nvme : {true, false}) {
+    auto sw = OptimizerSwapper::create(nvme ? r.store.get() : nullptr, adam_options(12, 64 * 1024));
+    ASSERT_OK(sw);
+    OptimizerSwapper& w = *sw.value();
+    const size_t n = 100003, c = w.chunk_elems();
+    ASSERT_EQ(c * 4 % 4096, 0u);
+    ASSERT_OK(w.add_group(1, n));
+    auto g = series(n, 13);
+    std::unique_ptr<float, void (*)(void*)> mem(
+        static_cast<float*>(std::aligned_alloc(4096, (n + 1024) * 4 + 4096)), std::free);
+    ASSERT_NE(mem, nullptr);
+    for (size_t shift : {size_t{0}, size_t{1}}) {  // aligned, then one element off
+      float* src = mem.get() + shift;
+      memcpy(src, g.data(), n * 4);
+      for (size_t b = 0; b < n; b += c)
+        ASSERT_OK(w.write_state_borrowed(1, 0, src + b, b, std::min(c, n - b)));
+      ASSERT_OK(w.wait_async_writes());
+      memset(src, 0xff, n * 4);  // the source may change now
+      std::vector<float> back(n);
+      ASSERT_OK(w.read_state(1, 0, back.data()));
+      EXPECT_EQ(test::first_mismatch(back.data(), g.data(), n * 4), -1) << (nvme ? "nvme" : "host") << shift;
+    }
+    if (!nvme) continue;
+    r.faults.clear();
+    r.faults.add(io::FaultKind::kEio, 1, 1, io::IoOp::kWrite);
+    memcpy(mem.get(), g.data(), n * 4);
+    for (size_t b = 0; b < n; b += c)
+      ASSERT_OK(w.write_state_borrowed(1, 0, mem.get() + b, b, std::min(c, n - b)));
+    Status st = w.wait_async_writes();
+    EXPECT_FALSE(st.is_ok());
+    EXPECT_NE(st.message().find("writing optimizer state chunk 1@"), std::string::npos) << st.message();
+    r.faults.clear();
   }
 }
 
