@@ -104,6 +104,16 @@ if [ $report_only = 0 ]; then
         fi
       done
     done
+    # The fp32 reference the losses are compared with: plain torch AdamW, the same batches.
+    if [[ " $precisions " == *" fp32 "* ]]; then
+      args=(reference --out "$out" --model "$m")
+      if [ $quick = 1 ]; then args+=(--rounds 5 --steps-per-round 1); fi
+      if [ -n "${ZOE_BENCH_LOCK:-}" ]; then
+        flock -x "$ZOE_BENCH_LOCK" python "$here/vs_deepspeed.py" "${args[@]}"
+      else
+        python "$here/vs_deepspeed.py" "${args[@]}"
+      fi
+    fi
   done
 fi
 python "$here/vs_deepspeed.py" report --out "$out"

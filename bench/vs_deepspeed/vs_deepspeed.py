@@ -7,6 +7,11 @@ and the same batches (bench/vs_deepspeed/run.sh sets up the venv and calls this)
         engines read), starts one worker process per engine (worker.py), alternates them round by
         round (each round: --steps-per-round steps of one engine, then of the other; the first
         engine changes every round), and writes DIR/cells/<cell>.json with a row per engine.
+    vs_deepspeed.py reference --out DIR --model gpt2
+        the fp32 reference: the same model, batches and steps through plain torch.optim.AdamW
+        (the config's lr, betas, eps, weight_decay and gradient_clipping; no ZeRO, no offload),
+        written to DIR/reference/<model>-fp32.json; the report compares every fp32 row's losses
+        with it (loss_max_rel_diff_torch).
     vs_deepspeed.py report --out DIR
         DIR/results.json ({"machine", "versions", "rows"}), DIR/results.md and DIR/step_time.png
         from the cells written.
@@ -215,7 +220,7 @@ def run_cell(args):
     for row in rows:
         row["loss_max_rel_diff"] = diff
     cell = {"cell": name, "config": json.loads(config_path.read_text()), "rows": rows,
-            "workers": {e: workers[e].info for e in engines}}
+            "workers": {e: workers[e].info for e in engines}, "zoe_commit": git_commit()}
     (out / "cells" / f"{name}.json").write_text(json.dumps(cell, indent=2) + "\n")
     for row in rows:
         what = f"error: {row['error']}" if row["error"] else \
@@ -225,6 +230,47 @@ def run_cell(args):
         common = min(len(r["losses"]) for r in rows)
         print(f"[{name}] largest relative loss difference over {common} steps: {diff:.2e}", file=sys.stderr)
     return 0
+
+
+def run_reference(args):
+    """Plain torch AdamW over the cells' batches (the same file, seed and steps), one process."""
+    out = Path(args.out)
+    for d in ("configs", "reference", "logs"):
+        (out / d).mkdir(parents=True, exist_ok=True)
+    n = args.rounds * args.steps_per_round
+    batches = out / f"batches-{args.model}-{args.batch}x{args.seq}-{n}.pt"
+    if not batches.exists():
+        make_batches(batches, args.model, n, args.batch, args.seq, args.seed)
+    name = cell_name(args.model, "none", "fp32")
+    config_path = out / "configs" / f"{name}-torch.json"
+    config_path.write_text(json.dumps(ds_config(args.batch, "none", "fp32", args.nvme_path), indent=2) + "\n")
+    args.offload, args.precision = "none", "fp32"
+    w = Worker("torch", args, config_path, batches, out / "logs" / f"{args.model}-torch.log", args.timeout)
+    steps = []
+    try:
+        if w.start():
+            reply = w.request({"steps": list(range(n))})
+            steps = reply["steps"] if reply else []
+    finally:
+        w.close()
+    ref = {"model": args.model, "precision": "fp32", "engine": "torch", "losses": [s["loss"] for s in steps],
+           "step_times": [s["step_s"] for s in steps], "error": w.error, "version": w.info.get("version")}
+    (out / "reference" / f"{args.model}-fp32.json").write_text(json.dumps(ref, indent=2) + "\n")
+    print(f"[{args.model}] torch AdamW reference: " + (f"error: {w.error}" if w.error else f"{len(steps)} steps"),
+          file=sys.stderr)
+    return 0 if not w.error else 1
+
+
+def attach_reference(out, rows):
+    """loss_max_rel_diff_torch on every fp32 row whose model has a reference (None otherwise)."""
+    refs = {}
+    for f in sorted((out / "reference").glob("*-fp32.json")):
+        r = json.loads(f.read_text())
+        if not r.get("error") and r.get("losses"):
+            refs[r["model"]] = r["losses"]
+    for row in rows:
+        ref = refs.get(row["model"]) if row["precision"] == "fp32" else None
+        row["loss_max_rel_diff_torch"] = loss_diff(row.get("losses") or [], ref) if ref else None
 
 
 def loss_diff(a, b):
@@ -270,12 +316,23 @@ def versions(out):
         v["zoe"] = subprocess.run(["zoe", "--version"], capture_output=True, text=True, timeout=60).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         v["zoe"] = ""
-    try:
-        v["zoe_commit"] = subprocess.run(["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"], capture_output=True,
-                                         text=True, timeout=60).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        v["zoe_commit"] = ""
+    # The checkout each cell ran from (a cell written before cells recorded it: the report's).
+    commits = []
+    for f in sorted((Path(out) / "cells").glob("*.json")):
+        c = json.loads(f.read_text()).get("zoe_commit") or git_commit()
+        if c not in commits:
+            commits.append(c)
+    v["zoe_commit"] = ", ".join(commits) or git_commit()
     return v
+
+
+def git_commit():
+    """The zoe checkout's commit (short), "" where git cannot tell."""
+    try:
+        return subprocess.run(["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=60).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
 
 
 def gib(x):
@@ -317,8 +374,8 @@ def markdown(results):
              f"{v.get('deepspeed')} (DS_ACCELERATOR=cpu, gloo), zoe {v.get('zoe_commit')}.", "",
              "| model | offload | precision | zoe s/step | DeepSpeed s/step | zoe / DS | zoe / DS, means | zoe tokens/s | DS tokens/s "
              "| zoe peak RSS GiB | DS peak RSS GiB | zoe NVMe read / write MiB per step | DS NVMe read / write MiB "
-             "per step | max relative loss difference (steps) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "per step | max relative loss difference (steps) | vs torch AdamW: zoe / DS |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     notes = []
     for (model, off, prec), e in cell_rows(results["rows"]).items():
         z, d = e.get("zoe", {}), e.get("deepspeed", {})
@@ -331,7 +388,9 @@ def markdown(results):
                  "-" if rm is None else f"{rm:.2f}x", tok(z), tok(d), gib(z.get("peak_rss_bytes")), gib(d.get("peak_rss_bytes")),
                  f"{mib(z.get('nvme_read_bytes'))} / {mib(z.get('nvme_write_bytes'))}",
                  f"{mib(d.get('nvme_read_bytes'))} / {mib(d.get('nvme_write_bytes'))}",
-                 "-" if diff is None else f"{diff:.1e} ({n})"]
+                 "-" if diff is None else f"{diff:.1e} ({n})",
+                 " / ".join("-" if r.get("loss_max_rel_diff_torch") is None else f"{r['loss_max_rel_diff_torch']:.1e}"
+                            for r in (z, d))]
         for eng, r in (("zoe", z), ("DeepSpeed", d)):
             if r.get("error"):
                 notes.append(f"- {model} / {off} / {prec}: {eng} failed: `{r['error']}`")
@@ -340,7 +399,9 @@ def markdown(results):
     if notes:
         lines += ["", "Errors, verbatim:", ""] + notes
     lines += ["", "Step: the median after the warm-up steps (means: the ratio of the mean steps); peak RSS: the engine's process while it trained "
-              "(VmHWM reset after initialisation); NVMe bytes: /proc/<pid>/io read_bytes and write_bytes per step."]
+              "(VmHWM reset after initialisation); NVMe bytes: /proc/<pid>/io read_bytes and write_bytes per step; "
+              "vs torch AdamW: each engine's largest relative loss difference from plain torch.optim.AdamW on the same "
+              "model, batches and config (fp32; vs_deepspeed.py reference)."]
     return "\n".join(lines) + "\n"
 
 
@@ -382,6 +443,7 @@ def report(args):
     rows = []
     for f in sorted((out / "cells").glob("*.json")):
         rows += json.loads(f.read_text())["rows"]
+    attach_reference(out, rows)
     results = {"machine": machine_info(), "versions": versions(out), "rows": rows}
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     md = markdown(results)
@@ -410,6 +472,13 @@ def main():
                    help="offload_param.max_in_cpu for offload nvme (default: left out, 1e9 for both engines)")
     c.add_argument("--engines", default="zoe,deepspeed", help="comma-separated: zoe, deepspeed (default both)")
     c.add_argument("--timeout", type=float, default=900, help="seconds an engine may take for one request")
+    f = sub.add_parser("reference", help="the fp32 reference: plain torch AdamW over the cells' batches")
+    f.add_argument("--out", required=True)
+    f.add_argument("--model", required=True, choices=MODELS)
+    for k, v in (("--rounds", 4), ("--steps-per-round", 5), ("--batch", 1), ("--seq", 128), ("--seed", 0)):
+        f.add_argument(k, type=int, default=v, help="as the cells' (the same batches file)")
+    f.add_argument("--nvme-path", default="/var/tmp")
+    f.add_argument("--timeout", type=float, default=900)
     r = sub.add_parser("report", help="results.json, results.md and step_time.png from the cells run")
     r.add_argument("--out", required=True)
     a = ap.parse_args()
@@ -423,6 +492,8 @@ def main():
         if bad or not a.engines:
             ap.error(f"--engines: {', '.join(bad) or 'none given'}: the engines are zoe and deepspeed")
         return run_cell(a)
+    if a.cmd == "reference":
+        return run_reference(a)
     return report(a)
 
 

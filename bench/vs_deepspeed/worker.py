@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """One engine of the zoe vs DeepSpeed harness in a process of its own, so that its peak RSS
-(VmHWM) and its disk traffic (/proc/<pid>/io read_bytes, write_bytes) are its own.
+(VmHWM) and its disk traffic (/proc/<pid>/io read_bytes, write_bytes) are its own. The engine
+"torch" is the fp32 reference: plain torch.optim.AdamW, no ZeRO, no offload.
 
 It builds the model (a Hugging Face model from its config, random init from --seed, fp32 on the
 CPU, eager attention), hands it to the engine with the ds_config.json file given, prints one
@@ -12,7 +13,7 @@ JSON line a request on stdin, one a reply on stdout:
 An error (the engine's own exception, verbatim) is replied as {"error": "Type: message"}, after
 which the process exits. Everything else (DeepSpeed's and zoe's logs) goes to stderr.
 
-usage: worker.py --engine zoe|deepspeed --model gpt2|llama300m|tiny --config ds_config.json
+usage: worker.py --engine zoe|deepspeed|torch --model gpt2|llama300m|tiny --config ds_config.json
                  --batches batches.pt [--seed 0]"""
 import argparse
 import json
@@ -146,12 +147,55 @@ def _numel(shape):
     return n
 
 
+class TorchRunner:
+    """The reference: plain torch.optim.AdamW on the whole model, with the config's optimizer
+    parameters and gradient_clipping (torch.nn.utils.clip_grad_norm_), fp32, no ZeRO and no
+    offload: the arithmetic both engines' fp32 losses are compared with."""
+
+    def __init__(self, model, config):
+        import torch
+        with open(config) as f:
+            cfg = json.load(f)
+        if cfg.get("bf16", {}).get("enabled") or cfg.get("fp16", {}).get("enabled"):
+            raise ValueError("the torch reference is fp32 only")
+        p = cfg["optimizer"]["params"]
+        self.model = model
+        self.clip = float(cfg.get("gradient_clipping", 0.0))
+        self.opt = torch.optim.AdamW(model.parameters(), lr=p["lr"], betas=tuple(p["betas"]), eps=p["eps"],
+                                     weight_decay=p["weight_decay"])
+        self.version = torch.__version__
+
+    def forward(self, ids):
+        return self.model(input_ids=ids, labels=ids).loss
+
+    def backward(self, loss):
+        loss.backward()
+
+    def step(self):
+        import torch
+        if self.clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+
+    def drain(self):
+        """Nothing runs behind torch's step."""
+
+    def breakdown(self):
+        return {}
+
+    def close(self):
+        pass
+
+
 def make_runner(engine, model, config):
     if engine == "zoe":
         return ZoeRunner(model, config)
     if engine == "deepspeed":
         return DeepSpeedRunner(model, config)
-    raise ValueError(f"unknown engine {engine!r} (zoe or deepspeed)")
+    if engine == "torch":
+        return TorchRunner(model, config)
+    raise ValueError(f"unknown engine {engine!r} (zoe, deepspeed or torch)")
 
 
 _REPLIES = None  # the driver's pipe (the process's stdout at start); fd 1 goes to stderr after
@@ -219,7 +263,7 @@ def serve(runner, batches):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--engine", required=True, choices=("zoe", "deepspeed"))
+    ap.add_argument("--engine", required=True, choices=("zoe", "deepspeed", "torch"))
     ap.add_argument("--model", required=True, choices=MODELS)
     ap.add_argument("--config", required=True, help="the ds_config.json both engines are given")
     ap.add_argument("--batches", required=True, help="a torch file: a list of token id tensors [batch, seq]")

@@ -1,7 +1,8 @@
 """The zoe half of the zoe vs DeepSpeed harness (bench/vs_deepspeed), without DeepSpeed: one cell
 with a tiny GPT-2 at stage 3 on NVMe, run by the harness's driver and worker process, must give
 results.json in the names the harness promises, count the NVMe traffic of its worker, and train
-like plain torch (torch.optim.AdamW with the config's clipping) on the same batches."""
+like plain torch (torch.optim.AdamW with the config's clipping) on the same batches; the harness's
+own torch reference (vs_deepspeed.py reference) must be that plain torch."""
 import json
 import subprocess
 import sys
@@ -47,6 +48,10 @@ def test_zoe_half_of_the_harness(tmp_path):
             "--steps-per-round", "1", "--warmup", "1", "--batch", "2", "--seq", "16", "--nvme-path", str(nvme)]
     p = subprocess.run(cell, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
+    p = subprocess.run([sys.executable, str(HARNESS / "vs_deepspeed.py"), "reference", "--out", str(out), "--model",
+                        "tiny", "--rounds", str(STEPS), "--steps-per-round", "1", "--batch", "2", "--seq", "16"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
     p = subprocess.run([sys.executable, str(HARNESS / "vs_deepspeed.py"), "report", "--out", str(out)],
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
@@ -72,3 +77,10 @@ def test_zoe_half_of_the_harness(tmp_path):
     assert len(row["losses"]) == STEPS
     for got, want in zip(row["losses"], ref):
         assert got == pytest.approx(want, rel=1e-5)
+    # The harness's own reference (vs_deepspeed.py reference) is that plain torch, and the report
+    # compares the row with it.
+    harness_ref = json.loads((out / "reference" / "tiny-fp32.json").read_text())
+    assert harness_ref["error"] is None and len(harness_ref["losses"]) == STEPS
+    for got, want in zip(harness_ref["losses"], ref):
+        assert got == pytest.approx(want, rel=1e-6)
+    assert row["loss_max_rel_diff_torch"] is not None and row["loss_max_rel_diff_torch"] < 1e-5
