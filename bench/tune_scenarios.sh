@@ -9,7 +9,10 @@
 #
 # Usage: bench/tune_scenarios.sh [DIR] [ONLY]   (DIR: the NVMe scratch, default /var/tmp; ONLY: a
 #        comma-separated list of scenario names to run)
-# Env:   ZOE=path/to/zoe (default build/bin/zoe), STEPS=8 (per grid run), OUT=results.json
+# Env:   ZOE=path/to/zoe (default build/bin/zoe), STEPS=8 (per grid run), OUT=results.json,
+#        SETTLE=30 (seconds of rest before each scenario after the first: on a virtual machine the
+#        host flushes the previous grid's NVMe writes for a while after, and the cores run slower
+#        meanwhile, which the next calibration would measure)
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 dir=${1:-/var/tmp}
@@ -29,9 +32,13 @@ scenarios=(
   "medium-nvme|medium|4|--device-mem 512MiB --host-mem 512MiB|8"
   "large-2GiB|large|1|--device-mem 2GiB|6"
 )
+settle=${SETTLE:-30}
+first=1
 for s in "${scenarios[@]}"; do
   IFS='|' read -r name preset micro flags top <<< "$s"
   if [ -n "$only" ] && [[ ",$only," != *",$name,"* ]]; then continue; fi
+  if [ $first = 0 ]; then sleep "$settle"; fi
+  first=0
   echo "== $name: $preset, micro-batch $micro, ${flags:-no budget flags}" >&2
   PLAN_FLAGS="$flags" MICRO="$micro" ZOE="$zoe" JSON="$res/$name.json" \
     bash "$here/bench/tune_vs_grid.sh" "$preset" "$steps" "$dir" "$top" | tee "$res/$name.txt" || true

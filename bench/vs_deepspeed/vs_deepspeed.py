@@ -37,8 +37,9 @@ HERE = Path(__file__).resolve().parent
 ENGINES = ("zoe", "deepspeed")
 OFFLOADS = ("none", "cpu", "nvme")
 PRECISIONS = ("fp32", "bf16")
-MODELS = ("gpt2", "llama300m", "tiny")  # tiny: the harness's own test
-VOCAB = {"gpt2": 50257, "llama300m": 32000, "tiny": 512}
+# tiny: the harness's own test; gpt2b: zoe's 2b preset's shape (2.05B), for the size check only
+MODELS = ("gpt2", "llama300m", "gpt2b", "tiny")
+VOCAB = {"gpt2": 50257, "llama300m": 32000, "gpt2b": 256, "tiny": 512}
 
 
 def cell_name(model, offload, precision):

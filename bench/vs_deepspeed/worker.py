@@ -13,7 +13,7 @@ JSON line a request on stdin, one a reply on stdout:
 An error (the engine's own exception, verbatim) is replied as {"error": "Type: message"}, after
 which the process exits. Everything else (DeepSpeed's and zoe's logs) goes to stderr.
 
-usage: worker.py --engine zoe|deepspeed|torch --model gpt2|llama300m|tiny --config ds_config.json
+usage: worker.py --engine zoe|deepspeed|torch --model gpt2|llama300m|gpt2b|tiny --config ds_config.json
                  --batches batches.pt [--seed 0]"""
 import argparse
 import json
@@ -22,7 +22,7 @@ import sys
 import time
 import traceback
 
-MODELS = ("gpt2", "llama300m", "tiny")
+MODELS = ("gpt2", "llama300m", "gpt2b", "tiny")
 
 
 def model_config(name):
@@ -35,6 +35,10 @@ def model_config(name):
         return transformers.LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=18,
                                         num_attention_heads=16, num_key_value_heads=16, vocab_size=32000,
                                         max_position_embeddings=1024, tie_word_embeddings=False)
+    if name == "gpt2b":  # zoe's 2b preset as a GPT-2: 26 layers, width 2560, 20 heads, 256 tokens (2.05B)
+        return transformers.GPT2Config(n_embd=2560, n_layer=26, n_head=20, vocab_size=256, n_positions=64,
+                                       resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0,
+                                       eos_token_id=0)
     if name == "tiny":  # a 2-layer GPT-2 of 0.1M parameters: the harness's own test (tests/python)
         return transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=512, n_positions=64,
                                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0,

@@ -411,6 +411,21 @@ TEST(TuneCli, KnobSearchOnNvmeRowsBeatsTheBaseConfig) {
   EXPECT_EQ(w["zero_optimization"]["stage3_max_live_parameters"], b["stage3_max_live_parameters"]);
 }
 
+// The drive is calibrated last (after the model steps), so its directory is checked first: a path
+// that cannot hold the calibration file is refused before any model step, naming it.
+TEST(TuneCli, CalibrationRefusesABadNvmePathBeforeMeasuring) {
+  zoe::test::ScratchDir d("tune-bad-path");
+  const std::string missing = d.file("no-such-dir");
+  CmdResult r = zoe("tune --preset tiny --device cpu --device-mem 64MiB --nvme-path " + missing +
+                    " --calibrate --calibrate-bytes 16MiB --calibration-out " + d.file("cal.json") +
+                    " --out " + d.file("tuned.json"));
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find(missing), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("through the engine"), std::string::npos) << "model steps ran first: " << r.err;
+  struct stat st;
+  EXPECT_NE(stat(d.file("cal.json").c_str(), &st), 0) << "a calibration file was written";
+}
+
 TEST(TuneCli, NothingFitsExitsOne) {
   CmdResult r = zoe("tune --hf-config " + fixture("llama-2-7b.json") +
                     " --device-mem 8GiB --host-mem 16GiB --nvme-space 20GiB");
