@@ -43,6 +43,18 @@ SwapperOptions adam_options(size_t buffers, size_t buffer_bytes) {
   return o;
 }
 
+// Hands group 1's state k to the swapper chunk by chunk, from src, copied or borrowed.
+Status write_chunks(OptimizerSwapper& w, size_t k, const float* src, size_t n, bool borrowed) {
+  const size_t c = w.chunk_elems();
+  for (size_t b = 0; b < n; b += c) {
+    const size_t m = std::min(c, n - b);
+    Status st =
+        borrowed ? w.write_state_borrowed(1, k, src + b, b, m) : w.write_state_async(1, k, src + b, b, m);
+    if (!st.is_ok()) return st;
+  }
+  return Status::ok();
+}
+
 ChunkUpdate adam_update() {
   return [](const ChunkView& c) {
     adamish(static_cast<float*>(c.data[0]), static_cast<float*>(c.data[1]), static_cast<float*>(c.data[2]),
@@ -139,14 +151,12 @@ TEST(Swapper, AsynchronousChunkWritesLandBeforeReadsAndTheStep) {
     ASSERT_OK(w.add_group(1, n));
     ASSERT_GT((n + c - 1) / c, w.slots());
     auto g = series(n, 11);
-    for (size_t b = 0; b < n; b += c)
-      ASSERT_OK(w.write_state_async(1, 3, g.data() + b, b, std::min(c, n - b)));
+    ASSERT_OK(write_chunks(w, 3, g.data(), n, false));
     std::vector<float> back(n);
     ASSERT_OK(w.read_state(1, 3, back.data()));
     EXPECT_EQ(test::first_mismatch(back.data(), g.data(), n * 4), -1) << (nvme ? "nvme" : "host");
     // The step reads the gradient state as written.
-    for (size_t b = 0; b < n; b += c)
-      ASSERT_OK(w.write_state_async(1, 3, g.data() + b, b, std::min(c, n - b)));
+    ASSERT_OK(write_chunks(w, 3, g.data(), n, false));
     std::vector<float> seen(n);
     ASSERT_OK(w.step([&](const ChunkView& v) {
       memcpy(seen.data() + v.begin, v.data[3], v.n * 4);
@@ -159,8 +169,7 @@ TEST(Swapper, AsynchronousChunkWritesLandBeforeReadsAndTheStep) {
     if (!nvme) continue;
     r.faults.clear();  // counts from here
     r.faults.add(io::FaultKind::kEio, 2, 1, io::IoOp::kWrite);
-    for (size_t b = 0; b < n; b += c)
-      ASSERT_OK(w.write_state_async(1, 3, g.data() + b, b, std::min(c, n - b)));
+    ASSERT_OK(write_chunks(w, 3, g.data(), n, false));
     Status rd = w.read_state(1, 0, back.data());  // a read on the way fails too, and keeps the error
     EXPECT_FALSE(rd.is_ok());
     Status st = w.step(adam_update());
@@ -188,13 +197,12 @@ TEST(Swapper, BorrowedChunkWritesLandAsCopiedOnes) {
     ASSERT_OK(w.add_group(1, n));
     auto g = series(n, 13);
     std::unique_ptr<float, void (*)(void*)> mem(
-        static_cast<float*>(std::aligned_alloc(4096, (n + 1024) * 4 + 4096)), std::free);
+        static_cast<float*>(std::aligned_alloc(4096, ((n + 1) * 4 + 4095) / 4096 * 4096)), std::free);
     ASSERT_NE(mem, nullptr);
     for (size_t shift : {size_t{0}, size_t{1}}) {  // aligned, then one element off
       float* src = mem.get() + shift;
       memcpy(src, g.data(), n * 4);
-      for (size_t b = 0; b < n; b += c)
-        ASSERT_OK(w.write_state_borrowed(1, 0, src + b, b, std::min(c, n - b)));
+      ASSERT_OK(write_chunks(w, 0, src, n, true));
       ASSERT_OK(w.wait_async_writes());
       memset(src, 0xff, n * 4);  // the source may change now
       std::vector<float> back(n);
@@ -205,8 +213,7 @@ TEST(Swapper, BorrowedChunkWritesLandAsCopiedOnes) {
     r.faults.clear();
     r.faults.add(io::FaultKind::kEio, 1, 1, io::IoOp::kWrite);
     memcpy(mem.get(), g.data(), n * 4);
-    for (size_t b = 0; b < n; b += c)
-      ASSERT_OK(w.write_state_borrowed(1, 0, mem.get() + b, b, std::min(c, n - b)));
+    ASSERT_OK(write_chunks(w, 0, mem.get(), n, true));
     Status st = w.wait_async_writes();
     EXPECT_FALSE(st.is_ok());
     EXPECT_NE(st.message().find("writing optimizer state chunk 1@"), std::string::npos) << st.message();
