@@ -12,7 +12,9 @@
 # Env:   ZOE=path/to/zoe (default build/bin/zoe), STEPS=8 (per grid run), OUT=results.json,
 #        SETTLE=30 (seconds of rest before each scenario after the first: on a virtual machine the
 #        host flushes the previous grid's NVMe writes for a while after, and the cores run slower
-#        meanwhile, which the next calibration would measure)
+#        meanwhile, which the next calibration would measure); each grid's settle gate
+#        (bench/tune_vs_grid.sh) then waits until the machine runs as fast as the fastest probe
+#        of the whole run
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 dir=${1:-/var/tmp}
@@ -41,7 +43,7 @@ for s in "${scenarios[@]}"; do
   first=0
   echo "== $name: $preset, micro-batch $micro, ${flags:-no budget flags}" >&2
   PLAN_FLAGS="$flags" MICRO="$micro" ZOE="$zoe" JSON="$res/$name.json" \
-    bash "$here/bench/tune_vs_grid.sh" "$preset" "$steps" "$dir" "$top" | tee "$res/$name.txt" || true
+    PROBE_BEST="$res/probe_best" bash "$here/bench/tune_vs_grid.sh" "$preset" "$steps" "$dir" "$top" | tee "$res/$name.txt" || true
 done
 /usr/bin/python3 - "$res" "$out" <<'PY'
 import glob, json, os, sys

@@ -9,7 +9,14 @@
 # Env:   ZOE=path/to/zoe (default build/bin/zoe), MICRO=8 (sequences per micro-batch),
 #        VERIFY=3 (tune's --verify K: the measured best of its K best is its pick),
 #        JSON=out.json to also write the results as JSON, PLAN_FLAGS="--device-mem 16MiB ..." for
-#        the budgets tune and plan search under (the grid's configs inherit the tuned config's).
+#        the budgets tune and plan search under (the grid's configs inherit the tuned config's),
+#        SETTLE_MAX=90 (seconds the settle gate below may wait), PROBE_BEST=FILE (the fastest
+#        probe, kept across runs: bench/tune_scenarios.sh passes one file to all its scenarios).
+# Settle gate: on a virtual machine, gigabytes written to the drive leave the host flushing them
+# for tens of seconds, and the cores run up to a third slower meanwhile. Before the calibration
+# and before each grid run, a probe (10 steps of the small preset, no offload, under a second) is
+# repeated until its median step is within 4 % of the fastest probe seen, so that tune, its
+# verification and the grid are measured at the same machine speed.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 preset=${1:-small}
@@ -23,9 +30,37 @@ py=/usr/bin/python3
 work=$(mktemp -d "$dir/zoe-tune-grid.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 
+probe_best=${PROBE_BEST:-$work/probe_best}
+settle() {
+  local start now p
+  start=$(date +%s)
+  while :; do
+    p=$("$zoe" train --preset small --steps 10 --micro-batch 8 --quiet --json |
+      $py -c 'import json,sys; w=sorted(t["wall"] for t in json.load(sys.stdin)["step_time_s"][2:]); print(w[len(w)//2])')
+    now=$(date +%s)
+    if $py - "$probe_best" "$p" "$((now - start))" "${SETTLE_MAX:-90}" "$1" <<'PY'; then return 0; fi
+import os, sys
+path, p, waited, most, what = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+best = min(float(open(path).read()), p) if os.path.exists(path) else p
+open(path, "w").write(f"{best}\n")
+if p <= 1.04 * best:
+    if waited > 0:
+        print(f"# settle: {what}: waited {waited} s for the machine's speed", file=sys.stderr)
+    sys.exit(0)
+if waited >= most:
+    print(f"# settle: {what}: still {100 * (p / best - 1):.0f}% slower than the fastest probe after "
+          f"{waited} s; measured anyway", file=sys.stderr)
+    sys.exit(0)
+sys.exit(1)
+PY
+    sleep 3
+  done
+}
+
 # shellcheck disable=SC2206
 common=(--preset "$preset" --device cpu --nvme-path "$work" --micro-batch "$micro" ${PLAN_FLAGS:-})
 echo "# calibrating and tuning ($preset, micro-batch $micro)" >&2
+settle "before the calibration"
 t0=$(date +%s)
 # shellcheck disable=SC2086
 "$zoe" tune "${common[@]}" --calibrate --calibration-out "$work/cal.json" --out "$work/tuned.json" \
@@ -49,6 +84,12 @@ for i, r in enumerate(rows):
             z[key]["nvme_path"] = [work]
     c["zoe"]["offload_ratio"] = p["offload_ratio"] if p["offload_ratio"] is not None else 1.0
     c["zoe"]["bf16_optimizer_states"] = p["bf16_optimizer_states"]
+    # The sizes zoe chooses itself (swap buffers and chunk, staging, host cache) that tune wrote
+    # for its own pick: left to zoe for this row's placement, as zoe plan's prediction assumes.
+    z.pop("sub_group_size", None)
+    z["offload_optimizer"].pop("buffer_count", None)
+    for key in ("buffer_size", "max_in_cpu"):
+        z["offload_param"].pop(key, None)
     # The grid's rows run at MICRO sequences per step, without accumulation (tune may have chosen a
     # smaller micro-batch with accumulation for the same batch; its own config runs as written).
     c["train_micro_batch_size_per_gpu"], c["gradient_accumulation_steps"] = micro, 1
@@ -61,6 +102,7 @@ n=$(ls "$work"/row*.json 2>/dev/null | wc -l)
 [ "$n" -gt 0 ] || { echo "no placement fits" >&2; exit 1; }
 run_tuned() {
   echo "# round $1: tune's config" >&2
+  settle "round $1, tune's config"
   # As written: its micro-batch and accumulation are tune's choice (the same sequences per step).
   "$zoe" train --config "$work/tuned.json" --preset "$preset" --steps "$steps" --quiet --json \
     > "$work/tuned.run$1"
@@ -74,6 +116,7 @@ for round in 1 2; do
   fi
   for i in $order; do
     echo "# round $round: row $i of $n" >&2
+    settle "round $round, row $i"
     "$zoe" train --config "$work/row$i.json" --preset "$preset" --steps "$steps" --micro-batch "$micro" \
       --quiet --json > "$work/row$i.run$round"
   done

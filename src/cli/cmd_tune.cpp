@@ -93,7 +93,7 @@ struct Knobs {
     };
     c->zero.stage3_prefetch_bucket_size = prefetch_bucket;
     c->zero.stage3_max_live_parameters = max_live;
-    c->zero.sub_group_size = sub_group;
+    set(&c->zero.sub_group_size, sub_group, "zero_optimization.sub_group_size");
     set(&c->zero.offload_optimizer.buffer_count, opt_buffers,
         "zero_optimization.offload_optimizer.buffer_count");
     c->zero.offload_param.buffer_count = param_buffers;
@@ -458,7 +458,9 @@ void verify_candidates(const TuneOpts& o, const plan::PlanOptions& po, TuneResul
 
 // --out: the chosen config, checked to parse back to itself (what zoe train --config reads).
 void write_tuned_config(const TuneOpts& o, const config::Config& cfg, const plan::PlanInputs& in) {
-  const std::string text = cfg.to_json();
+  // The sizes zoe chose for this placement are given (write_chosen_sizes); the others, left to
+  // zoe, are not written, so that the config with another placement is sized for it.
+  const std::string text = cfg.to_json(config::Config::JsonKeys::kGivenSizes);
   // What zoe train --config will read must parse back to the same config.
   auto back = config::Config::parse(text, in.topo.world());
   if (!back.is_ok()) fail(back.status().with_context("the tuned config does not parse back"));
@@ -486,7 +488,7 @@ json verified_json(const TuneResult& t) {
                  {"predicted_nvme_write", c.row.cost.bytes.nvme_write},
                  {"high_water",
                   {{"device", r.v.high_water[0]}, {"host", r.v.high_water[1]}, {"nvme", r.v.high_water[2]}}},
-                 {"config", json::parse(r.cfg.to_json())}});
+                 {"config", json::parse(r.cfg.to_json(config::Config::JsonKeys::kGivenSizes))}});
   }
   return a;
 }

@@ -208,11 +208,12 @@ Result<Config> Config::load(const std::string& path, int world_size) {
   return c;
 }
 
-std::string Config::to_json() const {
+std::string Config::to_json(JsonKeys keys) const {
   nlohmann::ordered_json j = nlohmann::ordered_json::object();
   for (const Field& f : detail::config_fields()) {
     if (std::holds_alternative<std::monostate>(f.member)) continue;
     if (f.written && !f.written(*this)) continue;
+    if (keys == JsonKeys::kGivenSizes && f.sized_by_zoe && !given(f.path)) continue;
     Json v = detail::load_value(f, *this);
     if (v.is_null()) continue;
     nlohmann::ordered_json* node = &j;

@@ -198,10 +198,15 @@ struct Config {
   double lr_at_iteration(int64_t iteration) const {
     return config::lr_at_iteration(scheduler, optimizer.lr, iteration);
   }
-  // A JSON text (real JSON booleans and numbers, every field) that parse() with the same
-  // world_size reads back to an equal Config (for `zoe tune`). `unimplemented` keys are not
-  // written: they had no effect.
-  std::string to_json() const;
+  // Which keys to_json writes. kEvery: every field. kGivenSizes: the sizes zoe chooses itself when
+  // a config leaves them out (sub_group_size, offload_optimizer.buffer_count, offload_param's
+  // buffer_size and max_in_cpu) only where given: a config written for another run (zoe tune
+  // --out) then lets that run size them for its own placement instead of pinning DeepSpeed's
+  // defaults (4 swap buffers: no read-ahead), and reads back to the same sizing.
+  enum class JsonKeys { kEvery, kGivenSizes };
+  // A JSON text (real JSON booleans and numbers) that parse() with the same world_size reads back
+  // to an equal Config. `unimplemented` keys are not written: they had no effect.
+  std::string to_json(JsonKeys keys = JsonKeys::kEvery) const;
 
   // Every field but `unimplemented`.
   bool operator==(const Config& o) const;

@@ -173,7 +173,8 @@ void add_zero_fields(std::vector<Field>& t) {
       integer(z + "allgather_bucket_size", ZOE_MEMBER(zero.allgather_bucket_size), 500000000, 1, kMaxElems));
   t.push_back(boolean(z + "overlap_comm", ZOE_MEMBER(zero.overlap_comm), false));
   t.push_back(boolean(z + "round_robin_gradients", ZOE_MEMBER(zero.round_robin_gradients), false).warn());
-  t.push_back(integer(z + "sub_group_size", ZOE_MEMBER(zero.sub_group_size), 1000000000, 1, kMaxElems));
+  t.push_back(
+      integer(z + "sub_group_size", ZOE_MEMBER(zero.sub_group_size), 1000000000, 1, kMaxElems).sized());
   t.push_back(integer(z + "stage3_prefetch_bucket_size", ZOE_MEMBER(zero.stage3_prefetch_bucket_size),
                       50000000, 0, kMaxElems)
                   .alias(z + "prefetch_bucket_size"));
@@ -203,7 +204,8 @@ void add_offload_optimizer_fields(std::vector<Field>& t) {
   t.push_back(paths(oo + "nvme_path", ZOE_MEMBER(zero.offload_optimizer.nvme_path)));
   t.push_back(boolean(oo + "pin_memory", ZOE_MEMBER(zero.offload_optimizer.pin_memory), true));
   t.push_back(
-      integer(oo + "buffer_count", ZOE_MEMBER(zero.offload_optimizer.buffer_count), 4, 1, kMaxBufferCount));
+      integer(oo + "buffer_count", ZOE_MEMBER(zero.offload_optimizer.buffer_count), 4, 1, kMaxBufferCount)
+          .sized());
   t.push_back(boolean(oo + "pipeline_read", ZOE_MEMBER(zero.offload_optimizer.pipeline_read), false));
   t.push_back(boolean(oo + "pipeline_write", ZOE_MEMBER(zero.offload_optimizer.pipeline_write), false));
   t.push_back(boolean(oo + "fast_init", ZOE_MEMBER(zero.offload_optimizer.fast_init), false));
@@ -220,10 +222,10 @@ void add_offload_param_fields(std::vector<Field>& t) {
   t.push_back(boolean(op + "pin_memory", ZOE_MEMBER(zero.offload_param.pin_memory), true));
   t.push_back(
       integer(op + "buffer_count", ZOE_MEMBER(zero.offload_param.buffer_count), 5, 1, kMaxBufferCount));
-  t.push_back(
-      integer(op + "buffer_size", ZOE_MEMBER(zero.offload_param.buffer_size), 100000000, 1, kMaxElems));
-  t.push_back(
-      integer(op + "max_in_cpu", ZOE_MEMBER(zero.offload_param.max_in_cpu), 1000000000, 0, kMaxElems));
+  t.push_back(integer(op + "buffer_size", ZOE_MEMBER(zero.offload_param.buffer_size), 100000000, 1, kMaxElems)
+                  .sized());
+  t.push_back(integer(op + "max_in_cpu", ZOE_MEMBER(zero.offload_param.max_in_cpu), 1000000000, 0, kMaxElems)
+                  .sized());
 }
 
 // DeepSpeed's deprecated booleans for cpu offload (the cpu_offload rule reads them).

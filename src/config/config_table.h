@@ -80,6 +80,9 @@ struct Field {
   bool (*written)(const Config&) = nullptr;
   // A null given reads as the default (DeepSpeed's None, e.g. number_checkpoints).
   bool null_is_default = false;
+  // zoe sizes it from the host share when the config leaves it out (zero/placement.cpp): the
+  // default is not the value used, and Config::to_json(kGivenSizes) writes it only when given.
+  bool sized_by_zoe = false;
 
   Field&& alias(std::string old_path) && {
     aliases.push_back(std::move(old_path));
@@ -106,6 +109,10 @@ struct Field {
   }
   Field&& null_default() && {
     null_is_default = true;
+    return std::move(*this);
+  }
+  Field&& sized() && {
+    sized_by_zoe = true;
     return std::move(*this);
   }
   Field&& written_if(bool (*when)(const Config&)) && {

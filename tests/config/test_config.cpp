@@ -635,6 +635,36 @@ TEST(Config, RoundTripThroughToJson) {
   expect_round_trip(c, 2);
 }
 
+// kGivenSizes: the sizes zoe chooses when a config leaves them out are written only where given,
+// so a written config read back sizes them the same way; every other key is written as kEvery does.
+TEST(Config, GivenSizesOnlyWrittenWhereGiven) {
+  auto c = Config::parse(R"({"zero_optimization": {"stage": 3, "sub_group_size": 262144,
+                             "offload_param": {"device": "cpu", "max_in_cpu": 0}}})");
+  ASSERT_OK(c);
+  const auto every = nlohmann::json::parse(c->to_json());
+  const auto given = nlohmann::json::parse(c->to_json(Config::JsonKeys::kGivenSizes));
+  const auto& z = given["zero_optimization"];
+  EXPECT_EQ(z["sub_group_size"], 262144);
+  EXPECT_EQ(z["offload_param"]["max_in_cpu"], 0);
+  EXPECT_FALSE(z["offload_param"].contains("buffer_size")) << given.dump();
+  EXPECT_FALSE(z["offload_optimizer"].contains("buffer_count")) << given.dump();
+  EXPECT_EQ(every["zero_optimization"]["offload_optimizer"]["buffer_count"], 4);
+  EXPECT_EQ(every["zero_optimization"]["offload_param"]["buffer_size"], 100000000);
+  auto back = Config::parse(given.dump());
+  ASSERT_OK(back);
+  EXPECT_TRUE(back.value() == c.value());
+  for (const char* k :
+       {"zero_optimization.sub_group_size", "zero_optimization.offload_param.max_in_cpu",
+        "zero_optimization.offload_param.buffer_size", "zero_optimization.offload_optimizer.buffer_count"}) {
+    EXPECT_EQ(back->given(k), c->given(k)) << k;  // what zoe sizes stays zoe's to size
+  }
+  // The same keys but those four.
+  size_t n_every = 0, n_given = 0;
+  for (const auto& [k, v] : every.items()) n_every += v.is_object() ? v.flatten().size() : 1;
+  for (const auto& [k, v] : given.items()) n_given += v.is_object() ? v.flatten().size() : 1;
+  EXPECT_EQ(n_every, n_given + 2);
+}
+
 TEST(Config, LrSchedules) {
   Config none;
   none.optimizer.lr = 0.02;
