@@ -32,19 +32,21 @@ trap 'rm -rf "$work"' EXIT
 
 probe_best=${PROBE_BEST:-$work/probe_best}
 settle() {
-  local start now p
+  local start now p tries=0
   start=$(date +%s)
   while :; do
+    tries=$((tries + 1))
     p=$("$zoe" train --preset small --steps 10 --micro-batch 8 --quiet --json |
       $py -c 'import json,sys; w=sorted(t["wall"] for t in json.load(sys.stdin)["step_time_s"][2:]); print(w[len(w)//2])')
     now=$(date +%s)
-    if $py - "$probe_best" "$p" "$((now - start))" "${SETTLE_MAX:-90}" "$1" <<'PY'; then return 0; fi
+    if $py - "$probe_best" "$p" "$((now - start))" "${SETTLE_MAX:-90}" "$1" "$tries" <<'PY'; then return 0; fi
 import os, sys
 path, p, waited, most, what = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+tries = int(sys.argv[6])
 best = min(float(open(path).read()), p) if os.path.exists(path) else p
 open(path, "w").write(f"{best}\n")
 if p <= 1.04 * best:
-    if waited > 0:
+    if tries > 1:
         print(f"# settle: {what}: waited {waited} s for the machine's speed", file=sys.stderr)
     sys.exit(0)
 if waited >= most:
