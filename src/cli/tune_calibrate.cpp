@@ -544,8 +544,8 @@ plan::LinkRates calibrate(const TuneOpts& o, const plan::PlanInputs& pre) {
     // The refusal's advice (a quiet machine) is for the last attempt; before it, what happened.
     std::string what = tr.status().message();
     what = what.substr(0, what.find("; run it on a quiet machine"));
-    fprintf(stderr, "zoe tune: %s\n  measuring the model steps again (attempt %d of %d)\n", what.c_str(), a + 1,
-            kAttempts);
+    fprintf(stderr, "zoe tune: %s\n  measuring the model steps again (attempt %d of %d)\n", what.c_str(),
+            a + 1, kAttempts);
   }
   r.h2d_gbps = r.device_mem_gbps = measure_memcpy(pre.model);
   if (tr->engine_gbps > 0 && !pre.cuda) {
