@@ -174,15 +174,22 @@ def make_row(args, engine, worker, steps, peak):
     return row
 
 
+def batches_file(args, out):
+    """The token batches of args' model, size and seed for rounds x steps_per_round steps: one file
+    per shape under out, made once, which every cell and the reference read."""
+    n = args.rounds * args.steps_per_round
+    batches = out / f"batches-{args.model}-{args.batch}x{args.seq}-{n}.pt"
+    if not batches.exists():
+        make_batches(batches, args.model, n, args.batch, args.seq, args.seed)
+    return batches
+
+
 def run_cell(args):
     out = Path(args.out)
     name = cell_name(args.model, args.offload, args.precision)
     for d in ("configs", "cells", "logs"):
         (out / d).mkdir(parents=True, exist_ok=True)
-    n = args.rounds * args.steps_per_round
-    batches = out / f"batches-{args.model}-{args.batch}x{args.seq}-{n}.pt"
-    if not batches.exists():
-        make_batches(batches, args.model, n, args.batch, args.seq, args.seed)
+    batches = batches_file(args, out)
     os.makedirs(args.nvme_path, exist_ok=True)
     nvme = tempfile.mkdtemp(prefix="zoe-vs-deepspeed-", dir=args.nvme_path)
     config_path = out / "configs" / f"{name}.json"
@@ -238,10 +245,7 @@ def run_reference(args):
     out = Path(args.out)
     for d in ("configs", "reference", "logs"):
         (out / d).mkdir(parents=True, exist_ok=True)
-    n = args.rounds * args.steps_per_round
-    batches = out / f"batches-{args.model}-{args.batch}x{args.seq}-{n}.pt"
-    if not batches.exists():
-        make_batches(batches, args.model, n, args.batch, args.seq, args.seed)
+    batches = batches_file(args, out)
     name = cell_name(args.model, "none", "fp32")
     config_path = out / "configs" / f"{name}-torch.json"
     config_path.write_text(json.dumps(ds_config(args.batch, "none", "fp32", args.nvme_path), indent=2) + "\n")
@@ -250,7 +254,7 @@ def run_reference(args):
     steps = []
     try:
         if w.start():
-            reply = w.request({"steps": list(range(n))})
+            reply = w.request({"steps": list(range(args.rounds * args.steps_per_round))})
             steps = reply["steps"] if reply else []
     finally:
         w.close()

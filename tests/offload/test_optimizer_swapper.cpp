@@ -55,6 +55,17 @@ Status write_chunks(OptimizerSwapper& w, size_t k, const float* src, size_t n, b
   return Status::ok();
 }
 
+// 12 buffers of 64 KiB over the rig's store (nvme) or host memory, with group 1 of n elements.
+std::unique_ptr<OptimizerSwapper> group_swapper(Rig& r, bool nvme, size_t n) {
+  auto sw = OptimizerSwapper::create(nvme ? r.store.get() : nullptr, adam_options(12, 64 * 1024));
+  Status st = sw.is_ok() ? sw.value()->add_group(1, n) : sw.status();
+  if (!st.is_ok()) {
+    ADD_FAILURE() << st.message();
+    return nullptr;
+  }
+  return std::move(sw).value();
+}
+
 ChunkUpdate adam_update() {
   return [](const ChunkView& c) {
     adamish(static_cast<float*>(c.data[0]), static_cast<float*>(c.data[1]), static_cast<float*>(c.data[2]),
@@ -144,11 +155,11 @@ TEST(Swapper, AsynchronousChunkWritesLandBeforeReadsAndTheStep) {
   Rig r;
   ASSERT_TRUE(r.init(MiB(), 64 * MiB()));
   for (bool nvme : {true, false}) {
-    auto sw = OptimizerSwapper::create(nvme ? r.store.get() : nullptr, adam_options(12, 64 * 1024));
-    ASSERT_OK(sw);
-    OptimizerSwapper& w = *sw.value();
-    const size_t n = 100003, c = w.chunk_elems();
-    ASSERT_OK(w.add_group(1, n));
+    const size_t n = 100003;
+    auto sw = group_swapper(r, nvme, n);
+    ASSERT_NE(sw, nullptr);
+    OptimizerSwapper& w = *sw;
+    const size_t c = w.chunk_elems();
     ASSERT_GT((n + c - 1) / c, w.slots());
     auto g = series(n, 11);
     ASSERT_OK(write_chunks(w, 3, g.data(), n, false));
@@ -189,12 +200,12 @@ TEST(Swapper, BorrowedChunkWritesLandAsCopiedOnes) {
   Rig r;
   ASSERT_TRUE(r.init(MiB(), 64 * MiB()));
   for (bool nvme : {true, false}) {
-    auto sw = OptimizerSwapper::create(nvme ? r.store.get() : nullptr, adam_options(12, 64 * 1024));
-    ASSERT_OK(sw);
-    OptimizerSwapper& w = *sw.value();
-    const size_t n = 100003, c = w.chunk_elems();
+    const size_t n = 100003;
+    auto sw = group_swapper(r, nvme, n);
+    ASSERT_NE(sw, nullptr);
+    OptimizerSwapper& w = *sw;
+    const size_t c = w.chunk_elems();
     ASSERT_EQ(c * 4 % 4096, 0u);
-    ASSERT_OK(w.add_group(1, n));
     auto g = series(n, 13);
     std::unique_ptr<float, void (*)(void*)> mem(
         static_cast<float*>(std::aligned_alloc(4096, ((n + 1) * 4 + 4095) / 4096 * 4096)), std::free);
