@@ -241,6 +241,7 @@ Result<std::unique_ptr<SwapFile>> SwapFile::create(const SwapFileOptions& opts) 
     log_reclaimed(opts.dirs, sf->reclaimed_);
     ZOE_RETURN_IF_ERROR(sf->open_files());
   }
+  sf->dense_ = std::make_unique<std::atomic<bool>[]>(sf->files_.size());
   uint64_t existing = 0;
   if (opts.reuse) {
     // Reused files: the capacity every file already holds.
@@ -421,8 +422,26 @@ Status SwapFile::write_guards_locked(uint64_t old_per_file, uint64_t per_file) {
                         f.path().c_str(), old_per_file);
     }
   }
+  note_dense_locked(per_file + kSwapGuardBytes);
   guard_end_.store(per_file + kSwapGuardBytes, std::memory_order_release);
   return Status::ok();
+}
+
+void SwapFile::note_dense_locked(uint64_t file_bytes) {
+  if (!opts_.hole_check) return;
+  for (size_t i = 0; i < files_.size(); ++i) {
+    struct stat st;
+    const bool dense =
+        fstat(files_[i]->fd(), &st) == 0 && static_cast<uint64_t>(st.st_blocks) * 512 >= file_bytes;
+    dense_[i].store(dense, std::memory_order_release);
+    if (dense || told_sparse_) continue;
+    told_sparse_ = true;
+    ZOE_LOG_INFO("swap file %s holds %llu bytes of disk blocks for its %" PRIu64
+                 " bytes after fallocate (a compressing or copy-on-write file system): holes punched into "
+                 "it are not detected; zoe.swap_checksum: true detects damaged data",
+                 files_[i]->path().c_str(), static_cast<unsigned long long>(st.st_blocks) * 512ull,
+                 file_bytes);
+  }
 }
 
 void SwapFile::add_free_locked(uint64_t offset, uint64_t bytes) {
@@ -593,7 +612,22 @@ Status SwapFile::check_sizes(const std::vector<IoRequest>& reqs) const {
     last = r.file;
     struct stat st;
     if (fstat(r.file->fd(), &st) != 0) return sys_error("fstat", r.file->path(), errno);
-    if (static_cast<uint64_t>(st.st_size) >= want) continue;
+    if (static_cast<uint64_t>(st.st_size) >= want) {
+      const size_t i = static_cast<size_t>(
+          std::find_if(files_.begin(), files_.end(), [&](const auto& f) { return f.get() == r.file; }) -
+          files_.begin());
+      const uint64_t held = static_cast<uint64_t>(st.st_blocks) * 512;
+      if (!opts_.hole_check || i == files_.size() || !dense_[i].load(std::memory_order_acquire) ||
+          held >= want)
+        continue;
+      return corruption("swap file %s has holes: %" PRIu64 " of its %" PRIu64
+                        " bytes have disk blocks (all had when zoe grew it): something other "
+                        "than zoe deallocated part of it while in use (fallocate --punch-hole, a cleanup or "
+                        "deduplicating tool, a thin-provisioned volume), so the data read at offset %" PRIu64
+                        " of it may be zeros; it is not used (keep such tools off the swap directory of a "
+                        "running job)",
+                        r.file->path().c_str(), held, want, r.offset);
+    }
     return corruption("swap file %s is %lld bytes long, %" PRIu64
                       " expected: it was truncated by something other than zoe while in use, so the "
                       "data read at offset %" PRIu64

@@ -54,6 +54,11 @@ struct SwapFileOptions {
   // Off by default: it cost 9-21% of `zoe bench swap`'s step on 2 cores (above the 3% bar);
   // zoe.swap_checksum turns it on for the engine, --checksum for the benchmark.
   bool checksum = false;
+  // Hole checks (on by default, no I/O of their own): each read's fstat, made anyway for the
+  // guard page below, also checks that every file it read from still has the disk blocks that
+  // fallocate gave it (st_blocks), so a hole punched into a live file, whose bytes would read
+  // back as zeros, is kCorruption naming the file instead of data. zoe.swap_hole_check.
+  bool hole_check = true;
   uint64_t (*random_source)() = nullptr;  // tests: the name suffixes (default: std::random_device)
 };
 
@@ -85,7 +90,15 @@ enum class Unwritten : uint8_t {
 //   holes read back as zeros with a full count, are kCorruption naming the file, never data.
 //   Growth rewrites the guard at the new end and checks that the old one still holds its tag;
 //   if it does not, that growth and every later read fail.
-// Hole punching inside a file (the size unchanged) is caught by the checksums only.
+// - Holes: with hole_check, each read's fstat also compares the file's allocated blocks
+//   (st_blocks) with its length. Growth allocates every block of a file (fallocate), so a file
+//   with fewer blocks than bytes has lost some of them since: a hole punched into it
+//   (fallocate --punch-hole, a cleanup or deduplicating tool). Such a read is kCorruption naming
+//   the file, even where its own bytes were not in the hole (the data of the file is damaged;
+//   a later read would get zeros). A file system that does not allocate what fallocate asks for
+//   (compressing or copy-on-write ones may report fewer blocks) is found at growth: its files are
+//   left unchecked, said once in the log. Holes smaller than the file system's extent metadata,
+//   and bit flips, are caught by the checksums only.
 constexpr uint64_t kSwapGuardBytes = 4096;
 
 // One transfer of SwapFile::transfer(): len bytes at [extent.offset + at, ...) to/from buf.
@@ -187,6 +200,8 @@ class SwapFile {
   // Writes the guard page of every file at per_file (its share of the capacity), after checking
   // that the guards at old_per_file (0: none yet) still hold their tags.
   Status write_guards_locked(uint64_t old_per_file, uint64_t per_file);
+  // After a growth: which files hold a block for each of their bytes (see hole_check).
+  void note_dense_locked(uint64_t file_bytes);
   // fstat of the files the read requests touched: each at least guard_end_ long.
   Status check_sizes(const std::vector<IoRequest>& reqs) const;
   Status verify(const std::vector<Piece>& expect, const SwapIoNamer& name) const;
@@ -206,7 +221,10 @@ class SwapFile {
   std::map<uint64_t, uint64_t> zero_fill_;        // extents allocated with kZeros: offset -> end
   std::atomic<uint64_t> guard_end_{0};            // the length every file must have (0: no guard yet)
   std::atomic<int> lost_guard_{-1};               // a file found truncated at a growth (-1: none)
-  uint64_t guard_nonce_ = 0;                      // in the guard tags: this SwapFile's own
+  // Per file: whether its blocks were all allocated at the last growth (hole checks apply).
+  std::unique_ptr<std::atomic<bool>[]> dense_;
+  bool told_sparse_ = false;  // the log line for a file system that allocates less (under mu_)
+  uint64_t guard_nonce_ = 0;  // in the guard tags: this SwapFile's own
 };
 
 }  // namespace zoe::io

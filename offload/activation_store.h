@@ -89,6 +89,7 @@ struct ActivationStoreOptions {
   uint32_t write_buffers = 2;     // write-behind depth
   io::IoEngineOptions io;         // the store's own engine (faults: tests)
   bool checksum = false;          // swap checksums on the activation file
+  bool hole_check = true;         // hole checks on the activation file (io::SwapFileOptions)
 };
 
 // kInvalidArgument for a missing device, a run_bytes not a multiple of 4096, nvme without dirs,

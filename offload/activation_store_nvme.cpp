@@ -30,6 +30,7 @@ Status TieredActivationStore::init_nvme() {
   so.max_bytes = o_.nvme_budget;
   so.grow_bytes = std::max<uint64_t>(64u << 20, 4 * o_.run_bytes);
   so.checksum = o_.checksum;
+  so.hole_check = o_.hole_check;
   ZOE_ASSIGN_OR_RETURN(swap_, io::SwapFile::create(so));
   (void)swap_->register_files(*io_);  // optional: speeds up submission where io_uring takes it
   for (uint32_t k = 0; k < o_.write_buffers; ++k) {

@@ -43,6 +43,7 @@ struct BenchSwapOpts {
   std::string trace;
   bool json = false;
   bool checksum = false;
+  bool no_hole_check = false;
 };
 
 uint64_t parse_count(const std::string& s, const char* flag) {
@@ -87,6 +88,28 @@ struct SwapArgs {
   std::vector<std::string> paths;
 };
 
+// The states' bytes on each --path (master, m and v in fp32 and the gradient, striped over the
+// paths), checked against its free space before anything is written: a benchmark that does not fit
+// is refused instead of filling the file system.
+void check_swap_space(const SwapArgs& a) {
+  const uint64_t per_elem = 12 + dtype_size(a.gdt);
+  const uint64_t n_paths = a.paths.size();
+  const unsigned __int128 total = static_cast<unsigned __int128>(a.n) * per_elem;
+  const unsigned __int128 share = total / n_paths + (64ull << 20);  // the file's growth step's slack
+  for (const auto& p : a.paths) {
+    auto fb = io::free_bytes_at(p);
+    if (!fb.is_ok() || share <= fb.value()) continue;
+    const uint64_t need = share > UINT64_MAX ? UINT64_MAX : static_cast<uint64_t>(share);
+    const uint64_t fits = (fb.value() > (64ull << 20) ? fb.value() - (64ull << 20) : 0) * n_paths / per_elem;
+    fail(
+        no_space("--params %llu: the optimizer states need %llu bytes (%s) on --path %s, but %llu bytes (%s) "
+                 "are free there; lower --params (at most about %llu fit) or pass a --path with room",
+                 static_cast<unsigned long long>(a.n), static_cast<unsigned long long>(need),
+                 format_bytes(need).c_str(), p.c_str(), static_cast<unsigned long long>(fb.value()),
+                 format_bytes(fb.value()).c_str(), static_cast<unsigned long long>(fits)));
+  }
+}
+
 SwapArgs parse_swap_args(const BenchSwapOpts& o) {
   SwapArgs a;
   a.n = parse_count(o.params, "--params");
@@ -110,6 +133,7 @@ SwapArgs parse_swap_args(const BenchSwapOpts& o) {
     Status s = check_dir_holds_files("--path", p);
     if (!s.is_ok()) fail(s);
   }
+  check_swap_space(a);
   return a;
 }
 
@@ -147,6 +171,7 @@ struct SwapRig {
     so.name = "zoe-bench-swap";
     so.grow_bytes = 1u << 30;
     so.checksum = o.checksum;
+    so.hole_check = !o.no_hole_check;
     auto swap = value_or_fail(io::SwapFile::create(so));
     (void)swap->register_files(*engine);
     return swap;
@@ -276,6 +301,7 @@ json swap_json(const BenchSwapOpts& o, const SwapArgs& a, const SwapReport& r) {
           {"kernel", r.kernel},
           {"repeats", o.repeats},
           {"checksum", o.checksum ? io::swap_checksum_name() : "off"},
+          {"hole_check", !o.no_hole_check},
           {"t_step", r.ts},
           {"t_io_only", r.ti},
           {"t_compute_only", r.tc},
@@ -299,7 +325,8 @@ void print_swap(const BenchSwapOpts& o, const SwapArgs& a, const SwapReport& r, 
       "thread(s) (%s)\n",
       static_cast<unsigned long long>(a.n), r.groups, a.paths[0].c_str(), format_bytes(store_bytes).c_str(),
       o.buffers, format_bytes(a.buf_bytes).c_str(), o.grad_dtype.c_str(), r.threads, r.kernel);
-  printf("checksums       %s\n", o.checksum ? io::swap_checksum_name() : "off");
+  printf("checksums       %s, hole checks %s\n", o.checksum ? io::swap_checksum_name() : "off",
+         o.no_hole_check ? "off" : "on");
   printf("t_step          %8.3f s   (median of %d; read %s, write %s, %.2f GB/s)\n", r.ts, o.repeats,
          format_bytes(r.last.bytes_read).c_str(), format_bytes(r.last.bytes_written).c_str(), r.io_gbps);
   printf("t_io_only       %8.3f s\n", r.ti);
@@ -421,6 +448,9 @@ static void add_bench_swap_command(CLI::App& bench) {
   cmd->add_flag("--checksum", o->checksum,
                 "Checksum every swap write and verify every read (xxh3 per 1 MiB piece; off by default: "
                 "run with and without to see what it costs)");
+  cmd->add_flag("--no-hole-check", o->no_hole_check,
+                "Skip the hole checks (on by default: each read's fstat also checks that the swap file "
+                "kept its disk blocks; run with and without to see what they cost)");
   cmd->callback([o] {
     check_output_flag("--trace", o->trace);
     run(*o);

@@ -184,17 +184,17 @@ void add_verify(CLI::App& ckpt) {
   });
 }
 
-// The model's attention heads: --n-head when given, else the trainer state's model.heads, else
-// its preset's (when the preset's dimensions are the model's: a run that overrode them needs
-// --n-head).
-int resolve_heads(const ckpt::Reader& r, const ckpt::GptDims& dims, int flag) {
-  if (flag > 0) return flag;
+// The attention heads the checkpoint records: its trainer state's model.heads, else its preset's
+// (when the preset's dimensions are the model's). 0 when it records none; *why says where it
+// looked.
+int recorded_heads(const ckpt::Reader& r, const ckpt::GptDims& dims, std::string* why) {
   const json& t = r.manifest().trainer;
   const std::string where = "checkpoint " + r.path();
   if (t.is_object() && t.contains("model") && t["model"].is_object() && t["model"].contains("heads")) {
     int heads = 0;
     Status s = ckpt::JsonFields(t["model"], where, "trainer.model").get("heads", &heads);
     if (!s.is_ok()) fail(s);
+    *why = "its trainer state's model.heads";
     return heads;
   }
   std::string preset;
@@ -203,16 +203,41 @@ int resolve_heads(const ckpt::Reader& r, const ckpt::GptDims& dims, int flag) {
   // The presets' head counts (the parameter shapes do not tell the heads).
   for (const auto& p : model::gpt_presets()) {
     if (preset != p.name) continue;
-    if (p.layers == dims.n_layer && p.d_model == dims.n_embd && p.context == dims.n_positions) return p.heads;
-    fail(invalid_argument(
-        "%s: its trainer state says preset '%s' (%d layers, d %d, %d positions), but the model "
-        "has %d layers, d %d, %d positions (overridden when training): pass --n-head",
-        where.c_str(), p.name, p.layers, p.d_model, p.context, dims.n_layer, dims.n_embd, dims.n_positions));
+    if (p.layers == dims.n_layer && p.d_model == dims.n_embd && p.context == dims.n_positions) {
+      *why = "its trainer state's preset '" + preset + "'";
+      return p.heads;
+    }
+    *why = "its trainer state says preset '" + preset + "' (" + std::to_string(p.layers) + " layers, d " +
+           std::to_string(p.d_model) + ", " + std::to_string(p.context) + " positions), but the model has " +
+           std::to_string(dims.n_layer) + " layers, d " + std::to_string(dims.n_embd) + ", " +
+           std::to_string(dims.n_positions) + " positions (overridden when training)";
+    return 0;
   }
-  fail(
-      invalid_argument("%s: the number of attention heads is in neither trainer.model.heads nor a known "
-                       "trainer.preset ('%s'): pass --n-head",
-                       where.c_str(), preset.c_str()));
+  *why = "the number of attention heads is in neither trainer.model.heads nor a known trainer.preset ('" +
+         preset + "')";
+  return 0;
+}
+
+// The model's attention heads: the checkpoint's (see recorded_heads), or --n-head where it records
+// none. A --n-head that contradicts the checkpoint, or does not divide the width, is refused: the
+// export would compute another function.
+int resolve_heads(const ckpt::Reader& r, const ckpt::GptDims& dims, int flag) {
+  const std::string where = "checkpoint " + r.path();
+  std::string why;
+  const int recorded = recorded_heads(r, dims, &why);
+  if (flag > 0 && recorded > 0 && flag != recorded) {
+    fail(
+        invalid_argument("--n-head %d contradicts %s: %s says %d heads, and the model was trained with "
+                         "them; drop --n-head (or pass --n-head %d)",
+                         flag, where.c_str(), why.c_str(), recorded, recorded));
+  }
+  const int heads = flag > 0 ? flag : recorded;
+  if (heads == 0) fail(invalid_argument("%s: %s: pass --n-head", where.c_str(), why.c_str()));
+  if (dims.n_embd % heads != 0) {
+    fail(invalid_argument("--n-head %d does not divide the model's width %d (%s): pass a divisor of it",
+                          heads, dims.n_embd, where.c_str()));
+  }
+  return heads;
 }
 
 void add_consolidate(CLI::App& ckpt) {

@@ -118,7 +118,8 @@ struct ZoeConfig {
   // it when the norm agrees and otherwise puts the saved states back and updates again. The same
   // bits as without it.
   bool speculative_step = false;
-  bool swap_checksum = false;  // checksum every swap write, verify every read (io::SwapFileOptions)
+  bool swap_checksum = false;   // checksum every swap write, verify every read (io::SwapFileOptions)
+  bool swap_hole_check = true;  // a read from a swap file with holes punched into it fails
   // Under MPI: a rank silent this long (no heartbeat on zoe's own TCP channel) is lost, and every
   // other rank exits naming it (comm/heartbeat.h). 0: never. Without the key: ZOE_COMM_TIMEOUT_S,
   // else 30.

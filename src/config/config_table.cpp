@@ -380,6 +380,7 @@ void add_zoe_fields(std::vector<Field>& t) {
   t.push_back(boolean("zoe.overlap_step", ZOE_MEMBER(zoe.overlap_step), true));
   t.push_back(boolean("zoe.speculative_step", ZOE_MEMBER(zoe.speculative_step), false));
   t.push_back(boolean("zoe.swap_checksum", ZOE_MEMBER(zoe.swap_checksum), false));
+  t.push_back(boolean("zoe.swap_hole_check", ZOE_MEMBER(zoe.swap_hole_check), true));
   t.push_back(number("zoe.comm_timeout_s", ZOE_MEMBER(zoe.comm_timeout_s), 30.0, Range{0.0, 86400.0}));
   add_zoe_activation_fields(t);
 }

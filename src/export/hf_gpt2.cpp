@@ -8,6 +8,7 @@
 
 #include "checkpoint/file_util.h"
 #include "checkpoint/safetensors_export.h"
+#include "export/export_dir.h"
 #include "model/gpt.h"
 #include "model/kernels.h"
 #include "zoe/files.h"
@@ -107,8 +108,6 @@ nlohmann::json hf_gpt2_config(const GptDims& d, int n_head, const std::string& d
 }
 
 Status export_hf_gpt2(const Reader& r, const std::string& out_dir, const HfGpt2Options& o) {
-  // A directory or nothing, outside every checkpoint save directory (zoe/files.h).
-  ZOE_RETURN_IF_ERROR(check_output_dir(out_dir, "hf-gpt2 export: --out"));
   ZOE_ASSIGN_OR_RETURN(GptDims dims, gpt_dims(r.manifest(), "checkpoint " + r.path()));
   if (o.n_head < 1 || dims.n_embd % o.n_head != 0) {
     return invalid_argument("hf-gpt2 export of %s: n_head %d: expected a divisor of n_embd %d",
@@ -118,10 +117,9 @@ Status export_hf_gpt2(const Reader& r, const std::string& out_dir, const HfGpt2O
   if (dtype != "fp32" && dtype != "bf16" && dtype != "fp16") {
     return invalid_argument("hf-gpt2 export: dtype '%s': expected fp32, bf16 or fp16", o.dtype.c_str());
   }
-  struct stat st;
-  if (stat(out_dir.c_str(), &st) != 0 && mkdir(out_dir.c_str(), 0755) != 0) {
-    return sys_error("mkdir (the hf-gpt2 output directory)", out_dir, errno);
-  }
+  // An empty directory, nothing, or an earlier export, outside every checkpoint save directory:
+  // written beside it and renamed into place whole (export_dir.h).
+  ZOE_ASSIGN_OR_RETURN(ExportDir dir, ExportDir::open(out_dir, "hf-gpt2 export: --out", "hf-gpt2"));
   std::vector<detail::ExportTensor> tensors;
   const uint32_t final_module = static_cast<uint32_t>(dims.n_layer + 1);
   tensors.push_back({"transformer.wte.weight", 0, 0, false});
@@ -136,10 +134,11 @@ Status export_hf_gpt2(const Reader& r, const std::string& out_dir, const HfGpt2O
   tensors.push_back({"transformer.ln_f.bias", final_module, 1, false});
   const nlohmann::json meta = {{"zoe_export", "hf-gpt2"}};
   ZOE_RETURN_IF_ERROR(
-      detail::write_safetensors(r, out_dir + "/model.safetensors", dtype, tensors, meta, o.piece_bytes));
+      detail::write_safetensors(r, dir.path() + "/model.safetensors", dtype, tensors, meta, o.piece_bytes));
   const std::string config = hf_gpt2_config(dims, o.n_head, dtype).dump(2) + "\n";
-  return write_output_file(out_dir + "/config.json", config, "output file")
-      .with_context("writing the hf-gpt2 config of checkpoint " + r.path());
+  ZOE_RETURN_IF_ERROR(write_output_file(dir.path() + "/config.json", config, "output file")
+                          .with_context("writing the hf-gpt2 config of checkpoint " + r.path()));
+  return dir.commit();
 }
 
 }  // namespace zoe::ckpt

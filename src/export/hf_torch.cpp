@@ -9,6 +9,7 @@
 
 #include "checkpoint/file_util.h"
 #include "checkpoint/safetensors_export.h"
+#include "export/export_dir.h"
 #include "zoe/files.h"
 
 namespace zoe::ckpt {
@@ -47,7 +48,6 @@ Result<const json*> front_end_section(const Reader& r) {
 }  // namespace
 
 Status export_hf_torch(const Reader& r, const std::string& out_dir, const HfTorchOptions& o) {
-  ZOE_RETURN_IF_ERROR(check_output_dir(out_dir, "hf export: --out"));
   const std::string dtype = o.dtype == "f32" ? "fp32" : o.dtype == "f16" ? "fp16" : o.dtype;
   if (dtype != "fp32" && dtype != "bf16" && dtype != "fp16") {
     return invalid_argument("hf export: dtype '%s': expected fp32, bf16 or fp16", o.dtype.c_str());
@@ -78,10 +78,7 @@ Status export_hf_torch(const Reader& r, const std::string& out_dir, const HfTorc
       total += bytes;
     }
   }
-  struct stat st;
-  if (stat(out_dir.c_str(), &st) != 0 && mkdir(out_dir.c_str(), 0755) != 0) {
-    return sys_error("mkdir (the hf output directory)", out_dir, errno);
-  }
+  ZOE_ASSIGN_OR_RETURN(ExportDir dir, ExportDir::open(out_dir, "hf export: --out", "hf"));
   const json meta = {{"format", "pt"}};
   json weight_map = json::object();
   for (size_t s = 0; s < shards.size(); ++s) {
@@ -92,24 +89,24 @@ Status export_hf_torch(const Reader& r, const std::string& out_dir, const HfTorc
       std::snprintf(file, sizeof file, "model-%05zu-of-%05zu.safetensors", s + 1, shards.size());
     }
     ZOE_RETURN_IF_ERROR(
-        detail::write_safetensors(r, out_dir + "/" + file, dtype, shards[s], meta, o.piece_bytes));
+        detail::write_safetensors(r, dir.path() + "/" + file, dtype, shards[s], meta, o.piece_bytes));
     for (const auto& t : shards[s]) weight_map[t.name] = file;
   }
   if (shards.size() > 1) {
     const json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
     ZOE_RETURN_IF_ERROR(
-        write_output_file(out_dir + "/model.safetensors.index.json", index.dump(2) + "\n", "output file"));
+        write_output_file(dir.path() + "/model.safetensors.index.json", index.dump(2) + "\n", "output file"));
   }
   json config = (*zt)["hf"]["config"];
   config[config.contains("torch_dtype") && !config.contains("dtype") ? "torch_dtype" : "dtype"] =
       torch_dtype_name(dtype);
-  ZOE_RETURN_IF_ERROR(write_output_file(out_dir + "/config.json", config.dump(2) + "\n", "output file")
+  ZOE_RETURN_IF_ERROR(write_output_file(dir.path() + "/config.json", config.dump(2) + "\n", "output file")
                           .with_context("writing the config of checkpoint " + r.path()));
   if ((*zt)["hf"].contains("generation_config") && (*zt)["hf"]["generation_config"].is_object()) {
-    ZOE_RETURN_IF_ERROR(write_output_file(out_dir + "/generation_config.json",
+    ZOE_RETURN_IF_ERROR(write_output_file(dir.path() + "/generation_config.json",
                                           (*zt)["hf"]["generation_config"].dump(2) + "\n", "output file"));
   }
-  return Status::ok();
+  return dir.commit();
 }
 
 }  // namespace zoe::ckpt

@@ -184,6 +184,7 @@ Status Engine::Impl::setup_io() {
   so.dirs = dirs;
   so.name = "zoe-swap-r" + std::to_string(ctx.rank) + "-" + std::to_string(getpid());
   so.checksum = cfg.zoe.swap_checksum;
+  so.hole_check = cfg.zoe.swap_hole_check;
   ZOE_ASSIGN_OR_RETURN(ctx.swap, io::SwapFile::create(so));
   (void)ctx.swap->register_files(*ctx.io);
   ctx.store = std::make_unique<offload::SwapStore>(ctx.swap.get(), ctx.io.get(), 0);

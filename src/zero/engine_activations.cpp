@@ -137,6 +137,7 @@ Result<offload::ActivationStoreOptions> Engine::Impl::activation_options() const
   // share the drive: they go first where the kernel's I/O scheduler queues requests.
   o.io.read_ioprio = io::io_read_priority(io::kIoPrioClassRealtime, 4);
   o.checksum = cfg.zoe.swap_checksum;
+  o.hole_check = cfg.zoe.swap_hole_check;
   return o;
 }
 

@@ -296,14 +296,15 @@ OUTCOMES = [IDENTICAL, "mismatch", "verify-failed", "inconsistent", "resume-fail
 # What a fault's error message must say, one of (besides the path of the file it failed on).
 EFBIG_SAYS, ENOSPC_SAYS = ("File too large",), ("No space left", "are free")
 TRUNCATED_SAYS = ("truncated", "Short read", "lost its guard page")
+HOLES_SAY = ("has holes",)
 FAULT_SAYS = {"efbig-save": EFBIG_SAYS, "efbig-swap": EFBIG_SAYS, "enospc-save": ENOSPC_SAYS,
-              "enospc-nvme": ENOSPC_SAYS, "truncate-swap": TRUNCATED_SAYS}
+              "enospc-nvme": ENOSPC_SAYS, "truncate-swap": TRUNCATED_SAYS, "punch-swap": HOLES_SAY}
 
 KILL_PATTERN = ["kill9", "kill9-save", "sigterm", "kill9-chain", "sigterm", "kill9-save", "kill9", "sigint"]
-FAULT_PATTERN = ["efbig-save", "enospc-save", "efbig-swap", "enospc-nvme", "truncate-swap"]
+FAULT_PATTERN = ["efbig-save", "enospc-save", "efbig-swap", "enospc-nvme", "truncate-swap", "punch-swap"]
 KINDS = ["kill9", "kill9-save", "kill9-chain", "sigterm", "sigint", "efbig-save", "efbig-swap", "enospc-save",
-         "enospc-nvme", "truncate-swap"]
-FAULT_KINDS = ("efbig", "enospc", "truncate")
+         "enospc-nvme", "truncate-swap", "punch-swap"]
+FAULT_KINDS = ("efbig", "enospc", "truncate", "punch")
 
 
 class Trial:
@@ -400,6 +401,34 @@ class TrialRunner:
                else "ended before the cut")
         return p, how
 
+    # Holes punched over the whole of every live swap file (its size kept), three times 5-50 ms
+    # apart, starting at a random moment of the start-up and first steps: the run must fail naming
+    # a file that "has holes", or finish with the reference's losses (every punched byte written
+    # again before it was read). Never rc 0 with other losses: the holes read back as zeros.
+    def _punch_swap_run(self, t, cmd, name, nvme):
+        delay = t.rng.uniform(0.0, 0.5 * min(r.wall for r in self.refs.values()))
+        p = Proc(cmd, os.path.join(t.dir, name))
+        seen, punched, rounds = None, 0, 0
+        while p.poll() is None and time.monotonic() - p.t0 < self.timeout and rounds < 3:
+            if seen is None and swap_files(nvme):
+                seen = time.monotonic()
+            if seen is not None and time.monotonic() - seen >= delay:
+                for f in swap_files(nvme):
+                    try:
+                        subprocess.run(["fallocate", "--punch-hole", "--offset", "0", "--length",
+                                        str(max(4096, os.path.getsize(f))), f], check=True,
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                        punched += 1
+                    except (OSError, subprocess.CalledProcessError):
+                        pass  # removed in between: the run is ending
+                rounds += 1
+                delay += t.rng.uniform(0.005, 0.05)
+            time.sleep(0.0003)
+        p.wait(self.timeout)
+        how = ("punched %d hole(s) over whole swap files in %d round(s) from %.3fs after they appeared" %
+               (punched, rounds, delay) if punched else "ended before the holes")
+        return p, how
+
     # The first run of a trial and what its end must look like. False: the trial failed.
     def _interrupted_run(self, t, save, nvme, name, kind, preexec_fn=None, resume=False):
         cmd = self.tr.cmd(save, t.nvme_dirs, t.async_save, resume)
@@ -412,6 +441,8 @@ class TrialRunner:
             how = "%s at %.3fs" % (signal.Signals(sig).name, delay)
         elif kind == "truncate-swap":
             p, how = self._truncate_swap_run(t, cmd, name, nvme)
+        elif kind == "punch-swap":
+            p, how = self._punch_swap_run(t, cmd, name, nvme)
         else:
             p = run(cmd, os.path.join(t.dir, name), self.timeout, preexec_fn)
             how = kind
@@ -621,8 +652,8 @@ class TrialRunner:
             mounts.append(Tmpfs(nvme, size))
             t.ended.append("nvme tmpfs %d KiB" % (size >> 10))
             return self._interrupted_run(t, save, nvme, "train", "enospc-nvme")
-        if k == "truncate-swap":
-            return self._interrupted_run(t, save, nvme, "train", "truncate-swap")
+        if k in ("truncate-swap", "punch-swap"):
+            return self._interrupted_run(t, save, nvme, "train", k)
         raise ValueError(k)
 
 

@@ -864,6 +864,100 @@ TEST_P(SwapTruncation, ATruncationBeforeGrowthIsAnErrorAtTheGrowth) {
       << st.message();
 }
 
+class SwapHoles : public ::testing::TestWithParam<DirectMode> {};
+
+// Punches [offset, offset + len) of a swap file out of its disk blocks, keeping its size.
+void punch_hole(const std::string& path, uint64_t offset, uint64_t len) {
+  int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(fd, 0) << path;
+  ASSERT_EQ(fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset),
+                      static_cast<off_t>(len)),
+            0)
+      << path << ": " << strerror(errno);
+  close(fd);
+}
+
+// The reported case: a hole punched into a live file (its size unchanged) reads back as zeros with
+// a full count. By default (no checksums) that read is an error naming the file.
+TEST_P(SwapHoles, AHolePunchedIntoALiveFileIsAnErrorByDefault) {
+  for (bool hole_check : {true, false}) {
+    SCOPED_TRACE(hole_check ? "hole checks on (the default)" : "hole checks off");
+    ScratchDir dir("swap");
+    SwapFileOptions o;
+    o.dirs = {dir.path()};
+    o.direct = GetParam();
+    o.initial_bytes = 4 << 20;
+    o.grow_bytes = 0;
+    if (!hole_check) o.hole_check = false;
+    ASSERT_TRUE(SwapFileOptions{}.hole_check);
+    ASSERT_FALSE(SwapFileOptions{}.checksum);
+    auto sf = SwapFile::create(o);
+    ASSERT_OK(sf);
+    SwapFile& s = *sf.value();
+    auto eng = make_engine();
+    const size_t n = 1 << 20;
+    auto a = s.allocate(n).value();
+    auto b = s.allocate(n).value();
+    auto data = random_bytes(n, 17);
+    auto buf = AlignedBuffer::allocate(n).value();
+    memcpy(buf.data(), data.data(), n);
+    ASSERT_OK(s.write(*eng, a, buf.data(), n)->wait());
+    ASSERT_OK(s.write(*eng, b, buf.data(), n)->wait());
+    ASSERT_OK(s.read(*eng, a, buf.data(), n)->wait());
+    std::vector<IoRequest> where;
+    s.map(IoOp::kRead, a.offset, buf.data(), n, &where);
+    ASSERT_EQ(where.size(), 1u);
+    const std::string path = where[0].file->path();
+    punch_hole(path, where[0].offset + 8192, 64 << 10);
+    memset(buf.data(), 0x5a, n);
+    Status st = s.read(*eng, a, buf.data(), n)->wait();
+    if (!hole_check) {
+      // What the default buys: the same hole read back as data.
+      ASSERT_OK(st);
+      const std::vector<char> zeros(64 << 10, 0);
+      EXPECT_EQ(memcmp(buf.bytes() + 8192, zeros.data(), zeros.size()), 0);
+      EXPECT_NE(first_mismatch(buf.data(), data.data(), n), -1);
+      continue;
+    }
+    ASSERT_EQ(st.code(), StatusCode::kCorruption) << st.to_string();
+    EXPECT_NE(st.message().find("swap file " + path + " has holes"), std::string::npos) << st.message();
+    // Every read of the damaged file fails, not only one that covers the hole.
+    EXPECT_EQ(s.read(*eng, b, buf.data(), n)->wait().code(), StatusCode::kCorruption);
+    // Writing the damaged extent again gives the file its blocks back: no data is lost then.
+    memcpy(buf.data(), data.data(), n);
+    ASSERT_OK(s.write(*eng, a, buf.data(), n)->wait());
+    ASSERT_OK(s.read(*eng, a, buf.data(), n)->wait());
+    EXPECT_EQ(first_mismatch(buf.data(), data.data(), n), -1);
+  }
+}
+
+// The whole file punched, its guard page too (fallocate --punch-hole over the file's length).
+TEST_P(SwapHoles, AWholeFilePunchedIsAnErrorNotZeros) {
+  ScratchDir d0("s0"), d1("s1");
+  SwapFileOptions o;
+  o.dirs = {d0.path(), d1.path()};
+  o.direct = GetParam();
+  auto sf = SwapFile::create(o);
+  ASSERT_OK(sf);
+  SwapFile& s = *sf.value();
+  auto eng = make_engine();
+  const size_t n = 4 << 20;
+  auto e = s.allocate(n).value();
+  auto buf = AlignedBuffer::allocate(n).value();
+  memcpy(buf.data(), random_bytes(n, 19).data(), n);
+  ASSERT_OK(s.write(*eng, e, buf.data(), n)->wait());
+  const std::string path = s.files()[1]->path();
+  punch_hole(path, 0, std::filesystem::file_size(path));
+  Status st = s.read(*eng, e, buf.data(), n)->wait();
+  ASSERT_EQ(st.code(), StatusCode::kCorruption) << st.to_string();
+  EXPECT_NE(st.message().find("swap file " + path + " has holes"), std::string::npos) << st.message();
+}
+
+INSTANTIATE_TEST_SUITE_P(DirectModes, SwapHoles, ::testing::Values(DirectMode::kPrefer, DirectMode::kOff),
+                         [](const ::testing::TestParamInfo<DirectMode>& p) {
+                           return std::string(direct_mode_name(p.param));
+                         });
+
 INSTANTIATE_TEST_SUITE_P(DirectModes, SwapTruncation,
                          ::testing::Values(DirectMode::kPrefer, DirectMode::kOff),
                          [](const ::testing::TestParamInfo<DirectMode>& p) {

@@ -147,4 +147,49 @@ def test_bad_format_and_heads_are_refused(trained):
     assert p.returncode == 1 and "--format onnx" in p.stderr
     p = run_zoe("ckpt", "consolidate", trained["save"], "--format", "hf-gpt2", "--n-head", 5, "--out",
                 trained["root"] / "x", json_out=False, check=False)
-    assert p.returncode == 1 and "n_head 5" in p.stderr
+    assert p.returncode == 1 and "--n-head 5" in p.stderr
+    assert not (trained["root"] / "x").exists()
+
+
+@pytest.mark.parametrize("command", [("consolidate", "--format", "hf-gpt2"), ("eval",)])
+def test_n_head_contradicting_the_checkpoint_is_refused(trained, command):
+    # The tiny preset trains with 4 heads; 2 also divides the width, so the export would compute
+    # another function with rc 0.
+    out = trained["root"] / ("contradiction-" + command[0])
+    args = ["--out", out] if command[0] == "consolidate" else ["--data", trained["data"], "--train-batch", 1]
+    p = run_zoe("ckpt", *command[:1], trained["save"], *command[1:], "--n-head", 2, *args, json_out=False,
+                check=False)
+    assert p.returncode == 1, p.stderr
+    assert "--n-head 2 contradicts" in p.stderr and "4 heads" in p.stderr, p.stderr
+    assert not out.exists()
+    # The checkpoint's own count is accepted when given.
+    p = run_zoe("ckpt", *command[:1], trained["save"], *command[1:], "--n-head", 4, *args, json_out=False)
+
+
+def test_export_refuses_a_directory_it_did_not_write(trained):
+    other = trained["root"] / "other-model"
+    other.mkdir()
+    (other / "config.json").write_text('{"model_type": "llama"}')
+    (other / "model-00001-of-00002.safetensors").write_bytes(b"x" * 100)
+    before = sorted(p.name for p in trained["root"].iterdir())
+    for fmt in ("hf-gpt2",):
+        p = run_zoe("ckpt", "consolidate", trained["save"], "--format", fmt, "--out", other, json_out=False,
+                    check=False)
+        assert p.returncode == 1, p.stderr
+        assert f"--out {other} is not empty" in p.stderr and "choose a new directory" in p.stderr, p.stderr
+    assert (other / "config.json").read_text() == '{"model_type": "llama"}'
+    assert sorted(p.name for p in other.iterdir()) == ["config.json", "model-00001-of-00002.safetensors"]
+    assert sorted(p.name for p in trained["root"].iterdir()) == before  # no temporary left behind
+    # An empty directory, and zoe's own earlier export, are written (the latter replaced whole).
+    empty = trained["root"] / "empty"
+    empty.mkdir()
+    export(trained, "empty")
+    export(trained, "empty")
+    assert sorted(p.name for p in empty.iterdir()) == [".zoe-export.json", "config.json", "model.safetensors"]
+    # A file of the user's added to zoe's export makes it theirs: refused, kept.
+    (empty / "notes.txt").write_text("mine")
+    p = run_zoe("ckpt", "consolidate", trained["save"], "--format", "hf-gpt2", "--out", empty, json_out=False,
+                check=False)
+    assert p.returncode == 1 and "notes.txt" in p.stderr, p.stderr
+    assert (empty / "notes.txt").read_text() == "mine"
+    assert sorted(p.name for p in trained["root"].iterdir()) == sorted(before + ["empty"])
