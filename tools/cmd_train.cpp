@@ -133,6 +133,8 @@ struct TrainRun {
   void build_config();
   void setup_activations();
   Status flags_activation_share(ActivationOffload off);
+  Status one_input_too_big(double one, const std::string& why) const;
+  double activation_share = 0;  // zoe.activation_device_budget as the flags chose it (0: not chosen)
   void load_data();
   void build_engine();
   void resume();
@@ -283,10 +285,28 @@ Status TrainRun::flags_activation_share(ActivationOffload off) {
   const double all = model::checkpoint_bytes_estimate(mc, o.micro_batch, T), one = all / mc.layers;
   double share = all;
   if (off != ActivationOffload::kNone && o.has("--device-budget")) {
-    share = std::min(all, std::max(one, static_cast<double>(parse_bytes(o.device_budget).value()) / 4));
+    const double budget = static_cast<double>(parse_bytes(o.device_budget).value());
+    if (one >= budget)
+      return one_input_too_big(
+          one, "is all of --device-budget " + o.device_budget + " and leaves nothing for the model");
+    share = std::min(all, std::max(one, budget / 4));
   }
   if (share >= 9.0e18) return invalid_argument("block inputs of %.3g bytes per micro-batch", all);
+  activation_share = share;
   return cfg.set("zoe.activation_device_budget", std::to_string(static_cast<uint64_t>(share)));
+}
+
+// In the flags' terms: one block's input, which never leaves the device (the last one saved stays
+// there while the backward begins), does not fit beside what the model needs there.
+Status TrainRun::one_input_too_big(double one, const std::string& why) const {
+  const uint64_t b = static_cast<uint64_t>(one);
+  return out_of_budget(
+      "--activation-checkpointing with --activation-offload: one block's input is %llu bytes (%s: "
+      "--micro-batch "
+      "%d x --seq %d x width %d x 4 bytes) and must stay on the device (the last one saved is kept there), "
+      "which %s; raise --device-budget (zoe plan with the same "
+      "flags shows what the placement needs beside it) or lower --micro-batch or --seq",
+      static_cast<unsigned long long>(b), format_bytes(b).c_str(), o.micro_batch, T, mc.d_model, why.c_str());
 }
 
 // Data next: a missing file is reported before the engine allocates anything.
@@ -337,6 +357,15 @@ void TrainRun::build_engine() {
   Status s = eng->initialize(
       [&](size_t m, size_t p, float* x, size_t n) { model::gpt_init(mc, o.seed, m, p, x, n); });
   init_s = static_cast<double>(clock_ns() - t0) * 1e-9;
+  if (!s.is_ok() && activation_share > 0 && o.has("--device-budget") &&
+      (s.code() == StatusCode::kOutOfBudget || s.message().find("zoe.activation_device_budget") == 0)) {
+    // The share the flags chose left the placement too little: said in the flags' terms.
+    const double one = model::checkpoint_bytes_estimate(mc, o.micro_batch, T) / mc.layers;
+    fail(one_input_too_big(one, "as the activations' share of " +
+                                    format_bytes(static_cast<uint64_t>(activation_share)) +
+                                    " (one input, or a quarter of --device-budget " + o.device_budget +
+                                    " when more) leaves the model's placement less than it needs"));
+  }
   if (!s.is_ok()) fail(s.with_context("initialising the model"));
   const std::string sizes = buffers_line(eng->buffer_sizes());
   if (!sizes.empty() && lead && !o.quiet) {

@@ -1,6 +1,7 @@
 // zoe: the command-line program. The frame of zoe/cli.h with every command linked in: zoe's
 // diagnostic commands from src/cli/ (info, bench, ckpt, plan, tune) and `zoe train`
 // (tools/cmd_train.cpp), each of which registers itself.
+#include <limits.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -17,10 +18,18 @@ namespace {
 // so the pool is never used: unless the user set OPENBLAS_NUM_THREADS, the program runs itself
 // again once with it set to 1, so that no pool starts. Each pool thread would otherwise map its
 // own GEMM buffer and hold address space a tight `ulimit -v` needs. The variable, once set,
-// stops a second exec; when exec fails the program runs on as it is.
+// stops a second exec; when exec fails the program runs on as it is. The exec names the binary's
+// own path, not /proc/self/exe: the kernel names a process after the file it executes, so the
+// process stays `zoe` for ps, top, pgrep and pkill (through /proc/self/exe it would be `exe`).
 void bound_blas_threads(char** argv) {
   if (getenv("OPENBLAS_NUM_THREADS") != nullptr) return;
   if (setenv("OPENBLAS_NUM_THREADS", "1", 1) != 0) return;
+  char self[PATH_MAX];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n > 0) {
+    self[n] = '\0';
+    execv(self, argv);  // fails when the file was replaced or removed since: then the link itself
+  }
   execv("/proc/self/exe", argv);
 }
 

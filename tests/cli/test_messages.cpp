@@ -185,6 +185,41 @@ TEST(Messages, ActivationFlagsAndKeysNameThemselves) {
 }
 
 // nodes x gpus per node is computed in 64 bits and capped at 2^20 ranks, naming both flags.
+// One block's input that cannot stay on the device beside the model: said in the flags' terms (the
+// input's size, why it stays, what to change), never as zoe.activation_device_budget, a key the
+// flags set.
+TEST(Messages, AnActivationInputThatDoesNotFitSpeaksInFlags) {
+  zoe::test::ScratchDir d("act-fit");
+  const std::string run =
+      "train --preset demo --context 2048 --seq 2048 --micro-batch 8 --steps 1 --quiet "
+      "--activation-checkpointing --activation-offload nvme --offload nvme --nvme-path " +
+      d.path() + " --device-budget ";
+  for (const std::string budget : {"16MiB", "20MiB"}) {
+    CmdResult r = zoe(run + budget);
+    EXPECT_NE(r.rc, 0) << budget << ": " << r.err;
+    EXPECT_NE(
+        r.err.find("one block's input is 16777216 bytes (16 MiB: --micro-batch 8 x --seq 2048 x width 256"),
+        std::string::npos)
+        << budget << ": " << r.err;
+    EXPECT_NE(r.err.find("raise --device-budget"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("--device-budget " + budget), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("zoe.activation_device_budget"), std::string::npos) << r.err;
+  }
+}
+
+// A benchmark whose states cannot fit on --path is refused before anything is written.
+TEST(Messages, BenchSwapChecksTheFreeSpaceFirst) {
+  zoe::test::ScratchDir d("swap-space");
+  CmdResult r = zoe("bench swap --params 1e15 --path " + d.path());
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_NE(r.err.find("zoe: error: no space: --params 1000000000000000: the optimizer states need"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("on --path " + d.path()), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("lower --params"), std::string::npos) << r.err;
+  EXPECT_TRUE(std::filesystem::is_empty(d.path())) << "nothing written";
+}
+
 TEST(Messages, PlanWorldSizeDoesNotWrap) {
   for (const std::string cmd : {"plan", "tune"}) {
     CmdResult r = zoe(cmd + " --nodes 65536 --gpus-per-node 65536");

@@ -599,6 +599,7 @@ class BackgroundRun {
     return false;
   }
   void signal(int sig) const { kill(pid_, sig); }
+  pid_t pid() const { return pid_; }
   // The exit code (128 + signal when killed by one), waiting up to 120 s; -1 on timeout.
   int wait_exit() {
     for (int i = 0; i < 1200; ++i) {
@@ -617,6 +618,23 @@ class BackgroundRun {
   int status_ = 0;
   bool reaped_ = false;
 };
+
+// The process keeps the name `zoe` after its start-up re-exec (OPENBLAS_NUM_THREADS), so ps, top,
+// pgrep and pkill find it (a re-exec through /proc/self/exe named it `exe`).
+TEST(TrainInput, TheRunningProcessIsNamedZoe) {
+  zoe::test::ScratchDir d("comm");
+  unsetenv("OPENBLAS_NUM_THREADS");  // the run re-executes itself with it set
+  BackgroundRun run({"train", "--preset", "tiny", "--steps", "100000"}, d.file("err.txt"));
+  ASSERT_TRUE(run.wait_for("step 1/")) << run.err();
+  std::ifstream in("/proc/" + std::to_string(run.pid()) + "/comm");
+  std::string comm;
+  std::getline(in, comm);
+  EXPECT_EQ(comm, "zoe");
+  std::ifstream env_in("/proc/" + std::to_string(run.pid()) + "/environ");
+  const std::string env((std::istreambuf_iterator<char>(env_in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(env.find("OPENBLAS_NUM_THREADS=1"), std::string::npos) << "the re-exec happened";
+  run.signal(SIGKILL);
+}
 
 TEST(TrainInput, SigtermSavesAndStopsAtAStepBoundary) {
   zoe::test::ScratchDir d("sig"), nvme("sig-nvme");
