@@ -6,13 +6,17 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cinttypes>
 #include <cstring>
+#include <ctime>
+#include <fstream>
 #include <random>
+#include <sstream>
 #include <utility>
 
 #include "core/log.h"
@@ -49,6 +53,33 @@ std::string hex16(uint64_t v) {
   char b[17];
   snprintf(b, sizeof(b), "%016" PRIx64, v);
   return b;
+}
+
+constexpr uint64_t kLockWaitSayS = 3;
+constexpr uint64_t kLockWaitRepeatS = 60;
+
+uint64_t now_s() {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec);
+}
+
+// Who holds the flock on the file (dev, ino), from /proc/locks: "PID N (name)", or what is known.
+std::string lock_holder(dev_t dev, ino_t ino) {
+  std::ifstream in("/proc/locks");
+  char want[64];
+  snprintf(want, sizeof want, "%02x:%02x:%llu", major(dev), minor(dev), static_cast<unsigned long long>(ino));
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream f(line);
+    std::string n, kind, mode, rw, pid, where;
+    if (!(f >> n >> kind) || kind == "->" || !(f >> mode >> rw >> pid >> where)) continue;
+    if (kind != "FLOCK" || where != want) continue;
+    std::ifstream c("/proc/" + pid + "/comm");
+    std::string comm;
+    std::getline(c, comm);
+    return "PID " + pid + (comm.empty() ? "" : " (" + comm + ")");
+  }
+  return "another process (not found in /proc/locks)";
 }
 
 // flock(LOCK_EX) on a directory, held while create() scans it and creates and locks its own files,
@@ -94,9 +125,24 @@ class DirLock {
     l.lock(dir);
     return l;
   }
+  // Waits for the lock. Another job holds it while it creates its swap files or removes stale ones
+  // (minutes for large files on some file systems): after kLockWaitSayS seconds the wait is said
+  // once, with the directory and the holder's PID, and again every kLockWaitRepeatS seconds.
   void lock(const std::string& dir) {
     int rc;
-    while ((rc = flock(fd_, LOCK_EX)) != 0 && errno == EINTR) {
+    const uint64_t t0 = now_s();
+    uint64_t said = 0;
+    while ((rc = flock(fd_, LOCK_EX | LOCK_NB)) != 0 && (errno == EINTR || errno == EWOULDBLOCK)) {
+      const uint64_t waited = now_s() - t0;
+      if (waited >= kLockWaitSayS && (said == 0 || waited >= said + kLockWaitRepeatS)) {
+        said = waited;
+        ZOE_LOG_WARN(
+            "waiting %llu s for the lock on swap directory %s, held by %s (a zoe job creating its "
+            "swap files there or removing stale ones of dead processes, which takes long for large "
+            "files); this job goes on once it is released",
+            static_cast<unsigned long long>(waited), dir.c_str(), lock_holder(dev_, ino_).c_str());
+      }
+      usleep(20000);
     }
     locked_ = rc == 0;
     if (!locked_) {

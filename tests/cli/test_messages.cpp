@@ -14,6 +14,7 @@
 #include <regex>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "checkpoint/xxh64.h"
@@ -218,6 +219,27 @@ TEST(Messages, BenchSwapChecksTheFreeSpaceFirst) {
   EXPECT_NE(r.err.find("on --path " + d.path()), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("lower --params"), std::string::npos) << r.err;
   EXPECT_TRUE(std::filesystem::is_empty(d.path())) << "nothing written";
+}
+
+// A job waiting for another's lock on its swap directory (held while that one creates its swap
+// files or removes large stale ones) says so after a few seconds, naming the directory and the
+// holder's PID, then goes on once the lock is released.
+TEST(Messages, AWaitForTheSwapDirectoryLockIsSaid) {
+  zoe::test::ScratchDir d("dirlock");
+  const int fd = open(d.path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(flock(fd, LOCK_EX), 0);
+  std::thread release([fd] {
+    sleep(5);
+    close(fd);
+  });
+  CmdResult r = zoe("bench swap --params 1M --sub-group 1M --repeats 1 --path " + d.path());
+  release.join();
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.err.find("waiting 3 s for the lock on swap directory " + d.path() + ", held by PID " +
+                       std::to_string(getpid())),
+            std::string::npos)
+      << r.err;
 }
 
 TEST(Messages, PlanWorldSizeDoesNotWrap) {
