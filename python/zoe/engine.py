@@ -30,6 +30,7 @@ activations.py says which tensors go and which stay. The store's micro-batch end
 backward.
 """
 import base64
+import contextlib
 import io
 import json
 import os
@@ -264,7 +265,7 @@ class Engine:
                     self._meta_shapes[id(q)] = tuple(p.shape)
                 mod._parameters[k] = replaced[id(p)]
         del replaced
-        meta_buffers = _unmeta_buffers(model)
+        meta_buffers = _unmeta_buffers(model, self.device)
         self._units = partition(model, zoe_units, unit_params)
         owner = {}  # id(param) -> (zmod index, param index)
         self._zmods = []
@@ -393,13 +394,15 @@ class Engine:
                 # NaN until an initializer writes it: a parameter nothing initialises is found below.
                 p.data = torch.full(shape, float("nan"), dtype=p.dtype)
         hf_init = hf.init_weights_fn(self.module) if init_fn is None else None
-        for m in mods:
-            if init_fn is not None:
-                init_fn(m)
-            elif hasattr(m, "reset_parameters"):
-                m.reset_parameters()
-            if hf_init is not None:  # a transformers model: its own _init_weights, as from_config runs it
-                hf_init(m)
+        with self._scratch_params(mods):
+            for m in mods:
+                with self._naming_module(m, init_fn):
+                    if init_fn is not None:
+                        init_fn(m)
+                    elif hasattr(m, "reset_parameters"):
+                        m.reset_parameters()
+                    if hf_init is not None:  # a transformers model: its own _init_weights, as from_config runs it
+                        hf_init(m)
         for zm, n, p in meta:
             if p.is_floating_point() and bool(torch.isnan(p.data).any()):
                 how = "init_fn left it (or part of it) unset" if init_fn is not None else \
@@ -410,26 +413,78 @@ class Engine:
                                "build the model on the CPU")
 
     def _init_buffers(self, meta_buffers, init_fn):
-        """The meta-device buffers that neither weights= nor a unit's initialisation wrote (NaN
-        still): their module's init_fn(module), else transformers' _init_weights (a rotary
-        embedding's inv_freq), else reset_running_stats(); a floating buffer left unset is refused."""
+        """The meta-device buffers that neither weights= nor a unit's initialisation wrote, of any
+        dtype (a floating one NaN still, or any one never written since it left the meta device:
+        a non-persistent position_ids, embed_scale or inv_freq, which no folder holds): their
+        module's init_fn(module), else transformers' _init_weights, else reset_running_stats(); a
+        buffer left unset is refused by name. The module's parameters are held by zoe by now:
+        the initializer sees meta stand-ins of their shapes, and what it writes there is dropped."""
         hf_init = hf.init_weights_fn(self.module) if init_fn is None else None
-        for mod, names in meta_buffers:
-            unset = [k for k in names if _nan_buffer(mod, k)]
+        for mod, placed in meta_buffers:
+            unset = [k for k, at in placed.items() if _unset_buffer(mod, k, at)]
             if not unset:
                 continue
-            if init_fn is not None:
-                init_fn(mod)
-            elif hf_init is not None:
-                hf_init(mod)
-            elif hasattr(mod, "reset_running_stats"):
-                mod.reset_running_stats()
+            with self._scratch_params([mod], recurse=True), self._naming_module(mod, init_fn):
+                if init_fn is not None:
+                    init_fn(mod)
+                elif hf_init is not None:
+                    hf_init(mod)
+                elif hasattr(mod, "reset_running_stats"):
+                    mod.reset_running_stats()
             for k in unset:
-                if _nan_buffer(mod, k):
-                    name = next(f"{n}.{k}" if n else k for n, m in self.module.named_modules() if m is mod)
-                    raise ZoeError(f"zoe.initialize: buffer '{name}' was built on the meta device and nothing gave "
-                                   "it values (pass init_fn=lambda module: ... that sets it, or weights= a folder "
-                                   "holding it, or build the model on the CPU)")
+                if _unset_buffer(mod, k, placed[k]):
+                    b = mod._buffers[k]
+                    kind = "non-persistent" if k in mod._non_persistent_buffers_set else "persistent"
+                    raise ZoeError(f"zoe.initialize: buffer '{self._module_name(mod, k)}' ({kind}, {b.dtype}, shape "
+                                   f"{list(b.shape)}) was built on the meta device and nothing gave it values: "
+                                   "pass init_fn=lambda module: ... that sets it"
+                                   + (", or weights= a folder holding it" if kind == "persistent" else
+                                      " (a non-persistent buffer is in no weights folder)")
+                                   + ", or build the model on the CPU")
+
+    def _module_name(self, mod, leaf=None):
+        name = next((n for n, m in self.module.named_modules() if m is mod), "?")
+        if leaf is None:
+            return name or "(the model itself)"
+        return f"{name}.{leaf}" if name else leaf
+
+    @contextlib.contextmanager
+    def _naming_module(self, mod, init_fn):
+        """An exception of an initializer gets a note naming the module it ran on and what to do."""
+        try:
+            yield
+        except ZoeError:
+            raise
+        except Exception as e:
+            if hasattr(e, "add_note"):
+                who = "init_fn" if init_fn is not None else "its reset_parameters() or transformers' _init_weights"
+                e.add_note(f"zoe.initialize: raised by {who} on module '{self._module_name(mod)}' "
+                           f"({type(mod).__name__}) of the meta-built model: pass init_fn=lambda module: ... that "
+                           "initialises it, or weights= a folder holding its tensors, or build the model on the CPU")
+            raise
+
+    @contextlib.contextmanager
+    def _scratch_params(self, mods, recurse=False):
+        """While an initializer runs on `mods`, each of their parameters with no storage here (held
+        by zoe, or its unit not initialised yet: a tied weight's other module) is a meta-device
+        stand-in of its real shape, which in-place initialisation accepts and drops; the
+        parameters are put back afterwards."""
+        swapped = []
+        try:
+            for m in mods:
+                for sub in (m.modules() if recurse else [m]):
+                    for k, p in list(sub._parameters.items()):
+                        loc = self._owner.get(id(p)) if p is not None else None
+                        if loc is None or p.numel() > 0:
+                            continue
+                        shape = self._zmods[loc[0]].shapes[loc[1]]
+                        sub._parameters[k] = nn.Parameter(torch.empty(shape, dtype=p.dtype, device="meta"),
+                                                          requires_grad=p.requires_grad)
+                        swapped.append((sub, k, p))
+            yield
+        finally:
+            for sub, k, p in reversed(swapped):
+                sub._parameters[k] = p
 
     # ---------------------------------------------------------------------------------------
     # Fetch / release
@@ -607,7 +662,7 @@ class Engine:
             self._acts.end_micro_batch()
         self._in_forward = True
         try:
-            with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+            with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack), _losses_in_fp32(self._dtype):
                 return self.module(*args, **kwargs)
         except ZoeError:
             self._reset_fetches()
@@ -737,22 +792,26 @@ class Engine:
         return out
 
     def state_dict(self):
-        """The model's state_dict (full fp32 parameters from zoe, buffers from torch)."""
+        """The model's state_dict, with the keys model.state_dict() has (so load_state_dict(strict=True)
+        takes it): full fp32 parameters from zoe, tied ones under each name, and the persistent
+        buffers from torch (non-persistent ones, such as a rotary inv_freq, are not state)."""
         sd = self.master_params()
         for alias, name in self._aliases.items():
             sd[alias] = sd[name]
-        for n, b in self.module.named_buffers():
+        for n, b in state_buffers(self.module):
             sd[n] = b.detach().to("cpu", copy=True)
         return sd
 
-    def save_pretrained(self, save_directory, max_shard_size=hf.DEFAULT_MAX_SHARD_SIZE, dtype=None):
+    def save_pretrained(self, save_directory, max_shard_size=None, dtype=None):
         """A Hugging Face transformers model's folder, as its own save_pretrained writes it and
         from_pretrained loads it: config.json (generation_config.json), model.safetensors, or
         model-0000i-of-0000n.safetensors and model.safetensors.index.json when the tensors exceed
-        max_shard_size (transformers' default, "50GB"; an int is bytes). The fp32 masters (or
+        max_shard_size (default transformers' "50GB"; an int is bytes). The fp32 masters (or
         dtype: torch.bfloat16 / torch.float16), streamed one tensor at a time from wherever zoe
-        holds them; tied weights once, under the name transformers keeps. Every rank calls it;
-        rank 0 writes. Returns save_directory."""
+        holds them; tied weights once, under the name transformers keeps. A PEFT model (LoRA, ...)
+        gets its adapter as PEFT's save_pretrained writes it (adapter_config.json,
+        adapter_model.safetensors), for PeftModel.from_pretrained(base, dir); the frozen base is
+        not written. Every rank calls it; rank 0 writes. Returns save_directory."""
         return hf.save_pretrained(self, save_directory, max_shard_size=max_shard_size, dtype=dtype)
 
     # ---------------------------------------------------------------------------------------
@@ -773,10 +832,14 @@ class Engine:
             "names": self._torch_names,
             "aliases": self._aliases,
             "buffers": _to_b64({n: b.detach().cpu() for n, b in self.module.named_buffers()}),
+            # The state_dict's buffer keys (persistent buffers, every name) -> their key in "buffers".
+            "state_buffers": _state_buffer_keys(self.module),
             "client_state": _to_b64(client_state if client_state is not None else {}),
             "last_stats": self._last,
         }}
-        if hf.is_hf_model(self.module):  # for `zoe ckpt consolidate D --format hf`
+        # For `zoe ckpt consolidate D --format hf`; not of a PEFT model, whose folder would be the
+        # wrapper's (base_model.model.* names), loaded by from_pretrained as a random model.
+        if hf.is_hf_model(self.module) and not hf.is_peft_model(self.module):
             state["zoe_torch"]["hf"] = hf.checkpoint_configs(self.module)
         self._eng.save(os.fspath(save_dir), str(tag), json.dumps(state))
         return os.path.join(os.fspath(save_dir), str(tag))
@@ -859,24 +922,54 @@ class Engine:
             zm.bw_held = False
 
 
-def _unmeta_buffers(model):
-    """Meta-device buffers become CPU tensors (NaN when floating: unset until initialised);
-    returns [(module, [buffer names])]."""
+def _unmeta_buffers(model, device):
+    """Meta-device buffers become tensors on `device` (NaN when floating, zeros otherwise);
+    returns [(module, {buffer name: (the tensor put there, its version)})], by which
+    _unset_buffer tells a buffer nothing wrote, whatever its dtype."""
     out = []
     for mod in model.modules():
-        names = [k for k, b in mod._buffers.items() if b is not None and b.device.type == "meta"]
-        for k in names:
-            b = mod._buffers[k]
-            mod._buffers[k] = (torch.full(b.shape, float("nan"), dtype=b.dtype) if b.is_floating_point() else
-                               torch.zeros(b.shape, dtype=b.dtype))
-        if names:
-            out.append((mod, names))
+        placed = {}
+        for k, b in list(mod._buffers.items()):
+            if b is None or b.device.type != "meta":
+                continue
+            t = (torch.full(b.shape, float("nan"), dtype=b.dtype, device=device) if b.is_floating_point() else
+                 torch.zeros(b.shape, dtype=b.dtype, device=device))
+            mod._buffers[k] = t
+            placed[k] = (t, t._version)
+        if placed:
+            out.append((mod, placed))
     return out
 
 
-def _nan_buffer(mod, k):
+def _unset_buffer(mod, k, placed):
+    """True when buffer k of mod is still the tensor _unmeta_buffers put there and nothing wrote
+    it since (no in-place write, no replacement), or is floating with a NaN left in it."""
     b = mod._buffers.get(k)
-    return b is not None and b.is_floating_point() and bool(torch.isnan(b).any())
+    t, version = placed
+    if b is None:
+        return False
+    if b is t and b._version == version:
+        return True
+    return b.is_floating_point() and bool(torch.isnan(b).any())
+
+
+def state_buffers(model):
+    """[(key, buffer)] of the buffers model.state_dict() holds: the persistent ones, under every
+    name a shared module or buffer has."""
+    out = []
+    for mn, mod in model.named_modules(remove_duplicate=False):
+        for bn, b in mod._buffers.items():
+            if b is not None and bn not in mod._non_persistent_buffers_set:
+                out.append((f"{mn}.{bn}" if mn else bn, b))
+    return out
+
+
+def _state_buffer_keys(model):
+    """{state_dict key of a persistent buffer: its key in model.named_buffers()}."""
+    first = {}
+    for n, b in model.named_buffers():
+        first.setdefault(id(b), n)
+    return {n: first[id(b)] for n, b in state_buffers(model) if id(b) in first}
 
 
 def _storage_ptr(t):
@@ -894,6 +987,39 @@ def _check_launcher(world, force_local):
                    "process is rank 0 of 1: zoe's ranks come from MPI, so each process would train alone. Launch "
                    f"with MPI instead: mpirun -np {env} python your_script.py, or srun -n {env} --mpi=pmix python "
                    "your_script.py under Slurm (one process per device; see python/README.md)")
+
+
+# The loss functions of torch.nn.functional (and so of the nn loss modules, which call them) that
+# torch.autocast runs in float32 whatever the dtype of their inputs.
+_FP32_LOSSES = ("cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "kl_div",
+                "binary_cross_entropy", "binary_cross_entropy_with_logits", "poisson_nll_loss",
+                "cosine_embedding_loss", "hinge_embedding_loss", "margin_ranking_loss", "soft_margin_loss",
+                "triplet_margin_loss", "multi_margin_loss", "multilabel_margin_loss", "ctc_loss")
+
+
+def _losses_in_fp32(dtype):
+    """With bf16 or fp16 compute, a forward's loss functions take their bf16/fp16 inputs in float32
+    (a torch function mode), as torch.autocast does: the loss comes back in float32 whether the
+    model computes it with torch.nn.CrossEntropyLoss (T5, BERT) or upcasts its logits itself (the
+    causal LMs' loss_function), and is computed in float32 from the compute-dtype logits. Nothing
+    with fp32 compute."""
+    mode_cls = getattr(torch.overrides, "TorchFunctionMode", None)
+    if dtype is torch.float32 or mode_cls is None:
+        return contextlib.nullcontext()
+    fns = {getattr(torch.nn.functional, n) for n in _FP32_LOSSES if hasattr(torch.nn.functional, n)}
+
+    def up(x):
+        return x.float() if isinstance(x, torch.Tensor) and x.dtype is dtype else x
+
+    class LossesInFp32(mode_cls):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func in fns:
+                args = tuple(up(a) for a in args)
+                kwargs = {k: up(v) for k, v in kwargs.items()}
+            return func(*args, **kwargs)
+
+    return LossesInFp32()
 
 
 def _describe(x):
@@ -999,8 +1125,9 @@ def initialize(model=None, config=None, zoe_units=None, unit_params=None, init_f
 
 def consolidate(checkpoint_dir):
     """A state_dict of full fp32 tensors under the model's own parameter names (tied names
-    included, buffers as saved), from a save directory (its latest) or a checkpoint directory,
-    for model.load_state_dict() on a plain copy of the model. A checkpoint of `zoe train` gives
+    included) and its persistent buffers as saved, the keys model.state_dict() has, from a save
+    directory (its latest) or a checkpoint directory, for model.load_state_dict(strict=True) on a
+    plain copy of the model. A checkpoint of `zoe train` gives
     its "<module>.<param>" names."""
     params, trainer_json, _ = _zoe.read_checkpoint(os.fspath(checkpoint_dir))
     trainer = json.loads(trainer_json) if trainer_json else {}
@@ -1018,6 +1145,10 @@ def consolidate(checkpoint_dir):
         out[names[n]] = torch.from_numpy(a)
     for alias, name in zt["aliases"].items():
         out[alias] = out[name]
-    for n, b in _from_b64(zt["buffers"]).items():
-        out[n] = b
+    buffers = _from_b64(zt["buffers"])
+    # The persistent buffers under the state_dict's keys; a checkpoint written before zoe kept
+    # those keys gives every buffer it holds.
+    keys = zt.get("state_buffers", {n: n for n in buffers})
+    for n, key in keys.items():
+        out[n] = buffers[key]
     return out

@@ -143,9 +143,19 @@ def _tensor_bytes(t):
     return t.numpy().tobytes()
 
 
-def save_pretrained(engine, save_directory, max_shard_size=DEFAULT_MAX_SHARD_SIZE, dtype=None):
+def is_peft_model(model):
+    """A PEFT model (peft.PeftModel and its task subclasses), told without importing peft: its
+    adapters' configs in peft_config and the wrapped model behind get_base_model()."""
+    return isinstance(getattr(model, "peft_config", None), dict) and callable(getattr(model, "get_base_model", None))
+
+
+def save_pretrained(engine, save_directory, max_shard_size=None, dtype=None):
     """See Engine.save_pretrained."""
     model = engine.module
+    if is_peft_model(model):
+        return save_peft_adapter(engine, save_directory, max_shard_size, dtype)
+    if max_shard_size is None:
+        max_shard_size = DEFAULT_MAX_SHARD_SIZE
     if not is_hf_model(model):
         raise ZoeError(f"engine.save_pretrained: the model ({type(model).__name__}) is not a Hugging Face "
                        "transformers model (it has no .config with to_json_file): use engine.save_checkpoint() "
@@ -153,10 +163,7 @@ def save_pretrained(engine, save_directory, max_shard_size=DEFAULT_MAX_SHARD_SIZ
     if engine._pending_backward:
         raise ZoeError(f"engine.save_pretrained({save_directory!r}): {engine._pending_backward} micro-batch(es) of "
                        "gradients are waiting for engine.step(); save at a step boundary")
-    out_dtype = torch.float32 if dtype is None else dtype
-    if out_dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        raise ZoeError(f"engine.save_pretrained: dtype must be torch.float32, torch.bfloat16 or torch.float16, "
-                       f"got {dtype!r}")
+    out_dtype = _out_dtype(dtype)
     limit = parse_size(max_shard_size)
     save_directory = os.fspath(save_directory)
     writer = engine.rank == 0
@@ -215,6 +222,77 @@ def save_pretrained(engine, save_directory, max_shard_size=DEFAULT_MAX_SHARD_SIZ
             f.write("\n")
     _save_configs(model, save_directory, out_dtype)
     return save_directory
+
+
+def _out_dtype(dtype):
+    out = torch.float32 if dtype is None else dtype
+    if out not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ZoeError(f"engine.save_pretrained: dtype must be torch.float32, torch.bfloat16 or torch.float16, "
+                       f"got {dtype!r}")
+    return out
+
+
+def save_peft_adapter(engine, save_directory, max_shard_size=None, dtype=None):
+    """engine.save_pretrained of a PEFT model: what PEFT's own save_pretrained writes (its
+    adapter_config.json, adapter_model.safetensors with PEFT's key names, README.md; one
+    subfolder per further adapter), for PeftModel.from_pretrained(base, dir). PEFT chooses the
+    tensors from stand-ins of the model's state_dict (meta tensors, no values), and only those are
+    read from zoe: the frozen base is not read."""
+    from peft.utils import get_peft_model_state_dict
+
+    model = engine.module
+    if max_shard_size is not None:
+        raise ZoeError(f"engine.save_pretrained({os.fspath(save_directory)!r}): max_shard_size does not apply to a "
+                       "PEFT model: its adapter is written as one file, as PEFT's save_pretrained writes it "
+                       "(leave max_shard_size out)")
+    if engine._pending_backward:
+        raise ZoeError(f"engine.save_pretrained({save_directory!r}): {engine._pending_backward} micro-batch(es) of "
+                       "gradients are waiting for engine.step(); save at a step boundary")
+    out_dtype = _out_dtype(dtype)
+    sources = _state_sources(engine)
+    stand_ins = {}
+    for key, (shape, dt, _) in sources.items():
+        stand_ins[key] = torch.empty(shape, dtype=out_dtype if dt.is_floating_point else dt, device="meta")
+    key_of = {id(t): k for k, t in stand_ins.items()}
+    wanted = {}
+    for adapter in model.peft_config:
+        chosen = get_peft_model_state_dict(model, state_dict=stand_ins, adapter_name=adapter)
+        unknown = sorted(k for k, v in chosen.items() if id(v) not in key_of)
+        if unknown:
+            raise ZoeError(f"engine.save_pretrained: PEFT's state for adapter {adapter!r} "
+                           f"({model.peft_config[adapter].peft_type}) holds tensors that are not the model's own "
+                           f"({', '.join(unknown[:5])}): zoe writes adapters whose tensors are the model's parameters "
+                           "and buffers (LoRA and the like)")
+        wanted.update((key_of[id(v)], None) for v in chosen.values())
+    # Every rank reads (read_master gathers from all ranks), in the same order; rank 0 writes.
+    state = {k: _read_state(engine, sources[k][2], sources[k][0]).to(out_dtype if sources[k][1].is_floating_point
+                                                                      else sources[k][1])
+             for k in wanted}
+    model.save_pretrained(os.fspath(save_directory), state_dict=state, is_main_process=engine.rank == 0)
+    return os.fspath(save_directory)
+
+
+def _state_sources(engine):
+    """{state_dict key: (shape, dtype, source)} of the model: a parameter's source is (zoe module,
+    index) (fp32 masters), a persistent buffer's the tensor."""
+    from .engine import state_buffers
+
+    out = {}
+    for zm in engine._zmods:
+        for i, (n, s) in enumerate(zip(zm.names, zm.shapes)):
+            out[engine._torch_names[f"{zm.name}.{n}"]] = (tuple(s), torch.float32, (zm.index, i))
+    for alias, name in engine._aliases.items():
+        out[alias] = out[name]
+    for key, b in state_buffers(engine.module):
+        out[key] = (tuple(b.shape), b.dtype, b)
+    return out
+
+
+def _read_state(engine, src, shape):
+    if isinstance(src, tuple):
+        a = engine._eng.read_master(src[0], src[1], max(1, _numel(shape)))
+        return torch.from_numpy(a)[:_numel(shape)].view(shape).clone()
+    return src.detach().to("cpu", copy=True)
 
 
 def checkpoint_configs(model):
