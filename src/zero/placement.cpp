@@ -556,26 +556,30 @@ Result<Placement> plan_with_persistence(const config::Config& cfg, const std::ve
   return pl;
 }
 
-// The hints a plan lowered below the values given, warned about once each.
+// The hints a plan lowered below the values given, warned about once each. A key the config does
+// not give (DeepSpeed's default, e.g. a 5e7-element prefetch bucket against a 576 KiB budget) is
+// the plan's to size: lowering it is not the user's value changed, and is not warned about.
 void warn_hints_used(const config::Config& cfg, const Placement& pl, int64_t persist) {
-  config::value_used("zero_optimization.stage3_param_persistence_threshold",
-                     cfg.zero.stage3_param_persistence_threshold, persist,
-                     "elements: the modules under the threshold, kept whole on the device, did not fit "
-                     "zoe.device_budget beside the rest, so the larger ones are partitioned like any other");
+  auto used = [&](const char* key, int64_t given, int64_t value, const char* why) {
+    if (cfg.given(key)) config::value_used(key, given, value, why);
+  };
+  used("zero_optimization.stage3_param_persistence_threshold", cfg.zero.stage3_param_persistence_threshold,
+       persist,
+       "elements: the modules under the threshold, kept whole on the device, did not fit "
+       "zoe.device_budget beside the rest, so the larger ones are partitioned like any other");
   const int64_t bucket = cfg.zero.reduce_bucket_size;
-  config::value_used("zero_optimization.reduce_bucket_size", bucket, static_cast<int64_t>(pl.reduce_bucket),
-                     bucket < pl.world
-                         ? "a reduction bucket holds at least one element per rank"
+  used("zero_optimization.reduce_bucket_size", bucket, static_cast<int64_t>(pl.reduce_bucket),
+       bucket < pl.world ? "a reduction bucket holds at least one element per rank"
                          : "elements: the reduction's bucket buffers did not fit zoe.device_budget "
                            "beside the module in use");
-  config::value_used("zero_optimization.stage3_prefetch_bucket_size", cfg.zero.stage3_prefetch_bucket_size,
-                     pl.prefetch_bucket,
-                     "elements of gathered modules queued ahead of use: what zoe.device_budget leaves beside "
-                     "the states and the module in use");
-  config::value_used("zero_optimization.stage3_max_live_parameters", cfg.zero.stage3_max_live_parameters,
-                     static_cast<int64_t>(pl.max_live_parameters),
-                     "elements: the largest gathered module must be live at once, so it is the least "
-                     "zoe can use");
+  used("zero_optimization.stage3_prefetch_bucket_size", cfg.zero.stage3_prefetch_bucket_size,
+       pl.prefetch_bucket,
+       "elements of gathered modules queued ahead of use: what zoe.device_budget leaves beside "
+       "the states and the module in use");
+  used("zero_optimization.stage3_max_live_parameters", cfg.zero.stage3_max_live_parameters,
+       static_cast<int64_t>(pl.max_live_parameters),
+       "elements: the largest gathered module must be live at once, so it is the least "
+       "zoe can use");
 }
 
 // Plans with the persistence threshold `persist`, lowering reduce_bucket_size (halving it) while the

@@ -6,7 +6,10 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <thread>
+#include <vector>
 
 #include "tests/cli/run_zoe.h"
 #include "tests/util/test_util.h"
@@ -179,26 +182,142 @@ TEST(Train, LossFallsOnArithmetic) {
   EXPECT_TRUE(j.contains("accuracy"));
 }
 
+// scripts/demo.sh's DeepSpeed-style config (the same text, with `nvme` for its scratch folder): the
+// tiny model's states on NVMe against a 576 KiB device budget, and the recipe that learns on every
+// kernel set (AdamW betas (0.9, 0.95), clipping at 1.0, a 100-step warm-up to 0.003 and a linear
+// decay to 0 at step 3000). The schedule ends at step 3000 whatever --steps is, so a run with fewer
+// steps is the demo's first steps, bit for bit.
+std::string write_demo_config(const zoe::test::ScratchDir& nvme) {
+  const std::string path = nvme.file("ds_config.json");
+  std::ofstream(path) << R"({
+  "train_micro_batch_size_per_gpu": 32,
+  "bf16": {"enabled": true},
+  "optimizer": {"type": "AdamW", "params": {"lr": 0.003, "betas": [0.9, 0.95], "weight_decay": 0}},
+  "scheduler": {"type": "WarmupDecayLR",
+                "params": {"warmup_min_lr": 0, "warmup_max_lr": 0.003, "warmup_num_steps": 100,
+                           "warmup_type": "linear", "total_num_steps": 3000}},
+  "gradient_clipping": 1.0,
+  "zero_optimization": {
+    "stage": 3,
+    "stage3_param_persistence_threshold": 0,
+    "offload_param": {"device": "nvme", "nvme_path": ")"
+                      << nvme.path() << R"("},
+    "offload_optimizer": {"device": "nvme", "nvme_path": ")"
+                      << nvme.path() << R"("}
+  },
+  "zoe": {"device_budget": "576KiB"}
+})";
+  return path;
+}
+
 TEST(Train, TheDemosMainJobLearnsOneDigitAdditions) {
-  // scripts/demo.sh's command (NVMe offload, states 3.7x the device budget): exact-match accuracy
-  // on held-out additions starts at 0 and rises. Where it ends after 3000 steps depends on the seed
-  // and on the CPU's kernel set (the last bits of each GEMM; training amplifies them): with seed 2,
-  // as the demo, measured 99.5 % (OpenBLAS Cooperlake, avx512 or avx2), 100 % (OpenBLAS Haswell)
-  // and 21.9 % (OpenBLAS SkylakeX, avx512 or avx2); an untrained model stays at 0 %. The bound is 15 %.
+  // scripts/demo.sh's command, on this machine's kernel set: exact-match accuracy on held-out
+  // additions starts at 0 and ends at 100 % (measured for seeds 1-3 on every kernel set, README);
+  // the bound is 95 %. The model answers 7+5= with 12, and the demo says nothing about its own
+  // config (no warning).
   zoe::test::ScratchDir nvme("demo");
-  json j = train("--preset tiny --task add1 --seed 2 --offload nvme --nvme-path " + nvme.path() +
-                     " --device-budget 576KiB --steps 3000 --micro-batch 32 --lr 0.003 --eval-every 500"
-                     " --sample 13 --prompt 7+5= --temperature 0",
-                 nullptr, /*timeout_s=*/800);  // 3000 steps: about 75 s in Release, over 300 s under ASan
+  CmdResult raw;
+  json j = train("--config " + write_demo_config(nvme) +
+                     " --preset tiny --task add1 --seed 2 --steps 3000 --eval-every 500 --sample 13"
+                     " --prompt 7+5= --temperature 0",
+                 &raw, /*timeout_s=*/800);  // 3000 steps: about 75 s in Release, over 300 s under ASan
   ASSERT_FALSE(j.is_null());
+  EXPECT_EQ(raw.err.find("warning"), std::string::npos) << raw.err;
   EXPECT_GT(j["state_to_budget"].get<double>(), 3.5);
+  EXPECT_EQ(j["offload"]["param"], "nvme");
   ASSERT_GE(j["evals"].size(), 2u);
   EXPECT_EQ(j["evals"][0]["step"], 0);
   EXPECT_EQ(j["evals"][0]["accuracy"], 0.0);
-  EXPECT_GT(j["accuracy"].get<double>(), 0.15) << j["evals"].dump();
+  EXPECT_GE(j["accuracy"].get<double>(), 0.95) << j["kernels"].dump() << " " << j["evals"].dump();
   ASSERT_EQ(j["samples"].size(), 2u);
   EXPECT_EQ(j["samples"][1]["step"], 3000);
-  EXPECT_EQ(j["samples"][1]["text"].get<std::string>().substr(0, 4), "7+5=") << j["samples"].dump();
+  EXPECT_EQ(j["samples"][1]["text"].get<std::string>().substr(0, 7), "7+5=12\n") << j["samples"].dump();
+}
+
+// One run of the demo's config (its own NVMe folder) for `steps` steps on one thread, with the
+// environment `env` (ZOE_SIMD, OPENBLAS_CORETYPE); the --json summary, or null.
+json demo_run(const std::string& env, int seed, int steps) {
+  zoe::test::ScratchDir nvme("demo");
+  CmdResult r = zoe("train --json --quiet --config " + write_demo_config(nvme) +
+                        " --preset tiny --task add1 --threads 1 --seed " + std::to_string(seed) +
+                        " --steps " + std::to_string(steps) + " --eval-every " + std::to_string(steps),
+                    env, 900);
+  EXPECT_EQ(r.rc, 0) << env << " seed " << seed << ": " << r.err;
+  return r.rc == 0 ? json::parse(r.out) : json();
+}
+
+// Runs f(i) for i in [0, n), two at a time (the test machine's two cores; each run is one thread).
+template <typename F>
+void in_pairs(size_t n, F f) {
+  for (size_t i = 0; i < n; i += 2) {
+    std::thread second;
+    if (i + 1 < n) second = std::thread([&f, i] { f(i + 1); });
+    f(i);
+    if (second.joinable()) second.join();
+  }
+}
+
+// The demo's recipe learns on every kernel set this CPU can run, for seeds 1, 2 and 3 (no seed is
+// picked): this machine's own, and every OpenBLAS core zoe has met (Haswell, SkylakeX,
+// Cooperlake, Zen; forced with OPENBLAS_CORETYPE where this CPU has the instructions) with each of
+// zoe's SIMD levels (ZOE_SIMD). Kernel sets whose first 60 steps are bit-identical compute alike
+// (zoe's SIMD levels agree bit for bit by design, OpenBLAS's Zen core uses Haswell's kernels),
+// so each group of them trains once per seed. Each run is the demo's first kKernelSetSteps steps:
+// measured, every kernel set and seed was at >= 98 % there (README), and the bound is 95 %.
+TEST(Train, TheDemosRecipeLearnsOnEveryKernelSetForSeeds1To3) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "convergence on every kernel set is checked in the Release build (a sanitizer changes "
+                  "no bit, and would take an hour)";
+#endif
+  constexpr int kKernelSetSteps = 2000;
+  CmdResult info = zoe("info --json");
+  ASSERT_EQ(info.rc, 0) << info.err;
+  const json f = json::parse(info.out)["cpu"]["features"];
+  const bool avx2 = f["avx2"].get<bool>() && f["fma"].get<bool>();
+  const bool avx512 =
+      avx2 && f["avx512f"].get<bool>() && f["avx512bw"].get<bool>() && f["avx512vl"].get<bool>();
+  std::vector<std::string> envs = {""};  // this machine's own
+  std::vector<std::string> simds = {"scalar"};
+  if (avx2) simds.push_back("avx2");
+  if (avx512) simds.push_back("avx512");
+  std::vector<std::string> cores;
+  if (avx2) cores = {"Haswell", "Zen"};
+  if (avx512) cores.push_back("SkylakeX");
+  if (avx512 && f["avx512_bf16"].get<bool>()) cores.push_back("Cooperlake");
+  for (const std::string& core : cores)
+    for (const std::string& simd : simds) envs.push_back("ZOE_SIMD=" + simd + " OPENBLAS_CORETYPE=" + core);
+
+  // The kernel sets, grouped by the bits of their first 60 steps (losses and gradient norms).
+  std::vector<json> prefix(envs.size());
+  in_pairs(envs.size(), [&](size_t i) { prefix[i] = demo_run(envs[i], 2, 60); });
+  std::map<std::string, std::vector<size_t>> groups;
+  for (size_t i = 0; i < envs.size(); ++i) {
+    ASSERT_FALSE(prefix[i].is_null()) << envs[i];
+    const std::string kernels = prefix[i]["kernels"]["simd"].get<std::string>() + "/" +
+                                prefix[i]["kernels"]["blas"].get<std::string>();
+    // A forced core this OpenBLAS does not have falls back to another: not that kernel set.
+    const size_t at = envs[i].find("OPENBLAS_CORETYPE=");
+    if (at != std::string::npos && kernels.find(envs[i].substr(at + 18)) == std::string::npos) continue;
+    groups[prefix[i]["losses"].dump() + prefix[i]["grad_norms"].dump()].push_back(i);
+  }
+  std::vector<std::pair<size_t, int>> runs;  // (the group's first kernel set, seed)
+  for (const auto& [bits, members] : groups)
+    for (int seed = 1; seed <= 3; ++seed) runs.push_back({members.front(), seed});
+  std::vector<json> out(runs.size());
+  in_pairs(runs.size(),
+           [&](size_t k) { out[k] = demo_run(envs[runs[k].first], runs[k].second, kKernelSetSteps); });
+  for (size_t k = 0; k < runs.size(); ++k) {
+    ASSERT_FALSE(out[k].is_null());
+    std::string same;
+    for (const auto& [bits, members] : groups)
+      if (members.front() == runs[k].first)
+        for (size_t i : members)
+          same += " [" + (envs[i].empty() ? std::string("this machine's") : envs[i]) + "]";
+    EXPECT_GE(out[k]["accuracy"].get<double>(), 0.95)
+        << "seed " << runs[k].second << ", kernel sets" << same << ": " << out[k]["evals"].dump();
+  }
+  printf("%zu kernel sets in %zu groups of identical bits; %zu runs of %d steps\n", envs.size(),
+         groups.size(), runs.size(), kKernelSetSteps);
 }
 
 TEST(Train, SamplesOfATextShowItsWords) {

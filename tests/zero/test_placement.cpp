@@ -449,6 +449,7 @@ TEST(Placement, MaxLiveParametersBelowAModuleIsRaisedToIt) {
   config::Config c = parse(cfg_text(3, "none", "nvme", "", "\"stage3_prefetch_bucket_size\": 20000, "));
   const size_t module = zero::plan_placement(c, shapes(8, 64), 1, 0).value().modules[0].padded;
   c.zero.stage3_max_live_parameters = 1234;
+  c.given_keys.insert("zero_optimization.stage3_max_live_parameters");  // as a config that writes it
   const LogLevel level = log_level();
   set_log_level(LogLevel::kWarn);
   testing::internal::CaptureStderr();
@@ -466,6 +467,27 @@ TEST(Placement, MaxLiveParametersBelowAModuleIsRaisedToIt) {
       << err;
 }
 
+// The hints a config does not give are DeepSpeed's defaults, sized to GPUs (a prefetch bucket of
+// 5e7 elements): a plan that lowers one to fit a small budget says nothing, since no value of the
+// user's changed; the same value written in the config is warned about once. (Values no other
+// test plans with: the warning is once per process.)
+TEST(Placement, HintsTheConfigDoesNotGiveAreLoweredWithoutAWord) {
+  config::Config c = parse(cfg_text(3, "nvme", "nvme"));  // 64 MiB: 16M fp32 elements at most
+  c.zero.stage3_prefetch_bucket_size = 50000123;
+  ASSERT_FALSE(c.given("zero_optimization.stage3_prefetch_bucket_size"));
+  std::string err = planning_warnings(c, 2);
+  auto p = zero::plan_placement(c, shapes(4, 256), 1, 0);
+  ASSERT_OK(p);
+  EXPECT_LT(p->prefetch_bucket, 50000123) << "the budget must cut the bucket for this test to mean anything";
+  EXPECT_EQ(count_of(err, "stage3_prefetch_bucket_size"), 0u) << err;
+  c.given_keys.insert("zero_optimization.stage3_prefetch_bucket_size");
+  err = planning_warnings(c, 2);
+  EXPECT_EQ(count_of(err, "zero_optimization.stage3_prefetch_bucket_size is 50000123; zoe uses " +
+                              std::to_string(p->prefetch_bucket) + " ("),
+            1u)
+      << err;
+}
+
 // reduce_bucket_size at stage 2/3 packs each bucket into one of two send buffers on the device.
 // Buckets whose buffers do not fit the budget beside the module in use are halved until they do,
 // said once naming the key; a module that cannot fit even so is refused naming zoe.device_budget.
@@ -473,6 +495,7 @@ TEST(Placement, ReduceBucketIsLoweredToFitTheBudget) {
   config::Config c = parse(cfg_text(2, "cpu", "none"));
   const auto sh = shapes(2, 256);     // 65792 parameters, padded to 69632 at 2 ranks (34816 a rank)
   c.zero.reduce_bucket_size = 60001;  // 30000 a rank: two 60000-element buffers, 1.7 modules
+  c.given_keys.insert("zero_optimization.reduce_bucket_size");  // as a config that writes it
   zero::PlanTarget tight;
   // Both modules' parameters, one's gradients and half a module: buckets of 15000 (0.43 modules).
   tight.device_budget = 2 * 69632 * 4 + 3 * 69632 * 4 / 2;
