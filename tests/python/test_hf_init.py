@@ -166,12 +166,15 @@ def set_buffers(module):
 
 def test_meta_buffers_of_every_dtype_are_set_or_refused_by_name(tmp_path):
     """A meta-built model with int64, bool and float buffers, persistent and not: weights= gives
-    the persistent ones, init_fn the others; without an init_fn, the first buffer nothing set is
-    refused by name (an integer or bool one too, not left at zero)."""
+    the persistent ones (init_fn, run for the others, does not overwrite them), init_fn the others;
+    without an init_fn, the first buffer nothing set is refused by name (an integer or bool one
+    too, not left at zero)."""
     from safetensors.torch import save_file
 
     torch.manual_seed(0)
     ref = Buffered()
+    ref.steps.add_(5)  # the folder's values, not the ones init_fn gives: init_fn sets only what is unset
+    ref.scale.mul_(3)
     folder = tmp_path / "w"
     folder.mkdir()
     save_file({k: v.contiguous() for k, v in ref.state_dict().items()}, os.fspath(folder / "model.safetensors"))
