@@ -269,3 +269,22 @@ def test_bf16_loss_is_float32_like_autocast(arch, tmp_path):
     for i, (a, b) in enumerate(zip(z, t)):
         assert abs(a - b) <= 3e-3 * abs(b), f"step {i + 1}: zoe bf16 loss {a}, torch fp32 {b}"
     eng.close()
+
+
+@pytest.mark.parametrize("reentrant", [True, False])
+def test_bf16_fp32_losses_leave_checkpoint_inputs_to_the_store(reentrant, tmp_path):
+    """The float32 losses' torch function mode sits between the model and torch.utils.checkpoint:
+    each checkpointed layer's input still goes to zoe's activation store (cpu), and the loss is
+    float32."""
+    model = build("llama")
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    model.train()
+    eng = zoe.initialize(model, config=zoe_config(tmp_path, dtype="bf16", activation_offload="cpu",
+                                                  activation_min_bytes=1))
+    ids = batches(1)[0]
+    out = eng(input_ids=ids, labels=ids)
+    assert out.loss.dtype == torch.float32
+    assert eng.activation_stats()["saved"] == tiny_config("llama").num_hidden_layers
+    eng.backward(out.loss)
+    assert eng.step().stepped
+    eng.close()
