@@ -416,14 +416,18 @@ class Engine:
         """The meta-device buffers that neither weights= nor a unit's initialisation wrote, of any
         dtype (a floating one NaN still, or any one never written since it left the meta device:
         a non-persistent position_ids, embed_scale or inv_freq, which no folder holds): their
-        module's init_fn(module), else transformers' _init_weights, else reset_running_stats(); a
-        buffer left unset is refused by name. The module's parameters are held by zoe by now:
+        module's init_fn(module), else transformers' _init_weights, else reset_running_stats(),
+        its other buffers kept as they were; a buffer left unset is refused by name. The module's
+        parameters are held by zoe by now:
         the initializer sees meta stand-ins of their shapes, and what it writes there is dropped."""
         hf_init = hf.init_weights_fn(self.module) if init_fn is None else None
         for mod, placed in meta_buffers:
             unset = [k for k, at in placed.items() if _unset_buffer(mod, k, at)]
             if not unset:
                 continue
+            # The module's buffers that have their values (from weights=, say) keep them: the
+            # initializer is run for the unset ones only.
+            keep = {k: b.detach().clone() for k, b in mod._buffers.items() if b is not None and k not in unset}
             with self._scratch_params([mod], recurse=True), self._naming_module(mod, init_fn):
                 if init_fn is not None:
                     init_fn(mod)
@@ -431,6 +435,13 @@ class Engine:
                     hf_init(mod)
                 elif hasattr(mod, "reset_running_stats"):
                     mod.reset_running_stats()
+            with torch.no_grad():
+                for k, v in keep.items():
+                    b = mod._buffers.get(k)
+                    if b is not None and b.shape == v.shape and b.dtype == v.dtype:
+                        b.copy_(v)
+                    else:
+                        mod._buffers[k] = v
             for k in unset:
                 if _unset_buffer(mod, k, placed[k]):
                     b = mod._buffers[k]

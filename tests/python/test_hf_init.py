@@ -166,12 +166,15 @@ def set_buffers(module):
 
 def test_meta_buffers_of_every_dtype_are_set_or_refused_by_name(tmp_path):
     """A meta-built model with int64, bool and float buffers, persistent and not: weights= gives
-    the persistent ones, init_fn the others; without an init_fn, the first buffer nothing set is
-    refused by name (an integer or bool one too, not left at zero)."""
+    the persistent ones (init_fn, run for the others, does not overwrite them), init_fn the others;
+    without an init_fn, the first buffer nothing set is refused by name (an integer or bool one
+    too, not left at zero)."""
     from safetensors.torch import save_file
 
     torch.manual_seed(0)
     ref = Buffered()
+    ref.steps.add_(5)  # the folder's values, not the ones init_fn gives: init_fn sets only what is unset
+    ref.scale.mul_(3)
     folder = tmp_path / "w"
     folder.mkdir()
     save_file({k: v.contiguous() for k, v in ref.state_dict().items()}, os.fspath(folder / "model.safetensors"))
@@ -265,4 +268,23 @@ def test_bf16_loss_is_float32_like_autocast(arch, tmp_path):
     t = train_torch(ref, data)
     for i, (a, b) in enumerate(zip(z, t)):
         assert abs(a - b) <= 3e-3 * abs(b), f"step {i + 1}: zoe bf16 loss {a}, torch fp32 {b}"
+    eng.close()
+
+
+@pytest.mark.parametrize("reentrant", [True, False])
+def test_bf16_fp32_losses_leave_checkpoint_inputs_to_the_store(reentrant, tmp_path):
+    """The float32 losses' torch function mode sits between the model and torch.utils.checkpoint:
+    each checkpointed layer's input still goes to zoe's activation store (cpu), and the loss is
+    float32."""
+    model = build("llama")
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    model.train()
+    eng = zoe.initialize(model, config=zoe_config(tmp_path, dtype="bf16", activation_offload="cpu",
+                                                  activation_min_bytes=1))
+    ids = batches(1)[0]
+    out = eng(input_ids=ids, labels=ids)
+    assert out.loss.dtype == torch.float32
+    assert eng.activation_stats()["saved"] == tiny_config("llama").num_hidden_layers
+    eng.backward(out.loss)
+    assert eng.step().stepped
     eng.close()
