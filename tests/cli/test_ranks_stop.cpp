@@ -60,7 +60,8 @@ bool descends_from(pid_t pid, pid_t ancestor) {
 // runs `shell` first in each rank's shell (OMPI_COMM_WORLD_RANK names the rank there).
 class MpiJob {
  public:
-  MpiJob(int np, const std::vector<std::string>& args, const std::string& err_path, const std::string& shell = "")
+  MpiJob(int np, const std::vector<std::string>& args, const std::string& err_path,
+         const std::string& shell = "")
       : err_path_(err_path) {
     std::string cmd = shell + " exec " + std::string(ZOE_BIN);
     for (const auto& a : args) cmd += " '" + a + "'";
@@ -74,8 +75,8 @@ class MpiJob {
       setenv("ZOE_COMM_TIMEOUT_S", std::to_string(kBoundS).c_str(), 1);
       setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 1);
       const std::string np_s = std::to_string(np);
-      execl(ZOE_MPIEXEC, ZOE_MPIEXEC, "--allow-run-as-root", "--bind-to", "none", "--mca", "btl", "self,vader",
-            "-np", np_s.c_str(), "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+      execl(ZOE_MPIEXEC, ZOE_MPIEXEC, "--allow-run-as-root", "--bind-to", "none", "--mca", "btl",
+            "self,vader", "-np", np_s.c_str(), "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
       _exit(127);
     }
   }
@@ -102,12 +103,14 @@ class MpiJob {
       const std::string name = e.path().filename();
       if (name.find_first_not_of("0123456789") != std::string::npos) continue;
       std::error_code ec;
-      if (std::filesystem::read_symlink(e.path() / "exe", ec) != std::filesystem::path(ZOE_BIN) || ec) continue;
+      if (std::filesystem::read_symlink(e.path() / "exe", ec) != std::filesystem::path(ZOE_BIN) || ec)
+        continue;
       if (!descends_from(std::stoi(name), pid_)) continue;
       std::string env = read_text(e.path() / "environ");
       for (size_t at = 0; at < env.size();) {
         const size_t end = env.find('\0', at);
-        if (env.compare(at, (end == std::string::npos ? env.size() : end) - at, want) == 0) return std::stoi(name);
+        if (env.compare(at, (end == std::string::npos ? env.size() : end) - at, want) == 0)
+          return std::stoi(name);
         if (end == std::string::npos) break;
         at = end + 1;
       }
@@ -149,8 +152,8 @@ std::string signal_one_rank(int sig, const std::string& save_dir, int* rc, doubl
   zoe::test::ScratchDir d("ranks-stop");
   const std::string err_path = d.file("stderr");
   MpiJob job(2,
-             {"train", "--preset", "tiny", "--seq", "16", "--eval-batches", "1", "--steps", "1000000", "--threads",
-              "1", "--save-every", "20", "--save-dir", save_dir},
+             {"train", "--preset", "tiny", "--seq", "16", "--eval-batches", "1", "--steps", "1000000",
+              "--threads", "1", "--save-every", "20", "--save-dir", save_dir},
              err_path);
   EXPECT_TRUE(job.wait_for("step 3/")) << job.err();
   const pid_t rank1 = job.rank_pid(1);
@@ -168,8 +171,9 @@ TEST(RanksStop, SigtermToOneRankStopsEveryRankAfterTheSameStep) {
   double took = 0;
   const std::string err = signal_one_rank(SIGTERM, d.file("ck"), &rc, &took);
   ASSERT_EQ(rc, 143) << "a SIGTERM to rank 1 alone: the job should end with 143 within " << kBoundS
-                     << " s (ZOE_COMM_TIMEOUT_S); it " << (rc < 0 ? "still ran" : "ended with " + std::to_string(rc))
-                     << " after " << took << " s:\n"
+                     << " s (ZOE_COMM_TIMEOUT_S); it "
+                     << (rc < 0 ? "still ran" : "ended with " + std::to_string(rc)) << " after " << took
+                     << " s:\n"
                      << err;
   // Both ranks stopped after the same step and say which rank the signal reached.
   const std::vector<int> steps = stopped_steps(err, "SIGTERM");
@@ -192,8 +196,9 @@ TEST(RanksStop, SigintToOneRankStopsEveryRankAfterTheSameStep) {
   double took = 0;
   const std::string err = signal_one_rank(SIGINT, d.file("ck"), &rc, &took);
   ASSERT_EQ(rc, 130) << "a SIGINT to rank 1 alone: the job should end with 130 within " << kBoundS
-                     << " s (ZOE_COMM_TIMEOUT_S); it " << (rc < 0 ? "still ran" : "ended with " + std::to_string(rc))
-                     << " after " << took << " s:\n"
+                     << " s (ZOE_COMM_TIMEOUT_S); it "
+                     << (rc < 0 ? "still ran" : "ended with " + std::to_string(rc)) << " after " << took
+                     << " s:\n"
                      << err;
   const std::vector<int> steps = stopped_steps(err, "SIGINT");
   ASSERT_EQ(steps.size(), 2u) << err;
@@ -209,10 +214,11 @@ TEST(RanksStop, AnErrorOnOneRankEndsTheJobWithinTheBound) {
   zoe::test::ScratchDir d("ranks-err");
   std::filesystem::create_directories(d.file("nv/0"));
   std::filesystem::create_directories(d.file("nv/1"));
-  MpiJob job(2,
-             {"train", "--preset", "tiny", "--seq", "16", "--eval-batches", "1", "--steps", "1000000", "--threads",
-              "1", "--offload", "nvme", "--device-budget", "1MiB", "--nvme-path", d.file("nv/{rank}")},
-             d.file("stderr"));
+  MpiJob job(
+      2,
+      {"train", "--preset", "tiny", "--seq", "16", "--eval-batches", "1", "--steps", "1000000", "--threads",
+       "1", "--offload", "nvme", "--device-budget", "1MiB", "--nvme-path", d.file("nv/{rank}")},
+      d.file("stderr"));
   ASSERT_TRUE(job.wait_for("step 3/")) << job.err();
   int cut = 0;
   for (const auto& f : std::filesystem::directory_iterator(d.file("nv/1"))) {
@@ -222,12 +228,14 @@ TEST(RanksStop, AnErrorOnOneRankEndsTheJobWithinTheBound) {
   // Rank 1 reads the cut file within a step or two; the job ends kBoundS later.
   const int rc = job.wait_exit(kBoundS + 20);
   const std::string err = job.err();
-  ASSERT_EQ(rc, 1) << "the job should end within " << kBoundS << " s (ZOE_COMM_TIMEOUT_S) of rank 1's error; it "
+  ASSERT_EQ(rc, 1) << "the job should end within " << kBoundS
+                   << " s (ZOE_COMM_TIMEOUT_S) of rank 1's error; it "
                    << (rc < 0 ? "still ran" : "ended with " + std::to_string(rc)) << ":\n"
                    << err;
   EXPECT_HAS(err, "zoe: rank 0 (host ");
   EXPECT_HAS(err, "rank 1 (host ");
-  EXPECT_HAS(err, "was lost: it left the job (exit status 1), and this rank has waited for it in a collective");
+  EXPECT_HAS(err,
+             "was lost: it left the job (exit status 1), and this rank has waited for it in a collective");
 }
 #endif
 
