@@ -143,6 +143,7 @@ struct TrainRun {
   void evaluate();
   void save_after(int done, bool async);
   void stop_if_asked(int done);
+  int agree_on_stop(std::string* which);
   void train();
   void train_step(int step);
   void record_step(double step_wall);
@@ -469,8 +470,11 @@ void TrainRun::save_after(int done, bool async) {
 
 // SIGINT/SIGTERM stop the run at the next step boundary; SIGTERM saves a final checkpoint
 // first when there is a --save-dir. Unwinding destroys the engine, which removes swap files.
+// Several ranks agree at each boundary (agree_on_stop): a signal to one rank alone (a batch
+// system signals them one at a time) stops every rank after the same step, together.
 void TrainRun::stop_if_asked(int done) {
-  const int sig = stop.requested();
+  std::string which;
+  const int sig = rt->world_size() > 1 ? agree_on_stop(&which) : stop.requested();
   if (sig == 0) return;
   stop.stopping();
   std::string saved;
@@ -483,10 +487,38 @@ void TrainRun::stop_if_asked(int done) {
   if (!fs.is_ok()) fail(fs.with_context("the last checkpoint, while stopping"));
   dump->close();  // the batches of the steps that ran
   eng.reset();
-  throw CommandError{
-      Status(StatusCode::kCancelled, fmt("stopped by %s after step %d of %d%s",
-                                         sig == SIGINT ? "SIGINT" : "SIGTERM", done, o.steps, saved.c_str())),
-      128 + sig};
+  throw CommandError{Status(StatusCode::kCancelled,
+                            fmt("stopped by %s after step %d of %d%s%s", sig == SIGINT ? "SIGINT" : "SIGTERM",
+                                done, o.steps, which.c_str(), saved.c_str())),
+                     128 + sig};
+}
+
+// The stop every rank agrees on at a step boundary: each rank's signal (0: none) summed over the
+// ranks, one slot per rank. SIGTERM when any rank got one (it saves a checkpoint), else SIGINT,
+// else 0. `which` names the ranks that got a signal when not all of them did ("" otherwise). The
+// collective is one value per rank, a few microseconds against a step.
+int TrainRun::agree_on_stop(std::string* which) {
+  const int world = rt->world_size();
+  std::vector<double> got(static_cast<size_t>(world), 0.0);
+  got[static_cast<size_t>(rt->rank())] = stop.requested();
+  Status s = rt->sum(&got);
+  if (!s.is_ok()) fail(s.with_context("agreeing over the ranks whether a signal stops the run"));
+  std::vector<int> ranks;
+  int sig = 0;
+  for (int r = 0; r < world; ++r) {
+    const int g = static_cast<int>(got[static_cast<size_t>(r)]);
+    if (g == 0) continue;
+    ranks.push_back(r);
+    if (sig != SIGTERM) sig = g;
+  }
+  which->clear();
+  if (sig == 0 || static_cast<int>(ranks.size()) == world) return sig;
+  std::string list;
+  for (size_t i = 0; i < ranks.size() && i < 8; ++i) list += (i ? ", " : "") + std::to_string(ranks[i]);
+  if (ranks.size() > 8) list += fmt(" and %zu more", ranks.size() - 8);
+  *which = fmt(" (the signal reached rank%s %s of %d; every rank stops after this step)",
+               ranks.size() > 1 ? "s" : "", list.c_str(), world);
+  return sig;
 }
 
 // The training loop: --save-initial, the evaluation of the starting weights (with --eval-every),

@@ -72,4 +72,10 @@ Result<uint64_t> parse_bytes(std::string_view text);
 // for a signal handler (call it from a thread).
 size_t remove_swap_files_now();
 
+// How this process's program ends, told to the other ranks: its exit status (128 + a signal for a
+// stop by SIGINT or SIGTERM). Its heartbeat goodbye carries it, and a rank left waiting for this one
+// in a collective names it with that status. Call it just before returning from main; no effect
+// without a heartbeat (one rank, no MPI).
+void set_exit_status(int status);
+
 }  // namespace zoe

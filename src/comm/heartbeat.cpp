@@ -8,6 +8,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -22,10 +23,11 @@ namespace zoe::comm {
 
 namespace {
 
-// Every message is one frame: a type, a flag and a rank.
+// Every message is one frame: a type, a flag, two bytes and a rank.
 constexpr size_t kFrame = 8;
 constexpr char kBeat = 'H';  // about = the sender's rank (the first one also says who connected)
-constexpr char kBye = 'B';   // the sender leaves normally
+constexpr char kBye = 'B';   // the sender leaves; flag: its signal, bytes 2-3: its exit status if said
+constexpr char kLeft = 'G';  // rank 0 relays: rank `about` left; the rest as in its goodbye
 constexpr char kLost = 'L';  // rank 0 relays: rank `about` is lost; flag 1: its connection closed
 
 int64_t now_ns() {
@@ -40,6 +42,21 @@ std::string frame(char type, char flag, int32_t about) {
   f[1] = flag;
   std::memcpy(&f[4], &about, sizeof about);
   return f;
+}
+
+// A goodbye (kBye, or rank 0's kLeft relaying one) carrying how the program ended.
+std::string departure_frame(char type, int32_t about, const Departure& d) {
+  std::string f = frame(type, static_cast<char>(d.signal & 0x7f), about);
+  f[2] = d.exit_status >= 0 ? 1 : 0;
+  f[3] = static_cast<char>(d.exit_status >= 0 ? d.exit_status & 0xff : 0);
+  return f;
+}
+
+Departure frame_departure(const std::string& f) {
+  Departure d;
+  d.signal = static_cast<unsigned char>(f[1]);
+  if (f[2] & 1) d.exit_status = static_cast<unsigned char>(f[3]);
+  return d;
 }
 
 Status sys_error(const char* what) {
@@ -265,7 +282,9 @@ bool Heartbeat::take_frames(Peer& p) {
     p.pending.erase(0, kFrame);
     if (f[0] == kBye) {
       p.done = true;
-      if (p.rank == 0) stopping_.store(true);  // rank 0 left: nobody relays any more
+      note_left(p.rank, frame_departure(f), false);
+    } else if (f[0] == kLeft && p.rank == 0) {
+      note_left(frame_about(f), frame_departure(f), true);
     } else if (f[0] == kLost && p.rank == 0) {
       declare_lost(frame_about(f),
                    f[1] ? "rank 0 saw its connection close (the process ended)"
@@ -297,6 +316,40 @@ bool Heartbeat::read_peer(size_t i, int64_t now) {
     declare_lost(p.rank, "its connection closed (the process ended)", false);
     return false;
   }
+}
+
+// A peer said goodbye (or rank 0 relays one). Rank 0 tells the others: a collective of theirs
+// waits for that peer too. The first one is watched (check_waiting_for_left).
+void Heartbeat::note_left(int peer, const Departure& d, bool relayed) {
+  if (rank_ == 0 && !relayed) {
+    const std::string f = departure_frame(kLeft, peer, d);
+    for (auto& p : peers_) {
+      if (p.rank != peer && p.fd >= 0 && !p.done)
+        (void)!send(p.fd, f.data(), f.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    }
+  }
+  if (left_.rank >= 0 || peer < 0 || peer >= size_) return;
+  left_.rank = peer;
+  left_.at_ns = now_ns();
+  left_.how = d;
+  left_.relayed = relayed;
+}
+
+// A peer left and this rank has waited in a collective for the timeout since then: the collective
+// waits for a rank that will not come (it left alone: an error of its own, or a stop of its own).
+void Heartbeat::check_waiting_for_left(int64_t now, double timeout) {
+  if (left_.rank < 0 || timeout <= 0 || !options_.waiting_since) return;
+  const int64_t since = options_.waiting_since();
+  if (since == 0) return;
+  const double waited = static_cast<double>(now - std::max(since, left_.at_ns)) * 1e-9;
+  if (waited <= timeout) return;
+  const std::string how = describe_departure(left_.how);
+  char why[320];
+  snprintf(why, sizeof why,
+           "it left the job%s%s%s, and this rank has waited for it in a collective for %.1f s since it left "
+           "(zoe.comm_timeout_s is %g)",
+           how.empty() ? "" : " (", how.c_str(), how.empty() ? "" : ")", waited, timeout);
+  declare_lost(left_.rank, why, left_.relayed);
 }
 
 void Heartbeat::declare_lost(int peer, const std::string& why, bool relayed) {
@@ -351,6 +404,7 @@ void Heartbeat::run() {
         declare_lost(p.rank, why, false);
       }
     }
+    if (!lost_.load()) check_waiting_for_left(after, timeout);
   }
 }
 
@@ -370,7 +424,15 @@ void Heartbeat::stop() {
   if (wake_[1] >= 0) (void)!write(wake_[1], "x", 1);
   thread_->join();
   thread_.reset();
-  if (!lost_.load() && !silent_.load()) send_all(kBye, rank_);
+  if (!lost_.load() && !silent_.load()) {
+    Departure d;
+    d.exit_status = departure_code_.load();
+    d.signal = departure_signal_.load();
+    const std::string f = departure_frame(kBye, rank_, d);
+    for (auto& p : peers_) {
+      if (p.fd >= 0 && !p.done) (void)!send(p.fd, f.data(), f.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    }
+  }
   close_all();
   for (int& fd : wake_) {
     if (fd >= 0) close(fd);
@@ -397,11 +459,47 @@ void Heartbeat::drop_for_test() {
 
 void Heartbeat::set_timeout(double seconds) { timeout_s_.store(seconds); }
 
+void Heartbeat::set_departure(const Departure& d) {
+  departure_code_.store(d.exit_status);
+  departure_signal_.store(d.signal);
+}
+
+std::string describe_departure(const Departure& d) {
+  std::string out;
+  if (d.signal > 0)
+    out = std::string("stopped by ") + (d.signal == SIGINT    ? "SIGINT"
+                                        : d.signal == SIGTERM ? "SIGTERM"
+                                                              : "signal " + std::to_string(d.signal));
+  if (d.exit_status >= 0)
+    out += (out.empty() ? "" : ", ") + std::string("exit status ") + std::to_string(d.exit_status);
+  return out;
+}
+
 namespace {
 std::mutex g_mu;
 Heartbeat* g_live = nullptr;
 std::atomic<size_t (*)()> g_cleanup{nullptr};
+std::mutex g_collective_mu;  // a collective is a call of microseconds at least: a lock is free
+int g_collectives = 0;
+std::atomic<int64_t> g_collective_since{0};
 }  // namespace
+
+WaitingInCollective::WaitingInCollective() {
+  std::lock_guard<std::mutex> lock(g_collective_mu);
+  if (g_collectives++ == 0) g_collective_since.store(now_ns());
+}
+
+WaitingInCollective::~WaitingInCollective() {
+  std::lock_guard<std::mutex> lock(g_collective_mu);
+  if (--g_collectives == 0) g_collective_since.store(0);
+}
+
+int64_t WaitingInCollective::since() { return g_collective_since.load(); }
+
+void set_departure(const Departure& d) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (g_live) g_live->set_departure(d);
+}
 
 void set_live_heartbeat(Heartbeat* hb) {
   std::lock_guard<std::mutex> lock(g_mu);

@@ -6,9 +6,15 @@
 // every other rank, so a rank that does not watch the lost one learns of it too. The thread does
 // nothing but socket I/O, so a long step (an NVMe stall, a slow optimizer) never looks like a loss.
 //
+// A rank that leaves says goodbye, with its exit status and the signal that stopped it where its
+// program said them (set_departure); rank 0 relays a goodbye to the other ranks. A goodbye is not a
+// loss by itself (the ranks of a finished job leave one by one), but a rank that has waited in a
+// collective for timeout_s since a peer left waits for a rank that will never come: that peer is
+// lost too (a rank that failed alone, or stopped alone, and sits in MPI_Finalize).
+//
 // On a loss the handler runs once, on the heartbeat thread (MpiComm's prints one line naming the
-// lost rank and its host, removes the swap files through the cleanup hook and _exits without
-// waiting for MPI). Thread-safe: set_timeout and stop may be called from any thread.
+// lost rank and its host, removes the swap files through the cleanup hook and ends the job).
+// Thread-safe: set_timeout, set_departure and stop may be called from any thread.
 #pragma once
 
 #include <atomic>
@@ -39,7 +45,18 @@ struct HeartbeatOptions {
   double timeout_s = kDefaultCommTimeoutS;  // > 0
   double interval_s = 0;                    // 0: timeout_s / 10, at most 1 s and at least 10 ms
   double connect_timeout_s = 30;            // setting up: rank 0 waits this long for every other rank
+  // Since when this rank has waited in a collective (steady-clock ns; 0: it does not wait in one
+  // now). Empty: never (a peer that left is then not watched).
+  std::function<int64_t()> waiting_since;
 };
+
+// What a rank's goodbye says about how its program ended (-1 / 0: not said).
+struct Departure {
+  int exit_status = -1;  // 0..255
+  int signal = 0;        // the signal that stopped it (SIGINT, SIGTERM), 0: none
+};
+// "exit status 1", "stopped by SIGTERM, exit status 143", "" when nothing was said.
+std::string describe_departure(const Departure& d);
 
 // How the ranks set the channel up; MPI in production, threads of one process in tests.
 struct HeartbeatExchange {
@@ -66,6 +83,8 @@ class Heartbeat {
   void stop();
   // From now on a peer silent for `seconds` is lost (> 0).
   void set_timeout(double seconds);
+  // What this rank's goodbye will say.
+  void set_departure(const Departure& d);
   double timeout() const { return timeout_s_.load(); }
   const std::vector<std::string>& hosts() const { return hosts_; }
 
@@ -85,6 +104,8 @@ class Heartbeat {
   bool read_peer(size_t i, int64_t now_ns);
   bool take_frames(Peer& p);
   void declare_lost(int peer, const std::string& why, bool relayed);
+  void note_left(int peer, const Departure& d, bool relayed);
+  void check_waiting_for_left(int64_t now, double timeout);
   void close_all();
 
   const int rank_, size_;
@@ -104,6 +125,14 @@ class Heartbeat {
   };
   std::vector<Peer> peers_;
   std::unique_ptr<std::thread> thread_;
+  std::atomic<int> departure_code_{-1}, departure_signal_{0};
+  // The first peer that left (thread only): its rank (-1: none yet), when, and what it said.
+  struct Left {
+    int rank = -1;
+    int64_t at_ns = 0;
+    Departure how;
+    bool relayed = false;
+  } left_;
 };
 
 // The process's heartbeat (MpiComm starts one with the first communicator), for the functions
@@ -115,6 +144,20 @@ void set_live_heartbeat(Heartbeat* hb);
 void set_lost_rank_cleanup(size_t (*cleanup)());
 // Runs the cleanup hook (0 without one).
 size_t run_lost_rank_cleanup();
+// What the live heartbeat's goodbye will say (a program's last words: its exit status, and the
+// signal that stopped it). Without a live heartbeat, nothing.
+void set_departure(const Departure& d);
+// Collectives mark the time this process waits in them (the heartbeat's waiting_since under MPI):
+// one guard around each blocking collective call, on any thread.
+class WaitingInCollective {
+ public:
+  WaitingInCollective();
+  ~WaitingInCollective();
+  WaitingInCollective(const WaitingInCollective&) = delete;
+  WaitingInCollective& operator=(const WaitingInCollective&) = delete;
+  // Since when this process has waited in at least one collective (steady-clock ns); 0: none now.
+  static int64_t since();
+};
 // zoe.comm_timeout_s of a config: the live heartbeat's timeout from now on (0 stops watching).
 void set_comm_timeout(double seconds);
 // The heartbeat's timeout in effect now; 0 when there is no heartbeat (one rank, no MPI, or

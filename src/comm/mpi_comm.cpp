@@ -157,6 +157,7 @@ void start_heartbeat_locked(MpiProcess& p, MPI_Comm comm, int rank, int size) {
   p.heartbeat_tried = true;
   HeartbeatOptions o;
   o.timeout_s = env_comm_timeout(rank);
+  o.waiting_since = [] { return WaitingInCollective::since(); };
   if (o.timeout_s <= 0) return;  // every rank reads the same environment
   char name[256] = {};
   gethostname(name, sizeof name - 1);
@@ -231,27 +232,40 @@ class MpiComm final : public Communicator {
   CommHandle all_gather(const void* send, void* recv, size_t count, CommType type) override {
     Status s = check_buffers("all_gather", send, recv, count);
     if (!s.is_ok()) return completed_handle(std::move(s));
-    return queue_->push([=, this] { return run_all_gather(send, recv, count, type); });
+    return queue_->push([=, this] {
+      WaitingInCollective waiting;
+      return run_all_gather(send, recv, count, type);
+    });
   }
   CommHandle reduce_scatter(const void* send, void* recv, size_t count, CommType type, ReduceOp op) override {
     Status s = check_buffers("reduce_scatter", send, recv, count);
     if (!s.is_ok()) return completed_handle(std::move(s));
-    return queue_->push([=, this] { return run_reduce_scatter(send, recv, count, type, op); });
+    return queue_->push([=, this] {
+      WaitingInCollective waiting;
+      return run_reduce_scatter(send, recv, count, type, op);
+    });
   }
   CommHandle all_reduce(const void* send, void* recv, size_t count, CommType type, ReduceOp op) override {
     Status s = check_buffers("all_reduce", send, recv, count);
     if (!s.is_ok()) return completed_handle(std::move(s));
-    return queue_->push([=, this] { return run_all_reduce(send, recv, count, type, op); });
+    return queue_->push([=, this] {
+      WaitingInCollective waiting;
+      return run_all_reduce(send, recv, count, type, op);
+    });
   }
   CommHandle broadcast(void* buf, size_t count, CommType type, int root) override {
     Status s = check_buffers("broadcast", buf, buf, count);
     if (s.is_ok()) s = check_root("broadcast", root, size_);
     if (!s.is_ok()) return completed_handle(std::move(s));
-    return queue_->push([=, this] { return run_broadcast(buf, count, type, root); });
+    return queue_->push([=, this] {
+      WaitingInCollective waiting;
+      return run_broadcast(buf, count, type, root);
+    });
   }
   Status barrier() override {
     return queue_
         ->push([this]() -> Status {
+          WaitingInCollective waiting;
           ZOE_MPI_TRY(MPI_Barrier(comm_));
           return Status::ok();
         })

@@ -1,6 +1,7 @@
 // The public types of include/zoe/ over the internal ones: Config (over config::Config; any key
 // also by its JSON path) and its Builder, the dtype helpers (over core/dtype.h), the Runtime's
 // host collectives, the scoped fetch (Gathered) and the engine's fp32 read/write of a view.
+#include <csignal>
 #include <cstdint>
 #include <cstring>
 #include <set>
@@ -9,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "comm/heartbeat.h"
 #include "config/paths.h"
 #include "core/clock.h"
 #include "core/cpu.h"
@@ -572,5 +574,12 @@ Status Engine::write_f32(const TensorView& view, const float* src, float scale) 
 }
 
 size_t remove_swap_files_now() { return io::unlink_live_swap_files(); }
+
+void set_exit_status(int status) {
+  comm::Departure d;
+  d.exit_status = status & 0xff;
+  if (status == 128 + SIGINT || status == 128 + SIGTERM) d.signal = status - 128;
+  comm::set_departure(d);
+}
 
 }  // namespace zoe

@@ -3,10 +3,14 @@
 // than the timeout included) or leaves with a goodbye; a rank gone silent (its link down) is lost
 // after the timeout, a rank whose connections close at once (killed) is lost at once, rank 0
 // relays the loss to the ranks that do not watch the lost one, and the ranks lose rank 0 itself.
+// A rank that left with a goodbye is lost to a rank that then waits in a collective for the timeout
+// (it will never come), named with the exit status its goodbye said; while nobody waits it is not.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <csignal>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -86,9 +90,19 @@ struct Seen {
   }
 };
 
+// Since when each rank "waits in a collective" (steady-clock ns, 0: not), as MPI's guard says.
+struct Waiting {
+  std::vector<std::atomic<int64_t>> since;
+  explicit Waiting(int size) : since(size) {}
+  void enter(int r) {
+    since[r].store(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count());
+  }
+};
+
 // `size` ranks with hosts "hostR" (rank 0's host shared by rank 1 when share_host), started together.
 std::vector<std::unique_ptr<Heartbeat>> start_ranks(int size, double timeout_s, Seen* seen,
-                                                    bool share_host = false) {
+                                                    bool share_host = false, Waiting* waiting = nullptr) {
   Group group(size);
   std::vector<std::unique_ptr<Heartbeat>> hbs(size);
   std::vector<std::thread> threads;
@@ -97,6 +111,7 @@ std::vector<std::unique_ptr<Heartbeat>> start_ranks(int size, double timeout_s, 
       HeartbeatOptions o;
       o.timeout_s = timeout_s;
       o.connect_timeout_s = 10;
+      if (waiting) o.waiting_since = [waiting, r] { return waiting->since[r].load(); };
       const std::string host = "host" + std::to_string(share_host && r == 1 ? 0 : r);
       auto hb = Heartbeat::start(r, size, host, group.exchange(r), o, [seen, r](const LostRank& l) {
         std::lock_guard<std::mutex> lock(seen->mu);
@@ -197,6 +212,54 @@ TEST(Heartbeat, ALongerTimeoutSetLaterHolds) {
   EXPECT_LT(wait_lost(seen, 0, 1.5), 0) << "lost after the old timeout: " << seen.get(0).why;
   for (auto& h : hbs) h->set_timeout(0.3);
   EXPECT_GE(wait_lost(seen, 0, 3.0), 0);
+  for (auto& h : hbs) h->stop();
+}
+
+TEST(Heartbeat, ARankThatLeftIsLostToTheRanksWaitingForItInACollective) {
+  Seen seen(3);
+  Waiting waiting(3);
+  auto hbs = start_ranks(3, 0.5, &seen, false, &waiting);
+  // Rank 1 fails alone and leaves (its goodbye says exit status 1) while ranks 0 and 2 wait for it
+  // in a collective: rank 0 sees the goodbye, rank 2 hears it relayed.
+  waiting.enter(0);
+  waiting.enter(2);
+  Departure d;
+  d.exit_status = 1;
+  hbs[1]->set_departure(d);
+  hbs[1]->stop();
+  const double t0 = wait_lost(seen, 0, 5.0);
+  const double t2 = wait_lost(seen, 2, 5.0);
+  ASSERT_GE(t0, 0) << "rank 0 waits forever for a rank that left";
+  ASSERT_GE(t2, 0) << "rank 2 waits forever for a rank that left";
+  EXPECT_GE(t0, 0.4);  // not before the timeout
+  for (int r : {0, 2}) {
+    const LostRank l = seen.get(r);
+    EXPECT_EQ(l.rank, 1);
+    EXPECT_EQ(l.host, "host1");
+    EXPECT_NE(l.why.find("it left the job (exit status 1), and this rank has waited for it in a collective"),
+              std::string::npos)
+        << l.why;
+  }
+  EXPECT_FALSE(seen.get(0).relayed);
+  EXPECT_TRUE(seen.get(2).relayed);
+  for (auto& h : hbs) h->stop();
+}
+
+TEST(Heartbeat, ARankThatLeftIsNotLostWhileNobodyWaitsForIt) {
+  Seen seen(2);
+  Waiting waiting(2);
+  auto hbs = start_ranks(2, 0.3, &seen, false, &waiting);
+  Departure d;
+  d.exit_status = 143;
+  d.signal = SIGTERM;
+  hbs[0]->set_departure(d);
+  hbs[0]->stop();  // rank 0 leaves first: the job's end, rank 1 still writing its own output
+  EXPECT_LT(wait_lost(seen, 1, 1.5), 0) << "lost while no collective waits: " << seen.get(1).why;
+  waiting.enter(1);  // then a collective: it can never complete
+  ASSERT_GE(wait_lost(seen, 1, 3.0), 0);
+  EXPECT_EQ(seen.get(1).rank, 0);
+  EXPECT_NE(seen.get(1).why.find("it left the job (stopped by SIGTERM, exit status 143)"), std::string::npos)
+      << seen.get(1).why;
   for (auto& h : hbs) h->stop();
 }
 

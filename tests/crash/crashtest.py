@@ -134,6 +134,17 @@ def error_message(err):
     return ""
 
 
+def strip_launcher(err):
+    """stderr of a run under mpirun without mpirun's own notices (blocks between lines of dashes)."""
+    out, inside = [], False
+    for ln in err.splitlines():
+        if re.fullmatch(r"-{20,}", ln.strip()):
+            inside = not inside
+        elif not inside:
+            out.append(ln)
+    return "\n".join(out) + "\n"
+
+
 def said(err):
     """What stderr ended with, for a report: the error message, else the last line."""
     return (error_message(err) or last_line(err))[:300]
@@ -231,9 +242,9 @@ class TrainRun:
         self.seed = seed
         self.budget = budget
 
-    def cmd(self, save_dir, nvme_dirs, async_save, resume=False):
-        c = [self.zoe, "train", "--preset", "tiny", "--steps", str(self.steps), "--seed", str(self.seed),
-             "--offload", "nvme"]
+    def cmd(self, save_dir, nvme_dirs, async_save, resume=False, ranks=1):
+        c = mpirun_prefix(ranks) + [self.zoe, "train", "--preset", "tiny", "--steps", str(self.steps), "--seed",
+                                    str(self.seed), "--offload", "nvme"]
         for d in nvme_dirs:
             c += ["--nvme-path", d]
         c += ["--device-budget", self.budget, "--save-every", str(self.save_every), "--save-dir", save_dir,
@@ -243,6 +254,38 @@ class TrainRun:
         if resume:
             c.append("--resume")
         return c
+
+
+# Runs of several ranks: mpirun on this host (shared memory), the heartbeat's bound set small so that
+# a job that does not end within it after one rank is signalled counts as a hang.
+RANKS_BOUND_S = 10
+RANKS_ENV = dict(os.environ, ZOE_COMM_TIMEOUT_S=str(RANKS_BOUND_S), OMPI_MCA_rmaps_base_oversubscribe="1")
+
+
+def mpirun_prefix(ranks):
+    if ranks <= 1:
+        return []
+    return [shutil.which("mpirun") or "mpirun", "--allow-run-as-root", "--bind-to", "none", "--mca", "btl",
+            "self,vader", "-np", str(ranks)]
+
+
+def rank_pid(mpirun_pid, zoe, rank):
+    """The pid of zoe rank `rank` under a local mpirun (a child whose environment names the rank)."""
+    want = b"OMPI_COMM_WORLD_RANK=%d" % rank
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % name, "rb") as f:
+                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+            if ppid != mpirun_pid or os.readlink("/proc/%s/exe" % name) != zoe:
+                continue
+            with open("/proc/%s/environ" % name, "rb") as f:
+                if want in f.read().split(b"\0"):
+                    return int(name)
+        except (OSError, IndexError, ValueError):
+            continue
+    return None
 
 
 def parse_summary(stdout):
@@ -271,11 +314,13 @@ class Reference:
         self.wall = wall
 
 
-def reference_run(tr, scratch, async_save, timeout):
-    d = os.path.join(scratch, "reference-" + ("async" if async_save else "sync"))
+def reference_run(tr, scratch, async_save, timeout, ranks=1):
+    d = os.path.join(scratch, "reference-" + ("async" if async_save else "sync") + ("-%dranks" % ranks if ranks > 1
+                                                                                      else ""))
     save, nvme = os.path.join(d, "ck"), os.path.join(d, "nv")
     os.makedirs(nvme)
-    p = run(tr.cmd(save, [nvme], async_save), os.path.join(d, "train"), timeout)
+    p = run(tr.cmd(save, [nvme], async_save, ranks=ranks), os.path.join(d, "train"), timeout,
+            env=RANKS_ENV if ranks > 1 else None)
     j = parse_summary(p.stdout()) if p.rc == 0 else None
     if j is None or len(j.get("losses", [])) != tr.steps:
         raise SystemExit("crashtest: the uninterrupted reference run failed (%s): %s\n  %s" %
@@ -300,10 +345,14 @@ HOLES_SAY = ("has holes",)
 FAULT_SAYS = {"efbig-save": EFBIG_SAYS, "efbig-swap": EFBIG_SAYS, "enospc-save": ENOSPC_SAYS,
               "enospc-nvme": ENOSPC_SAYS, "truncate-swap": TRUNCATED_SAYS, "punch-swap": HOLES_SAY}
 
-KILL_PATTERN = ["kill9", "kill9-save", "sigterm", "kill9-chain", "sigterm", "kill9-save", "kill9", "sigint"]
+KILL_PATTERN = ["kill9", "kill9-save", "sigterm", "kill9-chain", "sigterm", "kill9-save", "kill9", "sigint",
+                "sigterm-rank", "sigint-rank"]
 FAULT_PATTERN = ["efbig-save", "enospc-save", "efbig-swap", "enospc-nvme", "truncate-swap", "punch-swap"]
-KINDS = ["kill9", "kill9-save", "kill9-chain", "sigterm", "sigint", "efbig-save", "efbig-swap", "enospc-save",
-         "enospc-nvme", "truncate-swap", "punch-swap"]
+KINDS = ["kill9", "kill9-save", "kill9-chain", "sigterm", "sigint", "sigterm-rank", "sigint-rank", "efbig-save",
+         "efbig-swap", "enospc-save", "enospc-nvme", "truncate-swap", "punch-swap"]
+# A signal to one rank of a 2-rank run (mpirun on this host): every rank must stop after the same
+# step within RANKS_BOUND_S of it.
+RANK_KINDS = ("sigterm-rank", "sigint-rank")
 FAULT_KINDS = ("efbig", "enospc", "truncate", "punch")
 
 
@@ -323,6 +372,8 @@ class Trial:
         self.dir = None
         self.nvme_dirs = []
         self.pids = []  # of the interrupted runs (swap file names carry them)
+        self.ranks = 2 if kind in RANK_KINDS else 1
+        self.signalled_rank = None  # the rank a *-rank trial signals
 
     def fail(self, outcome, detail):
         if self.outcome is None:
@@ -332,12 +383,34 @@ class Trial:
 
 
 class TrialRunner:
-    def __init__(self, tr, refs, scratch, timeout, log):
+    def __init__(self, tr, refs, scratch, timeout, log, refs2=None):
         self.tr = tr
         self.refs = refs  # {False: sync reference, True: async}
+        self.refs2 = refs2  # the same for 2 ranks (None: no rank trials)
         self.scratch = scratch
         self.timeout = timeout
         self.log = log
+
+    def _refs(self, t):
+        return self.refs2 if t.ranks > 1 else self.refs
+
+    # A 2-rank run whose rank t.signalled_rank alone gets `sig` at a random moment of the run.
+    def _signal_rank_run(self, t, cmd, name, sig):
+        delay = t.rng.uniform(0.0, 0.95 * min(r.wall for r in self.refs2.values()))
+        p = Proc(cmd, os.path.join(t.dir, name), env=RANKS_ENV)
+        pid = None
+        while p.poll() is None and (pid is None or time.monotonic() - p.t0 < delay):
+            if pid is None:
+                pid = rank_pid(p.p.pid, self.tr.zoe, t.signalled_rank)
+            time.sleep(0.001)
+        signalled = time.monotonic()
+        if pid is not None and p.poll() is None:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        p.wait(self.timeout)
+        return p, delay, p.t0 + p.wall - signalled
 
     # A run killed with `sig` at a random moment of an uninterrupted run's length.
     def _signal_run(self, t, cmd, name, sig, preexec_fn=None):
@@ -431,9 +504,15 @@ class TrialRunner:
 
     # The first run of a trial and what its end must look like. False: the trial failed.
     def _interrupted_run(self, t, save, nvme, name, kind, preexec_fn=None, resume=False):
-        cmd = self.tr.cmd(save, t.nvme_dirs, t.async_save, resume)
-        sig = {"kill9": signal.SIGKILL, "sigterm": signal.SIGTERM, "sigint": signal.SIGINT}.get(kind)
-        if kind == "kill9-save":
+        cmd = self.tr.cmd(save, t.nvme_dirs, t.async_save, resume, ranks=t.ranks)
+        sig = {"kill9": signal.SIGKILL, "sigterm": signal.SIGTERM, "sigint": signal.SIGINT,
+               "sigterm-rank": signal.SIGTERM, "sigint-rank": signal.SIGINT}.get(kind)
+        after = None  # rank trials: seconds from the signal to the job's end
+        if kind in RANK_KINDS:
+            t.signalled_rank = t.rng.randint(0, t.ranks - 1)
+            p, delay, after = self._signal_rank_run(t, cmd, name, sig)
+            how = "%s to rank %d at %.3fs" % (signal.Signals(sig).name, t.signalled_rank, delay)
+        elif kind == "kill9-save":
             p, target, hit = self._kill_at_save(t, cmd, name, save)
             how = "in save step-%06d" % target if hit else "after save step-%06d (missed)" % target
         elif sig is not None:
@@ -446,12 +525,15 @@ class TrialRunner:
         else:
             p = run(cmd, os.path.join(t.dir, name), self.timeout, preexec_fn)
             how = kind
-        err = p.stderr()
+        err = strip_launcher(p.stderr()) if t.ranks > 1 else p.stderr()
         t.ended.append("%s: %s" % (how, describe_rc(p.rc)))
         t.pids.append(p.p.pid)
         where = "%s (%s)" % (os.path.join(t.dir, name + ".err"), " ".join(cmd))
         if p.timed_out:
             return t.fail("hang", "%s did not end within %ds: %s" % (name, self.timeout, where))
+        if after is not None and after > RANKS_BOUND_S:
+            return t.fail("hang", "%s ended %.1fs after the signal to rank %d, beyond the heartbeat's bound "
+                          "(ZOE_COMM_TIMEOUT_S=%d): %s" % (name, after, t.signalled_rank, RANKS_BOUND_S, where))
         marker = crash_marker(err)
         if marker:
             return t.fail("crash", "%s printed '%s': %s" % (name, marker, where))
@@ -471,7 +553,7 @@ class TrialRunner:
             if j is None:
                 return t.fail("crash", "%s exited 0 without its JSON summary: %s" % (name, where))
             first = int(j.get("start_step", -1))
-            if first < 0 or j.get("losses") != self.refs[t.async_save].losses[first:]:
+            if first < 0 or j.get("losses") != self._refs(t)[t.async_save].losses[first:]:
                 return t.fail("mismatch", "%s finished (rc 0) with losses that differ from the reference "
                               "from step %d: %s" % (name, first + 1, where))
         # A run that exits by itself removes its swap files (kill -9 leaves them to the next run).
@@ -486,6 +568,14 @@ class TrialRunner:
                 return t.fail("crash", "%s exited %d without saying where it stopped: '%s'" %
                               (name, p.rc, last_line(err)[:300]))
             done = int(m.group(1))
+            if t.ranks > 1:
+                # Every rank stopped after the same step and names the rank the signal reached.
+                steps = re.findall(r"stopped by SIG\w+ after step (\d+) of", err)
+                named = "(the signal reached rank %d of %d;" % (t.signalled_rank, t.ranks)
+                if len(steps) != t.ranks or len(set(steps)) != 1 or named not in err:
+                    return t.fail("inconsistent", "%s: the ranks stopped after steps %s (expected %d ranks "
+                                  "after one step, naming rank %d): %s" %
+                                  (name, steps, t.ranks, t.signalled_rank, where))
             want = done if sig == signal.SIGTERM else done // self.tr.save_every * self.tr.save_every
             got = latest_step(save)
             if (got or 0) != want:
@@ -523,12 +613,12 @@ class TrialRunner:
 
     # The final resume to the full step count and every check on its result.
     def _resume_and_compare(self, t, save, nvme, step):
-        ref = self.refs[t.async_save]
+        ref = self._refs(t)[t.async_save]
         t.checkpoint = step
         t.tmp_before, t.swap_before = len(tmp_leftovers(save)), len(swap_files(nvme))
-        cmd = self.tr.cmd(save, t.nvme_dirs, t.async_save, resume=step > 0)
-        p = run(cmd, os.path.join(t.dir, "resume"), self.timeout)
-        err = p.stderr()
+        cmd = self.tr.cmd(save, t.nvme_dirs, t.async_save, resume=step > 0, ranks=t.ranks)
+        p = run(cmd, os.path.join(t.dir, "resume"), self.timeout, env=RANKS_ENV if t.ranks > 1 else None)
+        err = strip_launcher(p.stderr()) if t.ranks > 1 else p.stderr()
         where = "%s (%s)" % (os.path.join(t.dir, "resume.err"), " ".join(cmd))
         m = re.search(r"removed (\d+) stale swap file", err)
         t.reclaimed = int(m.group(1)) if m else 0
@@ -602,7 +692,7 @@ class TrialRunner:
 
     def _run_kind(self, t, save, nvme, mounts):
         k = t.kind
-        if k in ("kill9", "kill9-save", "sigterm", "sigint"):
+        if k in ("kill9", "kill9-save", "sigterm", "sigint") + RANK_KINDS:
             return self._interrupted_run(t, save, nvme, "train", k)
         if k == "kill9-chain":
             # Three kill -9s in a row on the same directories, each run resuming from what the one
@@ -1303,8 +1393,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--zoe", default="build/bin/zoe", help="the zoe binary (default build/bin/zoe)")
     ap.add_argument("--kills", type=int, default=40,
-                    help="kill trials: kill -9 at random, during a save, three in a row; SIGTERM, SIGINT "
-                    "(default 40)")
+                    help="kill trials: kill -9 at random, during a save, three in a row; SIGTERM, SIGINT; "
+                    "SIGTERM, SIGINT to one rank of 2 under mpirun (default 40)")
     ap.add_argument("--faults", type=int, default=12,
                     help="fault trials: EFBIG under ulimit -f in a save or in the swap space, ENOSPC on a "
                     "small tmpfs for the save dir or the NVMe path, swap files truncated while in use "
@@ -1359,8 +1449,16 @@ def main():
         say("FAILED: the sync and async reference runs differ: %s vs %s" %
             (refs[False].losses, refs[True].losses))
         return 1
-    timeout = max(30.0, 30 * max(r.wall for r in refs.values()))
-    runner = TrialRunner(tr, refs, scratch, timeout, say)
+    # 2-rank references for the single-rank signal trials (mpirun on this host), when there is one.
+    refs2 = None
+    if any(k in RANK_KINDS for k in kill_pattern):
+        if shutil.which("mpirun"):
+            refs2 = {False: reference_run(tr, scratch, False, 120, ranks=2),
+                     True: reference_run(tr, scratch, True, 120, ranks=2)}
+        else:
+            say("mpirun is missing: the single-rank signal trials (%s) are skipped" % ", ".join(RANK_KINDS))
+    timeout = max(30.0, 30 * max(r.wall for r in list(refs.values()) + list((refs2 or {}).values())))
+    runner = TrialRunner(tr, refs, scratch, timeout, say, refs2)
     tmpfs_ok = Tmpfs.probe(scratch)
     if not tmpfs_ok:
         say("mount -t tmpfs is not permitted here: the ENOSPC trials are skipped")
@@ -1401,8 +1499,12 @@ def main():
     round_kills, round_faults, round_fuzz = a.kills, a.faults, a.fuzz
     while True:
         for _ in range(round_kills if kill_pattern else 0):
-            trial(kill_pattern[n_kill % len(kill_pattern)], len(trials))
+            kind = kill_pattern[n_kill % len(kill_pattern)]
             n_kill += 1
+            if kind in RANK_KINDS and refs2 is None:
+                skipped[kind] = skipped.get(kind, 0) + 1
+                continue
+            trial(kind, len(trials))
         for _ in range(round_faults if fault_pattern else 0):
             kind = fault_pattern[n_fault % len(fault_pattern)]
             n_fault += 1

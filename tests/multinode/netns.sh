@@ -208,11 +208,16 @@ mn_link() {
   ip -n "$(mn_ns "$1")" link set eth0 "$2"
 }
 
+# mpirun watches its daemons as the README advises for a node that may stop answering: TCP
+# keepalive on their idle connections (after 10 s idle, 3 probes 2 s apart), so that mpirun finds an
+# unreachable node itself, within about 16 s, and ends the job. Without it, once the ranks that
+# found the loss exit, mpirun's abort waits for that node's daemon on TCP's retransmission timeout.
 mn_mpirun() {
   mn_exec head mpirun --allow-run-as-root --hostfile "$MN_STATE/hosts" \
     --mca plm_rsh_agent "$MN_STATE/rsh-agent" --mca plm_rsh_no_tree_spawn 1 \
     --mca oob_tcp_if_include "$MN_SUBNET.0/24" --mca btl tcp,vader,self \
-    --mca btl_tcp_if_include "$MN_SUBNET.0/24" --bind-to none "$@"
+    --mca btl_tcp_if_include "$MN_SUBNET.0/24" --bind-to none \
+    --mca oob_tcp_keepalive_time 10 --mca oob_tcp_keepalive_intvl 2 --mca oob_tcp_keepalive_probes 3 "$@"
 }
 
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then
