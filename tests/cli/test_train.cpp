@@ -269,6 +269,12 @@ TEST(Train, TheDemosRecipeLearnsOnEveryKernelSetForSeeds1To3) {
   GTEST_SKIP() << "convergence on every kernel set is checked in the Release build (a sanitizer changes "
                   "no bit, and would take an hour)";
 #endif
+  // About 15-20 minutes on 2 cores (some 9 groups x 3 seeds of 2000 steps): outside the test
+  // command's time, run on demand.
+  if (getenv("ZOE_KERNEL_SET_TESTS") == nullptr) {
+    GTEST_SKIP()
+        << "every kernel set x seeds 1-3 takes 15-20 minutes on 2 cores: run with ZOE_KERNEL_SET_TESTS=1";
+  }
   constexpr int kKernelSetSteps = 2000;
   CmdResult info = zoe("info --json");
   ASSERT_EQ(info.rc, 0) << info.err;
