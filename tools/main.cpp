@@ -3,7 +3,7 @@
 // (tools/cmd_train.cpp), each of which registers itself.
 #include <unistd.h>
 
-#include <cstdlib>
+#include <cstring>
 
 #include <CLI/CLI.hpp>
 
@@ -16,18 +16,37 @@ namespace {
 // only idles the threads. zoe's loops supply the parallelism and call OpenBLAS from each of them,
 // so the pool is never used: unless the user set OPENBLAS_NUM_THREADS, the program runs itself
 // again once with it set to 1, so that no pool starts. Each pool thread would otherwise map its
-// own GEMM buffer and hold address space a tight `ulimit -v` needs. The variable, once set,
-// stops a second exec; when exec fails the program runs on as it is.
-void bound_blas_threads(char** argv) {
-  if (getenv("OPENBLAS_NUM_THREADS") != nullptr) return;
-  if (setenv("OPENBLAS_NUM_THREADS", "1", 1) != 0) return;
-  execv("/proc/self/exe", argv);
+// own GEMM buffer and hold address space a tight `ulimit -v` needs; and under a process limit
+// (`ulimit -u`) that leaves no thread to start, OpenBLAS ends the program with its own message
+// (raise(SIGINT)) before zoe can say what to change.
+//
+// This runs from the executable's .preinit_array: before any shared library's initializer, so
+// before OpenBLAS's, which therefore never runs in the first process. Only the C library's
+// syscall wrappers and string functions are used (it is set up by then; its constructors may not
+// have run). The variable, once set, stops a second exec; when exec fails (or the environment is
+// larger than the copy below) the program runs on as it is.
+char* g_env[8192];
+constexpr char kBlasThreads[] = "OPENBLAS_NUM_THREADS=1";
+
+void bound_blas_threads(int /*argc*/, char** argv, char** envp) {
+  if (argv == nullptr || envp == nullptr) return;
+  size_t n = 0;
+  for (; envp[n] != nullptr; ++n) {
+    if (strncmp(envp[n], kBlasThreads, sizeof kBlasThreads - 2) == 0) return;  // "OPENBLAS_NUM_THREADS="
+  }
+  if (n + 2 > sizeof g_env / sizeof g_env[0]) return;
+  for (size_t i = 0; i < n; ++i) g_env[i] = envp[i];
+  g_env[n] = const_cast<char*>(kBlasThreads);
+  g_env[n + 1] = nullptr;
+  execve("/proc/self/exe", argv, g_env);
 }
+
+__attribute__((section(".preinit_array"), used)) void (*g_bound_blas_threads)(int, char**,
+                                                                              char**) = bound_blas_threads;
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  bound_blas_threads(argv);
   CLI::App app{
       "zoe: train models larger than accelerator memory (ZeRO stages 1-3 with offload of\n"
       "parameters, gradients and optimizer states to pinned host RAM and NVMe).\n"
