@@ -397,6 +397,12 @@ TEST(Messages, SizesUpToExaBytes) {
   EXPECT_NE(r.rc, 0);
   EXPECT_NE(r.err.find("--nvme-space"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("'16EiB' is out of range for a byte size"), std::string::npos) << r.err;
+  // Counts (bench swap --params) read the same letters as decimal multipliers, within 64 bits.
+  zoe::test::ScratchDir d("sizes");
+  r = zoe("bench swap --params 1e30G --path " + d.path());
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_NE(r.err.find("zoe: error: invalid argument: --params 1e30G is out of range"), std::string::npos)
+      << r.err;
   r = zoe("train --preset tiny --steps 1 --quiet --device-budget 10EB");  // a size, but beyond what zoe takes
   EXPECT_EQ(r.rc, 2) << r.err;
   EXPECT_NE(r.err.find("--device-budget 10EB is more than zoe takes (at most 9223372036854775807 bytes"),
