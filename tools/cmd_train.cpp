@@ -192,8 +192,14 @@ void TrainRun::build_config() {
       const char* env = getenv("ZOE_SCRATCH");
       dirs.push_back(env && *env ? env : "/var/tmp");
     }
-    if (!o.nvme_path.empty() && o.offload != "nvme" && o.activation_offload != "nvme" && lead) {
+    const bool on_nvme = o.offload == "nvme" || o.activation_offload == "nvme";
+    if (!o.nvme_path.empty() && !on_nvme && lead) {
       fprintf(stderr, "zoe: --nvme-path has no effect without --offload nvme or --activation-offload nvme\n");
+    }
+    // Each --nvme-path as the user wrote it (the config's check below names the key and the expansion).
+    for (const std::string& d : on_nvme ? o.nvme_path : std::vector<std::string>{}) {
+      Result<std::string> dir = check_nvme_dir("--nvme-path", d);
+      if (!dir.is_ok()) fail(dir.status());
     }
     auto c = flags_config(o, dirs, rt->world_size());
     if (!c.is_ok()) fail(c.status().with_context("the config built from the flags"));

@@ -104,9 +104,13 @@ void check_flags(TrainOpts& o) {
         {"--host-budget", o.host_budget}}) {
     if (!o.has(flag)) continue;
     auto b = parse_bytes(text);
-    if (!b.is_ok() || b.value() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+    if (!b.is_ok()) {
       usage_fail(
-          invalid_argument("%s %s is not a byte size (expected e.g. 256MiB, 4GiB)", flag, text.c_str()));
+          invalid_argument("%s %s is not a byte size: %s", flag, text.c_str(), b.status().message().c_str()));
+    }
+    if (b.value() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      usage_fail(invalid_argument("%s %s is more than zoe takes (at most %lld bytes, just under 8 EiB)", flag,
+                                  text.c_str(), static_cast<long long>(std::numeric_limits<int64_t>::max())));
     }
   }
   if (!std::isfinite(o.weight_decay) || o.weight_decay < 0 || o.weight_decay > FLT_MAX) {
@@ -269,7 +273,9 @@ CLI::App* add_train_options(CLI::App& app, TrainOpts* o) {
                   "Without --config: none, cpu or nvme for parameters and optimizer states");
   cmd->add_option(
       "--nvme-path", o->nvme_path,
-      "Without --config: directory for NVMe offload, repeatable (default $ZOE_SCRATCH or /var/tmp)");
+      "Without --config: directory for NVMe offload, repeatable (default $ZOE_SCRATCH or /var/tmp); "
+      "expanded on each rank: $VAR or ${VAR} (an environment variable, e.g. $SLURM_TMPDIR), {rank}, "
+      "{local_rank}, {host} ($$ is a $)");
   cmd->add_option("--precision", o->precision, "fp32, bf16 or fp16 (default bf16, or the config's)");
   cmd->add_option("--data", o->data, "Train on this text file (bytes are tokens)");
   cmd->add_option("--task", o->task,

@@ -144,6 +144,13 @@ class Config {
   std::unique_ptr<Impl> impl_;
 };
 
+// A directory a program's flag gave for swap files (zoe train's --nvme-path): nvme_path's placeholders
+// ({rank}, {local_rank}, {host}, $VAR) expanded with this process's values, then checked as
+// Config::check_paths() checks the config's directories. Errors name `flag` and the text as given,
+// and the expansion where it differs ("--nvme-path '$SCRATCH/zoe': '/scratch/ann/zoe' does not
+// exist"). Returns the expansion.
+Result<std::string> check_nvme_dir(const std::string& flag, const std::string& dir);
+
 // Builds a Config from code, without JSON text:
 //   auto cfg = zoe::Config::Builder().stage(3).micro_batch(8).precision(zoe::ComputeDType::kBF16)
 //                  .offload_optimizer(zoe::Offload::kNvme, {"/nvme"}).device_budget(256 << 20)

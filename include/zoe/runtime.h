@@ -63,7 +63,8 @@ uint64_t host_memory_available();
 uint64_t clock_ns();
 // "1.5 GiB", "512 KiB", "17 B".
 std::string format_bytes(uint64_t bytes);
-// "256MiB", "4G", "1e9", plain integers: K/M/G/T and *iB are powers of 1024, KB/MB/GB/TB of 1000.
+// "256MiB", "4G", "1e9", plain integers: K/M/G/T/P/E and *iB are powers of 1024, KB/MB/GB/TB/PB/EB
+// of 1000; below 16 EiB (64 bits).
 Result<uint64_t> parse_bytes(std::string_view text);
 
 // Removes the swap files this process has open on NVMe paths now, for a process about to exit

@@ -1,6 +1,9 @@
 // The CLI frame's registry of commands and run(): zoe's common options, parsing, and the one place
 // where a command's error becomes a message and an exit code.
+#include <sys/resource.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <exception>
@@ -32,6 +35,29 @@ struct Entry {
 std::vector<Entry>& registry() {
   static std::vector<Entry> r;
   return r;
+}
+
+// A thread that could not start (std::thread's EAGAIN), or another resource the system refused:
+// what failed and the limit to change.
+std::string system_error_message(const std::system_error& e) {
+  const int err = e.code().value();
+  std::string m = e.what();
+  if (err != EAGAIN) {
+    return m + " (errno " + std::to_string(err) +
+           "): out of a system resource; the process may be at its address-space limit (ulimit -v)";
+  }
+  m = "could not start a thread (" + m + ", errno " + std::to_string(err) + "): ";
+  struct rlimit nproc {};
+  if (getrlimit(RLIMIT_NPROC, &nproc) == 0 && nproc.rlim_cur != RLIM_INFINITY) {
+    m += "this user may run at most " + std::to_string(nproc.rlim_cur) +
+         " processes and threads together (ulimit -u), and zoe needs a few threads more than that leaves; "
+         "raise the limit (ulimit -u, or nproc in /etc/security/limits.conf) or end some of this user's "
+         "processes";
+  } else {
+    m += "the system refused a new thread; raise the thread limits (ulimit -u, "
+         "/proc/sys/kernel/threads-max) or the address-space limit (ulimit -v)";
+  }
+  return m;
 }
 
 }  // namespace
@@ -82,8 +108,13 @@ int run(CLI::App& app, int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    const int rc = app.exit(e);
-    return rc == 0 ? 0 : kExitUsage;
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    // CLI11's own refusals (a value it cannot convert, a missing or unknown option) carry the same
+    // prefix as every other error.
+    fflush(stdout);
+    fprintf(stderr, "%s: error: %s\nRun with --help for more information.\n", app.get_name().c_str(),
+            e.what());
+    return kExitUsage;
   } catch (const CommandError& e) {
     fflush(stdout);
     if (e.status.code() == StatusCode::kCancelled) {
@@ -100,12 +131,8 @@ int run(CLI::App& app, int argc, char** argv) {
             app.get_name().c_str());
     return kExitFailure;
   } catch (const std::system_error& e) {
-    // A thread that could not start (EAGAIN), or another resource the system refused.
     fflush(stdout);
-    fprintf(stderr,
-            "%s: error: %s (errno %d): out of a system resource; the process may be at its address-space "
-            "(ulimit -v) or thread-count (ulimit -u) limit\n",
-            app.get_name().c_str(), e.what(), e.code().value());
+    fprintf(stderr, "%s: error: %s\n", app.get_name().c_str(), system_error_message(e).c_str());
     return kExitFailure;
   } catch (const std::exception& e) {
     fflush(stdout);

@@ -135,14 +135,14 @@ json run_depth(Runtime& rt, const config::Config& cfg, const BenchEngineOpts& o,
 }
 
 // Limits of the flags: a step count, a width and depths whose model fits a large host.
-constexpr int64_t kMaxSteps = 1000000;
-constexpr int64_t kMaxWidth = 16384;
+constexpr int64_t kMaxBenchSteps = 1000000;
+constexpr int64_t kMaxBenchWidth = 16384;
 constexpr uint64_t kMaxDepth = 100000;
 
 // Every flag's value, checked before anything runs; a bad one is a usage error naming the flag.
 std::vector<uint64_t> check_flags(const BenchEngineOpts& o) {
-  check_flag_range("--steps", o.steps, 1, kMaxSteps);
-  check_flag_range("--d", o.d, 1, kMaxWidth);
+  check_flag_range("--steps", o.steps, 1, kMaxBenchSteps);
+  check_flag_range("--d", o.d, 1, kMaxBenchWidth);
   check_flag_range("--stage", o.stage, 0, 3);
   auto one_of = [](const char* flag, const std::string& v, std::initializer_list<const char*> ok) {
     std::string list;
@@ -161,10 +161,10 @@ std::vector<uint64_t> check_flags(const BenchEngineOpts& o) {
   }
   if (*budget == 0)
     usage_fail(invalid_argument("--device-budget %s: expected a size above 0", o.device_budget.c_str()));
-  Result<std::vector<uint64_t>> depths = parse_uint_list(o.modules);
+  Result<std::vector<uint64_t>> depths = parse_uint_list(o.modules, "--modules");
   if (!depths.is_ok()) {
-    usage_fail(invalid_argument("--modules %s: %s (expected depths in [1, %llu], comma separated)",
-                                o.modules.c_str(), depths.status().message().c_str(),
+    usage_fail(invalid_argument("%s; expected depths in [1, %llu], comma separated",
+                                depths.status().message().c_str(),
                                 static_cast<unsigned long long>(kMaxDepth)));
   }
   for (uint64_t depth : *depths) {
@@ -252,9 +252,12 @@ static void add_bench_engine_command(CLI::App& bench) {
       "optimizer) and each tier's high-water mark against the per-rank model-state bytes. The device\n"
       "high-water mark should not grow with depth. Runs under mpirun too.");
   cmd->add_option("--modules", o->modules, "Model depths to run, comma separated")->capture_default_str();
-  cmd->add_option("--d", o->d, "Width: each module holds a d x d weight and a bias")->capture_default_str();
-  cmd->add_option("--steps", o->steps, "Steps per depth")->capture_default_str();
-  cmd->add_option("--stage", o->stage, "ZeRO stage")->capture_default_str();
+  int_range(cmd->add_option("--d", o->d, "Width: each module holds a d x d weight and a bias"), 1,
+            kMaxBenchWidth)
+      ->capture_default_str();
+  int_range(cmd->add_option("--steps", o->steps, "Steps per depth"), 1, kMaxBenchSteps)
+      ->capture_default_str();
+  int_range(cmd->add_option("--stage", o->stage, "ZeRO stage"), 0, 3)->capture_default_str();
   cmd->add_option("--offload", o->offload, "none, cpu or nvme (parameters at stage 3, and optimizer states)")
       ->capture_default_str();
   cmd->add_option("--path", o->paths, "NVMe directory (default $ZOE_SCRATCH or /var/tmp)");

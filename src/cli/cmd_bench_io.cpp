@@ -88,15 +88,23 @@ io::DirectMode parse_direct(const std::string& direct) {
   fail(invalid_argument("--direct: '%s' is not prefer, require or off", direct.c_str()));
 }
 
+// A size flag's value; an error names the flag.
+uint64_t size_flag(const char* flag, const std::string& text) {
+  auto r = parse_bytes(text);
+  if (!r.is_ok()) fail(invalid_argument("%s: %s", flag, r.status().message().c_str()));
+  return r.value();
+}
+
 IoArgs parse_io_args(const BenchIoOpts& o) {
   IoArgs a;
   a.paths = o.paths.empty() ? std::vector<std::string>{default_scratch()} : o.paths;
-  a.size = value_or_fail(parse_bytes(o.size));
-  a.bss = value_or_fail(parse_bytes_list(o.bs));
-  a.qds = value_or_fail(parse_uint_list(o.qd));
-  a.stripe = value_or_fail(parse_bytes(o.stripe));
-  for (const auto& e : split_list(o.engines)) a.engines.push_back(value_or_fail(io::parse_io_backend(e)));
-  for (const auto& r : split_list(o.rw)) {
+  a.size = size_flag("--size", o.size);
+  a.bss = value_or_fail(parse_bytes_list(o.bs, "--bs"));
+  a.qds = value_or_fail(parse_uint_list(o.qd, "--qd"));
+  a.stripe = size_flag("--stripe", o.stripe);
+  for (const auto& e : value_or_fail(split_list(o.engines, "--engine")))
+    a.engines.push_back(value_or_fail(io::parse_io_backend(e)));
+  for (const auto& r : value_or_fail(split_list(o.rw, "--rw"))) {
     if (r == "read")
       a.ops.push_back(io::IoOp::kRead);
     else if (r == "write")

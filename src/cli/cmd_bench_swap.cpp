@@ -48,14 +48,19 @@ struct BenchSwapOpts {
 
 uint64_t parse_count(const std::string& s, const char* flag) {
   std::string t = s;
-  // Counts take the same suffixes as sizes, read as decimal multipliers (256M = 256e6)...
-  if (!t.empty() && (t.back() == 'M' || t.back() == 'G' || t.back() == 'K')) {
-    double mul = t.back() == 'K' ? 1e3 : t.back() == 'M' ? 1e6 : 1e9;
+  // Counts take the single-letter suffixes of sizes, read as decimal multipliers (256M = 256e6,
+  // up to E = 1e18)...
+  const char* kSuffixes = "KMGTPE";
+  const char* at = t.empty() ? nullptr : strchr(kSuffixes, t.back());
+  if (at != nullptr && *at != '\0') {
+    const double mul = std::pow(1e3, static_cast<double>(at - kSuffixes + 1));
     t.pop_back();
     char* end = nullptr;
     double v = strtod(t.c_str(), &end);
-    if (end == t.c_str() || *end || v <= 0)
+    if (end == t.c_str() || *end || !(v > 0))
       fail(invalid_argument("%s %s is not a count (e.g. 256M, 1G, 5e8)", flag, s.c_str()));
+    if (!(v * mul < 0x1p64))
+      fail(invalid_argument("%s %s is out of range (at most 2^64 - 1)", flag, s.c_str()));
     return static_cast<uint64_t>(v * mul);
   }
   auto r = parse_bytes(s);  // ...and plain numbers or 1e9 work as they do for sizes
@@ -114,7 +119,9 @@ SwapArgs parse_swap_args(const BenchSwapOpts& o) {
   SwapArgs a;
   a.n = parse_count(o.params, "--params");
   a.sub = parse_count(o.sub_group, "--sub-group");
-  a.buf_bytes = value_or_fail(parse_bytes(o.buffer_size));
+  auto buf = parse_bytes(o.buffer_size);
+  if (!buf.is_ok()) fail(invalid_argument("--buffer-size: %s", buf.status().message().c_str()));
+  a.buf_bytes = buf.value();
   if (o.grad_dtype == "bf16")
     a.gdt = DType::kBF16;
   else if (o.grad_dtype == "fp16")

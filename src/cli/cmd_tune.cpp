@@ -23,6 +23,7 @@
 #include "config/config.h"
 #include "core/clock.h"
 #include "core/units.h"
+#include "device/device.h"
 #include "io/buffer.h"
 #include "io/io_bench.h"
 #include "io/swap_file.h"
@@ -329,7 +330,10 @@ json candidate_json(const Candidate& c) {
 void check_tune_flags(const TuneOpts& o) {
   check_output_flag("--out", o.out);
   check_output_flag("--plot", o.plot);
-  if (o.calibrate) check_output_flag("--calibration-out", o.calibration_out);
+  if (!o.calibration_out.empty() && !o.calibrate)
+    usage_fail(invalid_argument("--calibration-out %s has no effect without --calibrate",
+                                o.calibration_out.c_str()));
+  check_output_flag("--calibration-out", o.calibration_out);
   if (o.verify < 0) fail(invalid_argument("--verify %d: expected a number of candidates >= 1", o.verify));
   if (o.verify_steps < 0 || o.verify_steps > 1000) {
     fail(invalid_argument("--verify-steps %d is out of range (expected an integer in [1, 1000], or 0: auto)",
@@ -346,18 +350,45 @@ void check_tune_flags(const TuneOpts& o) {
   }
 }
 
-// --calibrate: measures this host, saves the rates to --calibration-out and plans with them.
+// --calibrate: measures this host and plans with the rates; saves them to --calibration-out where
+// given (nothing is written unasked), and says where they went.
 void calibrate_and_save(const TuneOpts& o, plan::PlanOptions* po, json* j) {
   // The model and workload first (without a calibration): the FLOP rate is measured at its shape.
   plan::PlanOptions bare = *po;
   bare.calibration.clear();
   const plan::PlanInputs pre = value_or_fail(plan::plan_inputs(bare));
   plan::LinkRates r = calibrate(o, pre);
-  Status ws = write_output_file(o.calibration_out, r.to_json(), "--calibration-out");
-  if (!ws.is_ok()) fail(ws.with_context("saving the calibration"));
-  fprintf(stderr, "zoe tune: calibration saved to %s\n", o.calibration_out.c_str());
-  po->calibration = o.calibration_out;
-  (*j)["calibration"] = json::parse(r.to_json());
+  po->calibration.clear();
+  po->calibration_json = r.to_json();
+  if (o.calibration_out.empty()) {
+    fprintf(stderr,
+            "zoe tune: calibration used for this plan and not saved (--calibration-out FILE keeps it for "
+            "zoe plan/tune --calibration FILE)\n");
+  } else {
+    Status ws = write_output_file(o.calibration_out, po->calibration_json, "--calibration-out");
+    if (!ws.is_ok()) fail(ws.with_context("saving the calibration"));
+    fprintf(stderr, "zoe tune: calibration saved to %s\n", o.calibration_out.c_str());
+  }
+  (*j)["calibration"] = json::parse(po->calibration_json);
+  if (!o.calibration_out.empty()) (*j)["calibration_out"] = o.calibration_out;
+}
+
+// --calibrate and --verify measure this host, so they use its device: without --device, the one
+// zoe.device "auto" picks here; a --device that cannot be used here is refused before anything is
+// measured, naming the flag.
+void choose_measured_device(const TuneOpts& o, plan::PlanOptions* po) {
+  if (!o.calibrate && o.verify == 0) return;
+  if (!o.device_given) {
+    po->device = config::auto_device();
+    return;
+  }
+  if (po->device != "cuda") return;  // cpu; anything else is refused by plan_inputs, naming --device
+  std::string why;
+  if (device::cuda_device_count(&why) > 0) return;
+  usage_fail(invalid_argument(
+      "--device cuda: this host has no usable GPU (%s), and %s measures this host: give --device cpu (zoe's "
+      "CPU device, what a measured tune uses here without --device), or run on a host with a GPU",
+      why.empty() ? "none found" : why.c_str(), o.calibrate ? "--calibrate" : "--verify"));
 }
 
 // No candidate fits: the plan's reason, and the smaller micro-batches that were tried.
@@ -605,6 +636,7 @@ void run(const TuneOpts& o) {
   json j;
   plan::PlanOptions po = o.plan;
   if (Status s = plan::apply_device_budget(&po); !s.is_ok()) usage_fail(s);
+  choose_measured_device(o, &po);
   if (o.calibrate) calibrate_and_save(o, &po, &j);
   TuneResult t{value_or_fail(plan::plan_inputs(po)), {}, {}, {}};
   t.res = value_or_fail(plan::make_plan(t.in));
@@ -645,8 +677,9 @@ static void add_tune_command(CLI::App& app) {
       "The network rate is not measured: give --net-gbps/--intra-gbps.");
   plan::add_plan_options(*cmd, &o->plan, int_range, positive_real);
   cmd->add_flag("--calibrate", o->calibrate, "Measure this host's rates first and use them");
-  cmd->add_option("--calibration-out", o->calibration_out, "Where --calibrate saves the rates (JSON)")
-      ->capture_default_str();
+  cmd->add_option("--calibration-out", o->calibration_out,
+                  "Where --calibrate saves the rates (JSON) for zoe plan/tune --calibration (default: not "
+                  "saved; --json prints them)");
   cmd->add_option("--calibrate-bytes", o->calibrate_bytes, "Bytes of the NVMe calibration file")
       ->capture_default_str();
   positive_real(
@@ -677,7 +710,15 @@ static void add_tune_command(CLI::App& app) {
                   "With --verify: draw predicted against measured step time per candidate into this PNG "
                   "(python3-matplotlib)");
   cmd->add_flag("--json", o->json, "Print one JSON object");
-  cmd->callback([o] { run(*o); });
+  CLI::Option* device = cmd->get_option("--device");
+  device->description(
+      "The engine's device: cuda (gathers on demand) or cpu (zoe's CPU device: queued gathers, device "
+      "memory is host RAM). Default cuda; with --calibrate or --verify, which measure this host, the device "
+      "zoe.device \"auto\" picks here (cpu)");
+  cmd->callback([o, device] {
+    o->device_given = device->count() > 0;
+    run(*o);
+  });
 }
 
 // Joins every program this file is linked into (the `zoe` program links all of src/cli).

@@ -503,14 +503,17 @@ Result<TrainRates> measure_model_rates(const plan::PlanInputs& pre, const Repeat
 plan::LinkRates calibrate(const TuneOpts& o, const plan::PlanInputs& pre) {
   Progress progress(true);
   plan::LinkRates r;
-  const std::string dir = plan::nvme_dir(o.plan);
+  const std::string dir = value_or_fail(plan::local_nvme_dir(o.plan));
   const uint64_t bytes = value_or_fail(parse_bytes(o.calibrate_bytes)) / 4096 * 4096;
   if (bytes < (16u << 20))
     fail(invalid_argument("--calibrate-bytes %s: at least 16MiB", o.calibrate_bytes.c_str()));
   Status fits = check_steps_fit(pre, pre.work.micro_batch);  // before minutes of measuring
   if (!fits.is_ok()) fail(fits);
   // The drive is measured last (below); its directory is checked now.
-  Status holds = check_dir_holds_files("the NVMe path (--nvme-path or offload_*.nvme_path)", dir);
+  Status holds = check_dir_holds_files(
+      o.plan.nvme_path.empty() ? "the default NVMe directory ($ZOE_SCRATCH or /var/tmp; give --nvme-path)"
+                               : "--nvme-path",
+      dir);
   if (!holds.is_ok()) fail(holds.with_context("calibrating NVMe reads and writes"));
   progress.update("calibrate: CPU Adam");
   optim::bench::Config ac;
@@ -526,7 +529,9 @@ plan::LinkRates calibrate(const TuneOpts& o, const plan::PlanInputs& pre) {
   pol.max_spread = o.calibrate_max_spread;
   auto refused = [&](const Status& s) {
     progress.done();
-    fail(s.with_context("calibrating (nothing is written to " + o.calibration_out + ")"));
+    fail(s.with_context(o.calibration_out.empty()
+                            ? std::string("calibrating")
+                            : "calibrating (nothing is written to " + o.calibration_out + ")"));
   };
   // A timing that does not settle, or a first rate that drifted, is measured again (the whole set:
   // on a virtual machine the host's own work comes and goes), three times at most; then refused.

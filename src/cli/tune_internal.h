@@ -19,7 +19,8 @@ namespace zoe::cli::tune {
 struct TuneOpts {
   plan::PlanOptions plan;
   bool calibrate = false;
-  std::string calibration_out = "zoe-calibration.json";
+  std::string calibration_out;  // "": the calibration is used, not saved
+  bool device_given = false;    // --device was given (else a measured tune uses this host's device)
   std::string calibrate_bytes = "256MiB";
   double calibrate_max_spread = 0.05;  // plan::RepeatPolicy::max_spread of the timed measurements
   std::string out;

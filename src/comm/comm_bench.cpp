@@ -30,7 +30,8 @@ const char* op_name(Op op) {
 
 Result<std::vector<Op>> parse_ops(const std::string& text) {
   std::vector<Op> ops;
-  for (const std::string& name : split_list(text)) {
+  ZOE_ASSIGN_OR_RETURN(const std::vector<std::string> names, split_list(text, "--ops"));
+  for (const std::string& name : names) {
     auto it =
         std::find_if(std::begin(kAllOps), std::end(kAllOps), [&](Op op) { return name == op_name(op); });
     if (it == std::end(kAllOps))
@@ -72,10 +73,11 @@ Result<std::vector<uint64_t>> parse_sizes(const std::string& text, uint64_t max_
       if (s > *hi / 2) break;
     }
   } else {
-    auto list = parse_bytes_list(text);
-    if (!list.is_ok() || list->empty())
-      return invalid_argument(
-          "--sizes %s: expected a size (1MiB), a list (4KiB,1MiB) or a range (1KiB..64MiB)", text.c_str());
+    auto list = parse_bytes_list(text, "--sizes");
+    if (!list.is_ok()) {
+      return invalid_argument("%s; expected a size (1MiB), a list (4KiB,1MiB) or a range (1KiB..64MiB)",
+                              list.status().message().c_str());
+    }
     sizes = std::move(list).value();
   }
   for (uint64_t s : sizes) {

@@ -101,6 +101,10 @@ struct OptimizerConfig {
   bool operator==(const OptimizerConfig&) const = default;
 };
 
+// The device zoe.device "auto" picks on this host: zoe's CPU device ("cpu"); the engine uses a GPU
+// only where "cuda" is asked for.
+inline const char* auto_device() { return "cpu"; }
+
 // Keys under "zoe".
 struct ZoeConfig {
   int64_t device_budget_bytes = 0;     // 0: the whole device; accepts "256MiB"-style strings

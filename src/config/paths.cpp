@@ -43,7 +43,24 @@ void warn_if_network_fs(const std::string& key, const std::string& dir) {
       key.c_str(), dir.c_str(), name);
 }
 
-Status check_dirs(const OffloadConfig& o, const char* block) {
+// What names a directory in a check's error: the key or flag, and the text given where the
+// expansion changed it ("--nvme-path '$TMPDIR/zoe'", then the directory itself).
+std::string dir_what(const std::string& key, const std::string& given, const std::string& dir) {
+  return given == dir ? key : key + " '" + given + "'";
+}
+
+// dirs[i] (expanded) was given as given[i] (when the lists match; else as itself).
+Status check_dir_list(const std::string& key, const std::vector<std::string>& dirs,
+                      const std::vector<std::string>& given) {
+  for (size_t i = 0; i < dirs.size(); ++i) {
+    const std::string& g = given.size() == dirs.size() ? given[i] : dirs[i];
+    ZOE_RETURN_IF_ERROR(check_dir_holds_files(dir_what(key, g, dirs[i]), dirs[i]));
+    warn_if_network_fs(key, dirs[i]);
+  }
+  return Status::ok();
+}
+
+Status check_dirs(const OffloadConfig& o, const OffloadConfig& given, const char* block) {
   if (o.device != OffloadDevice::kNvme) return Status::ok();
   const std::string key = std::string("zero_optimization.") + block + ".nvme_path";
   if (o.nvme_path.empty()) {
@@ -52,11 +69,7 @@ Status check_dirs(const OffloadConfig& o, const char* block) {
         "or a list of them)",
         block, key.c_str());
   }
-  for (const auto& d : o.nvme_path) {
-    ZOE_RETURN_IF_ERROR(check_dir_holds_files(key, d));
-    warn_if_network_fs(key, d);
-  }
-  return Status::ok();
+  return check_dir_list(key, o.nvme_path, given.nvme_path);
 }
 
 Status path_error(const std::string& what, const std::string& path, const std::string& why) {
@@ -96,6 +109,20 @@ Result<size_t> expand_var(const std::string& what, const std::string& path, size
   return end;
 }
 
+// {host} names one directory inside the path: a host name that is empty, "." or "..", or holds a
+// "/", would move the swap files elsewhere (gethostname gives what the administrator set).
+Status check_host(const std::string& what, const std::string& path, const std::string& host) {
+  if (!host.empty() && host != "." && host != ".." && host.find('/') == std::string::npos)
+    return Status::ok();
+  return path_error(what, path,
+                    "{host} would expand to '" + host + "', this host's name (gethostname), which " +
+                        (host.empty()                          ? "is empty"
+                         : host.find('/') != std::string::npos ? "holds a '/'"
+                                                               : "is a '.' or '..'") +
+                        ": the swap files would not be in a directory of their own; use {rank} or $VAR "
+                        "instead, or give this host a name");
+}
+
 }  // namespace
 
 PathVars process_path_vars() {
@@ -126,10 +153,12 @@ Result<std::string> expand_path(const std::string& what, const std::string& path
       } else if (name == "local_rank") {
         out += std::to_string(v.local_rank);
       } else if (name == "host") {
+        ZOE_RETURN_IF_ERROR(check_host(what, path, v.host));
         out += v.host;
       } else {
         return path_error(what, path,
-                          "unknown placeholder {" + name + "} (known: {rank}, {local_rank}, {host}, $VAR)");
+                          "unknown placeholder {" + name + "} on host " + v.host +
+                              " (known: {rank}, {local_rank}, {host}, $VAR)");
       }
       i = close + 1;
     } else {
@@ -160,9 +189,12 @@ std::vector<std::string> activation_nvme_dirs(const Config& c) {
   return c.zero.offload_optimizer.nvme_path;
 }
 
-Status check_paths(const Config& c) {
-  ZOE_RETURN_IF_ERROR(check_dirs(c.zero.offload_optimizer, "offload_optimizer"));
-  ZOE_RETURN_IF_ERROR(check_dirs(c.zero.offload_param, "offload_param"));
+Status check_paths(const Config& c) { return check_paths(c, c); }
+
+Status check_paths(const Config& c, const Config& given) {
+  ZOE_RETURN_IF_ERROR(
+      check_dirs(c.zero.offload_optimizer, given.zero.offload_optimizer, "offload_optimizer"));
+  ZOE_RETURN_IF_ERROR(check_dirs(c.zero.offload_param, given.zero.offload_param, "offload_param"));
   if (c.zoe.activation_offload != "nvme") return Status::ok();
   const std::string key = c.zoe.activation_nvme_path.empty()
                               ? "zoe.activation_nvme_path (the offload's nvme_path)"
@@ -170,11 +202,14 @@ Status check_paths(const Config& c) {
   std::vector<std::string> dirs = activation_nvme_dirs(c);
   if (dirs.empty())
     return invalid_argument("zoe.activation_offload: \"nvme\" needs zoe.activation_nvme_path");
-  for (const auto& d : dirs) {
-    ZOE_RETURN_IF_ERROR(check_dir_holds_files(key, d));
-    warn_if_network_fs(key, d);
-  }
-  return Status::ok();
+  return check_dir_list(key, dirs, activation_nvme_dirs(given));
+}
+
+Result<std::string> check_flag_dir(const std::string& flag, const std::string& given, const PathVars& v) {
+  ZOE_ASSIGN_OR_RETURN(std::string dir, expand_path(flag, given, v));
+  ZOE_RETURN_IF_ERROR(check_dir_holds_files(dir_what(flag, given, dir), dir));
+  warn_if_network_fs(flag, dir);
+  return dir;
 }
 
 const char* network_fs_name(long f_type) {

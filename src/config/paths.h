@@ -26,8 +26,9 @@ PathVars process_path_vars();
 // Replaces, in every nvme_path directory of both offload blocks and zoe.activation_nvme_path, {rank},
 // {local_rank} and {host} with v's values, and $NAME or ${NAME} with the environment variable NAME (e.g.
 // $SLURM_TMPDIR, the job's node-local directory under Slurm). "$$" is a literal "$". Errors
-// (kInvalidArgument) name the key and the path: an unknown {placeholder}, an unset or empty variable, a "{"
-// or "${" without its "}".
+// (kInvalidArgument) name the key and the path as given: an unknown {placeholder} (and the host), an
+// unset or empty variable (and the host), a "{" or "${" without its "}", and a {host} that would leave
+// the directory (this host's name is empty, "." or "..", or holds a "/").
 [[nodiscard]] Status expand_paths(Config* c, const PathVars& v);
 // The same for one path ("what" names it in errors).
 [[nodiscard]] Result<std::string> expand_path(const std::string& what, const std::string& path,
@@ -46,6 +47,17 @@ PathVars process_path_vars();
 // With zoe.activation_offload "nvme", also the activation store's directories
 // (activation_nvme_dirs), under the key zoe.activation_nvme_path.
 [[nodiscard]] Status check_paths(const Config& c);
+// The same for a config `c` that expand_paths made of `given`: a directory whose text the expansion
+// changed is named as given too ("zero_optimization.offload_param.nvme_path '/local/{host}':
+// '/local/node7' does not exist").
+[[nodiscard]] Status check_paths(const Config& c, const Config& given);
+
+// A directory a command-line flag gave (--nvme-path): expanded as nvme_path is (expand_path), then
+// checked as check_paths checks one. Errors name the flag and the text as given, and the expansion
+// where it differs ("--nvme-path '$SCRATCH/zoe': '/scratch/ann/zoe' does not exist"). Returns the
+// expansion.
+[[nodiscard]] Result<std::string> check_flag_dir(const std::string& flag, const std::string& given,
+                                                 const PathVars& v);
 
 // The activation store's swap directories: zoe.activation_nvme_path, else offload_param's
 // nvme_path, else offload_optimizer's (empty: none).

@@ -8,7 +8,7 @@
 #include <limits>
 
 #include "config/config.h"
-#include "core/dir_check.h"
+#include "config/paths.h"
 #include "core/units.h"
 #include "io/file.h"
 #include "plan/calibration.h"
@@ -147,6 +147,11 @@ std::string nvme_dir(const PlanOptions& o) {
   return s && *s ? s : "/var/tmp";
 }
 
+Result<std::string> local_nvme_dir(const PlanOptions& o) {
+  if (o.nvme_path.empty()) return nvme_dir(o);
+  return config::check_flag_dir("--nvme-path", o.nvme_path, config::process_path_vars());
+}
+
 Status apply_device_budget(PlanOptions* o) {
   if (o->device_budget.empty()) return Status::ok();
   auto b = parse_bytes(o->device_budget);
@@ -206,8 +211,7 @@ Result<PlanInputs> plan_inputs(const PlanOptions& o) {
   if (!o.nvme_space.empty()) {
     ZOE_ASSIGN_OR_RETURN(in.nvme_space, bytes_of(o.nvme_space, "--nvme-space"));
   } else {
-    const std::string dir = nvme_dir(o);
-    if (!o.nvme_path.empty()) ZOE_RETURN_IF_ERROR(check_dir_holds_files("--nvme-path", dir));
+    ZOE_ASSIGN_OR_RETURN(const std::string dir, local_nvme_dir(o));
     auto fb = io::free_bytes_at(dir);
     if (!fb.is_ok())
       return fb.status().with_context("free space of the NVMe path " + dir + " (set --nvme-space)");
@@ -216,6 +220,9 @@ Result<PlanInputs> plan_inputs(const PlanOptions& o) {
   if (!o.calibration.empty()) {
     Status s = apply_calibration_file(o.calibration, &in.rates);
     if (!s.is_ok()) return s.with_context("--calibration");
+  }
+  if (!o.calibration_json.empty()) {
+    ZOE_RETURN_IF_ERROR(apply_calibration_json(o.calibration_json, "--calibrate's measurements", &in.rates));
   }
   ZOE_RETURN_IF_ERROR(apply_rate_flags(o, &in.rates));
   if (!o.config.empty()) {

@@ -20,6 +20,8 @@ struct PlanOptions {
   std::string device_mem, host_mem, nvme_space, nvme_path;
   std::string device_budget;  // zoe train's --device-budget: one rank's device memory ("": not given)
   std::string calibration;
+  std::string
+      calibration_json;  // rates as a calibration file's text (tune --calibrate's own); over --calibration
   double nvme_read_gbps = 0, nvme_write_gbps = 0, h2d_gbps = 0, cpu_adam_gbps = 0, flops = 0;
   double net_gbps = 0, net_latency_us = 0, intra_gbps = 0, device_mem_gbps = 0, local_copy_gbps = 0,
          nvme_cpu_gbps = 0;
@@ -44,8 +46,12 @@ constexpr int64_t kMaxPlanMicroBatch = 1 << 30, kMaxPlanAccum = 1 << 20;
 Result<uint64_t> parse_count(const std::string& s, const char* flag);
 // The model the options name (one of --preset/--layers..., --params, --hf-config).
 Result<ModelDesc> model_from(const PlanOptions& o);
-// --nvme-path, else $ZOE_SCRATCH, else /var/tmp.
+// --nvme-path, else $ZOE_SCRATCH, else /var/tmp: the text a written config holds.
 std::string nvme_dir(const PlanOptions& o);
+// The same directory on this host: --nvme-path with its placeholders and variables expanded
+// (config/paths.h) and checked that it can hold files, errors naming --nvme-path and the text given;
+// else $ZOE_SCRATCH or /var/tmp, unchecked.
+Result<std::string> local_nvme_dir(const PlanOptions& o);
 // Everything make_plan() needs; errors name the flag and the bad value.
 Result<PlanInputs> plan_inputs(const PlanOptions& o);
 // --device-budget B, as zoe train takes it (one rank's device memory; 0: the whole device, the
@@ -88,8 +94,10 @@ void add_plan_options(App& cmd, PlanOptions* o, IntRange int_range, Positive pos
   cmd.add_option("--nvme-space", o->nvme_space,
                  "NVMe space of one node (default: free space of the NVMe path)");
   cmd.add_option("--nvme-path", o->nvme_path,
-                 "Directory whose free space is the default --nvme-space (default "
-                 "$ZOE_SCRATCH or /var/tmp)");
+                 "Directory whose free space is the default --nvme-space, and of the swap files (default "
+                 "$ZOE_SCRATCH or /var/tmp); $VAR or ${VAR} (an environment variable), {rank}, {local_rank} "
+                 "and {host} are expanded here for the checks and on each rank in a written config ($$ is "
+                 "a $)");
   cmd.add_option("--calibration", o->calibration,
                  "Link rates from this JSON file (zoe tune --calibrate writes "
                  "one); the flags below override it");

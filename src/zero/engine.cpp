@@ -405,7 +405,7 @@ Result<std::unique_ptr<Engine>> zero::create_engine(Runtime& rt, const config::C
   vars.rank = rt.rank();
   vars.local_rank = rt.local_rank();
   ZOE_RETURN_IF_ERROR(config::expand_paths(&cfg, vars));
-  ZOE_RETURN_IF_ERROR(config::check_paths(cfg));
+  ZOE_RETURN_IF_ERROR(config::check_paths(cfg, given));
   // The lost-rank timeout the config gives (without the key: ZOE_COMM_TIMEOUT_S, or the default).
   if (cfg.given("zoe.comm_timeout_s")) comm::set_comm_timeout(cfg.zoe.comm_timeout_s);
   auto impl = std::make_unique<Impl>();

@@ -258,7 +258,11 @@ Status Config::set_activation_host_budget(uint64_t bytes) {
 Status Config::check_paths() const {
   config::Config c = impl_->cfg;
   ZOE_RETURN_IF_ERROR(config::expand_paths(&c, config::process_path_vars()));
-  return config::check_paths(c);
+  return config::check_paths(c, impl_->cfg);
+}
+
+Result<std::string> check_nvme_dir(const std::string& flag, const std::string& dir) {
+  return config::check_flag_dir(flag, dir, config::process_path_vars());
 }
 
 int Config::world_size() const { return impl_->world_size; }

@@ -30,9 +30,9 @@ TEST(CliLimits, BenchEngineFlagsAreRangeChecked) {
       {"--stage -1", "--stage -1 is out of range (expected an integer in [0, 3])"},
       {"--stage 4", "--stage 4 is out of range"},
       // A list of depths: zero, negative, not a number, too deep.
-      {"--modules 0", "--modules 0: '0' is not a positive integer"},
-      {"--modules 2,-1", "--modules 2,-1: '-1' is not a positive integer"},
-      {"--modules x", "--modules x: 'x' is not a positive integer"},
+      {"--modules 0", "--modules '0': item 1, '0', is not a positive integer"},
+      {"--modules 2,-1", "--modules '2,-1': item 2, '-1', is not a positive integer"},
+      {"--modules x", "--modules 'x': item 1, 'x', is not a positive integer"},
       {"--modules 1000000", "--modules 1000000: depth 1000000 is out of range"},
       // A word from a list, a size.
       {"--offload gpu", "--offload 'gpu': expected one of none, cpu, nvme"},

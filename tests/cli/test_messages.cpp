@@ -107,6 +107,7 @@ std::vector<std::string> integer_options(const std::string& command) {
 // the command does anything (exit 2). The flags are found from --help, so a new one is covered.
 TEST(Messages, EveryIntegerFlagNamesItselfWhenOutOfRange) {
   const char* commands[][2] = {{"bench adam", ""},
+                               {"bench engine", ""},
                                {"bench io", ""},
                                {"bench comm", ""},
                                {"bench swap", ""},
@@ -396,6 +397,158 @@ TEST(Messages, CkptVerifyChecksStructureAsResumeDoes) {
   // The untouched copy still verifies.
   r = zoe("ckpt verify " + d.file("whole"));
   EXPECT_EQ(r.rc, 0) << r.err;
+}
+
+// CLI11's own refusals (a value it cannot convert, an unknown flag, a flag without its value) carry
+// the frame's "zoe: error:" prefix and the usage exit code, like every other error.
+TEST(Messages, ParseErrorsCarryTheErrorPrefix) {
+  CmdResult r = zoe("bench engine --stage 2147483648");
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_NE(
+      r.err.find("zoe: error: invalid argument: --stage 2147483648 is out of range (expected an integer in "
+                 "[0, 3])"),
+      std::string::npos)
+      << r.err;
+  for (const std::string args :
+       {"train --no-such-flag", "train --steps", "bench engine --modules", "frobnicate"}) {
+    r = zoe(args);
+    EXPECT_EQ(r.rc, 2) << args << ": " << r.err;
+    EXPECT_EQ(r.err.rfind("zoe: error: ", 0), 0u) << args << ": " << r.err;
+  }
+  r = zoe("--help");  // help is not an error
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.err.find("error"), std::string::npos) << r.err;
+}
+
+// An empty item of a comma-separated list ("1KiB,,2KiB", "read,") is refused naming the flag, the
+// text and the item's position, in every list a command takes, before anything runs.
+TEST(Messages, EmptyListItemsAreRefused) {
+  zoe::test::ScratchDir d("lists");
+  const std::string io = "bench io --size 4MiB --loops 1 --warmup 0 --path " + d.path() + " ";
+  const char* cases[][2] = {
+      {"bench comm --iters 1 --warmup 0 --sizes 1KiB,,2KiB", "--sizes '1KiB,,2KiB': item 2 is empty"},
+      {"bench comm --iters 1 --warmup 0 --sizes 4KiB --ops allreduce,",
+       "--ops 'allreduce,': item 2 is empty"},
+      {"bench engine --steps 1 --d 16 --offload none --modules 1,,2", "--modules '1,,2': item 2 is empty"},
+      {"--bs 1MiB,,4MiB --qd 1 --rw read", "--bs '1MiB,,4MiB': item 2 is empty"},
+      {"--bs 1MiB --qd ,1 --rw read", "--qd ',1': item 1 is empty"},
+      {"--bs 1MiB --qd 1 --rw read,", "--rw 'read,': item 2 is empty"},
+      {"--bs 1MiB --qd 1 --rw read --engine uring,,threads", "--engine 'uring,,threads': item 2 is empty"},
+  };
+  for (const auto& c : cases) {
+    const std::string args = c[0][0] == '-' ? io + c[0] : c[0];
+    CmdResult r = zoe(args, "", 120);
+    EXPECT_NE(r.rc, 0) << args << ": " << r.out << r.err;
+    EXPECT_NE(r.err.find("zoe: error: invalid argument: " + std::string(c[1])), std::string::npos)
+        << args << ": " << r.err;
+    EXPECT_TRUE(r.out.empty()) << args << ": ran anyway: " << r.out;
+  }
+}
+
+// A size parser and the sizes zoe prints agree up to EiB: every size flag takes P/E (and PB/EB),
+// and one beyond 64 bits is refused naming the flag.
+TEST(Messages, SizesUpToExaBytes) {
+  CmdResult r = zoe("plan --preset tiny --host-mem 4GiB --nvme-space 1EiB --json");
+  EXPECT_EQ(r.rc, 0) << r.err;
+  r = zoe("plan --preset tiny --host-mem 4GiB --nvme-space 16EiB");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("--nvme-space"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("'16EiB' is out of range for a byte size"), std::string::npos) << r.err;
+  // Counts (bench swap --params) read the same letters as decimal multipliers, within 64 bits.
+  zoe::test::ScratchDir d("sizes");
+  r = zoe("bench swap --params 1e30G --path " + d.path());
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_NE(r.err.find("zoe: error: invalid argument: --params 1e30G is out of range"), std::string::npos)
+      << r.err;
+  r = zoe("train --preset tiny --steps 1 --quiet --device-budget 10EB");  // a size, but beyond what zoe takes
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_NE(r.err.find("--device-budget 10EB is more than zoe takes (at most 9223372036854775807 bytes"),
+            std::string::npos)
+      << r.err;
+  r = zoe("train --preset tiny --steps 1 --quiet --device-budget 1ZiB");
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_NE(
+      r.err.find("--device-budget 1ZiB is not a byte size: '1ZiB': unknown size suffix 'ZiB' (use B, KiB, "
+                 "MiB, GiB, TiB, PiB, EiB"),
+      std::string::npos)
+      << r.err;
+}
+
+std::string host_name() {
+  char h[256] = {};
+  gethostname(h, sizeof h - 1);
+  return h;
+}
+
+// --nvme-path's placeholders and variables: --help says they are expanded (every command that takes
+// the flag), and an error names the flag and the text as given, with the expansion, not the config
+// key the flag became. A config file's directory is named by its key, the text and the expansion.
+TEST(Messages, NvmePathNamesTheFlagAndTheTextGiven) {
+  for (const std::string cmd : {"train", "plan", "tune"}) {
+    CmdResult h = zoe(cmd + " --help");
+    const size_t at = h.out.find("\n  --nvme-path");
+    ASSERT_NE(at, std::string::npos) << cmd << ": " << h.out;
+    const std::string line = h.out.substr(at, h.out.find("\n  -", at + 1) - at);
+    for (const char* says : {"$VAR", "{rank}", "{local_rank}", "{host}"})
+      EXPECT_NE(line.find(says), std::string::npos) << cmd << " --help: " << line;
+  }
+  zoe::test::ScratchDir d("nvme-text");
+  setenv("ZOE_TEST_NVME_DIR", d.path().c_str(), 1);
+  const std::string run = "train --preset tiny --steps 1 --quiet --offload nvme ";
+  CmdResult r = zoe(run + "--nvme-path '$ZOE_TEST_NVME_DIR/missing'");
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_NE(r.err.find("zoe: error: not found: --nvme-path '$ZOE_TEST_NVME_DIR/missing': '" + d.path() +
+                       "/missing' does not exist"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("zero_optimization"), std::string::npos) << r.err;
+  r = zoe(run + "--nvme-path '" + d.path() + "/{node}'");
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_NE(
+      r.err.find("--nvme-path: '" + d.path() + "/{node}': unknown placeholder {node} on host " + host_name()),
+      std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("zero_optimization"), std::string::npos) << r.err;
+  // plan and tune expand the flag on this host for their checks (the free space, the calibration).
+  r = zoe("plan --preset tiny --host-mem 4GiB --nvme-path '$ZOE_TEST_NVME_DIR' --json");
+  EXPECT_EQ(r.rc, 0) << r.err;
+  r = zoe("plan --preset tiny --host-mem 4GiB --nvme-path '$ZOE_TEST_NVME_DIR/missing'");
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_NE(r.err.find("--nvme-path '$ZOE_TEST_NVME_DIR/missing': '" + d.path() + "/missing' does not exist"),
+            std::string::npos)
+      << r.err;
+  unsetenv("ZOE_TEST_NVME_DIR");
+  std::ofstream(d.file("ds.json"))
+      << R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3,
+      "offload_optimizer": {"device": "nvme", "nvme_path": ")"
+      << d.path() << R"(/r{rank}"}}})";
+  r = zoe("train --preset tiny --steps 1 --quiet --config " + d.file("ds.json"));
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_NE(r.err.find("zero_optimization.offload_optimizer.nvme_path '" + d.path() + "/r{rank}': '" +
+                       d.path() + "/r0' does not exist"),
+            std::string::npos)
+      << r.err;
+}
+
+// Under a process limit that leaves no thread to start (`ulimit -u`), zoe says so and what to
+// change, and exits 1: OpenBLAS's thread pool, which would end the program with its own message
+// before main(), never starts. RLIMIT_NPROC binds only an unprivileged user: the command runs as a
+// uid of no other process, whose limit of 2 is `timeout` and zoe.
+TEST(Messages, ThreadLimitSaysWhatToChange) {
+  if (geteuid() != 0 || system("command -v setpriv >/dev/null 2>&1") != 0)
+    GTEST_SKIP() << "needs root and setpriv to run zoe as an unprivileged user";
+  const std::string as_user =
+      "setpriv --reuid=54329 --regid=54329 --clear-groups bash -c 'ulimit -u 2 && exec \"$@\"' bash";
+  CmdResult r = zoe("train --preset tiny --steps 1 --quiet", as_user);
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_NE(r.err.find("zoe: error: could not start a thread"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("this user may run at most 2 processes and threads together (ulimit -u)"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("OpenBLAS"), std::string::npos) << r.err;
+  r = zoe("info", as_user);  // a command that needs no thread runs
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.err.find("OpenBLAS"), std::string::npos) << r.err;
 }
 
 }  // namespace

@@ -76,6 +76,59 @@ TEST(NvmePath, BadPlaceholdersAreErrorsNamingTheKeyAndThePath) {
   unsetenv("ZOE_TEST_EMPTY_DIR");
 }
 
+// The README ("Several nodes"): an unknown placeholder names the key, the path and the host.
+TEST(NvmePath, UnknownPlaceholderNamesTheHost) {
+  EXPECT_HAS(error_of("/nvme/{node}"), "unknown placeholder {node} on host gpu-node7");
+}
+
+// {host} is one directory's name: a host name that is empty, "." or "..", or that holds a "/",
+// would put the swap files somewhere else, and is refused naming the placeholder and the host.
+TEST(NvmePath, HostThatLeavesTheDirectoryIsRefused) {
+  for (const std::string host : {"..", ".", "", "rack1/node7", "../etc"}) {
+    PathVars v = vars();
+    v.host = host;
+    auto r = expand_path("zero_optimization.offload_param.nvme_path", "/nvme/{host}/zoe", v);
+    ASSERT_FALSE(r.is_ok()) << "'" << host << "' expanded to " << r.value();
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_HAS(r.status().message(),
+               "zero_optimization.offload_param.nvme_path: '/nvme/{host}/zoe': {host} "
+               "would expand to '" +
+                   host + "', this host's name");
+  }
+  PathVars v = vars();
+  v.host = "node..7";  // dots inside a name are a name
+  auto r = expand_path("key", "/nvme/{host}", v);
+  ASSERT_OK(r);
+  EXPECT_EQ(r.value(), "/nvme/node..7");
+}
+
+// A directory check names the text as given where the expansion changed it: the key's (config)
+// or the flag's (check_flag_dir), then the directory.
+TEST(NvmePath, CheckNamesTheTextGivenAndTheExpansion) {
+  test::ScratchDir dir("given");
+  Config given;
+  given.zero.stage = 3;
+  given.zero.offload_param.device = OffloadDevice::kNvme;
+  given.zero.offload_param.nvme_path = {dir.path(), dir.path() + "/{host}"};
+  Config c = given;
+  ASSERT_OK(expand_paths(&c, vars()));
+  EXPECT_HAS(check_paths(c, given).message(), "zero_optimization.offload_param.nvme_path '" + dir.path() +
+                                                  "/{host}': '" + dir.path() + "/gpu-node7' does not exist");
+  auto f = check_flag_dir("--nvme-path", dir.path() + "/r{rank}", vars());
+  ASSERT_FALSE(f.is_ok());
+  EXPECT_HAS(f.status().message(),
+             "--nvme-path '" + dir.path() + "/r{rank}': '" + dir.path() + "/r13' does not exist");
+  f = check_flag_dir("--nvme-path", "/nvme/{node}", vars());
+  ASSERT_FALSE(f.is_ok());
+  EXPECT_HAS(f.status().message(),
+             "--nvme-path: '/nvme/{node}': unknown placeholder {node} on host gpu-node7");
+  f = check_flag_dir("--nvme-path", dir.path(), vars());  // nothing to expand: the flag and the directory
+  ASSERT_OK(f);
+  EXPECT_EQ(f.value(), dir.path());
+  EXPECT_HAS(check_flag_dir("--nvme-path", "/proc", vars()).status().message(),
+             "--nvme-path: '/proc' is on procfs");
+}
+
 TEST(NvmePath, ProcessVarsFromTheLauncher) {
   setenv("OMPI_COMM_WORLD_RANK", "5", 1);
   setenv("OMPI_COMM_WORLD_LOCAL_RANK", "2", 1);

@@ -443,4 +443,60 @@ TEST(TuneCli, NothingFitsExitsOne) {
   EXPECT_NE(r.err.find("the closest"), std::string::npos) << r.err;
 }
 
+// A tune that measures this host (--calibrate, --verify) uses the device this host has without
+// --device (zoe.device "auto"'s: cpu here), and writes the calibration only where --calibration-out
+// asks: nothing into the working directory, and stderr says the rates were not saved.
+TEST(TuneCli, MeasuredTuneUsesThisHostsDeviceAndWritesOnlyWhereAsked) {
+  zoe::test::ScratchDir d("tune-host");
+  CmdResult r =
+      zoe("tune --preset tiny --device-mem 64MiB --host-mem 4GiB --nvme-space 1GiB --nvme-path " + d.path() +
+              " --calibrate --calibrate-bytes 16MiB --calibrate-max-spread 1 --verify 1 "
+              "--verify-steps 1 --out " +
+              d.file("tuned.json") + " --json",
+          "cd " + d.path() + " &&");
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  json j = json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  EXPECT_GT(j["calibration"]["flops"].get<double>(), 0.0);
+  EXPECT_FALSE(j.contains("calibration_out")) << r.out;
+  std::ifstream in(d.file("tuned.json"));
+  json cfg = json::parse(in, nullptr, false);
+  ASSERT_FALSE(cfg.is_discarded());
+  EXPECT_EQ(cfg["zoe"]["device"], "cpu") << cfg.dump();
+  struct stat st;
+  EXPECT_NE(stat(d.file("zoe-calibration.json").c_str(), &st), 0) << "a calibration file nobody asked for";
+  EXPECT_NE(r.err.find("zoe tune: calibration used for this plan and not saved (--calibration-out FILE"),
+            std::string::npos)
+      << r.err;
+}
+
+// A --device that cannot be used here is refused before anything is measured, naming the flag;
+// --calibration-out without --calibrate is refused rather than ignored.
+TEST(TuneCli, UnusableDeviceRefusedBeforeMeasuring) {
+  zoe::test::ScratchDir d("tune-device");
+  const std::string base =
+      "tune --preset tiny --device-mem 64MiB --host-mem 4GiB --nvme-space 1GiB --nvme-path " + d.path() +
+      " --out " + d.file("tuned.json");
+  CmdResult r = zoe(base + " --calibration-out " + d.file("cal.json"));
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_NE(r.err.find("--calibration-out " + d.file("cal.json") + " has no effect without --calibrate"),
+            std::string::npos)
+      << r.err;
+  CmdResult info = zoe("info");
+  if (info.out.find("CUDA       none") == std::string::npos) GTEST_SKIP() << "this host has a GPU";
+  for (const std::string measure : {" --calibrate --calibrate-bytes 16MiB", " --verify 1 --verify-steps 1"}) {
+    r = zoe(base + " --device cuda" + measure, "", 120);
+    EXPECT_EQ(r.rc, 2) << measure << ": " << r.err;
+    EXPECT_NE(r.err.find("zoe: error: invalid argument: --device cuda: this host has no usable GPU"),
+              std::string::npos)
+        << r.err;
+    EXPECT_NE(r.err.find("give --device cpu"), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("calibrate:"), std::string::npos) << "measured first: " << r.err;
+    struct stat st;
+    EXPECT_NE(stat(d.file("tuned.json").c_str(), &st), 0) << measure;
+  }
+  r = zoe(base + " --device cuda --json");  // planning for a GPU host (nothing measured) stays allowed
+  EXPECT_EQ(r.rc, 0) << r.err;
+}
+
 }  // namespace
