@@ -240,7 +240,8 @@ CLI::App* add_train_options(CLI::App& app, TrainOpts* o) {
       "Optimizer without --config: AdamW (decoupled decay), lr 1e-3, betas (0.9, 0.999), eps 1e-8,\n"
       "weight decay 0, no clipping: DeepSpeed's defaults for optimizer.params, after a linear warm-up\n"
       "over the first 100 updates (--warmup; without it the demo preset at --seq 256 meets a loss spike,\n"
-      "2.55 -> 12.8, in its first 25 steps, as plain PyTorch does on the same weights and batches). zoe keeps\n"
+      "2.55 -> 12.8, in its first 25 steps, as plain PyTorch does on the same weights and batches). zoe "
+      "keeps\n"
       "DeepSpeed's weight decay 0 so that a DeepSpeed config and these flags train alike; torch.optim.AdamW\n"
       "defaults to 0.01 (pass --weight-decay 0.01 to match it).\n"
       "A step whose loss or gradient norm is NaN or inf stops the run (exit 1), unless fp16's dynamic loss\n"
@@ -268,10 +269,11 @@ CLI::App* add_train_options(CLI::App& app, TrainOpts* o) {
   cmd->add_option("--lr", o->lr,
                   "Learning rate (default: the config's, or 1e-3 as DeepSpeed's optimizer.params.lr; 0 is "
                   "legal)");
-  cmd->add_option("--warmup", o->warmup,
-                  "Without --config: a linear learning-rate warm-up over the first N updates, from lr/N up to "
-                  "--lr (DeepSpeed's WarmupLR with warmup_type linear, warmup_min_lr lr/N, "
-                  "warmup_num_steps N); 0: none, a constant --lr from the first update")
+  cmd->add_option(
+         "--warmup", o->warmup,
+         "Without --config: a linear learning-rate warm-up over the first N updates, from lr/N up to "
+         "--lr (DeepSpeed's WarmupLR with warmup_type linear, warmup_min_lr lr/N, "
+         "warmup_num_steps N); 0: none, a constant --lr from the first update")
       ->capture_default_str();
   cmd->add_option("--weight-decay", o->weight_decay,
                   "Without --config: AdamW's decoupled weight decay (default 0, DeepSpeed's "

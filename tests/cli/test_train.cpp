@@ -220,10 +220,11 @@ TEST(Train, TheDemosMainJobLearnsOneDigitAdditions) {
   // as the demo, measured 99.5 % (OpenBLAS Cooperlake, avx512 or avx2), 100 % (OpenBLAS Haswell)
   // and 21.9 % (OpenBLAS SkylakeX, avx512 or avx2); an untrained model stays at 0 %. The bound is 15 %.
   zoe::test::ScratchDir nvme("demo");
-  json j = train("--preset tiny --task add1 --seed 2 --offload nvme --nvme-path " + nvme.path() +
-                     " --device-budget 576KiB --steps 3000 --micro-batch 32 --lr 0.003 --warmup 0 --eval-every 500"
-                     " --sample 13 --prompt 7+5= --temperature 0",
-                 nullptr, /*timeout_s=*/800);  // 3000 steps: about 75 s in Release, over 300 s under ASan
+  json j =
+      train("--preset tiny --task add1 --seed 2 --offload nvme --nvme-path " + nvme.path() +
+                " --device-budget 576KiB --steps 3000 --micro-batch 32 --lr 0.003 --warmup 0 --eval-every 500"
+                " --sample 13 --prompt 7+5= --temperature 0",
+            nullptr, /*timeout_s=*/800);  // 3000 steps: about 75 s in Release, over 300 s under ASan
   ASSERT_FALSE(j.is_null());
   EXPECT_GT(j["state_to_budget"].get<double>(), 3.5);
   ASSERT_GE(j["evals"].size(), 2u);
