@@ -25,7 +25,7 @@ echo
 if [ "${ZOE_DEMO:-train}" = text ]; then
   ./build/bin/zoe train --preset tiny --data /usr/share/common-licenses --offload nvme \
     --nvme-path "$scratch" --device-budget 576KiB --steps 3000 --micro-batch 32 --lr 0.003 \
-    --eval-every 1000 --sample 200 --prompt "This License " --temperature 0.6 "$@"
+    --warmup 0 --eval-every 1000 --sample 200 --prompt "This License " --temperature 0.6 "$@"
   exit
 fi
 # The main job: a 2-layer GPT learns one-digit additions ("7+5=12") from scratch. Its 2.1 MB of

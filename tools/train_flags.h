@@ -24,6 +24,7 @@ struct TrainOpts {
   int steps = 100;
   double lr = 1e-3;           // without --config, or given: optimizer.params.lr
   double weight_decay = 0.0;  // without --config only: optimizer.params.weight_decay
+  int warmup = 100;           // without --config only: linear warm-up updates (0: none)
   std::string seed_text = "1";
   uint64_t seed = 1;  // parsed from seed_text
   int eval_every = 0;

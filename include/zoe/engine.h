@@ -97,9 +97,10 @@ struct ModuleOptions {
   // master, and no m/v; it loads into a frozen or a trainable module (m/v start at zero then).
   bool frozen = false;
   // A held module stays fetched while the modules after it run (a PyTorch root module's own
-  // parameters: fetched at the start of the forward, used at its end, and through the backward):
-  // the placement keeps room for its gathered parameters beside every other module in use, so a
-  // budget initialize() accepts never runs out in the middle of a step for it.
+  // parameters: fetched at the start of the forward, used at its end, and through the backward;
+  // an embedding tied to the head), and its gradients arrive over the whole backward: the
+  // placement keeps room for its gathered parameters and its gradient buffer beside every other
+  // module in use, so a budget initialize() accepts never runs out in the middle of a step for it.
   bool held = false;
 };
 

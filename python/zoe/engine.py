@@ -306,9 +306,13 @@ class Engine:
         unit_mods = {id(u.module) for u in self._units}
         held_units = {ui for ui, u in enumerate(self._units)
                       if u.direct and any(id(m) in unit_mods for m in u.module.modules() if m is not u.module)}
+        # So does a zoe module that several units use (an embedding tied to the head): fetched in
+        # the backward from the head's gradient to the embedding's, its gradients open all along.
+        shared = {zi for zi in range(len(self._zmods)) if sum(zi in u.zmods for u in self._units) > 1}
         for zm in self._zmods:
             specs = [(n, list(s) if len(s) else [1]) for n, s in zip(zm.names, zm.shapes)]
-            self._eng.add_module(zm.name, specs, zm.frozen, any(zm.index in self._units[ui].zmods for ui in held_units))
+            held = zm.index in shared or any(zm.index in self._units[ui].zmods for ui in held_units)
+            self._eng.add_module(zm.name, specs, zm.frozen, held)
         self._dtype = _DTYPES[self._eng.compute_dtype()]
         # Released parameters point at a 0-element tensor of the compute dtype on the engine's
         # device: torch drops a parameter's AccumulateGrad node (and the hook zoe put on it) when

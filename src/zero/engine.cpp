@@ -96,6 +96,12 @@ ModuleParams EngineContext::views(const ModuleLayout& mod, void* flat) const {
 
 Result<device::DeviceBuffer> EngineContext::dalloc(size_t bytes) {
   auto r = device::DeviceBuffer::allocate(*dev, bytes);
+  if (!r.is_ok() && r.status().code() == StatusCode::kOutOfBudget) {
+    // Every device allocation of the engine lives within zoe.device_budget: name the key to change.
+    return r.status().with_context(
+        "allocating device memory within zoe.device_budget (raise zoe.device_budget, or offload more: "
+        "zero_optimization.offload_param / offload_optimizer)");
+  }
   if (!r.is_ok()) return r.status().with_context("allocating device memory");
   device::DeviceBuffer b = std::move(r).value();
   // Zeroed before anyone else sees it (b frees itself on an error).

@@ -187,7 +187,9 @@ Result<ModuleParams> GradReducer::grads(ModuleId m) {
     // The reduction in flight is accumulated first and its buffers freed: one module's gradients
     // on the device at a time.
     ZOE_RETURN_IF_ERROR(complete(true));
-    ZOE_ASSIGN_OR_RETURN(grad_buf_[m.index], ctx_.dalloc(mod.padded * ctx_.esize()));
+    auto buf = ctx_.dalloc(mod.padded * ctx_.esize());
+    if (!buf.is_ok()) return buf.status().with_context("the gradient buffer of module " + mod.name);
+    grad_buf_[m.index] = std::move(buf).value();
   }
   return ctx_.views(mod, grad_buf_[m.index].get());
 }

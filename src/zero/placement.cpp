@@ -50,12 +50,17 @@ struct Extent {
 // Device bytes of module mp's reduction beside its gradient buffer (it runs in place there): at
 // stage 2/3 with reduce buckets smaller than a partition, the bucket-packed send buffers; nothing
 // at world size 1, where nothing is reduced.
-// Gathered bytes of the held modules (ModuleShape::held) that are partitioned: fetched beside
-// every other module in use (a persistent one is counted with the resident states).
+// Device bytes of the held modules (ModuleShape::held) beside every other module in use: the
+// gathered parameters of a partitioned one (a persistent one is counted with the resident states)
+// and, for a trained one, its gradient buffer, which stays allocated from its first gradient in
+// the backward to its last (a tied head and embedding: the whole backward).
 uint64_t held_gathered_bytes(const Placement& pl) {
   uint64_t held = 0;
-  for (const auto& m : pl.modules)
-    held += m.held && m.partitioned_params ? u64(m.padded) * pl.compute_bytes : 0;
+  for (const auto& m : pl.modules) {
+    if (!m.held) continue;
+    held += m.partitioned_params ? u64(m.padded) * pl.compute_bytes : 0;
+    held += m.frozen ? 0 : u64(m.padded) * pl.compute_bytes;
+  }
   return held;
 }
 

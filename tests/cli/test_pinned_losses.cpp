@@ -1,5 +1,6 @@
-// Pins a short `zoe train` run's losses (demo preset, NVMe offload, fixed seed), so that a
-// restructuring of the engine, the tier manager or the config shows up as a changed number.
+// Pins a short `zoe train` run's losses (demo preset, NVMe offload, fixed seed, a constant learning
+// rate: --warmup 0), so that a restructuring of the engine, the tier manager or the config shows
+// up as a changed number.
 //
 // Bits are pinned only where the whole kernel set is known: zoe's SIMD level and the BLAS core
 // type OpenBLAS chose (`kernels` in --json; OpenBLAS picks by CPU and by OPENBLAS_CORETYPE, so
@@ -65,7 +66,7 @@ TrainRun train_run(const std::string& offload, const std::string& env = "") {
                                                : "--device-budget 1GiB";
   CmdResult r =
       zoe("train --json --quiet --preset demo --steps 6 --micro-batch 4 --seq 32 --seed 7 --eval-batches 1 "
-          "--threads 1 --offload " +
+          "--threads 1 --warmup 0 --offload " +
               offload + " " + where,
           env);
   EXPECT_EQ(r.rc, 0) << r.err;
