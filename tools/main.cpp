@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 
 #include "zoe/cli.h"
+#include "zoe/runtime.h"
 
 namespace {
 
@@ -63,5 +64,7 @@ int main(int argc, char** argv) {
       "Results go to stdout (one JSON object with --json), progress to stderr.",
       "zoe"};
   zoe::cli::add_registered_commands(app);
-  return zoe::cli::run(app, argc, argv);
+  const int rc = zoe::cli::run(app, argc, argv);
+  zoe::set_exit_status(rc);  // the other ranks hear how this one ended
+  return rc;
 }

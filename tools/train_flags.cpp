@@ -273,11 +273,12 @@ CLI::App* add_train_options(CLI::App& app, TrainOpts* o) {
   cmd->add_option("--lr", o->lr,
                   "Learning rate (default: the config's, or 1e-3 as DeepSpeed's optimizer.params.lr; 0 is "
                   "legal)");
-  cmd->add_option(
-         "--warmup", o->warmup,
-         "Without --config: a linear learning-rate warm-up over the first N updates, from lr/N up to "
-         "--lr (DeepSpeed's WarmupLR with warmup_type linear, warmup_min_lr lr/N, "
-         "warmup_num_steps N); 0: none, a constant --lr from the first update")
+  int_range(cmd->add_option(
+                "--warmup", o->warmup,
+                "Without --config: a linear learning-rate warm-up over the first N updates, from lr/N up to "
+                "--lr (DeepSpeed's WarmupLR with warmup_type linear, warmup_min_lr lr/N, "
+                "warmup_num_steps N); 0: none, a constant --lr from the first update"),
+            0, INT32_MAX)
       ->capture_default_str();
   cmd->add_option("--weight-decay", o->weight_decay,
                   "Without --config: AdamW's decoupled weight decay (default 0, DeepSpeed's "

@@ -285,6 +285,11 @@ bool Heartbeat::take_frames(Peer& p) {
       note_left(p.rank, frame_departure(f), false);
     } else if (f[0] == kLeft && p.rank == 0) {
       note_left(frame_about(f), frame_departure(f), true);
+    } else if (f[0] == kLost && p.rank == 0 && frame_about(f) == left_.rank) {
+      // Rank 0 lost a rank this one knows left: the reason is its departure, said here as rank 0
+      // said it (the two time out together; either may speak first).
+      declare_lost(left_.rank, left_reason(now_ns(), left_.at_ns, timeout_s_.load()), true);
+      return false;
     } else if (f[0] == kLost && p.rank == 0) {
       declare_lost(frame_about(f),
                    f[1] ? "rank 0 saw its connection close (the process ended)"
@@ -341,15 +346,20 @@ void Heartbeat::check_waiting_for_left(int64_t now, double timeout) {
   if (left_.rank < 0 || timeout <= 0 || !options_.waiting_since) return;
   const int64_t since = options_.waiting_since();
   if (since == 0) return;
-  const double waited = static_cast<double>(now - std::max(since, left_.at_ns)) * 1e-9;
-  if (waited <= timeout) return;
+  const int64_t from = std::max(since, left_.at_ns);
+  if (static_cast<double>(now - from) * 1e-9 <= timeout) return;
+  declare_lost(left_.rank, left_reason(now, from, timeout), left_.relayed);
+}
+
+std::string Heartbeat::left_reason(int64_t now, int64_t from, double timeout) const {
   const std::string how = describe_departure(left_.how);
   char why[320];
   snprintf(why, sizeof why,
            "it left the job%s%s%s, and this rank has waited for it in a collective for %.1f s since it left "
            "(zoe.comm_timeout_s is %g)",
-           how.empty() ? "" : " (", how.c_str(), how.empty() ? "" : ")", waited, timeout);
-  declare_lost(left_.rank, why, left_.relayed);
+           how.empty() ? "" : " (", how.c_str(), how.empty() ? "" : ")",
+           static_cast<double>(now - from) * 1e-9, timeout);
+  return why;
 }
 
 void Heartbeat::declare_lost(int peer, const std::string& why, bool relayed) {

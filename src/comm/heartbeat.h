@@ -106,6 +106,8 @@ class Heartbeat {
   void declare_lost(int peer, const std::string& why, bool relayed);
   void note_left(int peer, const Departure& d, bool relayed);
   void check_waiting_for_left(int64_t now, double timeout);
+  // Why the peer that left (left_) is lost: its departure, and the wait since `from`.
+  std::string left_reason(int64_t now, int64_t from, double timeout) const;
   void close_all();
 
   const int rank_, size_;

@@ -233,7 +233,9 @@ TEST(HfGpt2, DamagedRankFileFails) {
   EXPECT_HAS(s.message(), "rank-00001.bin");
   EXPECT_FALSE(fs::exists(out + "/model.safetensors"));
   EXPECT_FALSE(fs::exists(out + "/config.json"));
-  for (const auto& e : fs::directory_iterator(out)) ADD_FAILURE() << "left behind: " << e.path();
+  // Nothing left behind: not the output directory, nor the temporary one beside it.
+  EXPECT_FALSE(fs::exists(out));
+  for (const auto& e : fs::directory_iterator(od.path())) ADD_FAILURE() << "left behind: " << e.path();
 }
 
 }  // namespace

@@ -73,7 +73,7 @@ TEST(BenchComm, RefusesBadFlags) {
       {"--ops allreduce,alltoall", "--ops allreduce,alltoall: unknown collective \"alltoall\""},
       {"--sizes 64KiB..1KiB", "--sizes 64KiB..1KiB: expected A..B"},
       {"--sizes 32GiB", "--sizes 32GiB: 32 GiB is out of range (expected 1 B to 16 GiB)"},
-      {"--sizes lots", "--sizes lots: expected a size"},
+      {"--sizes lots", "--sizes 'lots': item 1: 'lots' is not a byte size"},
       {"--backend gloo", "--backend gloo: expected auto, host or nccl"},
       {"--iters 0", "--iters 0 is out of range"},
   };
