@@ -562,7 +562,22 @@ class TrialRunner:
                           (name, describe_rc(p.rc), ", ".join(swap_files(nvme))))
         # Stopped by a signal at a step boundary: `latest` names that step (SIGTERM saves it) or the
         # last periodic save before it (SIGINT).
-        if sig in (signal.SIGTERM, signal.SIGINT) and p.rc == 128 + sig:
+        # A rank killed by the signal itself (it came before zoe installed its handler, at start-up):
+        # mpirun says so and ends the job with 128 + N, as a single rank ends with -N. Accepted like
+        # that case, when no rank stopped at a boundary (the resume below still checks the bits).
+        pre_handler = (kind in RANK_KINDS and p.rc == 128 + (sig or 0) and "stopped by SIG" not in err and
+                       re.search(r"process rank %d with PID \d+ on node \S+ exited on signal %d\b" %
+                                 (t.signalled_rank, sig or 0), p.stderr()) is not None)
+        if pre_handler:
+            t.ended[-1] += " (pre-handler)"
+        # mpirun aborts the job at the first rank's exit status 128 + N and may drop the ranks'
+        # last lines of stderr with it (seen for signals in the first step): the stop is then
+        # checked by the resume below (bit for bit), not by the messages.
+        elif (kind in RANK_KINDS and p.rc == 128 + (sig or 0) and "stopped by SIG" not in err and
+              "the job has been aborted" in p.stderr()):
+            pre_handler = True
+            t.ended[-1] += " (mpirun's abort cut the ranks' messages)"
+        if sig in (signal.SIGTERM, signal.SIGINT) and p.rc == 128 + sig and not pre_handler:
             m = re.search(r"stopped by SIG\w+ after step (\d+) of", err)
             if not m:
                 return t.fail("crash", "%s exited %d without saying where it stopped: '%s'" %
@@ -1378,10 +1393,10 @@ def ended_kind(text):
     """A trial's first run, in one word: how it ended."""
     if "SIGKILL" in text and "killed" in text:
         return "killed"
+    if "killed by SIGTERM" in text or "killed by SIGINT" in text or "(pre-handler)" in text:
+        return "pre-handler"
     if "rc 143" in text or "rc 130" in text:
         return "stopped"
-    if "killed by SIGTERM" in text or "killed by SIGINT" in text:
-        return "pre-handler"
     if "rc 0" in text:
         return "finished"
     if "rc 1" in text or "rc 2" in text:
