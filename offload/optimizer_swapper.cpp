@@ -129,7 +129,7 @@ Status OptimizerSwapper::sync_transfer(uint64_t id, size_t state, char* data, bo
     cv_.wait(lock, [&] { return async_writes_ == 0; });
     if (!async_err_.is_ok()) return async_err_;
   }
-  if (write) ZOE_RETURN_IF_ERROR(drop_preloaded());  // they would be stale
+  if (write) ZOE_RETURN_IF_ERROR(discard_preloaded());  // they would be stale
   Group* g = find(id);
   if (!g) return not_found("optimizer swapper: no group %llu", static_cast<unsigned long long>(id));
   if (state >= opts_.states.size()) return invalid_argument("optimizer swapper: no state %zu", state);
@@ -215,7 +215,7 @@ Status OptimizerSwapper::write_async(GroupId gid, size_t state, const void* src,
     return Status::ok();
   }
   if (opts_.states[state].write_back)
-    ZOE_RETURN_IF_ERROR(drop_preloaded());  // a preloaded copy would be stale
+    ZOE_RETURN_IF_ERROR(discard_preloaded());  // a preloaded copy would be stale
   size_t index;
   {
     std::unique_lock<std::mutex> lock(mu_);
@@ -322,7 +322,18 @@ Status OptimizerSwapper::release_preloaded(Preloaded& p) {
   return s;
 }
 
+void OptimizerSwapper::read_ahead_next_step() {
+  if (read_ahead_) return;
+  read_ahead_ = true;
+  preload(slots_ - 1);
+}
+
 Status OptimizerSwapper::drop_preloaded() {
+  read_ahead_ = false;
+  return discard_preloaded();
+}
+
+Status OptimizerSwapper::discard_preloaded() {
   std::vector<Preloaded> pre = std::move(preloaded_);
   preloaded_.clear();
   Status s;
@@ -427,6 +438,7 @@ void OptimizerSwapper::write_back_chunk(const StepChunk& c, size_t slot, bool wr
 }
 
 Status OptimizerSwapper::step(const ChunkUpdate& update, bool write_all) {
+  read_ahead_ = false;
   ZOE_RETURN_IF_ERROR(wait_async_writes());
   stats_ = SwapperStats{};
   const uint64_t t_begin = now_ns();

@@ -96,6 +96,10 @@ class OptimizerSwapper {
   // them first. A write of any state through write_state, or of a written-back state through
   // write_state_async, drops them (they would be stale); so does drop_preloaded().
   void preload(size_t max_slots);
+  // The caller's intent, with the slot policy left to the swapper: the next step's gradients are
+  // final from here on, so read its first chunks now, as many as the slots allow while one stays
+  // for the transfers that follow. Once per step: again only after step() or drop_preloaded().
+  void read_ahead_next_step();
   // Hands a preloaded chunk's read-only state over from memory: n elements of `state` of chunk
   // (id, begin) into its slot, so step() does not read it from NVMe. False (nothing done) when
   // that chunk is not preloaded.
@@ -170,6 +174,8 @@ class OptimizerSwapper {
   };
   std::vector<Preloaded> preloaded_;
   Status release_preloaded(Preloaded& p);
+  Status discard_preloaded();       // drop_preloaded() without ending the step's read-ahead
+  bool read_ahead_ = false;         // read_ahead_next_step() ran since the last step()
   size_t async_writes_ = 0;         // write_state_async() writes in flight, guarded by mu_
   std::vector<size_t> async_free_;  // its free buffers (pool indices after the slots'), guarded by mu_
   Status async_err_;                // the first of their errors since the last wait, guarded by mu_

@@ -29,6 +29,7 @@
 #include <memory>
 #include <string>
 
+#include "core/dtype.h"
 #include "zoe/status.h"
 
 namespace zoe::comm {
@@ -37,6 +38,10 @@ enum class CommType : uint8_t { kF32, kF16, kBF16, kF64, kU8, kI64 };
 enum class ReduceOp : uint8_t { kSum, kMax };
 size_t comm_type_size(CommType t);
 const char* comm_type_name(CommType t);
+// The collective's element type of a tensor dtype.
+constexpr CommType to_comm(DType d) {
+  return d == DType::kF32 ? CommType::kF32 : d == DType::kBF16 ? CommType::kBF16 : CommType::kF16;
+}
 
 // Completion of one collective. Copyable; wait() may be called from any thread, many times.
 class CommHandle {

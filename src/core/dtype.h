@@ -17,6 +17,8 @@
 #include <cstring>
 #include <string_view>
 
+#include "zoe/dtype.h"
+
 namespace zoe {
 
 enum class DType : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2 };
@@ -112,5 +114,25 @@ inline uint32_t half_ulp_distance(uint16_t a, uint16_t b, DType d) {
   int32_t d2 = ordered(a) - ordered(b);
   return static_cast<uint32_t>(d2 < 0 ? -d2 : d2);
 }
+
+// dst (n elements of dt) = src (fp32), rounded to nearest even: the scalar reference the SIMD
+// conversions (optim::convert_with_norm) answer to.
+inline void store_compute(void* dst, const float* src, DType dt, size_t n) {
+  if (dt == DType::kF32) {
+    std::memcpy(dst, src, n * 4);
+    return;
+  }
+  auto* d = static_cast<uint16_t*>(dst);
+  for (size_t i = 0; i < n; ++i) d[i] = dt == DType::kBF16 ? f32_to_bf16(src[i]) : f32_to_f16(src[i]);
+}
+
+// The one place the public ComputeDType (zoe/dtype.h) and DType meet: the same numeric values,
+// so the mapping is a cast.
+static_assert(static_cast<int>(ComputeDType::kF32) == static_cast<int>(DType::kF32) &&
+                  static_cast<int>(ComputeDType::kF16) == static_cast<int>(DType::kF16) &&
+                  static_cast<int>(ComputeDType::kBF16) == static_cast<int>(DType::kBF16),
+              "ComputeDType and DType must keep the same values");
+constexpr ComputeDType public_dtype(DType d) { return static_cast<ComputeDType>(d); }
+constexpr DType internal_dtype(ComputeDType d) { return static_cast<DType>(d); }
 
 }  // namespace zoe

@@ -10,8 +10,6 @@
 
 namespace zoe::plan {
 
-using zero::Home;
-
 const char* resource_name(Resource r) {
   switch (r) {
     case Resource::kCompute:
@@ -90,15 +88,16 @@ std::vector<bool> host_cached(const zero::Placement& pl) {
   };
   uint64_t parts = 0, biggest = 0;
   for (const auto& m : pl.modules) {
-    if (m.partitioned_params && m.param_home == Home::kNvme)
+    if (m.partitioned_params && m.param_home == offload::Tier::kNvme)
       parts += alloc(m), biggest = std::max(biggest, alloc(m));
   }
   const bool all = pl.tm_host_cache >= parts;
   uint64_t room = all ? parts : (pl.tm_host_cache > 2 * biggest ? pl.tm_host_cache - 2 * biggest : 0);
   for (size_t i = 0; i < pl.modules.size(); ++i) {
     const auto& m = pl.modules[i];
-    if (!m.partitioned_params || m.param_home != Home::kNvme || alloc(m) > room) {
-      if (!all && m.partitioned_params && m.param_home == Home::kNvme) room = 0;  // in order: no gaps
+    if (!m.partitioned_params || m.param_home != offload::Tier::kNvme || alloc(m) > room) {
+      if (!all && m.partitioned_params && m.param_home == offload::Tier::kNvme)
+        room = 0;  // in order: no gaps
       continue;
     }
     out[i] = true;
@@ -139,7 +138,7 @@ CacheSim simulate_cache(const zero::Placement& pl, int64_t micro, const std::vec
   for (size_t t = 0; t < order.size(); ++t) {
     const size_t m = order[t];
     const zero::ModulePlacement& mp = pl.modules[m];
-    if (!mp.partitioned_params || mp.param_home == Home::kDevice) continue;
+    if (!mp.partitioned_params || mp.param_home == offload::Tier::kDevice) continue;
     next_use[m] = next[t];
     if (in[m]) continue;
     const uint64_t b = bytes_of(m);
@@ -202,7 +201,8 @@ struct StepModel {
   CacheSim sim;
   bool any_off = false;
   std::vector<bool> cached;
-  Home part_home = Home::kDevice;  // the offload device of stage-3 partitions (one for the model)
+  offload::Tier part_home =
+      offload::Tier::kDevice;  // the offload device of stage-3 partitions (one for the model)
   Resource load_res = Resource::kPcie;
   uint64_t first_part = 0;  // the first partitioned module's partition: fetched on demand
   bool first_cached = false;
@@ -219,7 +219,7 @@ struct StepModel {
   void stage3_partitions();
   double io_cpu(double bytes) const { return nvme_cpu > 0 ? bytes / nvme_cpu : 0.0; }
   double load_s(uint64_t bytes) const {
-    return static_cast<double>(bytes) / (part_home == Home::kNvme ? nvme_r : pcie);
+    return static_cast<double>(bytes) / (part_home == offload::Tier::kNvme ? nvme_r : pcie);
   }
   void add_loads(Path::Group* g, uint64_t bytes, uint64_t from_cache);
   void add_gather_copies();
@@ -324,7 +324,7 @@ void StepModel::preloaded_chunks() {
   uint64_t left = pl.swapper ? slots - 1 : 0;
   const uint64_t chunk = std::max<size_t>(pl.swap_chunk_elems, 1);
   for (size_t i = 0; i < pl.modules.size() && left > 0; ++i) {
-    if (pl.modules[i].opt_home != Home::kNvme) continue;
+    if (pl.modules[i].opt_home != offload::Tier::kNvme) continue;
     for (uint64_t b = 0; b < pl.modules[i].opt_n && left > 0; b += chunk, --left)
       pre[i] += std::min<uint64_t>(chunk, pl.modules[i].opt_n - b);
   }
@@ -338,13 +338,13 @@ void StepModel::stage3_partitions() {
     gather_elems += fetches(i) * pl.modules[i].padded;
     gathers += static_cast<uint64_t>(fetches(i));
   }
-  for (const auto& m : pl.modules) any_off |= m.partitioned_params && m.param_home != Home::kDevice;
+  for (const auto& m : pl.modules) any_off |= m.partitioned_params && m.param_home != offload::Tier::kDevice;
   cached = host_cached(pl);
   if (stage3 && any_off) sim = simulate_cache(pl, micro, cached);
   for (const auto& m : pl.modules) {
     if (m.partitioned_params) part_home = m.param_home;
   }
-  load_res = part_home == Home::kNvme ? Resource::kNvme : Resource::kPcie;
+  load_res = part_home == offload::Tier::kNvme ? Resource::kNvme : Resource::kPcie;
   for (size_t i = 0; i < pl.modules.size(); ++i) {
     if (pl.modules[i].partitioned_params) {
       first_part = static_cast<uint64_t>(pl.modules[i].part) * es;
@@ -361,7 +361,7 @@ void StepModel::add_loads(Path::Group* g, uint64_t bytes, uint64_t from_cache) {
   } else {
     path.serial(Resource::kPcie, 2.0 * static_cast<double>(bytes) / local);
   }
-  if (part_home == Home::kNvme) {
+  if (part_home == offload::Tier::kNvme) {
     g->add(Resource::kNvme, static_cast<double>(bytes - from_cache) / nvme_r);
     g->add(Resource::kCompute, io_cpu(static_cast<double>(bytes - from_cache)));
   }
@@ -375,7 +375,7 @@ void StepModel::add_gather_copies() {
 
 void StepModel::count_loads(uint64_t bytes, uint64_t from_cache) {
   B.host_to_device += bytes;
-  if (part_home == Home::kNvme) B.nvme_read += bytes - from_cache;
+  if (part_home == offload::Tier::kNvme) B.nvme_read += bytes - from_cache;
 }
 
 // A pass's stage-3 all-gathers: queued under the compute (the gather window), else on demand.
@@ -482,7 +482,7 @@ void StepModel::sums_write_behind(Path::Group* g, int64_t j) {
   const bool last = j == micro - 1;
   for (size_t i = 0; i < pl.modules.size(); ++i) {
     const auto& m = pl.modules[i];
-    if (m.opt_home != Home::kNvme) continue;
+    if (m.opt_home != offload::Tier::kNvme) continue;
     // A module's sums leave in a burst once its gradients are reduced: the chunks beyond the
     // swapper's write buffers wait for the first ones (the backward stalls), the rest are
     // written under the next module's backward.
@@ -507,7 +507,7 @@ void StepModel::accumulate_time(int64_t j) {
   for (size_t i = 0; i < pl.modules.size(); ++i) {
     const auto& m = pl.modules[i];
     const uint64_t n = m.opt_n, touched = n * (es + 8);  // read the gradient, read/write the fp32 sum
-    if (m.opt_home == Home::kDevice) {
+    if (m.opt_home == offload::Tier::kDevice) {
       B.device_optimizer += touched;
       path.serial(Resource::kDeviceMem, static_cast<double>(touched) / hbm);
       continue;
@@ -518,7 +518,8 @@ void StepModel::accumulate_time(int64_t j) {
     }
     B.cpu_optimizer += touched;
     path.serial(Resource::kCpu, static_cast<double>(touched) / cpu);
-    if (m.opt_home == Home::kNvme) {  // the running sum on NVMe: read it back (not the first), write it
+    if (m.opt_home ==
+        offload::Tier::kNvme) {  // the running sum on NVMe: read it back (not the first), write it
       const uint64_t rd = j > 0 ? n * 4 : 0, wr = (n - (j == micro - 1 ? pre[i] : 0)) * 4;
       B.nvme_read += rd;
       B.nvme_write += wr;
@@ -570,13 +571,13 @@ void StepModel::micro_batches() {
 // the kernel elsewhere: a host-to-device copy (and the reverse).
 void StepModel::write_out(const zero::ModulePlacement& m, Path::Group* g) {
   const uint64_t bytes = static_cast<uint64_t>(m.opt_n) * es;
-  const bool out_dev = !m.partitioned_params || m.param_home == Home::kDevice;
-  const bool kernel_dev = m.opt_home == Home::kDevice;
+  const bool out_dev = !m.partitioned_params || m.param_home == offload::Tier::kDevice;
+  const bool kernel_dev = m.opt_home == offload::Tier::kDevice;
   if (copies && out_dev != kernel_dev) {
     (out_dev ? B.host_to_device : B.device_to_host) += bytes;
     path.serial(Resource::kPcie, static_cast<double>(bytes) / pcie);
   }
-  if (m.partitioned_params && m.param_home == Home::kNvme) {
+  if (m.partitioned_params && m.param_home == offload::Tier::kNvme) {
     // The partition comes to the host (from the host cache, else from NVMe: a clean device copy
     // is not used), is updated, and is written back behind the next module's update.
     const uint64_t part = static_cast<uint64_t>(m.part) * es;
@@ -596,7 +597,7 @@ void StepModel::nvme_states_time() {
   uint64_t rd = 0, wr = 0, elems = 0;
   for (size_t mi = 0; mi < pl.modules.size(); ++mi) {
     const auto& m = pl.modules[mi];
-    if (m.opt_home != Home::kNvme) continue;
+    if (m.opt_home != offload::Tier::kNvme) continue;
     elems += m.opt_n;
     // The preloaded: read during the backward, their gradient given.
     const uint64_t r = (m.opt_n - pre[mi]) * (4 + 2 * sb + 4), wb = m.opt_n * (4 + 2 * sb);
@@ -651,10 +652,10 @@ void StepModel::overlap_step_time(const Path::Group& g, const std::vector<Path::
 void StepModel::host_device_states_time() {
   for (size_t mi = 0; mi < pl.modules.size(); ++mi) {
     const auto& m = pl.modules[mi];
-    if (m.opt_home == Home::kNvme) continue;
+    if (m.opt_home == offload::Tier::kNvme) continue;
     Path::Group g;
     const uint64_t bytes = m.opt_n * adam_elem;
-    if (m.opt_home == Home::kDevice) {
+    if (m.opt_home == offload::Tier::kDevice) {
       B.device_optimizer += bytes;
       g.add(Resource::kDeviceMem, static_cast<double>(bytes) / hbm);
     } else {

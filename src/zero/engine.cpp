@@ -69,72 +69,61 @@ int Runtime::local_rank() const { return impl_->comm->local_rank(); }
 // ---------------------------------------------------------------------------------------------
 // Memory and setup
 
-namespace zero {
-
-ModuleParams EngineContext::views(const ModuleLayout& mod, void* flat) const {
-  ModuleParams out;
-  out.dtype = public_dtype(cdt);
-  const bool host = ops->host_addressable();
-  out.tensors.reserve(mod.specs.size());
-  out.data.reserve(mod.specs.size());
-  out.numel.reserve(mod.specs.size());
-  for (size_t p = 0; p < mod.specs.size(); ++p) {
-    TensorView v;
-    v.name = mod.specs[p].name;
-    v.shape = &mod.specs[p].shape;
-    v.dtype = out.dtype;
-    v.data = static_cast<char*>(flat) + mod.offset[p] * esize();
-    v.numel = mod.numel[p];
-    v.bytes = mod.numel[p] * esize();
-    v.host_addressable = host;
-    out.tensors.push_back(v);
-    out.data.push_back(v.data);
-    out.numel.push_back(v.numel);
-  }
-  return out;
-}
-
-Result<device::DeviceBuffer> EngineContext::dalloc(size_t bytes) {
-  auto r = device::DeviceBuffer::allocate(*dev, bytes);
-  if (!r.is_ok() && r.status().code() == StatusCode::kOutOfBudget) {
-    // Every device allocation of the engine lives within zoe.device_budget: name the key to change.
-    return r.status().with_context(
-        "allocating device memory within zoe.device_budget (raise zoe.device_budget, or offload more: "
-        "zero_optimization.offload_param / offload_optimizer)");
-  }
-  if (!r.is_ok()) return r.status().with_context("allocating device memory");
-  device::DeviceBuffer b = std::move(r).value();
-  // Zeroed before anyone else sees it (b frees itself on an error).
-  ZOE_RETURN_IF_ERROR(ops->zero(b.get(), bytes));
-  ZOE_RETURN_IF_ERROR(ops->synchronize());
-  return b;
-}
-
-Result<void*> EngineContext::halloc(size_t bytes) {
-  auto pin = cfg->zero.offload_optimizer.pin_memory ? io::PinMode::kDevice : io::PinMode::kNone;
-  ZOE_ASSIGN_OR_RETURN(io::AlignedBuffer b, io::AlignedBuffer::allocate(bytes, pin));
-  memset(b.data(), 0, bytes);
-  host_bytes += bytes;
-  void* p = b.data();
-  host_bufs.push_back(std::move(b));
-  return p;
-}
-
-}  // namespace zero
-
 Result<zero::ModuleId> Engine::Impl::module_id(const char* what, size_t m) const {
   if (!modules.valid(m)) return invalid_argument("%s(%zu): there are %zu modules", what, m, modules.size());
   return zero::ModuleId(m);
 }
 
 void Engine::Impl::shutdown() {
-  update.shutdown();  // an overlapped update still running behind (no collectives here)
-  grads.shutdown();
-  gather.shutdown();
+  if (update) update->shutdown();  // an overlapped update still running behind (no collectives here)
+  if (grads) grads->shutdown();
+  if (gather) gather->shutdown();
   ctx.acts.reset();  // waits for its I/O in flight
+  // The parts go before the resources they hold handles of.
+  gather.reset();
+  grads.reset();
+  update.reset();
   ctx.swapper.reset();
   ctx.tm.reset();
-  homes.free_device_memory();
+  if (homes) homes->free_device_memory();
+  homes.reset();
+}
+
+void Engine::Impl::build_parts() {
+  using zero::ParamHomes, zero::Updater, zero::GradReducer, zero::ParamGather;
+  const zero::Placement& pl = ctx.placement;
+  ParamHomes::Resources hr;
+  hr.mem = ctx.mem.get();
+  hr.ops = ctx.ops.get();
+  hr.dcomm = ctx.dcomm;
+  hr.tm = ctx.tm.get();
+  hr.param_offload = ctx.param_off;
+  homes = std::make_unique<ParamHomes>(ctx.shape, modules, clock, hr);
+  Updater::Resources ur;
+  ur.mem = ctx.mem.get();
+  ur.ops = ctx.ops.get();
+  ur.pool = ctx.pool.get();
+  ur.comm = ctx.comm;
+  ur.swapper = ctx.swapper.get();
+  ur.trace = &ctx.trace;
+  ur.cfg = ctx.cfg.get();
+  ur.state_bytes = pl.state_bytes;
+  update = std::make_unique<Updater>(ctx.shape, modules, *homes, clock, ur, zero::LossScaler(scaler_options));
+  GradReducer::Resources gr;
+  gr.mem = ctx.mem.get();
+  gr.ops = ctx.ops.get();
+  gr.dcomm = ctx.dcomm;
+  gr.reduce_bucket = pl.reduce_bucket;
+  gr.micro_batches = ctx.cfg->gradient_accumulation_steps;
+  grads = std::make_unique<GradReducer>(ctx.shape, modules, *update, clock, gr);
+  ParamGather::Resources pr;
+  pr.mem = ctx.mem.get();
+  pr.dcomm = ctx.dcomm;
+  pr.trace = &ctx.trace;
+  pr.window = pl.gather_window;
+  pr.max_live = pl.max_live_parameters;
+  pr.prefetch_bucket = ctx.cfg->zero.stage3_prefetch_bucket_size;
+  gather = std::make_unique<ParamGather>(ctx.shape, modules, *homes, update->gate(), clock, pr);
 }
 
 namespace {
@@ -184,11 +173,11 @@ Status Engine::Impl::setup_io() {
       config::value_clamped("aio.queue_depth", cfg.aio.queue_depth, 1, 65536, "the I/O engine's range"));
   eo.block_size = static_cast<size_t>(config::aio_block_size_used(cfg.aio.block_size));
   eo.faults = zero::engine_io_faults();
-  if (eo.faults == nullptr) eo.faults = io_stall_from_env(ctx.rank);
+  if (eo.faults == nullptr) eo.faults = io_stall_from_env(ctx.shape.rank);
   ZOE_ASSIGN_OR_RETURN(ctx.io, io::IoEngine::create(eo));
   io::SwapFileOptions so;
   so.dirs = dirs;
-  so.name = "zoe-swap-r" + std::to_string(ctx.rank) + "-" + std::to_string(getpid());
+  so.name = "zoe-swap-r" + std::to_string(ctx.shape.rank) + "-" + std::to_string(getpid());
   so.checksum = cfg.zoe.swap_checksum;
   so.hole_check = cfg.zoe.swap_hole_check;
   ZOE_ASSIGN_OR_RETURN(ctx.swap, io::SwapFile::create(so));
@@ -221,11 +210,7 @@ Status Engine::Impl::setup_tiers() {
   if (pl.swapper) {
     offload::SwapperOptions so;
     const uint32_t sb = static_cast<uint32_t>(pl.state_bytes);
-    // Order: kMasterState, kAvgState, kAvgSqState, kGradState (read-only in the step).
-    so.states = {{offload::StateKind::kMaster, 4, true},
-                 {offload::StateKind::kAdamM, sb, true},
-                 {offload::StateKind::kAdamV, sb, true},
-                 {offload::StateKind::kGrad, 4, false}};
+    so.states = zero::Updater::swapped_states(sb);
     so.buffer_count = pl.swap_buffer_count;
     so.buffer_bytes = pl.swap_buffer_bytes;
     so.async_buffers = pl.swap_async_buffers;
@@ -259,14 +244,14 @@ Status Engine::Impl::fill_values(zero::ModuleId m,
   float* full = s->full;
   for (size_t p = 0; p < mod.specs.size(); ++p) init(m.index, p, full + mod.offset[p], mod.numel[p]);
   std::fill(full + mod.total, full + mod.padded, 0.0f);
-  if (ctx.cdt == DType::kF32) {
+  if (ctx.shape.cdt == DType::kF32) {
     memcpy(s->cbuf, full, mod.padded * 4);
     return Status::ok();
   }
   // The SIMD conversion, in software RNE (the bits zero::store_compute gives).
   optim::Exec ex;
   ex.hw_bf16 = false;
-  return optim::convert_with_norm(full, DType::kF32, s->cbuf, ctx.cdt, mod.padded, false, ex).status();
+  return optim::convert_with_norm(full, DType::kF32, s->cbuf, ctx.shape.cdt, mod.padded, false, ex).status();
 }
 
 // Module m's values (fill_values) into their homes: its compute parameters and the optimizer
@@ -274,12 +259,10 @@ Status Engine::Impl::fill_values(zero::ModuleId m,
 Status Engine::Impl::store_module(zero::ModuleId m, const PlaceScratch& s) {
   const zero::ModuleLayout& mod = modules[m];
   zero::OpsFence fence(*ctx.ops);  // the copies below read s's buffers
-  ZOE_RETURN_IF_ERROR(homes.place(m, s.cbuf));
-  ZOE_RETURN_IF_ERROR(update.place(m, s.full + mod.opt_begin));
+  ZOE_RETURN_IF_ERROR(homes->place(m, s.cbuf));
+  ZOE_RETURN_IF_ERROR(update->place(m, s.full + mod.opt_begin));
   // The masters on NVMe are written from s.full itself (Updater::place): done before s is reused.
-  if (!mod.frozen && mod.opt_home == config::OffloadDevice::kNvme && ctx.swapper)
-    ZOE_RETURN_IF_ERROR_CTX(ctx.swapper->wait_async_writes(),
-                            "writing the initial optimizer states of " + mod.name);
+  ZOE_RETURN_IF_ERROR_CTX(update->wait_placed(), "writing the initial optimizer states of " + mod.name);
   return fence.wait();
 }
 
@@ -293,7 +276,7 @@ Status Engine::Impl::place_all(const std::function<void(size_t, size_t, float*, 
   size_t most = 0;
   for (const auto& mod : modules.all()) most = std::max(most, mod.padded);
   PlaceScratch scratch[2];
-  for (PlaceScratch& s : scratch) ZOE_RETURN_IF_ERROR(s.allocate(most, ctx.esize()));
+  for (PlaceScratch& s : scratch) ZOE_RETURN_IF_ERROR(s.allocate(most, ctx.shape.esize()));
   struct Placer {  // joined on every exit path (an init that throws included)
     std::thread t;
     Status status = Status::ok();
@@ -355,15 +338,15 @@ Status Engine::Impl::check_nvme_space() const {
   struct stat st {};
   if (!ctx.swap->files().empty() && stat(ctx.swap->files()[0]->path().c_str(), &st) == 0) mine.fs = st.st_dev;
   snprintf(mine.where, sizeof mine.where, "%s", where.c_str());
-  std::vector<NvmeNeed> all(static_cast<size_t>(ctx.world));
+  std::vector<NvmeNeed> all(static_cast<size_t>(ctx.shape.world));
   ZOE_RETURN_IF_ERROR(ctx.comm->all_gather(&mine, all.data(), sizeof mine, comm::CommType::kU8).wait());
-  for (int r = 0; r < ctx.world; ++r) {
+  for (int r = 0; r < ctx.shape.world; ++r) {
     const NvmeNeed& a = all[r];
     // The ranks on a's node and file system (each group is judged once, at its first rank).
     std::vector<int> ranks;
     uint64_t need = 0, free_b = a.free;
     bool first = true;
-    for (int q = 0; q < ctx.world; ++q) {
+    for (int q = 0; q < ctx.shape.world; ++q) {
       if (strncmp(all[q].host, a.host, sizeof a.host) != 0 || all[q].fs != a.fs) continue;
       if (q < r) first = false;
       ranks.push_back(q);
@@ -417,19 +400,20 @@ Result<std::unique_ptr<Engine>> zero::create_engine(Runtime& rt, const config::C
   auto impl = std::make_unique<Impl>();
   impl->ctx.rt = &rt;
   impl->ctx.comm = &zero::runtime_comm(rt);
-  impl->ctx.rank = rt.rank();
-  impl->ctx.world = rt.world_size();
+  impl->ctx.shape.rank = rt.rank();
+  impl->ctx.shape.world = rt.world_size();
   impl->ctx.cfg = std::make_unique<config::Config>(cfg);
-  impl->ctx.stage = cfg.zero.stage;
-  impl->ctx.opt_off = cfg.zero.offload_optimizer.device;
-  impl->ctx.param_off = cfg.zero.offload_param.device;
-  impl->ctx.cdt = cfg.bf16 ? DType::kBF16 : cfg.fp16.enabled ? DType::kF16 : DType::kF32;
-  if (impl->ctx.stage < 0 || impl->ctx.stage > 3)
-    return invalid_argument("zero_optimization.stage %d is not 0-3", impl->ctx.stage);
-  if (impl->ctx.param_off != OffloadDevice::kNone && impl->ctx.stage != 3) {
-    return invalid_argument("zero_optimization.offload_param needs stage 3 (stage is %d)", impl->ctx.stage);
+  impl->ctx.shape.stage = cfg.zero.stage;
+  impl->ctx.opt_off = zero::offload_tier(cfg.zero.offload_optimizer.device);
+  impl->ctx.param_off = zero::offload_tier(cfg.zero.offload_param.device);
+  impl->ctx.shape.cdt = cfg.bf16 ? DType::kBF16 : cfg.fp16.enabled ? DType::kF16 : DType::kF32;
+  if (impl->ctx.shape.stage < 0 || impl->ctx.shape.stage > 3)
+    return invalid_argument("zero_optimization.stage %d is not 0-3", impl->ctx.shape.stage);
+  if (impl->ctx.param_off != Tier::kDevice && impl->ctx.shape.stage != 3) {
+    return invalid_argument("zero_optimization.offload_param needs stage 3 (stage is %d)",
+                            impl->ctx.shape.stage);
   }
-  if (impl->ctx.opt_off != OffloadDevice::kNone && impl->ctx.stage == 0) {
+  if (impl->ctx.opt_off != Tier::kDevice && impl->ctx.shape.stage == 0) {
     return invalid_argument("zero_optimization.offload_optimizer needs stage 1, 2 or 3");
   }
   uint64_t budget = static_cast<uint64_t>(cfg.zoe.device_budget_bytes);
@@ -459,14 +443,14 @@ Result<std::unique_ptr<Engine>> zero::create_engine(Runtime& rt, const config::C
     impl->ctx.ops = zero::make_cpu_ops(impl->ctx.pool.get(), zero::deferred_device_ops());
     impl->ctx.dcomm = impl->ctx.comm;
   }
-  zero::LossScaler::Options lo;
+  impl->ctx.mem = std::make_unique<zero::DeviceMemory>(*impl->ctx.dev, *impl->ctx.ops, impl->ctx.shape.cdt);
+  zero::LossScaler::Options& lo = impl->scaler_options;
   lo.static_scale = cfg.fp16.enabled ? cfg.fp16.loss_scale : 1.0;
   lo.initial_scale_power = cfg.fp16.initial_scale_power;
   lo.window = std::max(1, cfg.fp16.loss_scale_window);
   lo.hysteresis = cfg.fp16.hysteresis;
   lo.consecutive_hysteresis = cfg.fp16.consecutive_hysteresis;
   lo.min_scale = cfg.fp16.min_loss_scale;
-  impl->update.scaler() = zero::LossScaler(lo);
   ZOE_RETURN_IF_ERROR(impl->setup_io());
   return EngineAccess::make(std::move(impl));
 }
@@ -522,9 +506,8 @@ void apply_layout(const zero::Placement& pl, zero::ModuleTable* modules) {
     mod.opt_begin = mp.opt_begin;
     mod.opt_n = mp.opt_n;
     mod.frozen = mp.frozen;
-    mod.opt_home = mp.opt_home == zero::Home::kDevice ? OffloadDevice::kNone
-                   : mp.opt_home == zero::Home::kHost ? OffloadDevice::kCpu
-                                                      : OffloadDevice::kNvme;
+    mod.opt_home = mp.opt_home;
+    mod.param_home = mp.param_home;
   }
 }
 
@@ -544,36 +527,34 @@ Status Engine::initialize(const std::function<void(size_t, size_t, float*, size_
   target.queued_gathers = ctx.ops->host_addressable() && ctx.dcomm == ctx.comm;
   // The buffers the config leaves to zoe are sized from this host's memory, shared by the ranks
   // (the job's size bounds how many of them share this host).
-  target.host_memory = zero::engine_host_memory(ctx.world);
+  target.host_memory = zero::engine_host_memory(ctx.shape.world);
   ZOE_ASSIGN_OR_RETURN(ctx.placement, I.plan_beside_activations(shapes, target));
   apply_layout(ctx.placement, &I.modules);
-  I.grads.resize(I.modules.size());
-  I.gather.resize(I.modules.size());
   // 2. NVMe space for everything that lives there, checked before anything is written.
   ZOE_RETURN_IF_ERROR(I.check_nvme_space());
   // 3. Tiers and swapper, then every state in its home.
   ZOE_RETURN_IF_ERROR(I.setup_tiers());
+  I.build_parts();
   ZOE_RETURN_IF_ERROR(I.place_all(init));
   // The optimizer states written behind the placing (Updater::place): on NVMe before training.
-  if (ctx.swapper)
-    ZOE_RETURN_IF_ERROR_CTX(ctx.swapper->wait_async_writes(), "writing the initial optimizer states");
+  ZOE_RETURN_IF_ERROR_CTX(I.update->wait_placed(), "writing the initial optimizer states");
   ZOE_CHECK_MSG(ctx.dev->used_bytes() == ctx.placement.resident.device,
                 "placement: the device holds %llu bytes after initialize(), the plan said %llu",
                 static_cast<unsigned long long>(ctx.dev->used_bytes()),
                 static_cast<unsigned long long>(ctx.placement.resident.device));
-  I.gather.set_window(ctx.placement.gather_window);
   ZOE_RETURN_IF_ERROR(I.setup_activations());
   I.initialized = true;
   I.clock.last_step_ns = now_ns();
-  if (ctx.tm) ctx.tm->begin_trace();
+  I.homes->begin_trace();
   return Status::ok();
 }
 
 size_t Engine::num_modules() const { return impl_->modules.size(); }
 const std::string& Engine::module_name(size_t m) const { return impl_->modules.all().at(m).name; }
-ComputeDType Engine::compute_dtype() const { return zero::public_dtype(impl_->ctx.cdt); }
+ComputeDType Engine::compute_dtype() const { return public_dtype(impl_->ctx.shape.cdt); }
 double Engine::loss_scale() const {
-  return impl_->ctx.cdt == DType::kF16 ? impl_->update.scaler().scale() : 1.0;
+  if (impl_->ctx.shape.cdt != DType::kF16) return 1.0;
+  return impl_->update ? impl_->update->scaler().scale() : zero::LossScaler(impl_->scaler_options).scale();
 }
 
 uint64_t Engine::num_params() const {
@@ -587,11 +568,11 @@ uint64_t Engine::model_state_bytes() const {
   // Frozen modules hold their compute parameters only.
   uint64_t trained = 0;
   for (const auto& mod : impl_->modules.all()) trained += mod.frozen ? 0 : mod.total;
-  const uint64_t n = num_params(), w = static_cast<uint64_t>(c.world);
-  const uint64_t params = (c.stage == 3 ? n / w : n) * c.esize();
-  const uint64_t grads = (c.stage >= 2 ? trained / w : trained) * 4;
+  const uint64_t n = num_params(), w = static_cast<uint64_t>(c.shape.world);
+  const uint64_t params = (c.shape.stage == 3 ? n / w : n) * c.shape.esize();
+  const uint64_t grads = (c.shape.stage >= 2 ? trained / w : trained) * 4;
   const uint64_t optim =
-      (c.stage >= 1 ? trained / w : trained) * (4 + 2 * (c.cfg->zoe.bf16_optimizer_states ? 2 : 4));
+      (c.shape.stage >= 1 ? trained / w : trained) * (4 + 2 * (c.cfg->zoe.bf16_optimizer_states ? 2 : 4));
   return params + grads + optim;
 }
 
@@ -601,17 +582,13 @@ MemoryUse Engine::memory_in_use() const {
   const zero::EngineContext& c = impl_->ctx;
   MemoryUse u;
   u.device = c.dev->used_bytes();
-  u.host = c.host_bytes + (c.swapper ? c.swapper->buffer_bytes_total() : 0);
+  u.host = impl_->update ? impl_->update->host_bytes() : 0;
   u.nvme = c.store ? c.store->used_bytes() : 0;
   if (c.tm) {
     const offload::TierStats ts = c.tm->stats();
     u.device_partitions = ts.used[0];
     u.host += ts.used[1];
-    for (zero::ModuleId m : impl_->modules.ids()) {
-      if (!impl_->modules[m].partitioned_params) continue;
-      u.partition_pins +=
-          c.tm->pins(zero::tier_item(m), Tier::kDevice) + c.tm->pins(zero::tier_item(m), Tier::kHost);
-    }
+    for (zero::ModuleId m : impl_->modules.ids()) u.partition_pins += impl_->homes->pins(m);
   }
   return u;
 }

@@ -67,7 +67,7 @@ Result<uint64_t> host_budget(const zero::EngineContext& ctx) {
   const config::ZoeConfig& z = ctx.cfg->zoe;
   const uint64_t given = static_cast<uint64_t>(z.activation_host_budget_bytes);
   if (z.host_budget_bytes <= 0)
-    return given ? given : zero::engine_host_memory(ctx.world) / kActivationHostShareDiv;
+    return given ? given : zero::engine_host_memory(ctx.shape.world) / kActivationHostShareDiv;
   const uint64_t all = static_cast<uint64_t>(z.host_budget_bytes), peak = ctx.placement.peak.host;
   const uint64_t left = all > peak ? all - peak : 0;
   if (given == 0) return std::min(all / kActivationHostBudgetDiv, left);
@@ -95,12 +95,13 @@ Result<zero::Placement> Engine::Impl::plan_beside_activations(const std::vector<
   const uint64_t budget = target.device_budget;
   const uint64_t given = static_cast<uint64_t>(std::max<int64_t>(0, cfg.zoe.activation_device_budget_bytes));
   const uint64_t share = given ? given : activations_in_use(cfg) ? budget / kActivationDeviceShareDiv : 0;
-  if (share == 0 || share >= budget) return zero::plan_placement(cfg, shapes, ctx.world, ctx.rank, target);
+  if (share == 0 || share >= budget)
+    return zero::plan_placement(cfg, shapes, ctx.shape.world, ctx.shape.rank, target);
   target.device_budget = budget - share;
-  auto placed = zero::plan_placement(cfg, shapes, ctx.world, ctx.rank, target);
+  auto placed = zero::plan_placement(cfg, shapes, ctx.shape.world, ctx.shape.rank, target);
   if (placed.is_ok() || given) return placed;
   target.device_budget = budget;
-  auto whole = zero::plan_placement(cfg, shapes, ctx.world, ctx.rank, target);
+  auto whole = zero::plan_placement(cfg, shapes, ctx.shape.world, ctx.shape.rank, target);
   if (whole.is_ok()) {
     const uint64_t left = budget > whole.value().peak.device ? budget - whole.value().peak.device : 0;
     ZOE_LOG_WARN(

@@ -12,14 +12,15 @@ Result<ModuleParams> Engine::fetch(size_t m) {
   Timer te(&I.clock.t_engine);
   if (!I.initialized) return invalid_argument("fetch() before initialize()");
   ZOE_ASSIGN_OR_RETURN(zero::ModuleId id, I.module_id("fetch", m));
-  return I.gather.fetch(id, [&I] { return I.make_room(); });
+  return I.gather->fetch(id, [&I] { return I.make_room(); });
 }
 
 Status Engine::release(size_t m) {
   Impl& I = *impl_;
   Timer te(&I.clock.t_engine);
+  if (!I.initialized) return invalid_argument("release() before initialize()");
   ZOE_ASSIGN_OR_RETURN(zero::ModuleId id, I.module_id("release", m));
-  return I.gather.release(id);
+  return I.gather->release(id);
 }
 
 Result<ModuleParams> Engine::grads(size_t m) {
@@ -27,31 +28,34 @@ Result<ModuleParams> Engine::grads(size_t m) {
   Timer te(&I.clock.t_engine);
   if (!I.initialized) return invalid_argument("grads() before initialize()");
   ZOE_ASSIGN_OR_RETURN(zero::ModuleId id, I.module_id("grads", m));
-  return I.grads.grads(id);
+  return I.grads->grads(id);
 }
 
 Status Engine::reduce_grads(size_t m) {
   Impl& I = *impl_;
   Timer te(&I.clock.t_engine);
+  if (!I.initialized) return invalid_argument("reduce_grads() before initialize()");
   ZOE_ASSIGN_OR_RETURN(zero::ModuleId id, I.module_id("reduce_grads", m));
-  return I.grads.reduce(id);
+  return I.grads->reduce(id);
 }
 
 Status Engine::reduce_grads(size_t m, const std::vector<bool>& has_grad) {
   Impl& I = *impl_;
   Timer te(&I.clock.t_engine);
+  if (!I.initialized) return invalid_argument("reduce_grads() before initialize()");
   ZOE_ASSIGN_OR_RETURN(zero::ModuleId id, I.module_id("reduce_grads", m));
   const std::vector<uint8_t> flags(has_grad.begin(), has_grad.end());
-  return I.grads.reduce(id, &flags);
+  return I.grads->reduce(id, &flags);
 }
 
 Status Engine::read_master(size_t m, size_t p, float* out) {
   Impl& I = *impl_;
-  ZOE_RETURN_IF_ERROR(I.update.finish());
-  I.update.unspeculate_all();  // the states before this step's update, which step() has not taken yet
+  if (!I.initialized) return invalid_argument("read_master() before initialize()");
+  ZOE_RETURN_IF_ERROR(I.update->finish());
+  I.update->unspeculate_all();  // the states before this step's update, which step() has not taken yet
   if (m >= I.modules.size() || p >= I.modules[zero::ModuleId(m)].specs.size())
     return invalid_argument("read_master(%zu, %zu): no such parameter", m, p);
-  return I.update.read_master(zero::ModuleId(m), p, out);
+  return I.update->read_master(zero::ModuleId(m), p, out);
 }
 
 }  // namespace zoe

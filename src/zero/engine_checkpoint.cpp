@@ -65,51 +65,40 @@ Status agree(comm::Communicator& c, Status local, const std::string& what) {
 
 // Elements per piece of a checkpoint transfer: the swapper's chunk (whose I/O alignment it
 // needs), else 4 Mi elements; a multiple of 2048, so every piece is whole 4 KiB blocks.
-size_t save_chunk_elems(const Engine::Impl& I) {
-  return I.ctx.swapper ? I.ctx.swapper->chunk_elems() : (size_t{4} << 20);
-}
+size_t save_chunk_elems(const Engine::Impl& I) { return I.update->io_chunk_elems(); }
+
+constexpr const char* kStateKinds[3] = {"master", "exp_avg", "exp_avg_sq"};
+constexpr zero::OptState kStates[3] = {zero::OptState::kMaster, zero::OptState::kExpAvg,
+                                       zero::OptState::kExpAvgSq};
 
 }  // namespace
 
-int64_t Engine::steps_taken() const { return impl_->update.steps(); }
+int64_t Engine::steps_taken() const { return impl_->update ? impl_->update->steps() : 0; }
 
 namespace {
 
 // Writes this rank's states into the checkpoint's temporary directory; only reads the states.
 Status write_rank_file(Engine::Impl& I, const std::string& tmp, std::vector<ckpt::TensorRecord>* records,
                        ckpt::FileInfo* file) {
-  ZOE_ASSIGN_OR_RETURN(auto w, ckpt::RankWriter::create(tmp, I.ctx.rank));
-  const size_t es = I.ctx.esize();
-  const bool sbf16 = I.ctx.cfg->zoe.bf16_optimizer_states;
-  const size_t sb = sbf16 ? 2 : 4;
-  const char* sdt = sbf16 ? "bf16" : "f32";
-  std::vector<char> buf, dstage;
+  ZOE_ASSIGN_OR_RETURN(auto w, ckpt::RankWriter::create(tmp, I.ctx.shape.rank));
+  const size_t es = I.ctx.shape.esize();
+  const char* sdt = I.ctx.cfg->zoe.bf16_optimizer_states ? "bf16" : "f32";
+  std::vector<char> buf;
   std::vector<float> f32;
-  // Device memory read through a buffer of this function's own (it may run on the save thread).
-  auto view = [&](const void* dsrc, size_t bytes) -> Result<const void*> {
-    if (I.ctx.ops->host_addressable()) return dsrc;
-    dstage.resize(bytes);
-    ZOE_RETURN_IF_ERROR(I.ctx.ops->to_host(dstage.data(), dsrc, bytes));
-    ZOE_RETURN_IF_ERROR(I.ctx.ops->synchronize());
-    return static_cast<const void*>(dstage.data());
-  };
   // States stream through one chunk-sized buffer: host memory stays bounded whatever the model.
   const size_t chunk = save_chunk_elems(I);
   for (uint32_t m = 0; m < I.modules.size(); ++m) {
     const zero::ModuleId id(m);
     const zero::ModuleLayout& mod = I.modules[id];
-    const zero::OptimStates& st = I.update.states(id);
-    if (I.ctx.stage == 0 && I.ctx.rank != 0)
+    if (I.ctx.shape.stage == 0 && I.ctx.shape.rank != 0)
       continue;  // at stage 0 every rank holds everything: rank 0 writes it
-    // Compute parameters of the owned range, from wherever they live (h: n elements from b).
+    // Compute parameters of the owned range, from wherever they live (n elements from b).
     auto param_chunk = [&](size_t b, size_t n) -> Result<const void*> {
-      if (!mod.partitioned_params)
-        return view(I.homes.persistent(id).bytes_ptr() + (mod.opt_begin + b) * es, n * es);
       buf.resize(n * es);
-      ZOE_RETURN_IF_ERROR(I.ctx.tm->read(zero::tier_item(id), buf.data(), b * es, n * es));
+      ZOE_RETURN_IF_ERROR(I.homes->read_owned(id, b, n, buf.data()));
       return static_cast<const void*>(buf.data());
     };
-    ZOE_RETURN_IF_ERROR(w->begin_tensor(m, "param", ckpt_dtype(I.ctx.cdt), mod.opt_begin, mod.opt_n));
+    ZOE_RETURN_IF_ERROR(w->begin_tensor(m, "param", ckpt_dtype(I.ctx.shape.cdt), mod.opt_begin, mod.opt_n));
     for (size_t b = 0; b < mod.opt_n; b += chunk) {
       const size_t n = std::min(chunk, mod.opt_n - b);
       ZOE_ASSIGN_OR_RETURN(const void* h, param_chunk(b, n));
@@ -124,31 +113,21 @@ Status write_rank_file(Engine::Impl& I, const std::string& tmp, std::vector<ckpt
         ZOE_ASSIGN_OR_RETURN(const void* h, param_chunk(b, n));
         f32.resize(n);
         ZOE_RETURN_IF_ERROR(
-            optim::convert_with_norm(h, I.ctx.cdt, f32.data(), DType::kF32, n, false).status());
+            optim::convert_with_norm(h, I.ctx.shape.cdt, f32.data(), DType::kF32, n, false).status());
         ZOE_RETURN_IF_ERROR(w->append(f32.data(), n * 4));
       }
       ZOE_RETURN_IF_ERROR(w->end_tensor());
       continue;
     }
     // fp32 master, m and v.
-    const char* kinds[3] = {"master", "exp_avg", "exp_avg_sq"};
-    void* homes[3] = {st.master, st.exp_avg, st.exp_avg_sq};
     for (int k = 0; k < 3; ++k) {
-      const size_t eb = k == 0 ? 4 : sb;
-      ZOE_RETURN_IF_ERROR(w->begin_tensor(m, kinds[k], k == 0 ? "f32" : sdt, mod.opt_begin, mod.opt_n));
+      const size_t eb = I.update->state_elem_bytes(kStates[k]);
+      ZOE_RETURN_IF_ERROR(w->begin_tensor(m, kStateKinds[k], k == 0 ? "f32" : sdt, mod.opt_begin, mod.opt_n));
       for (size_t b = 0; b < mod.opt_n; b += chunk) {
-        size_t n = std::min(chunk, mod.opt_n - b);
-        if (mod.opt_home == OffloadDevice::kNvme) {
-          buf.resize(n * eb);
-          ZOE_RETURN_IF_ERROR(
-              I.ctx.swapper->read_state(zero::swap_group(id), static_cast<size_t>(k), buf.data(), b, n));
-          ZOE_RETURN_IF_ERROR(w->append(buf.data(), n * eb));
-        } else if (mod.opt_home == OffloadDevice::kNone) {
-          ZOE_ASSIGN_OR_RETURN(const void* h, view(static_cast<char*>(homes[k]) + b * eb, n * eb));
-          ZOE_RETURN_IF_ERROR(w->append(h, n * eb));
-        } else {
-          ZOE_RETURN_IF_ERROR(w->append(static_cast<char*>(homes[k]) + b * eb, n * eb));
-        }
+        const size_t n = std::min(chunk, mod.opt_n - b);
+        buf.resize(n * eb);
+        ZOE_RETURN_IF_ERROR(I.update->read_state(id, kStates[k], b, n, buf.data()));
+        ZOE_RETURN_IF_ERROR(w->append(buf.data(), n * eb));
       }
       ZOE_RETURN_IF_ERROR(w->end_tensor());
     }
@@ -181,15 +160,15 @@ Status commit_save(Engine::Impl& I, const std::string& save_dir, const std::stri
   comm::Communicator& c = *I.ctx.comm;
   Status s = agree(c, written, "writing checkpoint " + tag);
   if (!s.is_ok()) {
-    if (I.ctx.rank == 0) ckpt::abort_checkpoint(tmp);
+    if (I.ctx.shape.rank == 0) ckpt::abort_checkpoint(tmp);
     return s;
   }
   ZOE_ASSIGN_OR_RETURN(auto gathered, all_gather_strings(c, records_json));
   Status commit;
-  if (I.ctx.rank == 0) {
+  if (I.ctx.shape.rank == 0) {
     ckpt::Manifest man;
-    man.world_size = I.ctx.world;
-    man.stage = I.ctx.stage;
+    man.world_size = I.ctx.shape.world;
+    man.stage = I.ctx.shape.stage;
     man.step = steps;
     for (const auto& mod : I.modules.all()) {
       ckpt::ModuleInfo mi;
@@ -211,9 +190,9 @@ Status commit_save(Engine::Impl& I, const std::string& save_dir, const std::stri
                                t["offset"], t["bytes"], t["xxh64"]});
       }
     }
-    zero::LossScaler::State ls = I.update.scaler().state();
+    zero::LossScaler::State ls = I.update->scaler().state();
     man.engine = {{"steps", steps},
-                  {"precision", ckpt_dtype(I.ctx.cdt)},
+                  {"precision", ckpt_dtype(I.ctx.shape.cdt)},
                   {"bf16_optimizer_states", I.ctx.cfg->zoe.bf16_optimizer_states},
                   {"loss_scaler",
                    {{"scale", ls.scale},
@@ -242,17 +221,17 @@ Status Engine::finish_save() {
 Status Engine::claim_save_dir(const std::string& save_dir) {
   Impl& I = *impl_;
   Status s;  // rank 0's: every rank returns the same answer
-  if (I.ctx.rank == 0) {
+  if (I.ctx.shape.rank == 0) {
     std::error_code ec;
     std::filesystem::create_directories(save_dir, ec);
     s = ec ? sys_error("mkdir -p", save_dir, ec.value()) : ckpt::hold_save_dir(save_dir);
   }
-  if (I.ctx.world > 1) {
+  if (I.ctx.shape.world > 1) {
     // The code and the message travel, not to_string(): that would print the code twice.
     const std::string mine =
         s.is_ok() ? std::string() : std::to_string(static_cast<int>(s.code())) + " " + s.message();
     ZOE_ASSIGN_OR_RETURN(const std::string got, broadcast_string(*I.ctx.comm, mine));
-    if (I.ctx.rank != 0 && !got.empty()) {
+    if (I.ctx.shape.rank != 0 && !got.empty()) {
       const size_t sp = got.find(' ');
       s = Status(static_cast<StatusCode>(std::stoi(got.substr(0, sp))), got.substr(sp + 1));
     }
@@ -262,16 +241,16 @@ Status Engine::claim_save_dir(const std::string& save_dir) {
 
 Status Engine::save(const std::string& save_dir, const std::string& tag,
                     const std::string& trainer_state_json, bool async) {
-  ZOE_RETURN_IF_ERROR_CTX(impl_->update.finish(), "finishing the optimizer step before saving");
   Impl& I = *impl_;
   if (!I.initialized) return invalid_argument("save() before initialize()");
+  ZOE_RETURN_IF_ERROR_CTX(I.update->finish(), "finishing the optimizer step before saving");
   ZOE_RETURN_IF_ERROR(finish_save());
-  ZOE_RETURN_IF_ERROR(I.grads.complete(true));
+  ZOE_RETURN_IF_ERROR(I.grads->complete(true));
   // A checkpoint holds the states of the last step taken (after the accumulations above: the last
   // of them may have speculated).
-  I.update.unspeculate_all();
+  I.update->unspeculate_all();
   for (zero::ModuleId m : I.modules.ids()) {
-    if (I.grads.unreduced(m) || I.gather.in_use(m)) {
+    if (I.grads->unreduced(m) || I.gather->in_use(m)) {
       return invalid_argument("save(): call it between steps (module %s is in use)",
                               I.modules[m].name.c_str());
     }
@@ -280,7 +259,7 @@ Status Engine::save(const std::string& save_dir, const std::string& tag,
   // Rank 0 creates the temporary directory; every rank writes its own file into it.
   std::string tmp;
   Status s;
-  if (I.ctx.rank == 0) {
+  if (I.ctx.shape.rank == 0) {
     auto t = ckpt::begin_checkpoint(save_dir, tag);
     if (t.is_ok())
       tmp = t.value();
@@ -293,7 +272,7 @@ Status Engine::save(const std::string& save_dir, const std::string& tag,
     std::vector<ckpt::TensorRecord> records;
     ckpt::FileInfo file;
     Status w = write_rank_file(I, tmp, &records, &file);
-    return commit_save(I, save_dir, tag, tmp, I.update.steps(), trainer_state_json, w,
+    return commit_save(I, save_dir, tag, tmp, I.update->steps(), trainer_state_json, w,
                        w.is_ok() ? records_to_json(records, file) : "");
   }
   auto a = std::make_unique<Impl::AsyncSave>();
@@ -301,7 +280,7 @@ Status Engine::save(const std::string& save_dir, const std::string& tag,
   a->tag = tag;
   a->tmp = tmp;
   a->trainer = trainer_state_json;
-  a->steps = I.update.steps();
+  a->steps = I.update->steps();
   Impl::AsyncSave* ap = a.get();
   a->thread = std::thread([&I, ap] {
     std::vector<ckpt::TensorRecord> records;
@@ -346,13 +325,13 @@ Status check_same_model(const zero::ModuleTable& modules, const ckpt::Reader& rd
 }  // namespace
 
 Result<std::string> Engine::load(const std::string& dir) {
-  ZOE_RETURN_IF_ERROR_CTX(impl_->update.finish(), "finishing the optimizer step before loading");
   Impl& I = *impl_;
   if (!I.initialized) return invalid_argument("load() before initialize()");
+  ZOE_RETURN_IF_ERROR_CTX(I.update->finish(), "finishing the optimizer step before loading");
   ZOE_RETURN_IF_ERROR(finish_save());
-  ZOE_RETURN_IF_ERROR(I.grads.complete(true));
-  I.update.unspeculate_all();
-  ZOE_RETURN_IF_ERROR(I.gather.discard());  // they hold the parameters being replaced
+  ZOE_RETURN_IF_ERROR(I.grads->complete(true));
+  I.update->unspeculate_all();
+  ZOE_RETURN_IF_ERROR(I.gather->discard());  // they hold the parameters being replaced
   comm::Communicator& c = *I.ctx.comm;
   std::unique_ptr<ckpt::Reader> rd;
   Status s;
@@ -364,7 +343,7 @@ Result<std::string> Engine::load(const std::string& dir) {
       s = r.status();
   }
   if (s.is_ok()) s = rd->check_complete();
-  if (s.is_ok() && I.ctx.rank == 0) s = rd->verify();
+  if (s.is_ok() && I.ctx.shape.rank == 0) s = rd->verify();
   ZOE_RETURN_IF_ERROR(agree(c, s, "loading checkpoint " + dir));
   const ckpt::Manifest& man = rd->manifest();
   ZOE_RETURN_IF_ERROR(check_same_model(I.modules, *rd));
@@ -389,16 +368,14 @@ Result<std::string> Engine::load(const std::string& dir) {
                    "a positive loss scale that is a normal fp32 number (>= 1.17549e-38, <= 3.40282e+38)");
     }
   }
-  const size_t es = I.ctx.esize();
+  const size_t es = I.ctx.shape.esize();
   const std::string sdt = I.ctx.cfg->zoe.bf16_optimizer_states ? "bf16" : "f32";
-  const size_t sb = I.ctx.cfg->zoe.bf16_optimizer_states ? 2 : 4;
   const size_t chunk = save_chunk_elems(I);
   auto load_all = [&]() -> Status {
     std::vector<char> buf;
     for (uint32_t m = 0; m < I.modules.size(); ++m) {
       const zero::ModuleId id(m);
       const zero::ModuleLayout& mod = I.modules[id];
-      const zero::OptimStates& st = I.update.states(id);
       // The checkpoint holds [0, its padded size); padding beyond it (another world size) is zero.
       const uint64_t saved = man.modules[m].padded;
       // A module saved frozen has no m and v: they start at zero when it is trained now.
@@ -411,55 +388,33 @@ Result<std::string> Engine::load(const std::string& dir) {
           return Status::ok();
         return rd->read_range(m, kind, begin, std::min<uint64_t>(count, saved - begin), dt, out);
       };
-      // Compute parameters: the owned range (stage 3), a piece at a time, or the whole module.
-      if (mod.partitioned_params) {
-        for (size_t b = 0; b < mod.part; b += chunk) {
-          size_t n = std::min(chunk, mod.part - b);
-          buf.resize(n * es);
-          ZOE_RETURN_IF_ERROR(read("param", ckpt_dtype(I.ctx.cdt), mod.opt_begin + b, n, es, buf.data()));
-          ZOE_RETURN_IF_ERROR(I.ctx.tm->write(zero::tier_item(id), buf.data(), b * es, n * es));
-        }
-      } else if (I.ctx.ops->host_addressable()) {
-        ZOE_RETURN_IF_ERROR(
-            read("param", ckpt_dtype(I.ctx.cdt), 0, mod.padded, es, I.homes.persistent(id).get()));
-      } else {
-        buf.resize(mod.padded * es);
-        ZOE_RETURN_IF_ERROR(read("param", ckpt_dtype(I.ctx.cdt), 0, mod.padded, es, buf.data()));
-        ZOE_RETURN_IF_ERROR(I.ctx.ops->to_device(I.homes.persistent(id).get(), buf.data(), buf.size()));
-        ZOE_RETURN_IF_ERROR(I.ctx.ops->synchronize());  // buf is reused
+      // Compute parameters: what this rank holds (its partition at stage 3, else the whole
+      // module), a piece at a time.
+      const size_t held = mod.partitioned_params ? mod.part : mod.padded;
+      const uint64_t from = mod.partitioned_params ? mod.opt_begin : 0;
+      for (size_t b = 0; b < held; b += chunk) {
+        const size_t n = std::min(chunk, held - b);
+        buf.resize(n * es);
+        ZOE_RETURN_IF_ERROR(read("param", ckpt_dtype(I.ctx.shape.cdt), from + b, n, es, buf.data()));
+        ZOE_RETURN_IF_ERROR(I.homes->write_held(id, b, n, buf.data()));
       }
-      const char* kinds[3] = {"master", "exp_avg", "exp_avg_sq"};
-      void* homes[3] = {st.master, st.exp_avg, st.exp_avg_sq};
       for (int k = 0; k < 3 && !mod.frozen; ++k) {  // a frozen module has its parameters only
-        const size_t eb = k == 0 ? 4 : sb;
+        const size_t eb = I.update->state_elem_bytes(kStates[k]);
         const std::string dt = k == 0 ? std::string("f32") : sdt;
-        if (mod.opt_home == OffloadDevice::kCpu ||
-            (mod.opt_home == OffloadDevice::kNone && I.ctx.ops->host_addressable())) {
-          ZOE_RETURN_IF_ERROR(read(kinds[k], dt, mod.opt_begin, mod.opt_n, eb, homes[k]));
-          continue;
-        }
-        if (mod.opt_home == OffloadDevice::kNone) {
-          buf.resize(mod.opt_n * eb);
-          ZOE_RETURN_IF_ERROR(read(kinds[k], dt, mod.opt_begin, mod.opt_n, eb, buf.data()));
-          ZOE_RETURN_IF_ERROR(I.ctx.ops->to_device(homes[k], buf.data(), buf.size()));
-          ZOE_RETURN_IF_ERROR(I.ctx.ops->synchronize());  // buf is reused
-          continue;
-        }
         for (size_t b = 0; b < mod.opt_n; b += chunk) {
-          size_t n = std::min(chunk, mod.opt_n - b);
+          const size_t n = std::min(chunk, mod.opt_n - b);
           buf.resize(n * eb);
-          ZOE_RETURN_IF_ERROR(read(kinds[k], dt, mod.opt_begin + b, n, eb, buf.data()));
-          ZOE_RETURN_IF_ERROR(
-              I.ctx.swapper->write_state(zero::swap_group(id), static_cast<size_t>(k), buf.data(), b, n));
+          ZOE_RETURN_IF_ERROR(read(kStateKinds[k], dt, mod.opt_begin + b, n, eb, buf.data()));
+          ZOE_RETURN_IF_ERROR(I.update->write_state(id, kStates[k], b, n, buf.data()));
         }
       }
     }
     return Status::ok();
   };
   ZOE_RETURN_IF_ERROR(agree(c, load_all(), "restoring the states of checkpoint " + rd->path()));
-  I.grads.forget_accumulated();  // gradients of a step in progress are not part of a checkpoint
-  I.update.set_steps(steps);
-  if (has_scaler) I.update.scaler().set_state(ls);
+  I.grads->forget_accumulated();  // gradients of a step in progress are not part of a checkpoint
+  I.update->set_steps(steps);
+  if (has_scaler) I.update->scaler().set_state(ls);
   return man.trainer.dump();
 }
 

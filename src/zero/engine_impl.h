@@ -1,16 +1,22 @@
-// The engine behind include/zoe/engine.h: a few parts, each owning its own state behind its own
-// header, and Engine::Impl, which holds them and orders the calls.
+// The engine behind include/zoe/engine.h: a few parts, each owning its own state and its bytes
+// behind its own header, and Engine::Impl, which owns the resources, builds the parts at
+// initialize() and orders the calls.
 //
 //   engine_context.h   EngineContext: the resources (device, communicators, I/O, tier manager,
-//                      swapper, pool, timeline) and the placement. Read by every part.
+//                      swapper, pool, timeline) and the placement. The engine's alone.
+//   part_resources.h   RunShape, DeviceMemory, HostArena: what parts are handed besides their
+//                      own Resources (each part's header lists the handles it uses).
 //   module_table.h     ModuleTable: each module's parameters and layout, by ModuleId.
 //   step_clock.h       StepClock: the step's statistics and timing (a leaf).
-//   param_homes.h      ParamHomes: where compute parameters live between uses.
-//   updater.h          Updater: optimizer states, the update (serial, overlapped, speculative),
-//                      the loss scaler and the step count; UpdateGate (update_gate.h).
-//   grad_reducer.h     GradReducer: gradient buffers, reductions, accumulation and the norm.
+//   param_homes.h      ParamHomes: where compute parameters live between uses; the only caller
+//                      of the tier manager's per-partition calls.
+//   updater.h          Updater: optimizer states and gradient sums wherever they live (the only
+//                      user of the optimizer swapper in training), the update (serial,
+//                      overlapped, speculative), the loss scaler and the step count;
+//                      UpdateGate (update_gate.h).
+//   grad_reducer.h     GradReducer: gradient buffers and reductions, handed to a GradSink.
 //   param_gather.h     ParamGather: fetch/release, stage-3 gathers and their prefetch.
-//   engine_checkpoint.cpp  save/load through src/checkpoint.
+//   engine_checkpoint.cpp  save/load through src/checkpoint, streaming through the parts' calls.
 //   engine_activations.cpp the activation store (offload/activation_store.h): its budgets beside
 //                      the placement, and Engine::activations().
 //   engine.cpp         creation, add_module, initialize(); engine_calls.cpp and engine_step.cpp
@@ -18,7 +24,7 @@
 //
 // Calls between the parts (caller -> callee), with no cycle:
 //   ParamGather -> ParamHomes, UpdateGate, StepClock
-//   GradReducer -> Updater, StepClock
+//   GradReducer -> GradSink (the Updater), StepClock
 //   Updater     -> ParamHomes, UpdateGate, StepClock
 //   ParamHomes  -> StepClock
 // Engine (the public calls and engine_checkpoint.cpp) calls them all. ParamGather needs device
@@ -34,6 +40,7 @@
 
 #include "zero/engine_context.h"
 #include "zero/grad_reducer.h"
+#include "zero/loss_scaler.h"
 #include "zero/module_table.h"
 #include "zero/param_gather.h"
 #include "zero/param_homes.h"
@@ -56,12 +63,18 @@ struct Engine::Impl {
   zero::EngineContext ctx;
   zero::ModuleTable modules;
   zero::StepClock clock;
-  zero::ParamHomes homes{ctx, modules, clock};
-  zero::Updater update{ctx, modules, homes, clock};
-  zero::GradReducer grads{ctx, modules, update, clock};
-  zero::ParamGather gather{ctx, modules, homes, update.gate(), clock};
+  zero::LossScaler::Options scaler_options;  // the Updater's scaler, from the config
+  // The parts, built by initialize() (build_parts) once the placement and the resources exist;
+  // destroyed before the resources they use (declared after ctx). Null before initialize().
+  std::unique_ptr<zero::ParamHomes> homes;
+  std::unique_ptr<zero::Updater> update;
+  std::unique_ptr<zero::GradReducer> grads;
+  std::unique_ptr<zero::ParamGather> gather;
   std::unique_ptr<AsyncSave> async_save;
   bool initialized = false;
+
+  // initialize(): each part, with the handles it uses.
+  void build_parts();
 
   // engine.cpp: setup.
   Status setup_io();
@@ -95,7 +108,7 @@ struct Engine::Impl {
   // A module index from the public API, checked: "what(m): there are N modules" otherwise.
   Result<zero::ModuleId> module_id(const char* what, size_t m) const;
   // Completes every reduction in flight: ParamGather's way to free device memory.
-  Status make_room() { return grads.complete(true); }
+  Status make_room() { return grads->complete(true); }
   // Waits for everything in flight and frees device memory (no collectives): before the device goes.
   void shutdown();
 };

@@ -25,31 +25,31 @@ namespace {
 Status sync_before_step(Engine& eng, Engine::Impl& I) {
   // An asynchronous checkpoint still reading the states must finish before they change.
   ZOE_RETURN_IF_ERROR_CTX(eng.finish_save(), "finishing the asynchronous checkpoint");
-  ZOE_RETURN_IF_ERROR(I.grads.complete(true));
-  ZOE_RETURN_IF_ERROR(I.gather.discard());  // none in a regular loop: prefetch stops at the order's end
+  ZOE_RETURN_IF_ERROR(I.grads->complete(true));
+  ZOE_RETURN_IF_ERROR(I.gather->discard());  // none in a regular loop: prefetch stops at the order's end
   // The previous step's update (if it still runs behind) and the gathers it left owed.
   {
     Timer t(&I.clock.t_opt);
-    ZOE_RETURN_IF_ERROR_CTX(I.update.finish(), "the previous optimizer step");
+    ZOE_RETURN_IF_ERROR_CTX(I.update->finish(), "the previous optimizer step");
   }
   // Moves still in flight (prefetches) finish before the update rewrites the partitions they read.
-  if (I.ctx.tm) ZOE_RETURN_IF_ERROR_CTX(I.ctx.tm->drain(), "finishing the parameter moves before the step");
+  ZOE_RETURN_IF_ERROR_CTX(I.homes->drain(), "finishing the parameter moves before the step");
   for (zero::ModuleId m : I.modules.ids()) {
     const std::string& name = I.modules[m].name;
-    if (I.grads.unreduced(m))
+    if (I.grads->unreduced(m))
       return invalid_argument("step(): module %s has gradients that were not reduced", name.c_str());
-    if (I.gather.in_use(m)) return invalid_argument("step(): module %s is still fetched", name.c_str());
+    if (I.gather->in_use(m)) return invalid_argument("step(): module %s is still fetched", name.c_str());
   }
-  I.gather.end_recording();
+  I.gather->end_recording();
   return Status::ok();
 }
 
 // Phase 2: the global gradient norm over this rank's owned ranges, summed over ranks (stage 0
 // owns all).
 Result<optim::NormResult> global_norm(Engine::Impl& I) {
-  ZOE_ASSIGN_OR_RETURN(optim::NormResult local, I.grads.local_norm());
+  ZOE_ASSIGN_OR_RETURN(optim::NormResult local, I.grads->local_norm());
   double sums[1] = {local.finite ? local.sum_sq : INFINITY};
-  if (I.ctx.stage >= 1 && I.ctx.world > 1) {
+  if (I.ctx.shape.stage >= 1 && I.ctx.shape.world > 1) {
     Timer t(&I.clock.t_comm);
     double out[1];
     ZOE_RETURN_IF_ERROR_CTX(
@@ -69,14 +69,14 @@ Result<std::vector<std::vector<uint8_t>>> untouched_params(Engine::Impl& I) {
   std::vector<std::vector<uint8_t>> u;
   std::vector<double> got;
   for (zero::ModuleId m : I.modules.ids()) {
-    u.push_back(I.grads.untouched(m));
+    u.push_back(I.grads->untouched(m));
     for (uint8_t f : u.back()) got.push_back(f ? 0.0 : 1.0);
   }
-  if (I.ctx.world > 1) {
+  if (I.ctx.shape.world > 1) {
     // The ranks must have reduced the same modules in the same order: else a reduction of one
     // rank's module met another rank's (same-sized) one, and the sums mix gradients.
     Timer t(&I.clock.t_comm);
-    const double h = static_cast<double>(I.grads.sequence_hash());
+    const double h = static_cast<double>(I.grads->sequence_hash());
     double mine[2] = {h, -h}, most[2];
     ZOE_RETURN_IF_ERROR_CTX(
         I.ctx.comm->all_reduce(mine, most, 2, comm::CommType::kF64, comm::ReduceOp::kMax).wait(),
@@ -87,10 +87,10 @@ Result<std::vector<std::vector<uint8_t>>> untouched_params(Engine::Impl& I) {
           "another's): every rank must reduce the same modules in the same order, because the reductions "
           "are collectives matched by order; in the PyTorch front-end every rank must run the same units "
           "in each micro-batch (put modules a rank may skip, such as experts, in one unit: zoe_units=...)",
-          I.ctx.rank);
+          I.ctx.shape.rank);
     }
   }
-  if (I.ctx.world > 1 && !got.empty()) {
+  if (I.ctx.shape.world > 1 && !got.empty()) {
     Timer t(&I.clock.t_comm);
     std::vector<double> sum(got.size());
     ZOE_RETURN_IF_ERROR_CTX(
@@ -106,6 +106,31 @@ Result<std::vector<std::vector<uint8_t>>> untouched_params(Engine::Impl& I) {
 }
 
 }  // namespace
+
+// The resources' counters the step's statistics are made of.
+static zero::ResourceReadings resource_readings(const Engine::Impl& I, ActivationStats* acts) {
+  const zero::EngineContext& c = I.ctx;
+  zero::ResourceReadings r;
+  r.device_high_water = c.dev->high_water_bytes();
+  r.host_high_water = I.update->host_bytes();
+  if (c.tm) r.host_high_water += c.tm->stats().high_water[1];
+  r.nvme_high_water = c.store ? c.store->high_water_bytes() : 0;
+  if (c.io) {
+    const io::IoStatsSnapshot ios = c.io->stats();
+    r.nvme_read = ios.read_bytes;
+    r.nvme_write = ios.write_bytes;
+  }
+  if (c.tm) {
+    const offload::TierStats ts = c.tm->stats();
+    r.host_to_device = ts.host_to_device.bytes + ts.nvme_to_device.bytes;
+    r.device_to_host = ts.device_to_host.bytes + ts.device_to_nvme.bytes;
+  }
+  if (c.acts) {
+    *acts = c.acts->stats();
+    r.acts = acts;
+  }
+  return r;
+}
 
 // No activation state crosses a step boundary: what a micro-batch left in the store is dropped
 // (warned once: the caller should call end_micro_batch() after each micro-batch).
@@ -134,28 +159,29 @@ Result<StepStats> Engine::step() {
   ZOE_ASSIGN_OR_RETURN(optim::NormResult global, global_norm(I));
   // Phase 3: gradients were summed over ranks and micro-batches with the loss scale: average,
   // unscale and clip in one scale.
-  const optim::StepScale sc = optim::compute_step_scale(global, static_cast<float>(I.update.grad_divisor()),
+  const optim::StepScale sc = optim::compute_step_scale(global, static_cast<float>(I.update->grad_divisor()),
                                                         static_cast<float>(I.ctx.cfg->gradient_clipping));
   StepStats st;
   st.grad_norm = sc.grad_norm;
-  st.lr = I.ctx.cfg->lr_at(I.update.steps() + 1);
+  st.lr = I.ctx.cfg->lr_at(I.update->steps() + 1);
   ZOE_ASSIGN_OR_RETURN(auto untouched, untouched_params(I));
-  I.update.set_untouched(std::move(untouched));
-  I.update.settle_speculation(sc.overflow, sc.grad_scale, &st);
+  I.update->set_untouched(std::move(untouched));
+  I.update->settle_speculation(sc.overflow, sc.grad_scale, &st);
   // Phase 4: the update, or the skip.
   if (sc.overflow) {
     st.skipped = true;
-    ZOE_RETURN_IF_ERROR(I.update.skip());
+    ZOE_RETURN_IF_ERROR(I.update->skip());
   } else {
-    ZOE_RETURN_IF_ERROR(I.update.apply(sc.grad_scale, st.lr));
+    ZOE_RETURN_IF_ERROR(I.update->apply(sc.grad_scale, st.lr));
   }
-  if (I.ctx.cdt == DType::kF16) I.update.scaler().update(sc.overflow);
-  I.grads.end_step();
+  if (I.ctx.shape.cdt == DType::kF16) I.update->scaler().update(sc.overflow);
+  I.grads->end_step();
   I.clock.t_opt += static_cast<double>(now_ns() - t_opt0) * 1e-9;
   // Phase 5: statistics (an overlapped update's bytes and time count at the next step).
-  st.step = I.update.steps();
+  st.step = I.update->steps();
   st.loss_scale = loss_scale();
-  I.clock.collect(I.ctx, t_enter, num_params(), &st);
+  ActivationStats acts;
+  I.clock.collect(resource_readings(I, &acts), t_enter, num_params(), &st);
   return st;
 }
 

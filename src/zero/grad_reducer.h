@@ -1,8 +1,8 @@
 // Gradient reduction: the per-micro-batch gradient buffer of a module, its reduction over the
 // ranks (reduce-scatter at stage 2/3, all-reduce at 0/1, in reduce_bucket_size buckets), and the
-// accumulation of this rank's range into the fp32 accumulator wherever it lives (the Updater's
-// states; NVMe sums through the swapper, written behind the backward), computing the norm of
-// the sum in the same pass.
+// hand-over of this rank's reduced range to the sums over the micro-batches through a GradSink
+// (the Updater, which keeps the sums with the optimizer states), which computes the norm of the
+// sums in the same pass.
 //
 // Device memory: the reduction runs in place in the module's gradient buffer (the collectives
 // allow it), so beside that buffer it needs nothing, or, at stage 2/3 with buckets smaller than a
@@ -20,18 +20,27 @@
 #include <deque>
 #include <vector>
 
-#include "zero/engine_context.h"
+#include "comm/communicator.h"
+#include "optim/adam.h"
+#include "zero/grad_sink.h"
+#include "zero/part_resources.h"
+#include "zero/placement.h"  // kMaxPendingReductions, kReducePackBuffers
 #include "zero/step_clock.h"
-#include "zero/updater.h"
 
 namespace zoe::zero {
 
 class GradReducer {
  public:
-  GradReducer(EngineContext& ctx, const ModuleTable& modules, Updater& update, StepClock& clock)
-      : ctx_(ctx), modules_(modules), update_(update), clock_(clock) {}
+  struct Resources {
+    DeviceMemory* mem = nullptr;
+    DeviceOps* ops = nullptr;             // the caller's
+    comm::Communicator* dcomm = nullptr;  // device buffers: the reductions
+    size_t reduce_bucket = 1;             // elements per bucket (reduce_bucket_size as planned)
+    int64_t micro_batches = 1;            // gradient_accumulation_steps
+  };
+  GradReducer(const RunShape& shape, const ModuleTable& modules, GradSink& sink, StepClock& clock,
+              const Resources& r);
 
-  void resize(size_t modules);
   // grads() and reduce() refuse a frozen module (kInvalidArgument naming it; nothing changes).
   Result<ModuleParams> grads(ModuleId m);
   // has_grad (one flag per parameter, or null for all): the parameters that got a gradient in
@@ -71,18 +80,16 @@ class GradReducer {
     size_t offset = 0;                              // first element of this rank's range in grads
   };
   Status refuse_frozen(const char* what, ModuleId m) const;
-  Result<const void*> host_view(const void* dsrc, size_t bytes);
   Status accumulate(ModuleId m, const void* src);
-  Status accumulate_nvme(ModuleId m, const void* src, bool first, const optim::Exec& exec);
-  Status zero_grads(ModuleId m);
   Status reduce_scatter_buckets(ModuleId m, size_t per_rank, Pending* p);
   Status start_reduction(ModuleId m, Pending* p);
   bool last_micro_batch(ModuleId m) const;
 
-  EngineContext& ctx_;
+  const RunShape& shape_;
   const ModuleTable& modules_;
-  Updater& update_;
+  GradSink& sink_;
   StepClock& clock_;
+  Resources r_;
   std::vector<device::DeviceBuffer> grad_buf_;  // per module: padded elements, compute dtype
   std::vector<int> acc_count_;                  // micro-batch reductions accumulated since the last step
   // Per module and parameter: a micro-batch reduced since the last step gave it a gradient
@@ -93,12 +100,6 @@ class GradReducer {
   // computed by the pass that accumulates them (the step makes no norm pass).
   std::vector<std::vector<double>> norm_parts_;
   std::deque<Pending> pending_;
-  std::vector<char> host_stage_;   // device -> host staging (when device memory is not host memory)
-  std::vector<float> grad_stage_;  // one swapper chunk: NVMe gradient accumulation goes through it
-  // This step's last micro-batch has begun accumulating: the swapper is reading the next update's
-  // first chunks (preload), and their gradients go straight into its slots.
-  bool preload_started_ = false;
-  size_t bucket_ = 1;  // elements per reduction bucket (reduce_bucket_size, at least one per rank)
 };
 
 }  // namespace zoe::zero

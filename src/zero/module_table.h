@@ -2,18 +2,15 @@
 // addressed by a ModuleId. The table holds no state that changes during training; each part of
 // the engine keeps its own per-module state (engine_impl.h lists them).
 //
-// Three integers used to be one: a module's index, the tier manager's item id of its stage-3
-// partition and the optimizer swapper's group id of its NVMe states. They are distinct types
-// now, and the mapping between them is the two named functions below, so a mix-up does not
-// compile.
+// A module's index is a ModuleId of its own type; the tier manager's item of its stage-3
+// partition is ParamHomes' business, and the optimizer swapper's group of its NVMe states the
+// Updater's (each maps a ModuleId to its own id privately).
 #pragma once
 
 #include <cstddef>
 #include <string>
 #include <vector>
 
-#include "config/config.h"
-#include "offload/optimizer_swapper.h"
 #include "offload/tier.h"
 #include "zoe/tensor.h"
 
@@ -27,16 +24,6 @@ struct ModuleId {
   friend constexpr bool operator!=(ModuleId a, ModuleId b) { return a.index != b.index; }
 };
 
-// The tier manager's item holding module m's stage-3 partition.
-inline offload::ItemId tier_item(ModuleId m) { return offload::ItemId(m.index); }
-// The optimizer swapper's group holding module m's NVMe-resident optimizer states.
-inline offload::GroupId swap_group(ModuleId m) { return offload::GroupId(m.index); }
-// The module of a swapper group (the swapper hands chunks by group).
-inline ModuleId module_of(offload::GroupId g) { return ModuleId(static_cast<size_t>(g.value)); }
-
-// Swapper state indices of an NVMe-offloaded module.
-inline constexpr size_t kMasterState = 0, kAvgState = 1, kAvgSqState = 2, kGradState = 3;
-
 struct ModuleLayout {
   std::string name;
   std::vector<ParamSpec> specs;
@@ -44,9 +31,10 @@ struct ModuleLayout {
   size_t total = 0, padded = 0, part = 0;  // from the placement
   bool partitioned_params = false;         // stage 3 and not persistent
   size_t opt_begin = 0, opt_n = 0;         // the flat range this rank's optimizer owns
-  // Where this module's optimizer states and accumulated gradients live: the device (kNone),
-  // host RAM (kCpu) or NVMe (kNvme, as swapper group swap_group(m)).
-  config::OffloadDevice opt_home = config::OffloadDevice::kNone;
+  // Where this module's optimizer states and accumulated gradients live (the Updater's).
+  offload::Tier opt_home = offload::Tier::kDevice;
+  // Where its stage-3 partition lives between uses (partitioned_params only; ParamHomes').
+  offload::Tier param_home = offload::Tier::kDevice;
   // Registered frozen (ModuleOptions::frozen): compute parameters only. No optimizer states, no
   // gradient buffer or accumulator; opt_begin/opt_n still name this rank's share (what it
   // checkpoints), and opt_home means nothing.

@@ -5,8 +5,6 @@
 
 namespace zoe::zero {
 
-using offload::Tier;
-
 // Queues the gather of module m's parameters ahead of its fetch: device buffers for the
 // gathered module and a copy of this rank's partition; on the communicator's stream, a host
 // task reads the partition's latest bytes into that copy (from whichever tier holds them),
@@ -15,14 +13,14 @@ using offload::Tier;
 Status ParamGather::start(ModuleId m) {
   const ModuleLayout& mod = modules_[m];
   Slot& slot = slots_[m.index];
-  const size_t es = ctx_.esize();
-  ZOE_ASSIGN_OR_RETURN(device::DeviceBuffer full, ctx_.dalloc(mod.padded * es));
-  ZOE_ASSIGN_OR_RETURN(device::DeviceBuffer send, ctx_.dalloc(mod.part * es));
+  const size_t es = shape_.esize();
+  ZOE_ASSIGN_OR_RETURN(device::DeviceBuffer full, r_.mem->zeroed(mod.padded * es));
+  ZOE_ASSIGN_OR_RETURN(device::DeviceBuffer send, r_.mem->zeroed(mod.part * es));
   slot.full = std::move(full);
   slot.send = std::move(send);
   slot.error = Status::ok();
   // (Only on host-memory devices with a host communicator: the gather window is 0 otherwise.)
-  ctx_.dcomm->enqueue_host_task([this, m]() -> Status {
+  r_.dcomm->enqueue_host_task([this, m]() -> Status {
     Slot& sl = slots_[m.index];
     // The partition must be updated first (an overlapped step may still be writing it). This
     // waits on the communicator's thread, not the caller's, so the decision to queue the gather
@@ -31,14 +29,14 @@ Status ParamGather::start(ModuleId m) {
     Status s = gate_.wait(m);
     // A read, not a pinning fetch: a pin held here could wait for room in the device tier
     // while the caller holds that room for a gather queued behind this task.
-    if (s.is_ok()) s = ctx_.tm->read(tier_item(m), sl.send.get());
+    if (s.is_ok()) s = homes_.read_partition(m, sl.send.get());
     // The gather after this task runs anyway, so this rank stays in step with the others;
     // fetch() reports the error.
     if (!s.is_ok()) sl.error = s.with_context("reading the partition of module " + modules_[m].name);
     return Status::ok();
   });
   slot.begin_ns = now_ns();
-  slot.handle = ctx_.dcomm->all_gather(slot.send.get(), slot.full.get(), mod.part, to_comm(ctx_.cdt));
+  slot.handle = r_.dcomm->all_gather(slot.send.get(), slot.full.get(), mod.part, comm::to_comm(shape_.cdt));
   slot.pending = true;
   live_elems_ += mod.padded;
   return Status::ok();
@@ -53,9 +51,9 @@ Status ParamGather::finish(ModuleId m) {
     Timer t(&clock_.t_comm);
     s = slot.handle.wait();
   }
-  if (ctx_.trace.enabled()) {
-    ctx_.trace.record("gather " + mod.name + " (queued)", "gather", slot.begin_ns, now_ns(),
-                      mod.padded * ctx_.esize(), kLaneGather);
+  if (r_.trace->enabled()) {
+    r_.trace->record("gather " + mod.name + " (queued)", "gather", slot.begin_ns, now_ns(),
+                     mod.padded * shape_.esize(), kLaneGather);
   }
   slot.send.reset();
   slot.pending = false;
@@ -97,12 +95,12 @@ Status ParamGather::follow_order(ModuleId m) {
 Status ParamGather::queue_gathers(const MakeRoom& make_room) {
   size_t queued = 0;
   for (ModuleId q : modules_.ids()) queued += slots_[q.index].pending ? modules_[q].padded : 0;
-  const int64_t cap = static_cast<int64_t>(ctx_.placement.max_live_parameters);
+  const int64_t cap = static_cast<int64_t>(r_.max_live);
   for (size_t k = cursor_ + 1; k < order_.size(); ++k) {
     const ModuleId next = order_[k];
     const ModuleLayout& nm = modules_[next];
     if (!nm.partitioned_params || slots_[next.index].full) continue;  // persistent, fetched, or queued
-    if (queued + nm.padded > window_ || static_cast<int64_t>(live_elems_ + nm.padded) > cap) break;
+    if (queued + nm.padded > r_.window || static_cast<int64_t>(live_elems_ + nm.padded) > cap) break;
     Status s = start(next);
     if (!s.is_ok()) {
       // The window was sized to fit the budget; reductions still holding buffers are the only
@@ -123,20 +121,20 @@ Status ParamGather::queue_gathers(const MakeRoom& make_room) {
 // Partitions further ahead move towards the device, up to the prefetch bucket size; not past
 // the order's end either (the step rewrites every partition).
 void ParamGather::prefetch_moves(ModuleId m) {
-  int64_t budget = ctx_.cfg->zero.stage3_prefetch_bucket_size;
+  int64_t budget = r_.prefetch_bucket;
   for (size_t k = cursor_ + 1; k < order_.size() && budget > 0; ++k) {
     const ModuleId next = order_[k];
     if (next == m) continue;
     const ModuleLayout& nm = modules_[next];
     if (!nm.partitioned_params || slots_[next.index].full) continue;
     if (!gate_.done(next)) continue;  // a local decision: partition moves are not collective
-    ctx_.tm->prefetch(tier_item(next), Tier::kDevice);
+    homes_.prefetch_partition(next);
     budget -= static_cast<int64_t>(nm.part);
   }
 }
 
 Status ParamGather::prefetch_after(ModuleId m, const MakeRoom& make_room) {
-  if (recording_ || order_.empty() || !ctx_.tm) return Status::ok();
+  if (recording_ || order_.empty() || !homes_.has_partitions()) return Status::ok();
   ZOE_RETURN_IF_ERROR(queue_gathers(make_room));
   prefetch_moves(m);
   return Status::ok();
@@ -149,27 +147,24 @@ Status ParamGather::prefetch_after(ModuleId m, const MakeRoom& make_room) {
 Status ParamGather::gather_now(ModuleId m) {
   const ModuleLayout& mod = modules_[m];
   Slot& slot = slots_[m.index];
-  const int64_t cap = static_cast<int64_t>(ctx_.placement.max_live_parameters);
+  const int64_t cap = static_cast<int64_t>(r_.max_live);
   if (static_cast<int64_t>(live_elems_ + mod.padded) > cap) ZOE_RETURN_IF_ERROR(discard());
-  void* part;
-  {
-    Timer t(&clock_.t_io);
-    ZOE_ASSIGN_OR_RETURN(part, ctx_.tm->fetch(tier_item(m), Tier::kDevice).wait());
-  }
+  ZOE_ASSIGN_OR_RETURN(void* part, homes_.pin_partition(m, &clock_.t_io));
   // From here the partition is pinned: every path below unpins it.
-  auto full = ctx_.dalloc(mod.padded * ctx_.esize());
+  auto full = r_.mem->zeroed(mod.padded * shape_.esize());
   if (!full.is_ok()) {
-    ctx_.tm->unpin(tier_item(m), Tier::kDevice);
+    homes_.unpin_partition(m);
     return full.status().with_context("gathering the parameters of module " + mod.name);
   }
   {
     Timer t(&clock_.t_comm);
     const uint64_t g0 = now_ns();
-    Status s = ctx_.dcomm->all_gather(part, full.value().get(), mod.part, to_comm(ctx_.cdt)).wait();
-    if (ctx_.trace.enabled()) {
-      ctx_.trace.record("gather " + mod.name, "gather", g0, now_ns(), mod.padded * ctx_.esize(), kLaneGather);
+    Status s = r_.dcomm->all_gather(part, full.value().get(), mod.part, comm::to_comm(shape_.cdt)).wait();
+    if (r_.trace->enabled()) {
+      r_.trace->record("gather " + mod.name, "gather", g0, now_ns(), mod.padded * shape_.esize(),
+                       kLaneGather);
     }
-    ctx_.tm->unpin(tier_item(m), Tier::kDevice);
+    homes_.unpin_partition(m);
     if (!s.is_ok()) return s.with_context("gathering the parameters of module " + mod.name);
   }
   slot.full = std::move(full).value();
@@ -206,7 +201,7 @@ Result<ModuleParams> ParamGather::fetch(ModuleId m, const MakeRoom& make_room) {
   if (!recording_ && !order_.empty()) cursor_ = (cursor_ + 1) % order_.size();
   slot.fetched = true;
   void* flat = mod.partitioned_params ? slot.full.get() : homes_.persistent(m).get();
-  return ctx_.views(mod, flat);
+  return r_.mem->views(mod, flat);
 }
 
 Status ParamGather::release(ModuleId m) {
@@ -226,7 +221,7 @@ void ParamGather::end_recording() {
   if (!recording_) return;
   recording_ = false;
   cursor_ = 0;
-  if (ctx_.tm) ctx_.tm->end_trace();
+  homes_.end_trace();
 }
 
 void ParamGather::shutdown() {

@@ -16,8 +16,10 @@
 #include <functional>
 #include <vector>
 
-#include "zero/engine_context.h"
+#include "comm/communicator.h"
+#include "core/trace.h"
 #include "zero/param_homes.h"
+#include "zero/part_resources.h"
 #include "zero/step_clock.h"
 #include "zero/update_gate.h"
 
@@ -25,12 +27,21 @@ namespace zoe::zero {
 
 class ParamGather {
  public:
-  ParamGather(EngineContext& ctx, const ModuleTable& modules, ParamHomes& homes, const UpdateGate& gate,
-              StepClock& clock)
-      : ctx_(ctx), modules_(modules), homes_(homes), gate_(gate), clock_(clock) {}
-
-  void resize(size_t modules) { slots_.resize(modules); }
-  void set_window(size_t elems) { window_ = elems; }
+  struct Resources {
+    DeviceMemory* mem = nullptr;
+    comm::Communicator* dcomm = nullptr;  // device buffers: the gathers
+    TraceRecorder* trace = nullptr;
+    // Elements of gathered modules prefetch may queue ahead of use (the placement's gather
+    // window), and at most alive at once (stage3_max_live_parameters, as planned).
+    size_t window = 0;
+    size_t max_live = 0;
+    int64_t prefetch_bucket = 0;  // zero_optimization.stage3_prefetch_bucket_size
+  };
+  ParamGather(const RunShape& shape, const ModuleTable& modules, ParamHomes& homes, const UpdateGate& gate,
+              StepClock& clock, const Resources& r)
+      : shape_(shape), modules_(modules), homes_(homes), gate_(gate), clock_(clock), r_(r) {
+    slots_.resize(modules.size());
+  }
 
   // Frees device memory when a queued gather finds none (the engine completes the reductions
   // in flight); a gather that still finds none is an error. A rank that skipped a gather the
@@ -68,17 +79,17 @@ class ParamGather {
   Status follow_order(ModuleId m);
   void prefetch_moves(ModuleId m);
 
-  EngineContext& ctx_;
+  const RunShape& shape_;
   const ModuleTable& modules_;
   ParamHomes& homes_;
   const UpdateGate& gate_;
   StepClock& clock_;
+  Resources r_;
   std::vector<Slot> slots_;
   std::vector<ModuleId> order_;  // fetch order recorded in the first iteration
   bool recording_ = true;
   size_t cursor_ = 0;
   size_t live_elems_ = 0;
-  size_t window_ = 0;  // elements of gathered modules prefetch may queue ahead of use
 };
 
 }  // namespace zoe::zero

@@ -13,23 +13,7 @@ namespace zoe::zero {
 
 using config::OffloadDevice;
 
-const char* home_name(Home h) {
-  switch (h) {
-    case Home::kDevice:
-      return "device";
-    case Home::kHost:
-      return "host";
-    case Home::kNvme:
-      return "nvme";
-  }
-  return "?";
-}
-
 namespace {
-
-Home home_of(OffloadDevice d) {
-  return d == OffloadDevice::kNone ? Home::kDevice : d == OffloadDevice::kCpu ? Home::kHost : Home::kNvme;
-}
 
 uint64_t u64(size_t v) { return static_cast<uint64_t>(v); }
 
@@ -92,7 +76,8 @@ Status lay_out_modules(const config::Config& cfg, const std::vector<ModuleShape>
     mp.padded = (mp.total + unit - 1) / unit * unit;
     mp.part = mp.padded / static_cast<size_t>(pl->world);
     mp.partitioned_params = pl->stage == 3 && static_cast<int64_t>(mp.total) >= persist;
-    mp.param_home = mp.partitioned_params ? home_of(cfg.zero.offload_param.device) : Home::kDevice;
+    mp.param_home =
+        mp.partitioned_params ? offload_tier(cfg.zero.offload_param.device) : offload::Tier::kDevice;
     if (mp.partitioned_params) pl->max_live_parameters = std::max(pl->max_live_parameters, mp.padded);
     if (pl->stage == 0) {
       mp.opt_begin = 0;
@@ -130,7 +115,7 @@ void split_optimizer_homes(const config::Config& cfg, Placement* pl) {
     if (m.frozen) continue;  // no states to place
     const bool offload = opt_off != OffloadDevice::kNone &&
                          static_cast<double>(off) + static_cast<double>(m.opt_n) / 2.0 < want;
-    m.opt_home = offload ? home_of(opt_off) : Home::kDevice;
+    m.opt_home = offload ? offload_tier(opt_off) : offload::Tier::kDevice;
     if (offload) off += m.opt_n;
   }
 }
@@ -144,17 +129,17 @@ Result<Extent> count_resident_states(const config::Config& cfg, Placement* pl) {
   for (const auto& m : pl->modules) {
     x.biggest = std::max(x.biggest, m.padded);
     const uint64_t states = u64(m.opt_n) * (4 + 2 * sb + 4);  // master, m, v, gradient accumulator
-    switch (m.frozen ? Home::kDevice : m.opt_home) {
-      case Home::kDevice:
+    switch (m.frozen ? offload::Tier::kDevice : m.opt_home) {
+      case offload::Tier::kDevice:
         pl->resident.device += m.frozen ? 0 : states;
         break;
-      case Home::kHost:
+      case offload::Tier::kHost:
         pl->resident.host += states;
         // zoe.speculative_step: master, m and v saved before the update in the backward, and the
         // new compute parameters it holds until the step confirms it.
         if (cfg.zoe.speculative_step) pl->resident.host += u64(m.opt_n) * (4 + 2 * sb + es);
         break;
-      case Home::kNvme:
+      case offload::Tier::kNvme:
         pl->resident.nvme += states;
         x.any_opt_nvme = true;
         break;
@@ -166,13 +151,13 @@ Result<Extent> count_resident_states(const config::Config& cfg, Placement* pl) {
     x.any_partitioned = true;
     const uint64_t part = u64(m.part) * es;
     switch (m.param_home) {
-      case Home::kDevice:
+      case offload::Tier::kDevice:
         pl->resident.device += part;
         break;
-      case Home::kHost:
+      case offload::Tier::kHost:
         pl->resident.host += part;
         break;
-      case Home::kNvme:
+      case offload::Tier::kNvme:
         pl->resident.nvme += part;
         x.biggest_part_nvme = std::max<size_t>(x.biggest_part_nvme, m.part);
         break;
@@ -276,7 +261,7 @@ uint64_t page_round(uint64_t b) { return (b + 4095) / 4096 * 4096; }
 uint64_t nvme_part_bytes(const Placement& pl) {
   uint64_t parts = 0;
   for (const auto& m : pl.modules) {
-    if (m.partitioned_params && m.param_home == Home::kNvme)
+    if (m.partitioned_params && m.param_home == offload::Tier::kNvme)
       parts += page_round(u64(m.part) * pl.compute_bytes);
   }
   return parts;
@@ -308,7 +293,8 @@ void plan_tier_manager(const config::Config& cfg, const PlanTarget& target, Exte
   const uint64_t db = pl->device_budget;
   uint64_t homes = 0;
   for (const auto& m : pl->modules) {
-    if (m.partitioned_params && m.param_home == Home::kDevice) homes += u64(m.part) * pl->compute_bytes;
+    if (m.partitioned_params && m.param_home == offload::Tier::kDevice)
+      homes += u64(m.part) * pl->compute_bytes;
   }
   const uint64_t keep = pl->resident.device + moving_device_bytes(*pl);
   const uint64_t in_flight = 2ull * (x->biggest / static_cast<uint64_t>(pl->world)) * pl->compute_bytes;
@@ -348,7 +334,7 @@ void plan_swapper(const config::Config& cfg, Placement* pl) {
                               cfg.given("zero_optimization.offload_optimizer.buffer_count"));
   size_t chunks = 0;
   for (const auto& m : pl->modules) {
-    if (!m.frozen && m.opt_home == Home::kNvme)
+    if (!m.frozen && m.opt_home == offload::Tier::kNvme)
       chunks = std::max(chunks, (m.opt_n + pl->swap_chunk_elems - 1) / pl->swap_chunk_elems);
   }
   pl->swap_async_buffers =
@@ -396,7 +382,7 @@ void size_own_buffers(const config::Config& cfg, Placement* pl) {
   if (pl->swapper && !cfg.given("zero_optimization.offload_optimizer.buffer_count")) {
     size_t chunks = 0;
     for (const auto& m : pl->modules) {
-      if (!m.frozen && m.opt_home == Home::kNvme)
+      if (!m.frozen && m.opt_home == offload::Tier::kNvme)
         chunks += (m.opt_n + pl->swap_chunk_elems - 1) / pl->swap_chunk_elems;
     }
     const uint64_t slot_bytes = u64(kSwapStates) * pl->swap_buffer_bytes;
@@ -473,7 +459,7 @@ Status check_peaks(const config::Config& cfg, const Extent& x, Placement* pl) {
   if (pl->tier_manager) {
     uint64_t device_homes = 0;
     for (const auto& m : pl->modules) {
-      if (m.partitioned_params && m.param_home == Home::kDevice) device_homes += u64(m.part) * es;
+      if (m.partitioned_params && m.param_home == offload::Tier::kDevice) device_homes += u64(m.part) * es;
     }
     pl->peak.device +=
         (x.tm_budget > device_homes ? x.tm_budget - device_homes : 0) + u64(pl->gather_window) * x.per_elem;

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "config/config.h"
+#include "offload/tier.h"
 #include "zoe/status.h"
 
 namespace zoe::zero {
@@ -53,8 +54,14 @@ size_t swap_buffer_count(int64_t buffer_count, bool given = true);
 inline constexpr size_t kMaxPendingReductions = 1;
 inline constexpr size_t kReducePackBuffers = 2;
 
-enum class Home : uint8_t { kDevice = 0, kHost = 1, kNvme = 2 };
-const char* home_name(Home h);
+// Where bytes live is an offload::Tier (device, host, NVMe) everywhere in the engine. The
+// config's zero_optimization.offload_*.device says where to offload them ("none", "cpu",
+// "nvme"); this is the one conversion, where the config is read.
+constexpr offload::Tier offload_tier(config::OffloadDevice d) {
+  return d == config::OffloadDevice::kNone  ? offload::Tier::kDevice
+         : d == config::OffloadDevice::kCpu ? offload::Tier::kHost
+                                            : offload::Tier::kNvme;
+}
 
 // What the planner needs to know of a module: its name, the element count of each parameter, and
 // whether it is frozen (its compute parameters only: no optimizer states, gradients or reduction).
@@ -96,10 +103,10 @@ struct ModulePlacement {
   size_t padded = 0;                  // the flat group, padded to kPartAlign x world
   size_t part = 0;                    // one rank's partition: padded / world
   bool partitioned_params = false;    // stage 3 and at least stage3_param_persistence_threshold
-  Home param_home = Home::kDevice;    // of the partition (partitioned_params only)
-  size_t opt_begin = 0, opt_n = 0;    // the flat range this rank's optimizer owns
+  offload::Tier param_home = offload::Tier::kDevice;  // of the partition (partitioned_params only)
+  size_t opt_begin = 0, opt_n = 0;                    // the flat range this rank's optimizer owns
   // Where the fp32 master, Adam m/v and the fp32 gradient accumulator of [opt_begin, +opt_n) live.
-  Home opt_home = Home::kDevice;
+  offload::Tier opt_home = offload::Tier::kDevice;
   // A frozen module has none of them (opt_home means nothing; [opt_begin, +opt_n) is still the
   // share of its parameters this rank checkpoints).
   bool frozen = false;

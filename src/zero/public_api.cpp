@@ -29,7 +29,7 @@ using nlohmann::json;
 // ---------------------------------------------------------------------------------------------
 // dtype helpers: loops over core/dtype.h's scalar conversions (the engine's own).
 
-const char* dtype_name(ComputeDType d) { return zoe::dtype_name(zero::internal_dtype(d)); }
+const char* dtype_name(ComputeDType d) { return zoe::dtype_name(internal_dtype(d)); }
 
 float to_f32(uint16_t half, ComputeDType d) {
   return d == ComputeDType::kBF16 ? bf16_to_f32(half) : f16_to_f32(half);

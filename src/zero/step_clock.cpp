@@ -5,7 +5,7 @@
 
 namespace zoe::zero {
 
-void StepClock::collect(const EngineContext& ctx, uint64_t t_enter, uint64_t params, StepStats* st) {
+void StepClock::collect(const ResourceReadings& r, uint64_t t_enter, uint64_t params, StepStats* st) {
   const uint64_t now = now_ns();
   const double wall = static_cast<double>(now - last_step_ns) * 1e-9;
   const double in_engine = t_engine + static_cast<double>(now - t_enter) * 1e-9;
@@ -14,21 +14,13 @@ void StepClock::collect(const EngineContext& ctx, uint64_t t_enter, uint64_t par
   st->t_optimizer = t_opt;
   st->t_update_overlapped = t_opt_overlapped;
   st->t_compute = std::max(0.0, wall - in_engine);
-  st->high_water[0] = ctx.dev->high_water_bytes();
-  uint64_t host = ctx.host_bytes + (ctx.swapper ? ctx.swapper->buffer_bytes_total() : 0);
-  if (ctx.tm) host += ctx.tm->stats().high_water[1];
-  st->high_water[1] = host;
-  st->high_water[2] = ctx.store ? ctx.store->high_water_bytes() : 0;
-  if (ctx.io) {
-    io::IoStatsSnapshot ios = ctx.io->stats();
-    st->bytes_nvme_read = ios.read_bytes;
-    st->bytes_nvme_write = ios.write_bytes;
-  }
-  if (ctx.tm) {
-    offload::TierStats ts = ctx.tm->stats();
-    st->bytes_host_to_device = ts.host_to_device.bytes + ts.nvme_to_device.bytes;
-    st->bytes_device_to_host = ts.device_to_host.bytes + ts.device_to_nvme.bytes;
-  }
+  st->high_water[0] = r.device_high_water;
+  st->high_water[1] = r.host_high_water;
+  st->high_water[2] = r.nvme_high_water;
+  st->bytes_nvme_read = r.nvme_read;
+  st->bytes_nvme_write = r.nvme_write;
+  st->bytes_host_to_device = r.host_to_device;
+  st->bytes_device_to_host = r.device_to_host;
   const uint64_t now_bytes[4] = {st->bytes_nvme_read, st->bytes_nvme_write, st->bytes_host_to_device,
                                  st->bytes_device_to_host};
   uint64_t* step_bytes[4] = {&st->step_bytes_nvme_read, &st->step_bytes_nvme_write,
@@ -41,7 +33,7 @@ void StepClock::collect(const EngineContext& ctx, uint64_t t_enter, uint64_t par
     *per_param[k] = static_cast<double>(*step_bytes[k]) / np;
     last_link_bytes[k] = now_bytes[k];
   }
-  collect_activations(ctx, st);
+  if (r.acts) collect_activations(*r.acts, st);
   st->gathers_prefetched = gathers_prefetched;
   st->gathers_on_demand = gathers_on_demand;
   gathers_prefetched = gathers_on_demand = 0;
@@ -49,9 +41,7 @@ void StepClock::collect(const EngineContext& ctx, uint64_t t_enter, uint64_t par
   last_step_ns = now;
 }
 
-void StepClock::collect_activations(const EngineContext& ctx, StepStats* st) {
-  if (!ctx.acts) return;
-  const ActivationStats a = ctx.acts->stats();
+void StepClock::collect_activations(const ActivationStats& a, StepStats* st) {
   st->activation_checkpoint_bytes = a.checkpoint_bytes;
   for (int k = 0; k < 3; ++k) st->activation_tier_bytes[k] = a.tier_bytes[k];
   st->activation_high_water[0] = a.high_water_device;

@@ -7,10 +7,28 @@
 
 #include <cstdint>
 
-#include "zero/engine_context.h"
+#include "core/clock.h"
+#include "zoe/activations.h"
 #include "zoe/step_stats.h"
 
 namespace zoe::zero {
+
+// Adds the seconds of its lifetime to *acc.
+struct Timer {
+  explicit Timer(double* acc) : acc_(acc), t0_(now_ns()) {}
+  ~Timer() { *acc_ += static_cast<double>(now_ns() - t0_) * 1e-9; }
+  Timer(const Timer&) = delete;
+  Timer& operator=(const Timer&) = delete;
+  double* acc_;
+  uint64_t t0_;
+};
+
+// The resources' counters at step(), read by the engine (which owns the resources).
+struct ResourceReadings {
+  uint64_t device_high_water = 0, host_high_water = 0, nvme_high_water = 0;
+  uint64_t nvme_read = 0, nvme_write = 0, host_to_device = 0, device_to_host = 0;
+  const ActivationStats* acts = nullptr;  // null: no activation store
+};
 
 struct StepClock {
   double t_comm = 0, t_io = 0, t_opt = 0, t_engine = 0;
@@ -26,9 +44,9 @@ struct StepClock {
   // Fills st's times, high-water marks, bytes and gathers (st.grad_norm, lr, skipped, step,
   // loss_scale and the speculative counts are the step's own), then resets the counts.
   // t_enter: when step() began; params: the model's parameter count.
-  void collect(const EngineContext& ctx, uint64_t t_enter, uint64_t params, StepStats* st);
+  void collect(const ResourceReadings& r, uint64_t t_enter, uint64_t params, StepStats* st);
   // The activation store's part of st (collect() calls it).
-  void collect_activations(const EngineContext& ctx, StepStats* st);
+  void collect_activations(const ActivationStats& a, StepStats* st);
 };
 
 }  // namespace zoe::zero

@@ -8,7 +8,7 @@
 
 namespace zoe::zero {
 
-using config::OffloadDevice;
+using offload::Tier;
 
 namespace {
 
@@ -34,7 +34,8 @@ std::vector<std::pair<size_t, size_t>> untouched_ranges(const ModuleLayout& mod,
 // partition), through a staging buffer where the kernel's memory and out's differ. `ops` and
 // `exec.pool` are the running thread's own (the caller's, or the overlapped update's).
 struct Updater::ChunkUpdater {
-  EngineContext* ctx;
+  const RunShape* shape;
+  device::Device* dev;
   const ModuleTable* modules;
   const ParamHomes* homes;
   DeviceOps* ops;
@@ -78,7 +79,7 @@ struct Updater::ChunkUpdater {
 
   Status restore_untouched(float* master, void* ea, void* eas, bool dev, void* param_out, bool param_out_dev,
                            Keep* k) {
-    const size_t sb = dtype_size(sdt), es = ctx->esize();
+    const size_t sb = dtype_size(sdt), es = shape->esize();
     const char* at = k->saved.data();
     for (const auto& [b, e] : k->ranges) {
       const size_t len = e - b;
@@ -88,7 +89,7 @@ struct Updater::ChunkUpdater {
           ops->put(static_cast<char*>(eas) + b * sb, dev, at + len * (4 + sb), false, len * sb));
       at += len * (4 + 2 * sb);
     }
-    if (ctx->cdt == DType::kF32 || !param_out) return Status::ok();  // the caller copies the master out
+    if (shape->cdt == DType::kF32 || !param_out) return Status::ok();  // the caller copies the master out
     size_t total = 0;
     for (const auto& r : k->ranges) total += r.second - r.first;
     k->conv.resize(total * es);
@@ -96,7 +97,7 @@ struct Updater::ChunkUpdater {
     char* c = k->conv.data();
     for (const auto& [b, e] : k->ranges) {
       const size_t len = e - b;
-      ZOE_RETURN_IF_ERROR(optim::convert_with_norm(at, DType::kF32, c, ctx->cdt, len, false).status());
+      ZOE_RETURN_IF_ERROR(optim::convert_with_norm(at, DType::kF32, c, shape->cdt, len, false).status());
       ZOE_RETURN_IF_ERROR(
           ops->put(static_cast<char*>(param_out) + b * es, param_out_dev, c, false, len * es));
       at += len * (4 + 2 * sb);
@@ -107,8 +108,8 @@ struct Updater::ChunkUpdater {
 
   Status operator()(ModuleId m, size_t begin, size_t n, float* master, void* ea, void* eas, const float* grad,
                     void* out) {
-    const size_t es = ctx->esize();
-    const bool kernel_dev = (*modules)[m].opt_home == OffloadDevice::kNone;
+    const size_t es = shape->esize();
+    const bool kernel_dev = (*modules)[m].opt_home == Tier::kDevice;
     const bool out_dev = !out_host && homes->owned_on_device(m);
     const bool direct = ops->host_addressable() || kernel_dev == out_dev;
     char* dst = static_cast<char*>(out) + begin * es;
@@ -125,18 +126,18 @@ struct Updater::ChunkUpdater {
     a.buf.exp_avg = ea;
     a.buf.exp_avg_sq = eas;
     a.buf.state_dtype = sdt;
-    if (ctx->cdt != DType::kF32) {
+    if (shape->cdt != DType::kF32) {
       if (direct) {
         a.buf.param_out = dst;
       } else if (kernel_dev) {
         // The kernel writes every element: no zeroing (and no use of the caller's ops).
-        ZOE_ASSIGN_OR_RETURN(dev_stage, device::DeviceBuffer::allocate(*ctx->dev, n * es));
+        ZOE_ASSIGN_OR_RETURN(dev_stage, device::DeviceBuffer::allocate(*dev, n * es));
         a.buf.param_out = dev_stage.get();
       } else {
         out_stage.resize(n * es);
         a.buf.param_out = out_stage.data();
       }
-      a.buf.param_out_dtype = ctx->cdt;
+      a.buf.param_out_dtype = shape->cdt;
     }
     a.params = ap;
     a.step = as;
@@ -147,7 +148,7 @@ struct Updater::ChunkUpdater {
       ZOE_RETURN_IF_ERROR(
           restore_untouched(master, ea, eas, kernel_dev, a.buf.param_out, param_out_dev, &keep));
     }
-    if (ctx->cdt == DType::kF32) {
+    if (shape->cdt == DType::kF32) {
       ZOE_RETURN_IF_ERROR(ops->put(dst, out_dev, master, kernel_dev, n * 4));
     } else if (!direct) {
       ZOE_RETURN_IF_ERROR(ops->put(dst, out_dev, a.buf.param_out, kernel_dev, n * es));
@@ -156,74 +157,22 @@ struct Updater::ChunkUpdater {
   }
 };
 
-Updater::~Updater() { (void)join(); }
-
-// ---------------------------------------------------------------------------------------------
-// States
-
-Status Updater::place(ModuleId m, const float* own) {
-  if (states_.size() < modules_.size()) states_.resize(modules_.size());
-  const ModuleLayout& mod = modules_[m];
-  OptimStates& st = states_[m.index];
-  if (mod.frozen) return Status::ok();  // no states: its compute parameters are all it has
-  const size_t sbytes = mod.opt_n * ctx_.placement.state_bytes;
-  switch (mod.opt_home) {
-    case OffloadDevice::kNone: {
-      const size_t sizes[4] = {mod.opt_n * 4, sbytes, sbytes, mod.opt_n * 4};
-      for (int k = 0; k < 4; ++k) {
-        ZOE_ASSIGN_OR_RETURN(st.dev[k], ctx_.dalloc(sizes[k]));
-      }
-      st.master = st.dev[0].get();
-      st.exp_avg = st.dev[1].get();
-      st.exp_avg_sq = st.dev[2].get();
-      st.grad_acc = static_cast<float*>(st.dev[3].get());
-      return ctx_.ops->put(st.master, true, own, false, mod.opt_n * 4);
-    }
-    case OffloadDevice::kCpu: {
-      ZOE_ASSIGN_OR_RETURN(st.master, ctx_.halloc(mod.opt_n * 4));
-      ZOE_ASSIGN_OR_RETURN(st.exp_avg, ctx_.halloc(sbytes));
-      ZOE_ASSIGN_OR_RETURN(st.exp_avg_sq, ctx_.halloc(sbytes));
-      ZOE_ASSIGN_OR_RETURN(void* g, ctx_.halloc(mod.opt_n * 4));
-      st.grad_acc = static_cast<float*>(g);
-      if (ctx_.cfg->zoe.speculative_step) {
-        ZOE_ASSIGN_OR_RETURN(st.spec_save, ctx_.halloc(mod.opt_n * 4 + 2 * sbytes));
-        ZOE_ASSIGN_OR_RETURN(st.spec_out, ctx_.halloc(mod.opt_n * ctx_.esize()));
-      }
-      return ctx_.ops->put(st.master, false, own, false, mod.opt_n * 4);
-    }
-    case OffloadDevice::kNvme: {
-      ZOE_RETURN_IF_ERROR_CTX(ctx_.swapper->add_group(swap_group(m), mod.opt_n),
-                              "placing the optimizer states of module " + mod.name);
-      // The fp32 master, chunk by chunk, written from `own` itself where it is block-aligned
-      // (write_state_borrowed: the swapper's write buffers in flight at once, no copy): the
-      // caller leaves `own` unchanged until the swapper's asynchronous writes are waited for
-      // (Engine::Impl::store_module). Adam's m and v start as zeros, which their swap space
-      // reads as until the first update writes them (add_group), so nothing is written for them.
-      const size_t chunk = ctx_.swapper->chunk_elems();
-      for (size_t b = 0; b < mod.opt_n; b += chunk) {
-        ZOE_RETURN_IF_ERROR(ctx_.swapper->write_state_borrowed(swap_group(m), kMasterState, own + b, b,
-                                                               std::min(chunk, mod.opt_n - b)));
-      }
-      // The gradient accumulator lives on NVMe too (written by the first reduction of a step).
-      return Status::ok();
-    }
-  }
-  return Status::ok();
-}
-
 double Updater::grad_divisor() const {
-  const double micro = static_cast<double>(std::max<int64_t>(1, ctx_.cfg->gradient_accumulation_steps));
-  return static_cast<double>(ctx_.world) * micro * (ctx_.cdt == DType::kF16 ? scaler_.scale() : 1.0);
+  const double micro = static_cast<double>(std::max<int64_t>(1, r_.cfg->gradient_accumulation_steps));
+  return static_cast<double>(shape_.world) * micro * (shape_.cdt == DType::kF16 ? scaler_.scale() : 1.0);
 }
 
 // The update's arguments for step `step_no` at learning rate `lr` and gradient scale `scale`, on
 // `ops` with `pool`'s threads.
 Updater::ChunkUpdater Updater::make_updater(DeviceOps* ops, optim::CpuPool* pool, double lr, int64_t step_no,
                                             float scale) {
-  const config::Config& cfg = *ctx_.cfg;
-  ChunkUpdater up{
-      &ctx_, &modules_, &homes_, ops, {}, {}, cfg.zoe.bf16_optimizer_states ? DType::kBF16 : DType::kF32,
-      {},    {},        false};
+  const config::Config& cfg = *r_.cfg;
+  ChunkUpdater up{&shape_,   &r_.mem->device(),
+                  &modules_, &homes_,
+                  ops,       {},
+                  {},        r_.state_bytes == 2 ? DType::kBF16 : DType::kF32,
+                  {},        {},
+                  false};
   up.exec.pool = pool;
   up.ap.lr = static_cast<float>(lr);
   up.ap.beta1 = static_cast<float>(cfg.optimizer.beta1);
@@ -251,8 +200,8 @@ Status Updater::speculate(ModuleId m, const std::vector<uint8_t>& untouched) {
   const ModuleLayout& mod = modules_[m];
   OptimStates& st = states_[m.index];
   if (st.speculated) unspeculate(m);
-  if (mod.opt_home != OffloadDevice::kCpu || !st.spec_save || mod.opt_n == 0) return Status::ok();
-  const size_t n = mod.opt_n, sbytes = n * (ctx_.cfg->zoe.bf16_optimizer_states ? 2 : 4);
+  if (mod.opt_home != Tier::kHost || !st.spec_save || mod.opt_n == 0) return Status::ok();
+  const size_t n = mod.opt_n, sbytes = n * r_.state_bytes;
   char* save = static_cast<char*>(st.spec_save);
   memcpy(save, st.master, n * 4);
   memcpy(save + n * 4, st.exp_avg, sbytes);
@@ -262,8 +211,7 @@ Status Updater::speculate(ModuleId m, const std::vector<uint8_t>& untouched) {
   unclipped.sum_sq = 0.0;
   unclipped.finite = true;
   spec_scale_ = optim::compute_step_scale(unclipped, static_cast<float>(grad_divisor()), 0.0f).grad_scale;
-  ChunkUpdater up =
-      make_updater(ctx_.ops.get(), ctx_.pool.get(), ctx_.cfg->lr_at(steps_ + 1), steps_ + 1, spec_scale_);
+  ChunkUpdater up = make_updater(r_.ops, r_.pool, r_.cfg->lr_at(steps_ + 1), steps_ + 1, spec_scale_);
   up.out_host = true;
   up.untouched.assign(modules_.size(), {});
   st.spec_untouched = untouched;
@@ -271,8 +219,8 @@ Status Updater::speculate(ModuleId m, const std::vector<uint8_t>& untouched) {
   up.untouched[m.index] = st.spec_untouched;
   const uint64_t t0 = now_ns();
   Status s = up(m, 0, n, static_cast<float*>(st.master), st.exp_avg, st.exp_avg_sq, st.grad_acc, st.spec_out);
-  if (ctx_.trace.enabled())
-    ctx_.trace.record("update " + mod.name + " (speculative)", "optimizer", t0, now_ns(), 0, kLaneOptimizer);
+  if (r_.trace->enabled())
+    r_.trace->record("update " + mod.name + " (speculative)", "optimizer", t0, now_ns(), 0, kLaneOptimizer);
   st.speculated = true;  // also after an error: its states may be half-updated, the saved ones are whole
   if (!s.is_ok()) {
     unspeculate(m);
@@ -284,7 +232,7 @@ Status Updater::speculate(ModuleId m, const std::vector<uint8_t>& untouched) {
 void Updater::unspeculate(ModuleId m) {
   OptimStates& st = states_[m.index];
   if (!st.speculated) return;
-  const size_t n = modules_[m].opt_n, sbytes = n * (ctx_.cfg->zoe.bf16_optimizer_states ? 2 : 4);
+  const size_t n = modules_[m].opt_n, sbytes = n * r_.state_bytes;
   const char* save = static_cast<const char*>(st.spec_save);
   memcpy(st.master, save, n * 4);
   memcpy(st.exp_avg, save + n * 4, sbytes);
@@ -337,7 +285,7 @@ Status Updater::close_out(ModuleId m, double* t_io, std::vector<void*>* outs) {
 Status Updater::run_swapped(ChunkUpdater& update, double* t_io, std::vector<void*>* outs) {
   bool have_open = false;
   ModuleId open(0);  // the module whose chunks are being updated
-  Status s = ctx_.swapper->step([&](const offload::ChunkView& c) -> Status {
+  Status s = r_.swapper->step([&](const offload::ChunkView& c) -> Status {
     const ModuleId m = module_of(c.group);
     if (!have_open || m != open) {
       if (have_open) ZOE_RETURN_IF_ERROR(close_out(open, t_io, outs));
@@ -366,18 +314,18 @@ Status Updater::run(ChunkUpdater& update, double* t_io) {
     if (modules_[m].frozen) gate_.mark(m);
   }
   Status s;
-  if (ctx_.swapper) s = run_swapped(update, t_io, &outs);
+  if (r_.swapper) s = run_swapped(update, t_io, &outs);
   for (ModuleId m : modules_.ids()) {
     if (!s.is_ok()) break;
     const ModuleLayout& mod = modules_[m];
     OptimStates& st = states_[m.index];
-    if (mod.frozen || mod.opt_home == OffloadDevice::kNvme) continue;
+    if (mod.frozen || mod.opt_home == Tier::kNvme) continue;
     auto out = open_out(m, t_io, &outs);
     if (out.is_ok() && st.speculated) {
       // Updated during the backward and confirmed by the norm: its compute parameters go home.
       st.speculated = false;
       s = update.ops->put(out.value(), homes_.owned_on_device(m), st.spec_out, false,
-                          mod.opt_n * ctx_.esize());
+                          mod.opt_n * shape_.esize());
       if (s.is_ok()) s = update.ops->synchronize();
     } else {
       s = out.is_ok() ? update(m, 0, mod.opt_n, static_cast<float*>(st.master), st.exp_avg, st.exp_avg_sq,
@@ -389,16 +337,14 @@ Status Updater::run(ChunkUpdater& update, double* t_io) {
   }
   for (ModuleId m : modules_.ids()) (void)close_out(m, t_io, &outs);  // after an error
   writebacks_.wait_all();
-  if (ctx_.tm) {
-    Status ds = ctx_.tm->drain();
-    if (s.is_ok()) s = ds;
-  }
+  Status ds = homes_.drain();
+  if (s.is_ok()) s = ds;
   return s;
 }
 
 Status Updater::skip() {
   // No update reads them: the chunks read ahead (and the gradients handed to them) go.
-  if (ctx_.swapper) ZOE_RETURN_IF_ERROR_CTX(ctx_.swapper->drop_preloaded(), "dropping the chunks read ahead");
+  if (r_.swapper) ZOE_RETURN_IF_ERROR_CTX(r_.swapper->drop_preloaded(), "dropping the chunks read ahead");
   return Status::ok();
 }
 
@@ -423,15 +369,15 @@ Status Updater::apply(float grad_scale, double lr) {
   steps_++;
   // AdamW over every module's owned range: behind the caller's next forward when the device's
   // memory is host memory (zoe.overlap_step), else here.
-  const bool overlap = ctx_.cfg->zoe.overlap_step && ctx_.ops->host_addressable();
+  const bool overlap = r_.cfg->zoe.overlap_step && r_.ops->host_addressable();
   if (overlap && !update_pool_) {
     optim::CpuPool::Options po;
-    po.threads = static_cast<int>(ctx_.cfg->zoe.optimizer_threads);
+    po.threads = static_cast<int>(r_.cfg->zoe.optimizer_threads);
     ZOE_ASSIGN_OR_RETURN(update_pool_, optim::CpuPool::create(po));
     update_ops_ = make_cpu_ops(update_pool_.get(), deferred_device_ops());
   }
-  ChunkUpdater up = make_updater(overlap ? update_ops_.get() : ctx_.ops.get(),
-                                 overlap ? update_pool_.get() : ctx_.pool.get(), lr, steps_, grad_scale);
+  ChunkUpdater up = make_updater(overlap ? update_ops_.get() : r_.ops, overlap ? update_pool_.get() : r_.pool,
+                                 lr, steps_, grad_scale);
   if (overlap) {
     start_thread(std::move(up));
     return Status::ok();
@@ -439,7 +385,7 @@ Status Updater::apply(float grad_scale, double lr) {
   Status s = run(up, &clock_.t_io);
   if (!s.is_ok()) return s.with_context("optimizer step " + std::to_string(steps_));
   // Stage 1/2 (and persistent stage-3 modules): gather the updated partitions.
-  if (ctx_.stage >= 1) {
+  if (shape_.stage >= 1) {
     for (ModuleId m : modules_.ids()) {
       if (!modules_[m].partitioned_params && !modules_[m].frozen)
         ZOE_RETURN_IF_ERROR(homes_.gather_updated(m));
@@ -463,30 +409,6 @@ Status Updater::finish() {
   return homes_.settle_all();
 }
 
-Status Updater::read_master(ModuleId m, size_t p, float* out) {
-  const ModuleLayout& mod = modules_[m];
-  const OptimStates& st = states_[m.index];
-  std::vector<float> own(mod.opt_n);
-  if (mod.frozen) {
-    ZOE_RETURN_IF_ERROR(homes_.read_owned_f32(m, own.data()));  // its compute parameters are its values
-  } else if (mod.opt_home == OffloadDevice::kNvme) {
-    ZOE_RETURN_IF_ERROR(ctx_.swapper->read_state(swap_group(m), kMasterState, own.data()));
-  } else {
-    ZOE_RETURN_IF_ERROR(
-        ctx_.ops->put(own.data(), false, st.master, mod.opt_home == OffloadDevice::kNone, mod.opt_n * 4));
-    ZOE_RETURN_IF_ERROR(ctx_.ops->synchronize());
-  }
-  std::vector<float> full(mod.padded);
-  if (ctx_.stage == 0) {
-    full = own;
-  } else {
-    ZOE_RETURN_IF_ERROR(
-        ctx_.comm->all_gather(own.data(), full.data(), mod.part, comm::CommType::kF32).wait());
-  }
-  memcpy(out, full.data() + mod.offset[p], mod.numel[p] * 4);
-  return Status::ok();
-}
-
 void Updater::shutdown() {
   (void)join();  // an overlapped update still running behind (no collectives here)
   writebacks_.wait_all();
@@ -494,7 +416,7 @@ void Updater::shutdown() {
     if (m.index >= states_.size()) break;
     OptimStates& st = states_[m.index];
     for (auto& b : st.dev) b.reset();
-    if (modules_[m].opt_home == OffloadDevice::kNone || modules_[m].frozen) {
+    if (modules_[m].opt_home == Tier::kDevice || modules_[m].frozen) {
       st.master = st.exp_avg = st.exp_avg_sq = nullptr;
       st.grad_acc = nullptr;
     }

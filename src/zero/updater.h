@@ -21,16 +21,27 @@
 #include <thread>
 #include <vector>
 
-#include "zero/engine_context.h"
+#include "comm/communicator.h"
+#include "config/config.h"
+#include "core/trace.h"
+#include "offload/optimizer_swapper.h"
+#include "optim/adam.h"
+#include "zero/grad_sink.h"
 #include "zero/loss_scaler.h"
 #include "zero/param_homes.h"
+#include "zero/part_resources.h"
 #include "zero/step_clock.h"
 #include "zero/update_gate.h"
+#include "zoe/step_stats.h"
 
 namespace zoe::zero {
 
-// One module's optimizer states: views of device memory (owned by dev) or of host memory
-// (EngineContext::host_bufs); NVMe-resident states have none (swap_group(m) in the swapper).
+// The optimizer states a checkpoint holds, in its order: the fp32 master, Adam's m and v (in the
+// state dtype, zoe.bf16_optimizer_states).
+enum class OptState : uint8_t { kMaster = 0, kExpAvg = 1, kExpAvgSq = 2 };
+
+// One module's optimizer states: views of device memory (owned by dev) or of host memory (the
+// Updater's HostArena); NVMe-resident states have none (they live in the swapper).
 struct OptimStates {
   void* master = nullptr;  // fp32
   void* exp_avg = nullptr;
@@ -45,16 +56,46 @@ struct OptimStates {
   std::vector<uint8_t> spec_untouched;  // the parameters the speculative update left as they were
 };
 
-class Updater {
+class Updater final : public GradSink {
  public:
-  Updater(EngineContext& ctx, const ModuleTable& modules, ParamHomes& homes, StepClock& clock)
-      : ctx_(ctx), modules_(modules), homes_(homes), clock_(clock) {}
+  struct Resources {
+    DeviceMemory* mem = nullptr;
+    DeviceOps* ops = nullptr;                      // the caller's
+    optim::CpuPool* pool = nullptr;                // the caller's CPU threads
+    comm::Communicator* comm = nullptr;            // host buffers (read_master's gather)
+    offload::OptimizerSwapper* swapper = nullptr;  // null when no module's states are on NVMe
+    TraceRecorder* trace = nullptr;
+    const config::Config* cfg = nullptr;  // the optimizer, its schedule and the zoe.* update keys
+    size_t state_bytes = 4;               // bytes of an element of m and v (the placement's)
+  };
+  Updater(const RunShape& shape, const ModuleTable& modules, ParamHomes& homes, StepClock& clock,
+          const Resources& r, const LossScaler& scaler);
   ~Updater();
 
-  // initialize(): module m's states in their home, the master from `own` (its owned range).
+  // initialize(): module m's states in their home, the master from `own` (its owned range). An
+  // NVMe master is written from `own` itself: leave it unchanged until wait_placed().
   Status place(ModuleId m, const float* own);
-  OptimStates& states(ModuleId m) { return states_[m.index]; }
+  Status wait_placed();
   const UpdateGate& gate() const { return gate_; }
+
+  // Checkpoints: elements [begin, begin + n) of module m's state k (its owned range), in the
+  // state's dtype (state_elem_bytes(k) each), to or from host memory. begin a multiple of
+  // io_chunk_elems(), n too unless the range reaches the end. Between steps (after finish()).
+  Status read_state(ModuleId m, OptState k, size_t begin, size_t n, void* dst);
+  Status write_state(ModuleId m, OptState k, size_t begin, size_t n, const void* src);
+  size_t state_elem_bytes(OptState k) const { return k == OptState::kMaster ? 4 : r_.state_bytes; }
+  // The piece of a state transfer: the swapper's chunk (its I/O alignment), else 4 Mi elements.
+  size_t io_chunk_elems() const;
+  // Host memory of the states in host RAM (and their speculative copies), and of the swapper.
+  uint64_t host_bytes() const;
+
+  // The states an optimizer swapper must hold for the Updater, in the order it uses them (the
+  // engine creates the swapper with these).
+  static std::vector<offload::SwappedState> swapped_states(size_t state_bytes);
+
+  // GradSink: the sums of the gradients live with the states.
+  Status add_grads(ModuleId m, const GradBatch& b) override;
+  Status zero_grads(ModuleId m) override;
 
   LossScaler& scaler() { return scaler_; }
   const LossScaler& scaler() const { return scaler_; }
@@ -98,12 +139,28 @@ class Updater {
   Result<void*> open_out(ModuleId m, double* t_io, std::vector<void*>* outs);
   Status close_out(ModuleId m, double* t_io, std::vector<void*>* outs);
   void start_thread(ChunkUpdater up);
+  // The swapper's group holding module m's NVMe-resident states, and its states' indices
+  // (swapped_states()): named here only.
+  static offload::GroupId swap_group(ModuleId m) { return offload::GroupId(m.index); }
+  static ModuleId module_of(offload::GroupId g) { return ModuleId(static_cast<size_t>(g.value)); }
+  static constexpr size_t kMasterState = 0, kAvgState = 1, kAvgSqState = 2, kGradState = 3;
+  // updater_states.cpp
+  Result<const void*> host_view(const void* dsrc, size_t bytes);
+  Status add_grads_nvme(ModuleId m, const GradBatch& b, const optim::Exec& exec);
+  Status place_on_device(ModuleId m, const float* own);
+  Status place_in_host(ModuleId m, const float* own);
+  Status place_on_nvme(ModuleId m, const float* own);
+  void* state_ptr(ModuleId m, OptState k) const;
 
-  EngineContext& ctx_;
+  const RunShape& shape_;
   const ModuleTable& modules_;
   ParamHomes& homes_;
   StepClock& clock_;
+  Resources r_;
+  HostArena host_;
   std::vector<OptimStates> states_;
+  std::vector<char> host_stage_;   // device -> host staging (when device memory is not host memory)
+  std::vector<float> grad_stage_;  // one swapper chunk: NVMe gradient sums go through it
   LossScaler scaler_;
   int64_t steps_ = 0;
   WritebackQueue writebacks_;

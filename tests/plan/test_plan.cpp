@@ -863,7 +863,7 @@ TEST(CostModelVsEngine, NvmeBytesPerStepForEveryPlacement) {
           uint64_t P = 0;
           size_t min_part = SIZE_MAX;
           for (const auto& m : plan->modules) {
-            if (!m.partitioned_params || m.param_home == zero::Home::kDevice) continue;
+            if (!m.partitioned_params || m.param_home == offload::Tier::kDevice) continue;
             P += m.part * plan->compute_bytes;
             min_part = std::min(min_part, m.part);
           }

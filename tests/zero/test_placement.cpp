@@ -25,7 +25,6 @@ zero::PlanTarget engine_target(const Runtime& rt) {
   return t;
 }
 
-using zero::Home;
 using zero::ModuleShape;
 using zero::Placement;
 
@@ -74,7 +73,7 @@ TEST(Placement, FrozenModulesHoldNoStates) {
     EXPECT_EQ(b->resident.device - a->resident.device, o == "none" ? drop : 0);
     EXPECT_EQ(b->resident.host - a->resident.host, o == "cpu" ? drop : 0);
     EXPECT_EQ(b->resident.nvme - a->resident.nvme, o == "nvme" ? drop : 0);
-    EXPECT_EQ(a->modules[0].param_home, Home::kNvme);
+    EXPECT_EQ(a->modules[0].param_home, offload::Tier::kNvme);
     // Both fill the budget with queued gathers (up to the window's rounding): within it.
     EXPECT_LE(a->peak.device, a->device_budget);
   }
@@ -102,7 +101,7 @@ TEST(Placement, FlatGroupsPartitionsAndOwnedRanges) {
   EXPECT_EQ(m.opt_n, m.part);
   EXPECT_EQ(m.offset[1], 10000u);
   EXPECT_TRUE(m.partitioned_params);
-  EXPECT_EQ(m.param_home, Home::kDevice);
+  EXPECT_EQ(m.param_home, offload::Tier::kDevice);
   EXPECT_TRUE(p->tier_manager);
   EXPECT_FALSE(p->swapper);
 
@@ -120,12 +119,12 @@ TEST(Placement, HomesFollowTheOffloadDevices) {
       config::Config c = parse(cfg_text(3, opt, param));
       auto p = zero::plan_placement(c, shapes(3, 64), 1, 0);
       ASSERT_OK(p);
-      const Home want_opt = std::string(opt) == "none"  ? Home::kDevice
-                            : std::string(opt) == "cpu" ? Home::kHost
-                                                        : Home::kNvme;
-      const Home want_param = std::string(param) == "none"  ? Home::kDevice
-                              : std::string(param) == "cpu" ? Home::kHost
-                                                            : Home::kNvme;
+      const offload::Tier want_opt = std::string(opt) == "none"  ? offload::Tier::kDevice
+                                     : std::string(opt) == "cpu" ? offload::Tier::kHost
+                                                                 : offload::Tier::kNvme;
+      const offload::Tier want_param = std::string(param) == "none"  ? offload::Tier::kDevice
+                                       : std::string(param) == "cpu" ? offload::Tier::kHost
+                                                                     : offload::Tier::kNvme;
       for (const auto& m : p->modules) {
         EXPECT_EQ(m.opt_home, want_opt) << opt << "/" << param;
         EXPECT_EQ(m.param_home, want_param) << opt << "/" << param;
@@ -134,8 +133,8 @@ TEST(Placement, HomesFollowTheOffloadDevices) {
       // NVMe bytes: states (master, m, v, gradient accumulator) and partitions, exactly.
       uint64_t nvme = 0;
       for (const auto& m : p->modules) {
-        if (m.opt_home == Home::kNvme) nvme += m.opt_n * (4 + 4 + 4 + 4);
-        if (m.param_home == Home::kNvme) nvme += m.part * 4;
+        if (m.opt_home == offload::Tier::kNvme) nvme += m.opt_n * (4 + 4 + 4 + 4);
+        if (m.param_home == offload::Tier::kNvme) nvme += m.part * 4;
       }
       EXPECT_EQ(p->nvme_bytes(), nvme) << opt << "/" << param;
     }
@@ -147,14 +146,14 @@ TEST(Placement, PartialOffloadSplitsByElementsInRegistrationOrder) {
   auto p = zero::plan_placement(c, shapes(4, 64), 1, 0);
   ASSERT_OK(p);
   // Four equal modules, half of the elements: the first two are offloaded.
-  EXPECT_EQ(p->modules[0].opt_home, Home::kHost);
-  EXPECT_EQ(p->modules[1].opt_home, Home::kHost);
-  EXPECT_EQ(p->modules[2].opt_home, Home::kDevice);
-  EXPECT_EQ(p->modules[3].opt_home, Home::kDevice);
+  EXPECT_EQ(p->modules[0].opt_home, offload::Tier::kHost);
+  EXPECT_EQ(p->modules[1].opt_home, offload::Tier::kHost);
+  EXPECT_EQ(p->modules[2].opt_home, offload::Tier::kDevice);
+  EXPECT_EQ(p->modules[3].opt_home, offload::Tier::kDevice);
   config::Config c0 = parse(cfg_text(2, "cpu", "none", ", \"offload_ratio\": 0"));
   auto p0 = zero::plan_placement(c0, shapes(4, 64), 1, 0);
   ASSERT_OK(p0);
-  for (const auto& m : p0->modules) EXPECT_EQ(m.opt_home, Home::kDevice);
+  for (const auto& m : p0->modules) EXPECT_EQ(m.opt_home, offload::Tier::kDevice);
 }
 
 TEST(Placement, SwapperSizing) {
@@ -729,14 +728,5 @@ static_assert(!std::is_convertible_v<ModuleId, size_t> && !std::is_convertible_v
               "module ids are not plain numbers");
 static_assert(!std::is_convertible_v<ItemId, uint64_t> && !std::is_convertible_v<GroupId, uint64_t>,
               "ids do not turn back into plain numbers");
-
-TEST(TypedIds, TheEnginesMappingsRoundTrip) {
-  for (size_t i : {size_t{0}, size_t{1}, size_t{77}}) {
-    const ModuleId m(i);
-    EXPECT_EQ(zoe::zero::tier_item(m).value, i);
-    EXPECT_EQ(zoe::zero::swap_group(m).value, i);
-    EXPECT_TRUE(zoe::zero::module_of(zoe::zero::swap_group(m)) == m);
-  }
-}
 
 }  // namespace

@@ -1,0 +1,255 @@
+// The Updater's states: where each module's optimizer states and gradient sums live (the device,
+// host RAM or NVMe through the swapper), placing them, reading and writing them for checkpoints,
+// and the sums of the gradients the reduction hands over (GradSink). The one file that switches
+// on a module's opt_home to find its bytes; the update itself is updater.cpp.
+#include <algorithm>
+#include <cstring>
+
+#include "core/log.h"
+#include "zero/updater.h"
+
+namespace zoe::zero {
+
+using offload::Tier;
+
+Updater::Updater(const RunShape& shape, const ModuleTable& modules, ParamHomes& homes, StepClock& clock,
+                 const Resources& r, const LossScaler& scaler)
+    : shape_(shape),
+      modules_(modules),
+      homes_(homes),
+      clock_(clock),
+      r_(r),
+      host_(r.cfg->zero.offload_optimizer.pin_memory ? io::PinMode::kDevice : io::PinMode::kNone),
+      states_(modules.size()),
+      scaler_(scaler) {}
+
+Updater::~Updater() { (void)join(); }
+
+std::vector<offload::SwappedState> Updater::swapped_states(size_t state_bytes) {
+  const auto sb = static_cast<uint32_t>(state_bytes);
+  // Indexed by kMasterState, kAvgState, kAvgSqState, kGradState (read-only in the step).
+  return {{offload::StateKind::kMaster, 4, true},
+          {offload::StateKind::kAdamM, sb, true},
+          {offload::StateKind::kAdamV, sb, true},
+          {offload::StateKind::kGrad, 4, false}};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Placing
+
+Status Updater::place_on_device(ModuleId m, const float* own) {
+  const ModuleLayout& mod = modules_[m];
+  OptimStates& st = states_[m.index];
+  const size_t sbytes = mod.opt_n * r_.state_bytes;
+  const size_t sizes[4] = {mod.opt_n * 4, sbytes, sbytes, mod.opt_n * 4};
+  for (int k = 0; k < 4; ++k) {
+    ZOE_ASSIGN_OR_RETURN(st.dev[k], r_.mem->zeroed(sizes[k]));
+  }
+  st.master = st.dev[0].get();
+  st.exp_avg = st.dev[1].get();
+  st.exp_avg_sq = st.dev[2].get();
+  st.grad_acc = static_cast<float*>(st.dev[3].get());
+  return r_.ops->put(st.master, true, own, false, mod.opt_n * 4);
+}
+
+Status Updater::place_in_host(ModuleId m, const float* own) {
+  const ModuleLayout& mod = modules_[m];
+  OptimStates& st = states_[m.index];
+  const size_t sbytes = mod.opt_n * r_.state_bytes;
+  ZOE_ASSIGN_OR_RETURN(st.master, host_.zeroed(mod.opt_n * 4));
+  ZOE_ASSIGN_OR_RETURN(st.exp_avg, host_.zeroed(sbytes));
+  ZOE_ASSIGN_OR_RETURN(st.exp_avg_sq, host_.zeroed(sbytes));
+  ZOE_ASSIGN_OR_RETURN(void* g, host_.zeroed(mod.opt_n * 4));
+  st.grad_acc = static_cast<float*>(g);
+  if (r_.cfg->zoe.speculative_step) {
+    ZOE_ASSIGN_OR_RETURN(st.spec_save, host_.zeroed(mod.opt_n * 4 + 2 * sbytes));
+    ZOE_ASSIGN_OR_RETURN(st.spec_out, host_.zeroed(mod.opt_n * shape_.esize()));
+  }
+  return r_.ops->put(st.master, false, own, false, mod.opt_n * 4);
+}
+
+Status Updater::place_on_nvme(ModuleId m, const float* own) {
+  const ModuleLayout& mod = modules_[m];
+  ZOE_RETURN_IF_ERROR_CTX(r_.swapper->add_group(swap_group(m), mod.opt_n),
+                          "placing the optimizer states of module " + mod.name);
+  // The fp32 master, chunk by chunk, written from `own` itself where it is block-aligned
+  // (write_state_borrowed: the swapper's write buffers in flight at once, no copy): the caller
+  // leaves `own` unchanged until wait_placed(). Adam's m and v start as zeros, which their swap
+  // space reads as until the first update writes them (add_group), so nothing is written for
+  // them. The gradient sums live on NVMe too (written by the first reduction of a step).
+  const size_t chunk = r_.swapper->chunk_elems();
+  for (size_t b = 0; b < mod.opt_n; b += chunk) {
+    ZOE_RETURN_IF_ERROR(
+        r_.swapper->write_state_borrowed(swap_group(m), kMasterState, own + b, b, std::min(chunk, mod.opt_n - b)));
+  }
+  return Status::ok();
+}
+
+Status Updater::place(ModuleId m, const float* own) {
+  const ModuleLayout& mod = modules_[m];
+  if (mod.frozen) return Status::ok();  // no states: its compute parameters are all it has
+  switch (mod.opt_home) {
+    case Tier::kDevice:
+      return place_on_device(m, own);
+    case Tier::kHost:
+      return place_in_host(m, own);
+    case Tier::kNvme:
+      return place_on_nvme(m, own);
+  }
+  return Status::ok();
+}
+
+Status Updater::wait_placed() { return r_.swapper ? r_.swapper->wait_async_writes() : Status::ok(); }
+
+// ---------------------------------------------------------------------------------------------
+// Reading and writing states
+
+size_t Updater::io_chunk_elems() const { return r_.swapper ? r_.swapper->chunk_elems() : (size_t{4} << 20); }
+
+uint64_t Updater::host_bytes() const {
+  return host_.bytes() + (r_.swapper ? r_.swapper->buffer_bytes_total() : 0);
+}
+
+void* Updater::state_ptr(ModuleId m, OptState k) const {
+  const OptimStates& st = states_[m.index];
+  return k == OptState::kMaster ? st.master : k == OptState::kExpAvg ? st.exp_avg : st.exp_avg_sq;
+}
+
+Status Updater::read_state(ModuleId m, OptState k, size_t begin, size_t n, void* dst) {
+  const ModuleLayout& mod = modules_[m];
+  const size_t eb = state_elem_bytes(k);
+  if (mod.opt_home == Tier::kNvme)
+    return r_.swapper->read_state(swap_group(m), static_cast<size_t>(k), dst, begin, n);
+  const char* src = static_cast<const char*>(state_ptr(m, k)) + begin * eb;
+  // Host memory (and host-addressable device memory) is read without the ops: an asynchronous
+  // checkpoint reads on its own thread while the caller's thread uses them.
+  if (mod.opt_home == Tier::kHost || r_.ops->host_addressable()) {
+    memcpy(dst, src, n * eb);
+    return Status::ok();
+  }
+  ZOE_RETURN_IF_ERROR(r_.ops->put(dst, false, src, true, n * eb));
+  return r_.ops->synchronize();
+}
+
+Status Updater::write_state(ModuleId m, OptState k, size_t begin, size_t n, const void* src) {
+  const ModuleLayout& mod = modules_[m];
+  const size_t eb = state_elem_bytes(k);
+  if (mod.opt_home == Tier::kNvme)
+    return r_.swapper->write_state(swap_group(m), static_cast<size_t>(k), src, begin, n);
+  char* dst = static_cast<char*>(state_ptr(m, k)) + begin * eb;
+  ZOE_RETURN_IF_ERROR(r_.ops->put(dst, mod.opt_home == Tier::kDevice, src, false, n * eb));
+  return r_.ops->synchronize();  // the caller reuses src
+}
+
+Status Updater::read_master(ModuleId m, size_t p, float* out) {
+  const ModuleLayout& mod = modules_[m];
+  std::vector<float> own(mod.opt_n);
+  if (mod.frozen) {
+    ZOE_RETURN_IF_ERROR(homes_.read_owned_f32(m, own.data()));  // its compute parameters are its values
+  } else {
+    ZOE_RETURN_IF_ERROR(read_state(m, OptState::kMaster, 0, mod.opt_n, own.data()));
+  }
+  std::vector<float> full(mod.padded);
+  if (shape_.stage == 0) {
+    full = own;
+  } else {
+    ZOE_RETURN_IF_ERROR(r_.comm->all_gather(own.data(), full.data(), mod.part, comm::CommType::kF32).wait());
+  }
+  memcpy(out, full.data() + mod.offset[p], mod.numel[p] * 4);
+  return Status::ok();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The sums of the gradients (GradSink)
+
+// Host-readable view of `bytes` of device memory: the memory itself on the CPU device, else a
+// copy in host_stage_ (valid until the next call).
+Result<const void*> Updater::host_view(const void* dsrc, size_t bytes) {
+  if (r_.ops->host_addressable()) return dsrc;
+  host_stage_.resize(bytes);
+  ZOE_RETURN_IF_ERROR(r_.ops->to_host(host_stage_.data(), dsrc, bytes));
+  ZOE_RETURN_IF_ERROR(r_.ops->synchronize());
+  return static_cast<const void*>(host_stage_.data());
+}
+
+Status Updater::add_grads(ModuleId m, const GradBatch& b) {
+  // The overlapped update reads the sums (and owns the swapper) until it ends. Joining it runs
+  // no collective: this point's timing differs across ranks.
+  ZOE_RETURN_IF_ERROR(join());
+  const ModuleLayout& mod = modules_[m];
+  OptimStates& st = states_[m.index];
+  optim::Exec exec;
+  exec.pool = r_.pool;
+  switch (mod.opt_home) {
+    case Tier::kDevice:
+      // The sums live on the device too: the device's kernel. Synchronized here: src (the
+      // reduction's buffer) is freed once this returns, and the overlapped update reads the sums
+      // on its own thread's ops.
+      ZOE_RETURN_IF_ERROR(r_.ops->accumulate_with_norm(st.grad_acc, b.src, shape_.cdt, mod.opt_n, b.first, b.norm));
+      return r_.ops->synchronize();
+    case Tier::kHost: {
+      unspeculate(m);  // one more micro-batch than the step has: the speculation assumed the sums final
+      ZOE_ASSIGN_OR_RETURN(const void* h, host_view(b.src, mod.opt_n * shape_.esize()));
+      ZOE_RETURN_IF_ERROR(optim::accumulate_with_norm(st.grad_acc, h, shape_.cdt, mod.opt_n, b.first, b.norm, exec));
+      // zoe.speculative_step: the step's last micro-batch, so these sums are final.
+      if (st.spec_save && b.last && b.untouched) return speculate(m, *b.untouched);
+      return Status::ok();
+    }
+    case Tier::kNvme:
+      return add_grads_nvme(m, b, exec);
+  }
+  return Status::ok();
+}
+
+// NVMe: one swapper chunk at a time (read the sum so far unless this is the first micro-batch,
+// add, write back asynchronously through the swapper's buffers), so host memory stays bounded
+// whatever the model size.
+Status Updater::add_grads_nvme(ModuleId m, const GradBatch& b, const optim::Exec& exec) {
+  const ModuleLayout& mod = modules_[m];
+  offload::OptimizerSwapper& sw = *r_.swapper;
+  const size_t es = shape_.esize();
+  Timer t(&clock_.t_io);
+  const size_t chunk = sw.chunk_elems();
+  ZOE_CHECK(chunk % optim::kChunkElems == 0);
+  grad_stage_.resize(chunk);
+  // The step's last micro-batch: the sums are final. The swapper starts reading the next
+  // update's first chunks now (their master and moments do not depend on this backward), and
+  // those chunks' sums go straight into its slots instead of a round trip through NVMe.
+  if (b.last) sw.read_ahead_next_step();
+  for (size_t at = 0; at < mod.opt_n; at += chunk) {
+    const size_t n = std::min(chunk, mod.opt_n - at);
+    if (!b.first) ZOE_RETURN_IF_ERROR(sw.read_state(swap_group(m), kGradState, grad_stage_.data(), at, n));
+    ZOE_ASSIGN_OR_RETURN(const void* h, host_view(static_cast<const char*>(b.src) + at * es, n * es));
+    ZOE_RETURN_IF_ERROR(optim::accumulate_with_norm(grad_stage_.data(), h, shape_.cdt, n, b.first,
+                                                    b.norm + at / optim::kChunkElems, exec));
+    if (b.last && sw.fill_preloaded(swap_group(m), at, kGradState, grad_stage_.data(), n)) continue;
+    // Written behind the backward (the swapper copies the chunk; at most its write buffers in
+    // flight): the next read of a sum and the step wait for these writes and report their errors.
+    ZOE_RETURN_IF_ERROR(sw.write_state_async(swap_group(m), kGradState, grad_stage_.data(), at, n));
+  }
+  return Status::ok();
+}
+
+Status Updater::zero_grads(ModuleId m) {
+  const ModuleLayout& mod = modules_[m];
+  OptimStates& st = states_[m.index];
+  switch (mod.opt_home) {
+    case Tier::kDevice:
+      ZOE_RETURN_IF_ERROR(r_.ops->zero(st.grad_acc, mod.opt_n * 4));
+      return r_.ops->synchronize();  // the update may run on another thread's ops
+    case Tier::kHost:
+      memset(st.grad_acc, 0, mod.opt_n * 4);
+      return Status::ok();
+    case Tier::kNvme:
+      break;
+  }
+  const size_t chunk = r_.swapper->chunk_elems();
+  grad_stage_.assign(chunk, 0.0f);
+  for (size_t b = 0; b < mod.opt_n; b += chunk) {
+    ZOE_RETURN_IF_ERROR(
+        r_.swapper->write_state(swap_group(m), kGradState, grad_stage_.data(), b, std::min(chunk, mod.opt_n - b)));
+  }
+  return Status::ok();
+}
+
+}  // namespace zoe::zero
