@@ -5,18 +5,6 @@
 
 namespace zoe::offload {
 
-const char* act_tier_name(ActTier t) {
-  switch (t) {
-    case ActTier::kDevice:
-      return "device";
-    case ActTier::kHost:
-      return "host";
-    case ActTier::kNvme:
-      return "nvme";
-  }
-  return "?";
-}
-
 namespace {
 
 bool must_stay(std::span<const uint64_t> sizes, size_t i, const ActivationBudgets& b) {
@@ -25,13 +13,12 @@ bool must_stay(std::span<const uint64_t> sizes, size_t i, const ActivationBudget
 
 // Marks the earliest offloadable tensors as leaving (kHost for now) until the rest fits the device
 // share; returns the bytes still on the device.
-uint64_t choose_leaving(std::span<const uint64_t> sizes, const ActivationBudgets& b,
-                        std::vector<ActTier>* out) {
+uint64_t choose_leaving(std::span<const uint64_t> sizes, const ActivationBudgets& b, std::vector<Tier>* out) {
   uint64_t on_device = 0;
   for (uint64_t s : sizes) on_device += s;
   for (size_t i = 0; i < sizes.size() && on_device > b.device_budget; ++i) {
     if (must_stay(sizes, i, b)) continue;
-    (*out)[i] = ActTier::kHost;
+    (*out)[i] = Tier::kHost;
     on_device -= sizes[i];
   }
   return on_device;
@@ -39,16 +26,16 @@ uint64_t choose_leaving(std::span<const uint64_t> sizes, const ActivationBudgets
 
 // The latest leaving tensors take the host while it lasts; the earlier ones go to NVMe. Returns
 // the bytes that found no tier (offload cpu only).
-uint64_t assign_far(std::span<const uint64_t> sizes, const ActivationBudgets& b, std::vector<ActTier>* out) {
+uint64_t assign_far(std::span<const uint64_t> sizes, const ActivationBudgets& b, std::vector<Tier>* out) {
   uint64_t host = 0, homeless = 0;
   for (size_t k = sizes.size(); k-- > 0;) {
-    if ((*out)[k] == ActTier::kDevice) continue;
+    if ((*out)[k] == Tier::kDevice) continue;
     if (host + sizes[k] <= b.host_capacity) {
       host += sizes[k];
       continue;
     }
     if (b.offload == ActivationOffload::kNvme) {
-      (*out)[k] = ActTier::kNvme;
+      (*out)[k] = Tier::kNvme;
     } else {
       homeless += sizes[k];
     }
@@ -58,8 +45,8 @@ uint64_t assign_far(std::span<const uint64_t> sizes, const ActivationBudgets& b,
 
 }  // namespace
 
-Result<std::vector<ActTier>> plan_activations(std::span<const uint64_t> sizes, const ActivationBudgets& b) {
-  std::vector<ActTier> out(sizes.size(), ActTier::kDevice);
+Result<std::vector<Tier>> plan_activations(std::span<const uint64_t> sizes, const ActivationBudgets& b) {
+  std::vector<Tier> out(sizes.size(), Tier::kDevice);
   uint64_t total = 0;
   for (uint64_t s : sizes) total += s;
   if (total <= b.device_budget) return out;

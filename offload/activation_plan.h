@@ -17,13 +17,11 @@
 #include <span>
 #include <vector>
 
+#include "offload/tier.h"
 #include "zoe/activations.h"
 #include "zoe/status.h"
 
 namespace zoe::offload {
-
-enum class ActTier : uint8_t { kDevice = 0, kHost = 1, kNvme = 2 };
-const char* act_tier_name(ActTier t);
 
 struct ActivationBudgets {
   ActivationOffload offload = ActivationOffload::kNone;
@@ -33,6 +31,6 @@ struct ActivationBudgets {
 };
 
 // One tier per size, in save order.
-Result<std::vector<ActTier>> plan_activations(std::span<const uint64_t> sizes, const ActivationBudgets& b);
+Result<std::vector<Tier>> plan_activations(std::span<const uint64_t> sizes, const ActivationBudgets& b);
 
 }  // namespace zoe::offload

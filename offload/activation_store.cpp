@@ -65,13 +65,13 @@ Status TieredActivationStore::plan(const uint64_t* sizes, size_t n) {
   return Status::ok();
 }
 
-ActTier TieredActivationStore::target_tier(uint64_t bytes) const {
+Tier TieredActivationStore::target_tier(uint64_t bytes) const {
   size_t i = t_.size() - 1;
   if (i < plan_.size() && plan_sizes_[i] == bytes) return plan_[i];
-  return ActTier::kDevice;
+  return Tier::kDevice;
 }
 
-void TieredActivationStore::note_tier(ActTier t, int64_t delta) {
+void TieredActivationStore::note_tier(Tier t, int64_t delta) {
   int k = static_cast<int>(t);
   tier_now_[k] = static_cast<uint64_t>(static_cast<int64_t>(tier_now_[k]) + delta);
   stats_.tier_bytes[k] =
@@ -127,13 +127,13 @@ Result<ActivationId> TieredActivationStore::save(const void* src, uint64_t bytes
   return ActivationId{i};
 }
 
-Status TieredActivationStore::place(size_t i, const void* src, ActTier tier) {
-  if (tier == ActTier::kHost) {
+Status TieredActivationStore::place(size_t i, const void* src, Tier tier) {
+  if (tier == Tier::kHost) {
     Status s = place_host(i, src, true);
     if (s.is_ok() || s.code() != StatusCode::kOutOfBudget || o_.offload != ActivationOffload::kNvme) return s;
-    tier = ActTier::kNvme;  // the host is fuller than planned (reuse of blocks): the next tier
+    tier = Tier::kNvme;  // the host is fuller than planned (reuse of blocks): the next tier
   }
-  if (tier == ActTier::kNvme) return place_nvme(i, src, true);
+  if (tier == Tier::kNvme) return place_nvme(i, src, true);
   return place_device(i, src);
 }
 
@@ -150,9 +150,9 @@ Status TieredActivationStore::place_device(size_t i, const void* src) {
     t_[i].dev = p;
   }
   device_used_ += t.bytes;
-  t_[i].tier = ActTier::kDevice;
+  t_[i].tier = Tier::kDevice;
   t_[i].live = true;
-  note_tier(ActTier::kDevice, static_cast<int64_t>(t.bytes));
+  note_tier(Tier::kDevice, static_cast<int64_t>(t.bytes));
   return Status::ok();
 }
 
@@ -173,9 +173,9 @@ Status TieredActivationStore::place_host(size_t i, const void* src, bool from_de
     return s;
   }
   t.host = p;
-  t.tier = ActTier::kHost;
+  t.tier = Tier::kHost;
   t.live = true;
-  note_tier(ActTier::kHost, static_cast<int64_t>(t.bytes));
+  note_tier(Tier::kHost, static_cast<int64_t>(t.bytes));
   return Status::ok();
 }
 
@@ -183,7 +183,7 @@ Status TieredActivationStore::place_host(size_t i, const void* src, bool from_de
 Status TieredActivationStore::make_device_room(uint64_t bytes) {
   size_t j = 0;
   while (device_used_ + bytes > o_.device_budget) {
-    while (j < t_.size() && !(t_[j].live && t_[j].tier == ActTier::kDevice &&
+    while (j < t_.size() && !(t_[j].live && t_[j].tier == Tier::kDevice &&
                               t_[j].bytes >= o_.min_offload_bytes && t_[j].bytes > 0))
       ++j;
     if (o_.offload == ActivationOffload::kNone || j >= t_.size() || j + 1 == t_.size())
@@ -207,13 +207,13 @@ Status TieredActivationStore::evict(size_t j) {
   o_.device->free(dev);
   t_[j].dev = nullptr;
   device_used_ -= t_[j].bytes;
-  note_tier(ActTier::kDevice, -static_cast<int64_t>(t_[j].bytes));
+  note_tier(Tier::kDevice, -static_cast<int64_t>(t_[j].bytes));
   stats_.tier_bytes[0] -= t_[j].bytes;
   return Status::ok();
 }
 
 Status TieredActivationStore::load_resident(Tensor& t, void* dst) {
-  if (t.tier == ActTier::kDevice) return copy(dst, t.dev, t.bytes, kD2D);
+  if (t.tier == Tier::kDevice) return copy(dst, t.dev, t.bytes, kD2D);
   return copy(dst, t.host, t.bytes, kH2D);
 }
 
@@ -228,7 +228,7 @@ Status TieredActivationStore::load(ActivationId id, void* dst) {
   Status reported = poll_writes(true);
   prefetch_from(i);
   ZOE_RETURN_IF_ERROR(reported);
-  Status s = t_[i].tier == ActTier::kNvme ? load_nvme(i, dst) : load_resident(t_[i], dst);
+  Status s = t_[i].tier == Tier::kNvme ? load_nvme(i, dst) : load_resident(t_[i], dst);
   ZOE_RETURN_IF_ERROR_CTX(s, "activation store: loading tensor " + std::to_string(i));
   release(i);
   return Status::ok();
@@ -238,7 +238,7 @@ void TieredActivationStore::release(size_t i) {
   Tensor& t = t_[i];
   if (!t.live) return;
   if (t.dev) o_.device->free(t.dev);
-  if (t.tier == ActTier::kDevice) device_used_ -= t.bytes;
+  if (t.tier == Tier::kDevice) device_used_ -= t.bytes;
   if (t.read) {
     Status s = t.read->wait();  // the block may not be given back under a read in flight
     (void)s;
@@ -249,7 +249,7 @@ void TieredActivationStore::release(size_t i) {
   t.read = nullptr;
   t.live = false;
   note_tier(t.tier, -static_cast<int64_t>(t.bytes));
-  if (t.tier == ActTier::kNvme && --runs_[t.run].live == 0 && !runs_[t.run].open) free_run(t.run);
+  if (t.tier == Tier::kNvme && --runs_[t.run].live == 0 && !runs_[t.run].open) free_run(t.run);
 }
 
 void TieredActivationStore::drop_all() {

@@ -33,7 +33,7 @@ class TieredActivationStore final : public ActivationStore {
  private:
   struct Tensor {
     uint64_t bytes = 0;
-    ActTier tier = ActTier::kDevice;
+    Tier tier = Tier::kDevice;
     bool live = false;
     void* dev = nullptr;   // device tier: the store's buffer
     char* host = nullptr;  // host tier: its block; nvme: the read-ahead block once a read started
@@ -60,14 +60,14 @@ class TieredActivationStore final : public ActivationStore {
   };
 
   // Placement (activation_store.cpp).
-  ActTier target_tier(uint64_t bytes) const;
-  Status place(size_t i, const void* src, ActTier tier);
+  Tier target_tier(uint64_t bytes) const;
+  Status place(size_t i, const void* src, Tier tier);
   Status place_device(size_t i, const void* src);
   Status place_host(size_t i, const void* src, bool from_device);
   Status make_device_room(uint64_t bytes);
   Status evict(size_t j);
   uint64_t host_reserve(uint64_t largest) const;
-  void note_tier(ActTier t, int64_t delta);
+  void note_tier(Tier t, int64_t delta);
   Status copy(void* dst, const void* src, uint64_t bytes, int kind);
   Status load_resident(Tensor& t, void* dst);
   void release(size_t i);
@@ -98,7 +98,7 @@ class TieredActivationStore final : public ActivationStore {
   std::unique_ptr<io::SwapFile> swap_;
 
   std::vector<Tensor> t_;
-  std::vector<ActTier> plan_;
+  std::vector<Tier> plan_;
   std::vector<uint64_t> plan_sizes_;  // the sizes plan_ was made for
   bool planned_next_ = false;         // plan() was called for the coming micro-batch
   std::vector<Run> runs_;

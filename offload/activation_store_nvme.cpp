@@ -129,14 +129,14 @@ Status TieredActivationStore::place_nvme(size_t i, const void* src, bool from_de
   }
   Run& run = runs_[open_run_];
   ZOE_RETURN_IF_ERROR(copy(wbuf_[run.buf].p + run.fill, src, t.bytes, from_device ? kD2H : kH2H));
-  t.tier = ActTier::kNvme;
+  t.tier = Tier::kNvme;
   t.run = static_cast<size_t>(open_run_);
   t.at = run.fill;
   t.live = true;
   run.fill += rb;
   run.tensors.push_back(i);
   run.live++;
-  note_tier(ActTier::kNvme, static_cast<int64_t>(t.bytes));
+  note_tier(Tier::kNvme, static_cast<int64_t>(t.bytes));
   return Status::ok();
 }
 
@@ -151,12 +151,12 @@ Status TieredActivationStore::place_large(size_t i, const void* src, bool from_d
   runs_[r].has_extent = true;
   runs_[r].tensors.push_back(i);
   nvme_used_ += e.bytes;
-  t.tier = ActTier::kNvme;
+  t.tier = Tier::kNvme;
   t.run = r;
   t.at = 0;
   t.live = true;
   runs_[r].live = 1;
-  note_tier(ActTier::kNvme, static_cast<int64_t>(t.bytes));
+  note_tier(Tier::kNvme, static_cast<int64_t>(t.bytes));
   for (uint64_t off = 0; off < t.bytes; off += o_.run_bytes) {
     uint64_t len = std::min<uint64_t>(o_.run_bytes, t.bytes - off);
     ZOE_ASSIGN_OR_RETURN(size_t b, free_write_buf());
@@ -201,7 +201,7 @@ void TieredActivationStore::prefetch_from(size_t i) {
     Tensor& t = t_[j];
     if (!t.live) continue;
     ++ahead;
-    if (t.tier != ActTier::kNvme || t.read) continue;
+    if (t.tier != Tier::kNvme || t.read) continue;
     const Run& run = runs_[t.run];
     if (run.open || !run.error.is_ok() || !host_.can_take(round_up_4k(t.bytes))) continue;
     bool written =
@@ -262,7 +262,7 @@ Status TieredActivationStore::load_in_pieces(size_t i, void* dst) {
 void TieredActivationStore::drop_reads_ahead(size_t i) {
   for (size_t j = 0; j < t_.size(); ++j) {
     Tensor& t = t_[j];
-    if (j == i || !t.live || t.tier != ActTier::kNvme || !t.read) continue;
+    if (j == i || !t.live || t.tier != Tier::kNvme || !t.read) continue;
     (void)t.read->wait();  // no lock held
     host_.give(t.host);
     t.host = nullptr;

@@ -79,8 +79,8 @@ Status Updater::place_on_nvme(ModuleId m, const float* own) {
   // them. The gradient sums live on NVMe too (written by the first reduction of a step).
   const size_t chunk = r_.swapper->chunk_elems();
   for (size_t b = 0; b < mod.opt_n; b += chunk) {
-    ZOE_RETURN_IF_ERROR(
-        r_.swapper->write_state_borrowed(swap_group(m), kMasterState, own + b, b, std::min(chunk, mod.opt_n - b)));
+    ZOE_RETURN_IF_ERROR(r_.swapper->write_state_borrowed(swap_group(m), kMasterState, own + b, b,
+                                                         std::min(chunk, mod.opt_n - b)));
   }
   return Status::ok();
 }
@@ -185,12 +185,14 @@ Status Updater::add_grads(ModuleId m, const GradBatch& b) {
       // The sums live on the device too: the device's kernel. Synchronized here: src (the
       // reduction's buffer) is freed once this returns, and the overlapped update reads the sums
       // on its own thread's ops.
-      ZOE_RETURN_IF_ERROR(r_.ops->accumulate_with_norm(st.grad_acc, b.src, shape_.cdt, mod.opt_n, b.first, b.norm));
+      ZOE_RETURN_IF_ERROR(
+          r_.ops->accumulate_with_norm(st.grad_acc, b.src, shape_.cdt, mod.opt_n, b.first, b.norm));
       return r_.ops->synchronize();
     case Tier::kHost: {
       unspeculate(m);  // one more micro-batch than the step has: the speculation assumed the sums final
       ZOE_ASSIGN_OR_RETURN(const void* h, host_view(b.src, mod.opt_n * shape_.esize()));
-      ZOE_RETURN_IF_ERROR(optim::accumulate_with_norm(st.grad_acc, h, shape_.cdt, mod.opt_n, b.first, b.norm, exec));
+      ZOE_RETURN_IF_ERROR(
+          optim::accumulate_with_norm(st.grad_acc, h, shape_.cdt, mod.opt_n, b.first, b.norm, exec));
       // zoe.speculative_step: the step's last micro-batch, so these sums are final.
       if (st.spec_save && b.last && b.untouched) return speculate(m, *b.untouched);
       return Status::ok();
@@ -246,8 +248,8 @@ Status Updater::zero_grads(ModuleId m) {
   const size_t chunk = r_.swapper->chunk_elems();
   grad_stage_.assign(chunk, 0.0f);
   for (size_t b = 0; b < mod.opt_n; b += chunk) {
-    ZOE_RETURN_IF_ERROR(
-        r_.swapper->write_state(swap_group(m), kGradState, grad_stage_.data(), b, std::min(chunk, mod.opt_n - b)));
+    ZOE_RETURN_IF_ERROR(r_.swapper->write_state(swap_group(m), kGradState, grad_stage_.data(), b,
+                                                std::min(chunk, mod.opt_n - b)));
   }
   return Status::ok();
 }

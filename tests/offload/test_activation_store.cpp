@@ -31,33 +31,33 @@ ActivationBudgets budgets(ActivationOffload o, uint64_t dev, uint64_t host, uint
   return b;
 }
 
-std::vector<ActTier> plan_of(std::vector<uint64_t> sizes, const ActivationBudgets& b) {
+std::vector<Tier> plan_of(std::vector<uint64_t> sizes, const ActivationBudgets& b) {
   auto p = plan_activations(sizes, b);
   EXPECT_OK(p);
-  return p.is_ok() ? p.value() : std::vector<ActTier>{};
+  return p.is_ok() ? p.value() : std::vector<Tier>{};
 }
 
-constexpr ActTier D = ActTier::kDevice, H = ActTier::kHost, N = ActTier::kNvme;
+constexpr Tier D = Tier::kDevice, H = Tier::kHost, N = Tier::kNvme;
 
 TEST(ActivationPlan, KeepsEverythingOnTheDeviceWhenItFits) {
   EXPECT_EQ(plan_of({100, 100, 100}, budgets(ActivationOffload::kNvme, 300, 0)),
-            (std::vector<ActTier>{D, D, D}));
-  EXPECT_EQ(plan_of({100, 100}, budgets(ActivationOffload::kNone, 200, 0)), (std::vector<ActTier>{D, D}));
+            (std::vector<Tier>{D, D, D}));
+  EXPECT_EQ(plan_of({100, 100}, budgets(ActivationOffload::kNone, 200, 0)), (std::vector<Tier>{D, D}));
 }
 
 TEST(ActivationPlan, EarliestGoFurthestAndLastStays) {
   // 5 x 100 against a share of 150: four must leave (the last stays); host holds two, latest first.
   EXPECT_EQ(plan_of({100, 100, 100, 100, 100}, budgets(ActivationOffload::kNvme, 150, 200)),
-            (std::vector<ActTier>{N, N, H, H, D}));
+            (std::vector<Tier>{N, N, H, H, D}));
   // The same with cpu and room for all.
   EXPECT_EQ(plan_of({100, 100, 100, 100, 100}, budgets(ActivationOffload::kCpu, 250, 1000)),
-            (std::vector<ActTier>{H, H, H, D, D}));
+            (std::vector<Tier>{H, H, H, D, D}));
 }
 
 TEST(ActivationPlan, SmallTensorsAndTheLastStay) {
   // Tensors under 50 bytes stay; the last (a big one) stays too.
   EXPECT_EQ(plan_of({10, 100, 10, 100, 400}, budgets(ActivationOffload::kCpu, 420, 1000, 50)),
-            (std::vector<ActTier>{D, H, D, H, D}));
+            (std::vector<Tier>{D, H, D, H, D}));
 }
 
 TEST(ActivationPlan, RefusesWhatCannotFit) {

@@ -710,7 +710,7 @@ TEST(PlacementVsEngine, HighWaterMarksWithinThePlanForEveryPlacement) {
 // ---------------------------------------------------------------------------------------------
 // Typed identities: a module id, a tier item id and a swapper group id do not convert into one
 // another (nor back into plain numbers), so passing one for another does not compile; the
-// engine maps them through tier_item() and swap_group() only.
+// engine maps them in one place each (ParamHomes for items, the Updater for groups).
 #include <type_traits>
 
 #include "zero/module_table.h"
