@@ -2,19 +2,29 @@
 """Fails when a function body in zoe's sources is longer than the limit (default 120 lines).
 
 A long function hides its rules: each rule should sit in a named function a reader can find from
-the docs. Checked folders: src/, tools/, offload/, io/ and python/_zoe.cpp. A function is a
-brace block opened outside any other function whose header has a parameter list; its length is
-the lines from its header's first line to its closing brace. Comments and string literals are
-ignored. Lambdas count toward the function that holds them.
+the docs. Checked: the C++ sources in src/, tools/, offload/, io/ and python/_zoe.cpp, and the
+Python sources in python/zoe/.
+
+C++: a function is a brace block opened outside any other function whose header has a parameter
+list; its length is the lines from its header's first line to its closing brace. Comments and
+string literals are ignored. Lambdas count toward the function that holds them.
+
+Python: a function is a def or async def (a module's function or a method, in a class at any
+depth) that no other def holds; its length is exact, from Python's ast: the lines from its def
+line (lineno; decorators not counted) to its last line (end_lineno), docstring, comments and
+blank lines inside it included. A def inside a function (a closure, or a class defined there)
+counts toward the function that holds it, as a lambda does in C++.
 Usage: scripts/check-function-length.py [--limit N] [--list] [repo root]
   --list   print every function over the limit (and the longest ones) without failing
 """
+import ast
 import os
 import re
 import sys
 
 FOLDERS = ["src", "tools", "offload", "io"]
 FILES = ["python/_zoe.cpp"]
+PY_FOLDERS = ["python/zoe"]
 SOURCES = (".h", ".hpp", ".cpp", ".cc", ".cu", ".cuh")
 SCOPE = re.compile(r"\b(namespace|class|struct|union|enum)\b[^()]*$")
 CONTROL = re.compile(r"^\s*(if|for|while|switch|catch|do|else|try)\b")
@@ -102,6 +112,39 @@ def functions(path):
                 header_start = i + 1
 
 
+def python_functions(path):
+    """Yields (qualified name, def line, last line) of each Python function no other def holds."""
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), filename=path)
+
+    def visit(node, prefix):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                yield prefix + child.name, child.lineno, child.end_lineno
+            elif isinstance(child, ast.ClassDef):
+                yield from visit(child, prefix + child.name + ".")
+            else:  # if/try/with at module or class level: the defs inside them
+                yield from visit(child, prefix)
+
+    yield from visit(tree, "")
+
+
+def sources(root):
+    """Each checked file with the function that measures it."""
+    paths = [os.path.join(root, f) for f in FILES if os.path.exists(os.path.join(root, f))]
+    for top in FOLDERS:
+        for dirpath, dirnames, files in os.walk(os.path.join(root, top)):
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith("build"))
+            paths += [os.path.join(dirpath, f) for f in sorted(files) if f.endswith(SOURCES)]
+    out = [(p, functions) for p in paths]
+    for top in PY_FOLDERS:
+        folder = os.path.join(root, top)
+        if os.path.isdir(folder):
+            out += [(os.path.join(folder, f), python_functions) for f in sorted(os.listdir(folder))
+                    if f.endswith(".py")]
+    return out
+
+
 def main():
     args = sys.argv[1:]
     limit = 120
@@ -114,15 +157,16 @@ def main():
         limit = int(args[k + 1])
         del args[k:k + 2]
     root = os.path.abspath(args[0] if args else os.path.join(os.path.dirname(__file__), ".."))
-    paths = [os.path.join(root, f) for f in FILES if os.path.exists(os.path.join(root, f))]
-    for top in FOLDERS:
-        for dirpath, dirnames, files in os.walk(os.path.join(root, top)):
-            dirnames[:] = sorted(d for d in dirnames if not d.startswith("build"))
-            paths += [os.path.join(dirpath, f) for f in sorted(files) if f.endswith(SOURCES)]
     long = []
     count = 0
-    for p in paths:
-        for name, a, b in functions(p):
+    for p, measure in sources(root):
+        try:
+            found = list(measure(p))
+        except SyntaxError as e:
+            print(f"check-function-length: {os.path.relpath(p, root)}:{e.lineno}: cannot be parsed ({e.msg}), so "
+                  "its functions cannot be measured; fix the syntax", file=sys.stderr)
+            return 1
+        for name, a, b in found:
             count += 1
             n = b - a + 1
             if n > limit:

@@ -160,9 +160,7 @@ def save_pretrained(engine, save_directory, max_shard_size=None, dtype=None):
         raise ZoeError(f"engine.save_pretrained: the model ({type(model).__name__}) is not a Hugging Face "
                        "transformers model (it has no .config with to_json_file): use engine.save_checkpoint() "
                        "or engine.state_dict()")
-    if engine._pending_backward:
-        raise ZoeError(f"engine.save_pretrained({save_directory!r}): {engine._pending_backward} micro-batch(es) of "
-                       "gradients are waiting for engine.step(); save at a step boundary")
+    engine._phase.require_boundary(f"engine.save_pretrained({save_directory!r})")
     out_dtype = _out_dtype(dtype)
     limit = parse_size(max_shard_size)
     save_directory = os.fspath(save_directory)
@@ -245,9 +243,7 @@ def save_peft_adapter(engine, save_directory, max_shard_size=None, dtype=None):
         raise ZoeError(f"engine.save_pretrained({os.fspath(save_directory)!r}): max_shard_size does not apply to a "
                        "PEFT model: its adapter is written as one file, as PEFT's save_pretrained writes it "
                        "(leave max_shard_size out)")
-    if engine._pending_backward:
-        raise ZoeError(f"engine.save_pretrained({save_directory!r}): {engine._pending_backward} micro-batch(es) of "
-                       "gradients are waiting for engine.step(); save at a step boundary")
+    engine._phase.require_boundary(f"engine.save_pretrained({save_directory!r})")
     out_dtype = _out_dtype(dtype)
     sources = _state_sources(engine)
     stand_ins = {}
@@ -275,7 +271,7 @@ def save_peft_adapter(engine, save_directory, max_shard_size=None, dtype=None):
 def _state_sources(engine):
     """{state_dict key: (shape, dtype, source)} of the model: a parameter's source is (zoe module,
     index) (fp32 masters), a persistent buffer's the tensor."""
-    from .engine import state_buffers
+    from .checkpoints import state_buffers
 
     out = {}
     for zm in engine._zmods:

@@ -1,4 +1,10 @@
-"""How a torch.nn.Module tree is cut into zoe units (one zoe module each, fetched as a whole)."""
+"""How a torch.nn.Module tree is cut into zoe units, and the zoe modules that hold their parameters.
+
+A unit is fetched as a whole around its forward. Its parameters go into one zoe module, or two
+when some have requires_grad=False at initialize: those go into a frozen zoe module
+("<unit>[frozen]", or the unit's own name when all are frozen) that holds only the parameters,
+with no fp32 master, Adam m/v or gradient buffer in any tier; the unit fetches both (build.py).
+"""
 import torch.nn as nn
 
 from ._zoe import ZoeError
@@ -20,6 +26,27 @@ class Unit:
 
     def named_parameters(self):
         return list(self.module.named_parameters(recurse=not self.direct))
+
+
+class ZMod:
+    """One zoe module: a unit's own parameters that require grad, or (frozen) those that do not,
+    with the front-end's fetch and gradient state of it (fetch.py, hooks.py)."""
+
+    def __init__(self, index, name, params, names, shapes, unit, frozen=False):
+        self.index = index
+        self.name = name
+        self.unit = unit              # index of the unit that owns it
+        self.frozen = frozen          # a frozen zoe module: parameters only, no states or gradients
+        self.params = params          # torch Parameters, registration order
+        self.names = names            # their names relative to the unit
+        self.shapes = shapes
+        self.refs = 0                 # fetch reference count (forward uses, backward hold)
+        self.bw_held = False          # fetched for backward until its gradients are in
+        self.flat = None              # current flat torch views of the fetched buffers
+        self.cache_key = None         # the pointers `flat` was built from
+        self.grad_views = None        # this micro-batch's gradient buffers (torch views)
+        self.received = set()         # parameter indices whose gradient is in grad_views
+        self.n_grad = sum(1 for p in params if p.requires_grad)
 
 
 def _has_container(mod):

@@ -1,0 +1,251 @@
+"""The first values of the parameters and buffers zoe takes at initialize.
+
+A parameter's values come from weights= (a folder of safetensors, hf.WeightsSource), else from
+the model's own tensor, or, for a model built on the meta device, from its unit's initialisation
+(materialize: init_fn(module), else reset_parameters() and a transformers model's own
+_init_weights). Meta-device parameters become empty CPU parameters first (a meta tensor cannot
+take CPU data in place); each gets real storage only while zoe initialises its unit. Meta buffers
+become real tensors on the engine's device, and those nothing wrote are initialised by their
+module's initializer or refused by name (init_buffers). The engine reads the values through its
+initialize callback (ParameterValues), one zoe module at a time, after which the model's copy
+goes: zoe holds the parameters.
+"""
+import contextlib
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from . import hf
+from ._zoe import ZoeError
+
+
+def unmeta_params(model):
+    """Meta-device parameters become empty CPU parameters (shared ones stay shared); returns
+    {id(new parameter): its real shape}."""
+    meta_shapes = {}
+    replaced = {}
+    for mod in model.modules():
+        for k, p in list(mod._parameters.items()):
+            if p is None or p.device.type != "meta":
+                continue
+            if id(p) not in replaced:
+                q = nn.Parameter(torch.empty(0, dtype=p.dtype), requires_grad=p.requires_grad)
+                replaced[id(p)] = q
+                meta_shapes[id(q)] = tuple(p.shape)
+            mod._parameters[k] = replaced[id(p)]
+    return meta_shapes
+
+
+def unmeta_buffers(model, device):
+    """Meta-device buffers become tensors on `device` (NaN when floating, zeros otherwise);
+    returns [(module, {buffer name: (the tensor put there, its version)})], by which
+    _unset_buffer tells a buffer nothing wrote, whatever its dtype."""
+    out = []
+    for mod in model.modules():
+        placed = {}
+        for k, b in list(mod._buffers.items()):
+            if b is None or b.device.type != "meta":
+                continue
+            t = (torch.full(b.shape, float("nan"), dtype=b.dtype, device=device) if b.is_floating_point() else
+                 torch.zeros(b.shape, dtype=b.dtype, device=device))
+            mod._buffers[k] = t
+            placed[k] = (t, t._version)
+        if placed:
+            out.append((mod, placed))
+    return out
+
+
+def _unset_buffer(mod, k, placed):
+    """True when buffer k of mod is still the tensor unmeta_buffers put there and nothing wrote
+    it since (no in-place write, no replacement), or is floating with a NaN left in it."""
+    b = mod._buffers.get(k)
+    t, version = placed
+    if b is None:
+        return False
+    if b is t and b._version == version:
+        return True
+    return b.is_floating_point() and bool(torch.isnan(b).any())
+
+
+class ParameterValues:
+    """The engine's initialize callback: (zoe module mi, parameter pi) -> its values as a flat
+    float32 array. A zoe module's values are gathered at its first parameter; an error on the way
+    is kept in `failed` (raised once the engine's call returns) and later modules get zeros."""
+
+    def __init__(self, engine, init_fn, source):
+        self._engine = engine
+        self._layout = engine._layout
+        self._init_fn = init_fn
+        self._source = source
+        self._materialized = set()  # units given storage (a unit's zoe modules come one after the other)
+        self.values = {}
+        self.failed = []
+
+    def __call__(self, mi, pi):
+        if pi == 0:
+            self._gather(self._layout.zmods[mi])
+        return self.values[pi]
+
+    def _gather(self, zm):
+        values = self.values
+        values.clear()
+        try:
+            if not self.failed and self._source is not None:
+                values.update(enumerate(self._source.values(zm)))
+            elif not self.failed and zm.unit not in self._materialized and \
+                    any(id(p) in self._layout.meta_shapes for p in zm.params):
+                self._materialized.add(zm.unit)
+                materialize(self._engine, zm.unit, self._init_fn)
+        except Exception as e:  # noqa: BLE001 (re-raised by initialize_parameters, as it was)
+            self.failed.append(e)
+        for i, (p, s) in enumerate(zip(zm.params, zm.shapes)):
+            if self.failed:
+                values[i] = np.zeros(max(1, int(np.prod(s))), dtype=np.float32)
+            elif i not in values:
+                values[i] = p.detach().to("cpu", torch.float32).reshape(-1).numpy()
+        for p in zm.params:  # the model's copy goes: zoe holds the parameters now
+            p.data = self._engine._fetcher.placeholder
+
+
+def initialize_parameters(engine, init_fn, weights):
+    """The engine initialises every zoe module from ParameterValues. weights=: a folder of
+    safetensors, checked against the model before anything is read."""
+    source = hf.WeightsSource(weights, engine) if weights is not None else None
+    values = ParameterValues(engine, init_fn, source)
+    engine._eng.initialize(values)
+    values.values.clear()
+    if source is not None:
+        source.close()
+    if values.failed:
+        raise values.failed[0]
+
+
+def materialize(engine, ui, init_fn):
+    """Gives a meta-device unit real storage on the CPU and initialises it: init_fn(module) for
+    every submodule when given, else each submodule's reset_parameters()."""
+    layout = engine._layout
+    unit = layout.units[ui]
+    zms = [zm for zm in layout.zmods if zm.unit == ui]
+    mods = [unit.module] if unit.direct else list(unit.module.modules())
+    meta = [(zm, n, p) for zm in zms for n, p in zip(zm.names, zm.params) if id(p) in layout.meta_shapes]
+    for zm in zms:
+        for p, shape in zip(zm.params, zm.shapes):
+            # NaN until an initializer writes it: a parameter nothing initialises is found below.
+            p.data = torch.full(shape, float("nan"), dtype=p.dtype)
+    hf_init = hf.init_weights_fn(engine.module) if init_fn is None else None
+    with _scratch_params(layout, mods):
+        for m in mods:
+            with _naming_module(engine.module, m, init_fn):
+                if init_fn is not None:
+                    init_fn(m)
+                elif hasattr(m, "reset_parameters"):
+                    m.reset_parameters()
+                if hf_init is not None:  # a transformers model: its own _init_weights, as from_config runs it
+                    hf_init(m)
+    for zm, n, p in meta:
+        if p.is_floating_point() and bool(torch.isnan(p.data).any()):
+            how = "init_fn left it (or part of it) unset" if init_fn is not None else \
+                "no reset_parameters() of its module covers it"
+            raise ZoeError(f"zoe.initialize: parameter '{layout.torch_names[f'{zm.name}.{n}']}' was built on "
+                           f"the meta device and nothing gave it values ({how}): pass "
+                           "init_fn=lambda module: ... that initialises every parameter of a module, or "
+                           "build the model on the CPU")
+
+
+def init_buffers(engine, meta_buffers, init_fn):
+    """The meta-device buffers that neither weights= nor a unit's initialisation wrote, of any
+    dtype (a floating one NaN still, or any one never written since it left the meta device:
+    a non-persistent position_ids, embed_scale or inv_freq, which no folder holds): their
+    module's init_fn(module), else transformers' _init_weights, else reset_running_stats(),
+    its other buffers kept as they were; a buffer left unset is refused by name. The module's
+    parameters are held by zoe by now:
+    the initializer sees meta stand-ins of their shapes, and what it writes there is dropped."""
+    hf_init = hf.init_weights_fn(engine.module) if init_fn is None else None
+    for mod, placed in meta_buffers:
+        unset = [k for k, at in placed.items() if _unset_buffer(mod, k, at)]
+        if not unset:
+            continue
+        # The module's buffers that have their values (from weights=, say) keep them: the
+        # initializer is run for the unset ones only.
+        keep = {k: b.detach().clone() for k, b in mod._buffers.items() if b is not None and k not in unset}
+        with _scratch_params(engine._layout, [mod], recurse=True), _naming_module(engine.module, mod, init_fn):
+            if init_fn is not None:
+                init_fn(mod)
+            elif hf_init is not None:
+                hf_init(mod)
+            elif hasattr(mod, "reset_running_stats"):
+                mod.reset_running_stats()
+        _put_back(mod, keep)
+        for k in unset:
+            if _unset_buffer(mod, k, placed[k]):
+                _refuse_unset_buffer(engine.module, mod, k)
+
+
+def _put_back(mod, keep):
+    """The buffers an initializer of the unset ones overwrote get their kept values back."""
+    with torch.no_grad():
+        for k, v in keep.items():
+            b = mod._buffers.get(k)
+            if b is not None and b.shape == v.shape and b.dtype == v.dtype:
+                b.copy_(v)
+            else:
+                mod._buffers[k] = v
+
+
+def _refuse_unset_buffer(model, mod, k):
+    b = mod._buffers[k]
+    kind = "non-persistent" if k in mod._non_persistent_buffers_set else "persistent"
+    raise ZoeError(f"zoe.initialize: buffer '{_module_name(model, mod, k)}' ({kind}, {b.dtype}, shape "
+                   f"{list(b.shape)}) was built on the meta device and nothing gave it values: "
+                   "pass init_fn=lambda module: ... that sets it"
+                   + (", or weights= a folder holding it" if kind == "persistent" else
+                      " (a non-persistent buffer is in no weights folder)")
+                   + ", or build the model on the CPU")
+
+
+def _module_name(model, mod, leaf=None):
+    name = next((n for n, m in model.named_modules() if m is mod), "?")
+    if leaf is None:
+        return name or "(the model itself)"
+    return f"{name}.{leaf}" if name else leaf
+
+
+@contextlib.contextmanager
+def _naming_module(model, mod, init_fn):
+    """An exception of an initializer gets a note naming the module it ran on and what to do."""
+    try:
+        yield
+    except ZoeError:
+        raise
+    except Exception as e:
+        if hasattr(e, "add_note"):
+            who = "init_fn" if init_fn is not None else "its reset_parameters() or transformers' _init_weights"
+            e.add_note(f"zoe.initialize: raised by {who} on module '{_module_name(model, mod)}' "
+                       f"({type(mod).__name__}) of the meta-built model: pass init_fn=lambda module: ... that "
+                       "initialises it, or weights= a folder holding its tensors, or build the model on the CPU")
+        raise
+
+
+@contextlib.contextmanager
+def _scratch_params(layout, mods, recurse=False):
+    """While an initializer runs on `mods`, each of their parameters with no storage here (held
+    by zoe, or its unit not initialised yet: a tied weight's other module) is a meta-device
+    stand-in of its real shape, which in-place initialisation accepts and drops; the
+    parameters are put back afterwards."""
+    swapped = []
+    try:
+        for m in mods:
+            for sub in (m.modules() if recurse else [m]):
+                for k, p in list(sub._parameters.items()):
+                    loc = layout.owner.get(id(p)) if p is not None else None
+                    if loc is None or p.numel() > 0:
+                        continue
+                    shape = layout.zmods[loc[0]].shapes[loc[1]]
+                    sub._parameters[k] = nn.Parameter(torch.empty(shape, dtype=p.dtype, device="meta"),
+                                                      requires_grad=p.requires_grad)
+                    swapped.append((sub, k, p))
+        yield
+    finally:
+        for sub, k, p in reversed(swapped):
+            sub._parameters[k] = p
