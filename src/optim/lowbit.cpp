@@ -81,7 +81,8 @@ std::string what_failed(uint32_t what) {
 }
 
 Status block_error(const kern::BlockError& e, size_t n, StateFormat f, const char* op) {
-  const size_t end = std::min(n, e.begin + std::max<size_t>(state_block_elems(f), 256));
+  // The kernels' unit: the format's block (int8 256, int4 128), 256 elements for fp32/bf16.
+  const size_t end = std::min(n, e.begin + (f == StateFormat::kInt4 ? 128 : 256));
   if (e.what & (8 | 16)) {
     return corruption("%s: the stored scale of %s of elements [%zu, %zu) (%s optimizer states) is not finite: "
                       "the state is corrupt; that block was left as it was",
