@@ -84,13 +84,15 @@ Status block_error(const kern::BlockError& e, size_t n, StateFormat f, const cha
   // The kernels' unit: the format's block (int8 256, int4 128), 256 elements for fp32/bf16.
   const size_t end = std::min(n, e.begin + (f == StateFormat::kInt4 ? 128 : 256));
   if (e.what & (8 | 16)) {
-    return corruption("%s: the stored scale of %s of elements [%zu, %zu) (%s optimizer states) is not finite: "
-                      "the state is corrupt; that block was left as it was",
-                      op, (e.what & 8) ? "m" : "v", e.begin, end, state_format_name(f));
+    return corruption(
+        "%s: the stored scale of %s of elements [%zu, %zu) (%s optimizer states) is not finite: "
+        "the state is corrupt; that block was left as it was",
+        op, (e.what & 8) ? "m" : "v", e.begin, end, state_format_name(f));
   }
-  return invalid_argument("%s: non-finite (inf or NaN) or negative values in %s of elements [%zu, %zu) (%s "
-                          "optimizer states); that block was left as it was",
-                          op, what_failed(e.what).c_str(), e.begin, end, state_format_name(f));
+  return invalid_argument(
+      "%s: non-finite (inf or NaN) or negative values in %s of elements [%zu, %zu) (%s "
+      "optimizer states); that block was left as it was",
+      op, what_failed(e.what).c_str(), e.begin, end, state_format_name(f));
 }
 
 Status check_lowbit_buffers(const LowbitBuffers& b) {
@@ -130,17 +132,19 @@ Result<StateFormat> parse_state_format(std::string_view s) {
   for (StateFormat f : {StateFormat::kF32, StateFormat::kBF16, StateFormat::kInt8, StateFormat::kInt4}) {
     if (s == state_format_name(f)) return f;
   }
-  return invalid_argument("zoe.optimizer_states: unknown format \"%.*s\"; expected \"fp32\", \"bf16\", \"int8\" or "
-                          "\"int4\"",
-                          static_cast<int>(s.size()), s.data());
+  return invalid_argument(
+      "zoe.optimizer_states: unknown format \"%.*s\"; expected \"fp32\", \"bf16\", \"int8\" or "
+      "\"int4\"",
+      static_cast<int>(s.size()), s.data());
 }
 
 Result<MasterFormat> parse_master_format(std::string_view s) {
   if (s == "fp32") return MasterFormat::kF32;
   if (s == "bf16") return MasterFormat::kBF16;
   if (s == "fp16") {
-    return invalid_argument("zoe.master_weights: \"fp16\" is refused: its 5-bit exponent cannot hold both the "
-                            "weights and their small updates; use \"bf16\" (stochastically rounded) or \"fp32\"");
+    return invalid_argument(
+        "zoe.master_weights: \"fp16\" is refused: its 5-bit exponent cannot hold both the "
+        "weights and their small updates; use \"bf16\" (stochastically rounded) or \"fp32\"");
   }
   return invalid_argument("zoe.master_weights: unknown format \"%.*s\"; expected \"fp32\" or \"bf16\"",
                           static_cast<int>(s.size()), s.data());
@@ -184,9 +188,10 @@ double optimizer_state_bytes_per_param(MasterFormat master, StateFormat states) 
 Status check_state_tiling(StateFormat f, size_t elems, const char* what) {
   const size_t b = state_block_elems(f);
   if (elems % b == 0) return Status::ok();
-  return invalid_argument("zoe.optimizer_states \"%s\" quantizes blocks of %zu elements, but %s (%zu elements) is "
-                          "not a multiple of %zu: choose sizes that are, or another format",
-                          state_format_name(f), b, what, elems, b);
+  return invalid_argument(
+      "zoe.optimizer_states \"%s\" quantizes blocks of %zu elements, but %s (%zu elements) is "
+      "not a multiple of %zu: choose sizes that are, or another format",
+      state_format_name(f), b, what, elems, b);
 }
 
 static_assert(kChunkElems % 256 == 0 && kChunkElems % 128 == 0, "blocks must tile a chunk");
@@ -198,17 +203,19 @@ Status adam_step_lowbit(const LowbitAdamArgs& args, const Exec& exec) {
   if (b.n == 0) return Status::ok();
   ZOE_ASSIGN_OR_RETURN(const kern::LowbitTable* t, lowbit_dispatch(exec));
   const int out = b.param_out == nullptr ? 0 : static_cast<int>(b.param_out_dtype);
-  kern::LowbitAdamFn fn = t->adam(static_cast<int>(b.grad_dtype), state_code(b.states, args.params.stochastic_rounding),
-                                  b.master == MasterFormat::kF32 ? 0 : 2, out);
+  kern::LowbitAdamFn fn =
+      t->adam(static_cast<int>(b.grad_dtype), state_code(b.states, args.params.stochastic_rounding),
+              b.master == MasterFormat::kF32 ? 0 : 2, out);
   ZOE_CHECK(fn != nullptr);
-  kern::LowbitArgs a{&c, c.sr_seed ^ kMasterSeedSalt, b.index_base, b.param, b.grad, b.exp_avg, b.exp_avg_sq,
-                     b.param_out};
+  kern::LowbitArgs a{
+      &c, c.sr_seed ^ kMasterSeedSalt, b.index_base, b.param, b.grad, b.exp_avg, b.exp_avg_sq, b.param_out};
   kern::BlockError e = run_chunks(exec, b.n, [&](size_t lo, size_t hi) { return fn(a, lo, hi); });
   if (e.begin != kern::kNoError) return block_error(e, b.n, b.states, "adam");
   return Status::ok();
 }
 
-Status quantize_state(StateKind kind, StateFormat f, const float* src, void* dst, size_t n, const Exec& exec) {
+Status quantize_state(StateKind kind, StateFormat f, const float* src, void* dst, size_t n,
+                      const Exec& exec) {
   if (n == 0) return Status::ok();
   if (src == nullptr || dst == nullptr) return invalid_argument("quantize_state: null buffer for n=%zu", n);
   const bool is_v = kind == StateKind::kExpAvgSq;
@@ -232,7 +239,8 @@ Status quantize_state(StateKind kind, StateFormat f, const float* src, void* dst
   return Status::ok();
 }
 
-Status dequantize_state(StateKind kind, StateFormat f, const void* src, float* dst, size_t n, const Exec& exec) {
+Status dequantize_state(StateKind kind, StateFormat f, const void* src, float* dst, size_t n,
+                        const Exec& exec) {
   if (n == 0) return Status::ok();
   if (src == nullptr || dst == nullptr) return invalid_argument("dequantize_state: null buffer for n=%zu", n);
   if (f == StateFormat::kF32) {

@@ -26,9 +26,9 @@ namespace {
 
 struct Fmt {
   size_t block;
-  int lm, lv;           // top levels of m and v
-  float div_m, div_v;   // L^2 (int8 v: 255^4)
-  bool v_fourth_root;   // int8 v
+  int lm, lv;          // top levels of m and v
+  float div_m, div_v;  // L^2 (int8 v: 255^4)
+  bool v_fourth_root;  // int8 v
   int bits;
 };
 Fmt fmt(StateFormat f) {
@@ -95,8 +95,10 @@ std::vector<uint8_t> quantize_ref(const std::vector<float>& x, StateFormat f, bo
     for (size_t i = b0; i < b1; ++i) {
       const int c = encode_ref(x[i], scale, is_v, F);
       const size_t e = i - b0;
-      if (F.bits == 8) blk[4 + e] = static_cast<uint8_t>(c);
-      else blk[4 + e / 2] |= static_cast<uint8_t>((c & 0xf) << (4 * (e % 2)));
+      if (F.bits == 8)
+        blk[4 + e] = static_cast<uint8_t>(c);
+      else
+        blk[4 + e / 2] |= static_cast<uint8_t>((c & 0xf) << (4 * (e % 2)));
     }
   }
   return out;
@@ -111,8 +113,8 @@ std::vector<float> dequantize_ref(const std::vector<uint8_t>& s, StateFormat f, 
 
 // One AdamW step on packed states, element by element (the documented formulas).
 struct RefState {
-  std::vector<float> p32;      // fp32 master
-  std::vector<uint16_t> p16;   // bf16 master
+  std::vector<float> p32;     // fp32 master
+  std::vector<uint16_t> p16;  // bf16 master
   std::vector<uint8_t> m, v;
 };
 void step_ref(RefState& s, const std::vector<float>& g, StateFormat f, bool bf16_master, const AdamParams& hp,
@@ -185,7 +187,8 @@ std::vector<std::pair<std::string, std::vector<float>>> adversarial(const Fmt& F
   const int levels = is_v ? F.lv : F.lm;
   const int power = is_v && F.v_fourth_root ? 4 : 2;
   for (size_t i = 0; i < n; ++i) {
-    float t = std::pow((static_cast<float>(i % (levels + 1)) + 0.5f) / static_cast<float>(levels), float(power));
+    float t =
+        std::pow((static_cast<float>(i % (levels + 1)) + 0.5f) / static_cast<float>(levels), float(power));
     int w = static_cast<int>(i / (levels + 1)) % 3;
     t = w == 0 ? t : std::nextafter(t, w == 1 ? 0.0f : 2.0f);
     edges[i] = is_v || i % 2 == 0 ? t : -t;
@@ -232,7 +235,8 @@ TEST(LowbitFormats, BytesAndTiling) {
   EXPECT_EQ(state_bytes(StateFormat::kInt4, 130), 68u + 5u);
   EXPECT_EQ(state_bytes(StateFormat::kBF16, 7), 14u);
   for (StateFormat f : {StateFormat::kInt8, StateFormat::kInt4}) {
-    for (size_t n : {size_t(1), size_t(1000), size_t(12345)}) EXPECT_EQ(state_bytes(f, n), bytes_ref(fmt(f), n));
+    for (size_t n : {size_t(1), size_t(1000), size_t(12345)})
+      EXPECT_EQ(state_bytes(f, n), bytes_ref(fmt(f), n));
     EXPECT_EQ(kChunkElems % state_block_elems(f), 0u);
   }
   EXPECT_DOUBLE_EQ(state_bytes_per_element(StateFormat::kInt8), 1.015625);
@@ -261,8 +265,8 @@ TEST(LowbitQuantizer, MatchesReferenceOnRandomAndAdversarialBlocks) {
         const std::vector<uint8_t> want = quantize_ref(x, f, is_v);
         const std::vector<float> want_back = dequantize_ref(want, f, is_v, x.size());
         for (const Path* path : paths_here()) {
-          SCOPED_TRACE(::testing::Message() << state_format_name(f) << (is_v ? " v " : " m ") << name << " on "
-                                            << path->name);
+          SCOPED_TRACE(::testing::Message()
+                       << state_format_name(f) << (is_v ? " v " : " m ") << name << " on " << path->name);
           const StateKind kind = is_v ? StateKind::kExpAvgSq : StateKind::kExpAvg;
           std::vector<uint8_t> got(state_bytes(f, x.size()), 0xAB);
           ASSERT_OK(quantize_state(kind, f, x.data(), got.data(), x.size(), exec_for(*path)));
@@ -312,7 +316,8 @@ TEST(LowbitQuantizer, RoundTripErrorWithinTheMapsStep) {
         ASSERT_LE(err, bound) << state_format_name(f) << (is_v ? " v" : " m") << " at " << i << ": " << x[i]
                               << " -> " << back[i];
       }
-      printf("%s %s: worst round-trip error %.2f of its bound\n", state_format_name(f), is_v ? "v" : "m", worst);
+      printf("%s %s: worst round-trip error %.2f of its bound\n", state_format_name(f), is_v ? "v" : "m",
+             worst);
     }
   }
 }
@@ -321,7 +326,8 @@ TEST(LowbitQuantizer, RejectsNonFiniteAndNegativeV) {
   const size_t n = 1000;
   for (StateFormat f : {StateFormat::kF32, StateFormat::kBF16, StateFormat::kInt8, StateFormat::kInt4}) {
     std::vector<uint8_t> dst(state_bytes(f, n));
-    for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(), -1.0f}) {
+    for (float bad :
+         {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(), -1.0f}) {
       std::vector<float> x(n, 0.5f);
       x[700] = bad;
       Status s = quantize_state(StateKind::kExpAvgSq, f, x.data(), dst.data(), n);
@@ -353,7 +359,8 @@ struct StepData {
   std::vector<uint8_t> m, v;
 };
 
-const StateFormat kAllStates[] = {StateFormat::kF32, StateFormat::kBF16, StateFormat::kInt8, StateFormat::kInt4};
+const StateFormat kAllStates[] = {StateFormat::kF32, StateFormat::kBF16, StateFormat::kInt8,
+                                  StateFormat::kInt4};
 
 StepData make_step_data(size_t n, StateFormat f, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -385,8 +392,8 @@ void new_grads(StepData& d, size_t n, uint32_t seed) {
   }
 }
 
-LowbitAdamArgs step_args(StepData& d, size_t n, StateFormat f, MasterFormat master, DType gd, int out, bool sr,
-                         int64_t step) {
+LowbitAdamArgs step_args(StepData& d, size_t n, StateFormat f, MasterFormat master, DType gd, int out,
+                         bool sr, int64_t step) {
   LowbitAdamArgs a;
   a.buf.n = n;
   a.buf.param = master == MasterFormat::kF32 ? static_cast<void*>(d.p32.data()) : d.p16.data();
@@ -425,17 +432,17 @@ TEST(LowbitAdam, SameBitsOnEveryPath) {
       for (MasterFormat master : {MasterFormat::kF32, MasterFormat::kBF16}) {
         for (DType gd : {DType::kF32, DType::kF16, DType::kBF16}) {
           for (int out : {0, 1, 2}) {
-            SCOPED_TRACE(::testing::Message() << "states " << state_format_name(f) << (sr ? " (sr)" : "")
-                                              << " master " << master_format_name(master) << " grad "
-                                              << dtype_name(gd) << " out " << out);
+            SCOPED_TRACE(::testing::Message()
+                         << "states " << state_format_name(f) << (sr ? " (sr)" : "") << " master "
+                         << master_format_name(master) << " grad " << dtype_name(gd) << " out " << out);
             StepData want = make_step_data(n, f, 1);
             for (int s = 1; s <= 3; ++s) {
               new_grads(want, n, 100 + s);
               if (gd == DType::kF16) {
                 for (size_t i = 0; i < n; ++i) want.g16[i] = f32_to_f16(want.g32[i]);
               }
-              ASSERT_OK(adam_step_lowbit(step_args(want, n, f, master, gd, out, sr, s),
-                                         exec_for(all_paths()[0])));
+              ASSERT_OK(
+                  adam_step_lowbit(step_args(want, n, f, master, gd, out, sr, s), exec_for(all_paths()[0])));
             }
             for (const Path* path : paths_here()) {
               for (CpuPool* pl : {static_cast<CpuPool*>(nullptr), pool.get()}) {
@@ -445,7 +452,8 @@ TEST(LowbitAdam, SameBitsOnEveryPath) {
                   if (gd == DType::kF16) {
                     for (size_t i = 0; i < n; ++i) got.g16[i] = f32_to_f16(got.g32[i]);
                   }
-                  ASSERT_OK(adam_step_lowbit(step_args(got, n, f, master, gd, out, sr, s), exec_for(*path, pl)));
+                  ASSERT_OK(
+                      adam_step_lowbit(step_args(got, n, f, master, gd, out, sr, s), exec_for(*path, pl)));
                 }
                 EXPECT_TRUE(same(got, want)) << path->name << (pl ? " with 2 threads" : "");
               }
@@ -473,7 +481,8 @@ TEST(LowbitAdam, MatchesPlainReference) {
           new_grads(d, n, 200 + s);
           LowbitAdamArgs a = step_args(d, n, f, master, DType::kF32, 2, false, s);
           ASSERT_OK(adam_step_lowbit(a, exec_for(*path)));
-          step_ref(r, d.g32, f, master == MasterFormat::kBF16, a.params, s, a.step.grad_scale, a.buf.index_base);
+          step_ref(r, d.g32, f, master == MasterFormat::kBF16, a.params, s, a.step.grad_scale,
+                   a.buf.index_base);
         }
         if (master == MasterFormat::kF32) {
           EXPECT_EQ(std::memcmp(d.p32.data(), r.p32.data(), n * 4), 0) << "fp32 master";
@@ -503,7 +512,8 @@ TEST(LowbitAdam, CloseToFp32States) {
     StateFormat f;
     double m, v, p, p_rms;
   };
-  for (const Bound& b : {Bound{StateFormat::kInt8, 0.05, 0.05, 0.5, 0.03}, Bound{StateFormat::kInt4, 1.0, 0.5, 1.5, 0.5}}) {
+  for (const Bound& b :
+       {Bound{StateFormat::kInt8, 0.05, 0.05, 0.5, 0.03}, Bound{StateFormat::kInt4, 1.0, 0.5, 1.5, 0.5}}) {
     StepData q = make_step_data(n, b.f, 1), ref32 = make_step_data(n, StateFormat::kF32, 1);
     std::fill(q.m.begin(), q.m.end(), 0), std::fill(q.v.begin(), q.v.end(), 0);
     std::fill(ref32.m.begin(), ref32.m.end(), 0), std::fill(ref32.v.begin(), ref32.v.end(), 0);
@@ -512,7 +522,8 @@ TEST(LowbitAdam, CloseToFp32States) {
     for (int s = 1; s <= steps; ++s) {
       new_grads(q, n, 300 + s), new_grads(ref32, n, 300 + s);
       ASSERT_OK(adam_step_lowbit(step_args(q, n, b.f, MasterFormat::kF32, DType::kF32, 0, false, s)));
-      ASSERT_OK(adam_step_lowbit(step_args(ref32, n, StateFormat::kF32, MasterFormat::kF32, DType::kF32, 0, false, s)));
+      ASSERT_OK(adam_step_lowbit(
+          step_args(ref32, n, StateFormat::kF32, MasterFormat::kF32, DType::kF32, 0, false, s)));
       std::vector<float> m(n), v(n);
       ASSERT_OK(dequantize_state(StateKind::kExpAvg, b.f, q.m.data(), m.data(), n));
       ASSERT_OK(dequantize_state(StateKind::kExpAvgSq, b.f, q.v.data(), v.data(), n));
@@ -521,7 +532,8 @@ TEST(LowbitAdam, CloseToFp32States) {
       const size_t B = state_block_elems(b.f);
       for (size_t b0 = 0; b0 < n; b0 += B) {  // error relative to the block's largest fp32 value
         double sm = 0, sv = 0;
-        for (size_t i = b0; i < b0 + B; ++i) sm = std::max(sm, double(std::fabs(m32[i]))), sv = std::max(sv, double(v32[i]));
+        for (size_t i = b0; i < b0 + B; ++i)
+          sm = std::max(sm, double(std::fabs(m32[i]))), sv = std::max(sv, double(v32[i]));
         for (size_t i = b0; i < b0 + B; ++i) {
           worst_m = std::max(worst_m, std::fabs(m[i] - m32[i]) / sm);
           worst_v = std::max(worst_v, std::fabs(v[i] - v32[i]) / sv);
@@ -534,11 +546,13 @@ TEST(LowbitAdam, CloseToFp32States) {
         sum_sq += d * d;
       }
       rms_p = std::max(rms_p, std::sqrt(sum_sq / double(n)));
-      for (size_t i = 0; i < n; ++i) ASSERT_TRUE(v32[i] == 0.0f || v[i] > 0.0f) << "v came back as 0 at " << i;
+      for (size_t i = 0; i < n; ++i)
+        ASSERT_TRUE(v32[i] == 0.0f || v[i] > 0.0f) << "v came back as 0 at " << i;
     }
-    printf("%s states vs fp32 states, %d steps: worst |m error| %.4f, |v error| %.4f of the block's largest; "
-           "parameter difference max %.4f, RMS %.4f of lr*steps\n",
-           state_format_name(b.f), steps, worst_m, worst_v, worst_p, rms_p);
+    printf(
+        "%s states vs fp32 states, %d steps: worst |m error| %.4f, |v error| %.4f of the block's largest; "
+        "parameter difference max %.4f, RMS %.4f of lr*steps\n",
+        state_format_name(b.f), steps, worst_m, worst_v, worst_p, rms_p);
     EXPECT_LE(worst_m, b.m);
     EXPECT_LE(worst_v, b.v);
     EXPECT_LE(worst_p, b.p);
@@ -571,7 +585,8 @@ TEST(LowbitAdam, NonFiniteIsAnErrorAndLeavesTheBlock) {
   new_grads(d, n, 5);
   const float inf = std::numeric_limits<float>::infinity();
   std::memcpy(&d.m[68 * 3], &inf, 4);
-  Status s = adam_step_lowbit(step_args(d, n, StateFormat::kInt4, MasterFormat::kBF16, DType::kF32, 0, false, 1));
+  Status s =
+      adam_step_lowbit(step_args(d, n, StateFormat::kInt4, MasterFormat::kBF16, DType::kF32, 0, false, 1));
   EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.to_string();
   EXPECT_NE(s.message().find("[384, 512)"), std::string::npos) << s.message();
 }
@@ -582,7 +597,8 @@ TEST(LowbitAdam, ZeroStatesAndGradientsStayZero) {
     std::vector<uint8_t> m(state_bytes(f, n), 0), v(state_bytes(f, n), 0);
     std::vector<float> p(n, 0.5f), g(n, 0.0f);
     LowbitAdamArgs a;
-    a.buf.n = n, a.buf.param = p.data(), a.buf.grad = g.data(), a.buf.exp_avg = m.data(), a.buf.exp_avg_sq = v.data();
+    a.buf.n = n, a.buf.param = p.data(), a.buf.grad = g.data(), a.buf.exp_avg = m.data(),
+    a.buf.exp_avg_sq = v.data();
     a.buf.states = f;
     a.step = {1, 1.0f};
     ASSERT_OK(adam_step_lowbit(a));
@@ -618,12 +634,14 @@ TEST(Bf16Master, StochasticRoundingIsUnbiasedAndReproducible) {
   EXPECT_FALSE(p1 == p3) << "another step must draw other bits";
   for (const auto* p : {&p1, &p3}) {
     double sum = 0, lo = 1e9, hi = -1e9;
-    for (uint16_t h : *p) sum += bf16_to_f32(h), lo = std::min(lo, double(bf16_to_f32(h))), hi = std::max(hi, double(bf16_to_f32(h)));
+    for (uint16_t h : *p)
+      sum += bf16_to_f32(h), lo = std::min(lo, double(bf16_to_f32(h))),
+                             hi = std::max(hi, double(bf16_to_f32(h)));
     const double mean = sum / double(n), ulp = hi - lo;
     // The two neighbours of `exact`; the mean of n Bernoulli draws is within 5 sigma of exact.
     const double frac = (exact - lo) / ulp, sigma = ulp * std::sqrt(frac * (1 - frac) / double(n));
-    printf("bf16 master: fp32 %.8f, neighbours %.8f / %.8f, mean of %zu draws %.8f (%.2f sigma)\n", exact, lo, hi, n,
-           mean, (mean - exact) / sigma);
+    printf("bf16 master: fp32 %.8f, neighbours %.8f / %.8f, mean of %zu draws %.8f (%.2f sigma)\n", exact, lo,
+           hi, n, mean, (mean - exact) / sigma);
     EXPECT_LE(lo, exact);
     EXPECT_GE(hi, exact);
     EXPECT_NEAR(mean, exact, 5 * sigma);
