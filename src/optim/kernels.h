@@ -56,4 +56,42 @@ const Table& scalar_table();
 const Table* avx2_table();
 const Table* avx512_table();
 
+// ---- low-bit optimizer states (lowbit.h; kernels in lowbit_body.inc) ----------------------------
+
+// One fused AdamW pass over packed states: the chunk's constants and base pointers. Element
+// codes: state 0 fp32, 2 bf16 RNE, 3 bf16 stochastic, 4 int8, 5 int4; master 0 fp32, 2 bf16
+// (stochastic); out 0 none, 1 fp16, 2 bf16.
+struct LowbitArgs {
+  const Constants* c;
+  uint32_t master_seed;  // stochastic rounding of a bf16 master (sr_hash of this seed)
+  uint64_t index_base;   // global element index of element 0, for the rounding hashes
+  void* p;
+  const void* g;
+  void* m;
+  void* v;
+  void* out;
+};
+inline constexpr size_t kNoError = ~size_t(0);
+// The first block of a range that failed: its first element (kNoError: none) and what failed
+// (bits: 1 m, 2 v, 4 parameter non-finite or negative v; 8 m's, 16 v's stored scale non-finite).
+struct BlockError {
+  size_t begin;
+  uint32_t what;
+};
+// Over the elements [begin, end); begin is a multiple of the format's block size.
+using LowbitAdamFn = BlockError (*)(const LowbitArgs& a, size_t begin, size_t end);
+using QuantizeFn = BlockError (*)(const float* src, void* dst, size_t begin, size_t end);
+using DequantizeFn = BlockError (*)(const void* src, float* dst, size_t begin, size_t end);
+
+struct LowbitTable {
+  const char* name;
+  LowbitAdamFn (*adam)(int grad, int state, int master, int out);
+  QuantizeFn (*quantize)(int state, bool v);  // state 4 or 5; v: the second moment's map
+  DequantizeFn (*dequantize)(int state, bool v);
+};
+
+const LowbitTable& scalar_lowbit_table();
+const LowbitTable* avx2_lowbit_table();
+const LowbitTable* avx512_lowbit_table();
+
 }  // namespace zoe::optim::kern

@@ -4,4 +4,6 @@
 namespace zoe::optim::kern {
 const Table* avx2_table() { return nullptr; }
 const Table* avx512_table() { return nullptr; }
+const LowbitTable* avx2_lowbit_table() { return nullptr; }
+const LowbitTable* avx512_lowbit_table() { return nullptr; }
 }  // namespace zoe::optim::kern
