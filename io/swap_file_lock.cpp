@@ -1,7 +1,8 @@
 // SwapFile, locking and reclaim: the files' names (unique per job, or kept and stable), their
 // flocks, the per-directory lock that orders creation against other jobs' scans, the reclaim of
-// the stale swap files of dead processes, the live-file list removed on an abnormal exit, and
-// create(), which takes these locks before it sizes the files (swap_file_growth.cpp).
+// the stale swap files of dead processes, the live-file list removed on an abnormal exit (also as
+// zoe/runtime.h's remove_swap_files_now()), and create(), which takes these locks before it sizes
+// the files (swap_file_growth.cpp).
 #include "io/swap_file.h"
 
 #include <dirent.h>
@@ -23,6 +24,7 @@
 
 #include "core/log.h"
 #include "core/units.h"
+#include "zoe/runtime.h"
 
 namespace zoe::io {
 
@@ -366,3 +368,11 @@ Status SwapFile::open_files() {
 }
 
 }  // namespace zoe::io
+
+namespace zoe {
+
+// The public face of unlink_live_swap_files() (zoe/runtime.h); the Runtime also makes it the
+// cleanup of a rank that learns another was lost.
+size_t remove_swap_files_now() { return io::unlink_live_swap_files(); }
+
+}  // namespace zoe

@@ -44,29 +44,6 @@ using config::OffloadDevice;
 using offload::Tier;
 
 // ---------------------------------------------------------------------------------------------
-// Runtime
-
-Runtime::Runtime() : impl_(std::make_unique<Impl>()) {}
-
-Result<std::unique_ptr<Runtime>> Runtime::init(bool force_local) {
-  if (!force_local) ZOE_RETURN_IF_ERROR(check_launcher());  // torchrun's variables without MPI
-  std::unique_ptr<Runtime> rt(new Runtime());
-  if (!force_local && comm::launched_by_mpi()) {
-    ZOE_ASSIGN_OR_RETURN(rt->impl_->comm, comm::create_mpi_comm());
-    // A rank that learns another was lost removes its swap files before it exits.
-    comm::set_lost_rank_cleanup(&io::unlink_live_swap_files);
-  } else {
-    rt->impl_->comm = comm::create_local_comm();
-  }
-  return rt;
-}
-
-Runtime::~Runtime() = default;
-int Runtime::rank() const { return impl_->comm->rank(); }
-int Runtime::world_size() const { return impl_->comm->size(); }
-int Runtime::local_rank() const { return impl_->comm->local_rank(); }
-
-// ---------------------------------------------------------------------------------------------
 // Memory and setup
 
 namespace zero {
