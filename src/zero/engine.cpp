@@ -1,6 +1,13 @@
-// Engine: creation (device, communicators, I/O), module registration, initialize() (executes the
-// placement the planner computed: tiers, swapper, every state in its home), teardown, accessors.
-// The other parts: engine_fetch.cpp, engine_grads.cpp, engine_step.cpp, engine_checkpoint.cpp.
+// Engine: its lifetime and the setup of its resources. create() (the config's paths expanded and
+// checked, the CPU pool, the device with its ops and collectives, the loss scaler, the I/O engine
+// and swap file), add_module(), initialize() (the placement the planner computed, executed: NVMe
+// space checked on every rank, the tier manager and optimizer swapper, every module's initial
+// values written to their homes while the next module's are computed), the context's memory
+// (views, device and host allocations), teardown and the accessors (sizes, memory, buffers,
+// trace). The test hooks (I/O faults, deferred device ops) and ZOE_IO_STALL live here too.
+// The other parts: engine_calls.cpp (fetch/release, gradients), engine_step.cpp (the step),
+// engine_checkpoint.cpp (save/load), engine_activations.cpp (the activation store) and
+// public_api.cpp (the public types over the engine).
 #include "zoe/engine.h"
 
 #include <sys/stat.h>
