@@ -1,4 +1,8 @@
 // SwapFile: many tensors at aligned extents of one logical file, striped over several paths.
+// Implemented by concept: swap_file_lock.cpp (names, locks, stale-file reclaim, create()),
+// swap_file_extents.cpp (allocation), swap_file_growth.cpp (growth and guard pages),
+// swap_file_stripes.cpp (the stripe map and the transfers through it) and swap_file_integrity.cpp
+// (written ranges, checksums, size and hole checks).
 #pragma once
 
 #include <atomic>

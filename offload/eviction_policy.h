@@ -21,7 +21,7 @@ enum class EvictionPolicyKind : uint8_t { kLru, kTrace };
 
 // A copy eviction may take (unpinned, present, not its item's home).
 struct EvictionCandidate {
-  ItemId id = 0;
+  ItemId id;
   uint64_t last_use = 0;  // the LRU clock at its latest use; smaller is older
 };
 

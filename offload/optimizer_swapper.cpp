@@ -513,7 +513,7 @@ Status OptimizerSwapper::step(const ChunkUpdate& update, bool write_all) {
     }
     for (size_t k = 0; k < K; ++k) ptrs[k] = slot_buffer(r.slot, k);
     uint64_t t0 = now_ns();
-    s = update(ChunkView{c.g->id, c.begin, c.n, ptrs.data()});
+    s = update(ChunkView{GroupId{c.g->id}, c.begin, c.n, ptrs.data()});
     uint64_t t1 = now_ns();
     stats_.compute_ns += t1 - t0;
     stats_.chunks++;

@@ -16,14 +16,10 @@
 #include "core/trace.h"
 #include "io/buffer.h"
 #include "offload/swap_store.h"
+#include "offload/swapper_limits.h"
 #include "offload/tier.h"
 
 namespace zoe::offload {
-
-// Buffers of write_state_async(), beside the slots' (so reading ahead never starves them): the
-// default and the most a swapper takes (SwapperOptions::async_buffers).
-inline constexpr size_t kAsyncWriteBuffers = 2;
-inline constexpr size_t kMaxAsyncWriteBuffers = 8;
 
 struct SwappedState {
   StateKind kind = StateKind::kOther;

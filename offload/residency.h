@@ -40,7 +40,7 @@ struct Copy {
 };
 
 struct Item {
-  ItemId id = 0;
+  ItemId id;
   uint64_t bytes = 0;
   uint64_t alloc = 0;  // bytes rounded up to 4096: what copies hold and transfers move
   Tier home = Tier::kHost;

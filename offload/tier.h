@@ -12,13 +12,13 @@ constexpr int tier_index(Tier t) { return static_cast<int>(t); }
 
 // The tier manager's name for an item, and the optimizer swapper's for a group of states: two
 // types of their own, so that one cannot be passed where the other (or a caller's index of its
-// own) is expected. Built from a plain number (the offload layer's callers number their items);
-// never converted back to one implicitly.
+// own) is expected. Built from a plain number only by name (ItemId{n}, GroupId{n}: the offload
+// layer's callers number their items); never converted to or from one implicitly.
 template <class Tag>
 struct TypedId {
   uint64_t value = 0;
   constexpr TypedId() = default;
-  constexpr TypedId(uint64_t v) : value(v) {}  // NOLINT(google-explicit-constructor)
+  constexpr explicit TypedId(uint64_t v) : value(v) {}
   friend constexpr bool operator==(TypedId a, TypedId b) { return a.value == b.value; }
   friend constexpr bool operator!=(TypedId a, TypedId b) { return a.value != b.value; }
 };

@@ -15,9 +15,10 @@ if command -v ccache > /dev/null; then
   launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
 fi
 
-echo "== layer map and format checks" >&2
+echo "== layer map, function and file length, and format checks" >&2
 /usr/bin/python3 scripts/check-layers.py
 /usr/bin/python3 scripts/check-function-length.py
+/usr/bin/python3 scripts/check-file-length.py
 bash scripts/check-format.sh
 
 echo "== Release build and tests (build/)" >&2

@@ -137,7 +137,7 @@ class Config {
   // Every field as JSON that parse() reads back to an equal Config.
   std::string to_json() const;
 
-  struct Impl;  // internal: the validated configuration (src/zero/public_api.cpp)
+  struct Impl;  // internal: the validated configuration (src/config/public_config.h)
 
  private:
   friend struct ConfigAccess;

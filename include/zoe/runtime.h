@@ -41,7 +41,7 @@ class Runtime {
   Status broadcast(void* data, size_t bytes, int root = 0);
   Status barrier();
 
-  struct Impl;  // internal (src/zero/runtime_impl.h)
+  struct Impl;  // internal (src/comm/runtime_impl.h)
 
  private:
   Runtime();

@@ -230,7 +230,7 @@ std::vector<size_t> add_groups(offload::OptimizerSwapper* sw, uint64_t n, uint64
   std::vector<size_t> group_sizes;
   for (uint64_t g = 0, done = 0; done < n; ++g) {
     size_t s = static_cast<size_t>(std::min<uint64_t>(sub, n - done));
-    Status st = sw->add_group(g, s);
+    Status st = sw->add_group(offload::GroupId{g}, s);
     if (!st.is_ok()) fail(st);
     group_sizes.push_back(s);
     done += s;
@@ -275,7 +275,7 @@ struct InMemoryStates {
     for (size_t gs : group_sizes) {
       for (size_t b = 0; b < gs; b += ce, k = (k + 1) % kSets) {
         void* data[4] = {mp[k].data(), mm[k].data(), mv[k].data(), mg[k].data()};
-        Status s = adam(offload::ChunkView{0, b, std::min(ce, gs - b), data});
+        Status s = adam(offload::ChunkView{offload::GroupId{0}, b, std::min(ce, gs - b), data});
         if (!s.is_ok()) fail(s);
       }
     }

@@ -1,10 +1,14 @@
-// The parts of `zoe tune` (src/cli/cmd_tune.cpp): calibration of this host's link rates
-// (tune_calibrate.cpp), the search over the plan's rows (cmd_tune.cpp) and the verification of the
-// best candidates by training them (tune_verify.cpp). Internal to src/cli.
+// The parts of `zoe tune` (src/cli/cmd_tune.cpp: its flags and the order of its phases):
+// calibration of this host's link rates (tune_calibrate.cpp, tune_network.cpp), the search over the
+// plan's rows (tune_search.cpp), the verification of the best candidates by training them
+// (tune_verify.cpp) and the report (tune_report.cpp). Internal to src/cli.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "config/config.h"
 #include "model/gpt.h"
@@ -75,5 +79,96 @@ struct Verified {
 // engine's I/O, collectives and optimizer as the plan placed them.
 Verified verify(Runtime& rt, const config::Config& cfg, const plan::PlanInputs& in, int steps,
                 const std::string& what);
+
+// --- Search (tune_search.cpp) --------------------------------------------------------------
+
+// The knobs the search sets beyond the placement, as config values (what --out writes).
+struct Knobs {
+  int64_t prefetch_bucket = 0;           // zero_optimization.stage3_prefetch_bucket_size
+  int64_t max_live = 0;                  // zero_optimization.stage3_max_live_parameters
+  int64_t sub_group = 0;                 // zero_optimization.sub_group_size
+  int64_t opt_buffers = 0;               // offload_optimizer.buffer_count
+  int64_t param_buffers = 0;             // offload_param.buffer_count
+  int64_t param_buffer_size = 0;         // offload_param.buffer_size (elements)
+  int64_t max_in_cpu = 0;                // offload_param.max_in_cpu (elements)
+  int64_t aio_block = 0, aio_depth = 0;  // aio.block_size, aio.queue_depth
+
+  void apply(config::Config* c) const {
+    // A sizing knob the variant sets to another value than the base config's is given: the
+    // planner uses it as it is instead of sizing it from the host share.
+    auto set = [c](int64_t* field, int64_t v, const char* key) {
+      if (*field != v) c->given_keys.insert(key);
+      *field = v;
+    };
+    c->zero.stage3_prefetch_bucket_size = prefetch_bucket;
+    c->zero.stage3_max_live_parameters = max_live;
+    set(&c->zero.sub_group_size, sub_group, "zero_optimization.sub_group_size");
+    set(&c->zero.offload_optimizer.buffer_count, opt_buffers,
+        "zero_optimization.offload_optimizer.buffer_count");
+    c->zero.offload_param.buffer_count = param_buffers;
+    set(&c->zero.offload_param.buffer_size, param_buffer_size, "zero_optimization.offload_param.buffer_size");
+    set(&c->zero.offload_param.max_in_cpu, max_in_cpu, "zero_optimization.offload_param.max_in_cpu");
+    c->aio.block_size = aio_block;
+    c->aio.queue_depth = aio_depth;
+  }
+  static Knobs of(const config::Config& c) {
+    return {c.zero.stage3_prefetch_bucket_size,
+            c.zero.stage3_max_live_parameters,
+            c.zero.sub_group_size,
+            c.zero.offload_optimizer.buffer_count,
+            c.zero.offload_param.buffer_count,
+            c.zero.offload_param.buffer_size,
+            c.zero.offload_param.max_in_cpu,
+            c.aio.block_size,
+            c.aio.queue_depth};
+  }
+};
+
+struct Candidate {
+  plan::PlanRow row;
+  Knobs knobs;
+  int64_t micro_batch = 1, grad_accum = 1;  // micro_batch x grad_accum: the rank's batch per step
+};
+
+// A candidate as a full config: its placement and knobs over the base config, with the sizes the
+// planner chose given as values, at its micro-batch and accumulation (what --out writes).
+config::Config tuned_config(const plan::PlanInputs& in, const Candidate& c, const std::string& nvme);
+// Every fitting row at every searched micro-batch with its knob variants, best predicted first.
+Result<std::vector<Candidate>> search(const plan::PlanInputs& in, bool fixed_micro);
+
+// --- The choice: the search and its verification -------------------------------------------
+
+// A candidate --verify ran.
+struct VerifiedRun {
+  size_t index;  // into the candidates
+  config::Config cfg;
+  Verified v;
+  double predicted_no_compute;
+};
+
+// The search and its verification: the candidates by prediction, the runs of --verify and the
+// choice.
+struct TuneResult {
+  plan::PlanInputs in;
+  plan::PlanResult res;
+  std::vector<Candidate> cands;
+  std::vector<VerifiedRun> runs;
+  size_t chosen = 0;       // into runs (the verified, in the order run)
+  size_t chosen_cand = 0;  // into cands (by prediction)
+};
+
+// --verify K: the K best candidates by prediction run for a few engine steps each; t->chosen is
+// the measured best (tune_verify.cpp).
+void verify_candidates(const TuneOpts& o, const plan::PlanOptions& po, TuneResult* t);
+
+// --- Report (tune_report.cpp) --------------------------------------------------------------
+
+void write_tuned_config(const TuneOpts& o, const config::Config& cfg, const plan::PlanInputs& in);  // --out
+nlohmann::json verified_json(const TuneResult& t);  // the JSON's "verified"
+void plot_verified(const TuneOpts& o, const plan::PlanInputs& in, const nlohmann::json& verified);  // --plot
+void print_tune_json(const TuneOpts& o, const TuneResult& t, const nlohmann::json& verified,
+                     nlohmann::json j);
+void print_candidates(const TuneResult& t);
+void print_verified(const TuneOpts& o, const TuneResult& t);
 
 }  // namespace zoe::cli::tune

@@ -127,4 +127,72 @@ Verified verify(Runtime& rt, const config::Config& cfg, const plan::PlanInputs& 
   return v;
 }
 
+namespace {
+
+// The K best by prediction, one per placement first (knob variants of one placement are
+// predicted within a few percent of each other, and the model's error is larger than that, so
+// K distinct placements give the measurement more to choose from), then the next best variants
+// when there are fewer than K placements.
+std::vector<size_t> verify_picks(const std::vector<Candidate>& cands, size_t k) {
+  std::vector<size_t> picks;
+  std::vector<std::string> seen;
+  for (size_t i = 0; i < cands.size() && picks.size() < k; ++i) {
+    const std::string label = cands[i].row.placement.label();
+    if (std::find(seen.begin(), seen.end(), label) != seen.end()) continue;
+    seen.push_back(label);
+    picks.push_back(i);
+  }
+  for (size_t i = 0; i < cands.size() && picks.size() < k; ++i) {
+    if (std::find(picks.begin(), picks.end(), i) == picks.end()) picks.push_back(i);
+  }
+  return picks;
+}
+
+// A verified candidate's measured high-water marks must stay within the plan's tiers.
+void check_high_water(size_t i, const Candidate& c, const Verified& v) {
+  if (v.high_water[0] > c.row.bytes.device || v.high_water[1] > c.row.bytes.host ||
+      v.high_water[2] > c.row.bytes.nvme) {
+    fail(internal_error(
+        "--verify: candidate %zu (%s): a tier's high-water mark exceeded the plan (device %llu > %llu, "
+        "host %llu > %llu or nvme %llu > %llu)",
+        i + 1, c.row.placement.label().c_str(), static_cast<unsigned long long>(v.high_water[0]),
+        static_cast<unsigned long long>(c.row.bytes.device), static_cast<unsigned long long>(v.high_water[1]),
+        static_cast<unsigned long long>(c.row.bytes.host), static_cast<unsigned long long>(v.high_water[2]),
+        static_cast<unsigned long long>(c.row.bytes.nvme)));
+  }
+}
+
+}  // namespace
+
+// --verify K: the K best candidates by prediction, each run for a few engine steps without the
+// model's compute; the choice is the measured best.
+void verify_candidates(const TuneOpts& o, const plan::PlanOptions& po, TuneResult* t) {
+  Runtime* rt = &runtime();
+  if (rt->world_size() != t->in.topo.world()) {
+    fail(invalid_argument(
+        "--verify runs the plan's world of %d rank(s) but this process has %d: launch it under "
+        "mpirun -np %d, or plan one node with one rank",
+        t->in.topo.world(), rt->world_size(), t->in.topo.world()));
+  }
+  const size_t k = std::min(static_cast<size_t>(o.verify), t->cands.size());
+  const std::vector<size_t> picks = verify_picks(t->cands, k);
+  for (size_t pi = 0; pi < picks.size(); ++pi) {
+    const size_t i = picks[pi];
+    const Candidate& c = t->cands[i];
+    VerifiedRun r{i, tuned_config(t->in, c, plan::nvme_dir(po)), {}, 0};
+    r.v = verify(*rt, r.cfg, t->in, o.verify_steps,
+                 fmt("candidate %zu/%zu (%s)", pi + 1, k, c.row.placement.label().c_str()));
+    // What was measured: the whole step, or without the compute when the model's kernels are not zoe's.
+    r.predicted_no_compute =
+        r.v.with_compute
+            ? c.row.cost.step_s
+            : c.row.cost.step_s - c.row.cost.critical_s[static_cast<int>(plan::Resource::kCompute)];
+    check_high_water(i, c, r.v);
+    t->runs.push_back(std::move(r));
+  }
+  for (size_t i = 1; i < t->runs.size(); ++i) {
+    if (t->runs[i].v.step_s < t->runs[t->chosen].v.step_s) t->chosen = i;
+  }
+}
+
 }  // namespace zoe::cli::tune

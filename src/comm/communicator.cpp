@@ -137,9 +137,3 @@ Status check_not_torchrun(const LaunchEnv& env) {
 }
 
 }  // namespace zoe::comm
-
-namespace zoe {
-
-Status check_launcher() { return comm::check_not_torchrun(comm::launch_env()); }
-
-}  // namespace zoe

@@ -141,7 +141,7 @@ class Heartbeat {
 // below; nullptr: none.
 void set_live_heartbeat(Heartbeat* hb);
 
-// The loss handler MpiComm installs calls this before it exits (zero's runtime sets it to remove the
+// The loss handler MpiComm installs calls this before it exits (the Runtime sets it to remove the
 // process's swap files); it returns how many files it removed.
 void set_lost_rank_cleanup(size_t (*cleanup)());
 // Runs the cleanup hook (0 without one).

@@ -1,6 +1,13 @@
-// Engine: creation (device, communicators, I/O), module registration, initialize() (executes the
-// placement the planner computed: tiers, swapper, every state in its home), teardown, accessors.
-// The other parts: engine_fetch.cpp, engine_grads.cpp, engine_step.cpp, engine_checkpoint.cpp.
+// Engine: its lifetime and the setup of its resources. create() (the config's paths expanded and
+// checked, the CPU pool, the device with its ops and collectives, the loss scaler, the I/O engine
+// and swap file), add_module(), initialize() (the placement the planner computed, executed: NVMe
+// space checked on every rank, the tier manager and optimizer swapper, every module's initial
+// values written to their homes while the next module's are computed), the context's memory
+// (views, device and host allocations), teardown and the accessors (sizes, memory, buffers,
+// trace). The test hooks (I/O faults, deferred device ops) and ZOE_IO_STALL live here too.
+// The other parts: engine_calls.cpp (fetch/release, gradients), engine_step.cpp (the step),
+// engine_checkpoint.cpp (save/load), engine_activations.cpp (the activation store) and
+// public_api.cpp (the public types over the engine).
 #include "zoe/engine.h"
 
 #include <sys/stat.h>
@@ -42,29 +49,6 @@ bool deferred_device_ops() { return g_deferred_ops.load(); }
 
 using config::OffloadDevice;
 using offload::Tier;
-
-// ---------------------------------------------------------------------------------------------
-// Runtime
-
-Runtime::Runtime() : impl_(std::make_unique<Impl>()) {}
-
-Result<std::unique_ptr<Runtime>> Runtime::init(bool force_local) {
-  if (!force_local) ZOE_RETURN_IF_ERROR(check_launcher());  // torchrun's variables without MPI
-  std::unique_ptr<Runtime> rt(new Runtime());
-  if (!force_local && comm::launched_by_mpi()) {
-    ZOE_ASSIGN_OR_RETURN(rt->impl_->comm, comm::create_mpi_comm());
-    // A rank that learns another was lost removes its swap files before it exits.
-    comm::set_lost_rank_cleanup(&io::unlink_live_swap_files);
-  } else {
-    rt->impl_->comm = comm::create_local_comm();
-  }
-  return rt;
-}
-
-Runtime::~Runtime() = default;
-int Runtime::rank() const { return impl_->comm->rank(); }
-int Runtime::world_size() const { return impl_->comm->size(); }
-int Runtime::local_rank() const { return impl_->comm->local_rank(); }
 
 // ---------------------------------------------------------------------------------------------
 // Memory and setup

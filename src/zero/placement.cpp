@@ -6,7 +6,7 @@
 
 #include "config/value_used.h"
 #include "core/units.h"
-#include "offload/optimizer_swapper.h"
+#include "offload/swapper_limits.h"
 #include "optim/adam.h"
 
 namespace zoe::zero {

@@ -48,8 +48,8 @@ Status write_chunks(OptimizerSwapper& w, size_t k, const float* src, size_t n, b
   const size_t c = w.chunk_elems();
   for (size_t b = 0; b < n; b += c) {
     const size_t m = std::min(c, n - b);
-    Status st =
-        borrowed ? w.write_state_borrowed(1, k, src + b, b, m) : w.write_state_async(1, k, src + b, b, m);
+    Status st = borrowed ? w.write_state_borrowed(GroupId{1}, k, src + b, b, m)
+                         : w.write_state_async(GroupId{1}, k, src + b, b, m);
     if (!st.is_ok()) return st;
   }
   return Status::ok();
@@ -58,7 +58,7 @@ Status write_chunks(OptimizerSwapper& w, size_t k, const float* src, size_t n, b
 // 12 buffers of 64 KiB over the rig's store (nvme) or host memory, with group 1 of n elements.
 std::unique_ptr<OptimizerSwapper> group_swapper(Rig& r, bool nvme, size_t n) {
   auto sw = OptimizerSwapper::create(nvme ? r.store.get() : nullptr, adam_options(12, 64 * 1024));
-  Status st = sw.is_ok() ? sw.value()->add_group(1, n) : sw.status();
+  Status st = sw.is_ok() ? sw.value()->add_group(GroupId{1}, n) : sw.status();
   if (!st.is_ok()) {
     ADD_FAILURE() << st.message();
     return nullptr;
@@ -91,15 +91,15 @@ TEST_P(SwapperTest, BitIdenticalToInMemoryUpdate) {
   std::vector<std::vector<float>> ref[4];
   for (size_t g = 0; g < c.sizes.size(); ++g) {
     size_t n = c.sizes[g];
-    ASSERT_OK(sw.value()->add_group(g, n));
-    ASSERT_OK(host.value()->add_group(g, n));
+    ASSERT_OK(sw.value()->add_group(GroupId{g}, n));
+    ASSERT_OK(host.value()->add_group(GroupId{g}, n));
     for (size_t k = 0; k < 4; ++k) {
       auto v = series(n, static_cast<uint32_t>(g * 10 + k));
       if (k == 2) {
         for (auto& f : v) f = f * f;  // v >= 0
       }
-      ASSERT_OK(sw.value()->write_state(g, k, v.data()));
-      ASSERT_OK(host.value()->write_state(g, k, v.data()));
+      ASSERT_OK(sw.value()->write_state(GroupId{g}, k, v.data()));
+      ASSERT_OK(host.value()->write_state(GroupId{g}, k, v.data()));
       ref[k].push_back(std::move(v));
     }
   }
@@ -113,8 +113,8 @@ TEST_P(SwapperTest, BitIdenticalToInMemoryUpdate) {
   for (size_t g = 0; g < c.sizes.size(); ++g) {
     for (size_t k = 0; k < 4; ++k) {
       std::vector<float> a(c.sizes[g]), b(c.sizes[g]);
-      ASSERT_OK(sw.value()->read_state(g, k, a.data()));
-      ASSERT_OK(host.value()->read_state(g, k, b.data()));
+      ASSERT_OK(sw.value()->read_state(GroupId{g}, k, a.data()));
+      ASSERT_OK(host.value()->read_state(GroupId{g}, k, b.data()));
       EXPECT_EQ(test::first_mismatch(a.data(), ref[k][g].data(), a.size() * 4), -1)
           << "nvme group " << g << " state " << k;
       EXPECT_EQ(test::first_mismatch(b.data(), ref[k][g].data(), b.size() * 4), -1)
@@ -135,16 +135,17 @@ TEST(Swapper, RangedStateTransfers) {
     auto sw = OptimizerSwapper::create(nvme ? r.store.get() : nullptr, adam_options(8, 64 * 1024));
     ASSERT_OK(sw);
     const size_t n = 100003, c = sw.value()->chunk_elems();
-    ASSERT_OK(sw.value()->add_group(1, n));
+    ASSERT_OK(sw.value()->add_group(GroupId{1}, n));
     auto v = series(n, 9);
     // Written in chunk-aligned pieces, read back whole and in pieces.
-    for (size_t b = 0; b < n; b += 2 * c) ASSERT_OK(sw.value()->write_state(1, 0, v.data() + b, b, 2 * c));
+    for (size_t b = 0; b < n; b += 2 * c)
+      ASSERT_OK(sw.value()->write_state(GroupId{1}, 0, v.data() + b, b, 2 * c));
     std::vector<float> whole(n), part(n);
-    ASSERT_OK(sw.value()->read_state(1, 0, whole.data()));
-    for (size_t b = 0; b < n; b += c) ASSERT_OK(sw.value()->read_state(1, 0, part.data() + b, b, c));
+    ASSERT_OK(sw.value()->read_state(GroupId{1}, 0, whole.data()));
+    for (size_t b = 0; b < n; b += c) ASSERT_OK(sw.value()->read_state(GroupId{1}, 0, part.data() + b, b, c));
     EXPECT_EQ(test::first_mismatch(whole.data(), v.data(), n * 4), -1);
     EXPECT_EQ(test::first_mismatch(part.data(), v.data(), n * 4), -1);
-    EXPECT_EQ(sw.value()->read_state(1, 0, part.data(), 5, c).code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(sw.value()->read_state(GroupId{1}, 0, part.data(), 5, c).code(), StatusCode::kInvalidArgument);
   }
 }
 
@@ -164,7 +165,7 @@ TEST(Swapper, AsynchronousChunkWritesLandBeforeReadsAndTheStep) {
     auto g = series(n, 11);
     ASSERT_OK(write_chunks(w, 3, g.data(), n, false));
     std::vector<float> back(n);
-    ASSERT_OK(w.read_state(1, 3, back.data()));
+    ASSERT_OK(w.read_state(GroupId{1}, 3, back.data()));
     EXPECT_EQ(test::first_mismatch(back.data(), g.data(), n * 4), -1) << (nvme ? "nvme" : "host");
     // The step reads the gradient state as written.
     ASSERT_OK(write_chunks(w, 3, g.data(), n, false));
@@ -175,13 +176,13 @@ TEST(Swapper, AsynchronousChunkWritesLandBeforeReadsAndTheStep) {
     }));
     EXPECT_EQ(test::first_mismatch(seen.data(), g.data(), n * 4), -1) << (nvme ? "nvme" : "host");
     // Not one chunk: refused.
-    EXPECT_EQ(w.write_state_async(1, 3, g.data(), 5, c).code(), StatusCode::kInvalidArgument);
-    EXPECT_EQ(w.write_state_async(1, 3, g.data(), 0, c + 1).code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(w.write_state_async(GroupId{1}, 3, g.data(), 5, c).code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(w.write_state_async(GroupId{1}, 3, g.data(), 0, c + 1).code(), StatusCode::kInvalidArgument);
     if (!nvme) continue;
     r.faults.clear();  // counts from here
     r.faults.add(io::FaultKind::kEio, 2, 1, io::IoOp::kWrite);
     ASSERT_OK(write_chunks(w, 3, g.data(), n, false));
-    Status rd = w.read_state(1, 0, back.data());  // a read on the way fails too, and keeps the error
+    Status rd = w.read_state(GroupId{1}, 0, back.data());  // a read on the way fails too, and keeps the error
     EXPECT_FALSE(rd.is_ok());
     Status st = w.step(adam_update());
     ASSERT_FALSE(st.is_ok());
@@ -217,7 +218,7 @@ TEST(Swapper, BorrowedChunkWritesLandAsCopiedOnes) {
       ASSERT_OK(w.wait_async_writes());
       memset(src, 0xff, n * 4);  // the source may change now
       std::vector<float> back(n);
-      ASSERT_OK(w.read_state(1, 0, back.data()));
+      ASSERT_OK(w.read_state(GroupId{1}, 0, back.data()));
       EXPECT_EQ(test::first_mismatch(back.data(), g.data(), n * 4), -1) << (nvme ? "nvme" : "host") << shift;
     }
     if (!nvme) continue;
@@ -243,37 +244,37 @@ TEST(Swapper, PreloadedChunksGiveTheSameUpdateAndKeepWhatWasHandedOver) {
     ASSERT_OK(sw);
     OptimizerSwapper& w = *sw.value();
     const size_t n = 50000, c = w.chunk_elems();
-    ASSERT_OK(w.add_group(1, n));
-    ASSERT_OK(w.add_group(2, 7000));
+    ASSERT_OK(w.add_group(GroupId{1}, n));
+    ASSERT_OK(w.add_group(GroupId{2}, 7000));
     for (size_t k = 0; k < 3; ++k) {
-      ASSERT_OK(w.write_state(1, k, series(n, 20 + k).data()));
-      ASSERT_OK(w.write_state(2, k, series(7000, 30 + k).data()));
+      ASSERT_OK(w.write_state(GroupId{1}, k, series(n, 20 + k).data()));
+      ASSERT_OK(w.write_state(GroupId{2}, k, series(7000, 30 + k).data()));
     }
     const auto g1 = series(n, 40), g2 = series(7000, 41);
-    ASSERT_OK(w.write_state(2, 3, g2.data()));
+    ASSERT_OK(w.write_state(GroupId{2}, 3, g2.data()));
     if (variant == 0) {
-      ASSERT_OK(w.write_state(1, 3, g1.data()));
+      ASSERT_OK(w.write_state(GroupId{1}, 3, g1.data()));
     } else {
       w.preload(w.slots() - 1);
       ASSERT_EQ(w.preloaded(), w.slots() - 1);
       for (size_t b = 0; b < n; b += c) {
         const size_t m = std::min(c, n - b);
-        if (!w.fill_preloaded(1, b, 3, g1.data() + b, m)) {
-          ASSERT_OK(w.write_state_async(1, 3, g1.data() + b, b, m));
+        if (!w.fill_preloaded(GroupId{1}, b, 3, g1.data() + b, m)) {
+          ASSERT_OK(w.write_state_async(GroupId{1}, 3, g1.data() + b, b, m));
         }
       }
-      EXPECT_FALSE(w.fill_preloaded(1, 0, 3, g1.data(), c)) << "handed over twice";
-      EXPECT_FALSE(w.fill_preloaded(2, 0, 3, g2.data(), 7000)) << "not preloaded";
+      EXPECT_FALSE(w.fill_preloaded(GroupId{1}, 0, 3, g1.data(), c)) << "handed over twice";
+      EXPECT_FALSE(w.fill_preloaded(GroupId{2}, 0, 3, g2.data(), 7000)) << "not preloaded";
       if (variant == 2) {
-        ASSERT_OK(w.write_state(2, 3, g2.data()));  // drops the preloaded chunks
+        ASSERT_OK(w.write_state(GroupId{2}, 3, g2.data()));  // drops the preloaded chunks
         EXPECT_EQ(w.preloaded(), 0u);
       }
     }
     ASSERT_OK(w.step(adam_update()));
     EXPECT_EQ(w.free_slots(), w.slots());
     std::vector<float> p1(n), p2(7000);
-    ASSERT_OK(w.read_state(1, 0, p1.data()));
-    ASSERT_OK(w.read_state(2, 0, p2.data()));
+    ASSERT_OK(w.read_state(GroupId{1}, 0, p1.data()));
+    ASSERT_OK(w.read_state(GroupId{2}, 0, p2.data()));
     // The in-memory reference: the same update on the same inputs.
     auto rp = series(n, 20), rm = series(n, 21), rv = series(n, 22);
     adamish(rp.data(), rm.data(), rv.data(), g1.data(), n);
@@ -297,7 +298,7 @@ void run_fault(io::FaultKind kind, io::IoOp op, uint64_t nth) {
   ASSERT_TRUE(r.init(MiB(), 64 * MiB()));
   auto sw = OptimizerSwapper::create(r.store.get(), adam_options(12, 64 * 1024));
   ASSERT_OK(sw);
-  ASSERT_OK(sw.value()->add_group(1, 300000));
+  ASSERT_OK(sw.value()->add_group(GroupId{1}, 300000));
   r.faults.add(kind, nth, 1, op);
   Status s = sw.value()->step(adam_update());
   ASSERT_FALSE(s.is_ok());
@@ -322,14 +323,14 @@ TEST(Swapper, CorruptReadIsACorruptionErrorNamingItemAndState) {
   auto sw = OptimizerSwapper::create(r.store.get(), adam_options(12, 64 * 1024));
   ASSERT_OK(sw);
   const size_t n = 300000;
-  ASSERT_OK(sw.value()->add_group(1, n));
+  ASSERT_OK(sw.value()->add_group(GroupId{1}, n));
   std::vector<std::vector<float>> init(4);
   for (size_t k = 0; k < 4; ++k) {
     init[k] = series(n, static_cast<uint32_t>(k + 1));
     if (k == 2) {
       for (auto& f : init[k]) f = f * f;
     }
-    ASSERT_OK(sw.value()->write_state(1, k, init[k].data()));
+    ASSERT_OK(sw.value()->write_state(GroupId{1}, k, init[k].data()));
   }
   // Reads go 4 states per chunk; the 10th read answered is one of the third chunk's (which state
   // depends on the order the kernel answers in).
@@ -347,7 +348,8 @@ TEST(Swapper, CorruptReadIsACorruptionErrorNamingItemAndState) {
   // The bad bytes never reached the disk: every state reads back clean, and a step works.
   r.faults.clear();
   std::vector<float> got(n);
-  for (size_t k = 0; k < 4; ++k) EXPECT_OK(sw.value()->read_state(1, k, got.data())) << "state " << k;
+  for (size_t k = 0; k < 4; ++k)
+    EXPECT_OK(sw.value()->read_state(GroupId{1}, k, got.data())) << "state " << k;
   EXPECT_OK(sw.value()->step(adam_update()));
   EXPECT_GT(r.swap->verified_bytes(), 0u);
 }
@@ -357,7 +359,7 @@ TEST(Swapper, UpdateErrorStopsThePass) {
   ASSERT_TRUE(r.init(MiB(), 64 * MiB()));
   auto sw = OptimizerSwapper::create(r.store.get(), adam_options(12, 64 * 1024));
   ASSERT_OK(sw);
-  ASSERT_OK(sw.value()->add_group(1, 300000));
+  ASSERT_OK(sw.value()->add_group(GroupId{1}, 300000));
   int calls = 0;
   Status s = sw.value()->step([&](const ChunkView& c) {
     return ++calls == 4 ? invalid_argument("non-finite gradients") : Status::ok();
@@ -373,7 +375,7 @@ TEST(Swapper, NvmeBudgetIsEnforced) {
   ASSERT_TRUE(r.init(MiB(), 64 * MiB(), {}, /*nvme_budget=*/MiB()));
   auto sw = OptimizerSwapper::create(r.store.get(), adam_options(12, 64 * 1024));
   ASSERT_OK(sw);
-  Status s = sw.value()->add_group(1, 100000);  // 4 states x 400 KB > 1 MiB
+  Status s = sw.value()->add_group(GroupId{1}, 100000);  // 4 states x 400 KB > 1 MiB
   EXPECT_EQ(s.code(), StatusCode::kOutOfBudget);
   EXPECT_NE(s.message().find("nvme tier"), std::string::npos) << s.message();
   EXPECT_EQ(r.store->used_bytes(), 0u);  // nothing half-registered

@@ -118,27 +118,28 @@ TEST_P(DeviceWriteBackFault, KeepsTheDirtyCopyAndReportsTheError) {
   ASSERT_TRUE(f.init(GetParam()));
   TierManager& tm = *f.tm;
   const size_t n = 64 * KiB;
-  ASSERT_OK(tm.add_item(1, n, Tier::kNvme));
+  ASSERT_OK(tm.add_item(ItemId{1}, n, Tier::kNvme));
   auto data = random_bytes(n, 5);
-  auto p = move_or_die([&] { return tm.fetch(1, Tier::kDevice); }, "fetch");
+  auto p = move_or_die([&] { return tm.fetch(ItemId{1}, Tier::kDevice); }, "fetch");
   ASSERT_OK(p);
   ASSERT_OK(f.device->copy_to_device(p.value(), data.data(), n));
-  tm.unpin(1, Tier::kDevice, /*dirty=*/true);
+  tm.unpin(ItemId{1}, Tier::kDevice, /*dirty=*/true);
   f.faults.d2h = 1 << 20;  // every device->host copy of the write-back
-  auto ev = move_or_die([&] { return tm.evict(1, Tier::kDevice); }, "a write-back whose device copy fails");
+  auto ev =
+      move_or_die([&] { return tm.evict(ItemId{1}, Tier::kDevice); }, "a write-back whose device copy fails");
   ASSERT_FALSE(ev.is_ok());
   EXPECT_EQ(ev.status().code(), StatusCode::kIoError);
   EXPECT_NE(ev.status().message().find("writing back item 1 from the device tier"), std::string::npos)
       << ev.status().message();
   EXPECT_NE(ev.status().message().find("injected: device->host copy"), std::string::npos)
       << ev.status().message();
-  EXPECT_EQ(tm.residency(1, Tier::kDevice), Residency::kDirty);  // nothing lost
+  EXPECT_EQ(tm.residency(ItemId{1}, Tier::kDevice), Residency::kDirty);  // nothing lost
   EXPECT_EQ(tm.drain().code(), StatusCode::kIoError);
   f.faults.d2h = 0;
-  ASSERT_OK(move_or_die([&] { return tm.evict(1, Tier::kDevice); }, "evict"));
-  EXPECT_EQ(tm.residency(1, Tier::kDevice), Residency::kAbsent);
+  ASSERT_OK(move_or_die([&] { return tm.evict(ItemId{1}, Tier::kDevice); }, "evict"));
+  EXPECT_EQ(tm.residency(ItemId{1}, Tier::kDevice), Residency::kAbsent);
   std::vector<unsigned char> got(n);
-  ASSERT_OK(tm.read(1, got.data()));
+  ASSERT_OK(tm.read(ItemId{1}, got.data()));
   EXPECT_EQ(first_mismatch(got.data(), data.data(), n), -1);
 }
 
@@ -152,21 +153,22 @@ TEST(DeviceLoadFault, ReachesTheFetcherAndGivesTheBudgetBack) {
   ASSERT_TRUE(f.init(16 * KiB));
   TierManager& tm = *f.tm;
   const size_t n = 64 * KiB;
-  ASSERT_OK(tm.add_item(1, n, Tier::kNvme));  // to the device through staging
-  ASSERT_OK(tm.add_item(2, n, Tier::kHost));  // to the device straight from host
+  ASSERT_OK(tm.add_item(ItemId{1}, n, Tier::kNvme));  // to the device through staging
+  ASSERT_OK(tm.add_item(ItemId{2}, n, Tier::kHost));  // to the device straight from host
   for (uint64_t id : {1, 2}) {
     const uint64_t used = tm.stats().used[0];
     f.faults.h2d = 1;
-    auto p = move_or_die([&] { return tm.fetch(id, Tier::kDevice); }, "a load whose device copy fails");
+    auto p =
+        move_or_die([&] { return tm.fetch(ItemId{id}, Tier::kDevice); }, "a load whose device copy fails");
     ASSERT_FALSE(p.is_ok()) << "item " << id;
     EXPECT_NE(p.status().message().find("loading item " + std::to_string(id) + " into the device tier"),
               std::string::npos)
         << p.status().message();
-    EXPECT_EQ(tm.residency(id, Tier::kDevice), Residency::kAbsent);
+    EXPECT_EQ(tm.residency(ItemId{id}, Tier::kDevice), Residency::kAbsent);
     EXPECT_EQ(tm.drain().code(), StatusCode::kIoError);
     EXPECT_EQ(tm.stats().used[0], used) << "the reservation was given back";
-    ASSERT_OK(move_or_die([&] { return tm.fetch(id, Tier::kDevice); }, "fetch"));
-    tm.unpin(id, Tier::kDevice);
+    ASSERT_OK(move_or_die([&] { return tm.fetch(ItemId{id}, Tier::kDevice); }, "fetch"));
+    tm.unpin(ItemId{id}, Tier::kDevice);
   }
 }
 

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "offload/eviction_policy.h"
@@ -20,10 +21,24 @@
 namespace zoe::offload {
 namespace {
 
-std::vector<EvictionCandidate> candidates(std::initializer_list<std::pair<ItemId, uint64_t>> l) {
+// Candidates from (item number, last use) pairs.
+std::vector<EvictionCandidate> candidates(std::initializer_list<std::pair<uint64_t, uint64_t>> l) {
   std::vector<EvictionCandidate> v;
-  for (auto [id, last] : l) v.push_back(EvictionCandidate{id, last});
+  for (auto [id, last] : l) v.push_back(EvictionCandidate{ItemId{id}, last});
   return v;
+}
+
+// An item's and a group's names are built from a number only by name (ItemId{n}), never from a
+// plain number by conversion, nor one from the other.
+TEST(TypedId, IsBuiltFromANumberOnlyByName) {
+  static_assert(!std::is_convertible_v<uint64_t, ItemId>);
+  static_assert(!std::is_convertible_v<int, GroupId>);
+  static_assert(std::is_constructible_v<ItemId, uint64_t>);
+  static_assert(!std::is_convertible_v<ItemId, GroupId>);
+  static_assert(!std::is_convertible_v<ItemId, uint64_t>);
+  EXPECT_EQ(ItemId{7}.value, 7u);
+  EXPECT_EQ(ItemId{7}, ItemId{7});
+  EXPECT_NE(ItemId{7}, ItemId{8});
 }
 
 TEST(EvictionPolicy, LruTakesTheOldestAndTheFirstOnTies) {
@@ -38,7 +53,7 @@ TEST(EvictionPolicy, BeladyTakesTheFurthestNextUseOfTheTrace) {
   // No trace yet, and while recording: LRU.
   EXPECT_EQ(p.choose(candidates({{1, 9}, {2, 3}})), 1u);
   p.begin_trace();
-  for (ItemId id : {1, 2, 3, 4}) {
+  for (ItemId id : {ItemId{1}, ItemId{2}, ItemId{3}, ItemId{4}}) {
     p.fetch_begins(id);
     p.fetch_returned();
   }
@@ -49,9 +64,9 @@ TEST(EvictionPolicy, BeladyTakesTheFurthestNextUseOfTheTrace) {
   EXPECT_EQ(p.choose(candidates({{2, 1}, {9, 5}, {4, 2}})), 1u);
   // After fetches of 1 and 2 the cursor is at 3: 2's next use wraps around to the next pass,
   // behind 4 and 1.
-  p.fetch_begins(1);
+  p.fetch_begins(ItemId{1});
   p.fetch_returned();
-  p.fetch_begins(2);
+  p.fetch_begins(ItemId{2});
   p.fetch_returned();
   EXPECT_EQ(p.choose(candidates({{4, 0}, {2, 1}, {1, 2}})), 1u);
   // Equal next uses (ids never traced): the oldest.
@@ -80,9 +95,9 @@ std::unique_ptr<Item> make_item(ItemId id, Tier home) {
 
 TEST(ResidencyTable, LoadPinUnpinWriteBack) {
   ResidencyTable t;
-  Item& it = *t.insert(make_item(1, Tier::kNvme));
-  EXPECT_EQ(t.find(1), &it);
-  EXPECT_EQ(t.find(2), nullptr);
+  Item& it = *t.insert(make_item(ItemId{1}, Tier::kNvme));
+  EXPECT_EQ(t.find(ItemId{1}), &it);
+  EXPECT_EQ(t.find(ItemId{2}), nullptr);
   auto move = t.begin_load(it, Tier::kDevice, /*pin=*/true);
   Copy& d = it.at(Tier::kDevice);
   EXPECT_EQ(d.state, Residency::kLoading);
@@ -104,7 +119,7 @@ TEST(ResidencyTable, LoadPinUnpinWriteBack) {
   EXPECT_TRUE(c.empty()) << "a dirty copy only when dirty ones are allowed";
   t.evictable(Tier::kDevice, /*allow_dirty=*/true, &c);
   ASSERT_EQ(c.size(), 1u);
-  EXPECT_EQ(c[0].id, 1u);
+  EXPECT_EQ(c[0].id, ItemId{1});
   EXPECT_EQ(c[0].last_use, d.last_use);
   ResidencyTable::begin_writeback(it, Tier::kDevice);
   EXPECT_EQ(d.state, Residency::kWriting);
@@ -122,7 +137,7 @@ TEST(ResidencyTable, LoadPinUnpinWriteBack) {
 
 TEST(ResidencyTable, DirtyUnpinMakesOtherCopiesStaleOrDropsThem) {
   ResidencyTable t;
-  Item& it = *t.insert(make_item(1, Tier::kNvme));
+  Item& it = *t.insert(make_item(ItemId{1}, Tier::kNvme));
   t.begin_load(it, Tier::kHost, false);
   ASSERT_TRUE(ResidencyTable::finish_load(it, Tier::kHost, nullptr));
   t.begin_load(it, Tier::kDevice, true);

@@ -43,10 +43,10 @@ TEST(TierStress, RandomOpsFromSeveralThreads) {
   for (size_t i = 0; i < items; ++i) {
     size[i] = 512 + setup() % (40 * KiB);
     home[i] = setup() % 10 == 0 ? Tier::kHost : Tier::kNvme;  // ~200 host-home items (~4 MiB)
-    ASSERT_OK(tm.add_item(i, size[i], home[i])) << "item " << i;
+    ASSERT_OK(tm.add_item(ItemId{i}, size[i], home[i])) << "item " << i;
     std::vector<unsigned char> buf(size[i]);
     fill(buf.data(), buf.size(), i, 0);
-    ASSERT_OK(tm.write(i, buf.data()));
+    ASSERT_OK(tm.write(ItemId{i}, buf.data()));
   }
 
   std::atomic<int> failures{0};
@@ -68,7 +68,7 @@ TEST(TierStress, RandomOpsFromSeveralThreads) {
       int kind = static_cast<int>(rng() % 10);
       Tier tier = (rng() % 2 || home[i] == Tier::kHost) ? Tier::kDevice : Tier::kHost;
       if (kind < 6) {  // fetch, check, maybe modify
-        auto p = tm.fetch(i, tier).wait();
+        auto p = tm.fetch(ItemId{i}, tier).wait();
         if (!p.is_ok()) {
           ADD_FAILURE() << "fetch " << i << " " << tier_name(tier) << ": " << p.status().to_string();
           failures++;
@@ -98,16 +98,16 @@ TEST(TierStress, RandomOpsFromSeveralThreads) {
           }
           version[i] = v;
         }
-        tm.unpin(i, tier, modify);
+        tm.unpin(ItemId{i}, tier, modify);
       } else if (kind < 8) {
         Tier t2 = home[i] == Tier::kHost ? Tier::kDevice : tier;
-        auto e = tm.evict(i, t2).wait();
+        auto e = tm.evict(ItemId{i}, t2).wait();
         if (!e.is_ok()) {
           ADD_FAILURE() << "evict " << i << ": " << e.status().to_string();
           failures++;
         }
       } else {
-        tm.prefetch(i, tier);
+        tm.prefetch(ItemId{i}, tier);
       }
     }
   };
@@ -129,7 +129,7 @@ TEST(TierStress, RandomOpsFromSeveralThreads) {
   // Every item holds exactly its last version (checksums changed only where a thread wrote).
   for (size_t i = 0; i < items; ++i) {
     std::vector<unsigned char> got(size[i]), want(size[i]);
-    ASSERT_OK(tm.read(i, got.data()));
+    ASSERT_OK(tm.read(ItemId{i}, got.data()));
     fill(want.data(), size[i], i, version[i].load());
     ASSERT_EQ(checksum(got.data(), got.size()), checksum(want.data(), want.size())) << "item " << i;
   }
