@@ -8,7 +8,6 @@
 
 namespace zoe::plan::detail {
 
-
 std::vector<bool> host_cached(const zero::Placement& pl) {
   std::vector<bool> out(pl.modules.size(), false);
   auto alloc = [&](const zero::ModulePlacement& m) {
@@ -24,7 +23,8 @@ std::vector<bool> host_cached(const zero::Placement& pl) {
   for (size_t i = 0; i < pl.modules.size(); ++i) {
     const auto& m = pl.modules[i];
     if (!m.partitioned_params || m.param_home != offload::Tier::kNvme || alloc(m) > room) {
-      if (!all && m.partitioned_params && m.param_home == offload::Tier::kNvme) room = 0;  // in order: no gaps
+      if (!all && m.partitioned_params && m.param_home == offload::Tier::kNvme)
+        room = 0;  // in order: no gaps
       continue;
     }
     out[i] = true;

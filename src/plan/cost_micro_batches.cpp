@@ -7,7 +7,6 @@
 
 namespace zoe::plan::detail {
 
-
 // `from_cache` of the bytes come from the host cache of NVMe partitions (no NVMe read).
 void StepModel::add_loads(Path::Group* g, uint64_t bytes, uint64_t from_cache) {
   if (copies) {
@@ -172,7 +171,8 @@ void StepModel::accumulate_time(int64_t j) {
     }
     B.cpu_optimizer += touched;
     path.serial(Resource::kCpu, static_cast<double>(touched) / cpu);
-    if (m.opt_home == offload::Tier::kNvme) {  // the running sum on NVMe: read it back (not the first), write it
+    if (m.opt_home ==
+        offload::Tier::kNvme) {  // the running sum on NVMe: read it back (not the first), write it
       const uint64_t rd = j > 0 ? n * 4 : 0, wr = (n - (j == micro - 1 ? pre[i] : 0)) * 4;
       B.nvme_read += rd;
       B.nvme_write += wr;

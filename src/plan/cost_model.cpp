@@ -10,7 +10,6 @@
 
 namespace zoe::plan {
 
-
 const char* resource_name(Resource r) {
   switch (r) {
     case Resource::kCompute:

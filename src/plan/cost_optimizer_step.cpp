@@ -7,7 +7,6 @@
 
 namespace zoe::plan::detail {
 
-
 // Where the new compute parameters of module m go, and what that moves. out on the device and
 // the kernel elsewhere: a host-to-device copy (and the reverse).
 void StepModel::write_out(const zero::ModulePlacement& m, Path::Group* g) {

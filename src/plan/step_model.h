@@ -16,7 +16,6 @@
 
 namespace zoe::plan::detail {
 
-
 inline constexpr int idx(Resource r) { return static_cast<int>(r); }
 
 // The critical path, resource by resource: serial work adds its time; a group of work that
@@ -116,7 +115,8 @@ struct StepModel {
   CacheSim sim;
   bool any_off = false;
   std::vector<bool> cached;
-  offload::Tier part_home = offload::Tier::kDevice;  // the offload device of stage-3 partitions (one for the model)
+  offload::Tier part_home =
+      offload::Tier::kDevice;  // the offload device of stage-3 partitions (one for the model)
   Resource load_res = Resource::kPcie;
   uint64_t first_part = 0;  // the first partitioned module's partition: fetched on demand
   bool first_cached = false;
