@@ -25,11 +25,12 @@
 #include <cstdint>
 #include <string>
 
+#include "zoe/offload.h"
 #include "zoe/status.h"
 
 namespace zoe {
 
-enum class ActivationOffload { kNone, kCpu, kNvme };  // zoe.activation_offload: none | cpu | nvme
+using ActivationOffload = Offload;  // zoe.activation_offload: none | cpu | nvme
 
 // One saved tensor of the current micro-batch (ids are not reused within a micro-batch).
 struct ActivationId {

@@ -16,13 +16,12 @@
 
 #include "zoe/activations.h"
 #include "zoe/dtype.h"
+#include "zoe/offload.h"
 #include "zoe/status.h"
 
 namespace zoe {
 
 // Where a kind of model state lives when it is not on the device.
-enum class Offload : uint8_t { kNone, kCpu, kNvme };
-const char* offload_name(Offload o);  // "none", "cpu", "nvme"
 
 class Config {
  public:

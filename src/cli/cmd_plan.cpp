@@ -26,10 +26,10 @@ struct PlanOpts {
 };
 
 json placement_json(const plan::RowPlacement& p) {
-  const bool off = p.optimizer != config::OffloadDevice::kNone;
+  const bool off = p.optimizer != zoe::Offload::kNone;
   return {{"stage", p.stage},
-          {"offload_param", config::offload_device_name(p.param)},
-          {"offload_optimizer", config::offload_device_name(p.optimizer)},
+          {"offload_param", offload_name(p.param)},
+          {"offload_optimizer", offload_name(p.optimizer)},
           {"offload_ratio", off ? json(p.ratio) : json(nullptr)},
           {"bf16_optimizer_states", p.bf16_states}};
 }
@@ -133,10 +133,10 @@ void print_table(const plan::PlanResult& res, const plan::PlanInputs& in, const 
   auto g = [&](uint64_t b) { return fmt("%.3f", static_cast<double>(b) / gib); };
   for (const plan::PlanRow& r : res.rows) {
     if (o.top > 0 && shown++ >= o.top) break;
-    const bool off = r.placement.optimizer != config::OffloadDevice::kNone;
+    const bool off = r.placement.optimizer != zoe::Offload::kNone;
     std::vector<std::string> cells = {std::to_string(r.placement.stage),
-                                      config::offload_device_name(r.placement.param),
-                                      config::offload_device_name(r.placement.optimizer),
+                                      offload_name(r.placement.param),
+                                      offload_name(r.placement.optimizer),
                                       off ? fmt("%g", r.placement.ratio) : "-",
                                       r.placement.bf16_states ? "on" : "off",
                                       g(r.bytes.device),

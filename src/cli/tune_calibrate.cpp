@@ -325,8 +325,8 @@ Result<TrainRates> measure_train(const plan::PlanInputs& pre, int64_t micro, boo
   ZOE_RETURN_IF_ERROR(check_steps_fit(pre, micro));
   config::Config cfg = pre.base;
   cfg.zero.stage = 1;
-  cfg.zero.offload_param.device = config::OffloadDevice::kNone;
-  cfg.zero.offload_optimizer.device = config::OffloadDevice::kNone;
+  cfg.zero.offload_param.device = zoe::Offload::kNone;
+  cfg.zero.offload_optimizer.device = zoe::Offload::kNone;
   cfg.zoe.device = "cpu";
   cfg.zoe.device_budget_bytes = 0;
   const int B = static_cast<int>(std::max<int64_t>(1, micro));

@@ -26,9 +26,9 @@ json candidate_json(const Candidate& c) {
   const plan::RowPlacement& p = c.row.placement;
   return {{"placement",
            {{"stage", p.stage},
-            {"offload_param", config::offload_device_name(p.param)},
-            {"offload_optimizer", config::offload_device_name(p.optimizer)},
-            {"offload_ratio", p.optimizer != config::OffloadDevice::kNone ? json(p.ratio) : json(nullptr)},
+            {"offload_param", offload_name(p.param)},
+            {"offload_optimizer", offload_name(p.optimizer)},
+            {"offload_ratio", p.optimizer != zoe::Offload::kNone ? json(p.ratio) : json(nullptr)},
             {"bf16_optimizer_states", p.bf16_states}}},
           {"stage3_prefetch_bucket_size", c.knobs.prefetch_bucket},
           {"stage3_max_live_parameters", c.knobs.max_live},

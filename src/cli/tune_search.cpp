@@ -135,8 +135,8 @@ Result<std::vector<Candidate>> search(const plan::PlanInputs& in, bool fixed_mic
     for (const plan::PlanRow& r : res.rows) {
       if (!r.fits) continue;
       const plan::RowPlacement& p = r.placement;
-      const bool opt_nvme = p.optimizer == config::OffloadDevice::kNvme;
-      const bool param_nvme = p.stage == 3 && p.param == config::OffloadDevice::kNvme;
+      const bool opt_nvme = p.optimizer == zoe::Offload::kNvme;
+      const bool param_nvme = p.stage == 3 && p.param == zoe::Offload::kNvme;
       // The variants: the base config's knobs, and each knob's alternatives where it acts (their
       // product, built one knob at a time).
       std::vector<Knobs> variants = {base};

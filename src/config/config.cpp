@@ -20,18 +20,6 @@ using detail::Field;
 using detail::Json;
 using detail::JsonSection;
 
-const char* offload_device_name(OffloadDevice d) {
-  switch (d) {
-    case OffloadDevice::kNone:
-      return "none";
-    case OffloadDevice::kCpu:
-      return "cpu";
-    case OffloadDevice::kNvme:
-      return "nvme";
-  }
-  return "?";
-}
-
 bool Config::operator==(const Config& o) const {
   return train_batch_size == o.train_batch_size &&
          train_micro_batch_size_per_gpu == o.train_micro_batch_size_per_gpu &&

@@ -15,16 +15,14 @@
 #include <vector>
 
 #include "config/lr_schedule.h"
+#include "zoe/offload.h"
 #include "zoe/status.h"
 
 namespace zoe::config {
 
-enum class OffloadDevice : uint8_t { kNone, kCpu, kNvme };
-const char* offload_device_name(OffloadDevice d);
-
 // zero_optimization.offload_optimizer / offload_param.
 struct OffloadConfig {
-  OffloadDevice device = OffloadDevice::kNone;
+  Offload device = Offload::kNone;
   std::vector<std::string> nvme_path;  // one or several directories (a string or a list)
   bool pin_memory = true;
   int64_t buffer_count = 4;         // offload_optimizer: 4; offload_param: 5

@@ -80,13 +80,13 @@ Status apply_old_offload(const GivenKeys& g, const std::string& old_key, const s
   const std::string z = "zero_optimization.";
   const Json* on = g.value(z + old_key);
   if (!on || !on->get<bool>()) return Status::ok();
-  if (g.has(z + block + ".device") && o->device != OffloadDevice::kCpu) {
+  if (g.has(z + block + ".device") && o->device != Offload::kCpu) {
     return invalid_argument("%s%s: true contradicts %s%s.device \"%s\"", z.c_str(), old_key.c_str(),
-                            z.c_str(), block.c_str(), offload_device_name(o->device));
+                            z.c_str(), block.c_str(), offload_name(o->device));
   }
   ZOE_LOG_WARN("config: %s%s is deprecated; reading it as %s%s.device \"cpu\"", z.c_str(), old_key.c_str(),
                z.c_str(), block.c_str());
-  o->device = OffloadDevice::kCpu;
+  o->device = Offload::kCpu;
   if (const Json* pin = g.value(z + "cpu_offload_use_pin_memory")) o->pin_memory = pin->get<bool>();
   return Status::ok();
 }
@@ -124,21 +124,21 @@ Status check_contradictions(const Config& c) {
     return invalid_argument("fp16.enabled and bf16.enabled are both true (choose one precision)");
   }
   const ZeroConfig& z = c.zero;
-  if (z.offload_param.device != OffloadDevice::kNone && z.stage < 3) {
+  if (z.offload_param.device != Offload::kNone && z.stage < 3) {
     return invalid_argument(
         "zero_optimization.offload_param.device: \"%s\" needs zero_optimization.stage 3 "
         "(stage is %d; parameters are partitioned only at stage 3)",
-        offload_device_name(z.offload_param.device), z.stage);
+        offload_name(z.offload_param.device), z.stage);
   }
-  if (z.offload_optimizer.device != OffloadDevice::kNone && z.stage < 1) {
+  if (z.offload_optimizer.device != Offload::kNone && z.stage < 1) {
     return invalid_argument(
         "zero_optimization.offload_optimizer.device: \"%s\" needs zero_optimization.stage 1, "
         "2 or 3 (stage is 0)",
-        offload_device_name(z.offload_optimizer.device));
+        offload_name(z.offload_optimizer.device));
   }
   for (auto [o, block] :
        {std::pair{&z.offload_optimizer, "offload_optimizer"}, std::pair{&z.offload_param, "offload_param"}}) {
-    if (o->device == OffloadDevice::kNvme && o->nvme_path.empty()) {
+    if (o->device == Offload::kNvme && o->nvme_path.empty()) {
       return invalid_argument(
           "zero_optimization.%s.device: \"nvme\" needs zero_optimization.%s.nvme_path "
           "(a directory on the NVMe drive, or a list of them)",

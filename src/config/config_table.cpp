@@ -76,9 +76,9 @@ Field device(std::string path, Member m) {
   f.path = std::move(path);
   f.kind = Kind::kDevice;
   f.member = m;
-  f.default_value = offload_device_name(OffloadDevice::kNone);
-  for (auto d : {OffloadDevice::kNone, OffloadDevice::kCpu, OffloadDevice::kNvme}) {
-    f.choices.emplace_back(offload_device_name(d));
+  f.default_value = offload_name(Offload::kNone);
+  for (auto d : {Offload::kNone, Offload::kCpu, Offload::kNvme}) {
+    f.choices.emplace_back(offload_name(d));
   }
   return f;
 }

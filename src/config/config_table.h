@@ -20,7 +20,7 @@ enum class Kind : uint8_t {
   kIntChoice,     // an integer from `choices`
   kDouble,        // a number in `range` (fp32, the default: also a normal float or 0)
   kChoice,        // a string from `choices` (fold_case: any case, stored as listed)
-  kDevice,        // an OffloadDevice by name: "none", "cpu", "nvme"
+  kDevice,        // an Offload by name: "none", "cpu", "nvme"
   kBytes,         // a byte count: an integer >= 0 or a "256MiB"-style string
   kPaths,         // a directory or a list of distinct directories (not probed: see paths.h)
   kPair,          // [a, b], each a number in `range`
@@ -44,7 +44,7 @@ struct DoublePair {
 
 // Where a key's value lives in Config; monostate: nowhere (a rule reads it, or it has no effect).
 using Member = std::variant<std::monostate, bool& (*)(Config&), int& (*)(Config&), int64_t& (*)(Config&),
-                            double& (*)(Config&), std::string& (*)(Config&), OffloadDevice& (*)(Config&),
+                            double& (*)(Config&), std::string& (*)(Config&), Offload& (*)(Config&),
                             std::vector<std::string>& (*)(Config&), DoublePair (*)(Config&)>;
 
 // One key. Built by the helpers below and refined by the chained setters, e.g.

@@ -93,11 +93,11 @@ Result<Json> read_paths(const Json& v, const std::string& path) {
   return Json(dirs);
 }
 
-OffloadDevice device_named(const std::string& name) {
-  for (auto d : {OffloadDevice::kCpu, OffloadDevice::kNvme}) {
-    if (name == offload_device_name(d)) return d;
+Offload device_named(const std::string& name) {
+  for (auto d : {Offload::kCpu, Offload::kNvme}) {
+    if (name == offload_name(d)) return d;
   }
-  return OffloadDevice::kNone;
+  return Offload::kNone;
 }
 
 }  // namespace
@@ -168,7 +168,7 @@ void store_value(const Field& f, const Json& v, Config* c) {
         } else {
           auto& out = ref(*c);
           using T = std::remove_reference_t<decltype(out)>;
-          if constexpr (std::is_same_v<T, OffloadDevice>) {
+          if constexpr (std::is_same_v<T, Offload>) {
             out = device_named(v.get<std::string>());
           } else {
             out = v.get<T>();
@@ -192,8 +192,8 @@ Json load_value(const Field& f, const Config& c) {
         } else {
           const auto& in = ref(cc);
           using T = std::remove_cv_t<std::remove_reference_t<decltype(in)>>;
-          if constexpr (std::is_same_v<T, OffloadDevice>) {
-            return offload_device_name(in);
+          if constexpr (std::is_same_v<T, Offload>) {
+            return offload_name(in);
           } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
             // One directory as a string, as DeepSpeed writes it; several as a list; none: absent.
             if (in.empty()) return nullptr;

@@ -61,7 +61,7 @@ Status check_dir_list(const std::string& key, const std::vector<std::string>& di
 }
 
 Status check_dirs(const OffloadConfig& o, const OffloadConfig& given, const char* block) {
-  if (o.device != OffloadDevice::kNvme) return Status::ok();
+  if (o.device != Offload::kNvme) return Status::ok();
   const std::string key = std::string("zero_optimization.") + block + ".nvme_path";
   if (o.nvme_path.empty()) {
     return invalid_argument(

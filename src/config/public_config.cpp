@@ -19,16 +19,7 @@ namespace zoe {
 
 using nlohmann::json;
 
-const char* offload_name(Offload o) {
-  return o == Offload::kNone ? "none" : o == Offload::kCpu ? "cpu" : "nvme";
-}
-
 namespace {
-Offload public_offload(config::OffloadDevice d) {
-  return d == config::OffloadDevice::kNone  ? Offload::kNone
-         : d == config::OffloadDevice::kCpu ? Offload::kCpu
-                                            : Offload::kNvme;
-}
 
 void set_precision_json(json* j, ComputeDType d) {
   (*j)["bf16"]["enabled"] = d == ComputeDType::kBF16;
@@ -188,8 +179,8 @@ double Config::lr() const { return impl_->cfg.optimizer.lr; }
 double Config::lr_at(int64_t step) const { return impl_->cfg.lr_at(step); }
 std::string Config::scheduler_type() const { return impl_->cfg.scheduler.type; }
 int Config::stage() const { return impl_->cfg.zero.stage; }
-Offload Config::offload_optimizer() const { return public_offload(impl_->cfg.zero.offload_optimizer.device); }
-Offload Config::offload_param() const { return public_offload(impl_->cfg.zero.offload_param.device); }
+Offload Config::offload_optimizer() const { return impl_->cfg.zero.offload_optimizer.device; }
+Offload Config::offload_param() const { return impl_->cfg.zero.offload_param.device; }
 std::vector<std::string> Config::offload_optimizer_nvme_paths() const {
   return impl_->cfg.zero.offload_optimizer.nvme_path;
 }

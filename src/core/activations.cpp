@@ -1,19 +1,21 @@
-// The names of zoe.activation_offload's settings (zoe/activations.h).
+// The names of the offload settings (zoe/offload.h, zoe/activations.h).
 #include "zoe/activations.h"
 
 namespace zoe {
 
-const char* activation_offload_name(ActivationOffload o) {
+const char* offload_name(Offload o) {
   switch (o) {
-    case ActivationOffload::kNone:
+    case Offload::kNone:
       return "none";
-    case ActivationOffload::kCpu:
+    case Offload::kCpu:
       return "cpu";
-    case ActivationOffload::kNvme:
+    case Offload::kNvme:
       return "nvme";
   }
   return "?";
 }
+
+const char* activation_offload_name(ActivationOffload o) { return offload_name(o); }
 
 Result<ActivationOffload> parse_activation_offload(const std::string& name) {
   if (name == "none") return ActivationOffload::kNone;

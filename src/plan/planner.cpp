@@ -12,13 +12,11 @@
 
 namespace zoe::plan {
 
-using config::OffloadDevice;
-
 std::string RowPlacement::label() const {
   std::string s = "stage " + std::to_string(stage);
-  if (stage == 3) s += std::string(", params ") + config::offload_device_name(param);
-  s += std::string(", optimizer ") + config::offload_device_name(optimizer);
-  if (optimizer != OffloadDevice::kNone) {
+  if (stage == 3) s += std::string(", params ") + offload_name(param);
+  s += std::string(", optimizer ") + offload_name(optimizer);
+  if (optimizer != Offload::kNone) {
     char r[32];
     snprintf(r, sizeof(r), " x%g", ratio);
     s += r;
@@ -33,13 +31,13 @@ bool PlanResult::any_fits() const {
 
 std::vector<RowPlacement> all_placements() {
   std::vector<RowPlacement> v;
-  const OffloadDevice devs[] = {OffloadDevice::kNone, OffloadDevice::kCpu, OffloadDevice::kNvme};
+  const Offload devs[] = {Offload::kNone, Offload::kCpu, Offload::kNvme};
   for (int stage = 1; stage <= 3; ++stage) {
-    for (OffloadDevice param : devs) {
-      if (stage != 3 && param != OffloadDevice::kNone) continue;
-      for (OffloadDevice opt : devs) {
+    for (Offload param : devs) {
+      if (stage != 3 && param != Offload::kNone) continue;
+      for (Offload opt : devs) {
         for (double ratio : {0.25, 0.5, 1.0}) {
-          if (opt == OffloadDevice::kNone && ratio != 1.0) continue;
+          if (opt == Offload::kNone && ratio != 1.0) continue;
           for (bool bf16 : {false, true}) v.push_back({stage, param, opt, ratio, bf16});
         }
       }
@@ -53,11 +51,10 @@ config::Config config_for(const config::Config& base, const RowPlacement& p, con
   c.zero.stage = p.stage;
   c.zero.offload_param.device = p.param;
   c.zero.offload_optimizer.device = p.optimizer;
-  c.zoe.offload_ratio = p.optimizer == OffloadDevice::kNone ? 1.0 : p.ratio;
+  c.zoe.offload_ratio = p.optimizer == Offload::kNone ? 1.0 : p.ratio;
   c.zoe.bf16_optimizer_states = p.bf16_states;
   for (config::OffloadConfig* o : {&c.zero.offload_param, &c.zero.offload_optimizer}) {
-    if (o->device == OffloadDevice::kNvme && o->nvme_path.empty() && !nvme_path.empty())
-      o->nvme_path = {nvme_path};
+    if (o->device == Offload::kNvme && o->nvme_path.empty() && !nvme_path.empty()) o->nvme_path = {nvme_path};
   }
   return c;
 }

@@ -62,7 +62,7 @@ struct PlanInputs {
 // One placement: what a row varies.
 struct RowPlacement {
   int stage = 1;
-  config::OffloadDevice param = config::OffloadDevice::kNone, optimizer = config::OffloadDevice::kNone;
+  zoe::Offload param = zoe::Offload::kNone, optimizer = zoe::Offload::kNone;
   double ratio = 1.0;  // zoe.offload_ratio (meaningful where the optimizer is offloaded)
   bool bf16_states = false;
   std::string label() const;  // "stage 3, params nvme, optimizer cpu x0.5, bf16 states"

@@ -46,8 +46,6 @@ io::FaultInjector* engine_io_faults() { return g_io_faults; }
 void set_deferred_device_ops(bool on) { g_deferred_ops.store(on); }
 bool deferred_device_ops() { return g_deferred_ops.load(); }
 }  // namespace zero
-
-using config::OffloadDevice;
 using offload::Tier;
 
 // ---------------------------------------------------------------------------------------------
@@ -144,7 +142,7 @@ Status Engine::Impl::setup_io() {
   const config::Config& cfg = *ctx.cfg;
   std::vector<std::string> dirs;
   auto add_dirs = [&](const config::OffloadConfig& o) {
-    if (o.device != OffloadDevice::kNvme) return;
+    if (o.device != Offload::kNvme) return;
     for (const auto& d : o.nvme_path) {
       if (std::find(dirs.begin(), dirs.end(), d) == dirs.end()) dirs.push_back(d);
     }

@@ -12,8 +12,6 @@
 
 namespace zoe {
 
-using config::OffloadDevice;
-
 namespace {
 
 const char* ckpt_dtype(DType d) { return d == DType::kF32 ? "f32" : d == DType::kBF16 ? "bf16" : "f16"; }

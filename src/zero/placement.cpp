@@ -11,8 +11,6 @@
 
 namespace zoe::zero {
 
-using config::OffloadDevice;
-
 namespace {
 
 uint64_t u64(size_t v) { return static_cast<uint64_t>(v); }
@@ -107,14 +105,14 @@ Status lay_out_modules(const config::Config& cfg, const std::vector<ModuleShape>
 //    stay on the device. The split depends only on the model and the config, so every rank
 //    makes the same one.
 void split_optimizer_homes(const config::Config& cfg, Placement* pl) {
-  const OffloadDevice opt_off = cfg.zero.offload_optimizer.device;
+  const Offload opt_off = cfg.zero.offload_optimizer.device;
   uint64_t total = 0, off = 0;
   for (const auto& m : pl->modules) total += m.frozen ? 0 : m.opt_n;
   const double want = cfg.zoe.offload_ratio * static_cast<double>(total);
   for (auto& m : pl->modules) {
     if (m.frozen) continue;  // no states to place
-    const bool offload = opt_off != OffloadDevice::kNone &&
-                         static_cast<double>(off) + static_cast<double>(m.opt_n) / 2.0 < want;
+    const bool offload =
+        opt_off != Offload::kNone && static_cast<double>(off) + static_cast<double>(m.opt_n) / 2.0 < want;
     m.opt_home = offload ? offload_tier(opt_off) : offload::Tier::kDevice;
     if (offload) off += m.opt_n;
   }
@@ -123,7 +121,7 @@ void split_optimizer_homes(const config::Config& cfg, Placement* pl) {
 // 3. What is allocated once for the states, per tier; the states that live on the device must fit
 //    its budget.
 Result<Extent> count_resident_states(const config::Config& cfg, Placement* pl) {
-  const OffloadDevice opt_off = cfg.zero.offload_optimizer.device, param_off = cfg.zero.offload_param.device;
+  const Offload opt_off = cfg.zero.offload_optimizer.device, param_off = cfg.zero.offload_param.device;
   const uint64_t es = pl->compute_bytes, sb = pl->state_bytes, db = pl->device_budget;
   Extent x;
   for (const auto& m : pl->modules) {
@@ -163,14 +161,14 @@ Result<Extent> count_resident_states(const config::Config& cfg, Placement* pl) {
         break;
     }
   }
-  x.nvme_tier = opt_off == OffloadDevice::kNvme || param_off == OffloadDevice::kNvme;
+  x.nvme_tier = opt_off == Offload::kNvme || param_off == Offload::kNvme;
   if (pl->resident.device > db) {
     return out_of_budget(
         "the states that live on the device (parameters%s) need %llu bytes (%s) on rank %d, more than the "
         "device "
         "budget of %llu bytes (%s); offload them (zero_optimization.offload_optimizer.device, "
         "zero_optimization.offload_param.device at stage 3) or raise zoe.device_budget",
-        opt_off == OffloadDevice::kNone || cfg.zoe.offload_ratio < 1.0 ? " and optimizer states" : "",
+        opt_off == Offload::kNone || cfg.zoe.offload_ratio < 1.0 ? " and optimizer states" : "",
         static_cast<unsigned long long>(pl->resident.device), format_bytes(pl->resident.device).c_str(),
         pl->rank, static_cast<unsigned long long>(db), format_bytes(db).c_str());
   }
@@ -217,7 +215,7 @@ void plan_gather_window(const config::Config& cfg, Extent* x, Placement* pl) {
     biggest_part = std::max(biggest_part, m.partitioned_params ? u64(m.part) * es : 0);
   if (pl->tm_device_budget > 0)
     pl->tm_device_budget = std::max(pl->tm_device_budget, biggest_part);  // 0: all of it
-  if (cfg.zero.offload_param.device == OffloadDevice::kNone) {
+  if (cfg.zero.offload_param.device == Offload::kNone) {
     // The partitions live on the device: all of them count in the tier's budget.
     for (const auto& m : pl->modules) pl->tm_device_budget += m.partitioned_params ? u64(m.part) * es : 0;
   }
@@ -285,7 +283,7 @@ void plan_tier_manager(const config::Config& cfg, const PlanTarget& target, Exte
   pl->tier_manager = true;
   plan_gather_window(cfg, x, pl);
   if (x->nvme_tier) plan_staging(cfg, *x, pl);
-  if (cfg.zero.offload_param.device == OffloadDevice::kNvme) plan_host_cache(cfg, *x, pl);
+  if (cfg.zero.offload_param.device == Offload::kNvme) plan_host_cache(cfg, *x, pl);
   // The tier's share beyond the device-homed partitions (counted as resident) leaves room for the
   // module in use beside the states: when the window's share went to it (stage3_max_live_parameters
   // leaves no room for queued gathers), it is cut to what fits, but not below two partitions in

@@ -57,10 +57,10 @@ inline constexpr size_t kReducePackBuffers = 2;
 // Where bytes live is an offload::Tier (device, host, NVMe) everywhere in the engine. The
 // config's zero_optimization.offload_*.device says where to offload them ("none", "cpu",
 // "nvme"); this is the one conversion, where the config is read.
-constexpr offload::Tier offload_tier(config::OffloadDevice d) {
-  return d == config::OffloadDevice::kNone  ? offload::Tier::kDevice
-         : d == config::OffloadDevice::kCpu ? offload::Tier::kHost
-                                            : offload::Tier::kNvme;
+constexpr offload::Tier offload_tier(zoe::Offload d) {
+  return d == zoe::Offload::kNone  ? offload::Tier::kDevice
+         : d == zoe::Offload::kCpu ? offload::Tier::kHost
+                                   : offload::Tier::kNvme;
 }
 
 // What the planner needs to know of a module: its name, the element count of each parameter, and

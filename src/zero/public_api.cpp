@@ -67,7 +67,7 @@ void from_f32(const float* src, ComputeDType d, void* dst, size_t n, float scale
 
 uint64_t Config::optimizer_swap_buffer_bytes() const {
   const auto& z = impl_->cfg.zero;
-  if (z.offload_optimizer.device != config::OffloadDevice::kNvme) return 0;
+  if (z.offload_optimizer.device != zoe::Offload::kNvme) return 0;
   const auto& c = impl_->cfg;
   return static_cast<uint64_t>(zero::swap_buffer_count(
              z.offload_optimizer.buffer_count, c.given("zero_optimization.offload_optimizer.buffer_count"))) *

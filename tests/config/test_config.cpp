@@ -153,10 +153,10 @@ TEST(Config, RealZero3NvmeConfig) {
   EXPECT_EQ(c.zero.reduce_bucket_size, 10000000);
   EXPECT_EQ(c.zero.sub_group_size, 100000000);
   EXPECT_TRUE(c.zero.stage3_gather_16bit_weights_on_model_save);
-  EXPECT_EQ(c.zero.offload_optimizer.device, OffloadDevice::kNvme);
+  EXPECT_EQ(c.zero.offload_optimizer.device, Offload::kNvme);
   EXPECT_EQ(c.zero.offload_optimizer.nvme_path, std::vector<std::string>{dir.path()});
   EXPECT_EQ(c.zero.offload_optimizer.buffer_count, 4);
-  EXPECT_EQ(c.zero.offload_param.device, OffloadDevice::kNvme);
+  EXPECT_EQ(c.zero.offload_param.device, Offload::kNvme);
   EXPECT_EQ(c.zero.offload_param.buffer_count, 5);
   EXPECT_EQ(c.zero.offload_param.buffer_size, 100000000);
   EXPECT_EQ(c.zero.offload_param.max_in_cpu, 1000000000);
@@ -185,8 +185,8 @@ TEST(Config, RealZero2CpuConfig) {
   EXPECT_EQ(c.zero.stage, 2);
   EXPECT_TRUE(c.zero.overlap_comm);
   EXPECT_EQ(c.zero.allgather_bucket_size, 200000000);
-  EXPECT_EQ(c.zero.offload_optimizer.device, OffloadDevice::kCpu);
-  EXPECT_EQ(c.zero.offload_param.device, OffloadDevice::kNone);
+  EXPECT_EQ(c.zero.offload_optimizer.device, Offload::kCpu);
+  EXPECT_EQ(c.zero.offload_param.device, Offload::kNone);
   EXPECT_EQ(c.optimizer.type, "Adam");   // canonical spelling of "adam"
   EXPECT_TRUE(c.optimizer.adam_w_mode);  // DeepSpeed: Adam means decoupled decay by default
   EXPECT_EQ(c.optimizer.beta2, 0.98);
@@ -420,7 +420,7 @@ TEST(Config, ParseTouchesNoFile) {
   // A Config built in code is checked the same way.
   Config made;
   made.zero.stage = 3;
-  made.zero.offload_param.device = OffloadDevice::kNvme;
+  made.zero.offload_param.device = Offload::kNvme;
   EXPECT_HAS(check_paths(made).message(), "zero_optimization.offload_param.device: \"nvme\" needs");
   made.zero.offload_param.nvme_path = {std::string("/tmp\0x", 6)};
   EXPECT_HAS(check_paths(made).message(), "contains a NUL byte");
@@ -555,7 +555,7 @@ TEST(Config, DeprecatedSpellings) {
   auto r = Config::parse(R"({"zero_optimization": {"stage": 2, "cpu_offload": true},
                             "bfloat16": {"enabled": true}})");
   ASSERT_OK(r);
-  EXPECT_EQ(r->zero.offload_optimizer.device, OffloadDevice::kCpu);
+  EXPECT_EQ(r->zero.offload_optimizer.device, Offload::kCpu);
   EXPECT_TRUE(r->bf16);
   auto s = Config::parse(R"({"zero_optimization": {"stage": 3, "prefetch_bucket_size": 1234,
                             "stage3_gather_fp16_weights_on_model_save": true}})");
@@ -617,17 +617,12 @@ TEST(Config, RoundTripThroughToJson) {
   c.zero.stage3_max_live_parameters = 13;
   c.zero.stage3_max_reuse_distance = 14;
   c.zero.stage3_gather_16bit_weights_on_model_save = true;
-  c.zero.offload_optimizer = {OffloadDevice::kNvme,
-                              {dir.path(), "/tmp"},
-                              false,
-                              6,
-                              100000000,
-                              1000000000,
-                              true,
-                              true,
-                              true,
-                              0.25};  // ratio = zoe.offload_ratio
-  c.zero.offload_param = {OffloadDevice::kNvme, {dir.path()}, false, 9, 777, 888, false, false, false, 1.0};
+  c.zero.offload_optimizer = {Offload::kNvme, {dir.path(), "/tmp"},
+                              false,          6,
+                              100000000,      1000000000,
+                              true,           true,
+                              true,           0.25};  // ratio = zoe.offload_ratio
+  c.zero.offload_param = {Offload::kNvme, {dir.path()}, false, 9, 777, 888, false, false, false, 1.0};
   c.aio = {4096, 64, 4, true, false, true};
   c.optimizer = {"Adam", 0.1 + 0.2, 0.8, 0.95, 1e-12, 0.05, false};
   c.scheduler = {"WarmupDecayLR", 1e-6, 3e-4, 2000, "linear", 100000};

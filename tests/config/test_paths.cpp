@@ -108,7 +108,7 @@ TEST(NvmePath, CheckNamesTheTextGivenAndTheExpansion) {
   test::ScratchDir dir("given");
   Config given;
   given.zero.stage = 3;
-  given.zero.offload_param.device = OffloadDevice::kNvme;
+  given.zero.offload_param.device = Offload::kNvme;
   given.zero.offload_param.nvme_path = {dir.path(), dir.path() + "/{host}"};
   Config c = given;
   ASSERT_OK(expand_paths(&c, vars()));
@@ -156,7 +156,7 @@ TEST(NvmePath, NetworkFileSystemsAreRecognisedByTheirMagic) {
   const char* name = network_fs_name(static_cast<long>(fs.f_type));
   Config c;
   c.zero.stage = 2;
-  c.zero.offload_optimizer.device = OffloadDevice::kNvme;
+  c.zero.offload_optimizer.device = Offload::kNvme;
   c.zero.offload_optimizer.nvme_path = {dir.path()};
   EXPECT_OK(check_paths(c)) << (name ? name : "local");
 }

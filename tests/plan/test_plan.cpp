@@ -33,8 +33,6 @@ zero::PlanTarget engine_target(const Runtime& rt) {
   return t;
 }
 
-using config::OffloadDevice;
-
 std::string fixture(const std::string& name) { return std::string(ZOE_PLAN_FIXTURES) + "/" + name; }
 
 std::string read_text(const std::string& path) {
@@ -571,7 +569,7 @@ TEST(Plan, RowsAboveTheDeviceBudgetNeedThePlannersPeak) {
   m.params = plan::count_params(m.modules);
   plan::PlanInputs in = inputs(m, 1, 1);
   in.device_mem = 228 << 10;
-  const plan::RowPlacement stage1{1, OffloadDevice::kNone, OffloadDevice::kNone, 1.0, true};
+  const plan::RowPlacement stage1{1, Offload::kNone, Offload::kNone, 1.0, true};
   zero::PlanTarget t;
   t.device_budget = in.device_mem;
   t.queued_gathers = false;
@@ -629,7 +627,7 @@ TEST(CostModel, StagingDepthAndAioPointMoveTheNvmeTime) {
   in.rates.flops = 1e15;  // compute hides nothing: the loads are on the path
   in.base.aio.block_size = 1048576;
   in.base.aio.queue_depth = 8;
-  const plan::RowPlacement nvme{3, OffloadDevice::kNvme, OffloadDevice::kCpu, 1.0, false};
+  const plan::RowPlacement nvme{3, Offload::kNvme, Offload::kCpu, 1.0, false};
   struct Nvme {
     double busy_s;
     uint64_t loaded;
@@ -671,7 +669,7 @@ TEST(CostModel, NvmeTrafficCostsCpuTimeOnTheCpuDeviceAndBurstsStallTheBackward) 
   in.base.zero.sub_group_size = 262144;
   // DeepSpeed's buffer_count (4: three slots), as written, not sized by zoe from the host share.
   in.base.given_keys.insert("zero_optimization.offload_optimizer.buffer_count");
-  const plan::RowPlacement nvme{1, OffloadDevice::kNone, OffloadDevice::kNvme, 1.0, false};
+  const plan::RowPlacement nvme{1, Offload::kNone, Offload::kNvme, 1.0, false};
   auto step = [&](bool cuda, double nvme_cpu, plan::PlanRow* out = nullptr, int64_t sub = 262144) {
     plan::PlanInputs k = in;
     k.base.zero.sub_group_size = sub;
@@ -713,7 +711,7 @@ TEST(CostModel, LongAccumulationsCostTheirSteadyStateInConstantTime) {
   m.modules = mlp_shapes(6, 1024);  // 2 MiB of bf16 parameters each
   m.params = plan::count_params(m.modules);
   plan::PlanInputs in = inputs(m, 1, 1);
-  const plan::RowPlacement nvme{3, OffloadDevice::kNvme, OffloadDevice::kNvme, 1.0, false};
+  const plan::RowPlacement nvme{3, Offload::kNvme, Offload::kNvme, 1.0, false};
   zero::PlanTarget t;
   t.device_budget = 20u << 20;  // a device cache smaller than the partitions: loads every micro-batch
   t.queued_gathers = false;
@@ -921,7 +919,7 @@ TEST(CostModel, NetworkTermIsBytesOverRatePlusOneLatencyPerRound) {
   m.modules = mlp_shapes(4, 1024);
   m.params = plan::count_params(m.modules);
   plan::PlanInputs in = inputs(m, 2, 2);
-  const plan::RowPlacement none{3, OffloadDevice::kNone, OffloadDevice::kNone, 1.0, false};
+  const plan::RowPlacement none{3, Offload::kNone, Offload::kNone, 1.0, false};
   config::Config cfg = plan::config_for(in.base, none, "/unused");
   cfg.zero.reduce_bucket_size = 400000;
   zero::PlanTarget t;
