@@ -40,7 +40,12 @@ Config ConfigAccess::wrap(config::Config cfg, int world_size) {
   return c;
 }
 
-Config::Config() : impl_(std::make_unique<Impl>()) {}
+// The config of an empty file ("{}"): every key at its default, as parse() resolves them (the
+// parser's defaults, not the raw struct's, so a setter's re-check passes).
+Config::Config() : impl_(std::make_unique<Impl>()) {
+  auto c = config::Config::parse("{}", 1);
+  if (c.is_ok()) impl_->cfg = std::move(c).value();
+}
 Config::Config(const Config& o) : impl_(std::make_unique<Impl>(*o.impl_)) {}
 Config::Config(Config&& o) noexcept : impl_(std::move(o.impl_)) {}
 Config& Config::operator=(const Config& o) {

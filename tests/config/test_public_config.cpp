@@ -48,5 +48,17 @@ TEST(PublicConfig, AnyKeyByItsPath) {
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
 }
 
+// A default-constructed Config is the config of an empty file: its setters work (they re-check the
+// whole config, which the raw defaults of the internal struct would fail).
+TEST(PublicConfig, DefaultConstructedIsTheEmptyFilesConfig) {
+  Config c;
+  ASSERT_OK(c.set_stage(3));
+  EXPECT_EQ(c.stage(), 3);
+  auto parsed = Config::parse("{}");
+  ASSERT_OK(parsed);
+  EXPECT_EQ(Config().train_batch_size(), parsed.value().train_batch_size());
+  EXPECT_EQ(Config().micro_batch(), parsed.value().micro_batch());
+}
+
 }  // namespace
 }  // namespace zoe
