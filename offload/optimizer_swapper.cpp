@@ -14,11 +14,14 @@ namespace zoe::offload {
 Result<std::unique_ptr<OptimizerSwapper>> OptimizerSwapper::create(SwapStore* store,
                                                                    const SwapperOptions& opts) {
   if (opts.states.empty()) return invalid_argument("optimizer swapper: no states to swap");
-  size_t max_elem = 0;
+  // The most elements a buffer holds of every state.
+  size_t fit = SIZE_MAX;
   for (const auto& s : opts.states) {
-    if (s.elem_bytes == 0 || s.elem_bytes > 8)
+    if (s.block_elems == 0 || 4096 % s.block_elems != 0)
+      return invalid_argument("optimizer swapper: %u elements per block do not divide 4096", s.block_elems);
+    if (s.elem_bytes == 0 || (s.block_elems == 1 && s.elem_bytes > 8) || s.elem_bytes > 4096)
       return invalid_argument("optimizer swapper: element size %u", s.elem_bytes);
-    max_elem = std::max<size_t>(max_elem, s.elem_bytes);
+    fit = std::min<size_t>(fit, opts.buffer_bytes / s.elem_bytes * s.block_elems);
   }
   std::unique_ptr<OptimizerSwapper> sw(new OptimizerSwapper(store, opts));
   if (opts.buffer_bytes < 4096 || opts.buffer_bytes % 4096) {
@@ -32,13 +35,16 @@ Result<std::unique_ptr<OptimizerSwapper>> OptimizerSwapper::create(SwapStore* st
         "at once (set buffer_count >= %zu; 3x that overlaps reads, updates and writes)",
         opts.buffer_count, opts.states.size(), opts.states.size());
   }
-  // Chunks hold a whole number of 4096-byte blocks of every state.
-  sw->chunk_elems_ = opts.buffer_bytes / max_elem / 4096 * 4096;
+  // Chunks are a multiple of 4096 elements: whole 4096-byte blocks of every unblocked state, whole
+  // blocks of every blocked one.
+  sw->chunk_elems_ = fit / 4096 * 4096;
   if (sw->chunk_elems_ == 0) sw->chunk_elems_ = 4096;
-  if (sw->chunk_elems_ * max_elem > opts.buffer_bytes) {
-    return invalid_argument(
-        "optimizer swapper: buffers of %zu bytes are too small for one chunk of %zu-byte elements",
-        opts.buffer_bytes, max_elem);
+  for (size_t k = 0; k < opts.states.size(); ++k) {
+    if (sw->state_bytes(k, sw->chunk_elems_) > opts.buffer_bytes) {
+      return invalid_argument(
+          "optimizer swapper: buffers of %zu bytes are too small for one chunk of 4096 elements of state %zu",
+          opts.buffer_bytes, k);
+    }
   }
   if (opts.async_buffers < 1 || opts.async_buffers > kMaxAsyncWriteBuffers) {
     return invalid_argument("optimizer swapper: %zu asynchronous write buffers (1 to %zu)",
@@ -76,8 +82,29 @@ char* OptimizerSwapper::slot_buffer(size_t slot, size_t state) const {
   return pool_->buffer(slot * opts_.states.size() + state);
 }
 
+size_t OptimizerSwapper::state_bytes(size_t state, size_t n) const {
+  const SwappedState& s = opts_.states[state];
+  return (n + s.block_elems - 1) / s.block_elems * s.elem_bytes;
+}
+
 size_t OptimizerSwapper::span_bytes(size_t n, size_t state) const {
-  return (n * opts_.states[state].elem_bytes + 4095) & ~size_t{4095};
+  return (state_bytes(state, n) + 4095) & ~size_t{4095};
+}
+
+uint64_t OptimizerSwapper::home_offset(size_t state, size_t begin) const {
+  const SwappedState& s = opts_.states[state];
+  if (s.block_elems == 1) return static_cast<uint64_t>(begin) * s.elem_bytes;
+  // A blocked state on NVMe: each chunk's blocks start on a 4096-byte boundary (direct I/O);
+  // in host memory they follow each other.
+  if (!store_) return state_bytes(state, begin);
+  return static_cast<uint64_t>(begin / chunk_elems_) * span_bytes(chunk_elems_, state);
+}
+
+uint64_t OptimizerSwapper::home_bytes(size_t state, size_t elems) const {
+  const size_t rest = elems % chunk_elems_;
+  return home_offset(state, elems - rest) + (rest == 0           ? 0
+                                             : store_ == nullptr ? state_bytes(state, rest)
+                                                                 : span_bytes(rest, state));
 }
 
 void OptimizerSwapper::release_slot(size_t slot, Status error) {
@@ -102,7 +129,9 @@ Status OptimizerSwapper::add_group(GroupId gid, size_t elems) {
                             static_cast<unsigned long long>(id));
   Group g{id, elems, {}};
   for (size_t k = 0; k < opts_.states.size(); ++k) {
-    uint64_t bytes = static_cast<uint64_t>(elems) * opts_.states[k].elem_bytes;
+    const uint64_t bytes = opts_.states[k].block_elems == 1
+                               ? static_cast<uint64_t>(elems) * opts_.states[k].elem_bytes
+                               : home_bytes(k, elems);
     if (store_) {
       // States start as zeros, on NVMe as in memory (the host path clears its buffers below).
       auto e = store_->allocate(StateKey{id, opts_.states[k].kind}, bytes, io::Unwritten::kZeros);
@@ -141,13 +170,12 @@ Status OptimizerSwapper::sync_transfer(uint64_t id, size_t state, char* data, bo
     return invalid_argument("optimizer swapper: range [%zu, %zu) is not on %zu-element chunk boundaries",
                             first, last, chunk_elems_);
   }
-  const size_t eb = opts_.states[state].elem_bytes;
   if (!store_) {
-    char* home = g->host[state].bytes() + first * eb;
+    char* home = g->host[state].bytes() + home_offset(state, first);
     if (write)
-      memcpy(home, data, (last - first) * eb);
+      memcpy(home, data, state_bytes(state, last - first));
     else
-      memcpy(data, home, (last - first) * eb);
+      memcpy(data, home, state_bytes(state, last - first));
     return Status::ok();
   }
   size_t slot;
@@ -162,9 +190,9 @@ Status OptimizerSwapper::sync_transfer(uint64_t id, size_t state, char* data, bo
   Status s;
   for (size_t begin = first; begin < last && s.is_ok(); begin += chunk_elems_) {
     size_t n = std::min(chunk_elems_, last - begin);
-    size_t bytes = n * eb, span = span_bytes(n, state);
-    uint64_t off = static_cast<uint64_t>(begin) * eb;
-    char* mine = data + (begin - first) * eb;
+    size_t bytes = state_bytes(state, n), span = span_bytes(n, state);
+    uint64_t off = home_offset(state, begin);
+    char* mine = data + state_bytes(state, begin - first);
     if (write) {
       memcpy(buf, mine, bytes);
       memset(buf + bytes, 0, span - bytes);
@@ -209,9 +237,8 @@ Status OptimizerSwapper::write_async(GroupId gid, size_t state, const void* src,
         "%zu-element chunk",
         begin, begin + n, static_cast<unsigned long long>(id), g->elems, chunk_elems_);
   }
-  const size_t eb = opts_.states[state].elem_bytes;
   if (!store_) {
-    memcpy(g->host[state].bytes() + begin * eb, src, n * eb);
+    memcpy(g->host[state].bytes() + home_offset(state, begin), src, state_bytes(state, n));
     return Status::ok();
   }
   if (opts_.states[state].write_back)
@@ -224,7 +251,7 @@ Status OptimizerSwapper::write_async(GroupId gid, size_t state, const void* src,
     async_free_.pop_back();
     async_writes_++;
   }
-  const size_t bytes = n * eb, span = span_bytes(n, state);
+  const size_t bytes = state_bytes(state, n), span = span_bytes(n, state);
   // Borrowed: the disk reads src itself (the buffer's slot only counts the write in flight).
   char* buf = pool_->buffer(index);
   if (borrow && span == bytes && reinterpret_cast<uintptr_t>(src) % 4096 == 0) {
@@ -237,7 +264,7 @@ Status OptimizerSwapper::write_async(GroupId gid, size_t state, const void* src,
   const uint64_t t0 = now_ns();
   // The callback touches only members (the destructor waits for it); it runs on the I/O
   // engine's completion path and takes mu_ only to give the slot back.
-  store_->write(key, static_cast<uint64_t>(begin) * eb, buf, span,
+  store_->write(key, home_offset(state, begin), buf, span,
                 [this, index, id, begin, t0](io::IoCompletion& done) {
                   const std::string what = std::to_string(id) + "@" + std::to_string(begin);
                   if (tracing())
@@ -274,9 +301,8 @@ void OptimizerSwapper::preload(size_t max_slots) {
       std::vector<bool> have(K, false);
       for (size_t k = 0; k < K; ++k) {
         if (!opts_.states[k].write_back) continue;
-        ios.push_back(StoreIo{io::IoOp::kRead, StateKey{g.id, opts_.states[k].kind},
-                              static_cast<uint64_t>(b) * opts_.states[k].elem_bytes, slot_buffer(slot, k),
-                              span_bytes(n, k)});
+        ios.push_back(StoreIo{io::IoOp::kRead, StateKey{g.id, opts_.states[k].kind}, home_offset(k, b),
+                              slot_buffer(slot, k), span_bytes(n, k)});
         have[k] = true;
       }
       if (ios.empty()) {
@@ -294,7 +320,7 @@ bool OptimizerSwapper::fill_preloaded(GroupId gid, size_t begin, size_t state, c
   for (Preloaded& p : preloaded_) {
     if (p.group != id || p.begin != begin) continue;
     if (p.n != n || p.have[state]) return false;
-    const size_t bytes = n * opts_.states[state].elem_bytes, span = span_bytes(n, state);
+    const size_t bytes = state_bytes(state, n), span = span_bytes(n, state);
     char* buf = slot_buffer(p.slot, state);  // not one the preload is reading into
     memcpy(buf, src, bytes);
     memset(buf + bytes, 0, span - bytes);
@@ -310,8 +336,7 @@ Status OptimizerSwapper::release_preloaded(Preloaded& p) {
   for (size_t k = 0; k < opts_.states.size(); ++k) {
     if (!p.have[k] || opts_.states[k].write_back) continue;
     Status w = store_
-                   ->write(StateKey{p.group, opts_.states[k].kind},
-                           static_cast<uint64_t>(p.begin) * opts_.states[k].elem_bytes,
+                   ->write(StateKey{p.group, opts_.states[k].kind}, home_offset(k, p.begin),
                            slot_buffer(p.slot, k), span_bytes(p.n, k))
                    ->wait();
     if (!w.is_ok() && s.is_ok())
@@ -362,7 +387,7 @@ Status OptimizerSwapper::step_host(const ChunkUpdate& update) {
   for (auto& g : groups_) {
     for (size_t begin = 0; begin < g.elems; begin += chunk) {
       size_t n = std::min(chunk, g.elems - begin);
-      for (size_t k = 0; k < K; ++k) ptrs[k] = g.host[k].bytes() + begin * opts_.states[k].elem_bytes;
+      for (size_t k = 0; k < K; ++k) ptrs[k] = g.host[k].bytes() + home_offset(k, begin);
       uint64_t t0 = now_ns();
       Status s = update(ChunkView{GroupId(g.id), begin, n, ptrs.data()});
       uint64_t t1 = now_ns();
@@ -401,8 +426,7 @@ size_t OptimizerSwapper::resume_preloaded(const std::vector<StepChunk>& chunks, 
     for (size_t k = 0; k < K; ++k) {
       stats_.bytes_read += p.have[k] && !opts_.states[k].write_back ? 0 : span_bytes(p.n, k);
       if (p.have[k]) continue;
-      ios.push_back(StoreIo{io::IoOp::kRead, StateKey{p.group, opts_.states[k].kind},
-                            static_cast<uint64_t>(p.begin) * opts_.states[k].elem_bytes,
+      ios.push_back(StoreIo{io::IoOp::kRead, StateKey{p.group, opts_.states[k].kind}, home_offset(k, p.begin),
                             slot_buffer(p.slot, k), span_bytes(p.n, k)});
     }
     reads->push_back(StepRead{p.slot, p.h, p.t0, ios.empty() ? nullptr : store_->transfer(ios)});
@@ -417,7 +441,7 @@ void OptimizerSwapper::write_back_chunk(const StepChunk& c, size_t slot, bool wr
   std::vector<StoreIo> ios;
   for (size_t k = 0; k < K; ++k) {
     if (!opts_.states[k].write_back && !write_all) continue;
-    uint64_t off = static_cast<uint64_t>(c.begin) * opts_.states[k].elem_bytes;
+    uint64_t off = home_offset(k, c.begin);
     ios.push_back(StoreIo{io::IoOp::kWrite, StateKey{c.g->id, opts_.states[k].kind}, off,
                           slot_buffer(slot, k), span_bytes(c.n, k)});
     stats_.bytes_written += span_bytes(c.n, k);
@@ -478,7 +502,7 @@ Status OptimizerSwapper::step(const ChunkUpdate& update, bool write_all) {
     const StepChunk& c = chunks[next_read++];
     std::vector<StoreIo> ios;
     for (size_t k = 0; k < K; ++k) {
-      uint64_t off = static_cast<uint64_t>(c.begin) * opts_.states[k].elem_bytes;
+      uint64_t off = home_offset(k, c.begin);
       ios.push_back(StoreIo{io::IoOp::kRead, StateKey{c.g->id, opts_.states[k].kind}, off,
                             slot_buffer(slot, k), span_bytes(c.n, k)});
       stats_.bytes_read += span_bytes(c.n, k);

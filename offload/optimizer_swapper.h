@@ -23,8 +23,13 @@ namespace zoe::offload {
 
 struct SwappedState {
   StateKind kind = StateKind::kOther;
-  uint32_t elem_bytes = 4;  // 4 for fp32, 2 for bf16/fp16
+  uint32_t elem_bytes = 4;  // 4 for fp32, 2 for bf16/fp16; a blocked state: the bytes of one block
   bool write_back = true;   // false: read-only (gradients)
+  // Elements per block (a divisor of 4096): a packed low-bit state is stored as whole blocks of
+  // codes and scale (optim/lowbit.h), elem_bytes each; n elements take ceil(n / block_elems)
+  // blocks. Callers' buffers hold a range's blocks back to back; on NVMe each chunk's blocks
+  // start on a 4096-byte boundary.
+  uint32_t block_elems = 1;
 };
 
 struct SwapperOptions {
@@ -127,7 +132,10 @@ class OptimizerSwapper {
   OptimizerSwapper(SwapStore* store, const SwapperOptions& opts) : store_(store), opts_(opts) {}
   Group* find(uint64_t id);
   char* slot_buffer(size_t slot, size_t state) const;
-  size_t span_bytes(size_t n, size_t state) const;  // chunk bytes rounded up to 4096
+  size_t state_bytes(size_t state, size_t n) const;        // n elements (from a chunk boundary) of a state
+  size_t span_bytes(size_t n, size_t state) const;         // state_bytes rounded up to 4096
+  uint64_t home_offset(size_t state, size_t begin) const;  // element `begin` (a chunk boundary) in its home
+  uint64_t home_bytes(size_t state, size_t elems) const;   // a group's home of `elems` elements
   // write_state_async (borrow false) and write_state_borrowed (borrow true).
   Status write_async(GroupId gid, size_t state, const void* src, size_t begin, size_t n, bool borrow);
   Status sync_transfer(uint64_t id, size_t state, char* data, bool write, size_t begin, size_t n);

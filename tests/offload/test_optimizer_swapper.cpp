@@ -381,5 +381,73 @@ TEST(Swapper, NvmeBudgetIsEnforced) {
   EXPECT_EQ(r.store->used_bytes(), 0u);  // nothing half-registered
 }
 
+// Packed low-bit states (blocks of codes and scale, optim/lowbit.h's int8: 260 bytes per 256
+// elements) move through the swapper as whole blocks: written and read back byte for byte over
+// ranges of chunks, a partial last block included, handed to the update chunk by chunk at the
+// same bytes, and written back from it; on NVMe and in host memory alike.
+TEST(Swapper, BlockedStatesMoveAsWholeBlocks) {
+  for (bool nvme : {true, false}) {
+    SCOPED_TRACE(nvme ? "nvme" : "host");
+    Rig r;
+    ASSERT_TRUE(r.init(MiB(), 64 * MiB()));
+    SwapperOptions o;
+    o.states = {{StateKind::kMaster, 2, true, 1},
+                {StateKind::kAdamM, 260, true, 256},
+                {StateKind::kGrad, 4, false, 1}};
+    o.buffer_count = 9;
+    o.buffer_bytes = 64 * 1024;
+    auto created = OptimizerSwapper::create(nvme ? r.store.get() : nullptr, o);
+    ASSERT_OK(created);
+    OptimizerSwapper& w = *created.value();
+    const size_t c = w.chunk_elems();
+    ASSERT_EQ(c % 4096, 0u);
+    ASSERT_LE((c / 256) * 260, o.buffer_bytes);
+    const size_t n = 2 * c + 1000;  // a partial chunk whose last block is partial too
+    ASSERT_OK(w.add_group(GroupId{1}, n));
+    const size_t blocks = (n + 255) / 256;
+    std::vector<uint8_t> packed(blocks * 260);
+    for (size_t i = 0; i < packed.size(); ++i) packed[i] = static_cast<uint8_t>(i * 131 + 7);
+    ASSERT_OK(w.write_state(GroupId{1}, 1, packed.data()));
+    std::vector<uint8_t> back(packed.size());
+    ASSERT_OK(w.read_state(GroupId{1}, 1, back.data()));
+    EXPECT_EQ(back, packed);
+    // One chunk from the middle.
+    std::vector<uint8_t> one((c / 256) * 260);
+    ASSERT_OK(w.read_state(GroupId{1}, 1, one.data(), c, c));
+    EXPECT_EQ(0, memcmp(one.data(), packed.data() + (c / 256) * 260, one.size()));
+    // The update sees each chunk's blocks and what it writes goes home.
+    size_t seen = 0;
+    ASSERT_OK(w.step([&](const ChunkView& v) -> Status {
+      const size_t first_block = v.begin / 256, nb = (v.n + 255) / 256;
+      EXPECT_EQ(0, memcmp(v.data[1], packed.data() + first_block * 260, nb * 260)) << v.begin;
+      auto* d = static_cast<uint8_t*>(v.data[1]);
+      for (size_t i = 0; i < nb * 260; ++i) d[i] ^= 0x5a;
+      seen += v.n;
+      return Status::ok();
+    }));
+    EXPECT_EQ(seen, n);
+    ASSERT_OK(w.read_state(GroupId{1}, 1, back.data()));
+    for (size_t i = 0; i < packed.size(); ++i) ASSERT_EQ(back[i], packed[i] ^ 0x5a) << i;
+    // An asynchronous write of the last (partial) chunk.
+    std::vector<uint8_t> last(((n - 2 * c) + 255) / 256 * 260, 0x33);
+    ASSERT_OK(w.write_state_async(GroupId{1}, 1, last.data(), 2 * c, n - 2 * c));
+    ASSERT_OK(w.wait_async_writes());
+    ASSERT_OK(w.read_state(GroupId{1}, 1, back.data()));
+    EXPECT_EQ(0, memcmp(back.data() + (2 * c / 256) * 260, last.data(), last.size()));
+  }
+}
+
+// A block size that does not tile a chunk is refused.
+TEST(Swapper, BlocksMustTileAChunk) {
+  SwapperOptions o;
+  o.states = {{StateKind::kAdamM, 260, true, 300}};
+  o.buffer_count = 3;
+  o.buffer_bytes = 64 * 1024;
+  auto created = OptimizerSwapper::create(nullptr, o);
+  ASSERT_FALSE(created.is_ok());
+  EXPECT_NE(created.status().message().find("do not divide 4096"), std::string::npos)
+      << created.status().message();
+}
+
 }  // namespace
 }  // namespace zoe::offload
