@@ -23,9 +23,10 @@
 //                      the public calls (fetch, grads, reduce_grads, release, step, read_master).
 //
 // Calls between the parts (caller -> callee), with no cycle:
-//   ParamGather -> ParamHomes, UpdateGate, StepClock
+//   ParamGather -> PartitionSource (ParamHomes), UpdateGate, StepClock
 //   GradReducer -> GradSink (the Updater), StepClock
-//   Updater     -> ParamHomes, UpdateGate, StepClock
+//   Updater     -> UpdateTarget (ParamHomes), UpdateGate, StepClock
+// (the interfaces: home_views.h and grad_sink.h; the part tests fake them)
 //   ParamHomes  -> StepClock
 // Engine (the public calls and engine_checkpoint.cpp) calls them all. ParamGather needs device
 // memory freed at times; it asks through a callback the engine hands it (the engine completes

@@ -200,7 +200,7 @@ Result<ModuleParams> ParamGather::fetch(ModuleId m, const MakeRoom& make_room) {
   }
   if (!recording_ && !order_.empty()) cursor_ = (cursor_ + 1) % order_.size();
   slot.fetched = true;
-  void* flat = mod.partitioned_params ? slot.full.get() : homes_.persistent(m).get();
+  void* flat = mod.partitioned_params ? slot.full.get() : homes_.persistent_params(m);
   return r_.mem->views(mod, flat);
 }
 

@@ -18,7 +18,7 @@
 
 #include "comm/communicator.h"
 #include "core/trace.h"
-#include "zero/param_homes.h"
+#include "zero/home_views.h"
 #include "zero/part_resources.h"
 #include "zero/step_clock.h"
 #include "zero/update_gate.h"
@@ -37,8 +37,8 @@ class ParamGather {
     size_t max_live = 0;
     int64_t prefetch_bucket = 0;  // zero_optimization.stage3_prefetch_bucket_size
   };
-  ParamGather(const RunShape& shape, const ModuleTable& modules, ParamHomes& homes, const UpdateGate& gate,
-              StepClock& clock, const Resources& r)
+  ParamGather(const RunShape& shape, const ModuleTable& modules, PartitionSource& homes,
+              const UpdateGate& gate, StepClock& clock, const Resources& r)
       : shape_(shape), modules_(modules), homes_(homes), gate_(gate), clock_(clock), r_(r) {
     slots_.resize(modules.size());
   }
@@ -81,7 +81,7 @@ class ParamGather {
 
   const RunShape& shape_;
   const ModuleTable& modules_;
-  ParamHomes& homes_;
+  PartitionSource& homes_;
   const UpdateGate& gate_;
   StepClock& clock_;
   Resources r_;

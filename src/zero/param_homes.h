@@ -20,26 +20,13 @@
 
 #include "comm/communicator.h"
 #include "offload/tier_manager.h"
+#include "zero/home_views.h"
 #include "zero/part_resources.h"
 #include "zero/step_clock.h"
 
 namespace zoe::zero {
 
-// The NVMe write-backs of updated partitions an update keeps in flight (at most kMax; the tier
-// manager's host budget bounds the memory they hold). Owned by whoever runs the update.
-class WritebackQueue {
- public:
-  static constexpr size_t kMax = 4;
-  // Adds h, first waiting for the oldest when kMax are in flight (the wait adds to *t_io).
-  void push(offload::MoveHandle h, double* t_io);
-  // Waits for all. A failure keeps its dirty copy: the tier manager's drain() reports it.
-  void wait_all();
-
- private:
-  std::deque<offload::MoveHandle> q_;
-};
-
-class ParamHomes {
+class ParamHomes final : public PartitionSource, public UpdateTarget {
  public:
   struct Resources {
     DeviceMemory* mem = nullptr;
@@ -57,30 +44,31 @@ class ParamHomes {
   Status place(ModuleId m, const char* cbuf);
   // A persistent module's full compute parameters on the device.
   device::DeviceBuffer& persistent(ModuleId m) { return full_[m.index]; }
+  void* persistent_params(ModuleId m) override { return full_[m.index].get(); }
 
   // Where the compute parameters of module m's owned range are written after the update. Stage-3
   // partitions: pinned in the tier manager until release_owned(); t_io: the running thread's
   // stall clock.
-  Result<void*> owned_compute(ModuleId m, double* t_io);
+  Result<void*> owned_compute(ModuleId m, double* t_io) override;
   // Whether owned_compute(m) is device memory (else pinned host memory of the host tier).
-  bool owned_on_device(ModuleId m) const;
+  bool owned_on_device(ModuleId m) const override;
   // Unpins the updated partition; NVMe-homed ones are written home (kept clean in host memory)
   // through `wb`.
-  void release_owned(ModuleId m, double* t_io, WritebackQueue* wb);
+  void release_owned(ModuleId m, double* t_io, WritebackQueue* wb) override;
 
   // Stage 1/2 (and persistent stage-3 modules): all-gathers the updated partition into the full copy.
-  Status gather_updated(ModuleId m);
+  Status gather_updated(ModuleId m) override;
   // Behind an overlapped step: every persistent module's gather is owed (stage >= 1).
-  void owe_gathers();
+  void owe_gathers() override;
   // Runs module m's owed gather, if any (at its fetch).
-  Status settle(ModuleId m);
+  Status settle(ModuleId m) override;
   // Runs every owed gather in module order (a sync point: the same order on every rank).
-  Status settle_all();
+  Status settle_all() override;
 
   // The fp32 values of module m's compute parameters in its owned range [opt_begin, +opt_n) (out:
   // opt_n floats), from wherever they live: a frozen module's values. Caller's thread, between
   // steps.
-  Status read_owned_f32(ModuleId m, float* out);
+  Status read_owned_f32(ModuleId m, float* out) override;
   // Elements [begin, begin + n) of module m's owned range, in the compute dtype, into host
   // memory `dst` (checkpoints). A partition's range starts on a 4096-byte boundary and is whole
   // 4096-byte blocks unless it reaches the end (write_held's too). Between steps.
@@ -91,24 +79,24 @@ class ParamHomes {
 
   // Stage-3 partitions (ParamGather's gathers):
   // Whether any module is partitioned (the tier manager exists).
-  bool has_partitions() const { return r_.tm != nullptr; }
+  bool has_partitions() const override { return r_.tm != nullptr; }
   // Module m's partition, its latest bytes from whichever tier holds them, into `dst` (device
   // memory of part elements); pins nothing. Any thread.
-  Status read_partition(ModuleId m, void* dst);
+  Status read_partition(ModuleId m, void* dst) override;
   // Module m's partition pinned on the device (waits for it; the wait adds to *t_io) until
   // unpin_partition(m).
-  Result<void*> pin_partition(ModuleId m, double* t_io);
-  void unpin_partition(ModuleId m);
+  Result<void*> pin_partition(ModuleId m, double* t_io) override;
+  void unpin_partition(ModuleId m) override;
   // Starts moving module m's partition towards the device (a hint; never waits).
-  void prefetch_partition(ModuleId m);
+  void prefetch_partition(ModuleId m) override;
   // Partition pins held now (device and host tiers).
   uint64_t pins(ModuleId m) const;
   // The tier manager's record of the fetch order: begun after initialize(), ended after the first
   // iteration.
   void begin_trace();
-  void end_trace();
+  void end_trace() override;
   // Waits for every partition move in flight; the first error (a failed write-back).
-  Status drain();
+  Status drain() override;
 
   void free_device_memory();
 

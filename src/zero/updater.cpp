@@ -37,7 +37,7 @@ struct Updater::ChunkUpdater {
   const RunShape* shape;
   device::Device* dev;
   const ModuleTable* modules;
-  const ParamHomes* homes;
+  const UpdateTarget* homes;
   DeviceOps* ops;
   optim::AdamParams ap;
   optim::AdamStep as;

@@ -27,8 +27,8 @@
 #include "offload/optimizer_swapper.h"
 #include "optim/adam.h"
 #include "zero/grad_sink.h"
+#include "zero/home_views.h"
 #include "zero/loss_scaler.h"
-#include "zero/param_homes.h"
 #include "zero/part_resources.h"
 #include "zero/step_clock.h"
 #include "zero/update_gate.h"
@@ -68,7 +68,7 @@ class Updater final : public GradSink {
     const config::Config* cfg = nullptr;  // the optimizer, its schedule and the zoe.* update keys
     size_t state_bytes = 4;               // bytes of an element of m and v (the placement's)
   };
-  Updater(const RunShape& shape, const ModuleTable& modules, ParamHomes& homes, StepClock& clock,
+  Updater(const RunShape& shape, const ModuleTable& modules, UpdateTarget& homes, StepClock& clock,
           const Resources& r, const LossScaler& scaler);
   ~Updater();
 
@@ -154,7 +154,7 @@ class Updater final : public GradSink {
 
   const RunShape& shape_;
   const ModuleTable& modules_;
-  ParamHomes& homes_;
+  UpdateTarget& homes_;
   StepClock& clock_;
   Resources r_;
   HostArena host_;

@@ -12,7 +12,7 @@ namespace zoe::zero {
 
 using offload::Tier;
 
-Updater::Updater(const RunShape& shape, const ModuleTable& modules, ParamHomes& homes, StepClock& clock,
+Updater::Updater(const RunShape& shape, const ModuleTable& modules, UpdateTarget& homes, StepClock& clock,
                  const Resources& r, const LossScaler& scaler)
     : shape_(shape),
       modules_(modules),

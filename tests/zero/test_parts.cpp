@@ -1,6 +1,7 @@
-// The engine's parts, each built alone from the narrow handles it is given (no Engine): ParamHomes
-// over a tier manager, ParamGather over ParamHomes, GradReducer over a fake GradSink, and the
-// Updater (states in host RAM and on NVMe) against a plain AdamW written here.
+// The engine's parts, each built alone from the narrow handles it is given (no Engine), with fakes
+// for the other parts: ParamHomes over a tier manager, ParamGather over a fake PartitionSource,
+// GradReducer over a fake GradSink, and the Updater over a fake UpdateTarget (states in host RAM,
+// on NVMe and on the device) against a plain AdamW written here.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -161,20 +162,44 @@ TEST(Parts, ParamHomesKeepsEachModulesParametersInItsHome) {
 // ---------------------------------------------------------------------------------------------
 // ParamGather
 
-TEST(Parts, ParamGatherFetchesWhatItsHomesHold) {
+// ParamHomes' side as ParamGather sees it, faked: each module's bytes in memory of its own, pins
+// and reads counted.
+struct FakeSource final : PartitionSource {
+  std::vector<std::vector<float>> values;
+  const ModuleTable* modules = nullptr;
+  int pins = 0, reads = 0, prefetches = 0, settles = 0;
+  bool traced = false;
+
+  bool has_partitions() const override { return true; }
+  void* persistent_params(ModuleId m) override { return values[m.index].data(); }
+  Status settle(ModuleId) override {
+    settles++;
+    return Status::ok();
+  }
+  Status read_partition(ModuleId m, void* dst) override {
+    reads++;
+    memcpy(dst, values[m.index].data(), values[m.index].size() * 4);
+    return Status::ok();
+  }
+  Result<void*> pin_partition(ModuleId m, double*) override {
+    pins++;
+    return static_cast<void*>(values[m.index].data());
+  }
+  void unpin_partition(ModuleId) override { pins--; }
+  void prefetch_partition(ModuleId) override { prefetches++; }
+  void end_trace() override { traced = true; }
+};
+
+TEST(Parts, ParamGatherFetchesWhatItsSourceHolds) {
   PartRig r;
   ASSERT_TRUE(r.init(3, DType::kF32));
   const size_t n = 3000;
   r.modules.add(layout("a", n, true, Tier::kNvme, Tier::kDevice));
   r.modules.add(layout("b", n, true, Tier::kHost, Tier::kDevice));
   r.modules.add(layout("c", n, false, Tier::kDevice, Tier::kDevice));
-  ParamHomes homes(r.shape, r.modules, r.clock, r.homes_resources(Tier::kNvme));
-  std::vector<std::vector<float>> values;
-  for (ModuleId m : r.modules.ids()) {
-    values.push_back(ramp(n, 1.0f + static_cast<float>(m.index)));
-    ASSERT_OK(homes.place(m, reinterpret_cast<const char*>(values.back().data())));
-  }
-  ASSERT_OK(r.ops->synchronize());
+  FakeSource source;
+  source.modules = &r.modules;
+  for (ModuleId m : r.modules.ids()) source.values.push_back(ramp(n, 1.0f + static_cast<float>(m.index)));
   UpdateGate gate;
   ParamGather::Resources gr;
   gr.mem = r.mem.get();
@@ -184,22 +209,29 @@ TEST(Parts, ParamGatherFetchesWhatItsHomesHold) {
   gr.window = 0;
   gr.max_live = 1u << 30;
   gr.prefetch_bucket = 1 << 20;
-  ParamGather gather(r.shape, r.modules, homes, gate, r.clock, gr);
+  ParamGather gather(r.shape, r.modules, source, gate, r.clock, gr);
   const ParamGather::MakeRoom no_room = [] { return Status::ok(); };
   for (int iteration = 0; iteration < 2; ++iteration) {
     for (ModuleId m : r.modules.ids()) {
       auto p = gather.fetch(m, no_room);
       ASSERT_OK(p);
       ASSERT_EQ(p.value().tensors.size(), 1u);
-      EXPECT_EQ(0, memcmp(p.value().tensors[0].data, values[m.index].data(), n * 4)) << r.modules[m].name;
+      EXPECT_EQ(0, memcmp(p.value().tensors[0].data, source.values[m.index].data(), n * 4))
+          << r.modules[m].name;
+      // A gathered module is a copy of the partition; a persistent one is the source's own bytes.
+      EXPECT_EQ(p.value().tensors[0].data == source.values[m.index].data(), !r.modules[m].partitioned_params);
       EXPECT_EQ(gather.in_use(m), r.modules[m].partitioned_params);
+      EXPECT_EQ(source.pins, 0);  // a gather now pins its partition only while it runs
       ASSERT_OK(gather.release(m));
       EXPECT_FALSE(gather.in_use(m));
     }
     if (iteration == 0) gather.end_recording();
   }
-  EXPECT_EQ(r.clock.gathers_on_demand, 4u);  // the two partitioned modules, twice
-  EXPECT_EQ(homes.pins(ModuleId(0)) + homes.pins(ModuleId(1)), 0u);
+  EXPECT_TRUE(source.traced);
+  EXPECT_EQ(source.settles, 6);              // every fetch settles its module's owed gather
+  EXPECT_EQ(r.clock.gathers_on_demand, 4u);  // the two partitioned modules, twice (no window)
+  EXPECT_GT(source.prefetches, 0);           // the second iteration moves the next partitions ahead
+  EXPECT_EQ(source.reads, 0);                // no gather was queued ahead (window 0)
   // Releasing what is not fetched is the caller's error, named.
   Status s = gather.release(ModuleId(1));
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
@@ -306,6 +338,34 @@ void adamw_reference(double* p, double* m, double* v, double g, const config::Op
   *p -= lr * mh / (std::sqrt(vh) + o.eps);
 }
 
+// ParamHomes' side as the Updater sees it, faked: the owned range of each module in memory of its
+// own (host memory: the CPU device's memory is host memory), its calls counted.
+struct FakeTarget final : UpdateTarget {
+  std::vector<std::vector<float>> owned;
+  int open = 0, released = 0, gathered = 0;
+
+  Result<void*> owned_compute(ModuleId m, double*) override {
+    open++;
+    return static_cast<void*>(owned[m.index].data());
+  }
+  bool owned_on_device(ModuleId) const override { return true; }
+  void release_owned(ModuleId, double*, WritebackQueue*) override {
+    open--;
+    released++;
+  }
+  Status gather_updated(ModuleId) override {
+    gathered++;
+    return Status::ok();
+  }
+  void owe_gathers() override {}
+  Status settle_all() override { return Status::ok(); }
+  Status read_owned_f32(ModuleId m, float* out) override {
+    memcpy(out, owned[m.index].data(), owned[m.index].size() * 4);
+    return Status::ok();
+  }
+  Status drain() override { return Status::ok(); }
+};
+
 struct UpdaterRun {
   std::vector<float> master;
   std::vector<float> exp_avg;
@@ -325,7 +385,7 @@ UpdaterRun run_updater(Tier home) {
   cfg.optimizer.weight_decay = 0.1;
   cfg.gradient_accumulation_steps = 2;
   cfg.zoe.overlap_step = false;
-  ParamHomes homes(r.shape, r.modules, r.clock, r.homes_resources(Tier::kDevice));
+  FakeTarget homes;
   std::unique_ptr<offload::OptimizerSwapper> swapper;
   if (home == Tier::kNvme) {
     offload::SwapperOptions so;
@@ -349,8 +409,7 @@ UpdaterRun run_updater(Tier home) {
   ur.state_bytes = 4;
   Updater update(r.shape, r.modules, homes, r.clock, ur, LossScaler());
   const std::vector<float> init = ramp(n, 0.3f);
-  std::vector<char> cbuf = compute_copy(init, DType::kF32);
-  EXPECT_OK(homes.place(ModuleId(0), cbuf.data()));
+  homes.owned.push_back(init);
   EXPECT_OK(update.place(ModuleId(0), init.data()));
   EXPECT_OK(update.wait_placed());
   EXPECT_OK(r.ops->synchronize());
@@ -386,10 +445,11 @@ UpdaterRun run_updater(Tier home) {
     EXPECT_NEAR(out.master[i], p[i], 1e-5 * (1 + std::fabs(p[i]))) << i;
     EXPECT_NEAR(out.exp_avg[i], m[i], 1e-6 * (1 + std::fabs(m[i]))) << i;
   }
-  // The compute parameters went home: what ParamHomes holds is the new master.
-  std::vector<float> home_now(n);
-  EXPECT_OK(homes.read_owned(ModuleId(0), 0, n, home_now.data()));
-  EXPECT_EQ(home_now, out.master);
+  // The compute parameters went home, each step's range given back and gathered (stage 1).
+  EXPECT_EQ(homes.owned[0], out.master);
+  EXPECT_EQ(homes.open, 0);
+  EXPECT_EQ(homes.released, 2);
+  EXPECT_EQ(homes.gathered, 2);
   // A checkpoint's write of a state, read back.
   const std::vector<float> fresh = ramp(n, 7.0f);
   EXPECT_OK(update.write_state(ModuleId(0), OptState::kExpAvgSq, 0, n, fresh.data()));
