@@ -3,8 +3,8 @@
 
 A long file holds several concepts; each concept belongs in a file of its own whose first line
 says what it holds (STYLE.md: one concept per file). Checked folders: src/, io/, offload/ and
-tools/ (build folders skipped); checked files: C++ sources and headers (.h, .hpp, .cpp, .cc).
-CUDA device code (.cu, .cuh) is not checked. A file's length is its count of lines.
+tools/ (build folders skipped); checked files: C++ and CUDA sources and headers (.h, .hpp, .cpp,
+.cc, .cu, .cuh). A file's length is its count of lines.
 Usage: scripts/check-file-length.py [--limit N] [--list] [repo root]
   --list   print every file over the limit (and the longest ones) without failing
 """
@@ -12,7 +12,7 @@ import os
 import sys
 
 FOLDERS = ["src", "io", "offload", "tools"]
-SOURCES = (".h", ".hpp", ".cpp", ".cc")
+SOURCES = (".h", ".hpp", ".cpp", ".cc", ".cu", ".cuh")
 
 
 def line_count(path):
