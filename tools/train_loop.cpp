@@ -236,6 +236,7 @@ void TrainRun::record_step(double step_wall) {
                         {"wall", step_wall}});
   per_param.push_back(link_json(last.per_param_nvme_read, last.per_param_nvme_write,
                                 last.per_param_host_to_device, last.per_param_device_to_host));
+  nvme_written_steps.push_back(last.step_bytes_nvme_write + last.activation_bytes_nvme_write);
   comm_steps.push_back(last.t_comm);
   t_compute += last.t_compute;
   t_comm += last.t_comm;
@@ -292,6 +293,10 @@ void TrainRun::gather_comm() {
 // After the last step: the pending checkpoint, the final evaluation and sample, --trace.
 void TrainRun::finish() {
   gather_comm();
+  std::vector<double> written = {static_cast<double>(nvme_written())};
+  Status ws = rt->sum(&written);
+  if (!ws.is_ok()) fail(ws.with_context("summing every rank's NVMe bytes written"));
+  nvme_written_all = written[0];
   Status fs = eng->finish_save();
   if (!fs.is_ok()) fail(fs.with_context("the last checkpoint"));
   progress->done();

@@ -65,6 +65,7 @@ json TrainRun::summary_json() const {
   // The last step's StepStats, every field (zoe/step_stats.h).
   j["step_stats"] = json::parse(step_stats_json(last));
   add_activation_json(&j);
+  add_wear_json(&j);
   j["eval_loss"] = eval_loss;
   if (!std::isnan(accuracy)) j["accuracy"] = accuracy;
   j["evals"] = evals;
@@ -98,6 +99,44 @@ void TrainRun::add_activation_json(json* j) const {
   (*j)["time_s"]["activation_stall"] = a.t_stall;
 }
 
+// This rank's bytes written to NVMe since the engine started: the engine's counter (optimizer
+// states, stage-3 partitions, gradient accumulation) and the activation store's.
+uint64_t TrainRun::nvme_written() const {
+  return last.bytes_nvme_write + eng->activations().stats().bytes_nvme_write;
+}
+
+// zoe.drive_tbw: the terabytes the NVMe drive is rated to write; 0: not given.
+double TrainRun::drive_tbw() const {
+  auto v = cfg.get_double("zoe.drive_tbw");
+  return v.is_ok() ? v.value() : 0.0;
+}
+
+// The drive's wear: the bytes written to NVMe, per step, and with zoe.drive_tbw the share of the
+// rated endurance every rank's writes used (as if on one drive: exact for ranks sharing a host's
+// drive, an upper bound across hosts).
+void TrainRun::add_wear_json(json* j) const {
+  (*j)["nvme_bytes_written"] = nvme_written();
+  (*j)["nvme_bytes_written_by_step"] = nvme_written_steps;
+  if (rt->world_size() > 1) (*j)["nvme_bytes_written_all_ranks"] = nvme_written_all;
+  if (drive_tbw() > 0) {
+    (*j)["drive_tbw"] = drive_tbw();
+    (*j)["drive_endurance_used"] = nvme_written_all / (drive_tbw() * 1e12);
+  }
+}
+
+// One line of the summary: the bytes written to NVMe, and the share of zoe.drive_tbw they used.
+void TrainRun::print_wear() const {
+  const uint64_t per_step = nvme_written_steps.empty() ? 0 : nvme_written_steps.back();
+  printf("nvme written    %s by this rank in %zu steps (%s in the last step)",
+         format_bytes(nvme_written()).c_str(), nvme_written_steps.size(), format_bytes(per_step).c_str());
+  if (drive_tbw() > 0) {
+    printf("; %.3g%% of a %g TB drive's rated endurance (zoe.drive_tbw)%s",
+           100 * nvme_written_all / (drive_tbw() * 1e12), drive_tbw(),
+           rt->world_size() > 1 ? ", every rank's writes" : "");
+  }
+  printf("\n");
+}
+
 // --plot: the run's curves drawn from its JSON.
 void TrainRun::plot(const json& j) const {
   if (o.plot.empty()) return;
@@ -123,6 +162,7 @@ void TrainRun::print_summary(const json& j) const {
         100 * accuracy_start, 100 * accuracy, o.steps - start_step, total_s);
   }
   if (sample_n > 0) print_samples();
+  print_wear();
   printf("\n");
   print_bytes_table(j);
 }

@@ -52,6 +52,9 @@ struct TrainRun {
   std::vector<double> comm_steps;     // this rank's t_comm per step
   json comm_by_rank = json::array();  // every rank's t_comm per step (finish())
   json per_param = json::array();     // bytes per parameter moved in each step, per link
+  std::vector<uint64_t>
+      nvme_written_steps;       // this rank's NVMe bytes written in each step (states, activations)
+  double nvme_written_all = 0;  // every rank's NVMe bytes written (finish())
   json evals = json::array();
   double t_compute = 0, t_comm = 0, t_io = 0, t_opt = 0;
   StepStats last;
@@ -93,6 +96,10 @@ struct TrainRun {
   void finish();
   json summary_json() const;
   void add_activation_json(json* j) const;
+  uint64_t nvme_written() const;
+  double drive_tbw() const;
+  void add_wear_json(json* j) const;
+  void print_wear() const;
   void plot(const json& j) const;
   void print_summary(const json& j) const;
   void print_samples() const;

@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "cli/drive_smart.h"
 #include "core/cpu.h"
 #include "core/topology.h"
 #include "core/units.h"
@@ -128,6 +129,8 @@ json gather(const std::vector<std::string>& paths) {
     jp.push_back(entry);
   }
   j["paths"] = jp;
+  // The drive of the first --path (else the current directory's) and its wear, where SMART says.
+  j["drive"] = drive_json(paths.empty() ? std::string(".") : paths.front());
   j["zoe_version"] = ZOE_VERSION_STRING;
   return j;
 }
@@ -187,6 +190,7 @@ void print_human(const json& j) {
            p["o_direct"].get<bool>() ? "works"
                                      : ("no (" + p["o_direct_error"].get<std::string>() + ")").c_str());
   }
+  printf("%s\n", drive_line(j["drive"]).c_str());
 }
 
 }  // namespace
@@ -200,7 +204,9 @@ static void add_info_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("info",
                                      "Show what this host offers zoe: CPU, SIMD, memory, io_uring, "
                                      "MPI/NCCL/CUDA, and for each --path its file system, free "
-                                     "space and whether O_DIRECT works there");
+                                     "space and whether O_DIRECT works there; the drive of the first "
+                                     "--path (else the current directory) and its wear where SMART "
+                                     "gives it (nvme-cli or smartctl, if installed)");
   cmd->add_option("--path", o->paths, "A directory to check (repeatable)");
   cmd->add_flag("--json", o->json, "Print one JSON object");
   cmd->callback([o] {

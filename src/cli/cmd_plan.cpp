@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "cli/drive_wear.h"
 #include "config/config.h"
 #include "core/units.h"
 #include "plan/options.h"
@@ -49,7 +50,12 @@ json activations_json(const plan::PlanRow& r, const plan::PlanInputs& in) {
           {"tier_bytes", {{"device", t.device}, {"host", t.host}, {"nvme", t.nvme}}}};
 }
 
-json row_json(const plan::PlanRow& r, const plan::PlanInputs& in) {
+// The wear of a row's placement on a node's NVMe drives (its bytes written per step).
+DriveWear row_wear(const plan::PlanRow& r, const plan::PlanInputs& in, const PlanOpts& o) {
+  return {r.cost.bytes.nvme_write, in.topo.gpus_per_node, o.plan.drive_tbw};
+}
+
+json row_json(const plan::PlanRow& r, const plan::PlanInputs& in, const PlanOpts& o) {
   json j;
   j["placement"] = placement_json(r.placement);
   j["fits"] = r.fits;
@@ -84,6 +90,7 @@ json row_json(const plan::PlanRow& r, const plan::PlanInputs& in) {
   for (int k = 0; k < plan::kResources; ++k)
     busy[plan::resource_name(static_cast<Resource>(k))] = r.cost.busy_s[k];
   j["busy_s"] = busy;
+  add_wear_json(&j, row_wear(r, in, o));
   return j;
 }
 
@@ -154,6 +161,7 @@ void print_table(const plan::PlanResult& res, const plan::PlanInputs& in, const 
   for (const auto& r : res.rows) fit += r.fits;
   printf("# %zu of %zu placements fit%s\n", fit, res.rows.size(),
          fit ? "; the first row is the fastest predicted" : "");
+  if (!res.rows.empty()) printf("%s", wear_line(row_wear(res.rows.front(), in, o), "the first row").c_str());
 }
 
 void run(const PlanOpts& o) {
@@ -165,8 +173,13 @@ void run(const PlanOpts& o) {
   plan::PlanResult res = value_or_fail(plan::make_plan(in));
   if (o.json) {
     json rows = json::array();
-    for (const auto& r : res.rows) rows.push_back(row_json(r, in));
-    print_json(nlohmann::json{{"params", res.params}, {"rows", rows}});
+    for (const auto& r : res.rows) rows.push_back(row_json(r, in, o));
+    json out = {{"params", res.params}, {"rows", rows}};
+    if (o.plan.drive_tbw > 0) {
+      out["drive_tbw"] = o.plan.drive_tbw;
+      out["ranks_per_drive"] = in.topo.gpus_per_node;
+    }
+    print_json(out);
   } else {
     print_table(res, in, o);
   }
@@ -181,6 +194,8 @@ static void add_plan_command(CLI::App& app) {
       "plan",
       "Memory and predicted step time of every placement (ZeRO stage 1-3 x parameter offload x optimizer\n"
       "offload x offload ratio x bf16 optimizer states) of a model on a cluster, before anything runs.\n"
+      "Each row also gives the bytes a rank writes to NVMe per step and per 1,000 steps (the drive's\n"
+      "wear; with --drive-tbw, the steps the drive's rated endurance allows).\n"
       "Bytes per rank are the engine's own placement plan; the step time is the critical path of the\n"
       "engine's pipeline over the link rates (docs/cost-model.md). Rows that fit come first, fastest\n"
       "first. Exit code 1 when nothing fits, naming the closest placement and what it lacks.");

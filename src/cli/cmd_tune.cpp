@@ -161,7 +161,7 @@ void run(const TuneOpts& o) {
     print_tune_json(o, t, verified, std::move(j));
     return;
   }
-  print_candidates(t);
+  print_candidates(o, t);
   if (!t.runs.empty()) print_verified(o, t);
   if (!o.out.empty()) printf("# config: %s (zoe train --config %s)\n", o.out.c_str(), o.out.c_str());
 }

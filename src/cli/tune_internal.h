@@ -168,7 +168,7 @@ nlohmann::json verified_json(const TuneResult& t);  // the JSON's "verified"
 void plot_verified(const TuneOpts& o, const plan::PlanInputs& in, const nlohmann::json& verified);  // --plot
 void print_tune_json(const TuneOpts& o, const TuneResult& t, const nlohmann::json& verified,
                      nlohmann::json j);
-void print_candidates(const TuneResult& t);
+void print_candidates(const TuneOpts& o, const TuneResult& t);
 void print_verified(const TuneOpts& o, const TuneResult& t);
 
 }  // namespace zoe::cli::tune

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/drive_wear.h"
 #include "cli/tune_internal.h"
 #include "config/config.h"
 #include "core/units.h"
@@ -22,7 +23,20 @@ using nlohmann::json;
 
 namespace {
 
-json candidate_json(const Candidate& c) {
+json candidate_fields(const Candidate& c);
+
+// A candidate's wear on a node's NVMe drives (its bytes written per step).
+DriveWear candidate_wear(const Candidate& c, const plan::PlanInputs& in, double tbw) {
+  return {c.row.cost.bytes.nvme_write, in.topo.gpus_per_node, tbw};
+}
+
+json candidate_json(const Candidate& c, const plan::PlanInputs& in, double tbw) {
+  json j = candidate_fields(c);
+  add_wear_json(&j, candidate_wear(c, in, tbw));
+  return j;
+}
+
+json candidate_fields(const Candidate& c) {
   const plan::RowPlacement& p = c.row.placement;
   return {{"placement",
            {{"stage", p.stage},
@@ -99,13 +113,18 @@ void plot_verified(const TuneOpts& o, const plan::PlanInputs& in, const json& ve
 // --json: the best, up to five alternatives, the aio choice and the verified runs.
 void print_tune_json(const TuneOpts& o, const TuneResult& t, const json& verified, json j) {
   j["params"] = t.res.params;
-  j["best"] = candidate_json(t.cands[t.chosen_cand]);
+  const double tbw = o.plan.drive_tbw;
+  j["best"] = candidate_json(t.cands[t.chosen_cand], t.in, tbw);
   json alt = json::array();
   for (size_t i = 0; i < t.cands.size() && alt.size() < 5; ++i) {
-    if (i != t.chosen_cand) alt.push_back(candidate_json(t.cands[i]));
+    if (i != t.chosen_cand) alt.push_back(candidate_json(t.cands[i], t.in, tbw));
   }
   j["alternatives"] = alt;
   if (!o.out.empty()) j["out"] = o.out;
+  if (tbw > 0) {
+    j["drive_tbw"] = tbw;
+    j["ranks_per_drive"] = t.in.topo.gpus_per_node;
+  }
   if (t.in.rates.aio_block_size > 0) {
     j["aio"] = {{"block_size", t.in.rates.aio_block_size}, {"queue_depth", t.in.rates.aio_queue_depth}};
   }
@@ -114,13 +133,13 @@ void print_tune_json(const TuneOpts& o, const TuneResult& t, const json& verifie
     j["verified"] = verified;
     j["chosen"] = t.chosen + 1;
     j["chosen_differs_from_predicted"] = t.chosen_cand != 0;
-    j["predicted_best"] = candidate_json(t.cands.front());
+    j["predicted_best"] = candidate_json(t.cands.front(), t.in, tbw);
   }
   print_json(j);
 }
 
 // The text report: the six best candidates (the chosen one starred) and the aio choice.
-void print_candidates(const TuneResult& t) {
+void print_candidates(const TuneOpts& o, const TuneResult& t) {
   const plan::PlanInputs& in = t.in;
   printf("# zoe tune: %s, %llu parameters, %d node(s) x %d rank(s); %zu fitting candidates\n",
          in.model.name.c_str(), static_cast<unsigned long long>(t.res.params), in.topo.nodes,
@@ -142,6 +161,9 @@ void print_candidates(const TuneResult& t) {
          fmt("%.4g", c.row.cost.step_s),
          fmt("%s (%.0f%%)", plan::resource_name(c.row.cost.bottleneck), 100 * c.row.cost.bottleneck_share)});
   }
+  printf("%s",
+         wear_line(candidate_wear(t.cands[t.chosen_cand], in, o.plan.drive_tbw), "the starred candidate")
+             .c_str());
   if (!in.rates.spread.empty()) {
     std::string sp;
     for (const auto& [what, v] : in.rates.spread)

@@ -126,6 +126,9 @@ struct ZoeConfig {
   // other rank exits naming it (comm/heartbeat.h). 0: never. Without the key: ZOE_COMM_TIMEOUT_S,
   // else 30.
   double comm_timeout_s = 30.0;
+  // The endurance the NVMe drive is rated for, in terabytes written (TBW, 1 TB = 1e12 bytes): zoe
+  // train reports the share of it the run's NVMe writes used. 0: not given (unknown).
+  double drive_tbw = 0;
   // The activation store (zoe/activations.h): where checkpointed activations live between a
   // micro-batch's forward and backward. "none" keeps them on the device.
   std::string activation_offload = "none";  // none | cpu | nvme

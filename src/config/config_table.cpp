@@ -382,6 +382,8 @@ void add_zoe_fields(std::vector<Field>& t) {
   t.push_back(boolean("zoe.swap_checksum", ZOE_MEMBER(zoe.swap_checksum), false));
   t.push_back(boolean("zoe.swap_hole_check", ZOE_MEMBER(zoe.swap_hole_check), true));
   t.push_back(number("zoe.comm_timeout_s", ZOE_MEMBER(zoe.comm_timeout_s), 30.0, Range{0.0, 86400.0}));
+  // Reported against (zoe train's drive_endurance_used), never enforced; 0: unknown.
+  t.push_back(number("zoe.drive_tbw", ZOE_MEMBER(zoe.drive_tbw), 0.0, Range{0.0, 1e9}));
   add_zoe_activation_fields(t);
 }
 

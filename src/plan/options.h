@@ -33,6 +33,8 @@ struct PlanOptions {
   // activations are counted; "" where not given (the --config's keys, else none).
   bool activation_checkpointing = false;
   std::string activation_offload, activation_host_budget, activation_device_budget;
+  // --drive-tbw: the terabytes (1e12 bytes) a node's NVMe drive is rated to write; 0: not given.
+  double drive_tbw = 0;
 };
 
 // The bounds of the integer options (their errors give them): a world of at most 2^20 ranks.
@@ -146,6 +148,10 @@ void add_plan_options(App& cmd, PlanOptions* o, IntRange int_range, Positive pos
   cmd.add_option("--config", o->config,
                  "A DeepSpeed-style config whose other knobs every row keeps (buckets, "
                  "sub_group_size, precision, batch)");
+  positive(cmd.add_option("--drive-tbw", o->drive_tbw,
+                          "The endurance a node's NVMe drive is rated for, in terabytes written (TBW, 1 TB = "
+                          "1e12 bytes, e.g. 600): also show the steps it allows at the plan's NVMe bytes "
+                          "written per step (the bytes per step and per 1,000 steps are always shown)"));
 }
 
 }  // namespace zoe::plan
