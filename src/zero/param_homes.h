@@ -43,7 +43,6 @@ class ParamHomes final : public PartitionSource, public UpdateTarget {
   // dtype) into its home.
   Status place(ModuleId m, const char* cbuf);
   // A persistent module's full compute parameters on the device.
-  device::DeviceBuffer& persistent(ModuleId m) { return full_[m.index]; }
   void* persistent_params(ModuleId m) override { return full_[m.index].get(); }
 
   // Where the compute parameters of module m's owned range are written after the update. Stage-3
