@@ -191,6 +191,18 @@ Status File::sync() {
   return Status::ok();
 }
 
+Result<uint64_t> File::free_bytes() const {
+  struct statvfs vfs;
+  if (fstatvfs(fd_, &vfs) != 0) return sys_error("fstatvfs", path_, errno);
+  return static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+}
+
+Result<uint64_t> File::device() const {
+  struct stat st;
+  if (fstat(fd_, &st) != 0) return sys_error("fstat", path_, errno);
+  return static_cast<uint64_t>(st.st_dev);
+}
+
 Result<uint64_t> free_bytes_at(const std::string& path) {
   struct statvfs vfs;
   if (statvfs(path.c_str(), &vfs) != 0) return sys_error("statvfs", path, errno);

@@ -45,6 +45,11 @@ class File {
   uint32_t offset_align() const { return offset_align_; }
 
   Result<uint64_t> size() const;
+  // Free bytes on the file's file system, asked through the descriptor: right even once the path
+  // is unlinked (a SIGINT unlinks swap files at once and the run stops at its next step).
+  Result<uint64_t> free_bytes() const;
+  // The file system's device (st_dev), through the descriptor.
+  Result<uint64_t> device() const;
   // Reserves [0, bytes) on disk (fallocate). ENOSPC names the path, the bytes and the space that
   // was free before the attempt; a failed attempt gives back what it reserved (best effort).
   Status preallocate(uint64_t bytes);

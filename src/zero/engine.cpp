@@ -10,7 +10,6 @@
 // public_api.cpp (the public types over the engine).
 #include "zoe/engine.h"
 
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -311,14 +310,25 @@ Status Engine::Impl::check_nvme_space() const {
   gethostname(host, sizeof host - 1);
   std::memcpy(mine.host, host, sizeof mine.host);
   mine.need = ctx.placement.nvme_bytes();
+  // Through each file's descriptor, not its path: a SIGINT while the model initialises unlinks the
+  // swap files at once (the run stops at its first step boundary), and a path would then say
+  // nothing. A file system that cannot say counts as large enough.
   std::string where;
+  bool unknown = false;
   for (const auto& f : ctx.swap->files()) {
-    auto fb = io::free_bytes_at(f->path());
-    if (fb.is_ok()) mine.free += fb.value() / ctx.swap->files().size();  // files may share a file system
+    auto fb = f->free_bytes();
+    if (fb.is_ok()) {
+      mine.free += fb.value() / ctx.swap->files().size();  // files may share a file system
+    } else {
+      unknown = true;
+    }
     where += (where.empty() ? "" : ", ") + f->path();
   }
-  struct stat st {};
-  if (!ctx.swap->files().empty() && stat(ctx.swap->files()[0]->path().c_str(), &st) == 0) mine.fs = st.st_dev;
+  if (unknown) mine.free = UINT64_MAX;
+  if (!ctx.swap->files().empty()) {
+    auto dev = ctx.swap->files()[0]->device();
+    if (dev.is_ok()) mine.fs = dev.value();
+  }
   snprintf(mine.where, sizeof mine.where, "%s", where.c_str());
   std::vector<NvmeNeed> all(static_cast<size_t>(ctx.shape.world));
   ZOE_RETURN_IF_ERROR(ctx.comm->all_gather(&mine, all.data(), sizeof mine, comm::CommType::kU8).wait());

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <atomic>
@@ -233,6 +234,32 @@ class ScratchExt4 {
 };
 
 uint64_t free_at(const std::string& path) { return free_bytes_at(path).value(); }
+
+TEST(SwapFile, FreeSpaceIsKnownThroughTheDescriptorOnceThePathIsUnlinked) {
+  // A SIGINT while a model initialises unlinks the swap files at once (the run stops at its next
+  // step); the engine's NVMe space check that follows must still see the file system's free space.
+  ScratchMount m("tmpfs", "size=8m");
+  if (!m.ok()) GTEST_SKIP() << "cannot mount a tmpfs here (needs root)";
+  SwapFileOptions o;
+  o.dirs = {m.path()};
+  o.initial_bytes = 1 << 20;
+  auto sf = SwapFile::create(o);
+  ASSERT_OK(sf);
+  const File& f = *sf.value()->files()[0];
+  const uint64_t before = free_at(m.path());
+  EXPECT_GE(unlink_live_swap_files(), 1u);
+  EXPECT_FALSE(free_bytes_at(f.path()).is_ok());  // the path says nothing now
+  auto fb = f.free_bytes();
+  ASSERT_OK(fb);
+  EXPECT_EQ(fb.value(), before);  // the unlinked file still holds its blocks
+  EXPECT_GT(fb.value(), 6u << 20);
+  EXPECT_LT(fb.value(), 7u << 20);
+  struct stat st;
+  ASSERT_EQ(stat(m.path().c_str(), &st), 0);
+  auto dev = f.device();
+  ASSERT_OK(dev);
+  EXPECT_EQ(dev.value(), static_cast<uint64_t>(st.st_dev));
+}
 
 TEST(SwapFileGrowth, StepShrinksToWhatFitsOnANearlyFullDisk) {
   // The reported case in small: the default 256 MiB step on a disk with less free than that.
