@@ -17,8 +17,14 @@
 //                 m = scale * q*|q| / L^2                      (square-root companding)
 //   v (>= 0):     int8: c in [0, 255], v = scale * c^4 / 255^4  (fourth-root companding)
 //                 int4: c in [0, 15],  v = scale * c^2 / 225    (square-root companding)
-//   Encoding: q = round-half-even(L * sqrt(|x|/scale)) (int8 v: L * sqrt(sqrt(v/scale))) in
-//   fp32 operations, clamped to L. Code 0 of v means exactly 0: a v > 0 always gets c >= 1, and
+//   Encoding, in fp32 operations (correctly rounded mul, div, sqrt; no FMA), clamped to L:
+//     m:       q = round-half-even(sqrt(|m| * a)),       a = L^2 / scale
+//     int8 v:  c = round-half-even(sqrt(sqrt(v) * a)),   a = L^2 / sqrt(scale)
+//     int4 v:  c = round-half-even(sqrt(v) * a),         a = L / sqrt(scale)
+//   a is computed once per block (a = 0 for a zero scale); for an m scale under 2^-64,
+//   t = (|m| * 2^64) * (L^2 / (scale * 2^64)) keeps a finite. sqrt(v) is the one the update's
+//   denominator takes, so an update costs three square roots (int8; two for int4) and a division.
+//   Code 0 of v means exactly 0: a v > 0 always gets c >= 1, and
 //   c >= 1 decodes to at least the smallest positive float, so v never comes back as zero where
 //   it was not zero (2309.01507's zero-point problem, below).
 //

@@ -36,19 +36,22 @@ Fmt fmt(StateFormat f) {
   return {128, 7, 15, 49.0f, 225.0f, false, 4};
 }
 
+// lowbit.h's encoding: t = |m| * (L^2 / scale) (an m scale under 2^-64 scales |m| and the scale by
+// 2^64 first), t = sqrt(v) * (L^2 / sqrt(scale)) (int8 v) or sqrt(v) * (L / sqrt(scale)) (int4 v);
+// the code is round-half-even(sqrt(t)) (int4 v: of t), clamped to L.
 int encode_ref(float x, float scale, bool is_v, const Fmt& F) {
-  float k = 1.0f, inv = 0.0f;
-  if (scale >= 0x1p-64f) {
-    inv = 1.0f / scale;
-  } else if (scale > 0.0f) {
-    k = 0x1p64f;
-    inv = 1.0f / (scale * k);
-  }
   const int levels = is_v ? F.lv : F.lm;
-  float r = (std::fabs(x) * k) * inv;
-  float root = std::sqrt(r);
-  if (is_v && F.v_fourth_root) root = std::sqrt(root);
-  int c = static_cast<int>(std::nearbyint(root * static_cast<float>(levels)));  // half to even
+  const float L = static_cast<float>(levels);
+  float t = 0.0f;
+  if (scale > 0.0f && is_v) {
+    t = std::sqrt(x) * ((F.v_fourth_root ? L * L : L) / std::sqrt(scale));
+  } else if (scale >= 0x1p-64f) {
+    t = std::fabs(x) * (L * L / scale);
+  } else if (scale > 0.0f) {
+    t = (std::fabs(x) * 0x1p64f) * (L * L / (scale * 0x1p64f));
+  }
+  const float root = is_v && !F.v_fourth_root ? t : std::sqrt(t);
+  int c = static_cast<int>(std::nearbyint(root));  // half to even
   c = std::min(c, levels);
   if (is_v) return x > 0.0f && c == 0 ? 1 : c;
   return x < 0.0f ? -c : c;
