@@ -67,6 +67,10 @@ Result<Config> flags_config(const TrainOpts& o, const std::vector<std::string>& 
   }
   if (o.has("--host-budget"))
     ZOE_RETURN_IF_ERROR(cfg.set("zoe.host_budget", std::to_string(parse_bytes(o.host_budget).value())));
+  if (o.has("--optimizer-states"))
+    ZOE_RETURN_IF_ERROR(cfg.set("zoe.optimizer_states", "\"" + o.optimizer_states + "\""));
+  if (o.has("--master-weights"))
+    ZOE_RETURN_IF_ERROR(cfg.set("zoe.master_weights", "\"" + o.master_weights + "\""));
   return cfg;
 }
 
@@ -106,6 +110,16 @@ void check_flags(TrainOpts& o) {
     usage_fail(invalid_argument("--offload %s is not none, cpu or nvme", o.offload.c_str()));
   }
   check_activation_flags(o);
+  if (o.has("--optimizer-states") && o.optimizer_states != "fp32" && o.optimizer_states != "bf16" &&
+      o.optimizer_states != "int8" && o.optimizer_states != "int4") {
+    usage_fail(invalid_argument("--optimizer-states %s is not fp32, bf16, int8 or int4", o.optimizer_states.c_str()));
+  }
+  if (o.has("--master-weights") && o.master_weights != "fp32" && o.master_weights != "bf16") {
+    usage_fail(invalid_argument("--master-weights %s is not fp32 or bf16%s", o.master_weights.c_str(),
+                                o.master_weights == "fp16"
+                                    ? " (an fp16 master cannot hold both the weights and their small updates)"
+                                    : ""));
+  }
   for (const auto& [flag, text] :
        {std::pair<const char*, const std::string&>{"--device-budget", o.device_budget},
         {"--host-budget", o.host_budget}}) {
@@ -233,6 +247,14 @@ void apply_overrides(const TrainOpts& o, Config* cfg, bool lead) {
     say("--host-budget " + o.host_budget, "zoe.host_budget", (was.is_ok() ? was.value() : "0") + " bytes");
     check("--host-budget", cfg->set("zoe.host_budget", std::to_string(parse_bytes(o.host_budget).value())));
   }
+  for (const auto& [flag, key, value] : {std::tuple<const char*, const char*, const std::string&>{
+                                             "--optimizer-states", "zoe.optimizer_states", o.optimizer_states},
+                                         {"--master-weights", "zoe.master_weights", o.master_weights}}) {
+    if (!o.has(flag)) continue;
+    auto was = cfg->get(key);
+    say(std::string(flag) + " " + value, key, was.is_ok() ? was.value() : "fp32");
+    check(flag, cfg->set(key, "\"" + value + "\""));
+  }
 }
 
 CLI::App* add_train_options(CLI::App& app, TrainOpts* o) {
@@ -304,6 +326,12 @@ CLI::App* add_train_options(CLI::App& app, TrainOpts* o) {
       "expanded on each rank: $VAR or ${VAR} (an environment variable, e.g. $SLURM_TMPDIR), {rank}, "
       "{local_rank}, {host} ($$ is a $)");
   cmd->add_option("--precision", o->precision, "fp32, bf16 or fp16 (default bf16, or the config's)");
+  cmd->add_option("--optimizer-states", o->optimizer_states,
+                  "Adam's m and v as stored in every tier: fp32, bf16, int8 or int4 (blockwise quantized, "
+                  "docs in src/optim/lowbit.h; overrides zoe.optimizer_states; default fp32)");
+  cmd->add_option("--master-weights", o->master_weights,
+                  "The master weights: fp32, or bf16 rounded stochastically (overrides zoe.master_weights; "
+                  "default fp32)");
   cmd->add_option("--data", o->data, "Train on this text file (bytes are tokens)");
   cmd->add_option("--task", o->task,
                   "Without --data: the built-in additions, add (operands below 1000), add2 (below 100) "

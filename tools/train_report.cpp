@@ -42,6 +42,9 @@ json TrainRun::summary_json() const {
   j["lr"] = cfg.lr();
   j["data"] = corpus.name;
   j["model_state_bytes"] = eng->model_state_bytes();
+  j["optimizer_states"] = eng->optimizer_states();
+  j["master_weights"] = eng->master_weights();
+  j["optimizer_state_bytes_per_param"] = eng->optimizer_state_bytes_per_param();
   j["device_budget_bytes"] = eng->device_budget_bytes();
   j["state_to_budget"] =
       static_cast<double>(eng->model_state_bytes()) / static_cast<double>(eng->device_budget_bytes());

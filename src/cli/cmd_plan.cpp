@@ -32,7 +32,8 @@ json placement_json(const plan::RowPlacement& p) {
           {"offload_param", offload_name(p.param)},
           {"offload_optimizer", offload_name(p.optimizer)},
           {"offload_ratio", off ? json(p.ratio) : json(nullptr)},
-          {"bf16_optimizer_states", p.bf16_states}};
+          {"bf16_optimizer_states", p.bf16_states},
+          {"optimizer_states", p.states}};
 }
 
 const char* act_offload_name(ActivationOffload o) {
@@ -128,7 +129,7 @@ void print_table(const plan::PlanResult& res, const plan::PlanInputs& in, const 
   print_header(res, in, o);
   const bool ckpt = in.act.checkpointing;
   std::vector<Table::Column> cols = {{"stage", "", 5},   {"params", "", 6}, {"optim", "", 5},
-                                     {"ratio", "", 5},   {"bf16st", "", 6}, {"device", "GiB", 9},
+                                     {"ratio", "", 5},   {"states", "", 6}, {"device", "GiB", 9},
                                      {"host", "GiB", 9}, {"nvme", "GiB", 9}};
   if (ckpt)
     cols.insert(cols.end(), {{"ckpt dev", "GiB", 9}, {"ckpt host", "GiB", 9}, {"ckpt nvme", "GiB", 9}});
@@ -145,7 +146,7 @@ void print_table(const plan::PlanResult& res, const plan::PlanInputs& in, const 
                                       offload_name(r.placement.param),
                                       offload_name(r.placement.optimizer),
                                       off ? fmt("%g", r.placement.ratio) : "-",
-                                      r.placement.bf16_states ? "on" : "off",
+                                      r.placement.states,
                                       g(r.bytes.device),
                                       g(r.bytes.host),
                                       g(r.bytes.nvme)};
@@ -168,7 +169,7 @@ void run(const PlanOpts& o) {
   plan::PlanOptions po = o.plan;
   if (Status s = plan::apply_device_budget(&po); !s.is_ok()) usage_fail(s);
   plan::PlanInputs in = value_or_fail(plan::plan_inputs(po));
-  fprintf(stderr, "zoe plan: planning %zu placements of %s\n", plan::all_placements().size(),
+  fprintf(stderr, "zoe plan: planning %zu placements of %s\n", plan::all_placements(in.base.zoe.optimizer_states).size(),
           in.model.name.c_str());
   plan::PlanResult res = value_or_fail(plan::make_plan(in));
   if (o.json) {
@@ -193,7 +194,7 @@ static void add_plan_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "plan",
       "Memory and predicted step time of every placement (ZeRO stage 1-3 x parameter offload x optimizer\n"
-      "offload x offload ratio x bf16 optimizer states) of a model on a cluster, before anything runs.\n"
+      "offload x offload ratio x fp32/bf16 optimizer states) of a model on a cluster, before anything runs.\n"
       "Each row also gives the bytes a rank writes to NVMe per step and per 1,000 steps (the drive's\n"
       "wear; with --drive-tbw, the steps the drive's rated endurance allows).\n"
       "Bytes per rank are the engine's own placement plan; the step time is the critical path of the\n"

@@ -399,6 +399,7 @@ Result<TrainRates> measure_train(const plan::PlanInputs& pre, int64_t micro, boo
   plan::RowPlacement rp;
   rp.stage = 1;
   rp.bf16_states = cfg.zoe.bf16_optimizer_states;
+  rp.states = cfg.zoe.optimizer_states;
   plan::PlanInputs in = pre;
   in.work.micro_batch = B;
   in.work.grad_accum = 1;

@@ -119,6 +119,22 @@ Status merge_offload_ratio(Config* c) {
   return Status::ok();
 }
 
+// zoe.bf16_optimizer_states: true is the older spelling of zoe.optimizer_states "bf16" (with
+// zoe.optimizer_states "fp32", the default, it means "bf16"; with "int8" or "int4" the two
+// disagree). Only zoe.optimizer_states is written back.
+Status merge_state_format(Config* c) {
+  ZoeConfig& z = c->zoe;
+  if (z.bf16_optimizer_states && z.optimizer_states != "fp32" && z.optimizer_states != "bf16") {
+    return invalid_argument(
+        "zoe.bf16_optimizer_states true and zoe.optimizer_states \"%s\" disagree (the first is the older "
+        "spelling of zoe.optimizer_states \"bf16\": give zoe.optimizer_states only)",
+        z.optimizer_states.c_str());
+  }
+  if (z.bf16_optimizer_states) z.optimizer_states = "bf16";
+  z.bf16_optimizer_states = z.optimizer_states == "bf16";
+  return Status::ok();
+}
+
 Status check_contradictions(const Config& c) {
   if (c.fp16.enabled && c.bf16) {
     return invalid_argument("fp16.enabled and bf16.enabled are both true (choose one precision)");
@@ -187,6 +203,7 @@ Status apply_rules(const GivenKeys& g, int world_size, Config* c) {
   if (c->optimizer.type == "AdamW") c->optimizer.adam_w_mode = true;
   ZOE_RETURN_IF_ERROR(check_scheduler(g, c->scheduler));
   ZOE_RETURN_IF_ERROR(merge_offload_ratio(c));
+  ZOE_RETURN_IF_ERROR(merge_state_format(c));
   apply_activation_checkpointing(g, c);
   ZOE_RETURN_IF_ERROR(check_activation_offload(*c));
   return check_contradictions(*c);

@@ -374,7 +374,16 @@ void add_zoe_fields(std::vector<Field>& t) {
   t.push_back(bytes("zoe.device_budget", ZOE_MEMBER(zoe.device_budget_bytes)));
   t.push_back(bytes("zoe.host_budget", ZOE_MEMBER(zoe.host_budget_bytes)));
   t.push_back(number("zoe.offload_ratio", ZOE_MEMBER(zoe.offload_ratio), 1.0, Range{0.0, 1.0}));
-  t.push_back(boolean("zoe.bf16_optimizer_states", ZOE_MEMBER(zoe.bf16_optimizer_states), false));
+  // The older spelling of zoe.optimizer_states "bf16" (the rules): read, never written.
+  t.push_back(boolean("zoe.bf16_optimizer_states", ZOE_MEMBER(zoe.bf16_optimizer_states), false)
+                  .written_if([](const Config&) { return false; }));
+  t.push_back(choice("zoe.optimizer_states", ZOE_MEMBER(zoe.optimizer_states), "fp32",
+                     {"fp32", "bf16", "int8", "int4"}, false)
+                  .refuse_value("fp16", "fp16 m and v lose Adam's small second moments (use bf16 or int8)"));
+  t.push_back(choice("zoe.master_weights", ZOE_MEMBER(zoe.master_weights), "fp32", {"fp32", "bf16"}, false)
+                  .refuse_value("fp16",
+                                "an fp16 master cannot hold both the weights and their small updates (its "
+                                "exponent has 5 bits; bf16's has 8)"));
   t.push_back(choice("zoe.device", ZOE_MEMBER(zoe.device), "auto", {"auto", "cpu", "cuda"}));
   t.push_back(integer("zoe.optimizer_threads", ZOE_MEMBER(zoe.optimizer_threads), 0, 0, kMaxThreads));
   t.push_back(boolean("zoe.overlap_step", ZOE_MEMBER(zoe.overlap_step), true));

@@ -67,6 +67,8 @@ struct Field {
   bool fold_case = false;     // kChoice
   // kChoice: a value that is no string is "not a string (expected A or B)", not "not one of".
   bool string_type_message = false;
+  // kChoice: values refused with their reason ("zoe.master_weights: \"fp16\" is refused: ...").
+  std::vector<std::pair<std::string, std::string>> refused_values;
   std::string expected;  // kPair: the shape, as the error says it ("[beta1, beta2]")
   // Older spellings (full JSON paths). The value is the first spelling given; two given with
   // different values is an error.
@@ -97,6 +99,10 @@ struct Field {
   Field&& refuse(std::string reason) && {
     disposition = Disposition::kRefuse;
     why = std::move(reason);
+    return std::move(*this);
+  }
+  Field&& refuse_value(std::string value, std::string reason) && {
+    refused_values.emplace_back(std::move(value), std::move(reason));
     return std::move(*this);
   }
   Field&& ignore() && {

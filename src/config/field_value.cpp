@@ -41,6 +41,11 @@ Result<Json> read_choice(const Field& f, const Json& v, const std::string& path)
   }
   if (v.is_string()) {
     const std::string s = v.get<std::string>();
+    for (const auto& [value, why] : f.refused_values) {
+      if (s == value || (f.fold_case && lower(s) == lower(value)))
+        return invalid_argument("%s: \"%s\" is refused: %s (choose one of %s)", path.c_str(), s.c_str(),
+                                why.c_str(), choice_list(f.choices, false).c_str());
+    }
     for (const Json& a : f.choices) {
       const std::string& c = a.get_ref<const std::string&>();
       if (s == c || (f.fold_case && lower(s) == lower(c))) return a;

@@ -147,9 +147,9 @@ void StepModel::sums_write_behind(Path::Group* g, int64_t j) {
     g->add(Resource::kNvme, static_cast<double>(sums - stalled) / acc_w);
     g->add(Resource::kCompute, io_cpu(static_cast<double>(sums)));
     if (last && pre[i] > 0) {
-      B.nvme_read += pre[i] * (4 + 2 * sb);
-      g->add(Resource::kNvme, static_cast<double>(pre[i] * (4 + 2 * sb)) / swap_r);
-      g->add(Resource::kCompute, io_cpu(static_cast<double>(pre[i] * (4 + 2 * sb))));
+      B.nvme_read += pl.opt_bytes(pre[i]);
+      g->add(Resource::kNvme, static_cast<double>(pl.opt_bytes(pre[i])) / swap_r);
+      g->add(Resource::kCompute, io_cpu(static_cast<double>(pl.opt_bytes(pre[i]))));
     }
   }
 }

@@ -53,7 +53,7 @@ StepModel::StepModel(const config::Config& cfg_, const zero::Placement& pl_, con
   net = (topo.nodes > 1 ? rates.net_gbps : rates.intra_gbps) * gb;
   lat = topo.nodes > 1 ? rates.net_latency_us * 1e-6 : 0.0;
   hbm = rates.device_mem_gbps * gb;
-  es = pl.compute_bytes, sb = pl.state_bytes;
+  es = pl.compute_bytes;
   micro = std::max<int64_t>(1, w.grad_accum);
   tokens = static_cast<double>(w.micro_batch) * static_cast<double>(w.seq);
   ring = world > 1 ? static_cast<double>(world - 1) / world : 0.0;  // ring: bytes sent / size
@@ -82,7 +82,7 @@ StepModel::StepModel(const config::Config& cfg_, const zero::Placement& pl_, con
   }
   f_fwd = 2.0 * static_cast<double>(w.params) * tokens;
   // The step. Adam touches master (r/w), m and v (r/w), the gradient (r), the compute copy (w).
-  adam_elem = 8 + 4 * sb + 4 + (es == 2 ? 2 : 0);
+  adam_elem = 2 * pl.opt_bytes_per_elem() + 4 + (es == 2 ? 2 : 0);  // master, m, v read and written
 }
 
 // NVMe bytes/s of one stream of `request`-byte transfers, `in_flight` of them at once: the I/O

@@ -40,11 +40,11 @@ void StepModel::nvme_states_time() {
     if (m.opt_home != offload::Tier::kNvme) continue;
     elems += m.opt_n;
     // The preloaded: read during the backward, their gradient given.
-    const uint64_t r = (m.opt_n - pre[mi]) * (4 + 2 * sb + 4), wb = m.opt_n * (4 + 2 * sb);
+    const uint64_t r = pl.opt_bytes(m.opt_n - pre[mi]) + (m.opt_n - pre[mi]) * 4, wb = pl.opt_bytes(m.opt_n);
     rd += r;
     wr += wb;
-    B.cpu_optimizer += m.opt_n * adam_elem;
-    per[mi].add(Resource::kCpu, static_cast<double>(m.opt_n * adam_elem) / cpu);
+    B.cpu_optimizer += static_cast<uint64_t>(static_cast<double>(m.opt_n) * adam_elem);
+    per[mi].add(Resource::kCpu, static_cast<double>(m.opt_n) * adam_elem / cpu);
     write_out(m, &per[mi]);
     per[mi].add(Resource::kNvme, static_cast<double>(r) / swap_r + static_cast<double>(wb) / swap_w);
     per[mi].add(Resource::kCpu, io_cpu(static_cast<double>(r + wb)));
@@ -58,8 +58,8 @@ void StepModel::nvme_states_time() {
   } else {
     // Filling the pipeline: the first chunk is read before any update starts (unless it was
     // read ahead).
-    const double chunk =
-        static_cast<double>(std::min<uint64_t>(pl.swap_chunk_elems, elems)) * (4 + 2 * sb + 4);
+    const uint64_t first = std::min<uint64_t>(pl.swap_chunk_elems, elems);
+    const auto chunk = static_cast<double>(pl.opt_bytes(first) + first * 4);
     if (std::all_of(pre.begin(), pre.end(), [](uint64_t e) { return e == 0; }))
       path.serial(Resource::kNvme, chunk / swap_r);
     path.overlap(g);
@@ -94,7 +94,7 @@ void StepModel::host_device_states_time() {
     const auto& m = pl.modules[mi];
     if (m.opt_home == offload::Tier::kNvme) continue;
     Path::Group g;
-    const uint64_t bytes = m.opt_n * adam_elem;
+    const auto bytes = static_cast<uint64_t>(static_cast<double>(m.opt_n) * adam_elem);
     if (m.opt_home == offload::Tier::kDevice) {
       B.device_optimizer += bytes;
       g.add(Resource::kDeviceMem, static_cast<double>(bytes) / hbm);

@@ -22,6 +22,7 @@ std::string RowPlacement::label() const {
     s += r;
   }
   if (bf16_states) s += ", bf16 states";
+  if (states == "int8" || states == "int4") s += ", " + states + " states";
   return s;
 }
 
@@ -29,7 +30,8 @@ bool PlanResult::any_fits() const {
   return std::any_of(rows.begin(), rows.end(), [](const PlanRow& r) { return r.fits; });
 }
 
-std::vector<RowPlacement> all_placements() {
+std::vector<RowPlacement> all_placements(const std::string& base_states) {
+  const bool lowbit = base_states == "int8" || base_states == "int4";
   std::vector<RowPlacement> v;
   const Offload devs[] = {Offload::kNone, Offload::kCpu, Offload::kNvme};
   for (int stage = 1; stage <= 3; ++stage) {
@@ -38,7 +40,10 @@ std::vector<RowPlacement> all_placements() {
       for (Offload opt : devs) {
         for (double ratio : {0.25, 0.5, 1.0}) {
           if (opt == Offload::kNone && ratio != 1.0) continue;
-          for (bool bf16 : {false, true}) v.push_back({stage, param, opt, ratio, bf16});
+          for (bool bf16 : {false, true}) {
+            if (lowbit && bf16) continue;
+            v.push_back({stage, param, opt, ratio, bf16, lowbit ? base_states : bf16 ? "bf16" : "fp32"});
+          }
         }
       }
     }
@@ -52,7 +57,8 @@ config::Config config_for(const config::Config& base, const RowPlacement& p, con
   c.zero.offload_param.device = p.param;
   c.zero.offload_optimizer.device = p.optimizer;
   c.zoe.offload_ratio = p.optimizer == Offload::kNone ? 1.0 : p.ratio;
-  c.zoe.bf16_optimizer_states = p.bf16_states;
+  c.zoe.optimizer_states = p.states;
+  c.zoe.bf16_optimizer_states = p.states == "bf16";
   for (config::OffloadConfig* o : {&c.zero.offload_param, &c.zero.offload_optimizer}) {
     if (o->device == Offload::kNvme && o->nvme_path.empty() && !nvme_path.empty()) o->nvme_path = {nvme_path};
   }
@@ -227,7 +233,7 @@ Result<PlanResult> make_plan(const PlanInputs& in) {
   PlanResult res;
   res.params = in.model.params;
   res.per_rank = per_rank_memory(in);
-  for (const RowPlacement& p : all_placements()) {
+  for (const RowPlacement& p : all_placements(in.base.zoe.optimizer_states)) {
     ZOE_ASSIGN_OR_RETURN(PlanRow row, plan_row(in, p));
     res.rows.push_back(std::move(row));
   }

@@ -65,6 +65,9 @@ struct RowPlacement {
   zoe::Offload param = zoe::Offload::kNone, optimizer = zoe::Offload::kNone;
   double ratio = 1.0;  // zoe.offload_ratio (meaningful where the optimizer is offloaded)
   bool bf16_states = false;
+  // zoe.optimizer_states of the row: "bf16" or "fp32" (bf16_states), or the config's "int8"/"int4"
+  // (a low-bit format the config chose is kept in every row: precision is the user's choice).
+  std::string states = "fp32";
   std::string label() const;  // "stage 3, params nvme, optimizer cpu x0.5, bf16 states"
 };
 
@@ -95,7 +98,9 @@ struct PlanResult {
 };
 
 // Every placement of the matrix, in a fixed order (stage, params, optimizer, ratio, states).
-std::vector<RowPlacement> all_placements();
+// Every row; base_states: the config's zoe.optimizer_states (int8/int4 rows keep it, fp32/bf16
+// rows try both).
+std::vector<RowPlacement> all_placements(const std::string& base_states = "fp32");
 // The engine's config for a row: `base` with the row's stage, offload devices, ratio and state
 // dtype (nvme_path: `nvme_path` where a device is nvme and base has none).
 config::Config config_for(const config::Config& base, const RowPlacement& p,

@@ -104,7 +104,7 @@ struct StepModel {
   double pcie, cpu, net, hbm;
   // Seconds every collective costs beside its bytes (across nodes; 0 inside one node).
   double lat;
-  uint64_t es, sb;
+  uint64_t es;
   int64_t micro;
   double tokens, ring;
   bool stage3, copies;
@@ -123,7 +123,7 @@ struct StepModel {
   double local;
   uint64_t gather_local = 0;
   double f_fwd;
-  uint64_t adam_elem;
+  double adam_elem;  // bytes the CPU's Adam touches per element (states as stored)
 
   StepModel(const config::Config& cfg_, const zero::Placement& pl_, const Workload& w_, const Topology& topo,
             const LinkRates& rates_, const DeviceKind& dev_);

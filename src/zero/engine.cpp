@@ -88,7 +88,8 @@ void Engine::Impl::build_parts() {
   ur.swapper = ctx.swapper.get();
   ur.trace = &ctx.trace;
   ur.cfg = ctx.cfg.get();
-  ur.state_bytes = pl.state_bytes;
+  ur.states = pl.state_format;
+  ur.master = pl.master_format;
   update = std::make_unique<Updater>(ctx.shape, modules, *homes, clock, ur, zero::LossScaler(scaler_options));
   GradReducer::Resources gr;
   gr.mem = ctx.mem.get();
@@ -190,8 +191,7 @@ Status Engine::Impl::setup_tiers() {
   }
   if (pl.swapper) {
     offload::SwapperOptions so;
-    const uint32_t sb = static_cast<uint32_t>(pl.state_bytes);
-    so.states = zero::Updater::swapped_states(sb);
+    so.states = zero::Updater::swapped_states(pl.state_format, pl.master_format);
     so.buffer_count = pl.swap_buffer_count;
     so.buffer_bytes = pl.swap_buffer_bytes;
     so.async_buffers = pl.swap_async_buffers;
@@ -563,10 +563,26 @@ uint64_t Engine::model_state_bytes() const {
   const uint64_t n = num_params(), w = static_cast<uint64_t>(c.shape.world);
   const uint64_t params = (c.shape.stage == 3 ? n / w : n) * c.shape.esize();
   const uint64_t grads = (c.shape.stage >= 2 ? trained / w : trained) * 4;
-  const uint64_t optim =
-      (c.shape.stage >= 1 ? trained / w : trained) * (4 + 2 * (c.cfg->zoe.bf16_optimizer_states ? 2 : 4));
+  const double per = optimizer_state_bytes_per_param();
+  const auto optim = static_cast<uint64_t>(static_cast<double>(c.shape.stage >= 1 ? trained / w : trained) * per);
   return params + grads + optim;
 }
+
+namespace {
+// The config's formats (checked when it was read).
+std::pair<optim::StateFormat, optim::MasterFormat> formats(const config::Config& c) {
+  auto s = optim::parse_state_format(c.zoe.optimizer_states);
+  auto m = optim::parse_master_format(c.zoe.master_weights);
+  return {s.is_ok() ? s.value() : optim::StateFormat::kF32, m.is_ok() ? m.value() : optim::MasterFormat::kF32};
+}
+}  // namespace
+
+double Engine::optimizer_state_bytes_per_param() const {
+  const auto [s, m] = formats(*impl_->ctx.cfg);
+  return optim::optimizer_state_bytes_per_param(m, s);
+}
+std::string Engine::optimizer_states() const { return optim::state_format_name(formats(*impl_->ctx.cfg).first); }
+std::string Engine::master_weights() const { return optim::master_format_name(formats(*impl_->ctx.cfg).second); }
 
 uint64_t Engine::device_budget_bytes() const { return impl_->ctx.dev->budget_bytes(); }
 

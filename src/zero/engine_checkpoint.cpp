@@ -16,6 +16,23 @@ namespace {
 
 const char* ckpt_dtype(DType d) { return d == DType::kF32 ? "f32" : d == DType::kBF16 ? "bf16" : "f16"; }
 
+// The checkpoint dtype of optimizer state k as the Updater stores it: the master "f32"/"bf16";
+// m and v "f32", "bf16", or packed blocks "int8b256"/"int4b128" (checkpoint.h).
+std::string state_dtype(const zero::Updater& u, zero::OptState k) {
+  if (k == zero::OptState::kMaster) return u.master_format() == optim::MasterFormat::kBF16 ? "bf16" : "f32";
+  switch (u.state_format()) {
+    case optim::StateFormat::kF32:
+      return "f32";
+    case optim::StateFormat::kBF16:
+      return "bf16";
+    case optim::StateFormat::kInt8:
+      return "int8b256";
+    case optim::StateFormat::kInt4:
+      return "int4b128";
+  }
+  return "f32";
+}
+
 // Rank 0's string on every rank.
 Result<std::string> broadcast_string(comm::Communicator& c, std::string s) {
   int64_t n = static_cast<int64_t>(s.size());
@@ -80,7 +97,6 @@ Status write_rank_file(Engine::Impl& I, const std::string& tmp, std::vector<ckpt
                        ckpt::FileInfo* file) {
   ZOE_ASSIGN_OR_RETURN(auto w, ckpt::RankWriter::create(tmp, I.ctx.shape.rank));
   const size_t es = I.ctx.shape.esize();
-  const char* sdt = I.ctx.cfg->zoe.bf16_optimizer_states ? "bf16" : "f32";
   std::vector<char> buf;
   std::vector<float> f32;
   // States stream through one chunk-sized buffer: host memory stays bounded whatever the model.
@@ -117,15 +133,15 @@ Status write_rank_file(Engine::Impl& I, const std::string& tmp, std::vector<ckpt
       ZOE_RETURN_IF_ERROR(w->end_tensor());
       continue;
     }
-    // fp32 master, m and v.
+    // The master, m and v, as stored (packed m and v as their blocks).
     for (int k = 0; k < 3; ++k) {
-      const size_t eb = I.update->state_elem_bytes(kStates[k]);
-      ZOE_RETURN_IF_ERROR(w->begin_tensor(m, kStateKinds[k], k == 0 ? "f32" : sdt, mod.opt_begin, mod.opt_n));
+      ZOE_RETURN_IF_ERROR(
+          w->begin_tensor(m, kStateKinds[k], state_dtype(*I.update, kStates[k]), mod.opt_begin, mod.opt_n));
       for (size_t b = 0; b < mod.opt_n; b += chunk) {
         const size_t n = std::min(chunk, mod.opt_n - b);
-        buf.resize(n * eb);
+        buf.resize(I.update->state_size(kStates[k], n));
         ZOE_RETURN_IF_ERROR(I.update->read_state(id, kStates[k], b, n, buf.data()));
-        ZOE_RETURN_IF_ERROR(w->append(buf.data(), n * eb));
+        ZOE_RETURN_IF_ERROR(w->append(buf.data(), buf.size()));
       }
       ZOE_RETURN_IF_ERROR(w->end_tensor());
     }
@@ -192,6 +208,8 @@ Status commit_save(Engine::Impl& I, const std::string& save_dir, const std::stri
     man.engine = {{"steps", steps},
                   {"precision", ckpt_dtype(I.ctx.shape.cdt)},
                   {"bf16_optimizer_states", I.ctx.cfg->zoe.bf16_optimizer_states},
+                  {"optimizer_states", optim::state_format_name(I.update->state_format())},
+                  {"master_weights", optim::master_format_name(I.update->master_format())},
                   {"loss_scaler",
                    {{"scale", ls.scale},
                     {"iter", ls.iter},
@@ -367,7 +385,6 @@ Result<std::string> Engine::load(const std::string& dir) {
     }
   }
   const size_t es = I.ctx.shape.esize();
-  const std::string sdt = I.ctx.cfg->zoe.bf16_optimizer_states ? "bf16" : "f32";
   const size_t chunk = save_chunk_elems(I);
   auto load_all = [&]() -> Status {
     std::vector<char> buf;
@@ -378,9 +395,10 @@ Result<std::string> Engine::load(const std::string& dir) {
       const uint64_t saved = man.modules[m].padded;
       // A module saved frozen has no m and v: they start at zero when it is trained now.
       const bool no_moments = man.modules[m].frozen;
-      auto read = [&](const char* kind, const std::string& dt, uint64_t begin, uint64_t count, size_t esz,
+      // bytes: what `out` holds for count elements in dt.
+      auto read = [&](const char* kind, const std::string& dt, uint64_t begin, uint64_t count, size_t bytes,
                       void* out) -> Status {
-        memset(out, 0, count * esz);
+        memset(out, 0, bytes);
         if (begin >= saved || (no_moments && strcmp(kind, "exp_avg") == 0) ||
             (no_moments && strcmp(kind, "exp_avg_sq") == 0))
           return Status::ok();
@@ -393,16 +411,15 @@ Result<std::string> Engine::load(const std::string& dir) {
       for (size_t b = 0; b < held; b += chunk) {
         const size_t n = std::min(chunk, held - b);
         buf.resize(n * es);
-        ZOE_RETURN_IF_ERROR(read("param", ckpt_dtype(I.ctx.shape.cdt), from + b, n, es, buf.data()));
+        ZOE_RETURN_IF_ERROR(read("param", ckpt_dtype(I.ctx.shape.cdt), from + b, n, n * es, buf.data()));
         ZOE_RETURN_IF_ERROR(I.homes->write_held(id, b, n, buf.data()));
       }
       for (int k = 0; k < 3 && !mod.frozen; ++k) {  // a frozen module has its parameters only
-        const size_t eb = I.update->state_elem_bytes(kStates[k]);
-        const std::string dt = k == 0 ? std::string("f32") : sdt;
+        const std::string dt = state_dtype(*I.update, kStates[k]);
         for (size_t b = 0; b < mod.opt_n; b += chunk) {
           const size_t n = std::min(chunk, mod.opt_n - b);
-          buf.resize(n * eb);
-          ZOE_RETURN_IF_ERROR(read(kStateKinds[k], dt, mod.opt_begin + b, n, eb, buf.data()));
+          buf.resize(I.update->state_size(kStates[k], n));
+          ZOE_RETURN_IF_ERROR(read(kStateKinds[k], dt, mod.opt_begin + b, n, buf.size(), buf.data()));
           ZOE_RETURN_IF_ERROR(I.update->write_state(id, kStates[k], b, n, buf.data()));
         }
       }

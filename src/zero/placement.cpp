@@ -122,11 +122,11 @@ void split_optimizer_homes(const config::Config& cfg, Placement* pl) {
 //    its budget.
 Result<Extent> count_resident_states(const config::Config& cfg, Placement* pl) {
   const Offload opt_off = cfg.zero.offload_optimizer.device, param_off = cfg.zero.offload_param.device;
-  const uint64_t es = pl->compute_bytes, sb = pl->state_bytes, db = pl->device_budget;
+  const uint64_t es = pl->compute_bytes, db = pl->device_budget;
   Extent x;
   for (const auto& m : pl->modules) {
     x.biggest = std::max(x.biggest, m.padded);
-    const uint64_t states = u64(m.opt_n) * (4 + 2 * sb + 4);  // master, m, v, gradient accumulator
+    const uint64_t states = pl->opt_bytes(m.opt_n) + u64(m.opt_n) * 4;  // master, m, v, gradient sums
     switch (m.frozen ? offload::Tier::kDevice : m.opt_home) {
       case offload::Tier::kDevice:
         pl->resident.device += m.frozen ? 0 : states;
@@ -135,7 +135,7 @@ Result<Extent> count_resident_states(const config::Config& cfg, Placement* pl) {
         pl->resident.host += states;
         // zoe.speculative_step: master, m and v saved before the update in the backward, and the
         // new compute parameters it holds until the step confirms it.
-        if (cfg.zoe.speculative_step) pl->resident.host += u64(m.opt_n) * (4 + 2 * sb + es);
+        if (cfg.zoe.speculative_step) pl->resident.host += pl->opt_bytes(m.opt_n) + u64(m.opt_n) * es;
         break;
       case offload::Tier::kNvme:
         pl->resident.nvme += states;
@@ -524,7 +524,8 @@ Result<Placement> plan_with_persistence(const config::Config& cfg, const std::ve
   pl.world = world;
   pl.rank = rank;
   pl.compute_bytes = cfg.bf16 || cfg.fp16.enabled ? 2 : 4;
-  pl.state_bytes = cfg.zoe.bf16_optimizer_states ? 2 : 4;
+  ZOE_ASSIGN_OR_RETURN(pl.state_format, optim::parse_state_format(cfg.zoe.optimizer_states));
+  ZOE_ASSIGN_OR_RETURN(pl.master_format, optim::parse_master_format(cfg.zoe.master_weights));
   pl.device_budget = target.device_budget              ? target.device_budget
                      : cfg.zoe.device_budget_bytes > 0 ? static_cast<uint64_t>(cfg.zoe.device_budget_bytes)
                                                        : 64ull << 30;

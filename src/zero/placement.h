@@ -21,6 +21,7 @@
 
 #include "config/config.h"
 #include "offload/tier.h"
+#include "optim/lowbit.h"
 #include "zoe/status.h"
 
 namespace zoe::zero {
@@ -122,7 +123,16 @@ struct Placement {
   int stage = 0;
   int world = 1, rank = 0;
   size_t compute_bytes = 4;  // bytes per compute-parameter element (fp32 4, bf16/fp16 2)
-  size_t state_bytes = 4;    // bytes per Adam m/v element (4, or 2 with zoe.bf16_optimizer_states)
+  // Adam's m and v (zoe.optimizer_states) and the master (zoe.master_weights) as stored.
+  optim::StateFormat state_format = optim::StateFormat::kF32;
+  optim::MasterFormat master_format = optim::MasterFormat::kF32;
+  // Bytes of the master, m and v of n optimizer elements as stored (n a multiple of the states'
+  // block: every module's owned range is), and the rate per element.
+  uint64_t opt_bytes(uint64_t n) const {
+    return n * static_cast<uint64_t>(optim::master_bytes_per_element(master_format)) +
+           2 * static_cast<uint64_t>(optim::state_bytes(state_format, static_cast<size_t>(n)));
+  }
+  double opt_bytes_per_elem() const { return optim::optimizer_state_bytes_per_param(master_format, state_format); }
   uint64_t device_budget = 0;
   std::vector<ModulePlacement> modules;
   // Elements per gradient reduction bucket: zero_optimization.reduce_bucket_size, at least one per

@@ -28,11 +28,13 @@ std::vector<std::pair<size_t, size_t>> untouched_ranges(const ModuleLayout& mod,
 
 }  // namespace
 
-// The update of one range of module m's owned elements: fp32 master, m, v at [begin, begin+n).
-// States on the device (opt_home none) run the device's kernel; offloaded ones the CPU's. The
-// new compute parameters go to `out` (device memory, or the host tier's copy of a stage-3
-// partition), through a staging buffer where the kernel's memory and out's differ. `ops` and
-// `exec.pool` are the running thread's own (the caller's, or the overlapped update's).
+// The update of one range of module m's owned elements: master, m, v at [begin, begin+n).
+// States on the device (opt_home none) run the device's kernel; offloaded ones the CPU's. Packed
+// states or a bf16 master (lowbit) run adam_step_lowbit on the CPU, in host-addressable memory
+// (Updater::place_on_device refuses them on a GPU). The new compute parameters go to `out`
+// (device memory, or the host tier's copy of a stage-3 partition), through a staging buffer
+// where the kernel's memory and out's differ. `ops` and `exec.pool` are the running thread's own
+// (the caller's, or the overlapped update's).
 struct Updater::ChunkUpdater {
   const RunShape* shape;
   device::Device* dev;
@@ -41,54 +43,123 @@ struct Updater::ChunkUpdater {
   DeviceOps* ops;
   optim::AdamParams ap;
   optim::AdamStep as;
-  DType sdt;
+  optim::StateFormat states = optim::StateFormat::kF32;
+  optim::MasterFormat master_fmt = optim::MasterFormat::kF32;
+  bool lowbit = false;  // adam_step_lowbit (packed states or a bf16 master)
   optim::Exec exec;
   std::vector<char> out_stage;
   bool out_host = false;  // `out` is host memory whatever the module's home (a speculative update's)
   // Per module: the parameters that got no gradient this step (empty: none), left as they are.
   std::vector<std::vector<uint8_t>> untouched;
 
+  DType sdt() const { return states == optim::StateFormat::kBF16 ? DType::kBF16 : DType::kF32; }
+  DType mdt() const { return master_fmt == optim::MasterFormat::kBF16 ? DType::kBF16 : DType::kF32; }
+  size_t block() const { return optim::state_block_elems(states); }
+
   // The states of the untouched ranges of a chunk, kept across the kernel and put back; their
-  // compute parameters rewritten from the kept master (the value they had).
+  // compute parameters rewritten from the kept master (the value they had). Packed m and v are
+  // kept as whole blocks; a block shared with updated parameters is merged value by value and
+  // quantized again (its untouched values keep their value up to that block's new scale).
   struct Keep {
-    std::vector<std::pair<size_t, size_t>> ranges;
-    std::vector<char> saved;  // per range: master (fp32), m, v
-    std::vector<char> conv;   // the kept masters in the compute dtype
+    std::vector<std::pair<size_t, size_t>> ranges;  // elements
+    std::vector<std::pair<size_t, size_t>> blocks;  // packed states: the blocks they touch
+    std::vector<char> saved;                        // per range: master, m, v; then the blocks' m, v
+    std::vector<char> conv;                         // the kept masters in the compute dtype
   };
 
-  Status keep_untouched(ModuleId m, size_t begin, size_t n, float* master, void* ea, void* eas, bool dev,
+  Status keep_untouched(ModuleId m, size_t begin, size_t n, void* master, void* ea, void* eas, bool dev,
                         Keep* k) {
     if (m.index >= untouched.size() || untouched[m.index].empty()) return Status::ok();
     const ModuleLayout& mod = (*modules)[m];
     k->ranges = untouched_ranges(mod, untouched[m.index], mod.opt_begin + begin, n);
-    const size_t sb = dtype_size(sdt);
+    const size_t mb = dtype_size(mdt()), sb = block() == 1 ? dtype_size(sdt()) : 0;
     size_t total = 0;
     for (const auto& r : k->ranges) total += r.second - r.first;
-    k->saved.resize(total * (4 + 2 * sb));
+    k->saved.resize(total * (mb + 2 * sb));
     char* at = k->saved.data();
     for (const auto& [b, e] : k->ranges) {
       const size_t len = e - b;
-      ZOE_RETURN_IF_ERROR(ops->put(at, false, master + b, dev, len * 4));
-      ZOE_RETURN_IF_ERROR(ops->put(at + len * 4, false, static_cast<char*>(ea) + b * sb, dev, len * sb));
-      ZOE_RETURN_IF_ERROR(
-          ops->put(at + len * (4 + sb), false, static_cast<char*>(eas) + b * sb, dev, len * sb));
-      at += len * (4 + 2 * sb);
+      ZOE_RETURN_IF_ERROR(ops->put(at, false, static_cast<char*>(master) + b * mb, dev, len * mb));
+      if (sb) {
+        ZOE_RETURN_IF_ERROR(ops->put(at + len * mb, false, static_cast<char*>(ea) + b * sb, dev, len * sb));
+        ZOE_RETURN_IF_ERROR(
+            ops->put(at + len * (mb + sb), false, static_cast<char*>(eas) + b * sb, dev, len * sb));
+      }
+      at += len * (mb + 2 * sb);
     }
-    return ops->synchronize();  // before the kernel changes them
+    if (block() > 1) keep_blocks(n, ea, eas, k);  // host memory (lowbit)
+    return ops->synchronize();                 // before the kernel changes them
   }
 
-  Status restore_untouched(float* master, void* ea, void* eas, bool dev, void* param_out, bool param_out_dev,
-                           Keep* k) {
-    const size_t sb = dtype_size(sdt), es = shape->esize();
+  void keep_blocks(size_t n, const void* ea, const void* eas, Keep* k) const {
+    const size_t B = block(), bb = optim::state_block_bytes(states);
+    for (const auto& [b, e] : k->ranges) {
+      const size_t fb = b / B, lb = (e + B - 1) / B;
+      if (!k->blocks.empty() && k->blocks.back().second >= fb) {
+        k->blocks.back().second = std::max(k->blocks.back().second, lb);
+      } else {
+        k->blocks.emplace_back(fb, lb);
+      }
+    }
+    for (const auto& [fb, lb] : k->blocks) {
+      const size_t bytes = optim::state_bytes(states, std::min(lb * B, n)) - fb * bb;  // a partial last block
+      for (const void* s : {ea, eas}) {
+        const char* src = static_cast<const char*>(s) + fb * bb;
+        k->saved.insert(k->saved.end(), src, src + bytes);
+      }
+    }
+  }
+
+  // Packed m and v: blocks wholly untouched come back as they were; a shared block is merged.
+  Status restore_blocks(size_t n, void* ea, void* eas, const char* at, const Keep& k) const {
+    const size_t B = block(), bb = optim::state_block_bytes(states);
+    std::vector<float> old_v(B), new_v(B);
+    std::vector<uint8_t> mask(B);
+    size_t r = 0;  // the first range that may meet the block
+    for (const auto& [fb, lb] : k.blocks) {
+      for (int s = 0; s < 2; ++s) {
+        void* state = s == 0 ? ea : eas;
+        const auto kind = s == 0 ? optim::StateKind::kExpAvg : optim::StateKind::kExpAvgSq;
+        for (size_t blk = fb; blk < lb; ++blk) {
+          const size_t lo = blk * B, len = std::min(B, n - lo);
+          std::fill(mask.begin(), mask.end(), uint8_t{0});
+          for (size_t q = r; q < k.ranges.size() && k.ranges[q].first < lo + len; ++q) {
+            const size_t b = std::max(lo, k.ranges[q].first), e = std::min(lo + len, k.ranges[q].second);
+            for (size_t i = b; i < e; ++i) mask[i - lo] = 1;
+          }
+          char* dst = static_cast<char*>(state) + blk * bb;
+          const size_t bytes = optim::state_bytes(states, len);
+          at += bytes;
+          if (static_cast<size_t>(std::count(mask.begin(), mask.begin() + len, uint8_t{1})) == len) {
+            memcpy(dst, at - bytes, bytes);
+            continue;
+          }
+          ZOE_RETURN_IF_ERROR(optim::dequantize_state(kind, states, at - bytes, old_v.data(), len));
+          ZOE_RETURN_IF_ERROR(optim::dequantize_state(kind, states, dst, new_v.data(), len));
+          for (size_t i = 0; i < len; ++i) new_v[i] = mask[i] ? old_v[i] : new_v[i];
+          ZOE_RETURN_IF_ERROR(optim::quantize_state(kind, states, new_v.data(), dst, len));
+        }
+      }
+      while (r < k.ranges.size() && k.ranges[r].second <= lb * B) ++r;
+    }
+    return Status::ok();
+  }
+
+  Status restore_untouched(size_t n, void* master, void* ea, void* eas, bool dev, void* param_out,
+                           bool param_out_dev, Keep* k) {
+    const size_t mb = dtype_size(mdt()), sb = block() == 1 ? dtype_size(sdt()) : 0, es = shape->esize();
     const char* at = k->saved.data();
     for (const auto& [b, e] : k->ranges) {
       const size_t len = e - b;
-      ZOE_RETURN_IF_ERROR(ops->put(master + b, dev, at, false, len * 4));
-      ZOE_RETURN_IF_ERROR(ops->put(static_cast<char*>(ea) + b * sb, dev, at + len * 4, false, len * sb));
-      ZOE_RETURN_IF_ERROR(
-          ops->put(static_cast<char*>(eas) + b * sb, dev, at + len * (4 + sb), false, len * sb));
-      at += len * (4 + 2 * sb);
+      ZOE_RETURN_IF_ERROR(ops->put(static_cast<char*>(master) + b * mb, dev, at, false, len * mb));
+      if (sb) {
+        ZOE_RETURN_IF_ERROR(ops->put(static_cast<char*>(ea) + b * sb, dev, at + len * mb, false, len * sb));
+        ZOE_RETURN_IF_ERROR(
+            ops->put(static_cast<char*>(eas) + b * sb, dev, at + len * (mb + sb), false, len * sb));
+      }
+      at += len * (mb + 2 * sb);
     }
+    if (block() > 1) ZOE_RETURN_IF_ERROR(restore_blocks(n, ea, eas, at, *k));
     if (shape->cdt == DType::kF32 || !param_out) return Status::ok();  // the caller copies the master out
     size_t total = 0;
     for (const auto& r : k->ranges) total += r.second - r.first;
@@ -97,16 +168,56 @@ struct Updater::ChunkUpdater {
     char* c = k->conv.data();
     for (const auto& [b, e] : k->ranges) {
       const size_t len = e - b;
-      ZOE_RETURN_IF_ERROR(optim::convert_with_norm(at, DType::kF32, c, shape->cdt, len, false).status());
+      ZOE_RETURN_IF_ERROR(optim::convert_with_norm(at, mdt(), c, shape->cdt, len, false).status());
       ZOE_RETURN_IF_ERROR(
           ops->put(static_cast<char*>(param_out) + b * es, param_out_dev, c, false, len * es));
-      at += len * (4 + 2 * sb);
+      at += len * (mb + 2 * sb);
       c += len * es;
     }
     return Status::ok();
   }
 
-  Status operator()(ModuleId m, size_t begin, size_t n, float* master, void* ea, void* eas, const float* grad,
+  // The kernel over the chunk: adam_step (the device's, or the CPU's) or adam_step_lowbit.
+  Status kernel(ModuleId m, size_t begin, size_t n, void* master, void* ea, void* eas, const float* grad,
+                void* param_out, bool kernel_dev) {
+    if (!lowbit) {
+      optim::AdamArgs a;
+      a.buf.n = n;
+      a.buf.param = static_cast<float*>(master);
+      a.buf.grad = grad;
+      a.buf.grad_dtype = DType::kF32;
+      a.buf.exp_avg = ea;
+      a.buf.exp_avg_sq = eas;
+      a.buf.state_dtype = sdt();
+      a.buf.param_out = param_out;
+      a.buf.param_out_dtype = shape->cdt;
+      a.params = ap;
+      a.step = as;
+      return kernel_dev ? ops->adam_step(a) : optim::adam_step(a, exec);
+    }
+    optim::LowbitAdamArgs la;
+    la.buf.n = n;
+    la.buf.param = master;
+    la.buf.master = master_fmt;
+    la.buf.grad = grad;
+    la.buf.grad_dtype = DType::kF32;
+    la.buf.exp_avg = ea;
+    la.buf.exp_avg_sq = eas;
+    la.buf.states = states;
+    la.buf.param_out = param_out;
+    la.buf.param_out_dtype = shape->cdt;
+    // The element's place in the whole model (module, then its flat index): a bf16 master's
+    // rounding does not depend on the ranks or the chunking.
+    const ModuleLayout& mod = (*modules)[m];
+    la.buf.index_base = (static_cast<uint64_t>(m.index) << 40) + mod.opt_begin + begin;
+    la.params = ap;
+    la.step = as;
+    Status s = optim::adam_step_lowbit(la, exec);
+    if (!s.is_ok()) return s.with_context("updating the optimizer states of module " + mod.name);
+    return s;
+  }
+
+  Status operator()(ModuleId m, size_t begin, size_t n, void* master, void* ea, void* eas, const float* grad,
                     void* out) {
     const size_t es = shape->esize();
     const bool kernel_dev = (*modules)[m].opt_home == Tier::kDevice;
@@ -118,40 +229,35 @@ struct Updater::ChunkUpdater {
     // The results are handed on (written home, the chunk's buffers reused) once this returns;
     // on an error path too, no op may still use dev_stage.
     OpsFence fence(*ops);
-    optim::AdamArgs a;
-    a.buf.n = n;
-    a.buf.param = master;
-    a.buf.grad = grad;
-    a.buf.grad_dtype = DType::kF32;
-    a.buf.exp_avg = ea;
-    a.buf.exp_avg_sq = eas;
-    a.buf.state_dtype = sdt;
+    void* param_out = nullptr;
     if (shape->cdt != DType::kF32) {
       if (direct) {
-        a.buf.param_out = dst;
+        param_out = dst;
       } else if (kernel_dev) {
         // The kernel writes every element: no zeroing (and no use of the caller's ops).
         ZOE_ASSIGN_OR_RETURN(dev_stage, device::DeviceBuffer::allocate(*dev, n * es));
-        a.buf.param_out = dev_stage.get();
+        param_out = dev_stage.get();
       } else {
         out_stage.resize(n * es);
-        a.buf.param_out = out_stage.data();
+        param_out = out_stage.data();
       }
-      a.buf.param_out_dtype = shape->cdt;
     }
-    a.params = ap;
-    a.step = as;
     ZOE_RETURN_IF_ERROR(keep_untouched(m, begin, n, master, ea, eas, kernel_dev, &keep));
-    ZOE_RETURN_IF_ERROR(kernel_dev ? ops->adam_step(a) : optim::adam_step(a, exec));
+    ZOE_RETURN_IF_ERROR(kernel(m, begin, n, master, ea, eas, grad, param_out, kernel_dev));
     if (!keep.ranges.empty()) {
       const bool param_out_dev = direct ? out_dev : kernel_dev;
-      ZOE_RETURN_IF_ERROR(
-          restore_untouched(master, ea, eas, kernel_dev, a.buf.param_out, param_out_dev, &keep));
+      ZOE_RETURN_IF_ERROR(restore_untouched(n, master, ea, eas, kernel_dev, param_out, param_out_dev, &keep));
     }
-    if (shape->cdt == DType::kF32) {
+    if (shape->cdt == DType::kF32 && master_fmt == optim::MasterFormat::kBF16) {
+      // fp32 compute parameters from a bf16 master (host memory: lowbit).
+      out_stage.resize(n * 4);
+      ZOE_RETURN_IF_ERROR(
+          optim::convert_with_norm(master, DType::kBF16, out_stage.data(), DType::kF32, n, false).status());
+      ZOE_RETURN_IF_ERROR(ops->put(dst, out_dev, out_stage.data(), false, n * 4));
+    } else if (shape->cdt == DType::kF32) {
       ZOE_RETURN_IF_ERROR(ops->put(dst, out_dev, master, kernel_dev, n * 4));
     } else if (!direct) {
-      ZOE_RETURN_IF_ERROR(ops->put(dst, out_dev, a.buf.param_out, kernel_dev, n * es));
+      ZOE_RETURN_IF_ERROR(ops->put(dst, out_dev, param_out, kernel_dev, n * es));
     }
     return fence.wait();
   }
@@ -167,12 +273,7 @@ double Updater::grad_divisor() const {
 Updater::ChunkUpdater Updater::make_updater(DeviceOps* ops, optim::CpuPool* pool, double lr, int64_t step_no,
                                             float scale) {
   const config::Config& cfg = *r_.cfg;
-  ChunkUpdater up{&shape_,   &r_.mem->device(),
-                  &modules_, &homes_,
-                  ops,       {},
-                  {},        r_.state_bytes == 2 ? DType::kBF16 : DType::kF32,
-                  {},        {},
-                  false};
+  ChunkUpdater up{&shape_, &r_.mem->device(), &modules_, &homes_, ops, {}, {}, r_.states, r_.master, lowbit()};
   up.exec.pool = pool;
   up.ap.lr = static_cast<float>(lr);
   up.ap.beta1 = static_cast<float>(cfg.optimizer.beta1);
@@ -201,11 +302,11 @@ Status Updater::speculate(ModuleId m, const std::vector<uint8_t>& untouched) {
   OptimStates& st = states_[m.index];
   if (st.speculated) unspeculate(m);
   if (mod.opt_home != Tier::kHost || !st.spec_save || mod.opt_n == 0) return Status::ok();
-  const size_t n = mod.opt_n, sbytes = n * r_.state_bytes;
+  const size_t n = mod.opt_n, sbytes = state_size(OptState::kExpAvg, n), mbytes = state_size(OptState::kMaster, n);
   char* save = static_cast<char*>(st.spec_save);
-  memcpy(save, st.master, n * 4);
-  memcpy(save + n * 4, st.exp_avg, sbytes);
-  memcpy(save + n * 4 + sbytes, st.exp_avg_sq, sbytes);
+  memcpy(save, st.master, mbytes);
+  memcpy(save + mbytes, st.exp_avg, sbytes);
+  memcpy(save + mbytes + sbytes, st.exp_avg_sq, sbytes);
   // The scale step() computes when the norm neither clips nor overflows (clip coefficient 1).
   optim::NormResult unclipped;
   unclipped.sum_sq = 0.0;
@@ -218,7 +319,7 @@ Status Updater::speculate(ModuleId m, const std::vector<uint8_t>& untouched) {
   if (std::find(untouched.begin(), untouched.end(), uint8_t{1}) == untouched.end()) st.spec_untouched.clear();
   up.untouched[m.index] = st.spec_untouched;
   const uint64_t t0 = now_ns();
-  Status s = up(m, 0, n, static_cast<float*>(st.master), st.exp_avg, st.exp_avg_sq, st.grad_acc, st.spec_out);
+  Status s = up(m, 0, n, st.master, st.exp_avg, st.exp_avg_sq, st.grad_acc, st.spec_out);
   if (r_.trace->enabled())
     r_.trace->record("update " + mod.name + " (speculative)", "optimizer", t0, now_ns(), 0, kLaneOptimizer);
   st.speculated = true;  // also after an error: its states may be half-updated, the saved ones are whole
@@ -232,11 +333,12 @@ Status Updater::speculate(ModuleId m, const std::vector<uint8_t>& untouched) {
 void Updater::unspeculate(ModuleId m) {
   OptimStates& st = states_[m.index];
   if (!st.speculated) return;
-  const size_t n = modules_[m].opt_n, sbytes = n * r_.state_bytes;
+  const size_t n = modules_[m].opt_n, sbytes = state_size(OptState::kExpAvg, n),
+               mbytes = state_size(OptState::kMaster, n);
   const char* save = static_cast<const char*>(st.spec_save);
-  memcpy(st.master, save, n * 4);
-  memcpy(st.exp_avg, save + n * 4, sbytes);
-  memcpy(st.exp_avg_sq, save + n * 4 + sbytes, sbytes);
+  memcpy(st.master, save, mbytes);
+  memcpy(st.exp_avg, save + mbytes, sbytes);
+  memcpy(st.exp_avg_sq, save + mbytes + sbytes, sbytes);
   st.speculated = false;
   spec_undone_++;
 }
@@ -293,7 +395,7 @@ Status Updater::run_swapped(ChunkUpdater& update, double* t_io, std::vector<void
       have_open = true;
     }
     ZOE_ASSIGN_OR_RETURN(void* out, open_out(m, t_io, outs));
-    return update(m, c.begin, c.n, static_cast<float*>(c.data[kMasterState]), c.data[kAvgState],
+    return update(m, c.begin, c.n, c.data[kMasterState], c.data[kAvgState],
                   c.data[kAvgSqState], static_cast<const float*>(c.data[kGradState]), out);
   });
   if (have_open) {
@@ -328,7 +430,7 @@ Status Updater::run(ChunkUpdater& update, double* t_io) {
                           mod.opt_n * shape_.esize());
       if (s.is_ok()) s = update.ops->synchronize();
     } else {
-      s = out.is_ok() ? update(m, 0, mod.opt_n, static_cast<float*>(st.master), st.exp_avg, st.exp_avg_sq,
+      s = out.is_ok() ? update(m, 0, mod.opt_n, st.master, st.exp_avg, st.exp_avg_sq,
                                st.grad_acc, out.value())
                       : out.status();
     }

@@ -26,6 +26,7 @@
 #include "core/trace.h"
 #include "offload/optimizer_swapper.h"
 #include "optim/adam.h"
+#include "optim/lowbit.h"
 #include "zero/grad_sink.h"
 #include "zero/home_views.h"
 #include "zero/loss_scaler.h"
@@ -36,14 +37,14 @@
 
 namespace zoe::zero {
 
-// The optimizer states a checkpoint holds, in its order: the fp32 master, Adam's m and v (in the
-// state dtype, zoe.bf16_optimizer_states).
+// The optimizer states a checkpoint holds, in its order: the master (zoe.master_weights), Adam's m
+// and v (zoe.optimizer_states: fp32, bf16, or blockwise int8/int4, optim/lowbit.h).
 enum class OptState : uint8_t { kMaster = 0, kExpAvg = 1, kExpAvgSq = 2 };
 
 // One module's optimizer states: views of device memory (owned by dev) or of host memory (the
 // Updater's HostArena); NVMe-resident states have none (they live in the swapper).
 struct OptimStates {
-  void* master = nullptr;  // fp32
+  void* master = nullptr;  // fp32 or bf16 (zoe.master_weights)
   void* exp_avg = nullptr;
   void* exp_avg_sq = nullptr;
   float* grad_acc = nullptr;  // fp32, opt_n elements; NVMe: swapper state kGradState
@@ -66,7 +67,8 @@ class Updater final : public GradSink {
     offload::OptimizerSwapper* swapper = nullptr;  // null when no module's states are on NVMe
     TraceRecorder* trace = nullptr;
     const config::Config* cfg = nullptr;  // the optimizer, its schedule and the zoe.* update keys
-    size_t state_bytes = 4;               // bytes of an element of m and v (the placement's)
+    optim::StateFormat states = optim::StateFormat::kF32;  // m and v (the placement's)
+    optim::MasterFormat master = optim::MasterFormat::kF32;
   };
   Updater(const RunShape& shape, const ModuleTable& modules, UpdateTarget& homes, StepClock& clock,
           const Resources& r, const LossScaler& scaler);
@@ -78,12 +80,18 @@ class Updater final : public GradSink {
   Status wait_placed();
   const UpdateGate& gate() const { return gate_; }
 
-  // Checkpoints: elements [begin, begin + n) of module m's state k (its owned range), in the
-  // state's dtype (state_elem_bytes(k) each), to or from host memory. begin a multiple of
-  // io_chunk_elems(), n too unless the range reaches the end. Between steps (after finish()).
+  // Checkpoints: elements [begin, begin + n) of module m's state k (its owned range), as stored
+  // (state_size(k, n) bytes: packed blocks for int8/int4), to or from host memory. begin a
+  // multiple of io_chunk_elems(), n too unless the range reaches the end. Between steps (after
+  // finish()).
   Status read_state(ModuleId m, OptState k, size_t begin, size_t n, void* dst);
   Status write_state(ModuleId m, OptState k, size_t begin, size_t n, const void* src);
-  size_t state_elem_bytes(OptState k) const { return k == OptState::kMaster ? 4 : r_.state_bytes; }
+  // Bytes of n elements of state k as stored (n a multiple of the state's block, or a range's end).
+  size_t state_size(OptState k, size_t n) const;
+  optim::StateFormat state_format() const { return r_.states; }
+  optim::MasterFormat master_format() const { return r_.master; }
+  // Whether the update runs adam_step_lowbit (packed states or a bf16 master), not adam_step.
+  bool lowbit() const;
   // The piece of a state transfer: the swapper's chunk (its I/O alignment), else 4 Mi elements.
   size_t io_chunk_elems() const;
   // Host memory of the states in host RAM (and their speculative copies), and of the swapper.
@@ -91,7 +99,7 @@ class Updater final : public GradSink {
 
   // The states an optimizer swapper must hold for the Updater, in the order it uses them (the
   // engine creates the swapper with these).
-  static std::vector<offload::SwappedState> swapped_states(size_t state_bytes);
+  static std::vector<offload::SwappedState> swapped_states(optim::StateFormat states, optim::MasterFormat master);
 
   // GradSink: the sums of the gradients live with the states.
   Status add_grads(ModuleId m, const GradBatch& b) override;
@@ -151,6 +159,7 @@ class Updater final : public GradSink {
   Status place_in_host(ModuleId m, const float* own);
   Status place_on_nvme(ModuleId m, const float* own);
   void* state_ptr(ModuleId m, OptState k) const;
+  Status master_from_f32(const float* own, void* dst, size_t n) const;
 
   const RunShape& shape_;
   const ModuleTable& modules_;

@@ -25,13 +25,37 @@ Updater::Updater(const RunShape& shape, const ModuleTable& modules, UpdateTarget
 
 Updater::~Updater() { (void)join(); }
 
-std::vector<offload::SwappedState> Updater::swapped_states(size_t state_bytes) {
-  const auto sb = static_cast<uint32_t>(state_bytes);
-  // Indexed by kMasterState, kAvgState, kAvgSqState, kGradState (read-only in the step).
-  return {{offload::StateKind::kMaster, 4, true},
-          {offload::StateKind::kAdamM, sb, true},
-          {offload::StateKind::kAdamV, sb, true},
-          {offload::StateKind::kGrad, 4, false}};
+std::vector<offload::SwappedState> Updater::swapped_states(optim::StateFormat states,
+                                                           optim::MasterFormat master) {
+  const auto mb = static_cast<uint32_t>(optim::master_bytes_per_element(master));
+  const auto sb = static_cast<uint32_t>(optim::state_block_bytes(states));
+  const auto blk = static_cast<uint32_t>(optim::state_block_elems(states));
+  // Indexed by kMasterState, kAvgState, kAvgSqState, kGradState (read-only in the step). Packed
+  // m and v move as whole blocks (codes and scale).
+  return {{offload::StateKind::kMaster, mb, true, 1},
+          {offload::StateKind::kAdamM, sb, true, blk},
+          {offload::StateKind::kAdamV, sb, true, blk},
+          {offload::StateKind::kGrad, 4, false, 1}};
+}
+
+size_t Updater::state_size(OptState k, size_t n) const {
+  if (k == OptState::kMaster) return n * (r_.master == optim::MasterFormat::kBF16 ? 2 : 4);
+  return optim::state_bytes(r_.states, n);
+}
+
+bool Updater::lowbit() const {
+  return r_.master != optim::MasterFormat::kF32 ||
+         (r_.states != optim::StateFormat::kF32 && r_.states != optim::StateFormat::kBF16);
+}
+
+// The master from the fp32 values `own` (n elements) into `dst` (host memory): a copy, or bf16
+// rounded to nearest even (the values the compute copy gets too).
+Status Updater::master_from_f32(const float* own, void* dst, size_t n) const {
+  if (r_.master == optim::MasterFormat::kF32) {
+    memcpy(dst, own, n * 4);
+    return Status::ok();
+  }
+  return optim::convert_with_norm(own, DType::kF32, dst, DType::kBF16, n, false).status();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -40,8 +64,16 @@ std::vector<offload::SwappedState> Updater::swapped_states(size_t state_bytes) {
 Status Updater::place_on_device(ModuleId m, const float* own) {
   const ModuleLayout& mod = modules_[m];
   OptimStates& st = states_[m.index];
-  const size_t sbytes = mod.opt_n * r_.state_bytes;
-  const size_t sizes[4] = {mod.opt_n * 4, sbytes, sbytes, mod.opt_n * 4};
+  if (lowbit() && !r_.ops->host_addressable()) {
+    return invalid_argument(
+        "zoe.optimizer_states \"%s\" with zoe.master_weights \"%s\": module %s's optimizer states are on the "
+        "GPU, and the low-bit update runs on the CPU only; offload the optimizer states "
+        "(zero_optimization.offload_optimizer.device \"cpu\" or \"nvme\", zoe.offload_ratio 1) or use "
+        "zoe.optimizer_states \"fp32\"/\"bf16\" with zoe.master_weights \"fp32\"",
+        optim::state_format_name(r_.states), optim::master_format_name(r_.master), mod.name.c_str());
+  }
+  const size_t sbytes = state_size(OptState::kExpAvg, mod.opt_n);
+  const size_t sizes[4] = {state_size(OptState::kMaster, mod.opt_n), sbytes, sbytes, mod.opt_n * 4};
   for (int k = 0; k < 4; ++k) {
     ZOE_ASSIGN_OR_RETURN(st.dev[k], r_.mem->zeroed(sizes[k]));
   }
@@ -49,23 +81,24 @@ Status Updater::place_on_device(ModuleId m, const float* own) {
   st.exp_avg = st.dev[1].get();
   st.exp_avg_sq = st.dev[2].get();
   st.grad_acc = static_cast<float*>(st.dev[3].get());
+  if (r_.master == optim::MasterFormat::kBF16) return master_from_f32(own, st.master, mod.opt_n);  // host memory
   return r_.ops->put(st.master, true, own, false, mod.opt_n * 4);
 }
 
 Status Updater::place_in_host(ModuleId m, const float* own) {
   const ModuleLayout& mod = modules_[m];
   OptimStates& st = states_[m.index];
-  const size_t sbytes = mod.opt_n * r_.state_bytes;
-  ZOE_ASSIGN_OR_RETURN(st.master, host_.zeroed(mod.opt_n * 4));
+  const size_t sbytes = state_size(OptState::kExpAvg, mod.opt_n), mbytes = state_size(OptState::kMaster, mod.opt_n);
+  ZOE_ASSIGN_OR_RETURN(st.master, host_.zeroed(mbytes));
   ZOE_ASSIGN_OR_RETURN(st.exp_avg, host_.zeroed(sbytes));
   ZOE_ASSIGN_OR_RETURN(st.exp_avg_sq, host_.zeroed(sbytes));
   ZOE_ASSIGN_OR_RETURN(void* g, host_.zeroed(mod.opt_n * 4));
   st.grad_acc = static_cast<float*>(g);
   if (r_.cfg->zoe.speculative_step) {
-    ZOE_ASSIGN_OR_RETURN(st.spec_save, host_.zeroed(mod.opt_n * 4 + 2 * sbytes));
+    ZOE_ASSIGN_OR_RETURN(st.spec_save, host_.zeroed(mbytes + 2 * sbytes));
     ZOE_ASSIGN_OR_RETURN(st.spec_out, host_.zeroed(mod.opt_n * shape_.esize()));
   }
-  return r_.ops->put(st.master, false, own, false, mod.opt_n * 4);
+  return master_from_f32(own, st.master, mod.opt_n);
 }
 
 Status Updater::place_on_nvme(ModuleId m, const float* own) {
@@ -78,9 +111,17 @@ Status Updater::place_on_nvme(ModuleId m, const float* own) {
   // space reads as until the first update writes them (add_group), so nothing is written for
   // them. The gradient sums live on NVMe too (written by the first reduction of a step).
   const size_t chunk = r_.swapper->chunk_elems();
+  std::vector<char> conv;
   for (size_t b = 0; b < mod.opt_n; b += chunk) {
-    ZOE_RETURN_IF_ERROR(r_.swapper->write_state_borrowed(swap_group(m), kMasterState, own + b, b,
-                                                         std::min(chunk, mod.opt_n - b)));
+    const size_t n = std::min(chunk, mod.opt_n - b);
+    if (r_.master == optim::MasterFormat::kF32) {
+      ZOE_RETURN_IF_ERROR(r_.swapper->write_state_borrowed(swap_group(m), kMasterState, own + b, b, n));
+      continue;
+    }
+    // A bf16 master: converted a chunk at a time and copied by the swapper.
+    conv.resize(state_size(OptState::kMaster, n));
+    ZOE_RETURN_IF_ERROR(master_from_f32(own + b, conv.data(), n));
+    ZOE_RETURN_IF_ERROR(r_.swapper->write_state(swap_group(m), kMasterState, conv.data(), b, n));
   }
   return Status::ok();
 }
@@ -117,27 +158,25 @@ void* Updater::state_ptr(ModuleId m, OptState k) const {
 
 Status Updater::read_state(ModuleId m, OptState k, size_t begin, size_t n, void* dst) {
   const ModuleLayout& mod = modules_[m];
-  const size_t eb = state_elem_bytes(k);
   if (mod.opt_home == Tier::kNvme)
     return r_.swapper->read_state(swap_group(m), static_cast<size_t>(k), dst, begin, n);
-  const char* src = static_cast<const char*>(state_ptr(m, k)) + begin * eb;
+  const char* src = static_cast<const char*>(state_ptr(m, k)) + state_size(k, begin);
   // Host memory (and host-addressable device memory) is read without the ops: an asynchronous
   // checkpoint reads on its own thread while the caller's thread uses them.
   if (mod.opt_home == Tier::kHost || r_.ops->host_addressable()) {
-    memcpy(dst, src, n * eb);
+    memcpy(dst, src, state_size(k, n));
     return Status::ok();
   }
-  ZOE_RETURN_IF_ERROR(r_.ops->put(dst, false, src, true, n * eb));
+  ZOE_RETURN_IF_ERROR(r_.ops->put(dst, false, src, true, state_size(k, n)));
   return r_.ops->synchronize();
 }
 
 Status Updater::write_state(ModuleId m, OptState k, size_t begin, size_t n, const void* src) {
   const ModuleLayout& mod = modules_[m];
-  const size_t eb = state_elem_bytes(k);
   if (mod.opt_home == Tier::kNvme)
     return r_.swapper->write_state(swap_group(m), static_cast<size_t>(k), src, begin, n);
-  char* dst = static_cast<char*>(state_ptr(m, k)) + begin * eb;
-  ZOE_RETURN_IF_ERROR(r_.ops->put(dst, mod.opt_home == Tier::kDevice, src, false, n * eb));
+  char* dst = static_cast<char*>(state_ptr(m, k)) + state_size(k, begin);
+  ZOE_RETURN_IF_ERROR(r_.ops->put(dst, mod.opt_home == Tier::kDevice, src, false, state_size(k, n)));
   return r_.ops->synchronize();  // the caller reuses src
 }
 
@@ -146,8 +185,13 @@ Status Updater::read_master(ModuleId m, size_t p, float* out) {
   std::vector<float> own(mod.opt_n);
   if (mod.frozen) {
     ZOE_RETURN_IF_ERROR(homes_.read_owned_f32(m, own.data()));  // its compute parameters are its values
-  } else {
+  } else if (r_.master == optim::MasterFormat::kF32) {
     ZOE_RETURN_IF_ERROR(read_state(m, OptState::kMaster, 0, mod.opt_n, own.data()));
+  } else {
+    std::vector<uint16_t> bf(mod.opt_n);
+    ZOE_RETURN_IF_ERROR(read_state(m, OptState::kMaster, 0, mod.opt_n, bf.data()));
+    ZOE_RETURN_IF_ERROR(
+        optim::convert_with_norm(bf.data(), DType::kBF16, own.data(), DType::kF32, mod.opt_n, false).status());
   }
   std::vector<float> full(mod.padded);
   if (shape_.stage == 0) {
