@@ -95,15 +95,22 @@ bool identical(const std::vector<Layer>& a, const std::vector<Layer>& b) {
   return true;
 }
 
-double max_diff(const std::vector<Layer>& a, const std::vector<Layer>& b) {
-  double d = 0;
+// The largest and the mean absolute difference.
+std::pair<double, double> diff(const std::vector<Layer>& a, const std::vector<Layer>& b) {
+  double d = 0, sum = 0;
+  size_t n = 0;
   for (size_t l = 0; l < a.size(); ++l) {
-    for (size_t i = 0; i < a[l].w.size(); ++i)
-      d = std::max(d, std::fabs(static_cast<double>(a[l].w[i]) - b[l].w[i]));
-    for (size_t i = 0; i < a[l].b.size(); ++i)
-      d = std::max(d, std::fabs(static_cast<double>(a[l].b[i]) - b[l].b[i]));
+    for (int which = 0; which < 2; ++which) {
+      const auto& x = which ? a[l].b : a[l].w;
+      const auto& y = which ? b[l].b : b[l].w;
+      for (size_t i = 0; i < x.size(); ++i, ++n) {
+        const double e = std::fabs(static_cast<double>(x[i]) - y[i]);
+        d = std::max(d, e);
+        sum += e;
+      }
+    }
   }
-  return d;
+  return {d, sum / static_cast<double>(std::max<size_t>(n, 1))};
 }
 
 const Format kFormats[] = {{"int8", "fp32"}, {"int8", "bf16"}, {"int4", "bf16"}, {"fp32", "bf16"}};
@@ -134,10 +141,15 @@ TEST(LowbitEngine, EveryTierGivesTheNoOffloadBitsNearTheReference) {
         ASSERT_OK(r);
         if (!base.count(pl.stage)) {
           base[pl.stage] = r.value();
-          // The format is in use: not the fp32-state bits, but near the dense fp32 reference (Adam
-          // moves an element by at most about lr a step; 16-bit compute and states add their error).
+          // The format is in use: not the fp32-state bits, but near the dense fp32 reference. Adam
+          // moves an element by about lr a step; 16-bit compute can flip the sign of a tiny
+          // gradient's step (2 lr), and a v quantized at the bottom of its block's range can double
+          // a step (2309.01507 sec. 4): a bound of 4 lr a step on the largest difference, and the
+          // mean difference stays small.
           EXPECT_FALSE(identical(r.value(), fp32_states[pl.stage]));
-          EXPECT_LE(max_diff(r.value(), ref), 2 * 0.01 * steps + 1e-3);
+          const auto [dmax, dmean] = diff(r.value(), ref);
+          EXPECT_LE(dmax, 4 * 0.01 * steps + 1e-3);
+          EXPECT_LE(dmean, 4e-3);
         } else {
           EXPECT_TRUE(identical(r.value(), base[pl.stage])) << "differs from the no-offload run";
         }
