@@ -34,6 +34,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/checkpoint_names.h"  // kManifestName, kLatestName, kLockName, ...
+#include "optim/lowbit.h"
 #include "zoe/status.h"
 
 namespace zoe::ckpt {
@@ -45,8 +46,29 @@ inline constexpr uint64_t kTensorAlign = 4096;  // every tensor starts at a mult
 inline constexpr uint64_t kManifestMaxBytes = 256ull << 20;
 inline constexpr int kManifestMaxDepth = 64;
 
-// Element types stored: "f32", "bf16", "f16". 0 for anything else.
+// Element types stored: "f32", "bf16", "f16". 0 for anything else (packed dtypes included).
 size_t dtype_bytes(const std::string& dtype);
+
+// Packed dtypes: optim/lowbit.h's blockwise formats, for the "exp_avg" and "exp_avg_sq" states
+// only. A record of count elements holds optim::state_bytes(format, count) bytes (its last block
+// may be partial), and its begin is a multiple of the format's block, so that its blocks are the
+// blocks of the whole state: a range of them read from several records concatenates.
+inline constexpr char kInt8StateDtype[] = "int8b256";  // optim::StateFormat::kInt8, 256 a block
+inline constexpr char kInt4StateDtype[] = "int4b128";  // optim::StateFormat::kInt4, 128 a block
+// The dtype a state of format f is saved in: "f32", "bf16", "int8b256", "int4b128".
+const char* state_dtype(optim::StateFormat f);
+// Whether dtype is a packed one; *format (when given) receives its optim::StateFormat.
+bool packed_dtype(const std::string& dtype, optim::StateFormat* format = nullptr);
+// Elements per block of dtype: 1 ("f32", "bf16", "f16"), 256 ("int8b256"), 128 ("int4b128");
+// 0 for anything else.
+uint64_t dtype_block_elems(const std::string& dtype);
+// Bytes of count elements of dtype: count x dtype_bytes(dtype), or state_bytes() of a packed
+// format (partial last block included); 0 for an unknown dtype.
+uint64_t tensor_bytes(const std::string& dtype, uint64_t count);
+// "" when a record (kind, dtype, begin) may exist, else what is wrong with it, as a phrase: an
+// unknown dtype, a packed dtype on a kind other than "exp_avg"/"exp_avg_sq", a packed record
+// whose begin is not a multiple of its block.
+std::string record_dtype_problem(const std::string& kind, const std::string& dtype, uint64_t begin);
 
 struct ParamInfo {
   std::string name;
@@ -68,7 +90,7 @@ struct TensorRecord {
   int rank = 0;
   uint32_t module = 0;
   std::string kind;   // "param" (compute dtype), "master", "exp_avg", "exp_avg_sq"
-  std::string dtype;  // "f32", "bf16", "f16"
+  std::string dtype;  // "f32", "bf16", "f16"; "int8b256", "int4b128" (exp_avg, exp_avg_sq)
   uint64_t begin = 0, count = 0;
   uint64_t offset = 0, bytes = 0;  // in rank-<rank>.bin
   std::string xxh64;               // of the tensor's bytes, 16 hex digits (empty in format 1)
@@ -97,10 +119,10 @@ struct Manifest {
   // step >= 0; engine and trainer are objects; engine.steps (when present) equals step;
   // trainer.step (when present, the caller's count of iterations, which skipped steps make
   // larger) is >= step; shapes multiply to numel; parameters lie inside their module and do not
-  // overlap; one file per rank, named rank-NNNNN.bin; a tensor's bytes are count x its dtype's
-  // size, start at a multiple of kTensorAlign, lie inside its rank's file and overlap no other
-  // tensor of that file. format_version newer than kFormatVersion is kUnsupported ("written by
-  // a newer zoe").
+  // overlap; one file per rank, named rank-NNNNN.bin; a tensor's bytes are tensor_bytes(dtype,
+  // count), its dtype fits its kind and begin (record_dtype_problem), it starts at a multiple of
+  // kTensorAlign, lie inside its rank's file and overlap no other tensor of that file. format_version newer
+  // than kFormatVersion is kUnsupported ("written by a newer zoe").
   static Result<Manifest> from_json(const nlohmann::json& j, const std::string& where);
 };
 
@@ -179,10 +201,11 @@ class RankWriter {
   // dir: the temporary checkpoint directory (created by the caller with begin_checkpoint).
   static Result<std::unique_ptr<RankWriter>> create(const std::string& dir, int rank);
   ~RankWriter();
+  // A dtype that does not fit kind and begin (record_dtype_problem) is kInvalidArgument.
   Status begin_tensor(uint32_t module, const std::string& kind, const std::string& dtype, uint64_t begin,
                       uint64_t count);
   Status append(const void* data, size_t bytes);  // the tensor's bytes, in order, in any pieces
-  Status end_tensor();                            // checks the byte count matches count x dtype
+  Status end_tensor();                            // checks the byte count is tensor_bytes(dtype, count)
   // fsyncs and closes; returns this rank's records and file info. ENOSPC names path and bytes.
   Status finish(std::vector<TensorRecord>* records, FileInfo* file);
 
@@ -259,8 +282,18 @@ class Reader {
   // (streaming, bounded memory). A mismatch names the file and the first damaged tensor.
   Status verify() const;
   // Elements [begin, begin + count) of module's `kind` state, from whichever records cover
-  // them, converted to dtype_out ("f32", "bf16", "f16"). Fails when the range is not covered.
-  // Same dtype: pread straight into `out`. Converting: through a scratch of at most 1 MiB.
+  // them, converted to dtype_out; `out` receives tensor_bytes(dtype_out, count) bytes. Fails
+  // when the range is not covered. Same dtype: pread straight into `out`. Converting: through a
+  // scratch of at most ~1 MiB.
+  // Packed records and outputs (exp_avg, exp_avg_sq only; else kInvalidArgument):
+  //   packed out: begin must be a multiple of the block, and begin + count a multiple of it, the
+  //   module's padded size, or the end of a record holding its last element (kInvalidArgument
+  //   naming the range otherwise). From the same packed dtype: the stored bytes, bit for bit,
+  //   from one record or several; from anything else: the values in f32, then
+  //   optim::quantize_state (so an fp32-state checkpoint resumes with packed states).
+  //   packed source, "f32"/"bf16"/"f16" out (any range): optim::dequantize_state, then converted.
+  //   A non-finite value to quantize or a non-finite stored scale fails, naming the checkpoint,
+  //   the module and the kind.
   Status read_range(uint32_t module, const std::string& kind, uint64_t begin, uint64_t count,
                     const std::string& dtype_out, void* out) const;
   bool has_kind(const std::string& kind) const;
@@ -298,7 +331,12 @@ class Reader {
 // dtype differs), plus the JSON header (~100 bytes per parameter). Written to
 // out_path.tmp-<pid>, fsynced, renamed; on failure the temporary file is removed and out_path
 // is untouched.
+// with_moments: also "<module>.<param>.exp_avg" and ".exp_avg_sq" of every trained module, in
+// dtype, after each parameter; a checkpoint without them is kNotFound. Packed moments are
+// dequantized: a file's packed records are read again through read_range once its scan has
+// checked them (1 to 0.5 bytes an element more to read, ~1.5 MiB more scratch).
+inline constexpr size_t kConsolidatePiece = 64u << 20;
 Status consolidate(const Reader& r, const std::string& out_path, const std::string& dtype,
-                   size_t piece_bytes = 64u << 20);
+                   size_t piece_bytes = kConsolidatePiece, bool with_moments = false);
 
 }  // namespace zoe::ckpt

@@ -8,6 +8,8 @@
 #include <cerrno>
 #include <cinttypes>
 #include <cstring>
+#include <map>
+#include <set>
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/file_util.h"
@@ -25,6 +27,7 @@ constexpr size_t kScratchBytes = 1u << 20;
 struct OutSlot {
   const ExportTensor* t;
   const ParamInfo* p;
+  std::string kind;             // the state read: t->kind, or the parameters' values' kind
   uint64_t at = 0;              // offset in the data section
   uint64_t rows = 0, cols = 0;  // transposed: the source matrix's shape
 };
@@ -97,8 +100,8 @@ struct Layout {
 
 // The header's tensor entries: each asks for an existing parameter, under a name not empty,
 // reserved or used twice; only a matrix is transposed.
-Status lay_out(const Reader& r, const std::vector<ExportTensor>& tensors, const char* st_dtype, size_t eb,
-               Layout* l) {
+Status lay_out(const Reader& r, const std::vector<ExportTensor>& tensors, const std::string& values_kind,
+               const char* st_dtype, size_t eb, Layout* l) {
   const Manifest& m = r.manifest();
   l->slots_of_module.resize(m.modules.size());
   for (const ExportTensor& t : tensors) {
@@ -112,7 +115,7 @@ Status lay_out(const Reader& r, const std::vector<ExportTensor>& tensors, const 
       return invalid_argument("consolidate: tensor name '%s' (from %s.%s) is empty, reserved or used twice",
                               t.name.c_str(), m.modules[t.module].name.c_str(), p.name.c_str());
     }
-    OutSlot s{&t, &p, l->data_bytes};
+    OutSlot s{&t, &p, t.kind.empty() ? values_kind : t.kind, l->data_bytes};
     std::vector<int64_t> shape = p.shape;
     if (t.transpose) {
       if (p.shape.size() != 2) {
@@ -134,42 +137,74 @@ Status lay_out(const Reader& r, const std::vector<ExportTensor>& tensors, const 
 }
 
 // Every exported element must be in some rank's file: checked before anything is written.
-Status check_coverage(const Reader& r, const std::string& kind, const Layout& l) {
+Status check_coverage(const Reader& r, const Layout& l) {
   const Manifest& m = r.manifest();
-  for (uint32_t mi = 0; mi < m.modules.size(); ++mi) {
-    std::vector<std::pair<uint64_t, uint64_t>> have;  // [begin, end) of the records of `kind`
-    for (const auto& t : m.tensors) {
-      if (t.module == mi && t.kind == kind && t.count > 0) have.emplace_back(t.begin, t.begin + t.count);
+  // [begin, end) of the records of each (module, kind), sorted.
+  std::map<std::pair<uint32_t, std::string>, std::vector<std::pair<uint64_t, uint64_t>>> have;
+  for (const auto& t : m.tensors) {
+    if (t.count > 0) have[{t.module, t.kind}].emplace_back(t.begin, t.begin + t.count);
+  }
+  for (auto& [key, v] : have) std::sort(v.begin(), v.end());
+  for (const OutSlot& s : l.slots) {
+    const ParamInfo& p = *s.p;
+    uint64_t pos = p.offset;  // the first element not yet known to be covered
+    auto it = have.find({s.t->module, s.kind});
+    for (size_t i = 0; it != have.end() && i < it->second.size(); ++i) {
+      if (it->second[i].first > pos) break;
+      pos = std::max(pos, it->second[i].second);
     }
-    std::sort(have.begin(), have.end());
-    for (size_t si : l.slots_of_module[mi]) {
-      const ParamInfo& p = *l.slots[si].p;
-      uint64_t pos = p.offset;  // the first element not yet known to be covered
-      for (const auto& [b, e] : have) {
-        if (b > pos) break;
-        pos = std::max(pos, e);
-      }
-      if (pos < p.offset + p.numel) {
-        return not_found("consolidate: checkpoint %s: element %" PRIu64 " of %s.%s (module element %" PRIu64
-                         ") has no '%s' state in any rank's file",
-                         r.path().c_str(), pos - p.offset, m.modules[mi].name.c_str(), p.name.c_str(), pos,
-                         kind.c_str());
-      }
+    if (pos < p.offset + p.numel) {
+      return not_found("consolidate: checkpoint %s: element %" PRIu64 " of %s.%s (module element %" PRIu64
+                       ") has no '%s' state in any rank's file",
+                       r.path().c_str(), pos - p.offset, m.modules[s.t->module].name.c_str(), p.name.c_str(),
+                       pos, s.kind.c_str());
     }
   }
   return Status::ok();
 }
 
+// The slots of layout l that record t feeds: its module's, of its kind.
+template <typename Fn>
+Status for_slots_of(const Layout& l, const TensorRecord& t, Fn&& fn) {
+  for (size_t si : l.slots_of_module[t.module]) {
+    const OutSlot& s = l.slots[si];
+    const uint64_t a = std::max(t.begin, s.p->offset),
+                   b = std::min(t.begin + t.count, s.p->offset + s.p->numel);
+    if (s.kind == t.kind && a < b) ZOE_RETURN_IF_ERROR(fn(s, a, b));
+  }
+  return Status::ok();
+}
+
+// A packed record's share of the output, dequantized through Reader::read_range in bounded pieces.
+Status copy_packed(const Reader& r, const TensorRecord& t, const Layout& l, SlotWriter* out) {
+  constexpr uint64_t kPiece = kScratchBytes / sizeof(float) / 4;
+  std::vector<float> vals;
+  return for_slots_of(l, t, [&](const OutSlot& s, uint64_t a, uint64_t b) -> Status {
+    for (uint64_t k = a; k < b;) {
+      const uint64_t n = std::min(b - k, kPiece);
+      vals.resize(static_cast<size_t>(n));
+      ZOE_RETURN_IF_ERROR(r.read_range(t.module, t.kind, k, n, "f32", vals.data()));
+      ZOE_RETURN_IF_ERROR(out->write(s, "f32", reinterpret_cast<const char*>(vals.data()), k - s.p->offset,
+                                     k + n - s.p->offset));
+      k += n;
+    }
+    return Status::ok();
+  });
+}
+
 // One rank file, start to end: scan_file checks every tensor's and the file's xxh64 while the
-// pieces of `kind` records are converted and written where their tensors go.
-Status copy_rank_file(const Reader& r, size_t fi, const std::string& kind, const Layout& l,
-                      size_t piece_bytes, SlotWriter* out) {
+// pieces of the records the slots read are converted and written where their tensors go. Packed
+// records (whose blocks straddle the pieces) are read again once the scan has checked them.
+Status copy_rank_file(const Reader& r, size_t fi, const Layout& l, size_t piece_bytes, SlotWriter* out) {
   const Manifest& m = r.manifest();
-  std::vector<const TensorRecord*> recs;  // the `kind` records in this file
+  std::set<std::string> kinds;
+  for (const OutSlot& s : l.slots) kinds.insert(s.kind);
+  std::vector<const TensorRecord*> recs, packed;  // the records the slots read, in this file
   for (const auto& t : m.tensors) {
     char name[32];
     snprintf(name, sizeof(name), "rank-%05d.bin", t.rank);
-    if (t.kind == kind && t.bytes > 0 && m.files[fi].name == name) recs.push_back(&t);
+    if (!kinds.count(t.kind) || t.bytes == 0 || m.files[fi].name != name) continue;
+    (packed_dtype(t.dtype) ? packed : recs).push_back(&t);
   }
   auto on_piece = [&](uint64_t at, const void* data, size_t n) -> Status {
     for (const TensorRecord* t : recs) {
@@ -177,18 +212,19 @@ Status copy_rank_file(const Reader& r, size_t fi, const std::string& kind, const
       if (lo >= hi) continue;
       const size_t ib = dtype_bytes(t->dtype);
       // Pieces and tensors start at multiples of kTensorAlign: no element straddles two pieces.
-      const uint64_t e0 = t->begin + (lo - t->offset) / ib, e1 = t->begin + (hi - t->offset) / ib;
-      for (size_t si : l.slots_of_module[t->module]) {
-        const OutSlot& s = l.slots[si];
-        const uint64_t a = std::max(e0, s.p->offset), b = std::min(e1, s.p->offset + s.p->numel);
-        if (a >= b) continue;
+      TensorRecord part = *t;
+      part.begin = t->begin + (lo - t->offset) / ib;
+      part.count = (hi - lo) / ib;
+      ZOE_RETURN_IF_ERROR(for_slots_of(l, part, [&](const OutSlot& s, uint64_t a, uint64_t b) {
         const char* src = static_cast<const char*>(data) + (t->offset + (a - t->begin) * ib - at);
-        ZOE_RETURN_IF_ERROR(out->write(s, t->dtype, src, a - s.p->offset, b - s.p->offset));
-      }
+        return out->write(s, t->dtype, src, a - s.p->offset, b - s.p->offset);
+      }));
     }
     return Status::ok();
   };
-  return r.scan_file(fi, piece_bytes, on_piece);
+  ZOE_RETURN_IF_ERROR(r.scan_file(fi, piece_bytes, on_piece));
+  for (const TensorRecord* t : packed) ZOE_RETURN_IF_ERROR(copy_packed(r, *t, l, out));
+  return Status::ok();
 }
 
 }  // namespace
@@ -212,14 +248,14 @@ Status write_safetensors(const Reader& r, const std::string& out_path, const std
 
   // Header: every output tensor, in the order given, laid out back to back.
   Layout l;
-  ZOE_RETURN_IF_ERROR(lay_out(r, tensors, st_dtype, eb, &l));
+  ZOE_RETURN_IF_ERROR(lay_out(r, tensors, kind, st_dtype, eb, &l));
   nlohmann::json meta = {{"format", "pt"},
                          {"zoe_checkpoint", r.path()},
                          {"zoe_step", std::to_string(m.step)},
                          {"zoe_source_state", kind}};
   for (const auto& [k, v] : metadata.items()) meta[k] = v.is_string() ? v.get<std::string>() : v.dump();
   l.header["__metadata__"] = meta;
-  ZOE_RETURN_IF_ERROR(check_coverage(r, kind, l));
+  ZOE_RETURN_IF_ERROR(check_coverage(r, l));
   std::string htext = l.header.dump();
   htext.append((8 - htext.size() % 8) % 8, ' ');
   uint64_t hlen = htext.size();
@@ -239,7 +275,7 @@ Status write_safetensors(const Reader& r, const std::string& out_path, const std
     off += htext.size();
     SlotWriter out(fd, tmp, off, dtype);
     for (size_t fi = 0; fi < m.files.size(); ++fi) {
-      ZOE_RETURN_IF_ERROR(copy_rank_file(r, fi, kind, l, piece_bytes, &out));
+      ZOE_RETURN_IF_ERROR(copy_rank_file(r, fi, l, piece_bytes, &out));
     }
     return file.commit();
   };
@@ -250,13 +286,21 @@ Status write_safetensors(const Reader& r, const std::string& out_path, const std
 
 }  // namespace detail
 
-Status consolidate(const Reader& r, const std::string& out_path, const std::string& dtype,
-                   size_t piece_bytes) {
+Status consolidate(const Reader& r, const std::string& out_path, const std::string& dtype, size_t piece_bytes,
+                   bool with_moments) {
   const Manifest& m = r.manifest();
+  if (with_moments && !(r.has_kind("exp_avg") && r.has_kind("exp_avg_sq"))) {
+    return not_found("consolidate: checkpoint %s holds no optimizer moments ('exp_avg' and 'exp_avg_sq')",
+                     r.path().c_str());
+  }
   std::vector<detail::ExportTensor> tensors;
   for (uint32_t mi = 0; mi < m.modules.size(); ++mi) {
     for (size_t pi = 0; pi < m.modules[mi].params.size(); ++pi) {
-      tensors.push_back({m.modules[mi].name + "." + m.modules[mi].params[pi].name, mi, pi, false});
+      const std::string name = m.modules[mi].name + "." + m.modules[mi].params[pi].name;
+      tensors.push_back({name, mi, pi, false});
+      if (!with_moments || m.modules[mi].frozen) continue;  // a frozen module has no moments
+      for (const char* kind : {"exp_avg", "exp_avg_sq"})
+        tensors.push_back({name + "." + kind, mi, pi, false, kind});
     }
   }
   return detail::write_safetensors(r, out_path, dtype, tensors, nlohmann::json::object(), piece_bytes);

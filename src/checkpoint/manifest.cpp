@@ -22,6 +22,61 @@ size_t dtype_bytes(const std::string& dtype) {
   return 0;
 }
 
+const char* state_dtype(optim::StateFormat f) {
+  switch (f) {
+    case optim::StateFormat::kF32:
+      return "f32";
+    case optim::StateFormat::kBF16:
+      return "bf16";
+    case optim::StateFormat::kInt8:
+      return kInt8StateDtype;
+    case optim::StateFormat::kInt4:
+      return kInt4StateDtype;
+  }
+  return "f32";
+}
+
+bool packed_dtype(const std::string& dtype, optim::StateFormat* format) {
+  optim::StateFormat f;
+  if (dtype == kInt8StateDtype) {
+    f = optim::StateFormat::kInt8;
+  } else if (dtype == kInt4StateDtype) {
+    f = optim::StateFormat::kInt4;
+  } else {
+    return false;
+  }
+  if (format) *format = f;
+  return true;
+}
+
+uint64_t dtype_block_elems(const std::string& dtype) {
+  optim::StateFormat f;
+  if (packed_dtype(dtype, &f)) return optim::state_block_elems(f);
+  return dtype_bytes(dtype) ? 1 : 0;
+}
+
+uint64_t tensor_bytes(const std::string& dtype, uint64_t count) {
+  optim::StateFormat f;
+  if (packed_dtype(dtype, &f)) return optim::state_bytes(f, static_cast<size_t>(count));
+  return count * dtype_bytes(dtype);
+}
+
+std::string record_dtype_problem(const std::string& kind, const std::string& dtype, uint64_t begin) {
+  if (!packed_dtype(dtype)) {
+    if (dtype_bytes(dtype)) return "";
+    return "dtype '" + dtype + "' is none of f32, bf16, f16, " + kInt8StateDtype + ", " + kInt4StateDtype;
+  }
+  if (kind != "exp_avg" && kind != "exp_avg_sq") {
+    return "dtype '" + dtype + "' (packed) holds only 'exp_avg' and 'exp_avg_sq' states, not '" + kind + "'";
+  }
+  const uint64_t b = dtype_block_elems(dtype);
+  if (begin % b != 0) {
+    return "begin " + std::to_string(begin) + " is not a multiple of " + dtype + "'s block of " +
+           std::to_string(b) + " elements";
+  }
+  return "";
+}
+
 json Manifest::to_json() const {
   json j;
   j["format"] = "zoe-checkpoint";
@@ -229,6 +284,24 @@ Status check_files(const json& j, const std::string& where, Manifest* m,
   return Status::ok();
 }
 
+// A record's dtype: known, and a packed one only on the moments, from a block boundary.
+Status check_record_dtype(const JsonFields& f, const TensorRecord& t) {
+  if (dtype_block_elems(t.dtype) == 0) {
+    return f.bad("dtype", std::string("\"f32\", \"bf16\", \"f16\", \"") + kInt8StateDtype + "\" or \"" +
+                              kInt4StateDtype + "\"");
+  }
+  if (!packed_dtype(t.dtype)) return Status::ok();
+  if (t.kind != "exp_avg" && t.kind != "exp_avg_sq") {
+    return f.bad("dtype", "\"f32\", \"bf16\" or \"f16\" for a '" + t.kind + "' state (" + t.dtype +
+                              " holds only 'exp_avg' and 'exp_avg_sq')");
+  }
+  const uint64_t b = dtype_block_elems(t.dtype);
+  if (t.begin % b != 0) {
+    return f.bad("begin", "a multiple of " + t.dtype + "'s block of " + std::to_string(b) + " elements");
+  }
+  return Status::ok();
+}
+
 Status check_tensors(const json& j, const std::string& where, Manifest* m,
                      const std::map<int, size_t>& file_of_rank) {
   JsonFields top(j, where, "");
@@ -254,10 +327,12 @@ Status check_tensors(const json& j, const std::string& where, Manifest* m,
     if (t.rank < 0 || t.rank >= m->world_size) return f.bad("rank", "a rank below world_size");
     if (t.module >= m->modules.size()) return f.bad("module", "the index of a module in 'modules'");
     if (t.kind.empty()) return f.bad("kind", "a state's name");
-    const size_t eb = dtype_bytes(t.dtype);
-    if (eb == 0) return f.bad("dtype", "\"f32\", \"bf16\" or \"f16\"");
-    if (t.bytes != t.count * eb) {
-      return f.bad("bytes", "count x the dtype's size (" + std::to_string(t.count * eb) + ")");
+    ZOE_RETURN_IF_ERROR(check_record_dtype(f, t));
+    if (t.bytes != tensor_bytes(t.dtype, t.count)) {
+      const std::string want = std::to_string(tensor_bytes(t.dtype, t.count));
+      return f.bad("bytes", packed_dtype(t.dtype)
+                                ? "the bytes of count elements of " + t.dtype + " (" + want + ")"
+                                : "count x the dtype's size (" + want + ")");
     }
     if (t.begin + t.count > m->modules[t.module].padded) {
       return f.bad("count", "a range inside the module's padded size (" +

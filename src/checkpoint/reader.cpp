@@ -246,6 +246,220 @@ Status Reader::check_complete() const {
   return Status::ok();
 }
 
+namespace {
+
+constexpr uint64_t kValuePiece = 64u << 10;  // elements decoded or quantized at a time (256 KiB of f32)
+
+// A packed output starts at a block and ends at one, at the module's end, or where a record ends.
+Status check_packed_range(const Manifest& m, const std::vector<size_t>* recs, uint32_t module,
+                          const std::string& kind, uint64_t begin, uint64_t count, const std::string& dt) {
+  const uint64_t B = dtype_block_elems(dt), end = begin + count;
+  bool end_ok = count == 0 || end % B == 0 || end == m.modules[module].padded;
+  for (size_t i = 0; recs && i < recs->size() && !end_ok; ++i) {
+    const TensorRecord& r = m.tensors[(*recs)[i]];
+    end_ok = r.begin < end && r.begin + r.count == end;
+  }
+  if (begin % B == 0 && end_ok) return Status::ok();
+  const std::string block = "its block of " + std::to_string(B) + " elements";
+  const std::string what = begin % B != 0 ? "the start is not a multiple of " + block
+                                          : "the end is neither a multiple of " + block +
+                                                ", nor the module's end, nor a saved tensor's end";
+  return invalid_argument("read_range: elements [%" PRIu64 ", %" PRIu64
+                          ") of module '%s' '%s' state as %s: %s",
+                          begin, end, m.modules[module].name.c_str(), kind.c_str(), dt.c_str(), what.c_str());
+}
+
+// One read_range call: the records of one (module, kind), the files they are in, the scratch.
+class RangeRead {
+ public:
+  struct Files {
+    const Manifest& m;
+    const std::string& dir;
+    const std::vector<int>& fds;
+    const std::vector<size_t>& file_of_rank;
+  };
+  RangeRead(const Files& files, const std::vector<size_t>* recs, uint32_t module, const std::string& kind,
+            uint64_t begin, uint64_t end)
+      : f_(files), recs_(recs), module_(module), kind_(kind), begin_(begin), end_(end) {}
+
+  // Output in a per-element dtype ("f32", "bf16", "f16").
+  Status read_plain(const std::string& dt, char* dst);
+  // Output in a packed dtype: begin_ is a multiple of its block.
+  Status read_packed(const std::string& dt, char* dst);
+
+ private:
+  const TensorRecord* covering(uint64_t pos) const;
+  Status uncovered(uint64_t pos) const;
+  std::string path_of(const TensorRecord& rec) const {
+    return f_.dir + "/" + f_.m.files[f_.file_of_rank[static_cast<size_t>(rec.rank)]].name;
+  }
+  Status pread(const TensorRecord& rec, void* dst, uint64_t bytes, uint64_t at) const {
+    const size_t fi = f_.file_of_rank[static_cast<size_t>(rec.rank)];
+    return detail::pread_all(f_.fds[fi], path_of(rec), dst, static_cast<size_t>(bytes), rec.offset + at);
+  }
+  // An error of the values of elements [pos, pos + n): "while <doing> elements [..) of module
+  // 'm' 'kind' state of checkpoint D<tail>".
+  Status values_error(Status s, const char* doing, uint64_t pos, uint64_t n, const std::string& tail) const {
+    return std::move(s).with_context(std::string(doing) + " elements [" + std::to_string(pos) + ", " +
+                                     std::to_string(pos + n) + ") of module '" + f_.m.modules[module_].name +
+                                     "' '" + kind_ + "' state of checkpoint " + f_.dir + tail);
+  }
+  optim::StateKind state_kind() const {
+    return kind_ == "exp_avg" ? optim::StateKind::kExpAvg : optim::StateKind::kExpAvgSq;
+  }
+  // Elements [pos, pos + n) of rec (inside it, n <= kValuePiece) as floats.
+  Status decode(const TensorRecord& rec, uint64_t pos, uint64_t n, float* dst);
+  // Elements [pos, pos + n) (n <= kValuePiece) as floats, from whichever records hold them.
+  Status gather(uint64_t pos, uint64_t n, float* dst);
+  // Elements [pos, pos + n) of a per-element record rec, converted to dt at dst.
+  Status convert_plain(const TensorRecord& rec, uint64_t pos, uint64_t n, const std::string& dt, char* dst);
+
+  Files f_;
+  const std::vector<size_t>* recs_;  // by begin; null when the checkpoint has none
+  uint32_t module_;
+  const std::string& kind_;
+  uint64_t begin_, end_;
+  std::vector<char> bytes_;
+  std::vector<float> values_, decoded_;
+};
+
+// The last record starting at or before pos that still covers it (records may overlap when
+// ranks saved replicated state; any covering one will do).
+const TensorRecord* RangeRead::covering(uint64_t pos) const {
+  if (!recs_) return nullptr;
+  const auto& recs = *recs_;
+  auto ub = std::upper_bound(recs.begin(), recs.end(), pos,
+                             [&](uint64_t p, size_t t) { return p < f_.m.tensors[t].begin; });
+  for (auto r = ub; r != recs.begin();) {
+    --r;
+    const TensorRecord& c = f_.m.tensors[*r];
+    if (c.begin + c.count > pos) return &c;
+  }
+  return nullptr;
+}
+
+Status RangeRead::uncovered(uint64_t pos) const {
+  return not_found("checkpoint %s: element %" PRIu64
+                   " of module '%s' '%s' state is in no rank's file "
+                   "(the checkpoint does not cover [%" PRIu64 ", %" PRIu64 "))",
+                   f_.dir.c_str(), pos, f_.m.modules[module_].name.c_str(), kind_.c_str(), begin_, end_);
+}
+
+Status RangeRead::decode(const TensorRecord& rec, uint64_t pos, uint64_t n, float* dst) {
+  optim::StateFormat fmt;
+  if (!packed_dtype(rec.dtype, &fmt)) {
+    bytes_.resize(static_cast<size_t>(n * dtype_bytes(rec.dtype)));
+    ZOE_RETURN_IF_ERROR(pread(rec, bytes_.data(), bytes_.size(), (pos - rec.begin) * dtype_bytes(rec.dtype)));
+    detail::convert_elements(rec.dtype, bytes_.data(), "f32", dst, static_cast<size_t>(n));
+    return Status::ok();
+  }
+  // Whole blocks (the record's last one may be partial): [first, last) of the record.
+  const uint64_t B = dtype_block_elems(rec.dtype), rel = pos - rec.begin;
+  const uint64_t first = rel / B * B, last = std::min(rec.count, (rel + n + B - 1) / B * B);
+  bytes_.resize(static_cast<size_t>(tensor_bytes(rec.dtype, last - first)));
+  ZOE_RETURN_IF_ERROR(pread(rec, bytes_.data(), bytes_.size(), tensor_bytes(rec.dtype, first)));
+  decoded_.resize(static_cast<size_t>(last - first));
+  Status s = optim::dequantize_state(state_kind(), fmt, bytes_.data(), decoded_.data(), decoded_.size());
+  if (!s.is_ok())
+    return values_error(std::move(s), "decoding", rec.begin + first, last - first, " (" + rec.dtype + ")");
+  std::memcpy(dst, decoded_.data() + (rel - first), static_cast<size_t>(n) * sizeof(float));
+  return Status::ok();
+}
+
+Status RangeRead::gather(uint64_t pos, uint64_t n, float* dst) {
+  for (const uint64_t end = pos + n; pos < end;) {
+    const TensorRecord* rec = covering(pos);
+    if (!rec) return uncovered(pos);
+    const uint64_t k = std::min(end, rec->begin + rec->count) - pos;
+    ZOE_RETURN_IF_ERROR(decode(*rec, pos, k, dst));
+    dst += k;
+    pos += k;
+  }
+  return Status::ok();
+}
+
+Status RangeRead::convert_plain(const TensorRecord& rec, uint64_t pos, uint64_t n, const std::string& dt,
+                                char* dst) {
+  // Bounded pieces: a conversion never holds more than kReadPiece bytes of the source.
+  const size_t ib = dtype_bytes(rec.dtype), ob = dtype_bytes(dt);
+  const uint64_t per = kReadPiece / ib;
+  for (uint64_t done = 0; done < n;) {
+    const uint64_t k = std::min(n - done, per);
+    bytes_.resize(static_cast<size_t>(k * ib));
+    ZOE_RETURN_IF_ERROR(pread(rec, bytes_.data(), k * ib, (pos - rec.begin + done) * ib));
+    detail::convert_elements(rec.dtype, bytes_.data(), dt, dst, static_cast<size_t>(k));
+    dst += k * ob;
+    done += k;
+  }
+  return Status::ok();
+}
+
+Status RangeRead::read_plain(const std::string& dt, char* dst) {
+  const size_t ob = dtype_bytes(dt);
+  for (uint64_t pos = begin_; pos < end_;) {
+    const TensorRecord* rec = covering(pos);
+    if (!rec) return uncovered(pos);
+    const uint64_t n = std::min(end_, rec->begin + rec->count) - pos;
+    if (rec->dtype == dt) {
+      ZOE_RETURN_IF_ERROR(pread(*rec, dst, n * ob, (pos - rec->begin) * ob));
+    } else if (!packed_dtype(rec->dtype)) {
+      ZOE_RETURN_IF_ERROR(convert_plain(*rec, pos, n, dt, dst));
+    } else {
+      for (uint64_t done = 0; done < n;) {  // dequantized in pieces, then converted
+        const uint64_t k = std::min(n - done, kValuePiece);
+        float* vals = reinterpret_cast<float*>(dst + done * ob);
+        if (dt != "f32") {
+          values_.resize(static_cast<size_t>(k));
+          vals = values_.data();
+        }
+        ZOE_RETURN_IF_ERROR(decode(*rec, pos + done, k, vals));
+        if (dt != "f32") detail::convert_elements("f32", vals, dt, dst + done * ob, static_cast<size_t>(k));
+        done += k;
+      }
+    }
+    dst += n * ob;
+    pos += n;
+  }
+  return Status::ok();
+}
+
+Status RangeRead::read_packed(const std::string& dt, char* dst) {
+  optim::StateFormat fmt;
+  packed_dtype(dt, &fmt);
+  const uint64_t B = dtype_block_elems(dt);
+  for (uint64_t pos = begin_; pos < end_;) {  // pos - begin_ is a multiple of B
+    const TensorRecord* rec = covering(pos);
+    if (!rec) return uncovered(pos);
+    const uint64_t rec_end = rec->begin + rec->count, avail = std::min(end_, rec_end) - pos;
+    if (rec->dtype == dt) {
+      // The stored blocks as they are: whole ones, or a partial last one that ends the output
+      // where the record ends (the bytes of a block cut short elsewhere are not its encoding).
+      const bool whole_tail = pos + avail == end_ && (end_ % B == 0 || rec_end == end_);
+      const uint64_t n = whole_tail ? avail : avail / B * B;
+      if (n > 0) {
+        const uint64_t bytes = tensor_bytes(dt, n);
+        ZOE_RETURN_IF_ERROR(pread(*rec, dst, bytes, tensor_bytes(dt, pos - rec->begin)));
+        dst += bytes;
+        pos += n;
+        continue;
+      }
+    }
+    // Through f32: a piece of whole blocks (or the output's tail), from one record or several.
+    uint64_t n = std::min(avail, kValuePiece);
+    if (pos + n < end_) n = n / B * B;
+    if (n == 0) n = std::min(B, end_ - pos);
+    values_.resize(static_cast<size_t>(n));
+    ZOE_RETURN_IF_ERROR(gather(pos, n, values_.data()));
+    Status s = optim::quantize_state(state_kind(), fmt, values_.data(), dst, static_cast<size_t>(n));
+    if (!s.is_ok()) return values_error(std::move(s), "storing", pos, n, " as " + dt);
+    dst += tensor_bytes(dt, n);
+    pos += n;
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
 Status Reader::read_range(uint32_t module, const std::string& kind, uint64_t begin, uint64_t count,
                           const std::string& dtype_out, void* out) const {
   const Manifest& m = impl_->manifest;
@@ -253,10 +467,12 @@ Status Reader::read_range(uint32_t module, const std::string& kind, uint64_t beg
     return invalid_argument("read_range: module %u, the checkpoint has %zu modules", module,
                             m.modules.size());
   }
-  size_t ob = dtype_bytes(dtype_out);
-  if (ob == 0)
-    return invalid_argument("read_range: dtype '%s': expected f32, bf16 or f16", dtype_out.c_str());
   const std::string& mname = m.modules[module].name;
+  const std::string problem = record_dtype_problem(kind, dtype_out, 0);
+  if (!problem.empty()) {
+    return invalid_argument("read_range of module '%s' '%s' state: %s", mname.c_str(), kind.c_str(),
+                            problem.c_str());
+  }
   if (begin + count > m.modules[module].padded) {
     return invalid_argument("read_range: elements [%" PRIu64 ", %" PRIu64
                             ") of module '%s', which has %" PRIu64,
@@ -267,58 +483,12 @@ Status Reader::read_range(uint32_t module, const std::string& kind, uint64_t beg
     return not_found("checkpoint %s has no '%s' state for module '%s'", impl_->dir.c_str(), kind.c_str(),
                      mname.c_str());
   }
-  std::vector<char> scratch;
-  char* dst = static_cast<char*>(out);
-  const uint64_t end = begin + count;
-  for (uint64_t pos = begin; pos < end;) {
-    const auto& recs = it->second;
-    // The last record starting at or before pos that still covers it (records may overlap when
-    // ranks saved replicated state; any covering one will do).
-    auto ub = std::upper_bound(recs.begin(), recs.end(), pos,
-                               [&](uint64_t p, size_t t) { return p < m.tensors[t].begin; });
-    const TensorRecord* rec = nullptr;
-    for (auto r = ub; r != recs.begin();) {
-      --r;
-      const TensorRecord& c = m.tensors[*r];
-      if (c.begin + c.count > pos) {
-        rec = &c;
-        break;
-      }
-    }
-    if (!rec) {
-      return not_found("checkpoint %s: element %" PRIu64
-                       " of module '%s' '%s' state is in no rank's file "
-                       "(the checkpoint does not cover [%" PRIu64 ", %" PRIu64 "))",
-                       impl_->dir.c_str(), pos, mname.c_str(), kind.c_str(), begin, end);
-    }
-    const size_t fi = impl_->file_of_rank[static_cast<size_t>(rec->rank)];
-    const std::string path = impl_->file_path(fi);
-    const size_t ib = dtype_bytes(rec->dtype);
-    const uint64_t n = std::min(end, rec->begin + rec->count) - pos;
-    const uint64_t src_off = rec->offset + (pos - rec->begin) * ib;
-    if (rec->dtype == dtype_out) {
-      ZOE_RETURN_IF_ERROR(detail::pread_all(impl_->fds[fi], path, dst, n * ib, src_off));
-      dst += n * ib;
-    } else {
-      // Bounded pieces: a conversion never holds more than kReadPiece bytes of the source.
-      const uint64_t per = kReadPiece / ib;
-      if (scratch.empty()) scratch.resize(static_cast<size_t>(std::min<uint64_t>(n, per) * ib));
-      for (uint64_t done = 0; done < n;) {
-        uint64_t k = std::min<uint64_t>({n - done, per, scratch.size() / ib});
-        if (k == 0) {  // scratch sized for a shorter earlier record
-          scratch.resize(static_cast<size_t>(std::min<uint64_t>(n - done, per) * ib));
-          continue;
-        }
-        ZOE_RETURN_IF_ERROR(
-            detail::pread_all(impl_->fds[fi], path, scratch.data(), k * ib, src_off + done * ib));
-        detail::convert_elements(rec->dtype, scratch.data(), dtype_out, dst, k);
-        dst += k * ob;
-        done += k;
-      }
-    }
-    pos += n;
-  }
-  return Status::ok();
+  RangeRead rr({m, impl_->dir, impl_->fds, impl_->file_of_rank},
+               it == impl_->index.end() ? nullptr : &it->second, module, kind, begin, begin + count);
+  if (!packed_dtype(dtype_out)) return rr.read_plain(dtype_out, static_cast<char*>(out));
+  ZOE_RETURN_IF_ERROR(check_packed_range(m, it == impl_->index.end() ? nullptr : &it->second, module, kind,
+                                         begin, count, dtype_out));
+  return rr.read_packed(dtype_out, static_cast<char*>(out));
 }
 
 }  // namespace zoe::ckpt

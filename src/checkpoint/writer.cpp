@@ -126,9 +126,12 @@ Status RankWriter::begin_tensor(uint32_t module, const std::string& kind, const 
         "RankWriter %s: begin_tensor while module %u '%s' is still open (call end_tensor)", w.path.c_str(),
         w.cur.module, w.cur.kind.c_str());
   }
-  size_t eb = dtype_bytes(dtype);
-  if (eb == 0) return invalid_argument("RankWriter: dtype '%s': expected f32, bf16 or f16", dtype.c_str());
   if (kind.empty()) return invalid_argument("RankWriter: empty tensor kind");
+  const std::string problem = record_dtype_problem(kind, dtype, begin);
+  if (!problem.empty()) {
+    return invalid_argument("RankWriter %s: module %u '%s' [%" PRIu64 ", +%" PRIu64 "): %s", w.path.c_str(),
+                            module, kind.c_str(), begin, count, problem.c_str());
+  }
   ZOE_RETURN_IF_ERROR(w.pad_to(kTensorAlign));
   w.cur = TensorRecord{};
   w.cur.rank = w.rank;
@@ -138,7 +141,7 @@ Status RankWriter::begin_tensor(uint32_t module, const std::string& kind, const 
   w.cur.begin = begin;
   w.cur.count = count;
   w.cur.offset = w.size;
-  w.cur.bytes = count * eb;
+  w.cur.bytes = tensor_bytes(dtype, count);
   w.cur_got = 0;
   w.tensor_hash.reset();
   w.in_tensor = true;
@@ -168,9 +171,9 @@ Status RankWriter::end_tensor() {
   if (!w.in_tensor) return invalid_argument("RankWriter %s: end_tensor without begin_tensor", w.path.c_str());
   if (w.cur_got != w.cur.bytes) {
     return invalid_argument("RankWriter %s: module %u '%s' [%" PRIu64 ", +%" PRIu64 "): %" PRIu64
-                            " bytes appended, %" PRIu64 " expected (count x dtype size)",
+                            " bytes appended, %" PRIu64 " expected (%s)",
                             w.path.c_str(), w.cur.module, w.cur.kind.c_str(), w.cur.begin, w.cur.count,
-                            w.cur_got, w.cur.bytes);
+                            w.cur_got, w.cur.bytes, w.cur.dtype.c_str());
   }
   w.cur.xxh64 = detail::hex64(w.tensor_hash.digest());
   w.records.push_back(w.cur);

@@ -76,10 +76,18 @@ json describe(const ckpt::Reader& r) {
   j["bytes"] = total;
   std::map<int, std::pair<uint64_t, uint64_t>> per_rank;  // rank -> tensors, bytes
   std::map<std::string, uint64_t> kinds;
+  json states = json::array();  // per (kind, dtype): elements and bytes as stored
+  std::map<std::pair<std::string, std::string>, std::pair<uint64_t, uint64_t>> by_dtype;
   for (const auto& t : m.tensors) {
     per_rank[t.rank].first++;
     per_rank[t.rank].second += t.bytes;
     kinds[t.kind] += t.count;
+    by_dtype[{t.kind, t.dtype}].first += t.count;
+    by_dtype[{t.kind, t.dtype}].second += t.bytes;
+  }
+  for (const auto& [key, v] : by_dtype) {
+    states.push_back(
+        {{"kind", key.first}, {"dtype", key.second}, {"elements", v.first}, {"bytes", v.second}});
   }
   json ranks = json::array();
   for (int rank = 0; rank < m.world_size; ++rank) {
@@ -87,6 +95,7 @@ json describe(const ckpt::Reader& r) {
   }
   j["ranks"] = ranks;
   j["kinds"] = kinds;
+  j["states"] = states;
   j["engine"] = m.engine;
   j["trainer"] = m.trainer;
   return j;
@@ -107,6 +116,15 @@ void print_inspect(const json& j) {
   for (const auto& f : j["files"]) {
     files.print_row(stdout, {f["name"].get<std::string>(), format_bytes(f["bytes"].get<uint64_t>()),
                              f.value("xxh64", std::string("-"))});
+  }
+  printf("\n");
+  Table states(
+      {{"state", "", 12, true}, {"dtype", "", 10, true}, {"elements", "", 16}, {"size", "bytes", 14}});
+  states.print_header(stdout);
+  for (const auto& st : j["states"]) {
+    states.print_row(
+        stdout, {st["kind"].get<std::string>(), st["dtype"].get<std::string>(),
+                 std::to_string(st["elements"].get<uint64_t>()), format_bytes(st["bytes"].get<uint64_t>())});
   }
   printf("\n");
   Table ranks({{"rank", "", 6}, {"tensors", "", 9}, {"size", "bytes", 14}});
@@ -245,7 +263,7 @@ void add_consolidate(CLI::App& ckpt) {
     std::string dir, out, dtype = "fp32", format = "safetensors";
     int n_head = 0;
     uint64_t max_shard = 50'000'000'000ull;
-    bool json = false;
+    bool json = false, with_moments = false;
   };
   auto o = std::make_shared<Opts>();
   CLI::App* cmd = ckpt.add_subcommand("consolidate",
@@ -274,10 +292,16 @@ void add_consolidate(CLI::App& ckpt) {
                             "hf: bytes of tensors per safetensors file before sharding (default "
                             "50000000000, transformers' 50GB)"),
             1, int64_t{1} << 50);
+  cmd->add_flag("--with-moments", o->with_moments,
+                "safetensors: also Adam's moments, <module>.<param>.exp_avg and .exp_avg_sq, in --dtype "
+                "(packed int8/int4 states dequantized)");
   cmd->add_flag("--json", o->json, "Print one JSON object");
   cmd->callback([o] {
     if (o->format != "safetensors" && o->format != "hf-gpt2" && o->format != "hf") {
       fail(invalid_argument("--format %s: expected safetensors, hf-gpt2 or hf", o->format.c_str()));
+    }
+    if (o->with_moments && o->format != "safetensors") {
+      fail(invalid_argument("--with-moments: only with --format safetensors (not %s)", o->format.c_str()));
     }
     if (o->format == "safetensors") check_output_flag("--out", o->out);
     if (o->format != "safetensors") {
@@ -285,8 +309,10 @@ void add_consolidate(CLI::App& ckpt) {
       if (!ds.is_ok()) fail(ds);
     }
     auto r = value_or_fail(ckpt::Reader::open(o->dir));
-    uint64_t params = 0;
-    for (const auto& m : r->manifest().modules) params += m.params.size();
+    uint64_t params = 0;  // tensors written
+    for (const auto& m : r->manifest().modules) {
+      params += m.params.size() * (o->with_moments && !m.frozen ? 3 : 1);
+    }
     std::string file = o->out;
     json extra = json::object();
     if (o->format == "hf-gpt2") {
@@ -306,7 +332,7 @@ void add_consolidate(CLI::App& ckpt) {
       if (!s.is_ok()) fail(s);
       file.clear();
     } else {
-      Status s = ckpt::consolidate(*r, o->out, o->dtype);
+      Status s = ckpt::consolidate(*r, o->out, o->dtype, ckpt::kConsolidatePiece, o->with_moments);
       if (!s.is_ok()) fail(s);
     }
     uint64_t bytes = file.empty() ? safetensors_bytes(o->out) : file_bytes(file);

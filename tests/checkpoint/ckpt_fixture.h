@@ -2,6 +2,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -14,6 +15,7 @@
 #include "checkpoint/file_util.h"
 #include "checkpoint/xxh64.h"
 #include "core/dtype.h"
+#include "optim/lowbit.h"
 
 namespace zoe::ckpt::test {
 
@@ -163,6 +165,104 @@ inline void edit_manifest(const std::string& ck, const std::function<void(nlohma
   edit(j);
   write_file(ck + "/" + kManifestName, j.dump(1) + "\n");
   if (resealed) reseal(ck);
+}
+
+// ---- Packed optimizer states ----
+
+// Module "big" (8269 elements) and "small" (300: int8 one block and a partial one, int4 two and a
+// partial one).
+inline std::vector<ModuleInfo> packed_modules() {
+  std::vector<ModuleInfo> m(2);
+  m[0].name = "big";
+  m[0].params = {{"w", {8269}, 0, 8269}};
+  m[0].padded = 8269;
+  m[1].name = "small";
+  m[1].params = {{"w", {3, 100}, 0, 300}};
+  m[1].padded = 300;
+  return m;
+}
+
+// Rank r's range as the engine partitions packed states: every rank starts at a multiple of 2048
+// elements. Over 2 ranks, big's ranges are [0, 6144) and [6144, 8269) (a partial last block).
+inline std::pair<uint64_t, uint64_t> packed_partition(uint64_t n, int w, int r) {
+  const uint64_t per = ((n + static_cast<uint64_t>(w) - 1) / static_cast<uint64_t>(w) + 2047) / 2048 * 2048;
+  const uint64_t b = std::min<uint64_t>(n, per * static_cast<uint64_t>(r));
+  return {b, std::min<uint64_t>(n, b + per)};
+}
+
+// A module's m ("exp_avg": signed, magnitudes over 4 decades) or v ("exp_avg_sq": >= 0, some
+// exact zeros, over 8 decades).
+inline std::vector<float> moment_values(uint32_t module, const std::string& kind, uint64_t n) {
+  std::vector<float> v(n);
+  for (uint64_t i = 0; i < n; ++i) {
+    const float x = master_value(module + 5, i), scale = std::pow(10.0f, -static_cast<float>(i % 5));
+    v[i] = kind == "exp_avg" ? x * 1e-2f * scale : (i % 11 == 0 ? 0.0f : x * x * 1e-4f * scale * scale);
+  }
+  return v;
+}
+
+inline optim::StateKind state_kind(const std::string& kind) {
+  return kind == "exp_avg" ? optim::StateKind::kExpAvg : optim::StateKind::kExpAvgSq;
+}
+
+// The packed bytes of elements [b, e) of a module's moment (b a multiple of the block).
+inline std::vector<unsigned char> packed_moment(optim::StateFormat f, uint32_t module,
+                                                const std::string& kind, uint64_t n, uint64_t b, uint64_t e) {
+  const std::vector<float> v = moment_values(module, kind, n);
+  std::vector<unsigned char> out(optim::state_bytes(f, e - b));
+  const Status s = optim::quantize_state(state_kind(kind), f, v.data() + b, out.data(), e - b);
+  if (!s.is_ok()) out.clear();
+  return out;
+}
+
+// A save whose moments are stored in packed dtype `dt` ("int8b256" or "int4b128", format f),
+// its masters in f32 and its parameters in bf16, partitioned by packed_partition.
+inline Status save_packed(const std::string& dir, const std::string& tag, int world, const std::string& dt,
+                          optim::StateFormat f) {
+  const std::vector<ModuleInfo> modules = packed_modules();
+  ZOE_ASSIGN_OR_RETURN(std::string tmp, begin_checkpoint(dir, tag));
+  Manifest man;
+  man.world_size = world;
+  man.step = 4;
+  man.modules = modules;
+  man.engine = {{"steps", 4}};
+  auto rank = [&](int r) -> Status {
+    ZOE_ASSIGN_OR_RETURN(auto w, RankWriter::create(tmp, r));
+    for (uint32_t m = 0; m < modules.size(); ++m) {
+      auto [b, e] = packed_partition(modules[m].padded, world, r);
+      if (b == e) continue;
+      std::vector<float> master(e - b);
+      std::vector<uint16_t> param(e - b);
+      for (uint64_t i = b; i < e; ++i) master[i - b] = master_value(m, i);
+      for (uint64_t i = b; i < e; ++i) param[i - b] = f32_to_bf16(master_value(m, i));
+      ZOE_RETURN_IF_ERROR(w->begin_tensor(m, "param", "bf16", b, e - b));
+      ZOE_RETURN_IF_ERROR(w->append(param.data(), param.size() * 2));
+      ZOE_RETURN_IF_ERROR(w->end_tensor());
+      ZOE_RETURN_IF_ERROR(w->begin_tensor(m, "master", "f32", b, e - b));
+      ZOE_RETURN_IF_ERROR(w->append(master.data(), master.size() * 4));
+      ZOE_RETURN_IF_ERROR(w->end_tensor());
+      for (const char* kind : {"exp_avg", "exp_avg_sq"}) {
+        const std::vector<unsigned char> bytes = packed_moment(f, m, kind, modules[m].padded, b, e);
+        ZOE_RETURN_IF_ERROR(w->begin_tensor(m, kind, dt, b, e - b));
+        const size_t half = bytes.size() / 2 + 1;  // two odd pieces
+        ZOE_RETURN_IF_ERROR(w->append(bytes.data(), half));
+        ZOE_RETURN_IF_ERROR(w->append(bytes.data() + half, bytes.size() - half));
+        ZOE_RETURN_IF_ERROR(w->end_tensor());
+      }
+    }
+    FileInfo fi;
+    ZOE_RETURN_IF_ERROR(w->finish(&man.tensors, &fi));
+    man.files.push_back(fi);
+    return Status::ok();
+  };
+  for (int r = 0; r < world; ++r) {
+    Status s = rank(r);
+    if (!s.is_ok()) {
+      abort_checkpoint(tmp);
+      return s;
+    }
+  }
+  return commit_checkpoint(dir, tag, tmp, man);
 }
 
 }  // namespace zoe::ckpt::test

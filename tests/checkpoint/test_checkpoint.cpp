@@ -347,7 +347,8 @@ TEST(Checkpoint, Corruption) {
   test::edit_manifest(
       vk, [](nlohmann::json& j) { j["format_version"] = 2, j["tensors"][0]["dtype"] = "f64"; }, true);
   EXPECT_HAS(open_error(d.path()),
-             mp + ": key 'tensors[0].dtype': expected \"f32\", \"bf16\" or \"f16\", found string \"f64\"");
+             mp + ": key 'tensors[0].dtype': expected \"f32\", \"bf16\", \"f16\", \"int8b256\" or "
+                  "\"int4b128\", found string \"f64\"");
   test::edit_manifest(
       vk, [](nlohmann::json& j) { j["tensors"][0].erase("dtype"); }, true);
   EXPECT_HAS(open_error(d.path()), "key 'tensors[0].dtype' is missing");

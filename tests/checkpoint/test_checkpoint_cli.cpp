@@ -109,6 +109,45 @@ TEST(CkptCli, Consolidate) {
   EXPECT_NE(r.rc, 0);  // --out is required
 }
 
+// Packed optimizer states: inspect shows their dtype and stored bytes; consolidate --with-moments
+// writes them dequantized beside each parameter.
+TEST(CkptCli, PackedStates) {
+  ScratchDir d("ckpt-cli"), o("ckpt-out");  // outputs outside the save directory
+  ASSERT_OK(zoe::ckpt::test::save_packed(d.path(), "s", 2, "int8b256", zoe::optim::StateFormat::kInt8));
+  CmdResult r = zoe("ckpt inspect " + d.path() + " --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  // big over 2 ranks: 6144 elements (24 blocks of 260 bytes) + 2125 (8 blocks + 77 in 81 bytes);
+  // small: 300 (one block + 44 in 48 bytes).
+  const nlohmann::json want = {
+      {"kind", "exp_avg"}, {"dtype", "int8b256"}, {"elements", 8569}, {"bytes", 8709}};
+  bool found = false;
+  for (const auto& st : j["states"]) found = found || st == want;
+  EXPECT_TRUE(found) << j["states"].dump();
+  r = zoe("ckpt inspect " + d.path());
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_HAS(r.out, "exp_avg_sq");
+  EXPECT_HAS(r.out, "int8b256");
+
+  const std::string out = o.file("m.safetensors");
+  r = zoe("ckpt consolidate " + d.path() + " --out " + out + " --with-moments --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["tensors"], 6);
+  std::ifstream f(out, std::ios::binary);
+  uint64_t n = 0;
+  ASSERT_TRUE(f.read(reinterpret_cast<char*>(&n), 8));
+  std::string h(n, '\0');
+  ASSERT_TRUE(f.read(h.data(), static_cast<std::streamsize>(n)));
+  auto hj = nlohmann::json::parse(h);
+  EXPECT_EQ(hj["small.w.exp_avg_sq"]["dtype"], "F32");
+  EXPECT_EQ(hj["small.w.exp_avg_sq"]["shape"], nlohmann::json({3, 100}));
+  EXPECT_TRUE(hj.contains("big.w.exp_avg"));
+
+  r = zoe("ckpt consolidate " + d.path() + " --out " + o.file("hf") + " --format hf --with-moments");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_HAS(r.err, "--with-moments: only with --format safetensors (not hf)");
+}
+
 // A flipped byte in a rank file: consolidate fails naming the file and the tensor, writes nothing.
 TEST(CkptCli, ConsolidateChecksRankFiles) {
   ScratchDir d("ckpt-cli"), o("ckpt-out");  // outputs outside the save directory
