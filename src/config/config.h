@@ -107,12 +107,7 @@ inline const char* auto_device() { return "cpu"; }
 struct ZoeConfig {
   int64_t device_budget_bytes = 0;     // 0: the whole device; accepts "256MiB"-style strings
   double offload_ratio = 1.0;          // partial offload: fraction of optimizer states on host/NVMe
-  // Adam's m and v as stored in every tier (optim/lowbit.h): "fp32", "bf16", "int8", "int4"
-  // (blockwise quantized). zoe.bf16_optimizer_states: true is the older spelling of "bf16".
-  std::string optimizer_states = "fp32";
-  bool bf16_optimizer_states = false;  // kept equal to optimizer_states == "bf16" (the rules)
-  // The master weights the optimizer updates: "fp32", or "bf16" (rounded stochastically).
-  std::string master_weights = "fp32";
+  bool bf16_optimizer_states = false;  // the older spelling of optimizer_states "bf16" (kept equal by the rules)
   std::string device = "auto";  // "auto" (= "cpu" for now) or "cpu"; "cuda": the engine on this rank's GPU
   // 0: no limit. Enforced by the placement planner (src/zero/placement.cpp) at initialize().
   int64_t host_budget_bytes = 0;
@@ -147,6 +142,12 @@ struct ZoeConfig {
   // Directories of the activation swap file; empty: offload_param's nvme_path, else
   // offload_optimizer's (the same placeholders, config/paths.h).
   std::vector<std::string> activation_nvme_path;
+
+  // Adam's m and v as stored in every tier (optim/lowbit.h): "fp32", "bf16", "int8", "int4"
+  // (blockwise quantized). zoe.bf16_optimizer_states: true is the older spelling of "bf16".
+  std::string optimizer_states = "fp32";
+  // The master weights the optimizer updates: "fp32", or "bf16" (rounded stochastically).
+  std::string master_weights = "fp32";
 
   bool operator==(const ZoeConfig&) const = default;
 };

@@ -627,6 +627,8 @@ TEST(Config, RoundTripThroughToJson) {
   c.optimizer = {"Adam", 0.1 + 0.2, 0.8, 0.95, 1e-12, 0.05, false};
   c.scheduler = {"WarmupDecayLR", 1e-6, 3e-4, 2000, "linear", 100000};
   c.zoe = {1ll << 40, 0.25, true, "cuda", 3ll << 30, 16};
+  c.zoe.optimizer_states = "bf16";  // what bf16_optimizer_states true means
+  c.zoe.master_weights = "bf16";
   expect_round_trip(c, 2);
 }
 

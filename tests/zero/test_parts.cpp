@@ -389,7 +389,7 @@ UpdaterRun run_updater(Tier home) {
   std::unique_ptr<offload::OptimizerSwapper> swapper;
   if (home == Tier::kNvme) {
     offload::SwapperOptions so;
-    so.states = Updater::swapped_states(4);
+    so.states = Updater::swapped_states(optim::StateFormat::kF32, optim::MasterFormat::kF32);
     so.buffer_count = 12;
     so.buffer_bytes = 64 * 1024;
     auto sw = offload::OptimizerSwapper::create(r.rig.store.get(), so);
@@ -406,7 +406,6 @@ UpdaterRun run_updater(Tier home) {
   ur.swapper = swapper.get();
   ur.trace = &trace;
   ur.cfg = &cfg;
-  ur.state_bytes = 4;
   Updater update(r.shape, r.modules, homes, r.clock, ur, LossScaler());
   const std::vector<float> init = ramp(n, 0.3f);
   homes.owned.push_back(init);
@@ -469,6 +468,101 @@ TEST(Parts, UpdaterTakesAdamWStepsWhereverItsStatesLive) {
   EXPECT_EQ(nvme.master, host.master);
   EXPECT_EQ(nvme.exp_avg, host.exp_avg);
   EXPECT_EQ(device.master, host.master);
+}
+
+// Packed (int8) states in host RAM, a module of two parameters: "a" (300 elements: block 0 and
+// part of block 1) and "b". Step 1 trains both; at step 2 `a` gets no gradient (untouched).
+struct PackedRun {
+  std::vector<float> master1, master2;  // after steps 1 and 2
+  std::vector<uint8_t> m1, v1, m2, v2;  // m and v as stored
+};
+PackedRun run_packed(bool a_untouched) {
+  PartRig r;
+  EXPECT_TRUE(r.init(1, DType::kF32));
+  const size_t n = 4096, na = 300;
+  ModuleLayout mod = layout("m", n, false, Tier::kDevice, Tier::kHost);
+  mod.specs = {ParamSpec{"a", {static_cast<int64_t>(na)}}, ParamSpec{"b", {static_cast<int64_t>(n - na)}}};
+  mod.numel = {na, n - na};
+  mod.offset = {0, na};
+  r.modules.add(mod);
+  config::Config cfg;
+  cfg.zoe.overlap_step = false;
+  FakeTarget homes;
+  TraceRecorder trace;
+  Updater::Resources ur;
+  ur.mem = r.mem.get();
+  ur.ops = r.ops.get();
+  ur.pool = r.pool.get();
+  ur.comm = r.comm.get();
+  ur.trace = &trace;
+  ur.cfg = &cfg;
+  ur.states = optim::StateFormat::kInt8;
+  Updater update(r.shape, r.modules, homes, r.clock, ur, LossScaler());
+  const std::vector<float> init = ramp(n, 0.3f);
+  homes.owned.push_back(init);
+  EXPECT_OK(update.place(ModuleId(0), init.data()));
+  PackedRun out;
+  const size_t sb = optim::state_bytes(optim::StateFormat::kInt8, n);
+  for (int step = 1; step <= 2; ++step) {
+    std::vector<float> g = ramp(n, 0.05f * static_cast<float>(step));
+    for (size_t i = 0; i < n; ++i) g[i] += 1e-4f * static_cast<float>(i % 13);  // v spans decades
+    std::vector<double> norm(optim::norm_chunks(n));
+    GradBatch gb;
+    gb.src = g.data();
+    gb.first = gb.last = true;
+    gb.norm = norm.data();
+    EXPECT_OK(update.add_grads(ModuleId(0), gb));
+    update.set_untouched({step == 2 && a_untouched ? std::vector<uint8_t>{1, 0} : std::vector<uint8_t>{}});
+    EXPECT_OK(update.apply(1.0f, 0.01));
+    EXPECT_OK(update.finish());
+    std::vector<float>& master = step == 1 ? out.master1 : out.master2;
+    std::vector<uint8_t>& m = step == 1 ? out.m1 : out.m2;
+    std::vector<uint8_t>& v = step == 1 ? out.v1 : out.v2;
+    master.resize(n);
+    m.resize(sb);
+    v.resize(sb);
+    EXPECT_OK(update.read_state(ModuleId(0), OptState::kMaster, 0, n, master.data()));
+    EXPECT_OK(update.read_state(ModuleId(0), OptState::kExpAvg, 0, n, m.data()));
+    EXPECT_OK(update.read_state(ModuleId(0), OptState::kExpAvgSq, 0, n, v.data()));
+  }
+  update.shutdown();
+  return out;
+}
+
+std::vector<float> decode(optim::StateKind k, const std::vector<uint8_t>& s, size_t n) {
+  std::vector<float> out(n);
+  EXPECT_OK(optim::dequantize_state(k, optim::StateFormat::kInt8, s.data(), out.data(), n));
+  return out;
+}
+
+TEST(Parts, UpdaterLeavesAnUntouchedParameterOfPackedStatesAsItWas) {
+  const PackedRun all = run_packed(false), skip = run_packed(true);
+  ASSERT_EQ(all.master2.size(), 4096u);
+  const size_t na = 300, bb = 260;
+  // Step 1 alike; at step 2 `a`'s master is its step-1 value, `b`'s the run's where `a` trained.
+  EXPECT_EQ(skip.master1, all.master1);
+  EXPECT_EQ(memcmp(skip.master2.data(), skip.master1.data(), na * 4), 0);
+  EXPECT_EQ(memcmp(skip.master2.data() + na, all.master2.data() + na, (4096 - na) * 4), 0);
+  EXPECT_NE(memcmp(all.master2.data(), all.master1.data(), na * 4), 0);
+  // Block 0 (a's alone): m and v bytes as they were. Blocks 2.. (b's alone): as the other run's.
+  EXPECT_EQ(memcmp(skip.m2.data(), skip.m1.data(), bb), 0);
+  EXPECT_EQ(memcmp(skip.v2.data(), skip.v1.data(), bb), 0);
+  EXPECT_EQ(memcmp(skip.m2.data() + 2 * bb, all.m2.data() + 2 * bb, all.m2.size() - 2 * bb), 0);
+  EXPECT_EQ(memcmp(skip.v2.data() + 2 * bb, all.v2.data() + 2 * bb, all.v2.size() - 2 * bb), 0);
+  // Block 1, shared: a's values kept and b's new ones, each within the block's quantization step.
+  for (auto k : {optim::StateKind::kExpAvg, optim::StateKind::kExpAvgSq}) {
+    const bool is_m = k == optim::StateKind::kExpAvg;
+    const auto now = decode(k, is_m ? skip.m2 : skip.v2, 4096), before = decode(k, is_m ? skip.m1 : skip.v1, 4096),
+               other = decode(k, is_m ? all.m2 : all.v2, 4096);
+    float top = 0;
+    for (size_t i = 256; i < 512; ++i) top = std::max({top, std::fabs(now[i]), std::fabs(other[i])});
+    for (size_t i = 256; i < 512; ++i) {
+      const float want = i < na ? before[i] : other[i];
+      // Square-root (m) or fourth-root (v) companding: the error near the top is about 2/127 of
+      // the largest value of the block, less further down.
+      EXPECT_NEAR(now[i], want, 0.04f * top) << (is_m ? "m " : "v ") << i;
+    }
+  }
 }
 
 }  // namespace
