@@ -8,7 +8,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <string>
@@ -209,6 +211,134 @@ TEST(LowbitEngine, StoredBytesShrinkByTheFormat) {
   EXPECT_EQ(int8.value()->optimizer_states(), "int8");
   EXPECT_EQ(int8.value()->master_weights(), "bf16");
   EXPECT_LT(int8.value()->model_state_bytes(), fp32.value()->model_state_bytes());
+}
+
+// Rank 0's directory on every rank.
+std::string rank0_dir(const std::string& mine) {
+  Runtime& rt = test::shared_runtime();
+  std::string dir = mine;
+  int64_t len = static_cast<int64_t>(dir.size());
+  EXPECT_OK(zero::runtime_comm(rt).broadcast(&len, 1, comm::CommType::kI64, 0).wait());
+  dir.resize(static_cast<size_t>(len));
+  EXPECT_OK(zero::runtime_comm(rt).broadcast(dir.data(), dir.size(), comm::CommType::kU8, 0).wait());
+  return dir;
+}
+
+TEST(LowbitCheckpoint, ResumeIsBitIdenticalAndStoresThePackedStates) {
+  Runtime& rt = test::shared_runtime();
+  MlpSpec s;
+  s.d = 64;
+  for (const Format& f : {Format{"int8", "bf16"}, Format{"int4", "fp32"}}) {
+    for (const Placement& pl : {Placement{0, "none", "none"}, Placement{2, "cpu", "none"},
+                                Placement{3, "nvme", "nvme"}}) {
+      SCOPED_TRACE(describe(pl, f));
+      test::ScratchDir nv("nvme"), ck("ckpt");
+      const std::string dir = rank0_dir(ck.path());
+      std::vector<Layer> whole, first, second;
+      {
+        auto e = make_engine(pl, f, nv.path(), s, true);
+        ASSERT_OK(e);
+        ASSERT_OK(test::engine_train(*e.value(), s, rt.rank(), rt.world_size(), 3, &whole));
+      }
+      {
+        auto e = make_engine(pl, f, nv.path(), s, true);
+        ASSERT_OK(e);
+        ASSERT_OK(test::engine_train(*e.value(), s, rt.rank(), rt.world_size(), 2, &first));
+        ASSERT_OK(e.value()->save(dir, "step-2", "{}"));
+      }
+      auto e = make_engine(pl, f, nv.path(), s, true);
+      ASSERT_OK(e);
+      ASSERT_OK(e.value()->load(dir));
+      ASSERT_OK(test::engine_train(*e.value(), s, rt.rank(), rt.world_size(), 3, &second, nullptr, -1, 1, 2));
+      EXPECT_TRUE(identical(second, whole));
+      if (rt.rank() == 0) {
+        auto rd = ckpt::Reader::open(dir);
+        ASSERT_OK(rd);
+        const std::string packed = std::string(f.states) == "int8" ? "int8b256" : "int4b128";
+        size_t moments = 0;
+        for (const auto& t : rd.value()->manifest().tensors) {
+          if (t.kind == "exp_avg" || t.kind == "exp_avg_sq") {
+            EXPECT_EQ(t.dtype, packed);
+            moments++;
+          }
+          if (t.kind == "master") EXPECT_EQ(t.dtype, std::string(f.master) == "bf16" ? "bf16" : "f32");
+        }
+        EXPECT_GT(moments, 0u);
+      }
+      ASSERT_OK(zero::runtime_comm(rt).barrier());
+    }
+  }
+}
+
+TEST(LowbitCheckpoint, LoadsIntoAnotherFormat) {
+  // An fp32-state checkpoint resumes with int8 states (quantized as they load) and back; the
+  // master comes back exactly where both masters are fp32.
+  Runtime& rt = test::shared_runtime();
+  MlpSpec s;
+  const Placement pl{1, "cpu", "none"};
+  for (const auto& [from, to] : {std::pair<Format, Format>{{"fp32", "fp32"}, {"int8", "fp32"}},
+                                 std::pair<Format, Format>{{"int4", "fp32"}, {"fp32", "fp32"}}}) {
+    SCOPED_TRACE(std::string(from.states) + " -> " + to.states);
+    test::ScratchDir nv("nvme"), ck("ckpt");
+    const std::string dir = rank0_dir(ck.path());
+    std::vector<Layer> out;
+    auto a = make_engine(pl, from, nv.path(), s, false);
+    ASSERT_OK(a);
+    ASSERT_OK(test::engine_train(*a.value(), s, rt.rank(), rt.world_size(), 2, &out));
+    ASSERT_OK(a.value()->save(dir, "step-2", "{}"));
+    auto b = make_engine(pl, to, nv.path(), s, false);
+    ASSERT_OK(b);
+    ASSERT_OK(b.value()->load(dir));
+    std::vector<float> w(static_cast<size_t>(s.d * s.d));
+    ASSERT_OK(b.value()->read_master(0, 0, w.data()));
+    EXPECT_EQ(memcmp(w.data(), out[0].w.data(), w.size() * 4), 0);
+    std::vector<Layer> more;
+    ASSERT_OK(test::engine_train(*b.value(), s, rt.rank(), rt.world_size(), 3, &more, nullptr, -1, 1, 2));
+    ASSERT_OK(zero::runtime_comm(rt).barrier());
+  }
+}
+
+// Saved at one world size, loaded at another (the ctest pairs reshard_lowbit_*): the master and the
+// packed m and v come back bit for bit (saved again after the load, they are the same bytes).
+TEST(LowbitCheckpoint, Reshard) {
+  const char* dir = getenv("ZOE_RESHARD_DIR");
+  const char* role = getenv("ZOE_RESHARD_ROLE");
+  if (!dir || !role) GTEST_SKIP() << "run by the reshard_lowbit ctest pairs";
+  Runtime& rt = test::shared_runtime();
+  MlpSpec s;
+  s.d = 64;
+  test::ScratchDir nv("nvme");
+  auto e = make_engine({3, "cpu", "nvme"}, {"int8", "bf16"}, nv.path(), s, true);
+  ASSERT_OK(e);
+  const std::string first = std::string(dir) + "/first", again = std::string(dir) + "/again";
+  std::filesystem::create_directories(first);
+  std::filesystem::create_directories(again);
+  ASSERT_OK(zero::runtime_comm(rt).barrier());
+  if (std::string(role) == "save") {
+    std::vector<Layer> out;
+    ASSERT_OK(test::engine_train(*e.value(), s, rt.rank(), rt.world_size(), 2, &out));
+    ASSERT_OK(e.value()->save(first, "step-2", "{}"));
+    return;
+  }
+  ASSERT_OK(e.value()->load(first));
+  ASSERT_OK(e.value()->save(again, "step-2", "{}"));
+  if (rt.rank() != 0) return;
+  auto a = ckpt::Reader::open(first);
+  auto b = ckpt::Reader::open(again);
+  ASSERT_OK(a);
+  ASSERT_OK(b);
+  for (uint32_t m = 0; m < static_cast<uint32_t>(s.layers); ++m) {
+    // Both checkpoints' padded range (whole blocks; the padding holds zeros).
+    const uint64_t n = std::min(a.value()->manifest().modules[m].padded, b.value()->manifest().modules[m].padded);
+    for (const auto& [kind, dtype] : {std::pair<const char*, const char*>{"master", "bf16"},
+                                      {"exp_avg", "int8b256"}, {"exp_avg_sq", "int8b256"}}) {
+      const size_t bytes = ckpt::tensor_bytes(dtype, n);
+      std::vector<uint8_t> x(bytes), y(bytes);
+      ASSERT_OK(a.value()->read_range(m, kind, 0, n, dtype, x.data()));
+      ASSERT_OK(b.value()->read_range(m, kind, 0, n, dtype, y.data()));
+      EXPECT_EQ(x, y) << "module " << m << " " << kind;
+    }
+  }
 }
 
 TEST(LowbitConfig, KeysAliasAndRefusals) {
