@@ -83,6 +83,7 @@ void write_chosen_sizes(const plan::PlanInputs& in, config::Config* cfg) {
   zero::PlanTarget t;
   t.device_budget = static_cast<uint64_t>(cfg->zoe.device_budget_bytes);
   t.queued_gathers = !in.cuda;
+  t.host_addressable = !in.cuda;
   t.host_memory = plan::per_rank_memory(in).host;
   auto pl = zero::plan_placement(*cfg, in.model.modules, in.topo.world(), 0, t);
   if (!pl.is_ok()) return;  // the candidate was planned; nothing to write otherwise

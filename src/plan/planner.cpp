@@ -136,6 +136,7 @@ Result<zero::Placement> place(const config::Config& cfg, const PlanInputs& in, c
                               uint64_t activations) {
   zero::PlanTarget target;
   target.queued_gathers = !in.cuda;
+  target.host_addressable = !in.cuda;
   target.host_memory = have.host;  // the buffers left to zoe are sized from it, as the engine does
   target.device_budget = sat_sub(have.device, activations);
   if (target.device_budget == 0) return out_of_budget("no device memory left");

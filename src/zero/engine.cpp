@@ -90,6 +90,7 @@ void Engine::Impl::build_parts() {
   ur.cfg = ctx.cfg.get();
   ur.states = pl.state_format;
   ur.master = pl.master_format;
+  ur.master_in_compute = pl.master_in_compute;
   update = std::make_unique<Updater>(ctx.shape, modules, *homes, clock, ur, zero::LossScaler(scaler_options));
   GradReducer::Resources gr;
   gr.mem = ctx.mem.get();
@@ -191,7 +192,7 @@ Status Engine::Impl::setup_tiers() {
   }
   if (pl.swapper) {
     offload::SwapperOptions so;
-    so.states = zero::Updater::swapped_states(pl.state_format, pl.master_format);
+    so.states = zero::Updater::swapped_states(pl.state_format, pl.master_format, pl.master_in_compute);
     so.buffer_count = pl.swap_buffer_count;
     so.buffer_bytes = pl.swap_buffer_bytes;
     so.async_buffers = pl.swap_async_buffers;
@@ -517,6 +518,7 @@ Status Engine::initialize(const std::function<void(size_t, size_t, float*, size_
   target.device_budget = ctx.dev->budget_bytes();
   // Queued gathers run a host task on the communicator's stream: host-memory devices only.
   target.queued_gathers = ctx.ops->host_addressable() && ctx.dcomm == ctx.comm;
+  target.host_addressable = ctx.ops->host_addressable();
   // The buffers the config leaves to zoe are sized from this host's memory, shared by the ranks
   // (the job's size bounds how many of them share this host).
   target.host_memory = zero::engine_host_memory(ctx.shape.world);

@@ -65,6 +65,9 @@ class UpdateTarget {
   virtual Status settle_all() = 0;
   // A frozen module's fp32 values (its owned range).
   virtual Status read_owned_f32(ModuleId m, float* out) = 0;
+  // Elements [begin, begin + n) of module m's owned range in the compute dtype (a master stored in
+  // the compute copy: Placement::master_in_compute). Between steps.
+  virtual Status read_owned(ModuleId m, size_t begin, size_t n, void* dst) = 0;
   // Waits for every partition move in flight; the first error.
   virtual Status drain() = 0;
 

@@ -71,7 +71,7 @@ class ParamHomes final : public PartitionSource, public UpdateTarget {
   // Elements [begin, begin + n) of module m's owned range, in the compute dtype, into host
   // memory `dst` (checkpoints). A partition's range starts on a 4096-byte boundary and is whole
   // 4096-byte blocks unless it reaches the end (write_held's too). Between steps.
-  Status read_owned(ModuleId m, size_t begin, size_t n, void* dst);
+  Status read_owned(ModuleId m, size_t begin, size_t n, void* dst) override;
   // Elements [begin, begin + n) of what this rank holds of module m (its partition when
   // partitioned, else the whole padded module), from host memory `src` (checkpoints).
   Status write_held(ModuleId m, size_t begin, size_t n, const void* src);

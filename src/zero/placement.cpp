@@ -526,6 +526,8 @@ Result<Placement> plan_with_persistence(const config::Config& cfg, const std::ve
   pl.compute_bytes = cfg.bf16 || cfg.fp16.enabled ? 2 : 4;
   ZOE_ASSIGN_OR_RETURN(pl.state_format, optim::parse_state_format(cfg.zoe.optimizer_states));
   ZOE_ASSIGN_OR_RETURN(pl.master_format, optim::parse_master_format(cfg.zoe.master_weights));
+  pl.master_in_compute = pl.master_format == optim::MasterFormat::kBF16 && cfg.bf16 && !cfg.fp16.enabled &&
+                         !cfg.zoe.speculative_step && target.host_addressable;
   pl.device_budget = target.device_budget              ? target.device_budget
                      : cfg.zoe.device_budget_bytes > 0 ? static_cast<uint64_t>(cfg.zoe.device_budget_bytes)
                                                        : 64ull << 30;

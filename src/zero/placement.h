@@ -82,6 +82,9 @@ struct PlanTarget {
   // The host's memory (bytes; 0: unknown). Without zoe.host_budget, zoe sizes the buffers the
   // config leaves to it within kAutoHostShareDiv-th of it (see Placement::host_share).
   uint64_t host_memory = 0;
+  // The update's kernel can write the compute parameters' memory (zoe's CPU device): a bf16 master
+  // with bf16 compute is then the compute copy itself (Placement::master_in_compute).
+  bool host_addressable = true;
 };
 
 // The host share zoe sizes its own buffers within when zoe.host_budget is not set: this fraction
@@ -126,13 +129,20 @@ struct Placement {
   // Adam's m and v (zoe.optimizer_states) and the master (zoe.master_weights) as stored.
   optim::StateFormat state_format = optim::StateFormat::kF32;
   optim::MasterFormat master_format = optim::MasterFormat::kF32;
+  // A bf16 master with bf16 compute where the update writes the compute parameters' memory
+  // (a host-memory device), without zoe.speculative_step: the master is the compute copy's owned
+  // range, stored and moved once (no master among the optimizer states).
+  bool master_in_compute = false;
   // Bytes of the master, m and v of n optimizer elements as stored (n a multiple of the states'
   // block: every module's owned range is), and the rate per element.
   uint64_t opt_bytes(uint64_t n) const {
-    return n * static_cast<uint64_t>(optim::master_bytes_per_element(master_format)) +
-           2 * static_cast<uint64_t>(optim::state_bytes(state_format, static_cast<size_t>(n)));
+    const uint64_t mb = master_in_compute ? 0 : static_cast<uint64_t>(optim::master_bytes_per_element(master_format));
+    return n * mb + 2 * static_cast<uint64_t>(optim::state_bytes(state_format, static_cast<size_t>(n)));
   }
-  double opt_bytes_per_elem() const { return optim::optimizer_state_bytes_per_param(master_format, state_format); }
+  double opt_bytes_per_elem() const {
+    return optim::optimizer_state_bytes_per_param(master_format, state_format) -
+           (master_in_compute ? optim::master_bytes_per_element(master_format) : 0.0);
+  }
   uint64_t device_budget = 0;
   std::vector<ModulePlacement> modules;
   // Elements per gradient reduction bucket: zero_optimization.reduce_bucket_size, at least one per

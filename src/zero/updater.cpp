@@ -46,6 +46,9 @@ struct Updater::ChunkUpdater {
   optim::StateFormat states = optim::StateFormat::kF32;
   optim::MasterFormat master_fmt = optim::MasterFormat::kF32;
   bool lowbit = false;  // adam_step_lowbit (packed states or a bf16 master)
+  // The master is the compute copy's owned range (Placement::master_in_compute): updated in place
+  // in `out` (host memory), no param_out.
+  bool master_in_out = false;
   optim::Exec exec;
   std::vector<char> out_stage;
   bool out_host = false;  // `out` is host memory whatever the module's home (a speculative update's)
@@ -224,13 +227,14 @@ struct Updater::ChunkUpdater {
     const bool out_dev = !out_host && homes->owned_on_device(m);
     const bool direct = ops->host_addressable() || kernel_dev == out_dev;
     char* dst = static_cast<char*>(out) + begin * es;
+    if (master_in_out) master = dst;
     Keep keep;  // outlives the fence: the ops may read its buffers until it waits
     device::DeviceBuffer dev_stage;
     // The results are handed on (written home, the chunk's buffers reused) once this returns;
     // on an error path too, no op may still use dev_stage.
     OpsFence fence(*ops);
     void* param_out = nullptr;
-    if (shape->cdt != DType::kF32) {
+    if (shape->cdt != DType::kF32 && !master_in_out) {
       if (direct) {
         param_out = dst;
       } else if (kernel_dev) {
@@ -256,7 +260,7 @@ struct Updater::ChunkUpdater {
       ZOE_RETURN_IF_ERROR(ops->put(dst, out_dev, out_stage.data(), false, n * 4));
     } else if (shape->cdt == DType::kF32) {
       ZOE_RETURN_IF_ERROR(ops->put(dst, out_dev, master, kernel_dev, n * 4));
-    } else if (!direct) {
+    } else if (!direct && !master_in_out) {
       ZOE_RETURN_IF_ERROR(ops->put(dst, out_dev, param_out, kernel_dev, n * es));
     }
     return fence.wait();
@@ -273,7 +277,8 @@ double Updater::grad_divisor() const {
 Updater::ChunkUpdater Updater::make_updater(DeviceOps* ops, optim::CpuPool* pool, double lr, int64_t step_no,
                                             float scale) {
   const config::Config& cfg = *r_.cfg;
-  ChunkUpdater up{&shape_, &r_.mem->device(), &modules_, &homes_, ops, {}, {}, r_.states, r_.master, lowbit()};
+  ChunkUpdater up{&shape_, &r_.mem->device(), &modules_,         &homes_, ops, {}, {}, r_.states, r_.master,
+                  lowbit(),  r_.master_in_compute};
   up.exec.pool = pool;
   up.ap.lr = static_cast<float>(lr);
   up.ap.beta1 = static_cast<float>(cfg.optimizer.beta1);
@@ -395,7 +400,8 @@ Status Updater::run_swapped(ChunkUpdater& update, double* t_io, std::vector<void
       have_open = true;
     }
     ZOE_ASSIGN_OR_RETURN(void* out, open_out(m, t_io, outs));
-    return update(m, c.begin, c.n, c.data[kMasterState], c.data[kAvgState],
+    void* master = kMasterState == kNoState ? nullptr : c.data[kMasterState];  // else the compute copy
+    return update(m, c.begin, c.n, master, c.data[kAvgState],
                   c.data[kAvgSqState], static_cast<const float*>(c.data[kGradState]), out);
   });
   if (have_open) {

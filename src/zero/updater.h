@@ -69,6 +69,7 @@ class Updater final : public GradSink {
     const config::Config* cfg = nullptr;  // the optimizer, its schedule and the zoe.* update keys
     optim::StateFormat states = optim::StateFormat::kF32;  // m and v (the placement's)
     optim::MasterFormat master = optim::MasterFormat::kF32;
+    bool master_in_compute = false;  // the master is the compute copy's owned range (the placement's)
   };
   Updater(const RunShape& shape, const ModuleTable& modules, UpdateTarget& homes, StepClock& clock,
           const Resources& r, const LossScaler& scaler);
@@ -99,7 +100,8 @@ class Updater final : public GradSink {
 
   // The states an optimizer swapper must hold for the Updater, in the order it uses them (the
   // engine creates the swapper with these).
-  static std::vector<offload::SwappedState> swapped_states(optim::StateFormat states, optim::MasterFormat master);
+  static std::vector<offload::SwappedState> swapped_states(optim::StateFormat states, optim::MasterFormat master,
+                                                           bool master_in_compute);
 
   // GradSink: the sums of the gradients live with the states.
   Status add_grads(ModuleId m, const GradBatch& b) override;
@@ -151,7 +153,12 @@ class Updater final : public GradSink {
   // (swapped_states()): named here only.
   static offload::GroupId swap_group(ModuleId m) { return offload::GroupId(m.index); }
   static ModuleId module_of(offload::GroupId g) { return ModuleId(static_cast<size_t>(g.value)); }
-  static constexpr size_t kMasterState = 0, kAvgState = 1, kAvgSqState = 2, kGradState = 3;
+  // Indices into swapped_states(); without a master (master_in_compute) m is the first.
+  static constexpr size_t kNoState = SIZE_MAX;
+  size_t kMasterState = 0, kAvgState = 1, kAvgSqState = 2, kGradState = 3;
+  size_t swap_index(OptState k) const {
+    return k == OptState::kMaster ? kMasterState : k == OptState::kExpAvg ? kAvgState : kAvgSqState;
+  }
   // updater_states.cpp
   Result<const void*> host_view(const void* dsrc, size_t bytes);
   Status add_grads_nvme(ModuleId m, const GradBatch& b, const optim::Exec& exec);

@@ -21,21 +21,25 @@ Updater::Updater(const RunShape& shape, const ModuleTable& modules, UpdateTarget
       r_(r),
       host_(r.cfg->zero.offload_optimizer.pin_memory ? io::PinMode::kDevice : io::PinMode::kNone),
       states_(modules.size()),
-      scaler_(scaler) {}
+      scaler_(scaler) {
+  if (r_.master_in_compute) kMasterState = kNoState, kAvgState = 0, kAvgSqState = 1, kGradState = 2;
+}
 
 Updater::~Updater() { (void)join(); }
 
-std::vector<offload::SwappedState> Updater::swapped_states(optim::StateFormat states,
-                                                           optim::MasterFormat master) {
+std::vector<offload::SwappedState> Updater::swapped_states(optim::StateFormat states, optim::MasterFormat master,
+                                                           bool master_in_compute) {
   const auto mb = static_cast<uint32_t>(optim::master_bytes_per_element(master));
   const auto sb = static_cast<uint32_t>(optim::state_block_bytes(states));
   const auto blk = static_cast<uint32_t>(optim::state_block_elems(states));
   // Indexed by kMasterState, kAvgState, kAvgSqState, kGradState (read-only in the step). Packed
-  // m and v move as whole blocks (codes and scale).
-  return {{offload::StateKind::kMaster, mb, true, 1},
-          {offload::StateKind::kAdamM, sb, true, blk},
-          {offload::StateKind::kAdamV, sb, true, blk},
-          {offload::StateKind::kGrad, 4, false, 1}};
+  // m and v move as whole blocks (codes and scale). A master in the compute copy is not here.
+  std::vector<offload::SwappedState> v = {{offload::StateKind::kMaster, mb, true, 1},
+                                          {offload::StateKind::kAdamM, sb, true, blk},
+                                          {offload::StateKind::kAdamV, sb, true, blk},
+                                          {offload::StateKind::kGrad, 4, false, 1}};
+  if (master_in_compute) v.erase(v.begin());
+  return v;
 }
 
 size_t Updater::state_size(OptState k, size_t n) const {
@@ -73,14 +77,18 @@ Status Updater::place_on_device(ModuleId m, const float* own) {
         optim::state_format_name(r_.states), optim::master_format_name(r_.master), mod.name.c_str());
   }
   const size_t sbytes = state_size(OptState::kExpAvg, mod.opt_n);
-  const size_t sizes[4] = {state_size(OptState::kMaster, mod.opt_n), sbytes, sbytes, mod.opt_n * 4};
+  const size_t sizes[4] = {r_.master_in_compute ? 0 : state_size(OptState::kMaster, mod.opt_n), sbytes, sbytes,
+                           mod.opt_n * 4};
   for (int k = 0; k < 4; ++k) {
-    ZOE_ASSIGN_OR_RETURN(st.dev[k], r_.mem->zeroed(sizes[k]));
+    if (sizes[k]) {
+      ZOE_ASSIGN_OR_RETURN(st.dev[k], r_.mem->zeroed(sizes[k]));
+    }
   }
-  st.master = st.dev[0].get();
+  st.master = st.dev[0].get();  // null for a master in the compute copy
   st.exp_avg = st.dev[1].get();
   st.exp_avg_sq = st.dev[2].get();
   st.grad_acc = static_cast<float*>(st.dev[3].get());
+  if (r_.master_in_compute) return Status::ok();  // the compute copy holds it already
   if (r_.master == optim::MasterFormat::kBF16) return master_from_f32(own, st.master, mod.opt_n);  // host memory
   return r_.ops->put(st.master, true, own, false, mod.opt_n * 4);
 }
@@ -89,7 +97,9 @@ Status Updater::place_in_host(ModuleId m, const float* own) {
   const ModuleLayout& mod = modules_[m];
   OptimStates& st = states_[m.index];
   const size_t sbytes = state_size(OptState::kExpAvg, mod.opt_n), mbytes = state_size(OptState::kMaster, mod.opt_n);
-  ZOE_ASSIGN_OR_RETURN(st.master, host_.zeroed(mbytes));
+  if (!r_.master_in_compute) {
+    ZOE_ASSIGN_OR_RETURN(st.master, host_.zeroed(mbytes));
+  }
   ZOE_ASSIGN_OR_RETURN(st.exp_avg, host_.zeroed(sbytes));
   ZOE_ASSIGN_OR_RETURN(st.exp_avg_sq, host_.zeroed(sbytes));
   ZOE_ASSIGN_OR_RETURN(void* g, host_.zeroed(mod.opt_n * 4));
@@ -98,7 +108,7 @@ Status Updater::place_in_host(ModuleId m, const float* own) {
     ZOE_ASSIGN_OR_RETURN(st.spec_save, host_.zeroed(mbytes + 2 * sbytes));
     ZOE_ASSIGN_OR_RETURN(st.spec_out, host_.zeroed(mod.opt_n * shape_.esize()));
   }
-  return master_from_f32(own, st.master, mod.opt_n);
+  return r_.master_in_compute ? Status::ok() : master_from_f32(own, st.master, mod.opt_n);
 }
 
 Status Updater::place_on_nvme(ModuleId m, const float* own) {
@@ -112,7 +122,7 @@ Status Updater::place_on_nvme(ModuleId m, const float* own) {
   // them. The gradient sums live on NVMe too (written by the first reduction of a step).
   const size_t chunk = r_.swapper->chunk_elems();
   std::vector<char> conv;
-  for (size_t b = 0; b < mod.opt_n; b += chunk) {
+  for (size_t b = 0; b < mod.opt_n && !r_.master_in_compute; b += chunk) {
     const size_t n = std::min(chunk, mod.opt_n - b);
     if (r_.master == optim::MasterFormat::kF32) {
       ZOE_RETURN_IF_ERROR(r_.swapper->write_state_borrowed(swap_group(m), kMasterState, own + b, b, n));
@@ -158,8 +168,8 @@ void* Updater::state_ptr(ModuleId m, OptState k) const {
 
 Status Updater::read_state(ModuleId m, OptState k, size_t begin, size_t n, void* dst) {
   const ModuleLayout& mod = modules_[m];
-  if (mod.opt_home == Tier::kNvme)
-    return r_.swapper->read_state(swap_group(m), static_cast<size_t>(k), dst, begin, n);
+  if (k == OptState::kMaster && r_.master_in_compute) return homes_.read_owned(m, begin, n, dst);
+  if (mod.opt_home == Tier::kNvme) return r_.swapper->read_state(swap_group(m), swap_index(k), dst, begin, n);
   const char* src = static_cast<const char*>(state_ptr(m, k)) + state_size(k, begin);
   // Host memory (and host-addressable device memory) is read without the ops: an asynchronous
   // checkpoint reads on its own thread while the caller's thread uses them.
@@ -173,8 +183,10 @@ Status Updater::read_state(ModuleId m, OptState k, size_t begin, size_t n, void*
 
 Status Updater::write_state(ModuleId m, OptState k, size_t begin, size_t n, const void* src) {
   const ModuleLayout& mod = modules_[m];
-  if (mod.opt_home == Tier::kNvme)
-    return r_.swapper->write_state(swap_group(m), static_cast<size_t>(k), src, begin, n);
+  // A master in the compute copy: the compute parameters a load writes first hold its values (the
+  // checkpoint's compute parameters are the master rounded to nearest, as the bf16 master is).
+  if (k == OptState::kMaster && r_.master_in_compute) return Status::ok();
+  if (mod.opt_home == Tier::kNvme) return r_.swapper->write_state(swap_group(m), swap_index(k), src, begin, n);
   char* dst = static_cast<char*>(state_ptr(m, k)) + state_size(k, begin);
   ZOE_RETURN_IF_ERROR(r_.ops->put(dst, mod.opt_home == Tier::kDevice, src, false, state_size(k, n)));
   return r_.ops->synchronize();  // the caller reuses src
@@ -183,7 +195,7 @@ Status Updater::write_state(ModuleId m, OptState k, size_t begin, size_t n, cons
 Status Updater::read_master(ModuleId m, size_t p, float* out) {
   const ModuleLayout& mod = modules_[m];
   std::vector<float> own(mod.opt_n);
-  if (mod.frozen) {
+  if (mod.frozen || r_.master_in_compute) {
     ZOE_RETURN_IF_ERROR(homes_.read_owned_f32(m, own.data()));  // its compute parameters are its values
   } else if (r_.master == optim::MasterFormat::kF32) {
     ZOE_RETURN_IF_ERROR(read_state(m, OptState::kMaster, 0, mod.opt_n, own.data()));

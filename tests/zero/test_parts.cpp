@@ -363,6 +363,10 @@ struct FakeTarget final : UpdateTarget {
     memcpy(out, owned[m.index].data(), owned[m.index].size() * 4);
     return Status::ok();
   }
+  Status read_owned(ModuleId m, size_t begin, size_t n, void* dst) override {
+    memcpy(dst, owned[m.index].data() + begin, n * 4);
+    return Status::ok();
+  }
   Status drain() override { return Status::ok(); }
 };
 
@@ -389,7 +393,7 @@ UpdaterRun run_updater(Tier home) {
   std::unique_ptr<offload::OptimizerSwapper> swapper;
   if (home == Tier::kNvme) {
     offload::SwapperOptions so;
-    so.states = Updater::swapped_states(optim::StateFormat::kF32, optim::MasterFormat::kF32);
+    so.states = Updater::swapped_states(optim::StateFormat::kF32, optim::MasterFormat::kF32, false);
     so.buffer_count = 12;
     so.buffer_bytes = 64 * 1024;
     auto sw = offload::OptimizerSwapper::create(r.rig.store.get(), so);
