@@ -1,5 +1,5 @@
 // Low-bit optimizer states (zoe.optimizer_states "int8"/"int4", optim/lowbit.h) and a bf16 master
-// (zoe.master_weights "bf16") through the engine, at this process's world size (1 here, 2 under
+// (zoe.master_weights "bf16") through the engine, at this process's world size (1 here, 2 and 4 under
 // mpirun): every tier (device, host RAM, NVMe, a partial offload streaming several chunks per
 // module) gives the bits of the no-offload run of the same stage; the result stays near the
 // dense fp32 reference and differs from the fp32-state run (the format is in use); a step without
