@@ -569,5 +569,46 @@ TEST(Parts, UpdaterLeavesAnUntouchedParameterOfPackedStatesAsItWas) {
   }
 }
 
+TEST(Parts, UpdaterNamesTheModuleOfANonFiniteState) {
+  // A packed m whose stored block scale is NaN (a corrupted state) fails the step with an error
+  // naming the module, never a silent value.
+  PartRig r;
+  ASSERT_TRUE(r.init(1, DType::kF32));
+  const size_t n = 4096;
+  r.modules.add(layout("blocks.3.mlp", n, false, Tier::kDevice, Tier::kHost));
+  config::Config cfg;
+  cfg.zoe.overlap_step = false;
+  FakeTarget homes;
+  TraceRecorder trace;
+  Updater::Resources ur;
+  ur.mem = r.mem.get();
+  ur.ops = r.ops.get();
+  ur.pool = r.pool.get();
+  ur.comm = r.comm.get();
+  ur.trace = &trace;
+  ur.cfg = &cfg;
+  ur.states = optim::StateFormat::kInt4;
+  Updater update(r.shape, r.modules, homes, r.clock, ur, LossScaler());
+  const std::vector<float> init = ramp(n, 0.3f);
+  homes.owned.push_back(init);
+  ASSERT_OK(update.place(ModuleId(0), init.data()));
+  std::vector<uint8_t> m(optim::state_bytes(optim::StateFormat::kInt4, n), 0);
+  const float nan = std::nanf("");
+  memcpy(m.data() + 68 * 5, &nan, 4);  // block 5's scale
+  ASSERT_OK(update.write_state(ModuleId(0), OptState::kExpAvg, 0, n, m.data()));
+  const std::vector<float> g = ramp(n, 0.05f);
+  std::vector<double> norm(optim::norm_chunks(n));
+  GradBatch gb;
+  gb.src = g.data();
+  gb.first = gb.last = true;
+  gb.norm = norm.data();
+  ASSERT_OK(update.add_grads(ModuleId(0), gb));
+  Status s = update.apply(1.0f, 0.01);
+  if (s.is_ok()) s = update.finish();
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.to_string().find("blocks.3.mlp"), std::string::npos) << s.to_string();
+  update.shutdown();
+}
+
 }  // namespace
 }  // namespace zoe::zero
