@@ -112,7 +112,8 @@ void check_flags(TrainOpts& o) {
   check_activation_flags(o);
   if (o.has("--optimizer-states") && o.optimizer_states != "fp32" && o.optimizer_states != "bf16" &&
       o.optimizer_states != "int8" && o.optimizer_states != "int4") {
-    usage_fail(invalid_argument("--optimizer-states %s is not fp32, bf16, int8 or int4", o.optimizer_states.c_str()));
+    usage_fail(invalid_argument("--optimizer-states %s is not fp32, bf16, int8 or int4",
+                                o.optimizer_states.c_str()));
   }
   if (o.has("--master-weights") && o.master_weights != "fp32" && o.master_weights != "bf16") {
     usage_fail(invalid_argument("--master-weights %s is not fp32 or bf16%s", o.master_weights.c_str(),
@@ -247,14 +248,25 @@ void apply_overrides(const TrainOpts& o, Config* cfg, bool lead) {
     say("--host-budget " + o.host_budget, "zoe.host_budget", (was.is_ok() ? was.value() : "0") + " bytes");
     check("--host-budget", cfg->set("zoe.host_budget", std::to_string(parse_bytes(o.host_budget).value())));
   }
-  for (const auto& [flag, key, value] : {std::tuple<const char*, const char*, const std::string&>{
-                                             "--optimizer-states", "zoe.optimizer_states", o.optimizer_states},
-                                         {"--master-weights", "zoe.master_weights", o.master_weights}}) {
+  for (const auto& [flag, key, value] :
+       {std::tuple<const char*, const char*, const std::string&>{"--optimizer-states", "zoe.optimizer_states",
+                                                                 o.optimizer_states},
+        {"--master-weights", "zoe.master_weights", o.master_weights}}) {
     if (!o.has(flag)) continue;
     auto was = cfg->get(key);
     say(std::string(flag) + " " + value, key, was.is_ok() ? was.value() : "fp32");
     check(flag, cfg->set(key, "\"" + value + "\""));
   }
+}
+
+// --optimizer-states and --master-weights: what the optimizer stores.
+static void add_state_format_options(CLI::App* cmd, TrainOpts* o) {
+  cmd->add_option("--optimizer-states", o->optimizer_states,
+                  "Adam's m and v as stored in every tier: fp32, bf16, int8 or int4 (blockwise quantized, "
+                  "docs in src/optim/lowbit.h; overrides zoe.optimizer_states; default fp32)");
+  cmd->add_option("--master-weights", o->master_weights,
+                  "The master weights: fp32, or bf16 rounded stochastically (overrides zoe.master_weights; "
+                  "default fp32)");
 }
 
 CLI::App* add_train_options(CLI::App& app, TrainOpts* o) {
@@ -326,12 +338,7 @@ CLI::App* add_train_options(CLI::App& app, TrainOpts* o) {
       "expanded on each rank: $VAR or ${VAR} (an environment variable, e.g. $SLURM_TMPDIR), {rank}, "
       "{local_rank}, {host} ($$ is a $)");
   cmd->add_option("--precision", o->precision, "fp32, bf16 or fp16 (default bf16, or the config's)");
-  cmd->add_option("--optimizer-states", o->optimizer_states,
-                  "Adam's m and v as stored in every tier: fp32, bf16, int8 or int4 (blockwise quantized, "
-                  "docs in src/optim/lowbit.h; overrides zoe.optimizer_states; default fp32)");
-  cmd->add_option("--master-weights", o->master_weights,
-                  "The master weights: fp32, or bf16 rounded stochastically (overrides zoe.master_weights; "
-                  "default fp32)");
+  add_state_format_options(cmd, o);
   cmd->add_option("--data", o->data, "Train on this text file (bytes are tokens)");
   cmd->add_option("--task", o->task,
                   "Without --data: the built-in additions, add (operands below 1000), add2 (below 100) "

@@ -105,9 +105,10 @@ inline const char* auto_device() { return "cpu"; }
 
 // Keys under "zoe".
 struct ZoeConfig {
-  int64_t device_budget_bytes = 0;     // 0: the whole device; accepts "256MiB"-style strings
-  double offload_ratio = 1.0;          // partial offload: fraction of optimizer states on host/NVMe
-  bool bf16_optimizer_states = false;  // the older spelling of optimizer_states "bf16" (kept equal by the rules)
+  int64_t device_budget_bytes = 0;  // 0: the whole device; accepts "256MiB"-style strings
+  double offload_ratio = 1.0;       // partial offload: fraction of optimizer states on host/NVMe
+  bool bf16_optimizer_states =
+      false;                    // the older spelling of optimizer_states "bf16" (kept equal by the rules)
   std::string device = "auto";  // "auto" (= "cpu" for now) or "cpu"; "cuda": the engine on this rank's GPU
   // 0: no limit. Enforced by the placement planner (src/zero/placement.cpp) at initialize().
   int64_t host_budget_bytes = 0;

@@ -566,7 +566,8 @@ uint64_t Engine::model_state_bytes() const {
   const uint64_t params = (c.shape.stage == 3 ? n / w : n) * c.shape.esize();
   const uint64_t grads = (c.shape.stage >= 2 ? trained / w : trained) * 4;
   const double per = optimizer_state_bytes_per_param();
-  const auto optim = static_cast<uint64_t>(static_cast<double>(c.shape.stage >= 1 ? trained / w : trained) * per);
+  const auto optim =
+      static_cast<uint64_t>(static_cast<double>(c.shape.stage >= 1 ? trained / w : trained) * per);
   return params + grads + optim;
 }
 
@@ -575,7 +576,8 @@ namespace {
 std::pair<optim::StateFormat, optim::MasterFormat> formats(const config::Config& c) {
   auto s = optim::parse_state_format(c.zoe.optimizer_states);
   auto m = optim::parse_master_format(c.zoe.master_weights);
-  return {s.is_ok() ? s.value() : optim::StateFormat::kF32, m.is_ok() ? m.value() : optim::MasterFormat::kF32};
+  return {s.is_ok() ? s.value() : optim::StateFormat::kF32,
+          m.is_ok() ? m.value() : optim::MasterFormat::kF32};
 }
 }  // namespace
 
@@ -583,8 +585,12 @@ double Engine::optimizer_state_bytes_per_param() const {
   const auto [s, m] = formats(*impl_->ctx.cfg);
   return optim::optimizer_state_bytes_per_param(m, s);
 }
-std::string Engine::optimizer_states() const { return optim::state_format_name(formats(*impl_->ctx.cfg).first); }
-std::string Engine::master_weights() const { return optim::master_format_name(formats(*impl_->ctx.cfg).second); }
+std::string Engine::optimizer_states() const {
+  return optim::state_format_name(formats(*impl_->ctx.cfg).first);
+}
+std::string Engine::master_weights() const {
+  return optim::master_format_name(formats(*impl_->ctx.cfg).second);
+}
 
 uint64_t Engine::device_budget_bytes() const { return impl_->ctx.dev->budget_bytes(); }
 

@@ -136,7 +136,8 @@ struct Placement {
   // Bytes of the master, m and v of n optimizer elements as stored (n a multiple of the states'
   // block: every module's owned range is), and the rate per element.
   uint64_t opt_bytes(uint64_t n) const {
-    const uint64_t mb = master_in_compute ? 0 : static_cast<uint64_t>(optim::master_bytes_per_element(master_format));
+    const uint64_t mb =
+        master_in_compute ? 0 : static_cast<uint64_t>(optim::master_bytes_per_element(master_format));
     return n * mb + 2 * static_cast<uint64_t>(optim::state_bytes(state_format, static_cast<size_t>(n)));
   }
   double opt_bytes_per_elem() const {

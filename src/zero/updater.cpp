@@ -91,7 +91,7 @@ struct Updater::ChunkUpdater {
       at += len * (mb + 2 * sb);
     }
     if (block() > 1) keep_blocks(n, ea, eas, k);  // host memory (lowbit)
-    return ops->synchronize();                 // before the kernel changes them
+    return ops->synchronize();                    // before the kernel changes them
   }
 
   void keep_blocks(size_t n, const void* ea, const void* eas, Keep* k) const {
@@ -277,8 +277,8 @@ double Updater::grad_divisor() const {
 Updater::ChunkUpdater Updater::make_updater(DeviceOps* ops, optim::CpuPool* pool, double lr, int64_t step_no,
                                             float scale) {
   const config::Config& cfg = *r_.cfg;
-  ChunkUpdater up{&shape_, &r_.mem->device(), &modules_,         &homes_, ops, {}, {}, r_.states, r_.master,
-                  lowbit(),  r_.master_in_compute};
+  ChunkUpdater up{&shape_,   &r_.mem->device(), &modules_,           &homes_, ops, {}, {}, r_.states,
+                  r_.master, lowbit(),          r_.master_in_compute};
   up.exec.pool = pool;
   up.ap.lr = static_cast<float>(lr);
   up.ap.beta1 = static_cast<float>(cfg.optimizer.beta1);
@@ -307,7 +307,8 @@ Status Updater::speculate(ModuleId m, const std::vector<uint8_t>& untouched) {
   OptimStates& st = states_[m.index];
   if (st.speculated) unspeculate(m);
   if (mod.opt_home != Tier::kHost || !st.spec_save || mod.opt_n == 0) return Status::ok();
-  const size_t n = mod.opt_n, sbytes = state_size(OptState::kExpAvg, n), mbytes = state_size(OptState::kMaster, n);
+  const size_t n = mod.opt_n, sbytes = state_size(OptState::kExpAvg, n),
+               mbytes = state_size(OptState::kMaster, n);
   char* save = static_cast<char*>(st.spec_save);
   memcpy(save, st.master, mbytes);
   memcpy(save + mbytes, st.exp_avg, sbytes);
@@ -401,8 +402,8 @@ Status Updater::run_swapped(ChunkUpdater& update, double* t_io, std::vector<void
     }
     ZOE_ASSIGN_OR_RETURN(void* out, open_out(m, t_io, outs));
     void* master = kMasterState == kNoState ? nullptr : c.data[kMasterState];  // else the compute copy
-    return update(m, c.begin, c.n, master, c.data[kAvgState],
-                  c.data[kAvgSqState], static_cast<const float*>(c.data[kGradState]), out);
+    return update(m, c.begin, c.n, master, c.data[kAvgState], c.data[kAvgSqState],
+                  static_cast<const float*>(c.data[kGradState]), out);
   });
   if (have_open) {
     Status cs = close_out(open, t_io, outs);
@@ -436,9 +437,9 @@ Status Updater::run(ChunkUpdater& update, double* t_io) {
                           mod.opt_n * shape_.esize());
       if (s.is_ok()) s = update.ops->synchronize();
     } else {
-      s = out.is_ok() ? update(m, 0, mod.opt_n, st.master, st.exp_avg, st.exp_avg_sq,
-                               st.grad_acc, out.value())
-                      : out.status();
+      s = out.is_ok()
+              ? update(m, 0, mod.opt_n, st.master, st.exp_avg, st.exp_avg_sq, st.grad_acc, out.value())
+              : out.status();
     }
     Status cs = close_out(m, t_io, &outs);
     if (s.is_ok()) s = cs;

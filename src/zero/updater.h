@@ -100,7 +100,8 @@ class Updater final : public GradSink {
 
   // The states an optimizer swapper must hold for the Updater, in the order it uses them (the
   // engine creates the swapper with these).
-  static std::vector<offload::SwappedState> swapped_states(optim::StateFormat states, optim::MasterFormat master,
+  static std::vector<offload::SwappedState> swapped_states(optim::StateFormat states,
+                                                           optim::MasterFormat master,
                                                            bool master_in_compute);
 
   // GradSink: the sums of the gradients live with the states.

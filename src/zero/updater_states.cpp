@@ -27,7 +27,8 @@ Updater::Updater(const RunShape& shape, const ModuleTable& modules, UpdateTarget
 
 Updater::~Updater() { (void)join(); }
 
-std::vector<offload::SwappedState> Updater::swapped_states(optim::StateFormat states, optim::MasterFormat master,
+std::vector<offload::SwappedState> Updater::swapped_states(optim::StateFormat states,
+                                                           optim::MasterFormat master,
                                                            bool master_in_compute) {
   const auto mb = static_cast<uint32_t>(optim::master_bytes_per_element(master));
   const auto sb = static_cast<uint32_t>(optim::state_block_bytes(states));
@@ -77,8 +78,8 @@ Status Updater::place_on_device(ModuleId m, const float* own) {
         optim::state_format_name(r_.states), optim::master_format_name(r_.master), mod.name.c_str());
   }
   const size_t sbytes = state_size(OptState::kExpAvg, mod.opt_n);
-  const size_t sizes[4] = {r_.master_in_compute ? 0 : state_size(OptState::kMaster, mod.opt_n), sbytes, sbytes,
-                           mod.opt_n * 4};
+  const size_t sizes[4] = {r_.master_in_compute ? 0 : state_size(OptState::kMaster, mod.opt_n), sbytes,
+                           sbytes, mod.opt_n * 4};
   for (int k = 0; k < 4; ++k) {
     if (sizes[k]) {
       ZOE_ASSIGN_OR_RETURN(st.dev[k], r_.mem->zeroed(sizes[k]));
@@ -89,14 +90,16 @@ Status Updater::place_on_device(ModuleId m, const float* own) {
   st.exp_avg_sq = st.dev[2].get();
   st.grad_acc = static_cast<float*>(st.dev[3].get());
   if (r_.master_in_compute) return Status::ok();  // the compute copy holds it already
-  if (r_.master == optim::MasterFormat::kBF16) return master_from_f32(own, st.master, mod.opt_n);  // host memory
+  if (r_.master == optim::MasterFormat::kBF16)
+    return master_from_f32(own, st.master, mod.opt_n);  // host memory
   return r_.ops->put(st.master, true, own, false, mod.opt_n * 4);
 }
 
 Status Updater::place_in_host(ModuleId m, const float* own) {
   const ModuleLayout& mod = modules_[m];
   OptimStates& st = states_[m.index];
-  const size_t sbytes = state_size(OptState::kExpAvg, mod.opt_n), mbytes = state_size(OptState::kMaster, mod.opt_n);
+  const size_t sbytes = state_size(OptState::kExpAvg, mod.opt_n),
+               mbytes = state_size(OptState::kMaster, mod.opt_n);
   if (!r_.master_in_compute) {
     ZOE_ASSIGN_OR_RETURN(st.master, host_.zeroed(mbytes));
   }
@@ -186,7 +189,8 @@ Status Updater::write_state(ModuleId m, OptState k, size_t begin, size_t n, cons
   // A master in the compute copy: the compute parameters a load writes first hold its values (the
   // checkpoint's compute parameters are the master rounded to nearest, as the bf16 master is).
   if (k == OptState::kMaster && r_.master_in_compute) return Status::ok();
-  if (mod.opt_home == Tier::kNvme) return r_.swapper->write_state(swap_group(m), swap_index(k), src, begin, n);
+  if (mod.opt_home == Tier::kNvme)
+    return r_.swapper->write_state(swap_group(m), swap_index(k), src, begin, n);
   char* dst = static_cast<char*>(state_ptr(m, k)) + state_size(k, begin);
   ZOE_RETURN_IF_ERROR(r_.ops->put(dst, mod.opt_home == Tier::kDevice, src, false, state_size(k, n)));
   return r_.ops->synchronize();  // the caller reuses src
@@ -203,7 +207,8 @@ Status Updater::read_master(ModuleId m, size_t p, float* out) {
     std::vector<uint16_t> bf(mod.opt_n);
     ZOE_RETURN_IF_ERROR(read_state(m, OptState::kMaster, 0, mod.opt_n, bf.data()));
     ZOE_RETURN_IF_ERROR(
-        optim::convert_with_norm(bf.data(), DType::kBF16, own.data(), DType::kF32, mod.opt_n, false).status());
+        optim::convert_with_norm(bf.data(), DType::kBF16, own.data(), DType::kF32, mod.opt_n, false)
+            .status());
   }
   std::vector<float> full(mod.padded);
   if (shape_.stage == 0) {

@@ -62,9 +62,9 @@ std::string make_config(const Placement& pl, const Format& f, const std::string&
          std::to_string(pl.stage) +
          ", \"stage3_param_persistence_threshold\": 0, \"sub_group_size\": 16384, \"offload_optimizer\": " +
          off(pl.opt) + ", \"offload_param\": " + (pl.stage == 3 ? off(pl.param) : "{\"device\": \"none\"}") +
-         "}, \"zoe\": {\"device_budget\": \"64MiB\", \"optimizer_threads\": 1, \"offload_ratio\": " + pl.ratio +
-         ", \"optimizer_states\": \"" + f.states + "\", \"master_weights\": \"" + f.master + "\"" + extra_zoe +
-         "}}";
+         "}, \"zoe\": {\"device_budget\": \"64MiB\", \"optimizer_threads\": 1, \"offload_ratio\": " +
+         pl.ratio + ", \"optimizer_states\": \"" + f.states + "\", \"master_weights\": \"" + f.master + "\"" +
+         extra_zoe + "}}";
 }
 
 Result<std::unique_ptr<Engine>> make_engine(const Placement& pl, const Format& f, const std::string& nvme,
@@ -118,8 +118,8 @@ std::pair<double, double> diff(const std::vector<Layer>& a, const std::vector<La
 const Format kFormats[] = {{"int8", "fp32"}, {"int8", "bf16"}, {"int4", "bf16"}, {"fp32", "bf16"}};
 
 std::vector<Placement> placements() {
-  return {{0, "none", "none"}, {1, "none", "none"}, {1, "cpu", "none"},         {2, "nvme", "none"},
-          {2, "nvme", "none", "0.5"}, {3, "none", "none"}, {3, "cpu", "cpu"}, {3, "nvme", "nvme"}};
+  return {{0, "none", "none"},        {1, "none", "none"}, {1, "cpu", "none"}, {2, "nvme", "none"},
+          {2, "nvme", "none", "0.5"}, {3, "none", "none"}, {3, "cpu", "cpu"},  {3, "nvme", "nvme"}};
 }
 
 TEST(LowbitEngine, EveryTierGivesTheNoOffloadBitsNearTheReference) {
@@ -252,8 +252,8 @@ TEST(LowbitCheckpoint, ResumeIsBitIdenticalAndStoresThePackedStates) {
   MlpSpec s;
   s.d = 64;
   for (const Format& f : {Format{"int8", "bf16"}, Format{"int4", "fp32"}}) {
-    for (const Placement& pl : {Placement{0, "none", "none"}, Placement{2, "cpu", "none"},
-                                Placement{3, "nvme", "nvme"}}) {
+    for (const Placement& pl :
+         {Placement{0, "none", "none"}, Placement{2, "cpu", "none"}, Placement{3, "nvme", "nvme"}}) {
       SCOPED_TRACE(describe(pl, f));
       test::ScratchDir nv("nvme"), ck("ckpt");
       const std::string dir = rank0_dir(ck.path());
@@ -352,9 +352,11 @@ TEST(LowbitCheckpoint, Reshard) {
   ASSERT_OK(b);
   for (uint32_t m = 0; m < static_cast<uint32_t>(s.layers); ++m) {
     // Both checkpoints' padded range (whole blocks; the padding holds zeros).
-    const uint64_t n = std::min(a.value()->manifest().modules[m].padded, b.value()->manifest().modules[m].padded);
+    const uint64_t n =
+        std::min(a.value()->manifest().modules[m].padded, b.value()->manifest().modules[m].padded);
     for (const auto& [kind, dtype] : {std::pair<const char*, const char*>{"master", "bf16"},
-                                      {"exp_avg", "int8b256"}, {"exp_avg_sq", "int8b256"}}) {
+                                      {"exp_avg", "int8b256"},
+                                      {"exp_avg_sq", "int8b256"}}) {
       const size_t bytes = ckpt::tensor_bytes(dtype, n);
       std::vector<uint8_t> x(bytes), y(bytes);
       ASSERT_OK(a.value()->read_range(m, kind, 0, n, dtype, x.data()));

@@ -556,7 +556,8 @@ TEST(Parts, UpdaterLeavesAnUntouchedParameterOfPackedStatesAsItWas) {
   // Block 1, shared: a's values kept and b's new ones, each within the block's quantization step.
   for (auto k : {optim::StateKind::kExpAvg, optim::StateKind::kExpAvgSq}) {
     const bool is_m = k == optim::StateKind::kExpAvg;
-    const auto now = decode(k, is_m ? skip.m2 : skip.v2, 4096), before = decode(k, is_m ? skip.m1 : skip.v1, 4096),
+    const auto now = decode(k, is_m ? skip.m2 : skip.v2, 4096),
+               before = decode(k, is_m ? skip.m1 : skip.v1, 4096),
                other = decode(k, is_m ? all.m2 : all.v2, 4096);
     float top = 0;
     for (size_t i = 256; i < 512; ++i) top = std::max({top, std::fabs(now[i]), std::fabs(other[i])});
