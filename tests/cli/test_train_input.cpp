@@ -71,6 +71,26 @@ TEST(TrainInput, ConfigKeysHoldUnlessAFlagIsGiven) {
   EXPECT_HAS(raw.err, "zoe: --lr 0.01 overrides optimizer.params.lr (0.002 in " + cfg + ")");
 }
 
+TEST(TrainInput, StateFormatFlagsOverrideTheConfig) {
+  zoe::test::ScratchDir d("cfg");
+  const std::string cfg = write_file(d, "ds.json", R"({"train_micro_batch_size_per_gpu": 2,
+    "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+    "bf16": {"enabled": true}, "zoe": {"bf16_optimizer_states": true}})");
+  CmdResult raw;
+  json j = run_json("--config " + cfg, 1, &raw);
+  ASSERT_FALSE(j.is_null());
+  EXPECT_EQ(j["optimizer_states"], "bf16");  // the older key's meaning
+  EXPECT_EQ(j["master_weights"], "fp32");
+  EXPECT_EQ(j["optimizer_state_bytes_per_param"], 8.0);
+  j = run_json("--config " + cfg + " --optimizer-states int8 --master-weights bf16", 1, &raw);
+  ASSERT_FALSE(j.is_null());
+  EXPECT_EQ(j["optimizer_states"], "int8");
+  EXPECT_EQ(j["master_weights"], "bf16");
+  EXPECT_EQ(j["optimizer_state_bytes_per_param"], 2.0 + 2 * 260.0 / 256);
+  EXPECT_HAS(raw.err, "zoe: --optimizer-states int8 overrides zoe.optimizer_states");
+  EXPECT_HAS(raw.err, "zoe: --master-weights bf16 overrides zoe.master_weights");
+}
+
 TEST(TrainInput, FlagsThatCannotTakeEffectWithAConfigAreRefused) {
   zoe::test::ScratchDir d("cfg");
   const std::string sched = write_file(d, "s.json", R"({"zero_optimization": {"stage": 2},
@@ -360,6 +380,8 @@ TEST(TrainInput, BadFlagValuesAreUsageErrors) {
       {"--seed -1", "--seed -1 is not an unsigned integer"},
       {"--seed 18446744073709551616", "--seed 18446744073709551616 is not an unsigned integer"},
       {"--offload disk", "--offload disk is not none, cpu or nvme"},
+      {"--optimizer-states int2", "--optimizer-states int2 is not fp32, bf16, int8 or int4"},
+      {"--master-weights fp16", "--master-weights fp16 is not fp32 or bf16 (an fp16 master cannot hold"},
       {"--device-budget lots", "--device-budget lots is not a byte size"},
       {"--host-budget lots", "--host-budget lots is not a byte size"},
       {"--host-budget -1MiB", "--host-budget -1MiB is not a byte size"},
