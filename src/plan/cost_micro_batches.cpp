@@ -147,9 +147,10 @@ void StepModel::sums_write_behind(Path::Group* g, int64_t j) {
     g->add(Resource::kNvme, static_cast<double>(sums - stalled) / acc_w);
     g->add(Resource::kCompute, io_cpu(static_cast<double>(sums)));
     if (last && pre[i] > 0) {
-      B.nvme_read += pl.opt_bytes(pre[i]);
-      g->add(Resource::kNvme, static_cast<double>(pl.opt_bytes(pre[i])) / swap_r);
-      g->add(Resource::kCompute, io_cpu(static_cast<double>(pl.opt_bytes(pre[i]))));
+      const uint64_t states = pl.opt_nvme_bytes(pre[i], pl.swap_chunk_elems);
+      B.nvme_read += states;
+      g->add(Resource::kNvme, static_cast<double>(states) / swap_r);
+      g->add(Resource::kCompute, io_cpu(static_cast<double>(states)));
     }
   }
 }

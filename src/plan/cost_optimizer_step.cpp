@@ -40,7 +40,9 @@ void StepModel::nvme_states_time() {
     if (m.opt_home != offload::Tier::kNvme) continue;
     elems += m.opt_n;
     // The preloaded: read during the backward, their gradient given.
-    const uint64_t r = pl.opt_bytes(m.opt_n - pre[mi]) + (m.opt_n - pre[mi]) * 4, wb = pl.opt_bytes(m.opt_n);
+    const uint64_t c = pl.swap_chunk_elems;
+    const uint64_t r = pl.opt_nvme_bytes(m.opt_n - pre[mi], c) + (m.opt_n - pre[mi]) * 4,
+                   wb = pl.opt_nvme_bytes(m.opt_n, c);
     rd += r;
     wr += wb;
     B.cpu_optimizer += static_cast<uint64_t>(static_cast<double>(m.opt_n) * adam_elem);
@@ -59,7 +61,7 @@ void StepModel::nvme_states_time() {
     // Filling the pipeline: the first chunk is read before any update starts (unless it was
     // read ahead).
     const uint64_t first = std::min<uint64_t>(pl.swap_chunk_elems, elems);
-    const auto chunk = static_cast<double>(pl.opt_bytes(first) + first * 4);
+    const auto chunk = static_cast<double>(pl.opt_nvme_bytes(first, pl.swap_chunk_elems) + first * 4);
     if (std::all_of(pre.begin(), pre.end(), [](uint64_t e) { return e == 0; }))
       path.serial(Resource::kNvme, chunk / swap_r);
     path.overlap(g);

@@ -138,7 +138,8 @@ Result<Extent> count_resident_states(const config::Config& cfg, Placement* pl) {
         if (cfg.zoe.speculative_step) pl->resident.host += pl->opt_bytes(m.opt_n) + u64(m.opt_n) * es;
         break;
       case offload::Tier::kNvme:
-        pl->resident.nvme += states;
+        pl->resident.nvme +=
+            pl->opt_nvme_bytes(m.opt_n, swap_chunk_elems(cfg.zero.sub_group_size, false)) + u64(m.opt_n) * 4;
         x.any_opt_nvme = true;
         break;
     }
@@ -491,6 +492,16 @@ Status check_peaks(const config::Config& cfg, const Extent& x, Placement* pl) {
 }
 
 }  // namespace
+
+uint64_t Placement::opt_nvme_bytes(uint64_t n, uint64_t chunk) const {
+  if (optim::state_block_elems(state_format) == 1 || chunk == 0) return opt_bytes(n);
+  const uint64_t mb = master_in_compute ? 0 : static_cast<uint64_t>(optim::master_bytes_per_element(master_format));
+  auto piece = [&](uint64_t k) {
+    const uint64_t s = optim::state_bytes(state_format, static_cast<size_t>(k));
+    return k * mb + 2 * ((s + 4095) / 4096 * 4096);
+  };
+  return n / chunk * piece(chunk) + (n % chunk ? piece(n % chunk) : 0);
+}
 
 size_t swap_chunk_elems(int64_t sub_group_size, bool given) {
   const int64_t sub = std::clamp<int64_t>(sub_group_size, 1, static_cast<int64_t>(kMaxSwapChunkElems));

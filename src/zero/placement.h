@@ -140,6 +140,10 @@ struct Placement {
         master_in_compute ? 0 : static_cast<uint64_t>(optim::master_bytes_per_element(master_format));
     return n * mb + 2 * static_cast<uint64_t>(optim::state_bytes(state_format, static_cast<size_t>(n)));
   }
+  // The same on NVMe, where the optimizer swapper stores them in chunks of `chunk` elements from
+  // the module's start: a packed state's blocks start each chunk on a 4096-byte boundary
+  // (offload::OptimizerSwapper), so each chunk's m and v round up to 4096 bytes.
+  uint64_t opt_nvme_bytes(uint64_t n, uint64_t chunk) const;
   double opt_bytes_per_elem() const {
     return optim::optimizer_state_bytes_per_param(master_format, state_format) -
            (master_in_compute ? optim::master_bytes_per_element(master_format) : 0.0);

@@ -754,8 +754,9 @@ TEST(CostModel, LongAccumulationsCostTheirSteadyStateInConstantTime) {
 
 Runtime& runtime() { return test::shared_runtime(); }
 
+// states / master: zoe.optimizer_states / zoe.master_weights.
 std::string engine_cfg(int stage, const char* opt, const char* param, const std::string& nvme, bool bf16,
-                       bool bf16_states, double ratio, int micro) {
+                       const char* states, const char* master, double ratio, int micro) {
   auto off = [&](const char* dev) {
     std::string s = std::string("{\"device\": \"") + dev + "\"";
     if (std::string(dev) == "nvme") s += ", \"nvme_path\": \"" + nvme + "\"";
@@ -770,7 +771,7 @@ std::string engine_cfg(int stage, const char* opt, const char* param, const std:
          "\"sub_group_size\": 20000, \"offload_optimizer\": " +
          off(opt) + ", \"offload_param\": " + off(param) +
          "}, \"zoe\": {\"device_budget\": \"64MiB\", \"offload_ratio\": " + r +
-         ", \"bf16_optimizer_states\": " + (bf16_states ? "true" : "false") + "}}";
+         ", \"optimizer_states\": \"" + states + "\", \"master_weights\": \"" + master + "\"}}";
 }
 
 TEST(CostModelVsEngine, NvmeBytesPerStepForEveryPlacement) {
@@ -788,12 +789,16 @@ TEST(CostModelVsEngine, NvmeBytesPerStepForEveryPlacement) {
         // with none beyond the step's two working copies (max_in_cpu 0).
         for (const bool cache : {true, false}) {
           if (!cache && std::string(k.param) != "nvme") continue;
-          const bool states16 = bf16 && k.stage >= 1;
+          // bf16 runs: bf16 states at stage 1, int4 states at stage 2, int8 with a bf16 master (the
+          // compute copy itself) at stage 3.
+          const char* states = !bf16 || k.stage == 0 ? "fp32" : k.stage == 1 ? "bf16" : k.stage == 2 ? "int4" : "int8";
+          const char* master = bf16 && k.stage == 3 ? "bf16" : "fp32";
           const double ratio = std::string(k.opt) == "none" ? 1.0 : micro == 2 ? 0.5 : 1.0;
           test::ScratchDir nvme("plan-engine");
           const std::string text =
-              engine_cfg(k.stage, k.opt, k.param, nvme.path(), bf16, states16, ratio, micro);
-          const std::string what = std::string(bf16 ? "bf16" : "fp32") + " micro " + std::to_string(micro) +
+              engine_cfg(k.stage, k.opt, k.param, nvme.path(), bf16, states, master, ratio, micro);
+          const std::string what = std::string(bf16 ? "bf16" : "fp32") + " states " + states + " master " +
+                                   master + " micro " + std::to_string(micro) +
                                    " stage " + std::to_string(k.stage) + " optimizer " + k.opt + " x" +
                                    std::to_string(ratio) + " params " + k.param +
                                    (cache ? "" : " max_in_cpu 0");
