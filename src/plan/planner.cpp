@@ -57,8 +57,11 @@ config::Config config_for(const config::Config& base, const RowPlacement& p, con
   c.zero.offload_param.device = p.param;
   c.zero.offload_optimizer.device = p.optimizer;
   c.zoe.offload_ratio = p.optimizer == Offload::kNone ? 1.0 : p.ratio;
-  c.zoe.optimizer_states = p.states;
-  c.zoe.bf16_optimizer_states = p.states == "bf16";
+  // A low-bit format the row keeps; else bf16_states says fp32 or bf16.
+  c.zoe.optimizer_states = p.states == "int8" || p.states == "int4" ? p.states
+                           : p.bf16_states                          ? "bf16"
+                                                                    : "fp32";
+  c.zoe.bf16_optimizer_states = c.zoe.optimizer_states == "bf16";
   for (config::OffloadConfig* o : {&c.zero.offload_param, &c.zero.offload_optimizer}) {
     if (o->device == Offload::kNvme && o->nvme_path.empty() && !nvme_path.empty()) o->nvme_path = {nvme_path};
   }

@@ -495,7 +495,8 @@ Status check_peaks(const config::Config& cfg, const Extent& x, Placement* pl) {
 
 uint64_t Placement::opt_nvme_bytes(uint64_t n, uint64_t chunk) const {
   if (optim::state_block_elems(state_format) == 1 || chunk == 0) return opt_bytes(n);
-  const uint64_t mb = master_in_compute ? 0 : static_cast<uint64_t>(optim::master_bytes_per_element(master_format));
+  const uint64_t mb =
+      master_in_compute ? 0 : static_cast<uint64_t>(optim::master_bytes_per_element(master_format));
   auto piece = [&](uint64_t k) {
     const uint64_t s = optim::state_bytes(state_format, static_cast<size_t>(k));
     return k * mb + 2 * ((s + 4095) / 4096 * 4096);

@@ -770,8 +770,8 @@ std::string engine_cfg(int stage, const char* opt, const char* param, const std:
          ", \"stage3_param_persistence_threshold\": 0, \"stage3_prefetch_bucket_size\": 6000, "
          "\"sub_group_size\": 20000, \"offload_optimizer\": " +
          off(opt) + ", \"offload_param\": " + off(param) +
-         "}, \"zoe\": {\"device_budget\": \"64MiB\", \"offload_ratio\": " + r +
-         ", \"optimizer_states\": \"" + states + "\", \"master_weights\": \"" + master + "\"}}";
+         "}, \"zoe\": {\"device_budget\": \"64MiB\", \"offload_ratio\": " + r + ", \"optimizer_states\": \"" +
+         states + "\", \"master_weights\": \"" + master + "\"}}";
 }
 
 TEST(CostModelVsEngine, NvmeBytesPerStepForEveryPlacement) {
@@ -791,17 +791,19 @@ TEST(CostModelVsEngine, NvmeBytesPerStepForEveryPlacement) {
           if (!cache && std::string(k.param) != "nvme") continue;
           // bf16 runs: bf16 states at stage 1, int4 states at stage 2, int8 with a bf16 master (the
           // compute copy itself) at stage 3.
-          const char* states = !bf16 || k.stage == 0 ? "fp32" : k.stage == 1 ? "bf16" : k.stage == 2 ? "int4" : "int8";
+          const char* states = !bf16 || k.stage == 0 ? "fp32"
+                               : k.stage == 1        ? "bf16"
+                               : k.stage == 2        ? "int4"
+                                                     : "int8";
           const char* master = bf16 && k.stage == 3 ? "bf16" : "fp32";
           const double ratio = std::string(k.opt) == "none" ? 1.0 : micro == 2 ? 0.5 : 1.0;
           test::ScratchDir nvme("plan-engine");
           const std::string text =
               engine_cfg(k.stage, k.opt, k.param, nvme.path(), bf16, states, master, ratio, micro);
-          const std::string what = std::string(bf16 ? "bf16" : "fp32") + " states " + states + " master " +
-                                   master + " micro " + std::to_string(micro) +
-                                   " stage " + std::to_string(k.stage) + " optimizer " + k.opt + " x" +
-                                   std::to_string(ratio) + " params " + k.param +
-                                   (cache ? "" : " max_in_cpu 0");
+          const std::string what =
+              std::string(bf16 ? "bf16" : "fp32") + " states " + states + " master " + master + " micro " +
+              std::to_string(micro) + " stage " + std::to_string(k.stage) + " optimizer " + k.opt + " x" +
+              std::to_string(ratio) + " params " + k.param + (cache ? "" : " max_in_cpu 0");
           auto cfg = config::Config::parse(text, rt.world_size());
           ASSERT_OK(cfg) << what;
           if (!cache) {
