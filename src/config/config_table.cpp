@@ -285,6 +285,18 @@ void add_optimizer_fields(std::vector<Field>& t) {
   const Range fraction_open = {0.0, 1.0, false, true};
   Field type = choice("optimizer.type", ZOE_MEMBER(optimizer.type), "AdamW", {"Adam", "AdamW"}, true);
   type.string_type_message = true;
+  // DeepSpeed's other types, refused by name with what zoe offers instead (matched without regard
+  // to case, as DeepSpeed matches them).
+  const std::string instead =
+      "zoe runs Adam and AdamW (optimizer.type \"AdamW\"), with zoe.optimizer_states \"int8\" or \"int4\" "
+      "for fewer optimizer bytes";
+  for (const char* t8 : {"Lion", "Adagrad", "Muon"})
+    type.refused_values.emplace_back(t8, std::string("DeepSpeed's ") + t8 + " is not in zoe yet; " + instead);
+  for (const char* t8 : {"Lamb", "OneBitAdam", "ZeroOneAdam", "OneBitLamb"})
+    type.refused_values.emplace_back(
+        t8, std::string(t8) + " (a LAMB or 1-bit communication optimizer) is not in zoe; " + instead);
+  for (const char* t8 : {"MuAdam", "MuAdamW", "MuSGD"})
+    type.refused_values.emplace_back(t8, std::string(t8) + " (muP's optimizers) is not in zoe; " + instead);
   t.push_back(std::move(type));
   t.push_back(number("optimizer.params.lr", ZOE_MEMBER(optimizer.lr), 1e-3, kAtLeast0));
   t.push_back(pair(

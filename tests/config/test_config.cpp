@@ -312,8 +312,16 @@ TEST(Config, WrongValuesNameKeyValueAndAllowed) {
              "zero_optimization.stage: 4 is not one of 0, 1, 2, 3");
   EXPECT_HAS(parse_error(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "gpu"}}})"),
              "zero_optimization.offload_param.device: \"gpu\" is not one of \"none\", \"cpu\", \"nvme\"");
-  EXPECT_HAS(parse_error(R"({"optimizer": {"type": "Lamb"}})"),
-             "optimizer.type: \"Lamb\" is not one of \"Adam\", \"AdamW\"");
+  // DeepSpeed's other optimizer types are refused by name (any case), saying what zoe offers.
+  EXPECT_HAS(
+      parse_error(R"({"optimizer": {"type": "Lamb"}})"),
+      "optimizer.type: \"Lamb\" is refused: Lamb (a LAMB or 1-bit communication optimizer) is not in zoe; "
+      "zoe runs Adam and AdamW");
+  EXPECT_HAS(parse_error(R"({"optimizer": {"type": "LION"}})"),
+             "optimizer.type: \"LION\" is refused: DeepSpeed's Lion");
+  EXPECT_HAS(parse_error(R"({"optimizer": {"type": "muadamw"}})"), "\"muadamw\" is refused: MuAdamW (muP's");
+  EXPECT_HAS(parse_error(R"({"optimizer": {"type": "SGD"}})"),
+             "optimizer.type: \"SGD\" is not one of \"Adam\", \"AdamW\"");
   EXPECT_HAS(parse_error(R"({"scheduler": {"type": "OneCycle"}})"),
              "scheduler.type: \"OneCycle\" is not one of \"WarmupLR\", \"WarmupDecayLR\"");
   EXPECT_HAS(parse_error(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_type": "cosine"}}})"),
