@@ -414,11 +414,15 @@ class ZoeTrainerMixin:
         sched = self.zoe_config.get("scheduler")
         return sched["params"].get("warmup_min_lr", 0.0) if sched else eng.config_value("optimizer.params.lr")
 
-    def _zoe_load(self, path):
+    @staticmethod
+    def _zoe_check_checkpoint(path):
         if not os.path.isfile(os.path.join(path, "latest")):
             raise ZoeError(f"zoe.hf.Trainer: resume_from_checkpoint={path!r} holds no zoe checkpoint (no 'latest' "
                            "file): resume from a checkpoint-N folder that zoe.hf.Trainer wrote; to start from a "
                            "model's weights, load the model with from_pretrained instead")
+
+    def _zoe_load(self, path):
+        self._zoe_check_checkpoint(path)
         self.zoe_engine.load_checkpoint(path)
         self._zoe_resume = None
 
@@ -528,6 +532,7 @@ class ZoeTrainerMixin:
 
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
         if self.zoe_engine is None:
+            self._zoe_check_checkpoint(resume_from_checkpoint)
             self._zoe_resume = resume_from_checkpoint  # loaded when the engine is made
             return
         self._zoe_load(resume_from_checkpoint)
