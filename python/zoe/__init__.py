@@ -34,6 +34,10 @@ def __getattr__(name):
         return getattr(engine, name)
     if name == "ZoeError":
         return _extension().ZoeError
+    if name == "hf":  # zoe.hf.Trainer and the Hugging Face helpers
+        import importlib
+
+        return importlib.import_module(".hf", __name__)
     raise AttributeError(f"module 'zoe' has no attribute {name!r}")
 
 

@@ -1,4 +1,6 @@
-"""Hugging Face transformers models under zoe: engine.save_pretrained() and initialize(weights=...).
+"""Hugging Face transformers models under zoe: engine.save_pretrained(), initialize(weights=...),
+and zoe.hf.Trainer (hf_trainer.py: transformers' Trainer training through zoe; zoe.hf.ZoeTrainerMixin
+for any Trainer subclass; zoe.hf.TrainingArguments, whose deepspeed= is zoe's config).
 
 save_pretrained writes what transformers' own save_pretrained writes (config.json,
 generation_config.json, model.safetensors or model-0000i-of-0000n.safetensors with
@@ -10,8 +12,8 @@ weights= reads a folder of safetensors (one file, or shards with their index) te
 into zoe's initialisation of each module: the model may be built on the meta device and be larger
 than host memory.
 
-Nothing here imports transformers: a model is a Hugging Face model when it has a `config` with
-to_json_file (a PreTrainedModel).
+Nothing here imports transformers (hf_trainer.py does, when zoe.hf.Trainer is first used): a model
+is a Hugging Face model when it has a `config` with to_json_file (a PreTrainedModel).
 """
 import copy
 import json
@@ -529,3 +531,17 @@ class WeightsSource:
 
     def close(self):
         self.folder.close()
+
+
+# -------------------------------------------------------------------------------------------
+# zoe.hf.Trainer (hf_trainer.py, which imports transformers: loaded on first use)
+
+_TRAINER_NAMES = ("Trainer", "TrainingArguments", "ZoeTrainerMixin", "resolve_config")
+
+
+def __getattr__(name):
+    if name in _TRAINER_NAMES:
+        from . import hf_trainer
+
+        return getattr(hf_trainer, name)
+    raise AttributeError(f"module 'zoe.hf' has no attribute {name!r}")

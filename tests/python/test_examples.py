@@ -1,6 +1,7 @@
 """The examples run: examples/train_hf.py fine-tunes a Llama-architecture model with NVMe offload for
 a few steps, the loss falls, and the folder it saves loads in transformers with the trained
-model's loss and an engine's logits."""
+model's loss and an engine's logits; examples/trainer_hf.py does the same through zoe.hf.Trainer,
+and resumes from its checkpoint."""
 import os
 import re
 import subprocess
@@ -45,3 +46,24 @@ def test_train_hf_example(tmp_path):
     eng.close()
     d = (got.logits - want).abs().max().item()
     assert d <= 1e-5, f"max |from_pretrained - engine| logits = {d}"
+
+
+def test_trainer_hf_example(tmp_path):
+    """examples/trainer_hf.py: zoe.hf.Trainer with NVMe offload, evaluation, checkpoints and
+    save_model; run again with --resume it goes on from its last checkpoint."""
+    out, nvme = tmp_path / "out", tmp_path / "nvme"
+    env = dict(os.environ, HF_HUB_OFFLINE="1",
+               PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(zoe.__file__)),
+                                           os.environ.get("PYTHONPATH", "")]))
+    cmd = [sys.executable, os.path.join(EXAMPLES, "trainer_hf.py"), "--out", str(out), "--nvme-path", str(nvme)]
+    r = subprocess.run(cmd + ["--steps", "12"], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    steps = re.findall(r"^step +(\d+) +loss ([\d.]+)$", r.stdout, re.M)
+    assert [int(s) for s, _ in steps] == list(range(1, 13)) and float(steps[-1][1]) < float(steps[0][1]), r.stdout
+    assert {"checkpoint-10", "checkpoint-12", "model.safetensors", "config.json"} <= set(os.listdir(out))
+    assert transformers.AutoModelForCausalLM.from_pretrained(out).config.num_hidden_layers == 4
+
+    r = subprocess.run(cmd + ["--steps", "14", "--resume"], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    resumed = re.findall(r"^step +(\d+) +loss ([\d.]+)$", r.stdout, re.M)
+    assert [int(s) for s, _ in resumed] == list(range(1, 15)) and resumed[:12] == steps, r.stdout
