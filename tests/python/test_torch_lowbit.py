@@ -90,8 +90,8 @@ def sub(tmp_path, name):
 # torch with a learning rate 10% too high, is 1.4e-2 / 1.0e-2 away: the test asserts it fails the
 # tolerance, so the tolerance separates a right update from a wrong one.
 LOSS_TOL = {"int8": 3e-3, "int4": 8e-3}
-# The whole model's final distance (weight_distance's first figure), measured: int8 0.10 / 0.08,
-# int4 0.28 / 0.30 (4-bit codes: relative steps of 2/7 near the block's largest value).
+# The whole model's final distance (weight_distance's first figure), measured: int8 0.098 / 0.057,
+# int4 0.28 / 0.32 (4-bit codes: relative steps of 2/7 near the block's largest value).
 WEIGHT_TOL = {"int8": 0.2, "int4": 0.5}
 
 
@@ -294,11 +294,12 @@ def test_int8_against_bitsandbytes_adamw8bit(tmp_path):
         (zl, _), (zg, _, _) = rows["zoe int8 vs torch"]
         (bl, _), (bg, _, _) = rows["bnb 8bit vs torch"]
         # Measured over 20 steps: losses zoe 1.8e-4 / 7.6e-5, bnb 2.1e-4 / 2.5e-4 (GPT / conv);
-        # weights zoe 0.086 / 0.024, bnb 0.042 / 0.082. zoe's blocks run over a module's flat
+        # weights zoe 0.086 / 0.023, bnb 0.042 / 0.049. zoe's blocks run over a module's flat
         # group, whose tensors do not start at multiples of 256: in the GPT a block holds the last
         # rows of attn's k projection (gradients ~1e-7 at this scale) beside the first rows of v
         # (~3e-3), and those k values get 0 or 1 of the 127 codes, where AdamW8bit's per-tensor
-        # blocks keep them apart; that is the GPT's factor of 2 in the weights. Hence: losses no
-        # worse than 2x AdamW8bit's distance, weights no worse than 3x.
+        # blocks keep them apart; that is the GPT's factor of 2 in the weights (the same quantizer
+        # emulated in Python with per-tensor blocks ends 0.038 away). Hence: losses no worse than 2x
+        # AdamW8bit's distance, weights no worse than 3x.
         assert zl <= 2 * bl, f"{kind}: zoe int8 losses {zl:.3g} from fp32 AdamW, AdamW8bit's {bl:.3g}"
         assert zg <= 3 * bg, f"{kind}: zoe int8 weights {zg:.3g} from fp32 AdamW, AdamW8bit's {bg:.3g}"
