@@ -34,6 +34,17 @@ if [ ! -f "$venv/.zoe-ready" ]; then
   touch "$venv/.zoe-ready"
 fi
 echo "python-venv: $("$venv/bin/python" -c 'import torch, sys; print("python", sys.version.split()[0], "torch", torch.__version__)')" >&2
+# The packages tests compare with (python/requirements-compare.txt), where they install: once per
+# venv and version of that file; a failure is said and their tests skip.
+cmp_req=python/requirements-compare.txt
+cmp_tag=$venv/.zoe-compare-$(sha256sum "$cmp_req" | cut -c1-12)
+if [ ! -f "$cmp_tag" ]; then
+  if "$venv/bin/pip" install -q -r "$cmp_req"; then
+    touch "$cmp_tag"
+  else
+    echo "python-venv: the packages of $cmp_req did not install; the tests comparing with them skip" >&2
+  fi
+fi
 
 # pip install . into the venv: the build directory persists, so a rerun rebuilds only what changed.
 launcher=()
