@@ -136,6 +136,8 @@ Result<std::vector<Candidate>> search(const plan::PlanInputs& in, bool fixed_mic
     for (const plan::PlanRow& r : res.rows) {
       if (!r.fits) continue;
       const plan::RowPlacement& p = r.placement;
+      // Precision is the user's: only rows with the config's zoe.optimizer_states are proposed.
+      if (p.states != in.base.zoe.optimizer_states) continue;
       const bool opt_nvme = p.optimizer == zoe::Offload::kNvme;
       const bool param_nvme = p.stage == 3 && p.param == zoe::Offload::kNvme;
       // The variants: the base config's knobs, and each knob's alternatives where it acts (their

@@ -397,7 +397,15 @@ TEST(TuneCli, KnobSearchOnNvmeRowsBeatsTheBaseConfig) {
   ASSERT_EQ(pl.rc, 0) << pl.err;
   json pj = json::parse(pl.out, nullptr, false);
   ASSERT_FALSE(pj.is_discarded());
-  const json& top = pj["rows"][0];
+  // The plan's fastest row with the config's (fp32) states: tune keeps the user's precision.
+  json top;
+  for (const json& r : pj["rows"]) {
+    if (r["placement"]["optimizer_states"] == "fp32") {
+      top = r;
+      break;
+    }
+  }
+  ASSERT_FALSE(top.is_null());
   ASSERT_TRUE(top["fits"].get<bool>());
   EXPECT_EQ(top["placement"]["offload_optimizer"], "nvme");
   CmdResult t = zoe("tune" + flags + " --fixed-micro-batch --nvme-path " + d.path() + " --out " +
@@ -407,6 +415,9 @@ TEST(TuneCli, KnobSearchOnNvmeRowsBeatsTheBaseConfig) {
   ASSERT_FALSE(tj.is_discarded()) << t.out;
   const json& b = tj["best"];
   EXPECT_EQ(b["placement"]["offload_optimizer"], "nvme");
+  // Precision is the user's: the config's fp32 states, never a format tune picked.
+  EXPECT_EQ(b["placement"]["optimizer_states"], "fp32") << b.dump();
+  EXPECT_EQ(b["placement"]["bf16_optimizer_states"], false) << b.dump();
   EXPECT_LT(b["predicted_step_s"].get<double>(), 0.9 * top["predicted_step_s"].get<double>()) << b.dump();
   EXPECT_EQ(b["aio"]["block_size"], 262144) << b.dump();
   EXPECT_EQ(b["aio"]["queue_depth"], 32) << b.dump();
