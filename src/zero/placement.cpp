@@ -11,6 +11,10 @@
 
 namespace zoe::zero {
 
+// Every rank's owned range starts at a multiple of kPartAlign, so the packed states' blocks never
+// straddle two ranks (a shard's m and v are whole blocks, resharded as bytes).
+static_assert(kPartAlign % 256 == 0 && kPartAlign % 128 == 0, "low-bit state blocks must tile a partition");
+
 namespace {
 
 uint64_t u64(size_t v) { return static_cast<uint64_t>(v); }
@@ -538,6 +542,7 @@ Result<Placement> plan_with_persistence(const config::Config& cfg, const std::ve
   pl.compute_bytes = cfg.bf16 || cfg.fp16.enabled ? 2 : 4;
   ZOE_ASSIGN_OR_RETURN(pl.state_format, optim::parse_state_format(cfg.zoe.optimizer_states));
   ZOE_ASSIGN_OR_RETURN(pl.master_format, optim::parse_master_format(cfg.zoe.master_weights));
+  ZOE_RETURN_IF_ERROR(optim::check_state_tiling(pl.state_format, kPartAlign, "a rank's partition alignment"));
   pl.master_in_compute = pl.master_format == optim::MasterFormat::kBF16 && cfg.bf16 && !cfg.fp16.enabled &&
                          !cfg.zoe.speculative_step && target.host_addressable;
   pl.device_budget = target.device_budget              ? target.device_budget
