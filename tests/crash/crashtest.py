@@ -946,7 +946,8 @@ def mutate_tree(tree, rng):
                 set_slot(c, i, rng.choice(choices + [v * 2, v / 2, int(v) + 1]))
             else:
                 set_slot(c, i, rng.choice([True, False, 1, 2, 3, 0.5, "cpu", "nvme", "none", "1MiB", "64MiB",
-                                           "WarmupLR", "AdamW", "Adam", "linear", "log"]))
+                                           "WarmupLR", "AdamW", "Adam", "linear", "log", "int8", "int4", "bf16",
+                                           "fp32"]))
         elif op == "number":
             set_slot(c, i, Raw(rng.choice(NASTY_NUMBERS)))
         elif op == "string":
