@@ -12,7 +12,8 @@ Four parts, each a ratio against fp32 states (fp32 master) run in the same invoc
   and other writers to the disk added. Every (N, 2N) pair is repeated --reps times with the formats'
   order reversed on odd rounds; the median is reported, with the disk's idle write rate measured
   before the part as the bound on other writers. Formats: fp32, bf16 (fp32 master), int8 + bf16
-  master, int4 + bf16 master. Targets: fp32 about 12, bf16 about 8, int8 <= 4.1, int4 <= 3.1.
+  master, int4 + bf16 master. Targets: fp32 about 12, bf16 about 8 ("about": within 15%), int8 <= 4.1,
+  int4 <= 3.1.
 - time: the demo preset with `--offload nvme` under a small `--host-budget` (NVMe-bound), int8 +
   bf16 master against fp32, run A/B/A/B (the disk's rate swings 2x); the steady step is the median
   wall time of the steps after the first --skip. Target: int8 + bf16 <= 0.45x fp32.
@@ -147,6 +148,9 @@ def part_bytes(args):
                           "engine_last_step": last["bytes_per_param_per_step"]}
             log(f"bytes round {rnd + 1}/{args.reps} {f[0]}: disk {disk:.3f}, engine {eng:.3f} B/param/step "
                 f"(other writers at the idle rate: {bg:.3f})")
+            if abs(disk - eng) > 0.05:
+                log(f"bytes round {rnd + 1}/{args.reps} {f[0]}: the disk's figure differs from the engine's by "
+                    f"{disk - eng:+.3f} B/param/step: other writers were busy (use more --reps, or a quiet disk)")
     out = {"disk": dev, "steps": [n, 2 * n], "reps": args.reps, "idle_write_bytes_per_s": background,
            "flags": base, "formats": {}}
     fp = statistics.median(rows["fp32"]["disk"])
@@ -272,7 +276,8 @@ def table(res):
     rows = []
     for name, f in res.get("bytes", {}).get("formats", {}).items():
         rows.append((f"NVMe B/param/step, disk ({name})", f"{f['disk_bytes_per_param_per_step']:.3f}",
-                     f"engine {f['engine_bytes_per_param_per_step']:.3f}", f"{f['ratio_vs_fp32']:.3f}", f["target"],
+                     f"engine {f['engine_bytes_per_param_per_step']:.3f}, fp32 disk "
+                     f"{res['bytes']['formats']['fp32']['disk_bytes_per_param_per_step']:.3f}", f"{f['ratio_vs_fp32']:.3f}", f["target"],
                      f["met"]))
     t = res.get("time")
     if t:
@@ -306,12 +311,13 @@ def main():
     ap.add_argument("--steps", type=int, default=10, help="bytes: runs of N and 2N steps (default 10)")
     ap.add_argument("--reps", type=int, default=3, help="bytes and time: rounds, alternated (default 3)")
     ap.add_argument("--idle-s", type=float, default=5.0, help="bytes: seconds the disk's idle writes are measured")
-    ap.add_argument("--time-steps", type=int, default=20, help="time: steps per run (default 20)")
+    ap.add_argument("--time-steps", type=int, default=40, help="time: steps per run (default 40)")
     ap.add_argument("--skip", type=int, default=5, help="time: first steps left out of the steady step")
-    ap.add_argument("--host-budget", default="64MiB", help="time: zoe's --host-budget (default 64MiB)")
+    ap.add_argument("--host-budget", default="80MiB",
+                    help="time: zoe's --host-budget (default 80MiB; the demo's placement needs 64.02 MiB)")
     ap.add_argument("--time-micro-batch", type=int, default=1, help="time: --micro-batch (default 1)")
     ap.add_argument("--seeds", type=int, default=3, help="quality: seeds 1..S (default 3)")
-    ap.add_argument("--quality-steps", type=int, default=300, help="quality: steps per run (default 300)")
+    ap.add_argument("--quality-steps", type=int, default=1000, help="quality: steps per run (default 1000)")
     ap.add_argument("--rss-preset", default="2b", help="rss: preset (default 2b)")
     ap.add_argument("--rss-layers", type=int, default=0, help="rss: layers instead of the preset's (0: its own)")
     ap.add_argument("--rss-steps", type=int, default=3, help="rss: steps per run (default 3)")
