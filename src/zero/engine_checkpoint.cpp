@@ -20,17 +20,7 @@ const char* ckpt_dtype(DType d) { return d == DType::kF32 ? "f32" : d == DType::
 // m and v "f32", "bf16", or packed blocks "int8b256"/"int4b128" (checkpoint.h).
 std::string state_dtype(const zero::Updater& u, zero::OptState k) {
   if (k == zero::OptState::kMaster) return u.master_format() == optim::MasterFormat::kBF16 ? "bf16" : "f32";
-  switch (u.state_format()) {
-    case optim::StateFormat::kF32:
-      return "f32";
-    case optim::StateFormat::kBF16:
-      return "bf16";
-    case optim::StateFormat::kInt8:
-      return "int8b256";
-    case optim::StateFormat::kInt4:
-      return "int4b128";
-  }
-  return "f32";
+  return ckpt::state_dtype(u.state_format());
 }
 
 // Rank 0's string on every rank.
