@@ -474,6 +474,20 @@ TEST(Parts, UpdaterTakesAdamWStepsWhereverItsStatesLive) {
   EXPECT_EQ(device.master, host.master);
 }
 
+// An Updater's resources from the rig, without a swapper (states in host RAM), m and v in `states`.
+Updater::Resources host_resources(PartRig& r, const config::Config& cfg, TraceRecorder& trace,
+                                  optim::StateFormat states) {
+  Updater::Resources ur;
+  ur.mem = r.mem.get();
+  ur.ops = r.ops.get();
+  ur.pool = r.pool.get();
+  ur.comm = r.comm.get();
+  ur.trace = &trace;
+  ur.cfg = &cfg;
+  ur.states = states;
+  return ur;
+}
+
 // Packed (int8) states in host RAM, a module of two parameters: "a" (300 elements: block 0 and
 // part of block 1) and "b". Step 1 trains both; at step 2 `a` gets no gradient (untouched).
 struct PackedRun {
@@ -493,14 +507,7 @@ PackedRun run_packed(bool a_untouched) {
   cfg.zoe.overlap_step = false;
   FakeTarget homes;
   TraceRecorder trace;
-  Updater::Resources ur;
-  ur.mem = r.mem.get();
-  ur.ops = r.ops.get();
-  ur.pool = r.pool.get();
-  ur.comm = r.comm.get();
-  ur.trace = &trace;
-  ur.cfg = &cfg;
-  ur.states = optim::StateFormat::kInt8;
+  const Updater::Resources ur = host_resources(r, cfg, trace, optim::StateFormat::kInt8);
   Updater update(r.shape, r.modules, homes, r.clock, ur, LossScaler());
   const std::vector<float> init = ramp(n, 0.3f);
   homes.owned.push_back(init);
@@ -581,14 +588,7 @@ TEST(Parts, UpdaterNamesTheModuleOfANonFiniteState) {
   cfg.zoe.overlap_step = false;
   FakeTarget homes;
   TraceRecorder trace;
-  Updater::Resources ur;
-  ur.mem = r.mem.get();
-  ur.ops = r.ops.get();
-  ur.pool = r.pool.get();
-  ur.comm = r.comm.get();
-  ur.trace = &trace;
-  ur.cfg = &cfg;
-  ur.states = optim::StateFormat::kInt4;
+  const Updater::Resources ur = host_resources(r, cfg, trace, optim::StateFormat::kInt4);
   Updater update(r.shape, r.modules, homes, r.clock, ur, LossScaler());
   const std::vector<float> init = ramp(n, 0.3f);
   homes.owned.push_back(init);
