@@ -71,6 +71,7 @@ Result<Config> flags_config(const TrainOpts& o, const std::vector<std::string>& 
     ZOE_RETURN_IF_ERROR(cfg.set("zoe.optimizer_states", "\"" + o.optimizer_states + "\""));
   if (o.has("--master-weights"))
     ZOE_RETURN_IF_ERROR(cfg.set("zoe.master_weights", "\"" + o.master_weights + "\""));
+  if (o.has("--schedule")) ZOE_RETURN_IF_ERROR(cfg.set("zoe.schedule", "\"" + o.schedule + "\""));
   return cfg;
 }
 
@@ -115,6 +116,8 @@ void check_flags(TrainOpts& o) {
     usage_fail(invalid_argument("--optimizer-states %s is not fp32, bf16, int8 or int4",
                                 o.optimizer_states.c_str()));
   }
+  if (o.has("--schedule") && o.schedule != "micro-batch" && o.schedule != "layer-major")
+    usage_fail(invalid_argument("--schedule %s is not micro-batch or layer-major", o.schedule.c_str()));
   if (o.has("--master-weights") && o.master_weights != "fp32" && o.master_weights != "bf16") {
     usage_fail(invalid_argument("--master-weights %s is not fp32 or bf16%s", o.master_weights.c_str(),
                                 o.master_weights == "fp16"
@@ -251,10 +254,12 @@ void apply_overrides(const TrainOpts& o, Config* cfg, bool lead) {
   for (const auto& [flag, key, value] :
        {std::tuple<const char*, const char*, const std::string&>{"--optimizer-states", "zoe.optimizer_states",
                                                                  o.optimizer_states},
-        {"--master-weights", "zoe.master_weights", o.master_weights}}) {
+        {"--master-weights", "zoe.master_weights", o.master_weights},
+        {"--schedule", "zoe.schedule", o.schedule}}) {
     if (!o.has(flag)) continue;
     auto was = cfg->get(key);
-    say(std::string(flag) + " " + value, key, was.is_ok() ? was.value() : "fp32");
+    say(std::string(flag) + " " + value, key,
+        was.is_ok() ? was.value() : (std::string(key) == "zoe.schedule" ? "micro-batch" : "fp32"));
     check(flag, cfg->set(key, "\"" + value + "\""));
   }
 }
@@ -267,6 +272,11 @@ static void add_state_format_options(CLI::App* cmd, TrainOpts* o) {
   cmd->add_option("--master-weights", o->master_weights,
                   "The master weights: fp32, or bf16 rounded stochastically (overrides zoe.master_weights; "
                   "default fp32)");
+  cmd->add_option("--schedule", o->schedule,
+                  "The order of a step's micro-batches (gradient_accumulation_steps in --config): micro-batch "
+                  "(each through every module in turn) or layer-major (each module once per step, every "
+                  "micro-batch through it: parameters read once per step; the same bits; overrides "
+                  "zoe.schedule; default micro-batch)");
 }
 
 CLI::App* add_train_options(CLI::App& app, TrainOpts* o) {

@@ -33,6 +33,7 @@ struct TrainOpts {
   std::string host_budget;       // zoe.host_budget ("" where not given)
   std::string optimizer_states;  // zoe.optimizer_states: fp32, bf16, int8, int4 ("" where not given)
   std::string master_weights;    // zoe.master_weights: fp32, bf16 ("" where not given)
+  std::string schedule;          // zoe.schedule: micro-batch, layer-major ("" where not given)
   std::string offload;  // none|cpu|nvme: both parameter (stage 3) and optimizer offload, when no --config
   std::vector<std::string> nvme_path;
   std::string precision = "bf16";

@@ -169,16 +169,21 @@ void TrainRun::train() {
   for (int step = start_step; step < o.steps; ++step) train_step(step);
 }
 
-// One step: the micro-batches' forward and backward, the optimizer step, its statistics, the
-// evaluation and checkpoint it is due, and its progress line.
-void TrainRun::train_step(int step) {
-  stop_if_asked(step);
-  const double step_t0 = now_s();
+// The forward and backward of step `step`'s micro-batches, in the order zoe.schedule names; the sum
+// of their losses.
+double TrainRun::micro_batches(int step) {
+  const bool layer_major = models.size() > 1;
+  std::vector<std::vector<int32_t>> all_tokens, all_targets;
   double loss_sum = 0;
   for (int micro = 0; micro < accum; ++micro) {
     data::sample_batch(corpus.train, o.micro_batch, T, o.seed, static_cast<uint64_t>(step), rt->rank(), micro,
                        &tokens, &targets);
     dump->write(step, rt->rank(), micro, o.micro_batch, T, tokens, targets);
+    if (layer_major) {
+      all_tokens.push_back(tokens);
+      all_targets.push_back(targets);
+      continue;
+    }
     auto l = trainer->forward_backward(tokens, targets);
     if (!l.is_ok()) {
       progress->done();
@@ -186,6 +191,22 @@ void TrainRun::train_step(int step) {
     }
     loss_sum += l.value();
   }
+  if (!layer_major) return loss_sum;
+  auto l = trainer->forward_backward_layer_major(all_tokens, all_targets, models);
+  if (!l.is_ok()) {
+    progress->done();
+    fail(l.status().with_context("training step " + std::to_string(step + 1)));
+  }
+  for (float x : l.value()) loss_sum += x;
+  return loss_sum;
+}
+
+// One step: the micro-batches' forward and backward, the optimizer step, its statistics, the
+// evaluation and checkpoint it is due, and its progress line.
+void TrainRun::train_step(int step) {
+  stop_if_asked(step);
+  const double step_t0 = now_s();
+  const double loss_sum = micro_batches(step);
   auto st = eng->step();
   if (!st.is_ok()) {
     progress->done();

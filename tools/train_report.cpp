@@ -39,6 +39,7 @@ json TrainRun::summary_json() const {
   j["precision"] = dtype_name(cfg.precision());
   j["micro_batch"] = o.micro_batch;
   j["gradient_accumulation_steps"] = accum;
+  j["schedule"] = eng->schedule();
   j["lr"] = cfg.lr();
   j["data"] = corpus.name;
   j["model_state_bytes"] = eng->model_state_bytes();

@@ -42,6 +42,8 @@ struct TrainRun {
   std::optional<Progress> progress;
   int start_step = 0;
   std::unique_ptr<model::GptCpu> gpt;
+  std::vector<std::unique_ptr<model::GptCpu>> more_gpts;  // layer-major: micro-batches 1..G-1's models
+  std::vector<model::GptCpu*> models;                     // gpt, then more_gpts
   std::optional<model::GptTrainer> trainer;
   int sample_n = 0;
   json samples = json::array();
@@ -72,6 +74,7 @@ struct TrainRun {
   explicit TrainRun(TrainOpts opts) : o(std::move(opts)), mc(model_config(o)) {}
 
   void check_seq();
+  double micro_batches(int step);
   void gather_comm();
   void start_runtime();
   void build_config();

@@ -289,6 +289,14 @@ void TrainRun::resume() {
 void TrainRun::build_model() {
   gpt = value_or_fail(model::GptCpu::create(mc, o.micro_batch, T, o.threads, ckpt));
   trainer.emplace(*eng, *gpt, mc, T);
+  // Layer-major: one model per micro-batch of a step (each keeps its micro-batch's activations).
+  models = {gpt.get()};
+  if (eng->schedule() == "layer-major") {
+    for (int64_t g = 1; g < cfg.gradient_accumulation_steps(); ++g) {
+      more_gpts.push_back(value_or_fail(model::GptCpu::create(mc, o.micro_batch, T, o.threads, ckpt)));
+      models.push_back(more_gpts.back().get());
+    }
+  }
   check_address_space(gpt->threads());
   sample_n = o.sample >= 0 ? o.sample : (o.data.empty() ? 0 : 160);
   if (sample_n > 0) take_sample(start_step);

@@ -12,6 +12,21 @@
 //                                    eng->reduce_grads(m);     (p releases at scope exit)
 //     stats = eng->step();
 //
+// The layer-major schedule (zoe.schedule "layer-major", gradient_accumulation_steps G > 1): the
+// caller runs a step's G micro-batches module by module instead of micro-batch by micro-batch:
+//       forward:  for m in order:    auto p = eng->gather(m);  for g in 0..G-1: compute with p->params();
+//       backward: for m in reverse:  auto p = eng->gather(m);
+//                                    for g in 0..G-1: auto gr = eng->grads(m); write gr; eng->reduce_grads(m);
+//     stats = eng->step();
+// so each module's parameters cross from their tier once per step in each direction, and the
+// gradient sums of a module whose optimizer states are on NVMe stay in host memory over its G
+// reductions and are written once (the placement counts that buffer: the largest NVMe-resident
+// module's owned range in fp32). A module's G reductions must follow each other (another module's
+// reduction in between writes the held sums to NVMe and reads them back: correct, but without the
+// saving). The gradients are summed in micro-batch order, as the micro-batch schedule sums them:
+// the two schedules give the same bits. The caller keeps the G micro-batches' activations (the
+// activation store holds G micro-batches' saves as one: plan() them together).
+//
 // Contracts
 //   Thread-safety: an Engine is not thread-safe. One thread (the one that drives the training
 //     loop) makes every call on it; distinct Engines may be driven by distinct threads. The
@@ -232,6 +247,8 @@ class Engine {
   // zoe.optimizer_states and zoe.master_weights in use ("fp32", "bf16", "int8", "int4").
   std::string optimizer_states() const;
   std::string master_weights() const;
+  // zoe.schedule in use: "micro-batch" or "layer-major".
+  std::string schedule() const;
   uint64_t device_budget_bytes() const;
   MemoryUse memory_in_use() const;
   // The host buffers the placement sized (after initialize(); all zero before).

@@ -149,6 +149,11 @@ struct ZoeConfig {
   std::string optimizer_states = "fp32";
   // The master weights the optimizer updates: "fp32", or "bf16" (rounded stochastically).
   std::string master_weights = "fp32";
+  // The order of a step with gradient_accumulation_steps > 1: "micro-batch" (each micro-batch's
+  // forward and backward through every module in turn) or "layer-major" (each module once per
+  // step in the forward and once in the backward, every micro-batch through it; include/zoe/engine.h
+  // says what the engine then expects of its caller).
+  std::string schedule = "micro-batch";
 
   bool operator==(const ZoeConfig&) const = default;
 };

@@ -396,6 +396,8 @@ void add_zoe_fields(std::vector<Field>& t) {
                   .refuse_value("fp16",
                                 "an fp16 master cannot hold both the weights and their small updates (its "
                                 "exponent has 5 bits; bf16's has 8)"));
+  t.push_back(
+      choice("zoe.schedule", ZOE_MEMBER(zoe.schedule), "micro-batch", {"micro-batch", "layer-major"}, false));
   t.push_back(choice("zoe.device", ZOE_MEMBER(zoe.device), "auto", {"auto", "cpu", "cuda"}));
   t.push_back(integer("zoe.optimizer_threads", ZOE_MEMBER(zoe.optimizer_threads), 0, 0, kMaxThreads));
   t.push_back(boolean("zoe.overlap_step", ZOE_MEMBER(zoe.overlap_step), true));

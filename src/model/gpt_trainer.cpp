@@ -356,6 +356,138 @@ Status GptTrainer::block_backward(size_t layer, double scale) {
   return p.release();
 }
 
+Result<std::vector<float>> GptTrainer::forward_backward_layer_major(
+    const std::vector<std::vector<int32_t>>& tokens, const std::vector<std::vector<int32_t>>& targets,
+    const std::vector<GptCpu*>& models) {
+  const size_t G = tokens.size();
+  if (G == 0 || targets.size() != G || models.size() < G) {
+    return invalid_argument("layer-major step: %zu token batches, %zu target batches and %zu models (expected "
+                            "one of each per micro-batch, at least one)",
+                            G, targets.size(), models.size());
+  }
+  for (size_t g = 0; g < G; ++g) {
+    if (models[g] == nullptr || models[g]->checkpointing() != m_.checkpointing())
+      return invalid_argument("layer-major step: model %zu is missing or differs in checkpointing", g);
+  }
+  if (m_.checkpointing()) {
+    const std::vector<uint64_t> sizes(static_cast<size_t>(c_.layers) * G, m_.checkpoint_bytes());
+    ZOE_RETURN_IF_ERROR(e_.activations().plan(sizes.data(), sizes.size()));
+  }
+  const double scale = e_.loss_scale();
+  ZOE_RETURN_IF_ERROR(layer_major_forward(tokens, models));
+  ZOE_ASSIGN_OR_RETURN(std::vector<float> losses, layer_major_head(targets, models, scale));
+  ZOE_RETURN_IF_ERROR(layer_major_backward(models, scale));
+  if (m_.checkpointing()) ZOE_RETURN_IF_ERROR(e_.activations().end_micro_batch());
+  return losses;
+}
+
+// Every micro-batch through the embedding, then through each block. With checkpointing, block l's
+// inputs are saved from the last micro-batch to the first, so that the backward (block by block,
+// micro-batches in order) loads them in the reverse of their save order, the order the store reads
+// ahead in.
+Status GptTrainer::layer_major_forward(const std::vector<std::vector<int32_t>>& tokens,
+                                       const std::vector<GptCpu*>& models) {
+  const size_t G = tokens.size(), L = static_cast<size_t>(c_.layers);
+  const bool keep = m_.checkpointing();
+  {
+    ZOE_ASSIGN_OR_RETURN(Gathered p, e_.gather(0));
+    ZOE_ASSIGN_OR_RETURN(auto f, as_f32(p.params(), &scratch_));
+    uint64_t t0 = clock_ns();
+    for (size_t g = 0; g < G; ++g) models[g]->embed_forward(tokens[g].data(), f.data());
+    e_.record_compute("embed fwd", t0, clock_ns());
+    ZOE_RETURN_IF_ERROR(p.release());
+  }
+  lm_ids_.assign(L, std::vector<ActivationId>(G));
+  for (size_t l = 0; l < L; ++l) {
+    ZOE_ASSIGN_OR_RETURN(Gathered p, e_.gather(1 + l));
+    if (keep && !p.params().tensors.empty() && !p.params().tensors[0].host_addressable) {
+      return unsupported(
+          "activation checkpointing runs the reference GPT on the CPU, whose block inputs are host memory, "
+          "but the engine's device is not (zoe.device cuda): use zoe.device cpu");
+    }
+    ZOE_ASSIGN_OR_RETURN(auto f, block_->params(p.params()));
+    uint64_t t0 = clock_ns();
+    for (size_t g = G; g-- > 0;) {
+      if (keep) {
+        ZOE_ASSIGN_OR_RETURN(lm_ids_[l][g], e_.activations().save(models[g]->checkpoint_input(static_cast<int>(l)),
+                                                                  models[g]->checkpoint_bytes()));
+      }
+      models[g]->set_block_hooks(block_.get());
+      models[g]->block_forward(static_cast<int>(l), f.data());
+      models[g]->set_block_hooks(nullptr);
+      ZOE_RETURN_IF_ERROR(block_->error());
+    }
+    e_.record_compute("block " + std::to_string(l) + " fwd", t0, clock_ns());
+    ZOE_RETURN_IF_ERROR(p.release());
+  }
+  return Status::ok();
+}
+
+// The final LayerNorm and the tied head, forward then backward for each micro-batch in order,
+// under one gather of both modules; the head's gradient of wte stays in lm_embed_[g] until the
+// embedding's backward adds to it.
+Result<std::vector<float>> GptTrainer::layer_major_head(const std::vector<std::vector<int32_t>>& targets,
+                                                        const std::vector<GptCpu*>& models, double scale) {
+  const size_t G = targets.size(), L = static_cast<size_t>(c_.layers);
+  std::vector<float> losses(G);
+  lm_embed_.resize(G);
+  ZOE_ASSIGN_OR_RETURN(Gathered pf, e_.gather(L + 1));
+  ZOE_ASSIGN_OR_RETURN(Gathered pe, e_.gather(0));
+  ZOE_ASSIGN_OR_RETURN(auto ff, as_f32(pf.params(), &scratch_));
+  ZOE_ASSIGN_OR_RETURN(auto fe, as_f32(pe.params(), &scratch2_));
+  for (size_t g = 0; g < G; ++g) {
+    uint64_t t0 = clock_ns();
+    losses[g] = models[g]->head_forward(ff.data(), fe.data(), targets[g].data());
+    reset_grads(0, &lm_embed_[g], &g_embed_ptrs_);
+    reset_grads(L + 1, &g_, &g_ptrs_);
+    models[g]->head_backward(ff.data(), fe.data(), g_ptrs_.data(), g_embed_ptrs_.data());
+    e_.record_compute("head", t0, clock_ns());
+    ZOE_RETURN_IF_ERROR(store_and_reduce(L + 1, g_ptrs_, scale));
+  }
+  ZOE_RETURN_IF_ERROR(pe.release());
+  ZOE_RETURN_IF_ERROR(pf.release());
+  return losses;
+}
+
+// Each block from the last to the first, every micro-batch through its backward in order (its
+// input loaded back first with checkpointing), then the embedding's.
+Status GptTrainer::layer_major_backward(const std::vector<GptCpu*>& models, double scale) {
+  const size_t G = lm_embed_.size(), L = static_cast<size_t>(c_.layers);
+  const bool keep = m_.checkpointing();
+  for (size_t l = L; l-- > 0;) {
+    ZOE_ASSIGN_OR_RETURN(Gathered p, e_.gather(1 + l));
+    ZOE_ASSIGN_OR_RETURN(auto f, block_->params(p.params()));
+    for (size_t g = 0; g < G; ++g) {
+      if (keep) {
+        ZOE_RETURN_IF_ERROR(
+            e_.activations().load(lm_ids_[l][g], models[g]->checkpoint_input(static_cast<int>(l))));
+      }
+      const std::vector<float*> gr = block_->grads(1 + l, scale);
+      uint64_t t0 = clock_ns();
+      models[g]->set_block_hooks(block_.get());
+      models[g]->block_backward(static_cast<int>(l), f.data(), gr.data());
+      models[g]->set_block_hooks(nullptr);
+      e_.record_compute("block " + std::to_string(l) + " bwd", t0, clock_ns());
+      ZOE_RETURN_IF_ERROR(block_->finish());
+    }
+    ZOE_RETURN_IF_ERROR(p.release());
+  }
+  ZOE_ASSIGN_OR_RETURN(Gathered p, e_.gather(0));
+  for (size_t g = 0; g < G; ++g) {
+    std::vector<float*> ptrs;
+    size_t off = 0;
+    for (const auto& t : specs_[0].params) {
+      ptrs.push_back(lm_embed_[g].data() + off);
+      off += t.numel();
+    }
+    uint64_t t0 = clock_ns();
+    models[g]->embed_backward(ptrs.data());
+    e_.record_compute("embed bwd", t0, clock_ns());
+    ZOE_RETURN_IF_ERROR(store_and_reduce(0, ptrs, scale));
+  }
+  return p.release();
+}
+
 namespace {
 // "number 3", "string \"x\"": a JSON value in an error message, shortened (as checkpoint
 // manifests show theirs).

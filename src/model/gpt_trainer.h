@@ -38,6 +38,17 @@ class GptTrainer {
   Result<float> forward(const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets);
   // Forward and backward of one micro-batch, gradients (x the loss scale) reduced into the engine.
   Result<float> forward_backward(const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets);
+  // The forward and backward of a step's G micro-batches in the layer-major order (zoe.schedule
+  // "layer-major"): each module gathered once in the forward and once in the backward, every
+  // micro-batch run through it (the head's forward and backward under one gather), and its
+  // gradients reduced micro-batch by micro-batch in micro-batch order, as forward_backward()
+  // reduces them: the same bits as G forward_backward() calls. models[g] keeps micro-batch g's
+  // activations (G models of this trainer's shape; models[0] may be the trainer's own). With
+  // checkpointing, the G x layers block inputs go through the activation store as one batch of
+  // saves, in the order the backward loads them back. Returns the G losses.
+  Result<std::vector<float>> forward_backward_layer_major(const std::vector<std::vector<int32_t>>& tokens,
+                                                          const std::vector<std::vector<int32_t>>& targets,
+                                                          const std::vector<GptCpu*>& models);
   // Continues `prompt` by n bytes drawn one at a time from the model's next-byte distribution at
   // `temperature` (0: always the most likely byte), from a stream seeded by `seed`: one forward
   // pass of the model's micro-batch (`batch` rows of T) per byte, the context being the last T
@@ -60,6 +71,12 @@ class GptTrainer {
   // checkpointing) and the embedding.
   Status backward_pass();
   Status block_backward(size_t layer, double scale);
+  // forward_backward_layer_major's phases: the embedding and the blocks' forward; the head's
+  // forward and backward; the blocks' and the embedding's backward.
+  Status layer_major_forward(const std::vector<std::vector<int32_t>>& tokens, const std::vector<GptCpu*>& models);
+  Result<std::vector<float>> layer_major_head(const std::vector<std::vector<int32_t>>& targets,
+                                              const std::vector<GptCpu*>& models, double scale);
+  Status layer_major_backward(const std::vector<GptCpu*>& models, double scale);
 
   // A block's fp32 tensors for the model (its BlockTensorHooks): the weights one at a time.
   class BlockTensors;
@@ -74,6 +91,10 @@ class GptTrainer {
   std::vector<float*> g_embed_ptrs_, g_ptrs_;
   std::unique_ptr<BlockTensors> block_;  // set as the model's hooks while the trainer lives
   std::vector<ActivationId> ids_;        // checkpointing: the block inputs saved in this micro-batch
+  // Layer-major: block l's input of micro-batch g saved at lm_ids_[l][g]; micro-batch g's embedding
+  // gradients (from the head, then the embedding) in lm_embed_[g].
+  std::vector<std::vector<ActivationId>> lm_ids_;
+  std::vector<std::vector<float>> lm_embed_;
 };
 
 // The trainer state `zoe train` saves with a checkpoint: {"step", "seed", ...}. Reads step and

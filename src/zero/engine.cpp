@@ -91,6 +91,7 @@ void Engine::Impl::build_parts() {
   ur.states = pl.state_format;
   ur.master = pl.master_format;
   ur.master_in_compute = pl.master_in_compute;
+  ur.hold_grad_sums = pl.grad_hold_bytes > 0;
   update = std::make_unique<Updater>(ctx.shape, modules, *homes, clock, ur, zero::LossScaler(scaler_options));
   GradReducer::Resources gr;
   gr.mem = ctx.mem.get();
@@ -591,6 +592,8 @@ std::string Engine::optimizer_states() const {
 std::string Engine::master_weights() const {
   return optim::master_format_name(formats(*impl_->ctx.cfg).second);
 }
+
+std::string Engine::schedule() const { return impl_->ctx.cfg->zoe.schedule; }
 
 uint64_t Engine::device_budget_bytes() const { return impl_->ctx.dev->budget_bytes(); }
 

@@ -343,6 +343,13 @@ void plan_swapper(const config::Config& cfg, Placement* pl) {
   pl->swap_async_buffers =
       std::clamp<size_t>(chunks, offload::kAsyncWriteBuffers, offload::kMaxAsyncWriteBuffers);
   pl->resident.host += u64(pl->swap_buffer_bytes) * (pl->swap_buffer_count + pl->swap_async_buffers);
+  if (cfg.zoe.schedule == "layer-major" && cfg.gradient_accumulation_steps > 1) {
+    for (const auto& m : pl->modules) {
+      if (!m.frozen && m.opt_home == offload::Tier::kNvme)
+        pl->grad_hold_bytes = std::max<uint64_t>(pl->grad_hold_bytes, u64(m.opt_n) * 4);
+    }
+    pl->resident.host += pl->grad_hold_bytes;
+  }
 }
 
 // 5a. A zoe.host_budget below what the sizes zoe starts from hold: the swapper's write buffers for

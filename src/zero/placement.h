@@ -183,6 +183,10 @@ struct Placement {
   // NVMe-resident module's owned range, in [2, offload::kMaxAsyncWriteBuffers], so a module's sums
   // are written without stalling the backward while the next module computes.
   size_t swap_async_buffers = 0;
+  // zoe.schedule "layer-major" with micro-batches: the running gradient sums of the module the
+  // backward is in, held in host memory across its micro-batches (fp32, the largest NVMe-resident
+  // module's owned range) so that they go to NVMe once per step; 0 otherwise.
+  uint64_t grad_hold_bytes = 0;
 
   // What the run allocates once (exact): optimizer states, accumulators, persistent parameters,
   // homes of partitions, the swapper's and tier manager's buffers.

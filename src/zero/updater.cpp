@@ -452,6 +452,7 @@ Status Updater::run(ChunkUpdater& update, double* t_io) {
 }
 
 Status Updater::skip() {
+  ZOE_RETURN_IF_ERROR(flush_held());
   // No update reads them: the chunks read ahead (and the gradients handed to them) go.
   if (r_.swapper) ZOE_RETURN_IF_ERROR_CTX(r_.swapper->drop_preloaded(), "dropping the chunks read ahead");
   return Status::ok();
@@ -475,6 +476,8 @@ void Updater::start_thread(ChunkUpdater up) {
 }
 
 Status Updater::apply(float grad_scale, double lr) {
+  // Sums still held: a module whose last micro-batch never came (the caller reduced it fewer times).
+  ZOE_RETURN_IF_ERROR(flush_held());
   steps_++;
   // AdamW over every module's owned range: behind the caller's next forward when the device's
   // memory is host memory (zoe.overlap_step), else here.

@@ -70,6 +70,9 @@ class Updater final : public GradSink {
     optim::StateFormat states = optim::StateFormat::kF32;  // m and v (the placement's)
     optim::MasterFormat master = optim::MasterFormat::kF32;
     bool master_in_compute = false;  // the master is the compute copy's owned range (the placement's)
+    // zoe.schedule "layer-major": an NVMe-resident module's gradient sums stay in host memory over
+    // its consecutive micro-batches and go to NVMe once, after its last (Placement::grad_hold_bytes).
+    bool hold_grad_sums = false;
   };
   Updater(const RunShape& shape, const ModuleTable& modules, UpdateTarget& homes, StepClock& clock,
           const Resources& r, const LossScaler& scaler);
@@ -178,6 +181,11 @@ class Updater final : public GradSink {
   std::vector<OptimStates> states_;
   std::vector<char> host_stage_;   // device -> host staging (when device memory is not host memory)
   std::vector<float> grad_stage_;  // one swapper chunk: NVMe gradient sums go through it
+  // Resources::hold_grad_sums: the running sums of module held_ (not yet on NVMe), or none.
+  std::vector<float> held_sums_;
+  ModuleId held_{SIZE_MAX};
+  // Writes the held sums to NVMe (a module's micro-batches were not consecutive).
+  Status flush_held();
   LossScaler scaler_;
   int64_t steps_ = 0;
   WritebackQueue writebacks_;

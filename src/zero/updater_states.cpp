@@ -161,7 +161,7 @@ Status Updater::wait_placed() { return r_.swapper ? r_.swapper->wait_async_write
 size_t Updater::io_chunk_elems() const { return r_.swapper ? r_.swapper->chunk_elems() : (size_t{4} << 20); }
 
 uint64_t Updater::host_bytes() const {
-  return host_.bytes() + (r_.swapper ? r_.swapper->buffer_bytes_total() : 0);
+  return host_.bytes() + (r_.swapper ? r_.swapper->buffer_bytes_total() : 0) + held_sums_.capacity() * 4;
 }
 
 void* Updater::state_ptr(ModuleId m, OptState k) const {
@@ -266,7 +266,10 @@ Status Updater::add_grads(ModuleId m, const GradBatch& b) {
 
 // NVMe: one swapper chunk at a time (read the sum so far unless this is the first micro-batch,
 // add, write back asynchronously through the swapper's buffers), so host memory stays bounded
-// whatever the model size.
+// whatever the model size. With Resources::hold_grad_sums (the layer-major schedule, whose
+// micro-batches of a module come one after another) the whole module's sums stay in host memory
+// until its last micro-batch: one write per step instead of a read and a write per micro-batch.
+// The same accumulate_with_norm calls in the same order either way: the same bits.
 Status Updater::add_grads_nvme(ModuleId m, const GradBatch& b, const optim::Exec& exec) {
   const ModuleLayout& mod = modules_[m];
   offload::OptimizerSwapper& sw = *r_.swapper;
@@ -274,21 +277,44 @@ Status Updater::add_grads_nvme(ModuleId m, const GradBatch& b, const optim::Exec
   Timer t(&clock_.t_io);
   const size_t chunk = sw.chunk_elems();
   ZOE_CHECK(chunk % optim::kChunkElems == 0);
-  grad_stage_.resize(chunk);
+  // Another module's sums still held (its micro-batches were not consecutive): to NVMe first.
+  if (held_ != m || b.first) ZOE_RETURN_IF_ERROR(flush_held());
+  const bool hold = r_.hold_grad_sums && !(b.first && b.last) && (b.first || held_ == m);
+  if (hold) {
+    held_sums_.resize(mod.opt_n);
+    held_ = m;
+  } else {
+    grad_stage_.resize(chunk);
+  }
   // The step's last micro-batch: the sums are final. The swapper starts reading the next
   // update's first chunks now (their master and moments do not depend on this backward), and
   // those chunks' sums go straight into its slots instead of a round trip through NVMe.
   if (b.last) sw.read_ahead_next_step();
   for (size_t at = 0; at < mod.opt_n; at += chunk) {
     const size_t n = std::min(chunk, mod.opt_n - at);
-    if (!b.first) ZOE_RETURN_IF_ERROR(sw.read_state(swap_group(m), kGradState, grad_stage_.data(), at, n));
+    float* acc = hold ? held_sums_.data() + at : grad_stage_.data();
+    if (!b.first && !hold) ZOE_RETURN_IF_ERROR(sw.read_state(swap_group(m), kGradState, acc, at, n));
     ZOE_ASSIGN_OR_RETURN(const void* h, host_view(static_cast<const char*>(b.src) + at * es, n * es));
-    ZOE_RETURN_IF_ERROR(optim::accumulate_with_norm(grad_stage_.data(), h, shape_.cdt, n, b.first,
-                                                    b.norm + at / optim::kChunkElems, exec));
-    if (b.last && sw.fill_preloaded(swap_group(m), at, kGradState, grad_stage_.data(), n)) continue;
+    ZOE_RETURN_IF_ERROR(
+        optim::accumulate_with_norm(acc, h, shape_.cdt, n, b.first, b.norm + at / optim::kChunkElems, exec));
+    if (hold && !b.last) continue;  // written after the module's last micro-batch
+    if (b.last && sw.fill_preloaded(swap_group(m), at, kGradState, acc, n)) continue;
     // Written behind the backward (the swapper copies the chunk; at most its write buffers in
     // flight): the next read of a sum and the step wait for these writes and report their errors.
-    ZOE_RETURN_IF_ERROR(sw.write_state_async(swap_group(m), kGradState, grad_stage_.data(), at, n));
+    ZOE_RETURN_IF_ERROR(sw.write_state_async(swap_group(m), kGradState, acc, at, n));
+  }
+  if (hold && b.last) held_ = ModuleId(SIZE_MAX);
+  return Status::ok();
+}
+
+Status Updater::flush_held() {
+  if (held_ == ModuleId(SIZE_MAX)) return Status::ok();
+  const ModuleId m = held_;
+  held_ = ModuleId(SIZE_MAX);
+  const size_t chunk = r_.swapper->chunk_elems(), n = modules_[m].opt_n;
+  for (size_t at = 0; at < n; at += chunk) {
+    ZOE_RETURN_IF_ERROR(r_.swapper->write_state_async(swap_group(m), kGradState, held_sums_.data() + at, at,
+                                                      std::min(chunk, n - at)));
   }
   return Status::ok();
 }
