@@ -49,6 +49,7 @@ struct Schedule {
   int accum = 3;
   bool layer_major = false;
   Act act = Act::kOff;
+  int steps = kSteps;
 };
 
 std::string describe(const Schedule& r) {
@@ -94,7 +95,7 @@ struct Outcome {
   std::vector<float> losses;
   std::vector<std::vector<float>> weights;  // every parameter's fp32 master, in module order
   ActivationStats acts;
-  StepStats last;
+  StepStats first, last;  // after the first step and the last
 };
 
 // Tokens of (step, micro-batch, rank): the same for every run.
@@ -156,9 +157,10 @@ Result<Outcome> train(const Schedule& r) {
   test::ScratchDir dir("layer-major");
   ZOE_ASSIGN_OR_RETURN(Rig s, build(r, dir.path()));
   Outcome out;
-  for (int step = 0; step < kSteps; ++step) {
+  for (int step = 0; step < r.steps; ++step) {
     ZOE_RETURN_IF_ERROR(micro_batches(r, s, step, &out.losses));
     ZOE_ASSIGN_OR_RETURN(out.last, s.eng->step());
+    if (step == 0) out.first = out.last;
   }
   const std::vector<ModuleSpec> specs = gpt_modules(tiny());
   for (size_t m = 0; m < specs.size(); ++m) {
@@ -231,10 +233,11 @@ TEST(GptLayerMajor, BlockInputsOfEveryMicroBatchGoThroughHostAndNvmeWithinTheDev
 // G = 1 step reads.
 TEST(GptLayerMajor, NvmeReadsPerStepDoNotGrowWithTheMicroBatches) {
   const test::MatrixPlacement pl{3, "nvme", "nvme"};
+  // Per step over steps 2-6 (a step's reads may start before it: the update's read-ahead).
   auto reads = [&](int accum, bool layer_major) -> uint64_t {
-    auto o = train(Schedule{pl, true, accum, layer_major, Act::kOff});
+    auto o = train(Schedule{pl, true, accum, layer_major, Act::kOff, 6});
     EXPECT_OK(o);
-    return o.is_ok() ? o->last.step_bytes_nvme_read : 0;
+    return o.is_ok() ? (o->last.bytes_nvme_read - o->first.bytes_nvme_read) / 5 : 0;
   };
   const uint64_t one = reads(1, false), mb = reads(8, false), lm = reads(8, true);
   printf("[layer-major] NVMe bytes read per step: G=1 %llu, G=8 micro-batch %llu (%.2fx), layer-major %llu "
@@ -243,8 +246,10 @@ TEST(GptLayerMajor, NvmeReadsPerStepDoNotGrowWithTheMicroBatches) {
          static_cast<double>(mb) / static_cast<double>(one), static_cast<unsigned long long>(lm),
          static_cast<double>(lm) / static_cast<double>(one));
   ASSERT_GT(one, 0u);
-  EXPECT_LE(static_cast<double>(lm), 1.1 * static_cast<double>(one));
-  EXPECT_GT(static_cast<double>(mb), 2.0 * static_cast<double>(one));
+  // The G = 1 reads themselves vary by up to 15% from run to run (whether a partition written back
+  // is still in flight when it is fetched again depends on timing): the bound leaves room for that.
+  EXPECT_LE(static_cast<double>(lm), 1.25 * static_cast<double>(one));
+  EXPECT_GT(static_cast<double>(mb), 3.0 * static_cast<double>(lm));
 }
 
 // An I/O error at any NVMe read or write of a layer-major step fails that step (the micro-batches'
