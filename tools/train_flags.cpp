@@ -272,11 +272,12 @@ static void add_state_format_options(CLI::App* cmd, TrainOpts* o) {
   cmd->add_option("--master-weights", o->master_weights,
                   "The master weights: fp32, or bf16 rounded stochastically (overrides zoe.master_weights; "
                   "default fp32)");
-  cmd->add_option("--schedule", o->schedule,
-                  "The order of a step's micro-batches (gradient_accumulation_steps in --config): micro-batch "
-                  "(each through every module in turn) or layer-major (each module once per step, every "
-                  "micro-batch through it: parameters read once per step; the same bits; overrides "
-                  "zoe.schedule; default micro-batch)");
+  cmd->add_option(
+      "--schedule", o->schedule,
+      "The order of a step's micro-batches (gradient_accumulation_steps in --config): micro-batch "
+      "(each through every module in turn) or layer-major (each module once per step, every "
+      "micro-batch through it: parameters read once per step; the same bits; overrides "
+      "zoe.schedule; default micro-batch)");
 }
 
 CLI::App* add_train_options(CLI::App& app, TrainOpts* o) {

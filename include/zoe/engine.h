@@ -16,7 +16,8 @@
 // caller runs a step's G micro-batches module by module instead of micro-batch by micro-batch:
 //       forward:  for m in order:    auto p = eng->gather(m);  for g in 0..G-1: compute with p->params();
 //       backward: for m in reverse:  auto p = eng->gather(m);
-//                                    for g in 0..G-1: auto gr = eng->grads(m); write gr; eng->reduce_grads(m);
+//                                    for g in 0..G-1: auto gr = eng->grads(m); write gr;
+//                                    eng->reduce_grads(m);
 //     stats = eng->step();
 // so each module's parameters cross from their tier once per step in each direction, and the
 // gradient sums of a module whose optimizer states are on NVMe stay in host memory over its G

@@ -62,6 +62,11 @@ json row_json(const plan::PlanRow& r, const plan::PlanInputs& in, const PlanOpts
   j["fits"] = r.fits;
   j["bytes"] = {{"device", r.bytes.device}, {"host", r.bytes.host}, {"nvme", r.bytes.nvme}};
   j["predicted_step_s"] = r.cost.step_s;
+  j["schedule"] = in.base.zoe.schedule;
+  if (in.work.grad_accum > 1) {
+    j["predicted_step_s_by_schedule"] = {{"micro-batch", r.step_s_micro_batch},
+                                         {"layer-major", r.step_s_layer_major}};
+  }
   j["bottleneck"] = plan::resource_name(r.cost.bottleneck);
   j["bottleneck_share"] = r.cost.bottleneck_share;
   j["lacks"] = {{"device", r.lacks.device}, {"host", r.lacks.host}, {"nvme", r.lacks.nvme}};
@@ -103,12 +108,15 @@ void print_header(const plan::PlanResult& res, const plan::PlanInputs& in, const
          in.base.bf16           ? "bf16"
          : in.base.fp16.enabled ? "fp16"
                                 : "fp32");
-  printf("# per rank: device %s, host %s, nvme %s; micro-batch %lld x seq %lld x accumulation %lld%s\n",
-         format_bytes(res.per_rank.device).c_str(), format_bytes(res.per_rank.host).c_str(),
-         format_bytes(res.per_rank.nvme).c_str(), static_cast<long long>(in.work.micro_batch),
-         static_cast<long long>(in.work.seq), static_cast<long long>(in.work.grad_accum),
-         in.count_activations ? " (activations counted)"
-                              : " (activations not counted: give --micro-batch/--seq)");
+  printf(
+      "# per rank: device %s, host %s, nvme %s; micro-batch %lld x seq %lld x accumulation %lld (schedule "
+      "%s)%s\n",
+      format_bytes(res.per_rank.device).c_str(), format_bytes(res.per_rank.host).c_str(),
+      format_bytes(res.per_rank.nvme).c_str(), static_cast<long long>(in.work.micro_batch),
+      static_cast<long long>(in.work.seq), static_cast<long long>(in.work.grad_accum),
+      in.base.zoe.schedule.c_str(),
+      in.count_activations ? " (activations counted)"
+                           : " (activations not counted: give --micro-batch/--seq)");
   printf(
       "# rates%s: nvme read %.2f / write %.2f GB/s per node, h2d %.1f GB/s, cpu adam %.1f GB/s per node, "
       "%.3g FLOP/s, network %.3g GB/s%s (%s)\n",
@@ -133,7 +141,10 @@ void print_table(const plan::PlanResult& res, const plan::PlanInputs& in, const 
                                      {"host", "GiB", 9}, {"nvme", "GiB", 9}};
   if (ckpt)
     cols.insert(cols.end(), {{"ckpt dev", "GiB", 9}, {"ckpt host", "GiB", 9}, {"ckpt nvme", "GiB", 9}});
-  cols.insert(cols.end(), {{"fits", "", 4}, {"step", "s", 10}, {"bottleneck", "(share)", 17, true}});
+  const bool both = in.work.grad_accum > 1;
+  cols.insert(cols.end(), {{"fits", "", 4}, {"step", "s", 10}});
+  if (both) cols.insert(cols.end(), {{"micro-batch", "s", 11}, {"layer-major", "s", 11}});
+  cols.push_back({"bottleneck", "(share)", 17, true});
   Table t(cols);
   t.print_header(stdout);
   int shown = 0;
@@ -153,9 +164,11 @@ void print_table(const plan::PlanResult& res, const plan::PlanInputs& in, const 
     if (ckpt)
       cells.insert(cells.end(),
                    {g(r.checkpoint_tiers.device), g(r.checkpoint_tiers.host), g(r.checkpoint_tiers.nvme)});
-    cells.insert(cells.end(),
-                 {r.fits ? "yes" : "no", fmt("%.4g", r.cost.step_s),
-                  fmt("%s (%.0f%%)", plan::resource_name(r.cost.bottleneck), 100 * r.cost.bottleneck_share)});
+    cells.insert(cells.end(), {r.fits ? "yes" : "no", fmt("%.4g", r.cost.step_s)});
+    if (both)
+      cells.insert(cells.end(), {fmt("%.4g", r.step_s_micro_batch), fmt("%.4g", r.step_s_layer_major)});
+    cells.push_back(
+        fmt("%s (%.0f%%)", plan::resource_name(r.cost.bottleneck), 100 * r.cost.bottleneck_share));
     t.print_row(stdout, cells);
   }
   size_t fit = 0;

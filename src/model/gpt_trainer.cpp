@@ -361,9 +361,10 @@ Result<std::vector<float>> GptTrainer::forward_backward_layer_major(
     const std::vector<GptCpu*>& models) {
   const size_t G = tokens.size();
   if (G == 0 || targets.size() != G || models.size() < G) {
-    return invalid_argument("layer-major step: %zu token batches, %zu target batches and %zu models (expected "
-                            "one of each per micro-batch, at least one)",
-                            G, targets.size(), models.size());
+    return invalid_argument(
+        "layer-major step: %zu token batches, %zu target batches and %zu models (expected "
+        "one of each per micro-batch, at least one)",
+        G, targets.size(), models.size());
   }
   for (size_t g = 0; g < G; ++g) {
     if (models[g] == nullptr || models[g]->checkpointing() != m_.checkpointing())
@@ -409,8 +410,9 @@ Status GptTrainer::layer_major_forward(const std::vector<std::vector<int32_t>>& 
     uint64_t t0 = clock_ns();
     for (size_t g = G; g-- > 0;) {
       if (keep) {
-        ZOE_ASSIGN_OR_RETURN(lm_ids_[l][g], e_.activations().save(models[g]->checkpoint_input(static_cast<int>(l)),
-                                                                  models[g]->checkpoint_bytes()));
+        ZOE_ASSIGN_OR_RETURN(lm_ids_[l][g],
+                             e_.activations().save(models[g]->checkpoint_input(static_cast<int>(l)),
+                                                   models[g]->checkpoint_bytes()));
       }
       models[g]->set_block_hooks(block_.get());
       models[g]->block_forward(static_cast<int>(l), f.data());

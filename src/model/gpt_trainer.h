@@ -73,7 +73,8 @@ class GptTrainer {
   Status block_backward(size_t layer, double scale);
   // forward_backward_layer_major's phases: the embedding and the blocks' forward; the head's
   // forward and backward; the blocks' and the embedding's backward.
-  Status layer_major_forward(const std::vector<std::vector<int32_t>>& tokens, const std::vector<GptCpu*>& models);
+  Status layer_major_forward(const std::vector<std::vector<int32_t>>& tokens,
+                             const std::vector<GptCpu*>& models);
   Result<std::vector<float>> layer_major_head(const std::vector<std::vector<int32_t>>& targets,
                                               const std::vector<GptCpu*>& models, double scale);
   Status layer_major_backward(const std::vector<GptCpu*>& models, double scale);

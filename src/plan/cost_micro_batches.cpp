@@ -48,7 +48,7 @@ void StepModel::add_gathers(Path::Group* g) {
 // (host-memory devices) or on demand (otherwise).
 void StepModel::forward_time(int64_t j) {
   Path::Group g;
-  g.add(Resource::kCompute, f_fwd / rates.flops);
+  g.add(Resource::kCompute, static_cast<double>(reps) * f_fwd / rates.flops);
   const uint64_t loads = any_off && stage3 ? sim.at(j)[0] : 0;
   const uint64_t hits = any_off && stage3 ? sim.cached_at(j)[0] : 0;
   if (loads) {
@@ -76,18 +76,19 @@ void StepModel::forward_time(int64_t j) {
 // (local_copy_gbps, a read and a write) and the NVMe I/O takes CPU time from the compute.
 void StepModel::activation_traffic(Path::Group* g, bool backward) {
   const ActivationTraffic& a = w.act;
-  const uint64_t moved = a.host_bytes + a.nvme_bytes;
+  const uint64_t moved = (a.host_bytes + a.nvme_bytes) * static_cast<uint64_t>(reps);
   if (moved == 0) return;
   (backward ? B.act_host_to_device : B.act_device_to_host) += moved;
   (backward ? B.host_to_device : B.device_to_host) += moved;
   g->add(Resource::kPcie,
          copies ? static_cast<double>(moved) / pcie : 2.0 * static_cast<double>(moved) / local);
   if (a.nvme_bytes == 0) return;
-  (backward ? B.act_nvme_read : B.act_nvme_write) += a.nvme_bytes;
-  (backward ? B.nvme_read : B.nvme_write) += a.nvme_bytes;
+  const uint64_t nvme = a.nvme_bytes * static_cast<uint64_t>(reps);
+  (backward ? B.act_nvme_read : B.act_nvme_write) += nvme;
+  (backward ? B.nvme_read : B.nvme_write) += nvme;
   const double rate = nvme_rate(!backward, a.tensor_bytes, 2);
-  g->add(Resource::kNvme, static_cast<double>(a.nvme_bytes) / rate);
-  g->add(Resource::kCompute, io_cpu(static_cast<double>(a.nvme_bytes)));
+  g->add(Resource::kNvme, static_cast<double>(nvme) / rate);
+  g->add(Resource::kCompute, io_cpu(static_cast<double>(nvme)));
 }
 
 // Backward: compute with loads, reductions (the communicator's stream) under it; the
@@ -95,9 +96,10 @@ void StepModel::activation_traffic(Path::Group* g, bool backward) {
 void StepModel::backward_time(int64_t j) {
   Path::Group g;
   // With checkpointing each block's forward runs again before its backward.
-  g.add(Resource::kCompute, (w.act.recompute ? 3.0 : 2.0) * f_fwd / rates.flops);
-  const uint64_t loads = any_off && stage3 ? sim.at(j)[1] : 0;
-  const uint64_t hits = any_off && stage3 ? sim.cached_at(j)[1] : 0;
+  g.add(Resource::kCompute, static_cast<double>(reps) * (w.act.recompute ? 3.0 : 2.0) * f_fwd / rates.flops);
+  const int64_t js = single_pass ? 0 : j;  // layer-major: the loads of one pass
+  const uint64_t loads = any_off && stage3 ? sim.at(js)[1] : 0;
+  const uint64_t hits = any_off && stage3 ? sim.cached_at(js)[1] : 0;
   if (loads) {
     add_loads(&g, loads, hits);
     count_loads(loads, hits);
@@ -108,9 +110,10 @@ void StepModel::backward_time(int64_t j) {
   // (the first module's) has nothing left to hide under.
   uint64_t red = 0;
   for (const auto& m : pl.modules) {
-    const uint64_t n = reductions(m);
+    const uint64_t n = reductions(m) * static_cast<uint64_t>(reps);
     if (n == 0) continue;
     const uint64_t r =
+        static_cast<uint64_t>(reps) *
         static_cast<uint64_t>((pl.stage >= 2 ? 1.0 : 2.0) * ring * static_cast<double>(m.padded * es));
     red += r;
     B.collectives += n;
@@ -160,21 +163,24 @@ void StepModel::sums_write_behind(Path::Group* g, int64_t j) {
 void StepModel::accumulate_time(int64_t j) {
   for (size_t i = 0; i < pl.modules.size(); ++i) {
     const auto& m = pl.modules[i];
-    const uint64_t n = m.opt_n, touched = n * (es + 8);  // read the gradient, read/write the fp32 sum
+    const uint64_t n = m.opt_n;
+    // Read the gradient, read/write the fp32 sum: each micro-batch's.
+    const uint64_t touched = n * (es + 8) * static_cast<uint64_t>(reps);
     if (m.opt_home == offload::Tier::kDevice) {
       B.device_optimizer += touched;
       path.serial(Resource::kDeviceMem, static_cast<double>(touched) / hbm);
       continue;
     }
     if (copies) {
-      B.device_to_host += n * es;
-      path.serial(Resource::kPcie, static_cast<double>(n * es) / pcie);
+      B.device_to_host += n * es * static_cast<uint64_t>(reps);
+      path.serial(Resource::kPcie, static_cast<double>(n * es * static_cast<uint64_t>(reps)) / pcie);
     }
     B.cpu_optimizer += touched;
     path.serial(Resource::kCpu, static_cast<double>(touched) / cpu);
     if (m.opt_home ==
         offload::Tier::kNvme) {  // the running sum on NVMe: read it back (not the first), write it
-      const uint64_t rd = j > 0 ? n * 4 : 0, wr = (n - (j == micro - 1 ? pre[i] : 0)) * 4;
+      // Layer-major (single_pass): held in host memory over the micro-batches, written once.
+      const uint64_t rd = j > 0 && !single_pass ? n * 4 : 0, wr = (n - (j == micro - 1 ? pre[i] : 0)) * 4;
       B.nvme_read += rd;
       B.nvme_write += wr;
       path.serial(Resource::kNvme, static_cast<double>(rd) / acc_r);
@@ -185,6 +191,7 @@ void StepModel::accumulate_time(int64_t j) {
 // Micro-batches 2 .. micro-2 are alike (the cache's steady state, a sum to read back): one is
 // run and its share repeated, so a long accumulation costs O(1), not O(micro).
 void StepModel::micro_batches() {
+  if (w.layer_major && micro > 1) return layer_major_pass();
   auto micro_batch = [&](int64_t j) {
     forward_time(j);
     backward_time(j);
@@ -218,6 +225,18 @@ void StepModel::micro_batches() {
     }
     micro_batch(micro - 1);
   }
+  B.flops = (w.act.recompute ? 4.0 : 3.0) * f_fwd * static_cast<double>(micro);
+}
+
+// Layer-major: one forward and one backward pass carrying every micro-batch: the loads of the
+// first micro-batch (the cache's state at a step's start), the last micro-batch's sums handling.
+void StepModel::layer_major_pass() {
+  reps = micro;
+  single_pass = true;
+  forward_time(0);
+  backward_time(micro - 1);
+  reps = 1;
+  single_pass = false;
   B.flops = (w.act.recompute ? 4.0 : 3.0) * f_fwd * static_cast<double>(micro);
 }
 

@@ -120,7 +120,8 @@ void StepModel::stage3_partitions() {
   }
   for (const auto& m : pl.modules) any_off |= m.partitioned_params && m.param_home != offload::Tier::kDevice;
   cached = host_cached(pl);
-  if (stage3 && any_off) sim = simulate_cache(pl, micro, cached);
+  // Layer-major: one pass per step crosses the cache (its loads are the first pass's).
+  if (stage3 && any_off) sim = simulate_cache(pl, w.layer_major ? 1 : micro, cached);
   for (const auto& m : pl.modules) {
     if (m.partitioned_params) part_home = m.param_home;
   }

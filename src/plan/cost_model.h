@@ -35,6 +35,11 @@ struct Workload {
   int64_t micro_batch = 1;  // sequences per micro-batch per rank
   int64_t seq = 1024;       // tokens per sequence
   int64_t grad_accum = 1;   // micro-batches per step
+  // zoe.schedule "layer-major": each module's parameters loaded once per step in each pass (every
+  // micro-batch's compute under them), its NVMe gradient sums written once after its last
+  // micro-batch and never read back (include/zoe/engine.h). The compute, the reductions, the
+  // accumulation's CPU passes and the activation traffic are the micro-batches' as before.
+  bool layer_major = false;
   // Stage 3: gathers of each module (in the placement's order) per forward and per backward.
   // Empty: once each.
   std::vector<int> fetches_per_pass;

@@ -255,6 +255,10 @@ Result<PlanInputs> plan_inputs(const PlanOptions& o) {
   in.work.grad_accum =
       o.grad_accum > 1 || o.config.empty() ? o.grad_accum : in.base.gradient_accumulation_steps;
   in.base.gradient_accumulation_steps = in.work.grad_accum;
+  if (!o.schedule.empty() && o.schedule != "micro-batch" && o.schedule != "layer-major")
+    return invalid_argument("--schedule %s: expected micro-batch or layer-major", o.schedule.c_str());
+  if (!o.schedule.empty()) in.base.zoe.schedule = o.schedule;
+  in.work.layer_major = in.base.zoe.schedule == "layer-major";
   // The FLOP rate at this micro-batch where the calibration measured it; a --flops flag wins at
   // every micro-batch.
   if (o.flops > 0) in.rates.flops_by_micro_batch.clear();

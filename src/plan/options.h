@@ -35,6 +35,8 @@ struct PlanOptions {
   std::string activation_offload, activation_host_budget, activation_device_budget;
   // --drive-tbw: the terabytes (1e12 bytes) a node's NVMe drive is rated to write; 0: not given.
   double drive_tbw = 0;
+  // --schedule: micro-batch or layer-major ("": the --config's zoe.schedule, else micro-batch).
+  std::string schedule;
 };
 
 // The bounds of the integer options (their errors give them): a world of at most 2^20 ranks.
@@ -148,6 +150,11 @@ void add_plan_options(App& cmd, PlanOptions* o, IntRange int_range, Positive pos
   cmd.add_option("--config", o->config,
                  "A DeepSpeed-style config whose other knobs every row keeps (buckets, "
                  "sub_group_size, precision, batch)");
+  cmd.add_option(
+      "--schedule", o->schedule,
+      "The step's order with --grad-accum > 1: micro-batch or layer-major (each module's parameters "
+      "read once per step; docs in include/zoe/engine.h). Each row's predicted step is for it; "
+      "both schedules' are shown beside (default: the --config's zoe.schedule, else micro-batch)");
   positive(cmd.add_option("--drive-tbw", o->drive_tbw,
                           "The endurance a node's NVMe drive is rated for, in terabytes written (TBW, 1 TB = "
                           "1e12 bytes, e.g. 600): also show the steps it allows at the plan's NVMe bytes "

@@ -224,6 +224,13 @@ Result<PlanRow> plan_row(const PlanInputs& in, const RowPlacement& p) {
   row.fits = row.exact && !row.lacks.device && !row.lacks.host && !row.lacks.nvme;
   if (!row.exact && !row.lacks.device) row.lacks.device = 1;  // refused: it lacks at least something
   row.cost = estimate_step(cfg, plan, w, in.topo, in.rates, DeviceKind{!in.cuda});
+  if (w.grad_accum > 1) {
+    Workload other = w;
+    other.layer_major = !w.layer_major;
+    const double o = estimate_step(cfg, plan, other, in.topo, in.rates, DeviceKind{!in.cuda}).step_s;
+    row.step_s_layer_major = w.layer_major ? row.cost.step_s : o;
+    row.step_s_micro_batch = w.layer_major ? o : row.cost.step_s;
+  }
   return row;
 }
 

@@ -88,6 +88,9 @@ struct PlanRow {
   std::string refused;            // the planner's message when it refused
   uint64_t largest_gathered = 0;  // elements (padded) of the largest module stage 3 gathers; 0: none
   StepCost cost;
+  // With more than one micro-batch a step: the predicted step of each schedule (cost is the one of
+  // the inputs' zoe.schedule); 0 otherwise.
+  double step_s_micro_batch = 0, step_s_layer_major = 0;
 };
 
 struct PlanResult {

@@ -106,6 +106,10 @@ struct StepModel {
   double lat;
   uint64_t es;
   int64_t micro;
+  // Layer-major: the step as one pass with `reps` (= micro) micro-batches' compute, reductions,
+  // accumulation and activation traffic, the loads of one.
+  int64_t reps = 1;
+  bool single_pass = false;
   double tokens, ring;
   bool stage3, copies;
   double nvme_cpu;
@@ -145,6 +149,7 @@ struct StepModel {
   void sums_write_behind(Path::Group* g, int64_t j);
   void accumulate_time(int64_t j);
   void micro_batches();
+  void layer_major_pass();
   void write_out(const zero::ModulePlacement& m, Path::Group* g);
   void nvme_states_time();
   void overlap_step_time(const Path::Group& g, const std::vector<Path::Group>& per);

@@ -55,7 +55,9 @@ struct Schedule {
 std::string describe(const Schedule& r) {
   return "stage " + std::to_string(r.pl.stage) + ", optimizer " + r.pl.opt + ", params " + r.pl.param + ", " +
          (r.bf16 ? "bf16" : "fp32") + ", G " + std::to_string(r.accum) +
-         (r.act == Act::kOff ? "" : r.act == Act::kCpu ? ", activations cpu" : ", activations nvme");
+         (r.act == Act::kOff   ? ""
+          : r.act == Act::kCpu ? ", activations cpu"
+                               : ", activations nvme");
 }
 
 std::string config_text(const Schedule& r, const std::string& dir) {
@@ -142,7 +144,8 @@ Status micro_batches(const Schedule& r, Rig& s, int step, std::vector<float>* lo
   std::vector<std::vector<int32_t>> tokens(r.accum), targets(r.accum);
   for (int g = 0; g < r.accum; ++g) batch(step, g, rank, &tokens[g], &targets[g]);
   if (r.layer_major) {
-    ZOE_ASSIGN_OR_RETURN(std::vector<float> l, s.trainer->forward_backward_layer_major(tokens, targets, s.ptrs));
+    ZOE_ASSIGN_OR_RETURN(std::vector<float> l,
+                         s.trainer->forward_backward_layer_major(tokens, targets, s.ptrs));
     losses->insert(losses->end(), l.begin(), l.end());
     return Status::ok();
   }
@@ -205,8 +208,8 @@ TEST(GptLayerMajor, SameBitsAsTheMicroBatchScheduleForEveryPlacement) {
 }
 
 TEST(GptLayerMajor, BlockInputsOfEveryMicroBatchGoThroughHostAndNvmeWithinTheDeviceShare) {
-  for (const test::MatrixPlacement& pl : {test::MatrixPlacement{2, "cpu", "none"},
-                                          test::MatrixPlacement{3, "nvme", "nvme"}}) {
+  for (const test::MatrixPlacement& pl :
+       {test::MatrixPlacement{2, "cpu", "none"}, test::MatrixPlacement{3, "nvme", "nvme"}}) {
     Schedule r{pl, true, 3, false, Act::kOff};
     auto ref = train(r);  // micro-batch, no checkpointing
     ASSERT_OK(ref) << describe(r);
@@ -240,11 +243,12 @@ TEST(GptLayerMajor, NvmeReadsPerStepDoNotGrowWithTheMicroBatches) {
     return o.is_ok() ? (o->last.bytes_nvme_read - o->first.bytes_nvme_read) / 5 : 0;
   };
   const uint64_t one = reads(1, false), mb = reads(8, false), lm = reads(8, true);
-  printf("[layer-major] NVMe bytes read per step: G=1 %llu, G=8 micro-batch %llu (%.2fx), layer-major %llu "
-         "(%.2fx)\n",
-         static_cast<unsigned long long>(one), static_cast<unsigned long long>(mb),
-         static_cast<double>(mb) / static_cast<double>(one), static_cast<unsigned long long>(lm),
-         static_cast<double>(lm) / static_cast<double>(one));
+  printf(
+      "[layer-major] NVMe bytes read per step: G=1 %llu, G=8 micro-batch %llu (%.2fx), layer-major %llu "
+      "(%.2fx)\n",
+      static_cast<unsigned long long>(one), static_cast<unsigned long long>(mb),
+      static_cast<double>(mb) / static_cast<double>(one), static_cast<unsigned long long>(lm),
+      static_cast<double>(lm) / static_cast<double>(one));
   ASSERT_GT(one, 0u);
   // The G = 1 reads themselves vary by up to 15% from run to run (whether a partition written back
   // is still in flight when it is fetched again depends on timing): the bound leaves room for that.

@@ -916,6 +916,68 @@ TEST(CostModelVsEngine, NvmeBytesPerStepForEveryPlacement) {
   EXPECT_EQ(partitioned, 2 * 2 * 6 + 2 * 2 * 3);
 }
 
+// The layer-major schedule (zoe.schedule "layer-major", 3 micro-batches): the model's NVMe bytes per
+// step equal the engine's where the engine's are deterministic (the optimizer's: gradient sums held
+// over a module's micro-batches and written once, never read back): the micro-batch schedule's
+// write the sums 3 times and read them back twice.
+TEST(CostModelVsEngine, LayerMajorNvmeBytesPerStep) {
+  Runtime& rt = runtime();
+  test::MlpSpec s;
+  s.layers = 4;
+  s.d = 48;
+  const int micro = 3;
+  for (const test::MatrixPlacement& k : test::matrix_placements()) {
+    if (std::string(k.opt) != "nvme" && std::string(k.param) != "nvme") continue;
+    test::ScratchDir nvme("plan-engine");
+    const std::string what = std::string("stage ") + std::to_string(k.stage) + " optimizer " + k.opt +
+                             " params " + k.param + ", layer-major x" + std::to_string(micro);
+    auto cfg = config::Config::parse(
+        engine_cfg(k.stage, k.opt, k.param, nvme.path(), true, "fp32", "fp32", 1.0, micro), rt.world_size());
+    ASSERT_OK(cfg) << what;
+    cfg.value().zoe.schedule = "layer-major";
+    cfg.value().zoe.overlap_step = false;
+    std::vector<zero::ModuleShape> sh;
+    for (int l = 0; l < s.layers; ++l)
+      sh.push_back(
+          {"layer." + std::to_string(l), {static_cast<size_t>(s.d * s.d), static_cast<size_t>(s.d)}});
+    auto plan = zero::plan_placement(cfg.value(), sh, rt.world_size(), rt.rank(), engine_target(rt));
+    ASSERT_OK(plan) << what;
+    plan::Workload w;
+    w.params = plan::count_params(sh);
+    w.micro_batch = s.batch;
+    w.seq = 1;
+    w.grad_accum = micro;
+    w.layer_major = true;
+    const plan::StepCost lm =
+        plan::estimate_step(cfg.value(), plan.value(), w, {1, 1}, plan::LinkRates{}, plan::DeviceKind{true});
+    w.layer_major = false;
+    const plan::StepCost mb =
+        plan::estimate_step(cfg.value(), plan.value(), w, {1, 1}, plan::LinkRates{}, plan::DeviceKind{true});
+    auto e = zero::create_engine(rt, cfg.value());
+    ASSERT_OK(e) << what;
+    ASSERT_OK(test::register_mlp(*e.value(), s)) << what;
+    std::vector<test::Layer> out;
+    std::vector<StepStats> stats;
+    ASSERT_OK(
+        test::engine_train_layer_major(*e.value(), s, rt.rank(), rt.world_size(), 4, &out, &stats, micro))
+        << what;
+    const StepStats& a = stats[stats.size() - 2];
+    const StepStats& b = stats.back();
+    const uint64_t rd = b.bytes_nvme_read - a.bytes_nvme_read, wr = b.bytes_nvme_write - a.bytes_nvme_write;
+    EXPECT_EQ(wr, lm.bytes.nvme_write) << what;
+    // NVMe-homed partitions stay in the host cache (max_in_cpu's default): the reads are the
+    // optimizer's alone, exact.
+    EXPECT_EQ(rd, lm.bytes.nvme_read) << what;
+    if (std::string(k.opt) == "nvme") {
+      // Each module's sums: micro-batch reads them back twice and writes them three times.
+      uint64_t sums = 0;
+      for (const auto& m : plan->modules) sums += m.opt_n * 4;
+      EXPECT_EQ(mb.bytes.nvme_write - lm.bytes.nvme_write, 2 * sums) << what;
+      EXPECT_GE(mb.bytes.nvme_read - lm.bytes.nvme_read, 2 * sums) << what;
+    }
+  }
+}
+
 TEST(CostModel, NetworkTermIsBytesOverRatePlusOneLatencyPerRound) {
   // Stage 3 on 2 nodes x 2 ranks, bf16, 4 modules of 1 Mi + 1 Ki elements (1,056,768 padded to
   // 2048 x 4), the first fetched twice a pass (as zoe's GPT fetches its tied embedding), and

@@ -264,6 +264,60 @@ inline Status engine_train(Engine& e, const MlpSpec& s, int rank, int world, int
   return Status::ok();
 }
 
+// engine_train in the layer-major order (zoe.schedule "layer-major", include/zoe/engine.h): each
+// step's forward fetches each module once for all `micro` micro-batches, and its backward fetches
+// each module once and reduces the micro-batches' gradients one after another in micro-batch order.
+inline Status engine_train_layer_major(Engine& e, const MlpSpec& s, int rank, int world, int steps,
+                                       std::vector<Layer>* out, std::vector<StepStats>* stats, int micro) {
+  const int d = s.d;
+  for (int k = 0; k < steps; ++k) {
+    std::vector<Layer> L(static_cast<size_t>(s.layers));
+    for (int l = 0; l < s.layers; ++l) {
+      auto p = e.fetch(static_cast<size_t>(l));
+      if (!p.is_ok()) return p.status();
+      L[l].w.resize(static_cast<size_t>(d * d));
+      L[l].b.resize(static_cast<size_t>(d));
+      HostView hv(p.value(), /*read=*/true);
+      for (int i = 0; i < d * d; ++i) L[l].w[i] = load(hv.data(0), p->dtype, static_cast<size_t>(i));
+      for (int i = 0; i < d; ++i) L[l].b[i] = load(hv.data(1), p->dtype, static_cast<size_t>(i));
+      ZOE_RETURN_IF_ERROR(e.release(static_cast<size_t>(l)));
+    }
+    std::vector<std::vector<Layer>> g(static_cast<size_t>(micro));
+    for (int j = 0; j < micro; ++j) {
+      const int first = (j * world + rank) * s.batch;
+      mlp_grads(s, L, batch_inputs(s, k, first, s.batch), batch_targets(s, k, first, s.batch), &g[j]);
+    }
+    const float scale = static_cast<float>(e.loss_scale());
+    for (int l = s.layers - 1; l >= 0; --l) {
+      auto p = e.fetch(static_cast<size_t>(l));
+      if (!p.is_ok()) return p.status();
+      for (int j = 0; j < micro; ++j) {
+        auto gb = e.grads(static_cast<size_t>(l));
+        if (!gb.is_ok()) return gb.status();
+        HostView hg(gb.value(), /*read=*/false);
+        for (int i = 0; i < d * d; ++i)
+          store(hg.data(0), gb->dtype, static_cast<size_t>(i), g[j][l].w[i] * scale);
+        for (int i = 0; i < d; ++i)
+          store(hg.data(1), gb->dtype, static_cast<size_t>(i), g[j][l].b[i] * scale);
+        hg.write_back();
+        ZOE_RETURN_IF_ERROR(e.reduce_grads(static_cast<size_t>(l)));
+      }
+      ZOE_RETURN_IF_ERROR(e.release(static_cast<size_t>(l)));
+    }
+    auto st = e.step();
+    if (!st.is_ok()) return st.status();
+    if (stats) stats->push_back(st.value());
+  }
+  out->assign(static_cast<size_t>(s.layers), Layer{});
+  for (int l = 0; l < s.layers; ++l) {
+    (*out)[l].w.resize(static_cast<size_t>(d * d));
+    (*out)[l].b.resize(static_cast<size_t>(d));
+    ZOE_RETURN_IF_ERROR(e.read_master(static_cast<size_t>(l), 0, (*out)[l].w.data()));
+    ZOE_RETURN_IF_ERROR(e.read_master(static_cast<size_t>(l), 1, (*out)[l].b.data()));
+  }
+  return Status::ok();
+}
+
 // frozen_modules: the first s.frozen_layers layers are registered frozen (ModuleOptions::frozen);
 // else as every other module (their parameters then simply get no gradients).
 inline Status register_mlp(Engine& e, const MlpSpec& s, bool frozen_modules = false) {
