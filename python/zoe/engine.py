@@ -87,6 +87,7 @@ class Engine:
         self._dtype = build.DTYPES[self._eng.compute_dtype()]
         self._phase = PhaseState(self.gradient_accumulation_steps)
         self._last = {}
+        self.last_step_stats = None  # train_batch()'s step
         build.check_model(model, self._dtype)
         self._fetcher = Fetcher(self)
         self._build(model, zoe_units, unit_params, init_fn, weights)
@@ -214,6 +215,42 @@ class Engine:
         self._phase.stepped()
         self._last = d
         return StepStats(d, stepped=True)
+
+    def train_batch(self, batches, loss_fn=None):
+        """One optimizer step over a list of micro-batches (DeepSpeed's pipeline engine's name):
+        the forward and backward of each, then engine.step(); returns their losses (floats).
+
+        batches: gradient_accumulation_steps items, each a dict of keyword arguments of the model
+        (a Hugging Face batch: input_ids, labels, ...), a tuple of positional arguments, or one
+        tensor. loss_fn(output, batch) gives the loss; without it the output is the loss (a
+        one-element tensor) or has one (.loss, or ["loss"]: a Hugging Face model given labels).
+
+        The micro-batches run one after another through the whole model (the micro-batch
+        schedule): the same gradients, summed in the same order, as the same calls made by hand.
+        The step's StepStats are in engine.last_step_stats, whose .schedule says which schedule
+        ran."""
+        batches = list(batches)
+        if len(batches) != self.gradient_accumulation_steps:
+            raise ZoeError(f"engine.train_batch: {len(batches)} micro-batches given, but gradient_accumulation_steps "
+                           f"is {self.gradient_accumulation_steps}: give one batch per micro-batch of a step")
+        if self._phase.micro_steps % self.gradient_accumulation_steps != 0:
+            raise ZoeError("engine.train_batch: a step's micro-batches are already under way (engine.backward() "
+                           "was called without engine.step()): finish that step first")
+        losses = []
+        for i, b in enumerate(batches):
+            if isinstance(b, dict):
+                out = self.forward(**b)
+            elif isinstance(b, (tuple, list)):
+                out = self.forward(*b)
+            else:
+                out = self.forward(b)
+            loss = _loss_of(out, b, loss_fn, i)
+            self.backward(loss)
+            losses.append(float(loss.detach().float()))
+        stats = self.step()
+        stats.fields["schedule"] = "micro-batch"
+        self.last_step_stats = stats
+        return losses
 
     @property
     def global_steps(self):
@@ -395,6 +432,25 @@ def _losses_in_fp32(dtype):
             return func(*args, **kwargs)
 
     return LossesInFp32()
+
+
+def _loss_of(out, batch, loss_fn, i):
+    """The loss of micro-batch i of train_batch: loss_fn(out, batch), else out itself or its .loss."""
+    if loss_fn is not None:
+        loss = loss_fn(out, batch)
+    elif isinstance(out, torch.Tensor):
+        loss = out
+    elif getattr(out, "loss", None) is not None:
+        loss = out.loss
+    elif isinstance(out, dict) and out.get("loss") is not None:
+        loss = out["loss"]
+    else:
+        raise ZoeError(f"engine.train_batch: micro-batch {i}: the model returned {_describe(out)}, with no loss: "
+                       "give loss_fn(output, batch), or labels for a Hugging Face model")
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        raise ZoeError(f"engine.train_batch: micro-batch {i}: the loss must be a one-element tensor, got "
+                       f"{_describe(loss)}")
+    return loss
 
 
 def _describe(x):
