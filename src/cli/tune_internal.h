@@ -92,6 +92,7 @@ struct Knobs {
   int64_t param_buffer_size = 0;         // offload_param.buffer_size (elements)
   int64_t max_in_cpu = 0;                // offload_param.max_in_cpu (elements)
   int64_t aio_block = 0, aio_depth = 0;  // aio.block_size, aio.queue_depth
+  std::string schedule = "micro-batch";  // zoe.schedule (layer-major tried where a step has micro-batches)
 
   void apply(config::Config* c) const {
     // A sizing knob the variant sets to another value than the base config's is given: the
@@ -110,6 +111,7 @@ struct Knobs {
     set(&c->zero.offload_param.max_in_cpu, max_in_cpu, "zero_optimization.offload_param.max_in_cpu");
     c->aio.block_size = aio_block;
     c->aio.queue_depth = aio_depth;
+    c->zoe.schedule = schedule;
   }
   static Knobs of(const config::Config& c) {
     return {c.zero.stage3_prefetch_bucket_size,
@@ -120,7 +122,8 @@ struct Knobs {
             c.zero.offload_param.buffer_size,
             c.zero.offload_param.max_in_cpu,
             c.aio.block_size,
-            c.aio.queue_depth};
+            c.aio.queue_depth,
+            c.zoe.schedule};
   }
 };
 

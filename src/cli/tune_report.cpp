@@ -55,6 +55,7 @@ json candidate_fields(const Candidate& c) {
           {"aio", {{"block_size", c.knobs.aio_block}, {"queue_depth", c.knobs.aio_depth}}},
           {"micro_batch", c.micro_batch},
           {"gradient_accumulation_steps", c.grad_accum},
+          {"schedule", c.knobs.schedule},
           {"bytes", {{"device", c.row.bytes.device}, {"host", c.row.bytes.host}, {"nvme", c.row.bytes.nvme}}},
           {"predicted_step_s", c.row.cost.step_s},
           {"bottleneck", plan::resource_name(c.row.cost.bottleneck)},
@@ -147,6 +148,7 @@ void print_candidates(const TuneOpts& o, const TuneResult& t) {
          in.topo.gpus_per_node, t.cands.size());
   Table tb({{"placement", "", 56, true},
             {"micro", "x accum", 8},
+            {"schedule", "", 11},
             {"bucket", "elems", 10},
             {"subgroup", "elems", 10},
             {"step", "s", 10},
@@ -158,13 +160,21 @@ void print_candidates(const TuneOpts& o, const TuneResult& t) {
         stdout,
         {(i == t.chosen_cand ? "* " : "  ") + c.row.placement.label(),
          fmt("%lldx%lld", static_cast<long long>(c.micro_batch), static_cast<long long>(c.grad_accum)),
-         std::to_string(c.knobs.prefetch_bucket), std::to_string(c.knobs.sub_group),
+         c.knobs.schedule, std::to_string(c.knobs.prefetch_bucket), std::to_string(c.knobs.sub_group),
          fmt("%.4g", c.row.cost.step_s),
          fmt("%s (%.0f%%)", plan::resource_name(c.row.cost.bottleneck), 100 * c.row.cost.bottleneck_share)});
   }
   printf("%s",
          wear_line(candidate_wear(t.cands[t.chosen_cand], in, o.plan.drive_tbw), "the starred candidate")
              .c_str());
+  const Candidate& best = t.cands[t.chosen_cand];
+  if (best.knobs.schedule == "layer-major") {
+    printf(
+        "# schedule layer-major: each module's parameters cross from their tier once per step instead of "
+        "once per micro-batch (%lld), and NVMe gradient sums are written once: predicted %.4g s against "
+        "%.4g s micro-batch by micro-batch\n",
+        static_cast<long long>(best.grad_accum), best.row.step_s_layer_major, best.row.step_s_micro_batch);
+  }
   if (!in.rates.spread.empty()) {
     std::string sp;
     for (const auto& [what, v] : in.rates.spread)

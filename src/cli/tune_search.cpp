@@ -122,7 +122,8 @@ config::Config tuned_config(const plan::PlanInputs& in, const Candidate& c, cons
 // partitions the tier manager's staging (offload_param.buffer_count x buffer_size: the pieces in
 // flight) and its host cache (offload_param.max_in_cpu: host memory against NVMe reads); for NVMe optimizer
 // states the swapper's sub-group (chunk: pipeline fill and request size) and offload_optimizer.buffer_count
-// (chunks read ahead); and, where anything is on NVMe, the aio block size and queue depth. Variants the model
+// (chunks read ahead); where anything is on NVMe, the aio block size and queue depth; and with
+// micro-batches, the schedule (zoe.schedule micro-batch or layer-major). Variants the model
 // cannot tell apart are kept once. An exact search: the product is at most a few thousand rows, each planned
 // by the engine's planner and costed in microseconds.
 Result<std::vector<Candidate>> search(const plan::PlanInputs& in, bool fixed_micro) {
@@ -174,6 +175,16 @@ Result<std::vector<Candidate>> search(const plan::PlanInputs& in, bool fixed_mic
             std::tie(k.aio_block, k.aio_depth) = aio[a];
             variants.push_back(k);
           }
+        }
+      }
+      // With micro-batches, every variant in the layer-major schedule too (each module read once
+      // per step): the cost model says where it wins.
+      if (at.work.grad_accum > 1) {
+        const size_t n = variants.size();
+        for (size_t i = 0; i < n; ++i) {
+          Knobs k = variants[i];
+          k.schedule = k.schedule == "layer-major" ? "micro-batch" : "layer-major";
+          variants.push_back(k);
         }
       }
       std::vector<std::vector<uint64_t>> seen;  // per variant: its time and memory

@@ -62,12 +62,18 @@ Verified verify(Runtime& rt, const config::Config& cfg, const plan::PlanInputs& 
                              x[i] = 0.01f * std::sin(0.37f * static_cast<float>(i));
                          });
   if (!s.is_ok()) fail(s.with_context("--verify: initialising the engine with " + what));
-  std::unique_ptr<model::GptCpu> gm;
+  const int64_t G = std::max<int64_t>(1, cfg.gradient_accumulation_steps);
+  const bool layer_major = cfg.zoe.schedule == "layer-major" && G > 1;
+  std::vector<std::unique_ptr<model::GptCpu>> gms;  // layer-major: one per micro-batch
+  std::vector<model::GptCpu*> models;
   std::unique_ptr<model::GptTrainer> trainer;
   std::vector<int32_t> tokens, targets;
   if (m.zoe_gpt) {
-    gm = value_or_fail(model::GptCpu::create(gc, B, T));
-    trainer = std::make_unique<model::GptTrainer>(*eng, *gm, gc, T);
+    for (int64_t g = 0; g < (layer_major ? G : 1); ++g) {
+      gms.push_back(value_or_fail(model::GptCpu::create(gc, B, T)));
+      models.push_back(gms.back().get());
+    }
+    trainer = std::make_unique<model::GptTrainer>(*eng, *gms[0], gc, T);
     tokens.resize(static_cast<size_t>(B) * static_cast<size_t>(T));
     targets.resize(tokens.size());
     uint64_t x = 0x9e3779b97f4a7c15ull;
@@ -90,20 +96,29 @@ Verified verify(Runtime& rt, const config::Config& cfg, const plan::PlanInputs& 
   for (int k = 0; k < timed + kUntimed; ++k) {
     progress.update(fmt("verify %s: step %d/%d", what.c_str(), k + 1, timed + kUntimed));
     const uint64_t t0 = now_ns();
-    for (int64_t j = 0; j < std::max<int64_t>(1, cfg.gradient_accumulation_steps); ++j) {
-      if (trainer) {
-        (void)value_or_fail(trainer->forward_backward(tokens, targets));
-        continue;
-      }
-      for (size_t i = 0; i < n; ++i) {
-        (void)value_or_fail(eng->fetch(i));
-        if (Status r = eng->release(i); !r.is_ok()) fail(r);
-      }
-      for (size_t i = n; i-- > 0;) {
-        (void)value_or_fail(eng->fetch(i));
-        (void)value_or_fail(eng->grads(i));
-        if (Status r = eng->reduce_grads(i); !r.is_ok()) fail(r);
-        if (Status r = eng->release(i); !r.is_ok()) fail(r);
+    if (trainer && layer_major) {
+      const std::vector<std::vector<int32_t>> tk(static_cast<size_t>(G), tokens),
+          tg(static_cast<size_t>(G), targets);
+      (void)value_or_fail(trainer->forward_backward_layer_major(tk, tg, models));
+    } else if (trainer) {
+      for (int64_t j = 0; j < G; ++j) (void)value_or_fail(trainer->forward_backward(tokens, targets));
+    } else {
+      // The modules' fetches and reductions alone, in the schedule's order (include/zoe/engine.h):
+      // layer-major, each module fetched once per pass and its G reductions together.
+      const int64_t passes = layer_major ? 1 : G, per_fetch = layer_major ? G : 1;
+      for (int64_t j = 0; j < passes; ++j) {
+        for (size_t i = 0; i < n; ++i) {
+          (void)value_or_fail(eng->fetch(i));
+          if (Status r = eng->release(i); !r.is_ok()) fail(r);
+        }
+        for (size_t i = n; i-- > 0;) {
+          (void)value_or_fail(eng->fetch(i));
+          for (int64_t g = 0; g < per_fetch; ++g) {
+            (void)value_or_fail(eng->grads(i));
+            if (Status r = eng->reduce_grads(i); !r.is_ok()) fail(r);
+          }
+          if (Status r = eng->release(i); !r.is_ok()) fail(r);
+        }
       }
     }
     stats.push_back(value_or_fail(eng->step()));

@@ -191,6 +191,7 @@ Result<PlanRow> plan_row(const PlanInputs& in, const RowPlacement& p) {
   const zero::TierBytes have = per_rank_memory(in);
   Workload w = in.work;
   w.params = in.model.params;
+  w.layer_major = in.base.zoe.schedule == "layer-major";
   w.fetches_per_pass = in.model.fetches_per_pass;
   PlanRow row;
   row.placement = p;

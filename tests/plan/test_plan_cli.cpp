@@ -356,6 +356,51 @@ TEST(TuneCli, SearchesTheMicroBatchThatKeepsTheBatch) {
   EXPECT_NE(f.err.find("the closest"), std::string::npos) << f.err;
 }
 
+// With micro-batches and parameters and states on NVMe, `zoe plan --schedule` predicts both
+// schedules per row (layer-major reads each module once per step: faster where NVMe bounds the
+// step), and `zoe tune` proposes layer-major there, saying why; its config trains layer-major.
+TEST(TuneCli, ProposesTheLayerMajorScheduleWhereItWins) {
+  const std::string mem = " --device cpu --device-mem 20GiB --host-mem 3GiB --nvme-space 100GiB";
+  CmdResult p =
+      zoe("plan --preset large --grad-accum 8 --micro-batch 1 --seq 16 --schedule layer-major --json" + mem);
+  ASSERT_EQ(p.rc, 0) << p.err;
+  json j = json::parse(p.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << p.out;
+  int faster = 0;
+  for (const json& row : j["rows"]) {
+    EXPECT_EQ(row["schedule"], "layer-major");
+    const json& both = row["predicted_step_s_by_schedule"];
+    EXPECT_DOUBLE_EQ(both["layer-major"].get<double>(), row["predicted_step_s"].get<double>());
+    const json& pl = row["placement"];
+    if (pl["offload_param"] == "nvme" || pl["offload_optimizer"] == "nvme") {
+      EXPECT_LE(both["layer-major"].get<double>(), both["micro-batch"].get<double>()) << row.dump();
+      faster += both["layer-major"].get<double>() < 0.8 * both["micro-batch"].get<double>();
+    }
+  }
+  EXPECT_GT(faster, 0);
+  CmdResult bad = zoe("plan --preset tiny --schedule sideways" + mem);
+  EXPECT_EQ(bad.rc, 1) << bad.err;  // as --precision's
+  EXPECT_NE(bad.err.find("--schedule sideways: expected micro-batch or layer-major"), std::string::npos)
+      << bad.err;
+
+  zoe::test::ScratchDir d("tune-schedule");
+  const std::string cfg = d.file("tuned.json");
+  CmdResult t =
+      zoe("tune --preset small --grad-accum 8 --micro-batch 1 --seq 16 --fixed-micro-batch --nvme-path " +
+          d.path() + " --out " + cfg + mem);
+  ASSERT_EQ(t.rc, 0) << t.out << t.err;
+  EXPECT_NE(
+      t.out.find("# schedule layer-major: each module's parameters cross from their tier once per step"),
+      std::string::npos)
+      << t.out;
+  std::ifstream in(cfg);
+  json written = json::parse(in, nullptr, false);
+  EXPECT_EQ(written["zoe"]["schedule"], "layer-major") << written.dump();
+  CmdResult tr = zoe("train --config " + cfg + " --preset small --seq 16 --steps 1 --quiet --json");
+  ASSERT_EQ(tr.rc, 0) << tr.out << tr.err;
+  EXPECT_EQ(json::parse(tr.out)["schedule"], "layer-major") << tr.out;
+}
+
 // An absurd micro-batch: the search is arithmetic, not a loop over a hundred million
 // micro-batches, and --calibrate refuses steps that cannot fit this host, naming the flag.
 TEST(TuneCli, AbsurdMicroBatchesAreSearchedOrRefusedNamingTheFlag) {
