@@ -40,7 +40,7 @@ void run_case(benchmark::State& state, ob::Config c) {
   bool warm = false;
   int round = 0;
   for (auto _ : state) {
-    auto r = ob::time_roofline(b, e);
+    auto r = ob::time_roofline(b, c, e);
     auto f = ob::time_fused(b, c, e);
     auto u = ob::time_full(b, c, e);
     auto s = ob::time_separate(b, c, e, round++ % 2 ? 0.5f : 2.0f);
