@@ -90,6 +90,14 @@ int zoe_optim_adagrad_step(void* pool, float* p, const void* g, int grad_dtype, 
   return report(zoe::optim::adagrad_step(a, exec_of(pool)));
 }
 
+// The memory yardstick with a one-state step's streams (reads p, g, s; writes p, s; out when
+// set): values unchanged but out.
+int zoe_optim_one_state_roofline(void* pool, float* p, const void* g, int grad_dtype, void* s, size_t n,
+                                 void* out, int out_dtype) {
+  return report(
+      zoe::optim::one_state_roofline_pass(one_state(p, g, grad_dtype, s, n, out, out_dtype), exec_of(pool)));
+}
+
 // AdamW (adamw != 0) or Adam with L2, fp32 m and v.
 int zoe_optim_adam_step(void* pool, float* p, const void* g, int grad_dtype, float* m, float* v, size_t n,
                         float lr, float beta1, float beta2, float eps, float weight_decay, int adamw,
