@@ -38,9 +38,10 @@
 //   g = grad * grad_scale;  g = g + wd*p  (L2, only when wd > 0, as torch and DeepSpeed)
 //   sum = sum + g*g
 //   p = p - (lr*g) / (sqrt(sum) + eps)
-// This is torch's operation order (addcmul_, sqrt().add_(eps), addcdiv_(value=-lr), which
-// computes (-lr*g)/std): for wd = 0 and grad_scale = 1 the new p and sum have torch's CPU bits.
-// torch's L2 term g.add(p, alpha=wd) may use an FMA on the CPU, zoe a mul then an add.
+// This is torch's operation order (addcmul_, sqrt().add_(eps), then addcdiv_(value=-lr), which
+// computes p + (-lr*g)/std): the first step from a zero sum (wd = 0, grad_scale = 1) has torch
+// 2.15's CPU bits. Later sums differ in the last bit: torch's CPU addcmul_ rounds sum + g*g
+// once (FMA), zoe rounds g*g first; its L2 term g.add(p, alpha=wd) may fuse as well.
 // DeepSpeed computes p + (g/std)*(-lr) with FMA, and sum with an FMA. DeepSpeed's defaults
 // (deepspeed/ops/adagrad/cpu_adagrad.py): lr 1e-2, eps 1e-10, weight_decay 0; torch's are the
 // same. AdagradParams follows them.

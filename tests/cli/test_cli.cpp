@@ -178,7 +178,8 @@ TEST(Cli, PlanTakesTrainsDeviceBudget) {
 // unknown optimizer is refused naming the flag and the choices.
 TEST(Cli, BenchAdamOptimizers) {
   for (const char* opt : {"lion", "adagrad", "adam"}) {
-    CmdResult r = zoe(std::string("bench adam --json --params 1M --repeats 1 --threads 1 --optimizer ") + opt);
+    CmdResult r =
+        zoe(std::string("bench adam --json --params 1M --repeats 1 --threads 1 --optimizer ") + opt);
     ASSERT_EQ(r.rc, 0) << opt << ": " << r.err;
     json j = json::parse(r.out);
     EXPECT_EQ(j["optimizer"], opt);
