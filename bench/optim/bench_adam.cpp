@@ -1,6 +1,6 @@
-// Google Benchmark cases for the fused CPU Adam step (issue 3): 64M and 256M params, 1 thread
-// and all threads, fp32 and bf16 grads, with and without a bf16 param copy, bf16 m/v (RNE and
-// stochastic rounding).
+// Google Benchmark cases for the fused CPU Adam step: 64M and 256M params, 1 thread and all
+// threads, fp32 and bf16 grads, with and without a bf16 param copy, bf16 m/v (RNE and stochastic
+// rounding); and the fused Lion and Adagrad steps (lion/..., adagrad/...) with fp32 states.
 //
 // Each case runs rounds of (roofline, fused, norm, full step, separate passes) alternately on the
 // same buffers and reports the fused pass's time as the benchmark's time, with counters:
@@ -40,7 +40,7 @@ void run_case(benchmark::State& state, ob::Config c) {
   bool warm = false;
   int round = 0;
   for (auto _ : state) {
-    auto r = ob::time_roofline(b, e);
+    auto r = ob::time_roofline(b, c, e);
     auto f = ob::time_fused(b, c, e);
     auto u = ob::time_full(b, c, e);
     auto s = ob::time_separate(b, c, e, round++ % 2 ? 0.5f : 2.0f);
@@ -79,20 +79,25 @@ void register_cases() {
                               {"g_bf16/out_bf16/mv_bf16_sr", DType::kBF16, true, DType::kBF16, true}};
   for (size_t mparams : {64, 256}) {
     for (int threads : {1, all}) {
-      for (const Variant& v : variants) {
-        ob::Config c;
-        c.params = mparams << 20;
-        c.threads = threads;
-        c.grad_dtype = v.grad;
-        c.state_dtype = v.state;
-        c.stochastic_rounding = v.sr;
-        if (v.out) c.out_dtype = DType::kBF16;
-        std::string name =
-            "adam/" + std::to_string(mparams) + "M/threads:" + std::to_string(threads) + "/" + v.name;
-        benchmark::RegisterBenchmark(name.c_str(), run_case, c)
-            ->UseManualTime()
-            ->Iterations(6)
-            ->Unit(benchmark::kMillisecond);
+      for (ob::Optimizer opt : {ob::Optimizer::kAdam, ob::Optimizer::kLion, ob::Optimizer::kAdagrad}) {
+        for (const Variant& v : variants) {
+          // Lion and Adagrad: the fp32-state variants (their bf16 state is the same pass, one stream).
+          if (opt != ob::Optimizer::kAdam && v.state != DType::kF32) continue;
+          ob::Config c;
+          c.optimizer = opt;
+          c.params = mparams << 20;
+          c.threads = threads;
+          c.grad_dtype = v.grad;
+          c.state_dtype = v.state;
+          c.stochastic_rounding = v.sr;
+          if (v.out) c.out_dtype = DType::kBF16;
+          std::string name = std::string(ob::optimizer_name(opt)) + "/" + std::to_string(mparams) +
+                             "M/threads:" + std::to_string(threads) + "/" + v.name;
+          benchmark::RegisterBenchmark(name.c_str(), run_case, c)
+              ->UseManualTime()
+              ->Iterations(6)
+              ->Unit(benchmark::kMillisecond);
+        }
       }
       if (all == 1) break;
     }

@@ -1,4 +1,5 @@
-// `zoe bench adam`: the fused CPU Adam step against its memory roofline and the unfused step.
+// `zoe bench adam`: the fused CPU Adam (or Lion, Adagrad) step against its memory roofline and
+// the unfused step.
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -17,6 +18,7 @@ namespace {
 using nlohmann::json;
 
 struct Opts {
+  std::string optimizer = "adam";
   std::string params = "64M";
   int threads = 0;
   int numa_node = -1;
@@ -37,6 +39,14 @@ DType dtype_or_fail(const std::string& s, const char* flag) {
 
 optim::bench::Config config_from(const Opts& o) {
   optim::bench::Config c;
+  if (o.optimizer == "adam" || o.optimizer == "adamw")
+    c.optimizer = optim::bench::Optimizer::kAdam;
+  else if (o.optimizer == "lion")
+    c.optimizer = optim::bench::Optimizer::kLion;
+  else if (o.optimizer == "adagrad")
+    c.optimizer = optim::bench::Optimizer::kAdagrad;
+  else
+    fail(invalid_argument("--optimizer %s: expected adam, lion or adagrad", o.optimizer.c_str()));
   c.params = value_or_fail(parse_bytes(o.params));
   c.threads = o.threads;
   c.numa_node = o.numa_node;
@@ -81,7 +91,8 @@ json to_json(const optim::bench::Report& r) {
     return json{{"median", s.median_s * 1e3}, {"min", s.min_s * 1e3}};
   };
   double p = double(c.params);
-  return json{{"params", c.params},
+  return json{{"optimizer", optim::bench::optimizer_name(c.optimizer)},
+              {"params", c.params},
               {"threads", r.threads},
               {"grad_dtype", dtype_name(c.grad_dtype)},
               {"out_dtype", c.out_dtype ? dtype_name(*c.out_dtype) : "none"},
@@ -136,10 +147,12 @@ json to_json(const optim::bench::Report& r) {
 void print_human(const optim::bench::Report& r) {
   const auto& c = r.config;
   Targets t = targets_for(c);
-  printf("# zoe bench adam: %zu params, %d thread(s) (%s), path %s\n", c.params, r.threads,
+  const char* opt = optim::bench::optimizer_name(c.optimizer);
+  printf("# zoe bench adam: %s, %zu params, %d thread(s) (%s), path %s\n", opt, c.params, r.threads,
          r.pool_backend.c_str(), r.simd_path.c_str());
-  printf("#   grad %s, m/v %s%s, param copy %s; medians of %d rounds run alternately\n",
-         dtype_name(c.grad_dtype), dtype_name(c.state_dtype),
+  printf("#   grad %s, %s %s%s, param copy %s; medians of %d rounds run alternately\n",
+         dtype_name(c.grad_dtype), optim::bench::state_count(c.optimizer) == 2 ? "m/v" : "state",
+         dtype_name(c.state_dtype),
          c.state_dtype == DType::kF32 ? ""
          : c.stochastic_rounding      ? " (stochastic rounding)"
                                       : " (RNE)",
@@ -162,10 +175,11 @@ void print_human(const optim::bench::Report& r) {
                            fmt("%.2f", bw), fmt("%.3f", bw / roof)});
   };
   row("roofline (same streams)", r.bytes.fused, r.roofline, r.bytes.fused);
-  row("fused adam", r.bytes.fused, r.fused, r.bytes.fused);
+  row((std::string("fused ") + opt).c_str(), r.bytes.fused, r.fused, r.bytes.fused);
   row("norm", r.bytes.norm, r.norm, r.bytes.norm);
   row("full = norm + fused *", r.bytes.full, r.full, r.bytes.fused);
-  row("separate: norm,scale,adam,cast", r.bytes.separate, r.separate, r.bytes.separate);
+  row((std::string("separate: norm,scale,") + opt + ",cast").c_str(), r.bytes.separate, r.separate,
+      r.bytes.separate);
   if (c.grad_dtype != DType::kF32)
     row("separate, fp32 grads", r.bytes.separate_fp32, r.separate_fp32, r.bytes.separate_fp32);
   printf("#  * GB/s of the full step counts its minimal bytes (%.0f B/param), as if the norm came from\n",
@@ -191,9 +205,10 @@ static void add_bench_adam_command(CLI::App& bench) {
   auto o = std::make_shared<Opts>();
   CLI::App* cmd = bench.add_subcommand(
       "adam",
-      "CPU optimizer step: the fused Adam pass against a roofline kernel with its exact memory\n"
-      "streams, the full step (norm + fused pass), and the unfused step (norm; scale; Adam; cast),\n"
-      "all measured alternately in one run");
+      "CPU optimizer step: the fused Adam (or --optimizer lion|adagrad) pass against a roofline\n"
+      "kernel with its exact memory streams, the full step (norm + fused pass), and the unfused\n"
+      "step (norm; scale; optimizer; cast), all measured alternately in one run");
+  cmd->add_option("--optimizer", o->optimizer, "adam|lion|adagrad: whose fused step (default adam)");
   cmd->add_option("--params", o->params, "Parameters in the shard, e.g. 64M, 256M, 1e8 (default 64M)");
   int_range(cmd->add_option("--threads", o->threads, "Threads (default: all)"), 0, kMaxThreads);
   int_range(cmd->add_option("--numa-node", o->numa_node, "Bind the threads to this NUMA node's cores"), -1,
@@ -201,9 +216,10 @@ static void add_bench_adam_command(CLI::App& bench) {
   cmd->add_option("--grad-dtype", o->grad_dtype, "fp32|bf16|fp16 (default fp32)");
   cmd->add_option("--out-dtype", o->out_dtype,
                   "none|bf16|fp16: the param copy for the device (default bf16)");
-  cmd->add_option("--state-dtype", o->state_dtype, "fp32|bf16: Adam's m and v (default fp32)");
+  cmd->add_option("--state-dtype", o->state_dtype,
+                  "fp32|bf16: Adam's m and v, Lion's m, Adagrad's sum (default fp32)");
   cmd->add_flag("--stochastic-rounding", o->stochastic_rounding,
-                "bf16 m/v: round stochastically (default RNE)");
+                "bf16 states: round stochastically (default RNE)");
   cmd->add_option("--simd", o->simd, "scalar|avx2|avx512 (default: the best this CPU has, or $ZOE_SIMD)");
   int_range(cmd->add_option("--repeats", o->repeats, "Measured rounds after one warm-up (default 5)"), 1,
             kMaxRepeats);

@@ -4,6 +4,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <random>
 
@@ -32,15 +33,28 @@ Result<double> timed(Fn&& fn) {
 
 }  // namespace
 
+const char* optimizer_name(Optimizer o) {
+  switch (o) {
+    case Optimizer::kAdam:
+      return "adam";
+    case Optimizer::kLion:
+      return "lion";
+    case Optimizer::kAdagrad:
+      return "adagrad";
+  }
+  return "?";
+}
+
 Bytes bytes_per_param(const Config& c) {
   double gb = double(dtype_size(c.grad_dtype)), sb = double(dtype_size(c.state_dtype));
   double ob = c.out_dtype ? 2.0 : 0.0;
+  const double k = state_count(c.optimizer);  // states read and written
   Bytes b;
-  b.fused = 4 + gb + 2 * sb + 4 + 2 * sb + ob;
+  b.fused = 4 + gb + k * sb + 4 + k * sb + ob;
   b.norm = gb;
   b.full = b.norm + b.fused;
-  b.separate = gb + 2 * gb + (8 + gb + 16) + (c.out_dtype ? 4 + ob : 0);
-  b.separate_fp32 = 4 + 2 * 4 + (8 + 4 + 16) + (c.out_dtype ? 4 + ob : 0);
+  b.separate = gb + 2 * gb + (8 + gb + 8 * k) + (c.out_dtype ? 4 + ob : 0);
+  b.separate_fp32 = 4 + 2 * 4 + (8 + 4 + 8 * k) + (c.out_dtype ? 4 + ob : 0);
   return b;
 }
 
@@ -60,14 +74,15 @@ Result<std::unique_ptr<Buffers>> Buffers::create(const Config& c, CpuPool* pool)
   const size_t gs = dtype_size(c.grad_dtype), ss = dtype_size(c.state_dtype);
   b->p_ = static_cast<float*>(alloc(n * 4));
   b->g_ = alloc(n * gs);
+  const bool two = state_count(c.optimizer) == 2;
   b->m_ = alloc(n * ss);
-  b->v_ = alloc(n * ss);
+  b->v_ = two ? alloc(n * ss) : b->m_;  // one-state optimizers: v is never read
   if (c.state_dtype == DType::kF32) {
     b->m32_ = b->m_;
     b->v32_ = b->v_;
   } else {
     b->m32_ = alloc(n * 4);
-    b->v32_ = alloc(n * 4);
+    b->v32_ = two ? alloc(n * 4) : b->m32_;
   }
   b->out_ = alloc(n * 2);
   b->g32_ = gs == 4 ? b->g_ : alloc(n * 4);
@@ -89,6 +104,7 @@ Result<std::unique_ptr<Buffers>> Buffers::create(const Config& c, CpuPool* pool)
         static_cast<uint16_t*>(b->g_)[i] = c.grad_dtype == DType::kF16 ? f32_to_f16(g) : f32_to_bf16(g);
       if (gs != 4) static_cast<float*>(b->g32_)[i] = g;
       float m = up(rng) * 1e-2f, v = uv(rng);
+      if (c.optimizer == Optimizer::kAdagrad) m = std::fabs(m);  // a sum of squares
       static_cast<float*>(b->m32_)[i] = m;
       static_cast<float*>(b->v32_)[i] = v;
       if (ss == 2) {
@@ -133,6 +149,27 @@ AdamBuffers Buffers::separate() const {
   return a;
 }
 
+OneStateBuffers Buffers::one_state() const {
+  OneStateBuffers a;
+  a.n = c_.params;
+  a.param = p_;
+  a.grad = g_;
+  a.grad_dtype = c_.grad_dtype;
+  a.state = m_;
+  a.state_dtype = c_.state_dtype;
+  a.param_out = c_.out_dtype ? out_ : nullptr;
+  a.param_out_dtype = c_.out_dtype.value_or(DType::kBF16);
+  return a;
+}
+
+OneStateBuffers Buffers::one_state_separate() const {
+  OneStateBuffers a = one_state();
+  a.state = m32_;
+  a.state_dtype = DType::kF32;
+  a.param_out = nullptr;
+  return a;
+}
+
 namespace {
 AdamParams bench_params() {
   AdamParams p;
@@ -140,16 +177,37 @@ AdamParams bench_params() {
   p.weight_decay = 0.01f;
   return p;
 }
+
+// One step of c.optimizer over the fused (separate: the fp32-state, no-copy) buffers, with
+// `grad` of dtype gd in place of the buffers' gradients when given.
+Status run_step(const Buffers& b, const Config& c, const Exec& e, bool separate, AdamStep st,
+                const void* grad = nullptr, DType gd = DType::kF32) {
+  if (c.optimizer == Optimizer::kAdam) {
+    AdamArgs a{separate ? b.separate() : b.fused(), bench_params(), st};
+    a.params.stochastic_rounding = c.stochastic_rounding && !separate;
+    if (grad) a.buf.grad = grad, a.buf.grad_dtype = gd;
+    return adam_step(a, e);
+  }
+  OneStateBuffers buf = separate ? b.one_state_separate() : b.one_state();
+  if (grad) buf.grad = grad, buf.grad_dtype = gd;
+  const bool sr = c.stochastic_rounding && !separate;
+  if (c.optimizer == Optimizer::kLion) {
+    LionArgs a{buf, LionParams{1e-4f, 0.9f, 0.99f, 0.01f, sr, 0}, st};
+    return lion_step(a, e);
+  }
+  AdagradArgs a{buf, AdagradParams{1e-2f, 1e-10f, 0.01f, sr, 0}, st};
+  return adagrad_step(a, e);
+}
 }  // namespace
 
-Result<double> time_roofline(const Buffers& b, const Exec& e) {
+Result<double> time_roofline(const Buffers& b, const Config& c, const Exec& e) {
+  if (c.optimizer != Optimizer::kAdam)
+    return timed([&] { return one_state_roofline_pass(b.one_state(), e); });
   return timed([&] { return roofline_pass(b.fused(), e); });
 }
 
 Result<double> time_fused(const Buffers& b, const Config& c, const Exec& e) {
-  AdamArgs a{b.fused(), bench_params(), AdamStep{10, 1.0f / 1024.0f}};
-  a.params.stochastic_rounding = c.stochastic_rounding;
-  return timed([&] { return adam_step(a, e); });
+  return timed([&] { return run_step(b, c, e, false, AdamStep{10, 1.0f / 1024.0f}); });
 }
 
 Result<double> time_norm(const Buffers& b, const Config& c, const Exec& e) {
@@ -160,6 +218,14 @@ Result<double> time_norm(const Buffers& b, const Config& c, const Exec& e) {
 }
 
 Result<double> time_full(const Buffers& b, const Config& c, const Exec& e) {
+  if (c.optimizer != Optimizer::kAdam) {
+    return timed([&]() -> Status {
+      ZOE_ASSIGN_OR_RETURN(NormResult norm, grad_norm_sq(b.grad(), c.grad_dtype, c.params, e));
+      StepScale sc = compute_step_scale(norm, 1024.0f, 1e9f);
+      if (sc.overflow) return internal_error("optimizer bench: the full step overflowed");
+      return run_step(b, c, e, false, AdamStep{10, sc.grad_scale});
+    });
+  }
   AdamGroup group;
   group.params = bench_params();
   group.params.stochastic_rounding = c.stochastic_rounding;
@@ -179,11 +245,7 @@ Result<double> time_separate(const Buffers& b, const Config& c, const Exec& e, f
     auto norm = grad_norm_sq(g, gd, c.params, e);
     if (!norm.is_ok()) return norm.status();
     ZOE_RETURN_IF_ERROR(scale_in_place(g, gd, c.params, scale, e));
-    AdamBuffers ab = b.separate();
-    ab.grad = g;
-    ab.grad_dtype = gd;
-    AdamArgs a{ab, bench_params(), AdamStep{10, 1.0f}};
-    ZOE_RETURN_IF_ERROR(adam_step(a, e));
+    ZOE_RETURN_IF_ERROR(run_step(b, c, e, true, AdamStep{10, 1.0f}, g, gd));
     if (c.out_dtype) {
       auto r =
           convert_with_norm(b.fused().param, DType::kF32, b.param_out(), *c.out_dtype, c.params, false, e);
@@ -219,7 +281,7 @@ Result<Report> run(const Config& c, const std::function<void(int, int)>& progres
   const bool fp32_baseline = c.grad_dtype != DType::kF32;
   const int rounds = c.repeats + 1;  // the first round warms up and is dropped
   for (int i = 0; i < rounds; ++i) {
-    ZOE_ASSIGN_OR_RETURN(double a, time_roofline(*bufs, e));
+    ZOE_ASSIGN_OR_RETURN(double a, time_roofline(*bufs, c, e));
     ZOE_ASSIGN_OR_RETURN(double f, time_fused(*bufs, c, e));
     ZOE_ASSIGN_OR_RETURN(double nm, time_norm(*bufs, c, e));
     ZOE_ASSIGN_OR_RETURN(double u, time_full(*bufs, c, e));

@@ -1,4 +1,6 @@
 // Benchmark harness for the CPU optimizer step, shared by `zoe bench adam` and bench_adam.
+// Config::optimizer picks AdamW (adam_step) or Lion / Adagrad (lion_adagrad.h: one state where
+// Adam has two; the same variants, with that optimizer's step in place of Adam's).
 //
 // Measures, alternately in one run (roofline, fused, full, separate, roofline, ...) so drift of
 // a shared machine hits all of them alike, and reports medians:
@@ -21,10 +23,16 @@
 
 #include "core/dtype.h"
 #include "optim/adam.h"
+#include "optim/lion_adagrad.h"
 
 namespace zoe::optim::bench {
 
+enum class Optimizer { kAdam, kLion, kAdagrad };
+const char* optimizer_name(Optimizer o);  // "adam", "lion", "adagrad"
+inline int state_count(Optimizer o) { return o == Optimizer::kAdam ? 2 : 1; }
+
 struct Config {
+  Optimizer optimizer = Optimizer::kAdam;
   size_t params = size_t(64) << 20;
   int threads = 0;  // 0: all PUs
   int numa_node = -1;
@@ -57,6 +65,9 @@ class Buffers {
 
   AdamBuffers fused() const;     // state_dtype m/v, param_out when configured
   AdamBuffers separate() const;  // fp32 m/v, no param_out (cast is its own pass)
+  // Lion / Adagrad: m is the one state.
+  OneStateBuffers one_state() const;           // as fused()
+  OneStateBuffers one_state_separate() const;  // as separate()
   void* param_out() const { return out_; }
   void* grad() const { return g_; }
   void* grad32() const { return g32_; }  // fp32 copy of the gradients (g_ itself when fp32)
@@ -71,7 +82,7 @@ class Buffers {
 };
 
 // One timed call of each variant, in seconds.
-Result<double> time_roofline(const Buffers& b, const Exec& e);
+Result<double> time_roofline(const Buffers& b, const Config& c, const Exec& e);
 Result<double> time_fused(const Buffers& b, const Config& c, const Exec& e);
 Result<double> time_norm(const Buffers& b, const Config& c, const Exec& e);
 Result<double> time_full(const Buffers& b, const Config& c, const Exec& e);

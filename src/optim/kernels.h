@@ -94,4 +94,41 @@ const LowbitTable& scalar_lowbit_table();
 const LowbitTable* avx2_lowbit_table();
 const LowbitTable* avx512_lowbit_table();
 
+// ---- Lion and Adagrad (lion_adagrad.h; kernels in lion_adagrad_body.inc) -----------------------
+
+// Constants of one Lion or Adagrad step (make_lion_constants / make_adagrad_constants fill them,
+// each rounded to float once) and the buffer's global index of element 0.
+struct OneStateConstants {
+  float grad_scale;
+  float lr;
+  float beta1, one_minus_beta1;  // Lion
+  float beta2, one_minus_beta2;  // Lion
+  float decay;                   // Lion: 1 - lr*wd
+  float eps;                     // Adagrad
+  float l2;                      // Adagrad: wd
+  uint32_t sr_seed;              // stochastic rounding of a bf16 state: hash of (sr_seed, step)
+  uint64_t index_base;           // global index of element 0 (a multiple of 16), for the hash
+};
+
+// One fused pass over [begin, end): p (fp32, in place), g, the one state s, out (optional).
+// Codes: grad 0 fp32, 1 fp16, 2 bf16; state 0 fp32, 2 bf16 RNE, 3 bf16 stochastic; out 0 none,
+// 1 fp16, 2 bf16, 4 fp16 and 5 bf16 with non-temporal stores (out then 32-byte aligned).
+using OneStateFn = void (*)(const OneStateConstants& c, float* p, const void* g, void* s, void* out,
+                            size_t begin, size_t end);
+// The memory yardstick of a one-state pass: reads p, g, s; writes p, s and out (out_bytes: 0
+// none, 2 a 16-bit copy, 3 that copy with non-temporal stores); trivial integer arithmetic.
+using OneStateRooflineFn = void (*)(float* p, const void* g, void* s, void* out, size_t begin, size_t end);
+
+struct OneStateTable {
+  const char* name;
+  OneStateFn (*lion)(int grad, int state, int out);
+  // wd: the L2 term is applied (weight_decay > 0); without it p is not read into g.
+  OneStateFn (*adagrad)(int grad, int state, int out, bool wd);
+  OneStateRooflineFn (*roofline)(int grad_bytes, int state_bytes, int out_bytes);
+};
+
+const OneStateTable& scalar_one_state_table();
+const OneStateTable* avx2_one_state_table();
+const OneStateTable* avx512_one_state_table();
+
 }  // namespace zoe::optim::kern

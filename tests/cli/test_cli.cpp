@@ -174,6 +174,24 @@ TEST(Cli, PlanTakesTrainsDeviceBudget) {
       << r.err;
 }
 
+// zoe bench adam --optimizer lion|adagrad: the one-state steps' bytes (no v) in the JSON; an
+// unknown optimizer is refused naming the flag and the choices.
+TEST(Cli, BenchAdamOptimizers) {
+  for (const char* opt : {"lion", "adagrad", "adam"}) {
+    CmdResult r =
+        zoe(std::string("bench adam --json --params 1M --repeats 1 --threads 1 --optimizer ") + opt);
+    ASSERT_EQ(r.rc, 0) << opt << ": " << r.err;
+    json j = json::parse(r.out);
+    EXPECT_EQ(j["optimizer"], opt);
+    // fp32 p read and written, fp32 gradients read, each fp32 state read and written, a bf16 copy.
+    EXPECT_EQ(j["bytes_per_param"], std::string(opt) == "adam" ? 30.0 : 22.0) << opt;
+    EXPECT_GT(j["params_per_s"].get<double>(), 0.0) << opt;
+  }
+  CmdResult r = zoe("bench adam --optimizer sgd");
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_NE(r.err.find("--optimizer sgd: expected adam, lion or adagrad"), std::string::npos) << r.err;
+}
+
 TEST(Cli, BenchSwapJson) {
   zoe::test::ScratchDir d("swap");
   CmdResult r =
