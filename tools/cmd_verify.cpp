@@ -93,7 +93,8 @@ Run build(Runtime& rt, const Config& cfg, const model::GptConfig& mc, int T, con
 }
 
 // One step of `r` on step k's micro-batches (the same for both runs); its loss and norm recorded.
-void step(Run& r, const data::Corpus& corpus, int batch, int T, int k, uint64_t seed, const std::string& what) {
+void step(Run& r, const data::Corpus& corpus, int batch, int T, int k, uint64_t seed,
+          const std::string& what) {
   std::vector<std::vector<int32_t>> tokens(static_cast<size_t>(r.accum)), targets(tokens.size());
   for (int64_t j = 0; j < r.accum; ++j) {
     data::sample_batch(corpus.train, batch, T, seed, static_cast<uint64_t>(k), 0, static_cast<int>(j),
@@ -102,7 +103,8 @@ void step(Run& r, const data::Corpus& corpus, int batch, int T, int k, uint64_t 
   double loss = 0;
   if (r.models.size() > 1) {
     auto l = r.trainer->forward_backward_layer_major(tokens, targets, r.models);
-    if (!l.is_ok()) fail(l.status().with_context("zoe verify: the " + what + " run, step " + std::to_string(k + 1)));
+    if (!l.is_ok())
+      fail(l.status().with_context("zoe verify: the " + what + " run, step " + std::to_string(k + 1)));
     for (float x : l.value()) loss += x;
   } else {
     for (size_t j = 0; j < tokens.size(); ++j) {
@@ -113,7 +115,8 @@ void step(Run& r, const data::Corpus& corpus, int batch, int T, int k, uint64_t 
     }
   }
   auto st = r.eng->step();
-  if (!st.is_ok()) fail(st.status().with_context("zoe verify: the " + what + " run, step " + std::to_string(k + 1)));
+  if (!st.is_ok())
+    fail(st.status().with_context("zoe verify: the " + what + " run, step " + std::to_string(k + 1)));
   r.losses.push_back(loss / static_cast<double>(r.accum));
   r.grad_norms.push_back(st.value().grad_norm);
 }
@@ -186,15 +189,17 @@ void save(Run& r, const std::string& dir, const std::string& what) {
 void run(const VerifyOpts& o) {
   auto rt = value_or_fail(Runtime::init());
   if (rt->world_size() != 1) {
-    usage_fail(invalid_argument("zoe verify runs on one rank (its reference is one rank): run it without mpirun; "
-                                "%d ranks were started",
-                                rt->world_size()));
+    usage_fail(
+        invalid_argument("zoe verify runs on one rank (its reference is one rank): run it without mpirun; "
+                         "%d ranks were started",
+                         rt->world_size()));
   }
   const Config cfg = value_or_fail(Config::load(o.config, 1));
   const Config ref = reference_config(cfg);
   std::string names;
   const model::GptPreset* pr = model::find_gpt_preset(o.preset, &names);
-  if (pr == nullptr) usage_fail(invalid_argument("--preset %s is not one of %s", o.preset.c_str(), names.c_str()));
+  if (pr == nullptr)
+    usage_fail(invalid_argument("--preset %s is not one of %s", o.preset.c_str(), names.c_str()));
   model::GptConfig mc;
   mc.layers = pr->layers;
   mc.d_model = pr->d_model;
@@ -206,8 +211,9 @@ void run(const VerifyOpts& o) {
   const int batch = static_cast<int>(cfg.micro_batch());
   const data::Corpus corpus = data::make_arithmetic(o.seed, 20000);
   const std::string work =
-      o.work_dir.empty() ? (std::filesystem::temp_directory_path() / ("zoe-verify-" + std::to_string(getpid()))).string()
-                         : o.work_dir;
+      o.work_dir.empty()
+          ? (std::filesystem::temp_directory_path() / ("zoe-verify-" + std::to_string(getpid()))).string()
+          : o.work_dir;
   std::filesystem::create_directories(work);
   Progress progress(!o.json);
   Run a = build(*rt, cfg, mc, T, o, ckpt, "configured");
@@ -248,8 +254,9 @@ void run(const VerifyOpts& o) {
             {"params", mc.num_params()},
             {"losses", {{"configured", a.losses}, {"reference", b.losses}}},
             {"grad_norms", {{"configured", a.grad_norms}, {"reference", b.grad_norms}}},
-            {"compared", "losses, gradient norms and masters after every step; master, exp_avg and exp_avg_sq "
-                         "of every parameter at the end"}};
+            {"compared",
+             "losses, gradient norms and masters after every step; master, exp_avg and exp_avg_sq "
+             "of every parameter at the end"}};
   if (!diff.tensor.empty()) {
     j["differing_elements"] = diff.elements;
     j["tensor_elements"] = diff.numel;
@@ -258,12 +265,13 @@ void run(const VerifyOpts& o) {
   if (o.json) {
     print_json(j);
   } else if (first.is_null()) {
-    printf("zoe verify: identical. %d steps of %s in %s and in the reference placement (stage 0, nothing "
-           "offloaded) gave the same losses, gradient norms and optimizer states, bit for bit.\n",
-           o.steps, o.preset.c_str(), o.config.c_str());
+    printf(
+        "zoe verify: identical. %d steps of %s in %s and in the reference placement (stage 0, nothing "
+        "offloaded) gave the same losses, gradient norms and optimizer states, bit for bit.\n",
+        o.steps, o.preset.c_str(), o.config.c_str());
   } else {
-    printf("zoe verify: DIVERGED at step %d: %s differs from the reference placement's", first["step"].get<int>(),
-           first["tensor"].get<std::string>().c_str());
+    printf("zoe verify: DIVERGED at step %d: %s differs from the reference placement's",
+           first["step"].get<int>(), first["tensor"].get<std::string>().c_str());
     if (!diff.tensor.empty()) {
       printf(" (%llu of %llu elements, max |difference| %g)", static_cast<unsigned long long>(diff.elements),
              static_cast<unsigned long long>(diff.numel), diff.max_abs);
@@ -271,9 +279,10 @@ void run(const VerifyOpts& o) {
     printf(".\n");
   }
   if (!first.is_null()) {
-    fail(internal_error("the placement in %s trains differently from the reference placement (first at step %d, "
-                        "%s): a wrong result in zoe; please report it with the config",
-                        o.config.c_str(), first["step"].get<int>(), first["tensor"].get<std::string>().c_str()));
+    fail(internal_error(
+        "the placement in %s trains differently from the reference placement (first at step %d, "
+        "%s): a wrong result in zoe; please report it with the config",
+        o.config.c_str(), first["step"].get<int>(), first["tensor"].get<std::string>().c_str()));
   }
 }
 
@@ -284,21 +293,30 @@ static void add_verify_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "verify",
       "Trust a placement: train the reference GPT --steps steps in the placement --config asks for and in a\n"
-      "reference placement (ZeRO stage 0, nothing offloaded, no device budget; the same precision, optimizer,\n"
-      "state formats and batch), on the same batches from the same weights, and compare the losses, gradient\n"
+      "reference placement (ZeRO stage 0, nothing offloaded, no device budget; the same precision, "
+      "optimizer,\n"
+      "state formats and batch), on the same batches from the same weights, and compare the losses, "
+      "gradient\n"
       "norms and masters after every step and every optimizer state (master, Adam's m and v) at the end,\n"
-      "bit for bit. zoe's placements give the same bits on one rank: a difference is a wrong result, and the\n"
+      "bit for bit. zoe's placements give the same bits on one rank: a difference is a wrong result, and "
+      "the\n"
       "verdict names the first step and tensor that differ (exit code 1). One rank.");
   cmd->add_option("--config", o->config, "The DeepSpeed-style config to verify")->required();
-  cmd->add_option("--preset", o->preset, "Model size: tiny, small, demo, medium, large, 2b")->capture_default_str();
-  cmd->add_option("--steps", o->steps, "Optimizer steps of each run")->check(CLI::Range(1, 100000))->capture_default_str();
-  cmd->add_option("--seq", o->seq, "Tokens per sequence (default: the preset's context)")->check(CLI::Range(2, 1 << 20));
+  cmd->add_option("--preset", o->preset, "Model size: tiny, small, demo, medium, large, 2b")
+      ->capture_default_str();
+  cmd->add_option("--steps", o->steps, "Optimizer steps of each run")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  cmd->add_option("--seq", o->seq, "Tokens per sequence (default: the preset's context)")
+      ->check(CLI::Range(2, 1 << 20));
   cmd->add_option("--seed", o->seed, "Initial weights and batches")->capture_default_str();
   cmd->add_option("--threads", o->threads, "Compute threads (0: all cores)")->check(CLI::Range(0, 4096));
-  cmd->add_option("--work-dir", o->work_dir,
-                  "Where the two runs' checkpoints are written and kept (default: a temporary directory, removed)");
-  cmd->add_flag("--json",
-                o->json, "Print one JSON object {verdict: identical|diverged, first_divergence: {step, tensor} | null, ...}");
+  cmd->add_option(
+      "--work-dir", o->work_dir,
+      "Where the two runs' checkpoints are written and kept (default: a temporary directory, removed)");
+  cmd->add_flag(
+      "--json", o->json,
+      "Print one JSON object {verdict: identical|diverged, first_divergence: {step, tensor} | null, ...}");
   cmd->callback([o] { run(*o); });
 }
 

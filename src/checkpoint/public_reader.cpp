@@ -63,7 +63,7 @@ Status CheckpointReader::read_state_f32(size_t index, const std::string& kind, f
                             path().c_str(), index, impl_->params.size());
   }
   const CheckpointParam& p = impl_->params[index];
-  if (!impl_->reader->has_kind(kind)) {
+  if (!impl_->reader->has_kind(kind) || impl_->reader->manifest().modules[impl_->module_of[index]].frozen) {
     return not_found("checkpoint %s holds no %s (of %s)", path().c_str(), kind.c_str(),
                      p.full_name().c_str());
   }

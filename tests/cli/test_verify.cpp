@@ -18,24 +18,26 @@ using nlohmann::json;
 std::string write_config(const zoe::test::ScratchDir& d, const std::string& name, const std::string& zero,
                          int accum, const std::string& zoe_keys) {
   const std::string path = d.file(name);
-  std::ofstream(path) << "{\"train_micro_batch_size_per_gpu\": 2, \"gradient_accumulation_steps\": " << accum
-                      << ", \"bf16\": {\"enabled\": true}, \"gradient_clipping\": 1.0,"
-                         " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.001, \"weight_decay\": 0.01}},"
-                         " \"zero_optimization\": "
-                      << zero << ", \"zoe\": {" << zoe_keys << "}}";
+  std::ofstream(path)
+      << "{\"train_micro_batch_size_per_gpu\": 2, \"gradient_accumulation_steps\": " << accum
+      << ", \"bf16\": {\"enabled\": true}, \"gradient_clipping\": 1.0,"
+         " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.001, \"weight_decay\": 0.01}},"
+         " \"zero_optimization\": "
+      << zero << ", \"zoe\": {" << zoe_keys << "}}";
   return path;
 }
 
 TEST(VerifyCli, IdenticalForCorrectPlacementsDivergedForABrokenOne) {
   zoe::test::ScratchDir d("verify");
   const std::string nvme = "{\"device\": \"nvme\", \"nvme_path\": \"" + d.path() + "\"}";
-  const std::string s3 = write_config(
-      d, "s3.json",
-      "{\"stage\": 3, \"stage3_param_persistence_threshold\": 0, \"offload_param\": " + nvme +
-          ", \"offload_optimizer\": " + nvme + "}",
-      1, "\"device_budget\": \"4MiB\"");
-  const std::string s2 = write_config(d, "s2.json", "{\"stage\": 2, \"offload_optimizer\": {\"device\": \"cpu\"}}",
-                                      3, "\"schedule\": \"layer-major\"");
+  const std::string s3 =
+      write_config(d, "s3.json",
+                   "{\"stage\": 3, \"stage3_param_persistence_threshold\": 0, \"offload_param\": " + nvme +
+                       ", \"offload_optimizer\": " + nvme + "}",
+                   1, "\"device_budget\": \"4MiB\"");
+  const std::string s2 =
+      write_config(d, "s2.json", "{\"stage\": 2, \"offload_optimizer\": {\"device\": \"cpu\"}}", 3,
+                   "\"schedule\": \"layer-major\"");
   const std::string lowbit =
       write_config(d, "lowbit.json", "{\"stage\": 2, \"offload_optimizer\": " + nvme + "}", 2,
                    "\"optimizer_states\": \"int8\", \"master_weights\": \"bf16\"");
@@ -53,7 +55,8 @@ TEST(VerifyCli, IdenticalForCorrectPlacementsDivergedForABrokenOne) {
   // offloaded: the norm stays, the loss of step 2 too (it came before the update), and the first
   // difference is block.0's first parameter's master after step 2.
   for (const std::string& cfg : {s3, s2}) {
-    CmdResult r = zoe("verify --config " + cfg + " --preset tiny --steps 3 --json", "ZOE_TEST_FLIP_GRAD_SUM=block.0@2");
+    CmdResult r =
+        zoe("verify --config " + cfg + " --preset tiny --steps 3 --json", "ZOE_TEST_FLIP_GRAD_SUM=block.0@2");
     EXPECT_EQ(r.rc, 1) << cfg << "\n" << r.out << r.err;
     json j = json::parse(r.out, nullptr, false);
     ASSERT_FALSE(j.is_discarded()) << r.out;
@@ -61,8 +64,9 @@ TEST(VerifyCli, IdenticalForCorrectPlacementsDivergedForABrokenOne) {
     EXPECT_EQ(j["first_divergence"]["step"], 2) << j.dump();
     EXPECT_EQ(j["first_divergence"]["tensor"], "block.0.ln1_g.master") << j.dump();
     EXPECT_EQ(j["differing_elements"], 1) << j.dump();
-    EXPECT_NE(r.err.find("trains differently from the reference placement (first at step 2, block.0.ln1_g.master)"),
-              std::string::npos)
+    EXPECT_NE(
+        r.err.find("trains differently from the reference placement (first at step 2, block.0.ln1_g.master)"),
+        std::string::npos)
         << r.err;
   }
   CmdResult text = zoe("verify --config " + s3 + " --preset tiny --steps 2");
