@@ -105,3 +105,26 @@ def test_refusals_name_what_to_change(tmp_path):
     with pytest.raises(zoe.ZoeError, match="already under way"):
         eng.train_batch(data[:GAS])
     eng.close()
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_layer_major_gives_the_micro_batch_bits(arch, tmp_path):
+    """zoe.schedule "layer-major": each decoder layer fetched once per pass for the step's micro-batches,
+    the same losses and weights, bit for bit, as the micro-batch schedule."""
+    pytest.importorskip("transformers")
+    from test_hf_models import batches, build, hf_config
+
+    steps = groups(batches(GAS * STEPS))
+    runs = {}
+    for schedule in ("micro-batch", "layer-major"):
+        eng = zoe.initialize(build(arch), hf_config(tmp_path / schedule, gas=GAS, schedule=schedule),
+                             force_local=True)
+        losses = []
+        for step in steps:
+            losses += eng.train_batch([{"input_ids": ids, "labels": ids} for ids in step])
+            assert eng.last_step_stats.schedule == schedule
+        runs[schedule] = (losses, eng.master_params())
+        eng.close()
+    assert runs["layer-major"][0] == runs["micro-batch"][0]
+    for n, w in runs["micro-batch"][1].items():
+        assert torch.equal(runs["layer-major"][1][n], w), n
