@@ -24,6 +24,7 @@ Every module's gradients are reduced once per micro-batch, in micro-batch order,
 values: without dropout the losses and weights are those of the micro-batch schedule, bit for bit.
 """
 import contextlib
+import copy
 
 import torch
 
@@ -90,12 +91,30 @@ def _hidden(args, kwargs):
     return args[0] if args else kwargs["hidden_states"]
 
 
+def _is_cache(v):
+    """A transformers KV cache object (DynamicCache, ...): the model makes an empty one per forward
+    when use_cache is on, and each layer stores its keys and values in it."""
+    return type(v).__name__.endswith("Cache") and hasattr(v, "update")
+
+
+def _fresh(v):
+    # Each layer call gets the empty cache it had in the micro-batch schedule's forward (its
+    # update() then returns the keys and values laid out as there: the same bits).
+    return copy.deepcopy(v) if _is_cache(v) else v
+
+
+def _recorded(args, kwargs):
+    """A layer's arguments as recorded before any layer ran: caches copied while still empty."""
+    return tuple(_fresh(a) for a in args), {k: _fresh(v) for k, v in kwargs.items()}
+
+
 def _with_hidden(args, kwargs, h):
+    args = tuple(_fresh(a) for a in args)
+    kwargs = {k: _fresh(v) for k, v in kwargs.items()}
     if args:
-        return (h,) + tuple(args[1:]), kwargs
-    kw = dict(kwargs)
-    kw["hidden_states"] = h
-    return (), kw
+        return (h,) + args[1:], kwargs
+    kwargs["hidden_states"] = h
+    return (), kwargs
 
 
 class LayerMajor:
@@ -149,7 +168,8 @@ class LayerMajor:
         out = []
 
         def record(args, kwargs):
-            out.append((_hidden(args, kwargs), args, kwargs))
+            a, kw = _recorded(args, kwargs)
+            out.append((_hidden(args, kwargs), a, kw))
             raise _Stop()
 
         fns = [record] + [None] * (len(self.stack) - 1)
