@@ -28,6 +28,7 @@ import copy
 
 import torch
 
+from .activations import SavedActivation
 from .phase import Phase
 
 # Where the decoder layers of a transformers causal LM are (the architectures the HF tests cover).
@@ -189,6 +190,7 @@ class LayerMajor:
         for g, (h0, _, _) in enumerate(inputs):
             h[0][g] = h0
         self.tuple_out = True
+        acts = self.e._acts
         for l, layer in enumerate(self.stack):
             with self._held(l), self._phase(Phase.FORWARD), torch.no_grad():
                 for g, (_, args, kwargs) in enumerate(inputs):
@@ -197,6 +199,12 @@ class LayerMajor:
                     out = layer(*a, **kw)
                     self.tuple_out = isinstance(out, tuple)
                     h[l + 1][g] = out[0] if self.tuple_out else out
+            # With zoe.activation_offload, layer l's inputs go to the activation store (device,
+            # host, NVMe under its budgets), the last micro-batch's first: the backward loads them
+            # layer by layer, micro-batches in order, the reverse of their save order (the order
+            # the store reads ahead in).
+            for g in reversed(range(G)):
+                h[l][g] = acts.keep(h[l][g])
         return h, rng
 
     def _wrap(self, y):
@@ -253,7 +261,11 @@ class LayerMajor:
                 nxt = []
                 for g, (_, args, kwargs) in enumerate(inputs):
                     with self._phase(Phase.BACKWARD):
-                        x = h[l][g].detach().requires_grad_()
+                        stored = h[l][g]
+                        if isinstance(stored, SavedActivation):
+                            stored = self.e._acts.unpack(stored)
+                        h[l][g] = None
+                        x = stored.detach().requires_grad_()
                         _set_rng_state(rng[l][g], x.device)
                         a, kw = _with_hidden(args, kwargs, x)
                         out = layer(*a, **kw)
@@ -301,6 +313,7 @@ class LayerMajor:
         h, rng = self._forward(inputs)
         losses, dh, shares = self._head(batches, h, loss_fn)
         dh0 = self._backward(inputs, h, rng, dh)
+        self.e._acts.end_micro_batch()
         self._embedding(batches, dh0, shares)
         ps = self.e._phase
         ps.micro_steps += len(batches)

@@ -156,3 +156,30 @@ def test_layer_major_error_takes_no_step(tmp_path):
     for n in before:
         assert torch.equal(before[n], after[n]), n
     eng.close()
+
+
+def test_layer_major_inputs_go_through_the_activation_store(tmp_path):
+    """With zoe.activation_offload nvme and budgets that leave no host tier, the layer inputs of
+    every micro-batch go to NVMe and back: the same bits as the micro-batch schedule without it."""
+    pytest.importorskip("transformers")
+    from test_hf_models import batches, build, hf_config
+
+    data = [{"input_ids": ids, "labels": ids} for ids in batches(GAS)]
+    ref = zoe.initialize(build("llama"), hf_config(tmp_path / "ref", gas=GAS), force_local=True)
+    want = ref.train_batch(data)
+    want_w = ref.master_params()
+    ref.close()
+    one = 2 * 16 * 32 * 4  # a layer's input: batch x T x hidden, fp32
+    os.makedirs(tmp_path / "lm", exist_ok=True)
+    cfg = hf_config(tmp_path / "lm", gas=GAS, schedule="layer-major", activation_offload="nvme",
+                    activation_min_bytes=1024, activation_device_budget=2 * one, activation_host_budget=128 << 10,
+                    activation_nvme_path=str(tmp_path / "lm"))
+    eng = zoe.initialize(build("llama"), cfg, force_local=True)
+    got = eng.train_batch(data)
+    st = eng.activation_stats()
+    assert got == want
+    for n, w in want_w.items():
+        assert torch.equal(eng.master_params()[n], w), n
+    assert st["tier_bytes"]["nvme"] > 0, st  # placed on the NVMe tier (4 KiB tensors come back from its write runs)
+    assert st["high_water_device"] <= 2 * one, st
+    eng.close()
