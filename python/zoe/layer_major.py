@@ -156,11 +156,15 @@ class LayerMajor:
                 self.e._fetcher.release(zm)
 
     def _call(self, batch):
-        if isinstance(batch, dict):
-            return self.e.module(**batch)
-        if isinstance(batch, (tuple, list)):
-            return self.e.module(*batch)
-        return self.e.module(batch)
+        from .engine import _losses_in_fp32
+
+        # As engine(...) runs the model: a bf16/fp16 model's loss computed in float32.
+        with _losses_in_fp32(self.e._dtype):
+            if isinstance(batch, dict):
+                return self.e.module(**batch)
+            if isinstance(batch, (tuple, list)):
+                return self.e.module(*batch)
+            return self.e.module(batch)
 
     # --- the five phases -----------------------------------------------------------------------
 
