@@ -129,6 +129,11 @@ class LayerMajor:
         by_module = {id(u.module): i for i, u in enumerate(self.layout.units)}
         self.layer_units = [by_module.get(id(layer)) for layer in stack]
         self.supported = all(u is not None for u in self.layer_units)
+        # The trained parameters outside the decoder layers (embedding, final norm, head), as
+        # (zoe module, index, parameter): their gradients come from steps 3 and 5.
+        in_layers = set(self.layer_units)
+        self.outer = [(zm, i, p) for zm in self.layout.zmods if not zm.frozen and zm.unit not in in_layers
+                      for i, p in enumerate(zm.params) if p.requires_grad]
 
     # --- the engine's phase and fetches ----------------------------------------------------------
 
@@ -221,9 +226,6 @@ class LayerMajor:
         scale = self.e._eng.loss_scale()
         from .engine import _loss_of
 
-        trainable = [(zm, i, p) for zm in self.layout.zmods if not zm.frozen
-                     if self.layout.units[zm.unit] not in self._layer_unit_objs()
-                     for i, p in enumerate(zm.params) if p.requires_grad]
         losses, dh, shares = [], [], []
         for g in range(G):
             leaf = h[L][g].detach().requires_grad_()
@@ -233,21 +235,18 @@ class LayerMajor:
 
             with self._phase(Phase.FORWARD), _stand_ins(self.stack, [out_of(i) for i in range(L)]):
                 loss = _loss_of(self._call(batches[g]), batches[g], loss_fn, g)
-                params = [p for _, _, p in trainable]
+                params = [p for _, _, p in self.outer]
                 grads = torch.autograd.grad(loss * scale if scale != 1.0 else loss, [leaf] + params,
                                             allow_unused=True)
             losses.append(float(loss.detach().float()))
             dh.append(grads[0])
             share = {}
-            for (zm, i, _), gr in zip(trainable, grads[1:]):
+            for (zm, i, _), gr in zip(self.outer, grads[1:]):
                 if gr is not None:
                     share[(zm.index, i)] = gr
             shares.append(share)
             self._release_held()
         return losses, dh, shares
-
-    def _layer_unit_objs(self):
-        return [self.layout.units[u] for u in self.layer_units]
 
     def _release_held(self):
         for zm in self.layout.zmods:
@@ -299,11 +298,8 @@ class LayerMajor:
             e = got[0]
             share = shares[g]
             with self._phase(Phase.BACKWARD):
-                pairs = [(zm, i, p) for zm in self.layout.zmods if not zm.frozen
-                         for i, p in enumerate(zm.params) if p.requires_grad
-                         and self.layout.units[zm.unit] not in self._layer_unit_objs()]
-                grads = torch.autograd.grad(e, [p for _, _, p in pairs], dh0[g], allow_unused=True)
-                for (zm, i, _), gr in zip(pairs, grads):
+                grads = torch.autograd.grad(e, [p for _, _, p in self.outer], dh0[g], allow_unused=True)
+                for (zm, i, _), gr in zip(self.outer, grads):
                     head = share.pop((zm.index, i), None)
                     if gr is None and head is None:
                         continue
