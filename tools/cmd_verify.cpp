@@ -21,6 +21,7 @@
 
 #include "model/corpus.h"
 #include "model/gpt_trainer.h"
+#include "tools/stop_signals.h"
 #include "zoe/checkpoint.h"
 #include "zoe/cli.h"
 #include "zoe/zoe.h"
@@ -187,6 +188,9 @@ void save(Run& r, const std::string& dir, const std::string& what) {
 }
 
 void run(const VerifyOpts& o) {
+  // SIGINT/SIGTERM: the swap files go at once and the run stops at the next step boundary, with no
+  // verdict (as zoe train stops); before any engine thread starts, so that they inherit the mask.
+  StopSignals stop;
   auto rt = value_or_fail(Runtime::init());
   if (rt->world_size() != 1) {
     usage_fail(
@@ -214,7 +218,14 @@ void run(const VerifyOpts& o) {
       o.work_dir.empty()
           ? (std::filesystem::temp_directory_path() / ("zoe-verify-" + std::to_string(getpid()))).string()
           : o.work_dir;
-  std::filesystem::create_directories(work);
+  // The temporary directory goes however the run ends (a verdict, an error, a signal).
+  struct RemoveAtExit {
+    std::string dir;
+    ~RemoveAtExit() {
+      std::error_code ec;
+      if (!dir.empty()) std::filesystem::remove_all(dir, ec);
+    }
+  } remove_at_exit{o.work_dir.empty() ? work : std::string()};
   Progress progress(!o.json);
   Run a = build(*rt, cfg, mc, T, o, ckpt, "configured");
   a.accum = std::max<int64_t>(1, cfg.gradient_accumulation_steps());
@@ -224,6 +235,15 @@ void run(const VerifyOpts& o) {
   json first = nullptr;
   Diff diff;
   for (int k = 0; k < o.steps && first.is_null(); ++k) {
+    if (const int sig = stop.requested(); sig != 0) {
+      stop.stopping();
+      progress.done();
+      throw CommandError{
+          Status(StatusCode::kCancelled, fmt("zoe verify stopped by %s after step %d of %d: no "
+                                             "verdict",
+                                             sig == SIGINT ? "SIGINT" : "SIGTERM", k, o.steps)),
+          128 + sig};
+    }
     progress.update(fmt("zoe verify: step %d of %d", k + 1, o.steps));
     step(a, corpus, batch, T, k, o.seed, "configured");
     step(b, corpus, batch, T, k, o.seed, "reference");
@@ -243,8 +263,6 @@ void run(const VerifyOpts& o) {
     if (!diff.tensor.empty()) first = {{"step", o.steps}, {"tensor", diff.tensor}};
   }
   progress.done();
-  std::error_code ec;
-  if (o.work_dir.empty()) std::filesystem::remove_all(work, ec);
   const std::string verdict = first.is_null() ? "identical" : "diverged";
   json j = {{"verdict", verdict},
             {"first_divergence", first},
