@@ -63,6 +63,51 @@ def master_params(engine):
     return out
 
 
+def gathered_parameters(engine, dtype=None, rank0_only=False):
+    """engine.gathered_parameters: yields (the model's parameter name, full tensor), one parameter
+    at a time in the order of model.named_parameters() (a tied parameter once, under the name it
+    gives), each a fresh CPU tensor of its own: the current master (fp32), cast to dtype where one
+    is given. Each tensor is read from wherever zoe holds it (Engine::read_master: the owned
+    shard of its zoe module, gathered from every rank), so the host memory in use at once is the
+    largest zoe module's owned shard and gathered copy in fp32, plus the yielded tensor: it does not
+    grow with the model. Every rank must iterate to the end (the gathers are collectives, in the
+    same order on every rank); with rank0_only the other ranks' iterators yield nothing."""
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise ZoeError(f"engine.gathered_parameters(dtype={dtype!r}): dtype must be a floating torch.dtype "
+                       "(torch.bfloat16, torch.float16, torch.float32) or None for the fp32 master")
+    engine._phase.require_boundary("engine.gathered_parameters()")
+    source = {}
+    for zm in engine._layout.zmods:
+        for i, (n, s) in enumerate(zip(zm.names, zm.shapes)):
+            source[engine._layout.torch_names[f"{zm.name}.{n}"]] = (zm.index, i, s)
+    # model.named_parameters()' order, where the model still names every parameter; the rest after.
+    order = [n for n, _ in engine.module.named_parameters() if n in source]
+    seen = set(order)
+    order += [n for n in source if n not in seen]
+    return _read_each(engine, source, order, not rank0_only or engine.rank == 0, dtype)
+
+
+def _read_each(engine, source, order, yields, dtype=None):
+    """gathered_parameters' iterator (its checks run when it is called, not at the first next())."""
+    phase = engine._phase
+    at = (phase.global_steps, phase.micro_steps)
+    for name in order:
+        if (phase.global_steps, phase.micro_steps) != at:
+            raise ZoeError(f"engine.gathered_parameters(): the engine ran a micro-batch or a step while the iterator "
+                           f"was open (before {name!r}), so its tensors would mix two steps' weights: take every "
+                           "tensor before training on, or call gathered_parameters() again")
+        zi, i, shape = source[name]
+        numel = 1
+        for d in shape:
+            numel *= d
+        a = engine._eng.read_master(zi, i, max(1, numel))
+        if not yields:
+            continue
+        t = torch.from_numpy(a)[:numel].view(shape)
+        yield name, (t.to(dtype) if dtype is not None and dtype != torch.float32 else t)
+        del t, a
+
+
 def state_dict(engine):
     """The model's state_dict (engine.state_dict() says what it holds)."""
     sd = master_params(engine)

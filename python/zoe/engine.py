@@ -324,6 +324,18 @@ class Engine:
         """{name: full fp32 master tensor} (gathered from every rank; a copy)."""
         return checkpoints.master_params(self)
 
+    def gathered_parameters(self, dtype=None, rank0_only=False):
+        """The current weights (after the last step), one full tensor at a time, for an inference
+        engine's load_weights (vLLM, SGLang) or an HF model: an iterator of (name, tensor), in the
+        model's own names and in model.named_parameters()' order (a tied parameter once). Each
+        tensor is a fresh CPU tensor of the fp32 master, or cast to dtype (torch.bfloat16, ...).
+        The host memory it holds at once is bounded by the largest zoe module in fp32 (its owned
+        shard and its gathered copy) plus one tensor, whatever the model's size. Every rank
+        iterates to the end, in step (each tensor is gathered from all ranks); every rank gets
+        the same tensors, or with rank0_only=True rank 0 only (the others' iterators yield
+        nothing but still take part in the gathers). At a step boundary only."""
+        return checkpoints.gathered_parameters(self, dtype=dtype, rank0_only=rank0_only)
+
     def state_dict(self):
         """The model's state_dict, with the keys model.state_dict() has (so load_state_dict(strict=True)
         takes it): full fp32 parameters from zoe, tied ones under each name, and the persistent

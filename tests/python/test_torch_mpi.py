@@ -72,8 +72,11 @@ def worker(out_dir, mode):
             total += loss.item()
         losses.append(total / len(mine))
     weights = {n: t.reshape(-1).tolist() for n, t in eng.state_dict().items()}
+    # engine.gathered_parameters: every rank gets the full tensors; with rank0_only rank 0 only.
+    gathered = {n: t.reshape(-1).tolist() for n, t in eng.gathered_parameters()}
+    rank0_only = [n for n, _ in eng.gathered_parameters(rank0_only=True)]
     with open(Path(out_dir) / f"{mode}-w{world}-r{rank}.json", "w") as f:
-        json.dump({"losses": losses, "weights": weights}, f)
+        json.dump({"losses": losses, "weights": weights, "gathered": gathered, "rank0_only": rank0_only}, f)
     del torch
 
 
@@ -108,6 +111,9 @@ def test_two_ranks_match_one(mode, tmp_path):
         two = (r0["losses"][k] + r1["losses"][k]) / 2
         assert abs(two - one["losses"][k]) <= 1e-5 * abs(one["losses"][k]), f"step {k + 1}"
     assert r0["weights"] == r1["weights"], "the two ranks hold different full weights"
+    for r in (r0, r1):
+        assert r["gathered"] and all(r["gathered"][n] == r["weights"][n] for n in r["gathered"])
+    assert list(r0["gathered"]) == r0["rank0_only"] and r1["rank0_only"] == []
     diffs = []
     for n, w in one["weights"].items():
         diffs += [abs(a - b) for a, b in zip(w, r0["weights"][n])]
