@@ -167,8 +167,11 @@ class Config::Builder {
   Builder& gradient_accumulation_steps(int64_t n);
   Builder& precision(ComputeDType d);
   Builder& stage(int stage);
+  // optimizer.type: "AdamW" (the default), "Adam", "Lion" or "Adagrad" (any case); lr() and
+  // weight_decay() keep the type set here (AdamW when none is).
+  Builder& optimizer(const std::string& type);
   Builder& lr(double lr);
-  Builder& weight_decay(double wd);  // optimizer.params.weight_decay (AdamW)
+  Builder& weight_decay(double wd);  // optimizer.params.weight_decay
   Builder& gradient_clipping(double max_norm);
   // zero_optimization.offload_optimizer / offload_param: device and, for kNvme, its directories.
   Builder& offload_optimizer(Offload where, const std::vector<std::string>& nvme_paths = {});

@@ -373,13 +373,17 @@ Config::Builder& Config::Builder::stage(int stage) {
   impl_->j["zero_optimization"]["stage"] = stage;
   return *this;
 }
+Config::Builder& Config::Builder::optimizer(const std::string& type) {
+  impl_->j["optimizer"]["type"] = type;
+  return *this;
+}
 Config::Builder& Config::Builder::lr(double lr) {
-  impl_->j["optimizer"]["type"] = "AdamW";
+  if (!impl_->j["optimizer"].contains("type")) impl_->j["optimizer"]["type"] = "AdamW";
   impl_->j["optimizer"]["params"]["lr"] = lr;
   return *this;
 }
 Config::Builder& Config::Builder::weight_decay(double wd) {
-  impl_->j["optimizer"]["type"] = "AdamW";
+  if (!impl_->j["optimizer"].contains("type")) impl_->j["optimizer"]["type"] = "AdamW";
   impl_->j["optimizer"]["params"]["weight_decay"] = wd;
   return *this;
 }
