@@ -130,14 +130,14 @@ Result<Extent> count_resident_states(const config::Config& cfg, Placement* pl) {
   Extent x;
   for (const auto& m : pl->modules) {
     x.biggest = std::max(x.biggest, m.padded);
-    const uint64_t states = pl->opt_bytes(m.opt_n) + u64(m.opt_n) * 4;  // master, m, v, gradient sums
+    const uint64_t states = pl->opt_bytes(m.opt_n) + u64(m.opt_n) * 4;  // master, states, gradient sums
     switch (m.frozen ? offload::Tier::kDevice : m.opt_home) {
       case offload::Tier::kDevice:
         pl->resident.device += m.frozen ? 0 : states;
         break;
       case offload::Tier::kHost:
         pl->resident.host += states;
-        // zoe.speculative_step: master, m and v saved before the update in the backward, and the
+        // zoe.speculative_step: the master and states saved before the update in the backward, and the
         // new compute parameters it holds until the step confirms it.
         if (cfg.zoe.speculative_step) pl->resident.host += pl->opt_bytes(m.opt_n) + u64(m.opt_n) * es;
         break;
@@ -510,7 +510,7 @@ uint64_t Placement::opt_nvme_bytes(uint64_t n, uint64_t chunk) const {
       master_in_compute ? 0 : static_cast<uint64_t>(optim::master_bytes_per_element(master_format));
   auto piece = [&](uint64_t k) {
     const uint64_t s = optim::state_bytes(state_format, static_cast<size_t>(k));
-    return k * mb + 2 * ((s + 4095) / 4096 * 4096);
+    return k * mb + static_cast<uint64_t>(opt_states()) * ((s + 4095) / 4096 * 4096);
   };
   return n / chunk * piece(chunk) + (n % chunk ? piece(n % chunk) : 0);
 }
@@ -547,6 +547,7 @@ Result<Placement> plan_with_persistence(const config::Config& cfg, const std::ve
   pl.world = world;
   pl.rank = rank;
   pl.compute_bytes = cfg.bf16 || cfg.fp16.enabled ? 2 : 4;
+  ZOE_ASSIGN_OR_RETURN(pl.optimizer, optim::parse_optimizer_kind(cfg.optimizer.type));
   ZOE_ASSIGN_OR_RETURN(pl.state_format, optim::parse_state_format(cfg.zoe.optimizer_states));
   ZOE_ASSIGN_OR_RETURN(pl.master_format, optim::parse_master_format(cfg.zoe.master_weights));
   ZOE_RETURN_IF_ERROR(optim::check_state_tiling(pl.state_format, kPartAlign, "a rank's partition alignment"));
