@@ -320,6 +320,12 @@ void plan_tier_manager(const config::Config& cfg, const PlanTarget& target, Exte
   }
 }
 
+// Host bytes of the optimizer swapper's pool of `count` buffers: whole slots of one buffer per
+// state it holds (Placement::swap_states()); the buffers past the last whole slot are not allocated.
+uint64_t swap_pool_bytes(const Placement& pl, size_t count) {
+  return u64(count / pl.swap_states() * pl.swap_states()) * pl.swap_buffer_bytes;
+}
+
 // 5. The optimizer swapper for NVMe-resident states: chunks of sub_group_size elements, buffers of
 //    offload_optimizer.buffer_count (both as swap_chunk_elems() and swap_buffer_count() resolve
 //    them), and one write buffer per chunk of the largest NVMe-resident module, within the
@@ -342,7 +348,7 @@ void plan_swapper(const config::Config& cfg, Placement* pl) {
   }
   pl->swap_async_buffers =
       std::clamp<size_t>(chunks, offload::kAsyncWriteBuffers, offload::kMaxAsyncWriteBuffers);
-  pl->resident.host += u64(pl->swap_buffer_bytes) * (pl->swap_buffer_count + pl->swap_async_buffers);
+  pl->resident.host += swap_pool_bytes(*pl, pl->swap_buffer_count) + u64(pl->swap_buffer_bytes) * pl->swap_async_buffers;
   if (cfg.zoe.schedule == "layer-major" && cfg.gradient_accumulation_steps > 1) {
     for (const auto& m : pl->modules) {
       if (!m.frozen && m.opt_home == offload::Tier::kNvme)
@@ -399,8 +405,9 @@ void size_own_buffers(const config::Config& cfg, Placement* pl) {
     const size_t want = std::min(kAutoMaxSwapSlots, chunks + 1), have = pl->swap_buffer_count / kSwapStates;
     const size_t extra =
         want > have ? static_cast<size_t>(std::min<uint64_t>(want - have, left() / 2 / slot_bytes)) : 0;
+    const uint64_t before = swap_pool_bytes(*pl, pl->swap_buffer_count);
     pl->swap_buffer_count += extra * kSwapStates;
-    pl->resident.host += u64(extra) * slot_bytes;
+    pl->resident.host += swap_pool_bytes(*pl, pl->swap_buffer_count) - before;
     pl->chosen.push_back("zero_optimization.offload_optimizer.buffer_count");
   }
   if (pl->tm_host_budget && !cfg.given("zero_optimization.offload_param.max_in_cpu")) {

@@ -131,6 +131,10 @@ struct Placement {
   // (AdamW m and v, Lion m, Adagrad the sum).
   optim::OptimizerKind optimizer = optim::OptimizerKind::kAdamW;
   int opt_states() const { return optim::optimizer_state_count(optimizer); }
+  // Buffers per slot of the optimizer swapper: one per state it holds (Updater::swapped_states: the
+  // master unless master_in_compute, the optimizer's states, the gradient sums), kSwapStates for
+  // AdamW with its master. Its pool is whole slots: swap_buffer_count rounded down to a multiple.
+  size_t swap_states() const { return (master_in_compute ? 0 : 1) + static_cast<size_t>(opt_states()) + 1; }
   // The optimizer's states (zoe.optimizer_states) and the master (zoe.master_weights) as stored.
   optim::StateFormat state_format = optim::StateFormat::kF32;
   optim::MasterFormat master_format = optim::MasterFormat::kF32;
