@@ -47,6 +47,10 @@ class Config {
       int64_t n);                        // gradient_accumulation_steps (train_batch_size follows)
   Status set_precision(ComputeDType d);  // bf16.enabled / fp16.enabled
   Status set_lr(double lr);              // optimizer.params.lr
+  // optimizer.type ("AdamW", "Adam", "Lion", "Adagrad"; any case): the params the config did not
+  // give take the new type's defaults; a param it gave that the type has not is an error naming it.
+  // set("optimizer.type", ...) does the same.
+  Status set_optimizer(const std::string& type);
   Status set_stage(int stage);           // zero_optimization.stage
   Status set_offload_optimizer(Offload where, const std::vector<std::string>& nvme_paths = {});
   Status set_offload_param(Offload where, const std::vector<std::string>& nvme_paths = {});
