@@ -284,14 +284,16 @@ void apply_overrides(const TrainOpts& o, Config* cfg, bool lead) {
 
 // --optimizer, --optimizer-states and --master-weights: the update and what it stores.
 static void add_state_format_options(CLI::App* cmd, TrainOpts* o) {
-  cmd->add_option("--optimizer", o->optimizer,
-                  "The update: adamw, lion or adagrad, with DeepSpeed's defaults for its params (Lion lr 1e-3, "
-                  "betas (0.9, 0.999); Adagrad lr 1e-2, eps 1e-10; docs in src/optim/lion_adagrad.h); overrides "
-                  "optimizer.type; default adamw");
-  cmd->add_option("--optimizer-states", o->optimizer_states,
-                  "The optimizer's states (AdamW's m and v, Lion's m, Adagrad's sum) as stored in every tier: "
-                  "fp32, bf16, or for AdamW int8 or int4 (blockwise quantized, docs in src/optim/lowbit.h; "
-                  "overrides zoe.optimizer_states; default fp32)");
+  cmd->add_option(
+      "--optimizer", o->optimizer,
+      "The update: adamw, lion or adagrad, with DeepSpeed's defaults for its params (Lion lr 1e-3, "
+      "betas (0.9, 0.999); Adagrad lr 1e-2, eps 1e-10; docs in src/optim/lion_adagrad.h); overrides "
+      "optimizer.type; default adamw");
+  cmd->add_option(
+      "--optimizer-states", o->optimizer_states,
+      "The optimizer's states (AdamW's m and v, Lion's m, Adagrad's sum) as stored in every tier: "
+      "fp32, bf16, or for AdamW int8 or int4 (blockwise quantized, docs in src/optim/lowbit.h; "
+      "overrides zoe.optimizer_states; default fp32)");
   cmd->add_option("--master-weights", o->master_weights,
                   "The master weights: fp32, or bf16 rounded stochastically (overrides zoe.master_weights; "
                   "default fp32)");
@@ -310,13 +312,11 @@ CLI::App* add_train_options(CLI::App& app, TrainOpts* o) {
       "corpus of additions (\"4821+377=5198\") generated from --seed and reports exact-match accuracy.\n"
       "Placement comes from --config (DeepSpeed-style JSON) or from --offload/--nvme-path (ZeRO-3).\n"
       "Optimizer without --config: AdamW (decoupled decay), lr 1e-3, betas (0.9, 0.999), eps 1e-8,\n"
-      "weight decay 0, no clipping: DeepSpeed's defaults for optimizer.params (--optimizer lion or adagrad\n"
-      "for the others, with theirs), after a linear warm-up\n"
-      "over the first 100 updates (--warmup; without it the demo preset at --seq 256 meets a loss spike,\n"
-      "2.55 -> 12.8, in its first 25 steps, as plain PyTorch does on the same weights and batches). zoe "
-      "keeps\n"
-      "DeepSpeed's weight decay 0 so that a DeepSpeed config and these flags train alike; torch.optim.AdamW\n"
-      "defaults to 0.01 (pass --weight-decay 0.01 to match it).\n"
+      "weight decay 0, no clipping: DeepSpeed's defaults for optimizer.params (--optimizer: its own),\n"
+      "after a linear warm-up over the first 100 updates (--warmup; without it the demo preset at --seq\n"
+      "256 meets a loss spike, 2.55 -> 12.8, in its first 25 steps, as plain PyTorch does on the same\n"
+      "weights and batches). zoe keeps DeepSpeed's weight decay 0 so that a DeepSpeed config and these\n"
+      "flags train alike; torch.optim.AdamW defaults to 0.01 (pass --weight-decay 0.01 to match it).\n"
       "A step whose loss or gradient norm is NaN or inf stops the run (exit 1), unless fp16's dynamic loss\n"
       "scaler (fp16.enabled, loss_scale 0) skips it.\n"
       "Progress goes to stderr; the summary (or --json) to stdout. Runs under mpirun -np N too.");
@@ -350,8 +350,8 @@ CLI::App* add_train_options(CLI::App& app, TrainOpts* o) {
             0, INT32_MAX)
       ->capture_default_str();
   cmd->add_option("--weight-decay", o->weight_decay,
-                  "Without --config: the weight decay (AdamW's and Lion's decoupled, Adagrad's L2; default 0, "
-                  "DeepSpeed's optimizer.params.weight_decay; torch.optim.AdamW's default is 0.01)");
+                  "Without --config: the weight decay (Adagrad's L2; default 0, DeepSpeed's "
+                  "optimizer.params.weight_decay; torch.optim.AdamW's default is 0.01)");
   cmd->add_option("--seed", o->seed_text, "Seed of the initial weights, the data and the sampling")
       ->capture_default_str();
   int_range(cmd->add_option("--eval-every", o->eval_every,

@@ -51,7 +51,7 @@ class Config {
   // give take the new type's defaults; a param it gave that the type has not is an error naming it.
   // set("optimizer.type", ...) does the same.
   Status set_optimizer(const std::string& type);
-  Status set_stage(int stage);           // zero_optimization.stage
+  Status set_stage(int stage);  // zero_optimization.stage
   Status set_offload_optimizer(Offload where, const std::vector<std::string>& nvme_paths = {});
   Status set_offload_param(Offload where, const std::vector<std::string>& nvme_paths = {});
   Status set_device_budget(uint64_t bytes);                // zoe.device_budget (0: the whole device)

@@ -148,7 +148,8 @@ Status check_optimizer_params(const GivenKeys& g, Config* c) {
   for (const char* k : {lion ? "eps" : "betas", "adam_w_mode"}) {
     if (!g.has(std::string("optimizer.params.") + k)) continue;
     return invalid_argument(
-        "optimizer.params.%s: optimizer.type \"%s\" has no %s (its params are %s, as in DeepSpeed): remove it",
+        "optimizer.params.%s: optimizer.type \"%s\" has no %s (its params are %s, as in DeepSpeed): remove "
+        "it",
         k, o.type.c_str(), k, takes);
   }
   if (!lion) {

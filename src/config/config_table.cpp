@@ -287,8 +287,8 @@ void add_precision_fields(std::vector<Field>& t) {
 void add_optimizer_fields(std::vector<Field>& t) {
   const std::monostate none;
   const Range fraction_open = {0.0, 1.0, false, true};
-  Field type = choice("optimizer.type", ZOE_MEMBER(optimizer.type), "AdamW", {"Adam", "AdamW", "Lion", "Adagrad"},
-                      true);
+  Field type = choice("optimizer.type", ZOE_MEMBER(optimizer.type), "AdamW",
+                      {"Adam", "AdamW", "Lion", "Adagrad"}, true);
   type.string_type_message = true;
   // DeepSpeed's other types, refused by name with what zoe offers instead (matched without regard
   // to case, as DeepSpeed matches them).
@@ -306,16 +306,16 @@ void add_optimizer_fields(std::vector<Field>& t) {
   // rules refuse the others and give Adagrad its defaults): each is written for the types it has.
   t.push_back(number("optimizer.params.lr", ZOE_MEMBER(optimizer.lr), 1e-3, kAtLeast0));
   t.push_back(pair(
-      "optimizer.params.betas",
-      +[](Config& c) {
-        return DoublePair{c.optimizer.beta1, c.optimizer.beta2};
-      },
-      0.9, 0.999, fraction_open, "[beta1, beta2], e.g. [0.9, 0.999]")
+                  "optimizer.params.betas",
+                  +[](Config& c) {
+                    return DoublePair{c.optimizer.beta1, c.optimizer.beta2};
+                  },
+                  0.9, 0.999, fraction_open, "[beta1, beta2], e.g. [0.9, 0.999]")
                   .written_if(has_betas));
   t.push_back(number("optimizer.params.eps", ZOE_MEMBER(optimizer.eps), 1e-8, kAbove0).written_if(has_eps));
   t.push_back(number("optimizer.params.weight_decay", ZOE_MEMBER(optimizer.weight_decay), 0.0, kAtLeast0));
-  t.push_back(boolean("optimizer.params.adam_w_mode", ZOE_MEMBER(optimizer.adam_w_mode), true)
-                  .written_if(is_adam));
+  t.push_back(
+      boolean("optimizer.params.adam_w_mode", ZOE_MEMBER(optimizer.adam_w_mode), true).written_if(is_adam));
   t.push_back(boolean("optimizer.params.amsgrad", none, false).refuse("AMSGrad is not implemented"));
   t.push_back(
       boolean("optimizer.params.bias_correction", none, true).refuse("zoe's Adam always corrects the bias"));

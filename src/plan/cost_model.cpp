@@ -43,7 +43,8 @@ StepModel::StepModel(const config::Config& cfg_, const zero::Placement& pl_, con
   part_sync_r = nvme_rate(false, pl.tm_staging_bytes, 1);
   part_sync_w = nvme_rate(true, pl.tm_staging_bytes, 1);
   chunk_bytes = static_cast<uint64_t>(std::max<size_t>(pl.swap_chunk_elems, 1)) * 4;
-  slots = std::max<uint64_t>(pl.swap_buffer_count / pl.swap_states(), static_cast<uint64_t>(zero::kMinSwapSlots));
+  slots =
+      std::max<uint64_t>(pl.swap_buffer_count / pl.swap_states(), static_cast<uint64_t>(zero::kMinSwapSlots));
   swap_r = nvme_rate(false, chunk_bytes, (slots - 2) * pl.swap_states());
   swap_w = nvme_rate(true, chunk_bytes, 3);
   preloaded_chunks();

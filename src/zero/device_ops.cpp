@@ -18,7 +18,8 @@
 namespace zoe::zero {
 
 Status DeviceOps::lion_step(const optim::LionArgs&) {
-  return unsupported("optimizer.type \"Lion\": its update runs on the CPU only (offload the optimizer states)");
+  return unsupported(
+      "optimizer.type \"Lion\": its update runs on the CPU only (offload the optimizer states)");
 }
 Status DeviceOps::adagrad_step(const optim::AdagradArgs&) {
   return unsupported(

@@ -194,8 +194,8 @@ Status Engine::Impl::setup_tiers() {
   }
   if (pl.swapper) {
     offload::SwapperOptions so;
-    so.states = zero::Updater::swapped_states(pl.optimizer, pl.state_format, pl.master_format,
-                                                  pl.master_in_compute);
+    so.states =
+        zero::Updater::swapped_states(pl.optimizer, pl.state_format, pl.master_format, pl.master_in_compute);
     so.buffer_count = pl.swap_buffer_count;
     so.buffer_bytes = pl.swap_buffer_bytes;
     so.async_buffers = pl.swap_async_buffers;

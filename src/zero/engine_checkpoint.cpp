@@ -343,7 +343,8 @@ Status check_same_optimizer(const ckpt::JsonFields& e, const zero::Updater& u, c
   if (!kind.is_ok()) return e.bad("optimizer", "\"AdamW\", \"Lion\" or \"Adagrad\"");
   if (kind.value() == u.optimizer()) return Status::ok();
   return invalid_argument(
-      "checkpoint %s holds the optimizer states of optimizer.type \"%s\", and this engine runs optimizer.type "
+      "checkpoint %s holds the optimizer states of optimizer.type \"%s\", and this engine runs "
+      "optimizer.type "
       "\"%s\": load it with optimizer.type \"%s\" (or export its parameters and start the new optimizer "
       "from them)",
       path.c_str(), optim::optimizer_kind_name(kind.value()), optim::optimizer_kind_name(u.optimizer()),
@@ -431,7 +432,8 @@ Result<std::string> Engine::load(const std::string& dir) {
         for (size_t b = 0; b < mod.opt_n; b += chunk) {
           const size_t n = std::min(chunk, mod.opt_n - b);
           buf.resize(I.update->state_size(kStates[k], n));
-          ZOE_RETURN_IF_ERROR(read(state_kind(*I.update, k), dt, mod.opt_begin + b, n, buf.size(), buf.data()));
+          ZOE_RETURN_IF_ERROR(
+              read(state_kind(*I.update, k), dt, mod.opt_begin + b, n, buf.size(), buf.data()));
           ZOE_RETURN_IF_ERROR(I.update->write_state(id, kStates[k], b, n, buf.data()));
         }
       }

@@ -348,7 +348,8 @@ void plan_swapper(const config::Config& cfg, Placement* pl) {
   }
   pl->swap_async_buffers =
       std::clamp<size_t>(chunks, offload::kAsyncWriteBuffers, offload::kMaxAsyncWriteBuffers);
-  pl->resident.host += swap_pool_bytes(*pl, pl->swap_buffer_count) + u64(pl->swap_buffer_bytes) * pl->swap_async_buffers;
+  pl->resident.host +=
+      swap_pool_bytes(*pl, pl->swap_buffer_count) + u64(pl->swap_buffer_bytes) * pl->swap_async_buffers;
   if (cfg.zoe.schedule == "layer-major" && cfg.gradient_accumulation_steps > 1) {
     for (const auto& m : pl->modules) {
       if (!m.frozen && m.opt_home == offload::Tier::kNvme)

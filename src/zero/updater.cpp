@@ -218,8 +218,9 @@ struct Updater::ChunkUpdater {
   Status kernel(ModuleId m, size_t begin, size_t n, void* master, void* ea, void* eas, const float* grad,
                 void* param_out, bool kernel_dev) {
     if (kind != optim::OptimizerKind::kAdamW) {
-      if (lowbit) return invalid_argument("%s updates fp32 or bf16 states with an fp32 master only",
-                                          optim::optimizer_kind_name(kind));
+      if (lowbit)
+        return invalid_argument("%s updates fp32 or bf16 states with an fp32 master only",
+                                optim::optimizer_kind_name(kind));
       Status s = one_state_kernel(n, master, ea, grad, param_out, kernel_dev);
       if (!s.is_ok()) return s.with_context("updating the optimizer states of module " + (*modules)[m].name);
       return s;
@@ -449,7 +450,7 @@ Status Updater::run_swapped(ChunkUpdater& update, double* t_io, std::vector<void
     }
     ZOE_ASSIGN_OR_RETURN(void* out, open_out(m, t_io, outs));
     void* master = kMasterState == kNoState ? nullptr : c.data[kMasterState];  // else the compute copy
-    void* eas = kAvgSqState == kNoState ? nullptr : c.data[kAvgSqState];  // AdamW's v only
+    void* eas = kAvgSqState == kNoState ? nullptr : c.data[kAvgSqState];       // AdamW's v only
     return update(m, c.begin, c.n, master, c.data[kAvgState], eas,
                   static_cast<const float*>(c.data[kGradState]), out);
   });

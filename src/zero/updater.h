@@ -1,7 +1,8 @@
 // The update: each module's optimizer states and fp32 gradient accumulator (on the device, in
 // host RAM or on NVMe through the swapper), the optimizer (AdamW, Lion or Adagrad: optimizer.type)
-// over this rank's owned ranges with the step's scale, the new compute parameters written to their homes (ParamHomes), the speculative step
-// and the overlapped update thread. Also the loss scaler and the count of steps taken.
+// over this rank's owned ranges with the step's scale, the new compute parameters written to their homes
+// (ParamHomes), the speculative step and the overlapped update thread. Also the loss scaler and the count of
+// steps taken.
 //
 // Contract:
 //  - apply() runs the update in forward order, serially or (zoe.overlap_step on a host-memory
@@ -50,7 +51,7 @@ struct OptimStates {
   void* master = nullptr;      // fp32 or bf16 (zoe.master_weights)
   void* exp_avg = nullptr;     // AdamW's and Lion's m, Adagrad's sum
   void* exp_avg_sq = nullptr;  // AdamW's v; null for Lion and Adagrad
-  float* grad_acc = nullptr;  // fp32, opt_n elements; NVMe: swapper state kGradState
+  float* grad_acc = nullptr;   // fp32, opt_n elements; NVMe: swapper state kGradState
   device::DeviceBuffer dev[4];
   // zoe.speculative_step: this step's update already ran during the backward. spec_save holds
   // the master and the states from before it; spec_out its new compute parameters (the owned range).

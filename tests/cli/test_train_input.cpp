@@ -117,7 +117,8 @@ TEST(TrainInput, OptimizerFlagPicksTheUpdate) {
   EXPECT_EQ(j["lr"], 0.002);
   EXPECT_HAS(raw.err, "zoe: --optimizer LION overrides optimizer.type (AdamW in " + cfg + ")");
   EXPECT_EQ(raw.err.find("overrides optimizer.type"), raw.err.rfind("overrides optimizer.type")) << raw.err;
-  const std::string eps = write_file(d, "eps.json", R"({"optimizer": {"type": "AdamW", "params": {"eps": 1e-6}}})");
+  const std::string eps =
+      write_file(d, "eps.json", R"({"optimizer": {"type": "AdamW", "params": {"eps": 1e-6}}})");
   CmdResult r = zoe(kTiny1 + "--config " + eps + " --optimizer lion");
   EXPECT_EQ(r.rc, 2) << r.err;
   EXPECT_HAS(r.err, "optimizer.params.eps: optimizer.type \"Lion\" has no eps");

@@ -539,8 +539,9 @@ TEST(Config, LionAndAdagradTakeDeepSpeedsParams) {
              "weight_decay");
   EXPECT_HAS(parse_error(R"({"optimizer": {"type": "Lion", "params": {"adam_w_mode": true}}})"),
              "optimizer.params.adam_w_mode: optimizer.type \"Lion\" has no adam_w_mode");
-  EXPECT_HAS(parse_error(R"({"optimizer": {"type": "Lion"}, "zoe": {"optimizer_states": "int8"}})"),
-             "zoe.optimizer_states \"int8\" with optimizer.type \"Lion\": the low-bit states are AdamW's only");
+  EXPECT_HAS(
+      parse_error(R"({"optimizer": {"type": "Lion"}, "zoe": {"optimizer_states": "int8"}})"),
+      "zoe.optimizer_states \"int8\" with optimizer.type \"Lion\": the low-bit states are AdamW's only");
   EXPECT_HAS(parse_error(R"({"optimizer": {"type": "Adagrad"}, "zoe": {"master_weights": "bf16"}})"),
              "zoe.master_weights \"bf16\" with optimizer.type \"Adagrad\"");
   EXPECT_OK(Config::parse(R"({"optimizer": {"type": "Lion"}, "zoe": {"optimizer_states": "bf16"}})"));

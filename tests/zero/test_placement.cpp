@@ -719,7 +719,8 @@ TEST(PlacementVsEngine, OneStateOptimizersPlanAndUseOneStateLess) {
       std::string text = cfg_text(k.stage, k.opt, k.param);
       for (size_t at = text.find("\"/tmp\""); at != std::string::npos; at = text.find("\"/tmp\""))
         text.replace(at, 6, "\"" + nvme.path() + "\"");
-      const std::string what = std::string(type) + " stage " + std::to_string(k.stage) + " optimizer " + k.opt;
+      const std::string what =
+          std::string(type) + " stage " + std::to_string(k.stage) + " optimizer " + k.opt;
       auto adamw = config::Config::parse(text, rt.world_size());
       text.insert(1, std::string("\"optimizer\": {\"type\": \"") + type + "\"}, ");
       auto cfg = config::Config::parse(text, rt.world_size());
