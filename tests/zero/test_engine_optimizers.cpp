@@ -11,6 +11,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
@@ -39,16 +40,16 @@ struct Placement {
 };
 
 struct Recipe {
-  const char* type;          // optimizer.type
-  const char* states;        // zoe.optimizer_states
-  bool bf16 = false;         // compute dtype
+  const char* type;         // optimizer.type
+  const char* states;       // zoe.optimizer_states
+  bool bf16 = false;        // compute dtype
   std::string extra_zoe{};  // more zoe.* keys
 };
 
 std::string describe(const Placement& pl, const Recipe& r) {
-  return std::string(r.type) + ", " + r.states + " states, " + (r.bf16 ? "bf16" : "fp32") + " compute, stage " +
-         std::to_string(pl.stage) + " offload_optimizer " + pl.opt + " x" + pl.ratio + " offload_param " +
-         pl.param + r.extra_zoe;
+  return std::string(r.type) + ", " + r.states + " states, " + (r.bf16 ? "bf16" : "fp32") +
+         " compute, stage " + std::to_string(pl.stage) + " offload_optimizer " + pl.opt + " x" + pl.ratio +
+         " offload_param " + pl.param + r.extra_zoe;
 }
 
 // The MLP's hyperparameters as each optimizer's DeepSpeed params.
@@ -56,7 +57,8 @@ std::string params_json(std::string type, const MlpSpec& s) {
   for (char& c : type) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   const std::string lr = "\"lr\": " + std::to_string(s.lr), wd = "\"weight_decay\": " + std::to_string(s.wd);
   if (type == "lion")
-    return "{" + lr + ", \"betas\": [" + std::to_string(s.beta1) + ", " + std::to_string(s.beta2) + "], " + wd + "}";
+    return "{" + lr + ", \"betas\": [" + std::to_string(s.beta1) + ", " + std::to_string(s.beta2) + "], " +
+           wd + "}";
   if (type == "adagrad") return "{" + lr + ", \"eps\": 1e-8, " + wd + "}";
   return "{" + lr + ", \"betas\": [0.9, 0.999], \"eps\": 1e-8, " + wd + "}";
 }
@@ -69,12 +71,12 @@ std::string make_config(const Placement& pl, const Recipe& r, const std::string&
   };
   return std::string("{") + (r.bf16 ? "\"bf16\": {\"enabled\": true}," : "") +
          "\"train_micro_batch_size_per_gpu\": 4, \"optimizer\": {\"type\": \"" + r.type +
-         "\", \"params\": " + params_json(r.type, s) + "}, \"zero_optimization\": {\"stage\": " +
-         std::to_string(pl.stage) +
+         "\", \"params\": " + params_json(r.type, s) +
+         "}, \"zero_optimization\": {\"stage\": " + std::to_string(pl.stage) +
          ", \"stage3_param_persistence_threshold\": 0, \"sub_group_size\": 16384, \"offload_optimizer\": " +
          off(pl.opt) + ", \"offload_param\": " + (pl.stage == 3 ? off(pl.param) : "{\"device\": \"none\"}") +
-         "}, \"zoe\": {\"device_budget\": \"64MiB\", \"optimizer_threads\": 1, \"offload_ratio\": " + pl.ratio +
-         ", \"optimizer_states\": \"" + r.states + "\"" + r.extra_zoe + "}}";
+         "}, \"zoe\": {\"device_budget\": \"64MiB\", \"optimizer_threads\": 1, \"offload_ratio\": " +
+         pl.ratio + ", \"optimizer_states\": \"" + r.states + "\"" + r.extra_zoe + "}}";
 }
 
 Result<std::unique_ptr<Engine>> make_engine(const Placement& pl, const Recipe& r, const std::string& nvme,
@@ -341,9 +343,9 @@ TEST(OptimizerCheckpoint, ResumeIsBitIdenticalAndLoadsOnlyIntoItsOptimizer) {
         ASSERT_OK(e);
         auto loaded = e.value()->load(dir);
         ASSERT_FALSE(loaded.is_ok()) << other;
-        EXPECT_NE(loaded.status().message().find(std::string("holds the optimizer states of optimizer.type \"") +
-                                                 type + "\", and this engine runs optimizer.type \"" + other +
-                                                 "\""),
+        EXPECT_NE(loaded.status().message().find(
+                      std::string("holds the optimizer states of optimizer.type \"") + type +
+                      "\", and this engine runs optimizer.type \"" + other + "\""),
                   std::string::npos)
             << loaded.status().message();
       }
@@ -356,6 +358,17 @@ TEST(OptimizerCheckpoint, ResumeIsBitIdenticalAndLoadsOnlyIntoItsOptimizer) {
         EXPECT_TRUE(rd.value()->has_kind("master"));
         EXPECT_FALSE(rd.value()->has_kind("exp_avg_sq"));
         EXPECT_FALSE(std::string(type) == "Adagrad" && rd.value()->has_kind("exp_avg"));
+        // Exported with its states (zoe ckpt export --with-moments): each parameter and its one state.
+        test::ScratchDir exported("export");
+        const std::string out = exported.path() + "/states.safetensors";
+        ASSERT_OK(ckpt::consolidate(*rd.value(), out, "fp32", ckpt::kConsolidatePiece, true));
+        std::ifstream f(out, std::ios::binary);
+        uint64_t len = 0;
+        f.read(reinterpret_cast<char*>(&len), 8);
+        std::string header(len, '\0');
+        f.read(header.data(), static_cast<std::streamsize>(len));
+        EXPECT_NE(header.find("\"layer.1.w." + state + "\""), std::string::npos) << header;
+        EXPECT_EQ(header.find("exp_avg_sq"), std::string::npos) << header;
       }
       ASSERT_OK(zero::runtime_comm(rt).barrier());
     }
@@ -374,7 +387,8 @@ TEST(OptimizerCheckpoint, ResumeIsBitIdenticalAndLoadsOnlyIntoItsOptimizer) {
   ASSERT_OK(e);
   auto loaded = e.value()->load(dir);
   ASSERT_FALSE(loaded.is_ok());
-  EXPECT_NE(loaded.status().message().find("optimizer.type \"AdamW\", and this engine runs optimizer.type \"Lion\""),
+  EXPECT_NE(loaded.status().message().find(
+                "optimizer.type \"AdamW\", and this engine runs optimizer.type \"Lion\""),
             std::string::npos)
       << loaded.status().message();
 }
