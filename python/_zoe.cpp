@@ -193,7 +193,9 @@ py::dict stats_dict(const zoe::StepStats& s) {
 
 // The full fp32 parameters of a checkpoint ("<module>.<param>" -> array of the param's shape;
 // from the master copy, or the compute copy when there is none) and its trainer state (JSON).
-py::tuple read_checkpoint(const std::string& dir) {
+// kind "exp_avg" / "exp_avg_sq": Adam's m or v instead (dequantized; the parameters without them,
+// frozen ones, are left out).
+py::tuple read_checkpoint(const std::string& dir, const std::string& kind) {
   auto reader = take(zoe::CheckpointReader::open(dir));
   const auto& params = reader->params();
   py::dict out;
@@ -208,8 +210,9 @@ py::tuple read_checkpoint(const std::string& dir) {
     zoe::Status s;
     {
       py::gil_scoped_release nogil;
-      s = reader->read_f32(i, a.mutable_data());
+      s = reader->read_state_f32(i, kind, a.mutable_data());
     }
+    if (kind != "master" && s.code() == zoe::StatusCode::kNotFound) continue;
     check(s);
     out[py::str(p.full_name())] = a;
   }
@@ -278,8 +281,9 @@ void bind_functions(py::module_& m) {
       py::arg("text"), py::arg("world_size") = 1,
       "Parses and validates a DeepSpeed-style JSON config; a summary dict (ZoeError on a bad key).");
 
-  m.def("read_checkpoint", &read_checkpoint, py::arg("dir"),
-        "(params, trainer_json, step) of a checkpoint: full fp32 parameters named <module>.<param>.");
+  m.def("read_checkpoint", &read_checkpoint, py::arg("dir"), py::arg("kind") = "master",
+        "(params, trainer_json, step) of a checkpoint: full fp32 parameters named <module>.<param> (kind "
+        "\"master\"), or Adam's m or v (\"exp_avg\", \"exp_avg_sq\").");
 }
 
 // Engine: construction, modules and their initial values.

@@ -7,6 +7,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "tools/stop_signals.h"
+
 #include "zoe/cli.h"
 #include "zoe/runtime.h"
 
@@ -65,6 +67,7 @@ int main(int argc, char** argv) {
       "zoe"};
   zoe::cli::add_registered_commands(app);
   const int rc = zoe::cli::run(app, argc, argv);
-  zoe::set_exit_status(rc);  // the other ranks hear how this one ended
+  zoe::cli::StopSignals::run_ended(rc);  // a signal from here on: exit quietly with rc
+  zoe::set_exit_status(rc);              // the other ranks hear how this one ended
   return rc;
 }

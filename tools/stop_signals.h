@@ -106,9 +106,16 @@ class StopSignals {
     return buf;
   }
 
+  // The command has ended and said so (its result, or its error, is printed; rc its exit status):
+  // a signal from now on (mpirun ending the other ranks of a job one of whose ranks failed) ends
+  // the process at once with that status, saying nothing more (a "stopping at the next step
+  // boundary" after the final error would be wrong, and would bury it).
+  static void run_ended(int rc) { ended_rc_.store(rc); }
+
  private:
   // Async-signal-safe: a lock-free atomic, write(2) and _exit(2).
   static void on_signal(int sig) {
+    if (const int rc = ended_rc_.load(); rc >= 0) _exit(rc);
     if (sig == SIGINT && requested_.load() != 0) {
       static const char kMsg[] = "zoe: second SIGINT: exiting at once\n";
       (void)!write(STDERR_FILENO, kMsg, sizeof kMsg - 1);
@@ -129,6 +136,7 @@ class StopSignals {
   static constexpr double kMinGraceS = 10.0;
   static inline std::atomic<bool> unlinked_{false};
   static inline std::atomic<int> requested_{0};
+  static inline std::atomic<int> ended_rc_{-1};
   static inline std::atomic<bool> stopping_{false};
   static inline std::atomic<uint64_t> step_ns_{0};
   static inline std::atomic<int> rank_{0};

@@ -62,6 +62,11 @@ class CheckpointReader {
   // The full fp32 values of params()[index] (numel floats into out). kInvalidArgument for an
   // index out of range; I/O and corruption errors name the file and the parameter.
   Status read_f32(size_t index, float* out) const;
+  // The optimizer's state `kind` of params()[index] in fp32: "master" (as read_f32 reads it, the
+  // compute copy where there is no master), "exp_avg" or "exp_avg_sq" (Adam's m and v, dequantized
+  // when stored packed). kNotFound naming the kind when the checkpoint holds none (a frozen module,
+  // a checkpoint without moments).
+  Status read_state_f32(size_t index, const std::string& kind, float* out) const;
   // Re-reads every file and compares its xxh64 and each tensor's with the manifest.
   Status verify() const;
 

@@ -9,7 +9,7 @@ The names load on first use: `import zoe` alone (the `zoe` command's entry point
 torch nor the C++ extension.
 """
 
-__all__ = ["Engine", "StepStats", "ZoeError", "consolidate", "initialize", "rank_and_world"]
+__all__ = ["Engine", "StepStats", "ZoeError", "consolidate", "initialize", "rank_and_world", "verify"]
 
 _ENGINE_NAMES = ("Engine", "StepStats", "consolidate", "initialize")
 
@@ -32,6 +32,10 @@ def __getattr__(name):
         from . import engine
 
         return getattr(engine, name)
+    if name == "verify":  # zoe.verify(model_fn, config, batches, steps)
+        from .verification import verify
+
+        return verify
     if name == "ZoeError":
         return _extension().ZoeError
     if name == "hf":  # zoe.hf.Trainer and the Hugging Face helpers

@@ -107,6 +107,19 @@ class ActivationOffload:
         self.bytes_saved += nbytes
         return SavedActivation(ident, t)
 
+    def keep(self, t):
+        """A SavedActivation for any tensor worth moving (the layer-major schedule's layer inputs,
+        layer_major.py), else t itself."""
+        nbytes = t.numel() * t.element_size()
+        if not self.enabled or nbytes < max(1, self.min_bytes) or t.device != self._device:
+            return t
+        src = t.detach().contiguous()
+        self._sync()
+        ident = self._store.save(src.data_ptr(), nbytes)
+        self.saved += 1
+        self.bytes_saved += nbytes
+        return SavedActivation(ident, t)
+
     def unpack(self, h):
         """The saved tensor, loaded back from the store on first use."""
         if h.tensor is None:

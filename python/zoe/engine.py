@@ -225,10 +225,13 @@ class Engine:
         tensor. loss_fn(output, batch) gives the loss; without it the output is the loss (a
         one-element tensor) or has one (.loss, or ["loss"]: a Hugging Face model given labels).
 
-        The micro-batches run one after another through the whole model (the micro-batch
-        schedule): the same gradients, summed in the same order, as the same calls made by hand.
-        The step's StepStats are in engine.last_step_stats, whose .schedule says which schedule
-        ran."""
+        With zoe.schedule "layer-major" and a Hugging Face decoder-only causal LM (its decoder
+        layers in model.layers, transformer.h or gpt_neox.layers), each decoder layer is fetched
+        once in the forward and once in the backward for all the micro-batches (layer_major.py);
+        otherwise the micro-batches run one after another through the whole model (the micro-batch
+        schedule). Either way the same gradients, summed in the same order, as the same calls made
+        by hand. The step's StepStats are in engine.last_step_stats, whose .schedule says which
+        schedule ran."""
         batches = list(batches)
         if len(batches) != self.gradient_accumulation_steps:
             raise ZoeError(f"engine.train_batch: {len(batches)} micro-batches given, but gradient_accumulation_steps "
@@ -236,6 +239,24 @@ class Engine:
         if self._phase.micro_steps % self.gradient_accumulation_steps != 0:
             raise ZoeError("engine.train_batch: a step's micro-batches are already under way (engine.backward() "
                            "was called without engine.step()): finish that step first")
+        if self.config_value("zoe.schedule") == "layer-major" and len(batches) > 1:
+            from .layer_major import LayerMajor, decoder_stack
+
+            stack = decoder_stack(self.module)
+            lm = LayerMajor(self, stack) if stack is not None else None
+            if lm is not None and lm.supported:
+                try:
+                    losses = lm.step(batches, loss_fn)
+                except BaseException:
+                    # Part of the step's gradients may have reached zoe: no step is taken from them.
+                    self._phase.failed_micro_batch = self._phase.micro_steps + 1
+                    self._phase.phase = self._phase._resting()
+                    self._fetcher.release_all(self._layout.zmods)
+                    raise
+                stats = self.step()
+                stats.fields["schedule"] = "layer-major"
+                self.last_step_stats = stats
+                return losses
         losses = []
         for i, b in enumerate(batches):
             if isinstance(b, dict):

@@ -52,6 +52,28 @@ Status CheckpointReader::read_f32(size_t index, float* out) const {
   return Status::ok();
 }
 
+Status CheckpointReader::read_state_f32(size_t index, const std::string& kind, float* out) const {
+  if (kind == "master") return read_f32(index, out);
+  if (kind != "exp_avg" && kind != "exp_avg_sq") {
+    return invalid_argument("checkpoint %s: state kind '%s' (expected master, exp_avg or exp_avg_sq)",
+                            path().c_str(), kind.c_str());
+  }
+  if (index >= impl_->params.size()) {
+    return invalid_argument("checkpoint %s: parameter index %zu out of range (%zu parameters)",
+                            path().c_str(), index, impl_->params.size());
+  }
+  const CheckpointParam& p = impl_->params[index];
+  if (!impl_->reader->has_kind(kind) || impl_->reader->manifest().modules[impl_->module_of[index]].frozen) {
+    return not_found("checkpoint %s holds no %s (of %s)", path().c_str(), kind.c_str(),
+                     p.full_name().c_str());
+  }
+  Status s =
+      impl_->reader->read_range(impl_->module_of[index], kind, impl_->offset_of[index], p.numel, "f32", out);
+  if (!s.is_ok())
+    return std::move(s).with_context("reading " + kind + " of " + p.full_name() + " of " + path());
+  return Status::ok();
+}
+
 Status CheckpointReader::verify() const { return impl_->reader->verify(); }
 
 }  // namespace zoe

@@ -568,7 +568,8 @@ uint64_t Engine::model_state_bytes() const {
   const uint64_t n = num_params(), w = static_cast<uint64_t>(c.shape.world);
   const uint64_t params = (c.shape.stage == 3 ? n / w : n) * c.shape.esize();
   const uint64_t grads = (c.shape.stage >= 2 ? trained / w : trained) * 4;
-  const double per = optimizer_state_bytes_per_param();
+  // A bf16 master stored in the compute copy (Placement::master_in_compute) is counted once, in `params`.
+  const double per = optimizer_state_bytes_per_param() - (c.placement.master_in_compute ? 2.0 : 0.0);
   const auto optim =
       static_cast<uint64_t>(static_cast<double>(c.shape.stage >= 1 ? trained / w : trained) * per);
   return params + grads + optim;

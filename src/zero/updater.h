@@ -196,6 +196,14 @@ class Updater final : public GradSink {
   ModuleId held_{SIZE_MAX};
   // Writes the held sums to NVMe (a module's micro-batches were not consecutive).
   Status flush_held();
+  // A test hook for `zoe verify` and its tests: with ZOE_TEST_FLIP_GRAD_SUM="<module>@<step>" in
+  // the environment (read once, warned), the first element of that module's gradient sum is
+  // negated after the last micro-batch of that step (1-based), where the sums are offloaded (host
+  // RAM or NVMe; not on the device, where `zoe verify`'s reference keeps them): a broken offload
+  // path on purpose, which leaves the gradient norm as it was.
+  void test_flip(ModuleId m, const GradBatch& b, float* sum) const;
+  std::string flip_module_;
+  int64_t flip_step_ = 0;
   LossScaler scaler_;
   int64_t steps_ = 0;
   WritebackQueue writebacks_;

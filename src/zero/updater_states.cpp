@@ -3,6 +3,7 @@
 // and the sums of the gradients the reduction hands over (GradSink). The one file that switches
 // on a module's opt_home to find its bytes; the update itself is updater.cpp.
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "core/log.h"
@@ -27,6 +28,24 @@ Updater::Updater(const RunShape& shape, const ModuleTable& modules, UpdateTarget
   kAvgState = i++;
   kAvgSqState = state_count() == 2 ? i++ : kNoState;
   kGradState = i;
+  // The test hook (updater.h): ZOE_TEST_FLIP_GRAD_SUM="<module>@<step>".
+  if (const char* e = getenv("ZOE_TEST_FLIP_GRAD_SUM")) {
+    const std::string v = e;
+    const size_t at = v.rfind('@');
+    if (at != std::string::npos) {
+      flip_module_ = v.substr(0, at);
+      flip_step_ = strtoll(v.c_str() + at + 1, nullptr, 10);
+      ZOE_LOG_WARN(
+          "ZOE_TEST_FLIP_GRAD_SUM is set: module %s's first gradient sum is negated in step %lld "
+          "(a wrong result on purpose, for testing zoe verify)",
+          flip_module_.c_str(), static_cast<long long>(flip_step_));
+    }
+  }
+}
+
+void Updater::test_flip(ModuleId m, const GradBatch& b, float* sum) const {
+  if (flip_step_ > 0 && b.last && steps_ + 1 == flip_step_ && modules_[m].name == flip_module_ && sum)
+    sum[0] = -sum[0];
 }
 
 Updater::~Updater() { (void)join(); }
@@ -270,6 +289,7 @@ Status Updater::add_grads(ModuleId m, const GradBatch& b) {
       ZOE_ASSIGN_OR_RETURN(const void* h, host_view(b.src, mod.opt_n * shape_.esize()));
       ZOE_RETURN_IF_ERROR(
           optim::accumulate_with_norm(st.grad_acc, h, shape_.cdt, mod.opt_n, b.first, b.norm, exec));
+      test_flip(m, b, st.grad_acc);
       // zoe.speculative_step: the step's last micro-batch, so these sums are final.
       if (st.spec_save && b.last && b.untouched) return speculate(m, *b.untouched);
       return Status::ok();
@@ -313,6 +333,7 @@ Status Updater::add_grads_nvme(ModuleId m, const GradBatch& b, const optim::Exec
     ZOE_ASSIGN_OR_RETURN(const void* h, host_view(static_cast<const char*>(b.src) + at * es, n * es));
     ZOE_RETURN_IF_ERROR(
         optim::accumulate_with_norm(acc, h, shape_.cdt, n, b.first, b.norm + at / optim::kChunkElems, exec));
+    if (at == 0) test_flip(m, b, acc);
     if (hold && !b.last) continue;  // written after the module's last micro-batch
     if (b.last && sw.fill_preloaded(swap_group(m), at, kGradState, acc, n)) continue;
     // Written behind the backward (the swapper copies the chunk; at most its write buffers in

@@ -105,3 +105,81 @@ def test_refusals_name_what_to_change(tmp_path):
     with pytest.raises(zoe.ZoeError, match="already under way"):
         eng.train_batch(data[:GAS])
     eng.close()
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "qwen2", "mistral", "gpt_neox", "qwen2_moe", "mixtral"])
+def test_layer_major_gives_the_micro_batch_bits(arch, tmp_path):
+    """zoe.schedule "layer-major": each decoder layer fetched once per pass for the step's micro-batches,
+    the same losses and weights, bit for bit, as the micro-batch schedule."""
+    pytest.importorskip("transformers")
+    from test_hf_models import batches, build, hf_config
+
+    steps = groups(batches(GAS * STEPS))
+    runs = {}
+    for schedule in ("micro-batch", "layer-major"):
+        eng = zoe.initialize(build(arch), hf_config(tmp_path / schedule, gas=GAS, schedule=schedule),
+                             force_local=True)
+        losses = []
+        for step in steps:
+            losses += eng.train_batch([{"input_ids": ids, "labels": ids} for ids in step])
+            assert eng.last_step_stats.schedule == schedule
+        runs[schedule] = (losses, eng.master_params(), eng.last_step_stats.step_bytes_host_to_device)
+        eng.close()
+    assert runs["layer-major"][0] == runs["micro-batch"][0]
+    # Each decoder layer reaches the device once per pass instead of once per micro-batch (the
+    # embedding, final norm and head still once per micro-batch).
+    assert runs["layer-major"][2] * 2 < runs["micro-batch"][2], (runs["layer-major"][2], runs["micro-batch"][2])
+    for n, w in runs["micro-batch"][1].items():
+        assert torch.equal(runs["layer-major"][1][n], w), n
+
+
+def test_layer_major_error_takes_no_step(tmp_path):
+    """A failure in the middle of a layer-major step (here the loss of micro-batch 1) raises from
+    train_batch, and no update is taken from the step's partial gradients."""
+    pytest.importorskip("transformers")
+    from test_hf_models import batches, build, hf_config
+
+    eng = zoe.initialize(build("llama"), hf_config(tmp_path, gas=GAS, schedule="layer-major"), force_local=True)
+    before = eng.master_params()
+
+    def loss_fn(out, batch):
+        if batch["input_ids"] is data[1]:
+            raise RuntimeError("a failing loss")
+        return out.loss
+
+    data = batches(GAS)
+    with pytest.raises(RuntimeError, match="a failing loss"):
+        eng.train_batch([{"input_ids": ids, "labels": ids} for ids in data], loss_fn=loss_fn)
+    with pytest.raises(zoe.ZoeError, match="no step is taken"):
+        eng.step()
+    after = eng.master_params()
+    for n in before:
+        assert torch.equal(before[n], after[n]), n
+    eng.close()
+
+
+def test_layer_major_inputs_go_through_the_activation_store(tmp_path):
+    """With zoe.activation_offload nvme and budgets that leave no host tier, the layer inputs of
+    every micro-batch go to NVMe and back: the same bits as the micro-batch schedule without it."""
+    pytest.importorskip("transformers")
+    from test_hf_models import batches, build, hf_config
+
+    data = [{"input_ids": ids, "labels": ids} for ids in batches(GAS)]
+    ref = zoe.initialize(build("llama"), hf_config(tmp_path / "ref", gas=GAS), force_local=True)
+    want = ref.train_batch(data)
+    want_w = ref.master_params()
+    ref.close()
+    one = 2 * 16 * 32 * 4  # a layer's input: batch x T x hidden, fp32
+    os.makedirs(tmp_path / "lm", exist_ok=True)
+    cfg = hf_config(tmp_path / "lm", gas=GAS, schedule="layer-major", activation_offload="nvme",
+                    activation_min_bytes=1024, activation_device_budget=2 * one, activation_host_budget=128 << 10,
+                    activation_nvme_path=str(tmp_path / "lm"))
+    eng = zoe.initialize(build("llama"), cfg, force_local=True)
+    got = eng.train_batch(data)
+    st = eng.activation_stats()
+    assert got == want
+    for n, w in want_w.items():
+        assert torch.equal(eng.master_params()[n], w), n
+    assert st["tier_bytes"]["nvme"] > 0, st  # placed on the NVMe tier (4 KiB tensors come back from its write runs)
+    assert st["high_water_device"] <= 2 * one, st
+    eng.close()

@@ -219,11 +219,13 @@ TEST(LowbitEngine, ABf16MasterWithBf16ComputeIsStoredOnce) {
   Runtime& rt = test::shared_runtime();
   MlpSpec s;
   s.d = 64;
+  uint64_t state_bytes[2] = {0, 0};  // model_state_bytes(): fp32 master, bf16 master
   auto nvme_high_water = [&](const Format& f, const std::string& extra) -> uint64_t {
     test::ScratchDir nv("nvme");
     auto e = make_engine({3, "nvme", "nvme"}, f, nv.path(), s, true, extra);
     EXPECT_OK(e);
     if (!e.is_ok()) return 0;
+    state_bytes[std::string(f.master) == "bf16"] = e.value()->model_state_bytes();
     std::vector<Layer> out;
     std::vector<StepStats> stats;
     EXPECT_OK(test::engine_train(*e.value(), s, rt.rank(), rt.world_size(), 2, &out, &stats));
@@ -234,6 +236,10 @@ TEST(LowbitEngine, ABf16MasterWithBf16ComputeIsStoredOnce) {
   const size_t unit = 2048 * static_cast<size_t>(rt.world_size()), n = 64 * 64 + 64;
   const size_t owned = 3 * ((n + unit - 1) / unit * unit) / static_cast<size_t>(rt.world_size());
   EXPECT_GE(fp32_master - once, 4 * owned * 9 / 10) << fp32_master << " vs " << once;
+  // model_state_bytes() counts the master once too: 4 bytes per trained element fewer (stage 3:
+  // this rank's share), not 2 (a bf16 master beside the compute copy).
+  const uint64_t trained = 3 * n / static_cast<uint64_t>(rt.world_size());
+  EXPECT_EQ(state_bytes[0] - state_bytes[1], 4 * trained) << state_bytes[0] << " vs " << state_bytes[1];
 }
 
 // Rank 0's directory on every rank.
