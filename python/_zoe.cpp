@@ -525,8 +525,27 @@ void bind_activations(py::module_& m, py::class_<PyEngine>& engine) {
 
 }  // namespace
 
+// pybind11 before 2.12 reads numpy 1.x's array descriptor: under numpy 2 an array it creates gets
+// the wrong strides (read_master's arrays came back as their first element repeated). Refused at
+// import rather than answered wrongly: the extension built against Debian's pybind11-dev serves
+// Debian's numpy; `pip install .` builds it with PyPI's pybind11.
+static void require_numpy_abi() {
+#if PYBIND11_VERSION_MAJOR < 2 || (PYBIND11_VERSION_MAJOR == 2 && PYBIND11_VERSION_MINOR < 12)
+  const std::string v = py::str(py::module_::import("numpy").attr("__version__"));
+  if (atoi(v.c_str()) >= 2) {
+    const std::string msg = "zoe's extension was built with pybind11 " + std::to_string(PYBIND11_VERSION_MAJOR) +
+                            "." + std::to_string(PYBIND11_VERSION_MINOR) + ", which does not know numpy " + v +
+                            "'s arrays (pybind11 2.12 or newer does): install zoe into this interpreter with "
+                            "`pip install .`, or build with pybind11 >= 2.12 (cmake -Dpybind11_DIR=...)";
+    PyErr_SetString(PyExc_ImportError, msg.c_str());
+    throw py::error_already_set();
+  }
+#endif
+}
+
 PYBIND11_MODULE(_zoe, m) {
   m.doc() = "zoe's C++ engine, bound for the zoe PyTorch front-end";
+  require_numpy_abi();
   static py::exception<ZoeErrorTag> err(m, "ZoeError", PyExc_RuntimeError);
   g_zoe_error = err;
   bind_functions(m);

@@ -1,6 +1,7 @@
 // `zoe train`'s flags: registration, checks, and the config they build.
 #include "tools/train_flags.h"
 
+#include <cctype>
 #include <cfloat>
 #include <cmath>
 #include <cstdio>
@@ -36,6 +37,12 @@ model::GptConfig model_config(const TrainOpts& o) {
   return c;
 }
 
+// --optimizer's value as optimizer.type spells it ("" for a value that is none of them).
+static std::string optimizer_type(std::string flag) {
+  for (char& c : flag) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return flag == "adamw" ? "AdamW" : flag == "lion" ? "Lion" : flag == "adagrad" ? "Adagrad" : "";
+}
+
 ComputeDType precision_flag(const std::string& p) {
   return p == "bf16" ? ComputeDType::kBF16 : p == "fp16" ? ComputeDType::kF16 : ComputeDType::kF32;
 }
@@ -47,8 +54,12 @@ Result<Config> flags_config(const TrainOpts& o, const std::vector<std::string>& 
                       : o.offload == "nvme" ? Offload::kNvme
                                             : Offload::kNone;
   Config::Builder b;
-  b.micro_batch(o.micro_batch)
-      .lr(o.lr)
+  const std::string type = o.has("--optimizer") ? optimizer_type(o.optimizer) : "AdamW";
+  // Without --lr, the optimizer's DeepSpeed default: 1e-3, Adagrad's 1e-2.
+  const double lr = o.has("--lr") || type != "Adagrad" ? o.lr : 1e-2;
+  b.optimizer(type)
+      .micro_batch(o.micro_batch)
+      .lr(lr)
       .weight_decay(o.weight_decay)
       .stage(3)
       .param_persistence_threshold(0)
@@ -63,7 +74,7 @@ Result<Config> flags_config(const TrainOpts& o, const std::vector<std::string>& 
     ZOE_RETURN_IF_ERROR(cfg.set(
         "scheduler", fmt("{\"type\": \"WarmupLR\", \"params\": {\"warmup_min_lr\": %.17g, \"warmup_max_lr\": "
                          "%.17g, \"warmup_num_steps\": %d, \"warmup_type\": \"linear\"}}",
-                         o.lr / o.warmup, o.lr, o.warmup)));
+                         lr / o.warmup, lr, o.warmup)));
   }
   if (o.has("--host-budget"))
     ZOE_RETURN_IF_ERROR(cfg.set("zoe.host_budget", std::to_string(parse_bytes(o.host_budget).value())));
@@ -111,6 +122,8 @@ void check_flags(TrainOpts& o) {
     usage_fail(invalid_argument("--offload %s is not none, cpu or nvme", o.offload.c_str()));
   }
   check_activation_flags(o);
+  if (o.has("--optimizer") && optimizer_type(o.optimizer).empty())
+    usage_fail(invalid_argument("--optimizer %s is not adamw, lion or adagrad", o.optimizer.c_str()));
   if (o.has("--optimizer-states") && o.optimizer_states != "fp32" && o.optimizer_states != "bf16" &&
       o.optimizer_states != "int8" && o.optimizer_states != "int4") {
     usage_fail(invalid_argument("--optimizer-states %s is not fp32, bf16, int8 or int4",
@@ -233,6 +246,11 @@ void apply_overrides(const TrainOpts& o, Config* cfg, bool lead) {
     say(fmt("--lr %g", o.lr), "optimizer.params.lr", fmt("%g", cfg->lr()));
     check("--lr", cfg->set_lr(o.lr));
   }
+  if (o.has("--optimizer")) {
+    auto was = cfg->get_string("optimizer.type");
+    say("--optimizer " + o.optimizer, "optimizer.type", was.is_ok() ? was.value() : "AdamW");
+    check("--optimizer", cfg->set_optimizer(optimizer_type(o.optimizer)));
+  }
   if (o.has("--precision")) {
     say("--precision " + o.precision, "bf16.enabled / fp16.enabled", dtype_name(cfg->precision()));
     check("--precision", cfg->set_precision(precision_flag(o.precision)));
@@ -264,11 +282,18 @@ void apply_overrides(const TrainOpts& o, Config* cfg, bool lead) {
   }
 }
 
-// --optimizer-states and --master-weights: what the optimizer stores.
+// --optimizer, --optimizer-states and --master-weights: the update and what it stores.
 static void add_state_format_options(CLI::App* cmd, TrainOpts* o) {
-  cmd->add_option("--optimizer-states", o->optimizer_states,
-                  "Adam's m and v as stored in every tier: fp32, bf16, int8 or int4 (blockwise quantized, "
-                  "docs in src/optim/lowbit.h; overrides zoe.optimizer_states; default fp32)");
+  cmd->add_option(
+      "--optimizer", o->optimizer,
+      "The update: adamw, lion or adagrad, with DeepSpeed's defaults for its params (Lion lr 1e-3, "
+      "betas (0.9, 0.999); Adagrad lr 1e-2, eps 1e-10; docs in src/optim/lion_adagrad.h); overrides "
+      "optimizer.type; default adamw");
+  cmd->add_option(
+      "--optimizer-states", o->optimizer_states,
+      "The optimizer's states (AdamW's m and v, Lion's m, Adagrad's sum) as stored in every tier: "
+      "fp32, bf16, or for AdamW int8 or int4 (blockwise quantized, docs in src/optim/lowbit.h; "
+      "overrides zoe.optimizer_states; default fp32)");
   cmd->add_option("--master-weights", o->master_weights,
                   "The master weights: fp32, or bf16 rounded stochastically (overrides zoe.master_weights; "
                   "default fp32)");
@@ -287,12 +312,11 @@ CLI::App* add_train_options(CLI::App& app, TrainOpts* o) {
       "corpus of additions (\"4821+377=5198\") generated from --seed and reports exact-match accuracy.\n"
       "Placement comes from --config (DeepSpeed-style JSON) or from --offload/--nvme-path (ZeRO-3).\n"
       "Optimizer without --config: AdamW (decoupled decay), lr 1e-3, betas (0.9, 0.999), eps 1e-8,\n"
-      "weight decay 0, no clipping: DeepSpeed's defaults for optimizer.params, after a linear warm-up\n"
-      "over the first 100 updates (--warmup; without it the demo preset at --seq 256 meets a loss spike,\n"
-      "2.55 -> 12.8, in its first 25 steps, as plain PyTorch does on the same weights and batches). zoe "
-      "keeps\n"
-      "DeepSpeed's weight decay 0 so that a DeepSpeed config and these flags train alike; torch.optim.AdamW\n"
-      "defaults to 0.01 (pass --weight-decay 0.01 to match it).\n"
+      "weight decay 0, no clipping: DeepSpeed's defaults for optimizer.params (--optimizer: its own),\n"
+      "after a linear warm-up over the first 100 updates (--warmup; without it the demo preset at --seq\n"
+      "256 meets a loss spike, 2.55 -> 12.8, in its first 25 steps, as plain PyTorch does on the same\n"
+      "weights and batches). zoe keeps DeepSpeed's weight decay 0 so that a DeepSpeed config and these\n"
+      "flags train alike; torch.optim.AdamW defaults to 0.01 (pass --weight-decay 0.01 to match it).\n"
       "A step whose loss or gradient norm is NaN or inf stops the run (exit 1), unless fp16's dynamic loss\n"
       "scaler (fp16.enabled, loss_scale 0) skips it.\n"
       "Progress goes to stderr; the summary (or --json) to stdout. Runs under mpirun -np N too.");
@@ -316,8 +340,8 @@ CLI::App* add_train_options(CLI::App& app, TrainOpts* o) {
       1, kMaxMicroBatch);
   int_range(cmd->add_option("--steps", o->steps, "Optimizer steps"), 1, INT32_MAX)->capture_default_str();
   cmd->add_option("--lr", o->lr,
-                  "Learning rate (default: the config's, or 1e-3 as DeepSpeed's optimizer.params.lr; 0 is "
-                  "legal)");
+                  "Learning rate (default: the config's, or DeepSpeed's optimizer.params.lr: 1e-3, Adagrad's "
+                  "1e-2; 0 is legal)");
   int_range(cmd->add_option(
                 "--warmup", o->warmup,
                 "Without --config: a linear learning-rate warm-up over the first N updates, from lr/N up to "
@@ -326,7 +350,7 @@ CLI::App* add_train_options(CLI::App& app, TrainOpts* o) {
             0, INT32_MAX)
       ->capture_default_str();
   cmd->add_option("--weight-decay", o->weight_decay,
-                  "Without --config: AdamW's decoupled weight decay (default 0, DeepSpeed's "
+                  "Without --config: the weight decay (Adagrad's L2; default 0, DeepSpeed's "
                   "optimizer.params.weight_decay; torch.optim.AdamW's default is 0.01)");
   cmd->add_option("--seed", o->seed_text, "Seed of the initial weights, the data and the sampling")
       ->capture_default_str();

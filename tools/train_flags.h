@@ -31,6 +31,7 @@ struct TrainOpts {
   int eval_batches = 4;
   std::string device_budget;
   std::string host_budget;       // zoe.host_budget ("" where not given)
+  std::string optimizer;         // optimizer.type: adamw, lion, adagrad ("" where not given: AdamW)
   std::string optimizer_states;  // zoe.optimizer_states: fp32, bf16, int8, int4 ("" where not given)
   std::string master_weights;    // zoe.master_weights: fp32, bf16 ("" where not given)
   std::string schedule;          // zoe.schedule: micro-batch, layer-major ("" where not given)

@@ -43,6 +43,7 @@ json TrainRun::summary_json() const {
   j["lr"] = cfg.lr();
   j["data"] = corpus.name;
   j["model_state_bytes"] = eng->model_state_bytes();
+  j["optimizer"] = eng->optimizer();
   j["optimizer_states"] = eng->optimizer_states();
   j["master_weights"] = eng->master_weights();
   j["optimizer_state_bytes_per_param"] = eng->optimizer_state_bytes_per_param();

@@ -47,7 +47,11 @@ class Config {
       int64_t n);                        // gradient_accumulation_steps (train_batch_size follows)
   Status set_precision(ComputeDType d);  // bf16.enabled / fp16.enabled
   Status set_lr(double lr);              // optimizer.params.lr
-  Status set_stage(int stage);           // zero_optimization.stage
+  // optimizer.type ("AdamW", "Adam", "Lion", "Adagrad"; any case): the params the config did not
+  // give take the new type's defaults; a param it gave that the type has not is an error naming it.
+  // set("optimizer.type", ...) does the same.
+  Status set_optimizer(const std::string& type);
+  Status set_stage(int stage);  // zero_optimization.stage
   Status set_offload_optimizer(Offload where, const std::vector<std::string>& nvme_paths = {});
   Status set_offload_param(Offload where, const std::vector<std::string>& nvme_paths = {});
   Status set_device_budget(uint64_t bytes);                // zoe.device_budget (0: the whole device)
@@ -167,8 +171,11 @@ class Config::Builder {
   Builder& gradient_accumulation_steps(int64_t n);
   Builder& precision(ComputeDType d);
   Builder& stage(int stage);
+  // optimizer.type: "AdamW" (the default), "Adam", "Lion" or "Adagrad" (any case); lr() and
+  // weight_decay() keep the type set here (AdamW when none is).
+  Builder& optimizer(const std::string& type);
   Builder& lr(double lr);
-  Builder& weight_decay(double wd);  // optimizer.params.weight_decay (AdamW)
+  Builder& weight_decay(double wd);  // optimizer.params.weight_decay
   Builder& gradient_clipping(double max_norm);
   // zero_optimization.offload_optimizer / offload_param: device and, for kNvme, its directories.
   Builder& offload_optimizer(Offload where, const std::vector<std::string>& nvme_paths = {});

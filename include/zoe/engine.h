@@ -242,9 +242,12 @@ class Engine {
   // Bytes of model state per rank: compute parameters, gradients and optimizer states (a frozen
   // module counts its compute parameters only).
   uint64_t model_state_bytes() const;
-  // Bytes of the master, Adam's m and v (with their block scales) per trained parameter, as stored
-  // (zoe.master_weights, zoe.optimizer_states): 12 for fp32, 4.03125 for int8 with a bf16 master.
+  // Bytes of the master and the optimizer's states (AdamW's m and v with their block scales, Lion's
+  // m, Adagrad's sum) per trained parameter, as stored (zoe.master_weights, zoe.optimizer_states):
+  // AdamW 12 for fp32, 4.03125 for int8 with a bf16 master; Lion and Adagrad 8 for fp32.
   double optimizer_state_bytes_per_param() const;
+  // optimizer.type's update: "AdamW" (also for "Adam"), "Lion" or "Adagrad".
+  std::string optimizer() const;
   // zoe.optimizer_states and zoe.master_weights in use ("fp32", "bf16", "int8", "int4").
   std::string optimizer_states() const;
   std::string master_weights() const;

@@ -174,8 +174,12 @@ def _fill_optimizer(f, args, warn):
                            "in the config: type AdamW or Adam)")
         f.config["optimizer"] = {"type": "AdamW", "params": {}}
     f.fill("optimizer.params.lr", lr, "learning_rate")
-    f.fill("optimizer.params.betas", [args.adam_beta1, args.adam_beta2], "adam_beta1+adam_beta2")
-    f.fill("optimizer.params.eps", args.adam_epsilon, "adam_epsilon")
+    # Each type's own params only: Lion has no eps, Adagrad no betas (the config refuses them).
+    kind = str(f.config["optimizer"].get("type", "AdamW")).lower()
+    if kind != "adagrad":
+        f.fill("optimizer.params.betas", [args.adam_beta1, args.adam_beta2], "adam_beta1+adam_beta2")
+    if kind != "lion":
+        f.fill("optimizer.params.eps", args.adam_epsilon, "adam_epsilon")
     f.fill("optimizer.params.weight_decay", args.weight_decay, "weight_decay")
     wd = f.config["optimizer"].get("params", {}).get("weight_decay", 0)
     if warn and isinstance(wd, (int, float)) and wd > 0:

@@ -331,10 +331,11 @@ class Reader {
 // dtype differs), plus the JSON header (~100 bytes per parameter). Written to
 // out_path.tmp-<pid>, fsynced, renamed; on failure the temporary file is removed and out_path
 // is untouched.
-// with_moments: also "<module>.<param>.exp_avg" and ".exp_avg_sq" of every trained module, in
-// dtype, after each parameter; a checkpoint without them is kNotFound. Packed moments are
-// dequantized: a file's packed records are read again through read_range once its scan has
-// checked them (1 to 0.5 bytes an element more to read, ~1.5 MiB more scratch).
+// with_moments: also the optimizer's states of every trained module, "<module>.<param>.exp_avg"
+// and ".exp_avg_sq" (AdamW), ".exp_avg" (Lion) or ".sum" (Adagrad), in dtype, after each
+// parameter, as engine.optimizer says (none: AdamW); a checkpoint without them is kNotFound. Packed moments
+// are dequantized: a file's packed records are read again through read_range once its scan has checked them
+// (1 to 0.5 bytes an element more to read, ~1.5 MiB more scratch).
 inline constexpr size_t kConsolidatePiece = 64u << 20;
 Status consolidate(const Reader& r, const std::string& out_path, const std::string& dtype,
                    size_t piece_bytes = kConsolidatePiece, bool with_moments = false);

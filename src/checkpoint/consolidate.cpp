@@ -289,9 +289,22 @@ Status write_safetensors(const Reader& r, const std::string& out_path, const std
 Status consolidate(const Reader& r, const std::string& out_path, const std::string& dtype, size_t piece_bytes,
                    bool with_moments) {
   const Manifest& m = r.manifest();
-  if (with_moments && !(r.has_kind("exp_avg") && r.has_kind("exp_avg_sq"))) {
-    return not_found("consolidate: checkpoint %s holds no optimizer moments ('exp_avg' and 'exp_avg_sq')",
-                     r.path().c_str());
+  // The states of the optimizer that wrote it (engine.optimizer; none: AdamW): AdamW's m and v,
+  // Lion's m, or Adagrad's sum.
+  const nlohmann::json* opt =
+      m.engine.is_object() && m.engine.contains("optimizer") ? &m.engine["optimizer"] : nullptr;
+  const std::string type = opt && opt->is_string() ? opt->get<std::string>() : "AdamW";
+  std::vector<const char*> kinds;
+  if (with_moments) {
+    kinds = type == "Lion"      ? std::vector<const char*>{"exp_avg"}
+            : type == "Adagrad" ? std::vector<const char*>{"sum"}
+                                : std::vector<const char*>{"exp_avg", "exp_avg_sq"};
+  }
+  for (const char* k : kinds) {
+    if (!r.has_kind(k)) {
+      return not_found("consolidate: checkpoint %s holds no optimizer moments ('%s' of its optimizer %s)",
+                       r.path().c_str(), k, type.c_str());
+    }
   }
   std::vector<detail::ExportTensor> tensors;
   for (uint32_t mi = 0; mi < m.modules.size(); ++mi) {
@@ -299,8 +312,7 @@ Status consolidate(const Reader& r, const std::string& out_path, const std::stri
       const std::string name = m.modules[mi].name + "." + m.modules[mi].params[pi].name;
       tensors.push_back({name, mi, pi, false});
       if (!with_moments || m.modules[mi].frozen) continue;  // a frozen module has no moments
-      for (const char* kind : {"exp_avg", "exp_avg_sq"})
-        tensors.push_back({name + "." + kind, mi, pi, false, kind});
+      for (const char* kind : kinds) tensors.push_back({name + "." + kind, mi, pi, false, kind});
     }
   }
   return detail::write_safetensors(r, out_path, dtype, tensors, nlohmann::json::object(), piece_bytes);

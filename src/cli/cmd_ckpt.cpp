@@ -293,8 +293,8 @@ void add_consolidate(CLI::App& ckpt) {
                             "50000000000, transformers' 50GB)"),
             1, int64_t{1} << 50);
   cmd->add_flag("--with-moments", o->with_moments,
-                "safetensors: also Adam's moments, <module>.<param>.exp_avg and .exp_avg_sq, in --dtype "
-                "(packed int8/int4 states dequantized)");
+                "safetensors: also the optimizer's states, <module>.<param>.exp_avg and .exp_avg_sq (AdamW), "
+                ".exp_avg (Lion) or .sum (Adagrad), in --dtype (packed int8/int4 states dequantized)");
   cmd->add_flag("--json", o->json, "Print one JSON object");
   cmd->callback([o] {
     if (o->format != "safetensors" && o->format != "hf-gpt2" && o->format != "hf") {
@@ -309,9 +309,13 @@ void add_consolidate(CLI::App& ckpt) {
       if (!ds.is_ok()) fail(ds);
     }
     auto r = value_or_fail(ckpt::Reader::open(o->dir));
-    uint64_t params = 0;  // tensors written
+    uint64_t params = 0;  // tensors written: each parameter and, with --with-moments, its states
+    uint64_t states = 0;  // AdamW's m and v, Lion's m or Adagrad's sum (ckpt::consolidate)
+    const json& eng = r->manifest().engine;
+    if (o->with_moments)
+      states = eng.is_object() && eng.contains("optimizer") && eng["optimizer"] != "AdamW" ? 1 : 2;
     for (const auto& m : r->manifest().modules) {
-      params += m.params.size() * (o->with_moments && !m.frozen ? 3 : 1);
+      params += m.params.size() * (1 + (m.frozen ? 0 : states));
     }
     std::string file = o->out;
     json extra = json::object();

@@ -135,6 +135,43 @@ Status merge_state_format(Config* c) {
   return Status::ok();
 }
 
+// optimizer.params as DeepSpeed's Lion (lr, betas, weight_decay) and Adagrad (lr, eps,
+// weight_decay) take them: a key the type has not is refused (DeepSpeed's optimizer would not take
+// it either), and Adagrad's defaults are its own (lr 1e-2, eps 1e-10, as DeepSpeedCPUAdagrad and
+// torch.optim.Adagrad). Their states are fp32 or bf16 with an fp32 master: the low-bit formats
+// are AdamW's.
+Status check_optimizer_params(const GivenKeys& g, Config* c) {
+  OptimizerConfig& o = c->optimizer;
+  if (o.type != "Lion" && o.type != "Adagrad") return Status::ok();
+  const bool lion = o.type == "Lion";
+  const char* takes = lion ? "lr, betas and weight_decay" : "lr, eps and weight_decay";
+  for (const char* k : {lion ? "eps" : "betas", "adam_w_mode"}) {
+    if (!g.has(std::string("optimizer.params.") + k)) continue;
+    return invalid_argument(
+        "optimizer.params.%s: optimizer.type \"%s\" has no %s (its params are %s, as in DeepSpeed): remove "
+        "it",
+        k, o.type.c_str(), k, takes);
+  }
+  if (!lion) {
+    if (!g.has("optimizer.params.lr")) o.lr = 1e-2;
+    if (!g.has("optimizer.params.eps")) o.eps = 1e-10;
+  }
+  const ZoeConfig& z = c->zoe;
+  if (z.optimizer_states != "fp32" && z.optimizer_states != "bf16") {
+    return invalid_argument(
+        "zoe.optimizer_states \"%s\" with optimizer.type \"%s\": the low-bit states are AdamW's only; use "
+        "zoe.optimizer_states \"fp32\" or \"bf16\" with %s, or optimizer.type \"AdamW\"",
+        z.optimizer_states.c_str(), o.type.c_str(), o.type.c_str());
+  }
+  if (z.master_weights != "fp32") {
+    return invalid_argument(
+        "zoe.master_weights \"%s\" with optimizer.type \"%s\": %s updates an fp32 master only; use "
+        "zoe.master_weights \"fp32\" with %s, or optimizer.type \"AdamW\"",
+        z.master_weights.c_str(), o.type.c_str(), o.type.c_str(), o.type.c_str());
+  }
+  return Status::ok();
+}
+
 Status check_contradictions(const Config& c) {
   if (c.fp16.enabled && c.bf16) {
     return invalid_argument("fp16.enabled and bf16.enabled are both true (choose one precision)");
@@ -204,6 +241,7 @@ Status apply_rules(const GivenKeys& g, int world_size, Config* c) {
   ZOE_RETURN_IF_ERROR(check_scheduler(g, c->scheduler));
   ZOE_RETURN_IF_ERROR(merge_offload_ratio(c));
   ZOE_RETURN_IF_ERROR(merge_state_format(c));
+  ZOE_RETURN_IF_ERROR(check_optimizer_params(g, c));
   apply_activation_checkpointing(g, c);
   ZOE_RETURN_IF_ERROR(check_activation_offload(*c));
   return check_contradictions(*c);

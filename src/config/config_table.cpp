@@ -146,6 +146,10 @@ constexpr Range kAtLeast0 = {0.0, 1e308, false, false};
 constexpr Range kAbove0 = {0.0, 1e308, true, false};
 
 bool has_scheduler(const Config& c) { return !c.scheduler.type.empty(); }
+// The optimizer.params keys each optimizer.type has (config_rules.cpp refuses the others).
+bool is_adam(const Config& c) { return c.optimizer.type == "Adam" || c.optimizer.type == "AdamW"; }
+bool has_betas(const Config& c) { return c.optimizer.type != "Adagrad"; }
+bool has_eps(const Config& c) { return c.optimizer.type != "Lion"; }
 bool has_total_steps(const Config& c) { return has_scheduler(c) && c.scheduler.total_num_steps != 0; }
 bool positive(const Json& v) { return v.get<int64_t>() > 0; }
 
@@ -283,31 +287,35 @@ void add_precision_fields(std::vector<Field>& t) {
 void add_optimizer_fields(std::vector<Field>& t) {
   const std::monostate none;
   const Range fraction_open = {0.0, 1.0, false, true};
-  Field type = choice("optimizer.type", ZOE_MEMBER(optimizer.type), "AdamW", {"Adam", "AdamW"}, true);
+  Field type = choice("optimizer.type", ZOE_MEMBER(optimizer.type), "AdamW",
+                      {"Adam", "AdamW", "Lion", "Adagrad"}, true);
   type.string_type_message = true;
   // DeepSpeed's other types, refused by name with what zoe offers instead (matched without regard
   // to case, as DeepSpeed matches them).
   const std::string instead =
-      "zoe runs Adam and AdamW (optimizer.type \"AdamW\"), with zoe.optimizer_states \"int8\" or \"int4\" "
-      "for fewer optimizer bytes";
-  for (const char* t8 : {"Lion", "Adagrad", "Muon"})
-    type.refused_values.emplace_back(t8, std::string("DeepSpeed's ") + t8 + " is not in zoe yet; " + instead);
+      "zoe runs optimizer.type \"AdamW\" (or \"Adam\"), \"Lion\" and \"Adagrad\", with zoe.optimizer_states "
+      "\"int8\" or \"int4\" (AdamW) or \"bf16\" for fewer optimizer bytes";
+  type.refused_values.emplace_back("Muon", "DeepSpeed's Muon is not in zoe yet; " + instead);
   for (const char* t8 : {"Lamb", "OneBitAdam", "ZeroOneAdam", "OneBitLamb"})
     type.refused_values.emplace_back(
         t8, std::string(t8) + " (a LAMB or 1-bit communication optimizer) is not in zoe; " + instead);
   for (const char* t8 : {"MuAdam", "MuAdamW", "MuSGD"})
     type.refused_values.emplace_back(t8, std::string(t8) + " (muP's optimizers) is not in zoe; " + instead);
   t.push_back(std::move(type));
+  // Lion takes lr, betas and weight_decay; Adagrad lr, eps and weight_decay (DeepSpeed's names, the
+  // rules refuse the others and give Adagrad its defaults): each is written for the types it has.
   t.push_back(number("optimizer.params.lr", ZOE_MEMBER(optimizer.lr), 1e-3, kAtLeast0));
   t.push_back(pair(
-      "optimizer.params.betas",
-      +[](Config& c) {
-        return DoublePair{c.optimizer.beta1, c.optimizer.beta2};
-      },
-      0.9, 0.999, fraction_open, "[beta1, beta2], e.g. [0.9, 0.999]"));
-  t.push_back(number("optimizer.params.eps", ZOE_MEMBER(optimizer.eps), 1e-8, kAbove0));
+                  "optimizer.params.betas",
+                  +[](Config& c) {
+                    return DoublePair{c.optimizer.beta1, c.optimizer.beta2};
+                  },
+                  0.9, 0.999, fraction_open, "[beta1, beta2], e.g. [0.9, 0.999]")
+                  .written_if(has_betas));
+  t.push_back(number("optimizer.params.eps", ZOE_MEMBER(optimizer.eps), 1e-8, kAbove0).written_if(has_eps));
   t.push_back(number("optimizer.params.weight_decay", ZOE_MEMBER(optimizer.weight_decay), 0.0, kAtLeast0));
-  t.push_back(boolean("optimizer.params.adam_w_mode", ZOE_MEMBER(optimizer.adam_w_mode), true));
+  t.push_back(
+      boolean("optimizer.params.adam_w_mode", ZOE_MEMBER(optimizer.adam_w_mode), true).written_if(is_adam));
   t.push_back(boolean("optimizer.params.amsgrad", none, false).refuse("AMSGrad is not implemented"));
   t.push_back(
       boolean("optimizer.params.bias_correction", none, true).refuse("zoe's Adam always corrects the bias"));

@@ -125,6 +125,17 @@ Status Config::set_precision(ComputeDType d) {
 Status Config::set_lr(double lr) {
   return ZOE_EDIT("optimizer.params.lr", j["optimizer"]["params"]["lr"] = lr);
 }
+Status Config::set_optimizer(const std::string& type) {
+  const std::set<std::string>& given = impl_->cfg.given_keys;
+  return ZOE_EDIT("optimizer.type", {
+    j["optimizer"]["type"] = type;
+    // to_json wrote the old type's defaults too: those nobody gave go, so the new type's apply.
+    json& params = j["optimizer"]["params"];
+    for (auto it = params.begin(); it != params.end();) {
+      it = given.count("optimizer.params." + it.key()) ? std::next(it) : params.erase(it);
+    }
+  });
+}
 Status Config::set_stage(int stage) {
   return ZOE_EDIT("zero_optimization.stage", j["zero_optimization"]["stage"] = stage);
 }
@@ -283,6 +294,7 @@ Status Config::set(const std::string& key, const std::string& json_value) {
     return invalid_argument("config key '%s': the value %s is not JSON (a string needs quotes: \"nvme\")",
                             key.c_str(), json_value.c_str());
   }
+  if (key == "optimizer.type" && value.is_string()) return set_optimizer(value.get<std::string>());
   Status shape;  // a path through a value that is not a section
   Status s = edit_config(&impl_->cfg, impl_->world_size, key.c_str(), [&](json& j) {
     json* node = &j;
@@ -373,13 +385,17 @@ Config::Builder& Config::Builder::stage(int stage) {
   impl_->j["zero_optimization"]["stage"] = stage;
   return *this;
 }
+Config::Builder& Config::Builder::optimizer(const std::string& type) {
+  impl_->j["optimizer"]["type"] = type;
+  return *this;
+}
 Config::Builder& Config::Builder::lr(double lr) {
-  impl_->j["optimizer"]["type"] = "AdamW";
+  if (!impl_->j["optimizer"].contains("type")) impl_->j["optimizer"]["type"] = "AdamW";
   impl_->j["optimizer"]["params"]["lr"] = lr;
   return *this;
 }
 Config::Builder& Config::Builder::weight_decay(double wd) {
-  impl_->j["optimizer"]["type"] = "AdamW";
+  if (!impl_->j["optimizer"].contains("type")) impl_->j["optimizer"]["type"] = "AdamW";
   impl_->j["optimizer"]["params"]["weight_decay"] = wd;
   return *this;
 }

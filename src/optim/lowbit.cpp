@@ -181,8 +181,8 @@ double state_bytes_per_element(StateFormat f) {
 
 double master_bytes_per_element(MasterFormat f) { return f == MasterFormat::kF32 ? 4.0 : 2.0; }
 
-double optimizer_state_bytes_per_param(MasterFormat master, StateFormat states) {
-  return master_bytes_per_element(master) + 2.0 * state_bytes_per_element(states);
+double optimizer_state_bytes_per_param(MasterFormat master, StateFormat states, int state_count) {
+  return master_bytes_per_element(master) + state_count * state_bytes_per_element(states);
 }
 
 Status check_state_tiling(StateFormat f, size_t elems, const char* what) {

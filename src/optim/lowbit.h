@@ -100,8 +100,9 @@ size_t state_bytes(StateFormat f, size_t n);
 // Bytes per element of one state, scales included: 4, 2, 1.015625, 0.53125 (the planner's rate).
 double state_bytes_per_element(StateFormat f);
 double master_bytes_per_element(MasterFormat f);  // 4, 2
-// Master + m + v, as stored, per parameter: fp32/fp32 12, bf16/int8 4.03125, bf16/int4 3.0625.
-double optimizer_state_bytes_per_param(MasterFormat master, StateFormat states);
+// Master + state_count states (AdamW's m and v: 2; Lion's m or Adagrad's sum: 1), as stored, per
+// parameter: AdamW fp32/fp32 12, bf16/int8 4.03125, bf16/int4 3.0625; Lion fp32/fp32 8.
+double optimizer_state_bytes_per_param(MasterFormat master, StateFormat states, int state_count = 2);
 // The tiling rule: a range of a packed state that starts at element `elems` (a chunk's start or
 // length, a shard's offset) must be a multiple of the block. Error names zoe.optimizer_states,
 // `what` and the block size.

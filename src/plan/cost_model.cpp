@@ -43,9 +43,9 @@ StepModel::StepModel(const config::Config& cfg_, const zero::Placement& pl_, con
   part_sync_r = nvme_rate(false, pl.tm_staging_bytes, 1);
   part_sync_w = nvme_rate(true, pl.tm_staging_bytes, 1);
   chunk_bytes = static_cast<uint64_t>(std::max<size_t>(pl.swap_chunk_elems, 1)) * 4;
-  slots = std::max<uint64_t>(pl.swap_buffer_count / zero::kSwapStates,
-                             static_cast<uint64_t>(zero::kMinSwapSlots));
-  swap_r = nvme_rate(false, chunk_bytes, (slots - 2) * 4);
+  slots =
+      std::max<uint64_t>(pl.swap_buffer_count / pl.swap_states(), static_cast<uint64_t>(zero::kMinSwapSlots));
+  swap_r = nvme_rate(false, chunk_bytes, (slots - 2) * pl.swap_states());
   swap_w = nvme_rate(true, chunk_bytes, 3);
   preloaded_chunks();
   acc_r = nvme_rate(false, chunk_bytes, 1), acc_w = nvme_rate(true, chunk_bytes, 2);
@@ -81,8 +81,9 @@ StepModel::StepModel(const config::Config& cfg_, const zero::Placement& pl_, con
       gather_local += fetches(i) * 3 * (static_cast<uint64_t>(m.padded) + m.part) * es;
   }
   f_fwd = 2.0 * static_cast<double>(w.params) * tokens;
-  // The step. Adam touches master (r/w), m and v (r/w), the gradient (r), the compute copy (w).
-  adam_elem = 2 * pl.opt_bytes_per_elem() + 4 + (es == 2 ? 2 : 0);  // master, m, v read and written
+  // The step touches the master and the optimizer's states (r/w: AdamW's m and v, Lion's m or
+  // Adagrad's sum), the gradient (r), the compute copy (w).
+  adam_elem = 2 * pl.opt_bytes_per_elem() + 4 + (es == 2 ? 2 : 0);  // master and states read and written
 }
 
 // NVMe bytes/s of one stream of `request`-byte transfers, `in_flight` of them at once: the I/O

@@ -17,6 +17,15 @@
 
 namespace zoe::zero {
 
+Status DeviceOps::lion_step(const optim::LionArgs&) {
+  return unsupported(
+      "optimizer.type \"Lion\": its update runs on the CPU only (offload the optimizer states)");
+}
+Status DeviceOps::adagrad_step(const optim::AdagradArgs&) {
+  return unsupported(
+      "optimizer.type \"Adagrad\": its update runs on the CPU only (offload the optimizer states)");
+}
+
 namespace {
 
 class CpuOps final : public DeviceOps {
@@ -44,6 +53,12 @@ class CpuOps final : public DeviceOps {
   }
   Status adam_step(const optim::AdamArgs& args) override {
     return run([=, this] { return optim::adam_step(args, exec_); });
+  }
+  Status lion_step(const optim::LionArgs& args) override {
+    return run([=, this] { return optim::lion_step(args, exec_); });
+  }
+  Status adagrad_step(const optim::AdagradArgs& args) override {
+    return run([=, this] { return optim::adagrad_step(args, exec_); });
   }
   Status synchronize() override {
     Status first;

@@ -32,6 +32,7 @@
 #include "core/dtype.h"
 #include "device/device.h"
 #include "optim/adam.h"
+#include "optim/lion_adagrad.h"
 #include "zoe/status.h"
 
 namespace zoe::zero {
@@ -52,6 +53,10 @@ class DeviceOps {
                                       double* partials) = 0;
   // optim::adam_step over buffers in device memory (param_out too, when set).
   virtual Status adam_step(const optim::AdamArgs& args) = 0;
+  // optim::lion_step / optim::adagrad_step over buffers in device memory: CPU kernels, so only on a
+  // host-addressable device (the others refuse; the Updater refuses their states on such a device).
+  virtual Status lion_step(const optim::LionArgs& args);
+  virtual Status adagrad_step(const optim::AdagradArgs& args);
   // Waits for every op enqueued so far; the first error any of them met since the last call.
   virtual Status synchronize() = 0;
   // Makes the ops' device current on the calling thread (CUDA: its ordinal, which a new thread

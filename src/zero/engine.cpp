@@ -88,6 +88,7 @@ void Engine::Impl::build_parts() {
   ur.swapper = ctx.swapper.get();
   ur.trace = &ctx.trace;
   ur.cfg = ctx.cfg.get();
+  ur.optimizer = pl.optimizer;
   ur.states = pl.state_format;
   ur.master = pl.master_format;
   ur.master_in_compute = pl.master_in_compute;
@@ -193,7 +194,8 @@ Status Engine::Impl::setup_tiers() {
   }
   if (pl.swapper) {
     offload::SwapperOptions so;
-    so.states = zero::Updater::swapped_states(pl.state_format, pl.master_format, pl.master_in_compute);
+    so.states =
+        zero::Updater::swapped_states(pl.optimizer, pl.state_format, pl.master_format, pl.master_in_compute);
     so.buffer_count = pl.swap_buffer_count;
     so.buffer_bytes = pl.swap_buffer_bytes;
     so.async_buffers = pl.swap_async_buffers;
@@ -585,7 +587,13 @@ std::pair<optim::StateFormat, optim::MasterFormat> formats(const config::Config&
 
 double Engine::optimizer_state_bytes_per_param() const {
   const auto [s, m] = formats(*impl_->ctx.cfg);
-  return optim::optimizer_state_bytes_per_param(m, s);
+  auto k = optim::parse_optimizer_kind(impl_->ctx.cfg->optimizer.type);
+  return optim::optimizer_state_bytes_per_param(
+      m, s, optim::optimizer_state_count(k.is_ok() ? k.value() : optim::OptimizerKind::kAdamW));
+}
+std::string Engine::optimizer() const {
+  auto k = optim::parse_optimizer_kind(impl_->ctx.cfg->optimizer.type);
+  return optim::optimizer_kind_name(k.is_ok() ? k.value() : optim::OptimizerKind::kAdamW);
 }
 std::string Engine::optimizer_states() const {
   return optim::state_format_name(formats(*impl_->ctx.cfg).first);

@@ -72,9 +72,14 @@ Status agree(comm::Communicator& c, Status local, const std::string& what) {
 // needs), else 4 Mi elements; a multiple of 2048, so every piece is whole 4 KiB blocks.
 size_t save_chunk_elems(const Engine::Impl& I) { return I.update->io_chunk_elems(); }
 
-constexpr const char* kStateKinds[3] = {"master", "exp_avg", "exp_avg_sq"};
 constexpr zero::OptState kStates[3] = {zero::OptState::kMaster, zero::OptState::kExpAvg,
                                        zero::OptState::kExpAvgSq};
+// The states a checkpoint holds for the optimizer in use: the master, then its states (AdamW 2,
+// Lion and Adagrad 1), named as optim::optimizer_state_name() says.
+int saved_states(const zero::Updater& u) { return 1 + u.state_count(); }
+const char* state_kind(const zero::Updater& u, int k) {
+  return k == 0 ? "master" : optim::optimizer_state_name(u.optimizer(), k - 1);
+}
 
 }  // namespace
 
@@ -123,10 +128,10 @@ Status write_rank_file(Engine::Impl& I, const std::string& tmp, std::vector<ckpt
       ZOE_RETURN_IF_ERROR(w->end_tensor());
       continue;
     }
-    // The master, m and v, as stored (packed m and v as their blocks).
-    for (int k = 0; k < 3; ++k) {
-      ZOE_RETURN_IF_ERROR(
-          w->begin_tensor(m, kStateKinds[k], state_dtype(*I.update, kStates[k]), mod.opt_begin, mod.opt_n));
+    // The master and the optimizer's states, as stored (packed m and v as their blocks).
+    for (int k = 0; k < saved_states(*I.update); ++k) {
+      ZOE_RETURN_IF_ERROR(w->begin_tensor(m, state_kind(*I.update, k), state_dtype(*I.update, kStates[k]),
+                                          mod.opt_begin, mod.opt_n));
       for (size_t b = 0; b < mod.opt_n; b += chunk) {
         const size_t n = std::min(chunk, mod.opt_n - b);
         buf.resize(I.update->state_size(kStates[k], n));
@@ -197,6 +202,7 @@ Status commit_save(Engine::Impl& I, const std::string& save_dir, const std::stri
     zero::LossScaler::State ls = I.update->scaler().state();
     man.engine = {{"steps", steps},
                   {"precision", ckpt_dtype(I.ctx.shape.cdt)},
+                  {"optimizer", optim::optimizer_kind_name(I.update->optimizer())},
                   {"bf16_optimizer_states", I.ctx.cfg->zoe.bf16_optimizer_states},
                   {"optimizer_states", optim::state_format_name(I.update->state_format())},
                   {"master_weights", optim::master_format_name(I.update->master_format())},
@@ -328,6 +334,23 @@ Status check_same_model(const zero::ModuleTable& modules, const ckpt::Reader& rd
   return Status::ok();
 }
 
+// The optimizer whose states the checkpoint holds (engine.optimizer; a checkpoint without it is
+// AdamW's) must be the engine's: Lion's m is no AdamW m, nor Adagrad's sum.
+Status check_same_optimizer(const ckpt::JsonFields& e, const zero::Updater& u, const std::string& path) {
+  std::string saved = "AdamW";
+  ZOE_RETURN_IF_ERROR(e.get_optional("optimizer", &saved));
+  auto kind = optim::parse_optimizer_kind(saved);
+  if (!kind.is_ok()) return e.bad("optimizer", "\"AdamW\", \"Lion\" or \"Adagrad\"");
+  if (kind.value() == u.optimizer()) return Status::ok();
+  return invalid_argument(
+      "checkpoint %s holds the optimizer states of optimizer.type \"%s\", and this engine runs "
+      "optimizer.type "
+      "\"%s\": load it with optimizer.type \"%s\" (or export its parameters and start the new optimizer "
+      "from them)",
+      path.c_str(), optim::optimizer_kind_name(kind.value()), optim::optimizer_kind_name(u.optimizer()),
+      optim::optimizer_kind_name(kind.value()));
+}
+
 }  // namespace
 
 Result<std::string> Engine::load(const std::string& dir) {
@@ -360,6 +383,7 @@ Result<std::string> Engine::load(const std::string& dir) {
   ckpt::JsonFields e(engine, mpath, "engine");
   int64_t steps = man.step;
   ZOE_RETURN_IF_ERROR(e.get_optional("steps", &steps));
+  ZOE_RETURN_IF_ERROR(check_same_optimizer(e, *I.update, rd->path()));
   zero::LossScaler::State ls{1.0, 0, -1, 1};
   const bool has_scaler = e.has("loss_scaler");
   if (has_scaler) {
@@ -383,15 +407,14 @@ Result<std::string> Engine::load(const std::string& dir) {
       const zero::ModuleLayout& mod = I.modules[id];
       // The checkpoint holds [0, its padded size); padding beyond it (another world size) is zero.
       const uint64_t saved = man.modules[m].padded;
-      // A module saved frozen has no m and v: they start at zero when it is trained now.
+      // A module saved frozen has no optimizer states: they start at zero when it is trained now.
       const bool no_moments = man.modules[m].frozen;
       // bytes: what `out` holds for count elements in dt.
       auto read = [&](const char* kind, const std::string& dt, uint64_t begin, uint64_t count, size_t bytes,
                       void* out) -> Status {
         memset(out, 0, bytes);
-        if (begin >= saved || (no_moments && strcmp(kind, "exp_avg") == 0) ||
-            (no_moments && strcmp(kind, "exp_avg_sq") == 0))
-          return Status::ok();
+        const bool state = strcmp(kind, "param") != 0 && strcmp(kind, "master") != 0;
+        if (begin >= saved || (no_moments && state)) return Status::ok();
         return rd->read_range(m, kind, begin, std::min<uint64_t>(count, saved - begin), dt, out);
       };
       // Compute parameters: what this rank holds (its partition at stage 3, else the whole
@@ -404,12 +427,13 @@ Result<std::string> Engine::load(const std::string& dir) {
         ZOE_RETURN_IF_ERROR(read("param", ckpt_dtype(I.ctx.shape.cdt), from + b, n, n * es, buf.data()));
         ZOE_RETURN_IF_ERROR(I.homes->write_held(id, b, n, buf.data()));
       }
-      for (int k = 0; k < 3 && !mod.frozen; ++k) {  // a frozen module has its parameters only
+      for (int k = 0; k < saved_states(*I.update) && !mod.frozen; ++k) {  // a frozen one: its parameters only
         const std::string dt = state_dtype(*I.update, kStates[k]);
         for (size_t b = 0; b < mod.opt_n; b += chunk) {
           const size_t n = std::min(chunk, mod.opt_n - b);
           buf.resize(I.update->state_size(kStates[k], n));
-          ZOE_RETURN_IF_ERROR(read(kStateKinds[k], dt, mod.opt_begin + b, n, buf.size(), buf.data()));
+          ZOE_RETURN_IF_ERROR(
+              read(state_kind(*I.update, k), dt, mod.opt_begin + b, n, buf.size(), buf.data()));
           ZOE_RETURN_IF_ERROR(I.update->write_state(id, kStates[k], b, n, buf.data()));
         }
       }

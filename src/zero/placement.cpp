@@ -130,14 +130,14 @@ Result<Extent> count_resident_states(const config::Config& cfg, Placement* pl) {
   Extent x;
   for (const auto& m : pl->modules) {
     x.biggest = std::max(x.biggest, m.padded);
-    const uint64_t states = pl->opt_bytes(m.opt_n) + u64(m.opt_n) * 4;  // master, m, v, gradient sums
+    const uint64_t states = pl->opt_bytes(m.opt_n) + u64(m.opt_n) * 4;  // master, states, gradient sums
     switch (m.frozen ? offload::Tier::kDevice : m.opt_home) {
       case offload::Tier::kDevice:
         pl->resident.device += m.frozen ? 0 : states;
         break;
       case offload::Tier::kHost:
         pl->resident.host += states;
-        // zoe.speculative_step: master, m and v saved before the update in the backward, and the
+        // zoe.speculative_step: the master and states saved before the update in the backward, and the
         // new compute parameters it holds until the step confirms it.
         if (cfg.zoe.speculative_step) pl->resident.host += pl->opt_bytes(m.opt_n) + u64(m.opt_n) * es;
         break;
@@ -320,6 +320,12 @@ void plan_tier_manager(const config::Config& cfg, const PlanTarget& target, Exte
   }
 }
 
+// Host bytes of the optimizer swapper's pool of `count` buffers: whole slots of one buffer per
+// state it holds (Placement::swap_states()); the buffers past the last whole slot are not allocated.
+uint64_t swap_pool_bytes(const Placement& pl, size_t count) {
+  return u64(count / pl.swap_states() * pl.swap_states()) * pl.swap_buffer_bytes;
+}
+
 // 5. The optimizer swapper for NVMe-resident states: chunks of sub_group_size elements, buffers of
 //    offload_optimizer.buffer_count (both as swap_chunk_elems() and swap_buffer_count() resolve
 //    them), and one write buffer per chunk of the largest NVMe-resident module, within the
@@ -342,7 +348,8 @@ void plan_swapper(const config::Config& cfg, Placement* pl) {
   }
   pl->swap_async_buffers =
       std::clamp<size_t>(chunks, offload::kAsyncWriteBuffers, offload::kMaxAsyncWriteBuffers);
-  pl->resident.host += u64(pl->swap_buffer_bytes) * (pl->swap_buffer_count + pl->swap_async_buffers);
+  pl->resident.host +=
+      swap_pool_bytes(*pl, pl->swap_buffer_count) + u64(pl->swap_buffer_bytes) * pl->swap_async_buffers;
   if (cfg.zoe.schedule == "layer-major" && cfg.gradient_accumulation_steps > 1) {
     for (const auto& m : pl->modules) {
       if (!m.frozen && m.opt_home == offload::Tier::kNvme)
@@ -399,8 +406,9 @@ void size_own_buffers(const config::Config& cfg, Placement* pl) {
     const size_t want = std::min(kAutoMaxSwapSlots, chunks + 1), have = pl->swap_buffer_count / kSwapStates;
     const size_t extra =
         want > have ? static_cast<size_t>(std::min<uint64_t>(want - have, left() / 2 / slot_bytes)) : 0;
+    const uint64_t before = swap_pool_bytes(*pl, pl->swap_buffer_count);
     pl->swap_buffer_count += extra * kSwapStates;
-    pl->resident.host += u64(extra) * slot_bytes;
+    pl->resident.host += swap_pool_bytes(*pl, pl->swap_buffer_count) - before;
     pl->chosen.push_back("zero_optimization.offload_optimizer.buffer_count");
   }
   if (pl->tm_host_budget && !cfg.given("zero_optimization.offload_param.max_in_cpu")) {
@@ -510,7 +518,7 @@ uint64_t Placement::opt_nvme_bytes(uint64_t n, uint64_t chunk) const {
       master_in_compute ? 0 : static_cast<uint64_t>(optim::master_bytes_per_element(master_format));
   auto piece = [&](uint64_t k) {
     const uint64_t s = optim::state_bytes(state_format, static_cast<size_t>(k));
-    return k * mb + 2 * ((s + 4095) / 4096 * 4096);
+    return k * mb + static_cast<uint64_t>(opt_states()) * ((s + 4095) / 4096 * 4096);
   };
   return n / chunk * piece(chunk) + (n % chunk ? piece(n % chunk) : 0);
 }
@@ -547,6 +555,7 @@ Result<Placement> plan_with_persistence(const config::Config& cfg, const std::ve
   pl.world = world;
   pl.rank = rank;
   pl.compute_bytes = cfg.bf16 || cfg.fp16.enabled ? 2 : 4;
+  ZOE_ASSIGN_OR_RETURN(pl.optimizer, optim::parse_optimizer_kind(cfg.optimizer.type));
   ZOE_ASSIGN_OR_RETURN(pl.state_format, optim::parse_state_format(cfg.zoe.optimizer_states));
   ZOE_ASSIGN_OR_RETURN(pl.master_format, optim::parse_master_format(cfg.zoe.master_weights));
   ZOE_RETURN_IF_ERROR(optim::check_state_tiling(pl.state_format, kPartAlign, "a rank's partition alignment"));

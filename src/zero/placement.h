@@ -22,6 +22,7 @@
 #include "config/config.h"
 #include "offload/tier.h"
 #include "optim/lowbit.h"
+#include "optim/optimizer_kind.h"
 #include "zoe/status.h"
 
 namespace zoe::zero {
@@ -126,26 +127,35 @@ struct Placement {
   int stage = 0;
   int world = 1, rank = 0;
   size_t compute_bytes = 4;  // bytes per compute-parameter element (fp32 4, bf16/fp16 2)
-  // Adam's m and v (zoe.optimizer_states) and the master (zoe.master_weights) as stored.
+  // The update (optimizer.type): its states per element beside the master, opt_states() of them
+  // (AdamW m and v, Lion m, Adagrad the sum).
+  optim::OptimizerKind optimizer = optim::OptimizerKind::kAdamW;
+  int opt_states() const { return optim::optimizer_state_count(optimizer); }
+  // Buffers per slot of the optimizer swapper: one per state it holds (Updater::swapped_states: the
+  // master unless master_in_compute, the optimizer's states, the gradient sums), kSwapStates for
+  // AdamW with its master. Its pool is whole slots: swap_buffer_count rounded down to a multiple.
+  size_t swap_states() const { return (master_in_compute ? 0 : 1) + static_cast<size_t>(opt_states()) + 1; }
+  // The optimizer's states (zoe.optimizer_states) and the master (zoe.master_weights) as stored.
   optim::StateFormat state_format = optim::StateFormat::kF32;
   optim::MasterFormat master_format = optim::MasterFormat::kF32;
   // A bf16 master with bf16 compute where the update writes the compute parameters' memory
   // (a host-memory device), without zoe.speculative_step: the master is the compute copy's owned
   // range, stored and moved once (no master among the optimizer states).
   bool master_in_compute = false;
-  // Bytes of the master, m and v of n optimizer elements as stored (n a multiple of the states'
-  // block: every module's owned range is), and the rate per element.
+  // Bytes of the master and the optimizer's states of n elements as stored (n a multiple of the
+  // states' block: every module's owned range is), and the rate per element.
   uint64_t opt_bytes(uint64_t n) const {
     const uint64_t mb =
         master_in_compute ? 0 : static_cast<uint64_t>(optim::master_bytes_per_element(master_format));
-    return n * mb + 2 * static_cast<uint64_t>(optim::state_bytes(state_format, static_cast<size_t>(n)));
+    return n * mb + static_cast<uint64_t>(opt_states()) *
+                        static_cast<uint64_t>(optim::state_bytes(state_format, static_cast<size_t>(n)));
   }
   // The same on NVMe, where the optimizer swapper stores them in chunks of `chunk` elements from
   // the module's start: a packed state's blocks start each chunk on a 4096-byte boundary
-  // (offload::OptimizerSwapper), so each chunk's m and v round up to 4096 bytes.
+  // (offload::OptimizerSwapper), so each chunk's states round up to 4096 bytes.
   uint64_t opt_nvme_bytes(uint64_t n, uint64_t chunk) const;
   double opt_bytes_per_elem() const {
-    return optim::optimizer_state_bytes_per_param(master_format, state_format) -
+    return optim::optimizer_state_bytes_per_param(master_format, state_format, opt_states()) -
            (master_in_compute ? optim::master_bytes_per_element(master_format) : 0.0);
   }
   uint64_t device_budget = 0;

@@ -28,8 +28,10 @@ std::vector<std::pair<size_t, size_t>> untouched_ranges(const ModuleLayout& mod,
 
 }  // namespace
 
-// The update of one range of module m's owned elements: master, m, v at [begin, begin+n).
-// States on the device (opt_home none) run the device's kernel; offloaded ones the CPU's. Packed
+// The update of one range of module m's owned elements: the master and the optimizer's states
+// (AdamW's m and v, Lion's m, Adagrad's sum: ea, and eas for AdamW only) at [begin, begin+n).
+// States on the device (opt_home none) run the device's kernel; offloaded ones the CPU's (Lion's
+// and Adagrad's are CPU kernels: on the CPU device's ops, or the CPU's directly). Packed
 // states or a bf16 master (lowbit) run adam_step_lowbit on the CPU, in host-addressable memory
 // (Updater::place_on_device refuses them on a GPU). The new compute parameters go to `out`
 // (device memory, or the host tier's copy of a stage-3 partition), through a staging buffer
@@ -49,6 +51,9 @@ struct Updater::ChunkUpdater {
   // The master is the compute copy's owned range (Placement::master_in_compute): updated in place
   // in `out` (host memory), no param_out.
   bool master_in_out = false;
+  optim::OptimizerKind kind = optim::OptimizerKind::kAdamW;
+  optim::LionParams lp;     // kLion's (the step's lr)
+  optim::AdagradParams gp;  // kAdagrad's
   optim::Exec exec;
   std::vector<char> out_stage;
   bool out_host = false;  // `out` is host memory whatever the module's home (a speculative update's)
@@ -58,15 +63,17 @@ struct Updater::ChunkUpdater {
   DType sdt() const { return states == optim::StateFormat::kBF16 ? DType::kBF16 : DType::kF32; }
   DType mdt() const { return master_fmt == optim::MasterFormat::kBF16 ? DType::kBF16 : DType::kF32; }
   size_t block() const { return optim::state_block_elems(states); }
+  size_t nstates() const { return static_cast<size_t>(optim::optimizer_state_count(kind)); }
 
   // The states of the untouched ranges of a chunk, kept across the kernel and put back; their
-  // compute parameters rewritten from the kept master (the value they had). Packed m and v are
+  // compute parameters rewritten from the kept master (the value they had). eas is AdamW's only
+  // (nstates() 2). Packed m and v are
   // kept as whole blocks; a block shared with updated parameters is merged value by value and
   // quantized again (its untouched values keep their value up to that block's new scale).
   struct Keep {
     std::vector<std::pair<size_t, size_t>> ranges;  // elements
     std::vector<std::pair<size_t, size_t>> blocks;  // packed states: the blocks they touch
-    std::vector<char> saved;                        // per range: master, m, v; then the blocks' m, v
+    std::vector<char> saved;                        // per range: master, states; then the blocks' m, v
     std::vector<char> conv;                         // the kept masters in the compute dtype
   };
 
@@ -75,20 +82,22 @@ struct Updater::ChunkUpdater {
     if (m.index >= untouched.size() || untouched[m.index].empty()) return Status::ok();
     const ModuleLayout& mod = (*modules)[m];
     k->ranges = untouched_ranges(mod, untouched[m.index], mod.opt_begin + begin, n);
-    const size_t mb = dtype_size(mdt()), sb = block() == 1 ? dtype_size(sdt()) : 0;
+    const size_t mb = dtype_size(mdt()), sb = block() == 1 ? dtype_size(sdt()) : 0, ns = nstates();
     size_t total = 0;
     for (const auto& r : k->ranges) total += r.second - r.first;
-    k->saved.resize(total * (mb + 2 * sb));
+    k->saved.resize(total * (mb + ns * sb));
     char* at = k->saved.data();
     for (const auto& [b, e] : k->ranges) {
       const size_t len = e - b;
       ZOE_RETURN_IF_ERROR(ops->put(at, false, static_cast<char*>(master) + b * mb, dev, len * mb));
       if (sb) {
         ZOE_RETURN_IF_ERROR(ops->put(at + len * mb, false, static_cast<char*>(ea) + b * sb, dev, len * sb));
-        ZOE_RETURN_IF_ERROR(
-            ops->put(at + len * (mb + sb), false, static_cast<char*>(eas) + b * sb, dev, len * sb));
+        if (ns == 2) {
+          ZOE_RETURN_IF_ERROR(
+              ops->put(at + len * (mb + sb), false, static_cast<char*>(eas) + b * sb, dev, len * sb));
+        }
       }
-      at += len * (mb + 2 * sb);
+      at += len * (mb + ns * sb);
     }
     if (block() > 1) keep_blocks(n, ea, eas, k);  // host memory (lowbit)
     return ops->synchronize();                    // before the kernel changes them
@@ -150,17 +159,20 @@ struct Updater::ChunkUpdater {
 
   Status restore_untouched(size_t n, void* master, void* ea, void* eas, bool dev, void* param_out,
                            bool param_out_dev, Keep* k) {
-    const size_t mb = dtype_size(mdt()), sb = block() == 1 ? dtype_size(sdt()) : 0, es = shape->esize();
+    const size_t mb = dtype_size(mdt()), sb = block() == 1 ? dtype_size(sdt()) : 0, es = shape->esize(),
+                 ns = nstates();
     const char* at = k->saved.data();
     for (const auto& [b, e] : k->ranges) {
       const size_t len = e - b;
       ZOE_RETURN_IF_ERROR(ops->put(static_cast<char*>(master) + b * mb, dev, at, false, len * mb));
       if (sb) {
         ZOE_RETURN_IF_ERROR(ops->put(static_cast<char*>(ea) + b * sb, dev, at + len * mb, false, len * sb));
-        ZOE_RETURN_IF_ERROR(
-            ops->put(static_cast<char*>(eas) + b * sb, dev, at + len * (mb + sb), false, len * sb));
+        if (ns == 2) {
+          ZOE_RETURN_IF_ERROR(
+              ops->put(static_cast<char*>(eas) + b * sb, dev, at + len * (mb + sb), false, len * sb));
+        }
       }
-      at += len * (mb + 2 * sb);
+      at += len * (mb + ns * sb);
     }
     if (block() > 1) ZOE_RETURN_IF_ERROR(restore_blocks(n, ea, eas, at, *k));
     if (shape->cdt == DType::kF32 || !param_out) return Status::ok();  // the caller copies the master out
@@ -174,15 +186,45 @@ struct Updater::ChunkUpdater {
       ZOE_RETURN_IF_ERROR(optim::convert_with_norm(at, mdt(), c, shape->cdt, len, false).status());
       ZOE_RETURN_IF_ERROR(
           ops->put(static_cast<char*>(param_out) + b * es, param_out_dev, c, false, len * es));
-      at += len * (mb + 2 * sb);
+      at += len * (mb + ns * sb);
       c += len * es;
     }
     return Status::ok();
   }
 
-  // The kernel over the chunk: adam_step (the device's, or the CPU's) or adam_step_lowbit.
+  // Lion's or Adagrad's kernel over the chunk: the state in ea, an fp32 master (the config refuses
+  // the low-bit formats with them).
+  Status one_state_kernel(size_t n, void* master, void* ea, const float* grad, void* param_out,
+                          bool kernel_dev) {
+    optim::OneStateBuffers b;
+    b.n = n;
+    b.param = static_cast<float*>(master);
+    b.grad = grad;
+    b.grad_dtype = DType::kF32;
+    b.state = ea;
+    b.state_dtype = sdt();
+    b.param_out = param_out;
+    b.param_out_dtype = shape->cdt;
+    if (kind == optim::OptimizerKind::kLion) {
+      const optim::LionArgs a{b, lp, as};
+      return kernel_dev ? ops->lion_step(a) : optim::lion_step(a, exec);
+    }
+    const optim::AdagradArgs a{b, gp, as};
+    return kernel_dev ? ops->adagrad_step(a) : optim::adagrad_step(a, exec);
+  }
+
+  // The kernel over the chunk: adam_step (the device's, or the CPU's), adam_step_lowbit, or Lion's
+  // or Adagrad's.
   Status kernel(ModuleId m, size_t begin, size_t n, void* master, void* ea, void* eas, const float* grad,
                 void* param_out, bool kernel_dev) {
+    if (kind != optim::OptimizerKind::kAdamW) {
+      if (lowbit)
+        return invalid_argument("%s updates fp32 or bf16 states with an fp32 master only",
+                                optim::optimizer_kind_name(kind));
+      Status s = one_state_kernel(n, master, ea, grad, param_out, kernel_dev);
+      if (!s.is_ok()) return s.with_context("updating the optimizer states of module " + (*modules)[m].name);
+      return s;
+    }
     if (!lowbit) {
       optim::AdamArgs a;
       a.buf.n = n;
@@ -286,6 +328,12 @@ Updater::ChunkUpdater Updater::make_updater(DeviceOps* ops, optim::CpuPool* pool
   up.ap.eps = static_cast<float>(cfg.optimizer.eps);
   up.ap.weight_decay = static_cast<float>(cfg.optimizer.weight_decay);
   up.ap.adamw = cfg.optimizer.adam_w_mode;
+  up.kind = r_.optimizer;
+  up.lp.lr = up.gp.lr = up.ap.lr;
+  up.lp.beta1 = up.ap.beta1;
+  up.lp.beta2 = up.ap.beta2;
+  up.lp.weight_decay = up.gp.weight_decay = up.ap.weight_decay;
+  up.gp.eps = up.ap.eps;
   up.as.step = step_no;
   up.as.grad_scale = scale;
   up.untouched = untouched_;
@@ -312,7 +360,7 @@ Status Updater::speculate(ModuleId m, const std::vector<uint8_t>& untouched) {
   char* save = static_cast<char*>(st.spec_save);
   memcpy(save, st.master, mbytes);
   memcpy(save + mbytes, st.exp_avg, sbytes);
-  memcpy(save + mbytes + sbytes, st.exp_avg_sq, sbytes);
+  if (st.exp_avg_sq) memcpy(save + mbytes + sbytes, st.exp_avg_sq, sbytes);
   // The scale step() computes when the norm neither clips nor overflows (clip coefficient 1).
   optim::NormResult unclipped;
   unclipped.sum_sq = 0.0;
@@ -344,7 +392,7 @@ void Updater::unspeculate(ModuleId m) {
   const char* save = static_cast<const char*>(st.spec_save);
   memcpy(st.master, save, mbytes);
   memcpy(st.exp_avg, save + mbytes, sbytes);
-  memcpy(st.exp_avg_sq, save + mbytes + sbytes, sbytes);
+  if (st.exp_avg_sq) memcpy(st.exp_avg_sq, save + mbytes + sbytes, sbytes);
   st.speculated = false;
   spec_undone_++;
 }
@@ -402,7 +450,8 @@ Status Updater::run_swapped(ChunkUpdater& update, double* t_io, std::vector<void
     }
     ZOE_ASSIGN_OR_RETURN(void* out, open_out(m, t_io, outs));
     void* master = kMasterState == kNoState ? nullptr : c.data[kMasterState];  // else the compute copy
-    return update(m, c.begin, c.n, master, c.data[kAvgState], c.data[kAvgSqState],
+    void* eas = kAvgSqState == kNoState ? nullptr : c.data[kAvgSqState];       // AdamW's v only
+    return update(m, c.begin, c.n, master, c.data[kAvgState], eas,
                   static_cast<const float*>(c.data[kGradState]), out);
   });
   if (have_open) {
@@ -412,7 +461,7 @@ Status Updater::run_swapped(ChunkUpdater& update, double* t_io, std::vector<void
   return s;
 }
 
-// AdamW over every module's owned range, in forward order: NVMe-resident modules through the
+// The optimizer over every module's owned range, in forward order: NVMe-resident modules through the
 // swapper's pipeline, then those on the device or in host RAM (with partial offload the
 // offloaded ones are the first modules, so this is forward order). Each module is marked done
 // once its new compute parameters are home. No collective runs here.
@@ -479,7 +528,7 @@ Status Updater::apply(float grad_scale, double lr) {
   // Sums still held: a module whose last micro-batch never came (the caller reduced it fewer times).
   ZOE_RETURN_IF_ERROR(flush_held());
   steps_++;
-  // AdamW over every module's owned range: behind the caller's next forward when the device's
+  // The optimizer over every module's owned range: behind the caller's next forward when the device's
   // memory is host memory (zoe.overlap_step), else here.
   const bool overlap = r_.cfg->zoe.overlap_step && r_.ops->host_addressable();
   if (overlap && !update_pool_) {

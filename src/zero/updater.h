@@ -1,7 +1,8 @@
 // The update: each module's optimizer states and fp32 gradient accumulator (on the device, in
-// host RAM or on NVMe through the swapper), AdamW over this rank's owned ranges with the step's
-// scale, the new compute parameters written to their homes (ParamHomes), the speculative step
-// and the overlapped update thread. Also the loss scaler and the count of steps taken.
+// host RAM or on NVMe through the swapper), the optimizer (AdamW, Lion or Adagrad: optimizer.type)
+// over this rank's owned ranges with the step's scale, the new compute parameters written to their homes
+// (ParamHomes), the speculative step and the overlapped update thread. Also the loss scaler and the count of
+// steps taken.
 //
 // Contract:
 //  - apply() runs the update in forward order, serially or (zoe.overlap_step on a host-memory
@@ -26,7 +27,9 @@
 #include "core/trace.h"
 #include "offload/optimizer_swapper.h"
 #include "optim/adam.h"
+#include "optim/lion_adagrad.h"
 #include "optim/lowbit.h"
+#include "optim/optimizer_kind.h"
 #include "zero/grad_sink.h"
 #include "zero/home_views.h"
 #include "zero/loss_scaler.h"
@@ -37,20 +40,21 @@
 
 namespace zoe::zero {
 
-// The optimizer states a checkpoint holds, in its order: the master (zoe.master_weights), Adam's m
-// and v (zoe.optimizer_states: fp32, bf16, or blockwise int8/int4, optim/lowbit.h).
+// The optimizer states a checkpoint holds, in its order: the master (zoe.master_weights), the
+// optimizer's first state (AdamW's and Lion's m, Adagrad's sum) and AdamW's v (zoe.optimizer_states:
+// fp32, bf16, or blockwise int8/int4 for AdamW, optim/lowbit.h). Lion and Adagrad have no kExpAvgSq.
 enum class OptState : uint8_t { kMaster = 0, kExpAvg = 1, kExpAvgSq = 2 };
 
 // One module's optimizer states: views of device memory (owned by dev) or of host memory (the
 // Updater's HostArena); NVMe-resident states have none (they live in the swapper).
 struct OptimStates {
-  void* master = nullptr;  // fp32 or bf16 (zoe.master_weights)
-  void* exp_avg = nullptr;
-  void* exp_avg_sq = nullptr;
-  float* grad_acc = nullptr;  // fp32, opt_n elements; NVMe: swapper state kGradState
+  void* master = nullptr;      // fp32 or bf16 (zoe.master_weights)
+  void* exp_avg = nullptr;     // AdamW's and Lion's m, Adagrad's sum
+  void* exp_avg_sq = nullptr;  // AdamW's v; null for Lion and Adagrad
+  float* grad_acc = nullptr;   // fp32, opt_n elements; NVMe: swapper state kGradState
   device::DeviceBuffer dev[4];
   // zoe.speculative_step: this step's update already ran during the backward. spec_save holds
-  // master, m and v from before it; spec_out its new compute parameters (the owned range).
+  // the master and the states from before it; spec_out its new compute parameters (the owned range).
   bool speculated = false;
   void* spec_save = nullptr;
   void* spec_out = nullptr;
@@ -67,7 +71,8 @@ class Updater final : public GradSink {
     offload::OptimizerSwapper* swapper = nullptr;  // null when no module's states are on NVMe
     TraceRecorder* trace = nullptr;
     const config::Config* cfg = nullptr;  // the optimizer, its schedule and the zoe.* update keys
-    optim::StateFormat states = optim::StateFormat::kF32;  // m and v (the placement's)
+    optim::OptimizerKind optimizer = optim::OptimizerKind::kAdamW;  // the placement's
+    optim::StateFormat states = optim::StateFormat::kF32;           // its states (the placement's)
     optim::MasterFormat master = optim::MasterFormat::kF32;
     bool master_in_compute = false;  // the master is the compute copy's owned range (the placement's)
     // zoe.schedule "layer-major": an NVMe-resident module's gradient sums stay in host memory over
@@ -93,6 +98,9 @@ class Updater final : public GradSink {
   // Bytes of n elements of state k as stored (n a multiple of the state's block, or a range's end).
   size_t state_size(OptState k, size_t n) const;
   optim::StateFormat state_format() const { return r_.states; }
+  optim::OptimizerKind optimizer() const { return r_.optimizer; }
+  // The states beside the master: kExpAvg, and kExpAvgSq when this is 2 (AdamW).
+  int state_count() const { return optim::optimizer_state_count(r_.optimizer); }
   optim::MasterFormat master_format() const { return r_.master; }
   // Whether the update runs adam_step_lowbit (packed states or a bf16 master), not adam_step.
   bool lowbit() const;
@@ -103,7 +111,8 @@ class Updater final : public GradSink {
 
   // The states an optimizer swapper must hold for the Updater, in the order it uses them (the
   // engine creates the swapper with these).
-  static std::vector<offload::SwappedState> swapped_states(optim::StateFormat states,
+  static std::vector<offload::SwappedState> swapped_states(optim::OptimizerKind optimizer,
+                                                           optim::StateFormat states,
                                                            optim::MasterFormat master,
                                                            bool master_in_compute);
 
@@ -134,7 +143,7 @@ class Updater final : public GradSink {
 
   // The step is skipped (fp16 overflow): the chunks the swapper read ahead go.
   Status skip();
-  // Takes the step: steps() + 1, AdamW with grad_scale and lr, serially or overlapped.
+  // Takes the step: steps() + 1, the optimizer with grad_scale and lr, serially or overlapped.
   Status apply(float grad_scale, double lr);
   Status join();
   Status finish();
@@ -157,7 +166,8 @@ class Updater final : public GradSink {
   // (swapped_states()): named here only.
   static offload::GroupId swap_group(ModuleId m) { return offload::GroupId(m.index); }
   static ModuleId module_of(offload::GroupId g) { return ModuleId(static_cast<size_t>(g.value)); }
-  // Indices into swapped_states(); without a master (master_in_compute) m is the first.
+  // Indices into swapped_states(); without a master (master_in_compute) m is the first; Lion and
+  // Adagrad have no v (kNoState).
   static constexpr size_t kNoState = SIZE_MAX;
   size_t kMasterState = 0, kAvgState = 1, kAvgSqState = 2, kGradState = 3;
   size_t swap_index(OptState k) const {

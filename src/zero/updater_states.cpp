@@ -23,7 +23,11 @@ Updater::Updater(const RunShape& shape, const ModuleTable& modules, UpdateTarget
       host_(r.cfg->zero.offload_optimizer.pin_memory ? io::PinMode::kDevice : io::PinMode::kNone),
       states_(modules.size()),
       scaler_(scaler) {
-  if (r_.master_in_compute) kMasterState = kNoState, kAvgState = 0, kAvgSqState = 1, kGradState = 2;
+  size_t i = 0;
+  kMasterState = r_.master_in_compute ? kNoState : i++;
+  kAvgState = i++;
+  kAvgSqState = state_count() == 2 ? i++ : kNoState;
+  kGradState = i;
   // The test hook (updater.h): ZOE_TEST_FLIP_GRAD_SUM="<module>@<step>".
   if (const char* e = getenv("ZOE_TEST_FLIP_GRAD_SUM")) {
     const std::string v = e;
@@ -46,18 +50,21 @@ void Updater::test_flip(ModuleId m, const GradBatch& b, float* sum) const {
 
 Updater::~Updater() { (void)join(); }
 
-std::vector<offload::SwappedState> Updater::swapped_states(optim::StateFormat states,
+std::vector<offload::SwappedState> Updater::swapped_states(optim::OptimizerKind optimizer,
+                                                           optim::StateFormat states,
                                                            optim::MasterFormat master,
                                                            bool master_in_compute) {
   const auto mb = static_cast<uint32_t>(optim::master_bytes_per_element(master));
   const auto sb = static_cast<uint32_t>(optim::state_block_bytes(states));
   const auto blk = static_cast<uint32_t>(optim::state_block_elems(states));
   // Indexed by kMasterState, kAvgState, kAvgSqState, kGradState (read-only in the step). Packed
-  // m and v move as whole blocks (codes and scale). A master in the compute copy is not here.
+  // m and v move as whole blocks (codes and scale). A master in the compute copy is not here, nor
+  // a v for Lion and Adagrad (their one state is in m's place).
   std::vector<offload::SwappedState> v = {{offload::StateKind::kMaster, mb, true, 1},
                                           {offload::StateKind::kAdamM, sb, true, blk},
                                           {offload::StateKind::kAdamV, sb, true, blk},
                                           {offload::StateKind::kGrad, 4, false, 1}};
+  if (optim::optimizer_state_count(optimizer) == 1) v.erase(v.begin() + 2);
   if (master_in_compute) v.erase(v.begin());
   return v;
 }
@@ -96,9 +103,16 @@ Status Updater::place_on_device(ModuleId m, const float* own) {
         "zoe.optimizer_states \"fp32\"/\"bf16\" with zoe.master_weights \"fp32\"",
         optim::state_format_name(r_.states), optim::master_format_name(r_.master), mod.name.c_str());
   }
+  if (r_.optimizer != optim::OptimizerKind::kAdamW && !r_.ops->host_addressable()) {
+    return invalid_argument(
+        "optimizer.type \"%s\": module %s's optimizer states are on the GPU, and the %s update runs on the "
+        "CPU only; offload the optimizer states (zero_optimization.offload_optimizer.device \"cpu\" or "
+        "\"nvme\", zoe.offload_ratio 1) or use optimizer.type \"AdamW\"",
+        optim::optimizer_kind_name(r_.optimizer), mod.name.c_str(), optim::optimizer_kind_name(r_.optimizer));
+  }
   const size_t sbytes = state_size(OptState::kExpAvg, mod.opt_n);
   const size_t sizes[4] = {r_.master_in_compute ? 0 : state_size(OptState::kMaster, mod.opt_n), sbytes,
-                           sbytes, mod.opt_n * 4};
+                           state_count() == 2 ? sbytes : 0, mod.opt_n * 4};
   for (int k = 0; k < 4; ++k) {
     if (sizes[k]) {
       ZOE_ASSIGN_OR_RETURN(st.dev[k], r_.mem->zeroed(sizes[k]));
@@ -123,11 +137,13 @@ Status Updater::place_in_host(ModuleId m, const float* own) {
     ZOE_ASSIGN_OR_RETURN(st.master, host_.zeroed(mbytes));
   }
   ZOE_ASSIGN_OR_RETURN(st.exp_avg, host_.zeroed(sbytes));
-  ZOE_ASSIGN_OR_RETURN(st.exp_avg_sq, host_.zeroed(sbytes));
+  if (state_count() == 2) {
+    ZOE_ASSIGN_OR_RETURN(st.exp_avg_sq, host_.zeroed(sbytes));
+  }
   ZOE_ASSIGN_OR_RETURN(void* g, host_.zeroed(mod.opt_n * 4));
   st.grad_acc = static_cast<float*>(g);
   if (r_.cfg->zoe.speculative_step) {
-    ZOE_ASSIGN_OR_RETURN(st.spec_save, host_.zeroed(mbytes + 2 * sbytes));
+    ZOE_ASSIGN_OR_RETURN(st.spec_save, host_.zeroed(mbytes + static_cast<size_t>(state_count()) * sbytes));
     ZOE_ASSIGN_OR_RETURN(st.spec_out, host_.zeroed(mod.opt_n * shape_.esize()));
   }
   return r_.master_in_compute ? Status::ok() : master_from_f32(own, st.master, mod.opt_n);
@@ -139,7 +155,7 @@ Status Updater::place_on_nvme(ModuleId m, const float* own) {
                           "placing the optimizer states of module " + mod.name);
   // The fp32 master, chunk by chunk, written from `own` itself where it is block-aligned
   // (write_state_borrowed: the swapper's write buffers in flight at once, no copy): the caller
-  // leaves `own` unchanged until wait_placed(). Adam's m and v start as zeros, which their swap
+  // leaves `own` unchanged until wait_placed(). The optimizer's states start as zeros, which their swap
   // space reads as until the first update writes them (add_group), so nothing is written for
   // them. The gradient sums live on NVMe too (written by the first reduction of a step).
   const size_t chunk = r_.swapper->chunk_elems();

@@ -91,6 +91,40 @@ TEST(TrainInput, StateFormatFlagsOverrideTheConfig) {
   EXPECT_HAS(raw.err, "zoe: --master-weights bf16 overrides zoe.master_weights");
 }
 
+// --optimizer picks the update (DeepSpeed's defaults for the params nobody gave, the JSON says
+// which), overrides the config's optimizer.type once on stderr, and a param the new type has not
+// is refused naming the flag and the key.
+TEST(TrainInput, OptimizerFlagPicksTheUpdate) {
+  CmdResult raw;
+  json j = run_json("--optimizer lion", 1, &raw);
+  ASSERT_FALSE(j.is_null());
+  EXPECT_EQ(j["optimizer"], "Lion");
+  EXPECT_EQ(j["optimizer_state_bytes_per_param"], 8.0);
+  j = run_json("--optimizer adagrad --offload nvme --nvme-path " + zoe::test::ScratchDir("nvme").path(), 1);
+  ASSERT_FALSE(j.is_null());
+  EXPECT_EQ(j["optimizer"], "Adagrad");
+  EXPECT_EQ(j["lr"], 0.01);  // DeepSpeed's Adagrad default without --lr
+  j = run_json("", 1);
+  ASSERT_FALSE(j.is_null());
+  EXPECT_EQ(j["optimizer"], "AdamW");
+  zoe::test::ScratchDir d("cfg");
+  const std::string cfg = write_file(d, "ds.json", R"({"train_micro_batch_size_per_gpu": 2,
+    "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+    "optimizer": {"type": "AdamW", "params": {"lr": 0.002, "weight_decay": 0.1}}})");
+  j = run_json("--config " + cfg + " --optimizer LION", 1, &raw);
+  ASSERT_FALSE(j.is_null());
+  EXPECT_EQ(j["optimizer"], "Lion");
+  EXPECT_EQ(j["lr"], 0.002);
+  EXPECT_HAS(raw.err, "zoe: --optimizer LION overrides optimizer.type (AdamW in " + cfg + ")");
+  EXPECT_EQ(raw.err.find("overrides optimizer.type"), raw.err.rfind("overrides optimizer.type")) << raw.err;
+  const std::string eps =
+      write_file(d, "eps.json", R"({"optimizer": {"type": "AdamW", "params": {"eps": 1e-6}}})");
+  CmdResult r = zoe(kTiny1 + "--config " + eps + " --optimizer lion");
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_HAS(r.err, "optimizer.params.eps: optimizer.type \"Lion\" has no eps");
+  EXPECT_HAS(r.err, "--optimizer with --config " + eps);
+}
+
 TEST(TrainInput, FlagsThatCannotTakeEffectWithAConfigAreRefused) {
   zoe::test::ScratchDir d("cfg");
   const std::string sched = write_file(d, "s.json", R"({"zero_optimization": {"stage": 2},
@@ -381,6 +415,7 @@ TEST(TrainInput, BadFlagValuesAreUsageErrors) {
       {"--seed 18446744073709551616", "--seed 18446744073709551616 is not an unsigned integer"},
       {"--offload disk", "--offload disk is not none, cpu or nvme"},
       {"--optimizer-states int2", "--optimizer-states int2 is not fp32, bf16, int8 or int4"},
+      {"--optimizer sgd", "--optimizer sgd is not adamw, lion or adagrad"},
       {"--master-weights fp16", "--master-weights fp16 is not fp32 or bf16 (an fp16 master cannot hold"},
       {"--device-budget lots", "--device-budget lots is not a byte size"},
       {"--host-budget lots", "--host-budget lots is not a byte size"},

@@ -316,12 +316,13 @@ TEST(Config, WrongValuesNameKeyValueAndAllowed) {
   EXPECT_HAS(
       parse_error(R"({"optimizer": {"type": "Lamb"}})"),
       "optimizer.type: \"Lamb\" is refused: Lamb (a LAMB or 1-bit communication optimizer) is not in zoe; "
-      "zoe runs Adam and AdamW");
-  EXPECT_HAS(parse_error(R"({"optimizer": {"type": "LION"}})"),
-             "optimizer.type: \"LION\" is refused: DeepSpeed's Lion");
+      "zoe runs optimizer.type \"AdamW\" (or \"Adam\"), \"Lion\" and \"Adagrad\"");
+  EXPECT_HAS(parse_error(R"({"optimizer": {"type": "MUON"}})"),
+             "optimizer.type: \"MUON\" is refused: DeepSpeed's Muon is not in zoe yet");
+  EXPECT_HAS(parse_error(R"({"optimizer": {"type": "OneBitAdam"}})"), "\"OneBitAdam\" is refused");
   EXPECT_HAS(parse_error(R"({"optimizer": {"type": "muadamw"}})"), "\"muadamw\" is refused: MuAdamW (muP's");
   EXPECT_HAS(parse_error(R"({"optimizer": {"type": "SGD"}})"),
-             "optimizer.type: \"SGD\" is not one of \"Adam\", \"AdamW\"");
+             "optimizer.type: \"SGD\" is not one of \"Adam\", \"AdamW\", \"Lion\", \"Adagrad\"");
   EXPECT_HAS(parse_error(R"({"scheduler": {"type": "OneCycle"}})"),
              "scheduler.type: \"OneCycle\" is not one of \"WarmupLR\", \"WarmupDecayLR\"");
   EXPECT_HAS(parse_error(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_type": "cosine"}}})"),
@@ -508,6 +509,51 @@ TEST(Config, LoadNamesThePath) {
   auto ok = Config::load(dir.file("ok.json"), 4);
   ASSERT_OK(ok);
   EXPECT_EQ(ok->zero.stage, 2);
+}
+
+// Lion and Adagrad with DeepSpeed's names (any case), params and defaults; a key the type has not,
+// and the low-bit formats, are refused naming the keys; each type writes back only its own keys.
+TEST(Config, LionAndAdagradTakeDeepSpeedsParams) {
+  auto lion = Config::parse(R"({"optimizer": {"type": "LION", "params": {"betas": [0.95, 0.98]}}})");
+  ASSERT_OK(lion);
+  EXPECT_EQ(lion->optimizer.type, "Lion");
+  EXPECT_EQ(lion->optimizer.lr, 1e-3);  // DeepSpeedCPULion's defaults
+  EXPECT_EQ(lion->optimizer.beta1, 0.95);
+  EXPECT_EQ(lion->optimizer.beta2, 0.98);
+  EXPECT_EQ(lion->optimizer.weight_decay, 0.0);
+  auto ada = Config::parse(R"({"optimizer": {"type": "adagrad", "params": {"weight_decay": 0.1}}})");
+  ASSERT_OK(ada);
+  EXPECT_EQ(ada->optimizer.type, "Adagrad");
+  EXPECT_EQ(ada->optimizer.lr, 1e-2);  // DeepSpeedCPUAdagrad's (and torch's) defaults
+  EXPECT_EQ(ada->optimizer.eps, 1e-10);
+  EXPECT_EQ(ada->optimizer.weight_decay, 0.1);
+  auto given = Config::parse(R"({"optimizer": {"type": "Adagrad", "params": {"lr": 0.5, "eps": 1e-6}}})");
+  ASSERT_OK(given);
+  EXPECT_EQ(given->optimizer.lr, 0.5);
+  EXPECT_EQ(given->optimizer.eps, 1e-6);
+  EXPECT_HAS(parse_error(R"({"optimizer": {"type": "Lion", "params": {"eps": 1e-8}}})"),
+             "optimizer.params.eps: optimizer.type \"Lion\" has no eps (its params are lr, betas and "
+             "weight_decay, as in DeepSpeed): remove it");
+  EXPECT_HAS(parse_error(R"({"optimizer": {"type": "Adagrad", "params": {"betas": [0.9, 0.99]}}})"),
+             "optimizer.params.betas: optimizer.type \"Adagrad\" has no betas (its params are lr, eps and "
+             "weight_decay");
+  EXPECT_HAS(parse_error(R"({"optimizer": {"type": "Lion", "params": {"adam_w_mode": true}}})"),
+             "optimizer.params.adam_w_mode: optimizer.type \"Lion\" has no adam_w_mode");
+  EXPECT_HAS(
+      parse_error(R"({"optimizer": {"type": "Lion"}, "zoe": {"optimizer_states": "int8"}})"),
+      "zoe.optimizer_states \"int8\" with optimizer.type \"Lion\": the low-bit states are AdamW's only");
+  EXPECT_HAS(parse_error(R"({"optimizer": {"type": "Adagrad"}, "zoe": {"master_weights": "bf16"}})"),
+             "zoe.master_weights \"bf16\" with optimizer.type \"Adagrad\"");
+  EXPECT_OK(Config::parse(R"({"optimizer": {"type": "Lion"}, "zoe": {"optimizer_states": "bf16"}})"));
+  // Written back with the keys of its type only, and read back the same.
+  for (const Config* c : {&lion.value(), &ada.value()}) {
+    const std::string text = c->to_json();
+    auto back = Config::parse(text);
+    ASSERT_OK(back);
+    EXPECT_TRUE(back.value() == *c) << text;
+  }
+  EXPECT_EQ(lion->to_json().find("\"eps\""), std::string::npos);
+  EXPECT_EQ(ada->to_json().find("\"betas\""), std::string::npos);
 }
 
 TEST(Config, OptimizerSemantics) {

@@ -393,7 +393,8 @@ UpdaterRun run_updater(Tier home) {
   std::unique_ptr<offload::OptimizerSwapper> swapper;
   if (home == Tier::kNvme) {
     offload::SwapperOptions so;
-    so.states = Updater::swapped_states(optim::StateFormat::kF32, optim::MasterFormat::kF32, false);
+    so.states = Updater::swapped_states(optim::OptimizerKind::kAdamW, optim::StateFormat::kF32,
+                                        optim::MasterFormat::kF32, false);
     so.buffer_count = 12;
     so.buffer_bytes = 64 * 1024;
     auto sw = offload::OptimizerSwapper::create(r.rig.store.get(), so);

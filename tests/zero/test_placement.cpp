@@ -704,6 +704,57 @@ TEST(PlacementVsEngine, HighWaterMarksWithinThePlanForEveryPlacement) {
   EXPECT_GE(ran, 2 * 13 + 2 * 8) << "placements that fit: every one at 64 MiB, the offloaded ones at 192 KiB";
 }
 
+// Lion and Adagrad keep one state beside the master: each tier that holds the states holds 4 bytes
+// per owned element fewer than AdamW's (fp32), the cost model's update touches fewer bytes, and the
+// engine's measured high-water marks stay within (NVMe: equal to) the plan.
+TEST(PlacementVsEngine, OneStateOptimizersPlanAndUseOneStateLess) {
+  Runtime& rt = runtime();
+  test::MlpSpec s;
+  s.d = 48;
+  for (const test::MatrixPlacement& k :
+       {test::MatrixPlacement{1, "cpu", "none"}, test::MatrixPlacement{2, "nvme", "none"},
+        test::MatrixPlacement{3, "none", "cpu"}, test::MatrixPlacement{3, "nvme", "nvme"}}) {
+    for (const char* type : {"Lion", "Adagrad"}) {
+      test::ScratchDir nvme("placement");
+      std::string text = cfg_text(k.stage, k.opt, k.param);
+      for (size_t at = text.find("\"/tmp\""); at != std::string::npos; at = text.find("\"/tmp\""))
+        text.replace(at, 6, "\"" + nvme.path() + "\"");
+      const std::string what =
+          std::string(type) + " stage " + std::to_string(k.stage) + " optimizer " + k.opt;
+      auto adamw = config::Config::parse(text, rt.world_size());
+      text.insert(1, std::string("\"optimizer\": {\"type\": \"") + type + "\"}, ");
+      auto cfg = config::Config::parse(text, rt.world_size());
+      ASSERT_OK(adamw) << what;
+      ASSERT_OK(cfg) << what;
+      const auto sh = shapes(s.layers, static_cast<size_t>(s.d));
+      auto a = zero::plan_placement(adamw.value(), sh, rt.world_size(), rt.rank(), engine_target(rt));
+      auto plan = zero::plan_placement(cfg.value(), sh, rt.world_size(), rt.rank(), engine_target(rt));
+      ASSERT_OK(a) << what;
+      ASSERT_OK(plan) << what;
+      uint64_t owned = 0;
+      for (const auto& m : plan->modules) owned += m.opt_n;
+      const uint64_t drop = 4 * owned;
+      const std::string o = k.opt;
+      EXPECT_EQ(plan->opt_states(), 1) << what;
+      EXPECT_EQ(plan->opt_bytes_per_elem(), 8.0) << what;
+      EXPECT_EQ(a->resident.device - plan->resident.device, o == "none" ? drop : 0) << what;
+      EXPECT_EQ(a->resident.nvme - plan->resident.nvme, o == "nvme" ? drop : 0) << what;
+      if (o == "cpu") EXPECT_EQ(a->resident.host - plan->resident.host, drop) << what;
+      auto e = zero::create_engine(rt, cfg.value());
+      ASSERT_OK(e) << what;
+      ASSERT_OK(test::register_mlp(*e.value(), s)) << what;
+      std::vector<test::Layer> out;
+      std::vector<StepStats> stats;
+      ASSERT_OK(test::engine_train(*e.value(), s, rt.rank(), rt.world_size(), 2, &out, &stats)) << what;
+      const StepStats& last = stats.back();
+      EXPECT_LE(last.high_water[0], plan->peak.device) << what;
+      EXPECT_LE(last.high_water[1], plan->peak.host) << what;
+      EXPECT_GE(last.high_water[1], plan->resident.host) << what;
+      EXPECT_EQ(last.high_water[2], plan->resident.nvme) << what;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace zoe
 

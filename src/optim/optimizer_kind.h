@@ -1,0 +1,41 @@
+// Which update the engine runs (the config's optimizer.type) and what states it keeps per element
+// beside the master: AdamW m and v (adam.h, lowbit.h), Lion m, Adagrad the sum of g^2
+// (lion_adagrad.h). "Adam" and "AdamW" are one kind: the same states, the decay decided by
+// AdamParams::adamw.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "zoe/status.h"
+
+namespace zoe::optim {
+
+enum class OptimizerKind : uint8_t { kAdamW = 0, kLion = 1, kAdagrad = 2 };
+
+// States per element beside the master: AdamW 2 (m, v), Lion 1 (m), Adagrad 1 (the sum).
+constexpr int optimizer_state_count(OptimizerKind k) { return k == OptimizerKind::kAdamW ? 2 : 1; }
+
+// The config's spelling of the kind: "AdamW", "Lion", "Adagrad".
+constexpr const char* optimizer_kind_name(OptimizerKind k) {
+  return k == OptimizerKind::kLion ? "Lion" : k == OptimizerKind::kAdagrad ? "Adagrad" : "AdamW";
+}
+
+// The checkpoint's name of state i (0-based, < optimizer_state_count): AdamW "exp_avg",
+// "exp_avg_sq"; Lion "exp_avg" (lion-pytorch's name of its m); Adagrad "sum" (torch's).
+constexpr const char* optimizer_state_name(OptimizerKind k, int i) {
+  return k == OptimizerKind::kAdagrad ? "sum" : i == 0 ? "exp_avg" : "exp_avg_sq";
+}
+
+// The kind of an optimizer.type as the config stores it ("Adam", "AdamW", "Lion", "Adagrad"; any
+// case). Error: any other type.
+inline Result<OptimizerKind> parse_optimizer_kind(std::string type) {
+  for (char& c : type) c = static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
+  if (type == "adam" || type == "adamw") return OptimizerKind::kAdamW;
+  if (type == "lion") return OptimizerKind::kLion;
+  if (type == "adagrad") return OptimizerKind::kAdagrad;
+  return invalid_argument("optimizer.type \"%s\": zoe runs \"Adam\", \"AdamW\", \"Lion\" and \"Adagrad\"",
+                          type.c_str());
+}
+
+}  // namespace zoe::optim
