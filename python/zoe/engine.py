@@ -19,6 +19,7 @@ include/zoe/engine.h requires.
 """
 import contextlib
 import json
+import logging
 import os
 
 import torch
@@ -33,6 +34,8 @@ from .fetch import as_tensor as _as_tensor  # noqa: F401 (zoe.engine._as_tensor,
 from .fetch import view_ptr as _view_ptr  # noqa: F401 (zoe.engine._view_ptr, read by the tests)
 from .hooks import UnitHooks
 from .phase import PhaseState
+
+logger = logging.getLogger(__name__)
 
 
 class StepStats:
@@ -231,7 +234,8 @@ class Engine:
         otherwise the micro-batches run one after another through the whole model (the micro-batch
         schedule). Either way the same gradients, summed in the same order, as the same calls made
         by hand. The step's StepStats are in engine.last_step_stats, whose .schedule says which
-        schedule ran."""
+        schedule ran (with gradient_accumulation_steps 1 the two are the same calls: "micro-batch";
+        a model the layer-major path cannot drive runs the micro-batch schedule, said once)."""
         batches = list(batches)
         if len(batches) != self.gradient_accumulation_steps:
             raise ZoeError(f"engine.train_batch: {len(batches)} micro-batches given, but gradient_accumulation_steps "
@@ -257,6 +261,14 @@ class Engine:
                 stats.fields["schedule"] = "layer-major"
                 self.last_step_stats = stats
                 return losses
+            if not getattr(self, "_said_no_layer_major", False):
+                self._said_no_layer_major = True
+                why = ("the model is not a Hugging Face decoder-only causal LM with its decoder layers in "
+                       "model.layers, transformer.h or gpt_neox.layers" if stack is None else
+                       "its decoder layers are not zoe units of their own (zoe_units= / unit_params= cut them "
+                       "otherwise)")
+                logger.warning("zoe.schedule \"layer-major\": %s, so engine.train_batch runs the micro-batch "
+                               "schedule (the same results); set zoe.schedule \"micro-batch\" to silence this", why)
         losses = []
         for i, b in enumerate(batches):
             if isinstance(b, dict):

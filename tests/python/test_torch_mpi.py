@@ -52,6 +52,30 @@ def worker(out_dir, mode):
         return
     swap = Path(out_dir) / f"swap-{mode}-{world}-{rank}"
     swap.mkdir(parents=True, exist_ok=True)
+    if mode in ("hf-layer-major", "hf-layer-major-bf16"):
+        # train_batch in both schedules on an HF Llama and a GPT-2 (stage 3, NVMe, G = 3 per rank):
+        # the losses and masters of each, per rank.
+        from test_hf_models import BUDGET, batches, build
+        out = {}
+        for arch in ("llama", "gpt2"):
+            data = [{"input_ids": ids, "labels": ids} for ids in batches(12, seed=1 + rank)]
+            for schedule in ("micro-batch", "layer-major"):
+                d = swap / f"{arch}-{schedule}"
+                d.mkdir()
+                cfg = config(d, stage=3, gas=3, micro=2, device_budget=BUDGET, schedule=schedule,
+                             dtype="bf16" if mode.endswith("bf16") else "fp32",
+                             zero={"stage3_param_persistence_threshold": 0, "stage3_prefetch_bucket_size": 0})
+                eng = zoe.initialize(build(arch), config=cfg)
+                losses = []
+                for k in range(0, 12, 3):
+                    losses += eng.train_batch(data[k:k + 3])
+                    assert eng.last_step_stats.schedule == schedule
+                out[f"{arch}/{schedule}"] = {"losses": losses, "weights": {
+                    n: t.reshape(-1).tolist() for n, t in eng.master_params().items()}}
+                eng.close()
+        with open(Path(out_dir) / f"{mode}-w{world}-r{rank}.json", "w") as f:
+            json.dump(out, f)
+        return
     if mode == "experts":
         torch.manual_seed(0)
         model = Experts()
@@ -123,6 +147,22 @@ def test_two_ranks_match_one(mode, tmp_path):
     for n, w in one["weights"].items():
         diffs += [abs(a - b) for a, b in zip(w, r0["weights"][n])]
     assert max(diffs) <= 2e-4 and sum(diffs) / len(diffs) <= 2e-5
+
+
+@pytest.mark.parametrize("mode", ["hf-layer-major", "hf-layer-major-bf16"])
+def test_two_ranks_layer_major_gives_the_micro_batch_bits(mode, tmp_path):
+    """engine.train_batch under mpirun -np 2 with zoe.schedule "layer-major" (an HF Llama and GPT-2,
+    stage 3 on NVMe, 3 micro-batches a rank a step, fp32 and bf16): on each rank the same losses and
+    masters, bit for bit, as the micro-batch schedule; both ranks hold the same masters."""
+    pytest.importorskip("transformers")
+    run_workers(tmp_path, mode)
+    r = [json.loads((tmp_path / f"{mode}-w2-r{k}.json").read_text()) for k in (0, 1)]
+    for arch in ("llama", "gpt2"):
+        for k in (0, 1):
+            mb, lm = r[k][f"{arch}/micro-batch"], r[k][f"{arch}/layer-major"]
+            assert lm["losses"] == mb["losses"], (arch, k)
+            assert lm["weights"] == mb["weights"], (arch, k)
+        assert r[0][f"{arch}/layer-major"]["weights"] == r[1][f"{arch}/layer-major"]["weights"], arch
 
 
 def test_ranks_that_run_different_units_are_refused(tmp_path):

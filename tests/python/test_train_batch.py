@@ -133,6 +133,54 @@ def test_layer_major_gives_the_micro_batch_bits(arch, tmp_path):
         assert torch.equal(runs["layer-major"][1][n], w), n
 
 
+# The placements, G and dtypes of the layer-major bits test for an HF Llama and GPT-2, as a covering
+# set rather than the whole product (288 cases): every stage 0-3, every offload of the optimizer
+# (none, cpu, nvme) and of the parameters (none, cpu, nvme at stage 3), G 1, 3 and 8 and fp32 and
+# bf16 each appear with both architectures. The two-rank cases are in test_torch_mpi.py.
+# (arch, stage, offload_optimizer, offload_param, G, dtype)
+MATRIX = [
+    ("llama", 0, "none", "none", 3, "fp32"),
+    ("gpt2", 0, "none", "none", 8, "bf16"),
+    ("gpt2", 1, "cpu", "none", 8, "bf16"),
+    ("llama", 1, "none", "none", 8, "fp32"),
+    ("llama", 2, "nvme", "none", 1, "bf16"),
+    ("gpt2", 2, "cpu", "none", 3, "fp32"),
+    ("gpt2", 3, "cpu", "cpu", 3, "fp32"),
+    ("llama", 3, "cpu", "cpu", 1, "fp32"),
+    ("llama", 3, "nvme", "nvme", 8, "bf16"),
+    ("gpt2", 3, "nvme", "nvme", 1, "fp32"),
+    ("gpt2", 3, "none", "none", 3, "bf16"),
+    ("llama", 3, "nvme", "cpu", 3, "bf16"),
+]
+
+
+@pytest.mark.parametrize("arch,stage,opt,param,gas,dtype", MATRIX, ids=["-".join(map(str, c)) for c in MATRIX])
+def test_layer_major_bits_across_placements(arch, stage, opt, param, gas, dtype, tmp_path):
+    """Two steps of G micro-batches through train_batch in both schedules: the same losses and
+    masters, bit for bit, in every placement of MATRIX."""
+    pytest.importorskip("transformers")
+    from test_hf_models import BUDGET, batches, build
+
+    data = [{"input_ids": ids, "labels": ids} for ids in batches(2 * gas)]
+    zero = {"stage3_param_persistence_threshold": 0, "stage3_prefetch_bucket_size": 0} if stage == 3 else {}
+    runs = {}
+    for schedule in ("micro-batch", "layer-major"):
+        d = tmp_path / schedule
+        os.makedirs(d)
+        kw = {"device_budget": BUDGET} if param != "none" else {}
+        cfg = config(d, stage=stage, opt=opt, param=param, gas=gas, micro=2, dtype=dtype, zero=zero,
+                     schedule=schedule, **kw)
+        eng = zoe.initialize(build(arch), cfg, force_local=True)
+        losses = eng.train_batch(data[:gas]) + eng.train_batch(data[gas:])
+        # With G = 1 both schedules are the same calls, which StepStats names "micro-batch".
+        assert eng.last_step_stats.stepped and eng.last_step_stats.schedule == (schedule if gas > 1 else "micro-batch")
+        runs[schedule] = (losses, eng.master_params())
+        eng.close()
+    assert runs["layer-major"][0] == runs["micro-batch"][0]
+    for n, w in runs["micro-batch"][1].items():
+        assert torch.equal(runs["layer-major"][1][n], w), n
+
+
 def test_layer_major_error_takes_no_step(tmp_path):
     """A failure in the middle of a layer-major step (here the loss of micro-batch 1) raises from
     train_batch, and no update is taken from the step's partial gradients."""
@@ -183,3 +231,24 @@ def test_layer_major_inputs_go_through_the_activation_store(tmp_path):
     assert st["tier_bytes"]["nvme"] > 0, st  # placed on the NVMe tier (4 KiB tensors come back from its write runs)
     assert st["high_water_device"] <= 2 * one, st
     eng.close()
+
+
+def test_layer_major_on_a_model_it_cannot_drive_says_so_once(tmp_path, caplog):
+    """zoe.schedule "layer-major" on a model that is not an HF decoder-only LM: train_batch runs the
+    micro-batch schedule, says so once naming the key, and gives the micro-batch bits."""
+    data = gpt_batches(2 * GAS)
+    runs = {}
+    for schedule in ("micro-batch", "layer-major"):
+        (tmp_path / schedule).mkdir()
+        eng = zoe.initialize(make_model("gpt"), config(tmp_path / schedule, gas=GAS, schedule=schedule),
+                             force_local=True)
+        with caplog.at_level("WARNING", logger="zoe.engine"):
+            losses = eng.train_batch(data[:GAS]) + eng.train_batch(data[GAS:])
+        assert eng.last_step_stats.schedule == "micro-batch"
+        runs[schedule] = (losses, eng.master_params())
+        eng.close()
+    said = [r.getMessage() for r in caplog.records if "layer-major" in r.getMessage()]
+    assert len(said) == 1 and "zoe.schedule" in said[0] and "not a Hugging Face decoder-only" in said[0], said
+    assert runs["layer-major"][0] == runs["micro-batch"][0]
+    for n, w in runs["micro-batch"][1].items():
+        assert torch.equal(runs["layer-major"][1][n], w), n
