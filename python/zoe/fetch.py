@@ -55,6 +55,9 @@ class Fetcher:
         self.device = engine.device
         self.live = {}
         self.placeholder = torch.empty(0, dtype=self.dtype, device=self.device)
+        # Called with each zoe module this fetcher has just fetched (layer_major.py keeps some).
+        self.on_fetch = None
+        self.fetches = 0  # Engine.fetch calls so far (the tests count them)
 
     def acquire(self, zm):
         zm.refs += 1
@@ -65,6 +68,9 @@ class Fetcher:
         except BaseException:
             zm.refs -= 1  # not fetched: nothing to release
             raise
+        self.fetches += 1
+        if self.on_fetch is not None:
+            self.on_fetch(zm)
         key = tuple(view_ptr(a) for a in arrays)
         if torch.is_inference_mode_enabled():
             # The views are kept (zm.flat) and used by later training steps: no inference tensors.

@@ -160,6 +160,30 @@ class LayerMajor:
             for zm in zms:
                 self.e._fetcher.release(zm)
 
+    @contextlib.contextmanager
+    def _outer_kept(self):
+        """The zoe modules outside the decoder layers (embedding, final norm, head) that a phase's
+        micro-batches fetch, held from their first fetch to the phase's end: fetched once per
+        phase instead of once per micro-batch. A module is held only once one of the phase's
+        micro-batches has fetched it, so the device holds what the micro-batch schedule holds."""
+        f = self.e._fetcher
+        in_layers = set(self.layer_units)
+        held = []
+
+        def keep(zm):
+            if zm.unit not in in_layers and zm not in held:
+                zm.refs += 1  # fetched just now (refs 1): one more reference, no second fetch
+                held.append(zm)
+
+        f.on_fetch = keep
+        try:
+            yield
+        finally:
+            f.on_fetch = None
+            for zm in held:
+                if zm.refs > 0:
+                    f.release(zm)
+
     def _call(self, batch):
         from .engine import _losses_in_fp32
 
@@ -183,12 +207,13 @@ class LayerMajor:
             raise _Stop()
 
         fns = [record] + [None] * (len(self.stack) - 1)
-        for b in batches:
-            with self._phase(Phase.FORWARD), torch.no_grad(), _stand_ins(self.stack, fns):
-                try:
-                    self._call(b)
-                except _Stop:
-                    pass
+        with self._outer_kept():
+            for b in batches:
+                with self._phase(Phase.FORWARD), torch.no_grad(), _stand_ins(self.stack, fns):
+                    try:
+                        self._call(b)
+                    except _Stop:
+                        pass
         return out
 
     def _forward(self, inputs):
@@ -222,31 +247,37 @@ class LayerMajor:
     def _head(self, batches, h, loss_fn):
         """Step 3: the losses, the gradient at the last hidden state, and the head parameters'
         gradients (those shared with the embedding kept apart, per micro-batch)."""
-        G, L = len(batches), len(self.stack)
         scale = self.e._eng.loss_scale()
+        losses, dh, shares = [], [], []
+        with self._outer_kept():
+            for g in range(len(batches)):
+                loss, d, share = self._head_of(g, batches[g], h, loss_fn, scale)
+                losses.append(loss)
+                dh.append(d)
+                shares.append(share)
+        return losses, dh, shares
+
+    def _head_of(self, g, batch, h, loss_fn, scale):
+        """Step 3 for micro-batch g: (its loss, the gradient at its last hidden state, its head
+        parameters' gradients by (zoe module, parameter))."""
         from .engine import _loss_of
 
-        losses, dh, shares = [], [], []
-        for g in range(G):
-            leaf = h[L][g].detach().requires_grad_()
+        L = len(self.stack)
+        leaf = h[L][g].detach().requires_grad_()
 
-            def out_of(i, g=g, leaf=leaf):
-                return lambda args, kwargs: self._wrap(leaf if i == L - 1 else h[i + 1][g])
+        def out_of(i):
+            return lambda args, kwargs: self._wrap(leaf if i == L - 1 else h[i + 1][g])
 
-            with self._phase(Phase.FORWARD), _stand_ins(self.stack, [out_of(i) for i in range(L)]):
-                loss = _loss_of(self._call(batches[g]), batches[g], loss_fn, g)
-                params = [p for _, _, p in self.outer]
-                grads = torch.autograd.grad(loss * scale if scale != 1.0 else loss, [leaf] + params,
-                                            allow_unused=True)
-            losses.append(float(loss.detach().float()))
-            dh.append(grads[0])
-            share = {}
-            for (zm, i, _), gr in zip(self.outer, grads[1:]):
-                if gr is not None:
-                    share[(zm.index, i)] = gr
-            shares.append(share)
-            self._release_held()
-        return losses, dh, shares
+        with self._phase(Phase.FORWARD), _stand_ins(self.stack, [out_of(i) for i in range(L)]):
+            loss = _loss_of(self._call(batch), batch, loss_fn, g)
+            params = [p for _, _, p in self.outer]
+            grads = torch.autograd.grad(loss * scale if scale != 1.0 else loss, [leaf] + params, allow_unused=True)
+        share = {}
+        for (zm, i, _), gr in zip(self.outer, grads[1:]):
+            if gr is not None:
+                share[(zm.index, i)] = gr
+        self._release_held()
+        return float(loss.detach().float()), grads[0], share
 
     def _release_held(self):
         for zm in self.layout.zmods:
@@ -283,30 +314,35 @@ class LayerMajor:
     def _embedding(self, batches, dh0, shares):
         """Step 5: the embedding's gradients from the first layer's input gradients, with the
         tied head share, into zoe once per micro-batch; then the head-only gradients."""
-        for g, b in enumerate(batches):
-            got = []
+        with self._outer_kept():
+            for g, b in enumerate(batches):
+                self._embedding_of(g, b, dh0, shares)
 
-            def record(args, kwargs):
-                got.append(_hidden(args, kwargs))
-                raise _Stop()
+    def _embedding_of(self, g, b, dh0, shares):
+        """Step 5 for micro-batch g."""
+        got = []
 
-            with self._phase(Phase.FORWARD), _stand_ins(self.stack, [record] + [None] * (len(self.stack) - 1)):
-                try:
-                    self._call(b)
-                except _Stop:
-                    pass
-            e = got[0]
-            share = shares[g]
-            with self._phase(Phase.BACKWARD):
-                grads = torch.autograd.grad(e, [p for _, _, p in self.outer], dh0[g], allow_unused=True)
-                for (zm, i, _), gr in zip(self.outer, grads):
-                    head = share.pop((zm.index, i), None)
-                    if gr is None and head is None:
-                        continue
-                    total = head if gr is None else gr if head is None else head + gr
-                    self.hooks.gradient(zm, i, total)
-                self.hooks.finish_backward()
-            self._release_held()
+        def record(args, kwargs):
+            got.append(_hidden(args, kwargs))
+            raise _Stop()
+
+        with self._phase(Phase.FORWARD), _stand_ins(self.stack, [record] + [None] * (len(self.stack) - 1)):
+            try:
+                self._call(b)
+            except _Stop:
+                pass
+        e = got[0]
+        share = shares[g]
+        with self._phase(Phase.BACKWARD):
+            grads = torch.autograd.grad(e, [p for _, _, p in self.outer], dh0[g], allow_unused=True)
+            for (zm, i, _), gr in zip(self.outer, grads):
+                head = share.pop((zm.index, i), None)
+                if gr is None and head is None:
+                    continue
+                total = head if gr is None else gr if head is None else head + gr
+                self.hooks.gradient(zm, i, total)
+            self.hooks.finish_backward()
+        self._release_held()
 
     def step(self, batches, loss_fn):
         inputs = self._inputs(batches)

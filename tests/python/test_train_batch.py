@@ -252,3 +252,28 @@ def test_layer_major_on_a_model_it_cannot_drive_says_so_once(tmp_path, caplog):
     assert runs["layer-major"][0] == runs["micro-batch"][0]
     for n, w in runs["micro-batch"][1].items():
         assert torch.equal(runs["layer-major"][1][n], w), n
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_layer_major_fetches_each_module_a_fixed_number_of_times_a_step(arch, tmp_path):
+    """Layer-major at stage 3 with the parameters on NVMe: a step fetches each decoder layer once
+    a pass and the embedding, final norm and head once a phase, so its fetches are the same with 2
+    and with 4 micro-batches, where the micro-batch schedule's double."""
+    pytest.importorskip("transformers")
+    from test_hf_models import LAYERS, batches, build, hf_config
+
+    got = {}
+    for schedule in ("micro-batch", "layer-major"):
+        for gas in (2, 4):
+            eng = zoe.initialize(build(arch), hf_config(tmp_path / f"{schedule}{gas}", gas=gas, schedule=schedule),
+                                 force_local=True)
+            data = [{"input_ids": ids, "labels": ids} for ids in batches(2 * gas)]
+            eng.train_batch(data[:gas])
+            before = eng._fetcher.fetches
+            eng.train_batch(data[gas:])
+            got[schedule, gas] = eng._fetcher.fetches - before
+            eng.close()
+    assert got["layer-major", 2] == got["layer-major", 4], got
+    assert got["micro-batch", 4] == 2 * got["micro-batch", 2], got
+    # The layers twice, and at most 3 x (embedding, norm, head) and a rotary unit's or the like.
+    assert 2 * LAYERS <= got["layer-major", 4] <= 2 * LAYERS + 12, got
