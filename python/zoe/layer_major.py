@@ -20,6 +20,9 @@ once in the backward for all G micro-batches (include/zoe/engine.h's layer-major
    embedding's gradients from the first layer's input gradient, plus a tied parameter's head
    share, handed to zoe once.
 
+The zoe modules outside the layers (embedding, final norm, head) stay fetched from their first
+fetch to the end of steps 1, 3 and 5: a step fetches them at most three times, whatever G.
+
 Every module's gradients are reduced once per micro-batch, in micro-batch order, from the same
 values: without dropout the losses and weights are those of the micro-batch schedule, bit for bit.
 """

@@ -84,16 +84,23 @@ ActivationSizes activation_sizes(const ModelDesc& m, const Workload& w, size_t c
                                  bool checkpointing) {
   ActivationSizes a;
   a.workspace = activation_bytes(m, w, compute_bytes);
-  if (!checkpointing || a.workspace == 0) return a;
-  // One block's share of the estimate stays (the workspace the recompute reuses), with the head.
+  if (a.workspace == 0) return a;
+  // Layer-major: every micro-batch of the step has gone through a layer before the next layer
+  // runs, so the activations the backward needs are held for all G micro-batches at once.
+  const uint64_t g = w.layer_major && w.grad_accum > 1 ? static_cast<uint64_t>(w.grad_accum) : 1;
   const double s = static_cast<double>(w.seq), b = static_cast<double>(w.micro_batch);
   const double head = s * b * static_cast<double>(m.vocab) * 4.0 * 2.0;
   const double per_layer = (static_cast<double>(a.workspace) - head) / m.layers;
+  if (!checkpointing) {
+    if (g > 1) a.workspace = static_cast<uint64_t>(per_layer * m.layers * static_cast<double>(g) + head);
+    return a;
+  }
+  // One block's share of the estimate stays (the workspace the recompute reuses), with the head.
   a.workspace = static_cast<uint64_t>(per_layer + head);
   // The block inputs: zoe's GPT keeps fp32 (its kernels compute in fp32), another model its
   // compute dtype.
   const double elem = m.zoe_gpt ? 4.0 : static_cast<double>(compute_bytes);
-  a.count = static_cast<uint64_t>(m.layers);
+  a.count = static_cast<uint64_t>(m.layers) * g;
   a.tensor = static_cast<uint64_t>(s * b * m.d_model * elem);
   a.checkpoint = a.count * a.tensor;
   return a;
@@ -175,7 +182,9 @@ uint64_t place_checkpoints(const PlanInputs& in, const ActivationSizes& a, const
   row->bytes.device = plan.peak.device + row->activation_bytes;
   row->bytes.host += t.host + (t.nvme ? nvme_host_buffers(a, in.act, host_budget) : 0);
   row->bytes.nvme += t.nvme;
-  w->act = {in.act.checkpointing, t.host, t.nvme, a.tensor};
+  // The traffic per micro-batch: a layer-major step's checkpoints are its G micro-batches'.
+  const uint64_t g = w->layer_major && w->grad_accum > 1 ? static_cast<uint64_t>(w->grad_accum) : 1;
+  w->act = {in.act.checkpointing, t.host / g, t.nvme / g, a.tensor};
   const bool cpu = in.act.offload == ActivationOffload::kCpu;
   return cpu ? sat_sub(t.host, host_budget) : 0;
 }

@@ -114,7 +114,8 @@ uint64_t activation_bytes(const ModelDesc& m, const Workload& w, size_t compute_
 // The activations of one micro-batch with or without checkpointing. zoe's GPT: its kernels'
 // exact buffers (fp32, model::activation_bytes_estimate); another model: activation_bytes()'s
 // estimate, and with checkpointing one block's share of it plus the head, and block inputs of
-// micro-batch x seq x d_model in the compute dtype.
+// micro-batch x seq x d_model in the compute dtype. With w.layer_major and G = w.grad_accum > 1,
+// the activations of all G micro-batches (G x the blocks' share, or G x the block inputs).
 ActivationSizes activation_sizes(const ModelDesc& m, const Workload& w, size_t compute_bytes,
                                  bool checkpointing);
 // Where the activation store keeps the checkpoints (device, host, nvme) with `device_room` and

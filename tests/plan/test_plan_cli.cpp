@@ -55,6 +55,32 @@ TEST(PlanCli, ActivationBytesPerTier) {
       << r.out;
 }
 
+// The same with 4 micro-batches a step in the layer-major schedule: the block inputs of all 4
+// micro-batches are held at once (4 x 6 tensors); the store keeps the same 2 on the device and 1 in
+// host memory, so the other 21 go to NVMe, and the step writes them all there.
+TEST(PlanCli, LayerMajorHoldsTheCheckpointsOfEveryMicroBatch) {
+  const std::string args = "plan --preset demo --context 1024 --seq 1024 --micro-batch 8" + kMem +
+                           " --activation-checkpointing --activation-offload nvme"
+                           " --activation-device-budget 16MiB --activation-host-budget 48MiB --grad-accum 4";
+  const uint64_t tensor = 8ull * 1024 * 256 * 4;
+  for (const char* schedule : {"micro-batch", "layer-major"}) {
+    CmdResult r = zoe(args + " --schedule " + schedule + " --json");
+    ASSERT_EQ(r.rc, 0) << r.err;
+    json j = json::parse(r.out, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << r.out;
+    const bool lm = std::string(schedule) == "layer-major";
+    for (const json& row : j["rows"]) {
+      const json& a = row["activations"];
+      EXPECT_EQ(a["checkpoint_bytes"].get<uint64_t>(), (lm ? 24 : 6) * tensor) << schedule;
+      EXPECT_EQ(a["tier_bytes"]["device"].get<uint64_t>(), 2 * tensor) << schedule;
+      EXPECT_EQ(a["tier_bytes"]["host"].get<uint64_t>(), tensor) << schedule;
+      EXPECT_EQ(a["tier_bytes"]["nvme"].get<uint64_t>(), (lm ? 21 : 3) * tensor) << schedule;
+      // Per step: micro-batch 4 x 3 tensors, layer-major the 21.
+      EXPECT_EQ(row["link_bytes"]["activation_nvme_write"].get<uint64_t>(), (lm ? 21 : 12) * tensor) << schedule;
+    }
+  }
+}
+
 TEST(PlanCli, JsonHasExactlyParamsAndRows) {
   CmdResult r = zoe("plan --hf-config " + fixture("gpt2.json") + kMem + " --json");
   ASSERT_EQ(r.rc, 0) << r.err;
