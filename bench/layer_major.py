@@ -33,6 +33,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 
 def log(msg):
@@ -67,6 +68,7 @@ def run(a, work, schedule, accum):
     log(f"  {schedule:11s} G={accum}: {' '.join(cmd)}")
     p = subprocess.run(cmd, capture_output=True, text=True)
     shutil.rmtree(nvme, ignore_errors=True)
+    settle_free_space(work)
     if p.returncode != 0:
         sys.exit(f"zoe train failed ({p.returncode}):\n{p.stderr[-3000:]}")
     j = json.loads(p.stdout)
@@ -82,6 +84,19 @@ def run(a, work, schedule, accum):
     log(f"    step {out['step_s']:.2f} s, NVMe read {out['read_per_param']:.2f} B/param, "
         f"written {out['write_per_param']:.2f} B/param")
     return out
+
+
+def settle_free_space(path, limit_s=180):
+    """Waits until the file system's free space stops growing: a deleted swap file of tens of GB
+    is given back over seconds, and the next run's free-space check would otherwise refuse."""
+    os.sync()
+    last, steady, t0 = -1, 0, time.monotonic()
+    while steady < 3 and time.monotonic() - t0 < limit_s:
+        st = os.statvfs(path)
+        free = st.f_bavail * st.f_frsize
+        steady = steady + 1 if free == last else 0
+        last = free
+        time.sleep(1)
 
 
 def fio_bandwidth(work, rw):
