@@ -533,8 +533,9 @@ static void require_numpy_abi() {
 #if PYBIND11_VERSION_MAJOR < 2 || (PYBIND11_VERSION_MAJOR == 2 && PYBIND11_VERSION_MINOR < 12)
   const std::string v = py::str(py::module_::import("numpy").attr("__version__"));
   if (atoi(v.c_str()) >= 2) {
-    const std::string msg = "zoe's extension was built with pybind11 " + std::to_string(PYBIND11_VERSION_MAJOR) +
-                            "." + std::to_string(PYBIND11_VERSION_MINOR) + ", which does not know numpy " + v +
+    const std::string msg = "zoe's extension was built with pybind11 " +
+                            std::to_string(PYBIND11_VERSION_MAJOR) + "." +
+                            std::to_string(PYBIND11_VERSION_MINOR) + ", which does not know numpy " + v +
                             "'s arrays (pybind11 2.12 or newer does): install zoe into this interpreter with "
                             "`pip install .`, or build with pybind11 >= 2.12 (cmake -Dpybind11_DIR=...)";
     PyErr_SetString(PyExc_ImportError, msg.c_str());

@@ -76,7 +76,8 @@ TEST(PlanCli, LayerMajorHoldsTheCheckpointsOfEveryMicroBatch) {
       EXPECT_EQ(a["tier_bytes"]["host"].get<uint64_t>(), tensor) << schedule;
       EXPECT_EQ(a["tier_bytes"]["nvme"].get<uint64_t>(), (lm ? 21 : 3) * tensor) << schedule;
       // Per step: micro-batch 4 x 3 tensors, layer-major the 21.
-      EXPECT_EQ(row["link_bytes"]["activation_nvme_write"].get<uint64_t>(), (lm ? 21 : 12) * tensor) << schedule;
+      EXPECT_EQ(row["link_bytes"]["activation_nvme_write"].get<uint64_t>(), (lm ? 21 : 12) * tensor)
+          << schedule;
     }
   }
 }
