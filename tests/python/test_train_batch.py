@@ -277,3 +277,35 @@ def test_layer_major_fetches_each_module_a_fixed_number_of_times_a_step(arch, tm
     assert got["micro-batch", 4] == 2 * got["micro-batch", 2], got
     # The layers twice, and at most 3 x (embedding, norm, head) and a rotary unit's or the like.
     assert 2 * LAYERS <= got["layer-major", 4] <= 2 * LAYERS + 12, got
+
+
+def test_layer_major_io_fault_is_that_steps_error(tmp_path):
+    """An I/O fault in the middle of a layer-major step (the parameters' swap file truncated after
+    the forward pass, while the head runs): train_batch raises zoe's error naming the file, and the
+    step is refused (no update runs on the partial gradients)."""
+    pytest.importorskip("transformers")
+    import glob
+
+    from test_hf_models import batches, build, hf_config
+
+    cfg = hf_config(tmp_path, gas=GAS, schedule="layer-major")
+    params_dir = tmp_path / "params"
+    params_dir.mkdir()
+    cfg["zero_optimization"]["offload_param"].update(nvme_path=str(params_dir), max_in_cpu=0)
+    eng = zoe.initialize(build("llama"), cfg, force_local=True)
+    data = [{"input_ids": ids, "labels": ids} for ids in batches(2 * GAS)]
+    eng.train_batch(data[:GAS])
+    assert eng.last_step_stats.step == 1
+
+    def loss_fn(out, batch):
+        if batch is data[GAS + 1]:  # the head pass, after every layer's forward
+            for f in glob.glob(str(params_dir / "*.swap")):
+                os.truncate(f, 0)
+        return out.loss
+
+    with pytest.raises(zoe.ZoeError, match=r"swap file .*params/zoe-swap.* was truncated"):
+        eng.train_batch(data[GAS:], loss_fn=loss_fn)
+    with pytest.raises(zoe.ZoeError, match="no step is taken"):
+        eng.step()
+    assert eng._phase.global_steps == 1
+    eng.close()
