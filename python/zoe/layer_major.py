@@ -11,8 +11,9 @@ once in the backward for all G micro-batches (include/zoe/engine.h's layer-major
    (the RNG state too, so that a recompute draws the same dropout);
 3. head: per micro-batch, the model's forward with the layers replaced by the stored outputs, the
    last one a leaf: torch.autograd.grad gives the loss's gradient at the last hidden state and the
-   gradients of the head's parameters without running zoe's gradient hooks. A head parameter the
-   embedding also uses (a tied embedding) keeps its share for step 5; the others go to zoe now;
+   gradients of the head's parameters without running zoe's gradient hooks. A parameter of a module
+   step 1 fetched (a head tied to the embedding) keeps its share for step 5; the others (an untied
+   head, the final norm) go to zoe now, micro-batch after micro-batch;
 4. backward: each layer once (held), every micro-batch in order: the layer recomputed from its
    input with gradients, its backward from the stored output gradient; zoe's gradient hooks
    reduce its gradients as the micro-batch schedule does;
@@ -180,7 +181,7 @@ class LayerMajor:
 
         f.on_fetch = keep
         try:
-            yield
+            yield held
         finally:
             f.on_fetch = None
             for zm in held:
@@ -210,13 +211,16 @@ class LayerMajor:
             raise _Stop()
 
         fns = [record] + [None] * (len(self.stack) - 1)
-        with self._outer_kept():
+        with self._outer_kept() as held:
             for b in batches:
                 with self._phase(Phase.FORWARD), torch.no_grad(), _stand_ins(self.stack, fns):
                     try:
                         self._call(b)
                     except _Stop:
                         pass
+            # The modules before the first layer (the embedding, and a head tied to it): their
+            # gradients wait for step 5; the head's own go to zoe in step 3.
+            self.before_layers = {zm.index for zm in held}
         return out
 
     def _forward(self, inputs):
@@ -275,10 +279,22 @@ class LayerMajor:
             loss = _loss_of(self._call(batch), batch, loss_fn, g)
             params = [p for _, _, p in self.outer]
             grads = torch.autograd.grad(loss * scale if scale != 1.0 else loss, [leaf] + params, allow_unused=True)
-        share = {}
+        # A module of the head that the embedding pass does not use (an untied head, the final
+        # norm) gets its gradients now: its G reductions follow each other in micro-batch order,
+        # as the engine's layer-major contract asks, and nothing waits in memory for step 5.
+        share, now = {}, []
         for (zm, i, _), gr in zip(self.outer, grads[1:]):
-            if gr is not None:
+            if gr is None:
+                continue
+            if zm.index in self.before_layers:
                 share[(zm.index, i)] = gr
+            else:
+                now.append((zm, i, gr))
+        if now:
+            with self._phase(Phase.BACKWARD):
+                for zm, i, gr in now:
+                    self.hooks.gradient(zm, i, gr)
+                self.hooks.finish_backward()
         self._release_held()
         return float(loss.detach().float()), grads[0], share
 
