@@ -69,7 +69,8 @@ namespace zoe {
 // StepStats: declared once, in zoe/step_stats.h (its fields reach this struct, the Python stats
 // dict and `--json` output from there).
 
-// Bytes in use now, per tier (not high-water marks).
+// Bytes in use now, per tier (not high-water marks). memory_in_use() first waits for an update
+// still running behind the last step() (zoe.overlap_step), so its figures are those between steps.
 struct MemoryUse {
   uint64_t device = 0;             // all device memory the engine holds
   uint64_t device_partitions = 0;  // of which the tier manager's stage-3 partitions (homes and cached copies)

@@ -608,6 +608,10 @@ uint64_t Engine::device_budget_bytes() const { return impl_->ctx.dev->budget_byt
 
 MemoryUse Engine::memory_in_use() const {
   const zero::EngineContext& c = impl_->ctx;
+  // An update still running behind the last step() (zoe.overlap_step) holds partitions and
+  // buffers: wait for it, so that the figures are those between steps. Its error, if any, stays
+  // for the next call that reports errors (Updater::join keeps it).
+  if (impl_->update) (void)impl_->update->join();
   MemoryUse u;
   u.device = c.dev->used_bytes();
   u.host = impl_->update ? impl_->update->host_bytes() : 0;
