@@ -228,6 +228,25 @@ class Engine {
   Result<std::string> load(const std::string& dir);
   int64_t steps_taken() const;
 
+  // Sleep and wake, for reinforcement learning on the same device (an inference engine takes the
+  // device memory between training phases). sleep(), called between steps (after step(), every
+  // module released, no gradient taken since), waits for everything in flight (an asynchronous
+  // checkpoint, an update behind the last step, queued gathers), copies every byte the engine
+  // holds in device memory (parameters, the partition cache, gradient buffers, optimizer states
+  // on the device, the activation store's device share) to host memory, or to zoe's swap on NVMe
+  // where zoe.host_budget has no room left, and gives the device memory back:
+  // memory_in_use().device is 0 while asleep (its host and nvme figures count the copies).
+  // wake() brings every byte back to the address it had, so training after a sleep()/wake() pair
+  // gives the bits of training without it. While asleep, fetch, gather, release, grads,
+  // reduce_grads, step, read_master, save and load are refused (kInvalidArgument naming the call
+  // and saying to wake() first); so are sleep() while asleep, wake() while awake and sleep() in
+  // the middle of a step. A refused or failed call changes nothing (a wake() whose copy back
+  // failed leaves the engine asleep with its copies: call it again). Destroying a sleeping engine
+  // is fine. zoe's CPU device only for now: on CUDA sleep() fails with kUnsupported.
+  Status sleep();
+  Status wake();
+  bool is_asleep() const;
+
   // The activation store of this engine (zoe/activations.h), made at initialize() and present
   // from then on: with zoe.activation_offload none it keeps every saved tensor on the device. Its
   // budgets are planned beside the placement: the device share is zoe.activation_device_budget,

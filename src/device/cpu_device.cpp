@@ -1,5 +1,9 @@
 // CpuDevice: host RAM posing as device memory under a hard budget, with worker-thread streams.
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <cerrno>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -223,6 +227,7 @@ class CpuDevice final : public Device {
 
   Result<void*> allocate(size_t bytes) override {
     if (bytes == 0) return invalid_argument("%s: allocate(0)", ledger_.tier().c_str());
+    if (suspended_.load()) return invalid_argument("%s: allocate() while suspended", ledger_.tier().c_str());
     if (injected_allocation_failure(bytes)) {
       return out_of_budget("%s: injected allocation failure of %zu bytes", ledger_.tier().c_str(), bytes);
     }
@@ -272,7 +277,33 @@ class CpuDevice final : public Device {
   }
 
   uint64_t budget_bytes() const override { return ledger_.budget(); }
-  uint64_t used_bytes() const override { return ledger_.used(); }
+  uint64_t used_bytes() const override { return suspended_.load() ? 0 : ledger_.used(); }
+
+  std::vector<std::pair<void*, uint64_t>> live_allocations() const override { return ledger_.live(); }
+  // The pages wholly inside each live allocation go back to the kernel (MADV_DONTNEED: the
+  // mapping stays, the next touch maps a zero page), with the cached blocks freed. The head and
+  // tail pages an allocation may share with the C library's heap are never released.
+  Status suspend() override {
+    if (suspended_.load()) return invalid_argument("%s: suspend() while suspended", ledger_.tier().c_str());
+    cache_.trim(0);
+    static const auto kPage = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    for (const auto& [p, n] : ledger_.live()) {
+      const auto begin = reinterpret_cast<uintptr_t>(p);
+      const uintptr_t first = (begin + kPage - 1) / kPage * kPage, last = (begin + n) / kPage * kPage;
+      if (last > first &&
+          madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED) != 0)  // NOLINT
+        return sys_error("madvise(MADV_DONTNEED)", ledger_.tier(), errno);
+    }
+    suspended_.store(true);
+    return Status::ok();
+  }
+  Status resume() override {
+    if (!suspended_.load())
+      return invalid_argument("%s: resume() while not suspended", ledger_.tier().c_str());
+    suspended_.store(false);
+    return Status::ok();
+  }
+  bool suspended() const override { return suspended_.load(); }
   uint64_t high_water_bytes() const override { return ledger_.high_water(); }
 
   Result<std::unique_ptr<Stream>> create_stream() override {
@@ -325,6 +356,7 @@ class CpuDevice final : public Device {
  private:
   MemoryLedger ledger_;
   BlockCache cache_;  // after the ledger: destroyed first
+  std::atomic<bool> suspended_{false};
   std::atomic<int> live_streams_{0};
 };
 

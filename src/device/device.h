@@ -15,6 +15,8 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "zoe/status.h"
 
@@ -98,8 +100,23 @@ class Device {
     return Status::ok();
   }
   virtual uint64_t budget_bytes() const = 0;
+  // Bytes allocated and backed by memory: 0 while suspended.
   virtual uint64_t used_bytes() const = 0;
   virtual uint64_t high_water_bytes() const = 0;
+
+  // Suspension (the engine's sleep()): the memory behind every live allocation goes back to the
+  // system while each allocation keeps its address, so the pointers other layers hold stay valid
+  // across suspend()/resume(). Its bytes are lost: the caller copies them out first (from
+  // live_allocations()) and back after resume(). While suspended, used_bytes() is 0, allocate()
+  // fails with kInvalidArgument, and no stream may touch device memory; free() still works.
+  // suspend() needs every stream of the device idle. Backends that cannot keep addresses refuse
+  // with kUnsupported (the default). Not thread-safe against allocate()/free() on other threads.
+  virtual std::vector<std::pair<void*, uint64_t>> live_allocations() const { return {}; }
+  virtual Status suspend() {
+    return unsupported("%s device: suspend() is not supported (it cannot keep addresses)", name().c_str());
+  }
+  virtual Status resume() { return unsupported("%s device: resume() is not supported", name().c_str()); }
+  virtual bool suspended() const { return false; }
 
   virtual Result<std::unique_ptr<Stream>> create_stream() = 0;
   virtual Result<std::unique_ptr<Event>> create_event() = 0;

@@ -53,6 +53,15 @@ bool MemoryLedger::contains(const void* p, uint64_t bytes) const {
   return offset <= it->second && bytes <= it->second - offset;
 }
 
+std::vector<std::pair<void*, uint64_t>> MemoryLedger::live() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::pair<void*, uint64_t>> all;
+  all.reserve(live_.size());
+  for (const auto& [addr, bytes] : live_)
+    all.emplace_back(reinterpret_cast<void*>(addr), bytes);  // NOLINT(performance-no-int-to-ptr)
+  return all;
+}
+
 std::vector<std::pair<void*, uint64_t>> MemoryLedger::take_all() {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<std::pair<void*, uint64_t>> all;

@@ -33,6 +33,8 @@ class MemoryLedger {
   std::optional<uint64_t> erase(void* p);
   // True when [p, p + bytes) lies inside one live allocation.
   bool contains(const void* p, uint64_t bytes) const;
+  // The live allocations, by address.
+  std::vector<std::pair<void*, uint64_t>> live() const;
   // Removes every live allocation (releasing their bytes) and returns them, for teardown.
   std::vector<std::pair<void*, uint64_t>> take_all();
 

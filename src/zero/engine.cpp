@@ -56,6 +56,11 @@ Result<zero::ModuleId> Engine::Impl::module_id(const char* what, size_t m) const
 }
 
 void Engine::Impl::shutdown() {
+  if (asleep) {  // the bytes are not needed: the device's memory only has to be freed
+    (void)ctx.dev->resume();
+    drop_sleep_copies();
+    asleep = false;
+  }
   if (update) update->shutdown();  // an overlapped update still running behind (no collectives here)
   if (grads) grads->shutdown();
   if (gather) gather->shutdown();
@@ -614,7 +619,7 @@ MemoryUse Engine::memory_in_use() const {
   if (impl_->update) (void)impl_->update->join();
   MemoryUse u;
   u.device = c.dev->used_bytes();
-  u.host = impl_->update ? impl_->update->host_bytes() : 0;
+  u.host = (impl_->update ? impl_->update->host_bytes() : 0) + impl_->sleep_host_bytes;
   u.nvme = c.store ? c.store->used_bytes() : 0;
   if (c.tm) {
     const offload::TierStats ts = c.tm->stats();

@@ -11,6 +11,7 @@ Result<ModuleParams> Engine::fetch(size_t m) {
   Impl& I = *impl_;
   Timer te(&I.clock.t_engine);
   if (!I.initialized) return invalid_argument("fetch() before initialize()");
+  ZOE_RETURN_IF_ERROR(I.awake("fetch()"));
   ZOE_ASSIGN_OR_RETURN(zero::ModuleId id, I.module_id("fetch", m));
   return I.gather->fetch(id, [&I] { return I.make_room(); });
 }
@@ -19,6 +20,7 @@ Status Engine::release(size_t m) {
   Impl& I = *impl_;
   Timer te(&I.clock.t_engine);
   if (!I.initialized) return invalid_argument("release() before initialize()");
+  ZOE_RETURN_IF_ERROR(I.awake("release()"));
   ZOE_ASSIGN_OR_RETURN(zero::ModuleId id, I.module_id("release", m));
   return I.gather->release(id);
 }
@@ -27,6 +29,7 @@ Result<ModuleParams> Engine::grads(size_t m) {
   Impl& I = *impl_;
   Timer te(&I.clock.t_engine);
   if (!I.initialized) return invalid_argument("grads() before initialize()");
+  ZOE_RETURN_IF_ERROR(I.awake("grads()"));
   ZOE_ASSIGN_OR_RETURN(zero::ModuleId id, I.module_id("grads", m));
   return I.grads->grads(id);
 }
@@ -35,6 +38,7 @@ Status Engine::reduce_grads(size_t m) {
   Impl& I = *impl_;
   Timer te(&I.clock.t_engine);
   if (!I.initialized) return invalid_argument("reduce_grads() before initialize()");
+  ZOE_RETURN_IF_ERROR(I.awake("reduce_grads()"));
   ZOE_ASSIGN_OR_RETURN(zero::ModuleId id, I.module_id("reduce_grads", m));
   return I.grads->reduce(id);
 }
@@ -43,6 +47,7 @@ Status Engine::reduce_grads(size_t m, const std::vector<bool>& has_grad) {
   Impl& I = *impl_;
   Timer te(&I.clock.t_engine);
   if (!I.initialized) return invalid_argument("reduce_grads() before initialize()");
+  ZOE_RETURN_IF_ERROR(I.awake("reduce_grads()"));
   ZOE_ASSIGN_OR_RETURN(zero::ModuleId id, I.module_id("reduce_grads", m));
   const std::vector<uint8_t> flags(has_grad.begin(), has_grad.end());
   return I.grads->reduce(id, &flags);
@@ -51,6 +56,7 @@ Status Engine::reduce_grads(size_t m, const std::vector<bool>& has_grad) {
 Status Engine::read_master(size_t m, size_t p, float* out) {
   Impl& I = *impl_;
   if (!I.initialized) return invalid_argument("read_master() before initialize()");
+  ZOE_RETURN_IF_ERROR(I.awake("read_master()"));
   ZOE_RETURN_IF_ERROR(I.update->finish());
   I.update->unspeculate_all();  // the states before this step's update, which step() has not taken yet
   if (m >= I.modules.size() || p >= I.modules[zero::ModuleId(m)].specs.size())

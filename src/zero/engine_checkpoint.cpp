@@ -255,6 +255,7 @@ Status Engine::save(const std::string& save_dir, const std::string& tag,
                     const std::string& trainer_state_json, bool async) {
   Impl& I = *impl_;
   if (!I.initialized) return invalid_argument("save() before initialize()");
+  ZOE_RETURN_IF_ERROR(I.awake("save()"));
   ZOE_RETURN_IF_ERROR_CTX(I.update->finish(), "finishing the optimizer step before saving");
   ZOE_RETURN_IF_ERROR(finish_save());
   ZOE_RETURN_IF_ERROR(I.grads->complete(true));
@@ -356,6 +357,7 @@ Status check_same_optimizer(const ckpt::JsonFields& e, const zero::Updater& u, c
 Result<std::string> Engine::load(const std::string& dir) {
   Impl& I = *impl_;
   if (!I.initialized) return invalid_argument("load() before initialize()");
+  ZOE_RETURN_IF_ERROR(I.awake("load()"));
   ZOE_RETURN_IF_ERROR_CTX(I.update->finish(), "finishing the optimizer step before loading");
   ZOE_RETURN_IF_ERROR(finish_save());
   ZOE_RETURN_IF_ERROR(I.grads->complete(true));

@@ -39,6 +39,7 @@
 #include <thread>
 #include <vector>
 
+#include "io/buffer.h"
 #include "zero/engine_context.h"
 #include "zero/grad_reducer.h"
 #include "zero/loss_scaler.h"
@@ -73,6 +74,24 @@ struct Engine::Impl {
   std::unique_ptr<zero::ParamGather> gather;
   std::unique_ptr<AsyncSave> async_save;
   bool initialized = false;
+
+  // sleep()/wake() (engine_sleep.cpp): every device allocation's bytes while the engine is asleep,
+  // in host memory or (`host` empty) in zoe's swap under `key`.
+  struct SleepCopy {
+    void* dev = nullptr;
+    uint64_t bytes = 0;
+    io::AlignedBuffer host;
+    offload::StateKey key;
+  };
+  std::vector<SleepCopy> sleep_copies;
+  bool asleep = false;
+  uint64_t sleep_host_bytes = 0;  // of sleep_copies, in host memory
+  // OK when awake; else "<what> while the engine is asleep: call wake() first".
+  Status awake(const char* what) const;
+  // Copies every device allocation out (sleep) or back (wake).
+  Status copy_out(uint64_t host_room);
+  Status copy_back();
+  void drop_sleep_copies();
 
   // initialize(): each part, with the handles it uses.
   void build_parts();

@@ -153,6 +153,7 @@ Result<StepStats> Engine::step() {
   Impl& I = *impl_;
   const uint64_t t_enter = now_ns();
   if (!I.initialized) return invalid_argument("step() before initialize()");
+  ZOE_RETURN_IF_ERROR(I.awake("step()"));
   ZOE_RETURN_IF_ERROR(sync_before_step(*this, I));
   ZOE_RETURN_IF_ERROR(end_activations(I));
   const uint64_t t_opt0 = now_ns();

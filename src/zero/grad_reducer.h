@@ -54,6 +54,13 @@ class GradReducer {
   uint32_t sequence_hash() const { return seq_hash_; }
   // Accumulates finished reductions (all: waits for each) until at most `keep` are in flight.
   Status complete(bool all, size_t keep = 0);
+  // Whether a step is in progress: a gradient buffer was handed out or a micro-batch reduced since
+  // the last step.
+  bool in_step() const {
+    for (size_t i = 0; i < acc_count_.size(); ++i)
+      if (acc_count_[i] > 0 || grad_buf_[i]) return true;
+    return !pending_.empty();
+  }
   // Whether module m has a gradient buffer that was not reduced.
   bool unreduced(ModuleId m) const { return static_cast<bool>(grad_buf_[m.index]); }
   // The step's norm: this rank's sum of squares over its owned ranges (modules no micro-batch

@@ -53,6 +53,12 @@ class ParamGather {
 
   // Whether module m is fetched and partitioned (it may not be stepped or saved then).
   bool in_use(ModuleId m) const { return slots_[m.index].fetched && modules_[m].partitioned_params; }
+  // Whether any module is fetched and not released.
+  bool any_fetched() const {
+    for (const Slot& s : slots_)
+      if (s.fetched) return true;
+    return false;
+  }
   // Drops every queued gather (the fetch order changed, or the parameters are about to).
   Status discard();
   // The first step: the recorded order is complete.

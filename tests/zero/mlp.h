@@ -202,8 +202,8 @@ struct HostView {
 inline Status engine_train(Engine& e, const MlpSpec& s, int rank, int world, int steps,
                            std::vector<Layer>* out, std::vector<StepStats>* stats = nullptr,
                            int inject_inf_at = -1, int micro = 1, int first_step = 0,
-                           bool eval_passes = false,
-                           const std::function<Status(int step)>& before_step = {}) {
+                           bool eval_passes = false, const std::function<Status(int step)>& before_step = {},
+                           const std::function<Status(int step)>& after_step = {}) {
   const int d = s.d;
   for (int k = first_step; k < steps; ++k) {
     // eval_passes: from the second step on, a forward-only pass over the modules before the
@@ -253,6 +253,7 @@ inline Status engine_train(Engine& e, const MlpSpec& s, int rank, int world, int
     auto st = e.step();
     if (!st.is_ok()) return st.status();
     if (stats) stats->push_back(st.value());
+    if (after_step) ZOE_RETURN_IF_ERROR(after_step(k));  // between steps
   }
   out->assign(static_cast<size_t>(s.layers), Layer{});
   for (int l = 0; l < s.layers; ++l) {
