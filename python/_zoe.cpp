@@ -431,6 +431,25 @@ void bind_engine_state(py::class_<PyEngine>& c) {
              }
              return take(std::move(r));
            })
+      .def("sleep",
+           [](PyEngine& self) {
+             zoe::Status s;
+             {
+               py::gil_scoped_release nogil;
+               s = self.e().sleep();
+             }
+             check(s);
+           })
+      .def("wake",
+           [](PyEngine& self) {
+             zoe::Status s;
+             {
+               py::gil_scoped_release nogil;
+               s = self.e().wake();
+             }
+             check(s);
+           })
+      .def("is_asleep", [](PyEngine& self) { return self.e().is_asleep(); })
       .def("steps_taken", [](PyEngine& self) { return self.e().steps_taken(); })
       .def("model_state_bytes", [](PyEngine& self) { return self.e().model_state_bytes(); })
       .def("device_budget_bytes", [](PyEngine& self) { return self.e().device_budget_bytes(); })

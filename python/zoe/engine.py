@@ -159,6 +159,8 @@ class Engine:
 
     def forward(self, *args, **kwargs):
         """Runs the wrapped model's forward (its tensor inputs on engine.device)."""
+        if self._eng.is_asleep():
+            raise ZoeError("engine(...) while the engine is asleep: call engine.wake() first")
         with self._phase.forward():
             _check_new_params(self.module, self._layout)
             self._check_inputs(args, kwargs)
@@ -307,6 +309,30 @@ class Engine:
 
     def memory_in_use(self):
         return self._eng.memory_in_use()
+
+    # ---------------------------------------------------------------------------------------
+    # Sleep and wake: the device for an inference engine between training phases (RL)
+
+    def sleep(self):
+        """Gives the device memory back until wake(): at a step boundary (after step(), before the
+        next forward), every byte zoe holds on the device (parameters, the partition cache,
+        gradient buffers, device-resident optimizer states, the activation store's device share)
+        goes to host memory, or to zoe's NVMe swap where zoe.host_budget has no room left, and the
+        device memory is freed: memory_in_use()["device"] is 0 while asleep. The model's
+        parameters must not be used until wake() (forward and backward raise). Mid-step, while
+        asleep, or on a CUDA device (not built yet) it raises ZoeError and changes nothing."""
+        self._phase.require_boundary("engine.sleep()")
+        self._sync()
+        self._eng.sleep()
+
+    def wake(self):
+        """Brings back every byte sleep() moved, to the same device addresses: training goes on
+        with the bits it would have had without the sleep. Raises ZoeError when not asleep."""
+        self._eng.wake()
+
+    @property
+    def is_asleep(self):
+        return self._eng.is_asleep()
 
     def activation_stats(self):
         """The activation store's counters (include/zoe/activations.h's ActivationStats: the last

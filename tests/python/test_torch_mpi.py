@@ -98,6 +98,10 @@ def worker(out_dir, mode):
             eng.backward(loss)
             eng.step()
             total += loss.item()
+            if mode == "gpt-sleep":  # engine.sleep()/wake() after every step: the bits of never sleeping
+                eng.sleep()
+                assert eng.memory_in_use()["device"] == 0
+                eng.wake()
         losses.append(total / len(mine))
     weights = {n: t.reshape(-1).tolist() for n, t in eng.state_dict().items()}
     # engine.gathered_parameters: every rank gets the full tensors; with rank0_only rank 0 only.
@@ -147,6 +151,16 @@ def test_two_ranks_match_one(mode, tmp_path):
     for n, w in one["weights"].items():
         diffs += [abs(a - b) for a, b in zip(w, r0["weights"][n])]
     assert max(diffs) <= 2e-4 and sum(diffs) / len(diffs) <= 2e-5
+
+
+def test_two_ranks_that_sleep_after_every_step_give_the_bits_of_never_sleeping(tmp_path):
+    run_workers(tmp_path, "gpt")
+    run_workers(tmp_path, "gpt-sleep")
+    for k in (0, 1):
+        plain = json.loads((tmp_path / f"gpt-w2-r{k}.json").read_text())
+        slept = json.loads((tmp_path / f"gpt-sleep-w2-r{k}.json").read_text())
+        assert slept["losses"] == plain["losses"], f"rank {k}"
+        assert slept["weights"] == plain["weights"], f"rank {k}"
 
 
 @pytest.mark.parametrize("mode", ["hf-layer-major", "hf-layer-major-bf16"])
