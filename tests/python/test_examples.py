@@ -2,6 +2,7 @@
 a few steps, the loss falls, and the folder it saves loads in transformers with the trained
 model's loss and an engine's logits; examples/trainer_hf.py does the same through zoe.hf.Trainer,
 and resumes from its checkpoint."""
+import json
 import os
 import re
 import subprocess
@@ -67,3 +68,17 @@ def test_trainer_hf_example(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     resumed = re.findall(r"^step +(\d+) +loss ([\d.]+)$", r.stdout, re.M)
     assert [int(s) for s, _ in resumed] == list(range(1, 15)) and resumed[:12] == steps, r.stdout
+
+
+def test_rl_loop_example(tmp_path):
+    """examples/rl_loop.py: generation on an inference copy while the engine sleeps, a GRPO step
+    through zoe, the weights streamed back with gathered_parameters(): the reward rises."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1",
+               PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(zoe.__file__)),
+                                           os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, os.path.join(EXAMPLES, "rl_loop.py"), "--nvme-path", str(tmp_path),
+                        "--json"], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["rose"] and out["last5"] - out["first5"] >= 0.1, out
+    assert out["device_bytes_asleep"] == 0
