@@ -401,6 +401,17 @@ void bind_engine_state(py::class_<PyEngine>& c) {
           check(s);
           return a;
         })
+      .def("read_module_master",
+           [](PyEngine& self, size_t mi, size_t numel) {
+             py::array_t<float> a(static_cast<py::ssize_t>(numel));
+             zoe::Status s;
+             {
+               py::gil_scoped_release nogil;
+               s = self.e().read_module_master(mi, a.mutable_data());
+             }
+             check(s);
+             return a;
+           })
       .def(
           "save",
           [](PyEngine& self, const std::string& dir, const std::string& tag, const std::string& state,

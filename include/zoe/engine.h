@@ -206,6 +206,9 @@ class Engine {
 
   // The full fp32 master values of parameter p of module m (gathered from every rank).
   Status read_master(size_t m, size_t p, float* out);
+  // Every parameter of module m at once, back to back in add_module()'s order (out holds the sum
+  // of their element counts): one read of the module where read_master() reads it per parameter.
+  Status read_module_master(size_t m, float* out);
 
   // Checkpoints (call between steps, on every rank). save() streams every state from the tier
   // it lives on into save_dir/<tag> (atomic, checksummed; save_dir/latest names it) with the

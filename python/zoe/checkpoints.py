@@ -67,45 +67,60 @@ def gathered_parameters(engine, dtype=None, rank0_only=False):
     """engine.gathered_parameters: yields (the model's parameter name, full tensor), one parameter
     at a time in the order of model.named_parameters() (a tied parameter once, under the name it
     gives), each a fresh CPU tensor of its own: the current master (fp32), cast to dtype where one
-    is given. Each tensor is read from wherever zoe holds it (Engine::read_master: the owned
-    shard of its zoe module, gathered from every rank), so the host memory in use at once is the
-    largest zoe module's owned shard and gathered copy in fp32, plus the yielded tensor: it does not
-    grow with the model. Every rank must iterate to the end (the gathers are collectives, in the
+    is given. Each zoe module is read once from wherever zoe holds it (Engine::read_module_master:
+    its owned shard, gathered from every rank), so the host memory in use at once is the largest
+    zoe module's owned shard, gathered copy and parameters in fp32, plus the yielded tensor: it
+    does not grow with the model. Every rank must iterate to the end (the gathers are collectives, in the
     same order on every rank); with rank0_only the other ranks' iterators yield nothing."""
     if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise ZoeError(f"engine.gathered_parameters(dtype={dtype!r}): dtype must be a floating torch.dtype "
                        "(torch.bfloat16, torch.float16, torch.float32) or None for the fp32 master")
     engine._phase.require_boundary("engine.gathered_parameters()")
-    source = {}
+    # Each zoe module is read once (Engine::read_module_master), its parameters yielded in the
+    # model's order where the model still names them: the zoe modules in the order of their first
+    # parameter in model.named_parameters(), the rest after.
+    where, modules = {}, []
     for zm in engine._layout.zmods:
-        for i, (n, s) in enumerate(zip(zm.names, zm.shapes)):
-            source[engine._layout.torch_names[f"{zm.name}.{n}"]] = (zm.index, i, s)
-    # model.named_parameters()' order, where the model still names every parameter; the rest after.
-    order = [n for n, _ in engine.module.named_parameters() if n in source]
-    seen = set(order)
-    order += [n for n in source if n not in seen]
-    return _read_each(engine, source, order, not rank0_only or engine.rank == 0, dtype)
+        for i, n in enumerate(zm.names):
+            where[engine._layout.torch_names[f"{zm.name}.{n}"]] = (zm, i)
+    for n, _ in engine.module.named_parameters():
+        if n in where and where[n][0] not in modules:
+            modules.append(where[n][0])
+    modules += [zm for zm in engine._layout.zmods if zm not in modules]
+    return _read_each(engine, modules, not rank0_only or engine.rank == 0, dtype)
 
 
-def _read_each(engine, source, order, yields, dtype=None):
+def _numel(shape):
+    numel = 1
+    for d in shape:
+        numel *= d
+    return numel
+
+
+def _read_each(engine, modules, yields, dtype=None):
     """gathered_parameters' iterator (its checks run when it is called, not at the first next())."""
     phase = engine._phase
     at = (phase.global_steps, phase.micro_steps)
-    for name in order:
+    names = engine._layout.torch_names
+    for zm in modules:
         if (phase.global_steps, phase.micro_steps) != at:
             raise ZoeError(f"engine.gathered_parameters(): the engine ran a micro-batch or a step while the iterator "
-                           f"was open (before {name!r}), so its tensors would mix two steps' weights: take every "
+                           f"was open (before {zm.name!r}), so its tensors would mix two steps' weights: take every "
                            "tensor before training on, or call gathered_parameters() again")
-        zi, i, shape = source[name]
-        numel = 1
-        for d in shape:
-            numel *= d
-        a = engine._eng.read_master(zi, i, max(1, numel))
+        sizes = [_numel(s) for s in zm.shapes]
+        a = engine._eng.read_module_master(zm.index, max(1, sum(sizes)))
         if not yields:
             continue
-        t = torch.from_numpy(a)[:numel].view(shape)
-        yield name, (t.to(dtype) if dtype is not None and dtype != torch.float32 else t)
-        del t, a
+        flat = torch.from_numpy(a)
+        off = 0
+        for n, shape, k in zip(zm.names, zm.shapes, sizes):
+            view = flat[off:off + k].view(shape)
+            off += k
+            t = view.to(dtype) if dtype is not None and dtype != torch.float32 else view.clone()
+            del view  # the module's array goes before the next one is read
+            yield names[f"{zm.name}.{n}"], t
+            del t
+        del flat, a
 
 
 def state_dict(engine):

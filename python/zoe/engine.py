@@ -367,8 +367,9 @@ class Engine:
         engine's load_weights (vLLM, SGLang) or an HF model: an iterator of (name, tensor), in the
         model's own names and in model.named_parameters()' order (a tied parameter once). Each
         tensor is a fresh CPU tensor of the fp32 master, or cast to dtype (torch.bfloat16, ...).
-        The host memory it holds at once is bounded by the largest zoe module in fp32 (its owned
-        shard and its gathered copy) plus one tensor, whatever the model's size. Every rank
+        Each zoe module is read once, whole: the host memory it holds at once is bounded by the
+        largest zoe module in fp32 (its owned shard, its gathered copy and its parameters) plus one
+        tensor, whatever the model's size. Every rank
         iterates to the end, in step (each tensor is gathered from all ranks); every rank gets
         the same tensors, or with rank0_only=True rank 0 only (the others' iterators yield
         nothing but still take part in the gathers). At a step boundary only."""

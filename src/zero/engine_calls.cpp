@@ -1,6 +1,8 @@
 // The engine's public calls of the forward and backward: fetch/release of parameters
 // (ParamGather), the gradient buffer and its reduction (GradReducer), and read_master (Updater).
 // Each checks its arguments, counts its time as the engine's, and hands the call to one part.
+#include <cstring>
+
 #include "zero/engine_impl.h"
 
 namespace zoe {
@@ -62,6 +64,23 @@ Status Engine::read_master(size_t m, size_t p, float* out) {
   if (m >= I.modules.size() || p >= I.modules[zero::ModuleId(m)].specs.size())
     return invalid_argument("read_master(%zu, %zu): no such parameter", m, p);
   return I.update->read_master(zero::ModuleId(m), p, out);
+}
+
+Status Engine::read_module_master(size_t m, float* out) {
+  Impl& I = *impl_;
+  if (!I.initialized) return invalid_argument("read_module_master() before initialize()");
+  ZOE_RETURN_IF_ERROR(I.awake("read_module_master()"));
+  ZOE_ASSIGN_OR_RETURN(zero::ModuleId id, I.module_id("read_module_master", m));
+  ZOE_RETURN_IF_ERROR(I.update->finish());
+  I.update->unspeculate_all();  // as read_master()
+  std::vector<float> full;
+  ZOE_RETURN_IF_ERROR(I.update->read_module_master(id, &full));
+  const zero::ModuleLayout& mod = I.modules[id];
+  for (size_t p = 0; p < mod.numel.size(); ++p) {
+    memcpy(out, full.data() + mod.offset[p], mod.numel[p] * 4);
+    out += mod.numel[p];
+  }
+  return Status::ok();
 }
 
 }  // namespace zoe

@@ -232,6 +232,14 @@ Status Updater::write_state(ModuleId m, OptState k, size_t begin, size_t n, cons
 }
 
 Status Updater::read_master(ModuleId m, size_t p, float* out) {
+  std::vector<float> full;
+  ZOE_RETURN_IF_ERROR(read_module_master(m, &full));
+  const ModuleLayout& mod = modules_[m];
+  memcpy(out, full.data() + mod.offset[p], mod.numel[p] * 4);
+  return Status::ok();
+}
+
+Status Updater::read_module_master(ModuleId m, std::vector<float>* full_out) {
   const ModuleLayout& mod = modules_[m];
   std::vector<float> own(mod.opt_n);
   if (mod.frozen || r_.master_in_compute) {
@@ -251,7 +259,7 @@ Status Updater::read_master(ModuleId m, size_t p, float* out) {
   } else {
     ZOE_RETURN_IF_ERROR(r_.comm->all_gather(own.data(), full.data(), mod.part, comm::CommType::kF32).wait());
   }
-  memcpy(out, full.data() + mod.offset[p], mod.numel[p] * 4);
+  *full_out = std::move(full);
   return Status::ok();
 }
 
