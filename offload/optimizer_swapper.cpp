@@ -178,6 +178,7 @@ Status OptimizerSwapper::sync_transfer(uint64_t id, size_t state, char* data, bo
       memcpy(data, home, state_bytes(state, last - first));
     return Status::ok();
   }
+  if (!write) return sync_read(*g, state, data, first, last);
   size_t slot;
   {
     std::unique_lock<std::mutex> lock(mu_);
@@ -203,6 +204,51 @@ Status OptimizerSwapper::sync_transfer(uint64_t id, size_t state, char* data, bo
     }
   }
   release_slot(slot, Status::ok());
+  return s;
+}
+
+// The chunks of [first, last) read with up to kSyncReadDepth in flight: one slot waited for, more
+// taken only where they are free now (another thread's transfers keep theirs), each chunk copied
+// out in order as its read completes.
+Status OptimizerSwapper::sync_read(const Group& g, size_t state, char* data, size_t first, size_t last) {
+  constexpr size_t kSyncReadDepth = 4;
+  std::vector<size_t> slots;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return !free_.empty(); });
+    while (!free_.empty() && slots.size() < kSyncReadDepth) {
+      slots.push_back(free_.back());
+      free_.pop_back();
+    }
+  }
+  struct InFlight {
+    io::IoHandle h;
+    size_t slot, begin, n;
+  };
+  std::deque<InFlight> flight;
+  const StateKey key{g.id, opts_.states[state].kind};
+  Status s;
+  std::vector<size_t> idle = slots;
+  size_t next = first;
+  while (s.is_ok() && (next < last || !flight.empty())) {
+    if (next < last && !idle.empty()) {
+      const size_t n = std::min(chunk_elems_, last - next), slot = idle.back();
+      idle.pop_back();
+      flight.push_back(
+          {store_->read(key, home_offset(state, next), slot_buffer(slot, state), span_bytes(n, state)), slot,
+           next, n});
+      next += n;
+      continue;
+    }
+    InFlight f = std::move(flight.front());
+    flight.pop_front();
+    s = f.h->wait();
+    if (s.is_ok())
+      memcpy(data + state_bytes(state, f.begin - first), slot_buffer(f.slot, state), state_bytes(state, f.n));
+    idle.push_back(f.slot);  // free again for the next chunk
+  }
+  for (InFlight& f : flight) (void)f.h->wait();  // after an error: nothing may still write the slots
+  for (size_t slot : slots) release_slot(slot, Status::ok());
   return s;
 }
 

@@ -131,6 +131,7 @@ class OptimizerSwapper {
   };
   OptimizerSwapper(SwapStore* store, const SwapperOptions& opts) : store_(store), opts_(opts) {}
   Group* find(uint64_t id);
+  Status sync_read(const Group& g, size_t state, char* data, size_t first, size_t last);
   char* slot_buffer(size_t slot, size_t state) const;
   size_t state_bytes(size_t state, size_t n) const;        // n elements (from a chunk boundary) of a state
   size_t span_bytes(size_t n, size_t state) const;         // state_bytes rounded up to 4096

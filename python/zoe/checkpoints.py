@@ -66,11 +66,12 @@ def master_params(engine):
 def gathered_parameters(engine, dtype=None, rank0_only=False):
     """engine.gathered_parameters: yields (the model's parameter name, full tensor), one parameter
     at a time in the order of model.named_parameters() (a tied parameter once, under the name it
-    gives), each a fresh CPU tensor of its own: the current master (fp32), cast to dtype where one
-    is given. Each zoe module is read once from wherever zoe holds it (Engine::read_module_master:
-    its owned shard, gathered from every rank), so the host memory in use at once is the largest
-    zoe module's owned shard, gathered copy and parameters in fp32, plus the yielded tensor: it
-    does not grow with the model. Every rank must iterate to the end (the gathers are collectives, in the
+    gives): the current master (fp32), cast to dtype where one is given. An fp32 tensor is a view
+    of its zoe module's array, which no other yielded tensor overlaps and zoe does not touch again
+    (keeping one keeps that module's array). Each zoe module is read once from wherever zoe holds it (Engine::read_module_master:
+    its owned shard, gathered from every rank), so the host memory in use at once is two of the
+    largest zoe module in fp32 (the one read, the one whose last tensor the caller still holds):
+    it does not grow with the model. Every rank must iterate to the end (the gathers are collectives, in the
     same order on every rank); with rank0_only the other ranks' iterators yield nothing."""
     if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise ZoeError(f"engine.gathered_parameters(dtype={dtype!r}): dtype must be a floating torch.dtype "
@@ -114,12 +115,10 @@ def _read_each(engine, modules, yields, dtype=None):
         flat = torch.from_numpy(a)
         off = 0
         for n, shape, k in zip(zm.names, zm.shapes, sizes):
-            view = flat[off:off + k].view(shape)
+            t = flat[off:off + k].view(shape)
             off += k
-            t = view.to(dtype) if dtype is not None and dtype != torch.float32 else view.clone()
-            del view  # the module's array goes before the next one is read
-            yield names[f"{zm.name}.{n}"], t
-            del t
+            yield names[f"{zm.name}.{n}"], (t.to(dtype) if dtype is not None and dtype != torch.float32 else t)
+            del t  # the module's array goes once the caller lets go of its tensors
         del flat, a
 
 

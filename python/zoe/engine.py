@@ -365,11 +365,13 @@ class Engine:
     def gathered_parameters(self, dtype=None, rank0_only=False):
         """The current weights (after the last step), one full tensor at a time, for an inference
         engine's load_weights (vLLM, SGLang) or an HF model: an iterator of (name, tensor), in the
-        model's own names and in model.named_parameters()' order (a tied parameter once). Each
-        tensor is a fresh CPU tensor of the fp32 master, or cast to dtype (torch.bfloat16, ...).
-        Each zoe module is read once, whole: the host memory it holds at once is bounded by the
-        largest zoe module in fp32 (its owned shard, its gathered copy and its parameters) plus one
-        tensor, whatever the model's size. Every rank
+        model's own names (a tied parameter once), zoe module by zoe module in the order of their
+        first parameter in model.named_parameters() (for the models zoe wraps, that order itself).
+        Each tensor is the fp32 master on the CPU (a view of its module's array, overlapping no
+        other tensor yielded), or cast to dtype (torch.bfloat16, ...).
+        Each zoe module is read once, whole: the host memory it holds at once is bounded by two of
+        the largest zoe module in fp32 (the one read, and the one whose last tensor the caller
+        still holds), whatever the model's size. Every rank
         iterates to the end, in step (each tensor is gathered from all ranks); every rank gets
         the same tensors, or with rank0_only=True rank 0 only (the others' iterators yield
         nothing but still take part in the gathers). At a step boundary only."""

@@ -297,9 +297,23 @@ class CpuDevice final : public Device {
     suspended_.store(true);
     return Status::ok();
   }
+  // The pages come back populated in one call per allocation (MADV_POPULATE_WRITE; huge pages
+  // where the kernel gives them): a fault per 4 KiB page in the caller's copy back would cost
+  // several times the copy. Where the kernel has neither, the copy's faults map them instead.
   Status resume() override {
     if (!suspended_.load())
       return invalid_argument("%s: resume() while not suspended", ledger_.tier().c_str());
+    static const auto kPage = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    for (const auto& [p, n] : ledger_.live()) {
+      const auto begin = reinterpret_cast<uintptr_t>(p);
+      const uintptr_t first = (begin + kPage - 1) / kPage * kPage, last = (begin + n) / kPage * kPage;
+      if (last <= first) continue;
+      void* range = reinterpret_cast<void*>(first);  // NOLINT(performance-no-int-to-ptr)
+      (void)madvise(range, last - first, MADV_HUGEPAGE);
+#ifdef MADV_POPULATE_WRITE
+      (void)madvise(range, last - first, MADV_POPULATE_WRITE);
+#endif
+    }
     suspended_.store(false);
     return Status::ok();
   }

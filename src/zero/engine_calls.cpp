@@ -2,6 +2,7 @@
 // (ParamGather), the gradient buffer and its reduction (GradReducer), and read_master (Updater).
 // Each checks its arguments, counts its time as the engine's, and hands the call to one part.
 #include <cstring>
+#include <memory>
 
 #include "zero/engine_impl.h"
 
@@ -73,11 +74,11 @@ Status Engine::read_module_master(size_t m, float* out) {
   ZOE_ASSIGN_OR_RETURN(zero::ModuleId id, I.module_id("read_module_master", m));
   ZOE_RETURN_IF_ERROR(I.update->finish());
   I.update->unspeculate_all();  // as read_master()
-  std::vector<float> full;
-  ZOE_RETURN_IF_ERROR(I.update->read_module_master(id, &full));
   const zero::ModuleLayout& mod = I.modules[id];
+  std::unique_ptr<float[]> full(new float[mod.padded]);
+  ZOE_RETURN_IF_ERROR(I.update->read_module_master(id, full.get()));
   for (size_t p = 0; p < mod.numel.size(); ++p) {
-    memcpy(out, full.data() + mod.offset[p], mod.numel[p] * 4);
+    memcpy(out, full.get() + mod.offset[p], mod.numel[p] * 4);
     out += mod.numel[p];
   }
   return Status::ok();

@@ -74,7 +74,8 @@ Status Engine::Impl::copy_out(uint64_t host_room) {
       const size_t len = static_cast<size_t>(std::min<uint64_t>(kBounceBytes, n - off));
       ZOE_RETURN_IF_ERROR(dev.copy_to_host(bounce.data(), static_cast<const char*>(p) + off, len));
       std::memset(bounce.bytes() + len, 0, round_4k(len) - len);
-      ZOE_RETURN_IF_ERROR(ctx.store->write(sleep_copies.back().key, off, bounce.data(), round_4k(len))->wait());
+      ZOE_RETURN_IF_ERROR(
+          ctx.store->write(sleep_copies.back().key, off, bounce.data(), round_4k(len))->wait());
     }
   }
   return Status::ok();

@@ -150,8 +150,9 @@ class Updater final : public GradSink {
 
   // Module m's parameter p's fp32 master, gathered over the ranks (after finish()).
   Status read_master(ModuleId m, size_t p, float* out);
-  // Module m's whole fp32 master in its padded layout (gathered from every rank).
-  Status read_module_master(ModuleId m, std::vector<float>* full);
+  // Module m's whole fp32 master in its padded layout (gathered from every rank): `full` holds
+  // the module's padded element count.
+  Status read_module_master(ModuleId m, float* full);
 
   // Waits for everything in flight (no collectives) and frees device memory: before the device goes.
   void shutdown();

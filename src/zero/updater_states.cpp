@@ -232,34 +232,35 @@ Status Updater::write_state(ModuleId m, OptState k, size_t begin, size_t n, cons
 }
 
 Status Updater::read_master(ModuleId m, size_t p, float* out) {
-  std::vector<float> full;
-  ZOE_RETURN_IF_ERROR(read_module_master(m, &full));
   const ModuleLayout& mod = modules_[m];
-  memcpy(out, full.data() + mod.offset[p], mod.numel[p] * 4);
+  std::unique_ptr<float[]> full(new float[mod.padded]);
+  ZOE_RETURN_IF_ERROR(read_module_master(m, full.get()));
+  memcpy(out, full.get() + mod.offset[p], mod.numel[p] * 4);
   return Status::ok();
 }
 
-Status Updater::read_module_master(ModuleId m, std::vector<float>* full_out) {
+Status Updater::read_module_master(ModuleId m, float* full) {
   const ModuleLayout& mod = modules_[m];
-  std::vector<float> own(mod.opt_n);
+  // One rank's range is the module (stage 0, or one rank): read into `full` itself.
+  const bool gather = shape_.stage != 0 && shape_.world > 1;
+  std::unique_ptr<float[]> own_mem;
+  float* own = full;
+  if (gather) {
+    own_mem.reset(new float[mod.opt_n]);
+    own = own_mem.get();
+  }
   if (mod.frozen || r_.master_in_compute) {
-    ZOE_RETURN_IF_ERROR(homes_.read_owned_f32(m, own.data()));  // its compute parameters are its values
+    ZOE_RETURN_IF_ERROR(homes_.read_owned_f32(m, own));  // its compute parameters are its values
   } else if (r_.master == optim::MasterFormat::kF32) {
-    ZOE_RETURN_IF_ERROR(read_state(m, OptState::kMaster, 0, mod.opt_n, own.data()));
+    ZOE_RETURN_IF_ERROR(read_state(m, OptState::kMaster, 0, mod.opt_n, own));
   } else {
     std::vector<uint16_t> bf(mod.opt_n);
     ZOE_RETURN_IF_ERROR(read_state(m, OptState::kMaster, 0, mod.opt_n, bf.data()));
     ZOE_RETURN_IF_ERROR(
-        optim::convert_with_norm(bf.data(), DType::kBF16, own.data(), DType::kF32, mod.opt_n, false)
-            .status());
+        optim::convert_with_norm(bf.data(), DType::kBF16, own, DType::kF32, mod.opt_n, false).status());
   }
-  std::vector<float> full(mod.padded);
-  if (shape_.stage == 0) {
-    full = own;
-  } else {
-    ZOE_RETURN_IF_ERROR(r_.comm->all_gather(own.data(), full.data(), mod.part, comm::CommType::kF32).wait());
-  }
-  *full_out = std::move(full);
+  if (gather) return r_.comm->all_gather(own, full, mod.part, comm::CommType::kF32).wait();
+  std::fill(full + std::min(mod.opt_n, mod.padded), full + mod.padded, 0.0f);  // the padding
   return Status::ok();
 }
 

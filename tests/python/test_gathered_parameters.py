@@ -51,9 +51,9 @@ def test_same_tensors_as_a_consolidated_checkpoint(place, tmp_path):
 
 def test_holds_one_module_at_a_time(tmp_path):
     """A GPT of 12 layers (about 0.6 MB of fp32 weights, its largest tensor 16 KB): the Python
-    side's allocations while the iterator runs peak below its largest zoe module (read at once)
-    and 3 of its largest tensor (the one the loop holds, the next one, the interpreter's own),
-    where keeping them would take the whole model."""
+    side's allocations while the iterator runs peak below 2 of its largest zoe module (the one
+    read, and the one whose last tensor the loop still holds: the tensors are views of their
+    module's array) and 3 of its largest tensor, where keeping them would take the whole model."""
     torch.manual_seed(0)
     model = GPT(layers=12)
     largest = max(p.numel() for p in model.parameters()) * 4
@@ -68,7 +68,7 @@ def test_holds_one_module_at_a_time(tmp_path):
     tracemalloc.stop()
     module = max(sum(torch.Size(s).numel() for s in zm.shapes) for zm in eng._layout.zmods) * 4
     assert n * 4 == total and total > 20 * largest and total > 8 * module
-    assert peak < module + 3 * largest, f"peak {peak} bytes, largest module {module}, tensor {largest}, model {total}"
+    assert peak < 2 * module + 3 * largest, f"peak {peak} bytes, largest module {module}, tensor {largest}, model {total}"
     eng.close()
 
 

@@ -36,17 +36,20 @@ std::string make_config(const Case& c, const std::string& nvme) {
     return j + "}";
   };
   return std::string("{") + (c.bf16 ? "\"bf16\": {\"enabled\": true}," : "") +
-         "\"train_micro_batch_size_per_gpu\": 4, \"gradient_accumulation_steps\": 2, \"optimizer\": {\"type\": "
-         "\"AdamW\", \"params\": {\"lr\": 0.01, \"weight_decay\": 0.01}}, \"zero_optimization\": {\"stage\": " +
+         "\"train_micro_batch_size_per_gpu\": 4, \"gradient_accumulation_steps\": 2, \"optimizer\": "
+         "{\"type\": "
+         "\"AdamW\", \"params\": {\"lr\": 0.01, \"weight_decay\": 0.01}}, \"zero_optimization\": "
+         "{\"stage\": " +
          std::to_string(c.pl.stage) +
          ", \"stage3_param_persistence_threshold\": 0, \"sub_group_size\": 16384, \"offload_optimizer\": " +
-         off(c.pl.opt) + ", \"offload_param\": " + (c.pl.stage == 3 ? off(c.pl.param) : "{\"device\": \"none\"}") +
+         off(c.pl.opt) +
+         ", \"offload_param\": " + (c.pl.stage == 3 ? off(c.pl.param) : "{\"device\": \"none\"}") +
          "}, \"zoe\": {\"device_budget\": \"64MiB\", \"optimizer_threads\": 1" + c.extra_zoe + "}}";
 }
 
 std::string describe(const Case& c) {
-  return "stage " + std::to_string(c.pl.stage) + " offload_optimizer " + c.pl.opt + " offload_param " + c.pl.param +
-         (c.bf16 ? " bf16" : " fp32") + c.extra_zoe;
+  return "stage " + std::to_string(c.pl.stage) + " offload_optimizer " + c.pl.opt + " offload_param " +
+         c.pl.param + (c.bf16 ? " bf16" : " fp32") + c.extra_zoe;
 }
 
 Result<std::unique_ptr<Engine>> make_engine(const Case& c, const std::string& nvme, const MlpSpec& s) {
@@ -74,7 +77,8 @@ struct SleepSeen {
 };
 
 // Trains `steps` steps of micro-batches; with `sleep`, sleep() and wake() after every step.
-Result<std::vector<Layer>> train(const Case& c, const MlpSpec& s, int steps, bool sleep, SleepSeen* seen = nullptr) {
+Result<std::vector<Layer>> train(const Case& c, const MlpSpec& s, int steps, bool sleep,
+                                 SleepSeen* seen = nullptr) {
   Runtime& rt = test::shared_runtime();
   test::ScratchDir nvme("nvme");
   ZOE_ASSIGN_OR_RETURN(auto e, make_engine(c, nvme.path(), s));
@@ -162,8 +166,8 @@ TEST(SleepWake, NoRoomAnywhereIsRefusedAndTheEngineStaysUsable) {
   Runtime& rt = test::shared_runtime();
   std::vector<Layer> out;
   Status refused;
-  ASSERT_OK(test::engine_train(*e.value(), s, rt.rank(), rt.world_size(), 2, &out, nullptr, -1, 2, 0, false, {},
-                               [&](int) {
+  ASSERT_OK(test::engine_train(*e.value(), s, rt.rank(), rt.world_size(), 2, &out, nullptr, -1, 2, 0, false,
+                               {}, [&](int) {
                                  refused = e.value()->sleep();
                                  return Status::ok();
                                }));
