@@ -9,7 +9,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -33,6 +35,7 @@ using nlohmann::json;
 
 struct VerifyOpts {
   std::string config;
+  std::string hf_config;
   std::string preset = "small";
   int steps = 4;
   int seq = 0;
@@ -304,6 +307,51 @@ void run(const VerifyOpts& o) {
   }
 }
 
+// --hf-config: a Hugging Face model runs through zoe's Python package (zoe.verification), in the
+// interpreter ZOE_PYTHON names (the pip-installed `zoe` command sets it to its own) or python3.
+[[noreturn]] void run_hf(const VerifyOpts& o) {
+  const char* env = std::getenv("ZOE_PYTHON");
+  const std::string py = env != nullptr && *env != '\0' ? env : "python3";
+  // A Python without zoe or transformers says what to do instead of a bare ModuleNotFoundError.
+  const std::string boot =
+      "import sys\n"
+      "try:\n"
+      "    from zoe.verification import main\n"
+      "    import transformers\n"
+      "except ImportError as e:\n"
+      "    sys.stderr.write(f'zoe verify: error: --hf-config needs zoe and transformers in {sys.executable} "
+      "({e}): "
+      "pip install . there, or set ZOE_PYTHON to a Python that has them\\n')\n"
+      "    sys.exit(2)\n"
+      "sys.exit(main(sys.argv[1:]))\n";
+  std::vector<std::string> args = {py,
+                                   "-c",
+                                   boot,
+                                   "--config",
+                                   o.config,
+                                   "--hf-config",
+                                   o.hf_config,
+                                   "--steps",
+                                   std::to_string(o.steps),
+                                   "--seed",
+                                   std::to_string(o.seed)};
+  if (o.seq > 0) args.insert(args.end(), {"--seq", std::to_string(o.seq)});
+  if (!o.work_dir.empty()) args.insert(args.end(), {"--work-dir", o.work_dir});
+  if (o.json) args.emplace_back("--json");
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  fflush(stdout);
+  execvp(py.c_str(), argv.data());
+  const int err = errno;
+  fail(make_status(
+      StatusCode::kNotFound,
+      "--hf-config runs the Hugging Face model through zoe's Python package, and %s could not be "
+      "started (%s): set ZOE_PYTHON to a Python with zoe and transformers installed (pip install .), "
+      "or run the `zoe` command that pip installed",
+      py.c_str(), std::strerror(err)));
+}
+
 }  // namespace
 
 static void add_verify_command(CLI::App& app) {
@@ -318,10 +366,18 @@ static void add_verify_command(CLI::App& app) {
       "norms and masters after every step and every optimizer state (master, Adam's m and v) at the end,\n"
       "bit for bit. zoe's placements give the same bits on one rank: a difference is a wrong result, and "
       "the\n"
-      "verdict names the first step and tensor that differ (exit code 1). One rank.");
+      "verdict names the first step and tensor that differ (exit code 1). One rank. With --hf-config, a\n"
+      "Hugging Face causal LM from its config instead of the reference GPT (through zoe's Python package).");
   cmd->add_option("--config", o->config, "The DeepSpeed-style config to verify")->required();
-  cmd->add_option("--preset", o->preset, "Model size: tiny, small, demo, medium, large, 2b")
-      ->capture_default_str();
+  CLI::Option* preset =
+      cmd->add_option("--preset", o->preset, "Model size: tiny, small, demo, medium, large, 2b")
+          ->capture_default_str();
+  cmd->add_option(
+         "--hf-config", o->hf_config,
+         "A Hugging Face causal LM instead of the reference GPT: a transformers config.json, a folder\n"
+         "holding one, or a model name in the local cache (random weights and tokens, dropout set to 0;\n"
+         "run through zoe's Python package: ZOE_PYTHON or python3 with zoe and transformers)")
+      ->excludes(preset);
   cmd->add_option("--steps", o->steps, "Optimizer steps of each run")
       ->check(CLI::Range(1, 100000))
       ->capture_default_str();
@@ -335,7 +391,10 @@ static void add_verify_command(CLI::App& app) {
   cmd->add_flag(
       "--json", o->json,
       "Print one JSON object {verdict: identical|diverged, first_divergence: {step, tensor} | null, ...}");
-  cmd->callback([o] { run(*o); });
+  cmd->callback([o] {
+    if (!o->hf_config.empty()) run_hf(*o);
+    run(*o);
+  });
 }
 
 // Joins the program this file is linked into (the `zoe` program).

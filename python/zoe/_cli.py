@@ -10,6 +10,8 @@ def main():
         sys.stderr.write(f"zoe: error: the zoe executable is missing from the installed package ({exe}); "
                          "reinstall with pip install .\n")
         return 2
+    # `zoe verify --hf-config` runs the model through this package, in this interpreter.
+    os.environ.setdefault("ZOE_PYTHON", sys.executable)
     os.execv(exe, [exe] + sys.argv[1:])
     return 2  # not reached
 

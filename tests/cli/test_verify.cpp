@@ -86,6 +86,15 @@ TEST(VerifyCli, BadInputNamesWhatToChange) {
   CmdResult preset = zoe("verify --config " + cfg + " --preset huge");
   EXPECT_EQ(preset.rc, 2);
   EXPECT_NE(preset.err.find("--preset huge is not one of"), std::string::npos) << preset.err;
+  // --hf-config goes to zoe's Python package; without an interpreter the error says what to set.
+  CmdResult both = zoe("verify --config " + cfg + " --preset tiny --hf-config " + d.file("config.json"));
+  EXPECT_EQ(both.rc, 2);
+  EXPECT_NE(both.err.find("excludes"), std::string::npos) << both.err;
+  CmdResult no_python = zoe("verify --config " + cfg + " --hf-config " + d.file("config.json"),
+                            "ZOE_PYTHON=/nonexistent/python");
+  EXPECT_EQ(no_python.rc, 1);
+  EXPECT_NE(no_python.err.find("set ZOE_PYTHON to a Python with zoe and transformers"), std::string::npos)
+      << no_python.err;
 }
 
 }  // namespace
