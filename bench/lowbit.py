@@ -181,7 +181,7 @@ def steady_step(j, skip):
 
 
 def part_time(args):
-    base = ["--preset", args.preset, "--offload", "nvme", "--device-budget", "16MiB", "--host-budget",
+    base = ["--preset", args.preset, "--offload", "nvme", "--device-budget", args.time_device_budget, "--host-budget",
             args.host_budget, "--micro-batch", str(args.time_micro_batch), "--eval-batches", "1", "--seed", "1",
             "--steps", str(args.time_steps)]
     formats = [FP32, INT8]
@@ -316,6 +316,8 @@ def main():
     ap.add_argument("--host-budget", default="80MiB",
                     help="time: zoe's --host-budget (default 80MiB; the demo's placement needs 64.02 MiB)")
     ap.add_argument("--time-micro-batch", type=int, default=1, help="time: --micro-batch (default 1)")
+    ap.add_argument("--time-device-budget", default="16MiB",
+                    help="time: --device-budget (default 16MiB; a larger preset's module needs more, e.g. 2GiB at 2b)")
     ap.add_argument("--seeds", type=int, default=3, help="quality: seeds 1..S (default 3)")
     ap.add_argument("--quality-steps", type=int, default=1000, help="quality: steps per run (default 1000)")
     ap.add_argument("--rss-preset", default="2b", help="rss: preset (default 2b)")
