@@ -92,6 +92,48 @@ def _stand_ins(stack, fns):
             stack[i] = layer
 
 
+class _ZeroEmbedding(torch.nn.Module):
+    """Takes an untied input embedding's place in the head pass (step 3), where the layers' stand-ins
+    return the stored outputs and the embedding's output is never used: zeros of its output's shape
+    and dtype, so the embedding is neither fetched nor held through the pass."""
+
+    def __init__(self, embedding, dtype):
+        super().__init__()
+        object.__setattr__(self, "_embedding", embedding)
+        self.dim, self.dtype = embedding.embedding_dim, dtype
+
+    def forward(self, ids, *args, **kwargs):
+        return torch.zeros(*ids.shape, self.dim, dtype=self.dtype, device=ids.device)
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(object.__getattribute__(self, "_embedding"), name)
+
+
+@contextlib.contextmanager
+def _embedding_stood_in(model, dtype):
+    """The model's input embedding replaced by _ZeroEmbedding where it is an nn.Embedding that no
+    other module shares a parameter with (a head tied to it needs it fetched), and put back."""
+    get = getattr(model, "get_input_embeddings", None)
+    emb = get() if get is not None else None
+    out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    tied = out is not None and any(p is q for p in emb.parameters() for q in out.parameters()) if emb else False
+    where = None
+    if isinstance(emb, torch.nn.Embedding) and not tied:
+        where = next(((m, n) for m in model.modules() for n, c in m.named_children() if c is emb), None)
+    if where is None:
+        yield
+        return
+    parent, name = where
+    setattr(parent, name, _ZeroEmbedding(emb, dtype))
+    try:
+        yield
+    finally:
+        setattr(parent, name, emb)
+
+
 def _hidden(args, kwargs):
     return args[0] if args else kwargs["hidden_states"]
 
@@ -256,7 +298,7 @@ class LayerMajor:
         gradients (those shared with the embedding kept apart, per micro-batch)."""
         scale = self.e._eng.loss_scale()
         losses, dh, shares = [], [], []
-        with self._outer_kept():
+        with self._outer_kept(), _embedding_stood_in(self.e.module, self.e._dtype):
             for g in range(len(batches)):
                 loss, d, share = self._head_of(g, batches[g], h, loss_fn, scale)
                 losses.append(loss)

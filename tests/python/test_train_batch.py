@@ -309,3 +309,33 @@ def test_layer_major_io_fault_is_that_steps_error(tmp_path):
         eng.step()
     assert eng._phase.global_steps == 1
     eng.close()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_layer_major_head_pass_fetches_an_untied_embedding_never(arch, tmp_path):
+    """The head pass (step 3) does not use the embedding's output: an untied embedding (llama) is
+    fetched in the first and the last phase only, 2 times a step; a tied one (qwen2: the head is
+    the embedding's weight) in the head pass too, 3 times. The bits are the micro-batch schedule's
+    (the matrix above)."""
+    pytest.importorskip("transformers")
+    from test_hf_models import batches, build, hf_config
+
+    eng = zoe.initialize(build(arch), hf_config(tmp_path, gas=2, schedule="layer-major"), force_local=True)
+    emb = eng.module.get_input_embeddings()
+    emb_zm = next(zm for zm in eng._layout.zmods if any(p is emb.weight for p in zm.params))
+    seen = []
+    acquire = eng._fetcher.acquire
+
+    def counting(zm):
+        before = eng._fetcher.fetches
+        r = acquire(zm)
+        if zm is emb_zm and eng._fetcher.fetches > before:
+            seen.append(zm)
+        return r
+    eng._fetcher.acquire = counting
+    data = [{"input_ids": ids, "labels": ids} for ids in batches(4)]
+    eng.train_batch(data[:2])
+    seen.clear()
+    eng.train_batch(data[2:])
+    eng.close()
+    assert len(seen) == (3 if arch == "qwen2" else 2), len(seen)
