@@ -53,6 +53,12 @@ struct Run {
   std::vector<model::GptCpu*> models;
   std::unique_ptr<model::GptTrainer> trainer;
   int64_t accum = 1;  // micro-batches a step
+  // The samples of its micro-batch j of a step: those of rank (first_rank + j / per_rank) and
+  // micro-batch j % per_rank of a run of that many micro-batches per rank (the configured run:
+  // its own rank's; the one-rank reference of a multi-rank run: every rank's, in rank order).
+  int first_rank = 0;
+  int64_t per_rank = 1;
+  Runtime* rt = nullptr;  // the configured run's, to average its loss over the ranks
   std::vector<double> losses, grad_norms;
 };
 
@@ -101,7 +107,8 @@ void step(Run& r, const data::Corpus& corpus, int batch, int T, int k, uint64_t 
           const std::string& what) {
   std::vector<std::vector<int32_t>> tokens(static_cast<size_t>(r.accum)), targets(tokens.size());
   for (int64_t j = 0; j < r.accum; ++j) {
-    data::sample_batch(corpus.train, batch, T, seed, static_cast<uint64_t>(k), 0, static_cast<int>(j),
+    data::sample_batch(corpus.train, batch, T, seed, static_cast<uint64_t>(k),
+                       r.first_rank + static_cast<int>(j / r.per_rank), static_cast<int>(j % r.per_rank),
                        &tokens[static_cast<size_t>(j)], &targets[static_cast<size_t>(j)]);
   }
   double loss = 0;
@@ -121,7 +128,9 @@ void step(Run& r, const data::Corpus& corpus, int batch, int T, int k, uint64_t 
   auto st = r.eng->step();
   if (!st.is_ok())
     fail(st.status().with_context("zoe verify: the " + what + " run, step " + std::to_string(k + 1)));
-  r.losses.push_back(loss / static_cast<double>(r.accum));
+  loss /= static_cast<double>(r.accum);
+  if (r.rt != nullptr && r.rt->world_size() > 1) loss = value_or_fail(r.rt->average(loss));
+  r.losses.push_back(loss);
   r.grad_norms.push_back(st.value().grad_norm);
 }
 
@@ -129,8 +138,9 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-// The first tensor whose values differ, as "<module>.<param>.<kind>", and how many elements do
-// ("" when none). Masters through the engines (after a step); every state from the checkpoints.
+// The first tensor whose values differ beyond the tolerance, as "<module>.<param>.<kind>", and how
+// many elements differ ("" when none). Masters through the engines (after a step); every state
+// from the checkpoints.
 struct Diff {
   std::string tensor;
   uint64_t elements = 0;
@@ -138,26 +148,60 @@ struct Diff {
   double max_abs = 0;
 };
 
-Diff compare(const std::string& name, const std::vector<float>& a, const std::vector<float>& b) {
-  Diff d;
-  if (same_bits(a, b)) return d;
-  d.tensor = name;
-  d.numel = a.size();
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    if (std::memcmp(&a[i], &b[i], sizeof(float)) == 0) continue;
-    ++d.elements;
-    d.max_abs = std::max(d.max_abs, static_cast<double>(std::fabs(a[i] - b[i])));
-  }
-  return d;
-}
+// What counts as the same. One rank against its reference: the same bits. A multi-rank run against
+// its one-rank reference sums the gradients in another order, so it cannot match bit for bit:
+// losses and gradient norms within rel_scalar of the reference's; Adam's moments with each
+// tensor's largest difference within rel_tensor of its largest magnitude; masters within
+// master_lr_per_step x lr x the steps taken of the reference's (Adam's normalised update turns a
+// rounding difference in a near-zero gradient into a difference of a fraction of lr: measured
+// 0.004 lr at fp32, where a wrong gradient element moves its weight by up to 2 lr). The verdict
+// is then "within_tolerance". Notes the first bitwise difference either way.
+struct Checker {
+  bool tolerant = false;
+  double rel_scalar = 0, rel_tensor = 0, master_lr_per_step = 0, lr = 0;
+  json first_bits = nullptr;
 
-Diff compare_masters(Run& a, Run& b, const std::vector<model::ModuleSpec>& specs) {
+  double master_tol(int step) const { return master_lr_per_step * lr * step; }
+
+  void note(int step, const std::string& name) {
+    if (first_bits.is_null()) first_bits = {{"step", step}, {"tensor", name}};
+  }
+  bool scalar_over(int step, const char* name, double a, double b) {
+    if (std::memcmp(&a, &b, sizeof(double)) == 0) return false;
+    note(step, name);
+    return !tolerant || !(std::fabs(a - b) <= rel_scalar * std::fabs(b));
+  }
+  // abs_tol >= 0: an absolute tolerance instead of rel_tensor.
+  Diff tensor(int step, const std::string& name, const std::vector<float>& a, const std::vector<float>& b,
+              double abs_tol = -1) {
+    Diff d;
+    if (same_bits(a, b)) return d;
+    note(step, name);
+    double scale = 0;
+    for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+      scale = std::max(scale, static_cast<double>(std::fabs(b[i])));
+      if (std::memcmp(&a[i], &b[i], sizeof(float)) == 0) continue;
+      ++d.elements;
+      const double diff = std::fabs(static_cast<double>(a[i]) - static_cast<double>(b[i]));
+      d.max_abs = std::isnan(diff) ? INFINITY : std::max(d.max_abs, diff);
+    }
+    const double tol = abs_tol >= 0 ? abs_tol : rel_tensor * scale;
+    if (!tolerant || a.size() != b.size() || !(d.max_abs <= tol)) {
+      d.tensor = name;
+      d.numel = a.size();
+    }
+    return d;
+  }
+};
+
+Diff compare_masters(Run& a, Run& b, const std::vector<model::ModuleSpec>& specs, Checker& c, int step) {
   for (size_t m = 0; m < specs.size(); ++m) {
     for (size_t p = 0; p < specs[m].params.size(); ++p) {
       std::vector<float> x(specs[m].params[p].numel()), y(x.size());
       if (Status s = a.eng->read_master(m, p, x.data()); !s.is_ok()) fail(s);
       if (Status s = b.eng->read_master(m, p, y.data()); !s.is_ok()) fail(s);
-      Diff d = compare(specs[m].name + "." + specs[m].params[p].name + ".master", x, y);
+      Diff d =
+          c.tensor(step, specs[m].name + "." + specs[m].params[p].name + ".master", x, y, c.master_tol(step));
       if (!d.tensor.empty()) return d;
     }
   }
@@ -165,7 +209,7 @@ Diff compare_masters(Run& a, Run& b, const std::vector<model::ModuleSpec>& specs
 }
 
 // Every state of every parameter in the two checkpoints (Adam's m and v where both hold them).
-Diff compare_checkpoints(const std::string& da, const std::string& db) {
+Diff compare_checkpoints(const std::string& da, const std::string& db, Checker& c, int step) {
   auto ra = value_or_fail(CheckpointReader::open(da));
   auto rb = value_or_fail(CheckpointReader::open(db));
   for (size_t i = 0; i < ra->params().size(); ++i) {
@@ -176,7 +220,8 @@ Diff compare_checkpoints(const std::string& da, const std::string& db) {
       if (sa.code() == StatusCode::kNotFound && sb.code() == StatusCode::kNotFound) continue;
       if (!sa.is_ok()) fail(sa);
       if (!sb.is_ok()) fail(sb);
-      Diff d = compare(p.full_name() + "." + kind, x, y);
+      Diff d = c.tensor(step, p.full_name() + "." + kind, x, y,
+                        std::strcmp(kind, "master") == 0 ? c.master_tol(step) : -1.0);
       if (!d.tensor.empty()) return d;
     }
   }
@@ -190,54 +235,19 @@ void save(Run& r, const std::string& dir, const std::string& what) {
   if (!s.is_ok()) fail(s.with_context("zoe verify: saving the " + what + " run's states"));
 }
 
-void run(const VerifyOpts& o) {
-  // SIGINT/SIGTERM: the swap files go at once and the run stops at the next step boundary, with no
-  // verdict (as zoe train stops); before any engine thread starts, so that they inherit the mask.
-  StopSignals stop;
-  auto rt = value_or_fail(Runtime::init());
-  if (rt->world_size() != 1) {
-    usage_fail(
-        invalid_argument("zoe verify runs on one rank (its reference is one rank): run it without mpirun; "
-                         "%d ranks were started",
-                         rt->world_size()));
-  }
-  const Config cfg = value_or_fail(Config::load(o.config, 1));
-  const Config ref = reference_config(cfg);
-  std::string names;
-  const model::GptPreset* pr = model::find_gpt_preset(o.preset, &names);
-  if (pr == nullptr)
-    usage_fail(invalid_argument("--preset %s is not one of %s", o.preset.c_str(), names.c_str()));
-  model::GptConfig mc;
-  mc.layers = pr->layers;
-  mc.d_model = pr->d_model;
-  mc.heads = pr->heads;
-  mc.seq = pr->context;
-  if (Status s = mc.validate(); !s.is_ok()) fail(s);
-  const int T = o.seq > 0 ? std::min(o.seq, mc.seq) : mc.seq;
-  const bool ckpt = cfg.activation_checkpointing().given;
-  const int batch = static_cast<int>(cfg.micro_batch());
-  const data::Corpus corpus = data::make_arithmetic(o.seed, 20000);
-  const std::string work =
-      o.work_dir.empty()
-          ? (std::filesystem::temp_directory_path() / ("zoe-verify-" + std::to_string(getpid()))).string()
-          : o.work_dir;
-  // The temporary directory goes however the run ends (a verdict, an error, a signal).
-  struct RemoveAtExit {
-    std::string dir;
-    ~RemoveAtExit() {
-      std::error_code ec;
-      if (!dir.empty()) std::filesystem::remove_all(dir, ec);
-    }
-  } remove_at_exit{o.work_dir.empty() ? work : std::string()};
-  Progress progress(!o.json);
-  Run a = build(*rt, cfg, mc, T, o, ckpt, "configured");
-  a.accum = std::max<int64_t>(1, cfg.gradient_accumulation_steps());
-  Run b = build(*rt, ref, mc, T, o, false, "reference");
-  b.accum = a.accum;
-  const std::vector<model::ModuleSpec> specs = model::gpt_modules(mc);
+// The two runs trained and compared: the first difference beyond the checker's tolerance.
+struct Outcome {
   json first = nullptr;
   Diff diff;
-  for (int k = 0; k < o.steps && first.is_null(); ++k) {
+};
+
+Outcome train_and_compare(Run& a, Run& b, const VerifyOpts& o, const model::GptConfig& mc, int T, int batch,
+                          const std::string& work, int rank, Checker& c, StopSignals& stop,
+                          Progress& progress) {
+  const data::Corpus corpus = data::make_arithmetic(o.seed, 20000);
+  const std::vector<model::ModuleSpec> specs = model::gpt_modules(mc);
+  Outcome out;
+  for (int k = 0; k < o.steps && out.first.is_null(); ++k) {
     if (const int sig = stop.requested(); sig != 0) {
       stop.stopping();
       progress.done();
@@ -250,60 +260,146 @@ void run(const VerifyOpts& o) {
     progress.update(fmt("zoe verify: step %d of %d", k + 1, o.steps));
     step(a, corpus, batch, T, k, o.seed, "configured");
     step(b, corpus, batch, T, k, o.seed, "reference");
-    if (std::memcmp(&a.losses[k], &b.losses[k], sizeof(double)) != 0) {
-      first = {{"step", k + 1}, {"tensor", "loss"}};
-    } else if (std::memcmp(&a.grad_norms[k], &b.grad_norms[k], sizeof(double)) != 0) {
-      first = {{"step", k + 1}, {"tensor", "grad_norm"}};
-    } else if (diff = compare_masters(a, b, specs); !diff.tensor.empty()) {
-      first = {{"step", k + 1}, {"tensor", diff.tensor}};
+    if (c.scalar_over(k + 1, "loss", a.losses[k], b.losses[k])) {
+      out.first = {{"step", k + 1}, {"tensor", "loss"}};
+    } else if (c.scalar_over(k + 1, "grad_norm", a.grad_norms[k], b.grad_norms[k])) {
+      out.first = {{"step", k + 1}, {"tensor", "grad_norm"}};
+    } else if (out.diff = compare_masters(a, b, specs, c, k + 1); !out.diff.tensor.empty()) {
+      out.first = {{"step", k + 1}, {"tensor", out.diff.tensor}};
     }
   }
-  if (first.is_null()) {
+  if (out.first.is_null()) {
     progress.update("zoe verify: comparing every optimizer state");
-    save(a, work + "/configured", "configured");
-    save(b, work + "/reference", "reference");
-    diff = compare_checkpoints(work + "/configured", work + "/reference");
-    if (!diff.tensor.empty()) first = {{"step", o.steps}, {"tensor", diff.tensor}};
+    save(a, work + "/configured", "configured");  // every rank's share
+    const std::string mine = work + "/reference-" + std::to_string(rank);
+    save(b, mine, "reference");
+    out.diff = compare_checkpoints(work + "/configured", mine, c, o.steps);
+    if (!out.diff.tensor.empty()) out.first = {{"step", o.steps}, {"tensor", out.diff.tensor}};
   }
-  progress.done();
-  const std::string verdict = first.is_null() ? "identical" : "diverged";
+  return out;
+}
+
+void report(const VerifyOpts& o, const Outcome& out, const Checker& c, const Run& a, const Run& b,
+            uint64_t params, int world) {
+  const std::string verdict =
+      !out.first.is_null() ? "diverged" : (c.first_bits.is_null() ? "identical" : "within_tolerance");
   json j = {{"verdict", verdict},
-            {"first_divergence", first},
+            {"first_divergence", out.first},
+            {"first_difference", c.first_bits},
             {"steps", o.steps},
+            {"world_size", world},
             {"config", o.config},
             {"preset", o.preset},
-            {"params", mc.num_params()},
+            {"params", params},
             {"losses", {{"configured", a.losses}, {"reference", b.losses}}},
             {"grad_norms", {{"configured", a.grad_norms}, {"reference", b.grad_norms}}},
             {"compared",
              "losses, gradient norms and masters after every step; master, exp_avg and exp_avg_sq "
-             "of every parameter at the end"}};
-  if (!diff.tensor.empty()) {
-    j["differing_elements"] = diff.elements;
-    j["tensor_elements"] = diff.numel;
-    j["max_abs_difference"] = diff.max_abs;
+             "of every parameter at the end"},
+            {"tolerance", c.tolerant ? json{{"loss_and_grad_norm_relative", c.rel_scalar},
+                                            {"moment_max_difference_relative_to_its_largest", c.rel_tensor},
+                                            {"master_max_difference_in_lr_per_step", c.master_lr_per_step}}
+                                     : json("bit for bit")}};
+  if (!out.diff.tensor.empty()) {
+    j["differing_elements"] = out.diff.elements;
+    j["tensor_elements"] = out.diff.numel;
+    j["max_abs_difference"] = out.diff.max_abs;
   }
   if (o.json) {
     print_json(j);
-  } else if (first.is_null()) {
+  } else if (verdict == "identical") {
     printf(
         "zoe verify: identical. %d steps of %s in %s and in the reference placement (stage 0, nothing "
-        "offloaded) gave the same losses, gradient norms and optimizer states, bit for bit.\n",
+        "offloaded, one rank) gave the same losses, gradient norms and optimizer states, bit for bit.\n",
         o.steps, o.preset.c_str(), o.config.c_str());
+  } else if (verdict == "within_tolerance") {
+    printf(
+        "zoe verify: within tolerance. %d steps of %s in %s on %d ranks and in the one-rank reference "
+        "placement agree within the tolerance (losses and gradient norms %g relative; Adam's moments %g of "
+        "each tensor's largest value; masters %g lr a step); the first bitwise difference (expected: the %d "
+        "ranks sum the gradients in another order) is %s at step %d.\n",
+        o.steps, o.preset.c_str(), o.config.c_str(), world, c.rel_scalar, c.rel_tensor, c.master_lr_per_step,
+        world, c.first_bits["tensor"].get<std::string>().c_str(), c.first_bits["step"].get<int>());
   } else {
     printf("zoe verify: DIVERGED at step %d: %s differs from the reference placement's",
-           first["step"].get<int>(), first["tensor"].get<std::string>().c_str());
-    if (!diff.tensor.empty()) {
-      printf(" (%llu of %llu elements, max |difference| %g)", static_cast<unsigned long long>(diff.elements),
-             static_cast<unsigned long long>(diff.numel), diff.max_abs);
+           out.first["step"].get<int>(), out.first["tensor"].get<std::string>().c_str());
+    if (!out.diff.tensor.empty()) {
+      printf(" (%llu of %llu elements, max |difference| %g)",
+             static_cast<unsigned long long>(out.diff.elements),
+             static_cast<unsigned long long>(out.diff.numel), out.diff.max_abs);
     }
     printf(".\n");
   }
-  if (!first.is_null()) {
+}
+
+void run(const VerifyOpts& o) {
+  // SIGINT/SIGTERM: the swap files go at once and the run stops at the next step boundary, with no
+  // verdict (as zoe train stops); before any engine thread starts, so that they inherit the mask.
+  StopSignals stop;
+  auto rt = value_or_fail(Runtime::init());
+  const int world = rt->world_size(), rank = rt->rank();
+  const Config cfg = value_or_fail(Config::load(o.config, world));
+  // Under mpirun the reference is one rank all the same (a local runtime on every rank, each
+  // computing it alike): it runs every rank's micro-batches, rank after rank, as its own.
+  std::unique_ptr<Runtime> local = world > 1 ? value_or_fail(Runtime::init(true)) : nullptr;
+  Config ref = reference_config(cfg);
+  if (world > 1) {
+    if (Status s = ref.set_gradient_accumulation_steps(cfg.gradient_accumulation_steps() * world); !s.is_ok())
+      fail(s.with_context("making the one-rank reference of a " + std::to_string(world) + "-rank run"));
+  }
+  std::string names;
+  const model::GptPreset* pr = model::find_gpt_preset(o.preset, &names);
+  if (pr == nullptr)
+    usage_fail(invalid_argument("--preset %s is not one of %s", o.preset.c_str(), names.c_str()));
+  model::GptConfig mc;
+  mc.layers = pr->layers;
+  mc.d_model = pr->d_model;
+  mc.heads = pr->heads;
+  mc.seq = pr->context;
+  if (Status s = mc.validate(); !s.is_ok()) fail(s);
+  const int T = o.seq > 0 ? std::min(o.seq, mc.seq) : mc.seq;
+  // One work directory for all ranks (the configured run's checkpoint is written by every rank):
+  // rank 0's name, removed by rank 0 once every rank is done with it.
+  uint64_t pid = static_cast<uint64_t>(getpid());
+  if (Status s = rt->broadcast(&pid, sizeof(pid), 0); !s.is_ok()) fail(s);
+  const std::string work =
+      o.work_dir.empty()
+          ? (std::filesystem::temp_directory_path() / ("zoe-verify-" + std::to_string(pid))).string()
+          : o.work_dir;
+  // The temporary directory goes however the run ends (a verdict, an error, a signal).
+  struct RemoveAtExit {
+    std::string dir;
+    ~RemoveAtExit() {
+      std::error_code ec;
+      if (!dir.empty()) std::filesystem::remove_all(dir, ec);
+    }
+  } remove_at_exit{o.work_dir.empty() && rank == 0 ? work : std::string()};
+  Progress progress(!o.json && rank == 0);
+  Run a = build(*rt, cfg, mc, T, o, cfg.activation_checkpointing().given, "configured");
+  a.accum = std::max<int64_t>(1, cfg.gradient_accumulation_steps());
+  a.per_rank = a.accum;
+  a.first_rank = rank;
+  a.rt = rt.get();
+  Run b = build(local ? *local : *rt, ref, mc, T, o, false, "reference");
+  b.accum = a.accum * world;
+  b.per_rank = a.accum;
+  Checker c;
+  c.tolerant = world > 1;
+  const bool fp32 = cfg.precision() == ComputeDType::kF32;
+  c.rel_scalar = fp32 ? 1e-4 : 2e-2;
+  c.rel_tensor = fp32 ? 1e-4 : 2e-2;
+  c.master_lr_per_step = fp32 ? 0.1 : 2.0;
+  c.lr = cfg.lr();
+  const Outcome out =
+      train_and_compare(a, b, o, mc, T, static_cast<int>(cfg.micro_batch()), work, rank, c, stop, progress);
+  progress.done();
+  if (Status s = rt->barrier(); !s.is_ok()) fail(s);  // every rank has read the checkpoints
+  if (rank == 0) report(o, out, c, a, b, mc.num_params(), world);
+  if (!out.first.is_null()) {
     fail(internal_error(
         "the placement in %s trains differently from the reference placement (first at step %d, "
         "%s): a wrong result in zoe; please report it with the config",
-        o.config.c_str(), first["step"].get<int>(), first["tensor"].get<std::string>().c_str()));
+        o.config.c_str(), out.first["step"].get<int>(), out.first["tensor"].get<std::string>().c_str()));
   }
 }
 
@@ -366,7 +462,13 @@ static void add_verify_command(CLI::App& app) {
       "norms and masters after every step and every optimizer state (master, Adam's m and v) at the end,\n"
       "bit for bit. zoe's placements give the same bits on one rank: a difference is a wrong result, and "
       "the\n"
-      "verdict names the first step and tensor that differ (exit code 1). One rank. With --hf-config, a\n"
+      "verdict names the first step and tensor that differ (exit code 1). Under mpirun the configured run\n"
+      "takes the ranks and the reference stays one rank (each rank's micro-batches in turn): they sum in\n"
+      "another order, so they agree within a tolerance (\"within_tolerance\"; fp32: losses and gradient\n"
+      "norms 1e-4 relative, Adam's moments 1e-4 of each tensor's largest value, masters 0.1 lr a step;\n"
+      "bf16/fp16: 2e-2, 2e-2 and 2 lr, coarse: it catches gross errors, not one wrong element).\n"
+      "The work directory must then be one every rank reaches (--work-dir on a shared file system across\n"
+      "nodes). With --hf-config, a\n"
       "Hugging Face causal LM from its config instead of the reference GPT (through zoe's Python package).");
   cmd->add_option("--config", o->config, "The DeepSpeed-style config to verify")->required();
   CLI::Option* preset =
@@ -388,9 +490,10 @@ static void add_verify_command(CLI::App& app) {
   cmd->add_option(
       "--work-dir", o->work_dir,
       "Where the two runs' checkpoints are written and kept (default: a temporary directory, removed)");
-  cmd->add_flag(
-      "--json", o->json,
-      "Print one JSON object {verdict: identical|diverged, first_divergence: {step, tensor} | null, ...}");
+  cmd->add_flag("--json", o->json,
+                "Print one JSON object {verdict: identical|within_tolerance|diverged, first_divergence: "
+                "{step, tensor} | "
+                "null, first_difference (the first bitwise one), ...}");
   cmd->callback([o] {
     if (!o->hf_config.empty()) run_hf(*o);
     run(*o);

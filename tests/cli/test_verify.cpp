@@ -74,6 +74,44 @@ TEST(VerifyCli, IdenticalForCorrectPlacementsDivergedForABrokenOne) {
   EXPECT_NE(text.out.find("zoe verify: identical."), std::string::npos) << text.out;
 }
 
+#ifdef ZOE_MPIEXEC
+// Two ranks against the one-rank reference: the gradients are summed in another order, so the
+// verdict is "within_tolerance" (with the first bitwise difference named), and a broken offload
+// path (the test hook) is still "diverged", named, beyond the tolerance.
+TEST(VerifyCli, TwoRanksAgreeWithinToleranceAndABrokenPathDiverges) {
+  zoe::test::ScratchDir d("verify");
+  const std::string nvme = "{\"device\": \"nvme\", \"nvme_path\": \"" + d.path() + "\"}";
+  // fp32 compute: the tolerance that catches one wrong element (bf16's is coarser; the command's help).
+  const std::string s3 = d.file("s3.json");
+  std::ofstream(s3)
+      << "{\"train_micro_batch_size_per_gpu\": 2, \"gradient_accumulation_steps\": 2, "
+         "\"gradient_clipping\": 1.0, \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": "
+         "0.001, \"weight_decay\": 0.01}}, \"zero_optimization\": {\"stage\": 3, "
+         "\"stage3_param_persistence_threshold\": 0, \"offload_param\": "
+      << nvme << ", \"offload_optimizer\": " << nvme << "}, \"zoe\": {\"device_budget\": \"4MiB\"}}";
+  const std::string mpi = std::string(ZOE_MPIEXEC) +
+                          " --oversubscribe --allow-run-as-root --bind-to none --mca btl "
+                          "self,vader -np 2 ";
+  const std::string args = "verify --config " + s3 + " --preset tiny --steps 3 --json --work-dir " + d.path();
+  CmdResult r = zoe(args, mpi, 300);
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  json j = json::parse(r.out, nullptr, false);  // rank 0 alone prints
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  EXPECT_EQ(j["verdict"], "within_tolerance") << j.dump();
+  EXPECT_TRUE(j["first_divergence"].is_null());
+  EXPECT_FALSE(j["first_difference"].is_null());
+  EXPECT_EQ(j["world_size"], 2);
+  EXPECT_EQ(j["losses"]["configured"].size(), 3u);
+  CmdResult broken = zoe(args, "ZOE_TEST_FLIP_GRAD_SUM=block.0@2 " + mpi, 300);
+  EXPECT_NE(broken.rc, 0) << broken.out << broken.err;
+  json b = json::parse(broken.out, nullptr, false);
+  ASSERT_FALSE(b.is_discarded()) << broken.out << broken.err;
+  EXPECT_EQ(b["verdict"], "diverged") << b.dump();
+  EXPECT_EQ(b["first_divergence"]["step"], 2) << b.dump();
+  EXPECT_EQ(b["first_divergence"]["tensor"], "block.0.ln1_g.master") << b.dump();
+}
+#endif
+
 TEST(VerifyCli, BadInputNamesWhatToChange) {
   zoe::test::ScratchDir d("verify");
   CmdResult none = zoe("verify --preset tiny");
