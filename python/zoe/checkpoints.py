@@ -10,6 +10,7 @@ folders (engine.save_pretrained, initialize(weights=...)) are hf.py's.
 import base64
 import io
 import json
+import math
 import os
 from collections import OrderedDict
 
@@ -91,13 +92,6 @@ def gathered_parameters(engine, dtype=None, rank0_only=False):
     return _read_each(engine, modules, not rank0_only or engine.rank == 0, dtype)
 
 
-def _numel(shape):
-    numel = 1
-    for d in shape:
-        numel *= d
-    return numel
-
-
 def _read_each(engine, modules, yields, dtype=None):
     """gathered_parameters' iterator (its checks run when it is called, not at the first next())."""
     phase = engine._phase
@@ -108,7 +102,7 @@ def _read_each(engine, modules, yields, dtype=None):
             raise ZoeError(f"engine.gathered_parameters(): the engine ran a micro-batch or a step while the iterator "
                            f"was open (before {zm.name!r}), so its tensors would mix two steps' weights: take every "
                            "tensor before training on, or call gathered_parameters() again")
-        sizes = [_numel(s) for s in zm.shapes]
+        sizes = [math.prod(s) for s in zm.shapes]
         a = engine._eng.read_module_master(zm.index, max(1, sum(sizes)))
         if not yields:
             continue

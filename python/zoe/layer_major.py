@@ -60,9 +60,9 @@ def decoder_stack(model):
 
 
 class _StandIn(torch.nn.Module):
-    """Takes a decoder layer's place in the list (no parameters, no zoe hooks): `fn(args, kwargs)`
-    gives its output. Other attributes the model reads from its layers (attention_type, ...) come
-    from the layer it stands in for."""
+    """Takes a module's place (a decoder layer's in the list, the input embedding's in the head
+    pass), with no parameters and no zoe hooks: `fn(args, kwargs)` gives its output. Other
+    attributes the model reads from it (attention_type, ...) come from the module it stands in for."""
 
     def __init__(self, layer, fn):
         super().__init__()
@@ -92,42 +92,27 @@ def _stand_ins(stack, fns):
             stack[i] = layer
 
 
-class _ZeroEmbedding(torch.nn.Module):
-    """Takes an untied input embedding's place in the head pass (step 3), where the layers' stand-ins
-    return the stored outputs and the embedding's output is never used: zeros of its output's shape
-    and dtype, so the embedding is neither fetched nor held through the pass."""
-
-    def __init__(self, embedding, dtype):
-        super().__init__()
-        object.__setattr__(self, "_embedding", embedding)
-        self.dim, self.dtype = embedding.embedding_dim, dtype
-
-    def forward(self, ids, *args, **kwargs):
-        return torch.zeros(*ids.shape, self.dim, dtype=self.dtype, device=ids.device)
-
-    def __getattr__(self, name):
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            return getattr(object.__getattribute__(self, "_embedding"), name)
-
-
 @contextlib.contextmanager
 def _embedding_stood_in(model, dtype):
-    """The model's input embedding replaced by _ZeroEmbedding where it is an nn.Embedding that no
-    other module shares a parameter with (a head tied to it needs it fetched), and put back."""
-    get = getattr(model, "get_input_embeddings", None)
-    emb = get() if get is not None else None
+    """For the head pass (step 3), where the layers' stand-ins return the stored outputs and the
+    input embedding's output is never used: an nn.Embedding that no other module shares a
+    parameter with (a head tied to it needs it fetched) is replaced by a stand-in giving zeros of
+    its output's shape and dtype, so it is neither fetched nor held through the pass; put back."""
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    tied = out is not None and any(p is q for p in emb.parameters() for q in out.parameters()) if emb else False
     where = None
-    if isinstance(emb, torch.nn.Embedding) and not tied:
+    if isinstance(emb, torch.nn.Embedding) and not (out is not None and any(p is emb.weight for p in out.parameters())):
         where = next(((m, n) for m in model.modules() for n, c in m.named_children() if c is emb), None)
     if where is None:
         yield
         return
+
+    def zeros(args, kwargs):
+        ids = args[0] if args else kwargs["input"]
+        return torch.zeros(*ids.shape, emb.embedding_dim, dtype=dtype, device=ids.device)
+
     parent, name = where
-    setattr(parent, name, _ZeroEmbedding(emb, dtype))
+    setattr(parent, name, _StandIn(emb, zeros))
     try:
         yield
     finally:

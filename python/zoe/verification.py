@@ -26,8 +26,11 @@ def _config_dict(config):
     if isinstance(config, dict):
         return copy.deepcopy(config)
     if isinstance(config, (str, os.PathLike)):
-        with open(config) as f:
-            return json.load(f)
+        try:
+            with open(config) as f:
+                return json.load(f)
+        except (OSError, ValueError) as e:
+            raise ZoeError(f"zoe.verify: config {os.fspath(config)!r}: {e}") from None
     raise ZoeError(f"zoe.verify: config must be a dict or a path to a JSON file, got {type(config).__name__}")
 
 
@@ -144,7 +147,10 @@ def _hf_model_fn(hf_config, seed):
 
     def model_fn():
         torch.manual_seed(seed)
-        return transformers.AutoModelForCausalLM.from_config(cfg)
+        try:
+            return transformers.AutoModelForCausalLM.from_config(cfg)
+        except ValueError as e:
+            raise ZoeError(f"--hf-config {hf_config}: not a causal LM transformers can build: {e}") from None
     return model_fn, cfg, zeroed
 
 

@@ -114,6 +114,16 @@ class BlockCache {
 
 size_t round_up(size_t bytes) { return (bytes + kCpuAlignment - 1) / kCpuAlignment * kCpuAlignment; }
 
+// The pages wholly inside [p, p + n): their start and length (0 when there is none). The head and
+// tail pages an allocation may share with the C library's heap are left out.
+std::pair<void*, size_t> whole_pages(void* p, uint64_t n) {
+  static const auto kPage = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t first = (begin + kPage - 1) / kPage * kPage, last = (begin + n) / kPage * kPage;
+  if (last <= first) return {nullptr, 0};
+  return {reinterpret_cast<void*>(first), last - first};  // NOLINT(performance-no-int-to-ptr)
+}
+
 // One record of an event: set when the stream that recorded it runs past that point.
 class Marker {
  public:
@@ -281,17 +291,13 @@ class CpuDevice final : public Device {
 
   std::vector<std::pair<void*, uint64_t>> live_allocations() const override { return ledger_.live(); }
   // The pages wholly inside each live allocation go back to the kernel (MADV_DONTNEED: the
-  // mapping stays, the next touch maps a zero page), with the cached blocks freed. The head and
-  // tail pages an allocation may share with the C library's heap are never released.
+  // mapping stays, the next touch maps a zero page), with the cached blocks freed.
   Status suspend() override {
     if (suspended_.load()) return invalid_argument("%s: suspend() while suspended", ledger_.tier().c_str());
     cache_.trim(0);
-    static const auto kPage = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
     for (const auto& [p, n] : ledger_.live()) {
-      const auto begin = reinterpret_cast<uintptr_t>(p);
-      const uintptr_t first = (begin + kPage - 1) / kPage * kPage, last = (begin + n) / kPage * kPage;
-      if (last > first &&
-          madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED) != 0)  // NOLINT
+      const auto [range, len] = whole_pages(p, n);
+      if (len > 0 && madvise(range, len, MADV_DONTNEED) != 0)
         return sys_error("madvise(MADV_DONTNEED)", ledger_.tier(), errno);
     }
     suspended_.store(true);
@@ -303,21 +309,17 @@ class CpuDevice final : public Device {
   Status resume() override {
     if (!suspended_.load())
       return invalid_argument("%s: resume() while not suspended", ledger_.tier().c_str());
-    static const auto kPage = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
     for (const auto& [p, n] : ledger_.live()) {
-      const auto begin = reinterpret_cast<uintptr_t>(p);
-      const uintptr_t first = (begin + kPage - 1) / kPage * kPage, last = (begin + n) / kPage * kPage;
-      if (last <= first) continue;
-      void* range = reinterpret_cast<void*>(first);  // NOLINT(performance-no-int-to-ptr)
-      (void)madvise(range, last - first, MADV_HUGEPAGE);
+      const auto [range, len] = whole_pages(p, n);
+      if (len == 0) continue;
+      (void)madvise(range, len, MADV_HUGEPAGE);
 #ifdef MADV_POPULATE_WRITE
-      (void)madvise(range, last - first, MADV_POPULATE_WRITE);
+      (void)madvise(range, len, MADV_POPULATE_WRITE);
 #endif
     }
     suspended_.store(false);
     return Status::ok();
   }
-  bool suspended() const override { return suspended_.load(); }
   uint64_t high_water_bytes() const override { return ledger_.high_water(); }
 
   Result<std::unique_ptr<Stream>> create_stream() override {

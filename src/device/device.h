@@ -116,7 +116,6 @@ class Device {
     return unsupported("%s device: suspend() is not supported (it cannot keep addresses)", name().c_str());
   }
   virtual Status resume() { return unsupported("%s device: resume() is not supported", name().c_str()); }
-  virtual bool suspended() const { return false; }
 
   virtual Result<std::unique_ptr<Stream>> create_stream() = 0;
   virtual Result<std::unique_ptr<Event>> create_event() = 0;

@@ -12,7 +12,6 @@
 #include <algorithm>
 #include <cstring>
 
-#include "core/log.h"
 #include "core/units.h"
 #include "zero/engine_impl.h"
 
