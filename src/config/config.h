@@ -95,6 +95,11 @@ struct OptimizerConfig {
   // As in DeepSpeed, "Adam" means decoupled decay unless params.adam_w_mode is false; "AdamW"
   // is always decoupled. Use this, not `type`.
   bool adam_w_mode = true;
+  // optimizer.type "Muon" (DeepSpeed's names): the rate of the matrices Muon updates and of the
+  // parameters its auxiliary AdamW updates (each defaults to lr when lr is given, else to
+  // DeepSpeed's MuonWithAuxAdam defaults 0.02 and 3e-4), and Muon's momentum.
+  double muon_lr = 0.02, adam_lr = 3e-4;
+  double momentum = 0.95;
 
   bool operator==(const OptimizerConfig&) const = default;
 };

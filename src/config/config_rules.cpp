@@ -135,39 +135,67 @@ Status merge_state_format(Config* c) {
   return Status::ok();
 }
 
-// optimizer.params as DeepSpeed's Lion (lr, betas, weight_decay) and Adagrad (lr, eps,
-// weight_decay) take them: a key the type has not is refused (DeepSpeed's optimizer would not take
-// it either), and Adagrad's defaults are its own (lr 1e-2, eps 1e-10, as DeepSpeedCPUAdagrad and
-// torch.optim.Adagrad). Their states are fp32 or bf16 with an fp32 master: the low-bit formats
-// are AdamW's.
+// optimizer.params as DeepSpeed's Lion (lr, betas, weight_decay), Adagrad (lr, eps,
+// weight_decay) and Muon (lr, muon_lr, adam_lr, momentum, weight_decay, betas, eps) take them: a
+// key the type has not is refused (DeepSpeed's optimizer would not take it either), and the
+// defaults are each type's own: Adagrad lr 1e-2, eps 1e-10 (DeepSpeedCPUAdagrad, torch); Muon
+// DeepSpeed's MuonWithAuxAdam's (muon_lr 0.02 and adam_lr 3e-4, or lr for both where lr is given;
+// betas (0.9, 0.95), eps 1e-10). Their states are fp32 (or bf16 for Lion and Adagrad) with an
+// fp32 master: the low-bit formats are AdamW's.
 Status check_optimizer_params(const GivenKeys& g, Config* c) {
   OptimizerConfig& o = c->optimizer;
-  if (o.type != "Lion" && o.type != "Adagrad") return Status::ok();
-  const bool lion = o.type == "Lion";
-  const char* takes = lion ? "lr, betas and weight_decay" : "lr, eps and weight_decay";
-  for (const char* k : {lion ? "eps" : "betas", "adam_w_mode"}) {
-    if (!g.has(std::string("optimizer.params.") + k)) continue;
+  const bool lion = o.type == "Lion", adagrad = o.type == "Adagrad", muon = o.type == "Muon";
+  if (!muon) {
+    for (const char* k : {"muon_lr", "adam_lr", "momentum"}) {
+      if (!g.has(std::string("optimizer.params.") + k)) continue;
+      return invalid_argument("optimizer.params.%s is optimizer.type \"Muon\"'s; optimizer.type is \"%s\": remove it",
+                              k, o.type.c_str());
+    }
+  }
+  if (!lion && !adagrad && !muon) return Status::ok();
+  const char* takes = lion      ? "lr, betas and weight_decay"
+                      : adagrad ? "lr, eps and weight_decay"
+                                : "lr, muon_lr, adam_lr, momentum, weight_decay, betas and eps";
+  for (const char* k : {lion ? "eps" : adagrad ? "betas" : "", "adam_w_mode"}) {
+    if (*k == 0 || !g.has(std::string("optimizer.params.") + k)) continue;
     return invalid_argument(
         "optimizer.params.%s: optimizer.type \"%s\" has no %s (its params are %s, as in DeepSpeed): remove "
         "it",
         k, o.type.c_str(), k, takes);
   }
-  if (!lion) {
+  if (adagrad) {
     if (!g.has("optimizer.params.lr")) o.lr = 1e-2;
     if (!g.has("optimizer.params.eps")) o.eps = 1e-10;
   }
+  if (muon) {
+    const bool lr = g.has("optimizer.params.lr");
+    if (!g.has("optimizer.params.muon_lr")) o.muon_lr = lr ? o.lr : 0.02;
+    if (!g.has("optimizer.params.adam_lr")) o.adam_lr = lr ? o.lr : 3e-4;
+    if (!g.has("optimizer.params.betas")) o.beta1 = 0.9, o.beta2 = 0.95;
+    if (!g.has("optimizer.params.eps")) o.eps = 1e-10;
+  }
   const ZoeConfig& z = c->zoe;
-  if (z.optimizer_states != "fp32" && z.optimizer_states != "bf16") {
+  if (z.optimizer_states != "fp32" && (muon || z.optimizer_states != "bf16")) {
     return invalid_argument(
-        "zoe.optimizer_states \"%s\" with optimizer.type \"%s\": the low-bit states are AdamW's only; use "
-        "zoe.optimizer_states \"fp32\" or \"bf16\" with %s, or optimizer.type \"AdamW\"",
-        z.optimizer_states.c_str(), o.type.c_str(), o.type.c_str());
+        "zoe.optimizer_states \"%s\" with optimizer.type \"%s\": the low-bit states are AdamW's only%s; use "
+        "zoe.optimizer_states \"fp32\"%s with %s, or optimizer.type \"AdamW\"",
+        z.optimizer_states.c_str(), o.type.c_str(), muon ? " (and bf16 states Lion's and Adagrad's)" : "",
+        muon ? "" : " or \"bf16\"", o.type.c_str());
   }
   if (z.master_weights != "fp32") {
     return invalid_argument(
         "zoe.master_weights \"%s\" with optimizer.type \"%s\": %s updates an fp32 master only; use "
         "zoe.master_weights \"fp32\" with %s, or optimizer.type \"AdamW\"",
         z.master_weights.c_str(), o.type.c_str(), o.type.c_str(), o.type.c_str());
+  }
+  if (muon && (c->scheduler.type.size() != 0)) {
+    for (const char* k : {"muon_lr", "adam_lr"}) {
+      if (!g.has(std::string("optimizer.params.") + k)) continue;
+      ZOE_LOG_WARN(
+          "optimizer.params.%s: with scheduler.type \"%s\" every parameter group follows the schedule's rate "
+          "(as DeepSpeed's schedulers set each group's lr), so %s is not used; remove the scheduler to use it",
+          k, c->scheduler.type.c_str(), k);
+    }
   }
   return Status::ok();
 }

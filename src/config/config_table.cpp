@@ -148,6 +148,7 @@ constexpr Range kAbove0 = {0.0, 1e308, true, false};
 bool has_scheduler(const Config& c) { return !c.scheduler.type.empty(); }
 // The optimizer.params keys each optimizer.type has (config_rules.cpp refuses the others).
 bool is_adam(const Config& c) { return c.optimizer.type == "Adam" || c.optimizer.type == "AdamW"; }
+bool is_muon(const Config& c) { return c.optimizer.type == "Muon"; }
 bool has_betas(const Config& c) { return c.optimizer.type != "Adagrad"; }
 bool has_eps(const Config& c) { return c.optimizer.type != "Lion"; }
 bool has_total_steps(const Config& c) { return has_scheduler(c) && c.scheduler.total_num_steps != 0; }
@@ -288,14 +289,13 @@ void add_optimizer_fields(std::vector<Field>& t) {
   const std::monostate none;
   const Range fraction_open = {0.0, 1.0, false, true};
   Field type = choice("optimizer.type", ZOE_MEMBER(optimizer.type), "AdamW",
-                      {"Adam", "AdamW", "Lion", "Adagrad"}, true);
+                      {"Adam", "AdamW", "Lion", "Adagrad", "Muon"}, true);
   type.string_type_message = true;
   // DeepSpeed's other types, refused by name with what zoe offers instead (matched without regard
   // to case, as DeepSpeed matches them).
   const std::string instead =
-      "zoe runs optimizer.type \"AdamW\" (or \"Adam\"), \"Lion\" and \"Adagrad\", with zoe.optimizer_states "
-      "\"int8\" or \"int4\" (AdamW) or \"bf16\" for fewer optimizer bytes";
-  type.refused_values.emplace_back("Muon", "DeepSpeed's Muon is not in zoe yet; " + instead);
+      "zoe runs optimizer.type \"AdamW\" (or \"Adam\"), \"Lion\", \"Adagrad\" and \"Muon\", with "
+      "zoe.optimizer_states \"int8\" or \"int4\" (AdamW) or \"bf16\" for fewer optimizer bytes";
   for (const char* t8 : {"Lamb", "OneBitAdam", "ZeroOneAdam", "OneBitLamb"})
     type.refused_values.emplace_back(
         t8, std::string(t8) + " (a LAMB or 1-bit communication optimizer) is not in zoe; " + instead);
@@ -316,6 +316,11 @@ void add_optimizer_fields(std::vector<Field>& t) {
   t.push_back(number("optimizer.params.weight_decay", ZOE_MEMBER(optimizer.weight_decay), 0.0, kAtLeast0));
   t.push_back(
       boolean("optimizer.params.adam_w_mode", ZOE_MEMBER(optimizer.adam_w_mode), true).written_if(is_adam));
+  // Muon's (DeepSpeed's names; the rules give their defaults and refuse them with other types).
+  t.push_back(number("optimizer.params.muon_lr", ZOE_MEMBER(optimizer.muon_lr), 0.02, kAtLeast0).written_if(is_muon));
+  t.push_back(number("optimizer.params.adam_lr", ZOE_MEMBER(optimizer.adam_lr), 3e-4, kAtLeast0).written_if(is_muon));
+  t.push_back(number("optimizer.params.momentum", ZOE_MEMBER(optimizer.momentum), 0.95, fraction_open)
+                  .written_if(is_muon));
   t.push_back(boolean("optimizer.params.amsgrad", none, false).refuse("AMSGrad is not implemented"));
   t.push_back(
       boolean("optimizer.params.bias_correction", none, true).refuse("zoe's Adam always corrects the bias"));

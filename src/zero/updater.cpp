@@ -54,6 +54,9 @@ struct Updater::ChunkUpdater {
   optim::OptimizerKind kind = optim::OptimizerKind::kAdamW;
   optim::LionParams lp;     // kLion's (the step's lr)
   optim::AdagradParams gp;  // kAdagrad's
+  optim::MuonParams mp;     // kMuon's matrices (their gradient sums hold Muon's O: muon_prepass)
+  optim::AdamParams aux;    // kMuon's other parameters (the auxiliary AdamW)
+  const std::vector<std::vector<uint8_t>>* muon = nullptr;  // Updater::muon_
   optim::Exec exec;
   std::vector<char> out_stage;
   bool out_host = false;  // `out` is host memory whatever the module's home (a speculative update's)
@@ -213,10 +216,57 @@ struct Updater::ChunkUpdater {
     return kernel_dev ? ops->adagrad_step(a) : optim::adagrad_step(a, exec);
   }
 
-  // The kernel over the chunk: adam_step (the device's, or the CPU's), adam_step_lowbit, or Lion's
-  // or Adagrad's.
+  // Muon's chunk (host memory: the placement keeps Muon's states off a GPU): its matrices' elements
+  // p = p*(1 - lr*wd) - lr*O (O in `grad`, from muon_prepass), the others the auxiliary AdamW, each
+  // run of consecutive parameters of one kind in one call.
+  Status muon_kernel(ModuleId m, size_t begin, size_t n, void* master, void* ea, void* eas, const float* grad,
+                     void* param_out) {
+    const ModuleLayout& mod = (*modules)[m];
+    const std::vector<uint8_t>& flags = (*muon)[m.index];
+    const size_t lo = mod.opt_begin + begin, es = shape->esize();
+    float* p = static_cast<float*>(master);
+    auto run = [&](size_t a, size_t b, bool is_muon) -> Status {
+      if (a >= b) return Status::ok();
+      void* out = param_out ? static_cast<char*>(param_out) + a * es : nullptr;
+      if (is_muon) {
+        optim::muon_apply(p + a, grad + a, b - a, mp);
+        if (!out) return Status::ok();
+        return optim::convert_with_norm(p + a, DType::kF32, out, shape->cdt, b - a, false).status();
+      }
+      optim::AdamArgs x;
+      x.buf.n = b - a;
+      x.buf.param = p + a;
+      x.buf.grad = grad + a;
+      x.buf.grad_dtype = DType::kF32;
+      x.buf.exp_avg = static_cast<float*>(ea) + a;
+      x.buf.exp_avg_sq = static_cast<float*>(eas) + a;
+      x.buf.state_dtype = DType::kF32;
+      x.buf.param_out = out;
+      x.buf.param_out_dtype = shape->cdt;
+      x.params = aux;
+      x.step = as;
+      return optim::adam_step(x, exec);
+    };
+    size_t adam_from = 0;  // the start of the AdamW run not yet updated
+    for (size_t q = 0; q < mod.specs.size(); ++q) {
+      const size_t b = std::max(lo, mod.offset[q]), e = std::min(lo + n, mod.offset[q] + mod.numel[q]);
+      if (b >= e || !flags[q]) continue;
+      ZOE_RETURN_IF_ERROR(run(adam_from, b - lo, false));
+      ZOE_RETURN_IF_ERROR(run(b - lo, e - lo, true));
+      adam_from = e - lo;
+    }
+    return run(adam_from, n, false);  // and the padding after the last parameter
+  }
+
+  // The kernel over the chunk: adam_step (the device's, or the CPU's), adam_step_lowbit, or Lion's,
+  // Adagrad's or Muon's.
   Status kernel(ModuleId m, size_t begin, size_t n, void* master, void* ea, void* eas, const float* grad,
                 void* param_out, bool kernel_dev) {
+    if (kind == optim::OptimizerKind::kMuon) {
+      Status s = muon_kernel(m, begin, n, master, ea, eas, grad, param_out);
+      if (!s.is_ok()) return s.with_context("updating the optimizer states of module " + (*modules)[m].name);
+      return s;
+    }
     if (kind != optim::OptimizerKind::kAdamW) {
       if (lowbit)
         return invalid_argument("%s updates fp32 or bf16 states with an fp32 master only",
@@ -334,6 +384,17 @@ Updater::ChunkUpdater Updater::make_updater(DeviceOps* ops, optim::CpuPool* pool
   up.lp.beta2 = up.ap.beta2;
   up.lp.weight_decay = up.gp.weight_decay = up.ap.weight_decay;
   up.gp.eps = up.ap.eps;
+  if (up.kind == optim::OptimizerKind::kMuon) {
+    // Without a scheduler each group has its own rate; DeepSpeed's schedulers set every group's.
+    const bool sched = !cfg.scheduler.type.empty();
+    up.mp.lr = static_cast<float>(sched ? lr : cfg.optimizer.muon_lr);
+    up.mp.momentum = static_cast<float>(cfg.optimizer.momentum);
+    up.mp.weight_decay = up.ap.weight_decay;
+    up.aux = up.ap;
+    up.aux.lr = static_cast<float>(sched ? lr : cfg.optimizer.adam_lr);
+    up.aux.adamw = true;
+    up.muon = &muon_;
+  }
   up.as.step = step_no;
   up.as.grad_scale = scale;
   up.untouched = untouched_;
@@ -354,6 +415,9 @@ Status Updater::speculate(ModuleId m, const std::vector<uint8_t>& untouched) {
   const ModuleLayout& mod = modules_[m];
   OptimStates& st = states_[m.index];
   if (st.speculated) unspeculate(m);
+  // Muon's update needs the whole step's orthogonalization first (muon_prepass): no speculation
+  // (the config's rules say so once).
+  if (r_.optimizer == optim::OptimizerKind::kMuon) return Status::ok();
   if (mod.opt_home != Tier::kHost || !st.spec_save || mod.opt_n == 0) return Status::ok();
   const size_t n = mod.opt_n, sbytes = state_size(OptState::kExpAvg, n),
                mbytes = state_size(OptState::kMaster, n);
@@ -527,6 +591,7 @@ void Updater::start_thread(ChunkUpdater up) {
 Status Updater::apply(float grad_scale, double lr) {
   // Sums still held: a module whose last micro-batch never came (the caller reduced it fewer times).
   ZOE_RETURN_IF_ERROR(flush_held());
+  ZOE_RETURN_IF_ERROR(muon_prepass(grad_scale));
   steps_++;
   // The optimizer over every module's owned range: behind the caller's next forward when the device's
   // memory is host memory (zoe.overlap_step), else here.

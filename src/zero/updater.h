@@ -1,5 +1,6 @@
 // The update: each module's optimizer states and fp32 gradient accumulator (on the device, in
-// host RAM or on NVMe through the swapper), the optimizer (AdamW, Lion or Adagrad: optimizer.type)
+// host RAM or on NVMe through the swapper), the optimizer (AdamW, Lion, Adagrad or Muon:
+// optimizer.type)
 // over this rank's owned ranges with the step's scale, the new compute parameters written to their homes
 // (ParamHomes), the speculative step and the overlapped update thread. Also the loss scaler and the count of
 // steps taken.
@@ -16,6 +17,14 @@
 //    during the backward as if the step will neither clip nor overflow, saving its states
 //    first; settle_speculation() keeps those updates when the step's scale is the assumed one,
 //    else puts the states back. unspeculate_all() before anything reads the states.
+//  - Muon (updater_muon.cpp) orthogonalizes each WHOLE matrix, never a flat shard: apply() first
+//    runs muon_prepass() on the caller's thread (every rank, the same order: it gathers): per
+//    module, the momentum of the matrices' owned elements, the module's U = nesterov(g, buf)
+//    gathered from the ranks (all_gather, 4 bytes an element), Newton-Schulz on each matrix that
+//    overlaps this rank's range, and the owned part of the result written where the gradient sum
+//    was. The chunked pass then applies it (and the auxiliary AdamW to the other parameters).
+//    Costs beside AdamW's: the module's gradient sums and momentum read and written once more
+//    (NVMe: 16 bytes an owned element), the gather, and NS's flops (optim/muon.h).
 #pragma once
 
 #include <memory>
@@ -29,6 +38,7 @@
 #include "optim/adam.h"
 #include "optim/lion_adagrad.h"
 #include "optim/lowbit.h"
+#include "optim/muon.h"
 #include "optim/optimizer_kind.h"
 #include "zero/grad_sink.h"
 #include "zero/home_views.h"
@@ -176,6 +186,16 @@ class Updater final : public GradSink {
   size_t swap_index(OptState k) const {
     return k == OptState::kMaster ? kMasterState : k == OptState::kExpAvg ? kAvgState : kAvgSqState;
   }
+  // updater_muon.cpp: Muon's whole-matrix phase (see the contract above), before the update.
+  void init_muon();
+  Status muon_prepass(float grad_scale);
+  Status muon_module(ModuleId m, float grad_scale, const optim::MuonParams& mp);
+  // Per module, per parameter: 1 where Muon updates it (a matrix: 2 or more dimensions, and its
+  // name, "<module>.<param>", contains neither "embed" nor "lm_head", as DeepSpeed tags use_muon);
+  // the rest get the auxiliary AdamW. Empty unless optimizer.type is Muon.
+  std::vector<std::vector<uint8_t>> muon_;
+  std::vector<float> muon_g_, muon_buf_, muon_u_, muon_full_, muon_o_;  // muon_prepass's
+  bool muon_flat_shard_ = false;  // the test hook ZOE_TEST_MUON_FLAT_SHARD (updater_muon.cpp)
   // updater_states.cpp
   Result<const void*> host_view(const void* dsrc, size_t bytes);
   Status add_grads_nvme(ModuleId m, const GradBatch& b, const optim::Exec& exec);

@@ -28,6 +28,7 @@ Updater::Updater(const RunShape& shape, const ModuleTable& modules, UpdateTarget
   kAvgState = i++;
   kAvgSqState = state_count() == 2 ? i++ : kNoState;
   kGradState = i;
+  if (r_.optimizer == optim::OptimizerKind::kMuon) init_muon();
   // The test hook (updater.h): ZOE_TEST_FLIP_GRAD_SUM="<module>@<step>".
   if (const char* e = getenv("ZOE_TEST_FLIP_GRAD_SUM")) {
     const std::string v = e;
