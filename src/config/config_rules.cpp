@@ -188,6 +188,11 @@ Status check_optimizer_params(const GivenKeys& g, Config* c) {
         "zoe.master_weights \"fp32\" with %s, or optimizer.type \"AdamW\"",
         z.master_weights.c_str(), o.type.c_str(), o.type.c_str(), o.type.c_str());
   }
+  if (muon && z.speculative_step) {
+    ZOE_LOG_WARN(
+        "zoe.speculative_step: not used with optimizer.type \"Muon\" (its update orthogonalizes each matrix "
+        "from the whole step's gradients, so no module can be updated during the backward); set it to false");
+  }
   if (muon && (c->scheduler.type.size() != 0)) {
     for (const char* k : {"muon_lr", "adam_lr"}) {
       if (!g.has(std::string("optimizer.params.") + k)) continue;

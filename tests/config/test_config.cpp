@@ -316,9 +316,7 @@ TEST(Config, WrongValuesNameKeyValueAndAllowed) {
   EXPECT_HAS(
       parse_error(R"({"optimizer": {"type": "Lamb"}})"),
       "optimizer.type: \"Lamb\" is refused: Lamb (a LAMB or 1-bit communication optimizer) is not in zoe; "
-      "zoe runs optimizer.type \"AdamW\" (or \"Adam\"), \"Lion\" and \"Adagrad\"");
-  EXPECT_HAS(parse_error(R"({"optimizer": {"type": "MUON"}})"),
-             "optimizer.type: \"MUON\" is refused: DeepSpeed's Muon is not in zoe yet");
+      "zoe runs optimizer.type \"AdamW\" (or \"Adam\"), \"Lion\", \"Adagrad\" and \"Muon\"");
   EXPECT_HAS(parse_error(R"({"optimizer": {"type": "OneBitAdam"}})"), "\"OneBitAdam\" is refused");
   EXPECT_HAS(parse_error(R"({"optimizer": {"type": "muadamw"}})"), "\"muadamw\" is refused: MuAdamW (muP's");
   EXPECT_HAS(parse_error(R"({"optimizer": {"type": "SGD"}})"),
@@ -509,6 +507,37 @@ TEST(Config, LoadNamesThePath) {
   auto ok = Config::load(dir.file("ok.json"), 4);
   ASSERT_OK(ok);
   EXPECT_EQ(ok->zero.stage, 2);
+}
+
+// Muon with DeepSpeed's names: lr sets both groups' rates unless muon_lr / adam_lr do; without lr,
+// MuonWithAuxAdam's defaults; the aux AdamW's betas and eps defaults are DeepSpeed's; Muon's keys
+// with another type, another type's keys with Muon, and low-bit or bf16 states are refused by name.
+TEST(Config, MuonTakesDeepSpeedsParams) {
+  auto lr = Config::parse(R"({"optimizer": {"type": "MUON", "params": {"lr": 0.01, "adam_lr": 0.001}}})");
+  ASSERT_OK(lr);
+  EXPECT_EQ(lr->optimizer.type, "Muon");
+  EXPECT_EQ(lr->optimizer.muon_lr, 0.01);
+  EXPECT_EQ(lr->optimizer.adam_lr, 0.001);
+  EXPECT_EQ(lr->optimizer.momentum, 0.95);
+  EXPECT_EQ(lr->optimizer.beta2, 0.95);
+  EXPECT_EQ(lr->optimizer.eps, 1e-10);
+  auto none = Config::parse(R"({"optimizer": {"type": "muon"}})");
+  ASSERT_OK(none);
+  EXPECT_EQ(none->optimizer.muon_lr, 0.02);
+  EXPECT_EQ(none->optimizer.adam_lr, 3e-4);
+  EXPECT_HAS(parse_error(R"({"optimizer": {"type": "AdamW", "params": {"momentum": 0.9}}})"),
+             "optimizer.params.momentum is optimizer.type \"Muon\"'s; optimizer.type is \"AdamW\": remove it");
+  EXPECT_HAS(parse_error(R"({"optimizer": {"type": "Muon", "params": {"adam_w_mode": false}}})"),
+             "optimizer.params.adam_w_mode: optimizer.type \"Muon\" has no adam_w_mode");
+  EXPECT_HAS(parse_error(R"({"optimizer": {"type": "Muon"}, "zoe": {"optimizer_states": "bf16"}})"),
+             "zoe.optimizer_states \"bf16\" with optimizer.type \"Muon\"");
+  EXPECT_HAS(parse_error(R"({"optimizer": {"type": "Muon", "params": {"momentum": 1.0}}})"),
+             "optimizer.params.momentum: 1.0 is out of range");
+  for (const Config* c : {&lr.value(), &none.value()}) {  // written back and read back the same
+    auto back = Config::parse(c->to_json());
+    ASSERT_OK(back);
+    EXPECT_TRUE(back.value() == *c) << c->to_json();
+  }
 }
 
 // Lion and Adagrad with DeepSpeed's names (any case), params and defaults; a key the type has not,
