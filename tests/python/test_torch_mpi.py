@@ -88,6 +88,10 @@ def worker(out_dir, mode):
         if mode == "adagrad":
             # eps 2^-10: test_torch_optimizers.py says why (the key bias's rounding-noise gradients).
             c["optimizer"] = {"type": "Adagrad", "params": {"lr": 2.0 ** -7, "eps": 2.0 ** -10}}
+        if mode.startswith("muon"):
+            c["optimizer"] = {"type": "Muon", "params": {"muon_lr": 0.02, "adam_lr": 3e-3, "weight_decay": 0.1}}
+            if mode == "muon-flat-shard":  # Newton-Schulz on each rank's flat shard (the test hook)
+                os.environ["ZOE_TEST_MUON_FLAT_SHARD"] = "1"
         eng = zoe.initialize(make_model("gpt"), config=c)
     losses = []
     for k in range(STEPS):
@@ -130,9 +134,11 @@ def run_workers(tmp_path, mode, one_rank=False):
     assert p.returncode == 0, p.stderr[-3000:]
 
 
-@pytest.mark.parametrize("mode", ["gpt", "experts", "adagrad"])
+@pytest.mark.parametrize("mode", ["gpt", "experts", "adagrad", "muon"])
 def test_two_ranks_match_one(mode, tmp_path):
     """mode adagrad: optimizer.type Adagrad at stage 3 on NVMe (its state is one per parameter).
+    mode muon: optimizer.type Muon at stage 3 on NVMe: each matrix straddles the two ranks'
+    partitions, and Newton-Schulz runs on the whole matrix gathered from both.
     mode experts: an expert gets a gradient on one rank only in some steps, on none in others,
     and the embedding is frozen: the ranks agree on which parameters a step leaves as they are
     (each rank owns part of both experts' states at stage 2)."""
@@ -151,6 +157,18 @@ def test_two_ranks_match_one(mode, tmp_path):
     for n, w in one["weights"].items():
         diffs += [abs(a - b) for a, b in zip(w, r0["weights"][n])]
     assert max(diffs) <= 2e-4 and sum(diffs) / len(diffs) <= 2e-5
+
+
+def test_muon_on_flat_shards_leaves_the_one_rank_run(tmp_path):
+    """What DeepSpeed's offloaded Muon computes (RFC #8463: each rank orthogonalizes its flattened
+    shard; zoe's test hook ZOE_TEST_MUON_FLAT_SHARD does the same) leaves the one-rank run by far
+    more than the 2e-4 that test_two_ranks_match_one allows: that test would catch the bug."""
+    run_workers(tmp_path, "muon", one_rank=True)
+    run_workers(tmp_path, "muon-flat-shard")
+    one = json.loads((tmp_path / "muon-w1-r0.json").read_text())
+    flat = json.loads((tmp_path / "muon-flat-shard-w2-r0.json").read_text())
+    worst = max(abs(a - b) for n, w in one["weights"].items() for a, b in zip(w, flat["weights"][n]))
+    assert worst > 1e-2, worst
 
 
 def test_two_ranks_that_sleep_after_every_step_give_the_bits_of_never_sleeping(tmp_path):
