@@ -41,6 +41,10 @@ json TrainRun::summary_json() const {
   j["gradient_accumulation_steps"] = accum;
   j["schedule"] = eng->schedule();
   j["lr"] = cfg.lr();
+  if (eng->optimizer() == "Muon") {  // the matrices' rate, and the auxiliary AdamW's
+    if (auto v = cfg.get_double("optimizer.params.muon_lr"); v.is_ok()) j["lr"] = v.value();
+    if (auto v = cfg.get_double("optimizer.params.adam_lr"); v.is_ok()) j["adam_lr"] = v.value();
+  }
   j["data"] = corpus.name;
   j["model_state_bytes"] = eng->model_state_bytes();
   j["optimizer"] = eng->optimizer();

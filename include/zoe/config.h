@@ -47,7 +47,7 @@ class Config {
       int64_t n);                        // gradient_accumulation_steps (train_batch_size follows)
   Status set_precision(ComputeDType d);  // bf16.enabled / fp16.enabled
   Status set_lr(double lr);              // optimizer.params.lr
-  // optimizer.type ("AdamW", "Adam", "Lion", "Adagrad"; any case): the params the config did not
+  // optimizer.type ("AdamW", "Adam", "Lion", "Adagrad", "Muon"; any case): the params the config did not
   // give take the new type's defaults; a param it gave that the type has not is an error naming it.
   // set("optimizer.type", ...) does the same.
   Status set_optimizer(const std::string& type);
@@ -171,7 +171,7 @@ class Config::Builder {
   Builder& gradient_accumulation_steps(int64_t n);
   Builder& precision(ComputeDType d);
   Builder& stage(int stage);
-  // optimizer.type: "AdamW" (the default), "Adam", "Lion" or "Adagrad" (any case); lr() and
+  // optimizer.type: "AdamW" (the default), "Adam", "Lion", "Adagrad" or "Muon" (any case); lr() and
   // weight_decay() keep the type set here (AdamW when none is).
   Builder& optimizer(const std::string& type);
   Builder& lr(double lr);

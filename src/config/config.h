@@ -217,6 +217,14 @@ struct Config {
   // The learning rate of optimizer update `step` (1-based): lr_at_step (lr_schedule.h) of the
   // scheduler section, optimizer.lr without a scheduler.
   double lr_at(int64_t step) const { return lr_at_step(scheduler, optimizer.lr, step); }
+  // optimizer.type "Muon": the rate of update `step` of a parameter group whose own rate is `base`
+  // (optimizer.muon_lr for the matrices, adam_lr for the rest): `base`, shaped by the scheduler
+  // when there is one (base x the schedule's rate / its peak, warmup_max_lr). DeepSpeed's
+  // schedulers instead write the schedule's rate into every group, which would drop both keys.
+  double group_lr_at(int64_t step, double base) const {
+    if (scheduler.type.empty()) return base;
+    return scheduler.warmup_max_lr > 0 ? base * lr_at(step) / scheduler.warmup_max_lr : 0.0;
+  }
   // The schedule at DeepSpeed's last_batch_iteration `iteration` (>= 0; below 0: warmup_min_lr).
   double lr_at_iteration(int64_t iteration) const {
     return config::lr_at_iteration(scheduler, optimizer.lr, iteration);

@@ -193,15 +193,6 @@ Status check_optimizer_params(const GivenKeys& g, Config* c) {
         "zoe.speculative_step: not used with optimizer.type \"Muon\" (its update orthogonalizes each matrix "
         "from the whole step's gradients, so no module can be updated during the backward); set it to false");
   }
-  if (muon && (c->scheduler.type.size() != 0)) {
-    for (const char* k : {"muon_lr", "adam_lr"}) {
-      if (!g.has(std::string("optimizer.params.") + k)) continue;
-      ZOE_LOG_WARN(
-          "optimizer.params.%s: with scheduler.type \"%s\" every parameter group follows the schedule's rate "
-          "(as DeepSpeed's schedulers set each group's lr), so %s is not used; remove the scheduler to use it",
-          k, c->scheduler.type.c_str(), k);
-    }
-  }
   return Status::ok();
 }
 

@@ -165,6 +165,9 @@ Result<StepStats> Engine::step() {
   StepStats st;
   st.grad_norm = sc.grad_norm;
   st.lr = I.ctx.cfg->lr_at(I.update->steps() + 1);
+  // Muon: the matrices' rate (optimizer.params.muon_lr's; the rest's is adam_lr's).
+  if (I.update->optimizer() == optim::OptimizerKind::kMuon)
+    st.lr = I.ctx.cfg->group_lr_at(I.update->steps() + 1, I.ctx.cfg->optimizer.muon_lr);
   ZOE_ASSIGN_OR_RETURN(auto untouched, untouched_params(I));
   I.update->set_untouched(std::move(untouched));
   I.update->settle_speculation(sc.overflow, sc.grad_scale, &st);

@@ -385,13 +385,12 @@ Updater::ChunkUpdater Updater::make_updater(DeviceOps* ops, optim::CpuPool* pool
   up.lp.weight_decay = up.gp.weight_decay = up.ap.weight_decay;
   up.gp.eps = up.ap.eps;
   if (up.kind == optim::OptimizerKind::kMuon) {
-    // Without a scheduler each group has its own rate; DeepSpeed's schedulers set every group's.
-    const bool sched = !cfg.scheduler.type.empty();
-    up.mp.lr = static_cast<float>(sched ? lr : cfg.optimizer.muon_lr);
+    // Each group's own rate, shaped by the scheduler when there is one (Config::group_lr_at).
+    up.mp.lr = static_cast<float>(cfg.group_lr_at(step_no, cfg.optimizer.muon_lr));
     up.mp.momentum = static_cast<float>(cfg.optimizer.momentum);
     up.mp.weight_decay = up.ap.weight_decay;
     up.aux = up.ap;
-    up.aux.lr = static_cast<float>(sched ? lr : cfg.optimizer.adam_lr);
+    up.aux.lr = static_cast<float>(cfg.group_lr_at(step_no, cfg.optimizer.adam_lr));
     up.aux.adamw = true;
     up.muon = &muon_;
   }

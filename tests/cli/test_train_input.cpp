@@ -104,6 +104,12 @@ TEST(TrainInput, OptimizerFlagPicksTheUpdate) {
   ASSERT_FALSE(j.is_null());
   EXPECT_EQ(j["optimizer"], "Adagrad");
   EXPECT_EQ(j["lr"], 0.01);  // DeepSpeed's Adagrad default without --lr
+  j = run_json("--optimizer Muon --offload nvme --nvme-path " + zoe::test::ScratchDir("nvme").path(), 3);
+  ASSERT_FALSE(j.is_null());
+  EXPECT_EQ(j["optimizer"], "Muon");
+  EXPECT_EQ(j["optimizer_state_bytes_per_param"], 12.0);  // momentum, and the aux AdamW's m and v
+  EXPECT_EQ(j["lr"], 0.02);                               // the matrices' rate without --lr
+  EXPECT_LT(j["losses"].back().get<double>(), j["losses"][0].get<double>());
   j = run_json("", 1);
   ASSERT_FALSE(j.is_null());
   EXPECT_EQ(j["optimizer"], "AdamW");
@@ -415,7 +421,7 @@ TEST(TrainInput, BadFlagValuesAreUsageErrors) {
       {"--seed 18446744073709551616", "--seed 18446744073709551616 is not an unsigned integer"},
       {"--offload disk", "--offload disk is not none, cpu or nvme"},
       {"--optimizer-states int2", "--optimizer-states int2 is not fp32, bf16, int8 or int4"},
-      {"--optimizer sgd", "--optimizer sgd is not adamw, lion or adagrad"},
+      {"--optimizer sgd", "--optimizer sgd is not adamw, lion, adagrad or muon"},
       {"--master-weights fp16", "--master-weights fp16 is not fp32 or bf16 (an fp16 master cannot hold"},
       {"--device-budget lots", "--device-budget lots is not a byte size"},
       {"--host-budget lots", "--host-budget lots is not a byte size"},

@@ -533,6 +533,17 @@ TEST(Config, MuonTakesDeepSpeedsParams) {
              "zoe.optimizer_states \"bf16\" with optimizer.type \"Muon\"");
   EXPECT_HAS(parse_error(R"({"optimizer": {"type": "Muon", "params": {"momentum": 1.0}}})"),
              "optimizer.params.momentum: 1.0 is out of range");
+  // A scheduler shapes each group's own rate: base x its rate / its peak (warmup_max_lr).
+  auto sched = Config::parse(R"({"optimizer": {"type": "Muon", "params": {"muon_lr": 0.02, "adam_lr": 0.001}},
+    "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 0.01,
+                  "warmup_num_steps": 10, "warmup_type": "linear"}}})");
+  ASSERT_OK(sched);
+  for (int64_t step = 1; step <= 12; ++step) {
+    EXPECT_DOUBLE_EQ(sched->group_lr_at(step, 0.02), 0.02 * sched->lr_at(step) / 0.01) << step;
+    EXPECT_DOUBLE_EQ(sched->group_lr_at(step, 0.001), 0.001 * sched->lr_at(step) / 0.01) << step;
+  }
+  EXPECT_DOUBLE_EQ(sched->group_lr_at(50, 0.02), 0.02);  // at the peak: the group's own rate
+  EXPECT_DOUBLE_EQ(none->group_lr_at(50, 0.02), 0.02);   // no scheduler
   for (const Config* c : {&lr.value(), &none.value()}) {  // written back and read back the same
     auto back = Config::parse(c->to_json());
     ASSERT_OK(back);
