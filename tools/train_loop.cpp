@@ -254,6 +254,7 @@ void TrainRun::record_step(double step_wall) {
                         {"comm", last.t_comm},
                         {"io_stall", last.t_io_stall},
                         {"optimizer", last.t_optimizer},
+                        {"newton_schulz", last.t_newton_schulz},
                         {"wall", step_wall}});
   per_param.push_back(link_json(last.per_param_nvme_read, last.per_param_nvme_write,
                                 last.per_param_host_to_device, last.per_param_device_to_host));

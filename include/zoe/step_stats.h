@@ -29,6 +29,8 @@ using TierBytesArray = uint64_t[3];
   X(double, t_update_overlapped, 0.0,                                                                        \
     "the previous step's update on its own thread, behind this step's forward (zoe.overlap_step); 0 "        \
     "when serial")                                                                                           \
+  X(double, t_newton_schulz, 0.0,                                                                            \
+    "optimizer.type Muon: of t_optimizer, the seconds in Newton-Schulz (the matrices' orthogonalization)")   \
   X(TierBytesArray, high_water, {}, "high-water marks, bytes: device, host, nvme")                           \
   /* Bytes moved since initialize(): NVMe reads and writes (every tier's), host -> device and                \
      device -> host (parameter partitions, including those streamed from/to NVMe). */                        \

@@ -13,6 +13,7 @@ void StepClock::collect(const ResourceReadings& r, uint64_t t_enter, uint64_t pa
   st->t_io_stall = t_io;
   st->t_optimizer = t_opt;
   st->t_update_overlapped = t_opt_overlapped;
+  st->t_newton_schulz = t_newton_schulz;
   st->t_compute = std::max(0.0, wall - in_engine);
   st->high_water[0] = r.device_high_water;
   st->high_water[1] = r.host_high_water;
@@ -37,7 +38,7 @@ void StepClock::collect(const ResourceReadings& r, uint64_t t_enter, uint64_t pa
   st->gathers_prefetched = gathers_prefetched;
   st->gathers_on_demand = gathers_on_demand;
   gathers_prefetched = gathers_on_demand = 0;
-  t_comm = t_io = t_opt = t_engine = t_opt_overlapped = 0;
+  t_comm = t_io = t_opt = t_engine = t_opt_overlapped = t_newton_schulz = 0;
   last_step_ns = now;
 }
 

@@ -33,6 +33,7 @@ struct ResourceReadings {
 struct StepClock {
   double t_comm = 0, t_io = 0, t_opt = 0, t_engine = 0;
   double t_opt_overlapped = 0;  // the previous overlapped update's time on its thread
+  double t_newton_schulz = 0;   // Muon's orthogonalization (part of t_opt)
   uint64_t gathers_prefetched = 0, gathers_on_demand = 0;
   // The link counters at the previous step() (NVMe read, NVMe write, host->device, device->host).
   uint64_t last_link_bytes[4] = {0, 0, 0, 0};

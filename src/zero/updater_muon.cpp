@@ -106,6 +106,7 @@ Status Updater::muon_module(ModuleId m, float grad_scale, const optim::MuonParam
   }
   optim::Exec exec;
   exec.pool = r_.pool;
+  const uint64_t t0 = now_ns();
   for (size_t p = 0; p < flags.size(); ++p) {
     if (!flags[p] || (p < untouched.size() && untouched[p])) continue;
     const auto [b, e] = owned_part(mod, p, lo, n);
@@ -119,6 +120,7 @@ Status Updater::muon_module(ModuleId m, float grad_scale, const optim::MuonParam
     ZOE_RETURN_IF_ERROR(optim::newton_schulz(U + mod.offset[p], rows, cols, mp, muon_o_.data(), exec));
     memcpy(g + b, muon_o_.data() + (lo + b - mod.offset[p]), (e - b) * sizeof(float));
   }
+  clock_.t_newton_schulz += static_cast<double>(now_ns() - t0) * 1e-9;
   if (nvme) ZOE_RETURN_IF_ERROR(r_.swapper->write_state(swap_group(m), kGradState, g, 0, n));
   return Status::ok();
 }

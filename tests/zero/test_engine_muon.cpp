@@ -4,7 +4,8 @@
 // that runs Newton-Schulz on each whole matrix (optim/muon.h) and the auxiliary AdamW on the
 // biases, over the same gradients; overlapped and serial updates agree; a step without gradients
 // leaves a module as it was; Newton-Schulz on a flat shard (the test hook ZOE_TEST_MUON_FLAT_SHARD,
-// what an engine that runs Muon on its flattened ZeRO partitions computes) leaves the reference.
+// what an engine that runs Muon on its flattened ZeRO partitions computes) leaves the reference; a
+// checkpoint resumes bit for bit and an AdamW engine refuses it (the same two states, another update).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -59,12 +60,19 @@ std::string make_config(const Placement& pl, const std::string& nvme, const MlpS
          extra + "}}";
 }
 
+Result<std::unique_ptr<Engine>> make_engine(const Placement& pl, const MlpSpec& s, const std::string& nvme,
+                                            const std::string& extra = "") {
+  Runtime& rt = test::shared_runtime();
+  ZOE_ASSIGN_OR_RETURN(auto cfg, config::Config::parse(make_config(pl, nvme, s, extra), rt.world_size()));
+  ZOE_ASSIGN_OR_RETURN(auto e, zero::create_engine(rt, cfg));
+  ZOE_RETURN_IF_ERROR(test::register_mlp(*e, s));
+  return e;
+}
+
 Result<std::vector<Layer>> train(const Placement& pl, const MlpSpec& s, int steps, const std::string& extra = "") {
   Runtime& rt = test::shared_runtime();
   test::ScratchDir nvme("nvme");
-  ZOE_ASSIGN_OR_RETURN(auto cfg, config::Config::parse(make_config(pl, nvme.path(), s, extra), rt.world_size()));
-  ZOE_ASSIGN_OR_RETURN(auto e, zero::create_engine(rt, cfg));
-  ZOE_RETURN_IF_ERROR(test::register_mlp(*e, s));
+  ZOE_ASSIGN_OR_RETURN(auto e, make_engine(pl, s, nvme.path(), extra));
   EXPECT_EQ(e->optimizer(), "Muon");
   std::vector<Layer> out;
   ZOE_RETURN_IF_ERROR(test::engine_train(*e, s, rt.rank(), rt.world_size(), steps, &out));
@@ -256,6 +264,62 @@ TEST(MuonEngine, MatricesAreTheParametersDeepSpeedGivesMuon) {
     ASSERT_OK(test::engine_train(*e, s, rt.rank(), rt.world_size(), 2, &out[i]));
   }
   EXPECT_TRUE(identical(out[0], out[1])) << max_diff(out[0], out[1]);
+}
+
+// Rank 0's directory on every rank.
+std::string rank0_dir(const std::string& mine) {
+  Runtime& rt = test::shared_runtime();
+  std::string dir = mine;
+  int64_t len = static_cast<int64_t>(dir.size());
+  EXPECT_OK(zero::runtime_comm(rt).broadcast(&len, 1, comm::CommType::kI64, 0).wait());
+  dir.resize(static_cast<size_t>(len));
+  EXPECT_OK(zero::runtime_comm(rt).broadcast(dir.data(), dir.size(), comm::CommType::kU8, 0).wait());
+  return dir;
+}
+
+TEST(MuonCheckpoint, ResumeIsBitIdenticalAndAnAdamWEngineRefusesIt) {
+  Runtime& rt = test::shared_runtime();
+  MlpSpec s = muon_spec();
+  s.d = 64;
+  for (const Placement& pl : {Placement{0, "none", "none"}, Placement{2, "cpu", "none"}, Placement{3, "nvme", "nvme"}}) {
+    SCOPED_TRACE(describe(pl, ""));
+    test::ScratchDir nv("nvme"), ck("ckpt");
+    const std::string dir = rank0_dir(ck.path());
+    std::vector<Layer> whole, first, second;
+    {
+      auto e = make_engine(pl, s, nv.path());
+      ASSERT_OK(e);
+      ASSERT_OK(test::engine_train(*e.value(), s, rt.rank(), rt.world_size(), 3, &whole));
+    }
+    {
+      auto e = make_engine(pl, s, nv.path());
+      ASSERT_OK(e);
+      ASSERT_OK(test::engine_train(*e.value(), s, rt.rank(), rt.world_size(), 2, &first));
+      ASSERT_OK(e.value()->save(dir, "step-2", "{}"));
+    }
+    {
+      auto e = make_engine(pl, s, nv.path());
+      ASSERT_OK(e);
+      ASSERT_OK(e.value()->load(dir));
+      ASSERT_OK(test::engine_train(*e.value(), s, rt.rank(), rt.world_size(), 3, &second, nullptr, -1, 1, 2));
+      EXPECT_TRUE(identical(second, whole)) << max_diff(second, whole);
+    }
+    auto cfg = config::Config::parse(
+        "{\"train_micro_batch_size_per_gpu\": 4, \"zero_optimization\": {\"stage\": " + std::to_string(pl.stage) +
+            "}, \"zoe\": {\"device_budget\": \"64MiB\"}}",
+        rt.world_size());
+    ASSERT_OK(cfg);
+    auto adamw = zero::create_engine(rt, cfg.value());
+    ASSERT_OK(adamw);
+    ASSERT_OK(test::register_mlp(*adamw.value(), s));
+    auto loaded = adamw.value()->load(dir);
+    ASSERT_FALSE(loaded.is_ok());
+    EXPECT_NE(loaded.status().message().find(
+                  "optimizer.type \"Muon\", and this engine runs optimizer.type \"AdamW\""),
+              std::string::npos)
+        << loaded.status().message();
+    ASSERT_OK(zero::runtime_comm(rt).barrier());
+  }
 }
 
 }  // namespace
