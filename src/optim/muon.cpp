@@ -89,6 +89,10 @@ void muon_apply(float* param, const float* o, size_t n, const MuonParams& p) {
   for (size_t i = 0; i < n; ++i) param[i] = param[i] * decay - p.lr * o[i];
 }
 
+bool is_muon_matrix(const std::string& full_name, size_t dims) {
+  return dims >= 2 && full_name.find("embed") == std::string::npos && full_name.find("lm_head") == std::string::npos;
+}
+
 double newton_schulz_flops(size_t rows, size_t cols, int ns_steps) {
   const double r = static_cast<double>(std::min(rows, cols)), c = static_cast<double>(std::max(rows, cols));
   return ns_steps * (2.0 * r * r * c + 2.0 * r * r * r + 2.0 * r * r * c);

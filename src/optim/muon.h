@@ -25,6 +25,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 #include "optim/adam.h"
 #include "zoe/status.h"
@@ -55,6 +56,10 @@ Status newton_schulz(const float* u, size_t rows, size_t cols, const MuonParams&
 
 // Per element: p[i] = p[i]*(1 - lr*wd) - lr*o[i] (o already scaled by newton_schulz).
 void muon_apply(float* param, const float* o, size_t n, const MuonParams& p);
+
+// Whether Muon updates a parameter (DeepSpeed's use_muon): 2 or more dimensions, and a name (the
+// full "<module>.<param>") that contains neither "embed" nor "lm_head"; the rest get an AdamW.
+bool is_muon_matrix(const std::string& full_name, size_t dims);
 
 // Floating-point operations of newton_schulz on a rows x cols matrix (for the plan's cost).
 double newton_schulz_flops(size_t rows, size_t cols, int ns_steps);

@@ -102,7 +102,8 @@ double StepModel::nvme_rate(bool write, uint64_t request, uint64_t in_flight) co
 // its slots: per module, the elements of its preloaded chunks.
 void StepModel::preloaded_chunks() {
   pre.assign(pl.modules.size(), 0);
-  uint64_t left = pl.swapper ? slots - 1 : 0;
+  // Muon's update rewrites the gradient sums first: nothing is read ahead (Updater::muon_prepass).
+  uint64_t left = pl.swapper && pl.optimizer != optim::OptimizerKind::kMuon ? slots - 1 : 0;
   const uint64_t chunk = std::max<size_t>(pl.swap_chunk_elems, 1);
   for (size_t i = 0; i < pl.modules.size() && left > 0; ++i) {
     if (pl.modules[i].opt_home != offload::Tier::kNvme) continue;
@@ -157,6 +158,7 @@ StepCost estimate_step(const config::Config& cfg, const zero::Placement& pl, con
                        const Topology& topo, const LinkRates& rates, const DeviceKind& dev) {
   detail::StepModel s(cfg, pl, w, topo, rates, dev);
   s.micro_batches();
+  s.muon_prepass_time();
   s.nvme_states_time();
   s.host_device_states_time();
   s.allgather_time();

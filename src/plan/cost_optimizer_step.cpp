@@ -30,6 +30,33 @@ void StepModel::write_out(const zero::ModulePlacement& m, Path::Group* g) {
   }
 }
 
+// Step 0. optimizer.type Muon, before the update, serial (Updater::muon_prepass): per module with
+// matrices, the gradient sums and the momentum read and written once more where they are on NVMe
+// (8 + 8 bytes an owned element) or touched in host memory, the module's U all-gathered (world > 1),
+// and Newton-Schulz at the compute's flop rate (zoe's CPU device; an estimate on a GPU host, whose
+// CPU runs it).
+void StepModel::muon_prepass_time() {
+  if (pl.optimizer != optim::OptimizerKind::kMuon) return;
+  for (const auto& m : pl.modules) {
+    if (m.frozen || !m.muon_matrices) continue;
+    const auto bytes = static_cast<uint64_t>(m.opt_n) * 8;
+    if (m.opt_home == offload::Tier::kNvme) {
+      B.nvme_read += bytes;
+      B.nvme_write += bytes;
+      path.serial(Resource::kNvme, static_cast<double>(bytes) / swap_r + static_cast<double>(bytes) / swap_w);
+      path.serial(Resource::kCpu, io_cpu(2.0 * static_cast<double>(bytes)));
+    }
+    B.cpu_optimizer += 2 * bytes;
+    path.serial(Resource::kCpu, 2.0 * static_cast<double>(bytes) / cpu + m.muon_flops / rates.flops);
+    if (pl.world > 1 && pl.stage >= 1) {
+      const auto gather = static_cast<uint64_t>(ring * static_cast<double>(m.padded) * 4);
+      B.network += gather;
+      B.collectives += 1;
+      path.serial(Resource::kNetwork, coll_s(static_cast<double>(gather), 1));
+    }
+  }
+}
+
 // Step 1. NVMe-resident states: the swapper's pipeline (read chunk i+1, update i, write i-1).
 void StepModel::nvme_states_time() {
   Path::Group g;

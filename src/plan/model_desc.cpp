@@ -18,7 +18,10 @@ Result<ModelDesc> gpt_model(const model::GptConfig& c, const std::string& name) 
   for (const model::ModuleSpec& m : model::gpt_modules(c)) {
     zero::ModuleShape s;
     s.name = m.name;
-    for (const auto& t : m.params) s.param_numel.push_back(t.numel());
+    for (const auto& t : m.params) {
+      s.param_numel.push_back(t.numel());
+      s.specs.push_back({t.name, t.shape});
+    }
     d.modules.push_back(std::move(s));
   }
   d.params = count_params(d.modules);

@@ -30,8 +30,9 @@ bool PlanResult::any_fits() const {
   return std::any_of(rows.begin(), rows.end(), [](const PlanRow& r) { return r.fits; });
 }
 
-std::vector<RowPlacement> all_placements(const std::string& base_states) {
+std::vector<RowPlacement> all_placements(const std::string& base_states, const std::string& optimizer_type) {
   const bool lowbit = base_states == "int8" || base_states == "int4";
+  const bool fp32_only = optimizer_type == "Muon";  // Muon keeps fp32 states (config_rules.cpp)
   std::vector<RowPlacement> v;
   const Offload devs[] = {Offload::kNone, Offload::kCpu, Offload::kNvme};
   for (int stage = 1; stage <= 3; ++stage) {
@@ -41,7 +42,7 @@ std::vector<RowPlacement> all_placements(const std::string& base_states) {
         for (double ratio : {0.25, 0.5, 1.0}) {
           if (opt == Offload::kNone && ratio != 1.0) continue;
           for (bool bf16 : {false, true}) {
-            if (lowbit && bf16) continue;
+            if ((lowbit || fp32_only) && bf16) continue;
             v.push_back({stage, param, opt, ratio, bf16, lowbit ? base_states : bf16 ? "bf16" : "fp32"});
           }
         }
@@ -254,7 +255,7 @@ Result<PlanResult> make_plan(const PlanInputs& in) {
   PlanResult res;
   res.params = in.model.params;
   res.per_rank = per_rank_memory(in);
-  for (const RowPlacement& p : all_placements(in.base.zoe.optimizer_states)) {
+  for (const RowPlacement& p : all_placements(in.base.zoe.optimizer_states, in.base.optimizer.type)) {
     ZOE_ASSIGN_OR_RETURN(PlanRow row, plan_row(in, p));
     res.rows.push_back(std::move(row));
   }

@@ -151,6 +151,7 @@ struct StepModel {
   void micro_batches();
   void layer_major_pass();
   void write_out(const zero::ModulePlacement& m, Path::Group* g);
+  void muon_prepass_time();
   void nvme_states_time();
   void overlap_step_time(const Path::Group& g, const std::vector<Path::Group>& per);
   void host_device_states_time();

@@ -8,6 +8,7 @@
 #include "core/units.h"
 #include "offload/swapper_limits.h"
 #include "optim/adam.h"
+#include "optim/muon.h"
 
 namespace zoe::zero {
 
@@ -59,6 +60,21 @@ uint64_t reduce_pack_bytes(const Placement& pl, const ModulePlacement& mp) {
 // 1. Flat groups and partitions; stage-3 parameter homes (modules of at least `persist` elements
 //    are partitioned); the device must hold one gathered module with its gradients and their
 //    reduction.
+// optimizer.type Muon: which of the module's parameters are matrices (optim/muon.h's rule, as
+// DeepSpeed tags use_muon) and the Newton-Schulz flops of those overlapping this rank's range.
+void muon_cost(const ModuleShape& s, ModulePlacement* mp) {
+  for (size_t p = 0; p < s.specs.size() && p < mp->numel.size(); ++p) {
+    const ParamSpec& ps = s.specs[p];
+    if (!optim::is_muon_matrix(s.name.empty() ? ps.name : s.name + "." + ps.name, ps.shape.size())) continue;
+    mp->muon_matrices = true;
+    const size_t b = mp->offset[p], e = b + mp->numel[p];
+    if (e <= mp->opt_begin || b >= mp->opt_begin + mp->opt_n) continue;
+    const size_t rows = static_cast<size_t>(ps.shape[0]);
+    mp->muon_flops += optim::newton_schulz_flops(rows, mp->numel[p] / rows, optim::MuonParams{}.ns_steps);
+  }
+  if (s.specs.empty()) mp->muon_matrices = true;  // unknown: assume some
+}
+
 Status lay_out_modules(const config::Config& cfg, const std::vector<ModuleShape>& shapes, int64_t persist,
                        Placement* pl) {
   const uint64_t es = pl->compute_bytes, db = pl->device_budget;
@@ -88,6 +104,7 @@ Status lay_out_modules(const config::Config& cfg, const std::vector<ModuleShape>
       mp.opt_begin = static_cast<size_t>(pl->rank) * mp.part;
       mp.opt_n = mp.part;
     }
+    if (pl->optimizer == optim::OptimizerKind::kMuon && !mp.frozen) muon_cost(s, &mp);
     // A frozen module has no gradients: its gathered parameters only.
     const uint64_t need =
         mp.frozen ? u64(mp.padded) * es : u64(mp.padded) * es * 2 + reduce_pack_bytes(*pl, mp);

@@ -24,6 +24,7 @@
 #include "optim/lowbit.h"
 #include "optim/optimizer_kind.h"
 #include "zoe/status.h"
+#include "zoe/tensor.h"
 
 namespace zoe::zero {
 
@@ -72,6 +73,9 @@ struct ModuleShape {
   std::vector<size_t> param_numel;
   bool frozen = false;
   bool held = false;  // fetched beside every other module in use (ModuleOptions::held)
+  // The parameters' names and shapes where known (empty: unknown): optimizer.type Muon's matrices
+  // (ModulePlacement::muon_flops).
+  std::vector<ParamSpec> specs;
 };
 
 // What the planner needs to know of the device it plans for. The defaults describe zoe's CPU
@@ -116,6 +120,11 @@ struct ModulePlacement {
   // share of its parameters this rank checkpoints).
   bool frozen = false;
   bool held = false;  // ModuleShape::held
+  // optimizer.type Muon: the flops of this rank's Newton-Schulz for the module's matrices that
+  // overlap [opt_begin, +opt_n) (0 where ModuleShape::specs is unknown), and whether it has any
+  // matrix (its U is gathered from the ranks).
+  double muon_flops = 0;
+  bool muon_matrices = false;
 };
 
 // Bytes per tier on this rank.

@@ -21,9 +21,7 @@ namespace {
 
 bool is_muon_matrix(const ModuleLayout& mod, size_t p) {
   const ParamSpec& s = mod.specs[p];
-  const std::string full = mod.name.empty() ? s.name : mod.name + "." + s.name;
-  return s.shape.size() >= 2 && mod.numel[p] > 0 && full.find("embed") == std::string::npos &&
-         full.find("lm_head") == std::string::npos;
+  return mod.numel[p] > 0 && optim::is_muon_matrix(mod.name.empty() ? s.name : mod.name + "." + s.name, s.shape.size());
 }
 
 // The element range [b, e) of parameter p inside [lo, lo + n), relative to lo; b == e: none.

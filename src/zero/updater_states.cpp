@@ -335,7 +335,8 @@ Status Updater::add_grads_nvme(ModuleId m, const GradBatch& b, const optim::Exec
   // The step's last micro-batch: the sums are final. The swapper starts reading the next
   // update's first chunks now (their master and moments do not depend on this backward), and
   // those chunks' sums go straight into its slots instead of a round trip through NVMe.
-  if (b.last) sw.read_ahead_next_step();
+  // Not for Muon: its update rewrites the sums first (muon_prepass), which would drop them.
+  if (b.last && r_.optimizer != optim::OptimizerKind::kMuon) sw.read_ahead_next_step();
   for (size_t at = 0; at < mod.opt_n; at += chunk) {
     const size_t n = std::min(chunk, mod.opt_n - at);
     float* acc = hold ? held_sums_.data() + at : grad_stage_.data();
