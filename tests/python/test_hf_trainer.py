@@ -225,3 +225,20 @@ def test_mixin_under_a_trainer_subclass(tmp_path):
     assert rel(logged(ref), logged(got)) <= 1e-5
     assert got.accuracy == pytest.approx(ref.accuracy, abs=1e-6)
     assert math.isfinite(got.evaluate()["eval_loss"])
+
+
+def test_muon_through_the_trainer(tmp_path):
+    """optimizer.type "Muon" in zoe_config: the Trainer's loop trains through it (the loss falls),
+    and the logged learning_rate is the matrices' rate (muon_lr) shaped by the Trainer's schedule
+    (constant here: muon_lr itself at every step); the checkpoint records the optimizer."""
+    cfg = {"zero_optimization": {"stage": 3},
+           "optimizer": {"type": "Muon", "params": {"muon_lr": 0.02, "adam_lr": 3e-3, "momentum": 0.95}}}
+    out = tmp_path / "muon"
+    got = train(zoe.hf.Trainer, arguments(out, max_steps=12, save_strategy="steps", save_steps=12), zoe_config=cfg)
+    losses = logged(got)
+    assert len(losses) == 12 and all(math.isfinite(x) for x in losses) and losses[-1] < losses[0], losses
+    assert logged(got, "learning_rate") == [0.02] * 12
+    assert got.zoe_engine.config_value("optimizer.type") == "Muon"
+    latest = (out / "checkpoint-12" / "latest").read_text().strip()
+    manifest = json.loads((out / "checkpoint-12" / latest / "manifest.json").read_text())
+    assert manifest["engine"]["optimizer"] == "Muon"
