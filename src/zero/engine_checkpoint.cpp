@@ -211,6 +211,11 @@ Status commit_save(Engine::Impl& I, const std::string& save_dir, const std::stri
                     {"iter", ls.iter},
                     {"last_overflow", ls.last_overflow},
                     {"delayed_shift", ls.delayed_shift}}}};
+    // The updates each parameter sat out (its AdamW bias correction counts its own), where any did.
+    const auto& skipped = I.update->skipped_steps();
+    if (std::any_of(skipped.begin(), skipped.end(),
+                    [](const auto& v) { return std::any_of(v.begin(), v.end(), [](int64_t k) { return k != 0; }); }))
+      man.engine["skipped_steps"] = skipped;
     man.trainer = nlohmann::json::parse(trainer.empty() ? "{}" : trainer, nullptr, false);
     if (man.trainer.is_discarded()) man.trainer = nlohmann::json::object();
     commit = ckpt::commit_checkpoint(save_dir, tag, tmp, man);
@@ -341,7 +346,7 @@ Status check_same_optimizer(const ckpt::JsonFields& e, const zero::Updater& u, c
   std::string saved = "AdamW";
   ZOE_RETURN_IF_ERROR(e.get_optional("optimizer", &saved));
   auto kind = optim::parse_optimizer_kind(saved);
-  if (!kind.is_ok()) return e.bad("optimizer", "\"AdamW\", \"Lion\" or \"Adagrad\"");
+  if (!kind.is_ok()) return e.bad("optimizer", "\"AdamW\", \"Lion\", \"Adagrad\" or \"Muon\"");
   if (kind.value() == u.optimizer()) return Status::ok();
   return invalid_argument(
       "checkpoint %s holds the optimizer states of optimizer.type \"%s\", and this engine runs "
@@ -386,6 +391,18 @@ Result<std::string> Engine::load(const std::string& dir) {
   int64_t steps = man.step;
   ZOE_RETURN_IF_ERROR(e.get_optional("steps", &steps));
   ZOE_RETURN_IF_ERROR(check_same_optimizer(e, *I.update, rd->path()));
+  // engine.skipped_steps (absent: no parameter sat out an update).
+  std::vector<std::vector<int64_t>> skipped;
+  if (e.has("skipped_steps")) {
+    const nlohmann::json& j = engine.at("skipped_steps");
+    bool ok = j.is_array();
+    for (const auto& mj : ok ? j : nlohmann::json::array()) {
+      ok = ok && mj.is_array();
+      for (const auto& v : ok ? mj : nlohmann::json::array()) ok = ok && v.is_number_integer();
+    }
+    if (!ok) return e.bad("skipped_steps", "an array (per module) of arrays (per parameter) of integers");
+    skipped = j.get<std::vector<std::vector<int64_t>>>();
+  }
   zero::LossScaler::State ls{1.0, 0, -1, 1};
   const bool has_scaler = e.has("loss_scaler");
   if (has_scaler) {
@@ -445,6 +462,8 @@ Result<std::string> Engine::load(const std::string& dir) {
   ZOE_RETURN_IF_ERROR(agree(c, load_all(), "restoring the states of checkpoint " + rd->path()));
   I.grads->forget_accumulated();  // gradients of a step in progress are not part of a checkpoint
   I.update->set_steps(steps);
+  ZOE_RETURN_IF_ERROR_CTX(I.update->set_skipped_steps(std::move(skipped)),
+                          "checkpoint " + rd->path() + ": engine.skipped_steps");
   if (has_scaler) I.update->scaler().set_state(ls);
   return man.trainer.dump();
 }

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/log.h"
 #include "zero/test_hooks.h"
 
 namespace zoe::zero {
@@ -62,6 +63,36 @@ struct Updater::ChunkUpdater {
   bool out_host = false;  // `out` is host memory whatever the module's home (a speculative update's)
   // Per module: the parameters that got no gradient this step (empty: none), left as they are.
   std::vector<std::vector<uint8_t>> untouched;
+  // Per module, per parameter: the updates it sat out (Updater::skipped_steps(); empty: none).
+  // AdamW's bias correction of parameter p takes as.step - skipped[p].
+  std::vector<std::vector<int64_t>> skipped;
+
+  // Calls fn(a, b, step) over the chunk [0, n) of module m's owned range from `begin`, in runs of
+  // parameters that share one AdamW step count (one run when no parameter sat out an update; the
+  // padding after the last parameter goes with the last run).
+  template <class F>
+  Status for_step_runs(ModuleId m, size_t begin, size_t n, F&& fn) const {
+    const std::vector<int64_t>* sk = m.index < skipped.size() ? &skipped[m.index] : nullptr;
+    if (!sk || std::all_of(sk->begin(), sk->end(), [](int64_t k) { return k == 0; })) return fn(0, n, as.step);
+    const ModuleLayout& mod = (*modules)[m];
+    const size_t lo = mod.opt_begin + begin;
+    size_t from = 0;
+    int64_t step = as.step;
+    bool open = false;
+    for (size_t q = 0; q < mod.numel.size(); ++q) {
+      const size_t b = std::max(lo, mod.offset[q]), e = std::min(lo + n, mod.offset[q] + mod.numel[q]);
+      if (b >= e) continue;
+      // (A parameter this step leaves untouched may count 0: its update is undone, any step serves.)
+      const int64_t s = std::max<int64_t>(1, as.step - (q < sk->size() ? (*sk)[q] : 0));
+      if (open && s != step) {
+        ZOE_RETURN_IF_ERROR(fn(from, b - lo, step));
+        from = b - lo;
+      }
+      step = s;
+      open = true;
+    }
+    return fn(from, n, step);
+  }
 
   DType sdt() const { return states == optim::StateFormat::kBF16 ? DType::kBF16 : DType::kF32; }
   DType mdt() const { return master_fmt == optim::MasterFormat::kBF16 ? DType::kBF16 : DType::kF32; }
@@ -233,19 +264,25 @@ struct Updater::ChunkUpdater {
         if (!out) return Status::ok();
         return optim::convert_with_norm(p + a, DType::kF32, out, shape->cdt, b - a, false).status();
       }
-      optim::AdamArgs x;
-      x.buf.n = b - a;
-      x.buf.param = p + a;
-      x.buf.grad = grad + a;
-      x.buf.grad_dtype = DType::kF32;
-      x.buf.exp_avg = static_cast<float*>(ea) + a;
-      x.buf.exp_avg_sq = static_cast<float*>(eas) + a;
-      x.buf.state_dtype = DType::kF32;
-      x.buf.param_out = out;
-      x.buf.param_out_dtype = shape->cdt;
-      x.params = aux;
-      x.step = as;
-      return optim::adam_step(x, exec);
+      // The AdamW part of [a, b), in runs of one step count (for_step_runs over the whole chunk).
+      return for_step_runs(m, begin, n, [&](size_t r0, size_t r1, int64_t step) -> Status {
+        const size_t c0 = std::max(a, r0), c1 = std::min(b, r1);
+        if (c0 >= c1) return Status::ok();
+        optim::AdamArgs x;
+        x.buf.n = c1 - c0;
+        x.buf.param = p + c0;
+        x.buf.grad = grad + c0;
+        x.buf.grad_dtype = DType::kF32;
+        x.buf.exp_avg = static_cast<float*>(ea) + c0;
+        x.buf.exp_avg_sq = static_cast<float*>(eas) + c0;
+        x.buf.state_dtype = DType::kF32;
+        x.buf.param_out = param_out ? static_cast<char*>(param_out) + c0 * es : nullptr;
+        x.buf.param_out_dtype = shape->cdt;
+        x.params = aux;
+        x.step = as;
+        x.step.step = step;
+        return optim::adam_step(x, exec);
+      });
     };
     size_t adam_from = 0;  // the start of the AdamW run not yet updated
     for (size_t q = 0; q < mod.specs.size(); ++q) {
@@ -276,19 +313,23 @@ struct Updater::ChunkUpdater {
       return s;
     }
     if (!lowbit) {
-      optim::AdamArgs a;
-      a.buf.n = n;
-      a.buf.param = static_cast<float*>(master);
-      a.buf.grad = grad;
-      a.buf.grad_dtype = DType::kF32;
-      a.buf.exp_avg = ea;
-      a.buf.exp_avg_sq = eas;
-      a.buf.state_dtype = sdt();
-      a.buf.param_out = param_out;
-      a.buf.param_out_dtype = shape->cdt;
-      a.params = ap;
-      a.step = as;
-      return kernel_dev ? ops->adam_step(a) : optim::adam_step(a, exec);
+      const size_t sb = dtype_size(sdt()), es = shape->esize();
+      return for_step_runs(m, begin, n, [&](size_t a0, size_t a1, int64_t step) -> Status {
+        optim::AdamArgs a;
+        a.buf.n = a1 - a0;
+        a.buf.param = static_cast<float*>(master) + a0;
+        a.buf.grad = grad + a0;
+        a.buf.grad_dtype = DType::kF32;
+        a.buf.exp_avg = static_cast<char*>(ea) + a0 * sb;
+        a.buf.exp_avg_sq = static_cast<char*>(eas) + a0 * sb;
+        a.buf.state_dtype = sdt();
+        a.buf.param_out = param_out ? static_cast<char*>(param_out) + a0 * es : nullptr;
+        a.buf.param_out_dtype = shape->cdt;
+        a.params = ap;
+        a.step = as;
+        a.step.step = step;
+        return kernel_dev ? ops->adam_step(a) : optim::adam_step(a, exec);
+      });
     }
     optim::LowbitAdamArgs la;
     la.buf.n = n;
@@ -397,11 +438,56 @@ Updater::ChunkUpdater Updater::make_updater(DeviceOps* ops, optim::CpuPool* pool
   up.as.step = step_no;
   up.as.grad_scale = scale;
   up.untouched = untouched_;
+  up.skipped = skipped_;
   return up;
 }
 
 // ---------------------------------------------------------------------------------------------
 // The speculative step
+
+void Updater::count_skipped() {
+  if (skipped_.size() != modules_.size()) {
+    skipped_.resize(modules_.size());
+    for (ModuleId m : modules_.ids()) skipped_[m.index].resize(modules_[m].numel.size(), 0);
+  }
+  bool warn = false;
+  for (size_t m = 0; m < untouched_.size() && m < skipped_.size(); ++m) {
+    for (size_t p = 0; p < untouched_[m].size() && p < skipped_[m].size(); ++p) {
+      if (!untouched_[m][p]) continue;
+      skipped_[m][p]++;
+      warn = warn || lowbit();
+    }
+  }
+  static bool warned = false;
+  if (warn && !warned) {
+    warned = true;
+    ZOE_LOG_WARN(
+        "a parameter got no gradient in a step: with zoe.optimizer_states \"%s\" / zoe.master_weights \"%s\" "
+        "its AdamW bias correction counts the engine's steps afterwards, not its own as torch.optim.AdamW "
+        "does (zoe.optimizer_states \"fp32\" or \"bf16\" with zoe.master_weights \"fp32\" count its own)",
+        optim::state_format_name(r_.states), optim::master_format_name(r_.master));
+  }
+}
+
+Status Updater::set_skipped_steps(std::vector<std::vector<int64_t>> skipped) {
+  if (skipped.size() > modules_.size())
+    return invalid_argument("skipped steps for %zu modules, and the model has %zu", skipped.size(), modules_.size());
+  for (ModuleId m : modules_.ids()) {
+    if (m.index >= skipped.size()) skipped.emplace_back();
+    auto& v = skipped[m.index];
+    if (v.size() > modules_[m].numel.size())
+      return invalid_argument("skipped steps for %zu parameters of module %s, which has %zu", v.size(),
+                              modules_[m].name.c_str(), modules_[m].numel.size());
+    v.resize(modules_[m].numel.size(), 0);
+    for (int64_t k : v) {
+      if (k < 0 || k > steps_)
+        return invalid_argument("module %s: %lld skipped steps is not in [0, %lld] (the steps taken)",
+                                modules_[m].name.c_str(), static_cast<long long>(k), static_cast<long long>(steps_));
+    }
+  }
+  skipped_ = std::move(skipped);
+  return Status::ok();
+}
 
 void Updater::set_untouched(std::vector<std::vector<uint8_t>> untouched) {
   for (auto& u : untouched) {
@@ -592,6 +678,7 @@ Status Updater::apply(float grad_scale, double lr) {
   ZOE_RETURN_IF_ERROR(flush_held());
   ZOE_RETURN_IF_ERROR(muon_prepass(grad_scale));
   steps_++;
+  count_skipped();
   // The optimizer over every module's owned range: behind the caller's next forward when the device's
   // memory is host memory (zoe.overlap_step), else here.
   const bool overlap = r_.cfg->zoe.overlap_step && r_.ops->host_addressable();

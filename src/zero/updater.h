@@ -134,6 +134,14 @@ class Updater final : public GradSink {
   const LossScaler& scaler() const { return scaler_; }
   int64_t steps() const { return steps_; }
   void set_steps(int64_t s) { steps_ = s; }
+  // Per module, per parameter: the updates it sat out (no rank gave it a gradient: set_untouched).
+  // Its AdamW bias correction counts its own updates, steps() minus these, as torch.optim.AdamW
+  // counts each parameter's. Checkpoints keep them (Engine::save's engine.skipped_steps).
+  const std::vector<std::vector<int64_t>>& skipped_steps() const { return skipped_; }
+  // Errors: a count for a module or parameter that does not exist, or one above steps().
+  Status set_skipped_steps(std::vector<std::vector<int64_t>> skipped);
+  // apply(): the parameters this step leaves untouched sat out one more update.
+  void count_skipped();
   // What the step divides the summed gradients by: ranks x micro-batches (x the fp16 loss scale).
   double grad_divisor() const;
 
@@ -242,6 +250,7 @@ class Updater final : public GradSink {
   std::unique_ptr<DeviceOps> update_ops_;        // kernels and copies of the update's thread
 
   std::vector<std::vector<uint8_t>> untouched_;  // set_untouched(), for the next apply()
+  std::vector<std::vector<int64_t>> skipped_;    // skipped_steps()
 
   // zoe.speculative_step.
   float spec_scale_ = 0.0f;

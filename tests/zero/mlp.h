@@ -149,10 +149,13 @@ inline std::vector<Layer> reference_train(const MlpSpec& s, int world, int steps
     }
     float coef = 1.0f;
     if (s.clip > 0 && std::sqrt(sq) > s.clip) coef = static_cast<float>(s.clip / (std::sqrt(sq) + 1e-6));
-    int t = k + 1;
-    double bc1 = 1.0 - std::pow(s.beta1, t), bc2 = 1.0 - std::pow(s.beta2, t);
+    // The first layer sits out step no_grads_at (no gradients): no update, and its own count of
+    // updates (torch.optim.AdamW's per-parameter step) is one fewer afterwards.
+    if (k == s.no_grads_at) g[0] = Layer{};
+    double bc1 = 0, bc2 = 0;
     auto upd = [&](std::vector<float>& p, std::vector<float>& mm, std::vector<float>& vv,
                    const std::vector<float>& gg) {
+      if (gg.empty()) return;
       for (size_t i = 0; i < p.size(); ++i) {
         float gi = gg[i] * coef;
         mm[i] = s.beta1 * mm[i] + (1 - s.beta1) * gi;
@@ -163,6 +166,9 @@ inline std::vector<Layer> reference_train(const MlpSpec& s, int world, int steps
       }
     };
     for (size_t l = static_cast<size_t>(s.frozen_layers); l < L.size(); ++l) {
+      const int t = k + 1 - (l == 0 && s.no_grads_at >= 0 && k > s.no_grads_at ? 1 : 0);
+      bc1 = 1.0 - std::pow(s.beta1, t);
+      bc2 = 1.0 - std::pow(s.beta2, t);
       upd(L[l].w, m[l].w, v[l].w, g[l].w);
       upd(L[l].b, m[l].b, v[l].b, g[l].b);
     }

@@ -149,7 +149,8 @@ std::vector<Layer> muon_reference(const MlpSpec& s, int world, int steps) {
       a.buf.exp_avg = m[l].data();
       a.buf.exp_avg_sq = v[l].data();
       a.params = ap;
-      a.step.step = k + 1;  // the engine's step count (as for AdamW)
+      // The bias's own updates: one fewer after the step it sat out (torch.optim.AdamW's count).
+      a.step.step = k + 1 - (s.no_grads_at >= 0 && k > s.no_grads_at && l == 0 ? 1 : 0);
       a.step.grad_scale = scale;
       EXPECT_OK(optim::adam_step(a));
     }
@@ -205,8 +206,7 @@ TEST(MuonEngine, OverlappedAndSerialUpdatesGiveTheSameBits) {
 TEST(MuonEngine, AStepWithoutGradientsLeavesTheModuleAsItWas) {
   // engine_train gives the first layer no gradients at step no_grads_at: its weights, momentum and
   // the bias's moments stay as they were (torch.optim.Muon and AdamW skip a parameter whose .grad
-  // is None); the reference skips them too. The bias correction of the later steps counts the
-  // engine's steps, as zoe's AdamW does (torch counts each parameter's own).
+  // is None); the reference skips them too, and the bias's AdamW counts its own updates after it.
   MlpSpec s = muon_spec();
   s.d = 64;
   s.no_grads_at = 1;
