@@ -183,7 +183,8 @@ void run(const PlanOpts& o) {
   if (Status s = plan::apply_device_budget(&po); !s.is_ok()) usage_fail(s);
   plan::PlanInputs in = value_or_fail(plan::plan_inputs(po));
   fprintf(stderr, "zoe plan: planning %zu placements of %s\n",
-          plan::all_placements(in.base.zoe.optimizer_states, in.base.optimizer.type).size(), in.model.name.c_str());
+          plan::all_placements(in.base.zoe.optimizer_states, in.base.optimizer.type).size(),
+          in.model.name.c_str());
   plan::PlanResult res = value_or_fail(plan::make_plan(in));
   if (o.json) {
     json rows = json::array();

@@ -148,8 +148,9 @@ Status check_optimizer_params(const GivenKeys& g, Config* c) {
   if (!muon) {
     for (const char* k : {"muon_lr", "adam_lr", "momentum"}) {
       if (!g.has(std::string("optimizer.params.") + k)) continue;
-      return invalid_argument("optimizer.params.%s is optimizer.type \"Muon\"'s; optimizer.type is \"%s\": remove it",
-                              k, o.type.c_str());
+      return invalid_argument(
+          "optimizer.params.%s is optimizer.type \"Muon\"'s; optimizer.type is \"%s\": remove it", k,
+          o.type.c_str());
     }
   }
   if (!lion && !adagrad && !muon) return Status::ok();

@@ -317,8 +317,10 @@ void add_optimizer_fields(std::vector<Field>& t) {
   t.push_back(
       boolean("optimizer.params.adam_w_mode", ZOE_MEMBER(optimizer.adam_w_mode), true).written_if(is_adam));
   // Muon's (DeepSpeed's names; the rules give their defaults and refuse them with other types).
-  t.push_back(number("optimizer.params.muon_lr", ZOE_MEMBER(optimizer.muon_lr), 0.02, kAtLeast0).written_if(is_muon));
-  t.push_back(number("optimizer.params.adam_lr", ZOE_MEMBER(optimizer.adam_lr), 3e-4, kAtLeast0).written_if(is_muon));
+  t.push_back(
+      number("optimizer.params.muon_lr", ZOE_MEMBER(optimizer.muon_lr), 0.02, kAtLeast0).written_if(is_muon));
+  t.push_back(
+      number("optimizer.params.adam_lr", ZOE_MEMBER(optimizer.adam_lr), 3e-4, kAtLeast0).written_if(is_muon));
   t.push_back(number("optimizer.params.momentum", ZOE_MEMBER(optimizer.momentum), 0.95, fraction_open)
                   .written_if(is_muon));
   t.push_back(boolean("optimizer.params.amsgrad", none, false).refuse("AMSGrad is not implemented"));

@@ -30,8 +30,8 @@ void gemm(bool tb, size_t M, size_t N, size_t K, float alpha, const float* A, co
     const size_t m0 = i * kGemmRows, m = std::min(kGemmRows, M - m0);
     const int ldb = static_cast<int>(tb ? K : N);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(m),
-                static_cast<int>(N), static_cast<int>(K), alpha, A + m0 * K, static_cast<int>(K), B, ldb, beta,
-                C + m0 * N, static_cast<int>(N));
+                static_cast<int>(N), static_cast<int>(K), alpha, A + m0 * K, static_cast<int>(K), B, ldb,
+                beta, C + m0 * N, static_cast<int>(N));
   };
   if (exec.pool != nullptr && pieces > 1) {
     exec.pool->for_each(pieces, piece);
@@ -90,7 +90,8 @@ void muon_apply(float* param, const float* o, size_t n, const MuonParams& p) {
 }
 
 bool is_muon_matrix(const std::string& full_name, size_t dims) {
-  return dims >= 2 && full_name.find("embed") == std::string::npos && full_name.find("lm_head") == std::string::npos;
+  return dims >= 2 && full_name.find("embed") == std::string::npos &&
+         full_name.find("lm_head") == std::string::npos;
 }
 
 double newton_schulz_flops(size_t rows, size_t cols, int ns_steps) {

@@ -45,7 +45,7 @@ inline Result<OptimizerKind> parse_optimizer_kind(std::string type) {
   if (type == "muon") return OptimizerKind::kMuon;
   return invalid_argument(
       "optimizer.type \"%s\": zoe runs \"Adam\", \"AdamW\", \"Lion\", \"Adagrad\" and \"Muon\"",
-                          type.c_str());
+      type.c_str());
 }
 
 }  // namespace zoe::optim

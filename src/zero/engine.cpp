@@ -521,7 +521,8 @@ Status Engine::initialize(const std::function<void(size_t, size_t, float*, size_
   if (I.modules.empty()) return invalid_argument("initialize(): no modules registered");
   // 1. The plan: every decision about where bytes live.
   std::vector<zero::ModuleShape> shapes;
-  for (const auto& mod : I.modules.all()) shapes.push_back({mod.name, mod.numel, mod.frozen, mod.held, mod.specs});
+  for (const auto& mod : I.modules.all())
+    shapes.push_back({mod.name, mod.numel, mod.frozen, mod.held, mod.specs});
   zero::PlanTarget target;
   target.device_budget = ctx.dev->budget_bytes();
   // Queued gathers run a host task on the communicator's stream: host-memory devices only.

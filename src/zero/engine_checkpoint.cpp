@@ -213,8 +213,9 @@ Status commit_save(Engine::Impl& I, const std::string& save_dir, const std::stri
                     {"delayed_shift", ls.delayed_shift}}}};
     // The updates each parameter sat out (its AdamW bias correction counts its own), where any did.
     const auto& skipped = I.update->skipped_steps();
-    if (std::any_of(skipped.begin(), skipped.end(),
-                    [](const auto& v) { return std::any_of(v.begin(), v.end(), [](int64_t k) { return k != 0; }); }))
+    if (std::any_of(skipped.begin(), skipped.end(), [](const auto& v) {
+          return std::any_of(v.begin(), v.end(), [](int64_t k) { return k != 0; });
+        }))
       man.engine["skipped_steps"] = skipped;
     man.trainer = nlohmann::json::parse(trainer.empty() ? "{}" : trainer, nullptr, false);
     if (man.trainer.is_discarded()) man.trainer = nlohmann::json::object();

@@ -1,10 +1,9 @@
-// The update: see updater.h.
+// The update: see updater.h (the states, and the updates each parameter sat out: updater_states.cpp).
 #include "zero/updater.h"
 
 #include <algorithm>
 #include <cstring>
 
-#include "core/log.h"
 #include "zero/test_hooks.h"
 
 namespace zoe::zero {
@@ -73,7 +72,8 @@ struct Updater::ChunkUpdater {
   template <class F>
   Status for_step_runs(ModuleId m, size_t begin, size_t n, F&& fn) const {
     const std::vector<int64_t>* sk = m.index < skipped.size() ? &skipped[m.index] : nullptr;
-    if (!sk || std::all_of(sk->begin(), sk->end(), [](int64_t k) { return k == 0; })) return fn(0, n, as.step);
+    if (!sk || std::all_of(sk->begin(), sk->end(), [](int64_t k) { return k == 0; }))
+      return fn(0, n, as.step);
     const ModuleLayout& mod = (*modules)[m];
     const size_t lo = mod.opt_begin + begin;
     size_t from = 0;
@@ -444,50 +444,6 @@ Updater::ChunkUpdater Updater::make_updater(DeviceOps* ops, optim::CpuPool* pool
 
 // ---------------------------------------------------------------------------------------------
 // The speculative step
-
-void Updater::count_skipped() {
-  if (skipped_.size() != modules_.size()) {
-    skipped_.resize(modules_.size());
-    for (ModuleId m : modules_.ids()) skipped_[m.index].resize(modules_[m].numel.size(), 0);
-  }
-  bool warn = false;
-  for (size_t m = 0; m < untouched_.size() && m < skipped_.size(); ++m) {
-    for (size_t p = 0; p < untouched_[m].size() && p < skipped_[m].size(); ++p) {
-      if (!untouched_[m][p]) continue;
-      skipped_[m][p]++;
-      warn = warn || lowbit();
-    }
-  }
-  static bool warned = false;
-  if (warn && !warned) {
-    warned = true;
-    ZOE_LOG_WARN(
-        "a parameter got no gradient in a step: with zoe.optimizer_states \"%s\" / zoe.master_weights \"%s\" "
-        "its AdamW bias correction counts the engine's steps afterwards, not its own as torch.optim.AdamW "
-        "does (zoe.optimizer_states \"fp32\" or \"bf16\" with zoe.master_weights \"fp32\" count its own)",
-        optim::state_format_name(r_.states), optim::master_format_name(r_.master));
-  }
-}
-
-Status Updater::set_skipped_steps(std::vector<std::vector<int64_t>> skipped) {
-  if (skipped.size() > modules_.size())
-    return invalid_argument("skipped steps for %zu modules, and the model has %zu", skipped.size(), modules_.size());
-  for (ModuleId m : modules_.ids()) {
-    if (m.index >= skipped.size()) skipped.emplace_back();
-    auto& v = skipped[m.index];
-    if (v.size() > modules_[m].numel.size())
-      return invalid_argument("skipped steps for %zu parameters of module %s, which has %zu", v.size(),
-                              modules_[m].name.c_str(), modules_[m].numel.size());
-    v.resize(modules_[m].numel.size(), 0);
-    for (int64_t k : v) {
-      if (k < 0 || k > steps_)
-        return invalid_argument("module %s: %lld skipped steps is not in [0, %lld] (the steps taken)",
-                                modules_[m].name.c_str(), static_cast<long long>(k), static_cast<long long>(steps_));
-    }
-  }
-  skipped_ = std::move(skipped);
-  return Status::ok();
-}
 
 void Updater::set_untouched(std::vector<std::vector<uint8_t>> untouched) {
   for (auto& u : untouched) {

@@ -21,7 +21,8 @@ namespace {
 
 bool is_muon_matrix(const ModuleLayout& mod, size_t p) {
   const ParamSpec& s = mod.specs[p];
-  return mod.numel[p] > 0 && optim::is_muon_matrix(mod.name.empty() ? s.name : mod.name + "." + s.name, s.shape.size());
+  return mod.numel[p] > 0 &&
+         optim::is_muon_matrix(mod.name.empty() ? s.name : mod.name + "." + s.name, s.shape.size());
 }
 
 // The element range [b, e) of parameter p inside [lo, lo + n), relative to lo; b == e: none.
@@ -99,7 +100,8 @@ Status Updater::muon_module(ModuleId m, float grad_scale, const optim::MuonParam
   const float* U = muon_u_.data();  // the module's U from its first element (lo is 0 without a gather)
   if (gather) {
     muon_full_.resize(mod.padded);
-    ZOE_RETURN_IF_ERROR(r_.comm->all_gather(muon_u_.data(), muon_full_.data(), mod.part, comm::CommType::kF32).wait());
+    ZOE_RETURN_IF_ERROR(
+        r_.comm->all_gather(muon_u_.data(), muon_full_.data(), mod.part, comm::CommType::kF32).wait());
     U = muon_full_.data();
   }
   optim::Exec exec;

@@ -1,7 +1,8 @@
 // The Updater's states: where each module's optimizer states and gradient sums live (the device,
 // host RAM or NVMe through the swapper), placing them, reading and writing them for checkpoints,
 // and the sums of the gradients the reduction hands over (GradSink). The one file that switches
-// on a module's opt_home to find its bytes; the update itself is updater.cpp.
+// on a module's opt_home to find its bytes; and the updates each parameter sat out (its own AdamW
+// step count). The update itself is updater.cpp.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -42,6 +43,53 @@ Updater::Updater(const RunShape& shape, const ModuleTable& modules, UpdateTarget
           flip_module_.c_str(), static_cast<long long>(flip_step_));
     }
   }
+}
+
+// The updates each parameter sat out (Updater::skipped_steps()).
+void Updater::count_skipped() {
+  if (skipped_.size() != modules_.size()) {
+    skipped_.resize(modules_.size());
+    for (ModuleId m : modules_.ids()) skipped_[m.index].resize(modules_[m].numel.size(), 0);
+  }
+  bool warn = false;
+  for (size_t m = 0; m < untouched_.size() && m < skipped_.size(); ++m) {
+    for (size_t p = 0; p < untouched_[m].size() && p < skipped_[m].size(); ++p) {
+      if (!untouched_[m][p]) continue;
+      skipped_[m][p]++;
+      warn = warn || lowbit();
+    }
+  }
+  static bool warned = false;
+  if (warn && !warned) {
+    warned = true;
+    ZOE_LOG_WARN(
+        "a parameter got no gradient in a step: with zoe.optimizer_states \"%s\" / zoe.master_weights \"%s\" "
+        "its AdamW bias correction counts the engine's steps afterwards, not its own as torch.optim.AdamW "
+        "does (zoe.optimizer_states \"fp32\" or \"bf16\" with zoe.master_weights \"fp32\" count its own)",
+        optim::state_format_name(r_.states), optim::master_format_name(r_.master));
+  }
+}
+
+Status Updater::set_skipped_steps(std::vector<std::vector<int64_t>> skipped) {
+  if (skipped.size() > modules_.size())
+    return invalid_argument("skipped steps for %zu modules, and the model has %zu", skipped.size(),
+                            modules_.size());
+  for (ModuleId m : modules_.ids()) {
+    if (m.index >= skipped.size()) skipped.emplace_back();
+    auto& v = skipped[m.index];
+    if (v.size() > modules_[m].numel.size())
+      return invalid_argument("skipped steps for %zu parameters of module %s, which has %zu", v.size(),
+                              modules_[m].name.c_str(), modules_[m].numel.size());
+    v.resize(modules_[m].numel.size(), 0);
+    for (int64_t k : v) {
+      if (k < 0 || k > steps_)
+        return invalid_argument("module %s: %lld skipped steps is not in [0, %lld] (the steps taken)",
+                                modules_[m].name.c_str(), static_cast<long long>(k),
+                                static_cast<long long>(steps_));
+    }
+  }
+  skipped_ = std::move(skipped);
+  return Status::ok();
 }
 
 void Updater::test_flip(ModuleId m, const GradBatch& b, float* sum) const {

@@ -525,8 +525,9 @@ TEST(Config, MuonTakesDeepSpeedsParams) {
   ASSERT_OK(none);
   EXPECT_EQ(none->optimizer.muon_lr, 0.02);
   EXPECT_EQ(none->optimizer.adam_lr, 3e-4);
-  EXPECT_HAS(parse_error(R"({"optimizer": {"type": "AdamW", "params": {"momentum": 0.9}}})"),
-             "optimizer.params.momentum is optimizer.type \"Muon\"'s; optimizer.type is \"AdamW\": remove it");
+  EXPECT_HAS(
+      parse_error(R"({"optimizer": {"type": "AdamW", "params": {"momentum": 0.9}}})"),
+      "optimizer.params.momentum is optimizer.type \"Muon\"'s; optimizer.type is \"AdamW\": remove it");
   EXPECT_HAS(parse_error(R"({"optimizer": {"type": "Muon", "params": {"adam_w_mode": false}}})"),
              "optimizer.params.adam_w_mode: optimizer.type \"Muon\" has no adam_w_mode");
   EXPECT_HAS(parse_error(R"({"optimizer": {"type": "Muon"}, "zoe": {"optimizer_states": "bf16"}})"),
@@ -542,8 +543,8 @@ TEST(Config, MuonTakesDeepSpeedsParams) {
     EXPECT_DOUBLE_EQ(sched->group_lr_at(step, 0.02), 0.02 * sched->lr_at(step) / 0.01) << step;
     EXPECT_DOUBLE_EQ(sched->group_lr_at(step, 0.001), 0.001 * sched->lr_at(step) / 0.01) << step;
   }
-  EXPECT_DOUBLE_EQ(sched->group_lr_at(50, 0.02), 0.02);  // at the peak: the group's own rate
-  EXPECT_DOUBLE_EQ(none->group_lr_at(50, 0.02), 0.02);   // no scheduler
+  EXPECT_DOUBLE_EQ(sched->group_lr_at(50, 0.02), 0.02);   // at the peak: the group's own rate
+  EXPECT_DOUBLE_EQ(none->group_lr_at(50, 0.02), 0.02);    // no scheduler
   for (const Config* c : {&lr.value(), &none.value()}) {  // written back and read back the same
     auto back = Config::parse(c->to_json());
     ASSERT_OK(back);

@@ -925,21 +925,24 @@ TEST(CostModelVsEngine, MuonNvmeBytesPerStep) {
   s.layers = 4;
   s.d = 48;
   for (const int micro : {1, 2}) {
-    for (const test::MatrixPlacement& k : {test::MatrixPlacement{1, "nvme", "none"},
-                                           test::MatrixPlacement{2, "nvme", "none"},
-                                           test::MatrixPlacement{3, "nvme", "cpu"}}) {
+    for (const test::MatrixPlacement& k :
+         {test::MatrixPlacement{1, "nvme", "none"}, test::MatrixPlacement{2, "nvme", "none"},
+          test::MatrixPlacement{3, "nvme", "cpu"}}) {
       test::ScratchDir nvme("plan-engine");
       std::string text = engine_cfg(k.stage, k.opt, k.param, nvme.path(), false, "fp32", "fp32", 1.0, micro);
       text.insert(1, "\"optimizer\": {\"type\": \"Muon\"}, ");
-      const std::string what = "stage " + std::to_string(k.stage) + " params " + k.param + " micro " +
-                               std::to_string(micro);
+      const std::string what =
+          "stage " + std::to_string(k.stage) + " params " + k.param + " micro " + std::to_string(micro);
       auto cfg = config::Config::parse(text, rt.world_size());
       ASSERT_OK(cfg) << what;
       cfg.value().zoe.overlap_step = false;
       std::vector<zero::ModuleShape> sh;
       for (int l = 0; l < s.layers; ++l) {
-        sh.push_back({"layer." + std::to_string(l), {static_cast<size_t>(s.d * s.d), static_cast<size_t>(s.d)},
-                      false, false, {{"w", {s.d, s.d}}, {"b", {s.d}}}});
+        sh.push_back({"layer." + std::to_string(l),
+                      {static_cast<size_t>(s.d * s.d), static_cast<size_t>(s.d)},
+                      false,
+                      false,
+                      {{"w", {s.d, s.d}}, {"b", {s.d}}}});
       }
       auto plan = zero::plan_placement(cfg.value(), sh, rt.world_size(), rt.rank(), engine_target(rt));
       ASSERT_OK(plan) << what;
@@ -952,14 +955,15 @@ TEST(CostModelVsEngine, MuonNvmeBytesPerStep) {
       w.micro_batch = s.batch;
       w.seq = 1;
       w.grad_accum = micro;
-      const plan::StepCost cost =
-          plan::estimate_step(cfg.value(), plan.value(), w, {1, 1}, plan::LinkRates{}, plan::DeviceKind{true});
+      const plan::StepCost cost = plan::estimate_step(cfg.value(), plan.value(), w, {1, 1}, plan::LinkRates{},
+                                                      plan::DeviceKind{true});
       auto e = zero::create_engine(rt, cfg.value());
       ASSERT_OK(e) << what;
       ASSERT_OK(test::register_mlp(*e.value(), s)) << what;
       std::vector<test::Layer> out;
       std::vector<StepStats> stats;
-      ASSERT_OK(test::engine_train(*e.value(), s, rt.rank(), rt.world_size(), 4, &out, &stats, -1, micro)) << what;
+      ASSERT_OK(test::engine_train(*e.value(), s, rt.rank(), rt.world_size(), 4, &out, &stats, -1, micro))
+          << what;
       const StepStats& a = stats[stats.size() - 2];
       const StepStats& b = stats.back();
       EXPECT_EQ(b.bytes_nvme_read - a.bytes_nvme_read, cost.bytes.nvme_read) << what;

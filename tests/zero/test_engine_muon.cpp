@@ -43,21 +43,23 @@ std::string describe(const Placement& pl, const std::string& extra) {
          " offload_param " + pl.param + extra;
 }
 
-std::string make_config(const Placement& pl, const std::string& nvme, const MlpSpec& s, const std::string& extra) {
+std::string make_config(const Placement& pl, const std::string& nvme, const MlpSpec& s,
+                        const std::string& extra) {
   auto off = [&](const char* dev) {
     std::string j = std::string("{\"device\": \"") + dev + "\"";
     if (std::string(dev) == "nvme") j += ", \"nvme_path\": \"" + nvme + "\"";
     return j + "}";
   };
-  return "{\"train_micro_batch_size_per_gpu\": 4, \"optimizer\": {\"type\": \"muon\", \"params\": {\"muon_lr\": " +
+  return "{\"train_micro_batch_size_per_gpu\": 4, \"optimizer\": {\"type\": \"muon\", \"params\": "
+         "{\"muon_lr\": " +
          std::to_string(kMuonLr) + ", \"adam_lr\": " + std::to_string(s.lr) +
          ", \"momentum\": " + std::to_string(kMomentum) + ", \"betas\": [0.9, 0.999], \"eps\": 1e-8, " +
-         "\"weight_decay\": " + std::to_string(s.wd) + "}}, \"zero_optimization\": {\"stage\": " +
-         std::to_string(pl.stage) +
+         "\"weight_decay\": " + std::to_string(s.wd) +
+         "}}, \"zero_optimization\": {\"stage\": " + std::to_string(pl.stage) +
          ", \"stage3_param_persistence_threshold\": 0, \"sub_group_size\": 16384, \"offload_optimizer\": " +
          off(pl.opt) + ", \"offload_param\": " + (pl.stage == 3 ? off(pl.param) : "{\"device\": \"none\"}") +
-         "}, \"zoe\": {\"device_budget\": \"64MiB\", \"optimizer_threads\": 1, \"offload_ratio\": " + pl.ratio +
-         extra + "}}";
+         "}, \"zoe\": {\"device_budget\": \"64MiB\", \"optimizer_threads\": 1, \"offload_ratio\": " +
+         pl.ratio + extra + "}}";
 }
 
 Result<std::unique_ptr<Engine>> make_engine(const Placement& pl, const MlpSpec& s, const std::string& nvme,
@@ -69,7 +71,8 @@ Result<std::unique_ptr<Engine>> make_engine(const Placement& pl, const MlpSpec& 
   return e;
 }
 
-Result<std::vector<Layer>> train(const Placement& pl, const MlpSpec& s, int steps, const std::string& extra = "") {
+Result<std::vector<Layer>> train(const Placement& pl, const MlpSpec& s, int steps,
+                                 const std::string& extra = "") {
   Runtime& rt = test::shared_runtime();
   test::ScratchDir nvme("nvme");
   ZOE_ASSIGN_OR_RETURN(auto e, make_engine(pl, s, nvme.path(), extra));
@@ -184,7 +187,8 @@ TEST(MuonEngine, EveryTierGivesTheWholeMatrixReferenceBits) {
     SCOPED_TRACE(describe(pl, ""));
     auto got = train(pl, s, steps);
     ASSERT_OK(got);
-    EXPECT_TRUE(identical(got.value(), ref)) << "differs from the reference loop by " << max_diff(got.value(), ref);
+    EXPECT_TRUE(identical(got.value(), ref))
+        << "differs from the reference loop by " << max_diff(got.value(), ref);
   }
 }
 
@@ -244,7 +248,8 @@ TEST(MuonEngine, MatricesAreTheParametersDeepSpeedGivesMuon) {
   ASSERT_OK(cfg);
   auto adam_cfg = config::Config::parse(
       "{\"train_micro_batch_size_per_gpu\": 4, \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": " +
-          std::to_string(s.lr) + ", \"betas\": [0.9, 0.999], \"eps\": 1e-8, \"weight_decay\": " + std::to_string(s.wd) +
+          std::to_string(s.lr) +
+          ", \"betas\": [0.9, 0.999], \"eps\": 1e-8, \"weight_decay\": " + std::to_string(s.wd) +
           "}}, \"zero_optimization\": {\"stage\": 1, \"offload_optimizer\": {\"device\": \"cpu\"}}, \"zoe\": "
           "{\"device_budget\": \"64MiB\", \"optimizer_threads\": 1}}",
       rt.world_size());
@@ -281,7 +286,8 @@ TEST(MuonCheckpoint, ResumeIsBitIdenticalAndAnAdamWEngineRefusesIt) {
   Runtime& rt = test::shared_runtime();
   MlpSpec s = muon_spec();
   s.d = 64;
-  for (const Placement& pl : {Placement{0, "none", "none"}, Placement{2, "cpu", "none"}, Placement{3, "nvme", "nvme"}}) {
+  for (const Placement& pl :
+       {Placement{0, "none", "none"}, Placement{2, "cpu", "none"}, Placement{3, "nvme", "nvme"}}) {
     SCOPED_TRACE(describe(pl, ""));
     test::ScratchDir nv("nvme"), ck("ckpt");
     const std::string dir = rank0_dir(ck.path());
@@ -304,10 +310,10 @@ TEST(MuonCheckpoint, ResumeIsBitIdenticalAndAnAdamWEngineRefusesIt) {
       ASSERT_OK(test::engine_train(*e.value(), s, rt.rank(), rt.world_size(), 3, &second, nullptr, -1, 1, 2));
       EXPECT_TRUE(identical(second, whole)) << max_diff(second, whole);
     }
-    auto cfg = config::Config::parse(
-        "{\"train_micro_batch_size_per_gpu\": 4, \"zero_optimization\": {\"stage\": " + std::to_string(pl.stage) +
-            "}, \"zoe\": {\"device_budget\": \"64MiB\"}}",
-        rt.world_size());
+    auto cfg =
+        config::Config::parse("{\"train_micro_batch_size_per_gpu\": 4, \"zero_optimization\": {\"stage\": " +
+                                  std::to_string(pl.stage) + "}, \"zoe\": {\"device_budget\": \"64MiB\"}}",
+                              rt.world_size());
     ASSERT_OK(cfg);
     auto adamw = zero::create_engine(rt, cfg.value());
     ASSERT_OK(adamw);
