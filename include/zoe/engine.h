@@ -266,10 +266,13 @@ class Engine {
   // module counts its compute parameters only).
   uint64_t model_state_bytes() const;
   // Bytes of the master and the optimizer's states (AdamW's m and v with their block scales, Lion's
-  // m, Adagrad's sum) per trained parameter, as stored (zoe.master_weights, zoe.optimizer_states):
-  // AdamW 12 for fp32, 4.03125 for int8 with a bf16 master; Lion and Adagrad 8 for fp32.
+  // m, Adagrad's sum, Muon's momentum and its AdamW part's v) per trained parameter, as stored
+  // (zoe.master_weights, zoe.optimizer_states): AdamW and Muon 12 for fp32, 4.03125 for AdamW's
+  // int8 with a bf16 master; Lion and Adagrad 8 for fp32.
   double optimizer_state_bytes_per_param() const;
-  // optimizer.type's update: "AdamW" (also for "Adam"), "Lion" or "Adagrad".
+  // optimizer.type's update: "AdamW" (also for "Adam"), "Lion", "Adagrad" or "Muon" (src/optim/muon.h:
+  // the parameters with 2+ dimensions whose "<module>.<param>" name has neither "embed" nor
+  // "lm_head" get Muon, the rest AdamW; a ParamSpec's first dimension is a matrix's rows).
   std::string optimizer() const;
   // zoe.optimizer_states and zoe.master_weights in use ("fp32", "bf16", "int8", "int4").
   std::string optimizer_states() const;
