@@ -68,12 +68,15 @@ struct Updater::ChunkUpdater {
 
   // Calls fn(a, b, step) over the chunk [0, n) of module m's owned range from `begin`, in runs of
   // parameters that share one AdamW step count (one run when no parameter sat out an update; the
-  // padding after the last parameter goes with the last run).
+  // padding after the last parameter goes with the last run). A parameter this step leaves
+  // untouched joins whichever run spans it: its update is undone (restore_untouched).
   template <class F>
   Status for_step_runs(ModuleId m, size_t begin, size_t n, F&& fn) const {
     const std::vector<int64_t>* sk = m.index < skipped.size() ? &skipped[m.index] : nullptr;
     if (!sk || std::all_of(sk->begin(), sk->end(), [](int64_t k) { return k == 0; }))
       return fn(0, n, as.step);
+    static const std::vector<uint8_t> none;
+    const std::vector<uint8_t>& ut = m.index < untouched.size() ? untouched[m.index] : none;
     const ModuleLayout& mod = (*modules)[m];
     const size_t lo = mod.opt_begin + begin;
     size_t from = 0;
@@ -81,9 +84,8 @@ struct Updater::ChunkUpdater {
     bool open = false;
     for (size_t q = 0; q < mod.numel.size(); ++q) {
       const size_t b = std::max(lo, mod.offset[q]), e = std::min(lo + n, mod.offset[q] + mod.numel[q]);
-      if (b >= e) continue;
-      // (A parameter this step leaves untouched may count 0: its update is undone, any step serves.)
-      const int64_t s = std::max<int64_t>(1, as.step - (q < sk->size() ? (*sk)[q] : 0));
+      if (b >= e || (q < ut.size() && ut[q])) continue;
+      const int64_t s = as.step - (q < sk->size() ? (*sk)[q] : 0);
       if (open && s != step) {
         ZOE_RETURN_IF_ERROR(fn(from, b - lo, step));
         from = b - lo;
@@ -348,6 +350,18 @@ struct Updater::ChunkUpdater {
     la.buf.index_base = (static_cast<uint64_t>(m.index) << 40) + mod.opt_begin + begin;
     la.params = ap;
     la.step = as;
+    // The chunk's parameters' own step count where they share one (packed blocks straddle the
+    // parameters, so a chunk whose parameters count differently keeps the engine's: said once).
+    int runs = 0;
+    (void)for_step_runs(m, begin, n, [&](size_t, size_t, int64_t step) {
+      la.step.step = step;
+      ++runs;
+      return Status::ok();
+    });
+    if (runs > 1) {
+      la.step.step = as.step;
+      warn_mixed_steps();
+    }
     Status s = optim::adam_step_lowbit(la, exec);
     if (!s.is_ok()) return s.with_context("updating the optimizer states of module " + mod.name);
     return s;
@@ -399,11 +413,6 @@ struct Updater::ChunkUpdater {
     return fence.wait();
   }
 };
-
-double Updater::grad_divisor() const {
-  const double micro = static_cast<double>(std::max<int64_t>(1, r_.cfg->gradient_accumulation_steps));
-  return static_cast<double>(shape_.world) * micro * (shape_.cdt == DType::kF16 ? scaler_.scale() : 1.0);
-}
 
 // The update's arguments for step `step_no` at learning rate `lr` and gradient scale `scale`, on
 // `ops` with `pool`'s threads.
@@ -675,20 +684,6 @@ Status Updater::join() {
 Status Updater::finish() {
   ZOE_RETURN_IF_ERROR(join());
   return homes_.settle_all();
-}
-
-void Updater::shutdown() {
-  (void)join();  // an overlapped update still running behind (no collectives here)
-  writebacks_.wait_all();
-  for (ModuleId m : modules_.ids()) {
-    if (m.index >= states_.size()) break;
-    OptimStates& st = states_[m.index];
-    for (auto& b : st.dev) b.reset();
-    if (modules_[m].opt_home == Tier::kDevice || modules_[m].frozen) {
-      st.master = st.exp_avg = st.exp_avg_sq = nullptr;
-      st.grad_acc = nullptr;
-    }
-  }
 }
 
 }  // namespace zoe::zero

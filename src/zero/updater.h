@@ -142,6 +142,8 @@ class Updater final : public GradSink {
   Status set_skipped_steps(std::vector<std::vector<int64_t>> skipped);
   // apply(): the parameters this step leaves untouched sat out one more update.
   void count_skipped();
+  // The low-bit update of a chunk whose parameters count different steps (said once).
+  static void warn_mixed_steps();
   // What the step divides the summed gradients by: ranks x micro-batches (x the fp16 loss scale).
   double grad_divisor() const;
 

@@ -4,6 +4,7 @@
 // on a module's opt_home to find its bytes; and the updates each parameter sat out (its own AdamW
 // step count). The update itself is updater.cpp.
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -51,22 +52,10 @@ void Updater::count_skipped() {
     skipped_.resize(modules_.size());
     for (ModuleId m : modules_.ids()) skipped_[m.index].resize(modules_[m].numel.size(), 0);
   }
-  bool warn = false;
   for (size_t m = 0; m < untouched_.size() && m < skipped_.size(); ++m) {
     for (size_t p = 0; p < untouched_[m].size() && p < skipped_[m].size(); ++p) {
-      if (!untouched_[m][p]) continue;
-      skipped_[m][p]++;
-      warn = warn || lowbit();
+      if (untouched_[m][p]) skipped_[m][p]++;
     }
-  }
-  static bool warned = false;
-  if (warn && !warned) {
-    warned = true;
-    ZOE_LOG_WARN(
-        "a parameter got no gradient in a step: with zoe.optimizer_states \"%s\" / zoe.master_weights \"%s\" "
-        "its AdamW bias correction counts the engine's steps afterwards, not its own as torch.optim.AdamW "
-        "does (zoe.optimizer_states \"fp32\" or \"bf16\" with zoe.master_weights \"fp32\" count its own)",
-        optim::state_format_name(r_.states), optim::master_format_name(r_.master));
   }
 }
 
@@ -90,6 +79,35 @@ Status Updater::set_skipped_steps(std::vector<std::vector<int64_t>> skipped) {
   }
   skipped_ = std::move(skipped);
   return Status::ok();
+}
+
+void Updater::warn_mixed_steps() {
+  static std::atomic<bool> warned{false};
+  if (warned.exchange(true)) return;
+  ZOE_LOG_WARN(
+      "a module's parameters sat out different numbers of steps (some got no gradient in a step): with "
+      "low-bit states (zoe.optimizer_states int8/int4 or zoe.master_weights bf16) their AdamW bias "
+      "correction counts the engine's steps, not each parameter's own as torch.optim.AdamW does "
+      "(zoe.optimizer_states \"fp32\" or \"bf16\" with zoe.master_weights \"fp32\" count their own)");
+}
+
+double Updater::grad_divisor() const {
+  const double micro = static_cast<double>(std::max<int64_t>(1, r_.cfg->gradient_accumulation_steps));
+  return static_cast<double>(shape_.world) * micro * (shape_.cdt == DType::kF16 ? scaler_.scale() : 1.0);
+}
+
+void Updater::shutdown() {
+  (void)join();  // an overlapped update still running behind (no collectives here)
+  writebacks_.wait_all();
+  for (ModuleId m : modules_.ids()) {
+    if (m.index >= states_.size()) break;
+    OptimStates& st = states_[m.index];
+    for (auto& b : st.dev) b.reset();
+    if (modules_[m].opt_home == Tier::kDevice || modules_[m].frozen) {
+      st.master = st.exp_avg = st.exp_avg_sq = nullptr;
+      st.grad_acc = nullptr;
+    }
+  }
 }
 
 void Updater::test_flip(ModuleId m, const GradBatch& b, float* sum) const {
