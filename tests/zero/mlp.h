@@ -176,6 +176,38 @@ inline std::vector<Layer> reference_train(const MlpSpec& s, int world, int steps
   return L;
 }
 
+// Whether two trained models are the same bits.
+inline bool identical(const std::vector<Layer>& a, const std::vector<Layer>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t l = 0; l < a.size(); ++l) {
+    if (a[l].w.size() != b[l].w.size() || a[l].b.size() != b[l].b.size() ||
+        memcmp(a[l].w.data(), b[l].w.data(), a[l].w.size() * 4) != 0 ||
+        memcmp(a[l].b.data(), b[l].b.data(), a[l].b.size() * 4) != 0)
+      return false;
+  }
+  return true;
+}
+
+// The gradients the engine sums at step k over `world` ranks: each rank's mean gradient over its
+// samples (as engine_train computes it), added in rank order (the engine scales by 1/world inside
+// the update).
+inline std::vector<Layer> rank_summed_grads(const MlpSpec& s, const std::vector<Layer>& L, int k, int world) {
+  std::vector<Layer> g;
+  for (int r = 0; r < world; ++r) {
+    std::vector<Layer> gr;
+    mlp_grads(s, L, batch_inputs(s, k, r * s.batch, s.batch), batch_targets(s, k, r * s.batch, s.batch), &gr);
+    if (r == 0) {
+      g = gr;
+      continue;
+    }
+    for (size_t l = 0; l < g.size(); ++l) {
+      for (size_t i = 0; i < g[l].w.size(); ++i) g[l].w[i] += gr[l].w[i];
+      for (size_t i = 0; i < g[l].b.size(); ++i) g[l].b[i] += gr[l].b[i];
+    }
+  }
+  return g;
+}
+
 // How the harness reaches the engine's device memory: null (CpuDevice: host memory, read and
 // written in place), or a copy function (a GPU: cudaMemcpy) set by the test.
 using DeviceCopy = void (*)(void* dst, const void* src, size_t bytes, bool to_device);

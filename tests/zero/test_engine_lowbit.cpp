@@ -22,14 +22,17 @@
 #include "tests/util/status_test_util.h"
 #include "tests/util/test_util.h"
 #include "tests/zero/mlp.h"
+#include "tests/zero/rank0_dir.h"
 #include "tests/zero/shared_runtime.h"
 #include "zero/engine_internal.h"
 
 namespace zoe {
 namespace {
 
+using test::identical;
 using test::Layer;
 using test::MlpSpec;
+using test::rank0_dir;
 
 struct Placement {
   int stage;
@@ -86,16 +89,6 @@ Result<std::vector<Layer>> run(const Placement& pl, const Format& f, const MlpSp
   std::vector<Layer> out;
   ZOE_RETURN_IF_ERROR(test::engine_train(*e, s, rt.rank(), rt.world_size(), steps, &out));
   return out;
-}
-
-bool identical(const std::vector<Layer>& a, const std::vector<Layer>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t l = 0; l < a.size(); ++l) {
-    if (a[l].w.size() != b[l].w.size() || memcmp(a[l].w.data(), b[l].w.data(), a[l].w.size() * 4) != 0 ||
-        memcmp(a[l].b.data(), b[l].b.data(), a[l].b.size() * 4) != 0)
-      return false;
-  }
-  return true;
 }
 
 // The largest and the mean absolute difference.
@@ -261,17 +254,6 @@ TEST(LowbitEngine, ABf16MasterWithBf16ComputeIsStoredOnce) {
   // this rank's share), not 2 (a bf16 master beside the compute copy).
   const uint64_t trained = 3 * n / static_cast<uint64_t>(rt.world_size());
   EXPECT_EQ(state_bytes[0] - state_bytes[1], 4 * trained) << state_bytes[0] << " vs " << state_bytes[1];
-}
-
-// Rank 0's directory on every rank.
-std::string rank0_dir(const std::string& mine) {
-  Runtime& rt = test::shared_runtime();
-  std::string dir = mine;
-  int64_t len = static_cast<int64_t>(dir.size());
-  EXPECT_OK(zero::runtime_comm(rt).broadcast(&len, 1, comm::CommType::kI64, 0).wait());
-  dir.resize(static_cast<size_t>(len));
-  EXPECT_OK(zero::runtime_comm(rt).broadcast(dir.data(), dir.size(), comm::CommType::kU8, 0).wait());
-  return dir;
 }
 
 TEST(LowbitCheckpoint, ResumeIsBitIdenticalAndStoresThePackedStates) {

@@ -20,14 +20,17 @@
 #include "tests/util/status_test_util.h"
 #include "tests/util/test_util.h"
 #include "tests/zero/mlp.h"
+#include "tests/zero/rank0_dir.h"
 #include "tests/zero/shared_runtime.h"
 #include "zero/engine_internal.h"
 
 namespace zoe {
 namespace {
 
+using test::identical;
 using test::Layer;
 using test::MlpSpec;
+using test::rank0_dir;
 
 constexpr float kMuonLr = 0.02f, kMomentum = 0.9f;
 
@@ -91,17 +94,7 @@ float max_diff(const std::vector<Layer>& a, const std::vector<Layer>& b) {
   return d;
 }
 
-bool identical(const std::vector<Layer>& a, const std::vector<Layer>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t l = 0; l < a.size(); ++l) {
-    if (a[l].w.size() != b[l].w.size() || memcmp(a[l].w.data(), b[l].w.data(), a[l].w.size() * 4) != 0 ||
-        memcmp(a[l].b.data(), b[l].b.data(), a[l].b.size() * 4) != 0)
-      return false;
-  }
-  return true;
-}
-
-// The plain loop: each rank's mean gradient over its samples (as engine_train computes it), summed
+// The plain loop: each rank's mean gradient over its samples, summed (test::rank_summed_grads)
 // over the ranks in rank order and scaled by 1/world inside the update; then Muon on each whole
 // weight matrix (d x d) and AdamW on each bias.
 std::vector<Layer> muon_reference(const MlpSpec& s, int world, int steps) {
@@ -124,20 +117,7 @@ std::vector<Layer> muon_reference(const MlpSpec& s, int world, int steps) {
   ap.weight_decay = s.wd;
   ap.adamw = true;
   for (int k = 0; k < steps; ++k) {
-    std::vector<Layer> g;
-    for (int r = 0; r < world; ++r) {
-      std::vector<Layer> gr;
-      test::mlp_grads(s, L, test::batch_inputs(s, k, r * s.batch, s.batch),
-                      test::batch_targets(s, k, r * s.batch, s.batch), &gr);
-      if (r == 0) {
-        g = gr;
-        continue;
-      }
-      for (size_t l = 0; l < g.size(); ++l) {
-        for (size_t i = 0; i < g[l].w.size(); ++i) g[l].w[i] += gr[l].w[i];
-        for (size_t i = 0; i < g[l].b.size(); ++i) g[l].b[i] += gr[l].b[i];
-      }
-    }
+    const std::vector<Layer> g = test::rank_summed_grads(s, L, k, world);
     const float scale = static_cast<float>(1.0 / world);
     for (size_t l = 0; l < L.size(); ++l) {
       if (static_cast<int>(l) < s.frozen_layers || (k == s.no_grads_at && l == 0)) continue;
@@ -269,17 +249,6 @@ TEST(MuonEngine, MatricesAreTheParametersDeepSpeedGivesMuon) {
     ASSERT_OK(test::engine_train(*e, s, rt.rank(), rt.world_size(), 2, &out[i]));
   }
   EXPECT_TRUE(identical(out[0], out[1])) << max_diff(out[0], out[1]);
-}
-
-// Rank 0's directory on every rank.
-std::string rank0_dir(const std::string& mine) {
-  Runtime& rt = test::shared_runtime();
-  std::string dir = mine;
-  int64_t len = static_cast<int64_t>(dir.size());
-  EXPECT_OK(zero::runtime_comm(rt).broadcast(&len, 1, comm::CommType::kI64, 0).wait());
-  dir.resize(static_cast<size_t>(len));
-  EXPECT_OK(zero::runtime_comm(rt).broadcast(dir.data(), dir.size(), comm::CommType::kU8, 0).wait());
-  return dir;
 }
 
 TEST(MuonCheckpoint, ResumeIsBitIdenticalAndAnAdamWEngineRefusesIt) {

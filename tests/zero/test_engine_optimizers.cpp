@@ -23,14 +23,17 @@
 #include "tests/util/status_test_util.h"
 #include "tests/util/test_util.h"
 #include "tests/zero/mlp.h"
+#include "tests/zero/rank0_dir.h"
 #include "tests/zero/shared_runtime.h"
 #include "zero/engine_internal.h"
 
 namespace zoe {
 namespace {
 
+using test::identical;
 using test::Layer;
 using test::MlpSpec;
+using test::rank0_dir;
 
 struct Placement {
   int stage;
@@ -97,16 +100,6 @@ Result<std::vector<Layer>> train(const Placement& pl, const Recipe& r, const Mlp
   return out;
 }
 
-bool identical(const std::vector<Layer>& a, const std::vector<Layer>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t l = 0; l < a.size(); ++l) {
-    if (a[l].w.size() != b[l].w.size() || memcmp(a[l].w.data(), b[l].w.data(), a[l].w.size() * 4) != 0 ||
-        memcmp(a[l].b.data(), b[l].b.data(), a[l].b.size() * 4) != 0)
-      return false;
-  }
-  return true;
-}
-
 // The plain loop: each rank's mean gradient over its samples (as engine_train computes it), summed
 // over the ranks in rank order and scaled by 1/world inside the update (the engine's step scale),
 // then optim::ref's Lion or Adagrad on each parameter, states in `states` ("fp32" or "bf16").
@@ -122,20 +115,7 @@ std::vector<Layer> reference_train(const MlpSpec& s, const std::string& type, co
     st.emplace_back(l.b.size(), 0.0f);
   }
   for (int k = 0; k < steps; ++k) {
-    std::vector<Layer> g;
-    for (int r = 0; r < world; ++r) {
-      std::vector<Layer> gr;
-      test::mlp_grads(s, L, test::batch_inputs(s, k, r * s.batch, s.batch),
-                      test::batch_targets(s, k, r * s.batch, s.batch), &gr);
-      if (r == 0) {
-        g = gr;
-        continue;
-      }
-      for (size_t l = 0; l < g.size(); ++l) {
-        for (size_t i = 0; i < g[l].w.size(); ++i) g[l].w[i] += gr[l].w[i];
-        for (size_t i = 0; i < g[l].b.size(); ++i) g[l].b[i] += gr[l].b[i];
-      }
-    }
+    const std::vector<Layer> g = test::rank_summed_grads(s, L, k, world);
     optim::AdamStep as;
     as.step = k + 1;
     as.grad_scale = static_cast<float>(1.0 / world);
@@ -319,17 +299,6 @@ TEST(OptimizerEngine, OneStateTakesOneBuffer) {
                         static_cast<int64_t>(lion.value()->model_state_bytes());
   EXPECT_GE(fewer, 4 * n / w);                   // one fp32 state fewer per owned element
   EXPECT_LE(fewer, 4 * (n + 3 * 2048 * w) / w);  // and no more than that
-}
-
-// Rank 0's directory on every rank.
-std::string rank0_dir(const std::string& mine) {
-  Runtime& rt = test::shared_runtime();
-  std::string dir = mine;
-  int64_t len = static_cast<int64_t>(dir.size());
-  EXPECT_OK(zero::runtime_comm(rt).broadcast(&len, 1, comm::CommType::kI64, 0).wait());
-  dir.resize(static_cast<size_t>(len));
-  EXPECT_OK(zero::runtime_comm(rt).broadcast(dir.data(), dir.size(), comm::CommType::kU8, 0).wait());
-  return dir;
 }
 
 TEST(OptimizerCheckpoint, ResumeIsBitIdenticalAndLoadsOnlyIntoItsOptimizer) {

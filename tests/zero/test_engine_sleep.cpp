@@ -20,6 +20,7 @@
 namespace zoe {
 namespace {
 
+using test::identical;
 using test::Layer;
 using test::MlpSpec;
 
@@ -58,16 +59,6 @@ Result<std::unique_ptr<Engine>> make_engine(const Case& c, const std::string& nv
   ZOE_ASSIGN_OR_RETURN(auto e, zero::create_engine(rt, cfg));
   ZOE_RETURN_IF_ERROR(test::register_mlp(*e, s));
   return e;
-}
-
-bool identical(const std::vector<Layer>& a, const std::vector<Layer>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t l = 0; l < a.size(); ++l) {
-    if (memcmp(a[l].w.data(), b[l].w.data(), a[l].w.size() * 4) != 0 ||
-        memcmp(a[l].b.data(), b[l].b.data(), a[l].b.size() * 4) != 0)
-      return false;
-  }
-  return true;
 }
 
 // What a sleep saw: the device's memory before and while asleep, the copies' host and NVMe bytes.
