@@ -33,7 +33,8 @@ using TierBytesArray = uint64_t[3];
     "optimizer.type Muon: of t_optimizer, the seconds in Newton-Schulz (the matrices' orthogonalization)")   \
   X(TierBytesArray, high_water, {}, "high-water marks, bytes: device, host, nvme")                           \
   /* Bytes moved since initialize(): NVMe reads and writes (every tier's), host -> device and                \
-     device -> host (parameter partitions, including those streamed from/to NVMe). */                        \
+     device -> host (parameter partitions, including those streamed from/to NVMe); with an overlapped        \
+     update, read just before its thread starts. */                                                          \
   X(uint64_t, bytes_nvme_read, 0, "NVMe bytes read since initialize()")                                      \
   X(uint64_t, bytes_nvme_write, 0, "NVMe bytes written since initialize()")                                  \
   X(uint64_t, bytes_host_to_device, 0, "host -> device bytes since initialize()")                            \

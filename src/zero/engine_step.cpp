@@ -171,6 +171,12 @@ Result<StepStats> Engine::step() {
   ZOE_ASSIGN_OR_RETURN(auto untouched, untouched_params(I));
   I.update->set_untouched(std::move(untouched));
   I.update->settle_speculation(sc.overflow, sc.grad_scale, &st);
+  // An overlapped update's bytes count at the next step: the link counters are read before
+  // its thread starts, so no byte it moves lands in this step by the thread's timing.
+  ActivationStats acts;
+  const bool overlapped = !sc.overflow && I.update->overlaps();
+  zero::ResourceReadings before;
+  if (overlapped) before = resource_readings(I, &acts);
   // Phase 4: the update, or the skip.
   if (sc.overflow) {
     st.skipped = true;
@@ -184,8 +190,9 @@ Result<StepStats> Engine::step() {
   // Phase 5: statistics (an overlapped update's bytes and time count at the next step).
   st.step = I.update->steps();
   st.loss_scale = loss_scale();
-  ActivationStats acts;
-  I.clock.collect(resource_readings(I, &acts), t_enter, num_params(), &st);
+  zero::ResourceReadings r = resource_readings(I, &acts);
+  if (overlapped) r.take_link_bytes(before);
+  I.clock.collect(r, t_enter, num_params(), &st);
   return st;
 }
 

@@ -28,6 +28,14 @@ struct ResourceReadings {
   uint64_t device_high_water = 0, host_high_water = 0, nvme_high_water = 0;
   uint64_t nvme_read = 0, nvme_write = 0, host_to_device = 0, device_to_host = 0;
   const ActivationStats* acts = nullptr;  // null: no activation store
+
+  // The link byte counters of an earlier reading (the step's bytes end there).
+  void take_link_bytes(const ResourceReadings& o) {
+    nvme_read = o.nvme_read;
+    nvme_write = o.nvme_write;
+    host_to_device = o.host_to_device;
+    device_to_host = o.device_to_host;
+  }
 };
 
 struct StepClock {

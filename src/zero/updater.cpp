@@ -646,7 +646,7 @@ Status Updater::apply(float grad_scale, double lr) {
   count_skipped();
   // The optimizer over every module's owned range: behind the caller's next forward when the device's
   // memory is host memory (zoe.overlap_step), else here.
-  const bool overlap = r_.cfg->zoe.overlap_step && r_.ops->host_addressable();
+  const bool overlap = overlaps();
   if (overlap && !update_pool_) {
     optim::CpuPool::Options po;
     po.threads = static_cast<int>(r_.cfg->zoe.optimizer_threads);
@@ -670,6 +670,8 @@ Status Updater::apply(float grad_scale, double lr) {
   }
   return Status::ok();
 }
+
+bool Updater::overlaps() const { return r_.cfg->zoe.overlap_step && r_.ops->host_addressable(); }
 
 Status Updater::join() {
   if (!running_) return Status::ok();

@@ -165,6 +165,8 @@ class Updater final : public GradSink {
   Status skip();
   // Takes the step: steps() + 1, the optimizer with grad_scale and lr, serially or overlapped.
   Status apply(float grad_scale, double lr);
+  // Whether apply() runs the update behind the caller (zoe.overlap_step on a host-memory device).
+  bool overlaps() const;
   Status join();
   Status finish();
 
