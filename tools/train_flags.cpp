@@ -40,11 +40,19 @@ model::GptConfig model_config(const TrainOpts& o) {
 // --optimizer's value as optimizer.type spells it ("" for a value that is none of them).
 static std::string optimizer_type(std::string flag) {
   for (char& c : flag) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return flag == "adamw"     ? "AdamW"
-         : flag == "lion"    ? "Lion"
-         : flag == "adagrad" ? "Adagrad"
-         : flag == "muon"    ? "Muon"
-                             : "";
+  return flag == "adamw"       ? "AdamW"
+         : flag == "lion"      ? "Lion"
+         : flag == "adagrad"   ? "Adagrad"
+         : flag == "muon"      ? "Muon"
+         : flag == "adam_mini" ? "AdamMini"
+                               : "";
+}
+
+// Adam-mini's heads are the model's: optimizer.params.dim and n_heads from the GPT's shape.
+static Status adam_mini_shape(const TrainOpts& o, Config* cfg) {
+  const model::GptConfig mc = model_config(o);
+  ZOE_RETURN_IF_ERROR(cfg->set("optimizer.params.dim", std::to_string(mc.d_model)));
+  return cfg->set("optimizer.params.n_heads", std::to_string(mc.heads));
 }
 
 ComputeDType precision_flag(const std::string& p) {
@@ -87,6 +95,7 @@ Result<Config> flags_config(const TrainOpts& o, const std::vector<std::string>& 
   if (o.has("--master-weights"))
     ZOE_RETURN_IF_ERROR(cfg.set("zoe.master_weights", "\"" + o.master_weights + "\""));
   if (o.has("--schedule")) ZOE_RETURN_IF_ERROR(cfg.set("zoe.schedule", "\"" + o.schedule + "\""));
+  if (type == "AdamMini") ZOE_RETURN_IF_ERROR(adam_mini_shape(o, &cfg));
   if (type == "Muon" && !o.has("--lr")) {
     // Without --lr, DeepSpeed's MuonWithAuxAdam rates: 0.02 for the matrices, 3e-4 for the rest
     // (the warmup shapes both: Config group_lr_at).
@@ -133,7 +142,8 @@ void check_flags(TrainOpts& o) {
   }
   check_activation_flags(o);
   if (o.has("--optimizer") && optimizer_type(o.optimizer).empty())
-    usage_fail(invalid_argument("--optimizer %s is not adamw, lion, adagrad or muon", o.optimizer.c_str()));
+    usage_fail(invalid_argument("--optimizer %s is not adamw, lion, adagrad, muon or adam_mini",
+                                o.optimizer.c_str()));
   if (o.has("--optimizer-states") && o.optimizer_states != "fp32" && o.optimizer_states != "bf16" &&
       o.optimizer_states != "int8" && o.optimizer_states != "int4") {
     usage_fail(invalid_argument("--optimizer-states %s is not fp32, bf16, int8 or int4",
@@ -260,6 +270,9 @@ void apply_overrides(const TrainOpts& o, Config* cfg, bool lead) {
     auto was = cfg->get_string("optimizer.type");
     say("--optimizer " + o.optimizer, "optimizer.type", was.is_ok() ? was.value() : "AdamW");
     check("--optimizer", cfg->set_optimizer(optimizer_type(o.optimizer)));
+    // Another type before: no optimizer.params.dim/n_heads were given (the rules refuse them).
+    if (optimizer_type(o.optimizer) == "AdamMini" && (!was.is_ok() || was.value() != "AdamMini"))
+      check("--optimizer", adam_mini_shape(o, cfg));
   }
   if (o.has("--precision")) {
     say("--precision " + o.precision, "bf16.enabled / fp16.enabled", dtype_name(cfg->precision()));
@@ -296,10 +309,13 @@ void apply_overrides(const TrainOpts& o, Config* cfg, bool lead) {
 static void add_state_format_options(CLI::App* cmd, TrainOpts* o) {
   cmd->add_option(
       "--optimizer", o->optimizer,
-      "The update: adamw, lion, adagrad or muon, with DeepSpeed's defaults for its params (Lion lr 1e-3, "
+      "The update: adamw, lion, adagrad, muon or adam_mini, with DeepSpeed's defaults for its params (Lion "
+      "lr 1e-3, "
       "betas (0.9, 0.999); Adagrad lr 1e-2, eps 1e-10; docs in src/optim/lion_adagrad.h; Muon on the "
       "blocks' weight matrices with momentum 0.95 and AdamW on the rest, rates 0.02 and 3e-4, or --lr for "
-      "both; docs in src/optim/muon.h); overrides optimizer.type; default adamw");
+      "both; docs in src/optim/muon.h; adam_mini: one second moment a block (a head of q and k, a row "
+      "elsewhere, docs in src/optim/adam_mini.h), AdamW's defaults); overrides optimizer.type; default "
+      "adamw");
   cmd->add_option(
       "--optimizer-states", o->optimizer_states,
       "The optimizer's states (AdamW's m and v, Lion's m, Adagrad's sum) as stored in every tier: "

@@ -100,6 +100,10 @@ struct OptimizerConfig {
   // DeepSpeed's MuonWithAuxAdam defaults 0.02 and 3e-4), and Muon's momentum.
   double muon_lr = 0.02, adam_lr = 3e-4;
   double momentum = 0.95;
+  // optimizer.type "AdamMini" (the adam-mini package's names): the hidden size and the attention
+  // heads its per-head blocks are cut by (dim*dim/n_heads elements; the package's defaults), and the
+  // key/value heads (0: n_heads), which must divide n_heads.
+  int64_t dim = 2048, n_heads = 32, n_kv_heads = 0;
 
   bool operator==(const OptimizerConfig&) const = default;
 };

@@ -136,7 +136,8 @@ Status merge_state_format(Config* c) {
 }
 
 // optimizer.params as DeepSpeed's Lion (lr, betas, weight_decay), Adagrad (lr, eps,
-// weight_decay) and Muon (lr, muon_lr, adam_lr, momentum, weight_decay, betas, eps) take them: a
+// weight_decay), Muon (lr, muon_lr, adam_lr, momentum, weight_decay, betas, eps) and Adam-mini (lr,
+// betas, eps, weight_decay, and the adam-mini package's dim, n_heads, n_kv_heads) take them: a
 // key the type has not is refused (DeepSpeed's optimizer would not take it either), and the
 // defaults are each type's own: Adagrad lr 1e-2, eps 1e-10 (DeepSpeedCPUAdagrad, torch); Muon
 // DeepSpeed's MuonWithAuxAdam's (muon_lr 0.02 and adam_lr 3e-4, or lr for both where lr is given;
@@ -144,7 +145,8 @@ Status merge_state_format(Config* c) {
 // fp32 master: the low-bit formats are AdamW's.
 Status check_optimizer_params(const GivenKeys& g, Config* c) {
   OptimizerConfig& o = c->optimizer;
-  const bool lion = o.type == "Lion", adagrad = o.type == "Adagrad", muon = o.type == "Muon";
+  const bool lion = o.type == "Lion", adagrad = o.type == "Adagrad", muon = o.type == "Muon",
+             mini = o.type == "AdamMini";
   if (!muon) {
     for (const char* k : {"muon_lr", "adam_lr", "momentum"}) {
       if (!g.has(std::string("optimizer.params.") + k)) continue;
@@ -153,9 +155,24 @@ Status check_optimizer_params(const GivenKeys& g, Config* c) {
           o.type.c_str());
     }
   }
-  if (!lion && !adagrad && !muon) return Status::ok();
+  if (!mini) {
+    for (const char* k : {"dim", "n_heads", "n_kv_heads"}) {
+      if (!g.has(std::string("optimizer.params.") + k)) continue;
+      return invalid_argument(
+          "optimizer.params.%s is optimizer.type \"AdamMini\"'s; optimizer.type is \"%s\": remove it", k,
+          o.type.c_str());
+    }
+  }
+  if (mini && o.n_kv_heads != 0 && o.n_heads % o.n_kv_heads != 0) {
+    return invalid_argument(
+        "optimizer.params.n_kv_heads %lld does not divide optimizer.params.n_heads %lld (grouped-query "
+        "attention: n_heads is a multiple of n_kv_heads)",
+        static_cast<long long>(o.n_kv_heads), static_cast<long long>(o.n_heads));
+  }
+  if (!lion && !adagrad && !muon && !mini) return Status::ok();
   const char* takes = lion      ? "lr, betas and weight_decay"
                       : adagrad ? "lr, eps and weight_decay"
+                      : mini    ? "lr, betas, eps, weight_decay, dim, n_heads and n_kv_heads"
                                 : "lr, muon_lr, adam_lr, momentum, weight_decay, betas and eps";
   for (const char* k : {lion ? "eps" : adagrad ? "betas" : "", "adam_w_mode"}) {
     if (*k == 0 || !g.has(std::string("optimizer.params.") + k)) continue;
@@ -176,18 +193,26 @@ Status check_optimizer_params(const GivenKeys& g, Config* c) {
     if (!g.has("optimizer.params.eps")) o.eps = 1e-10;
   }
   const ZoeConfig& z = c->zoe;
-  if (z.optimizer_states != "fp32" && (muon || z.optimizer_states != "bf16")) {
+  const bool fp32_only = muon || mini;
+  if (z.optimizer_states != "fp32" && (fp32_only || z.optimizer_states != "bf16")) {
     return invalid_argument(
         "zoe.optimizer_states \"%s\" with optimizer.type \"%s\": the low-bit states are AdamW's only%s; use "
         "zoe.optimizer_states \"fp32\"%s with %s, or optimizer.type \"AdamW\"",
-        z.optimizer_states.c_str(), o.type.c_str(), muon ? " (and bf16 states Lion's and Adagrad's)" : "",
-        muon ? "" : " or \"bf16\"", o.type.c_str());
+        z.optimizer_states.c_str(), o.type.c_str(),
+        fp32_only ? " (and bf16 states Lion's and Adagrad's)" : "", fp32_only ? "" : " or \"bf16\"",
+        o.type.c_str());
   }
   if (z.master_weights != "fp32") {
     return invalid_argument(
         "zoe.master_weights \"%s\" with optimizer.type \"%s\": %s updates an fp32 master only; use "
         "zoe.master_weights \"fp32\" with %s, or optimizer.type \"AdamW\"",
         z.master_weights.c_str(), o.type.c_str(), o.type.c_str(), o.type.c_str());
+  }
+  if (mini && z.speculative_step) {
+    ZOE_LOG_WARN(
+        "zoe.speculative_step: not used with optimizer.type \"AdamMini\" (its second moments are block means "
+        "over the whole step's gradients, summed over the ranks, so no module can be updated during the "
+        "backward); set it to false");
   }
   if (muon && z.speculative_step) {
     ZOE_LOG_WARN(

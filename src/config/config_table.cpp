@@ -149,6 +149,7 @@ bool has_scheduler(const Config& c) { return !c.scheduler.type.empty(); }
 // The optimizer.params keys each optimizer.type has (config_rules.cpp refuses the others).
 bool is_adam(const Config& c) { return c.optimizer.type == "Adam" || c.optimizer.type == "AdamW"; }
 bool is_muon(const Config& c) { return c.optimizer.type == "Muon"; }
+bool is_adam_mini(const Config& c) { return c.optimizer.type == "AdamMini"; }
 bool has_betas(const Config& c) { return c.optimizer.type != "Adagrad"; }
 bool has_eps(const Config& c) { return c.optimizer.type != "Lion"; }
 bool has_total_steps(const Config& c) { return has_scheduler(c) && c.scheduler.total_num_steps != 0; }
@@ -289,12 +290,13 @@ void add_optimizer_fields(std::vector<Field>& t) {
   const std::monostate none;
   const Range fraction_open = {0.0, 1.0, false, true};
   Field type = choice("optimizer.type", ZOE_MEMBER(optimizer.type), "AdamW",
-                      {"Adam", "AdamW", "Lion", "Adagrad", "Muon"}, true);
+                      {"Adam", "AdamW", "Lion", "Adagrad", "Muon", "AdamMini"}, true);
   type.string_type_message = true;
   // DeepSpeed's other types, refused by name with what zoe offers instead (matched without regard
   // to case, as DeepSpeed matches them).
   const std::string instead =
-      "zoe runs optimizer.type \"AdamW\" (or \"Adam\"), \"Lion\", \"Adagrad\" and \"Muon\", with "
+      "zoe runs optimizer.type \"AdamW\" (or \"Adam\"), \"Lion\", \"Adagrad\", \"Muon\" and \"AdamMini\", "
+      "with "
       "zoe.optimizer_states \"int8\" or \"int4\" (AdamW) or \"bf16\" for fewer optimizer bytes";
   for (const char* t8 : {"Lamb", "OneBitAdam", "ZeroOneAdam", "OneBitLamb"})
     type.refused_values.emplace_back(
@@ -323,6 +325,12 @@ void add_optimizer_fields(std::vector<Field>& t) {
       number("optimizer.params.adam_lr", ZOE_MEMBER(optimizer.adam_lr), 3e-4, kAtLeast0).written_if(is_muon));
   t.push_back(number("optimizer.params.momentum", ZOE_MEMBER(optimizer.momentum), 0.95, fraction_open)
                   .written_if(is_muon));
+  // Adam-mini's (the adam-mini package's names; refused with other types by the rules).
+  t.push_back(integer("optimizer.params.dim", ZOE_MEMBER(optimizer.dim), 2048, 1).written_if(is_adam_mini));
+  t.push_back(
+      integer("optimizer.params.n_heads", ZOE_MEMBER(optimizer.n_heads), 32, 1).written_if(is_adam_mini));
+  t.push_back(integer("optimizer.params.n_kv_heads", ZOE_MEMBER(optimizer.n_kv_heads), 0, 0)
+                  .written_if(is_adam_mini));
   t.push_back(boolean("optimizer.params.amsgrad", none, false).refuse("AMSGrad is not implemented"));
   t.push_back(
       boolean("optimizer.params.bias_correction", none, true).refuse("zoe's Adam always corrects the bias"));

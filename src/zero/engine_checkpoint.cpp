@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <type_traits>
 
 #include "checkpoint/checkpoint.h"
 #include "zero/engine_impl.h"
@@ -217,6 +218,9 @@ Status commit_save(Engine::Impl& I, const std::string& save_dir, const std::stri
           return std::any_of(v.begin(), v.end(), [](int64_t k) { return k != 0; });
         }))
       man.engine["skipped_steps"] = skipped;
+    // Adam-mini: the blocks' mean second moments (one float a block; the same on every rank).
+    if (I.update->optimizer() == optim::OptimizerKind::kAdamMini)
+      man.engine["adam_mini_v"] = I.update->adam_mini_v();
     man.trainer = nlohmann::json::parse(trainer.empty() ? "{}" : trainer, nullptr, false);
     if (man.trainer.is_discarded()) man.trainer = nlohmann::json::object();
     commit = ckpt::commit_checkpoint(save_dir, tag, tmp, man);
@@ -347,7 +351,7 @@ Status check_same_optimizer(const ckpt::JsonFields& e, const zero::Updater& u, c
   std::string saved = "AdamW";
   ZOE_RETURN_IF_ERROR(e.get_optional("optimizer", &saved));
   auto kind = optim::parse_optimizer_kind(saved);
-  if (!kind.is_ok()) return e.bad("optimizer", "\"AdamW\", \"Lion\", \"Adagrad\" or \"Muon\"");
+  if (!kind.is_ok()) return e.bad("optimizer", "\"AdamW\", \"Lion\", \"Adagrad\", \"Muon\" or \"AdamMini\"");
   if (kind.value() == u.optimizer()) return Status::ok();
   return invalid_argument(
       "checkpoint %s holds the optimizer states of optimizer.type \"%s\", and this engine runs "
@@ -359,6 +363,24 @@ Status check_same_optimizer(const ckpt::JsonFields& e, const zero::Updater& u, c
 }
 
 }  // namespace
+
+// engine.<key>: an array (per module) of arrays of numbers (integers where T is), into out; absent:
+// out stays empty. Anything else is a corruption error naming the key and `expected`.
+template <class T>
+static Status read_per_module(const ckpt::JsonFields& e, const nlohmann::json& engine, const char* key,
+                              const char* expected, std::vector<std::vector<T>>* out) {
+  if (!e.has(key)) return Status::ok();
+  const nlohmann::json& j = engine.at(key);
+  bool ok = j.is_array();
+  for (const auto& mj : ok ? j : nlohmann::json::array()) {
+    ok = ok && mj.is_array();
+    for (const auto& v : ok ? mj : nlohmann::json::array())
+      ok = ok && (std::is_integral_v<T> ? v.is_number_integer() : v.is_number());
+  }
+  if (!ok) return e.bad(key, expected);
+  *out = j.get<std::vector<std::vector<T>>>();
+  return Status::ok();
+}
 
 Result<std::string> Engine::load(const std::string& dir) {
   Impl& I = *impl_;
@@ -394,16 +416,16 @@ Result<std::string> Engine::load(const std::string& dir) {
   ZOE_RETURN_IF_ERROR(check_same_optimizer(e, *I.update, rd->path()));
   // engine.skipped_steps (absent: no parameter sat out an update).
   std::vector<std::vector<int64_t>> skipped;
-  if (e.has("skipped_steps")) {
-    const nlohmann::json& j = engine.at("skipped_steps");
-    bool ok = j.is_array();
-    for (const auto& mj : ok ? j : nlohmann::json::array()) {
-      ok = ok && mj.is_array();
-      for (const auto& v : ok ? mj : nlohmann::json::array()) ok = ok && v.is_number_integer();
-    }
-    if (!ok) return e.bad("skipped_steps", "an array (per module) of arrays (per parameter) of integers");
-    skipped = j.get<std::vector<std::vector<int64_t>>>();
-  }
+  ZOE_RETURN_IF_ERROR(read_per_module(
+      e, engine, "skipped_steps", "an array (per module) of arrays (per parameter) of integers", &skipped));
+  // engine.adam_mini_v (Adam-mini only; check_same_optimizer above says the types agree).
+  std::vector<std::vector<float>> mini_v;
+  const bool has_mini = e.has("adam_mini_v");
+  ZOE_RETURN_IF_ERROR(read_per_module(e, engine, "adam_mini_v",
+                                      "an array (per module) of arrays (per block) of numbers", &mini_v));
+  if (!has_mini && I.update->optimizer() == optim::OptimizerKind::kAdamMini && steps > 0)
+    return e.bad("adam_mini_v",
+                 "Adam-mini's block moments (a checkpoint of optimizer.type AdamMini has them)");
   zero::LossScaler::State ls{1.0, 0, -1, 1};
   const bool has_scaler = e.has("loss_scaler");
   if (has_scaler) {
@@ -465,6 +487,9 @@ Result<std::string> Engine::load(const std::string& dir) {
   I.update->set_steps(steps);
   ZOE_RETURN_IF_ERROR_CTX(I.update->set_skipped_steps(std::move(skipped)),
                           "checkpoint " + rd->path() + ": engine.skipped_steps");
+  if (has_mini)
+    ZOE_RETURN_IF_ERROR_CTX(I.update->set_adam_mini_v(mini_v),
+                            "checkpoint " + rd->path() + ": engine.adam_mini_v");
   if (has_scaler) I.update->scaler().set_state(ls);
   return man.trainer.dump();
 }

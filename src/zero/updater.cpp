@@ -57,6 +57,8 @@ struct Updater::ChunkUpdater {
   optim::MuonParams mp;     // kMuon's matrices (their gradient sums hold Muon's O: muon_prepass)
   optim::AdamParams aux;    // kMuon's other parameters (the auxiliary AdamW)
   const std::vector<std::vector<uint8_t>>* muon = nullptr;  // Updater::muon_
+  const std::vector<AdamMiniModule>* mini = nullptr;        // kAdamMini's blocks (Updater::mini_)
+  optim::AdamMiniParams xp;                                 // kAdamMini's
   optim::Exec exec;
   std::vector<char> out_stage;
   bool out_host = false;  // `out` is host memory whatever the module's home (a speculative update's)
@@ -306,6 +308,23 @@ struct Updater::ChunkUpdater {
       if (!s.is_ok()) return s.with_context("updating the optimizer states of module " + (*modules)[m].name);
       return s;
     }
+    if (kind == optim::OptimizerKind::kAdamMini) {
+      const ModuleLayout& mod = (*modules)[m];
+      AdamMiniChunk c{&mod,
+                      &(*mini)[m.index],
+                      mod.opt_begin + begin,
+                      n,
+                      static_cast<float*>(master),
+                      static_cast<float*>(ea),
+                      grad,
+                      as.grad_scale,
+                      as.step,
+                      m.index < skipped.size() ? &skipped[m.index] : nullptr,
+                      xp};
+      adam_mini_chunk(c);
+      if (!param_out) return Status::ok();
+      return optim::convert_with_norm(master, DType::kF32, param_out, shape->cdt, n, false).status();
+    }
     if (kind != optim::OptimizerKind::kAdamW) {
       if (lowbit)
         return invalid_argument("%s updates fp32 or bf16 states with an fp32 master only",
@@ -444,6 +463,8 @@ Updater::ChunkUpdater Updater::make_updater(DeviceOps* ops, optim::CpuPool* pool
     up.aux.adamw = true;
     up.muon = &muon_;
   }
+  up.mini = &mini_;
+  up.xp = {up.ap.lr, up.ap.beta1, up.ap.beta2, up.ap.eps, up.ap.weight_decay};
   up.as.step = step_no;
   up.as.grad_scale = scale;
   up.untouched = untouched_;
@@ -465,9 +486,10 @@ Status Updater::speculate(ModuleId m, const std::vector<uint8_t>& untouched) {
   const ModuleLayout& mod = modules_[m];
   OptimStates& st = states_[m.index];
   if (st.speculated) unspeculate(m);
-  // Muon's update needs the whole step's orthogonalization first (muon_prepass): no speculation
-  // (the config's rules say so once).
-  if (r_.optimizer == optim::OptimizerKind::kMuon) return Status::ok();
+  // Muon's update needs the whole step's orthogonalization first (muon_prepass), Adam-mini's the
+  // block moments over the ranks (adam_mini_prepass): no speculation (the config's rules say so once).
+  if (r_.optimizer == optim::OptimizerKind::kMuon || r_.optimizer == optim::OptimizerKind::kAdamMini)
+    return Status::ok();
   if (mod.opt_home != Tier::kHost || !st.spec_save || mod.opt_n == 0) return Status::ok();
   const size_t n = mod.opt_n, sbytes = state_size(OptState::kExpAvg, n),
                mbytes = state_size(OptState::kMaster, n);
@@ -496,38 +518,6 @@ Status Updater::speculate(ModuleId m, const std::vector<uint8_t>& untouched) {
     return s.with_context("the speculative update of module " + mod.name);
   }
   return Status::ok();
-}
-
-void Updater::unspeculate(ModuleId m) {
-  OptimStates& st = states_[m.index];
-  if (!st.speculated) return;
-  const size_t n = modules_[m].opt_n, sbytes = state_size(OptState::kExpAvg, n),
-               mbytes = state_size(OptState::kMaster, n);
-  const char* save = static_cast<const char*>(st.spec_save);
-  memcpy(st.master, save, mbytes);
-  memcpy(st.exp_avg, save + mbytes, sbytes);
-  if (st.exp_avg_sq) memcpy(st.exp_avg_sq, save + mbytes + sbytes, sbytes);
-  st.speculated = false;
-  spec_undone_++;
-}
-
-void Updater::unspeculate_all() {
-  for (ModuleId m : modules_.ids()) unspeculate(m);
-}
-
-void Updater::settle_speculation(bool overflow, float grad_scale, StepStats* st) {
-  if (overflow || grad_scale != spec_scale_) unspeculate_all();
-  // A module whose untouched parameters (over all ranks) differ from those its speculation left.
-  for (ModuleId m : modules_.ids()) {
-    OptimStates& s = states_[m.index];
-    static const std::vector<uint8_t> none;
-    const std::vector<uint8_t>& now = m.index < untouched_.size() ? untouched_[m.index] : none;
-    if (s.speculated && s.spec_untouched != now) unspeculate(m);
-  }
-  for (const auto& s : states_) spec_kept_ += s.speculated ? 1 : 0;
-  st->speculative_kept = spec_kept_;
-  st->speculative_undone = spec_undone_;
-  spec_kept_ = spec_undone_ = 0;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -616,6 +606,7 @@ Status Updater::run(ChunkUpdater& update, double* t_io) {
 
 Status Updater::skip() {
   ZOE_RETURN_IF_ERROR(flush_held());
+  std::fill(mini_noted_ok_.begin(), mini_noted_ok_.end(), uint8_t{0});  // Adam-mini's notes go with the sums
   // No update reads them: the chunks read ahead (and the gradients handed to them) go.
   if (r_.swapper) ZOE_RETURN_IF_ERROR_CTX(r_.swapper->drop_preloaded(), "dropping the chunks read ahead");
   return Status::ok();
@@ -642,6 +633,7 @@ Status Updater::apply(float grad_scale, double lr) {
   // Sums still held: a module whose last micro-batch never came (the caller reduced it fewer times).
   ZOE_RETURN_IF_ERROR(flush_held());
   ZOE_RETURN_IF_ERROR(muon_prepass(grad_scale));
+  ZOE_RETURN_IF_ERROR(adam_mini_prepass(grad_scale));
   steps_++;
   count_skipped();
   // The optimizer over every module's owned range: behind the caller's next forward when the device's

@@ -25,6 +25,13 @@
 //    was. The chunked pass then applies it (and the auxiliary AdamW to the other parameters).
 //    Costs beside AdamW's: the module's gradient sums and momentum read and written once more
 //    (NVMe: 16 bytes an owned element), the gather, and NS's flops (optim/muon.h).
+//  - Adam-mini (updater_adam_mini.cpp) keeps one second moment a block (optim/adam_mini.h): apply()
+//    first runs adam_mini_prepass() on the caller's thread (every rank, the same order: one
+//    all-reduce): each block's sum of g^2 over this rank's owned elements (NVMe: taken from the
+//    final sums as the last micro-batch writes them, so nothing is read back), summed over the
+//    ranks, then every block's mean moment
+//    updated on every rank (the same values everywhere). The chunked pass then updates m and the
+//    master with the block's mean.
 #pragma once
 
 #include <memory>
@@ -36,6 +43,7 @@
 #include "core/trace.h"
 #include "offload/optimizer_swapper.h"
 #include "optim/adam.h"
+#include "optim/adam_mini.h"
 #include "optim/lion_adagrad.h"
 #include "optim/lowbit.h"
 #include "optim/muon.h"
@@ -70,6 +78,32 @@ struct OptimStates {
   void* spec_out = nullptr;
   std::vector<uint8_t> spec_untouched;  // the parameters the speculative update left as they were
 };
+
+// Adam-mini's blocks of one module (updater_adam_mini.cpp): per parameter its blocks and the index
+// of its first block in v; v holds the mean second moment of every block of the module (each rank
+// keeps them all, with the same values: from the sums over the ranks).
+struct AdamMiniModule {
+  std::vector<optim::AdamMiniParam> params;
+  std::vector<size_t> first;
+  std::vector<float> v;
+};
+
+// Adam-mini's update of the chunk [lo, lo + n) of a module's elements (lo from its first element):
+// m and the fp32 master of each parameter's part, with its block's mean moment and its own step
+// (step - skipped[p]); the padding after the last parameter is left as it is.
+struct AdamMiniChunk {
+  const ModuleLayout* mod = nullptr;
+  const AdamMiniModule* mm = nullptr;
+  size_t lo = 0, n = 0;
+  float* master = nullptr;
+  float* m = nullptr;
+  const float* grad = nullptr;
+  float grad_scale = 1.0f;
+  int64_t step = 1;
+  const std::vector<int64_t>* skipped = nullptr;  // per parameter; null: none sat out an update
+  optim::AdamMiniParams p;
+};
+void adam_mini_chunk(const AdamMiniChunk& c);
 
 class Updater final : public GradSink {
  public:
@@ -142,6 +176,11 @@ class Updater final : public GradSink {
   Status set_skipped_steps(std::vector<std::vector<int64_t>> skipped);
   // apply(): the parameters this step leaves untouched sat out one more update.
   void count_skipped();
+  // optimizer.type AdamMini: per module, its blocks' mean second moments (empty for a frozen
+  // module). Checkpoints keep them (Engine::save's engine.adam_mini_v).
+  std::vector<std::vector<float>> adam_mini_v() const;
+  // Errors: a module count or a module's block count other than this model's.
+  Status set_adam_mini_v(const std::vector<std::vector<float>>& v);
   // The low-bit update of a chunk whose parameters count different steps (said once).
   static void warn_mixed_steps();
   // What the step divides the summed gradients by: ranks x micro-batches (x the fp16 loss scale).
@@ -208,6 +247,18 @@ class Updater final : public GradSink {
   std::vector<std::vector<uint8_t>> muon_;
   std::vector<float> muon_g_, muon_buf_, muon_u_, muon_full_, muon_o_;  // muon_prepass's
   bool muon_flat_shard_ = false;  // the test hook ZOE_TEST_MUON_FLAT_SHARD (updater_muon.cpp)
+  // updater_adam_mini.cpp: Adam-mini's blocks (place()) and their mean moments (before the update).
+  Status init_adam_mini(ModuleId m);
+  Status adam_mini_prepass(float grad_scale);
+  Status adam_mini_sums(ModuleId m, double* sums);
+  // add_grads_nvme's last micro-batch: its final sums' block sums, chunk by chunk (`at` from the
+  // owned range's start), so the prepass need not read them back.
+  void adam_mini_note_chunk(ModuleId m, size_t at, const float* acc, size_t n);
+  std::vector<AdamMiniModule> mini_;  // per module; empty unless optimizer.type is AdamMini
+  std::vector<double> mini_sums_, mini_all_;
+  std::vector<std::vector<double>> mini_noted_;  // per module: adam_mini_note_chunk's sums
+  std::vector<uint8_t> mini_noted_ok_;           // per module: noted for this step
+  std::vector<float> mini_g_;
   // updater_states.cpp
   Result<const void*> host_view(const void* dsrc, size_t bytes);
   Status add_grads_nvme(ModuleId m, const GradBatch& b, const optim::Exec& exec);

@@ -244,6 +244,7 @@ Status Updater::place_on_nvme(ModuleId m, const float* own) {
 Status Updater::place(ModuleId m, const float* own) {
   const ModuleLayout& mod = modules_[m];
   if (mod.frozen) return Status::ok();  // no states: its compute parameters are all it has
+  ZOE_RETURN_IF_ERROR(init_adam_mini(m));
   switch (mod.opt_home) {
     case Tier::kDevice:
       return place_on_device(m, own);
@@ -412,6 +413,7 @@ Status Updater::add_grads_nvme(ModuleId m, const GradBatch& b, const optim::Exec
         optim::accumulate_with_norm(acc, h, shape_.cdt, n, b.first, b.norm + at / optim::kChunkElems, exec));
     if (at == 0) test_flip(m, b, acc);
     if (hold && !b.last) continue;  // written after the module's last micro-batch
+    if (b.last) adam_mini_note_chunk(m, at, acc, n);
     if (b.last && sw.fill_preloaded(swap_group(m), at, kGradState, acc, n)) continue;
     // Written behind the backward (the swapper copies the chunk; at most its write buffers in
     // flight): the next read of a sum and the step wait for these writes and report their errors.
@@ -435,6 +437,7 @@ Status Updater::flush_held() {
 
 Status Updater::zero_grads(ModuleId m) {
   const ModuleLayout& mod = modules_[m];
+  if (m.index < mini_noted_ok_.size()) mini_noted_ok_[m.index] = 0;
   OptimStates& st = states_[m.index];
   switch (mod.opt_home) {
     case Tier::kDevice:
@@ -453,6 +456,41 @@ Status Updater::zero_grads(ModuleId m) {
                                                 std::min(chunk, mod.opt_n - b)));
   }
   return Status::ok();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The states a speculative update (updater.cpp: speculate) saved, put back or kept
+
+void Updater::unspeculate(ModuleId m) {
+  OptimStates& st = states_[m.index];
+  if (!st.speculated) return;
+  const size_t n = modules_[m].opt_n, sbytes = state_size(OptState::kExpAvg, n),
+               mbytes = state_size(OptState::kMaster, n);
+  const char* save = static_cast<const char*>(st.spec_save);
+  memcpy(st.master, save, mbytes);
+  memcpy(st.exp_avg, save + mbytes, sbytes);
+  if (st.exp_avg_sq) memcpy(st.exp_avg_sq, save + mbytes + sbytes, sbytes);
+  st.speculated = false;
+  spec_undone_++;
+}
+
+void Updater::unspeculate_all() {
+  for (ModuleId m : modules_.ids()) unspeculate(m);
+}
+
+void Updater::settle_speculation(bool overflow, float grad_scale, StepStats* st) {
+  if (overflow || grad_scale != spec_scale_) unspeculate_all();
+  // A module whose untouched parameters (over all ranks) differ from those its speculation left.
+  for (ModuleId m : modules_.ids()) {
+    OptimStates& s = states_[m.index];
+    static const std::vector<uint8_t> none;
+    const std::vector<uint8_t>& now = m.index < untouched_.size() ? untouched_[m.index] : none;
+    if (s.speculated && s.spec_untouched != now) unspeculate(m);
+  }
+  for (const auto& s : states_) spec_kept_ += s.speculated ? 1 : 0;
+  st->speculative_kept = spec_kept_;
+  st->speculative_undone = spec_undone_;
+  spec_kept_ = spec_undone_ = 0;
 }
 
 }  // namespace zoe::zero
