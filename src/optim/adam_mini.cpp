@@ -3,8 +3,8 @@
 
 #include <algorithm>
 #include <cctype>
-#include <cstring>
 #include <cmath>
+#include <cstring>
 
 namespace zoe::optim {
 
@@ -62,8 +62,8 @@ Result<AdamMiniParam> adam_mini_partition(const std::string& full_name, const st
   } else if (has_any(name, {"k_proj", "q_proj", "wq", "wk", "query", "key"})) {
     ZOE_ASSIGN_OR_RETURN(size_t he, head_elems(numel));
     out.runs.push_back({numel / he, he});
-  } else if (has_any(name, {"embed", "embd", "wte", "lm_head", "output", "final_layer", "v_proj", "wv", "value",
-                            "o_proj", "wo", "attn.proj", "feed_forward", "linear", "mlp"}) ||
+  } else if (has_any(name, {"embed", "embd", "wte", "lm_head", "output", "final_layer", "v_proj", "wv",
+                            "value", "o_proj", "wo", "attn.proj", "feed_forward", "linear", "mlp"}) ||
              leaf == "proj_w" || leaf == "fc1_w" || leaf == "fc2_w") {
     out.runs.push_back({rows, cols});
   } else if (leaf == "qkv_w" && rows % 3 == 0) {
@@ -82,8 +82,8 @@ void adam_mini_vmean(float* vmean, double sum_sq, size_t elems, const AdamMiniPa
   *vmean = *vmean * p.beta2 + mean * (1.0f - p.beta2);
 }
 
-void adam_mini_block(float* param, const float* g, float grad_scale, float* m, size_t n, float vmean, int64_t step,
-                     bool decay, const AdamMiniParams& p) {
+void adam_mini_block(float* param, const float* g, float grad_scale, float* m, size_t n, float vmean,
+                     int64_t step, bool decay, const AdamMiniParams& p) {
   const double bc1 = 1.0 - std::pow(static_cast<double>(p.beta1), static_cast<double>(step));
   const double bc2 = 1.0 - std::pow(static_cast<double>(p.beta2), static_cast<double>(step));
   const float h = std::sqrt(vmean) / static_cast<float>(std::sqrt(bc2)) + p.eps;

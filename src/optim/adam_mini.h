@@ -72,8 +72,8 @@ void adam_mini_vmean(float* vmean, double sum_sq, size_t elems, const AdamMiniPa
 
 // n elements of one block: gs = g[i]*grad_scale; p = p*(1 - lr*wd) (decay) ; m = lerp(m, gs, 1 -
 // b1); p -= (m * stepsize) * lr with stepsize = (1/bc1) / (sqrt(vmean)/sqrt(bc2) + eps).
-void adam_mini_block(float* param, const float* g, float grad_scale, float* m, size_t n, float vmean, int64_t step,
-                     bool decay, const AdamMiniParams& p);
+void adam_mini_block(float* param, const float* g, float grad_scale, float* m, size_t n, float vmean,
+                     int64_t step, bool decay, const AdamMiniParams& p);
 
 // acc + the sum of g[i]^2 over n elements, in double, added one by one in element order (so a
 // block's sum is the same bits however its elements come in pieces, one after another).

@@ -25,7 +25,8 @@ std::string full_name(const ModuleLayout& mod, size_t p) {
 // Calls fn(block index within the parameter, element begin, element end) for parameter p's blocks
 // that meet [lo, hi) (module-absolute), with the element range clipped to it.
 template <class F>
-void for_blocks(const ModuleLayout& mod, const optim::AdamMiniParam& ap, size_t p, size_t lo, size_t hi, F&& fn) {
+void for_blocks(const ModuleLayout& mod, const optim::AdamMiniParam& ap, size_t p, size_t lo, size_t hi,
+                F&& fn) {
   const size_t pb = mod.offset[p], pe = pb + mod.numel[p];
   if (std::max(lo, pb) >= std::min(hi, pe)) return;
   size_t at = pb, j = 0;
@@ -76,8 +77,8 @@ Status Updater::init_adam_mini(ModuleId m) {
 // added into sums (the module's blocks from 0). Parameters this step leaves untouched add nothing.
 // Adds the block sums of g^2 of module m's owned elements [lo + at, lo + at + n) (g from lo + at)
 // into sums, block by block in element order.
-static void add_block_sums(const ModuleLayout& mod, const AdamMiniModule& mm, size_t at, const float* g, size_t n,
-                           double* sums) {
+static void add_block_sums(const ModuleLayout& mod, const AdamMiniModule& mm, size_t at, const float* g,
+                           size_t n, double* sums) {
   const size_t lo = mod.opt_begin + at;
   for (size_t p = 0; p < mm.params.size(); ++p) {
     for_blocks(mod, mm.params[p], p, lo, lo + n, [&](size_t j, size_t b, size_t e) {
@@ -164,7 +165,8 @@ Status Updater::adam_mini_prepass(float grad_scale) {
       if (p < untouched.size() && untouched[p]) continue;
       size_t j = mm.first[p];
       for (const optim::BlockRun& r : mm.params[p].runs) {
-        for (size_t k = 0; k < r.count; ++k, ++j) optim::adam_mini_vmean(&mm.v[j], mini_sums_[at + j] * s2, r.elems, xp);
+        for (size_t k = 0; k < r.count; ++k, ++j)
+          optim::adam_mini_vmean(&mm.v[j], mini_sums_[at + j] * s2, r.elems, xp);
       }
     }
     at += mm.v.size();

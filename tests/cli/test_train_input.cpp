@@ -110,6 +110,12 @@ TEST(TrainInput, OptimizerFlagPicksTheUpdate) {
   EXPECT_EQ(j["optimizer_state_bytes_per_param"], 12.0);  // momentum, and the aux AdamW's m and v
   EXPECT_EQ(j["lr"], 0.02);                               // the matrices' rate without --lr
   EXPECT_LT(j["losses"].back().get<double>(), j["losses"][0].get<double>());
+  // Adam-mini's heads are the GPT's (optimizer.params.dim and n_heads from --preset's shape).
+  j = run_json("--optimizer adam_mini --offload nvme --nvme-path " + zoe::test::ScratchDir("nvme").path(), 3);
+  ASSERT_FALSE(j.is_null());
+  EXPECT_EQ(j["optimizer"], "AdamMini");
+  EXPECT_EQ(j["optimizer_state_bytes_per_param"], 8.0);  // the master and m (v: one float a block)
+  EXPECT_LT(j["losses"].back().get<double>(), j["losses"][0].get<double>());
   j = run_json("", 1);
   ASSERT_FALSE(j.is_null());
   EXPECT_EQ(j["optimizer"], "AdamW");
@@ -421,7 +427,7 @@ TEST(TrainInput, BadFlagValuesAreUsageErrors) {
       {"--seed 18446744073709551616", "--seed 18446744073709551616 is not an unsigned integer"},
       {"--offload disk", "--offload disk is not none, cpu or nvme"},
       {"--optimizer-states int2", "--optimizer-states int2 is not fp32, bf16, int8 or int4"},
-      {"--optimizer sgd", "--optimizer sgd is not adamw, lion, adagrad or muon"},
+      {"--optimizer sgd", "--optimizer sgd is not adamw, lion, adagrad, muon or adam_mini"},
       {"--master-weights fp16", "--master-weights fp16 is not fp32 or bf16 (an fp16 master cannot hold"},
       {"--device-budget lots", "--device-budget lots is not a byte size"},
       {"--host-budget lots", "--host-budget lots is not a byte size"},

@@ -316,7 +316,7 @@ TEST(Config, WrongValuesNameKeyValueAndAllowed) {
   EXPECT_HAS(
       parse_error(R"({"optimizer": {"type": "Lamb"}})"),
       "optimizer.type: \"Lamb\" is refused: Lamb (a LAMB or 1-bit communication optimizer) is not in zoe; "
-      "zoe runs optimizer.type \"AdamW\" (or \"Adam\"), \"Lion\", \"Adagrad\" and \"Muon\"");
+      "zoe runs optimizer.type \"AdamW\" (or \"Adam\"), \"Lion\", \"Adagrad\", \"Muon\" and \"AdamMini\"");
   EXPECT_HAS(parse_error(R"({"optimizer": {"type": "OneBitAdam"}})"), "\"OneBitAdam\" is refused");
   EXPECT_HAS(parse_error(R"({"optimizer": {"type": "muadamw"}})"), "\"muadamw\" is refused: MuAdamW (muP's");
   EXPECT_HAS(parse_error(R"({"optimizer": {"type": "SGD"}})"),
@@ -550,6 +550,48 @@ TEST(Config, MuonTakesDeepSpeedsParams) {
     ASSERT_OK(back);
     EXPECT_TRUE(back.value() == *c) << c->to_json();
   }
+}
+
+// Adam-mini: optimizer.type "AdamMini" (any case) with AdamW's params and defaults and the adam-mini
+// package's dim, n_heads and n_kv_heads (its defaults 2048 and 32); those keys with another type,
+// AdamW's adam_w_mode, a n_kv_heads that does not divide n_heads and the low-bit or bf16 states are
+// refused by name; each type writes back only its own keys.
+TEST(Config, AdamMiniTakesItsParams) {
+  auto mini = Config::parse(
+      R"({"optimizer": {"type": "adammini", "params": {"lr": 0.002, "dim": 64, "n_heads": 8, "n_kv_heads": 2}}})");
+  ASSERT_OK(mini);
+  EXPECT_EQ(mini->optimizer.type, "AdamMini");
+  EXPECT_EQ(mini->optimizer.lr, 0.002);
+  EXPECT_EQ(mini->optimizer.dim, 64);
+  EXPECT_EQ(mini->optimizer.n_heads, 8);
+  EXPECT_EQ(mini->optimizer.n_kv_heads, 2);
+  EXPECT_EQ(mini->optimizer.beta2, 0.999);
+  EXPECT_EQ(mini->optimizer.eps, 1e-8);
+  auto none = Config::parse(R"({"optimizer": {"type": "AdamMini"}})");
+  ASSERT_OK(none);
+  EXPECT_EQ(none->optimizer.dim, 2048);
+  EXPECT_EQ(none->optimizer.n_heads, 32);
+  EXPECT_HAS(
+      parse_error(R"({"optimizer": {"type": "AdamW", "params": {"n_heads": 8}}})"),
+      "optimizer.params.n_heads is optimizer.type \"AdamMini\"'s; optimizer.type is \"AdamW\": remove it");
+  EXPECT_HAS(parse_error(R"({"optimizer": {"type": "AdamMini", "params": {"adam_w_mode": true}}})"),
+             "optimizer.params.adam_w_mode: optimizer.type \"AdamMini\" has no adam_w_mode");
+  EXPECT_HAS(parse_error(R"({"optimizer": {"type": "AdamMini", "params": {"n_heads": 8, "n_kv_heads": 3}}})"),
+             "optimizer.params.n_kv_heads 3 does not divide optimizer.params.n_heads 8");
+  EXPECT_HAS(parse_error(R"({"optimizer": {"type": "AdamMini"}, "zoe": {"optimizer_states": "bf16"}})"),
+             "zoe.optimizer_states \"bf16\" with optimizer.type \"AdamMini\"");
+  EXPECT_HAS(parse_error(R"({"optimizer": {"type": "AdamMini"}, "zoe": {"master_weights": "bf16"}})"),
+             "zoe.master_weights \"bf16\" with optimizer.type \"AdamMini\"");
+  EXPECT_HAS(parse_error(R"({"optimizer": {"type": "AdamMini", "params": {"dim": 0}}})"),
+             "optimizer.params.dim");
+  for (const Config* c : {&mini.value(), &none.value()}) {  // written back and read back the same
+    auto back = Config::parse(c->to_json());
+    ASSERT_OK(back);
+    EXPECT_TRUE(back.value() == *c) << c->to_json();
+  }
+  auto adamw = Config::parse(R"({"optimizer": {"type": "AdamW"}})");
+  ASSERT_OK(adamw);
+  EXPECT_EQ(adamw->to_json().find("n_heads"), std::string::npos) << adamw->to_json();
 }
 
 // Lion and Adagrad with DeepSpeed's names (any case), params and defaults; a key the type has not,

@@ -973,6 +973,57 @@ TEST(CostModelVsEngine, MuonNvmeBytesPerStep) {
   }
 }
 
+// optimizer.type AdamMini: one state (m) beside the master on NVMe, its block moments in host memory and
+// its block sums taken as the last micro-batch writes the gradient sums: the model's NVMe bytes per
+// step (Lion's: the same one state) equal the engine's.
+TEST(CostModelVsEngine, AdamMiniNvmeBytesPerStep) {
+  Runtime& rt = runtime();
+  test::MlpSpec s;
+  s.layers = 4;
+  s.d = 48;
+  for (const int micro : {1, 2}) {
+    for (const test::MatrixPlacement& k :
+         {test::MatrixPlacement{1, "nvme", "none"}, test::MatrixPlacement{3, "nvme", "nvme"}}) {
+      test::ScratchDir nvme("plan-engine");
+      std::string text = engine_cfg(k.stage, k.opt, k.param, nvme.path(), false, "fp32", "fp32", 1.0, micro);
+      text.insert(1, "\"optimizer\": {\"type\": \"AdamMini\"}, ");
+      const std::string what =
+          "stage " + std::to_string(k.stage) + " params " + k.param + " micro " + std::to_string(micro);
+      auto cfg = config::Config::parse(text, rt.world_size());
+      ASSERT_OK(cfg) << what;
+      cfg.value().zoe.overlap_step = false;
+      std::vector<zero::ModuleShape> sh;
+      for (int l = 0; l < s.layers; ++l) {
+        sh.push_back({"layer." + std::to_string(l),
+                      {static_cast<size_t>(s.d * s.d), static_cast<size_t>(s.d)},
+                      false,
+                      false,
+                      {{"w", {s.d, s.d}}, {"b", {s.d}}}});
+      }
+      auto plan = zero::plan_placement(cfg.value(), sh, rt.world_size(), rt.rank(), engine_target(rt));
+      ASSERT_OK(plan) << what;
+      plan::Workload w;
+      w.params = plan::count_params(sh);
+      w.micro_batch = s.batch;
+      w.seq = 1;
+      w.grad_accum = micro;
+      const plan::StepCost cost = plan::estimate_step(cfg.value(), plan.value(), w, {1, 1}, plan::LinkRates{},
+                                                      plan::DeviceKind{true});
+      auto e = zero::create_engine(rt, cfg.value());
+      ASSERT_OK(e) << what;
+      ASSERT_OK(test::register_mlp(*e.value(), s)) << what;
+      std::vector<test::Layer> out;
+      std::vector<StepStats> stats;
+      ASSERT_OK(test::engine_train(*e.value(), s, rt.rank(), rt.world_size(), 4, &out, &stats, -1, micro))
+          << what;
+      const StepStats& a = stats[stats.size() - 2];
+      const StepStats& b = stats.back();
+      EXPECT_EQ(b.bytes_nvme_read - a.bytes_nvme_read, cost.bytes.nvme_read) << what;
+      EXPECT_EQ(b.bytes_nvme_write - a.bytes_nvme_write, cost.bytes.nvme_write) << what;
+    }
+  }
+}
+
 // The layer-major schedule (zoe.schedule "layer-major", 3 micro-batches): the model's NVMe bytes per
 // step equal the engine's where the engine's are deterministic (the optimizer's: gradient sums held
 // over a module's micro-batches and written once, never read back): the micro-batch schedule's

@@ -88,6 +88,8 @@ def worker(out_dir, mode):
         if mode == "adagrad":
             # eps 2^-10: test_torch_optimizers.py says why (the key bias's rounding-noise gradients).
             c["optimizer"] = {"type": "Adagrad", "params": {"lr": 2.0 ** -7, "eps": 2.0 ** -10}}
+        if mode == "adam_mini":
+            c["optimizer"] = {"type": "AdamMini", "params": {"lr": 3e-3, "weight_decay": 0.1, "dim": 32, "n_heads": 4}}
         if mode.startswith("muon"):
             c["optimizer"] = {"type": "Muon", "params": {"muon_lr": 0.02, "adam_lr": 3e-3, "weight_decay": 0.1}}
             if mode == "muon-flat-shard":  # Newton-Schulz on each rank's flat shard (the test hook)
@@ -134,9 +136,11 @@ def run_workers(tmp_path, mode, one_rank=False):
     assert p.returncode == 0, p.stderr[-3000:]
 
 
-@pytest.mark.parametrize("mode", ["gpt", "experts", "adagrad", "muon"])
+@pytest.mark.parametrize("mode", ["gpt", "experts", "adagrad", "muon", "adam_mini"])
 def test_two_ranks_match_one(mode, tmp_path):
     """mode adagrad: optimizer.type Adagrad at stage 3 on NVMe (its state is one per parameter).
+    mode adam_mini: optimizer.type AdamMini at stage 3 on NVMe: blocks (whole tensors, the embedding's
+    rows) straddle the two ranks' partitions, and their sums of g^2 are summed over both.
     mode muon: optimizer.type Muon at stage 3 on NVMe: each matrix straddles the two ranks'
     partitions, and Newton-Schulz runs on the whole matrix gathered from both.
     mode experts: an expert gets a gradient on one rank only in some steps, on none in others,

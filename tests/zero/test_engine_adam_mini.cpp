@@ -42,20 +42,23 @@ std::string describe(const Placement& pl, const std::string& extra) {
          " offload_param " + pl.param + extra;
 }
 
-std::string make_config(const Placement& pl, const std::string& nvme, const MlpSpec& s, const std::string& extra) {
+std::string make_config(const Placement& pl, const std::string& nvme, const MlpSpec& s,
+                        const std::string& extra) {
   auto off = [&](const char* dev) {
     std::string j = std::string("{\"device\": \"") + dev + "\"";
     if (std::string(dev) == "nvme") j += ", \"nvme_path\": \"" + nvme + "\"";
     return j + "}";
   };
-  return "{\"train_micro_batch_size_per_gpu\": 4, \"optimizer\": {\"type\": \"AdamMini\", \"params\": {\"lr\": " +
-         std::to_string(s.lr) + ", \"betas\": [0.9, 0.999], \"eps\": 1e-8, \"weight_decay\": " +
-         std::to_string(s.wd) + ", \"dim\": " + std::to_string(s.d) + ", \"n_heads\": " + std::to_string(kHeads) +
+  return "{\"train_micro_batch_size_per_gpu\": 4, \"optimizer\": {\"type\": \"AdamMini\", \"params\": "
+         "{\"lr\": " +
+         std::to_string(s.lr) +
+         ", \"betas\": [0.9, 0.999], \"eps\": 1e-8, \"weight_decay\": " + std::to_string(s.wd) +
+         ", \"dim\": " + std::to_string(s.d) + ", \"n_heads\": " + std::to_string(kHeads) +
          "}}, \"zero_optimization\": {\"stage\": " + std::to_string(pl.stage) +
          ", \"stage3_param_persistence_threshold\": 0, \"sub_group_size\": 16384, \"offload_optimizer\": " +
          off(pl.opt) + ", \"offload_param\": " + (pl.stage == 3 ? off(pl.param) : "{\"device\": \"none\"}") +
-         "}, \"zoe\": {\"device_budget\": \"64MiB\", \"optimizer_threads\": 1, \"offload_ratio\": " + pl.ratio +
-         extra + "}}";
+         "}, \"zoe\": {\"device_budget\": \"64MiB\", \"optimizer_threads\": 1, \"offload_ratio\": " +
+         pl.ratio + extra + "}}";
 }
 
 // The MLP's three layers under names that pick three of Adam-mini's rules each (optim/adam_mini.h).
@@ -80,7 +83,8 @@ Result<std::unique_ptr<Engine>> make_engine(const Placement& pl, const MlpSpec& 
   return e;
 }
 
-Result<std::vector<Layer>> train(const Placement& pl, const MlpSpec& s, int steps, const std::string& extra = "") {
+Result<std::vector<Layer>> train(const Placement& pl, const MlpSpec& s, int steps,
+                                 const std::string& extra = "") {
   Runtime& rt = test::shared_runtime();
   test::ScratchDir nvme("nvme");
   ZOE_ASSIGN_OR_RETURN(auto e, make_engine(pl, s, nvme.path(), extra));
@@ -123,7 +127,8 @@ std::vector<Layer> reference(const MlpSpec& s, int world, int steps, bool per_el
     for (int l = 0; l < 3; ++l) wblock[l] = bblock[l] = 1;
   }
   for (size_t l = 0; l < L.size(); ++l) {
-    T[l].push_back({&L[l].w, std::vector<float>(d * d), std::vector<float>(d * d / wblock[l]), wblock[l], true});
+    T[l].push_back(
+        {&L[l].w, std::vector<float>(d * d), std::vector<float>(d * d / wblock[l]), wblock[l], true});
     T[l].push_back({&L[l].b, std::vector<float>(d), std::vector<float>(d / bblock[l]), bblock[l], false});
   }
   optim::AdamMiniParams ap{s.lr, 0.9f, 0.999f, 1e-8f, s.wd};
@@ -140,9 +145,10 @@ std::vector<Layer> reference(const MlpSpec& s, int world, int steps, bool per_el
         const std::vector<float>& gt = t == 0 ? g[l].w : g[l].b;
         for (size_t j = 0; j < x.v.size(); ++j) {
           const size_t o = j * x.block;
-          optim::adam_mini_vmean(&x.v[j], optim::adam_mini_sum_sq(gt.data() + o, x.block, 0.0) * s2, x.block, ap);
-          optim::adam_mini_block(x.p->data() + o, gt.data() + o, scale, x.m.data() + o, x.block, x.v[j], own[l],
-                                 x.decay, ap);
+          optim::adam_mini_vmean(&x.v[j], optim::adam_mini_sum_sq(gt.data() + o, x.block, 0.0) * s2, x.block,
+                                 ap);
+          optim::adam_mini_block(x.p->data() + o, gt.data() + o, scale, x.m.data() + o, x.block, x.v[j],
+                                 own[l], x.decay, ap);
         }
       }
     }
@@ -176,7 +182,8 @@ TEST(AdamMiniEngine, EveryTierGivesTheReferenceBits) {
     SCOPED_TRACE(describe(pl, ""));
     auto got = train(pl, s, steps);
     ASSERT_OK(got);
-    EXPECT_TRUE(identical(got.value(), ref)) << "differs from the reference loop by " << max_diff(got.value(), ref);
+    EXPECT_TRUE(identical(got.value(), ref))
+        << "differs from the reference loop by " << max_diff(got.value(), ref);
   }
 }
 
@@ -244,7 +251,8 @@ TEST(AdamMiniCheckpoint, ResumeIsBitIdenticalAndAnAdamWEngineRefusesIt) {
   Runtime& rt = test::shared_runtime();
   MlpSpec s = mini_spec();
   s.d = 64;
-  for (const Placement& pl : {Placement{0, "none", "none"}, Placement{2, "cpu", "none"}, Placement{3, "nvme", "nvme"}}) {
+  for (const Placement& pl :
+       {Placement{0, "none", "none"}, Placement{2, "cpu", "none"}, Placement{3, "nvme", "nvme"}}) {
     SCOPED_TRACE(describe(pl, ""));
     test::ScratchDir nv("nvme"), ck("ckpt");
     const std::string dir = rank0_dir(ck.path());
@@ -267,9 +275,10 @@ TEST(AdamMiniCheckpoint, ResumeIsBitIdenticalAndAnAdamWEngineRefusesIt) {
       ASSERT_OK(test::engine_train(*e.value(), s, rt.rank(), rt.world_size(), 3, &second, nullptr, -1, 1, 2));
       EXPECT_TRUE(identical(second, whole)) << max_diff(second, whole);
     }
-    auto cfg = config::Config::parse("{\"train_micro_batch_size_per_gpu\": 4, \"zero_optimization\": {\"stage\": " +
-                                         std::to_string(pl.stage) + "}, \"zoe\": {\"device_budget\": \"64MiB\"}}",
-                                     rt.world_size());
+    auto cfg =
+        config::Config::parse("{\"train_micro_batch_size_per_gpu\": 4, \"zero_optimization\": {\"stage\": " +
+                                  std::to_string(pl.stage) + "}, \"zoe\": {\"device_budget\": \"64MiB\"}}",
+                              rt.world_size());
     ASSERT_OK(cfg);
     auto adamw = zero::create_engine(rt, cfg.value());
     ASSERT_OK(adamw);
