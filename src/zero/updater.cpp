@@ -321,9 +321,28 @@ struct Updater::ChunkUpdater {
                       as.step,
                       m.index < skipped.size() ? &skipped[m.index] : nullptr,
                       xp};
-      adam_mini_chunk(c);
-      if (!param_out) return Status::ok();
-      return optim::convert_with_norm(master, DType::kF32, param_out, shape->cdt, n, false).status();
+      // In pieces over the pool's threads: each element's update reads only its block's moment, so
+      // the bits do not depend on the pieces.
+      constexpr size_t kPiece = size_t{1} << 14;
+      std::vector<Status> st((n + kPiece - 1) / kPiece);
+      auto piece = [&](size_t i) {
+        AdamMiniChunk p = c;
+        const size_t a = i * kPiece, len = std::min(kPiece, n - a);
+        p.lo += a, p.n = len, p.master += a, p.m += a, p.grad += a;
+        adam_mini_chunk(p);
+        if (param_out)
+          st[i] = optim::convert_with_norm(p.master, DType::kF32,
+                                           static_cast<char*>(param_out) + a * shape->esize(), shape->cdt,
+                                           len, false)
+                      .status();
+      };
+      if (exec.pool) {
+        exec.pool->for_each(st.size(), piece);
+      } else {
+        for (size_t i = 0; i < st.size(); ++i) piece(i);
+      }
+      for (Status& x : st) ZOE_RETURN_IF_ERROR(x);
+      return Status::ok();
     }
     if (kind != optim::OptimizerKind::kAdamW) {
       if (lowbit)
