@@ -66,8 +66,9 @@ std::string record_dtype_problem(const std::string& kind, const std::string& dty
     if (dtype_bytes(dtype)) return "";
     return "dtype '" + dtype + "' is none of f32, bf16, f16, " + kInt8StateDtype + ", " + kInt4StateDtype;
   }
-  if (kind != "exp_avg" && kind != "exp_avg_sq") {
-    return "dtype '" + dtype + "' (packed) holds only 'exp_avg' and 'exp_avg_sq' states, not '" + kind + "'";
+  if (kind != "exp_avg" && kind != "exp_avg_sq" && kind != "sum") {
+    return "dtype '" + dtype + "' (packed) holds only 'exp_avg', 'exp_avg_sq' and 'sum' states, not '" +
+           kind + "'";
   }
   const uint64_t b = dtype_block_elems(dtype);
   if (begin % b != 0) {
@@ -291,9 +292,9 @@ Status check_record_dtype(const JsonFields& f, const TensorRecord& t) {
                               kInt4StateDtype + "\"");
   }
   if (!packed_dtype(t.dtype)) return Status::ok();
-  if (t.kind != "exp_avg" && t.kind != "exp_avg_sq") {
+  if (t.kind != "exp_avg" && t.kind != "exp_avg_sq" && t.kind != "sum") {
     return f.bad("dtype", "\"f32\", \"bf16\" or \"f16\" for a '" + t.kind + "' state (" + t.dtype +
-                              " holds only 'exp_avg' and 'exp_avg_sq')");
+                              " holds only 'exp_avg', 'exp_avg_sq' and 'sum')");
   }
   const uint64_t b = dtype_block_elems(t.dtype);
   if (t.begin % b != 0) {

@@ -305,6 +305,7 @@ class RangeRead {
                                      "' '" + kind_ + "' state of checkpoint " + f_.dir + tail);
   }
   optim::StateKind state_kind() const {
+    // exp_avg (m) signed; exp_avg_sq (v) and Adagrad's sum >= 0.
     return kind_ == "exp_avg" ? optim::StateKind::kExpAvg : optim::StateKind::kExpAvgSq;
   }
   // Elements [pos, pos + n) of rec (inside it, n <= kValuePiece) as floats.

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "zero/test_hooks.h"
+#include "zero/updater_keep.h"
 
 namespace zoe::zero {
 
@@ -108,12 +109,7 @@ struct Updater::ChunkUpdater {
   // (nstates() 2). Packed m and v are
   // kept as whole blocks; a block shared with updated parameters is merged value by value and
   // quantized again (its untouched values keep their value up to that block's new scale).
-  struct Keep {
-    std::vector<std::pair<size_t, size_t>> ranges;  // elements
-    std::vector<std::pair<size_t, size_t>> blocks;  // packed states: the blocks they touch
-    std::vector<char> saved;                        // per range: master, states; then the blocks' m, v
-    std::vector<char> conv;                         // the kept masters in the compute dtype
-  };
+  using Keep = UntouchedKeep;
 
   Status keep_untouched(ModuleId m, size_t begin, size_t n, void* master, void* ea, void* eas, bool dev,
                         Keep* k) {
@@ -137,62 +133,8 @@ struct Updater::ChunkUpdater {
       }
       at += len * (mb + ns * sb);
     }
-    if (block() > 1) keep_blocks(n, ea, eas, k);  // host memory (lowbit)
-    return ops->synchronize();                    // before the kernel changes them
-  }
-
-  void keep_blocks(size_t n, const void* ea, const void* eas, Keep* k) const {
-    const size_t B = block(), bb = optim::state_block_bytes(states);
-    for (const auto& [b, e] : k->ranges) {
-      const size_t fb = b / B, lb = (e + B - 1) / B;
-      if (!k->blocks.empty() && k->blocks.back().second >= fb) {
-        k->blocks.back().second = std::max(k->blocks.back().second, lb);
-      } else {
-        k->blocks.emplace_back(fb, lb);
-      }
-    }
-    for (const auto& [fb, lb] : k->blocks) {
-      const size_t bytes = optim::state_bytes(states, std::min(lb * B, n)) - fb * bb;  // a partial last block
-      for (const void* s : {ea, eas}) {
-        const char* src = static_cast<const char*>(s) + fb * bb;
-        k->saved.insert(k->saved.end(), src, src + bytes);
-      }
-    }
-  }
-
-  // Packed m and v: blocks wholly untouched come back as they were; a shared block is merged.
-  Status restore_blocks(size_t n, void* ea, void* eas, const char* at, const Keep& k) const {
-    const size_t B = block(), bb = optim::state_block_bytes(states);
-    std::vector<float> old_v(B), new_v(B);
-    std::vector<uint8_t> mask(B);
-    size_t r = 0;  // the first range that may meet the block
-    for (const auto& [fb, lb] : k.blocks) {
-      for (int s = 0; s < 2; ++s) {
-        void* state = s == 0 ? ea : eas;
-        const auto kind = s == 0 ? optim::StateKind::kExpAvg : optim::StateKind::kExpAvgSq;
-        for (size_t blk = fb; blk < lb; ++blk) {
-          const size_t lo = blk * B, len = std::min(B, n - lo);
-          std::fill(mask.begin(), mask.end(), uint8_t{0});
-          for (size_t q = r; q < k.ranges.size() && k.ranges[q].first < lo + len; ++q) {
-            const size_t b = std::max(lo, k.ranges[q].first), e = std::min(lo + len, k.ranges[q].second);
-            for (size_t i = b; i < e; ++i) mask[i - lo] = 1;
-          }
-          char* dst = static_cast<char*>(state) + blk * bb;
-          const size_t bytes = optim::state_bytes(states, len);
-          at += bytes;
-          if (static_cast<size_t>(std::count(mask.begin(), mask.begin() + len, uint8_t{1})) == len) {
-            memcpy(dst, at - bytes, bytes);
-            continue;
-          }
-          ZOE_RETURN_IF_ERROR(optim::dequantize_state(kind, states, at - bytes, old_v.data(), len));
-          ZOE_RETURN_IF_ERROR(optim::dequantize_state(kind, states, dst, new_v.data(), len));
-          for (size_t i = 0; i < len; ++i) new_v[i] = mask[i] ? old_v[i] : new_v[i];
-          ZOE_RETURN_IF_ERROR(optim::quantize_state(kind, states, new_v.data(), dst, len));
-        }
-      }
-      while (r < k.ranges.size() && k.ranges[r].second <= lb * B) ++r;
-    }
-    return Status::ok();
+    if (block() > 1) keep_packed_blocks(states, n, ea, eas, k);  // host memory (lowbit)
+    return ops->synchronize();                                   // before the kernel changes them
   }
 
   Status restore_untouched(size_t n, void* master, void* ea, void* eas, bool dev, void* param_out,
@@ -212,7 +154,8 @@ struct Updater::ChunkUpdater {
       }
       at += len * (mb + ns * sb);
     }
-    if (block() > 1) ZOE_RETURN_IF_ERROR(restore_blocks(n, ea, eas, at, *k));
+    const optim::StateKind kinds[2] = {state_kind(0), state_kind(1)};
+    if (block() > 1) ZOE_RETURN_IF_ERROR(restore_packed_blocks(states, kinds, n, ea, eas, at, *k));
     if (shape->cdt == DType::kF32 || !param_out) return Status::ok();  // the caller copies the master out
     size_t total = 0;
     for (const auto& r : k->ranges) total += r.second - r.first;
@@ -299,6 +242,61 @@ struct Updater::ChunkUpdater {
     return run(adam_from, n, false);  // and the padding after the last parameter
   }
 
+  // Which map state s takes when packed: Adagrad's sum and AdamW's v are >= 0 (optim/lowbit.h).
+  optim::StateKind state_kind(int s) const {
+    return s == 1 || kind == optim::OptimizerKind::kAdagrad ? optim::StateKind::kExpAvgSq
+                                                            : optim::StateKind::kExpAvg;
+  }
+
+  // Lion's, Adagrad's or Adam-mini's one state packed (int8/int4, host memory): in block-aligned
+  // pieces of 4096 elements over the pool's threads, each decoded into an fp32 scratch (16 KiB: it
+  // stays in cache), updated by the fp32 kernel and encoded back with its blocks' new scales.
+  Status packed_kernel(ModuleId m, size_t begin, size_t n, void* master, void* ea, const float* grad,
+                       void* param_out) {
+    constexpr size_t kPiece = 4096;  // a multiple of every format's block
+    const size_t B = block(), bb = optim::state_block_bytes(states), es = shape->esize();
+    std::vector<Status> st((n + kPiece - 1) / kPiece);
+    auto piece = [&](size_t i) {
+      const size_t a = i * kPiece, len = std::min(kPiece, n - a);
+      char* packed = static_cast<char*>(ea) + a / B * bb;
+      float* p = static_cast<float*>(master) + a;
+      void* out = param_out ? static_cast<char*>(param_out) + a * es : nullptr;
+      std::vector<float> s(len);
+      Status r = optim::dequantize_state(state_kind(0), states, packed, s.data(), len);
+      if (r.is_ok() && kind == optim::OptimizerKind::kAdamMini) {
+        const ModuleLayout& mod = (*modules)[m];
+        const AdamMiniChunk c{&mod,
+                              &(*mini)[m.index],
+                              mod.opt_begin + begin + a,
+                              len,
+                              p,
+                              s.data(),
+                              grad + a,
+                              as.grad_scale,
+                              as.step,
+                              m.index < skipped.size() ? &skipped[m.index] : nullptr,
+                              xp};
+        r = adam_mini_update(c, out, shape->cdt, nullptr);
+      } else if (r.is_ok()) {
+        optim::OneStateBuffers b{len, p, grad + a, DType::kF32, s.data(), DType::kF32, out, shape->cdt};
+        r = kind == optim::OptimizerKind::kLion ? optim::lion_step(optim::LionArgs{b, lp, as})
+                                                : optim::adagrad_step(optim::AdagradArgs{b, gp, as});
+      }
+      if (r.is_ok()) r = optim::quantize_state(state_kind(0), states, s.data(), packed, len);
+      st[i] = std::move(r);
+    };
+    if (exec.pool) {
+      exec.pool->for_each(st.size(), piece);
+    } else {
+      for (size_t i = 0; i < st.size(); ++i) piece(i);
+    }
+    for (Status& x : st) {
+      if (!x.is_ok())
+        return x.with_context("updating the packed optimizer states of module " + (*modules)[m].name);
+    }
+    return Status::ok();
+  }
+
   // The kernel over the chunk: adam_step (the device's, or the CPU's), adam_step_lowbit, or Lion's,
   // Adagrad's or Muon's.
   Status kernel(ModuleId m, size_t begin, size_t n, void* master, void* ea, void* eas, const float* grad,
@@ -308,6 +306,8 @@ struct Updater::ChunkUpdater {
       if (!s.is_ok()) return s.with_context("updating the optimizer states of module " + (*modules)[m].name);
       return s;
     }
+    if (kind == optim::OptimizerKind::kAdamMini && block() > 1)
+      return packed_kernel(m, begin, n, master, ea, grad, param_out);
     if (kind == optim::OptimizerKind::kAdamMini) {
       const ModuleLayout& mod = (*modules)[m];
       AdamMiniChunk c{&mod,
@@ -321,33 +321,12 @@ struct Updater::ChunkUpdater {
                       as.step,
                       m.index < skipped.size() ? &skipped[m.index] : nullptr,
                       xp};
-      // In pieces over the pool's threads: each element's update reads only its block's moment, so
-      // the bits do not depend on the pieces.
-      constexpr size_t kPiece = size_t{1} << 14;
-      std::vector<Status> st((n + kPiece - 1) / kPiece);
-      auto piece = [&](size_t i) {
-        AdamMiniChunk p = c;
-        const size_t a = i * kPiece, len = std::min(kPiece, n - a);
-        p.lo += a, p.n = len, p.master += a, p.m += a, p.grad += a;
-        adam_mini_chunk(p);
-        if (param_out)
-          st[i] = optim::convert_with_norm(p.master, DType::kF32,
-                                           static_cast<char*>(param_out) + a * shape->esize(), shape->cdt,
-                                           len, false)
-                      .status();
-      };
-      if (exec.pool) {
-        exec.pool->for_each(st.size(), piece);
-      } else {
-        for (size_t i = 0; i < st.size(); ++i) piece(i);
-      }
-      for (Status& x : st) ZOE_RETURN_IF_ERROR(x);
-      return Status::ok();
+      return adam_mini_update(c, param_out, shape->cdt, exec.pool);
     }
     if (kind != optim::OptimizerKind::kAdamW) {
-      if (lowbit)
-        return invalid_argument("%s updates fp32 or bf16 states with an fp32 master only",
-                                optim::optimizer_kind_name(kind));
+      if (master_fmt != optim::MasterFormat::kF32)
+        return invalid_argument("%s updates an fp32 master only", optim::optimizer_kind_name(kind));
+      if (block() > 1) return packed_kernel(m, begin, n, master, ea, grad, param_out);
       Status s = one_state_kernel(n, master, ea, grad, param_out, kernel_dev);
       if (!s.is_ok()) return s.with_context("updating the optimizer states of module " + (*modules)[m].name);
       return s;

@@ -104,6 +104,10 @@ struct AdamMiniChunk {
   optim::AdamMiniParams p;
 };
 void adam_mini_chunk(const AdamMiniChunk& c);
+// adam_mini_chunk over c in pieces spread over pool's threads (null: the caller's only; each element
+// reads only its block's moment, so the bits do not depend on the pieces), each piece's new master
+// also written to param_out in cdt (null: not).
+Status adam_mini_update(const AdamMiniChunk& c, void* param_out, DType cdt, optim::CpuPool* pool);
 
 class Updater final : public GradSink {
  public:

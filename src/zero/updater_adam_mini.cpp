@@ -188,6 +188,28 @@ void adam_mini_chunk(const AdamMiniChunk& c) {
   }
 }
 
+Status adam_mini_update(const AdamMiniChunk& c, void* param_out, DType cdt, optim::CpuPool* pool) {
+  constexpr size_t kPiece = size_t{1} << 14;
+  std::vector<Status> st((c.n + kPiece - 1) / kPiece);
+  auto piece = [&](size_t i) {
+    AdamMiniChunk p = c;
+    const size_t a = i * kPiece, len = std::min(kPiece, c.n - a);
+    p.lo += a, p.n = len, p.master += a, p.m += a, p.grad += a;
+    adam_mini_chunk(p);
+    if (param_out)
+      st[i] = optim::convert_with_norm(p.master, DType::kF32,
+                                       static_cast<char*>(param_out) + a * dtype_size(cdt), cdt, len, false)
+                  .status();
+  };
+  if (pool) {
+    pool->for_each(st.size(), piece);
+  } else {
+    for (size_t i = 0; i < st.size(); ++i) piece(i);
+  }
+  for (Status& x : st) ZOE_RETURN_IF_ERROR(x);
+  return Status::ok();
+}
+
 std::vector<std::vector<float>> Updater::adam_mini_v() const {
   std::vector<std::vector<float>> out;
   for (const AdamMiniModule& mm : mini_) out.push_back(mm.v);

@@ -190,7 +190,8 @@ TEST(CheckpointPacked, RefusalsNameWhatIsWrong) {
   // A packed dtype for a state other than the moments.
   s = r->read_range(0, "master", 0, 256, "int8b256", buf.data());
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-  EXPECT_HAS(s.message(), "'int8b256' (packed) holds only 'exp_avg' and 'exp_avg_sq' states, not 'master'");
+  EXPECT_HAS(s.message(),
+             "'int8b256' (packed) holds only 'exp_avg', 'exp_avg_sq' and 'sum' states, not 'master'");
 
   // The writer refuses both.
   auto tmp = begin_checkpoint(d.path(), "t");
@@ -224,7 +225,7 @@ TEST(CheckpointPacked, RefusalsNameWhatIsWrong) {
   EXPECT_HAS(bad.status().message(),
              mp + ": key 'tensors[" + std::to_string(master) +
                  "].dtype': expected \"f32\", \"bf16\" or \"f16\" for a 'master' state "
-                 "(int8b256 holds only 'exp_avg' and 'exp_avg_sq')");
+                 "(int8b256 holds only 'exp_avg', 'exp_avg_sq' and 'sum')");
   test::write_file(mp, text);
   test::edit_manifest(
       ck, [&](nlohmann::json& j) { j["tensors"][packed]["begin"] = 6145; }, true);

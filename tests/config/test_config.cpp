@@ -578,8 +578,11 @@ TEST(Config, AdamMiniTakesItsParams) {
              "optimizer.params.adam_w_mode: optimizer.type \"AdamMini\" has no adam_w_mode");
   EXPECT_HAS(parse_error(R"({"optimizer": {"type": "AdamMini", "params": {"n_heads": 8, "n_kv_heads": 3}}})"),
              "optimizer.params.n_kv_heads 3 does not divide optimizer.params.n_heads 8");
-  EXPECT_HAS(parse_error(R"({"optimizer": {"type": "AdamMini"}, "zoe": {"optimizer_states": "bf16"}})"),
-             "zoe.optimizer_states \"bf16\" with optimizer.type \"AdamMini\"");
+  EXPECT_HAS(
+      parse_error(R"({"optimizer": {"type": "AdamMini"}, "zoe": {"optimizer_states": "bf16"}})"),
+      "zoe.optimizer_states \"bf16\" with optimizer.type \"AdamMini\": AdamMini keeps fp32, int8 or int4 "
+      "states");
+  EXPECT_OK(Config::parse(R"({"optimizer": {"type": "AdamMini"}, "zoe": {"optimizer_states": "int8"}})"));
   EXPECT_HAS(parse_error(R"({"optimizer": {"type": "AdamMini"}, "zoe": {"master_weights": "bf16"}})"),
              "zoe.master_weights \"bf16\" with optimizer.type \"AdamMini\"");
   EXPECT_HAS(parse_error(R"({"optimizer": {"type": "AdamMini", "params": {"dim": 0}}})"),
@@ -622,9 +625,16 @@ TEST(Config, LionAndAdagradTakeDeepSpeedsParams) {
              "weight_decay");
   EXPECT_HAS(parse_error(R"({"optimizer": {"type": "Lion", "params": {"adam_w_mode": true}}})"),
              "optimizer.params.adam_w_mode: optimizer.type \"Lion\" has no adam_w_mode");
-  EXPECT_HAS(
-      parse_error(R"({"optimizer": {"type": "Lion"}, "zoe": {"optimizer_states": "int8"}})"),
-      "zoe.optimizer_states \"int8\" with optimizer.type \"Lion\": the low-bit states are AdamW's only");
+  // Their one state takes every format (Lion's m and Adagrad's sum packed as int8/int4 blocks).
+  for (const char* f : {"bf16", "int8", "int4"}) {
+    for (const char* t : {"Lion", "Adagrad"}) {
+      const std::string text = std::string("{\"optimizer\": {\"type\": \"") + t +
+                               "\"}, \"zoe\": {\"optimizer_states\": \"" + f + "\"}}";
+      EXPECT_OK(Config::parse(text)) << text;
+    }
+  }
+  EXPECT_HAS(parse_error(R"({"optimizer": {"type": "Muon"}, "zoe": {"optimizer_states": "int8"}})"),
+             "zoe.optimizer_states \"int8\" with optimizer.type \"Muon\": Muon keeps fp32 states");
   EXPECT_HAS(parse_error(R"({"optimizer": {"type": "Adagrad"}, "zoe": {"master_weights": "bf16"}})"),
              "zoe.master_weights \"bf16\" with optimizer.type \"Adagrad\"");
   EXPECT_OK(Config::parse(R"({"optimizer": {"type": "Lion"}, "zoe": {"optimizer_states": "bf16"}})"));

@@ -20,6 +20,7 @@
 #include "config/config.h"
 #include "core/dtype.h"
 #include "optim/lion_adagrad_reference.h"
+#include "optim/lowbit.h"
 #include "tests/util/status_test_util.h"
 #include "tests/util/test_util.h"
 #include "tests/zero/mlp.h"
@@ -231,11 +232,12 @@ TEST(OptimizerEngine, AStepWithoutGradientsLeavesTheModuleAsItWas) {
   // parameter whose .grad is None; the step after continues from them.
   MlpSpec s = lion_spec();
   s.d = 64;
-  for (const char* type : {"Lion", "Adagrad"}) {
+  for (const auto& [type, states] : {std::pair{"Lion", "fp32"}, std::pair{"Adagrad", "fp32"},
+                                     std::pair{"Lion", "int8"}, std::pair{"Adagrad", "int4"}}) {
     for (const Placement& pl :
          {Placement{1, "cpu", "none"}, Placement{3, "nvme", "nvme"}, Placement{2, "cpu", "none"}}) {
       const bool spec = pl.stage == 2;
-      const Recipe r{type, "fp32", false, spec ? ", \"speculative_step\": true" : ""};
+      const Recipe r{type, states, false, spec ? ", \"speculative_step\": true" : ""};
       SCOPED_TRACE(describe(pl, r));
       auto one = train(pl, r, s, 1);
       ASSERT_OK(one);
@@ -245,6 +247,77 @@ TEST(OptimizerEngine, AStepWithoutGradientsLeavesTheModuleAsItWas) {
       ASSERT_OK(two);
       EXPECT_EQ(memcmp(one.value()[0].w.data(), two.value()[0].w.data(), one.value()[0].w.size() * 4), 0);
       EXPECT_FALSE(identical({one.value()[1]}, {two.value()[1]}));  // the other layers trained
+    }
+  }
+}
+
+// The plain loop with packed states (int8/int4): each layer's module as the engine lays it out
+// ([w; b] flat, so the quantization blocks fall where the engine's do at any world size: partitions
+// and chunks are multiples of the block), its state decoded, optim::ref's update over the whole
+// module, encoded again; Lion's m with the signed map, Adagrad's sum with v's (>= 0, never zero where
+// it is not: optim/lowbit.h).
+std::vector<Layer> packed_reference(const MlpSpec& s, const std::string& type, optim::StateFormat f,
+                                    int world, int steps) {
+  const bool lion = type == "Lion";
+  const auto kind = lion ? optim::StateKind::kExpAvg : optim::StateKind::kExpAvgSq;
+  std::vector<Layer> L = test::init_layers(s);
+  const size_t nw = L[0].w.size(), n = nw + L[0].b.size();
+  std::vector<std::vector<char>> packed(L.size(), std::vector<char>(optim::state_bytes(f, n), 0));
+  std::vector<float> p(n), g(n), st(n);
+  for (int k = 0; k < steps; ++k) {
+    const std::vector<Layer> gr = test::rank_summed_grads(s, L, k, world);
+    optim::AdamStep as;
+    as.step = k + 1;
+    as.grad_scale = static_cast<float>(1.0 / world);
+    for (size_t l = 0; l < L.size(); ++l) {
+      std::copy(L[l].w.begin(), L[l].w.end(), p.begin());
+      std::copy(L[l].b.begin(), L[l].b.end(), p.begin() + static_cast<long>(nw));
+      std::copy(gr[l].w.begin(), gr[l].w.end(), g.begin());
+      std::copy(gr[l].b.begin(), gr[l].b.end(), g.begin() + static_cast<long>(nw));
+      EXPECT_OK(optim::dequantize_state(kind, f, packed[l].data(), st.data(), n));
+      optim::OneStateBuffers b;
+      b.n = n;
+      b.param = p.data();
+      b.grad = g.data();
+      b.state = st.data();
+      if (lion) {
+        EXPECT_OK(optim::ref::lion_step(optim::LionArgs{b, {s.lr, s.beta1, s.beta2, s.wd}, as}));
+      } else {
+        EXPECT_OK(optim::ref::adagrad_step(optim::AdagradArgs{b, {s.lr, 1e-8f, s.wd}, as}));
+      }
+      EXPECT_OK(optim::quantize_state(kind, f, st.data(), packed[l].data(), n));
+      std::copy(p.begin(), p.begin() + static_cast<long>(nw), L[l].w.begin());
+      std::copy(p.begin() + static_cast<long>(nw), p.end(), L[l].b.begin());
+    }
+  }
+  return L;
+}
+
+TEST(OptimizerEngine, PackedStatesGiveThePackedReferenceBits) {
+  // Lion's m and Adagrad's sum as int8 and int4 blocks in every tier: the bits of the packed loop
+  // above, and close to (not the same as) the fp32 states' run.
+  Runtime& rt = test::shared_runtime();
+  const MlpSpec s = lion_spec();
+  const int steps = 3;
+  for (const char* type : {"Lion", "Adagrad"}) {
+    const auto fp32 = reference_train(s, type, "fp32", rt.world_size(), steps);
+    for (const char* states : {"int8", "int4"}) {
+      const optim::StateFormat f = optim::parse_state_format(states).value();
+      const auto ref = packed_reference(s, type, f, rt.world_size(), steps);
+      float far = 0.0f;
+      for (size_t l = 0; l < ref.size(); ++l) {
+        for (size_t i = 0; i < ref[l].w.size(); ++i)
+          far = std::max(far, std::fabs(ref[l].w[i] - fp32[l].w[i]));
+      }
+      EXPECT_GT(far, 0.0f) << type << " " << states << ": the packed states changed nothing";
+      EXPECT_LT(far, 50 * s.lr) << type << " " << states;
+      for (const Placement& pl : all_placements()) {
+        const Recipe r{type, states};
+        SCOPED_TRACE(describe(pl, r));
+        auto got = train(pl, r, s, steps);
+        ASSERT_OK(got);
+        EXPECT_TRUE(identical(got.value(), ref)) << "differs from the packed reference loop";
+      }
     }
   }
 }
@@ -305,10 +378,12 @@ TEST(OptimizerCheckpoint, ResumeIsBitIdenticalAndLoadsOnlyIntoItsOptimizer) {
   Runtime& rt = test::shared_runtime();
   MlpSpec s = lion_spec();
   s.d = 64;
-  for (const char* type : {"Lion", "Adagrad"}) {
+  // Packed states too (Lion int8, Adagrad int4): consolidate decodes each with its map.
+  for (const auto& [type, states] : {std::pair{"Lion", "fp32"}, std::pair{"Adagrad", "fp32"},
+                                     std::pair{"Lion", "int8"}, std::pair{"Adagrad", "int4"}}) {
     for (const Placement& pl :
          {Placement{0, "none", "none"}, Placement{2, "cpu", "none"}, Placement{3, "nvme", "nvme"}}) {
-      const Recipe r{type, "fp32"};
+      const Recipe r{type, states};
       SCOPED_TRACE(describe(pl, r));
       test::ScratchDir nv("nvme"), ck("ckpt");
       const std::string dir = rank0_dir(ck.path());
