@@ -141,8 +141,8 @@ Status merge_state_format(Config* c) {
 // key the type has not is refused (DeepSpeed's optimizer would not take it either), and the
 // defaults are each type's own: Adagrad lr 1e-2, eps 1e-10 (DeepSpeedCPUAdagrad, torch); Muon
 // DeepSpeed's MuonWithAuxAdam's (muon_lr 0.02 and adam_lr 3e-4, or lr for both where lr is given;
-// betas (0.9, 0.95), eps 1e-10). Their master is fp32; their one state takes the low-bit formats
-// (Lion's and Adagrad's every one, Adam-mini's fp32/int8/int4, Muon's momentum fp32 only).
+// betas (0.9, 0.95), eps 1e-10). Their master is fp32; their states take the low-bit formats
+// (Lion's and Adagrad's every one, Adam-mini's and Muon's fp32, int8 and int4).
 Status check_optimizer_params(const GivenKeys& g, Config* c) {
   OptimizerConfig& o = c->optimizer;
   const bool lion = o.type == "Lion", adagrad = o.type == "Adagrad", muon = o.type == "Muon",
@@ -193,15 +193,14 @@ Status check_optimizer_params(const GivenKeys& g, Config* c) {
     if (!g.has("optimizer.params.eps")) o.eps = 1e-10;
   }
   const ZoeConfig& z = c->zoe;
-  // Lion and Adagrad take every format, Adam-mini fp32/int8/int4 (its m), Muon fp32 only (its
-  // orthogonalization reads the momentum of whole modules in fp32).
-  if (z.optimizer_states != "fp32" && (muon || (mini && z.optimizer_states == "bf16"))) {
+  // Lion and Adagrad take every format; Adam-mini and Muon fp32, int8 and int4 (their updates
+  // read their states as fp32 or as decoded blocks).
+  if ((muon || mini) && z.optimizer_states == "bf16") {
     return invalid_argument(
-        "zoe.optimizer_states \"%s\" with optimizer.type \"%s\": %s keeps %s states; use "
-        "zoe.optimizer_states "
-        "\"fp32\"%s with %s, or optimizer.type \"AdamW\", \"Lion\" or \"Adagrad\"",
-        z.optimizer_states.c_str(), o.type.c_str(), o.type.c_str(), muon ? "fp32" : "fp32, int8 or int4",
-        muon ? "" : " (or \"int8\", \"int4\")", o.type.c_str());
+        "zoe.optimizer_states \"bf16\" with optimizer.type \"%s\": %s keeps fp32, int8 or int4 states; use "
+        "zoe.optimizer_states \"fp32\", \"int8\" or \"int4\" with %s, or optimizer.type \"AdamW\", \"Lion\" "
+        "or \"Adagrad\" for bf16 states",
+        o.type.c_str(), o.type.c_str(), o.type.c_str());
   }
   if (z.master_weights != "fp32") {
     return invalid_argument(

@@ -32,7 +32,7 @@ bool PlanResult::any_fits() const {
 
 std::vector<RowPlacement> all_placements(const std::string& base_states, const std::string& optimizer_type) {
   const bool lowbit = base_states == "int8" || base_states == "int4";
-  // Muon keeps fp32 states, Adam-mini no bf16 ones (config_rules.cpp).
+  // Muon and Adam-mini keep no bf16 states (config_rules.cpp).
   const bool fp32_only = optimizer_type == "Muon" || optimizer_type == "AdamMini";
   std::vector<RowPlacement> v;
   const Offload devs[] = {Offload::kNone, Offload::kCpu, Offload::kNvme};

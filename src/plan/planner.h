@@ -102,7 +102,7 @@ struct PlanResult {
 
 // Every placement of the matrix, in a fixed order (stage, params, optimizer, ratio, states).
 // Every row; base_states: the config's zoe.optimizer_states (int8/int4 rows keep it, fp32/bf16
-// rows try both, but optimizer_type "Muon" and "AdamMini" keep fp32 states only).
+// rows try both, but optimizer_type "Muon" and "AdamMini" keep no bf16 states).
 std::vector<RowPlacement> all_placements(const std::string& base_states = "fp32",
                                          const std::string& optimizer_type = "AdamW");
 // The engine's config for a row: `base` with the row's stage, offload devices, ratio and state

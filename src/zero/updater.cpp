@@ -251,8 +251,41 @@ struct Updater::ChunkUpdater {
   // Lion's, Adagrad's or Adam-mini's one state packed (int8/int4, host memory): in block-aligned
   // pieces of 4096 elements over the pool's threads, each decoded into an fp32 scratch (16 KiB: it
   // stays in cache), updated by the fp32 kernel and encoded back with its blocks' new scales.
-  Status packed_kernel(ModuleId m, size_t begin, size_t n, void* master, void* ea, const float* grad,
-                       void* param_out) {
+  // Adam-mini's arguments for [begin, begin + n) of module m's owned range.
+  AdamMiniChunk mini_chunk(ModuleId m, size_t begin, size_t n, float* master, float* mom,
+                           const float* grad) const {
+    const ModuleLayout& mod = (*modules)[m];
+    const std::vector<int64_t>* sk = m.index < skipped.size() ? &skipped[m.index] : nullptr;
+    return {&mod, &(*mini)[m.index], mod.opt_begin + begin, n, master, mom, grad, as.grad_scale, as.step, sk,
+            xp};
+  }
+
+  // Muon's two states packed (its momentum or the auxiliary AdamW's m, and that AdamW's v): the same
+  // pieces, one after another (muon_kernel's AdamW spreads over the pool itself).
+  Status packed_muon(ModuleId m, size_t begin, size_t n, void* master, void* ea, void* eas, const float* grad,
+                     void* param_out) {
+    constexpr size_t kPiece = 4096;
+    const size_t B = block(), bb = optim::state_block_bytes(states), es = shape->esize();
+    std::vector<float> s0(kPiece), s1(kPiece);
+    for (size_t a = 0; a < n; a += kPiece) {
+      const size_t len = std::min(kPiece, n - a);
+      char* p0 = static_cast<char*>(ea) + a / B * bb;
+      char* p1 = static_cast<char*>(eas) + a / B * bb;
+      ZOE_RETURN_IF_ERROR(optim::dequantize_state(state_kind(0), states, p0, s0.data(), len));
+      ZOE_RETURN_IF_ERROR(optim::dequantize_state(state_kind(1), states, p1, s1.data(), len));
+      ZOE_RETURN_IF_ERROR(muon_kernel(m, begin + a, len, static_cast<float*>(master) + a, s0.data(),
+                                      s1.data(), grad + a,
+                                      param_out ? static_cast<char*>(param_out) + a * es : nullptr));
+      ZOE_RETURN_IF_ERROR(optim::quantize_state(state_kind(0), states, s0.data(), p0, len));
+      ZOE_RETURN_IF_ERROR(optim::quantize_state(state_kind(1), states, s1.data(), p1, len));
+    }
+    return Status::ok();
+  }
+
+  Status packed_kernel(ModuleId m, size_t begin, size_t n, void* master, void* ea, void* eas,
+                       const float* grad, void* param_out) {
+    if (kind == optim::OptimizerKind::kMuon)
+      return packed_muon(m, begin, n, master, ea, eas, grad, param_out);
     constexpr size_t kPiece = 4096;  // a multiple of every format's block
     const size_t B = block(), bb = optim::state_block_bytes(states), es = shape->esize();
     std::vector<Status> st((n + kPiece - 1) / kPiece);
@@ -264,19 +297,7 @@ struct Updater::ChunkUpdater {
       std::vector<float> s(len);
       Status r = optim::dequantize_state(state_kind(0), states, packed, s.data(), len);
       if (r.is_ok() && kind == optim::OptimizerKind::kAdamMini) {
-        const ModuleLayout& mod = (*modules)[m];
-        const AdamMiniChunk c{&mod,
-                              &(*mini)[m.index],
-                              mod.opt_begin + begin + a,
-                              len,
-                              p,
-                              s.data(),
-                              grad + a,
-                              as.grad_scale,
-                              as.step,
-                              m.index < skipped.size() ? &skipped[m.index] : nullptr,
-                              xp};
-        r = adam_mini_update(c, out, shape->cdt, nullptr);
+        r = adam_mini_update(mini_chunk(m, begin + a, len, p, s.data(), grad + a), out, shape->cdt, nullptr);
       } else if (r.is_ok()) {
         optim::OneStateBuffers b{len, p, grad + a, DType::kF32, s.data(), DType::kF32, out, shape->cdt};
         r = kind == optim::OptimizerKind::kLion ? optim::lion_step(optim::LionArgs{b, lp, as})
@@ -302,31 +323,22 @@ struct Updater::ChunkUpdater {
   Status kernel(ModuleId m, size_t begin, size_t n, void* master, void* ea, void* eas, const float* grad,
                 void* param_out, bool kernel_dev) {
     if (kind == optim::OptimizerKind::kMuon) {
-      Status s = muon_kernel(m, begin, n, master, ea, eas, grad, param_out);
+      Status s = block() > 1 ? packed_kernel(m, begin, n, master, ea, eas, grad, param_out)
+                             : muon_kernel(m, begin, n, master, ea, eas, grad, param_out);
       if (!s.is_ok()) return s.with_context("updating the optimizer states of module " + (*modules)[m].name);
       return s;
     }
     if (kind == optim::OptimizerKind::kAdamMini && block() > 1)
-      return packed_kernel(m, begin, n, master, ea, grad, param_out);
+      return packed_kernel(m, begin, n, master, ea, eas, grad, param_out);
     if (kind == optim::OptimizerKind::kAdamMini) {
-      const ModuleLayout& mod = (*modules)[m];
-      AdamMiniChunk c{&mod,
-                      &(*mini)[m.index],
-                      mod.opt_begin + begin,
-                      n,
-                      static_cast<float*>(master),
-                      static_cast<float*>(ea),
-                      grad,
-                      as.grad_scale,
-                      as.step,
-                      m.index < skipped.size() ? &skipped[m.index] : nullptr,
-                      xp};
+      const AdamMiniChunk c =
+          mini_chunk(m, begin, n, static_cast<float*>(master), static_cast<float*>(ea), grad);
       return adam_mini_update(c, param_out, shape->cdt, exec.pool);
     }
     if (kind != optim::OptimizerKind::kAdamW) {
       if (master_fmt != optim::MasterFormat::kF32)
         return invalid_argument("%s updates an fp32 master only", optim::optimizer_kind_name(kind));
-      if (block() > 1) return packed_kernel(m, begin, n, master, ea, grad, param_out);
+      if (block() > 1) return packed_kernel(m, begin, n, master, ea, eas, grad, param_out);
       Status s = one_state_kernel(n, master, ea, grad, param_out, kernel_dev);
       if (!s.is_ok()) return s.with_context("updating the optimizer states of module " + (*modules)[m].name);
       return s;

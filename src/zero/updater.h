@@ -250,7 +250,8 @@ class Updater final : public GradSink {
   // the rest get the auxiliary AdamW. Empty unless optimizer.type is Muon.
   std::vector<std::vector<uint8_t>> muon_;
   std::vector<float> muon_g_, muon_buf_, muon_u_, muon_full_, muon_o_;  // muon_prepass's
-  bool muon_flat_shard_ = false;  // the test hook ZOE_TEST_MUON_FLAT_SHARD (updater_muon.cpp)
+  std::vector<char> muon_packed_;  // muon_prepass's packed momentum (int8/int4 states)
+  bool muon_flat_shard_ = false;   // the test hook ZOE_TEST_MUON_FLAT_SHARD (updater_muon.cpp)
   // updater_adam_mini.cpp: Adam-mini's blocks (place()) and their mean moments (before the update).
   Status init_adam_mini(ModuleId m);
   Status adam_mini_prepass(float grad_scale);

@@ -26,8 +26,8 @@ void keep_packed_blocks(optim::StateFormat f, size_t n, const void* ea, const vo
   }
 }
 
-Status restore_packed_blocks(optim::StateFormat f, const optim::StateKind kinds[2], size_t n, void* ea, void* eas,
-                           const char* at, const UntouchedKeep& k) {
+Status restore_packed_blocks(optim::StateFormat f, const optim::StateKind kinds[2], size_t n, void* ea,
+                             void* eas, const char* at, const UntouchedKeep& k) {
   const size_t B = optim::state_block_elems(f), bb = optim::state_block_bytes(f);
   std::vector<float> old_v(B), new_v(B);
   std::vector<uint8_t> mask(B);

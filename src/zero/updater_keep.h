@@ -27,7 +27,7 @@ void keep_packed_blocks(optim::StateFormat f, size_t n, const void* ea, const vo
 // Puts the kept blocks back from `at` (where keep_packed_blocks' bytes start in k.saved): a block
 // wholly untouched as it was; one shared with updated elements merged value by value (kinds[s]: the
 // map of state s) and encoded again with its new scale.
-Status restore_packed_blocks(optim::StateFormat f, const optim::StateKind kinds[2], size_t n, void* ea, void* eas,
-                             const char* at, const UntouchedKeep& k);
+Status restore_packed_blocks(optim::StateFormat f, const optim::StateKind kinds[2], size_t n, void* ea,
+                             void* eas, const char* at, const UntouchedKeep& k);
 
 }  // namespace zoe::zero

@@ -78,15 +78,26 @@ Status Updater::muon_module(ModuleId m, float grad_scale, const optim::MuonParam
   const std::vector<uint8_t>& untouched = m.index < untouched_.size() ? untouched_[m.index] : none;
   // The owned gradient sums and momentum: host memory (the placement keeps Muon's states off a
   // GPU), or read from NVMe.
+  // int8/int4 momentum (zoe.optimizer_states): decoded here and encoded again after the momentum step.
+  const bool packed = optim::state_block_elems(r_.states) > 1;
   float* g = st.grad_acc;
   float* buf = static_cast<float*>(st.exp_avg);
   if (nvme) {
     muon_g_.resize(n);
-    muon_buf_.resize(n);
     g = muon_g_.data();
-    buf = muon_buf_.data();
     ZOE_RETURN_IF_ERROR(r_.swapper->read_state(swap_group(m), kGradState, g, 0, n));
-    ZOE_RETURN_IF_ERROR(read_state(m, OptState::kExpAvg, 0, n, buf));
+  }
+  if (nvme || packed) {
+    muon_buf_.resize(n);
+    buf = muon_buf_.data();
+    if (packed) {
+      muon_packed_.resize(state_size(OptState::kExpAvg, n));
+      ZOE_RETURN_IF_ERROR(read_state(m, OptState::kExpAvg, 0, n, muon_packed_.data()));
+      ZOE_RETURN_IF_ERROR(
+          optim::dequantize_state(optim::StateKind::kExpAvg, r_.states, muon_packed_.data(), buf, n));
+    } else {
+      ZOE_RETURN_IF_ERROR(read_state(m, OptState::kExpAvg, 0, n, buf));
+    }
   }
   const size_t own_n = gather ? mod.part : n;
   muon_u_.assign(std::max(own_n, n), 0.0f);
@@ -96,7 +107,13 @@ Status Updater::muon_module(ModuleId m, float grad_scale, const optim::MuonParam
     const auto [b, e] = owned_part(mod, p, lo, n);
     optim::muon_momentum(g + b, grad_scale, buf + b, muon_u_.data() + b, e - b, mp);
   }
-  if (nvme) ZOE_RETURN_IF_ERROR(write_state(m, OptState::kExpAvg, 0, n, buf));
+  if (packed) {
+    ZOE_RETURN_IF_ERROR(
+        optim::quantize_state(optim::StateKind::kExpAvg, r_.states, buf, muon_packed_.data(), n));
+    ZOE_RETURN_IF_ERROR(write_state(m, OptState::kExpAvg, 0, n, muon_packed_.data()));
+  } else if (nvme) {
+    ZOE_RETURN_IF_ERROR(write_state(m, OptState::kExpAvg, 0, n, buf));
+  }
   const float* U = muon_u_.data();  // the module's U from its first element (lo is 0 without a gather)
   if (gather) {
     muon_full_.resize(mod.padded);

@@ -633,8 +633,10 @@ TEST(Config, LionAndAdagradTakeDeepSpeedsParams) {
       EXPECT_OK(Config::parse(text)) << text;
     }
   }
-  EXPECT_HAS(parse_error(R"({"optimizer": {"type": "Muon"}, "zoe": {"optimizer_states": "int8"}})"),
-             "zoe.optimizer_states \"int8\" with optimizer.type \"Muon\": Muon keeps fp32 states");
+  EXPECT_OK(Config::parse(R"({"optimizer": {"type": "Muon"}, "zoe": {"optimizer_states": "int8"}})"));
+  EXPECT_HAS(
+      parse_error(R"({"optimizer": {"type": "Muon"}, "zoe": {"optimizer_states": "bf16"}})"),
+      "zoe.optimizer_states \"bf16\" with optimizer.type \"Muon\": Muon keeps fp32, int8 or int4 states");
   EXPECT_HAS(parse_error(R"({"optimizer": {"type": "Adagrad"}, "zoe": {"master_weights": "bf16"}})"),
              "zoe.master_weights \"bf16\" with optimizer.type \"Adagrad\"");
   EXPECT_OK(Config::parse(R"({"optimizer": {"type": "Lion"}, "zoe": {"optimizer_states": "bf16"}})"));

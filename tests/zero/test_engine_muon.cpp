@@ -5,7 +5,8 @@
 // biases, over the same gradients; overlapped and serial updates agree; a step without gradients
 // leaves a module as it was; Newton-Schulz on a flat shard (the test hook ZOE_TEST_MUON_FLAT_SHARD,
 // what an engine that runs Muon on its flattened ZeRO partitions computes) leaves the reference; a
-// checkpoint resumes bit for bit and an AdamW engine refuses it (the same two states, another update).
+// checkpoint resumes bit for bit and an AdamW engine refuses it (the same two states, another update);
+// int8/int4 states give one set of bits in every tier.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -169,6 +170,34 @@ TEST(MuonEngine, EveryTierGivesTheWholeMatrixReferenceBits) {
     ASSERT_OK(got);
     EXPECT_TRUE(identical(got.value(), ref))
         << "differs from the reference loop by " << max_diff(got.value(), ref);
+  }
+}
+
+TEST(MuonEngine, PackedStatesGiveOneSetOfBitsInEveryTier) {
+  // The momentum (and the auxiliary AdamW's m and v) as int8 or int4 blocks (zoe.optimizer_states):
+  // every tier gives the no-offload run's bits, not the fp32 whole-matrix reference's, and trains.
+  Runtime& rt = test::shared_runtime();
+  MlpSpec s = muon_spec();
+  s.no_grads_at = 1;
+  const auto ref = muon_reference(s, rt.world_size(), 3);
+  const auto init = test::init_layers(s);
+  for (const char* states : {"int8", "int4"}) {
+    const std::string extra = std::string(", \"optimizer_states\": \"") + states + "\"";
+    std::vector<Layer> none;
+    for (const Placement& pl : all_placements()) {
+      SCOPED_TRACE(describe(pl, extra));
+      auto got = train(pl, s, 3, extra);
+      ASSERT_OK(got);
+      if (pl.stage == 0) none = got.value();
+      EXPECT_TRUE(identical(got.value(), none))
+          << "differs from the no-offload run by " << max_diff(got.value(), none);
+      EXPECT_GT(max_diff(got.value(), ref), 0.0f);
+      // No closeness bound here: this MLP's gradients have rank <= 4 a step, and Newton-Schulz lifts
+      // the quantization noise in the momentum's null directions towards unit size (the orthogonal
+      // update treats every direction alike); tests/python/test_torch_muon.py bounds the losses on a
+      // transformer instead.
+      EXPECT_GT(max_diff(got.value(), init), 1e-3f) << states;
+    }
   }
 }
 
