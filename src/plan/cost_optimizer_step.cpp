@@ -32,14 +32,28 @@ void StepModel::write_out(const zero::ModulePlacement& m, Path::Group* g) {
 
 // Step 0. optimizer.type Muon, before the update, serial (Updater::muon_prepass): per module with
 // matrices, the gradient sums and the momentum read and written once more where they are on NVMe
-// (8 + 8 bytes an owned element) or touched in host memory, the module's U all-gathered (world > 1),
+// (4 + 4 bytes an owned element each way with fp32 states; the momentum as stored) or touched in
+// host memory, the module's U all-gathered (world > 1),
 // and Newton-Schulz at the compute's flop rate (zoe's CPU device; an estimate on a GPU host, whose
 // CPU runs it).
 void StepModel::muon_prepass_time() {
   if (pl.optimizer != optim::OptimizerKind::kMuon) return;
   for (const auto& m : pl.modules) {
     if (m.frozen || !m.muon_matrices) continue;
-    const auto bytes = static_cast<uint64_t>(m.opt_n) * 8;
+    // The fp32 gradient sums and the momentum as stored: packed blocks (int8/int4) move whole, each
+    // swapper chunk's rounded up to 4096 bytes on NVMe (offload::OptimizerSwapper::span_bytes).
+    uint64_t mom = static_cast<uint64_t>(m.opt_n) * 4;
+    if (optim::state_block_elems(pl.state_format) > 1) {
+      const uint64_t B = optim::state_block_elems(pl.state_format),
+                     bb = optim::state_block_bytes(pl.state_format);
+      const uint64_t chunk = std::max<uint64_t>(pl.swap_chunk_elems, 1);
+      mom = 0;
+      for (uint64_t i = 0; i < m.opt_n; i += chunk) {
+        const uint64_t blocks = (std::min(chunk, m.opt_n - i) + B - 1) / B * bb;
+        mom += m.opt_home == offload::Tier::kNvme ? (blocks + 4095) / 4096 * 4096 : blocks;
+      }
+    }
+    const uint64_t bytes = static_cast<uint64_t>(m.opt_n) * 4 + mom;
     if (m.opt_home == offload::Tier::kNvme) {
       B.nvme_read += bytes;
       B.nvme_write += bytes;

@@ -929,10 +929,12 @@ TEST(CostModelVsEngine, MuonNvmeBytesPerStep) {
          {test::MatrixPlacement{1, "nvme", "none"}, test::MatrixPlacement{2, "nvme", "none"},
           test::MatrixPlacement{3, "nvme", "cpu"}}) {
       test::ScratchDir nvme("plan-engine");
-      std::string text = engine_cfg(k.stage, k.opt, k.param, nvme.path(), false, "fp32", "fp32", 1.0, micro);
+      // Packed momentum (int8) where micro is 2: the prepass reads and writes it as stored.
+      const char* states = micro == 2 ? "int8" : "fp32";
+      std::string text = engine_cfg(k.stage, k.opt, k.param, nvme.path(), false, states, "fp32", 1.0, micro);
       text.insert(1, "\"optimizer\": {\"type\": \"Muon\"}, ");
-      const std::string what =
-          "stage " + std::to_string(k.stage) + " params " + k.param + " micro " + std::to_string(micro);
+      const std::string what = "stage " + std::to_string(k.stage) + " params " + k.param + " micro " +
+                               std::to_string(micro) + " " + states;
       auto cfg = config::Config::parse(text, rt.world_size());
       ASSERT_OK(cfg) << what;
       cfg.value().zoe.overlap_step = false;
@@ -985,10 +987,11 @@ TEST(CostModelVsEngine, AdamMiniNvmeBytesPerStep) {
     for (const test::MatrixPlacement& k :
          {test::MatrixPlacement{1, "nvme", "none"}, test::MatrixPlacement{3, "nvme", "nvme"}}) {
       test::ScratchDir nvme("plan-engine");
-      std::string text = engine_cfg(k.stage, k.opt, k.param, nvme.path(), false, "fp32", "fp32", 1.0, micro);
+      const char* states = micro == 2 ? "int4" : "fp32";  // m packed where micro is 2
+      std::string text = engine_cfg(k.stage, k.opt, k.param, nvme.path(), false, states, "fp32", 1.0, micro);
       text.insert(1, "\"optimizer\": {\"type\": \"AdamMini\"}, ");
-      const std::string what =
-          "stage " + std::to_string(k.stage) + " params " + k.param + " micro " + std::to_string(micro);
+      const std::string what = "stage " + std::to_string(k.stage) + " params " + k.param + " micro " +
+                               std::to_string(micro) + " " + states;
       auto cfg = config::Config::parse(text, rt.world_size());
       ASSERT_OK(cfg) << what;
       cfg.value().zoe.overlap_step = false;
