@@ -77,7 +77,7 @@ class Engine:
         if not isinstance(model, nn.Module):
             raise ZoeError(f"zoe.initialize: model must be a torch.nn.Module, got {type(model).__module__}."
                            f"{type(model).__name__}")
-        text = _load_config(config)
+        text = _adam_mini_shape(model, _load_config(config))
         if not force_local:
             _zoe.check_launcher()  # torchrun's variables without mpirun/srun: refused before MPI starts
         self._eng = _zoe.Engine(text, force_local)
@@ -461,6 +461,33 @@ def _load_config(config):
         except OSError as e:
             raise ZoeError(f"zoe.initialize: cannot read config file {path}: {e.strerror} (errno {e.errno})") from None
     raise ZoeError(f"zoe.initialize: config must be a dict or a path to a JSON file, got {type(config).__name__}")
+
+
+def _adam_mini_shape(model, text):
+    """optimizer.type "AdamMini" without optimizer.params.dim/n_heads/n_kv_heads: the model's own
+    (a Hugging Face config's hidden_size, num_attention_heads, num_key_value_heads), said once,
+    instead of the adam-mini package's defaults (2048, 32), which cut a smaller or larger model's
+    q/k projections into blocks that are not its heads. A value the config gives is kept."""
+    try:
+        cfg = json.loads(text)
+    except ValueError:
+        return text  # the engine's parser names what is wrong
+    opt = cfg.get("optimizer") if isinstance(cfg, dict) else None
+    mcfg = getattr(model, "config", None)
+    if not isinstance(opt, dict) or str(opt.get("type", "")).lower() != "adammini" or mcfg is None:
+        return text
+    params = opt.setdefault("params", {})
+    if not isinstance(params, dict):
+        return text
+    found = {"dim": getattr(mcfg, "hidden_size", None), "n_heads": getattr(mcfg, "num_attention_heads", None),
+             "n_kv_heads": getattr(mcfg, "num_key_value_heads", None)}
+    filled = {k: v for k, v in found.items() if k not in params and isinstance(v, int) and v > 0}
+    if not filled:
+        return text
+    params.update(filled)
+    logger.info("optimizer.type \"AdamMini\": optimizer.params %s from the model's config (give them to override)",
+                ", ".join(f"{k} {v}" for k, v in filled.items()))
+    return json.dumps(cfg)
 
 
 def _check_launcher(world, force_local):

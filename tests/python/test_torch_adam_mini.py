@@ -10,8 +10,9 @@ Adam_mini (version 1.1.1) given the same named parameters, dim and heads:
 - the optimizer's NVMe bytes: m only beside the master (Adam-mini's v is one float a block, in host
   memory), so a step writes fewer bytes than AdamW's;
 - m packed as int8 blocks (zoe.optimizer_states "int8") stays within 2e-3 of the package's losses;
-- the config: dim, n_heads and n_kv_heads are Adam-mini's keys (refused with another type), a
-  partition that does not fit the model names optimizer.params.dim and n_heads."""
+- the config: dim, n_heads and n_kv_heads are Adam-mini's keys (refused with another type), taken
+  from a Hugging Face model's config where not given, and a partition that does not fit the model
+  names optimizer.params.dim and n_heads."""
 import math
 import os
 
@@ -159,6 +160,20 @@ def test_int8_m_stays_near_the_package(runs, tmp_path):
     assert loss <= 2e-3 and q[0] != z[0]
 
 
+def test_heads_come_from_the_model_config(runs, tmp_path):
+    """Without optimizer.params dim/n_heads/n_kv_heads, a Hugging Face model's own hidden_size and
+    heads are used (not the package's 2048/32): the same bits as giving them; a value given is kept."""
+    data = runs[0][:5]
+    (tmp_path / "given").mkdir()
+    (tmp_path / "model").mkdir()
+    given = train_zoe(tmp_path / "given", data)
+    model = train_zoe(tmp_path / "model", data, params=dict(PARAMS))
+    assert model[0] == given[0] and all(torch.equal(model[1][n], given[1][n]) for n in given[1])
+    eng = zoe.initialize(build(), config=zoe_config(tmp_path, params=dict(PARAMS, n_heads=2)))
+    assert (eng.config_value("optimizer.params.dim"), eng.config_value("optimizer.params.n_heads")) == (DIM, 2)
+    eng.close()
+
+
 def test_config_keys(tmp_path):
     """dim, n_heads and n_kv_heads belong to AdamMini (refused with AdamW), betas/eps/weight_decay
     are AdamW's defaults, and heads that do not divide a projection are refused naming the keys."""
@@ -168,8 +183,16 @@ def test_config_keys(tmp_path):
     eng.close()
     with pytest.raises(Exception, match='optimizer.params.n_heads is optimizer.type "AdamMini"'):
         zoe.initialize(build(), config=zoe_config(tmp_path, type_="AdamW", params={"n_heads": 4}))
+    class Bare(torch.nn.Module):  # no Hugging Face config: the package's defaults, refused for this model
+        def __init__(self):
+            super().__init__()
+            self.q_proj = torch.nn.Linear(DIM, DIM)
+
+        def forward(self, x):
+            return self.q_proj(x)
+
     with pytest.raises(Exception, match="optimizer.params.dim 2048 with optimizer.params.n_heads 32"):
-        zoe.initialize(build(), config=zoe_config(tmp_path, params={}))
+        zoe.initialize(Bare(), config=zoe_config(tmp_path, params={}))
     with pytest.raises(Exception, match='zoe.optimizer_states "bf16" with optimizer.type "AdamMini"'):
         zoe.initialize(build(), config=zoe_config(tmp_path, optimizer_states="bf16"))
     with pytest.raises(Exception, match="n_kv_heads 3 does not divide"):
