@@ -242,3 +242,27 @@ def test_muon_through_the_trainer(tmp_path):
     latest = (out / "checkpoint-12" / "latest").read_text().strip()
     manifest = json.loads((out / "checkpoint-12" / latest / "manifest.json").read_text())
     assert manifest["engine"]["optimizer"] == "Muon"
+
+
+def test_adam_mini_through_the_trainer_matches_the_package(tmp_path):
+    """optimizer.type "AdamMini" in zoe_config (its heads from the model's config): the Trainer's
+    losses (as logged, 4 decimals) and final weights over 12 steps within 1e-5 of
+    transformers.Trainer running the adam-mini package's Adam_mini on the same model, data,
+    clipping and schedule (with n_heads 2 in the package the weights end 5.5e-3 away)."""
+    adam_mini = pytest.importorskip("adam_mini", reason="the adam-mini package is not installed")
+    cfg = {"zero_optimization": {"stage": 3},
+           "optimizer": {"type": "AdamMini", "params": {"lr": 3e-3}}}  # weight_decay: the TrainingArguments'
+    got = train(zoe.hf.Trainer, arguments(tmp_path / "zoe", max_steps=12, weight_decay=0.1), zoe_config=cfg)
+    model = build()
+    opt = adam_mini.Adam_mini(named_parameters=model.named_parameters(), lr=3e-3, betas=(0.9, 0.999), eps=1e-8,
+                              weight_decay=0.1, dim=32, n_heads=4, n_kv_heads=2, verbose=False)
+    ref = train(transformers.Trainer, arguments(tmp_path / "hf", max_steps=12, weight_decay=0.1), model=model,
+                optimizers=(opt, None))
+    losses = logged(got)
+    sd = got.zoe_engine.state_dict()
+    weights = max((sd[n] - p.detach()).abs().max().item() for n, p in model.named_parameters())
+    print(f"\nAdam-mini through the Trainer vs the package over 12 steps: loss {rel(logged(ref), losses):.2e} "
+          f"relative, weights {weights:.2e}")
+    assert len(losses) == 12 and losses[-1] < losses[0], losses
+    assert rel(logged(ref), losses) <= 1e-5 and weights <= 1e-5
+    assert got.zoe_engine.config_value("optimizer.params.n_heads") == 4
