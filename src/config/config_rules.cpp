@@ -166,7 +166,8 @@ Status check_optimizer_params(const GivenKeys& g, Config* c) {
   if (mini && o.n_kv_heads != 0 && o.n_heads % o.n_kv_heads != 0) {
     return invalid_argument(
         "optimizer.params.n_kv_heads %lld does not divide optimizer.params.n_heads %lld (grouped-query "
-        "attention: n_heads is a multiple of n_kv_heads)",
+        "attention: n_heads is a multiple of n_kv_heads): give the model's key/value heads, or leave "
+        "n_kv_heads out",
         static_cast<long long>(o.n_kv_heads), static_cast<long long>(o.n_heads));
   }
   if (!lion && !adagrad && !muon && !mini) return Status::ok();

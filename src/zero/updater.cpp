@@ -288,33 +288,26 @@ struct Updater::ChunkUpdater {
       return packed_muon(m, begin, n, master, ea, eas, grad, param_out);
     constexpr size_t kPiece = 4096;  // a multiple of every format's block
     const size_t B = block(), bb = optim::state_block_bytes(states), es = shape->esize();
-    std::vector<Status> st((n + kPiece - 1) / kPiece);
-    auto piece = [&](size_t i) {
+    Status st = for_each_piece(exec.pool, (n + kPiece - 1) / kPiece, [&](size_t i) -> Status {
       const size_t a = i * kPiece, len = std::min(kPiece, n - a);
       char* packed = static_cast<char*>(ea) + a / B * bb;
       float* p = static_cast<float*>(master) + a;
       void* out = param_out ? static_cast<char*>(param_out) + a * es : nullptr;
       std::vector<float> s(len);
-      Status r = optim::dequantize_state(state_kind(0), states, packed, s.data(), len);
-      if (r.is_ok() && kind == optim::OptimizerKind::kAdamMini) {
+      ZOE_RETURN_IF_ERROR(optim::dequantize_state(state_kind(0), states, packed, s.data(), len));
+      Status r;
+      if (kind == optim::OptimizerKind::kAdamMini) {
         r = adam_mini_update(mini_chunk(m, begin + a, len, p, s.data(), grad + a), out, shape->cdt, nullptr);
-      } else if (r.is_ok()) {
+      } else {
         optim::OneStateBuffers b{len, p, grad + a, DType::kF32, s.data(), DType::kF32, out, shape->cdt};
         r = kind == optim::OptimizerKind::kLion ? optim::lion_step(optim::LionArgs{b, lp, as})
                                                 : optim::adagrad_step(optim::AdagradArgs{b, gp, as});
       }
-      if (r.is_ok()) r = optim::quantize_state(state_kind(0), states, s.data(), packed, len);
-      st[i] = std::move(r);
-    };
-    if (exec.pool) {
-      exec.pool->for_each(st.size(), piece);
-    } else {
-      for (size_t i = 0; i < st.size(); ++i) piece(i);
-    }
-    for (Status& x : st) {
-      if (!x.is_ok())
-        return x.with_context("updating the packed optimizer states of module " + (*modules)[m].name);
-    }
+      ZOE_RETURN_IF_ERROR(r);
+      return optim::quantize_state(state_kind(0), states, s.data(), packed, len);
+    });
+    if (!st.is_ok())
+      return st.with_context("updating the packed optimizer states of module " + (*modules)[m].name);
     return Status::ok();
   }
 

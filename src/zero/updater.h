@@ -34,6 +34,7 @@
 //    master with the block's mean.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -108,6 +109,8 @@ void adam_mini_chunk(const AdamMiniChunk& c);
 // reads only its block's moment, so the bits do not depend on the pieces), each piece's new master
 // also written to param_out in cdt (null: not).
 Status adam_mini_update(const AdamMiniChunk& c, void* param_out, DType cdt, optim::CpuPool* pool);
+// fn(i) for every i in [0, count), over pool's threads (null: the caller's); the first error.
+Status for_each_piece(optim::CpuPool* pool, size_t count, const std::function<Status(size_t)>& fn);
 
 class Updater final : public GradSink {
  public:

@@ -9,6 +9,7 @@
 // ranks would cost a layout change of every state; this costs the block vector.
 #include <algorithm>
 #include <cstring>
+#include <functional>
 
 #include "zero/updater.h"
 
@@ -188,26 +189,30 @@ void adam_mini_chunk(const AdamMiniChunk& c) {
   }
 }
 
+Status for_each_piece(optim::CpuPool* pool, size_t count, const std::function<Status(size_t)>& fn) {
+  std::vector<Status> st(count);
+  auto one = [&](size_t i) { st[i] = fn(i); };
+  if (pool) {
+    pool->for_each(count, one);
+  } else {
+    for (size_t i = 0; i < count; ++i) one(i);
+  }
+  for (Status& x : st) ZOE_RETURN_IF_ERROR(x);
+  return Status::ok();
+}
+
 Status adam_mini_update(const AdamMiniChunk& c, void* param_out, DType cdt, optim::CpuPool* pool) {
   constexpr size_t kPiece = size_t{1} << 14;
-  std::vector<Status> st((c.n + kPiece - 1) / kPiece);
-  auto piece = [&](size_t i) {
+  return for_each_piece(pool, (c.n + kPiece - 1) / kPiece, [&](size_t i) -> Status {
     AdamMiniChunk p = c;
     const size_t a = i * kPiece, len = std::min(kPiece, c.n - a);
     p.lo += a, p.n = len, p.master += a, p.m += a, p.grad += a;
     adam_mini_chunk(p);
-    if (param_out)
-      st[i] = optim::convert_with_norm(p.master, DType::kF32,
-                                       static_cast<char*>(param_out) + a * dtype_size(cdt), cdt, len, false)
-                  .status();
-  };
-  if (pool) {
-    pool->for_each(st.size(), piece);
-  } else {
-    for (size_t i = 0; i < st.size(); ++i) piece(i);
-  }
-  for (Status& x : st) ZOE_RETURN_IF_ERROR(x);
-  return Status::ok();
+    if (!param_out) return Status::ok();
+    return optim::convert_with_norm(p.master, DType::kF32,
+                                    static_cast<char*>(param_out) + a * dtype_size(cdt), cdt, len, false)
+        .status();
+  });
 }
 
 std::vector<std::vector<float>> Updater::adam_mini_v() const {
@@ -223,8 +228,11 @@ Status Updater::set_adam_mini_v(const std::vector<std::vector<float>>& v) {
   }
   for (size_t i = 0; i < v.size(); ++i) {
     if (v[i].size() != mini_[i].v.size()) {
-      return invalid_argument("module %s: %zu Adam-mini block moments; this model's blocks are %zu",
-                              modules_[ModuleId(i)].name.c_str(), v[i].size(), mini_[i].v.size());
+      return invalid_argument(
+          "module %s: %zu Adam-mini block moments saved, %zu blocks with this config's "
+          "optimizer.params.dim %lld and n_heads %lld: load it with the dim and n_heads it was saved with",
+          modules_[ModuleId(i)].name.c_str(), v[i].size(), mini_[i].v.size(),
+          static_cast<long long>(r_.cfg->optimizer.dim), static_cast<long long>(r_.cfg->optimizer.n_heads));
     }
   }
   for (size_t i = 0; i < v.size(); ++i) mini_[i].v = v[i];

@@ -916,113 +916,86 @@ TEST(CostModelVsEngine, NvmeBytesPerStepForEveryPlacement) {
   EXPECT_EQ(partitioned, 2 * 2 * 6 + 2 * 2 * 3);
 }
 
-// optimizer.type Muon: the model's NVMe bytes per step equal the engine's where the optimizer's are
-// the only NVMe traffic (its update reads and writes the gradient sums and the momentum once more, and
-// reads nothing ahead), and each module's Newton-Schulz flops are counted from its matrices' shapes.
-TEST(CostModelVsEngine, MuonNvmeBytesPerStep) {
+// One case of the optimizers' cost tests below: `type` at placement k with `states` and `micro`
+// micro-batches on the MLP (serial update); the model's NVMe bytes per step against the engine's
+// last step. The placement and the last step's statistics go to *plan and *last.
+void expect_optimizer_bytes(const char* type, const test::MatrixPlacement& k, const char* states, int micro,
+                            zero::Placement* plan_out, StepStats* last) {
   Runtime& rt = runtime();
   test::MlpSpec s;
   s.layers = 4;
   s.d = 48;
+  test::ScratchDir nvme("plan-engine");
+  std::string text = engine_cfg(k.stage, k.opt, k.param, nvme.path(), false, states, "fp32", 1.0, micro);
+  text.insert(1, std::string("\"optimizer\": {\"type\": \"") + type + "\"}, ");
+  const std::string what = std::string(type) + " stage " + std::to_string(k.stage) + " params " + k.param +
+                           " micro " + std::to_string(micro) + " " + states;
+  auto cfg = config::Config::parse(text, rt.world_size());
+  ASSERT_OK(cfg) << what;
+  cfg.value().zoe.overlap_step = false;
+  std::vector<zero::ModuleShape> sh;
+  for (int l = 0; l < s.layers; ++l) {
+    sh.push_back({"layer." + std::to_string(l),
+                  {static_cast<size_t>(s.d * s.d), static_cast<size_t>(s.d)},
+                  false,
+                  false,
+                  {{"w", {s.d, s.d}}, {"b", {s.d}}}});
+  }
+  auto plan = zero::plan_placement(cfg.value(), sh, rt.world_size(), rt.rank(), engine_target(rt));
+  ASSERT_OK(plan) << what;
+  plan::Workload w;
+  w.params = plan::count_params(sh);
+  w.micro_batch = s.batch;
+  w.seq = 1;
+  w.grad_accum = micro;
+  const plan::StepCost cost =
+      plan::estimate_step(cfg.value(), plan.value(), w, {1, 1}, plan::LinkRates{}, plan::DeviceKind{true});
+  auto e = zero::create_engine(rt, cfg.value());
+  ASSERT_OK(e) << what;
+  ASSERT_OK(test::register_mlp(*e.value(), s)) << what;
+  std::vector<test::Layer> out;
+  std::vector<StepStats> stats;
+  ASSERT_OK(test::engine_train(*e.value(), s, rt.rank(), rt.world_size(), 4, &out, &stats, -1, micro))
+      << what;
+  const StepStats& a = stats[stats.size() - 2];
+  const StepStats& b = stats.back();
+  EXPECT_EQ(b.bytes_nvme_read - a.bytes_nvme_read, cost.bytes.nvme_read) << what;
+  EXPECT_EQ(b.bytes_nvme_write - a.bytes_nvme_write, cost.bytes.nvme_write) << what;
+  *plan_out = std::move(plan).value();
+  *last = b;
+}
+
+// optimizer.type Muon: the model's NVMe bytes per step equal the engine's where the optimizer's are
+// the only NVMe traffic (its update reads and writes the gradient sums and the momentum once more, as
+// stored: packed int8 where micro is 2, and reads nothing ahead), and each module's Newton-Schulz
+// flops are counted from its matrices' shapes.
+TEST(CostModelVsEngine, MuonNvmeBytesPerStep) {
   for (const int micro : {1, 2}) {
     for (const test::MatrixPlacement& k :
          {test::MatrixPlacement{1, "nvme", "none"}, test::MatrixPlacement{2, "nvme", "none"},
           test::MatrixPlacement{3, "nvme", "cpu"}}) {
-      test::ScratchDir nvme("plan-engine");
-      // Packed momentum (int8) where micro is 2: the prepass reads and writes it as stored.
-      const char* states = micro == 2 ? "int8" : "fp32";
-      std::string text = engine_cfg(k.stage, k.opt, k.param, nvme.path(), false, states, "fp32", 1.0, micro);
-      text.insert(1, "\"optimizer\": {\"type\": \"Muon\"}, ");
-      const std::string what = "stage " + std::to_string(k.stage) + " params " + k.param + " micro " +
-                               std::to_string(micro) + " " + states;
-      auto cfg = config::Config::parse(text, rt.world_size());
-      ASSERT_OK(cfg) << what;
-      cfg.value().zoe.overlap_step = false;
-      std::vector<zero::ModuleShape> sh;
-      for (int l = 0; l < s.layers; ++l) {
-        sh.push_back({"layer." + std::to_string(l),
-                      {static_cast<size_t>(s.d * s.d), static_cast<size_t>(s.d)},
-                      false,
-                      false,
-                      {{"w", {s.d, s.d}}, {"b", {s.d}}}});
+      zero::Placement plan;
+      StepStats last;
+      expect_optimizer_bytes("Muon", k, micro == 2 ? "int8" : "fp32", micro, &plan, &last);
+      for (const auto& m : plan.modules) {
+        EXPECT_TRUE(m.muon_matrices);
+        EXPECT_GT(m.muon_flops, 0.0);  // at 1 rank every rank's range holds the matrix
       }
-      auto plan = zero::plan_placement(cfg.value(), sh, rt.world_size(), rt.rank(), engine_target(rt));
-      ASSERT_OK(plan) << what;
-      for (const auto& m : plan->modules) {
-        EXPECT_TRUE(m.muon_matrices) << what;
-        EXPECT_GT(m.muon_flops, 0.0) << what;  // at 1 rank every rank's range holds the matrix
-      }
-      plan::Workload w;
-      w.params = plan::count_params(sh);
-      w.micro_batch = s.batch;
-      w.seq = 1;
-      w.grad_accum = micro;
-      const plan::StepCost cost = plan::estimate_step(cfg.value(), plan.value(), w, {1, 1}, plan::LinkRates{},
-                                                      plan::DeviceKind{true});
-      auto e = zero::create_engine(rt, cfg.value());
-      ASSERT_OK(e) << what;
-      ASSERT_OK(test::register_mlp(*e.value(), s)) << what;
-      std::vector<test::Layer> out;
-      std::vector<StepStats> stats;
-      ASSERT_OK(test::engine_train(*e.value(), s, rt.rank(), rt.world_size(), 4, &out, &stats, -1, micro))
-          << what;
-      const StepStats& a = stats[stats.size() - 2];
-      const StepStats& b = stats.back();
-      EXPECT_EQ(b.bytes_nvme_read - a.bytes_nvme_read, cost.bytes.nvme_read) << what;
-      EXPECT_EQ(b.bytes_nvme_write - a.bytes_nvme_write, cost.bytes.nvme_write) << what;
-      EXPECT_GT(b.t_newton_schulz, 0.0) << what;
+      EXPECT_GT(last.t_newton_schulz, 0.0);
     }
   }
 }
 
-// optimizer.type AdamMini: one state (m) beside the master on NVMe, its block moments in host memory and
-// its block sums taken as the last micro-batch writes the gradient sums: the model's NVMe bytes per
-// step (Lion's: the same one state) equal the engine's.
+// optimizer.type AdamMini: one state (m) beside the master on NVMe (int4 where micro is 2), its block
+// moments in host memory and its block sums taken as the last micro-batch writes the gradient sums:
+// the model's NVMe bytes per step (Lion's: the same one state) equal the engine's.
 TEST(CostModelVsEngine, AdamMiniNvmeBytesPerStep) {
-  Runtime& rt = runtime();
-  test::MlpSpec s;
-  s.layers = 4;
-  s.d = 48;
   for (const int micro : {1, 2}) {
     for (const test::MatrixPlacement& k :
          {test::MatrixPlacement{1, "nvme", "none"}, test::MatrixPlacement{3, "nvme", "nvme"}}) {
-      test::ScratchDir nvme("plan-engine");
-      const char* states = micro == 2 ? "int4" : "fp32";  // m packed where micro is 2
-      std::string text = engine_cfg(k.stage, k.opt, k.param, nvme.path(), false, states, "fp32", 1.0, micro);
-      text.insert(1, "\"optimizer\": {\"type\": \"AdamMini\"}, ");
-      const std::string what = "stage " + std::to_string(k.stage) + " params " + k.param + " micro " +
-                               std::to_string(micro) + " " + states;
-      auto cfg = config::Config::parse(text, rt.world_size());
-      ASSERT_OK(cfg) << what;
-      cfg.value().zoe.overlap_step = false;
-      std::vector<zero::ModuleShape> sh;
-      for (int l = 0; l < s.layers; ++l) {
-        sh.push_back({"layer." + std::to_string(l),
-                      {static_cast<size_t>(s.d * s.d), static_cast<size_t>(s.d)},
-                      false,
-                      false,
-                      {{"w", {s.d, s.d}}, {"b", {s.d}}}});
-      }
-      auto plan = zero::plan_placement(cfg.value(), sh, rt.world_size(), rt.rank(), engine_target(rt));
-      ASSERT_OK(plan) << what;
-      plan::Workload w;
-      w.params = plan::count_params(sh);
-      w.micro_batch = s.batch;
-      w.seq = 1;
-      w.grad_accum = micro;
-      const plan::StepCost cost = plan::estimate_step(cfg.value(), plan.value(), w, {1, 1}, plan::LinkRates{},
-                                                      plan::DeviceKind{true});
-      auto e = zero::create_engine(rt, cfg.value());
-      ASSERT_OK(e) << what;
-      ASSERT_OK(test::register_mlp(*e.value(), s)) << what;
-      std::vector<test::Layer> out;
-      std::vector<StepStats> stats;
-      ASSERT_OK(test::engine_train(*e.value(), s, rt.rank(), rt.world_size(), 4, &out, &stats, -1, micro))
-          << what;
-      const StepStats& a = stats[stats.size() - 2];
-      const StepStats& b = stats.back();
-      EXPECT_EQ(b.bytes_nvme_read - a.bytes_nvme_read, cost.bytes.nvme_read) << what;
-      EXPECT_EQ(b.bytes_nvme_write - a.bytes_nvme_write, cost.bytes.nvme_write) << what;
+      zero::Placement plan;
+      StepStats last;
+      expect_optimizer_bytes("AdamMini", k, micro == 2 ? "int4" : "fp32", micro, &plan, &last);
     }
   }
 }

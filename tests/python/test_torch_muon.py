@@ -23,7 +23,7 @@ transformers = pytest.importorskip("transformers")
 zoe = pytest.importorskip("zoe", reason="the zoe Python package is not built (PYTHONPATH=<build>/python)")
 os.environ["HF_HUB_OFFLINE"] = "1"
 
-from zoe_torch_models import config  # noqa: E402
+from zoe_torch_models import config, permutation_batches, run_distance, tiny_llama  # noqa: E402
 
 if not hasattr(torch.optim, "Muon"):
     pytest.skip("torch.optim.Muon needs torch >= 2.9", allow_module_level=True)
@@ -37,26 +37,11 @@ MUON = {"lr": 1e-3, "muon_lr": 0.02, "adam_lr": 3e-3, "momentum": 0.95, "weight_
 
 
 def build(seed=0):
-    torch.manual_seed(seed)
-    cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                   tie_word_embeddings=False)
-    return transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
+    return tiny_llama(seed, VOCAB)
 
 
-def batches(n, batch=2, T=16, seed=1):
-    """Sequences that follow a fixed permutation of the vocabulary: the model learns them within
-    a few steps, so every update shows in the losses."""
-    perm = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(99))
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for _ in range(n):
-        x = torch.empty(batch, T, dtype=torch.long)
-        x[:, 0] = torch.randint(0, VOCAB, (batch,), generator=g)
-        for t in range(T - 1):
-            x[:, t + 1] = perm[x[:, t]]
-        out.append(x)
-    return out
+def batches(n):
+    return permutation_batches(n, VOCAB)
 
 
 def is_muon(name, p):
@@ -127,12 +112,7 @@ def train_zoe(tmp_path, data, **kw):
     return losses, sd
 
 
-def distance(a, b):
-    """Largest per-step relative loss difference and largest weight difference of two runs."""
-    (la, wa), (lb, wb) = a, b
-    loss = max(abs(x - y) / abs(y) for x, y in zip(la, lb))
-    weight = max((wa[n] - wb[n]).abs().max().item() for n in wb)
-    return loss, weight
+distance = run_distance
 
 
 @pytest.fixture(scope="module")

@@ -105,6 +105,41 @@ def gpt_batches(n, batch=4, T=16, vocab=64, seed=1):
     return out
 
 
+def tiny_llama(seed=0, vocab=128):
+    """A tiny Hugging Face Llama from a LlamaConfig (nothing downloaded): 3 layers, hidden 32, 4 heads
+    and 2 key/value heads (grouped-query attention), an untied head, eager attention."""
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                   tie_word_embeddings=False)
+    return transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
+
+
+def permutation_batches(n, vocab=128, batch=2, T=16, seed=1):
+    """Sequences that follow a fixed permutation of the vocabulary: a model learns them within a few
+    steps, so every update shows in the losses."""
+    perm = torch.randperm(vocab, generator=torch.Generator().manual_seed(99))
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        x = torch.empty(batch, T, dtype=torch.long)
+        x[:, 0] = torch.randint(0, vocab, (batch,), generator=g)
+        for t in range(T - 1):
+            x[:, t + 1] = perm[x[:, t]]
+        out.append(x)
+    return out
+
+
+def run_distance(a, b):
+    """Largest per-step relative loss difference and largest weight difference of two runs, each
+    (losses, {name: weights}, ...)."""
+    loss = max(abs(x - y) / abs(y) for x, y in zip(a[0], b[0]))
+    weight = max((a[1][n] - b[1][n]).abs().max().item() for n in b[1])
+    return loss, weight
+
+
 def conv_batches(n, batch=8, seed=2):
     g = torch.Generator().manual_seed(seed)
     return [(torch.randn(batch, 1, 8, 8, generator=g), torch.randint(0, 10, (batch,), generator=g))
