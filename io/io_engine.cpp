@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "core/clock.h"
+#include "core/cpu.h"
 #include "core/log.h"
 #include "io/backends.h"
 #include "io/fault_injector.h"
@@ -232,7 +233,7 @@ void IoEngine::finish_group(const IoHandle& g) {
     } else if (g->status_.is_ok()) {
       std::lock_guard<std::mutex> lock(hook_mu_);
       if (hook_threads_.empty()) {
-        unsigned n = std::clamp(std::thread::hardware_concurrency() / 4, 1u, 4u);
+        unsigned n = std::clamp(static_cast<unsigned>(usable_cores()) / 4, 1u, 4u);
         for (unsigned i = 0; i < n; ++i) hook_threads_.emplace_back([this] { hook_loop(); });
       }
       hook_queue_.push_back(g);

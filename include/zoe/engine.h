@@ -175,7 +175,9 @@ class Engine {
   double loss_scale() const;
 
   // Gathers module m's parameters on the device (stage 3: from wherever they live; prefetching
-  // the next modules of the recorded order). Valid until release(m).
+  // the next modules of the recorded order). Valid until release(m), and read-only: at world size
+  // 1 a stage-3 module's views are its partition itself, pinned on the device (no gathered copy),
+  // so the device holds a module in use and its gradients, not a copy beside them.
   Result<ModuleParams> fetch(size_t m);
   Status release(size_t m);
   // fetch(m) as a scoped object: released when the Gathered goes away.

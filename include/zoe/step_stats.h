@@ -50,7 +50,8 @@ using TierBytesArray = uint64_t[3];
   X(double, per_param_host_to_device, 0.0, "this step's host -> device bytes per parameter")                 \
   X(double, per_param_device_to_host, 0.0, "this step's device -> host bytes per parameter")                 \
   X(uint64_t, gathers_prefetched, 0,                                                                         \
-    "stage 3, since the previous step(): fetches whose all-gather prefetch had already queued")              \
+    "stage 3, since the previous step(): fetches whose all-gather prefetch had already queued (world "       \
+    "size 1, served in place: whose partition prefetch had started moving to the device)")                   \
   X(uint64_t, gathers_on_demand, 0, "stage 3, since the previous step(): fetches that gathered on the spot") \
   X(uint64_t, speculative_kept, 0,                                                                           \
     "zoe.speculative_step: modules whose update ran during the backward and stood")                          \

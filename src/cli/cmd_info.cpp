@@ -42,6 +42,9 @@ json gather(const std::vector<std::string>& paths) {
               {"packages", t.packages},
               {"cores", t.cores},
               {"threads", t.pus},
+              {"usable_cores", cpu_allowance().usable},
+              {"affinity_cpus", cpu_allowance().affinity},
+              {"cgroup_cpu_quota", cpu_allowance().quota},
               {"numa_nodes", numa},
               {"topology_source", t.source},
               {"simd", simd_level_name(detected_simd_level())},
@@ -142,6 +145,12 @@ void print_human(const json& j) {
   printf("           %d package(s), %d cores, %d hardware threads, %zu NUMA node(s) (%s)\n",
          c["packages"].get<int>(), c["cores"].get<int>(), c["threads"].get<int>(), c["numa_nodes"].size(),
          c["topology_source"].get<std::string>().c_str());
+  printf(
+      "           this process may use %d of them (affinity %d CPU(s)%s); zoe's threads are sized to that\n",
+      c["usable_cores"].get<int>(), c["affinity_cpus"].get<int>(),
+      c["cgroup_cpu_quota"].get<double>() > 0
+          ? fmt(", cgroup quota %.2f cores", c["cgroup_cpu_quota"].get<double>()).c_str()
+          : ", no cgroup quota");
   std::string feats;
   for (auto& [k, v] : c["features"].items()) {
     if (v.get<bool>()) feats += (feats.empty() ? "" : " ") + k;

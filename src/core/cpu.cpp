@@ -4,10 +4,13 @@
 #include "core/log.h"
 
 #include <cpuid.h>
+#include <sched.h>
 #include <sys/resource.h>
 #include <sys/sysinfo.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -122,6 +125,73 @@ std::string cpu_model_name() {
     }
   }
   return "unknown";
+}
+
+namespace {
+
+std::string read_first_line(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+// This process's cgroup v2 directory under /sys/fs/cgroup ("0::/a/b" in /proc/self/cgroup).
+std::string cgroup_v2_dir() {
+  std::ifstream in("/proc/self/cgroup");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("0::", 0) == 0) return "/sys/fs/cgroup" + line.substr(3);
+  }
+  return "/sys/fs/cgroup";
+}
+
+}  // namespace
+
+CpuAllowance cpu_allowance_from(int online, int affinity, const std::string& cpu_max,
+                                const std::string& v1_quota, const std::string& v1_period) {
+  CpuAllowance a;
+  a.affinity = affinity;
+  double quota = 0, period = 0;
+  char q[32] = {0};
+  if (!cpu_max.empty() && sscanf(cpu_max.c_str(), "%31s %lf", q, &period) == 2 &&
+      std::strcmp(q, "max") != 0) {
+    quota = strtod(q, nullptr);
+  } else if (!v1_quota.empty() && !v1_period.empty()) {
+    quota = strtod(v1_quota.c_str(), nullptr);
+    period = strtod(v1_period.c_str(), nullptr);
+  }
+  if (quota > 0 && period > 0) a.quota = quota / period;
+  int usable = online > 0 ? online : 1;
+  if (affinity > 0 && affinity < usable) {
+    usable = affinity;
+    a.limited_by = "affinity";
+  }
+  if (a.quota > 0) {
+    const int by_quota = std::max(1, static_cast<int>(std::ceil(a.quota - 1e-9)));
+    if (by_quota < usable) {
+      usable = by_quota;
+      a.limited_by = "cgroup quota";
+    }
+  }
+  a.usable = std::max(1, usable);
+  return a;
+}
+
+const CpuAllowance& cpu_allowance() {
+  static const CpuAllowance a = [] {
+    const int online = static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    const int affinity = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
+    const std::string dir = cgroup_v2_dir();
+    std::string cpu_max = read_first_line(dir + "/cpu.max");
+    if (cpu_max.empty() && dir != "/sys/fs/cgroup") cpu_max = read_first_line("/sys/fs/cgroup/cpu.max");
+    return cpu_allowance_from(online, affinity, cpu_max,
+                              read_first_line("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"),
+                              read_first_line("/sys/fs/cgroup/cpu/cpu.cfs_period_us"));
+  }();
+  return a;
 }
 
 namespace {

@@ -41,4 +41,22 @@ HostMemory host_memory();
 // From /proc/cpuinfo "model name", or "unknown".
 std::string cpu_model_name();
 
+// The cores this process may use: its affinity mask (taskset, numactl, a launcher's binding) and
+// its cgroup's CPU quota (cgroup v2 cpu.max, v1 cpu.cfs_quota_us / cpu.cfs_period_us: a
+// container's --cpus), whichever is lower, at least 1. zoe's thread pools are sized from it, so a
+// process given 2 of 64 cores does not run 64 threads on them.
+struct CpuAllowance {
+  int affinity = 0;        // CPUs in the affinity mask (0: unknown)
+  double quota = 0.0;      // cores the cgroup quota allows (0: no quota)
+  int usable = 1;          // min(affinity, ceil(quota)), at least 1
+  std::string limited_by;  // "affinity", "cgroup quota" or "" (all online CPUs)
+};
+// Read once per process.
+const CpuAllowance& cpu_allowance();
+inline int usable_cores() { return cpu_allowance().usable; }
+// The rule, from its inputs: `online` CPUs, `affinity` of them allowed (0: unknown), the text of
+// cgroup v2's cpu.max ("max 100000", "150000 100000"), or of v1's quota and period ("-1", "50000").
+CpuAllowance cpu_allowance_from(int online, int affinity, const std::string& cpu_max,
+                                const std::string& v1_quota = "", const std::string& v1_period = "");
+
 }  // namespace zoe

@@ -4,6 +4,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/cpu.h"
 #include "core/log.h"
 #include "model/gpt.h"
 #include "model/init_normal.h"
@@ -163,8 +164,8 @@ void gpt_init(const GptConfig& c, uint64_t seed, size_t module, size_t param, fl
   // Every element depends only on (seed, module, param, index): a large tensor is filled in
   // ranges on every core, with the same values.
   constexpr size_t kPerThread = size_t{1} << 20;
-  const size_t threads = std::min<size_t>(std::max(1u, std::thread::hardware_concurrency()),
-                                          std::max<size_t>(1, n / kPerThread));
+  const size_t threads =
+      std::min<size_t>(static_cast<size_t>(usable_cores()), std::max<size_t>(1, n / kPerThread));
   if (threads <= 1) {
     gpt_init_range(c, seed, module, param, 0, data, n);
     return;

@@ -30,12 +30,8 @@ constexpr int kGemmChunk = 64;
 constexpr int kRowGrain = 8;
 constexpr int kColChunk = 64;
 
-// CPUs this process may run on (its affinity mask), at least 1.
-int usable_cpus() {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
-  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-}
+// CPUs this process may use (its affinity mask and cgroup quota), at least 1.
+int usable_cpus() { return usable_cores(); }
 
 // Runs independent work items on `threads` threads (a oneTBB arena), or in a plain loop.
 class Parallel {

@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/cpu.h"
 #include "core/log.h"
 #include "core/topology.h"
 #include "zoe/features.h"
@@ -199,7 +200,11 @@ Result<std::unique_ptr<CpuPool>> CpuPool::create(const Options& o) {
     }
     if (threads == 0) threads = static_cast<int>(node->cpus.size());
   }
-  if (threads == 0) threads = topo.pus > 0 ? topo.pus : static_cast<int>(std::thread::hardware_concurrency());
+  // 0: the cores this process may use (affinity, cgroup quota), within the NUMA node asked for.
+  if (threads == 0)
+    threads = usable_cores();
+  else if (o.threads == 0)
+    threads = std::min(threads, usable_cores());
   if (threads <= 0) threads = 1;
   switch (o.backend) {
     case Backend::kTbb:

@@ -99,7 +99,8 @@ Status ParamGather::queue_gathers(const MakeRoom& make_room) {
   for (size_t k = cursor_ + 1; k < order_.size(); ++k) {
     const ModuleId next = order_[k];
     const ModuleLayout& nm = modules_[next];
-    if (!nm.partitioned_params || slots_[next.index].full) continue;  // persistent, fetched, or queued
+    // Persistent, fetched, queued, or served in place (prefetch_moves() moves those).
+    if (!nm.partitioned_params || slots_[next.index].full || in_place(next)) continue;
     if (queued + nm.padded > r_.window || static_cast<int64_t>(live_elems_ + nm.padded) > cap) break;
     Status s = start(next);
     if (!s.is_ok()) {
@@ -126,9 +127,10 @@ void ParamGather::prefetch_moves(ModuleId m) {
     const ModuleId next = order_[k];
     if (next == m) continue;
     const ModuleLayout& nm = modules_[next];
-    if (!nm.partitioned_params || slots_[next.index].full) continue;
+    if (!nm.partitioned_params || slots_[next.index].full || slots_[next.index].pinned) continue;
     if (!gate_.done(next)) continue;  // a local decision: partition moves are not collective
     homes_.prefetch_partition(next);
+    slots_[next.index].hinted = true;
     budget -= static_cast<int64_t>(nm.part);
   }
 }
@@ -173,6 +175,26 @@ Status ParamGather::gather_now(ModuleId m) {
   return Status::ok();
 }
 
+// A partitioned module whose gathered bytes are its partition's own: the partition itself, pinned
+// on the device (waiting for a move prefetch started, or moving it now) until release(). Counted
+// as prefetched where prefetch had started its move.
+Status ParamGather::serve_in_place(ModuleId m) {
+  const ModuleLayout& mod = modules_[m];
+  Slot& slot = slots_[m.index];
+  const int64_t cap = static_cast<int64_t>(r_.max_live);
+  if (static_cast<int64_t>(live_elems_ + mod.padded) > cap) ZOE_RETURN_IF_ERROR(discard());
+  const uint64_t t0 = now_ns();
+  auto part = homes_.pin_partition(m, &clock_.t_io);
+  if (!part.is_ok()) return part.status().with_context("fetching the parameters of module " + mod.name);
+  if (r_.trace->enabled())
+    r_.trace->record("pin " + mod.name, "gather", t0, now_ns(), mod.part * shape_.esize(), kLaneGather);
+  slot.pinned = part.value();
+  live_elems_ += mod.padded;
+  (slot.hinted ? clock_.gathers_prefetched : clock_.gathers_on_demand)++;
+  slot.hinted = false;
+  return Status::ok();
+}
+
 Result<ModuleParams> ParamGather::fetch(ModuleId m, const MakeRoom& make_room) {
   const ModuleLayout& mod = modules_[m];
   Slot& slot = slots_[m.index];
@@ -195,12 +217,14 @@ Result<ModuleParams> ParamGather::fetch(ModuleId m, const MakeRoom& make_room) {
     clock_.gathers_prefetched++;
     ZOE_RETURN_IF_ERROR(prefetch_after(m, make_room));
   } else if (mod.partitioned_params && !slot.fetched) {
-    ZOE_RETURN_IF_ERROR(gather_now(m));
+    ZOE_RETURN_IF_ERROR(in_place(m) ? serve_in_place(m) : gather_now(m));
     ZOE_RETURN_IF_ERROR(prefetch_after(m, make_room));
   }
   if (!recording_ && !order_.empty()) cursor_ = (cursor_ + 1) % order_.size();
   slot.fetched = true;
-  void* flat = mod.partitioned_params ? slot.full.get() : homes_.persistent_params(m);
+  void* flat = !mod.partitioned_params ? homes_.persistent_params(m)
+               : slot.pinned           ? slot.pinned
+                                       : slot.full.get();
   return r_.mem->views(mod, flat);
 }
 
@@ -212,6 +236,8 @@ Status ParamGather::release(ModuleId m) {
   slot.fetched = false;
   if (mod.partitioned_params) {
     slot.full.reset();
+    if (slot.pinned) homes_.unpin_partition(m);
+    slot.pinned = nullptr;
     live_elems_ -= mod.padded;
   }
   return Status::ok();
@@ -225,10 +251,13 @@ void ParamGather::end_recording() {
 }
 
 void ParamGather::shutdown() {
-  for (Slot& s : slots_) {
+  for (ModuleId m : modules_.ids()) {
+    Slot& s = slots_[m.index];
     if (s.pending) (void)s.handle.wait();
     s.full.reset();
     s.send.reset();
+    if (s.pinned) homes_.unpin_partition(m);
+    s.pinned = nullptr;
   }
 }
 

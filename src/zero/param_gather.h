@@ -3,8 +3,11 @@
 //
 // Contract: fetch(m) returns module m's full parameters on the device, valid until release(m).
 // A persistent module's are its home copy (ParamHomes). A partitioned one's are gathered into a
-// buffer of this part's. The first iteration records the fetch order; afterwards each fetch
-// queues the gathers of the next modules (within the gather window and
+// buffer of this part's, except where the gathered bytes are the partition's own (world size 1):
+// then fetch() serves the partition in place, pinned in the tier manager's device share until
+// release(), and no gathered copy is made (prefetch moves those partitions towards the device
+// instead of queueing gathers). The views are read-only either way. The first iteration records the fetch
+// order; afterwards each fetch queues the gathers of the next modules (within the gather window and
 // stage3_max_live_parameters) and moves partitions further ahead towards the device
 // (stage3_prefetch_bucket_size). Every rank queues the same gathers in the same order, so the
 // collectives line up. Behind an overlapped step a module is fetched only once its update is
@@ -69,7 +72,9 @@ class ParamGather {
  private:
   struct Slot {
     device::DeviceBuffer full;  // the gathered parameters (partitioned modules)
+    void* pinned = nullptr;     // served in place: the partition, pinned until release()
     bool fetched = false;
+    bool hinted = false;  // served in place: prefetch started its move since its last fetch
     // A gather queued ahead of fetch() (prefetch), into `full` from `send`.
     bool pending = false;
     comm::CommHandle handle;
@@ -78,6 +83,9 @@ class ParamGather {
     uint64_t begin_ns = 0;      // when the queued gather was started (for the timeline)
   };
   Status gather_now(ModuleId m);
+  Status serve_in_place(ModuleId m);
+  // Whether module m's gathered bytes are its partition's own (a gather would copy them).
+  bool in_place(ModuleId m) const { return modules_[m].part == modules_[m].padded; }
   Status prefetch_after(ModuleId m, const MakeRoom& make_room);
   Status queue_gathers(const MakeRoom& make_room);
   Status start(ModuleId m);

@@ -2,6 +2,8 @@
 // one warning per config value it uses other than as given.
 #include "zero/placement.h"
 
+#include "zero/placement_internal.h"
+
 #include <algorithm>
 
 #include "config/value_used.h"
@@ -16,23 +18,13 @@ namespace zoe::zero {
 // straddle two ranks (a shard's m and v are whole blocks, resharded as bytes).
 static_assert(kPartAlign % 256 == 0 && kPartAlign % 128 == 0, "low-bit state blocks must tile a partition");
 
+using detail::Extent;
+using detail::moving_device_bytes;
+using detail::nvme_part_bytes;
+using detail::served_in_place;
+using detail::u64;
+
 namespace {
-
-uint64_t u64(size_t v) { return static_cast<uint64_t>(v); }
-
-// What the rules after the modules' layout need to know of it.
-struct Extent {
-  size_t biggest = 0;            // the largest padded module (elements)
-  size_t biggest_part_nvme = 0;  // the largest NVMe-homed partition (elements)
-  bool any_partitioned = false, any_opt_nvme = false;
-  bool nvme_tier = false;  // optimizer states or parameters offloaded to NVMe
-  // Device memory kept free for a gathered module, its gradients and their reduction.
-  uint64_t reserve = 0;
-  // The cost per element of a gathered module queued ahead of use (the module and a copy of the
-  // partition).
-  uint64_t per_elem = 0;
-  uint64_t tm_budget = 0;  // the tier manager's device budget, as it caps it
-};
 
 // Device bytes of module mp's reduction beside its gradient buffer (it runs in place there): at
 // stage 2/3 with reduce buckets smaller than a partition, the bucket-packed send buffers; nothing
@@ -41,11 +33,12 @@ struct Extent {
 // gathered parameters of a partitioned one (a persistent one is counted with the resident states)
 // and, for a trained one, its gradient buffer, which stays allocated from its first gradient in
 // the backward to its last (a tied head and embedding: the whole backward).
+
 uint64_t held_gathered_bytes(const Placement& pl) {
   uint64_t held = 0;
   for (const auto& m : pl.modules) {
     if (!m.held) continue;
-    held += m.partitioned_params ? u64(m.padded) * pl.compute_bytes : 0;
+    held += m.partitioned_params && !served_in_place(m) ? u64(m.padded) * pl.compute_bytes : 0;
     held += m.frozen ? 0 : u64(m.padded) * pl.compute_bytes;
   }
   return held;
@@ -205,138 +198,6 @@ Result<Extent> count_resident_states(const config::Config& cfg, Placement* pl) {
   return x;
 }
 
-uint64_t moving_device_bytes(const Placement& pl);
-
-// 4a. The tier manager's device share and the gather window before the states' share: gathered
-//     modules queued ahead of use take up to stage3_prefetch_bucket_size elements, in at most
-//     half of what the reserve leaves, and within stage3_max_live_parameters beside the module in
-//     use (at most the largest gathered one). What they leave goes to the partitions' device cache.
-void plan_gather_window(const config::Config& cfg, Extent* x, Placement* pl) {
-  const uint64_t es = pl->compute_bytes, db = pl->device_budget, world = static_cast<uint64_t>(pl->world);
-  const uint64_t bucket = static_cast<uint64_t>(std::max<int64_t>(0, cfg.zero.stage3_prefetch_bucket_size));
-  const uint64_t avail = db > x->reserve * 2 ? db - x->reserve : db / 2;
-  size_t biggest_gathered = 0;
-  for (const auto& m : pl->modules)
-    biggest_gathered = std::max(biggest_gathered, m.partitioned_params ? m.padded : 0);
-  const uint64_t live = pl->max_live_parameters;
-  const uint64_t live_room = live > biggest_gathered ? live - biggest_gathered : 0;
-  const uint64_t gather_bytes =
-      std::min<uint64_t>({bucket * x->per_elem, avail / 2, live_room * x->per_elem});
-  pl->gather_window = static_cast<size_t>(gather_bytes / x->per_elem);
-  // The bucket or stage3_max_live_parameters bound the window as given; the budget may cut it.
-  if (gather_bytes < std::min(bucket, live_room) * x->per_elem)
-    pl->prefetch_bucket = static_cast<int64_t>(pl->gather_window);
-  // The rest holds partitions moving towards the device (their window and the one in use).
-  const uint64_t window = bucket * es / world + 2ull * (x->biggest / world) * es;
-  pl->tm_device_budget = std::min<uint64_t>(window, avail - gather_bytes);
-  // A gather pins the partition it reads in the device tier: the tier holds at least the largest
-  // one (check_peaks() refuses a budget without room for it, naming zoe.device_budget, rather than
-  // the first fetch failing).
-  uint64_t biggest_part = 0;
-  for (const auto& m : pl->modules)
-    biggest_part = std::max(biggest_part, m.partitioned_params ? u64(m.part) * es : 0);
-  if (pl->tm_device_budget > 0)
-    pl->tm_device_budget = std::max(pl->tm_device_budget, biggest_part);  // 0: all of it
-  if (cfg.zero.offload_param.device == Offload::kNone) {
-    // The partitions live on the device: all of them count in the tier's budget.
-    for (const auto& m : pl->modules) pl->tm_device_budget += m.partitioned_params ? u64(m.part) * es : 0;
-  }
-  x->tm_budget =
-      pl->tm_device_budget ? std::min(pl->tm_device_budget, db) : db;  // as the tier manager caps it
-}
-
-// 4b. Staging for NVMe <-> device pieces: offload_param.buffer_count buffers (one of them the
-//     synchronous one, so at least 2) of offload_param.buffer_size elements, 4 KiB multiples, at
-//     least 64 KiB and at most the largest NVMe-homed partition (a larger piece is never filled,
-//     so that cap is the size asked for in effect and is not warned about).
-void plan_staging(const config::Config& cfg, const Extent& x, Placement* pl) {
-  const uint64_t es = pl->compute_bytes;
-  const uint64_t top = std::max<uint64_t>(u64(x.biggest_part_nvme) * es, 64u << 10);
-  const int64_t size = cfg.zero.offload_param.buffer_size;
-  // Not given: zoe's piece size (kAutoStagingBytes) rather than DeepSpeed's 1e8 elements, which
-  // would make each staging buffer as large as the largest partition.
-  const bool own = pl->host_share && !cfg.given("zero_optimization.offload_param.buffer_size");
-  const uint64_t asked = own ? kAutoStagingBytes : u64(std::max<int64_t>(1, size)) * es;
-  const uint64_t bytes = (std::clamp<uint64_t>(asked, 64u << 10, top) + 4095) / 4096 * 4096;
-  if (own) pl->chosen.push_back("zero_optimization.offload_param.buffer_size");
-  if (bytes > asked && !own) {
-    config::value_used("zero_optimization.offload_param.buffer_size", size, static_cast<int64_t>(bytes / es),
-                       "elements: the tier manager's staging buffers are 4 KiB multiples of at least 64 KiB");
-  }
-  pl->tm_staging_bytes = static_cast<size_t>(bytes);
-  pl->tm_staging_count = static_cast<size_t>(
-      config::value_clamped("zero_optimization.offload_param.buffer_count",
-                            cfg.zero.offload_param.buffer_count, 2, 1 << 10,
-                            "the tier manager needs a synchronous staging buffer and one for moves") -
-      1);
-  pl->resident.host += u64(pl->tm_staging_bytes) * (pl->tm_staging_count + 1);  // + the sync one
-}
-
-// 4c. Host copies of NVMe-homed partitions: the step updates one while the previous one is
-//     written back, and keeps up to offload_param.max_in_cpu elements of them (clean, as a cache
-//     the next fetches into the device copy from) within the tier's host budget.
-uint64_t page_round(uint64_t b) { return (b + 4095) / 4096 * 4096; }
-
-// Host bytes of every NVMe-homed partition's host copy.
-uint64_t nvme_part_bytes(const Placement& pl) {
-  uint64_t parts = 0;
-  for (const auto& m : pl.modules) {
-    if (m.partitioned_params && m.param_home == offload::Tier::kNvme)
-      parts += page_round(u64(m.part) * pl.compute_bytes);
-  }
-  return parts;
-}
-
-void plan_host_cache(const config::Config& cfg, const Extent& x, Placement* pl) {
-  const uint64_t es = pl->compute_bytes;
-  auto alloc = page_round;
-  const uint64_t parts = nvme_part_bytes(*pl);
-  const uint64_t work = 2 * alloc(u64(x.biggest_part_nvme) * es);
-  // Not given: the step's two to start with; size_own_buffers() gives the cache what the host
-  // share leaves.
-  const bool own = pl->host_share && !cfg.given("zero_optimization.offload_param.max_in_cpu");
-  const uint64_t keep = own ? 0 : u64(std::max<int64_t>(0, cfg.zero.offload_param.max_in_cpu)) * es;
-  pl->tm_host_cache = std::max(std::min(keep, parts), std::min(work, parts));
-  pl->tm_host_budget = u64(pl->tm_staging_bytes) * (pl->tm_staging_count + 1) + pl->tm_host_cache;
-}
-
-// 4. Stage-3 partitions: the tier manager's budgets and buffers, and the gather window.
-void plan_tier_manager(const config::Config& cfg, const PlanTarget& target, Extent* x, Placement* pl) {
-  pl->tier_manager = true;
-  plan_gather_window(cfg, x, pl);
-  if (x->nvme_tier) plan_staging(cfg, *x, pl);
-  if (cfg.zero.offload_param.device == Offload::kNvme) plan_host_cache(cfg, *x, pl);
-  // The tier's share beyond the device-homed partitions (counted as resident) leaves room for the
-  // module in use beside the states: when the window's share went to it (stage3_max_live_parameters
-  // leaves no room for queued gathers), it is cut to what fits, but not below two partitions in
-  // flight (a plan that needs more is refused by check_peaks()).
-  const uint64_t db = pl->device_budget;
-  uint64_t homes = 0;
-  for (const auto& m : pl->modules) {
-    if (m.partitioned_params && m.param_home == offload::Tier::kDevice)
-      homes += u64(m.part) * pl->compute_bytes;
-  }
-  const uint64_t keep = pl->resident.device + moving_device_bytes(*pl);
-  const uint64_t in_flight = 2ull * (x->biggest / static_cast<uint64_t>(pl->world)) * pl->compute_bytes;
-  if (pl->tm_device_budget > homes && db > keep &&
-      pl->tm_device_budget - homes > std::max(in_flight, db - keep)) {
-    pl->tm_device_budget = homes + std::max(in_flight, db - keep);
-    x->tm_budget = std::min(pl->tm_device_budget, db);
-  }
-  // Device memory the states take (persistent modules, device-resident optimizer states,
-  // device-homed partitions) comes out of the gather window too: keep the tier's budget and
-  // the reserve free.
-  const uint64_t used = pl->resident.device + x->tm_budget;
-  const uint64_t room = db > used + x->reserve ? (db - used - x->reserve) / x->per_elem : 0;
-  const size_t fits = std::min<size_t>(pl->gather_window, static_cast<size_t>(room));
-  if (fits < pl->gather_window) pl->prefetch_bucket = static_cast<int64_t>(fits);  // cut by the budget
-  pl->gather_window = fits;
-  if (!target.queued_gathers) {  // no window at all: not the budget's doing
-    pl->gather_window = 0;
-    pl->prefetch_bucket = cfg.zero.stage3_prefetch_bucket_size;
-  }
-}
-
 // Host bytes of the optimizer swapper's pool of `count` buffers: whole slots of one buffer per
 // state it holds (Placement::swap_states()); the buffers past the last whole slot are not allocated.
 uint64_t swap_pool_bytes(const Placement& pl, size_t count) {
@@ -440,13 +301,15 @@ void size_own_buffers(const config::Config& cfg, Placement* pl) {
   }
 }
 
+}  // namespace
+
 // Device bytes one module in use moves at once. Module m in use: (stage 3) its gathered
 // parameters, its gradient buffer, reduced in place, and with reduce buckets smaller than a
 // partition the bucket-packed send buffers. m's reduction is still in flight (kMaxPendingReductions
 // is 1) while the next module m' is fetched: m' parameters beside m's gradients and bucket buffers;
 // m' gradient buffer is allocated only once m's reduction has been accumulated. Then the step's
 // gather of an updated partition.
-uint64_t moving_device_bytes(const Placement& pl) {
+uint64_t detail::moving_device_bytes(const Placement& pl) {
   const uint64_t es = pl.compute_bytes;
   uint64_t moving = 0, top_use[2] = {0, 0}, top_red[2] = {0, 0};
   size_t top_use_m = SIZE_MAX, top_red_m = SIZE_MAX;
@@ -463,7 +326,8 @@ uint64_t moving_device_bytes(const Placement& pl) {
   for (size_t i = 0; i < pl.modules.size(); ++i) {
     const auto& m = pl.modules[i];
     const uint64_t full = u64(m.padded) * es;
-    const uint64_t params = m.partitioned_params ? full : 0;
+    // Served in place, the parameters are the partition in the tier manager's share.
+    const uint64_t params = m.partitioned_params && !served_in_place(m) ? full : 0;
     if (m.frozen) {  // no gradients, no reduction, no update: its gathered parameters only
       moving = std::max(moving, params);
       keep_top(params, i, top_use, &top_use_m);
@@ -482,6 +346,8 @@ uint64_t moving_device_bytes(const Placement& pl) {
   }
   return moving + held_gathered_bytes(pl);  // the held modules stay fetched beside it
 }
+
+namespace {
 
 // 6. Peaks. Device: what is resident, the tier manager's share beyond the homes it already
 //    counts, queued gathers, and what one module in use moves; a placement whose peak is above
@@ -616,8 +482,11 @@ void warn_hints_used(const config::Config& cfg, const Placement& pl, int64_t per
                            "beside the module in use");
   used("zero_optimization.stage3_prefetch_bucket_size", cfg.zero.stage3_prefetch_bucket_size,
        pl.prefetch_bucket,
-       "elements of gathered modules queued ahead of use: what zoe.device_budget leaves beside "
-       "the states and the module in use");
+       pl.world > 1
+           ? "elements of gathered modules queued ahead of use: what zoe.device_budget leaves beside "
+             "the states and the module in use"
+           : "elements of partitions moved to the device ahead of use: what zoe.device_budget leaves "
+             "beside the states and the module in use");
   used("zero_optimization.stage3_max_live_parameters", cfg.zero.stage3_max_live_parameters,
        static_cast<int64_t>(pl.max_live_parameters),
        "elements: the largest gathered module must be live at once, so it is the least "

@@ -85,8 +85,12 @@ std::string config_text(const Schedule& r, const std::string& dir) {
            "\"bf16\": {\"enabled\": %s}, "
            "\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.01, \"weight_decay\": 0.01}}, "
            "\"zero_optimization\": {\"stage\": %d, \"stage3_param_persistence_threshold\": 0, "
-           "\"sub_group_size\": 16384, \"offload_optimizer\": %s, \"offload_param\": %s}, %s\"zoe\": {%s}}",
-           kBatch, r.accum, r.bf16 ? "true" : "false", r.pl.stage, off(r.pl.opt, false).c_str(),
+           "\"sub_group_size\": 16384, %s\"offload_optimizer\": %s, \"offload_param\": %s}, %s\"zoe\": {%s}}",
+           kBatch, r.accum, r.bf16 ? "true" : "false", r.pl.stage,
+           // ... nor on the device beyond the one in use (at world size 1 it is served in place, and
+           // the device tier's share would otherwise keep this small model's partitions).
+           r.pl.stage == 3 && std::string(r.pl.param) == "nvme" ? "\"stage3_prefetch_bucket_size\": 0, " : "",
+           off(r.pl.opt, false).c_str(),
            r.pl.stage == 3 ? off(r.pl.param, true).c_str() : "{\"device\": \"none\"}",
            r.act != Act::kOff ? "\"activation_checkpointing\": {\"partition_activations\": false}, " : "",
            zoe.c_str());

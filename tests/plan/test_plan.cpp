@@ -713,7 +713,8 @@ TEST(CostModel, LongAccumulationsCostTheirSteadyStateInConstantTime) {
   plan::PlanInputs in = inputs(m, 1, 1);
   const plan::RowPlacement nvme{3, Offload::kNvme, Offload::kNvme, 1.0, false};
   zero::PlanTarget t;
-  t.device_budget = 20u << 20;  // a device cache smaller than the partitions: loads every micro-batch
+  // A device cache smaller than the partitions (12 MiB): loads every micro-batch.
+  t.device_budget = 12u << 20;
   t.queued_gathers = false;
   const config::Config cfg = plan::config_for(in.base, nvme, "/unused");
   auto pl = zero::plan_placement(cfg, m.modules, 1, 0, t);

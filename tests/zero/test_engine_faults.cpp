@@ -173,7 +173,9 @@ TEST_P(EngineFaults, AllocationFailureAtEveryPointOfAStep) {
       e.value().reset();
       EXPECT_EQ(device::cpu_device_leaked_bytes(), leaked) << what << ": device memory nobody owned";
     }
-    EXPECT_GT(injected, 3) << name(c);
+    // At least the gradient buffers of the model's three modules (at world size 1 a stage-3 module's
+    // parameters are its partition, served in place: no allocation).
+    EXPECT_GE(injected, 3) << name(c);
     printf("[faults] %-45s %d allocation points failed the step, %d absorbed by a retry\n", name(c).c_str(),
            injected, absorbed);
   }

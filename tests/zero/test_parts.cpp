@@ -218,20 +218,24 @@ TEST(Parts, ParamGatherFetchesWhatItsSourceHolds) {
       ASSERT_EQ(p.value().tensors.size(), 1u);
       EXPECT_EQ(0, memcmp(p.value().tensors[0].data, source.values[m.index].data(), n * 4))
           << r.modules[m].name;
-      // A gathered module is a copy of the partition; a persistent one is the source's own bytes.
-      EXPECT_EQ(p.value().tensors[0].data == source.values[m.index].data(), !r.modules[m].partitioned_params);
+      // At world size 1 a partitioned module is served in place: the partition's own bytes, pinned
+      // until release (a gather would copy them); a persistent one is the source's own bytes too.
+      EXPECT_EQ(p.value().tensors[0].data, source.values[m.index].data()) << r.modules[m].name;
       EXPECT_EQ(gather.in_use(m), r.modules[m].partitioned_params);
-      EXPECT_EQ(source.pins, 0);  // a gather now pins its partition only while it runs
+      EXPECT_EQ(source.pins, r.modules[m].partitioned_params ? 1 : 0);
       ASSERT_OK(gather.release(m));
       EXPECT_FALSE(gather.in_use(m));
+      EXPECT_EQ(source.pins, 0);
     }
     if (iteration == 0) gather.end_recording();
   }
   EXPECT_TRUE(source.traced);
-  EXPECT_EQ(source.settles, 6);              // every fetch settles its module's owed gather
-  EXPECT_EQ(r.clock.gathers_on_demand, 4u);  // the two partitioned modules, twice (no window)
-  EXPECT_GT(source.prefetches, 0);           // the second iteration moves the next partitions ahead
-  EXPECT_EQ(source.reads, 0);                // no gather was queued ahead (window 0)
+  EXPECT_EQ(source.settles, 6);  // every fetch settles its module's owed gather
+  // The two partitioned modules, twice; the second time b's move had been started by a's fetch.
+  EXPECT_EQ(r.clock.gathers_on_demand + r.clock.gathers_prefetched, 4u);
+  EXPECT_EQ(r.clock.gathers_prefetched, 1u);
+  EXPECT_GT(source.prefetches, 0);  // the second iteration moves the next partitions ahead
+  EXPECT_EQ(source.reads, 0);       // no gather was queued ahead (window 0)
   // Releasing what is not fetched is the caller's error, named.
   Status s = gather.release(ModuleId(1));
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
