@@ -106,7 +106,6 @@ void plan_staging(const config::Config& cfg, const Extent& x, Placement* pl) {
   pl->resident.host += u64(pl->tm_staging_bytes) * (pl->tm_staging_count + 1);  // + the sync one
 }
 
-
 // 4c. Host copies of NVMe-homed partitions: the step updates one while the previous one is
 //     written back, and keeps up to offload_param.max_in_cpu elements of them (clean, as a cache
 //     the next fetches into the device copy from) within the tier's host budget.
