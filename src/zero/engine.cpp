@@ -112,6 +112,7 @@ void Engine::Impl::build_parts() {
   pr.trace = &ctx.trace;
   pr.window = pl.gather_window;
   pr.max_live = pl.max_live_parameters;
+  pr.in_place_pins = pl.in_place_pins;
   // Served in place (world size 1), the bucket is the moves ahead alone: as the plan fit it.
   pr.prefetch_bucket = ctx.shape.world == 1 ? pl.prefetch_bucket : ctx.cfg->zero.stage3_prefetch_bucket_size;
   gather = std::make_unique<ParamGather>(ctx.shape, modules, *homes, update->gate(), clock, pr);

@@ -175,6 +175,23 @@ Status ParamGather::gather_now(ModuleId m) {
   return Status::ok();
 }
 
+// Served in place beyond what the tier's share holds pinned (several modules fetched together):
+// the partition's latest bytes read into a copy, as a gather would, pinning nothing.
+Status ParamGather::copy_now(ModuleId m) {
+  const ModuleLayout& mod = modules_[m];
+  Slot& slot = slots_[m.index];
+  ZOE_ASSIGN_OR_RETURN(device::DeviceBuffer full, r_.mem->zeroed(mod.padded * shape_.esize()));
+  {
+    Timer t(&clock_.t_io);
+    Status s = homes_.read_partition(m, full.get());
+    if (!s.is_ok()) return s.with_context("reading the partition of module " + mod.name);
+  }
+  slot.full = std::move(full);
+  live_elems_ += mod.padded;
+  clock_.gathers_on_demand++;
+  return Status::ok();
+}
+
 // A partitioned module whose gathered bytes are its partition's own: the partition itself, pinned
 // on the device (waiting for a move prefetch started, or moving it now) until release(). Counted
 // as prefetched where prefetch had started its move.
@@ -183,12 +200,15 @@ Status ParamGather::serve_in_place(ModuleId m) {
   Slot& slot = slots_[m.index];
   const int64_t cap = static_cast<int64_t>(r_.max_live);
   if (static_cast<int64_t>(live_elems_ + mod.padded) > cap) ZOE_RETURN_IF_ERROR(discard());
+  const uint64_t bytes = mod.part * shape_.esize();
+  if (pinned_bytes_ + bytes > r_.in_place_pins) return copy_now(m);
   const uint64_t t0 = now_ns();
   auto part = homes_.pin_partition(m, &clock_.t_io);
   if (!part.is_ok()) return part.status().with_context("fetching the parameters of module " + mod.name);
   if (r_.trace->enabled())
     r_.trace->record("pin " + mod.name, "gather", t0, now_ns(), mod.part * shape_.esize(), kLaneGather);
   slot.pinned = part.value();
+  pinned_bytes_ += bytes;
   live_elems_ += mod.padded;
   (slot.hinted ? clock_.gathers_prefetched : clock_.gathers_on_demand)++;
   slot.hinted = false;
@@ -236,7 +256,10 @@ Status ParamGather::release(ModuleId m) {
   slot.fetched = false;
   if (mod.partitioned_params) {
     slot.full.reset();
-    if (slot.pinned) homes_.unpin_partition(m);
+    if (slot.pinned) {
+      homes_.unpin_partition(m);
+      pinned_bytes_ -= mod.part * shape_.esize();
+    }
     slot.pinned = nullptr;
     live_elems_ -= mod.padded;
   }
@@ -259,6 +282,7 @@ void ParamGather::shutdown() {
     if (s.pinned) homes_.unpin_partition(m);
     s.pinned = nullptr;
   }
+  pinned_bytes_ = 0;
 }
 
 }  // namespace zoe::zero

@@ -39,6 +39,8 @@ class ParamGather {
     size_t window = 0;
     size_t max_live = 0;
     int64_t prefetch_bucket = 0;  // zero_optimization.stage3_prefetch_bucket_size
+    // Partition bytes modules served in place may hold pinned at once (Placement::in_place_pins).
+    uint64_t in_place_pins = 0;
   };
   ParamGather(const RunShape& shape, const ModuleTable& modules, PartitionSource& homes,
               const UpdateGate& gate, StepClock& clock, const Resources& r)
@@ -84,6 +86,7 @@ class ParamGather {
   };
   Status gather_now(ModuleId m);
   Status serve_in_place(ModuleId m);
+  Status copy_now(ModuleId m);
   // Whether module m's gathered bytes are its partition's own (a gather would copy them).
   bool in_place(ModuleId m) const { return modules_[m].part == modules_[m].padded; }
   Status prefetch_after(ModuleId m, const MakeRoom& make_room);
@@ -104,6 +107,7 @@ class ParamGather {
   bool recording_ = true;
   size_t cursor_ = 0;
   size_t live_elems_ = 0;
+  uint64_t pinned_bytes_ = 0;  // partitions served in place, pinned now
 };
 
 }  // namespace zoe::zero

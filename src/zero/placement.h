@@ -189,6 +189,10 @@ struct Placement {
   uint64_t tm_host_cache = 0;  // of which the cache of partitions (at least the step's two)
   // Elements of gathered modules prefetch may queue ahead of their fetch.
   size_t gather_window = 0;
+  // World size 1: partition bytes the tier's device share holds pinned by modules served in place
+  // at once; a fetch beyond them (several modules fetched together, as a PyTorch unit's) reads its
+  // partition into a copy instead. 0 where partitions are gathered (world size > 1).
+  uint64_t in_place_pins = 0;
   // stage3_prefetch_bucket_size as used for queued gathers: the value given, or the gather window
   // when the device budget left less than it (warned once).
   int64_t prefetch_bucket = 0;

@@ -69,6 +69,7 @@ void plan_gather_window(const config::Config& cfg, Extent* x, Placement* pl) {
   // Device-homed partitions served in place pin their homes, which take no room beyond them.
   const bool homes_pinned = !queues && cfg.zero.offload_param.device == Offload::kNone;
   const uint64_t biggest_part = homes_pinned ? 0 : pinned_at_once(*pl);
+  if (!queues) pl->in_place_pins = homes_pinned ? UINT64_MAX : pinned_at_once(*pl);
   if (pl->tm_device_budget > 0)
     pl->tm_device_budget = std::max(pl->tm_device_budget, biggest_part);  // 0: all of it
   if (cfg.zero.offload_param.device == Offload::kNone) {

@@ -160,7 +160,10 @@ def test_two_ranks_match_one(mode, tmp_path):
     diffs = []
     for n, w in one["weights"].items():
         diffs += [abs(a - b) for a, b in zip(w, r0["weights"][n])]
-    assert max(diffs) <= 2e-4 and sum(diffs) / len(diffs) <= 2e-5
+    # The two runs sum each gradient in another order (per-rank halves of the batch); Muon's
+    # orthogonalization carries those roundings into every element of a matrix, by amounts that
+    # depend on the CPU's kernels (2.45e-4 at most on an AVX-512 Xeon, under 2e-4 on an EPYC).
+    assert max(diffs) <= (5e-4 if mode == "muon" else 2e-4) and sum(diffs) / len(diffs) <= 2e-5
 
 
 def test_muon_on_flat_shards_leaves_the_one_rank_run(tmp_path):
