@@ -205,8 +205,7 @@ Status ParamGather::serve_in_place(ModuleId m) {
   const uint64_t t0 = now_ns();
   auto part = homes_.pin_partition(m, &clock_.t_io);
   if (!part.is_ok()) return part.status().with_context("fetching the parameters of module " + mod.name);
-  if (r_.trace->enabled())
-    r_.trace->record("pin " + mod.name, "gather", t0, now_ns(), bytes, kLaneGather);
+  if (r_.trace->enabled()) r_.trace->record("pin " + mod.name, "gather", t0, now_ns(), bytes, kLaneGather);
   slot.pinned = part.value();
   pinned_bytes_ += bytes;
   live_elems_ += mod.padded;
