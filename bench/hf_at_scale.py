@@ -173,6 +173,12 @@ def main():
     ap.add_argument("--child-nvme", help=argparse.SUPPRESS)
     ap.add_argument("--child-json", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.rounds < 1:
+        ap.error(f"--rounds {a.rounds}: at least 1")
+    if a.steps < 1:
+        ap.error(f"--steps {a.steps}: at least 1 (2 or more for a steady step)")
+    if not a.child and not os.path.isdir(a.nvme_path):
+        ap.error(f"--nvme-path {a.nvme_path}: not a folder")
     a.shape = a.shape or ("quick" if a.quick else "2b")
     if a.child:
         return child(a)

@@ -66,6 +66,6 @@ unset PYTHONPATH
 mkdir -p build-pip/test-tmp
 status=0
 (cd "$root/build-pip" && "$venv/bin/python" -m pytest -q -p no:cacheprovider --basetemp="$root/build-pip/test-tmp" \
-  "$root/tests/python" "$@") || status=$?
+  --durations=12 "$root/tests/python" "$@") || status=$?
 echo "python-venv: $venv" >&2
 exit $status

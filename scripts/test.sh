@@ -6,6 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/install-deps.sh
+# Each section says when it starts (minutes:seconds since the start), so a slow CI run shows where.
+t0=$SECONDS
+section() { printf '== [%dm%02ds] %s\n' $(((SECONDS - t0) / 60)) $(((SECONDS - t0) % 60)) "$*" >&2; }
 jobs=$(nproc)
 # ccache (installed by install-deps.sh) with paths relative to the checkout: the builds below and
 # `pip install .`'s share compiled objects, and a rerun recompiles only what changed.
@@ -15,39 +18,39 @@ if command -v ccache > /dev/null; then
   launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
 fi
 
-echo "== layer map, function and file length, and format checks" >&2
+section "layer map, function and file length, and format checks"
 /usr/bin/python3 scripts/check-layers.py
 /usr/bin/python3 scripts/check-function-length.py
 /usr/bin/python3 scripts/check-file-length.py
 bash scripts/check-format.sh
 
-echo "== Release build and tests (build/)" >&2
+section "Release build and tests (build/)"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DZOE_BUILD_TESTS=ON -DZOE_BUILD_BENCH=ON -DZOE_PYTHON=AUTO \
       "${launcher[@]}"
 cmake --build build -j"$jobs"
 ctest --test-dir build --output-on-failure -j"$jobs"
-echo "== crash test: kills, faults, fuzzed configs (tests/crash; 1-2 minutes)" >&2
+section "crash test: kills, faults, fuzzed configs (tests/crash; 1-2 minutes)"
 /usr/bin/python3 tests/crash/crashtest.py --zoe build/bin/zoe --seed 1
 
 # The Python suite on PyPI's torch, against zoe installed with `pip install .` into a cached venv.
-echo "== pip install . into a venv with PyPI's torch; tests/python against it (scripts/python-venv.sh)" >&2
+section "pip install . into a venv with PyPI's torch; tests/python against it (scripts/python-venv.sh)"
 bash scripts/python-venv.sh
 
 # Test nodes on this machine (network namespaces and an rsh agent for mpirun): stages 1-3 across
 # node layouts, node-local NVMe, a node lost mid-run, the PyTorch front-end over the venv above.
 # Exit 77 (not root, no CAP_NET_ADMIN): skipped, with its one line printed.
-echo "== multi-node tests in network namespaces (tests/multinode/run.sh; a few minutes)" >&2
+section "multi-node tests in network namespaces (tests/multinode/run.sh; a few minutes)"
 mn_status=0
 ZOE_BIN=$(pwd)/build/bin/zoe ZOE_PYTHON=$(cat build-pip/venv-python 2> /dev/null || true) \
   bash tests/multinode/run.sh || mn_status=$?
 if [ $mn_status -ne 0 ] && [ $mn_status -ne 77 ]; then
-  echo "== multi-node tests failed (exit $mn_status)" >&2
+  section "multi-node tests failed (exit $mn_status)"
   exit 1
 fi
 
 # The install path: zoe installed into a temporary prefix; the public API tests and the example
 # built as separate CMake projects that see only that prefix (find_package(zoe)), then run.
-echo "== install, public API tests and examples against the installed zoe" >&2
+section "install, public API tests and examples against the installed zoe"
 prefix=$(mktemp -d /tmp/zoe-install.XXXXXX)
 scratch=$(mktemp -d "${ZOE_SCRATCH:-/var/tmp}/zoe-example.XXXXXX")
 trap 'rm -rf "$prefix" "$scratch"' EXIT
@@ -62,7 +65,7 @@ timeout 300 "$prefix/build-examples/train_mlp" 12 "$scratch"
 PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --exists --print-errors zoe
 
 if [ "${ZOE_SKIP_SANITIZE:-0}" != "1" ]; then
-  echo "== ASan+UBSan build and tests (build-san/)" >&2
+  section "ASan+UBSan build and tests (build-san/)"
   # CUDA off: the CUDA runtime and ASan's shadow memory do not mix; GPU code is checked on GPUs.
   cmake -S . -B build-san -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZOE_SANITIZE=address,undefined \
         -DZOE_CUDA=OFF -DZOE_BUILD_BENCH=OFF "${launcher[@]}"
@@ -73,7 +76,7 @@ fi
 if [ "${ZOE_SKIP_SANITIZE:-0}" != "1" ]; then
   # The multi-threaded layers (I/O engine, devices, tier manager, swapper, the engine with its
   # prefetch and asynchronous checkpoints) under ThreadSanitizer.
-  echo "== TSan build and tests of the concurrent layers (build-tsan/)" >&2
+  section "TSan build and tests of the concurrent layers (build-tsan/)"
   tsan_tests="test_io_engine test_device test_tier_manager test_tier_stress test_tier_parts test_tier_device_faults test_optimizer_swapper test_swap_file test_engine test_engine_faults test_heartbeat test_activation_store test_engine_activations test_parts test_engine_lowbit test_engine_sleep test_engine_muon test_engine_optimizers test_engine_adam_mini"
   cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZOE_SANITIZE=thread -DZOE_CUDA=OFF -DZOE_BUILD_BENCH=OFF \
         "${launcher[@]}"
@@ -81,4 +84,4 @@ if [ "${ZOE_SKIP_SANITIZE:-0}" != "1" ]; then
   TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
     ctest --test-dir build-tsan --output-on-failure -j"$jobs" -R "^($(echo $tsan_tests | tr ' ' '|'))\$"
 fi
-echo "== all tests passed" >&2
+section "all tests passed"
