@@ -47,6 +47,18 @@ if(NOT ZOE_MPI STREQUAL "OFF")
 endif()
 zoe_summary("MPI" ZOE_HAVE_MPI "${MPI_C_LIBRARY_VERSION_STRING}")
 
+# gloo: host collectives under torchrun (Debian's libgloo-dev installs its CMake package).
+set(ZOE_HAVE_GLOO OFF)
+if(NOT ZOE_GLOO STREQUAL "OFF")
+  find_package(Gloo CONFIG QUIET)
+  if(TARGET gloo)
+    set(ZOE_HAVE_GLOO ON)
+  elseif(ZOE_GLOO STREQUAL "ON")
+    message(FATAL_ERROR "ZOE_GLOO=ON but gloo was not found (apt-get install libgloo-dev)")
+  endif()
+endif()
+zoe_summary("gloo" ZOE_HAVE_GLOO "${Gloo_VERSION}")
+
 # CUDA toolkit and NCCL, from /usr/local/cuda unless CUDAToolkit_ROOT says otherwise.
 set(ZOE_HAVE_CUDA OFF)
 set(ZOE_HAVE_NCCL OFF)

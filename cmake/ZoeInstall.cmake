@@ -3,7 +3,7 @@
 # libzoe.so (target zoe_lib, exported as zoe::zoe): one shared library made of the engine's layer
 # objects, all of them (core, io, optim, device, comm, config, offload, zero, checkpoint, and the
 # CLI frame of zoe/cli.h), so a
-# user links one file. Its optional dependencies (liburing, hwloc, oneTBB, MPI, CUDA, NCCL) are
+# user links one file. Its optional dependencies (liburing, hwloc, oneTBB, MPI, gloo, CUDA, NCCL) are
 # linked into it as found at configure time and reach a user's program through the library's own
 # DT_NEEDED entries; a user needs none of their headers. The reference GPT (OpenBLAS) is not in it.
 # Users compile against include/zoe/ only (C++17 or later).
@@ -60,7 +60,7 @@ install(TARGETS zoe RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 
 set(_zoe_cmake_dir ${CMAKE_INSTALL_LIBDIR}/cmake/zoe)
 install(EXPORT zoeTargets NAMESPACE zoe:: DESTINATION ${_zoe_cmake_dir})
-foreach(_dep URING HWLOC TBB MPI CUDA NCCL)
+foreach(_dep URING HWLOC TBB MPI GLOO CUDA NCCL)
   set(ZOE_PACKAGE_HAVE_${_dep} ${ZOE_HAVE_${_dep}})
 endforeach()
 configure_package_config_file(${CMAKE_CURRENT_LIST_DIR}/zoeConfig.cmake.in

@@ -7,7 +7,7 @@ CLI_PKGS=(
   build-essential cmake pkg-config
   liburing-dev libhwloc-dev libtbb-dev
   nlohmann-json3-dev libcli11-dev libxxhash-dev
-  libopenmpi-dev openmpi-bin
+  libopenmpi-dev openmpi-bin libgloo-dev
   libopenblas-dev
 )
 PKGS=(
@@ -15,7 +15,7 @@ PKGS=(
   liburing-dev libhwloc-dev libtbb-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libcli11-dev libxxhash-dev
-  libopenmpi-dev openmpi-bin
+  libopenmpi-dev openmpi-bin libgloo-dev
   libopenblas-dev
   fio clang-format
   # Python tests (tests/python, pytest) and plots (scripts/zoe_plot.py): Debian's CPU PyTorch.

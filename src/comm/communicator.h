@@ -63,7 +63,7 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual int local_rank() const = 0;       // rank among the processes of this node (GPU choice)
-  virtual const char* backend() const = 0;  // "local", "mpi", "nccl"
+  virtual const char* backend() const = 0;  // "local", "mpi", "gloo", "nccl"
 
   virtual CommHandle all_gather(const void* send, void* recv, size_t count, CommType type) = 0;
   virtual CommHandle reduce_scatter(const void* send, void* recv, size_t count, CommType type,
@@ -103,6 +103,28 @@ Result<std::unique_ptr<Communicator>> create_mpi_comm(const MpiCommOptions& opti
 // creates its own (tests of the communicator alone).
 Result<std::unique_ptr<Communicator>> create_nccl_comm(Communicator& bootstrap, int device_ordinal,
                                                        void* stream = nullptr);
+// A key-value store the ranks meet through: torch's TCPStore under torchrun, an in-process one in
+// tests. get() waits up to timeout_ms for the key to be set (kIoError naming the key past it).
+class KeyValueStore {
+ public:
+  virtual ~KeyValueStore() = default;
+  virtual Status set(const std::string& key, const std::string& value) = 0;
+  virtual Result<std::string> get(const std::string& key, int64_t timeout_ms) = 0;
+};
+// Options of a GlooComm: this process's place, the store, where the others reach it.
+struct GlooCommOptions {
+  int rank = 0, size = 1, local_rank = 0;
+  std::shared_ptr<KeyValueStore> store;
+  std::string prefix = "zoe";  // its keys in the store start with this (one prefix a communicator)
+  std::string hostname;        // the name or address the other ranks reach this one at ("": gethostname)
+  double timeout_s = 300;      // connecting, and each collective's wait for a peer
+  size_t chunk_bytes = 0;      // as MpiCommOptions::chunk_bytes (0: 8 MiB)
+};
+// Host collectives over gloo's TCP transport: the same fixed-order reductions, so the same bits,
+// as MpiComm (ordered.h). Collective over the store: every rank of the world must call it with the
+// same size and prefix. Fails with kUnsupported when zoe was built without gloo, kIoError when the
+// ranks do not all meet within timeout_s (naming this rank and its host).
+Result<std::unique_ptr<Communicator>> create_gloo_comm(const GlooCommOptions& options);
 // Where the launcher put this process, read from its environment before MPI starts. Each field is
 // the first of its variables that holds an integer (-1: none does): the MPI launchers' first, Slurm's
 // as the fallback where no MPI launcher set one (srun without PMI, or a variable PMI leaves out):

@@ -1,11 +1,8 @@
 // MpiComm: host collectives over MPI, run in order by one worker thread per communicator.
 //
-// Reductions are fixed-order: each rank owns one slice of the result; an MPI_Alltoall brings every
-// rank's copy of that slice to its owner, which sums them in rank order 0..size-1 (reduce_rows) and,
-// for all_reduce, an MPI_Allgather spreads the owners' slices. Only data movement goes through MPI,
-// so the bits never depend on arrival order or on MPI's algorithm choice, and bf16/fp16 are summed in
-// fp32 and rounded once. The traffic per rank is that of a ring: (size-1)/size of the buffer for
-// reduce_scatter, twice that for all_reduce. Large collectives run in rounds bounded by chunk_bytes.
+// The collectives are ordered.h's fixed-order ones, MPI moving the bytes (MPI_Alltoall,
+// MPI_Allgather, MPI_Bcast): the bits never depend on arrival order or on MPI's algorithm choice,
+// and equal GlooComm's for the same inputs.
 #include "zoe/features.h"
 
 #include <unistd.h>
@@ -20,7 +17,7 @@
 
 #include "comm/comm_internal.h"
 #include "comm/heartbeat.h"
-#include "comm/reduce.h"
+#include "comm/ordered.h"
 #include "core/log.h"
 
 #if ZOE_HAVE_MPI
@@ -205,6 +202,36 @@ bool mpi_finalized() {
   return finalized != 0;
 }
 
+// The bytes MPI moves for the ordered collectives (ordered.h).
+class MpiTransport final : public ByteTransport {
+ public:
+  MpiTransport(MPI_Comm comm, int rank) : comm_(comm), rank_(rank) {}
+  Status all_gather(const void* send, void* recv, size_t bytes) override {
+    const bool in_place = send == static_cast<const unsigned char*>(recv) + rank_ * bytes;
+    ZOE_MPI_TRY(MPI_Allgather(in_place ? MPI_IN_PLACE : send, in_place ? 0 : static_cast<int>(bytes),
+                              in_place ? MPI_DATATYPE_NULL : MPI_BYTE, recv, static_cast<int>(bytes),
+                              MPI_BYTE, comm_));
+    return Status::ok();
+  }
+  Status all_to_all(const void* send, void* recv, size_t bytes) override {
+    ZOE_MPI_TRY(MPI_Alltoall(send, static_cast<int>(bytes), MPI_BYTE, recv, static_cast<int>(bytes), MPI_BYTE,
+                             comm_));
+    return Status::ok();
+  }
+  Status broadcast(void* buf, size_t bytes, int root) override {
+    ZOE_MPI_TRY(MPI_Bcast(buf, static_cast<int>(bytes), MPI_BYTE, root, comm_));
+    return Status::ok();
+  }
+  Status barrier() override {
+    ZOE_MPI_TRY(MPI_Barrier(comm_));
+    return Status::ok();
+  }
+
+ private:
+  MPI_Comm comm_;
+  const int rank_;
+};
+
 class MpiComm final : public Communicator {
  public:
   MpiComm(MPI_Comm comm, int rank, int size, int local_rank, size_t chunk_bytes)
@@ -212,8 +239,9 @@ class MpiComm final : public Communicator {
         rank_(rank),
         size_(size),
         local_rank_(local_rank),
-        chunk_bytes_(chunk_bytes),
-        direct_limit_(chunk_bytes == kDefaultChunkBytes ? static_cast<size_t>(INT_MAX) : chunk_bytes),
+        transport_(comm, rank),
+        ordered_(transport_, rank, size, chunk_bytes,
+                 chunk_bytes == kDefaultChunkBytes ? static_cast<size_t>(INT_MAX) : chunk_bytes),
         queue_(std::make_unique<HostQueue>("zoe-comm-mpi")) {}
 
   ~MpiComm() override {
@@ -234,7 +262,7 @@ class MpiComm final : public Communicator {
     if (!s.is_ok()) return completed_handle(std::move(s));
     return queue_->push([=, this] {
       WaitingInCollective waiting;
-      return run_all_gather(send, recv, count, type);
+      return ordered_.all_gather(send, recv, count, type);
     });
   }
   CommHandle reduce_scatter(const void* send, void* recv, size_t count, CommType type, ReduceOp op) override {
@@ -242,7 +270,7 @@ class MpiComm final : public Communicator {
     if (!s.is_ok()) return completed_handle(std::move(s));
     return queue_->push([=, this] {
       WaitingInCollective waiting;
-      return run_reduce_scatter(send, recv, count, type, op);
+      return ordered_.reduce_scatter(send, recv, count, type, op);
     });
   }
   CommHandle all_reduce(const void* send, void* recv, size_t count, CommType type, ReduceOp op) override {
@@ -250,7 +278,7 @@ class MpiComm final : public Communicator {
     if (!s.is_ok()) return completed_handle(std::move(s));
     return queue_->push([=, this] {
       WaitingInCollective waiting;
-      return run_all_reduce(send, recv, count, type, op);
+      return ordered_.all_reduce(send, recv, count, type, op);
     });
   }
   CommHandle broadcast(void* buf, size_t count, CommType type, int root) override {
@@ -259,145 +287,25 @@ class MpiComm final : public Communicator {
     if (!s.is_ok()) return completed_handle(std::move(s));
     return queue_->push([=, this] {
       WaitingInCollective waiting;
-      return run_broadcast(buf, count, type, root);
+      return ordered_.broadcast(buf, count, type, root);
     });
   }
   Status barrier() override {
     return queue_
         ->push([this]() -> Status {
           WaitingInCollective waiting;
-          ZOE_MPI_TRY(MPI_Barrier(comm_));
-          return Status::ok();
+          return transport_.barrier();
         })
         .wait();
   }
   CommHandle enqueue_host_task(std::function<Status()> fn) override { return queue_->push(std::move(fn)); }
 
  private:
-  // Elements per peer and round: two scratch buffers of size_ rows of that many elements.
-  size_t chunk_elems(size_t esize) const {
-    size_t per_peer = chunk_bytes_ / (static_cast<size_t>(size_) * esize);
-    per_peer = std::max<size_t>(per_peer, 1);
-    return std::min(per_peer, static_cast<size_t>(INT_MAX) / esize);
-  }
-  void ensure_scratch(size_t bytes) {
-    if (scratch_a_.size() < bytes) {
-      scratch_a_.resize(bytes);
-      scratch_b_.resize(bytes);
-    }
-  }
-
-  Status run_all_gather(const void* send, void* recv, size_t count, CommType type) {
-    const size_t es = comm_type_size(type);
-    const size_t nb = count * es;
-    if (nb == 0) return Status::ok();
-    auto* out = static_cast<unsigned char*>(recv);
-    const bool in_place = send == out + rank_ * nb;
-    if (size_ == 1) {
-      if (!in_place) std::memmove(recv, send, nb);
-      return Status::ok();
-    }
-    if (nb <= direct_limit_) {
-      ZOE_MPI_TRY(MPI_Allgather(in_place ? MPI_IN_PLACE : send, static_cast<int>(nb), MPI_BYTE, recv,
-                                static_cast<int>(nb), MPI_BYTE, comm_));
-      return Status::ok();
-    }
-    // Rounds: each rank's [off, off + c) of its part, gathered into scratch rows, then spread out.
-    const size_t per = chunk_elems(es);
-    ensure_scratch(per * es * size_);
-    for (size_t off = 0; off < count; off += per) {
-      size_t c = std::min(per, count - off);
-      size_t cb = c * es;
-      std::memcpy(scratch_a_.data() + rank_ * cb, static_cast<const unsigned char*>(send) + off * es, cb);
-      ZOE_MPI_TRY(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, scratch_a_.data(), static_cast<int>(cb),
-                                MPI_BYTE, comm_));
-      for (int j = 0; j < size_; ++j)
-        std::memcpy(out + (j * count + off) * es, scratch_a_.data() + j * cb, cb);
-    }
-    return Status::ok();
-  }
-
-  Status run_reduce_scatter(const void* send, void* recv, size_t count, CommType type, ReduceOp op) {
-    const size_t es = comm_type_size(type);
-    if (count == 0) return Status::ok();
-    const auto* in = static_cast<const unsigned char*>(send);
-    auto* out = static_cast<unsigned char*>(recv);
-    if (size_ == 1) {
-      if (send != recv) std::memmove(recv, send, count * es);
-      return Status::ok();
-    }
-    const size_t per = chunk_elems(es);
-    ensure_scratch(per * es * size_);
-    std::vector<const void*> rows(size_);
-    for (size_t off = 0; off < count; off += per) {
-      size_t c = std::min(per, count - off);
-      size_t cb = c * es;
-      for (int j = 0; j < size_; ++j)
-        std::memcpy(scratch_a_.data() + j * cb, in + (j * count + off) * es, cb);
-      ZOE_MPI_TRY(MPI_Alltoall(scratch_a_.data(), static_cast<int>(cb), MPI_BYTE, scratch_b_.data(),
-                               static_cast<int>(cb), MPI_BYTE, comm_));
-      for (int i = 0; i < size_; ++i) rows[i] = scratch_b_.data() + i * cb;
-      reduce_rows(rows.data(), size_, c, out + off * es, type, op);
-    }
-    return Status::ok();
-  }
-
-  Status run_all_reduce(const void* send, void* recv, size_t count, CommType type, ReduceOp op) {
-    const size_t es = comm_type_size(type);
-    if (count == 0) return Status::ok();
-    const auto* in = static_cast<const unsigned char*>(send);
-    auto* out = static_cast<unsigned char*>(recv);
-    if (size_ == 1) {
-      if (send != recv) std::memmove(recv, send, count * es);
-      return Status::ok();
-    }
-    // Rank j owns block j = [j*B, min(count, (j+1)*B)); the last blocks may be short or empty.
-    const size_t block = (count + size_ - 1) / size_;
-    auto block_len = [&](int j) {
-      size_t begin = std::min(count, j * block);
-      return std::min(count, begin + block) - begin;
-    };
-    const size_t per = chunk_elems(es);
-    ensure_scratch(per * es * size_);
-    std::vector<const void*> rows(size_);
-    for (size_t off = 0; off < block; off += per) {
-      size_t c = std::min(per, block - off);
-      size_t cb = c * es;
-      auto valid = [&](int j) {
-        size_t len = block_len(j);
-        return len > off ? std::min(c, len - off) : 0;
-      };
-      for (int j = 0; j < size_; ++j)
-        std::memcpy(scratch_a_.data() + j * cb, in + (j * block + off) * es, valid(j) * es);
-      ZOE_MPI_TRY(MPI_Alltoall(scratch_a_.data(), static_cast<int>(cb), MPI_BYTE, scratch_b_.data(),
-                               static_cast<int>(cb), MPI_BYTE, comm_));
-      for (int i = 0; i < size_; ++i) rows[i] = scratch_b_.data() + i * cb;
-      reduce_rows(rows.data(), size_, valid(rank_), scratch_a_.data() + rank_ * cb, type, op);
-      ZOE_MPI_TRY(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, scratch_a_.data(), static_cast<int>(cb),
-                                MPI_BYTE, comm_));
-      for (int j = 0; j < size_; ++j)
-        std::memcpy(out + (j * block + off) * es, scratch_a_.data() + j * cb, valid(j) * es);
-    }
-    return Status::ok();
-  }
-
-  Status run_broadcast(void* buf, size_t count, CommType type, int root) {
-    size_t nb = count * comm_type_size(type);
-    auto* p = static_cast<unsigned char*>(buf);
-    const size_t kMax = 1u << 30;
-    for (size_t off = 0; off < nb; off += kMax) {
-      int n = static_cast<int>(std::min(kMax, nb - off));
-      ZOE_MPI_TRY(MPI_Bcast(p + off, n, MPI_BYTE, root, comm_));
-    }
-    return Status::ok();
-  }
-
   MPI_Comm comm_;
   const int rank_, size_, local_rank_;
-  const size_t chunk_bytes_;
-  const size_t direct_limit_;  // all_gather parts up to this many bytes go to MPI directly
-  std::vector<unsigned char> scratch_a_, scratch_b_;  // worker thread only
-  std::unique_ptr<HostQueue> queue_;                  // last: its worker uses the members above
+  MpiTransport transport_;
+  OrderedCollectives ordered_;        // worker thread only
+  std::unique_ptr<HostQueue> queue_;  // last: its worker uses the members above
 };
 
 }  // namespace

@@ -1,0 +1,231 @@
+// GlooComm: host collectives over gloo's TCP transport (Debian's libgloo-dev), run in order by
+// one worker thread per communicator; the ranks meet through a KeyValueStore (torch's TCPStore
+// under torchrun, an in-process store in tests).
+//
+// The collectives are ordered.h's fixed-order ones, gloo moving the bytes (gloo::alltoall,
+// gloo::allgather, gloo::broadcast): the same bits as MpiComm for the same inputs, whatever gloo's
+// algorithms. gloo reports a peer that is gone (a closed connection, or nothing within
+// GlooCommOptions::timeout_s) by throwing; each call here turns that into a kIoError Status that
+// fails the collective and, by the queue's rule, every one queued after it.
+#include "zoe/features.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <climits>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/comm_internal.h"
+#include "comm/heartbeat.h"
+#include "comm/ordered.h"
+
+#if ZOE_HAVE_GLOO
+#include <gloo/allgather.h>
+#include <gloo/alltoall.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+#endif
+
+namespace zoe::comm {
+
+#if ZOE_HAVE_GLOO
+namespace {
+
+constexpr size_t kDefaultChunkBytes = 8u << 20;
+
+// gloo's rendezvous through zoe's store. gloo's interface has no error returns: a failed call throws.
+class StoreAdapter final : public gloo::rendezvous::Store {
+ public:
+  StoreAdapter(std::shared_ptr<KeyValueStore> store, std::chrono::milliseconds timeout)
+      : store_(std::move(store)), timeout_(timeout) {}
+  void set(const std::string& key, const std::vector<char>& data) override {
+    Status s = store_->set(key, std::string(data.begin(), data.end()));
+    if (!s.is_ok()) throw gloo::IoException(s.message());
+  }
+  std::vector<char> get(const std::string& key) override {
+    Result<std::string> v = store_->get(key, timeout_.count());
+    if (!v.is_ok()) throw gloo::IoException(v.status().message());
+    return std::vector<char>(v.value().begin(), v.value().end());
+  }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    for (const std::string& k : keys) {
+      Result<std::string> v = store_->get(k, timeout.count());
+      if (!v.is_ok()) throw gloo::IoException(v.status().message());
+    }
+  }
+
+ private:
+  std::shared_ptr<KeyValueStore> store_;
+  std::chrono::milliseconds timeout_;
+};
+
+// Runs one gloo call; what it throws becomes kIoError naming the call.
+template <typename F>
+Status gloo_try(const char* what, F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return make_status(StatusCode::kIoError, "gloo %s: %s", what, e.what());
+  }
+  return Status::ok();
+}
+
+// The bytes gloo moves for the ordered collectives (ordered.h).
+class GlooTransport final : public ByteTransport {
+ public:
+  GlooTransport(std::shared_ptr<gloo::Context> ctx, int rank, int size)
+      : ctx_(std::move(ctx)), rank_(rank), size_(size) {}
+  Status all_gather(const void* send, void* recv, size_t bytes) override {
+    return gloo_try("allgather", [&] {
+      gloo::AllgatherOptions o(ctx_);
+      auto* out = static_cast<char*>(recv);
+      if (send != out + rank_ * bytes) o.setInput(const_cast<char*>(static_cast<const char*>(send)), bytes);
+      o.setOutput(out, bytes * size_);
+      gloo::allgather(o);
+    });
+  }
+  Status all_to_all(const void* send, void* recv, size_t bytes) override {
+    return gloo_try("alltoall", [&] {
+      gloo::AlltoallOptions o(ctx_);
+      o.setInput(const_cast<char*>(static_cast<const char*>(send)), bytes * size_);
+      o.setOutput(static_cast<char*>(recv), bytes * size_);
+      gloo::alltoall(o);
+    });
+  }
+  Status broadcast(void* buf, size_t bytes, int root) override {
+    return gloo_try("broadcast", [&] {
+      gloo::BroadcastOptions o(ctx_);
+      o.setOutput(static_cast<char*>(buf), bytes);
+      o.setRoot(root);
+      gloo::broadcast(o);
+    });
+  }
+  Status barrier() override {
+    return gloo_try("barrier", [&] {
+      gloo::BarrierOptions o(ctx_);
+      gloo::barrier(o);
+    });
+  }
+
+ private:
+  std::shared_ptr<gloo::Context> ctx_;
+  const int rank_, size_;
+};
+
+class GlooComm final : public Communicator {
+ public:
+  GlooComm(std::shared_ptr<gloo::Context> ctx, int rank, int size, int local_rank, size_t chunk_bytes)
+      : rank_(rank),
+        size_(size),
+        local_rank_(local_rank),
+        transport_(std::move(ctx), rank, size),
+        ordered_(transport_, rank, size, chunk_bytes, static_cast<size_t>(INT_MAX)),
+        queue_(std::make_unique<HostQueue>("zoe-comm-gloo")) {}
+  ~GlooComm() override { queue_.reset(); }  // drains the queued collectives and joins the worker
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  int local_rank() const override { return local_rank_; }
+  const char* backend() const override { return "gloo"; }
+
+  CommHandle all_gather(const void* send, void* recv, size_t count, CommType type) override {
+    Status s = check_buffers("all_gather", send, recv, count);
+    if (!s.is_ok()) return completed_handle(std::move(s));
+    return queue_->push([=, this] {
+      WaitingInCollective waiting;
+      return ordered_.all_gather(send, recv, count, type);
+    });
+  }
+  CommHandle reduce_scatter(const void* send, void* recv, size_t count, CommType type, ReduceOp op) override {
+    Status s = check_buffers("reduce_scatter", send, recv, count);
+    if (!s.is_ok()) return completed_handle(std::move(s));
+    return queue_->push([=, this] {
+      WaitingInCollective waiting;
+      return ordered_.reduce_scatter(send, recv, count, type, op);
+    });
+  }
+  CommHandle all_reduce(const void* send, void* recv, size_t count, CommType type, ReduceOp op) override {
+    Status s = check_buffers("all_reduce", send, recv, count);
+    if (!s.is_ok()) return completed_handle(std::move(s));
+    return queue_->push([=, this] {
+      WaitingInCollective waiting;
+      return ordered_.all_reduce(send, recv, count, type, op);
+    });
+  }
+  CommHandle broadcast(void* buf, size_t count, CommType type, int root) override {
+    Status s = check_buffers("broadcast", buf, buf, count);
+    if (s.is_ok()) s = check_root("broadcast", root, size_);
+    if (!s.is_ok()) return completed_handle(std::move(s));
+    return queue_->push([=, this] {
+      WaitingInCollective waiting;
+      return ordered_.broadcast(buf, count, type, root);
+    });
+  }
+  Status barrier() override {
+    return queue_
+        ->push([this]() -> Status {
+          WaitingInCollective waiting;
+          return transport_.barrier();
+        })
+        .wait();
+  }
+  CommHandle enqueue_host_task(std::function<Status()> fn) override { return queue_->push(std::move(fn)); }
+
+ private:
+  const int rank_, size_, local_rank_;
+  GlooTransport transport_;
+  OrderedCollectives ordered_;        // worker thread only
+  std::unique_ptr<HostQueue> queue_;  // last: its worker uses the members above
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Communicator>> create_gloo_comm(const GlooCommOptions& o) {
+  if (o.size < 1 || o.rank < 0 || o.rank >= o.size)
+    return invalid_argument("create_gloo_comm: rank %d is not in a world of %d", o.rank, o.size);
+  if (!o.store) return invalid_argument("create_gloo_comm: no store to meet the other ranks through");
+  if (!(o.timeout_s > 0)) return invalid_argument("create_gloo_comm: timeout_s %g is not positive", o.timeout_s);
+  std::string host = o.hostname;
+  if (host.empty()) {
+    char name[256] = {};
+    gethostname(name, sizeof name - 1);
+    host = name;
+  }
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(o.timeout_s * 1000));
+  std::shared_ptr<gloo::rendezvous::Context> ctx;
+  Status s = gloo_try("rendezvous", [&] {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = host;
+    auto device = gloo::transport::tcp::CreateDevice(attr);
+    StoreAdapter adapter(o.store, timeout);
+    gloo::rendezvous::PrefixStore prefixed(o.prefix, adapter);
+    ctx = std::make_shared<gloo::rendezvous::Context>(o.rank, o.size);
+    ctx->setTimeout(timeout);
+    ctx->connectFullMesh(prefixed, device);
+  });
+  if (!s.is_ok()) {
+    return s.with_context("while rank " + std::to_string(o.rank) + " of " + std::to_string(o.size) +
+                          " connected to the others from " + host);
+  }
+  const size_t chunk = o.chunk_bytes > 0 ? o.chunk_bytes : kDefaultChunkBytes;
+  return std::unique_ptr<Communicator>(std::make_unique<GlooComm>(ctx, o.rank, o.size, o.local_rank, chunk));
+}
+
+#else  // !ZOE_HAVE_GLOO
+
+Result<std::unique_ptr<Communicator>> create_gloo_comm(const GlooCommOptions& /*o*/) {
+  return unsupported("create_gloo_comm: zoe was built without gloo (apt-get install libgloo-dev, then reconfigure)");
+}
+
+#endif
+
+}  // namespace zoe::comm
