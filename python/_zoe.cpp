@@ -265,10 +265,11 @@ void bind_functions(py::module_& m) {
         return py::make_tuple(rt->rank(), rt->world_size());
       },
       py::arg("force_local") = false,
-      "Initialises this process's runtime once (MPI under a launcher); returns (rank, world_size).");
+      "Initialises this process's runtime once (MPI under mpirun/srun, gloo under torchrun); returns (rank, "
+      "world_size).");
   m.def(
       "check_launcher", [] { check(zoe::check_launcher()); },
-      "Refuses torchrun's variables without an MPI launcher (ZoeError saying to use mpirun or srun).");
+      "Refuses torchrun's variables in a zoe built without gloo (ZoeError saying what to do).");
   m.def(
       "shutdown_runtime", [] { runtime_slot().reset(); },
       "Drops the runtime (after every engine is closed).");

@@ -50,5 +50,6 @@ def __dir__():
 
 
 def rank_and_world():
-    """(rank, world size) of this process: from MPI under mpirun, else (0, 1)."""
+    """(rank, world size) of this process: from MPI under mpirun/srun, from torchrun's variables under
+    torchrun (gloo), else (0, 1)."""
     return _extension().runtime()

@@ -79,7 +79,7 @@ class Engine:
                            f"{type(model).__name__}")
         text = _adam_mini_shape(model, _load_config(config))
         if not force_local:
-            _zoe.check_launcher()  # torchrun's variables without mpirun/srun: refused before MPI starts
+            _zoe.check_launcher()  # torchrun's variables in a zoe built without gloo: refused
         self._eng = _zoe.Engine(text, force_local)
         self.module = model
         self.rank = self._eng.rank
@@ -491,15 +491,16 @@ def _adam_mini_shape(model, text):
 
 
 def _check_launcher(world, force_local):
-    """torchrun (or torch.distributed.launch) sets WORLD_SIZE; zoe's ranks come from MPI. Several
-    processes that each find an MPI world of one would each train alone on their own data."""
+    """torchrun (or torch.distributed.launch) sets WORLD_SIZE; zoe joins its world over gloo (or
+    MPI's under mpirun/srun). A runtime that still found a world of one would let each process
+    train alone on its own data."""
     env = os.environ.get("WORLD_SIZE", "")
     if force_local or world != 1 or not env.isdigit() or int(env) <= 1:
         return
     raise ZoeError(f"zoe.initialize: WORLD_SIZE={env} is set (torchrun or torch.distributed.launch), but this "
-                   "process is rank 0 of 1: zoe's ranks come from MPI, so each process would train alone. Launch "
-                   f"with MPI instead: mpirun -np {env} python your_script.py, or srun -n {env} --mpi=pmix python "
-                   "your_script.py under Slurm (one process per device; see python/README.md)")
+                   "process is rank 0 of 1, so each process would train alone. Launch with torchrun (zoe joins "
+                   f"its world over gloo), mpirun -np {env} python your_script.py, or srun -n {env} --mpi=pmix "
+                   "python your_script.py under Slurm (one process per device; see python/README.md)")
 
 
 # The loss functions of torch.nn.functional (and so of the nn loss modules, which call them) that

@@ -69,11 +69,7 @@ Comms open_comms(const std::string& backend) {
   if (backend != "auto" && backend != "host" && backend != "nccl")
     usage_fail(invalid_argument("--backend %s: expected auto, host or nccl", backend.c_str()));
   Comms c;
-  if (comm::launched_by_mpi()) {
-    c.host = value_or_fail(comm::create_mpi_comm());
-  } else {
-    c.host = comm::create_local_comm();
-  }
+  c.host = value_or_fail(comm::create_launcher_comm());  // MPI, gloo under torchrun, or one rank
   if (backend == "host") return c;
   Status s = open_nccl(&c);
   if (!s.is_ok()) {

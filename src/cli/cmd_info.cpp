@@ -1,4 +1,4 @@
-// `zoe info`: what this host offers zoe (CPU, SIMD, memory, io_uring, MPI/NCCL/CUDA, paths).
+// `zoe info`: what this host offers zoe (CPU, SIMD, memory, io_uring, MPI/gloo/NCCL/CUDA, paths).
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -78,6 +78,7 @@ json gather(const std::vector<std::string>& paths) {
   mpi["library"] = v.substr(0, nl);
 #endif
   j["mpi"] = mpi;
+  j["gloo"] = {{"built", ZOE_HAVE_GLOO == 1}};  // the host collectives under torchrun
 
   json nccl = {{"built", ZOE_HAVE_NCCL == 1}};
 #if ZOE_HAVE_NCCL
@@ -173,6 +174,7 @@ void print_human(const json& j) {
   const json& mpi = j["mpi"];
   printf("MPI        %s\n",
          mpi["built"].get<bool>() ? mpi.value("library", std::string("yes")).c_str() : "not built in");
+  printf("gloo       %s\n", ZOE_HAVE_GLOO ? "yes (torchrun launches)" : "not built in (torchrun is refused)");
   const json& nccl = j["nccl"];
   printf("NCCL       %s\n", nccl["built"].get<bool>()
                                 ? ("yes, " + nccl.value("version", std::string("?"))).c_str()

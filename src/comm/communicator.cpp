@@ -5,6 +5,7 @@
 #include <initializer_list>
 
 #include "comm/comm_internal.h"
+#include "zoe/features.h"
 #include "zoe/runtime.h"
 
 namespace zoe::comm {
@@ -104,8 +105,11 @@ LaunchEnv resolve_launch_env(const GetEnv& getenv) {
                            "MV2_COMM_WORLD_SIZE", "I_MPI_RANK"});
   e.slurm = any_set(getenv, {"SLURM_STEP_ID", "SLURM_STEPID"}) && any_set(getenv, {"SLURM_PROCID"});
   if (any_set(getenv, {"RANK", "LOCAL_RANK", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
-                       "TORCHELASTIC_MAX_RESTARTS", "GROUP_RANK"}))
+                       "TORCHELASTIC_MAX_RESTARTS", "GROUP_RANK"})) {
     e.torch_world = first_int(getenv, {"WORLD_SIZE"});
+    e.torch_rank = first_int(getenv, {"RANK"});
+    e.torch_local_rank = first_int(getenv, {"LOCAL_RANK"});
+  }
   return e;
 }
 
@@ -126,14 +130,29 @@ Status check_world_matches_launcher(const LaunchEnv& env, int mpi_world) {
       env.size_from, env.size, env.size);
 }
 
+bool launched_by_torchrun(const LaunchEnv& env) { return env.torch_world > 1 && !launched_by_mpi(env); }
+
 Status check_not_torchrun(const LaunchEnv& env) {
-  if (env.torch_world <= 1 || launched_by_mpi(env)) return Status::ok();
+  if (!launched_by_torchrun(env) || ZOE_HAVE_GLOO) return Status::ok();
   return invalid_argument(
-      "WORLD_SIZE=%d is set with torchrun's variables (RANK, LOCAL_RANK, TORCHELASTIC_*), but zoe's ranks "
-      "come from MPI, and no MPI launcher started this process: each process would train alone. Launch "
-      "with mpirun -np %d (or mpirun --hostfile H -np %d across nodes) or srun -n %d --mpi=pmix, one "
-      "process per device, instead of torchrun",
-      env.torch_world, env.torch_world, env.torch_world, env.torch_world);
+      "WORLD_SIZE=%d is set with torchrun's variables (RANK, LOCAL_RANK, TORCHELASTIC_*), but this zoe was "
+      "built without gloo, which zoe's ranks use under torchrun: each process would train alone. Install "
+      "libgloo-dev and rebuild zoe, or launch with mpirun -np %d (or srun -n %d --mpi=pmix), one process "
+      "per device",
+      env.torch_world, env.torch_world, env.torch_world);
+}
+
+Result<std::unique_ptr<Communicator>> create_launcher_comm() {
+  const LaunchEnv env = launch_env();
+  if (launched_by_mpi(env)) return create_mpi_comm();
+  if (launched_by_torchrun(env)) {
+    ZOE_RETURN_IF_ERROR(check_not_torchrun(env));
+    // How long the ranks may take to meet: ZOE_COMM_TIMEOUT_S where it is set (> 0), else 300 s.
+    const char* t = std::getenv("ZOE_COMM_TIMEOUT_S");
+    const double timeout = t != nullptr && std::atof(t) > 0 ? std::atof(t) : 300.0;
+    return create_torchrun_comm(env, timeout);
+  }
+  return create_local_comm();
 }
 
 }  // namespace zoe::comm

@@ -111,14 +111,21 @@ class KeyValueStore {
   virtual Status set(const std::string& key, const std::string& value) = 0;
   virtual Result<std::string> get(const std::string& key, int64_t timeout_ms) = 0;
 };
+// A client of torch's TCPStore (torch.distributed.TCPStore; torchrun's agent serves one at
+// MASTER_ADDR:MASTER_PORT). Retries the connection until timeout_s (the store may start later);
+// kIoError naming host:port past it. local_address: the address this host reached the store from
+// (the interface the other ranks can reach it at), when not null.
+Result<std::shared_ptr<KeyValueStore>> connect_tcp_store(const std::string& host, int port, double timeout_s,
+                                                         std::string* local_address = nullptr);
 // Options of a GlooComm: this process's place, the store, where the others reach it.
 struct GlooCommOptions {
   int rank = 0, size = 1, local_rank = 0;
   std::shared_ptr<KeyValueStore> store;
-  std::string prefix = "zoe";  // its keys in the store start with this (one prefix a communicator)
-  std::string hostname;        // the name or address the other ranks reach this one at ("": gethostname)
-  double timeout_s = 300;      // connecting, and each collective's wait for a peer
-  size_t chunk_bytes = 0;      // as MpiCommOptions::chunk_bytes (0: 8 MiB)
+  std::string prefix = "zoe";       // its keys in the store start with this (one prefix a communicator)
+  std::string hostname;             // the name or address the other ranks reach this one at ("": gethostname)
+  double timeout_s = 300;           // connecting, and each collective's wait for a peer unless...
+  double collective_timeout_s = 0;  // ...this is set (> 0): then each collective's wait
+  size_t chunk_bytes = 0;           // as MpiCommOptions::chunk_bytes (0: 8 MiB)
 };
 // Host collectives over gloo's TCP transport: the same fixed-order reductions, so the same bits,
 // as MpiComm (ordered.h). Collective over the store: every rank of the world must call it with the
@@ -138,7 +145,8 @@ struct LaunchEnv {
   // torchrun / torch.distributed.launch: WORLD_SIZE where RANK, LOCAL_RANK or a TORCHELASTIC_*
   // variable is set beside it (-1: none).
   int torch_world = -1;
-  const char* size_from = "";  // the variable `size` came from ("" when none)
+  int torch_rank = -1, torch_local_rank = -1;  // RANK and LOCAL_RANK beside it (-1: not set)
+  const char* size_from = "";                  // the variable `size` came from ("" when none)
 };
 using GetEnv = std::function<const char*(const char* name)>;
 LaunchEnv resolve_launch_env(const GetEnv& getenv);
@@ -152,9 +160,23 @@ bool launched_by_mpi(const LaunchEnv& env);
 // MPI each see a world of one (an MPI not wired to Slurm's PMI, or processes started by hand with
 // copied variables) would train alone on the same data. kInvalidArgument saying how to launch.
 Status check_world_matches_launcher(const LaunchEnv& env, int mpi_world);
-// torchrun's variables with WORLD_SIZE > 1 and no MPI launcher: zoe's ranks come from MPI, so each
-// process would be a world of one. kInvalidArgument naming the variables and how to launch with
-// mpirun or srun; OK otherwise.
+// torchrun's variables with WORLD_SIZE > 1 and no MPI launcher, in a zoe built without gloo: each
+// process would be a world of one. kInvalidArgument saying how to get gloo or launch with mpirun or
+// srun; OK otherwise (with gloo, create_launcher_comm joins torchrun's world).
 Status check_not_torchrun(const LaunchEnv& env);
+// True when torchrun (or torch.distributed.launch) started this process among several and no MPI
+// launcher did: WORLD_SIZE > 1 with RANK, LOCAL_RANK or TORCHELASTIC_* beside it.
+bool launched_by_torchrun(const LaunchEnv& env);
+// The world torchrun started: RANK, LOCAL_RANK and WORLD_SIZE; the ranks meet through torch's
+// TCPStore at MASTER_ADDR:MASTER_PORT (torchrun's agent serves it) and talk over gloo from the
+// address this host reaches the store from. Every rank must call it, as often and in the same order
+// (each call is one communicator, its keys under its own prefix). kInvalidArgument naming a missing
+// or wrong variable; kIoError when the store or a rank is not reached within timeout_s. The first
+// one starts the process heartbeat (start_process_heartbeat), which ends the job on a lost rank as
+// under MPI; so a collective itself waits as long as a step may take (a day), as MPI's do.
+Result<std::unique_ptr<Communicator>> create_torchrun_comm(const LaunchEnv& env, double timeout_s);
+// The communicator of this process's launcher: MpiComm under mpirun/srun, GlooComm under torchrun,
+// else one local rank.
+Result<std::unique_ptr<Communicator>> create_launcher_comm();
 
 }  // namespace zoe::comm

@@ -11,8 +11,10 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -189,11 +191,15 @@ class GlooComm final : public Communicator {
 
 }  // namespace
 
-Result<std::unique_ptr<Communicator>> create_gloo_comm(const GlooCommOptions& o) {
+namespace {
+
+// The ranks' full mesh over gloo's TCP transport, met through the store.
+Result<std::shared_ptr<gloo::Context>> connect_gloo(const GlooCommOptions& o) {
   if (o.size < 1 || o.rank < 0 || o.rank >= o.size)
     return invalid_argument("create_gloo_comm: rank %d is not in a world of %d", o.rank, o.size);
   if (!o.store) return invalid_argument("create_gloo_comm: no store to meet the other ranks through");
-  if (!(o.timeout_s > 0)) return invalid_argument("create_gloo_comm: timeout_s %g is not positive", o.timeout_s);
+  if (!(o.timeout_s > 0))
+    return invalid_argument("create_gloo_comm: timeout_s %g is not positive", o.timeout_s);
   std::string host = o.hostname;
   if (host.empty()) {
     char name[256] = {};
@@ -211,19 +217,84 @@ Result<std::unique_ptr<Communicator>> create_gloo_comm(const GlooCommOptions& o)
     ctx = std::make_shared<gloo::rendezvous::Context>(o.rank, o.size);
     ctx->setTimeout(timeout);
     ctx->connectFullMesh(prefixed, device);
+    if (o.collective_timeout_s > 0)
+      ctx->setTimeout(std::chrono::milliseconds(static_cast<int64_t>(o.collective_timeout_s * 1000)));
   });
   if (!s.is_ok()) {
-    return s.with_context("while rank " + std::to_string(o.rank) + " of " + std::to_string(o.size) +
+    return s.with_context("rank " + std::to_string(o.rank) + " of " + std::to_string(o.size) +
                           " connected to the others from " + host);
   }
+  return std::shared_ptr<gloo::Context>(std::move(ctx));
+}
+
+std::unique_ptr<Communicator> make_gloo_comm(std::shared_ptr<gloo::Context> ctx, const GlooCommOptions& o) {
   const size_t chunk = o.chunk_bytes > 0 ? o.chunk_bytes : kDefaultChunkBytes;
-  return std::unique_ptr<Communicator>(std::make_unique<GlooComm>(ctx, o.rank, o.size, o.local_rank, chunk));
+  return std::make_unique<GlooComm>(std::move(ctx), o.rank, o.size, o.local_rank, chunk);
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Communicator>> create_gloo_comm(const GlooCommOptions& o) {
+  ZOE_ASSIGN_OR_RETURN(auto ctx, connect_gloo(o));
+  return make_gloo_comm(std::move(ctx), o);
+}
+
+namespace {
+
+// A number each torchrun communicator of this process takes in turn: every rank creates them in
+// the same order, so the n-th ones of all ranks share their keys' prefix.
+std::atomic<int> g_torchrun_comms{0};
+
+}  // namespace
+
+Result<std::unique_ptr<Communicator>> create_torchrun_comm(const LaunchEnv& env, double timeout_s) {
+  const char* addr = std::getenv("MASTER_ADDR");
+  const char* port_text = std::getenv("MASTER_PORT");
+  if (addr == nullptr || *addr == '\0' || port_text == nullptr || *port_text == '\0')
+    return invalid_argument(
+        "WORLD_SIZE=%d is set (torchrun), but MASTER_ADDR or MASTER_PORT is not: zoe's ranks meet through "
+        "torch's TCPStore there. torchrun sets both; a process started by hand needs them set to the "
+        "store's host and port",
+        env.torch_world);
+  char* end = nullptr;
+  const long port = std::strtol(port_text, &end, 10);
+  if (end == port_text || *end != '\0' || port <= 0 || port > 65535)
+    return invalid_argument("MASTER_PORT=%s is not a TCP port (1-65535)", port_text);
+  if (env.torch_rank < 0 || env.torch_rank >= env.torch_world)
+    return invalid_argument("RANK=%d is not a rank of WORLD_SIZE=%d (torchrun sets both)", env.torch_rank,
+                            env.torch_world);
+  std::string local;
+  ZOE_ASSIGN_OR_RETURN(auto store, connect_tcp_store(addr, static_cast<int>(port), timeout_s, &local));
+  const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  GlooCommOptions o;
+  o.rank = env.torch_rank;
+  o.size = env.torch_world;
+  o.local_rank = env.torch_local_rank >= 0 ? env.torch_local_rank : 0;
+  o.store = std::move(store);
+  o.prefix =
+      "zoe/" + std::string(restart != nullptr ? restart : "0") + "/" + std::to_string(g_torchrun_comms++);
+  o.hostname = local;
+  o.timeout_s = timeout_s;
+  o.collective_timeout_s = 86400;  // a lost rank is the heartbeat's to find
+  ZOE_ASSIGN_OR_RETURN(auto ctx, connect_gloo(o));
+  {
+    GlooTransport t(ctx, o.rank, o.size);  // the heartbeat's setup, before the communicator's worker starts
+    start_process_heartbeat(t, o.rank, o.size);
+  }
+  return make_gloo_comm(std::move(ctx), o);
 }
 
 #else  // !ZOE_HAVE_GLOO
 
+Result<std::unique_ptr<Communicator>> create_torchrun_comm(const LaunchEnv& env, double /*timeout_s*/) {
+  return check_not_torchrun(env).is_ok()
+             ? unsupported("create_torchrun_comm: zoe was built without gloo (apt-get install libgloo-dev)")
+             : check_not_torchrun(env);
+}
+
 Result<std::unique_ptr<Communicator>> create_gloo_comm(const GlooCommOptions& /*o*/) {
-  return unsupported("create_gloo_comm: zoe was built without gloo (apt-get install libgloo-dev, then reconfigure)");
+  return unsupported(
+      "create_gloo_comm: zoe was built without gloo (apt-get install libgloo-dev, then reconfigure)");
 }
 
 #endif

@@ -137,6 +137,14 @@ class Heartbeat {
   } left_;
 };
 
+class ByteTransport;
+// The process's heartbeat beside its first host communicator of several ranks (MpiComm, GlooComm),
+// started once over that communicator's transport `t` (collective: every rank calls it, before the
+// communicator's worker uses `t`). ZOE_COMM_TIMEOUT_S (default kDefaultCommTimeoutS; 0: none) is its
+// timeout until a config sets zoe.comm_timeout_s. When it cannot be set up the run goes on without
+// it and rank 0 warns. On a loss: one line naming the lost rank and its host, this rank's swap
+// files removed (set_lost_rank_cleanup), and _exit(1).
+void start_process_heartbeat(ByteTransport& t, int rank, int size);
 // The process's heartbeat (MpiComm starts one with the first communicator), for the functions
 // below; nullptr: none.
 void set_live_heartbeat(Heartbeat* hb);

@@ -54,8 +54,6 @@ struct MpiProcess {
   bool we_initialised = false;
   int thread_level = MPI_THREAD_SINGLE;
   int live_comms = 0;
-  bool heartbeat_tried = false;
-  std::unique_ptr<Heartbeat> heartbeat;  // the first communicator starts it; it lives until exit
 };
 
 MpiProcess& mpi_process() {
@@ -107,93 +105,6 @@ Status ensure_mpi_locked(MpiProcess& p) {
     return unsupported("create_mpi_comm: MPI runs at %s, so only one MpiComm may live at a time",
                        thread_level_name(p.thread_level));
   return Status::ok();
-}
-
-// ZOE_COMM_TIMEOUT_S: the heartbeat's timeout until a config sets zoe.comm_timeout_s; 0: no heartbeat.
-double env_comm_timeout(int rank) {
-  const char* env = getenv("ZOE_COMM_TIMEOUT_S");
-  if (env == nullptr || *env == '\0') return kDefaultCommTimeoutS;
-  char* end = nullptr;
-  const double v = strtod(env, &end);
-  if (end == env || *end != '\0' || !(v >= 0) || v > 86400) {
-    if (rank == 0) {
-      ZOE_LOG_WARN("ZOE_COMM_TIMEOUT_S=%s is not a number of seconds in [0, 86400]; using %g", env,
-                   kDefaultCommTimeoutS);
-    }
-    return kDefaultCommTimeoutS;
-  }
-  return v;
-}
-
-// A lost rank: one line naming it and its host, this rank's swap files removed, and out at once;
-// MPI would wait for the lost rank forever.
-void exit_for_lost_rank(int rank, const std::string& host, const LostRank& lost) {
-  const size_t removed = run_lost_rank_cleanup();
-  fprintf(stderr,
-          "zoe: rank %d (host %s): rank %d (host %s) was lost: %s; removed %zu swap file(s); exiting\n", rank,
-          host.c_str(), lost.rank, lost.host.c_str(), lost.why.c_str(), removed);
-  fflush(stderr);
-  _exit(1);
-}
-
-void stop_heartbeat_at_exit() {
-  MpiProcess& p = mpi_process();
-  std::unique_ptr<Heartbeat> hb;
-  {
-    std::lock_guard<std::mutex> lock(p.mu);
-    hb = std::move(p.heartbeat);
-  }
-  set_live_heartbeat(nullptr);
-  if (hb) hb->stop();  // a goodbye: a rank that leaves normally is not lost
-}
-
-// The heartbeat beside the first communicator of a world of several ranks (heartbeat.h). Collective;
-// when it cannot be set up, the run goes on without it and rank 0 says so. Called with mu held.
-void start_heartbeat_locked(MpiProcess& p, MPI_Comm comm, int rank, int size) {
-  if (p.heartbeat_tried || size <= 1) return;
-  p.heartbeat_tried = true;
-  HeartbeatOptions o;
-  o.timeout_s = env_comm_timeout(rank);
-  o.waiting_since = [] { return WaitingInCollective::since(); };
-  if (o.timeout_s <= 0) return;  // every rank reads the same environment
-  char name[256] = {};
-  gethostname(name, sizeof name - 1);
-  const std::string host = name;
-  HeartbeatExchange ex;
-  ex.share_from_rank0 = [comm](std::string* text) -> Status {
-    int len = static_cast<int>(text->size());
-    ZOE_MPI_TRY(MPI_Bcast(&len, 1, MPI_INT, 0, comm));
-    text->resize(static_cast<size_t>(len));
-    ZOE_MPI_TRY(MPI_Bcast(text->data(), len, MPI_CHAR, 0, comm));
-    return Status::ok();
-  };
-  ex.gather_hosts = [comm, size](const std::string& mine, std::vector<std::string>* all) -> Status {
-    std::vector<char> buf(static_cast<size_t>(size) * 256, '\0');
-    std::vector<char> own(256, '\0');
-    std::memcpy(own.data(), mine.data(), std::min<size_t>(mine.size(), 255));
-    ZOE_MPI_TRY(MPI_Allgather(own.data(), 256, MPI_CHAR, buf.data(), 256, MPI_CHAR, comm));
-    all->clear();
-    for (int r = 0; r < size; ++r) all->emplace_back(buf.data() + static_cast<size_t>(r) * 256);
-    return Status::ok();
-  };
-  ex.all_ok = [comm](bool mine, bool* all) -> Status {
-    int in = mine ? 1 : 0, out = 0;
-    ZOE_MPI_TRY(MPI_Allreduce(&in, &out, 1, MPI_INT, MPI_MIN, comm));
-    *all = out != 0;
-    return Status::ok();
-  };
-  auto hb = Heartbeat::start(rank, size, host, ex, o,
-                             [rank, host](const LostRank& lost) { exit_for_lost_rank(rank, host, lost); });
-  if (!hb.is_ok()) {
-    if (rank == 0) {
-      ZOE_LOG_WARN("%s; a lost rank will not be detected (set ZOE_COMM_TIMEOUT_S=0 to skip the heartbeat)",
-                   hb.status().message().c_str());
-    }
-    return;
-  }
-  p.heartbeat = std::move(hb).value();
-  set_live_heartbeat(p.heartbeat.get());
-  std::atexit(stop_heartbeat_at_exit);
 }
 
 bool mpi_finalized() {
@@ -343,9 +254,12 @@ Result<std::unique_ptr<Communicator>> create_mpi_comm(const MpiCommOptions& opti
   if (node != MPI_COMM_NULL) MPI_Comm_free(&node);
   if (!s.is_ok()) {
     MPI_Comm_free(&comm);
-    return s.with_context("while creating an MPI communicator");
+    return s.with_context("creating an MPI communicator");
   }
-  start_heartbeat_locked(p, comm, rank, size);
+  {
+    MpiTransport t(comm, rank);  // the setup's exchanges, before the communicator's worker starts
+    start_process_heartbeat(t, rank, size);
+  }
   ++p.live_comms;
   size_t chunk = options.chunk_bytes > 0 ? options.chunk_bytes : kDefaultChunkBytes;
   return std::unique_ptr<Communicator>(std::make_unique<MpiComm>(comm, rank, size, local_rank, chunk));

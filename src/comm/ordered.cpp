@@ -75,7 +75,8 @@ Status OrderedCollectives::reduce_scatter(const void* send, void* recv, size_t c
   return Status::ok();
 }
 
-Status OrderedCollectives::all_reduce(const void* send, void* recv, size_t count, CommType type, ReduceOp op) {
+Status OrderedCollectives::all_reduce(const void* send, void* recv, size_t count, CommType type,
+                                      ReduceOp op) {
   const size_t es = comm_type_size(type);
   if (count == 0) return Status::ok();
   const auto* in = static_cast<const unsigned char*>(send);
@@ -116,7 +117,8 @@ Status OrderedCollectives::broadcast(void* buf, size_t count, CommType type, int
   const size_t nb = count * comm_type_size(type);
   auto* p = static_cast<unsigned char*>(buf);
   const size_t kMax = 1u << 30;
-  for (size_t off = 0; off < nb; off += kMax) ZOE_RETURN_IF_ERROR(t_.broadcast(p + off, std::min(kMax, nb - off), root));
+  for (size_t off = 0; off < nb; off += kMax)
+    ZOE_RETURN_IF_ERROR(t_.broadcast(p + off, std::min(kMax, nb - off), root));
   return Status::ok();
 }
 

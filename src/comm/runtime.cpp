@@ -1,7 +1,7 @@
 // zoe::Runtime (include/zoe/runtime.h) over the host communicator: the process's place among the
-// ranks (MPI under a launcher, else one local rank, and a lost rank's swap files removed before it
-// exits), the host collectives a training loop needs, and the process helpers of runtime.h (the
-// clock, host memory, the exit status told to the other ranks). remove_swap_files_now() is the I/O
+// ranks (MPI under mpirun/srun, gloo under torchrun, else one local rank, and a lost rank's swap files
+// removed before it exits), the host collectives a training loop needs, and the process helpers of runtime.h
+// (the clock, host memory, the exit status told to the other ranks). remove_swap_files_now() is the I/O
 // layer's (io/swap_file_lock.cpp), format_bytes() and parse_bytes() the core's (core/units.cpp).
 #include "zoe/runtime.h"
 
@@ -26,11 +26,14 @@ namespace zoe {
 Runtime::Runtime() : impl_(std::make_unique<Impl>()) {}
 
 Result<std::unique_ptr<Runtime>> Runtime::init(bool force_local) {
-  if (!force_local) ZOE_RETURN_IF_ERROR(check_launcher());  // torchrun's variables without MPI
+  if (!force_local) ZOE_RETURN_IF_ERROR(check_launcher());  // torchrun's variables in a zoe without gloo
   std::unique_ptr<Runtime> rt(new Runtime());
   if (!force_local && comm::launched_by_mpi()) {
     ZOE_ASSIGN_OR_RETURN(rt->impl_->comm, comm::create_mpi_comm());
     // A rank that learns another was lost removes its swap files before it exits.
+    comm::set_lost_rank_cleanup(&remove_swap_files_now);
+  } else if (!force_local && comm::launched_by_torchrun(comm::launch_env())) {
+    ZOE_ASSIGN_OR_RETURN(rt->impl_->comm, comm::create_launcher_comm());
     comm::set_lost_rank_cleanup(&remove_swap_files_now);
   } else {
     rt->impl_->comm = comm::create_local_comm();

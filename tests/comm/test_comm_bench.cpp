@@ -1,14 +1,17 @@
 // The collectives benchmark's parts in one process (sizes, ops, nccl-tests' bus factors, the
 // expected results and their wrong-element count, a sweep on LocalComm) and the launcher's
-// environment: MPI's variables first, Slurm's as fallbacks, torchrun's refused without MPI.
+// environment: MPI's variables first, Slurm's as fallbacks, torchrun's joined over gloo (refused
+// in a zoe built without it).
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <map>
 #include <string>
 
 #include "comm/comm_bench.h"
 #include "comm/communicator.h"
 #include "tests/util/status_test_util.h"
+#include "zoe/features.h"
 
 namespace zoe::comm {
 namespace {
@@ -195,19 +198,50 @@ TEST(LaunchEnv, WorldOfOneUnderALauncherOfSeveralIsRefused) {
   EXPECT_OK(check_world_matches_launcher(resolve_launch_env(env_of({})), 1));
 }
 
-TEST(LaunchEnv, TorchrunWithoutMpiIsRefused) {
+TEST(LaunchEnv, TorchrunIsJoinedWithGlooAndRefusedWithout) {
   LaunchEnv e = resolve_launch_env(
       env_of({{"WORLD_SIZE", "2"}, {"RANK", "1"}, {"LOCAL_RANK", "1"}, {"TORCHELASTIC_RUN_ID", "none"}}));
   EXPECT_EQ(e.torch_world, 2);
+  EXPECT_EQ(e.torch_rank, 1);
+  EXPECT_EQ(e.torch_local_rank, 1);
+  EXPECT_TRUE(launched_by_torchrun(e));
   Status s = check_not_torchrun(e);
-  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-  for (const char* want : {"WORLD_SIZE=2", "mpirun -np 2", "srun -n 2"})
-    EXPECT_NE(s.message().find(want), std::string::npos) << want << ": " << s.to_string();
-  // Under an MPI launcher, or a world of one, or WORLD_SIZE alone: no refusal here.
-  EXPECT_OK(check_not_torchrun(
-      resolve_launch_env(env_of({{"WORLD_SIZE", "2"}, {"RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}}))));
-  EXPECT_OK(check_not_torchrun(resolve_launch_env(env_of({{"WORLD_SIZE", "1"}, {"RANK", "0"}}))));
-  EXPECT_OK(check_not_torchrun(resolve_launch_env(env_of({{"WORLD_SIZE", "4"}}))));
+  if (ZOE_HAVE_GLOO) {
+    EXPECT_OK(s);  // create_launcher_comm joins torchrun's world over gloo
+  } else {
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+    for (const char* want : {"WORLD_SIZE=2", "libgloo-dev", "mpirun -np 2", "srun -n 2"})
+      EXPECT_NE(s.message().find(want), std::string::npos) << want << ": " << s.to_string();
+  }
+  // Under an MPI launcher, or a world of one, or WORLD_SIZE alone: not torchrun's world.
+  LaunchEnv mpi =
+      resolve_launch_env(env_of({{"WORLD_SIZE", "2"}, {"RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}}));
+  EXPECT_FALSE(launched_by_torchrun(mpi));
+  EXPECT_OK(check_not_torchrun(mpi));
+  EXPECT_FALSE(launched_by_torchrun(resolve_launch_env(env_of({{"WORLD_SIZE", "1"}, {"RANK", "0"}}))));
+  EXPECT_FALSE(launched_by_torchrun(resolve_launch_env(env_of({{"WORLD_SIZE", "4"}}))));
+}
+
+TEST(LaunchEnv, TorchrunWithoutItsStoreVariablesNamesThem) {
+  if (!ZOE_HAVE_GLOO) GTEST_SKIP() << "zoe built without gloo";
+  LaunchEnv e = resolve_launch_env(env_of({{"WORLD_SIZE", "2"}, {"RANK", "0"}, {"LOCAL_RANK", "0"}}));
+  unsetenv("MASTER_ADDR");
+  auto r = create_torchrun_comm(e, 1.0);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("MASTER_ADDR or MASTER_PORT"), std::string::npos)
+      << r.status().to_string();
+  setenv("MASTER_ADDR", "127.0.0.1", 1);
+  setenv("MASTER_PORT", "70000", 1);
+  r = create_torchrun_comm(e, 1.0);
+  EXPECT_NE(r.status().message().find("MASTER_PORT=70000 is not a TCP port"), std::string::npos)
+      << r.status().to_string();
+  setenv("MASTER_PORT", "1", 1);  // nothing listens there: refused within the timeout, naming it
+  r = create_torchrun_comm(e, 1.0);
+  EXPECT_EQ(r.status().code(), StatusCode::kIoError);
+  EXPECT_NE(r.status().message().find("127.0.0.1:1"), std::string::npos) << r.status().to_string();
+  unsetenv("MASTER_ADDR");
+  unsetenv("MASTER_PORT");
 }
 
 }  // namespace

@@ -24,7 +24,8 @@ namespace {
 
 using namespace zoe::comm::test;  // NOLINT(google-build-using-namespace)
 
-#define EXPECT_HAS(haystack, needle) EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
+#define EXPECT_HAS(haystack, needle) \
+  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
 
 // The ranks' meeting point: keys set once, get() waits for them.
 class MemoryStore final : public KeyValueStore {
@@ -117,8 +118,10 @@ void check_collectives(Communicator& c) {
         for (size_t i = 0; i < n; ++i) put(t, src, i, gather_input(t, rank, i));
         ASSERT_OK(c.all_gather(src, recv.data(), n, t).wait());
         size_t wrong = 0;
-        for (size_t g = 0; g < n * size; ++g) wrong += get(t, recv.data(), g) != gather_input(t, g / n, g % n);
-        EXPECT_EQ(wrong, 0u) << "all_gather " << comm_type_name(t) << " n " << n << (in_place ? " in place" : "");
+        for (size_t g = 0; g < n * size; ++g)
+          wrong += get(t, recv.data(), g) != gather_input(t, g / n, g % n);
+        EXPECT_EQ(wrong, 0u) << "all_gather " << comm_type_name(t) << " n " << n
+                             << (in_place ? " in place" : "");
       }
     }
   }

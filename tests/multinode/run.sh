@@ -21,6 +21,9 @@
 #              same losses as 1 node x 2 ranks resumed from it
 #   torch      the PyTorch front-end on 2 nodes x 1 rank and on 1 node x 2 ranks: the same losses
 #              and weights (needs ZOE_PYTHON: a python that imports zoe and torch; else skipped)
+#   torchrun   zoe train under torchrun on 2 nodes x 1 rank (gloo over TCP, torch's TCPStore on node 0):
+#              the same losses and gradient norms as mpirun; node 1 killed mid-run: node 0's rank
+#              names the lost rank and exits within 60 s (needs ZOE_PYTHON; else skipped)
 #   bench_comm zoe bench comm on 2 nodes x 2 ranks (case_bench_comm.sh): exact, 2 nodes counted,
 #              nccl-tests' busbw formulas
 #   tune_calibrate zoe tune --calibrate on 2 nodes x 2 ranks (case_tune_calibrate.sh): net_gbps and
@@ -426,6 +429,73 @@ EOF
   note "torch: the PyTorch front-end on 2 nodes = 1 node (losses and weights)"
 }
 
+# --- torchrun -------------------------------------------------------------------------------------
+# zoe train under torchrun on 2 nodes x 1 rank: a torchrun on each node (static rendezvous, the
+# store on node 0's address), zoe's ranks meeting through it and talking over gloo on the subnet;
+# the same losses and gradient norms as mpirun on the same nodes.
+case_torchrun() {
+  if [ -z "${ZOE_PYTHON:-}" ]; then
+    note "torchrun: skipped (set ZOE_PYTHON to a python with torch, whose torch.distributed.run is torchrun)"
+    return 0
+  fi
+  if ! "$ZOE" info --json | py -c 'import json, sys; sys.exit(0 if json.load(sys.stdin)["gloo"]["built"] else 1)'; then
+    note "torchrun: skipped (zoe built without gloo)"
+    return 0
+  fi
+  nodes_up 1,1 || return 1
+  write_config "$work/torchrun.json" 3 nvme
+  local i pids=() codes=0
+  for i in 0 1; do
+    timeout -k 5 240 bash "$here/netns.sh" exec $i "$ZOE_PYTHON" -m torch.distributed.run --nnodes 2 \
+      --node_rank $i --nproc_per_node 1 --master_addr "$(mn_addr 0)" --master_port 29577 --no-python \
+      "$ZOE" "${train_args[@]}" --config "$work/torchrun.json" --steps 4 > "$work/torchrun-$i.json" \
+      2> "$work/torchrun-$i.err" &
+    pids+=($!)
+  done
+  for i in 0 1; do wait "${pids[$i]}" || codes=$?; done
+  if [ $codes -ne 0 ]; then
+    fail "torchrun on 2 nodes: exit $codes ($(tail -5 "$work/torchrun-0.err" "$work/torchrun-1.err"))"
+    return 0
+  fi
+  if ! mn_launch 240 2 "$ZOE" "${train_args[@]}" --config "$work/torchrun.json" --steps 4 \
+    > "$work/torchrun-mpi.json" 2> "$work/torchrun-mpi.err"; then
+    fail "mpirun beside torchrun: exit $? ($(tail -3 "$work/torchrun-mpi.err"))"
+    return 0
+  fi
+  py - "$work/torchrun-0.json" "$work/torchrun-mpi.json" << 'EOF' || fail "torchrun: 2 nodes under torchrun differ from mpirun"
+import json, sys
+a, b = (json.loads(open(p).read()) for p in sys.argv[1:3])
+assert a["world_size"] == 2 and len(a["losses"]) == 4, a
+sys.exit(0 if (a["losses"], a["grad_norms"]) == (b["losses"], b["grad_norms"]) else 1)
+EOF
+  note "torchrun: zoe train under torchrun on 2 nodes (gloo over TCP) = mpirun, bit for bit"
+  # Node 1 killed mid-run: node 0's rank names the lost rank and its host and exits within 60 s
+  # (the heartbeat, as under MPI), and node 0's torchrun returns.
+  local long_pid t=0
+  for i in 0 1; do
+    timeout -k 5 300 bash "$here/netns.sh" exec $i "$ZOE_PYTHON" -m torch.distributed.run --nnodes 2 \
+      --node_rank $i --nproc_per_node 1 --master_addr "$(mn_addr 0)" --master_port 29578 --no-python \
+      "$ZOE" train --preset tiny --seq 32 --precision fp32 --config "$work/torchrun.json" --steps 100000 \
+      > /dev/null 2> "$work/torchrun-kill-$i.err" &
+    [ $i = 0 ] && long_pid=$!
+  done
+  until [ -n "$(zoe_pids_on 0)" ] && [ -n "$(zoe_pids_on 1)" ]; do
+    sleep 0.2
+    t=$((t + 1))
+    [ $t -lt 300 ] || { fail "torchrun kill: the ranks did not start ($(tail -3 "$work/torchrun-kill-0.err"))"; return 0; }
+  done
+  sleep 3
+  mn_kill 1
+  local t0=$SECONDS
+  while [ -n "$(zoe_pids_on 0)" ] && [ $((SECONDS - t0)) -le 60 ]; do sleep 0.2; done
+  [ -z "$(zoe_pids_on 0)" ] || fail "torchrun kill: node 0's rank still running 60 s after node 1 was killed"
+  local took=$((SECONDS - t0))
+  wait $long_pid 2> /dev/null
+  grep -Eq "^zoe: rank 0 \(host node0\): rank 1 \(host node1\) was lost" "$work/torchrun-kill-0.err" ||
+    fail "torchrun kill: node 0's rank did not name the lost rank: $(tail -5 "$work/torchrun-kill-0.err")"
+  note "torchrun kill: node 0's rank gone ${took} s after node 1 was killed: \"$(grep -m1 "was lost" "$work/torchrun-kill-0.err")\""
+}
+
 # --- bench_comm -----------------------------------------------------------------------------------
 # zoe bench comm on 2 nodes x 2 ranks (its own script, with namespaces of its own prefix and subnet).
 case_bench_comm() {
@@ -443,7 +513,7 @@ case_tune_calibrate() {
 }
 
 cases=("$@")
-[ ${#cases[@]} -gt 0 ] || cases=(layouts space stall kill link resume torch bench_comm tune_calibrate)
+[ ${#cases[@]} -gt 0 ] || cases=(layouts space stall kill link resume torch torchrun bench_comm tune_calibrate)
 t_all=$SECONDS
 for c in "${cases[@]}"; do
   t0=$SECONDS
