@@ -5,6 +5,7 @@ comm`, `zoe.initialize`), and bad launches: no MASTER_ADDR, a rank that never co
 no store answers. Each ends with a message naming the cause, never a hang."""
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -170,3 +171,19 @@ def test_a_port_where_no_store_answers_is_an_error_not_a_hang():
     assert p.returncode != 0
     assert f"127.0.0.1:{port}" in p.stderr, p.stderr
     assert took < 30
+
+
+def test_the_hf_example_under_torchrun(tmp_path):
+    """The README's `torchrun --nproc_per_node 2 examples/train_hf.py`: both ranks train the same
+    steps with the same losses, the loss falls, and the saved model loads."""
+    needs_gloo()
+    example = HERE.parent.parent / "examples" / "train_hf.py"
+    p = torchrun([str(example), "--steps", "4", "--out", str(tmp_path / "out"), "--nvme-path", str(tmp_path / "nvme")])
+    assert p.returncode == 0, p.stderr[-3000:]
+    found = re.findall(r"step +(\d+) +loss ([\d.]+)", p.stdout)  # both ranks print (their lines may interleave)
+    by_step = {}
+    for k, loss in found:
+        by_step.setdefault(int(k), []).append(loss)
+    assert sorted(by_step) == [1, 2, 3, 4] and all(len(v) == 2 and v[0] == v[1] for v in by_step.values()), p.stdout
+    assert float(by_step[4][0]) < float(by_step[1][0]), p.stdout
+    assert (tmp_path / "out" / "config.json").exists()
