@@ -123,75 +123,13 @@ class GlooTransport final : public ByteTransport {
   const int rank_, size_;
 };
 
-class GlooComm final : public Communicator {
+// ordered.h's host communicator over gloo; the gloo context (its connections) goes with it.
+class GlooComm final : public OrderedHostComm {
  public:
   GlooComm(std::shared_ptr<gloo::Context> ctx, int rank, int size, int local_rank, size_t chunk_bytes)
-      : rank_(rank),
-        size_(size),
-        local_rank_(local_rank),
-        transport_(std::move(ctx), rank, size),
-        ordered_(transport_, rank, size, chunk_bytes, static_cast<size_t>(INT_MAX)),
-        queue_(std::make_unique<HostQueue>("zoe-comm-gloo")) {}
-  ~GlooComm() override { queue_.reset(); }  // drains the queued collectives and joins the worker
-
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
-  int local_rank() const override { return local_rank_; }
-  const char* backend() const override { return "gloo"; }
-
-  CommHandle all_gather(const void* send, void* recv, size_t count, CommType type) override {
-    Status s = check_buffers("all_gather", send, recv, count);
-    if (!s.is_ok()) return completed_handle(std::move(s));
-    return queue_->push([=, this] {
-      WaitingInCollective waiting;
-      return ordered_.all_gather(send, recv, count, type);
-    });
-  }
-  CommHandle reduce_scatter(const void* send, void* recv, size_t count, CommType type, ReduceOp op) override {
-    Status s = check_buffers("reduce_scatter", send, recv, count);
-    if (!s.is_ok()) return completed_handle(std::move(s));
-    return queue_->push([=, this] {
-      WaitingInCollective waiting;
-      return ordered_.reduce_scatter(send, recv, count, type, op);
-    });
-  }
-  CommHandle all_reduce(const void* send, void* recv, size_t count, CommType type, ReduceOp op) override {
-    Status s = check_buffers("all_reduce", send, recv, count);
-    if (!s.is_ok()) return completed_handle(std::move(s));
-    return queue_->push([=, this] {
-      WaitingInCollective waiting;
-      return ordered_.all_reduce(send, recv, count, type, op);
-    });
-  }
-  CommHandle broadcast(void* buf, size_t count, CommType type, int root) override {
-    Status s = check_buffers("broadcast", buf, buf, count);
-    if (s.is_ok()) s = check_root("broadcast", root, size_);
-    if (!s.is_ok()) return completed_handle(std::move(s));
-    return queue_->push([=, this] {
-      WaitingInCollective waiting;
-      return ordered_.broadcast(buf, count, type, root);
-    });
-  }
-  Status barrier() override {
-    return queue_
-        ->push([this]() -> Status {
-          WaitingInCollective waiting;
-          return transport_.barrier();
-        })
-        .wait();
-  }
-  CommHandle enqueue_host_task(std::function<Status()> fn) override { return queue_->push(std::move(fn)); }
-
- private:
-  const int rank_, size_, local_rank_;
-  GlooTransport transport_;
-  OrderedCollectives ordered_;        // worker thread only
-  std::unique_ptr<HostQueue> queue_;  // last: its worker uses the members above
+      : OrderedHostComm(std::make_unique<GlooTransport>(std::move(ctx), rank, size), rank, size, local_rank,
+                        chunk_bytes, static_cast<size_t>(INT_MAX), "gloo", "zoe-comm-gloo") {}
 };
-
-}  // namespace
-
-namespace {
 
 // The ranks' full mesh over gloo's TCP transport, met through the store.
 Result<std::shared_ptr<gloo::Context>> connect_gloo(const GlooCommOptions& o) {

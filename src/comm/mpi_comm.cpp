@@ -143,80 +143,26 @@ class MpiTransport final : public ByteTransport {
   const int rank_;
 };
 
-class MpiComm final : public Communicator {
+// ordered.h's host communicator over MPI; its duplicate of MPI_COMM_WORLD is freed after the last
+// collective.
+class MpiComm final : public OrderedHostComm {
  public:
   MpiComm(MPI_Comm comm, int rank, int size, int local_rank, size_t chunk_bytes)
-      : comm_(comm),
-        rank_(rank),
-        size_(size),
-        local_rank_(local_rank),
-        transport_(comm, rank),
-        ordered_(transport_, rank, size, chunk_bytes,
-                 chunk_bytes == kDefaultChunkBytes ? static_cast<size_t>(INT_MAX) : chunk_bytes),
-        queue_(std::make_unique<HostQueue>("zoe-comm-mpi")) {}
+      : OrderedHostComm(std::make_unique<MpiTransport>(comm, rank), rank, size, local_rank, chunk_bytes,
+                        chunk_bytes == kDefaultChunkBytes ? static_cast<size_t>(INT_MAX) : chunk_bytes, "mpi",
+                        "zoe-comm-mpi"),
+        comm_(comm) {}
 
   ~MpiComm() override {
-    queue_.reset();  // drains the queued collectives and joins the worker
+    drain();  // the queued collectives run, and the worker is joined, before the comm goes
     MpiProcess& p = mpi_process();
     std::lock_guard<std::mutex> lock(p.mu);
     if (!mpi_finalized()) MPI_Comm_free(&comm_);
     --p.live_comms;
   }
 
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
-  int local_rank() const override { return local_rank_; }
-  const char* backend() const override { return "mpi"; }
-
-  CommHandle all_gather(const void* send, void* recv, size_t count, CommType type) override {
-    Status s = check_buffers("all_gather", send, recv, count);
-    if (!s.is_ok()) return completed_handle(std::move(s));
-    return queue_->push([=, this] {
-      WaitingInCollective waiting;
-      return ordered_.all_gather(send, recv, count, type);
-    });
-  }
-  CommHandle reduce_scatter(const void* send, void* recv, size_t count, CommType type, ReduceOp op) override {
-    Status s = check_buffers("reduce_scatter", send, recv, count);
-    if (!s.is_ok()) return completed_handle(std::move(s));
-    return queue_->push([=, this] {
-      WaitingInCollective waiting;
-      return ordered_.reduce_scatter(send, recv, count, type, op);
-    });
-  }
-  CommHandle all_reduce(const void* send, void* recv, size_t count, CommType type, ReduceOp op) override {
-    Status s = check_buffers("all_reduce", send, recv, count);
-    if (!s.is_ok()) return completed_handle(std::move(s));
-    return queue_->push([=, this] {
-      WaitingInCollective waiting;
-      return ordered_.all_reduce(send, recv, count, type, op);
-    });
-  }
-  CommHandle broadcast(void* buf, size_t count, CommType type, int root) override {
-    Status s = check_buffers("broadcast", buf, buf, count);
-    if (s.is_ok()) s = check_root("broadcast", root, size_);
-    if (!s.is_ok()) return completed_handle(std::move(s));
-    return queue_->push([=, this] {
-      WaitingInCollective waiting;
-      return ordered_.broadcast(buf, count, type, root);
-    });
-  }
-  Status barrier() override {
-    return queue_
-        ->push([this]() -> Status {
-          WaitingInCollective waiting;
-          return transport_.barrier();
-        })
-        .wait();
-  }
-  CommHandle enqueue_host_task(std::function<Status()> fn) override { return queue_->push(std::move(fn)); }
-
  private:
   MPI_Comm comm_;
-  const int rank_, size_, local_rank_;
-  MpiTransport transport_;
-  OrderedCollectives ordered_;        // worker thread only
-  std::unique_ptr<HostQueue> queue_;  // last: its worker uses the members above
 };
 
 }  // namespace

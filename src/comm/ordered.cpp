@@ -5,6 +5,8 @@
 #include <climits>
 #include <cstring>
 
+#include "comm/comm_internal.h"
+#include "comm/heartbeat.h"
 #include "comm/reduce.h"
 
 namespace zoe::comm {
@@ -120,6 +122,67 @@ Status OrderedCollectives::broadcast(void* buf, size_t count, CommType type, int
   for (size_t off = 0; off < nb; off += kMax)
     ZOE_RETURN_IF_ERROR(t_.broadcast(p + off, std::min(kMax, nb - off), root));
   return Status::ok();
+}
+
+OrderedHostComm::OrderedHostComm(std::unique_ptr<ByteTransport> transport, int rank, int size, int local_rank,
+                                 size_t chunk_bytes, size_t direct_limit, const char* backend,
+                                 const char* thread_name)
+    : rank_(rank),
+      size_(size),
+      local_rank_(local_rank),
+      backend_(backend),
+      transport_(std::move(transport)),
+      ordered_(*transport_, rank, size, chunk_bytes, direct_limit),
+      queue_(std::make_unique<HostQueue>(thread_name)) {}
+
+OrderedHostComm::~OrderedHostComm() { drain(); }
+
+void OrderedHostComm::drain() { queue_.reset(); }
+
+CommHandle OrderedHostComm::push_collective(std::function<Status()> fn) {
+  if (!queue_)
+    return completed_handle(make_status(StatusCode::kCancelled, "the %s communicator is closed", backend_));
+  return queue_->push([fn = std::move(fn)] {
+    WaitingInCollective waiting;
+    return fn();
+  });
+}
+
+CommHandle OrderedHostComm::all_gather(const void* send, void* recv, size_t count, CommType type) {
+  Status s = check_buffers("all_gather", send, recv, count);
+  if (!s.is_ok()) return completed_handle(std::move(s));
+  return push_collective([=, this] { return ordered_.all_gather(send, recv, count, type); });
+}
+
+CommHandle OrderedHostComm::reduce_scatter(const void* send, void* recv, size_t count, CommType type,
+                                           ReduceOp op) {
+  Status s = check_buffers("reduce_scatter", send, recv, count);
+  if (!s.is_ok()) return completed_handle(std::move(s));
+  return push_collective([=, this] { return ordered_.reduce_scatter(send, recv, count, type, op); });
+}
+
+CommHandle OrderedHostComm::all_reduce(const void* send, void* recv, size_t count, CommType type,
+                                       ReduceOp op) {
+  Status s = check_buffers("all_reduce", send, recv, count);
+  if (!s.is_ok()) return completed_handle(std::move(s));
+  return push_collective([=, this] { return ordered_.all_reduce(send, recv, count, type, op); });
+}
+
+CommHandle OrderedHostComm::broadcast(void* buf, size_t count, CommType type, int root) {
+  Status s = check_buffers("broadcast", buf, buf, count);
+  if (s.is_ok()) s = check_root("broadcast", root, size_);
+  if (!s.is_ok()) return completed_handle(std::move(s));
+  return push_collective([=, this] { return ordered_.broadcast(buf, count, type, root); });
+}
+
+Status OrderedHostComm::barrier() {
+  return push_collective([this] { return transport_->barrier(); }).wait();
+}
+
+CommHandle OrderedHostComm::enqueue_host_task(std::function<Status()> fn) {
+  if (!queue_)
+    return completed_handle(make_status(StatusCode::kCancelled, "the %s communicator is closed", backend_));
+  return queue_->push(std::move(fn));
 }
 
 }  // namespace zoe::comm

@@ -11,6 +11,8 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
+#include <memory>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -49,6 +51,42 @@ class OrderedCollectives {
   const int rank_, size_;
   const size_t chunk_bytes_, direct_limit_;
   std::vector<unsigned char> scratch_a_, scratch_b_;
+};
+
+class HostQueue;
+
+// A host communicator over a transport: ordered.h's collectives, run in submission order on one
+// worker thread (HostQueue), each counted as a wait in a collective for the heartbeat. MpiComm and
+// GlooComm are this with their transport; a subclass whose transport needs tearing down after the
+// last collective calls drain() first in its destructor.
+class OrderedHostComm : public Communicator {
+ public:
+  OrderedHostComm(std::unique_ptr<ByteTransport> transport, int rank, int size, int local_rank,
+                  size_t chunk_bytes, size_t direct_limit, const char* backend, const char* thread_name);
+  ~OrderedHostComm() override;  // drain()
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  int local_rank() const override { return local_rank_; }
+  const char* backend() const override { return backend_; }
+  CommHandle all_gather(const void* send, void* recv, size_t count, CommType type) override;
+  CommHandle reduce_scatter(const void* send, void* recv, size_t count, CommType type, ReduceOp op) override;
+  CommHandle all_reduce(const void* send, void* recv, size_t count, CommType type, ReduceOp op) override;
+  CommHandle broadcast(void* buf, size_t count, CommType type, int root) override;
+  Status barrier() override;
+  CommHandle enqueue_host_task(std::function<Status()> fn) override;
+
+ protected:
+  void drain();  // runs what is queued and joins the worker; later calls fail
+
+ private:
+  CommHandle push_collective(std::function<Status()> fn);
+
+  const int rank_, size_, local_rank_;
+  const char* const backend_;
+  std::unique_ptr<ByteTransport> transport_;
+  OrderedCollectives ordered_;        // worker thread only
+  std::unique_ptr<HostQueue> queue_;  // last: its worker uses the members above
 };
 
 }  // namespace zoe::comm

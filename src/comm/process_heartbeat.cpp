@@ -49,8 +49,9 @@ double env_comm_timeout(int rank) {
 
 void exit_for_lost_rank(int rank, const std::string& host, const LostRank& lost) {
   const size_t removed = run_lost_rank_cleanup();
-  fprintf(stderr, "zoe: rank %d (host %s): rank %d (host %s) was lost: %s; removed %zu swap file(s); exiting\n",
-          rank, host.c_str(), lost.rank, lost.host.c_str(), lost.why.c_str(), removed);
+  fprintf(stderr,
+          "zoe: rank %d (host %s): rank %d (host %s) was lost: %s; removed %zu swap file(s); exiting\n", rank,
+          host.c_str(), lost.rank, lost.host.c_str(), lost.why.c_str(), removed);
   fflush(stderr);
   _exit(1);
 }
@@ -77,7 +78,8 @@ HeartbeatExchange exchange_over(ByteTransport& t, int rank, int size) {
   };
   ex.gather_hosts = [&t, rank, size](const std::string& mine, std::vector<std::string>* all) -> Status {
     std::vector<char> buf(static_cast<size_t>(size) * 256, '\0');
-    std::memcpy(buf.data() + static_cast<size_t>(rank) * 256, mine.data(), std::min<size_t>(mine.size(), 255));
+    std::memcpy(buf.data() + static_cast<size_t>(rank) * 256, mine.data(),
+                std::min<size_t>(mine.size(), 255));
     ZOE_RETURN_IF_ERROR(t.all_gather(buf.data() + static_cast<size_t>(rank) * 256, buf.data(), 256));
     all->clear();
     for (int r = 0; r < size; ++r) all->emplace_back(buf.data() + static_cast<size_t>(r) * 256);

@@ -65,8 +65,9 @@ class TcpStore final : public KeyValueStore {
       s = make_status(StatusCode::kIoError, "unexpected answer %d to a wait", static_cast<int>(answer[0]));
     if (!s.is_ok() && ms_left(deadline) == 0) {
       broken_ = "a wait timed out";
-      return make_status(StatusCode::kIoError, "store %s: key %s was not set within %.1f s (a rank did not come?)",
-                         where_.c_str(), key.c_str(), timeout_ms / 1000.0);
+      return make_status(StatusCode::kIoError,
+                         "store %s: key %s was not set within %.1f s (a rank did not come?)", where_.c_str(),
+                         key.c_str(), timeout_ms / 1000.0);
     }
     ZOE_RETURN_IF_ERROR(fail_if_bad(s, "waiting for " + key));
     msg.assign(1, static_cast<char>(kGet));
@@ -77,7 +78,10 @@ class TcpStore final : public KeyValueStore {
     ZOE_RETURN_IF_ERROR(fail_if_bad(recv_all(&len, 8, later), "getting " + key));
     uint64_t n = 0;
     std::memcpy(&n, len.data(), 8);
-    if (n > (uint64_t{1} << 30)) return fail_if_bad(make_status(StatusCode::kIoError, "a value of %llu bytes", static_cast<unsigned long long>(n)), "getting " + key);
+    if (n > (uint64_t{1} << 30))
+      return fail_if_bad(
+          make_status(StatusCode::kIoError, "a value of %llu bytes", static_cast<unsigned long long>(n)),
+          "getting " + key);
     std::string value;
     ZOE_RETURN_IF_ERROR(fail_if_bad(recv_all(&value, static_cast<size_t>(n), later), "getting " + key));
     return value;
@@ -100,12 +104,14 @@ class TcpStore final : public KeyValueStore {
   Status fail_if_bad(Status s, const std::string& what) {
     if (s.is_ok()) return s;
     if (broken_.empty()) broken_ = s.message();
-    return make_status(StatusCode::kIoError, "store %s: %s: %s", where_.c_str(), what.c_str(), s.message().c_str());
+    return make_status(StatusCode::kIoError, "store %s: %s: %s", where_.c_str(), what.c_str(),
+                       s.message().c_str());
   }
 
   Status send_all(const std::string& m) {
     if (!broken_.empty())
-      return make_status(StatusCode::kIoError, "the connection is unusable after an earlier failure (%s)", broken_.c_str());
+      return make_status(StatusCode::kIoError, "the connection is unusable after an earlier failure (%s)",
+                         broken_.c_str());
     size_t off = 0;
     while (off < m.size()) {
       const ssize_t n = ::send(fd_, m.data() + off, m.size() - off, MSG_NOSIGNAL);
@@ -170,8 +176,9 @@ std::string local_address_of(int fd) {
   socklen_t len = sizeof ss;
   if (getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return "";
   char text[INET6_ADDRSTRLEN] = {};
-  const void* addr = ss.ss_family == AF_INET6 ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&ss)->sin6_addr)
-                                              : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&ss)->sin_addr);
+  const void* addr = ss.ss_family == AF_INET6
+                         ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&ss)->sin6_addr)
+                         : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&ss)->sin_addr);
   return inet_ntop(ss.ss_family, addr, text, sizeof text) ? text : "";
 }
 
@@ -180,9 +187,11 @@ std::string local_address_of(int fd) {
 Result<std::shared_ptr<KeyValueStore>> connect_tcp_store(const std::string& host, int port, double timeout_s,
                                                          std::string* local_address) {
   if (host.empty()) return invalid_argument("connect_tcp_store: no host");
-  if (port <= 0 || port > 65535) return invalid_argument("connect_tcp_store: port %d is not a TCP port", port);
+  if (port <= 0 || port > 65535)
+    return invalid_argument("connect_tcp_store: port %d is not a TCP port", port);
   const std::string where = host + ":" + std::to_string(port);
-  const Clock::time_point deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  const Clock::time_point deadline =
+      Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
   std::string why;
   int fd = -1;
   while (true) {  // the store may come up after this process: retry until the deadline
@@ -191,8 +200,8 @@ Result<std::shared_ptr<KeyValueStore>> connect_tcp_store(const std::string& host
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   if (fd < 0)
-    return make_status(StatusCode::kIoError, "cannot reach the store at %s within %.0f s: %s", where.c_str(), timeout_s,
-                       why.c_str());
+    return make_status(StatusCode::kIoError, "cannot reach the store at %s within %.0f s: %s", where.c_str(),
+                       timeout_s, why.c_str());
   const int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   if (local_address != nullptr) *local_address = local_address_of(fd);
