@@ -74,10 +74,10 @@ if [ "${ZOE_SKIP_SANITIZE:-0}" != "1" ]; then
     ctest --test-dir build-san --output-on-failure -j"$jobs"
 fi
 if [ "${ZOE_SKIP_SANITIZE:-0}" != "1" ]; then
-  # The multi-threaded layers (I/O engine, devices, tier manager, swapper, the engine with its
-  # prefetch and asynchronous checkpoints) under ThreadSanitizer.
+  # The multi-threaded layers (I/O engine, the gloo communicator, devices, tier manager, swapper, the
+  # engine with its prefetch and asynchronous checkpoints) under ThreadSanitizer.
   section "TSan build and tests of the concurrent layers (build-tsan/)"
-  tsan_tests="test_io_engine test_device test_tier_manager test_tier_stress test_tier_parts test_tier_device_faults test_optimizer_swapper test_swap_file test_engine test_engine_faults test_heartbeat test_activation_store test_engine_activations test_parts test_engine_lowbit test_engine_sleep test_engine_muon test_engine_optimizers test_engine_adam_mini"
+  tsan_tests="test_io_engine test_comm_gloo test_device test_tier_manager test_tier_stress test_tier_parts test_tier_device_faults test_optimizer_swapper test_swap_file test_engine test_engine_faults test_heartbeat test_activation_store test_engine_activations test_parts test_engine_lowbit test_engine_sleep test_engine_muon test_engine_optimizers test_engine_adam_mini"
   cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZOE_SANITIZE=thread -DZOE_CUDA=OFF -DZOE_BUILD_BENCH=OFF \
         "${launcher[@]}"
   cmake --build build-tsan -j"$jobs" --target $tsan_tests
