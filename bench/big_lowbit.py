@@ -29,6 +29,8 @@ import sys
 import tempfile
 import time
 
+from hf_at_scale import io_rates  # the drive's rates as `zoe bench io` measures them (bench/)
+
 # Bytes a parameter on NVMe with int8 states and a bf16 master stored as the compute copy: bf16
 # parameters 2, packed m and v 2 x (256 + 4) / 256, fp32 gradient sums 4; and with fp32 states and
 # master: bf16 parameters 2, master, m, v 12, gradient sums 4.
@@ -42,15 +44,6 @@ def zoe_bin(a):
     if not found:
         sys.exit("big_lowbit: no zoe binary on PATH (pass --zoe build/bin/zoe)")
     return found
-
-
-def io_rates(zoe, path):
-    """The drive's read and write rates now, bytes/s (1 MiB requests, queue depth 8)."""
-    out = subprocess.run([zoe, "bench", "io", "--path", path, "--size", "1GiB", "--bs", "1MiB", "--qd", "8",
-                          "--rw", "read,write", "--loops", "2", "--json"], capture_output=True, text=True,
-                         check=True).stdout
-    rows = {r["rw"]: r["gbps"] * 1e9 for r in json.loads(out)["rows"]}
-    return rows["read"], rows["write"]
 
 
 def llama_config(a):
