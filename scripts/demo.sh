@@ -36,7 +36,7 @@ fi
 # 100 steps to 0.003, then decayed linearly to 0 at step 3000. With a constant 0.003 and betas
 # (0.9, 0.999), when the model left its plateau (accuracy 0%, loss near 2.4) depended on the seed
 # and on the CPU's BLAS kernels, and some runs never did (21.9% and 7.9% after 3000 steps); this
-# one reaches 100% for seeds 1-3 on every kernel set measured (README).
+# one reaches 100% for seeds 1-3 on every kernel set measured (docs/benchmarks.md).
 cat > "$scratch/ds_config.json" << EOF
 {
   "train_micro_batch_size_per_gpu": 32,

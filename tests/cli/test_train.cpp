@@ -246,7 +246,7 @@ TEST(Train, DefaultRecipeHasNoLossSpike) {
 
 TEST(Train, TheDemosMainJobLearnsOneDigitAdditions) {
   // scripts/demo.sh's command, on this machine's kernel set: exact-match accuracy on held-out
-  // additions starts at 0 and ends at 100 % (measured for seeds 1-3 on every kernel set, README);
+  // additions starts at 0 and ends at 100 % (measured for seeds 1-3 on every kernel set, docs/benchmarks.md);
   // the bound is 95 %. The model answers 7+5= with 12, and the demo says nothing about its own
   // config (no warning).
   zoe::test::ScratchDir nvme("demo");
@@ -297,7 +297,7 @@ void in_pairs(size_t n, F f) {
 // zoe's SIMD levels (ZOE_SIMD). Kernel sets whose first 60 steps are bit-identical compute alike
 // (zoe's SIMD levels agree bit for bit by design, OpenBLAS's Zen core uses Haswell's kernels),
 // so each group of them trains once per seed. Each run is the demo's first kKernelSetSteps steps:
-// measured, every kernel set and seed was at >= 98 % there (README), and the bound is 95 %.
+// measured, every kernel set and seed was at >= 98 % there (docs/benchmarks.md), and the bound is 95 %.
 TEST(Train, TheDemosRecipeLearnsOnEveryKernelSetForSeeds1To3) {
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
   GTEST_SKIP() << "convergence on every kernel set is checked in the Release build (a sanitizer changes "

@@ -76,7 +76,7 @@ TEST(NvmePath, BadPlaceholdersAreErrorsNamingTheKeyAndThePath) {
   unsetenv("ZOE_TEST_EMPTY_DIR");
 }
 
-// The README ("Several nodes"): an unknown placeholder names the key, the path and the host.
+// docs/multinode.md: an unknown placeholder names the key, the path and the host.
 TEST(NvmePath, UnknownPlaceholderNamesTheHost) {
   EXPECT_HAS(error_of("/nvme/{node}"), "unknown placeholder {node} on host gpu-node7");
 }

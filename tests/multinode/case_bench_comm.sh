@@ -45,6 +45,6 @@ for r in j["rows"]:
 for b in bad: print("case_bench_comm:", b, file=sys.stderr)
 sys.exit(1 if bad else 0)
 PY
-# The table, for the log (and the README's multi-node section).
+# The table, for the log (and docs/multinode.md, "Measuring the network").
 run --sizes 64KiB..4MiB --iters 5 --warmup 2 || exit 1
 echo "case_bench_comm: OK (2 nodes x 2 ranks, every row exact)"

@@ -208,7 +208,7 @@ mn_link() {
   ip -n "$(mn_ns "$1")" link set eth0 "$2"
 }
 
-# mpirun watches its daemons as the README advises for a node that may stop answering: TCP
+# mpirun watches its daemons as docs/multinode.md advises for a node that may stop answering: TCP
 # keepalive on their idle connections (after 10 s idle, 3 probes 2 s apart), so that mpirun finds an
 # unreachable node itself, within about 16 s, and ends the job. Without it, once the ranks that
 # found the loss exit, mpirun's abort waits for that node's daemon on TCP's retransmission timeout.
