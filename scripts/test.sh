@@ -15,6 +15,9 @@ jobs=$(nproc)
 launcher=()
 if command -v ccache > /dev/null; then
   export CCACHE_BASEDIR=$(pwd)
+  # The sanitizer builds carry debug info, whose compile directory ccache would otherwise hash:
+  # a checkout elsewhere (a fresh CI clone) then reuses their objects too.
+  export CCACHE_NOHASHDIR=1
   launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
 fi
 

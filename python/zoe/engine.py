@@ -358,6 +358,13 @@ class Engine:
     # ---------------------------------------------------------------------------------------
     # State: checkpoints.py and hf.py
 
+    def parameters_in_use(self, *params):
+        """A context in which the given parameters of the model are their real tensors, for code
+        that reads them outside their own module's forward (as DeepSpeed's GatheredParameters with
+        modifier_rank=None): a fused loss reading lm_head.weight, TRL's SFTTrainer for one. Inside
+        engine(...) the gradients flow to zoe as from the module's own forward; writes are not kept."""
+        return self._unit_hooks.parameters_in_use(params)
+
     def master_params(self):
         """{name: full fp32 master tensor} (gathered from every rank; a copy)."""
         return checkpoints.master_params(self)

@@ -29,6 +29,8 @@ import json
 import logging
 import math
 import os
+import sys
+import weakref
 
 import torch
 import torch.nn as nn
@@ -337,6 +339,32 @@ def _backward_through(accelerator, fn):
             del accelerator.backward
 
 
+_ENGINES = weakref.WeakSet()  # the engines of the zoe trainers alive, for _serve_fused_heads
+
+
+def _serve_fused_heads(engine):
+    """TRL's trainers compute the loss with a fused LM head that reads lm_head.weight outside
+    lm_head's forward, inside trl.trainer.utils.maybe_gather_lm_head_ctx(weight, bias) (a gather
+    under DeepSpeed ZeRO-3, else nothing). zoe holds that weight the same way, so the context is
+    made to hold it through engine.parameters_in_use where the parameters are a zoe engine's, and
+    left as TRL wrote it elsewhere."""
+    _ENGINES.add(engine)
+    utils = sys.modules.get("trl.trainer.utils")
+    given = getattr(utils, "maybe_gather_lm_head_ctx", None)
+    if given is None or getattr(given, "_zoe_serves", False):
+        return
+
+    def maybe_gather_lm_head_ctx(*params):
+        held = [p for p in params if p is not None]
+        for eng in list(_ENGINES):
+            if held and all(id(p) in eng._layout.owner for p in held):
+                return eng.parameters_in_use(*held)
+        return given(*params)
+
+    maybe_gather_lm_head_ctx._zoe_serves = True
+    utils.maybe_gather_lm_head_ctx = maybe_gather_lm_head_ctx
+
+
 class ZoeTrainerMixin:
     """Makes a transformers Trainer (or any subclass of it: TRL's SFTTrainer, ...) train through zoe:
     class MyTrainer(ZoeTrainerMixin, SomeTrainer). It takes zoe_config= (a dict or a JSON file's
@@ -404,6 +432,7 @@ class ZoeTrainerMixin:
                            "process (python script.py)")
         self.zoe_engine, self.zoe_config = eng, cfg
         self._zoe_module = _EngineModule(eng)
+        _serve_fused_heads(eng)
         if self._zoe_resume is not None:
             self._zoe_load(self._zoe_resume)
         return eng

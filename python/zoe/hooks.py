@@ -25,6 +25,7 @@ activations.py says which tensors go and which stay. A reentrant checkpoint reco
 forward inside engine.backward(): the unit is then held for the backward (phase.py says which
 phase allows which call).
 """
+import contextlib
 import sys
 import weakref
 
@@ -123,6 +124,40 @@ class UnitHooks:
         activation checkpoint recomputes its forward and must save parameters as descriptors too)."""
         return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
 
+    @contextlib.contextmanager
+    def parameters_in_use(self, params):
+        """Holds the zoe modules of `params` fetched for the block: code that reads a parameter
+        outside its own module's forward (a fused loss reading lm_head.weight) sees the real tensor,
+        and autograd saves it as a descriptor, fetched again in the backward. In a backward the
+        hold lasts until the module's gradients are in, as a backward's unpack holds it."""
+        zms = []
+        for p in params:
+            if p is None:
+                continue
+            loc = self._owner.get(id(p))
+            if loc is None:
+                raise ZoeError(f"engine.parameters_in_use: a tensor of shape {tuple(p.shape)} is not a parameter of "
+                               "the model zoe holds")
+            if self._zmods[loc[0]] not in zms:
+                zms.append(self._zmods[loc[0]])
+        if self._phase.in_backward:
+            self.hold_for_backward(zms)
+            yield
+            return
+        for zm in zms:
+            self._fetch.acquire(zm)
+        try:
+            yield
+        finally:
+            for zm in reversed(zms):
+                self._fetch.release(zm)
+
+    def hold_for_backward(self, zms):
+        for zm in zms:
+            if not zm.bw_held:
+                zm.bw_held = True
+                self._fetch.acquire(zm)
+
     # ---------------------------------------------------------------------------------------
     # A unit's forward and backward
 
@@ -170,11 +205,7 @@ class UnitHooks:
         return _wrap_outputs(weakref.ref(self), ui, output)
 
     def pre_backward(self, ui):
-        for zi in self._units[ui].zmods:
-            zm = self._zmods[zi]
-            if not zm.bw_held:
-                zm.bw_held = True
-                self._fetch.acquire(zm)
+        self.hold_for_backward([self._zmods[zi] for zi in self._units[ui].zmods])
 
     def post_backward(self, ui):
         """The unit's backward has run: its modules with no gradient to wait for go."""

@@ -154,6 +154,15 @@ def _hf_model_fn(hf_config, seed):
     return model_fn, cfg, zeroed
 
 
+def _launcher_world():
+    """(variable, size) where a launcher started this process among several, else None."""
+    for var in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "WORLD_SIZE"):
+        v = os.environ.get(var, "")
+        if v.isdigit() and int(v) > 1:
+            return var, int(v)
+    return None
+
+
 def main(argv=None):
     """`zoe verify --config ds.json --hf-config CONFIG [--steps K] [--seq T] [--seed S] [--json]`:
     zoe.verify on a Hugging Face causal LM built from its config (random weights, random tokens;
@@ -172,6 +181,11 @@ def main(argv=None):
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     a = ap.parse_args(argv)
     try:
+        launched = _launcher_world()
+        if launched:
+            raise ZoeError(f"zoe verify --hf-config runs in one process (both placements on one rank), and this is "
+                           f"one of {launched[1]} processes ({launched[0]}): run it without mpirun, srun or "
+                           "torchrun; `mpirun -np N zoe verify` without --hf-config compares N ranks with one")
         if a.steps < 1 or a.seq < 2:
             raise ZoeError(f"zoe verify: --steps {a.steps} and --seq {a.seq}: give --steps >= 1 and --seq >= 2")
         cfg = _config_dict(a.config)

@@ -29,6 +29,7 @@
 #include "core/units.h"
 #include "io/fault_injector.h"
 #include "optim/adam.h"
+#include "zero/config_agreement.h"
 #include "zero/engine_impl.h"
 #include "zero/engine_internal.h"
 #include "zero/test_hooks.h"
@@ -392,6 +393,9 @@ Result<std::unique_ptr<Engine>> zero::create_engine(Runtime& rt, const config::C
   using Impl = Engine::Impl;
   // nvme_path's placeholders ({rank}, {local_rank}, {host}, $VAR) for this rank, then the file system,
   // checked here rather than while parsing: NVMe directories exist and are writable.
+  // Every rank's config the same (only the NVMe directories may differ): checked first, so that
+  // ranks that disagree fail alike instead of queueing different collectives.
+  ZOE_RETURN_IF_ERROR(zero::check_ranks_agree(zero::runtime_comm(rt), given));
   config::Config cfg = given;
   config::PathVars vars = config::process_path_vars();
   vars.rank = rt.rank();

@@ -249,12 +249,19 @@ TEST(Train, TheDemosMainJobLearnsOneDigitAdditions) {
   // additions starts at 0 and ends at 100 % (measured for seeds 1-3 on every kernel set, docs/benchmarks.md);
   // the bound is 95 %. The model answers 7+5= with 12, and the demo says nothing about its own
   // config (no warning).
+  // Under a sanitizer (which changes no bit) the first 300 steps: the path's memory and threads are
+  // checked there, the accuracy in the Release build (3000 steps: 75 s there, over 300 s under ASan).
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  const bool learn = false;
+#else
+  const bool learn = true;
+#endif
   zoe::test::ScratchDir nvme("demo");
   CmdResult raw;
-  json j = train("--config " + write_demo_config(nvme) +
-                     " --preset tiny --task add1 --seed 2 --steps 3000 --eval-every 500 --sample 13"
-                     " --prompt 7+5= --temperature 0",
-                 &raw, /*timeout_s=*/800);  // 3000 steps: about 75 s in Release, over 300 s under ASan
+  json j = train("--config " + write_demo_config(nvme) + " --preset tiny --task add1 --seed 2 --steps " +
+                     (learn ? "3000 --eval-every 500" : "300 --eval-every 300") +
+                     " --sample 13 --prompt 7+5= --temperature 0",
+                 &raw, /*timeout_s=*/800);
   ASSERT_FALSE(j.is_null());
   EXPECT_EQ(raw.err.find("warning"), std::string::npos) << raw.err;
   EXPECT_GT(j["state_to_budget"].get<double>(), 3.5);
@@ -262,6 +269,7 @@ TEST(Train, TheDemosMainJobLearnsOneDigitAdditions) {
   ASSERT_GE(j["evals"].size(), 2u);
   EXPECT_EQ(j["evals"][0]["step"], 0);
   EXPECT_EQ(j["evals"][0]["accuracy"], 0.0);
+  if (!learn) return;
   EXPECT_GE(j["accuracy"].get<double>(), 0.95) << j["kernels"].dump() << " " << j["evals"].dump();
   ASSERT_EQ(j["samples"].size(), 2u);
   EXPECT_EQ(j["samples"][1]["step"], 3000);
@@ -303,11 +311,12 @@ TEST(Train, TheDemosRecipeLearnsOnEveryKernelSetForSeeds1To3) {
   GTEST_SKIP() << "convergence on every kernel set is checked in the Release build (a sanitizer changes "
                   "no bit, and would take an hour)";
 #endif
-  // About 15-20 minutes on 2 cores (some 9 groups x 3 seeds of 2000 steps): outside the test
-  // command's time, run on demand.
+  // About 15-20 minutes on 2 cores (some 9 groups x 3 seeds of 2000 steps): ctest runs it as its own
+  // entry, test_train_kernel_sets, which sets ZOE_KERNEL_SET_TESTS (tests/cli/CMakeLists.txt);
+  // test_train itself skips it.
   if (getenv("ZOE_KERNEL_SET_TESTS") == nullptr) {
-    GTEST_SKIP()
-        << "every kernel set x seeds 1-3 takes 15-20 minutes on 2 cores: run with ZOE_KERNEL_SET_TESTS=1";
+    GTEST_SKIP() << "every kernel set x seeds 1-3 takes 15-20 minutes on 2 cores: ctest runs it as "
+                    "test_train_kernel_sets (or set ZOE_KERNEL_SET_TESTS=1)";
   }
   constexpr int kKernelSetSteps = 2000;
   CmdResult info = zoe("info --json");

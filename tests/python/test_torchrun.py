@@ -187,3 +187,32 @@ def test_the_hf_example_under_torchrun(tmp_path):
     assert sorted(by_step) == [1, 2, 3, 4] and all(len(v) == 2 and v[0] == v[1] for v in by_step.values()), p.stdout
     assert float(by_step[4][0]) < float(by_step[1][0]), p.stdout
     assert (tmp_path / "out" / "config.json").exists()
+
+
+DISAGREEING = """
+import os, sys, torch, zoe
+rank = int(os.environ["RANK"])
+model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 1))
+try:
+    zoe.initialize(model, config={"train_micro_batch_size_per_gpu": 2,
+                                  "zero_optimization": {"stage": 3 if rank == 0 else 2}})
+except zoe.ZoeError as e:
+    print(f"rank {rank}: {e}", file=sys.stderr)
+    sys.exit(3)
+print(f"rank {rank}: trained", file=sys.stderr)
+"""
+
+
+def test_ranks_that_disagree_on_the_config_each_get_a_clear_error(tmp_path):
+    """Rank 1 asks for stage 2 where rank 0 asks for stage 3: zoe.initialize raises on both ranks,
+    the differing rank naming the key and both values, before any training; nothing hangs."""
+    needs_gloo()
+    script = tmp_path / "disagree.py"
+    script.write_text(DISAGREEING)
+    p = torchrun([str(script)], timeout=120)
+    assert p.returncode != 0
+    assert "rank 1: " in p.stderr and "rank 1's config differs from rank 0's (zero_optimization.stage: 2 here, " \
+        "3 on rank 0" in p.stderr, p.stderr[-3000:]
+    assert "rank 0: " in p.stderr and "rank(s) 1 were given a config other than rank 0's" in p.stderr, \
+        p.stderr[-3000:]
+    assert "trained" not in p.stderr

@@ -80,6 +80,11 @@ def test_hf_config_verifies_a_hugging_face_model(tmp_path, capsys):
     assert r["dropout_zeroed"] == ["attention_dropout"] and len(r["losses"]["configured"]) == 4
     assert verification.main(["--config", ds, "--hf-config", str(tmp_path / "absent.json")]) == 2
     assert "absent.json" in capsys.readouterr().err
+    # Under a launcher of several processes (mpirun's variables here): refused, not run on every rank.
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv("OMPI_COMM_WORLD_SIZE", "2")
+        assert verification.main(["--config", ds, "--hf-config", hf, "--steps", "2"]) == 2
+        assert "runs in one process" in capsys.readouterr().err
     # The whole chain where the package ships the zoe executable (pip install .): the zoe command
     # runs the C++ verify, which runs zoe.verification in this interpreter.
     exe = os.path.join(os.path.dirname(zoe.__file__), "bin", "zoe")
