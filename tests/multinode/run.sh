@@ -22,8 +22,9 @@
 #   torch      the PyTorch front-end on 2 nodes x 1 rank and on 1 node x 2 ranks: the same losses
 #              and weights (needs ZOE_PYTHON: a python that imports zoe and torch; else skipped)
 #   torchrun   zoe train under torchrun on 2 nodes x 1 rank (gloo over TCP, torch's TCPStore on node 0):
-#              the same losses and gradient norms as mpirun; node 1 killed mid-run: node 0's rank
-#              names the lost rank and exits within 60 s (needs ZOE_PYTHON; else skipped)
+#              the same losses and gradient norms as mpirun; node 1's link down mid-run, then node 1
+#              killed mid-run: node 0's rank names the lost rank and every rank left exits within
+#              60 s (needs ZOE_PYTHON; else skipped)
 #   bench_comm zoe bench comm on 2 nodes x 2 ranks (case_bench_comm.sh): exact, 2 nodes counted,
 #              nccl-tests' busbw formulas
 #   tune_calibrate zoe tune --calibrate on 2 nodes x 2 ranks (case_tune_calibrate.sh): net_gbps and
@@ -469,31 +470,46 @@ assert a["world_size"] == 2 and len(a["losses"]) == 4, a
 sys.exit(0 if (a["losses"], a["grad_norms"]) == (b["losses"], b["grad_norms"]) else 1)
 EOF
   note "torchrun: zoe train under torchrun on 2 nodes (gloo over TCP) = mpirun, bit for bit"
-  # Node 1 killed mid-run: node 0's rank names the lost rank and its host and exits within 60 s
-  # (the heartbeat, as under MPI), and node 0's torchrun returns.
-  local long_pid t=0
+  torchrun_loss link 29578
+  torchrun_loss kill 29579
+}
+
+# A node lost under torchrun mid-run, killed or its link down: node 0's rank names the lost rank and
+# its host and exits within 60 s (the heartbeat, as under MPI), and node 0's torchrun returns. With
+# the link down, node 1's rank, cut off from node 0, ends within 60 s too.
+torchrun_loss() {
+  local how=$1 port=$2 long_pid t=0 i pids=()
   for i in 0 1; do
     timeout -k 5 300 bash "$here/netns.sh" exec $i "$ZOE_PYTHON" -m torch.distributed.run --nnodes 2 \
-      --node_rank $i --nproc_per_node 1 --master_addr "$(mn_addr 0)" --master_port 29578 --no-python \
+      --node_rank $i --nproc_per_node 1 --master_addr "$(mn_addr 0)" --master_port "$port" --no-python \
       "$ZOE" train --preset tiny --seq 32 --precision fp32 --config "$work/torchrun.json" --steps 100000 \
-      > /dev/null 2> "$work/torchrun-kill-$i.err" &
-    [ $i = 0 ] && long_pid=$!
+      > /dev/null 2> "$work/torchrun-$how-$i.err" &
+    pids+=($!)
   done
+  long_pid=${pids[0]}
   until [ -n "$(zoe_pids_on 0)" ] && [ -n "$(zoe_pids_on 1)" ]; do
     sleep 0.2
     t=$((t + 1))
-    [ $t -lt 300 ] || { fail "torchrun kill: the ranks did not start ($(tail -3 "$work/torchrun-kill-0.err"))"; return 0; }
+    [ $t -lt 300 ] || { fail "torchrun $how: the ranks did not start ($(tail -3 "$work/torchrun-$how-0.err"))"; return 0; }
   done
   sleep 3
-  mn_kill 1
+  if [ "$how" = kill ]; then mn_kill 1; else mn_link 1 down; fi
   local t0=$SECONDS
-  while [ -n "$(zoe_pids_on 0)" ] && [ $((SECONDS - t0)) -le 60 ]; do sleep 0.2; done
-  [ -z "$(zoe_pids_on 0)" ] || fail "torchrun kill: node 0's rank still running 60 s after node 1 was killed"
+  while { [ -n "$(zoe_pids_on 0)" ] || { [ "$how" = link ] && [ -n "$(zoe_pids_on 1)" ]; }; } &&
+    [ $((SECONDS - t0)) -le 60 ]; do sleep 0.2; done
+  [ -z "$(zoe_pids_on 0)" ] || fail "torchrun $how: node 0's rank still running 60 s after node 1 was lost"
+  [ "$how" = kill ] || [ -z "$(zoe_pids_on 1)" ] ||
+    fail "torchrun $how: node 1's rank still running 60 s after its link went down"
   local took=$((SECONDS - t0))
+  [ "$how" = kill ] || mn_link 1 up
   wait $long_pid 2> /dev/null
-  grep -Eq "^zoe: rank 0 \(host node0\): rank 1 \(host node1\) was lost" "$work/torchrun-kill-0.err" ||
-    fail "torchrun kill: node 0's rank did not name the lost rank: $(tail -5 "$work/torchrun-kill-0.err")"
-  note "torchrun kill: node 0's rank gone ${took} s after node 1 was killed: \"$(grep -m1 "was lost" "$work/torchrun-kill-0.err")\""
+  grep -Eq "^zoe: rank 0 \(host node0\): rank 1 \(host node1\) was lost" "$work/torchrun-$how-0.err" ||
+    fail "torchrun $how: node 0's rank did not name the lost rank: $(tail -5 "$work/torchrun-$how-0.err")"
+  note "torchrun $how: the ranks gone ${took} s after node 1 was lost: \"$(grep -m1 "was lost" "$work/torchrun-$how-0.err")\""
+  # Whatever of node 1's torchrun is left (its agent waits for the store behind the link) goes.
+  [ "$how" = kill ] || mn_kill 1
+  wait "${pids[1]}" 2> /dev/null
+  return 0
 }
 
 # --- bench_comm -----------------------------------------------------------------------------------

@@ -217,7 +217,11 @@ TEST_P(EngineFaults, IoErrorAtEveryNvmeTransferOfAStep) {
         EXPECT_EQ(device::cpu_device_leaked_bytes(), leaked) << what << ": device memory nobody owned";
       }
     }
-    EXPECT_GT(injected, 2) << name(c);
+    // The faults fired at several points and at least one failed the step. How many a retry absorbs
+    // depends on timing where the update overlaps (a prefetch's read that failed is read again by
+    // its fetch): under TSan's slowness nearly all of them in one stage-2 run.
+    EXPECT_GT(injected + absorbed, 2) << name(c);
+    EXPECT_GE(injected, 1) << name(c);
     printf("[faults] %-45s %d I/O error points failed the step, %d absorbed by a retry\n", name(c).c_str(),
            injected, absorbed);
   }
