@@ -4,10 +4,12 @@ shape as a Hugging Face GPT-2 through the PyTorch front-end (`zoe.initialize`), 
 run, with bf16 compute, parameters and optimizer states on NVMe, the same device budget, micro-batch
 and sequence.
 
-For each path: initialisation, every step, the steady step's I/O lower bound (its NVMe bytes at the
-rates `zoe bench io` measures beside each round), and peak RSS. For the front-end also a profile of
-its last step: zoe's own clocks (I/O stall, collectives, the optimizer), the rest of the step (the
-caller's forward and backward: Python, torch's ops, the copies), and cProfile's top functions.
+For each path: initialisation (the front-end's: `zoe.initialize` of the meta-built model;
+building it on the meta device, transformers' own part, is `model_build_s` beside it), every
+step, the steady step's I/O lower bound (its NVMe bytes at the rates `zoe bench io` measures beside
+each round), and peak RSS. For the front-end also a profile of its last step: zoe's own clocks (I/O
+stall, collectives, the optimizer), the rest of the step (the caller's forward and backward: Python,
+torch's ops, the copies), and cProfile's top functions.
 
 usage: python bench/hf_at_scale.py --nvme-path DIR --json OUT [--quick] [--rounds 2] [--steps 3]
   --quick: a shape of about 300M parameters (24 layers, width 1024) instead of the 2b preset's.
@@ -104,8 +106,10 @@ def child(a):
     t0 = time.perf_counter()
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
+    t_built = time.perf_counter()
     eng = zoe.initialize(model, config=ds)
-    init_s = time.perf_counter() - t0
+    init_s = time.perf_counter() - t_built
+    build_s = t_built - t0
     g = torch.Generator().manual_seed(0)
     steps, stats, prof = [], [], None
     for k in range(a.steps):
@@ -132,7 +136,7 @@ def child(a):
     buf = io.StringIO()
     pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(12)
     top = [line.strip() for line in buf.getvalue().splitlines() if line.strip()[:1].isdigit()][:12]
-    json.dump({"params": n, "model_state_bytes": state, "init_s": init_s, "steps_s": steps, "stats": stats, "profile_top": top},
+    json.dump({"params": n, "model_state_bytes": state, "init_s": init_s, "build_s": build_s, "steps_s": steps, "stats": stats, "profile_top": top},
               open(a.child_json, "w"))
 
 
@@ -155,6 +159,7 @@ def summary(runs, rates):
     return {"init_s": statistics.median(r["init_s"] for r in runs), "step_s": statistics.median(steady),
             "io_bound_s": statistics.median(bounds), "peak_rss_bytes": max(r["peak_rss_bytes"] for r in runs),
             "steps_s": [r["steps_s"] for r in runs], "init_runs_s": [r["init_s"] for r in runs],
+            "model_build_s": statistics.median(r.get("build_s", 0.0) for r in runs),
             "read_bytes": runs[-1]["read_bytes"], "write_bytes": runs[-1]["write_bytes"]}
 
 
@@ -220,6 +225,8 @@ def main():
                    "step_front_end_over_io_bound": fe["step_s"] / fe["io_bound_s"],
                    "step_preset_over_io_bound": pre["step_s"] / pre["io_bound_s"],
                    "init_front_end_over_write_bound": fe["init_s"] / (fe_state / write_rate),
+                   "init_and_build_front_end_over_write_bound":
+                       (fe["init_s"] + fe["model_build_s"]) / (fe_state / write_rate),
                    "init_preset_over_write_bound": pre["init_s"] / (state / write_rate)},
         "profile": {"step_s": last["steps_s"][-1], "forward_s": ls["forward_s"], "zoe_waits_s": zoe_s,
                     "t_io_stall": ls["t_io_stall"], "t_comm": ls["t_comm"], "t_optimizer": ls["t_optimizer"],

@@ -275,6 +275,27 @@ void bind_functions(py::module_& m) {
       "Drops the runtime (after every engine is closed).");
 
   m.def(
+      "fill_normal",
+      [](py::array_t<float, py::array::c_style> out, float mean, float std_dev, uint64_t seed) {
+        float* p = out.mutable_data();
+        const size_t n = static_cast<size_t>(out.size());
+        py::gil_scoped_release unlocked;
+        zoe::fill_normal(p, n, mean, std_dev, seed);
+      },
+      py::arg("out").noconvert(), py::arg("mean"), py::arg("std"), py::arg("seed"),
+      "Fills a contiguous float32 array with normal(mean, std) values of the stream `seed` (zoe/random.h).");
+  m.def(
+      "fill_uniform",
+      [](py::array_t<float, py::array::c_style> out, float low, float high, uint64_t seed) {
+        float* p = out.mutable_data();
+        const size_t n = static_cast<size_t>(out.size());
+        py::gil_scoped_release unlocked;
+        zoe::fill_uniform(p, n, low, high, seed);
+      },
+      py::arg("out").noconvert(), py::arg("low"), py::arg("high"), py::arg("seed"),
+      "Fills a contiguous float32 array with uniform values in [low, high) of the stream `seed`.");
+
+  m.def(
       "parse_config",
       [](const std::string& text, int world) {
         return config_summary(take(zoe::Config::parse(text, world)));

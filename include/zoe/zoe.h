@@ -13,6 +13,7 @@
 #include "zoe/config.h"
 #include "zoe/dtype.h"
 #include "zoe/engine.h"
+#include "zoe/random.h"
 #include "zoe/runtime.h"
 #include "zoe/status.h"
 

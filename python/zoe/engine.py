@@ -575,7 +575,8 @@ def initialize(model=None, config=None, zoe_units=None, unit_params=None, init_f
     config: a dict or the path of a DeepSpeed-style JSON file. zoe_units: the units (modules or
     qualified names) instead of the default cut; unit_params: cut by parameter count instead.
     init_fn(module): initialises meta-device modules (default: their reset_parameters(), and a
-    transformers model's own _init_weights). weights: a folder of safetensors (a Hugging Face
+    transformers model's own _init_weights, whose large normal and uniform fills zoe draws on
+    every core, seeded from torch's default generator: docs/pytorch.md). weights: a folder of safetensors (a Hugging Face
     model folder: model.safetensors, or shards with model.safetensors.index.json) whose tensors
     initialise the parameters and persistent buffers, read one module at a time (the model may be
     built on the meta device); a missing, extra or wrongly shaped tensor is refused by name.

@@ -95,23 +95,38 @@ class UnitHooks:
                 self._handles.append(mod._register_state_dict_hook(_state_dict_refused))
 
     def _hook_gradients(self):
-        """AccumulateGrad post-hooks, created while each parameter has its real shape and dtype
-        (the node records them and checks every gradient against them); the nodes are kept alive."""
+        """AccumulateGrad post-hooks, created while each parameter has its real shape, dtype and
+        device (the node records them and checks every gradient against them); the nodes are kept
+        alive. The first zoe module is fetched, to check that the engine's buffers are where the
+        front-end expects them; the others stand in as one element expanded to their shapes (a
+        fetch would read every partition from its tier once, for metadata only)."""
         engine = self._engine
         ref = weakref.ref(self)
+        one = None
         with torch.enable_grad():
             for zm in self._zmods:
-                self._fetch.acquire(zm)
-                if zm.flat and zm.flat[0].device != engine.device:
-                    raise ZoeError(f"zoe.initialize: the engine's buffers are on {zm.flat[0].device}, the front-end "
-                                   f"expected {engine.device} (zoe.device {engine._eng.device()!r}, local rank "
-                                   f"{engine._eng.local_rank})")
+                if one is None:
+                    self._fetch.acquire(zm)
+                    if zm.flat and zm.flat[0].device != engine.device:
+                        raise ZoeError(f"zoe.initialize: the engine's buffers are on {zm.flat[0].device}, the "
+                                       f"front-end expected {engine.device} (zoe.device {engine._eng.device()!r}, "
+                                       f"local rank {engine._eng.local_rank})")
+                    fetched = zm
+                    one = torch.empty((), dtype=self._fetch.dtype, device=engine.device)
+                else:
+                    fetched = None
+                    for p, s in zip(zm.params, zm.shapes):
+                        p.data = one.expand(tuple(s))
                 for i, p in enumerate(zm.params):
                     if p.requires_grad:
                         acc = p.expand_as(p).grad_fn.next_functions[0][0]
                         acc.register_hook(_grad_hook(ref, zm, i))
                         self._grad_accs.append(acc)
-                self._fetch.release(zm)
+                if fetched is not None:
+                    self._fetch.release(zm)
+                else:
+                    for p in zm.params:
+                        p.data = self._fetch.placeholder
 
     def remove(self):
         for h in self._handles:

@@ -11,12 +11,14 @@ initialize callback (ParameterValues), one zoe module at a time, after which the
 goes: zoe holds the parameters.
 """
 import contextlib
+import math
 
 import numpy as np
 import torch
 import torch.nn as nn
 
 from . import hf
+from . import _zoe
 from ._zoe import ZoeError
 
 
@@ -79,6 +81,7 @@ class ParameterValues:
         self._init_fn = init_fn
         self._source = source
         self._materialized = set()  # units given storage (a unit's zoe modules come one after the other)
+        self._scratch = _UnitScratch()
         self.values = {}
         self.failed = []
 
@@ -96,7 +99,7 @@ class ParameterValues:
             elif not self.failed and zm.unit not in self._materialized and \
                     any(id(p) in self._layout.meta_shapes for p in zm.params):
                 self._materialized.add(zm.unit)
-                materialize(self._engine, zm.unit, self._init_fn)
+                materialize(self._engine, zm.unit, self._init_fn, self._scratch)
         except Exception as e:  # noqa: BLE001 (re-raised by initialize_parameters, as it was)
             self.failed.append(e)
         for i, (p, s) in enumerate(zip(zm.params, zm.shapes)):
@@ -121,20 +124,104 @@ def initialize_parameters(engine, init_fn, weights):
         raise values.failed[0]
 
 
-def materialize(engine, ui, init_fn):
-    """Gives a meta-device unit real storage on the CPU and initialises it: init_fn(module) for
-    every submodule when given, else each submodule's reset_parameters()."""
+class _UnitScratch:
+    """The storage meta-built units are initialised in, one unit at a time: one flat buffer per
+    dtype, grown to the largest unit and reused, so that each unit's values land in pages already
+    touched (fresh pages cost the kernel's zero-fill, about as much as drawing the values). A
+    unit's parameters keep their views until its last zoe module was handed to the engine (a
+    unit's zoe modules come one after the other); the next unit's take() reuses the storage."""
+
+    def __init__(self):
+        self._flat = {}
+        self._used = {}
+
+    def reset(self):
+        self._used = {}
+
+    def take(self, shape, dtype):
+        n = math.prod(shape)
+        if n == 0:
+            return torch.empty(shape, dtype=dtype)
+        at = self._used.get(dtype, 0)
+        flat = self._flat.get(dtype)
+        if flat is None or flat.numel() < at + n:
+            # Grown (the old buffer stays alive through the views of this unit taken before).
+            flat = torch.empty(max(at + n, 2 * flat.numel() if flat is not None else 0), dtype=dtype)
+            self._flat[dtype] = flat
+            at = 0  # the views taken so far keep the old buffer; this one starts afresh
+        self._used[dtype] = at + n
+        return flat[at:at + n].view(shape) if shape else flat[at:at + 1].view(())
+
+
+_FAST_FILL_MIN = 1 << 16  # elements: below it torch's own draw is as quick
+
+
+def _fast_fill(name, fill, names):
+    """Tensor.<name> drawing with zoe's `fill` where it can (see _parallel_random_fills)."""
+    torch_own = getattr(torch._C.TensorBase, name)
+
+    def method(self, *args, **kwargs):
+        extra = set(kwargs) - set(names) - {"generator"}
+        if (kwargs.get("generator") is None and not extra and len(args) <= 2 and self.device.type == "cpu" and
+                self.dtype == torch.float32 and self.is_contiguous() and self.numel() >= _FAST_FILL_MIN and
+                type(self) in (torch.Tensor, nn.Parameter)):
+            lo, hi = (float(args[i]) if i < len(args) else float(kwargs.get(n, (0.0, 1.0)[i]))
+                      for i, n in enumerate(names))
+            seed = int(torch.randint(-2 ** 63, 2 ** 63 - 1, (), dtype=torch.int64)) % 2 ** 64
+            fill(self.detach().numpy().reshape(-1), lo, hi, seed)
+            return self
+        return torch_own(self, *args, **kwargs)
+
+    method.__name__ = name
+    return method
+
+
+@contextlib.contextmanager
+def _parallel_random_fills():
+    """While a meta-built unit gets its default initialisation (reset_parameters, transformers'
+    _init_weights), Tensor.normal_ and Tensor.uniform_ (and so torch.nn.init's normal_, uniform_,
+    kaiming_uniform_, xavier_normal_, trunc_normal_, ...) into a contiguous float32 CPU tensor of
+    at least 64 Ki elements, with no generator of the caller's, draw with zoe's counter-based
+    generator on every core this process may use (zoe.fill_normal/fill_uniform) instead of torch's
+    serial one: the same distributions, seeded from torch's default generator (one draw per
+    tensor), so torch.manual_seed still fixes every value; the values are not the ones torch's
+    generator would give. Other draws go to torch. The two methods are replaced on torch.Tensor for
+    the block (process-wide: another thread's draw in that window takes the same rule)."""
+    saved = {n: torch.Tensor.__dict__.get(n) for n in ("normal_", "uniform_")}
+    torch.Tensor.normal_ = _fast_fill("normal_", _zoe.fill_normal, ("mean", "std"))
+    torch.Tensor.uniform_ = _fast_fill("uniform_", _zoe.fill_uniform, ("from", "to"))
+    try:
+        yield
+    finally:
+        for n, m in saved.items():
+            if m is None:
+                delattr(torch.Tensor, n)
+            else:
+                setattr(torch.Tensor, n, m)
+
+
+def materialize(engine, ui, init_fn, scratch=None):
+    """Gives a meta-device unit real storage on the CPU (in `scratch`, a _UnitScratch, when given)
+    and initialises it: init_fn(module) for every submodule when given, else each submodule's
+    reset_parameters()."""
     layout = engine._layout
     unit = layout.units[ui]
     zms = [zm for zm in layout.zmods if zm.unit == ui]
     mods = [unit.module] if unit.direct else list(unit.module.modules())
     meta = [(zm, n, p) for zm in zms for n, p in zip(zm.names, zm.params) if id(p) in layout.meta_shapes]
+    if scratch is not None:
+        scratch.reset()
     for zm in zms:
         for p, shape in zip(zm.params, zm.shapes):
             # NaN until an initializer writes it: a parameter nothing initialises is found below.
-            p.data = torch.full(shape, float("nan"), dtype=p.dtype)
+            if scratch is not None and p.is_floating_point():
+                p.data = scratch.take(tuple(shape), p.dtype).fill_(float("nan"))
+            else:
+                p.data = torch.full(shape, float("nan"), dtype=p.dtype)
     hf_init = hf.init_weights_fn(engine.module) if init_fn is None else None
-    with _scratch_params(layout, mods):
+    # A caller's init_fn draws with torch's generator, as it would without zoe.
+    fills = _parallel_random_fills() if init_fn is None else contextlib.nullcontext()
+    with _scratch_params(layout, mods), fills:
         for m in mods:
             with _naming_module(engine.module, m, init_fn):
                 if init_fn is not None:
@@ -144,7 +231,8 @@ def materialize(engine, ui, init_fn):
                 if hf_init is not None:  # a transformers model: its own _init_weights, as from_config runs it
                     hf_init(m)
     for zm, n, p in meta:
-        if p.is_floating_point() and bool(torch.isnan(p.data).any()):
+        # A sum is NaN where an element is (or where infinities cancel: the exact test decides).
+        if p.is_floating_point() and not bool(torch.isfinite(p.data.sum())) and bool(torch.isnan(p.data).any()):
             how = "init_fn left it (or part of it) unset" if init_fn is not None else \
                 "no reset_parameters() of its module covers it"
             raise ZoeError(f"zoe.initialize: parameter '{layout.torch_names[f'{zm.name}.{n}']}' was built on "

@@ -5,9 +5,9 @@
 #include <vector>
 
 #include "core/cpu.h"
+#include "core/init_normal.h"
 #include "core/log.h"
 #include "model/gpt.h"
-#include "model/init_normal.h"
 
 namespace zoe::model {
 

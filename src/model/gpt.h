@@ -95,7 +95,7 @@ std::vector<ModuleSpec> gpt_modules(const GptConfig& c);
 // Deterministic initial value of every element (GPT-2 style: N(0, 0.02) weights, residual
 // projections scaled by 1/sqrt(2 * layers), zero biases, unit LayerNorm gains), from `seed`.
 // Element i of the tensor depends only on (seed, module, param, i): a splitmix64 counter hash
-// turned into a normal by Box-Muller (model/init_normal.h: the same values on every SIMD level and
+// turned into a normal by Box-Muller (core/init_normal.h: the same values on every SIMD level and
 // CPU), so any shard can be initialised on its own.
 void gpt_init(const GptConfig& c, uint64_t seed, size_t module, size_t param, float* data, size_t n);
 // Elements [first, first + n) of the same tensor (for a shard); gpt_init is first = 0.

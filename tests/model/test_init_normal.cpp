@@ -1,15 +1,17 @@
-// The initial values' normal kernel (model/init_normal.h): every SIMD path this CPU runs gives the
+// The initial values' normal kernel (core/init_normal.h): every SIMD path this CPU runs gives the
 // scalar path's values bit for bit (many elements, odd and even starts and ends, blocks' edges,
 // far indices, extreme keys), and the values are N(0, 1) (moments, tails, the pair's two sides).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
 
+#include "core/init_normal.h"
 #include "model/gpt.h"
-#include "model/init_normal.h"
+#include "zoe/random.h"
 
 namespace zoe::model {
 namespace {
@@ -128,6 +130,56 @@ TEST(InitNormal, GptWeightsAreNormalWithTheirStd) {
   s2 = 0;
   for (float x : p) s2 += static_cast<double>(x) * x;
   EXPECT_NEAR(std::sqrt(s2 / p.size()), 0.02 / 2.0, 1e-4);
+}
+
+// zoe/random.h: the normal fill is the scalar kernel's values (scaled, shifted) at every element,
+// across the threads' chunk boundaries; each fill is a function of (seed, index) only, so a
+// prefix of a long fill is the short fill.
+TEST(RandomFill, NormalIsTheKernelsStreamAcrossChunks) {
+  const size_t n = (size_t{1} << 21) + 77;  // three chunks, the last one partial
+  std::vector<float> out(n);
+  zoe::fill_normal(out.data(), n, 0.5f, 0.02f, 42);
+  const auto ref = fill(initk::normal_scalar(), 42, 0, n, 0.02f);
+  size_t wrong = 0;
+  for (size_t i = 0; i < n; ++i) wrong += out[i] != ref[i] + 0.5f;
+  EXPECT_EQ(wrong, 0u);
+  std::vector<float> shorter(1000);
+  zoe::fill_normal(shorter.data(), shorter.size(), 0.5f, 0.02f, 42);
+  EXPECT_TRUE(same_bits(shorter, std::vector<float>(out.begin(), out.begin() + 1000)));
+  std::vector<float> other(1000);
+  zoe::fill_normal(other.data(), other.size(), 0.5f, 0.02f, 43);
+  EXPECT_FALSE(same_bits(shorter, other)) << "another seed, another stream";
+  zoe::fill_normal(nullptr, 0, 0.0f, 1.0f, 1);  // nothing to do
+}
+
+TEST(RandomFill, UniformStaysInItsRangeWithItsMoments) {
+  const size_t n = (size_t{1} << 22) + 5;
+  std::vector<float> out(n);
+  const float lo = -0.125f, hi = 0.375f;
+  zoe::fill_uniform(out.data(), n, lo, hi, 7);
+  double s = 0, s2 = 0;
+  float mn = hi, mx = lo;
+  for (float x : out) {
+    s += x, s2 += static_cast<double>(x) * x;
+    mn = std::min(mn, x), mx = std::max(mx, x);
+  }
+  EXPECT_GE(mn, lo);
+  EXPECT_LT(mx, hi);
+  const double mean = s / n, var = s2 / n - mean * mean;
+  EXPECT_NEAR(mean, 0.125, 5e-4);
+  EXPECT_NEAR(var, 0.25 / 12.0, 5e-5);  // (hi - lo)^2 / 12
+  std::vector<float> again(n);
+  zoe::fill_uniform(again.data(), n, lo, hi, 7);
+  EXPECT_TRUE(same_bits(out, again));
+  zoe::fill_uniform(again.data(), 1000, lo, hi, 8);
+  EXPECT_FALSE(same_bits(std::vector<float>(out.begin(), out.begin() + 1000),
+                         std::vector<float>(again.begin(), again.begin() + 1000)));
+  // A range of one value, and one a product would round up to its end, stay inside.
+  std::vector<float> one(4096);
+  zoe::fill_uniform(one.data(), one.size(), 2.0f, 2.0f, 1);
+  for (float x : one) ASSERT_EQ(x, 2.0f);
+  zoe::fill_uniform(one.data(), one.size(), 1.0f, 1.0f + 0x1p-22f, 1);
+  for (float x : one) ASSERT_TRUE(x >= 1.0f && x < 1.0f + 0x1p-22f) << x;
 }
 
 }  // namespace

@@ -168,6 +168,66 @@ def test_meta_device_model(tmp_path):
     assert losses[-1] < losses[0]
 
 
+def _meta_mlp():
+    with torch.device("meta"):
+        return torch.nn.Sequential(torch.nn.Linear(512, 256), torch.nn.GELU(), torch.nn.Linear(256, 256))
+
+
+def test_meta_init_draws_with_zoes_generator_seeded_by_torch(tmp_path):
+    """A meta-built model's default initialisation draws its large uniform and normal fills with
+    zoe's parallel generator, seeded from torch's: torch.manual_seed fixes every value (the same
+    seed, the same weights; another seed, others), within torch's own bounds (kaiming-uniform), and
+    not torch's serial stream (which a CPU-built model of the same seed holds)."""
+    def weights(seed, sub):
+        (tmp_path / sub).mkdir()
+        torch.manual_seed(seed)
+        eng = zoe.initialize(_meta_mlp(), config=config(tmp_path / sub))
+        sd = {k: v.clone() for k, v in eng.state_dict().items()}
+        eng.close()
+        return sd
+
+    a, b, c = weights(0, "a"), weights(0, "b"), weights(1, "c")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(a["0.weight"], c["0.weight"])
+    assert a["0.weight"].abs().max().item() <= 1 / 512 ** 0.5 + 1e-6
+    assert a["0.weight"].std().item() == pytest.approx(1 / (3 * 512) ** 0.5, rel=0.02)  # uniform's std
+    torch.manual_seed(0)
+    cpu = torch.nn.Sequential(torch.nn.Linear(512, 256), torch.nn.GELU(), torch.nn.Linear(256, 256))
+    assert not torch.equal(a["0.weight"], cpu[0].weight.detach().to(a["0.weight"].dtype))
+
+
+def test_parallel_fills_leave_to_torch_what_they_do_not_take():
+    """zoe's fills take contiguous float32 CPU tensors of 64 Ki elements or more with no generator
+    of the caller's; a caller's generator, a small, strided or bf16 tensor get torch's own draw
+    (the same values as without zoe), and torch's methods are back after the block; taken draws have the asked-for range and moments, and
+    Tensor.uniform_ and torch.nn.init.uniform_ of one seed give one stream."""
+    from zoe.values import _parallel_random_fills
+
+    def drawn(fn, seed=3):
+        torch.manual_seed(seed)
+        with _parallel_random_fills():
+            return fn()
+
+    def plain(fn, seed=3):
+        torch.manual_seed(seed)
+        return fn()
+
+    cases = [lambda: torch.empty(1 << 17).normal_(0, 1, generator=torch.Generator().manual_seed(9)),
+             lambda: torch.empty(1000).normal_(0, 1),
+             lambda: torch.empty(512, 512).t().normal_(0, 1),
+             lambda: torch.empty(1 << 17, dtype=torch.bfloat16).uniform_(-1, 1)]
+    for fn in cases:
+        assert torch.equal(drawn(fn), plain(fn))
+    assert "normal_" not in torch.Tensor.__dict__ and "uniform_" not in torch.Tensor.__dict__
+    u = drawn(lambda: torch.empty(1 << 18).uniform_(-0.5, 0.25))
+    assert u.min().item() >= -0.5 and u.max().item() < 0.25
+    assert u.mean().item() == pytest.approx(-0.125, abs=2e-3)
+    assert not torch.equal(u, plain(lambda: torch.empty(1 << 18).uniform_(-0.5, 0.25)))
+    assert torch.equal(u, drawn(lambda: torch.nn.init.uniform_(torch.empty(1 << 18), -0.5, 0.25)))
+    n = drawn(lambda: torch.nn.init.normal_(torch.empty(1 << 18), mean=1.0, std=0.5))
+    assert n.mean().item() == pytest.approx(1.0, abs=5e-3) and n.std().item() == pytest.approx(0.5, rel=1e-2)
+
+
 class _meta:
     """torch 1.13 has no `with torch.device(...)`: build on meta through the device= argument."""
 

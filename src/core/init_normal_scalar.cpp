@@ -1,9 +1,9 @@
 // The scalar path of init_normal.h (this translation unit's ISA flags: src/model/CMakeLists.txt).
-#include "model/init_normal.h"
-#include "model/init_normal_kernel.inc"
+#include "core/init_normal.h"
+#include "core/init_normal_kernel.inc"
 
-namespace zoe::model::initk {
+namespace zoe::initk {
 
 NormalFn normal_scalar() { return &normal_fill; }
 
-}  // namespace zoe::model::initk
+}  // namespace zoe::initk

@@ -11,7 +11,7 @@
 
 #include "core/cpu.h"
 
-namespace zoe::model::initk {
+namespace zoe::initk {
 
 // out[0, n) = std_dev * z(first + i), the standard normals of the stream `key` at elements
 // [first, first + n). Element 2j and 2j + 1 are the cosine and sine sides of one Box-Muller pair,
@@ -25,4 +25,4 @@ NormalFn normal_avx512();
 // The path of `level`, or the best one below it that was built.
 NormalFn normal_for(SimdLevel level);
 
-}  // namespace zoe::model::initk
+}  // namespace zoe::initk

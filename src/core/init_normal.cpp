@@ -1,7 +1,7 @@
 // Picks the path of init_normal.h for a SIMD level.
-#include "model/init_normal.h"
+#include "core/init_normal.h"
 
-namespace zoe::model::initk {
+namespace zoe::initk {
 
 #ifndef ZOE_INIT_NORMAL_X86
 NormalFn normal_avx2() { return nullptr; }
@@ -15,4 +15,4 @@ NormalFn normal_for(SimdLevel level) {
   return f ? f : normal_scalar();
 }
 
-}  // namespace zoe::model::initk
+}  // namespace zoe::initk
