@@ -11,7 +11,7 @@ each round), and peak RSS. For the front-end also a profile of its last step: zo
 stall, collectives, the optimizer), the rest of the step (the caller's forward and backward: Python,
 torch's ops, the copies), and cProfile's top functions.
 
-usage: python bench/hf_at_scale.py --nvme-path DIR --json OUT [--quick] [--rounds 2] [--steps 3]
+usage: python bench/hf_at_scale.py --nvme-path DIR --json OUT [--quick] [--rounds 2] [--steps 3] [--init-only]
   --quick: a shape of about 300M parameters (24 layers, width 1024) instead of the 2b preset's.
 (with zoe and transformers importable: scripts/python-venv.sh's venv; run it alone:
  flock -x /tmp/zoe-heavy.lock python bench/hf_at_scale.py ...)
@@ -133,9 +133,11 @@ def child(a):
         print(f"front-end step {k + 1}: {steps[-1]:.1f} s", file=sys.stderr)
     n, state = eng.num_params(), eng.model_state_bytes()
     eng.close()
-    buf = io.StringIO()
-    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(12)
-    top = [line.strip() for line in buf.getvalue().splitlines() if line.strip()[:1].isdigit()][:12]
+    top = []
+    if prof is not None:
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(12)
+        top = [line.strip() for line in buf.getvalue().splitlines() if line.strip()[:1].isdigit()][:12]
     json.dump({"params": n, "model_state_bytes": state, "init_s": init_s, "build_s": build_s, "steps_s": steps, "stats": stats, "profile_top": top},
               open(a.child_json, "w"))
 
@@ -147,9 +149,40 @@ def run_front_end(a, scratch):
                "--shape", a.shape] + (["--host-budget", a.host_budget] if a.host_budget else [])
         _, rss = run_measured(cmd)
         d = json.load(open(out.name))
-    last = d["stats"][-1]
+    last = d["stats"][-1] if d["stats"] else {"read_bytes": 0, "write_bytes": 0}
     d.update(peak_rss_bytes=rss, read_bytes=last["read_bytes"], write_bytes=last["write_bytes"])
     return d
+
+
+def init_only(a, zoe):
+    """--init-only: each path's initialisation, alternated, against the write bound of its model
+    states at the write rate measured beside it (the preset runs one step: its command has no
+    zero-step run; the front-end none)."""
+    rows = []
+    for r in range(a.rounds):
+        for path in (("preset", "front_end") if r % 2 == 0 else ("front_end", "preset")):
+            scratch = tempfile.mkdtemp(prefix="zoe-hf-at-scale-", dir=a.nvme_path)
+            try:
+                before = io_rates(zoe, scratch)[1]
+                print(f"round {r + 1}: {path} initialisation ...", file=sys.stderr)
+                if path == "preset":
+                    res = run_preset(argparse.Namespace(**{**vars(a), "steps": 1}), zoe, scratch)
+                else:
+                    res = run_front_end(argparse.Namespace(**{**vars(a), "steps": 0}), scratch)
+                after = io_rates(zoe, scratch)[1]
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
+            rate = (before + after) / 2
+            bound = res["model_state_bytes"] / rate
+            rows.append({"round": r + 1, "path": path, "init_s": res["init_s"], "model_build_s": res.get("build_s"),
+                         "write_bound_s": bound, "over_write_bound": res["init_s"] / bound,
+                         "write_gbps": rate / 1e9, "peak_rss_bytes": res["peak_rss_bytes"],
+                         "model_state_bytes": res["model_state_bytes"], "params": res["params"]})
+            print(f"  init {res['init_s']:.1f} s = {res['init_s'] / bound:.2f}x its write bound "
+                  f"({bound:.1f} s at {rate / 1e9:.2f} GB/s)", file=sys.stderr)
+    med = {p: statistics.median(x["over_write_bound"] for x in rows if x["path"] == p) for p in ("preset", "front_end")}
+    return {"shape": a.shape, "init_only": True, "rounds": rows,
+            "ratios": {"init_preset_over_write_bound": med["preset"], "init_front_end_over_write_bound": med["front_end"]}}
 
 
 def summary(runs, rates):
@@ -173,6 +206,8 @@ def main():
     ap.add_argument("--device-budget", default="2GiB")
     ap.add_argument("--host-budget", default=None, help="zoe.host_budget for both paths (default zoe's)")
     ap.add_argument("--zoe", default=None, help="the zoe binary (default: zoe on PATH)")
+    ap.add_argument("--init-only", action="store_true",
+                    help="each path's initialisation only, against its write bound (no steps on the front-end)")
     ap.add_argument("--shape", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--child-nvme", help=argparse.SUPPRESS)
@@ -180,7 +215,7 @@ def main():
     a = ap.parse_args()
     if a.rounds < 1:
         ap.error(f"--rounds {a.rounds}: at least 1")
-    if a.steps < 1:
+    if a.steps < 1 and not a.child:
         ap.error(f"--steps {a.steps}: at least 1 (2 or more for a steady step)")
     if not a.child and not os.path.isdir(a.nvme_path):
         ap.error(f"--nvme-path {a.nvme_path}: not a folder")
@@ -188,6 +223,8 @@ def main():
     if a.child:
         return child(a)
     zoe = zoe_bin(a)
+    if a.init_only:
+        return emit(a, init_only(a, zoe))
     runs = {"preset": [], "front_end": []}
     rates = {"preset": [], "front_end": []}
     rounds = []
@@ -234,6 +271,10 @@ def main():
                     "caller_s": last["steps_s"][-1] - zoe_s, "cprofile_top_by_own_time": last["profile_top"]},
         "rounds": rounds,
     }
+    return emit(a, out)
+
+
+def emit(a, out):
     text = json.dumps(out, indent=2)
     print(text)
     if a.json:

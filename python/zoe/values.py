@@ -226,19 +226,40 @@ def materialize(engine, ui, init_fn, scratch=None):
             with _naming_module(engine.module, m, init_fn):
                 if init_fn is not None:
                     init_fn(m)
+                elif hf_init is not None:  # a transformers model: its own _init_weights, as from_config runs it
+                    _hf_then_reset(m, hf_init)
                 elif hasattr(m, "reset_parameters"):
                     m.reset_parameters()
-                if hf_init is not None:  # a transformers model: its own _init_weights, as from_config runs it
-                    hf_init(m)
     for zm, n, p in meta:
-        # A sum is NaN where an element is (or where infinities cancel: the exact test decides).
-        if p.is_floating_point() and not bool(torch.isfinite(p.data.sum())) and bool(torch.isnan(p.data).any()):
+        if p.is_floating_point() and _has_nan(p.data):
             how = "init_fn left it (or part of it) unset" if init_fn is not None else \
                 "no reset_parameters() of its module covers it"
             raise ZoeError(f"zoe.initialize: parameter '{layout.torch_names[f'{zm.name}.{n}']}' was built on "
                            f"the meta device and nothing gave it values ({how}): pass "
                            "init_fn=lambda module: ... that initialises every parameter of a module, or "
                            "build the model on the CPU")
+
+
+def _has_nan(t):
+    # A sum is NaN where an element is (or where infinities cancel: the exact test decides).
+    return not bool(torch.isfinite(t.sum())) and bool(torch.isnan(t).any())
+
+
+def _hf_then_reset(m, hf_init):
+    """transformers' from_config runs every module's reset_parameters() and then _init_weights,
+    which overwrites what it covers. The same values' distribution at half the draws where
+    _init_weights covers a module's own parameters: _init_weights first; reset_parameters (then
+    _init_weights again, in from_config's order) only where a parameter of the module is still
+    unset (NaN) after it, or where the module has none of its own (its reset_parameters may set
+    its children's)."""
+    own = [p for p in m._parameters.values() if p is not None and p.numel() > 0 and p.device.type != "meta"]
+    hf_init(m)
+    if not hasattr(m, "reset_parameters"):
+        return
+    if own and not any(p.is_floating_point() and _has_nan(p.data) for p in own):
+        return
+    m.reset_parameters()
+    hf_init(m)
 
 
 def init_buffers(engine, meta_buffers, init_fn):

@@ -164,6 +164,37 @@ def set_buffers(module):
             getattr(module, n).copy_(b)
 
 
+class _Scale(nn.Module):
+    """A module transformers' _init_weights does not know: only its reset_parameters() sets it."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(8))
+
+    def reset_parameters(self):
+        nn.init.constant_(self.weight, 3.0)
+
+
+def test_meta_init_resets_only_what_transformers_init_leaves_unset(tmp_path, monkeypatch):
+    """from_config draws every Linear twice (reset_parameters(), then _init_weights over it); zoe
+    runs _init_weights first and a module's reset_parameters() only where one of its parameters is
+    still unset: a Llama's Linears are never reset, and a module _init_weights does not know gets
+    its reset_parameters() values."""
+    resets = []
+    linear_reset = nn.Linear.reset_parameters
+    monkeypatch.setattr(nn.Linear, "reset_parameters", lambda self: (resets.append(self), linear_reset(self))[1])
+    model = build("llama", meta=True)
+    with torch.device("meta"):
+        model.model.scale = _Scale()
+    resets.clear()  # the constructor's calls, on meta
+    eng = zoe.initialize(model, config=zoe_config(tmp_path))
+    assert resets == []
+    sd = eng.state_dict()
+    assert torch.equal(sd["model.scale.weight"], torch.full((8,), 3.0))
+    assert abs(sd["model.layers.0.mlp.up_proj.weight"].std().item() - model.config.initializer_range) < 0.005
+    eng.close()
+
+
 def test_meta_buffers_of_every_dtype_are_set_or_refused_by_name(tmp_path):
     """A meta-built model with int64, bool and float buffers, persistent and not: weights= gives
     the persistent ones (init_fn, run for the others, does not overwrite them), init_fn the others;
