@@ -250,12 +250,16 @@ def _hf_then_reset(m, hf_init):
     which overwrites what it covers. The same values' distribution at half the draws where
     _init_weights covers a module's own parameters: _init_weights first; reset_parameters (then
     _init_weights again, in from_config's order) only where a parameter of the module is still
-    unset (NaN) after it, or where the module has none of its own (its reset_parameters may set
-    its children's)."""
+    unset (NaN) after it, where the module has none of its own (its reset_parameters may set its
+    children's), or where it has buffers (a BatchNorm's reset_parameters() resets its running
+    statistics, which _init_weights may leave alone)."""
     own = [p for p in m._parameters.values() if p is not None and p.numel() > 0 and p.device.type != "meta"]
-    hf_init(m)
-    if not hasattr(m, "reset_parameters"):
+    if not hasattr(m, "reset_parameters") or any(b is not None for b in m._buffers.values()):
+        if hasattr(m, "reset_parameters"):
+            m.reset_parameters()
+        hf_init(m)
         return
+    hf_init(m)
     if own and not any(p.is_floating_point() and _has_nan(p.data) for p in own):
         return
     m.reset_parameters()
