@@ -158,7 +158,8 @@ _FAST_FILL_MIN = 1 << 16  # elements: below it torch's own draw is as quick
 
 def _fast_fill(name, fill, names):
     """Tensor.<name> drawing with zoe's `fill` where it can (see _parallel_random_fills)."""
-    torch_own = getattr(torch._C.TensorBase, name)
+    base = getattr(torch._C, "TensorBase", None) or torch._C._TensorBase  # torch 1.x: _TensorBase
+    torch_own = getattr(base, name)
 
     def method(self, *args, **kwargs):
         extra = set(kwargs) - set(names) - {"generator"}
