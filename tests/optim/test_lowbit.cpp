@@ -198,6 +198,17 @@ std::vector<std::pair<std::string, std::vector<float>>> adversarial(const Fmt& F
   }
   for (size_t b = 0; b < n; b += F.block) edges[b] = 1.0f;  // every block's scale is 1
   cases.push_back({"code boundaries", edges});
+  if (!is_v) {  // scale L^2 makes t = |m| exactly: t on (c + 1/2)^2 and one ulp to either side
+    std::vector<float> mid(n, 0.0f);
+    for (size_t i = 0; i < n; ++i) {
+      const float c = static_cast<float>(i % levels) + 0.5f;
+      const int w = static_cast<int>(i / levels) % 3;
+      const float t = w == 0 ? c * c : std::nextafter(c * c, w == 1 ? 0.0f : 1e9f);
+      mid[i] = i % 2 ? -t : t;
+    }
+    for (size_t b = 0; b < n; b += F.block) mid[b] = static_cast<float>(levels) * static_cast<float>(levels);
+    cases.push_back({"exact midpoints", mid});
+  }
   std::vector<float> top(n, 3.4e38f);
   if (!is_v) top[1] = -3.4e38f;
   cases.push_back({"near FLT_MAX", top});
