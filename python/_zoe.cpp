@@ -257,6 +257,16 @@ void bind_device_view(py::module_& m) {
 }
 
 // The module-level functions: the runtime, configs, checkpoints.
+// fill_normal(out, mean, std, seed) and fill_uniform(out, low, high, seed): `Fill` over the whole
+// contiguous float32 array, the GIL released.
+template <void (*Fill)(float*, size_t, float, float, uint64_t)>
+void fill_with(py::array_t<float, py::array::c_style> out, float a, float b, uint64_t seed) {
+  float* p = out.mutable_data();
+  const size_t n = static_cast<size_t>(out.size());
+  py::gil_scoped_release unlocked;
+  Fill(p, n, a, b, seed);
+}
+
 void bind_functions(py::module_& m) {
   m.def(
       "runtime",
@@ -275,25 +285,12 @@ void bind_functions(py::module_& m) {
       "Drops the runtime (after every engine is closed).");
 
   m.def(
-      "fill_normal",
-      [](py::array_t<float, py::array::c_style> out, float mean, float std_dev, uint64_t seed) {
-        float* p = out.mutable_data();
-        const size_t n = static_cast<size_t>(out.size());
-        py::gil_scoped_release unlocked;
-        zoe::fill_normal(p, n, mean, std_dev, seed);
-      },
-      py::arg("out").noconvert(), py::arg("mean"), py::arg("std"), py::arg("seed"),
+      "fill_normal", fill_with<&zoe::fill_normal>, py::arg("out").noconvert(), py::arg("mean"),
+      py::arg("std"), py::arg("seed"),
       "Fills a contiguous float32 array with normal(mean, std) values of the stream `seed` (zoe/random.h).");
-  m.def(
-      "fill_uniform",
-      [](py::array_t<float, py::array::c_style> out, float low, float high, uint64_t seed) {
-        float* p = out.mutable_data();
-        const size_t n = static_cast<size_t>(out.size());
-        py::gil_scoped_release unlocked;
-        zoe::fill_uniform(p, n, low, high, seed);
-      },
-      py::arg("out").noconvert(), py::arg("low"), py::arg("high"), py::arg("seed"),
-      "Fills a contiguous float32 array with uniform values in [low, high) of the stream `seed`.");
+  m.def("fill_uniform", fill_with<&zoe::fill_uniform>, py::arg("out").noconvert(), py::arg("low"),
+        py::arg("high"), py::arg("seed"),
+        "Fills a contiguous float32 array with uniform values in [low, high) of the stream `seed`.");
 
   m.def(
       "parse_config",
