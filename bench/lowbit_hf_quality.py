@@ -3,10 +3,11 @@
 
 A small Llama (transformers' LlamaConfig, byte-level: vocabulary 256) is trained through zoe's
 PyTorch front-end on the license texts every Debian system has (/usr/share/common-licenses, each
-file once, in name order; every k-th KiB held out, k = 1 / --eval-frac), with bf16 compute and the
-optimizer offloaded to the CPU. Formats, each seed run in turn (the order reversed on odd seeds):
-fp32 states and master (the baseline), int8 states + bf16 master, int4 states + bf16 master. The
-same seed gives every format the same initial weights and the same batches.
+file once, in name order; every k-th KiB held out, k = 1 / --eval-frac), with bf16 compute (or
+fp32: --compute) and the optimizer offloaded to the CPU. Formats, each seed run in turn (the order
+reversed on odd seeds): fp32 states and master (the baseline), int8 states + bf16 master, int4
+states + bf16 master. The same seed gives every format the same initial weights and the same
+batches.
 
 Reported: each format's held-out loss per seed, the mean over seeds, and the mean's relative
 difference from fp32's. Targets: int8 within 1%, int4 within 2%.
@@ -47,7 +48,7 @@ def run(a, fmt, seed, train, held):
                                    num_hidden_layers=a.layers, num_attention_heads=a.width // 64,
                                    max_position_embeddings=a.seq, bos_token_id=0, eos_token_id=0, pad_token_id=0)
     model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
-    ds = {"train_micro_batch_size_per_gpu": a.batch, "bf16": {"enabled": True},
+    ds = {"train_micro_batch_size_per_gpu": a.batch, "bf16": {"enabled": a.compute == "bf16"},
           "optimizer": {"type": "AdamW", "params": {"lr": a.lr, "weight_decay": 0.01}},
           "scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": a.steps, "warmup_max_lr": a.lr,
                                                           "warmup_num_steps": a.steps // 10}},
@@ -87,6 +88,9 @@ def main():
     ap.add_argument("--corpus", default=CORPUS, help=f"folder of text files (default {CORPUS})")
     ap.add_argument("--formats", default="fp32,int8+bf16,int4+bf16",
                     help="formats to run, comma-separated, fp32 among them (default all three)")
+    ap.add_argument("--compute", choices=("bf16", "fp32"), default="bf16",
+                    help="compute dtype (default bf16; fp32 where torch's bf16 matmuls are slow, as on CPUs "
+                         "without AVX-512)")
     ap.add_argument("--json", default=None, help="also write the JSON object to this file")
     a = ap.parse_args()
     names = a.formats.split(",")
@@ -124,6 +128,7 @@ def main():
     fp = statistics.mean(loss["fp32"].values())
     out = {"corpus": a.corpus, "corpus_bytes": len(data), "seeds": seeds, "steps": a.steps,
            "model": {"width": a.width, "layers": a.layers, "vocab": 256, "seq": a.seq, "batch": a.batch},
+           "compute": a.compute,
            "seconds": time.monotonic() - t0, "formats": {}}
     for f in formats:
         mean = statistics.mean(loss[f[0]].values())

@@ -24,6 +24,15 @@
 //   a is computed once per block (a = 0 for a zero scale); for an m scale under 2^-64,
 //   t = (|m| * 2^64) * (L^2 / (scale * 2^64)) keeps a finite. sqrt(v) is the one the update's
 //   denominator takes, so an update costs three square roots (int8; two for int4) and a division.
+//   The fused AdamW step (adam_step_lowbit) rounds int4 codes stochastically instead, unbiased in
+//   the stored value: with r = sqrt(|m| * a) (v: sqrt(v) * a) and T = r^2 computed as |m| * a (v:
+//   (sqrt(v) * a)^2), the code is lo = floor(r), or lo + 1 where u * (2 lo + 1) < (T - lo^2) * 2^16,
+//   u the 16 bits of sr_hash(step seed, global element index) the bf16 states use (low half for
+//   m, high half for v): reproducible, the same bits at every split. Why: with 7 or 15 levels a
+//   step's change of an EMA (1 - beta2 = 0.1% of v; 10% of m) is far below a level's width, so
+//   rounding to nearest leaves most codes where they were and v frozen at its first values;
+//   unbiased rounding lets the moments move by their expected change (measured below).
+//   Conversions (quantize_state) and the other optimizers' packed states round to nearest.
 //   Code 0 of v means exactly 0: a v > 0 always gets c >= 1, and
 //   c >= 1 decodes to at least the smallest positive float, so v never comes back as zero where
 //   it was not zero (2309.01507's zero-point problem, below).
