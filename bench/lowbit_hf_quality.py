@@ -136,8 +136,9 @@ def main():
                "rel_diff_of_mean": mean / fp - 1,
                "rel_diff_by_seed": [loss[f[0]][s] / loss["fp32"][s] - 1 for s in seeds]}
         if f[0] in TARGETS:
-            row["target"] = f"within {TARGETS[f[0]] * 100:g}%"
-            row["met"] = abs(row["rel_diff_of_mean"]) <= TARGETS[f[0]]
+            # A quality bound: the loss at most this far above fp32's (a lower loss loses no quality).
+            row["target"] = f"within {TARGETS[f[0]] * 100:g}% (at most {TARGETS[f[0]] * 100:g}% above fp32's)"
+            row["met"] = row["rel_diff_of_mean"] <= TARGETS[f[0]]
         out["formats"][f[0]] = row
     text = json.dumps(out, indent=2)
     print(text)
