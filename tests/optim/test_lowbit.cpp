@@ -535,10 +535,12 @@ TEST(LowbitAdam, MatchesPlainReference) {
 // map's round-trip error (RoundTripErrorWithinTheMapsStep: for m, scale * (y/L + 1/(4L^2)), at
 // most 0.8% (int8) and 15% (int4) of the block's largest), which then decays by beta1 (m) or
 // beta2 (v) and accumulates. Bounds, on errors relative to the block's largest fp32 value and
-// on parameter differences relative to lr * steps: the measured values (printed, this data)
-// with about a 2x margin: int8 m, v <= 0.05, parameters max <= 0.5, RMS <= 0.03; int4 m <= 1,
-// v <= 0.5, parameters max <= 1.5, RMS <= 0.5 (measured: int8 0.026, 0.026, 0.23, 0.014; int4
-// 0.48, 0.25, 0.77, 0.25: pure-noise gradients, where m is small beside sqrt(v)).
+// on parameter differences relative to lr * steps: the measured values (printed, this data; the
+// same bits on every path and CPU) with a margin: int8 m, v <= 0.05, parameters max <= 0.5, RMS
+// <= 0.03; int4 m <= 1, v <= 0.5, parameters max <= 1.5, RMS <= 0.5 (measured: int8 0.026, 0.026,
+// 0.23, 0.014; int4 0.79, 0.33, 1.02, 0.27: pure-noise gradients, where m is small beside sqrt(v);
+// int4's codes are rounded stochastically, so one element may move a whole level in a step, while
+// the mean stays unbiased: Int4StochasticRoundingIsUnbiased).
 TEST(LowbitAdam, CloseToFp32States) {
   const size_t n = 4 * kChunkElems;
   const int steps = 10;
