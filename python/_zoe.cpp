@@ -256,7 +256,6 @@ void bind_device_view(py::module_& m) {
       });
 }
 
-// The module-level functions: the runtime, configs, checkpoints.
 // fill_normal(out, mean, std, seed) and fill_uniform(out, low, high, seed): `Fill` over the whole
 // contiguous float32 array, the GIL released.
 template <void (*Fill)(float*, size_t, float, float, uint64_t)>
@@ -267,6 +266,7 @@ void fill_with(py::array_t<float, py::array::c_style> out, float a, float b, uin
   Fill(p, n, a, b, seed);
 }
 
+// The module-level functions: the runtime, configs, checkpoints.
 void bind_functions(py::module_& m) {
   m.def(
       "runtime",

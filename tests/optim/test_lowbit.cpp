@@ -645,7 +645,7 @@ TEST(LowbitAdam, ZeroStatesAndGradientsStayZero) {
 }
 
 // The fused step rounds int4 codes stochastically, unbiased in the stored value: one step from zero
-// states with the same gradient g on every element but each block's first (10 g, the scale) gives
+// states with the gradient g = 0.7 on every element but each block's first (10, the scale) gives
 // m = (1 - beta1) g and v = (1 - beta2) g^2 everywhere else, which fall between two codes (m: r =
 // 1.85 of 7 levels, v: r = 1.05 of 15). The decoded means are the true values (bounds: 4 standard
 // errors of the mean over 520K elements); rounding to nearest (quantize_state: what shows that the
