@@ -289,20 +289,25 @@ Status OptimizerSwapper::write_async(GroupId gid, size_t state, const void* src,
   }
   if (opts_.states[state].write_back)
     ZOE_RETURN_IF_ERROR(discard_preloaded());  // a preloaded copy would be stale
-  size_t index;
+  const size_t bytes = state_bytes(state, n), span = span_bytes(n, state);
+  // Borrowed: the disk reads src itself, so no buffer is taken; such writes count apart (at most
+  // kMaxBorrowedWrites in flight), so a module's chunks are in flight together.
+  borrow = borrow && span == bytes && reinterpret_cast<uintptr_t>(src) % 4096 == 0;
+  size_t index = kBorrowed;
   {
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return !async_free_.empty(); });
-    index = async_free_.back();
-    async_free_.pop_back();
+    if (borrow) {
+      cv_.wait(lock, [&] { return borrowed_writes_ < kMaxBorrowedWrites; });
+      borrowed_writes_++;
+    } else {
+      cv_.wait(lock, [&] { return !async_free_.empty(); });
+      index = async_free_.back();
+      async_free_.pop_back();
+    }
     async_writes_++;
   }
-  const size_t bytes = state_bytes(state, n), span = span_bytes(n, state);
-  // Borrowed: the disk reads src itself (the buffer's slot only counts the write in flight).
-  char* buf = pool_->buffer(index);
-  if (borrow && span == bytes && reinterpret_cast<uintptr_t>(src) % 4096 == 0) {
-    buf = static_cast<char*>(const_cast<void*>(src));
-  } else {
+  char* buf = borrow ? static_cast<char*>(const_cast<void*>(src)) : pool_->buffer(index);
+  if (!borrow) {
     memcpy(buf, src, bytes);
     memset(buf + bytes, 0, span - bytes);
   }
@@ -318,7 +323,11 @@ Status OptimizerSwapper::write_async(GroupId gid, size_t state, const void* src,
                   std::lock_guard<std::mutex> lock(mu_);
                   if (!done.status().is_ok() && async_err_.is_ok())
                     async_err_ = done.status().with_context("writing optimizer state chunk " + what);
-                  async_free_.push_back(index);
+                  if (index == kBorrowed) {
+                    borrowed_writes_--;
+                  } else {
+                    async_free_.push_back(index);
+                  }
                   async_writes_--;
                   cv_.notify_all();
                 });

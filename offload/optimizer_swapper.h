@@ -86,7 +86,8 @@ class OptimizerSwapper {
   Status write_state_async(GroupId gid, size_t state, const void* src, size_t begin, size_t n);
   // The same, written from src itself where it can be (src 4096-byte aligned and the chunk whole
   // 4096-byte blocks; else copied as write_state_async does): no copy, so the caller must leave
-  // src unchanged until wait_async_writes() returns. Still at most async_buffers writes at once.
+  // src unchanged until wait_async_writes() returns. Such writes take no buffer: at most
+  // kMaxBorrowedWrites of them are in flight at once, beside the async_buffers copied ones.
   Status write_state_borrowed(GroupId gid, size_t state, const void* src, size_t begin, size_t n);
   Status wait_async_writes();
 
@@ -179,9 +180,11 @@ class OptimizerSwapper {
   };
   std::vector<Preloaded> preloaded_;
   Status release_preloaded(Preloaded& p);
-  Status discard_preloaded();       // drop_preloaded() without ending the step's read-ahead
-  bool read_ahead_ = false;         // read_ahead_next_step() ran since the last step()
-  size_t async_writes_ = 0;         // write_state_async() writes in flight, guarded by mu_
+  Status discard_preloaded();                    // drop_preloaded() without ending the step's read-ahead
+  bool read_ahead_ = false;                      // read_ahead_next_step() ran since the last step()
+  size_t async_writes_ = 0;                      // write_state_async() writes in flight, guarded by mu_
+  size_t borrowed_writes_ = 0;                   // of which borrowed (no buffer taken), guarded by mu_
+  static constexpr size_t kBorrowed = SIZE_MAX;  // the buffer index of a borrowed write
   std::vector<size_t> async_free_;  // its free buffers (pool indices after the slots'), guarded by mu_
   Status async_err_;                // the first of their errors since the last wait, guarded by mu_
 };

@@ -46,15 +46,20 @@ class Transfers {
 
   // Copies bytes [first, first + len) between caller memory `data` (any alignment) and the NVMe
   // extent `key` of `alloc` bytes, through the synchronous staging buffer; the disk sees whole
-  // 4096-byte blocks (a write pads the last one with zeros). Blocks until the I/O is done: the
-  // caller must not hold a lock that the poster's work takes.
+  // 4096-byte blocks (a write pads the last one with zeros). A write from 4096-byte aligned
+  // memory sends its whole blocks from `data` itself, kDirectWritesInFlight staging-sized pieces
+  // at once (the initial placing of every partition). Blocks until the I/O is done: the caller
+  // must not hold a lock that the poster's work takes.
   Status copy_sync(const StateKey& key, uint64_t alloc, char* data, bool write, uint64_t first, uint64_t len);
+  static constexpr size_t kDirectWritesInFlight = 8;
 
   // Waits for the device streams to finish what was queued on them.
   void synchronize();
 
  private:
   Transfers(Poster& poster, SwapStore* nvme) : poster_(poster), nvme_(nvme) {}
+  // Whole blocks [first, first + len) written from `data` (4096-byte aligned) in pieces.
+  Status write_direct(const StateKey& key, const char* data, uint64_t first, uint64_t len);
   // One hop of len bytes: the NVMe side at `offset` of key, the host and device sides at the
   // addresses given. done runs on the poster thread.
   void hop(Link link, const StateKey& key, uint64_t offset, char* host, char* device, size_t len, Done done);

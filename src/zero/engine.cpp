@@ -228,8 +228,8 @@ Status Engine::Impl::PlaceScratch::allocate(size_t elems, size_t compute_bytes) 
 }
 
 // Module m's initial values: the caller's init writes every element it is given; the padding is
-// zeroed here; then the compute-dtype copy. The scratch is reused module after module (no fresh
-// pages to fault in and clear per module).
+// zeroed here. The scratch is reused module after module (no fresh pages to fault in and clear per
+// module). The compute-dtype copy is made by store_module, on the placing thread.
 Status Engine::Impl::fill_values(zero::ModuleId m,
                                  const std::function<void(size_t, size_t, float*, size_t)>& init,
                                  PlaceScratch* s) {
@@ -237,14 +237,20 @@ Status Engine::Impl::fill_values(zero::ModuleId m,
   float* full = s->full;
   for (size_t p = 0; p < mod.specs.size(); ++p) init(m.index, p, full + mod.offset[p], mod.numel[p]);
   std::fill(full + mod.total, full + mod.padded, 0.0f);
+  return Status::ok();
+}
+
+// The compute-dtype copy of module m's values in s.
+Status Engine::Impl::compute_copy(zero::ModuleId m, const PlaceScratch& s) {
+  const zero::ModuleLayout& mod = modules[m];
   if (ctx.shape.cdt == DType::kF32) {
-    memcpy(s->cbuf, full, mod.padded * 4);
+    memcpy(s.cbuf, s.full, mod.padded * 4);
     return Status::ok();
   }
   // The SIMD conversion, in software RNE (the bits zero::store_compute gives).
   optim::Exec ex;
   ex.hw_bf16 = false;
-  return optim::convert_with_norm(full, DType::kF32, s->cbuf, ctx.shape.cdt, mod.padded, false, ex).status();
+  return optim::convert_with_norm(s.full, DType::kF32, s.cbuf, ctx.shape.cdt, mod.padded, false, ex).status();
 }
 
 // Module m's values (fill_values) into their homes: its compute parameters and the optimizer
@@ -252,8 +258,10 @@ Status Engine::Impl::fill_values(zero::ModuleId m,
 Status Engine::Impl::store_module(zero::ModuleId m, const PlaceScratch& s) {
   const zero::ModuleLayout& mod = modules[m];
   zero::OpsFence fence(*ctx.ops);  // the copies below read s's buffers
-  ZOE_RETURN_IF_ERROR(homes->place(m, s.cbuf));
+  // The optimizer's share first: its NVMe writes (from s.full) run while the compute copy is made.
   ZOE_RETURN_IF_ERROR(update->place(m, s.full + mod.opt_begin));
+  ZOE_RETURN_IF_ERROR(compute_copy(m, s));
+  ZOE_RETURN_IF_ERROR(homes->place(m, s.cbuf));
   // The masters on NVMe are written from s.full itself (Updater::place): done before s is reused.
   ZOE_RETURN_IF_ERROR_CTX(update->wait_placed(), "writing the initial optimizer states of " + mod.name);
   return fence.wait();

@@ -117,10 +117,12 @@ struct Engine::Impl {
     char* cbuf = nullptr;
     Status allocate(size_t elems, size_t compute_bytes);
   };
-  // Module m's initial values in s (the caller's init, its padding, the compute-dtype copy), then
-  // those values into their homes (store_module: on the placing thread of place_all()).
+  // Module m's initial values in s (the caller's init and its padding), then those values into
+  // their homes (store_module, on the placing thread of place_all(): the optimizer's share, the
+  // compute-dtype copy (compute_copy) and the compute parameters).
   Status fill_values(zero::ModuleId m, const std::function<void(size_t, size_t, float*, size_t)>& init,
                      PlaceScratch* s);
+  Status compute_copy(zero::ModuleId m, const PlaceScratch& s);
   Status store_module(zero::ModuleId m, const PlaceScratch& s);
   // Every module's initial values in their homes: module i+1's values are computed on the caller's
   // thread while module i's are stored on a placing thread (two scratches).

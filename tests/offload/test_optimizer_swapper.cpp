@@ -198,15 +198,17 @@ TEST(Swapper, BorrowedChunkWritesLandAsCopiedOnes) {
   // write_state_borrowed: from an aligned source, its whole-block chunks are written from the
   // source itself, an unaligned source and the ragged last chunk are copied; either way the state
   // reads back as the source once wait_async_writes() returns, and a write error is reported.
+  // More chunks than kMaxBorrowedWrites: the borrowed writes wait for each other too.
   Rig r;
   ASSERT_TRUE(r.init(MiB(), 64 * MiB()));
   for (bool nvme : {true, false}) {
-    const size_t n = 100003;
+    const size_t n = 400003;
     auto sw = group_swapper(r, nvme, n);
     ASSERT_NE(sw, nullptr);
     OptimizerSwapper& w = *sw;
     const size_t c = w.chunk_elems();
     ASSERT_EQ(c * 4 % 4096, 0u);
+    ASSERT_GT(n / c, kMaxBorrowedWrites);
     auto g = series(n, 13);
     std::unique_ptr<float, void (*)(void*)> mem(
         static_cast<float*>(std::aligned_alloc(4096, ((n + 1) * 4 + 4095) / 4096 * 4096)), std::free);
