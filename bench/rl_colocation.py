@@ -19,7 +19,7 @@ The order within a round is reversed on odd rounds (the disk's rate swings 2x fr
 minute). Progress goes to stderr; a table (or with --json one JSON object) to stdout. Run it alone
 (flock -x /tmp/zoe-heavy.lock ...).
 Usage: PYTHONPATH=build/python bench/rl_colocation.py [--nvme-path DIR] [--rounds 3]
-       [--sleep-params 60e6] [--stream-layers 22] [--skip-stream] [--json]
+       [--sleep-params 60e6] [--stream-layers 22] [--skip-stream | --skip-sleep] [--json]
 """
 import argparse
 import datetime
@@ -185,21 +185,23 @@ def main():
     ap.add_argument("--sleep-params", type=float, default=60e6)
     ap.add_argument("--stream-layers", type=int, default=22, help="decoder layers of the streamed Llama (22: 1.1B)")
     ap.add_argument("--skip-stream", action="store_true", help="only the sleep/wake part")
+    ap.add_argument("--skip-sleep", action="store_true", help="only the gathered_parameters() part")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="zoe-rl-bench-", dir=a.nvme_path) as work:
         res = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
-               "sleep_wake": bench_sleep(a, work)}
+               "sleep_wake": None if a.skip_sleep else bench_sleep(a, work)}
         if not a.skip_stream:
             res["gathered_parameters"] = bench_stream(a, work)
     if a.json:
         print(json.dumps(res))
         return 0
     s = res["sleep_wake"]
-    print(f"sleep()+wake(), {s['device_bytes'] / 2**20:.0f} MiB on the device: {s['median_ratio']:.2f}x "
-          f"the link's time for the same bytes (target <= 1.2x), {s['median_ratio_fresh']:.2f}x the same copies "
-          "into fresh memory")
+    if s is not None:
+        print(f"sleep()+wake(), {s['device_bytes'] / 2**20:.0f} MiB on the device: {s['median_ratio']:.2f}x "
+              f"the link's time for the same bytes (target <= 1.2x), {s['median_ratio_fresh']:.2f}x the same "
+              "copies into fresh memory")
     if "gathered_parameters" in res:
         g = res["gathered_parameters"]
         print(f"gathered_parameters(), {g['params'] / 1e9:.2f}B parameters from NVMe: "

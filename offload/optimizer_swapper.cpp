@@ -207,13 +207,22 @@ Status OptimizerSwapper::sync_transfer(uint64_t id, size_t state, char* data, bo
   return s;
 }
 
-// The chunks of [first, last) read with up to kSyncReadDepth in flight: one slot waited for, more
-// taken only where they are free now (another thread's transfers keep theirs), each chunk copied
-// out in order as its read completes.
+// The chunks of [first, last) read with up to kSyncReadDepth in flight. A chunk of whole 4096-byte
+// blocks whose place in `data` is 4096-byte aligned is read there itself; the others through a
+// slot (one waited for, more taken only where they are free now: another thread's transfers keep
+// theirs), copied out in order as their reads complete.
 Status OptimizerSwapper::sync_read(const Group& g, size_t state, char* data, size_t first, size_t last) {
-  constexpr size_t kSyncReadDepth = 4;
+  constexpr size_t kSyncReadDepth = 8;
+  auto dst = [&](size_t begin) { return data + state_bytes(state, begin - first); };
+  auto direct = [&](size_t begin, size_t n) {
+    return span_bytes(n, state) == state_bytes(state, n) &&
+           reinterpret_cast<uintptr_t>(dst(begin)) % 4096 == 0;
+  };
+  bool staged = false;
+  for (size_t b = first; b < last && !staged; b += chunk_elems_)
+    staged = !direct(b, std::min(chunk_elems_, last - b));
   std::vector<size_t> slots;
-  {
+  if (staged) {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return !free_.empty(); });
     while (!free_.empty() && slots.size() < kSyncReadDepth) {
@@ -221,6 +230,7 @@ Status OptimizerSwapper::sync_read(const Group& g, size_t state, char* data, siz
       free_.pop_back();
     }
   }
+  constexpr size_t kNoSlot = SIZE_MAX;  // read into `data` itself
   struct InFlight {
     io::IoHandle h;
     size_t slot, begin, n;
@@ -231,20 +241,22 @@ Status OptimizerSwapper::sync_read(const Group& g, size_t state, char* data, siz
   std::vector<size_t> idle = slots;
   size_t next = first;
   while (s.is_ok() && (next < last || !flight.empty())) {
-    if (next < last && !idle.empty()) {
-      const size_t n = std::min(chunk_elems_, last - next), slot = idle.back();
-      idle.pop_back();
+    const size_t n = std::min(chunk_elems_, last - next);
+    const bool here = next < last && direct(next, n);
+    if (next < last && flight.size() < kSyncReadDepth && (here || !idle.empty())) {
+      const size_t slot = here ? kNoSlot : idle.back();
+      if (!here) idle.pop_back();
+      char* to = here ? dst(next) : slot_buffer(slot, state);
       flight.push_back(
-          {store_->read(key, home_offset(state, next), slot_buffer(slot, state), span_bytes(n, state)), slot,
-           next, n});
+          {store_->read(key, home_offset(state, next), to, span_bytes(n, state)), slot, next, n});
       next += n;
       continue;
     }
     InFlight f = std::move(flight.front());
     flight.pop_front();
     s = f.h->wait();
-    if (s.is_ok())
-      memcpy(data + state_bytes(state, f.begin - first), slot_buffer(f.slot, state), state_bytes(state, f.n));
+    if (f.slot == kNoSlot) continue;
+    if (s.is_ok()) memcpy(dst(f.begin), slot_buffer(f.slot, state), state_bytes(state, f.n));
     idle.push_back(f.slot);  // free again for the next chunk
   }
   for (InFlight& f : flight) (void)f.h->wait();  // after an error: nothing may still write the slots

@@ -15,9 +15,12 @@
 #include <pybind11/stl.h>
 #include <optional>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <new>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -147,6 +150,70 @@ std::shared_ptr<zoe::Runtime> get_runtime(bool force_local) {
 }
 
 // An engine with what it refers to: the runtime outlives it; the config is kept for its keys.
+// read_module_master's arrays: 4096-byte aligned (the engine reads whole chunks from NVMe into
+// them, with no copy), and the last one given back kept for the next read, so a stream of modules
+// reuses pages already faulted in instead of the kernel's handing out (and zeroing) fresh ones at
+// every module. The GIL guards it.
+class ReadArrays : public std::enable_shared_from_this<ReadArrays> {
+ public:
+  ~ReadArrays() { std::free(kept_); }
+  // An array of n floats whose memory goes back to this pool when the last view of it goes.
+  py::array_t<float> take(size_t n) {
+    const size_t bytes = (std::max<size_t>(n, 1) * sizeof(float) + 4095) & ~size_t{4095};
+    void* mem = nullptr;
+    size_t have = bytes;
+    if (kept_ && kept_bytes_ >= bytes && kept_bytes_ - bytes <= bytes) {  // at most twice what is asked
+      mem = kept_;
+      have = kept_bytes_;
+      kept_ = nullptr;
+    } else {
+      mem = std::aligned_alloc(4096, bytes);
+      if (!mem) throw std::bad_alloc();
+      live_ += bytes;
+      peak_ = std::max(peak_, live_);
+    }
+    struct Owner {
+      std::weak_ptr<ReadArrays> pool;
+      void* mem;
+      size_t bytes;
+    };
+    py::capsule owner(new Owner{weak_from_this(), mem, have}, [](void* p) {
+      std::unique_ptr<Owner> o(static_cast<Owner*>(p));
+      if (auto pool = o->pool.lock()) {
+        pool->give_back(o->mem, o->bytes);
+      } else {
+        std::free(o->mem);
+      }
+    });
+    return py::array_t<float>({static_cast<py::ssize_t>(n)}, {static_cast<py::ssize_t>(sizeof(float))},
+                              static_cast<float*>(mem), owner);
+  }
+  // Frees the array kept (the end of a stream).
+  void drop() { release(&kept_, kept_bytes_); }
+  // The bytes of these arrays alive at once at most (the one kept included), since the start.
+  size_t peak_bytes() const { return peak_; }
+
+ private:
+  void release(void** mem, size_t bytes) {
+    if (!*mem) return;
+    std::free(*mem);
+    *mem = nullptr;
+    live_ -= bytes;
+  }
+  void give_back(void* mem, size_t bytes) {
+    if (kept_ && kept_bytes_ >= bytes) {
+      release(&mem, bytes);
+      return;
+    }
+    release(&kept_, kept_bytes_);
+    kept_ = mem;
+    kept_bytes_ = bytes;
+  }
+  void* kept_ = nullptr;
+  size_t kept_bytes_ = 0;
+  size_t live_ = 0, peak_ = 0;
+};
+
 class PyEngine {
  public:
   PyEngine(std::shared_ptr<zoe::Runtime> rt, zoe::Config cfg) : rt_(std::move(rt)), cfg_(std::move(cfg)) {
@@ -166,8 +233,10 @@ class PyEngine {
   int rank() const { return rt_->rank(); }
   int world_size() const { return rt_->world_size(); }
   int local_rank() const { return rt_->local_rank(); }
+  ReadArrays& read_arrays() { return *read_arrays_; }
 
  private:
+  std::shared_ptr<ReadArrays> read_arrays_ = std::make_shared<ReadArrays>();
   std::shared_ptr<zoe::Runtime> rt_;
   zoe::Config cfg_;
   std::unique_ptr<zoe::Engine> eng_;
@@ -422,7 +491,7 @@ void bind_engine_state(py::class_<PyEngine>& c) {
         })
       .def("read_module_master",
            [](PyEngine& self, size_t mi, size_t numel) {
-             py::array_t<float> a(static_cast<py::ssize_t>(numel));
+             py::array_t<float> a = self.read_arrays().take(numel);
              zoe::Status s;
              {
                py::gil_scoped_release nogil;
@@ -431,6 +500,8 @@ void bind_engine_state(py::class_<PyEngine>& c) {
              check(s);
              return a;
            })
+      .def("drop_read_arrays", [](PyEngine& self) { self.read_arrays().drop(); })
+      .def("read_arrays_peak_bytes", [](PyEngine& self) { return self.read_arrays().peak_bytes(); })
       .def(
           "save",
           [](PyEngine& self, const std::string& dir, const std::string& tag, const std::string& state,

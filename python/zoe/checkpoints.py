@@ -96,6 +96,16 @@ def _read_each(engine, modules, yields, dtype=None):
     """gathered_parameters' iterator (its checks run when it is called, not at the first next())."""
     phase = engine._phase
     at = (phase.global_steps, phase.micro_steps)
+    try:
+        yield from _read_modules(engine, modules, yields, dtype, at)
+    finally:
+        engine._eng.drop_read_arrays()  # the array kept for the next module's read
+
+
+def _read_modules(engine, modules, yields, dtype, at):
+    """Each zoe module read whole (into an array the binding reuses once it is let go), its
+    parameters yielded as views of it."""
+    phase = engine._phase
     names = engine._layout.torch_names
     for zm in modules:
         if (phase.global_steps, phase.micro_steps) != at:

@@ -75,6 +75,10 @@ Status Engine::read_module_master(size_t m, float* out) {
   ZOE_RETURN_IF_ERROR(I.update->finish());
   I.update->unspeculate_all();  // as read_master()
   const zero::ModuleLayout& mod = I.modules[id];
+  // The parameters are back to back from the module's start (its padding after them): read
+  // straight into `out` where this rank holds the whole fp32 master.
+  ZOE_ASSIGN_OR_RETURN(const bool direct, I.update->read_master_direct(id, mod.total, out));
+  if (direct) return Status::ok();
   std::unique_ptr<float[]> full(new float[mod.padded]);
   ZOE_RETURN_IF_ERROR(I.update->read_module_master(id, full.get()));
   for (size_t p = 0; p < mod.numel.size(); ++p) {

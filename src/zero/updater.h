@@ -221,6 +221,11 @@ class Updater final : public GradSink {
   // Module m's whole fp32 master in its padded layout (gathered from every rank): `full` holds
   // the module's padded element count.
   Status read_module_master(ModuleId m, float* full);
+  // The first n (at most the padded count) of module m's fp32 master values into `out`, straight
+  // from where they are stored (NVMe: whole chunks read into `out` itself, no copy where it is
+  // 4096-byte aligned), where this rank owns the whole module (stage 0, or one rank) and stores
+  // the master in fp32; false (nothing read) otherwise.
+  Result<bool> read_master_direct(ModuleId m, size_t n, float* out);
 
   // Waits for everything in flight (no collectives) and frees device memory: before the device goes.
   void shutdown();

@@ -332,6 +332,27 @@ Status Updater::read_module_master(ModuleId m, float* full) {
   return Status::ok();
 }
 
+Result<bool> Updater::read_master_direct(ModuleId m, size_t n, float* out) {
+  const ModuleLayout& mod = modules_[m];
+  const bool own_all = shape_.stage == 0 || shape_.world == 1;
+  if (!own_all || mod.frozen || r_.master_in_compute || r_.master != optim::MasterFormat::kF32 ||
+      mod.opt_begin != 0 || n > mod.opt_n)
+    return false;
+  if (mod.opt_home != Tier::kNvme) {
+    ZOE_RETURN_IF_ERROR(read_state(m, OptState::kMaster, 0, n, out));
+    return true;
+  }
+  // The swapper reads whole chunks (a range ends on a chunk boundary or at the group's end).
+  const size_t chunk = io_chunk_elems(), whole = n / chunk * chunk;
+  if (whole > 0) ZOE_RETURN_IF_ERROR(read_state(m, OptState::kMaster, 0, whole, out));
+  if (whole < n) {
+    std::vector<float> tail(mod.opt_n - whole);
+    ZOE_RETURN_IF_ERROR(read_state(m, OptState::kMaster, whole, tail.size(), tail.data()));
+    memcpy(out + whole, tail.data(), (n - whole) * 4);
+  }
+  return true;
+}
+
 // ---------------------------------------------------------------------------------------------
 // The sums of the gradients (GradSink)
 

@@ -222,6 +222,14 @@ TEST(Swapper, BorrowedChunkWritesLandAsCopiedOnes) {
       std::vector<float> back(n);
       ASSERT_OK(w.read_state(GroupId{1}, 0, back.data()));
       EXPECT_EQ(test::first_mismatch(back.data(), g.data(), n * 4), -1) << (nvme ? "nvme" : "host") << shift;
+      // Read into aligned memory (whole chunks straight into it, the ragged last one through a
+      // slot) and one element off (every chunk through a slot): the same values.
+      ASSERT_OK(w.read_state(GroupId{1}, 0, src));
+      EXPECT_EQ(test::first_mismatch(src, g.data(), n * 4), -1) << (nvme ? "nvme" : "host") << shift;
+      memset(src, 0xff, n * 4);
+      ASSERT_OK(w.read_state(GroupId{1}, 0, src, c, n - c));  // from the second chunk to the end
+      EXPECT_EQ(test::first_mismatch(src, g.data() + c, (n - c) * 4), -1)
+          << (nvme ? "nvme" : "host") << shift;
     }
     if (!nvme) continue;
     r.faults.clear();

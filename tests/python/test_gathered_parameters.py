@@ -4,7 +4,8 @@ at a time, in the model's own names (the two-rank case is in test_torch_mpi.py):
   model.named_parameters()' order, a tied parameter once; dtype=torch.bfloat16 gives the fp32
   tensors cast;
 - loaded into a plain copy of the model, the copy's loss is the engine's;
-- the iterator holds one zoe module at a time (numpy's allocations, which tracemalloc sees);
+- the iterator holds one zoe module at a time (numpy's allocations, which tracemalloc sees, and the
+  modules' arrays, which the binding counts; an array let go is reused for the next module's read);
 - misuse (a dtype that is not floating, mid-accumulation, training while the iterator is open) is
   refused by name and the engine trains on."""
 import tracemalloc
@@ -31,6 +32,10 @@ def test_same_tensors_as_a_consolidated_checkpoint(place, tmp_path):
     want = zoe.consolidate(eng.save_checkpoint(str(tmp_path / "ckpt")))
     for n, t in got:
         assert t.dtype == torch.float32 and torch.equal(t, want[n]), n
+    # Each module's array let go at once is reused for the next read; the arrays held (got's) are not.
+    again = {n: t.clone() for n, t in eng.gathered_parameters()}
+    for n, t in got:
+        assert torch.equal(again[n], t) and torch.equal(t, want[n]), n
     bf = dict(eng.gathered_parameters(dtype=torch.bfloat16))
     for n, t in got:
         assert bf[n].dtype == torch.bfloat16 and torch.equal(bf[n], t.to(torch.bfloat16)), n
@@ -69,6 +74,10 @@ def test_holds_one_module_at_a_time(tmp_path):
     module = max(sum(torch.Size(s).numel() for s in zm.shapes) for zm in eng._layout.zmods) * 4
     assert n * 4 == total and total > 20 * largest and total > 8 * module
     assert peak < 2 * module + 3 * largest, f"peak {peak} bytes, largest module {module}, tensor {largest}, model {total}"
+    # The modules' arrays themselves (4096-byte aligned, outside tracemalloc's view): at most two
+    # at once, each at most twice its module (one kept array serves a smaller module).
+    arrays = eng._eng.read_arrays_peak_bytes()
+    assert 0 < arrays <= 2 * (2 * module + 4096), f"arrays {arrays} bytes at once, largest module {module}"
     eng.close()
 
 
