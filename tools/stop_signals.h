@@ -107,15 +107,21 @@ class StopSignals {
   }
 
   // The command has ended and said so (its result, or its error, is printed; rc its exit status):
-  // a signal from now on (mpirun ending the other ranks of a job one of whose ranks failed) ends
-  // the process at once with that status, saying nothing more (a "stopping at the next step
-  // boundary" after the final error would be wrong, and would bury it).
+  // a signal from now on says nothing more (a "stopping at the next step boundary" after the
+  // final error would be wrong, and would bury it). After a failure (mpirun ending the other ranks
+  // of a job one of whose ranks failed) it ends the process at once with that status. After a
+  // success the first one is ignored: the process finishes its exit, MPI's finalize included (a
+  // rank leaving without it makes mpirun call the finished job failed, exit status 1); a second
+  // one ends it at once.
   static void run_ended(int rc) { ended_rc_.store(rc); }
 
  private:
   // Async-signal-safe: a lock-free atomic, write(2) and _exit(2).
   static void on_signal(int sig) {
-    if (const int rc = ended_rc_.load(); rc >= 0) _exit(rc);
+    if (const int rc = ended_rc_.load(); rc >= 0) {
+      if (rc == 0 && late_signals_.fetch_add(1) == 0) return;
+      _exit(rc);
+    }
     if (sig == SIGINT && requested_.load() != 0) {
       static const char kMsg[] = "zoe: second SIGINT: exiting at once\n";
       (void)!write(STDERR_FILENO, kMsg, sizeof kMsg - 1);
@@ -137,6 +143,7 @@ class StopSignals {
   static inline std::atomic<bool> unlinked_{false};
   static inline std::atomic<int> requested_{0};
   static inline std::atomic<int> ended_rc_{-1};
+  static inline std::atomic<int> late_signals_{0};  // signals after a successful end
   static inline std::atomic<bool> stopping_{false};
   static inline std::atomic<uint64_t> step_ns_{0};
   static inline std::atomic<int> rank_{0};
