@@ -149,7 +149,6 @@ std::shared_ptr<zoe::Runtime> get_runtime(bool force_local) {
   return rt;
 }
 
-// An engine with what it refers to: the runtime outlives it; the config is kept for its keys.
 // read_module_master's arrays: 4096-byte aligned (the engine reads whole chunks from NVMe into
 // them, with no copy), and the last one given back kept for the next read, so a stream of modules
 // reuses pages already faulted in instead of the kernel's handing out (and zeroing) fresh ones at
@@ -214,6 +213,7 @@ class ReadArrays : public std::enable_shared_from_this<ReadArrays> {
   size_t live_ = 0, peak_ = 0;
 };
 
+// An engine with what it refers to: the runtime outlives it; the config is kept for its keys.
 class PyEngine {
  public:
   PyEngine(std::shared_ptr<zoe::Runtime> rt, zoe::Config cfg) : rt_(std::move(rt)), cfg_(std::move(cfg)) {
