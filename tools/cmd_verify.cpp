@@ -477,7 +477,7 @@ static void add_verify_command(CLI::App& app) {
   cmd->add_option(
          "--hf-config", o->hf_config,
          "A Hugging Face causal LM instead of the reference GPT: a transformers config.json, a folder\n"
-         "holding one, or a model name in the local cache (random weights and tokens, dropout set to 0;\n"
+         "holding one, or a model name in the local cache (random weights and tokens, dropout kept;\n"
          "run through zoe's Python package: ZOE_PYTHON or python3 with zoe and transformers)")
       ->excludes(preset);
   cmd->add_option("--steps", o->steps, "Optimizer steps of each run")

@@ -9,7 +9,7 @@ The names load on first use: `import zoe` alone (the `zoe` command's entry point
 torch nor the C++ extension.
 """
 
-__all__ = ["Engine", "StepStats", "ZoeError", "consolidate", "initialize", "rank_and_world", "verify"]
+__all__ = ["Engine", "StepStats", "ZoeError", "consolidate", "initialize", "micro_batch_seed", "rank_and_world", "verify"]
 
 _ENGINE_NAMES = ("Engine", "StepStats", "consolidate", "initialize")
 
@@ -36,6 +36,10 @@ def __getattr__(name):
         from .verification import verify
 
         return verify
+    if name == "micro_batch_seed":  # train_batch's seed of a step's micro-batch (streams.py)
+        from .streams import micro_batch_seed
+
+        return micro_batch_seed
     if name == "ZoeError":
         return _extension().ZoeError
     if name == "hf":  # zoe.hf.Trainer and the Hugging Face helpers
@@ -46,7 +50,7 @@ def __getattr__(name):
 
 
 def __dir__():
-    return sorted(list(globals()) + list(_ENGINE_NAMES) + ["ZoeError"])
+    return sorted(list(globals()) + list(_ENGINE_NAMES) + ["ZoeError", "micro_batch_seed"])
 
 
 def rank_and_world():

@@ -34,6 +34,8 @@ from .fetch import as_tensor as _as_tensor  # noqa: F401 (zoe.engine._as_tensor,
 from .fetch import view_ptr as _view_ptr  # noqa: F401 (zoe.engine._view_ptr, read by the tests)
 from .hooks import UnitHooks
 from .phase import PhaseState
+from .streams import MicroBatchStreams
+from .streams import micro_batch_seed  # noqa: F401 (zoe.engine.micro_batch_seed)
 
 logger = logging.getLogger(__name__)
 
@@ -235,7 +237,11 @@ class Engine:
         once in the forward and once in the backward for all the micro-batches (layer_major.py);
         otherwise the micro-batches run one after another through the whole model (the micro-batch
         schedule). Either way the same gradients, summed in the same order, as the same calls made
-        by hand. The step's StepStats are in engine.last_step_stats, whose .schedule says which
+        by hand. Random draws (dropout): micro-batch g draws from a stream of its own, seeded with
+        zoe.micro_batch_seed(engine.global_steps, g) (streams.py), so both schedules draw the same
+        masks and give the same bits; torch's default generators are left as they were (calls made
+        by hand give the same bits where each micro-batch runs after torch.manual_seed of its seed,
+        the seeds all taken first). The step's StepStats are in engine.last_step_stats, whose .schedule says which
         schedule ran (with gradient_accumulation_steps 1 the two are the same calls: "micro-batch";
         a model the layer-major path cannot drive runs the micro-batch schedule, said once)."""
         batches = list(batches)
@@ -251,14 +257,17 @@ class Engine:
             stack = decoder_stack(self.module)
             lm = LayerMajor(self, stack) if stack is not None else None
             if lm is not None and lm.supported:
+                streams = MicroBatchStreams(self._phase.global_steps, len(batches), self.device)
                 try:
-                    losses = lm.step(batches, loss_fn)
+                    losses = lm.step(batches, loss_fn, streams)
                 except BaseException:
                     # Part of the step's gradients may have reached zoe: no step is taken from them.
                     self._phase.failed_micro_batch = self._phase.micro_steps + 1
                     self._phase.phase = self._phase._resting()
                     self._fetcher.release_all(self._layout.zmods)
                     raise
+                finally:
+                    streams.close()
                 stats = self.step()
                 stats.fields["schedule"] = "layer-major"
                 self.last_step_stats = stats
@@ -272,16 +281,21 @@ class Engine:
                 logger.warning("zoe.schedule \"layer-major\": %s, so engine.train_batch runs the micro-batch "
                                "schedule (the same results); set zoe.schedule \"micro-batch\" to silence this", why)
         losses = []
-        for i, b in enumerate(batches):
-            if isinstance(b, dict):
-                out = self.forward(**b)
-            elif isinstance(b, (tuple, list)):
-                out = self.forward(*b)
-            else:
-                out = self.forward(b)
-            loss = _loss_of(out, b, loss_fn, i)
-            self.backward(loss)
-            losses.append(float(loss.detach().float()))
+        streams = MicroBatchStreams(self._phase.global_steps, len(batches), self.device)
+        try:
+            for i, b in enumerate(batches):
+                with streams.use(i):
+                    if isinstance(b, dict):
+                        out = self.forward(**b)
+                    elif isinstance(b, (tuple, list)):
+                        out = self.forward(*b)
+                    else:
+                        out = self.forward(b)
+                    loss = _loss_of(out, b, loss_fn, i)
+                    self.backward(loss)
+                losses.append(float(loss.detach().float()))
+        finally:
+            streams.close()
         stats = self.step()
         stats.fields["schedule"] = "micro-batch"
         self.last_step_stats = stats

@@ -25,7 +25,10 @@ The zoe modules outside the layers (embedding, final norm, head) stay fetched fr
 fetch to the end of steps 1, 3 and 5: a step fetches them at most three times, whatever G.
 
 Every module's gradients are reduced once per micro-batch, in micro-batch order, from the same
-values: without dropout the losses and weights are those of the micro-batch schedule, bit for bit.
+values. Micro-batch g draws its random numbers (dropout) from its own stream (streams.py), in the
+order the micro-batch schedule's forward draws them: the embedding's in step 1 (replayed in step 5),
+each layer's in step 2 (replayed by its recompute in step 4), the head's in step 3. So the losses
+and weights are those of the micro-batch schedule, bit for bit, with dropout on too.
 """
 import contextlib
 import copy
@@ -34,6 +37,7 @@ import torch
 
 from .activations import SavedActivation
 from .phase import Phase
+from .streams import rng_state, set_rng_state
 
 # Where the decoder layers of a transformers causal LM are (the architectures the HF tests cover).
 _STACKS = ("model.layers", "transformer.h", "gpt_neox.layers")
@@ -238,9 +242,10 @@ class LayerMajor:
             raise _Stop()
 
         fns = [record] + [None] * (len(self.stack) - 1)
+        self.starts = [self.streams.state(g) for g in range(len(batches))]
         with self._outer_kept() as held:
-            for b in batches:
-                with self._phase(Phase.FORWARD), torch.no_grad(), _stand_ins(self.stack, fns):
+            for g, b in enumerate(batches):
+                with self._phase(Phase.FORWARD), torch.no_grad(), _stand_ins(self.stack, fns), self.streams.use(g):
                     try:
                         self._call(b)
                     except _Stop:
@@ -262,9 +267,10 @@ class LayerMajor:
         for l, layer in enumerate(self.stack):
             with self._held(l), self._phase(Phase.FORWARD), torch.no_grad():
                 for g, (_, args, kwargs) in enumerate(inputs):
-                    rng[l][g] = _rng_state(h[l][g].device)
-                    a, kw = _with_hidden(args, kwargs, h[l][g])
-                    out = layer(*a, **kw)
+                    with self.streams.use(g):
+                        rng[l][g] = rng_state(self.e.device)
+                        a, kw = _with_hidden(args, kwargs, h[l][g])
+                        out = layer(*a, **kw)
                     self.tuple_out = isinstance(out, tuple)
                     h[l + 1][g] = out[0] if self.tuple_out else out
             # With zoe.activation_offload, layer l's inputs go to the activation store (device,
@@ -298,11 +304,17 @@ class LayerMajor:
 
         L = len(self.stack)
         leaf = h[L][g].detach().requires_grad_()
+        after_layers = self.streams.state(g)
 
         def out_of(i):
-            return lambda args, kwargs: self._wrap(leaf if i == L - 1 else h[i + 1][g])
+            def fn(args, kwargs):
+                if i == L - 1:  # the head draws on from where the layers' forward left the stream
+                    set_rng_state(after_layers, self.e.device)
+                return self._wrap(leaf if i == L - 1 else h[i + 1][g])
 
-        with self._phase(Phase.FORWARD), _stand_ins(self.stack, [out_of(i) for i in range(L)]):
+            return fn
+
+        with self._phase(Phase.FORWARD), _stand_ins(self.stack, [out_of(i) for i in range(L)]), self.streams.use(g):
             loss = _loss_of(self._call(batch), batch, loss_fn, g)
             params = [p for _, _, p in self.outer]
             grads = torch.autograd.grad(loss * scale if scale != 1.0 else loss, [leaf] + params, allow_unused=True)
@@ -346,7 +358,7 @@ class LayerMajor:
                             stored = self.e._acts.unpack(stored)
                         h[l][g] = None
                         x = stored.detach().requires_grad_()
-                        _set_rng_state(rng[l][g], x.device)
+                        set_rng_state(rng[l][g], self.e.device)
                         a, kw = _with_hidden(args, kwargs, x)
                         out = layer(*a, **kw)
                         y = out[0] if isinstance(out, tuple) else out
@@ -372,6 +384,7 @@ class LayerMajor:
             got.append(_hidden(args, kwargs))
             raise _Stop()
 
+        set_rng_state(self.starts[g], self.e.device)  # step 1's draws again (the embedding's dropout)
         with self._phase(Phase.FORWARD), _stand_ins(self.stack, [record] + [None] * (len(self.stack) - 1)):
             try:
                 self._call(b)
@@ -390,7 +403,9 @@ class LayerMajor:
             self.hooks.finish_backward()
         self._release_held()
 
-    def step(self, batches, loss_fn):
+    def step(self, batches, loss_fn, streams):
+        """The step's five phases; streams: the micro-batches' random streams (MicroBatchStreams)."""
+        self.streams = streams
         inputs = self._inputs(batches)
         h, rng = self._forward(inputs)
         losses, dh, shares = self._head(batches, h, loss_fn)
@@ -403,15 +418,3 @@ class LayerMajor:
         ps.phase = ps._resting()
         return losses
 
-
-def _rng_state(device):
-    cpu = torch.random.get_rng_state()
-    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-    return cpu, cuda
-
-
-def _set_rng_state(state, device):
-    cpu, cuda = state
-    torch.random.set_rng_state(cpu)
-    if cuda is not None:
-        torch.cuda.set_rng_state(cuda, device)

@@ -181,6 +181,72 @@ def test_layer_major_bits_across_placements(arch, stage, opt, param, gas, dtype,
         assert torch.equal(runs["layer-major"][1][n], w), n
 
 
+def dropout_config(arch):
+    """A tiny config of test_hf_models with dropout on everywhere the architecture has it."""
+    from test_hf_models import tiny_config
+
+    cfg = tiny_config(arch)
+    for key in ("resid_pdrop", "embd_pdrop", "attn_pdrop", "attention_dropout", "hidden_dropout"):
+        if hasattr(cfg, key):
+            setattr(cfg, key, 0.2)
+    return cfg
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "gpt_neox"])
+def test_dropout_gives_the_same_bits_in_both_schedules(arch, tmp_path):
+    """Dropout on (0.2 in the embedding, attention and residuals where the architecture has it):
+    train_batch draws micro-batch g's masks from its own stream (zoe.micro_batch_seed), so the
+    layer-major schedule gives the micro-batch schedule's losses and weights, bit for bit; those
+    are the calls made by hand with torch.manual_seed(micro_batch_seed(step, g)) before each
+    micro-batch; the masks are real (the losses differ from dropout off); torch's default
+    generator is left as train_batch found it."""
+    transformers = pytest.importorskip("transformers")
+    from test_hf_models import batches, build, hf_config
+
+    def built(cfg):
+        torch.manual_seed(0)
+        return transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
+
+    steps = groups([{"input_ids": ids, "labels": ids} for ids in batches(2 * GAS)])
+    torch.manual_seed(123)
+    base = torch.initial_seed()
+    runs = {}
+    for schedule in ("micro-batch", "layer-major"):
+        eng = zoe.initialize(built(dropout_config(arch)), hf_config(tmp_path / schedule, gas=GAS, schedule=schedule),
+                             force_local=True)
+        torch.manual_seed(base)
+        before = torch.random.get_rng_state()
+        losses = []
+        for step in steps:
+            losses += eng.train_batch(step)
+            assert eng.last_step_stats.schedule == schedule
+        assert torch.equal(torch.random.get_rng_state(), before), "train_batch drew from torch's default generator"
+        runs[schedule] = (losses, eng.master_params())
+        eng.close()
+    assert runs["layer-major"][0] == runs["micro-batch"][0]
+    for n, w in runs["micro-batch"][1].items():
+        assert torch.equal(runs["layer-major"][1][n], w), n
+    # The calls by hand, each micro-batch on its documented seed.
+    by_hand = zoe.initialize(built(dropout_config(arch)), hf_config(tmp_path / "hand", gas=GAS), force_local=True)
+    hand = []
+    for s, step in enumerate(steps):
+        seeds = [zoe.micro_batch_seed(s, g, base) for g in range(GAS)]
+        for g, b in enumerate(step):
+            torch.manual_seed(seeds[g])
+            loss = by_hand(**b).loss
+            by_hand.backward(loss)
+            hand.append(float(loss.detach().float()))
+        by_hand.step()
+    assert hand == runs["micro-batch"][0]
+    for n, w in by_hand.master_params().items():
+        assert torch.equal(runs["micro-batch"][1][n], w), n
+    by_hand.close()
+    # Without dropout the losses are others: the masks above were drawn and used.
+    off = zoe.initialize(build(arch), hf_config(tmp_path / "off", gas=GAS), force_local=True)
+    assert off.train_batch(steps[0]) != runs["micro-batch"][0][:GAS]
+    off.close()
+
+
 def test_layer_major_error_takes_no_step(tmp_path):
     """A failure in the middle of a layer-major step (here the loss of micro-batch 1) raises from
     train_batch, and no update is taken from the step's partial gradients."""
