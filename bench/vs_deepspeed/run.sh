@@ -5,8 +5,10 @@
 # ZeRO stage 3 with offload none | cpu | nvme (parameters and optimizer states), fp32 and bf16.
 #
 # usage: bash bench/vs_deepspeed/run.sh --out DIR [--quick] [--nvme-path DIR] [--models "gpt2 llama300m"]
-#          [--offloads "none cpu nvme"] [--precisions "fp32 bf16"] [--report-only]
+#          [--offloads "none cpu nvme"] [--precisions "fp32 bf16"] [--busy N] [--report-only]
 #   --quick        GPT-2 small only, fp32, 5 steps (each engine), every offload
+#   --busy N       each cell also runs as many rounds with N processes spinning on the CPU beside
+#                  both engines (alternating with the quiet rounds): results.md adds zoe / DS busy
 #   --report-only  no runs: DIR/results.* from the cells already in DIR/cells
 # Writes DIR/results.json, DIR/results.md, DIR/step_time.png (and DIR/cells, DIR/configs, DIR/logs).
 # ZOE_BENCH_LOCK=FILE: each cell runs under `flock -x FILE` (a quiet machine per cell, not for
@@ -24,7 +26,7 @@ cd "$(dirname "$0")/../.."
 root=$(pwd)
 here=$root/bench/vs_deepspeed
 
-out="" quick=0 nvme=${ZOE_SCRATCH:-/var/tmp} report_only=0
+out="" quick=0 nvme=${ZOE_SCRATCH:-/var/tmp} report_only=0 busy=0
 models="gpt2 llama300m" offloads="none cpu nvme" precisions="fp32 bf16"
 while [ $# -gt 0 ]; do
   case $1 in
@@ -34,8 +36,9 @@ while [ $# -gt 0 ]; do
     --models) models=$2; shift 2 ;;
     --offloads) offloads=$2; shift 2 ;;
     --precisions) precisions=$2; shift 2 ;;
+    --busy) busy=$2; shift 2 ;;
     --report-only) report_only=1; shift ;;
-    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "run.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -91,7 +94,7 @@ if [ $report_only = 0 ]; then
   for m in $models; do
     for p in $precisions; do
       for o in $offloads; do
-        args=(cell --out "$out" --model "$m" --offload "$o" --precision "$p" --nvme-path "$nvme")
+        args=(cell --out "$out" --model "$m" --offload "$o" --precision "$p" --nvme-path "$nvme" --busy "$busy")
         if [ $quick = 1 ]; then
           args+=(--rounds 5 --steps-per-round 1 --warmup 2)
         elif [ "$p" = bf16 ]; then

@@ -7,6 +7,9 @@ and the same batches (bench/vs_deepspeed/run.sh sets up the venv and calls this)
         engines read), starts one worker process per engine (worker.py), alternates them round by
         round (each round: --steps-per-round steps of one engine, then of the other; the first
         engine changes every round), and writes DIR/cells/<cell>.json with a row per engine.
+        --busy N: a busy machine beside the quiet one: twice the rounds, every second one with N
+        processes spinning on the CPU (stopped between those rounds); each row then also has
+        busy_step_s, the median busy step.
     vs_deepspeed.py reference --out DIR --model gpt2
         the fp32 reference: the same model, batches and steps through plain torch.optim.AdamW
         (the config's lr, betas, eps, weight_decay and gradient_clipping; no ZeRO, no offload),
@@ -148,8 +151,10 @@ def median_of(steps, key):
 
 
 def make_row(args, engine, worker, steps, peak):
-    """A results.json row: the measured steps are those after the warm-up."""
-    measured = [s for s in steps if s["i"] >= args.warmup]
+    """A results.json row: the measured steps are those after the warm-up (with --busy, step_s
+    from the quiet rounds' and busy_step_s from the busy rounds')."""
+    measured = [s for s in steps if s["i"] >= args.warmup and not s.get("busy")]
+    busy = [s for s in steps if s["i"] >= args.warmup and s.get("busy")]
     tokens = args.batch * args.seq
     step_s = median_of(measured, "step_s")
     breakdown = {}
@@ -166,9 +171,11 @@ def make_row(args, engine, worker, steps, peak):
            "optimizer_s": median_of(measured, "optimizer_s"), "init_s": worker.info.get("init_s"),
            "breakdown": breakdown, "params": worker.info.get("params"), "threads": worker.info.get("threads"),
            "batch": args.batch, "seq": args.seq, "steps": len(steps), "warmup": args.warmup,
-           "step_times": [s["step_s"] for s in steps]}
+           "step_times": [s["step_s"] for s in steps if not s.get("busy")],
+           "busy_cores": args.busy, "busy_step_s": median_of(busy, "step_s") if args.busy else None,
+           "busy_step_times": [s["step_s"] for s in steps if s.get("busy")]}
     if worker.error:
-        for k in ("step_s", "tokens_per_s", "nvme_read_bytes", "nvme_write_bytes", "forward_s", "backward_s",
+        for k in ("step_s", "busy_step_s", "tokens_per_s", "nvme_read_bytes", "nvme_write_bytes", "forward_s", "backward_s",
                   "optimizer_s"):
             row[k] = None
     return row
@@ -184,8 +191,27 @@ def batches_file(args, out):
     return batches
 
 
+def spinners(n):
+    """n processes spinning on the CPU, stopped (SIGSTOP) until a busy round continues them."""
+    import signal
+
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    for p in procs:
+        p.send_signal(signal.SIGSTOP)
+    return procs
+
+
+def set_busy(procs, on):
+    import signal
+
+    for p in procs:
+        p.send_signal(signal.SIGCONT if on else signal.SIGSTOP)
+
+
 def run_cell(args):
     out = Path(args.out)
+    if args.busy:
+        args.rounds *= 2  # quiet and busy rounds in turn
     name = cell_name(args.model, args.offload, args.precision)
     for d in ("configs", "cells", "logs"):
         (out / d).mkdir(parents=True, exist_ok=True)
@@ -199,6 +225,7 @@ def run_cell(args):
           f"tokens, config {config_path}", file=sys.stderr)
     engines = [e for e in ENGINES if e in args.engines.split(",")]
     workers, steps, peaks = {}, {e: [] for e in engines}, {e: 0 for e in engines}
+    spin = spinners(args.busy)
     try:
         for e in engines:  # one after the other: their initialisations do not overlap
             w = Worker(e, args, config_path, batches, out / "logs" / f"{name}-{e}.log", args.timeout)
@@ -208,17 +235,27 @@ def run_cell(args):
             print(f"[{name}] {e}: " + (f"ready in {time.perf_counter() - t0:.1f} s" if ok else f"error: {w.error}"),
                   file=sys.stderr)
         for r in range(args.rounds):
-            order = engines if r % 2 == 0 else engines[::-1]
+            busy = bool(args.busy) and r % 2 == 1
+            turn = r // 2 if args.busy else r
+            order = engines if turn % 2 == 0 else engines[::-1]
             idx = list(range(r * args.steps_per_round, (r + 1) * args.steps_per_round))
+            set_busy(spin, busy)
             for e in order:
                 reply = workers[e].request({"steps": idx})
                 if reply is None:
                     continue
+                for st in reply["steps"]:
+                    st["busy"] = busy
                 steps[e] += reply["steps"]
                 peaks[e] = max(peaks[e], reply["peak_rss_bytes"])
                 times = " ".join(f"{s['step_s']:.2f}" for s in reply["steps"])
-                print(f"[{name}] round {r + 1}: {e} s/step {times}", file=sys.stderr)
+                what = f" ({args.busy} busy)" if busy else ""
+                print(f"[{name}] round {r + 1}{what}: {e} s/step {times}", file=sys.stderr)
     finally:
+        for p in spin:
+            set_busy([p], True)
+            p.kill()
+            p.wait()
         for w in workers.values():
             w.close()
         import shutil
@@ -401,6 +438,9 @@ def markdown(results):
                 notes.append(f"- {model} / {off} / {prec}: {eng} failed: `{r['error']}`")
                 cells[3 if eng == "zoe" else 4] = "error (below)"
         lines.append("| " + " | ".join(cells) + " |")
+    busy = busy_lines(results)
+    if busy:
+        lines += [""] + busy
     if notes:
         lines += ["", "Errors, verbatim:", ""] + notes
     lines += ["", "Step: the median after the warm-up steps (means: the ratio of the mean steps); peak RSS: the engine's process while it trained "
@@ -408,6 +448,27 @@ def markdown(results):
               "vs torch AdamW: each engine's largest relative loss difference from plain torch.optim.AdamW on the same "
               "model, batches and config (fp32; vs_deepspeed.py reference)."]
     return "\n".join(lines) + "\n"
+
+
+def busy_lines(results):
+    """The busy machine's table (cells run with --busy): zoe / DeepSpeed quiet and busy, and how far
+    the busy ratio moved from the quiet one (zoe's target: within 1.15x)."""
+    lines = []
+    for (model, off, prec), e in cell_rows(results["rows"]).items():
+        z, d = e.get("zoe", {}), e.get("deepspeed", {})
+        if not z.get("busy_cores"):
+            continue
+        quiet, busy = ratio(z.get("step_s"), d.get("step_s")), ratio(z.get("busy_step_s"), d.get("busy_step_s"))
+        moved = ratio(busy, quiet)
+        lines.append(f"| {model} | {off} | {prec} | {z['busy_cores']} | {sec(z.get('step_s'))} / {sec(d.get('step_s'))} | "
+                     f"{sec(z.get('busy_step_s'))} / {sec(d.get('busy_step_s'))} | "
+                     + " | ".join("-" if x is None else f"{x:.2f}x" for x in (quiet, busy, moved)) + " |")
+    if not lines:
+        return []
+    return (["| model | offload | precision | busy processes | quiet s/step zoe / DS | busy s/step zoe / DS | "
+             "zoe / DS quiet | zoe / DS busy | busy / quiet |", "|---|---|---|---|---|---|---|---|---|"] + lines +
+            ["", "Busy: the cell's rounds alternate quiet and busy; in a busy round that many processes spin on "
+             "the CPU beside both engines (each figure the median of its rounds' steps after the warm-up)."])
 
 
 def plot(results, path):
@@ -477,6 +538,8 @@ def main():
                    help="offload_param.max_in_cpu for offload nvme (default: left out, 1e9 for both engines)")
     c.add_argument("--engines", default="zoe,deepspeed", help="comma-separated: zoe, deepspeed (default both)")
     c.add_argument("--timeout", type=float, default=900, help="seconds an engine may take for one request")
+    c.add_argument("--busy", type=int, default=0,
+                   help="processes spinning on the CPU in every second round (a busy machine; default 0: none)")
     f = sub.add_parser("reference", help="the fp32 reference: plain torch AdamW over the cells' batches")
     f.add_argument("--out", required=True)
     f.add_argument("--model", required=True, choices=MODELS)
@@ -491,6 +554,8 @@ def main():
         for k in ("rounds", "steps_per_round", "batch", "seq"):
             if getattr(a, k) < 1:
                 ap.error(f"--{k.replace('_', '-')} must be at least 1")
+        if a.busy < 0 or a.busy > 64:
+            ap.error(f"--busy {a.busy}: give 0 (a quiet machine) to 64 spinning processes")
         if a.warmup < 0 or a.warmup >= a.rounds * a.steps_per_round:
             ap.error("--warmup must be at least 0 and below --rounds x --steps-per-round")
         bad = [e for e in a.engines.split(",") if e not in ENGINES]

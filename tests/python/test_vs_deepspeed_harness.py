@@ -84,3 +84,28 @@ def test_zoe_half_of_the_harness(tmp_path):
     for got, want in zip(harness_ref["losses"], ref):
         assert got == pytest.approx(want, rel=1e-6)
     assert row["loss_max_rel_diff_torch"] is not None and row["loss_max_rel_diff_torch"] < 1e-5
+
+
+def test_busy_rounds_alternate_with_quiet_ones(tmp_path):
+    """--busy 1: twice the rounds, every second one with a process spinning beside the engine: the
+    row has the quiet and the busy medians (step_times quiet, busy_step_times busy, one a round),
+    the report has the busy table, and no spinning process outlives the cell."""
+    out = tmp_path / "out"
+    cell = [sys.executable, str(HARNESS / "vs_deepspeed.py"), "cell", "--out", str(out), "--model", "tiny",
+            "--offload", "cpu", "--precision", "fp32", "--engines", "zoe", "--rounds", "2",
+            "--steps-per-round", "1", "--warmup", "0", "--batch", "2", "--seq", "16", "--busy", "1",
+            "--nvme-path", str(tmp_path / "nvme")]
+    p = subprocess.run(cell, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert p.stderr.count("(1 busy)") == 2, p.stderr
+    p = subprocess.run([sys.executable, str(HARNESS / "vs_deepspeed.py"), "report", "--out", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    (row,) = json.loads((out / "results.json").read_text())["rows"]
+    assert row["busy_cores"] == 1 and len(row["step_times"]) == 2 and len(row["busy_step_times"]) == 2
+    assert row["busy_step_s"] > 0 and row["step_s"] > 0 and len(row["losses"]) == 4
+    assert "| tiny | cpu | fp32 | 1 |" in (out / "results.md").read_text()
+    spinning = subprocess.run(["pgrep", "-f", "while True: pass"], capture_output=True, text=True)
+    assert spinning.stdout.strip() == "", spinning.stdout
+    bad = subprocess.run(cell[:-4] + ["--busy", "-1"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--busy -1" in bad.stderr
