@@ -12,7 +12,11 @@ stall, collectives, the optimizer), the rest of the step (the caller's forward a
 torch's ops, the copies), and cProfile's top functions.
 
 usage: python bench/hf_at_scale.py --nvme-path DIR --json OUT [--quick] [--rounds 2] [--steps 3] [--init-only]
+                                   [--rss-sweep]
   --quick: a shape of about 300M parameters (24 layers, width 1024) instead of the 2b preset's.
+  --rss-sweep: the front-end alone at four depths of the shape's width (the 2b shape: 13, 19, 26
+    and 31 layers, 1.0B to 2.4B parameters), --steps steps each: rss_by_size holds each one's peak
+    RSS, and ratios.rss_largest_over_smallest how flat it is.
 (with zoe and transformers importable: scripts/python-venv.sh's venv; run it alone:
  flock -x /tmp/zoe-heavy.lock python bench/hf_at_scale.py ...)
 
@@ -92,7 +96,7 @@ def child(a):
     import transformers
 
     import zoe
-    s = SHAPES[a.shape]
+    s = dict(SHAPES[a.shape], **({"layers": a.layers} if a.layers else {}))
     cfg = transformers.GPT2Config(n_embd=s["d"], n_layer=s["layers"], n_head=s["heads"], vocab_size=VOCAB,
                                   n_positions=SEQ, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                                   bos_token_id=0, eos_token_id=0)
@@ -146,7 +150,8 @@ def run_front_end(a, scratch):
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         cmd = [sys.executable, os.path.abspath(__file__), "--child", "--child-nvme", scratch, "--child-json",
                out.name, "--steps", str(a.steps), "--device-budget", a.device_budget,
-               "--shape", a.shape] + (["--host-budget", a.host_budget] if a.host_budget else [])
+               "--shape", a.shape] + (["--host-budget", a.host_budget] if a.host_budget else []) + \
+              (["--layers", str(a.layers)] if a.layers else [])
         _, rss = run_measured(cmd)
         d = json.load(open(out.name))
     last = d["stats"][-1] if d["stats"] else {"read_bytes": 0, "write_bytes": 0}
@@ -185,6 +190,29 @@ def init_only(a, zoe):
             "ratios": {"init_preset_over_write_bound": med["preset"], "init_front_end_over_write_bound": med["front_end"]}}
 
 
+SWEEP_LAYERS = {"2b": (13, 19, 26, 31), "quick": (6, 12, 18, 24)}
+
+
+def rss_sweep(a):
+    """--rss-sweep: the front-end at each depth of SWEEP_LAYERS, smallest first; its peak RSS by
+    size (the process's whole peak: initialisation and steps)."""
+    rows = []
+    for layers in SWEEP_LAYERS[a.shape]:
+        scratch = tempfile.mkdtemp(prefix="zoe-hf-at-scale-", dir=a.nvme_path)
+        try:
+            print(f"rss sweep: {layers} layers ...", file=sys.stderr)
+            res = run_front_end(argparse.Namespace(**{**vars(a), "layers": layers}), scratch)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        rows.append({"params": res["params"], "layers": layers, "peak_rss_bytes": res["peak_rss_bytes"],
+                     "init_s": res["init_s"], "steps_s": res["steps_s"]})
+        print(f"  {res['params'] / 1e9:.2f}B parameters: peak RSS {res['peak_rss_bytes'] / 1e9:.2f} GB, init "
+              f"{res['init_s']:.1f} s, steps {', '.join(f'{x:.1f}' for x in res['steps_s'])} s", file=sys.stderr)
+    peaks = [r["peak_rss_bytes"] for r in rows]
+    return {"shape": a.shape, "rss_sweep": True, "rss_by_size": rows,
+            "ratios": {"rss_largest_over_smallest": max(peaks) / min(peaks)}}
+
+
 def summary(runs, rates):
     """The median steady step (every step after the first) and its I/O bound over the rounds."""
     steady = [s for r in runs for s in r["steps_s"][1:]] or [r["steps_s"][-1] for r in runs]
@@ -208,7 +236,10 @@ def main():
     ap.add_argument("--zoe", default=None, help="the zoe binary (default: zoe on PATH)")
     ap.add_argument("--init-only", action="store_true",
                     help="each path's initialisation only, against its write bound (no steps on the front-end)")
+    ap.add_argument("--rss-sweep", action="store_true",
+                    help="the front-end alone at four depths (1.0B-2.4B at the 2b width): peak RSS by size")
     ap.add_argument("--shape", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--layers", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--child-nvme", help=argparse.SUPPRESS)
     ap.add_argument("--child-json", help=argparse.SUPPRESS)
@@ -225,6 +256,8 @@ def main():
     zoe = zoe_bin(a)
     if a.init_only:
         return emit(a, init_only(a, zoe))
+    if a.rss_sweep:
+        return emit(a, rss_sweep(a))
     runs = {"preset": [], "front_end": []}
     rates = {"preset": [], "front_end": []}
     rounds = []
