@@ -173,9 +173,13 @@ def make_row(args, engine, worker, steps, peak):
            "batch": args.batch, "seq": args.seq, "steps": len(steps), "warmup": args.warmup,
            "step_times": [s["step_s"] for s in steps if not s.get("busy")],
            "busy_cores": args.busy, "busy_step_s": median_of(busy, "step_s") if args.busy else None,
+           "busy_forward_s": median_of(busy, "forward_s") if args.busy else None,
+           "busy_backward_s": median_of(busy, "backward_s") if args.busy else None,
+           "busy_optimizer_s": median_of(busy, "optimizer_s") if args.busy else None,
            "busy_step_times": [s["step_s"] for s in steps if s.get("busy")]}
     if worker.error:
-        for k in ("step_s", "busy_step_s", "tokens_per_s", "nvme_read_bytes", "nvme_write_bytes", "forward_s", "backward_s",
+        for k in ("step_s", "busy_step_s", "busy_forward_s", "busy_backward_s", "busy_optimizer_s",
+                  "tokens_per_s", "nvme_read_bytes", "nvme_write_bytes", "forward_s", "backward_s",
                   "optimizer_s"):
             row[k] = None
     return row
@@ -460,7 +464,8 @@ def busy_lines(results):
             continue
         quiet, busy = ratio(z.get("step_s"), d.get("step_s")), ratio(z.get("busy_step_s"), d.get("busy_step_s"))
         moved = ratio(busy, quiet)
-        lines.append(f"| {model} | {off} | {prec} | {z['busy_cores']} | {sec(z.get('step_s'))} / {sec(d.get('step_s'))} | "
+        lines.append(f"| {model} | {off} | {prec} | {z['busy_cores']} | "
+                     f"{sec(z.get('step_s'))} / {sec(d.get('step_s'))} | "
                      f"{sec(z.get('busy_step_s'))} / {sec(d.get('busy_step_s'))} | "
                      + " | ".join("-" if x is None else f"{x:.2f}x" for x in (quiet, busy, moved)) + " |")
     if not lines:

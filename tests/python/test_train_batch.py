@@ -247,6 +247,46 @@ def test_dropout_gives_the_same_bits_in_both_schedules(arch, tmp_path):
     off.close()
 
 
+def test_dropout_masks_of_a_resumed_run_are_the_uninterrupted_runs(tmp_path):
+    """The micro-batch seeds follow engine.global_steps, which a checkpoint restores: a run resumed
+    after step 1 (in a fresh process's state: torch seeded anew) trains step 2 on the masks the
+    uninterrupted run drew, bit for bit."""
+    transformers = pytest.importorskip("transformers")
+    from test_hf_models import batches, hf_config
+
+    def built():
+        torch.manual_seed(0)
+        return transformers.AutoModelForCausalLM.from_config(dropout_config("gpt2"), attn_implementation="eager")
+
+    steps = groups([{"input_ids": ids, "labels": ids} for ids in batches(2 * GAS)])
+    torch.manual_seed(7)
+    whole = zoe.initialize(built(), hf_config(tmp_path / "whole", gas=GAS, schedule="layer-major"), force_local=True)
+    torch.manual_seed(7)
+    want = whole.train_batch(steps[0]) + whole.train_batch(steps[1])
+    want_w = whole.master_params()
+    whole.close()
+    torch.manual_seed(7)
+    first = zoe.initialize(built(), hf_config(tmp_path / "first", gas=GAS, schedule="layer-major"), force_local=True)
+    torch.manual_seed(7)
+    got = first.train_batch(steps[0])
+    first.save_checkpoint(tmp_path / "ckpt", tag="step-1")
+    first.close()
+    torch.manual_seed(7)
+    resumed = zoe.initialize(built(), hf_config(tmp_path / "resumed", gas=GAS, schedule="layer-major"),
+                             force_local=True)
+    resumed.load_checkpoint(tmp_path / "ckpt", tag="step-1")
+    assert resumed.global_steps == 1
+    # Each micro-batch of each step its own seed.
+    seeds = {zoe.micro_batch_seed(s, g, 7) for s in range(2) for g in range(GAS)}
+    assert len(seeds) == 2 * GAS and all(0 <= x < 2**63 for x in seeds)
+    torch.manual_seed(7)
+    got += resumed.train_batch(steps[1])
+    assert got == want
+    for n, w in want_w.items():
+        assert torch.equal(resumed.master_params()[n], w), n
+    resumed.close()
+
+
 def test_layer_major_error_takes_no_step(tmp_path):
     """A failure in the middle of a layer-major step (here the loss of micro-batch 1) raises from
     train_batch, and no update is taken from the step's partial gradients."""
