@@ -250,6 +250,8 @@ def main():
         ap.error(f"--steps {a.steps}: at least 1 (2 or more for a steady step)")
     if not a.child and not os.path.isdir(a.nvme_path):
         ap.error(f"--nvme-path {a.nvme_path}: not a folder")
+    if a.rss_sweep and a.init_only:
+        ap.error("--rss-sweep and --init-only: give one (the sweep runs the front-end's steps too)")
     a.shape = a.shape or ("quick" if a.quick else "2b")
     if a.child:
         return child(a)
