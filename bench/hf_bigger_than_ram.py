@@ -4,7 +4,8 @@ and two moments: 16 bytes a parameter) are larger than this machine's RAM, built
 device, initialised unit by unit by transformers' own init, trained two steps at stage 3 with
 parameters and optimizer states on NVMe, and its peak RSS against the model states.
 
-usage: python bench/hf_bigger_than_ram.py --nvme-path DIR [--ratio 1.5] [--steps 2] [--json out.json]
+usage: python bench/hf_bigger_than_ram.py --nvme-path DIR [--ratio 1.5] [--steps 2] [--device-budget 2GiB]
+       [--host-budget SIZE] [--json out.json]
 (with zoe and transformers importable: scripts/python-venv.sh's venv)"""
 import argparse
 import json
@@ -48,7 +49,8 @@ def main():
     ap.add_argument("--ratio", type=float, default=1.5, help="model states / RAM (default 1.5)")
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--seq", type=int, default=64)
-    ap.add_argument("--device-budget", default="2GiB")
+    ap.add_argument("--device-budget", default="2GiB", help="zoe.device_budget (host memory on the CPU device)")
+    ap.add_argument("--host-budget", default=None, help="zoe.host_budget (default zoe's: the host's memory / 16)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     ram = mem_total()
@@ -67,6 +69,8 @@ def main():
                                 "offload_param": {"device": "nvme", "nvme_path": nvme},
                                 "offload_optimizer": {"device": "nvme", "nvme_path": nvme}},
           "zoe": {"device_budget": a.device_budget}}
+    if a.host_budget:
+        ds["zoe"]["host_budget"] = a.host_budget
     try:
         t0 = time.perf_counter()
         with torch.device("meta"):
@@ -93,6 +97,7 @@ def main():
     out = {"ram_bytes": ram, "layers": layers, "params": n, "model_state_bytes": states,
            "states_over_ram": states / ram, "init_s": t_init, "step_s": step_s, "losses": losses,
            "peak_rss_bytes": rss, "rss_over_states": rss / states, "device_budget": a.device_budget,
+           "host_budget": a.host_budget,
            "torch": torch.__version__}
     print(json.dumps(out, indent=2))
     if a.json:
