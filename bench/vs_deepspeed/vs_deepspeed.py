@@ -195,11 +195,20 @@ def batches_file(args, out):
     return batches
 
 
+def _die_with_parent():
+    """In a spinner, before it runs: the kernel kills it when the harness ends, however it ends
+    (a SIGTERM or SIGKILL skips run_cell's cleanup, and a spinner left behind would hold a core)."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
+
+
 def spinners(n):
     """n processes spinning on the CPU, stopped (SIGSTOP) until a busy round continues them."""
     import signal
 
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=_die_with_parent)
+             for _ in range(n)]
     for p in procs:
         p.send_signal(signal.SIGSTOP)
     return procs
@@ -257,8 +266,7 @@ def run_cell(args):
                 print(f"[{name}] round {r + 1}{what}: {e} s/step {times}", file=sys.stderr)
     finally:
         for p in spin:
-            set_busy([p], True)
-            p.kill()
+            p.kill()  # SIGKILL ends a stopped process too
             p.wait()
         for w in workers.values():
             w.close()

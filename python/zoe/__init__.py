@@ -9,7 +9,8 @@ The names load on first use: `import zoe` alone (the `zoe` command's entry point
 torch nor the C++ extension.
 """
 
-__all__ = ["Engine", "StepStats", "ZoeError", "consolidate", "initialize", "micro_batch_seed", "rank_and_world", "verify"]
+__all__ = ["Engine", "StepStats", "ZoeError", "consolidate", "initialize", "micro_batch_seed", "rank_and_world",
+           "verify"]
 
 _ENGINE_NAMES = ("Engine", "StepStats", "consolidate", "initialize")
 
