@@ -12,11 +12,19 @@ stall, collectives, the optimizer), the rest of the step (the caller's forward a
 torch's ops, the copies), and cProfile's top functions.
 
 usage: python bench/hf_at_scale.py --nvme-path DIR --json OUT [--quick] [--rounds 2] [--steps 3] [--init-only]
-                                   [--rss-sweep]
+                                   [--rss-sweep] [--precision bf16|fp32] [--io-size 1GiB]
   --quick: a shape of about 300M parameters (24 layers, width 1024) instead of the 2b preset's.
   --rss-sweep: the front-end alone at four depths of the shape's width (the 2b shape: 13, 19, 26
     and 31 layers, 1.0B to 2.4B parameters), --steps steps each: rss_by_size holds each one's peak
     RSS, and ratios.rss_largest_over_smallest how flat it is.
+  --precision fp32: both paths compute in fp32 (torch's bf16 matmuls are slow on CPUs without AVX-512:
+    a 2b-width layer's backward takes 20 s there); the bytes on NVMe are the same.
+  --activation-checkpointing: both paths recompute each block in the backward from its input.
+  --io-size: the `zoe bench io` file size behind the I/O bound (a virtio drive whose host caches a
+    1 GiB file shows rates a step's tens of GB do not get).
+Each front-end run's RSS is split into the imports (torch, transformers, zoe), zoe's device and
+host high-water marks (the CPU device's memory is host memory) and the rest (torch's activations
+and autograd, allocator slack).
 (with zoe and transformers importable: scripts/python-venv.sh's venv; run it alone:
  flock -x /tmp/zoe-heavy.lock python bench/hf_at_scale.py ...)
 
@@ -46,9 +54,11 @@ def zoe_bin(a):
     return found
 
 
-def io_rates(zoe, path):
-    """The drive's read and write rates now, bytes/s (1 MiB requests, queue depth 8)."""
-    out = subprocess.run([zoe, "bench", "io", "--path", path, "--size", "1GiB", "--bs", "1MiB", "--qd", "8",
+def io_rates(zoe, path, size="1GiB"):
+    """The drive's read and write rates now, bytes/s (1 MiB requests, queue depth 8, a file of
+    `size`: a file the size of a step's swap traffic shows what a step gets from a disk whose host
+    caches a small one)."""
+    out = subprocess.run([zoe, "bench", "io", "--path", path, "--size", size, "--bs", "1MiB", "--qd", "8",
                           "--rw", "read,write", "--loops", "2", "--json"], capture_output=True, text=True,
                          check=True).stdout
     rows = {r["rw"]: r["gbps"] * 1e9 for r in json.loads(out)["rows"]}
@@ -72,10 +82,12 @@ def run_preset(a, zoe, scratch):
     s = SHAPES[a.shape]
     cmd = [zoe, "train", "--preset", "2b", "--layers", str(s["layers"]), "--d-model", str(s["d"]), "--heads",
            str(s["heads"]), "--context", str(SEQ), "--seq", str(SEQ), "--steps", str(a.steps), "--micro-batch", "1",
-           "--offload", "nvme", "--nvme-path", scratch, "--device-budget", a.device_budget, "--precision", "bf16",
+           "--offload", "nvme", "--nvme-path", scratch, "--device-budget", a.device_budget, "--precision", a.precision,
            "--json", "--quiet"]
     if a.host_budget:
         cmd += ["--host-budget", a.host_budget]
+    if a.activation_checkpointing:
+        cmd += ["--activation-checkpointing"]
     text, rss = run_measured(cmd)
     d = json.loads(text)
     n = d["params"]
@@ -84,6 +96,15 @@ def run_preset(a, zoe, scratch):
     return {"params": n, "init_s": d["time_s"]["initialize"], "steps_s": steps, "peak_rss_bytes": rss,
             "read_bytes": per["nvme->host"] * n, "write_bytes": per["host->nvme"] * n,
             "model_state_bytes": d["model_state_bytes"]}
+
+
+def proc_status_bytes(key):
+    """VmRSS or VmHWM of this process, bytes."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
 
 
 def child(a):
@@ -96,11 +117,13 @@ def child(a):
     import transformers
 
     import zoe
+    rss_imports = proc_status_bytes("VmRSS")
     s = dict(SHAPES[a.shape], **({"layers": a.layers} if a.layers else {}))
     cfg = transformers.GPT2Config(n_embd=s["d"], n_layer=s["layers"], n_head=s["heads"], vocab_size=VOCAB,
                                   n_positions=SEQ, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                                   bos_token_id=0, eos_token_id=0)
-    ds = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
+    ds = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+          "bf16": {"enabled": a.precision == "bf16"},
           "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.0}},
           "zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": a.child_nvme},
                                 "offload_optimizer": {"device": "nvme", "nvme_path": a.child_nvme}},
@@ -110,9 +133,12 @@ def child(a):
     t0 = time.perf_counter()
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
+    if a.activation_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     t_built = time.perf_counter()
     eng = zoe.initialize(model, config=ds)
     init_s = time.perf_counter() - t_built
+    rss_init = proc_status_bytes("VmHWM")
     build_s = t_built - t0
     g = torch.Generator().manual_seed(0)
     steps, stats, prof = [], [], None
@@ -136,21 +162,26 @@ def child(a):
                       "write_bytes": st.step_bytes_nvme_write})
         print(f"front-end step {k + 1}: {steps[-1]:.1f} s", file=sys.stderr)
     n, state = eng.num_params(), eng.model_state_bytes()
+    hw = eng.high_water()
+    rss = {"imports_bytes": rss_imports, "peak_after_init_bytes": rss_init, "peak_bytes": proc_status_bytes("VmHWM"),
+           "zoe_device_high_water_bytes": hw["device"], "zoe_host_high_water_bytes": hw["host"]}
+    rss["rest_bytes"] = rss["peak_bytes"] - rss_imports - hw["device"] - hw["host"]
     eng.close()
     top = []
     if prof is not None:
         buf = io.StringIO()
         pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(12)
         top = [line.strip() for line in buf.getvalue().splitlines() if line.strip()[:1].isdigit()][:12]
-    json.dump({"params": n, "model_state_bytes": state, "init_s": init_s, "build_s": build_s, "steps_s": steps, "stats": stats, "profile_top": top},
-              open(a.child_json, "w"))
+    json.dump({"params": n, "model_state_bytes": state, "init_s": init_s, "build_s": build_s, "steps_s": steps,
+               "stats": stats, "profile_top": top, "rss": rss}, open(a.child_json, "w"))
 
 
 def run_front_end(a, scratch):
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         cmd = [sys.executable, os.path.abspath(__file__), "--child", "--child-nvme", scratch, "--child-json",
                out.name, "--steps", str(a.steps), "--device-budget", a.device_budget,
-               "--shape", a.shape] + (["--host-budget", a.host_budget] if a.host_budget else []) + \
+               "--shape", a.shape, "--precision", a.precision] + \
+              (["--activation-checkpointing"] if a.activation_checkpointing else []) + (["--host-budget", a.host_budget] if a.host_budget else []) + \
               (["--layers", str(a.layers)] if a.layers else [])
         _, rss = run_measured(cmd)
         d = json.load(open(out.name))
@@ -168,13 +199,13 @@ def init_only(a, zoe):
         for path in (("preset", "front_end") if r % 2 == 0 else ("front_end", "preset")):
             scratch = tempfile.mkdtemp(prefix="zoe-hf-at-scale-", dir=a.nvme_path)
             try:
-                before = io_rates(zoe, scratch)[1]
+                before = io_rates(zoe, scratch, a.io_size)[1]
                 print(f"round {r + 1}: {path} initialisation ...", file=sys.stderr)
                 if path == "preset":
                     res = run_preset(argparse.Namespace(**{**vars(a), "steps": 1}), zoe, scratch)
                 else:
                     res = run_front_end(argparse.Namespace(**{**vars(a), "steps": 0}), scratch)
-                after = io_rates(zoe, scratch)[1]
+                after = io_rates(zoe, scratch, a.io_size)[1]
             finally:
                 shutil.rmtree(scratch, ignore_errors=True)
             rate = (before + after) / 2
@@ -205,12 +236,19 @@ def rss_sweep(a):
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         rows.append({"params": res["params"], "layers": layers, "peak_rss_bytes": res["peak_rss_bytes"],
-                     "init_s": res["init_s"], "steps_s": res["steps_s"]})
-        print(f"  {res['params'] / 1e9:.2f}B parameters: peak RSS {res['peak_rss_bytes'] / 1e9:.2f} GB, init "
-              f"{res['init_s']:.1f} s, steps {', '.join(f'{x:.1f}' for x in res['steps_s'])} s", file=sys.stderr)
+                     "init_s": res["init_s"], "steps_s": res["steps_s"], "rss": res["rss"]})
+        print(f"  {res['params'] / 1e9:.2f}B parameters: peak RSS {res['peak_rss_bytes'] / 1e9:.2f} GB ({rss_parts(res)}), "
+              f"init {res['init_s']:.1f} s, steps {', '.join(f'{x:.1f}' for x in res['steps_s'])} s", file=sys.stderr)
     peaks = [r["peak_rss_bytes"] for r in rows]
-    return {"shape": a.shape, "rss_sweep": True, "rss_by_size": rows,
+    return {"shape": a.shape, "precision": a.precision, "activation_checkpointing": a.activation_checkpointing,
+            "rss_sweep": True, "rss_by_size": rows,
             "ratios": {"rss_largest_over_smallest": max(peaks) / min(peaks)}}
+
+
+def rss_parts(res):
+    r = res["rss"]
+    return (f"imports {r['imports_bytes'] / 1e9:.2f}, zoe device {r['zoe_device_high_water_bytes'] / 1e9:.2f}, "
+            f"zoe host {r['zoe_host_high_water_bytes'] / 1e9:.2f}, the rest {r['rest_bytes'] / 1e9:.2f} GB")
 
 
 def summary(runs, rates):
@@ -233,6 +271,16 @@ def main():
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--device-budget", default="2GiB")
     ap.add_argument("--host-budget", default=None, help="zoe.host_budget for both paths (default zoe's)")
+    ap.add_argument("--precision", choices=("bf16", "fp32"), default="bf16",
+                    help="compute precision of both paths (default bf16; fp32 where torch's bf16 matmuls are "
+                         "slow, as on CPUs without AVX-512)")
+    ap.add_argument("--activation-checkpointing", action="store_true",
+                    help="both paths keep only each block's input for the backward and recompute the block "
+                         "(the front-end: transformers' gradient_checkpointing_enable()); a micro-batch's "
+                         "activations then stay one block's, whatever the depth")
+    ap.add_argument("--io-size", default="1GiB",
+                    help="file size of the `zoe bench io` runs that give the I/O bound (default 1GiB; the size "
+                         "of a step's swap traffic shows what a step gets from the drive)")
     ap.add_argument("--zoe", default=None, help="the zoe binary (default: zoe on PATH)")
     ap.add_argument("--init-only", action="store_true",
                     help="each path's initialisation only, against its write bound (no steps on the front-end)")
@@ -267,10 +315,10 @@ def main():
         for path in (("preset", "front_end") if r % 2 == 0 else ("front_end", "preset")):
             scratch = tempfile.mkdtemp(prefix="zoe-hf-at-scale-", dir=a.nvme_path)
             try:
-                before = io_rates(zoe, scratch)
+                before = io_rates(zoe, scratch, a.io_size)
                 print(f"round {r + 1}: {path} ...", file=sys.stderr)
                 res = run_preset(a, zoe, scratch) if path == "preset" else run_front_end(a, scratch)
-                after = io_rates(zoe, scratch)
+                after = io_rates(zoe, scratch, a.io_size)
             finally:
                 shutil.rmtree(scratch, ignore_errors=True)
             rate = ((before[0] + after[0]) / 2, (before[1] + after[1]) / 2)
@@ -291,6 +339,8 @@ def main():
     zoe_s = ls["t_io_stall"] + ls["t_comm"] + ls["t_optimizer"]
     out = {
         "params": runs["preset"][-1]["params"], "front_end_params": last["params"], "shape": a.shape,
+        "precision": a.precision, "io_size": a.io_size, "activation_checkpointing": a.activation_checkpointing,
+        "front_end_rss": last["rss"],
         "preset": pre, "front_end": fe,
         "rss_by_size": [{"params": last["params"], "peak_rss_bytes": fe["peak_rss_bytes"]}],
         "ratios": {"step_front_end_over_preset": fe["step_s"] / pre["step_s"],
