@@ -18,7 +18,7 @@ usage: python bench/hf_at_scale.py --nvme-path DIR --json OUT [--quick] [--round
     and 31 layers, 1.0B to 2.4B parameters), --steps steps each: rss_by_size holds each one's peak
     RSS, and ratios.rss_largest_over_smallest how flat it is.
   --precision fp32: both paths compute in fp32 (torch's bf16 matmuls are slow on CPUs without AVX-512:
-    a 2b-width layer's backward takes 20 s there); the bytes on NVMe are the same.
+    a 2b-width layer's backward takes 20 s there).
   --activation-checkpointing: both paths recompute each block in the backward from its input.
   --io-size: the `zoe bench io` file size behind the I/O bound (a virtio drive whose host caches a
     1 GiB file shows rates a step's tens of GB do not get).

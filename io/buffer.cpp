@@ -71,16 +71,6 @@ void AlignedBuffer::release() {
   pinned_ = PinMode::kNone;
 }
 
-void AlignedBuffer::discard() {
-  if (!data_ || pinned_ != PinMode::kNone) return;
-  const size_t whole = size_ & ~size_t{4095};  // data_ is 4 KiB aligned
-  if (whole == 0) return;
-#ifdef MADV_FREE
-  if (madvise(data_, whole, MADV_FREE) == 0) return;
-#endif
-  (void)madvise(data_, whole, MADV_DONTNEED);  // kernels without MADV_FREE: given back now
-}
-
 Result<AlignedBuffer> AlignedBuffer::allocate(size_t bytes, PinMode pin) {
   AlignedBuffer b;
   if (bytes == 0) return b;

@@ -36,11 +36,6 @@ class AlignedBuffer {
 
   void* data() const { return data_; }
   char* bytes() const { return static_cast<char*>(data_); }
-  // The contents are no longer needed: the buffer's whole pages go back to the kernel lazily
-  // (MADV_FREE). The kernel takes them when something else needs memory; a later write keeps
-  // the page it finds, or gets a fresh zeroed one where the kernel took it. The buffer stays
-  // valid. Pinned buffers are left as they are.
-  void discard();
   size_t size() const { return size_; }
   PinMode pinned() const { return pinned_; }
 

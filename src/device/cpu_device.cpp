@@ -290,22 +290,14 @@ class CpuDevice final : public Device {
   uint64_t used_bytes() const override { return suspended_.load() ? 0 : ledger_.used(); }
 
   std::vector<std::pair<void*, uint64_t>> live_allocations() const override { return ledger_.live(); }
-  // The pages wholly inside each live allocation go back to the kernel, with the cached blocks
-  // freed. They go lazily (MADV_FREE, as a GPU driver's freed memory stays mapped until another
-  // allocation takes it): the kernel reclaims them, without I/O, as soon as anything else needs
-  // memory, and a resume() that finds them still there skips the zero fill of fresh pages, which
-  // costs as much as the copy back. Where MADV_FREE is refused, MADV_DONTNEED gives them back now
-  // (the mapping stays; the next touch maps a zero page).
+  // The pages wholly inside each live allocation go back to the kernel (MADV_DONTNEED: the
+  // mapping stays, the next touch maps a zero page), with the cached blocks freed.
   Status suspend() override {
     if (suspended_.load()) return invalid_argument("%s: suspend() while suspended", ledger_.tier().c_str());
     cache_.trim(0);
     for (const auto& [p, n] : ledger_.live()) {
       const auto [range, len] = whole_pages(p, n);
-      if (len == 0) continue;
-#ifdef MADV_FREE
-      if (madvise(range, len, MADV_FREE) == 0) continue;
-#endif
-      if (madvise(range, len, MADV_DONTNEED) != 0)
+      if (len > 0 && madvise(range, len, MADV_DONTNEED) != 0)
         return sys_error("madvise(MADV_DONTNEED)", ledger_.tier(), errno);
     }
     suspended_.store(true);

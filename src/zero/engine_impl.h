@@ -84,10 +84,6 @@ struct Engine::Impl {
     offload::StateKey key;
   };
   std::vector<SleepCopy> sleep_copies;
-  // The last wake()'s host copies, their pages given back lazily (AlignedBuffer::discard): the
-  // next sleep() copies into those of the same sizes, so that an RL loop's sleep()/wake() pairs
-  // skip the kernel's zero fill of fresh pages while the machine has memory to spare.
-  std::vector<io::AlignedBuffer> sleep_pool;
   bool asleep = false;
   uint64_t sleep_host_bytes = 0;  // of sleep_copies, in host memory
   // OK when awake; else "<what> while the engine is asleep: call wake() first".
@@ -96,10 +92,6 @@ struct Engine::Impl {
   Status copy_out(uint64_t host_room);
   Status copy_back();
   void drop_sleep_copies();
-  // After a wake(): the host copies go to sleep_pool, discarded; the NVMe copies are freed.
-  void recycle_sleep_copies();
-  // A buffer of exactly `bytes` from sleep_pool, or a new one.
-  Result<io::AlignedBuffer> sleep_buffer(uint64_t bytes);
 
   // initialize(): each part, with the handles it uses.
   void build_parts();

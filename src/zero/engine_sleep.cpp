@@ -37,34 +37,7 @@ void Engine::Impl::drop_sleep_copies() {
   for (SleepCopy& c : sleep_copies)
     if (c.host.size() == 0 && ctx.store && ctx.store->contains(c.key)) ctx.store->free(c.key);
   sleep_copies.clear();
-  sleep_pool.clear();
   sleep_host_bytes = 0;
-}
-
-void Engine::Impl::recycle_sleep_copies() {
-  std::vector<io::AlignedBuffer> kept;
-  for (SleepCopy& c : sleep_copies) {
-    if (c.host.size() == 0) {
-      if (ctx.store && ctx.store->contains(c.key)) ctx.store->free(c.key);
-      continue;
-    }
-    c.host.discard();
-    kept.push_back(std::move(c.host));
-  }
-  sleep_copies.clear();
-  sleep_host_bytes = 0;
-  sleep_pool = std::move(kept);
-}
-
-Result<io::AlignedBuffer> Engine::Impl::sleep_buffer(uint64_t bytes) {
-  for (size_t i = 0; i < sleep_pool.size(); ++i) {
-    if (sleep_pool[i].size() != bytes) continue;
-    io::AlignedBuffer taken = std::move(sleep_pool[i]);
-    if (i + 1 != sleep_pool.size()) sleep_pool[i] = std::move(sleep_pool.back());
-    sleep_pool.pop_back();
-    return taken;
-  }
-  return io::AlignedBuffer::allocate(static_cast<size_t>(bytes));
 }
 
 // Each allocation to host memory while host_room lasts, the rest to the swap (when there is one).
@@ -76,7 +49,7 @@ Status Engine::Impl::copy_out(uint64_t host_room) {
     c.dev = p;
     c.bytes = n;
     if (n <= host_room) {
-      ZOE_ASSIGN_OR_RETURN(c.host, sleep_buffer(n));
+      ZOE_ASSIGN_OR_RETURN(c.host, io::AlignedBuffer::allocate(static_cast<size_t>(n)));
       ZOE_RETURN_IF_ERROR(dev.copy_to_host(c.host.data(), p, static_cast<size_t>(n)));
       host_room -= n;
       sleep_host_bytes += n;
@@ -104,7 +77,6 @@ Status Engine::Impl::copy_out(uint64_t host_room) {
           ctx.store->write(sleep_copies.back().key, off, bounce.data(), round_4k(len))->wait());
     }
   }
-  sleep_pool.clear();  // sizes this sleep did not take: the device's allocations changed
   return Status::ok();
 }
 
@@ -176,7 +148,7 @@ Status Engine::wake() {
     (void)I.ctx.dev->suspend();
     return s.with_context("wake()");
   }
-  I.recycle_sleep_copies();
+  I.drop_sleep_copies();
   I.asleep = false;
   return Status::ok();
 }

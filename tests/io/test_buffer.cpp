@@ -31,30 +31,6 @@ TEST(AlignedBuffer, AlignmentAndSizes) {
   EXPECT_NE(moved.data(), nullptr);
 }
 
-// discard() gives back whole pages only: a ragged last page keeps its bytes, and the buffer
-// takes new contents afterwards (a discarded page reads as its old bytes or as zeros).
-TEST(AlignedBuffer, DiscardedBuffersTakeNewContents) {
-  for (size_t n : {size_t{100000}, (size_t{8} << 20) + 100, size_t{4} << 20}) {
-    auto b = AlignedBuffer::allocate(n);
-    ASSERT_OK(b);
-    memset(b->data(), 7, n);
-    b->discard();
-    const size_t whole = n & ~size_t{4095};
-    for (size_t i = 0; i < whole; i += 4096) {
-      const char c = b->bytes()[i];
-      ASSERT_TRUE(c == 7 || c == 0) << "byte " << i << " of " << n << ": " << int(c);
-    }
-    for (size_t i = whole; i < n; ++i) ASSERT_EQ(b->bytes()[i], 7) << "ragged tail byte " << i << " of " << n;
-    for (size_t i = 0; i < n; ++i) b->bytes()[i] = static_cast<char>(i * 31 + 1);
-    for (size_t i = 0; i < n; ++i) ASSERT_EQ(b->bytes()[i], static_cast<char>(i * 31 + 1)) << "byte " << i;
-  }
-  auto pinned = AlignedBuffer::allocate(4 << 20, PinMode::kLock);
-  if (!pinned.is_ok()) return;
-  memset(pinned->data(), 5, 4 << 20);
-  pinned->discard();  // left as it is
-  for (size_t i = 0; i < (4 << 20); i += 4096) ASSERT_EQ(pinned->bytes()[i], 5) << "pinned byte " << i;
-}
-
 TEST(AlignedBuffer, Pinned) {
   auto b = AlignedBuffer::allocate(4 << 20, PinMode::kLock);
   if (!b.is_ok()) GTEST_SKIP() << b.status().to_string();
