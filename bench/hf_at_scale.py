@@ -135,6 +135,7 @@ def child(a):
         model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
     if a.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False  # no key/value cache in training (transformers warns otherwise)
     t_built = time.perf_counter()
     eng = zoe.initialize(model, config=ds)
     init_s = time.perf_counter() - t_built
