@@ -134,7 +134,10 @@ def child(a):
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
     if a.activation_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers 5.x's name
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False  # no key/value cache in training (transformers warns otherwise)
     t_built = time.perf_counter()
     eng = zoe.initialize(model, config=ds)
