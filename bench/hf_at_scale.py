@@ -12,7 +12,8 @@ stall, collectives, the optimizer), the rest of the step (the caller's forward a
 torch's ops, the copies), and cProfile's top functions.
 
 usage: python bench/hf_at_scale.py --nvme-path DIR --json OUT [--quick] [--rounds 2] [--steps 3] [--init-only]
-                                   [--rss-sweep] [--precision bf16|fp32] [--io-size 1GiB]
+                                   [--rss-sweep] [--precision bf16|fp32] [--activation-checkpointing]
+                                   [--io-size 1GiB]
   --quick: a shape of about 300M parameters (24 layers, width 1024) instead of the 2b preset's.
   --rss-sweep: the front-end alone at four depths of the shape's width (the 2b shape: 13, 19, 26
     and 31 layers, 1.0B to 2.4B parameters), --steps steps each: rss_by_size holds each one's peak
@@ -184,9 +185,10 @@ def run_front_end(a, scratch):
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         cmd = [sys.executable, os.path.abspath(__file__), "--child", "--child-nvme", scratch, "--child-json",
                out.name, "--steps", str(a.steps), "--device-budget", a.device_budget,
-               "--shape", a.shape, "--precision", a.precision] + \
-              (["--activation-checkpointing"] if a.activation_checkpointing else []) + (["--host-budget", a.host_budget] if a.host_budget else []) + \
-              (["--layers", str(a.layers)] if a.layers else [])
+               "--shape", a.shape, "--precision", a.precision]
+        cmd += ["--activation-checkpointing"] if a.activation_checkpointing else []
+        cmd += ["--host-budget", a.host_budget] if a.host_budget else []
+        cmd += ["--layers", str(a.layers)] if a.layers else []
         _, rss = run_measured(cmd)
         d = json.load(open(out.name))
     last = d["stats"][-1] if d["stats"] else {"read_bytes": 0, "write_bytes": 0}
@@ -241,8 +243,9 @@ def rss_sweep(a):
             shutil.rmtree(scratch, ignore_errors=True)
         rows.append({"params": res["params"], "layers": layers, "peak_rss_bytes": res["peak_rss_bytes"],
                      "init_s": res["init_s"], "steps_s": res["steps_s"], "rss": res["rss"]})
-        print(f"  {res['params'] / 1e9:.2f}B parameters: peak RSS {res['peak_rss_bytes'] / 1e9:.2f} GB ({rss_parts(res)}), "
-              f"init {res['init_s']:.1f} s, steps {', '.join(f'{x:.1f}' for x in res['steps_s'])} s", file=sys.stderr)
+        print(f"  {res['params'] / 1e9:.2f}B parameters: peak RSS {res['peak_rss_bytes'] / 1e9:.2f} GB "
+              f"({rss_parts(res)}), init {res['init_s']:.1f} s, steps "
+              f"{', '.join(f'{x:.1f}' for x in res['steps_s'])} s", file=sys.stderr)
     peaks = [r["peak_rss_bytes"] for r in rows]
     return {"shape": a.shape, "precision": a.precision, "activation_checkpointing": a.activation_checkpointing,
             "rss_sweep": True, "rss_by_size": rows,
