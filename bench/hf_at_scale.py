@@ -59,9 +59,11 @@ def io_rates(zoe, path, size="1GiB"):
     """The drive's read and write rates now, bytes/s (1 MiB requests, queue depth 8, a file of
     `size`: a file the size of a step's swap traffic shows what a step gets from a disk whose host
     caches a small one)."""
-    out = subprocess.run([zoe, "bench", "io", "--path", path, "--size", size, "--bs", "1MiB", "--qd", "8",
-                          "--rw", "read,write", "--loops", "2", "--json"], capture_output=True, text=True,
-                         check=True).stdout
+    p = subprocess.run([zoe, "bench", "io", "--path", path, "--size", size, "--bs", "1MiB", "--qd", "8",
+                        "--rw", "read,write", "--loops", "2", "--json"], capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit(f"hf_at_scale: `zoe bench io --size {size}` (--io-size) failed: {p.stderr.strip()[-400:]}")
+    out = p.stdout
     rows = {r["rw"]: r["gbps"] * 1e9 for r in json.loads(out)["rows"]}
     return rows["read"], rows["write"]
 
